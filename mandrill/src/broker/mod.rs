@@ -1,0 +1,131 @@
+//! The `Broker` seam: where restart requests come from.
+//!
+//! A broker hands out *deliveries*: a payload leased to this consumer until
+//! its ack deadline. The worker settles every delivery exactly once, by
+//! [`Broker::ack`], [`Broker::nack`] (redeliver after a delay) or
+//! [`Broker::dead_letter`]; while work runs it keeps the lease with
+//! [`Broker::extend`]. A delivery that is neither settled nor extended before
+//! its deadline is redelivered, possibly to another consumer.
+
+pub mod memory;
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+
+pub use memory::MemoryBroker;
+
+/// Identifies one delivery to the broker that made it. Opaque to the worker:
+/// each broker puts in what it needs to find the delivery again.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct DeliveryTag(TagRepr);
+
+#[derive(Clone, PartialEq, Eq, Hash)]
+enum TagRepr {
+    Number(u64),
+    Text(Arc<str>),
+}
+
+impl DeliveryTag {
+    /// A tag that is a number, e.g. a lease sequence.
+    pub fn number(n: u64) -> Self {
+        Self(TagRepr::Number(n))
+    }
+
+    /// A tag that is text, e.g. a reply subject.
+    pub fn text(text: impl Into<Arc<str>>) -> Self {
+        Self(TagRepr::Text(text.into()))
+    }
+
+    /// The number, if this tag is one.
+    pub fn as_number(&self) -> Option<u64> {
+        match &self.0 {
+            TagRepr::Number(n) => Some(*n),
+            TagRepr::Text(_) => None,
+        }
+    }
+
+    /// The text, if this tag is text.
+    pub fn as_text(&self) -> Option<&str> {
+        match &self.0 {
+            TagRepr::Number(_) => None,
+            TagRepr::Text(text) => Some(text),
+        }
+    }
+}
+
+impl fmt::Debug for DeliveryTag {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+impl fmt::Display for DeliveryTag {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.0 {
+            TagRepr::Number(n) => write!(f, "#{n}"),
+            TagRepr::Text(text) => f.write_str(text),
+        }
+    }
+}
+
+/// A payload leased to this consumer.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    /// How to settle or extend this delivery.
+    pub tag: DeliveryTag,
+    /// The message body, not yet validated.
+    pub payload: Bytes,
+    /// 1 for the first delivery of a message, 2 for its first redelivery, …
+    pub attempt: u32,
+}
+
+/// What went wrong talking to a broker. The worker branches on the kind.
+#[derive(Debug, thiserror::Error)]
+pub enum BrokerError {
+    /// The delivery is no longer leased to us: it was settled already, or its
+    /// lease expired and it may have been redelivered.
+    #[error("delivery {0} is no longer leased to this consumer")]
+    LeaseLost(DeliveryTag),
+    /// The broker could not be reached or refused the operation; retrying may help.
+    #[error("broker unavailable: {0}")]
+    Unavailable(String),
+    /// The broker is closed or misconfigured; retrying will not help.
+    #[error("broker failed: {0}")]
+    Fatal(String),
+}
+
+/// A source of restart requests with lease semantics. See the module docs.
+#[async_trait]
+pub trait Broker: Send + Sync + 'static {
+    /// How long a delivery stays leased without an extension.
+    fn ack_deadline(&self) -> Duration;
+
+    /// Appends a message.
+    async fn publish(&self, payload: Bytes) -> Result<(), BrokerError>;
+
+    /// Leases up to `max` deliveries, waiting a bounded time for the first.
+    /// Returns an empty batch when nothing arrived in that time.
+    ///
+    /// Must be cancel-safe: a pull dropped before it returns loses nothing;
+    /// at worst its deliveries are redelivered once their leases expire.
+    async fn pull(&self, max: usize) -> Result<Vec<Delivery>, BrokerError>;
+
+    /// Settles a delivery as done.
+    async fn ack(&self, tag: &DeliveryTag) -> Result<(), BrokerError>;
+
+    /// Gives a delivery back, to be redelivered after `delay`.
+    async fn nack(&self, tag: &DeliveryTag, delay: Duration) -> Result<(), BrokerError>;
+
+    /// Pushes a delivery's deadline one ack deadline into the future.
+    async fn extend(&self, tag: &DeliveryTag) -> Result<(), BrokerError>;
+
+    /// Settles a delivery as undeliverable, keeping it with `reason`.
+    async fn dead_letter(&self, tag: &DeliveryTag, reason: &str) -> Result<(), BrokerError>;
+
+    /// Releases connections; called once, after the last settlement.
+    async fn close(&self) {}
+}

@@ -1,0 +1,63 @@
+//! Bridges blocking restart code into the runtime.
+//!
+//! Each call runs on tokio's blocking thread pool, and a semaphore bounds how
+//! many run at once so that a slow backend cannot grow the pool without
+//! limit. The async side only waits on a join handle, so the runtime's worker
+//! threads keep pulling and handling other messages meanwhile.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use tokio::sync::Semaphore;
+
+use super::{RestartError, Restarter};
+use crate::domain::Hostname;
+
+/// A restart backend written with blocking calls (a sync client, a
+/// subprocess wait, `std::thread::sleep`).
+pub trait BlockingRestart: Send + Sync + 'static {
+    /// Restarts `host`, blocking the calling thread until done.
+    fn restart_blocking(&self, host: &Hostname) -> Result<(), RestartError>;
+}
+
+/// Runs a [`BlockingRestart`] on at most `threads` blocking threads at a time.
+pub struct Blocking<R> {
+    inner: Arc<R>,
+    threads: Arc<Semaphore>,
+}
+
+impl<R: BlockingRestart> Blocking<R> {
+    /// Wraps `inner`, allowing `threads` concurrent blocking calls (at least 1).
+    pub fn new(inner: R, threads: usize) -> Self {
+        Self {
+            inner: Arc::new(inner),
+            threads: Arc::new(Semaphore::new(threads.max(1))),
+        }
+    }
+}
+
+#[async_trait]
+impl<R: BlockingRestart> Restarter for Blocking<R> {
+    async fn restart(&self, host: &Hostname) -> Result<(), RestartError> {
+        // The semaphore is never closed, so acquiring cannot fail.
+        let permit = self
+            .threads
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("blocking pool semaphore is never closed");
+        let inner = self.inner.clone();
+        let thread_host = host.clone();
+        let joined = tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            inner.restart_blocking(&thread_host)
+        })
+        .await;
+        joined.unwrap_or_else(|join_error| {
+            Err(RestartError::Aborted {
+                host: host.clone(),
+                reason: join_error.to_string(),
+            })
+        })
+    }
+}

@@ -1,0 +1,52 @@
+//! The `Restarter` seam: what actually restarts a host.
+//!
+//! Async restarters implement [`Restarter`] directly. Restarters built on
+//! blocking code implement [`BlockingRestart`] and are wrapped in
+//! [`Blocking`], which runs them on a bounded pool of blocking threads so
+//! that they never stall the runtime.
+
+pub mod blocking;
+pub mod simulate;
+
+use async_trait::async_trait;
+
+use crate::domain::Hostname;
+
+pub use blocking::{Blocking, BlockingRestart};
+pub use simulate::{SimulatedRestarter, SimulatedBlockingRestarter, Simulation};
+
+/// Why a restart did not happen. Every kind is retried by the worker.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RestartError {
+    /// The backend tried and failed.
+    #[error("restart of {host} failed: {reason}")]
+    Failed {
+        /// The host.
+        host: Hostname,
+        /// What the backend said.
+        reason: String,
+    },
+    /// The backend did not answer in time; the host may or may not restart.
+    #[error("restart of {host} timed out after {after:?}")]
+    TimedOut {
+        /// The host.
+        host: Hostname,
+        /// The configured limit.
+        after: std::time::Duration,
+    },
+    /// The blocking pool's thread panicked or was shut down.
+    #[error("restart of {host} did not complete: {reason}")]
+    Aborted {
+        /// The host.
+        host: Hostname,
+        /// What happened to the thread.
+        reason: String,
+    },
+}
+
+/// Restarts one host. May fail; the worker retries with backoff.
+#[async_trait]
+pub trait Restarter: Send + Sync + 'static {
+    /// Restarts `host`, returning once the backend confirmed it (or failed).
+    async fn restart(&self, host: &Hostname) -> Result<(), RestartError>;
+}

@@ -1,0 +1,291 @@
+//! The worker: pull, handle, keep leases, settle.
+//!
+//! One pull loop takes deliveries as fast as flow control allows and spawns a
+//! handler task per delivery into a [`TaskTracker`]; it never waits for a
+//! handler. A supervisor restarts the pull loop when it fails. On shutdown the
+//! pull loop stops, handlers get `shutdown_grace` to finish, then handlers
+//! that have not issued their restart yet nack and return, while handlers
+//! whose restart is issued finish recording it (the shielded section).
+//!
+//! The worker reads no files and no signals: it is handed a [`WorkerConfig`],
+//! its adapters and a [`Shutdown`].
+
+mod flow;
+mod handler;
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::FutureExt;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{error, info, warn};
+
+use crate::backoff::Backoff;
+use crate::broker::{Broker, BrokerError};
+use crate::domain::ParseRules;
+use crate::restarter::Restarter;
+use crate::stats::Stats;
+use crate::store::Store;
+
+pub use flow::FlowControl;
+
+/// How the worker behaves. Every field has a default in `config`.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// Deliveries handled at once; the pull loop waits for capacity beyond it.
+    pub max_in_flight: usize,
+    /// Most deliveries asked for in one pull.
+    pub pull_batch: usize,
+    /// Deliveries of one message before a failing restart is dead-lettered.
+    pub max_attempts: u32,
+    /// Redelivery delay after a failed restart, by attempt.
+    pub retry_backoff: Backoff,
+    /// Tries at recording an outcome before giving up and nacking.
+    pub record_attempts: u32,
+    /// Delay between those tries.
+    pub record_backoff: Backoff,
+    /// A restart that takes longer counts as failed.
+    pub restart_timeout: Duration,
+    /// How long in-flight work may finish after shutdown begins.
+    pub shutdown_grace: Duration,
+    /// How often leases are extended; `None` derives it from the broker's
+    /// ack deadline (a third of it, so one lost extension is survivable).
+    pub lease_extension_interval: Option<Duration>,
+    /// Consecutive pull-loop failures after which the worker gives up.
+    pub max_pull_failures: u32,
+    /// Delay before restarting a failed pull loop, by consecutive failure.
+    pub pull_backoff: Backoff,
+    /// How payloads are validated.
+    pub parse: ParseRules,
+}
+
+/// Tells the worker to stop: first gracefully, then, if asked again, at once.
+#[derive(Debug, Clone, Default)]
+pub struct Shutdown {
+    requested: CancellationToken,
+    hurried: CancellationToken,
+}
+
+impl Shutdown {
+    /// A shutdown not yet requested.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Stop pulling and let in-flight work finish within the grace period.
+    pub fn request(&self) {
+        self.requested.cancel();
+    }
+
+    /// Skip (the rest of) the grace period.
+    pub fn hurry(&self) {
+        self.requested.cancel();
+        self.hurried.cancel();
+    }
+
+    /// Whether shutdown was requested.
+    pub fn is_requested(&self) -> bool {
+        self.requested.is_cancelled()
+    }
+
+    /// Completes once shutdown is requested.
+    pub async fn requested(&self) {
+        self.requested.cancelled().await;
+    }
+
+    /// Completes once the grace period is to be skipped.
+    pub async fn hurried(&self) {
+        self.hurried.cancelled().await;
+    }
+}
+
+/// Why the worker stopped other than by request.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    /// The pull loop kept failing.
+    #[error("pulling failed {failures} times in a row, last with: {last_error}")]
+    PullGaveUp {
+        /// Consecutive failures.
+        failures: u32,
+        /// The last one.
+        last_error: String,
+    },
+}
+
+/// Everything a handler needs, shared by all of them.
+pub(crate) struct Context {
+    pub broker: Arc<dyn Broker>,
+    pub store: Arc<dyn Store>,
+    pub restarter: Arc<dyn Restarter>,
+    pub config: WorkerConfig,
+    pub stats: Arc<Stats>,
+    pub flow: Arc<FlowControl>,
+    pub lease_extension_interval: Duration,
+    /// Cancelled when the grace period is over: handlers that have not issued
+    /// their restart nack and return.
+    pub abort: CancellationToken,
+}
+
+/// See the module docs.
+pub struct Worker {
+    context: Arc<Context>,
+}
+
+impl Worker {
+    /// A worker over these adapters.
+    pub fn new(
+        config: WorkerConfig,
+        broker: Arc<dyn Broker>,
+        store: Arc<dyn Store>,
+        restarter: Arc<dyn Restarter>,
+        stats: Arc<Stats>,
+    ) -> Self {
+        let lease_extension_interval = config
+            .lease_extension_interval
+            .unwrap_or(broker.ack_deadline() / 3)
+            .max(Duration::from_millis(10));
+        Self {
+            context: Arc::new(Context {
+                flow: Arc::new(FlowControl::new(config.max_in_flight)),
+                broker,
+                store,
+                restarter,
+                config,
+                stats,
+                lease_extension_interval,
+                abort: CancellationToken::new(),
+            }),
+        }
+    }
+
+    /// The flow control, so that a configuration reload can change the limit.
+    pub fn flow_control(&self) -> Arc<FlowControl> {
+        self.context.flow.clone()
+    }
+
+    /// Runs until `shutdown` is requested (or pulling gives up), then drains.
+    /// Every delivery pulled is settled or left to lease expiry before this
+    /// returns.
+    pub async fn run(self, shutdown: Shutdown) -> Result<(), WorkerError> {
+        let context = self.context;
+        let tracker = TaskTracker::new();
+        let stopped = supervise(&context, &tracker, &shutdown).await;
+
+        tracker.close();
+        let grace = context.config.shutdown_grace;
+        info!(
+            in_flight = tracker.len(),
+            ?grace,
+            "stopped pulling; waiting for in-flight messages"
+        );
+        let drained = tokio::select! {
+            () = tracker.wait() => true,
+            () = tokio::time::sleep(grace) => false,
+            () = shutdown.hurried() => false,
+        };
+        if !drained {
+            warn!(
+                in_flight = tracker.len(),
+                "grace period over: nacking messages whose restart has not begun, \
+                 waiting for restarts already issued to be recorded"
+            );
+            context.abort.cancel();
+            tracker.wait().await;
+        }
+        info!("all in-flight messages settled");
+        stopped
+    }
+}
+
+/// Runs the pull loop, restarting it with backoff when it fails.
+async fn supervise(
+    context: &Arc<Context>,
+    tracker: &TaskTracker,
+    shutdown: &Shutdown,
+) -> Result<(), WorkerError> {
+    let mut failures = 0u32;
+    loop {
+        let run = AssertUnwindSafe(pull_loop(context, tracker, shutdown, &mut failures))
+            .catch_unwind()
+            .await;
+        let (last_error, fatal) = match run {
+            Ok(Ok(())) => return Ok(()),
+            Ok(Err(error)) => {
+                let fatal = matches!(error, BrokerError::Fatal(_));
+                (error.to_string(), fatal)
+            }
+            Err(panic) => {
+                context.stats.panics.inc();
+                (format!("panicked: {}", panic_message(&*panic)), false)
+            }
+        };
+        failures += 1;
+        context.stats.pull_failures.inc();
+        if fatal || failures >= context.config.max_pull_failures {
+            error!(failures, error = %last_error, "pull loop failed; giving up");
+            return Err(WorkerError::PullGaveUp {
+                failures,
+                last_error,
+            });
+        }
+        let delay = context.config.pull_backoff.delay(failures);
+        error!(failures, error = %last_error, ?delay, "pull loop failed; restarting it");
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            () = shutdown.requested() => return Ok(()),
+        }
+    }
+}
+
+/// Pulls as capacity allows and spawns a handler per delivery. Returns Ok on
+/// shutdown, Err when the broker fails.
+async fn pull_loop(
+    context: &Arc<Context>,
+    tracker: &TaskTracker,
+    shutdown: &Shutdown,
+    failures: &mut u32,
+) -> Result<(), BrokerError> {
+    loop {
+        let mut permits = tokio::select! {
+            biased;
+            () = shutdown.requested() => return Ok(()),
+            permit = context.flow.acquire() => permit,
+        };
+        context
+            .flow
+            .top_up(&mut permits, context.config.pull_batch.saturating_sub(1));
+        let deliveries = tokio::select! {
+            biased;
+            () = shutdown.requested() => return Ok(()),
+            pulled = context.broker.pull(permits.num_permits()) => pulled?,
+        };
+        *failures = 0;
+        for delivery in deliveries {
+            context.stats.pulled.inc();
+            match permits.split(1) {
+                Some(permit) => {
+                    tracker.spawn(handler::handle(context.clone(), delivery, permit));
+                }
+                None => {
+                    // The broker returned more than asked: give the extra back.
+                    warn!(tag = %delivery.tag, "broker over-delivered; nacking the extra");
+                    let _ = context.broker.nack(&delivery.tag, Duration::ZERO).await;
+                }
+            }
+        }
+    }
+}
+
+/// The text of a caught panic.
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "non-string panic payload".to_owned())
+}
+
+#[cfg(test)]
+mod tests;

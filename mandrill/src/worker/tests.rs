@@ -1,0 +1,656 @@
+//! The worker's behaviour, with paused time on the in-memory adapters.
+//! Scripted wrappers around them inject latency, failures and panics and keep
+//! a timeline of what happened.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use tokio::sync::Semaphore;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use uuid::Uuid;
+
+use super::*;
+use crate::broker::{Delivery, DeliveryTag, MemoryBroker};
+use crate::domain::{Domain, Hostname, Outcome, RestartRequest, Status};
+use crate::restarter::RestartError;
+use crate::store::{HistoryEntry, MemoryStore, Recorded, StoreError};
+
+const ACK_DEADLINE: Duration = Duration::from_secs(10);
+
+fn config() -> WorkerConfig {
+    WorkerConfig {
+        max_in_flight: 100,
+        pull_batch: 10,
+        max_attempts: 3,
+        retry_backoff: Backoff {
+            initial: Duration::from_secs(1),
+            max: Duration::from_secs(60),
+        },
+        record_attempts: 3,
+        record_backoff: Backoff {
+            initial: Duration::from_millis(100),
+            max: Duration::from_secs(1),
+        },
+        restart_timeout: Duration::from_secs(120),
+        shutdown_grace: Duration::from_secs(5),
+        lease_extension_interval: None,
+        max_pull_failures: 5,
+        pull_backoff: Backoff {
+            initial: Duration::from_millis(100),
+            max: Duration::from_secs(1),
+        },
+        parse: ParseRules {
+            domain: Domain::default(),
+            max_payload_bytes: 1024,
+        },
+    }
+}
+
+/// What happened, when, in order.
+#[derive(Clone, Default)]
+struct Timeline(Arc<Mutex<Vec<(Instant, String)>>>);
+
+impl Timeline {
+    fn push(&self, event: impl Into<String>) {
+        self.0.lock().unwrap().push((Instant::now(), event.into()));
+    }
+
+    fn events(&self) -> Vec<(Instant, String)> {
+        self.0.lock().unwrap().clone()
+    }
+
+    fn when(&self, prefix: &str) -> Vec<Instant> {
+        self.events()
+            .into_iter()
+            .filter(|(_, e)| e.starts_with(prefix))
+            .map(|(t, _)| t)
+            .collect()
+    }
+
+    fn count(&self, prefix: &str) -> usize {
+        self.when(prefix).len()
+    }
+}
+
+/// The memory broker, logging every settlement and extension.
+struct LoggedBroker {
+    inner: MemoryBroker,
+    timeline: Timeline,
+    /// Pull fails this many more times before working.
+    failing_pulls: AtomicU32,
+}
+
+#[async_trait]
+impl Broker for LoggedBroker {
+    fn ack_deadline(&self) -> Duration {
+        self.inner.ack_deadline()
+    }
+    async fn publish(&self, payload: Bytes) -> Result<(), BrokerError> {
+        self.inner.publish(payload).await
+    }
+    async fn pull(&self, max: usize) -> Result<Vec<Delivery>, BrokerError> {
+        if self
+            .failing_pulls
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            self.timeline.push("pull-failed");
+            return Err(BrokerError::Unavailable("connection refused".into()));
+        }
+        self.inner.pull(max).await
+    }
+    async fn ack(&self, tag: &DeliveryTag) -> Result<(), BrokerError> {
+        self.timeline.push(format!("ack {tag}"));
+        self.inner.ack(tag).await
+    }
+    async fn nack(&self, tag: &DeliveryTag, delay: Duration) -> Result<(), BrokerError> {
+        self.timeline.push(format!("nack {}", delay.as_millis()));
+        self.inner.nack(tag, delay).await
+    }
+    async fn extend(&self, tag: &DeliveryTag) -> Result<(), BrokerError> {
+        self.timeline.push(format!("extend {tag}"));
+        self.inner.extend(tag).await
+    }
+    async fn dead_letter(&self, tag: &DeliveryTag, reason: &str) -> Result<(), BrokerError> {
+        self.timeline.push(format!("dead-letter {reason}"));
+        self.inner.dead_letter(tag, reason).await
+    }
+}
+
+/// The memory store with injected latency and faults.
+#[derive(Default)]
+struct ScriptedStore {
+    inner: MemoryStore,
+    timeline: Timeline,
+    save_delay: Duration,
+    /// While set, recording an outcome fails.
+    outcome_fails: AtomicBool,
+    /// When set, lookups wait for a permit (never released: they hang).
+    lookup_gate: Option<Semaphore>,
+}
+
+#[async_trait]
+impl Store for ScriptedStore {
+    async fn lookup(&self, message_id: Uuid) -> Result<Option<Status>, StoreError> {
+        if let Some(gate) = &self.lookup_gate {
+            self.timeline.push("lookup-waiting");
+            let _permit = gate.acquire().await.unwrap();
+        }
+        self.inner.lookup(message_id).await
+    }
+    async fn record_received(&self, r: &RestartRequest, attempt: u32) -> Result<(), StoreError> {
+        tokio::time::sleep(self.save_delay).await;
+        self.timeline.push("saved");
+        self.inner.record_received(r, attempt).await
+    }
+    async fn record_outcome(
+        &self,
+        r: &RestartRequest,
+        attempt: u32,
+        outcome: &Outcome,
+    ) -> Result<Recorded, StoreError> {
+        if self.outcome_fails.load(Ordering::Acquire) {
+            self.timeline.push("record-failed");
+            return Err(StoreError::Injected("disk full".into()));
+        }
+        self.timeline.push(format!("recorded {}", outcome.status()));
+        self.inner.record_outcome(r, attempt, outcome).await
+    }
+    async fn record_rejection(
+        &self,
+        id: Option<Uuid>,
+        reason: &str,
+        payload: &[u8],
+    ) -> Result<(), StoreError> {
+        self.inner.record_rejection(id, reason, payload).await
+    }
+    async fn history(&self, limit: usize) -> Result<Vec<HistoryEntry>, StoreError> {
+        self.inner.history(limit).await
+    }
+}
+
+/// A restarter with scripted latency, failures, panics and a gate.
+#[derive(Default)]
+struct ScriptedRestarter {
+    timeline: Timeline,
+    delay: Duration,
+    /// Every restart fails.
+    always_fails: bool,
+    /// Restarts of hosts starting with this panic.
+    panics_on: Option<&'static str>,
+    /// When set, each restart waits for a permit (released by the test).
+    gate: Option<Arc<Semaphore>>,
+    running: AtomicU32,
+    most_running: AtomicU32,
+    calls: Mutex<HashMap<String, u32>>,
+}
+
+impl ScriptedRestarter {
+    fn calls(&self, host: &str) -> u32 {
+        self.calls.lock().unwrap().get(host).copied().unwrap_or(0)
+    }
+}
+
+#[async_trait]
+impl Restarter for ScriptedRestarter {
+    async fn restart(&self, host: &Hostname) -> Result<(), RestartError> {
+        *self
+            .calls
+            .lock()
+            .unwrap()
+            .entry(host.to_string())
+            .or_default() += 1;
+        let now_running = self.running.fetch_add(1, Ordering::AcqRel) + 1;
+        self.most_running.fetch_max(now_running, Ordering::AcqRel);
+        self.timeline.push("restart-started");
+        if let Some(prefix) = self.panics_on {
+            if host.as_str().starts_with(prefix) {
+                self.running.fetch_sub(1, Ordering::AcqRel);
+                panic!("restarter bug for {host}");
+            }
+        }
+        if let Some(gate) = &self.gate {
+            gate.acquire().await.unwrap().forget();
+        }
+        tokio::time::sleep(self.delay).await;
+        self.running.fetch_sub(1, Ordering::AcqRel);
+        self.timeline.push("restarted");
+        if self.always_fails {
+            return Err(RestartError::Failed {
+                host: host.clone(),
+                reason: "host unreachable".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+struct Harness {
+    broker: Arc<LoggedBroker>,
+    stats: Arc<Stats>,
+    shutdown: Shutdown,
+    worker: JoinHandle<Result<(), WorkerError>>,
+}
+
+fn start(config: WorkerConfig, store: Arc<dyn Store>, restarter: Arc<dyn Restarter>) -> Harness {
+    start_with(config, store, restarter, 0)
+}
+
+fn start_with(
+    config: WorkerConfig,
+    store: Arc<dyn Store>,
+    restarter: Arc<dyn Restarter>,
+    failing_pulls: u32,
+) -> Harness {
+    let broker = Arc::new(LoggedBroker {
+        inner: MemoryBroker::new(ACK_DEADLINE, Duration::from_secs(1)),
+        timeline: Timeline::default(),
+        failing_pulls: AtomicU32::new(failing_pulls),
+    });
+    let stats = Arc::new(Stats::default());
+    let shutdown = Shutdown::new();
+    let worker = Worker::new(config, broker.clone(), store, restarter, stats.clone());
+    let worker = tokio::spawn(worker.run(shutdown.clone()));
+    Harness {
+        broker,
+        stats,
+        shutdown,
+        worker,
+    }
+}
+
+fn payload(instance: &str) -> (Uuid, Bytes) {
+    let id = Uuid::new_v4();
+    let json = format!(r#"{{"message_id":"{id}","instance_name":"{instance}"}}"#);
+    (id, Bytes::from(json))
+}
+
+impl Harness {
+    async fn publish(&self, instance: &str) -> Uuid {
+        let (id, body) = payload(instance);
+        self.broker.publish(body).await.unwrap();
+        id
+    }
+
+    async fn stop(self) -> Result<(), WorkerError> {
+        self.shutdown.request();
+        self.worker.await.unwrap()
+    }
+}
+
+/// Waits (in paused time, so instantly) until `condition` holds.
+async fn wait_until(what: &str, condition: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(3600);
+    while !condition() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn lease_is_extended_while_work_runs_and_not_after() {
+    let restarter = Arc::new(ScriptedRestarter {
+        delay: Duration::from_secs(25),
+        ..Default::default()
+    });
+    let h = start(config(), Arc::new(MemoryStore::new()), restarter);
+    h.publish("cattle-slow").await;
+    let stats = h.stats.clone();
+    wait_until("acked", || stats.acked.get() == 1).await;
+    // 25 s of work with a 10 s deadline: extended every 10/3 s, 7 times.
+    let extensions = h.broker.timeline.count("extend");
+    assert_eq!(extensions, 7);
+    // Never redelivered: the lease never lapsed.
+    assert_eq!(stats.pulled.get(), 1);
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert_eq!(h.broker.timeline.count("extend"), extensions);
+    h.stop().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn ack_comes_only_after_both_save_and_restart_finish() {
+    for (save_secs, restart_secs) in [(5, 2), (1, 4)] {
+        let store = Arc::new(ScriptedStore {
+            save_delay: Duration::from_secs(save_secs),
+            ..Default::default()
+        });
+        let restarter = Arc::new(ScriptedRestarter {
+            delay: Duration::from_secs(restart_secs),
+            ..Default::default()
+        });
+        let h = start(config(), store.clone(), restarter.clone());
+        let started = Instant::now();
+        h.publish("cattle-ab12").await;
+        let stats = h.stats.clone();
+        wait_until("acked", || stats.acked.get() == 1).await;
+        let acked_at = h.broker.timeline.when("ack")[0];
+        let saved_at = store.timeline.when("saved")[0];
+        let restarted_at = restarter.timeline.when("restarted")[0];
+        let recorded_at = store.timeline.when("recorded restarted")[0];
+        assert!(saved_at <= recorded_at && restarted_at <= recorded_at);
+        assert!(recorded_at <= acked_at);
+        // Concurrent, not serial: the wait is the longer of the two.
+        let longer = Duration::from_secs(save_secs.max(restart_secs));
+        assert!(acked_at - started < longer + Duration::from_secs(1));
+        h.stop().await.unwrap();
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn failed_restart_is_retried_with_growing_delay_then_dead_lettered() {
+    let store = Arc::new(ScriptedStore::default());
+    let restarter = Arc::new(ScriptedRestarter {
+        always_fails: true,
+        ..Default::default()
+    });
+    let h = start(config(), store.clone(), restarter.clone());
+    let id = h.publish("cattle-dead").await;
+    let stats = h.stats.clone();
+    wait_until("dead-lettered", || stats.dead_lettered.get() == 1).await;
+    let events: Vec<String> = h.broker.timeline.events().into_iter().map(|(_, e)| e).collect();
+    let settlements: Vec<&str> = events
+        .iter()
+        .map(String::as_str)
+        .filter(|e| !e.starts_with("extend"))
+        .collect();
+    assert_eq!(settlements[..2], ["nack 1000", "nack 2000"]);
+    assert!(settlements[2].starts_with("dead-letter restart failed after 3 attempts"));
+    // The redeliveries really waited for their delays.
+    let starts = restarter.timeline.when("restart-started");
+    assert!(starts[1] - starts[0] >= Duration::from_secs(1));
+    assert!(starts[2] - starts[1] >= Duration::from_secs(2));
+    assert_eq!(restarter.calls("cattle-dead.example.net"), 3);
+    assert_eq!(store.inner.lookup(id).await.unwrap(), Some(Status::Failed));
+    assert_eq!(h.broker.inner.dead_letters().len(), 1);
+    h.stop().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn outcome_that_cannot_be_recorded_is_never_acked() {
+    let store = Arc::new(ScriptedStore::default());
+    store.outcome_fails.store(true, Ordering::Release);
+    let h = start(
+        config(),
+        store.clone(),
+        Arc::new(ScriptedRestarter::default()),
+    );
+    let id = h.publish("cattle-nodisk").await;
+    let stats = h.stats.clone();
+    wait_until("nacked", || stats.nacked.get() >= 1).await;
+    assert_eq!(stats.acked.get(), 0);
+    // Each delivery tried to record three times before nacking.
+    assert_eq!(store.timeline.count("record-failed"), 3);
+    // The store recovers: the redelivery is recorded, then acked.
+    store.outcome_fails.store(false, Ordering::Release);
+    wait_until("acked", || stats.acked.get() == 1).await;
+    assert_eq!(store.inner.lookup(id).await.unwrap(), Some(Status::Restarted));
+    let timeline = store.timeline.events();
+    let last_failure = timeline.iter().rposition(|(_, e)| e == "record-failed").unwrap();
+    let recorded = timeline.iter().position(|(_, e)| e == "recorded restarted").unwrap();
+    assert!(recorded > last_failure);
+    h.stop().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn redelivered_message_already_recorded_is_acked_without_restarting() {
+    let store = Arc::new(MemoryStore::new());
+    let restarter = Arc::new(ScriptedRestarter::default());
+    let h = start(config(), store.clone(), restarter.clone());
+    let (id, body) = payload("cattle-done");
+    let request = RestartRequest::parse(&body, &config().parse).unwrap();
+    store
+        .record_outcome(&request, 1, &Outcome::Restarted)
+        .await
+        .unwrap();
+    h.broker.publish(body).await.unwrap();
+    let stats = h.stats.clone();
+    wait_until("acked", || stats.acked.get() == 1).await;
+    assert_eq!(stats.duplicates.get(), 1);
+    assert_eq!(restarter.calls("cattle-done.example.net"), 0);
+    assert_eq!(store.lookup(id).await.unwrap(), Some(Status::Restarted));
+    h.stop().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn panic_in_one_handler_nacks_it_and_the_service_goes_on() {
+    let restarter = Arc::new(ScriptedRestarter {
+        panics_on: Some("cattle-boom"),
+        ..Default::default()
+    });
+    let h = start(config(), Arc::new(MemoryStore::new()), restarter.clone());
+    h.publish("cattle-boom").await;
+    h.publish("cattle-fine").await;
+    let stats = h.stats.clone();
+    wait_until("the good one acked and the bad one dead", || {
+        stats.acked.get() == 1 && stats.dead_lettered.get() == 1
+    })
+    .await;
+    // Panicked on each of its 3 attempts: nacked twice, then dead-lettered.
+    assert_eq!(stats.panics.get(), 3);
+    assert_eq!(stats.nacked.get(), 2);
+    let reason = &h.broker.inner.dead_letters()[0].reason;
+    assert!(reason.contains("panicked"), "{reason}");
+    // Still serving.
+    h.publish("cattle-after").await;
+    wait_until("later message acked", || stats.acked.get() == 2).await;
+    h.stop().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn flow_control_holds_at_max_in_flight() {
+    let gate = Arc::new(Semaphore::new(0));
+    let restarter = Arc::new(ScriptedRestarter {
+        gate: Some(gate.clone()),
+        ..Default::default()
+    });
+    let config = WorkerConfig {
+        max_in_flight: 3,
+        ..config()
+    };
+    let h = start(config, Arc::new(MemoryStore::new()), restarter.clone());
+    for n in 0..10 {
+        h.publish(&format!("cattle-{n:04}")).await;
+    }
+    let running = || restarter.running.load(Ordering::Acquire);
+    wait_until("three restarts running", || running() == 3).await;
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    // The pull loop waits for capacity instead of leasing more.
+    assert_eq!(h.broker.inner.depth().leased, 3);
+    assert_eq!(h.broker.inner.depth().ready, 7);
+    gate.add_permits(10);
+    let stats = h.stats.clone();
+    wait_until("all acked", || stats.acked.get() == 10).await;
+    assert_eq!(restarter.most_running.load(Ordering::Acquire), 3);
+    h.stop().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_nacks_what_has_not_started_after_the_grace_period() {
+    let store = Arc::new(ScriptedStore {
+        lookup_gate: Some(Semaphore::new(0)),
+        ..Default::default()
+    });
+    let restarter = Arc::new(ScriptedRestarter::default());
+    let h = start(config(), store.clone(), restarter.clone());
+    for n in 0..4 {
+        h.publish(&format!("cattle-{n:04}")).await;
+    }
+    wait_until("four lookups stuck", || {
+        store.timeline.count("lookup-waiting") == 4
+    })
+    .await;
+    let began = Instant::now();
+    let stats = h.stats.clone();
+    let broker = h.broker.clone();
+    h.stop().await.unwrap();
+    assert!(began.elapsed() >= config().shutdown_grace);
+    assert_eq!(stats.nacked.get(), 4);
+    assert_eq!(stats.acked.get(), 0);
+    assert_eq!(restarter.timeline.count("restart-started"), 0);
+    // Nacked without delay: visible again for the next consumer.
+    assert_eq!(broker.inner.depth().ready, 4);
+}
+
+#[tokio::test(start_paused = true)]
+async fn second_signal_skips_the_grace_period() {
+    let store = Arc::new(ScriptedStore {
+        lookup_gate: Some(Semaphore::new(0)),
+        ..Default::default()
+    });
+    let config = WorkerConfig {
+        shutdown_grace: Duration::from_secs(3600),
+        ..config()
+    };
+    let h = start(config, store.clone(), Arc::new(ScriptedRestarter::default()));
+    h.publish("cattle-0001").await;
+    wait_until("lookup stuck", || store.timeline.count("lookup-waiting") == 1).await;
+    let began = Instant::now();
+    h.shutdown.request();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    h.shutdown.hurry();
+    let stats = h.stats.clone();
+    h.worker.await.unwrap().unwrap();
+    assert!(began.elapsed() < Duration::from_secs(60));
+    assert_eq!(stats.nacked.get(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn issued_restart_is_recorded_and_acked_even_after_the_grace_period() {
+    let store = Arc::new(ScriptedStore::default());
+    let restarter = Arc::new(ScriptedRestarter {
+        delay: Duration::from_secs(30),
+        ..Default::default()
+    });
+    let h = start(config(), store.clone(), restarter.clone());
+    let first = h.publish("cattle-0001").await;
+    let second = h.publish("cattle-0002").await;
+    wait_until("both restarts issued", || {
+        restarter.timeline.count("restart-started") == 2
+    })
+    .await;
+    let began = Instant::now();
+    let stats = h.stats.clone();
+    h.stop().await.unwrap();
+    // The grace period (5 s) ended long before the restarts (30 s) did, yet
+    // shutdown waited for them to be recorded and acked.
+    assert!(began.elapsed() >= Duration::from_secs(29));
+    assert_eq!(stats.acked.get(), 2);
+    assert_eq!(stats.nacked.get(), 0);
+    for id in [first, second] {
+        assert_eq!(store.inner.lookup(id).await.unwrap(), Some(Status::Restarted));
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn failed_pull_loop_is_restarted_by_the_supervisor() {
+    let h = start_with(
+        config(),
+        Arc::new(MemoryStore::new()),
+        Arc::new(ScriptedRestarter::default()),
+        3,
+    );
+    h.publish("cattle-0001").await;
+    let stats = h.stats.clone();
+    wait_until("acked", || stats.acked.get() == 1).await;
+    assert_eq!(stats.pull_failures.get(), 3);
+    h.stop().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn supervisor_gives_up_after_consecutive_failures() {
+    let h = start_with(
+        config(),
+        Arc::new(MemoryStore::new()),
+        Arc::new(ScriptedRestarter::default()),
+        u32::MAX,
+    );
+    let outcome = h.worker.await.unwrap();
+    assert!(
+        matches!(outcome, Err(WorkerError::PullGaveUp { failures: 5, .. })),
+        "{outcome:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn malformed_message_is_dead_lettered_with_reason_and_recorded() {
+    let store = Arc::new(MemoryStore::new());
+    let h = start(
+        config(),
+        store.clone(),
+        Arc::new(ScriptedRestarter::default()),
+    );
+    h.broker.publish(Bytes::from_static(b"{not json")).await.unwrap();
+    h.publish("Not_A_Label").await;
+    h.publish("cattle-good").await;
+    let stats = h.stats.clone();
+    wait_until("settled", || stats.dead_lettered.get() == 2 && stats.acked.get() == 1).await;
+    let reasons: Vec<String> = h
+        .broker
+        .inner
+        .dead_letters()
+        .into_iter()
+        .map(|d| d.reason)
+        .collect();
+    assert!(reasons.iter().any(|r| r.contains("not a valid request")), "{reasons:?}");
+    assert!(reasons.iter().any(|r| r.contains("\"Not_A_Label\"")), "{reasons:?}");
+    let history = store.history(10).await.unwrap();
+    assert_eq!(history.iter().filter(|e| e.status == Status::Rejected).count(), 2);
+    h.stop().await.unwrap();
+}
+
+/// Blocks its thread for hosts named `cattle-blk*` until released.
+struct BlockingTestRestarter {
+    release: Mutex<std::sync::mpsc::Receiver<()>>,
+    blocked: AtomicU32,
+}
+
+impl crate::restarter::BlockingRestart for BlockingTestRestarter {
+    fn restart_blocking(&self, host: &Hostname) -> Result<(), RestartError> {
+        if host.as_str().starts_with("cattle-blk") {
+            self.blocked.fetch_add(1, Ordering::AcqRel);
+            // Wait for the test to release one blocked restart.
+            self.release.lock().unwrap().recv().unwrap();
+        }
+        Ok(())
+    }
+}
+
+/// Real time and the single-threaded runtime: if the blocking restarts ran on
+/// the runtime's thread, nothing else could progress and this would time out.
+#[tokio::test]
+async fn blocking_restarts_do_not_stall_pulling_or_other_messages() {
+    let (release, released) = std::sync::mpsc::channel();
+    let blocking = Arc::new(crate::restarter::Blocking::new(
+        BlockingTestRestarter {
+            release: Mutex::new(released),
+            blocked: AtomicU32::new(0),
+        },
+        4,
+    ));
+    let store = Arc::new(MemoryStore::new());
+    let h = start(config(), store, blocking.clone());
+    h.publish("cattle-blk1").await;
+    h.publish("cattle-blk2").await;
+    for n in 0..5 {
+        h.publish(&format!("cattle-{n:04}")).await;
+    }
+    let stats = h.stats.clone();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while stats.acked.get() < 5 {
+        assert!(std::time::Instant::now() < deadline, "other messages stalled");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Both blocking restarts are still in progress while the others finished.
+    assert_eq!(stats.in_flight.get(), 2);
+    release.send(()).unwrap();
+    release.send(()).unwrap();
+    while stats.acked.get() < 7 {
+        assert!(std::time::Instant::now() < deadline, "released restarts never finished");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    h.stop().await.unwrap();
+}
