@@ -1,0 +1,408 @@
+//! The crawl loop: takes ready jobs from the [`Frontier`], runs each fetch
+//! as a task in one `JoinSet`, and turns results into output records, new
+//! jobs, retries and counters. It is the only owner of the frontier and the
+//! summary, so neither needs a lock.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{Read, Write};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+use url::Url;
+
+use crate::config::Config;
+use crate::extract::{ExtractError, ExtractOptions, charset_of, extract_links, is_html};
+use crate::fetch::{BodyWanted, FetchError, FetchSettings, Fetcher};
+use crate::frontier::{Dispatch, Frontier, FrontierSettings, Job};
+use crate::output::{Output, PageRecord};
+use crate::report::{Console, ErrorKind, LOG_INTERVAL, Progress, Summary};
+use crate::robots::RobotsRules;
+use crate::scope::{ScopeFilter, normalize};
+use crate::seeds::parse_seeds;
+
+/// Bodies larger than this are parsed on the blocking pool, so that one
+/// huge page does not stall the async workers.
+const INLINE_PARSE_LIMIT: usize = 256 * 1024;
+
+/// Runs the command line: reads the URL list, opens the output, crawls.
+///
+/// Invalid input lines are logged with their line number and skipped; an
+/// unreadable list, a list without any valid URL or an unwritable output
+/// are errors.
+pub async fn run(
+    config: Config,
+    console: &Console,
+    shutdown: CancellationToken,
+) -> anyhow::Result<Summary> {
+    let list_name = config.urls_file.display().to_string();
+    let text = if list_name == "-" {
+        let mut text = String::new();
+        std::io::stdin()
+            .read_to_string(&mut text)
+            .context("reading the url list from standard input failed")?;
+        text
+    } else {
+        std::fs::read_to_string(&config.urls_file)
+            .with_context(|| format!("reading the url list {list_name} failed"))?
+    };
+    let seeds = parse_seeds(&text);
+    for rejected in &seeds.rejected {
+        warn!(
+            "{list_name}:{}: skipping invalid url {:?}: {}",
+            rejected.line, rejected.text, rejected.reason
+        );
+    }
+    anyhow::ensure!(!seeds.urls.is_empty(), "no valid url in {list_name}");
+
+    let sink: Box<dyn Write + Send> = if config.output.as_os_str() == "-" {
+        Box::new(std::io::stdout())
+    } else {
+        let file = File::create(&config.output).with_context(|| {
+            format!(
+                "creating the output file {} failed",
+                config.output.display()
+            )
+        })?;
+        Box::new(file)
+    };
+    let mut summary = crawl(&config, seeds.urls, sink, console, shutdown).await?;
+    summary.invalid_seeds = seeds.rejected.len() as u64;
+    Ok(summary)
+}
+
+/// What a finished task reports back to the loop.
+#[derive(Debug)]
+enum Outcome {
+    Page {
+        job: Job,
+        result: Result<Fetched, PageError>,
+    },
+    Robots {
+        host: String,
+        rules: RobotsRules,
+    },
+}
+
+/// A page fetched with a status below 400.
+#[derive(Debug)]
+struct Fetched {
+    final_url: Url,
+    status: u16,
+    content_type: Option<String>,
+    /// `None` when the page is not HTML.
+    links: Option<Vec<Url>>,
+}
+
+/// Why one page failed. Counted and logged, never fatal.
+#[derive(Debug, thiserror::Error)]
+enum PageError {
+    #[error(transparent)]
+    Fetch(#[from] FetchError),
+    #[error(transparent)]
+    Extract(#[from] ExtractError),
+}
+
+impl PageError {
+    fn kind(&self) -> ErrorKind {
+        match self {
+            Self::Fetch(FetchError::Status { status, .. }) => ErrorKind::Http(*status),
+            Self::Fetch(FetchError::Timeout) => ErrorKind::Timeout,
+            Self::Fetch(FetchError::Connect(_)) => ErrorKind::Connect,
+            Self::Fetch(FetchError::TooManyRedirects) => ErrorKind::TooManyRedirects,
+            Self::Fetch(FetchError::BodyTooLarge { .. }) => ErrorKind::BodyTooLarge,
+            Self::Fetch(FetchError::Body(_)) => ErrorKind::Body,
+            Self::Fetch(FetchError::Request(_)) => ErrorKind::Request,
+            Self::Extract(_) => ErrorKind::Parse,
+        }
+    }
+
+    /// The server's Retry-After when it asked us to come back (429, 503).
+    fn retry_after(&self) -> Option<Option<Duration>> {
+        match self {
+            Self::Fetch(FetchError::Status {
+                status: 429 | 503,
+                retry_after,
+            }) => Some(*retry_after),
+            _ => None,
+        }
+    }
+}
+
+/// What each running task is doing, so that a panicking task still
+/// releases its host.
+#[derive(Debug)]
+enum Running {
+    Page(Url),
+    Robots(String),
+}
+
+/// Crawls from `seeds`, writing edges to `sink`, until the frontier is
+/// empty or `shutdown` is cancelled. Every spawned task is awaited before
+/// this returns, and the output is flushed in both cases.
+pub async fn crawl(
+    config: &Config,
+    seeds: Vec<Url>,
+    sink: Box<dyn Write + Send>,
+    console: &Console,
+    shutdown: CancellationToken,
+) -> anyhow::Result<Summary> {
+    let started = Instant::now();
+    let polite = config.is_polite();
+    let per_host = config.per_host as usize;
+    let concurrency = config.concurrency as usize;
+    let fetcher = Fetcher::new(&FetchSettings {
+        user_agent: config.user_agent.clone(),
+        timeout: config.timeout,
+        connect_timeout: config.connect_timeout,
+        max_redirects: config.max_redirects,
+        max_body: config.max_body,
+        idle_per_host: per_host.min(concurrency),
+    })?;
+    let scope = ScopeFilter::new(
+        config.scope,
+        &seeds,
+        config.include.clone(),
+        config.exclude.clone(),
+    );
+    let mut frontier = Frontier::new(FrontierSettings {
+        per_host,
+        min_delay: if polite {
+            config.min_delay
+        } else {
+            Duration::ZERO
+        },
+        check_robots: polite,
+    });
+    for url in seeds {
+        frontier.enqueue(Job {
+            url,
+            depth: 0,
+            attempt: 0,
+        });
+    }
+    let extract_options = ExtractOptions {
+        all_hrefs: config.all_hrefs,
+        keep_schemes: config.keep_schemes,
+    };
+    let output = Output::spawn(config.format, sink);
+    let progress = Progress::new(config.progress, console);
+    let mut log_tick = tokio::time::interval_at(started + LOG_INTERVAL, LOG_INTERVAL);
+    let mut tasks = JoinSet::new();
+    let mut running = HashMap::new();
+    let mut summary = Summary::default();
+
+    loop {
+        let now = Instant::now();
+        while tasks.len() < concurrency {
+            match frontier.next_ready(now) {
+                None => break,
+                Some(Dispatch::Fetch(job)) => {
+                    let url = job.url.clone();
+                    let handle = tasks.spawn(fetch_page(fetcher.clone(), job, extract_options));
+                    running.insert(handle.id(), Running::Page(url));
+                }
+                Some(Dispatch::FetchRobots { host, url }) => {
+                    let handle = tasks.spawn(fetch_robots(fetcher.clone(), host.clone(), url));
+                    running.insert(handle.id(), Running::Robots(host));
+                }
+                Some(Dispatch::Disallowed(job)) => {
+                    summary.robots_disallowed += 1;
+                    info!("skipping {}: disallowed by robots.txt", job.url);
+                }
+            }
+        }
+        progress.update(&summary, frontier.queued(), tasks.len());
+        if tasks.is_empty() && frontier.queued() == 0 {
+            break;
+        }
+        // With every slot taken, only a finishing task can unblock anything.
+        let wakeup = (tasks.len() < concurrency)
+            .then(|| frontier.next_wakeup(now))
+            .flatten();
+        tokio::select! {
+            biased;
+            () = shutdown.cancelled() => {
+                summary.interrupted = true;
+                break;
+            }
+            Some(joined) = tasks.join_next_with_id() => match joined {
+                Ok((id, outcome)) => {
+                    running.remove(&id);
+                    let handled = handle(outcome, config, &scope, &mut frontier, &output, &mut summary).await;
+                    if handled.is_err() {
+                        // The writer stopped on an error; finish() reports it.
+                        break;
+                    }
+                }
+                Err(error) => {
+                    summary.count_error(ErrorKind::Panic);
+                    match running.remove(&error.id()) {
+                        Some(Running::Page(url)) => {
+                            warn!("fetching {url} failed: task panicked: {error}");
+                            frontier.finished(&url);
+                        }
+                        Some(Running::Robots(host)) => {
+                            warn!("fetching robots.txt of {host} failed: task panicked: {error}");
+                            frontier.set_robots(&host, RobotsRules::AllowAll);
+                        }
+                        None => warn!("a crawl task panicked: {error}"),
+                    }
+                }
+            },
+            () = tokio::time::sleep_until(wakeup.unwrap_or(now)), if wakeup.is_some() => {}
+            _ = log_tick.tick() => progress.log(&summary, frontier.queued(), tasks.len()),
+        }
+    }
+
+    tasks.abort_all();
+    while tasks.join_next().await.is_some() {}
+    progress.finish();
+    output.finish().await.context("writing the output failed")?;
+    summary.elapsed = started.elapsed();
+    Ok(summary)
+}
+
+/// Applies one task's outcome; fails only when the output writer has stopped.
+async fn handle(
+    outcome: Outcome,
+    config: &Config,
+    scope: &ScopeFilter,
+    frontier: &mut Frontier,
+    output: &Output,
+    summary: &mut Summary,
+) -> Result<(), crate::output::OutputClosed> {
+    let (job, result) = match outcome {
+        Outcome::Robots { host, rules } => {
+            frontier.set_robots(&host, rules);
+            return Ok(());
+        }
+        Outcome::Page { job, result } => (job, result),
+    };
+    frontier.finished(&job.url);
+    match result {
+        Ok(fetched) => {
+            summary.pages += 1;
+            let final_url = normalize(fetched.final_url);
+            if final_url != job.url {
+                frontier.mark_seen(&final_url);
+            }
+            let Some(links) = fetched.links else {
+                summary.not_html += 1;
+                return Ok(());
+            };
+            if job.depth < config.depth {
+                for link in &links {
+                    if !frontier.has_seen(link) && scope.allows(link) {
+                        frontier.enqueue(Job {
+                            url: link.clone(),
+                            depth: job.depth + 1,
+                            attempt: 0,
+                        });
+                    }
+                }
+            }
+            if !links.is_empty() {
+                summary.edges += links.len() as u64;
+                output
+                    .send(PageRecord {
+                        source: job.url,
+                        final_url,
+                        status: fetched.status,
+                        depth: job.depth,
+                        content_type: fetched.content_type,
+                        links,
+                    })
+                    .await?;
+            }
+        }
+        Err(error) => match error.retry_after() {
+            Some(retry_after) if job.attempt < config.retries => {
+                let backoff = config.retry_base.saturating_mul(1 << job.attempt.min(16));
+                let wait = retry_after.map_or(backoff, |asked| asked.max(backoff));
+                if wait > config.max_retry_wait {
+                    summary.count_error(error.kind());
+                    warn!(
+                        "fetching {} failed: {error}, and the server asks to wait {wait:?}",
+                        job.url
+                    );
+                } else {
+                    summary.retries += 1;
+                    info!("fetching {} failed: {error}, retrying in {wait:?}", job.url);
+                    let retry = Job {
+                        attempt: job.attempt + 1,
+                        ..job
+                    };
+                    frontier.retry(retry, Instant::now() + wait);
+                }
+            }
+            _ => {
+                summary.count_error(error.kind());
+                warn!("fetching {} failed: {error}", job.url);
+            }
+        },
+    }
+    Ok(())
+}
+
+async fn fetch_page(fetcher: Fetcher, job: Job, options: ExtractOptions) -> Outcome {
+    let result = fetch_and_extract(&fetcher, &job.url, options).await;
+    Outcome::Page { job, result }
+}
+
+async fn fetch_and_extract(
+    fetcher: &Fetcher,
+    url: &Url,
+    options: ExtractOptions,
+) -> Result<Fetched, PageError> {
+    let response = fetcher.get(url, BodyWanted::HtmlOnly).await?;
+    let content_type = response.content_type;
+    let html_body = response
+        .body
+        .filter(|body| is_html(content_type.as_deref(), body));
+    let links = match html_body {
+        None => None,
+        Some(body) => {
+            let charset = content_type
+                .as_deref()
+                .and_then(charset_of)
+                .map(str::to_owned);
+            let page_url = response.final_url.clone();
+            let links = if body.len() <= INLINE_PARSE_LIMIT {
+                extract_links(&body, charset.as_deref(), &page_url, options)?
+            } else {
+                tokio::task::spawn_blocking(move || {
+                    extract_links(&body, charset.as_deref(), &page_url, options)
+                })
+                .await
+                .map_err(|error| ExtractError::from_panic(&error))??
+            };
+            Some(links)
+        }
+    };
+    Ok(Fetched {
+        final_url: response.final_url,
+        status: response.status,
+        content_type,
+        links,
+    })
+}
+
+/// Fetches robots.txt. Per RFC 9309 a 4xx means no rules and a 5xx means
+/// the whole site is off limits; an unreachable server gets no rules, so
+/// that its pages fail with the real reason instead of a silent skip.
+async fn fetch_robots(fetcher: Fetcher, host: String, url: Url) -> Outcome {
+    let rules = match fetcher.get(&url, BodyWanted::Always).await {
+        Ok(response) => RobotsRules::parse(response.body.as_deref().unwrap_or_default()),
+        Err(FetchError::Status { status, .. }) if status >= 500 => {
+            warn!("fetching {url} failed with status {status}: treating {host} as disallowed");
+            RobotsRules::DisallowAll
+        }
+        Err(_) => RobotsRules::AllowAll,
+    };
+    Outcome::Robots { host, rules }
+}

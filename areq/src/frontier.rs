@@ -1,0 +1,373 @@
+//! The crawl frontier: what to fetch next, and when.
+//!
+//! One [`Frontier`] is owned by the crawl loop; nothing here does I/O or
+//! reads the clock, every decision takes `now` as an argument. It keeps
+//!
+//! - the seen-set: a URL is enqueued at most once, after normalisation;
+//! - one FIFO queue per host (origin), served round-robin so that one large
+//!   site does not starve the others;
+//! - per host: requests in flight (capped), the earliest instant the next
+//!   request may start (minimum delay, Crawl-delay, Retry-After), and its
+//!   robots.txt state (unknown, being fetched, known).
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use url::Url;
+
+use crate::robots::{RobotsRules, robots_url};
+use crate::scope::host_key;
+
+/// One URL to fetch.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Job {
+    /// The normalised URL.
+    pub url: Url,
+    /// Hops from the seed (seeds are 0).
+    pub depth: u32,
+    /// How many times it has been tried before (retries of 429/503).
+    pub attempt: u32,
+}
+
+/// What the crawl loop should do next.
+#[derive(Debug, PartialEq)]
+pub enum Dispatch {
+    /// Fetch this page; report back with [`Frontier::finished`].
+    Fetch(Job),
+    /// Fetch robots.txt for `host`; report back with [`Frontier::set_robots`].
+    FetchRobots {
+        /// The host key, as given back to [`Frontier::set_robots`].
+        host: String,
+        /// The robots.txt URL.
+        url: Url,
+    },
+    /// robots.txt forbids this page; it is not fetched.
+    Disallowed(Job),
+}
+
+/// The frontier's fixed parameters.
+#[derive(Debug, Clone)]
+pub struct FrontierSettings {
+    /// Maximum requests in flight to one host (robots.txt included).
+    pub per_host: usize,
+    /// Minimum time between the starts of two requests to one host.
+    pub min_delay: Duration,
+    /// Whether robots.txt is fetched and honoured (with its Crawl-delay).
+    pub check_robots: bool,
+}
+
+#[derive(Debug)]
+enum RobotsState {
+    Unknown,
+    Fetching,
+    Known(Arc<RobotsRules>),
+}
+
+#[derive(Debug)]
+struct HostState {
+    queue: VecDeque<Job>,
+    in_flight: usize,
+    /// The next request to this host may not start before this instant.
+    not_before: Option<Instant>,
+    robots: RobotsState,
+    /// The delay between request starts: the larger of `min_delay` and Crawl-delay.
+    delay: Duration,
+}
+
+/// Per-host queues, the seen-set and the scheduling rules.
+#[derive(Debug)]
+pub struct Frontier {
+    settings: FrontierSettings,
+    hosts: HashMap<String, HostState>,
+    /// Hosts with a non-empty queue, each exactly once, in round-robin order.
+    active: VecDeque<String>,
+    seen: HashSet<String>,
+    queued: usize,
+}
+
+impl Frontier {
+    /// An empty frontier.
+    pub fn new(settings: FrontierSettings) -> Self {
+        Self {
+            settings,
+            hosts: HashMap::new(),
+            active: VecDeque::new(),
+            seen: HashSet::new(),
+            queued: 0,
+        }
+    }
+
+    /// Queues a URL unless it was seen before; returns whether it was queued.
+    pub fn enqueue(&mut self, job: Job) -> bool {
+        if self.has_seen(&job.url) {
+            return false;
+        }
+        self.seen.insert(job.url.as_str().to_owned());
+        self.push(job, false);
+        true
+    }
+
+    /// Whether a URL was already enqueued or marked seen.
+    pub fn has_seen(&self, url: &Url) -> bool {
+        self.seen.contains(url.as_str())
+    }
+
+    /// Records a URL as seen without queueing it (the target of a redirect).
+    pub fn mark_seen(&mut self, url: &Url) {
+        self.seen.insert(url.as_str().to_owned());
+    }
+
+    /// Queues a job again, first in its host's queue, and holds the whole
+    /// host until `not_before` (the server asked us to back off).
+    pub fn retry(&mut self, job: Job, not_before: Instant) {
+        let key = self.push(job, true);
+        let host = self
+            .hosts
+            .get_mut(&key)
+            .expect("push just created the host state");
+        host.not_before = Some(host.not_before.map_or(not_before, |t| t.max(not_before)));
+    }
+
+    fn push(&mut self, job: Job, at_front: bool) -> String {
+        let key = host_key(&job.url);
+        let check_robots = self.settings.check_robots;
+        let min_delay = self.settings.min_delay;
+        let host = self.hosts.entry(key.clone()).or_insert_with(|| HostState {
+            queue: VecDeque::new(),
+            in_flight: 0,
+            not_before: None,
+            robots: if check_robots {
+                RobotsState::Unknown
+            } else {
+                RobotsState::Known(Arc::new(RobotsRules::AllowAll))
+            },
+            delay: min_delay,
+        });
+        if host.queue.is_empty() {
+            self.active.push_back(key.clone());
+        }
+        if at_front {
+            host.queue.push_front(job);
+        } else {
+            host.queue.push_back(job);
+        }
+        self.queued += 1;
+        key
+    }
+
+    /// The next thing to do at `now`, if any host is ready.
+    pub fn next_ready(&mut self, now: Instant) -> Option<Dispatch> {
+        for _ in 0..self.active.len() {
+            let key = self.active.pop_front()?;
+            let host = self
+                .hosts
+                .get_mut(&key)
+                .expect("every active host has a state");
+            match &host.robots {
+                RobotsState::Unknown => {
+                    host.robots = RobotsState::Fetching;
+                    host.in_flight += 1;
+                    let url = robots_url(&host.queue[0].url);
+                    self.active.push_back(key.clone());
+                    return Some(Dispatch::FetchRobots { host: key, url });
+                }
+                RobotsState::Fetching => {
+                    self.active.push_back(key);
+                    continue;
+                }
+                RobotsState::Known(_) => {}
+            }
+            let waiting = host.not_before.is_some_and(|t| t > now);
+            if host.in_flight >= self.settings.per_host || waiting {
+                self.active.push_back(key);
+                continue;
+            }
+            let job = host
+                .queue
+                .pop_front()
+                .expect("an active host has a non-empty queue");
+            self.queued -= 1;
+            if !host.queue.is_empty() {
+                self.active.push_back(key);
+            }
+            if let RobotsState::Known(rules) = &host.robots
+                && !rules.allows(&job.url)
+            {
+                return Some(Dispatch::Disallowed(job));
+            }
+            host.in_flight += 1;
+            if !host.delay.is_zero() {
+                host.not_before = Some(now + host.delay);
+            }
+            return Some(Dispatch::Fetch(job));
+        }
+        None
+    }
+
+    /// The earliest instant after `now` at which a host held back only by
+    /// its delay becomes ready.
+    pub fn next_wakeup(&self, now: Instant) -> Option<Instant> {
+        self.active
+            .iter()
+            .filter_map(|key| self.hosts.get(key))
+            .filter(|host| {
+                matches!(host.robots, RobotsState::Known(_))
+                    && host.in_flight < self.settings.per_host
+            })
+            .filter_map(|host| host.not_before.filter(|t| *t > now))
+            .min()
+    }
+
+    /// A page fetch for `url`'s host has finished, successfully or not.
+    pub fn finished(&mut self, url: &Url) {
+        if let Some(host) = self.hosts.get_mut(&host_key(url)) {
+            host.in_flight = host.in_flight.saturating_sub(1);
+        }
+    }
+
+    /// The robots.txt fetch of `host` has finished with these rules.
+    pub fn set_robots(&mut self, host: &str, rules: RobotsRules) {
+        if let Some(state) = self.hosts.get_mut(host) {
+            state.in_flight = state.in_flight.saturating_sub(1);
+            if let Some(crawl_delay) = rules.crawl_delay() {
+                state.delay = state.delay.max(crawl_delay);
+            }
+            state.robots = RobotsState::Known(Arc::new(rules));
+        }
+    }
+
+    /// Jobs waiting in a queue.
+    pub fn queued(&self) -> usize {
+        self.queued
+    }
+
+    /// Distinct URLs ever enqueued or marked seen.
+    pub fn seen(&self) -> usize {
+        self.seen.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(url: &str) -> Job {
+        Job {
+            url: Url::parse(url).expect("test URLs are valid"),
+            depth: 0,
+            attempt: 0,
+        }
+    }
+
+    fn frontier(per_host: usize, min_delay: Duration, check_robots: bool) -> Frontier {
+        Frontier::new(FrontierSettings {
+            per_host,
+            min_delay,
+            check_robots,
+        })
+    }
+
+    fn fetched_path(dispatch: Option<Dispatch>) -> String {
+        match dispatch {
+            Some(Dispatch::Fetch(job)) => job.url.path().to_owned(),
+            other => panic!("expected a fetch, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_url_is_queued_only_once() {
+        let mut f = frontier(4, Duration::ZERO, false);
+        assert!(f.enqueue(job("http://a.test/x")));
+        assert!(!f.enqueue(job("http://a.test/x")));
+        f.mark_seen(&Url::parse("http://a.test/y").expect("valid"));
+        assert!(!f.enqueue(job("http://a.test/y")));
+        assert_eq!(f.queued(), 1);
+    }
+
+    #[test]
+    fn per_host_limit_holds_until_a_fetch_finishes() {
+        let now = Instant::now();
+        let mut f = frontier(2, Duration::ZERO, false);
+        for path in ["/1", "/2", "/3"] {
+            f.enqueue(job(&format!("http://a.test{path}")));
+        }
+        f.enqueue(job("http://b.test/1"));
+        let first_two = [
+            fetched_path(f.next_ready(now)),
+            fetched_path(f.next_ready(now)),
+        ];
+        assert_eq!(
+            first_two,
+            ["/1", "/1"],
+            "round-robin serves both hosts first"
+        );
+        assert_eq!(fetched_path(f.next_ready(now)), "/2");
+        assert_eq!(f.next_ready(now), None, "a.test has 2 in flight");
+        f.finished(&Url::parse("http://a.test/1").expect("valid"));
+        assert_eq!(fetched_path(f.next_ready(now)), "/3");
+    }
+
+    #[test]
+    fn min_delay_spaces_request_starts_to_one_host() {
+        let now = Instant::now();
+        let second = Duration::from_secs(1);
+        let mut f = frontier(8, second, false);
+        f.enqueue(job("http://a.test/1"));
+        f.enqueue(job("http://a.test/2"));
+        assert_eq!(fetched_path(f.next_ready(now)), "/1");
+        assert_eq!(f.next_ready(now), None);
+        assert_eq!(f.next_wakeup(now), Some(now + second));
+        assert_eq!(fetched_path(f.next_ready(now + second)), "/2");
+    }
+
+    #[test]
+    fn robots_are_fetched_first_and_then_honoured_with_crawl_delay() {
+        let now = Instant::now();
+        let mut f = frontier(8, Duration::ZERO, true);
+        f.enqueue(job("http://a.test/private/x"));
+        f.enqueue(job("http://a.test/public"));
+        let Some(Dispatch::FetchRobots { host, url }) = f.next_ready(now) else {
+            panic!("robots.txt comes first");
+        };
+        assert_eq!(url.as_str(), "http://a.test/robots.txt");
+        assert_eq!(f.next_ready(now), None, "pages wait for robots.txt");
+        f.set_robots(
+            &host,
+            RobotsRules::parse(b"User-agent: *\nDisallow: /private\nCrawl-delay: 5\n"),
+        );
+        assert!(
+            matches!(f.next_ready(now), Some(Dispatch::Disallowed(j)) if j.url.path() == "/private/x")
+        );
+        assert_eq!(fetched_path(f.next_ready(now)), "/public");
+        f.enqueue(job("http://a.test/later"));
+        assert_eq!(f.next_ready(now), None);
+        assert_eq!(f.next_wakeup(now), Some(now + Duration::from_secs(5)));
+    }
+
+    #[test]
+    fn a_retry_goes_first_and_holds_the_host_until_its_time() {
+        let now = Instant::now();
+        let mut f = frontier(8, Duration::ZERO, false);
+        f.enqueue(job("http://a.test/1"));
+        f.enqueue(job("http://a.test/2"));
+        let Some(Dispatch::Fetch(first)) = f.next_ready(now) else {
+            panic!("expected a fetch");
+        };
+        f.finished(&first.url);
+        let later = now + Duration::from_secs(3);
+        f.retry(
+            Job {
+                attempt: 1,
+                ..first
+            },
+            later,
+        );
+        assert_eq!(f.next_ready(now), None);
+        assert_eq!(f.next_wakeup(now), Some(later));
+        assert_eq!(fetched_path(f.next_ready(later)), "/1");
+        assert_eq!(fetched_path(f.next_ready(later)), "/2");
+        assert_eq!(f.queued(), 0);
+    }
+}
