@@ -180,7 +180,7 @@ pub async fn crawl(
     });
     for url in seeds {
         frontier.enqueue(Job {
-            url,
+            url: normalize(url),
             depth: 0,
             attempt: 0,
         });

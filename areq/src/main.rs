@@ -31,16 +31,19 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         let shutdown = CancellationToken::new();
-        let on_ctrl_c = shutdown.clone();
-        let ctrl_c = tokio::spawn(async move {
-            if tokio::signal::ctrl_c().await.is_ok() {
-                tracing::warn!("interrupted: stopping, flushing the output");
-                on_ctrl_c.cancel();
+        let run = areq::run(config, &console, shutdown.clone());
+        let mut run = std::pin::pin!(run);
+        // Ctrl-C is polled first so that its handler is installed before the
+        // crawl sends its first request.
+        tokio::select! {
+            biased;
+            Ok(()) = tokio::signal::ctrl_c() => {
+                tracing::warn!("interrupted: stopping and flushing the output");
+                shutdown.cancel();
+                run.await
             }
-        });
-        let result = areq::run(config, &console, shutdown).await;
-        ctrl_c.abort();
-        result
+            result = &mut run => result,
+        }
     });
     match result {
         Ok(summary) => {

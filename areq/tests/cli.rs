@@ -1,0 +1,138 @@
+//! The binary and `areq::run`: input files, output files, exit codes, Ctrl-C.
+
+mod common;
+
+use std::process::{Command, Stdio};
+
+use areq::Console;
+use common::{Route, config, site, sorted_edges};
+use tokio_util::sync::CancellationToken;
+
+#[tokio::test]
+async fn run_reads_the_url_file_skips_bad_lines_and_writes_the_output_file() {
+    let server = site().html("/", r#"<a href="/x">"#).serve().await;
+    let dir = tempfile::tempdir().expect("a temporary directory can be made");
+    let urls = dir.path().join("urls.txt");
+    let out = dir.path().join("found.tsv");
+    let list = format!(
+        "# seeds\n\n{}\nnot a url\n{}#dup\n",
+        server.url("/"),
+        server.url("/")
+    );
+    std::fs::write(&urls, list).expect("the temporary directory is writable");
+
+    let mut config = config(&["-o", out.to_str().expect("temporary paths are UTF-8")]);
+    config.urls_file = urls;
+    let summary = areq::run(config, &Console::default(), CancellationToken::new())
+        .await
+        .expect("the run succeeds");
+
+    assert_eq!(summary.invalid_seeds, 1);
+    assert_eq!(server.hits("/"), 1, "the duplicate seed is fetched once");
+    let written = std::fs::read_to_string(&out).expect("the output file exists");
+    assert_eq!(
+        sorted_edges(&written),
+        [format!("{}\t{}", server.url("/"), server.url("/x"))]
+    );
+}
+
+#[tokio::test]
+async fn run_fails_on_a_missing_url_file_and_on_a_list_without_urls() {
+    let dir = tempfile::tempdir().expect("a temporary directory can be made");
+    let mut missing = config(&[]);
+    missing.urls_file = dir.path().join("nope.txt");
+    let error = areq::run(missing, &Console::default(), CancellationToken::new())
+        .await
+        .expect_err("a missing file is an error");
+    assert!(
+        error.to_string().starts_with("reading the url list"),
+        "{error}"
+    );
+
+    let empty = dir.path().join("empty.txt");
+    std::fs::write(&empty, "# nothing\n").expect("the temporary directory is writable");
+    let mut config = config(&[]);
+    config.urls_file = empty;
+    let error = areq::run(config, &Console::default(), CancellationToken::new())
+        .await
+        .expect_err("no url is an error");
+    assert!(error.to_string().starts_with("no valid url in"), "{error}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn ctrl_c_stops_the_binary_with_130_after_flushing_what_was_found() {
+    let server = site()
+        .html("/", r#"<a href="/hang">h</a><a href="/more">m</a>"#)
+        .route("/hang", Route::hanging())
+        .serve()
+        .await;
+    let dir = tempfile::tempdir().expect("a temporary directory can be made");
+    let urls = dir.path().join("urls.txt");
+    let out = dir.path().join("found.tsv");
+    std::fs::write(&urls, format!("{}\n", server.url("/")))
+        .expect("the temporary directory is writable");
+
+    let child = Command::new(env!("CARGO_BIN_EXE_areq"))
+        .arg(&urls)
+        .arg("-o")
+        .arg(&out)
+        .args(["--depth", "1", "--politeness", "off", "--progress", "log"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the areq binary starts");
+    // The hanging page is requested only after the seed's links were found.
+    server.site.accounting.wait_for_hit("/hang").await;
+    let interrupted = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(interrupted.success());
+    let output = tokio::task::spawn_blocking(move || child.wait_with_output())
+        .await
+        .expect("waiting does not panic")
+        .expect("the child can be waited for");
+
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(130), "stderr: {stderr}");
+    assert!(
+        stderr.contains("(interrupted)"),
+        "the summary is printed: {stderr}"
+    );
+    let written = std::fs::read_to_string(&out).expect("the output file exists");
+    assert_eq!(
+        sorted_edges(&written),
+        [
+            format!("{}\t{}", server.url("/"), server.url("/hang")),
+            format!("{}\t{}", server.url("/"), server.url("/more")),
+        ]
+    );
+}
+
+#[test]
+fn the_binary_reports_bad_arguments_with_exit_code_2() {
+    let output = Command::new(env!("CARGO_BIN_EXE_areq"))
+        .args(["urls.txt", "--format", "xml"])
+        .output()
+        .expect("the areq binary starts");
+    assert_eq!(output.status.code(), Some(2));
+}
+
+#[test]
+fn the_binary_writes_to_stdout_with_dash_and_logs_invalid_lines_with_their_number() {
+    let dir = tempfile::tempdir().expect("a temporary directory can be made");
+    let urls = dir.path().join("urls.txt");
+    std::fs::write(&urls, "# only bad lines\nhttp://\n")
+        .expect("the temporary directory is writable");
+    let output = Command::new(env!("CARGO_BIN_EXE_areq"))
+        .arg(&urls)
+        .args(["-o", "-"])
+        .output()
+        .expect("the areq binary starts");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        stderr.contains("urls.txt:2: skipping invalid url \"http://\""),
+        "{stderr}"
+    );
+    assert!(stderr.contains("areq: error: no valid url in"), "{stderr}");
+}
