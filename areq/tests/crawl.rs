@@ -518,3 +518,37 @@ async fn jsonl_and_dot_formats_describe_the_same_edges() {
         )
     );
 }
+
+#[tokio::test]
+async fn gzip_bodies_are_decompressed_and_the_client_says_who_it_is() {
+    use std::io::Write as _;
+    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    encoder
+        .write_all(br#"<a href="/inside-gzip">"#)
+        .expect("compressing into a Vec cannot fail");
+    let compressed = encoder
+        .finish()
+        .expect("compressing into a Vec cannot fail");
+    let page = Route::with_type(200, "text/html", compressed).header("content-encoding", "gzip");
+    let server = site().route("/", page).serve().await;
+
+    let (_, output) = crawl(&[server.url("/")], &[]).await;
+
+    assert_eq!(
+        sorted_edges(&output),
+        edges(&[(
+            server.url("/").to_string(),
+            server.url("/inside-gzip").to_string()
+        )])
+    );
+    let accounting = &server.site.accounting;
+    let accepted = accounting
+        .last_header("accept-encoding")
+        .unwrap_or_default();
+    assert!(
+        accepted.contains("gzip") && accepted.contains("br"),
+        "accept-encoding: {accepted}"
+    );
+    let agent = accounting.last_header("user-agent").unwrap_or_default();
+    assert!(agent.starts_with("areq/"), "user-agent: {agent}");
+}

@@ -15,7 +15,7 @@ use areq::{Config, Console, Summary};
 use axum::Router;
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{Response, StatusCode, Uri};
+use axum::http::{HeaderMap, Response, StatusCode, Uri};
 use clap::Parser;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -82,6 +82,8 @@ pub struct Accounting {
     in_flight: AtomicUsize,
     max_in_flight: AtomicUsize,
     changed: Notify,
+    /// Headers of the latest request.
+    last_headers: Mutex<HeaderMap>,
 }
 
 /// Site content and behaviour, shared with the handler.
@@ -171,12 +173,16 @@ impl Drop for InFlight {
     }
 }
 
-async fn handle(State(site): State<Arc<Site>>, uri: Uri) -> Response<Body> {
+async fn handle(State(site): State<Arc<Site>>, uri: Uri, headers: HeaderMap) -> Response<Body> {
     let key = uri
         .path_and_query()
         .map_or("/", |pq| pq.as_str())
         .to_owned();
     let accounting = site.accounting.clone();
+    *accounting
+        .last_headers
+        .lock()
+        .expect("no test panics while holding the lock") = headers;
     let hits = {
         let mut hits = accounting
             .hits
@@ -278,6 +284,17 @@ impl Accounting {
             .lock()
             .expect("no test panics while holding the lock")
             .clone()
+    }
+
+    pub fn last_header(&self, name: &str) -> Option<String> {
+        let headers = self
+            .last_headers
+            .lock()
+            .expect("no test panics while holding the lock");
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
     }
 
     pub fn max_in_flight(&self) -> usize {
