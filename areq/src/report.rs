@@ -198,7 +198,7 @@ impl Progress {
         };
         let shown = if bar_wanted {
             let style = ProgressStyle::with_template(
-                "{spinner} {elapsed_precise} {pos}/{len} pages, {per_sec}, {msg}",
+                "{spinner} {elapsed_precise} {pos}/{len} pages, {msg}",
             )
             .unwrap_or_else(|_| ProgressStyle::default_bar());
             let bar = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::stderr())
@@ -225,8 +225,10 @@ impl Progress {
             let done = summary.pages + summary.error_count();
             bar.set_length(done + (queued + in_flight) as u64);
             bar.set_position(done);
+            let seconds = self.started.elapsed().as_secs_f64().max(f64::EPSILON);
             bar.set_message(format!(
-                "{queued} queued, {in_flight} in flight, {} errors",
+                "{:.0} pages/s, {queued} queued, {in_flight} in flight, {} errors",
+                summary.pages as f64 / seconds,
                 summary.error_count()
             ));
         }
