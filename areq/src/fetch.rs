@@ -203,7 +203,7 @@ fn root_cause(error: &reqwest::Error) -> String {
     while let Some(source) = cause.source() {
         cause = source;
     }
-    cause.to_string().to_lowercase()
+    cause.to_string()
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! The `areq` binary: parses the command line, sets up logging, the runtime
 //! and Ctrl-C, runs the crawl and maps the outcome to an exit code.
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use areq::{Config, Console};
@@ -14,11 +15,15 @@ const EXIT_INTERRUPTED: u8 = 130;
 fn main() -> ExitCode {
     let config = Config::parse();
     let console = Console::default();
+    // The TLS verifier logs its own error next to ours for every bad
+    // certificate; the per-URL warning already carries the reason.
+    let default_filter = "warn,areq=info,rustls_platform_verifier=off";
     tracing_subscriber::fmt()
         .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn,areq=info")),
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter)),
         )
         .with_writer(console.clone())
+        .with_ansi(std::io::stderr().is_terminal())
         .with_target(false)
         .init();
 

@@ -552,3 +552,24 @@ async fn gzip_bodies_are_decompressed_and_the_client_says_who_it_is() {
     let agent = accounting.last_header("user-agent").unwrap_or_default();
     assert!(agent.starts_with("areq/"), "user-agent: {agent}");
 }
+
+#[tokio::test]
+async fn a_robots_txt_server_error_keeps_the_crawler_off_the_site() {
+    let server = site()
+        .route("/robots.txt", Route::status(500))
+        .html("/", r#"<a href="/page">"#)
+        .html("/page", "hello")
+        .serve()
+        .await;
+
+    let (summary, output) =
+        crawl(&[server.url("/")], &["--depth", "1", "--min-delay", "1ms"]).await;
+
+    assert_eq!(server.hits("/"), 0);
+    assert_eq!(server.hits("/page"), 0);
+    assert_eq!(
+        summary.robots_disallowed, 1,
+        "the seed itself is disallowed"
+    );
+    assert!(sorted_edges(&output).is_empty());
+}
