@@ -23,7 +23,7 @@
 //! - [`output`]: the tsv/jsonl/dot writers, run on a blocking thread fed by
 //!   a bounded channel so that edges are streamed, never accumulated.
 //! - [`report`]: progress bar or log lines, counters and the final summary.
-//! - [`crawl`]: the scheduler loop tying it together; owns every spawned
+//! - [`crawl`](mod@crawl): the scheduler loop tying it together; owns every spawned
 //!   task and stops on a [`CancellationToken`](tokio_util::sync::CancellationToken).
 #![deny(missing_docs)]
 
