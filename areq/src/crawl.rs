@@ -192,6 +192,7 @@ pub async fn crawl(
     let output = Output::spawn(config.format, sink);
     let progress = Progress::new(config.progress, console);
     let mut log_tick = tokio::time::interval_at(started + LOG_INTERVAL, LOG_INTERVAL);
+    log_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut tasks = JoinSet::new();
     let mut running = HashMap::new();
     let mut summary = Summary::default();
