@@ -1,10 +1,29 @@
-//! Mayhem Mandrill: restarts hosts on request, concurrently, durably.
+//! Mayhem Mandrill: restarts hosts on request, concurrently and durably.
+//!
+//! Code map (see ARCHITECTURE.md for the invariants):
+//! - [`domain`]: restart requests parsed and validated at the edge, outcomes. No I/O.
+//! - [`worker`]: the heart. Pull loop, supervisor, flow control, per-message
+//!   handling (lease extension, save ∥ restart, record, settle), shutdown.
+//! - [`broker`], [`store`], [`restarter`]: the three seams, a trait each, one
+//!   file per adapter.
+//! - [`service`]: builds adapters from a [`config::Config`] and runs the worker
+//!   with its companions; shuts down in order.
+//! - [`cli`]: subcommands, signals, runtime, exit codes. [`config`]: layered
+//!   typed settings. [`telemetry`]: logging. [`debug`]: stall detector,
+//!   status line. [`simulate`]: demo publisher. [`stats`]: counters.
+//!   [`backoff`]: exponential backoff.
 #![deny(missing_docs)]
 
 pub mod backoff;
 pub mod broker;
+pub mod cli;
+pub mod config;
+pub mod debug;
 pub mod domain;
 pub mod restarter;
+pub mod service;
+pub mod simulate;
 pub mod stats;
 pub mod store;
+pub mod telemetry;
 pub mod worker;

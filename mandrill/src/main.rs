@@ -1,1 +1,5 @@
-fn main() {}
+//! The `mandrill` binary; everything lives in the library.
+
+fn main() -> std::process::ExitCode {
+    mandrill::cli::main()
+}

@@ -58,6 +58,8 @@ counters! {
     settle_failures,
     /// Times the pull loop failed and was restarted.
     pull_failures,
+    /// Times the runtime was found stalled by blocking code.
+    stalls,
     /// Deliveries being handled right now (rises and falls).
     in_flight,
 }

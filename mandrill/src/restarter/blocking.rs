@@ -10,7 +10,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use tokio::sync::Semaphore;
 
-use super::{RestartError, Restarter};
+use super::{Reservation, RestartError, Restarter};
 use crate::domain::Hostname;
 
 /// A restart backend written with blocking calls (a sync client, a
@@ -38,7 +38,8 @@ impl<R: BlockingRestart> Blocking<R> {
 
 #[async_trait]
 impl<R: BlockingRestart> Restarter for Blocking<R> {
-    async fn restart(&self, host: &Hostname) -> Result<(), RestartError> {
+    /// Waits for a free blocking thread.
+    async fn reserve(&self) -> Reservation {
         // The semaphore is never closed, so acquiring cannot fail.
         let permit = self
             .threads
@@ -46,10 +47,16 @@ impl<R: BlockingRestart> Restarter for Blocking<R> {
             .acquire_owned()
             .await
             .expect("blocking pool semaphore is never closed");
+        Reservation::permit(permit)
+    }
+
+    async fn restart(&self, host: &Hostname, reservation: Reservation) -> Result<(), RestartError> {
         let inner = self.inner.clone();
         let thread_host = host.clone();
         let joined = tokio::task::spawn_blocking(move || {
-            let _permit = permit;
+            // The thread is accounted for until the blocking call returns,
+            // even if the waiting side is gone.
+            let _reservation = reservation;
             inner.restart_blocking(&thread_host)
         })
         .await;

@@ -44,9 +44,39 @@ pub enum RestartError {
     },
 }
 
-/// Restarts one host. May fail; the worker retries with backoff.
+/// Capacity to issue one restart, held from [`Restarter::reserve`] until the
+/// restart is done.
+#[derive(Debug, Default)]
+pub struct Reservation {
+    _permit: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+impl Reservation {
+    /// Nothing to hold: the backend has no limit of its own.
+    pub fn unlimited() -> Self {
+        Self::default()
+    }
+
+    /// Holds a semaphore permit until the restart is done.
+    pub fn permit(permit: tokio::sync::OwnedSemaphorePermit) -> Self {
+        Self {
+            _permit: Some(permit),
+        }
+    }
+}
+
+/// Restarts one host, in two steps. [`Restarter::reserve`] waits for
+/// capacity (a free thread, later a rate limit) and has not touched the host:
+/// the worker may abandon it on shutdown. [`Restarter::restart`] issues the
+/// restart: from then on the worker waits for its outcome and records it.
 #[async_trait]
 pub trait Restarter: Send + Sync + 'static {
+    /// Waits until a restart can be issued. Cancel-safe: dropping the future
+    /// issues nothing.
+    async fn reserve(&self) -> Reservation {
+        Reservation::unlimited()
+    }
+
     /// Restarts `host`, returning once the backend confirmed it (or failed).
-    async fn restart(&self, host: &Hostname) -> Result<(), RestartError>;
+    async fn restart(&self, host: &Hostname, reservation: Reservation) -> Result<(), RestartError>;
 }

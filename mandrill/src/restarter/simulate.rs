@@ -7,7 +7,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use rand::Rng;
 
-use super::{BlockingRestart, RestartError, Restarter};
+use super::{BlockingRestart, Reservation, RestartError, Restarter};
 use crate::domain::Hostname;
 
 /// The simulated backend's behaviour.
@@ -52,7 +52,7 @@ pub struct SimulatedRestarter(pub Simulation);
 
 #[async_trait]
 impl Restarter for SimulatedRestarter {
-    async fn restart(&self, host: &Hostname) -> Result<(), RestartError> {
+    async fn restart(&self, host: &Hostname, _reservation: Reservation) -> Result<(), RestartError> {
         let (latency, fails) = self.0.draw();
         if !latency.is_zero() {
             tokio::time::sleep(latency).await;

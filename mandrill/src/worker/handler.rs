@@ -5,6 +5,8 @@
 //!    at all); a request already final is acked without restarting again.
 //!    Until this point, the end of the grace period aborts the handler and
 //!    the delivery is nacked.
+//!    Then reserve capacity for the restart (a free thread, a rate limit):
+//!    still abortable, nothing has touched the host yet.
 //! 3. Save and restart, concurrently; wait for both, whatever either does.
 //!    From here the restart is issued, so the handler no longer listens for
 //!    the abort: it is shielded until the outcome is recorded and settled.
@@ -145,13 +147,24 @@ async fn process(context: &Context, delivery: &Delivery) -> Settlement {
         }
     }
 
+    let reservation = tokio::select! {
+        biased;
+        () = context.abort.cancelled() => {
+            return Settlement::Nack {
+                delay: Duration::ZERO,
+                why: "shutting down before the restart began".into(),
+            };
+        }
+        reservation = context.restarter.reserve() => reservation,
+    };
+
     // Shielded from here: the restart is issued, so its outcome must be
     // recorded whatever shutdown does.
     let save = context.store.record_received(&request, attempt);
     let restart = async {
         match tokio::time::timeout(
             config.restart_timeout,
-            context.restarter.restart(&request.hostname),
+            context.restarter.restart(&request.hostname, reservation),
         )
         .await
         {

@@ -16,7 +16,7 @@ use uuid::Uuid;
 use super::*;
 use crate::broker::{Delivery, DeliveryTag, MemoryBroker};
 use crate::domain::{Domain, Hostname, Outcome, RestartRequest, Status};
-use crate::restarter::RestartError;
+use crate::restarter::{RestartError, Reservation};
 use crate::store::{HistoryEntry, MemoryStore, Recorded, StoreError};
 
 const ACK_DEADLINE: Duration = Duration::from_secs(10);
@@ -184,6 +184,8 @@ struct ScriptedRestarter {
     panics_on: Option<&'static str>,
     /// When set, each restart waits for a permit (released by the test).
     gate: Option<Arc<Semaphore>>,
+    /// When set, reserving capacity waits for a permit (never released).
+    reserve_gate: Option<Semaphore>,
     running: AtomicU32,
     most_running: AtomicU32,
     calls: Mutex<HashMap<String, u32>>,
@@ -197,7 +199,15 @@ impl ScriptedRestarter {
 
 #[async_trait]
 impl Restarter for ScriptedRestarter {
-    async fn restart(&self, host: &Hostname) -> Result<(), RestartError> {
+    async fn reserve(&self) -> Reservation {
+        if let Some(gate) = &self.reserve_gate {
+            self.timeline.push("reserve-waiting");
+            gate.acquire().await.unwrap().forget();
+        }
+        Reservation::unlimited()
+    }
+
+    async fn restart(&self, host: &Hostname, _: Reservation) -> Result<(), RestartError> {
         *self
             .calls
             .lock()
@@ -493,6 +503,27 @@ async fn shutdown_nacks_what_has_not_started_after_the_grace_period() {
     assert_eq!(restarter.timeline.count("restart-started"), 0);
     // Nacked without delay: visible again for the next consumer.
     assert_eq!(broker.inner.depth().ready, 4);
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_nacks_messages_still_waiting_for_restart_capacity() {
+    let restarter = Arc::new(ScriptedRestarter {
+        reserve_gate: Some(Semaphore::new(0)),
+        ..Default::default()
+    });
+    let store = Arc::new(ScriptedStore::default());
+    let h = start(config(), store.clone(), restarter.clone());
+    let id = h.publish("cattle-0001").await;
+    wait_until("waiting for capacity", || {
+        restarter.timeline.count("reserve-waiting") == 1
+    })
+    .await;
+    let stats = h.stats.clone();
+    h.stop().await.unwrap();
+    assert_eq!(stats.nacked.get(), 1);
+    assert_eq!(restarter.timeline.count("restart-started"), 0);
+    // Nothing was saved: the request was never begun.
+    assert_eq!(store.inner.lookup(id).await.unwrap(), None);
 }
 
 #[tokio::test(start_paused = true)]

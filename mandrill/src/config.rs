@@ -1,0 +1,741 @@
+//! Configuration: one typed struct, layered file → environment → flags.
+//!
+//! Every layer is merged as a TOML table and deserialised once, so a bad key
+//! or value is reported with its dotted path (`worker.max_in_flight`) whatever
+//! layer it came from. Environment variables are `MANDRILL_SECTION__KEY`
+//! (double underscore between section and key). Unknown keys are errors.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::backoff::Backoff;
+use crate::domain::{Domain, ParseRules};
+use crate::worker::WorkerConfig;
+
+/// The whole configuration. Each part of the service receives only its section.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Where requests come from.
+    pub broker: BrokerConfig,
+    /// Where outcomes are recorded.
+    pub store: StoreConfig,
+    /// How messages are handled.
+    pub worker: WorkerSection,
+    /// How payloads are validated.
+    pub message: MessageConfig,
+    /// What restarts hosts.
+    pub restarter: RestarterConfig,
+    /// The built-in demo publisher.
+    pub simulate: SimulateConfig,
+    /// Logging.
+    pub log: LogConfig,
+    /// Debugging aids.
+    pub debug: DebugConfig,
+}
+
+/// `[broker]`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BrokerConfig {
+    /// `memory` (in-process, nothing survives the process).
+    pub url: String,
+    /// How long a delivery stays leased without an extension.
+    #[serde(with = "duration")]
+    pub ack_deadline: Duration,
+    /// How long one pull waits for a first message.
+    #[serde(with = "duration")]
+    pub poll_wait: Duration,
+}
+
+impl Default for BrokerConfig {
+    fn default() -> Self {
+        Self {
+            url: "memory".into(),
+            ack_deadline: Duration::from_secs(10),
+            poll_wait: Duration::from_secs(1),
+        }
+    }
+}
+
+/// `[store]`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreConfig {
+    /// `sqlite:PATH` or `memory`.
+    pub url: String,
+    /// Connections in the pool.
+    pub max_connections: u32,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        Self {
+            url: "sqlite:mandrill.db".into(),
+            max_connections: 4,
+        }
+    }
+}
+
+/// `[worker]`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WorkerSection {
+    /// Messages handled at once (reloadable).
+    pub max_in_flight: usize,
+    /// Most messages asked for in one pull.
+    pub pull_batch: usize,
+    /// Deliveries of a message before a failing restart is dead-lettered.
+    pub max_attempts: u32,
+    /// First redelivery delay after a failed restart; doubles per attempt.
+    #[serde(with = "duration")]
+    pub retry_initial: Duration,
+    /// Longest redelivery delay.
+    #[serde(with = "duration")]
+    pub retry_max: Duration,
+    /// Tries at recording an outcome before nacking.
+    pub record_attempts: u32,
+    /// Delay between those tries; doubles per try.
+    #[serde(with = "duration")]
+    pub record_backoff: Duration,
+    /// A restart taking longer counts as failed.
+    #[serde(with = "duration")]
+    pub restart_timeout: Duration,
+    /// Time in-flight work may take to finish on shutdown.
+    #[serde(with = "duration")]
+    pub shutdown_grace: Duration,
+    /// Lease extension interval; default a third of the ack deadline.
+    #[serde(with = "duration::option", skip_serializing_if = "Option::is_none")]
+    pub lease_extension_interval: Option<Duration>,
+    /// Consecutive pull failures before the service gives up.
+    pub max_pull_failures: u32,
+    /// First delay before restarting a failed pull loop; doubles, up to 30s.
+    #[serde(with = "duration")]
+    pub pull_backoff: Duration,
+}
+
+impl Default for WorkerSection {
+    fn default() -> Self {
+        Self {
+            max_in_flight: 100,
+            pull_batch: 32,
+            max_attempts: 5,
+            retry_initial: Duration::from_secs(1),
+            retry_max: Duration::from_secs(60),
+            record_attempts: 5,
+            record_backoff: Duration::from_millis(100),
+            restart_timeout: Duration::from_secs(30),
+            shutdown_grace: Duration::from_secs(10),
+            lease_extension_interval: None,
+            max_pull_failures: 10,
+            pull_backoff: Duration::from_millis(200),
+        }
+    }
+}
+
+/// `[message]`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MessageConfig {
+    /// Hostname = `{instance_name}.{domain}`.
+    pub domain: String,
+    /// Larger payloads are dead-lettered unread.
+    pub max_payload_bytes: usize,
+}
+
+impl Default for MessageConfig {
+    fn default() -> Self {
+        Self {
+            domain: "example.net".into(),
+            max_payload_bytes: 4096,
+        }
+    }
+}
+
+/// Which restart backend to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum RestarterKind {
+    /// Waits asynchronously, fails at random.
+    Simulate,
+    /// Blocks a thread of the bounded blocking pool, fails at random.
+    SimulateBlocking,
+}
+
+/// `[restarter]`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RestarterConfig {
+    /// `simulate` or `simulate-blocking`.
+    pub kind: RestarterKind,
+    /// Shortest simulated restart.
+    #[serde(with = "duration")]
+    pub min_latency: Duration,
+    /// Longest simulated restart.
+    #[serde(with = "duration")]
+    pub max_latency: Duration,
+    /// Probability in [0, 1] that a simulated restart fails.
+    pub failure_rate: f64,
+    /// Blocking restarts running at once (blocking kinds only).
+    pub blocking_threads: usize,
+}
+
+impl Default for RestarterConfig {
+    fn default() -> Self {
+        Self {
+            kind: RestarterKind::Simulate,
+            min_latency: Duration::ZERO,
+            max_latency: Duration::from_secs(1),
+            failure_rate: 0.1,
+            blocking_threads: 16,
+        }
+    }
+}
+
+/// `[simulate]`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SimulateConfig {
+    /// Publish random requests into the broker (demo mode).
+    pub enabled: bool,
+    /// Requests per second (reloadable).
+    pub rate: f64,
+    /// Fraction of published payloads that are deliberately malformed.
+    pub malformed_rate: f64,
+}
+
+impl Default for SimulateConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            rate: 2.0,
+            malformed_rate: 0.0,
+        }
+    }
+}
+
+/// Log line format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// One human-readable line per step.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// `[log]`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    /// `text` or `json`.
+    pub format: LogFormat,
+    /// A tracing filter, e.g. `info` or `mandrill=debug` (reloadable).
+    pub level: String,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Self {
+            format: LogFormat::Text,
+            level: "info".into(),
+        }
+    }
+}
+
+/// `[debug]`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DebugConfig {
+    /// Warn when the runtime falls this far behind (blocking code on it).
+    #[serde(with = "duration")]
+    pub stall_threshold: Duration,
+    /// Log a status line (counters, in-flight messages) this often; `0s` never.
+    #[serde(with = "duration")]
+    pub status_interval: Duration,
+}
+
+impl Default for DebugConfig {
+    fn default() -> Self {
+        Self {
+            stall_threshold: Duration::from_millis(100),
+            status_interval: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Settings that a reload (SIGHUP) applies without a restart.
+pub const RELOADABLE: &[&str] = &["log.level", "worker.max_in_flight", "simulate.rate"];
+
+/// A configuration that cannot be used, naming the key or file at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The file is not TOML.
+    #[error("config file {path} is not valid toml: {message}")]
+    Syntax {
+        /// The file.
+        path: PathBuf,
+        /// The parser's message, with line and column.
+        message: String,
+    },
+    /// An environment variable does not name a setting.
+    #[error("environment variable {name}: {why}")]
+    Environment {
+        /// The variable.
+        name: String,
+        /// What is wrong.
+        why: String,
+    },
+    /// A `--set` flag is not `KEY=VALUE`.
+    #[error("--set {0:?}: expected SECTION.KEY=VALUE")]
+    Override(String),
+    /// A key is unknown or its value has the wrong type.
+    #[error("invalid configuration at `{key}`: {message}")]
+    Invalid {
+        /// The dotted key.
+        key: String,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+impl ConfigError {
+    fn invalid(key: &str, message: impl Into<String>) -> Self {
+        Self::Invalid {
+            key: key.to_owned(),
+            message: message.into(),
+        }
+    }
+}
+
+/// Where configuration comes from, so that a reload can read it all again.
+#[derive(Debug, Clone, Default)]
+pub struct Sources {
+    /// A TOML file, if any.
+    pub file: Option<PathBuf>,
+    /// `MANDRILL_*` variables (other than `MANDRILL_CONFIG`).
+    pub environment: Vec<(String, String)>,
+    /// From flags, as dotted key and value; applied last.
+    pub overrides: Vec<(String, toml::Value)>,
+}
+
+impl Sources {
+    /// The `MANDRILL_*` variables of this process, other than `MANDRILL_CONFIG`.
+    pub fn process_environment() -> Vec<(String, String)> {
+        std::env::vars()
+            .filter(|(name, _)| name.starts_with("MANDRILL_") && name != "MANDRILL_CONFIG")
+            .collect()
+    }
+
+    /// Reads every layer and builds the configuration.
+    pub fn load(&self) -> Result<Config, ConfigError> {
+        let mut table = match &self.file {
+            Some(path) => read_file(path)?,
+            None => toml::Table::new(),
+        };
+        for (name, raw) in &self.environment {
+            let key = env_key(name)?;
+            set_dotted(&mut table, &key, parse_scalar(raw))
+                .map_err(|why| ConfigError::Environment {
+                    name: name.clone(),
+                    why,
+                })?;
+        }
+        for (key, value) in &self.overrides {
+            set_dotted(&mut table, key, value.clone())
+                .map_err(|why| ConfigError::invalid(key, why))?;
+        }
+        let config: Config = serde_path_to_error::deserialize(toml::Value::Table(table))
+            .map_err(|error| {
+                let key = error.path().to_string();
+                // The toml error may add a second line of context ("in `worker`")
+                // that the key already says.
+                let message = error.into_inner().to_string();
+                let first_line = message.lines().next().unwrap_or_default();
+                ConfigError::invalid(&key, first_line)
+            })?;
+        config.validate()?;
+        Ok(config)
+    }
+}
+
+/// Parses a `--set SECTION.KEY=VALUE` flag.
+pub fn parse_override(raw: &str) -> Result<(String, toml::Value), ConfigError> {
+    let (key, value) = raw
+        .split_once('=')
+        .ok_or_else(|| ConfigError::Override(raw.to_owned()))?;
+    if key.split('.').count() != 2 {
+        return Err(ConfigError::Override(raw.to_owned()));
+    }
+    Ok((key.trim().to_owned(), parse_scalar(value.trim())))
+}
+
+fn read_file(path: &Path) -> Result<toml::Table, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    text.parse::<toml::Table>()
+        .map_err(|error| ConfigError::Syntax {
+            path: path.to_owned(),
+            message: error.to_string(),
+        })
+}
+
+/// `MANDRILL_WORKER__MAX_IN_FLIGHT` → `worker.max_in_flight`.
+fn env_key(name: &str) -> Result<String, ConfigError> {
+    let rest = name.strip_prefix("MANDRILL_").unwrap_or(name);
+    let parts: Vec<&str> = rest.split("__").collect();
+    if parts.len() != 2 || parts.iter().any(|p| p.is_empty()) {
+        return Err(ConfigError::Environment {
+            name: name.to_owned(),
+            why: "expected MANDRILL_SECTION__KEY, e.g. MANDRILL_WORKER__MAX_IN_FLIGHT".into(),
+        });
+    }
+    Ok(parts.join(".").to_lowercase())
+}
+
+/// A value as TOML if it reads as a TOML scalar (number, bool), else a string.
+fn parse_scalar(raw: &str) -> toml::Value {
+    format!("value = {raw}")
+        .parse::<toml::Table>()
+        .ok()
+        .and_then(|mut table| table.remove("value"))
+        .filter(|value| !value.is_table())
+        .unwrap_or_else(|| toml::Value::String(raw.to_owned()))
+}
+
+fn set_dotted(table: &mut toml::Table, key: &str, value: toml::Value) -> Result<(), String> {
+    let Some((section, field)) = key.split_once('.') else {
+        return Err(format!("{key:?} is not SECTION.KEY"));
+    };
+    let entry = table
+        .entry(section.to_owned())
+        .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+    let toml::Value::Table(section_table) = entry else {
+        return Err(format!("`{section}` is not a section"));
+    };
+    section_table.insert(field.to_owned(), value);
+    Ok(())
+}
+
+impl Config {
+    /// Checks what types alone cannot, naming the key at fault.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        fn at_least_one(key: &str, value: u64) -> Result<(), ConfigError> {
+            if value == 0 {
+                return Err(ConfigError::invalid(key, "must be at least 1"));
+            }
+            Ok(())
+        }
+        fn probability(key: &str, value: f64) -> Result<(), ConfigError> {
+            if !(0.0..=1.0).contains(&value) {
+                return Err(ConfigError::invalid(key, format!("{value} is not in [0, 1]")));
+            }
+            Ok(())
+        }
+        fn positive(key: &str, value: Duration) -> Result<(), ConfigError> {
+            if value.is_zero() {
+                return Err(ConfigError::invalid(key, "must be longer than 0s"));
+            }
+            Ok(())
+        }
+        let w = &self.worker;
+        at_least_one("worker.max_in_flight", w.max_in_flight as u64)?;
+        at_least_one("worker.pull_batch", w.pull_batch as u64)?;
+        at_least_one("worker.max_attempts", w.max_attempts.into())?;
+        at_least_one("worker.record_attempts", w.record_attempts.into())?;
+        at_least_one("worker.max_pull_failures", w.max_pull_failures.into())?;
+        at_least_one("store.max_connections", self.store.max_connections.into())?;
+        at_least_one("message.max_payload_bytes", self.message.max_payload_bytes as u64)?;
+        at_least_one("restarter.blocking_threads", self.restarter.blocking_threads as u64)?;
+        positive("broker.ack_deadline", self.broker.ack_deadline)?;
+        positive("worker.restart_timeout", w.restart_timeout)?;
+        if let Some(interval) = w.lease_extension_interval {
+            if interval >= self.broker.ack_deadline || interval.is_zero() {
+                return Err(ConfigError::invalid(
+                    "worker.lease_extension_interval",
+                    "must be above 0s and below broker.ack_deadline",
+                ));
+            }
+        }
+        probability("restarter.failure_rate", self.restarter.failure_rate)?;
+        probability("simulate.malformed_rate", self.simulate.malformed_rate)?;
+        if self.restarter.min_latency > self.restarter.max_latency {
+            return Err(ConfigError::invalid(
+                "restarter.min_latency",
+                "is longer than restarter.max_latency",
+            ));
+        }
+        if !(self.simulate.rate.is_finite() && self.simulate.rate > 0.0) {
+            return Err(ConfigError::invalid("simulate.rate", "must be above 0"));
+        }
+        Domain::parse(&self.message.domain).map_err(|why| ConfigError::invalid("message.domain", why))?;
+        tracing_subscriber::EnvFilter::try_new(&self.log.level)
+            .map_err(|error| ConfigError::invalid("log.level", error.to_string()))?;
+        Ok(())
+    }
+
+    /// The worker's part.
+    pub fn worker_config(&self) -> WorkerConfig {
+        let w = &self.worker;
+        WorkerConfig {
+            max_in_flight: w.max_in_flight,
+            pull_batch: w.pull_batch,
+            max_attempts: w.max_attempts,
+            retry_backoff: Backoff {
+                initial: w.retry_initial,
+                max: w.retry_max,
+            },
+            record_attempts: w.record_attempts,
+            record_backoff: Backoff {
+                initial: w.record_backoff,
+                max: w.record_backoff.saturating_mul(16),
+            },
+            restart_timeout: w.restart_timeout,
+            shutdown_grace: w.shutdown_grace,
+            lease_extension_interval: w.lease_extension_interval,
+            max_pull_failures: w.max_pull_failures,
+            pull_backoff: Backoff {
+                initial: w.pull_backoff,
+                max: Duration::from_secs(30),
+            },
+            parse: self.parse_rules(),
+        }
+    }
+
+    /// How payloads are validated.
+    pub fn parse_rules(&self) -> ParseRules {
+        ParseRules {
+            // Validated in `validate`; the fallback is unreachable in practice.
+            domain: Domain::parse(&self.message.domain).unwrap_or_default(),
+            max_payload_bytes: self.message.max_payload_bytes,
+        }
+    }
+
+    /// Every setting as `section.key = value`, for diffs on reload.
+    pub fn flatten(&self) -> BTreeMap<String, String> {
+        let mut flat = BTreeMap::new();
+        // A struct of plain fields always serialises to a table.
+        let toml::Value::Table(sections) =
+            toml::Value::try_from(self).expect("config serialises to toml")
+        else {
+            unreachable!("config serialises to a table");
+        };
+        for (section, fields) in sections {
+            if let toml::Value::Table(fields) = fields {
+                for (key, value) in fields {
+                    flat.insert(format!("{section}.{key}"), value.to_string());
+                }
+            }
+        }
+        flat
+    }
+
+    /// The keys whose values differ between two configurations.
+    pub fn changed_keys(&self, other: &Config) -> Vec<String> {
+        let (old, new) = (self.flatten(), other.flatten());
+        let keys: std::collections::BTreeSet<&String> = old
+            .keys()
+            .chain(new.keys())
+            .filter(|k| old.get(*k) != new.get(*k))
+            .collect();
+        keys.into_iter().cloned().collect()
+    }
+}
+
+/// Every setting with its default and meaning, for `mandrill run --help`.
+pub fn settings_help() -> String {
+    let defaults = Config::default().flatten();
+    let mut text = String::from(
+        "Settings (config file `[section] key = value`, environment MANDRILL_SECTION__KEY, \
+         or --set section.key=value; later layers win; durations like 500ms, 10s, 2m):\n",
+    );
+    for (key, doc) in SETTING_DOCS {
+        let default = defaults
+            .get(*key)
+            .cloned()
+            .unwrap_or_else(|| "(derived)".into());
+        text.push_str(&format!("  {key:<34} {doc} [default: {default}]\n"));
+    }
+    text.push_str(&format!(
+        "Reloaded on SIGHUP without a restart: {}.\n",
+        RELOADABLE.join(", ")
+    ));
+    text
+}
+
+const SETTING_DOCS: &[(&str, &str)] = &[
+    ("broker.url", "`memory` (in-process)"),
+    ("broker.ack_deadline", "lease length without an extension"),
+    ("broker.poll_wait", "how long one pull waits for a message"),
+    ("store.url", "`sqlite:PATH` or `memory`"),
+    ("store.max_connections", "database pool size"),
+    ("worker.max_in_flight", "messages handled at once"),
+    ("worker.pull_batch", "most messages per pull"),
+    ("worker.max_attempts", "deliveries before a failing restart is dead-lettered"),
+    ("worker.retry_initial", "first redelivery delay after a failed restart (doubles)"),
+    ("worker.retry_max", "longest redelivery delay"),
+    ("worker.record_attempts", "tries at recording an outcome before nacking"),
+    ("worker.record_backoff", "first delay between those tries (doubles)"),
+    ("worker.restart_timeout", "a slower restart counts as failed"),
+    ("worker.shutdown_grace", "time in-flight work gets on shutdown"),
+    ("worker.lease_extension_interval", "default: a third of broker.ack_deadline"),
+    ("worker.max_pull_failures", "consecutive pull failures before giving up"),
+    ("worker.pull_backoff", "first delay before restarting the pull loop (doubles)"),
+    ("message.domain", "hostname = instance_name.domain"),
+    ("message.max_payload_bytes", "larger payloads are dead-lettered"),
+    ("restarter.kind", "simulate | simulate-blocking"),
+    ("restarter.min_latency", "shortest simulated restart"),
+    ("restarter.max_latency", "longest simulated restart"),
+    ("restarter.failure_rate", "probability a simulated restart fails"),
+    ("restarter.blocking_threads", "blocking restarts at once"),
+    ("simulate.enabled", "publish random requests (demo)"),
+    ("simulate.rate", "requests per second"),
+    ("simulate.malformed_rate", "fraction of malformed demo payloads"),
+    ("log.format", "text | json"),
+    ("log.level", "tracing filter, e.g. info or mandrill=debug"),
+    ("debug.stall_threshold", "warn when the runtime lags this much"),
+    ("debug.status_interval", "status line period; 0s disables"),
+];
+
+/// Durations as human-readable strings (`500ms`, `10s`, `2m`).
+pub mod duration {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    /// Serialises as e.g. `10s`.
+    pub fn serialize<S: Serializer>(value: &Duration, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(&humantime::format_duration(*value))
+    }
+
+    /// Parses e.g. `10s`, `1m 30s`, `250ms`.
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        humantime::parse_duration(&text)
+            .map_err(|e| serde::de::Error::custom(format!("{text:?} is not a duration ({e})")))
+    }
+
+    /// The same, for optional durations.
+    pub mod option {
+        use super::*;
+
+        /// Serialises `Some` as e.g. `10s`.
+        pub fn serialize<S: Serializer>(
+            value: &Option<Duration>,
+            serializer: S,
+        ) -> Result<S::Ok, S::Error> {
+            match value {
+                Some(value) => super::serialize(value, serializer),
+                None => serializer.serialize_none(),
+            }
+        }
+
+        /// Parses e.g. `10s`.
+        pub fn deserialize<'de, D: Deserializer<'de>>(
+            deserializer: D,
+        ) -> Result<Option<Duration>, D::Error> {
+            super::deserialize(deserializer).map(Some)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(file: Option<&str>, env: &[(&str, &str)], flags: &[&str]) -> Result<Config, ConfigError> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("mandrill.toml");
+        if let Some(text) = file {
+            std::fs::write(&path, text).unwrap();
+        }
+        Sources {
+            file: file.map(|_| path.clone()),
+            environment: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            overrides: flags.iter().map(|f| parse_override(f).unwrap()).collect(),
+        }
+        .load()
+    }
+
+    #[test]
+    fn flags_beat_environment_beat_file_beat_defaults() {
+        let config = load(
+            Some("[worker]\nmax_in_flight = 5\nmax_attempts = 7\nshutdown_grace = \"3s\"\n"),
+            &[("MANDRILL_WORKER__MAX_ATTEMPTS", "8"), ("MANDRILL_LOG__LEVEL", "debug")],
+            &["worker.max_attempts=9"],
+        )
+        .unwrap();
+        assert_eq!(config.worker.max_in_flight, 5);
+        assert_eq!(config.worker.max_attempts, 9);
+        assert_eq!(config.worker.shutdown_grace, Duration::from_secs(3));
+        assert_eq!(config.log.level, "debug");
+        assert_eq!(config.worker.pull_batch, WorkerSection::default().pull_batch);
+    }
+
+    #[test]
+    fn unknown_key_is_named_whatever_layer_it_came_from() {
+        let from_file = load(Some("[worker]\nmax_in_flght = 5\n"), &[], &[]).unwrap_err();
+        assert!(from_file.to_string().contains("max_in_flght"), "{from_file}");
+        let from_env = load(None, &[("MANDRILL_WORKER__MAX_IN_FLGHT", "5")], &[]).unwrap_err();
+        assert!(from_env.to_string().contains("max_in_flght"), "{from_env}");
+        let section = load(Some("[wroker]\nx = 1\n"), &[], &[]).unwrap_err();
+        assert!(section.to_string().contains("wroker"), "{section}");
+        let shape = load(None, &[("MANDRILL_MAX_IN_FLIGHT", "5")], &[]).unwrap_err();
+        assert!(shape.to_string().contains("MANDRILL_MAX_IN_FLIGHT"), "{shape}");
+    }
+
+    #[test]
+    fn bad_values_name_their_key() {
+        let cases = [
+            ("[worker]\nmax_in_flight = \"many\"\n", "worker.max_in_flight"),
+            ("[worker]\nmax_in_flight = 0\n", "worker.max_in_flight"),
+            ("[broker]\nack_deadline = \"soon\"\n", "broker.ack_deadline"),
+            ("[restarter]\nfailure_rate = 2.0\n", "restarter.failure_rate"),
+            ("[message]\ndomain = \"bad_domain\"\n", "message.domain"),
+            ("[restarter]\nkind = \"teleport\"\n", "restarter.kind"),
+            ("[log]\nformat = \"xml\"\n", "log.format"),
+        ];
+        for (file, key) in cases {
+            let error = load(Some(file), &[], &[]).unwrap_err().to_string();
+            assert!(error.contains(key), "{file:?}: {error}");
+        }
+        let syntax = load(Some("[worker\n"), &[], &[]).unwrap_err().to_string();
+        assert!(syntax.contains("not valid toml"), "{syntax}");
+    }
+
+    #[test]
+    fn every_setting_is_documented_in_help() {
+        let documented: Vec<&str> = SETTING_DOCS.iter().map(|(k, _)| *k).collect();
+        let mut config = Config::default();
+        config.worker.lease_extension_interval = Some(Duration::from_secs(1));
+        for key in config.flatten().keys() {
+            assert!(documented.contains(&key.as_str()), "{key} is not in SETTING_DOCS");
+        }
+        assert_eq!(documented.len(), config.flatten().len());
+    }
+
+    #[test]
+    fn changed_keys_lists_what_a_reload_changes() {
+        let old = Config::default();
+        let mut new = old.clone();
+        new.worker.max_in_flight = 7;
+        new.broker.ack_deadline = Duration::from_secs(30);
+        assert_eq!(
+            old.changed_keys(&new),
+            ["broker.ack_deadline", "worker.max_in_flight"]
+        );
+    }
+}

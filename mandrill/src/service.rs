@@ -1,0 +1,249 @@
+//! Wiring: builds the adapters a configuration names, runs the worker with its
+//! companions (demo publisher, stall detector, status line), and shuts down in
+//! order: stop pulling, drain within the grace period, nack the rest, close
+//! the broker and the store, report the counters.
+//!
+//! Signals are not read here: the caller passes a [`Shutdown`], so tests drive
+//! the same code with their own.
+
+use std::sync::Arc;
+
+use anyhow::{Context as _, bail};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{info, warn};
+
+use crate::broker::{Broker, MemoryBroker};
+use crate::config::{BrokerConfig, Config, RestarterConfig, RestarterKind, StoreConfig};
+use crate::restarter::{
+    Blocking, Restarter, SimulatedBlockingRestarter, SimulatedRestarter, Simulation,
+};
+use crate::stats::{Stats, StatsSnapshot};
+use crate::store::{MemoryStore, SqliteStore, Store};
+use crate::worker::{FlowControl, Shutdown, Worker};
+use crate::{debug, simulate};
+
+/// Opens the store `store.url` names, creating and migrating it if needed.
+pub async fn open_store(config: &StoreConfig) -> anyhow::Result<Arc<dyn Store>> {
+    let url = config.url.as_str();
+    if url == "memory" {
+        return Ok(Arc::new(MemoryStore::new()));
+    }
+    if url.starts_with("sqlite:") {
+        let store = SqliteStore::connect(url, config.max_connections)
+            .await
+            .with_context(|| format!("cannot open store.url {url:?}"))?;
+        return Ok(Arc::new(store));
+    }
+    bail!("store.url {url:?} is not supported: use sqlite:PATH or memory")
+}
+
+/// The broker `broker.url` names, and the in-memory one if that is it.
+fn open_broker(config: &BrokerConfig) -> anyhow::Result<(Arc<dyn Broker>, Option<Arc<MemoryBroker>>)> {
+    match config.url.as_str() {
+        "memory" => {
+            let broker = Arc::new(MemoryBroker::new(config.ack_deadline, config.poll_wait));
+            Ok((broker.clone(), Some(broker)))
+        }
+        other => bail!("broker.url {other:?} is not supported: use memory"),
+    }
+}
+
+/// The restarter `restarter.kind` names.
+pub fn build_restarter(config: &RestarterConfig) -> Arc<dyn Restarter> {
+    let simulation = Simulation {
+        min_latency: config.min_latency,
+        max_latency: config.max_latency,
+        failure_rate: config.failure_rate,
+    };
+    match config.kind {
+        RestarterKind::Simulate => Arc::new(SimulatedRestarter(simulation)),
+        RestarterKind::SimulateBlocking => Arc::new(Blocking::new(
+            SimulatedBlockingRestarter(simulation),
+            config.blocking_threads,
+        )),
+    }
+}
+
+/// What a configuration reload can change in a running service.
+#[derive(Clone)]
+pub struct Controls {
+    flow: Arc<FlowControl>,
+    simulate_rate: Arc<watch::Sender<f64>>,
+}
+
+impl Controls {
+    /// Applies the reloadable settings of `config`.
+    pub fn apply(&self, config: &Config) {
+        if self.flow.limit() != config.worker.max_in_flight {
+            self.flow.set_limit(config.worker.max_in_flight);
+            info!(max_in_flight = config.worker.max_in_flight, "flow control limit changed");
+        }
+        self.simulate_rate.send_if_modified(|rate| {
+            let changed = *rate != config.simulate.rate;
+            *rate = config.simulate.rate;
+            changed
+        });
+    }
+}
+
+/// A service ready to run. See the module docs.
+pub struct Service {
+    config: Config,
+    broker: Arc<dyn Broker>,
+    memory_broker: Option<Arc<MemoryBroker>>,
+    store: Arc<dyn Store>,
+    worker: Worker,
+    stats: Arc<Stats>,
+    simulate_rate: Arc<watch::Sender<f64>>,
+}
+
+impl Service {
+    /// Connects everything `config` names. Fails naming the key at fault.
+    pub async fn build(config: Config) -> anyhow::Result<Self> {
+        let (broker, memory_broker) = open_broker(&config.broker)?;
+        let store = open_store(&config.store).await?;
+        let restarter = build_restarter(&config.restarter);
+        let stats = Arc::new(Stats::default());
+        let worker = Worker::new(
+            config.worker_config(),
+            broker.clone(),
+            store.clone(),
+            restarter,
+            stats.clone(),
+        );
+        let (simulate_rate, _) = watch::channel(config.simulate.rate);
+        Ok(Self {
+            config,
+            broker,
+            memory_broker,
+            store,
+            worker,
+            stats,
+            simulate_rate: Arc::new(simulate_rate),
+        })
+    }
+
+    /// Handles for applying a reload while running.
+    pub fn controls(&self) -> Controls {
+        Controls {
+            flow: self.worker.flow_control(),
+            simulate_rate: self.simulate_rate.clone(),
+        }
+    }
+
+    /// The live counters.
+    pub fn stats(&self) -> Arc<Stats> {
+        self.stats.clone()
+    }
+
+    /// The broker, e.g. to publish into an in-memory one.
+    pub fn broker(&self) -> Arc<dyn Broker> {
+        self.broker.clone()
+    }
+
+    /// Runs until `shutdown`, then shuts down in order. Returns the final
+    /// counters, or an error if the service had to stop by itself.
+    pub async fn run(self, shutdown: Shutdown) -> anyhow::Result<StatsSnapshot> {
+        let companions = TaskTracker::new();
+        let stop_companions = CancellationToken::new();
+        if self.config.simulate.enabled {
+            let stop = stop_companions.clone();
+            let requested = shutdown.clone();
+            companions.spawn(simulate::publish(
+                self.broker.clone(),
+                self.simulate_rate.subscribe(),
+                self.config.simulate.malformed_rate,
+                // Publishing stops first, as soon as shutdown is requested
+                // (or when the worker stops by itself).
+                async move {
+                    tokio::select! {
+                        () = requested.requested() => {}
+                        () = stop.cancelled() => {}
+                    }
+                },
+            ));
+        }
+        companions.spawn(debug::watch_for_stalls(
+            self.config.debug.stall_threshold,
+            self.stats.clone(),
+            stop_companions.clone(),
+        ));
+        companions.spawn(debug::report_status(
+            self.config.debug.status_interval,
+            self.stats.clone(),
+            stop_companions.clone(),
+        ));
+        info!(
+            broker = %self.config.broker.url,
+            store = %redact(&self.config.store.url),
+            max_in_flight = self.config.worker.max_in_flight,
+            simulate = self.config.simulate.enabled,
+            "mandrill started"
+        );
+
+        let outcome = self.worker.run(shutdown).await;
+
+        stop_companions.cancel();
+        companions.close();
+        companions.wait().await;
+        if let Some(memory) = &self.memory_broker {
+            let depth = memory.depth();
+            let unhandled = depth.ready + depth.delayed;
+            if unhandled > 0 {
+                warn!(unhandled, "the in-memory broker's queued messages are lost with the process");
+            }
+        }
+        self.broker.close().await;
+        self.store.close().await;
+        info!("store closed");
+        let stats = self.stats.snapshot();
+        info!(
+            pulled = stats.pulled,
+            acked = stats.acked,
+            nacked = stats.nacked,
+            dead_lettered = stats.dead_lettered,
+            rejected = stats.rejected,
+            restarted = stats.restarted,
+            restart_failures = stats.restart_failures,
+            duplicates = stats.duplicates,
+            panics = stats.panics,
+            lease_extensions = stats.lease_extensions,
+            stalls = stats.stalls,
+            "final stats"
+        );
+        outcome.context("the worker stopped by itself")?;
+        Ok(stats)
+    }
+}
+
+/// A connection string with any password replaced, for logs.
+pub fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme_end), Some(at)) if at > scheme_end => {
+            let credentials = &url[scheme_end + 3..at];
+            match credentials.split_once(':') {
+                Some((user, _password)) => {
+                    format!("{}{user}:****{}", &url[..scheme_end + 3], &url[at..])
+                }
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_never_reach_the_logs() {
+        assert_eq!(
+            redact("postgres://app:s3cret@db:5432/x"),
+            "postgres://app:****@db:5432/x"
+        );
+        assert_eq!(redact("sqlite:mandrill.db"), "sqlite:mandrill.db");
+    }
+}
