@@ -163,7 +163,7 @@ pub async fn crawl(
         max_body: config.max_body,
         idle_per_host: per_host.min(concurrency),
     })?;
-    let scope = ScopeFilter::new(
+    let mut scope = ScopeFilter::new(
         config.scope,
         &seeds,
         config.include.clone(),
@@ -234,7 +234,7 @@ pub async fn crawl(
             Some(joined) = tasks.join_next_with_id() => match joined {
                 Ok((id, outcome)) => {
                     running.remove(&id);
-                    let handled = handle(outcome, config, &scope, &mut frontier, &output, &mut summary).await;
+                    let handled = handle(outcome, config, &mut scope, &mut frontier, &output, &mut summary).await;
                     if handled.is_err() {
                         // The writer stopped on an error; finish() reports it.
                         break;
@@ -272,7 +272,7 @@ pub async fn crawl(
 async fn handle(
     outcome: Outcome,
     config: &Config,
-    scope: &ScopeFilter,
+    scope: &mut ScopeFilter,
     frontier: &mut Frontier,
     output: &Output,
     summary: &mut Summary,
@@ -291,6 +291,9 @@ async fn handle(
             let final_url = normalize(fetched.final_url);
             if final_url != job.url {
                 frontier.mark_seen(&final_url);
+                if job.depth == 0 {
+                    scope.add_seed(&final_url);
+                }
             }
             let Some(links) = fetched.links else {
                 summary.not_html += 1;

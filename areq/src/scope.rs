@@ -39,20 +39,31 @@ pub struct ScopeFilter {
 impl ScopeFilter {
     /// Builds the filter from the seeds and the `--include`/`--exclude` regexes.
     pub fn new(mode: Scope, seeds: &[Url], include: Vec<Regex>, exclude: Vec<Regex>) -> Self {
-        let authorities = seeds.iter().filter_map(authority).collect();
-        let mut domains: Vec<String> = seeds
-            .iter()
-            .filter_map(|url| url.host_str())
-            .map(|host| host.strip_prefix("www.").unwrap_or(host).to_owned())
-            .collect();
-        domains.sort();
-        domains.dedup();
-        Self {
+        let mut filter = Self {
             mode,
-            authorities,
-            domains,
+            authorities: HashSet::new(),
+            domains: Vec::new(),
             include,
             exclude,
+        };
+        for seed in seeds {
+            filter.add_seed(seed);
+        }
+        filter
+    }
+
+    /// Widens the scope to another seed: used for the URL a seed redirects
+    /// to, so that `http://example.com` -> `https://www.example.com/` keeps
+    /// the crawl on the site the user meant.
+    pub fn add_seed(&mut self, seed: &Url) {
+        if let Some(authority) = authority(seed) {
+            self.authorities.insert(authority);
+        }
+        if let Some(host) = seed.host_str() {
+            let domain = host.strip_prefix("www.").unwrap_or(host);
+            if !self.domains.iter().any(|known| known == domain) {
+                self.domains.push(domain.to_owned());
+            }
         }
     }
 
@@ -136,6 +147,15 @@ mod tests {
                 "{mode:?} {link}"
             );
         }
+    }
+
+    #[test]
+    fn a_seed_redirect_target_joins_the_scope() {
+        let mut f = filter(Scope::Host, &[], &[]);
+        let target = url("https://www.example.com/home");
+        assert!(!f.allows(&target));
+        f.add_seed(&target);
+        assert!(f.allows(&url("https://www.example.com/about")));
     }
 
     #[test]

@@ -573,3 +573,25 @@ async fn a_robots_txt_server_error_keeps_the_crawler_off_the_site() {
     );
     assert!(sorted_edges(&output).is_empty());
 }
+
+#[tokio::test]
+async fn a_seed_redirected_to_another_host_is_crawled_there() {
+    let target = site()
+        .html("/home", r#"<a href="/next">"#)
+        .html("/next", "end")
+        .serve()
+        .await;
+    let entry = site()
+        .route("/", Route::redirect(target.url("/home").as_str()))
+        .serve()
+        .await;
+
+    crawl(&[entry.url("/")], &["--depth", "2", "--politeness", "off"]).await;
+
+    assert_eq!(target.hits("/home"), 1);
+    assert_eq!(
+        target.hits("/next"),
+        1,
+        "the redirect target's host is in scope"
+    );
+}
