@@ -1,0 +1,221 @@
+//! The real binary, real signals, real SQLite.
+
+mod support;
+
+use mandrill::domain::Status;
+use mandrill::store::{SqliteStore, Store};
+use serde_json::Value;
+use support::{Mandrill, count, fields_of, mandrill, sqlite_url, temp_dir};
+
+fn history(url: &str) -> Vec<mandrill::store::HistoryEntry> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let store = SqliteStore::connect(url, 1).await.unwrap();
+        let entries = store.history(1_000_000).await.unwrap();
+        store.close().await;
+        entries
+    })
+}
+
+#[test]
+fn sigterm_drains_and_every_message_is_recorded_and_acked_or_nacked() {
+    let (_guard, dir) = temp_dir();
+    let db = sqlite_url(&dir);
+    let service = Mandrill::run(
+        &dir,
+        &[
+            "--broker", "memory", "--db", &db, "--simulate=200",
+            "--set", "restarter.max_latency=50ms",
+            "--set", "restarter.failure_rate=0.2",
+            "--set", "worker.retry_initial=10ms",
+            "--set", "worker.shutdown_grace=5s",
+        ],
+    );
+    service.wait_for("mandrill started", 1);
+    service.wait_for("acked", 50);
+    service.wait_for("nacked", 1);
+    service.signal("TERM");
+    let (status, lines) = service.wait_exit();
+    assert!(status.success(), "exit status {status}");
+
+    let stats = fields_of(&lines, "final stats");
+    let pulled = count(&stats, "pulled");
+    let acked = count(&stats, "acked");
+    let nacked = count(&stats, "nacked");
+    let dead = count(&stats, "dead_lettered");
+    assert_eq!(pulled, acked + nacked + dead, "a delivery was left unsettled: {stats}");
+
+    // The order of shutdown, as logged.
+    let order: Vec<&str> = [
+        "shutting down: stop pulling, let in-flight work finish",
+        "stopped pulling; waiting for in-flight messages",
+        "all in-flight messages settled",
+        "store closed",
+        "final stats",
+        "mandrill stopped",
+    ]
+    .into();
+    let positions: Vec<usize> = order
+        .iter()
+        .map(|m| {
+            lines
+                .iter()
+                .position(|l| l["fields"]["message"] == *m)
+                .unwrap_or_else(|| panic!("no {m:?} line"))
+        })
+        .collect();
+    assert!(positions.windows(2).all(|w| w[0] < w[1]), "{positions:?}");
+
+    // Nothing half-done in the database: every acked message is recorded as
+    // restarted, and no request is left mid-restart.
+    let entries = history(&db);
+    let with = |status: Status| entries.iter().filter(|e| e.status == status).count() as u64;
+    assert_eq!(with(Status::Received), 0, "a restart was issued but its outcome not recorded");
+    assert_eq!(with(Status::Restarted), acked);
+    assert!(with(Status::Retrying) <= nacked);
+}
+
+#[test]
+fn second_sigint_skips_the_grace_period() {
+    let (_guard, dir) = temp_dir();
+    let db = sqlite_url(&dir);
+    // One blocking thread and slow restarts: most messages wait for capacity.
+    let service = Mandrill::run(
+        &dir,
+        &[
+            "--db", &db, "--simulate=100", "--max-in-flight", "50",
+            "--set", "restarter.kind=simulate-blocking",
+            "--set", "restarter.blocking_threads=1",
+            "--set", "restarter.min_latency=500ms",
+            "--set", "restarter.max_latency=500ms",
+            "--set", "restarter.failure_rate=0",
+            "--set", "worker.shutdown_grace=1h",
+        ],
+    );
+    service.wait_for("saved", 1);
+    service.wait_for("published", 10);
+    service.signal("INT");
+    service.wait_for("stopped pulling; waiting for in-flight messages", 1);
+    service.signal("INT");
+    // Exits long before the hour of grace: the waiting messages are nacked,
+    // the one restart already issued is still recorded.
+    let (status, lines) = service.wait_exit();
+    assert!(status.success(), "exit status {status}");
+    fields_of(&lines, "second signal: skipping the rest of the grace period");
+    let stats = fields_of(&lines, "final stats");
+    assert!(count(&stats, "nacked") >= 1, "{stats}");
+    assert_eq!(
+        count(&stats, "pulled"),
+        count(&stats, "acked") + count(&stats, "nacked") + count(&stats, "dead_lettered")
+    );
+    assert!(history(&db).iter().all(|e| e.status != Status::Received));
+}
+
+#[test]
+fn sighup_reloads_the_configuration_file() {
+    let (_guard, dir) = temp_dir();
+    let config = dir.join("mandrill.toml");
+    std::fs::write(&config, "[worker]\nmax_in_flight = 10\n").unwrap();
+    let service = Mandrill::run(
+        &dir,
+        &["--config", config.to_str().unwrap(), "--db", "memory", "--simulate=5"],
+    );
+    service.wait_for("mandrill started", 1);
+
+    std::fs::write(
+        &config,
+        "[worker]\nmax_in_flight = 25\n[broker]\nack_deadline = \"30s\"\n",
+    )
+    .unwrap();
+    service.signal("HUP");
+    service.wait_for("configuration reloaded", 1);
+    let limit = &service.wait_for("flow control limit changed", 1)[0]["fields"];
+    assert_eq!(limit["max_in_flight"], 25);
+    let reloaded: Vec<Value> = service
+        .messages("setting reloaded")
+        .into_iter()
+        .map(|l| l["fields"]["key"].clone())
+        .collect();
+    assert_eq!(reloaded, ["worker.max_in_flight"]);
+    let needs_restart: Vec<Value> = service
+        .messages("setting changed, but takes effect only after a restart")
+        .into_iter()
+        .map(|l| l["fields"]["key"].clone())
+        .collect();
+    assert_eq!(needs_restart, ["broker.ack_deadline"]);
+
+    // A broken file is refused and the service keeps running as it was.
+    std::fs::write(&config, "[worker\n").unwrap();
+    service.signal("HUP");
+    service.wait_for("reload failed; keeping the running configuration", 1);
+    service.wait_for("acked", 2);
+
+    service.signal("TERM");
+    let (status, _) = service.wait_exit();
+    assert!(status.success());
+}
+
+#[test]
+fn malformed_messages_are_dead_lettered_while_valid_ones_flow() {
+    let (_guard, dir) = temp_dir();
+    let db = sqlite_url(&dir);
+    let service = Mandrill::run(
+        &dir,
+        &[
+            "--db", &db, "--simulate=300",
+            "--set", "simulate.malformed_rate=0.3",
+            "--set", "restarter.failure_rate=0",
+            "--set", "restarter.max_latency=10ms",
+        ],
+    );
+    service.wait_for("dead-lettered", 10);
+    service.wait_for("acked", 10);
+    service.signal("TERM");
+    let (status, lines) = service.wait_exit();
+    assert!(status.success());
+    let stats = fields_of(&lines, "final stats");
+    assert_eq!(count(&stats, "rejected"), count(&stats, "dead_lettered"));
+
+    let (status, stdout, stderr) = mandrill(
+        &dir,
+        &["history", "--db", &db, "--json", "--limit", "100000"],
+        &[],
+    );
+    assert!(status.success(), "{stderr}");
+    let entries: Vec<Value> = stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let rejected: Vec<&Value> = entries.iter().filter(|e| e["status"] == "rejected").collect();
+    assert_eq!(rejected.len() as u64, count(&stats, "rejected"));
+    let reasons: Vec<&str> = rejected.iter().map(|e| e["last_error"].as_str().unwrap()).collect();
+    assert!(reasons.iter().all(|r| !r.is_empty()));
+    assert!(entries.iter().any(|e| e["status"] == "restarted"));
+
+    let (status, table, _) = mandrill(&dir, &["history", "--db", &db, "--limit", "5"], &[]);
+    assert!(status.success());
+    assert!(table.starts_with("RECEIVED"), "{table}");
+    assert_eq!(table.lines().count(), 6);
+}
+
+#[test]
+fn bad_configuration_fails_at_start_naming_the_key() {
+    let (_guard, dir) = temp_dir();
+    let (status, _, stderr) = mandrill(&dir, &["run", "--set", "worker.max_in_flght=3"], &[]);
+    assert_eq!(status.code(), Some(2));
+    assert!(stderr.contains("worker.max_in_flght"), "{stderr}");
+
+    let (status, _, stderr) = mandrill(
+        &dir,
+        &["run", "--db", "memory"],
+        &[("MANDRILL_WORKER__SHUTDOWN_GRACE", "soon")],
+    );
+    assert_eq!(status.code(), Some(2));
+    assert!(stderr.contains("worker.shutdown_grace"), "{stderr}");
+
+    let (status, _, stderr) = mandrill(&dir, &["run", "--broker", "kafka://x", "--db", "memory"], &[]);
+    assert_eq!(status.code(), Some(1));
+    assert!(stderr.contains("broker.url"), "{stderr}");
+    // Nothing was created by a run that could not start.
+    assert!(!dir.join("mandrill.db").exists());
+}

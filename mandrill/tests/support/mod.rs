@@ -1,0 +1,194 @@
+//! Drives the real `mandrill` binary: spawn it, read its JSON log lines as
+//! they come, send it real signals, wait for it to exit. Every wait is on a
+//! condition with a generous deadline, never a bare sleep.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// Long enough for a slow CI machine; only reached when something hangs.
+pub const DEADLINE: Duration = Duration::from_secs(60);
+
+pub fn binary() -> &'static str {
+    env!("CARGO_BIN_EXE_mandrill")
+}
+
+#[derive(Default)]
+struct Lines {
+    lines: Mutex<Vec<Value>>,
+    raw: Mutex<Vec<String>>,
+    changed: Condvar,
+}
+
+pub struct Mandrill {
+    child: Child,
+    log: Arc<Lines>,
+    reader: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Mandrill {
+    /// Starts `mandrill run ARGS --log-format json` in `dir`.
+    pub fn run(dir: &Path, args: &[&str]) -> Self {
+        Self::run_with_env(dir, args, &[])
+    }
+
+    pub fn run_with_env(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Self {
+        let mut child = Command::new(binary())
+            .arg("run")
+            .args(args)
+            .args(["--log-format", "json"])
+            .current_dir(dir)
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("mandrill binary starts");
+        let stderr = child.stderr.take().expect("stderr is piped");
+        let log = Arc::new(Lines::default());
+        let reader = std::thread::spawn({
+            let log = log.clone();
+            move || {
+                for line in BufReader::new(stderr).lines() {
+                    let Ok(line) = line else { break };
+                    if let Ok(value) = serde_json::from_str::<Value>(&line) {
+                        log.lines.lock().unwrap().push(value);
+                    }
+                    log.raw.lock().unwrap().push(line);
+                    log.changed.notify_all();
+                }
+            }
+        });
+        Self {
+            child,
+            log,
+            reader: Some(reader),
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends a signal by name (`TERM`, `INT`, `HUP`, `QUIT`).
+    pub fn signal(&self, name: &str) {
+        let status = Command::new("kill")
+            .args(["-s", name, &self.pid().to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(status.success(), "kill -s {name} failed");
+    }
+
+    /// Log lines so far whose message is `message`.
+    pub fn messages(&self, message: &str) -> Vec<Value> {
+        self.log
+            .lines
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|line| line["fields"]["message"] == message)
+            .cloned()
+            .collect()
+    }
+
+    /// Waits until `count` lines with message `message` were logged.
+    pub fn wait_for(&self, message: &str, count: usize) -> Vec<Value> {
+        let deadline = Instant::now() + DEADLINE;
+        let mut lines = self.log.lines.lock().unwrap();
+        loop {
+            let found: Vec<Value> = lines
+                .iter()
+                .filter(|line| line["fields"]["message"] == message)
+                .cloned()
+                .collect();
+            if found.len() >= count {
+                return found;
+            }
+            let now = Instant::now();
+            assert!(
+                now < deadline,
+                "timed out waiting for {count} x {message:?}; log so far:\n{}",
+                self.log.raw.lock().unwrap().join("\n")
+            );
+            lines = self.log.changed.wait_timeout(lines, deadline - now).unwrap().0;
+        }
+    }
+
+    /// Waits for the process to exit; returns its status and whole log.
+    pub fn wait_exit(mut self) -> (ExitStatus, Vec<Value>) {
+        let deadline = Instant::now() + DEADLINE;
+        let status = loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                break status;
+            }
+            if Instant::now() >= deadline {
+                let _ = self.child.kill();
+                panic!(
+                    "mandrill did not exit; log:\n{}",
+                    self.log.raw.lock().unwrap().join("\n")
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        if let Some(reader) = self.reader.take() {
+            reader.join().unwrap();
+        }
+        let lines = self.log.lines.lock().unwrap().clone();
+        (status, lines)
+    }
+}
+
+impl Drop for Mandrill {
+    fn drop(&mut self) {
+        // A failed test must not leave a service running.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The `fields` of the single log line with this message.
+pub fn fields_of(lines: &[Value], message: &str) -> Value {
+    let found: Vec<&Value> = lines
+        .iter()
+        .filter(|line| line["fields"]["message"] == message)
+        .collect();
+    assert_eq!(found.len(), 1, "expected one {message:?} line");
+    found[0]["fields"].clone()
+}
+
+pub fn count(fields: &Value, key: &str) -> u64 {
+    fields[key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{key} missing in {fields}"))
+}
+
+pub fn sqlite_url(dir: &Path) -> String {
+    format!("sqlite:{}", dir.join("mandrill.db").display())
+}
+
+/// Runs `mandrill ARGS` to completion; returns status, stdout, stderr.
+pub fn mandrill(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> (ExitStatus, String, String) {
+    let output = Command::new(binary())
+        .args(args)
+        .current_dir(dir)
+        .envs(env.iter().copied())
+        .output()
+        .expect("mandrill binary runs");
+    (
+        output.status,
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+pub fn temp_dir() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_owned();
+    (dir, path)
+}
