@@ -595,3 +595,42 @@ async fn a_seed_redirected_to_another_host_is_crawled_there() {
         "the redirect target's host is in scope"
     );
 }
+
+#[tokio::test]
+async fn edges_are_written_while_the_crawl_is_still_running() {
+    let server = site()
+        .html("/", r#"<a href="/hang">"#)
+        .route("/hang", Route::hanging())
+        .serve()
+        .await;
+    let output = common::SharedBuffer::default();
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let config = common::config(&["--depth", "1", "--politeness", "off"]);
+    let crawl = tokio::spawn({
+        let (output, shutdown, seed) = (output.clone(), shutdown.clone(), server.url("/"));
+        async move {
+            areq::crawl(
+                &config,
+                vec![seed],
+                Box::new(output),
+                &areq::Console::default(),
+                shutdown,
+            )
+            .await
+        }
+    });
+
+    // The crawl cannot finish (/hang never answers), yet the edge is there.
+    output
+        .wait_for(&format!("\t{}\n", server.url("/hang")))
+        .await;
+    assert!(!crawl.is_finished());
+
+    shutdown.cancel();
+    let summary = crawl
+        .await
+        .expect("the crawl task does not panic")
+        .expect("the crawl succeeds");
+    assert!(summary.interrupted);
+    assert_eq!(summary.pages, 1);
+}

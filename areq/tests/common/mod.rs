@@ -322,9 +322,9 @@ impl Accounting {
     }
 }
 
-/// A `Write` whose bytes the test can read afterwards.
+/// A `Write` whose bytes the test can read, during the run or after it.
 #[derive(Clone, Default)]
-pub struct SharedBuffer(Arc<Mutex<Vec<u8>>>);
+pub struct SharedBuffer(Arc<Mutex<Vec<u8>>>, Arc<Notify>);
 
 impl Write for SharedBuffer {
     fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
@@ -332,6 +332,7 @@ impl Write for SharedBuffer {
             .lock()
             .expect("no test panics while holding the lock")
             .extend_from_slice(bytes);
+        self.1.notify_waiters();
         Ok(bytes.len())
     }
 
@@ -341,6 +342,22 @@ impl Write for SharedBuffer {
 }
 
 impl SharedBuffer {
+    /// Waits until the text written so far contains `needle`, or panics after a deadline.
+    pub async fn wait_for(&self, needle: &str) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let mut written = pin!(self.1.notified());
+            written.as_mut().enable();
+            if self.text().contains(needle) {
+                return;
+            }
+            tokio::select! {
+                () = written => {}
+                () = tokio::time::sleep_until(deadline) => panic!("{needle:?} not written within 10s"),
+            }
+        }
+    }
+
     pub fn text(&self) -> String {
         String::from_utf8(
             self.0
