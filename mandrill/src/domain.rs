@@ -441,7 +441,9 @@ mod tests {
     fn wire_form_round_trips() {
         let mut rng = rand::rng();
         let instance_name = random_instance_name(&mut rng);
-        assert!(instance_name.as_str().starts_with("cattle-") && instance_name.as_str().len() == 11);
+        assert!(
+            instance_name.as_str().starts_with("cattle-") && instance_name.as_str().len() == 11
+        );
         let request = RestartRequest {
             message_id: Uuid::new_v4(),
             hostname: Hostname::new(&instance_name, &Domain::default()),
@@ -450,13 +452,19 @@ mod tests {
             reason: Some("chaos".into()),
             published_at: Some(humantime::parse_rfc3339("2026-11-21T10:00:00.123Z").unwrap()),
         };
-        assert_eq!(RestartRequest::parse(&request.to_wire(), &rules()), Ok(request));
+        assert_eq!(
+            RestartRequest::parse(&request.to_wire(), &rules()),
+            Ok(request)
+        );
     }
 
     #[test]
     fn salvage_finds_id_in_rejected_payload() {
         let payload = format!(r#"{{"message_id":"{ID}","instance_name":"BAD"}}"#);
-        assert_eq!(salvage_message_id(payload.as_bytes()).unwrap().to_string(), ID);
+        assert_eq!(
+            salvage_message_id(payload.as_bytes()).unwrap().to_string(),
+            ID
+        );
         assert_eq!(salvage_message_id(b"garbage"), None);
     }
 }

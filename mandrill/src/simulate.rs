@@ -61,7 +61,10 @@ pub async fn publish(
             () = &mut stop => return,
         }
         if rate.has_changed().unwrap_or(false) {
-            info!(rate = *rate.borrow_and_update(), "simulated publish rate changed");
+            info!(
+                rate = *rate.borrow_and_update(),
+                "simulated publish rate changed"
+            );
         }
         let now = tokio::time::Instant::now();
         due += *rate.borrow() * (now - last).as_secs_f64();

@@ -27,11 +27,19 @@ fn sigterm_drains_and_every_message_is_recorded_and_acked_or_nacked() {
     let service = Mandrill::run(
         &dir,
         &[
-            "--broker", "memory", "--db", &db, "--simulate=200",
-            "--set", "restarter.max_latency=50ms",
-            "--set", "restarter.failure_rate=0.2",
-            "--set", "worker.retry_initial=10ms",
-            "--set", "worker.shutdown_grace=5s",
+            "--broker",
+            "memory",
+            "--db",
+            &db,
+            "--simulate=200",
+            "--set",
+            "restarter.max_latency=50ms",
+            "--set",
+            "restarter.failure_rate=0.2",
+            "--set",
+            "worker.retry_initial=10ms",
+            "--set",
+            "worker.shutdown_grace=5s",
         ],
     );
     service.wait_for("mandrill started", 1);
@@ -46,7 +54,11 @@ fn sigterm_drains_and_every_message_is_recorded_and_acked_or_nacked() {
     let acked = count(&stats, "acked");
     let nacked = count(&stats, "nacked");
     let dead = count(&stats, "dead_lettered");
-    assert_eq!(pulled, acked + nacked + dead, "a delivery was left unsettled: {stats}");
+    assert_eq!(
+        pulled,
+        acked + nacked + dead,
+        "a delivery was left unsettled: {stats}"
+    );
 
     // The order of shutdown, as logged.
     let order: Vec<&str> = [
@@ -73,7 +85,11 @@ fn sigterm_drains_and_every_message_is_recorded_and_acked_or_nacked() {
     // restarted, and no request is left mid-restart.
     let entries = history(&db);
     let with = |status: Status| entries.iter().filter(|e| e.status == status).count() as u64;
-    assert_eq!(with(Status::Received), 0, "a restart was issued but its outcome not recorded");
+    assert_eq!(
+        with(Status::Received),
+        0,
+        "a restart was issued but its outcome not recorded"
+    );
     assert_eq!(with(Status::Restarted), acked);
     assert!(with(Status::Retrying) <= nacked);
 }
@@ -86,13 +102,23 @@ fn second_sigint_skips_the_grace_period() {
     let service = Mandrill::run(
         &dir,
         &[
-            "--db", &db, "--simulate=100", "--max-in-flight", "50",
-            "--set", "restarter.kind=simulate-blocking",
-            "--set", "restarter.blocking_threads=1",
-            "--set", "restarter.min_latency=500ms",
-            "--set", "restarter.max_latency=500ms",
-            "--set", "restarter.failure_rate=0",
-            "--set", "worker.shutdown_grace=1h",
+            "--db",
+            &db,
+            "--simulate=100",
+            "--max-in-flight",
+            "50",
+            "--set",
+            "restarter.kind=simulate-blocking",
+            "--set",
+            "restarter.blocking_threads=1",
+            "--set",
+            "restarter.min_latency=500ms",
+            "--set",
+            "restarter.max_latency=500ms",
+            "--set",
+            "restarter.failure_rate=0",
+            "--set",
+            "worker.shutdown_grace=1h",
         ],
     );
     service.wait_for("saved", 1);
@@ -104,7 +130,10 @@ fn second_sigint_skips_the_grace_period() {
     // the one restart already issued is still recorded.
     let (status, lines) = service.wait_exit();
     assert!(status.success(), "exit status {status}");
-    fields_of(&lines, "second signal: skipping the rest of the grace period");
+    fields_of(
+        &lines,
+        "second signal: skipping the rest of the grace period",
+    );
     let stats = fields_of(&lines, "final stats");
     assert!(count(&stats, "nacked") >= 1, "{stats}");
     assert_eq!(
@@ -121,7 +150,13 @@ fn sighup_reloads_the_configuration_file() {
     std::fs::write(&config, "[worker]\nmax_in_flight = 10\n").unwrap();
     let service = Mandrill::run(
         &dir,
-        &["--config", config.to_str().unwrap(), "--db", "memory", "--simulate=5"],
+        &[
+            "--config",
+            config.to_str().unwrap(),
+            "--db",
+            "memory",
+            "--simulate=5",
+        ],
     );
     service.wait_for("mandrill started", 1);
 
@@ -165,10 +200,15 @@ fn malformed_messages_are_dead_lettered_while_valid_ones_flow() {
     let service = Mandrill::run(
         &dir,
         &[
-            "--db", &db, "--simulate=300",
-            "--set", "simulate.malformed_rate=0.3",
-            "--set", "restarter.failure_rate=0",
-            "--set", "restarter.max_latency=10ms",
+            "--db",
+            &db,
+            "--simulate=300",
+            "--set",
+            "simulate.malformed_rate=0.3",
+            "--set",
+            "restarter.failure_rate=0",
+            "--set",
+            "restarter.max_latency=10ms",
         ],
     );
     service.wait_for("dead-lettered", 10);
@@ -185,10 +225,19 @@ fn malformed_messages_are_dead_lettered_while_valid_ones_flow() {
         &[],
     );
     assert!(status.success(), "{stderr}");
-    let entries: Vec<Value> = stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-    let rejected: Vec<&Value> = entries.iter().filter(|e| e["status"] == "rejected").collect();
+    let entries: Vec<Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let rejected: Vec<&Value> = entries
+        .iter()
+        .filter(|e| e["status"] == "rejected")
+        .collect();
     assert_eq!(rejected.len() as u64, count(&stats, "rejected"));
-    let reasons: Vec<&str> = rejected.iter().map(|e| e["last_error"].as_str().unwrap()).collect();
+    let reasons: Vec<&str> = rejected
+        .iter()
+        .map(|e| e["last_error"].as_str().unwrap())
+        .collect();
     assert!(reasons.iter().all(|r| !r.is_empty()));
     assert!(entries.iter().any(|e| e["status"] == "restarted"));
 
@@ -213,7 +262,11 @@ fn bad_configuration_fails_at_start_naming_the_key() {
     assert_eq!(status.code(), Some(2));
     assert!(stderr.contains("worker.shutdown_grace"), "{stderr}");
 
-    let (status, _, stderr) = mandrill(&dir, &["run", "--broker", "kafka://x", "--db", "memory"], &[]);
+    let (status, _, stderr) = mandrill(
+        &dir,
+        &["run", "--broker", "kafka://x", "--db", "memory"],
+        &[],
+    );
     assert_eq!(status.code(), Some(1));
     assert!(stderr.contains("broker.url"), "{stderr}");
     // Nothing was created by a run that could not start.

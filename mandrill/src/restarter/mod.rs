@@ -13,7 +13,7 @@ use async_trait::async_trait;
 use crate::domain::Hostname;
 
 pub use blocking::{Blocking, BlockingRestart};
-pub use simulate::{SimulatedRestarter, SimulatedBlockingRestarter, Simulation};
+pub use simulate::{SimulatedBlockingRestarter, SimulatedRestarter, Simulation};
 
 /// Why a restart did not happen. Every kind is retried by the worker.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

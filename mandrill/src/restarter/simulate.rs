@@ -52,7 +52,11 @@ pub struct SimulatedRestarter(pub Simulation);
 
 #[async_trait]
 impl Restarter for SimulatedRestarter {
-    async fn restart(&self, host: &Hostname, _reservation: Reservation) -> Result<(), RestartError> {
+    async fn restart(
+        &self,
+        host: &Hostname,
+        _reservation: Reservation,
+    ) -> Result<(), RestartError> {
         let (latency, fails) = self.0.draw();
         if !latency.is_zero() {
             tokio::time::sleep(latency).await;

@@ -1,5 +1,8 @@
 //! An in-process store, for tests with paused time and for the pipeline
 //! benchmark. Nothing survives the process.
+//!
+//! Rows are kept compact (the instance name is derived from the hostname,
+//! times are milliseconds) because the benchmark holds one per message.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -19,9 +22,53 @@ pub struct MemoryStore {
 
 #[derive(Debug, Default)]
 struct State {
-    by_id: HashMap<Uuid, HistoryEntry>,
+    by_id: HashMap<Uuid, Row>,
     /// Rejected payloads without a readable id.
-    anonymous: Vec<HistoryEntry>,
+    anonymous: Vec<Row>,
+}
+
+#[derive(Debug)]
+struct Row {
+    /// `None` for rejected payloads.
+    hostname: Option<Box<str>>,
+    status: Status,
+    attempts: u32,
+    last_error: Option<Box<str>>,
+    received_at: i64,
+    updated_at: i64,
+    completed_at: Option<i64>,
+}
+
+impl Row {
+    fn new(hostname: Option<&str>, status: Status, now: i64) -> Self {
+        Self {
+            hostname: hostname.map(Box::from),
+            status,
+            attempts: 0,
+            last_error: None,
+            received_at: now,
+            updated_at: now,
+            completed_at: None,
+        }
+    }
+
+    fn entry(&self, message_id: Option<Uuid>) -> HistoryEntry {
+        HistoryEntry {
+            message_id,
+            instance_name: self
+                .hostname
+                .as_deref()
+                .and_then(|host| host.split('.').next())
+                .map(str::to_owned),
+            hostname: self.hostname.as_deref().map(str::to_owned),
+            status: self.status,
+            attempts: self.attempts,
+            last_error: self.last_error.as_deref().map(str::to_owned),
+            received_at: Timestamp::from_millis(self.received_at),
+            updated_at: Timestamp::from_millis(self.updated_at),
+            completed_at: self.completed_at.map(Timestamp::from_millis),
+        }
+    }
 }
 
 impl MemoryStore {
@@ -32,7 +79,11 @@ impl MemoryStore {
 
     /// Every entry recorded with a message id.
     pub fn entries(&self) -> Vec<HistoryEntry> {
-        self.lock().by_id.values().cloned().collect()
+        self.lock()
+            .by_id
+            .iter()
+            .map(|(id, row)| row.entry(Some(*id)))
+            .collect()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -41,24 +92,10 @@ impl MemoryStore {
     }
 }
 
-fn new_entry(request: &RestartRequest, status: Status, now: Timestamp) -> HistoryEntry {
-    HistoryEntry {
-        message_id: Some(request.message_id),
-        instance_name: Some(request.instance_name.to_string()),
-        hostname: Some(request.hostname.to_string()),
-        status,
-        attempts: 0,
-        last_error: None,
-        received_at: now,
-        updated_at: now,
-        completed_at: None,
-    }
-}
-
 #[async_trait]
 impl Store for MemoryStore {
     async fn lookup(&self, message_id: Uuid) -> Result<Option<Status>, StoreError> {
-        Ok(self.lock().by_id.get(&message_id).map(|e| e.status))
+        Ok(self.lock().by_id.get(&message_id).map(|row| row.status))
     }
 
     async fn record_received(
@@ -66,16 +103,16 @@ impl Store for MemoryStore {
         request: &RestartRequest,
         attempt: u32,
     ) -> Result<(), StoreError> {
-        let now = Timestamp::now();
+        let now = Timestamp::now().as_millis();
         let mut state = self.lock();
-        let entry = state
+        let row = state
             .by_id
             .entry(request.message_id)
-            .or_insert_with(|| new_entry(request, Status::Received, now));
-        entry.attempts = entry.attempts.max(attempt);
-        entry.updated_at = now;
-        if !entry.status.is_final() {
-            entry.status = Status::Received;
+            .or_insert_with(|| Row::new(Some(request.hostname.as_str()), Status::Received, now));
+        row.attempts = row.attempts.max(attempt);
+        row.updated_at = now;
+        if !row.status.is_final() {
+            row.status = Status::Received;
         }
         Ok(())
     }
@@ -86,20 +123,20 @@ impl Store for MemoryStore {
         attempt: u32,
         outcome: &Outcome,
     ) -> Result<Recorded, StoreError> {
-        let now = Timestamp::now();
+        let now = Timestamp::now().as_millis();
         let mut state = self.lock();
-        let entry = state
+        let row = state
             .by_id
             .entry(request.message_id)
-            .or_insert_with(|| new_entry(request, Status::Received, now));
-        if entry.status.is_final() {
-            return Ok(Recorded::AlreadyFinal(entry.status));
+            .or_insert_with(|| Row::new(Some(request.hostname.as_str()), Status::Received, now));
+        if row.status.is_final() {
+            return Ok(Recorded::AlreadyFinal(row.status));
         }
-        entry.status = outcome.status();
-        entry.attempts = entry.attempts.max(attempt);
-        entry.last_error = outcome.error().map(str::to_owned);
-        entry.updated_at = now;
-        entry.completed_at = outcome.status().is_final().then_some(now);
+        row.status = outcome.status();
+        row.attempts = row.attempts.max(attempt);
+        row.last_error = outcome.error().map(Box::from);
+        row.updated_at = now;
+        row.completed_at = outcome.status().is_final().then_some(now);
         Ok(Recorded::Recorded)
     }
 
@@ -109,35 +146,28 @@ impl Store for MemoryStore {
         reason: &str,
         _payload: &[u8],
     ) -> Result<(), StoreError> {
-        let now = Timestamp::now();
-        let entry = HistoryEntry {
-            message_id,
-            instance_name: None,
-            hostname: None,
-            status: Status::Rejected,
-            attempts: 1,
-            last_error: Some(reason.to_owned()),
-            received_at: now,
-            updated_at: now,
-            completed_at: Some(now),
-        };
+        let now = Timestamp::now().as_millis();
+        let mut row = Row::new(None, Status::Rejected, now);
+        row.attempts = 1;
+        row.last_error = Some(Box::from(reason));
+        row.completed_at = Some(now);
         let mut state = self.lock();
         match message_id {
             Some(id) => {
-                state.by_id.entry(id).or_insert(entry);
+                state.by_id.entry(id).or_insert(row);
             }
-            None => state.anonymous.push(entry),
+            None => state.anonymous.push(row),
         }
         Ok(())
     }
 
     async fn history(&self, limit: usize) -> Result<Vec<HistoryEntry>, StoreError> {
         let state = self.lock();
-        let mut entries: Vec<_> = state
+        let mut entries: Vec<HistoryEntry> = state
             .by_id
-            .values()
-            .chain(&state.anonymous)
-            .cloned()
+            .iter()
+            .map(|(id, row)| row.entry(Some(*id)))
+            .chain(state.anonymous.iter().map(|row| row.entry(None)))
             .collect();
         entries.sort_by(|a, b| b.updated_at.cmp(&a.updated_at));
         entries.truncate(limit);

@@ -63,7 +63,11 @@ impl Timestamp {
 
     /// Milliseconds since the Unix epoch.
     pub fn as_millis(self) -> i64 {
-        let millis = self.0.duration_since(UNIX_EPOCH).unwrap_or_default().as_millis();
+        let millis = self
+            .0
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_millis();
         i64::try_from(millis).unwrap_or(i64::MAX)
     }
 }

@@ -105,7 +105,12 @@ mod tests {
     #[tokio::test]
     async fn lowering_the_limit_takes_effect_as_work_finishes() {
         let flow = FlowControl::new(3);
-        let held: Vec<_> = [flow.acquire().await, flow.acquire().await, flow.acquire().await].into();
+        let held: Vec<_> = [
+            flow.acquire().await,
+            flow.acquire().await,
+            flow.acquire().await,
+        ]
+        .into();
         flow.set_limit(1);
         let mut held = held.into_iter();
         // Two finish: both permits are forgotten (debt), none returned.

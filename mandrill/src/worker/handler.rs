@@ -16,16 +16,20 @@
 //! The lease is extended throughout steps 2 to 4. A panic anywhere becomes a
 //! nack (or a dead letter, on the last attempt).
 
+use std::convert::Infallible;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures::FutureExt;
 use tokio::sync::OwnedSemaphorePermit;
+use tokio_util::task::TaskTracker;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
-use super::{Context, panic_message};
+use super::{Context as Shared, panic_message};
 use crate::broker::{BrokerError, Delivery, DeliveryTag};
 use crate::domain::{Outcome, RestartRequest, salvage_message_id};
 use crate::restarter::RestartError;
@@ -39,9 +43,10 @@ enum Settlement {
     DeadLetter { reason: String },
 }
 
-/// Handles one delivery and settles it; holds one flow-control permit.
-pub(crate) async fn handle(
-    context: Arc<Context>,
+/// Spawns the handling of one delivery, which holds one flow-control permit.
+pub(crate) fn spawn(
+    tracker: &TaskTracker,
+    context: Arc<Shared>,
     delivery: Delivery,
     permit: OwnedSemaphorePermit,
 ) {
@@ -52,11 +57,22 @@ pub(crate) async fn handle(
         message_id = tracing::field::Empty,
         host = tracing::field::Empty,
     );
-    async {
+    tracker.spawn(handle(context, delivery, permit).instrument(span));
+}
+
+/// Handles one delivery and settles it.
+///
+/// A plain function returning an `async move` block: an `async fn` would copy
+/// its arguments into its state a second time.
+fn handle(
+    context: Arc<Shared>,
+    delivery: Delivery,
+    permit: OwnedSemaphorePermit,
+) -> impl Future<Output = ()> {
+    async move {
         context.stats.in_flight.inc();
         debug!("pulled");
-        let work = with_lease(&context, &delivery.tag, process(&context, &delivery));
-        let settlement = match AssertUnwindSafe(work).catch_unwind().await {
+        let settlement = match guarded(&context, &delivery).await {
             Ok(settlement) => settlement,
             Err(panic) => {
                 context.stats.panics.inc();
@@ -76,74 +92,131 @@ pub(crate) async fn handle(
         };
         settle(&context, &delivery.tag, settlement).await;
         context.stats.in_flight.dec();
+        context.flow.release(permit);
     }
-    .instrument(span)
-    .await;
-    context.flow.release(permit);
+}
+
+/// The work of one delivery, with its lease kept and its panics caught.
+///
+/// A plain function on purpose: the combinators' intermediate values live on
+/// this stack frame, not in the task. Built inline in an `async fn`, a value
+/// moved into a combinator stays reserved until the `.await` ends, and the
+/// task would carry each layer twice.
+fn guarded<'a>(
+    context: &'a Shared,
+    delivery: &'a Delivery,
+) -> impl Future<Output = std::thread::Result<Settlement>> + 'a {
+    AssertUnwindSafe(with_lease(
+        context,
+        &delivery.tag,
+        process(context, delivery),
+    ))
+    .catch_unwind()
+}
+
+pin_project_lite::pin_project! {
+    /// `work`, with the lease kept while it runs: polls the extender only
+    /// while the work is pending, and drops it (stopping extension) as soon
+    /// as the work completes.
+    ///
+    /// A struct rather than an `async fn` with `select!`: an `async fn` keeps
+    /// its argument and the pinned copy of it both in its state, which
+    /// doubled every task's memory.
+    struct WithLease<W, E> {
+        #[pin]
+        work: W,
+        #[pin]
+        extender: E,
+    }
+}
+
+impl<W: Future, E: Future<Output = Infallible>> Future for WithLease<W, E> {
+    type Output = W::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<W::Output> {
+        let this = self.project();
+        if let Poll::Ready(output) = this.work.poll(cx) {
+            return Poll::Ready(output);
+        }
+        match this.extender.poll(cx) {
+            Poll::Ready(never) => match never {},
+            Poll::Pending => Poll::Pending,
+        }
+    }
 }
 
 /// Runs `work` while extending the delivery's lease every interval.
-async fn with_lease<F: Future>(context: &Context, tag: &DeliveryTag, work: F) -> F::Output {
-    let extend_forever = async {
-        loop {
-            tokio::time::sleep(context.lease_extension_interval).await;
-            match context.broker.extend(tag).await {
-                Ok(()) => {
-                    context.stats.lease_extensions.inc();
-                    info!("extended lease");
-                }
-                Err(error @ BrokerError::LeaseLost(_)) => {
-                    context.stats.leases_lost.inc();
-                    warn!(%error, "lease lost; the message may be redelivered");
-                    return std::future::pending().await;
-                }
-                Err(error) => warn!(%error, "could not extend lease; will try again"),
-            }
-        }
-    };
-    tokio::select! {
-        biased;
-        output = work => output,
-        never = extend_forever => never,
+fn with_lease<'a, W: Future + 'a>(
+    context: &'a Shared,
+    tag: &'a DeliveryTag,
+    work: W,
+) -> WithLease<W, impl Future<Output = Infallible> + 'a> {
+    WithLease {
+        work,
+        extender: extend_forever(context, tag),
     }
 }
 
-async fn process(context: &Context, delivery: &Delivery) -> Settlement {
+async fn extend_forever(context: &Shared, tag: &DeliveryTag) -> Infallible {
+    loop {
+        tokio::time::sleep(context.lease_extension_interval).await;
+        match context.broker.extend(tag).await {
+            Ok(()) => {
+                context.stats.lease_extensions.inc();
+                info!("extended lease");
+            }
+            Err(error @ BrokerError::LeaseLost(_)) => {
+                context.stats.leases_lost.inc();
+                warn!(%error, "lease lost; the message may be redelivered");
+                return std::future::pending().await;
+            }
+            Err(error) => warn!(%error, "could not extend lease; will try again"),
+        }
+    }
+}
+
+async fn process(context: &Shared, delivery: &Delivery) -> Settlement {
     let config = &context.config;
     let attempt = delivery.attempt;
     let request = match RestartRequest::parse(&delivery.payload, &config.parse) {
         Ok(request) => request,
-        Err(rejection) => return reject(context, delivery, &rejection.to_string()).await,
+        // Boxed: a rare path whose state would otherwise enlarge every task.
+        Err(rejection) => return Box::pin(reject(context, delivery, rejection.to_string())).await,
     };
-    let span = tracing::Span::current();
-    span.record("message_id", tracing::field::display(request.message_id));
-    span.record("host", tracing::field::display(&request.hostname));
+    {
+        let span = tracing::Span::current();
+        span.record("message_id", tracing::field::display(request.message_id));
+        span.record("host", tracing::field::display(&request.hostname));
+    }
 
     // Serial on purpose: whether to restart depends on what is recorded.
-    let prior = tokio::select! {
-        biased;
-        () = context.abort.cancelled() => {
-            return Settlement::Nack {
-                delay: Duration::ZERO,
-                why: "shutting down before the restart began".into(),
-            };
-        }
-        prior = context.store.lookup(request.message_id) => prior,
-    };
-    match prior {
-        Ok(Some(status)) if status.is_final() => {
-            context.stats.duplicates.inc();
-            info!(%status, "already recorded as final; acking without restarting again");
-            return Settlement::Ack;
-        }
-        Ok(_) => {}
-        Err(error) => {
-            context.stats.store_failures.inc();
-            warn!(%error, "could not look up the request");
-            return Settlement::Nack {
-                delay: config.retry_backoff.delay(attempt),
-                why: "store unavailable".into(),
-            };
+    // In a block, so that the lookup's result is not kept across later awaits.
+    {
+        let prior = tokio::select! {
+            biased;
+            () = context.abort.cancelled() => {
+                return Settlement::Nack {
+                    delay: Duration::ZERO,
+                    why: "shutting down before the restart began".into(),
+                };
+            }
+            prior = context.store.lookup(request.message_id) => prior,
+        };
+        match prior {
+            Ok(Some(status)) if status.is_final() => {
+                context.stats.duplicates.inc();
+                info!(%status, "already recorded as final; acking without restarting again");
+                return Settlement::Ack;
+            }
+            Ok(_) => {}
+            Err(error) => {
+                context.stats.store_failures.inc();
+                warn!(%error, "could not look up the request");
+                return Settlement::Nack {
+                    delay: config.retry_backoff.delay(attempt),
+                    why: "store unavailable".into(),
+                };
+            }
         }
     }
 
@@ -159,23 +232,22 @@ async fn process(context: &Context, delivery: &Delivery) -> Settlement {
     };
 
     // Shielded from here: the restart is issued, so its outcome must be
-    // recorded whatever shutdown does.
-    let save = context.store.record_received(&request, attempt);
-    let restart = async {
-        match tokio::time::timeout(
-            config.restart_timeout,
-            context.restarter.restart(&request.hostname, reservation),
-        )
-        .await
-        {
-            Ok(result) => result,
-            Err(_elapsed) => Err(RestartError::TimedOut {
-                host: request.hostname.clone(),
-                after: config.restart_timeout,
-            }),
-        }
-    };
-    let (saved, restarted) = tokio::join!(save, restart);
+    // recorded whatever shutdown does. Both futures are written inside
+    // join! so that they are stored once, in place.
+    let (saved, restarted) =
+        tokio::join!(context.store.record_received(&request, attempt), async {
+            tokio::time::timeout(
+                config.restart_timeout,
+                context.restarter.restart(&request.hostname, reservation),
+            )
+            .await
+            .unwrap_or_else(|_elapsed| {
+                Err(RestartError::TimedOut {
+                    host: request.hostname.clone(),
+                    after: config.restart_timeout,
+                })
+            })
+        });
     match saved {
         Ok(()) => info!("saved"),
         Err(error) => {
@@ -206,11 +278,13 @@ async fn process(context: &Context, delivery: &Delivery) -> Settlement {
         }
     };
 
-    match record_with_retries(context, || {
+    // Boxed: only one phase at a time needs this state, and boxing keeps it
+    // out of the task's size for the whole of its life.
+    let recorded = Box::pin(record_with_retries(context, || {
         context.store.record_outcome(&request, attempt, &outcome)
-    })
-    .await
-    {
+    }))
+    .await;
+    match recorded {
         Ok(Recorded::Recorded) => debug!(status = %outcome.status(), "outcome recorded"),
         Ok(Recorded::AlreadyFinal(status)) => {
             context.stats.duplicates.inc();
@@ -239,25 +313,23 @@ async fn process(context: &Context, delivery: &Delivery) -> Settlement {
 
 /// Records a malformed payload and dead-letters it. Recording is best effort:
 /// the broker keeps the dead letter either way.
-async fn reject(context: &Context, delivery: &Delivery, reason: &str) -> Settlement {
+async fn reject(context: &Shared, delivery: &Delivery, reason: String) -> Settlement {
     context.stats.rejected.inc();
     warn!(reason, "rejected malformed message");
     let message_id = salvage_message_id(&delivery.payload);
     let recorded = record_with_retries(context, || {
         context
             .store
-            .record_rejection(message_id, reason, &delivery.payload)
+            .record_rejection(message_id, &reason, &delivery.payload)
     })
     .await;
     if let Err(error) = recorded {
         error!(%error, "could not record the rejection; dead-lettering anyway");
     }
-    Settlement::DeadLetter {
-        reason: reason.to_owned(),
-    }
+    Settlement::DeadLetter { reason }
 }
 
-async fn record_with_retries<T, F, Fut>(context: &Context, mut operation: F) -> Result<T, StoreError>
+async fn record_with_retries<T, F, Fut>(context: &Shared, mut operation: F) -> Result<T, StoreError>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, StoreError>>,
@@ -279,7 +351,7 @@ where
     }
 }
 
-async fn settle(context: &Context, tag: &DeliveryTag, settlement: Settlement) {
+async fn settle(context: &Shared, tag: &DeliveryTag, settlement: Settlement) {
     let stats = &context.stats;
     let result = match settlement {
         Settlement::Ack => context.broker.ack(tag).await.map(|()| {
@@ -301,4 +373,36 @@ async fn settle(context: &Context, tag: &DeliveryTag, settlement: Settlement) {
         stats.settle_failures.inc();
         warn!(%error, "could not settle; the broker will redeliver after the lease expires");
     }
+}
+
+#[cfg(test)]
+pub(super) fn handle_for_size(
+    context: Arc<Shared>,
+    delivery: Delivery,
+    permit: OwnedSemaphorePermit,
+) -> impl Future<Output = ()> {
+    handle(context, delivery, permit)
+}
+
+#[cfg(test)]
+pub(super) fn future_sizes(
+    context: &Arc<Shared>,
+    delivery: &Delivery,
+) -> Vec<(&'static str, usize)> {
+    let process = process(context, delivery);
+    let lease = with_lease(context, &delivery.tag, async {});
+    let settle = settle(context, &delivery.tag, Settlement::Ack);
+    let record = record_with_retries(context, || async { Ok::<(), StoreError>(()) });
+    vec![
+        ("process", std::mem::size_of_val(&process)),
+        ("with_lease(empty)", std::mem::size_of_val(&lease)),
+        ("settle", std::mem::size_of_val(&settle)),
+        ("record_with_retries", std::mem::size_of_val(&record)),
+        (
+            "cancelled",
+            std::mem::size_of_val(&context.abort.cancelled()),
+        ),
+        ("store error", std::mem::size_of::<StoreError>()),
+        ("restart error", std::mem::size_of::<RestartError>()),
+    ]
 }

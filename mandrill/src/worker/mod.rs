@@ -262,11 +262,12 @@ async fn pull_loop(
             pulled = context.broker.pull(permits.num_permits()) => pulled?,
         };
         *failures = 0;
+        let pulled_any = !deliveries.is_empty();
         for delivery in deliveries {
             context.stats.pulled.inc();
             match permits.split(1) {
                 Some(permit) => {
-                    tracker.spawn(handler::handle(context.clone(), delivery, permit));
+                    handler::spawn(tracker, context.clone(), delivery, permit);
                 }
                 None => {
                     // The broker returned more than asked: give the extra back.
@@ -274,6 +275,12 @@ async fn pull_loop(
                     let _ = context.broker.nack(&delivery.tag, Duration::ZERO).await;
                 }
             }
+        }
+        if pulled_any {
+            // Let the handlers just spawned run before pulling more: a broker
+            // that always has a batch ready would otherwise keep this thread,
+            // and every message would sit spawned but unstarted in memory.
+            tokio::task::yield_now().await;
         }
     }
 }

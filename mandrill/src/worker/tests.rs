@@ -16,7 +16,7 @@ use uuid::Uuid;
 use super::*;
 use crate::broker::{Delivery, DeliveryTag, MemoryBroker};
 use crate::domain::{Domain, Hostname, Outcome, RestartRequest, Status};
-use crate::restarter::{RestartError, Reservation};
+use crate::restarter::{Reservation, RestartError};
 use crate::store::{HistoryEntry, MemoryStore, Recorded, StoreError};
 
 const ACK_DEADLINE: Duration = Duration::from_secs(10);
@@ -361,7 +361,13 @@ async fn failed_restart_is_retried_with_growing_delay_then_dead_lettered() {
     let id = h.publish("cattle-dead").await;
     let stats = h.stats.clone();
     wait_until("dead-lettered", || stats.dead_lettered.get() == 1).await;
-    let events: Vec<String> = h.broker.timeline.events().into_iter().map(|(_, e)| e).collect();
+    let events: Vec<String> = h
+        .broker
+        .timeline
+        .events()
+        .into_iter()
+        .map(|(_, e)| e)
+        .collect();
     let settlements: Vec<&str> = events
         .iter()
         .map(String::as_str)
@@ -397,10 +403,19 @@ async fn outcome_that_cannot_be_recorded_is_never_acked() {
     // The store recovers: the redelivery is recorded, then acked.
     store.outcome_fails.store(false, Ordering::Release);
     wait_until("acked", || stats.acked.get() == 1).await;
-    assert_eq!(store.inner.lookup(id).await.unwrap(), Some(Status::Restarted));
+    assert_eq!(
+        store.inner.lookup(id).await.unwrap(),
+        Some(Status::Restarted)
+    );
     let timeline = store.timeline.events();
-    let last_failure = timeline.iter().rposition(|(_, e)| e == "record-failed").unwrap();
-    let recorded = timeline.iter().position(|(_, e)| e == "recorded restarted").unwrap();
+    let last_failure = timeline
+        .iter()
+        .rposition(|(_, e)| e == "record-failed")
+        .unwrap();
+    let recorded = timeline
+        .iter()
+        .position(|(_, e)| e == "recorded restarted")
+        .unwrap();
     assert!(recorded > last_failure);
     h.stop().await.unwrap();
 }
@@ -536,9 +551,16 @@ async fn second_signal_skips_the_grace_period() {
         shutdown_grace: Duration::from_secs(3600),
         ..config()
     };
-    let h = start(config, store.clone(), Arc::new(ScriptedRestarter::default()));
+    let h = start(
+        config,
+        store.clone(),
+        Arc::new(ScriptedRestarter::default()),
+    );
     h.publish("cattle-0001").await;
-    wait_until("lookup stuck", || store.timeline.count("lookup-waiting") == 1).await;
+    wait_until("lookup stuck", || {
+        store.timeline.count("lookup-waiting") == 1
+    })
+    .await;
     let began = Instant::now();
     h.shutdown.request();
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -572,7 +594,10 @@ async fn issued_restart_is_recorded_and_acked_even_after_the_grace_period() {
     assert_eq!(stats.acked.get(), 2);
     assert_eq!(stats.nacked.get(), 0);
     for id in [first, second] {
-        assert_eq!(store.inner.lookup(id).await.unwrap(), Some(Status::Restarted));
+        assert_eq!(
+            store.inner.lookup(id).await.unwrap(),
+            Some(Status::Restarted)
+        );
     }
 }
 
@@ -614,11 +639,17 @@ async fn malformed_message_is_dead_lettered_with_reason_and_recorded() {
         store.clone(),
         Arc::new(ScriptedRestarter::default()),
     );
-    h.broker.publish(Bytes::from_static(b"{not json")).await.unwrap();
+    h.broker
+        .publish(Bytes::from_static(b"{not json"))
+        .await
+        .unwrap();
     h.publish("Not_A_Label").await;
     h.publish("cattle-good").await;
     let stats = h.stats.clone();
-    wait_until("settled", || stats.dead_lettered.get() == 2 && stats.acked.get() == 1).await;
+    wait_until("settled", || {
+        stats.dead_lettered.get() == 2 && stats.acked.get() == 1
+    })
+    .await;
     let reasons: Vec<String> = h
         .broker
         .inner
@@ -626,10 +657,22 @@ async fn malformed_message_is_dead_lettered_with_reason_and_recorded() {
         .into_iter()
         .map(|d| d.reason)
         .collect();
-    assert!(reasons.iter().any(|r| r.contains("not a valid request")), "{reasons:?}");
-    assert!(reasons.iter().any(|r| r.contains("\"Not_A_Label\"")), "{reasons:?}");
+    assert!(
+        reasons.iter().any(|r| r.contains("not a valid request")),
+        "{reasons:?}"
+    );
+    assert!(
+        reasons.iter().any(|r| r.contains("\"Not_A_Label\"")),
+        "{reasons:?}"
+    );
     let history = store.history(10).await.unwrap();
-    assert_eq!(history.iter().filter(|e| e.status == Status::Rejected).count(), 2);
+    assert_eq!(
+        history
+            .iter()
+            .filter(|e| e.status == Status::Rejected)
+            .count(),
+        2
+    );
     h.stop().await.unwrap();
 }
 
@@ -672,7 +715,10 @@ async fn blocking_restarts_do_not_stall_pulling_or_other_messages() {
     let stats = h.stats.clone();
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while stats.acked.get() < 5 {
-        assert!(std::time::Instant::now() < deadline, "other messages stalled");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "other messages stalled"
+        );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     // Both blocking restarts are still in progress while the others finished.
@@ -680,8 +726,35 @@ async fn blocking_restarts_do_not_stall_pulling_or_other_messages() {
     release.send(()).unwrap();
     release.send(()).unwrap();
     while stats.acked.get() < 7 {
-        assert!(std::time::Instant::now() < deadline, "released restarts never finished");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "released restarts never finished"
+        );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     h.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn print_future_sizes() {
+    let worker = Worker::new(
+        config(),
+        Arc::new(MemoryBroker::new(ACK_DEADLINE, Duration::from_secs(1))),
+        Arc::new(MemoryStore::new()),
+        Arc::new(ScriptedRestarter::default()),
+        Arc::new(Stats::default()),
+    );
+    let context = worker.context.clone();
+    let delivery = Delivery {
+        tag: DeliveryTag::number(1),
+        payload: Bytes::new(),
+        attempt: 1,
+    };
+    let permit = context.flow.acquire().await;
+    let fut = super::handler::handle_for_size(context.clone(), delivery.clone(), permit);
+    eprintln!("handle future: {}", std::mem::size_of_val(&fut));
+    eprintln!("sleep: {}", std::mem::size_of::<tokio::time::Sleep>());
+    eprintln!("{:?}", super::handler::future_sizes(&context, &delivery));
+    eprintln!("request: {}", std::mem::size_of::<RestartRequest>());
+    eprintln!("history entry: {}", std::mem::size_of::<HistoryEntry>());
 }

@@ -116,7 +116,12 @@ impl Mandrill {
                 "timed out waiting for {count} x {message:?}; log so far:\n{}",
                 self.log.raw.lock().unwrap().join("\n")
             );
-            lines = self.log.changed.wait_timeout(lines, deadline - now).unwrap().0;
+            lines = self
+                .log
+                .changed
+                .wait_timeout(lines, deadline - now)
+                .unwrap()
+                .0;
         }
     }
 
