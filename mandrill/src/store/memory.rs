@@ -169,7 +169,7 @@ impl Store for MemoryStore {
             .map(|(id, row)| row.entry(Some(*id)))
             .chain(state.anonymous.iter().map(|row| row.entry(None)))
             .collect();
-        entries.sort_by(|a, b| b.updated_at.cmp(&a.updated_at));
+        entries.sort_by_key(|entry| std::cmp::Reverse(entry.updated_at));
         entries.truncate(limit);
         Ok(entries)
     }

@@ -64,6 +64,7 @@ pub(crate) fn spawn(
 ///
 /// A plain function returning an `async move` block: an `async fn` would copy
 /// its arguments into its state a second time.
+#[allow(clippy::manual_async_fn)] // deliberate, see above
 fn handle(
     context: Arc<Shared>,
     delivery: Delivery,
@@ -382,27 +383,4 @@ pub(super) fn handle_for_size(
     permit: OwnedSemaphorePermit,
 ) -> impl Future<Output = ()> {
     handle(context, delivery, permit)
-}
-
-#[cfg(test)]
-pub(super) fn future_sizes(
-    context: &Arc<Shared>,
-    delivery: &Delivery,
-) -> Vec<(&'static str, usize)> {
-    let process = process(context, delivery);
-    let lease = with_lease(context, &delivery.tag, async {});
-    let settle = settle(context, &delivery.tag, Settlement::Ack);
-    let record = record_with_retries(context, || async { Ok::<(), StoreError>(()) });
-    vec![
-        ("process", std::mem::size_of_val(&process)),
-        ("with_lease(empty)", std::mem::size_of_val(&lease)),
-        ("settle", std::mem::size_of_val(&settle)),
-        ("record_with_retries", std::mem::size_of_val(&record)),
-        (
-            "cancelled",
-            std::mem::size_of_val(&context.abort.cancelled()),
-        ),
-        ("store error", std::mem::size_of::<StoreError>()),
-        ("restart error", std::mem::size_of::<RestartError>()),
-    ]
 }
