@@ -41,6 +41,7 @@ pub struct Config {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct BrokerConfig {
+    /// `sqlite:PATH` (a durable queue, by default in the store's file) or
     /// `memory` (in-process, nothing survives the process).
     pub url: String,
     /// How long a delivery stays leased without an extension.
@@ -49,14 +50,24 @@ pub struct BrokerConfig {
     /// How long one pull waits for a first message.
     #[serde(with = "duration")]
     pub poll_wait: Duration,
+    /// How often a waiting pull looks for messages published by other
+    /// processes (SQLite only; this process's publishes wake it at once).
+    #[serde(with = "duration")]
+    pub poll_interval: Duration,
+    /// Deliveries of a message, without it being settled, before the broker
+    /// dead-letters it (SQLite only): the backstop for a message whose
+    /// consumer keeps crashing or losing its lease.
+    pub max_deliveries: u32,
 }
 
 impl Default for BrokerConfig {
     fn default() -> Self {
         Self {
-            url: "memory".into(),
+            url: "sqlite:mandrill.db".into(),
             ack_deadline: Duration::from_secs(10),
             poll_wait: Duration::from_secs(1),
+            poll_interval: Duration::from_millis(100),
+            max_deliveries: 10,
         }
     }
 }
@@ -346,18 +357,19 @@ impl Sources {
         };
         for (name, raw) in &self.environment {
             let key = env_key(name)?;
-            set_dotted(&mut table, &key, parse_scalar(raw))
-                .map_err(|why| ConfigError::Environment {
+            set_dotted(&mut table, &key, parse_scalar(raw)).map_err(|why| {
+                ConfigError::Environment {
                     name: name.clone(),
                     why,
-                })?;
+                }
+            })?;
         }
         for (key, value) in &self.overrides {
             set_dotted(&mut table, key, value.clone())
                 .map_err(|why| ConfigError::invalid(key, why))?;
         }
-        let config: Config = serde_path_to_error::deserialize(toml::Value::Table(table))
-            .map_err(|error| {
+        let config: Config =
+            serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|error| {
                 let key = error.path().to_string();
                 // The toml error may add a second line of context ("in `worker`")
                 // that the key already says.
@@ -441,7 +453,10 @@ impl Config {
         }
         fn probability(key: &str, value: f64) -> Result<(), ConfigError> {
             if !(0.0..=1.0).contains(&value) {
-                return Err(ConfigError::invalid(key, format!("{value} is not in [0, 1]")));
+                return Err(ConfigError::invalid(
+                    key,
+                    format!("{value} is not in [0, 1]"),
+                ));
             }
             Ok(())
         }
@@ -458,17 +473,33 @@ impl Config {
         at_least_one("worker.record_attempts", w.record_attempts.into())?;
         at_least_one("worker.max_pull_failures", w.max_pull_failures.into())?;
         at_least_one("store.max_connections", self.store.max_connections.into())?;
-        at_least_one("message.max_payload_bytes", self.message.max_payload_bytes as u64)?;
-        at_least_one("restarter.blocking_threads", self.restarter.blocking_threads as u64)?;
+        at_least_one(
+            "message.max_payload_bytes",
+            self.message.max_payload_bytes as u64,
+        )?;
+        at_least_one(
+            "restarter.blocking_threads",
+            self.restarter.blocking_threads as u64,
+        )?;
         positive("broker.ack_deadline", self.broker.ack_deadline)?;
+        positive("broker.poll_interval", self.broker.poll_interval)?;
+        if self.broker.max_deliveries < w.max_attempts {
+            return Err(ConfigError::invalid(
+                "broker.max_deliveries",
+                format!(
+                    "{} is below worker.max_attempts ({}): the worker's last attempt would never come",
+                    self.broker.max_deliveries, w.max_attempts
+                ),
+            ));
+        }
         positive("worker.restart_timeout", w.restart_timeout)?;
-        if let Some(interval) = w.lease_extension_interval {
-            if interval >= self.broker.ack_deadline || interval.is_zero() {
-                return Err(ConfigError::invalid(
-                    "worker.lease_extension_interval",
-                    "must be above 0s and below broker.ack_deadline",
-                ));
-            }
+        if let Some(interval) = w.lease_extension_interval
+            && (interval >= self.broker.ack_deadline || interval.is_zero())
+        {
+            return Err(ConfigError::invalid(
+                "worker.lease_extension_interval",
+                "must be above 0s and below broker.ack_deadline",
+            ));
         }
         probability("restarter.failure_rate", self.restarter.failure_rate)?;
         probability("simulate.malformed_rate", self.simulate.malformed_rate)?;
@@ -481,7 +512,8 @@ impl Config {
         if !(self.simulate.rate.is_finite() && self.simulate.rate > 0.0) {
             return Err(ConfigError::invalid("simulate.rate", "must be above 0"));
         }
-        Domain::parse(&self.message.domain).map_err(|why| ConfigError::invalid("message.domain", why))?;
+        Domain::parse(&self.message.domain)
+            .map_err(|why| ConfigError::invalid("message.domain", why))?;
         tracing_subscriber::EnvFilter::try_new(&self.log.level)
             .map_err(|error| ConfigError::invalid("log.level", error.to_string()))?;
         Ok(())
@@ -577,36 +609,86 @@ pub fn settings_help() -> String {
 }
 
 const SETTING_DOCS: &[(&str, &str)] = &[
-    ("broker.url", "`memory` (in-process)"),
+    (
+        "broker.url",
+        "`sqlite:PATH` (durable queue) or `memory` (in-process)",
+    ),
     ("broker.ack_deadline", "lease length without an extension"),
     ("broker.poll_wait", "how long one pull waits for a message"),
+    (
+        "broker.poll_interval",
+        "how often a waiting pull checks for other processes' messages",
+    ),
+    (
+        "broker.max_deliveries",
+        "unsettled deliveries before the broker dead-letters a message",
+    ),
     ("store.url", "`sqlite:PATH` or `memory`"),
     ("store.max_connections", "database pool size"),
     ("worker.max_in_flight", "messages handled at once"),
     ("worker.pull_batch", "most messages per pull"),
-    ("worker.max_attempts", "deliveries before a failing restart is dead-lettered"),
-    ("worker.retry_initial", "first redelivery delay after a failed restart (doubles)"),
+    (
+        "worker.max_attempts",
+        "deliveries before a failing restart is dead-lettered",
+    ),
+    (
+        "worker.retry_initial",
+        "first redelivery delay after a failed restart (doubles)",
+    ),
     ("worker.retry_max", "longest redelivery delay"),
-    ("worker.record_attempts", "tries at recording an outcome before nacking"),
-    ("worker.record_backoff", "first delay between those tries (doubles)"),
-    ("worker.restart_timeout", "a slower restart counts as failed"),
-    ("worker.shutdown_grace", "time in-flight work gets on shutdown"),
-    ("worker.lease_extension_interval", "default: a third of broker.ack_deadline"),
-    ("worker.max_pull_failures", "consecutive pull failures before giving up"),
-    ("worker.pull_backoff", "first delay before restarting the pull loop (doubles)"),
+    (
+        "worker.record_attempts",
+        "tries at recording an outcome before nacking",
+    ),
+    (
+        "worker.record_backoff",
+        "first delay between those tries (doubles)",
+    ),
+    (
+        "worker.restart_timeout",
+        "a slower restart counts as failed",
+    ),
+    (
+        "worker.shutdown_grace",
+        "time in-flight work gets on shutdown",
+    ),
+    (
+        "worker.lease_extension_interval",
+        "default: a third of broker.ack_deadline",
+    ),
+    (
+        "worker.max_pull_failures",
+        "consecutive pull failures before giving up",
+    ),
+    (
+        "worker.pull_backoff",
+        "first delay before restarting the pull loop (doubles)",
+    ),
     ("message.domain", "hostname = instance_name.domain"),
-    ("message.max_payload_bytes", "larger payloads are dead-lettered"),
+    (
+        "message.max_payload_bytes",
+        "larger payloads are dead-lettered",
+    ),
     ("restarter.kind", "simulate | simulate-blocking"),
     ("restarter.min_latency", "shortest simulated restart"),
     ("restarter.max_latency", "longest simulated restart"),
-    ("restarter.failure_rate", "probability a simulated restart fails"),
+    (
+        "restarter.failure_rate",
+        "probability a simulated restart fails",
+    ),
     ("restarter.blocking_threads", "blocking restarts at once"),
     ("simulate.enabled", "publish random requests (demo)"),
     ("simulate.rate", "requests per second"),
-    ("simulate.malformed_rate", "fraction of malformed demo payloads"),
+    (
+        "simulate.malformed_rate",
+        "fraction of malformed demo payloads",
+    ),
     ("log.format", "text | json"),
     ("log.level", "tracing filter, e.g. info or mandrill=debug"),
-    ("debug.stall_threshold", "warn when the runtime lags this much"),
+    (
+        "debug.stall_threshold",
+        "warn when the runtime lags this much",
+    ),
     ("debug.status_interval", "status line period; 0s disables"),
 ];
 
@@ -656,7 +738,11 @@ pub mod duration {
 mod tests {
     use super::*;
 
-    fn load(file: Option<&str>, env: &[(&str, &str)], flags: &[&str]) -> Result<Config, ConfigError> {
+    fn load(
+        file: Option<&str>,
+        env: &[(&str, &str)],
+        flags: &[&str],
+    ) -> Result<Config, ConfigError> {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("mandrill.toml");
         if let Some(text) = file {
@@ -664,7 +750,10 @@ mod tests {
         }
         Sources {
             file: file.map(|_| path.clone()),
-            environment: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            environment: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
             overrides: flags.iter().map(|f| parse_override(f).unwrap()).collect(),
         }
         .load()
@@ -674,7 +763,10 @@ mod tests {
     fn flags_beat_environment_beat_file_beat_defaults() {
         let config = load(
             Some("[worker]\nmax_in_flight = 5\nmax_attempts = 7\nshutdown_grace = \"3s\"\n"),
-            &[("MANDRILL_WORKER__MAX_ATTEMPTS", "8"), ("MANDRILL_LOG__LEVEL", "debug")],
+            &[
+                ("MANDRILL_WORKER__MAX_ATTEMPTS", "8"),
+                ("MANDRILL_LOG__LEVEL", "debug"),
+            ],
             &["worker.max_attempts=9"],
         )
         .unwrap();
@@ -682,28 +774,43 @@ mod tests {
         assert_eq!(config.worker.max_attempts, 9);
         assert_eq!(config.worker.shutdown_grace, Duration::from_secs(3));
         assert_eq!(config.log.level, "debug");
-        assert_eq!(config.worker.pull_batch, WorkerSection::default().pull_batch);
+        assert_eq!(
+            config.worker.pull_batch,
+            WorkerSection::default().pull_batch
+        );
     }
 
     #[test]
     fn unknown_key_is_named_whatever_layer_it_came_from() {
         let from_file = load(Some("[worker]\nmax_in_flght = 5\n"), &[], &[]).unwrap_err();
-        assert!(from_file.to_string().contains("max_in_flght"), "{from_file}");
+        assert!(
+            from_file.to_string().contains("max_in_flght"),
+            "{from_file}"
+        );
         let from_env = load(None, &[("MANDRILL_WORKER__MAX_IN_FLGHT", "5")], &[]).unwrap_err();
         assert!(from_env.to_string().contains("max_in_flght"), "{from_env}");
         let section = load(Some("[wroker]\nx = 1\n"), &[], &[]).unwrap_err();
         assert!(section.to_string().contains("wroker"), "{section}");
         let shape = load(None, &[("MANDRILL_MAX_IN_FLIGHT", "5")], &[]).unwrap_err();
-        assert!(shape.to_string().contains("MANDRILL_MAX_IN_FLIGHT"), "{shape}");
+        assert!(
+            shape.to_string().contains("MANDRILL_MAX_IN_FLIGHT"),
+            "{shape}"
+        );
     }
 
     #[test]
     fn bad_values_name_their_key() {
         let cases = [
-            ("[worker]\nmax_in_flight = \"many\"\n", "worker.max_in_flight"),
+            (
+                "[worker]\nmax_in_flight = \"many\"\n",
+                "worker.max_in_flight",
+            ),
             ("[worker]\nmax_in_flight = 0\n", "worker.max_in_flight"),
             ("[broker]\nack_deadline = \"soon\"\n", "broker.ack_deadline"),
-            ("[restarter]\nfailure_rate = 2.0\n", "restarter.failure_rate"),
+            (
+                "[restarter]\nfailure_rate = 2.0\n",
+                "restarter.failure_rate",
+            ),
             ("[message]\ndomain = \"bad_domain\"\n", "message.domain"),
             ("[restarter]\nkind = \"teleport\"\n", "restarter.kind"),
             ("[log]\nformat = \"xml\"\n", "log.format"),
@@ -722,7 +829,10 @@ mod tests {
         let mut config = Config::default();
         config.worker.lease_extension_interval = Some(Duration::from_secs(1));
         for key in config.flatten().keys() {
-            assert!(documented.contains(&key.as_str()), "{key} is not in SETTING_DOCS");
+            assert!(
+                documented.contains(&key.as_str()),
+                "{key} is not in SETTING_DOCS"
+            );
         }
         assert_eq!(documented.len(), config.flatten().len());
     }

@@ -7,6 +7,7 @@
 //! the same code with their own.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use tokio::sync::watch;
@@ -14,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
-use crate::broker::{Broker, MemoryBroker};
+use crate::broker::{Broker, MemoryBroker, SqliteBroker};
 use crate::config::{BrokerConfig, Config, RestarterConfig, RestarterKind, StoreConfig};
 use crate::restarter::{
     Blocking, Restarter, SimulatedBlockingRestarter, SimulatedRestarter, Simulation,
@@ -39,14 +40,31 @@ pub async fn open_store(config: &StoreConfig) -> anyhow::Result<Arc<dyn Store>> 
     bail!("store.url {url:?} is not supported: use sqlite:PATH or memory")
 }
 
+/// Opens the SQLite queue `broker.url` names (`sqlite:PATH`), creating and
+/// migrating it if needed.
+pub async fn open_sqlite_broker(config: &BrokerConfig) -> anyhow::Result<SqliteBroker> {
+    let url = config.url.as_str();
+    if !url.starts_with("sqlite:") {
+        bail!("broker.url {url:?} is not a sqlite:PATH queue");
+    }
+    SqliteBroker::connect(config)
+        .await
+        .with_context(|| format!("cannot open broker.url {url:?}"))
+}
+
 /// The broker `broker.url` names, and the in-memory one if that is it.
-fn open_broker(config: &BrokerConfig) -> anyhow::Result<(Arc<dyn Broker>, Option<Arc<MemoryBroker>>)> {
+async fn open_broker(
+    config: &BrokerConfig,
+) -> anyhow::Result<(Arc<dyn Broker>, Option<Arc<MemoryBroker>>)> {
     match config.url.as_str() {
         "memory" => {
             let broker = Arc::new(MemoryBroker::new(config.ack_deadline, config.poll_wait));
             Ok((broker.clone(), Some(broker)))
         }
-        other => bail!("broker.url {other:?} is not supported: use memory"),
+        url if url.starts_with("sqlite:") => {
+            Ok((Arc::new(open_sqlite_broker(config).await?), None))
+        }
+        other => bail!("broker.url {other:?} is not supported: use sqlite:PATH or memory"),
     }
 }
 
@@ -78,7 +96,10 @@ impl Controls {
     pub fn apply(&self, config: &Config) {
         if self.flow.limit() != config.worker.max_in_flight {
             self.flow.set_limit(config.worker.max_in_flight);
-            info!(max_in_flight = config.worker.max_in_flight, "flow control limit changed");
+            info!(
+                max_in_flight = config.worker.max_in_flight,
+                "flow control limit changed"
+            );
         }
         self.simulate_rate.send_if_modified(|rate| {
             let changed = *rate != config.simulate.rate;
@@ -97,12 +118,14 @@ pub struct Service {
     worker: Worker,
     stats: Arc<Stats>,
     simulate_rate: Arc<watch::Sender<f64>>,
+    /// Request shutdown once the broker's backlog is empty (`--until-idle`).
+    until_idle: bool,
 }
 
 impl Service {
     /// Connects everything `config` names. Fails naming the key at fault.
     pub async fn build(config: Config) -> anyhow::Result<Self> {
-        let (broker, memory_broker) = open_broker(&config.broker)?;
+        let (broker, memory_broker) = open_broker(&config.broker).await?;
         let store = open_store(&config.store).await?;
         let restarter = build_restarter(&config.restarter);
         let stats = Arc::new(Stats::default());
@@ -122,7 +145,15 @@ impl Service {
             worker,
             stats,
             simulate_rate: Arc::new(simulate_rate),
+            until_idle: false,
         })
+    }
+
+    /// Makes [`Service::run`] request its own shutdown once the queue has
+    /// nothing visible, delayed or in flight (for batch use and tests).
+    pub fn stop_when_idle(mut self) -> Self {
+        self.until_idle = true;
+        self
     }
 
     /// Handles for applying a reload while running.
@@ -165,6 +196,15 @@ impl Service {
                 },
             ));
         }
+        if self.until_idle {
+            companions.spawn(request_shutdown_when_idle(
+                self.broker.clone(),
+                self.stats.clone(),
+                shutdown.clone(),
+                self.config.broker.poll_interval,
+                stop_companions.clone(),
+            ));
+        }
         companions.spawn(debug::watch_for_stalls(
             self.config.debug.stall_threshold,
             self.stats.clone(),
@@ -192,7 +232,10 @@ impl Service {
             let depth = memory.depth();
             let unhandled = depth.ready + depth.delayed;
             if unhandled > 0 {
-                warn!(unhandled, "the in-memory broker's queued messages are lost with the process");
+                warn!(
+                    unhandled,
+                    "the in-memory broker's queued messages are lost with the process"
+                );
             }
         }
         self.broker.close().await;
@@ -215,6 +258,36 @@ impl Service {
         );
         outcome.context("the worker stopped by itself")?;
         Ok(stats)
+    }
+}
+
+/// Requests shutdown once the broker reports an empty backlog and no
+/// delivery is being handled. Checks every `every`.
+async fn request_shutdown_when_idle(
+    broker: Arc<dyn Broker>,
+    stats: Arc<Stats>,
+    shutdown: Shutdown,
+    every: Duration,
+    stop: CancellationToken,
+) {
+    loop {
+        match broker.backlog().await {
+            Ok(Some(0)) if stats.in_flight.get() == 0 => {
+                info!("queue is idle: nothing visible, delayed or in flight; shutting down");
+                shutdown.request();
+                return;
+            }
+            Ok(Some(_)) => {}
+            Ok(None) => {
+                warn!("this broker cannot report its backlog; --until-idle has no effect");
+                return;
+            }
+            Err(error) => warn!(%error, "could not read the broker's backlog"),
+        }
+        tokio::select! {
+            () = tokio::time::sleep(every) => {}
+            () = stop.cancelled() => return,
+        }
     }
 }
 

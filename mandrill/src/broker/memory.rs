@@ -138,7 +138,11 @@ impl State {
                 break;
             }
             self.deadlines.pop();
-            if self.leased.get(&tag).is_some_and(|l| l.deadline == deadline) {
+            if self
+                .leased
+                .get(&tag)
+                .is_some_and(|l| l.deadline == deadline)
+            {
                 // Expired: redeliver, as a real broker would.
                 let lease = self.leased.remove(&tag).expect("checked just above");
                 tracing::debug!(tag, "lease expired; message redelivered");
@@ -257,6 +261,11 @@ impl Broker for MemoryBroker {
         });
         Ok(())
     }
+
+    async fn backlog(&self) -> Result<Option<u64>, BrokerError> {
+        let depth = self.depth();
+        Ok(Some((depth.ready + depth.delayed + depth.leased) as u64))
+    }
 }
 
 #[cfg(test)]
@@ -339,7 +348,10 @@ mod tests {
         let broker = broker();
         broker.publish(Bytes::from_static(b"bad")).await.unwrap();
         let delivery = broker.pull(1).await.unwrap().remove(0);
-        broker.dead_letter(&delivery.tag, "malformed").await.unwrap();
+        broker
+            .dead_letter(&delivery.tag, "malformed")
+            .await
+            .unwrap();
         let dead = broker.dead_letters();
         assert_eq!(dead.len(), 1);
         assert_eq!(dead[0].reason, "malformed");

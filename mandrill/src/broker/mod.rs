@@ -8,6 +8,7 @@
 //! its deadline is redelivered, possibly to another consumer.
 
 pub mod memory;
+pub mod sqlite;
 
 use std::fmt;
 use std::sync::Arc;
@@ -17,6 +18,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 
 pub use memory::MemoryBroker;
+pub use sqlite::SqliteBroker;
 
 /// Identifies one delivery to the broker that made it. Opaque to the worker:
 /// each broker puts in what it needs to find the delivery again.
@@ -26,6 +28,7 @@ pub struct DeliveryTag(TagRepr);
 #[derive(Clone, PartialEq, Eq, Hash)]
 enum TagRepr {
     Number(u64),
+    Pair(u64, u64),
     Text(Arc<str>),
 }
 
@@ -33,6 +36,19 @@ impl DeliveryTag {
     /// A tag that is a number, e.g. a lease sequence.
     pub fn number(n: u64) -> Self {
         Self(TagRepr::Number(n))
+    }
+
+    /// A tag that is two numbers, e.g. a message id and its delivery number.
+    pub fn pair(first: u64, second: u64) -> Self {
+        Self(TagRepr::Pair(first, second))
+    }
+
+    /// The two numbers, if this tag is a pair.
+    pub fn as_pair(&self) -> Option<(u64, u64)> {
+        match &self.0 {
+            TagRepr::Pair(first, second) => Some((*first, *second)),
+            _ => None,
+        }
     }
 
     /// A tag that is text, e.g. a reply subject.
@@ -44,14 +60,14 @@ impl DeliveryTag {
     pub fn as_number(&self) -> Option<u64> {
         match &self.0 {
             TagRepr::Number(n) => Some(*n),
-            TagRepr::Text(_) => None,
+            TagRepr::Pair(..) | TagRepr::Text(_) => None,
         }
     }
 
     /// The text, if this tag is text.
     pub fn as_text(&self) -> Option<&str> {
         match &self.0 {
-            TagRepr::Number(_) => None,
+            TagRepr::Number(_) | TagRepr::Pair(..) => None,
             TagRepr::Text(text) => Some(text),
         }
     }
@@ -67,6 +83,7 @@ impl fmt::Display for DeliveryTag {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.0 {
             TagRepr::Number(n) => write!(f, "#{n}"),
+            TagRepr::Pair(first, second) => write!(f, "#{first}.{second}"),
             TagRepr::Text(text) => f.write_str(text),
         }
     }
@@ -125,6 +142,13 @@ pub trait Broker: Send + Sync + 'static {
 
     /// Settles a delivery as undeliverable, keeping it with `reason`.
     async fn dead_letter(&self, tag: &DeliveryTag, reason: &str) -> Result<(), BrokerError>;
+
+    /// Messages not yet settled: visible, delayed or leased. `None` when the
+    /// broker cannot tell (e.g. a remote broker without that statistic);
+    /// `mandrill run --until-idle` stops once this is `Some(0)`.
+    async fn backlog(&self) -> Result<Option<u64>, BrokerError> {
+        Ok(None)
+    }
 
     /// Releases connections; called once, after the last settlement.
     async fn close(&self) {}

@@ -1,0 +1,941 @@
+//! A durable broker in a SQLite file (`broker.url = "sqlite:PATH"`), by
+//! default the store's own `mandrill.db`.
+//!
+//! The queue is a table (migration `0002_queue.sql`): publish inserts a row; a
+//! claim sets a row's lease (the delivery number) and its `visible_at` to the
+//! lease deadline; ack deletes the row, nack clears the lease and sets the
+//! redelivery time, extend pushes the deadline. A row whose deadline passes
+//! is simply visible again, and the next claim takes it with a new delivery
+//! number, so a late settlement of the old delivery finds no match and gets
+//! [`BrokerError::LeaseLost`]. A row claimed `max_deliveries` times without
+//! being settled moves to `dead_letters` with the reason.
+//!
+//! Every write goes through one writer task that owns one connection: it
+//! takes whatever operations are queued (publishes, claims, acks, nacks,
+//! extensions, dead letters), runs them in one `BEGIN IMMEDIATE` transaction
+//! and answers each caller only after the commit. Throughput therefore does
+//! not collapse into one fsync per message, and nothing is reported settled
+//! before it is durable. Claims run inside that write transaction, so two
+//! processes on one database never claim the same row at once.
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use serde::Serialize;
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
+    SqliteSynchronous,
+};
+use sqlx::{Connection, QueryBuilder, Row, Sqlite};
+use tokio::sync::{Notify, mpsc, oneshot};
+use tokio::time::Instant;
+use tokio_util::task::TaskTracker;
+use tracing::{debug, warn};
+
+use super::{Broker, BrokerError, Delivery, DeliveryTag};
+use crate::config::BrokerConfig;
+
+/// Most operations committed in one transaction.
+const MAX_BATCH: usize = 1024;
+/// Rows per multi-row `INSERT` (three parameters each, well under SQLite's limit).
+const INSERT_CHUNK: usize = 500;
+
+/// See the module docs.
+#[derive(Debug)]
+pub struct SqliteBroker {
+    ack_deadline: Duration,
+    poll_wait: Duration,
+    poll_interval: Duration,
+    /// To the writer task.
+    ops: mpsc::Sender<Op>,
+    /// For reads (backlog, dead-letter listing) and the rare admin writes, so
+    /// that they never queue behind a batch.
+    pool: SqlitePool,
+    /// Woken after a commit that published or nacked, so that a pull in this
+    /// process returns at once; other processes' publishes are found by
+    /// polling every `poll_interval`.
+    available: Arc<Notify>,
+    /// The writer task.
+    tasks: TaskTracker,
+}
+
+/// A dead-lettered message, for `mandrill dead-letters`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DeadLetterEntry {
+    /// Its id in the dead-letter table, for `mandrill requeue`.
+    pub id: i64,
+    /// Why the message was given up on.
+    pub reason: String,
+    /// Deliveries before it was given up on.
+    pub deliveries: i64,
+    /// When it was published (milliseconds since the epoch).
+    pub published_at: i64,
+    /// When it was dead-lettered (milliseconds since the epoch).
+    pub dead_at: i64,
+    /// The payload, as text (lossy).
+    pub payload: String,
+}
+
+/// What the writer task does for one caller.
+#[derive(Debug)]
+enum Op {
+    Publish {
+        payloads: Vec<Bytes>,
+        reply: oneshot::Sender<Result<(), BrokerError>>,
+    },
+    Claim {
+        max: usize,
+        reply: oneshot::Sender<Result<Claimed, BrokerError>>,
+    },
+    Settle {
+        claim: Claim,
+        action: Action,
+        reply: oneshot::Sender<Result<(), BrokerError>>,
+    },
+    /// Stop after this batch; later operations are refused.
+    Close,
+}
+
+#[derive(Debug)]
+enum Action {
+    Ack,
+    Nack(Duration),
+    Extend,
+    DeadLetter(String),
+}
+
+/// One claim of one row: the row id and the delivery number holding the lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Claim {
+    id: i64,
+    delivery: i64,
+}
+
+impl Claim {
+    fn tag(self) -> DeliveryTag {
+        DeliveryTag::pair(self.id.unsigned_abs(), self.delivery.unsigned_abs())
+    }
+
+    fn from_tag(tag: &DeliveryTag) -> Result<Self, BrokerError> {
+        let (id, delivery) = tag
+            .as_pair()
+            .ok_or_else(|| BrokerError::LeaseLost(tag.clone()))?;
+        Ok(Self {
+            id: i64::try_from(id).map_err(|_| BrokerError::LeaseLost(tag.clone()))?,
+            delivery: i64::try_from(delivery).map_err(|_| BrokerError::LeaseLost(tag.clone()))?,
+        })
+    }
+}
+
+#[derive(Debug, Default)]
+struct Claimed {
+    deliveries: Vec<(Claim, Delivery)>,
+    /// When nothing was claimable: the earliest `visible_at` in the queue.
+    next_visible_at: Option<i64>,
+}
+
+/// The writer's answer to one operation, sent after the commit.
+enum Answer {
+    Unit(
+        oneshot::Sender<Result<(), BrokerError>>,
+        Result<(), BrokerError>,
+    ),
+    Claimed(oneshot::Sender<Result<Claimed, BrokerError>>, Claimed),
+}
+
+fn now_millis() -> i64 {
+    let since = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    i64::try_from(since.as_millis()).unwrap_or(i64::MAX)
+}
+
+fn millis(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}
+
+fn unavailable(error: sqlx::Error) -> BrokerError {
+    BrokerError::Unavailable(error.to_string())
+}
+
+fn closed() -> BrokerError {
+    BrokerError::Fatal("the sqlite broker is closed".into())
+}
+
+/// The options every connection to the queue uses: WAL so that readers never
+/// block the writer, `synchronous = FULL` so that a committed publish or
+/// settlement survives power loss, and a busy timeout so that several
+/// processes on one file wait for each other's write transactions.
+fn connect_options(url: &str) -> Result<SqliteConnectOptions, sqlx::Error> {
+    Ok(SqliteConnectOptions::from_str(url)?
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .synchronous(SqliteSynchronous::Full)
+        .busy_timeout(Duration::from_secs(10)))
+}
+
+impl SqliteBroker {
+    /// Opens (creating if missing) the queue at `config.url` (`sqlite:PATH`),
+    /// brings the schema up to date and starts the writer task.
+    pub async fn connect(config: &BrokerConfig) -> Result<Self, BrokerError> {
+        let options =
+            connect_options(&config.url).map_err(|e| BrokerError::Fatal(e.to_string()))?;
+        let pool = SqlitePoolOptions::new()
+            .max_connections(2)
+            .connect_with(options.clone())
+            .await
+            .map_err(|e| BrokerError::Fatal(e.to_string()))?;
+        let migrator = sqlx::migrate!("./migrations/sqlite");
+        if let Err(first) = migrator.run(&pool).await {
+            // Another process may have been migrating the same file at the
+            // same moment; by now it has finished, so a second run sees its
+            // work. A real problem fails again.
+            debug!(error = %first, "migration failed; trying once more");
+            migrator
+                .run(&pool)
+                .await
+                .map_err(|e| BrokerError::Fatal(format!("migration failed: {e}")))?;
+        }
+        let writer = SqliteConnection::connect_with(&options)
+            .await
+            .map_err(|e| BrokerError::Fatal(e.to_string()))?;
+        let (ops, receiver) = mpsc::channel(MAX_BATCH * 4);
+        let available = Arc::new(Notify::new());
+        let tasks = TaskTracker::new();
+        tasks.spawn(write_loop(
+            writer,
+            receiver,
+            Limits {
+                ack_deadline: millis(config.ack_deadline),
+                max_deliveries: i64::from(config.max_deliveries),
+            },
+            available.clone(),
+        ));
+        tasks.close();
+        Ok(Self {
+            ack_deadline: config.ack_deadline,
+            poll_wait: config.poll_wait,
+            poll_interval: config.poll_interval,
+            ops,
+            pool,
+            available,
+            tasks,
+        })
+    }
+
+    async fn call<T>(
+        &self,
+        op: impl FnOnce(oneshot::Sender<Result<T, BrokerError>>) -> Op,
+    ) -> Result<T, BrokerError> {
+        let (reply, answer) = oneshot::channel();
+        self.ops.send(op(reply)).await.map_err(|_| closed())?;
+        answer.await.map_err(|_| closed())?
+    }
+
+    /// Publishes every payload in one transaction: all of them or none.
+    pub async fn publish_all(&self, payloads: Vec<Bytes>) -> Result<(), BrokerError> {
+        if payloads.is_empty() {
+            return Ok(());
+        }
+        self.call(|reply| Op::Publish { payloads, reply }).await
+    }
+
+    /// The dead-lettered messages, oldest first.
+    pub async fn dead_letters(&self) -> Result<Vec<DeadLetterEntry>, BrokerError> {
+        let rows = sqlx::query(
+            "SELECT id, reason, deliveries, published_at, dead_at, payload
+             FROM dead_letters ORDER BY id",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .map_err(unavailable)?;
+        rows.iter()
+            .map(|row| {
+                let payload: Vec<u8> = row.try_get("payload")?;
+                Ok(DeadLetterEntry {
+                    id: row.try_get("id")?,
+                    reason: row.try_get("reason")?,
+                    deliveries: row.try_get("deliveries")?,
+                    published_at: row.try_get("published_at")?,
+                    dead_at: row.try_get("dead_at")?,
+                    payload: String::from_utf8_lossy(&payload).into_owned(),
+                })
+            })
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(unavailable)
+    }
+
+    /// Moves dead letters back into the queue as new, undelivered messages:
+    /// those with these ids, or all of them if `ids` is `None`. Returns the
+    /// ids requeued. All or nothing: if an id is unknown, nothing is requeued.
+    pub async fn requeue(&self, ids: Option<&[i64]>) -> Result<Vec<i64>, BrokerError> {
+        let now = now_millis();
+        let mut tx = self
+            .pool
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(unavailable)?;
+        let selected: Vec<i64> = match ids {
+            None => sqlx::query_scalar("SELECT id FROM dead_letters ORDER BY id")
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(unavailable)?,
+            Some(ids) => {
+                let mut missing = Vec::new();
+                for &id in ids {
+                    let exists: Option<i64> =
+                        sqlx::query_scalar("SELECT id FROM dead_letters WHERE id = ?1")
+                            .bind(id)
+                            .fetch_optional(&mut *tx)
+                            .await
+                            .map_err(unavailable)?;
+                    if exists.is_none() {
+                        missing.push(id.to_string());
+                    }
+                }
+                if !missing.is_empty() {
+                    return Err(BrokerError::Fatal(format!(
+                        "no dead letter with id {}; nothing requeued",
+                        missing.join(", ")
+                    )));
+                }
+                ids.to_vec()
+            }
+        };
+        for &id in &selected {
+            sqlx::query(
+                "INSERT INTO queue (payload, published_at, visible_at)
+                 SELECT payload, published_at, ?2 FROM dead_letters WHERE id = ?1",
+            )
+            .bind(id)
+            .bind(now)
+            .execute(&mut *tx)
+            .await
+            .map_err(unavailable)?;
+            sqlx::query("DELETE FROM dead_letters WHERE id = ?1")
+                .bind(id)
+                .execute(&mut *tx)
+                .await
+                .map_err(unavailable)?;
+        }
+        tx.commit().await.map_err(unavailable)?;
+        Ok(selected)
+    }
+}
+
+#[async_trait]
+impl Broker for SqliteBroker {
+    fn ack_deadline(&self) -> Duration {
+        self.ack_deadline
+    }
+
+    async fn publish(&self, payload: Bytes) -> Result<(), BrokerError> {
+        self.publish_all(vec![payload]).await
+    }
+
+    async fn pull(&self, max: usize) -> Result<Vec<Delivery>, BrokerError> {
+        if max == 0 {
+            return Ok(Vec::new());
+        }
+        let give_up_at = Instant::now() + self.poll_wait;
+        loop {
+            // Armed before claiming, so that a publish committed between the
+            // claim and the wait still wakes us.
+            let notified = self.available.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            // Cancel-safe: if this future is dropped while the claim is in
+            // the writer, the writer finds nobody to answer and releases the
+            // claimed rows at once.
+            let claimed = self.call(|reply| Op::Claim { max, reply }).await?;
+            if !claimed.deliveries.is_empty() {
+                return Ok(claimed.deliveries.into_iter().map(|(_, d)| d).collect());
+            }
+            let now = Instant::now();
+            if now >= give_up_at {
+                return Ok(Vec::new());
+            }
+            let mut wake_at = give_up_at.min(now + self.poll_interval);
+            if let Some(visible_at) = claimed.next_visible_at {
+                let wait = Duration::from_millis(
+                    u64::try_from(visible_at.saturating_sub(now_millis())).unwrap_or(0),
+                );
+                wake_at = wake_at.min(now + wait);
+            }
+            tokio::select! {
+                () = notified => {}
+                () = tokio::time::sleep_until(wake_at) => {}
+            }
+        }
+    }
+
+    async fn ack(&self, tag: &DeliveryTag) -> Result<(), BrokerError> {
+        self.settle(tag, Action::Ack).await
+    }
+
+    async fn nack(&self, tag: &DeliveryTag, delay: Duration) -> Result<(), BrokerError> {
+        self.settle(tag, Action::Nack(delay)).await
+    }
+
+    async fn extend(&self, tag: &DeliveryTag) -> Result<(), BrokerError> {
+        self.settle(tag, Action::Extend).await
+    }
+
+    async fn dead_letter(&self, tag: &DeliveryTag, reason: &str) -> Result<(), BrokerError> {
+        self.settle(tag, Action::DeadLetter(reason.to_owned()))
+            .await
+    }
+
+    async fn backlog(&self) -> Result<Option<u64>, BrokerError> {
+        let count: i64 = sqlx::query_scalar("SELECT count(*) FROM queue")
+            .fetch_one(&self.pool)
+            .await
+            .map_err(unavailable)?;
+        Ok(Some(count.unsigned_abs()))
+    }
+
+    async fn close(&self) {
+        // Fails only if the writer already stopped, which is what we want.
+        let _ = self.ops.send(Op::Close).await;
+        self.tasks.wait().await;
+        self.pool.close().await;
+    }
+}
+
+impl SqliteBroker {
+    async fn settle(&self, tag: &DeliveryTag, action: Action) -> Result<(), BrokerError> {
+        let claim = Claim::from_tag(tag)?;
+        self.call(|reply| Op::Settle {
+            claim,
+            action,
+            reply,
+        })
+        .await
+    }
+}
+
+/// The writer's fixed settings, in milliseconds and row counts.
+#[derive(Debug, Clone, Copy)]
+struct Limits {
+    ack_deadline: i64,
+    max_deliveries: i64,
+}
+
+/// Takes every queued operation, commits them in one transaction, answers.
+async fn write_loop(
+    mut conn: SqliteConnection,
+    mut receiver: mpsc::Receiver<Op>,
+    limits: Limits,
+    available: Arc<Notify>,
+) {
+    let mut batch = Vec::with_capacity(MAX_BATCH);
+    // Claims whose puller went away before the answer: released in the next
+    // transaction rather than left to lease expiry.
+    let mut orphans: Vec<Claim> = Vec::new();
+    let mut closing = false;
+    while !closing && receiver.recv_many(&mut batch, MAX_BATCH).await > 0 {
+        let before = batch.len();
+        batch.retain(|op| !matches!(op, Op::Close));
+        closing = batch.len() < before;
+        let wakes = batch.iter().any(|op| {
+            matches!(
+                op,
+                Op::Publish { .. }
+                    | Op::Settle {
+                        action: Action::Nack(_),
+                        ..
+                    }
+            )
+        }) || !orphans.is_empty();
+        match commit_batch(&mut conn, &mut batch, &orphans, limits).await {
+            Ok(answers) => {
+                orphans.clear();
+                for answer in answers {
+                    match answer {
+                        Answer::Unit(reply, result) => {
+                            let _ = reply.send(result);
+                        }
+                        Answer::Claimed(reply, claimed) => {
+                            if let Err(Ok(unwanted)) = reply.send(Ok(claimed)) {
+                                orphans.extend(unwanted.deliveries.iter().map(|(c, _)| *c));
+                            }
+                        }
+                    }
+                }
+                if wakes {
+                    available.notify_waiters();
+                }
+            }
+            Err(error) => {
+                warn!(%error, operations = batch.len(), "queue transaction failed");
+                let message = error.to_string();
+                for op in batch.drain(..) {
+                    fail(op, BrokerError::Unavailable(message.clone()));
+                }
+            }
+        }
+        batch.clear();
+    }
+    // Whoever is still waiting gets an answer, not a hang.
+    receiver.close();
+    while let Ok(op) = receiver.try_recv() {
+        fail(op, closed());
+    }
+    if let Err(error) = conn.close().await {
+        warn!(%error, "closing the queue's writer connection failed");
+    }
+}
+
+fn fail(op: Op, error: BrokerError) {
+    match op {
+        Op::Publish { reply, .. } | Op::Settle { reply, .. } => {
+            let _ = reply.send(Err(error));
+        }
+        Op::Claim { reply, .. } => {
+            let _ = reply.send(Err(error));
+        }
+        Op::Close => {}
+    }
+}
+
+/// Runs `batch` (draining it) in one write transaction. Any SQL error fails
+/// the whole batch: nothing of it is committed, and every caller is told.
+async fn commit_batch(
+    conn: &mut SqliteConnection,
+    batch: &mut Vec<Op>,
+    orphans: &[Claim],
+    limits: Limits,
+) -> Result<Vec<Answer>, sqlx::Error> {
+    let now = now_millis();
+    let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+    for claim in orphans {
+        sqlx::query(
+            "UPDATE queue SET lease = NULL, visible_at = ?3, deliveries = deliveries - 1
+             WHERE id = ?1 AND lease = ?2",
+        )
+        .bind(claim.id)
+        .bind(claim.delivery)
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
+    }
+    let mut steps = Vec::with_capacity(batch.len());
+    // Ops are only drained once the transaction committed; until then a
+    // failure must still be able to answer them.
+    for op in batch.iter() {
+        match op {
+            Op::Publish { payloads, .. } => publish(&mut tx, payloads, now).await?,
+            Op::Claim { max, .. } => steps.push(claim(&mut tx, *max, now, limits).await?),
+            Op::Settle { claim, action, .. } => {
+                steps.push(settle(&mut tx, *claim, action, now, limits).await?)
+            }
+            Op::Close => {}
+        }
+    }
+    tx.commit().await?;
+    let mut results = steps.into_iter();
+    let mut out = Vec::with_capacity(batch.len());
+    for op in batch.drain(..) {
+        match op {
+            Op::Publish { reply, .. } => out.push(Answer::Unit(reply, Ok(()))),
+            Op::Claim { reply, .. } => match results.next() {
+                Some(Step::Claimed(claimed)) => out.push(Answer::Claimed(reply, claimed)),
+                _ => unreachable!("one step per claim, in order"),
+            },
+            Op::Settle { reply, .. } => match results.next() {
+                Some(Step::Settled(result)) => out.push(Answer::Unit(reply, result)),
+                _ => unreachable!("one step per settlement, in order"),
+            },
+            Op::Close => {}
+        }
+    }
+    Ok(out)
+}
+
+/// What one claim or settlement did inside the transaction.
+enum Step {
+    Claimed(Claimed),
+    Settled(Result<(), BrokerError>),
+}
+
+type Tx<'c> = sqlx::Transaction<'c, Sqlite>;
+
+async fn publish(tx: &mut Tx<'_>, payloads: &[Bytes], now: i64) -> Result<(), sqlx::Error> {
+    for chunk in payloads.chunks(INSERT_CHUNK) {
+        let mut insert: QueryBuilder<Sqlite> =
+            QueryBuilder::new("INSERT INTO queue (payload, published_at, visible_at) ");
+        insert.push_values(chunk, |mut row, payload| {
+            row.push_bind(payload.as_ref())
+                .push_bind(now)
+                .push_bind(now);
+        });
+        insert.build().execute(&mut **tx).await?;
+    }
+    Ok(())
+}
+
+async fn claim(tx: &mut Tx<'_>, max: usize, now: i64, limits: Limits) -> Result<Step, sqlx::Error> {
+    // A row claimed `max_deliveries` times already keeps its count and gets
+    // no lease: it is dead-lettered below instead of delivered. `max(…, 0)`
+    // and the bound keep a hand-edited count from overflowing.
+    let rows = sqlx::query(
+        "UPDATE queue SET
+             deliveries = CASE WHEN deliveries < ?1 THEN max(deliveries, 0) + 1 ELSE deliveries END,
+             lease      = CASE WHEN deliveries < ?1 THEN max(deliveries, 0) + 1 END,
+             visible_at = ?2
+         WHERE id IN (SELECT id FROM queue WHERE visible_at <= ?3
+                      ORDER BY visible_at, id LIMIT ?4)
+         RETURNING id, payload, deliveries, lease",
+    )
+    .bind(limits.max_deliveries)
+    .bind(now.saturating_add(limits.ack_deadline))
+    .bind(now)
+    .bind(i64::try_from(max).unwrap_or(i64::MAX))
+    .fetch_all(&mut **tx)
+    .await?;
+    let mut claimed = Claimed::default();
+    let mut give_up: Vec<(i64, String)> = Vec::new();
+    for row in &rows {
+        // The primary key is always an integer.
+        let id: i64 = row.try_get("id")?;
+        let decoded = (|| -> Result<_, sqlx::Error> {
+            let payload: Vec<u8> = row.try_get("payload")?;
+            let deliveries: i64 = row.try_get("deliveries")?;
+            let lease: Option<i64> = row.try_get("lease")?;
+            Ok((payload, deliveries, lease))
+        })();
+        match decoded {
+            Ok((payload, _, Some(lease))) => {
+                let claim = Claim {
+                    id,
+                    delivery: lease,
+                };
+                claimed.deliveries.push((
+                    claim,
+                    Delivery {
+                        tag: claim.tag(),
+                        payload: Bytes::from(payload),
+                        attempt: u32::try_from(lease).unwrap_or(u32::MAX),
+                    },
+                ));
+            }
+            Ok((_, deliveries, None)) => give_up.push((
+                id,
+                format!(
+                    "not settled after {deliveries} deliveries (broker.max_deliveries is {})",
+                    limits.max_deliveries
+                ),
+            )),
+            Err(error) => give_up.push((id, format!("unreadable queue row: {error}"))),
+        }
+    }
+    for (id, reason) in give_up {
+        warn!(id, reason, "message dead-lettered by the broker");
+        move_to_dead_letters(tx, id, None, &reason, now).await?;
+    }
+    claimed.deliveries.sort_by_key(|(claim, _)| claim.id);
+    if claimed.deliveries.is_empty() {
+        claimed.next_visible_at = sqlx::query_scalar("SELECT min(visible_at) FROM queue")
+            .fetch_one(&mut **tx)
+            .await?;
+    }
+    Ok(Step::Claimed(claimed))
+}
+
+/// Moves row `id` (if its lease is still `lease`, when given) to the dead
+/// letters; returns whether it did.
+async fn move_to_dead_letters(
+    tx: &mut Tx<'_>,
+    id: i64,
+    lease: Option<i64>,
+    reason: &str,
+    now: i64,
+) -> Result<bool, sqlx::Error> {
+    let moved = sqlx::query(
+        "INSERT INTO dead_letters (payload, reason, deliveries, published_at, dead_at)
+         SELECT CAST(payload AS BLOB), ?3, deliveries, published_at, ?4 FROM queue
+         WHERE id = ?1 AND (?2 IS NULL OR lease = ?2)",
+    )
+    .bind(id)
+    .bind(lease)
+    .bind(reason)
+    .bind(now)
+    .execute(&mut **tx)
+    .await?
+    .rows_affected();
+    if moved == 0 {
+        return Ok(false);
+    }
+    sqlx::query("DELETE FROM queue WHERE id = ?1")
+        .bind(id)
+        .execute(&mut **tx)
+        .await?;
+    Ok(true)
+}
+
+async fn settle(
+    tx: &mut Tx<'_>,
+    claim: Claim,
+    action: &Action,
+    now: i64,
+    limits: Limits,
+) -> Result<Step, sqlx::Error> {
+    let matched = match action {
+        Action::Ack => {
+            sqlx::query("DELETE FROM queue WHERE id = ?1 AND lease = ?2")
+                .bind(claim.id)
+                .bind(claim.delivery)
+                .execute(&mut **tx)
+                .await?
+                .rows_affected()
+                > 0
+        }
+        Action::Nack(delay) => {
+            sqlx::query(
+                "UPDATE queue SET lease = NULL, visible_at = ?3 WHERE id = ?1 AND lease = ?2",
+            )
+            .bind(claim.id)
+            .bind(claim.delivery)
+            .bind(now.saturating_add(millis(*delay)))
+            .execute(&mut **tx)
+            .await?
+            .rows_affected()
+                > 0
+        }
+        Action::Extend => {
+            sqlx::query("UPDATE queue SET visible_at = ?3 WHERE id = ?1 AND lease = ?2")
+                .bind(claim.id)
+                .bind(claim.delivery)
+                .bind(now.saturating_add(limits.ack_deadline))
+                .execute(&mut **tx)
+                .await?
+                .rows_affected()
+                > 0
+        }
+        Action::DeadLetter(reason) => {
+            move_to_dead_letters(tx, claim.id, Some(claim.delivery), reason, now).await?
+        }
+    };
+    Ok(Step::Settled(if matched {
+        Ok(())
+    } else {
+        Err(BrokerError::LeaseLost(claim.tag()))
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    /// Generous: reached only when something hangs.
+    const PATIENCE: Duration = Duration::from_secs(30);
+
+    fn config(dir: &std::path::Path, ack_deadline: Duration, max_deliveries: u32) -> BrokerConfig {
+        BrokerConfig {
+            url: format!("sqlite:{}", dir.join("queue.db").display()),
+            ack_deadline,
+            poll_wait: Duration::from_millis(50),
+            poll_interval: Duration::from_millis(10),
+            max_deliveries,
+        }
+    }
+
+    async fn open(
+        dir: &std::path::Path,
+        ack_deadline: Duration,
+        max_deliveries: u32,
+    ) -> SqliteBroker {
+        SqliteBroker::connect(&config(dir, ack_deadline, max_deliveries))
+            .await
+            .unwrap()
+    }
+
+    /// Pulls until something arrives; fails the test after `PATIENCE`.
+    async fn pull_some(broker: &SqliteBroker, max: usize) -> Vec<Delivery> {
+        let give_up = Instant::now() + PATIENCE;
+        loop {
+            let batch = broker.pull(max).await.unwrap();
+            if !batch.is_empty() {
+                return batch;
+            }
+            assert!(Instant::now() < give_up, "nothing became visible");
+        }
+    }
+
+    #[tokio::test]
+    async fn expired_lease_is_redelivered_and_the_stale_ack_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let broker = open(dir.path(), Duration::from_millis(200), 10).await;
+        broker.publish(Bytes::from_static(b"m")).await.unwrap();
+        let first = broker.pull(10).await.unwrap();
+        assert_eq!(first.len(), 1);
+        assert_eq!(first[0].attempt, 1);
+        // Not extended: once the deadline passes, the next claim takes it.
+        let again = pull_some(&broker, 10).await;
+        assert_eq!(again.len(), 1);
+        assert_eq!(again[0].attempt, 2);
+        assert_eq!(again[0].payload, first[0].payload);
+        for stale in [
+            broker.ack(&first[0].tag).await,
+            broker.extend(&first[0].tag).await,
+            broker.nack(&first[0].tag, Duration::ZERO).await,
+            broker.dead_letter(&first[0].tag, "late").await,
+        ] {
+            assert!(matches!(stale, Err(BrokerError::LeaseLost(_))), "{stale:?}");
+        }
+        broker.ack(&again[0].tag).await.unwrap();
+        // Settled once; a second ack of the same delivery is refused too.
+        assert!(matches!(
+            broker.ack(&again[0].tag).await,
+            Err(BrokerError::LeaseLost(_))
+        ));
+        assert_eq!(broker.backlog().await.unwrap(), Some(0));
+        broker.close().await;
+    }
+
+    #[tokio::test]
+    async fn extended_lease_is_not_redelivered() {
+        let dir = tempfile::tempdir().unwrap();
+        let broker = open(dir.path(), Duration::from_millis(300), 10).await;
+        broker.publish(Bytes::from_static(b"m")).await.unwrap();
+        let delivery = broker.pull(10).await.unwrap().remove(0);
+        // Well past the original deadline, extending every third of it.
+        for _ in 0..9 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            broker.extend(&delivery.tag).await.unwrap();
+            assert!(broker.pull(10).await.unwrap().is_empty());
+        }
+        broker.ack(&delivery.tag).await.unwrap();
+        assert_eq!(broker.backlog().await.unwrap(), Some(0));
+        broker.close().await;
+    }
+
+    #[tokio::test]
+    async fn nack_delay_is_honoured() {
+        let dir = tempfile::tempdir().unwrap();
+        let broker = open(dir.path(), Duration::from_secs(30), 10).await;
+        broker.publish(Bytes::from_static(b"m")).await.unwrap();
+        let delivery = broker.pull(10).await.unwrap().remove(0);
+        let delay = Duration::from_millis(400);
+        let nacked_at = std::time::Instant::now();
+        broker.nack(&delivery.tag, delay).await.unwrap();
+        // Delayed, not lost: still in the backlog.
+        assert_eq!(broker.backlog().await.unwrap(), Some(1));
+        let again = pull_some(&broker, 10).await;
+        // It cannot have become visible before the delay passed.
+        assert!(nacked_at.elapsed() >= delay);
+        assert_eq!(again[0].attempt, 2);
+        broker.ack(&again[0].tag).await.unwrap();
+        broker.close().await;
+    }
+
+    #[tokio::test]
+    async fn max_deliveries_dead_letters_with_the_reason_and_requeue_restores() {
+        let dir = tempfile::tempdir().unwrap();
+        let broker = open(dir.path(), Duration::from_secs(30), 2).await;
+        broker.publish(Bytes::from_static(b"poison")).await.unwrap();
+        for attempt in 1..=2 {
+            let delivery = broker.pull(10).await.unwrap().remove(0);
+            assert_eq!(delivery.attempt, attempt);
+            broker.nack(&delivery.tag, Duration::ZERO).await.unwrap();
+        }
+        // The third claim dead-letters it instead of delivering it.
+        assert!(broker.pull(10).await.unwrap().is_empty());
+        assert_eq!(broker.backlog().await.unwrap(), Some(0));
+        let dead = broker.dead_letters().await.unwrap();
+        assert_eq!(dead.len(), 1);
+        assert_eq!(dead[0].payload, "poison");
+        assert_eq!(dead[0].deliveries, 2);
+        assert!(
+            dead[0].reason.contains("max_deliveries"),
+            "{}",
+            dead[0].reason
+        );
+
+        // Unknown ids requeue nothing.
+        assert!(broker.requeue(Some(&[dead[0].id, 999])).await.is_err());
+        assert_eq!(broker.dead_letters().await.unwrap().len(), 1);
+        assert_eq!(broker.requeue(None).await.unwrap(), vec![dead[0].id]);
+        assert!(broker.dead_letters().await.unwrap().is_empty());
+        let back = broker.pull(10).await.unwrap();
+        assert_eq!(back[0].attempt, 1, "a requeued message starts afresh");
+        broker.dead_letter(&back[0].tag, "malformed").await.unwrap();
+        assert_eq!(broker.dead_letters().await.unwrap()[0].reason, "malformed");
+        broker.close().await;
+    }
+
+    #[tokio::test]
+    async fn rows_that_make_no_sense_are_dead_lettered_or_delivered_not_fatal() {
+        let dir = tempfile::tempdir().unwrap();
+        let broker = open(dir.path(), Duration::from_secs(30), 5).await;
+        // Rows written by hand, as a confused operator might.
+        for (payload, deliveries) in [("'exhausted'", i64::MAX), ("'negative'", -7), ("''", 0)] {
+            sqlx::query(&format!(
+                "INSERT INTO queue (payload, published_at, visible_at, deliveries)
+                 VALUES (CAST({payload} AS BLOB), 0, 0, {deliveries})"
+            ))
+            .execute(&broker.pool)
+            .await
+            .unwrap();
+        }
+        let delivered = broker.pull(10).await.unwrap();
+        let payloads: Vec<&[u8]> = delivered.iter().map(|d| d.payload.as_ref()).collect();
+        assert_eq!(payloads, [&b"negative"[..], b""]);
+        assert!(delivered.iter().all(|d| d.attempt == 1));
+        let dead = broker.dead_letters().await.unwrap();
+        assert_eq!(dead.len(), 1);
+        assert_eq!(dead[0].payload, "exhausted");
+        for delivery in &delivered {
+            broker
+                .dead_letter(&delivery.tag, "malformed")
+                .await
+                .unwrap();
+        }
+        assert_eq!(broker.backlog().await.unwrap(), Some(0));
+        broker.close().await;
+    }
+
+    #[tokio::test]
+    async fn two_brokers_on_one_file_never_claim_the_same_message_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        // Separate connections and writers, as two processes would have.
+        let a = Arc::new(open(dir.path(), Duration::from_secs(60), 10).await);
+        let b = Arc::new(open(dir.path(), Duration::from_secs(60), 10).await);
+        let total = 2_000;
+        let payloads = (0..total).map(|i| Bytes::from(i.to_string())).collect();
+        a.publish_all(payloads).await.unwrap();
+        let consume = |broker: Arc<SqliteBroker>| {
+            tokio::spawn(async move {
+                let mut seen = Vec::new();
+                loop {
+                    let batch = broker.pull(16).await.unwrap();
+                    if batch.is_empty() && broker.backlog().await.unwrap() == Some(0) {
+                        return seen;
+                    }
+                    let acks = batch.iter().map(|delivery| broker.ack(&delivery.tag));
+                    for acked in futures::future::join_all(acks).await {
+                        acked.unwrap();
+                    }
+                    seen.extend(batch.into_iter().map(|delivery| delivery.payload));
+                }
+            })
+        };
+        let (seen_a, seen_b) = tokio::join!(consume(a.clone()), consume(b.clone()));
+        let (seen_a, seen_b) = (seen_a.unwrap(), seen_b.unwrap());
+        let mut times: HashMap<Bytes, usize> = HashMap::new();
+        for payload in seen_a.iter().chain(&seen_b) {
+            *times.entry(payload.clone()).or_default() += 1;
+        }
+        // Leases never expired (60s), so each message was delivered exactly
+        // once, to one of the two.
+        assert_eq!(times.len(), total);
+        assert!(times.values().all(|&n| n == 1));
+        a.close().await;
+        b.close().await;
+    }
+}
