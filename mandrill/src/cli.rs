@@ -1,21 +1,30 @@
-//! The command line: `mandrill run` and `mandrill history`. The only module
-//! that reads signals, builds the runtime and chooses exit codes.
+//! The command line: `mandrill run`, `history`, `publish`, `dead-letters` and
+//! `requeue`. The only module that reads signals, builds the runtime and
+//! chooses exit codes.
 //!
-//! Exit codes: 0 after a clean shutdown; 1 when the service failed (could not
-//! start, or stopped by itself); 2 for bad usage or configuration.
+//! Exit codes: 0 after a clean shutdown (or a command done); 1 when the
+//! service or command failed (could not start, stopped by itself, database
+//! error); 2 for bad usage, configuration or input (nothing was published).
 
+use std::future::Future;
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
+use bytes::Bytes;
 use clap::{Args, Parser, Subcommand};
 use tokio::signal::unix::{Signal, SignalKind, signal};
 use tracing::{error, info, warn};
 
+use uuid::Uuid;
+
+use crate::broker::{Broker as _, BrokerError, SqliteBroker};
 use crate::config::{self, Config, ConfigError, LogFormat, RELOADABLE, Sources};
+use crate::domain::{Hostname, InstanceName, RestartRequest, random_instance_name};
 use crate::service::{self, Controls, Service};
+use crate::store::Timestamp;
 use crate::telemetry::Telemetry;
 use crate::worker::Shutdown;
 
@@ -35,6 +44,12 @@ pub enum Command {
     Run(RunArgs),
     /// Print recorded requests and outcomes, newest first.
     History(HistoryArgs),
+    /// Publish restart requests into the queue, all in one transaction.
+    Publish(PublishArgs),
+    /// List the messages the queue gave up on, with the reasons.
+    DeadLetters(DeadLettersArgs),
+    /// Put dead-lettered messages back into the queue.
+    Requeue(RequeueArgs),
 }
 
 /// Where configuration comes from; shared by every subcommand.
@@ -54,9 +69,12 @@ pub struct ConfigArgs {
 pub struct RunArgs {
     #[command(flatten)]
     config: ConfigArgs,
-    /// Where requests come from: `memory` [setting: broker.url].
+    /// Where requests come from: `sqlite:PATH` or `memory` [setting: broker.url].
     #[arg(long, value_name = "URL")]
     broker: Option<String>,
+    /// Exit (0) once the queue has nothing visible, delayed or in flight.
+    #[arg(long)]
+    until_idle: bool,
     /// Where outcomes are recorded: `sqlite:PATH` or `memory` [setting: store.url].
     #[arg(long, value_name = "URL")]
     db: Option<String>,
@@ -88,6 +106,60 @@ pub struct HistoryArgs {
     /// One JSON object per line instead of a table.
     #[arg(long)]
     json: bool,
+}
+
+/// `mandrill publish`
+#[derive(Debug, Args)]
+pub struct PublishArgs {
+    #[command(flatten)]
+    config: ConfigArgs,
+    /// The queue: `sqlite:PATH` [setting: broker.url].
+    #[arg(long, value_name = "URL")]
+    broker: Option<String>,
+    /// Also publish one request per line of this file (`-` for standard
+    /// input): an instance name, or a JSON request as the worker accepts it.
+    /// Blank lines and lines starting with `#` are skipped.
+    #[arg(long, value_name = "PATH")]
+    file: Option<PathBuf>,
+    /// Also publish N random tutorial-style requests (`cattle-` + 4 characters).
+    #[arg(long, value_name = "N")]
+    random: Option<usize>,
+    /// Spread the requests at R per second, each committed as it is published,
+    /// instead of all in one transaction.
+    #[arg(long, value_name = "R")]
+    rate: Option<f64>,
+    /// Instance names, one request each.
+    #[arg(value_name = "INSTANCE_NAME")]
+    names: Vec<String>,
+}
+
+/// `mandrill dead-letters`
+#[derive(Debug, Args)]
+pub struct DeadLettersArgs {
+    #[command(flatten)]
+    config: ConfigArgs,
+    /// The queue: `sqlite:PATH` [setting: broker.url].
+    #[arg(long, value_name = "URL")]
+    broker: Option<String>,
+    /// One JSON object per line instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// `mandrill requeue`
+#[derive(Debug, Args)]
+pub struct RequeueArgs {
+    #[command(flatten)]
+    config: ConfigArgs,
+    /// The queue: `sqlite:PATH` [setting: broker.url].
+    #[arg(long, value_name = "URL")]
+    broker: Option<String>,
+    /// Every dead letter.
+    #[arg(long, conflicts_with = "ids")]
+    all: bool,
+    /// Dead-letter ids, as `mandrill dead-letters` lists them.
+    #[arg(value_name = "ID", required_unless_present = "all")]
+    ids: Vec<i64>,
 }
 
 impl ConfigArgs {
@@ -123,7 +195,10 @@ impl RunArgs {
         self.config.sources(vec![
             ("broker.url", string(&self.broker)),
             ("store.url", string(&self.db)),
-            ("simulate.enabled", self.simulate.map(|_| toml::Value::Boolean(true))),
+            (
+                "simulate.enabled",
+                self.simulate.map(|_| toml::Value::Boolean(true)),
+            ),
             ("simulate.rate", self.simulate.map(toml::Value::Float)),
             (
                 "worker.max_in_flight",
@@ -142,6 +217,24 @@ pub fn main() -> ExitCode {
     match cli.command {
         Command::Run(args) => run(&args),
         Command::History(args) => history(&args),
+        Command::Publish(args) => {
+            let sources = args
+                .config
+                .sources(vec![("broker.url", string(&args.broker))]);
+            command(sources, |config| publish(config, &args))
+        }
+        Command::DeadLetters(args) => {
+            let sources = args
+                .config
+                .sources(vec![("broker.url", string(&args.broker))]);
+            command(sources, |config| dead_letters(config, &args))
+        }
+        Command::Requeue(args) => {
+            let sources = args
+                .config
+                .sources(vec![("broker.url", string(&args.broker))]);
+            command(sources, |config| requeue(config, &args))
+        }
     }
 }
 
@@ -176,7 +269,7 @@ fn run(args: &RunArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let outcome = runtime.block_on(serve(config, &sources, &telemetry));
+    let outcome = runtime.block_on(serve(config, &sources, &telemetry, args.until_idle));
     // A blocking restart stuck in its thread must not hold the exit hostage:
     // every result it could produce has been given up on by now.
     runtime.shutdown_timeout(Duration::from_secs(1));
@@ -220,11 +313,19 @@ impl Signals {
     }
 }
 
-async fn serve(config: Config, sources: &Sources, telemetry: &Telemetry) -> anyhow::Result<()> {
+async fn serve(
+    config: Config,
+    sources: &Sources,
+    telemetry: &Telemetry,
+    until_idle: bool,
+) -> anyhow::Result<()> {
     // Installed first, so that a signal during start-up is handled, not fatal.
     let mut signals = Signals::install().context("cannot install signal handlers")?;
     let shutdown = Shutdown::new();
-    let service = Service::build(config.clone()).await?;
+    let mut service = Service::build(config.clone()).await?;
+    if until_idle {
+        service = service.stop_when_idle();
+    }
     let controls = service.controls();
     let running = service.run(shutdown.clone());
     tokio::pin!(running);
@@ -266,7 +367,10 @@ fn reload(sources: &Sources, current: &mut Config, controls: &Controls, telemetr
         if RELOADABLE.contains(&key.as_str()) {
             info!(key, "setting reloaded");
         } else {
-            warn!(key, "setting changed, but takes effect only after a restart");
+            warn!(
+                key,
+                "setting changed, but takes effect only after a restart"
+            );
         }
     }
     info!(changed = changed.len(), "configuration reloaded");
@@ -278,7 +382,10 @@ fn history(args: &HistoryArgs) -> ExitCode {
         Ok(loaded) => loaded,
         Err(code) => return code,
     };
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(runtime) => runtime,
         Err(error) => {
             eprintln!("mandrill: cannot start the async runtime: {error}");
@@ -299,15 +406,14 @@ async fn print_history(config: &Config, args: &HistoryArgs) -> anyhow::Result<()
     if url == "memory" {
         bail!("store.url is memory: an in-memory store keeps no history after its process");
     }
-    if let Some(path) = url.strip_prefix("sqlite:") {
-        let path = path.trim_start_matches("//");
-        let path = path.split('?').next().unwrap_or(path);
-        if path != ":memory:" && !std::path::Path::new(path).exists() {
-            bail!("no database at {path}: nothing has been recorded there (store.url {url:?})");
-        }
+    if let Some(path) = missing_sqlite_file(url) {
+        bail!("no database at {path}: nothing has been recorded there (store.url {url:?})");
     }
     let store = service::open_store(&config.store).await?;
-    let entries = store.history(args.limit).await.context("cannot read history")?;
+    let entries = store
+        .history(args.limit)
+        .await
+        .context("cannot read history")?;
     store.close().await;
     let mut out = std::io::stdout().lock();
     if args.json {
@@ -327,14 +433,273 @@ async fn print_history(config: &Config, args: &HistoryArgs) -> anyhow::Result<()
             out,
             "{:<24}  {:<36}  {:<28}  {:<9}  {:>8}  {:<24}  {}",
             e.received_at.to_string(),
-            e.message_id.map_or_else(|| "-".to_owned(), |id| id.to_string()),
+            e.message_id
+                .map_or_else(|| "-".to_owned(), |id| id.to_string()),
             e.hostname.as_deref().unwrap_or("-"),
             e.status.as_str(),
             e.attempts,
-            e.completed_at.map_or_else(|| "-".to_owned(), |t| t.to_string()),
+            e.completed_at
+                .map_or_else(|| "-".to_owned(), |t| t.to_string()),
             e.last_error.as_deref().unwrap_or(""),
         )?;
     }
+    Ok(())
+}
+
+/// The file a `sqlite:PATH` url names, if it does not exist: reading
+/// commands report that rather than create an empty database.
+fn missing_sqlite_file(url: &str) -> Option<String> {
+    let path = url.strip_prefix("sqlite:")?.trim_start_matches("//");
+    let path = path.split('?').next().unwrap_or(path);
+    (path != ":memory:" && !std::path::Path::new(path).exists()).then(|| path.to_owned())
+}
+
+/// Input that cannot be used (exit code 2); nothing was changed.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct BadInput(String);
+
+/// Loads the configuration and runs a one-shot command on a small runtime.
+fn command<F, Fut>(sources: Result<Sources, ConfigError>, body: F) -> ExitCode
+where
+    F: FnOnce(Config) -> Fut,
+    Fut: Future<Output = anyhow::Result<()>>,
+{
+    let (_, config) = match load(sources) {
+        Ok(loaded) => loaded,
+        Err(code) => return code,
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("mandrill: cannot start the async runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(body(config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("mandrill: {error:#}");
+            if error.is::<BadInput>() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+    }
+}
+
+/// The sqlite queue `broker.url` names, for the queue commands.
+fn queue_url(config: &Config) -> Result<(), BadInput> {
+    let url = &config.broker.url;
+    if url == "memory" {
+        return Err(BadInput(
+            "broker.url is memory: an in-memory queue lives only inside `mandrill run`; \
+             use --broker sqlite:PATH"
+                .into(),
+        ));
+    }
+    if !url.starts_with("sqlite:") {
+        return Err(BadInput(format!(
+            "broker.url {url:?} is not supported here: use sqlite:PATH"
+        )));
+    }
+    Ok(())
+}
+
+/// At most this many invalid lines are listed; the rest are counted.
+const MAX_LISTED_ERRORS: usize = 20;
+
+/// Reads and validates every request first, then publishes them all in one
+/// transaction (or, with `--rate`, one due group at a time).
+async fn publish(config: Config, args: &PublishArgs) -> anyhow::Result<()> {
+    queue_url(&config)?;
+    if let Some(rate) = args.rate
+        && !(rate.is_finite() && rate > 0.0)
+    {
+        return Err(BadInput(format!("--rate {rate} must be above 0")).into());
+    }
+    let rules = config.parse_rules();
+    let request = |name: InstanceName| {
+        Bytes::from(
+            RestartRequest {
+                message_id: Uuid::new_v4(),
+                hostname: Hostname::new(&name, &rules.domain),
+                instance_name: name,
+                requested_by: Some("mandrill-publish".into()),
+                reason: None,
+                published_at: Some(std::time::SystemTime::now()),
+            }
+            .to_wire(),
+        )
+    };
+    let mut payloads = Vec::new();
+    let mut errors = Vec::new();
+    for (index, name) in args.names.iter().enumerate() {
+        match InstanceName::parse(name) {
+            Ok(name) => payloads.push(request(name)),
+            Err(why) => errors.push(format!(
+                "argument {}: instance name {name:?} {why}",
+                index + 1
+            )),
+        }
+    }
+    if let Some(path) = &args.file {
+        let (text, shown) = if path.as_os_str() == "-" {
+            let text =
+                std::io::read_to_string(std::io::stdin()).context("cannot read standard input")?;
+            (text, "stdin".to_owned())
+        } else {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read {}", path.display()))?;
+            (text, path.display().to_string())
+        };
+        for (index, line) in text.lines().enumerate() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let at = format!("{shown}:{}", index + 1);
+            if line.starts_with('{') {
+                // Published as written, so that fields this version does not
+                // know travel on; validated as the worker will validate it.
+                match RestartRequest::parse(line.as_bytes(), &rules) {
+                    Ok(_) => payloads.push(Bytes::copy_from_slice(line.as_bytes())),
+                    Err(rejection) => errors.push(format!("{at}: {rejection}")),
+                }
+            } else {
+                match InstanceName::parse(line) {
+                    Ok(name) => payloads.push(request(name)),
+                    Err(why) => errors.push(format!("{at}: instance name {line:?} {why}")),
+                }
+            }
+        }
+    }
+    if let Some(count) = args.random {
+        let mut rng = rand::rng();
+        payloads.extend((0..count).map(|_| request(random_instance_name(&mut rng))));
+    }
+    if !errors.is_empty() {
+        let mut message = format!(
+            "{} invalid request(s); nothing was published:",
+            errors.len()
+        );
+        for error in errors.iter().take(MAX_LISTED_ERRORS) {
+            message.push_str("\n  ");
+            message.push_str(error);
+        }
+        if errors.len() > MAX_LISTED_ERRORS {
+            message.push_str(&format!(
+                "\n  … and {} more",
+                errors.len() - MAX_LISTED_ERRORS
+            ));
+        }
+        return Err(BadInput(message).into());
+    }
+    if payloads.is_empty() {
+        return Err(BadInput(
+            "nothing to publish: give instance names, --file PATH or --random N".into(),
+        )
+        .into());
+    }
+    let total = payloads.len();
+    let broker = service::open_sqlite_broker(&config.broker).await?;
+    let published = match args.rate {
+        None => broker.publish_all(payloads).await.map(|()| total),
+        Some(rate) => publish_at_rate(&broker, payloads, rate).await,
+    };
+    broker.close().await;
+    let published = published.context("cannot publish")?;
+    println!("published {published} requests");
+    Ok(())
+}
+
+/// Publishes `rate` payloads per second: every tick, the ones due so far, in
+/// one transaction.
+async fn publish_at_rate(
+    broker: &SqliteBroker,
+    payloads: Vec<Bytes>,
+    rate: f64,
+) -> Result<usize, BrokerError> {
+    const TICK: Duration = Duration::from_millis(10);
+    let started = tokio::time::Instant::now();
+    let mut pending = payloads.into_iter().peekable();
+    let mut published = 0usize;
+    while pending.peek().is_some() {
+        // At least one each round, so that a slow rate still starts at once.
+        let due = ((started.elapsed().as_secs_f64() * rate) as usize + 1).saturating_sub(published);
+        let group: Vec<Bytes> = pending.by_ref().take(due).collect();
+        published += group.len();
+        broker.publish_all(group).await?;
+        if pending.peek().is_some() {
+            tokio::time::sleep(TICK).await;
+        }
+    }
+    Ok(published)
+}
+
+async fn dead_letters(config: Config, args: &DeadLettersArgs) -> anyhow::Result<()> {
+    queue_url(&config)?;
+    let url = &config.broker.url;
+    if let Some(path) = missing_sqlite_file(url) {
+        bail!("no database at {path}: nothing was ever queued there (broker.url {url:?})");
+    }
+    let broker = service::open_sqlite_broker(&config.broker).await?;
+    let entries = broker.dead_letters().await;
+    broker.close().await;
+    let entries = entries.context("cannot read the dead letters")?;
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        for entry in &entries {
+            let line = serde_json::json!({
+                "id": entry.id,
+                "reason": entry.reason,
+                "deliveries": entry.deliveries,
+                "published_at": Timestamp::from_millis(entry.published_at),
+                "dead_at": Timestamp::from_millis(entry.dead_at),
+                "payload": entry.payload,
+            });
+            serde_json::to_writer(&mut out, &line)?;
+            writeln!(out)?;
+        }
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "{:>6}  {:<24}  {:>10}  {:<50}  PAYLOAD",
+        "ID", "DEAD_AT", "DELIVERIES", "REASON"
+    )?;
+    for e in &entries {
+        let payload: String = e.payload.chars().take(80).collect();
+        writeln!(
+            out,
+            "{:>6}  {:<24}  {:>10}  {:<50}  {}",
+            e.id,
+            Timestamp::from_millis(e.dead_at).to_string(),
+            e.deliveries,
+            e.reason,
+            payload.escape_debug(),
+        )?;
+    }
+    Ok(())
+}
+
+async fn requeue(config: Config, args: &RequeueArgs) -> anyhow::Result<()> {
+    queue_url(&config)?;
+    let url = &config.broker.url;
+    if let Some(path) = missing_sqlite_file(url) {
+        bail!("no database at {path}: nothing was ever queued there (broker.url {url:?})");
+    }
+    let broker = service::open_sqlite_broker(&config.broker).await?;
+    let requeued = broker
+        .requeue((!args.all).then_some(args.ids.as_slice()))
+        .await;
+    broker.close().await;
+    let requeued = requeued.context("cannot requeue")?;
+    println!("requeued {} dead letters", requeued.len());
     Ok(())
 }
 
@@ -352,11 +717,20 @@ mod tests {
     #[test]
     fn run_flags_become_settings() {
         let cli = Cli::try_parse_from([
-            "mandrill", "run", "--simulate", "--db", "memory", "--max-in-flight", "7",
-            "--set", "worker.max_attempts=2",
+            "mandrill",
+            "run",
+            "--simulate",
+            "--db",
+            "memory",
+            "--max-in-flight",
+            "7",
+            "--set",
+            "worker.max_attempts=2",
         ])
         .unwrap();
-        let Command::Run(args) = cli.command else { panic!("not run") };
+        let Command::Run(args) = cli.command else {
+            panic!("not run")
+        };
         let mut sources = args.sources().unwrap();
         sources.environment.clear();
         let config = sources.load().unwrap();

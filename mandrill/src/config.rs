@@ -192,6 +192,10 @@ pub struct RestarterConfig {
     pub failure_rate: f64,
     /// Blocking restarts running at once (blocking kinds only).
     pub blocking_threads: usize,
+    /// Append one line (the host) per restart issued to this file, before
+    /// issuing it: an audit trail that survives the process being killed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub journal: Option<PathBuf>,
 }
 
 impl Default for RestarterConfig {
@@ -202,6 +206,7 @@ impl Default for RestarterConfig {
             max_latency: Duration::from_secs(1),
             failure_rate: 0.1,
             blocking_threads: 16,
+            journal: None,
         }
     }
 }
@@ -677,6 +682,10 @@ const SETTING_DOCS: &[(&str, &str)] = &[
         "probability a simulated restart fails",
     ),
     ("restarter.blocking_threads", "blocking restarts at once"),
+    (
+        "restarter.journal",
+        "file to append each restart issued to (audit); default none",
+    ),
     ("simulate.enabled", "publish random requests (demo)"),
     ("simulate.rate", "requests per second"),
     (
@@ -828,6 +837,7 @@ mod tests {
         let documented: Vec<&str> = SETTING_DOCS.iter().map(|(k, _)| *k).collect();
         let mut config = Config::default();
         config.worker.lease_extension_interval = Some(Duration::from_secs(1));
+        config.restarter.journal = Some(PathBuf::from("restarts.log"));
         for key in config.flatten().keys() {
             assert!(
                 documented.contains(&key.as_str()),

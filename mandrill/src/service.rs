@@ -18,7 +18,7 @@ use tracing::{info, warn};
 use crate::broker::{Broker, MemoryBroker, SqliteBroker};
 use crate::config::{BrokerConfig, Config, RestarterConfig, RestarterKind, StoreConfig};
 use crate::restarter::{
-    Blocking, Restarter, SimulatedBlockingRestarter, SimulatedRestarter, Simulation,
+    Blocking, Journaled, Restarter, SimulatedBlockingRestarter, SimulatedRestarter, Simulation,
 };
 use crate::stats::{Stats, StatsSnapshot};
 use crate::store::{MemoryStore, SqliteStore, Store};
@@ -68,8 +68,18 @@ async fn open_broker(
     }
 }
 
-/// The restarter `restarter.kind` names.
-pub fn build_restarter(config: &RestarterConfig) -> Arc<dyn Restarter> {
+/// The restarter `restarter.kind` names, journalled if `restarter.journal` is set.
+pub fn build_restarter(config: &RestarterConfig) -> anyhow::Result<Arc<dyn Restarter>> {
+    let restarter = build_backend(config);
+    let Some(path) = &config.journal else {
+        return Ok(restarter);
+    };
+    let journaled = Journaled::open(restarter, path)
+        .with_context(|| format!("cannot open restarter.journal {}", path.display()))?;
+    Ok(Arc::new(journaled))
+}
+
+fn build_backend(config: &RestarterConfig) -> Arc<dyn Restarter> {
     let simulation = Simulation {
         min_latency: config.min_latency,
         max_latency: config.max_latency,
@@ -127,7 +137,7 @@ impl Service {
     pub async fn build(config: Config) -> anyhow::Result<Self> {
         let (broker, memory_broker) = open_broker(&config.broker).await?;
         let store = open_store(&config.store).await?;
-        let restarter = build_restarter(&config.restarter);
+        let restarter = build_restarter(&config.restarter)?;
         let stats = Arc::new(Stats::default());
         let worker = Worker::new(
             config.worker_config(),

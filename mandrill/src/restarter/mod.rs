@@ -6,6 +6,7 @@
 //! that they never stall the runtime.
 
 pub mod blocking;
+pub mod journal;
 pub mod simulate;
 
 use async_trait::async_trait;
@@ -13,6 +14,7 @@ use async_trait::async_trait;
 use crate::domain::Hostname;
 
 pub use blocking::{Blocking, BlockingRestart};
+pub use journal::Journaled;
 pub use simulate::{SimulatedBlockingRestarter, SimulatedRestarter, Simulation};
 
 /// Why a restart did not happen. Every kind is retried by the worker.

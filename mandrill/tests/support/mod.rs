@@ -197,3 +197,53 @@ pub fn temp_dir() -> (tempfile::TempDir, PathBuf) {
     let path = dir.path().to_owned();
     (dir, path)
 }
+
+/// Every recorded request in the store at `url`.
+pub fn history(url: &str) -> Vec<mandrill::store::HistoryEntry> {
+    use mandrill::store::Store as _;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let store = mandrill::store::SqliteStore::connect(url, 1).await.unwrap();
+        let entries = store.history(1_000_000).await.unwrap();
+        store.close().await;
+        entries
+    })
+}
+
+/// A row of the SQLite broker's queue table, read directly.
+#[derive(Debug, Clone)]
+pub struct QueueRow {
+    pub id: i64,
+    pub payload: Vec<u8>,
+    pub deliveries: i64,
+    /// Whether a consumer held the lease when the row was read.
+    pub leased: bool,
+}
+
+/// The queue table at `url`, as it is on disk now.
+pub fn queue_rows(url: &str) -> Vec<QueueRow> {
+    use sqlx::{Connection as _, Row as _};
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let mut conn = sqlx::SqliteConnection::connect(url).await.unwrap();
+        let rows = sqlx::query("SELECT id, payload, deliveries, lease FROM queue ORDER BY id")
+            .fetch_all(&mut conn)
+            .await
+            .unwrap();
+        conn.close().await.unwrap();
+        rows.iter()
+            .map(|row| QueueRow {
+                id: row.get("id"),
+                payload: row.get("payload"),
+                deliveries: row.get("deliveries"),
+                leased: row.get::<Option<i64>, _>("lease").is_some(),
+            })
+            .collect()
+    })
+}

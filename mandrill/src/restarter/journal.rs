@@ -1,0 +1,62 @@
+//! A restarter wrapper that appends one line per restart issued to a file
+//! (`restarter.journal`), before issuing it: an audit trail of every restart
+//! ever sent to a host, which the crash-safety test counts duplicates with.
+//!
+//! Each line is written with one `write(2)` on a file opened for appending,
+//! so it reaches the kernel before the restart is issued and survives the
+//! process being killed at any later instant (not power loss: no fsync, as
+//! an audit line is not worth a disk flush per restart).
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+
+use super::{Reservation, RestartError, Restarter};
+use crate::domain::Hostname;
+
+/// See the module docs.
+pub struct Journaled {
+    inner: Arc<dyn Restarter>,
+    /// A `std::sync::Mutex`: held only for one small write, never across an
+    /// await.
+    file: Mutex<File>,
+}
+
+impl Journaled {
+    /// Wraps `inner`, appending to the journal at `path` (created if missing).
+    pub fn open(inner: Arc<dyn Restarter>, path: &Path) -> std::io::Result<Self> {
+        let file = OpenOptions::new().create(true).append(true).open(path)?;
+        Ok(Self {
+            inner,
+            file: Mutex::new(file),
+        })
+    }
+}
+
+#[async_trait]
+impl Restarter for Journaled {
+    async fn reserve(&self) -> Reservation {
+        self.inner.reserve().await
+    }
+
+    async fn restart(&self, host: &Hostname, reservation: Reservation) -> Result<(), RestartError> {
+        let line = format!("{host}\n");
+        let written = {
+            // A poisoned lock only means another write panicked; the file is
+            // still usable.
+            let mut file = self.file.lock().unwrap_or_else(|p| p.into_inner());
+            file.write_all(line.as_bytes())
+        };
+        // A restart that cannot be journalled is not issued.
+        if let Err(error) = written {
+            return Err(RestartError::Failed {
+                host: host.clone(),
+                reason: format!("cannot write the restart journal: {error}"),
+            });
+        }
+        self.inner.restart(host, reservation).await
+    }
+}

@@ -1,0 +1,236 @@
+//! The SQLite queue through the real binary: `publish`, `run --until-idle`,
+//! `dead-letters`, `requeue`, and two consumer processes on one database.
+
+mod support;
+
+use std::collections::HashMap;
+
+use mandrill::domain::Status;
+use serde_json::Value;
+use support::{Mandrill, count, fields_of, history, mandrill, queue_rows, sqlite_url, temp_dir};
+
+#[test]
+fn publish_rejects_bad_lines_by_number_and_publishes_nothing() {
+    let (_guard, dir) = temp_dir();
+    let db = sqlite_url(&dir);
+    std::fs::write(
+        dir.join("requests.txt"),
+        "cattle-0001\n# a comment\n\nCattle_Bad\n{\"message_id\":\"nope\",\"instance_name\":\"x\"}\ncattle-0002\n",
+    )
+    .unwrap();
+    let (status, stdout, stderr) = mandrill(
+        &dir,
+        &[
+            "publish",
+            "--broker",
+            &db,
+            "--file",
+            "requests.txt",
+            "cattle-0003",
+        ],
+        &[],
+    );
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("requests.txt:4:"), "{stderr}");
+    assert!(stderr.contains("Cattle_Bad"), "{stderr}");
+    assert!(stderr.contains("requests.txt:5:"), "{stderr}");
+    assert!(stderr.contains("nothing was published"), "{stderr}");
+    assert!(stdout.is_empty(), "{stdout}");
+    // Validation comes first: the queue was not even created.
+    assert!(!dir.join("mandrill.db").exists());
+
+    let (status, stdout, stderr) = mandrill(
+        &dir,
+        &["publish", "--broker", &db, "cattle-0003", "--random", "4"],
+        &[],
+    );
+    assert!(status.success(), "{stderr}");
+    assert_eq!(stdout.trim(), "published 5 requests");
+    assert_eq!(queue_rows(&db).len(), 5);
+}
+
+#[test]
+fn run_until_idle_handles_everything_published_then_exits_zero() {
+    let (_guard, dir) = temp_dir();
+    let db = sqlite_url(&dir);
+    let names: String = (0..200).map(|i| format!("idle-{i:04}\n")).collect();
+    std::fs::write(dir.join("names"), names).unwrap();
+    let (status, stdout, stderr) = mandrill(&dir, &["publish", "--file", "names"], &[]);
+    assert!(status.success(), "{stderr}");
+    assert_eq!(stdout.trim(), "published 200 requests");
+
+    // Defaults: the queue and the store share ./mandrill.db.
+    let service = Mandrill::run(
+        &dir,
+        &[
+            "--until-idle",
+            "--set",
+            "restarter.failure_rate=0.3",
+            "--set",
+            "restarter.max_latency=5ms",
+            "--set",
+            "worker.retry_initial=5ms",
+            "--set",
+            "worker.max_attempts=10",
+        ],
+    );
+    let (status, lines) = service.wait_exit();
+    assert!(status.success(), "exit status {status}");
+    fields_of(
+        &lines,
+        "queue is idle: nothing visible, delayed or in flight; shutting down",
+    );
+    let stats = fields_of(&lines, "final stats");
+    assert_eq!(count(&stats, "acked") + count(&stats, "dead_lettered"), 200);
+    assert!(queue_rows(&db).is_empty());
+    let entries = history(&db);
+    assert_eq!(entries.len(), 200);
+    assert!(entries.iter().all(|e| e.status.is_final()), "{entries:?}");
+}
+
+#[test]
+fn malformed_payloads_are_dead_lettered_listed_and_can_be_requeued() {
+    let (_guard, dir) = temp_dir();
+    let db = sqlite_url(&dir);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    // Written through the library: `mandrill publish` would refuse them.
+    runtime.block_on(async {
+        let config = mandrill::config::BrokerConfig {
+            url: db.clone(),
+            ..Default::default()
+        };
+        let broker = mandrill::broker::SqliteBroker::connect(&config)
+            .await
+            .unwrap();
+        let payloads = [&b"{\"message_id\": "[..], b"\xff\xfe", b"", b"[1,2]"];
+        broker
+            .publish_all(
+                payloads
+                    .iter()
+                    .map(|p| bytes::Bytes::copy_from_slice(p))
+                    .collect(),
+            )
+            .await
+            .unwrap();
+        mandrill::broker::Broker::close(&broker).await;
+    });
+    let (status, stdout, stderr) = mandrill(&dir, &["publish", "cattle-good"], &[]);
+    assert!(status.success(), "{stderr}: {stdout}");
+
+    let run = || {
+        let service = Mandrill::run(
+            &dir,
+            &[
+                "--until-idle",
+                "--set",
+                "restarter.failure_rate=0",
+                "--set",
+                "restarter.max_latency=1ms",
+            ],
+        );
+        let (status, lines) = service.wait_exit();
+        assert!(status.success(), "exit status {status}");
+        fields_of(&lines, "final stats")
+    };
+    let stats = run();
+    assert_eq!(count(&stats, "rejected"), 4);
+    assert_eq!(count(&stats, "acked"), 1);
+
+    let (status, stdout, stderr) = mandrill(&dir, &["dead-letters", "--json"], &[]);
+    assert!(status.success(), "{stderr}");
+    let dead: Vec<Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(dead.len(), 4);
+    for entry in &dead {
+        let reason = entry["reason"].as_str().unwrap();
+        assert!(reason.starts_with("payload is"), "{entry}");
+        assert_eq!(entry["deliveries"], 1);
+    }
+    let (status, table, _) = mandrill(&dir, &["dead-letters"], &[]);
+    assert!(status.success());
+    assert_eq!(table.lines().count(), 5, "{table}");
+    let rejected = history(&db)
+        .iter()
+        .filter(|e| e.status == Status::Rejected)
+        .count();
+    assert_eq!(rejected, 4);
+
+    // Unknown ids: nothing requeued.
+    let (status, _, stderr) = mandrill(&dir, &["requeue", "1", "99999"], &[]);
+    assert_eq!(status.code(), Some(1));
+    assert!(stderr.contains("99999"), "{stderr}");
+    let first = dead[0]["id"].as_i64().unwrap().to_string();
+    let (status, stdout, _) = mandrill(&dir, &["requeue", &first], &[]);
+    assert!(status.success());
+    assert_eq!(stdout.trim(), "requeued 1 dead letters");
+    let (status, stdout, _) = mandrill(&dir, &["requeue", "--all"], &[]);
+    assert!(status.success());
+    assert_eq!(stdout.trim(), "requeued 3 dead letters");
+    assert_eq!(queue_rows(&db).len(), 4);
+    // Still malformed, so dead-lettered again, each on a first delivery.
+    let stats = run();
+    assert_eq!(count(&stats, "dead_lettered"), 4);
+}
+
+#[test]
+fn two_consumer_processes_never_handle_the_same_message() {
+    let (_guard, dir) = temp_dir();
+    let db = sqlite_url(&dir);
+    let total = 1_000;
+    let names: String = (0..total).map(|i| format!("pair-{i:04}\n")).collect();
+    std::fs::write(dir.join("names"), names).unwrap();
+    let (status, _, stderr) = mandrill(&dir, &["publish", "--file", "names"], &[]);
+    assert!(status.success(), "{stderr}");
+
+    let consumer = |journal: &str| {
+        Mandrill::run(
+            &dir,
+            &[
+                "--until-idle",
+                "--max-in-flight",
+                "10",
+                "--set",
+                "restarter.failure_rate=0",
+                "--set",
+                "restarter.min_latency=2ms",
+                "--set",
+                "restarter.max_latency=8ms",
+                "--set",
+                &format!("restarter.journal={journal}"),
+                "--log-level",
+                "warn,mandrill::service=info",
+            ],
+        )
+    };
+    let (a, b) = (consumer("a.journal"), consumer("b.journal"));
+    let (status_a, _) = a.wait_exit();
+    let (status_b, _) = b.wait_exit();
+    assert!(status_a.success() && status_b.success());
+
+    let journal = |name: &str| std::fs::read_to_string(dir.join(name)).unwrap_or_default();
+    let (journal_a, journal_b) = (journal("a.journal"), journal("b.journal"));
+    let mut restarts: HashMap<&str, usize> = HashMap::new();
+    for host in journal_a.lines().chain(journal_b.lines()) {
+        *restarts.entry(host).or_default() += 1;
+    }
+    assert_eq!(restarts.len(), total);
+    assert!(
+        restarts.values().all(|&n| n == 1),
+        "a host was restarted twice"
+    );
+    // Both really consumed: the claim is what kept them apart.
+    assert!(journal_a.lines().count() > 0 && journal_b.lines().count() > 0);
+    let entries = history(&db);
+    assert_eq!(entries.len(), total);
+    assert!(
+        entries
+            .iter()
+            .all(|e| e.status == Status::Restarted && e.attempts == 1)
+    );
+    assert!(queue_rows(&db).is_empty());
+}
