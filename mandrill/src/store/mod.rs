@@ -31,6 +31,13 @@ pub enum StoreError {
     /// A stored row does not make sense (e.g. an unknown status).
     #[error("corrupt row: {0}")]
     Corrupt(String),
+    /// A batched write failed; every operation of the batch is told, and
+    /// none of it was committed.
+    #[error("database write failed: {0}")]
+    Write(String),
+    /// The store was closed.
+    #[error("the store is closed")]
+    Closed,
     /// A fault injected on purpose (tests, benchmarks).
     #[error("injected fault: {0}")]
     Injected(String),

@@ -1,24 +1,66 @@
 //! The embedded default store: SQLite through sqlx, in WAL mode with
 //! `synchronous = FULL`, so that a recorded outcome survives power loss.
+//!
+//! Writes are committed in groups: one writer task owns one connection,
+//! takes every write queued (receipts, outcomes, rejections), runs them in
+//! one `BEGIN IMMEDIATE` transaction and answers each caller only after the
+//! commit. Many handlers' writes share one fsync, and no caller hears
+//! "recorded" before it is durable. Reads use a separate pool, so that they
+//! never wait behind a batch.
 
 use std::str::FromStr;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::Row;
 use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
-    SqliteSynchronous,
+    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
+    SqliteRow, SqliteSynchronous,
 };
+use sqlx::{Connection, Row, Sqlite};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::task::TaskTracker;
+use tracing::{debug, warn};
 use uuid::Uuid;
 
 use super::{HistoryEntry, Recorded, Store, StoreError, Timestamp, payload_excerpt};
 use crate::domain::{Outcome, RestartRequest, Status};
 
+/// Most writes committed in one transaction.
+const MAX_BATCH: usize = 1024;
+
 /// See the module docs.
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
+    /// For reads.
     pool: SqlitePool,
+    /// To the writer task.
+    writes: mpsc::Sender<Write>,
+    /// The writer task.
+    tasks: TaskTracker,
+}
+
+/// One write, with whom to tell once it is committed.
+#[derive(Debug)]
+enum Write {
+    Received {
+        request: RestartRequest,
+        attempt: u32,
+        reply: oneshot::Sender<Result<(), StoreError>>,
+    },
+    Outcome {
+        request: RestartRequest,
+        attempt: u32,
+        outcome: Outcome,
+        reply: oneshot::Sender<Result<Recorded, StoreError>>,
+    },
+    Rejection {
+        message_id: Option<Uuid>,
+        reason: String,
+        excerpt: String,
+        reply: oneshot::Sender<Result<(), StoreError>>,
+    },
+    /// Stop after this batch; later writes are refused.
+    Close,
 }
 
 impl SqliteStore {
@@ -29,15 +71,168 @@ impl SqliteStore {
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Full)
-            .busy_timeout(Duration::from_secs(5));
+            .busy_timeout(Duration::from_secs(10));
+        // An in-memory database exists once per connection: the writer must
+        // share the pool's only connection there.
+        let in_memory = url.contains(":memory:");
         let pool = SqlitePoolOptions::new()
-            .max_connections(max_connections.max(1))
-            .connect_with(options)
+            .max_connections(if in_memory { 1 } else { max_connections.max(1) })
+            .connect_with(options.clone())
             .await?;
-        sqlx::migrate!("./migrations/sqlite").run(&pool).await?;
-        Ok(Self { pool })
+        let migrator = sqlx::migrate!("./migrations/sqlite");
+        if let Err(first) = migrator.run(&pool).await {
+            // Another process (or the broker of another process) may have
+            // been migrating the same file at the same moment; a second run
+            // sees its work. A real problem fails again.
+            debug!(error = %first, "migration failed; trying once more");
+            migrator.run(&pool).await?;
+        }
+        let writer = if in_memory {
+            Writer::Pool(pool.clone())
+        } else {
+            Writer::Connection(SqliteConnection::connect_with(&options).await?)
+        };
+        let (writes, receiver) = mpsc::channel(MAX_BATCH * 4);
+        let tasks = TaskTracker::new();
+        tasks.spawn(write_loop(writer, receiver));
+        tasks.close();
+        Ok(Self {
+            pool,
+            writes,
+            tasks,
+        })
+    }
+
+    async fn call<T>(
+        &self,
+        write: impl FnOnce(oneshot::Sender<Result<T, StoreError>>) -> Write,
+    ) -> Result<T, StoreError> {
+        let (reply, answer) = oneshot::channel();
+        self.writes
+            .send(write(reply))
+            .await
+            .map_err(|_| StoreError::Closed)?;
+        answer.await.map_err(|_| StoreError::Closed)?
     }
 }
+
+/// Where the writer writes: its own connection, or (in-memory databases)
+/// the pool's one connection.
+enum Writer {
+    Connection(SqliteConnection),
+    Pool(SqlitePool),
+}
+
+/// Takes every queued write, commits them in one transaction, answers.
+async fn write_loop(mut writer: Writer, mut receiver: mpsc::Receiver<Write>) {
+    let mut batch = Vec::with_capacity(MAX_BATCH);
+    let mut closing = false;
+    while !closing && receiver.recv_many(&mut batch, MAX_BATCH).await > 0 {
+        let before = batch.len();
+        batch.retain(|write| !matches!(write, Write::Close));
+        closing = batch.len() < before;
+        let committed = match &mut writer {
+            Writer::Connection(conn) => commit_batch(conn, &batch).await,
+            Writer::Pool(pool) => match pool.acquire().await {
+                Ok(mut conn) => commit_batch(&mut conn, &batch).await,
+                Err(error) => Err(error),
+            },
+        };
+        match committed {
+            Ok(results) => {
+                for (write, result) in batch.drain(..).zip(results) {
+                    answer(write, result);
+                }
+            }
+            Err(error) => {
+                warn!(%error, writes = batch.len(), "store transaction failed");
+                let message = error.to_string();
+                for write in batch.drain(..) {
+                    fail(write, StoreError::Write(message.clone()));
+                }
+            }
+        }
+    }
+    // Whoever is still waiting gets an answer, not a hang.
+    receiver.close();
+    while let Ok(write) = receiver.try_recv() {
+        fail(write, StoreError::Closed);
+    }
+    if let Writer::Connection(conn) = writer
+        && let Err(error) = conn.close().await
+    {
+        warn!(%error, "closing the store's writer connection failed");
+    }
+}
+
+fn answer(write: Write, result: Option<Status>) {
+    match write {
+        Write::Received { reply, .. } | Write::Rejection { reply, .. } => {
+            let _ = reply.send(Ok(()));
+        }
+        Write::Outcome { reply, .. } => {
+            let _ = reply.send(Ok(match result {
+                None => Recorded::Recorded,
+                Some(status) => Recorded::AlreadyFinal(status),
+            }));
+        }
+        Write::Close => {}
+    }
+}
+
+fn fail(write: Write, error: StoreError) {
+    match write {
+        Write::Received { reply, .. } | Write::Rejection { reply, .. } => {
+            let _ = reply.send(Err(error));
+        }
+        Write::Outcome { reply, .. } => {
+            let _ = reply.send(Err(error));
+        }
+        Write::Close => {}
+    }
+}
+
+/// Runs every write of `batch` in one write transaction. For each write,
+/// `Some(status)` when an outcome was not recorded because `status` was
+/// already final. Any error fails the whole batch: nothing is committed.
+async fn commit_batch(
+    conn: &mut SqliteConnection,
+    batch: &[Write],
+) -> Result<Vec<Option<Status>>, sqlx::Error> {
+    let now = Timestamp::now().as_millis();
+    let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+    let mut results = Vec::with_capacity(batch.len());
+    for write in batch {
+        results.push(match write {
+            Write::Received {
+                request, attempt, ..
+            } => {
+                insert_received(&mut tx, request, *attempt, now).await?;
+                None
+            }
+            Write::Outcome {
+                request,
+                attempt,
+                outcome,
+                ..
+            } => insert_outcome(&mut tx, request, *attempt, outcome, now).await?,
+            Write::Rejection {
+                message_id,
+                reason,
+                excerpt,
+                ..
+            } => {
+                insert_rejection(&mut tx, *message_id, reason, excerpt, now).await?;
+                None
+            }
+            Write::Close => None,
+        });
+    }
+    tx.commit().await?;
+    Ok(results)
+}
+
+type Tx<'c> = sqlx::Transaction<'c, Sqlite>;
 
 const FINAL_STATUSES: &str = "('restarted', 'failed', 'rejected')";
 
@@ -46,13 +241,18 @@ fn entry_from_row(row: &SqliteRow) -> Result<HistoryEntry, StoreError> {
     let message_id: Option<String> = row.try_get("message_id")?;
     Ok(HistoryEntry {
         message_id: message_id
-            .map(|id| Uuid::parse_str(&id).map_err(|_| StoreError::Corrupt(format!("message_id {id:?}"))))
+            .map(|id| {
+                Uuid::parse_str(&id).map_err(|_| StoreError::Corrupt(format!("message_id {id:?}")))
+            })
             .transpose()?,
         instance_name: row.try_get("instance_name")?,
         hostname: row.try_get("hostname")?,
         status: Status::from_name(&status)
             .ok_or_else(|| StoreError::Corrupt(format!("status {status:?}")))?,
-        attempts: row.try_get::<i64, _>("attempts")?.try_into().unwrap_or(u32::MAX),
+        attempts: row
+            .try_get::<i64, _>("attempts")?
+            .try_into()
+            .unwrap_or(u32::MAX),
         last_error: row.try_get("last_error")?,
         received_at: Timestamp::from_millis(row.try_get("received_at")?),
         updated_at: Timestamp::from_millis(row.try_get("updated_at")?),
@@ -71,7 +271,9 @@ impl Store for SqliteStore {
                 .fetch_optional(&self.pool)
                 .await?;
         status
-            .map(|s| Status::from_name(&s).ok_or_else(|| StoreError::Corrupt(format!("status {s:?}"))))
+            .map(|s| {
+                Status::from_name(&s).ok_or_else(|| StoreError::Corrupt(format!("status {s:?}")))
+            })
             .transpose()
     }
 
@@ -80,28 +282,13 @@ impl Store for SqliteStore {
         request: &RestartRequest,
         attempt: u32,
     ) -> Result<(), StoreError> {
-        let now = Timestamp::now().as_millis();
-        sqlx::query(&format!(
-            "INSERT INTO requests
-                 (message_id, instance_name, hostname, requested_by, reason, status,
-                  attempts, received_at, updated_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, 'received', ?6, ?7, ?7)
-             ON CONFLICT (message_id) DO UPDATE SET
-                 attempts = max(requests.attempts, excluded.attempts),
-                 updated_at = excluded.updated_at,
-                 status = CASE WHEN requests.status IN {FINAL_STATUSES}
-                               THEN requests.status ELSE 'received' END"
-        ))
-        .bind(request.message_id.to_string())
-        .bind(request.instance_name.as_str())
-        .bind(request.hostname.as_str())
-        .bind(request.requested_by.as_deref())
-        .bind(request.reason.as_deref())
-        .bind(i64::from(attempt))
-        .bind(now)
-        .execute(&self.pool)
-        .await?;
-        Ok(())
+        let request = request.clone();
+        self.call(|reply| Write::Received {
+            request,
+            attempt,
+            reply,
+        })
+        .await
     }
 
     async fn record_outcome(
@@ -110,44 +297,14 @@ impl Store for SqliteStore {
         attempt: u32,
         outcome: &Outcome,
     ) -> Result<Recorded, StoreError> {
-        let now = Timestamp::now().as_millis();
-        let status = outcome.status();
-        let completed_at = status.is_final().then_some(now);
-        // One statement, so that two deliveries of the same message (or two
-        // instances) cannot both record a first final outcome.
-        let updated: Option<String> = sqlx::query_scalar(&format!(
-            "INSERT INTO requests
-                 (message_id, instance_name, hostname, requested_by, reason, status,
-                  attempts, last_error, received_at, updated_at, completed_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9, ?10)
-             ON CONFLICT (message_id) DO UPDATE SET
-                 status = excluded.status,
-                 attempts = max(requests.attempts, excluded.attempts),
-                 last_error = excluded.last_error,
-                 updated_at = excluded.updated_at,
-                 completed_at = excluded.completed_at
-             WHERE requests.status NOT IN {FINAL_STATUSES}
-             RETURNING status"
-        ))
-        .bind(request.message_id.to_string())
-        .bind(request.instance_name.as_str())
-        .bind(request.hostname.as_str())
-        .bind(request.requested_by.as_deref())
-        .bind(request.reason.as_deref())
-        .bind(status.as_str())
-        .bind(i64::from(attempt))
-        .bind(outcome.error())
-        .bind(now)
-        .bind(completed_at)
-        .fetch_optional(&self.pool)
-        .await?;
-        if updated.is_some() {
-            return Ok(Recorded::Recorded);
-        }
-        let existing = self.lookup(request.message_id).await?.ok_or_else(|| {
-            StoreError::Corrupt(format!("request {} vanished", request.message_id))
-        })?;
-        Ok(Recorded::AlreadyFinal(existing))
+        let (request, outcome) = (request.clone(), outcome.clone());
+        self.call(|reply| Write::Outcome {
+            request,
+            attempt,
+            outcome,
+            reply,
+        })
+        .await
     }
 
     async fn record_rejection(
@@ -156,20 +313,14 @@ impl Store for SqliteStore {
         reason: &str,
         payload: &[u8],
     ) -> Result<(), StoreError> {
-        let now = Timestamp::now().as_millis();
-        sqlx::query(
-            "INSERT INTO requests
-                 (message_id, status, attempts, last_error, payload, received_at, updated_at, completed_at)
-             VALUES (?1, 'rejected', 1, ?2, ?3, ?4, ?4, ?4)
-             ON CONFLICT (message_id) DO NOTHING",
-        )
-        .bind(message_id.map(|id| id.to_string()))
-        .bind(reason)
-        .bind(payload_excerpt(payload))
-        .bind(now)
-        .execute(&self.pool)
-        .await?;
-        Ok(())
+        let (reason, excerpt) = (reason.to_owned(), payload_excerpt(payload));
+        self.call(|reply| Write::Rejection {
+            message_id,
+            reason,
+            excerpt,
+            reply,
+        })
+        .await
     }
 
     async fn history(&self, limit: usize) -> Result<Vec<HistoryEntry>, StoreError> {
@@ -185,8 +336,111 @@ impl Store for SqliteStore {
     }
 
     async fn close(&self) {
+        // Fails only if the writer already stopped, which is what we want.
+        let _ = self.writes.send(Write::Close).await;
+        self.tasks.wait().await;
         self.pool.close().await;
     }
+}
+
+async fn insert_received(
+    tx: &mut Tx<'_>,
+    request: &RestartRequest,
+    attempt: u32,
+    now: i64,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(&format!(
+        "INSERT INTO requests
+             (message_id, instance_name, hostname, requested_by, reason, status,
+              attempts, received_at, updated_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, 'received', ?6, ?7, ?7)
+         ON CONFLICT (message_id) DO UPDATE SET
+             attempts = max(requests.attempts, excluded.attempts),
+             updated_at = excluded.updated_at,
+             status = CASE WHEN requests.status IN {FINAL_STATUSES}
+                           THEN requests.status ELSE 'received' END"
+    ))
+    .bind(request.message_id.to_string())
+    .bind(request.instance_name.as_str())
+    .bind(request.hostname.as_str())
+    .bind(request.requested_by.as_deref())
+    .bind(request.reason.as_deref())
+    .bind(i64::from(attempt))
+    .bind(now)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+/// `None` if recorded, or the final status that was already there.
+async fn insert_outcome(
+    tx: &mut Tx<'_>,
+    request: &RestartRequest,
+    attempt: u32,
+    outcome: &Outcome,
+    now: i64,
+) -> Result<Option<Status>, sqlx::Error> {
+    let status = outcome.status();
+    let completed_at = status.is_final().then_some(now);
+    // One statement, so that two deliveries of the same message (or two
+    // instances) cannot both record a first final outcome.
+    let updated: Option<String> = sqlx::query_scalar(&format!(
+        "INSERT INTO requests
+             (message_id, instance_name, hostname, requested_by, reason, status,
+              attempts, last_error, received_at, updated_at, completed_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9, ?10)
+         ON CONFLICT (message_id) DO UPDATE SET
+             status = excluded.status,
+             attempts = max(requests.attempts, excluded.attempts),
+             last_error = excluded.last_error,
+             updated_at = excluded.updated_at,
+             completed_at = excluded.completed_at
+         WHERE requests.status NOT IN {FINAL_STATUSES}
+         RETURNING status"
+    ))
+    .bind(request.message_id.to_string())
+    .bind(request.instance_name.as_str())
+    .bind(request.hostname.as_str())
+    .bind(request.requested_by.as_deref())
+    .bind(request.reason.as_deref())
+    .bind(status.as_str())
+    .bind(i64::from(attempt))
+    .bind(outcome.error())
+    .bind(now)
+    .bind(completed_at)
+    .fetch_optional(&mut **tx)
+    .await?;
+    if updated.is_some() {
+        return Ok(None);
+    }
+    let existing: String = sqlx::query_scalar("SELECT status FROM requests WHERE message_id = ?1")
+        .bind(request.message_id.to_string())
+        .fetch_one(&mut **tx)
+        .await?;
+    // The row was written by this program with a status from the CHECK list.
+    Ok(Some(Status::from_name(&existing).unwrap_or(Status::Failed)))
+}
+
+async fn insert_rejection(
+    tx: &mut Tx<'_>,
+    message_id: Option<Uuid>,
+    reason: &str,
+    excerpt: &str,
+    now: i64,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO requests
+             (message_id, status, attempts, last_error, payload, received_at, updated_at, completed_at)
+         VALUES (?1, 'rejected', 1, ?2, ?3, ?4, ?4, ?4)
+         ON CONFLICT (message_id) DO NOTHING",
+    )
+    .bind(message_id.map(|id| id.to_string()))
+    .bind(reason)
+    .bind(excerpt)
+    .bind(now)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
 }
 
 #[cfg(test)]
