@@ -64,8 +64,10 @@ counters! {
     in_flight,
 }
 
-/// One monotonic (or, for `in_flight`, up-and-down) counter.
+/// One monotonic (or, for `in_flight`, up-and-down) counter, alone on its
+/// cache line so that threads bumping different counters do not contend.
 #[derive(Debug, Default)]
+#[repr(align(64))]
 pub struct Counter(AtomicU64);
 
 impl Counter {

@@ -114,7 +114,12 @@ impl MemoryBroker {
     fn settle(&self, tag: &DeliveryTag) -> Result<Message, BrokerError> {
         let lease = tag
             .as_number()
-            .and_then(|n| self.lock().leased.remove(&n))
+            .and_then(|n| {
+                let mut state = self.lock();
+                let lease = state.leased.remove(&n);
+                state.prune_deadlines();
+                lease
+            })
             .ok_or_else(|| BrokerError::LeaseLost(tag.clone()))?;
         Ok(lease.message)
     }
@@ -152,6 +157,18 @@ impl State {
         let next_delayed = self.delayed.peek().map(|Reverse((at, _))| *at);
         let next_deadline = self.deadlines.peek().map(|Reverse((at, _))| *at);
         next_delayed.into_iter().chain(next_deadline).min()
+    }
+
+    /// Drops stale deadline entries once they far outnumber live leases, so
+    /// that the heap stays proportional to what is in flight rather than to
+    /// everything delivered within one ack deadline.
+    fn prune_deadlines(&mut self) {
+        if self.deadlines.len() > 1024 && self.deadlines.len() > 4 * self.leased.len() {
+            let leased = &self.leased;
+            self.deadlines.retain(|Reverse((deadline, tag))| {
+                leased.get(tag).is_some_and(|l| l.deadline == *deadline)
+            });
+        }
     }
 
     fn lease_batch(&mut self, max: usize, now: Instant, ack_deadline: Duration) -> Vec<Delivery> {
@@ -341,6 +358,31 @@ mod tests {
         tokio::task::yield_now().await;
         broker.publish(Bytes::from_static(b"late")).await.unwrap();
         assert_eq!(puller.await.unwrap().len(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn settled_leases_do_not_accumulate_and_live_ones_still_expire() {
+        let broker = broker();
+        for _ in 0..3000 {
+            broker.publish(Bytes::from_static(b"m")).await.unwrap();
+        }
+        let batch = broker.pull(3000).await.unwrap();
+        let (kept, settled) = batch.split_first().unwrap();
+        for delivery in settled {
+            broker.ack(&delivery.tag).await.unwrap();
+        }
+        assert!(
+            broker.lock().deadlines.len() <= 1024,
+            "stale deadlines kept"
+        );
+        tokio::time::advance(DEADLINE + Duration::from_millis(1)).await;
+        let again = broker.pull(10).await.unwrap();
+        assert_eq!(again.len(), 1);
+        assert_eq!(again[0].attempt, 2);
+        assert!(matches!(
+            broker.ack(&kept.tag).await,
+            Err(BrokerError::LeaseLost(_))
+        ));
     }
 
     #[tokio::test(start_paused = true)]

@@ -13,18 +13,18 @@ use uuid::Uuid;
 use super::{HistoryEntry, Recorded, Store, StoreError, Timestamp};
 use crate::domain::{Outcome, RestartRequest, Status};
 
+/// Independent shards, so that handlers on different threads rarely wait
+/// for each other.
+const SHARDS: usize = 16;
+
 /// See the module docs.
 #[derive(Debug, Default)]
 pub struct MemoryStore {
-    /// A `std::sync::Mutex`: critical sections are short and never await.
-    state: Mutex<State>,
-}
-
-#[derive(Debug, Default)]
-struct State {
-    by_id: HashMap<Uuid, Row>,
+    /// Rows by message id, sharded by id. A `std::sync::Mutex`: critical
+    /// sections are short and never await.
+    shards: [Mutex<HashMap<Uuid, Row>>; SHARDS],
     /// Rejected payloads without a readable id.
-    anonymous: Vec<Row>,
+    anonymous: Mutex<Vec<Row>>,
 }
 
 #[derive(Debug)]
@@ -77,25 +77,45 @@ impl MemoryStore {
         Self::default()
     }
 
+    /// An empty store with room for `requests` requests before it grows.
+    pub fn with_capacity(requests: usize) -> Self {
+        Self {
+            shards: std::array::from_fn(|_| {
+                Mutex::new(HashMap::with_capacity(requests / SHARDS + 1))
+            }),
+            anonymous: Mutex::default(),
+        }
+    }
+
     /// Every entry recorded with a message id.
     pub fn entries(&self) -> Vec<HistoryEntry> {
-        self.lock()
-            .by_id
-            .iter()
-            .map(|(id, row)| row.entry(Some(*id)))
+        (0..SHARDS)
+            .flat_map(|n| {
+                let shard = self.shards[n].lock().expect("memory store shard poisoned");
+                shard
+                    .iter()
+                    .map(|(id, row)| row.entry(Some(*id)))
+                    .collect::<Vec<_>>()
+            })
             .collect()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        // No critical section here can panic halfway through an update.
-        self.state.lock().expect("memory store state poisoned")
+    fn shard(&self, id: &Uuid) -> std::sync::MutexGuard<'_, HashMap<Uuid, Row>> {
+        // UUIDs are random: their last byte spreads ids evenly. No critical
+        // section here can panic halfway through an update.
+        self.shards[usize::from(id.as_bytes()[15]) % SHARDS]
+            .lock()
+            .expect("memory store shard poisoned")
     }
 }
 
 #[async_trait]
 impl Store for MemoryStore {
     async fn lookup(&self, message_id: Uuid) -> Result<Option<Status>, StoreError> {
-        Ok(self.lock().by_id.get(&message_id).map(|row| row.status))
+        Ok(self
+            .shard(&message_id)
+            .get(&message_id)
+            .map(|row| row.status))
     }
 
     async fn record_received(
@@ -104,9 +124,8 @@ impl Store for MemoryStore {
         attempt: u32,
     ) -> Result<(), StoreError> {
         let now = Timestamp::now().as_millis();
-        let mut state = self.lock();
-        let row = state
-            .by_id
+        let mut shard = self.shard(&request.message_id);
+        let row = shard
             .entry(request.message_id)
             .or_insert_with(|| Row::new(Some(request.hostname.as_str()), Status::Received, now));
         row.attempts = row.attempts.max(attempt);
@@ -124,9 +143,8 @@ impl Store for MemoryStore {
         outcome: &Outcome,
     ) -> Result<Recorded, StoreError> {
         let now = Timestamp::now().as_millis();
-        let mut state = self.lock();
-        let row = state
-            .by_id
+        let mut shard = self.shard(&request.message_id);
+        let row = shard
             .entry(request.message_id)
             .or_insert_with(|| Row::new(Some(request.hostname.as_str()), Status::Received, now));
         if row.status.is_final() {
@@ -151,24 +169,28 @@ impl Store for MemoryStore {
         row.attempts = 1;
         row.last_error = Some(Box::from(reason));
         row.completed_at = Some(now);
-        let mut state = self.lock();
         match message_id {
             Some(id) => {
-                state.by_id.entry(id).or_insert(row);
+                self.shard(&id).entry(id).or_insert(row);
             }
-            None => state.anonymous.push(row),
+            None => self
+                .anonymous
+                .lock()
+                .expect("memory store poisoned")
+                .push(row),
         }
         Ok(())
     }
 
     async fn history(&self, limit: usize) -> Result<Vec<HistoryEntry>, StoreError> {
-        let state = self.lock();
-        let mut entries: Vec<HistoryEntry> = state
-            .by_id
-            .iter()
-            .map(|(id, row)| row.entry(Some(*id)))
-            .chain(state.anonymous.iter().map(|row| row.entry(None)))
-            .collect();
+        let mut entries = self.entries();
+        entries.extend(
+            self.anonymous
+                .lock()
+                .expect("memory store poisoned")
+                .iter()
+                .map(|row| row.entry(None)),
+        );
         entries.sort_by_key(|entry| std::cmp::Reverse(entry.updated_at));
         entries.truncate(limit);
         Ok(entries)
