@@ -72,7 +72,7 @@ fn handle(
 ) -> impl Future<Output = ()> {
     async move {
         context.stats.in_flight.inc();
-        debug!("pulled");
+        info!("pulled");
         let settlement = match guarded(&context, &delivery).await {
             Ok(settlement) => settlement,
             Err(panic) => {
