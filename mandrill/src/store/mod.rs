@@ -5,6 +5,7 @@
 //! outcome is final is never restarted again ([`Store::lookup`]).
 
 pub mod memory;
+pub mod postgres;
 pub mod sqlite;
 
 use std::fmt;
@@ -17,6 +18,7 @@ use uuid::Uuid;
 use crate::domain::{Outcome, RestartRequest, Status};
 
 pub use memory::MemoryStore;
+pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
 
 /// What went wrong talking to a store.

@@ -1,0 +1,315 @@
+//! The scale-out store: PostgreSQL through sqlx, shared by many instances.
+//!
+//! Every write is one statement, so PostgreSQL's own concurrency control is
+//! the arbiter: `message_id` is unique and an outcome is written only over a
+//! status that is not final, so two instances recording the same redelivered
+//! request cannot both record a first outcome. The pool is bounded.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::Row;
+use sqlx::postgres::{PgPool, PgPoolOptions, PgRow};
+use uuid::Uuid;
+
+use super::{HistoryEntry, Recorded, Store, StoreError, Timestamp, payload_excerpt};
+use crate::domain::{Outcome, RestartRequest, Status};
+
+/// See the module docs.
+#[derive(Debug, Clone)]
+pub struct PostgresStore {
+    pool: PgPool,
+}
+
+impl PostgresStore {
+    /// Connects to `url` (`postgres://…`) with at most `max_connections`
+    /// connections and brings the schema up to date.
+    pub async fn connect(url: &str, max_connections: u32) -> Result<Self, StoreError> {
+        let pool = PgPoolOptions::new()
+            .max_connections(max_connections.max(1))
+            .acquire_timeout(Duration::from_secs(10))
+            .connect(url)
+            .await?;
+        sqlx::migrate!("./migrations/postgres").run(&pool).await?;
+        Ok(Self { pool })
+    }
+}
+
+const FINAL_STATUSES: &str = "('restarted', 'failed', 'rejected')";
+
+fn status_from_name(name: &str) -> Result<Status, StoreError> {
+    Status::from_name(name).ok_or_else(|| StoreError::Corrupt(format!("status {name:?}")))
+}
+
+fn entry_from_row(row: &PgRow) -> Result<HistoryEntry, StoreError> {
+    let message_id: Option<String> = row.try_get("message_id")?;
+    Ok(HistoryEntry {
+        message_id: message_id
+            .map(|id| {
+                Uuid::parse_str(&id).map_err(|_| StoreError::Corrupt(format!("message_id {id:?}")))
+            })
+            .transpose()?,
+        instance_name: row.try_get("instance_name")?,
+        hostname: row.try_get("hostname")?,
+        status: status_from_name(row.try_get("status")?)?,
+        attempts: row
+            .try_get::<i32, _>("attempts")?
+            .try_into()
+            .unwrap_or(u32::MAX),
+        last_error: row.try_get("last_error")?,
+        received_at: Timestamp::from_millis(row.try_get("received_at")?),
+        updated_at: Timestamp::from_millis(row.try_get("updated_at")?),
+        completed_at: row
+            .try_get::<Option<i64>, _>("completed_at")?
+            .map(Timestamp::from_millis),
+    })
+}
+
+fn attempts(attempt: u32) -> i32 {
+    i32::try_from(attempt).unwrap_or(i32::MAX)
+}
+
+#[async_trait]
+impl Store for PostgresStore {
+    async fn lookup(&self, message_id: Uuid) -> Result<Option<Status>, StoreError> {
+        let status: Option<String> =
+            sqlx::query_scalar("SELECT status FROM requests WHERE message_id = $1")
+                .bind(message_id.to_string())
+                .fetch_optional(&self.pool)
+                .await?;
+        status.as_deref().map(status_from_name).transpose()
+    }
+
+    async fn record_received(
+        &self,
+        request: &RestartRequest,
+        attempt: u32,
+    ) -> Result<(), StoreError> {
+        sqlx::query(&format!(
+            "INSERT INTO requests
+                 (message_id, instance_name, hostname, requested_by, reason, status,
+                  attempts, received_at, updated_at)
+             VALUES ($1, $2, $3, $4, $5, 'received', $6, $7, $7)
+             ON CONFLICT (message_id) DO UPDATE SET
+                 attempts = GREATEST(requests.attempts, excluded.attempts),
+                 updated_at = excluded.updated_at,
+                 status = CASE WHEN requests.status IN {FINAL_STATUSES}
+                               THEN requests.status ELSE 'received' END"
+        ))
+        .bind(request.message_id.to_string())
+        .bind(request.instance_name.as_str())
+        .bind(request.hostname.as_str())
+        .bind(request.requested_by.as_deref())
+        .bind(request.reason.as_deref())
+        .bind(attempts(attempt))
+        .bind(Timestamp::now().as_millis())
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn record_outcome(
+        &self,
+        request: &RestartRequest,
+        attempt: u32,
+        outcome: &Outcome,
+    ) -> Result<Recorded, StoreError> {
+        let now = Timestamp::now().as_millis();
+        let status = outcome.status();
+        // One statement: the row lock taken by ON CONFLICT serialises two
+        // instances recording the same request; the second sees it final.
+        let updated: Option<String> = sqlx::query_scalar(&format!(
+            "INSERT INTO requests
+                 (message_id, instance_name, hostname, requested_by, reason, status,
+                  attempts, last_error, received_at, updated_at, completed_at)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9, $10)
+             ON CONFLICT (message_id) DO UPDATE SET
+                 status = excluded.status,
+                 attempts = GREATEST(requests.attempts, excluded.attempts),
+                 last_error = excluded.last_error,
+                 updated_at = excluded.updated_at,
+                 completed_at = excluded.completed_at
+             WHERE requests.status NOT IN {FINAL_STATUSES}
+             RETURNING status"
+        ))
+        .bind(request.message_id.to_string())
+        .bind(request.instance_name.as_str())
+        .bind(request.hostname.as_str())
+        .bind(request.requested_by.as_deref())
+        .bind(request.reason.as_deref())
+        .bind(status.as_str())
+        .bind(attempts(attempt))
+        .bind(outcome.error())
+        .bind(now)
+        .bind(status.is_final().then_some(now))
+        .fetch_optional(&self.pool)
+        .await?;
+        if updated.is_some() {
+            return Ok(Recorded::Recorded);
+        }
+        let existing = self.lookup(request.message_id).await?.ok_or_else(|| {
+            StoreError::Corrupt(format!("request {} vanished", request.message_id))
+        })?;
+        Ok(Recorded::AlreadyFinal(existing))
+    }
+
+    async fn record_rejection(
+        &self,
+        message_id: Option<Uuid>,
+        reason: &str,
+        payload: &[u8],
+    ) -> Result<(), StoreError> {
+        let now = Timestamp::now().as_millis();
+        // PostgreSQL text cannot hold NUL; the excerpt is for humans anyway.
+        let excerpt = payload_excerpt(payload).replace('\0', "\u{fffd}");
+        sqlx::query(
+            "INSERT INTO requests
+                 (message_id, status, attempts, last_error, payload, received_at, updated_at, completed_at)
+             VALUES ($1, 'rejected', 1, $2, $3, $4, $4, $4)
+             ON CONFLICT (message_id) DO NOTHING",
+        )
+        .bind(message_id.map(|id| id.to_string()))
+        .bind(reason.replace('\0', "\u{fffd}"))
+        .bind(excerpt)
+        .bind(now)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn history(&self, limit: usize) -> Result<Vec<HistoryEntry>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT message_id, instance_name, hostname, status, attempts, last_error,
+                    received_at, updated_at, completed_at
+             FROM requests ORDER BY updated_at DESC, id DESC LIMIT $1",
+        )
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(entry_from_row).collect()
+    }
+
+    async fn close(&self) {
+        self.pool.close().await;
+    }
+}
+
+/// A throwaway PostgreSQL database for one test, dropped afterwards.
+#[cfg(test)]
+pub(crate) mod testing {
+    use sqlx::Connection;
+    use sqlx::postgres::PgConnection;
+
+    /// The server tests use; `MANDRILL_TEST_POSTGRES` overrides it.
+    pub fn server_url() -> String {
+        std::env::var("MANDRILL_TEST_POSTGRES")
+            .unwrap_or_else(|_| "postgres://root@127.0.0.1:5432/postgres".to_owned())
+    }
+
+    pub struct TestDatabase {
+        pub name: String,
+        pub url: String,
+    }
+
+    impl TestDatabase {
+        pub async fn create() -> Self {
+            let name = format!("mandrill_test_{}", uuid::Uuid::new_v4().simple());
+            let mut admin = PgConnection::connect(&server_url())
+                .await
+                .expect("postgres reachable for tests");
+            sqlx::query(&format!("CREATE DATABASE {name}"))
+                .execute(&mut admin)
+                .await
+                .expect("create test database");
+            let base = server_url();
+            let (server, _) = base.rsplit_once('/').expect("url has a database");
+            Self {
+                url: format!("{server}/{name}"),
+                name,
+            }
+        }
+    }
+
+    impl Drop for TestDatabase {
+        fn drop(&mut self) {
+            let name = self.name.clone();
+            // Drop runs outside any runtime; a short-lived one does the work.
+            let dropped = std::thread::spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("runtime");
+                runtime.block_on(async {
+                    let mut admin = PgConnection::connect(&server_url()).await?;
+                    sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                        .execute(&mut admin)
+                        .await
+                        .map(drop)
+                })
+            })
+            .join();
+            if !matches!(dropped, Ok(Ok(()))) {
+                eprintln!("could not drop test database {}", self.name);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::contract;
+    use super::testing::TestDatabase;
+    use super::*;
+
+    #[tokio::test]
+    async fn postgres_store_keeps_the_store_contract() {
+        let database = TestDatabase::create().await;
+        let store = PostgresStore::connect(&database.url, 4).await.unwrap();
+        contract::final_outcome_is_never_overwritten(&store).await;
+        contract::outcome_without_received_creates_row(&store).await;
+        contract::rejections_are_listed(&store).await;
+        store.close().await;
+        // Reconnecting runs migrations again without harm and keeps the data.
+        let store = PostgresStore::connect(&database.url, 1).await.unwrap();
+        assert_eq!(store.history(100).await.unwrap().len(), 4);
+        store.close().await;
+    }
+
+    #[tokio::test]
+    async fn concurrent_instances_record_only_one_first_outcome() {
+        let database = TestDatabase::create().await;
+        let first = PostgresStore::connect(&database.url, 4).await.unwrap();
+        let second = PostgresStore::connect(&database.url, 4).await.unwrap();
+        let request = contract::request("cattle-race");
+        let outcomes: Vec<Recorded> = futures::future::join_all((0..20).map(|n| {
+            let store = if n % 2 == 0 { &first } else { &second };
+            let request = &request;
+            async move {
+                store
+                    .record_outcome(request, 1, &Outcome::Restarted)
+                    .await
+                    .unwrap()
+            }
+        }))
+        .await;
+        let recorded = outcomes
+            .iter()
+            .filter(|o| **o == Recorded::Recorded)
+            .count();
+        assert_eq!(recorded, 1, "{outcomes:?}");
+        first.close().await;
+        second.close().await;
+    }
+
+    #[tokio::test]
+    async fn nul_bytes_in_a_rejected_payload_are_kept_readable() {
+        let database = TestDatabase::create().await;
+        let store = PostgresStore::connect(&database.url, 1).await.unwrap();
+        store
+            .record_rejection(None, "payload is not valid utf-8", b"\0\xff")
+            .await
+            .unwrap();
+        assert_eq!(store.history(1).await.unwrap()[0].status, Status::Rejected);
+        store.close().await;
+    }
+}
