@@ -8,6 +8,7 @@
 //! its deadline is redelivered, possibly to another consumer.
 
 pub mod memory;
+pub mod nats;
 pub mod sqlite;
 
 use std::fmt;

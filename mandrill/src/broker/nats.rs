@@ -1,0 +1,454 @@
+//! The scale-out broker: NATS JetStream, one durable pull consumer shared by
+//! every instance. The only module that imports `async_nats`.
+//!
+//! JetStream's acknowledgements map one to one onto our lease semantics:
+//! extend is an in-progress ack (`+WPI`), nack is `-NAK` with a delay,
+//! dead-letter is `+TERM` plus a copy of the message and its reason on the
+//! dead-letter subject, and ack is `+ACK` confirmed by the server (a double
+//! ack), since it follows a recorded outcome. A delivery's tag is its reply
+//! subject, so settling needs no state here. The client reconnects by itself;
+//! while it is away, pulls fail (the worker's supervisor retries them) and
+//! leases run out (the messages are redelivered).
+
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use async_nats::jetstream::consumer::{AckPolicy, PullConsumer, pull};
+use async_nats::jetstream::message::PublishMessage;
+use async_nats::jetstream::{self, AckKind, stream};
+use async_nats::{ConnectOptions, Event, HeaderMap};
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::StreamExt;
+use tracing::{info, warn};
+
+use super::{Broker, BrokerError, Delivery, DeliveryTag};
+
+/// A value that must never reach a log: its `Debug` is `****`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(pub String);
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("****")
+    }
+}
+
+/// How to authenticate to the server.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Credentials {
+    /// No credentials.
+    #[default]
+    None,
+    /// A user and password.
+    UserPassword {
+        /// The user.
+        user: String,
+        /// The password.
+        password: Secret,
+    },
+    /// A token.
+    Token(Secret),
+    /// A `.creds` file (JWT and nkey seed).
+    CredsFile(PathBuf),
+}
+
+/// Where the queue lives and how the shared consumer is set up.
+#[derive(Debug, Clone)]
+pub struct NatsSettings {
+    /// `nats://host:port`.
+    pub url: String,
+    /// The stream holding requests (created if missing, work-queue retention).
+    pub stream: String,
+    /// The subject requests are published on.
+    pub subject: String,
+    /// The durable pull consumer every instance shares.
+    pub consumer: String,
+    /// Where dead letters are copied, with their reason (a stream named
+    /// `{stream}_DEAD` keeps them).
+    pub dead_letter_subject: String,
+    /// The consumer's ack wait: a delivery's lease.
+    pub ack_wait: Duration,
+    /// Deliveries before JetStream gives up on a message.
+    pub max_deliver: i64,
+    /// Unacknowledged deliveries the consumer allows across all instances.
+    pub max_ack_pending: i64,
+    /// How long a pull waits for a first message.
+    pub poll_wait: Duration,
+    /// Authentication.
+    pub credentials: Credentials,
+    /// Require TLS.
+    pub tls: bool,
+    /// Extra root certificates (PEM) for TLS.
+    pub tls_ca_file: Option<PathBuf>,
+}
+
+/// The header carrying a dead letter's reason.
+pub const DEAD_LETTER_REASON_HEADER: &str = "Mandrill-Dead-Letter-Reason";
+
+/// See the module docs.
+pub struct NatsBroker {
+    client: async_nats::Client,
+    jetstream: jetstream::Context,
+    consumer: PullConsumer,
+    settings: NatsSettings,
+}
+
+impl fmt::Debug for NatsBroker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NatsBroker")
+            .field("stream", &self.settings.stream)
+            .field("consumer", &self.settings.consumer)
+            .finish_non_exhaustive()
+    }
+}
+
+fn unavailable(what: &str, error: impl fmt::Display) -> BrokerError {
+    BrokerError::Unavailable(format!("{what}: {error}"))
+}
+
+fn fatal(what: &str, error: impl fmt::Display) -> BrokerError {
+    BrokerError::Fatal(format!("{what}: {error}"))
+}
+
+impl NatsBroker {
+    /// Connects, creates the stream, the dead-letter stream and the consumer
+    /// if missing, and checks an existing consumer's settings against ours.
+    pub async fn connect(settings: NatsSettings) -> Result<Self, BrokerError> {
+        let mut options = ConnectOptions::new()
+            .name("mandrill")
+            .connection_timeout(Duration::from_secs(5))
+            .event_callback(|event| async move {
+                match event {
+                    Event::Connected => info!("nats connected"),
+                    Event::Disconnected => warn!("nats disconnected; reconnecting"),
+                    other => info!(event = %other, "nats event"),
+                }
+            });
+        options = match &settings.credentials {
+            Credentials::None => options,
+            Credentials::UserPassword { user, password } => {
+                options.user_and_password(user.clone(), password.0.clone())
+            }
+            Credentials::Token(token) => options.token(token.0.clone()),
+            Credentials::CredsFile(path) => options.credentials_file(path).await.map_err(|e| {
+                fatal(
+                    &format!("cannot read nats creds file {}", path.display()),
+                    e,
+                )
+            })?,
+        };
+        if settings.tls {
+            options = options.require_tls(true);
+        }
+        if let Some(ca) = &settings.tls_ca_file {
+            options = options.add_root_certificates(ca.clone());
+        }
+        let client = options
+            .connect(settings.url.as_str())
+            .await
+            .map_err(|e| unavailable(&format!("cannot connect to nats at {}", settings.url), e))?;
+        let jetstream = jetstream::new(client.clone());
+
+        let requests = jetstream
+            .get_or_create_stream(stream::Config {
+                name: settings.stream.clone(),
+                subjects: vec![settings.subject.clone()],
+                retention: stream::RetentionPolicy::WorkQueue,
+                storage: stream::StorageType::File,
+                duplicate_window: Duration::from_secs(120),
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| fatal(&format!("cannot open stream {}", settings.stream), e))?;
+        if !requests
+            .cached_info()
+            .config
+            .subjects
+            .contains(&settings.subject)
+        {
+            return Err(BrokerError::Fatal(format!(
+                "stream {} exists but does not capture subject {} (it captures {:?})",
+                settings.stream,
+                settings.subject,
+                requests.cached_info().config.subjects
+            )));
+        }
+        jetstream
+            .get_or_create_stream(stream::Config {
+                name: format!("{}_DEAD", settings.stream),
+                subjects: vec![settings.dead_letter_subject.clone()],
+                storage: stream::StorageType::File,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| fatal("cannot open the dead-letter stream", e))?;
+
+        let wanted = pull::Config {
+            durable_name: Some(settings.consumer.clone()),
+            ack_policy: AckPolicy::Explicit,
+            ack_wait: settings.ack_wait,
+            max_deliver: settings.max_deliver,
+            max_ack_pending: settings.max_ack_pending,
+            filter_subject: settings.subject.clone(),
+            ..Default::default()
+        };
+        let consumer: PullConsumer = requests
+            .get_or_create_consumer(&settings.consumer, wanted.clone())
+            .await
+            .map_err(|e| fatal(&format!("cannot open consumer {}", settings.consumer), e))?;
+        let mismatches = mismatches(&consumer.cached_info().config, &wanted);
+        if !mismatches.is_empty() {
+            return Err(BrokerError::Fatal(format!(
+                "consumer {} on stream {} exists with other settings: {}; \
+                 delete the consumer or change the configuration to match",
+                settings.consumer,
+                settings.stream,
+                mismatches.join(", ")
+            )));
+        }
+        Ok(Self {
+            client,
+            jetstream,
+            consumer,
+            settings,
+        })
+    }
+
+    /// Publishes a request with its message id as JetStream's de-duplication
+    /// id, and waits for the stream to confirm it.
+    pub async fn publish_with_id(
+        &self,
+        message_id: &str,
+        payload: Bytes,
+    ) -> Result<(), BrokerError> {
+        let confirmation = self
+            .jetstream
+            .send_publish(
+                self.settings.subject.clone(),
+                PublishMessage::build()
+                    .payload(payload)
+                    .message_id(message_id),
+            )
+            .await
+            .map_err(|e| unavailable("cannot publish", e))?;
+        confirmation
+            .await
+            .map_err(|e| unavailable("publish not confirmed", e))?;
+        Ok(())
+    }
+
+    /// Leases what is available now, up to `max`, without waiting.
+    async fn fetch_available(&self, max: usize) -> Result<Vec<Delivery>, BrokerError> {
+        let batch = self
+            .consumer
+            .fetch()
+            .max_messages(max)
+            .messages()
+            .await
+            .map_err(|e| unavailable("cannot fetch", e))?;
+        collect(batch).await
+    }
+
+    /// Waits up to the poll wait for one message.
+    async fn wait_for_one(&self) -> Result<Vec<Delivery>, BrokerError> {
+        let batch = self
+            .consumer
+            .batch()
+            .max_messages(1)
+            .expires(self.settings.poll_wait)
+            .messages()
+            .await
+            .map_err(|e| unavailable("cannot pull", e))?;
+        collect(batch).await
+    }
+
+    fn reply<'a>(&self, tag: &'a DeliveryTag) -> Result<&'a str, BrokerError> {
+        tag.as_text()
+            .ok_or_else(|| BrokerError::LeaseLost(tag.clone()))
+    }
+
+    async fn send(&self, tag: &DeliveryTag, kind: AckKind) -> Result<(), BrokerError> {
+        let reply = self.reply(tag)?.to_owned();
+        self.client
+            .publish(reply, kind.into())
+            .await
+            .map_err(|e| unavailable(&format!("cannot settle {tag}"), e))
+    }
+
+    /// Sends an acknowledgement and waits for the server to confirm it.
+    async fn send_confirmed(&self, tag: &DeliveryTag, kind: AckKind) -> Result<(), BrokerError> {
+        let reply = self.reply(tag)?.to_owned();
+        self.client
+            .request(reply, kind.into())
+            .await
+            .map(drop)
+            .map_err(|e| unavailable(&format!("settling {tag} not confirmed"), e))
+    }
+}
+
+/// The settings of an existing consumer that differ from ours.
+fn mismatches(existing: &jetstream::consumer::Config, wanted: &pull::Config) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut check = |name: &str, have: String, want: String| {
+        if have != want {
+            found.push(format!("{name} is {have} (configured {want})"));
+        }
+    };
+    check(
+        "ack_wait",
+        format!("{:?}", existing.ack_wait),
+        format!("{:?}", wanted.ack_wait),
+    );
+    check(
+        "max_deliver",
+        existing.max_deliver.to_string(),
+        wanted.max_deliver.to_string(),
+    );
+    check(
+        "max_ack_pending",
+        existing.max_ack_pending.to_string(),
+        wanted.max_ack_pending.to_string(),
+    );
+    check(
+        "filter_subject",
+        existing.filter_subject.clone(),
+        wanted.filter_subject.clone(),
+    );
+    check(
+        "ack_policy",
+        format!("{:?}", existing.ack_policy),
+        format!("{:?}", wanted.ack_policy),
+    );
+    found
+}
+
+async fn collect(mut batch: pull::Batch) -> Result<Vec<Delivery>, BrokerError> {
+    let mut deliveries = Vec::new();
+    while let Some(message) = batch.next().await {
+        let message = message.map_err(|e| unavailable("pull interrupted", e))?;
+        let Some(reply) = message.reply.as_ref() else {
+            warn!("message without a reply subject; not a jetstream delivery, skipped");
+            continue;
+        };
+        let attempt = message
+            .info()
+            .map(|info| u32::try_from(info.delivered).unwrap_or(u32::MAX))
+            .unwrap_or(1);
+        deliveries.push(Delivery {
+            tag: DeliveryTag::text(reply.as_str()),
+            payload: message.payload.clone(),
+            attempt,
+        });
+    }
+    Ok(deliveries)
+}
+
+#[async_trait]
+impl Broker for NatsBroker {
+    fn ack_deadline(&self) -> Duration {
+        self.settings.ack_wait
+    }
+
+    async fn publish(&self, payload: Bytes) -> Result<(), BrokerError> {
+        // Use the request's own id for de-duplication when it has one.
+        match crate::domain::salvage_message_id(&payload) {
+            Some(id) => self.publish_with_id(&id.to_string(), payload).await,
+            None => {
+                let confirmation = self
+                    .jetstream
+                    .publish(self.settings.subject.clone(), payload)
+                    .await
+                    .map_err(|e| unavailable("cannot publish", e))?;
+                confirmation
+                    .await
+                    .map_err(|e| unavailable("publish not confirmed", e))?;
+                Ok(())
+            }
+        }
+    }
+
+    async fn pull(&self, max: usize) -> Result<Vec<Delivery>, BrokerError> {
+        let available = self.fetch_available(max).await?;
+        if !available.is_empty() {
+            return Ok(available);
+        }
+        self.wait_for_one().await
+    }
+
+    async fn ack(&self, tag: &DeliveryTag) -> Result<(), BrokerError> {
+        self.send_confirmed(tag, AckKind::Ack).await
+    }
+
+    async fn nack(&self, tag: &DeliveryTag, delay: Duration) -> Result<(), BrokerError> {
+        let delay = (!delay.is_zero()).then_some(delay);
+        self.send(tag, AckKind::Nak(delay)).await
+    }
+
+    async fn extend(&self, tag: &DeliveryTag) -> Result<(), BrokerError> {
+        self.send(tag, AckKind::Progress).await
+    }
+
+    async fn dead_letter(&self, tag: &DeliveryTag, reason: &str) -> Result<(), BrokerError> {
+        // The copy first: once terminated, the original is gone. If the copy
+        // fails, the delivery stays leased and is redelivered, not lost.
+        let payload = self.original_payload(tag).await?;
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            DEAD_LETTER_REASON_HEADER,
+            reason.replace(['\r', '\n'], " ").as_str(),
+        );
+        let confirmation = self
+            .jetstream
+            .publish_with_headers(self.settings.dead_letter_subject.clone(), headers, payload)
+            .await
+            .map_err(|e| unavailable("cannot publish dead letter", e))?;
+        confirmation
+            .await
+            .map_err(|e| unavailable("dead letter not confirmed", e))?;
+        self.send_confirmed(tag, AckKind::Term).await
+    }
+
+    async fn close(&self) {
+        if let Err(error) = self.client.flush().await {
+            warn!(%error, "could not flush nats before closing");
+        }
+    }
+}
+
+impl NatsBroker {
+    /// The payload of a delivery, read back from the stream by its sequence
+    /// (in the reply subject), so that dead-lettering needs no cached copy.
+    async fn original_payload(&self, tag: &DeliveryTag) -> Result<Bytes, BrokerError> {
+        let reply = self.reply(tag)?;
+        let sequence = stream_sequence(reply)
+            .ok_or_else(|| BrokerError::Fatal(format!("cannot read the sequence of {tag}")))?;
+        let stream = self
+            .jetstream
+            .get_stream(&self.settings.stream)
+            .await
+            .map_err(|e| unavailable("cannot open stream", e))?;
+        let message = stream
+            .get_raw_message(sequence)
+            .await
+            .map_err(|e| unavailable(&format!("cannot read message {sequence}"), e))?;
+        Ok(message.payload)
+    }
+}
+
+/// The stream sequence in a JetStream reply subject:
+/// `$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<ts>.<pending>`
+/// (with an optional domain and account hash after `ACK` on newer servers).
+fn stream_sequence(reply: &str) -> Option<u64> {
+    let tokens: Vec<&str> = reply.split('.').collect();
+    let first = match tokens.len() {
+        9 => 5,
+        n if n >= 12 => 7,
+        _ => return None,
+    };
+    tokens.get(first)?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests;

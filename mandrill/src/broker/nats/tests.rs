@@ -1,0 +1,335 @@
+//! Against the NATS server on this machine (`MANDRILL_TEST_NATS` overrides
+//! the address). Every test uses its own stream, subjects and consumer, and
+//! deletes its streams afterwards.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::StreamExt;
+use uuid::Uuid;
+
+use super::*;
+use crate::backoff::Backoff;
+use crate::domain::{Domain, Hostname, ParseRules, Status};
+use crate::restarter::{Reservation, RestartError, Restarter};
+use crate::stats::Stats;
+use crate::store::{MemoryStore, Store};
+use crate::worker::{Shutdown, Worker, WorkerConfig};
+
+pub(crate) fn server_url() -> String {
+    std::env::var("MANDRILL_TEST_NATS").unwrap_or_else(|_| "nats://127.0.0.1:4222".to_owned())
+}
+
+/// Names unique to one test; the streams are deleted on drop.
+pub(crate) struct TestStreams {
+    pub settings: NatsSettings,
+}
+
+impl TestStreams {
+    pub fn new(ack_wait: Duration) -> Self {
+        let id = Uuid::new_v4().simple().to_string();
+        Self {
+            settings: NatsSettings {
+                url: server_url(),
+                stream: format!("MANDRILL_TEST_{id}"),
+                subject: format!("mandrill.test.{id}.requests"),
+                consumer: format!("mandrill-test-{id}"),
+                dead_letter_subject: format!("mandrill.test.{id}.dead"),
+                ack_wait,
+                max_deliver: 10,
+                max_ack_pending: 1000,
+                poll_wait: Duration::from_millis(200),
+                credentials: Credentials::None,
+                tls: false,
+                tls_ca_file: None,
+            },
+        }
+    }
+}
+
+impl Drop for TestStreams {
+    fn drop(&mut self) {
+        let settings = self.settings.clone();
+        let _ = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            runtime.block_on(async {
+                if let Ok(client) = async_nats::connect(settings.url.as_str()).await {
+                    let js = jetstream::new(client);
+                    let _ = js.delete_stream(&settings.stream).await;
+                    let _ = js.delete_stream(format!("{}_DEAD", settings.stream)).await;
+                }
+            });
+        })
+        .join();
+    }
+}
+
+async fn pull_within(broker: &NatsBroker, deadline: Duration) -> Vec<Delivery> {
+    let until = Instant::now() + deadline;
+    loop {
+        let batch = broker.pull(10).await.unwrap();
+        if !batch.is_empty() || Instant::now() >= until {
+            return batch;
+        }
+    }
+}
+
+#[tokio::test]
+async fn extended_lease_keeps_a_slow_message_from_redelivery() {
+    let streams = TestStreams::new(Duration::from_secs(1));
+    let broker = NatsBroker::connect(streams.settings.clone()).await.unwrap();
+    let other_instance = NatsBroker::connect(streams.settings.clone()).await.unwrap();
+    broker.publish(Bytes::from_static(b"slow")).await.unwrap();
+    let delivery = pull_within(&broker, Duration::from_secs(10))
+        .await
+        .remove(0);
+    assert_eq!(delivery.attempt, 1);
+    // Three ack waits long, extended every third of one.
+    for _ in 0..9 {
+        tokio::time::sleep(Duration::from_millis(330)).await;
+        broker.extend(&delivery.tag).await.unwrap();
+        assert!(
+            other_instance.pull(10).await.unwrap().is_empty(),
+            "redelivered while leased"
+        );
+    }
+    broker.ack(&delivery.tag).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        other_instance.pull(10).await.unwrap().is_empty(),
+        "redelivered after ack"
+    );
+}
+
+#[tokio::test]
+async fn unextended_lease_expires_and_the_message_is_redelivered() {
+    let streams = TestStreams::new(Duration::from_secs(1));
+    let broker = NatsBroker::connect(streams.settings.clone()).await.unwrap();
+    broker.publish(Bytes::from_static(b"m")).await.unwrap();
+    let first = pull_within(&broker, Duration::from_secs(10))
+        .await
+        .remove(0);
+    let again = pull_within(&broker, Duration::from_secs(10)).await;
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].attempt, 2);
+    assert_eq!(again[0].payload, first.payload);
+}
+
+#[tokio::test]
+async fn nack_delay_is_honoured() {
+    let streams = TestStreams::new(Duration::from_secs(30));
+    let broker = NatsBroker::connect(streams.settings.clone()).await.unwrap();
+    broker.publish(Bytes::from_static(b"m")).await.unwrap();
+    let delivery = pull_within(&broker, Duration::from_secs(10))
+        .await
+        .remove(0);
+    broker
+        .nack(&delivery.tag, Duration::from_secs(2))
+        .await
+        .unwrap();
+    assert!(
+        broker.pull(10).await.unwrap().is_empty(),
+        "redelivered before its delay"
+    );
+    let again = pull_within(&broker, Duration::from_secs(20)).await;
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].attempt, 2);
+}
+
+#[tokio::test]
+async fn dead_letter_terminates_and_copies_the_message_with_its_reason() {
+    let streams = TestStreams::new(Duration::from_secs(1));
+    let broker = NatsBroker::connect(streams.settings.clone()).await.unwrap();
+    broker.publish(Bytes::from_static(b"poison")).await.unwrap();
+    let delivery = pull_within(&broker, Duration::from_secs(10))
+        .await
+        .remove(0);
+    broker
+        .dead_letter(&delivery.tag, "payload is not a valid request")
+        .await
+        .unwrap();
+    // Terminated: not redelivered even after the ack wait.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(broker.pull(10).await.unwrap().is_empty());
+    let dead = dead_letters(&streams.settings).await;
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].0, Bytes::from_static(b"poison"));
+    assert_eq!(dead[0].1, "payload is not a valid request");
+}
+
+/// The dead-letter stream's messages: payload and reason.
+pub(crate) async fn dead_letters(settings: &NatsSettings) -> Vec<(Bytes, String)> {
+    let client = async_nats::connect(settings.url.as_str()).await.unwrap();
+    let js = jetstream::new(client);
+    let stream = js
+        .get_stream(format!("{}_DEAD", settings.stream))
+        .await
+        .unwrap();
+    let consumer: PullConsumer = stream
+        .create_consumer(pull::Config::default())
+        .await
+        .unwrap();
+    let mut batch = consumer
+        .fetch()
+        .max_messages(1000)
+        .messages()
+        .await
+        .unwrap();
+    let mut found = Vec::new();
+    while let Some(message) = batch.next().await {
+        let message = message.unwrap();
+        let reason = message
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(DEAD_LETTER_REASON_HEADER))
+            .map(|v| v.as_str().to_owned())
+            .unwrap_or_default();
+        found.push((message.payload.clone(), reason));
+    }
+    found
+}
+
+#[tokio::test]
+async fn publishing_the_same_message_id_twice_stores_it_once() {
+    let streams = TestStreams::new(Duration::from_secs(30));
+    let broker = NatsBroker::connect(streams.settings.clone()).await.unwrap();
+    let payload = Bytes::from(format!(
+        r#"{{"message_id":"{}","instance_name":"cattle-dupe"}}"#,
+        Uuid::new_v4()
+    ));
+    broker.publish(payload.clone()).await.unwrap();
+    broker.publish(payload).await.unwrap();
+    let first = pull_within(&broker, Duration::from_secs(10)).await;
+    assert_eq!(first.len(), 1);
+    broker.ack(&first[0].tag).await.unwrap();
+    assert!(broker.pull(10).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn existing_consumer_with_other_settings_is_reported() {
+    let streams = TestStreams::new(Duration::from_secs(30));
+    NatsBroker::connect(streams.settings.clone()).await.unwrap();
+    let mut changed = streams.settings.clone();
+    changed.ack_wait = Duration::from_secs(10);
+    changed.max_deliver = 3;
+    let error = NatsBroker::connect(changed).await.unwrap_err().to_string();
+    assert!(
+        error.contains("ack_wait is 30s (configured 10s)"),
+        "{error}"
+    );
+    assert!(
+        error.contains("max_deliver is 10 (configured 3)"),
+        "{error}"
+    );
+}
+
+#[test]
+fn stream_sequence_is_read_from_both_reply_formats() {
+    assert_eq!(stream_sequence("$JS.ACK.S.C.1.42.7.1700000000.0"), Some(42));
+    assert_eq!(
+        stream_sequence("$JS.ACK.domain.hash.S.C.1.42.7.1700000000.0.token"),
+        Some(42)
+    );
+    assert_eq!(stream_sequence("not.a.reply"), None);
+}
+
+#[test]
+fn secrets_never_show_in_debug_output() {
+    let credentials = Credentials::UserPassword {
+        user: "mandrill".into(),
+        password: Secret("hunter2".into()),
+    };
+    let printed = format!("{credentials:?}");
+    assert!(!printed.contains("hunter2"), "{printed}");
+    assert!(printed.contains("****"));
+}
+
+/// Fails every restart.
+struct AlwaysFails(AtomicU32);
+
+#[async_trait]
+impl Restarter for AlwaysFails {
+    async fn restart(&self, host: &Hostname, _: Reservation) -> Result<(), RestartError> {
+        self.0.fetch_add(1, Ordering::AcqRel);
+        Err(RestartError::Failed {
+            host: host.clone(),
+            reason: "host unreachable".into(),
+        })
+    }
+}
+
+/// The worker's retry-then-dead-letter behaviour holds on JetStream: naks
+/// with backoff, then term and a copy on the dead-letter subject.
+#[tokio::test]
+async fn worker_on_nats_retries_then_dead_letters_with_reason() {
+    let streams = TestStreams::new(Duration::from_secs(5));
+    let broker = Arc::new(NatsBroker::connect(streams.settings.clone()).await.unwrap());
+    let store = Arc::new(MemoryStore::new());
+    let restarter = Arc::new(AlwaysFails(AtomicU32::new(0)));
+    let stats = Arc::new(Stats::default());
+    let config = WorkerConfig {
+        max_in_flight: 10,
+        pull_batch: 10,
+        max_attempts: 3,
+        retry_backoff: Backoff {
+            initial: Duration::from_millis(200),
+            max: Duration::from_secs(1),
+        },
+        record_attempts: 2,
+        record_backoff: Backoff {
+            initial: Duration::from_millis(10),
+            max: Duration::from_millis(10),
+        },
+        restart_timeout: Duration::from_secs(5),
+        shutdown_grace: Duration::from_secs(5),
+        lease_extension_interval: None,
+        max_pull_failures: 5,
+        pull_backoff: Backoff {
+            initial: Duration::from_millis(50),
+            max: Duration::from_secs(1),
+        },
+        parse: ParseRules {
+            domain: Domain::default(),
+            max_payload_bytes: 4096,
+        },
+    };
+    let shutdown = Shutdown::new();
+    let worker = Worker::new(
+        config,
+        broker.clone(),
+        store.clone(),
+        restarter.clone(),
+        stats.clone(),
+    );
+    let running = tokio::spawn(worker.run(shutdown.clone()));
+    let id = Uuid::new_v4();
+    broker
+        .publish(Bytes::from(format!(
+            r#"{{"message_id":"{id}","instance_name":"cattle-gone"}}"#
+        )))
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while stats.dead_lettered.get() < 1 {
+        assert!(Instant::now() < deadline, "never dead-lettered");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    shutdown.request();
+    running.await.unwrap().unwrap();
+    assert_eq!(restarter.0.load(Ordering::Acquire), 3);
+    assert_eq!(stats.nacked.get(), 2);
+    assert_eq!(store.lookup(id).await.unwrap(), Some(Status::Failed));
+    let dead = dead_letters(&streams.settings).await;
+    assert_eq!(dead.len(), 1);
+    assert!(
+        dead[0].1.starts_with("restart failed after 3 attempts"),
+        "{}",
+        dead[0].1
+    );
+}
