@@ -823,6 +823,8 @@ mod tests {
             ("[message]\ndomain = \"bad_domain\"\n", "message.domain"),
             ("[restarter]\nkind = \"teleport\"\n", "restarter.kind"),
             ("[log]\nformat = \"xml\"\n", "log.format"),
+            ("[broker]\nmax_deliveries = 2\n", "broker.max_deliveries"),
+            ("[broker]\npoll_interval = \"0s\"\n", "broker.poll_interval"),
         ];
         for (file, key) in cases {
             let error = load(Some(file), &[], &[]).unwrap_err().to_string();

@@ -37,6 +37,9 @@ pub enum StoreError {
     /// none of it was committed.
     #[error("database write failed: {0}")]
     Write(String),
+    /// A batched read failed; every lookup of the batch is told.
+    #[error("database read failed: {0}")]
+    Read(String),
     /// The store was closed.
     #[error("the store is closed")]
     Closed,

@@ -18,6 +18,7 @@ use sqlx::sqlite::{
 };
 use sqlx::{Connection, Row, Sqlite};
 use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, warn};
 use uuid::Uuid;
@@ -35,9 +36,16 @@ pub struct SqliteStore {
     pool: SqlitePool,
     /// To the writer task.
     writes: mpsc::Sender<Write>,
-    /// The writer task.
+    /// To the lookup task, which answers many lookups with one query.
+    lookups: mpsc::Sender<Lookup>,
+    /// Stops the lookup task.
+    closing: CancellationToken,
+    /// The writer and lookup tasks.
     tasks: TaskTracker,
 }
+
+/// A lookup waiting for its answer.
+type Lookup = (Uuid, oneshot::Sender<Result<Option<Status>, StoreError>>);
 
 /// One write, with whom to tell once it is committed.
 #[derive(Debug)]
@@ -93,12 +101,17 @@ impl SqliteStore {
             Writer::Connection(SqliteConnection::connect_with(&options).await?)
         };
         let (writes, receiver) = mpsc::channel(MAX_BATCH * 4);
+        let (lookups, lookup_receiver) = mpsc::channel(MAX_BATCH * 4);
+        let closing = CancellationToken::new();
         let tasks = TaskTracker::new();
         tasks.spawn(write_loop(writer, receiver));
+        tasks.spawn(lookup_loop(pool.clone(), lookup_receiver, closing.clone()));
         tasks.close();
         Ok(Self {
             pool,
             writes,
+            lookups,
+            closing,
             tasks,
         })
     }
@@ -113,6 +126,54 @@ impl SqliteStore {
             .await
             .map_err(|_| StoreError::Closed)?;
         answer.await.map_err(|_| StoreError::Closed)?
+    }
+}
+
+/// Answers every queued lookup with one query, until `closing`.
+async fn lookup_loop(
+    pool: SqlitePool,
+    mut receiver: mpsc::Receiver<Lookup>,
+    closing: CancellationToken,
+) {
+    let mut batch: Vec<Lookup> = Vec::with_capacity(MAX_BATCH);
+    loop {
+        tokio::select! {
+            received = receiver.recv_many(&mut batch, MAX_BATCH) => if received == 0 { break },
+            () = closing.cancelled() => break,
+        }
+        let ids: Vec<String> = batch.iter().map(|(id, _)| id.to_string()).collect();
+        // A vector of strings always serialises.
+        let ids = serde_json::to_string(&ids).expect("ids serialise");
+        let found: Result<Vec<(String, String)>, sqlx::Error> = sqlx::query_as(
+            "SELECT message_id, status FROM requests
+             WHERE message_id IN (SELECT value FROM json_each(?1))",
+        )
+        .bind(ids)
+        .fetch_all(&pool)
+        .await;
+        match found {
+            Ok(rows) => {
+                let statuses: std::collections::HashMap<String, String> =
+                    rows.into_iter().collect();
+                for (id, reply) in batch.drain(..) {
+                    let status = statuses.get(&id.to_string()).map(|s| {
+                        Status::from_name(s)
+                            .ok_or_else(|| StoreError::Corrupt(format!("status {s:?}")))
+                    });
+                    let _ = reply.send(status.transpose());
+                }
+            }
+            Err(error) => {
+                let message = error.to_string();
+                for (_, reply) in batch.drain(..) {
+                    let _ = reply.send(Err(StoreError::Read(message.clone())));
+                }
+            }
+        }
+    }
+    receiver.close();
+    while let Ok((_, reply)) = receiver.try_recv() {
+        let _ = reply.send(Err(StoreError::Closed));
     }
 }
 
@@ -195,38 +256,84 @@ fn fail(write: Write, error: StoreError) {
 /// Runs every write of `batch` in one write transaction. For each write,
 /// `Some(status)` when an outcome was not recorded because `status` was
 /// already final. Any error fails the whole batch: nothing is committed.
+///
+/// Receipts go in one statement, then outcomes in one, then rejections one
+/// by one. That order is one valid order among concurrent callers as long as
+/// no request appears twice in the batch (a handler's own receipt is
+/// committed before it records its outcome); when one does (two deliveries of
+/// a request racing), the batch runs write by write, in arrival order.
 async fn commit_batch(
     conn: &mut SqliteConnection,
     batch: &[Write],
 ) -> Result<Vec<Option<Status>>, sqlx::Error> {
     let now = Timestamp::now().as_millis();
     let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
-    let mut results = Vec::with_capacity(batch.len());
+    let mut results = vec![None; batch.len()];
+    let mut seen = std::collections::HashSet::with_capacity(batch.len());
+    let repeats = batch.iter().any(|write| match write {
+        Write::Received { request, .. } | Write::Outcome { request, .. } => {
+            !seen.insert(request.message_id)
+        }
+        _ => false,
+    });
+    if repeats {
+        for (write, result) in batch.iter().zip(&mut results) {
+            match write {
+                Write::Received {
+                    request, attempt, ..
+                } => insert_received(&mut tx, &[(request, *attempt)], now).await?,
+                Write::Outcome {
+                    request,
+                    attempt,
+                    outcome,
+                    ..
+                } => {
+                    *result = insert_outcomes(&mut tx, &[(request, *attempt, outcome)], now)
+                        .await?
+                        .remove(0)
+                }
+                _ => {}
+            }
+        }
+    } else {
+        let receipts: Vec<_> = batch
+            .iter()
+            .filter_map(|write| match write {
+                Write::Received {
+                    request, attempt, ..
+                } => Some((request, *attempt)),
+                _ => None,
+            })
+            .collect();
+        insert_received(&mut tx, &receipts, now).await?;
+        let (indexes, outcomes): (Vec<usize>, Vec<_>) = batch
+            .iter()
+            .enumerate()
+            .filter_map(|(index, write)| match write {
+                Write::Outcome {
+                    request,
+                    attempt,
+                    outcome,
+                    ..
+                } => Some((index, (request, *attempt, outcome))),
+                _ => None,
+            })
+            .unzip();
+        let recorded = insert_outcomes(&mut tx, &outcomes, now).await?;
+        for (index, result) in indexes.into_iter().zip(recorded) {
+            results[index] = result;
+        }
+    }
     for write in batch {
-        results.push(match write {
-            Write::Received {
-                request, attempt, ..
-            } => {
-                insert_received(&mut tx, request, *attempt, now).await?;
-                None
-            }
-            Write::Outcome {
-                request,
-                attempt,
-                outcome,
-                ..
-            } => insert_outcome(&mut tx, request, *attempt, outcome, now).await?,
-            Write::Rejection {
-                message_id,
-                reason,
-                excerpt,
-                ..
-            } => {
-                insert_rejection(&mut tx, *message_id, reason, excerpt, now).await?;
-                None
-            }
-            Write::Close => None,
-        });
+        if let Write::Rejection {
+            message_id,
+            reason,
+            excerpt,
+            ..
+        } = write
+        {
+            insert_rejection(&mut tx, *message_id, reason, excerpt, now).await?;
+        }
     }
     tx.commit().await?;
     Ok(results)
@@ -265,16 +372,12 @@ fn entry_from_row(row: &SqliteRow) -> Result<HistoryEntry, StoreError> {
 #[async_trait]
 impl Store for SqliteStore {
     async fn lookup(&self, message_id: Uuid) -> Result<Option<Status>, StoreError> {
-        let status: Option<String> =
-            sqlx::query_scalar("SELECT status FROM requests WHERE message_id = ?1")
-                .bind(message_id.to_string())
-                .fetch_optional(&self.pool)
-                .await?;
-        status
-            .map(|s| {
-                Status::from_name(&s).ok_or_else(|| StoreError::Corrupt(format!("status {s:?}")))
-            })
-            .transpose()
+        let (reply, answer) = oneshot::channel();
+        self.lookups
+            .send((message_id, reply))
+            .await
+            .map_err(|_| StoreError::Closed)?;
+        answer.await.map_err(|_| StoreError::Closed)?
     }
 
     async fn record_received(
@@ -338,57 +441,91 @@ impl Store for SqliteStore {
     async fn close(&self) {
         // Fails only if the writer already stopped, which is what we want.
         let _ = self.writes.send(Write::Close).await;
+        self.closing.cancel();
         self.tasks.wait().await;
         self.pool.close().await;
     }
 }
 
+/// Records receipts, in one statement.
 async fn insert_received(
     tx: &mut Tx<'_>,
-    request: &RestartRequest,
-    attempt: u32,
+    receipts: &[(&RestartRequest, u32)],
     now: i64,
 ) -> Result<(), sqlx::Error> {
+    if receipts.is_empty() {
+        return Ok(());
+    }
+    let rows: Vec<_> = receipts
+        .iter()
+        .map(|(request, attempt)| {
+            serde_json::json!([
+                request.message_id.to_string(),
+                request.instance_name.as_str(),
+                request.hostname.as_str(),
+                request.requested_by,
+                request.reason,
+                attempt,
+            ])
+        })
+        .collect();
+    // `WHERE true` tells SQLite's parser the ON CONFLICT is an upsert clause.
     sqlx::query(&format!(
         "INSERT INTO requests
              (message_id, instance_name, hostname, requested_by, reason, status,
               attempts, received_at, updated_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, 'received', ?6, ?7, ?7)
+         SELECT j.value ->> 0, j.value ->> 1, j.value ->> 2, j.value ->> 3, j.value ->> 4,
+                'received', j.value ->> 5, ?2, ?2
+         FROM json_each(?1) AS j WHERE true
          ON CONFLICT (message_id) DO UPDATE SET
              attempts = max(requests.attempts, excluded.attempts),
              updated_at = excluded.updated_at,
              status = CASE WHEN requests.status IN {FINAL_STATUSES}
                            THEN requests.status ELSE 'received' END"
     ))
-    .bind(request.message_id.to_string())
-    .bind(request.instance_name.as_str())
-    .bind(request.hostname.as_str())
-    .bind(request.requested_by.as_deref())
-    .bind(request.reason.as_deref())
-    .bind(i64::from(attempt))
+    .bind(serde_json::Value::Array(rows).to_string())
     .bind(now)
     .execute(&mut **tx)
     .await?;
     Ok(())
 }
 
-/// `None` if recorded, or the final status that was already there.
-async fn insert_outcome(
+/// Records outcomes, in one statement; for each, `None` if recorded, or the
+/// final status that was already there. The request ids must be distinct.
+async fn insert_outcomes(
     tx: &mut Tx<'_>,
-    request: &RestartRequest,
-    attempt: u32,
-    outcome: &Outcome,
+    outcomes: &[(&RestartRequest, u32, &Outcome)],
     now: i64,
-) -> Result<Option<Status>, sqlx::Error> {
-    let status = outcome.status();
-    let completed_at = status.is_final().then_some(now);
+) -> Result<Vec<Option<Status>>, sqlx::Error> {
+    if outcomes.is_empty() {
+        return Ok(Vec::new());
+    }
+    let rows: Vec<_> = outcomes
+        .iter()
+        .map(|(request, attempt, outcome)| {
+            let status = outcome.status();
+            serde_json::json!([
+                request.message_id.to_string(),
+                request.instance_name.as_str(),
+                request.hostname.as_str(),
+                request.requested_by,
+                request.reason,
+                status.as_str(),
+                attempt,
+                outcome.error(),
+                status.is_final().then_some(now),
+            ])
+        })
+        .collect();
     // One statement, so that two deliveries of the same message (or two
     // instances) cannot both record a first final outcome.
-    let updated: Option<String> = sqlx::query_scalar(&format!(
+    let recorded: Vec<String> = sqlx::query_scalar(&format!(
         "INSERT INTO requests
              (message_id, instance_name, hostname, requested_by, reason, status,
               attempts, last_error, received_at, updated_at, completed_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9, ?10)
+         SELECT j.value ->> 0, j.value ->> 1, j.value ->> 2, j.value ->> 3, j.value ->> 4,
+                j.value ->> 5, j.value ->> 6, j.value ->> 7, ?2, ?2, j.value ->> 8
+         FROM json_each(?1) AS j WHERE true
          ON CONFLICT (message_id) DO UPDATE SET
              status = excluded.status,
              attempts = max(requests.attempts, excluded.attempts),
@@ -396,29 +533,29 @@ async fn insert_outcome(
              updated_at = excluded.updated_at,
              completed_at = excluded.completed_at
          WHERE requests.status NOT IN {FINAL_STATUSES}
-         RETURNING status"
+         RETURNING message_id"
     ))
-    .bind(request.message_id.to_string())
-    .bind(request.instance_name.as_str())
-    .bind(request.hostname.as_str())
-    .bind(request.requested_by.as_deref())
-    .bind(request.reason.as_deref())
-    .bind(status.as_str())
-    .bind(i64::from(attempt))
-    .bind(outcome.error())
+    .bind(serde_json::Value::Array(rows).to_string())
     .bind(now)
-    .bind(completed_at)
-    .fetch_optional(&mut **tx)
+    .fetch_all(&mut **tx)
     .await?;
-    if updated.is_some() {
-        return Ok(None);
+    let recorded: std::collections::HashSet<String> = recorded.into_iter().collect();
+    let mut results = Vec::with_capacity(outcomes.len());
+    for (request, _, _) in outcomes {
+        let id = request.message_id.to_string();
+        if recorded.contains(&id) {
+            results.push(None);
+            continue;
+        }
+        let existing: String =
+            sqlx::query_scalar("SELECT status FROM requests WHERE message_id = ?1")
+                .bind(&id)
+                .fetch_one(&mut **tx)
+                .await?;
+        // The row was written by this program with a status from the CHECK list.
+        results.push(Some(Status::from_name(&existing).unwrap_or(Status::Failed)));
     }
-    let existing: String = sqlx::query_scalar("SELECT status FROM requests WHERE message_id = ?1")
-        .bind(request.message_id.to_string())
-        .fetch_one(&mut **tx)
-        .await?;
-    // The row was written by this program with a status from the CHECK list.
-    Ok(Some(Status::from_name(&existing).unwrap_or(Status::Failed)))
+    Ok(results)
 }
 
 async fn insert_rejection(
