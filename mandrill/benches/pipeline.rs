@@ -1,1 +1,376 @@
-fn main() {}
+//! The tutorial's workload through the real worker, measured.
+//!
+//! `cargo bench -p mandrill --bench pipeline -- --messages N --work-ms W --fail-rate F
+//!  [--broker memory|sqlite:PATH] [--db memory|sqlite:PATH]`
+//!
+//! With the in-memory broker (the default), publishes N requests as fast as
+//! possible while the worker handles them with `max_in_flight` = N (the
+//! tutorial bounds nothing). Save and restart each wait W ms and restarts
+//! fail with probability F; failures are not retried (max_attempts 1), as in
+//! the tutorial, so they are dead-lettered. Prints one JSON line; `seconds`
+//! runs from the first publish to the last settlement.
+//!
+//! With `--broker sqlite:PATH` (a real file; `sqlite` alone means a file in a
+//! fresh temporary directory) the N requests are published first, in one
+//! transaction, and `seconds` runs from the worker's start until the queue is
+//! idle. `--db` chooses the store the same way (default: in memory). With
+//! either on SQLite, the same run also measures the ceiling: a raw loop that
+//! inserts N rows and deletes them again, batched like the broker's writer,
+//! through sqlx with the same pragmas; `ratio` is the pipeline's rate over it.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use mandrill::backoff::Backoff;
+use mandrill::broker::{Broker, MemoryBroker, SqliteBroker};
+use mandrill::config::BrokerConfig;
+use mandrill::domain::{Domain, Outcome, ParseRules, RestartRequest, Status};
+use mandrill::restarter::{SimulatedRestarter, Simulation};
+use mandrill::simulate::random_request;
+use mandrill::stats::Stats;
+use mandrill::store::{HistoryEntry, MemoryStore, Recorded, SqliteStore, Store, StoreError};
+use mandrill::worker::{Shutdown, Worker, WorkerConfig};
+use uuid::Uuid;
+
+/// The same allocator as the `mandrill` binary.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+struct Options {
+    messages: usize,
+    work: Duration,
+    fail_rate: f64,
+    broker: String,
+    db: String,
+}
+
+fn parse_options() -> Options {
+    let mut options = Options {
+        messages: 100_000,
+        work: Duration::ZERO,
+        fail_rate: 0.0,
+        broker: "memory".into(),
+        db: "memory".into(),
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        let mut value = |name: &str| {
+            args.next()
+                .unwrap_or_else(|| panic!("{name} needs a value"))
+        };
+        match arg.as_str() {
+            "--messages" => options.messages = value("--messages").parse().expect("--messages N"),
+            "--work-ms" => {
+                options.work =
+                    Duration::from_millis(value("--work-ms").parse().expect("--work-ms W"))
+            }
+            "--fail-rate" => {
+                options.fail_rate = value("--fail-rate").parse().expect("--fail-rate F")
+            }
+            "--broker" => options.broker = value("--broker"),
+            "--db" => options.db = value("--db"),
+            // `cargo bench` passes --bench to harness-less benchmarks.
+            "--bench" => {}
+            other => {
+                panic!(
+                    "unknown argument {other:?}; expected --messages, --work-ms, --fail-rate, --broker, --db"
+                )
+            }
+        }
+    }
+    options
+}
+
+/// A store, with `save` taking the simulated work time.
+struct SlowSaveStore {
+    inner: Arc<dyn Store>,
+    work: Duration,
+}
+
+#[async_trait]
+impl Store for SlowSaveStore {
+    async fn lookup(&self, id: Uuid) -> Result<Option<Status>, StoreError> {
+        self.inner.lookup(id).await
+    }
+    async fn record_received(&self, r: &RestartRequest, attempt: u32) -> Result<(), StoreError> {
+        if !self.work.is_zero() {
+            tokio::time::sleep(self.work).await;
+        }
+        self.inner.record_received(r, attempt).await
+    }
+    async fn record_outcome(
+        &self,
+        r: &RestartRequest,
+        attempt: u32,
+        outcome: &Outcome,
+    ) -> Result<Recorded, StoreError> {
+        self.inner.record_outcome(r, attempt, outcome).await
+    }
+    async fn record_rejection(
+        &self,
+        id: Option<Uuid>,
+        reason: &str,
+        payload: &[u8],
+    ) -> Result<(), StoreError> {
+        self.inner.record_rejection(id, reason, payload).await
+    }
+    async fn history(&self, limit: usize) -> Result<Vec<HistoryEntry>, StoreError> {
+        self.inner.history(limit).await
+    }
+    async fn close(&self) {
+        self.inner.close().await
+    }
+}
+
+fn rss_kib(field: &str) -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find(|line| line.starts_with(field))
+        .and_then(|line| line.split_whitespace().nth(1))
+        .and_then(|kib| kib.parse().ok())
+        .unwrap_or(0)
+}
+
+fn main() {
+    let options = parse_options();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime starts");
+    runtime.block_on(run(options));
+}
+
+async fn run(options: Options) {
+    let n = options.messages;
+    // Payloads are made before the clock starts: the benchmark measures the
+    // pipeline, not the random generator.
+    let payloads: Vec<Bytes> = {
+        let mut rng = rand::rng();
+        (0..n)
+            .map(|_| Bytes::from(random_request(&mut rng).to_wire()))
+            .collect()
+    };
+    let baseline_kib = rss_kib("VmRSS:");
+    // Kept until the end: the SQLite files live here.
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let broker_url = sqlite_url(&options.broker, dir.path());
+    let mut publish_seconds: Option<f64> = None;
+    let mut payloads = payloads;
+    let db_url = sqlite_url(&options.db, dir.path());
+
+    let broker: Arc<dyn Broker> = match &broker_url {
+        None => Arc::new(MemoryBroker::new(
+            Duration::from_secs(30),
+            Duration::from_millis(100),
+        )),
+        Some(url) => {
+            let config = BrokerConfig {
+                url: url.clone(),
+                ack_deadline: Duration::from_secs(30),
+                poll_wait: Duration::from_millis(100),
+                poll_interval: Duration::from_millis(10),
+                max_deliveries: 10,
+            };
+            let broker = SqliteBroker::connect(&config)
+                .await
+                .expect("sqlite broker opens");
+            // A durable queue is filled first, in one transaction, as
+            // `mandrill publish` does, and timed on its own; the in-memory one
+            // is fed while the worker runs.
+            let publish_started = Instant::now();
+            broker
+                .publish_all(std::mem::take(&mut payloads))
+                .await
+                .expect("sqlite publish");
+            publish_seconds = Some(publish_started.elapsed().as_secs_f64());
+            Arc::new(broker)
+        }
+    };
+    let inner: Arc<dyn Store> = match &db_url {
+        None => Arc::new(MemoryStore::with_capacity(n)),
+        Some(url) => Arc::new(
+            SqliteStore::connect(url, 4)
+                .await
+                .expect("sqlite store opens"),
+        ),
+    };
+    let store = Arc::new(SlowSaveStore {
+        inner,
+        work: options.work,
+    });
+    let restarter = Arc::new(SimulatedRestarter(Simulation {
+        min_latency: options.work,
+        max_latency: options.work,
+        failure_rate: options.fail_rate,
+    }));
+    let stats = Arc::new(Stats::default());
+    let config = WorkerConfig {
+        max_in_flight: n.max(1),
+        pull_batch: 256,
+        max_attempts: 1,
+        retry_backoff: Backoff {
+            initial: Duration::from_secs(1),
+            max: Duration::from_secs(1),
+        },
+        record_attempts: 1,
+        record_backoff: Backoff {
+            initial: Duration::from_millis(10),
+            max: Duration::from_millis(10),
+        },
+        restart_timeout: Duration::from_secs(60),
+        shutdown_grace: Duration::from_secs(10),
+        lease_extension_interval: None,
+        max_pull_failures: 3,
+        pull_backoff: Backoff {
+            initial: Duration::from_millis(10),
+            max: Duration::from_millis(10),
+        },
+        parse: ParseRules {
+            domain: Domain::default(),
+            max_payload_bytes: 4096,
+        },
+    };
+    let shutdown = Shutdown::new();
+    let worker = Worker::new(
+        config,
+        broker.clone(),
+        store.clone(),
+        restarter,
+        stats.clone(),
+    );
+    let started = Instant::now();
+    let worker = tokio::spawn(worker.run(shutdown.clone()));
+    let publisher = tokio::spawn({
+        let broker = broker.clone();
+        async move {
+            for payload in payloads {
+                broker.publish(payload).await.expect("memory publish");
+            }
+        }
+    });
+    let n64 = n as u64;
+    loop {
+        let done = stats.acked.get() + stats.dead_lettered.get();
+        if done >= n64 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_micros(500)).await;
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    publisher.await.expect("publisher finishes");
+    let peak_kib = rss_kib("VmHWM:");
+    shutdown.request();
+    worker
+        .await
+        .expect("worker task")
+        .expect("worker stops cleanly");
+    let backlog = broker.backlog().await.expect("backlog");
+    assert_eq!(backlog, Some(0), "the queue is idle at the end");
+    broker.close().await;
+    store.close().await;
+
+    let msgs_per_s = n as f64 / seconds;
+    let raw = if broker_url.is_some() || db_url.is_some() {
+        Some(raw_sqlite_rate(n, dir.path()).await)
+    } else {
+        None
+    };
+    let acked = stats.acked.get();
+    println!(
+        "{}",
+        serde_json::json!({
+            "messages": n,
+            "acked": acked,
+            "seconds": (seconds * 1e4).round() / 1e4,
+            "msgs_per_s": msgs_per_s.round(),
+            // As given: `sqlite` alone is broker and store in one file.
+            "broker": options.broker,
+            "db": options.db,
+            "publish_seconds": publish_seconds.map(|s| (s * 1e4).round() / 1e4),
+            "raw_sqlite_msgs_per_s": raw.map(f64::round),
+            "ratio": raw.map(|raw| (msgs_per_s / raw * 1e3).round() / 1e3),
+            "peak_rss_mb": (peak_kib as f64 / 1024.0 * 10.0).round() / 10.0,
+            "baseline_rss_mb": (baseline_kib as f64 / 1024.0 * 10.0).round() / 10.0,
+        })
+    );
+}
+
+/// `memory` → `None`; `sqlite` → a file in `dir`; `sqlite:PATH` as given.
+fn sqlite_url(option: &str, dir: &std::path::Path) -> Option<String> {
+    match option {
+        "memory" => None,
+        // Broker and store share one file, as `mandrill run` does by default.
+        "sqlite" => Some(format!("sqlite:{}", dir.join("mandrill.db").display())),
+        url if url.starts_with("sqlite:") => Some(url.to_owned()),
+        other => panic!("{other:?}: expected memory, sqlite or sqlite:PATH"),
+    }
+}
+
+/// The ceiling: inserting `n` rows into a queue-shaped table and deleting
+/// them again, in transactions of the broker writer's batch size with one
+/// statement per 500 inserts and one per batch of deletes, through sqlx with
+/// the same pragmas. Messages per second.
+async fn raw_sqlite_rate(n: usize, dir: &std::path::Path) -> f64 {
+    use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
+    use sqlx::{ConnectOptions as _, Connection as _, QueryBuilder, Sqlite};
+
+    const BATCH: usize = 1024;
+    let mut conn = SqliteConnectOptions::new()
+        .filename(dir.join("raw.db"))
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .synchronous(SqliteSynchronous::Full)
+        .connect()
+        .await
+        .expect("raw database opens");
+    sqlx::raw_sql(
+        "CREATE TABLE q (id INTEGER PRIMARY KEY AUTOINCREMENT, payload BLOB NOT NULL,
+                         published_at INTEGER NOT NULL, visible_at INTEGER NOT NULL,
+                         deliveries INTEGER NOT NULL DEFAULT 0, lease INTEGER) STRICT;
+         CREATE INDEX q_visible_at ON q (visible_at);",
+    )
+    .execute(&mut conn)
+    .await
+    .expect("raw table");
+    let payload = Bytes::from(random_request(&mut rand::rng()).to_wire());
+    let started = Instant::now();
+    let mut ids = Vec::with_capacity(n);
+    let mut left = n;
+    while left > 0 {
+        let count = left.min(BATCH);
+        left -= count;
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.expect("begin");
+        for chunk_start in (0..count).step_by(500) {
+            let rows = (count - chunk_start).min(500);
+            let mut insert: QueryBuilder<Sqlite> =
+                QueryBuilder::new("INSERT INTO q (payload, published_at, visible_at) ");
+            insert.push_values(0..rows, |mut row, _| {
+                row.push_bind(payload.as_ref())
+                    .push_bind(0i64)
+                    .push_bind(0i64);
+            });
+            insert.push(" RETURNING id");
+            let inserted: Vec<i64> = insert
+                .build_query_scalar()
+                .fetch_all(&mut *tx)
+                .await
+                .expect("insert");
+            ids.extend(inserted);
+        }
+        tx.commit().await.expect("commit");
+    }
+    for chunk in ids.chunks(BATCH) {
+        let ids = serde_json::to_string(chunk).expect("ids serialise");
+        sqlx::query("DELETE FROM q WHERE id IN (SELECT value FROM json_each(?1))")
+            .bind(ids)
+            .execute(&mut conn)
+            .await
+            .expect("delete");
+    }
+    let rate = n as f64 / started.elapsed().as_secs_f64();
+    conn.close().await.expect("raw database closes");
+    rate
+}

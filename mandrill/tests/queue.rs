@@ -50,6 +50,55 @@ fn publish_rejects_bad_lines_by_number_and_publishes_nothing() {
 }
 
 #[test]
+fn publish_reads_standard_input_and_spreads_at_a_rate() {
+    use std::io::Write as _;
+    use std::process::{Command, Stdio};
+
+    let (_guard, dir) = temp_dir();
+    let db = sqlite_url(&dir);
+    let mut child = Command::new(support::binary())
+        .args(["publish", "--broker", &db, "--file", "-"])
+        .current_dir(&dir)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let id = uuid::Uuid::new_v4();
+    let json = format!(r#"{{"message_id":"{id}","instance_name":"from-json","extra":1}}"#);
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(format!("from-stdin\n{json}\n").as_bytes())
+        .unwrap();
+    let output = child.wait_with_output().unwrap();
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout).trim(),
+        "published 2 requests"
+    );
+    let rows = queue_rows(&db);
+    // A JSON line is published as written, unknown fields included.
+    assert_eq!(rows[1].payload, json.as_bytes());
+
+    let (status, stdout, stderr) = mandrill(
+        &dir,
+        &[
+            "publish", "--broker", &db, "--random", "30", "--rate", "1000",
+        ],
+        &[],
+    );
+    assert!(status.success(), "{stderr}");
+    assert_eq!(stdout.trim(), "published 30 requests");
+    assert_eq!(queue_rows(&db).len(), 32);
+    let (status, _, stderr) =
+        mandrill(&dir, &["publish", "--broker", &db, "--rate", "0", "x"], &[]);
+    assert_eq!(status.code(), Some(2));
+    assert!(stderr.contains("--rate"), "{stderr}");
+}
+
+#[test]
 fn run_until_idle_handles_everything_published_then_exits_zero() {
     let (_guard, dir) = temp_dir();
     let db = sqlite_url(&dir);
