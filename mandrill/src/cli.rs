@@ -20,7 +20,7 @@ use tracing::{error, info, warn};
 
 use uuid::Uuid;
 
-use crate::broker::{Broker as _, BrokerError, SqliteBroker};
+use crate::broker::{Broker, BrokerError, SqliteBroker};
 use crate::config::{self, Config, ConfigError, LogFormat, RELOADABLE, Sources};
 use crate::domain::{Hostname, InstanceName, RestartRequest, random_instance_name};
 use crate::service::{self, Controls, Service};
@@ -492,8 +492,10 @@ where
     }
 }
 
-/// The sqlite queue `broker.url` names, for the queue commands.
-fn queue_url(config: &Config) -> Result<(), BadInput> {
+/// Refuses a `broker.url` the queue commands cannot use: `memory` (it lives
+/// only inside `mandrill run`), and, when `sqlite_only`, anything but
+/// `sqlite:PATH`.
+fn queue_url(config: &Config, sqlite_only: bool) -> Result<(), BadInput> {
     let url = &config.broker.url;
     if url == "memory" {
         return Err(BadInput(
@@ -502,7 +504,7 @@ fn queue_url(config: &Config) -> Result<(), BadInput> {
                 .into(),
         ));
     }
-    if !url.starts_with("sqlite:") {
+    if sqlite_only && !url.starts_with("sqlite:") {
         return Err(BadInput(format!(
             "broker.url {url:?} is not supported here: use sqlite:PATH"
         )));
@@ -516,7 +518,7 @@ const MAX_LISTED_ERRORS: usize = 20;
 /// Reads and validates every request first, then publishes them all in one
 /// transaction (or, with `--rate`, one due group at a time).
 async fn publish(config: Config, args: &PublishArgs) -> anyhow::Result<()> {
-    queue_url(&config)?;
+    queue_url(&config, false)?;
     if let Some(rate) = args.rate
         && !(rate.is_finite() && rate > 0.0)
     {
@@ -606,15 +608,46 @@ async fn publish(config: Config, args: &PublishArgs) -> anyhow::Result<()> {
         .into());
     }
     let total = payloads.len();
-    let broker = service::open_sqlite_broker(&config.broker).await?;
-    let published = match args.rate {
-        None => broker.publish_all(payloads).await.map(|()| total),
-        Some(rate) => publish_at_rate(&broker, payloads, rate).await,
+    let published = if config.broker.url.starts_with("sqlite:") {
+        let broker = service::open_sqlite_broker(&config.broker).await?;
+        let published = match args.rate {
+            None => broker.publish_all(payloads).await.map(|()| total),
+            Some(rate) => publish_at_rate(&broker, payloads, rate).await,
+        };
+        broker.close().await;
+        published
+    } else {
+        // Other brokers have no multi-message transaction: every request was
+        // validated above, and they are published one by one.
+        let (broker, _) = service::open_broker(&config.broker).await?;
+        let published = publish_each(&*broker, payloads, args.rate).await;
+        broker.close().await;
+        published
     };
-    broker.close().await;
     let published = published.context("cannot publish")?;
     println!("published {published} requests");
     Ok(())
+}
+
+/// Publishes one by one, at `rate` per second if given.
+async fn publish_each(
+    broker: &dyn Broker,
+    payloads: Vec<Bytes>,
+    rate: Option<f64>,
+) -> Result<usize, BrokerError> {
+    let started = tokio::time::Instant::now();
+    let count = payloads.len();
+    for (published, payload) in payloads.into_iter().enumerate() {
+        if let Some(rate) = rate {
+            let due = started + Duration::from_secs_f64(published as f64 / rate);
+            tokio::time::sleep_until(due).await;
+        }
+        if let Err(error) = broker.publish(payload).await {
+            eprintln!("mandrill: published {published} requests before failing");
+            return Err(error);
+        }
+    }
+    Ok(count)
 }
 
 /// Publishes `rate` payloads per second: every tick, the ones due so far, in
@@ -642,7 +675,7 @@ async fn publish_at_rate(
 }
 
 async fn dead_letters(config: Config, args: &DeadLettersArgs) -> anyhow::Result<()> {
-    queue_url(&config)?;
+    queue_url(&config, true)?;
     let url = &config.broker.url;
     if let Some(path) = missing_sqlite_file(url) {
         bail!("no database at {path}: nothing was ever queued there (broker.url {url:?})");
@@ -688,7 +721,7 @@ async fn dead_letters(config: Config, args: &DeadLettersArgs) -> anyhow::Result<
 }
 
 async fn requeue(config: Config, args: &RequeueArgs) -> anyhow::Result<()> {
-    queue_url(&config)?;
+    queue_url(&config, true)?;
     let url = &config.broker.url;
     if let Some(path) = missing_sqlite_file(url) {
         bail!("no database at {path}: nothing was ever queued there (broker.url {url:?})");

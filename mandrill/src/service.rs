@@ -53,7 +53,7 @@ pub async fn open_sqlite_broker(config: &BrokerConfig) -> anyhow::Result<SqliteB
 }
 
 /// The broker `broker.url` names, and the in-memory one if that is it.
-async fn open_broker(
+pub async fn open_broker(
     config: &BrokerConfig,
 ) -> anyhow::Result<(Arc<dyn Broker>, Option<Arc<MemoryBroker>>)> {
     match config.url.as_str() {
