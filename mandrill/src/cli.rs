@@ -619,7 +619,7 @@ async fn publish(config: Config, args: &PublishArgs) -> anyhow::Result<()> {
     } else {
         // Other brokers have no multi-message transaction: every request was
         // validated above, and they are published one by one.
-        let (broker, _) = service::open_broker(&config.broker).await?;
+        let (broker, _) = service::open_broker(&config, service::Role::Publish).await?;
         let published = publish_each(&*broker, payloads, args.rate).await;
         broker.close().await;
         published

@@ -35,6 +35,73 @@ pub struct Config {
     pub log: LogConfig,
     /// Debugging aids.
     pub debug: DebugConfig,
+    /// NATS JetStream, when `broker.url` is `nats://…`.
+    pub nats: NatsConfig,
+}
+
+/// A value that must never reach a log: its `Debug` is `****`. It is still
+/// serialised (configuration diffs compare values, and log only key names).
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(pub String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("****")
+    }
+}
+
+/// `[nats]`: the stream and durable consumer every instance shares, and how
+/// to reach the server. `broker.ack_deadline` is the consumer's ack wait and
+/// `broker.max_deliveries` its max deliver.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NatsConfig {
+    /// The stream holding requests (created if missing, work-queue retention).
+    pub stream: String,
+    /// The subject requests are published on.
+    pub subject: String,
+    /// The durable pull consumer shared by every instance.
+    pub consumer: String,
+    /// Where dead letters are copied with their reason (stream `{stream}_DEAD`).
+    pub dead_letter_subject: String,
+    /// Unacknowledged deliveries allowed across all instances.
+    pub max_ack_pending: i64,
+    /// User, with `password`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// Password, with `user`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub password: Option<Secret>,
+    /// Token authentication.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token: Option<Secret>,
+    /// A `.creds` file (JWT and nkey seed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub creds_file: Option<PathBuf>,
+    /// Require TLS.
+    pub tls: bool,
+    /// Extra root certificates (PEM) for TLS.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_ca_file: Option<PathBuf>,
+}
+
+impl Default for NatsConfig {
+    fn default() -> Self {
+        Self {
+            stream: "MANDRILL".into(),
+            subject: "mandrill.requests".into(),
+            consumer: "mandrill".into(),
+            dead_letter_subject: "mandrill.dead".into(),
+            max_ack_pending: 10_000,
+            user: None,
+            password: None,
+            token: None,
+            creds_file: None,
+            tls: false,
+            tls_ca_file: None,
+        }
+    }
 }
 
 /// `[broker]`
@@ -517,6 +584,47 @@ impl Config {
         if !(self.simulate.rate.is_finite() && self.simulate.rate > 0.0) {
             return Err(ConfigError::invalid("simulate.rate", "must be above 0"));
         }
+        let nats = &self.nats;
+        for (key, value) in [
+            ("nats.stream", &nats.stream),
+            ("nats.subject", &nats.subject),
+            ("nats.consumer", &nats.consumer),
+            ("nats.dead_letter_subject", &nats.dead_letter_subject),
+        ] {
+            if value.trim().is_empty() || value.contains(char::is_whitespace) {
+                return Err(ConfigError::invalid(
+                    key,
+                    "must be a non-empty name without spaces",
+                ));
+            }
+        }
+        if nats.subject == nats.dead_letter_subject {
+            return Err(ConfigError::invalid(
+                "nats.dead_letter_subject",
+                "must differ from nats.subject",
+            ));
+        }
+        at_least_one(
+            "nats.max_ack_pending",
+            nats.max_ack_pending.max(0).unsigned_abs(),
+        )?;
+        if nats.user.is_some() != nats.password.is_some() {
+            return Err(ConfigError::invalid(
+                "nats.password",
+                "nats.user and nats.password go together",
+            ));
+        }
+        let methods = [
+            nats.user.is_some(),
+            nats.token.is_some(),
+            nats.creds_file.is_some(),
+        ];
+        if methods.iter().filter(|&&set| set).count() > 1 {
+            return Err(ConfigError::invalid(
+                "nats.token",
+                "choose one of nats.user/password, nats.token and nats.creds_file",
+            ));
+        }
         Domain::parse(&self.message.domain)
             .map_err(|why| ConfigError::invalid("message.domain", why))?;
         tracing_subscriber::EnvFilter::try_new(&self.log.level)
@@ -699,6 +807,29 @@ const SETTING_DOCS: &[(&str, &str)] = &[
         "warn when the runtime lags this much",
     ),
     ("debug.status_interval", "status line period; 0s disables"),
+    (
+        "nats.stream",
+        "JetStream stream holding requests (created if missing)",
+    ),
+    ("nats.subject", "subject requests are published on"),
+    (
+        "nats.consumer",
+        "durable pull consumer shared by every instance",
+    ),
+    (
+        "nats.dead_letter_subject",
+        "dead letters with their reason (stream {stream}_DEAD)",
+    ),
+    (
+        "nats.max_ack_pending",
+        "unacknowledged deliveries across all instances",
+    ),
+    ("nats.user", "user name (with nats.password)"),
+    ("nats.password", "password (never logged)"),
+    ("nats.token", "token (never logged)"),
+    ("nats.creds_file", "a .creds file (JWT and nkey seed)"),
+    ("nats.tls", "require TLS"),
+    ("nats.tls_ca_file", "extra root certificates (PEM)"),
 ];
 
 /// Durations as human-readable strings (`500ms`, `10s`, `2m`).
@@ -840,6 +971,11 @@ mod tests {
         let mut config = Config::default();
         config.worker.lease_extension_interval = Some(Duration::from_secs(1));
         config.restarter.journal = Some(PathBuf::from("restarts.log"));
+        config.nats.user = Some("u".into());
+        config.nats.password = Some(Secret("p".into()));
+        config.nats.token = Some(Secret("t".into()));
+        config.nats.creds_file = Some(PathBuf::from("x.creds"));
+        config.nats.tls_ca_file = Some(PathBuf::from("ca.pem"));
         for key in config.flatten().keys() {
             assert!(
                 documented.contains(&key.as_str()),

@@ -15,13 +15,14 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
+use crate::broker::nats::{Credentials, NatsBroker, NatsSettings};
 use crate::broker::{Broker, MemoryBroker, SqliteBroker};
 use crate::config::{BrokerConfig, Config, RestarterConfig, RestarterKind, StoreConfig};
 use crate::restarter::{
     Blocking, Journaled, Restarter, SimulatedBlockingRestarter, SimulatedRestarter, Simulation,
 };
 use crate::stats::{Stats, StatsSnapshot};
-use crate::store::{MemoryStore, SqliteStore, Store};
+use crate::store::{MemoryStore, PostgresStore, SqliteStore, Store};
 use crate::worker::{FlowControl, Shutdown, Worker};
 use crate::{debug, simulate};
 
@@ -37,7 +38,16 @@ pub async fn open_store(config: &StoreConfig) -> anyhow::Result<Arc<dyn Store>> 
             .with_context(|| format!("cannot open store.url {url:?}"))?;
         return Ok(Arc::new(store));
     }
-    bail!("store.url {url:?} is not supported: use sqlite:PATH or memory")
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        let store = PostgresStore::connect(url, config.max_connections)
+            .await
+            .with_context(|| format!("cannot open store.url {:?}", redact(url)))?;
+        return Ok(Arc::new(store));
+    }
+    bail!(
+        "store.url {:?} is not supported: use sqlite:PATH, postgres://… or memory",
+        redact(url)
+    )
 }
 
 /// Opens the SQLite queue `broker.url` names (`sqlite:PATH`), creating and
@@ -52,19 +62,70 @@ pub async fn open_sqlite_broker(config: &BrokerConfig) -> anyhow::Result<SqliteB
         .with_context(|| format!("cannot open broker.url {url:?}"))
 }
 
+/// What a process opens a broker for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Pulls and settles: sets up (and checks) the shared consumer.
+    Consume,
+    /// Only publishes: leaves the consumer to the consumers.
+    Publish,
+}
+
 /// The broker `broker.url` names, and the in-memory one if that is it.
 pub async fn open_broker(
-    config: &BrokerConfig,
+    config: &Config,
+    role: Role,
 ) -> anyhow::Result<(Arc<dyn Broker>, Option<Arc<MemoryBroker>>)> {
-    match config.url.as_str() {
+    let broker = &config.broker;
+    match broker.url.as_str() {
         "memory" => {
-            let broker = Arc::new(MemoryBroker::new(config.ack_deadline, config.poll_wait));
-            Ok((broker.clone(), Some(broker)))
+            let memory = Arc::new(MemoryBroker::new(broker.ack_deadline, broker.poll_wait));
+            Ok((memory.clone(), Some(memory)))
         }
         url if url.starts_with("sqlite:") => {
-            Ok((Arc::new(open_sqlite_broker(config).await?), None))
+            Ok((Arc::new(open_sqlite_broker(broker).await?), None))
         }
-        other => bail!("broker.url {other:?} is not supported: use sqlite:PATH or memory"),
+        url if url.starts_with("nats://") || url.starts_with("tls://") => {
+            let settings = nats_settings(config);
+            let nats = match role {
+                Role::Consume => NatsBroker::connect(settings).await,
+                Role::Publish => NatsBroker::connect_publisher(settings).await,
+            }
+            .with_context(|| format!("cannot open broker.url {:?}", redact(url)))?;
+            Ok((Arc::new(nats), None))
+        }
+        other => bail!(
+            "broker.url {:?} is not supported: use sqlite:PATH, nats://HOST:PORT or memory",
+            redact(other)
+        ),
+    }
+}
+
+/// The NATS broker's part of the configuration.
+fn nats_settings(config: &Config) -> NatsSettings {
+    let nats = &config.nats;
+    let credentials = match (&nats.user, &nats.password, &nats.token, &nats.creds_file) {
+        (Some(user), Some(password), _, _) => Credentials::UserPassword {
+            user: user.clone(),
+            password: password.clone(),
+        },
+        (_, _, Some(token), _) => Credentials::Token(token.clone()),
+        (_, _, _, Some(path)) => Credentials::CredsFile(path.clone()),
+        _ => Credentials::None,
+    };
+    NatsSettings {
+        url: config.broker.url.clone(),
+        stream: nats.stream.clone(),
+        subject: nats.subject.clone(),
+        consumer: nats.consumer.clone(),
+        dead_letter_subject: nats.dead_letter_subject.clone(),
+        ack_wait: config.broker.ack_deadline,
+        max_deliver: i64::from(config.broker.max_deliveries),
+        max_ack_pending: nats.max_ack_pending,
+        poll_wait: config.broker.poll_wait,
+        credentials,
+        tls: nats.tls || config.broker.url.starts_with("tls://"),
+        tls_ca_file: nats.tls_ca_file.clone(),
     }
 }
 
@@ -135,7 +196,7 @@ pub struct Service {
 impl Service {
     /// Connects everything `config` names. Fails naming the key at fault.
     pub async fn build(config: Config) -> anyhow::Result<Self> {
-        let (broker, memory_broker) = open_broker(&config.broker).await?;
+        let (broker, memory_broker) = open_broker(&config, Role::Consume).await?;
         let store = open_store(&config.store).await?;
         let restarter = build_restarter(&config.restarter)?;
         let stats = Arc::new(Stats::default());
@@ -264,6 +325,9 @@ impl Service {
             panics = stats.panics,
             lease_extensions = stats.lease_extensions,
             stalls = stats.stalls,
+            settle_failures = stats.settle_failures,
+            pull_failures = stats.pull_failures,
+            store_failures = stats.store_failures,
             "final stats"
         );
         outcome.context("the worker stopped by itself")?;

@@ -25,15 +25,7 @@ use tracing::{info, warn};
 
 use super::{Broker, BrokerError, Delivery, DeliveryTag};
 
-/// A value that must never reach a log: its `Debug` is `****`.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Secret(pub String);
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("****")
-    }
-}
+pub use crate::config::Secret;
 
 /// How to authenticate to the server.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -84,6 +76,10 @@ pub struct NatsSettings {
     pub tls_ca_file: Option<PathBuf>,
 }
 
+/// How much longer than the poll wait a pull may take before it is
+/// considered lost.
+const PULL_MARGIN: Duration = Duration::from_secs(5);
+
 /// The header carrying a dead letter's reason.
 pub const DEAD_LETTER_REASON_HEADER: &str = "Mandrill-Dead-Letter-Reason";
 
@@ -91,7 +87,8 @@ pub const DEAD_LETTER_REASON_HEADER: &str = "Mandrill-Dead-Letter-Reason";
 pub struct NatsBroker {
     client: async_nats::Client,
     jetstream: jetstream::Context,
-    consumer: PullConsumer,
+    /// `None` for a publisher, which must not create or alter the consumer.
+    consumer: Option<PullConsumer>,
     settings: NatsSettings,
 }
 
@@ -113,9 +110,18 @@ fn fatal(what: &str, error: impl fmt::Display) -> BrokerError {
 }
 
 impl NatsBroker {
-    /// Connects, creates the stream, the dead-letter stream and the consumer
-    /// if missing, and checks an existing consumer's settings against ours.
+    /// Connects as a consumer: creates the stream, the dead-letter stream and
+    /// the consumer if missing, and checks an existing consumer's settings
+    /// against ours.
     pub async fn connect(settings: NatsSettings) -> Result<Self, BrokerError> {
+        let mut broker = Self::connect_publisher(settings).await?;
+        broker.consumer = Some(broker.open_consumer().await?);
+        Ok(broker)
+    }
+
+    /// Connects as a publisher: creates the streams if missing, leaves the
+    /// consumer alone.
+    pub async fn connect_publisher(settings: NatsSettings) -> Result<Self, BrokerError> {
         let mut options = ConnectOptions::new()
             .name("mandrill")
             .connection_timeout(Duration::from_secs(5))
@@ -185,6 +191,21 @@ impl NatsBroker {
             .await
             .map_err(|e| fatal("cannot open the dead-letter stream", e))?;
 
+        Ok(Self {
+            client,
+            jetstream,
+            consumer: None,
+            settings,
+        })
+    }
+
+    async fn open_consumer(&self) -> Result<PullConsumer, BrokerError> {
+        let settings = &self.settings;
+        let requests = self
+            .jetstream
+            .get_stream(&settings.stream)
+            .await
+            .map_err(|e| fatal(&format!("cannot open stream {}", settings.stream), e))?;
         let wanted = pull::Config {
             durable_name: Some(settings.consumer.clone()),
             ack_policy: AckPolicy::Explicit,
@@ -208,12 +229,7 @@ impl NatsBroker {
                 mismatches.join(", ")
             )));
         }
-        Ok(Self {
-            client,
-            jetstream,
-            consumer,
-            settings,
-        })
+        Ok(consumer)
     }
 
     /// Publishes a request with its message id as JetStream's de-duplication
@@ -239,10 +255,16 @@ impl NatsBroker {
         Ok(())
     }
 
+    fn consumer(&self) -> Result<&PullConsumer, BrokerError> {
+        self.consumer.as_ref().ok_or_else(|| {
+            BrokerError::Fatal("this nats connection was opened to publish, not to consume".into())
+        })
+    }
+
     /// Leases what is available now, up to `max`, without waiting.
     async fn fetch_available(&self, max: usize) -> Result<Vec<Delivery>, BrokerError> {
         let batch = self
-            .consumer
+            .consumer()?
             .fetch()
             .max_messages(max)
             .messages()
@@ -254,7 +276,7 @@ impl NatsBroker {
     /// Waits up to the poll wait for one message.
     async fn wait_for_one(&self) -> Result<Vec<Delivery>, BrokerError> {
         let batch = self
-            .consumer
+            .consumer()?
             .batch()
             .max_messages(1)
             .expires(self.settings.poll_wait)
@@ -370,11 +392,23 @@ impl Broker for NatsBroker {
     }
 
     async fn pull(&self, max: usize) -> Result<Vec<Delivery>, BrokerError> {
-        let available = self.fetch_available(max).await?;
-        if !available.is_empty() {
-            return Ok(available);
-        }
-        self.wait_for_one().await
+        // Bounded: while the server is away a pull request gets no answer at
+        // all, and an unbounded wait would hide the outage from the
+        // supervisor instead of failing (and retrying) the pull.
+        let limit = self.settings.poll_wait + PULL_MARGIN;
+        let pulled = tokio::time::timeout(limit, async {
+            let available = self.fetch_available(max).await?;
+            if !available.is_empty() {
+                return Ok(available);
+            }
+            self.wait_for_one().await
+        })
+        .await;
+        pulled.unwrap_or_else(|_elapsed| {
+            Err(BrokerError::Unavailable(format!(
+                "no answer to a pull within {limit:?}; is the server reachable?"
+            )))
+        })
     }
 
     async fn ack(&self, tag: &DeliveryTag) -> Result<(), BrokerError> {

@@ -1,0 +1,190 @@
+//! Many `mandrill` processes on one NATS JetStream consumer and one
+//! PostgreSQL database: the real binary, the real servers of this machine.
+
+mod services;
+mod support;
+
+use std::time::Duration;
+
+use services::{Database, NatsNames, PrivateNats, nats_server};
+use support::{Mandrill, count, fields_of, mandrill, temp_dir};
+
+/// Publishes `n` random requests through the binary.
+fn publish(dir: &std::path::Path, url: &str, names: &NatsNames, n: usize) {
+    let mut args = vec!["publish".to_owned(), "--broker".into(), url.into()];
+    args.extend(names.flags());
+    args.extend(["--random".into(), n.to_string()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (status, stdout, stderr) = mandrill(dir, &args, &[]);
+    assert!(status.success(), "publish failed: {stderr}");
+    assert!(stdout.contains(&n.to_string()), "{stdout}");
+}
+
+fn instance(
+    dir: &std::path::Path,
+    url: &str,
+    names: &NatsNames,
+    db: &Database,
+    extra: &[&str],
+) -> Mandrill {
+    let mut args: Vec<String> = vec!["--broker".into(), url.into(), "--db".into(), db.url.clone()];
+    args.extend(names.flags());
+    args.extend(extra.iter().map(|s| (*s).to_owned()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    Mandrill::run(dir, &args)
+}
+
+const FAST: &[&str] = &[
+    "--max-in-flight",
+    "64",
+    "--set",
+    "restarter.max_latency=20ms",
+    "--set",
+    "restarter.failure_rate=0.05",
+    "--set",
+    "worker.retry_initial=100ms",
+    "--set",
+    "worker.max_attempts=10",
+    "--set",
+    "broker.max_deliveries=20",
+    "--set",
+    "broker.ack_deadline=5s",
+    "--set",
+    "debug.status_interval=0s",
+];
+
+#[test]
+fn three_instances_share_the_work_and_survive_a_kill() {
+    let (_guard, dir) = temp_dir();
+    let db = Database::create();
+    let names = NatsNames::new(&nats_server());
+    publish(&dir, &names.url, &names, 10_000);
+
+    let instances: Vec<Mandrill> = (0..3)
+        .map(|_| instance(&dir, &names.url, &names, &db, FAST))
+        .collect();
+    for instance in &instances {
+        instance.wait_for("mandrill started", 1);
+    }
+    // Every instance takes part before one of them dies.
+    for instance in &instances {
+        instance.wait_for("acked", 50);
+    }
+    let mut instances = instances.into_iter();
+    let victim = instances.next().unwrap();
+    victim.signal("KILL");
+    let (_, victim_log) = victim.wait_exit();
+    let victim_acked = victim_log
+        .iter()
+        .filter(|l| l["fields"]["message"] == "acked")
+        .count();
+    assert!(victim_acked > 0);
+
+    db.wait_finished(10_000, Duration::from_secs(240));
+    let mut survivors_acked = Vec::new();
+    for survivor in instances {
+        survivor.signal("TERM");
+        let (status, lines) = survivor.wait_exit();
+        assert!(status.success(), "exit status {status}");
+        let stats = fields_of(&lines, "final stats");
+        assert_eq!(
+            count(&stats, "pulled"),
+            count(&stats, "acked") + count(&stats, "nacked") + count(&stats, "dead_lettered")
+        );
+        survivors_acked.push(count(&stats, "acked"));
+    }
+    assert!(
+        survivors_acked.iter().all(|&n| n > 0),
+        "work not spread: {survivors_acked:?}"
+    );
+
+    // Exactly once: message_id is unique in the table, and every one of the
+    // 10,000 published ids has a final outcome; nothing is left mid-way.
+    let statuses = db.statuses();
+    let total: i64 = statuses.iter().map(|(_, n)| n).sum();
+    assert_eq!(total, 10_000, "{statuses:?}");
+    assert_eq!(db.finished(), 10_000, "{statuses:?}");
+}
+
+#[test]
+fn sigterm_on_one_instance_hands_its_waiting_work_to_the_others() {
+    let (_guard, dir) = temp_dir();
+    let db = Database::create();
+    let names = NatsNames::new(&nats_server());
+    publish(&dir, &names.url, &names, 200);
+    // One blocking thread and slow restarts: most of what an instance holds
+    // is waiting for capacity, so a shutdown nacks it.
+    let slow: &[&str] = &[
+        "--max-in-flight",
+        "30",
+        "--set",
+        "restarter.kind=simulate-blocking",
+        "--set",
+        "restarter.blocking_threads=1",
+        "--set",
+        "restarter.min_latency=100ms",
+        "--set",
+        "restarter.max_latency=100ms",
+        "--set",
+        "restarter.failure_rate=0",
+        "--set",
+        "worker.shutdown_grace=0s",
+        // The consumer is shared: its settings must match the other instance's.
+        "--set",
+        "broker.ack_deadline=5s",
+        "--set",
+        "broker.max_deliveries=20",
+    ];
+    let leaving = instance(&dir, &names.url, &names, &db, slow);
+    leaving.wait_for("saved", 2);
+    let staying = instance(&dir, &names.url, &names, &db, FAST);
+    staying.wait_for("mandrill started", 1);
+    leaving.signal("TERM");
+    let (status, lines) = leaving.wait_exit();
+    assert!(status.success());
+    let stats = fields_of(&lines, "final stats");
+    assert!(count(&stats, "nacked") >= 1, "{stats}");
+
+    // Nacked without delay, the messages go to the other instance.
+    db.wait_finished(200, Duration::from_secs(60));
+    staying.signal("TERM");
+    let (status, _) = staying.wait_exit();
+    assert!(status.success());
+}
+
+#[test]
+fn consumer_recovers_when_the_nats_server_restarts() {
+    let (_guard, dir) = temp_dir();
+    let db = Database::create();
+    let mut server = PrivateNats::start();
+    let names = NatsNames::new(&server.url());
+    publish(&dir, &names.url, &names, 2_000);
+    let extra: Vec<&str> = FAST
+        .iter()
+        .copied()
+        .chain([
+            "--set",
+            "worker.max_pull_failures=1000",
+            "--set",
+            "worker.pull_backoff=50ms",
+        ])
+        .collect();
+    let service = instance(&dir, &names.url, &names, &db, &extra);
+    service.wait_for("acked", 200);
+    server.stop();
+    service.wait_for("nats disconnected; reconnecting", 1);
+    server.resume();
+    db.wait_finished(2_000, Duration::from_secs(240));
+    service.signal("TERM");
+    let (status, lines) = service.wait_exit();
+    assert!(status.success(), "exit status {status}");
+    let stats = fields_of(&lines, "final stats");
+    assert_eq!(
+        count(&stats, "pulled"),
+        count(&stats, "acked")
+            + count(&stats, "nacked")
+            + count(&stats, "dead_lettered")
+            + count(&stats, "settle_failures")
+    );
+    assert_eq!(db.finished(), 2_000, "{:?}", db.statuses());
+}

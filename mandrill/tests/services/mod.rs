@@ -1,0 +1,251 @@
+//! Real servers for the scale-out tests: a fresh PostgreSQL database per test,
+//! NATS names unique to the test, and a private `nats-server` that a test may
+//! stop and start. Everything is removed when dropped.
+
+#![allow(dead_code)]
+
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use sqlx::Connection;
+use sqlx::postgres::PgConnection;
+use uuid::Uuid;
+
+fn block_on<F: std::future::Future>(future: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+        .block_on(future)
+}
+
+pub fn postgres_server() -> String {
+    std::env::var("MANDRILL_TEST_POSTGRES")
+        .unwrap_or_else(|_| "postgres://root@127.0.0.1:5432/postgres".to_owned())
+}
+
+pub fn nats_server() -> String {
+    std::env::var("MANDRILL_TEST_NATS").unwrap_or_else(|_| "nats://127.0.0.1:4222".to_owned())
+}
+
+/// A database of its own, dropped afterwards.
+pub struct Database {
+    pub name: String,
+    pub url: String,
+}
+
+impl Database {
+    pub fn create() -> Self {
+        let name = format!("mandrill_test_{}", Uuid::new_v4().simple());
+        block_on(async {
+            let mut admin = PgConnection::connect(&postgres_server())
+                .await
+                .expect("postgres");
+            sqlx::query(&format!("CREATE DATABASE {name}"))
+                .execute(&mut admin)
+                .await
+                .expect("create database");
+        });
+        let server = postgres_server();
+        let (base, _) = server.rsplit_once('/').expect("url names a database");
+        Self {
+            url: format!("{base}/{name}"),
+            name,
+        }
+    }
+
+    /// Counts of requests by status.
+    pub fn statuses(&self) -> Vec<(String, i64)> {
+        block_on(async {
+            let mut connection = PgConnection::connect(&self.url).await.expect("postgres");
+            let table_exists: bool =
+                sqlx::query_scalar("SELECT to_regclass('requests') IS NOT NULL")
+                    .fetch_one(&mut connection)
+                    .await
+                    .expect("query");
+            if !table_exists {
+                return Vec::new();
+            }
+            sqlx::query_as("SELECT status, count(*) FROM requests GROUP BY status ORDER BY status")
+                .fetch_all(&mut connection)
+                .await
+                .expect("query")
+        })
+    }
+
+    /// Requests whose outcome is final.
+    pub fn finished(&self) -> i64 {
+        self.statuses()
+            .iter()
+            .filter(|(status, _)| matches!(status.as_str(), "restarted" | "failed" | "rejected"))
+            .map(|(_, n)| n)
+            .sum()
+    }
+
+    /// Waits until `count` requests are final.
+    pub fn wait_finished(&self, count: i64, within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            let finished = self.finished();
+            if finished >= count {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "only {finished} of {count} finished: {:?}",
+                self.statuses()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
+
+impl Drop for Database {
+    fn drop(&mut self) {
+        let name = self.name.clone();
+        let _ = std::thread::spawn(move || {
+            block_on(async {
+                if let Ok(mut admin) = PgConnection::connect(&postgres_server()).await {
+                    let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                        .execute(&mut admin)
+                        .await;
+                }
+            })
+        })
+        .join();
+    }
+}
+
+/// NATS names unique to one test, as `--set` flags; streams deleted on drop.
+pub struct NatsNames {
+    pub url: String,
+    pub stream: String,
+    pub id: String,
+}
+
+impl NatsNames {
+    pub fn new(url: &str) -> Self {
+        let id = Uuid::new_v4().simple().to_string();
+        Self {
+            url: url.to_owned(),
+            stream: format!("MANDRILL_TEST_{id}"),
+            id,
+        }
+    }
+
+    /// Flags naming the stream, subjects and consumer.
+    pub fn flags(&self) -> Vec<String> {
+        let id = &self.id;
+        [
+            format!("nats.stream={}", self.stream),
+            format!("nats.subject=mandrill.test.{id}.requests"),
+            format!("nats.consumer=mandrill-test-{id}"),
+            format!("nats.dead_letter_subject=mandrill.test.{id}.dead"),
+        ]
+        .into_iter()
+        .flat_map(|setting| ["--set".to_owned(), setting])
+        .collect()
+    }
+}
+
+impl Drop for NatsNames {
+    fn drop(&mut self) {
+        let url = self.url.clone();
+        let stream = self.stream.clone();
+        let _ = std::thread::spawn(move || {
+            block_on(async {
+                if let Ok(client) = async_nats::connect(url.as_str()).await {
+                    let js = async_nats::jetstream::new(client);
+                    let _ = js.delete_stream(&stream).await;
+                    let _ = js.delete_stream(format!("{stream}_DEAD")).await;
+                }
+            })
+        })
+        .join();
+    }
+}
+
+/// A `nats-server -js` of the test's own, on a free port, with its own store.
+pub struct PrivateNats {
+    pub port: u16,
+    store: tempfile::TempDir,
+    child: Option<Child>,
+}
+
+impl PrivateNats {
+    pub fn start() -> Self {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .expect("free port")
+            .port();
+        let mut server = Self {
+            port,
+            store: tempfile::tempdir().expect("temp dir"),
+            child: None,
+        };
+        server.resume();
+        server
+    }
+
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// Starts the server (again), on the same port and store.
+    pub fn resume(&mut self) {
+        let child = Command::new(nats_binary())
+            .args([
+                "-js",
+                "-a",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-sd",
+            ])
+            .arg(self.store.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("nats-server starts");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(Instant::now() < deadline, "nats-server did not listen");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Stops the server, as an operator restarting it would.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = Command::new("kill")
+                .args(["-s", "TERM", &child.id().to_string()])
+                .status();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for PrivateNats {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn nats_binary() -> String {
+    for candidate in [
+        "/usr/sbin/nats-server",
+        "/usr/bin/nats-server",
+        "/usr/local/bin/nats-server",
+    ] {
+        if Path::new(candidate).exists() {
+            return candidate.to_owned();
+        }
+    }
+    "nats-server".to_owned()
+}
