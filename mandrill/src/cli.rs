@@ -69,13 +69,13 @@ pub struct ConfigArgs {
 pub struct RunArgs {
     #[command(flatten)]
     config: ConfigArgs,
-    /// Where requests come from: `sqlite:PATH` or `memory` [setting: broker.url].
+    /// Where requests come from: `sqlite:PATH`, `nats://HOST:PORT` or `memory` [setting: broker.url].
     #[arg(long, value_name = "URL")]
     broker: Option<String>,
     /// Exit (0) once the queue has nothing visible, delayed or in flight.
     #[arg(long)]
     until_idle: bool,
-    /// Where outcomes are recorded: `sqlite:PATH` or `memory` [setting: store.url].
+    /// Where outcomes are recorded: `sqlite:PATH`, `postgres://…` or `memory` [setting: store.url].
     #[arg(long, value_name = "URL")]
     db: Option<String>,
     /// Publish random demo requests, RATE per second (default 2) [settings: simulate.enabled, simulate.rate].
@@ -97,7 +97,7 @@ pub struct RunArgs {
 pub struct HistoryArgs {
     #[command(flatten)]
     config: ConfigArgs,
-    /// The store to read: `sqlite:PATH` [setting: store.url].
+    /// The store to read: `sqlite:PATH` or `postgres://…` [setting: store.url].
     #[arg(long, value_name = "URL")]
     db: Option<String>,
     /// How many entries.
@@ -113,7 +113,7 @@ pub struct HistoryArgs {
 pub struct PublishArgs {
     #[command(flatten)]
     config: ConfigArgs,
-    /// The queue: `sqlite:PATH` [setting: broker.url].
+    /// The queue: `sqlite:PATH` or `nats://HOST:PORT` [setting: broker.url].
     #[arg(long, value_name = "URL")]
     broker: Option<String>,
     /// Also publish one request per line of this file (`-` for standard
@@ -138,7 +138,7 @@ pub struct PublishArgs {
 pub struct DeadLettersArgs {
     #[command(flatten)]
     config: ConfigArgs,
-    /// The queue: `sqlite:PATH` [setting: broker.url].
+    /// The queue: `sqlite:PATH` (a NATS queue keeps dead letters on its `{stream}_DEAD` stream) [setting: broker.url].
     #[arg(long, value_name = "URL")]
     broker: Option<String>,
     /// One JSON object per line instead of a table.
@@ -151,7 +151,7 @@ pub struct DeadLettersArgs {
 pub struct RequeueArgs {
     #[command(flatten)]
     config: ConfigArgs,
-    /// The queue: `sqlite:PATH` [setting: broker.url].
+    /// The queue: `sqlite:PATH` (a NATS queue keeps dead letters on its `{stream}_DEAD` stream) [setting: broker.url].
     #[arg(long, value_name = "URL")]
     broker: Option<String>,
     /// Every dead letter.

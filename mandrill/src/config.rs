@@ -108,8 +108,9 @@ impl Default for NatsConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct BrokerConfig {
-    /// `sqlite:PATH` (a durable queue, by default in the store's file) or
-    /// `memory` (in-process, nothing survives the process).
+    /// `sqlite:PATH` (a durable queue, by default in the store's file),
+    /// `nats://HOST:PORT` (JetStream, see `[nats]`) or `memory` (in-process,
+    /// nothing survives the process).
     pub url: String,
     /// How long a delivery stays leased without an extension.
     #[serde(with = "duration")]
@@ -143,7 +144,7 @@ impl Default for BrokerConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct StoreConfig {
-    /// `sqlite:PATH` or `memory`.
+    /// `sqlite:PATH`, `postgres://…` or `memory`.
     pub url: String,
     /// Connections in the pool.
     pub max_connections: u32,
@@ -711,7 +712,7 @@ pub fn settings_help() -> String {
         let default = defaults
             .get(*key)
             .cloned()
-            .unwrap_or_else(|| "(derived)".into());
+            .unwrap_or_else(|| "(unset)".into());
         text.push_str(&format!("  {key:<34} {doc} [default: {default}]\n"));
     }
     text.push_str(&format!(
@@ -724,7 +725,7 @@ pub fn settings_help() -> String {
 const SETTING_DOCS: &[(&str, &str)] = &[
     (
         "broker.url",
-        "`sqlite:PATH` (durable queue) or `memory` (in-process)",
+        "`sqlite:PATH` (durable queue), `nats://HOST:PORT` (JetStream) or `memory`",
     ),
     ("broker.ack_deadline", "lease length without an extension"),
     ("broker.poll_wait", "how long one pull waits for a message"),
@@ -736,7 +737,7 @@ const SETTING_DOCS: &[(&str, &str)] = &[
         "broker.max_deliveries",
         "unsettled deliveries before the broker dead-letters a message",
     ),
-    ("store.url", "`sqlite:PATH` or `memory`"),
+    ("store.url", "`sqlite:PATH`, `postgres://…` or `memory`"),
     ("store.max_connections", "database pool size"),
     ("worker.max_in_flight", "messages handled at once"),
     ("worker.pull_batch", "most messages per pull"),
