@@ -239,19 +239,27 @@ impl NatsBroker {
         message_id: &str,
         payload: Bytes,
     ) -> Result<(), BrokerError> {
+        let message = PublishMessage::build()
+            .payload(payload)
+            .message_id(message_id);
+        self.publish_confirmed(self.settings.subject.clone(), message)
+            .await
+    }
+
+    /// Publishes and waits for the stream to confirm it stored the message.
+    async fn publish_confirmed(
+        &self,
+        subject: String,
+        message: PublishMessage,
+    ) -> Result<(), BrokerError> {
         let confirmation = self
             .jetstream
-            .send_publish(
-                self.settings.subject.clone(),
-                PublishMessage::build()
-                    .payload(payload)
-                    .message_id(message_id),
-            )
+            .send_publish(subject.clone(), message)
             .await
-            .map_err(|e| unavailable("cannot publish", e))?;
+            .map_err(|e| unavailable(&format!("cannot publish to {subject}"), e))?;
         confirmation
             .await
-            .map_err(|e| unavailable("publish not confirmed", e))?;
+            .map_err(|e| unavailable(&format!("publish to {subject} not confirmed"), e))?;
         Ok(())
     }
 
@@ -378,15 +386,9 @@ impl Broker for NatsBroker {
         match crate::domain::salvage_message_id(&payload) {
             Some(id) => self.publish_with_id(&id.to_string(), payload).await,
             None => {
-                let confirmation = self
-                    .jetstream
-                    .publish(self.settings.subject.clone(), payload)
+                let message = PublishMessage::build().payload(payload);
+                self.publish_confirmed(self.settings.subject.clone(), message)
                     .await
-                    .map_err(|e| unavailable("cannot publish", e))?;
-                confirmation
-                    .await
-                    .map_err(|e| unavailable("publish not confirmed", e))?;
-                Ok(())
             }
         }
     }
@@ -433,14 +435,9 @@ impl Broker for NatsBroker {
             DEAD_LETTER_REASON_HEADER,
             reason.replace(['\r', '\n'], " ").as_str(),
         );
-        let confirmation = self
-            .jetstream
-            .publish_with_headers(self.settings.dead_letter_subject.clone(), headers, payload)
-            .await
-            .map_err(|e| unavailable("cannot publish dead letter", e))?;
-        confirmation
-            .await
-            .map_err(|e| unavailable("dead letter not confirmed", e))?;
+        let message = PublishMessage::build().payload(payload).headers(headers);
+        self.publish_confirmed(self.settings.dead_letter_subject.clone(), message)
+            .await?;
         self.send_confirmed(tag, AckKind::Term).await
     }
 
