@@ -315,9 +315,14 @@ async fn worker_on_nats_retries_then_dead_letters_with_reason() {
         )))
         .await
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = Instant::now() + Duration::from_secs(60);
     while stats.dead_lettered.get() < 1 {
-        assert!(Instant::now() < deadline, "never dead-lettered");
+        assert!(
+            Instant::now() < deadline,
+            "never dead-lettered; restarts tried {}, counters {:?}",
+            restarter.0.load(Ordering::Acquire),
+            stats.snapshot()
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     shutdown.request();
