@@ -31,7 +31,7 @@ use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use super::{Context as Shared, panic_message};
 use crate::broker::{BrokerError, Delivery, DeliveryTag};
-use crate::domain::{Outcome, RestartRequest, salvage_message_id};
+use crate::domain::{Outcome, RestartRequest, Status, salvage_message_id};
 use crate::restarter::RestartError;
 use crate::store::{Recorded, StoreError};
 
@@ -206,8 +206,8 @@ async fn process(context: &Shared, delivery: &Delivery) -> Settlement {
         match prior {
             Ok(Some(status)) if status.is_final() => {
                 context.stats.duplicates.inc();
-                info!(%status, "already recorded as final; acking without restarting again");
-                return Settlement::Ack;
+                info!(%status, "already recorded as final; not restarting again");
+                return settle_recorded(status);
             }
             Ok(_) => {}
             Err(error) => {
@@ -290,7 +290,7 @@ async fn process(context: &Shared, delivery: &Delivery) -> Settlement {
         Ok(Recorded::AlreadyFinal(status)) => {
             context.stats.duplicates.inc();
             warn!(%status, "another delivery recorded a final outcome first; keeping it");
-            return Settlement::Ack;
+            return settle_recorded(status);
         }
         Err(error) => {
             error!(%error, "could not record the outcome; nacking so it is not lost");
@@ -309,6 +309,19 @@ async fn process(context: &Shared, delivery: &Delivery) -> Settlement {
         Outcome::Failed { error } => Settlement::DeadLetter {
             reason: format!("restart failed after {attempt} attempts: {error}"),
         },
+    }
+}
+
+/// How to settle a delivery whose request already has a final outcome. A
+/// request recorded as failed is dead-lettered again rather than acked: the
+/// delivery that recorded it may have failed to dead-letter it (a broker
+/// hiccup), and acking now would lose the dead letter.
+fn settle_recorded(status: Status) -> Settlement {
+    match status {
+        Status::Failed => Settlement::DeadLetter {
+            reason: "restart failed on every attempt (recorded by an earlier delivery)".into(),
+        },
+        _ => Settlement::Ack,
     }
 }
 

@@ -82,6 +82,8 @@ struct LoggedBroker {
     timeline: Timeline,
     /// Pull fails this many more times before working.
     failing_pulls: AtomicU32,
+    /// Dead-lettering fails this many more times before working.
+    failing_dead_letters: AtomicU32,
 }
 
 #[async_trait]
@@ -116,6 +118,16 @@ impl Broker for LoggedBroker {
         self.inner.extend(tag).await
     }
     async fn dead_letter(&self, tag: &DeliveryTag, reason: &str) -> Result<(), BrokerError> {
+        if self
+            .failing_dead_letters
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            self.timeline.push("dead-letter-failed");
+            return Err(BrokerError::Unavailable(
+                "dead-letter stream unreachable".into(),
+            ));
+        }
         self.timeline.push(format!("dead-letter {reason}"));
         self.inner.dead_letter(tag, reason).await
     }
@@ -260,6 +272,7 @@ fn start_with(
         inner: MemoryBroker::new(ACK_DEADLINE, Duration::from_secs(1)),
         timeline: Timeline::default(),
         failing_pulls: AtomicU32::new(failing_pulls),
+        failing_dead_letters: AtomicU32::new(0),
     });
     let stats = Arc::new(Stats::default());
     let shutdown = Shutdown::new();
@@ -382,6 +395,28 @@ async fn failed_restart_is_retried_with_growing_delay_then_dead_lettered() {
     assert_eq!(restarter.calls("cattle-dead.example.net"), 3);
     assert_eq!(store.inner.lookup(id).await.unwrap(), Some(Status::Failed));
     assert_eq!(h.broker.inner.dead_letters().len(), 1);
+    h.stop().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn failed_request_whose_dead_letter_failed_is_dead_lettered_on_redelivery() {
+    let store = Arc::new(ScriptedStore::default());
+    let restarter = Arc::new(ScriptedRestarter {
+        always_fails: true,
+        ..Default::default()
+    });
+    let h = start(config(), store.clone(), restarter.clone());
+    h.broker.failing_dead_letters.store(1, Ordering::Release);
+    let id = h.publish("cattle-dead").await;
+    let stats = h.stats.clone();
+    wait_until("dead-lettered", || stats.dead_lettered.get() == 1).await;
+    // The failed dead-letter left the delivery leased; its redelivery found
+    // the outcome recorded and dead-lettered it without restarting again.
+    assert_eq!(h.broker.timeline.count("dead-letter-failed"), 1);
+    assert_eq!(restarter.calls("cattle-dead.example.net"), 3);
+    assert_eq!(stats.acked.get(), 0);
+    assert_eq!(h.broker.inner.dead_letters().len(), 1);
+    assert_eq!(store.inner.lookup(id).await.unwrap(), Some(Status::Failed));
     h.stop().await.unwrap();
 }
 
