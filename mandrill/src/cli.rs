@@ -378,27 +378,10 @@ fn reload(sources: &Sources, current: &mut Config, controls: &Controls, telemetr
 }
 
 fn history(args: &HistoryArgs) -> ExitCode {
-    let (_, config) = match load(args.config.sources(vec![("store.url", string(&args.db))])) {
-        Ok(loaded) => loaded,
-        Err(code) => return code,
-    };
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(error) => {
-            eprintln!("mandrill: cannot start the async runtime: {error}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(print_history(&config, args)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("mandrill: {error:#}");
-            ExitCode::FAILURE
-        }
-    }
+    let sources = args.config.sources(vec![("store.url", string(&args.db))]);
+    command(sources, |config| async move {
+        print_history(&config, args).await
+    })
 }
 
 async fn print_history(config: &Config, args: &HistoryArgs) -> anyhow::Result<()> {
