@@ -241,6 +241,7 @@ async fn run(options: Options) {
         max_in_flight: n.max(1),
         pull_batch: 256,
         max_attempts: 1,
+        max_deliveries: 10,
         retry_backoff: Backoff {
             initial: Duration::from_secs(1),
             max: Duration::from_secs(1),

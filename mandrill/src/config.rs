@@ -640,6 +640,7 @@ impl Config {
             max_in_flight: w.max_in_flight,
             pull_batch: w.pull_batch,
             max_attempts: w.max_attempts,
+            max_deliveries: self.broker.max_deliveries,
             retry_backoff: Backoff {
                 initial: w.retry_initial,
                 max: w.retry_max,

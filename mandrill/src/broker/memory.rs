@@ -179,11 +179,11 @@ impl State {
             self.next_tag += 1;
             let tag = self.next_tag;
             message.deliveries += 1;
-            batch.push(Delivery {
-                tag: DeliveryTag::number(tag),
-                payload: message.payload.clone(),
-                attempt: message.deliveries,
-            });
+            batch.push(Delivery::new(
+                DeliveryTag::number(tag),
+                message.payload.clone(),
+                message.deliveries,
+            ));
             self.leased.insert(tag, Lease { message, deadline });
             self.deadlines.push(Reverse((deadline, tag)));
         }

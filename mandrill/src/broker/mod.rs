@@ -99,6 +99,23 @@ pub struct Delivery {
     pub payload: Bytes,
     /// 1 for the first delivery of a message, 2 for its first redelivery, …
     pub attempt: u32,
+    /// Size of the whole payload as the broker holds it. Larger than
+    /// `payload.len()` when the broker read only a prefix of a payload over
+    /// the limit (so that an oversized message is rejected without loading it).
+    pub full_size: usize,
+}
+
+impl Delivery {
+    /// A delivery of a payload read whole.
+    pub fn new(tag: DeliveryTag, payload: Bytes, attempt: u32) -> Self {
+        let full_size = payload.len();
+        Self {
+            tag,
+            payload,
+            attempt,
+            full_size,
+        }
+    }
 }
 
 /// What went wrong talking to a broker. The worker branches on the kind.

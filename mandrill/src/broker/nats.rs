@@ -366,11 +366,11 @@ async fn collect(mut batch: pull::Batch) -> Result<Vec<Delivery>, BrokerError> {
             .info()
             .map(|info| u32::try_from(info.delivered).unwrap_or(u32::MAX))
             .unwrap_or(1);
-        deliveries.push(Delivery {
-            tag: DeliveryTag::text(reply.as_str()),
-            payload: message.payload.clone(),
+        deliveries.push(Delivery::new(
+            DeliveryTag::text(reply.as_str()),
+            message.payload.clone(),
             attempt,
-        });
+        ));
     }
     Ok(deliveries)
 }

@@ -674,11 +674,11 @@ async fn claim(tx: &mut Tx<'_>, max: usize, now: i64, limits: Limits) -> Result<
                 };
                 claimed.deliveries.push((
                     claim,
-                    Delivery {
-                        tag: claim.tag(),
-                        payload: Bytes::from(payload),
-                        attempt: u32::try_from(lease).unwrap_or(u32::MAX),
-                    },
+                    Delivery::new(
+                        claim.tag(),
+                        Bytes::from(payload),
+                        u32::try_from(lease).unwrap_or(u32::MAX),
+                    ),
                 ));
             }
             Ok((_, deliveries, None)) => give_up.push((

@@ -38,8 +38,12 @@ pub struct WorkerConfig {
     pub max_in_flight: usize,
     /// Most deliveries asked for in one pull.
     pub pull_batch: usize,
-    /// Deliveries of one message before a failing restart is dead-lettered.
+    /// Restart attempts at one request before a failing restart is dead-lettered.
     pub max_attempts: u32,
+    /// Deliveries of one message, for whatever reason, after which the worker
+    /// gives up on it: records why and dead-letters it. The worker keeps this
+    /// limit itself so that every broker's give-up is recorded in the store.
+    pub max_deliveries: u32,
     /// Redelivery delay after a failed restart, by attempt.
     pub retry_backoff: Backoff,
     /// Tries at recording an outcome before giving up and nacking.

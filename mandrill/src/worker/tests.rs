@@ -26,6 +26,7 @@ fn config() -> WorkerConfig {
         max_in_flight: 100,
         pull_batch: 10,
         max_attempts: 3,
+        max_deliveries: 10,
         retry_backoff: Backoff {
             initial: Duration::from_secs(1),
             max: Duration::from_secs(60),
@@ -783,11 +784,7 @@ async fn handler_task_stays_small() {
         Arc::new(Stats::default()),
     );
     let context = worker.context.clone();
-    let delivery = Delivery {
-        tag: DeliveryTag::number(1),
-        payload: Bytes::new(),
-        attempt: 1,
-    };
+    let delivery = Delivery::new(DeliveryTag::number(1), Bytes::new(), 1);
     let permit = context.flow.acquire().await;
     let task = super::handler::handle_for_size(context.clone(), delivery, permit);
     let size = std::mem::size_of_val(&task);

@@ -277,6 +277,7 @@ async fn worker_on_nats_retries_then_dead_letters_with_reason() {
         max_in_flight: 10,
         pull_batch: 10,
         max_attempts: 3,
+        max_deliveries: 10,
         retry_backoff: Backoff {
             initial: Duration::from_millis(200),
             max: Duration::from_secs(1),
