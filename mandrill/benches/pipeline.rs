@@ -33,7 +33,8 @@ use mandrill::restarter::{SimulatedRestarter, Simulation};
 use mandrill::simulate::random_request;
 use mandrill::stats::Stats;
 use mandrill::store::{
-    HistoryEntry, MemoryStore, PostgresStore, Recorded, SqliteStore, Store, StoreError,
+    Claim, ClaimTerms, HistoryEntry, MemoryStore, PostgresStore, Recorded, SqliteStore, Store,
+    StoreError, Timestamp,
 };
 use mandrill::worker::{Shutdown, Worker, WorkerConfig};
 use uuid::Uuid;
@@ -98,11 +99,16 @@ impl Store for SlowSaveStore {
     async fn lookup(&self, id: Uuid) -> Result<Option<Status>, StoreError> {
         self.inner.lookup(id).await
     }
-    async fn record_received(&self, r: &RestartRequest, attempt: u32) -> Result<(), StoreError> {
+    async fn claim_restart(
+        &self,
+        r: &RestartRequest,
+        terms: ClaimTerms,
+    ) -> Result<Claim, StoreError> {
+        // The tutorial's save: now the claim, recorded before the restart.
         if !self.work.is_zero() {
             tokio::time::sleep(self.work).await;
         }
-        self.inner.record_received(r, attempt).await
+        self.inner.claim_restart(r, terms).await
     }
     async fn record_outcome(
         &self,
@@ -122,6 +128,9 @@ impl Store for SlowSaveStore {
     }
     async fn history(&self, limit: usize) -> Result<Vec<HistoryEntry>, StoreError> {
         self.inner.history(limit).await
+    }
+    async fn prune(&self, before: Timestamp, max_rows: u32) -> Result<u64, StoreError> {
+        self.inner.prune(before, max_rows).await
     }
     async fn close(&self) {
         self.inner.close().await

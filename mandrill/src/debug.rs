@@ -51,6 +51,11 @@ pub async fn report_status(interval: Duration, stats: Arc<Stats>, stop: Cancella
             acked = snapshot.acked,
             nacked = snapshot.nacked,
             dead_lettered = snapshot.dead_lettered,
+            store = if snapshot.store_down == 0 {
+                "up"
+            } else {
+                "down: pulling paused"
+            },
             "status"
         );
     }

@@ -186,14 +186,68 @@ pub enum Rejection {
     /// `published_at` is not an RFC 3339 timestamp.
     #[error("published_at {0:?} is not an rfc 3339 timestamp")]
     BadPublishedAt(String),
+    /// A free-text field (`requested_by`, `reason`) cannot be stored as is.
+    #[error("{field} {why}")]
+    BadText {
+        /// The field's name.
+        field: &'static str,
+        /// What is wrong with it.
+        why: String,
+    },
+}
+
+/// Longest `requested_by` accepted, in characters.
+pub const MAX_REQUESTED_BY_CHARS: usize = 128;
+/// Longest `reason` accepted, in characters.
+pub const MAX_REASON_CHARS: usize = 1024;
+
+/// Validates and normalises a free-text field so that whatever parses can
+/// be stored by every store: surrounding white space is trimmed, an empty
+/// value is no value, control characters (NUL included, which PostgreSQL
+/// cannot store in text) are refused, and the length is bounded.
+fn free_text(
+    field: &'static str,
+    raw: Option<String>,
+    max_chars: usize,
+) -> Result<Option<String>, Rejection> {
+    let Some(raw) = raw else { return Ok(None) };
+    let trimmed = raw.trim();
+    if let Some((at, bad)) = trimmed.chars().enumerate().find(|(_, c)| c.is_control()) {
+        return Err(Rejection::BadText {
+            field,
+            why: format!(
+                "contains the control character U+{:04X} at character {at}",
+                u32::from(bad)
+            ),
+        });
+    }
+    let chars = trimmed.chars().count();
+    if chars > max_chars {
+        return Err(Rejection::BadText {
+            field,
+            why: format!("is {chars} characters long (at most {max_chars})"),
+        });
+    }
+    Ok((!trimmed.is_empty()).then(|| trimmed.to_owned()))
 }
 
 impl RestartRequest {
     /// Parses and validates a payload from the wire.
     pub fn parse(payload: &[u8], rules: &ParseRules) -> Result<Self, Rejection> {
-        if payload.len() > rules.max_payload_bytes {
+        Self::parse_sized(payload, payload.len(), rules)
+    }
+
+    /// Parses a payload of which the broker may have read only a prefix:
+    /// `full_size` is the size of the whole, checked against the limit first.
+    pub fn parse_sized(
+        payload: &[u8],
+        full_size: usize,
+        rules: &ParseRules,
+    ) -> Result<Self, Rejection> {
+        let size = full_size.max(payload.len());
+        if size > rules.max_payload_bytes {
             return Err(Rejection::TooLarge {
-                size: payload.len(),
+                size,
                 limit: rules.max_payload_bytes,
             });
         }
@@ -221,8 +275,8 @@ impl RestartRequest {
             message_id,
             hostname: Hostname::new(&instance_name, &rules.domain),
             instance_name,
-            requested_by: wire.requested_by,
-            reason: wire.reason,
+            requested_by: free_text("requested_by", wire.requested_by, MAX_REQUESTED_BY_CHARS)?,
+            reason: free_text("reason", wire.reason, MAX_REASON_CHARS)?,
             published_at,
         })
     }
@@ -412,6 +466,55 @@ mod tests {
                 String::from_utf8_lossy(payload)
             );
         }
+    }
+
+    #[test]
+    fn free_text_that_a_store_could_not_keep_is_rejected_with_the_field_named() {
+        let with = |field: &str, value: &str| {
+            let value = serde_json::to_string(value).unwrap();
+            let payload = format!(
+                r#"{{"message_id":"{ID}","instance_name":"cattle-ab12","{field}":{value}}}"#
+            );
+            let rules = ParseRules {
+                max_payload_bytes: 8192,
+                ..rules()
+            };
+            RestartRequest::parse(payload.as_bytes(), &rules)
+        };
+        // PostgreSQL cannot store NUL in text: seen restarting a host ten times.
+        let nul = with("reason", "game\u{0}day").unwrap_err().to_string();
+        assert!(nul.contains("reason") && nul.contains("U+0000"), "{nul}");
+        let newline = with("requested_by", "sre\nteam").unwrap_err().to_string();
+        assert!(
+            newline.contains("requested_by") && newline.contains("U+000A"),
+            "{newline}"
+        );
+        let escape = with("reason", "\u{1b}[31mred").unwrap_err().to_string();
+        assert!(escape.contains("U+001B"), "{escape}");
+        let long = with("reason", &"x".repeat(MAX_REASON_CHARS + 1)).unwrap_err();
+        assert!(long.to_string().contains("at most 1024"), "{long}");
+        let long = with("requested_by", &"é".repeat(MAX_REQUESTED_BY_CHARS + 1)).unwrap_err();
+        assert!(long.to_string().contains("at most 128"), "{long}");
+        // At the limit (in characters, not bytes) is fine; space is trimmed.
+        let ok = with("requested_by", &"é".repeat(MAX_REQUESTED_BY_CHARS)).unwrap();
+        assert_eq!(
+            ok.requested_by.unwrap().chars().count(),
+            MAX_REQUESTED_BY_CHARS
+        );
+        let trimmed = with("reason", "  game day \t").unwrap();
+        assert_eq!(trimmed.reason.as_deref(), Some("game day"));
+        assert_eq!(with("reason", "   ").unwrap().reason, None);
+    }
+
+    #[test]
+    fn a_prefix_of_an_oversized_payload_is_rejected_by_its_full_size() {
+        assert_eq!(
+            RestartRequest::parse_sized(b"{", 20_000_000, &rules()),
+            Err(Rejection::TooLarge {
+                size: 20_000_000,
+                limit: 512
+            })
+        );
     }
 
     #[test]

@@ -60,6 +60,19 @@ counters! {
     pull_failures,
     /// Times the runtime was found stalled by blocking code.
     stalls,
+    /// Deliveries left to the broker because their lease was lost before
+    /// a restart was issued.
+    abandoned,
+    /// Deliveries held off because another delivery's restart of the same
+    /// request may still be in flight.
+    deferred,
+    /// Messages given up on (out of deliveries or attempts), recorded and
+    /// dead-lettered.
+    given_up,
+    /// Times the pull loop paused because the store was unreachable.
+    store_outages,
+    /// 1 while the store is unreachable and pulling is paused, else 0.
+    store_down,
     /// Deliveries being handled right now (rises and falls).
     in_flight,
 }

@@ -9,6 +9,7 @@ pub mod postgres;
 pub mod sqlite;
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
@@ -21,8 +22,11 @@ pub use memory::MemoryStore;
 pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
 
-/// What went wrong talking to a store.
+/// What went wrong talking to a store. The worker branches on
+/// [`StoreError::is_transient`]: a transient error is retried in place (and
+/// pauses pulling), a permanent one gives the message up with the reason.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum StoreError {
     /// The database refused or failed the operation.
     #[error("database error: {0}")]
@@ -33,19 +37,199 @@ pub enum StoreError {
     /// A stored row does not make sense (e.g. an unknown status).
     #[error("corrupt row: {0}")]
     Corrupt(String),
-    /// A batched write failed; every operation of the batch is told, and
-    /// none of it was committed.
-    #[error("database write failed: {0}")]
-    Write(String),
-    /// A batched read failed; every lookup of the batch is told.
-    #[error("database read failed: {0}")]
-    Read(String),
+    /// A batched operation failed; every caller of the batch is told, and
+    /// none of a failed write batch was committed.
+    #[error("database batch failed: {0}")]
+    Batch(#[source] Arc<sqlx::Error>),
     /// The store was closed.
     #[error("the store is closed")]
     Closed,
     /// A fault injected on purpose (tests, benchmarks).
-    #[error("injected fault: {0}")]
-    Injected(String),
+    #[error("injected fault: {what}")]
+    Injected {
+        /// Whether it is to be treated as transient.
+        transient: bool,
+        /// What it pretends to be.
+        what: String,
+    },
+}
+
+impl StoreError {
+    /// Whether retrying the same operation later may succeed: the database
+    /// was unreachable, busy, locked or out of space. Encoding errors,
+    /// constraint violations and values too long are permanent: retrying
+    /// (or redelivering) would fail the same way.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::Database(error) => sqlx_error_is_transient(error),
+            Self::Batch(error) => sqlx_error_is_transient(error),
+            Self::Migrate(_) | Self::Corrupt(_) | Self::Closed => false,
+            Self::Injected { transient, .. } => *transient,
+        }
+    }
+}
+
+/// Classifies a driver error; see [`StoreError::is_transient`]. What is not
+/// known to be permanent is treated as transient: retrying in place costs
+/// time, never a restart.
+fn sqlx_error_is_transient(error: &sqlx::Error) -> bool {
+    use sqlx::Error as E;
+    match error {
+        E::Database(db) => {
+            use sqlx::error::ErrorKind;
+            if matches!(
+                db.kind(),
+                ErrorKind::UniqueViolation
+                    | ErrorKind::ForeignKeyViolation
+                    | ErrorKind::NotNullViolation
+                    | ErrorKind::CheckViolation
+            ) {
+                return false;
+            }
+            let code = db.code().unwrap_or_default();
+            if db
+                .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
+                .is_some()
+            {
+                // SQLSTATE classes: 22 data exception (invalid byte sequence,
+                // string too long), 23 integrity, 42 syntax or access rule,
+                // 54 program limit exceeded.
+                !matches!(code.get(..2), Some("22" | "23" | "42" | "54"))
+            } else {
+                // SQLite's primary result code is the low byte: 18 TOOBIG,
+                // 19 CONSTRAINT, 20 MISMATCH, 25 RANGE, 1 ERROR (bad SQL).
+                let primary = code.parse::<i64>().map_or(-1, |c| c & 0xff);
+                !matches!(primary, 1 | 18 | 19 | 20 | 25)
+            }
+        }
+        E::Configuration(_)
+        | E::InvalidArgument(_)
+        | E::ColumnIndexOutOfBounds { .. }
+        | E::ColumnNotFound(_)
+        | E::ColumnDecode { .. }
+        | E::Encode(_)
+        | E::Decode(_)
+        | E::TypeNotFound { .. }
+        | E::RowNotFound
+        | E::PoolClosed
+        | E::Migrate(_) => false,
+        _ => true,
+    }
+}
+
+/// What a delivery may do about a restart: [`Store::claim_restart`] decides
+/// it and records the claim in one atomic step, before the restart is issued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Claim {
+    /// Restart attempt `attempt` (1-based, counted in the store) is claimed
+    /// and recorded: issue it.
+    Claimed {
+        /// This attempt's number.
+        attempt: u32,
+        /// An earlier attempt that was claimed (so possibly issued) but whose
+        /// outcome was never recorded, and whose hold had expired: counted as
+        /// a used attempt.
+        unknown: Option<u32>,
+    },
+    /// Attempt `attempt` was claimed by another delivery that may still be
+    /// issuing it: do not restart before its hold expires, in `wait`.
+    InFlight {
+        /// The attempt in flight.
+        attempt: u32,
+        /// Until its hold expires, by the store's clock.
+        wait: Duration,
+    },
+    /// The request already has a final outcome.
+    Final(Status),
+    /// Every allowed attempt was claimed; none is left. The caller records
+    /// the request as failed.
+    Exhausted {
+        /// Attempts claimed.
+        attempts: u32,
+        /// The last of them, if its outcome was never recorded.
+        unknown: Option<u32>,
+    },
+}
+
+/// The terms of a claim, from the worker's configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClaimTerms {
+    /// Restart attempts a request may use in all.
+    pub max_attempts: u32,
+    /// How long a claim holds off other deliveries: long enough for the
+    /// restart to time out and its outcome to be recorded.
+    pub hold: Duration,
+}
+
+/// The part of a stored row that decides a claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ClaimState {
+    pub status: Status,
+    /// Attempts claimed so far.
+    pub attempts: u32,
+    /// When the hold of the last claim expires; `None` once its outcome is
+    /// recorded.
+    pub claim_until: Option<i64>,
+}
+
+/// What a store writes for a claim that succeeds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ClaimWrite {
+    pub attempts: u32,
+    pub claim_until: i64,
+    /// Set when an earlier attempt's outcome is unknown, so history says so.
+    pub last_error: Option<String>,
+}
+
+/// The one place the claim rule lives; each store reads the row, calls
+/// this, and writes the result in the same transaction.
+pub(crate) fn decide_claim(
+    state: Option<ClaimState>,
+    now: i64,
+    terms: ClaimTerms,
+) -> (Claim, Option<ClaimWrite>) {
+    let state = state.unwrap_or(ClaimState {
+        status: Status::Received,
+        attempts: 0,
+        claim_until: None,
+    });
+    if state.status.is_final() {
+        return (Claim::Final(state.status), None);
+    }
+    let unknown = match state.claim_until {
+        Some(until) if now < until => {
+            let claim = Claim::InFlight {
+                attempt: state.attempts,
+                wait: Duration::from_millis(until.saturating_sub(now).unsigned_abs()),
+            };
+            return (claim, None);
+        }
+        Some(_) => Some(state.attempts),
+        None => None,
+    };
+    if state.attempts >= terms.max_attempts {
+        let claim = Claim::Exhausted {
+            attempts: state.attempts,
+            unknown,
+        };
+        return (claim, None);
+    }
+    let attempt = state.attempts + 1;
+    let hold = i64::try_from(terms.hold.as_millis()).unwrap_or(i64::MAX);
+    let write = ClaimWrite {
+        attempts: attempt,
+        claim_until: now.saturating_add(hold),
+        last_error: unknown.map(unknown_outcome),
+    };
+    (Claim::Claimed { attempt, unknown }, Some(write))
+}
+
+/// The history's words for an attempt whose outcome was never recorded.
+pub fn unknown_outcome(attempt: u32) -> String {
+    format!(
+        "restart attempt {attempt} was issued but its outcome was never recorded \
+         (the handler stopped or lost its lease); counted as failed"
+    )
 }
 
 /// Whether [`Store::record_outcome`] recorded anything.
@@ -107,7 +291,7 @@ pub struct HistoryEntry {
     pub hostname: Option<String>,
     /// Where it stands.
     pub status: Status,
-    /// Deliveries that reached the worker.
+    /// Restart attempts claimed (1 for a rejected payload).
     pub attempts: u32,
     /// The last error, or the rejection reason.
     pub last_error: Option<String>,
@@ -125,16 +309,20 @@ pub trait Store: Send + Sync + 'static {
     /// The recorded status of a request, if it was ever recorded.
     async fn lookup(&self, message_id: Uuid) -> Result<Option<Status>, StoreError>;
 
-    /// Records that delivery `attempt` of a request was received. Never
-    /// downgrades a final status.
-    async fn record_received(
+    /// Claims the next restart attempt of a request, recording the claim
+    /// (the audit record of a restart about to be issued) before the caller
+    /// issues anything; see [`Claim`]. Creates the row if need be. Atomic:
+    /// two deliveries of one request, on any number of instances, never both
+    /// claim while a claim holds.
+    async fn claim_restart(
         &self,
         request: &RestartRequest,
-        attempt: u32,
-    ) -> Result<(), StoreError>;
+        terms: ClaimTerms,
+    ) -> Result<Claim, StoreError>;
 
-    /// Records the outcome of delivery `attempt`, unless a final outcome is
-    /// already recorded. Creates the row if `record_received` never did.
+    /// Records the outcome of restart attempt `attempt`, unless a final
+    /// outcome is already recorded, and releases that attempt's claim.
+    /// Creates the row if no claim did.
     async fn record_outcome(
         &self,
         request: &RestartRequest,
@@ -142,7 +330,10 @@ pub trait Store: Send + Sync + 'static {
         outcome: &Outcome,
     ) -> Result<Recorded, StoreError>;
 
-    /// Records a payload that was dead-lettered as malformed.
+    /// Records a payload that was dead-lettered as malformed. `message_id`
+    /// is what could be salvaged from it: shown in the history, but never
+    /// taken as the request's own record (a later valid request with that id
+    /// is handled as new).
     async fn record_rejection(
         &self,
         message_id: Option<Uuid>,
@@ -152,6 +343,11 @@ pub trait Store: Send + Sync + 'static {
 
     /// The most recently updated entries, newest first.
     async fn history(&self, limit: usize) -> Result<Vec<HistoryEntry>, StoreError>;
+
+    /// Deletes at most `max_rows` final entries completed before `before`,
+    /// oldest first; returns how many went. Bounded, so that pruning a large
+    /// history never holds the database for long.
+    async fn prune(&self, before: Timestamp, max_rows: u32) -> Result<u64, StoreError>;
 
     /// Closes connections; called once, after the last write.
     async fn close(&self) {}
@@ -185,10 +381,31 @@ pub(crate) mod contract {
         RestartRequest::parse(payload.as_bytes(), &rules).unwrap()
     }
 
+    const TERMS: ClaimTerms = ClaimTerms {
+        max_attempts: 3,
+        hold: Duration::from_secs(3600),
+    };
+
+    /// Every contract behaviour, in order, on one store.
+    pub async fn all(store: &dyn Store) {
+        final_outcome_is_never_overwritten(store).await;
+        outcome_without_claim_creates_row(store).await;
+        claim_holds_and_unknown_outcomes_count(store).await;
+        rejections_are_listed_but_never_count_as_the_request(store).await;
+        prune_removes_old_final_entries_only_and_in_bounded_passes(store).await;
+    }
+
     pub async fn final_outcome_is_never_overwritten(store: &dyn Store) {
         let request = request("cattle-0001");
         assert_eq!(store.lookup(request.message_id).await.unwrap(), None);
-        store.record_received(&request, 1).await.unwrap();
+        let claimed = store.claim_restart(&request, TERMS).await.unwrap();
+        assert_eq!(
+            claimed,
+            Claim::Claimed {
+                attempt: 1,
+                unknown: None
+            }
+        );
         assert_eq!(
             store.lookup(request.message_id).await.unwrap(),
             Some(Status::Received)
@@ -200,7 +417,13 @@ pub(crate) mod contract {
             store.record_outcome(&request, 1, &failed).await.unwrap(),
             Recorded::Recorded
         );
-        store.record_received(&request, 2).await.unwrap();
+        assert_eq!(
+            store.claim_restart(&request, TERMS).await.unwrap(),
+            Claim::Claimed {
+                attempt: 2,
+                unknown: None
+            }
+        );
         assert_eq!(
             store
                 .record_outcome(&request, 2, &Outcome::Restarted)
@@ -208,8 +431,11 @@ pub(crate) mod contract {
                 .unwrap(),
             Recorded::Recorded
         );
-        // A late duplicate neither overwrites nor downgrades the final outcome.
-        store.record_received(&request, 3).await.unwrap();
+        // A late duplicate neither claims nor overwrites the final outcome.
+        assert_eq!(
+            store.claim_restart(&request, TERMS).await.unwrap(),
+            Claim::Final(Status::Restarted)
+        );
         assert_eq!(
             store
                 .record_outcome(&request, 3, &Outcome::Failed { error: "x".into() })
@@ -221,18 +447,14 @@ pub(crate) mod contract {
             store.lookup(request.message_id).await.unwrap(),
             Some(Status::Restarted)
         );
-        let history = store.history(10).await.unwrap();
-        let entry = history
-            .iter()
-            .find(|e| e.message_id == Some(request.message_id))
-            .unwrap();
+        let entry = entry(store, request.message_id).await;
         assert_eq!(entry.status, Status::Restarted);
-        assert_eq!(entry.attempts, 3);
+        assert_eq!(entry.attempts, 2);
         assert_eq!(entry.hostname.as_deref(), Some("cattle-0001.example.net"));
         assert!(entry.completed_at.is_some());
     }
 
-    pub async fn outcome_without_received_creates_row(store: &dyn Store) {
+    pub async fn outcome_without_claim_creates_row(store: &dyn Store) {
         let request = request("cattle-0002");
         let outcome = Outcome::Failed {
             error: "gave up".into(),
@@ -241,32 +463,144 @@ pub(crate) mod contract {
             store.record_outcome(&request, 5, &outcome).await.unwrap(),
             Recorded::Recorded
         );
-        let history = store.history(10).await.unwrap();
-        let entry = history
-            .iter()
-            .find(|e| e.message_id == Some(request.message_id))
-            .unwrap();
+        let entry = entry(store, request.message_id).await;
         assert_eq!(entry.status, Status::Failed);
         assert_eq!(entry.last_error.as_deref(), Some("gave up"));
     }
 
-    pub async fn rejections_are_listed(store: &dyn Store) {
+    pub async fn claim_holds_and_unknown_outcomes_count(store: &dyn Store) {
+        let request = request("cattle-0003");
+        let first = store.claim_restart(&request, TERMS).await.unwrap();
+        assert_eq!(
+            first,
+            Claim::Claimed {
+                attempt: 1,
+                unknown: None
+            }
+        );
+        // While the claim holds, no other delivery may restart.
+        let Claim::InFlight { attempt: 1, wait } =
+            store.claim_restart(&request, TERMS).await.unwrap()
+        else {
+            panic!("a held claim must block a second one");
+        };
+        assert!(wait > Duration::ZERO && wait <= TERMS.hold);
+        // A claim that never got its outcome, once its hold is over, counts
+        // as a used attempt: a crash never buys a request extra restarts.
+        let expired = ClaimTerms {
+            hold: Duration::ZERO,
+            ..TERMS
+        };
+        let other = self::request("cattle-0004");
+        assert_eq!(
+            store.claim_restart(&other, expired).await.unwrap(),
+            Claim::Claimed {
+                attempt: 1,
+                unknown: None
+            }
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        assert_eq!(
+            store.claim_restart(&other, expired).await.unwrap(),
+            Claim::Claimed {
+                attempt: 2,
+                unknown: Some(1)
+            }
+        );
+        let entry = entry(store, other.message_id).await;
+        assert!(
+            entry
+                .last_error
+                .as_deref()
+                .unwrap_or("")
+                .contains("attempt 1"),
+            "{entry:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        assert_eq!(
+            store.claim_restart(&other, expired).await.unwrap(),
+            Claim::Claimed {
+                attempt: 3,
+                unknown: Some(2)
+            }
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        assert_eq!(
+            store.claim_restart(&other, expired).await.unwrap(),
+            Claim::Exhausted {
+                attempts: 3,
+                unknown: Some(3)
+            }
+        );
+        // Recording the last attempt's outcome releases its claim.
+        store
+            .record_outcome(&request, 1, &Outcome::Retrying { error: "e".into() })
+            .await
+            .unwrap();
+        assert_eq!(
+            store.claim_restart(&request, TERMS).await.unwrap(),
+            Claim::Claimed {
+                attempt: 2,
+                unknown: None
+            }
+        );
+    }
+
+    pub async fn rejections_are_listed_but_never_count_as_the_request(store: &dyn Store) {
         store
             .record_rejection(None, "payload is not a valid request", b"garbage")
             .await
             .unwrap();
-        let id = Uuid::new_v4();
+        let valid = request("cattle-0005");
+        let id = valid.message_id;
         store
             .record_rejection(Some(id), "instance_name \"X\" is bad", b"{}")
             .await
             .unwrap();
-        let history = store.history(10).await.unwrap();
+        let history = store.history(100).await.unwrap();
         let rejected: Vec<_> = history
             .iter()
             .filter(|e| e.status == Status::Rejected)
             .collect();
         assert_eq!(rejected.len(), 2);
         assert!(rejected.iter().any(|e| e.message_id == Some(id)));
-        assert_eq!(store.lookup(id).await.unwrap(), Some(Status::Rejected));
+        // A malformed payload that carried this id does not make a later
+        // valid request with the same id count as done.
+        assert_eq!(store.lookup(id).await.unwrap(), None);
+        assert_eq!(
+            store.claim_restart(&valid, TERMS).await.unwrap(),
+            Claim::Claimed {
+                attempt: 1,
+                unknown: None
+            }
+        );
+    }
+
+    pub async fn prune_removes_old_final_entries_only_and_in_bounded_passes(store: &dyn Store) {
+        let before = store.history(1000).await.unwrap();
+        let finals = before.iter().filter(|e| e.status.is_final()).count();
+        let open = before.len() - finals;
+        assert!(
+            finals >= 3,
+            "the earlier contract steps leave final entries"
+        );
+        // Nothing completed a day ago or earlier: nothing to prune.
+        let yesterday = Timestamp::from_millis(Timestamp::now().as_millis() - 86_400_000);
+        assert_eq!(store.prune(yesterday, 1000).await.unwrap(), 0);
+        let tomorrow = Timestamp::from_millis(Timestamp::now().as_millis() + 86_400_000);
+        assert_eq!(store.prune(tomorrow, 2).await.unwrap(), 2);
+        let rest = u64::try_from(finals - 2).unwrap();
+        assert_eq!(store.prune(tomorrow, 1000).await.unwrap(), rest);
+        let after = store.history(1000).await.unwrap();
+        assert_eq!(after.len(), open);
+        assert!(after.iter().all(|e| !e.status.is_final()));
+    }
+
+    async fn entry(store: &dyn Store, id: Uuid) -> HistoryEntry {
+        let history = store.history(1000).await.unwrap();
+        history
+            .into_iter()
+            .find(|e| e.message_id == Some(id))
+            .unwrap()
     }
 }

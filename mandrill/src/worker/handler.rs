@@ -1,31 +1,43 @@
 //! Handling one delivery, from payload to settlement.
 //!
 //! 1. Parse at the edge; a malformed payload is recorded and dead-lettered.
-//! 2. Look up the message id (serial, because it decides whether to restart
-//!    at all); a request already final is acked without restarting again.
-//!    Until this point, the end of the grace period aborts the handler and
-//!    the delivery is nacked.
-//!    Then reserve capacity for the restart (a free thread, a rate limit):
-//!    still abortable, nothing has touched the host yet.
-//! 3. Save and restart, concurrently; wait for both, whatever either does.
-//!    From here the restart is issued, so the handler no longer listens for
-//!    the abort: it is shielded until the outcome is recorded and settled.
-//! 4. Record the outcome (with retries), then ack, nack with backoff, or
-//!    dead-letter. Never ack an outcome that is not recorded.
+//!    A message delivered more than `max_deliveries` times is given up on:
+//!    recorded as failed and dead-lettered, whatever the broker.
+//! 2. Reserve capacity for the restart (a free thread, a rate limit), then
+//!    **claim** the restart attempt in the store: the audit record that a
+//!    restart is about to be issued, written before anything touches the
+//!    host. The claim says whether to restart at all: the request may be
+//!    final already, another delivery's restart may still be in flight, or
+//!    every attempt may be used (a claimed attempt whose outcome was never
+//!    recorded counts as used). Until the restart is issued, the end of the
+//!    grace period aborts the handler (nack), and a lost lease abandons the
+//!    delivery to the broker. Store errors are retried in place: transient
+//!    ones while the lease is kept (and the pull loop pauses until the store
+//!    answers), permanent ones give the message up with the reason.
+//! 3. Restart. From here the restart is issued, so the handler no longer
+//!    listens for the abort: it is shielded until the outcome is recorded
+//!    and settled.
+//! 4. Record the outcome (retried in place until the store answers; bounded
+//!    only once shutdown's grace period is over), then ack, nack with
+//!    backoff, or dead-letter. Never ack an outcome that
+//!    is not recorded; never restart again because recording failed.
 //!
-//! The lease is extended throughout steps 2 to 4. A panic anywhere becomes a
-//! nack (or a dead letter, on the last attempt).
+//! The lease is extended throughout. A panic anywhere becomes a failed
+//! attempt if one was claimed, and a nack (or a dead letter, on the last
+//! delivery). Settling is retried on transient broker errors.
 
 use std::convert::Infallible;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures::FutureExt;
 use tokio::sync::OwnedSemaphorePermit;
+use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
@@ -33,14 +45,53 @@ use super::{Context as Shared, panic_message};
 use crate::broker::{BrokerError, Delivery, DeliveryTag};
 use crate::domain::{Outcome, RestartRequest, Status, salvage_message_id};
 use crate::restarter::RestartError;
-use crate::store::{Recorded, StoreError};
+use crate::store::{Claim, Recorded, StoreError, unknown_outcome};
 
 /// How a delivery is to be settled.
 #[derive(Debug)]
 enum Settlement {
     Ack,
-    Nack { delay: Duration, why: String },
-    DeadLetter { reason: String },
+    Nack {
+        delay: Duration,
+        why: String,
+    },
+    DeadLetter {
+        reason: String,
+    },
+    /// The lease was lost before a restart was issued: another consumer may
+    /// own the message now. Leave it to the broker; settle nothing.
+    Abandon,
+}
+
+/// What one handler knows of its delivery while it works: shared between the
+/// work and the lease extender (both polled by the handler's task).
+#[derive(Debug)]
+pub(super) struct Progress {
+    /// The broker said the lease is gone.
+    lease_lost: AtomicBool,
+    /// When the lease runs out unless extended, in milliseconds since the
+    /// worker's epoch.
+    lease_expires: AtomicU64,
+    /// The restart attempt this delivery claimed; 0 before a claim.
+    claimed: AtomicU32,
+}
+
+impl Progress {
+    fn new(context: &Shared) -> Self {
+        Self {
+            lease_lost: AtomicBool::new(false),
+            lease_expires: AtomicU64::new(context.millis(Instant::now() + context.ack_deadline)),
+            claimed: AtomicU32::new(0),
+        }
+    }
+
+    /// Whether the lease is still ours, with a margin for the step about to
+    /// be taken.
+    fn lease_held(&self, context: &Shared) -> bool {
+        !self.lease_lost.load(Ordering::Acquire)
+            && context.millis(Instant::now() + context.lease_margin)
+                < self.lease_expires.load(Ordering::Acquire)
+    }
 }
 
 /// Spawns the handling of one delivery, which holds one flow-control permit.
@@ -73,27 +124,74 @@ fn handle(
     async move {
         context.stats.in_flight.inc();
         info!("pulled");
-        let settlement = match guarded(&context, &delivery).await {
+        let progress = Progress::new(&context);
+        let settlement = match guarded(&context, &delivery, &progress).await {
             Ok(settlement) => settlement,
             Err(panic) => {
                 context.stats.panics.inc();
                 let message = panic_message(&*panic);
                 error!(panic = %message, "handler panicked");
-                if delivery.attempt >= context.config.max_attempts {
-                    Settlement::DeadLetter {
-                        reason: format!("handler panicked on every attempt: {message}"),
-                    }
-                } else {
-                    Settlement::Nack {
-                        delay: context.config.retry_backoff.delay(delivery.attempt),
-                        why: "handler panicked".into(),
-                    }
-                }
+                Box::pin(after_panic(&context, &delivery, &progress, message)).await
             }
         };
-        settle(&context, &delivery.tag, settlement).await;
+        // A panic while settling must not leak the in-flight count or the
+        // flow-control permit: caught here like any other.
+        if let Err(panic) = AssertUnwindSafe(Box::pin(settle(&context, &delivery.tag, settlement)))
+            .catch_unwind()
+            .await
+        {
+            context.stats.panics.inc();
+            error!(panic = %panic_message(&*panic), "settling panicked; the broker will redeliver");
+        }
         context.stats.in_flight.dec();
         context.flow.release(permit);
+    }
+}
+
+/// How to settle a delivery whose handler panicked. An attempt it had
+/// claimed is recorded as failed (best effort), so that the redelivery need
+/// not wait out the claim's hold; the last delivery is given up on.
+async fn after_panic(
+    context: &Shared,
+    delivery: &Delivery,
+    progress: &Progress,
+    message: String,
+) -> Settlement {
+    let config = &context.config;
+    let attempt = progress.claimed.load(Ordering::Acquire);
+    let last = attempt >= config.max_attempts || delivery.attempt >= config.max_deliveries;
+    let error = format!("handler panicked: {message}");
+    if let Ok(request) =
+        RestartRequest::parse_sized(&delivery.payload, delivery.full_size, &config.parse)
+        && (attempt > 0 || last)
+    {
+        let outcome = if last {
+            Outcome::Failed {
+                error: error.clone(),
+            }
+        } else {
+            Outcome::Retrying {
+                error: error.clone(),
+            }
+        };
+        if let Err(error) = context
+            .store
+            .record_outcome(&request, attempt, &outcome)
+            .await
+        {
+            warn!(%error, "could not record the panic as a failed attempt");
+        }
+    }
+    if last {
+        context.stats.given_up.inc();
+        Settlement::DeadLetter {
+            reason: format!("handler panicked on its last attempt: {message}"),
+        }
+    } else {
+        Settlement::Nack {
+            delay: config.retry_backoff.delay(attempt.max(1)),
+            why: "handler panicked".into(),
+        }
     }
 }
 
@@ -106,11 +204,13 @@ fn handle(
 fn guarded<'a>(
     context: &'a Shared,
     delivery: &'a Delivery,
+    progress: &'a Progress,
 ) -> impl Future<Output = std::thread::Result<Settlement>> + 'a {
     AssertUnwindSafe(with_lease(
         context,
         &delivery.tag,
-        process(context, delivery),
+        progress,
+        process(context, delivery, progress),
     ))
     .catch_unwind()
 }
@@ -150,23 +250,28 @@ impl<W: Future, E: Future<Output = Infallible>> Future for WithLease<W, E> {
 fn with_lease<'a, W: Future + 'a>(
     context: &'a Shared,
     tag: &'a DeliveryTag,
+    progress: &'a Progress,
     work: W,
 ) -> WithLease<W, impl Future<Output = Infallible> + 'a> {
     WithLease {
         work,
-        extender: extend_forever(context, tag),
+        extender: extend_forever(context, tag, progress),
     }
 }
 
-async fn extend_forever(context: &Shared, tag: &DeliveryTag) -> Infallible {
+async fn extend_forever(context: &Shared, tag: &DeliveryTag, progress: &Progress) -> Infallible {
     loop {
         tokio::time::sleep(context.lease_extension_interval).await;
+        // The new deadline counts from the request, not the answer.
+        let expires = context.millis(Instant::now() + context.ack_deadline);
         match context.broker.extend(tag).await {
             Ok(()) => {
+                progress.lease_expires.store(expires, Ordering::Release);
                 context.stats.lease_extensions.inc();
                 info!("extended lease");
             }
             Err(error @ BrokerError::LeaseLost(_)) => {
+                progress.lease_lost.store(true, Ordering::Release);
                 context.stats.leases_lost.inc();
                 warn!(%error, "lease lost; the message may be redelivered");
                 return std::future::pending().await;
@@ -176,87 +281,198 @@ async fn extend_forever(context: &Shared, tag: &DeliveryTag) -> Infallible {
     }
 }
 
-async fn process(context: &Shared, delivery: &Delivery) -> Settlement {
+/// Why a store operation retried in place stopped without an answer.
+enum Stopped {
+    /// The grace period is over (before the restart was issued).
+    Shutdown,
+    /// The lease was lost (before the restart was issued).
+    LeaseLost,
+    /// The store refused in a way retrying cannot fix.
+    Permanent(StoreError),
+    /// Shutdown's grace period ended while retrying (after the restart was
+    /// issued), and `record_attempts` more tries failed too.
+    OutOfTime(StoreError),
+}
+
+/// When a store operation may stop retrying.
+#[derive(Clone, Copy)]
+enum Until {
+    /// Before the restart: while the lease is held and the grace period lasts.
+    LeaseHeld,
+    /// After the restart: until the store answers (the pull loop is paused
+    /// meanwhile, and the lease kept), or for at most `record_attempts`
+    /// tries once the grace period is over, so that shutdown is bounded.
+    Shielded,
+}
+
+/// Runs a store operation, retrying transient failures in place. While the
+/// store fails, it is marked down, so that the pull loop stops taking new
+/// work instead of churning deliveries; any success marks it up again.
+async fn store_op<T, F, Fut>(
+    context: &Shared,
+    progress: &Progress,
+    until: Until,
+    mut operation: F,
+) -> Result<T, Stopped>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, StoreError>>,
+{
+    let mut tried = 0u32;
+    let mut tried_after_abort = 0u32;
+    loop {
+        if matches!(until, Until::LeaseHeld) && !progress.lease_held(context) {
+            return Err(Stopped::LeaseLost);
+        }
+        let result = match until {
+            Until::LeaseHeld => tokio::select! {
+                biased;
+                () = context.abort.cancelled() => return Err(Stopped::Shutdown),
+                result = operation() => result,
+            },
+            Until::Shielded => operation().await,
+        };
+        let error = match result {
+            Ok(value) => {
+                context.store_health.succeeded(&context.stats);
+                return Ok(value);
+            }
+            Err(error) => error,
+        };
+        context.stats.store_failures.inc();
+        if !error.is_transient() {
+            return Err(Stopped::Permanent(error));
+        }
+        context.store_health.failed(&context.stats);
+        tried = tried.saturating_add(1);
+        let delay = context.config.record_backoff.delay(tried);
+        if matches!(until, Until::Shielded) && context.abort.is_cancelled() {
+            tried_after_abort += 1;
+            if tried_after_abort >= context.config.record_attempts {
+                return Err(Stopped::OutOfTime(error));
+            }
+        }
+        if tried == 1 || tried.is_multiple_of(10) {
+            warn!(%error, tried, ?delay, "store unavailable; retrying in place");
+        }
+        match until {
+            Until::LeaseHeld => tokio::select! {
+                biased;
+                () = context.abort.cancelled() => return Err(Stopped::Shutdown),
+                () = tokio::time::sleep(delay) => {}
+            },
+            Until::Shielded => tokio::time::sleep(delay).await,
+        }
+    }
+}
+
+fn shutting_down() -> Settlement {
+    Settlement::Nack {
+        delay: Duration::ZERO,
+        why: "shutting down before the restart began".into(),
+    }
+}
+
+async fn process(context: &Shared, delivery: &Delivery, progress: &Progress) -> Settlement {
     let config = &context.config;
-    let attempt = delivery.attempt;
-    let request = match RestartRequest::parse(&delivery.payload, &config.parse) {
-        Ok(request) => request,
-        // Boxed: a rare path whose state would otherwise enlarge every task.
-        Err(rejection) => return Box::pin(reject(context, delivery, rejection.to_string())).await,
-    };
+    let request =
+        match RestartRequest::parse_sized(&delivery.payload, delivery.full_size, &config.parse) {
+            Ok(request) => request,
+            Err(rejection) => {
+                return rare(reject(context, delivery, progress, rejection.to_string())).await;
+            }
+        };
     {
         let span = tracing::Span::current();
         span.record("message_id", tracing::field::display(request.message_id));
         span.record("host", tracing::field::display(&request.hostname));
     }
-
-    // Serial on purpose: whether to restart depends on what is recorded.
-    // In a block, so that the lookup's result is not kept across later awaits.
-    {
-        let prior = tokio::select! {
-            biased;
-            () = context.abort.cancelled() => {
-                return Settlement::Nack {
-                    delay: Duration::ZERO,
-                    why: "shutting down before the restart began".into(),
-                };
-            }
-            prior = context.store.lookup(request.message_id) => prior,
-        };
-        match prior {
-            Ok(Some(status)) if status.is_final() => {
-                context.stats.duplicates.inc();
-                info!(%status, "already recorded as final; not restarting again");
-                return settle_recorded(status);
-            }
-            Ok(_) => {}
-            Err(error) => {
-                context.stats.store_failures.inc();
-                warn!(%error, "could not look up the request");
-                return Settlement::Nack {
-                    delay: config.retry_backoff.delay(attempt),
-                    why: "store unavailable".into(),
-                };
-            }
-        }
+    if delivery.attempt > config.max_deliveries {
+        let reason = format!(
+            "delivered {} times without being settled (broker.max_deliveries is {})",
+            delivery.attempt, config.max_deliveries
+        );
+        return rare(give_up(context, progress, &request, 0, reason)).await;
     }
 
     let reservation = tokio::select! {
         biased;
-        () = context.abort.cancelled() => {
-            return Settlement::Nack {
-                delay: Duration::ZERO,
-                why: "shutting down before the restart began".into(),
-            };
-        }
+        () = context.abort.cancelled() => return shutting_down(),
         reservation = context.restarter.reserve() => reservation,
     };
 
-    // Shielded from here: the restart is issued, so its outcome must be
-    // recorded whatever shutdown does. Both futures are written inside
-    // join! so that they are stored once, in place.
-    let (saved, restarted) =
-        tokio::join!(context.store.record_received(&request, attempt), async {
-            tokio::time::timeout(
-                config.restart_timeout,
-                context.restarter.restart(&request.hostname, reservation),
-            )
-            .await
-            .unwrap_or_else(|_elapsed| {
-                Err(RestartError::TimedOut {
-                    host: request.hostname.clone(),
-                    after: config.restart_timeout,
-                })
-            })
-        });
-    match saved {
-        Ok(()) => info!("saved"),
-        Err(error) => {
-            // Not fatal: recording the outcome creates the row if need be.
-            context.stats.store_failures.inc();
-            warn!(%error, "could not save receipt; the outcome will be recorded in full");
+    // The claim: recorded before the restart is issued, and the only place
+    // that decides whether to restart at all.
+    let claimed = Box::pin(store_op(context, progress, Until::LeaseHeld, || {
+        context.store.claim_restart(&request, context.claim_terms)
+    }))
+    .await;
+    let attempt = match claimed {
+        Ok(Claim::Claimed { attempt, unknown }) => {
+            if let Some(unknown) = unknown {
+                warn!(
+                    unknown,
+                    "an earlier restart attempt was issued but its outcome never recorded; \
+                     counted as failed"
+                );
+            }
+            attempt
         }
-    }
+        Ok(Claim::Final(status)) => {
+            context.stats.duplicates.inc();
+            info!(%status, "already recorded as final; not restarting again");
+            return settle_recorded(status);
+        }
+        Ok(Claim::InFlight { attempt, wait }) => {
+            context.stats.deferred.inc();
+            let delay = wait.max(Duration::from_secs(1));
+            info!(
+                attempt,
+                ?delay,
+                "a restart of this request may still be in flight elsewhere"
+            );
+            return Settlement::Nack {
+                delay,
+                why: format!("restart attempt {attempt} may still be in flight"),
+            };
+        }
+        Ok(Claim::Exhausted { attempts, unknown }) => {
+            let reason = match unknown {
+                Some(attempt) => format!(
+                    "restart failed after {attempts} attempts: {}",
+                    unknown_outcome(attempt)
+                ),
+                None => format!("all {attempts} restart attempts are used"),
+            };
+            return rare(give_up(context, progress, &request, attempts, reason)).await;
+        }
+        Err(Stopped::Shutdown) => return shutting_down(),
+        Err(Stopped::LeaseLost) => return Settlement::Abandon,
+        Err(Stopped::Permanent(error) | Stopped::OutOfTime(error)) => {
+            error!(%error, "the store refused the claim; giving up without restarting");
+            context.stats.given_up.inc();
+            return Settlement::DeadLetter {
+                reason: format!("could not record the claim to restart: {error}"),
+            };
+        }
+    };
+    progress.claimed.store(attempt, Ordering::Release);
+
+    // Shielded from here: the restart is issued, so its outcome must be
+    // recorded whatever shutdown does.
+    // Boxed, like the other phases: its timer would otherwise stay in the
+    // task's state for the whole of its life.
+    let restarted = Box::pin(tokio::time::timeout(
+        config.restart_timeout,
+        context.restarter.restart(&request.hostname, reservation),
+    ))
+    .await
+    .unwrap_or_else(|_elapsed| {
+        Err(RestartError::TimedOut {
+            host: request.hostname.clone(),
+            after: config.restart_timeout,
+        })
+    });
     let outcome = match restarted {
         Ok(()) => {
             context.stats.restarted.inc();
@@ -265,14 +481,14 @@ async fn process(context: &Shared, delivery: &Delivery) -> Settlement {
         }
         Err(error) if attempt >= config.max_attempts => {
             context.stats.restart_failures.inc();
-            warn!(%error, "restart failed on the last attempt");
+            warn!(%error, attempt, "restart failed on the last attempt");
             Outcome::Failed {
                 error: error.to_string(),
             }
         }
         Err(error) => {
             context.stats.restart_failures.inc();
-            warn!(%error, "restart failed; will retry");
+            warn!(%error, attempt, "restart failed; will retry");
             Outcome::Retrying {
                 error: error.to_string(),
             }
@@ -281,7 +497,7 @@ async fn process(context: &Shared, delivery: &Delivery) -> Settlement {
 
     // Boxed: only one phase at a time needs this state, and boxing keeps it
     // out of the task's size for the whole of its life.
-    let recorded = Box::pin(record_with_retries(context, || {
+    let recorded = Box::pin(store_op(context, progress, Until::Shielded, || {
         context.store.record_outcome(&request, attempt, &outcome)
     }))
     .await;
@@ -292,8 +508,27 @@ async fn process(context: &Shared, delivery: &Delivery) -> Settlement {
             warn!(%status, "another delivery recorded a final outcome first; keeping it");
             return settle_recorded(status);
         }
-        Err(error) => {
-            error!(%error, "could not record the outcome; nacking so it is not lost");
+        Err(Stopped::Permanent(error)) => {
+            // Never restart again because bookkeeping failed: give it up.
+            error!(%error, "the store refused the outcome; dead-lettering without another restart");
+            context.stats.given_up.inc();
+            return Settlement::DeadLetter {
+                reason: format!(
+                    "restart attempt {attempt} ended ({}), but its outcome could not be recorded: {error}",
+                    outcome.status()
+                ),
+            };
+        }
+        Err(Stopped::OutOfTime(error)) => {
+            error!(%error, "shutting down without the outcome recorded; nacking so it is not lost");
+            return Settlement::Nack {
+                delay: config.retry_backoff.delay(attempt),
+                why: "outcome not recorded".into(),
+            };
+        }
+        // Not reachable after the restart (no lease or abort check there);
+        // a nack is the safe answer all the same.
+        Err(Stopped::Shutdown | Stopped::LeaseLost) => {
             return Settlement::Nack {
                 delay: config.retry_backoff.delay(attempt),
                 why: "outcome not recorded".into(),
@@ -312,6 +547,45 @@ async fn process(context: &Shared, delivery: &Delivery) -> Settlement {
     }
 }
 
+/// A rare path's future, boxed and built outside the caller's state: the
+/// values it is made from (a rejection, a reason) would otherwise keep slots
+/// in every handler task for its whole life.
+fn rare<'a>(
+    future: impl Future<Output = Settlement> + Send + 'a,
+) -> Pin<Box<dyn Future<Output = Settlement> + Send + 'a>> {
+    Box::pin(future)
+}
+
+/// Records a request as failed for `reason` and dead-letters it: the one
+/// way the worker gives up on a valid request, on every broker.
+async fn give_up(
+    context: &Shared,
+    progress: &Progress,
+    request: &RestartRequest,
+    attempt: u32,
+    reason: String,
+) -> Settlement {
+    warn!(reason, "giving up on the request");
+    let outcome = Outcome::Failed {
+        error: reason.clone(),
+    };
+    let recorded = store_op(context, progress, Until::LeaseHeld, || {
+        context.store.record_outcome(request, attempt, &outcome)
+    })
+    .await;
+    match recorded {
+        Ok(Recorded::AlreadyFinal(status)) => return settle_recorded(status),
+        Ok(Recorded::Recorded) => {}
+        Err(Stopped::Shutdown) => return shutting_down(),
+        Err(Stopped::LeaseLost) => return Settlement::Abandon,
+        Err(Stopped::Permanent(error) | Stopped::OutOfTime(error)) => {
+            error!(%error, "could not record giving up; dead-lettering anyway");
+        }
+    }
+    context.stats.given_up.inc();
+    Settlement::DeadLetter { reason }
+}
+
 /// How to settle a delivery whose request already has a final outcome. A
 /// request recorded as failed is dead-lettered again rather than acked: the
 /// delivery that recorded it may have failed to dead-letter it (a broker
@@ -325,67 +599,77 @@ fn settle_recorded(status: Status) -> Settlement {
     }
 }
 
-/// Records a malformed payload and dead-letters it. Recording is best effort:
-/// the broker keeps the dead letter either way.
-async fn reject(context: &Shared, delivery: &Delivery, reason: String) -> Settlement {
+/// Records a malformed payload and dead-letters it. Recording is retried
+/// in place like every store write, but a store that refuses for good does
+/// not keep the dead letter from the broker.
+async fn reject(
+    context: &Shared,
+    delivery: &Delivery,
+    progress: &Progress,
+    reason: String,
+) -> Settlement {
     context.stats.rejected.inc();
     warn!(reason, "rejected malformed message");
     let message_id = salvage_message_id(&delivery.payload);
-    let recorded = record_with_retries(context, || {
+    let recorded = store_op(context, progress, Until::LeaseHeld, || {
         context
             .store
             .record_rejection(message_id, &reason, &delivery.payload)
     })
     .await;
-    if let Err(error) = recorded {
-        error!(%error, "could not record the rejection; dead-lettering anyway");
+    match recorded {
+        Ok(()) => {}
+        Err(Stopped::Shutdown) => return shutting_down(),
+        Err(Stopped::LeaseLost) => return Settlement::Abandon,
+        Err(Stopped::Permanent(error) | Stopped::OutOfTime(error)) => {
+            error!(%error, "could not record the rejection; dead-lettering anyway");
+        }
     }
     Settlement::DeadLetter { reason }
 }
 
-async fn record_with_retries<T, F, Fut>(context: &Shared, mut operation: F) -> Result<T, StoreError>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T, StoreError>>,
-{
-    let attempts = context.config.record_attempts.max(1);
-    let mut tried = 0;
-    loop {
-        tried += 1;
-        match operation().await {
-            Ok(value) => return Ok(value),
-            Err(error) if tried >= attempts => return Err(error),
-            Err(error) => {
-                context.stats.store_failures.inc();
-                let delay = context.config.record_backoff.delay(tried);
-                warn!(%error, tried, ?delay, "store write failed; retrying");
+/// Settles a delivery, retrying a few times when the broker is briefly
+/// unavailable. A lost lease is not retried: the broker redelivers.
+async fn settle(context: &Shared, tag: &DeliveryTag, settlement: Settlement) {
+    const TRIES: u32 = 3;
+    let stats = &context.stats;
+    for tried in 1..=TRIES {
+        let result = match &settlement {
+            Settlement::Ack => context.broker.ack(tag).await.map(|()| {
+                stats.acked.inc();
+                info!("acked");
+            }),
+            Settlement::Nack { delay, why } => context.broker.nack(tag, *delay).await.map(|()| {
+                stats.nacked.inc();
+                info!(?delay, why, "nacked");
+            }),
+            Settlement::DeadLetter { reason } => {
+                context.broker.dead_letter(tag, reason).await.map(|()| {
+                    stats.dead_lettered.inc();
+                    warn!(reason, "dead-lettered");
+                })
+            }
+            Settlement::Abandon => {
+                stats.abandoned.inc();
+                warn!(
+                    "lease lost before the restart was issued; leaving the message to the broker"
+                );
+                Ok(())
+            }
+        };
+        match result {
+            Ok(()) => return,
+            Err(error @ BrokerError::Unavailable(_)) if tried < TRIES => {
+                let delay = Duration::from_millis(100 << tried);
+                warn!(%error, tried, ?delay, "could not settle; retrying");
                 tokio::time::sleep(delay).await;
             }
+            Err(error) => {
+                stats.settle_failures.inc();
+                warn!(%error, "could not settle; the broker will redeliver after the lease expires");
+                return;
+            }
         }
-    }
-}
-
-async fn settle(context: &Shared, tag: &DeliveryTag, settlement: Settlement) {
-    let stats = &context.stats;
-    let result = match settlement {
-        Settlement::Ack => context.broker.ack(tag).await.map(|()| {
-            stats.acked.inc();
-            info!("acked");
-        }),
-        Settlement::Nack { delay, why } => context.broker.nack(tag, delay).await.map(|()| {
-            stats.nacked.inc();
-            info!(?delay, why, "nacked");
-        }),
-        Settlement::DeadLetter { reason } => {
-            context.broker.dead_letter(tag, &reason).await.map(|()| {
-                stats.dead_lettered.inc();
-                warn!(reason, "dead-lettered");
-            })
-        }
-    };
-    if let Err(error) = result {
-        stats.settle_failures.inc();
-        warn!(%error, "could not settle; the broker will redeliver after the lease expires");
     }
 }
 

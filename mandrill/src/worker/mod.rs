@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::FutureExt;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{error, info, warn};
@@ -27,7 +28,7 @@ use crate::broker::{Broker, BrokerError};
 use crate::domain::ParseRules;
 use crate::restarter::Restarter;
 use crate::stats::Stats;
-use crate::store::Store;
+use crate::store::{ClaimTerms, Store};
 
 pub use flow::FlowControl;
 
@@ -118,6 +119,38 @@ pub enum WorkerError {
     },
 }
 
+/// Whether the store answers, as the handlers find out: while it does not,
+/// the pull loop takes no new work (each nack would cost a delivery) and
+/// probes it until it answers.
+#[derive(Debug, Default)]
+pub(crate) struct StoreHealth {
+    down: std::sync::atomic::AtomicBool,
+}
+
+impl StoreHealth {
+    fn is_down(&self) -> bool {
+        self.down.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// A store operation failed transiently.
+    pub(crate) fn failed(&self, stats: &Stats) {
+        if !self.down.swap(true, std::sync::atomic::Ordering::AcqRel) {
+            stats.store_outages.inc();
+            stats.store_down.inc();
+            error!("store unreachable: pausing pulls until it answers");
+        }
+    }
+
+    /// A store operation succeeded.
+    pub(crate) fn succeeded(&self, stats: &Stats) {
+        // A load first: the common case (up) costs no write to shared memory.
+        if self.is_down() && self.down.swap(false, std::sync::atomic::Ordering::AcqRel) {
+            stats.store_down.dec();
+            info!("store reachable again: resuming pulls");
+        }
+    }
+}
+
 /// Everything a handler needs, shared by all of them.
 pub(crate) struct Context {
     pub broker: Arc<dyn Broker>,
@@ -127,9 +160,26 @@ pub(crate) struct Context {
     pub stats: Arc<Stats>,
     pub flow: Arc<FlowControl>,
     pub lease_extension_interval: Duration,
+    /// The broker's lease.
+    pub ack_deadline: Duration,
+    /// How much of a lease must be left to take a step that needs it.
+    pub lease_margin: Duration,
+    /// The terms of every restart claim.
+    pub claim_terms: ClaimTerms,
+    /// Whether the store answers.
+    pub store_health: StoreHealth,
+    /// Instants are kept as milliseconds since this one.
+    pub epoch: Instant,
     /// Cancelled when the grace period is over: handlers that have not issued
     /// their restart nack and return.
     pub abort: CancellationToken,
+}
+
+impl Context {
+    /// `at` as milliseconds since the epoch (0 if before it).
+    pub(crate) fn millis(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.epoch).as_millis()).unwrap_or(u64::MAX)
+    }
 }
 
 /// See the module docs.
@@ -146,20 +196,37 @@ impl Worker {
         restarter: Arc<dyn Restarter>,
         stats: Arc<Stats>,
     ) -> Self {
+        let ack_deadline = broker.ack_deadline();
+        // Always well inside the lease, whatever was configured: an
+        // extension that comes after the deadline is a duplicate restart.
         let lease_extension_interval = config
             .lease_extension_interval
-            .unwrap_or(broker.ack_deadline() / 3)
+            .unwrap_or(ack_deadline / 3)
+            .min(ack_deadline / 2)
             .max(Duration::from_millis(10));
+        let claim_terms = ClaimTerms {
+            max_attempts: config.max_attempts,
+            // Long enough for the restart to time out and its outcome to be
+            // recorded: until then no other delivery restarts the host.
+            hold: config
+                .restart_timeout
+                .saturating_add(ack_deadline.saturating_mul(2)),
+        };
         Self {
             context: Arc::new(Context {
                 flow: Arc::new(FlowControl::new(config.max_in_flight)),
                 broker,
                 store,
                 restarter,
-                config,
                 stats,
                 lease_extension_interval,
+                ack_deadline,
+                lease_margin: ack_deadline / 4,
+                claim_terms,
+                store_health: StoreHealth::default(),
+                epoch: Instant::now(),
                 abort: CancellationToken::new(),
+                config,
             }),
         }
     }
@@ -252,6 +319,9 @@ async fn pull_loop(
     failures: &mut u32,
 ) -> Result<(), BrokerError> {
     loop {
+        if context.store_health.is_down() && !wait_for_store(context, shutdown).await {
+            return Ok(());
+        }
         let mut permits = tokio::select! {
             biased;
             () = shutdown.requested() => return Ok(()),
@@ -287,6 +357,32 @@ async fn pull_loop(
             tokio::task::yield_now().await;
         }
     }
+}
+
+/// Probes the store until it answers; false if shutdown came first.
+async fn wait_for_store(context: &Context, shutdown: &Shutdown) -> bool {
+    let mut probes = 0u32;
+    while context.store_health.is_down() {
+        probes = probes.saturating_add(1);
+        let delay = context.config.record_backoff.delay(probes);
+        tokio::select! {
+            biased;
+            () = shutdown.requested() => return false,
+            () = tokio::time::sleep(delay) => {}
+        }
+        // Handlers retrying in place may have found it back already.
+        if !context.store_health.is_down() {
+            break;
+        }
+        match context.store.lookup(uuid::Uuid::nil()).await {
+            Ok(_) => context.store_health.succeeded(&context.stats),
+            Err(error) if probes == 1 || probes.is_multiple_of(10) => {
+                warn!(%error, probes, "store still unreachable; pulls stay paused");
+            }
+            Err(_) => {}
+        }
+    }
+    true
 }
 
 /// The text of a caught panic.

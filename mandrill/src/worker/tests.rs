@@ -17,7 +17,7 @@ use super::*;
 use crate::broker::{Delivery, DeliveryTag, MemoryBroker};
 use crate::domain::{Domain, Hostname, Outcome, RestartRequest, Status};
 use crate::restarter::{Reservation, RestartError};
-use crate::store::{HistoryEntry, MemoryStore, Recorded, StoreError};
+use crate::store::{Claim, ClaimTerms, HistoryEntry, MemoryStore, Recorded, StoreError, Timestamp};
 
 const ACK_DEADLINE: Duration = Duration::from_secs(10);
 
@@ -139,26 +139,52 @@ impl Broker for LoggedBroker {
 struct ScriptedStore {
     inner: MemoryStore,
     timeline: Timeline,
-    save_delay: Duration,
-    /// While set, recording an outcome fails.
+    claim_delay: Duration,
+    /// While set, recording an outcome fails with a transient error.
     outcome_fails: AtomicBool,
-    /// When set, lookups wait for a permit (never released: they hang).
-    lookup_gate: Option<Semaphore>,
+    /// While set, recording an outcome fails with a permanent error (as
+    /// PostgreSQL refusing a value it cannot store).
+    outcome_refused: AtomicBool,
+    /// While set, every operation fails with a transient error (the
+    /// database is unreachable).
+    down: AtomicBool,
+    /// When set, claims wait for a permit (never released: they hang).
+    claim_gate: Option<Semaphore>,
+}
+
+impl ScriptedStore {
+    fn unreachable(&self, what: &str) -> Result<(), StoreError> {
+        if self.down.load(Ordering::Acquire) {
+            self.timeline.push(format!("{what}-unreachable"));
+            return Err(StoreError::Injected {
+                transient: true,
+                what: "connection refused".into(),
+            });
+        }
+        Ok(())
+    }
 }
 
 #[async_trait]
 impl Store for ScriptedStore {
     async fn lookup(&self, message_id: Uuid) -> Result<Option<Status>, StoreError> {
-        if let Some(gate) = &self.lookup_gate {
-            self.timeline.push("lookup-waiting");
-            let _permit = gate.acquire().await.unwrap();
-        }
+        self.unreachable("lookup")?;
         self.inner.lookup(message_id).await
     }
-    async fn record_received(&self, r: &RestartRequest, attempt: u32) -> Result<(), StoreError> {
-        tokio::time::sleep(self.save_delay).await;
-        self.timeline.push("saved");
-        self.inner.record_received(r, attempt).await
+    async fn claim_restart(
+        &self,
+        r: &RestartRequest,
+        terms: ClaimTerms,
+    ) -> Result<Claim, StoreError> {
+        self.unreachable("claim")?;
+        if let Some(gate) = &self.claim_gate {
+            self.timeline.push("claim-waiting");
+            let _permit = gate.acquire().await.unwrap();
+        }
+        tokio::time::sleep(self.claim_delay).await;
+        let claim = self.inner.claim_restart(r, terms).await;
+        self.timeline.push(format!("claim {claim:?}"));
+        claim
     }
     async fn record_outcome(
         &self,
@@ -166,9 +192,20 @@ impl Store for ScriptedStore {
         attempt: u32,
         outcome: &Outcome,
     ) -> Result<Recorded, StoreError> {
+        self.unreachable("record")?;
         if self.outcome_fails.load(Ordering::Acquire) {
             self.timeline.push("record-failed");
-            return Err(StoreError::Injected("disk full".into()));
+            return Err(StoreError::Injected {
+                transient: true,
+                what: "disk full".into(),
+            });
+        }
+        if self.outcome_refused.load(Ordering::Acquire) {
+            self.timeline.push("record-refused");
+            return Err(StoreError::Injected {
+                transient: false,
+                what: "invalid byte sequence for encoding UTF8: 0x00".into(),
+            });
         }
         self.timeline.push(format!("recorded {}", outcome.status()));
         self.inner.record_outcome(r, attempt, outcome).await
@@ -179,10 +216,14 @@ impl Store for ScriptedStore {
         reason: &str,
         payload: &[u8],
     ) -> Result<(), StoreError> {
+        self.unreachable("reject")?;
         self.inner.record_rejection(id, reason, payload).await
     }
     async fn history(&self, limit: usize) -> Result<Vec<HistoryEntry>, StoreError> {
         self.inner.history(limit).await
+    }
+    async fn prune(&self, before: Timestamp, max_rows: u32) -> Result<u64, StoreError> {
+        self.inner.prune(before, max_rows).await
     }
 }
 
@@ -336,32 +377,28 @@ async fn lease_is_extended_while_work_runs_and_not_after() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn ack_comes_only_after_both_save_and_restart_finish() {
-    for (save_secs, restart_secs) in [(5, 2), (1, 4)] {
-        let store = Arc::new(ScriptedStore {
-            save_delay: Duration::from_secs(save_secs),
-            ..Default::default()
-        });
-        let restarter = Arc::new(ScriptedRestarter {
-            delay: Duration::from_secs(restart_secs),
-            ..Default::default()
-        });
-        let h = start(config(), store.clone(), restarter.clone());
-        let started = Instant::now();
-        h.publish("cattle-ab12").await;
-        let stats = h.stats.clone();
-        wait_until("acked", || stats.acked.get() == 1).await;
-        let acked_at = h.broker.timeline.when("ack")[0];
-        let saved_at = store.timeline.when("saved")[0];
-        let restarted_at = restarter.timeline.when("restarted")[0];
-        let recorded_at = store.timeline.when("recorded restarted")[0];
-        assert!(saved_at <= recorded_at && restarted_at <= recorded_at);
-        assert!(recorded_at <= acked_at);
-        // Concurrent, not serial: the wait is the longer of the two.
-        let longer = Duration::from_secs(save_secs.max(restart_secs));
-        assert!(acked_at - started < longer + Duration::from_secs(1));
-        h.stop().await.unwrap();
-    }
+async fn restart_is_issued_only_after_its_claim_is_recorded_and_acked_after_its_outcome() {
+    let store = Arc::new(ScriptedStore {
+        claim_delay: Duration::from_secs(5),
+        ..Default::default()
+    });
+    let restarter = Arc::new(ScriptedRestarter {
+        delay: Duration::from_secs(2),
+        ..Default::default()
+    });
+    let h = start(config(), store.clone(), restarter.clone());
+    h.publish("cattle-ab12").await;
+    let stats = h.stats.clone();
+    wait_until("acked", || stats.acked.get() == 1).await;
+    let claimed_at = store.timeline.when("claim Ok(Claimed")[0];
+    let started_at = restarter.timeline.when("restart-started")[0];
+    let restarted_at = restarter.timeline.when("restarted")[0];
+    let recorded_at = store.timeline.when("recorded restarted")[0];
+    let acked_at = h.broker.timeline.when("ack")[0];
+    // The audit record of the claim comes before anything touches the host.
+    assert!(claimed_at <= started_at);
+    assert!(restarted_at <= recorded_at && recorded_at <= acked_at);
+    h.stop().await.unwrap();
 }
 
 #[tokio::test(start_paused = true)]
@@ -422,37 +459,87 @@ async fn failed_request_whose_dead_letter_failed_is_dead_lettered_on_redelivery(
 }
 
 #[tokio::test(start_paused = true)]
-async fn outcome_that_cannot_be_recorded_is_never_acked() {
+async fn outcome_that_cannot_be_recorded_yet_is_retried_in_place_never_acked_never_restarted_again()
+{
     let store = Arc::new(ScriptedStore::default());
     store.outcome_fails.store(true, Ordering::Release);
-    let h = start(
-        config(),
-        store.clone(),
-        Arc::new(ScriptedRestarter::default()),
-    );
+    let restarter = Arc::new(ScriptedRestarter::default());
+    let h = start(config(), store.clone(), restarter.clone());
     let id = h.publish("cattle-nodisk").await;
     let stats = h.stats.clone();
-    wait_until("nacked", || stats.nacked.get() >= 1).await;
-    assert_eq!(stats.acked.get(), 0);
-    // Each delivery tried to record three times before nacking.
-    assert_eq!(store.timeline.count("record-failed"), 3);
-    // The store recovers: the redelivery is recorded, then acked.
+    wait_until("many failed tries", || {
+        store.timeline.count("record-failed") >= 20
+    })
+    .await;
+    // Minutes of failure: never acked, never nacked (a nack would cost a
+    // delivery and, on redelivery, maybe a restart), lease kept meanwhile.
+    assert_eq!(stats.acked.get() + stats.nacked.get(), 0);
+    assert_eq!(stats.store_down.get(), 1);
+    assert!(h.broker.timeline.count("extend") > 0);
+    // The store recovers: the same delivery records, then acks.
     store.outcome_fails.store(false, Ordering::Release);
     wait_until("acked", || stats.acked.get() == 1).await;
     assert_eq!(
         store.inner.lookup(id).await.unwrap(),
         Some(Status::Restarted)
     );
-    let timeline = store.timeline.events();
-    let last_failure = timeline
-        .iter()
-        .rposition(|(_, e)| e == "record-failed")
+    assert_eq!(restarter.calls("cattle-nodisk.example.net"), 1);
+    assert_eq!(stats.pulled.get(), 1);
+    assert_eq!(stats.store_down.get(), 0);
+    h.stop().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn outcome_the_store_refuses_for_good_is_dead_lettered_after_one_restart() {
+    let store = Arc::new(ScriptedStore::default());
+    store.outcome_refused.store(true, Ordering::Release);
+    let restarter = Arc::new(ScriptedRestarter::default());
+    let h = start(config(), store.clone(), restarter.clone());
+    h.publish("cattle-nul").await;
+    let stats = h.stats.clone();
+    wait_until("dead-lettered", || stats.dead_lettered.get() == 1).await;
+    tokio::time::sleep(Duration::from_secs(600)).await;
+    // Seen before: nacked, and every redelivery restarted the host again.
+    assert_eq!(restarter.calls("cattle-nul.example.net"), 1);
+    assert_eq!(store.timeline.count("record-refused"), 1);
+    assert_eq!(stats.nacked.get(), 0);
+    let reason = &h.broker.inner.dead_letters()[0].reason;
+    assert!(
+        reason.contains("could not be recorded") && reason.contains("0x00"),
+        "{reason}"
+    );
+    h.stop().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn store_outage_pauses_pulling_and_costs_no_delivery_or_attempt() {
+    let store = Arc::new(ScriptedStore::default());
+    let restarter = Arc::new(ScriptedRestarter::default());
+    let h = start(config(), store.clone(), restarter.clone());
+    store.down.store(true, Ordering::Release);
+    let first = h.publish("cattle-0001").await;
+    let stats = h.stats.clone();
+    wait_until("store found down", || stats.store_down.get() == 1).await;
+    for n in 2..=20 {
+        h.publish(&format!("cattle-{n:04}")).await;
+    }
+    // Four minutes of outage (it dead-lettered a whole backlog before).
+    tokio::time::sleep(Duration::from_secs(240)).await;
+    assert_eq!(stats.pulled.get(), 1, "no new work while the store is down");
+    assert_eq!(stats.nacked.get() + stats.dead_lettered.get(), 0);
+    assert_eq!(restarter.timeline.count("restart-started"), 0);
+    assert_eq!(h.broker.inner.depth().ready, 19);
+    store.down.store(false, Ordering::Release);
+    wait_until("all acked", || stats.acked.get() == 20).await;
+    assert_eq!(stats.store_outages.get(), 1);
+    assert_eq!(stats.pulled.get(), 20, "each delivered once");
+    let entry = store
+        .inner
+        .entries()
+        .into_iter()
+        .find(|e| e.message_id == Some(first))
         .unwrap();
-    let recorded = timeline
-        .iter()
-        .position(|(_, e)| e == "recorded restarted")
-        .unwrap();
-    assert!(recorded > last_failure);
+    assert_eq!((entry.status, entry.attempts), (Status::Restarted, 1));
     h.stop().await.unwrap();
 }
 
@@ -532,7 +619,7 @@ async fn flow_control_holds_at_max_in_flight() {
 #[tokio::test(start_paused = true)]
 async fn shutdown_nacks_what_has_not_started_after_the_grace_period() {
     let store = Arc::new(ScriptedStore {
-        lookup_gate: Some(Semaphore::new(0)),
+        claim_gate: Some(Semaphore::new(0)),
         ..Default::default()
     });
     let restarter = Arc::new(ScriptedRestarter::default());
@@ -540,8 +627,8 @@ async fn shutdown_nacks_what_has_not_started_after_the_grace_period() {
     for n in 0..4 {
         h.publish(&format!("cattle-{n:04}")).await;
     }
-    wait_until("four lookups stuck", || {
-        store.timeline.count("lookup-waiting") == 4
+    wait_until("four claims stuck", || {
+        store.timeline.count("claim-waiting") == 4
     })
     .await;
     let began = Instant::now();
@@ -580,7 +667,7 @@ async fn shutdown_nacks_messages_still_waiting_for_restart_capacity() {
 #[tokio::test(start_paused = true)]
 async fn second_signal_skips_the_grace_period() {
     let store = Arc::new(ScriptedStore {
-        lookup_gate: Some(Semaphore::new(0)),
+        claim_gate: Some(Semaphore::new(0)),
         ..Default::default()
     });
     let config = WorkerConfig {
@@ -593,10 +680,7 @@ async fn second_signal_skips_the_grace_period() {
         Arc::new(ScriptedRestarter::default()),
     );
     h.publish("cattle-0001").await;
-    wait_until("lookup stuck", || {
-        store.timeline.count("lookup-waiting") == 1
-    })
-    .await;
+    wait_until("claim stuck", || store.timeline.count("claim-waiting") == 1).await;
     let began = Instant::now();
     h.shutdown.request();
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -788,5 +872,7 @@ async fn handler_task_stays_small() {
     let permit = context.flow.acquire().await;
     let task = super::handler::handle_for_size(context.clone(), delivery, permit);
     let size = std::mem::size_of_val(&task);
-    assert!(size <= 768, "a handler task is {size} bytes");
+    // 704 bytes before the claim, the lease tracking and the settle retries
+    // (issue 8) added ~110; the lean hot path (issue 14) is to take it back.
+    assert!(size <= 832, "a handler task is {size} bytes");
 }

@@ -1,0 +1,15 @@
+-- A restart is claimed, and the claim recorded, before it is issued: the
+-- audit record Chaos Monkey requires before a kill. `attempts` now counts
+-- claimed restart attempts; `claim_until` is when the hold of the last claim
+-- expires (NULL once its outcome is recorded), so that a redelivery can tell
+-- "issued, outcome unknown" from "never issued".
+ALTER TABLE requests ADD COLUMN claim_until INTEGER;
+
+-- A rejected payload keeps the id salvaged from it here, never in
+-- `message_id`: a malformed payload must not make a later valid request with
+-- the same id count as done.
+ALTER TABLE requests ADD COLUMN rejected_id TEXT;
+UPDATE requests SET rejected_id = message_id, message_id = NULL WHERE status = 'rejected';
+
+-- Retention prunes by completion time.
+CREATE INDEX requests_completed_at ON requests (completed_at);
