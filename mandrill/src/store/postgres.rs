@@ -345,6 +345,42 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn real_errors_are_classified_transient_or_permanent() {
+        let database = TestDatabase::create().await;
+        let store = PostgresStore::connect(&database.url, 1).await.unwrap();
+        // The value that once restarted a host ten times: PostgreSQL cannot
+        // store NUL in text, and retrying never helps.
+        let nul = sqlx::query("SELECT $1::text")
+            .bind("game\0day")
+            .execute(&store.pool)
+            .await
+            .unwrap_err();
+        assert!(!StoreError::from(nul).is_transient());
+        let too_long = sqlx::query("SELECT $1::varchar(3)::text")
+            .bind("abcdef")
+            .execute(&store.pool)
+            .await;
+        // Casting truncates silently; an explicit column would refuse.
+        assert!(too_long.is_ok());
+        sqlx::query("CREATE TEMP TABLE short (v varchar(3))")
+            .execute(&store.pool)
+            .await
+            .unwrap();
+        let refused = sqlx::query("INSERT INTO short VALUES ($1)")
+            .bind("abcdef")
+            .execute(&store.pool)
+            .await
+            .unwrap_err();
+        assert!(!StoreError::from(refused).is_transient());
+        store.close().await;
+        // Nothing listening: a connection error, worth retrying.
+        let unreachable = PostgresStore::connect("postgres://root@127.0.0.1:1/postgres", 1)
+            .await
+            .unwrap_err();
+        assert!(unreachable.is_transient(), "{unreachable}");
+    }
+
+    #[tokio::test]
     async fn nul_bytes_in_a_rejected_payload_are_kept_readable() {
         let database = TestDatabase::create().await;
         let store = PostgresStore::connect(&database.url, 1).await.unwrap();

@@ -695,6 +695,43 @@ mod tests {
     use super::*;
 
     #[tokio::test]
+    async fn real_errors_are_classified_transient_or_permanent() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite:{}", dir.path().join("t.db").display());
+        let store = SqliteStore::connect(&url, 2).await.unwrap();
+        sqlx::query("CREATE TABLE one (v TEXT UNIQUE)")
+            .execute(&store.pool)
+            .await
+            .unwrap();
+        sqlx::query("INSERT INTO one VALUES ('x')")
+            .execute(&store.pool)
+            .await
+            .unwrap();
+        let duplicate = sqlx::query("INSERT INTO one VALUES ('x')")
+            .execute(&store.pool)
+            .await
+            .unwrap_err();
+        assert!(!StoreError::from(duplicate).is_transient());
+        // Another connection holds the write lock: busy, worth retrying.
+        let options = SqliteConnectOptions::from_str(&url)
+            .unwrap()
+            .busy_timeout(Duration::ZERO);
+        let mut holder = SqliteConnection::connect_with(&options).await.unwrap();
+        let mut other = SqliteConnection::connect_with(&options).await.unwrap();
+        sqlx::query("BEGIN IMMEDIATE")
+            .execute(&mut holder)
+            .await
+            .unwrap();
+        let busy = sqlx::query("BEGIN IMMEDIATE")
+            .execute(&mut other)
+            .await
+            .unwrap_err();
+        assert!(StoreError::from(busy).is_transient());
+        sqlx::query("ROLLBACK").execute(&mut holder).await.unwrap();
+        store.close().await;
+    }
+
+    #[tokio::test]
     async fn sqlite_store_keeps_the_store_contract() {
         let dir = tempfile::tempdir().unwrap();
         let url = format!("sqlite:{}", dir.path().join("t.db").display());

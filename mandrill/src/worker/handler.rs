@@ -104,7 +104,7 @@ pub(crate) fn spawn(
     let span = info_span!(
         "message",
         tag = %delivery.tag,
-        attempt = delivery.attempt,
+        delivery = delivery.attempt,
         message_id = tracing::field::Empty,
         host = tracing::field::Empty,
     );
@@ -457,6 +457,8 @@ async fn process(context: &Shared, delivery: &Delivery, progress: &Progress) -> 
         }
     };
     progress.claimed.store(attempt, Ordering::Release);
+    // The tutorial's "saved": now the claim, recorded before the restart.
+    info!(attempt, "saved");
 
     // Shielded from here: the restart is issued, so its outcome must be
     // recorded whatever shutdown does.

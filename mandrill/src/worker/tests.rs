@@ -85,6 +85,16 @@ struct LoggedBroker {
     failing_pulls: AtomicU32,
     /// Dead-lettering fails this many more times before working.
     failing_dead_letters: AtomicU32,
+    /// Acks fail (broker briefly unavailable) this many more times.
+    failing_acks: AtomicU32,
+    /// While set, every extension finds the lease gone.
+    leases_gone: AtomicBool,
+}
+
+fn take_one(counter: &AtomicU32) -> bool {
+    counter
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+        .is_ok()
 }
 
 #[async_trait]
@@ -107,6 +117,10 @@ impl Broker for LoggedBroker {
         self.inner.pull(max).await
     }
     async fn ack(&self, tag: &DeliveryTag) -> Result<(), BrokerError> {
+        if take_one(&self.failing_acks) {
+            self.timeline.push("ack-failed");
+            return Err(BrokerError::Unavailable("connection reset".into()));
+        }
         self.timeline.push(format!("ack {tag}"));
         self.inner.ack(tag).await
     }
@@ -116,6 +130,9 @@ impl Broker for LoggedBroker {
     }
     async fn extend(&self, tag: &DeliveryTag) -> Result<(), BrokerError> {
         self.timeline.push(format!("extend {tag}"));
+        if self.leases_gone.load(Ordering::Acquire) {
+            return Err(BrokerError::LeaseLost(tag.clone()));
+        }
         self.inner.extend(tag).await
     }
     async fn dead_letter(&self, tag: &DeliveryTag, reason: &str) -> Result<(), BrokerError> {
@@ -315,6 +332,8 @@ fn start_with(
         timeline: Timeline::default(),
         failing_pulls: AtomicU32::new(failing_pulls),
         failing_dead_letters: AtomicU32::new(0),
+        failing_acks: AtomicU32::new(0),
+        leases_gone: AtomicBool::new(false),
     });
     let stats = Arc::new(Stats::default());
     let shutdown = Shutdown::new();
@@ -540,6 +559,110 @@ async fn store_outage_pauses_pulling_and_costs_no_delivery_or_attempt() {
         .find(|e| e.message_id == Some(first))
         .unwrap();
     assert_eq!((entry.status, entry.attempts), (Status::Restarted, 1));
+    h.stop().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn redelivery_while_another_claim_holds_is_deferred_and_the_last_delivery_given_up() {
+    let store = Arc::new(ScriptedStore::default());
+    let restarter = Arc::new(ScriptedRestarter::default());
+    let config = WorkerConfig {
+        max_deliveries: 1,
+        ..config()
+    };
+    let h = start(config.clone(), store.clone(), restarter.clone());
+    let (id, body) = payload("cattle-held");
+    let request = RestartRequest::parse(&body, &config.parse).unwrap();
+    // Another consumer claimed the restart and may still be issuing it.
+    let terms = ClaimTerms {
+        max_attempts: 3,
+        hold: Duration::from_secs(600),
+    };
+    store.inner.claim_restart(&request, terms).await.unwrap();
+    h.broker.publish(body).await.unwrap();
+    let stats = h.stats.clone();
+    wait_until("dead-lettered", || stats.dead_lettered.get() == 1).await;
+    assert_eq!(stats.deferred.get(), 1);
+    assert_eq!(stats.given_up.get(), 1);
+    assert_eq!(restarter.calls("cattle-held.example.net"), 0);
+    // The give-up is in the history, not only on the broker.
+    let entry = store
+        .inner
+        .entries()
+        .into_iter()
+        .find(|e| e.message_id == Some(id))
+        .unwrap();
+    assert_eq!(entry.status, Status::Failed);
+    assert!(
+        entry
+            .last_error
+            .as_deref()
+            .unwrap()
+            .contains("delivered 2 times without being settled"),
+        "{entry:?}"
+    );
+    h.stop().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn claims_whose_outcome_was_never_recorded_use_up_attempts_so_crashes_never_add_restarts() {
+    let store = Arc::new(ScriptedStore::default());
+    let restarter = Arc::new(ScriptedRestarter::default());
+    let h = start(config(), store.clone(), restarter.clone());
+    let (id, body) = payload("cattle-crashy");
+    let request = RestartRequest::parse(&body, &config().parse).unwrap();
+    // Three deliveries claimed and (maybe) issued a restart, then died.
+    let expired = ClaimTerms {
+        max_attempts: 3,
+        hold: Duration::ZERO,
+    };
+    for _ in 0..3 {
+        store.inner.claim_restart(&request, expired).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    h.broker.publish(body).await.unwrap();
+    let stats = h.stats.clone();
+    wait_until("dead-lettered", || stats.dead_lettered.get() == 1).await;
+    assert_eq!(restarter.calls("cattle-crashy.example.net"), 0);
+    assert_eq!(store.inner.lookup(id).await.unwrap(), Some(Status::Failed));
+    let reason = &h.broker.inner.dead_letters()[0].reason;
+    assert!(reason.contains("never recorded"), "{reason}");
+    h.stop().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn lease_lost_before_the_restart_abandons_the_delivery_without_restarting() {
+    let store = Arc::new(ScriptedStore::default());
+    let restarter = Arc::new(ScriptedRestarter::default());
+    let h = start(config(), store.clone(), restarter.clone());
+    store.down.store(true, Ordering::Release);
+    h.broker.leases_gone.store(true, Ordering::Release);
+    h.publish("cattle-lost").await;
+    let stats = h.stats.clone();
+    wait_until("abandoned", || stats.abandoned.get() == 1).await;
+    store.down.store(false, Ordering::Release);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(restarter.timeline.count("restart-started"), 0);
+    assert_eq!(store.timeline.count("claim Ok"), 0);
+    assert_eq!(
+        stats.acked.get() + stats.nacked.get() + stats.dead_lettered.get(),
+        0
+    );
+    h.stop().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn settling_is_retried_when_the_broker_is_briefly_unavailable() {
+    let restarter = Arc::new(ScriptedRestarter::default());
+    let h = start(config(), Arc::new(MemoryStore::new()), restarter.clone());
+    h.broker.failing_acks.store(2, Ordering::Release);
+    h.publish("cattle-flaky").await;
+    let stats = h.stats.clone();
+    wait_until("acked", || stats.acked.get() == 1).await;
+    assert_eq!(h.broker.timeline.count("ack-failed"), 2);
+    assert_eq!(stats.settle_failures.get(), 0);
+    assert_eq!(h.broker.inner.depth().leased, 0);
+    assert_eq!(restarter.calls("cattle-flaky.example.net"), 1);
     h.stop().await.unwrap();
 }
 
