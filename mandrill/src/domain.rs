@@ -331,12 +331,18 @@ pub enum Status {
     Failed,
     /// The payload was malformed and dead-lettered. Final.
     Rejected,
+    /// The host was restarted but did not come back healthy within the
+    /// verification timeout. Final.
+    Unrecovered,
 }
 
 impl Status {
     /// Whether no further work will be done for this request.
     pub fn is_final(self) -> bool {
-        matches!(self, Self::Restarted | Self::Failed | Self::Rejected)
+        matches!(
+            self,
+            Self::Restarted | Self::Failed | Self::Rejected | Self::Unrecovered
+        )
     }
 
     /// The name used in storage and output.
@@ -347,6 +353,7 @@ impl Status {
             Self::Restarted => "restarted",
             Self::Failed => "failed",
             Self::Rejected => "rejected",
+            Self::Unrecovered => "unrecovered",
         }
     }
 
@@ -358,6 +365,7 @@ impl Status {
             "restarted" => Self::Restarted,
             "failed" => Self::Failed,
             "rejected" => Self::Rejected,
+            "unrecovered" => Self::Unrecovered,
             _ => return None,
         })
     }
@@ -369,38 +377,81 @@ impl fmt::Display for Status {
     }
 }
 
+/// What a successful restart leaves for the record.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Restarted {
+    /// How long the host took to pass its health probe after the restart;
+    /// `None` when recovery is not verified.
+    pub recovered_after: Option<std::time::Duration>,
+    /// What the backend printed or answered, truncated.
+    pub output: Option<String>,
+}
+
 /// The outcome of one attempt at a request, as recorded.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
-    /// The host was restarted.
-    Restarted,
+    /// The host was restarted (and, if verification is on, came back).
+    Restarted(Restarted),
     /// The restart failed and will be retried.
     Retrying {
         /// What went wrong.
         error: String,
     },
-    /// The restart failed for the last time.
+    /// The restart failed for the last time, or for good.
     Failed {
         /// What went wrong.
         error: String,
     },
+    /// The host was restarted but did not come back in time. Final: the
+    /// restart happened, and doing it again is not the answer.
+    Unrecovered {
+        /// What the verification saw.
+        error: String,
+        /// What the backend printed or answered, truncated.
+        output: Option<String>,
+    },
 }
 
 impl Outcome {
+    /// A restart with nothing more to say.
+    pub fn restarted() -> Self {
+        Self::Restarted(Restarted::default())
+    }
+
     /// The status this outcome leaves the request in.
     pub fn status(&self) -> Status {
         match self {
-            Self::Restarted => Status::Restarted,
+            Self::Restarted(_) => Status::Restarted,
             Self::Retrying { .. } => Status::Retrying,
             Self::Failed { .. } => Status::Failed,
+            Self::Unrecovered { .. } => Status::Unrecovered,
         }
     }
 
     /// The error text, if the attempt failed.
     pub fn error(&self) -> Option<&str> {
         match self {
-            Self::Restarted => None,
-            Self::Retrying { error } | Self::Failed { error } => Some(error),
+            Self::Restarted(_) => None,
+            Self::Retrying { error } | Self::Failed { error } | Self::Unrecovered { error, .. } => {
+                Some(error)
+            }
+        }
+    }
+
+    /// The backend's output, if it gave any.
+    pub fn output(&self) -> Option<&str> {
+        match self {
+            Self::Restarted(restarted) => restarted.output.as_deref(),
+            Self::Unrecovered { output, .. } => output.as_deref(),
+            Self::Retrying { .. } | Self::Failed { .. } => None,
+        }
+    }
+
+    /// How long the host took to recover, if that was verified.
+    pub fn recovered_after(&self) -> Option<std::time::Duration> {
+        match self {
+            Self::Restarted(restarted) => restarted.recovered_after,
+            _ => None,
         }
     }
 }

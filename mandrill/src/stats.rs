@@ -44,6 +44,8 @@ counters! {
     restarted,
     /// Failed or timed-out restarts.
     restart_failures,
+    /// Restarts after which the host did not come back healthy in time.
+    unrecovered,
     /// Deliveries of already-finished requests, acked without restarting.
     duplicates,
     /// Panics caught in message handling or the pull loop.

@@ -13,3 +13,13 @@ UPDATE requests SET rejected_id = message_id, message_id = NULL WHERE status = '
 
 -- Retention prunes by completion time.
 CREATE INDEX requests_completed_at ON requests (completed_at);
+
+-- Real backends record what they printed and how long the host took to come
+-- back; `unrecovered` is a final status. The statuses of the safety guards
+-- are admitted already.
+ALTER TABLE requests ADD COLUMN output TEXT;
+ALTER TABLE requests ADD COLUMN recovered_after_ms BIGINT;
+ALTER TABLE requests DROP CONSTRAINT requests_status_check;
+ALTER TABLE requests ADD CONSTRAINT requests_status_check
+    CHECK (status IN ('received', 'retrying', 'restarted', 'failed', 'rejected',
+                      'unrecovered', 'denied', 'dry-run', 'expired'));

@@ -11,13 +11,13 @@ use async_trait::async_trait;
 use tokio::sync::Semaphore;
 
 use super::{Reservation, RestartError, Restarter};
-use crate::domain::Hostname;
+use crate::domain::{RestartRequest, Restarted};
 
 /// A restart backend written with blocking calls (a sync client, a
 /// subprocess wait, `std::thread::sleep`).
 pub trait BlockingRestart: Send + Sync + 'static {
     /// Restarts `host`, blocking the calling thread until done.
-    fn restart_blocking(&self, host: &Hostname) -> Result<(), RestartError>;
+    fn restart_blocking(&self, request: &RestartRequest) -> Result<Restarted, RestartError>;
 }
 
 /// Runs a [`BlockingRestart`] on at most `threads` blocking threads at a time.
@@ -39,7 +39,7 @@ impl<R: BlockingRestart> Blocking<R> {
 #[async_trait]
 impl<R: BlockingRestart> Restarter for Blocking<R> {
     /// Waits for a free blocking thread.
-    async fn reserve(&self) -> Reservation {
+    async fn reserve(&self, _request: &RestartRequest) -> Reservation {
         // The semaphore is never closed, so acquiring cannot fail.
         let permit = self
             .threads
@@ -50,19 +50,21 @@ impl<R: BlockingRestart> Restarter for Blocking<R> {
         Reservation::permit(permit)
     }
 
-    async fn restart(&self, host: &Hostname, reservation: Reservation) -> Result<(), RestartError> {
+    async fn restart(
+        &self,
+        request: &RestartRequest,
+        reservation: Reservation,
+    ) -> Result<Restarted, RestartError> {
         let inner = self.inner.clone();
-        let thread_host = host.clone();
+        let thread_request = request.clone();
         let joined = tokio::task::spawn_blocking(move || {
-            // The thread is accounted for until the blocking call returns,
-            // even if the waiting side is gone.
             let _reservation = reservation;
-            inner.restart_blocking(&thread_host)
+            inner.restart_blocking(&thread_request)
         })
         .await;
         joined.unwrap_or_else(|join_error| {
             Err(RestartError::Aborted {
-                host: host.clone(),
+                host: request.hostname.clone(),
                 reason: join_error.to_string(),
             })
         })

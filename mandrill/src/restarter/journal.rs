@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 
 use super::{Reservation, RestartError, Restarter};
-use crate::domain::Hostname;
+use crate::domain::{RestartRequest, Restarted};
 
 /// See the module docs.
 pub struct Journaled {
@@ -38,25 +38,26 @@ impl Journaled {
 
 #[async_trait]
 impl Restarter for Journaled {
-    async fn reserve(&self) -> Reservation {
-        self.inner.reserve().await
+    async fn reserve(&self, request: &RestartRequest) -> Reservation {
+        self.inner.reserve(request).await
     }
 
-    async fn restart(&self, host: &Hostname, reservation: Reservation) -> Result<(), RestartError> {
-        let line = format!("{host}\n");
+    async fn restart(
+        &self,
+        request: &RestartRequest,
+        reservation: Reservation,
+    ) -> Result<Restarted, RestartError> {
+        let line = format!("{}\n", request.hostname);
         let written = {
-            // A poisoned lock only means another write panicked; the file is
-            // still usable.
             let mut file = self.file.lock().unwrap_or_else(|p| p.into_inner());
             file.write_all(line.as_bytes())
         };
-        // A restart that cannot be journalled is not issued.
         if let Err(error) = written {
-            return Err(RestartError::Failed {
-                host: host.clone(),
-                reason: format!("cannot write the restart journal: {error}"),
-            });
+            return Err(RestartError::failed(
+                &request.hostname,
+                format!("cannot write the restart journal: {error}"),
+            ));
         }
-        self.inner.restart(host, reservation).await
+        self.inner.restart(request, reservation).await
     }
 }

@@ -9,20 +9,35 @@ pub mod blocking;
 pub mod journal;
 pub mod simulate;
 
+use std::time::Duration;
+
 use async_trait::async_trait;
 
-use crate::domain::Hostname;
+use crate::domain::{Hostname, RestartRequest, Restarted};
 
 pub use blocking::{Blocking, BlockingRestart};
 pub use journal::Journaled;
 pub use simulate::{SimulatedBlockingRestarter, SimulatedRestarter, Simulation};
 
-/// Why a restart did not happen. Every kind is retried by the worker.
+/// Why a restart did not happen, or did not end well. The worker branches
+/// on [`RestartError::is_retryable`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum RestartError {
-    /// The backend tried and failed.
+    /// The backend tried and failed; retrying may help.
     #[error("restart of {host} failed: {reason}")]
     Failed {
+        /// The host.
+        host: Hostname,
+        /// What the backend said.
+        reason: String,
+        /// When the backend asked to be tried again (e.g. `Retry-After`).
+        retry_after: Option<Duration>,
+    },
+    /// The backend refused in a way retrying cannot fix: bad credentials, a
+    /// host key mismatch, a 4xx answer, a configured exit code.
+    #[error("restart of {host} refused: {reason}")]
+    Permanent {
         /// The host.
         host: Hostname,
         /// What the backend said.
@@ -34,7 +49,7 @@ pub enum RestartError {
         /// The host.
         host: Hostname,
         /// The configured limit.
-        after: std::time::Duration,
+        after: Duration,
     },
     /// The blocking pool's thread panicked or was shut down.
     #[error("restart of {host} did not complete: {reason}")]
@@ -44,6 +59,46 @@ pub enum RestartError {
         /// What happened to the thread.
         reason: String,
     },
+    /// The restart was issued but the host did not come back healthy in
+    /// time. Not retried: the restart happened.
+    #[error("{host} did not recover within {after:?}: {reason}")]
+    Unrecovered {
+        /// The host.
+        host: Hostname,
+        /// The verification timeout.
+        after: Duration,
+        /// What the last probe saw.
+        reason: String,
+        /// What the backend printed or answered, truncated.
+        output: Option<String>,
+    },
+}
+
+impl RestartError {
+    /// A failure worth retrying, without a hint of when.
+    pub fn failed(host: &Hostname, reason: impl Into<String>) -> Self {
+        Self::Failed {
+            host: host.clone(),
+            reason: reason.into(),
+            retry_after: None,
+        }
+    }
+
+    /// Whether another attempt may succeed.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            Self::Failed { .. } | Self::TimedOut { .. } | Self::Aborted { .. }
+        )
+    }
+
+    /// When the backend asked to be tried again, if it did.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Self::Failed { retry_after, .. } => *retry_after,
+            _ => None,
+        }
+    }
 }
 
 /// Capacity to issue one restart, held from [`Restarter::reserve`] until the
@@ -68,17 +123,24 @@ impl Reservation {
 }
 
 /// Restarts one host, in two steps. [`Restarter::reserve`] waits for
-/// capacity (a free thread, later a rate limit) and has not touched the host:
-/// the worker may abandon it on shutdown. [`Restarter::restart`] issues the
-/// restart: from then on the worker waits for its outcome and records it.
+/// capacity (a free thread, a connection, later a rate limit) and has not
+/// touched the host: the worker may abandon it on shutdown.
+/// [`Restarter::restart`] issues the restart: from then on the worker waits
+/// for its outcome and records it. Both see the whole request: its message
+/// id is the idempotency key a webhook or remote command can pass on.
 #[async_trait]
 pub trait Restarter: Send + Sync + 'static {
     /// Waits until a restart can be issued. Cancel-safe: dropping the future
     /// issues nothing.
-    async fn reserve(&self) -> Reservation {
+    async fn reserve(&self, _request: &RestartRequest) -> Reservation {
         Reservation::unlimited()
     }
 
-    /// Restarts `host`, returning once the backend confirmed it (or failed).
-    async fn restart(&self, host: &Hostname, reservation: Reservation) -> Result<(), RestartError>;
+    /// Restarts the request's host, returning once the backend confirmed it
+    /// (or failed).
+    async fn restart(
+        &self,
+        request: &RestartRequest,
+        reservation: Reservation,
+    ) -> Result<Restarted, RestartError>;
 }

@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use rand::Rng;
 
 use super::{BlockingRestart, Reservation, RestartError, Restarter};
-use crate::domain::Hostname;
+use crate::domain::{Hostname, RestartRequest, Restarted};
 
 /// The simulated backend's behaviour.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -34,14 +34,11 @@ impl Simulation {
         (latency, fails)
     }
 
-    fn result(host: &Hostname, fails: bool) -> Result<(), RestartError> {
+    fn result(host: &Hostname, fails: bool) -> Result<Restarted, RestartError> {
         if fails {
-            Err(RestartError::Failed {
-                host: host.clone(),
-                reason: "simulated failure".into(),
-            })
+            Err(RestartError::failed(host, "simulated failure"))
         } else {
-            Ok(())
+            Ok(Restarted::default())
         }
     }
 }
@@ -54,14 +51,14 @@ pub struct SimulatedRestarter(pub Simulation);
 impl Restarter for SimulatedRestarter {
     async fn restart(
         &self,
-        host: &Hostname,
+        request: &RestartRequest,
         _reservation: Reservation,
-    ) -> Result<(), RestartError> {
+    ) -> Result<Restarted, RestartError> {
         let (latency, fails) = self.0.draw();
         if !latency.is_zero() {
             tokio::time::sleep(latency).await;
         }
-        Simulation::result(host, fails)
+        Simulation::result(&request.hostname, fails)
     }
 }
 
@@ -71,9 +68,9 @@ impl Restarter for SimulatedRestarter {
 pub struct SimulatedBlockingRestarter(pub Simulation);
 
 impl BlockingRestart for SimulatedBlockingRestarter {
-    fn restart_blocking(&self, host: &Hostname) -> Result<(), RestartError> {
+    fn restart_blocking(&self, request: &RestartRequest) -> Result<Restarted, RestartError> {
         let (latency, fails) = self.0.draw();
         std::thread::sleep(latency);
-        Simulation::result(host, fails)
+        Simulation::result(&request.hostname, fails)
     }
 }

@@ -67,9 +67,20 @@ struct Row {
     /// When the hold of the last claim expires; `None` once its outcome is in.
     claim_until: Option<i64>,
     last_error: Option<Box<str>>,
+    /// The rarely set fields, boxed together: the benchmark holds a row per
+    /// message.
+    extra: Option<Box<Extra>>,
     received_at: i64,
     updated_at: i64,
     completed_at: Option<i64>,
+}
+
+#[derive(Debug, Default)]
+struct Extra {
+    requested_by: Option<String>,
+    reason: Option<String>,
+    output: Option<String>,
+    recovered_after: Option<std::time::Duration>,
 }
 
 impl Row {
@@ -80,6 +91,7 @@ impl Row {
             attempts: 0,
             claim_until: None,
             last_error: None,
+            extra: None,
             received_at: now,
             updated_at: now,
             completed_at: None,
@@ -97,7 +109,11 @@ impl Row {
             hostname: self.hostname.as_deref().map(str::to_owned),
             status: self.status,
             attempts: self.attempts,
+            requested_by: self.extra.as_ref().and_then(|e| e.requested_by.clone()),
+            reason: self.extra.as_ref().and_then(|e| e.reason.clone()),
             last_error: self.last_error.as_deref().map(str::to_owned),
+            output: self.extra.as_ref().and_then(|e| e.output.clone()),
+            recovered_after: self.extra.as_ref().and_then(|e| e.recovered_after),
             received_at: Timestamp::from_millis(self.received_at),
             updated_at: Timestamp::from_millis(self.updated_at),
             completed_at: self.completed_at.map(Timestamp::from_millis),
@@ -201,6 +217,18 @@ impl Store for MemoryStore {
         }
         row.attempts = row.attempts.max(attempt);
         row.last_error = outcome.error().map(Box::from);
+        let has_extra = request.requested_by.is_some()
+            || request.reason.is_some()
+            || outcome.output().is_some()
+            || outcome.recovered_after().is_some();
+        if has_extra {
+            row.extra = Some(Box::new(Extra {
+                requested_by: request.requested_by.clone(),
+                reason: request.reason.clone(),
+                output: outcome.output().map(str::to_owned),
+                recovered_after: outcome.recovered_after(),
+            }));
+        }
         row.updated_at = now;
         row.completed_at = outcome.status().is_final().then_some(now);
         Ok(Recorded::Recorded)

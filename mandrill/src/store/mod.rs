@@ -293,14 +293,44 @@ pub struct HistoryEntry {
     pub status: Status,
     /// Restart attempts claimed (1 for a rejected payload).
     pub attempts: u32,
+    /// Who asked, if the publisher said.
+    pub requested_by: Option<String>,
+    /// Why, if the publisher said.
+    pub reason: Option<String>,
     /// The last error, or the rejection reason.
     pub last_error: Option<String>,
+    /// What the backend printed or answered, truncated.
+    pub output: Option<String>,
+    /// How long the host took to come back after the restart, in seconds
+    /// in JSON; `None` when not verified.
+    #[serde(serialize_with = "seconds")]
+    pub recovered_after: Option<Duration>,
     /// First seen.
     pub received_at: Timestamp,
     /// Last changed.
     pub updated_at: Timestamp,
     /// When it became final.
     pub completed_at: Option<Timestamp>,
+}
+
+fn seconds<S: serde::Serializer>(
+    value: &Option<Duration>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    match value {
+        Some(duration) => serializer.serialize_some(&duration.as_secs_f64()),
+        None => serializer.serialize_none(),
+    }
+}
+
+/// A recovery time as stored: milliseconds.
+pub(crate) fn millis_of(duration: Option<Duration>) -> Option<i64> {
+    duration.map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// A recovery time from storage.
+pub(crate) fn duration_of(millis: Option<i64>) -> Option<Duration> {
+    millis.map(|m| Duration::from_millis(m.max(0).unsigned_abs()))
 }
 
 /// The durable record of requests and outcomes. See the module docs.
@@ -392,6 +422,7 @@ pub(crate) mod contract {
         outcome_without_claim_creates_row(store).await;
         claim_holds_and_unknown_outcomes_count(store).await;
         rejections_are_listed_but_never_count_as_the_request(store).await;
+        outcome_details_are_kept(store).await;
         prune_removes_old_final_entries_only_and_in_bounded_passes(store).await;
     }
 
@@ -426,7 +457,7 @@ pub(crate) mod contract {
         );
         assert_eq!(
             store
-                .record_outcome(&request, 2, &Outcome::Restarted)
+                .record_outcome(&request, 2, &Outcome::restarted())
                 .await
                 .unwrap(),
             Recorded::Recorded
@@ -594,6 +625,31 @@ pub(crate) mod contract {
         let after = store.history(1000).await.unwrap();
         assert_eq!(after.len(), open);
         assert!(after.iter().all(|e| !e.status.is_final()));
+    }
+
+    pub async fn outcome_details_are_kept(store: &dyn Store) {
+        let payload = format!(
+            r#"{{"message_id":"{}","instance_name":"cattle-0006","requested_by":"sre","reason":"game day"}}"#,
+            Uuid::new_v4()
+        );
+        let rules = ParseRules {
+            domain: Domain::default(),
+            max_payload_bytes: 1024,
+        };
+        let request = RestartRequest::parse(payload.as_bytes(), &rules).unwrap();
+        store.claim_restart(&request, TERMS).await.unwrap();
+        let restarted = Outcome::Restarted(crate::domain::Restarted {
+            recovered_after: Some(Duration::from_millis(12_345)),
+            output: Some("app restarted".into()),
+        });
+        store.record_outcome(&request, 1, &restarted).await.unwrap();
+        let entry = entry(store, request.message_id).await;
+        assert_eq!(entry.recovered_after, Some(Duration::from_millis(12_345)));
+        assert_eq!(entry.output.as_deref(), Some("app restarted"));
+        assert_eq!(entry.requested_by.as_deref(), Some("sre"));
+        assert_eq!(entry.reason.as_deref(), Some("game day"));
+        let json = serde_json::to_value(&entry).unwrap();
+        assert_eq!(json["recovered_after"], serde_json::json!(12.345));
     }
 
     async fn entry(store: &dyn Store, id: Uuid) -> HistoryEntry {

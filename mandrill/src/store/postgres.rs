@@ -14,7 +14,7 @@ use uuid::Uuid;
 
 use super::{
     Claim, ClaimState, ClaimTerms, HistoryEntry, Recorded, Store, StoreError, Timestamp,
-    decide_claim, payload_excerpt,
+    decide_claim, duration_of, millis_of, payload_excerpt,
 };
 use crate::domain::{Outcome, RestartRequest, Status};
 
@@ -59,7 +59,11 @@ fn entry_from_row(row: &PgRow) -> Result<HistoryEntry, StoreError> {
             .try_get::<i32, _>("attempts")?
             .try_into()
             .unwrap_or(u32::MAX),
+        requested_by: row.try_get("requested_by")?,
+        reason: row.try_get("reason")?,
         last_error: row.try_get("last_error")?,
+        output: row.try_get("output")?,
+        recovered_after: duration_of(row.try_get("recovered_after_ms")?),
         received_at: Timestamp::from_millis(row.try_get("received_at")?),
         updated_at: Timestamp::from_millis(row.try_get("updated_at")?),
         completed_at: row
@@ -151,10 +155,13 @@ impl Store for PostgresStore {
         let updated: Option<String> = sqlx::query_scalar(&format!(
             "INSERT INTO requests
                  (message_id, instance_name, hostname, requested_by, reason, status,
-                  attempts, last_error, received_at, updated_at, completed_at)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9, $10)
+                  attempts, last_error, received_at, updated_at, completed_at, output,
+                  recovered_after_ms)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9, $10, $11, $12)
              ON CONFLICT (message_id) DO UPDATE SET
                  status = excluded.status,
+                 output = excluded.output,
+                 recovered_after_ms = excluded.recovered_after_ms,
                  claim_until = CASE WHEN excluded.attempts >= requests.attempts
                                     THEN NULL ELSE requests.claim_until END,
                  attempts = GREATEST(requests.attempts, excluded.attempts),
@@ -174,6 +181,8 @@ impl Store for PostgresStore {
         .bind(outcome.error())
         .bind(now)
         .bind(status.is_final().then_some(now))
+        .bind(outcome.output())
+        .bind(millis_of(outcome.recovered_after()))
         .fetch_optional(&self.pool)
         .await?;
         if updated.is_some() {
@@ -211,7 +220,8 @@ impl Store for PostgresStore {
     async fn history(&self, limit: usize) -> Result<Vec<HistoryEntry>, StoreError> {
         let rows = sqlx::query(
             "SELECT COALESCE(message_id, rejected_id) AS message_id, instance_name, hostname,
-                    status, attempts, last_error, received_at, updated_at, completed_at
+                    requested_by, reason, status, attempts, last_error, output,
+                    recovered_after_ms, received_at, updated_at, completed_at
              FROM requests ORDER BY updated_at DESC, id DESC LIMIT $1",
         )
         .bind(i64::try_from(limit).unwrap_or(i64::MAX))
@@ -329,7 +339,7 @@ mod tests {
             let request = &request;
             async move {
                 store
-                    .record_outcome(request, 1, &Outcome::Restarted)
+                    .record_outcome(request, 1, &Outcome::restarted())
                     .await
                     .unwrap()
             }

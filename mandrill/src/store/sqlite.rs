@@ -26,7 +26,7 @@ use uuid::Uuid;
 
 use super::{
     Claim, ClaimState, ClaimTerms, HistoryEntry, Recorded, Store, StoreError, Timestamp,
-    decide_claim, payload_excerpt,
+    decide_claim, duration_of, millis_of, payload_excerpt,
 };
 use crate::domain::{Outcome, RestartRequest, Status};
 
@@ -402,7 +402,11 @@ fn entry_from_row(row: &SqliteRow) -> Result<HistoryEntry, StoreError> {
             .try_get::<i64, _>("attempts")?
             .try_into()
             .unwrap_or(u32::MAX),
+        requested_by: row.try_get("requested_by")?,
+        reason: row.try_get("reason")?,
         last_error: row.try_get("last_error")?,
+        output: row.try_get("output")?,
+        recovered_after: duration_of(row.try_get("recovered_after_ms")?),
         received_at: Timestamp::from_millis(row.try_get("received_at")?),
         updated_at: Timestamp::from_millis(row.try_get("updated_at")?),
         completed_at: row
@@ -471,7 +475,8 @@ impl Store for SqliteStore {
     async fn history(&self, limit: usize) -> Result<Vec<HistoryEntry>, StoreError> {
         let rows = sqlx::query(
             "SELECT COALESCE(message_id, rejected_id) AS message_id, instance_name, hostname,
-                    status, attempts, last_error, received_at, updated_at, completed_at
+                    requested_by, reason, status, attempts, last_error, output,
+                    recovered_after_ms, received_at, updated_at, completed_at
              FROM requests ORDER BY updated_at DESC, id DESC LIMIT ?1",
         )
         .bind(i64::try_from(limit).unwrap_or(i64::MAX))
@@ -608,6 +613,8 @@ async fn insert_outcomes(
                 attempt,
                 outcome.error(),
                 status.is_final().then_some(now),
+                outcome.output(),
+                millis_of(outcome.recovered_after()),
             ])
         })
         .collect();
@@ -616,12 +623,16 @@ async fn insert_outcomes(
     let recorded: Vec<String> = sqlx::query_scalar(&format!(
         "INSERT INTO requests
              (message_id, instance_name, hostname, requested_by, reason, status,
-              attempts, last_error, received_at, updated_at, completed_at)
+              attempts, last_error, received_at, updated_at, completed_at, output,
+              recovered_after_ms)
          SELECT j.value ->> 0, j.value ->> 1, j.value ->> 2, j.value ->> 3, j.value ->> 4,
-                j.value ->> 5, j.value ->> 6, j.value ->> 7, ?2, ?2, j.value ->> 8
+                j.value ->> 5, j.value ->> 6, j.value ->> 7, ?2, ?2, j.value ->> 8,
+                j.value ->> 9, j.value ->> 10
          FROM json_each(?1) AS j WHERE true
          ON CONFLICT (message_id) DO UPDATE SET
              status = excluded.status,
+             output = excluded.output,
+             recovered_after_ms = excluded.recovered_after_ms,
              claim_until = CASE WHEN excluded.attempts >= requests.attempts
                                 THEN NULL ELSE requests.claim_until END,
              attempts = max(requests.attempts, excluded.attempts),
@@ -728,6 +739,51 @@ mod tests {
             .unwrap_err();
         assert!(StoreError::from(busy).is_transient());
         sqlx::query("ROLLBACK").execute(&mut holder).await.unwrap();
+        store.close().await;
+    }
+
+    /// A database written by the previous schema is upgraded in place, and
+    /// a rejection recorded under a salvaged id stops counting as done.
+    #[tokio::test]
+    async fn upgrade_keeps_history_and_frees_ids_salvaged_from_rejections() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite:{}", dir.path().join("old.db").display());
+        let pool = SqlitePool::connect_with(
+            SqliteConnectOptions::from_str(&url)
+                .unwrap()
+                .create_if_missing(true),
+        )
+        .await
+        .unwrap();
+        let full = sqlx::migrate!("./migrations/sqlite");
+        let old = sqlx::migrate::Migrator {
+            migrations: std::borrow::Cow::Owned(full.migrations[..2].to_vec()),
+            ..sqlx::migrate::Migrator::DEFAULT
+        };
+        old.run(&pool).await.unwrap();
+        let salvaged = Uuid::new_v4();
+        let done = Uuid::new_v4();
+        sqlx::query(
+            "INSERT INTO requests (message_id, status, attempts, last_error, received_at, updated_at, completed_at)
+             VALUES (?1, 'rejected', 1, 'bad name', 1, 1, 1),
+                    (?2, 'restarted', 2, NULL, 1, 1, 1)",
+        )
+        .bind(salvaged.to_string())
+        .bind(done.to_string())
+        .execute(&pool)
+        .await
+        .unwrap();
+        pool.close().await;
+        let store = SqliteStore::connect(&url, 2).await.unwrap();
+        assert_eq!(store.lookup(salvaged).await.unwrap(), None);
+        assert_eq!(store.lookup(done).await.unwrap(), Some(Status::Restarted));
+        let history = store.history(10).await.unwrap();
+        assert_eq!(history.len(), 2);
+        assert!(
+            history
+                .iter()
+                .any(|e| e.message_id == Some(salvaged) && e.status == Status::Rejected)
+        );
         store.close().await;
     }
 

@@ -398,7 +398,7 @@ async fn process(context: &Shared, delivery: &Delivery, progress: &Progress) -> 
     let reservation = tokio::select! {
         biased;
         () = context.abort.cancelled() => return shutting_down(),
-        reservation = context.restarter.reserve() => reservation,
+        reservation = context.restarter.reserve(&request) => reservation,
     };
 
     // The claim: recorded before the restart is issued, and the only place
@@ -466,7 +466,7 @@ async fn process(context: &Shared, delivery: &Delivery, progress: &Progress) -> 
     // task's state for the whole of its life.
     let restarted = Box::pin(tokio::time::timeout(
         config.restart_timeout,
-        context.restarter.restart(&request.hostname, reservation),
+        context.restarter.restart(&request, reservation),
     ))
     .await
     .unwrap_or_else(|_elapsed| {
@@ -475,15 +475,39 @@ async fn process(context: &Shared, delivery: &Delivery, progress: &Progress) -> 
             after: config.restart_timeout,
         })
     });
+    let mut retry_after = None;
     let outcome = match restarted {
-        Ok(()) => {
+        Ok(restarted) => {
             context.stats.restarted.inc();
-            info!("restarted");
-            Outcome::Restarted
+            info!(recovered_after = ?restarted.recovered_after, "restarted");
+            Outcome::Restarted(restarted)
         }
-        Err(error) if attempt >= config.max_attempts => {
+        Err(RestartError::Unrecovered {
+            host,
+            after,
+            reason,
+            output,
+        }) => {
+            context.stats.unrecovered.inc();
+            let error = RestartError::Unrecovered {
+                host,
+                after,
+                reason,
+                output: None,
+            };
+            error!(%error, "restarted, but the host did not come back");
+            Outcome::Unrecovered {
+                error: error.to_string(),
+                output,
+            }
+        }
+        Err(error) if !error.is_retryable() || attempt >= config.max_attempts => {
             context.stats.restart_failures.inc();
-            warn!(%error, attempt, "restart failed on the last attempt");
+            if error.is_retryable() {
+                warn!(%error, attempt, "restart failed on the last attempt");
+            } else {
+                warn!(%error, attempt, "restart refused for good; not retrying");
+            }
             Outcome::Failed {
                 error: error.to_string(),
             }
@@ -491,6 +515,7 @@ async fn process(context: &Shared, delivery: &Delivery, progress: &Progress) -> 
         Err(error) => {
             context.stats.restart_failures.inc();
             warn!(%error, attempt, "restart failed; will retry");
+            retry_after = error.retry_after();
             Outcome::Retrying {
                 error: error.to_string(),
             }
@@ -538,9 +563,10 @@ async fn process(context: &Shared, delivery: &Delivery, progress: &Progress) -> 
         }
     }
     match outcome {
-        Outcome::Restarted => Settlement::Ack,
+        // Unrecovered is final and recorded: the request was carried out.
+        Outcome::Restarted(_) | Outcome::Unrecovered { .. } => Settlement::Ack,
         Outcome::Retrying { .. } => Settlement::Nack {
-            delay: config.retry_backoff.delay(attempt),
+            delay: retry_after.unwrap_or_else(|| config.retry_backoff.delay(attempt)),
             why: "restart failed".into(),
         },
         Outcome::Failed { error } => Settlement::DeadLetter {

@@ -15,7 +15,7 @@ use uuid::Uuid;
 
 use super::*;
 use crate::broker::{Delivery, DeliveryTag, MemoryBroker};
-use crate::domain::{Domain, Hostname, Outcome, RestartRequest, Status};
+use crate::domain::{Domain, Outcome, RestartRequest, Restarted, Status};
 use crate::restarter::{Reservation, RestartError};
 use crate::store::{Claim, ClaimTerms, HistoryEntry, MemoryStore, Recorded, StoreError, Timestamp};
 
@@ -251,6 +251,8 @@ struct ScriptedRestarter {
     delay: Duration,
     /// Every restart fails.
     always_fails: bool,
+    /// When set, decides each restart's result.
+    script: Option<fn(&RestartRequest) -> Result<Restarted, RestartError>>,
     /// Restarts of hosts starting with this panic.
     panics_on: Option<&'static str>,
     /// When set, each restart waits for a permit (released by the test).
@@ -270,7 +272,7 @@ impl ScriptedRestarter {
 
 #[async_trait]
 impl Restarter for ScriptedRestarter {
-    async fn reserve(&self) -> Reservation {
+    async fn reserve(&self, _request: &RestartRequest) -> Reservation {
         if let Some(gate) = &self.reserve_gate {
             self.timeline.push("reserve-waiting");
             gate.acquire().await.unwrap().forget();
@@ -278,7 +280,12 @@ impl Restarter for ScriptedRestarter {
         Reservation::unlimited()
     }
 
-    async fn restart(&self, host: &Hostname, _: Reservation) -> Result<(), RestartError> {
+    async fn restart(
+        &self,
+        request: &RestartRequest,
+        _: Reservation,
+    ) -> Result<Restarted, RestartError> {
+        let host = &request.hostname;
         *self
             .calls
             .lock()
@@ -301,12 +308,12 @@ impl Restarter for ScriptedRestarter {
         self.running.fetch_sub(1, Ordering::AcqRel);
         self.timeline.push("restarted");
         if self.always_fails {
-            return Err(RestartError::Failed {
-                host: host.clone(),
-                reason: "host unreachable".into(),
-            });
+            return Err(RestartError::failed(host, "host unreachable"));
         }
-        Ok(())
+        if let Some(script) = self.script {
+            return script(request);
+        }
+        Ok(Restarted::default())
     }
 }
 
@@ -667,6 +674,82 @@ async fn settling_is_retried_when_the_broker_is_briefly_unavailable() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn permanent_restart_failure_is_dead_lettered_at_once_without_retries() {
+    let store = Arc::new(ScriptedStore::default());
+    let restarter = Arc::new(ScriptedRestarter {
+        script: Some(|request| {
+            Err(RestartError::Permanent {
+                host: request.hostname.clone(),
+                reason: "host key mismatch".into(),
+            })
+        }),
+        ..Default::default()
+    });
+    let h = start(config(), store.clone(), restarter.clone());
+    let id = h.publish("cattle-badkey").await;
+    let stats = h.stats.clone();
+    wait_until("dead-lettered", || stats.dead_lettered.get() == 1).await;
+    assert_eq!(restarter.calls("cattle-badkey.example.net"), 1);
+    assert_eq!(stats.nacked.get(), 0);
+    assert_eq!(store.inner.lookup(id).await.unwrap(), Some(Status::Failed));
+    let reason = &h.broker.inner.dead_letters()[0].reason;
+    assert!(reason.contains("host key mismatch"), "{reason}");
+    h.stop().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn retry_after_from_the_backend_sets_the_redelivery_delay() {
+    let restarter = Arc::new(ScriptedRestarter {
+        script: Some(|request| {
+            Err(RestartError::Failed {
+                host: request.hostname.clone(),
+                reason: "503 Service Unavailable".into(),
+                retry_after: Some(Duration::from_secs(42)),
+            })
+        }),
+        ..Default::default()
+    });
+    let h = start(config(), Arc::new(MemoryStore::new()), restarter.clone());
+    h.publish("cattle-busy").await;
+    let stats = h.stats.clone();
+    wait_until("nacked", || stats.nacked.get() == 1).await;
+    assert_eq!(h.broker.timeline.count("nack 42000"), 1);
+    h.stop().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn host_that_does_not_come_back_is_recorded_unrecovered_and_not_restarted_again() {
+    let store = Arc::new(ScriptedStore::default());
+    let restarter = Arc::new(ScriptedRestarter {
+        script: Some(|request| {
+            Err(RestartError::Unrecovered {
+                host: request.hostname.clone(),
+                after: Duration::from_secs(300),
+                reason: "connection refused".into(),
+                output: Some("rebooting".into()),
+            })
+        }),
+        ..Default::default()
+    });
+    let h = start(config(), store.clone(), restarter.clone());
+    let id = h.publish("cattle-gone").await;
+    let stats = h.stats.clone();
+    wait_until("acked", || stats.acked.get() == 1).await;
+    assert_eq!(stats.unrecovered.get(), 1);
+    assert_eq!(restarter.calls("cattle-gone.example.net"), 1);
+    let entry = store
+        .inner
+        .entries()
+        .into_iter()
+        .find(|e| e.message_id == Some(id))
+        .unwrap();
+    assert_eq!(entry.status, Status::Unrecovered);
+    assert_eq!(entry.output.as_deref(), Some("rebooting"));
+    assert!(entry.last_error.unwrap().contains("did not recover"));
+    h.stop().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
 async fn redelivered_message_already_recorded_is_acked_without_restarting() {
     let store = Arc::new(MemoryStore::new());
     let restarter = Arc::new(ScriptedRestarter::default());
@@ -674,7 +757,7 @@ async fn redelivered_message_already_recorded_is_acked_without_restarting() {
     let (id, body) = payload("cattle-done");
     let request = RestartRequest::parse(&body, &config().parse).unwrap();
     store
-        .record_outcome(&request, 1, &Outcome::Restarted)
+        .record_outcome(&request, 1, &Outcome::restarted())
         .await
         .unwrap();
     h.broker.publish(body).await.unwrap();
@@ -926,13 +1009,13 @@ struct BlockingTestRestarter {
 }
 
 impl crate::restarter::BlockingRestart for BlockingTestRestarter {
-    fn restart_blocking(&self, host: &Hostname) -> Result<(), RestartError> {
-        if host.as_str().starts_with("cattle-blk") {
+    fn restart_blocking(&self, request: &RestartRequest) -> Result<Restarted, RestartError> {
+        if request.hostname.as_str().starts_with("cattle-blk") {
             self.blocked.fetch_add(1, Ordering::AcqRel);
             // Wait for the test to release one blocked restart.
             self.release.lock().unwrap().recv().unwrap();
         }
-        Ok(())
+        Ok(Restarted::default())
     }
 }
 

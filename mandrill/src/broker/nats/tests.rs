@@ -13,7 +13,7 @@ use uuid::Uuid;
 
 use super::*;
 use crate::backoff::Backoff;
-use crate::domain::{Domain, Hostname, ParseRules, Status};
+use crate::domain::{Domain, ParseRules, RestartRequest, Restarted, Status};
 use crate::restarter::{Reservation, RestartError, Restarter};
 use crate::stats::Stats;
 use crate::store::{MemoryStore, Store};
@@ -255,12 +255,13 @@ struct AlwaysFails(AtomicU32);
 
 #[async_trait]
 impl Restarter for AlwaysFails {
-    async fn restart(&self, host: &Hostname, _: Reservation) -> Result<(), RestartError> {
+    async fn restart(
+        &self,
+        request: &RestartRequest,
+        _: Reservation,
+    ) -> Result<Restarted, RestartError> {
         self.0.fetch_add(1, Ordering::AcqRel);
-        Err(RestartError::Failed {
-            host: host.clone(),
-            reason: "host unreachable".into(),
-        })
+        Err(RestartError::failed(&request.hostname, "host unreachable"))
     }
 }
 
