@@ -244,6 +244,9 @@ impl Store for ScriptedStore {
     }
 }
 
+/// Decides a scripted restart's result.
+type Script = fn(&RestartRequest) -> Result<Restarted, RestartError>;
+
 /// A restarter with scripted latency, failures, panics and a gate.
 #[derive(Default)]
 struct ScriptedRestarter {
@@ -252,7 +255,7 @@ struct ScriptedRestarter {
     /// Every restart fails.
     always_fails: bool,
     /// When set, decides each restart's result.
-    script: Option<fn(&RestartRequest) -> Result<Restarted, RestartError>>,
+    script: Option<Script>,
     /// Restarts of hosts starting with this panic.
     panics_on: Option<&'static str>,
     /// When set, each restart waits for a permit (released by the test).
