@@ -281,6 +281,13 @@ impl RestartRequest {
         })
     }
 
+    /// The request's group: the instance name without its last `-suffix`
+    /// (`cattle-ab12` → `cattle`), or the whole name when it has none.
+    pub fn group(&self) -> &str {
+        let name = self.instance_name.as_str();
+        name.rsplit_once('-').map_or(name, |(group, _)| group)
+    }
+
     /// The wire form of a request, as publishers send it.
     pub fn to_wire(&self) -> Vec<u8> {
         let wire = WireRequest {

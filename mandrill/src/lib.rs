@@ -20,6 +20,7 @@ pub mod cli;
 pub mod config;
 pub mod debug;
 pub mod domain;
+pub mod pattern;
 pub mod restarter;
 pub mod service;
 pub mod simulate;

@@ -6,8 +6,10 @@
 //! that they never stall the runtime.
 
 pub mod blocking;
+pub mod hosts;
 pub mod journal;
 pub mod simulate;
+pub mod template;
 
 use std::time::Duration;
 

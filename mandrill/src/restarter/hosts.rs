@@ -1,0 +1,138 @@
+//! The host map: where an instance is really reached. By default a request's
+//! host is `{instance_name}.{message.domain}`; `[[hosts]]` entries point
+//! instance-name patterns at an address, and optionally a port and a user
+//! (for SSH). The most specific matching pattern wins; an exact name beats
+//! any pattern.
+
+use serde::{Deserialize, Serialize};
+
+use crate::domain::RestartRequest;
+use crate::pattern::Pattern;
+
+/// One `[[hosts]]` entry, as configured.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostEntry {
+    /// Instance names this entry applies to, e.g. `cattle-*`.
+    pub pattern: String,
+    /// Address to reach them at (a name or an IP), instead of the hostname.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+    /// Port, for backends and probes that connect (SSH).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<u16>,
+    /// User, for SSH.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+}
+
+/// Where to reach one request's host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    /// The address: the host map's, else the request's hostname.
+    pub address: String,
+    /// The port, if the host map gives one.
+    pub port: Option<u16>,
+    /// The user, if the host map gives one.
+    pub user: Option<String>,
+}
+
+/// The parsed host map. See the module docs.
+#[derive(Debug, Clone, Default)]
+pub struct HostMap {
+    entries: Vec<(Pattern, HostEntry)>,
+}
+
+impl HostMap {
+    /// Parses the configured entries, naming the first bad one by index.
+    pub fn new(entries: &[HostEntry]) -> Result<Self, String> {
+        let mut parsed = Vec::with_capacity(entries.len());
+        for (index, entry) in entries.iter().enumerate() {
+            let pattern = Pattern::parse(&entry.pattern)
+                .map_err(|why| format!("hosts[{index}].pattern: {why}"))?;
+            if let Some(address) = &entry.address
+                && (address.is_empty()
+                    || address.chars().any(|c| c.is_whitespace() || c.is_control()))
+            {
+                return Err(format!(
+                    "hosts[{index}].address {address:?} is not a host name or address"
+                ));
+            }
+            parsed.push((pattern, entry.clone()));
+        }
+        // Most specific first, so that the first match is the best one.
+        parsed.sort_by_key(|(pattern, _)| std::cmp::Reverse(pattern.specificity()));
+        Ok(Self { entries: parsed })
+    }
+
+    /// Where to reach `request`'s host.
+    pub fn target(&self, request: &RestartRequest) -> Target {
+        let entry = self
+            .entries
+            .iter()
+            .find(|(pattern, _)| pattern.matches(request.instance_name.as_str()))
+            .map(|(_, entry)| entry);
+        Target {
+            address: entry
+                .and_then(|e| e.address.clone())
+                .unwrap_or_else(|| request.hostname.to_string()),
+            port: entry.and_then(|e| e.port),
+            user: entry.and_then(|e| e.user.clone()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::{Domain, ParseRules};
+
+    fn request(instance: &str) -> RestartRequest {
+        let payload = format!(
+            r#"{{"message_id":"1b4e28ba-2fa1-4d3b-a3f5-ef19b5a7633b","instance_name":"{instance}"}}"#
+        );
+        let rules = ParseRules {
+            domain: Domain::default(),
+            max_payload_bytes: 1024,
+        };
+        RestartRequest::parse(payload.as_bytes(), &rules).unwrap()
+    }
+
+    fn entry(pattern: &str, address: &str, port: Option<u16>) -> HostEntry {
+        HostEntry {
+            pattern: pattern.into(),
+            address: Some(address.into()),
+            port,
+            user: None,
+        }
+    }
+
+    #[test]
+    fn the_most_specific_pattern_wins_and_unmapped_names_keep_their_hostname() {
+        let map = HostMap::new(&[
+            entry("cattle-*", "10.0.0.1", Some(22)),
+            entry("cattle-ab12", "127.0.0.1", Some(2222)),
+        ])
+        .unwrap();
+        let exact = map.target(&request("cattle-ab12"));
+        assert_eq!(
+            (exact.address.as_str(), exact.port),
+            ("127.0.0.1", Some(2222))
+        );
+        let pattern = map.target(&request("cattle-zz99"));
+        assert_eq!(pattern.address, "10.0.0.1");
+        let unmapped = map.target(&request("pet-01"));
+        assert_eq!(
+            (unmapped.address.as_str(), unmapped.port),
+            ("pet-01.example.net", None)
+        );
+    }
+
+    #[test]
+    fn bad_entries_are_named() {
+        let error = HostMap::new(&[entry("", "x", None)]).unwrap_err();
+        assert!(error.starts_with("hosts[0].pattern"), "{error}");
+        let error = HostMap::new(&[entry("a*", "two words", None)]).unwrap_err();
+        assert!(error.contains("hosts[0].address"), "{error}");
+    }
+}

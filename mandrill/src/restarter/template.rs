@@ -1,0 +1,239 @@
+//! Templates for what a backend sends: an argv, a URL, a body. The
+//! placeholders `{host}`, `{instance_name}`, `{message_id}` and `{group}` are
+//! replaced per request by whole values: a value is never split into
+//! arguments, never reaches a shell, and, in a JSON body, is escaped as a
+//! JSON string. `{{` and `}}` stand for literal braces. An unknown
+//! placeholder is refused when the configuration is loaded.
+
+use std::fmt;
+
+use crate::domain::RestartRequest;
+
+/// One value a template can name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Var {
+    Host,
+    InstanceName,
+    MessageId,
+    Group,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Part {
+    Text(String),
+    Var(Var),
+}
+
+/// A parsed template. See the module docs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Template {
+    raw: String,
+    parts: Vec<Part>,
+}
+
+/// The values a template is filled with, for one request.
+#[derive(Debug, Clone)]
+pub struct Values<'a> {
+    /// Where to reach the host: the host map's address, else the hostname.
+    pub host: &'a str,
+    /// The request.
+    pub request: &'a RestartRequest,
+}
+
+impl Template {
+    /// Parses `raw`, naming an unknown or unclosed placeholder.
+    pub fn parse(raw: &str) -> Result<Self, String> {
+        let mut parts = Vec::new();
+        let mut text = String::new();
+        let mut chars = raw.chars().peekable();
+        while let Some(c) = chars.next() {
+            match c {
+                '{' if chars.peek() == Some(&'{') => {
+                    chars.next();
+                    text.push('{');
+                }
+                '}' if chars.peek() == Some(&'}') => {
+                    chars.next();
+                    text.push('}');
+                }
+                '{' => {
+                    let name: String = chars.by_ref().take_while(|&c| c != '}').collect();
+                    let var = match name.as_str() {
+                        "host" => Var::Host,
+                        "instance_name" => Var::InstanceName,
+                        "message_id" => Var::MessageId,
+                        "group" => Var::Group,
+                        _ => {
+                            return Err(format!(
+                                "unknown placeholder {{{name}}} in {raw:?} (known: {{host}}, \
+                                 {{instance_name}}, {{message_id}}, {{group}}; {{{{ and }}}} \
+                                 for literal braces)"
+                            ));
+                        }
+                    };
+                    if !text.is_empty() {
+                        parts.push(Part::Text(std::mem::take(&mut text)));
+                    }
+                    parts.push(Part::Var(var));
+                }
+                '}' => return Err(format!("unmatched '}}' in {raw:?} (write }}}} for one)")),
+                c => text.push(c),
+            }
+        }
+        if !text.is_empty() {
+            parts.push(Part::Text(text));
+        }
+        Ok(Self {
+            raw: raw.to_owned(),
+            parts,
+        })
+    }
+
+    /// The template filled with `values`, each inserted as is.
+    pub fn render(&self, values: &Values<'_>) -> String {
+        self.render_escaped(values, |value, out| out.push_str(value))
+    }
+
+    /// The template filled with `values`, each escaped as the contents of a
+    /// JSON string (the template supplies the quotes).
+    pub fn render_json(&self, values: &Values<'_>) -> String {
+        self.render_escaped(values, |value, out| {
+            // A string always serialises; strip the quotes it adds.
+            let quoted = serde_json::to_string(value).unwrap_or_default();
+            out.push_str(&quoted[1..quoted.len().saturating_sub(1).max(1)]);
+        })
+    }
+
+    fn render_escaped(&self, values: &Values<'_>, escape: impl Fn(&str, &mut String)) -> String {
+        let mut out = String::with_capacity(self.raw.len() + 32);
+        for part in &self.parts {
+            match part {
+                Part::Text(text) => out.push_str(text),
+                Part::Var(var) => {
+                    let request = values.request;
+                    let message_id = request.message_id.to_string();
+                    let value = match var {
+                        Var::Host => values.host,
+                        Var::InstanceName => request.instance_name.as_str(),
+                        Var::MessageId => &message_id,
+                        Var::Group => request.group(),
+                    };
+                    escape(value, &mut out);
+                }
+            }
+        }
+        out
+    }
+}
+
+impl fmt::Display for Template {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.raw)
+    }
+}
+
+/// An argv template: each argument is a template, and each renders to
+/// exactly one argument.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ArgvTemplate(Vec<Template>);
+
+impl ArgvTemplate {
+    /// Parses every argument; the program (the first) must be literal and
+    /// present.
+    pub fn parse(argv: &[String]) -> Result<Self, String> {
+        let Some(program) = argv.first() else {
+            return Err("is empty: name at least the program to run".into());
+        };
+        if program.contains('{') {
+            return Err(format!(
+                "the program {program:?} must be literal, not a template"
+            ));
+        }
+        argv.iter()
+            .map(|arg| Template::parse(arg))
+            .collect::<Result<_, _>>()
+            .map(Self)
+    }
+
+    /// The arguments for one request, the program first.
+    pub fn render(&self, values: &Values<'_>) -> Vec<String> {
+        self.0.iter().map(|arg| arg.render(values)).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::{Domain, ParseRules};
+
+    fn request(instance: &str) -> RestartRequest {
+        let payload = format!(
+            r#"{{"message_id":"1b4e28ba-2fa1-4d3b-a3f5-ef19b5a7633b","instance_name":"{instance}"}}"#
+        );
+        let rules = ParseRules {
+            domain: Domain::default(),
+            max_payload_bytes: 1024,
+        };
+        RestartRequest::parse(payload.as_bytes(), &rules).unwrap()
+    }
+
+    #[test]
+    fn placeholders_become_whole_values() {
+        let request = request("cattle-ab12");
+        let values = Values {
+            host: "10.0.0.7",
+            request: &request,
+        };
+        let argv = ArgvTemplate::parse(&[
+            "kubectl".into(),
+            "delete".into(),
+            "pod/{instance_name}".into(),
+            "--host={host}".into(),
+            "{group}:{message_id}".into(),
+            "{{literal}}".into(),
+        ])
+        .unwrap();
+        assert_eq!(
+            argv.render(&values),
+            [
+                "kubectl",
+                "delete",
+                "pod/cattle-ab12",
+                "--host=10.0.0.7",
+                "cattle:1b4e28ba-2fa1-4d3b-a3f5-ef19b5a7633b",
+                "{literal}",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_value_can_never_add_an_argument_or_break_out_of_a_json_string() {
+        let request = request("cattle-ab12");
+        // The host map may hold anything an operator typed.
+        let values = Values {
+            host: "a b;rm -rf /\"}\n",
+            request: &request,
+        };
+        let argv = ArgvTemplate::parse(&["ssh".into(), "{host}".into()]).unwrap();
+        assert_eq!(argv.render(&values).len(), 2);
+        let body = Template::parse(r#"{{"host": "{host}"}}"#).unwrap();
+        let json: serde_json::Value = serde_json::from_str(&body.render_json(&values)).unwrap();
+        assert_eq!(json["host"], "a b;rm -rf /\"}\n");
+    }
+
+    #[test]
+    fn bad_templates_are_refused_with_the_reason() {
+        let unknown = Template::parse("{hostname}").unwrap_err();
+        assert!(
+            unknown.contains("unknown placeholder {hostname}"),
+            "{unknown}"
+        );
+        assert!(Template::parse("a}b").unwrap_err().contains("unmatched"));
+        assert!(ArgvTemplate::parse(&[]).unwrap_err().contains("empty"));
+        assert!(
+            ArgvTemplate::parse(&["{host}".into()])
+                .unwrap_err()
+                .contains("literal")
+        );
+    }
+}
