@@ -16,7 +16,10 @@
 //! and answers each caller only after the commit. Throughput therefore does
 //! not collapse into one fsync per message, and nothing is reported settled
 //! before it is durable. Claims run inside that write transaction, so two
-//! processes on one database never claim the same row at once.
+//! processes on one database never claim the same row at once. A failed
+//! transaction fails every operation of its batch, and the writer replaces its
+//! connection, so that writing resumes once the cause (a full disk, say) is
+//! gone.
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -199,7 +202,7 @@ impl SqliteBroker {
                 .await
                 .map_err(|e| BrokerError::Fatal(format!("migration failed: {e}")))?;
         }
-        let writer = SqliteConnection::connect_with(&options)
+        let writer = WriterConnection::open(options)
             .await
             .map_err(|e| BrokerError::Fatal(e.to_string()))?;
         let (ops, receiver) = mpsc::channel(MAX_BATCH * 4);
@@ -424,9 +427,57 @@ struct Limits {
     max_deliveries: i64,
 }
 
+/// The writer's connection, replaced after a failed transaction.
+///
+/// Some errors (a full disk, for one) make SQLite end the transaction by
+/// itself; sqlx's `ROLLBACK` then fails, sqlx keeps counting the transaction
+/// as open, and the connection refuses every later `BEGIN IMMEDIATE` ("at
+/// non-zero transaction depth"). A fresh connection carries no such state.
+struct WriterConnection {
+    options: SqliteConnectOptions,
+    /// `None` after a failure, until the next batch connects again.
+    conn: Option<SqliteConnection>,
+}
+
+impl WriterConnection {
+    async fn open(options: SqliteConnectOptions) -> Result<Self, sqlx::Error> {
+        let conn = SqliteConnection::connect_with(&options).await?;
+        Ok(Self {
+            options,
+            conn: Some(conn),
+        })
+    }
+
+    /// The connection, opened again if the last one was discarded.
+    async fn get(&mut self) -> Result<&mut SqliteConnection, sqlx::Error> {
+        let conn = match self.conn.take() {
+            Some(conn) => conn,
+            None => SqliteConnection::connect_with(&self.options).await?,
+        };
+        Ok(self.conn.insert(conn))
+    }
+
+    /// Drops the connection after a failed transaction.
+    async fn discard(&mut self) {
+        if let Some(conn) = self.conn.take()
+            && let Err(error) = conn.close().await
+        {
+            debug!(%error, "closing a failed writer connection failed");
+        }
+    }
+
+    async fn close(mut self) {
+        if let Some(conn) = self.conn.take()
+            && let Err(error) = conn.close().await
+        {
+            warn!(%error, "closing the queue's writer connection failed");
+        }
+    }
+}
+
 /// Takes every queued operation, commits them in one transaction, answers.
 async fn write_loop(
-    mut conn: SqliteConnection,
+    mut writer: WriterConnection,
     mut receiver: mpsc::Receiver<Op>,
     limits: Limits,
     available: Arc<Notify>,
@@ -450,7 +501,11 @@ async fn write_loop(
                     }
             )
         }) || !orphans.is_empty();
-        match commit_batch(&mut conn, &mut batch, &orphans, limits).await {
+        let committed = match writer.get().await {
+            Ok(conn) => commit_batch(conn, &mut batch, &orphans, limits).await,
+            Err(error) => Err(error),
+        };
+        match committed {
             Ok(answers) => {
                 orphans.clear();
                 for answer in answers {
@@ -471,6 +526,8 @@ async fn write_loop(
             }
             Err(error) => {
                 warn!(%error, operations = batch.len(), "queue transaction failed");
+                // Nothing of the batch was committed; orphans stay for the next one.
+                writer.discard().await;
                 let message = error.to_string();
                 for op in batch.drain(..) {
                     fail(op, BrokerError::Unavailable(message.clone()));
@@ -484,9 +541,7 @@ async fn write_loop(
     while let Ok(op) = receiver.try_recv() {
         fail(op, closed());
     }
-    if let Err(error) = conn.close().await {
-        warn!(%error, "closing the queue's writer connection failed");
-    }
+    writer.close().await;
 }
 
 fn fail(op: Op, error: BrokerError) {
@@ -955,6 +1010,56 @@ mod tests {
                 .await
                 .unwrap();
         }
+        assert_eq!(broker.backlog().await.unwrap(), Some(0));
+        broker.close().await;
+    }
+
+    /// Makes every write to the queue fail the way a full disk does: SQLite
+    /// itself ends the transaction (here by `RAISE(ROLLBACK)`), so that the
+    /// rollback the writer's connection then sends finds no transaction.
+    async fn break_writes(broker: &SqliteBroker, broken: bool) {
+        sqlx::query(
+            "CREATE TABLE IF NOT EXISTS test_fault (broken INTEGER NOT NULL);
+             CREATE TRIGGER IF NOT EXISTS test_fault_on_publish BEFORE INSERT ON queue
+             WHEN (SELECT broken FROM test_fault) BEGIN
+                 SELECT RAISE(ROLLBACK, 'database or disk is full');
+             END;
+             DELETE FROM test_fault;",
+        )
+        .execute(&broker.pool)
+        .await
+        .unwrap();
+        sqlx::query("INSERT INTO test_fault (broken) VALUES (?1)")
+            .bind(broken)
+            .execute(&broker.pool)
+            .await
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn writer_recovers_after_a_transaction_sqlite_ended_itself() {
+        let dir = tempfile::tempdir().unwrap();
+        let broker = open(dir.path(), Duration::from_secs(30), 10).await;
+        broker.publish(Bytes::from_static(b"before")).await.unwrap();
+        let before = broker.pull(10).await.unwrap().remove(0);
+        break_writes(&broker, true).await;
+        let refused = broker.publish(Bytes::from_static(b"lost")).await;
+        assert!(
+            matches!(&refused, Err(BrokerError::Unavailable(m)) if m.contains("disk is full")),
+            "{refused:?}"
+        );
+        break_writes(&broker, false).await;
+        // The cause is gone: every kind of write works again.
+        broker.publish(Bytes::from_static(b"after")).await.unwrap();
+        broker.ack(&before.tag).await.unwrap();
+        let after = broker.pull(10).await.unwrap();
+        let payloads: Vec<&[u8]> = after.iter().map(|d| d.payload.as_ref()).collect();
+        assert_eq!(
+            payloads,
+            [&b"after"[..]],
+            "the refused publish left nothing"
+        );
+        broker.ack(&after[0].tag).await.unwrap();
         assert_eq!(broker.backlog().await.unwrap(), Some(0));
         broker.close().await;
     }
