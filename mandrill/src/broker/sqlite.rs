@@ -7,8 +7,11 @@
 //! redelivery time, extend pushes the deadline. A row whose deadline passes
 //! is simply visible again, and the next claim takes it with a new delivery
 //! number, so a late settlement of the old delivery finds no match and gets
-//! [`BrokerError::LeaseLost`]. A row claimed `max_deliveries` times without
-//! being settled moves to `dead_letters` with the reason.
+//! [`BrokerError::LeaseLost`]. The broker never gives up on a message by
+//! itself: however often a row was claimed, it is delivered with that count as
+//! its attempt, and the worker, which keeps `broker.max_deliveries`, records
+//! and dead-letters it. Only a row that cannot be read at all moves to
+//! `dead_letters` at claim time.
 //!
 //! Every write goes through one writer task that owns one connection: it
 //! takes whatever operations are queued (publishes, claims, acks, nacks,
@@ -213,7 +216,6 @@ impl SqliteBroker {
             receiver,
             Limits {
                 ack_deadline: millis(config.ack_deadline),
-                max_deliveries: i64::from(config.max_deliveries),
             },
             available.clone(),
         ));
@@ -420,11 +422,11 @@ impl SqliteBroker {
     }
 }
 
-/// The writer's fixed settings, in milliseconds and row counts.
+/// The writer's fixed settings.
 #[derive(Debug, Clone, Copy)]
 struct Limits {
+    /// Milliseconds.
     ack_deadline: i64,
-    max_deliveries: i64,
 }
 
 /// The writer's connection, replaced after a failed transaction.
@@ -691,38 +693,40 @@ async fn publish(tx: &mut Tx<'_>, payloads: &[&[u8]], now: i64) -> Result<(), sq
     Ok(())
 }
 
+/// The largest delivery count a claim writes: attempts are `u32`, and the
+/// bound keeps a hand-edited count from overflowing.
+const MAX_DELIVERY_COUNT: i64 = u32::MAX as i64 - 1;
+
 async fn claim(tx: &mut Tx<'_>, max: usize, now: i64, limits: Limits) -> Result<Step, sqlx::Error> {
-    // A row claimed `max_deliveries` times already keeps its count and gets
-    // no lease: it is dead-lettered below instead of delivered. `max(…, 0)`
-    // and the bound keep a hand-edited count from overflowing.
+    // However often a row was claimed, it is delivered: the worker keeps the
+    // delivery limit, and records in the store whatever it gives up on.
     let rows = sqlx::query(
         "UPDATE queue SET
-             deliveries = CASE WHEN deliveries < ?1 THEN max(deliveries, 0) + 1 ELSE deliveries END,
-             lease      = CASE WHEN deliveries < ?1 THEN max(deliveries, 0) + 1 END,
+             deliveries = min(max(deliveries, 0), ?1) + 1,
+             lease      = min(max(deliveries, 0), ?1) + 1,
              visible_at = ?2
          WHERE id IN (SELECT id FROM queue WHERE visible_at <= ?3
                       ORDER BY visible_at, id LIMIT ?4)
-         RETURNING id, payload, deliveries, lease",
+         RETURNING id, payload, lease",
     )
-    .bind(limits.max_deliveries)
+    .bind(MAX_DELIVERY_COUNT)
     .bind(now.saturating_add(limits.ack_deadline))
     .bind(now)
     .bind(i64::try_from(max).unwrap_or(i64::MAX))
     .fetch_all(&mut **tx)
     .await?;
     let mut claimed = Claimed::default();
-    let mut give_up: Vec<(i64, String)> = Vec::new();
+    let mut unreadable: Vec<(i64, String)> = Vec::new();
     for row in &rows {
         // The primary key is always an integer.
         let id: i64 = row.try_get("id")?;
         let decoded = (|| -> Result<_, sqlx::Error> {
             let payload: Vec<u8> = row.try_get("payload")?;
-            let deliveries: i64 = row.try_get("deliveries")?;
-            let lease: Option<i64> = row.try_get("lease")?;
-            Ok((payload, deliveries, lease))
+            let lease: i64 = row.try_get("lease")?;
+            Ok((payload, lease))
         })();
         match decoded {
-            Ok((payload, _, Some(lease))) => {
+            Ok((payload, lease)) => {
                 let claim = Claim {
                     id,
                     delivery: lease,
@@ -736,17 +740,10 @@ async fn claim(tx: &mut Tx<'_>, max: usize, now: i64, limits: Limits) -> Result<
                     ),
                 ));
             }
-            Ok((_, deliveries, None)) => give_up.push((
-                id,
-                format!(
-                    "not settled after {deliveries} deliveries (broker.max_deliveries is {})",
-                    limits.max_deliveries
-                ),
-            )),
-            Err(error) => give_up.push((id, format!("unreadable queue row: {error}"))),
+            Err(error) => unreadable.push((id, format!("unreadable queue row: {error}"))),
         }
     }
-    for (id, reason) in give_up {
+    for (id, reason) in unreadable {
         warn!(id, reason, "message dead-lettered by the broker");
         move_to_dead_letters(tx, id, None, &reason, now).await?;
     }
@@ -949,7 +946,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn max_deliveries_dead_letters_with_the_reason_and_requeue_restores() {
+    async fn claims_past_max_deliveries_are_delivered_and_dead_letters_requeue() {
         let dir = tempfile::tempdir().unwrap();
         let broker = open(dir.path(), Duration::from_secs(30), 2).await;
         broker.publish(Bytes::from_static(b"poison")).await.unwrap();
@@ -958,18 +955,21 @@ mod tests {
             assert_eq!(delivery.attempt, attempt);
             broker.nack(&delivery.tag, Duration::ZERO).await.unwrap();
         }
-        // The third claim dead-letters it instead of delivering it.
-        assert!(broker.pull(10).await.unwrap().is_empty());
+        // Past `max_deliveries`, the broker still delivers: the worker keeps
+        // the limit, so that the store learns why the message was given up.
+        let third = broker.pull(10).await.unwrap().remove(0);
+        assert_eq!(third.attempt, 3);
+        assert!(broker.dead_letters().await.unwrap().is_empty());
+        broker
+            .dead_letter(&third.tag, "not settled after 3 deliveries")
+            .await
+            .unwrap();
         assert_eq!(broker.backlog().await.unwrap(), Some(0));
         let dead = broker.dead_letters().await.unwrap();
         assert_eq!(dead.len(), 1);
         assert_eq!(dead[0].payload, "poison");
-        assert_eq!(dead[0].deliveries, 2);
-        assert!(
-            dead[0].reason.contains("max_deliveries"),
-            "{}",
-            dead[0].reason
-        );
+        assert_eq!(dead[0].deliveries, 3);
+        assert_eq!(dead[0].reason, "not settled after 3 deliveries");
 
         // Unknown ids requeue nothing.
         assert!(broker.requeue(Some(&[dead[0].id, 999])).await.is_err());
@@ -984,7 +984,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn rows_that_make_no_sense_are_dead_lettered_or_delivered_not_fatal() {
+    async fn rows_that_make_no_sense_are_delivered_not_fatal() {
         let dir = tempfile::tempdir().unwrap();
         let broker = open(dir.path(), Duration::from_secs(30), 5).await;
         // Rows written by hand, as a confused operator might.
@@ -999,11 +999,11 @@ mod tests {
         }
         let delivered = broker.pull(10).await.unwrap();
         let payloads: Vec<&[u8]> = delivered.iter().map(|d| d.payload.as_ref()).collect();
-        assert_eq!(payloads, [&b"negative"[..], b""]);
-        assert!(delivered.iter().all(|d| d.attempt == 1));
-        let dead = broker.dead_letters().await.unwrap();
-        assert_eq!(dead.len(), 1);
-        assert_eq!(dead[0].payload, "exhausted");
+        assert_eq!(payloads, [&b"exhausted"[..], b"negative", b""]);
+        let attempts: Vec<u32> = delivered.iter().map(|d| d.attempt).collect();
+        // An exhausted count is delivered at the largest attempt, for the
+        // worker to give up on; it neither overflows nor wraps.
+        assert_eq!(attempts, [u32::MAX, 1, 1]);
         for delivery in &delivered {
             broker
                 .dead_letter(&delivery.tag, "malformed")
@@ -1011,6 +1011,7 @@ mod tests {
                 .unwrap();
         }
         assert_eq!(broker.backlog().await.unwrap(), Some(0));
+        assert_eq!(broker.dead_letters().await.unwrap().len(), 3);
         broker.close().await;
     }
 
