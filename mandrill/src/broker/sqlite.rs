@@ -13,6 +13,11 @@
 //! and dead-letters it. Only a row that cannot be read at all moves to
 //! `dead_letters` at claim time.
 //!
+//! A claim reads at most `max_payload_bytes + 1` bytes of a payload (see
+//! [`SqliteBroker::connect_with_payload_limit`]) and reports its full size, so
+//! that an oversized row is rejected without being loaded; dead-lettering
+//! copies it inside SQLite, never through this process.
+//!
 //! Every write goes through one writer task that owns one connection: it
 //! takes whatever operations are queued (publishes, claims, acks, nacks,
 //! extensions, dead letters), runs them in one `BEGIN IMMEDIATE` transaction
@@ -41,7 +46,7 @@ use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, warn};
 
-use super::{Broker, BrokerError, Delivery, DeliveryTag};
+use super::{Broker, BrokerError, Delivery, DeliveryTag, bounded_reason};
 use crate::config::BrokerConfig;
 
 /// Most operations committed in one transaction.
@@ -81,9 +86,16 @@ pub struct DeadLetterEntry {
     pub published_at: i64,
     /// When it was dead-lettered (milliseconds since the epoch).
     pub dead_at: i64,
-    /// The payload, as text (lossy).
+    /// The payload as text (lossy), at most its first
+    /// [`MAX_LISTED_PAYLOAD_BYTES`] bytes.
     pub payload: String,
+    /// The whole payload's size in bytes.
+    pub payload_size: i64,
 }
+
+/// Most bytes of a dead letter's payload a listing reads: a payload can be
+/// far larger than any valid request (that may be why it is dead).
+pub const MAX_LISTED_PAYLOAD_BYTES: i64 = 64 * 1024;
 
 /// What the writer task does for one caller.
 #[derive(Debug)]
@@ -185,8 +197,21 @@ fn connect_options(url: &str) -> Result<SqliteConnectOptions, sqlx::Error> {
 
 impl SqliteBroker {
     /// Opens (creating if missing) the queue at `config.url` (`sqlite:PATH`),
-    /// brings the schema up to date and starts the writer task.
+    /// brings the schema up to date and starts the writer task. Pulls hand
+    /// over payloads whole; a consumer uses
+    /// [`connect_with_payload_limit`](Self::connect_with_payload_limit).
     pub async fn connect(config: &BrokerConfig) -> Result<Self, BrokerError> {
+        Self::connect_with_payload_limit(config, usize::MAX).await
+    }
+
+    /// As [`connect`](Self::connect), but a pull reads at most
+    /// `max_payload_bytes + 1` bytes of a payload: a larger one is handed
+    /// over as that prefix with its [`Delivery::full_size`], for the worker
+    /// to reject, instead of being loaded whole.
+    pub async fn connect_with_payload_limit(
+        config: &BrokerConfig,
+        max_payload_bytes: usize,
+    ) -> Result<Self, BrokerError> {
         let options =
             connect_options(&config.url).map_err(|e| BrokerError::Fatal(e.to_string()))?;
         let pool = SqlitePoolOptions::new()
@@ -216,6 +241,11 @@ impl SqliteBroker {
             receiver,
             Limits {
                 ack_deadline: millis(config.ack_deadline),
+                // SQLite keeps no value over 2^31 bytes, and `substr`
+                // misbehaves when start plus length overflows.
+                payload_prefix: i64::try_from(max_payload_bytes.saturating_add(1))
+                    .unwrap_or(i64::MAX)
+                    .min(i64::from(i32::MAX)),
             },
             available.clone(),
         ));
@@ -251,9 +281,11 @@ impl SqliteBroker {
     /// The dead-lettered messages, oldest first.
     pub async fn dead_letters(&self) -> Result<Vec<DeadLetterEntry>, BrokerError> {
         let rows = sqlx::query(
-            "SELECT id, reason, deliveries, published_at, dead_at, payload
+            "SELECT id, reason, deliveries, published_at, dead_at,
+                    substr(payload, 1, ?1) AS payload, length(payload) AS payload_size
              FROM dead_letters ORDER BY id",
         )
+        .bind(MAX_LISTED_PAYLOAD_BYTES)
         .fetch_all(&self.pool)
         .await
         .map_err(unavailable)?;
@@ -267,6 +299,7 @@ impl SqliteBroker {
                     published_at: row.try_get("published_at")?,
                     dead_at: row.try_get("dead_at")?,
                     payload: String::from_utf8_lossy(&payload).into_owned(),
+                    payload_size: row.try_get("payload_size")?,
                 })
             })
             .collect::<Result<_, sqlx::Error>>()
@@ -427,6 +460,9 @@ impl SqliteBroker {
 struct Limits {
     /// Milliseconds.
     ack_deadline: i64,
+    /// Most bytes of a payload a claim reads: one more than the largest
+    /// acceptable, so that the worker sees that the payload is too large.
+    payload_prefix: i64,
 }
 
 /// The writer's connection, replaced after a failed transaction.
@@ -699,7 +735,9 @@ const MAX_DELIVERY_COUNT: i64 = u32::MAX as i64 - 1;
 
 async fn claim(tx: &mut Tx<'_>, max: usize, now: i64, limits: Limits) -> Result<Step, sqlx::Error> {
     // However often a row was claimed, it is delivered: the worker keeps the
-    // delivery limit, and records in the store whatever it gives up on.
+    // delivery limit, and records in the store whatever it gives up on. Only
+    // a prefix of the payload is read (`substr` on a BLOB counts bytes), and
+    // `length` of a BLOB column needs no read of its content.
     let rows = sqlx::query(
         "UPDATE queue SET
              deliveries = min(max(deliveries, 0), ?1) + 1,
@@ -707,12 +745,13 @@ async fn claim(tx: &mut Tx<'_>, max: usize, now: i64, limits: Limits) -> Result<
              visible_at = ?2
          WHERE id IN (SELECT id FROM queue WHERE visible_at <= ?3
                       ORDER BY visible_at, id LIMIT ?4)
-         RETURNING id, payload, lease",
+         RETURNING id, substr(payload, 1, ?5) AS payload, length(payload) AS full_size, lease",
     )
     .bind(MAX_DELIVERY_COUNT)
     .bind(now.saturating_add(limits.ack_deadline))
     .bind(now)
     .bind(i64::try_from(max).unwrap_or(i64::MAX))
+    .bind(limits.payload_prefix)
     .fetch_all(&mut **tx)
     .await?;
     let mut claimed = Claimed::default();
@@ -722,29 +761,32 @@ async fn claim(tx: &mut Tx<'_>, max: usize, now: i64, limits: Limits) -> Result<
         let id: i64 = row.try_get("id")?;
         let decoded = (|| -> Result<_, sqlx::Error> {
             let payload: Vec<u8> = row.try_get("payload")?;
+            let full_size: i64 = row.try_get("full_size")?;
             let lease: i64 = row.try_get("lease")?;
-            Ok((payload, lease))
+            Ok((payload, full_size, lease))
         })();
         match decoded {
-            Ok((payload, lease)) => {
+            Ok((payload, full_size, lease)) => {
                 let claim = Claim {
                     id,
                     delivery: lease,
                 };
-                claimed.deliveries.push((
-                    claim,
-                    Delivery::new(
-                        claim.tag(),
-                        Bytes::from(payload),
-                        u32::try_from(lease).unwrap_or(u32::MAX),
-                    ),
-                ));
+                let mut delivery = Delivery::new(
+                    claim.tag(),
+                    Bytes::from(payload),
+                    u32::try_from(lease).unwrap_or(u32::MAX),
+                );
+                delivery.full_size = usize::try_from(full_size)
+                    .unwrap_or(usize::MAX)
+                    .max(delivery.payload.len());
+                claimed.deliveries.push((claim, delivery));
             }
             Err(error) => unreadable.push((id, format!("unreadable queue row: {error}"))),
         }
     }
     for (id, reason) in unreadable {
-        warn!(id, reason, "message dead-lettered by the broker");
+        let reason = bounded_reason(&reason);
+        warn!(id, %reason, "message dead-lettered by the broker");
         move_to_dead_letters(tx, id, None, &reason, now).await?;
     }
     claimed.deliveries.sort_by_key(|(claim, _)| claim.id);
@@ -827,7 +869,14 @@ async fn settle(
                 > 0
         }
         Action::DeadLetter(reason) => {
-            move_to_dead_letters(tx, claim.id, Some(claim.delivery), reason, now).await?
+            move_to_dead_letters(
+                tx,
+                claim.id,
+                Some(claim.delivery),
+                &bounded_reason(reason),
+                now,
+            )
+            .await?
         }
     };
     Ok(Step::Settled(if matched {
@@ -1062,6 +1111,54 @@ mod tests {
         );
         broker.ack(&after[0].tag).await.unwrap();
         assert_eq!(broker.backlog().await.unwrap(), Some(0));
+        broker.close().await;
+    }
+
+    #[tokio::test]
+    async fn oversized_row_is_claimed_as_a_bounded_prefix_and_dead_lettered_in_place() {
+        const LIMIT: usize = 4096;
+        const SIZE: usize = 20 * 1024 * 1024;
+        let dir = tempfile::tempdir().unwrap();
+        let broker = SqliteBroker::connect_with_payload_limit(
+            &config(dir.path(), Duration::from_secs(30), 10),
+            LIMIT,
+        )
+        .await
+        .unwrap();
+        // Written by SQLite itself, as another process's publish would be.
+        sqlx::query(
+            "INSERT INTO queue (payload, published_at, visible_at)
+             VALUES (zeroblob(?1), 0, 0), (CAST('small' AS BLOB), 0, 0)",
+        )
+        .bind(i64::try_from(SIZE).unwrap())
+        .execute(&broker.pool)
+        .await
+        .unwrap();
+        let delivered = broker.pull(10).await.unwrap();
+        assert_eq!(delivered.len(), 2);
+        assert_eq!(delivered[0].payload.len(), LIMIT + 1);
+        assert_eq!(delivered[0].full_size, SIZE);
+        assert_eq!(delivered[1].payload, "small");
+        assert_eq!(delivered[1].full_size, 5);
+        let reason = "x".repeat(10 * super::super::MAX_REASON_BYTES);
+        broker
+            .dead_letter(&delivered[0].tag, &reason)
+            .await
+            .unwrap();
+        let dead = broker.dead_letters().await.unwrap();
+        assert_eq!(dead.len(), 1);
+        assert_eq!(
+            dead[0].payload_size,
+            i64::try_from(SIZE).unwrap(),
+            "the whole payload is kept"
+        );
+        assert_eq!(
+            dead[0].payload.len(),
+            usize::try_from(MAX_LISTED_PAYLOAD_BYTES).unwrap(),
+            "a listing reads a bounded prefix"
+        );
+        assert!(dead[0].reason.len() <= super::super::MAX_REASON_BYTES);
+        broker.ack(&delivered[1].tag).await.unwrap();
         broker.close().await;
     }
 
