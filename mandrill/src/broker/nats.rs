@@ -9,6 +9,11 @@
 //! subject, so settling needs no state here. The client reconnects by itself;
 //! while it is away, pulls fail (the worker's supervisor retries them) and
 //! leases run out (the messages are redelivered).
+//!
+//! The consumer redelivers without limit (`max_deliver = -1`): JetStream
+//! stopping at its own limit would leave a message in the stream, neither
+//! dead-lettered nor recorded, so the worker keeps `broker.max_deliveries`
+//! and gives up itself.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -62,8 +67,6 @@ pub struct NatsSettings {
     pub dead_letter_subject: String,
     /// The consumer's ack wait: a delivery's lease.
     pub ack_wait: Duration,
-    /// Deliveries before JetStream gives up on a message.
-    pub max_deliver: i64,
     /// Unacknowledged deliveries the consumer allows across all instances.
     pub max_ack_pending: i64,
     /// How long a pull waits for a first message.
@@ -79,6 +82,10 @@ pub struct NatsSettings {
 /// How much longer than the poll wait a pull may take before it is
 /// considered lost.
 const PULL_MARGIN: Duration = Duration::from_secs(5);
+
+/// The consumer's `max_deliver`: unlimited, since the worker keeps the
+/// delivery limit (see the module docs).
+const MAX_DELIVER: i64 = -1;
 
 /// The header carrying a dead letter's reason.
 pub const DEAD_LETTER_REASON_HEADER: &str = "Mandrill-Dead-Letter-Reason";
@@ -210,7 +217,7 @@ impl NatsBroker {
             durable_name: Some(settings.consumer.clone()),
             ack_policy: AckPolicy::Explicit,
             ack_wait: settings.ack_wait,
-            max_deliver: settings.max_deliver,
+            max_deliver: MAX_DELIVER,
             max_ack_pending: settings.max_ack_pending,
             filter_subject: settings.subject.clone(),
             ..Default::default()
@@ -223,7 +230,7 @@ impl NatsBroker {
         if !mismatches.is_empty() {
             return Err(BrokerError::Fatal(format!(
                 "consumer {} on stream {} exists with other settings: {}; \
-                 delete the consumer or change the configuration to match",
+                 delete the consumer (it is created again) or change the configuration to match",
                 settings.consumer,
                 settings.stream,
                 mismatches.join(", ")

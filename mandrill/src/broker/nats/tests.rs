@@ -39,7 +39,6 @@ impl TestStreams {
                 consumer: format!("mandrill-test-{id}"),
                 dead_letter_subject: format!("mandrill.test.{id}.dead"),
                 ack_wait,
-                max_deliver: 10,
                 max_ack_pending: 1000,
                 poll_wait: Duration::from_millis(200),
                 credentials: Credentials::None,
@@ -217,16 +216,64 @@ async fn existing_consumer_with_other_settings_is_reported() {
     NatsBroker::connect(streams.settings.clone()).await.unwrap();
     let mut changed = streams.settings.clone();
     changed.ack_wait = Duration::from_secs(10);
-    changed.max_deliver = 3;
     let error = NatsBroker::connect(changed).await.unwrap_err().to_string();
     assert!(
         error.contains("ack_wait is 30s (configured 10s)"),
         "{error}"
     );
+}
+
+#[tokio::test]
+async fn consumer_with_a_delivery_limit_is_reported() {
+    let streams = TestStreams::new(Duration::from_secs(30));
+    let settings = &streams.settings;
+    NatsBroker::connect_publisher(settings.clone())
+        .await
+        .unwrap();
+    // As an older mandrill created it: JetStream's own delivery limit.
+    let client = async_nats::connect(settings.url.as_str()).await.unwrap();
+    let stream = jetstream::new(client)
+        .get_stream(&settings.stream)
+        .await
+        .unwrap();
+    stream
+        .create_consumer(pull::Config {
+            durable_name: Some(settings.consumer.clone()),
+            ack_policy: AckPolicy::Explicit,
+            ack_wait: settings.ack_wait,
+            max_deliver: 10,
+            max_ack_pending: settings.max_ack_pending,
+            filter_subject: settings.subject.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let error = NatsBroker::connect(settings.clone())
+        .await
+        .unwrap_err()
+        .to_string();
     assert!(
-        error.contains("max_deliver is 10 (configured 3)"),
+        error.contains("max_deliver is 10 (configured -1)"),
         "{error}"
     );
+}
+
+#[tokio::test]
+async fn consumer_redelivers_past_the_old_delivery_limit() {
+    let streams = TestStreams::new(Duration::from_secs(30));
+    let broker = NatsBroker::connect(streams.settings.clone()).await.unwrap();
+    let info = broker.consumer().unwrap().cached_info();
+    assert_eq!(info.config.max_deliver, -1);
+    broker.publish(Bytes::from_static(b"m")).await.unwrap();
+    // JetStream used to stop at broker.max_deliveries (10 by default) and
+    // leave the message in the stream; now the worker decides.
+    for attempt in 1..=12 {
+        let delivery = pull_within(&broker, Duration::from_secs(10))
+            .await
+            .remove(0);
+        assert_eq!(delivery.attempt, attempt);
+        broker.nack(&delivery.tag, Duration::ZERO).await.unwrap();
+    }
 }
 
 #[test]
