@@ -53,6 +53,11 @@ use crate::config::BrokerConfig;
 const MAX_BATCH: usize = 1024;
 /// Rows per multi-row `INSERT` (three parameters each, well under SQLite's limit).
 const INSERT_CHUNK: usize = 500;
+/// How much longer than the poll wait a pull may take before it fails: the
+/// writer may be waiting for another process's write lock (up to the busy
+/// timeout) or for a stalled disk, and an unbounded pull would hide that
+/// from the worker's supervisor.
+const PULL_MARGIN: Duration = Duration::from_secs(5);
 
 /// See the module docs.
 #[derive(Debug)]
@@ -379,6 +384,7 @@ impl Broker for SqliteBroker {
             return Ok(Vec::new());
         }
         let give_up_at = Instant::now() + self.poll_wait;
+        let fail_at = give_up_at + PULL_MARGIN;
         loop {
             // Armed before claiming, so that a publish committed between the
             // claim and the wait still wakes us.
@@ -388,7 +394,16 @@ impl Broker for SqliteBroker {
             // Cancel-safe: if this future is dropped while the claim is in
             // the writer, the writer finds nobody to answer and releases the
             // claimed rows at once.
-            let claimed = self.call(|reply| Op::Claim { max, reply }).await?;
+            let claim = self.call(|reply| Op::Claim { max, reply });
+            let claimed = tokio::time::timeout_at(fail_at, claim)
+                .await
+                .map_err(|_elapsed| {
+                    BrokerError::Unavailable(format!(
+                        "the queue's writer did not answer a claim within {:?}; \
+                         is another process holding the database's write lock?",
+                        self.poll_wait + PULL_MARGIN
+                    ))
+                })??;
             if !claimed.deliveries.is_empty() {
                 return Ok(claimed.deliveries.into_iter().map(|(_, d)| d).collect());
             }
@@ -1111,6 +1126,34 @@ mod tests {
         );
         broker.ack(&after[0].tag).await.unwrap();
         assert_eq!(broker.backlog().await.unwrap(), Some(0));
+        broker.close().await;
+    }
+
+    #[tokio::test]
+    async fn pull_fails_in_bounded_time_while_another_process_holds_the_write_lock() {
+        let dir = tempfile::tempdir().unwrap();
+        let broker = open(dir.path(), Duration::from_secs(30), 10).await;
+        broker.publish(Bytes::from_static(b"m")).await.unwrap();
+        // Another process's write transaction, held until released below.
+        let url = config(dir.path(), Duration::ZERO, 0).url;
+        let mut other = SqliteConnection::connect(&url).await.unwrap();
+        sqlx::query("BEGIN IMMEDIATE")
+            .execute(&mut other)
+            .await
+            .unwrap();
+        // The writer waits for the lock up to its busy timeout (10s); the
+        // pull gives up first, saying why, instead of hanging that long.
+        let pulled = broker.pull(10).await;
+        assert!(
+            matches!(&pulled, Err(BrokerError::Unavailable(m)) if m.contains("did not answer")),
+            "{pulled:?}"
+        );
+        sqlx::query("COMMIT").execute(&mut other).await.unwrap();
+        other.close().await.unwrap();
+        // The abandoned claim was released, not counted as a delivery.
+        let delivery = pull_some(&broker, 10).await.remove(0);
+        assert_eq!(delivery.attempt, 1);
+        broker.ack(&delivery.tag).await.unwrap();
         broker.close().await;
     }
 
