@@ -443,7 +443,6 @@ fn nats_settings(url: &str) -> NatsSettings {
         consumer: format!("mandrill-bench-{id}"),
         dead_letter_subject: format!("mandrill.bench.{id}.dead"),
         ack_wait: Duration::from_secs(30),
-        max_deliver: 10,
         max_ack_pending: 100_000,
         poll_wait: Duration::from_millis(100),
         credentials: Credentials::None,

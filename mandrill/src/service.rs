@@ -120,7 +120,6 @@ fn nats_settings(config: &Config) -> NatsSettings {
         consumer: nats.consumer.clone(),
         dead_letter_subject: nats.dead_letter_subject.clone(),
         ack_wait: config.broker.ack_deadline,
-        max_deliver: i64::from(config.broker.max_deliveries),
         max_ack_pending: nats.max_ack_pending,
         poll_wait: config.broker.poll_wait,
         credentials,

@@ -14,7 +14,7 @@ use bytes::Bytes;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::{Broker, BrokerError, Delivery, DeliveryTag};
+use super::{Broker, BrokerError, Delivery, DeliveryTag, bounded_reason};
 
 /// A message kept for dead-letter inspection.
 #[derive(Debug, Clone)]
@@ -274,7 +274,9 @@ impl Broker for MemoryBroker {
         let message = self.settle(tag)?;
         self.lock().dead.push(DeadLetter {
             payload: message.payload,
-            reason: reason.to_owned(),
+            // Bounded as every broker bounds it, so that tests on this broker
+            // see what the others keep.
+            reason: bounded_reason(reason).into_owned(),
         });
         Ok(())
     }
@@ -398,5 +400,21 @@ mod tests {
         assert_eq!(dead.len(), 1);
         assert_eq!(dead[0].reason, "malformed");
         assert_eq!(broker.depth().dead, 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn dead_letter_reason_is_bounded() {
+        let broker = broker();
+        broker.publish(Bytes::from_static(b"bad")).await.unwrap();
+        let delivery = broker.pull(1).await.unwrap().remove(0);
+        let reason = "é".repeat(super::super::MAX_REASON_BYTES);
+        broker.dead_letter(&delivery.tag, &reason).await.unwrap();
+        let kept = &broker.dead_letters()[0].reason;
+        assert!(
+            kept.len() <= super::super::MAX_REASON_BYTES,
+            "{}",
+            kept.len()
+        );
+        assert!(kept.starts_with("éé"));
     }
 }

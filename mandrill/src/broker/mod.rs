@@ -171,3 +171,40 @@ pub trait Broker: Send + Sync + 'static {
     /// Releases connections; called once, after the last settlement.
     async fn close(&self) {}
 }
+
+/// Most bytes of a dead-letter reason a broker keeps. A reason is a sentence;
+/// bounded, it can never push a dead letter over the broker's size limit nor
+/// flood a log line.
+pub const MAX_REASON_BYTES: usize = 1024;
+
+/// `reason`, cut on a character boundary to at most [`MAX_REASON_BYTES`],
+/// ending in `…` when cut.
+pub(crate) fn bounded_reason(reason: &str) -> std::borrow::Cow<'_, str> {
+    if reason.len() <= MAX_REASON_BYTES {
+        return reason.into();
+    }
+    const ELLIPSIS: &str = "…";
+    let end = reason.floor_char_boundary(MAX_REASON_BYTES - ELLIPSIS.len());
+    format!("{}{ELLIPSIS}", &reason[..end]).into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reasons_are_bounded_on_a_character_boundary() {
+        assert_eq!(bounded_reason("short"), "short");
+        let exact = "x".repeat(MAX_REASON_BYTES);
+        assert_eq!(bounded_reason(&exact), exact);
+        // Three-byte characters never split, whatever the offset.
+        for prefix in 0..3 {
+            let long = format!("{}{}", "a".repeat(prefix), "€".repeat(MAX_REASON_BYTES));
+            let bounded = bounded_reason(&long);
+            assert!(bounded.len() <= MAX_REASON_BYTES, "{}", bounded.len());
+            assert!(bounded.len() > MAX_REASON_BYTES - 8);
+            assert!(bounded.ends_with('…'));
+            assert!(long.starts_with(bounded.trim_end_matches('…')));
+        }
+    }
+}

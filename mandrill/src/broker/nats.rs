@@ -9,6 +9,13 @@
 //! subject, so settling needs no state here. The client reconnects by itself;
 //! while it is away, pulls fail (the worker's supervisor retries them) and
 //! leases run out (the messages are redelivered).
+//!
+//! The consumer redelivers without limit (`max_deliver = -1`): JetStream
+//! stopping at its own limit would leave a message in the stream, neither
+//! dead-lettered nor recorded, so the worker keeps `broker.max_deliveries`
+//! and gives up itself. A dead-letter copy always fits the server's
+//! `max_payload`: its reason is bounded, and a payload too large to go with
+//! its headers is truncated, which a header says.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -16,14 +23,15 @@ use std::time::Duration;
 
 use async_nats::jetstream::consumer::{AckPolicy, PullConsumer, pull};
 use async_nats::jetstream::message::PublishMessage;
+use async_nats::jetstream::stream::RawMessageErrorKind;
 use async_nats::jetstream::{self, AckKind, stream};
-use async_nats::{ConnectOptions, Event, HeaderMap};
+use async_nats::{ConnectOptions, Event, HeaderMap, RequestErrorKind};
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures::StreamExt;
 use tracing::{info, warn};
 
-use super::{Broker, BrokerError, Delivery, DeliveryTag};
+use super::{Broker, BrokerError, Delivery, DeliveryTag, bounded_reason};
 
 pub use crate::config::Secret;
 
@@ -62,8 +70,6 @@ pub struct NatsSettings {
     pub dead_letter_subject: String,
     /// The consumer's ack wait: a delivery's lease.
     pub ack_wait: Duration,
-    /// Deliveries before JetStream gives up on a message.
-    pub max_deliver: i64,
     /// Unacknowledged deliveries the consumer allows across all instances.
     pub max_ack_pending: i64,
     /// How long a pull waits for a first message.
@@ -80,8 +86,22 @@ pub struct NatsSettings {
 /// considered lost.
 const PULL_MARGIN: Duration = Duration::from_secs(5);
 
-/// The header carrying a dead letter's reason.
+/// The consumer's `max_deliver`: unlimited, since the worker keeps the
+/// delivery limit (see the module docs).
+const MAX_DELIVER: i64 = -1;
+
+/// The header carrying a dead letter's reason (at most
+/// [`MAX_REASON_BYTES`](super::MAX_REASON_BYTES), on one line).
 pub const DEAD_LETTER_REASON_HEADER: &str = "Mandrill-Dead-Letter-Reason";
+/// The header carrying the original message's sequence in the request
+/// stream, to match the copy with log lines (a work-queue stream drops the
+/// original once it is terminated).
+pub const DEAD_LETTER_SEQUENCE_HEADER: &str = "Mandrill-Stream-Sequence";
+/// The header carrying the original payload's size in bytes.
+pub const DEAD_LETTER_SIZE_HEADER: &str = "Mandrill-Original-Size";
+/// Present (`true`) when the copy's payload is only a prefix of the original,
+/// because the whole would not fit the server's `max_payload`.
+pub const DEAD_LETTER_TRUNCATED_HEADER: &str = "Mandrill-Payload-Truncated";
 
 /// See the module docs.
 pub struct NatsBroker {
@@ -210,7 +230,7 @@ impl NatsBroker {
             durable_name: Some(settings.consumer.clone()),
             ack_policy: AckPolicy::Explicit,
             ack_wait: settings.ack_wait,
-            max_deliver: settings.max_deliver,
+            max_deliver: MAX_DELIVER,
             max_ack_pending: settings.max_ack_pending,
             filter_subject: settings.subject.clone(),
             ..Default::default()
@@ -223,7 +243,7 @@ impl NatsBroker {
         if !mismatches.is_empty() {
             return Err(BrokerError::Fatal(format!(
                 "consumer {} on stream {} exists with other settings: {}; \
-                 delete the consumer or change the configuration to match",
+                 delete the consumer (it is created again) or change the configuration to match",
                 settings.consumer,
                 settings.stream,
                 mismatches.join(", ")
@@ -310,11 +330,16 @@ impl NatsBroker {
     /// Sends an acknowledgement and waits for the server to confirm it.
     async fn send_confirmed(&self, tag: &DeliveryTag, kind: AckKind) -> Result<(), BrokerError> {
         let reply = self.reply(tag)?.to_owned();
-        self.client
-            .request(reply, kind.into())
-            .await
-            .map(drop)
-            .map_err(|e| unavailable(&format!("settling {tag} not confirmed"), e))
+        match self.client.request(reply, kind.into()).await {
+            Ok(_) => Ok(()),
+            // Nobody serves the delivery's consumer (it was deleted, say):
+            // retrying cannot settle it, and if the consumer comes back the
+            // message is redelivered, which is what a lost lease says.
+            Err(error) if error.kind() == RequestErrorKind::NoResponders => {
+                Err(BrokerError::LeaseLost(tag.clone()))
+            }
+            Err(error) => Err(unavailable(&format!("settling {tag} not confirmed"), error)),
+        }
     }
 }
 
@@ -429,12 +454,11 @@ impl Broker for NatsBroker {
     async fn dead_letter(&self, tag: &DeliveryTag, reason: &str) -> Result<(), BrokerError> {
         // The copy first: once terminated, the original is gone. If the copy
         // fails, the delivery stays leased and is redelivered, not lost.
-        let payload = self.original_payload(tag).await?;
-        let mut headers = HeaderMap::new();
-        headers.insert(
-            DEAD_LETTER_REASON_HEADER,
-            reason.replace(['\r', '\n'], " ").as_str(),
-        );
+        let sequence =
+            stream_sequence(self.reply(tag)?).ok_or_else(|| BrokerError::LeaseLost(tag.clone()))?;
+        let payload = self.original_payload(tag, sequence).await?;
+        let (headers, payload) =
+            dead_letter_copy(payload, reason, sequence, self.client.max_payload());
         let message = PublishMessage::build().payload(payload).headers(headers);
         self.publish_confirmed(self.settings.dead_letter_subject.clone(), message)
             .await?;
@@ -451,21 +475,92 @@ impl Broker for NatsBroker {
 impl NatsBroker {
     /// The payload of a delivery, read back from the stream by its sequence
     /// (in the reply subject), so that dead-lettering needs no cached copy.
-    async fn original_payload(&self, tag: &DeliveryTag) -> Result<Bytes, BrokerError> {
-        let reply = self.reply(tag)?;
-        let sequence = stream_sequence(reply)
-            .ok_or_else(|| BrokerError::Fatal(format!("cannot read the sequence of {tag}")))?;
+    async fn original_payload(
+        &self,
+        tag: &DeliveryTag,
+        sequence: u64,
+    ) -> Result<Bytes, BrokerError> {
         let stream = self
             .jetstream
             .get_stream(&self.settings.stream)
             .await
             .map_err(|e| unavailable("cannot open stream", e))?;
-        let message = stream
-            .get_raw_message(sequence)
-            .await
-            .map_err(|e| unavailable(&format!("cannot read message {sequence}"), e))?;
-        Ok(message.payload)
+        match stream.get_raw_message(sequence).await {
+            Ok(message) => Ok(message.payload),
+            // Gone from a work-queue stream: settled, by us or by whoever
+            // holds its redelivery.
+            Err(error) if error.kind() == RawMessageErrorKind::NoMessageFound => {
+                Err(BrokerError::LeaseLost(tag.clone()))
+            }
+            Err(error) => Err(unavailable(
+                &format!(
+                    "cannot read message {sequence} of stream {}",
+                    self.settings.stream
+                ),
+                error,
+            )),
+        }
     }
+}
+
+/// The headers and payload of a dead-letter copy that fits `max_payload`
+/// (headers included, as the server counts): the reason bounded and on one
+/// line, the original's sequence and size, and, if the whole payload would
+/// not fit beside them, as much of it as does, marked as truncated. On a
+/// server whose `max_payload` is smaller than the headers, the reason is cut
+/// further.
+fn dead_letter_copy(
+    payload: Bytes,
+    reason: &str,
+    sequence: u64,
+    max_payload: usize,
+) -> (HeaderMap, Bytes) {
+    // Control characters cannot travel in a header value.
+    let mut reason: String = bounded_reason(reason)
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    let build = |reason: &str| {
+        let mut headers = HeaderMap::new();
+        headers.insert(DEAD_LETTER_REASON_HEADER, reason);
+        headers.insert(DEAD_LETTER_SEQUENCE_HEADER, sequence.to_string().as_str());
+        headers.insert(DEAD_LETTER_SIZE_HEADER, payload.len().to_string().as_str());
+        headers
+    };
+    let truncated_header = header_len(DEAD_LETTER_TRUNCATED_HEADER, "true");
+    let mut headers = build(&reason);
+    let over = (headers_len(&headers) + truncated_header).saturating_sub(max_payload);
+    if over > 0 {
+        let keep = reason.floor_char_boundary(reason.len().saturating_sub(over));
+        reason.truncate(keep);
+        headers = build(&reason);
+    }
+    let room = max_payload.saturating_sub(headers_len(&headers));
+    if payload.len() <= room {
+        return (headers, payload);
+    }
+    headers.insert(DEAD_LETTER_TRUNCATED_HEADER, "true");
+    let payload = payload.slice(..room.saturating_sub(truncated_header));
+    (headers, payload)
+}
+
+/// The size of a header block on the wire: `NATS/1.0\r\n`, a line per
+/// value, and a blank line.
+fn headers_len(headers: &HeaderMap) -> usize {
+    let lines: usize = headers
+        .iter()
+        .flat_map(|(name, values)| {
+            values
+                .iter()
+                .map(move |value| header_len(name.as_ref(), value.as_str()))
+        })
+        .sum();
+    "NATS/1.0\r\n".len() + lines + "\r\n".len()
+}
+
+/// The size of one header line on the wire: `name: value\r\n`.
+fn header_len(name: &str, value: &str) -> usize {
+    name.len() + ": ".len() + value.len() + "\r\n".len()
 }
 
 /// The stream sequence in a JetStream reply subject:

@@ -7,8 +7,16 @@
 //! redelivery time, extend pushes the deadline. A row whose deadline passes
 //! is simply visible again, and the next claim takes it with a new delivery
 //! number, so a late settlement of the old delivery finds no match and gets
-//! [`BrokerError::LeaseLost`]. A row claimed `max_deliveries` times without
-//! being settled moves to `dead_letters` with the reason.
+//! [`BrokerError::LeaseLost`]. The broker never gives up on a message by
+//! itself: however often a row was claimed, it is delivered with that count as
+//! its attempt, and the worker, which keeps `broker.max_deliveries`, records
+//! and dead-letters it. Only a row that cannot be read at all moves to
+//! `dead_letters` at claim time.
+//!
+//! A claim reads at most `max_payload_bytes + 1` bytes of a payload (see
+//! [`SqliteBroker::connect_with_payload_limit`]) and reports its full size, so
+//! that an oversized row is rejected without being loaded; dead-lettering
+//! copies it inside SQLite, never through this process.
 //!
 //! Every write goes through one writer task that owns one connection: it
 //! takes whatever operations are queued (publishes, claims, acks, nacks,
@@ -16,7 +24,10 @@
 //! and answers each caller only after the commit. Throughput therefore does
 //! not collapse into one fsync per message, and nothing is reported settled
 //! before it is durable. Claims run inside that write transaction, so two
-//! processes on one database never claim the same row at once.
+//! processes on one database never claim the same row at once. A failed
+//! transaction fails every operation of its batch, and the writer replaces its
+//! connection, so that writing resumes once the cause (a full disk, say) is
+//! gone.
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -35,13 +46,18 @@ use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, warn};
 
-use super::{Broker, BrokerError, Delivery, DeliveryTag};
+use super::{Broker, BrokerError, Delivery, DeliveryTag, bounded_reason};
 use crate::config::BrokerConfig;
 
 /// Most operations committed in one transaction.
 const MAX_BATCH: usize = 1024;
 /// Rows per multi-row `INSERT` (three parameters each, well under SQLite's limit).
 const INSERT_CHUNK: usize = 500;
+/// How much longer than the poll wait a pull may take before it fails: the
+/// writer may be waiting for another process's write lock (up to the busy
+/// timeout) or for a stalled disk, and an unbounded pull would hide that
+/// from the worker's supervisor.
+const PULL_MARGIN: Duration = Duration::from_secs(5);
 
 /// See the module docs.
 #[derive(Debug)]
@@ -75,9 +91,16 @@ pub struct DeadLetterEntry {
     pub published_at: i64,
     /// When it was dead-lettered (milliseconds since the epoch).
     pub dead_at: i64,
-    /// The payload, as text (lossy).
+    /// The payload as text (lossy), at most its first
+    /// [`MAX_LISTED_PAYLOAD_BYTES`] bytes.
     pub payload: String,
+    /// The whole payload's size in bytes.
+    pub payload_size: i64,
 }
+
+/// Most bytes of a dead letter's payload a listing reads: a payload can be
+/// far larger than any valid request (that may be why it is dead).
+pub const MAX_LISTED_PAYLOAD_BYTES: i64 = 64 * 1024;
 
 /// What the writer task does for one caller.
 #[derive(Debug)]
@@ -179,8 +202,21 @@ fn connect_options(url: &str) -> Result<SqliteConnectOptions, sqlx::Error> {
 
 impl SqliteBroker {
     /// Opens (creating if missing) the queue at `config.url` (`sqlite:PATH`),
-    /// brings the schema up to date and starts the writer task.
+    /// brings the schema up to date and starts the writer task. Pulls hand
+    /// over payloads whole; a consumer uses
+    /// [`connect_with_payload_limit`](Self::connect_with_payload_limit).
     pub async fn connect(config: &BrokerConfig) -> Result<Self, BrokerError> {
+        Self::connect_with_payload_limit(config, usize::MAX).await
+    }
+
+    /// As [`connect`](Self::connect), but a pull reads at most
+    /// `max_payload_bytes + 1` bytes of a payload: a larger one is handed
+    /// over as that prefix with its [`Delivery::full_size`], for the worker
+    /// to reject, instead of being loaded whole.
+    pub async fn connect_with_payload_limit(
+        config: &BrokerConfig,
+        max_payload_bytes: usize,
+    ) -> Result<Self, BrokerError> {
         let options =
             connect_options(&config.url).map_err(|e| BrokerError::Fatal(e.to_string()))?;
         let pool = SqlitePoolOptions::new()
@@ -199,7 +235,7 @@ impl SqliteBroker {
                 .await
                 .map_err(|e| BrokerError::Fatal(format!("migration failed: {e}")))?;
         }
-        let writer = SqliteConnection::connect_with(&options)
+        let writer = WriterConnection::open(options)
             .await
             .map_err(|e| BrokerError::Fatal(e.to_string()))?;
         let (ops, receiver) = mpsc::channel(MAX_BATCH * 4);
@@ -210,7 +246,11 @@ impl SqliteBroker {
             receiver,
             Limits {
                 ack_deadline: millis(config.ack_deadline),
-                max_deliveries: i64::from(config.max_deliveries),
+                // SQLite keeps no value over 2^31 bytes, and `substr`
+                // misbehaves when start plus length overflows.
+                payload_prefix: i64::try_from(max_payload_bytes.saturating_add(1))
+                    .unwrap_or(i64::MAX)
+                    .min(i64::from(i32::MAX)),
             },
             available.clone(),
         ));
@@ -246,9 +286,11 @@ impl SqliteBroker {
     /// The dead-lettered messages, oldest first.
     pub async fn dead_letters(&self) -> Result<Vec<DeadLetterEntry>, BrokerError> {
         let rows = sqlx::query(
-            "SELECT id, reason, deliveries, published_at, dead_at, payload
+            "SELECT id, reason, deliveries, published_at, dead_at,
+                    substr(payload, 1, ?1) AS payload, length(payload) AS payload_size
              FROM dead_letters ORDER BY id",
         )
+        .bind(MAX_LISTED_PAYLOAD_BYTES)
         .fetch_all(&self.pool)
         .await
         .map_err(unavailable)?;
@@ -262,6 +304,7 @@ impl SqliteBroker {
                     published_at: row.try_get("published_at")?,
                     dead_at: row.try_get("dead_at")?,
                     payload: String::from_utf8_lossy(&payload).into_owned(),
+                    payload_size: row.try_get("payload_size")?,
                 })
             })
             .collect::<Result<_, sqlx::Error>>()
@@ -341,6 +384,7 @@ impl Broker for SqliteBroker {
             return Ok(Vec::new());
         }
         let give_up_at = Instant::now() + self.poll_wait;
+        let fail_at = give_up_at + PULL_MARGIN;
         loop {
             // Armed before claiming, so that a publish committed between the
             // claim and the wait still wakes us.
@@ -350,7 +394,16 @@ impl Broker for SqliteBroker {
             // Cancel-safe: if this future is dropped while the claim is in
             // the writer, the writer finds nobody to answer and releases the
             // claimed rows at once.
-            let claimed = self.call(|reply| Op::Claim { max, reply }).await?;
+            let claim = self.call(|reply| Op::Claim { max, reply });
+            let claimed = tokio::time::timeout_at(fail_at, claim)
+                .await
+                .map_err(|_elapsed| {
+                    BrokerError::Unavailable(format!(
+                        "the queue's writer did not answer a claim within {:?}; \
+                         is another process holding the database's write lock?",
+                        self.poll_wait + PULL_MARGIN
+                    ))
+                })??;
             if !claimed.deliveries.is_empty() {
                 return Ok(claimed.deliveries.into_iter().map(|(_, d)| d).collect());
             }
@@ -417,16 +470,67 @@ impl SqliteBroker {
     }
 }
 
-/// The writer's fixed settings, in milliseconds and row counts.
+/// The writer's fixed settings.
 #[derive(Debug, Clone, Copy)]
 struct Limits {
+    /// Milliseconds.
     ack_deadline: i64,
-    max_deliveries: i64,
+    /// Most bytes of a payload a claim reads: one more than the largest
+    /// acceptable, so that the worker sees that the payload is too large.
+    payload_prefix: i64,
+}
+
+/// The writer's connection, replaced after a failed transaction.
+///
+/// Some errors (a full disk, for one) make SQLite end the transaction by
+/// itself; sqlx's `ROLLBACK` then fails, sqlx keeps counting the transaction
+/// as open, and the connection refuses every later `BEGIN IMMEDIATE` ("at
+/// non-zero transaction depth"). A fresh connection carries no such state.
+struct WriterConnection {
+    options: SqliteConnectOptions,
+    /// `None` after a failure, until the next batch connects again.
+    conn: Option<SqliteConnection>,
+}
+
+impl WriterConnection {
+    async fn open(options: SqliteConnectOptions) -> Result<Self, sqlx::Error> {
+        let conn = SqliteConnection::connect_with(&options).await?;
+        Ok(Self {
+            options,
+            conn: Some(conn),
+        })
+    }
+
+    /// The connection, opened again if the last one was discarded.
+    async fn get(&mut self) -> Result<&mut SqliteConnection, sqlx::Error> {
+        let conn = match self.conn.take() {
+            Some(conn) => conn,
+            None => SqliteConnection::connect_with(&self.options).await?,
+        };
+        Ok(self.conn.insert(conn))
+    }
+
+    /// Drops the connection after a failed transaction.
+    async fn discard(&mut self) {
+        if let Some(conn) = self.conn.take()
+            && let Err(error) = conn.close().await
+        {
+            debug!(%error, "closing a failed writer connection failed");
+        }
+    }
+
+    async fn close(mut self) {
+        if let Some(conn) = self.conn.take()
+            && let Err(error) = conn.close().await
+        {
+            warn!(%error, "closing the queue's writer connection failed");
+        }
+    }
 }
 
 /// Takes every queued operation, commits them in one transaction, answers.
 async fn write_loop(
-    mut conn: SqliteConnection,
+    mut writer: WriterConnection,
     mut receiver: mpsc::Receiver<Op>,
     limits: Limits,
     available: Arc<Notify>,
@@ -450,7 +554,11 @@ async fn write_loop(
                     }
             )
         }) || !orphans.is_empty();
-        match commit_batch(&mut conn, &mut batch, &orphans, limits).await {
+        let committed = match writer.get().await {
+            Ok(conn) => commit_batch(conn, &mut batch, &orphans, limits).await,
+            Err(error) => Err(error),
+        };
+        match committed {
             Ok(answers) => {
                 orphans.clear();
                 for answer in answers {
@@ -471,6 +579,8 @@ async fn write_loop(
             }
             Err(error) => {
                 warn!(%error, operations = batch.len(), "queue transaction failed");
+                // Nothing of the batch was committed; orphans stay for the next one.
+                writer.discard().await;
                 let message = error.to_string();
                 for op in batch.drain(..) {
                     fail(op, BrokerError::Unavailable(message.clone()));
@@ -484,9 +594,7 @@ async fn write_loop(
     while let Ok(op) = receiver.try_recv() {
         fail(op, closed());
     }
-    if let Err(error) = conn.close().await {
-        warn!(%error, "closing the queue's writer connection failed");
-    }
+    writer.close().await;
 }
 
 fn fail(op: Op, error: BrokerError) {
@@ -636,63 +744,64 @@ async fn publish(tx: &mut Tx<'_>, payloads: &[&[u8]], now: i64) -> Result<(), sq
     Ok(())
 }
 
+/// The largest delivery count a claim writes: attempts are `u32`, and the
+/// bound keeps a hand-edited count from overflowing.
+const MAX_DELIVERY_COUNT: i64 = u32::MAX as i64 - 1;
+
 async fn claim(tx: &mut Tx<'_>, max: usize, now: i64, limits: Limits) -> Result<Step, sqlx::Error> {
-    // A row claimed `max_deliveries` times already keeps its count and gets
-    // no lease: it is dead-lettered below instead of delivered. `max(…, 0)`
-    // and the bound keep a hand-edited count from overflowing.
+    // However often a row was claimed, it is delivered: the worker keeps the
+    // delivery limit, and records in the store whatever it gives up on. Only
+    // a prefix of the payload is read (`substr` on a BLOB counts bytes), and
+    // `length` of a BLOB column needs no read of its content.
     let rows = sqlx::query(
         "UPDATE queue SET
-             deliveries = CASE WHEN deliveries < ?1 THEN max(deliveries, 0) + 1 ELSE deliveries END,
-             lease      = CASE WHEN deliveries < ?1 THEN max(deliveries, 0) + 1 END,
+             deliveries = min(max(deliveries, 0), ?1) + 1,
+             lease      = min(max(deliveries, 0), ?1) + 1,
              visible_at = ?2
          WHERE id IN (SELECT id FROM queue WHERE visible_at <= ?3
                       ORDER BY visible_at, id LIMIT ?4)
-         RETURNING id, payload, deliveries, lease",
+         RETURNING id, substr(payload, 1, ?5) AS payload, length(payload) AS full_size, lease",
     )
-    .bind(limits.max_deliveries)
+    .bind(MAX_DELIVERY_COUNT)
     .bind(now.saturating_add(limits.ack_deadline))
     .bind(now)
     .bind(i64::try_from(max).unwrap_or(i64::MAX))
+    .bind(limits.payload_prefix)
     .fetch_all(&mut **tx)
     .await?;
     let mut claimed = Claimed::default();
-    let mut give_up: Vec<(i64, String)> = Vec::new();
+    let mut unreadable: Vec<(i64, String)> = Vec::new();
     for row in &rows {
         // The primary key is always an integer.
         let id: i64 = row.try_get("id")?;
         let decoded = (|| -> Result<_, sqlx::Error> {
             let payload: Vec<u8> = row.try_get("payload")?;
-            let deliveries: i64 = row.try_get("deliveries")?;
-            let lease: Option<i64> = row.try_get("lease")?;
-            Ok((payload, deliveries, lease))
+            let full_size: i64 = row.try_get("full_size")?;
+            let lease: i64 = row.try_get("lease")?;
+            Ok((payload, full_size, lease))
         })();
         match decoded {
-            Ok((payload, _, Some(lease))) => {
+            Ok((payload, full_size, lease)) => {
                 let claim = Claim {
                     id,
                     delivery: lease,
                 };
-                claimed.deliveries.push((
-                    claim,
-                    Delivery::new(
-                        claim.tag(),
-                        Bytes::from(payload),
-                        u32::try_from(lease).unwrap_or(u32::MAX),
-                    ),
-                ));
+                let mut delivery = Delivery::new(
+                    claim.tag(),
+                    Bytes::from(payload),
+                    u32::try_from(lease).unwrap_or(u32::MAX),
+                );
+                delivery.full_size = usize::try_from(full_size)
+                    .unwrap_or(usize::MAX)
+                    .max(delivery.payload.len());
+                claimed.deliveries.push((claim, delivery));
             }
-            Ok((_, deliveries, None)) => give_up.push((
-                id,
-                format!(
-                    "not settled after {deliveries} deliveries (broker.max_deliveries is {})",
-                    limits.max_deliveries
-                ),
-            )),
-            Err(error) => give_up.push((id, format!("unreadable queue row: {error}"))),
+            Err(error) => unreadable.push((id, format!("unreadable queue row: {error}"))),
         }
     }
-    for (id, reason) in give_up {
-        warn!(id, reason, "message dead-lettered by the broker");
+    for (id, reason) in unreadable {
+        let reason = bounded_reason(&reason);
+        warn!(id, %reason, "message dead-lettered by the broker");
         move_to_dead_letters(tx, id, None, &reason, now).await?;
     }
     claimed.deliveries.sort_by_key(|(claim, _)| claim.id);
@@ -775,7 +884,14 @@ async fn settle(
                 > 0
         }
         Action::DeadLetter(reason) => {
-            move_to_dead_letters(tx, claim.id, Some(claim.delivery), reason, now).await?
+            move_to_dead_letters(
+                tx,
+                claim.id,
+                Some(claim.delivery),
+                &bounded_reason(reason),
+                now,
+            )
+            .await?
         }
     };
     Ok(Step::Settled(if matched {
@@ -894,7 +1010,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn max_deliveries_dead_letters_with_the_reason_and_requeue_restores() {
+    async fn claims_past_max_deliveries_are_delivered_and_dead_letters_requeue() {
         let dir = tempfile::tempdir().unwrap();
         let broker = open(dir.path(), Duration::from_secs(30), 2).await;
         broker.publish(Bytes::from_static(b"poison")).await.unwrap();
@@ -903,18 +1019,21 @@ mod tests {
             assert_eq!(delivery.attempt, attempt);
             broker.nack(&delivery.tag, Duration::ZERO).await.unwrap();
         }
-        // The third claim dead-letters it instead of delivering it.
-        assert!(broker.pull(10).await.unwrap().is_empty());
+        // Past `max_deliveries`, the broker still delivers: the worker keeps
+        // the limit, so that the store learns why the message was given up.
+        let third = broker.pull(10).await.unwrap().remove(0);
+        assert_eq!(third.attempt, 3);
+        assert!(broker.dead_letters().await.unwrap().is_empty());
+        broker
+            .dead_letter(&third.tag, "not settled after 3 deliveries")
+            .await
+            .unwrap();
         assert_eq!(broker.backlog().await.unwrap(), Some(0));
         let dead = broker.dead_letters().await.unwrap();
         assert_eq!(dead.len(), 1);
         assert_eq!(dead[0].payload, "poison");
-        assert_eq!(dead[0].deliveries, 2);
-        assert!(
-            dead[0].reason.contains("max_deliveries"),
-            "{}",
-            dead[0].reason
-        );
+        assert_eq!(dead[0].deliveries, 3);
+        assert_eq!(dead[0].reason, "not settled after 3 deliveries");
 
         // Unknown ids requeue nothing.
         assert!(broker.requeue(Some(&[dead[0].id, 999])).await.is_err());
@@ -929,7 +1048,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn rows_that_make_no_sense_are_dead_lettered_or_delivered_not_fatal() {
+    async fn rows_that_make_no_sense_are_delivered_not_fatal() {
         let dir = tempfile::tempdir().unwrap();
         let broker = open(dir.path(), Duration::from_secs(30), 5).await;
         // Rows written by hand, as a confused operator might.
@@ -944,11 +1063,11 @@ mod tests {
         }
         let delivered = broker.pull(10).await.unwrap();
         let payloads: Vec<&[u8]> = delivered.iter().map(|d| d.payload.as_ref()).collect();
-        assert_eq!(payloads, [&b"negative"[..], b""]);
-        assert!(delivered.iter().all(|d| d.attempt == 1));
-        let dead = broker.dead_letters().await.unwrap();
-        assert_eq!(dead.len(), 1);
-        assert_eq!(dead[0].payload, "exhausted");
+        assert_eq!(payloads, [&b"exhausted"[..], b"negative", b""]);
+        let attempts: Vec<u32> = delivered.iter().map(|d| d.attempt).collect();
+        // An exhausted count is delivered at the largest attempt, for the
+        // worker to give up on; it neither overflows nor wraps.
+        assert_eq!(attempts, [u32::MAX, 1, 1]);
         for delivery in &delivered {
             broker
                 .dead_letter(&delivery.tag, "malformed")
@@ -956,6 +1075,133 @@ mod tests {
                 .unwrap();
         }
         assert_eq!(broker.backlog().await.unwrap(), Some(0));
+        assert_eq!(broker.dead_letters().await.unwrap().len(), 3);
+        broker.close().await;
+    }
+
+    /// Makes every write to the queue fail the way a full disk does: SQLite
+    /// itself ends the transaction (here by `RAISE(ROLLBACK)`), so that the
+    /// rollback the writer's connection then sends finds no transaction.
+    async fn break_writes(broker: &SqliteBroker, broken: bool) {
+        sqlx::query(
+            "CREATE TABLE IF NOT EXISTS test_fault (broken INTEGER NOT NULL);
+             CREATE TRIGGER IF NOT EXISTS test_fault_on_publish BEFORE INSERT ON queue
+             WHEN (SELECT broken FROM test_fault) BEGIN
+                 SELECT RAISE(ROLLBACK, 'database or disk is full');
+             END;
+             DELETE FROM test_fault;",
+        )
+        .execute(&broker.pool)
+        .await
+        .unwrap();
+        sqlx::query("INSERT INTO test_fault (broken) VALUES (?1)")
+            .bind(broken)
+            .execute(&broker.pool)
+            .await
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn writer_recovers_after_a_transaction_sqlite_ended_itself() {
+        let dir = tempfile::tempdir().unwrap();
+        let broker = open(dir.path(), Duration::from_secs(30), 10).await;
+        broker.publish(Bytes::from_static(b"before")).await.unwrap();
+        let before = broker.pull(10).await.unwrap().remove(0);
+        break_writes(&broker, true).await;
+        let refused = broker.publish(Bytes::from_static(b"lost")).await;
+        assert!(
+            matches!(&refused, Err(BrokerError::Unavailable(m)) if m.contains("disk is full")),
+            "{refused:?}"
+        );
+        break_writes(&broker, false).await;
+        // The cause is gone: every kind of write works again.
+        broker.publish(Bytes::from_static(b"after")).await.unwrap();
+        broker.ack(&before.tag).await.unwrap();
+        let after = broker.pull(10).await.unwrap();
+        let payloads: Vec<&[u8]> = after.iter().map(|d| d.payload.as_ref()).collect();
+        assert_eq!(
+            payloads,
+            [&b"after"[..]],
+            "the refused publish left nothing"
+        );
+        broker.ack(&after[0].tag).await.unwrap();
+        assert_eq!(broker.backlog().await.unwrap(), Some(0));
+        broker.close().await;
+    }
+
+    #[tokio::test]
+    async fn pull_fails_in_bounded_time_while_another_process_holds_the_write_lock() {
+        let dir = tempfile::tempdir().unwrap();
+        let broker = open(dir.path(), Duration::from_secs(30), 10).await;
+        broker.publish(Bytes::from_static(b"m")).await.unwrap();
+        // Another process's write transaction, held until released below.
+        let url = config(dir.path(), Duration::ZERO, 0).url;
+        let mut other = SqliteConnection::connect(&url).await.unwrap();
+        sqlx::query("BEGIN IMMEDIATE")
+            .execute(&mut other)
+            .await
+            .unwrap();
+        // The writer waits for the lock up to its busy timeout (10s); the
+        // pull gives up first, saying why, instead of hanging that long.
+        let pulled = broker.pull(10).await;
+        assert!(
+            matches!(&pulled, Err(BrokerError::Unavailable(m)) if m.contains("did not answer")),
+            "{pulled:?}"
+        );
+        sqlx::query("COMMIT").execute(&mut other).await.unwrap();
+        other.close().await.unwrap();
+        // The abandoned claim was released, not counted as a delivery.
+        let delivery = pull_some(&broker, 10).await.remove(0);
+        assert_eq!(delivery.attempt, 1);
+        broker.ack(&delivery.tag).await.unwrap();
+        broker.close().await;
+    }
+
+    #[tokio::test]
+    async fn oversized_row_is_claimed_as_a_bounded_prefix_and_dead_lettered_in_place() {
+        const LIMIT: usize = 4096;
+        const SIZE: usize = 20 * 1024 * 1024;
+        let dir = tempfile::tempdir().unwrap();
+        let broker = SqliteBroker::connect_with_payload_limit(
+            &config(dir.path(), Duration::from_secs(30), 10),
+            LIMIT,
+        )
+        .await
+        .unwrap();
+        // Written by SQLite itself, as another process's publish would be.
+        sqlx::query(
+            "INSERT INTO queue (payload, published_at, visible_at)
+             VALUES (zeroblob(?1), 0, 0), (CAST('small' AS BLOB), 0, 0)",
+        )
+        .bind(i64::try_from(SIZE).unwrap())
+        .execute(&broker.pool)
+        .await
+        .unwrap();
+        let delivered = broker.pull(10).await.unwrap();
+        assert_eq!(delivered.len(), 2);
+        assert_eq!(delivered[0].payload.len(), LIMIT + 1);
+        assert_eq!(delivered[0].full_size, SIZE);
+        assert_eq!(delivered[1].payload, "small");
+        assert_eq!(delivered[1].full_size, 5);
+        let reason = "x".repeat(10 * super::super::MAX_REASON_BYTES);
+        broker
+            .dead_letter(&delivered[0].tag, &reason)
+            .await
+            .unwrap();
+        let dead = broker.dead_letters().await.unwrap();
+        assert_eq!(dead.len(), 1);
+        assert_eq!(
+            dead[0].payload_size,
+            i64::try_from(SIZE).unwrap(),
+            "the whole payload is kept"
+        );
+        assert_eq!(
+            dead[0].payload.len(),
+            usize::try_from(MAX_LISTED_PAYLOAD_BYTES).unwrap(),
+            "a listing reads a bounded prefix"
+        );
+        assert!(dead[0].reason.len() <= super::super::MAX_REASON_BYTES);
+        broker.ack(&delivered[1].tag).await.unwrap();
         broker.close().await;
     }
 

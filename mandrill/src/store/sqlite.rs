@@ -118,7 +118,7 @@ impl SqliteStore {
         let writer = if in_memory {
             Writer::Pool(pool.clone())
         } else {
-            Writer::Connection(SqliteConnection::connect_with(&options).await?)
+            Writer::Connection(Box::new(WriterConnection::open(options).await?))
         };
         let (writes, receiver) = mpsc::channel(MAX_BATCH * 4);
         let (lookups, lookup_receiver) = mpsc::channel(MAX_BATCH * 4);
@@ -200,8 +200,49 @@ async fn lookup_loop(
 /// Where the writer writes: its own connection, or (in-memory databases)
 /// the pool's one connection.
 enum Writer {
-    Connection(SqliteConnection),
+    /// Boxed: the connect options are large, and the enum is made once.
+    Connection(Box<WriterConnection>),
     Pool(SqlitePool),
+}
+
+/// The writer's own connection, replaced after a failed transaction.
+///
+/// Some errors (a full disk, for one) make SQLite end the transaction by
+/// itself; sqlx's `ROLLBACK` then fails, sqlx keeps counting the transaction
+/// as open, and the connection refuses every later `BEGIN IMMEDIATE` ("at
+/// non-zero transaction depth"). A fresh connection carries no such state.
+struct WriterConnection {
+    options: SqliteConnectOptions,
+    /// `None` after a failure, until the next batch connects again.
+    conn: Option<SqliteConnection>,
+}
+
+impl WriterConnection {
+    async fn open(options: SqliteConnectOptions) -> Result<Self, sqlx::Error> {
+        let conn = SqliteConnection::connect_with(&options).await?;
+        Ok(Self {
+            options,
+            conn: Some(conn),
+        })
+    }
+
+    /// The connection, opened again if the last one was discarded.
+    async fn get(&mut self) -> Result<&mut SqliteConnection, sqlx::Error> {
+        let conn = match self.conn.take() {
+            Some(conn) => conn,
+            None => SqliteConnection::connect_with(&self.options).await?,
+        };
+        Ok(self.conn.insert(conn))
+    }
+
+    /// Drops the connection after a failed transaction.
+    async fn discard(&mut self) {
+        if let Some(conn) = self.conn.take()
+            && let Err(error) = conn.close().await
+        {
+            debug!(%error, "closing a failed writer connection failed");
+        }
+    }
 }
 
 /// Takes every queued write, commits them in one transaction, answers.
@@ -213,7 +254,10 @@ async fn write_loop(mut writer: Writer, mut receiver: mpsc::Receiver<Write>) {
         batch.retain(|write| !matches!(write, Write::Close));
         closing = batch.len() < before;
         let committed = match &mut writer {
-            Writer::Connection(conn) => commit_batch(conn, &batch).await,
+            Writer::Connection(own) => match own.get().await {
+                Ok(conn) => commit_batch(conn, &batch).await,
+                Err(error) => Err(error),
+            },
             Writer::Pool(pool) => match pool.acquire().await {
                 Ok(mut conn) => commit_batch(&mut conn, &batch).await,
                 Err(error) => Err(error),
@@ -227,6 +271,11 @@ async fn write_loop(mut writer: Writer, mut receiver: mpsc::Receiver<Write>) {
             }
             Err(error) => {
                 warn!(%error, writes = batch.len(), "store transaction failed");
+                // Nothing of the batch was committed. (An in-memory database
+                // lives in its one connection, which must not be replaced.)
+                if let Writer::Connection(own) = &mut writer {
+                    own.discard().await;
+                }
                 let error = Arc::new(error);
                 for write in batch.drain(..) {
                     fail(write, StoreError::Batch(error.clone()));
@@ -239,7 +288,8 @@ async fn write_loop(mut writer: Writer, mut receiver: mpsc::Receiver<Write>) {
     while let Ok(write) = receiver.try_recv() {
         fail(write, StoreError::Closed);
     }
-    if let Writer::Connection(conn) = writer
+    if let Writer::Connection(own) = writer
+        && let Some(conn) = own.conn
         && let Err(error) = conn.close().await
     {
         warn!(%error, "closing the store's writer connection failed");

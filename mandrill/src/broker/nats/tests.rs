@@ -39,7 +39,6 @@ impl TestStreams {
                 consumer: format!("mandrill-test-{id}"),
                 dead_letter_subject: format!("mandrill.test.{id}.dead"),
                 ack_wait,
-                max_deliver: 10,
                 max_ack_pending: 1000,
                 poll_wait: Duration::from_millis(200),
                 credentials: Credentials::None,
@@ -165,6 +164,21 @@ async fn dead_letter_terminates_and_copies_the_message_with_its_reason() {
 
 /// The dead-letter stream's messages: payload and reason.
 pub(crate) async fn dead_letters(settings: &NatsSettings) -> Vec<(Bytes, String)> {
+    dead_letter_messages(settings)
+        .await
+        .into_iter()
+        .map(|(payload, headers)| {
+            let reason = headers
+                .get(DEAD_LETTER_REASON_HEADER)
+                .map(|v| v.as_str().to_owned())
+                .unwrap_or_default();
+            (payload, reason)
+        })
+        .collect()
+}
+
+/// The dead-letter stream's messages: payload and headers.
+async fn dead_letter_messages(settings: &NatsSettings) -> Vec<(Bytes, HeaderMap)> {
     let client = async_nats::connect(settings.url.as_str()).await.unwrap();
     let js = jetstream::new(client);
     let stream = js
@@ -184,13 +198,10 @@ pub(crate) async fn dead_letters(settings: &NatsSettings) -> Vec<(Bytes, String)
     let mut found = Vec::new();
     while let Some(message) = batch.next().await {
         let message = message.unwrap();
-        let reason = message
-            .headers
-            .as_ref()
-            .and_then(|h| h.get(DEAD_LETTER_REASON_HEADER))
-            .map(|v| v.as_str().to_owned())
-            .unwrap_or_default();
-        found.push((message.payload.clone(), reason));
+        found.push((
+            message.payload.clone(),
+            message.headers.clone().unwrap_or_default(),
+        ));
     }
     found
 }
@@ -217,16 +228,170 @@ async fn existing_consumer_with_other_settings_is_reported() {
     NatsBroker::connect(streams.settings.clone()).await.unwrap();
     let mut changed = streams.settings.clone();
     changed.ack_wait = Duration::from_secs(10);
-    changed.max_deliver = 3;
     let error = NatsBroker::connect(changed).await.unwrap_err().to_string();
     assert!(
         error.contains("ack_wait is 30s (configured 10s)"),
         "{error}"
     );
+}
+
+#[tokio::test]
+async fn consumer_with_a_delivery_limit_is_reported() {
+    let streams = TestStreams::new(Duration::from_secs(30));
+    let settings = &streams.settings;
+    NatsBroker::connect_publisher(settings.clone())
+        .await
+        .unwrap();
+    // As an older mandrill created it: JetStream's own delivery limit.
+    let client = async_nats::connect(settings.url.as_str()).await.unwrap();
+    let stream = jetstream::new(client)
+        .get_stream(&settings.stream)
+        .await
+        .unwrap();
+    stream
+        .create_consumer(pull::Config {
+            durable_name: Some(settings.consumer.clone()),
+            ack_policy: AckPolicy::Explicit,
+            ack_wait: settings.ack_wait,
+            max_deliver: 10,
+            max_ack_pending: settings.max_ack_pending,
+            filter_subject: settings.subject.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let error = NatsBroker::connect(settings.clone())
+        .await
+        .unwrap_err()
+        .to_string();
     assert!(
-        error.contains("max_deliver is 10 (configured 3)"),
+        error.contains("max_deliver is 10 (configured -1)"),
         "{error}"
     );
+}
+
+#[tokio::test]
+async fn consumer_redelivers_past_the_old_delivery_limit() {
+    let streams = TestStreams::new(Duration::from_secs(30));
+    let broker = NatsBroker::connect(streams.settings.clone()).await.unwrap();
+    let info = broker.consumer().unwrap().cached_info();
+    assert_eq!(info.config.max_deliver, -1);
+    broker.publish(Bytes::from_static(b"m")).await.unwrap();
+    // JetStream used to stop at broker.max_deliveries (10 by default) and
+    // leave the message in the stream; now the worker decides.
+    for attempt in 1..=12 {
+        let delivery = pull_within(&broker, Duration::from_secs(10))
+            .await
+            .remove(0);
+        assert_eq!(delivery.attempt, attempt);
+        broker.nack(&delivery.tag, Duration::ZERO).await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn dead_letter_of_a_payload_near_max_payload_fits_truncated() {
+    let streams = TestStreams::new(Duration::from_secs(30));
+    let broker = NatsBroker::connect(streams.settings.clone()).await.unwrap();
+    let max_payload = broker.client.max_payload();
+    let original: Bytes = (0..max_payload - 16)
+        .map(|i| b'a' + (i % 26) as u8)
+        .collect::<Vec<u8>>()
+        .into();
+    broker.publish(original.clone()).await.unwrap();
+    let delivery = pull_within(&broker, Duration::from_secs(10))
+        .await
+        .remove(0);
+    let reason = "too big\r\n".repeat(1000);
+    broker.dead_letter(&delivery.tag, &reason).await.unwrap();
+    let dead = dead_letter_messages(&streams.settings).await;
+    assert_eq!(dead.len(), 1);
+    let (payload, headers) = &dead[0];
+    let header = |name: &str| headers.get(name).map(|v| v.as_str().to_owned());
+    assert!(original.starts_with(payload), "a prefix of the original");
+    assert!(payload.len() < original.len());
+    assert_eq!(
+        header(DEAD_LETTER_TRUNCATED_HEADER).as_deref(),
+        Some("true")
+    );
+    assert_eq!(
+        header(DEAD_LETTER_SIZE_HEADER),
+        Some(original.len().to_string())
+    );
+    let sequence = stream_sequence(delivery.tag.as_text().unwrap()).unwrap();
+    assert_eq!(
+        header(DEAD_LETTER_SEQUENCE_HEADER),
+        Some(sequence.to_string())
+    );
+    let kept_reason = header(DEAD_LETTER_REASON_HEADER).unwrap();
+    assert!(kept_reason.starts_with("too big  too big"), "{kept_reason}");
+    assert!(kept_reason.len() <= crate::broker::MAX_REASON_BYTES);
+    // Terminated, not redelivered.
+    assert!(broker.pull(10).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn settling_a_delivery_that_is_gone_is_a_lost_lease() {
+    let streams = TestStreams::new(Duration::from_secs(30));
+    let broker = NatsBroker::connect(streams.settings.clone()).await.unwrap();
+    broker.publish(Bytes::from_static(b"m")).await.unwrap();
+    let delivery = pull_within(&broker, Duration::from_secs(10))
+        .await
+        .remove(0);
+    broker.ack(&delivery.tag).await.unwrap();
+    // Acked (by us here; by another consumer after our lease ran out, in
+    // real life): the message is gone from the work queue.
+    let late = broker.dead_letter(&delivery.tag, "too late").await;
+    assert!(matches!(late, Err(BrokerError::LeaseLost(_))), "{late:?}");
+    assert!(dead_letters(&streams.settings).await.is_empty());
+    // A tag that is no JetStream reply names no lease either.
+    let foreign = DeliveryTag::text("not.a.reply");
+    let refused = broker.dead_letter(&foreign, "x").await;
+    assert!(
+        matches!(refused, Err(BrokerError::LeaseLost(_))),
+        "{refused:?}"
+    );
+}
+
+#[test]
+fn dead_letter_copy_fits_max_payload_with_its_headers() {
+    let wire = |headers: &HeaderMap, payload: &Bytes| headers_len(headers) + payload.len();
+    // Small: whole, not marked.
+    let (headers, payload) = dead_letter_copy(Bytes::from_static(b"abc"), "bad", 7, 1024);
+    assert_eq!(payload, "abc");
+    assert!(headers.get(DEAD_LETTER_TRUNCATED_HEADER).is_none());
+    assert_eq!(headers.get(DEAD_LETTER_SIZE_HEADER).unwrap().as_str(), "3");
+    // Around the limit, whatever the reason: never over it.
+    for max_payload in [400, 1500, 4096, 1024 * 1024] {
+        for size in [
+            max_payload - 300,
+            max_payload - 1,
+            max_payload,
+            max_payload + 1,
+        ] {
+            for reason in ["", "short", &"long reason ".repeat(500)] {
+                let original = Bytes::from(vec![b'x'; size]);
+                let (headers, payload) =
+                    dead_letter_copy(original.clone(), reason, 42, max_payload);
+                assert!(
+                    wire(&headers, &payload) <= max_payload,
+                    "{size} bytes over {max_payload}"
+                );
+                let truncated = headers.get(DEAD_LETTER_TRUNCATED_HEADER).is_some();
+                assert_eq!(truncated, payload.len() < size);
+            }
+        }
+    }
+    // Exactly at the limit: kept whole; a byte more, truncated. (The probe's
+    // size header has as many digits as the real one's.)
+    let probe = dead_letter_copy(Bytes::from(vec![0; 1000]), "r", 1, 10_000).0;
+    let size = 10_000 - headers_len(&probe);
+    let (headers, payload) = dead_letter_copy(Bytes::from(vec![0; size]), "r", 1, 10_000);
+    assert_eq!(payload.len(), size);
+    assert_eq!(wire(&headers, &payload), 10_000);
+    assert!(headers.get(DEAD_LETTER_TRUNCATED_HEADER).is_none());
+    let (headers, payload) = dead_letter_copy(Bytes::from(vec![0; size + 1]), "r", 1, 10_000);
+    assert!(payload.len() < size);
+    assert!(headers.get(DEAD_LETTER_TRUNCATED_HEADER).is_some());
 }
 
 #[test]
@@ -339,4 +504,27 @@ async fn worker_on_nats_retries_then_dead_letters_with_reason() {
         "{}",
         dead[0].1
     );
+}
+
+#[tokio::test]
+async fn settling_after_the_consumer_is_deleted_is_a_lost_lease() {
+    let streams = TestStreams::new(Duration::from_secs(30));
+    let broker = NatsBroker::connect(streams.settings.clone()).await.unwrap();
+    broker.publish(Bytes::from_static(b"m")).await.unwrap();
+    let delivery = pull_within(&broker, Duration::from_secs(10))
+        .await
+        .remove(0);
+    let client = async_nats::connect(streams.settings.url.as_str())
+        .await
+        .unwrap();
+    jetstream::new(client)
+        .get_stream(&streams.settings.stream)
+        .await
+        .unwrap()
+        .delete_consumer(&streams.settings.consumer)
+        .await
+        .unwrap();
+    // Nobody answers for the consumer any more: retrying cannot help.
+    let acked = broker.ack(&delivery.tag).await;
+    assert!(matches!(acked, Err(BrokerError::LeaseLost(_))), "{acked:?}");
 }

@@ -1,0 +1,247 @@
+//! A full disk under the SQLite store and queue: writing fails while it is
+//! full, and resumes, losing nothing, once there is room again.
+//!
+//! The real thing needs a small filesystem to fill: a tmpfs, mounted here
+//! (tests run as root in CI). Where mounting is not permitted, those tests
+//! say so and pass without running. The failure mode itself (SQLite ending a
+//! transaction on its own, which left the writers' connections refusing every
+//! later transaction) is also reproduced without root, by a trigger.
+
+mod support;
+
+use std::collections::HashMap;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use mandrill::store::{SqliteStore, Store as _};
+use sqlx::Connection as _;
+use support::{DEADLINE, Mandrill, history, mandrill, queue_rows, temp_dir};
+
+/// A tmpfs mounted on a fresh directory, unmounted when dropped.
+struct Tmpfs {
+    dir: tempfile::TempDir,
+}
+
+impl Tmpfs {
+    /// `None` (and a note on stderr) when mounting is not permitted here.
+    fn mount(size: &str) -> Option<Self> {
+        let dir = tempfile::tempdir().unwrap();
+        let mounted = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .output();
+        match mounted {
+            Ok(output) if output.status.success() => Some(Self { dir }),
+            Ok(output) => {
+                eprintln!(
+                    "skipped: cannot mount a tmpfs (run as root to test a full disk): {}",
+                    String::from_utf8_lossy(&output.stderr).trim()
+                );
+                None
+            }
+            Err(error) => {
+                eprintln!("skipped: cannot run mount ({error}); run as root to test a full disk");
+                None
+            }
+        }
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn resize(&self, size: &str) {
+        let status = Command::new("mount")
+            .args(["-o", &format!("remount,size={size}")])
+            .arg(self.path())
+            .status()
+            .unwrap();
+        assert!(
+            status.success(),
+            "remounting the tmpfs with size {size} failed"
+        );
+    }
+
+    /// Fills every free byte with a file; returns its path.
+    fn fill(&self) -> PathBuf {
+        let path = self.path().join("filler");
+        let mut file = std::fs::File::create(&path).unwrap();
+        let chunk = vec![0u8; 64 * 1024];
+        loop {
+            match file.write(&chunk) {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(error) if error.raw_os_error() == Some(28) => break, // ENOSPC
+                Err(error) => panic!("filling the tmpfs failed: {error}"),
+            }
+        }
+        // What is left is smaller than a chunk; take it byte by byte.
+        while let Ok(1) = file.write(&[0]) {}
+        path
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        // Lazy: a process a failed test left behind must not keep it mounted.
+        let _ = Command::new("umount").arg("-l").arg(self.path()).status();
+    }
+}
+
+/// A trigger that, while `test_fault.broken` is set, ends the transaction of
+/// any insert into `table` the way a full disk does: SQLite rolls it back by
+/// itself, and the rollback the writer's connection sends then finds none.
+async fn break_inserts(url: &str, table: &str, broken: bool) {
+    let mut conn = sqlx::SqliteConnection::connect(url).await.unwrap();
+    sqlx::raw_sql(&format!(
+        "CREATE TABLE IF NOT EXISTS test_fault (broken INTEGER NOT NULL);
+         CREATE TRIGGER IF NOT EXISTS test_fault_{table} BEFORE INSERT ON {table}
+         WHEN (SELECT broken FROM test_fault) BEGIN
+             SELECT RAISE(ROLLBACK, 'database or disk is full');
+         END;
+         DELETE FROM test_fault;
+         INSERT INTO test_fault (broken) VALUES ({});",
+        i32::from(broken)
+    ))
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    conn.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn store_writer_recovers_after_a_transaction_sqlite_ended_itself() {
+    let (_guard, dir) = temp_dir();
+    let url = support::sqlite_url(&dir);
+    let store = SqliteStore::connect(&url, 2).await.unwrap();
+    break_inserts(&url, "requests", true).await;
+    let refused = store.record_rejection(None, "first", b"x").await;
+    assert!(
+        refused
+            .as_ref()
+            .is_err_and(|e| e.to_string().contains("disk is full")),
+        "{refused:?}"
+    );
+    break_inserts(&url, "requests", false).await;
+    // The cause is gone: the next write commits.
+    store.record_rejection(None, "second", b"y").await.unwrap();
+    let reasons: Vec<Option<String>> = store
+        .history(10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|entry| entry.last_error)
+        .collect();
+    assert_eq!(reasons, [Some("second".to_owned())]);
+    store.close().await;
+}
+
+/// Waits until `path` holds at least `lines` lines.
+fn wait_for_lines(path: &Path, lines: usize) {
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let found = std::fs::read(path)
+            .map(|bytes| bytes.iter().filter(|&&b| b == b'\n').count())
+            .unwrap_or(0);
+        if found >= lines {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "only {found} of {lines} lines in {}",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Waits until the service logs a failed store and a failed queue
+/// transaction: both writers met the full disk (they share the file, and
+/// handlers in flight keep recording while pulls fail).
+fn wait_for_failed_writes(service: &Mandrill) {
+    service.wait_for("queue transaction failed", 1);
+    service.wait_for("store transaction failed", 1);
+}
+
+#[test]
+fn service_on_a_full_disk_resumes_when_there_is_room_and_records_everything_once() {
+    let Some(disk) = Tmpfs::mount("16m") else {
+        return;
+    };
+    // The journal lives off the small disk: it counts restarts throughout.
+    let (_guard, dir) = temp_dir();
+    let journal = dir.join("restarts.journal");
+    let db = format!("sqlite:{}", disk.path().join("mandrill.db").display());
+    let total = 1000;
+    let names: String = (0..total).map(|i| format!("full-{i:04}\n")).collect();
+    std::fs::write(dir.join("names"), names).unwrap();
+    let (status, _, stderr) = mandrill(&dir, &["publish", "--broker", &db, "--file", "names"], &[]);
+    assert!(status.success(), "{stderr}");
+
+    let journal_setting = format!("restarter.journal={}", journal.display());
+    let service = Mandrill::run(
+        &dir,
+        &[
+            "--until-idle",
+            "--broker",
+            &db,
+            "--db",
+            &db,
+            "--max-in-flight",
+            "4",
+            "--set",
+            "restarter.failure_rate=0",
+            "--set",
+            "restarter.min_latency=5ms",
+            "--set",
+            "restarter.max_latency=15ms",
+            "--set",
+            &journal_setting,
+            "--set",
+            "broker.ack_deadline=2s",
+            "--set",
+            "broker.max_deliveries=1000",
+            "--set",
+            "worker.max_attempts=1000",
+            "--set",
+            "worker.max_pull_failures=1000",
+            "--set",
+            "worker.record_backoff=20ms",
+        ],
+    );
+    // Mid-run: some requests handled, most still queued.
+    wait_for_lines(&journal, total / 50);
+    let filler = disk.fill();
+    wait_for_failed_writes(&service);
+    // Room again: the disk grows and the filler goes.
+    disk.resize("64m");
+    std::fs::remove_file(filler).unwrap();
+
+    let (status, lines) = service.wait_exit();
+    assert!(
+        status.success(),
+        "exit status {status}; log:\n{}",
+        lines
+            .iter()
+            .map(|line| line.to_string())
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    assert!(queue_rows(&db).is_empty(), "messages left in the queue");
+    let entries = history(&db);
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    for entry in &entries {
+        let host = entry.hostname.clone().unwrap_or_default();
+        *seen.entry(host).or_default() += 1;
+    }
+    assert_eq!(seen.len(), total, "every request is recorded");
+    assert!(seen.values().all(|&n| n == 1), "a request recorded twice");
+    assert!(
+        entries
+            .iter()
+            .all(|e| e.status == mandrill::domain::Status::Restarted),
+        "{entries:?}"
+    );
+}
