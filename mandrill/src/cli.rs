@@ -176,7 +176,7 @@ impl ConfigArgs {
         );
         Ok(Sources {
             file: self.config.clone(),
-            environment: Sources::process_environment(),
+            environment: Sources::process_environment()?,
             overrides,
         })
     }
