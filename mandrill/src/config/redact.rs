@@ -124,6 +124,11 @@ impl Redactor {
         Self { secrets }
     }
 
+    /// Masks the secrets of both.
+    pub fn union(&self, other: &Redactor) -> Redactor {
+        Redactor::new(self.secrets.iter().chain(&other.secrets).cloned())
+    }
+
     /// Whether there is nothing to mask.
     pub fn is_empty(&self) -> bool {
         self.secrets.is_empty()
