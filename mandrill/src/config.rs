@@ -993,7 +993,8 @@ pub fn settings_help() -> String {
     let defaults = Config::default().flatten();
     let mut text = String::from(
         "Settings (config file `[section] key = value`, environment MANDRILL_SECTION__KEY, \
-         or --set section.key=value; later layers win; durations like 500ms, 10s, 2m):\n",
+         or --set section.key=value; later layers win; durations like 500ms, 10s, 2m, \
+         at most 365 days; passwords and tokens, also in URLs, are never printed):\n",
     );
     for (key, doc) in SETTING_DOCS {
         let default = defaults
@@ -1012,9 +1013,12 @@ pub fn settings_help() -> String {
 const SETTING_DOCS: &[(&str, &str)] = &[
     (
         "broker.url",
-        "`sqlite:PATH` (durable queue), `nats://HOST:PORT` (JetStream) or `memory`",
+        "`sqlite:PATH` (durable queue), `nats://[USER:PASSWORD@]HOST:PORT` (JetStream) or `memory`",
     ),
-    ("broker.ack_deadline", "lease length without an extension"),
+    (
+        "broker.ack_deadline",
+        "lease length without an extension (at least 1s)",
+    ),
     ("broker.poll_wait", "how long one pull waits for a message"),
     (
         "broker.poll_interval",
@@ -1025,9 +1029,12 @@ const SETTING_DOCS: &[(&str, &str)] = &[
         "unsettled deliveries before the broker dead-letters a message",
     ),
     ("store.url", "`sqlite:PATH`, `postgres://…` or `memory`"),
-    ("store.max_connections", "database pool size"),
-    ("worker.max_in_flight", "messages handled at once"),
-    ("worker.pull_batch", "most messages per pull"),
+    ("store.max_connections", "database pool size (1-1000)"),
+    (
+        "worker.max_in_flight",
+        "messages handled at once (1-1000000)",
+    ),
+    ("worker.pull_batch", "most messages per pull (1-10000)"),
     (
         "worker.max_attempts",
         "deliveries before a failing restart is dead-lettered",
@@ -1055,7 +1062,7 @@ const SETTING_DOCS: &[(&str, &str)] = &[
     ),
     (
         "worker.lease_extension_interval",
-        "default: a third of broker.ack_deadline",
+        "default: a third of broker.ack_deadline; at most half of it",
     ),
     (
         "worker.max_pull_failures",
@@ -1068,7 +1075,7 @@ const SETTING_DOCS: &[(&str, &str)] = &[
     ("message.domain", "hostname = instance_name.domain"),
     (
         "message.max_payload_bytes",
-        "larger payloads are dead-lettered",
+        "larger payloads are dead-lettered (at most 64 MiB)",
     ),
     ("restarter.kind", "simulate | simulate-blocking"),
     ("restarter.min_latency", "shortest simulated restart"),
@@ -1077,13 +1084,16 @@ const SETTING_DOCS: &[(&str, &str)] = &[
         "restarter.failure_rate",
         "probability a simulated restart fails",
     ),
-    ("restarter.blocking_threads", "blocking restarts at once"),
+    (
+        "restarter.blocking_threads",
+        "blocking restarts at once (1-512)",
+    ),
     (
         "restarter.journal",
         "file to append each restart issued to (audit); default none",
     ),
     ("simulate.enabled", "publish random requests (demo)"),
-    ("simulate.rate", "requests per second"),
+    ("simulate.rate", "requests per second (at most 1000000)"),
     (
         "simulate.malformed_rate",
         "fraction of malformed demo payloads",
