@@ -475,11 +475,13 @@ async fn print_history(config: &Config, args: &HistoryArgs) -> anyhow::Result<()
         .await
         .context("cannot read history")?;
     store.close().await;
+    // A recorded error may quote a connection string.
+    let redactor = config.redactor();
     let mut out = std::io::stdout().lock();
     if args.json {
         for entry in &entries {
-            serde_json::to_writer(&mut out, entry)?;
-            writeln!(out)?;
+            let line = serde_json::to_string(entry)?;
+            writeln!(out, "{}", redactor.scrub(&line))?;
         }
         return Ok(());
     }
@@ -500,7 +502,7 @@ async fn print_history(config: &Config, args: &HistoryArgs) -> anyhow::Result<()
             e.attempts,
             e.completed_at
                 .map_or_else(|| "-".to_owned(), |t| t.to_string()),
-            e.last_error.as_deref().unwrap_or(""),
+            redactor.scrub(e.last_error.as_deref().unwrap_or("")),
         )?;
     }
     Ok(())

@@ -113,10 +113,23 @@ pub struct Redactor {
 }
 
 impl Redactor {
-    /// Masks these secrets (empty ones and the mask itself are ignored).
+    /// Masks these secrets (empty ones and the mask itself are ignored), also
+    /// as they appear quoted by `{:?}` or in a JSON log line.
     pub fn new(secrets: impl IntoIterator<Item = String>) -> Self {
         let mut secrets: Vec<String> = secrets
             .into_iter()
+            .flat_map(|secret| {
+                let debug = format!("{secret:?}");
+                let json = serde_json::to_string(&secret).unwrap_or_default();
+                let unquote = |quoted: &str| {
+                    quoted
+                        .strip_prefix('"')
+                        .and_then(|q| q.strip_suffix('"'))
+                        .unwrap_or_default()
+                        .to_owned()
+                };
+                [unquote(&debug), unquote(&json), secret]
+            })
             .filter(|secret| !secret.is_empty() && secret != MASK)
             .collect();
         secrets.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
@@ -193,5 +206,7 @@ mod tests {
         assert_eq!(redactor.scrub("x abcdef y abc z"), "x **** y **** z");
         assert!(matches!(redactor.scrub("nothing"), Cow::Borrowed(_)));
         assert!(Redactor::new([String::new()]).is_empty());
+        let quoted = Redactor::new([r#"p"a\ss"#.to_owned()]);
+        assert_eq!(quoted.scrub(r#"x "p\"a\\ss" y"#), r#"x "****" y"#);
     }
 }
