@@ -390,11 +390,15 @@ async fn serve(
     );
     let build = Service::build(config.clone());
     tokio::pin!(build);
+    let mut reload_pending = false;
     let mut service = loop {
         tokio::select! {
             built = &mut build => break built?,
             name = signals.next() => match name {
-                "SIGHUP" => info!("SIGHUP during start-up: ignored; send it again once started"),
+                "SIGHUP" => {
+                    info!("SIGHUP during start-up: reloading once started");
+                    reload_pending = true;
+                }
                 _ => {
                     terminations.count(name, &shutdown);
                     // Dropping the start-up closes what it had opened; no
@@ -412,6 +416,9 @@ async fn serve(
     let running = service.run(shutdown.clone());
     tokio::pin!(running);
     let mut current = config;
+    if reload_pending {
+        reload(sources, &mut current, &controls, telemetry);
+    }
     loop {
         tokio::select! {
             outcome = &mut running => return outcome.map(|_| Stopped::Cleanly),
