@@ -372,7 +372,13 @@ async fn request_shutdown_when_idle(
     stop: CancellationToken,
 ) {
     loop {
-        match broker.backlog().await {
+        // Raced against the stop, so that a broker that stopped answering
+        // cannot hold the shutdown.
+        let backlog = tokio::select! {
+            backlog = broker.backlog() => backlog,
+            () = stop.cancelled() => return,
+        };
+        match backlog {
             Ok(Some(0)) if stats.in_flight.get() == 0 => {
                 info!("queue is idle: nothing visible, delayed or in flight; shutting down");
                 shutdown.request();
