@@ -156,6 +156,23 @@ fn credentials_in_a_nats_url_authenticate_and_are_never_printed() {
     assert!(status.success(), "{raw}");
     assert_no_canary("run", &raw);
 
+    // The same credentials as settings.
+    let plain = server.url();
+    let password = format!("nats.password={CANARY}");
+    let (status, stdout, stderr) = mandrill(
+        &dir,
+        &[
+            &["publish", "--broker", &plain, "cattle-auth"],
+            &["--set", "nats.user=mandrill", "--set", &password][..],
+            &flags[..],
+        ]
+        .concat(),
+        &[],
+    );
+    assert!(status.success(), "{stderr}");
+    assert_no_canary("publish with nats.password", &stdout);
+    assert_no_canary("publish with nats.password", &stderr);
+
     // A wrong password is refused, and not printed either.
     let wrong = format!("nats://mandrill:{NUMERIC_CANARY}@127.0.0.1:{}", server.port);
     let (status, stdout, stderr) = mandrill(
