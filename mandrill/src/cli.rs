@@ -2,9 +2,16 @@
 //! `requeue`. The only module that reads signals, builds the runtime and
 //! chooses exit codes.
 //!
-//! Exit codes: 0 after a clean shutdown (or a command done); 1 when the
-//! service or command failed (could not start, stopped by itself, database
-//! error); 2 for bad usage, configuration or input (nothing was published).
+//! Exit codes: 0 after a clean shutdown (or a command done, or a shutdown
+//! requested during start-up); 1 when the service or command failed (could
+//! not start, stopped by itself, database error); 2 for bad usage,
+//! configuration or input (nothing was published); 130 when a third signal
+//! cut the shutdown short.
+//!
+//! Signals: the first SIGTERM, SIGINT or SIGQUIT starts a graceful shutdown
+//! (during start-up: abandons it), the second skips the rest of the grace
+//! period, the third exits at once. That is safe because nothing is acked
+//! before its outcome is recorded: what was unsettled is redelivered.
 
 use std::future::Future;
 use std::io::Write;
@@ -21,7 +28,7 @@ use tracing::{error, info, warn};
 use uuid::Uuid;
 
 use crate::broker::{Broker, BrokerError, SqliteBroker};
-use crate::config::{self, Config, ConfigError, LogFormat, RELOADABLE, Sources};
+use crate::config::{self, Config, ConfigError, LogFormat, RELOADABLE, Sources, redact_url};
 use crate::domain::{Hostname, InstanceName, RestartRequest, random_instance_name};
 use crate::service::{self, Controls, Service};
 use crate::store::Timestamp;
@@ -40,7 +47,7 @@ pub struct Cli {
 /// The subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Consume restart requests until SIGTERM, SIGINT or SIGQUIT (SIGHUP reloads the config).
+    /// Consume restart requests until SIGTERM, SIGINT or SIGQUIT (a second skips the grace period, a third exits at once; SIGHUP reloads the config).
     Run(RunArgs),
     /// Print recorded requests and outcomes, newest first.
     History(HistoryArgs),
@@ -176,7 +183,7 @@ impl ConfigArgs {
         );
         Ok(Sources {
             file: self.config.clone(),
-            environment: Sources::process_environment(),
+            environment: Sources::process_environment()?,
             overrides,
         })
     }
@@ -251,7 +258,7 @@ fn run(args: &RunArgs) -> ExitCode {
         Ok(loaded) => loaded,
         Err(code) => return code,
     };
-    let telemetry = match Telemetry::init(&config.log) {
+    let telemetry = match Telemetry::init(&config.log, config.redactor()) {
         Ok(telemetry) => telemetry,
         Err(error) => {
             eprintln!("mandrill: cannot set up logging: {error}");
@@ -270,16 +277,23 @@ fn run(args: &RunArgs) -> ExitCode {
         }
     };
     let outcome = runtime.block_on(serve(config, &sources, &telemetry, args.until_idle));
-    // A blocking restart stuck in its thread must not hold the exit hostage:
-    // every result it could produce has been given up on by now.
-    runtime.shutdown_timeout(Duration::from_secs(1));
+    let at_once = matches!(outcome, Ok(Stopped::AtOnce));
     let code = match outcome {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(Stopped::Cleanly) => ExitCode::SUCCESS,
+        Ok(Stopped::AtOnce) => ExitCode::from(130),
         Err(error) => {
             error!("{error:#}");
             ExitCode::FAILURE
         }
     };
+    if at_once {
+        // Nothing may delay this exit: tasks still running are dropped.
+        runtime.shutdown_background();
+    } else {
+        // A blocking restart stuck in its thread must not hold the exit
+        // hostage: every result it could produce has been given up on.
+        runtime.shutdown_timeout(Duration::from_secs(1));
+    }
     info!("mandrill stopped");
     drop(telemetry); // flushes the log
     code
@@ -313,16 +327,88 @@ impl Signals {
     }
 }
 
+/// How the service ended, when it was asked to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stopped {
+    /// Shut down in order (or never started, if asked during start-up).
+    Cleanly,
+    /// A third signal: exit now.
+    AtOnce,
+}
+
+/// Counts SIGTERM, SIGINT and SIGQUIT and says what each one means.
+#[derive(Debug, Default)]
+struct Terminations(u32);
+
+impl Terminations {
+    /// Counts one more; logs and applies it. Returns whether to exit now.
+    fn count(&mut self, signal: &str, shutdown: &Shutdown) -> bool {
+        self.0 += 1;
+        match self.0 {
+            1 => {
+                info!(
+                    signal,
+                    "shutting down: stop pulling, let in-flight work finish"
+                );
+                shutdown.request();
+                false
+            }
+            2 => {
+                warn!(
+                    signal,
+                    "second signal: skipping the rest of the grace period"
+                );
+                shutdown.hurry();
+                false
+            }
+            _ => {
+                warn!(
+                    signal,
+                    "third signal: exiting at once; unsettled deliveries will be redelivered"
+                );
+                true
+            }
+        }
+    }
+}
+
 async fn serve(
     config: Config,
     sources: &Sources,
     telemetry: &Telemetry,
     until_idle: bool,
-) -> anyhow::Result<()> {
-    // Installed first, so that a signal during start-up is handled, not fatal.
+) -> anyhow::Result<Stopped> {
+    // Installed before anything else, so that a signal during start-up is
+    // handled at once rather than waiting for a connection to time out.
     let mut signals = Signals::install().context("cannot install signal handlers")?;
     let shutdown = Shutdown::new();
-    let mut service = Service::build(config.clone()).await?;
+    let mut terminations = Terminations::default();
+    info!(
+        broker = %redact_url(&config.broker.url),
+        store = %redact_url(&config.store.url),
+        "starting: connecting to the broker and the store"
+    );
+    let build = Service::build(config.clone());
+    tokio::pin!(build);
+    let mut reload_pending = false;
+    let mut service = loop {
+        tokio::select! {
+            built = &mut build => break built?,
+            name = signals.next() => match name {
+                "SIGHUP" => {
+                    info!("SIGHUP during start-up: reloading once started");
+                    reload_pending = true;
+                }
+                _ => {
+                    terminations.count(name, &shutdown);
+                    // Dropping the start-up closes what it had opened; no
+                    // message was pulled yet.
+                    info!(signal = name, "shutdown requested during start-up: not starting");
+                    return Ok(Stopped::Cleanly);
+                }
+            },
+        }
+    };
     if until_idle {
         service = service.stop_when_idle();
     }
@@ -330,20 +416,17 @@ async fn serve(
     let running = service.run(shutdown.clone());
     tokio::pin!(running);
     let mut current = config;
+    if reload_pending {
+        reload(sources, &mut current, &controls, telemetry);
+    }
     loop {
         tokio::select! {
-            outcome = &mut running => return outcome.map(drop),
+            outcome = &mut running => return outcome.map(|_| Stopped::Cleanly),
             name = signals.next() => match name {
                 "SIGHUP" => reload(sources, &mut current, &controls, telemetry),
-                _ if !shutdown.is_requested() => {
-                    info!(signal = name, "shutting down: stop pulling, let in-flight work finish");
-                    shutdown.request();
-                }
-                "SIGTERM" | "SIGINT" => {
-                    warn!(signal = name, "second signal: skipping the rest of the grace period");
-                    shutdown.hurry();
-                }
-                _ => info!(signal = name, "already shutting down"),
+                _ => if terminations.count(name, &shutdown) {
+                    return Ok(Stopped::AtOnce);
+                },
             },
         }
     }
@@ -358,6 +441,7 @@ fn reload(sources: &Sources, current: &mut Config, controls: &Controls, telemetr
             return;
         }
     };
+    telemetry.add_secrets(&new.redactor());
     let changed = current.changed_keys(&new);
     if let Err(error) = telemetry.set_level(&new.log.level) {
         error!(%error, "cannot apply log.level");
@@ -398,11 +482,13 @@ async fn print_history(config: &Config, args: &HistoryArgs) -> anyhow::Result<()
         .await
         .context("cannot read history")?;
     store.close().await;
+    // A recorded error may quote a connection string.
+    let redactor = config.redactor();
     let mut out = std::io::stdout().lock();
     if args.json {
         for entry in &entries {
-            serde_json::to_writer(&mut out, entry)?;
-            writeln!(out)?;
+            let line = serde_json::to_string(entry)?;
+            writeln!(out, "{}", redactor.scrub(&line))?;
         }
         return Ok(());
     }
@@ -423,7 +509,7 @@ async fn print_history(config: &Config, args: &HistoryArgs) -> anyhow::Result<()
             e.attempts,
             e.completed_at
                 .map_or_else(|| "-".to_owned(), |t| t.to_string()),
-            e.last_error.as_deref().unwrap_or(""),
+            redactor.scrub(e.last_error.as_deref().unwrap_or("")),
         )?;
     }
     Ok(())
@@ -452,6 +538,8 @@ where
         Ok(loaded) => loaded,
         Err(code) => return code,
     };
+    // An error's sources (a driver's connection error) may quote a URL.
+    let redactor = config.redactor();
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -465,7 +553,7 @@ where
     match runtime.block_on(body(config)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("mandrill: {error:#}");
+            eprintln!("mandrill: {}", redactor.scrub(&format!("{error:#}")));
             if error.is::<BadInput>() {
                 ExitCode::from(2)
             } else {
@@ -489,7 +577,8 @@ fn queue_url(config: &Config, sqlite_only: bool) -> Result<(), BadInput> {
     }
     if sqlite_only && !url.starts_with("sqlite:") {
         return Err(BadInput(format!(
-            "broker.url {url:?} is not supported here: use sqlite:PATH"
+            "broker.url {:?} is not supported here: use sqlite:PATH",
+            redact_url(url)
         )));
     }
     Ok(())
@@ -498,14 +587,19 @@ fn queue_url(config: &Config, sqlite_only: bool) -> Result<(), BadInput> {
 /// At most this many invalid lines are listed; the rest are counted.
 const MAX_LISTED_ERRORS: usize = 20;
 
-/// Reads and validates every request first, then publishes them all in one
-/// transaction (or, with `--rate`, one due group at a time).
+/// Most requests published in one SQLite transaction: `--random N` is
+/// generated and published this many at a time, never all in memory.
+const PUBLISH_BATCH: usize = 10_000;
+
+/// Reads and validates every request first, then publishes them in
+/// transactions of up to [`PUBLISH_BATCH`] (or, with `--rate`, one due group
+/// at a time).
 async fn publish(config: Config, args: &PublishArgs) -> anyhow::Result<()> {
     queue_url(&config, false)?;
     if let Some(rate) = args.rate
-        && !(rate.is_finite() && rate > 0.0)
+        && !(rate.is_finite() && (0.001..=config::limits::MAX_SIMULATE_RATE).contains(&rate))
     {
-        return Err(BadInput(format!("--rate {rate} must be above 0")).into());
+        return Err(BadInput(format!("--rate {rate} must be between 0.001 and 1000000")).into());
     }
     let rules = config.parse_rules();
     let request = |name: InstanceName| {
@@ -563,10 +657,6 @@ async fn publish(config: Config, args: &PublishArgs) -> anyhow::Result<()> {
             }
         }
     }
-    if let Some(count) = args.random {
-        let mut rng = rand::rng();
-        payloads.extend((0..count).map(|_| request(random_instance_name(&mut rng))));
-    }
     if !errors.is_empty() {
         let mut message = format!(
             "{} invalid request(s); nothing was published:",
@@ -584,17 +674,22 @@ async fn publish(config: Config, args: &PublishArgs) -> anyhow::Result<()> {
         }
         return Err(BadInput(message).into());
     }
-    if payloads.is_empty() {
+    let random = args.random.unwrap_or(0);
+    if payloads.is_empty() && random == 0 {
         return Err(BadInput(
             "nothing to publish: give instance names, --file PATH or --random N".into(),
         )
         .into());
     }
-    let total = payloads.len();
+    // Random requests are made as they are published, not all up front.
+    let mut rng = rand::rng();
+    let payloads = payloads
+        .into_iter()
+        .chain((0..random).map(move |_| request(random_instance_name(&mut rng))));
     let published = if config.broker.url.starts_with("sqlite:") {
         let broker = service::open_sqlite_broker(&config.broker).await?;
         let published = match args.rate {
-            None => broker.publish_all(payloads).await.map(|()| total),
+            None => publish_in_batches(&broker, payloads).await,
             Some(rate) => publish_at_rate(&broker, payloads, rate).await,
         };
         broker.close().await;
@@ -612,23 +707,49 @@ async fn publish(config: Config, args: &PublishArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Publishes in transactions of up to [`PUBLISH_BATCH`].
+async fn publish_in_batches(
+    broker: &SqliteBroker,
+    payloads: impl Iterator<Item = Bytes>,
+) -> Result<usize, BrokerError> {
+    let mut payloads = payloads.peekable();
+    let mut published = 0usize;
+    while payloads.peek().is_some() {
+        let batch: Vec<Bytes> = payloads.by_ref().take(PUBLISH_BATCH).collect();
+        let size = batch.len();
+        if let Err(error) = broker.publish_all(batch).await {
+            if published > 0 {
+                eprintln!("mandrill: published {published} requests before failing");
+            }
+            return Err(error);
+        }
+        published += size;
+    }
+    Ok(published)
+}
+
 /// Publishes one by one, at `rate` per second if given.
 async fn publish_each(
     broker: &dyn Broker,
-    payloads: Vec<Bytes>,
+    payloads: impl Iterator<Item = Bytes>,
     rate: Option<f64>,
 ) -> Result<usize, BrokerError> {
     let started = tokio::time::Instant::now();
-    let count = payloads.len();
-    for (published, payload) in payloads.into_iter().enumerate() {
+    let mut count = 0;
+    for (published, payload) in payloads.enumerate() {
         if let Some(rate) = rate {
-            let due = started + Duration::from_secs_f64(published as f64 / rate);
+            // Bounded: a far-off due time must not overflow the clock.
+            let offset = Duration::try_from_secs_f64(published as f64 / rate)
+                .unwrap_or(config::limits::MAX_DURATION)
+                .min(config::limits::MAX_DURATION);
+            let due = started + offset;
             tokio::time::sleep_until(due).await;
         }
         if let Err(error) = broker.publish(payload).await {
             eprintln!("mandrill: published {published} requests before failing");
             return Err(error);
         }
+        count = published + 1;
     }
     Ok(count)
 }
@@ -637,17 +758,17 @@ async fn publish_each(
 /// one transaction.
 async fn publish_at_rate(
     broker: &SqliteBroker,
-    payloads: Vec<Bytes>,
+    payloads: impl Iterator<Item = Bytes>,
     rate: f64,
 ) -> Result<usize, BrokerError> {
     const TICK: Duration = Duration::from_millis(10);
     let started = tokio::time::Instant::now();
-    let mut pending = payloads.into_iter().peekable();
+    let mut pending = payloads.peekable();
     let mut published = 0usize;
     while pending.peek().is_some() {
         // At least one each round, so that a slow rate still starts at once.
         let due = ((started.elapsed().as_secs_f64() * rate) as usize + 1).saturating_sub(published);
-        let group: Vec<Bytes> = pending.by_ref().take(due).collect();
+        let group: Vec<Bytes> = pending.by_ref().take(due.min(PUBLISH_BATCH)).collect();
         published += group.len();
         broker.publish_all(group).await?;
         if pending.peek().is_some() {

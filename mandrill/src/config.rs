@@ -3,7 +3,15 @@
 //! Every layer is merged as a TOML table and deserialised once, so a bad key
 //! or value is reported with its dotted path (`worker.max_in_flight`) whatever
 //! layer it came from. Environment variables are `MANDRILL_SECTION__KEY`
-//! (double underscore between section and key). Unknown keys are errors.
+//! (double underscore between section and key); other `MANDRILL_*` names
+//! (`MANDRILL_TEST_POSTGRES`, …) are not configuration and are ignored, unless
+//! they look like a setting with a single underscore, which is an error.
+//! Unknown keys are errors. Every value is bounded to what the code can
+//! handle, so that no input makes the service panic.
+//!
+//! Secrets (`nats.password`, `nats.token`, credentials in `broker.url` and
+//! `store.url`) are never echoed: errors name their key only, and
+//! [`Config::redactor`] masks them in anything printed.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -14,6 +22,10 @@ use serde::{Deserialize, Serialize};
 use crate::backoff::Backoff;
 use crate::domain::{Domain, ParseRules};
 use crate::worker::WorkerConfig;
+
+pub mod redact;
+
+pub use redact::{Redactor, redact_url};
 
 /// The whole configuration. Each part of the service receives only its section.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -351,6 +363,39 @@ impl Default for DebugConfig {
     }
 }
 
+/// Upper and lower bounds of the settings, so that no value can make the
+/// service panic or allocate without limit. Each says why.
+pub mod limits {
+    use std::time::Duration;
+
+    /// Longest duration of any setting: far beyond any useful value, and
+    /// short enough that adding it to a clock reading, or counting it in
+    /// milliseconds, never overflows.
+    pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+    /// Shortest lease (`broker.ack_deadline`). A lease is extended every
+    /// third of it, and the extension must reach the broker (a SQLite group
+    /// commit with its fsync, a NATS round trip) before the lease runs out:
+    /// below a second, one slow fsync or scheduling stall lets a lease lapse
+    /// while its restart runs, and another consumer restarts the host again.
+    pub const MIN_ACK_DEADLINE: Duration = Duration::from_secs(1);
+    /// Most messages in flight: each holds a task and a lease, and the flow
+    /// control semaphore cannot count past `usize::MAX >> 3`.
+    pub const MAX_IN_FLIGHT: usize = 1_000_000;
+    /// Most messages asked for in one pull (brokers size buffers by it).
+    pub const MAX_PULL_BATCH: usize = 10_000;
+    /// Largest database pool: the pool sets up a slot per connection up
+    /// front, and PostgreSQL's own default limit is 100 connections.
+    pub const MAX_CONNECTIONS: u32 = 1_000;
+    /// Most blocking restarts at once: tokio's blocking pool has 512 threads.
+    pub const MAX_BLOCKING_THREADS: usize = 512;
+    /// Largest payload accepted: NATS's own maximum `max_payload` (64 MiB).
+    pub const MAX_PAYLOAD_BYTES: usize = 64 * 1024 * 1024;
+    /// Fastest demo publisher, per second.
+    pub const MAX_SIMULATE_RATE: f64 = 1_000_000.0;
+    /// Shortest stall threshold: a zero one counts every poll as a stall.
+    pub const MIN_STALL_THRESHOLD: Duration = Duration::from_millis(1);
+}
+
 /// Settings that a reload (SIGHUP) applies without a restart.
 pub const RELOADABLE: &[&str] = &["log.level", "worker.max_in_flight", "simulate.rate"];
 
@@ -381,7 +426,8 @@ pub enum ConfigError {
         /// What is wrong.
         why: String,
     },
-    /// A `--set` flag is not `KEY=VALUE`.
+    /// A `--set` flag is not `KEY=VALUE` (only the part before any `=` is
+    /// kept: the value may be a secret).
     #[error("--set {0:?}: expected SECTION.KEY=VALUE")]
     Override(String),
     /// A key is unknown or its value has the wrong type.
@@ -403,23 +449,60 @@ impl ConfigError {
     }
 }
 
+/// Keys whose values are always strings: taken as written from the
+/// environment and `--set`, so that `nats.password=12345` is a password and
+/// not a number.
+const STRING_KEYS: &[&str] = &[
+    "broker.url",
+    "store.url",
+    "nats.user",
+    "nats.password",
+    "nats.token",
+    "message.domain",
+    "log.level",
+];
+
+/// Keys holding secrets: an error about one never shows its value.
+pub const SECRET_KEYS: &[&str] = &["nats.password", "nats.token"];
+
+/// A raw value from the environment or `--set`, typed for its key.
+fn value_for(key: &str, raw: &str) -> toml::Value {
+    if STRING_KEYS.contains(&key) {
+        toml::Value::String(raw.to_owned())
+    } else {
+        parse_scalar(raw)
+    }
+}
+
 /// Where configuration comes from, so that a reload can read it all again.
 #[derive(Debug, Clone, Default)]
 pub struct Sources {
     /// A TOML file, if any.
     pub file: Option<PathBuf>,
-    /// `MANDRILL_*` variables (other than `MANDRILL_CONFIG`).
+    /// `MANDRILL_SECTION__KEY` variables.
     pub environment: Vec<(String, String)>,
     /// From flags, as dotted key and value; applied last.
     pub overrides: Vec<(String, toml::Value)>,
 }
 
 impl Sources {
-    /// The `MANDRILL_*` variables of this process, other than `MANDRILL_CONFIG`.
-    pub fn process_environment() -> Vec<(String, String)> {
-        std::env::vars()
-            .filter(|(name, _)| name.starts_with("MANDRILL_") && name != "MANDRILL_CONFIG")
-            .collect()
+    /// The configuration variables of this process: `MANDRILL_SECTION__KEY`,
+    /// and names that look like a setting misspelt (`MANDRILL_WORKER_MAX_IN_FLIGHT`),
+    /// which [`Sources::load`] reports. Other `MANDRILL_*` names, such as the
+    /// tests' `MANDRILL_TEST_POSTGRES`, are not configuration.
+    pub fn process_environment() -> Result<Vec<(String, String)>, ConfigError> {
+        let mut variables = Vec::new();
+        for (name, value) in std::env::vars_os() {
+            let Some(name) = name.to_str().filter(|name| is_config_variable(name)) else {
+                continue;
+            };
+            let value = value.into_string().map_err(|_| ConfigError::Environment {
+                name: name.to_owned(),
+                why: "value is not valid UTF-8".into(),
+            })?;
+            variables.push((name.to_owned(), value));
+        }
+        Ok(variables)
     }
 
     /// Reads every layer and builds the configuration.
@@ -430,7 +513,7 @@ impl Sources {
         };
         for (name, raw) in &self.environment {
             let key = env_key(name)?;
-            set_dotted(&mut table, &key, parse_scalar(raw)).map_err(|why| {
+            set_dotted(&mut table, &key, value_for(&key, raw)).map_err(|why| {
                 ConfigError::Environment {
                     name: name.clone(),
                     why,
@@ -448,6 +531,13 @@ impl Sources {
                 // that the key already says.
                 let message = error.into_inner().to_string();
                 let first_line = message.lines().next().unwrap_or_default();
+                if SECRET_KEYS.contains(&key.as_str()) {
+                    // Serde quotes the value it could not use.
+                    return ConfigError::invalid(
+                        &key,
+                        "expected a string (the value is a secret and not shown)",
+                    );
+                }
                 ConfigError::invalid(&key, first_line)
             })?;
         config.validate()?;
@@ -461,9 +551,10 @@ pub fn parse_override(raw: &str) -> Result<(String, toml::Value), ConfigError> {
         .split_once('=')
         .ok_or_else(|| ConfigError::Override(raw.to_owned()))?;
     if key.split('.').count() != 2 {
-        return Err(ConfigError::Override(raw.to_owned()));
+        return Err(ConfigError::Override(format!("{key}=…")));
     }
-    Ok((key.trim().to_owned(), parse_scalar(value.trim())))
+    let key = key.trim();
+    Ok((key.to_owned(), value_for(key, value.trim())))
 }
 
 fn read_file(path: &Path) -> Result<toml::Table, ConfigError> {
@@ -474,8 +565,37 @@ fn read_file(path: &Path) -> Result<toml::Table, ConfigError> {
     text.parse::<toml::Table>()
         .map_err(|error| ConfigError::Syntax {
             path: path.to_owned(),
-            message: error.to_string(),
+            // Not the error's Display: it quotes the offending line, which
+            // may hold a password.
+            message: match error.span() {
+                Some(span) => {
+                    let before = &text[..span.start.min(text.len())];
+                    let line = before.matches('\n').count() + 1;
+                    let column = before.rsplit('\n').next().unwrap_or("").chars().count() + 1;
+                    format!("line {line}, column {column}: {}", error.message())
+                }
+                None => error.message().to_owned(),
+            },
         })
+}
+
+/// Whether an environment variable belongs to the configuration layer (see
+/// [`Sources::process_environment`]).
+fn is_config_variable(name: &str) -> bool {
+    match name.strip_prefix("MANDRILL_") {
+        Some(rest) => rest.contains("__") || misspelt_setting(rest).is_some(),
+        None => false,
+    }
+}
+
+/// The setting `rest` (a variable name less `MANDRILL_`) seems to mean when
+/// written with single underscores: `WORKER_MAX_IN_FLIGHT` or `MAX_IN_FLIGHT`.
+fn misspelt_setting(rest: &str) -> Option<&'static str> {
+    let rest = rest.to_ascii_lowercase();
+    SETTING_DOCS.iter().map(|(key, _)| *key).find(|key| {
+        let (section, field) = key.split_once('.').unwrap_or_default();
+        rest == field || rest == format!("{section}_{field}")
+    })
 }
 
 /// `MANDRILL_WORKER__MAX_IN_FLIGHT` → `worker.max_in_flight`.
@@ -483,9 +603,16 @@ fn env_key(name: &str) -> Result<String, ConfigError> {
     let rest = name.strip_prefix("MANDRILL_").unwrap_or(name);
     let parts: Vec<&str> = rest.split("__").collect();
     if parts.len() != 2 || parts.iter().any(|p| p.is_empty()) {
+        let why = match misspelt_setting(rest) {
+            Some(key) => format!(
+                "expected MANDRILL_SECTION__KEY; did you mean MANDRILL_{}?",
+                key.replace('.', "__").to_ascii_uppercase()
+            ),
+            None => "expected MANDRILL_SECTION__KEY, e.g. MANDRILL_WORKER__MAX_IN_FLIGHT".into(),
+        };
         return Err(ConfigError::Environment {
             name: name.to_owned(),
-            why: "expected MANDRILL_SECTION__KEY, e.g. MANDRILL_WORKER__MAX_IN_FLIGHT".into(),
+            why,
         });
     }
     Ok(parts.join(".").to_lowercase())
@@ -539,22 +666,68 @@ impl Config {
             }
             Ok(())
         }
+        fn at_most(key: &str, value: u64, max: u64) -> Result<(), ConfigError> {
+            if value > max {
+                return Err(ConfigError::invalid(
+                    key,
+                    format!("{value} is above the maximum of {max}"),
+                ));
+            }
+            Ok(())
+        }
         let w = &self.worker;
-        at_least_one("worker.max_in_flight", w.max_in_flight as u64)?;
-        at_least_one("worker.pull_batch", w.pull_batch as u64)?;
+        let size = |value: usize| value as u64;
+        at_least_one("worker.max_in_flight", size(w.max_in_flight))?;
+        at_most(
+            "worker.max_in_flight",
+            size(w.max_in_flight),
+            size(limits::MAX_IN_FLIGHT),
+        )?;
+        at_least_one("worker.pull_batch", size(w.pull_batch))?;
+        at_most(
+            "worker.pull_batch",
+            size(w.pull_batch),
+            size(limits::MAX_PULL_BATCH),
+        )?;
         at_least_one("worker.max_attempts", w.max_attempts.into())?;
         at_least_one("worker.record_attempts", w.record_attempts.into())?;
         at_least_one("worker.max_pull_failures", w.max_pull_failures.into())?;
         at_least_one("store.max_connections", self.store.max_connections.into())?;
+        at_most(
+            "store.max_connections",
+            self.store.max_connections.into(),
+            limits::MAX_CONNECTIONS.into(),
+        )?;
         at_least_one(
             "message.max_payload_bytes",
-            self.message.max_payload_bytes as u64,
+            size(self.message.max_payload_bytes),
+        )?;
+        at_most(
+            "message.max_payload_bytes",
+            size(self.message.max_payload_bytes),
+            size(limits::MAX_PAYLOAD_BYTES),
         )?;
         at_least_one(
             "restarter.blocking_threads",
-            self.restarter.blocking_threads as u64,
+            size(self.restarter.blocking_threads),
         )?;
-        positive("broker.ack_deadline", self.broker.ack_deadline)?;
+        at_most(
+            "restarter.blocking_threads",
+            size(self.restarter.blocking_threads),
+            size(limits::MAX_BLOCKING_THREADS),
+        )?;
+        for (key, value) in self.durations() {
+            if value > limits::MAX_DURATION {
+                return Err(ConfigError::invalid(key, "is longer than 365 days"));
+            }
+        }
+        if self.broker.ack_deadline < limits::MIN_ACK_DEADLINE {
+            return Err(ConfigError::invalid(
+                "broker.ack_deadline",
+                "must be at least 1s: a shorter lease can lapse before its extension lands, \
+                 and another consumer would restart the host again",
+            ));
+        }
         positive("broker.poll_interval", self.broker.poll_interval)?;
         if self.broker.max_deliveries < w.max_attempts {
             return Err(ConfigError::invalid(
@@ -567,13 +740,21 @@ impl Config {
         }
         positive("worker.restart_timeout", w.restart_timeout)?;
         if let Some(interval) = w.lease_extension_interval
-            && (interval >= self.broker.ack_deadline || interval.is_zero())
+            && (interval > self.broker.ack_deadline / 2 || interval.is_zero())
         {
             return Err(ConfigError::invalid(
                 "worker.lease_extension_interval",
-                "must be above 0s and below broker.ack_deadline",
+                "must be above 0s and at most half of broker.ack_deadline, \
+                 so that an extension lands before the lease runs out",
             ));
         }
+        if self.debug.stall_threshold < limits::MIN_STALL_THRESHOLD {
+            return Err(ConfigError::invalid(
+                "debug.stall_threshold",
+                "must be at least 1ms",
+            ));
+        }
+        self.validate_urls()?;
         probability("restarter.failure_rate", self.restarter.failure_rate)?;
         probability("simulate.malformed_rate", self.simulate.malformed_rate)?;
         if self.restarter.min_latency > self.restarter.max_latency {
@@ -582,8 +763,14 @@ impl Config {
                 "is longer than restarter.max_latency",
             ));
         }
-        if !(self.simulate.rate.is_finite() && self.simulate.rate > 0.0) {
-            return Err(ConfigError::invalid("simulate.rate", "must be above 0"));
+        if !(self.simulate.rate.is_finite()
+            && self.simulate.rate > 0.0
+            && self.simulate.rate <= limits::MAX_SIMULATE_RATE)
+        {
+            return Err(ConfigError::invalid(
+                "simulate.rate",
+                "must be above 0 and at most 1000000",
+            ));
         }
         let nats = &self.nats;
         for (key, value) in [
@@ -631,6 +818,105 @@ impl Config {
         tracing_subscriber::EnvFilter::try_new(&self.log.level)
             .map_err(|error| ConfigError::invalid("log.level", error.to_string()))?;
         Ok(())
+    }
+
+    /// Every duration setting with its key.
+    fn durations(&self) -> Vec<(&'static str, Duration)> {
+        let (b, w, r, d) = (&self.broker, &self.worker, &self.restarter, &self.debug);
+        let mut durations = vec![
+            ("broker.ack_deadline", b.ack_deadline),
+            ("broker.poll_wait", b.poll_wait),
+            ("broker.poll_interval", b.poll_interval),
+            ("worker.retry_initial", w.retry_initial),
+            ("worker.retry_max", w.retry_max),
+            ("worker.record_backoff", w.record_backoff),
+            ("worker.restart_timeout", w.restart_timeout),
+            ("worker.shutdown_grace", w.shutdown_grace),
+            ("worker.pull_backoff", w.pull_backoff),
+            ("restarter.min_latency", r.min_latency),
+            ("restarter.max_latency", r.max_latency),
+            ("debug.stall_threshold", d.stall_threshold),
+            ("debug.status_interval", d.status_interval),
+        ];
+        if let Some(interval) = w.lease_extension_interval {
+            durations.push(("worker.lease_extension_interval", interval));
+        }
+        durations
+    }
+
+    /// `broker.url` and `store.url` name something this build supports.
+    fn validate_urls(&self) -> Result<(), ConfigError> {
+        let broker = self.broker.url.as_str();
+        let nats = broker.starts_with("nats://") || broker.starts_with("tls://");
+        if !(broker == "memory" || broker.starts_with("sqlite:") || nats) {
+            return Err(ConfigError::invalid(
+                "broker.url",
+                format!(
+                    "{:?} is not supported: use sqlite:PATH, nats://HOST:PORT or memory",
+                    redact_url(broker)
+                ),
+            ));
+        }
+        if nats {
+            for server in broker.split(',') {
+                let parsed = url::Url::parse(server.trim()).map_err(|error| {
+                    ConfigError::invalid(
+                        "broker.url",
+                        format!("{:?} is not a valid url: {error}", redact_url(server)),
+                    )
+                })?;
+                if parsed.host_str().is_none_or(str::is_empty) {
+                    return Err(ConfigError::invalid(
+                        "broker.url",
+                        format!("{:?} names no host", redact_url(server)),
+                    ));
+                }
+                let has_credentials = !parsed.username().is_empty();
+                let nats = &self.nats;
+                if has_credentials
+                    && (nats.user.is_some() || nats.token.is_some() || nats.creds_file.is_some())
+                {
+                    return Err(ConfigError::invalid(
+                        "broker.url",
+                        "has credentials, and so do nats.user/password, nats.token or \
+                         nats.creds_file: choose one",
+                    ));
+                }
+            }
+        }
+        let store = self.store.url.as_str();
+        let postgres = store.starts_with("postgres://") || store.starts_with("postgresql://");
+        if !(store == "memory" || store.starts_with("sqlite:") || postgres) {
+            return Err(ConfigError::invalid(
+                "store.url",
+                format!(
+                    "{:?} is not supported: use sqlite:PATH, postgres://… or memory",
+                    redact_url(store)
+                ),
+            ));
+        }
+        if postgres && let Err(error) = url::Url::parse(store) {
+            return Err(ConfigError::invalid(
+                "store.url",
+                format!("{:?} is not a valid url: {error}", redact_url(store)),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Masks every secret of this configuration: passwords, tokens and
+    /// secret parameters in `broker.url` and `store.url`, `nats.password`
+    /// and `nats.token`.
+    pub fn redactor(&self) -> Redactor {
+        let mut secrets = redact::url_secrets(&self.broker.url);
+        secrets.extend(redact::url_secrets(&self.store.url));
+        for secret in [&self.nats.password, &self.nats.token]
+            .into_iter()
+            .flatten()
+        {
+            secrets.push(secret.0.clone());
+        }
+        Redactor::new(secrets)
     }
 
     /// The worker's part.
@@ -707,7 +993,8 @@ pub fn settings_help() -> String {
     let defaults = Config::default().flatten();
     let mut text = String::from(
         "Settings (config file `[section] key = value`, environment MANDRILL_SECTION__KEY, \
-         or --set section.key=value; later layers win; durations like 500ms, 10s, 2m):\n",
+         or --set section.key=value; later layers win; durations like 500ms, 10s, 2m, \
+         at most 365 days; passwords and tokens, also in URLs, are never printed):\n",
     );
     for (key, doc) in SETTING_DOCS {
         let default = defaults
@@ -726,9 +1013,12 @@ pub fn settings_help() -> String {
 const SETTING_DOCS: &[(&str, &str)] = &[
     (
         "broker.url",
-        "`sqlite:PATH` (durable queue), `nats://HOST:PORT` (JetStream) or `memory`",
+        "`sqlite:PATH` (durable queue), `nats://[USER:PASSWORD@]HOST:PORT` (JetStream) or `memory`",
     ),
-    ("broker.ack_deadline", "lease length without an extension"),
+    (
+        "broker.ack_deadline",
+        "lease length without an extension (at least 1s)",
+    ),
     ("broker.poll_wait", "how long one pull waits for a message"),
     (
         "broker.poll_interval",
@@ -739,9 +1029,12 @@ const SETTING_DOCS: &[(&str, &str)] = &[
         "unsettled deliveries before the broker dead-letters a message",
     ),
     ("store.url", "`sqlite:PATH`, `postgres://…` or `memory`"),
-    ("store.max_connections", "database pool size"),
-    ("worker.max_in_flight", "messages handled at once"),
-    ("worker.pull_batch", "most messages per pull"),
+    ("store.max_connections", "database pool size (1-1000)"),
+    (
+        "worker.max_in_flight",
+        "messages handled at once (1-1000000)",
+    ),
+    ("worker.pull_batch", "most messages per pull (1-10000)"),
     (
         "worker.max_attempts",
         "deliveries before a failing restart is dead-lettered",
@@ -769,7 +1062,7 @@ const SETTING_DOCS: &[(&str, &str)] = &[
     ),
     (
         "worker.lease_extension_interval",
-        "default: a third of broker.ack_deadline",
+        "default: a third of broker.ack_deadline; at most half of it",
     ),
     (
         "worker.max_pull_failures",
@@ -782,7 +1075,7 @@ const SETTING_DOCS: &[(&str, &str)] = &[
     ("message.domain", "hostname = instance_name.domain"),
     (
         "message.max_payload_bytes",
-        "larger payloads are dead-lettered",
+        "larger payloads are dead-lettered (at most 64 MiB)",
     ),
     ("restarter.kind", "simulate | simulate-blocking"),
     ("restarter.min_latency", "shortest simulated restart"),
@@ -791,13 +1084,16 @@ const SETTING_DOCS: &[(&str, &str)] = &[
         "restarter.failure_rate",
         "probability a simulated restart fails",
     ),
-    ("restarter.blocking_threads", "blocking restarts at once"),
+    (
+        "restarter.blocking_threads",
+        "blocking restarts at once (1-512)",
+    ),
     (
         "restarter.journal",
         "file to append each restart issued to (audit); default none",
     ),
     ("simulate.enabled", "publish random requests (demo)"),
-    ("simulate.rate", "requests per second"),
+    ("simulate.rate", "requests per second (at most 1000000)"),
     (
         "simulate.malformed_rate",
         "fraction of malformed demo payloads",
@@ -958,6 +1254,8 @@ mod tests {
             ("[log]\nformat = \"xml\"\n", "log.format"),
             ("[broker]\nmax_deliveries = 2\n", "broker.max_deliveries"),
             ("[broker]\npoll_interval = \"0s\"\n", "broker.poll_interval"),
+            ("[broker]\nurl = \"kafka://x\"\n", "broker.url"),
+            ("[store]\nurl = \"mysql://x\"\n", "store.url"),
         ];
         for (file, key) in cases {
             let error = load(Some(file), &[], &[]).unwrap_err().to_string();
@@ -997,5 +1295,287 @@ mod tests {
             old.changed_keys(&new),
             ["broker.ack_deadline", "worker.max_in_flight"]
         );
+    }
+
+    /// Extremes of every bounded setting: each is refused naming its key, or
+    /// accepted; none panics.
+    #[test]
+    fn extremes_are_refused_naming_their_key() {
+        let huge = "18446744073709551615";
+        let refused = [
+            ("worker.max_in_flight", huge),
+            ("worker.max_in_flight", "9223372036854775807"),
+            ("worker.max_in_flight", "1000001"),
+            ("worker.max_in_flight", "-1"),
+            ("worker.pull_batch", "10001"),
+            ("restarter.blocking_threads", "9223372036854775807"),
+            ("restarter.blocking_threads", "513"),
+            ("store.max_connections", "4000000000"),
+            ("store.max_connections", "1001"),
+            ("message.max_payload_bytes", "9223372036854775807"),
+            ("worker.shutdown_grace", "1000000000years"),
+            ("worker.shutdown_grace", "366days"),
+            ("worker.restart_timeout", "1000000000years"),
+            ("worker.retry_max", "99999999999999999999years"),
+            ("broker.ack_deadline", "5ms"),
+            ("broker.ack_deadline", "999ms"),
+            ("broker.ack_deadline", "1000000000years"),
+            ("broker.poll_wait", "1000000000years"),
+            ("worker.lease_extension_interval", "6s"),
+            ("worker.lease_extension_interval", "0s"),
+            ("debug.stall_threshold", "0s"),
+            ("debug.status_interval", "1000000000years"),
+            ("simulate.rate", "1e300"),
+            ("simulate.rate", "nan"),
+            ("simulate.rate", "inf"),
+            ("restarter.failure_rate", "nan"),
+            ("restarter.failure_rate", "-0.1"),
+            ("nats.max_ack_pending", "-5"),
+            ("broker.url", "kafka://x"),
+            ("broker.url", "nats://"),
+            ("broker.url", "nats://u:p@h:4222,nats://h:notaport"),
+            ("store.url", "mysql://u:p@h/db"),
+            ("store.url", "postgres://u:p@[::1"),
+            ("log.level", "[[["),
+        ];
+        for (key, value) in refused {
+            let flag = format!("{key}={value}");
+            let error = load(None, &[], &[&flag]).unwrap_err().to_string();
+            assert!(error.contains(key), "{flag}: {error}");
+        }
+        let accepted = [
+            ("worker.max_in_flight", "1000000"),
+            ("worker.pull_batch", "10000"),
+            ("restarter.blocking_threads", "512"),
+            ("store.max_connections", "1000"),
+            ("message.max_payload_bytes", "67108864"),
+            ("worker.shutdown_grace", "365days"),
+            ("broker.ack_deadline", "1s"),
+            ("worker.lease_extension_interval", "5s"),
+            ("simulate.rate", "1000000"),
+            ("broker.url", "nats://u:p@h:4222,nats://h:4223"),
+            ("broker.url", "tls://h"),
+            ("store.url", "postgresql://u@h/db?sslmode=require"),
+        ];
+        for (key, value) in accepted {
+            let flag = format!("{key}={value}");
+            let config = load(None, &[], &[&flag]).unwrap_or_else(|e| panic!("{flag}: {e}"));
+            let _ = config.worker_config();
+        }
+    }
+
+    #[test]
+    fn lease_extension_must_land_well_inside_the_lease() {
+        let error = load(
+            None,
+            &[],
+            &[
+                "broker.ack_deadline=2s",
+                "worker.lease_extension_interval=1500ms",
+            ],
+        )
+        .unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .contains("worker.lease_extension_interval"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn secret_values_are_never_echoed_in_errors() {
+        const CANARY: &str = "31337424242";
+        // As numbers they are still passwords: taken as strings.
+        let config = load(
+            None,
+            &[],
+            &[&format!("nats.password={CANARY}"), "nats.user=u"],
+        )
+        .unwrap();
+        assert_eq!(config.nats.password, Some(Secret(CANARY.into())));
+        let config = load(None, &[("MANDRILL_NATS__TOKEN", CANARY)], &[]).unwrap();
+        assert_eq!(config.nats.token, Some(Secret(CANARY.into())));
+        // A file gives them a type: the error names the key, not the value.
+        let errors = [
+            load(Some(&format!("[nats]\npassword = {CANARY}\n")), &[], &[]),
+            load(Some(&format!("[nats]\ntoken = [{CANARY}]\n")), &[], &[]),
+            load(Some(&format!("[nats]\npassword = \"{CANARY}\n")), &[], &[]),
+            load(
+                Some(&format!("[nats]\npassword = {CANARY}{CANARY}x\n")),
+                &[],
+                &[],
+            ),
+            load(None, &[], &[&format!("broker.url=kafka://u:{CANARY}@h")]),
+            load(
+                None,
+                &[],
+                &[&format!("store.url=mysql://h/?password={CANARY}")],
+            ),
+            load(
+                None,
+                &[],
+                &[&format!("store.url=postgres://u:{CANARY}@[::1")],
+            ),
+        ];
+        for error in errors {
+            let error = error.unwrap_err().to_string();
+            assert!(!error.contains(CANARY), "{error}");
+        }
+        let flag = parse_override(&format!("nats.password.x={CANARY}")).unwrap_err();
+        assert!(!flag.to_string().contains(CANARY), "{flag}");
+    }
+
+    #[test]
+    fn redactor_masks_every_secret_of_the_configuration() {
+        let config = load(
+            None,
+            &[],
+            &[
+                "broker.url=nats://nu:np%40ss@h:4222",
+                "store.url=postgres://pu:pp@db/x?sslpassword=sp&sslmode=require",
+            ],
+        )
+        .unwrap();
+        let redactor = config.redactor();
+        let text = "nats://nu:np%40ss@h np@ss postgres://pu:pp@db/x?sslpassword=sp";
+        let scrubbed = redactor.scrub(text);
+        for secret in ["np%40ss", "np@ss", ":pp@", "=sp"] {
+            assert!(!scrubbed.contains(secret), "{scrubbed}");
+        }
+        assert!(scrubbed.contains("require") || !text.contains("require"));
+    }
+
+    #[test]
+    fn only_section_key_variables_are_configuration() {
+        for name in [
+            "MANDRILL_TEST_POSTGRES",
+            "MANDRILL_TEST_NATS",
+            "MANDRILL_CONFIG",
+            "MANDRILL_TESTING",
+            "PATH",
+        ] {
+            assert!(!is_config_variable(name), "{name}");
+        }
+        for name in [
+            "MANDRILL_WORKER__MAX_IN_FLIGHT",
+            "MANDRILL_WORKER_MAX_IN_FLIGHT",
+            "MANDRILL_MAX_IN_FLIGHT",
+            "MANDRILL_NOPE__X",
+        ] {
+            assert!(is_config_variable(name), "{name}");
+        }
+        let error = load(None, &[("MANDRILL_WORKER_MAX_IN_FLIGHT", "5")], &[]).unwrap_err();
+        assert!(
+            error.to_string().contains("MANDRILL_WORKER__MAX_IN_FLIGHT"),
+            "{error}"
+        );
+    }
+
+    mod property {
+        use proptest::prelude::*;
+
+        use super::super::*;
+
+        /// A value as an operator might type it, or anything at all.
+        fn raw_value() -> impl Strategy<Value = String> {
+            prop_oneof![
+                any::<i64>().prop_map(|n| n.to_string()),
+                any::<u64>().prop_map(|n| n.to_string()),
+                any::<f64>().prop_map(|x| x.to_string()),
+                Just("nan".to_owned()),
+                Just("-inf".to_owned()),
+                any::<bool>().prop_map(|b| b.to_string()),
+                (
+                    any::<u64>(),
+                    prop::sample::select(vec!["ns", "ms", "s", "m", "h", "days", "years", ""])
+                )
+                    .prop_map(|(n, unit)| format!("{n}{unit}")),
+                (0u64..100_000, prop::sample::select(vec!["ms", "s", "m"]))
+                    .prop_map(|(n, unit)| format!("{n}{unit}")),
+                prop::sample::select(vec![
+                    "memory",
+                    "sqlite:x.db",
+                    "nats://h:4222",
+                    "postgres://u:p@h/d",
+                    "kafka://x",
+                    "nats://",
+                    "simulate",
+                    "json",
+                    "text",
+                    "info",
+                ])
+                .prop_map(str::to_owned),
+                ".*",
+            ]
+        }
+
+        fn settings() -> impl Strategy<Value = Vec<(&'static str, String)>> {
+            let keys: Vec<&'static str> = SETTING_DOCS.iter().map(|(key, _)| *key).collect();
+            prop::collection::vec((prop::sample::select(keys), raw_value()), 0..8)
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(2000))]
+
+            /// Arbitrary values for any keys never panic: either a
+            /// configuration that validates and whose every duration can be
+            /// added to a clock reading, or an error naming a key.
+            #[test]
+            fn loader_never_panics_and_names_the_key(
+                flags in settings(),
+                through_environment in any::<bool>(),
+            ) {
+                let mut sources = Sources::default();
+                for (key, raw) in &flags {
+                    if through_environment {
+                        let name = format!("MANDRILL_{}", key.replace('.', "__").to_ascii_uppercase());
+                        sources.environment.push((name, raw.clone()));
+                    } else {
+                        match parse_override(&format!("{key}={raw}")) {
+                            Ok(pair) => sources.overrides.push(pair),
+                            Err(error) => {
+                                prop_assert!(error.to_string().contains(key));
+                                return Ok(());
+                            }
+                        }
+                    }
+                }
+                match sources.load() {
+                    Ok(config) => {
+                        prop_assert!(config.validate().is_ok());
+                        let now = std::time::Instant::now();
+                        for (key, duration) in config.durations() {
+                            prop_assert!(now.checked_add(duration).is_some(), "{key}");
+                            prop_assert!(
+                                tokio::time::Instant::now().checked_add(duration).is_some(),
+                                "{key}"
+                            );
+                        }
+                        let worker = config.worker_config();
+                        let _ = tokio::sync::Semaphore::new(worker.max_in_flight);
+                        let _ = tokio::sync::Semaphore::new(config.restarter.blocking_threads);
+                        let _ = config.flatten();
+                        let _ = config.redactor();
+                    }
+                    Err(error) => {
+                        let text = error.to_string();
+                        prop_assert!(
+                            flags.iter().any(|(key, _)| text.contains(key))
+                                || text.contains("MANDRILL_"),
+                            "{text}"
+                        );
+                        let shown = |raw: &String| {
+                            flags.iter().any(|(key, other)| !SECRET_KEYS.contains(key) && other.contains(raw.as_str()))
+                        };
+                        for (key, raw) in &flags {
+                            if SECRET_KEYS.contains(key) && raw.len() >= 4 && !shown(raw) {
+                                prop_assert!(!text.contains(raw.as_str()), "{text}");
+                            }
+                        }
+                    }
+                }
+            }
+        }
     }
 }

@@ -17,7 +17,9 @@ use tracing::{info, warn};
 
 use crate::broker::nats::{Credentials, NatsBroker, NatsSettings};
 use crate::broker::{Broker, MemoryBroker, SqliteBroker};
-use crate::config::{BrokerConfig, Config, RestarterConfig, RestarterKind, StoreConfig};
+use crate::config::{
+    BrokerConfig, Config, RestarterConfig, RestarterKind, StoreConfig, redact_url,
+};
 use crate::restarter::{
     Blocking, Journaled, Restarter, SimulatedBlockingRestarter, SimulatedRestarter, Simulation,
 };
@@ -25,6 +27,10 @@ use crate::stats::{Stats, StatsSnapshot};
 use crate::store::{MemoryStore, PostgresStore, SqliteStore, Store};
 use crate::worker::{FlowControl, Shutdown, Worker};
 use crate::{debug, simulate};
+
+/// How long closing the broker, the store or the companions may take at
+/// shutdown before it is given up on.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Opens the store `store.url` names, creating and migrating it if needed.
 pub async fn open_store(config: &StoreConfig) -> anyhow::Result<Arc<dyn Store>> {
@@ -35,18 +41,18 @@ pub async fn open_store(config: &StoreConfig) -> anyhow::Result<Arc<dyn Store>> 
     if url.starts_with("sqlite:") {
         let store = SqliteStore::connect(url, config.max_connections)
             .await
-            .with_context(|| format!("cannot open store.url {url:?}"))?;
+            .with_context(|| format!("cannot open store.url {:?}", redact_url(url)))?;
         return Ok(Arc::new(store));
     }
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         let store = PostgresStore::connect(url, config.max_connections)
             .await
-            .with_context(|| format!("cannot open store.url {:?}", redact(url)))?;
+            .with_context(|| format!("cannot open store.url {:?}", redact_url(url)))?;
         return Ok(Arc::new(store));
     }
     bail!(
         "store.url {:?} is not supported: use sqlite:PATH, postgres://… or memory",
-        redact(url)
+        redact_url(url)
     )
 }
 
@@ -55,11 +61,14 @@ pub async fn open_store(config: &StoreConfig) -> anyhow::Result<Arc<dyn Store>> 
 pub async fn open_sqlite_broker(config: &BrokerConfig) -> anyhow::Result<SqliteBroker> {
     let url = config.url.as_str();
     if !url.starts_with("sqlite:") {
-        bail!("broker.url {url:?} is not a sqlite:PATH queue");
+        bail!(
+            "broker.url {:?} is not a sqlite:PATH queue",
+            redact_url(url)
+        );
     }
     SqliteBroker::connect(config)
         .await
-        .with_context(|| format!("cannot open broker.url {url:?}"))
+        .with_context(|| format!("cannot open broker.url {:?}", redact_url(url)))
 }
 
 /// What a process opens a broker for.
@@ -91,12 +100,12 @@ pub async fn open_broker(
                 Role::Consume => NatsBroker::connect(settings).await,
                 Role::Publish => NatsBroker::connect_publisher(settings).await,
             }
-            .with_context(|| format!("cannot open broker.url {:?}", redact(url)))?;
+            .with_context(|| format!("cannot open broker.url {:?}", redact_url(url)))?;
             Ok((Arc::new(nats), None))
         }
         other => bail!(
             "broker.url {:?} is not supported: use sqlite:PATH, nats://HOST:PORT or memory",
-            redact(other)
+            redact_url(other)
         ),
     }
 }
@@ -257,7 +266,7 @@ impl Service {
                 self.simulate_rate.subscribe(),
                 self.config.simulate.malformed_rate,
                 // Publishing stops first, as soon as shutdown is requested
-                // (or when the worker stops by itself).
+                // (or when the worker stops by itself), even mid-burst.
                 async move {
                     tokio::select! {
                         () = requested.requested() => {}
@@ -286,8 +295,8 @@ impl Service {
             stop_companions.clone(),
         ));
         info!(
-            broker = %self.config.broker.url,
-            store = %redact(&self.config.store.url),
+            broker = %redact_url(&self.config.broker.url),
+            store = %redact_url(&self.config.store.url),
             max_in_flight = self.config.worker.max_in_flight,
             simulate = self.config.simulate.enabled,
             "mandrill started"
@@ -297,7 +306,13 @@ impl Service {
 
         stop_companions.cancel();
         companions.close();
-        companions.wait().await;
+        // Every companion stops at its next step; bounded all the same.
+        if tokio::time::timeout(CLOSE_TIMEOUT, companions.wait())
+            .await
+            .is_err()
+        {
+            warn!(timeout = ?CLOSE_TIMEOUT, "companion tasks did not stop in time; leaving them");
+        }
         if let Some(memory) = &self.memory_broker {
             let depth = memory.depth();
             let unhandled = depth.ready + depth.delayed;
@@ -308,8 +323,20 @@ impl Service {
                 );
             }
         }
-        self.broker.close().await;
-        self.store.close().await;
+        // Bounded, so that a broker or store that stopped answering cannot
+        // hold the exit: whatever they did not settle is redelivered.
+        if tokio::time::timeout(CLOSE_TIMEOUT, self.broker.close())
+            .await
+            .is_err()
+        {
+            warn!(timeout = ?CLOSE_TIMEOUT, "the broker did not close in time");
+        }
+        if tokio::time::timeout(CLOSE_TIMEOUT, self.store.close())
+            .await
+            .is_err()
+        {
+            warn!(timeout = ?CLOSE_TIMEOUT, "the store did not close in time");
+        }
         info!("store closed");
         let stats = self.stats.snapshot();
         info!(
@@ -344,7 +371,13 @@ async fn request_shutdown_when_idle(
     stop: CancellationToken,
 ) {
     loop {
-        match broker.backlog().await {
+        // Raced against the stop, so that a broker that stopped answering
+        // cannot hold the shutdown.
+        let backlog = tokio::select! {
+            backlog = broker.backlog() => backlog,
+            () = stop.cancelled() => return,
+        };
+        match backlog {
             Ok(Some(0)) if stats.in_flight.get() == 0 => {
                 info!("queue is idle: nothing visible, delayed or in flight; shutting down");
                 shutdown.request();
@@ -361,35 +394,5 @@ async fn request_shutdown_when_idle(
             () = tokio::time::sleep(every) => {}
             () = stop.cancelled() => return,
         }
-    }
-}
-
-/// A connection string with any password replaced, for logs.
-pub fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme_end), Some(at)) if at > scheme_end => {
-            let credentials = &url[scheme_end + 3..at];
-            match credentials.split_once(':') {
-                Some((user, _password)) => {
-                    format!("{}{user}:****{}", &url[..scheme_end + 3], &url[at..])
-                }
-                None => url.to_owned(),
-            }
-        }
-        _ => url.to_owned(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn passwords_never_reach_the_logs() {
-        assert_eq!(
-            redact("postgres://app:s3cret@db:5432/x"),
-            "postgres://app:****@db:5432/x"
-        );
-        assert_eq!(redact("sqlite:mandrill.db"), "sqlite:mandrill.db");
     }
 }

@@ -43,7 +43,10 @@ fn malformed_payload(rng: &mut impl Rng) -> Bytes {
     }
 }
 
-/// Publishes until `stop` completes, at `rate` requests per second.
+/// Publishes until `stop` completes, at `rate` requests per second. When
+/// publishing falls behind, at most a second's worth of requests is owed:
+/// a demo has no backlog to honour. `stop` is checked before every publish
+/// and interrupts one in progress.
 pub async fn publish(
     broker: Arc<dyn Broker>,
     mut rate: watch::Receiver<f64>,
@@ -67,22 +70,30 @@ pub async fn publish(
             );
         }
         let now = tokio::time::Instant::now();
-        due += *rate.borrow() * (now - last).as_secs_f64();
+        let per_second = *rate.borrow();
+        due = (due + per_second * (now - last).as_secs_f64()).min(per_second.max(1.0));
         last = now;
         while due >= 1.0 {
             due -= 1.0;
-            let payload = {
+            let (payload, request) = {
                 let mut rng = rand::rng();
                 if malformed_rate > 0.0 && rng.random_bool(malformed_rate) {
-                    malformed_payload(&mut rng)
+                    (malformed_payload(&mut rng), None)
                 } else {
                     let request = random_request(&mut rng);
-                    info!(message_id = %request.message_id, host = %request.hostname, "published");
-                    Bytes::from(request.to_wire())
+                    (Bytes::from(request.to_wire()), Some(request))
                 }
             };
-            if let Err(error) = broker.publish(payload).await {
-                warn!(%error, "simulated publish failed");
+            tokio::select! {
+                biased;
+                () = &mut stop => return,
+                published = broker.publish(payload) => match (published, request) {
+                    (Ok(()), Some(request)) => {
+                        info!(message_id = %request.message_id, host = %request.hostname, "published");
+                    }
+                    (Ok(()), None) => {}
+                    (Err(error), _) => warn!(%error, "simulated publish failed"),
+                },
             }
         }
     }

@@ -267,8 +267,64 @@ fn bad_configuration_fails_at_start_naming_the_key() {
         &["run", "--broker", "kafka://x", "--db", "memory"],
         &[],
     );
-    assert_eq!(status.code(), Some(1));
+    assert_eq!(status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("broker.url"), "{stderr}");
     // Nothing was created by a run that could not start.
     assert!(!dir.join("mandrill.db").exists());
+}
+
+#[test]
+fn unknown_url_schemes_exit_2_naming_the_key() {
+    let (_guard, dir) = temp_dir();
+    let cases: [(&[&str], &str); 4] = [
+        (
+            &["run", "--broker", "kafka://x", "--db", "memory"],
+            "broker.url",
+        ),
+        (
+            &["run", "--broker", "memory", "--db", "mysql://h/db"],
+            "store.url",
+        ),
+        (
+            &["publish", "--broker", "amqp://h", "cattle-1"],
+            "broker.url",
+        ),
+        (&["history", "--db", "redis://h"], "store.url"),
+    ];
+    for (args, key) in cases {
+        let (status, _, stderr) = mandrill(&dir, args, &[]);
+        assert_eq!(status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(key), "{args:?}: {stderr}");
+    }
+    assert!(!dir.join("mandrill.db").exists());
+}
+
+#[test]
+fn test_only_variables_are_not_configuration() {
+    let (_guard, dir) = temp_dir();
+    let broker = sqlite_url(&dir);
+    let env = [
+        (
+            "MANDRILL_TEST_POSTGRES",
+            "postgres://root@127.0.0.1:5432/postgres",
+        ),
+        ("MANDRILL_TEST_NATS", "nats://127.0.0.1:4222"),
+        ("MANDRILL_TEST_ANYTHING", "x"),
+        ("MANDRILL_WORKER__MAX_ATTEMPTS", "3"),
+    ];
+    let (status, stdout, stderr) =
+        mandrill(&dir, &["publish", "--broker", &broker, "cattle-test"], &env);
+    assert!(status.success(), "{stderr}");
+    assert!(stdout.contains("published 1 requests"), "{stdout}");
+    let (status, _, stderr) = mandrill(&dir, &["history", "--db", &broker], &env);
+    assert!(status.success(), "{stderr}");
+
+    // A setting written with single underscores is a mistake, not ignored.
+    let (status, _, stderr) = mandrill(
+        &dir,
+        &["history", "--db", &broker],
+        &[("MANDRILL_WORKER_MAX_ATTEMPTS", "3")],
+    );
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("MANDRILL_WORKER__MAX_ATTEMPTS"), "{stderr}");
 }

@@ -34,6 +34,7 @@ use tracing::{info, warn};
 use super::{Broker, BrokerError, Delivery, DeliveryTag, bounded_reason};
 
 pub use crate::config::Secret;
+use crate::config::redact_url;
 
 /// How to authenticate to the server.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -54,10 +55,50 @@ pub enum Credentials {
     CredsFile(PathBuf),
 }
 
+/// Takes the credentials out of `nats://user:password@host` or
+/// `nats://token@host` (async-nats would ignore them there): returns the
+/// URL without them, and them. With several comma-separated servers, the
+/// first that has credentials gives them.
+pub fn split_url_credentials(url: &str) -> (String, Credentials) {
+    let decode = |text: &str| {
+        percent_encoding::percent_decode_str(text)
+            .decode_utf8_lossy()
+            .into_owned()
+    };
+    let mut credentials = Credentials::None;
+    let servers: Vec<String> = url
+        .split(',')
+        .map(|server| {
+            let Ok(mut parsed) = url::Url::parse(server.trim()) else {
+                return server.to_owned();
+            };
+            if parsed.username().is_empty() {
+                return server.to_owned();
+            }
+            let found = match parsed.password() {
+                Some(password) => Credentials::UserPassword {
+                    user: decode(parsed.username()),
+                    password: Secret(decode(password)),
+                },
+                None => Credentials::Token(Secret(decode(parsed.username()))),
+            };
+            if credentials == Credentials::None {
+                credentials = found;
+            }
+            // Only URLs that can have credentials get here: these cannot fail.
+            let _ = parsed.set_password(None);
+            let _ = parsed.set_username("");
+            parsed.into()
+        })
+        .collect();
+    (servers.join(","), credentials)
+}
+
 /// Where the queue lives and how the shared consumer is set up.
 #[derive(Debug, Clone)]
 pub struct NatsSettings {
-    /// `nats://host:port`.
+    /// `nats://host:port`, maybe with `user:password@` or `token@`, which
+    /// are used unless `credentials` says otherwise.
     pub url: String,
     /// The stream holding requests (created if missing, work-queue retention).
     pub stream: String,
@@ -152,7 +193,12 @@ impl NatsBroker {
                     other => info!(event = %other, "nats event"),
                 }
             });
-        options = match &settings.credentials {
+        let (url, from_url) = split_url_credentials(&settings.url);
+        let credentials = match &settings.credentials {
+            Credentials::None => &from_url,
+            given => given,
+        };
+        options = match credentials {
             Credentials::None => options,
             Credentials::UserPassword { user, password } => {
                 options.user_and_password(user.clone(), password.0.clone())
@@ -171,10 +217,12 @@ impl NatsBroker {
         if let Some(ca) = &settings.tls_ca_file {
             options = options.add_root_certificates(ca.clone());
         }
-        let client = options
-            .connect(settings.url.as_str())
-            .await
-            .map_err(|e| unavailable(&format!("cannot connect to nats at {}", settings.url), e))?;
+        let client = options.connect(url.as_str()).await.map_err(|e| {
+            unavailable(
+                &format!("cannot connect to nats at {}", redact_url(&settings.url)),
+                e,
+            )
+        })?;
         let jetstream = jetstream::new(client.clone());
 
         let requests = jetstream
@@ -578,3 +626,27 @@ fn stream_sequence(reply: &str) -> Option<u64> {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod url_credentials {
+    use super::*;
+
+    #[test]
+    fn credentials_in_the_url_are_taken_out_and_used() {
+        let (url, credentials) = split_url_credentials("nats://app:p%40ss@h:4222");
+        assert_eq!(url, "nats://h:4222");
+        assert_eq!(
+            credentials,
+            Credentials::UserPassword {
+                user: "app".into(),
+                password: Secret("p@ss".into()),
+            }
+        );
+        let (url, credentials) = split_url_credentials("nats://t0k@a:1,nats://b:2");
+        assert_eq!(url, "nats://a:1,nats://b:2");
+        assert_eq!(credentials, Credentials::Token(Secret("t0k".into())));
+        let (url, credentials) = split_url_credentials("nats://h:4222");
+        assert_eq!(url, "nats://h:4222");
+        assert_eq!(credentials, Credentials::None);
+    }
+}

@@ -172,18 +172,26 @@ pub struct PrivateNats {
     pub port: u16,
     store: tempfile::TempDir,
     child: Option<Child>,
+    /// Extra arguments, e.g. `--user` and `--pass`.
+    auth: Vec<String>,
 }
 
 impl PrivateNats {
     pub fn start() -> Self {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|listener| listener.local_addr())
-            .expect("free port")
-            .port();
+        Self::start_with(&[])
+    }
+
+    /// A server that requires this user and password.
+    pub fn start_with_user(user: &str, password: &str) -> Self {
+        Self::start_with(&["--user", user, "--pass", password])
+    }
+
+    fn start_with(auth: &[&str]) -> Self {
         let mut server = Self {
-            port,
+            port: free_port(),
             store: tempfile::tempdir().expect("temp dir"),
             child: None,
+            auth: auth.iter().map(|a| a.to_string()).collect(),
         };
         server.resume();
         server
@@ -205,6 +213,7 @@ impl PrivateNats {
                 "-sd",
             ])
             .arg(self.store.path())
+            .args(&self.auth)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -235,6 +244,14 @@ impl Drop for PrivateNats {
             let _ = child.wait();
         }
     }
+}
+
+/// A port nothing listens on (free when asked; nothing binds it after).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("free port")
+        .port()
 }
 
 fn nats_binary() -> String {

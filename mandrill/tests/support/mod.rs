@@ -125,9 +125,20 @@ impl Mandrill {
         }
     }
 
+    /// Every line written to standard error so far, JSON or not.
+    pub fn raw(&self) -> String {
+        self.log.raw.lock().unwrap().join("\n")
+    }
+
     /// Waits for the process to exit; returns its status and whole log.
-    pub fn wait_exit(mut self) -> (ExitStatus, Vec<Value>) {
-        let deadline = Instant::now() + DEADLINE;
+    pub fn wait_exit(self) -> (ExitStatus, Vec<Value>) {
+        self.wait_exit_within(DEADLINE)
+    }
+
+    /// Waits at most `within` for the process to exit (panics, killing it,
+    /// if it does not); returns its status and whole log.
+    pub fn wait_exit_within(mut self, within: Duration) -> (ExitStatus, Vec<Value>) {
+        let deadline = Instant::now() + within;
         let status = loop {
             if let Some(status) = self.child.try_wait().unwrap() {
                 break status;
@@ -135,7 +146,7 @@ impl Mandrill {
             if Instant::now() >= deadline {
                 let _ = self.child.kill();
                 panic!(
-                    "mandrill did not exit; log:\n{}",
+                    "mandrill did not exit within {within:?}; log:\n{}",
                     self.log.raw.lock().unwrap().join("\n")
                 );
             }
