@@ -64,8 +64,9 @@ impl std::fmt::Debug for Secret {
 }
 
 /// `[nats]`: the stream and durable consumer every instance shares, and how
-/// to reach the server. `broker.ack_deadline` is the consumer's ack wait and
-/// `broker.max_deliveries` its max deliver.
+/// to reach the server. `broker.ack_deadline` is the consumer's ack wait; the
+/// consumer redelivers without limit (`max_deliver = -1`), since the worker
+/// keeps `broker.max_deliveries`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct NatsConfig {
@@ -134,9 +135,11 @@ pub struct BrokerConfig {
     /// processes (SQLite only; this process's publishes wake it at once).
     #[serde(with = "duration")]
     pub poll_interval: Duration,
-    /// Deliveries of a message, without it being settled, before the broker
-    /// dead-letters it (SQLite only): the backstop for a message whose
-    /// consumer keeps crashing or losing its lease.
+    /// Deliveries of a message before the worker gives up on it, records why
+    /// in the store and dead-letters it, on every broker: the backstop for a
+    /// message whose handler keeps crashing, losing its lease or being
+    /// deferred. Brokers never give up by themselves (the JetStream consumer
+    /// is created with `max_deliver = -1`).
     pub max_deliveries: u32,
 }
 
@@ -160,6 +163,11 @@ pub struct StoreConfig {
     pub url: String,
     /// Connections in the pool.
     pub max_connections: u32,
+    /// How long finished requests stay in the history; older ones are
+    /// pruned in the background, a bounded number of rows per pass. `0s`
+    /// keeps them forever.
+    #[serde(with = "duration")]
+    pub retention: Duration,
 }
 
 impl Default for StoreConfig {
@@ -167,6 +175,7 @@ impl Default for StoreConfig {
         Self {
             url: "sqlite:mandrill.db".into(),
             max_connections: 4,
+            retention: Duration::from_secs(90 * 24 * 3600),
         }
     }
 }
@@ -372,6 +381,8 @@ pub mod limits {
     /// short enough that adding it to a clock reading, or counting it in
     /// milliseconds, never overflows.
     pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+    /// Longest `store.retention`.
+    pub const MAX_RETENTION: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
     /// Shortest lease (`broker.ack_deadline`). A lease is extended every
     /// third of it, and the extension must reach the broker (a SQLite group
     /// commit with its fsync, a NATS round trip) before the lease runs out:
@@ -721,6 +732,14 @@ impl Config {
                 return Err(ConfigError::invalid(key, "is longer than 365 days"));
             }
         }
+        // Audit history may be kept for years; bounded so that "now minus
+        // retention" never overflows.
+        if self.store.retention > limits::MAX_RETENTION {
+            return Err(ConfigError::invalid(
+                "store.retention",
+                "is longer than 100 years",
+            ));
+        }
         if self.broker.ack_deadline < limits::MIN_ACK_DEADLINE {
             return Err(ConfigError::invalid(
                 "broker.ack_deadline",
@@ -1026,10 +1045,14 @@ const SETTING_DOCS: &[(&str, &str)] = &[
     ),
     (
         "broker.max_deliveries",
-        "unsettled deliveries before the broker dead-letters a message",
+        "deliveries before the worker records a message as failed and dead-letters it",
     ),
     ("store.url", "`sqlite:PATH`, `postgres://…` or `memory`"),
     ("store.max_connections", "database pool size (1-1000)"),
+    (
+        "store.retention",
+        "how long finished requests stay in the history (0s: forever; at most 100 years)",
+    ),
     (
         "worker.max_in_flight",
         "messages handled at once (1-1000000)",

@@ -24,7 +24,7 @@ use crate::restarter::{
     Blocking, Journaled, Restarter, SimulatedBlockingRestarter, SimulatedRestarter, Simulation,
 };
 use crate::stats::{Stats, StatsSnapshot};
-use crate::store::{MemoryStore, PostgresStore, SqliteStore, Store};
+use crate::store::{MemoryStore, PostgresStore, SqliteStore, Store, Timestamp};
 use crate::worker::{FlowControl, Shutdown, Worker};
 use crate::{debug, simulate};
 
@@ -92,7 +92,19 @@ pub async fn open_broker(
             Ok((memory.clone(), Some(memory)))
         }
         url if url.starts_with("sqlite:") => {
-            Ok((Arc::new(open_sqlite_broker(broker).await?), None))
+            let sqlite = match role {
+                // A consumer reads at most the acceptable payload size plus
+                // one byte of each message: an oversized one is rejected by
+                // its full size without being loaded.
+                Role::Consume => SqliteBroker::connect_with_payload_limit(
+                    broker,
+                    config.message.max_payload_bytes,
+                )
+                .await
+                .with_context(|| format!("cannot open broker.url {:?}", redact_url(url)))?,
+                Role::Publish => open_sqlite_broker(broker).await?,
+            };
+            Ok((Arc::new(sqlite), None))
         }
         url if url.starts_with("nats://") || url.starts_with("tls://") => {
             let settings = nats_settings(config);
@@ -284,6 +296,14 @@ impl Service {
                 stop_companions.clone(),
             ));
         }
+        if !self.config.store.retention.is_zero() {
+            companions.spawn(prune_history(
+                self.store.clone(),
+                self.config.store.retention,
+                Duration::from_secs(60),
+                stop_companions.clone(),
+            ));
+        }
         companions.spawn(debug::watch_for_stalls(
             self.config.debug.stall_threshold,
             self.stats.clone(),
@@ -361,6 +381,58 @@ impl Service {
     }
 }
 
+/// Rows deleted per pruning statement: small enough that the store's writer
+/// (and so the pipeline) is never held for long.
+const PRUNE_BATCH: u32 = 5_000;
+
+/// Deletes finished requests older than `retention`, `first_after` start and
+/// then every hour, in bounded batches with a pause between them.
+async fn prune_history(
+    store: Arc<dyn Store>,
+    retention: Duration,
+    first_after: Duration,
+    stop: CancellationToken,
+) {
+    let mut every = tokio::time::interval_at(
+        tokio::time::Instant::now() + first_after,
+        Duration::from_secs(3600),
+    );
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = every.tick() => {}
+            () = stop.cancelled() => return,
+        }
+        let cutoff = Timestamp::from_millis(
+            Timestamp::now()
+                .as_millis()
+                .saturating_sub(i64::try_from(retention.as_millis()).unwrap_or(i64::MAX)),
+        );
+        let mut pruned = 0u64;
+        loop {
+            match store.prune(cutoff, PRUNE_BATCH).await {
+                Ok(rows) => {
+                    pruned += rows;
+                    if rows < u64::from(PRUNE_BATCH) {
+                        break;
+                    }
+                }
+                Err(error) => {
+                    warn!(%error, "could not prune the history; will try again");
+                    break;
+                }
+            }
+            tokio::select! {
+                () = tokio::time::sleep(Duration::from_millis(200)) => {}
+                () = stop.cancelled() => return,
+            }
+        }
+        if pruned > 0 {
+            info!(pruned, ?retention, "pruned finished requests past their retention");
+        }
+    }
+}
+
 /// Requests shutdown once the broker reports an empty backlog and no
 /// delivery is being handled. Checks every `every`.
 async fn request_shutdown_when_idle(
@@ -394,5 +466,65 @@ async fn request_shutdown_when_idle(
             () = tokio::time::sleep(every) => {}
             () = stop.cancelled() => return,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::{Domain, Outcome, ParseRules, RestartRequest};
+
+    fn request() -> RestartRequest {
+        let payload = format!(
+            r#"{{"message_id":"{}","instance_name":"cattle-old"}}"#,
+            uuid::Uuid::new_v4()
+        );
+        let rules = ParseRules {
+            domain: Domain::default(),
+            max_payload_bytes: 1024,
+        };
+        RestartRequest::parse(payload.as_bytes(), &rules).unwrap()
+    }
+
+    #[tokio::test]
+    async fn history_past_its_retention_is_pruned_in_the_background() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite:{}", dir.path().join("h.db").display());
+        let store: Arc<dyn Store> = Arc::new(SqliteStore::connect(&url, 2).await.unwrap());
+        // More than one batch's worth would take long; two rows prove the rule.
+        let (old, open) = (request(), request());
+        store
+            .record_outcome(&old, 1, &Outcome::restarted())
+            .await
+            .unwrap();
+        store
+            .claim_restart(
+                &open,
+                crate::store::ClaimTerms {
+                    max_attempts: 1,
+                    hold: Duration::from_secs(60),
+                },
+            )
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let stop = CancellationToken::new();
+        let pruning = tokio::spawn(prune_history(
+            store.clone(),
+            Duration::from_millis(10),
+            Duration::ZERO,
+            stop.clone(),
+        ));
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while store.history(10).await.unwrap().len() != 1 {
+            assert!(tokio::time::Instant::now() < deadline, "never pruned");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // The request still in progress is kept, whatever its age.
+        let kept = store.history(10).await.unwrap();
+        assert_eq!(kept[0].message_id, Some(open.message_id));
+        stop.cancel();
+        pruning.await.unwrap();
+        store.close().await;
     }
 }
