@@ -463,6 +463,25 @@ impl Outcome {
     }
 }
 
+/// Valid requests for tests elsewhere in the crate.
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::*;
+
+    /// A valid request for `instance` in the default domain, with a fresh id.
+    pub fn request(instance: &str) -> RestartRequest {
+        let payload = format!(
+            r#"{{"message_id":"{}","instance_name":"{instance}"}}"#,
+            Uuid::new_v4()
+        );
+        let rules = ParseRules {
+            domain: Domain::default(),
+            max_payload_bytes: 1024,
+        };
+        RestartRequest::parse(payload.as_bytes(), &rules).expect("a valid test request")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -428,7 +428,11 @@ async fn prune_history(
             }
         }
         if pruned > 0 {
-            info!(pruned, ?retention, "pruned finished requests past their retention");
+            info!(
+                pruned,
+                ?retention,
+                "pruned finished requests past their retention"
+            );
         }
     }
 }

@@ -48,6 +48,7 @@ use tracing::{debug, warn};
 
 use super::{Broker, BrokerError, Delivery, DeliveryTag, bounded_reason};
 use crate::config::BrokerConfig;
+use crate::store::sqlite::WriterConnection;
 
 /// Most operations committed in one transaction.
 const MAX_BATCH: usize = 1024;
@@ -478,54 +479,6 @@ struct Limits {
     /// Most bytes of a payload a claim reads: one more than the largest
     /// acceptable, so that the worker sees that the payload is too large.
     payload_prefix: i64,
-}
-
-/// The writer's connection, replaced after a failed transaction.
-///
-/// Some errors (a full disk, for one) make SQLite end the transaction by
-/// itself; sqlx's `ROLLBACK` then fails, sqlx keeps counting the transaction
-/// as open, and the connection refuses every later `BEGIN IMMEDIATE` ("at
-/// non-zero transaction depth"). A fresh connection carries no such state.
-struct WriterConnection {
-    options: SqliteConnectOptions,
-    /// `None` after a failure, until the next batch connects again.
-    conn: Option<SqliteConnection>,
-}
-
-impl WriterConnection {
-    async fn open(options: SqliteConnectOptions) -> Result<Self, sqlx::Error> {
-        let conn = SqliteConnection::connect_with(&options).await?;
-        Ok(Self {
-            options,
-            conn: Some(conn),
-        })
-    }
-
-    /// The connection, opened again if the last one was discarded.
-    async fn get(&mut self) -> Result<&mut SqliteConnection, sqlx::Error> {
-        let conn = match self.conn.take() {
-            Some(conn) => conn,
-            None => SqliteConnection::connect_with(&self.options).await?,
-        };
-        Ok(self.conn.insert(conn))
-    }
-
-    /// Drops the connection after a failed transaction.
-    async fn discard(&mut self) {
-        if let Some(conn) = self.conn.take()
-            && let Err(error) = conn.close().await
-        {
-            debug!(%error, "closing a failed writer connection failed");
-        }
-    }
-
-    async fn close(mut self) {
-        if let Some(conn) = self.conn.take()
-            && let Err(error) = conn.close().await
-        {
-            warn!(%error, "closing the queue's writer connection failed");
-        }
-    }
 }
 
 /// Takes every queued operation, commits them in one transaction, answers.

@@ -85,18 +85,7 @@ impl HostMap {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::{Domain, ParseRules};
-
-    fn request(instance: &str) -> RestartRequest {
-        let payload = format!(
-            r#"{{"message_id":"1b4e28ba-2fa1-4d3b-a3f5-ef19b5a7633b","instance_name":"{instance}"}}"#
-        );
-        let rules = ParseRules {
-            domain: Domain::default(),
-            max_payload_bytes: 1024,
-        };
-        RestartRequest::parse(payload.as_bytes(), &rules).unwrap()
-    }
+    use crate::domain::testing::request;
 
     fn entry(pattern: &str, address: &str, port: Option<u16>) -> HostEntry {
         HostEntry {

@@ -164,18 +164,7 @@ impl ArgvTemplate {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::{Domain, ParseRules};
-
-    fn request(instance: &str) -> RestartRequest {
-        let payload = format!(
-            r#"{{"message_id":"1b4e28ba-2fa1-4d3b-a3f5-ef19b5a7633b","instance_name":"{instance}"}}"#
-        );
-        let rules = ParseRules {
-            domain: Domain::default(),
-            max_payload_bytes: 1024,
-        };
-        RestartRequest::parse(payload.as_bytes(), &rules).unwrap()
-    }
+    use crate::domain::testing::request;
 
     #[test]
     fn placeholders_become_whole_values() {
@@ -200,7 +189,7 @@ mod tests {
                 "delete",
                 "pod/cattle-ab12",
                 "--host=10.0.0.7",
-                "cattle:1b4e28ba-2fa1-4d3b-a3f5-ef19b5a7633b",
+                format!("cattle:{}", request.message_id).as_str(),
                 "{literal}",
             ]
         );

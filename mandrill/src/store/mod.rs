@@ -399,17 +399,7 @@ pub(crate) mod contract {
     use super::*;
     use crate::domain::{Domain, ParseRules};
 
-    pub fn request(instance: &str) -> RestartRequest {
-        let payload = format!(
-            r#"{{"message_id":"{}","instance_name":"{instance}"}}"#,
-            Uuid::new_v4()
-        );
-        let rules = ParseRules {
-            domain: Domain::default(),
-            max_payload_bytes: 1024,
-        };
-        RestartRequest::parse(payload.as_bytes(), &rules).unwrap()
-    }
+    pub use crate::domain::testing::request;
 
     const TERMS: ClaimTerms = ClaimTerms {
         max_attempts: 3,

@@ -205,20 +205,21 @@ enum Writer {
     Pool(SqlitePool),
 }
 
-/// The writer's own connection, replaced after a failed transaction.
+/// A writer task's own connection, replaced after a failed transaction; the
+/// SQLite queue's writer uses it too.
 ///
 /// Some errors (a full disk, for one) make SQLite end the transaction by
 /// itself; sqlx's `ROLLBACK` then fails, sqlx keeps counting the transaction
 /// as open, and the connection refuses every later `BEGIN IMMEDIATE` ("at
 /// non-zero transaction depth"). A fresh connection carries no such state.
-struct WriterConnection {
+pub(crate) struct WriterConnection {
     options: SqliteConnectOptions,
     /// `None` after a failure, until the next batch connects again.
     conn: Option<SqliteConnection>,
 }
 
 impl WriterConnection {
-    async fn open(options: SqliteConnectOptions) -> Result<Self, sqlx::Error> {
+    pub(crate) async fn open(options: SqliteConnectOptions) -> Result<Self, sqlx::Error> {
         let conn = SqliteConnection::connect_with(&options).await?;
         Ok(Self {
             options,
@@ -227,7 +228,7 @@ impl WriterConnection {
     }
 
     /// The connection, opened again if the last one was discarded.
-    async fn get(&mut self) -> Result<&mut SqliteConnection, sqlx::Error> {
+    pub(crate) async fn get(&mut self) -> Result<&mut SqliteConnection, sqlx::Error> {
         let conn = match self.conn.take() {
             Some(conn) => conn,
             None => SqliteConnection::connect_with(&self.options).await?,
@@ -236,11 +237,20 @@ impl WriterConnection {
     }
 
     /// Drops the connection after a failed transaction.
-    async fn discard(&mut self) {
+    pub(crate) async fn discard(&mut self) {
         if let Some(conn) = self.conn.take()
             && let Err(error) = conn.close().await
         {
             debug!(%error, "closing a failed writer connection failed");
+        }
+    }
+
+    /// Closes the connection, if one is open.
+    pub(crate) async fn close(mut self) {
+        if let Some(conn) = self.conn.take()
+            && let Err(error) = conn.close().await
+        {
+            warn!(%error, "closing a writer connection failed");
         }
     }
 }
@@ -288,11 +298,8 @@ async fn write_loop(mut writer: Writer, mut receiver: mpsc::Receiver<Write>) {
     while let Ok(write) = receiver.try_recv() {
         fail(write, StoreError::Closed);
     }
-    if let Writer::Connection(own) = writer
-        && let Some(conn) = own.conn
-        && let Err(error) = conn.close().await
-    {
-        warn!(%error, "closing the store's writer connection failed");
+    if let Writer::Connection(own) = writer {
+        own.close().await;
     }
 }
 
