@@ -196,6 +196,19 @@ pub enum Rejection {
     },
 }
 
+/// Most characters of an offending value a rejection quotes: reasons go to
+/// logs, dead-letter headers and the history, and must stay short whatever
+/// the payload held.
+const MAX_QUOTED_CHARS: usize = 64;
+
+/// `value`, cut to [`MAX_QUOTED_CHARS`] characters with a mark if it was cut.
+fn excerpt(value: &str) -> String {
+    match value.char_indices().nth(MAX_QUOTED_CHARS) {
+        None => value.to_owned(),
+        Some((cut, _)) => format!("{}… ({} bytes)", &value[..cut], value.len()),
+    }
+}
+
 /// Longest `requested_by` accepted, in characters.
 pub const MAX_REQUESTED_BY_CHARS: usize = 128;
 /// Longest `reason` accepted, in characters.
@@ -255,12 +268,12 @@ impl RestartRequest {
             valid_up_to: e.valid_up_to(),
         })?;
         let wire: WireRequest =
-            serde_json::from_str(text).map_err(|e| Rejection::BadJson(e.to_string()))?;
+            serde_json::from_str(text).map_err(|e| Rejection::BadJson(excerpt(&e.to_string())))?;
         let message_id = Uuid::parse_str(&wire.message_id)
-            .map_err(|_| Rejection::BadMessageId(wire.message_id.clone()))?;
+            .map_err(|_| Rejection::BadMessageId(excerpt(&wire.message_id)))?;
         let instance_name =
             InstanceName::parse(&wire.instance_name).map_err(|why| Rejection::BadInstanceName {
-                name: wire.instance_name.clone(),
+                name: excerpt(&wire.instance_name),
                 why,
             })?;
         let published_at = wire
@@ -268,7 +281,7 @@ impl RestartRequest {
             .as_deref()
             .map(|raw| {
                 humantime::parse_rfc3339_weak(raw)
-                    .map_err(|_| Rejection::BadPublishedAt(raw.to_owned()))
+                    .map_err(|_| Rejection::BadPublishedAt(excerpt(raw)))
             })
             .transpose()?;
         Ok(Self {
@@ -581,6 +594,26 @@ mod tests {
         let trimmed = with("reason", "  game day \t").unwrap();
         assert_eq!(trimmed.reason.as_deref(), Some("game day"));
         assert_eq!(with("reason", "   ").unwrap().reason, None);
+    }
+
+    #[test]
+    fn a_rejection_quotes_at_most_a_short_excerpt_of_what_was_sent() {
+        let rules = ParseRules {
+            max_payload_bytes: 1 << 20,
+            ..rules()
+        };
+        let huge = "X".repeat(100_000);
+        for payload in [
+            format!(r#"{{"message_id":"{ID}","instance_name":"{huge}"}}"#),
+            format!(r#"{{"message_id":"{huge}","instance_name":"a"}}"#),
+            format!(r#"{{"message_id":"{ID}","instance_name":"a","published_at":"{huge}"}}"#),
+            format!(r#"{{"message_id":"{ID}","instance_name":"a","extra":{huge}}}"#),
+        ] {
+            let reason = RestartRequest::parse(payload.as_bytes(), &rules)
+                .unwrap_err()
+                .to_string();
+            assert!(reason.len() < 300, "{} bytes: {reason:.200}", reason.len());
+        }
     }
 
     #[test]

@@ -72,7 +72,7 @@ impl StoreError {
 /// Classifies a driver error; see [`StoreError::is_transient`]. What is not
 /// known to be permanent is treated as transient: retrying in place costs
 /// time, never a restart.
-fn sqlx_error_is_transient(error: &sqlx::Error) -> bool {
+pub(crate) fn sqlx_error_is_transient(error: &sqlx::Error) -> bool {
     use sqlx::Error as E;
     match error {
         E::Database(db) => {

@@ -26,7 +26,7 @@ use uuid::Uuid;
 
 use super::{
     Claim, ClaimState, ClaimTerms, HistoryEntry, Recorded, Store, StoreError, Timestamp,
-    decide_claim, duration_of, millis_of, payload_excerpt,
+    decide_claim, duration_of, millis_of, payload_excerpt, sqlx_error_is_transient,
 };
 use crate::domain::{Outcome, RestartRequest, Status};
 
@@ -205,6 +205,30 @@ enum Writer {
     Pool(SqlitePool),
 }
 
+impl Writer {
+    /// Commits `batch` in one transaction. After a failure nothing of it was
+    /// committed, and the own connection is replaced (an in-memory database
+    /// lives in its one connection, which must not be).
+    async fn commit(&mut self, batch: &[Write]) -> Result<Vec<Answer>, sqlx::Error> {
+        match self {
+            Self::Connection(own) => {
+                let committed = match own.get().await {
+                    Ok(conn) => commit_batch(conn, batch).await,
+                    Err(error) => Err(error),
+                };
+                if committed.is_err() {
+                    own.discard().await;
+                }
+                committed
+            }
+            Self::Pool(pool) => match pool.acquire().await {
+                Ok(mut conn) => commit_batch(&mut conn, batch).await,
+                Err(error) => Err(error),
+            },
+        }
+    }
+}
+
 /// A writer task's own connection, replaced after a failed transaction; the
 /// SQLite queue's writer uses it too.
 ///
@@ -263,29 +287,30 @@ async fn write_loop(mut writer: Writer, mut receiver: mpsc::Receiver<Write>) {
         let before = batch.len();
         batch.retain(|write| !matches!(write, Write::Close));
         closing = batch.len() < before;
-        let committed = match &mut writer {
-            Writer::Connection(own) => match own.get().await {
-                Ok(conn) => commit_batch(conn, &batch).await,
-                Err(error) => Err(error),
-            },
-            Writer::Pool(pool) => match pool.acquire().await {
-                Ok(mut conn) => commit_batch(&mut conn, &batch).await,
-                Err(error) => Err(error),
-            },
-        };
-        match committed {
+        match writer.commit(&batch).await {
             Ok(results) => {
                 for (write, result) in batch.drain(..).zip(results) {
                     answer(write, result);
                 }
             }
+            Err(error) if batch.len() > 1 && !sqlx_error_is_transient(&error) => {
+                // One write the database refuses for good must not fail the
+                // others that shared its transaction (each caller would give
+                // its request up): write them one by one, so that only the
+                // culprit hears the error.
+                warn!(%error, writes = batch.len(), "store batch refused; writing it one by one");
+                for write in batch.drain(..) {
+                    let single = [write];
+                    let result = writer.commit(&single).await;
+                    let [write] = single;
+                    match result {
+                        Ok(mut results) => answer(write, results.remove(0)),
+                        Err(error) => fail(write, StoreError::Batch(Arc::new(error))),
+                    }
+                }
+            }
             Err(error) => {
                 warn!(%error, writes = batch.len(), "store transaction failed");
-                // Nothing of the batch was committed. (An in-memory database
-                // lives in its one connection, which must not be replaced.)
-                if let Writer::Connection(own) = &mut writer {
-                    own.discard().await;
-                }
                 let error = Arc::new(error);
                 for write in batch.drain(..) {
                     fail(write, StoreError::Batch(error.clone()));
@@ -761,6 +786,42 @@ async fn prune(tx: &mut Tx<'_>, before: Timestamp, max_rows: u32) -> Result<u64,
 mod tests {
     use super::super::contract;
     use super::*;
+
+    /// One write the database refuses for good fails alone, not the writes
+    /// that shared its transaction.
+    #[tokio::test]
+    async fn a_refused_write_does_not_fail_the_rest_of_its_batch() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite:{}", dir.path().join("t.db").display());
+        let store = SqliteStore::connect(&url, 2).await.unwrap();
+        // A constraint only this request breaks.
+        sqlx::query(
+            "CREATE TRIGGER poison BEFORE INSERT ON requests
+             WHEN NEW.instance_name = 'cattle-poison'
+             BEGIN SELECT RAISE(ABORT, 'poisoned row'); END",
+        )
+        .execute(&store.pool)
+        .await
+        .unwrap();
+        let terms = ClaimTerms {
+            max_attempts: 3,
+            hold: Duration::from_secs(60),
+        };
+        let poison = contract::request("cattle-poison");
+        let innocent: Vec<_> = (0..20)
+            .map(|n| contract::request(&format!("cattle-{n:04}")))
+            .collect();
+        let (poisoned, claims) = tokio::join!(
+            store.claim_restart(&poison, terms),
+            futures::future::join_all(innocent.iter().map(|r| store.claim_restart(r, terms)))
+        );
+        let error = poisoned.unwrap_err();
+        assert!(!error.is_transient(), "{error}");
+        for claim in claims {
+            assert!(matches!(claim, Ok(Claim::Claimed { attempt: 1, .. })), "{claim:?}");
+        }
+        store.close().await;
+    }
 
     #[tokio::test]
     async fn real_errors_are_classified_transient_or_permanent() {
