@@ -494,13 +494,13 @@ async fn print_history(config: &Config, args: &HistoryArgs) -> anyhow::Result<()
     }
     writeln!(
         out,
-        "{:<24}  {:<36}  {:<28}  {:<9}  {:>8}  {:<24}  ERROR",
-        "RECEIVED", "MESSAGE_ID", "HOST", "STATUS", "ATTEMPTS", "COMPLETED"
+        "{:<24}  {:<36}  {:<28}  {:<11}  {:>8}  {:<24}  {:>9}  ERROR",
+        "RECEIVED", "MESSAGE_ID", "HOST", "STATUS", "ATTEMPTS", "COMPLETED", "RECOVERED"
     )?;
     for e in &entries {
         writeln!(
             out,
-            "{:<24}  {:<36}  {:<28}  {:<9}  {:>8}  {:<24}  {}",
+            "{:<24}  {:<36}  {:<28}  {:<11}  {:>8}  {:<24}  {:>9}  {}",
             e.received_at.to_string(),
             e.message_id
                 .map_or_else(|| "-".to_owned(), |id| id.to_string()),
@@ -509,6 +509,8 @@ async fn print_history(config: &Config, args: &HistoryArgs) -> anyhow::Result<()
             e.attempts,
             e.completed_at
                 .map_or_else(|| "-".to_owned(), |t| t.to_string()),
+            e.recovered_after
+                .map_or_else(|| "-".to_owned(), |d| format!("{:.1}s", d.as_secs_f64())),
             redactor.scrub(e.last_error.as_deref().unwrap_or("")),
         )?;
     }
