@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::{Read, Write};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -15,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 use url::Url;
 
+use crate::broken::BrokenLinks;
 use crate::config::Config;
 use crate::extract::{ExtractError, ExtractOptions, charset_of, extract_links, is_html};
 use crate::fetch::{BodyWanted, FetchError, FetchSettings, Fetcher};
@@ -70,8 +72,22 @@ pub async fn run(
         })?;
         Box::new(file)
     };
+    // Opened before the crawl, so that an unwritable path fails at once.
+    let report: Option<Box<dyn Write + Send>> = match &config.report {
+        None => None,
+        Some(path) if path.as_os_str() == "-" => Some(Box::new(std::io::stdout())),
+        Some(path) => Some(Box::new(File::create(path).with_context(|| {
+            format!("creating the report file {} failed", path.display())
+        })?)),
+    };
     let mut summary = crawl(&config, seeds.urls, sink, console, shutdown).await?;
     summary.invalid_seeds = seeds.rejected.len() as u64;
+    if let (Some(mut report), Some(broken)) = (report, &summary.broken) {
+        broken
+            .write(&mut report)
+            .and_then(|()| report.flush())
+            .context("writing the broken-link report failed")?;
+    }
     Ok(summary)
 }
 
@@ -80,7 +96,8 @@ pub async fn run(
 enum Outcome {
     Page {
         job: Job,
-        result: Result<Fetched, PageError>,
+        /// Boxed: two URLs and more, against a few words for robots.txt.
+        result: Result<Box<Fetched>, PageError>,
     },
     Robots {
         host: String,
@@ -96,6 +113,8 @@ struct Fetched {
     content_type: Option<String>,
     /// `None` when the page is not HTML.
     links: Option<Vec<Url>>,
+    /// A redirect out of the scope, reported and not followed.
+    redirect_to: Option<Url>,
 }
 
 /// Why one page failed. Counted and logged, never fatal.
@@ -163,12 +182,14 @@ pub async fn crawl(
         max_body: config.max_body,
         idle_per_host: per_host.min(concurrency),
     })?;
-    let mut scope = ScopeFilter::new(
+    // Shared with fetch tasks, which check redirect targets against it;
+    // the rare change (a seed's redirect target) copies it.
+    let mut scope = Arc::new(ScopeFilter::new(
         config.scope,
         &seeds,
         config.include.clone(),
         config.exclude.clone(),
-    );
+    ));
     let mut frontier = Frontier::new(FrontierSettings {
         per_host,
         min_delay: if polite {
@@ -178,12 +199,20 @@ pub async fn crawl(
         },
         check_robots: polite,
     });
+    let mut summary = Summary {
+        broken: config.report.is_some().then(BrokenLinks::default),
+        ..Summary::default()
+    };
     for url in seeds {
-        frontier.enqueue(Job {
-            url: normalize(url),
+        let url = normalize(url);
+        if frontier.enqueue(Job {
+            url: url.clone(),
             depth: 0,
             attempt: 0,
-        });
+        }) && let Some(broken) = &mut summary.broken
+        {
+            broken.queued(&url, None);
+        }
     }
     let extract_options = ExtractOptions {
         all_hrefs: config.all_hrefs,
@@ -195,7 +224,6 @@ pub async fn crawl(
     log_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut tasks = JoinSet::new();
     let mut running = HashMap::new();
-    let mut summary = Summary::default();
 
     loop {
         let now = Instant::now();
@@ -204,7 +232,11 @@ pub async fn crawl(
                 None => break,
                 Some(Dispatch::Fetch(job)) => {
                     let url = job.url.clone();
-                    let handle = tasks.spawn(fetch_page(fetcher.clone(), job, extract_options));
+                    // Seeds follow their redirects anywhere: the target joins the scope.
+                    let redirect_scope =
+                        (job.depth > 0 && !config.follow_redirects_anywhere).then(|| scope.clone());
+                    let page = fetch_page(fetcher.clone(), job, extract_options, redirect_scope);
+                    let handle = tasks.spawn(page);
                     running.insert(handle.id(), Running::Page(url));
                 }
                 Some(Dispatch::FetchRobots { host, url }) => {
@@ -214,6 +246,10 @@ pub async fn crawl(
                 Some(Dispatch::Disallowed(job)) => {
                     summary.robots_disallowed += 1;
                     info!("skipping {}: disallowed by robots.txt", job.url);
+                    if let Some(broken) = &mut summary.broken {
+                        let reason = "disallowed by robots.txt";
+                        broken.failed(&job.url, reason.into(), reason.into());
+                    }
                 }
             }
         }
@@ -246,6 +282,10 @@ pub async fn crawl(
                         Some(Running::Page(url)) => {
                             warn!("fetching {url} failed: task panicked: {error}");
                             frontier.finished(&url);
+                            if let Some(broken) = &mut summary.broken {
+                                let detail = format!("task panicked: {error}");
+                                broken.failed(&url, ErrorKind::Panic.to_string(), detail);
+                            }
                         }
                         Some(Running::Robots(host)) => {
                             warn!("fetching robots.txt of {host} failed: task panicked: {error}");
@@ -272,7 +312,7 @@ pub async fn crawl(
 async fn handle(
     outcome: Outcome,
     config: &Config,
-    scope: &mut ScopeFilter,
+    scope: &mut Arc<ScopeFilter>,
     frontier: &mut Frontier,
     output: &Output,
     summary: &mut Summary,
@@ -287,26 +327,52 @@ async fn handle(
     frontier.finished(&job.url);
     match result {
         Ok(fetched) => {
-            summary.pages += 1;
             let final_url = normalize(fetched.final_url);
             if final_url != job.url {
                 frontier.mark_seen(&final_url);
                 if job.depth == 0 {
-                    scope.add_seed(&final_url);
+                    Arc::make_mut(scope).add_seed(&final_url);
                 }
             }
+            if let Some(broken) = &mut summary.broken {
+                broken.succeeded(&job.url);
+            }
+            if let Some(target) = fetched.redirect_to {
+                summary.redirects_not_followed += 1;
+                summary.edges += 1;
+                info!("not following {} to {target}: out of scope", job.url);
+                return output
+                    .send(PageRecord {
+                        source: job.url,
+                        final_url,
+                        status: fetched.status,
+                        depth: job.depth,
+                        content_type: None,
+                        links: vec![normalize(target)],
+                    })
+                    .await;
+            }
+            summary.pages += 1;
             let Some(links) = fetched.links else {
                 summary.not_html += 1;
                 return Ok(());
             };
-            if job.depth < config.depth {
-                for link in &links {
-                    if !frontier.has_seen(link) && scope.allows(link) {
-                        frontier.enqueue(Job {
-                            url: link.clone(),
-                            depth: job.depth + 1,
-                            attempt: 0,
-                        });
+            let referrer: Option<Arc<str>> =
+                summary.broken.as_ref().map(|_| job.url.as_str().into());
+            for link in &links {
+                let queued = job.depth < config.depth
+                    && !frontier.has_seen(link)
+                    && scope.allows(link)
+                    && frontier.enqueue(Job {
+                        url: link.clone(),
+                        depth: job.depth + 1,
+                        attempt: 0,
+                    });
+                if let (Some(broken), Some(referrer)) = (&mut summary.broken, &referrer) {
+                    if queued {
+                        broken.queued(link, Some(referrer));
+                    } else {
+                        broken.linked(link, referrer);
                     }
                 }
             }
@@ -329,11 +395,11 @@ async fn handle(
                 let backoff = config.retry_base.saturating_mul(1 << job.attempt.min(16));
                 let wait = retry_after.map_or(backoff, |asked| asked.max(backoff));
                 if wait > config.max_retry_wait {
-                    summary.count_error(error.kind());
                     warn!(
                         "fetching {} failed: {error}, and the server asks to wait {wait:?}",
                         job.url
                     );
+                    fail(summary, &job.url, &error);
                 } else {
                     summary.retries += 1;
                     info!("fetching {} failed: {error}, retrying in {wait:?}", job.url);
@@ -345,16 +411,33 @@ async fn handle(
                 }
             }
             _ => {
-                summary.count_error(error.kind());
                 warn!("fetching {} failed: {error}", job.url);
+                fail(summary, &job.url, &error);
             }
         },
     }
     Ok(())
 }
 
-async fn fetch_page(fetcher: Fetcher, job: Job, options: ExtractOptions) -> Outcome {
-    let result = fetch_and_extract(&fetcher, &job.url, options).await;
+/// Counts a failed URL, and lists it in the broken-link report.
+fn fail(summary: &mut Summary, url: &Url, error: &PageError) {
+    summary.count_error(error.kind());
+    if let Some(broken) = &mut summary.broken {
+        broken.failed(url, error.kind().to_string(), error.to_string());
+    }
+}
+
+/// Fetches and parses one page; with a `redirect_scope`, redirects are
+/// followed only within it.
+async fn fetch_page(
+    fetcher: Fetcher,
+    job: Job,
+    options: ExtractOptions,
+    redirect_scope: Option<Arc<ScopeFilter>>,
+) -> Outcome {
+    let result = fetch_and_extract(&fetcher, &job.url, options, redirect_scope.as_deref())
+        .await
+        .map(Box::new);
     Outcome::Page { job, result }
 }
 
@@ -362,8 +445,10 @@ async fn fetch_and_extract(
     fetcher: &Fetcher,
     url: &Url,
     options: ExtractOptions,
+    redirect_scope: Option<&ScopeFilter>,
 ) -> Result<Fetched, PageError> {
-    let response = fetcher.get(url, BodyWanted::HtmlOnly).await?;
+    let follow = |target: &Url| redirect_scope.is_none_or(|scope| scope.contains(target));
+    let response = fetcher.get(url, BodyWanted::HtmlOnly, follow).await?;
     let content_type = response.content_type;
     let html_body = response
         .body
@@ -393,6 +478,7 @@ async fn fetch_and_extract(
         status: response.status,
         content_type,
         links,
+        redirect_to: response.redirect_to,
     })
 }
 
@@ -400,7 +486,7 @@ async fn fetch_and_extract(
 /// the whole site is off limits; an unreachable server gets no rules, so
 /// that its pages fail with the real reason instead of a silent skip.
 async fn fetch_robots(fetcher: Fetcher, host: String, url: Url) -> Outcome {
-    let rules = match fetcher.get(&url, BodyWanted::Always).await {
+    let rules = match fetcher.get(&url, BodyWanted::Always, |_| true).await {
         Ok(response) => RobotsRules::parse(response.body.as_deref().unwrap_or_default()),
         Err(FetchError::Status { status, .. }) if status >= 500 => {
             warn!("fetching {url} failed with status {status}: treating {host} as disallowed");

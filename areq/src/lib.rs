@@ -23,10 +23,12 @@
 //! - [`output`]: the tsv/jsonl/dot writers, run on a blocking thread fed by
 //!   a bounded channel so that edges are streamed, never accumulated.
 //! - [`report`]: progress bar or log lines, counters and the final summary.
+//! - [`broken`]: the broken-link report (`--report`). Pure.
 //! - [`crawl`](mod@crawl): the scheduler loop tying it together; owns every spawned
 //!   task and stops on a [`CancellationToken`](tokio_util::sync::CancellationToken).
 #![deny(missing_docs)]
 
+pub mod broken;
 pub mod config;
 pub mod crawl;
 pub mod extract;

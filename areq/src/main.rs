@@ -12,8 +12,12 @@ use tracing_subscriber::EnvFilter;
 /// Exit code of a run cut short by Ctrl-C (128 + SIGINT), as shells do.
 const EXIT_INTERRUPTED: u8 = 130;
 
+/// Exit code of a run that found broken links, with `--fail-on-broken`.
+const EXIT_BROKEN: u8 = 3;
+
 fn main() -> ExitCode {
     let config = Config::parse();
+    let fail_on_broken = config.fail_on_broken;
     let console = Console::default();
     // The TLS verifier logs its own error next to ours for every bad
     // certificate; the per-URL warning already carries the reason.
@@ -55,6 +59,8 @@ fn main() -> ExitCode {
             eprintln!("areq: {summary}");
             if summary.interrupted {
                 ExitCode::from(EXIT_INTERRUPTED)
+            } else if fail_on_broken && summary.broken_count() > 0 {
+                ExitCode::from(EXIT_BROKEN)
             } else {
                 ExitCode::SUCCESS
             }

@@ -10,6 +10,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use tokio::time::Instant;
 use tracing_subscriber::fmt::MakeWriter;
 
+use crate::broken::BrokenLinks;
 use crate::config;
 
 /// The kinds of per-URL failure counted in the summary.
@@ -66,18 +67,28 @@ pub struct Summary {
     pub robots_disallowed: u64,
     /// Retries after 429 or 503.
     pub retries: u64,
+    /// Redirects out of the scope during recursion, reported as edges and
+    /// not followed.
+    pub redirects_not_followed: u64,
     /// Seed lines rejected as invalid.
     pub invalid_seeds: u64,
     /// Wall-clock time of the crawl.
     pub elapsed: Duration,
     /// Whether the run was cut short by Ctrl-C.
     pub interrupted: bool,
+    /// The failed URLs with their referrers, when `--report` asked for them.
+    pub broken: Option<BrokenLinks>,
 }
 
 impl Summary {
     /// Failed URLs, all kinds together.
     pub fn error_count(&self) -> u64 {
         self.errors.values().sum()
+    }
+
+    /// URLs that failed or that robots.txt forbade: what `--fail-on-broken` counts.
+    pub fn broken_count(&self) -> u64 {
+        self.error_count() + self.robots_disallowed
     }
 
     /// Counts one failure.
@@ -106,9 +117,19 @@ impl fmt::Display for Summary {
         }
         write!(
             f,
-            ", {} disallowed by robots.txt, {} retries, {} invalid input lines, in {:.1}s",
-            self.robots_disallowed,
-            self.retries,
+            ", {} disallowed by robots.txt, {} retries, ",
+            self.robots_disallowed, self.retries,
+        )?;
+        if self.redirects_not_followed > 0 {
+            write!(
+                f,
+                "{} redirects out of scope not followed, ",
+                self.redirects_not_followed
+            )?;
+        }
+        write!(
+            f,
+            "{} invalid input lines, in {:.1}s",
             self.invalid_seeds,
             self.elapsed.as_secs_f64()
         )?;
