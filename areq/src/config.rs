@@ -110,6 +110,12 @@ pub struct Config {
     #[arg(long)]
     pub fail_on_broken: bool,
 
+    /// Keep the crawl's state in this SQLite file and resume from it: the
+    /// same command after Ctrl-C, a crash or kill -9 goes on where it
+    /// stopped, appending to the output (which must be a file)
+    #[arg(long, value_name = "FILE")]
+    pub state: Option<PathBuf>,
+
     /// Progress display on standard error
     #[arg(long, value_enum, default_value_t = Progress::Auto)]
     pub progress: Progress,

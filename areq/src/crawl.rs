@@ -21,11 +21,12 @@ use crate::config::Config;
 use crate::extract::{ExtractError, ExtractOptions, charset_of, extract_links, is_html};
 use crate::fetch::{BodyWanted, FetchError, FetchSettings, Fetcher};
 use crate::frontier::{Dispatch, Frontier, FrontierSettings, Job};
-use crate::output::{Output, PageRecord};
+use crate::output::{Output, PageRecord, Persist, Step};
 use crate::report::{Console, ErrorKind, LOG_INTERVAL, Progress, Summary};
 use crate::robots::RobotsRules;
 use crate::scope::{ScopeFilter, normalize};
 use crate::seeds::parse_seeds;
+use crate::state::{Change, Resumed, State};
 
 /// Bodies larger than this are parsed on the blocking pool, so that one
 /// huge page does not stall the async workers.
@@ -61,7 +62,12 @@ pub async fn run(
     }
     anyhow::ensure!(!seeds.urls.is_empty(), "no valid url in {list_name}");
 
-    let sink: Box<dyn Write + Send> = if config.output.as_os_str() == "-" {
+    let mut resume = None;
+    let sink: Box<dyn Write + Send> = if let Some(state_path) = &config.state {
+        let (file, state, resumed) = open_resumable(&config.output, state_path)?;
+        resume = Some((state, resumed));
+        Box::new(file)
+    } else if config.output.as_os_str() == "-" {
         Box::new(std::io::stdout())
     } else {
         let file = File::create(&config.output).with_context(|| {
@@ -80,7 +86,7 @@ pub async fn run(
             format!("creating the report file {} failed", path.display())
         })?)),
     };
-    let mut summary = crawl(&config, seeds.urls, sink, console, shutdown).await?;
+    let mut summary = crawl_with(&config, seeds.urls, sink, resume, console, shutdown).await?;
     summary.invalid_seeds = seeds.rejected.len() as u64;
     if let (Some(mut report), Some(broken)) = (report, &summary.broken) {
         broken
@@ -89,6 +95,80 @@ pub async fn run(
             .context("writing the broken-link report failed")?;
     }
     Ok(summary)
+}
+
+/// Opens the state file and the output it goes with, cutting the output
+/// back to what the state committed (edges of pages that are not done were
+/// written after the last commit, and their pages will be fetched again).
+fn open_resumable(
+    output: &std::path::Path,
+    state_path: &std::path::Path,
+) -> anyhow::Result<(File, State, Resumed)> {
+    use std::io::{Seek as _, SeekFrom};
+    anyhow::ensure!(
+        output.as_os_str() != "-",
+        "--state needs an output file (-o FILE), not standard output"
+    );
+    let (state, resumed) = State::open(state_path)?;
+    let name = output.display();
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(output)
+        .with_context(|| format!("opening the output file {name} failed"))?;
+    let length = file
+        .metadata()
+        .with_context(|| format!("reading the size of the output file {name} failed"))?
+        .len();
+    anyhow::ensure!(
+        length >= resumed.output_len,
+        "the output file {name} has {length} bytes but the state {} says {} were written: \
+         resume with the output the crawl started, or start afresh without the state file",
+        state_path.display(),
+        resumed.output_len
+    );
+    file.set_len(resumed.output_len)
+        .and_then(|()| file.seek(SeekFrom::End(0)))
+        .with_context(|| format!("cutting the output file {name} back failed"))?;
+    if resumed.output_len > 0 {
+        info!(
+            "resuming from {}: {} urls done, {} queued",
+            state_path.display(),
+            resumed.done.len(),
+            resumed.queued.len()
+        );
+    }
+    Ok((file, state, resumed))
+}
+
+/// State changes to commit with the next output step; collects nothing
+/// without `--state`, so a plain crawl does not pay for it.
+#[derive(Debug)]
+struct Journal {
+    enabled: bool,
+    changes: Vec<Change>,
+}
+
+impl Journal {
+    fn record(&mut self, change: impl FnOnce() -> Change) {
+        if self.enabled {
+            self.changes.push(change());
+        }
+    }
+
+    /// Sends the changes, with a page's edges if any, to the writer.
+    async fn send(
+        &mut self,
+        output: &Output,
+        record: Option<PageRecord>,
+    ) -> Result<(), crate::output::OutputClosed> {
+        if record.is_none() && self.changes.is_empty() {
+            return Ok(());
+        }
+        let changes = std::mem::take(&mut self.changes);
+        output.send_step(Step { record, changes }).await
+    }
 }
 
 /// What a finished task reports back to the loop.
@@ -102,6 +182,8 @@ enum Outcome {
     Robots {
         host: String,
         rules: RobotsRules,
+        /// The file as served, kept for `--state`.
+        body: Option<Vec<u8>>,
     },
 }
 
@@ -170,6 +252,19 @@ pub async fn crawl(
     console: &Console,
     shutdown: CancellationToken,
 ) -> anyhow::Result<Summary> {
+    crawl_with(config, seeds, sink, None, console, shutdown).await
+}
+
+/// [`crawl`], resuming from and recording to a state when one is given
+/// (`sink` is then the output file, already cut to the committed length).
+async fn crawl_with(
+    config: &Config,
+    seeds: Vec<Url>,
+    sink: Box<dyn Write + Send>,
+    resume: Option<(State, Resumed)>,
+    console: &Console,
+    shutdown: CancellationToken,
+) -> anyhow::Result<Summary> {
     let started = Instant::now();
     let polite = config.is_polite();
     let per_host = config.per_host as usize;
@@ -203,22 +298,53 @@ pub async fn crawl(
         broken: config.report.is_some().then(BrokenLinks::default),
         ..Summary::default()
     };
+    let mut journal = Journal {
+        enabled: resume.is_some(),
+        changes: Vec::new(),
+    };
+    let mut persist = None;
+    if let Some((state, resumed)) = resume {
+        for url in &resumed.done {
+            frontier.mark_seen(url);
+        }
+        for (url, depth) in resumed.queued {
+            frontier.enqueue(Job {
+                url,
+                depth,
+                attempt: 0,
+            });
+        }
+        if polite {
+            for (host, disallow_all, body) in resumed.robots {
+                frontier.preset_robots(&host, robots_rules(disallow_all, body.as_deref()));
+            }
+        }
+        for seed in &resumed.scope_seeds {
+            Arc::make_mut(&mut scope).add_seed(seed);
+        }
+        persist = Some(Persist {
+            state,
+            output_len: resumed.output_len,
+        });
+    }
     for url in seeds {
         let url = normalize(url);
         if frontier.enqueue(Job {
             url: url.clone(),
             depth: 0,
             attempt: 0,
-        }) && let Some(broken) = &mut summary.broken
-        {
-            broken.queued(&url, None);
+        }) {
+            if let Some(broken) = &mut summary.broken {
+                broken.queued(&url, None);
+            }
+            journal.record(|| Change::Queued { url, depth: 0 });
         }
     }
     let extract_options = ExtractOptions {
         all_hrefs: config.all_hrefs,
         keep_schemes: config.keep_schemes,
     };
-    let output = Output::spawn(config.format, sink);
+    let output = Output::spawn(config.format, sink, persist);
     let progress = Progress::new(config.progress, console);
     let mut log_tick = tokio::time::interval_at(started + LOG_INTERVAL, LOG_INTERVAL);
     log_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -250,6 +376,8 @@ pub async fn crawl(
                         let reason = "disallowed by robots.txt";
                         broken.failed(&job.url, reason.into(), reason.into());
                     }
+                    // Committed with the next step, or at the end.
+                    journal.record(|| Change::Done(job.url));
                 }
             }
         }
@@ -270,8 +398,8 @@ pub async fn crawl(
             Some(joined) = tasks.join_next_with_id() => match joined {
                 Ok((id, outcome)) => {
                     running.remove(&id);
-                    let handled = handle(outcome, config, &mut scope, &mut frontier, &output, &mut summary).await;
-                    if handled.is_err() {
+                    let record = handle(outcome, config, &mut scope, &mut frontier, &mut journal, &mut summary);
+                    if journal.send(&output, record).await.is_err() {
                         // The writer stopped on an error; finish() reports it.
                         break;
                     }
@@ -286,6 +414,7 @@ pub async fn crawl(
                                 let detail = format!("task panicked: {error}");
                                 broken.failed(&url, ErrorKind::Panic.to_string(), detail);
                             }
+                            journal.record(|| Change::Done(url));
                         }
                         Some(Running::Robots(host)) => {
                             warn!("fetching robots.txt of {host} failed: task panicked: {error}");
@@ -303,35 +432,48 @@ pub async fn crawl(
     tasks.abort_all();
     while tasks.join_next().await.is_some() {}
     progress.finish();
+    // Changes not yet sent (a last disallowed page); if the writer has
+    // stopped, finish() reports why.
+    let _ = journal.send(&output, None).await;
     output.finish().await.context("writing the output failed")?;
     summary.elapsed = started.elapsed();
     Ok(summary)
 }
 
-/// Applies one task's outcome; fails only when the output writer has stopped.
-async fn handle(
+/// Applies one task's outcome; returns the edges to write, if any. State
+/// changes go to the journal, to be committed with them.
+fn handle(
     outcome: Outcome,
     config: &Config,
     scope: &mut Arc<ScopeFilter>,
     frontier: &mut Frontier,
-    output: &Output,
+    journal: &mut Journal,
     summary: &mut Summary,
-) -> Result<(), crate::output::OutputClosed> {
+) -> Option<PageRecord> {
     let (job, result) = match outcome {
-        Outcome::Robots { host, rules } => {
+        Outcome::Robots { host, rules, body } => {
+            let disallow_all = matches!(rules, RobotsRules::DisallowAll);
+            journal.record(|| Change::Robots {
+                host: host.clone(),
+                disallow_all,
+                body,
+            });
             frontier.set_robots(&host, rules);
-            return Ok(());
+            return None;
         }
         Outcome::Page { job, result } => (job, result),
     };
     frontier.finished(&job.url);
     match result {
         Ok(fetched) => {
+            journal.record(|| Change::Done(job.url.clone()));
             let final_url = normalize(fetched.final_url);
             if final_url != job.url {
                 frontier.mark_seen(&final_url);
+                journal.record(|| Change::Done(final_url.clone()));
                 if job.depth == 0 {
                     Arc::make_mut(scope).add_seed(&final_url);
+                    journal.record(|| Change::ScopeSeed(final_url.clone()));
                 }
             }
             if let Some(broken) = &mut summary.broken {
@@ -341,21 +483,19 @@ async fn handle(
                 summary.redirects_not_followed += 1;
                 summary.edges += 1;
                 info!("not following {} to {target}: out of scope", job.url);
-                return output
-                    .send(PageRecord {
-                        source: job.url,
-                        final_url,
-                        status: fetched.status,
-                        depth: job.depth,
-                        content_type: None,
-                        links: vec![normalize(target)],
-                    })
-                    .await;
+                return Some(PageRecord {
+                    source: job.url,
+                    final_url,
+                    status: fetched.status,
+                    depth: job.depth,
+                    content_type: None,
+                    links: vec![normalize(target)],
+                });
             }
             summary.pages += 1;
             let Some(links) = fetched.links else {
                 summary.not_html += 1;
-                return Ok(());
+                return None;
             };
             let referrer: Option<Arc<str>> =
                 summary.broken.as_ref().map(|_| job.url.as_str().into());
@@ -368,6 +508,12 @@ async fn handle(
                         depth: job.depth + 1,
                         attempt: 0,
                     });
+                if queued {
+                    journal.record(|| Change::Queued {
+                        url: link.clone(),
+                        depth: job.depth + 1,
+                    });
+                }
                 if let (Some(broken), Some(referrer)) = (&mut summary.broken, &referrer) {
                     if queued {
                         broken.queued(link, Some(referrer));
@@ -376,19 +522,18 @@ async fn handle(
                     }
                 }
             }
-            if !links.is_empty() {
-                summary.edges += links.len() as u64;
-                output
-                    .send(PageRecord {
-                        source: job.url,
-                        final_url,
-                        status: fetched.status,
-                        depth: job.depth,
-                        content_type: fetched.content_type,
-                        links,
-                    })
-                    .await?;
+            if links.is_empty() {
+                return None;
             }
+            summary.edges += links.len() as u64;
+            return Some(PageRecord {
+                source: job.url,
+                final_url,
+                status: fetched.status,
+                depth: job.depth,
+                content_type: fetched.content_type,
+                links,
+            });
         }
         Err(error) => match error.retry_after() {
             Some(retry_after) if job.attempt < config.retries => {
@@ -399,7 +544,7 @@ async fn handle(
                         "fetching {} failed: {error}, and the server asks to wait {wait:?}",
                         job.url
                     );
-                    fail(summary, &job.url, &error);
+                    fail(summary, journal, job.url, &error);
                 } else {
                     summary.retries += 1;
                     info!("fetching {} failed: {error}, retrying in {wait:?}", job.url);
@@ -412,18 +557,29 @@ async fn handle(
             }
             _ => {
                 warn!("fetching {} failed: {error}", job.url);
-                fail(summary, &job.url, &error);
+                fail(summary, journal, job.url, &error);
             }
         },
     }
-    Ok(())
+    None
 }
 
-/// Counts a failed URL, and lists it in the broken-link report.
-fn fail(summary: &mut Summary, url: &Url, error: &PageError) {
+/// Counts a failed URL, lists it in the broken-link report and records it
+/// as done: a resumed crawl does not try it again.
+fn fail(summary: &mut Summary, journal: &mut Journal, url: Url, error: &PageError) {
     summary.count_error(error.kind());
     if let Some(broken) = &mut summary.broken {
-        broken.failed(url, error.kind().to_string(), error.to_string());
+        broken.failed(&url, error.kind().to_string(), error.to_string());
+    }
+    journal.record(|| Change::Done(url));
+}
+
+/// robots.txt rules as a previous run stored them.
+fn robots_rules(disallow_all: bool, body: Option<&[u8]>) -> RobotsRules {
+    match body {
+        Some(body) => RobotsRules::parse(body),
+        None if disallow_all => RobotsRules::DisallowAll,
+        None => RobotsRules::AllowAll,
     }
 }
 
@@ -486,13 +642,16 @@ async fn fetch_and_extract(
 /// the whole site is off limits; an unreachable server gets no rules, so
 /// that its pages fail with the real reason instead of a silent skip.
 async fn fetch_robots(fetcher: Fetcher, host: String, url: Url) -> Outcome {
-    let rules = match fetcher.get(&url, BodyWanted::Always, |_| true).await {
-        Ok(response) => RobotsRules::parse(response.body.as_deref().unwrap_or_default()),
+    let (rules, body) = match fetcher.get(&url, BodyWanted::Always, |_| true).await {
+        Ok(response) => {
+            let body = response.body.unwrap_or_default();
+            (RobotsRules::parse(&body), Some(body))
+        }
         Err(FetchError::Status { status, .. }) if status >= 500 => {
             warn!("fetching {url} failed with status {status}: treating {host} as disallowed");
-            RobotsRules::DisallowAll
+            (RobotsRules::DisallowAll, None)
         }
-        Err(_) => RobotsRules::AllowAll,
+        Err(_) => (RobotsRules::AllowAll, None),
     };
-    Outcome::Robots { host, rules }
+    Outcome::Robots { host, rules, body }
 }

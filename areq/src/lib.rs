@@ -24,6 +24,8 @@
 //!   a bounded channel so that edges are streamed, never accumulated.
 //! - [`report`]: progress bar or log lines, counters and the final summary.
 //! - [`broken`]: the broken-link report (`--report`). Pure.
+//! - [`state`]: the resumable crawl's state in SQLite (`--state`); the only
+//!   module that knows `rusqlite`, used only by the output writer thread.
 //! - [`crawl`](mod@crawl): the scheduler loop tying it together; owns every spawned
 //!   task and stops on a [`CancellationToken`](tokio_util::sync::CancellationToken).
 #![deny(missing_docs)]
@@ -39,6 +41,7 @@ pub mod report;
 pub mod robots;
 pub mod scope;
 pub mod seeds;
+pub mod state;
 
 pub use config::Config;
 pub use crawl::{crawl, run};
