@@ -25,6 +25,10 @@ use bytes::Bytes;
 use clap::Parser;
 use tokio_util::sync::CancellationToken;
 
+/// The same allocator as the `areq` binary.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// The benchmark's own flags; `--bench`, added by `cargo bench`, is accepted and ignored.
 #[derive(Debug, Clone, Parser)]
 struct Options {

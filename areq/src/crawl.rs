@@ -3,7 +3,6 @@
 //! jobs, retries and counters. It is the only owner of the frontier and the
 //! summary, so neither needs a lock.
 
-use std::collections::HashMap;
 use std::fs::File;
 use std::io::{Read, Write};
 use std::sync::Arc;
@@ -349,7 +348,7 @@ async fn crawl_with(
     let mut log_tick = tokio::time::interval_at(started + LOG_INTERVAL, LOG_INTERVAL);
     log_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut tasks = JoinSet::new();
-    let mut running = HashMap::new();
+    let mut running = foldhash::HashMap::default();
 
     loop {
         let now = Instant::now();

@@ -8,7 +8,6 @@
 
 use std::borrow::Cow;
 use std::cell::RefCell;
-use std::collections::HashSet;
 
 use encoding_rs::{Encoding, UTF_8};
 use lol_html::{HtmlRewriter, Settings, element};
@@ -48,89 +47,9 @@ pub fn extract_links(
     page_url: &Url,
     options: ExtractOptions,
 ) -> Result<Vec<Url>, ExtractError> {
-    extract_links_with(body, charset, page_url, options, Tokenizer::LolHtml)
-}
-
-/// Which tokenizer to use (a measurement aid, to be removed).
-#[doc(hidden)]
-#[derive(Debug, Clone, Copy)]
-pub enum Tokenizer {
-    /// lol_html with selectors.
-    LolHtml,
-    /// html5gum's callback emitter.
-    Html5gum,
-    /// lol_html, one selector list for links, bigger initial buffer.
-    LolHtmlLean,
-}
-
-/// [`extract_links`] with a chosen tokenizer.
-#[doc(hidden)]
-pub fn extract_links_with(
-    body: &[u8],
-    charset: Option<&str>,
-    page_url: &Url,
-    options: ExtractOptions,
-    tokenizer: Tokenizer,
-) -> Result<Vec<Url>, ExtractError> {
     let (encoding, bom_length) = detect_encoding(body, charset);
     let (text, _) = encoding.decode_without_bom_handling(&body[bom_length..]);
-    let (base_href, hrefs, decoded) = match tokenizer {
-        Tokenizer::LolHtml => {
-            let (base, hrefs) = hrefs_lol_html(&text, options.all_hrefs)?;
-            (base, hrefs, false)
-        }
-        Tokenizer::Html5gum => {
-            let (base, hrefs) = hrefs_html5gum(&text, options.all_hrefs);
-            (base, hrefs, true)
-        }
-        Tokenizer::LolHtmlLean => {
-            let (base, hrefs) = hrefs_lol_html_lean(&text, options.all_hrefs)?;
-            (base, hrefs, false)
-        }
-    };
 
-    // The URL standard encodes queries in the document's encoding, except
-    // that UTF-16 documents use UTF-8.
-    let query_encoding = encoding.output_encoding();
-    let encode_query: &dyn Fn(&str) -> Cow<'_, [u8]> = &|input| query_encoding.encode(input).0;
-    let parse = |base: Option<&Url>, href: &str| -> Option<Url> {
-        let decoded = if decoded {
-            Cow::Borrowed(href)
-        } else {
-            htmlize::unescape_attribute(href)
-        };
-        let options = Url::options().base_url(base);
-        let options = if query_encoding == UTF_8 {
-            options
-        } else {
-            options.encoding_override(Some(encode_query))
-        };
-        options.parse(&decoded).ok()
-    };
-
-    // The document base URL is the first <base href> wherever it appears,
-    // resolved against the page URL; data: and javascript: bases are ignored.
-    let base = base_href
-        .and_then(|href| parse(Some(page_url), &href))
-        .filter(|base| !matches!(base.scheme(), "data" | "javascript"))
-        .unwrap_or_else(|| page_url.clone());
-
-    let mut seen = HashSet::new();
-    let links = hrefs
-        .iter()
-        .filter_map(|href| parse(Some(&base), href))
-        .map(normalize)
-        .filter(|link| options.keep_schemes || matches!(link.scheme(), "http" | "https"))
-        .filter(|link| seen.insert(link.as_str().to_owned()))
-        .collect();
-    Ok(links)
-}
-
-/// The first `<base href>` and the links' raw `href` values, by lol_html.
-fn hrefs_lol_html(
-    text: &str,
-    all_hrefs: bool,
-) -> Result<(Option<String>, Vec<String>), ExtractError> {
     let base_href = RefCell::new(None::<String>);
     let hrefs = RefCell::new(Vec::<String>::new());
     let collect = |el: &mut lol_html::html_content::Element| {
@@ -148,7 +67,7 @@ fn hrefs_lol_html(
             }
             Ok(())
         }));
-    if all_hrefs {
+    if options.all_hrefs {
         settings = settings.append_element_content_handler(element!("[href]", collect));
     } else {
         settings = settings
@@ -162,122 +81,40 @@ fn hrefs_lol_html(
     rewriter
         .end()
         .map_err(|error| ExtractError(error.to_string()))?;
-    Ok((base_href.into_inner(), hrefs.into_inner()))
-}
 
-fn hrefs_lol_html_lean(
-    text: &str,
-    all_hrefs: bool,
-) -> Result<(Option<String>, Vec<String>), ExtractError> {
-    let base_href = RefCell::new(None::<String>);
-    let hrefs = RefCell::new(Vec::<String>::new());
-    let collect = |el: &mut lol_html::html_content::Element| {
-        if let Some(href) = el.get_attribute("href") {
-            if el.tag_name() == "base" {
-                let mut base = base_href.borrow_mut();
-                if base.is_none() {
-                    *base = Some(href);
-                }
-            } else {
-                hrefs.borrow_mut().push(href);
-            }
-        }
-        Ok(())
+    // The URL standard encodes queries in the document's encoding, except
+    // that UTF-16 documents use UTF-8.
+    let query_encoding = encoding.output_encoding();
+    let encode_query: &dyn Fn(&str) -> Cow<'_, [u8]> = &|input| query_encoding.encode(input).0;
+    let parse = |base: Option<&Url>, href: &str| -> Option<Url> {
+        let decoded = htmlize::unescape_attribute(href);
+        let options = Url::options().base_url(base);
+        let options = if query_encoding == UTF_8 {
+            options
+        } else {
+            options.encoding_override(Some(encode_query))
+        };
+        options.parse(&decoded).ok()
     };
-    let selector = if all_hrefs {
-        "[href]"
-    } else {
-        "a[href], area[href], base[href]"
-    };
-    let settings = Settings::new()
-        .with_strict(false)
-        .append_element_content_handler(element!(selector, collect));
-    let mut rewriter = HtmlRewriter::new(settings, |_: &[u8]| {});
-    rewriter
-        .write(text.as_bytes())
-        .map_err(|error| ExtractError(error.to_string()))?;
-    rewriter
-        .end()
-        .map_err(|error| ExtractError(error.to_string()))?;
-    Ok((base_href.into_inner(), hrefs.into_inner()))
-}
 
-/// The first `<base href>` and the links' `href` values, entity-decoded,
-/// by html5gum's tokenizer (no selector engine, no DOM). Raw-text elements
-/// (`<script>`, `<style>`, `<title>`, `<textarea>`) are handled by the
-/// tokenizer's naive state switching, as a tree builder would.
-fn hrefs_html5gum(text: &str, all_hrefs: bool) -> (Option<String>, Vec<String>) {
-    use html5gum::emitters::callback::{CallbackEmitter, CallbackEvent};
+    // The document base URL is the first <base href> wherever it appears,
+    // resolved against the page URL; data: and javascript: bases are ignored.
+    let base = base_href
+        .into_inner()
+        .and_then(|href| parse(Some(page_url), &href))
+        .filter(|base| !matches!(base.scheme(), "data" | "javascript"))
+        .unwrap_or_else(|| page_url.clone());
 
-    #[derive(PartialEq)]
-    enum Tag {
-        Link,
-        Base,
-        Ignored,
-    }
-    let mut tag = Tag::Ignored;
-    // In the current start tag: an `href` name was read, and whether the
-    // tag already had one (the first of duplicate attributes wins).
-    let mut awaiting_value = false;
-    let mut had_href = false;
-    let mut base = None::<String>;
-    let mut hrefs = Vec::new();
-    let mut take = |value: &[u8], tag: &Tag| {
-        let value = String::from_utf8_lossy(value).into_owned();
-        match tag {
-            Tag::Link => hrefs.push(value),
-            Tag::Base if base.is_none() => base = Some(value),
-            _ => {}
-        }
-    };
-    let mut emitter = CallbackEmitter::new(
-        |event: CallbackEvent<'_>, _: html5gum::Span<()>| -> Option<std::convert::Infallible> {
-            match event {
-                CallbackEvent::OpenStartTag { name } => {
-                    tag = match name {
-                        b"a" | b"area" => Tag::Link,
-                        b"base" => Tag::Base,
-                        _ if all_hrefs => Tag::Link,
-                        _ => Tag::Ignored,
-                    };
-                    awaiting_value = false;
-                    had_href = false;
-                }
-                CallbackEvent::AttributeName { name } => {
-                    if awaiting_value {
-                        // `<a href>`: an empty value.
-                        take(b"", &tag);
-                        awaiting_value = false;
-                    }
-                    if tag != Tag::Ignored && name == b"href" && !had_href {
-                        awaiting_value = true;
-                        had_href = true;
-                    }
-                }
-                CallbackEvent::AttributeValue { value } if awaiting_value => {
-                    take(value, &tag);
-                    awaiting_value = false;
-                }
-                CallbackEvent::CloseStartTag { .. } => {
-                    if awaiting_value {
-                        take(b"", &tag);
-                    }
-                    awaiting_value = false;
-                    tag = Tag::Ignored;
-                }
-                CallbackEvent::EndTag { .. } => {
-                    awaiting_value = false;
-                    tag = Tag::Ignored;
-                }
-                _ => {}
-            }
-            None
-        },
-    );
-    emitter.naively_switch_states(true);
-    // Reading a &str cannot fail (the error type is Infallible).
-    let _ = html5gum::Tokenizer::new_with_emitter(text, emitter).finish();
-    (base, hrefs)
+    let mut seen = foldhash::HashSet::default();
+    let links = hrefs
+        .into_inner()
+        .iter()
+        .filter_map(|href| parse(Some(&base), href))
+        .map(normalize)
+        .filter(|link| options.keep_schemes || matches!(link.scheme(), "http" | "https"))
+        .filter(|link| seen.insert(link.as_str().to_owned()))
+        .collect();
+    Ok(links)
 }
 
 /// Whether a response with this Content-Type (or none) is worth parsing.
@@ -372,20 +209,11 @@ mod tests {
 
     fn links(html: &str, options: ExtractOptions) -> Vec<String> {
         let page = Url::parse(PAGE).expect("PAGE is a valid URL");
-        let run = |tokenizer| -> Vec<String> {
-            extract_links_with(html.as_bytes(), None, &page, options, tokenizer)
-                .expect("test pages parse")
-                .into_iter()
-                .map(String::from)
-                .collect()
-        };
-        let lol = run(Tokenizer::LolHtml);
-        assert_eq!(
-            run(Tokenizer::Html5gum),
-            lol,
-            "html5gum vs lol_html on {html}"
-        );
-        lol
+        extract_links(html.as_bytes(), None, &page, options)
+            .expect("test pages parse")
+            .into_iter()
+            .map(String::from)
+            .collect()
     }
 
     #[test]
