@@ -188,3 +188,36 @@ fn state_needs_an_output_file() {
         String::from_utf8_lossy(&output.stderr)
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_resumed_dot_output_keeps_one_header_and_one_footer() {
+    let server = site()
+        .html("/", r#"<a href="/a">a</a>"#)
+        .html("/a", r#"<a href="/">home</a>"#)
+        .serve()
+        .await;
+    let dir = tempfile::tempdir().expect("a temporary directory can be made");
+    let urls = dir.path().join("urls.txt");
+    std::fs::write(&urls, format!("{}\n", server.url("/")))
+        .expect("the temporary directory is writable");
+    let out = dir.path().join("graph.dot");
+    let state = dir.path().join("crawl.state");
+    let dot_run = || {
+        let mut command = areq(&urls, &out, Some(&state));
+        command.args(["--format", "dot"]);
+        command
+    };
+
+    run_to_completion(dot_run()).await;
+    let first = std::fs::read_to_string(&out).expect("the output exists");
+    run_to_completion(dot_run()).await;
+    let second = std::fs::read_to_string(&out).expect("the output exists");
+
+    let expected = format!(
+        "digraph links {{\n  \"{home}\" -> \"{a}\";\n  \"{a}\" -> \"{home}\";\n}}\n",
+        home = server.url("/"),
+        a = server.url("/a")
+    );
+    assert_eq!(first, expected);
+    assert_eq!(second, expected);
+}
