@@ -63,7 +63,7 @@ pub async fn run(
 
     let mut resume = None;
     let sink: Box<dyn Write + Send> = if let Some(state_path) = &config.state {
-        let (file, state, resumed) = open_resumable(&config.output, state_path)?;
+        let (file, state, resumed) = open_resumable(&config.output, state_path, config.format)?;
         resume = Some((state, resumed));
         Box::new(file)
     } else if config.output.as_os_str() == "-" {
@@ -102,13 +102,18 @@ pub async fn run(
 fn open_resumable(
     output: &std::path::Path,
     state_path: &std::path::Path,
+    format: crate::config::Format,
 ) -> anyhow::Result<(File, State, Resumed)> {
     use std::io::{Seek as _, SeekFrom};
     anyhow::ensure!(
         output.as_os_str() != "-",
         "--state needs an output file (-o FILE), not standard output"
     );
-    let (state, resumed) = State::open(state_path)?;
+    let (mut state, resumed) = State::open(state_path)?;
+    let format = clap::ValueEnum::to_possible_value(&format)
+        .map(|value| value.get_name().to_owned())
+        .unwrap_or_default();
+    state.settle("format", &format)?;
     let name = output.display();
     let mut file = std::fs::OpenOptions::new()
         .write(true)

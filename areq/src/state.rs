@@ -17,11 +17,30 @@ use url::Url;
 
 /// Why the state file could not be used.
 #[derive(Debug, thiserror::Error)]
-#[error("crawl state {path}: {source}")]
-pub struct StateError {
-    path: String,
-    #[source]
-    source: rusqlite::Error,
+#[non_exhaustive]
+pub enum StateError {
+    /// SQLite failed.
+    #[error("crawl state {path}: {source}")]
+    Sqlite {
+        /// The state file.
+        path: String,
+        /// What SQLite said.
+        #[source]
+        source: rusqlite::Error,
+    },
+    /// The state was made by a run with another setting that shapes the
+    /// output (resuming would mix two formats in one file).
+    #[error("crawl state {path} was made with --{key} {stored}, not {given}")]
+    Mismatch {
+        /// The state file.
+        path: String,
+        /// The setting.
+        key: String,
+        /// Its value in the state.
+        stored: String,
+        /// Its value in this run.
+        given: String,
+    },
 }
 
 /// One change to the state, committed with the edges sent alongside it.
@@ -87,13 +106,14 @@ const SCHEMA: &str = "
     );
     CREATE TABLE IF NOT EXISTS scope_seeds (url TEXT PRIMARY KEY);
     CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+    CREATE TABLE IF NOT EXISTS settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 ";
 
 impl State {
     /// Opens (or creates) the state file and loads what it holds.
     pub fn open(path: &Path) -> Result<(Self, Resumed), StateError> {
         let name = path.display().to_string();
-        let wrap = |source| StateError {
+        let wrap = |source| StateError::Sqlite {
             path: name.clone(),
             source,
         };
@@ -160,10 +180,46 @@ impl State {
         output_len: u64,
     ) -> Result<(), StateError> {
         self.try_commit(changes, output_len)
-            .map_err(|source| StateError {
+            .map_err(|source| StateError::Sqlite {
                 path: self.path.clone(),
                 source,
             })
+    }
+
+    /// Records a setting on a new state, or checks that it matches the
+    /// one recorded.
+    pub fn settle(&mut self, key: &str, value: &str) -> Result<(), StateError> {
+        let sqlite = |source| StateError::Sqlite {
+            path: self.path.clone(),
+            source,
+        };
+        let stored: Option<String> = self
+            .connection
+            .query_row(
+                "SELECT value FROM settings WHERE key = ?1",
+                params![key],
+                |row| row.get(0),
+            )
+            .optional()
+            .map_err(sqlite)?;
+        match stored {
+            None => {
+                self.connection
+                    .execute(
+                        "INSERT INTO settings (key, value) VALUES (?1, ?2)",
+                        params![key, value],
+                    )
+                    .map_err(sqlite)?;
+                Ok(())
+            }
+            Some(stored) if stored == value => Ok(()),
+            Some(stored) => Err(StateError::Mismatch {
+                path: self.path.clone(),
+                key: key.to_owned(),
+                stored,
+                given: value.to_owned(),
+            }),
+        }
     }
 
     fn try_commit<'a>(
@@ -278,5 +334,27 @@ mod tests {
             )]
         );
         assert_eq!(resumed.output_len, 1234);
+    }
+
+    #[test]
+    fn a_setting_is_recorded_once_and_then_checked() {
+        let dir = tempfile::tempdir().expect("a temporary directory can be made");
+        let path = dir.path().join("state.db");
+        let (mut state, _) = State::open(&path).expect("a new state opens");
+        state.settle("format", "tsv").expect("recorded");
+        drop(state);
+        let (mut state, _) = State::open(&path).expect("the state opens again");
+        state
+            .settle("format", "tsv")
+            .expect("the same value matches");
+        let error = state
+            .settle("format", "dot")
+            .expect_err("another value is refused");
+        assert!(
+            error
+                .to_string()
+                .ends_with("was made with --format tsv, not dot"),
+            "{error}"
+        );
     }
 }

@@ -221,3 +221,58 @@ async fn a_resumed_dot_output_keeps_one_header_and_one_footer() {
     assert_eq!(first, expected);
     assert_eq!(second, expected);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_crawl_stopped_by_ctrl_c_resumes_with_the_same_command() {
+    let server = site()
+        .html("/", r#"<a href="/hang">h</a><a href="/done">d</a>"#)
+        .html("/done", r#"<a href="/after-done">x</a>"#)
+        .route("/hang", common::Route::hanging())
+        .serve()
+        .await;
+    let dir = tempfile::tempdir().expect("a temporary directory can be made");
+    let urls = dir.path().join("urls.txt");
+    std::fs::write(&urls, format!("{}\n", server.url("/")))
+        .expect("the temporary directory is writable");
+    let out = dir.path().join("found.tsv");
+    let state = dir.path().join("crawl.state");
+
+    let child = areq(&urls, &out, Some(&state))
+        .spawn()
+        .expect("the areq binary starts");
+    server.site.accounting.wait_for_hit("/hang").await;
+    server.site.accounting.wait_for_hit("/after-done").await;
+    let interrupted = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(interrupted.success());
+    let stopped = tokio::task::spawn_blocking(move || child.wait_with_output())
+        .await
+        .expect("waiting does not panic")
+        .expect("the child can be waited for");
+    assert_eq!(stopped.status.code(), Some(130));
+
+    // The page that hung now answers; the same command finishes the crawl.
+    server.add("/hang", common::Route::html(r#"<a href="/">home</a>"#));
+    run_to_completion(areq(&urls, &out, Some(&state))).await;
+
+    assert_eq!(server.hits("/"), 1, "the seed was done before Ctrl-C");
+    assert_eq!(server.hits("/done"), 1);
+    assert_eq!(
+        server.hits("/hang"),
+        2,
+        "in flight at Ctrl-C: fetched again"
+    );
+    let written = std::fs::read_to_string(&out).expect("the output exists");
+    let at = |path: &str| server.url(path).to_string();
+    assert_eq!(
+        sorted_edges(&written),
+        [
+            format!("{}\t{}", at("/"), at("/done")),
+            format!("{}\t{}", at("/"), at("/hang")),
+            format!("{}\t{}", at("/done"), at("/after-done")),
+            format!("{}\t{}", at("/hang"), at("/")),
+        ]
+    );
+}
