@@ -28,6 +28,8 @@
 //!   module that knows `rusqlite`, used only by the output writer thread.
 //! - [`crawl`](mod@crawl): the scheduler loop tying it together; owns every spawned
 //!   task and stops on a [`CancellationToken`](tokio_util::sync::CancellationToken).
+//! - [`run()`]: the command line's run around it (URL list, output, report
+//!   and state files).
 #![deny(missing_docs)]
 
 pub mod broken;
@@ -39,10 +41,12 @@ pub mod frontier;
 pub mod output;
 pub mod report;
 pub mod robots;
+mod run;
 pub mod scope;
 pub mod seeds;
 pub mod state;
 
 pub use config::Config;
-pub use crawl::{crawl, run};
+pub use crawl::crawl;
 pub use report::{Console, Summary};
+pub use run::run;
