@@ -357,7 +357,7 @@ fn handle(
             let final_url = normalize(fetched.final_url);
             if final_url != job.url {
                 frontier.mark_seen(&final_url);
-                journal.record(|| Change::Done(final_url.clone()));
+                journal.record(|| Change::Seen(final_url.clone()));
                 if job.depth == 0 {
                     Arc::make_mut(scope).add_seed(&final_url);
                     journal.record(|| Change::ScopeSeed(final_url.clone()));

@@ -53,9 +53,11 @@ pub enum Change {
         /// Hops from the seed.
         depth: u32,
     },
-    /// A URL is finished (fetched, failed, disallowed) or was reached by a
-    /// redirect: never fetch it again.
+    /// A URL is finished (fetched, failed, disallowed): never fetch it again.
     Done(Url),
+    /// A URL was reached by a redirect: never queue it, but if it is
+    /// already queued it stays queued (as the frontier's seen-set does).
+    Seen(Url),
     /// A seed's redirect target joined the scope.
     ScopeSeed(Url),
     /// robots.txt of a host: `None` for no rules (allow all) or the whole
@@ -236,6 +238,9 @@ impl State {
                 "INSERT INTO urls (url, depth, done) VALUES (?1, 0, 1) \
                  ON CONFLICT (url) DO UPDATE SET done = 1",
             )?;
+            let mut seen = transaction.prepare_cached(
+                "INSERT INTO urls (url, depth, done) VALUES (?1, 0, 1) ON CONFLICT (url) DO NOTHING",
+            )?;
             let mut robots = transaction.prepare_cached(
                 "INSERT OR REPLACE INTO robots (host, disallow_all, body) VALUES (?1, ?2, ?3)",
             )?;
@@ -248,6 +253,9 @@ impl State {
                     }
                     Change::Done(url) => {
                         done.execute(params![url.as_str()])?;
+                    }
+                    Change::Seen(url) => {
+                        seen.execute(params![url.as_str()])?;
                     }
                     Change::ScopeSeed(url) => {
                         scope_seed.execute(params![url.as_str()])?;
@@ -279,7 +287,7 @@ mod tests {
     }
 
     #[test]
-    fn what_is_committed_is_loaded_again_and_done_wins_over_queued() {
+    fn what_is_committed_is_loaded_again_done_ends_a_queued_url_and_seen_does_not() {
         let dir = tempfile::tempdir().expect("a temporary directory can be made");
         let path = dir.path().join("state.db");
         let (mut state, resumed) = State::open(&path).expect("a new state opens");
@@ -300,7 +308,8 @@ mod tests {
                 depth: 1,
             },
             Change::Done(url("http://a.test/")),
-            Change::Done(url("http://a.test/redirected-to")),
+            Change::Seen(url("http://a.test/redirected-to")),
+            Change::Seen(url("http://a.test/y")),
             Change::Queued {
                 url: url("http://a.test/"),
                 depth: 0,
