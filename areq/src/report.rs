@@ -243,7 +243,7 @@ impl Progress {
     /// Updates the bar after an event.
     pub fn update(&self, summary: &Summary, queued: usize, in_flight: usize) {
         if let Shown::Bar(bar) = &self.shown {
-            let done = summary.pages + summary.error_count();
+            let done = summary.pages + summary.error_count() + summary.redirects_not_followed;
             bar.set_length(done + (queued + in_flight) as u64);
             bar.set_position(done);
             let seconds = self.started.elapsed().as_secs_f64().max(f64::EPSILON);
@@ -295,6 +295,13 @@ mod tests {
             summary.to_string(),
             "3 pages (0 not html), 10 edges, 3 errors (http 404: 2, connect: 1), \
              0 disallowed by robots.txt, 0 retries, 0 invalid input lines, in 1.5s"
+        );
+        summary.redirects_not_followed = 2;
+        assert!(
+            summary
+                .to_string()
+                .contains(", 0 retries, 2 redirects out of scope not followed, 0 invalid"),
+            "{summary}"
         );
     }
 }
