@@ -88,6 +88,9 @@ pub struct Fetcher {
     client: reqwest::Client,
     max_body: u64,
     max_redirects: usize,
+    /// The whole request, redirects included (reqwest's own timeout
+    /// covers one hop, as areq follows redirects itself).
+    timeout: Duration,
 }
 
 impl Fetcher {
@@ -112,6 +115,7 @@ impl Fetcher {
             client,
             max_body: settings.max_body,
             max_redirects: settings.max_redirects,
+            timeout: settings.timeout,
         })
     }
 
@@ -121,6 +125,17 @@ impl Fetcher {
     /// target; the first target it refuses ends the request with
     /// [`Response::redirect_to`] set.
     pub async fn get(
+        &self,
+        url: &Url,
+        wanted: BodyWanted,
+        follow: impl Fn(&Url) -> bool,
+    ) -> Result<Response, FetchError> {
+        tokio::time::timeout(self.timeout, self.get_within(url, wanted, follow))
+            .await
+            .unwrap_or(Err(FetchError::Timeout))
+    }
+
+    async fn get_within(
         &self,
         url: &Url,
         wanted: BodyWanted,

@@ -762,3 +762,28 @@ async fn the_broken_link_report_groups_failures_by_reason_with_their_referrers()
     );
     assert_eq!(summary.broken_count(), 5);
 }
+
+#[tokio::test]
+async fn the_timeout_covers_a_whole_redirect_chain() {
+    fn hop_latency(path: &str) -> Duration {
+        if path.starts_with("/hop") {
+            Duration::from_millis(200)
+        } else {
+            Duration::ZERO
+        }
+    }
+    let server = site()
+        .latency(hop_latency)
+        .route("/hop1", Route::redirect("/hop2"))
+        .route("/hop2", Route::redirect("/hop3"))
+        .route("/hop3", Route::redirect("/end"))
+        .html("/end", r#"<a href="/x">"#)
+        .serve()
+        .await;
+
+    // Each hop answers well within the timeout; the three together do not.
+    let (summary, _) = crawl(&[server.url("/hop1")], &["--timeout", "500ms"]).await;
+
+    assert_eq!(summary.errors, BTreeMap::from([(ErrorKind::Timeout, 1)]));
+    assert_eq!(server.hits("/end"), 0);
+}
