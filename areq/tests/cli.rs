@@ -181,13 +181,28 @@ async fn fail_on_broken_sets_exit_code_3_and_the_report_is_written() {
         "stderr: {}",
         String::from_utf8_lossy(&strict.stderr)
     );
-    let written = std::fs::read_to_string(&report).expect("the report file exists");
-    assert_eq!(
-        written,
-        format!(
-            "broken links: 1 url\n\nhttp 404: 1 url\n  {} (http status 404)\n    linked from {}\n",
-            server.url("/missing"),
-            server.url("/")
-        )
+    let expected = format!(
+        "broken links: 1 url\n\nhttp 404: 1 url\n  {} (http status 404)\n    linked from {}\n",
+        server.url("/missing"),
+        server.url("/")
     );
+    let written = std::fs::read_to_string(&report).expect("the report file exists");
+    assert_eq!(written, expected);
+
+    let to_stdout = {
+        let (urls, out) = (urls.clone(), out.clone());
+        tokio::task::spawn_blocking(move || {
+            Command::new(env!("CARGO_BIN_EXE_areq"))
+                .arg(&urls)
+                .arg("-o")
+                .arg(&out)
+                .args(["--report", "-", "--depth", "1", "--politeness", "off"])
+                .output()
+                .expect("the areq binary starts")
+        })
+        .await
+        .expect("waiting does not panic")
+    };
+    assert_eq!(to_stdout.status.code(), Some(0));
+    assert_eq!(String::from_utf8_lossy(&to_stdout.stdout), expected);
 }
