@@ -32,6 +32,11 @@ pub struct Config {
     #[arg(long, value_enum, default_value_t = Scope::Host)]
     pub scope: Scope,
 
+    /// During recursion, follow redirects wherever they go (by default a
+    /// redirect leaving the scope is reported as an edge and not followed)
+    #[arg(long)]
+    pub follow_redirects_anywhere: bool,
+
     /// Only follow links whose URL matches one of these regexes
     #[arg(long, value_name = "REGEX")]
     pub include: Vec<Regex>,
@@ -96,6 +101,21 @@ pub struct Config {
     #[arg(long, default_value = concat!("areq/", env!("CARGO_PKG_VERSION"), " (link collector)"))]
     pub user_agent: String,
 
+    /// Write a broken-link report here (`-` for standard output): every
+    /// failed URL, why, and the pages linking to it, grouped by reason
+    #[arg(long, value_name = "FILE")]
+    pub report: Option<PathBuf>,
+
+    /// Exit with code 3 when any URL failed (for CI)
+    #[arg(long)]
+    pub fail_on_broken: bool,
+
+    /// Keep the crawl's state in this SQLite file and resume from it: the
+    /// same command after Ctrl-C, a crash or kill -9 goes on where it
+    /// stopped, appending to the output (which must be a file)
+    #[arg(long, value_name = "FILE")]
+    pub state: Option<PathBuf>,
+
     /// Progress display on standard error
     #[arg(long, value_enum, default_value_t = Progress::Auto)]
     pub progress: Progress,
@@ -117,7 +137,8 @@ pub enum Format {
 pub enum Scope {
     /// The seeds' hosts (host and port)
     Host,
-    /// The seeds' domains and their subdomains (a leading `www.` is dropped)
+    /// The seeds' registrable domains (per the public-suffix list) and
+    /// their subdomains: `a.example.co.uk` keeps `b.example.co.uk`
     Domain,
     /// Any http or https URL
     Any,

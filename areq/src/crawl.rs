@@ -3,9 +3,8 @@
 //! jobs, retries and counters. It is the only owner of the frontier and the
 //! summary, so neither needs a lock.
 
-use std::collections::HashMap;
-use std::fs::File;
-use std::io::{Read, Write};
+use std::io::Write;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -15,64 +14,48 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 use url::Url;
 
+use crate::broken::BrokenLinks;
 use crate::config::Config;
 use crate::extract::{ExtractError, ExtractOptions, charset_of, extract_links, is_html};
 use crate::fetch::{BodyWanted, FetchError, FetchSettings, Fetcher};
 use crate::frontier::{Dispatch, Frontier, FrontierSettings, Job};
-use crate::output::{Output, PageRecord};
+use crate::output::{Output, PageRecord, Persist, Step};
 use crate::report::{Console, ErrorKind, LOG_INTERVAL, Progress, Summary};
 use crate::robots::RobotsRules;
 use crate::scope::{ScopeFilter, normalize};
-use crate::seeds::parse_seeds;
+use crate::state::{Change, Resumed, State};
 
 /// Bodies larger than this are parsed on the blocking pool, so that one
 /// huge page does not stall the async workers.
 const INLINE_PARSE_LIMIT: usize = 256 * 1024;
 
-/// Runs the command line: reads the URL list, opens the output, crawls.
-///
-/// Invalid input lines are logged with their line number and skipped; an
-/// unreadable list, a list without any valid URL or an unwritable output
-/// are errors.
-pub async fn run(
-    config: Config,
-    console: &Console,
-    shutdown: CancellationToken,
-) -> anyhow::Result<Summary> {
-    let list_name = config.urls_file.display().to_string();
-    let text = if list_name == "-" {
-        let mut text = String::new();
-        std::io::stdin()
-            .read_to_string(&mut text)
-            .context("reading the url list from standard input failed")?;
-        text
-    } else {
-        std::fs::read_to_string(&config.urls_file)
-            .with_context(|| format!("reading the url list {list_name} failed"))?
-    };
-    let seeds = parse_seeds(&text);
-    for rejected in &seeds.rejected {
-        warn!(
-            "{list_name}:{}: skipping invalid url {:?}: {}",
-            rejected.line, rejected.text, rejected.reason
-        );
-    }
-    anyhow::ensure!(!seeds.urls.is_empty(), "no valid url in {list_name}");
+/// State changes to commit with the next output step; collects nothing
+/// without `--state`, so a plain crawl does not pay for it.
+#[derive(Debug)]
+struct Journal {
+    enabled: bool,
+    changes: Vec<Change>,
+}
 
-    let sink: Box<dyn Write + Send> = if config.output.as_os_str() == "-" {
-        Box::new(std::io::stdout())
-    } else {
-        let file = File::create(&config.output).with_context(|| {
-            format!(
-                "creating the output file {} failed",
-                config.output.display()
-            )
-        })?;
-        Box::new(file)
-    };
-    let mut summary = crawl(&config, seeds.urls, sink, console, shutdown).await?;
-    summary.invalid_seeds = seeds.rejected.len() as u64;
-    Ok(summary)
+impl Journal {
+    fn record(&mut self, change: impl FnOnce() -> Change) {
+        if self.enabled {
+            self.changes.push(change());
+        }
+    }
+
+    /// Sends the changes, with a page's edges if any, to the writer.
+    async fn send(
+        &mut self,
+        output: &Output,
+        record: Option<PageRecord>,
+    ) -> Result<(), crate::output::OutputClosed> {
+        if record.is_none() && self.changes.is_empty() {
+            return Ok(());
+        }
+        let changes = std::mem::take(&mut self.changes);
+        output.send_step(Step { record, changes }).await
+    }
 }
 
 /// What a finished task reports back to the loop.
@@ -80,11 +63,14 @@ pub async fn run(
 enum Outcome {
     Page {
         job: Job,
-        result: Result<Fetched, PageError>,
+        /// Boxed: two URLs and more, against a few words for robots.txt.
+        result: Result<Box<Fetched>, PageError>,
     },
     Robots {
         host: String,
         rules: RobotsRules,
+        /// The file as served, kept for `--state`.
+        body: Option<Vec<u8>>,
     },
 }
 
@@ -96,6 +82,8 @@ struct Fetched {
     content_type: Option<String>,
     /// `None` when the page is not HTML.
     links: Option<Vec<Url>>,
+    /// A redirect out of the scope, reported and not followed.
+    redirect_to: Option<Url>,
 }
 
 /// Why one page failed. Counted and logged, never fatal.
@@ -151,6 +139,19 @@ pub async fn crawl(
     console: &Console,
     shutdown: CancellationToken,
 ) -> anyhow::Result<Summary> {
+    crawl_with(config, seeds, sink, None, console, shutdown).await
+}
+
+/// [`crawl`], resuming from and recording to a state when one is given
+/// (`sink` is then the output file, already cut to the committed length).
+pub(crate) async fn crawl_with(
+    config: &Config,
+    seeds: Vec<Url>,
+    sink: Box<dyn Write + Send>,
+    resume: Option<(State, Resumed)>,
+    console: &Console,
+    shutdown: CancellationToken,
+) -> anyhow::Result<Summary> {
     let started = Instant::now();
     let polite = config.is_polite();
     let per_host = config.per_host as usize;
@@ -163,12 +164,14 @@ pub async fn crawl(
         max_body: config.max_body,
         idle_per_host: per_host.min(concurrency),
     })?;
-    let mut scope = ScopeFilter::new(
+    // Shared with fetch tasks, which check redirect targets against it;
+    // the rare change (a seed's redirect target) copies it.
+    let mut scope = Arc::new(ScopeFilter::new(
         config.scope,
         &seeds,
         config.include.clone(),
         config.exclude.clone(),
-    );
+    ));
     let mut frontier = Frontier::new(FrontierSettings {
         per_host,
         min_delay: if polite {
@@ -178,24 +181,62 @@ pub async fn crawl(
         },
         check_robots: polite,
     });
+    let mut summary = Summary {
+        broken: config.report.is_some().then(BrokenLinks::default),
+        ..Summary::default()
+    };
+    let mut journal = Journal {
+        enabled: resume.is_some(),
+        changes: Vec::new(),
+    };
+    let mut persist = None;
+    if let Some((state, resumed)) = resume {
+        for url in &resumed.done {
+            frontier.mark_seen(url);
+        }
+        for (url, depth) in resumed.queued {
+            frontier.enqueue(Job {
+                url,
+                depth,
+                attempt: 0,
+            });
+        }
+        if polite {
+            for (host, disallow_all, body) in resumed.robots {
+                frontier.preset_robots(&host, robots_rules(disallow_all, body.as_deref()));
+            }
+        }
+        for seed in &resumed.scope_seeds {
+            Arc::make_mut(&mut scope).add_seed(seed);
+        }
+        persist = Some(Persist {
+            state,
+            output_len: resumed.output_len,
+        });
+    }
     for url in seeds {
-        frontier.enqueue(Job {
-            url: normalize(url),
+        let url = normalize(url);
+        if frontier.enqueue(Job {
+            url: url.clone(),
             depth: 0,
             attempt: 0,
-        });
+        }) {
+            if let Some(broken) = &mut summary.broken {
+                broken.queued(&url, None);
+            }
+            journal.record(|| Change::Queued { url, depth: 0 });
+        }
     }
     let extract_options = ExtractOptions {
         all_hrefs: config.all_hrefs,
         keep_schemes: config.keep_schemes,
     };
-    let output = Output::spawn(config.format, sink);
+    let output = Output::spawn(config.format, sink, persist);
     let progress = Progress::new(config.progress, console);
     let mut log_tick = tokio::time::interval_at(started + LOG_INTERVAL, LOG_INTERVAL);
     log_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut tasks = JoinSet::new();
-    let mut running = HashMap::new();
-    let mut summary = Summary::default();
+    let mut running = foldhash::HashMap::default();
 
     loop {
         let now = Instant::now();
@@ -204,7 +245,11 @@ pub async fn crawl(
                 None => break,
                 Some(Dispatch::Fetch(job)) => {
                     let url = job.url.clone();
-                    let handle = tasks.spawn(fetch_page(fetcher.clone(), job, extract_options));
+                    // Seeds follow their redirects anywhere: the target joins the scope.
+                    let redirect_scope =
+                        (job.depth > 0 && !config.follow_redirects_anywhere).then(|| scope.clone());
+                    let page = fetch_page(fetcher.clone(), job, extract_options, redirect_scope);
+                    let handle = tasks.spawn(page);
                     running.insert(handle.id(), Running::Page(url));
                 }
                 Some(Dispatch::FetchRobots { host, url }) => {
@@ -214,6 +259,12 @@ pub async fn crawl(
                 Some(Dispatch::Disallowed(job)) => {
                     summary.robots_disallowed += 1;
                     info!("skipping {}: disallowed by robots.txt", job.url);
+                    if let Some(broken) = &mut summary.broken {
+                        let reason = "disallowed by robots.txt";
+                        broken.failed(&job.url, reason.into(), reason.into());
+                    }
+                    // Committed with the next step, or at the end.
+                    journal.record(|| Change::Done(job.url));
                 }
             }
         }
@@ -234,8 +285,8 @@ pub async fn crawl(
             Some(joined) = tasks.join_next_with_id() => match joined {
                 Ok((id, outcome)) => {
                     running.remove(&id);
-                    let handled = handle(outcome, config, &mut scope, &mut frontier, &output, &mut summary).await;
-                    if handled.is_err() {
+                    let record = handle(outcome, config, &mut scope, &mut frontier, &mut journal, &mut summary);
+                    if journal.send(&output, record).await.is_err() {
                         // The writer stopped on an error; finish() reports it.
                         break;
                     }
@@ -246,6 +297,11 @@ pub async fn crawl(
                         Some(Running::Page(url)) => {
                             warn!("fetching {url} failed: task panicked: {error}");
                             frontier.finished(&url);
+                            if let Some(broken) = &mut summary.broken {
+                                let detail = format!("task panicked: {error}");
+                                broken.failed(&url, ErrorKind::Panic.to_string(), detail);
+                            }
+                            journal.record(|| Change::Done(url));
                         }
                         Some(Running::Robots(host)) => {
                             warn!("fetching robots.txt of {host} failed: task panicked: {error}");
@@ -263,77 +319,119 @@ pub async fn crawl(
     tasks.abort_all();
     while tasks.join_next().await.is_some() {}
     progress.finish();
+    // Changes not yet sent (a last disallowed page); if the writer has
+    // stopped, finish() reports why.
+    let _ = journal.send(&output, None).await;
     output.finish().await.context("writing the output failed")?;
     summary.elapsed = started.elapsed();
     Ok(summary)
 }
 
-/// Applies one task's outcome; fails only when the output writer has stopped.
-async fn handle(
+/// Applies one task's outcome; returns the edges to write, if any. State
+/// changes go to the journal, to be committed with them.
+fn handle(
     outcome: Outcome,
     config: &Config,
-    scope: &mut ScopeFilter,
+    scope: &mut Arc<ScopeFilter>,
     frontier: &mut Frontier,
-    output: &Output,
+    journal: &mut Journal,
     summary: &mut Summary,
-) -> Result<(), crate::output::OutputClosed> {
+) -> Option<PageRecord> {
     let (job, result) = match outcome {
-        Outcome::Robots { host, rules } => {
+        Outcome::Robots { host, rules, body } => {
+            let disallow_all = matches!(rules, RobotsRules::DisallowAll);
+            journal.record(|| Change::Robots {
+                host: host.clone(),
+                disallow_all,
+                body,
+            });
             frontier.set_robots(&host, rules);
-            return Ok(());
+            return None;
         }
         Outcome::Page { job, result } => (job, result),
     };
     frontier.finished(&job.url);
     match result {
         Ok(fetched) => {
-            summary.pages += 1;
+            journal.record(|| Change::Done(job.url.clone()));
             let final_url = normalize(fetched.final_url);
             if final_url != job.url {
                 frontier.mark_seen(&final_url);
+                journal.record(|| Change::Seen(final_url.clone()));
                 if job.depth == 0 {
-                    scope.add_seed(&final_url);
+                    Arc::make_mut(scope).add_seed(&final_url);
+                    journal.record(|| Change::ScopeSeed(final_url.clone()));
                 }
             }
+            if let Some(broken) = &mut summary.broken {
+                broken.succeeded(&job.url);
+            }
+            if let Some(target) = fetched.redirect_to {
+                summary.redirects_not_followed += 1;
+                summary.edges += 1;
+                info!("not following {} to {target}: out of scope", job.url);
+                return Some(PageRecord {
+                    source: job.url,
+                    final_url,
+                    status: fetched.status,
+                    depth: job.depth,
+                    content_type: None,
+                    links: vec![normalize(target)],
+                });
+            }
+            summary.pages += 1;
             let Some(links) = fetched.links else {
                 summary.not_html += 1;
-                return Ok(());
+                return None;
             };
-            if job.depth < config.depth {
-                for link in &links {
-                    if !frontier.has_seen(link) && scope.allows(link) {
-                        frontier.enqueue(Job {
-                            url: link.clone(),
-                            depth: job.depth + 1,
-                            attempt: 0,
-                        });
+            let referrer: Option<Arc<str>> =
+                summary.broken.as_ref().map(|_| job.url.as_str().into());
+            for link in &links {
+                let queued = job.depth < config.depth
+                    && !frontier.has_seen(link)
+                    && scope.allows(link)
+                    && frontier.enqueue(Job {
+                        url: link.clone(),
+                        depth: job.depth + 1,
+                        attempt: 0,
+                    });
+                if queued {
+                    journal.record(|| Change::Queued {
+                        url: link.clone(),
+                        depth: job.depth + 1,
+                    });
+                }
+                if let (Some(broken), Some(referrer)) = (&mut summary.broken, &referrer) {
+                    if queued {
+                        broken.queued(link, Some(referrer));
+                    } else {
+                        broken.linked(link, referrer);
                     }
                 }
             }
-            if !links.is_empty() {
-                summary.edges += links.len() as u64;
-                output
-                    .send(PageRecord {
-                        source: job.url,
-                        final_url,
-                        status: fetched.status,
-                        depth: job.depth,
-                        content_type: fetched.content_type,
-                        links,
-                    })
-                    .await?;
+            if links.is_empty() {
+                return None;
             }
+            summary.edges += links.len() as u64;
+            return Some(PageRecord {
+                source: job.url,
+                final_url,
+                status: fetched.status,
+                depth: job.depth,
+                content_type: fetched.content_type,
+                links,
+            });
         }
         Err(error) => match error.retry_after() {
             Some(retry_after) if job.attempt < config.retries => {
                 let backoff = config.retry_base.saturating_mul(1 << job.attempt.min(16));
                 let wait = retry_after.map_or(backoff, |asked| asked.max(backoff));
                 if wait > config.max_retry_wait {
-                    summary.count_error(error.kind());
                     warn!(
                         "fetching {} failed: {error}, and the server asks to wait {wait:?}",
                         job.url
                     );
+                    fail(summary, journal, job.url, &error);
                 } else {
                     summary.retries += 1;
                     info!("fetching {} failed: {error}, retrying in {wait:?}", job.url);
@@ -345,16 +443,44 @@ async fn handle(
                 }
             }
             _ => {
-                summary.count_error(error.kind());
                 warn!("fetching {} failed: {error}", job.url);
+                fail(summary, journal, job.url, &error);
             }
         },
     }
-    Ok(())
+    None
 }
 
-async fn fetch_page(fetcher: Fetcher, job: Job, options: ExtractOptions) -> Outcome {
-    let result = fetch_and_extract(&fetcher, &job.url, options).await;
+/// Counts a failed URL, lists it in the broken-link report and records it
+/// as done: a resumed crawl does not try it again.
+fn fail(summary: &mut Summary, journal: &mut Journal, url: Url, error: &PageError) {
+    summary.count_error(error.kind());
+    if let Some(broken) = &mut summary.broken {
+        broken.failed(&url, error.kind().to_string(), error.to_string());
+    }
+    journal.record(|| Change::Done(url));
+}
+
+/// robots.txt rules as a previous run stored them.
+fn robots_rules(disallow_all: bool, body: Option<&[u8]>) -> RobotsRules {
+    match body {
+        Some(body) => RobotsRules::parse(body),
+        None if disallow_all => RobotsRules::DisallowAll,
+        None => RobotsRules::AllowAll,
+    }
+}
+
+/// Fetches and parses one page; with a `redirect_scope`, redirects are
+/// followed only within it.
+async fn fetch_page(
+    fetcher: Fetcher,
+    job: Job,
+    options: ExtractOptions,
+    redirect_scope: Option<Arc<ScopeFilter>>,
+) -> Outcome {
+    let result = fetch_and_extract(&fetcher, &job.url, options, redirect_scope.as_deref())
+        .await
+        .map(Box::new);
     Outcome::Page { job, result }
 }
 
@@ -362,8 +488,10 @@ async fn fetch_and_extract(
     fetcher: &Fetcher,
     url: &Url,
     options: ExtractOptions,
+    redirect_scope: Option<&ScopeFilter>,
 ) -> Result<Fetched, PageError> {
-    let response = fetcher.get(url, BodyWanted::HtmlOnly).await?;
+    let follow = |target: &Url| redirect_scope.is_none_or(|scope| scope.contains(target));
+    let response = fetcher.get(url, BodyWanted::HtmlOnly, follow).await?;
     let content_type = response.content_type;
     let html_body = response
         .body
@@ -393,6 +521,7 @@ async fn fetch_and_extract(
         status: response.status,
         content_type,
         links,
+        redirect_to: response.redirect_to,
     })
 }
 
@@ -400,13 +529,16 @@ async fn fetch_and_extract(
 /// the whole site is off limits; an unreachable server gets no rules, so
 /// that its pages fail with the real reason instead of a silent skip.
 async fn fetch_robots(fetcher: Fetcher, host: String, url: Url) -> Outcome {
-    let rules = match fetcher.get(&url, BodyWanted::Always).await {
-        Ok(response) => RobotsRules::parse(response.body.as_deref().unwrap_or_default()),
+    let (rules, body) = match fetcher.get(&url, BodyWanted::Always, |_| true).await {
+        Ok(response) => {
+            let body = response.body.unwrap_or_default();
+            (RobotsRules::parse(&body), Some(body))
+        }
         Err(FetchError::Status { status, .. }) if status >= 500 => {
             warn!("fetching {url} failed with status {status}: treating {host} as disallowed");
-            RobotsRules::DisallowAll
+            (RobotsRules::DisallowAll, None)
         }
-        Err(_) => RobotsRules::AllowAll,
+        Err(_) => (RobotsRules::AllowAll, None),
     };
-    Outcome::Robots { host, rules }
+    Outcome::Robots { host, rules, body }
 }

@@ -8,7 +8,6 @@
 
 use std::borrow::Cow;
 use std::cell::RefCell;
-use std::collections::HashSet;
 
 use encoding_rs::{Encoding, UTF_8};
 use lol_html::{HtmlRewriter, Settings, element};
@@ -106,7 +105,7 @@ pub fn extract_links(
         .filter(|base| !matches!(base.scheme(), "data" | "javascript"))
         .unwrap_or_else(|| page_url.clone());
 
-    let mut seen = HashSet::new();
+    let mut seen = foldhash::HashSet::default();
     let links = hrefs
         .into_inner()
         .iter()

@@ -2,7 +2,8 @@
 
 use std::time::{Duration, SystemTime};
 
-use reqwest::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderMap, RETRY_AFTER};
+use reqwest::StatusCode;
+use reqwest::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderMap, LOCATION, RETRY_AFTER};
 use url::Url;
 
 /// How the shared client is built.
@@ -42,6 +43,9 @@ pub struct Response {
     pub content_type: Option<String>,
     /// The body, when it was wanted.
     pub body: Option<Vec<u8>>,
+    /// A redirect that was not followed (the `follow` test refused its
+    /// target); `status` is then the redirect's, and there is no body.
+    pub redirect_to: Option<Url>,
 }
 
 /// Why a URL could not be fetched. Never fatal to the crawl.
@@ -83,6 +87,10 @@ pub enum FetchError {
 pub struct Fetcher {
     client: reqwest::Client,
     max_body: u64,
+    max_redirects: usize,
+    /// The whole request, redirects included (reqwest's own timeout
+    /// covers one hop, as areq follows redirects itself).
+    timeout: Duration,
 }
 
 impl Fetcher {
@@ -95,7 +103,9 @@ impl Fetcher {
             .user_agent(settings.user_agent.clone())
             .timeout(settings.timeout)
             .connect_timeout(settings.connect_timeout)
-            .redirect(reqwest::redirect::Policy::limited(settings.max_redirects))
+            // Redirects are followed by `get`, which asks the caller about
+            // each target (the crawl keeps them within its scope).
+            .redirect(reqwest::redirect::Policy::none())
             .pool_max_idle_per_host(settings.idle_per_host)
             .gzip(true)
             .brotli(true)
@@ -104,17 +114,60 @@ impl Fetcher {
         Ok(Self {
             client,
             max_body: settings.max_body,
+            max_redirects: settings.max_redirects,
+            timeout: settings.timeout,
         })
     }
 
     /// GETs a URL, reading its body when wanted and within the size limit.
-    pub async fn get(&self, url: &Url, wanted: BodyWanted) -> Result<Response, FetchError> {
-        let response = self
-            .client
-            .get(url.clone())
-            .send()
+    ///
+    /// Redirects are followed up to the limit while `follow` accepts their
+    /// target; the first target it refuses ends the request with
+    /// [`Response::redirect_to`] set.
+    pub async fn get(
+        &self,
+        url: &Url,
+        wanted: BodyWanted,
+        follow: impl Fn(&Url) -> bool,
+    ) -> Result<Response, FetchError> {
+        tokio::time::timeout(self.timeout, self.get_within(url, wanted, follow))
             .await
-            .map_err(classify)?;
+            .unwrap_or(Err(FetchError::Timeout))
+    }
+
+    async fn get_within(
+        &self,
+        url: &Url,
+        wanted: BodyWanted,
+        follow: impl Fn(&Url) -> bool,
+    ) -> Result<Response, FetchError> {
+        let mut current = url.clone();
+        let mut redirects = 0;
+        let response = loop {
+            let response = self
+                .client
+                .get(current.clone())
+                .send()
+                .await
+                .map_err(classify)?;
+            let Some(target) = redirect_target(&response) else {
+                break response;
+            };
+            if redirects == self.max_redirects {
+                return Err(FetchError::TooManyRedirects);
+            }
+            redirects += 1;
+            if !follow(&target) {
+                return Ok(Response {
+                    final_url: current,
+                    status: response.status().as_u16(),
+                    content_type: None,
+                    body: None,
+                    redirect_to: Some(target),
+                });
+            }
+            current = target;
+        };
         let status = response.status().as_u16();
         if status >= 400 {
             return Err(FetchError::Status {
@@ -122,7 +175,7 @@ impl Fetcher {
                 retry_after: retry_after(response.headers()),
             });
         }
-        let final_url = response.url().clone();
+        let final_url = current;
         let content_type = response
             .headers()
             .get(CONTENT_TYPE)
@@ -144,6 +197,7 @@ impl Fetcher {
             status,
             content_type,
             body,
+            redirect_to: None,
         })
     }
 
@@ -167,6 +221,25 @@ impl Fetcher {
         }
         Ok(body)
     }
+}
+
+/// Where a redirect response points, resolved against its URL; `None` for
+/// other responses and for a missing or invalid Location (then the response
+/// stands for itself, as browsers treat it).
+fn redirect_target(response: &reqwest::Response) -> Option<Url> {
+    let redirects = [
+        StatusCode::MOVED_PERMANENTLY,
+        StatusCode::FOUND,
+        StatusCode::SEE_OTHER,
+        StatusCode::TEMPORARY_REDIRECT,
+        StatusCode::PERMANENT_REDIRECT,
+    ];
+    if !redirects.contains(&response.status()) {
+        return None;
+    }
+    let location = response.headers().get(LOCATION)?.to_str().ok()?;
+    let target = response.url().join(location).ok()?;
+    matches!(target.scheme(), "http" | "https").then_some(target)
 }
 
 fn content_length(headers: &HeaderMap) -> Option<u64> {

@@ -10,7 +10,11 @@
 //!   request may start (minimum delay, Crawl-delay, Retry-After), and its
 //!   robots.txt state (unknown, being fetched, known).
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::VecDeque;
+
+// foldhash rather than SipHash: the keys are our own normalised URLs, and
+// hashing them was a measurable share of the crawl (README, benchmark).
+use foldhash::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -92,9 +96,9 @@ impl Frontier {
     pub fn new(settings: FrontierSettings) -> Self {
         Self {
             settings,
-            hosts: HashMap::new(),
+            hosts: HashMap::default(),
             active: VecDeque::new(),
-            seen: HashSet::new(),
+            seen: HashSet::default(),
             queued: 0,
         }
     }
@@ -130,11 +134,14 @@ impl Frontier {
         host.not_before = Some(host.not_before.map_or(not_before, |t| t.max(not_before)));
     }
 
-    fn push(&mut self, job: Job, at_front: bool) -> String {
-        let key = host_key(&job.url);
-        let check_robots = self.settings.check_robots;
-        let min_delay = self.settings.min_delay;
-        let host = self.hosts.entry(key.clone()).or_insert_with(|| HostState {
+    fn host_state<'a>(
+        hosts: &'a mut HashMap<String, HostState>,
+        settings: &FrontierSettings,
+        key: &str,
+    ) -> &'a mut HostState {
+        let check_robots = settings.check_robots;
+        let min_delay = settings.min_delay;
+        hosts.entry(key.to_owned()).or_insert_with(|| HostState {
             queue: VecDeque::new(),
             in_flight: 0,
             not_before: None,
@@ -144,7 +151,12 @@ impl Frontier {
                 RobotsState::Known(Arc::new(RobotsRules::AllowAll))
             },
             delay: min_delay,
-        });
+        })
+    }
+
+    fn push(&mut self, job: Job, at_front: bool) -> String {
+        let key = host_key(&job.url);
+        let host = Self::host_state(&mut self.hosts, &self.settings, &key);
         if host.queue.is_empty() {
             self.active.push_back(key.clone());
         }
@@ -225,6 +237,16 @@ impl Frontier {
         if let Some(host) = self.hosts.get_mut(&host_key(url)) {
             host.in_flight = host.in_flight.saturating_sub(1);
         }
+    }
+
+    /// Installs robots.txt rules known from a previous run, so that they
+    /// are not fetched again.
+    pub fn preset_robots(&mut self, host: &str, rules: RobotsRules) {
+        let state = Self::host_state(&mut self.hosts, &self.settings, host);
+        if let Some(crawl_delay) = rules.crawl_delay() {
+            state.delay = state.delay.max(crawl_delay);
+        }
+        state.robots = RobotsState::Known(Arc::new(rules));
     }
 
     /// The robots.txt fetch of `host` has finished with these rules.
@@ -344,6 +366,22 @@ mod tests {
         f.enqueue(job("http://a.test/later"));
         assert_eq!(f.next_ready(now), None);
         assert_eq!(f.next_wakeup(now), Some(now + Duration::from_secs(5)));
+    }
+
+    #[test]
+    fn preset_robots_rules_are_used_without_fetching_robots_txt() {
+        let now = Instant::now();
+        let mut f = frontier(8, Duration::ZERO, true);
+        f.preset_robots(
+            "http://a.test",
+            RobotsRules::parse(b"User-agent: *\nDisallow: /private\n"),
+        );
+        f.enqueue(job("http://a.test/private/x"));
+        f.enqueue(job("http://a.test/public"));
+        assert!(
+            matches!(f.next_ready(now), Some(Dispatch::Disallowed(j)) if j.url.path() == "/private/x")
+        );
+        assert_eq!(fetched_path(f.next_ready(now)), "/public");
     }
 
     #[test]

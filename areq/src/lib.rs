@@ -23,10 +23,16 @@
 //! - [`output`]: the tsv/jsonl/dot writers, run on a blocking thread fed by
 //!   a bounded channel so that edges are streamed, never accumulated.
 //! - [`report`]: progress bar or log lines, counters and the final summary.
+//! - [`broken`]: the broken-link report (`--report`). Pure.
+//! - [`state`]: the resumable crawl's state in SQLite (`--state`); the only
+//!   module that knows `rusqlite`, used only by the output writer thread.
 //! - [`crawl`](mod@crawl): the scheduler loop tying it together; owns every spawned
 //!   task and stops on a [`CancellationToken`](tokio_util::sync::CancellationToken).
+//! - [`run()`]: the command line's run around it (URL list, output, report
+//!   and state files).
 #![deny(missing_docs)]
 
+pub mod broken;
 pub mod config;
 pub mod crawl;
 pub mod extract;
@@ -35,9 +41,12 @@ pub mod frontier;
 pub mod output;
 pub mod report;
 pub mod robots;
+mod run;
 pub mod scope;
 pub mod seeds;
+pub mod state;
 
 pub use config::Config;
-pub use crawl::{crawl, run};
+pub use crawl::crawl;
 pub use report::{Console, Summary};
+pub use run::run;

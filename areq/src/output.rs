@@ -5,6 +5,11 @@
 //! channel runs dry, so output is streamed and memory stays flat. Dropping
 //! the sender (end of crawl or Ctrl-C) makes the thread write the footer,
 //! flush and return.
+//!
+//! With `--state`, each message also carries the state changes that go with
+//! its edges; after each batch the writer flushes the output and then
+//! commits the changes together with the output's length (see
+//! [`crate::state`]).
 
 use std::io::{self, BufWriter, Write};
 
@@ -14,6 +19,7 @@ use tokio::task::JoinHandle;
 use url::Url;
 
 use crate::config::Format;
+use crate::state::{Change, State};
 
 /// The header line of the tsv format, as in the original areq.py.
 pub const TSV_HEADER: &str = "source_url\tparsed_url";
@@ -46,6 +52,30 @@ struct JsonEdge<'a> {
     content_type: Option<&'a str>,
 }
 
+/// One page's worth of progress: its edges, if any, and the state changes
+/// committed with them.
+#[derive(Debug, Default)]
+pub struct Step {
+    /// The edges to write.
+    pub record: Option<PageRecord>,
+    /// Changes to the crawl state; empty without `--state`.
+    pub changes: Vec<Change>,
+}
+
+/// The state file and where its output stands, for a resumable crawl.
+#[derive(Debug)]
+pub struct Persist {
+    /// The open state.
+    pub state: State,
+    /// Bytes already in the output (committed by an earlier run); the sink
+    /// is positioned there, and the header is written only when it is 0.
+    pub output_len: u64,
+}
+
+/// Most messages in one state transaction; the writer commits sooner
+/// whenever the channel runs dry.
+const MAX_BATCH: usize = 1024;
+
 /// The writer thread has stopped, on a write error.
 #[derive(Debug, thiserror::Error)]
 #[error("the output writer has stopped")]
@@ -54,22 +84,33 @@ pub struct OutputClosed;
 /// The sending side of the output; see the module documentation.
 #[derive(Debug)]
 pub struct Output {
-    sender: mpsc::Sender<PageRecord>,
+    sender: mpsc::Sender<Step>,
     writer: JoinHandle<io::Result<u64>>,
 }
 
 impl Output {
-    /// Starts the writer thread; the header is written at once.
-    pub fn spawn(format: Format, sink: Box<dyn Write + Send>) -> Self {
+    /// Starts the writer thread; the header is written at once (unless a
+    /// resumed output already has it).
+    pub fn spawn(format: Format, sink: Box<dyn Write + Send>, persist: Option<Persist>) -> Self {
         let (sender, receiver) = mpsc::channel(256);
-        let writer = tokio::task::spawn_blocking(move || write_all(format, sink, receiver));
+        let writer =
+            tokio::task::spawn_blocking(move || write_all(format, sink, receiver, persist));
         Self { sender, writer }
     }
 
     /// Queues a page's edges; fails when the writer has stopped on an error
     /// (which [`Output::finish`] then returns).
     pub async fn send(&self, record: PageRecord) -> Result<(), OutputClosed> {
-        self.sender.send(record).await.map_err(|_| OutputClosed)
+        self.send_step(Step {
+            record: Some(record),
+            changes: Vec::new(),
+        })
+        .await
+    }
+
+    /// Queues edges and state changes to be committed together.
+    pub async fn send_step(&self, step: Step) -> Result<(), OutputClosed> {
+        self.sender.send(step).await.map_err(|_| OutputClosed)
     }
 
     /// Closes the output and waits for everything to be written and
@@ -82,26 +123,79 @@ impl Output {
     }
 }
 
+/// Counts the bytes that reach the sink, so that the committed output
+/// length is exact.
+struct Counting<W> {
+    inner: W,
+    written: u64,
+}
+
+impl<W: Write> Write for Counting<W> {
+    fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+        let written = self.inner.write(bytes)?;
+        self.written += written as u64;
+        Ok(written)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
 fn write_all(
     format: Format,
     sink: Box<dyn Write + Send>,
-    mut receiver: mpsc::Receiver<PageRecord>,
+    mut receiver: mpsc::Receiver<Step>,
+    mut persist: Option<Persist>,
 ) -> io::Result<u64> {
-    let mut out = BufWriter::with_capacity(64 * 1024, sink);
-    match format {
-        Format::Tsv => writeln!(out, "{TSV_HEADER}")?,
-        Format::Jsonl => {}
-        Format::Dot => writeln!(out, "digraph links {{")?,
+    let already = persist.as_ref().map_or(0, |p| p.output_len);
+    let counting = Counting {
+        inner: sink,
+        written: already,
+    };
+    let mut out = BufWriter::with_capacity(64 * 1024, counting);
+    if already == 0 {
+        match format {
+            Format::Tsv => writeln!(out, "{TSV_HEADER}")?,
+            Format::Jsonl => {}
+            Format::Dot => writeln!(out, "digraph links {{")?,
+        }
     }
     out.flush()?;
     let mut edges = 0;
-    while let Some(record) = receiver.blocking_recv() {
-        write_record(format, &mut out, &record)?;
-        edges += record.links.len() as u64;
-        if receiver.is_empty() {
+    let mut changes = Vec::new();
+    let mut batched = 0;
+    while let Some(step) = receiver.blocking_recv() {
+        if let Some(record) = &step.record {
+            write_record(format, &mut out, record)?;
+            edges += record.links.len() as u64;
+        }
+        batched += 1;
+        if persist.is_some() {
+            changes.extend(step.changes);
+        }
+        if receiver.is_empty() || batched >= MAX_BATCH {
             out.flush()?;
+            if let Some(persist) = &mut persist {
+                // After the flush: the committed length never exceeds the file's.
+                persist
+                    .state
+                    .commit(&changes, out.get_ref().written)
+                    .map_err(io::Error::other)?;
+                changes.clear();
+            }
+            batched = 0;
         }
     }
+    out.flush()?;
+    if let Some(persist) = &mut persist {
+        persist
+            .state
+            .commit(&changes, out.get_ref().written)
+            .map_err(io::Error::other)?;
+    }
+    // The footer is outside the committed length: a resumed run cuts it
+    // off and writes it again at its end.
     if format == Format::Dot {
         writeln!(out, "}}")?;
     }

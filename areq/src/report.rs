@@ -10,6 +10,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use tokio::time::Instant;
 use tracing_subscriber::fmt::MakeWriter;
 
+use crate::broken::BrokenLinks;
 use crate::config;
 
 /// The kinds of per-URL failure counted in the summary.
@@ -66,18 +67,28 @@ pub struct Summary {
     pub robots_disallowed: u64,
     /// Retries after 429 or 503.
     pub retries: u64,
+    /// Redirects out of the scope during recursion, reported as edges and
+    /// not followed.
+    pub redirects_not_followed: u64,
     /// Seed lines rejected as invalid.
     pub invalid_seeds: u64,
     /// Wall-clock time of the crawl.
     pub elapsed: Duration,
     /// Whether the run was cut short by Ctrl-C.
     pub interrupted: bool,
+    /// The failed URLs with their referrers, when `--report` asked for them.
+    pub broken: Option<BrokenLinks>,
 }
 
 impl Summary {
     /// Failed URLs, all kinds together.
     pub fn error_count(&self) -> u64 {
         self.errors.values().sum()
+    }
+
+    /// URLs that failed or that robots.txt forbade: what `--fail-on-broken` counts.
+    pub fn broken_count(&self) -> u64 {
+        self.error_count() + self.robots_disallowed
     }
 
     /// Counts one failure.
@@ -106,9 +117,19 @@ impl fmt::Display for Summary {
         }
         write!(
             f,
-            ", {} disallowed by robots.txt, {} retries, {} invalid input lines, in {:.1}s",
-            self.robots_disallowed,
-            self.retries,
+            ", {} disallowed by robots.txt, {} retries, ",
+            self.robots_disallowed, self.retries,
+        )?;
+        if self.redirects_not_followed > 0 {
+            write!(
+                f,
+                "{} redirects out of scope not followed, ",
+                self.redirects_not_followed
+            )?;
+        }
+        write!(
+            f,
+            "{} invalid input lines, in {:.1}s",
             self.invalid_seeds,
             self.elapsed.as_secs_f64()
         )?;
@@ -222,7 +243,7 @@ impl Progress {
     /// Updates the bar after an event.
     pub fn update(&self, summary: &Summary, queued: usize, in_flight: usize) {
         if let Shown::Bar(bar) = &self.shown {
-            let done = summary.pages + summary.error_count();
+            let done = summary.pages + summary.error_count() + summary.redirects_not_followed;
             bar.set_length(done + (queued + in_flight) as u64);
             bar.set_position(done);
             let seconds = self.started.elapsed().as_secs_f64().max(f64::EPSILON);
@@ -274,6 +295,13 @@ mod tests {
             summary.to_string(),
             "3 pages (0 not html), 10 edges, 3 errors (http 404: 2, connect: 1), \
              0 disallowed by robots.txt, 0 retries, 0 invalid input lines, in 1.5s"
+        );
+        summary.redirects_not_followed = 2;
+        assert!(
+            summary
+                .to_string()
+                .contains(", 0 retries, 2 redirects out of scope not followed, 0 invalid"),
+            "{summary}"
         );
     }
 }

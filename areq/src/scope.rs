@@ -3,7 +3,7 @@
 use std::collections::HashSet;
 
 use regex::Regex;
-use url::Url;
+use url::{Host, Url};
 
 use crate::config::Scope;
 
@@ -30,8 +30,8 @@ pub struct ScopeFilter {
     mode: Scope,
     /// `host:port` of every seed, for [`Scope::Host`].
     authorities: HashSet<String>,
-    /// Seed hosts without a leading `www.`, for [`Scope::Domain`].
-    domains: Vec<String>,
+    /// Registrable domains (or IP addresses) of the seeds, for [`Scope::Domain`].
+    sites: HashSet<String>,
     include: Vec<Regex>,
     exclude: Vec<Regex>,
 }
@@ -42,7 +42,7 @@ impl ScopeFilter {
         let mut filter = Self {
             mode,
             authorities: HashSet::new(),
-            domains: Vec::new(),
+            sites: HashSet::new(),
             include,
             exclude,
         };
@@ -59,34 +59,42 @@ impl ScopeFilter {
         if let Some(authority) = authority(seed) {
             self.authorities.insert(authority);
         }
-        if let Some(host) = seed.host_str() {
-            let domain = host.strip_prefix("www.").unwrap_or(host);
-            if !self.domains.iter().any(|known| known == domain) {
-                self.domains.push(domain.to_owned());
-            }
+        if let Some(site) = site(seed) {
+            self.sites.insert(site);
         }
     }
 
-    /// Whether a link may be fetched by recursion.
+    /// Whether a link may be fetched by recursion: in scope, and passing
+    /// `--include` and `--exclude`.
     pub fn allows(&self, url: &Url) -> bool {
+        self.contains(url)
+            && (self.include.is_empty() || self.include.iter().any(|re| re.is_match(url.as_str())))
+            && !self.exclude.iter().any(|re| re.is_match(url.as_str()))
+    }
+
+    /// Whether a URL is within `--scope` (regexes aside): the test a
+    /// redirect target must pass to be followed during recursion.
+    pub fn contains(&self, url: &Url) -> bool {
         if !matches!(url.scheme(), "http" | "https") {
             return false;
         }
-        let in_scope = match self.mode {
+        match self.mode {
             Scope::Any => true,
             Scope::Host => authority(url).is_some_and(|a| self.authorities.contains(&a)),
-            Scope::Domain => url.host_str().is_some_and(|host| {
-                self.domains.iter().any(|domain| {
-                    host == domain
-                        || host
-                            .strip_suffix(domain.as_str())
-                            .is_some_and(|prefix| prefix.ends_with('.'))
-                })
-            }),
-        };
-        in_scope
-            && (self.include.is_empty() || self.include.iter().any(|re| re.is_match(url.as_str())))
-            && !self.exclude.iter().any(|re| re.is_match(url.as_str()))
+            Scope::Domain => site(url).is_some_and(|site| self.sites.contains(&site)),
+        }
+    }
+}
+
+/// The site a URL belongs to for [`Scope::Domain`]: its registrable domain
+/// per the public-suffix list (`a.example.co.uk` -> `example.co.uk`), or
+/// the host itself when it has none (an IP address, `localhost`, a public
+/// suffix such as `co.uk`, which then swallows none of its registrants).
+fn site(url: &Url) -> Option<String> {
+    match url.host()? {
+        Host::Domain(host) => Some(psl::domain_str(host).unwrap_or(host).to_owned()),
+        Host::Ipv4(address) => Some(address.to_string()),
+        Host::Ipv6(address) => Some(address.to_string()),
     }
 }
 
@@ -137,6 +145,7 @@ mod tests {
             (Scope::Domain, "http://example.com/a", true),
             (Scope::Domain, "http://notexample.com/a", false),
             (Scope::Domain, "http://127.0.0.1:9999/a", true),
+            (Scope::Domain, "http://127.0.0.2:8080/a", false),
             (Scope::Any, "https://anything.test/", true),
             (Scope::Any, "mailto:someone@example.com", false),
         ];
@@ -147,6 +156,60 @@ mod tests {
                 "{mode:?} {link}"
             );
         }
+    }
+
+    #[test]
+    fn domain_scope_follows_the_public_suffix_list() {
+        let seeds = [
+            url("https://a.example.co.uk/"),
+            url("https://co.uk/"),
+            url("https://me.github.io/"),
+            url("http://localhost:3000/"),
+        ];
+        let f = ScopeFilter::new(Scope::Domain, &seeds, Vec::new(), Vec::new());
+        let cases = [
+            ("https://b.example.co.uk/x", true, "a sibling subdomain"),
+            (
+                "https://example.co.uk/",
+                true,
+                "the registrable domain itself",
+            ),
+            ("https://deep.a.example.co.uk/", true, "a deeper subdomain"),
+            (
+                "https://other.co.uk/",
+                false,
+                "a seed on a public suffix swallows nothing",
+            ),
+            ("https://co.uk/about", true, "that seed's own host"),
+            ("https://example.com/", false, "another registrable domain"),
+            (
+                "https://me.github.io/blog",
+                true,
+                "a private-section suffix",
+            ),
+            (
+                "https://you.github.io/",
+                false,
+                "another site under github.io",
+            ),
+            (
+                "http://localhost:4000/",
+                true,
+                "a host without a public suffix",
+            ),
+        ];
+        for (link, expected, why) in cases {
+            assert_eq!(f.allows(&url(link)), expected, "{link}: {why}");
+        }
+    }
+
+    #[test]
+    fn redirect_targets_are_checked_against_the_scope_only() {
+        let f = filter(Scope::Host, &["/docs/"], &[]);
+        let target = url("http://www.example.com/elsewhere");
+        assert!(f.contains(&target), "regexes do not apply to redirects");
+        assert!(!f.allows(&target));
+        assert!(!f.contains(&url("http://blog.example.com/docs/")));
     }
 
     #[test]

@@ -136,3 +136,73 @@ fn the_binary_writes_to_stdout_with_dash_and_logs_invalid_lines_with_their_numbe
     );
     assert!(stderr.contains("areq: error: no valid url in"), "{stderr}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn fail_on_broken_sets_exit_code_3_and_the_report_is_written() {
+    let server = site()
+        .html("/", r#"<a href="/missing">m</a><a href="/ok">o</a>"#)
+        .html("/ok", "fine")
+        .serve()
+        .await;
+    let dir = tempfile::tempdir().expect("a temporary directory can be made");
+    let urls = dir.path().join("urls.txt");
+    let out = dir.path().join("found.tsv");
+    let report = dir.path().join("broken.txt");
+    std::fs::write(&urls, format!("{}\n", server.url("/")))
+        .expect("the temporary directory is writable");
+    let run = |extra: &'static [&'static str]| {
+        let (urls, out, report) = (urls.clone(), out.clone(), report.clone());
+        tokio::task::spawn_blocking(move || {
+            Command::new(env!("CARGO_BIN_EXE_areq"))
+                .arg(&urls)
+                .arg("-o")
+                .arg(&out)
+                .arg("--report")
+                .arg(&report)
+                .args(["--depth", "1", "--politeness", "off"])
+                .args(extra)
+                .output()
+                .expect("the areq binary starts")
+        })
+    };
+
+    let lenient = run(&[]).await.expect("waiting does not panic");
+    assert_eq!(
+        lenient.status.code(),
+        Some(0),
+        "broken links alone are not a failure"
+    );
+    let strict = run(&["--fail-on-broken"])
+        .await
+        .expect("waiting does not panic");
+    assert_eq!(
+        strict.status.code(),
+        Some(3),
+        "stderr: {}",
+        String::from_utf8_lossy(&strict.stderr)
+    );
+    let expected = format!(
+        "broken links: 1 url\n\nhttp 404: 1 url\n  {} (http status 404)\n    linked from {}\n",
+        server.url("/missing"),
+        server.url("/")
+    );
+    let written = std::fs::read_to_string(&report).expect("the report file exists");
+    assert_eq!(written, expected);
+
+    let to_stdout = {
+        let (urls, out) = (urls.clone(), out.clone());
+        tokio::task::spawn_blocking(move || {
+            Command::new(env!("CARGO_BIN_EXE_areq"))
+                .arg(&urls)
+                .arg("-o")
+                .arg(&out)
+                .args(["--report", "-", "--depth", "1", "--politeness", "off"])
+                .output()
+                .expect("the areq binary starts")
+        })
+        .await
+        .expect("waiting does not panic")
+    };
+    assert_eq!(to_stdout.status.code(), Some(0));
+    assert_eq!(String::from_utf8_lossy(&to_stdout.stdout), expected);
+}

@@ -634,3 +634,156 @@ async fn edges_are_written_while_the_crawl_is_still_running() {
     assert!(summary.interrupted);
     assert_eq!(summary.pages, 1);
 }
+
+#[tokio::test]
+async fn a_redirect_leaving_the_scope_is_an_edge_but_is_not_followed() {
+    let other = site()
+        .html("/landing", r#"<a href="/beyond">"#)
+        .serve()
+        .await;
+    let home = site()
+        .html("/", r#"<a href="/moved">m</a><a href="/inside">i</a>"#)
+        .route("/moved", Route::redirect(other.url("/landing").as_str()))
+        .route("/inside", Route::redirect("/local#top"))
+        .html("/local", r#"<a href="/leaf">"#)
+        .serve()
+        .await;
+    let flags = ["--depth", "2", "--politeness", "off", "--format", "jsonl"];
+
+    let (summary, jsonl) = crawl(&[home.url("/")], &flags).await;
+
+    assert_eq!(other.hits("/landing"), 0, "the redirect is not followed");
+    assert_eq!(home.hits("/local"), 1, "a redirect within the scope is");
+    assert_eq!(summary.redirects_not_followed, 1);
+    let records: Vec<serde_json::Value> = jsonl
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("each line is a JSON object"))
+        .collect();
+    let redirect_edge = serde_json::json!({
+        "source_url": home.url("/moved").as_str(),
+        "parsed_url": other.url("/landing").as_str(),
+        "status": 302,
+        "depth": 1,
+        "content_type": null,
+    });
+    assert!(records.contains(&redirect_edge), "{jsonl}");
+    let inside_edge = serde_json::json!({
+        "source_url": home.url("/inside").as_str(),
+        "parsed_url": home.url("/leaf").as_str(),
+        "final_url": home.url("/local").as_str(),
+        "status": 200,
+        "depth": 1,
+        "content_type": "text/html; charset=utf-8",
+    });
+    assert!(records.contains(&inside_edge), "{jsonl}");
+
+    let anywhere = [
+        "--depth",
+        "2",
+        "--politeness",
+        "off",
+        "--follow-redirects-anywhere",
+    ];
+    let (summary, output) = crawl(&[home.url("/")], &anywhere).await;
+    assert_eq!(other.hits("/landing"), 1);
+    assert_eq!(
+        other.hits("/beyond"),
+        0,
+        "links of the target are still scoped"
+    );
+    assert_eq!(summary.redirects_not_followed, 0);
+    assert!(output.contains(&format!("{}\t{}", home.url("/moved"), other.url("/beyond"))));
+}
+
+#[tokio::test]
+async fn the_broken_link_report_groups_failures_by_reason_with_their_referrers() {
+    let refused = format!("http://127.0.0.1:{}/", closed_port());
+    let server = site()
+        .route(
+            "/robots.txt",
+            Route::with_type(200, "text/plain", b"User-agent: *\nDisallow: /private\n".to_vec()),
+        )
+        .html(
+            "/",
+            format!(r#"<a href="/a">a</a><a href="/missing">m</a><a href="/private/x">p</a><a href="{refused}">r</a><a href="/slow">s</a>"#),
+        )
+        .html("/a", r#"<a href="/missing">m</a><a href="/">home</a>"#)
+        .route("/slow", Route::hanging())
+        .serve()
+        .await;
+    let flags = [
+        "--depth",
+        "1",
+        "--min-delay",
+        "1ms",
+        "--scope",
+        "any",
+        "--timeout",
+        "300ms",
+        "--report",
+        "unused-report.txt",
+    ];
+
+    let (summary, _) = crawl(&[server.url("/"), server.url("/gone")], &flags).await;
+
+    let broken = summary
+        .broken
+        .as_ref()
+        .expect("--report keeps the broken links");
+    let listed: Vec<(String, String, Vec<String>)> = broken
+        .by_reason()
+        .iter()
+        .flat_map(|(reason, urls)| {
+            urls.iter().map(|(url, b)| {
+                let referrers = b.referrers.iter().map(|r| r.to_string()).collect();
+                (reason.clone(), url.clone(), referrers)
+            })
+        })
+        .collect();
+    let at = |path: &str| server.url(path).to_string();
+    let home = at("/");
+    assert_eq!(
+        listed,
+        [
+            ("connect".into(), refused.clone(), vec![home.clone()]),
+            (
+                "disallowed by robots.txt".into(),
+                at("/private/x"),
+                vec![home.clone()]
+            ),
+            ("http 404".into(), at("/gone"), vec![]),
+            (
+                "http 404".into(),
+                at("/missing"),
+                vec![home.clone(), at("/a")]
+            ),
+            ("timeout".into(), at("/slow"), vec![home]),
+        ]
+    );
+    assert_eq!(summary.broken_count(), 5);
+}
+
+#[tokio::test]
+async fn the_timeout_covers_a_whole_redirect_chain() {
+    fn hop_latency(path: &str) -> Duration {
+        if path.starts_with("/hop") {
+            Duration::from_millis(200)
+        } else {
+            Duration::ZERO
+        }
+    }
+    let server = site()
+        .latency(hop_latency)
+        .route("/hop1", Route::redirect("/hop2"))
+        .route("/hop2", Route::redirect("/hop3"))
+        .route("/hop3", Route::redirect("/end"))
+        .html("/end", r#"<a href="/x">"#)
+        .serve()
+        .await;
+
+    // Each hop answers well within the timeout; the three together do not.
+    let (summary, _) = crawl(&[server.url("/hop1")], &["--timeout", "500ms"]).await;
+
+    assert_eq!(summary.errors, BTreeMap::from([(ErrorKind::Timeout, 1)]));
+    assert_eq!(server.hits("/end"), 0);
+}

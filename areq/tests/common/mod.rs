@@ -305,6 +305,22 @@ impl Accounting {
         self.all_hits().values().sum()
     }
 
+    /// Waits until this many requests have arrived in all, or panics after a deadline.
+    pub async fn wait_for_total(&self, total: usize) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let mut changed = pin!(self.changed.notified());
+            changed.as_mut().enable();
+            if self.total_requests() >= total {
+                return;
+            }
+            tokio::select! {
+                () = changed => {}
+                () = tokio::time::sleep_until(deadline) => panic!("fewer than {total} requests within 30s"),
+            }
+        }
+    }
+
     /// Waits until some request for `path` has arrived, or panics after a deadline.
     pub async fn wait_for_hit(&self, path: &str) {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
