@@ -41,7 +41,7 @@ const MAX_REASON_BODY_BYTES: usize = 256;
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(24 * 3600);
 
 /// Restarts hosts by calling a webhook. Build it with [`HttpRestarter::new`].
-#[derive(Debug)]
+/// `Debug` shows no key, header value, URL credentials or query.
 pub struct HttpRestarter {
     client: reqwest::Client,
     method: Method,
@@ -51,6 +51,19 @@ pub struct HttpRestarter {
     signer: Option<Signer>,
     timeout: Duration,
     hosts: HostMap,
+}
+
+impl fmt::Debug for HttpRestarter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let headers: Vec<&str> = self.headers.iter().map(|(name, _)| name.as_str()).collect();
+        f.debug_struct("HttpRestarter")
+            .field("method", &self.method)
+            .field("url", &settings::masked_url(&self.url.to_string()))
+            .field("headers", &headers)
+            .field("signer", &self.signer)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
 }
 
 /// The HMAC key and the header its signature goes in.

@@ -77,7 +77,9 @@ impl Default for HttpSettings {
             hmac_secret_file: None,
             hmac_secret_env: None,
             hmac_header: "X-Mandrill-Signature".into(),
-            timeout: Duration::from_secs(30),
+            // Below `worker.restart_timeout`'s default (30 s), so that a slow
+            // webhook is reported by this backend, with its own reason.
+            timeout: Duration::from_secs(20),
             ca_file: None,
         }
     }

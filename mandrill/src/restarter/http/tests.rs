@@ -152,13 +152,17 @@ async fn answer(
 
 /// The server's own check of `sha256=<hex>` against the body it received.
 fn verify(header: &[u8], body: &[u8]) -> bool {
+    verify_with(KEY, header, body)
+}
+
+fn verify_with(key: &[u8], header: &[u8], body: &[u8]) -> bool {
     let Some(hex_digest) = header.strip_prefix(b"sha256=") else {
         return false;
     };
     let Ok(digest) = hex::decode(hex_digest) else {
         return false;
     };
-    let mut mac = Hmac::<Sha256>::new_from_slice(KEY).unwrap();
+    let mut mac = Hmac::<Sha256>::new_from_slice(key).unwrap();
     mac.update(body);
     mac.verify_slice(&digest).is_ok()
 }
@@ -360,10 +364,31 @@ async fn the_body_is_signed_and_the_message_id_is_the_idempotency_key() {
     assert_eq!(body["instance_name"], "ok-7");
     assert_eq!(body["host"], "127.0.0.1");
     assert_eq!(body["group"], "ok");
-    // The key never shows in the restarter's debug form.
+    // Neither the key nor a header value shows in the restarter's debug form.
     let shown = format!("{restarter:?}");
     assert!(!shown.contains("not-so-secret"), "{shown}");
+    assert!(!shown.contains("Bearer"), "{shown}");
     assert!(shown.contains("****"), "{shown}");
+}
+
+#[tokio::test]
+async fn the_key_can_come_from_the_environment() {
+    // PATH is set wherever tests run; setting a variable of our own would
+    // race with other test threads reading the environment.
+    let key = std::env::var_os("PATH").expect("PATH is set");
+    let server = Webhook::start().await;
+    let mut settings = settings(server.url());
+    settings.hmac_secret_env = Some("PATH".into());
+    let restarter = HttpRestarter::new(&settings, hosts("127.0.0.1")).unwrap();
+    restart(&restarter, "ok-env").await.unwrap();
+    let received = &server.log.all()[0];
+    let signature = received.headers["x-mandrill-signature"].as_bytes();
+    assert!(verify_with(
+        key.as_encoded_bytes(),
+        signature,
+        &received.body
+    ));
+    assert!(!format!("{restarter:?}").contains(&*key.to_string_lossy()));
 }
 
 #[tokio::test]
