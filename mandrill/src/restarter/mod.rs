@@ -7,6 +7,7 @@
 
 pub mod blocking;
 pub mod hosts;
+pub mod http;
 pub mod journal;
 pub mod simulate;
 pub mod template;
@@ -18,6 +19,7 @@ use async_trait::async_trait;
 use crate::domain::{Hostname, RestartRequest, Restarted};
 
 pub use blocking::{Blocking, BlockingRestart};
+pub use http::{HttpRestarter, HttpSettings};
 pub use journal::Journaled;
 pub use simulate::{SimulatedBlockingRestarter, SimulatedRestarter, Simulation};
 

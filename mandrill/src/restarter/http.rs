@@ -1,0 +1,441 @@
+//! The `http` restarter: calls a webhook that restarts the host.
+//!
+//! The URL, body and header values are templates filled per request; the
+//! message id always travels as `Idempotency-Key`; the body can be signed
+//! with HMAC-SHA256. The answer decides the outcome: 2xx restarted (the body
+//! is the recorded output), 408, 429, 5xx and transport errors are retried
+//! (honouring `Retry-After`), any other answer is a permanent refusal.
+//! Redirects are not followed: a signed POST must not be replayed elsewhere.
+
+mod settings;
+#[cfg(test)]
+mod tests;
+
+use std::fmt;
+use std::path::Path;
+use std::sync::Once;
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use hmac::{Hmac, Mac};
+use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
+use reqwest::{Method, StatusCode};
+use sha2::Sha256;
+use tracing::debug;
+use url::Url;
+
+use super::hosts::HostMap;
+use super::template::{Template, Values};
+use super::{Reservation, RestartError, Restarter};
+use crate::domain::{RestartRequest, Restarted};
+
+pub use settings::{HttpSettings, IDEMPOTENCY_HEADER};
+
+/// Most bytes of an answer's body kept as the recorded output.
+pub const MAX_OUTPUT_BYTES: usize = 4096;
+/// Most bytes of an answer's body quoted in a failure's reason (which is
+/// logged, stored and becomes a dead-letter reason).
+const MAX_REASON_BODY_BYTES: usize = 256;
+/// A `Retry-After` beyond this is taken as this: a misbehaving webhook must
+/// not park a request for years.
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(24 * 3600);
+
+/// Restarts hosts by calling a webhook. Build it with [`HttpRestarter::new`].
+/// `Debug` shows no key, header value, URL credentials or query.
+pub struct HttpRestarter {
+    client: reqwest::Client,
+    method: Method,
+    url: Template,
+    body: Template,
+    headers: Vec<(HeaderName, Template)>,
+    signer: Option<Signer>,
+    timeout: Duration,
+    hosts: HostMap,
+}
+
+impl fmt::Debug for HttpRestarter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let headers: Vec<&str> = self.headers.iter().map(|(name, _)| name.as_str()).collect();
+        f.debug_struct("HttpRestarter")
+            .field("method", &self.method)
+            .field("url", &settings::masked_url(&self.url.to_string()))
+            .field("headers", &headers)
+            .field("signer", &self.signer)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The HMAC key and the header its signature goes in.
+#[derive(Debug)]
+struct Signer {
+    header: HeaderName,
+    key: Secret,
+}
+
+/// Key bytes that never reach a log: `Debug` prints `****`.
+struct Secret(Vec<u8>);
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("****")
+    }
+}
+
+impl HttpRestarter {
+    /// Validates `settings`, reads the HMAC key and the CA file, and builds
+    /// the client. Errors name the setting (relative to `[restarter.http]`).
+    pub fn new(settings: &HttpSettings, hosts: HostMap) -> Result<Self, String> {
+        let parsed = settings
+            .parse()
+            .map_err(|(key, why)| format!("{key}: {why}"))?;
+        let key = match (&settings.hmac_secret_file, &settings.hmac_secret_env) {
+            (Some(path), _) => Some(secret_from_file(path)?),
+            (None, Some(name)) => Some(secret_from_env(name)?),
+            (None, None) => None,
+        };
+        let signer = key.map(|key| Signer {
+            header: parsed.hmac_header,
+            key,
+        });
+        install_crypto_provider();
+        let mut builder = reqwest::Client::builder()
+            .timeout(settings.timeout)
+            .redirect(reqwest::redirect::Policy::none())
+            .user_agent(concat!("mandrill/", env!("CARGO_PKG_VERSION")));
+        if let Some(path) = &settings.ca_file {
+            builder = builder.tls_certs_merge(ca_certificates(path)?);
+        }
+        let client = builder.build().map_err(|error| {
+            format!(
+                "building the http client failed: {}",
+                cause_chain(&error.without_url())
+            )
+        })?;
+        Ok(Self {
+            client,
+            method: parsed.method,
+            url: parsed.url,
+            body: parsed.body,
+            headers: parsed.headers,
+            signer,
+            timeout: settings.timeout,
+            hosts,
+        })
+    }
+
+    /// The request for one restart, or why it cannot be made (permanent:
+    /// the same request would render the same way next time).
+    fn build(&self, values: &Values<'_>) -> Result<(Url, HeaderMap, Vec<u8>), String> {
+        let url = parse_url(&self.url.render(values)).map_err(|why| format!("url {why}"))?;
+        let body = self.body.render_json(values).into_bytes();
+        let mut headers = HeaderMap::new();
+        if !body.is_empty() {
+            headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        }
+        for (name, template) in &self.headers {
+            let value = HeaderValue::from_str(&template.render(values))
+                .map_err(|_| format!("header {name} renders to an invalid value"))?;
+            headers.insert(name.clone(), value);
+        }
+        let message_id = values.request.message_id.to_string();
+        headers.insert(
+            HeaderName::from_static(IDEMPOTENCY_HEADER),
+            // A UUID's text is always a valid header value.
+            HeaderValue::from_str(&message_id).expect("a uuid is a header value"),
+        );
+        if let Some(signer) = &self.signer {
+            headers.insert(signer.header.clone(), signer.sign(&body));
+        }
+        Ok((url, headers, body))
+    }
+}
+
+#[async_trait]
+impl Restarter for HttpRestarter {
+    async fn restart(
+        &self,
+        request: &RestartRequest,
+        _reservation: Reservation,
+    ) -> Result<Restarted, RestartError> {
+        let host = &request.hostname;
+        let target = self.hosts.target(request);
+        let values = Values {
+            host: &target.address,
+            request,
+        };
+        let (url, headers, body) =
+            self.build(&values)
+                .map_err(|reason| RestartError::Permanent {
+                    host: host.clone(),
+                    reason,
+                })?;
+        let shown = redacted(&url);
+        debug!(method = %self.method, url = %shown, "calling the webhook");
+        let call = self
+            .client
+            .request(self.method.clone(), url)
+            .headers(headers)
+            .body(body);
+        let transport = |error: reqwest::Error| {
+            if error.is_timeout() {
+                RestartError::TimedOut {
+                    host: host.clone(),
+                    after: self.timeout,
+                }
+            } else {
+                RestartError::failed(
+                    host,
+                    format!(
+                        "{} {shown} failed: {}",
+                        self.method,
+                        cause_chain(&error.without_url())
+                    ),
+                )
+            }
+        };
+        let mut response = call.send().await.map_err(transport)?;
+        let status = response.status();
+        let retry_after = retry_after(response.headers(), SystemTime::now());
+        debug!(%status, url = %shown, "the webhook answered");
+        if status.is_success() {
+            let output = match read_bounded(&mut response, MAX_OUTPUT_BYTES).await {
+                Ok(body) => recorded_output(&body),
+                // The webhook accepted the restart; only its explanation
+                // was lost. The restart must not be repeated for that.
+                Err(error) => Some(format!(
+                    "(answer unreadable: {})",
+                    cause_chain(&error.without_url())
+                )),
+            };
+            return Ok(Restarted {
+                recovered_after: None,
+                output,
+            });
+        }
+        let body = read_bounded(&mut response, MAX_REASON_BODY_BYTES)
+            .await
+            .unwrap_or_default();
+        let reason = failure_reason(&self.method, &shown, status, &body);
+        if is_retryable(status) {
+            Err(RestartError::Failed {
+                host: host.clone(),
+                reason,
+                retry_after,
+            })
+        } else {
+            Err(RestartError::Permanent {
+                host: host.clone(),
+                reason,
+            })
+        }
+    }
+}
+
+impl Signer {
+    /// `sha256=<hex>` of the HMAC-SHA256 of `body`.
+    fn sign(&self, body: &[u8]) -> HeaderValue {
+        // HMAC takes a key of any length; `new_from_slice` cannot fail.
+        let mut mac = Hmac::<Sha256>::new_from_slice(&self.key.0).expect("hmac takes any key");
+        mac.update(body);
+        let signature = format!("sha256={}", hex::encode(mac.finalize().into_bytes()));
+        // ASCII hex: always a valid header value.
+        HeaderValue::from_str(&signature).expect("hex is a header value")
+    }
+}
+
+/// 408, 429 and 5xx may pass; other non-2xx answers will not.
+fn is_retryable(status: StatusCode) -> bool {
+    status.is_server_error()
+        || status == StatusCode::REQUEST_TIMEOUT
+        || status == StatusCode::TOO_MANY_REQUESTS
+}
+
+fn failure_reason(method: &Method, url: &str, status: StatusCode, body: &[u8]) -> String {
+    let mut reason = format!("{method} {url} answered {status}");
+    if status.is_redirection() {
+        reason.push_str(" (redirects are not followed: point url at the final address)");
+    }
+    let body = one_line(&String::from_utf8_lossy(body));
+    if !body.is_empty() {
+        reason.push_str(": ");
+        reason.push_str(&body);
+    }
+    reason
+}
+
+/// Parses a rendered URL; only http and https are accepted. The text is not
+/// echoed in the error: it may hold a token.
+fn parse_url(text: &str) -> Result<Url, String> {
+    let url = Url::parse(text).map_err(|e| format!("renders to an invalid address ({e})"))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(format!(
+            "renders to a {}: address, not http or https",
+            url.scheme()
+        ));
+    }
+    if url.host().is_none() {
+        return Err("renders to an address without a host".into());
+    }
+    Ok(url)
+}
+
+/// `url` as it may be logged: user, password and every query value replaced
+/// by `****` (a query parameter is as likely to be `token=` as `id=`), no
+/// fragment.
+pub fn redacted(url: &Url) -> String {
+    let mut shown = url.clone();
+    if !shown.username().is_empty() {
+        // Fails only for URLs that cannot have credentials, which have none.
+        let _ = shown.set_username("****");
+    }
+    if shown.password().is_some() {
+        let _ = shown.set_password(Some("****"));
+    }
+    if url.query().is_some() {
+        let names: Vec<String> = url
+            .query_pairs()
+            .map(|(name, _)| name.into_owned())
+            .collect();
+        shown
+            .query_pairs_mut()
+            .clear()
+            .extend_pairs(names.iter().map(|name| (name, "****")));
+    }
+    shown.set_fragment(None);
+    shown.to_string()
+}
+
+/// The delay a `Retry-After` header asks for, in seconds or as an HTTP date
+/// (a past date means now), at most [`MAX_RETRY_AFTER`].
+fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
+    let value = headers.get(RETRY_AFTER)?.to_str().ok()?.trim();
+    let delay = match value.parse::<u64>() {
+        Ok(seconds) => Duration::from_secs(seconds),
+        Err(_) => {
+            let date = httpdate::parse_http_date(value).ok()?;
+            date.duration_since(now).unwrap_or_default()
+        }
+    };
+    Some(delay.min(MAX_RETRY_AFTER))
+}
+
+/// Up to `limit` bytes of the body; the rest is never read.
+async fn read_bounded(
+    response: &mut reqwest::Response,
+    limit: usize,
+) -> Result<Vec<u8>, reqwest::Error> {
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await? {
+        let room = limit.saturating_sub(body.len());
+        if chunk.len() > room {
+            // One byte past the limit tells the caller the body was cut.
+            body.extend_from_slice(&chunk[..=room]);
+            break;
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
+/// The body as stored: text, at most [`MAX_OUTPUT_BYTES`], ending in `…` when
+/// cut; `None` when empty. NULs become U+FFFD (PostgreSQL refuses them).
+fn recorded_output(body: &[u8]) -> Option<String> {
+    if body.is_empty() {
+        return None;
+    }
+    let text = String::from_utf8_lossy(body).replace('\0', "\u{fffd}");
+    Some(truncated(&text, MAX_OUTPUT_BYTES))
+}
+
+/// A body quoted in a reason: one line, at most [`MAX_REASON_BODY_BYTES`].
+fn one_line(text: &str) -> String {
+    let flat: String = text
+        .trim()
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    truncated(&flat, MAX_REASON_BODY_BYTES)
+}
+
+/// `text` cut on a character boundary so that it, with a `…` when cut, fits
+/// in `limit` bytes.
+fn truncated(text: &str, limit: usize) -> String {
+    if text.len() <= limit {
+        return text.to_owned();
+    }
+    const ELLIPSIS: &str = "…";
+    let end = text.floor_char_boundary(limit - ELLIPSIS.len());
+    format!("{}{ELLIPSIS}", &text[..end])
+}
+
+/// An error and its causes, `: `-separated: reqwest's own message is vague
+/// ("error sending request"), the innermost says what happened.
+fn cause_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(source) = cause {
+        let next = source.to_string();
+        if !text.contains(&next) {
+            text.push_str(": ");
+            text.push_str(&next);
+        }
+        cause = source.source();
+    }
+    text
+}
+
+fn secret_from_file(path: &Path) -> Result<Secret, String> {
+    let mut key = std::fs::read(path)
+        .map_err(|error| format!("hmac_secret_file: cannot read {}: {error}", path.display()))?;
+    // Files written by editors and `echo` end in a newline that is not part
+    // of the key.
+    if key.ends_with(b"\n") {
+        key.pop();
+        if key.ends_with(b"\r") {
+            key.pop();
+        }
+    }
+    if key.is_empty() {
+        return Err(format!("hmac_secret_file: {} is empty", path.display()));
+    }
+    Ok(Secret(key))
+}
+
+fn secret_from_env(name: &str) -> Result<Secret, String> {
+    use std::os::unix::ffi::OsStringExt;
+    match std::env::var_os(name) {
+        Some(value) if !value.is_empty() => Ok(Secret(value.into_vec())),
+        Some(_) => Err(format!("hmac_secret_env: the variable {name} is empty")),
+        None => Err(format!("hmac_secret_env: the variable {name} is not set")),
+    }
+}
+
+fn ca_certificates(path: &Path) -> Result<Vec<reqwest::Certificate>, String> {
+    let pem = std::fs::read(path)
+        .map_err(|error| format!("ca_file: cannot read {}: {error}", path.display()))?;
+    let certificates = reqwest::Certificate::from_pem_bundle(&pem).map_err(|error| {
+        format!(
+            "ca_file: {} is not a PEM certificate bundle: {}",
+            path.display(),
+            cause_chain(&error)
+        )
+    })?;
+    if certificates.is_empty() {
+        return Err(format!(
+            "ca_file: {} holds no PEM certificate",
+            path.display()
+        ));
+    }
+    Ok(certificates)
+}
+
+/// reqwest is built without a TLS provider (so that aws-lc never enters the
+/// build); rustls picks up the process default, installed here once. Failing
+/// means a provider is already installed, which serves as well.
+fn install_crypto_provider() {
+    static INSTALL: Once = Once::new();
+    INSTALL.call_once(|| {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
+}

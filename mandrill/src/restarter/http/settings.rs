@@ -1,0 +1,241 @@
+//! `[restarter.http]`: what the webhook restarter sends, and where.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use reqwest::Method;
+use reqwest::header::{HeaderName, HeaderValue};
+use serde::{Deserialize, Serialize};
+
+use crate::domain::{Domain, ParseRules, RestartRequest};
+use crate::restarter::template::{Template, Values};
+
+/// The header that always carries the request's message id, so that the
+/// receiver can drop a restart it has already done.
+pub const IDEMPOTENCY_HEADER: &str = "idempotency-key";
+
+/// Headers the client or this backend sets itself; configuring them would
+/// break the request or its guarantees.
+const RESERVED_HEADERS: [&str; 5] = [
+    IDEMPOTENCY_HEADER,
+    "content-length",
+    "transfer-encoding",
+    "host",
+    "connection",
+];
+
+/// The webhook restarter's settings. `Debug` masks header values and the
+/// URL's credentials and query: tokens live there.
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpSettings {
+    /// HTTP method of the restart call.
+    pub method: String,
+    /// Where to send it, a template, e.g.
+    /// `https://chaos.internal/restart/{instance_name}`. Values are inserted
+    /// as they are: instance names are DNS labels and cannot change the
+    /// URL's shape; `{host}` is the host map's address, which operators write.
+    pub url: String,
+    /// The request body, a template whose values are escaped as JSON string
+    /// contents (the template supplies the quotes). Empty sends no body.
+    pub body: String,
+    /// Extra headers, name → value template, e.g. `Authorization = "Bearer …"`.
+    /// `Idempotency-Key` is always the message id and cannot be set here.
+    pub headers: BTreeMap<String, String>,
+    /// File holding the HMAC-SHA256 key that signs each body (one trailing
+    /// newline is ignored). Never logged. Set this or `hmac_secret_env`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hmac_secret_file: Option<PathBuf>,
+    /// Environment variable holding the HMAC-SHA256 key instead. Never logged.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hmac_secret_env: Option<String>,
+    /// Header carrying the signature, `sha256=<hex>` over the exact body bytes.
+    pub hmac_header: String,
+    /// Longest a call may take, connecting and reading the answer included;
+    /// keep it below `worker.restart_timeout`.
+    #[serde(with = "duration")]
+    pub timeout: Duration,
+    /// PEM file of CA certificates to trust in addition to the system's, for
+    /// an internal CA.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<PathBuf>,
+}
+
+impl Default for HttpSettings {
+    fn default() -> Self {
+        Self {
+            method: "POST".into(),
+            url: String::new(),
+            body: concat!(
+                r#"{{"message_id": "{message_id}", "instance_name": "{instance_name}", "#,
+                r#""host": "{host}", "group": "{group}"}}"#
+            )
+            .into(),
+            headers: BTreeMap::new(),
+            hmac_secret_file: None,
+            hmac_secret_env: None,
+            hmac_header: "X-Mandrill-Signature".into(),
+            // Below `worker.restart_timeout`'s default (30 s), so that a slow
+            // webhook is reported by this backend, with its own reason.
+            timeout: Duration::from_secs(20),
+            ca_file: None,
+        }
+    }
+}
+
+impl fmt::Debug for HttpSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let headers: BTreeMap<&str, &str> = self
+            .headers
+            .keys()
+            .map(|name| (name.as_str(), "****"))
+            .collect();
+        f.debug_struct("HttpSettings")
+            .field("method", &self.method)
+            .field("url", &masked_url(&self.url))
+            .field("body", &self.body)
+            .field("headers", &headers)
+            .field("hmac_secret_file", &self.hmac_secret_file)
+            .field("hmac_secret_env", &self.hmac_secret_env)
+            .field("hmac_header", &self.hmac_header)
+            .field("timeout", &self.timeout)
+            .field("ca_file", &self.ca_file)
+            .finish()
+    }
+}
+
+/// A URL template with its user info and query replaced by `****`. Textual,
+/// since a template with placeholders is not yet a URL.
+pub(super) fn masked_url(template: &str) -> String {
+    let (before_query, query) = match template.split_once('?') {
+        Some((before, _)) => (before, "?****"),
+        None => (template, ""),
+    };
+    let (scheme, rest) = before_query.split_once("://").unwrap_or(("", before_query));
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    let rest = match rest[..authority_end].rfind('@') {
+        Some(at) => format!("****@{}", &rest[at + 1..]),
+        None => rest.to_owned(),
+    };
+    let separator = if scheme.is_empty() { "" } else { "://" };
+    format!("{scheme}{separator}{rest}{query}")
+}
+
+/// The settings, parsed: what the restarter keeps.
+#[derive(Debug, Clone)]
+pub(super) struct Parsed {
+    pub(super) method: Method,
+    pub(super) url: Template,
+    pub(super) body: Template,
+    pub(super) headers: Vec<(HeaderName, Template)>,
+    pub(super) hmac_header: HeaderName,
+}
+
+impl HttpSettings {
+    /// Checks everything that can be checked without reading files or the
+    /// environment. The key is relative to `[restarter.http]`.
+    pub fn validate(&self) -> Result<(), (&'static str, String)> {
+        self.parse().map(drop)
+    }
+
+    pub(super) fn parse(&self) -> Result<Parsed, (&'static str, String)> {
+        let method = Method::from_bytes(self.method.as_bytes())
+            .map_err(|_| ("method", format!("{:?} is not an http method", self.method)))?;
+        if self.url.is_empty() {
+            return Err((
+                "url",
+                "is empty: set the webhook's address, e.g. \
+                 https://chaos.internal/restart/{instance_name}"
+                    .into(),
+            ));
+        }
+        let url = Template::parse(&self.url).map_err(|why| ("url", why))?;
+        let sample = sample_request();
+        let values = Values {
+            host: "host.example.net",
+            request: &sample,
+        };
+        // Checked on a sample request so that a typo fails at load, not at
+        // the first restart. The text is not echoed: it may hold a token.
+        super::parse_url(&url.render(&values)).map_err(|why| ("url", why))?;
+        let body = Template::parse(&self.body).map_err(|why| ("body", why))?;
+        let hmac_header = HeaderName::from_bytes(self.hmac_header.as_bytes()).map_err(|_| {
+            (
+                "hmac_header",
+                format!("{:?} is not a header name", self.hmac_header),
+            )
+        })?;
+        let signs = self.hmac_secret_file.is_some() || self.hmac_secret_env.is_some();
+        if self.hmac_secret_file.is_some() && self.hmac_secret_env.is_some() {
+            return Err((
+                "hmac_secret_env",
+                "set either hmac_secret_file or hmac_secret_env, not both".into(),
+            ));
+        }
+        if self.hmac_secret_env.as_deref() == Some("") {
+            return Err(("hmac_secret_env", "is empty: name a variable".into()));
+        }
+        let mut headers = Vec::with_capacity(self.headers.len());
+        for (name, value) in &self.headers {
+            let header = HeaderName::from_bytes(name.as_bytes())
+                .map_err(|_| ("headers", format!("{name:?} is not a header name")))?;
+            if RESERVED_HEADERS.contains(&header.as_str()) {
+                return Err(("headers", format!("{name} is set by mandrill itself")));
+            }
+            if signs && header == hmac_header {
+                return Err((
+                    "headers",
+                    format!("{name} carries the signature (hmac_header)"),
+                ));
+            }
+            let template = Template::parse(value).map_err(|why| ("headers", why))?;
+            HeaderValue::from_str(&template.render(&values)).map_err(|_| {
+                (
+                    "headers",
+                    format!("the value of {name} is not a valid header value"),
+                )
+            })?;
+            headers.push((header, template));
+        }
+        if self.timeout.is_zero() {
+            return Err(("timeout", "must be more than zero".into()));
+        }
+        Ok(Parsed {
+            method,
+            url,
+            body,
+            headers,
+            hmac_header,
+        })
+    }
+}
+
+fn sample_request() -> RestartRequest {
+    let rules = ParseRules {
+        domain: Domain::default(),
+        max_payload_bytes: 1024,
+    };
+    let payload =
+        br#"{"message_id":"00000000-0000-4000-8000-000000000000","instance_name":"cattle-ab12"}"#;
+    // A fixed, valid payload: parsing it cannot fail.
+    RestartRequest::parse(payload, &rules).expect("the sample request parses")
+}
+
+/// Durations as humantime strings (`30s`, `1m 30s`).
+mod duration {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(value: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(&humantime::format_duration(*value))
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let text = String::deserialize(d)?;
+        humantime::parse_duration(&text)
+            .map_err(|e| serde::de::Error::custom(format!("{text:?} is not a duration ({e})")))
+    }
+}
