@@ -6,8 +6,10 @@
 //! that they never stall the runtime.
 
 pub mod blocking;
+pub mod command;
 pub mod hosts;
 pub mod journal;
+pub mod process;
 pub mod simulate;
 pub mod template;
 
@@ -18,6 +20,7 @@ use async_trait::async_trait;
 use crate::domain::{Hostname, RestartRequest, Restarted};
 
 pub use blocking::{Blocking, BlockingRestart};
+pub use command::{CommandRestarter, CommandSettings};
 pub use journal::Journaled;
 pub use simulate::{SimulatedBlockingRestarter, SimulatedRestarter, Simulation};
 
