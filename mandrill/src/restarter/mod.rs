@@ -12,6 +12,7 @@ pub mod journal;
 pub mod process;
 pub mod simulate;
 pub mod template;
+pub mod verify;
 
 use std::time::Duration;
 
@@ -23,6 +24,7 @@ pub use blocking::{Blocking, BlockingRestart};
 pub use command::{CommandRestarter, CommandSettings};
 pub use journal::Journaled;
 pub use simulate::{SimulatedBlockingRestarter, SimulatedRestarter, Simulation};
+pub use verify::{Verified, VerifySettings};
 
 /// Why a restart did not happen, or did not end well. The worker branches
 /// on [`RestartError::is_retryable`].
