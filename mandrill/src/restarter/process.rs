@@ -188,7 +188,7 @@ impl ProcessRunner {
         // `id` is `None` only once the child has been reaped, which has not
         // happened yet.
         let pid = child.id().expect("a child not yet waited for has an id");
-        let group = GroupKill::new(pid);
+        let mut group = GroupKill::new(pid);
         let stdout = child.stdout.take();
         let stderr = child.stderr.take();
         let deadline = Instant::now() + self.timeout;
@@ -212,6 +212,10 @@ impl ProcessRunner {
                     () = tokio::time::sleep_until(deadline) => break None,
                 }
             };
+            if let Some(Ok(_)) = exited {
+                // Reaped: disarm before anything else can be cancelled.
+                group.disarm();
+            }
             if exited.is_some() && !read_all {
                 let drained_by = deadline.min(Instant::now() + DRAIN_AFTER_EXIT);
                 let _ = tokio::time::timeout_at(drained_by, reading).await;
@@ -219,10 +223,7 @@ impl ProcessRunner {
             exited
         };
         match exited {
-            Some(Ok(status)) => {
-                group.disarm();
-                Ok(Finished { status, output })
-            }
+            Some(Ok(status)) => Ok(Finished { status, output }),
             Some(Err(source)) => {
                 group.kill();
                 Err(RunError::Wait {
@@ -277,7 +278,7 @@ impl GroupKill {
     }
 
     /// The leader was reaped: its id may be reused, so never kill by it again.
-    fn disarm(mut self) {
+    fn disarm(&mut self) {
         self.pgid = None;
     }
 

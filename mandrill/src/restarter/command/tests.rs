@@ -403,3 +403,22 @@ fn settings_load_from_toml_and_bad_ones_name_their_key() {
         .to_string();
     assert!(error.contains("shell"), "{error}");
 }
+
+#[tokio::test]
+async fn process_left_behind_holding_the_output_neither_stalls_a_success_nor_is_killed() {
+    let dir = tempfile::tempdir().unwrap();
+    let pid = dir.path().join("daemon.pid");
+    // The background sleep inherits stdout and keeps the pipe open.
+    let mut settings = settings(&[
+        "sh",
+        "-c",
+        "sleep 1000 & echo $! > \"$0\"; echo started",
+        pid.to_str().unwrap(),
+    ]);
+    settings.timeout = Duration::from_secs(600);
+    let restarted = restart(&restarter(&settings)).await.unwrap();
+    let daemon = read_pid(&pid);
+    let _cleanup = KillOnDrop(vec![daemon]);
+    assert_eq!(restarted.output.as_deref(), Some("started\n"));
+    assert!(alive(daemon), "a successful run kills nothing it started");
+}
