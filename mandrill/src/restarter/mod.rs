@@ -6,11 +6,14 @@
 //! that they never stall the runtime.
 
 pub mod blocking;
+pub mod command;
 pub mod hosts;
 pub mod http;
 pub mod journal;
+pub mod process;
 pub mod simulate;
 pub mod template;
+pub mod verify;
 
 use std::time::Duration;
 
@@ -19,9 +22,11 @@ use async_trait::async_trait;
 use crate::domain::{Hostname, RestartRequest, Restarted};
 
 pub use blocking::{Blocking, BlockingRestart};
+pub use command::{CommandRestarter, CommandSettings};
 pub use http::{HttpRestarter, HttpSettings};
 pub use journal::Journaled;
 pub use simulate::{SimulatedBlockingRestarter, SimulatedRestarter, Simulation};
+pub use verify::{Verified, VerifySettings};
 
 /// Why a restart did not happen, or did not end well. The worker branches
 /// on [`RestartError::is_retryable`].

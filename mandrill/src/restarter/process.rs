@@ -1,0 +1,429 @@
+//! Runs one program without a shell, bounded in time and in what it keeps:
+//! the `command` backend and the `command` probe both use it.
+//!
+//! The program starts in a process group of its own (`process_group(0)`), so
+//! that a timeout kills everything it started, grandchildren included, with
+//! one `killpg(SIGKILL)`. The group is killed only while its leader is not
+//! yet reaped: until then the leader's PID, and so the group's id, cannot be
+//! reused by an unrelated process. The same holds when the run is cancelled
+//! (its future dropped, e.g. by the worker's `restart_timeout`).
+//!
+//! Nothing here blocks a runtime thread: `tokio::process` waits for the
+//! child through the runtime's SIGCHLD handling and reads its pipes as
+//! async I/O, so no blocking pool is involved.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::process::{ExitStatus, Stdio};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::process::Command;
+use tokio::time::Instant;
+
+/// How long output is still read after the program exited, for a pipe that
+/// a background process it started keeps open. Past this the runner stops
+/// reading (that process may then get `SIGPIPE`): a script that leaves a
+/// process behind should redirect its output.
+const DRAIN_AFTER_EXIT: Duration = Duration::from_secs(1);
+
+/// How long to wait for a killed program to be reaped before leaving it to
+/// tokio's orphan reaper (a process in uninterruptible sleep may take long).
+const REAP_AFTER_KILL: Duration = Duration::from_secs(5);
+
+/// Where and how programs run. Built once; cheap to share.
+#[derive(Debug, Clone)]
+pub struct ProcessRunner {
+    working_dir: Option<PathBuf>,
+    /// The whole environment the program gets: the allow-listed inherited
+    /// variables, read once when the runner is built, then the fixed ones.
+    env: Vec<(OsString, OsString)>,
+    timeout: Duration,
+    max_output: usize,
+}
+
+/// What one stream of the program printed: the first bytes, up to the limit.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Captured {
+    /// The bytes kept.
+    pub kept: Vec<u8>,
+    /// How many bytes the program wrote in all.
+    pub total: u64,
+}
+
+/// What the program printed on stdout and stderr.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Output {
+    /// Standard output.
+    pub stdout: Captured,
+    /// Standard error.
+    pub stderr: Captured,
+}
+
+/// A program that ran to its end.
+#[derive(Debug)]
+pub struct Finished {
+    /// How it ended.
+    pub status: ExitStatus,
+    /// What it printed.
+    pub output: Output,
+}
+
+/// Why a program did not run to its end.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// It could not be started (not found, not executable, bad directory).
+    #[error("cannot start {program:?}: {source}")]
+    Spawn {
+        /// The program.
+        program: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// It ran past the timeout, and its process group was killed.
+    #[error("{program:?} ran longer than {after:?}; its process group was killed")]
+    TimedOut {
+        /// The program.
+        program: String,
+        /// The timeout.
+        after: Duration,
+        /// What it printed until then.
+        output: Output,
+    },
+    /// Waiting for it failed (should not happen).
+    #[error("cannot wait for {program:?}: {source}")]
+    Wait {
+        /// The program.
+        program: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl RunError {
+    /// Whether the program cannot be started however often it is tried: it
+    /// does not exist, may not be executed, or the working directory is
+    /// missing. A configuration error, not a passing one.
+    pub fn is_permanent(&self) -> bool {
+        use std::io::ErrorKind::{NotFound, PermissionDenied};
+        matches!(self, Self::Spawn { source, .. } if matches!(source.kind(), NotFound | PermissionDenied))
+    }
+}
+
+impl ProcessRunner {
+    /// A runner whose programs inherit only the `env_allow`ed variables of
+    /// this process's environment, plus `env`.
+    pub fn new(
+        working_dir: Option<PathBuf>,
+        env_allow: &[String],
+        env: &[(String, String)],
+        timeout: Duration,
+        max_output: usize,
+    ) -> Self {
+        Self::with_inherited(
+            working_dir,
+            env_allow,
+            env,
+            timeout,
+            max_output,
+            std::env::vars_os(),
+        )
+    }
+
+    /// As [`ProcessRunner::new`], with `inherited` standing for this
+    /// process's environment.
+    pub fn with_inherited(
+        working_dir: Option<PathBuf>,
+        env_allow: &[String],
+        env: &[(String, String)],
+        timeout: Duration,
+        max_output: usize,
+        inherited: impl IntoIterator<Item = (OsString, OsString)>,
+    ) -> Self {
+        let mut kept: Vec<(OsString, OsString)> = inherited
+            .into_iter()
+            .filter(|(name, _)| env_allow.iter().any(|allowed| name == allowed.as_str()))
+            .filter(|(name, _)| !env.iter().any(|(fixed, _)| name == fixed.as_str()))
+            .collect();
+        kept.extend(env.iter().map(|(k, v)| (k.into(), v.into())));
+        Self {
+            working_dir,
+            env: kept,
+            timeout,
+            max_output,
+        }
+    }
+
+    /// The timeout each run gets.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Runs `argv` (the program first, never through a shell) to its end or
+    /// its timeout. Cancel-safe: dropping the future kills the process group.
+    pub async fn run(&self, argv: &[String]) -> Result<Finished, RunError> {
+        let (program, args) = argv.split_first().ok_or_else(|| RunError::Spawn {
+            program: String::new(),
+            source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "empty argv"),
+        })?;
+        let mut command = Command::new(program);
+        command
+            .args(args)
+            .env_clear()
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            // A group of its own, led by the child: see the module docs.
+            .process_group(0);
+        if let Some(dir) = &self.working_dir {
+            command.current_dir(dir);
+        }
+        let mut child = command.spawn().map_err(|source| RunError::Spawn {
+            program: program.clone(),
+            source,
+        })?;
+        // `id` is `None` only once the child has been reaped, which has not
+        // happened yet.
+        let pid = child.id().expect("a child not yet waited for has an id");
+        let mut group = GroupKill::new(pid);
+        let stdout = child.stdout.take();
+        let stderr = child.stderr.take();
+        let deadline = Instant::now() + self.timeout;
+
+        let mut output = Output::default();
+        let exited = {
+            let limit = self.max_output;
+            let reading = async {
+                tokio::join!(
+                    capture(stdout, &mut output.stdout, limit),
+                    capture(stderr, &mut output.stderr, limit),
+                )
+            };
+            let mut reading = std::pin::pin!(reading);
+            let mut read_all = false;
+            // Read while waiting, so that the child never blocks on a full pipe.
+            let exited = loop {
+                tokio::select! {
+                    status = child.wait() => break Some(status),
+                    _ = &mut reading, if !read_all => read_all = true,
+                    () = tokio::time::sleep_until(deadline) => break None,
+                }
+            };
+            if let Some(Ok(_)) = exited {
+                // Reaped: disarm before anything else can be cancelled.
+                group.disarm();
+            }
+            if exited.is_some() && !read_all {
+                let drained_by = deadline.min(Instant::now() + DRAIN_AFTER_EXIT);
+                let _ = tokio::time::timeout_at(drained_by, reading).await;
+            }
+            exited
+        };
+        match exited {
+            Some(Ok(status)) => Ok(Finished { status, output }),
+            Some(Err(source)) => {
+                group.kill();
+                Err(RunError::Wait {
+                    program: program.clone(),
+                    source,
+                })
+            }
+            None => {
+                group.kill();
+                // Reap it, so that no zombie is left; bounded, see the const.
+                // Unreaped, the guard kills again on drop, harmlessly.
+                if let Ok(Ok(_)) = tokio::time::timeout(REAP_AFTER_KILL, child.wait()).await {
+                    group.disarm();
+                }
+                Err(RunError::TimedOut {
+                    program: program.clone(),
+                    after: self.timeout,
+                    output,
+                })
+            }
+        }
+    }
+}
+
+/// Reads `stream` to its end, keeping the first `limit` bytes and counting
+/// the rest, which is read and discarded so that the writer never blocks.
+/// A read error ends the stream.
+async fn capture(stream: Option<impl AsyncRead + Unpin>, into: &mut Captured, limit: usize) {
+    let Some(mut stream) = stream else { return };
+    let mut buffer = vec![0; 8192];
+    while let Ok(read) = stream.read(&mut buffer).await {
+        if read == 0 {
+            break;
+        }
+        into.total += read as u64;
+        let room = limit.saturating_sub(into.kept.len());
+        into.kept.extend_from_slice(&buffer[..read.min(room)]);
+    }
+}
+
+/// Kills the process group on drop unless disarmed; see the module docs for
+/// why it must be disarmed once the leader is reaped.
+struct GroupKill {
+    pgid: Option<libc::pid_t>,
+}
+
+impl GroupKill {
+    fn new(pid: u32) -> Self {
+        Self {
+            pgid: libc::pid_t::try_from(pid).ok(),
+        }
+    }
+
+    /// The leader was reaped: its id may be reused, so never kill by it again.
+    fn disarm(&mut self) {
+        self.pgid = None;
+    }
+
+    /// Kills the group now (and again on drop, harmlessly, while unreaped).
+    fn kill(&self) {
+        if let Some(pgid) = self.pgid {
+            // SAFETY: killpg takes two integers and touches no memory of
+            // ours. `libc` rather than `nix`: tokio already builds it, and
+            // this is the one call we need. A group already gone is ESRCH,
+            // which is fine.
+            unsafe {
+                libc::killpg(pgid, libc::SIGKILL);
+            }
+        }
+    }
+}
+
+impl Drop for GroupKill {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+impl Captured {
+    /// The kept bytes as text (invalid UTF-8 and NUL bytes replaced, as a
+    /// store may refuse them), saying how much was not kept.
+    pub fn text(&self) -> String {
+        let mut text = String::from_utf8_lossy(&self.kept).replace('\0', "\u{FFFD}");
+        let dropped = self.total.saturating_sub(self.kept.len() as u64);
+        if dropped > 0 {
+            text.push_str(&format!("[… {dropped} more bytes not kept]"));
+        }
+        text
+    }
+}
+
+impl Output {
+    /// Both streams as one text, stderr after stdout under a `[stderr]`
+    /// line; `None` when the program printed nothing.
+    pub fn text(&self) -> Option<String> {
+        match (self.stdout.total, self.stderr.total) {
+            (0, 0) => None,
+            (_, 0) => Some(self.stdout.text()),
+            (0, _) => Some(format!("[stderr]\n{}", self.stderr.text())),
+            (_, _) => {
+                let stdout = self.stdout.text();
+                let newline = if stdout.ends_with('\n') { "" } else { "\n" };
+                Some(format!("{stdout}{newline}[stderr]\n{}", self.stderr.text()))
+            }
+        }
+    }
+}
+
+/// At most `max_chars` of `text`, for a log line.
+pub(crate) fn for_log(text: &str, max_chars: usize) -> std::borrow::Cow<'_, str> {
+    match text.char_indices().nth(max_chars) {
+        Some((cut, _)) => format!("{}…", &text[..cut]).into(),
+        None => text.into(),
+    }
+}
+
+/// Helpers for the tests of the backends that run processes.
+#[cfg(test)]
+pub(crate) mod testing {
+    use std::path::{Path, PathBuf};
+    use std::time::Duration;
+
+    use tokio::time::Instant;
+
+    use crate::domain::{Domain, ParseRules, RestartRequest};
+    use crate::restarter::hosts::{HostEntry, HostMap};
+
+    /// A request for `instance` in `example.net`.
+    pub(crate) fn request(instance: &str) -> RestartRequest {
+        let payload = format!(
+            r#"{{"message_id":"1b4e28ba-2fa1-4d3b-a3f5-ef19b5a7633b","instance_name":"{instance}"}}"#
+        );
+        let rules = ParseRules {
+            domain: Domain::default(),
+            max_payload_bytes: 1024,
+        };
+        RestartRequest::parse(payload.as_bytes(), &rules).unwrap()
+    }
+
+    /// A host map sending every instance to `address`.
+    pub(crate) fn every_host_at(address: &str) -> HostMap {
+        HostMap::new(&[HostEntry {
+            pattern: "*".into(),
+            address: Some(address.into()),
+            port: None,
+            user: None,
+        }])
+        .unwrap()
+    }
+
+    /// Writes a shell script. Tests run it as `sh SCRIPT`, never execute it
+    /// directly: exec of a file just written can fail with ETXTBSY while
+    /// another test thread forks.
+    pub(crate) fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
+        let path = dir.join(name);
+        std::fs::write(&path, body).unwrap();
+        path
+    }
+
+    /// Whether `pid` is a live process (a zombie is not: it runs nothing,
+    /// and is only waiting for a parent, perhaps a PID 1 that never reaps).
+    pub(crate) fn alive(pid: u32) -> bool {
+        match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            // The state follows the parenthesised command name.
+            Ok(stat) => stat
+                .rsplit_once(") ")
+                .is_some_and(|(_, rest)| !rest.starts_with(['Z', 'X'])),
+            Err(_) => false,
+        }
+    }
+
+    /// Waits until `pid` is gone, failing after a generous deadline.
+    pub(crate) async fn wait_gone(pid: u32) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while alive(pid) {
+            assert!(Instant::now() < deadline, "process {pid} survived");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Reads a PID a script wrote to `path`.
+    pub(crate) fn read_pid(path: &Path) -> u32 {
+        let text = std::fs::read_to_string(path)
+            .unwrap_or_else(|e| panic!("no PID in {}: {e}", path.display()));
+        text.trim().parse().unwrap()
+    }
+
+    /// Kills a process a test started, on drop, by its PID.
+    pub(crate) struct KillOnDrop(pub(crate) Vec<u32>);
+
+    impl Drop for KillOnDrop {
+        fn drop(&mut self) {
+            for &pid in &self.0 {
+                if alive(pid) {
+                    // SAFETY: two integers; no memory involved.
+                    unsafe {
+                        libc::kill(pid as libc::pid_t, libc::SIGKILL);
+                    }
+                }
+            }
+        }
+    }
+}
