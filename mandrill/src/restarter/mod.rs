@@ -9,6 +9,7 @@ pub mod blocking;
 pub mod hosts;
 pub mod journal;
 pub mod simulate;
+pub mod ssh;
 pub mod template;
 
 use std::time::Duration;
@@ -20,6 +21,7 @@ use crate::domain::{Hostname, RestartRequest, Restarted};
 pub use blocking::{Blocking, BlockingRestart};
 pub use journal::Journaled;
 pub use simulate::{SimulatedBlockingRestarter, SimulatedRestarter, Simulation};
+pub use ssh::{SshRestarter, SshSettings};
 
 /// Why a restart did not happen, or did not end well. The worker branches
 /// on [`RestartError::is_retryable`].
