@@ -17,8 +17,6 @@
 mod output;
 mod pool;
 mod settings;
-#[cfg(test)]
-mod tests;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -266,4 +264,28 @@ fn shell_quote(arg: &str) -> String {
     }
     quoted.push('\'');
     quoted
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_argument_is_quoted_for_the_remote_shell() {
+        let argv: Vec<String> = [
+            "sudo",
+            "systemctl",
+            "restart",
+            "app@x.service",
+            "a;b",
+            "it's",
+            "",
+        ]
+        .map(String::from)
+        .to_vec();
+        assert_eq!(
+            quote_command_line(&argv),
+            r#"sudo systemctl restart app@x.service 'a;b' 'it'\''s' ''"#
+        );
+    }
 }

@@ -1,252 +1,18 @@
-//! The ssh backend against a private `sshd` on a free loopback port, with a
-//! throwaway host key and user key in a temp dir (never the system's sshd).
-//! `.ci/run` installs Debian's openssh-server when `/usr/sbin/sshd` is
-//! missing.
+//! The ssh backend against a private `sshd` (tests/services/sshd.rs): real
+//! connections, real host keys, real processes restarted.
 
-use std::fs::{self, File, OpenOptions};
-use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+mod services;
+
+use std::fs;
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use mandrill::domain::{Domain, ParseRules, RestartRequest, Restarted};
+use mandrill::restarter::hosts::{HostEntry, HostMap};
+use mandrill::restarter::{RestartError, Restarter, SshRestarter, SshSettings};
+use services::sshd::{KillOnDrop, PrivateSshd, alive};
 use tempfile::TempDir;
-
-use super::{SshRestarter, SshSettings, quote_command_line};
-use crate::domain::{Domain, ParseRules, RestartRequest, Restarted};
-use crate::restarter::hosts::{HostEntry, HostMap};
-use crate::restarter::{RestartError, Restarter};
-
-const SSHD: &str = "/usr/sbin/sshd";
-
-/// A private sshd, stopped (with every session it serves) on drop.
-struct Sshd {
-    dir: TempDir,
-    port: u16,
-    process: Option<Child>,
-}
-
-impl Sshd {
-    /// Generates the keys and the configuration and starts sshd.
-    fn start() -> Self {
-        assert!(
-            Path::new(SSHD).exists(),
-            "{SSHD} is missing: apt-get install openssh-server (.ci/run does)"
-        );
-        let dir = tempfile::Builder::new()
-            .prefix("mandrill-sshd-")
-            .tempdir()
-            .unwrap();
-        for key in ["host_key", "other_host_key", "user_key", "stranger_key"] {
-            keygen(&dir.path().join(key));
-        }
-        fs::copy(
-            dir.path().join("user_key.pub"),
-            dir.path().join("authorized_keys"),
-        )
-        .unwrap();
-        // A free port: the kernel picks one for a listener we close again.
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|listener| listener.local_addr())
-            .unwrap()
-            .port();
-        let d = dir.path().display();
-        fs::write(
-            dir.path().join("sshd_config"),
-            format!(
-                "Port {port}\n\
-                 ListenAddress 127.0.0.1\n\
-                 HostKey {d}/host_key\n\
-                 PidFile {d}/sshd.pid\n\
-                 AuthorizedKeysFile {d}/authorized_keys\n\
-                 StrictModes no\n\
-                 UsePAM no\n\
-                 PermitRootLogin prohibit-password\n\
-                 PubkeyAuthentication yes\n\
-                 PasswordAuthentication no\n\
-                 KbdInteractiveAuthentication no\n\
-                 UseDNS no\n\
-                 LogLevel VERBOSE\n"
-            ),
-        )
-        .unwrap();
-        let mut sshd = Self {
-            dir,
-            port,
-            process: None,
-        };
-        sshd.launch();
-        sshd
-    }
-
-    /// Starts sshd (again), logging to `sshd.log`, and waits until it
-    /// accepts connections.
-    fn launch(&mut self) {
-        // sshd running as root insists on its privilege separation directory.
-        if is_root() {
-            fs::create_dir_all("/run/sshd").unwrap();
-        }
-        let log = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.path("sshd.log"))
-            .unwrap();
-        let process = Command::new(SSHD)
-            .arg("-D")
-            .arg("-e")
-            .arg("-f")
-            .arg(self.path("sshd_config"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        self.process = Some(process);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            let exited = self.process.as_mut().unwrap().try_wait().unwrap();
-            assert!(
-                exited.is_none() && Instant::now() < deadline,
-                "sshd did not start ({exited:?}): {}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    /// Stops sshd and every connection it serves, as a host going down does.
-    fn stop(&mut self) {
-        if let Some(mut process) = self.process.take() {
-            for pid in descendants(process.id()) {
-                let _ = Command::new("kill")
-                    .args(["-9", &pid.to_string()])
-                    .stderr(Stdio::null())
-                    .status();
-            }
-            let _ = process.kill();
-            let _ = process.wait();
-        }
-    }
-
-    fn pid(&self) -> u32 {
-        self.process.as_ref().unwrap().id()
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
-    }
-
-    fn log(&self) -> String {
-        fs::read_to_string(self.path("sshd.log")).unwrap_or_default()
-    }
-
-    /// How many logins sshd accepted: one per connection.
-    fn logins(&self) -> usize {
-        self.log().matches("Accepted publickey").count()
-    }
-
-    /// A known_hosts file naming `key` as this sshd's host key.
-    fn known_hosts(&self, key: &str) -> PathBuf {
-        let public = fs::read_to_string(self.path(&format!("{key}.pub"))).unwrap();
-        let path = self.path(&format!("known_hosts.{key}"));
-        fs::write(&path, format!("[127.0.0.1]:{} {public}", self.port)).unwrap();
-        path
-    }
-
-    /// Settings that reach this sshd with the authorised key, running `argv`.
-    fn settings(&self, argv: &[&str]) -> SshSettings {
-        let user = current_user();
-        SshSettings {
-            argv: argv.iter().map(|arg| (*arg).to_owned()).collect(),
-            allow_root: user == "root",
-            user: Some(user),
-            key_file: Some(self.path("user_key")),
-            known_hosts_file: Some(self.known_hosts("host_key")),
-            port: self.port,
-            connect_timeout: Duration::from_secs(5),
-            timeout: Duration::from_secs(30),
-            ..SshSettings::default()
-        }
-    }
-
-    /// Writes an executable script into the temp dir.
-    fn script(&self, name: &str, body: &str) -> PathBuf {
-        let path = self.path(name);
-        let mut file = File::create(&path).unwrap();
-        file.write_all(body.as_bytes()).unwrap();
-        drop(file);
-        Command::new("chmod").arg("+x").arg(&path).status().unwrap();
-        path
-    }
-}
-
-impl Drop for Sshd {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
-fn keygen(path: &Path) {
-    let status = Command::new("ssh-keygen")
-        .args(["-q", "-t", "ed25519", "-N", "", "-C", "mandrill-test", "-f"])
-        .arg(path)
-        .stdin(Stdio::null())
-        .status()
-        .unwrap();
-    assert!(status.success(), "ssh-keygen failed for {}", path.display());
-}
-
-fn current_user() -> String {
-    let output = Command::new("id").arg("-un").output().unwrap();
-    String::from_utf8(output.stdout).unwrap().trim().to_owned()
-}
-
-fn is_root() -> bool {
-    current_user() == "root"
-}
-
-/// The parent PID of `pid`, from `/proc` (`None` once it is gone).
-fn parent_of(pid: u32) -> Option<u32> {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name is in parentheses and may hold spaces.
-    let after_name = &stat[stat.rfind(')')? + 2..];
-    after_name.split(' ').nth(1)?.parse().ok()
-}
-
-/// Whether `pid` is running (a zombie is not).
-fn alive(pid: u32) -> bool {
-    fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|stat| !stat[stat.rfind(')').unwrap() + 2..].starts_with('Z'))
-        .unwrap_or(false)
-}
-
-fn descendants(root: u32) -> Vec<u32> {
-    let all: Vec<u32> = fs::read_dir("/proc")
-        .unwrap()
-        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse().ok())
-        .collect();
-    let mut found = vec![root];
-    let mut index = 0;
-    while index < found.len() {
-        let parent = found[index];
-        found.extend(all.iter().filter(|&&pid| parent_of(pid) == Some(parent)));
-        index += 1;
-    }
-    found.split_off(1)
-}
-
-/// Kills the "app" whose PID file is given, when the test ends.
-struct KillOnDrop(PathBuf);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        if let Ok(pid) = fs::read_to_string(&self.0) {
-            let _ = Command::new("kill")
-                .args(["-9", pid.trim()])
-                .stderr(Stdio::null())
-                .status();
-        }
-    }
-}
 
 fn request(instance: &str) -> RestartRequest {
     let payload = format!(
@@ -298,7 +64,7 @@ echo "app restarted as $! for $2"
 
 #[tokio::test]
 async fn a_restart_over_ssh_replaces_the_target_process() {
-    let sshd = Sshd::start();
+    let sshd = PrivateSshd::start();
     let script = sshd.script("restart-app.sh", RESTART_APP);
     let pidfile = sshd.path("app.pid");
     let _app = KillOnDrop(pidfile.clone());
@@ -340,7 +106,7 @@ async fn a_restart_over_ssh_replaces_the_target_process() {
 
 #[tokio::test]
 async fn shell_metacharacters_arrive_as_one_literal_argument_each() {
-    let sshd = Sshd::start();
+    let sshd = PrivateSshd::start();
     let marker = sshd.path("pwned");
     let marker = marker.to_str().unwrap();
     let injections = [
@@ -372,28 +138,9 @@ async fn shell_metacharacters_arrive_as_one_literal_argument_each() {
     );
 }
 
-#[test]
-fn every_argument_is_quoted_for_the_remote_shell() {
-    let argv: Vec<String> = [
-        "sudo",
-        "systemctl",
-        "restart",
-        "app@x.service",
-        "a;b",
-        "it's",
-        "",
-    ]
-    .map(String::from)
-    .to_vec();
-    assert_eq!(
-        quote_command_line(&argv),
-        r#"sudo systemctl restart app@x.service 'a;b' 'it'\''s' ''"#
-    );
-}
-
 #[tokio::test]
 async fn an_unknown_or_changed_host_key_is_refused_for_good_and_nothing_runs() {
-    let sshd = Sshd::start();
+    let sshd = PrivateSshd::start();
     let marker = sshd.path("ran");
     let unknown = sshd.path("known_hosts.empty");
     fs::write(&unknown, "").unwrap();
@@ -421,7 +168,7 @@ async fn an_unknown_or_changed_host_key_is_refused_for_good_and_nothing_runs() {
 
 #[tokio::test]
 async fn a_key_the_host_does_not_know_is_refused_for_good() {
-    let sshd = Sshd::start();
+    let sshd = PrivateSshd::start();
     let settings = SshSettings {
         key_file: Some(sshd.path("stranger_key")),
         ..sshd.settings(&["true"])
@@ -438,7 +185,7 @@ async fn a_key_the_host_does_not_know_is_refused_for_good() {
 
 #[tokio::test]
 async fn a_host_whose_sshd_is_down_fails_for_now_and_a_retry_succeeds_once_it_is_back() {
-    let mut sshd = Sshd::start();
+    let mut sshd = PrivateSshd::start();
     let restarter = SshRestarter::new(&sshd.settings(&["true"]), loopback()).unwrap();
     restart(&restarter, "cattle-ab12").await.unwrap();
 
@@ -457,7 +204,7 @@ async fn a_host_whose_sshd_is_down_fails_for_now_and_a_retry_succeeds_once_it_is
 
 #[tokio::test]
 async fn restarts_of_one_host_share_one_connection_which_closes_when_idle() {
-    let sshd = Sshd::start();
+    let sshd = PrivateSshd::start();
     let settings = SshSettings {
         idle_timeout: Duration::from_secs(2),
         ..sshd.settings(&["true"])
@@ -495,7 +242,7 @@ kill -9 $pids
 
 #[tokio::test]
 async fn a_connection_dropped_by_the_host_counts_as_restarted_only_when_configured() {
-    let sshd = Sshd::start();
+    let sshd = PrivateSshd::start();
     let script = sshd.script("drop-connection.sh", DROP_OWN_CONNECTION);
     let listener = sshd.pid().to_string();
     let argv = [script.to_str().unwrap(), listener.as_str()];
@@ -519,7 +266,7 @@ async fn a_connection_dropped_by_the_host_counts_as_restarted_only_when_configur
 
 #[tokio::test]
 async fn exit_codes_fail_for_now_or_for_good_and_a_slow_command_times_out() {
-    let sshd = Sshd::start();
+    let sshd = PrivateSshd::start();
     let settings = SshSettings {
         permanent_exit_codes: vec![3],
         ..sshd.settings(&["sh", "-c", "echo boom >&2; exit \"$1\"", "sh", "{group}"])
