@@ -35,6 +35,9 @@ pub use settings::SshSettings;
 
 use pool::{ConnectError, Destination, Pool};
 
+/// A command running over a pooled connection.
+type RemoteChild = openssh::Child<Arc<Session>>;
+
 /// Restarts hosts by running a command over SSH. See the module docs.
 #[derive(Debug)]
 pub struct SshRestarter {
@@ -98,27 +101,55 @@ impl SshRestarter {
         })
     }
 
-    /// Runs `command_line` on the connection and waits for its exit, its
-    /// output captured and bounded.
-    async fn run(
+    /// Starts `command_line` over the pooled connection to `destination`.
+    /// Nothing has run if this fails, so a connection that closed between
+    /// its check and its use is replaced once.
+    async fn start(
         &self,
         host: &Hostname,
         destination: &Destination,
-        session: &Arc<Session>,
         command_line: &str,
-    ) -> Result<Restarted, RestartError> {
-        let mut child = Session::to_raw_command(Arc::clone(session), command_line)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .await
-            .map_err(|e| {
-                RestartError::failed(
-                    host,
-                    format!("could not start the command on {destination}: {e}"),
-                )
+    ) -> Result<(Arc<Session>, RemoteChild), RestartError> {
+        let mut replaced = false;
+        loop {
+            let session = self.pool.get(destination).await.map_err(|e| match e {
+                ConnectError::Refused(reason) => RestartError::Permanent {
+                    host: host.clone(),
+                    reason,
+                },
+                ConnectError::Unreachable(reason) => RestartError::failed(host, reason),
             })?;
+            let spawned = Session::to_raw_command(Arc::clone(&session), command_line)
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .await;
+            match spawned {
+                Ok(child) => return Ok((session, child)),
+                Err(e) if !replaced => {
+                    tracing::debug!(%host, %destination, error = %e, "the pooled ssh connection failed; replacing it");
+                    self.pool.discard(destination, session);
+                    replaced = true;
+                }
+                Err(e) => {
+                    return Err(RestartError::failed(
+                        host,
+                        format!("could not start the command on {destination}: {e}"),
+                    ));
+                }
+            }
+        }
+    }
+
+    /// Waits for the command's exit, its output captured and bounded.
+    async fn finish(
+        &self,
+        host: &Hostname,
+        destination: &Destination,
+        session: &Session,
+        mut child: RemoteChild,
+    ) -> Result<Restarted, RestartError> {
         let stdout = child.stdout().take();
         let stderr = child.stderr().take();
         // The pipes end when the command (and whatever kept them open) ends
@@ -211,17 +242,11 @@ impl Restarter for SshRestarter {
             request,
         });
         let command_line = quote_command_line(&argv);
-        let session = self.pool.get(&destination).await.map_err(|e| match e {
-            ConnectError::Refused(reason) => RestartError::Permanent {
-                host: host.clone(),
-                reason,
-            },
-            ConnectError::Unreachable(reason) => RestartError::failed(host, reason),
-        })?;
+        let (session, child) = self.start(host, &destination, &command_line).await?;
         tracing::debug!(%host, %destination, command = %output::excerpt(&command_line), "running the restart command over ssh");
         let result = tokio::time::timeout(
             self.timeout,
-            self.run(host, &destination, &session, &command_line),
+            self.finish(host, &destination, &session, child),
         )
         .await;
         self.pool.release(&destination, session);

@@ -153,6 +153,20 @@ impl Pool {
         }
     }
 
+    /// Closes `session`'s connection, which failed: the next restart opens
+    /// another.
+    pub(super) fn discard(&self, destination: &Destination, session: Arc<Session>) {
+        let slot = self.lock_slots().get(destination).cloned();
+        if let Some(slot) = slot
+            && let Ok(mut open) = slot.try_lock()
+            && open
+                .as_ref()
+                .is_some_and(|connection| Arc::ptr_eq(&connection.session, &session))
+        {
+            *open = None;
+        }
+    }
+
     /// Whether `session`'s connection is gone (rather than only the command
     /// killed): the master takes a moment to notice, so ask a few times.
     pub(super) async fn connection_lost(&self, session: &Session) -> bool {
