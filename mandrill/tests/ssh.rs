@@ -328,3 +328,72 @@ async fn root_or_no_user_is_refused_for_good_before_connecting() {
     let error = SshRestarter::new(&missing, loopback()).unwrap_err();
     assert!(error.contains("known_hosts_file"), "{error}");
 }
+
+#[tokio::test]
+async fn reserve_waits_for_a_free_connection() {
+    let dir = TempDir::new().unwrap();
+    let known_hosts = dir.path().join("known_hosts");
+    fs::write(&known_hosts, "").unwrap();
+    let settings = SshSettings {
+        argv: vec!["true".into()],
+        known_hosts_file: Some(known_hosts),
+        max_connections: 1,
+        ..SshSettings::default()
+    };
+    let restarter = SshRestarter::new(&settings, loopback()).unwrap();
+    let request = request("cattle-ab12");
+    let first = restarter.reserve(&request).await;
+    let mut second = Box::pin(restarter.reserve(&request));
+    assert!(
+        futures::FutureExt::now_or_never(&mut second).is_none(),
+        "no second connection while the first is held"
+    );
+    drop(first);
+    second.await;
+}
+
+#[tokio::test]
+async fn idle_connections_are_closed_to_stay_within_max_connections() {
+    let sshd = PrivateSshd::start();
+    let host_key = fs::read_to_string(sshd.path("host_key.pub")).unwrap();
+    let known_hosts = sshd.path("known_hosts.both");
+    fs::write(
+        &known_hosts,
+        format!(
+            "[127.0.0.1]:{0} {host_key}[localhost]:{0} {host_key}",
+            sshd.port
+        ),
+    )
+    .unwrap();
+    let settings = SshSettings {
+        known_hosts_file: Some(known_hosts),
+        max_connections: 1,
+        ..sshd.settings(&["true"])
+    };
+    // Two destinations: the same sshd under two names.
+    let hosts = HostMap::new(&[
+        HostEntry {
+            pattern: "a-*".into(),
+            address: Some("127.0.0.1".into()),
+            port: None,
+            user: None,
+        },
+        HostEntry {
+            pattern: "b-*".into(),
+            address: Some("localhost".into()),
+            port: None,
+            user: None,
+        },
+    ])
+    .unwrap();
+    let restarter = SshRestarter::new(&settings, hosts).unwrap();
+
+    restart(&restarter, "a-1").await.unwrap();
+    restart(&restarter, "b-1").await.unwrap();
+
+    assert_eq!(sshd.logins(), 2);
+    wait_until("the first connection is closed", || {
+        sshd.log().matches("Disconnected from user").count() == 1
+    })
+    .await;
+}

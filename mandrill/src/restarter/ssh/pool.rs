@@ -186,7 +186,7 @@ impl Pool {
             .port(destination.port);
         // ssh's ConnectTimeout covers the TCP connection and the greeting;
         // this bounds authentication too.
-        let limit = self.connect_timeout * 3;
+        let limit = self.connect_timeout * 2;
         match tokio::time::timeout(limit, builder.connect_mux(&destination.address)).await {
             Ok(Ok(session)) => Ok(session),
             Ok(Err(error)) => Err(self.classify(destination, error)),

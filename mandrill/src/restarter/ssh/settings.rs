@@ -39,11 +39,12 @@ pub struct SshSettings {
     /// The port, unless the host map names one.
     pub port: u16,
     /// Longest wait for the TCP connection and the server's greeting (whole
-    /// seconds, at least 1s).
+    /// seconds, at least 1s); authentication may take as long again.
     #[serde(with = "duration")]
     pub connect_timeout: Duration,
     /// Longest wait for the command to finish; then the restart has timed
-    /// out (and is retried).
+    /// out (and is retried). Keep `worker.restart_timeout` above twice
+    /// `connect_timeout` plus this.
     #[serde(with = "duration")]
     pub timeout: Duration,
     /// Most restarts in flight over ssh at once, and most connections kept
@@ -79,8 +80,8 @@ impl Default for SshSettings {
             agent_socket: None,
             known_hosts_file: None,
             port: 22,
-            connect_timeout: Duration::from_secs(10),
-            timeout: Duration::from_secs(60),
+            connect_timeout: Duration::from_secs(5),
+            timeout: Duration::from_secs(20),
             max_connections: 16,
             idle_timeout: Duration::from_secs(60),
             server_alive_interval: Duration::from_secs(10),
