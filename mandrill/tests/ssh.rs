@@ -260,7 +260,9 @@ async fn a_connection_dropped_by_the_host_counts_as_restarted_only_when_configur
         ..sshd.settings(&argv)
     };
     let lenient = SshRestarter::new(&settings, loopback()).unwrap();
-    restart(&lenient, "cattle-ab12").await.unwrap();
+    let restarted = restart(&lenient, "cattle-ab12").await.unwrap();
+    let output = restarted.output.unwrap_or_default();
+    assert!(output.contains("dropped the connection"), "{output}");
     assert_eq!(sshd.logins(), 2);
 }
 

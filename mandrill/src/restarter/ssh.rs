@@ -127,8 +127,10 @@ impl SshRestarter {
                 .await;
             match spawned {
                 Ok(child) => return Ok((session, child)),
-                Err(e) if !replaced => {
-                    tracing::debug!(%host, %destination, error = %e, "the pooled ssh connection failed; replacing it");
+                // A connection that closed after its check is replaced; one
+                // still up refused the session (e.g. sshd's MaxSessions).
+                Err(e) if !replaced && session.check().await.is_err() => {
+                    tracing::debug!(%host, %destination, error = %e, "the pooled ssh connection closed; replacing it");
                     self.pool.discard(destination, session);
                     replaced = true;
                 }
@@ -183,9 +185,13 @@ impl SshRestarter {
                 if self.pool.connection_lost(session).await {
                     if self.reboot_drops_connection {
                         tracing::info!(%host, %destination, "the host dropped the connection while the command ran: counted as restarted (reboot_drops_connection)");
+                        let note = "(the host dropped the connection: counted as restarted)";
                         return Ok(Restarted {
                             recovered_after: None,
-                            output,
+                            output: Some(match output {
+                                Some(output) => format!("{}\n{note}", output.trim_end()),
+                                None => note.to_owned(),
+                            }),
                         });
                     }
                     return Err(RestartError::failed(
