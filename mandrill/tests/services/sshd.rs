@@ -42,14 +42,30 @@ impl PrivateSshd {
             dir.path().join("authorized_keys"),
         )
         .unwrap();
-        // A free port: the kernel picks one for a listener we close again.
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|listener| listener.local_addr())
-            .unwrap()
-            .port();
-        let d = dir.path().display();
+        let mut sshd = Self {
+            dir,
+            port: 0,
+            process: None,
+        };
+        // A port another process takes between our probe and sshd's bind
+        // makes sshd exit: try another.
+        for attempt in 1.. {
+            sshd.port = free_port();
+            sshd.write_config();
+            match sshd.try_launch() {
+                Ok(()) => break,
+                Err(why) if attempt < 3 => eprintln!("sshd: {why}; trying another port"),
+                Err(why) => panic!("{why}"),
+            }
+        }
+        sshd
+    }
+
+    /// The sshd_config the tests use.
+    fn write_config(&self) {
+        let d = self.dir.path().display();
         fs::write(
-            dir.path().join("sshd_config"),
+            self.path("sshd_config"),
             format!(
                 "Port {port}\n\
                  ListenAddress 127.0.0.1\n\
@@ -63,26 +79,29 @@ impl PrivateSshd {
                  PasswordAuthentication no\n\
                  KbdInteractiveAuthentication no\n\
                  UseDNS no\n\
-                 LogLevel VERBOSE\n"
+                 LogLevel VERBOSE\n",
+                port = self.port
             ),
         )
         .unwrap();
-        let mut sshd = Self {
-            dir,
-            port,
-            process: None,
-        };
-        sshd.launch();
-        sshd
     }
 
-    /// Starts sshd (again), logging to `sshd.log`, and waits until it
-    /// accepts connections.
+    /// Starts sshd again on the same port (after [`PrivateSshd::stop`]).
     pub fn launch(&mut self) {
+        if let Err(why) = self.try_launch() {
+            panic!("{why}");
+        }
+    }
+
+    /// Starts sshd, logging to `sshd.log`, and waits until it listens: it
+    /// writes its PID file once bound.
+    fn try_launch(&mut self) -> Result<(), String> {
         // sshd running as root insists on its privilege separation directory.
         if is_root() {
             fs::create_dir_all("/run/sshd").unwrap();
         }
+        let pid_file = self.path("sshd.pid");
+        let _ = fs::remove_file(&pid_file);
         let log = OpenOptions::new()
             .create(true)
             .append(true)
@@ -98,17 +117,22 @@ impl PrivateSshd {
             .stderr(log)
             .spawn()
             .unwrap();
+        let pid = process.id().to_string();
         self.process = Some(process);
         let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+        while !fs::read_to_string(&pid_file).is_ok_and(|text| text.trim() == pid) {
             let exited = self.process.as_mut().unwrap().try_wait().unwrap();
-            assert!(
-                exited.is_none() && Instant::now() < deadline,
-                "sshd did not start ({exited:?}): {}",
-                self.log()
-            );
+            if exited.is_some() || Instant::now() > deadline {
+                self.stop();
+                return Err(format!(
+                    "sshd did not start on port {} ({exited:?}): {}",
+                    self.port,
+                    self.log()
+                ));
+            }
             std::thread::sleep(Duration::from_millis(20));
         }
+        Ok(())
     }
 
     /// Stops sshd and every connection it serves, as a host going down does.
@@ -181,6 +205,14 @@ impl Drop for PrivateSshd {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// A free loopback port: the kernel picks one for a listener we close again.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .unwrap()
+        .port()
 }
 
 pub fn keygen(path: &Path) {
