@@ -355,7 +355,7 @@ async fn reserve_waits_for_a_free_connection() {
 }
 
 #[tokio::test]
-async fn idle_connections_are_closed_to_stay_within_max_connections() {
+async fn idle_connections_are_closed_to_stay_within_max_connections_and_the_host_map_wins() {
     let sshd = PrivateSshd::start();
     let host_key = fs::read_to_string(sshd.path("host_key.pub")).unwrap();
     let known_hosts = sshd.path("known_hosts.both");
@@ -367,27 +367,22 @@ async fn idle_connections_are_closed_to_stay_within_max_connections() {
         ),
     )
     .unwrap();
+    // The host map's port and user win over the section's.
     let settings = SshSettings {
         known_hosts_file: Some(known_hosts),
         max_connections: 1,
+        port: 9,
+        user: None,
         ..sshd.settings(&["true"])
     };
     // Two destinations: the same sshd under two names.
-    let hosts = HostMap::new(&[
-        HostEntry {
-            pattern: "a-*".into(),
-            address: Some("127.0.0.1".into()),
-            port: None,
-            user: None,
-        },
-        HostEntry {
-            pattern: "b-*".into(),
-            address: Some("localhost".into()),
-            port: None,
-            user: None,
-        },
-    ])
-    .unwrap();
+    let entry = |pattern: &str, address: &str| HostEntry {
+        pattern: pattern.into(),
+        address: Some(address.into()),
+        port: Some(sshd.port),
+        user: Some(services::sshd::current_user()),
+    };
+    let hosts = HostMap::new(&[entry("a-*", "127.0.0.1"), entry("b-*", "localhost")]).unwrap();
     let restarter = SshRestarter::new(&settings, hosts).unwrap();
 
     restart(&restarter, "a-1").await.unwrap();
