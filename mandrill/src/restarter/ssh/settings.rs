@@ -81,7 +81,7 @@ impl Default for SshSettings {
             known_hosts_file: None,
             port: 22,
             connect_timeout: Duration::from_secs(5),
-            timeout: Duration::from_secs(20),
+            timeout: Duration::from_secs(15),
             max_connections: 16,
             idle_timeout: Duration::from_secs(60),
             server_alive_interval: Duration::from_secs(10),
