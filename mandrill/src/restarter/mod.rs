@@ -12,6 +12,7 @@ pub mod http;
 pub mod journal;
 pub mod process;
 pub mod simulate;
+pub mod ssh;
 pub mod template;
 pub mod verify;
 
@@ -26,6 +27,7 @@ pub use command::{CommandRestarter, CommandSettings};
 pub use http::{HttpRestarter, HttpSettings};
 pub use journal::Journaled;
 pub use simulate::{SimulatedBlockingRestarter, SimulatedRestarter, Simulation};
+pub use ssh::{SshRestarter, SshSettings};
 pub use verify::{Verified, VerifySettings};
 
 /// Why a restart did not happen, or did not end well. The worker branches

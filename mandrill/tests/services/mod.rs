@@ -1,8 +1,11 @@
-//! Real servers for the scale-out tests: a fresh PostgreSQL database per test,
-//! NATS names unique to the test, and a private `nats-server` that a test may
-//! stop and start. Everything is removed when dropped.
+//! Real servers for the integration tests: a fresh PostgreSQL database per
+//! test, NATS names unique to the test, a private `nats-server` that a test
+//! may stop and start, and a private `sshd` (`sshd.rs`). Everything is
+//! removed when dropped.
 
 #![allow(dead_code)]
+
+pub mod sshd;
 
 use std::net::TcpListener;
 use std::path::Path;

@@ -1,0 +1,396 @@
+//! The ssh backend against a private `sshd` (tests/services/sshd.rs): real
+//! connections, real host keys, real processes restarted.
+
+mod services;
+
+use std::fs;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use mandrill::domain::{Domain, ParseRules, RestartRequest, Restarted};
+use mandrill::restarter::hosts::{HostEntry, HostMap};
+use mandrill::restarter::{RestartError, Restarter, SshRestarter, SshSettings};
+use services::sshd::{KillOnDrop, PrivateSshd, alive};
+use tempfile::TempDir;
+
+fn request(instance: &str) -> RestartRequest {
+    let payload = format!(
+        r#"{{"message_id":"1b4e28ba-2fa1-4d3b-a3f5-ef19b5a7633b","instance_name":"{instance}"}}"#
+    );
+    let rules = ParseRules {
+        domain: Domain::default(),
+        max_payload_bytes: 1024,
+    };
+    RestartRequest::parse(payload.as_bytes(), &rules).unwrap()
+}
+
+/// Every instance is reached at the loopback address.
+fn loopback() -> HostMap {
+    HostMap::new(&[HostEntry {
+        pattern: "*".into(),
+        address: Some("127.0.0.1".into()),
+        port: None,
+        user: None,
+    }])
+    .unwrap()
+}
+
+async fn restart(restarter: &SshRestarter, instance: &str) -> Result<Restarted, RestartError> {
+    let request = request(instance);
+    let reservation = restarter.reserve(&request).await;
+    restarter.restart(&request, reservation).await
+}
+
+/// Waits until `condition` holds, failing after a generous deadline.
+async fn wait_until(what: &str, condition: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !condition() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+const RESTART_APP: &str = r#"#!/bin/sh
+# Restarts the "app" (a long sleep): stops the one named in the PID file,
+# starts another and records its PID.
+set -eu
+pidfile=$1
+if [ -s "$pidfile" ]; then kill "$(cat "$pidfile")" 2>/dev/null || true; fi
+sleep 600 </dev/null >/dev/null 2>&1 &
+echo $! > "$pidfile"
+echo "app restarted as $! for $2"
+"#;
+
+#[tokio::test]
+async fn a_restart_over_ssh_replaces_the_target_process() {
+    let sshd = PrivateSshd::start();
+    let script = sshd.script("restart-app.sh", RESTART_APP);
+    let pidfile = sshd.path("app.pid");
+    let _app = KillOnDrop(pidfile.clone());
+    let status = Command::new(&script)
+        .arg(&pidfile)
+        .arg("setup")
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let before: u32 = fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(alive(before));
+
+    let settings = sshd.settings(&[
+        script.to_str().unwrap(),
+        pidfile.to_str().unwrap(),
+        "{instance_name}",
+    ]);
+    let restarter = SshRestarter::new(&settings, loopback()).unwrap();
+    let restarted = restart(&restarter, "cattle-ab12").await.unwrap();
+
+    let after: u32 = fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert_ne!(before, after, "the PID file names a new process");
+    assert!(alive(after), "the new process runs");
+    wait_until("the old process is gone", || !alive(before)).await;
+    assert_eq!(
+        restarted.output.as_deref(),
+        Some(format!("app restarted as {after} for cattle-ab12\n").as_str())
+    );
+}
+
+#[tokio::test]
+async fn shell_metacharacters_arrive_as_one_literal_argument_each() {
+    let sshd = PrivateSshd::start();
+    let marker = sshd.path("pwned");
+    let marker = marker.to_str().unwrap();
+    let injections = [
+        format!("a;touch {marker}"),
+        format!("$(touch {marker})"),
+        format!("`touch {marker}`|x&&y>z<w"),
+        "it's \"quoted\" \\ *".to_owned(),
+        "two  spaces\nand a new line".to_owned(),
+        String::new(),
+    ];
+    let mut argv = vec![
+        "sh",
+        "-c",
+        r#"for a in "$@"; do printf '[%s]\n' "$a"; done"#,
+        "sh",
+    ];
+    argv.extend(injections.iter().map(String::as_str));
+    argv.extend(["{instance_name}", "{host}"]);
+    let restarter = SshRestarter::new(&sshd.settings(&argv), loopback()).unwrap();
+
+    let restarted = restart(&restarter, "cattle-ab12").await.unwrap();
+
+    let mut expected: String = injections.iter().map(|arg| format!("[{arg}]\n")).collect();
+    expected.push_str("[cattle-ab12]\n[127.0.0.1]\n");
+    assert_eq!(restarted.output.as_deref(), Some(expected.as_str()));
+    assert!(
+        !Path::new(marker).exists(),
+        "nothing the arguments held ran"
+    );
+}
+
+#[tokio::test]
+async fn an_unknown_or_changed_host_key_is_refused_for_good_and_nothing_runs() {
+    let sshd = PrivateSshd::start();
+    let marker = sshd.path("ran");
+    let unknown = sshd.path("known_hosts.empty");
+    fs::write(&unknown, "").unwrap();
+    let changed = sshd.known_hosts("other_host_key");
+    for (known_hosts, case) in [(unknown, "unknown"), (changed, "changed")] {
+        let settings = SshSettings {
+            known_hosts_file: Some(known_hosts.clone()),
+            ..sshd.settings(&["touch", marker.to_str().unwrap()])
+        };
+        let restarter = SshRestarter::new(&settings, loopback()).unwrap();
+
+        let error = restart(&restarter, "cattle-ab12").await.unwrap_err();
+        let RestartError::Permanent { reason, .. } = &error else {
+            panic!("{case} key: expected a permanent failure, got {error:?}");
+        };
+        assert!(reason.contains("host key of"), "{case}: {reason}");
+        assert!(reason.contains("127.0.0.1"), "{case}: {reason}");
+        assert!(!error.is_retryable());
+        assert!(!marker.exists(), "{case} key: the command did not run");
+        let untouched = fs::read_to_string(&known_hosts).unwrap();
+        assert!(!untouched.contains(&fs::read_to_string(sshd.path("host_key.pub")).unwrap()));
+    }
+    assert_eq!(sshd.logins(), 0);
+}
+
+#[tokio::test]
+async fn a_key_the_host_does_not_know_is_refused_for_good() {
+    let sshd = PrivateSshd::start();
+    let settings = SshSettings {
+        key_file: Some(sshd.path("stranger_key")),
+        ..sshd.settings(&["true"])
+    };
+    let restarter = SshRestarter::new(&settings, loopback()).unwrap();
+
+    let error = restart(&restarter, "cattle-ab12").await.unwrap_err();
+    let RestartError::Permanent { reason, .. } = &error else {
+        panic!("expected a permanent failure, got {error:?}");
+    };
+    assert!(reason.contains("authentication refused"), "{reason}");
+    assert_eq!(sshd.logins(), 0);
+}
+
+#[tokio::test]
+async fn a_host_whose_sshd_is_down_fails_for_now_and_a_retry_succeeds_once_it_is_back() {
+    let mut sshd = PrivateSshd::start();
+    let restarter = SshRestarter::new(&sshd.settings(&["true"]), loopback()).unwrap();
+    restart(&restarter, "cattle-ab12").await.unwrap();
+
+    sshd.stop();
+    let error = restart(&restarter, "cattle-ab12").await.unwrap_err();
+    assert!(
+        matches!(error, RestartError::Failed { .. }) && error.is_retryable(),
+        "{error:?}"
+    );
+    assert!(error.to_string().contains("Connection refused"), "{error}");
+
+    sshd.launch();
+    restart(&restarter, "cattle-ab12").await.unwrap();
+    assert_eq!(sshd.logins(), 2, "the retry opened a new connection");
+}
+
+#[tokio::test]
+async fn restarts_of_one_host_share_one_connection_which_closes_when_idle() {
+    let sshd = PrivateSshd::start();
+    let settings = SshSettings {
+        idle_timeout: Duration::from_secs(2),
+        ..sshd.settings(&["true"])
+    };
+    let restarter = SshRestarter::new(&settings, loopback()).unwrap();
+
+    restart(&restarter, "cattle-ab12").await.unwrap();
+    restart(&restarter, "cattle-cd34").await.unwrap();
+    assert_eq!(sshd.logins(), 1, "both restarts used one connection");
+
+    wait_until("the idle connection is closed", || {
+        sshd.log().contains("Disconnected from user")
+    })
+    .await;
+    restart(&restarter, "cattle-ab12").await.unwrap();
+    assert_eq!(
+        sshd.logins(),
+        2,
+        "a new connection after the idle one closed"
+    );
+}
+
+/// Kills the sshd processes serving this session (its ancestors below the
+/// listener), as a host going down for a reboot does.
+const DROP_OWN_CONNECTION: &str = r#"#!/bin/sh
+listener=$1
+p=$PPID
+pids=""
+while [ "$p" -gt 1 ] && [ "$p" != "$listener" ]; do
+  pids="$pids $p"
+  p=$(cut -d' ' -f4 "/proc/$p/stat")
+done
+kill -9 $pids
+"#;
+
+#[tokio::test]
+async fn a_connection_dropped_by_the_host_counts_as_restarted_only_when_configured() {
+    let sshd = PrivateSshd::start();
+    let script = sshd.script("drop-connection.sh", DROP_OWN_CONNECTION);
+    let listener = sshd.pid().to_string();
+    let argv = [script.to_str().unwrap(), listener.as_str()];
+
+    let strict = SshRestarter::new(&sshd.settings(&argv), loopback()).unwrap();
+    let error = restart(&strict, "cattle-ab12").await.unwrap_err();
+    assert!(error.is_retryable(), "{error:?}");
+    assert!(
+        error.to_string().contains("dropped the connection"),
+        "{error}"
+    );
+
+    let settings = SshSettings {
+        reboot_drops_connection: true,
+        ..sshd.settings(&argv)
+    };
+    let lenient = SshRestarter::new(&settings, loopback()).unwrap();
+    let restarted = restart(&lenient, "cattle-ab12").await.unwrap();
+    let output = restarted.output.unwrap_or_default();
+    assert!(output.contains("dropped the connection"), "{output}");
+    assert_eq!(sshd.logins(), 2);
+}
+
+#[tokio::test]
+async fn exit_codes_fail_for_now_or_for_good_and_a_slow_command_times_out() {
+    let sshd = PrivateSshd::start();
+    let settings = SshSettings {
+        permanent_exit_codes: vec![3],
+        ..sshd.settings(&["sh", "-c", "echo boom >&2; exit \"$1\"", "sh", "{group}"])
+    };
+    let restarter = SshRestarter::new(&settings, loopback()).unwrap();
+    // `{group}` is the instance name up to its last '-': the exit code.
+    let error = restart(&restarter, "3-a").await.unwrap_err();
+    let RestartError::Permanent { reason, .. } = &error else {
+        panic!("exit 3 is configured permanent, got {error:?}");
+    };
+    assert!(
+        reason.contains("exited with 3") && reason.contains("boom"),
+        "{reason}"
+    );
+    let error = restart(&restarter, "4-a").await.unwrap_err();
+    assert!(
+        matches!(&error, RestartError::Failed { reason, .. } if reason.contains("exited with 4")),
+        "{error:?}"
+    );
+
+    let settings = SshSettings {
+        timeout: Duration::from_secs(1),
+        ..sshd.settings(&["sleep", "30"])
+    };
+    let slow = SshRestarter::new(&settings, loopback()).unwrap();
+    let error = restart(&slow, "cattle-ab12").await.unwrap_err();
+    assert!(matches!(error, RestartError::TimedOut { .. }), "{error:?}");
+}
+
+#[tokio::test]
+async fn root_or_no_user_is_refused_for_good_before_connecting() {
+    let dir = TempDir::new().unwrap();
+    let known_hosts = dir.path().join("known_hosts");
+    fs::write(&known_hosts, "").unwrap();
+    let settings = SshSettings {
+        argv: vec!["true".into()],
+        known_hosts_file: Some(known_hosts),
+        ..SshSettings::default()
+    };
+    let as_root = HostMap::new(&[HostEntry {
+        pattern: "*".into(),
+        address: Some("192.0.2.1".into()),
+        port: None,
+        user: Some("root".into()),
+    }])
+    .unwrap();
+    for (hosts, expected) in [(as_root, "root is refused"), (loopback(), "no ssh user")] {
+        let restarter = SshRestarter::new(&settings, hosts).unwrap();
+        let error = restart(&restarter, "cattle-ab12").await.unwrap_err();
+        assert!(
+            matches!(&error, RestartError::Permanent { reason, .. } if reason.contains(expected)),
+            "{error:?}"
+        );
+    }
+    let missing = SshSettings {
+        known_hosts_file: Some(dir.path().join("absent")),
+        ..settings
+    };
+    let error = SshRestarter::new(&missing, loopback()).unwrap_err();
+    assert!(error.contains("known_hosts_file"), "{error}");
+}
+
+#[tokio::test]
+async fn reserve_waits_for_a_free_connection() {
+    let dir = TempDir::new().unwrap();
+    let known_hosts = dir.path().join("known_hosts");
+    fs::write(&known_hosts, "").unwrap();
+    let settings = SshSettings {
+        argv: vec!["true".into()],
+        known_hosts_file: Some(known_hosts),
+        max_connections: 1,
+        ..SshSettings::default()
+    };
+    let restarter = SshRestarter::new(&settings, loopback()).unwrap();
+    let request = request("cattle-ab12");
+    let first = restarter.reserve(&request).await;
+    let mut second = Box::pin(restarter.reserve(&request));
+    assert!(
+        futures::FutureExt::now_or_never(&mut second).is_none(),
+        "no second connection while the first is held"
+    );
+    drop(first);
+    second.await;
+}
+
+#[tokio::test]
+async fn idle_connections_are_closed_to_stay_within_max_connections_and_the_host_map_wins() {
+    let sshd = PrivateSshd::start();
+    let host_key = fs::read_to_string(sshd.path("host_key.pub")).unwrap();
+    let known_hosts = sshd.path("known_hosts.both");
+    fs::write(
+        &known_hosts,
+        format!(
+            "[127.0.0.1]:{0} {host_key}[localhost]:{0} {host_key}",
+            sshd.port
+        ),
+    )
+    .unwrap();
+    // The host map's port and user win over the section's.
+    let settings = SshSettings {
+        known_hosts_file: Some(known_hosts),
+        max_connections: 1,
+        port: 9,
+        user: None,
+        ..sshd.settings(&["true"])
+    };
+    // Two destinations: the same sshd under two names.
+    let entry = |pattern: &str, address: &str| HostEntry {
+        pattern: pattern.into(),
+        address: Some(address.into()),
+        port: Some(sshd.port),
+        user: Some(services::sshd::current_user()),
+    };
+    let hosts = HostMap::new(&[entry("a-*", "127.0.0.1"), entry("b-*", "localhost")]).unwrap();
+    let restarter = SshRestarter::new(&settings, hosts).unwrap();
+
+    restart(&restarter, "a-1").await.unwrap();
+    restart(&restarter, "b-1").await.unwrap();
+
+    assert_eq!(sshd.logins(), 2);
+    wait_until("the first connection is closed", || {
+        sshd.log().matches("Disconnected from user").count() == 1
+    })
+    .await;
+}
