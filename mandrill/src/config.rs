@@ -21,6 +21,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::backoff::Backoff;
 use crate::domain::{Domain, ParseRules};
+use crate::restarter::hosts::HostEntry;
+use crate::restarter::verify::ProbeKind;
+use crate::restarter::{CommandSettings, HttpSettings, SshSettings, VerifySettings};
 use crate::worker::WorkerConfig;
 
 pub mod redact;
@@ -49,6 +52,12 @@ pub struct Config {
     pub debug: DebugConfig,
     /// NATS JetStream, when `broker.url` is `nats://…`.
     pub nats: NatsConfig,
+    /// Recovery verification after each restart (`[verify]`).
+    pub verify: VerifySettings,
+    /// Where instances are really reached (`[[hosts]]`): pattern → address,
+    /// port, user. Unmapped instances are `{instance_name}.{message.domain}`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hosts: Vec<HostEntry>,
 }
 
 /// A value that must never reach a log: its `Debug` is `****`. It is still
@@ -263,6 +272,19 @@ pub enum RestarterKind {
     Simulate,
     /// Blocks a thread of the bounded blocking pool, fails at random.
     SimulateBlocking,
+    /// Runs a program per restart, without a shell (`[restarter.command]`).
+    Command,
+    /// Runs a command on the host over SSH (`[restarter.ssh]`).
+    Ssh,
+    /// Calls a webhook (`[restarter.http]`).
+    Http,
+}
+
+impl RestarterKind {
+    /// Whether this backend touches real hosts.
+    pub fn is_real(self) -> bool {
+        matches!(self, Self::Command | Self::Ssh | Self::Http)
+    }
 }
 
 /// `[restarter]`
@@ -285,6 +307,12 @@ pub struct RestarterConfig {
     /// issuing it: an audit trail that survives the process being killed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub journal: Option<PathBuf>,
+    /// `[restarter.command]`: the `command` backend.
+    pub command: CommandSettings,
+    /// `[restarter.ssh]`: the `ssh` backend.
+    pub ssh: SshSettings,
+    /// `[restarter.http]`: the `http` backend.
+    pub http: HttpSettings,
 }
 
 impl Default for RestarterConfig {
@@ -296,6 +324,9 @@ impl Default for RestarterConfig {
             failure_rate: 0.1,
             blocking_threads: 16,
             journal: None,
+            command: CommandSettings::default(),
+            ssh: SshSettings::default(),
+            http: HttpSettings::default(),
         }
     }
 }
@@ -774,6 +805,7 @@ impl Config {
             ));
         }
         self.validate_urls()?;
+        self.validate_restarter()?;
         probability("restarter.failure_rate", self.restarter.failure_rate)?;
         probability("simulate.malformed_rate", self.simulate.malformed_rate)?;
         if self.restarter.min_latency > self.restarter.max_latency {
@@ -856,11 +888,82 @@ impl Config {
             ("restarter.max_latency", r.max_latency),
             ("debug.stall_threshold", d.stall_threshold),
             ("debug.status_interval", d.status_interval),
+            ("restarter.command.timeout", r.command.timeout),
+            ("restarter.ssh.connect_timeout", r.ssh.connect_timeout),
+            ("restarter.ssh.timeout", r.ssh.timeout),
+            ("restarter.ssh.idle_timeout", r.ssh.idle_timeout),
+            (
+                "restarter.ssh.server_alive_interval",
+                r.ssh.server_alive_interval,
+            ),
+            ("restarter.http.timeout", r.http.timeout),
+            ("verify.initial_delay", self.verify.initial_delay),
+            ("verify.interval", self.verify.interval),
+            ("verify.probe_timeout", self.verify.probe_timeout),
+            ("verify.timeout", self.verify.timeout),
         ];
         if let Some(interval) = w.lease_extension_interval {
             durations.push(("worker.lease_extension_interval", interval));
         }
         durations
+    }
+
+    /// The chosen backend's section, verification and the host map; and
+    /// that the worker waits longer for a restart than the backend and the
+    /// verification may take, so that an issued restart is never cut off
+    /// by the worker and retried (a second restart of a host that was fine).
+    fn validate_restarter(&self) -> Result<(), ConfigError> {
+        let r = &self.restarter;
+        fn in_section(name: &'static str) -> impl Fn((&str, String)) -> ConfigError {
+            move |(key, why)| ConfigError::invalid(&format!("restarter.{name}.{key}"), why)
+        }
+        let backend = match r.kind {
+            RestarterKind::Simulate | RestarterKind::SimulateBlocking => r.max_latency,
+            RestarterKind::Command => {
+                r.command.validate().map_err(in_section("command"))?;
+                r.command.timeout
+            }
+            RestarterKind::Ssh => {
+                r.ssh.validate().map_err(in_section("ssh"))?;
+                // Connecting may take up to twice connect_timeout (a retry).
+                r.ssh
+                    .connect_timeout
+                    .saturating_mul(2)
+                    .saturating_add(r.ssh.timeout)
+            }
+            RestarterKind::Http => {
+                r.http.validate().map_err(in_section("http"))?;
+                r.http.timeout
+            }
+        };
+        self.verify
+            .validate()
+            .map_err(|(key, why)| ConfigError::invalid(&format!("verify.{key}"), why))?;
+        crate::restarter::hosts::HostMap::new(&self.hosts)
+            .map_err(|why| ConfigError::invalid("hosts", why))?;
+        let verification = if self.verify.probe == ProbeKind::None {
+            Duration::ZERO
+        } else {
+            self.verify
+                .initial_delay
+                .saturating_add(self.verify.timeout)
+                .saturating_add(self.verify.probe_timeout)
+        };
+        let needed = backend.saturating_add(verification);
+        if self.worker.restart_timeout <= needed {
+            return Err(ConfigError::invalid(
+                "worker.restart_timeout",
+                format!(
+                    "{} must be longer than the restart can take, {} (the backend's \
+                     timeout, plus verify.initial_delay + verify.timeout + \
+                     verify.probe_timeout when verifying): otherwise the worker cuts an \
+                     issued restart short and retries it",
+                    humantime::format_duration(self.worker.restart_timeout),
+                    humantime::format_duration(needed)
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// `broker.url` and `store.url` name something this build supports.
@@ -986,9 +1089,28 @@ impl Config {
             unreachable!("config serialises to a table");
         };
         for (section, fields) in sections {
-            if let toml::Value::Table(fields) = fields {
-                for (key, value) in fields {
-                    flat.insert(format!("{section}.{key}"), value.to_string());
+            match fields {
+                toml::Value::Table(fields) => {
+                    for (key, value) in fields {
+                        match value {
+                            // An adapter's own section, e.g. `[restarter.ssh]`.
+                            toml::Value::Table(inner) => {
+                                for (name, value) in inner {
+                                    flat.insert(
+                                        format!("{section}.{key}.{name}"),
+                                        value.to_string(),
+                                    );
+                                }
+                            }
+                            value => {
+                                flat.insert(format!("{section}.{key}"), value.to_string());
+                            }
+                        }
+                    }
+                }
+                // `[[hosts]]`: one setting, compared whole.
+                value => {
+                    flat.insert(section, value.to_string());
                 }
             }
         }
@@ -1100,7 +1222,10 @@ const SETTING_DOCS: &[(&str, &str)] = &[
         "message.max_payload_bytes",
         "larger payloads are dead-lettered (at most 64 MiB)",
     ),
-    ("restarter.kind", "simulate | simulate-blocking"),
+    (
+        "restarter.kind",
+        "simulate | simulate-blocking | command | ssh | http",
+    ),
     ("restarter.min_latency", "shortest simulated restart"),
     ("restarter.max_latency", "longest simulated restart"),
     (
@@ -1114,6 +1239,114 @@ const SETTING_DOCS: &[(&str, &str)] = &[
     (
         "restarter.journal",
         "file to append each restart issued to (audit); default none",
+    ),
+    (
+        "restarter.command.argv",
+        "program and argument templates ({host} {instance_name} {message_id} {group}); no shell",
+    ),
+    (
+        "restarter.command.timeout",
+        "kill the process group after this",
+    ),
+    ("restarter.command.working_dir", "directory to run in"),
+    (
+        "restarter.command.env_allow",
+        "inherited environment variables kept; the rest is cleared",
+    ),
+    ("restarter.command.env", "extra fixed environment variables"),
+    (
+        "restarter.command.max_output",
+        "bytes of stdout and of stderr kept with the outcome",
+    ),
+    (
+        "restarter.command.permanent_exit_codes",
+        "exit codes that mean: do not retry",
+    ),
+    (
+        "restarter.ssh.argv",
+        "remote command templates, each shell-quoted as one argument",
+    ),
+    ("restarter.ssh.user", "login user (the host map's wins)"),
+    ("restarter.ssh.allow_root", "allow logging in as root"),
+    (
+        "restarter.ssh.key_file",
+        "private key; default the agent and ssh's own keys",
+    ),
+    ("restarter.ssh.agent_socket", "ssh-agent socket"),
+    (
+        "restarter.ssh.known_hosts_file",
+        "host keys checked strictly; required",
+    ),
+    ("restarter.ssh.port", "port (the host map's wins)"),
+    ("restarter.ssh.connect_timeout", "limit on connecting"),
+    ("restarter.ssh.timeout", "limit on the remote command"),
+    (
+        "restarter.ssh.max_connections",
+        "connections open at once; reserve waits beyond",
+    ),
+    (
+        "restarter.ssh.idle_timeout",
+        "close a host's connection unused this long",
+    ),
+    ("restarter.ssh.server_alive_interval", "keepalive period"),
+    (
+        "restarter.ssh.reboot_drops_connection",
+        "a connection dropped by the rebooting host counts as restarted",
+    ),
+    (
+        "restarter.ssh.max_output",
+        "bytes of output kept with the outcome",
+    ),
+    (
+        "restarter.ssh.permanent_exit_codes",
+        "remote exit codes that mean: do not retry",
+    ),
+    ("restarter.http.method", "HTTP method"),
+    ("restarter.http.url", "URL template; required"),
+    (
+        "restarter.http.body",
+        "body template, values JSON-escaped; \"\" for none",
+    ),
+    ("restarter.http.headers", "header name -> value template"),
+    (
+        "restarter.http.hmac_secret_file",
+        "file holding the HMAC-SHA256 key (never printed)",
+    ),
+    (
+        "restarter.http.hmac_secret_env",
+        "environment variable holding the HMAC-SHA256 key",
+    ),
+    (
+        "restarter.http.hmac_header",
+        "signature header: sha256=<hex>",
+    ),
+    ("restarter.http.timeout", "limit on the whole call"),
+    (
+        "restarter.http.ca_file",
+        "extra PEM CA certificates to trust",
+    ),
+    ("verify.probe", "none | tcp | http | command"),
+    ("verify.port", "tcp probe: port on the host"),
+    ("verify.url", "http probe: URL template"),
+    ("verify.expect_status", "http probe: healthy statuses"),
+    (
+        "verify.argv",
+        "command probe: argv template, exit 0 = healthy",
+    ),
+    ("verify.initial_delay", "wait before the first probe"),
+    ("verify.interval", "between probes (jittered)"),
+    ("verify.probe_timeout", "limit on one probe"),
+    (
+        "verify.timeout",
+        "give up after this: the host is recorded unrecovered",
+    ),
+    (
+        "verify.expect_down",
+        "a healthy probe counts only after a failed one",
+    ),
+    (
+        "hosts",
+        "[[hosts]] pattern = \"cattle-*\", address, port, user: where instances are reached",
     ),
     ("simulate.enabled", "publish random requests (demo)"),
     ("simulate.rate", "requests per second (at most 1000000)"),
@@ -1274,6 +1507,22 @@ mod tests {
             ),
             ("[message]\ndomain = \"bad_domain\"\n", "message.domain"),
             ("[restarter]\nkind = \"teleport\"\n", "restarter.kind"),
+            ("[restarter]\nkind = \"ssh\"\n", "restarter.ssh."),
+            (
+                "[restarter]\nkind = \"command\"\n[restarter.command]\nargv = [\"x\", \"{hostname}\"]\n",
+                "restarter.command.argv",
+            ),
+            (
+                "[restarter]\nkind = \"http\"\n[restarter.http]\nurl = \"ftp://x/{host}\"\n",
+                "restarter.http.url",
+            ),
+            // Verification must fit inside the worker's wait for a restart.
+            (
+                "[verify]\nprobe = \"tcp\"\nport = 22\ntimeout = \"60s\"\n",
+                "worker.restart_timeout",
+            ),
+            ("[verify]\nprobe = \"tcp\"\n", "verify.port"),
+            ("[[hosts]]\npattern = \"\"\n", "hosts"),
             ("[log]\nformat = \"xml\"\n", "log.format"),
             ("[broker]\nmax_deliveries = 2\n", "broker.max_deliveries"),
             ("[broker]\npoll_interval = \"0s\"\n", "broker.poll_interval"),
@@ -1299,6 +1548,22 @@ mod tests {
         config.nats.token = Some(Secret("t".into()));
         config.nats.creds_file = Some(PathBuf::from("x.creds"));
         config.nats.tls_ca_file = Some(PathBuf::from("ca.pem"));
+        config.restarter.command.working_dir = Some(PathBuf::from("/"));
+        config.restarter.ssh.user = Some("chaos".into());
+        config.restarter.ssh.key_file = Some(PathBuf::from("id"));
+        config.restarter.ssh.agent_socket = Some(PathBuf::from("agent"));
+        config.restarter.ssh.known_hosts_file = Some(PathBuf::from("known_hosts"));
+        config.restarter.http.hmac_secret_file = Some(PathBuf::from("key"));
+        config.restarter.http.hmac_secret_env = Some("KEY".into());
+        config.restarter.http.ca_file = Some(PathBuf::from("ca.pem"));
+        config.verify.port = Some(22);
+        config.verify.url = Some("http://{host}/".into());
+        config.hosts = vec![HostEntry {
+            pattern: "cattle-*".into(),
+            address: None,
+            port: None,
+            user: None,
+        }];
         for key in config.flatten().keys() {
             assert!(
                 documented.contains(&key.as_str()),

@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context as _, bail};
+use anyhow::{Context as _, anyhow, bail};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -20,8 +20,10 @@ use crate::broker::{Broker, MemoryBroker, SqliteBroker};
 use crate::config::{
     BrokerConfig, Config, RestarterConfig, RestarterKind, StoreConfig, redact_url,
 };
+use crate::restarter::hosts::HostMap;
 use crate::restarter::{
-    Blocking, Journaled, Restarter, SimulatedBlockingRestarter, SimulatedRestarter, Simulation,
+    Blocking, CommandRestarter, HttpRestarter, Journaled, Restarter, SimulatedBlockingRestarter,
+    SimulatedRestarter, Simulation, SshRestarter, Verified,
 };
 use crate::stats::{Stats, StatsSnapshot};
 use crate::store::{MemoryStore, PostgresStore, SqliteStore, Store, Timestamp};
@@ -150,29 +152,46 @@ fn nats_settings(config: &Config) -> NatsSettings {
 }
 
 /// The restarter `restarter.kind` names, journalled if `restarter.journal` is set.
-pub fn build_restarter(config: &RestarterConfig) -> anyhow::Result<Arc<dyn Restarter>> {
-    let restarter = build_backend(config);
-    let Some(path) = &config.journal else {
-        return Ok(restarter);
+pub fn build_restarter(config: &Config) -> anyhow::Result<Arc<dyn Restarter>> {
+    let hosts = HostMap::new(&config.hosts).map_err(|why| anyhow!("hosts: {why}"))?;
+    let restarter = build_backend(&config.restarter, &hosts)?;
+    // The journal line is written before the backend is called, and
+    // verification runs after it returns: journal(verify(backend)) would
+    // also do, but verify(journal(backend)) keeps the journal a record of
+    // restarts issued, not of probes.
+    let restarter = match &config.restarter.journal {
+        None => restarter,
+        Some(path) => Arc::new(
+            Journaled::open(restarter, path)
+                .with_context(|| format!("cannot open restarter.journal {}", path.display()))?,
+        ),
     };
-    let journaled = Journaled::open(restarter, path)
-        .with_context(|| format!("cannot open restarter.journal {}", path.display()))?;
-    Ok(Arc::new(journaled))
+    Verified::wrap(restarter, &config.verify, hosts).map_err(|why| anyhow!(why))
 }
 
-fn build_backend(config: &RestarterConfig) -> Arc<dyn Restarter> {
+fn build_backend(config: &RestarterConfig, hosts: &HostMap) -> anyhow::Result<Arc<dyn Restarter>> {
     let simulation = Simulation {
         min_latency: config.min_latency,
         max_latency: config.max_latency,
         failure_rate: config.failure_rate,
     };
-    match config.kind {
+    Ok(match config.kind {
         RestarterKind::Simulate => Arc::new(SimulatedRestarter(simulation)),
         RestarterKind::SimulateBlocking => Arc::new(Blocking::new(
             SimulatedBlockingRestarter(simulation),
             config.blocking_threads,
         )),
-    }
+        RestarterKind::Command => Arc::new(
+            CommandRestarter::new(&config.command, hosts.clone()).map_err(|why| anyhow!(why))?,
+        ),
+        RestarterKind::Ssh => {
+            Arc::new(SshRestarter::new(&config.ssh, hosts.clone()).map_err(|why| anyhow!(why))?)
+        }
+        RestarterKind::Http => Arc::new(
+            HttpRestarter::new(&config.http, hosts.clone())
+                .map_err(|why| anyhow!("restarter.http.{why}"))?,
+        ),
+    })
 }
 
 /// What a configuration reload can change in a running service.
@@ -218,7 +237,7 @@ impl Service {
     pub async fn build(config: Config) -> anyhow::Result<Self> {
         let (broker, memory_broker) = open_broker(&config, Role::Consume).await?;
         let store = open_store(&config.store).await?;
-        let restarter = build_restarter(&config.restarter)?;
+        let restarter = build_restarter(&config)?;
         let stats = Arc::new(Stats::default());
         let worker = Worker::new(
             config.worker_config(),
