@@ -1,0 +1,135 @@
+//! The real backends end to end: `mandrill publish`, then `mandrill run`
+//! with `restarter.kind = "ssh"` against a private sshd, restarting a real
+//! process, verified by a probe, and checked in `mandrill history`.
+
+mod services;
+mod support;
+
+use std::fs;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use mandrill::domain::Status;
+use services::sshd::{KillOnDrop, PrivateSshd, alive};
+use support::{Mandrill, history, mandrill, sqlite_url, temp_dir};
+
+/// Restarts the "app" (a long sleep): stops the one named in the PID file,
+/// starts another, records its PID and says so.
+const RESTART_APP: &str = r#"#!/bin/sh
+set -eu
+pidfile=$1
+if [ -s "$pidfile" ]; then kill "$(cat "$pidfile")" 2>/dev/null || true; fi
+sleep 600 </dev/null >/dev/null 2>&1 &
+echo $! > "$pidfile"
+echo "app restarted as $! for $2"
+"#;
+
+fn read_pid(path: &std::path::Path) -> u32 {
+    fs::read_to_string(path).unwrap().trim().parse().unwrap()
+}
+
+#[test]
+fn published_request_restarts_a_real_process_over_ssh_and_history_shows_its_recovery() {
+    let sshd = PrivateSshd::start();
+    let (_guard, dir) = temp_dir();
+    let script = sshd.script("restart-app.sh", RESTART_APP);
+    let pidfile = sshd.path("app.pid");
+    let _app = KillOnDrop(pidfile.clone());
+    let started = Command::new(&script)
+        .arg(&pidfile)
+        .arg("setup")
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(started.success());
+    let before = read_pid(&pidfile);
+
+    let ssh = sshd.settings(&[
+        script.to_str().unwrap(),
+        pidfile.to_str().unwrap(),
+        "{instance_name}",
+    ]);
+    let port = ssh.port;
+    let db = sqlite_url(&dir);
+    // The host map points every instance at the loopback sshd; the probe
+    // checks that sshd answers again (the "host" came back).
+    let config = format!(
+        "[broker]\nurl = {db:?}\n\n[store]\nurl = {db:?}\n\n\
+         [worker]\nrestart_timeout = \"2m\"\n\n\
+         [restarter]\nkind = \"ssh\"\n\n[restarter.ssh]\n{ssh}\n\
+         [verify]\nprobe = \"tcp\"\nport = {port}\ninitial_delay = \"0s\"\ntimeout = \"20s\"\n\n\
+         [[hosts]]\npattern = \"cattle-*\"\naddress = \"127.0.0.1\"\n",
+        ssh = toml::to_string(&ssh).unwrap(),
+    );
+    fs::write(dir.join("mandrill.toml"), config).unwrap();
+
+    let (status, _, stderr) = mandrill(&dir, &["publish", "--broker", &db, "cattle-ab12"], &[]);
+    assert!(status.success(), "publish failed: {stderr}");
+    let service = Mandrill::run(&dir, &["--config", "mandrill.toml", "--until-idle"]);
+    let (status, lines) = service.wait_exit();
+    assert!(status.success(), "run failed: {lines:?}");
+
+    let after = read_pid(&pidfile);
+    assert_ne!(before, after, "the app was restarted");
+    assert!(alive(after));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while alive(before) {
+        assert!(Instant::now() < deadline, "the old app process lives on");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    let entries = history(&db);
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    let entry = &entries[0];
+    assert_eq!(entry.status, Status::Restarted);
+    assert_eq!(entry.attempts, 1);
+    assert!(entry.recovered_after.is_some(), "{entry:?}");
+    let output = entry.output.as_deref().unwrap_or_default();
+    assert!(
+        output.contains(&format!("app restarted as {after} for cattle-ab12")),
+        "{output:?}"
+    );
+    // And the operator sees it: the table has the recovery time, the JSON
+    // line carries it in seconds.
+    let (status, table, _) = mandrill(&dir, &["history", "--db", &db], &[]);
+    assert!(status.success());
+    assert!(table.contains("RECOVERED") && table.contains("restarted"), "{table}");
+    let (status, json, _) = mandrill(&dir, &["history", "--db", &db, "--json"], &[]);
+    assert!(status.success());
+    let line: serde_json::Value = serde_json::from_str(json.lines().next().unwrap()).unwrap();
+    assert!(line["recovered_after"].as_f64().is_some(), "{line}");
+    assert_eq!(line["status"], "restarted");
+}
+
+#[test]
+fn a_host_key_the_known_hosts_file_does_not_hold_is_dead_lettered_without_running_anything() {
+    let sshd = PrivateSshd::start();
+    let (_guard, dir) = temp_dir();
+    let marker = sshd.path("ran");
+    let mut ssh = sshd.settings(&["touch", marker.to_str().unwrap()]);
+    // A known_hosts file holding another host's key: strict checking refuses.
+    ssh.known_hosts_file = Some(sshd.known_hosts("other_host_key"));
+    let db = sqlite_url(&dir);
+    let config = format!(
+        "[broker]\nurl = {db:?}\n\n[store]\nurl = {db:?}\n\n\
+         [worker]\nrestart_timeout = \"2m\"\n\n\
+         [restarter]\nkind = \"ssh\"\n\n[restarter.ssh]\n{ssh}\n\
+         [[hosts]]\npattern = \"*\"\naddress = \"127.0.0.1\"\n",
+        ssh = toml::to_string(&ssh).unwrap(),
+    );
+    fs::write(dir.join("mandrill.toml"), config).unwrap();
+    let (status, _, stderr) = mandrill(&dir, &["publish", "--broker", &db, "cattle-cd34"], &[]);
+    assert!(status.success(), "publish failed: {stderr}");
+    let (status, lines) =
+        Mandrill::run(&dir, &["--config", "mandrill.toml", "--until-idle"]).wait_exit();
+    assert!(status.success(), "run failed: {lines:?}");
+    assert!(!marker.exists(), "nothing may run on a host whose key is unknown");
+    let entries = history(&db);
+    assert_eq!(entries[0].status, Status::Failed);
+    assert_eq!(entries[0].attempts, 1, "a permanent refusal is not retried");
+    let error = entries[0].last_error.as_deref().unwrap_or_default();
+    assert!(error.contains("host key"), "{error}");
+    let (status, dead, _) = mandrill(&dir, &["dead-letters", "--broker", &db], &[]);
+    assert!(status.success());
+    assert!(dead.contains("host key"), "{dead}");
+}
