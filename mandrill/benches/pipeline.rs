@@ -272,6 +272,8 @@ async fn run(options: Options) {
             domain: Domain::default(),
             max_payload_bytes: 4096,
         },
+        dry_run: false,
+        eligibility: mandrill::safety::Eligibility::everyone(),
     };
     let shutdown = Shutdown::new();
     let worker = Worker::new(

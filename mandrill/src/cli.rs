@@ -97,6 +97,10 @@ pub struct RunArgs {
     /// Log filter, e.g. `debug` or `mandrill=debug` [setting: log.level].
     #[arg(long, value_name = "FILTER")]
     log_level: Option<String>,
+    /// Act: issue real restarts. Without it a real backend only records what
+    /// it would do, as `dry-run` [setting: safety.dry_run = false].
+    #[arg(long)]
+    unleash: bool,
 }
 
 /// `mandrill history`
@@ -214,6 +218,10 @@ impl RunArgs {
             ),
             ("log.format", format.map(|f| toml::Value::String(f.into()))),
             ("log.level", string(&self.log_level)),
+            (
+                "safety.dry_run",
+                self.unleash.then_some(toml::Value::Boolean(false)),
+            ),
         ])
     }
 }

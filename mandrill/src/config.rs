@@ -24,6 +24,7 @@ use crate::domain::{Domain, ParseRules};
 use crate::restarter::hosts::HostEntry;
 use crate::restarter::verify::ProbeKind;
 use crate::restarter::{CommandSettings, HttpSettings, SshSettings, VerifySettings};
+use crate::safety::Eligibility;
 use crate::worker::WorkerConfig;
 
 pub mod redact;
@@ -54,6 +55,8 @@ pub struct Config {
     pub nats: NatsConfig,
     /// Recovery verification after each restart (`[verify]`).
     pub verify: VerifySettings,
+    /// Safety guards.
+    pub safety: SafetyConfig,
     /// Where instances are really reached (`[[hosts]]`): pattern → address,
     /// port, user. Unmapped instances are `{instance_name}.{message.domain}`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -329,6 +332,23 @@ impl Default for RestarterConfig {
             http: HttpSettings::default(),
         }
     }
+}
+
+/// `[safety]`: what keeps a chaos tool harmless by default.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SafetyConfig {
+    /// Leashed: decide and record every restart as `dry-run` with the exact
+    /// action it would take, and issue none. Unset means true with a real
+    /// backend (command, ssh, http) and false with a simulated one;
+    /// `mandrill run --unleash` sets it to false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dry_run: Option<bool>,
+    /// Instance-name patterns that may be restarted. With a real backend,
+    /// nothing is restarted until this names it.
+    pub allow: Vec<String>,
+    /// Instance-name patterns never restarted; deny wins over allow.
+    pub deny: Vec<String>,
 }
 
 /// `[simulate]`
@@ -806,6 +826,12 @@ impl Config {
         }
         self.validate_urls()?;
         self.validate_restarter()?;
+        Eligibility::new(
+            &self.safety.allow,
+            &self.safety.deny,
+            self.restarter.kind.is_real(),
+        )
+        .map_err(|(key, why)| ConfigError::invalid(&key, why))?;
         probability("restarter.failure_rate", self.restarter.failure_rate)?;
         probability("simulate.malformed_rate", self.simulate.malformed_rate)?;
         if self.restarter.min_latency > self.restarter.max_latency {
@@ -906,6 +932,13 @@ impl Config {
             durations.push(("worker.lease_extension_interval", interval));
         }
         durations
+    }
+
+    /// Whether restarts are only decided and recorded, not issued.
+    pub fn dry_run(&self) -> bool {
+        self.safety
+            .dry_run
+            .unwrap_or_else(|| self.restarter.kind.is_real())
     }
 
     /// The chosen backend's section, verification and the host map; and
@@ -1067,6 +1100,14 @@ impl Config {
                 max: Duration::from_secs(30),
             },
             parse: self.parse_rules(),
+            dry_run: self.dry_run(),
+            // Validated in `validate`; an invalid list admits nobody.
+            eligibility: Eligibility::new(
+                &self.safety.allow,
+                &self.safety.deny,
+                self.restarter.kind.is_real(),
+            )
+            .unwrap_or_else(|_| Eligibility::nobody()),
         }
     }
 
@@ -1345,6 +1386,18 @@ const SETTING_DOCS: &[(&str, &str)] = &[
         "a healthy probe counts only after a failed one",
     ),
     (
+        "safety.dry_run",
+        "record restarts as dry-run, issue none (default: true with a real backend; run --unleash)",
+    ),
+    (
+        "safety.allow",
+        "instance-name patterns that may be restarted (a real backend restarts nothing until set)",
+    ),
+    (
+        "safety.deny",
+        "instance-name patterns never restarted; wins over allow",
+    ),
+    (
         "hosts",
         "[[hosts]] pattern = \"cattle-*\", address, port, user: where instances are reached",
     ),
@@ -1557,6 +1610,7 @@ mod tests {
         config.restarter.http.hmac_secret_env = Some("KEY".into());
         config.restarter.http.ca_file = Some(PathBuf::from("ca.pem"));
         config.verify.port = Some(22);
+        config.safety.dry_run = Some(true);
         config.verify.url = Some("http://{host}/".into());
         config.hosts = vec![HostEntry {
             pattern: "cattle-*".into(),
@@ -1571,6 +1625,33 @@ mod tests {
             );
         }
         assert_eq!(documented.len(), config.flatten().len());
+    }
+
+    #[test]
+    fn a_real_backend_is_leashed_and_restarts_no_one_until_told() {
+        let simulated = Config::default();
+        assert!(!simulated.dry_run());
+        let mut real = Config::default();
+        real.restarter.kind = RestarterKind::Command;
+        assert!(real.dry_run(), "a real backend defaults to a dry run");
+        assert!(
+            real.worker_config()
+                .eligibility
+                .check("cattle-ab12")
+                .is_err(),
+            "and nothing is eligible until safety.allow names it"
+        );
+        real.safety.dry_run = Some(false);
+        real.safety.allow = vec!["cattle-*".into()];
+        assert!(!real.dry_run());
+        assert!(
+            real.worker_config()
+                .eligibility
+                .check("cattle-ab12")
+                .is_ok()
+        );
+        let error = load(Some("[safety]\nallow = [\"\"]\n"), &[], &[]).unwrap_err();
+        assert!(error.to_string().contains("safety.allow[0]"), "{error}");
     }
 
     #[test]

@@ -339,7 +339,7 @@ pub fn random_instance_name(rng: &mut impl rand::Rng) -> InstanceName {
 
 /// Where a request stands in the store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "kebab-case")]
 pub enum Status {
     /// Received; a restart may be in progress.
     Received,
@@ -354,6 +354,10 @@ pub enum Status {
     /// The host was restarted but did not come back healthy within the
     /// verification timeout. Final.
     Unrecovered,
+    /// A safety guard refused the request for good. Final.
+    Denied,
+    /// Leashed: the restart was decided and recorded, never issued. Final.
+    DryRun,
 }
 
 impl Status {
@@ -361,7 +365,12 @@ impl Status {
     pub fn is_final(self) -> bool {
         matches!(
             self,
-            Self::Restarted | Self::Failed | Self::Rejected | Self::Unrecovered
+            Self::Restarted
+                | Self::Failed
+                | Self::Rejected
+                | Self::Unrecovered
+                | Self::Denied
+                | Self::DryRun
         )
     }
 
@@ -374,6 +383,8 @@ impl Status {
             Self::Failed => "failed",
             Self::Rejected => "rejected",
             Self::Unrecovered => "unrecovered",
+            Self::Denied => "denied",
+            Self::DryRun => "dry-run",
         }
     }
 
@@ -386,6 +397,8 @@ impl Status {
             "failed" => Self::Failed,
             "rejected" => Self::Rejected,
             "unrecovered" => Self::Unrecovered,
+            "denied" => Self::Denied,
+            "dry-run" => Self::DryRun,
             _ => return None,
         })
     }
@@ -430,6 +443,16 @@ pub enum Outcome {
         /// What the backend printed or answered, truncated.
         output: Option<String>,
     },
+    /// A safety guard refused the request for good. Final.
+    Denied {
+        /// Which guard, and why.
+        reason: String,
+    },
+    /// Leashed: nothing was issued. Final.
+    DryRun {
+        /// The exact action that would have been taken.
+        action: String,
+    },
 }
 
 impl Outcome {
@@ -445,16 +468,19 @@ impl Outcome {
             Self::Retrying { .. } => Status::Retrying,
             Self::Failed { .. } => Status::Failed,
             Self::Unrecovered { .. } => Status::Unrecovered,
+            Self::Denied { .. } => Status::Denied,
+            Self::DryRun { .. } => Status::DryRun,
         }
     }
 
     /// The error text, if the attempt failed.
     pub fn error(&self) -> Option<&str> {
         match self {
-            Self::Restarted(_) => None,
-            Self::Retrying { error } | Self::Failed { error } | Self::Unrecovered { error, .. } => {
-                Some(error)
-            }
+            Self::Restarted(_) | Self::DryRun { .. } => None,
+            Self::Retrying { error }
+            | Self::Failed { error }
+            | Self::Unrecovered { error, .. }
+            | Self::Denied { reason: error } => Some(error),
         }
     }
 
@@ -463,7 +489,8 @@ impl Outcome {
         match self {
             Self::Restarted(restarted) => restarted.output.as_deref(),
             Self::Unrecovered { output, .. } => output.as_deref(),
-            Self::Retrying { .. } | Self::Failed { .. } => None,
+            Self::DryRun { action } => Some(action),
+            Self::Retrying { .. } | Self::Failed { .. } | Self::Denied { .. } => None,
         }
     }
 

@@ -22,6 +22,7 @@ pub mod debug;
 pub mod domain;
 pub mod pattern;
 pub mod restarter;
+pub mod safety;
 pub mod service;
 pub mod simulate;
 pub mod stats;

@@ -338,8 +338,23 @@ impl Service {
             store = %redact_url(&self.config.store.url),
             max_in_flight = self.config.worker.max_in_flight,
             simulate = self.config.simulate.enabled,
+            restarter = ?self.config.restarter.kind,
             "mandrill started"
         );
+        // Said loudly, whichever it is: an operator must never wonder.
+        if self.config.dry_run() {
+            warn!(
+                "LEASHED (dry run): restarts are decided and recorded as dry-run, none is issued; \
+                 `mandrill run --unleash` (or safety.dry_run = false) acts"
+            );
+        } else if self.config.restarter.kind.is_real() {
+            warn!(
+                restarter = ?self.config.restarter.kind,
+                allow = ?self.config.safety.allow,
+                deny = ?self.config.safety.deny,
+                "UNLEASHED: restarts of real hosts will be issued"
+            );
+        }
 
         let outcome = self.worker.run(shutdown).await;
 

@@ -46,6 +46,10 @@ counters! {
     restart_failures,
     /// Restarts after which the host did not come back healthy in time.
     unrecovered,
+    /// Requests a safety guard refused for good.
+    denied,
+    /// Restarts decided and recorded but not issued (leashed).
+    dry_runs,
     /// Deliveries of already-finished requests, acked without restarting.
     duplicates,
     /// Panics caught in message handling or the pull loop.

@@ -24,6 +24,15 @@ echo $! > "$pidfile"
 echo "app restarted as $! for $2"
 "#;
 
+/// Whether a log line's message starts with `prefix`.
+fn logged(lines: &[serde_json::Value], prefix: &str) -> bool {
+    lines.iter().any(|line| {
+        line["fields"]["message"]
+            .as_str()
+            .is_some_and(|message| message.starts_with(prefix))
+    })
+}
+
 fn read_pid(path: &std::path::Path) -> u32 {
     fs::read_to_string(path).unwrap().trim().parse().unwrap()
 }
@@ -58,6 +67,7 @@ fn published_request_restarts_a_real_process_over_ssh_and_history_shows_its_reco
          [worker]\nrestart_timeout = \"2m\"\n\n\
          [restarter]\nkind = \"ssh\"\n\n[restarter.ssh]\n{ssh}\n\
          [verify]\nprobe = \"tcp\"\nport = {port}\ninitial_delay = \"0s\"\ntimeout = \"20s\"\n\n\
+         [safety]\nallow = [\"cattle-*\"]\n\n\
          [[hosts]]\npattern = \"cattle-*\"\naddress = \"127.0.0.1\"\n",
         ssh = toml::to_string(&ssh).unwrap(),
     );
@@ -65,7 +75,10 @@ fn published_request_restarts_a_real_process_over_ssh_and_history_shows_its_reco
 
     let (status, _, stderr) = mandrill(&dir, &["publish", "--broker", &db, "cattle-ab12"], &[]);
     assert!(status.success(), "publish failed: {stderr}");
-    let service = Mandrill::run(&dir, &["--config", "mandrill.toml", "--until-idle"]);
+    let service = Mandrill::run(
+        &dir,
+        &["--config", "mandrill.toml", "--until-idle", "--unleash"],
+    );
     let (status, lines) = service.wait_exit();
     assert!(status.success(), "run failed: {lines:?}");
 
@@ -93,7 +106,10 @@ fn published_request_restarts_a_real_process_over_ssh_and_history_shows_its_reco
     // line carries it in seconds.
     let (status, table, _) = mandrill(&dir, &["history", "--db", &db], &[]);
     assert!(status.success());
-    assert!(table.contains("RECOVERED") && table.contains("restarted"), "{table}");
+    assert!(
+        table.contains("RECOVERED") && table.contains("restarted"),
+        "{table}"
+    );
     let (status, json, _) = mandrill(&dir, &["history", "--db", &db, "--json"], &[]);
     assert!(status.success());
     let line: serde_json::Value = serde_json::from_str(json.lines().next().unwrap()).unwrap();
@@ -114,16 +130,23 @@ fn a_host_key_the_known_hosts_file_does_not_hold_is_dead_lettered_without_runnin
         "[broker]\nurl = {db:?}\n\n[store]\nurl = {db:?}\n\n\
          [worker]\nrestart_timeout = \"2m\"\n\n\
          [restarter]\nkind = \"ssh\"\n\n[restarter.ssh]\n{ssh}\n\
+         [safety]\nallow = [\"cattle-*\"]\n\n\
          [[hosts]]\npattern = \"*\"\naddress = \"127.0.0.1\"\n",
         ssh = toml::to_string(&ssh).unwrap(),
     );
     fs::write(dir.join("mandrill.toml"), config).unwrap();
     let (status, _, stderr) = mandrill(&dir, &["publish", "--broker", &db, "cattle-cd34"], &[]);
     assert!(status.success(), "publish failed: {stderr}");
-    let (status, lines) =
-        Mandrill::run(&dir, &["--config", "mandrill.toml", "--until-idle"]).wait_exit();
+    let (status, lines) = Mandrill::run(
+        &dir,
+        &["--config", "mandrill.toml", "--until-idle", "--unleash"],
+    )
+    .wait_exit();
     assert!(status.success(), "run failed: {lines:?}");
-    assert!(!marker.exists(), "nothing may run on a host whose key is unknown");
+    assert!(
+        !marker.exists(),
+        "nothing may run on a host whose key is unknown"
+    );
     let entries = history(&db);
     assert_eq!(entries[0].status, Status::Failed);
     assert_eq!(entries[0].attempts, 1, "a permanent refusal is not retried");
@@ -132,4 +155,73 @@ fn a_host_key_the_known_hosts_file_does_not_hold_is_dead_lettered_without_runnin
     let (status, dead, _) = mandrill(&dir, &["dead-letters", "--broker", &db], &[]);
     assert!(status.success());
     assert!(dead.contains("host key"), "{dead}");
+}
+
+/// The command backend, leashed by default: every decision is made and the
+/// exact argv recorded as `dry-run`, and nothing runs; an instance outside
+/// `safety.allow` is denied; `--unleash` acts.
+#[test]
+fn a_real_backend_is_leashed_by_default_and_records_the_exact_argv() {
+    let (_guard, dir) = temp_dir();
+    let marker = dir.join("restarted");
+    let db = sqlite_url(&dir);
+    let config = format!(
+        "[broker]\nurl = {db:?}\n\n[store]\nurl = {db:?}\n\n\
+         [restarter]\nkind = \"command\"\n\n[restarter.command]\n\
+         argv = [\"touch\", {marker:?}, \"{{instance_name}}\"]\n\n\
+         [safety]\nallow = [\"cattle-*\"]\n",
+        marker = marker.to_str().unwrap(),
+    );
+    fs::write(dir.join("mandrill.toml"), config).unwrap();
+    let (status, _, stderr) = mandrill(
+        &dir,
+        &["publish", "--broker", &db, "cattle-ab12", "pet-01"],
+        &[],
+    );
+    assert!(status.success(), "publish failed: {stderr}");
+    let (status, lines) =
+        Mandrill::run(&dir, &["--config", "mandrill.toml", "--until-idle"]).wait_exit();
+    assert!(status.success(), "run failed: {lines:?}");
+    assert!(
+        logged(&lines, "LEASHED (dry run)"),
+        "the mode is said loudly"
+    );
+    assert!(!marker.exists(), "a leashed service must not run anything");
+    let entries = history(&db);
+    let find = |name: &str| {
+        entries
+            .iter()
+            .find(|e| e.instance_name.as_deref() == Some(name))
+            .unwrap_or_else(|| panic!("{name} not in {entries:?}"))
+    };
+    let leashed = find("cattle-ab12");
+    assert_eq!(leashed.status, Status::DryRun);
+    let action = leashed.output.as_deref().unwrap_or_default();
+    assert!(
+        action.contains(&format!("{:?}", marker.to_str().unwrap()))
+            && action.contains("\"cattle-ab12\"")
+            && action.starts_with("run [\"touch\""),
+        "{action}"
+    );
+    let denied = find("pet-01");
+    assert_eq!(denied.status, Status::Denied);
+    assert!(
+        denied
+            .last_error
+            .as_deref()
+            .unwrap_or_default()
+            .contains("safety.allow")
+    );
+
+    // Unleashed, the same configuration acts.
+    let (status, _, _) = mandrill(&dir, &["publish", "--broker", &db, "cattle-cd34"], &[]);
+    assert!(status.success());
+    let (status, lines) = Mandrill::run(
+        &dir,
+        &["--config", "mandrill.toml", "--until-idle", "--unleash"],
+    )
+    .wait_exit();
+    assert!(status.success(), "run failed: {lines:?}");
+    assert!(logged(&lines, "UNLEASHED"), "the mode is said loudly");
+    assert!(marker.exists(), "unleashed, the command runs");
 }

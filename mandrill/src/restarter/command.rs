@@ -161,6 +161,15 @@ impl CommandRestarter {
 
 #[async_trait]
 impl Restarter for CommandRestarter {
+    fn describe(&self, request: &RestartRequest) -> String {
+        let target = self.hosts.target(request);
+        let argv = self.argv.render(&Values {
+            host: &target.address,
+            request,
+        });
+        format!("run {argv:?}")
+    }
+
     async fn restart(
         &self,
         request: &RestartRequest,

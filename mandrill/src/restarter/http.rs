@@ -153,6 +153,23 @@ impl HttpRestarter {
 
 #[async_trait]
 impl Restarter for HttpRestarter {
+    fn describe(&self, request: &RestartRequest) -> String {
+        let target = self.hosts.target(request);
+        let values = Values {
+            host: &target.address,
+            request,
+        };
+        match self.build(&values) {
+            Ok((url, _headers, body)) => format!(
+                "{} {} {}",
+                self.method,
+                redacted(&url),
+                String::from_utf8_lossy(&body)
+            ),
+            Err(reason) => format!("{} (refused: {reason})", self.method),
+        }
+    }
+
     async fn restart(
         &self,
         request: &RestartRequest,

@@ -38,6 +38,10 @@ impl Journaled {
 
 #[async_trait]
 impl Restarter for Journaled {
+    fn describe(&self, request: &RestartRequest) -> String {
+        self.inner.describe(request)
+    }
+
     async fn reserve(&self, request: &RestartRequest) -> Reservation {
         self.inner.reserve(request).await
     }

@@ -147,6 +147,13 @@ pub trait Restarter: Send + Sync + 'static {
         Reservation::unlimited()
     }
 
+    /// The exact action a restart of `request` would take (the argv, the
+    /// SSH destination and command, the HTTP request), for dry runs and the
+    /// audit record. Touches nothing.
+    fn describe(&self, request: &RestartRequest) -> String {
+        format!("restart {} (simulated)", request.hostname)
+    }
+
     /// Restarts the request's host, returning once the backend confirmed it
     /// (or failed).
     async fn restart(

@@ -221,6 +221,19 @@ impl SshRestarter {
 
 #[async_trait]
 impl Restarter for SshRestarter {
+    fn describe(&self, request: &RestartRequest) -> String {
+        match self.destination(request) {
+            Ok(destination) => {
+                let argv = self.argv.render(&Values {
+                    host: &destination.address,
+                    request,
+                });
+                format!("ssh {destination} -- {}", quote_command_line(&argv))
+            }
+            Err(reason) => format!("ssh to {}: refused: {reason}", request.hostname),
+        }
+    }
+
     async fn reserve(&self, _request: &RestartRequest) -> Reservation {
         let permit = Arc::clone(&self.permits)
             .acquire_owned()

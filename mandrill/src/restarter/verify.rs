@@ -312,6 +312,10 @@ async fn http(url: &str, expect: &[u16]) -> Result<(), String> {
 
 #[async_trait]
 impl Restarter for Verified {
+    fn describe(&self, request: &RestartRequest) -> String {
+        self.inner.describe(request)
+    }
+
     async fn reserve(&self, request: &RestartRequest) -> Reservation {
         self.inner.reserve(request).await
     }

@@ -395,6 +395,10 @@ async fn process(context: &Shared, delivery: &Delivery, progress: &Progress) -> 
         return rare(give_up(context, progress, &request, 0, reason)).await;
     }
 
+    if let Err(reason) = config.eligibility.check(request.instance_name.as_str()) {
+        return rare(deny(context, progress, &request, reason)).await;
+    }
+
     let reservation = tokio::select! {
         biased;
         () = context.abort.cancelled() => return shutting_down(),
@@ -459,6 +463,11 @@ async fn process(context: &Shared, delivery: &Delivery, progress: &Progress) -> 
     progress.claimed.store(attempt, Ordering::Release);
     // The tutorial's "saved": now the claim, recorded before the restart.
     info!(attempt, "saved");
+
+    if config.dry_run {
+        drop(reservation);
+        return rare(dry_run(context, progress, &request, attempt)).await;
+    }
 
     // Shielded from here: the restart is issued, so its outcome must be
     // recorded whatever shutdown does.
@@ -564,7 +573,11 @@ async fn process(context: &Shared, delivery: &Delivery, progress: &Progress) -> 
     }
     match outcome {
         // Unrecovered is final and recorded: the request was carried out.
-        Outcome::Restarted(_) | Outcome::Unrecovered { .. } => Settlement::Ack,
+        // (Denied and dry-run outcomes are settled where they are decided.)
+        Outcome::Restarted(_)
+        | Outcome::Unrecovered { .. }
+        | Outcome::Denied { .. }
+        | Outcome::DryRun { .. } => Settlement::Ack,
         Outcome::Retrying { .. } => Settlement::Nack {
             delay: retry_after.unwrap_or_else(|| config.retry_backoff.delay(attempt)),
             why: "restart failed".into(),
@@ -572,6 +585,67 @@ async fn process(context: &Shared, delivery: &Delivery, progress: &Progress) -> 
         Outcome::Failed { error } => Settlement::DeadLetter {
             reason: format!("restart failed after {attempt} attempts: {error}"),
         },
+    }
+}
+
+/// Records a request a safety guard refused for good, and acks it: the
+/// request was handled, by a decision not to act.
+async fn deny(
+    context: &Shared,
+    progress: &Progress,
+    request: &RestartRequest,
+    reason: String,
+) -> Settlement {
+    context.stats.denied.inc();
+    info!(reason, "denied");
+    let outcome = Outcome::Denied { reason };
+    record_decision(context, progress, request, 0, outcome).await
+}
+
+/// Leashed: records the exact action the restart would have taken, as the
+/// outcome of the attempt just claimed, and acks. Nothing touches the host.
+async fn dry_run(
+    context: &Shared,
+    progress: &Progress,
+    request: &RestartRequest,
+    attempt: u32,
+) -> Settlement {
+    let action = context.restarter.describe(request);
+    context.stats.dry_runs.inc();
+    info!(
+        action,
+        "dry run: not restarting (leashed; mandrill run --unleash acts)"
+    );
+    let outcome = Outcome::DryRun { action };
+    record_decision(context, progress, request, attempt, outcome).await
+}
+
+/// Records a final decision that issued nothing, then acks.
+async fn record_decision(
+    context: &Shared,
+    progress: &Progress,
+    request: &RestartRequest,
+    attempt: u32,
+    outcome: Outcome,
+) -> Settlement {
+    let recorded = store_op(context, progress, Until::LeaseHeld, || {
+        context.store.record_outcome(request, attempt, &outcome)
+    })
+    .await;
+    match recorded {
+        Ok(Recorded::Recorded) => Settlement::Ack,
+        Ok(Recorded::AlreadyFinal(status)) => settle_recorded(status),
+        Err(Stopped::Shutdown) => shutting_down(),
+        Err(Stopped::LeaseLost) => Settlement::Abandon,
+        Err(Stopped::Permanent(error) | Stopped::OutOfTime(error)) => {
+            error!(%error, "the store refused the decision; dead-lettering");
+            Settlement::DeadLetter {
+                reason: format!(
+                    "{} decided, but it could not be recorded: {error}",
+                    outcome.status()
+                ),
+            }
+        }
     }
 }
 

@@ -27,6 +27,7 @@ use crate::backoff::Backoff;
 use crate::broker::{Broker, BrokerError};
 use crate::domain::ParseRules;
 use crate::restarter::Restarter;
+use crate::safety::Eligibility;
 use crate::stats::Stats;
 use crate::store::{ClaimTerms, Store};
 
@@ -64,6 +65,11 @@ pub struct WorkerConfig {
     pub pull_backoff: Backoff,
     /// How payloads are validated.
     pub parse: ParseRules,
+    /// Leashed: every decision is made and recorded, the would-be action
+    /// recorded as `dry-run`, and no restart is issued.
+    pub dry_run: bool,
+    /// Which instances may be restarted at all.
+    pub eligibility: Eligibility,
 }
 
 /// Tells the worker to stop: first gracefully, then, if asked again, at once.

@@ -17,6 +17,7 @@ use super::*;
 use crate::broker::{Delivery, DeliveryTag, MemoryBroker};
 use crate::domain::{Domain, Outcome, RestartRequest, Restarted, Status};
 use crate::restarter::{Reservation, RestartError};
+use crate::safety::Eligibility;
 use crate::store::{Claim, ClaimTerms, HistoryEntry, MemoryStore, Recorded, StoreError, Timestamp};
 
 const ACK_DEADLINE: Duration = Duration::from_secs(10);
@@ -48,6 +49,8 @@ fn config() -> WorkerConfig {
             domain: Domain::default(),
             max_payload_bytes: 1024,
         },
+        dry_run: false,
+        eligibility: crate::safety::Eligibility::everyone(),
     }
 }
 
@@ -749,6 +752,72 @@ async fn host_that_does_not_come_back_is_recorded_unrecovered_and_not_restarted_
     assert_eq!(entry.status, Status::Unrecovered);
     assert_eq!(entry.output.as_deref(), Some("rebooting"));
     assert!(entry.last_error.unwrap().contains("did not recover"));
+    h.stop().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn leashed_worker_records_the_would_be_action_and_restarts_nothing() {
+    let store = Arc::new(ScriptedStore::default());
+    let restarter = Arc::new(ScriptedRestarter::default());
+    let config = WorkerConfig {
+        dry_run: true,
+        ..config()
+    };
+    let h = start(config, store.clone(), restarter.clone());
+    let id = h.publish("cattle-leash").await;
+    let stats = h.stats.clone();
+    wait_until("acked", || stats.acked.get() == 1).await;
+    assert_eq!(restarter.timeline.count("restart-started"), 0);
+    assert_eq!(stats.dry_runs.get(), 1);
+    let entry = store
+        .inner
+        .entries()
+        .into_iter()
+        .find(|e| e.message_id == Some(id))
+        .unwrap();
+    assert_eq!(entry.status, Status::DryRun);
+    // The claim was made (the decision is audited like a real restart) and
+    // the exact action is recorded.
+    assert_eq!(entry.attempts, 1);
+    assert_eq!(
+        entry.output.as_deref(),
+        Some("restart cattle-leash.example.net (simulated)")
+    );
+    h.stop().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn ineligible_instance_is_denied_recorded_and_acked_without_a_claim() {
+    let store = Arc::new(ScriptedStore::default());
+    let restarter = Arc::new(ScriptedRestarter::default());
+    let config = WorkerConfig {
+        eligibility: Eligibility::new(&["cattle-*".into()], &["cattle-db*".into()], true).unwrap(),
+        ..config()
+    };
+    let h = start(config, store.clone(), restarter.clone());
+    let db = h.publish("cattle-db01").await;
+    let pet = h.publish("pet-01").await;
+    h.publish("cattle-ok").await;
+    let stats = h.stats.clone();
+    wait_until("all acked", || stats.acked.get() == 3).await;
+    assert_eq!(stats.denied.get(), 2);
+    assert_eq!(restarter.calls("cattle-ok.example.net"), 1);
+    assert_eq!(restarter.timeline.count("restart-started"), 1);
+    assert_eq!(
+        store.timeline.count("claim"),
+        1,
+        "denied requests claim nothing"
+    );
+    for (id, why) in [(db, "safety.deny"), (pet, "no safety.allow")] {
+        let entry = store
+            .inner
+            .entries()
+            .into_iter()
+            .find(|e| e.message_id == Some(id))
+            .unwrap();
+        assert_eq!(entry.status, Status::Denied);
+        assert!(entry.last_error.unwrap().contains(why));
+    }
     h.stop().await.unwrap();
 }
 

@@ -465,6 +465,8 @@ async fn worker_on_nats_retries_then_dead_letters_with_reason() {
             domain: Domain::default(),
             max_payload_bytes: 4096,
         },
+        dry_run: false,
+        eligibility: crate::safety::Eligibility::everyone(),
     };
     let shutdown = Shutdown::new();
     let worker = Worker::new(

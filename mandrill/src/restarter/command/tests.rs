@@ -174,6 +174,8 @@ async fn instance_names_with_shell_metacharacters_are_dead_lettered_at_parse_and
             domain: Domain::default(),
             max_payload_bytes: 1024,
         },
+        dry_run: false,
+        eligibility: crate::safety::Eligibility::everyone(),
     };
     let stats = Arc::new(Stats::default());
     let shutdown = Shutdown::new();

@@ -773,6 +773,8 @@ mod through_the_worker {
                 domain: Domain::default(),
                 max_payload_bytes: 1024,
             },
+            dry_run: false,
+            eligibility: crate::safety::Eligibility::everyone(),
         }
     }
 

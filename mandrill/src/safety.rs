@@ -1,0 +1,117 @@
+//! Safety guards that need no store: who may be restarted at all. The
+//! leash (dry run) is decided by the worker's configuration; the guards
+//! that count (rate limits, budgets) and the kill switch come later and sit
+//! in the same place, between parsing and the claim.
+
+use crate::pattern::Pattern;
+
+/// Which instances may be restarted: `safety.allow` and `safety.deny`.
+#[derive(Debug, Clone, Default)]
+pub struct Eligibility {
+    allow: Vec<Pattern>,
+    deny: Vec<Pattern>,
+    /// With a real backend nothing is eligible until `allow` names it; with
+    /// a simulated one an empty `allow` admits everything.
+    require_allow: bool,
+}
+
+impl Eligibility {
+    /// Parses the patterns; the error names the list and the index.
+    pub fn new(
+        allow: &[String],
+        deny: &[String],
+        require_allow: bool,
+    ) -> Result<Self, (String, String)> {
+        let parse = |list: &str, patterns: &[String]| {
+            patterns
+                .iter()
+                .enumerate()
+                .map(|(index, raw)| {
+                    Pattern::parse(raw).map_err(|why| (format!("safety.{list}[{index}]"), why))
+                })
+                .collect::<Result<Vec<_>, _>>()
+        };
+        Ok(Self {
+            allow: parse("allow", allow)?,
+            deny: parse("deny", deny)?,
+            require_allow,
+        })
+    }
+
+    /// Everything eligible: for tests and the simulated backends.
+    pub fn everyone() -> Self {
+        Self::default()
+    }
+
+    /// Nothing eligible.
+    pub fn nobody() -> Self {
+        Self {
+            require_allow: true,
+            ..Self::default()
+        }
+    }
+
+    /// `Ok` if `instance` may be restarted, else the reason it may not, in
+    /// plain words: what a denied request records.
+    pub fn check(&self, instance: &str) -> Result<(), String> {
+        if let Some(pattern) = self.deny.iter().find(|p| p.matches(instance)) {
+            return Err(format!(
+                "denied by safety.deny: {instance} matches \"{pattern}\""
+            ));
+        }
+        if self.allow.is_empty() {
+            if self.require_allow {
+                return Err(format!(
+                    "denied: {instance} is not eligible; with a real backend nothing is \
+                     restarted until safety.allow names it"
+                ));
+            }
+            return Ok(());
+        }
+        if self.allow.iter().any(|p| p.matches(instance)) {
+            Ok(())
+        } else {
+            Err(format!(
+                "denied: {instance} matches no safety.allow pattern"
+            ))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn list(patterns: &[&str]) -> Vec<String> {
+        patterns.iter().map(|p| (*p).to_owned()).collect()
+    }
+
+    #[test]
+    fn deny_wins_and_a_real_backend_needs_an_allow_list() {
+        let rules = Eligibility::new(&list(&["cattle-*"]), &list(&["cattle-db*"]), true).unwrap();
+        assert!(rules.check("cattle-ab12").is_ok());
+        let denied = rules.check("cattle-db01").unwrap_err();
+        assert!(
+            denied.contains("safety.deny") && denied.contains("cattle-db*"),
+            "{denied}"
+        );
+        assert!(
+            rules
+                .check("pet-01")
+                .unwrap_err()
+                .contains("no safety.allow")
+        );
+        let leashed = Eligibility::new(&[], &[], true).unwrap();
+        assert!(
+            leashed
+                .check("cattle-ab12")
+                .unwrap_err()
+                .contains("until safety.allow")
+        );
+        let simulated = Eligibility::new(&[], &list(&["pet-*"]), false).unwrap();
+        assert!(simulated.check("cattle-ab12").is_ok());
+        assert!(simulated.check("pet-01").is_err());
+        let (key, _) = Eligibility::new(&list(&["a", ""]), &[], true).unwrap_err();
+        assert_eq!(key, "safety.allow[1]");
+    }
+}
