@@ -132,6 +132,12 @@ impl Store for SlowSaveStore {
     async fn prune(&self, before: Timestamp, max_rows: u32) -> Result<u64, StoreError> {
         self.inner.prune(before, max_rows).await
     }
+    async fn switch(&self) -> Result<mandrill::store::Switch, StoreError> {
+        self.inner.switch().await
+    }
+    async fn set_switch(&self, paused: bool, by: &str, reason: &str) -> Result<(), StoreError> {
+        self.inner.set_switch(paused, by, reason).await
+    }
     async fn close(&self) {
         self.inner.close().await
     }
@@ -273,6 +279,8 @@ async fn run(options: Options) {
             max_payload_bytes: 4096,
         },
         dry_run: false,
+        pause_on_unrecovered: false,
+        switch_poll_interval: Duration::from_secs(1),
         eligibility: mandrill::safety::Eligibility::everyone(),
     };
     let shutdown = Shutdown::new();

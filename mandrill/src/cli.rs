@@ -35,6 +35,10 @@ use crate::store::Timestamp;
 use crate::telemetry::Telemetry;
 use crate::worker::Shutdown;
 
+mod switch;
+
+pub use switch::{StatusArgs, SwitchArgs};
+
 /// Mayhem Mandrill: restarts hosts on request, concurrently and durably.
 #[derive(Debug, Parser)]
 #[command(name = "mandrill", version)]
@@ -57,6 +61,12 @@ pub enum Command {
     DeadLetters(DeadLettersArgs),
     /// Put dead-lettered messages back into the queue.
     Requeue(RequeueArgs),
+    /// Stop every instance that uses this store from issuing restarts (the kill switch).
+    Pause(SwitchArgs),
+    /// Let restarts be issued again.
+    Resume(SwitchArgs),
+    /// Show the mode, the kill switch and the eligibility rules.
+    Status(StatusArgs),
 }
 
 /// Where configuration comes from; shared by every subcommand.
@@ -250,6 +260,9 @@ pub fn main() -> ExitCode {
                 .sources(vec![("broker.url", string(&args.broker))]);
             command(sources, |config| requeue(config, &args))
         }
+        Command::Pause(args) => switch::switch(&args, true),
+        Command::Resume(args) => switch::switch(&args, false),
+        Command::Status(args) => switch::status(&args),
     }
 }
 

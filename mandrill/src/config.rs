@@ -335,7 +335,7 @@ impl Default for RestarterConfig {
 }
 
 /// `[safety]`: what keeps a chaos tool harmless by default.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SafetyConfig {
     /// Leashed: decide and record every restart as `dry-run` with the exact
@@ -349,6 +349,25 @@ pub struct SafetyConfig {
     pub allow: Vec<String>,
     /// Instance-name patterns never restarted; deny wins over allow.
     pub deny: Vec<String>,
+    /// Turn the kill switch on (every instance) when a restarted host does
+    /// not come back healthy; `mandrill resume` turns it off.
+    pub pause_on_unrecovered: bool,
+    /// How often a running service reads the kill switch (pulling pauses
+    /// within this of `mandrill pause`; claims read it at once).
+    #[serde(with = "duration")]
+    pub poll_interval: Duration,
+}
+
+impl Default for SafetyConfig {
+    fn default() -> Self {
+        Self {
+            dry_run: None,
+            allow: Vec::new(),
+            deny: Vec::new(),
+            pause_on_unrecovered: true,
+            poll_interval: Duration::from_secs(1),
+        }
+    }
 }
 
 /// `[simulate]`
@@ -927,6 +946,7 @@ impl Config {
             ("verify.interval", self.verify.interval),
             ("verify.probe_timeout", self.verify.probe_timeout),
             ("verify.timeout", self.verify.timeout),
+            ("safety.poll_interval", self.safety.poll_interval),
         ];
         if let Some(interval) = w.lease_extension_interval {
             durations.push(("worker.lease_extension_interval", interval));
@@ -1108,6 +1128,8 @@ impl Config {
                 self.restarter.kind.is_real(),
             )
             .unwrap_or_else(|_| Eligibility::nobody()),
+            pause_on_unrecovered: self.safety.pause_on_unrecovered,
+            switch_poll_interval: self.safety.poll_interval,
         }
     }
 
@@ -1396,6 +1418,14 @@ const SETTING_DOCS: &[(&str, &str)] = &[
     (
         "safety.deny",
         "instance-name patterns never restarted; wins over allow",
+    ),
+    (
+        "safety.pause_on_unrecovered",
+        "pause every instance when a restarted host does not come back",
+    ),
+    (
+        "safety.poll_interval",
+        "how often the kill switch is read; 0s only at each claim",
     ),
     (
         "hosts",

@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use uuid::Uuid;
 
 use super::{
-    Claim, ClaimState, ClaimTerms, HistoryEntry, Recorded, Store, StoreError, Timestamp,
+    Claim, ClaimState, ClaimTerms, HistoryEntry, Recorded, Store, StoreError, Switch, Timestamp,
     decide_claim,
 };
 use crate::domain::{Outcome, RestartRequest, Status};
@@ -31,6 +31,8 @@ pub struct MemoryStore {
     rejected: Mutex<Vec<(Option<Uuid>, Row)>>,
     /// Its notion of now.
     clock: Clock,
+    /// The kill switch.
+    switch: Mutex<Switch>,
 }
 
 /// The wall clock at creation, advanced by tokio's clock: the same as the
@@ -135,6 +137,7 @@ impl MemoryStore {
             }),
             rejected: Mutex::default(),
             clock: Clock::default(),
+            switch: Mutex::default(),
         }
     }
 
@@ -175,6 +178,7 @@ impl Store for MemoryStore {
         terms: ClaimTerms,
     ) -> Result<Claim, StoreError> {
         let now = self.clock.now();
+        let switch = self.switch.lock().expect("memory store poisoned").clone();
         let mut shard = self.shard(&request.message_id);
         let row = shard
             .entry(request.message_id)
@@ -184,7 +188,7 @@ impl Store for MemoryStore {
             attempts: row.attempts,
             claim_until: row.claim_until,
         };
-        let (claim, write) = decide_claim(Some(state), now, terms);
+        let (claim, write) = decide_claim(Some(state), &switch, now, terms);
         if let Some(write) = write {
             row.status = Status::Received;
             row.attempts = write.attempts;
@@ -264,6 +268,20 @@ impl Store for MemoryStore {
         entries.sort_by_key(|entry| std::cmp::Reverse(entry.updated_at));
         entries.truncate(limit);
         Ok(entries)
+    }
+
+    async fn switch(&self) -> Result<Switch, StoreError> {
+        Ok(self.switch.lock().expect("memory store poisoned").clone())
+    }
+
+    async fn set_switch(&self, paused: bool, by: &str, reason: &str) -> Result<(), StoreError> {
+        *self.switch.lock().expect("memory store poisoned") = Switch {
+            paused,
+            by: Some(by.to_owned()),
+            reason: Some(reason.to_owned()),
+            since: Some(Timestamp::from_millis(self.clock.now())),
+        };
+        Ok(())
     }
 
     async fn prune(&self, before: Timestamp, max_rows: u32) -> Result<u64, StoreError> {

@@ -119,7 +119,7 @@ pub(crate) fn sqlx_error_is_transient(error: &sqlx::Error) -> bool {
 
 /// What a delivery may do about a restart: [`Store::claim_restart`] decides
 /// it and records the claim in one atomic step, before the restart is issued.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Claim {
     /// Restart attempt `attempt` (1-based, counted in the store) is claimed
     /// and recorded: issue it.
@@ -141,6 +141,12 @@ pub enum Claim {
     },
     /// The request already has a final outcome.
     Final(Status),
+    /// The kill switch is on: nothing may be restarted now. Nothing was
+    /// claimed.
+    Paused {
+        /// Who paused, and why, as recorded.
+        reason: String,
+    },
     /// Every allowed attempt was claimed; none is left. The caller records
     /// the request as failed.
     Exhausted {
@@ -172,6 +178,31 @@ pub(crate) struct ClaimState {
     pub claim_until: Option<i64>,
 }
 
+/// The kill switch, as a store keeps it for every instance.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Switch {
+    /// Whether restarts are paused.
+    pub paused: bool,
+    /// Who last turned it.
+    pub by: Option<String>,
+    /// Why.
+    pub reason: Option<String>,
+    /// When.
+    pub since: Option<Timestamp>,
+}
+
+impl Switch {
+    /// The words a paused claim records.
+    pub fn paused_reason(&self) -> String {
+        format!(
+            "paused by {} ({}) since {}",
+            self.by.as_deref().unwrap_or("someone"),
+            self.reason.as_deref().unwrap_or("no reason given"),
+            self.since.map_or_else(|| "-".to_owned(), |t| t.to_string())
+        )
+    }
+}
+
 /// What a store writes for a claim that succeeds.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct ClaimWrite {
@@ -185,6 +216,7 @@ pub(crate) struct ClaimWrite {
 /// this, and writes the result in the same transaction.
 pub(crate) fn decide_claim(
     state: Option<ClaimState>,
+    switch: &Switch,
     now: i64,
     terms: ClaimTerms,
 ) -> (Claim, Option<ClaimWrite>) {
@@ -195,6 +227,10 @@ pub(crate) fn decide_claim(
     });
     if state.status.is_final() {
         return (Claim::Final(state.status), None);
+    }
+    if switch.paused {
+        let reason = switch.paused_reason();
+        return (Claim::Paused { reason }, None);
     }
     let unknown = match state.claim_until {
         Some(until) if now < until => {
@@ -333,6 +369,21 @@ pub(crate) fn duration_of(millis: Option<i64>) -> Option<Duration> {
     millis.map(|m| Duration::from_millis(m.max(0).unsigned_abs()))
 }
 
+/// The kill switch from its stored columns.
+pub(crate) fn switch_from(
+    paused: bool,
+    by: Option<String>,
+    reason: Option<String>,
+    updated_at: i64,
+) -> Switch {
+    Switch {
+        paused,
+        by,
+        reason,
+        since: (updated_at > 0).then(|| Timestamp::from_millis(updated_at)),
+    }
+}
+
 /// The durable record of requests and outcomes. See the module docs.
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
@@ -374,6 +425,13 @@ pub trait Store: Send + Sync + 'static {
     /// The most recently updated entries, newest first.
     async fn history(&self, limit: usize) -> Result<Vec<HistoryEntry>, StoreError>;
 
+    /// The kill switch, as every instance sharing this store sees it.
+    async fn switch(&self) -> Result<Switch, StoreError>;
+
+    /// Turns the kill switch on (`paused`) or off. Once this returns, no
+    /// instance claims another restart until it is turned off.
+    async fn set_switch(&self, paused: bool, by: &str, reason: &str) -> Result<(), StoreError>;
+
     /// Deletes at most `max_rows` final entries completed before `before`,
     /// oldest first; returns how many went. Bounded, so that pruning a large
     /// history never holds the database for long.
@@ -413,6 +471,7 @@ pub(crate) mod contract {
         claim_holds_and_unknown_outcomes_count(store).await;
         rejections_are_listed_but_never_count_as_the_request(store).await;
         outcome_details_are_kept(store).await;
+        the_kill_switch_stops_every_claim_until_resumed(store).await;
         prune_removes_old_final_entries_only_and_in_bounded_passes(store).await;
     }
 
@@ -640,6 +699,48 @@ pub(crate) mod contract {
         assert_eq!(entry.reason.as_deref(), Some("game day"));
         let json = serde_json::to_value(&entry).unwrap();
         assert_eq!(json["recovered_after"], serde_json::json!(12.345));
+    }
+
+    pub async fn the_kill_switch_stops_every_claim_until_resumed(store: &dyn Store) {
+        assert!(!store.switch().await.unwrap().paused);
+        let request = request("cattle-0007");
+        store
+            .set_switch(true, "sre-on-call", "incident 42")
+            .await
+            .unwrap();
+        let switch = store.switch().await.unwrap();
+        assert!(switch.paused);
+        assert_eq!(switch.by.as_deref(), Some("sre-on-call"));
+        assert_eq!(switch.reason.as_deref(), Some("incident 42"));
+        assert!(switch.since.is_some());
+        let Claim::Paused { reason } = store.claim_restart(&request, TERMS).await.unwrap() else {
+            panic!("a paused store must refuse the claim");
+        };
+        assert!(
+            reason.contains("sre-on-call") && reason.contains("incident 42"),
+            "{reason}"
+        );
+        // Nothing was claimed: no attempt used.
+        assert_eq!(
+            store
+                .lookup(request.message_id)
+                .await
+                .unwrap()
+                .unwrap_or(Status::Received),
+            Status::Received
+        );
+        store
+            .set_switch(false, "sre-on-call", "resolved")
+            .await
+            .unwrap();
+        assert!(!store.switch().await.unwrap().paused);
+        assert_eq!(
+            store.claim_restart(&request, TERMS).await.unwrap(),
+            Claim::Claimed {
+                attempt: 1,
+                unknown: None
+            }
+        );
     }
 
     async fn entry(store: &dyn Store, id: Uuid) -> HistoryEntry {

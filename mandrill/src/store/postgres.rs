@@ -13,8 +13,8 @@ use sqlx::postgres::{PgPool, PgPoolOptions, PgRow};
 use uuid::Uuid;
 
 use super::{
-    Claim, ClaimState, ClaimTerms, HistoryEntry, Recorded, Store, StoreError, Timestamp,
-    decide_claim, duration_of, millis_of, payload_excerpt,
+    Claim, ClaimState, ClaimTerms, HistoryEntry, Recorded, Store, StoreError, Switch, Timestamp,
+    decide_claim, duration_of, millis_of, payload_excerpt, switch_from,
 };
 use crate::domain::{Outcome, RestartRequest, Status};
 
@@ -123,7 +123,15 @@ impl Store for PostgresStore {
             attempts: u32::try_from(claimed).unwrap_or(0),
             claim_until,
         };
-        let (claim, write) = decide_claim(Some(state), now, terms);
+        // A share lock: `set_switch` waits for claims in progress, and every
+        // claim after it sees the switch as it left it.
+        let (paused, by, why, since): (bool, Option<String>, Option<String>, i64) = sqlx::query_as(
+            "SELECT paused, by_whom, reason, updated_at FROM control WHERE id = 1 FOR SHARE",
+        )
+        .fetch_one(&mut *tx)
+        .await?;
+        let switch = switch_from(paused, by, why, since);
+        let (claim, write) = decide_claim(Some(state), &switch, now, terms);
         if let Some(write) = write {
             sqlx::query(
                 "UPDATE requests SET status = 'received', attempts = $2, claim_until = $3,
@@ -228,6 +236,27 @@ impl Store for PostgresStore {
         .fetch_all(&self.pool)
         .await?;
         rows.iter().map(entry_from_row).collect()
+    }
+
+    async fn switch(&self) -> Result<Switch, StoreError> {
+        let (paused, by, reason, since): (bool, Option<String>, Option<String>, i64) =
+            sqlx::query_as("SELECT paused, by_whom, reason, updated_at FROM control WHERE id = 1")
+                .fetch_one(&self.pool)
+                .await?;
+        Ok(switch_from(paused, by, reason, since))
+    }
+
+    async fn set_switch(&self, paused: bool, by: &str, reason: &str) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE control SET paused = $1, by_whom = $2, reason = $3, updated_at = $4 WHERE id = 1",
+        )
+        .bind(paused)
+        .bind(by.replace('\0', "\u{fffd}"))
+        .bind(reason.replace('\0', "\u{fffd}"))
+        .bind(Timestamp::now().as_millis())
+        .execute(&self.pool)
+        .await?;
+        Ok(())
     }
 
     async fn prune(&self, before: Timestamp, max_rows: u32) -> Result<u64, StoreError> {

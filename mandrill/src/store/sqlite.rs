@@ -25,8 +25,8 @@ use tracing::{debug, warn};
 use uuid::Uuid;
 
 use super::{
-    Claim, ClaimState, ClaimTerms, HistoryEntry, Recorded, Store, StoreError, Timestamp,
-    decide_claim, duration_of, millis_of, payload_excerpt, sqlx_error_is_transient,
+    Claim, ClaimState, ClaimTerms, HistoryEntry, Recorded, Store, StoreError, Switch, Timestamp,
+    decide_claim, duration_of, millis_of, payload_excerpt, sqlx_error_is_transient, switch_from,
 };
 use crate::domain::{Outcome, RestartRequest, Status};
 
@@ -81,7 +81,7 @@ enum Write {
 }
 
 /// What one write of a committed batch answers.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 enum Answer {
     Done,
     Claim(Claim),
@@ -400,7 +400,8 @@ async fn commit_batch(
         for (write, answer) in batch.iter().zip(&mut answers) {
             match write {
                 Write::Claim { request, terms, .. } => {
-                    *answer = Answer::Claim(claim(&mut tx, &[(request, *terms)], now).await?[0]);
+                    *answer =
+                        Answer::Claim(claim(&mut tx, &[(request, *terms)], now).await?.remove(0));
                 }
                 Write::Outcome {
                     request,
@@ -567,6 +568,30 @@ impl Store for SqliteStore {
         rows.iter().map(entry_from_row).collect()
     }
 
+    async fn switch(&self) -> Result<Switch, StoreError> {
+        let (paused, by, reason, since): (bool, Option<String>, Option<String>, i64) =
+            sqlx::query_as("SELECT paused, by_whom, reason, updated_at FROM control WHERE id = 1")
+                .fetch_one(&self.pool)
+                .await?;
+        Ok(switch_from(paused, by, reason, since))
+    }
+
+    async fn set_switch(&self, paused: bool, by: &str, reason: &str) -> Result<(), StoreError> {
+        // Rare: through the pool, waiting its turn for the write lock like
+        // any other writer; committed (and so seen by every claim after it)
+        // when this returns.
+        sqlx::query(
+            "UPDATE control SET paused = ?1, by_whom = ?2, reason = ?3, updated_at = ?4 WHERE id = 1",
+        )
+        .bind(paused)
+        .bind(by)
+        .bind(reason)
+        .bind(Timestamp::now().as_millis())
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
     async fn prune(&self, before: Timestamp, max_rows: u32) -> Result<u64, StoreError> {
         self.call(|reply| Write::Prune {
             before,
@@ -641,11 +666,18 @@ async fn claim(
             (id, state)
         })
         .collect();
+    // Read in the claims' own write transaction: a pause committed before
+    // it stops every claim of the batch.
+    let (paused, by, why, since): (bool, Option<String>, Option<String>, i64) =
+        sqlx::query_as("SELECT paused, by_whom, reason, updated_at FROM control WHERE id = 1")
+            .fetch_one(&mut **tx)
+            .await?;
+    let switch = switch_from(paused, by, why, since);
     let mut decided = Vec::with_capacity(claims.len());
     let mut writes = Vec::new();
     for (request, terms) in claims {
         let id = request.message_id.to_string();
-        let (claim, write) = decide_claim(states.get(&id).copied(), now, *terms);
+        let (claim, write) = decide_claim(states.get(&id).copied(), &switch, now, *terms);
         if let Some(write) = write {
             writes.push(serde_json::json!([
                 id,

@@ -44,8 +44,11 @@ use tracing::{Instrument, debug, error, info, info_span, warn};
 use super::{Context as Shared, panic_message};
 use crate::broker::{BrokerError, Delivery, DeliveryTag};
 use crate::domain::{Outcome, RestartRequest, Status, salvage_message_id};
-use crate::restarter::RestartError;
+use crate::restarter::{Reservation, RestartError};
 use crate::store::{Claim, Recorded, StoreError, unknown_outcome};
+
+/// How soon a delivery deferred by the kill switch is looked at again.
+const PAUSED_RECHECK: Duration = Duration::from_secs(5);
 
 /// How a delivery is to be settled.
 #[derive(Debug)]
@@ -387,79 +390,13 @@ async fn process(context: &Shared, delivery: &Delivery, progress: &Progress) -> 
         span.record("message_id", tracing::field::display(request.message_id));
         span.record("host", tracing::field::display(&request.hostname));
     }
-    if delivery.attempt > config.max_deliveries {
-        let reason = format!(
-            "delivered {} times without being settled (broker.max_deliveries is {})",
-            delivery.attempt, config.max_deliveries
-        );
-        return rare(give_up(context, progress, &request, 0, reason)).await;
-    }
-
-    if let Err(reason) = config.eligibility.check(request.instance_name.as_str()) {
-        return rare(deny(context, progress, &request, reason)).await;
-    }
-
-    let reservation = tokio::select! {
-        biased;
-        () = context.abort.cancelled() => return shutting_down(),
-        reservation = context.restarter.reserve(&request) => reservation,
-    };
-
-    // The claim: recorded before the restart is issued, and the only place
-    // that decides whether to restart at all.
-    let claimed = Box::pin(store_op(context, progress, Until::LeaseHeld, || {
-        context.store.claim_restart(&request, context.claim_terms)
-    }))
-    .await;
-    let attempt = match claimed {
-        Ok(Claim::Claimed { attempt, unknown }) => {
-            if let Some(unknown) = unknown {
-                warn!(
-                    unknown,
-                    "an earlier restart attempt was issued but its outcome never recorded; \
-                     counted as failed"
-                );
-            }
-            attempt
-        }
-        Ok(Claim::Final(status)) => {
-            context.stats.duplicates.inc();
-            info!(%status, "already recorded as final; not restarting again");
-            return settle_recorded(status);
-        }
-        Ok(Claim::InFlight { attempt, wait }) => {
-            context.stats.deferred.inc();
-            let delay = wait.max(Duration::from_secs(1));
-            info!(
-                attempt,
-                ?delay,
-                "a restart of this request may still be in flight elsewhere"
-            );
-            return Settlement::Nack {
-                delay,
-                why: format!("restart attempt {attempt} may still be in flight"),
-            };
-        }
-        Ok(Claim::Exhausted { attempts, unknown }) => {
-            let reason = match unknown {
-                Some(attempt) => format!(
-                    "restart failed after {attempts} attempts: {}",
-                    unknown_outcome(attempt)
-                ),
-                None => format!("all {attempts} restart attempts are used"),
-            };
-            return rare(give_up(context, progress, &request, attempts, reason)).await;
-        }
-        Err(Stopped::Shutdown) => return shutting_down(),
-        Err(Stopped::LeaseLost) => return Settlement::Abandon,
-        Err(Stopped::Permanent(error) | Stopped::OutOfTime(error)) => {
-            error!(%error, "the store refused the claim; giving up without restarting");
-            context.stats.given_up.inc();
-            return Settlement::DeadLetter {
-                reason: format!("could not record the claim to restart: {error}"),
-            };
-        }
-    };
+    // Each phase is boxed: only one phase's state is alive at a time, and
+    // boxing keeps the others out of the task's size for its whole life.
+    let (attempt, reservation) =
+        match Box::pin(prepare(context, delivery, progress, &request)).await {
+            Ok(ready) => ready,
+            Err(settlement) => return settlement,
+        };
     progress.claimed.store(attempt, Ordering::Release);
     // The tutorial's "saved": now the claim, recorded before the restart.
     info!(attempt, "saved");
@@ -471,8 +408,6 @@ async fn process(context: &Shared, delivery: &Delivery, progress: &Progress) -> 
 
     // Shielded from here: the restart is issued, so its outcome must be
     // recorded whatever shutdown does.
-    // Boxed, like the other phases: its timer would otherwise stay in the
-    // task's state for the whole of its life.
     let restarted = Box::pin(tokio::time::timeout(
         config.restart_timeout,
         context.restarter.restart(&request, reservation),
@@ -484,6 +419,110 @@ async fn process(context: &Shared, delivery: &Delivery, progress: &Progress) -> 
             after: config.restart_timeout,
         })
     });
+    Box::pin(conclude(context, progress, &request, attempt, restarted)).await
+}
+
+/// Everything before the restart: the delivery limit, eligibility,
+/// capacity, and the claim that decides whether to restart at all. `Ok`
+/// with the claimed attempt and its reservation, or how to settle.
+async fn prepare(
+    context: &Shared,
+    delivery: &Delivery,
+    progress: &Progress,
+    request: &RestartRequest,
+) -> Result<(u32, Reservation), Settlement> {
+    let config = &context.config;
+    if delivery.attempt > config.max_deliveries {
+        let reason = format!(
+            "delivered {} times without being settled (broker.max_deliveries is {})",
+            delivery.attempt, config.max_deliveries
+        );
+        return Err(give_up(context, progress, request, 0, reason).await);
+    }
+    if let Err(reason) = config.eligibility.check(request.instance_name.as_str()) {
+        return Err(deny(context, progress, request, reason).await);
+    }
+    let reservation = tokio::select! {
+        biased;
+        () = context.abort.cancelled() => return Err(shutting_down()),
+        reservation = context.restarter.reserve(request) => reservation,
+    };
+    // The claim: recorded before the restart is issued.
+    let claimed = store_op(context, progress, Until::LeaseHeld, || {
+        context.store.claim_restart(request, context.claim_terms)
+    })
+    .await;
+    match claimed {
+        Ok(Claim::Claimed { attempt, unknown }) => {
+            if let Some(unknown) = unknown {
+                warn!(
+                    unknown,
+                    "an earlier restart attempt was issued but its outcome never recorded; \
+                     counted as failed"
+                );
+            }
+            Ok((attempt, reservation))
+        }
+        Ok(Claim::Final(status)) => {
+            context.stats.duplicates.inc();
+            info!(%status, "already recorded as final; not restarting again");
+            Err(settle_recorded(status))
+        }
+        Ok(Claim::Paused { reason }) => {
+            // The kill switch: nothing claimed, nothing issued. Pulling
+            // pauses too, so the message waits in the broker meanwhile.
+            context.stats.deferred.inc();
+            info!(reason, "deferred: restarts are paused");
+            context.set_paused(true, &reason);
+            Err(Settlement::Nack {
+                delay: PAUSED_RECHECK,
+                why: "restarts are paused".into(),
+            })
+        }
+        Ok(Claim::InFlight { attempt, wait }) => {
+            context.stats.deferred.inc();
+            let delay = wait.max(Duration::from_secs(1));
+            info!(
+                attempt,
+                ?delay,
+                "a restart of this request may still be in flight elsewhere"
+            );
+            Err(Settlement::Nack {
+                delay,
+                why: format!("restart attempt {attempt} may still be in flight"),
+            })
+        }
+        Ok(Claim::Exhausted { attempts, unknown }) => {
+            let reason = match unknown {
+                Some(attempt) => format!(
+                    "restart failed after {attempts} attempts: {}",
+                    unknown_outcome(attempt)
+                ),
+                None => format!("all {attempts} restart attempts are used"),
+            };
+            Err(give_up(context, progress, request, attempts, reason).await)
+        }
+        Err(Stopped::Shutdown) => Err(shutting_down()),
+        Err(Stopped::LeaseLost) => Err(Settlement::Abandon),
+        Err(Stopped::Permanent(error) | Stopped::OutOfTime(error)) => {
+            error!(%error, "the store refused the claim; giving up without restarting");
+            context.stats.given_up.inc();
+            Err(Settlement::DeadLetter {
+                reason: format!("could not record the claim to restart: {error}"),
+            })
+        }
+    }
+}
+
+/// Everything after the restart: the outcome, recorded, and how to settle.
+async fn conclude(
+    context: &Shared,
+    progress: &Progress,
+    request: &RestartRequest,
+    attempt: u32,
+    restarted: Result<crate::domain::Restarted, RestartError>,
+) -> Settlement {
+    let config = &context.config;
     let mut retry_after = None;
     let outcome = match restarted {
         Ok(restarted) => {
@@ -505,6 +544,15 @@ async fn process(context: &Shared, delivery: &Delivery, progress: &Progress) -> 
                 output: None,
             };
             error!(%error, "restarted, but the host did not come back");
+            if config.pause_on_unrecovered {
+                // Fail closed: a host that does not come back stops every
+                // instance until someone looks (`mandrill resume`).
+                let why = format!("{} did not recover after its restart", request.hostname);
+                match context.store.set_switch(true, "mandrill", &why).await {
+                    Ok(()) => error!(reason = why, "paused all restarts"),
+                    Err(error) => error!(%error, "could not pause restarts"),
+                }
+            }
             Outcome::Unrecovered {
                 error: error.to_string(),
                 output,
@@ -531,11 +579,9 @@ async fn process(context: &Shared, delivery: &Delivery, progress: &Progress) -> 
         }
     };
 
-    // Boxed: only one phase at a time needs this state, and boxing keeps it
-    // out of the task's size for the whole of its life.
-    let recorded = Box::pin(store_op(context, progress, Until::Shielded, || {
-        context.store.record_outcome(&request, attempt, &outcome)
-    }))
+    let recorded = store_op(context, progress, Until::Shielded, || {
+        context.store.record_outcome(request, attempt, &outcome)
+    })
     .await;
     match recorded {
         Ok(Recorded::Recorded) => debug!(status = %outcome.status(), "outcome recorded"),

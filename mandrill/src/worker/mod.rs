@@ -21,7 +21,7 @@ use futures::FutureExt;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::backoff::Backoff;
 use crate::broker::{Broker, BrokerError};
@@ -70,6 +70,12 @@ pub struct WorkerConfig {
     pub dry_run: bool,
     /// Which instances may be restarted at all.
     pub eligibility: Eligibility,
+    /// Turn the kill switch on when a host does not come back.
+    pub pause_on_unrecovered: bool,
+    /// How often the kill switch is read from the store while running. (A
+    /// claim also reads it, atomically, so this only bounds how soon pulling
+    /// pauses and resumes.)
+    pub switch_poll_interval: Duration,
 }
 
 /// Tells the worker to stop: first gracefully, then, if asked again, at once.
@@ -174,6 +180,8 @@ pub(crate) struct Context {
     pub claim_terms: ClaimTerms,
     /// Whether the store answers.
     pub store_health: StoreHealth,
+    /// The kill switch as last read: while on, nothing is pulled.
+    pub paused: std::sync::atomic::AtomicBool,
     /// Instants are kept as milliseconds since this one.
     pub epoch: Instant,
     /// Cancelled when the grace period is over: handlers that have not issued
@@ -230,6 +238,7 @@ impl Worker {
                 lease_margin: ack_deadline / 4,
                 claim_terms,
                 store_health: StoreHealth::default(),
+                paused: std::sync::atomic::AtomicBool::new(false),
                 epoch: Instant::now(),
                 abort: CancellationToken::new(),
                 config,
@@ -248,7 +257,15 @@ impl Worker {
     pub async fn run(self, shutdown: Shutdown) -> Result<(), WorkerError> {
         let context = self.context;
         let tracker = TaskTracker::new();
-        let stopped = supervise(&context, &tracker, &shutdown).await;
+        // Read once before the first pull, then watched for as long as the
+        // pull loop runs.
+        if let Ok(switch) = context.store.switch().await {
+            context.set_paused(switch.paused, &switch.paused_reason());
+        }
+        let stopped = tokio::select! {
+            stopped = supervise(&context, &tracker, &shutdown) => stopped,
+            never = watch_switch(&context) => match never {},
+        };
 
         tracker.close();
         let grace = context.config.shutdown_grace;
@@ -328,6 +345,9 @@ async fn pull_loop(
         if context.store_health.is_down() && !wait_for_store(context, shutdown).await {
             return Ok(());
         }
+        if context.is_paused() && !wait_for_resume(context, shutdown).await {
+            return Ok(());
+        }
         let mut permits = tokio::select! {
             biased;
             () = shutdown.requested() => return Ok(()),
@@ -363,6 +383,63 @@ async fn pull_loop(
             tokio::task::yield_now().await;
         }
     }
+}
+
+impl Context {
+    pub(crate) fn is_paused(&self) -> bool {
+        self.paused.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Records the switch as read; says so when it turns.
+    pub(crate) fn set_paused(&self, paused: bool, why: &str) {
+        if self
+            .paused
+            .swap(paused, std::sync::atomic::Ordering::AcqRel)
+            != paused
+        {
+            if paused {
+                warn!(
+                    why,
+                    "restarts paused (kill switch): pulling stops until resumed"
+                );
+            } else {
+                info!("restarts resumed (kill switch): pulling again");
+            }
+        }
+    }
+}
+
+/// Reads the kill switch every `switch_poll_interval` until shutdown, so
+/// that pulling stops while it is on: a paused message stays in the broker,
+/// costing no delivery.
+async fn watch_switch(context: &Context) -> std::convert::Infallible {
+    let every = context.config.switch_poll_interval;
+    if every.is_zero() {
+        return std::future::pending().await;
+    }
+    loop {
+        match context.store.switch().await {
+            Ok(switch) => context.set_paused(switch.paused, &switch.paused_reason()),
+            Err(error) => debug!(%error, "could not read the kill switch"),
+        }
+        tokio::time::sleep(every).await;
+    }
+}
+
+/// Waits while the kill switch is on; false if shutdown came first.
+async fn wait_for_resume(context: &Context, shutdown: &Shutdown) -> bool {
+    let every = context
+        .config
+        .switch_poll_interval
+        .max(Duration::from_millis(100));
+    while context.is_paused() {
+        tokio::select! {
+            biased;
+            () = shutdown.requested() => return false,
+            () = tokio::time::sleep(every) => {}
+        }
+    }
+    true
 }
 
 /// Probes the store until it answers; false if shutdown came first.

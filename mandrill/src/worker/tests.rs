@@ -50,6 +50,8 @@ fn config() -> WorkerConfig {
             max_payload_bytes: 1024,
         },
         dry_run: false,
+        pause_on_unrecovered: false,
+        switch_poll_interval: Duration::from_secs(1),
         eligibility: crate::safety::Eligibility::everyone(),
     }
 }
@@ -244,6 +246,13 @@ impl Store for ScriptedStore {
     }
     async fn prune(&self, before: Timestamp, max_rows: u32) -> Result<u64, StoreError> {
         self.inner.prune(before, max_rows).await
+    }
+    async fn switch(&self) -> Result<crate::store::Switch, StoreError> {
+        self.inner.switch().await
+    }
+    async fn set_switch(&self, paused: bool, by: &str, reason: &str) -> Result<(), StoreError> {
+        self.timeline.push(format!("switch {paused} {reason}"));
+        self.inner.set_switch(paused, by, reason).await
     }
 }
 
@@ -818,6 +827,76 @@ async fn ineligible_instance_is_denied_recorded_and_acked_without_a_claim() {
         assert_eq!(entry.status, Status::Denied);
         assert!(entry.last_error.unwrap().contains(why));
     }
+    h.stop().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn paused_store_defers_every_restart_until_resumed() {
+    let store = Arc::new(ScriptedStore::default());
+    let restarter = Arc::new(ScriptedRestarter::default());
+    store.set_switch(true, "sre", "incident 42").await.unwrap();
+    let h = start(config(), store.clone(), restarter.clone());
+    for n in 0..5 {
+        h.publish(&format!("cattle-{n:04}")).await;
+    }
+    let stats = h.stats.clone();
+    // Ten minutes paused: nothing is even pulled, so the messages wait in
+    // the broker and spend no delivery (a paused backlog is never given up).
+    tokio::time::sleep(Duration::from_secs(600)).await;
+    assert_eq!(stats.pulled.get(), 0);
+    assert_eq!(restarter.timeline.count("restart-started"), 0);
+    assert_eq!(h.broker.inner.depth().ready, 5);
+    store.set_switch(false, "sre", "resolved").await.unwrap();
+    wait_until("all acked", || stats.acked.get() == 5).await;
+    assert_eq!(restarter.timeline.count("restart-started"), 5);
+    assert_eq!(stats.pulled.get(), 5, "each delivered once");
+    // Deferrals used no attempt.
+    assert!(
+        store
+            .inner
+            .entries()
+            .iter()
+            .all(|e| e.status == Status::Restarted && e.attempts == 1)
+    );
+    h.stop().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_host_that_does_not_come_back_pauses_every_restart() {
+    let store = Arc::new(ScriptedStore::default());
+    let restarter = Arc::new(ScriptedRestarter {
+        script: Some(|request| {
+            if request.instance_name.as_str() == "cattle-gone" {
+                return Err(RestartError::Unrecovered {
+                    host: request.hostname.clone(),
+                    after: Duration::from_secs(300),
+                    reason: "connection refused".into(),
+                    output: None,
+                });
+            }
+            Ok(Restarted::default())
+        }),
+        ..Default::default()
+    });
+    let config = WorkerConfig {
+        pause_on_unrecovered: true,
+        ..config()
+    };
+    let h = start(config, store.clone(), restarter.clone());
+    h.publish("cattle-gone").await;
+    let stats = h.stats.clone();
+    wait_until("unrecovered", || stats.unrecovered.get() == 1).await;
+    let switch = store.switch().await.unwrap();
+    assert!(switch.paused);
+    assert!(
+        switch
+            .reason
+            .unwrap()
+            .contains("cattle-gone.example.net did not recover")
+    );
+    h.publish("cattle-next").await;
+    wait_until("deferred", || stats.deferred.get() >= 1).await;
+    assert_eq!(restarter.calls("cattle-next.example.net"), 0);
     h.stop().await.unwrap();
 }
 

@@ -466,6 +466,8 @@ async fn worker_on_nats_retries_then_dead_letters_with_reason() {
             max_payload_bytes: 4096,
         },
         dry_run: false,
+        pause_on_unrecovered: false,
+        switch_poll_interval: Duration::from_secs(1),
         eligibility: crate::safety::Eligibility::everyone(),
     };
     let shutdown = Shutdown::new();

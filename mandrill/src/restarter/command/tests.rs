@@ -175,6 +175,8 @@ async fn instance_names_with_shell_metacharacters_are_dead_lettered_at_parse_and
             max_payload_bytes: 1024,
         },
         dry_run: false,
+        pause_on_unrecovered: false,
+        switch_poll_interval: Duration::from_secs(1),
         eligibility: crate::safety::Eligibility::everyone(),
     };
     let stats = Arc::new(Stats::default());

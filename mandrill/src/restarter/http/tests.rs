@@ -774,6 +774,8 @@ mod through_the_worker {
                 max_payload_bytes: 1024,
             },
             dry_run: false,
+            pause_on_unrecovered: false,
+            switch_poll_interval: Duration::from_secs(1),
             eligibility: crate::safety::Eligibility::everyone(),
         }
     }

@@ -1,0 +1,126 @@
+//! `mandrill pause`, `resume` and `status`: the kill switch, kept in the
+//! shared store so that every instance using it obeys at once.
+
+use std::io::Write as _;
+use std::process::ExitCode;
+
+use anyhow::{Context as _, bail};
+use clap::Args;
+
+use super::{ConfigArgs, command, string};
+use crate::config::Config;
+use crate::service;
+
+/// `mandrill pause` and `mandrill resume`
+#[derive(Debug, Args)]
+pub struct SwitchArgs {
+    #[command(flatten)]
+    config: ConfigArgs,
+    /// The shared store: `sqlite:PATH` or `postgres://…` [setting: store.url].
+    #[arg(long, value_name = "URL")]
+    db: Option<String>,
+    /// Why, for the record and `mandrill status`.
+    #[arg(long, value_name = "TEXT")]
+    reason: Option<String>,
+    /// Who, for the record (default: $USER).
+    #[arg(long, value_name = "NAME")]
+    by: Option<String>,
+}
+
+/// `mandrill status`
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    config: ConfigArgs,
+    /// The shared store: `sqlite:PATH` or `postgres://…` [setting: store.url].
+    #[arg(long, value_name = "URL")]
+    db: Option<String>,
+    /// One JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Turns the kill switch on (`paused`) or off.
+pub fn switch(args: &SwitchArgs, paused: bool) -> ExitCode {
+    let sources = args.config.sources(vec![("store.url", string(&args.db))]);
+    command(sources, |config| async move {
+        let by = args
+            .by
+            .clone()
+            .or_else(|| std::env::var("USER").ok())
+            .unwrap_or_else(|| "an operator".into());
+        let reason = args
+            .reason
+            .clone()
+            .unwrap_or_else(|| "no reason given".into());
+        if by.chars().chain(reason.chars()).any(char::is_control) || reason.chars().count() > 1024 {
+            bail!("--by and --reason must be one line, the reason at most 1024 characters");
+        }
+        let store = open(&config).await?;
+        let result = store
+            .set_switch(paused, &by, &reason)
+            .await
+            .context("cannot turn the kill switch");
+        store.close().await;
+        result?;
+        if paused {
+            println!(
+                "paused by {by} ({reason}): no instance using this store claims another restart"
+            );
+        } else {
+            println!("resumed by {by} ({reason}): restarts may be claimed again");
+        }
+        Ok(())
+    })
+}
+
+/// Prints the mode, the kill switch and the eligibility rules.
+pub fn status(args: &StatusArgs) -> ExitCode {
+    let sources = args.config.sources(vec![("store.url", string(&args.db))]);
+    command(sources, |config| async move {
+        let store = open(&config).await?;
+        let switch = store.switch().await.context("cannot read the kill switch");
+        store.close().await;
+        let switch = switch?;
+        let mode = if config.dry_run() {
+            "leashed (dry run)"
+        } else {
+            "unleashed"
+        };
+        let mut out = std::io::stdout().lock();
+        if args.json {
+            let status = serde_json::json!({
+                "mode": mode,
+                "restarter": config.restarter.kind,
+                "paused": switch.paused,
+                "switch": switch,
+                "allow": config.safety.allow,
+                "deny": config.safety.deny,
+            });
+            writeln!(out, "{status}")?;
+            return Ok(());
+        }
+        writeln!(
+            out,
+            "mode:      {mode} ({:?} backend)",
+            config.restarter.kind
+        )?;
+        if switch.paused {
+            writeln!(out, "restarts:  PAUSED, {}", switch.paused_reason())?;
+        } else {
+            writeln!(out, "restarts:  running")?;
+        }
+        writeln!(out, "allow:     {:?}", config.safety.allow)?;
+        writeln!(out, "deny:      {:?}", config.safety.deny)?;
+        Ok(())
+    })
+}
+
+async fn open(config: &Config) -> anyhow::Result<std::sync::Arc<dyn crate::store::Store>> {
+    if config.store.url == "memory" {
+        bail!(
+            "store.url is memory: the kill switch lives in a shared store (sqlite:PATH or postgres://…)"
+        );
+    }
+    service::open_store(&config.store).await
+}
