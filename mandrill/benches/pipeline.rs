@@ -204,6 +204,7 @@ async fn run(options: Options) {
                 poll_wait: Duration::from_millis(100),
                 poll_interval: Duration::from_millis(10),
                 max_deliveries: 10,
+                ..Default::default()
             };
             let broker = SqliteBroker::connect(&config)
                 .await

@@ -27,6 +27,7 @@ use tracing::{error, info, warn};
 
 use uuid::Uuid;
 
+use crate::broker::pubsub::PubSubBroker;
 use crate::broker::{Broker, BrokerError, SqliteBroker};
 use crate::config::{self, Config, ConfigError, LogFormat, RELOADABLE, Sources, redact_url};
 use crate::domain::{Hostname, InstanceName, RestartRequest, random_instance_name};
@@ -258,6 +259,15 @@ fn run(args: &RunArgs) -> ExitCode {
         Ok(loaded) => loaded,
         Err(code) => return code,
     };
+    if args.until_idle && config.broker.url.starts_with("pubsub:") {
+        // Refused rather than waiting forever: see `broker/pubsub.rs`.
+        eprintln!(
+            "mandrill: --until-idle is not supported on Pub/Sub: its API reports no backlog \
+             (Cloud Monitoring's undelivered-messages count lags by minutes); stop the service \
+             with SIGTERM instead"
+        );
+        return ExitCode::from(2);
+    }
     let telemetry = match Telemetry::init(&config.log, config.redactor()) {
         Ok(telemetry) => telemetry,
         Err(error) => {
@@ -694,6 +704,29 @@ async fn publish(config: Config, args: &PublishArgs) -> anyhow::Result<()> {
         };
         broker.close().await;
         published
+    } else if config.broker.url.starts_with("pubsub:") && args.rate.is_none() {
+        // Up to 1000 messages per call, never all in memory.
+        let options = service::pubsub_options(&config)?;
+        let broker = PubSubBroker::connect_publisher(options)
+            .await
+            .with_context(|| format!("cannot open broker.url {:?}", config.broker.url))?;
+        let mut payloads = payloads.peekable();
+        let mut published = 0usize;
+        let mut failure = None;
+        while payloads.peek().is_some() {
+            let batch: Vec<Bytes> = payloads.by_ref().take(PUBLISH_BATCH).collect();
+            let size = batch.len();
+            if let Err(error) = broker.publish_all(batch).await {
+                if published > 0 {
+                    eprintln!("mandrill: published {published} requests before failing");
+                }
+                failure = Some(error);
+                break;
+            }
+            published += size;
+        }
+        broker.close().await;
+        failure.map_or(Ok(published), Err)
     } else {
         // Other brokers have no multi-message transaction: every request was
         // validated above, and they are published one by one.

@@ -818,7 +818,10 @@ mod tests {
         let error = poisoned.unwrap_err();
         assert!(!error.is_transient(), "{error}");
         for claim in claims {
-            assert!(matches!(claim, Ok(Claim::Claimed { attempt: 1, .. })), "{claim:?}");
+            assert!(
+                matches!(claim, Ok(Claim::Claimed { attempt: 1, .. })),
+                "{claim:?}"
+            );
         }
         store.close().await;
     }
