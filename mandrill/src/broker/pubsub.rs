@@ -51,6 +51,10 @@ use gcloud_pubsub::apiv1::subscriber_client::SubscriberClient;
 use gcloud_pubsub::client::google_cloud_auth::credentials::CredentialsFile;
 use gcloud_pubsub::client::{Client, ClientConfig};
 use gcloud_pubsub::publisher::{Publisher, PublisherConfig};
+use gcloud_pubsub::subscriber::SubscriberConfig;
+use gcloud_pubsub::subscription::{
+    MessageStream, SubscribeConfig, Subscription as SubscriptionHandle,
+};
 use gcloud_pubsub::topic::Topic;
 use token_source::NoopTokenSourceProvider;
 use tokio::time::Instant;
@@ -116,6 +120,8 @@ pub struct PubSubBroker {
     requests: Topic,
     dead_letters: Topic,
     subscriber: SubscriberClient,
+    /// The request subscription, for streaming pulls.
+    handle: SubscriptionHandle,
     options: PubSubOptions,
     /// The subscription's full name.
     subscription: String,
@@ -130,6 +136,9 @@ struct Consumer {
     leases: Mutex<HashMap<Arc<str>, Lease>>,
     /// Deliveries seen per message id, when the service does not count them.
     counted: Option<Mutex<DeliveryCounts>>,
+    /// With `pull = "streaming"`: the open stream (`None` until opened, and
+    /// again after it ended). Locked by the one pull running at a time.
+    stream: Option<tokio::sync::Mutex<Option<MessageStream>>>,
 }
 
 struct Lease {
@@ -255,12 +264,9 @@ impl PubSubBroker {
             settler: Settler::start(broker.subscriber.clone(), broker.subscription.clone()),
             leases: Mutex::new(HashMap::new()),
             counted: (!uses_delivery_attempt).then(|| Mutex::new(DeliveryCounts::default())),
+            stream: (broker.options.settings.pull == PullMode::Streaming)
+                .then(|| tokio::sync::Mutex::new(None)),
         });
-        if broker.options.settings.pull == PullMode::Streaming {
-            warn!(
-                "broker.pubsub.pull = \"streaming\" is not implemented yet; pulling with unary Pull calls"
-            );
-        }
         info!(
             subscription = %broker.subscription,
             exactly_once = existing.enable_exactly_once_delivery,
@@ -363,7 +369,8 @@ impl PubSubBroker {
         let client = Client::new(config).await.map_err(|e| {
             BrokerError::Unavailable(format!("cannot connect to pubsub ({shown}): {e}"))
         })?;
-        let subscriber = client.subscription(&options.subscription).get_client();
+        let handle = client.subscription(&options.subscription);
+        let subscriber = handle.get_client();
         // Only `publish_immediately` is used: the crate's batching publisher
         // waits for company (~100 ms) before each call.
         let publisher_config = PublisherConfig {
@@ -379,6 +386,7 @@ impl PubSubBroker {
             requests,
             dead_letters,
             subscriber,
+            handle,
             options,
             subscription,
             consumer: None,
@@ -545,6 +553,100 @@ impl PubSubBroker {
             })?
             .into_inner()
             .received_messages;
+        Ok(consumer.lease(
+            received,
+            sent + self.options.ack_deadline,
+            self.options.ack_deadline,
+        ))
+    }
+
+    /// Takes up to `max` deliveries from the stream, waiting up to the poll
+    /// wait for the first; opens the stream first if needed.
+    async fn pull_streaming(
+        &self,
+        consumer: &Consumer,
+        stream: &tokio::sync::Mutex<Option<MessageStream>>,
+        max: usize,
+    ) -> Result<Vec<Delivery>, BrokerError> {
+        use futures::{FutureExt as _, StreamExt as _};
+        let mut open = stream.lock().await;
+        if open.is_none() {
+            let config = SubscribeConfig::default()
+                .with_channel_capacity(self.options.max_in_flight.clamp(1, 10_000))
+                .with_subscriber_config(SubscriberConfig {
+                    // The service's bounds (refused otherwise, ending the
+                    // stream); each delivery gets our own deadline below.
+                    stream_ack_deadline_seconds: deadline_seconds(self.options.ack_deadline)
+                        .clamp(10, 600),
+                    // Flow control: never more outstanding than the worker
+                    // handles at once.
+                    max_outstanding_messages: self.options.max_in_flight.max(1) as i64,
+                    ..SubscriberConfig::default()
+                });
+            let opened = self
+                .handle
+                .subscribe(Some(config))
+                .await
+                .map_err(|status| {
+                    classify(
+                        &format!("cannot open a stream on {}", self.subscription),
+                        &status,
+                    )
+                })?;
+            *open = Some(opened);
+        }
+        // Just set if it was empty.
+        let Some(messages) = open.as_mut() else {
+            unreachable!("the stream was opened above");
+        };
+        let first = match tokio::time::timeout(self.options.poll_wait, messages.next()).await {
+            Err(_elapsed) => return Ok(Vec::new()),
+            Ok(Some(message)) => message,
+            Ok(None) => {
+                // Ended (the crate gave up reconnecting): opened again on
+                // the next pull.
+                if let Some(ended) = open.take() {
+                    ended.dispose().await;
+                }
+                return Err(BrokerError::Unavailable(format!(
+                    "the stream on {} ended",
+                    self.subscription
+                )));
+            }
+        };
+        let mut taken = vec![first];
+        while taken.len() < max {
+            match messages.next().now_or_never() {
+                Some(Some(message)) => taken.push(message),
+                _ => break,
+            }
+        }
+        drop(open);
+        // Each is extended as it is handed out: it may have waited in the
+        // stream's buffer, and its lease here must not be longer than the
+        // service's. One that cannot be extended is left to redelivery.
+        let sent = Instant::now();
+        let deadline = Settlement::Deadline(deadline_seconds(self.options.ack_deadline));
+        let extended = futures::future::join_all(
+            taken
+                .iter()
+                .map(|message| consumer.settler.settle(deadline, message.ack_id.clone())),
+        )
+        .await;
+        let received = taken
+            .into_iter()
+            .zip(extended)
+            .filter_map(|(message, extended)| {
+                extended.ok()?;
+                Some(ReceivedMessage {
+                    ack_id: message.ack_id,
+                    delivery_attempt: message
+                        .delivery_attempt
+                        .map_or(0, |n| i32::try_from(n).unwrap_or(i32::MAX)),
+                    message: Some(message.message),
+                })
+            })
+            .collect();
         Ok(consumer.lease(
             received,
             sent + self.options.ack_deadline,
@@ -834,6 +936,9 @@ impl Broker for PubSubBroker {
 
     async fn pull(&self, max: usize) -> Result<Vec<Delivery>, BrokerError> {
         let consumer = self.consumer()?;
+        if let Some(stream) = &consumer.stream {
+            return self.pull_streaming(consumer, stream, max).await;
+        }
         // What is there now, at once: the busy case, and the only call that
         // must answer (a service that does not is unreachable).
         let limit = self.options.poll_wait + PULL_MARGIN;
@@ -937,6 +1042,13 @@ impl Broker for PubSubBroker {
 
     async fn close(&self) {
         if let Some(consumer) = &self.consumer {
+            // Buffered deliveries go back at once (nacked), then settlements
+            // still queued are sent.
+            if let Some(stream) = &consumer.stream
+                && let Some(stream) = stream.lock().await.take()
+            {
+                stream.dispose().await;
+            }
             consumer.settler.close().await;
         }
         // Clones share the publishers' tasks, which this stops.

@@ -35,7 +35,8 @@ pub(crate) fn options(host: &str, ack_deadline: Duration) -> PubSubOptions {
     }
 }
 
-struct PubSub;
+/// The contract, pulling as the mode says.
+struct PubSub(PullMode);
 
 /// The emulator honours leases shorter than the service's 10 s minimum,
 /// which keeps the contract quick; mandrill's configuration refuses them.
@@ -61,7 +62,8 @@ impl Harness for PubSub {
             Some(emulator) => emulator.host.clone(),
             None => emulator::shared().to_owned(),
         };
-        let options = options(&host, ACK_DEADLINE);
+        let mut options = options(&host, ACK_DEADLINE);
+        options.settings.pull = self.0;
         let consumer = Arc::new(PubSubBroker::connect(options.clone()).await.unwrap());
         let other = Arc::new(PubSubBroker::connect(options).await.unwrap());
         let reader = consumer.clone();
@@ -107,7 +109,13 @@ impl Harness for PubSub {
     }
 }
 
-broker_contract!(PubSub, POLL_WAIT);
+broker_contract!(PubSub(PullMode::Unary), POLL_WAIT);
+
+mod streaming {
+    use super::*;
+
+    broker_contract!(PubSub(PullMode::Streaming), POLL_WAIT);
+}
 
 #[tokio::test]
 async fn existing_subscription_with_other_settings_is_refused_naming_each_difference() {
