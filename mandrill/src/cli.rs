@@ -146,7 +146,7 @@ pub struct PublishArgs {
 pub struct DeadLettersArgs {
     #[command(flatten)]
     config: ConfigArgs,
-    /// The queue: `sqlite:PATH` (a NATS queue keeps dead letters on its `{stream}_DEAD` stream) [setting: broker.url].
+    /// The queue: `sqlite:PATH` or `pubsub://PROJECT/SUBSCRIPTION` (its dead letters are on `broker.pubsub.dead_letter_subscription`; a NATS queue keeps them on its `{stream}_DEAD` stream) [setting: broker.url].
     #[arg(long, value_name = "URL")]
     broker: Option<String>,
     /// One JSON object per line instead of a table.
@@ -159,13 +159,13 @@ pub struct DeadLettersArgs {
 pub struct RequeueArgs {
     #[command(flatten)]
     config: ConfigArgs,
-    /// The queue: `sqlite:PATH` (a NATS queue keeps dead letters on its `{stream}_DEAD` stream) [setting: broker.url].
+    /// The queue: `sqlite:PATH` or `pubsub://PROJECT/SUBSCRIPTION` (its dead letters are on `broker.pubsub.dead_letter_subscription`; a NATS queue keeps them on its `{stream}_DEAD` stream) [setting: broker.url].
     #[arg(long, value_name = "URL")]
     broker: Option<String>,
     /// Every dead letter.
     #[arg(long, conflicts_with = "ids")]
     all: bool,
-    /// Dead-letter ids, as `mandrill dead-letters` lists them.
+    /// Dead-letter ids, as `mandrill dead-letters` lists them (on Pub/Sub, the copy's message id).
     #[arg(value_name = "ID", required_unless_present = "all")]
     ids: Vec<i64>,
 }
@@ -812,6 +812,9 @@ async fn publish_at_rate(
 }
 
 async fn dead_letters(config: Config, args: &DeadLettersArgs) -> anyhow::Result<()> {
+    if config.broker.url.starts_with("pubsub:") {
+        return pubsub_dead_letters(config, args).await;
+    }
     queue_url(&config, true)?;
     let url = &config.broker.url;
     if let Some(path) = missing_sqlite_file(url) {
@@ -857,7 +860,65 @@ async fn dead_letters(config: Config, args: &DeadLettersArgs) -> anyhow::Result<
     Ok(())
 }
 
+/// `mandrill dead-letters` on Pub/Sub: what the dead-letter subscription
+/// holds, listed and then released (it stays there).
+async fn pubsub_dead_letters(config: Config, args: &DeadLettersArgs) -> anyhow::Result<()> {
+    let broker = open_pubsub_admin(&config).await?;
+    let entries = broker.pull_dead_letters(usize::MAX).await;
+    let released = match &entries {
+        Ok(entries) => {
+            let ack_ids = entries.iter().map(|e| e.ack_id.clone()).collect();
+            broker.release_dead_letters(ack_ids).await
+        }
+        Err(_) => Ok(()),
+    };
+    broker.close().await;
+    let entries = entries.context("cannot read the dead letters")?;
+    released.context("cannot release the dead letters after listing them")?;
+    let mut out = std::io::stdout().lock();
+    for e in &entries {
+        let payload = String::from_utf8_lossy(&e.payload);
+        if args.json {
+            let line = serde_json::json!({
+                "id": e.message_id,
+                "reason": e.reason,
+                "payload": payload,
+            });
+            serde_json::to_writer(&mut out, &line)?;
+            writeln!(out)?;
+        } else {
+            let payload: String = payload.chars().take(80).collect();
+            writeln!(
+                out,
+                "{:>20}  {:<50}  {}",
+                e.message_id,
+                e.reason,
+                payload.escape_debug()
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// A Pub/Sub connection for the dead-letter commands (a publisher: it
+/// shapes nothing).
+async fn open_pubsub_admin(config: &Config) -> anyhow::Result<PubSubBroker> {
+    let options = service::pubsub_options(config)?;
+    PubSubBroker::connect_publisher(options)
+        .await
+        .with_context(|| format!("cannot open broker.url {:?}", config.broker.url))
+}
+
 async fn requeue(config: Config, args: &RequeueArgs) -> anyhow::Result<()> {
+    if config.broker.url.starts_with("pubsub:") {
+        let broker = open_pubsub_admin(&config).await?;
+        let ids: Vec<String> = args.ids.iter().map(i64::to_string).collect();
+        let requeued = broker.requeue((!args.all).then_some(ids.as_slice())).await;
+        broker.close().await;
+        let requeued = requeued.context("cannot requeue")?;
+        println!("requeued {} dead letters", requeued.len());
+        return Ok(());
+    }
     queue_url(&config, true)?;
     let url = &config.broker.url;
     if let Some(path) = missing_sqlite_file(url) {

@@ -44,8 +44,8 @@ use gcloud_gax::conn::{ConnectionOptions, Environment};
 use gcloud_gax::grpc::{Code, Status};
 use gcloud_gax::retry::RetrySetting;
 use gcloud_googleapis::pubsub::v1::{
-    AcknowledgeRequest, DeadLetterPolicy, ExpirationPolicy, GetSubscriptionRequest, PubsubMessage,
-    PullRequest, ReceivedMessage, Subscription,
+    AcknowledgeRequest, DeadLetterPolicy, ExpirationPolicy, GetSubscriptionRequest,
+    ModifyAckDeadlineRequest, PubsubMessage, PullRequest, ReceivedMessage, Subscription,
 };
 use gcloud_pubsub::apiv1::subscriber_client::SubscriberClient;
 use gcloud_pubsub::client::google_cloud_auth::credentials::CredentialsFile;
@@ -751,6 +751,47 @@ impl PubSubBroker {
                 .map_err(|s| classify(&format!("cannot acknowledge on {subscription}"), &s))?;
         }
         Ok(())
+    }
+
+    /// Makes dead letters pulled by [`Self::pull_dead_letters`] visible
+    /// again at once (they were only listed).
+    pub async fn release_dead_letters(&self, ack_ids: Vec<String>) -> Result<(), BrokerError> {
+        let subscription = self.dead_letter_subscription();
+        for chunk in ack_ids.chunks(MAX_MESSAGES_PER_CALL) {
+            self.subscriber
+                .modify_ack_deadline(
+                    ModifyAckDeadlineRequest {
+                        subscription: subscription.clone(),
+                        ack_ids: chunk.to_vec(),
+                        ack_deadline_seconds: 0,
+                    },
+                    quick_retry(),
+                )
+                .await
+                .map_err(|s| classify(&format!("cannot release on {subscription}"), &s))?;
+        }
+        Ok(())
+    }
+
+    /// Publishes the chosen dead letters (by the id they are listed with,
+    /// or all) to the request topic again, then acknowledges them; the rest
+    /// are released. Returns the ids requeued.
+    pub async fn requeue(&self, ids: Option<&[String]>) -> Result<Vec<String>, BrokerError> {
+        let dead = self.pull_dead_letters(usize::MAX).await?;
+        let (chosen, others): (Vec<DeadLetter>, Vec<DeadLetter>) = dead
+            .into_iter()
+            .partition(|d| ids.is_none_or(|ids| ids.contains(&d.message_id)));
+        self.release_dead_letters(others.into_iter().map(|d| d.ack_id).collect())
+            .await?;
+        let payloads = chosen.iter().map(|d| d.payload.clone()).collect();
+        // Published before acknowledged: a failure leaves the dead letter,
+        // never loses it (at worst a request is queued twice, and the store
+        // settles the second at once).
+        self.publish_all(payloads).await?;
+        let requeued = chosen.iter().map(|d| d.message_id.clone()).collect();
+        self.forget_dead_letters(chosen.into_iter().map(|d| d.ack_id).collect())
+            .await?;
+        Ok(requeued)
     }
 }
 

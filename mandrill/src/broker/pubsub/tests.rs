@@ -235,3 +235,38 @@ async fn emulator_restarted_mid_run_is_recovered_from() {
     assert_eq!(delivery.payload, Bytes::from_static(b"after"));
     again.ack(&delivery.tag).await.unwrap();
 }
+
+#[tokio::test]
+async fn dead_letters_are_listed_then_requeued_by_id() {
+    let options = options(emulator::shared(), Duration::from_secs(10));
+    let broker = PubSubBroker::connect(options.clone()).await.unwrap();
+    for payload in [&b"first"[..], b"second"] {
+        broker.publish(Bytes::from(payload)).await.unwrap();
+    }
+    for delivery in c::pull_n(&broker, 2).await {
+        broker.dead_letter(&delivery.tag, "bad").await.unwrap();
+    }
+    let admin = PubSubBroker::connect_publisher(options).await.unwrap();
+    // Listing leaves them in place.
+    let listed = admin.pull_dead_letters(100).await.unwrap();
+    assert_eq!(listed.len(), 2);
+    admin
+        .release_dead_letters(listed.iter().map(|d| d.ack_id.clone()).collect())
+        .await
+        .unwrap();
+    let first = listed
+        .iter()
+        .find(|d| d.payload == Bytes::from_static(b"first"))
+        .unwrap();
+    let requeued = admin
+        .requeue(Some(std::slice::from_ref(&first.message_id)))
+        .await
+        .unwrap();
+    assert_eq!(requeued, std::slice::from_ref(&first.message_id));
+    let delivery = c::pull_n(&broker, 1).await.remove(0);
+    assert_eq!(delivery.payload, Bytes::from_static(b"first"));
+    broker.ack(&delivery.tag).await.unwrap();
+    let left = admin.pull_dead_letters(100).await.unwrap();
+    assert_eq!(left.len(), 1);
+    assert_eq!(left[0].payload, Bytes::from_static(b"second"));
+}
