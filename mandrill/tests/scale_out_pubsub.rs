@@ -21,6 +21,15 @@ fn publish(dir: &std::path::Path, pubsub: &PrivatePubSub, n: usize) {
 }
 
 fn instance(dir: &std::path::Path, pubsub: &PrivatePubSub, db: &Database) -> Mandrill {
+    instance_with(dir, pubsub, db, FAST)
+}
+
+fn instance_with(
+    dir: &std::path::Path,
+    pubsub: &PrivatePubSub,
+    db: &Database,
+    extra: &[&str],
+) -> Mandrill {
     let mut args: Vec<String> = vec![
         "--broker".into(),
         pubsub.url(),
@@ -28,7 +37,7 @@ fn instance(dir: &std::path::Path, pubsub: &PrivatePubSub, db: &Database) -> Man
         db.url.clone(),
     ];
     args.extend(pubsub.flags());
-    args.extend(FAST.iter().map(|s| (*s).to_owned()));
+    args.extend(extra.iter().map(|s| (*s).to_owned()));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     Mandrill::run(dir, &args)
 }
@@ -91,6 +100,55 @@ fn three_instances_share_the_work_and_survive_a_kill_on_pubsub() {
     let total: i64 = statuses.iter().map(|(_, n)| n).sum();
     assert_eq!(total, 5_000, "{statuses:?}");
     assert_eq!(db.finished(), 5_000, "{statuses:?}");
+}
+
+#[test]
+fn sigterm_on_one_instance_hands_its_waiting_work_to_the_others_on_pubsub() {
+    let (_guard, dir) = temp_dir();
+    let db = Database::create();
+    let pubsub = PrivatePubSub::start();
+    // One blocking thread and slow restarts: most of what an instance holds
+    // is waiting for capacity, so a shutdown nacks it (deadline 0 on
+    // Pub/Sub: redelivered at once).
+    let slow: &[&str] = &[
+        "--max-in-flight",
+        "30",
+        "--set",
+        "restarter.kind=simulate-blocking",
+        "--set",
+        "restarter.blocking_threads=1",
+        "--set",
+        "restarter.min_latency=100ms",
+        "--set",
+        "restarter.max_latency=100ms",
+        "--set",
+        "restarter.failure_rate=0",
+        "--set",
+        "worker.shutdown_grace=0s",
+        // The subscription is shared: its settings must match the other's.
+        "--set",
+        "broker.ack_deadline=10s",
+        "--set",
+        "broker.max_deliveries=20",
+    ];
+    let leaving = instance_with(&dir, &pubsub, &db, slow);
+    leaving.wait_for("mandrill started", 1);
+    publish(&dir, &pubsub, 200);
+    leaving.wait_for("saved", 2);
+    let staying = instance(&dir, &pubsub, &db);
+    staying.wait_for("mandrill started", 1);
+    leaving.signal("TERM");
+    let (status, lines) = leaving.wait_exit();
+    assert!(status.success());
+    let stats = fields_of(&lines, "final stats");
+    assert!(count(&stats, "nacked") >= 1, "{stats}");
+
+    // Well before a lease could run out: the nacked messages went straight
+    // to the other instance.
+    db.wait_finished(200, Duration::from_secs(60));
+    staying.signal("TERM");
+    let (status, _) = staying.wait_exit();
+    assert!(status.success());
 }
 
 #[test]
