@@ -270,3 +270,33 @@ async fn dead_letters_are_listed_then_requeued_by_id() {
     assert_eq!(left.len(), 1);
     assert_eq!(left[0].payload, Bytes::from_static(b"second"));
 }
+
+#[tokio::test]
+async fn subscription_whose_dead_letter_policy_would_forward_first_is_refused() {
+    let options = options(emulator::shared(), Duration::from_secs(10));
+    // As an operator might have made it: Pub/Sub's own dead-lettering after
+    // 5 deliveries, below the worker's limit of 10.
+    let admin = PubSubBroker::connect_clients(options.clone())
+        .await
+        .unwrap();
+    ensure_topic(&admin.requests).await.unwrap();
+    ensure_topic(&admin.dead_letters).await.unwrap();
+    let mut existing = admin.wanted(&admin.subscription, admin.requests.fully_qualified_name());
+    existing.dead_letter_policy = Some(DeadLetterPolicy {
+        dead_letter_topic: admin.dead_letters.fully_qualified_name().to_owned(),
+        max_delivery_attempts: 5,
+    });
+    admin
+        .subscriber
+        .create_subscription(existing, None)
+        .await
+        .unwrap();
+    let error = PubSubBroker::connect(options)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("after 5 deliveries, not above broker.max_deliveries (10)"),
+        "{error}"
+    );
+}
