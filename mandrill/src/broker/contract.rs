@@ -1,7 +1,7 @@
 //! The broker contract, written once and run on every broker (like the
 //! stores' contract tests). Each broker's test module implements [`Harness`]
 //! and calls [`broker_contract!`]; where a broker cannot keep a clause
-//! exactly, its [`Tolerance`] says by how much, and docs/brokers.md says why.
+//! exactly, its [`Tolerance`] says by how much, and docs/pubsub.md says why.
 //!
 //! Times here are the contract's own timeline (a lease of a second or two,
 //! extended every third of it), never synchronisation: every wait for
