@@ -300,3 +300,32 @@ async fn subscription_whose_dead_letter_policy_would_forward_first_is_refused() 
         "{error}"
     );
 }
+
+#[tokio::test]
+async fn an_ack_id_the_service_refuses_fails_alone_as_a_lost_lease() {
+    let options = options(emulator::shared(), Duration::from_secs(10));
+    let broker = PubSubBroker::connect(options).await.unwrap();
+    broker.publish(Bytes::from_static(b"m")).await.unwrap();
+    let good = c::pull_n(&broker, 1).await.remove(0);
+    // A lease this process believes in but the service refuses, as an
+    // exactly-once subscription refuses an expired ack id.
+    let consumer = broker.consumer().unwrap();
+    consumer.leases.lock().unwrap().insert(
+        Arc::from("not-an-ack-id"),
+        Lease {
+            deadline: Instant::now() + Duration::from_secs(60),
+            message_id: "0".into(),
+            payload: Bytes::new(),
+        },
+    );
+    let bad = DeliveryTag::text("not-an-ack-id");
+    // Both in one batch: the refused id must not fail the good one.
+    let (good_acked, bad_acked) = tokio::join!(broker.ack(&good.tag), broker.ack(&bad));
+    good_acked.unwrap();
+    assert!(
+        matches!(bad_acked, Err(BrokerError::LeaseLost(_))),
+        "{bad_acked:?}"
+    );
+    let again = broker.pull(10).await.unwrap();
+    assert!(again.is_empty(), "{again:?}");
+}
