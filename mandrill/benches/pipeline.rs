@@ -1,7 +1,8 @@
 //! The tutorial's workload through the real worker, measured.
 //!
 //! `cargo bench -p mandrill --bench pipeline -- --messages N --work-ms W --fail-rate F
-//!  [--broker memory|sqlite:PATH|nats://HOST:PORT] [--db memory|sqlite:PATH|postgres://…]`
+//!  [--broker memory|sqlite:PATH|nats://HOST:PORT|pubsub://PROJECT/SUBSCRIPTION]
+//!  [--pull unary|streaming] [--db memory|sqlite:PATH|postgres://…]`
 //!
 //! With the in-memory broker (the default), publishes N requests as fast as
 //! possible while the worker handles them with `max_in_flight` = N (the
@@ -17,6 +18,15 @@
 //! either on SQLite, the same run also measures the ceiling: a raw loop that
 //! inserts N rows and deletes them again, batched like the broker's writer,
 //! through sqlx with the same pragmas; `ratio` is the pipeline's rate over it.
+//!
+//! With `--broker pubsub://PROJECT/SUBSCRIPTION` (the service, or an
+//! emulator named by `PUBSUB_EMULATOR_HOST`), the N requests are published
+//! first to a topic and subscription of this run's own (the name is a
+//! prefix), and `--pull` chooses how mandrill pulls. The same run measures
+//! two ceilings on subscriptions of their own, with no other work: a bare
+//! `StreamingPull` loop acking each chunk it takes in one call, and a bare
+//! unary loop (`Pull` of 1000, one `Acknowledge` per batch);
+//! `pubsub_ratio` is the pipeline's rate over the higher of the two.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -26,6 +36,7 @@ use bytes::Bytes;
 use futures::StreamExt;
 use mandrill::backoff::Backoff;
 use mandrill::broker::nats::{Credentials, NatsBroker, NatsSettings};
+use mandrill::broker::pubsub::{PubSubBroker, PubSubOptions, PubSubSettings, PullMode};
 use mandrill::broker::{Broker, MemoryBroker, SqliteBroker};
 use mandrill::config::BrokerConfig;
 use mandrill::domain::{Domain, Outcome, ParseRules, RestartRequest, Status};
@@ -48,6 +59,7 @@ struct Options {
     work: Duration,
     fail_rate: f64,
     broker: String,
+    pull: String,
     db: String,
 }
 
@@ -57,6 +69,7 @@ fn parse_options() -> Options {
         work: Duration::ZERO,
         fail_rate: 0.0,
         broker: "memory".into(),
+        pull: "unary".into(),
         db: "memory".into(),
     };
     let mut args = std::env::args().skip(1);
@@ -76,11 +89,12 @@ fn parse_options() -> Options {
             }
             "--broker" => options.broker = value("--broker"),
             "--db" => options.db = value("--db"),
+            "--pull" => options.pull = value("--pull"),
             // `cargo bench` passes --bench to harness-less benchmarks.
             "--bench" => {}
             other => {
                 panic!(
-                    "unknown argument {other:?}; expected --messages, --work-ms, --fail-rate, --broker, --db"
+                    "unknown argument {other:?}; expected --messages, --work-ms, --fail-rate, --broker, --pull, --db"
                 )
             }
         }
@@ -188,7 +202,24 @@ async fn run(options: Options) {
         true => Some(BenchDatabase::create(&options.db).await),
         false => None,
     };
+    let pubsub = options
+        .broker
+        .starts_with("pubsub://")
+        .then(|| pubsub_options(&options.broker, &options.pull, n));
     let broker: Arc<dyn Broker> = match &broker_url {
+        None if pubsub.is_some() => {
+            let options = pubsub.clone().expect("checked just above");
+            let broker = PubSubBroker::connect(options)
+                .await
+                .expect("pubsub broker opens");
+            let publish_started = Instant::now();
+            broker
+                .publish_all(std::mem::take(&mut payloads))
+                .await
+                .expect("pubsub publish");
+            publish_seconds = Some(publish_started.elapsed().as_secs_f64());
+            Arc::new(broker)
+        }
         None if nats.is_some() => {
             let settings = nats.clone().expect("checked just above");
             let broker = NatsBroker::connect(settings)
@@ -210,6 +241,7 @@ async fn run(options: Options) {
                 poll_wait: Duration::from_millis(100),
                 poll_interval: Duration::from_millis(10),
                 max_deliveries: 10,
+                ..Default::default()
             };
             let broker = SqliteBroker::connect(&config)
                 .await
@@ -335,6 +367,10 @@ async fn run(options: Options) {
         Some(settings) => Some(bare_nats_rate(settings, n).await),
         None => None,
     };
+    let bare_pubsub = match &pubsub {
+        Some(options) => Some(bare_pubsub_rates(options, n).await),
+        None => None,
+    };
     if let Some(database) = postgres {
         database.drop().await;
     }
@@ -357,6 +393,12 @@ async fn run(options: Options) {
             "ratio": raw.map(|raw| (msgs_per_s / raw * 1e3).round() / 1e3),
             "bare_nats_msgs_per_s": bare_nats.map(f64::round),
             "nats_ratio": bare_nats.map(|bare| (msgs_per_s / bare * 1e3).round() / 1e3),
+            "pull": pubsub.as_ref().map(|_| options.pull.clone()),
+            "bare_pubsub_streaming_msgs_per_s": bare_pubsub.map(|(streaming, _)| streaming.round()),
+            "bare_pubsub_unary_msgs_per_s": bare_pubsub.map(|(_, unary)| unary.round()),
+            "pubsub_ratio": bare_pubsub.map(|(streaming, unary)| {
+                (msgs_per_s / streaming.max(unary) * 1e3).round() / 1e3
+            }),
             "peak_rss_mb": (peak_kib as f64 / 1024.0 * 10.0).round() / 10.0,
             "baseline_rss_mb": (baseline_kib as f64 / 1024.0 * 10.0).round() / 10.0,
         })
@@ -370,7 +412,12 @@ fn sqlite_url(option: &str, dir: &std::path::Path) -> Option<String> {
         // Broker and store share one file, as `mandrill run` does by default.
         "sqlite" => Some(format!("sqlite:{}", dir.join("mandrill.db").display())),
         url if url.starts_with("sqlite:") => Some(url.to_owned()),
-        url if url.starts_with("nats://") || url.starts_with("postgres://") => None,
+        url if url.starts_with("nats://")
+            || url.starts_with("postgres://")
+            || url.starts_with("pubsub://") =>
+        {
+            None
+        }
         other => {
             panic!("{other:?}: expected memory, sqlite, sqlite:PATH, nats://… or postgres://…")
         }
@@ -441,6 +488,117 @@ async fn raw_sqlite_rate(n: usize, dir: &std::path::Path) -> f64 {
     let rate = n as f64 / started.elapsed().as_secs_f64();
     conn.close().await.expect("raw database closes");
     rate
+}
+
+/// Private topic and subscription names for one run on
+/// `pubsub://PROJECT/PREFIX`.
+fn pubsub_options(url: &str, pull: &str, n: usize) -> PubSubOptions {
+    let (project, prefix) = mandrill::broker::pubsub::settings::parse_url(url).expect("pubsub url");
+    let id = &Uuid::new_v4().simple().to_string()[..12];
+    PubSubOptions {
+        project,
+        subscription: format!("{prefix}-{id}"),
+        settings: PubSubSettings {
+            topic: format!("{prefix}-{id}-requests"),
+            dead_letter_topic: format!("{prefix}-{id}-dead"),
+            dead_letter_subscription: format!("{prefix}-{id}-dead"),
+            pull: match pull {
+                "unary" => PullMode::Unary,
+                "streaming" => PullMode::Streaming,
+                other => panic!("--pull {other:?}: expected unary or streaming"),
+            },
+            ..PubSubSettings::default()
+        },
+        ack_deadline: Duration::from_secs(60),
+        poll_wait: Duration::from_millis(100),
+        poll_interval: Duration::from_millis(10),
+        max_deliveries: 10,
+        max_in_flight: n.max(1),
+    }
+}
+
+/// The ceilings: bare loops on subscriptions of their own, each taking `n`
+/// messages and acking them in batches, with no other work. Returns
+/// (streaming, unary) in messages per second.
+async fn bare_pubsub_rates(options: &PubSubOptions, n: usize) -> (f64, f64) {
+    use gcloud_pubsub::client::{Client, ClientConfig};
+    use gcloud_pubsub::subscriber::SubscriberConfig;
+    use gcloud_pubsub::subscription::{SubscribeConfig, SubscriptionConfig};
+
+    let config = ClientConfig {
+        project_id: Some(options.project.clone()),
+        ..ClientConfig::default()
+    };
+    let client = Client::new(config).await.expect("pubsub client");
+    let mut rng = rand::rng();
+    let payloads: Vec<Bytes> = (0..n)
+        .map(|_| Bytes::from(random_request(&mut rng).to_wire()))
+        .collect();
+    let mut rates = Vec::new();
+    for mode in ["streaming", "unary"] {
+        let topic_id = format!("{}-bare-{mode}", options.subscription);
+        let topic = client
+            .create_topic(&topic_id, None, None)
+            .await
+            .expect("bare topic");
+        let subscription = client
+            .create_subscription(
+                &topic_id,
+                &topic_id,
+                SubscriptionConfig {
+                    ack_deadline_seconds: 60,
+                    ..SubscriptionConfig::default()
+                },
+                None,
+            )
+            .await
+            .expect("bare subscription");
+        let publisher = topic.new_publisher(None);
+        for chunk in payloads.chunks(1000) {
+            let messages = chunk
+                .iter()
+                .map(|payload| gcloud_googleapis::pubsub::v1::PubsubMessage {
+                    data: payload.to_vec(),
+                    ..Default::default()
+                })
+                .collect();
+            publisher
+                .publish_immediately(messages, None)
+                .await
+                .expect("bare publish");
+        }
+        let started = Instant::now();
+        let mut acked = 0;
+        if mode == "streaming" {
+            let config = SubscribeConfig::default().with_subscriber_config(SubscriberConfig {
+                max_outstanding_messages: 1000,
+                ..SubscriberConfig::default()
+            });
+            let mut stream = subscription
+                .subscribe(Some(config))
+                .await
+                .expect("bare stream")
+                .ready_chunks(1000);
+            while acked < n {
+                let chunk = stream.next().await.expect("stream open");
+                acked += chunk.len();
+                let ids = chunk.into_iter().map(|m| m.ack_id).collect();
+                subscription.ack(ids).await.expect("bare ack");
+            }
+            stream.into_inner().dispose().await;
+        } else {
+            while acked < n {
+                let batch = subscription.pull(1000, None).await.expect("bare pull");
+                acked += batch.len();
+                let ids = batch.into_iter().map(|m| m.ack_id).collect();
+                subscription.ack(ids).await.expect("bare ack");
+            }
+        }
+        rates.push(n as f64 / started.elapsed().as_secs_f64());
+        let _ = subscription.delete(None).await;
+        let _ = topic.delete(None).await;
+    }
+    (rates[0], rates[1])
 }
 
 /// Private stream and consumer names for one run on `url`.

@@ -27,6 +27,7 @@ use tracing::{error, info, warn};
 
 use uuid::Uuid;
 
+use crate::broker::pubsub::PubSubBroker;
 use crate::broker::{Broker, BrokerError, SqliteBroker};
 use crate::config::{self, Config, ConfigError, LogFormat, RELOADABLE, Sources, redact_url};
 use crate::domain::{Hostname, InstanceName, RestartRequest, random_instance_name};
@@ -159,7 +160,7 @@ pub struct PublishArgs {
 pub struct DeadLettersArgs {
     #[command(flatten)]
     config: ConfigArgs,
-    /// The queue: `sqlite:PATH` (a NATS queue keeps dead letters on its `{stream}_DEAD` stream) [setting: broker.url].
+    /// The queue: `sqlite:PATH` or `pubsub://PROJECT/SUBSCRIPTION` (its dead letters are on `broker.pubsub.dead_letter_subscription`; a NATS queue keeps them on its `{stream}_DEAD` stream) [setting: broker.url].
     #[arg(long, value_name = "URL")]
     broker: Option<String>,
     /// One JSON object per line instead of a table.
@@ -172,13 +173,13 @@ pub struct DeadLettersArgs {
 pub struct RequeueArgs {
     #[command(flatten)]
     config: ConfigArgs,
-    /// The queue: `sqlite:PATH` (a NATS queue keeps dead letters on its `{stream}_DEAD` stream) [setting: broker.url].
+    /// The queue: `sqlite:PATH` or `pubsub://PROJECT/SUBSCRIPTION` (its dead letters are on `broker.pubsub.dead_letter_subscription`; a NATS queue keeps them on its `{stream}_DEAD` stream) [setting: broker.url].
     #[arg(long, value_name = "URL")]
     broker: Option<String>,
     /// Every dead letter.
     #[arg(long, conflicts_with = "ids")]
     all: bool,
-    /// Dead-letter ids, as `mandrill dead-letters` lists them.
+    /// Dead-letter ids, as `mandrill dead-letters` lists them (on Pub/Sub, the copy's message id).
     #[arg(value_name = "ID", required_unless_present = "all")]
     ids: Vec<i64>,
 }
@@ -279,6 +280,15 @@ fn run(args: &RunArgs) -> ExitCode {
         Ok(loaded) => loaded,
         Err(code) => return code,
     };
+    if args.until_idle && config.broker.url.starts_with("pubsub:") {
+        // Refused rather than waiting forever: see `broker/pubsub.rs`.
+        eprintln!(
+            "mandrill: --until-idle is not supported on Pub/Sub: its API reports no backlog \
+             (Cloud Monitoring's undelivered-messages count lags by minutes); stop the service \
+             with SIGTERM instead"
+        );
+        return ExitCode::from(2);
+    }
     let telemetry = match Telemetry::init(&config.log, config.redactor()) {
         Ok(telemetry) => telemetry,
         Err(error) => {
@@ -717,6 +727,29 @@ async fn publish(config: Config, args: &PublishArgs) -> anyhow::Result<()> {
         };
         broker.close().await;
         published
+    } else if config.broker.url.starts_with("pubsub:") && args.rate.is_none() {
+        // Up to 1000 messages per call, never all in memory.
+        let options = service::pubsub_options(&config)?;
+        let broker = PubSubBroker::connect_publisher(options)
+            .await
+            .with_context(|| format!("cannot open broker.url {:?}", config.broker.url))?;
+        let mut payloads = payloads.peekable();
+        let mut published = 0usize;
+        let mut failure = None;
+        while payloads.peek().is_some() {
+            let batch: Vec<Bytes> = payloads.by_ref().take(PUBLISH_BATCH).collect();
+            let size = batch.len();
+            if let Err(error) = broker.publish_all(batch).await {
+                if published > 0 {
+                    eprintln!("mandrill: published {published} requests before failing");
+                }
+                failure = Some(error);
+                break;
+            }
+            published += size;
+        }
+        broker.close().await;
+        failure.map_or(Ok(published), Err)
     } else {
         // Other brokers have no multi-message transaction: every request was
         // validated above, and they are published one by one.
@@ -802,6 +835,9 @@ async fn publish_at_rate(
 }
 
 async fn dead_letters(config: Config, args: &DeadLettersArgs) -> anyhow::Result<()> {
+    if config.broker.url.starts_with("pubsub:") {
+        return pubsub_dead_letters(config, args).await;
+    }
     queue_url(&config, true)?;
     let url = &config.broker.url;
     if let Some(path) = missing_sqlite_file(url) {
@@ -847,7 +883,65 @@ async fn dead_letters(config: Config, args: &DeadLettersArgs) -> anyhow::Result<
     Ok(())
 }
 
+/// `mandrill dead-letters` on Pub/Sub: what the dead-letter subscription
+/// holds, listed and then released (it stays there).
+async fn pubsub_dead_letters(config: Config, args: &DeadLettersArgs) -> anyhow::Result<()> {
+    let broker = open_pubsub_admin(&config).await?;
+    let entries = broker.pull_dead_letters(usize::MAX).await;
+    let released = match &entries {
+        Ok(entries) => {
+            let ack_ids = entries.iter().map(|e| e.ack_id.clone()).collect();
+            broker.release_dead_letters(ack_ids).await
+        }
+        Err(_) => Ok(()),
+    };
+    broker.close().await;
+    let entries = entries.context("cannot read the dead letters")?;
+    released.context("cannot release the dead letters after listing them")?;
+    let mut out = std::io::stdout().lock();
+    for e in &entries {
+        let payload = String::from_utf8_lossy(&e.payload);
+        if args.json {
+            let line = serde_json::json!({
+                "id": e.message_id,
+                "reason": e.reason,
+                "payload": payload,
+            });
+            serde_json::to_writer(&mut out, &line)?;
+            writeln!(out)?;
+        } else {
+            let payload: String = payload.chars().take(80).collect();
+            writeln!(
+                out,
+                "{:>20}  {:<50}  {}",
+                e.message_id,
+                e.reason,
+                payload.escape_debug()
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// A Pub/Sub connection for the dead-letter commands (a publisher: it
+/// shapes nothing).
+async fn open_pubsub_admin(config: &Config) -> anyhow::Result<PubSubBroker> {
+    let options = service::pubsub_options(config)?;
+    PubSubBroker::connect_publisher(options)
+        .await
+        .with_context(|| format!("cannot open broker.url {:?}", config.broker.url))
+}
+
 async fn requeue(config: Config, args: &RequeueArgs) -> anyhow::Result<()> {
+    if config.broker.url.starts_with("pubsub:") {
+        let broker = open_pubsub_admin(&config).await?;
+        let ids: Vec<String> = args.ids.iter().map(i64::to_string).collect();
+        let requeued = broker.requeue((!args.all).then_some(ids.as_slice())).await;
+        broker.close().await;
+        let requeued = requeued.context("cannot requeue")?;
+        println!("requeued {} dead letters", requeued.len());
+        return Ok(());
+    }
     queue_url(&config, true)?;
     let url = &config.broker.url;
     if let Some(path) = missing_sqlite_file(url) {

@@ -20,6 +20,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::backoff::Backoff;
+use crate::broker::pubsub::{self, PubSubSettings};
 use crate::domain::{Domain, ParseRules};
 use crate::restarter::hosts::HostEntry;
 use crate::restarter::verify::ProbeKind;
@@ -153,6 +154,8 @@ pub struct BrokerConfig {
     /// deferred. Brokers never give up by themselves (the JetStream consumer
     /// is created with `max_deliver = -1`).
     pub max_deliveries: u32,
+    /// `[broker.pubsub]`, when `url` is `pubsub://PROJECT/SUBSCRIPTION`.
+    pub pubsub: PubSubSettings,
 }
 
 impl Default for BrokerConfig {
@@ -163,6 +166,7 @@ impl Default for BrokerConfig {
             poll_wait: Duration::from_secs(1),
             poll_interval: Duration::from_millis(100),
             max_deliveries: 10,
+            pubsub: PubSubSettings::default(),
         }
     }
 }
@@ -535,6 +539,11 @@ impl ConfigError {
 /// not a number.
 const STRING_KEYS: &[&str] = &[
     "broker.url",
+    "broker.pubsub.topic",
+    "broker.pubsub.dead_letter_topic",
+    "broker.pubsub.dead_letter_subscription",
+    "broker.pubsub.endpoint",
+    "broker.pubsub.credentials_file",
     "store.url",
     "nats.user",
     "nats.password",
@@ -631,7 +640,7 @@ pub fn parse_override(raw: &str) -> Result<(String, toml::Value), ConfigError> {
     let (key, value) = raw
         .split_once('=')
         .ok_or_else(|| ConfigError::Override(raw.to_owned()))?;
-    if key.split('.').count() != 2 {
+    if !is_setting_path(key) {
         return Err(ConfigError::Override(format!("{key}=…")));
     }
     let key = key.trim();
@@ -683,7 +692,8 @@ fn misspelt_setting(rest: &str) -> Option<&'static str> {
 fn env_key(name: &str) -> Result<String, ConfigError> {
     let rest = name.strip_prefix("MANDRILL_").unwrap_or(name);
     let parts: Vec<&str> = rest.split("__").collect();
-    if parts.len() != 2 || parts.iter().any(|p| p.is_empty()) {
+    let key = parts.join(".").to_lowercase();
+    if parts.iter().any(|p| p.is_empty()) || !is_setting_path(&key) {
         let why = match misspelt_setting(rest) {
             Some(key) => format!(
                 "expected MANDRILL_SECTION__KEY; did you mean MANDRILL_{}?",
@@ -696,7 +706,24 @@ fn env_key(name: &str) -> Result<String, ConfigError> {
             why,
         });
     }
-    Ok(parts.join(".").to_lowercase())
+    Ok(key)
+}
+
+/// Sections that hold sections of their own (`[broker.pubsub]`).
+const SUBSECTIONS: &[&str] = &[
+    "broker.pubsub",
+    "restarter.command",
+    "restarter.ssh",
+    "restarter.http",
+];
+
+/// `section.key`, or `section.subsection.key` for a known subsection.
+fn is_setting_path(key: &str) -> bool {
+    match key.rsplit_once('.') {
+        Some((section, _)) if !section.contains('.') => true,
+        Some((section, _)) => SUBSECTIONS.contains(&section.trim()),
+        None => false,
+    }
 }
 
 /// A value as TOML if it reads as a TOML scalar (number, bool), else a string.
@@ -709,17 +736,26 @@ fn parse_scalar(raw: &str) -> toml::Value {
         .unwrap_or_else(|| toml::Value::String(raw.to_owned()))
 }
 
+/// Sets `section.key` or `section.subsection.key` (`broker.pubsub.topic`).
 fn set_dotted(table: &mut toml::Table, key: &str, value: toml::Value) -> Result<(), String> {
-    let Some((section, field)) = key.split_once('.') else {
+    let parts: Vec<&str> = key.split('.').collect();
+    let Some((field, sections)) = parts.split_last().filter(|(_, s)| !s.is_empty()) else {
         return Err(format!("{key:?} is not SECTION.KEY"));
     };
-    let entry = table
-        .entry(section.to_owned())
-        .or_insert_with(|| toml::Value::Table(toml::Table::new()));
-    let toml::Value::Table(section_table) = entry else {
-        return Err(format!("`{section}` is not a section"));
-    };
-    section_table.insert(field.to_owned(), value);
+    let mut table = table;
+    for (depth, section) in sections.iter().enumerate() {
+        let entry = table
+            .entry((*section).to_owned())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        let toml::Value::Table(inner) = entry else {
+            return Err(format!(
+                "`{}` is not a section",
+                sections[..=depth].join(".")
+            ));
+        };
+        table = inner;
+    }
+    table.insert((*field).to_owned(), value);
     Ok(())
 }
 
@@ -1023,11 +1059,15 @@ impl Config {
     fn validate_urls(&self) -> Result<(), ConfigError> {
         let broker = self.broker.url.as_str();
         let nats = broker.starts_with("nats://") || broker.starts_with("tls://");
+        if broker.starts_with("pubsub:") {
+            return self.validate_pubsub();
+        }
         if !(broker == "memory" || broker.starts_with("sqlite:") || nats) {
             return Err(ConfigError::invalid(
                 "broker.url",
                 format!(
-                    "{:?} is not supported: use sqlite:PATH, nats://HOST:PORT or memory",
+                    "{:?} is not supported: use sqlite:PATH, nats://HOST:PORT, \
+                     pubsub://PROJECT/SUBSCRIPTION or memory",
                     redact_url(broker)
                 ),
             ));
@@ -1074,6 +1114,26 @@ impl Config {
             return Err(ConfigError::invalid(
                 "store.url",
                 format!("{:?} is not a valid url: {error}", redact_url(store)),
+            ));
+        }
+        Ok(())
+    }
+
+    /// `pubsub://PROJECT/SUBSCRIPTION` and `[broker.pubsub]`, and the bounds
+    /// the service puts on a subscription (the emulator does not enforce them).
+    fn validate_pubsub(&self) -> Result<(), ConfigError> {
+        let broker = &self.broker;
+        pubsub::settings::parse_url(&broker.url)
+            .map_err(|why| ConfigError::invalid("broker.url", why))?;
+        broker
+            .pubsub
+            .validate()
+            .map_err(|(key, why)| ConfigError::invalid(&format!("broker.pubsub.{key}"), why))?;
+        let (min, max) = (pubsub::MIN_ACK_DEADLINE, pubsub::MAX_ACK_DEADLINE);
+        if !(min..=max).contains(&broker.ack_deadline) {
+            return Err(ConfigError::invalid(
+                "broker.ack_deadline",
+                format!("must be between {min:?} and {max:?} on Pub/Sub"),
             ));
         }
         Ok(())
@@ -1151,26 +1211,20 @@ impl Config {
         else {
             unreachable!("config serialises to a table");
         };
-        for (section, fields) in sections {
-            match fields {
-                toml::Value::Table(fields) => {
-                    for (key, value) in fields {
-                        match value {
-                            // An adapter's own section, e.g. `[restarter.ssh]`.
-                            toml::Value::Table(inner) => {
-                                for (name, value) in inner {
-                                    flat.insert(
-                                        format!("{section}.{key}.{name}"),
-                                        value.to_string(),
-                                    );
-                                }
-                            }
-                            value => {
-                                flat.insert(format!("{section}.{key}"), value.to_string());
-                            }
-                        }
+        fn walk(prefix: &str, table: toml::Table, flat: &mut BTreeMap<String, String>) {
+            for (key, value) in table {
+                let key = format!("{prefix}.{key}");
+                match value {
+                    toml::Value::Table(inner) => walk(&key, inner, flat),
+                    value => {
+                        flat.insert(key, value.to_string());
                     }
                 }
+            }
+        }
+        for (section, fields) in sections {
+            match fields {
+                toml::Value::Table(fields) => walk(&section, fields, &mut flat),
                 // `[[hosts]]`: one setting, compared whole.
                 value => {
                     flat.insert(section, value.to_string());
@@ -1217,7 +1271,8 @@ pub fn settings_help() -> String {
 const SETTING_DOCS: &[(&str, &str)] = &[
     (
         "broker.url",
-        "`sqlite:PATH` (durable queue), `nats://[USER:PASSWORD@]HOST:PORT` (JetStream) or `memory`",
+        "`sqlite:PATH` (durable queue), `nats://[USER:PASSWORD@]HOST:PORT` (JetStream), \
+         `pubsub://PROJECT/SUBSCRIPTION` (Google Cloud Pub/Sub) or `memory`",
     ),
     (
         "broker.ack_deadline",
@@ -1231,6 +1286,31 @@ const SETTING_DOCS: &[(&str, &str)] = &[
     (
         "broker.max_deliveries",
         "deliveries before the worker records a message as failed and dead-letters it",
+    ),
+    (
+        "broker.pubsub.topic",
+        "Pub/Sub topic requests are published to (created with the subscription)",
+    ),
+    (
+        "broker.pubsub.dead_letter_topic",
+        "Pub/Sub topic dead letters are copied to, with their reason as an attribute",
+    ),
+    (
+        "broker.pubsub.dead_letter_subscription",
+        "Pub/Sub subscription keeping the dead letters (for dead-letters and requeue)",
+    ),
+    (
+        "broker.pubsub.endpoint",
+        "http://HOST:PORT of an emulator, or a regional host name (default: \
+         PUBSUB_EMULATOR_HOST, else pubsub.googleapis.com)",
+    ),
+    (
+        "broker.pubsub.credentials_file",
+        "service-account key file (default: Application Default Credentials)",
+    ),
+    (
+        "broker.pubsub.pull",
+        "`unary` (Pull calls) or `streaming` (StreamingPull)",
     ),
     ("store.url", "`sqlite:PATH`, `postgres://…` or `memory`"),
     ("store.max_connections", "database pool size (1-1000)"),
@@ -1621,6 +1701,56 @@ mod tests {
     }
 
     #[test]
+    fn pubsub_settings_come_from_every_layer_and_are_bounded() {
+        let config = load(
+            Some(
+                "[broker]\nurl = \"pubsub://proj/requests\"\n\
+                 [broker.pubsub]\ntopic = \"from-file\"\npull = \"streaming\"\n",
+            ),
+            &[("MANDRILL_BROKER__PUBSUB__DEAD_LETTER_TOPIC", "from-env")],
+            &["broker.pubsub.dead_letter_subscription=dead-from-flag"],
+        )
+        .unwrap();
+        let pubsub = &config.broker.pubsub;
+        assert_eq!(pubsub.topic, "from-file");
+        assert_eq!(pubsub.dead_letter_topic, "from-env");
+        assert_eq!(pubsub.pull, crate::broker::pubsub::PullMode::Streaming);
+        // Taken as a string even though it starts like a number (and then
+        // refused by Pub/Sub's naming rule, naming the key).
+        let error = load(
+            None,
+            &[],
+            &[
+                "broker.url=pubsub://proj/requests",
+                "broker.pubsub.topic=123",
+            ],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(error.contains("broker.pubsub.topic"), "{error}");
+        let cases = [
+            ("broker.url=pubsub://proj", "broker.url"),
+            ("broker.ack_deadline=5s", "broker.ack_deadline"),
+            ("broker.ack_deadline=11m", "broker.ack_deadline"),
+            (
+                "broker.pubsub.endpoint=http://nohost",
+                "broker.pubsub.endpoint",
+            ),
+            (
+                "broker.pubsub.dead_letter_topic=mandrill-requests",
+                "broker.pubsub.dead_letter_topic",
+            ),
+        ];
+        for (flag, key) in cases {
+            let flags = ["broker.url=pubsub://proj/requests", flag];
+            let error = load(None, &[], &flags).unwrap_err().to_string();
+            assert!(error.contains(key), "{flag}: {error}");
+        }
+        // Not checked unless Pub/Sub is the broker.
+        load(None, &[], &["broker.pubsub.topic=x"]).unwrap();
+    }
+
+    #[test]
     fn every_setting_is_documented_in_help() {
         let documented: Vec<&str> = SETTING_DOCS.iter().map(|(k, _)| *k).collect();
         let mut config = Config::default();
@@ -1648,6 +1778,8 @@ mod tests {
             port: None,
             user: None,
         }];
+        config.broker.pubsub.endpoint = Some("http://127.0.0.1:8085".into());
+        config.broker.pubsub.credentials_file = Some(PathBuf::from("key.json"));
         for key in config.flatten().keys() {
             assert!(
                 documented.contains(&key.as_str()),

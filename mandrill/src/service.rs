@@ -16,6 +16,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
 use crate::broker::nats::{Credentials, NatsBroker, NatsSettings};
+use crate::broker::pubsub::{PubSubBroker, PubSubOptions};
 use crate::broker::{Broker, MemoryBroker, SqliteBroker};
 use crate::config::{
     BrokerConfig, Config, RestarterConfig, RestarterKind, StoreConfig, redact_url,
@@ -117,11 +118,38 @@ pub async fn open_broker(
             .with_context(|| format!("cannot open broker.url {:?}", redact_url(url)))?;
             Ok((Arc::new(nats), None))
         }
+        url if url.starts_with("pubsub://") => {
+            let options = pubsub_options(config)?;
+            let pubsub = match role {
+                Role::Consume => PubSubBroker::connect(options).await,
+                Role::Publish => PubSubBroker::connect_publisher(options).await,
+            }
+            .with_context(|| format!("cannot open broker.url {url:?}"))?;
+            Ok((Arc::new(pubsub), None))
+        }
         other => bail!(
-            "broker.url {:?} is not supported: use sqlite:PATH, nats://HOST:PORT or memory",
+            "broker.url {:?} is not supported: use sqlite:PATH, nats://HOST:PORT, \
+             pubsub://PROJECT/SUBSCRIPTION or memory",
             redact_url(other)
         ),
     }
+}
+
+/// The Pub/Sub broker's part of the configuration.
+pub fn pubsub_options(config: &Config) -> anyhow::Result<PubSubOptions> {
+    let broker = &config.broker;
+    let (project, subscription) =
+        crate::broker::pubsub::settings::parse_url(&broker.url).map_err(anyhow::Error::msg)?;
+    Ok(PubSubOptions {
+        project,
+        subscription,
+        settings: broker.pubsub.clone(),
+        ack_deadline: broker.ack_deadline,
+        poll_wait: broker.poll_wait,
+        poll_interval: broker.poll_interval,
+        max_deliveries: broker.max_deliveries,
+        max_in_flight: config.worker.max_in_flight,
+    })
 }
 
 /// The NATS broker's part of the configuration.

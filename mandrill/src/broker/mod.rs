@@ -7,8 +7,11 @@
 //! [`Broker::extend`]. A delivery that is neither settled nor extended before
 //! its deadline is redelivered, possibly to another consumer.
 
+#[cfg(test)]
+pub(crate) mod contract;
 pub mod memory;
 pub mod nats;
+pub mod pubsub;
 pub mod sqlite;
 
 use std::fmt;

@@ -269,3 +269,88 @@ fn nats_binary() -> String {
     }
     "nats-server".to_owned()
 }
+
+/// The Pub/Sub emulator's launcher (package `google-cloud-cli-pubsub-emulator`);
+/// it execs the JVM, so the child's PID is the emulator's.
+const PUBSUB_EMULATOR: &str =
+    "/usr/lib/google-cloud-sdk/platform/pubsub-emulator/bin/cloud-pubsub-emulator";
+
+/// A Pub/Sub emulator of the test's own on a free port, killed by PID on
+/// drop; names unique to the test as `--set` flags.
+pub struct PrivatePubSub {
+    pub host: String,
+    child: Child,
+    pub id: String,
+}
+
+impl PrivatePubSub {
+    pub fn start() -> Self {
+        let port = free_port();
+        let child = Command::new(PUBSUB_EMULATOR)
+            .args(["--host=127.0.0.1", &format!("--port={port}")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start the pubsub emulator");
+        let emulator = Self {
+            host: format!("127.0.0.1:{port}"),
+            child,
+            id: Uuid::new_v4().simple().to_string(),
+        };
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while !emulator.answers() {
+            assert!(
+                Instant::now() < deadline,
+                "the pubsub emulator did not start"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        emulator
+    }
+
+    fn answers(&self) -> bool {
+        use std::io::{Read, Write};
+        let Ok(mut stream) = std::net::TcpStream::connect(&self.host) else {
+            return false;
+        };
+        let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+        let request = format!(
+            "GET / HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+            self.host
+        );
+        if stream.write_all(request.as_bytes()).is_err() {
+            return false;
+        }
+        // The emulator may keep the connection open: what arrived before
+        // the read timeout is the answer.
+        let mut response = String::new();
+        let _ = stream.read_to_string(&mut response);
+        response.trim_end().ends_with("Ok")
+    }
+
+    /// `pubsub://PROJECT/SUBSCRIPTION`.
+    pub fn url(&self) -> String {
+        format!("pubsub://mandrill-test/requests-{}", self.id)
+    }
+
+    /// Flags naming the endpoint and topics.
+    pub fn flags(&self) -> Vec<String> {
+        let id = &self.id;
+        [
+            format!("broker.pubsub.endpoint=http://{}", self.host),
+            format!("broker.pubsub.topic=requests-{id}"),
+            format!("broker.pubsub.dead_letter_topic=dead-{id}"),
+            format!("broker.pubsub.dead_letter_subscription=dead-{id}"),
+        ]
+        .into_iter()
+        .flat_map(|setting| ["--set".to_owned(), setting])
+        .collect()
+    }
+}
+
+impl Drop for PrivatePubSub {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

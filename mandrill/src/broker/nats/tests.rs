@@ -532,3 +532,51 @@ async fn settling_after_the_consumer_is_deleted_is_a_lost_lease() {
     let acked = broker.ack(&delivery.tag).await;
     assert!(matches!(acked, Err(BrokerError::LeaseLost(_))), "{acked:?}");
 }
+
+mod contract_harness {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::broker::contract::{Harness, Queue, StaleAck, Tolerance, broker_contract};
+
+    const POLL_WAIT: Duration = Duration::from_millis(200);
+
+    struct Nats;
+
+    #[async_trait]
+    impl Harness for Nats {
+        fn tolerance(&self) -> Tolerance {
+            Tolerance {
+                ack_deadline: Duration::from_secs(1),
+                nack_early: Duration::ZERO,
+                counts_attempts: true,
+                // The server answers a late ack of a redelivered message
+                // without acting on it.
+                stale_ack: StaleAck::Harmless,
+                pull_bound: PULL_MARGIN,
+            }
+        }
+
+        /// The shared server is not stopped here: `tests/scale_out.rs`
+        /// stops and restarts a private one mid-run.
+        async fn open(&self, _stoppable: bool) -> Queue {
+            let streams = TestStreams::new(Duration::from_secs(1));
+            let mut settings = streams.settings.clone();
+            settings.poll_wait = POLL_WAIT;
+            let consumer = Arc::new(NatsBroker::connect(settings.clone()).await.unwrap());
+            let other = Arc::new(NatsBroker::connect(settings.clone()).await.unwrap());
+            Queue {
+                consumer,
+                other,
+                dead_letters: Box::new(move || {
+                    let settings = settings.clone();
+                    Box::pin(async move { dead_letters(&settings).await })
+                }),
+                stop_server: None,
+                keep: Box::new(streams),
+            }
+        }
+    }
+
+    broker_contract!(Nats, POLL_WAIT);
+}
