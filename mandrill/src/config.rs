@@ -24,7 +24,7 @@ use crate::domain::{Domain, ParseRules};
 use crate::restarter::hosts::HostEntry;
 use crate::restarter::verify::ProbeKind;
 use crate::restarter::{CommandSettings, HttpSettings, SshSettings, VerifySettings};
-use crate::safety::Eligibility;
+use crate::safety::{Calendar, CalendarSettings, Eligibility};
 use crate::worker::WorkerConfig;
 
 pub mod redact;
@@ -335,7 +335,7 @@ impl Default for RestarterConfig {
 }
 
 /// `[safety]`: what keeps a chaos tool harmless by default.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SafetyConfig {
     /// Leashed: decide and record every restart as `dry-run` with the exact
@@ -349,6 +349,28 @@ pub struct SafetyConfig {
     pub allow: Vec<String>,
     /// Instance-name patterns never restarted; deny wins over allow.
     pub deny: Vec<String>,
+    /// `[safety.calendar]`: when restarts may happen. Unset means Monday to
+    /// Friday 09:00–15:00 UTC with a real backend, always with a simulated
+    /// one. See `safety::calendar`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calendar: Option<CalendarSettings>,
+    /// A request still deferred this long after it was published is
+    /// recorded `expired` and acked: a restart wanted yesterday is not one
+    /// to issue today.
+    #[serde(with = "duration")]
+    pub max_defer: Duration,
+}
+
+impl Default for SafetyConfig {
+    fn default() -> Self {
+        Self {
+            dry_run: None,
+            allow: Vec::new(),
+            deny: Vec::new(),
+            calendar: None,
+            max_defer: Duration::from_secs(24 * 3600),
+        }
+    }
 }
 
 /// `[simulate]`
@@ -832,6 +854,8 @@ impl Config {
             self.restarter.kind.is_real(),
         )
         .map_err(|(key, why)| ConfigError::invalid(&key, why))?;
+        self.calendar()
+            .map_err(|(key, why)| ConfigError::invalid(&key, why))?;
         probability("restarter.failure_rate", self.restarter.failure_rate)?;
         probability("simulate.malformed_rate", self.simulate.malformed_rate)?;
         if self.restarter.min_latency > self.restarter.max_latency {
@@ -932,6 +956,17 @@ impl Config {
             durations.push(("worker.lease_extension_interval", interval));
         }
         durations
+    }
+
+    /// The calendar guard: as configured; Chaos Monkey's (Mon–Fri
+    /// 09:00–15:00 UTC) when unset with a real backend; none when unset
+    /// with a simulated one.
+    pub fn calendar(&self) -> Result<Option<Calendar>, (String, String)> {
+        match &self.safety.calendar {
+            Some(settings) => Calendar::new(settings).map(Some),
+            None if self.restarter.kind.is_real() => Ok(Some(Calendar::chaos_monkey())),
+            None => Ok(None),
+        }
     }
 
     /// Whether restarts are only decided and recorded, not issued.
@@ -1398,6 +1433,30 @@ const SETTING_DOCS: &[(&str, &str)] = &[
         "instance-name patterns never restarted; wins over allow",
     ),
     (
+        "safety.calendar.weekdays",
+        "days restarts may happen, [\"mon\", …] (unset with a real backend: Mon–Fri 09:00–15:00 UTC)",
+    ),
+    (
+        "safety.calendar.hours",
+        "time-of-day windows, [\"09:00-15:00\"], to the second, 24:00 allowed",
+    ),
+    (
+        "safety.calendar.timezone",
+        "IANA zone the calendar is read in (default UTC)",
+    ),
+    (
+        "safety.calendar.excluded_dates",
+        "no restarts on these dates: \"2026-12-24\" once, \"12-25\" yearly",
+    ),
+    (
+        "safety.calendar.freezes",
+        "[[safety.calendar.freezes]] from, to (RFC 3339 or local), name: no restarts in between",
+    ),
+    (
+        "safety.max_defer",
+        "a request deferred this long after it was published is recorded expired",
+    ),
+    (
         "hosts",
         "[[hosts]] pattern = \"cattle-*\", address, port, user: where instances are reached",
     ),
@@ -1611,6 +1670,12 @@ mod tests {
         config.restarter.http.ca_file = Some(PathBuf::from("ca.pem"));
         config.verify.port = Some(22);
         config.safety.dry_run = Some(true);
+        config.safety.calendar = Some(CalendarSettings {
+            weekdays: Some(vec!["mon".into()]),
+            hours: Some(vec!["09:00-15:00".into()]),
+            timezone: Some("UTC".into()),
+            ..CalendarSettings::default()
+        });
         config.verify.url = Some("http://{host}/".into());
         config.hosts = vec![HostEntry {
             pattern: "cattle-*".into(),
@@ -1652,6 +1717,28 @@ mod tests {
         );
         let error = load(Some("[safety]\nallow = [\"\"]\n"), &[], &[]).unwrap_err();
         assert!(error.to_string().contains("safety.allow[0]"), "{error}");
+    }
+
+    #[test]
+    fn a_real_backend_gets_chaos_monkeys_calendar_unless_one_is_configured() {
+        assert!(Config::default().calendar().unwrap().is_none());
+        let mut real = Config::default();
+        real.restarter.kind = RestarterKind::Command;
+        let default = real.calendar().unwrap().unwrap();
+        assert_eq!(default.describe(), "Mon–Fri 09:00–15:00 UTC");
+        let file = "[safety]\nmax_defer = \"2h\"\n[safety.calendar]\n\
+                    weekdays = [\"sat\"]\ntimezone = \"Europe/Stockholm\"\n\
+                    [[safety.calendar.freezes]]\nfrom = \"2026-12-20T00:00\"\n\
+                    to = \"2027-01-04T00:00\"\nname = \"year-end\"\n";
+        let config = load(Some(file), &[], &[]).unwrap();
+        assert_eq!(config.safety.max_defer, Duration::from_secs(7200));
+        let calendar = config.calendar().unwrap().unwrap();
+        assert_eq!(calendar.describe(), "Sat 09:00–15:00 Europe/Stockholm");
+        let error = load(Some("[safety.calendar]\nhours = [\"9-5\"]\n"), &[], &[]).unwrap_err();
+        assert!(
+            error.to_string().contains("safety.calendar.hours[0]"),
+            "{error}"
+        );
     }
 
     #[test]
