@@ -274,6 +274,7 @@ async fn run(options: Options) {
         },
         dry_run: false,
         eligibility: mandrill::safety::Eligibility::everyone(),
+        guards: mandrill::safety::Guards::default(),
     };
     let shutdown = Shutdown::new();
     let worker = Worker::new(

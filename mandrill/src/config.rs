@@ -24,7 +24,7 @@ use crate::domain::{Domain, ParseRules};
 use crate::restarter::hosts::HostEntry;
 use crate::restarter::verify::ProbeKind;
 use crate::restarter::{CommandSettings, HttpSettings, SshSettings, VerifySettings};
-use crate::safety::{Calendar, CalendarSettings, Eligibility};
+use crate::safety::{Calendar, CalendarSettings, Clock, Eligibility, Guards};
 use crate::worker::WorkerConfig;
 
 pub mod redact;
@@ -1143,6 +1143,15 @@ impl Config {
                 self.restarter.kind.is_real(),
             )
             .unwrap_or_else(|_| Eligibility::nobody()),
+            guards: Guards {
+                // Validated in `validate`; should an invalid one get here,
+                // fail closed with the strict default.
+                calendar: self
+                    .calendar()
+                    .unwrap_or_else(|_| Some(Calendar::chaos_monkey())),
+                max_defer: self.safety.max_defer,
+                clock: Clock::System,
+            },
         }
     }
 

@@ -5,8 +5,10 @@
 //! the same place, between parsing and the claim.
 
 pub mod calendar;
+pub mod guards;
 
 pub use calendar::{Calendar, CalendarSettings, FreezeSettings};
+pub use guards::{Clock, Guards, Hold};
 
 use crate::pattern::Pattern;
 

@@ -45,6 +45,7 @@ use super::{Context as Shared, panic_message};
 use crate::broker::{BrokerError, Delivery, DeliveryTag};
 use crate::domain::{Outcome, RestartRequest, Status, salvage_message_id};
 use crate::restarter::RestartError;
+use crate::safety::Hold;
 use crate::store::{Claim, Recorded, StoreError, unknown_outcome};
 
 /// How a delivery is to be settled.
@@ -398,6 +399,9 @@ async fn process(context: &Shared, delivery: &Delivery, progress: &Progress) -> 
     if let Err(reason) = config.eligibility.check(request.instance_name.as_str()) {
         return rare(deny(context, progress, &request, reason)).await;
     }
+    if let Some(hold) = config.guards.hold(&request) {
+        return rare(held(context, progress, &request, hold)).await;
+    }
 
     let reservation = tokio::select! {
         biased;
@@ -577,7 +581,8 @@ async fn process(context: &Shared, delivery: &Delivery, progress: &Progress) -> 
         Outcome::Restarted(_)
         | Outcome::Unrecovered { .. }
         | Outcome::Denied { .. }
-        | Outcome::DryRun { .. } => Settlement::Ack,
+        | Outcome::DryRun { .. }
+        | Outcome::Expired { .. } => Settlement::Ack,
         Outcome::Retrying { .. } => Settlement::Nack {
             delay: retry_after.unwrap_or_else(|| config.retry_backoff.delay(attempt)),
             why: "restart failed".into(),
@@ -600,6 +605,30 @@ async fn deny(
     info!(reason, "denied");
     let outcome = Outcome::Denied { reason };
     record_decision(context, progress, request, 0, outcome).await
+}
+
+/// A guard said not now. Deferred: nacked to come back when the guard could
+/// pass, with nothing claimed or issued (the nack frees the flow-control
+/// slot). Deferred past `safety.max_defer`: recorded `expired` and acked.
+async fn held(
+    context: &Shared,
+    progress: &Progress,
+    request: &RestartRequest,
+    hold: Hold,
+) -> Settlement {
+    match hold {
+        Hold::Defer { delay, reason } => {
+            context.stats.deferred.inc();
+            info!(?delay, reason, "deferred");
+            Settlement::Nack { delay, why: reason }
+        }
+        Hold::Expired { reason } => {
+            context.stats.expired.inc();
+            info!(reason, "expired");
+            let outcome = Outcome::Expired { reason };
+            record_decision(context, progress, request, 0, outcome).await
+        }
+    }
 }
 
 /// Leashed: records the exact action the restart would have taken, as the

@@ -27,7 +27,7 @@ use crate::backoff::Backoff;
 use crate::broker::{Broker, BrokerError};
 use crate::domain::ParseRules;
 use crate::restarter::Restarter;
-use crate::safety::Eligibility;
+use crate::safety::{Eligibility, Guards};
 use crate::stats::Stats;
 use crate::store::{ClaimTerms, Store};
 
@@ -70,6 +70,8 @@ pub struct WorkerConfig {
     pub dry_run: bool,
     /// Which instances may be restarted at all.
     pub eligibility: Eligibility,
+    /// The guards that may defer a request (the calendar), and their clock.
+    pub guards: Guards,
 }
 
 /// Tells the worker to stop: first gracefully, then, if asked again, at once.

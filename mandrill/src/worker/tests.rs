@@ -51,6 +51,7 @@ fn config() -> WorkerConfig {
         },
         dry_run: false,
         eligibility: crate::safety::Eligibility::everyone(),
+        guards: crate::safety::Guards::default(),
     }
 }
 
@@ -1154,3 +1155,6 @@ async fn handler_task_stays_small() {
     // (issue 8) added ~110; the lean hot path (issue 14) is to take it back.
     assert!(size <= 832, "a handler task is {size} bytes");
 }
+
+#[path = "guard_tests.rs"]
+mod guards;

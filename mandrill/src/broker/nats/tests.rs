@@ -467,6 +467,7 @@ async fn worker_on_nats_retries_then_dead_letters_with_reason() {
         },
         dry_run: false,
         eligibility: crate::safety::Eligibility::everyone(),
+        guards: crate::safety::Guards::default(),
     };
     let shutdown = Shutdown::new();
     let worker = Worker::new(

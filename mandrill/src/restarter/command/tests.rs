@@ -176,6 +176,7 @@ async fn instance_names_with_shell_metacharacters_are_dead_lettered_at_parse_and
         },
         dry_run: false,
         eligibility: crate::safety::Eligibility::everyone(),
+        guards: crate::safety::Guards::default(),
     };
     let stats = Arc::new(Stats::default());
     let shutdown = Shutdown::new();

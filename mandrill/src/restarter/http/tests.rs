@@ -775,6 +775,7 @@ mod through_the_worker {
             },
             dry_run: false,
             eligibility: crate::safety::Eligibility::everyone(),
+            guards: crate::safety::Guards::default(),
         }
     }
 
