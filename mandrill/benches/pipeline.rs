@@ -118,6 +118,9 @@ impl Store for SlowSaveStore {
     ) -> Result<Recorded, StoreError> {
         self.inner.record_outcome(r, attempt, outcome).await
     }
+    async fn release_claim(&self, r: &RestartRequest, attempt: u32) -> Result<(), StoreError> {
+        self.inner.release_claim(r, attempt).await
+    }
     async fn record_rejection(
         &self,
         id: Option<Uuid>,

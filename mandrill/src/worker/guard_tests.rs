@@ -22,10 +22,10 @@ fn guarded(max_defer: Duration) -> WorkerConfig {
 
 /// Like `wait_until`, in coarser steps: these waits span hours.
 async fn wait_hours(what: &str, condition: impl Fn() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(48 * 3600);
+    let deadline = Instant::now() + Duration::from_secs(96 * 3600);
     while !condition() {
         assert!(Instant::now() < deadline, "timed out waiting until {what}");
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        tokio::time::sleep(Duration::from_secs(10)).await;
     }
 }
 
@@ -126,6 +126,49 @@ async fn a_request_whose_opening_comes_within_max_defer_is_deferred_not_expired(
     assert_eq!(
         store.inner.lookup(id).await.unwrap(),
         Some(Status::Restarted)
+    );
+    h.stop().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_calendar_that_closes_during_the_claim_gives_the_attempt_back_and_defers() {
+    // Friday 2026-11-20 14:59 UTC, and each claim takes two minutes: the
+    // calendar is open before the claim and closed (15:01) after it.
+    let store = Arc::new(ScriptedStore {
+        claim_delay: Duration::from_secs(120),
+        ..Default::default()
+    });
+    let restarter = Arc::new(ScriptedRestarter::default());
+    let config = WorkerConfig {
+        guards: Guards {
+            clock: Clock::following_tokio("2026-11-20T14:59:00Z".parse().unwrap()),
+            ..guarded(Duration::from_secs(7 * 24 * 3600)).guards
+        },
+        ..config()
+    };
+    let started = Instant::now();
+    let h = start(config, store.clone(), restarter.clone());
+    let id = h.publish("cattle-late").await;
+    let stats = h.stats.clone();
+    wait_until("deferred", || stats.deferred.get() == 1).await;
+    assert_eq!(restarter.timeline.count("restart-started"), 0);
+    assert_eq!(store.timeline.count("released 1"), 1);
+
+    wait_hours("restarted", || stats.acked.get() == 1).await;
+    // Monday 09:00 UTC is 66 h 1 min after the start; the claim takes 2 min.
+    let restarted = restarter.timeline.when("restart-started");
+    assert_eq!(restarted.len(), 1);
+    assert!(restarted[0] - started >= Duration::from_secs(66 * 3600 + 60));
+    let entry = store
+        .inner
+        .entries()
+        .into_iter()
+        .find(|e| e.message_id == Some(id))
+        .unwrap();
+    assert_eq!(entry.status, Status::Restarted);
+    assert_eq!(
+        entry.attempts, 1,
+        "the given-back claim was not a used attempt"
     );
     h.stop().await.unwrap();
 }

@@ -468,6 +468,13 @@ async fn process(context: &Shared, delivery: &Delivery, progress: &Progress) -> 
     // The tutorial's "saved": now the claim, recorded before the restart.
     info!(attempt, "saved");
 
+    // Checked again after the claim, which may have waited out a store
+    // outage: a decision made before waiting is never trusted after it.
+    if let Some(hold) = config.guards.hold(&request) {
+        drop(reservation);
+        return rare(unclaim(context, progress, &request, attempt, hold)).await;
+    }
+
     if config.dry_run {
         drop(reservation);
         return rare(dry_run(context, progress, &request, attempt)).await;
@@ -629,6 +636,40 @@ async fn held(
             record_decision(context, progress, request, 0, outcome).await
         }
     }
+}
+
+/// A guard closed between the claim and the restart. Deferred: the claim
+/// is given back, so that it does not count as a used attempt, and the
+/// delivery deferred. Expired: recorded against the claimed attempt (final,
+/// so the count no longer matters).
+async fn unclaim(
+    context: &Shared,
+    progress: &Progress,
+    request: &RestartRequest,
+    attempt: u32,
+    hold: Hold,
+) -> Settlement {
+    if let Hold::Expired { reason } = hold {
+        context.stats.expired.inc();
+        info!(reason, "expired after the claim");
+        let outcome = Outcome::Expired { reason };
+        return record_decision(context, progress, request, attempt, outcome).await;
+    }
+    let released = store_op(context, progress, Until::LeaseHeld, || {
+        context.store.release_claim(request, attempt)
+    })
+    .await;
+    match released {
+        Ok(()) => progress.claimed.store(0, Ordering::Release),
+        // The claim holds until it expires and then counts as used: an
+        // attempt lost, never a restart outside the guard.
+        Err(Stopped::Permanent(error) | Stopped::OutOfTime(error)) => {
+            warn!(%error, attempt, "could not give back the claim; it counts as used");
+        }
+        Err(Stopped::Shutdown) => return shutting_down(),
+        Err(Stopped::LeaseLost) => return Settlement::Abandon,
+    }
+    held(context, progress, request, hold).await
 }
 
 /// Leashed: records the exact action the restart would have taken, as the

@@ -231,6 +231,11 @@ impl Store for ScriptedStore {
         self.timeline.push(format!("recorded {}", outcome.status()));
         self.inner.record_outcome(r, attempt, outcome).await
     }
+    async fn release_claim(&self, r: &RestartRequest, attempt: u32) -> Result<(), StoreError> {
+        self.unreachable("release")?;
+        self.timeline.push(format!("released {attempt}"));
+        self.inner.release_claim(r, attempt).await
+    }
     async fn record_rejection(
         &self,
         id: Option<Uuid>,
