@@ -35,6 +35,8 @@ use crate::store::Timestamp;
 use crate::telemetry::Telemetry;
 use crate::worker::Shutdown;
 
+mod policy;
+
 /// Mayhem Mandrill: restarts hosts on request, concurrently and durably.
 #[derive(Debug, Parser)]
 #[command(name = "mandrill", version)]
@@ -57,6 +59,8 @@ pub enum Command {
     DeadLetters(DeadLettersArgs),
     /// Put dead-lettered messages back into the queue.
     Requeue(RequeueArgs),
+    /// Ask the safety policy without acting: `mandrill policy check NAME…`.
+    Policy(policy::PolicyArgs),
 }
 
 /// Where configuration comes from; shared by every subcommand.
@@ -232,6 +236,7 @@ pub fn main() -> ExitCode {
     match cli.command {
         Command::Run(args) => run(&args),
         Command::History(args) => history(&args),
+        Command::Policy(args) => policy::main(&args),
         Command::Publish(args) => {
             let sources = args
                 .config
