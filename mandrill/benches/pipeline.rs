@@ -132,6 +132,9 @@ impl Store for SlowSaveStore {
     ) -> Result<Recorded, StoreError> {
         self.inner.record_outcome(r, attempt, outcome).await
     }
+    async fn release_claim(&self, r: &RestartRequest, attempt: u32) -> Result<(), StoreError> {
+        self.inner.release_claim(r, attempt).await
+    }
     async fn record_rejection(
         &self,
         id: Option<Uuid>,
@@ -314,6 +317,7 @@ async fn run(options: Options) {
         pause_on_unrecovered: false,
         switch_poll_interval: Duration::from_secs(1),
         eligibility: mandrill::safety::Eligibility::everyone(),
+        guards: mandrill::safety::Guards::default(),
     };
     let shutdown = Shutdown::new();
     let worker = Worker::new(

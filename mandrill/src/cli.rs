@@ -39,6 +39,7 @@ use crate::worker::Shutdown;
 mod switch;
 
 pub use switch::{StatusArgs, SwitchArgs};
+mod policy;
 
 /// Mayhem Mandrill: restarts hosts on request, concurrently and durably.
 #[derive(Debug, Parser)]
@@ -68,6 +69,8 @@ pub enum Command {
     Resume(SwitchArgs),
     /// Show the mode, the kill switch and the eligibility rules.
     Status(StatusArgs),
+    /// Ask the safety policy without acting: `mandrill policy check NAME…`.
+    Policy(policy::PolicyArgs),
 }
 
 /// Where configuration comes from; shared by every subcommand.
@@ -243,6 +246,7 @@ pub fn main() -> ExitCode {
     match cli.command {
         Command::Run(args) => run(&args),
         Command::History(args) => history(&args),
+        Command::Policy(args) => policy::main(&args),
         Command::Publish(args) => {
             let sources = args
                 .config

@@ -25,7 +25,7 @@ use crate::domain::{Domain, ParseRules};
 use crate::restarter::hosts::HostEntry;
 use crate::restarter::verify::ProbeKind;
 use crate::restarter::{CommandSettings, HttpSettings, SshSettings, VerifySettings};
-use crate::safety::Eligibility;
+use crate::safety::{Calendar, CalendarSettings, Clock, Eligibility, Guards};
 use crate::worker::WorkerConfig;
 
 pub mod redact;
@@ -360,6 +360,16 @@ pub struct SafetyConfig {
     /// within this of `mandrill pause`; claims read it at once).
     #[serde(with = "duration")]
     pub poll_interval: Duration,
+    /// `[safety.calendar]`: when restarts may happen. Unset means Monday to
+    /// Friday 09:00–15:00 UTC with a real backend, always with a simulated
+    /// one. See `safety::calendar`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calendar: Option<CalendarSettings>,
+    /// A request still deferred this long after it was published is
+    /// recorded `expired` and acked: a restart wanted yesterday is not one
+    /// to issue today.
+    #[serde(with = "duration")]
+    pub max_defer: Duration,
 }
 
 impl Default for SafetyConfig {
@@ -370,6 +380,8 @@ impl Default for SafetyConfig {
             deny: Vec::new(),
             pause_on_unrecovered: true,
             poll_interval: Duration::from_secs(1),
+            calendar: None,
+            max_defer: Duration::from_secs(24 * 3600),
         }
     }
 }
@@ -709,6 +721,9 @@ fn env_key(name: &str) -> Result<String, ConfigError> {
     Ok(key)
 }
 
+/// Settings whose values are maps (name → value), not sections.
+const MAP_SETTINGS: &[&str] = &["restarter.command.env", "restarter.http.headers"];
+
 /// Sections that hold sections of their own (`[broker.pubsub]`).
 const SUBSECTIONS: &[&str] = &[
     "broker.pubsub",
@@ -887,6 +902,8 @@ impl Config {
             self.restarter.kind.is_real(),
         )
         .map_err(|(key, why)| ConfigError::invalid(&key, why))?;
+        self.calendar()
+            .map_err(|(key, why)| ConfigError::invalid(&key, why))?;
         probability("restarter.failure_rate", self.restarter.failure_rate)?;
         probability("simulate.malformed_rate", self.simulate.malformed_rate)?;
         if self.restarter.min_latency > self.restarter.max_latency {
@@ -990,6 +1007,17 @@ impl Config {
         durations
     }
 
+    /// The calendar guard: as configured; Chaos Monkey's (Mon–Fri
+    /// 09:00–15:00 UTC) when unset with a real backend; none when unset
+    /// with a simulated one.
+    pub fn calendar(&self) -> Result<Option<Calendar>, (String, String)> {
+        match &self.safety.calendar {
+            Some(settings) => Calendar::new(settings).map(Some),
+            None if self.restarter.kind.is_real() => Ok(Some(Calendar::chaos_monkey())),
+            None => Ok(None),
+        }
+    }
+
     /// Whether restarts are only decided and recorded, not issued.
     pub fn dry_run(&self) -> bool {
         self.safety
@@ -1006,23 +1034,30 @@ impl Config {
         fn in_section(name: &'static str) -> impl Fn((&str, String)) -> ConfigError {
             move |(key, why)| ConfigError::invalid(&format!("restarter.{name}.{key}"), why)
         }
-        let backend = match r.kind {
-            RestarterKind::Simulate | RestarterKind::SimulateBlocking => r.max_latency,
+        let (backend, backend_keys) = match r.kind {
+            // A simulated restart that outlasts the worker's wait is a
+            // simulated time-out, nothing more.
+            RestarterKind::Simulate | RestarterKind::SimulateBlocking => (Duration::ZERO, ""),
             RestarterKind::Command => {
                 r.command.validate().map_err(in_section("command"))?;
-                r.command.timeout
+                (r.command.timeout, "restarter.command.timeout")
             }
             RestarterKind::Ssh => {
                 r.ssh.validate().map_err(in_section("ssh"))?;
                 // Connecting may take up to twice connect_timeout (a retry).
-                r.ssh
+                let longest = r
+                    .ssh
                     .connect_timeout
                     .saturating_mul(2)
-                    .saturating_add(r.ssh.timeout)
+                    .saturating_add(r.ssh.timeout);
+                (
+                    longest,
+                    "2 × restarter.ssh.connect_timeout + restarter.ssh.timeout",
+                )
             }
             RestarterKind::Http => {
                 r.http.validate().map_err(in_section("http"))?;
-                r.http.timeout
+                (r.http.timeout, "restarter.http.timeout")
             }
         };
         self.verify
@@ -1043,12 +1078,17 @@ impl Config {
             return Err(ConfigError::invalid(
                 "worker.restart_timeout",
                 format!(
-                    "{} must be longer than the restart can take, {} (the backend's \
-                     timeout, plus verify.initial_delay + verify.timeout + \
-                     verify.probe_timeout when verifying): otherwise the worker cuts an \
-                     issued restart short and retries it",
+                    "{} must be longer than the restart can take, {} ({}{}verify.initial_delay \
+                     + verify.timeout + verify.probe_timeout when verifying): otherwise the \
+                     worker cuts an issued restart short and retries it",
                     humantime::format_duration(self.worker.restart_timeout),
-                    humantime::format_duration(needed)
+                    humantime::format_duration(needed),
+                    backend_keys,
+                    if backend_keys.is_empty() {
+                        ""
+                    } else {
+                        ", plus "
+                    },
                 ),
             ));
         }
@@ -1190,6 +1230,15 @@ impl Config {
             .unwrap_or_else(|_| Eligibility::nobody()),
             pause_on_unrecovered: self.safety.pause_on_unrecovered,
             switch_poll_interval: self.safety.poll_interval,
+            guards: Guards {
+                // Validated in `validate`; should an invalid one get here,
+                // fail closed with the strict default.
+                calendar: self
+                    .calendar()
+                    .unwrap_or_else(|_| Some(Calendar::chaos_monkey())),
+                max_defer: self.safety.max_defer,
+                clock: Clock::System,
+            },
         }
     }
 
@@ -1215,7 +1264,10 @@ impl Config {
             for (key, value) in table {
                 let key = format!("{prefix}.{key}");
                 match value {
-                    toml::Value::Table(inner) => walk(&key, inner, flat),
+                    // A setting whose value is a map is one setting.
+                    toml::Value::Table(inner) if !MAP_SETTINGS.contains(&key.as_str()) => {
+                        walk(&key, inner, flat);
+                    }
                     value => {
                         flat.insert(key, value.to_string());
                     }
@@ -1508,6 +1560,30 @@ const SETTING_DOCS: &[(&str, &str)] = &[
         "how often the kill switch is read; 0s only at each claim",
     ),
     (
+        "safety.calendar.weekdays",
+        "days restarts may happen, [\"mon\", …] (unset with a real backend: Mon–Fri 09:00–15:00 UTC)",
+    ),
+    (
+        "safety.calendar.hours",
+        "time-of-day windows, [\"09:00-15:00\"], to the second, 24:00 allowed",
+    ),
+    (
+        "safety.calendar.timezone",
+        "IANA zone the calendar is read in (default UTC)",
+    ),
+    (
+        "safety.calendar.excluded_dates",
+        "no restarts on these dates: \"2026-12-24\" once, \"12-25\" yearly",
+    ),
+    (
+        "safety.calendar.freezes",
+        "[[safety.calendar.freezes]] from, to (RFC 3339 or local), name: no restarts in between",
+    ),
+    (
+        "safety.max_defer",
+        "a request deferred this long after it was published is recorded expired",
+    ),
+    (
         "hosts",
         "[[hosts]] pattern = \"cattle-*\", address, port, user: where instances are reached",
     ),
@@ -1771,6 +1847,12 @@ mod tests {
         config.restarter.http.ca_file = Some(PathBuf::from("ca.pem"));
         config.verify.port = Some(22);
         config.safety.dry_run = Some(true);
+        config.safety.calendar = Some(CalendarSettings {
+            weekdays: Some(vec!["mon".into()]),
+            hours: Some(vec!["09:00-15:00".into()]),
+            timezone: Some("UTC".into()),
+            ..CalendarSettings::default()
+        });
         config.verify.url = Some("http://{host}/".into());
         config.hosts = vec![HostEntry {
             pattern: "cattle-*".into(),
@@ -1786,7 +1868,16 @@ mod tests {
                 "{key} is not in SETTING_DOCS"
             );
         }
-        assert_eq!(documented.len(), config.flatten().len());
+        let flat = config.flatten();
+        let undocumented: Vec<&&str> = documented
+            .iter()
+            .filter(|key| !flat.contains_key(**key))
+            .collect();
+        assert!(
+            undocumented.is_empty(),
+            "documented but no setting: {undocumented:?}"
+        );
+        assert_eq!(documented.len(), flat.len());
     }
 
     #[test]
@@ -1814,6 +1905,28 @@ mod tests {
         );
         let error = load(Some("[safety]\nallow = [\"\"]\n"), &[], &[]).unwrap_err();
         assert!(error.to_string().contains("safety.allow[0]"), "{error}");
+    }
+
+    #[test]
+    fn a_real_backend_gets_chaos_monkeys_calendar_unless_one_is_configured() {
+        assert!(Config::default().calendar().unwrap().is_none());
+        let mut real = Config::default();
+        real.restarter.kind = RestarterKind::Command;
+        let default = real.calendar().unwrap().unwrap();
+        assert_eq!(default.describe(), "Mon–Fri 09:00–15:00 UTC");
+        let file = "[safety]\nmax_defer = \"2h\"\n[safety.calendar]\n\
+                    weekdays = [\"sat\"]\ntimezone = \"Europe/Stockholm\"\n\
+                    [[safety.calendar.freezes]]\nfrom = \"2026-12-20T00:00\"\n\
+                    to = \"2027-01-04T00:00\"\nname = \"year-end\"\n";
+        let config = load(Some(file), &[], &[]).unwrap();
+        assert_eq!(config.safety.max_defer, Duration::from_secs(7200));
+        let calendar = config.calendar().unwrap().unwrap();
+        assert_eq!(calendar.describe(), "Sat 09:00–15:00 Europe/Stockholm");
+        let error = load(Some("[safety.calendar]\nhours = [\"9-5\"]\n"), &[], &[]).unwrap_err();
+        assert!(
+            error.to_string().contains("safety.calendar.hours[0]"),
+            "{error}"
+        );
     }
 
     #[test]

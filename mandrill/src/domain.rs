@@ -358,6 +358,8 @@ pub enum Status {
     Denied,
     /// Leashed: the restart was decided and recorded, never issued. Final.
     DryRun,
+    /// Deferred by a guard past `safety.max_defer`; never issued. Final.
+    Expired,
 }
 
 impl Status {
@@ -371,6 +373,7 @@ impl Status {
                 | Self::Unrecovered
                 | Self::Denied
                 | Self::DryRun
+                | Self::Expired
         )
     }
 
@@ -385,6 +388,7 @@ impl Status {
             Self::Unrecovered => "unrecovered",
             Self::Denied => "denied",
             Self::DryRun => "dry-run",
+            Self::Expired => "expired",
         }
     }
 
@@ -399,6 +403,7 @@ impl Status {
             "unrecovered" => Self::Unrecovered,
             "denied" => Self::Denied,
             "dry-run" => Self::DryRun,
+            "expired" => Self::Expired,
             _ => return None,
         })
     }
@@ -453,6 +458,11 @@ pub enum Outcome {
         /// The exact action that would have been taken.
         action: String,
     },
+    /// A guard deferred the request past `safety.max_defer`. Final.
+    Expired {
+        /// What deferred it, and since when.
+        reason: String,
+    },
 }
 
 impl Outcome {
@@ -470,6 +480,7 @@ impl Outcome {
             Self::Unrecovered { .. } => Status::Unrecovered,
             Self::Denied { .. } => Status::Denied,
             Self::DryRun { .. } => Status::DryRun,
+            Self::Expired { .. } => Status::Expired,
         }
     }
 
@@ -480,7 +491,8 @@ impl Outcome {
             Self::Retrying { error }
             | Self::Failed { error }
             | Self::Unrecovered { error, .. }
-            | Self::Denied { reason: error } => Some(error),
+            | Self::Denied { reason: error }
+            | Self::Expired { reason: error } => Some(error),
         }
     }
 
@@ -490,7 +502,10 @@ impl Outcome {
             Self::Restarted(restarted) => restarted.output.as_deref(),
             Self::Unrecovered { output, .. } => output.as_deref(),
             Self::DryRun { action } => Some(action),
-            Self::Retrying { .. } | Self::Failed { .. } | Self::Denied { .. } => None,
+            Self::Retrying { .. }
+            | Self::Failed { .. }
+            | Self::Denied { .. }
+            | Self::Expired { .. } => None,
         }
     }
 

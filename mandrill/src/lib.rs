@@ -6,6 +6,9 @@
 //!   handling (lease extension, save ∥ restart, record, settle), shutdown.
 //! - [`broker`], [`store`], [`restarter`]: the three seams, a trait each, one
 //!   file per adapter.
+//! - [`safety`]: the guards (eligibility, the calendar), pure, with an
+//!   injected clock; the worker asks them before reserving and again right
+//!   before the restart.
 //! - [`service`]: builds adapters from a [`config::Config`] and runs the worker
 //!   with its companions; shuts down in order.
 //! - [`cli`]: subcommands, signals, runtime, exit codes. [`config`]: layered

@@ -383,6 +383,12 @@ impl Service {
                 "UNLEASHED: restarts of real hosts will be issued"
             );
         }
+        if let Ok(Some(calendar)) = self.config.calendar() {
+            warn!(
+                calendar = %calendar.describe(),
+                "restarts only inside the calendar; outside it requests are deferred"
+            );
+        }
 
         let outcome = self.worker.run(shutdown).await;
 

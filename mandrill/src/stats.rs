@@ -69,9 +69,11 @@ counters! {
     /// Deliveries left to the broker because their lease was lost before
     /// a restart was issued.
     abandoned,
-    /// Deliveries held off because another delivery's restart of the same
-    /// request may still be in flight.
+    /// Deliveries held off: another delivery's restart of the same request
+    /// may still be in flight, or a guard (the calendar) said not yet.
     deferred,
+    /// Requests deferred past `safety.max_defer`, recorded `expired`.
+    expired,
     /// Messages given up on (out of deliveries or attempts), recorded and
     /// dead-lettered.
     given_up,

@@ -13,6 +13,12 @@ use mandrill::domain::Status;
 use services::sshd::{KillOnDrop, PrivateSshd, alive};
 use support::{Mandrill, history, mandrill, sqlite_url, temp_dir};
 
+/// A calendar open at all times: these tests must not depend on the day
+/// they run (with a real backend the default is Mon–Fri 09:00–15:00 UTC).
+const ALWAYS_OPEN: &str = "\n[safety.calendar]\n\
+    weekdays = [\"mon\", \"tue\", \"wed\", \"thu\", \"fri\", \"sat\", \"sun\"]\n\
+    hours = [\"00:00-24:00\"]\n";
+
 /// Restarts the "app" (a long sleep): stops the one named in the PID file,
 /// starts another, records its PID and says so.
 const RESTART_APP: &str = r#"#!/bin/sh
@@ -67,9 +73,10 @@ fn published_request_restarts_a_real_process_over_ssh_and_history_shows_its_reco
          [worker]\nrestart_timeout = \"2m\"\n\n\
          [restarter]\nkind = \"ssh\"\n\n[restarter.ssh]\n{ssh}\n\
          [verify]\nprobe = \"tcp\"\nport = {port}\ninitial_delay = \"0s\"\ntimeout = \"20s\"\n\n\
-         [safety]\nallow = [\"cattle-*\"]\n\n\
+         [safety]\nallow = [\"cattle-*\"]\n{always_open}\n\
          [[hosts]]\npattern = \"cattle-*\"\naddress = \"127.0.0.1\"\n",
         ssh = toml::to_string(&ssh).unwrap(),
+        always_open = ALWAYS_OPEN,
     );
     fs::write(dir.join("mandrill.toml"), config).unwrap();
 
@@ -130,9 +137,10 @@ fn a_host_key_the_known_hosts_file_does_not_hold_is_dead_lettered_without_runnin
         "[broker]\nurl = {db:?}\n\n[store]\nurl = {db:?}\n\n\
          [worker]\nrestart_timeout = \"2m\"\n\n\
          [restarter]\nkind = \"ssh\"\n\n[restarter.ssh]\n{ssh}\n\
-         [safety]\nallow = [\"cattle-*\"]\n\n\
+         [safety]\nallow = [\"cattle-*\"]\n{always_open}\n\
          [[hosts]]\npattern = \"*\"\naddress = \"127.0.0.1\"\n",
         ssh = toml::to_string(&ssh).unwrap(),
+        always_open = ALWAYS_OPEN,
     );
     fs::write(dir.join("mandrill.toml"), config).unwrap();
     let (status, _, stderr) = mandrill(&dir, &["publish", "--broker", &db, "cattle-cd34"], &[]);
@@ -169,8 +177,9 @@ fn a_real_backend_is_leashed_by_default_and_records_the_exact_argv() {
         "[broker]\nurl = {db:?}\n\n[store]\nurl = {db:?}\n\n\
          [restarter]\nkind = \"command\"\n\n[restarter.command]\n\
          argv = [\"touch\", {marker:?}, \"{{instance_name}}\"]\n\n\
-         [safety]\nallow = [\"cattle-*\"]\n",
+         [safety]\nallow = [\"cattle-*\"]\n{always_open}",
         marker = marker.to_str().unwrap(),
+        always_open = ALWAYS_OPEN,
     );
     fs::write(dir.join("mandrill.toml"), config).unwrap();
     let (status, _, stderr) = mandrill(

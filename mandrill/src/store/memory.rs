@@ -201,6 +201,26 @@ impl Store for MemoryStore {
         Ok(claim)
     }
 
+    async fn release_claim(
+        &self,
+        request: &RestartRequest,
+        attempt: u32,
+    ) -> Result<(), StoreError> {
+        let now = self.clock.now();
+        let mut shard = self.shard(&request.message_id);
+        if let Some(row) = shard.get_mut(&request.message_id)
+            && !row.status.is_final()
+            && row.attempts == attempt
+            && attempt > 0
+            && row.claim_until.is_some()
+        {
+            row.attempts -= 1;
+            row.claim_until = None;
+            row.updated_at = now;
+        }
+        Ok(())
+    }
+
     async fn record_outcome(
         &self,
         request: &RestartRequest,

@@ -411,6 +411,13 @@ pub trait Store: Send + Sync + 'static {
         outcome: &Outcome,
     ) -> Result<Recorded, StoreError>;
 
+    /// Gives back restart attempt `attempt`, claimed but never issued (a
+    /// guard closed between the claim and the restart): the attempt is
+    /// uncounted and its hold lifted, so the redelivery claims it again.
+    /// Does nothing unless `attempt` is the latest claim and still held.
+    async fn release_claim(&self, request: &RestartRequest, attempt: u32)
+    -> Result<(), StoreError>;
+
     /// Records a payload that was dead-lettered as malformed. `message_id`
     /// is what could be salvaged from it: shown in the history, but never
     /// taken as the request's own record (a later valid request with that id
@@ -469,6 +476,7 @@ pub(crate) mod contract {
         final_outcome_is_never_overwritten(store).await;
         outcome_without_claim_creates_row(store).await;
         claim_holds_and_unknown_outcomes_count(store).await;
+        a_released_claim_is_not_a_used_attempt(store).await;
         rejections_are_listed_but_never_count_as_the_request(store).await;
         outcome_details_are_kept(store).await;
         the_kill_switch_stops_every_claim_until_resumed(store).await;
@@ -623,6 +631,51 @@ pub(crate) mod contract {
                 attempt: 2,
                 unknown: None
             }
+        );
+    }
+
+    pub async fn a_released_claim_is_not_a_used_attempt(store: &dyn Store) {
+        let request = request("cattle-0005");
+        let claim = |expected: u32| {
+            let request = request.clone();
+            async move {
+                assert_eq!(
+                    store.claim_restart(&request, TERMS).await.unwrap(),
+                    Claim::Claimed {
+                        attempt: expected,
+                        unknown: None
+                    }
+                );
+            }
+        };
+        claim(1).await;
+        // Given back (a guard closed before the restart): the hold is lifted
+        // at once and the attempt is claimed again, with nothing unknown.
+        store.release_claim(&request, 1).await.unwrap();
+        claim(1).await;
+        // Only the latest, still-held claim is given back.
+        store.release_claim(&request, 2).await.unwrap();
+        assert!(matches!(
+            store.claim_restart(&request, TERMS).await.unwrap(),
+            Claim::InFlight { attempt: 1, .. }
+        ));
+        store
+            .record_outcome(&request, 1, &Outcome::Retrying { error: "e".into() })
+            .await
+            .unwrap();
+        store.release_claim(&request, 1).await.unwrap();
+        claim(2).await;
+        assert_eq!(entry(store, request.message_id).await.attempts, 2);
+        // A final request stays final.
+        store
+            .record_outcome(&request, 2, &Outcome::restarted())
+            .await
+            .unwrap();
+        store.release_claim(&request, 2).await.unwrap();
+        assert_eq!(entry(store, request.message_id).await.attempts, 2);
+        assert_eq!(
+            store.lookup(request.message_id).await.unwrap(),
+            Some(Status::Restarted)
         );
     }
 

@@ -150,6 +150,24 @@ impl Store for PostgresStore {
         Ok(claim)
     }
 
+    async fn release_claim(
+        &self,
+        request: &RestartRequest,
+        attempt: u32,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE requests SET attempts = attempts - 1, claim_until = NULL, updated_at = $3
+             WHERE message_id = $1 AND attempts = $2 AND $2 > 0 AND claim_until IS NOT NULL
+               AND status IN ('received', 'retrying')",
+        )
+        .bind(request.message_id.to_string())
+        .bind(attempts(attempt))
+        .bind(Timestamp::now().as_millis())
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
     async fn record_outcome(
         &self,
         request: &RestartRequest,

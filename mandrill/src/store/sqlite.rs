@@ -71,6 +71,11 @@ enum Write {
         excerpt: String,
         reply: oneshot::Sender<Result<(), StoreError>>,
     },
+    Release {
+        message_id: Uuid,
+        attempt: u32,
+        reply: oneshot::Sender<Result<(), StoreError>>,
+    },
     Prune {
         before: Timestamp,
         max_rows: u32,
@@ -339,7 +344,7 @@ fn answer(write: Write, answer: Answer) {
                 Some(status) => Recorded::AlreadyFinal(status),
             }));
         }
-        (Write::Rejection { reply, .. }, Answer::Done) => {
+        (Write::Rejection { reply, .. } | Write::Release { reply, .. }, Answer::Done) => {
             let _ = reply.send(Ok(()));
         }
         (Write::Prune { reply, .. }, Answer::Pruned(rows)) => {
@@ -360,7 +365,7 @@ fn fail(write: Write, error: StoreError) {
         Write::Claim { reply, .. } => {
             let _ = reply.send(Err(error));
         }
-        Write::Rejection { reply, .. } => {
+        Write::Rejection { reply, .. } | Write::Release { reply, .. } => {
             let _ = reply.send(Err(error));
         }
         Write::Outcome { reply, .. } => {
@@ -454,6 +459,13 @@ async fn commit_batch(
                 excerpt,
                 ..
             } => insert_rejection(&mut tx, *message_id, reason, excerpt, now).await?,
+            // After the claims: a handler releases only a claim it already
+            // holds, committed in an earlier batch.
+            Write::Release {
+                message_id,
+                attempt,
+                ..
+            } => release(&mut tx, *message_id, *attempt, now).await?,
             Write::Prune {
                 before, max_rows, ..
             } => *answer = Answer::Pruned(prune(&mut tx, *before, *max_rows).await?),
@@ -534,6 +546,20 @@ impl Store for SqliteStore {
             request,
             attempt,
             outcome,
+            reply,
+        })
+        .await
+    }
+
+    async fn release_claim(
+        &self,
+        request: &RestartRequest,
+        attempt: u32,
+    ) -> Result<(), StoreError> {
+        let message_id = request.message_id;
+        self.call(|reply| Write::Release {
+            message_id,
+            attempt,
             reply,
         })
         .await
@@ -794,6 +820,25 @@ async fn insert_rejection(
     .bind(message_id.map(|id| id.to_string()))
     .bind(reason)
     .bind(excerpt)
+    .bind(now)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+async fn release(
+    tx: &mut Tx<'_>,
+    message_id: Uuid,
+    attempt: u32,
+    now: i64,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE requests SET attempts = attempts - 1, claim_until = NULL, updated_at = ?3
+         WHERE message_id = ?1 AND attempts = ?2 AND ?2 > 0 AND claim_until IS NOT NULL
+           AND status IN ('received', 'retrying')",
+    )
+    .bind(message_id.to_string())
+    .bind(i64::from(attempt))
     .bind(now)
     .execute(&mut **tx)
     .await?;

@@ -45,6 +45,7 @@ use super::{Context as Shared, panic_message};
 use crate::broker::{BrokerError, Delivery, DeliveryTag};
 use crate::domain::{Outcome, RestartRequest, Status, salvage_message_id};
 use crate::restarter::{Reservation, RestartError};
+use crate::safety::Hold;
 use crate::store::{Claim, Recorded, StoreError, unknown_outcome};
 
 /// How soon a delivery deferred by the kill switch is looked at again.
@@ -401,6 +402,13 @@ async fn process(context: &Shared, delivery: &Delivery, progress: &Progress) -> 
     // The tutorial's "saved": now the claim, recorded before the restart.
     info!(attempt, "saved");
 
+    // Checked again after the claim, which may have waited out a store
+    // outage: a decision made before waiting is never trusted after it.
+    if let Some(hold) = config.guards.hold(&request) {
+        drop(reservation);
+        return rare(unclaim(context, progress, &request, attempt, hold)).await;
+    }
+
     if config.dry_run {
         drop(reservation);
         return rare(dry_run(context, progress, &request, attempt)).await;
@@ -441,6 +449,9 @@ async fn prepare(
     }
     if let Err(reason) = config.eligibility.check(request.instance_name.as_str()) {
         return Err(deny(context, progress, request, reason).await);
+    }
+    if let Some(hold) = config.guards.hold(request) {
+        return Err(held(context, progress, request, hold).await);
     }
     let reservation = tokio::select! {
         biased;
@@ -623,7 +634,8 @@ async fn conclude(
         Outcome::Restarted(_)
         | Outcome::Unrecovered { .. }
         | Outcome::Denied { .. }
-        | Outcome::DryRun { .. } => Settlement::Ack,
+        | Outcome::DryRun { .. }
+        | Outcome::Expired { .. } => Settlement::Ack,
         Outcome::Retrying { .. } => Settlement::Nack {
             delay: retry_after.unwrap_or_else(|| config.retry_backoff.delay(attempt)),
             why: "restart failed".into(),
@@ -646,6 +658,64 @@ async fn deny(
     info!(reason, "denied");
     let outcome = Outcome::Denied { reason };
     record_decision(context, progress, request, 0, outcome).await
+}
+
+/// A guard said not now. Deferred: nacked to come back when the guard could
+/// pass, with nothing claimed or issued (the nack frees the flow-control
+/// slot). Deferred past `safety.max_defer`: recorded `expired` and acked.
+async fn held(
+    context: &Shared,
+    progress: &Progress,
+    request: &RestartRequest,
+    hold: Hold,
+) -> Settlement {
+    match hold {
+        Hold::Defer { delay, reason } => {
+            context.stats.deferred.inc();
+            info!(?delay, reason, "deferred");
+            Settlement::Nack { delay, why: reason }
+        }
+        Hold::Expired { reason } => {
+            context.stats.expired.inc();
+            info!(reason, "expired");
+            let outcome = Outcome::Expired { reason };
+            record_decision(context, progress, request, 0, outcome).await
+        }
+    }
+}
+
+/// A guard closed between the claim and the restart. Deferred: the claim
+/// is given back, so that it does not count as a used attempt, and the
+/// delivery deferred. Expired: recorded against the claimed attempt (final,
+/// so the count no longer matters).
+async fn unclaim(
+    context: &Shared,
+    progress: &Progress,
+    request: &RestartRequest,
+    attempt: u32,
+    hold: Hold,
+) -> Settlement {
+    if let Hold::Expired { reason } = hold {
+        context.stats.expired.inc();
+        info!(reason, "expired after the claim");
+        let outcome = Outcome::Expired { reason };
+        return record_decision(context, progress, request, attempt, outcome).await;
+    }
+    let released = store_op(context, progress, Until::LeaseHeld, || {
+        context.store.release_claim(request, attempt)
+    })
+    .await;
+    match released {
+        Ok(()) => progress.claimed.store(0, Ordering::Release),
+        // The claim holds until it expires and then counts as used: an
+        // attempt lost, never a restart outside the guard.
+        Err(Stopped::Permanent(error) | Stopped::OutOfTime(error)) => {
+            warn!(%error, attempt, "could not give back the claim; it counts as used");
+        }
+        Err(Stopped::Shutdown) => return shutting_down(),
+        Err(Stopped::LeaseLost) => return Settlement::Abandon,
+    }
+    held(context, progress, request, hold).await
 }
 
 /// Leashed: records the exact action the restart would have taken, as the

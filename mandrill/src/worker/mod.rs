@@ -27,7 +27,7 @@ use crate::backoff::Backoff;
 use crate::broker::{Broker, BrokerError};
 use crate::domain::ParseRules;
 use crate::restarter::Restarter;
-use crate::safety::Eligibility;
+use crate::safety::{Eligibility, Guards};
 use crate::stats::Stats;
 use crate::store::{ClaimTerms, Store};
 
@@ -76,6 +76,8 @@ pub struct WorkerConfig {
     /// claim also reads it, atomically, so this only bounds how soon pulling
     /// pauses and resumes.)
     pub switch_poll_interval: Duration,
+    /// The guards that may defer a request (the calendar), and their clock.
+    pub guards: Guards,
 }
 
 /// Tells the worker to stop: first gracefully, then, if asked again, at once.

@@ -53,6 +53,7 @@ fn config() -> WorkerConfig {
         pause_on_unrecovered: false,
         switch_poll_interval: Duration::from_secs(1),
         eligibility: crate::safety::Eligibility::everyone(),
+        guards: crate::safety::Guards::default(),
     }
 }
 
@@ -231,6 +232,11 @@ impl Store for ScriptedStore {
         }
         self.timeline.push(format!("recorded {}", outcome.status()));
         self.inner.record_outcome(r, attempt, outcome).await
+    }
+    async fn release_claim(&self, r: &RestartRequest, attempt: u32) -> Result<(), StoreError> {
+        self.unreachable("release")?;
+        self.timeline.push(format!("released {attempt}"));
+        self.inner.release_claim(r, attempt).await
     }
     async fn record_rejection(
         &self,
@@ -1233,3 +1239,6 @@ async fn handler_task_stays_small() {
     // (issue 8) added ~110; the lean hot path (issue 14) is to take it back.
     assert!(size <= 832, "a handler task is {size} bytes");
 }
+
+#[path = "guard_tests.rs"]
+mod guards;

@@ -469,6 +469,7 @@ async fn worker_on_nats_retries_then_dead_letters_with_reason() {
         pause_on_unrecovered: false,
         switch_poll_interval: Duration::from_secs(1),
         eligibility: crate::safety::Eligibility::everyone(),
+        guards: crate::safety::Guards::default(),
     };
     let shutdown = Shutdown::new();
     let worker = Worker::new(

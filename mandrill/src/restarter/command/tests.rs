@@ -178,6 +178,7 @@ async fn instance_names_with_shell_metacharacters_are_dead_lettered_at_parse_and
         pause_on_unrecovered: false,
         switch_poll_interval: Duration::from_secs(1),
         eligibility: crate::safety::Eligibility::everyone(),
+        guards: crate::safety::Guards::default(),
     };
     let stats = Arc::new(Stats::default());
     let shutdown = Shutdown::new();

@@ -777,6 +777,7 @@ mod through_the_worker {
             pause_on_unrecovered: false,
             switch_poll_interval: Duration::from_secs(1),
             eligibility: crate::safety::Eligibility::everyone(),
+            guards: crate::safety::Guards::default(),
         }
     }
 

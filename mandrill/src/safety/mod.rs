@@ -1,9 +1,30 @@
-//! Safety guards that need no store: who may be restarted at all. The
-//! leash (dry run) is decided by the worker's configuration; the guards
-//! that count (rate limits, budgets) and the kill switch come later and sit
-//! in the same place, between parsing and the claim.
+//! Safety guards that need no store: who may be restarted at all
+//! (eligibility: a final deny) and when (the calendar: a defer until it
+//! opens). The leash (dry run) is decided by the worker's configuration;
+//! the guards that count (rate limits, budgets) and the kill switch sit in
+//! the same place, between parsing and the claim.
+
+pub mod calendar;
+pub mod guards;
+
+pub use calendar::{Calendar, CalendarSettings, FreezeSettings};
+pub use guards::{Clock, Guards, Hold};
 
 use crate::pattern::Pattern;
+
+/// What a guard that may wait says about a restart now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Go ahead.
+    Allow,
+    /// Not now: try again at `until`, when the guard could pass.
+    Defer {
+        /// The next instant the guard opens.
+        until: jiff::Timestamp,
+        /// Why, in plain words, with when it opens.
+        reason: String,
+    },
+}
 
 /// Which instances may be restarted: `safety.allow` and `safety.deny`.
 #[derive(Debug, Clone, Default)]

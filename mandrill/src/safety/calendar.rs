@@ -1,0 +1,474 @@
+//! The calendar guard: when restarts may happen, in one IANA time zone.
+//!
+//! An instant is inside the calendar when it is outside every freeze, its
+//! local date is an allowed weekday and not an excluded date, and its local
+//! wall-clock time lies in one of the `hours` windows (start inclusive, end
+//! exclusive). Defined on the wall clock, so DST falls out: a window that
+//! starts in a skipped hour opens when the clock jumps past its start, and
+//! a repeated hour is inside a window each time the clock reads it. Pure:
+//! the clock is an argument.
+
+use jiff::civil::{Date, DateTime};
+use jiff::tz::{AmbiguousOffset, TimeZone};
+use jiff::{Timestamp, Zoned};
+use serde::{Deserialize, Serialize};
+
+use super::Verdict;
+
+/// `[safety.calendar]` as written. Unset fields take Chaos Monkey's
+/// defaults: Monday to Friday, 09:00–15:00, UTC.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CalendarSettings {
+    /// Allowed weekdays: `"mon"` … `"sun"`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub weekdays: Option<Vec<String>>,
+    /// Time-of-day windows, `"HH:MM-HH:MM"` or `"HH:MM:SS-HH:MM:SS"`; the
+    /// end may be `24:00`. A window does not wrap past midnight: write two.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hours: Option<Vec<String>>,
+    /// The IANA zone the weekdays, hours and dates are read in.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timezone: Option<String>,
+    /// Dates with no window: `"2026-12-24"` (once) or `"12-25"` (yearly).
+    pub excluded_dates: Vec<String>,
+    /// Periods with no window at all, whatever the other rules say.
+    pub freezes: Vec<FreezeSettings>,
+}
+
+/// One `[[safety.calendar.freezes]]`: from (inclusive) to (exclusive), each
+/// an RFC 3339 timestamp or a local date-time in the calendar's zone.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FreezeSettings {
+    /// When the freeze begins.
+    pub from: String,
+    /// When it ends: the calendar may open at this instant.
+    pub to: String,
+    /// Why, in a word or two: quoted in the reason of a deferral.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Excluded {
+    Once(Date),
+    Yearly { month: i8, day: i8 },
+}
+
+#[derive(Debug, Clone)]
+struct Freeze {
+    from: Timestamp,
+    to: Timestamp,
+    name: Option<String>,
+}
+
+/// Seconds since local midnight; a window is `[start, end)`, `end <= 86400`.
+type Window = (u32, u32);
+
+const DAY: u32 = 86_400;
+/// How far past the last freeze to look for an opening: a year covers
+/// every weekday and every yearly exclusion.
+const HORIZON_DAYS: i64 = 400;
+
+/// A validated calendar.
+#[derive(Debug, Clone)]
+pub struct Calendar {
+    /// Monday first.
+    weekdays: [bool; 7],
+    windows: Vec<Window>,
+    zone: TimeZone,
+    zone_name: String,
+    excluded: Vec<Excluded>,
+    freezes: Vec<Freeze>,
+}
+
+impl Calendar {
+    /// Validates the settings; the error names the key and says what is
+    /// wrong with it.
+    pub fn new(settings: &CalendarSettings) -> Result<Self, (String, String)> {
+        let key = |k: &str| format!("safety.calendar.{k}");
+        let zone_name = settings.timezone.clone().unwrap_or_else(|| "UTC".into());
+        let zone = TimeZone::get(&zone_name).map_err(|error| {
+            (
+                key("timezone"),
+                format!("{zone_name:?} is not a known IANA time zone: {error}"),
+            )
+        })?;
+        let mut weekdays = [false; 7];
+        match &settings.weekdays {
+            None => weekdays[..5].fill(true),
+            Some(names) => {
+                for (index, name) in names.iter().enumerate() {
+                    let day = weekday_index(name).ok_or_else(|| {
+                        (
+                            format!("{}[{index}]", key("weekdays")),
+                            format!("{name:?} is not a weekday (mon, tue, … sun)"),
+                        )
+                    })?;
+                    weekdays[day] = true;
+                }
+            }
+        }
+        if !weekdays.contains(&true) {
+            return Err((
+                key("weekdays"),
+                "names no day: the calendar would never open".into(),
+            ));
+        }
+        let mut windows = match &settings.hours {
+            None => vec![(9 * 3600, 15 * 3600)],
+            Some(hours) => hours
+                .iter()
+                .enumerate()
+                .map(|(index, raw)| {
+                    parse_window(raw).map_err(|why| (format!("{}[{index}]", key("hours")), why))
+                })
+                .collect::<Result<Vec<_>, _>>()?,
+        };
+        if windows.is_empty() {
+            return Err((
+                key("hours"),
+                "names no window: the calendar would never open".into(),
+            ));
+        }
+        windows.sort_unstable();
+        let excluded = settings
+            .excluded_dates
+            .iter()
+            .enumerate()
+            .map(|(index, raw)| {
+                parse_excluded(raw)
+                    .map_err(|why| (format!("{}[{index}]", key("excluded_dates")), why))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let freezes = settings
+            .freezes
+            .iter()
+            .enumerate()
+            .map(|(index, freeze)| {
+                let at = |field: &str, raw: &str| {
+                    parse_instant(raw, &zone)
+                        .map_err(|why| (format!("{}[{index}].{field}", key("freezes")), why))
+                };
+                let (from, to) = (at("from", &freeze.from)?, at("to", &freeze.to)?);
+                if from >= to {
+                    return Err((
+                        format!("{}[{index}].to", key("freezes")),
+                        "must be after from".into(),
+                    ));
+                }
+                Ok(Freeze {
+                    from,
+                    to,
+                    name: freeze.name.clone(),
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self {
+            weekdays,
+            windows,
+            zone,
+            zone_name,
+            excluded,
+            freezes,
+        })
+    }
+
+    /// Chaos Monkey's: Monday to Friday, 09:00–15:00, UTC.
+    pub fn chaos_monkey() -> Self {
+        // The defaults are valid by construction.
+        Self::new(&CalendarSettings::default()).expect("the default calendar is valid")
+    }
+
+    /// Whether a restart may happen at `now`.
+    pub fn allows(&self, now: Timestamp) -> bool {
+        self.closed_because(now).is_none()
+    }
+
+    /// `Allow` inside the calendar; otherwise `Defer` until the next instant
+    /// it opens, with the reason in plain words.
+    pub fn verdict(&self, now: Timestamp) -> Verdict {
+        let Some(why) = self.closed_because(now) else {
+            return Verdict::Allow;
+        };
+        match self.next_opening(now) {
+            Some(until) => Verdict::Defer {
+                until,
+                reason: format!(
+                    "deferred by calendar: {why}; next window opens {}",
+                    self.local(until)
+                ),
+            },
+            // Only when excluded dates cover every allowed day of a year.
+            None => Verdict::Defer {
+                until: now + jiff::SignedDuration::from_hours(24),
+                reason: format!("deferred by calendar: {why}; no window opens within a year"),
+            },
+        }
+    }
+
+    /// The calendar in a few words: "Mon–Fri 09:00–15:00 Europe/Stockholm".
+    pub fn describe(&self) -> String {
+        let windows: Vec<String> = self
+            .windows
+            .iter()
+            .map(|&(start, end)| format!("{}–{}", clock(start), clock(end)))
+            .collect();
+        format!(
+            "{} {} {}",
+            describe_weekdays(&self.weekdays),
+            windows.join(", "),
+            self.zone_name
+        )
+    }
+
+    /// An instant as the calendar's zone reads it: "2026-11-23 09:00 CET".
+    pub fn local(&self, instant: Timestamp) -> String {
+        let zoned = instant.to_zoned(self.zone.clone());
+        let format = if zoned.second() == 0 {
+            "%Y-%m-%d %H:%M %Z"
+        } else {
+            "%Y-%m-%d %H:%M:%S %Z"
+        };
+        zoned.strftime(format).to_string()
+    }
+
+    fn closed_because(&self, now: Timestamp) -> Option<String> {
+        if let Some(freeze) = self.freezes.iter().find(|f| f.from <= now && now < f.to) {
+            let name = freeze
+                .name
+                .as_deref()
+                .map_or_else(String::new, |name| format!(" ({name})"));
+            return Some(format!(
+                "frozen{name} from {} to {}",
+                self.local(freeze.from),
+                self.local(freeze.to)
+            ));
+        }
+        let zoned = now.to_zoned(self.zone.clone());
+        if let Some(excluded) = self.excluded_on(zoned.date()) {
+            return Some(format!(
+                "{} is an excluded date ({})",
+                zoned.date(),
+                excluded
+            ));
+        }
+        if self.weekdays[weekday_of(&zoned)] && self.in_window(seconds_of_day(&zoned)) {
+            return None;
+        }
+        Some(format!("outside {}", self.describe()))
+    }
+
+    fn in_window(&self, second: u32) -> bool {
+        self.windows
+            .iter()
+            .any(|&(start, end)| start <= second && second < end)
+    }
+
+    fn excluded_on(&self, date: Date) -> Option<String> {
+        self.excluded.iter().find_map(|excluded| match *excluded {
+            Excluded::Once(day) if day == date => Some(day.to_string()),
+            Excluded::Yearly { month, day } if date.month() == month && date.day() == day => {
+                Some(format!("every {month:02}-{day:02}"))
+            }
+            _ => None,
+        })
+    }
+
+    /// The first allowed instant after `now`. Being allowed can only begin
+    /// where the wall clock reaches a window's start (once, or twice in a
+    /// repeated hour), where it jumps (a DST transition: a window starting
+    /// in a skipped hour opens there), or where a freeze ends; so those are
+    /// the only candidates, tried day by day in order.
+    fn next_opening(&self, now: Timestamp) -> Option<Timestamp> {
+        let last = self
+            .freezes
+            .iter()
+            .map(|f| f.to)
+            .max()
+            .unwrap_or(now)
+            .max(now);
+        let horizon = last
+            .to_zoned(self.zone.clone())
+            .date()
+            .checked_add(jiff::Span::new().days(HORIZON_DAYS))
+            .ok()?;
+        let mut date = now.to_zoned(self.zone.clone()).date();
+        while date <= horizon {
+            let start = self.day_start(date)?;
+            let next_date = date.tomorrow().ok()?;
+            let end = self.day_start(next_date)?;
+            let mut candidates: Vec<Timestamp> = Vec::new();
+            if self.weekdays[date.weekday().to_monday_zero_offset() as usize]
+                && self.excluded_on(date).is_none()
+            {
+                for &(window_start, _) in &self.windows {
+                    let local = date.to_datetime(time_of(window_start));
+                    candidates.extend(self.occurrences(local));
+                }
+            }
+            candidates.extend(
+                self.zone
+                    .following(start - jiff::SignedDuration::from_nanos(1))
+                    .map(|transition| transition.timestamp())
+                    .take_while(|&at| at < end),
+            );
+            candidates.extend(
+                self.freezes
+                    .iter()
+                    .map(|f| f.to)
+                    .filter(|&to| start <= to && to < end),
+            );
+            candidates.sort_unstable();
+            if let Some(open) = candidates
+                .into_iter()
+                .find(|&at| at > now && self.allows(at))
+            {
+                return Some(open);
+            }
+            date = next_date;
+        }
+        None
+    }
+
+    /// The instants at which the wall clock reads `local`: none in a skipped
+    /// hour, two in a repeated one.
+    fn occurrences(&self, local: DateTime) -> Vec<Timestamp> {
+        let ambiguous = self.zone.to_ambiguous_timestamp(local);
+        let offsets = match ambiguous.offset() {
+            AmbiguousOffset::Unambiguous { offset } => vec![offset],
+            AmbiguousOffset::Gap { .. } => vec![],
+            AmbiguousOffset::Fold { before, after } => vec![before, after],
+        };
+        offsets
+            .into_iter()
+            .filter_map(|offset| offset.to_timestamp(local).ok())
+            .collect()
+    }
+
+    fn day_start(&self, date: Date) -> Option<Timestamp> {
+        date.to_zoned(self.zone.clone()).ok().map(|z| z.timestamp())
+    }
+}
+
+fn weekday_of(zoned: &Zoned) -> usize {
+    zoned.weekday().to_monday_zero_offset() as usize
+}
+
+fn seconds_of_day(zoned: &Zoned) -> u32 {
+    // Each field is small and non-negative.
+    u32::try_from(
+        i32::from(zoned.hour()) * 3600 + i32::from(zoned.minute()) * 60 + i32::from(zoned.second()),
+    )
+    .unwrap_or(0)
+}
+
+fn time_of(second: u32) -> jiff::civil::Time {
+    // `second` is a window start, below 86400.
+    jiff::civil::Time::new(
+        (second / 3600) as i8,
+        (second / 60 % 60) as i8,
+        (second % 60) as i8,
+        0,
+    )
+    .unwrap_or(jiff::civil::Time::midnight())
+}
+
+const WEEKDAYS: [&str; 7] = ["mon", "tue", "wed", "thu", "fri", "sat", "sun"];
+
+fn weekday_index(name: &str) -> Option<usize> {
+    let name = name.to_ascii_lowercase();
+    WEEKDAYS.iter().position(|day| *day == name)
+}
+
+fn describe_weekdays(weekdays: &[bool; 7]) -> String {
+    let label = |index: usize| {
+        let day = WEEKDAYS[index];
+        format!("{}{}", day[..1].to_ascii_uppercase(), &day[1..])
+    };
+    let days: Vec<usize> = (0..7).filter(|&d| weekdays[d]).collect();
+    match days.as_slice() {
+        [_, _, _, _, _, _, _] => "every day".into(),
+        [first, .., last] if last - first + 1 == days.len() && days.len() > 2 => {
+            format!("{}–{}", label(*first), label(*last))
+        }
+        _ => days
+            .iter()
+            .map(|&d| label(d))
+            .collect::<Vec<_>>()
+            .join(", "),
+    }
+}
+
+fn clock(second: u32) -> String {
+    let (h, m, s) = (second / 3600, second / 60 % 60, second % 60);
+    if s == 0 {
+        format!("{h:02}:{m:02}")
+    } else {
+        format!("{h:02}:{m:02}:{s:02}")
+    }
+}
+
+/// `HH:MM` or `HH:MM:SS`, up to `24:00`.
+fn parse_clock(raw: &str) -> Option<u32> {
+    let parts: Vec<&str> = raw.split(':').collect();
+    let number = |part: &str| {
+        (part.len() == 2)
+            .then(|| part.parse::<u32>().ok())
+            .flatten()
+    };
+    let (h, m, s) = match parts.as_slice() {
+        [h, m] => (number(h)?, number(m)?, 0),
+        [h, m, s] => (number(h)?, number(m)?, number(s)?),
+        _ => return None,
+    };
+    let second = h * 3600 + m * 60 + s;
+    (m < 60 && s < 60 && second <= DAY).then_some(second)
+}
+
+fn parse_window(raw: &str) -> Result<Window, String> {
+    let bad = || format!("{raw:?} is not a window like \"09:00-15:00\" or \"09:00:30-15:00:00\"");
+    let (start, end) = raw.trim().split_once('-').ok_or_else(bad)?;
+    let (start, end) = (
+        parse_clock(start.trim()).ok_or_else(bad)?,
+        parse_clock(end.trim()).ok_or_else(bad)?,
+    );
+    if start >= end {
+        return Err(format!(
+            "{raw:?} ends before it starts; a window does not wrap past midnight (write two)"
+        ));
+    }
+    Ok((start, end))
+}
+
+fn parse_excluded(raw: &str) -> Result<Excluded, String> {
+    if let Ok(date) = raw.parse::<Date>() {
+        return Ok(Excluded::Once(date));
+    }
+    let bad = || format!("{raw:?} is not a date like \"2026-12-24\" or a yearly \"12-25\"");
+    let (month, day) = raw.split_once('-').ok_or_else(bad)?;
+    let (month, day) = (
+        month.parse::<i8>().map_err(|_| bad())?,
+        day.parse::<i8>().map_err(|_| bad())?,
+    );
+    // A leap year admits every month-day there is, 02-29 included.
+    Date::new(2024, month, day).map_err(|_| bad())?;
+    Ok(Excluded::Yearly { month, day })
+}
+
+fn parse_instant(raw: &str, zone: &TimeZone) -> Result<Timestamp, String> {
+    if let Ok(instant) = raw.parse::<Timestamp>() {
+        return Ok(instant);
+    }
+    let local: DateTime = raw.parse().map_err(|_| {
+        format!("{raw:?} is neither an RFC 3339 timestamp nor a local date-time like \"2026-12-20T00:00\"")
+    })?;
+    zone.to_ambiguous_timestamp(local)
+        .compatible()
+        .map_err(|error| format!("{raw:?}: {error}"))
+}
+
+#[cfg(test)]
+#[path = "calendar_tests.rs"]
+mod tests;

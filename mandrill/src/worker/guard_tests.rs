@@ -1,0 +1,174 @@
+//! The deferring guards in the worker, with paused time: the guards' clock
+//! follows tokio's, so a test moves the calendar by letting time pass.
+
+use super::*;
+use crate::safety::{Calendar, CalendarSettings, Clock, Guards};
+
+/// Sunday 2026-11-22 20:00 UTC: 13 hours before Chaos Monkey's calendar
+/// (Mon–Fri 09:00–15:00 UTC) opens.
+const SUNDAY_EVENING: &str = "2026-11-22T20:00:00Z";
+const UNTIL_MONDAY: Duration = Duration::from_secs(13 * 3600);
+
+fn guarded(max_defer: Duration) -> WorkerConfig {
+    WorkerConfig {
+        guards: Guards {
+            calendar: Some(Calendar::new(&CalendarSettings::default()).unwrap()),
+            max_defer,
+            clock: Clock::following_tokio(SUNDAY_EVENING.parse().unwrap()),
+        },
+        ..config()
+    }
+}
+
+/// Like `wait_until`, in coarser steps: these waits span hours.
+async fn wait_hours(what: &str, condition: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(96 * 3600);
+    while !condition() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_secs(10)).await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_closed_calendar_defers_without_a_slot_or_claim_and_restarts_at_the_opening() {
+    let store = Arc::new(ScriptedStore::default());
+    let restarter = Arc::new(ScriptedRestarter::default());
+    let config = WorkerConfig {
+        max_in_flight: 1,
+        ..guarded(Duration::from_secs(24 * 3600))
+    };
+    let started = Instant::now();
+    let h = start(config, store.clone(), restarter.clone());
+    let first = h.publish("cattle-one").await;
+    h.publish("cattle-two").await;
+    let stats = h.stats.clone();
+    // Both deferred at once with one slot: a deferred delivery holds none.
+    wait_until("both deferred", || stats.deferred.get() == 2).await;
+    assert!(Instant::now() - started < Duration::from_secs(1));
+    assert_eq!(stats.nacked.get(), 2);
+    assert_eq!(store.timeline.count("claim"), 0, "deferral claims nothing");
+    assert_eq!(restarter.timeline.count("restart-started"), 0);
+
+    wait_hours("both restarted", || stats.acked.get() == 2).await;
+    let restarts = restarter.timeline.when("restart-started");
+    assert_eq!(restarts.len(), 2);
+    for at in restarts {
+        assert!(at - started >= UNTIL_MONDAY, "restarted before the opening");
+        assert!(at - started < UNTIL_MONDAY + Duration::from_secs(5));
+    }
+    assert_eq!(stats.deferred.get(), 2, "redelivered at the opening, once");
+    assert_eq!(stats.pulled.get(), 4);
+    assert_eq!(
+        store.inner.lookup(first).await.unwrap(),
+        Some(Status::Restarted)
+    );
+    h.stop().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_deferred_past_max_defer_is_recorded_expired_and_acked() {
+    let store = Arc::new(ScriptedStore::default());
+    let restarter = Arc::new(ScriptedRestarter::default());
+    // Published 20 hours before; with max_defer 24h it expires 9 hours
+    // before the calendar opens, so it is expired now, not deferred.
+    let h = start(
+        guarded(Duration::from_secs(24 * 3600)),
+        store.clone(),
+        restarter.clone(),
+    );
+    let id = Uuid::new_v4();
+    let body = format!(
+        r#"{{"message_id":"{id}","instance_name":"cattle-old","published_at":"2026-11-22T00:00:00Z"}}"#
+    );
+    h.broker.publish(Bytes::from(body)).await.unwrap();
+    let stats = h.stats.clone();
+    wait_until("acked", || stats.acked.get() == 1).await;
+    assert_eq!(stats.expired.get(), 1);
+    assert_eq!(stats.deferred.get(), 0);
+    assert_eq!(store.timeline.count("claim"), 0);
+    assert_eq!(restarter.timeline.count("restart-started"), 0);
+    let entry = store
+        .inner
+        .entries()
+        .into_iter()
+        .find(|e| e.message_id == Some(id))
+        .unwrap();
+    assert_eq!(entry.status, Status::Expired);
+    let reason = entry.last_error.unwrap();
+    assert!(
+        reason.starts_with("expired: deferred by calendar: outside Mon–Fri 09:00–15:00 UTC"),
+        "{reason}"
+    );
+    h.stop().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_whose_opening_comes_within_max_defer_is_deferred_not_expired() {
+    let store = Arc::new(ScriptedStore::default());
+    let restarter = Arc::new(ScriptedRestarter::default());
+    // Published now with max_defer 14h: the opening, 13 h away, comes
+    // before it expires, so it is deferred and restarted there.
+    let h = start(
+        guarded(Duration::from_secs(14 * 3600)),
+        store.clone(),
+        restarter.clone(),
+    );
+    let id = Uuid::new_v4();
+    let body = format!(
+        r#"{{"message_id":"{id}","instance_name":"cattle-new","published_at":"{SUNDAY_EVENING}"}}"#
+    );
+    h.broker.publish(Bytes::from(body)).await.unwrap();
+    let stats = h.stats.clone();
+    wait_hours("acked", || stats.acked.get() == 1).await;
+    assert_eq!(stats.deferred.get(), 1);
+    assert_eq!(stats.expired.get(), 0);
+    assert_eq!(restarter.timeline.count("restart-started"), 1);
+    assert_eq!(
+        store.inner.lookup(id).await.unwrap(),
+        Some(Status::Restarted)
+    );
+    h.stop().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_calendar_that_closes_during_the_claim_gives_the_attempt_back_and_defers() {
+    // Friday 2026-11-20 14:59 UTC, and each claim takes two minutes: the
+    // calendar is open before the claim and closed (15:01) after it.
+    let store = Arc::new(ScriptedStore {
+        claim_delay: Duration::from_secs(120),
+        ..Default::default()
+    });
+    let restarter = Arc::new(ScriptedRestarter::default());
+    let config = WorkerConfig {
+        guards: Guards {
+            clock: Clock::following_tokio("2026-11-20T14:59:00Z".parse().unwrap()),
+            ..guarded(Duration::from_secs(7 * 24 * 3600)).guards
+        },
+        ..config()
+    };
+    let started = Instant::now();
+    let h = start(config, store.clone(), restarter.clone());
+    let id = h.publish("cattle-late").await;
+    let stats = h.stats.clone();
+    wait_until("deferred", || stats.deferred.get() == 1).await;
+    assert_eq!(restarter.timeline.count("restart-started"), 0);
+    assert_eq!(store.timeline.count("released 1"), 1);
+
+    wait_hours("restarted", || stats.acked.get() == 1).await;
+    // Monday 09:00 UTC is 66 h 1 min after the start; the claim takes 2 min.
+    let restarted = restarter.timeline.when("restart-started");
+    assert_eq!(restarted.len(), 1);
+    assert!(restarted[0] - started >= Duration::from_secs(66 * 3600 + 60));
+    let entry = store
+        .inner
+        .entries()
+        .into_iter()
+        .find(|e| e.message_id == Some(id))
+        .unwrap();
+    assert_eq!(entry.status, Status::Restarted);
+    assert_eq!(
+        entry.attempts, 1,
+        "the given-back claim was not a used attempt"
+    );
+    h.stop().await.unwrap();
+}
