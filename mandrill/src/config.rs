@@ -51,6 +51,8 @@ pub struct Config {
     pub log: LogConfig,
     /// Debugging aids.
     pub debug: DebugConfig,
+    /// The operator's HTTP surface (`[admin]`): metrics, health, status.
+    pub admin: AdminConfig,
     /// NATS JetStream, when `broker.url` is `nats://…`.
     pub nats: NatsConfig,
     /// Recovery verification after each restart (`[verify]`).
@@ -419,6 +421,60 @@ impl Default for DebugConfig {
         Self {
             stall_threshold: Duration::from_millis(100),
             status_interval: Duration::from_secs(60),
+        }
+    }
+}
+
+/// `[admin]`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminConfig {
+    /// `IP:PORT` the admin server listens on; `""` disables it.
+    pub listen: String,
+    /// Bearer token for protected endpoints; required off loopback.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token: Option<Secret>,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        Self {
+            // Loopback only, and a port no common service or well-known
+            // exporter uses (not in /etc/services; 8080, 9090, 9100 are).
+            listen: "127.0.0.1:9730".into(),
+            token: None,
+        }
+    }
+}
+
+impl AdminConfig {
+    /// The address to listen on, `None` if disabled. Checked by
+    /// [`Config::validate`]: off loopback only with a token.
+    pub fn address(&self) -> Result<Option<std::net::SocketAddr>, ConfigError> {
+        if self.listen.is_empty() {
+            return Ok(None);
+        }
+        let address: std::net::SocketAddr = self.listen.parse().map_err(|_| {
+            ConfigError::invalid(
+                "admin.listen",
+                format!(
+                    "{:?} is not IP:PORT (e.g. 127.0.0.1:9730), or \"\" to disable",
+                    self.listen
+                ),
+            )
+        })?;
+        match &self.token {
+            Some(token) if token.0.is_empty() => {
+                Err(ConfigError::invalid("admin.token", "must not be empty"))
+            }
+            None if !address.ip().is_loopback() => Err(ConfigError::invalid(
+                "admin.token",
+                format!(
+                    "required when admin.listen ({address}) is not a loopback address: \
+                     anyone who can reach it could read the service's history"
+                ),
+            )),
+            _ => Ok(Some(address)),
         }
     }
 }
@@ -894,6 +950,7 @@ impl Config {
             .map_err(|why| ConfigError::invalid("message.domain", why))?;
         tracing_subscriber::EnvFilter::try_new(&self.log.level)
             .map_err(|error| ConfigError::invalid("log.level", error.to_string()))?;
+        self.admin.address()?;
         Ok(())
     }
 
@@ -1065,7 +1122,7 @@ impl Config {
     pub fn redactor(&self) -> Redactor {
         let mut secrets = redact::url_secrets(&self.broker.url);
         secrets.extend(redact::url_secrets(&self.store.url));
-        for secret in [&self.nats.password, &self.nats.token]
+        for secret in [&self.nats.password, &self.nats.token, &self.admin.token]
             .into_iter()
             .flatten()
         {
@@ -1415,6 +1472,14 @@ const SETTING_DOCS: &[(&str, &str)] = &[
     ),
     ("debug.status_interval", "status line period; 0s disables"),
     (
+        "admin.listen",
+        "`IP:PORT` of the admin server (/metrics, /healthz, /readyz, /api); \"\" disables it",
+    ),
+    (
+        "admin.token",
+        "bearer token for the admin server's protected endpoints; required off loopback",
+    ),
+    (
         "nats.stream",
         "JetStream stream holding requests (created if missing)",
     ),
@@ -1504,6 +1569,36 @@ mod tests {
             overrides: flags.iter().map(|f| parse_override(f).unwrap()).collect(),
         }
         .load()
+    }
+
+    #[test]
+    fn admin_off_loopback_needs_a_token_and_the_token_is_masked() {
+        let default = load(None, &[], &[]).unwrap();
+        assert_eq!(
+            default.admin.address().unwrap(),
+            Some("127.0.0.1:9730".parse().unwrap())
+        );
+        let disabled = load(None, &[], &["admin.listen="]).unwrap();
+        assert_eq!(disabled.admin.address().unwrap(), None);
+        let open = load(None, &[], &["admin.listen=0.0.0.0:9730"]).unwrap_err();
+        assert!(open.to_string().contains("admin.token"), "{open}");
+        let empty = load(None, &[], &["admin.listen=[::]:1", "admin.token="]).unwrap_err();
+        assert!(empty.to_string().contains("admin.token"), "{empty}");
+        let bad = load(None, &[], &["admin.listen=localhost"]).unwrap_err();
+        assert!(bad.to_string().contains("admin.listen"), "{bad}");
+        let config = load(
+            None,
+            &[("MANDRILL_ADMIN__TOKEN", "s3cret-admin")],
+            &["admin.listen=0.0.0.0:0"],
+        )
+        .unwrap();
+        assert!(!format!("{config:?}").contains("s3cret-admin"));
+        assert!(
+            !config
+                .redactor()
+                .scrub("token s3cret-admin")
+                .contains("s3cret-admin")
+        );
     }
 
     #[test]
@@ -1611,6 +1706,7 @@ mod tests {
         config.restarter.http.ca_file = Some(PathBuf::from("ca.pem"));
         config.verify.port = Some(22);
         config.safety.dry_run = Some(true);
+        config.admin.token = Some(Secret("t".into()));
         config.verify.url = Some("http://{host}/".into());
         config.hosts = vec![HostEntry {
             pattern: "cattle-*".into(),

@@ -1,0 +1,169 @@
+//! The admin server's routes.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{Path, RawQuery, State as Shared};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use serde_json::json;
+
+use super::State;
+use super::auth::authorized;
+
+/// Most history entries one request returns.
+const MAX_LIMIT: usize = 1_000;
+
+pub(crate) fn router(state: Arc<State>) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .route("/api/status", get(status))
+        .route("/api/requests", get(requests))
+        .route("/api/requests/{message_id}", get(request))
+        .with_state(state)
+}
+
+async fn metrics(Shared(state): Shared<Arc<State>>) -> Response {
+    let text = state.metrics.render(
+        &state.stats.snapshot(),
+        state.leashed,
+        state.shutdown.is_requested(),
+    );
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}
+
+/// Why the service should not be sent work, if it should not.
+fn not_ready(state: &State) -> Option<&'static str> {
+    if state.shutdown.is_requested() {
+        Some("shutting down")
+    } else if state.stats.store_down.get() != 0 {
+        Some("store unreachable")
+    } else {
+        None
+    }
+}
+
+async fn readyz(Shared(state): Shared<Arc<State>>) -> Response {
+    match not_ready(&state) {
+        None => (StatusCode::OK, "ready\n".to_owned()).into_response(),
+        Some(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: {why}\n"),
+        )
+            .into_response(),
+    }
+}
+
+fn json(status: StatusCode, value: serde_json::Value) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        value.to_string(),
+    )
+        .into_response()
+}
+
+async fn status(Shared(state): Shared<Arc<State>>) -> Response {
+    let stats = state.stats.snapshot();
+    json(
+        StatusCode::OK,
+        json!({
+            "version": env!("CARGO_PKG_VERSION"),
+            "mode": if state.leashed { "leashed" } else { "unleashed" },
+            "ready": not_ready(&state).is_none(),
+            "shutting_down": state.shutdown.is_requested(),
+            "store": if stats.store_down == 0 { "up" } else { "down" },
+            "in_flight": stats.in_flight,
+            "counters": stats,
+        }),
+    )
+}
+
+fn unauthorized() -> Response {
+    (
+        StatusCode::UNAUTHORIZED,
+        [(header::WWW_AUTHENTICATE, "Bearer")],
+        "admin.token required: Authorization: Bearer TOKEN\n",
+    )
+        .into_response()
+}
+
+/// `?limit=N&status=S`: the latest requests, newest first.
+async fn requests(
+    Shared(state): Shared<Arc<State>>,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+) -> Response {
+    if !authorized(state.token.as_ref(), &headers) {
+        return unauthorized();
+    }
+    let mut limit = 50;
+    let mut wanted: Option<String> = None;
+    for (key, value) in url::form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
+        match &*key {
+            "limit" => match value.parse::<usize>() {
+                Ok(n) => limit = n.min(MAX_LIMIT),
+                Err(_) => return bad_request(format!("limit {value:?} is not a number")),
+            },
+            "status" => wanted = Some(value.into_owned()),
+            other => return bad_request(format!("unknown parameter {other:?}")),
+        }
+    }
+    // Filtering by status reads the most the API returns, then keeps `limit`.
+    let read = if wanted.is_some() { MAX_LIMIT } else { limit };
+    match state.store.history(read).await {
+        Ok(entries) => {
+            let entries: Vec<_> = entries
+                .into_iter()
+                .filter(|entry| wanted.as_deref().is_none_or(|s| entry.status.as_str() == s))
+                .take(limit)
+                .collect();
+            json(StatusCode::OK, json!({ "requests": entries }))
+        }
+        Err(error) => json(
+            StatusCode::SERVICE_UNAVAILABLE,
+            json!({ "error": format!("cannot read the history: {error}") }),
+        ),
+    }
+}
+
+/// One request's record, looked up among the latest ones the API can list.
+async fn request(
+    Shared(state): Shared<Arc<State>>,
+    headers: HeaderMap,
+    Path(message_id): Path<String>,
+) -> Response {
+    if !authorized(state.token.as_ref(), &headers) {
+        return unauthorized();
+    }
+    let Ok(id) = message_id.parse::<uuid::Uuid>() else {
+        return bad_request(format!("{message_id:?} is not a message id"));
+    };
+    match state.store.history(MAX_LIMIT).await {
+        Ok(entries) => match entries.into_iter().find(|e| e.message_id == Some(id)) {
+            Some(entry) => json(StatusCode::OK, json!(entry)),
+            None => json(
+                StatusCode::NOT_FOUND,
+                json!({ "error": format!("no request {id} among the latest {MAX_LIMIT}") }),
+            ),
+        },
+        Err(error) => json(
+            StatusCode::SERVICE_UNAVAILABLE,
+            json!({ "error": format!("cannot read the history: {error}") }),
+        ),
+    }
+}
+
+fn bad_request(why: String) -> Response {
+    json(StatusCode::BAD_REQUEST, json!({ "error": why }))
+}
