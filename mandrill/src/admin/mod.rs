@@ -91,3 +91,34 @@ impl Admin {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    fn sources(dir: &Path, found: &mut Vec<std::path::PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                sources(&path, found);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                found.push(path);
+            }
+        }
+    }
+
+    #[test]
+    fn only_admin_imports_axum() {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut files = Vec::new();
+        sources(&src, &mut files);
+        let admin = src.join("admin");
+        let offenders: Vec<_> = files
+            .iter()
+            // Tests start local web servers with it; they are not the service.
+            .filter(|path| !path.starts_with(&admin) && !path.ends_with("tests.rs"))
+            .filter(|path| std::fs::read_to_string(path).unwrap().contains("axum::"))
+            .collect();
+        assert!(offenders.is_empty(), "{offenders:?}");
+    }
+}
