@@ -194,6 +194,9 @@ fn promtool_accepts_the_metrics_and_a_private_prometheus_scrapes_them() {
         "mandrill_in_flight",
         "mandrill_leashed 0",
         "mandrill_build_info{version=",
+        "mandrill_handling_seconds_bucket{le=\"+Inf\"}",
+        "mandrill_restart_seconds_count",
+        "mandrill_recovery_seconds_sum",
     ] {
         assert!(text.contains(name), "{name} missing:\n{text}");
     }

@@ -7,7 +7,9 @@
 use metrics::{Unit, counter, describe_counter, describe_gauge, gauge, with_local_recorder};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusRecorder};
 
-use crate::stats::StatsSnapshot;
+use std::fmt::Write as _;
+
+use crate::stats::{BUCKETS, Histogram, StatsSnapshot, Timings};
 
 /// Requests by final outcome: (label, counter) pairs.
 fn outcomes(s: &StatsSnapshot) -> [(&'static str, u64); 7] {
@@ -150,6 +152,46 @@ impl Exposition {
     }
 }
 
+/// The histograms in the same text format, written here because the
+/// exporter takes observations one by one, while `Stats` keeps buckets.
+pub(crate) fn render_histograms(timings: &Timings) -> String {
+    let mut text = String::new();
+    for (name, help, histogram) in [
+        (
+            "mandrill_handling_seconds",
+            "Time from pulled to settled, per delivery.",
+            &timings.handling,
+        ),
+        (
+            "mandrill_restart_seconds",
+            "Time of a restart call, verification included.",
+            &timings.restart,
+        ),
+        (
+            "mandrill_recovery_seconds",
+            "Time a verified host took to come back.",
+            &timings.recovery,
+        ),
+    ] {
+        write_histogram(&mut text, name, help, histogram);
+    }
+    text
+}
+
+fn write_histogram(text: &mut String, name: &str, help: &str, histogram: &Histogram) {
+    let (cumulative, sum) = histogram.read();
+    // Writing to a String cannot fail.
+    let _ = writeln!(text, "# HELP {name} {help}\n# TYPE {name} histogram");
+    for (bound, count) in BUCKETS.iter().zip(&cumulative) {
+        let _ = writeln!(text, "{name}_bucket{{le=\"{bound}\"}} {count}");
+    }
+    let count = cumulative.last().copied().unwrap_or(0);
+    let _ = writeln!(
+        text,
+        "{name}_bucket{{le=\"+Inf\"}} {count}\n{name}_sum {sum}\n{name}_count {count}"
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -174,5 +216,20 @@ mod tests {
             assert!(text.contains(line), "{line} missing from:\n{text}");
         }
         assert!(text.contains("mandrill_build_info{version=\""), "{text}");
+        let timings = Timings::default();
+        timings
+            .restart
+            .observe(std::time::Duration::from_millis(300));
+        let text = render_histograms(&timings);
+        for line in [
+            "# TYPE mandrill_restart_seconds histogram",
+            "mandrill_restart_seconds_bucket{le=\"0.25\"} 0",
+            "mandrill_restart_seconds_bucket{le=\"0.5\"} 1",
+            "mandrill_restart_seconds_bucket{le=\"+Inf\"} 1",
+            "mandrill_restart_seconds_count 1",
+            "mandrill_recovery_seconds_count 0",
+        ] {
+            assert!(text.contains(line), "{line} missing from:\n{text}");
+        }
     }
 }

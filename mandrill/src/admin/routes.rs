@@ -27,11 +27,12 @@ pub(crate) fn router(state: Arc<State>) -> Router {
 }
 
 async fn metrics(Shared(state): Shared<Arc<State>>) -> Response {
-    let text = state.metrics.render(
+    let mut text = state.metrics.render(
         &state.stats.snapshot(),
         state.leashed,
         state.shutdown.is_requested(),
     );
+    text.push_str(&super::metrics::render_histograms(&state.stats.timings));
     (
         [(
             header::CONTENT_TYPE,
