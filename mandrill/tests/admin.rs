@@ -5,6 +5,7 @@ mod support;
 
 use std::io::{Read as _, Write as _};
 use std::net::TcpStream;
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -258,4 +259,80 @@ fn promtool_accepts_the_metrics_and_a_private_prometheus_scrapes_them() {
             .all(|s| s["metric"]["job"] == "mandrill" && s["metric"]["outcome"].is_string()),
         "{series:?}"
     );
+}
+
+/// Runs headless Chromium with `args` then `url`, within the deadline;
+/// returns its standard output.
+fn chromium(profile: &Path, args: &[&str], url: &str) -> String {
+    let child = Command::new("chromium")
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-first-run",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .args(args)
+        .arg(url)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("chromium (Debian's `chromium` package; .ci/run installs it)");
+    let mut child = Killed(child);
+    let deadline = Instant::now() + DEADLINE;
+    while child.0.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "chromium did not finish");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut out = String::new();
+    child
+        .0
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
+    out
+}
+
+#[test]
+fn the_dashboard_shows_requests_in_a_real_browser() {
+    let (_guard, dir) = temp_dir();
+    let service = Mandrill::run(
+        &dir,
+        &[
+            "--db",
+            &sqlite_url(&dir),
+            "--simulate=50",
+            "--set",
+            "simulate.malformed_rate=0.2",
+        ],
+    );
+    let addr = admin_addr(&service);
+    service.wait_for("saved", 3);
+    let url = format!("http://{addr}/");
+    let dom = chromium(&dir.join("profile"), &["--dump-dom"], &url);
+    assert!(dom.contains("id=\"mode\""), "{dom}");
+    assert!(dom.contains("id=\"chart\""), "{dom}");
+    assert!(
+        dom.contains("class=\"request\""),
+        "no request listed:\n{dom}"
+    );
+    assert!(dom.contains("href=\"/api/requests/"), "{dom}");
+    let screenshot = Path::new(env!("CARGO_TARGET_TMPDIR")).join("dashboard.png");
+    let _ = std::fs::remove_file(&screenshot);
+    chromium(
+        &dir.join("profile"),
+        &[
+            &format!("--screenshot={}", screenshot.display()),
+            "--window-size=1000,900",
+            "--hide-scrollbars",
+        ],
+        &url,
+    );
+    let png = std::fs::read(&screenshot).expect("a screenshot was saved");
+    assert!(png.starts_with(b"\x89PNG"), "not a PNG");
 }

@@ -1,5 +1,6 @@
 //! The operator's HTTP surface: `/metrics` for Prometheus, `/healthz` and
-//! `/readyz` for probes, a JSON API over the counters and the history.
+//! `/readyz` for probes, a JSON API over the counters and the history, and
+//! a dashboard at `/`.
 //!
 //! The only module of the service that imports `axum`. It runs as one of the
 //! service's tracked companions: bound before the worker starts (so a port
@@ -7,6 +8,7 @@
 //! has drained, so that probes see the whole shutdown.
 
 mod auth;
+mod dashboard;
 mod metrics;
 mod routes;
 

@@ -17,6 +17,7 @@ const MAX_LIMIT: usize = 1_000;
 
 pub(crate) fn router(state: Arc<State>) -> Router {
     Router::new()
+        .route("/", get(dashboard))
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
@@ -39,6 +40,31 @@ async fn metrics(Shared(state): Shared<Arc<State>>) -> Response {
             "text/plain; version=0.0.4; charset=utf-8",
         )],
         text,
+    )
+        .into_response()
+}
+
+async fn dashboard(Shared(state): Shared<Arc<State>>) -> Response {
+    let stats = state.stats.snapshot();
+    // A page cannot send the token: with one set, no history on the page.
+    let history = match &state.token {
+        Some(_) => Err("admin.token is set; read /api/requests with it"),
+        None => state
+            .store
+            .history(MAX_LIMIT)
+            .await
+            .map_err(|_| "the store did not answer"),
+    };
+    let page = super::dashboard::Page {
+        leashed: state.leashed,
+        ready: not_ready(&state).map_or(Ok(()), Err),
+        stats: &stats,
+        history: history.as_deref().map_err(|why| *why),
+        now: crate::store::Timestamp::now(),
+    };
+    (
+        [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+        super::dashboard::render(&page),
     )
         .into_response()
 }
