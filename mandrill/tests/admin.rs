@@ -105,6 +105,23 @@ fn history_needs_the_token_which_is_never_logged() {
     );
     let (status, _) = get(&addr, &format!("/api/requests/{id}"), &[]);
     assert_eq!(status, 401);
+    let auth = [("Authorization", bearer.as_str())];
+    let (status, restarted) = get_json(&addr, "/api/requests?status=restarted", &auth);
+    assert_eq!(status, 200);
+    let restarted = restarted["requests"].as_array().unwrap();
+    assert!(
+        restarted.iter().all(|r| r["status"] == "restarted"),
+        "{restarted:?}"
+    );
+    assert_eq!(get(&addr, "/api/requests?limit=many", &auth).0, 400);
+    let (status, overview) = get_json(&addr, "/api/status", &[]);
+    assert_eq!(status, 200);
+    assert_eq!(overview["mode"], "unleashed");
+    assert_eq!(overview["ready"], true);
+    assert!(
+        overview["counters"]["pulled"].as_u64() > Some(0),
+        "{overview}"
+    );
     // Probes and scrapes need no token.
     assert_eq!(get(&addr, "/healthz", &[]).0, 200);
     assert_eq!(get(&addr, "/metrics", &[]).0, 200);
