@@ -28,8 +28,10 @@ fn get(addr: &str, path: &str, headers: &[(&str, &str)]) -> (u16, String) {
     }
     request.push_str("\r\n");
     stream.write_all(request.as_bytes()).unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).unwrap();
+    // Bodies checked here are text, or checked only for being there.
+    let response = String::from_utf8_lossy(&response).into_owned();
     let status = response[9..12].parse().unwrap();
     let body = response
         .split_once("\r\n\r\n")
@@ -352,4 +354,44 @@ fn the_dashboard_shows_requests_in_a_real_browser() {
     );
     let png = std::fs::read(&screenshot).expect("a screenshot was saved");
     assert!(png.starts_with(b"\x89PNG"), "not a PNG");
+}
+
+#[test]
+fn a_profile_needs_the_token_and_its_flamegraph_names_mandrills_functions() {
+    let (_guard, dir) = temp_dir();
+    let token = "profile-token-31";
+    let service = Mandrill::run_with_env(
+        &dir,
+        &["--db", &sqlite_url(&dir), "--simulate=500"],
+        &[("MANDRILL_ADMIN__TOKEN", token)],
+    );
+    let addr = admin_addr(&service);
+    service.wait_for("saved", 10);
+    let path = "/debug/pprof/profile?seconds=2&format=svg";
+    for headers in [&[][..], &[("Authorization", "Bearer profile-token-3")][..]] {
+        let (status, body) = get(&addr, path, headers);
+        assert_eq!(status, 401, "{body}");
+    }
+    // The refused requests started nothing: a profile can be taken now.
+    let bearer = format!("Bearer {token}");
+    let auth = [("Authorization", bearer.as_str())];
+    let (status, svg) = get(&addr, path, &auth);
+    assert_eq!(status, 200, "{svg}");
+    assert!(
+        svg.contains("<svg"),
+        "not an SVG: {}",
+        &svg[..svg.len().min(300)]
+    );
+    assert!(
+        svg.contains("mandrill::"),
+        "no mandrill frame in the flamegraph"
+    );
+    let (status, protobuf) = get(&addr, "/debug/pprof/profile?seconds=1", &auth);
+    assert_eq!(status, 200);
+    assert!(!protobuf.is_empty() && !protobuf.contains("<svg"));
+    assert_eq!(get(&addr, "/debug/pprof/profile?seconds=0", &auth).0, 400);
+    service.signal("TERM");
+    let (status, lines) = service.wait_exit();
+    assert!(status.success());
+    assert!(!serde_json::to_string(&lines).unwrap().contains(token));
 }

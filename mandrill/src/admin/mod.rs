@@ -10,6 +10,7 @@
 mod auth;
 mod dashboard;
 mod metrics;
+mod profile;
 mod routes;
 
 use std::net::SocketAddr;

@@ -24,6 +24,7 @@ pub(crate) fn router(state: Arc<State>) -> Router {
         .route("/api/status", get(status))
         .route("/api/requests", get(requests))
         .route("/api/requests/{message_id}", get(request))
+        .route("/debug/pprof/profile", get(super::profile::profile))
         .with_state(state)
 }
 
@@ -116,7 +117,7 @@ async fn status(Shared(state): Shared<Arc<State>>) -> Response {
     )
 }
 
-fn unauthorized() -> Response {
+pub(crate) fn unauthorized() -> Response {
     (
         StatusCode::UNAUTHORIZED,
         [(header::WWW_AUTHENTICATE, "Bearer")],
