@@ -221,6 +221,29 @@ fn promtool_accepts_the_metrics_and_a_private_prometheus_scrapes_them() {
         assert!(text.contains(name), "{name} missing:\n{text}");
     }
 
+    // Every series the Grafana dashboard in deploy/ queries is exposed.
+    let dashboard = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/grafana-dashboard.json"),
+    )
+    .unwrap();
+    let dashboard: Value = serde_json::from_str(&dashboard).unwrap();
+    let exprs = dashboard["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|panel| panel["targets"].as_array().unwrap())
+        .map(|target| target["expr"].as_str().unwrap().to_owned());
+    for expr in exprs {
+        for word in expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+            if word.starts_with("mandrill_") {
+                assert!(
+                    text.contains(&format!("\n{word}")),
+                    "{word} (in {expr}) is not exposed"
+                );
+            }
+        }
+    }
+
     let mut check = Command::new("promtool")
         .args(["check", "metrics"])
         .stdin(Stdio::piped())
@@ -394,4 +417,31 @@ fn a_profile_needs_the_token_and_its_flamegraph_names_mandrills_functions() {
     let (status, lines) = service.wait_exit();
     assert!(status.success());
     assert!(!serde_json::to_string(&lines).unwrap().contains(token));
+}
+
+#[test]
+fn the_example_production_configuration_loads_with_its_secrets_from_the_environment() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/mandrill.toml");
+    let environment = [
+        (
+            "MANDRILL_STORE__URL",
+            "postgres://mandrill:pw@db.internal/mandrill",
+        ),
+        ("MANDRILL_NATS__PASSWORD", "nats-pw"),
+        ("MANDRILL_ADMIN__TOKEN", "admin-token"),
+    ];
+    let sources = |environment: &[(&str, &str)]| mandrill::config::Sources {
+        file: Some(path.clone()),
+        environment: environment
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        overrides: Vec::new(),
+    };
+    let config = sources(&environment).load().unwrap();
+    assert!(config.dry_run(), "the example starts leashed");
+    assert_eq!(config.admin.listen, "0.0.0.0:9730");
+    // Without the token, the example refuses to start, naming it.
+    let error = sources(&environment[..2]).load().unwrap_err();
+    assert!(error.to_string().contains("admin.token"), "{error}");
 }
