@@ -305,6 +305,7 @@ impl Service {
         if let Some(admin) = self.admin.take() {
             companions.spawn(admin.serve(
                 self.stats.clone(),
+                self.broker.clone(),
                 self.store.clone(),
                 shutdown.clone(),
                 self.config.dry_run(),

@@ -21,6 +21,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use crate::broker::Broker;
 use crate::config::{AdminConfig, Secret};
 use crate::stats::Stats;
 use crate::store::Store;
@@ -35,6 +36,8 @@ pub struct Admin {
 /// What the routes read.
 pub(crate) struct State {
     pub(crate) stats: Arc<Stats>,
+    /// Asked for its backlog by `/readyz`, as a reachability probe.
+    pub(crate) broker: Arc<dyn Broker>,
     pub(crate) store: Arc<dyn Store>,
     pub(crate) shutdown: Shutdown,
     pub(crate) token: Option<Secret>,
@@ -73,6 +76,7 @@ impl Admin {
     pub async fn serve(
         self,
         stats: Arc<Stats>,
+        broker: Arc<dyn Broker>,
         store: Arc<dyn Store>,
         shutdown: Shutdown,
         leashed: bool,
@@ -80,6 +84,7 @@ impl Admin {
     ) {
         let state = Arc::new(State {
             stats,
+            broker,
             store,
             shutdown,
             token: self.token,

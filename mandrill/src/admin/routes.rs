@@ -1,6 +1,7 @@
 //! The admin server's routes.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
 use axum::extract::{Path, RawQuery, State as Shared};
@@ -58,7 +59,7 @@ async fn dashboard(Shared(state): Shared<Arc<State>>) -> Response {
     };
     let page = super::dashboard::Page {
         leashed: state.leashed,
-        ready: not_ready(&state).map_or(Ok(()), Err),
+        ready: not_ready(&state).await.map_or(Ok(()), Err),
         stats: &stats,
         history: history.as_deref().map_err(|why| *why),
         now: crate::store::Timestamp::now(),
@@ -70,19 +71,27 @@ async fn dashboard(Shared(state): Shared<Arc<State>>) -> Response {
         .into_response()
 }
 
-/// Why the service should not be sent work, if it should not.
-fn not_ready(state: &State) -> Option<&'static str> {
+/// How long the broker may take to answer the readiness probe.
+const BROKER_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Why the service should not be sent work, if it should not: shutting
+/// down (from the moment it is requested, before the drain), the store
+/// found down by the handlers, or the broker not answering for its backlog.
+pub(crate) async fn not_ready(state: &State) -> Option<&'static str> {
     if state.shutdown.is_requested() {
-        Some("shutting down")
-    } else if state.stats.store_down.get() != 0 {
-        Some("store unreachable")
-    } else {
-        None
+        return Some("shutting down");
+    }
+    if state.stats.store_down.get() != 0 {
+        return Some("store unreachable");
+    }
+    match tokio::time::timeout(BROKER_PROBE_TIMEOUT, state.broker.backlog()).await {
+        Ok(Ok(_)) => None,
+        Ok(Err(_)) | Err(_) => Some("broker unreachable"),
     }
 }
 
 async fn readyz(Shared(state): Shared<Arc<State>>) -> Response {
-    match not_ready(&state) {
+    match not_ready(&state).await {
         None => (StatusCode::OK, "ready\n".to_owned()).into_response(),
         Some(why) => (
             StatusCode::SERVICE_UNAVAILABLE,
@@ -108,7 +117,7 @@ async fn status(Shared(state): Shared<Arc<State>>) -> Response {
         json!({
             "version": env!("CARGO_PKG_VERSION"),
             "mode": if state.leashed { "leashed" } else { "unleashed" },
-            "ready": not_ready(&state).is_none(),
+            "ready": not_ready(&state).await.is_none(),
             "shutting_down": state.shutdown.is_requested(),
             "store": if stats.store_down == 0 { "up" } else { "down" },
             "in_flight": stats.in_flight,
@@ -194,4 +203,79 @@ async fn request(
 
 fn bad_request(why: String) -> Response {
     json(StatusCode::BAD_REQUEST, json!({ "error": why }))
+}
+
+#[cfg(test)]
+mod tests {
+    use async_trait::async_trait;
+    use bytes::Bytes;
+
+    use super::*;
+    use crate::broker::{Broker, BrokerError, Delivery, DeliveryTag, MemoryBroker};
+    use crate::stats::Stats;
+    use crate::store::MemoryStore;
+    use crate::worker::Shutdown;
+
+    /// A broker that cannot be reached.
+    struct Unreachable;
+
+    fn down<T>() -> Result<T, BrokerError> {
+        Err(BrokerError::Unavailable("connection refused".into()))
+    }
+
+    #[async_trait]
+    impl Broker for Unreachable {
+        fn ack_deadline(&self) -> Duration {
+            Duration::from_secs(30)
+        }
+        async fn publish(&self, _: Bytes) -> Result<(), BrokerError> {
+            down()
+        }
+        async fn pull(&self, _: usize) -> Result<Vec<Delivery>, BrokerError> {
+            down()
+        }
+        async fn ack(&self, _: &DeliveryTag) -> Result<(), BrokerError> {
+            down()
+        }
+        async fn nack(&self, _: &DeliveryTag, _: Duration) -> Result<(), BrokerError> {
+            down()
+        }
+        async fn extend(&self, _: &DeliveryTag) -> Result<(), BrokerError> {
+            down()
+        }
+        async fn dead_letter(&self, _: &DeliveryTag, _: &str) -> Result<(), BrokerError> {
+            down()
+        }
+        async fn backlog(&self) -> Result<Option<u64>, BrokerError> {
+            down()
+        }
+    }
+
+    fn state(broker: Arc<dyn Broker>) -> State {
+        State {
+            stats: Arc::new(Stats::default()),
+            broker,
+            store: Arc::new(MemoryStore::new()),
+            shutdown: Shutdown::new(),
+            token: None,
+            leashed: false,
+            metrics: crate::admin::metrics::Exposition::new(),
+        }
+    }
+
+    #[tokio::test]
+    async fn not_ready_names_the_broker_the_store_and_shutdown() {
+        let memory = Arc::new(MemoryBroker::new(
+            Duration::from_secs(30),
+            Duration::from_millis(10),
+        ));
+        let up = state(memory);
+        assert_eq!(not_ready(&up).await, None);
+        up.stats.store_down.inc();
+        assert_eq!(not_ready(&up).await, Some("store unreachable"));
+        up.shutdown.request();
+        assert_eq!(not_ready(&up).await, Some("shutting down"));
+        let cut_off = state(Arc::new(Unreachable));
+        assert_eq!(not_ready(&cut_off).await, Some("broker unreachable"));
+    }
 }
