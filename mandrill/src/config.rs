@@ -578,10 +578,12 @@ const STRING_KEYS: &[&str] = &[
     "nats.token",
     "message.domain",
     "log.level",
+    "admin.listen",
+    "admin.token",
 ];
 
 /// Keys holding secrets: an error about one never shows its value.
-pub const SECRET_KEYS: &[&str] = &["nats.password", "nats.token"];
+pub const SECRET_KEYS: &[&str] = &["nats.password", "nats.token", "admin.token"];
 
 /// A raw value from the environment or `--set`, typed for its key.
 fn value_for(key: &str, raw: &str) -> toml::Value {
@@ -1586,6 +1588,8 @@ mod tests {
         assert!(empty.to_string().contains("admin.token"), "{empty}");
         let bad = load(None, &[], &["admin.listen=localhost"]).unwrap_err();
         assert!(bad.to_string().contains("admin.listen"), "{bad}");
+        let numeric = load(None, &[("MANDRILL_ADMIN__TOKEN", "12345")], &[]).unwrap();
+        assert_eq!(numeric.admin.token, Some(Secret("12345".into())));
         let config = load(
             None,
             &[("MANDRILL_ADMIN__TOKEN", "s3cret-admin")],
@@ -2044,9 +2048,13 @@ mod tests {
                     }
                     Err(error) => {
                         let text = error.to_string();
+                        // The restart-timeout cross-check names the setting to
+                        // raise, whichever of its inputs (restarter.max_latency,
+                        // a backend's timeout, verify.*) was set.
                         prop_assert!(
                             flags.iter().any(|(key, _)| text.contains(key))
-                                || text.contains("MANDRILL_"),
+                                || text.contains("MANDRILL_")
+                                || text.contains("worker.restart_timeout"),
                             "{text}"
                         );
                         // The same load without the secrets: a value the
