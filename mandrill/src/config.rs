@@ -52,6 +52,8 @@ pub struct Config {
     pub log: LogConfig,
     /// Debugging aids.
     pub debug: DebugConfig,
+    /// The operator's HTTP surface (`[admin]`): metrics, health, status.
+    pub admin: AdminConfig,
     /// NATS JetStream, when `broker.url` is `nats://…`.
     pub nats: NatsConfig,
     /// Recovery verification after each restart (`[verify]`).
@@ -458,6 +460,60 @@ impl Default for DebugConfig {
     }
 }
 
+/// `[admin]`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminConfig {
+    /// `IP:PORT` the admin server listens on; `""` disables it.
+    pub listen: String,
+    /// Bearer token for protected endpoints; required off loopback.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token: Option<Secret>,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        Self {
+            // Loopback only, and a port no common service or well-known
+            // exporter uses (not in /etc/services; 8080, 9090, 9100 are).
+            listen: "127.0.0.1:9730".into(),
+            token: None,
+        }
+    }
+}
+
+impl AdminConfig {
+    /// The address to listen on, `None` if disabled. Checked by
+    /// [`Config::validate`]: off loopback only with a token.
+    pub fn address(&self) -> Result<Option<std::net::SocketAddr>, ConfigError> {
+        if self.listen.is_empty() {
+            return Ok(None);
+        }
+        let address: std::net::SocketAddr = self.listen.parse().map_err(|_| {
+            ConfigError::invalid(
+                "admin.listen",
+                format!(
+                    "{:?} is not IP:PORT (e.g. 127.0.0.1:9730), or \"\" to disable",
+                    self.listen
+                ),
+            )
+        })?;
+        match &self.token {
+            Some(token) if token.0.is_empty() => {
+                Err(ConfigError::invalid("admin.token", "must not be empty"))
+            }
+            None if !address.ip().is_loopback() => Err(ConfigError::invalid(
+                "admin.token",
+                format!(
+                    "required when admin.listen ({address}) is not a loopback address: \
+                     anyone who can reach it could read the service's history"
+                ),
+            )),
+            _ => Ok(Some(address)),
+        }
+    }
+}
+
 /// Upper and lower bounds of the settings, so that no value can make the
 /// service panic or allocate without limit. Each says why.
 pub mod limits {
@@ -562,10 +618,12 @@ const STRING_KEYS: &[&str] = &[
     "nats.token",
     "message.domain",
     "log.level",
+    "admin.listen",
+    "admin.token",
 ];
 
 /// Keys holding secrets: an error about one never shows its value.
-pub const SECRET_KEYS: &[&str] = &["nats.password", "nats.token"];
+pub const SECRET_KEYS: &[&str] = &["nats.password", "nats.token", "admin.token"];
 
 /// A raw value from the environment or `--set`, typed for its key.
 fn value_for(key: &str, raw: &str) -> toml::Value {
@@ -966,6 +1024,7 @@ impl Config {
             .map_err(|why| ConfigError::invalid("message.domain", why))?;
         tracing_subscriber::EnvFilter::try_new(&self.log.level)
             .map_err(|error| ConfigError::invalid("log.level", error.to_string()))?;
+        self.admin.address()?;
         Ok(())
     }
 
@@ -1185,7 +1244,7 @@ impl Config {
     pub fn redactor(&self) -> Redactor {
         let mut secrets = redact::url_secrets(&self.broker.url);
         secrets.extend(redact::url_secrets(&self.store.url));
-        for secret in [&self.nats.password, &self.nats.token]
+        for secret in [&self.nats.password, &self.nats.token, &self.admin.token]
             .into_iter()
             .flatten()
         {
@@ -1601,6 +1660,14 @@ const SETTING_DOCS: &[(&str, &str)] = &[
     ),
     ("debug.status_interval", "status line period; 0s disables"),
     (
+        "admin.listen",
+        "`IP:PORT` of the admin server (/metrics, /healthz, /readyz, /api); \"\" disables it",
+    ),
+    (
+        "admin.token",
+        "bearer token for the admin server's protected endpoints; required off loopback",
+    ),
+    (
         "nats.stream",
         "JetStream stream holding requests (created if missing)",
     ),
@@ -1690,6 +1757,38 @@ mod tests {
             overrides: flags.iter().map(|f| parse_override(f).unwrap()).collect(),
         }
         .load()
+    }
+
+    #[test]
+    fn admin_off_loopback_needs_a_token_and_the_token_is_masked() {
+        let default = load(None, &[], &[]).unwrap();
+        assert_eq!(
+            default.admin.address().unwrap(),
+            Some("127.0.0.1:9730".parse().unwrap())
+        );
+        let disabled = load(None, &[], &["admin.listen="]).unwrap();
+        assert_eq!(disabled.admin.address().unwrap(), None);
+        let open = load(None, &[], &["admin.listen=0.0.0.0:9730"]).unwrap_err();
+        assert!(open.to_string().contains("admin.token"), "{open}");
+        let empty = load(None, &[], &["admin.listen=[::]:1", "admin.token="]).unwrap_err();
+        assert!(empty.to_string().contains("admin.token"), "{empty}");
+        let bad = load(None, &[], &["admin.listen=localhost"]).unwrap_err();
+        assert!(bad.to_string().contains("admin.listen"), "{bad}");
+        let numeric = load(None, &[("MANDRILL_ADMIN__TOKEN", "12345")], &[]).unwrap();
+        assert_eq!(numeric.admin.token, Some(Secret("12345".into())));
+        let config = load(
+            None,
+            &[("MANDRILL_ADMIN__TOKEN", "s3cret-admin")],
+            &["admin.listen=0.0.0.0:0"],
+        )
+        .unwrap();
+        assert!(!format!("{config:?}").contains("s3cret-admin"));
+        assert!(
+            !config
+                .redactor()
+                .scrub("token s3cret-admin")
+                .contains("s3cret-admin")
+        );
     }
 
     #[test]
@@ -1853,6 +1952,7 @@ mod tests {
             timezone: Some("UTC".into()),
             ..CalendarSettings::default()
         });
+        config.admin.token = Some(Secret("t".into()));
         config.verify.url = Some("http://{host}/".into());
         config.hosts = vec![HostEntry {
             pattern: "cattle-*".into(),
@@ -2223,9 +2323,13 @@ mod tests {
                     }
                     Err(error) => {
                         let text = error.to_string();
+                        // The restart-timeout cross-check names the setting to
+                        // raise, whichever of its inputs (restarter.max_latency,
+                        // a backend's timeout, verify.*) was set.
                         prop_assert!(
                             flags.iter().any(|(key, _)| text.contains(key))
-                                || text.contains("MANDRILL_"),
+                                || text.contains("MANDRILL_")
+                                || text.contains("worker.restart_timeout"),
                             "{text}"
                         );
                         // The same load without the secrets: a value the

@@ -11,12 +11,14 @@
 //!   before the restart.
 //! - [`service`]: builds adapters from a [`config::Config`] and runs the worker
 //!   with its companions; shuts down in order.
+//! - [`admin`]: the operator's HTTP surface (metrics, health, JSON API).
 //! - [`cli`]: subcommands, signals, runtime, exit codes. [`config`]: layered
 //!   typed settings. [`telemetry`]: logging. [`debug`]: stall detector,
 //!   status line. [`simulate`]: demo publisher. [`stats`]: counters.
 //!   [`backoff`]: exponential backoff.
 #![deny(missing_docs)]
 
+pub mod admin;
 pub mod backoff;
 pub mod broker;
 pub mod cli;

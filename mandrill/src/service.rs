@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
+use crate::admin::Admin;
 use crate::broker::nats::{Credentials, NatsBroker, NatsSettings};
 use crate::broker::pubsub::{PubSubBroker, PubSubOptions};
 use crate::broker::{Broker, MemoryBroker, SqliteBroker};
@@ -258,11 +259,15 @@ pub struct Service {
     simulate_rate: Arc<watch::Sender<f64>>,
     /// Request shutdown once the broker's backlog is empty (`--until-idle`).
     until_idle: bool,
+    /// The admin server, bound; `None` if `admin.listen` is `""`.
+    admin: Option<Admin>,
 }
 
 impl Service {
     /// Connects everything `config` names. Fails naming the key at fault.
     pub async fn build(config: Config) -> anyhow::Result<Self> {
+        // First, so that a port in use fails start-up before anything opens.
+        let admin = Admin::bind(&config.admin).await?;
         let (broker, memory_broker) = open_broker(&config, Role::Consume).await?;
         let store = open_store(&config.store).await?;
         let restarter = build_restarter(&config)?;
@@ -284,6 +289,7 @@ impl Service {
             stats,
             simulate_rate: Arc::new(simulate_rate),
             until_idle: false,
+            admin,
         })
     }
 
@@ -307,6 +313,11 @@ impl Service {
         self.stats.clone()
     }
 
+    /// Where the admin server listens, if it does.
+    pub fn admin_addr(&self) -> Option<std::net::SocketAddr> {
+        self.admin.as_ref().and_then(Admin::local_addr)
+    }
+
     /// The broker, e.g. to publish into an in-memory one.
     pub fn broker(&self) -> Arc<dyn Broker> {
         self.broker.clone()
@@ -314,9 +325,21 @@ impl Service {
 
     /// Runs until `shutdown`, then shuts down in order. Returns the final
     /// counters, or an error if the service had to stop by itself.
-    pub async fn run(self, shutdown: Shutdown) -> anyhow::Result<StatsSnapshot> {
+    pub async fn run(mut self, shutdown: Shutdown) -> anyhow::Result<StatsSnapshot> {
         let companions = TaskTracker::new();
         let stop_companions = CancellationToken::new();
+        // Serves through the drain (`/readyz` says 503 from the request on),
+        // and stops with the other companions once the worker has stopped.
+        if let Some(admin) = self.admin.take() {
+            companions.spawn(admin.serve(
+                self.stats.clone(),
+                self.broker.clone(),
+                self.store.clone(),
+                shutdown.clone(),
+                self.config.dry_run(),
+                stop_companions.clone(),
+            ));
+        }
         if self.config.simulate.enabled {
             let stop = stop_companions.clone();
             let requested = shutdown.clone();

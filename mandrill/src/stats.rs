@@ -12,6 +12,8 @@ macro_rules! counters {
         #[derive(Debug, Default)]
         pub struct Stats {
             $($(#[$doc])* pub $name: Counter,)*
+            /// How long things took, for `/metrics`.
+            pub timings: Timings,
         }
 
         /// A copy of the counters at one moment.
@@ -108,9 +110,81 @@ impl Counter {
     }
 }
 
+/// Upper bounds of the duration histograms' buckets, in seconds: from a
+/// fast in-memory handling to a slow host's recovery.
+pub const BUCKETS: [f64; 14] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+];
+
+/// A duration histogram with fixed buckets, lock-free like the counters.
+#[derive(Debug, Default)]
+pub struct Histogram {
+    /// Observations per bucket (not cumulative); the last is above them all.
+    buckets: [Counter; BUCKETS.len() + 1],
+    sum_micros: Counter,
+}
+
+impl Histogram {
+    /// Counts one duration.
+    pub fn observe(&self, duration: std::time::Duration) {
+        let seconds = duration.as_secs_f64();
+        let bucket = BUCKETS.partition_point(|&bound| bound < seconds);
+        self.buckets[bucket].inc();
+        let micros = u64::try_from(duration.as_micros()).unwrap_or(u64::MAX);
+        self.sum_micros.0.fetch_add(micros, Ordering::Relaxed);
+    }
+
+    /// Cumulative counts per bound of [`BUCKETS`] then `+Inf`, and the sum in
+    /// seconds.
+    pub fn read(&self) -> (Vec<u64>, f64) {
+        let mut total = 0;
+        let cumulative = self
+            .buckets
+            .iter()
+            .map(|bucket| {
+                total += bucket.get();
+                total
+            })
+            .collect();
+        (cumulative, self.sum_micros.get() as f64 / 1e6)
+    }
+}
+
+/// The duration histograms.
+#[derive(Debug, Default)]
+pub struct Timings {
+    /// From pulled to settled, per delivery.
+    pub handling: Histogram,
+    /// The restarter's `restart` call, verification included.
+    pub restart: Histogram,
+    /// How long a verified host took to come back.
+    pub recovery: Histogram,
+}
+
 impl StatsSnapshot {
     /// Deliveries settled one way or another.
     pub fn settled(&self) -> u64 {
         self.acked + self.nacked + self.dead_lettered
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn histogram_counts_are_cumulative_and_bounds_inclusive() {
+        let histogram = Histogram::default();
+        for ms in [1, 5, 7, 400_000] {
+            histogram.observe(Duration::from_millis(ms));
+        }
+        let (cumulative, sum) = histogram.read();
+        assert_eq!(cumulative.len(), BUCKETS.len() + 1);
+        assert_eq!(&cumulative[..3], &[2, 3, 3]);
+        assert_eq!(cumulative[BUCKETS.len() - 1], 3);
+        assert_eq!(cumulative[BUCKETS.len()], 4);
+        assert!((sum - 400.013).abs() < 1e-9, "{sum}");
     }
 }

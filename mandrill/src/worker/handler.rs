@@ -127,6 +127,9 @@ fn handle(
 ) -> impl Future<Output = ()> {
     async move {
         context.stats.in_flight.inc();
+        // Milliseconds in a u32 (wrapping): a full `Instant` held across the
+        // awaits would grow every in-flight task by 16 bytes.
+        let started = context.millis(Instant::now()) as u32;
         info!("pulled");
         let progress = Progress::new(&context);
         let settlement = match guarded(&context, &delivery, &progress).await {
@@ -147,6 +150,9 @@ fn handle(
             context.stats.panics.inc();
             error!(panic = %panic_message(&*panic), "settling panicked; the broker will redeliver");
         }
+        let handled = (context.millis(Instant::now()) as u32).wrapping_sub(started);
+        let handled = Duration::from_millis(handled.into());
+        context.stats.timings.handling.observe(handled);
         context.stats.in_flight.dec();
         context.flow.release(permit);
     }
@@ -416,10 +422,18 @@ async fn process(context: &Shared, delivery: &Delivery, progress: &Progress) -> 
 
     // Shielded from here: the restart is issued, so its outcome must be
     // recorded whatever shutdown does.
-    let restarted = Box::pin(tokio::time::timeout(
-        config.restart_timeout,
-        context.restarter.restart(&request, reservation),
-    ))
+    // Timed inside the box, for the same reason.
+    let timings = &context.stats.timings;
+    let restarted = Box::pin(async {
+        let started = Instant::now();
+        let restarted = tokio::time::timeout(
+            config.restart_timeout,
+            context.restarter.restart(&request, reservation),
+        )
+        .await;
+        timings.restart.observe(started.elapsed());
+        restarted
+    })
     .await
     .unwrap_or_else(|_elapsed| {
         Err(RestartError::TimedOut {
@@ -538,6 +552,9 @@ async fn conclude(
     let outcome = match restarted {
         Ok(restarted) => {
             context.stats.restarted.inc();
+            if let Some(after) = restarted.recovered_after {
+                context.stats.timings.recovery.observe(after);
+            }
             info!(recovered_after = ?restarted.recovered_after, "restarted");
             Outcome::Restarted(restarted)
         }

@@ -44,6 +44,8 @@ impl Mandrill {
             .args(args)
             .args(["--log-format", "json"])
             .current_dir(dir)
+            // Port 0: tests run side by side; `admin listening` says where.
+            .env("MANDRILL_ADMIN__LISTEN", "127.0.0.1:0")
             .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -193,6 +195,7 @@ pub fn mandrill(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> (ExitStatus,
     let output = Command::new(binary())
         .args(args)
         .current_dir(dir)
+        .env("MANDRILL_ADMIN__LISTEN", "127.0.0.1:0")
         .envs(env.iter().copied())
         .output()
         .expect("mandrill binary runs");

@@ -1,0 +1,236 @@
+//! The dashboard at `/`: one server-rendered page, no external assets (the
+//! machines have no internet), refreshed by the browser every few seconds.
+
+use std::fmt::Write as _;
+
+use crate::domain::Status;
+use crate::stats::StatsSnapshot;
+use crate::store::{HistoryEntry, Timestamp};
+
+/// Seconds between refreshes.
+const REFRESH_SECONDS: u32 = 5;
+/// Requests listed.
+const LATEST: usize = 25;
+/// Minutes the chart covers.
+const MINUTES: i64 = 60;
+
+/// What the page shows.
+pub(crate) struct Page<'a> {
+    pub(crate) leashed: bool,
+    pub(crate) ready: Result<(), &'static str>,
+    pub(crate) stats: &'a StatsSnapshot,
+    /// The latest requests, or why they are not shown (the history needs
+    /// the token, which a page cannot send; the store did not answer).
+    pub(crate) history: Result<&'a [HistoryEntry], &'static str>,
+    pub(crate) now: Timestamp,
+}
+
+/// Text safe inside HTML.
+fn escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '&' => out.push_str("&amp;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+const STYLE: &str = "body{font-family:sans-serif;margin:1.5em;color:#222}\
+table{border-collapse:collapse}td,th{padding:.25em .6em;white-space:nowrap;border-bottom:1px solid #ddd;text-align:left}\
+.mode{font-weight:bold;padding:.2em .5em;border-radius:.3em}.leashed{background:#cfe8cf}\
+.unleashed{background:#f6c6c6}.counters td:last-child{text-align:right}";
+
+pub(crate) fn render(page: &Page<'_>) -> String {
+    let s = page.stats;
+    let mode = if page.leashed { "leashed" } else { "unleashed" };
+    let ready = match page.ready {
+        Ok(()) => "ready".to_owned(),
+        Err(why) => format!("not ready: {why}"),
+    };
+    let mut html = String::new();
+    // Writing to a String cannot fail: the results are ignored throughout.
+    let _ = write!(
+        html,
+        "<!doctype html><html><head><meta charset=\"utf-8\">\
+         <meta http-equiv=\"refresh\" content=\"{REFRESH_SECONDS}\">\
+         <title>mandrill</title><style>{STYLE}</style></head><body>\
+         <h1>mandrill <span id=\"mode\" class=\"mode {mode}\">{mode}</span></h1>\
+         <p id=\"readiness\">{ready} · in flight <b id=\"in-flight\">{}</b> · store {}</p>",
+        s.in_flight,
+        if s.store_down == 0 { "up" } else { "down" },
+    );
+    html.push_str("<table class=\"counters\" id=\"counters\">");
+    for (name, value) in [
+        ("pulled", s.pulled),
+        ("restarted", s.restarted),
+        ("restart failures", s.restart_failures),
+        ("unrecovered", s.unrecovered),
+        ("dry runs", s.dry_runs),
+        ("denied", s.denied),
+        ("retries", s.nacked),
+        ("dead letters", s.dead_lettered),
+        ("rejected", s.rejected),
+        ("panics", s.panics),
+    ] {
+        let _ = write!(html, "<tr><td>{name}</td><td>{value}</td></tr>");
+    }
+    html.push_str("</table>");
+    match page.history {
+        Err(why) => {
+            let _ = write!(html, "<p id=\"no-history\">No history: {why}.</p>");
+        }
+        Ok(history) => {
+            html.push_str("<h2>Finished per minute, last hour</h2>");
+            html.push_str(&chart(history, page.now));
+            latest(&mut html, history);
+        }
+    }
+    html.push_str("</body></html>");
+    html
+}
+
+fn latest(html: &mut String, history: &[HistoryEntry]) {
+    html.push_str(
+        "<h2>Latest requests</h2><table id=\"requests\"><tr><th>received</th><th>instance</th>\
+         <th>status</th><th>attempts</th><th>recovered after</th><th>last error</th></tr>",
+    );
+    for entry in history.iter().take(LATEST) {
+        let instance = escape(entry.instance_name.as_deref().unwrap_or("(malformed)"));
+        let instance = match entry.message_id {
+            Some(id) => format!("<a href=\"/api/requests/{id}\">{instance}</a>"),
+            None => instance,
+        };
+        let recovered = entry
+            .recovered_after
+            .map(|after| format!("{:.1}s", after.as_secs_f64()))
+            .unwrap_or_default();
+        let _ = write!(
+            html,
+            "<tr class=\"request\"><td>{}</td><td>{instance}</td><td>{}</td><td>{}</td>\
+             <td>{recovered}</td><td>{}</td></tr>",
+            entry.received_at,
+            entry.status,
+            entry.attempts,
+            escape(entry.last_error.as_deref().unwrap_or("")),
+        );
+    }
+    html.push_str("</table>");
+}
+
+/// Bars of requests finished per minute, restarted (green) stacked under
+/// everything else final (red), as an inline SVG.
+fn chart(history: &[HistoryEntry], now: Timestamp) -> String {
+    let mut per_minute = [(0u32, 0u32); MINUTES as usize];
+    for entry in history {
+        let Some(done) = entry.completed_at else {
+            continue;
+        };
+        let ago = (now.as_millis() - done.as_millis()) / 60_000;
+        if (0..MINUTES).contains(&ago) {
+            // In range, so a valid index counted from the oldest minute.
+            let slot = &mut per_minute[(MINUTES - 1 - ago) as usize];
+            if matches!(entry.status, Status::Restarted | Status::DryRun) {
+                slot.0 += 1;
+            } else {
+                slot.1 += 1;
+            }
+        }
+    }
+    let peak = per_minute
+        .iter()
+        .map(|(ok, bad)| ok + bad)
+        .max()
+        .unwrap_or(0)
+        .max(1);
+    let (width, height) = (8u32, 100u32);
+    let mut svg = format!(
+        "<svg id=\"chart\" xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" \
+         role=\"img\"><title>finished per minute (peak {peak})</title>",
+        width * MINUTES as u32,
+        height
+    );
+    for (minute, (ok, bad)) in per_minute.iter().enumerate() {
+        let x = minute as u32 * width;
+        let ok_height = ok * height / peak;
+        let bad_height = bad * height / peak;
+        let _ = write!(
+            svg,
+            "<rect x=\"{x}\" y=\"{}\" width=\"{}\" height=\"{ok_height}\" fill=\"#4a4\"/>\
+             <rect x=\"{x}\" y=\"{}\" width=\"{}\" height=\"{bad_height}\" fill=\"#c44\"/>",
+            height - ok_height,
+            width - 1,
+            height - ok_height - bad_height,
+            width - 1,
+        );
+    }
+    svg.push_str("</svg>");
+    svg
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(instance: &str, status: Status, completed_at: Option<Timestamp>) -> HistoryEntry {
+        HistoryEntry {
+            message_id: Some(uuid::Uuid::nil()),
+            instance_name: Some(instance.into()),
+            hostname: None,
+            status,
+            attempts: 1,
+            requested_by: None,
+            reason: None,
+            last_error: None,
+            output: None,
+            recovered_after: None,
+            received_at: Timestamp::from_millis(0),
+            updated_at: Timestamp::from_millis(0),
+            completed_at,
+        }
+    }
+
+    #[test]
+    fn page_escapes_names_links_stories_and_hides_history_without_token() {
+        let now = Timestamp::from_millis(10 * 3_600_000);
+        let just_now = Some(Timestamp::from_millis(now.as_millis() - 1_000));
+        let history = [
+            entry("<script>x</script>", Status::Restarted, just_now),
+            entry("web-1", Status::Failed, just_now),
+        ];
+        let stats = StatsSnapshot {
+            restarted: 7,
+            ..StatsSnapshot::default()
+        };
+        let page = Page {
+            leashed: true,
+            ready: Ok(()),
+            stats: &stats,
+            history: Ok(&history),
+            now,
+        };
+        let html = render(&page);
+        assert!(!html.contains("<script>"), "{html}");
+        assert!(html.contains("&lt;script&gt;"));
+        assert!(html.contains(&format!("href=\"/api/requests/{}\"", uuid::Uuid::nil())));
+        assert!(html.contains("<td>restarted</td><td>7</td>"));
+        assert!(html.contains("class=\"mode leashed\""));
+        // The last minute's bar: one restarted (half the height), one failed.
+        assert!(
+            html.contains("<rect x=\"472\" y=\"50\" width=\"7\" height=\"50\" fill=\"#4a4\"/>"),
+            "{html}"
+        );
+        assert!(!html.contains("http-equiv=\"refresh\" content=\"0"));
+        assert!(!html.contains("src=\"http") && !html.contains("href=\"http"));
+        let hidden = render(&Page {
+            history: Err("admin.token is set"),
+            ..page
+        });
+        assert!(!hidden.contains("web-1") && hidden.contains("admin.token is set"));
+    }
+}

@@ -1,0 +1,235 @@
+//! `/metrics`: the counters of [`Stats`] in Prometheus's text format.
+//!
+//! The hot path keeps its atomics; a scrape copies them into a local (never
+//! global) `metrics` recorder and renders it. Labels are a handful of fixed
+//! words: never a message id or a host name.
+
+use metrics::{Unit, counter, describe_counter, describe_gauge, gauge, with_local_recorder};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusRecorder};
+
+use std::fmt::Write as _;
+
+use crate::stats::{BUCKETS, Histogram, StatsSnapshot, Timings};
+
+/// Requests by final outcome: (label, counter) pairs.
+fn outcomes(s: &StatsSnapshot) -> [(&'static str, u64); 7] {
+    [
+        ("restarted", s.restarted),
+        ("restart_failed", s.restart_failures),
+        ("unrecovered", s.unrecovered),
+        ("denied", s.denied),
+        ("dry_run", s.dry_runs),
+        ("duplicate", s.duplicates),
+        ("given_up", s.given_up),
+    ]
+}
+
+/// Plain counters: (name, help, value).
+fn counters(s: &StatsSnapshot) -> [(&'static str, &'static str, u64); 14] {
+    [
+        (
+            "mandrill_pulled_total",
+            "Deliveries received from the broker.",
+            s.pulled,
+        ),
+        ("mandrill_acked_total", "Deliveries acked.", s.acked),
+        (
+            "mandrill_retries_total",
+            "Deliveries nacked for a retry.",
+            s.nacked,
+        ),
+        (
+            "mandrill_dead_letters_total",
+            "Deliveries dead-lettered (malformed or out of attempts).",
+            s.dead_lettered,
+        ),
+        (
+            "mandrill_rejections_total",
+            "Payloads rejected as malformed.",
+            s.rejected,
+        ),
+        (
+            "mandrill_lease_extensions_total",
+            "Lease extensions sent.",
+            s.lease_extensions,
+        ),
+        (
+            "mandrill_leases_lost_total",
+            "Leases found lost (expired or settled elsewhere).",
+            s.leases_lost,
+        ),
+        (
+            "mandrill_panics_total",
+            "Panics caught in message handling or the pull loop.",
+            s.panics,
+        ),
+        (
+            "mandrill_pull_failures_total",
+            "Times the pull loop failed and was restarted.",
+            s.pull_failures,
+        ),
+        (
+            "mandrill_store_failures_total",
+            "Failed store operations (each try counts).",
+            s.store_failures,
+        ),
+        (
+            "mandrill_store_outages_total",
+            "Times pulling paused because the store was unreachable.",
+            s.store_outages,
+        ),
+        (
+            "mandrill_settle_failures_total",
+            "Settlements the broker refused.",
+            s.settle_failures,
+        ),
+        (
+            "mandrill_stalls_total",
+            "Times the runtime was found stalled by blocking code.",
+            s.stalls,
+        ),
+        (
+            "mandrill_deferred_total",
+            "Deliveries held off while a restart of the same request may be in flight.",
+            s.deferred,
+        ),
+    ]
+}
+
+/// A recorder that renders what the last scrape copied into it.
+pub(crate) struct Exposition {
+    recorder: PrometheusRecorder,
+}
+
+impl Exposition {
+    pub(crate) fn new() -> Self {
+        let recorder = PrometheusBuilder::new().build_recorder();
+        with_local_recorder(&recorder, || {
+            describe_counter!("mandrill_requests_total", "Requests finished, by outcome.");
+            for (name, help, _) in counters(&StatsSnapshot::default()) {
+                describe_counter!(name, help);
+            }
+            describe_gauge!(
+                "mandrill_in_flight",
+                Unit::Count,
+                "Deliveries being handled now."
+            );
+            describe_gauge!(
+                "mandrill_store_down",
+                "1 while the store is unreachable and pulling is paused."
+            );
+            describe_gauge!(
+                "mandrill_leashed",
+                "1 when restarts are recorded as dry runs, not issued."
+            );
+            describe_gauge!("mandrill_shutting_down", "1 once shutdown was requested.");
+            describe_gauge!("mandrill_build_info", "Always 1; the version as a label.");
+        });
+        Self { recorder }
+    }
+
+    /// The exposition for `stats`.
+    pub(crate) fn render(
+        &self,
+        stats: &StatsSnapshot,
+        leashed: bool,
+        shutting_down: bool,
+    ) -> String {
+        with_local_recorder(&self.recorder, || {
+            for (outcome, value) in outcomes(stats) {
+                counter!("mandrill_requests_total", "outcome" => outcome).absolute(value);
+            }
+            for (name, _, value) in counters(stats) {
+                counter!(name).absolute(value);
+            }
+            gauge!("mandrill_in_flight").set(stats.in_flight as f64);
+            gauge!("mandrill_store_down").set(stats.store_down as f64);
+            gauge!("mandrill_leashed").set(f64::from(u8::from(leashed)));
+            gauge!("mandrill_shutting_down").set(f64::from(u8::from(shutting_down)));
+            gauge!("mandrill_build_info", "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+        });
+        self.recorder.handle().render()
+    }
+}
+
+/// The histograms in the same text format, written here because the
+/// exporter takes observations one by one, while `Stats` keeps buckets.
+pub(crate) fn render_histograms(timings: &Timings) -> String {
+    let mut text = String::new();
+    for (name, help, histogram) in [
+        (
+            "mandrill_handling_seconds",
+            "Time from pulled to settled, per delivery.",
+            &timings.handling,
+        ),
+        (
+            "mandrill_restart_seconds",
+            "Time of a restart call, verification included.",
+            &timings.restart,
+        ),
+        (
+            "mandrill_recovery_seconds",
+            "Time a verified host took to come back.",
+            &timings.recovery,
+        ),
+    ] {
+        write_histogram(&mut text, name, help, histogram);
+    }
+    text
+}
+
+fn write_histogram(text: &mut String, name: &str, help: &str, histogram: &Histogram) {
+    let (cumulative, sum) = histogram.read();
+    // Writing to a String cannot fail.
+    let _ = writeln!(text, "# HELP {name} {help}\n# TYPE {name} histogram");
+    for (bound, count) in BUCKETS.iter().zip(&cumulative) {
+        let _ = writeln!(text, "{name}_bucket{{le=\"{bound}\"}} {count}");
+    }
+    let count = cumulative.last().copied().unwrap_or(0);
+    let _ = writeln!(
+        text,
+        "{name}_bucket{{le=\"+Inf\"}} {count}\n{name}_sum {sum}\n{name}_count {count}"
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_are_named_by_convention_with_fixed_labels() {
+        let stats = StatsSnapshot {
+            restarted: 3,
+            dead_lettered: 2,
+            in_flight: 1,
+            ..StatsSnapshot::default()
+        };
+        let text = Exposition::new().render(&stats, true, false);
+        for line in [
+            "mandrill_requests_total{outcome=\"restarted\"} 3",
+            "mandrill_requests_total{outcome=\"unrecovered\"} 0",
+            "mandrill_dead_letters_total 2",
+            "mandrill_in_flight 1",
+            "mandrill_leashed 1",
+            "# TYPE mandrill_requests_total counter",
+        ] {
+            assert!(text.contains(line), "{line} missing from:\n{text}");
+        }
+        assert!(text.contains("mandrill_build_info{version=\""), "{text}");
+        let timings = Timings::default();
+        timings
+            .restart
+            .observe(std::time::Duration::from_millis(300));
+        let text = render_histograms(&timings);
+        for line in [
+            "# TYPE mandrill_restart_seconds histogram",
+            "mandrill_restart_seconds_bucket{le=\"0.25\"} 0",
+            "mandrill_restart_seconds_bucket{le=\"0.5\"} 1",
+            "mandrill_restart_seconds_bucket{le=\"+Inf\"} 1",
+            "mandrill_restart_seconds_count 1",
+            "mandrill_recovery_seconds_count 0",
+        ] {
+            assert!(text.contains(line), "{line} missing from:\n{text}");
+        }
+    }
+}

@@ -1,0 +1,132 @@
+//! The operator's HTTP surface: `/metrics` for Prometheus, `/healthz` and
+//! `/readyz` for probes, a JSON API over the counters and the history, and
+//! a dashboard at `/`.
+//!
+//! The only module of the service that imports `axum`. It runs as one of the
+//! service's tracked companions: bound before the worker starts (so a port
+//! in use fails start-up, naming `admin.listen`), stopped after the worker
+//! has drained, so that probes see the whole shutdown.
+
+mod auth;
+mod dashboard;
+mod metrics;
+mod profile;
+mod routes;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::broker::Broker;
+use crate::config::{AdminConfig, Secret};
+use crate::stats::Stats;
+use crate::store::Store;
+use crate::worker::Shutdown;
+
+/// A bound admin listener, not yet serving.
+pub struct Admin {
+    listener: TcpListener,
+    token: Option<Secret>,
+}
+
+/// What the routes read.
+pub(crate) struct State {
+    pub(crate) stats: Arc<Stats>,
+    /// Asked for its backlog by `/readyz`, as a reachability probe.
+    pub(crate) broker: Arc<dyn Broker>,
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) shutdown: Shutdown,
+    pub(crate) token: Option<Secret>,
+    /// Restarts are recorded as dry runs, not issued.
+    pub(crate) leashed: bool,
+    pub(crate) metrics: metrics::Exposition,
+}
+
+impl Admin {
+    /// Binds `admin.listen`; `None` if it is `""`. Logs the bound address
+    /// (`admin listening`), which tells a caller of port 0 where it is.
+    pub async fn bind(config: &AdminConfig) -> anyhow::Result<Option<Self>> {
+        let Some(address) = config.address()? else {
+            return Ok(None);
+        };
+        let listener = TcpListener::bind(address)
+            .await
+            .with_context(|| format!("cannot listen on admin.listen {address}"))?;
+        let addr = listener
+            .local_addr()
+            .context("the admin listener has no address")?;
+        info!(%addr, protected = config.token.is_some(), "admin listening");
+        Ok(Some(Self {
+            listener,
+            token: config.token.clone(),
+        }))
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.listener.local_addr().ok()
+    }
+
+    /// Serves until `stop`. `/readyz` turns 503 as soon as `shutdown` is
+    /// requested, while this keeps serving through the drain.
+    pub async fn serve(
+        self,
+        stats: Arc<Stats>,
+        broker: Arc<dyn Broker>,
+        store: Arc<dyn Store>,
+        shutdown: Shutdown,
+        leashed: bool,
+        stop: CancellationToken,
+    ) {
+        let state = Arc::new(State {
+            stats,
+            broker,
+            store,
+            shutdown,
+            token: self.token,
+            leashed,
+            metrics: metrics::Exposition::new(),
+        });
+        let served = axum::serve(self.listener, routes::router(state))
+            .with_graceful_shutdown(async move { stop.cancelled().await })
+            .await;
+        if let Err(error) = served {
+            warn!(%error, "the admin server stopped");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    fn sources(dir: &Path, found: &mut Vec<std::path::PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                sources(&path, found);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                found.push(path);
+            }
+        }
+    }
+
+    #[test]
+    fn only_admin_imports_axum() {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut files = Vec::new();
+        sources(&src, &mut files);
+        let admin = src.join("admin");
+        let offenders: Vec<_> = files
+            .iter()
+            // Tests start local web servers with it; they are not the service.
+            .filter(|path| !path.starts_with(&admin) && !path.ends_with("tests.rs"))
+            .filter(|path| std::fs::read_to_string(path).unwrap().contains("axum::"))
+            .collect();
+        assert!(offenders.is_empty(), "{offenders:?}");
+    }
+}

@@ -1,0 +1,281 @@
+//! The admin server's routes.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{Path, RawQuery, State as Shared};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use serde_json::json;
+
+use super::State;
+use super::auth::authorized;
+
+/// Most history entries one request returns.
+const MAX_LIMIT: usize = 1_000;
+
+pub(crate) fn router(state: Arc<State>) -> Router {
+    Router::new()
+        .route("/", get(dashboard))
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .route("/api/status", get(status))
+        .route("/api/requests", get(requests))
+        .route("/api/requests/{message_id}", get(request))
+        .route("/debug/pprof/profile", get(super::profile::profile))
+        .with_state(state)
+}
+
+async fn metrics(Shared(state): Shared<Arc<State>>) -> Response {
+    let mut text = state.metrics.render(
+        &state.stats.snapshot(),
+        state.leashed,
+        state.shutdown.is_requested(),
+    );
+    text.push_str(&super::metrics::render_histograms(&state.stats.timings));
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}
+
+async fn dashboard(Shared(state): Shared<Arc<State>>) -> Response {
+    let stats = state.stats.snapshot();
+    // A page cannot send the token: with one set, no history on the page.
+    let history = match &state.token {
+        Some(_) => Err("admin.token is set; read /api/requests with it"),
+        None => state
+            .store
+            .history(MAX_LIMIT)
+            .await
+            .map_err(|_| "the store did not answer"),
+    };
+    let page = super::dashboard::Page {
+        leashed: state.leashed,
+        ready: not_ready(&state).await.map_or(Ok(()), Err),
+        stats: &stats,
+        history: history.as_deref().map_err(|why| *why),
+        now: crate::store::Timestamp::now(),
+    };
+    (
+        [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+        super::dashboard::render(&page),
+    )
+        .into_response()
+}
+
+/// How long the broker may take to answer the readiness probe.
+const BROKER_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Why the service should not be sent work, if it should not: shutting
+/// down (from the moment it is requested, before the drain), the store
+/// found down by the handlers, or the broker not answering for its backlog.
+pub(crate) async fn not_ready(state: &State) -> Option<&'static str> {
+    if state.shutdown.is_requested() {
+        return Some("shutting down");
+    }
+    if state.stats.store_down.get() != 0 {
+        return Some("store unreachable");
+    }
+    match tokio::time::timeout(BROKER_PROBE_TIMEOUT, state.broker.backlog()).await {
+        Ok(Ok(_)) => None,
+        Ok(Err(_)) | Err(_) => Some("broker unreachable"),
+    }
+}
+
+async fn readyz(Shared(state): Shared<Arc<State>>) -> Response {
+    match not_ready(&state).await {
+        None => (StatusCode::OK, "ready\n".to_owned()).into_response(),
+        Some(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: {why}\n"),
+        )
+            .into_response(),
+    }
+}
+
+fn json(status: StatusCode, value: serde_json::Value) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        value.to_string(),
+    )
+        .into_response()
+}
+
+async fn status(Shared(state): Shared<Arc<State>>) -> Response {
+    let stats = state.stats.snapshot();
+    json(
+        StatusCode::OK,
+        json!({
+            "version": env!("CARGO_PKG_VERSION"),
+            "mode": if state.leashed { "leashed" } else { "unleashed" },
+            "ready": not_ready(&state).await.is_none(),
+            "shutting_down": state.shutdown.is_requested(),
+            "store": if stats.store_down == 0 { "up" } else { "down" },
+            "in_flight": stats.in_flight,
+            "counters": stats,
+        }),
+    )
+}
+
+pub(crate) fn unauthorized() -> Response {
+    (
+        StatusCode::UNAUTHORIZED,
+        [(header::WWW_AUTHENTICATE, "Bearer")],
+        "admin.token required: Authorization: Bearer TOKEN\n",
+    )
+        .into_response()
+}
+
+/// `?limit=N&status=S`: the latest requests, newest first.
+async fn requests(
+    Shared(state): Shared<Arc<State>>,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+) -> Response {
+    if !authorized(state.token.as_ref(), &headers) {
+        return unauthorized();
+    }
+    let mut limit = 50;
+    let mut wanted: Option<String> = None;
+    for (key, value) in url::form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
+        match &*key {
+            "limit" => match value.parse::<usize>() {
+                Ok(n) => limit = n.min(MAX_LIMIT),
+                Err(_) => return bad_request(format!("limit {value:?} is not a number")),
+            },
+            "status" => wanted = Some(value.into_owned()),
+            other => return bad_request(format!("unknown parameter {other:?}")),
+        }
+    }
+    // Filtering by status reads the most the API returns, then keeps `limit`.
+    let read = if wanted.is_some() { MAX_LIMIT } else { limit };
+    match state.store.history(read).await {
+        Ok(entries) => {
+            let entries: Vec<_> = entries
+                .into_iter()
+                .filter(|entry| wanted.as_deref().is_none_or(|s| entry.status.as_str() == s))
+                .take(limit)
+                .collect();
+            json(StatusCode::OK, json!({ "requests": entries }))
+        }
+        Err(error) => json(
+            StatusCode::SERVICE_UNAVAILABLE,
+            json!({ "error": format!("cannot read the history: {error}") }),
+        ),
+    }
+}
+
+/// One request's record, looked up among the latest ones the API can list.
+async fn request(
+    Shared(state): Shared<Arc<State>>,
+    headers: HeaderMap,
+    Path(message_id): Path<String>,
+) -> Response {
+    if !authorized(state.token.as_ref(), &headers) {
+        return unauthorized();
+    }
+    let Ok(id) = message_id.parse::<uuid::Uuid>() else {
+        return bad_request(format!("{message_id:?} is not a message id"));
+    };
+    match state.store.history(MAX_LIMIT).await {
+        Ok(entries) => match entries.into_iter().find(|e| e.message_id == Some(id)) {
+            Some(entry) => json(StatusCode::OK, json!(entry)),
+            None => json(
+                StatusCode::NOT_FOUND,
+                json!({ "error": format!("no request {id} among the latest {MAX_LIMIT}") }),
+            ),
+        },
+        Err(error) => json(
+            StatusCode::SERVICE_UNAVAILABLE,
+            json!({ "error": format!("cannot read the history: {error}") }),
+        ),
+    }
+}
+
+fn bad_request(why: String) -> Response {
+    json(StatusCode::BAD_REQUEST, json!({ "error": why }))
+}
+
+#[cfg(test)]
+mod tests {
+    use async_trait::async_trait;
+    use bytes::Bytes;
+
+    use super::*;
+    use crate::broker::{Broker, BrokerError, Delivery, DeliveryTag, MemoryBroker};
+    use crate::stats::Stats;
+    use crate::store::MemoryStore;
+    use crate::worker::Shutdown;
+
+    /// A broker that cannot be reached.
+    struct Unreachable;
+
+    fn down<T>() -> Result<T, BrokerError> {
+        Err(BrokerError::Unavailable("connection refused".into()))
+    }
+
+    #[async_trait]
+    impl Broker for Unreachable {
+        fn ack_deadline(&self) -> Duration {
+            Duration::from_secs(30)
+        }
+        async fn publish(&self, _: Bytes) -> Result<(), BrokerError> {
+            down()
+        }
+        async fn pull(&self, _: usize) -> Result<Vec<Delivery>, BrokerError> {
+            down()
+        }
+        async fn ack(&self, _: &DeliveryTag) -> Result<(), BrokerError> {
+            down()
+        }
+        async fn nack(&self, _: &DeliveryTag, _: Duration) -> Result<(), BrokerError> {
+            down()
+        }
+        async fn extend(&self, _: &DeliveryTag) -> Result<(), BrokerError> {
+            down()
+        }
+        async fn dead_letter(&self, _: &DeliveryTag, _: &str) -> Result<(), BrokerError> {
+            down()
+        }
+        async fn backlog(&self) -> Result<Option<u64>, BrokerError> {
+            down()
+        }
+    }
+
+    fn state(broker: Arc<dyn Broker>) -> State {
+        State {
+            stats: Arc::new(Stats::default()),
+            broker,
+            store: Arc::new(MemoryStore::new()),
+            shutdown: Shutdown::new(),
+            token: None,
+            leashed: false,
+            metrics: crate::admin::metrics::Exposition::new(),
+        }
+    }
+
+    #[tokio::test]
+    async fn not_ready_names_the_broker_the_store_and_shutdown() {
+        let memory = Arc::new(MemoryBroker::new(
+            Duration::from_secs(30),
+            Duration::from_millis(10),
+        ));
+        let up = state(memory);
+        assert_eq!(not_ready(&up).await, None);
+        up.stats.store_down.inc();
+        assert_eq!(not_ready(&up).await, Some("store unreachable"));
+        up.shutdown.request();
+        assert_eq!(not_ready(&up).await, Some("shutting down"));
+        let cut_off = state(Arc::new(Unreachable));
+        assert_eq!(not_ready(&cut_off).await, Some("broker unreachable"));
+    }
+}
