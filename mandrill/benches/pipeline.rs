@@ -146,6 +146,17 @@ impl Store for SlowSaveStore {
     async fn history(&self, limit: usize) -> Result<Vec<HistoryEntry>, StoreError> {
         self.inner.history(limit).await
     }
+    async fn record_decision(
+        &self,
+        request: &RestartRequest,
+        attempt: u32,
+        decision: mandrill::store::Decision<'_>,
+    ) -> Result<(), StoreError> {
+        self.inner.record_decision(request, attempt, decision).await
+    }
+    async fn story(&self, message_id: Uuid) -> Result<Option<mandrill::store::Story>, StoreError> {
+        self.inner.story(message_id).await
+    }
     async fn prune(&self, before: Timestamp, max_rows: u32) -> Result<u64, StoreError> {
         self.inner.prune(before, max_rows).await
     }

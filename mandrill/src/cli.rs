@@ -648,6 +648,7 @@ async fn publish(config: Config, args: &PublishArgs) -> anyhow::Result<()> {
                 requested_by: Some("mandrill-publish".into()),
                 reason: None,
                 published_at: Some(std::time::SystemTime::now()),
+                group: None,
             }
             .to_wire(),
         )

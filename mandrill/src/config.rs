@@ -25,7 +25,9 @@ use crate::domain::{Domain, ParseRules};
 use crate::restarter::hosts::HostEntry;
 use crate::restarter::verify::ProbeKind;
 use crate::restarter::{CommandSettings, HttpSettings, SshSettings, VerifySettings};
-use crate::safety::{Calendar, CalendarSettings, Clock, Eligibility, Guards};
+use crate::safety::{
+    BudgetSettings, Calendar, CalendarSettings, Clock, Counting, Eligibility, Guards, RateSettings,
+};
 use crate::worker::WorkerConfig;
 
 pub mod redact;
@@ -372,6 +374,15 @@ pub struct SafetyConfig {
     /// to issue today.
     #[serde(with = "duration")]
     pub max_defer: Duration,
+    /// Group name → instance-name patterns; a request's group is the one
+    /// its message names, else the first group here (by name) with a
+    /// matching pattern, else its instance name without the last `-suffix`.
+    pub groups: BTreeMap<String, Vec<String>>,
+    /// `[safety.rate]`: restarts per group and in all per window, and a
+    /// cooldown per host. See `safety::limits`.
+    pub rate: RateSettings,
+    /// `[safety.budget]`: hosts per group disrupted at once.
+    pub budget: BudgetSettings,
 }
 
 impl Default for SafetyConfig {
@@ -384,6 +395,9 @@ impl Default for SafetyConfig {
             poll_interval: Duration::from_secs(1),
             calendar: None,
             max_defer: Duration::from_secs(24 * 3600),
+            groups: BTreeMap::new(),
+            rate: RateSettings::default(),
+            budget: BudgetSettings::default(),
         }
     }
 }
@@ -780,7 +794,12 @@ fn env_key(name: &str) -> Result<String, ConfigError> {
 }
 
 /// Settings whose values are maps (name → value), not sections.
-const MAP_SETTINGS: &[&str] = &["restarter.command.env", "restarter.http.headers"];
+const MAP_SETTINGS: &[&str] = &[
+    "restarter.command.env",
+    "restarter.http.headers",
+    "safety.groups",
+    "safety.budget.group_sizes",
+];
 
 /// Sections that hold sections of their own (`[broker.pubsub]`).
 const SUBSECTIONS: &[&str] = &[
@@ -788,6 +807,8 @@ const SUBSECTIONS: &[&str] = &[
     "restarter.command",
     "restarter.ssh",
     "restarter.http",
+    "safety.rate",
+    "safety.budget",
 ];
 
 /// `section.key`, or `section.subsection.key` for a known subsection.
@@ -962,6 +983,8 @@ impl Config {
         .map_err(|(key, why)| ConfigError::invalid(&key, why))?;
         self.calendar()
             .map_err(|(key, why)| ConfigError::invalid(&key, why))?;
+        self.counting()
+            .map_err(|(key, why)| ConfigError::invalid(&key, why))?;
         probability("restarter.failure_rate", self.restarter.failure_rate)?;
         probability("simulate.malformed_rate", self.simulate.malformed_rate)?;
         if self.restarter.min_latency > self.restarter.max_latency {
@@ -1075,6 +1098,16 @@ impl Config {
             None if self.restarter.kind.is_real() => Ok(Some(Calendar::chaos_monkey())),
             None => Ok(None),
         }
+    }
+
+    /// The counting guards, with the strict defaults for a real backend.
+    pub fn counting(&self) -> Result<Counting, (String, String)> {
+        Counting::new(
+            &self.safety.groups,
+            &self.safety.rate,
+            &self.safety.budget,
+            self.restarter.kind.is_real(),
+        )
     }
 
     /// Whether restarts are only decided and recorded, not issued.
@@ -1295,6 +1328,17 @@ impl Config {
                 calendar: self
                     .calendar()
                     .unwrap_or_else(|_| Some(Calendar::chaos_monkey())),
+                // Validated in `validate`; should an invalid one get here,
+                // fail closed with the strict defaults.
+                counting: self.counting().unwrap_or_else(|_| {
+                    Counting::new(
+                        &BTreeMap::new(),
+                        &RateSettings::default(),
+                        &BudgetSettings::default(),
+                        true,
+                    )
+                    .unwrap_or_else(|_| Counting::none())
+                }),
                 max_defer: self.safety.max_defer,
                 clock: Clock::System,
             },
@@ -1643,6 +1687,42 @@ const SETTING_DOCS: &[(&str, &str)] = &[
         "a request deferred this long after it was published is recorded expired",
     ),
     (
+        "safety.groups",
+        "group → instance patterns, { web = [\"web-*\"] } (default group: name without -suffix)",
+    ),
+    (
+        "safety.rate.group_max",
+        "restarts per group per window (unset: 1 with a real backend, else unlimited; 0 unlimited)",
+    ),
+    (
+        "safety.rate.window",
+        "the window group_max and global_max count over (default 1d)",
+    ),
+    (
+        "safety.rate.host_cooldown",
+        "least time between two restarts of one host (default 0s: none)",
+    ),
+    (
+        "safety.rate.global_max",
+        "restarts per window over all groups (unset or 0: unlimited)",
+    ),
+    (
+        "safety.budget.max_disrupted",
+        "hosts per group disrupted at once (unset: 1 with a real backend, else unlimited)",
+    ),
+    (
+        "safety.budget.max_disrupted_percent",
+        "hosts per group disrupted at once, % of its size (rounded down)",
+    ),
+    (
+        "safety.budget.group_sizes",
+        "group → number of hosts, for max_disrupted_percent",
+    ),
+    (
+        "safety.budget.forget_after",
+        "how long an unverified end (unrecovered, failed, unknown) counts as disrupted (1h)",
+    ),
+    (
         "hosts",
         "[[hosts]] pattern = \"cattle-*\", address, port, user: where instances are reached",
     ),
@@ -1946,6 +2026,10 @@ mod tests {
         config.restarter.http.ca_file = Some(PathBuf::from("ca.pem"));
         config.verify.port = Some(22);
         config.safety.dry_run = Some(true);
+        config.safety.rate.group_max = Some(1);
+        config.safety.rate.global_max = Some(10);
+        config.safety.budget.max_disrupted = Some(1);
+        config.safety.budget.max_disrupted_percent = Some(20);
         config.safety.calendar = Some(CalendarSettings {
             weekdays: Some(vec!["mon".into()]),
             hours: Some(vec!["09:00-15:00".into()]),
@@ -2005,6 +2089,60 @@ mod tests {
         );
         let error = load(Some("[safety]\nallow = [\"\"]\n"), &[], &[]).unwrap_err();
         assert!(error.to_string().contains("safety.allow[0]"), "{error}");
+    }
+
+    #[test]
+    fn counting_guards_load_from_every_source_and_name_bad_keys() {
+        let file = "[safety]\ngroups = { web = [\"frontend-*\"] }\n\
+                    [safety.rate]\ngroup_max = 5\nwindow = \"1h\"\n\
+                    [safety.budget]\nmax_disrupted_percent = 20\n\
+                    group_sizes = { web = 10 }\n";
+        let config = load(
+            Some(file),
+            &[("MANDRILL_SAFETY__RATE__HOST_COOLDOWN", "10m")],
+            &["safety.rate.global_max=50"],
+        )
+        .unwrap();
+        assert_eq!(config.safety.rate.group_max, Some(5));
+        assert_eq!(config.safety.rate.host_cooldown, Duration::from_secs(600));
+        assert_eq!(config.safety.rate.global_max, Some(50));
+        let counting = config.counting().unwrap();
+        let limits = counting.limits("web").unwrap();
+        assert_eq!(limits.budget, Some(2));
+        assert_eq!(limits.window, Duration::from_secs(3600));
+        let error = load(
+            Some("[safety.budget]\nmax_disrupted_percent = 150\n"),
+            &[],
+            &[],
+        )
+        .unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .contains("safety.budget.max_disrupted_percent"),
+            "{error}"
+        );
+        let error = load(Some("[safety]\ngroups = { web = [\"\"] }\n"), &[], &[]).unwrap_err();
+        assert!(
+            error.to_string().contains("safety.groups.web[0]"),
+            "{error}"
+        );
+        // A real backend counts by default: Chaos Monkey's one per group
+        // per day, one host of a group disrupted at once.
+        let mut real = Config::default();
+        real.restarter.kind = RestarterKind::Command;
+        let limits = real.counting().unwrap().limits("cattle").unwrap();
+        assert_eq!(limits.group_max, Some(1));
+        assert_eq!(limits.window, Duration::from_secs(24 * 3600));
+        assert_eq!(limits.budget, Some(1));
+        assert!(
+            !Config::default()
+                .counting()
+                .unwrap()
+                .limits("cattle")
+                .unwrap()
+                .is_active()
+        );
     }
 
     #[test]

@@ -130,6 +130,9 @@ pub struct RestartRequest {
     pub reason: Option<String>,
     /// When the publisher sent it, if it said.
     pub published_at: Option<SystemTime>,
+    /// The group the publisher named, if it did; see
+    /// [`crate::safety::Counting::group`] for how a group is chosen otherwise.
+    pub group: Option<String>,
 }
 
 /// The wire format. Unknown fields are accepted so that newer publishers can
@@ -149,6 +152,10 @@ pub struct WireRequest {
     /// Optional: RFC 3339 timestamp.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub published_at: Option<String>,
+    /// Optional: the group the instance belongs to, for the rate limits and
+    /// the disruption budget (a DNS label, like an instance name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
 }
 
 /// Why a payload was not accepted as a restart request. The `Display` text is
@@ -284,8 +291,21 @@ impl RestartRequest {
                     .map_err(|_| Rejection::BadPublishedAt(excerpt(raw)))
             })
             .transpose()?;
+        let group = wire
+            .group
+            .as_deref()
+            .map(|raw| {
+                InstanceName::parse(raw)
+                    .map(|name| name.as_str().to_owned())
+                    .map_err(|why| Rejection::BadText {
+                        field: "group",
+                        why: format!("{:?} {why}", excerpt(raw)),
+                    })
+            })
+            .transpose()?;
         Ok(Self {
             message_id,
+            group,
             hostname: Hostname::new(&instance_name, &rules.domain),
             instance_name,
             requested_by: free_text("requested_by", wire.requested_by, MAX_REQUESTED_BY_CHARS)?,
@@ -294,9 +314,18 @@ impl RestartRequest {
         })
     }
 
-    /// The request's group: the instance name without its last `-suffix`
-    /// (`cattle-ab12` → `cattle`), or the whole name when it has none.
+    /// The request's group as the request alone tells it: its own `group`,
+    /// else [`Self::default_group`]. (Configured group patterns are applied
+    /// by [`crate::safety::Counting::group`].)
     pub fn group(&self) -> &str {
+        self.group
+            .as_deref()
+            .unwrap_or_else(|| self.default_group())
+    }
+
+    /// The instance name without its last `-suffix` (`cattle-ab12` →
+    /// `cattle`), or the whole name when it has none.
+    pub fn default_group(&self) -> &str {
         let name = self.instance_name.as_str();
         name.rsplit_once('-').map_or(name, |(group, _)| group)
     }
@@ -311,6 +340,7 @@ impl RestartRequest {
             published_at: self
                 .published_at
                 .map(|t| humantime::format_rfc3339_millis(t).to_string()),
+            group: self.group.clone(),
         };
         // Serialising a struct of strings to JSON cannot fail.
         serde_json::to_vec(&wire).expect("a struct of strings serialises")
@@ -706,6 +736,7 @@ mod tests {
             requested_by: None,
             reason: Some("chaos".into()),
             published_at: Some(humantime::parse_rfc3339("2026-11-21T10:00:00.123Z").unwrap()),
+            group: None,
         };
         assert_eq!(
             RestartRequest::parse(&request.to_wire(), &rules()),

@@ -598,6 +598,7 @@ mod tests {
                 crate::store::ClaimTerms {
                     max_attempts: 1,
                     hold: Duration::from_secs(60),
+                    limits: crate::safety::Limits::NONE,
                 },
             )
             .await

@@ -28,6 +28,7 @@ pub fn random_request(rng: &mut impl Rng) -> RestartRequest {
         requested_by: Some("mandrill-simulate".into()),
         reason: None,
         published_at: Some(std::time::SystemTime::now()),
+        group: None,
     }
 }
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use jiff::{SignedDuration, Timestamp};
 
-use super::{Calendar, Verdict};
+use super::{Calendar, Counting, Verdict};
 use crate::domain::RestartRequest;
 
 /// Wall-clock time for the guards. Injected so that tests read tokio's
@@ -56,6 +56,8 @@ impl Clock {
 pub enum Hold {
     /// Not yet: nack, to be redelivered after `delay`.
     Defer {
+        /// Which guard.
+        guard: &'static str,
         /// Until the guard could pass (never past the expiry).
         delay: Duration,
         /// Which guard, why, and when it opens.
@@ -64,16 +66,21 @@ pub enum Hold {
     /// Deferred past `safety.max_defer` since it was published, or it would
     /// be before the guard opens: recorded `expired`, acked.
     Expired {
+        /// Which guard.
+        guard: &'static str,
         /// What deferred it, and since when.
         reason: String,
     },
 }
 
-/// The deferring guards: today the calendar.
+/// The deferring guards: the calendar, and the counting guards that the
+/// store's claim decides.
 #[derive(Debug, Clone, Default)]
 pub struct Guards {
     /// `None`: restarts at any time.
     pub calendar: Option<Calendar>,
+    /// Groups, rate limits, host cooldown and the disruption budget.
+    pub counting: Counting,
     /// How long after it was published a request may still be deferred.
     pub max_defer: Duration,
     /// The time the guards read.
@@ -92,6 +99,23 @@ impl Guards {
         let Verdict::Defer { until, reason } = calendar.verdict(now) else {
             return None;
         };
+        let delay = Duration::try_from(until.duration_since(now)).unwrap_or_default();
+        Some(self.defer(request, "calendar", delay, reason))
+    }
+
+    /// A deferral by `guard` for `delay`, or the request's expiry if it
+    /// would still wait past `safety.max_defer` after it was published.
+    pub fn defer(
+        &self,
+        request: &RestartRequest,
+        guard: &'static str,
+        delay: Duration,
+        reason: String,
+    ) -> Hold {
+        let now = self.clock.now();
+        let until = now
+            .saturating_add(SignedDuration::try_from(delay).unwrap_or(SignedDuration::MAX))
+            .unwrap_or(now);
         let expires = request
             .published_at
             .and_then(|published| Timestamp::try_from(published).ok())
@@ -106,19 +130,23 @@ impl Guards {
         if let Some((published, expires)) = expires
             && until > expires
         {
-            return Some(Hold::Expired {
+            let published = match &self.calendar {
+                Some(calendar) => calendar.local(published),
+                None => published.to_string(),
+            };
+            return Hold::Expired {
+                guard,
                 reason: format!(
-                    "expired: {reason}, more than safety.max_defer ({}) after it was published at {}",
+                    "expired: {reason}, more than safety.max_defer ({}) after it was published at {published}",
                     humantime::format_duration(self.max_defer),
-                    calendar.local(published),
                 ),
-            });
+            };
         }
-        let delay = Duration::try_from(until.duration_since(now)).unwrap_or_default();
-        Some(Hold::Defer {
+        Hold::Defer {
+            guard,
             delay: delay.max(Duration::from_millis(1)),
             reason,
-        })
+        }
     }
 }
 
@@ -137,6 +165,7 @@ mod tests {
         })
         .unwrap();
         Guards {
+            counting: crate::safety::Counting::none(),
             calendar: Some(calendar),
             max_defer: Duration::from_secs(24 * 3600),
             clock: Clock::Fixed(now.parse().unwrap()),
@@ -152,7 +181,7 @@ mod tests {
             "2026-11-22T19:00:00Z".parse::<Timestamp>().unwrap(),
         ));
         match sunday.hold(&fresh) {
-            Some(Hold::Defer { delay, reason }) => {
+            Some(Hold::Defer { delay, reason, .. }) => {
                 assert_eq!(delay, Duration::from_secs(12 * 3600));
                 assert!(
                     reason.starts_with("deferred by calendar: outside Mon–Fri"),
@@ -166,7 +195,7 @@ mod tests {
             "2026-11-21T12:00:00Z".parse::<Timestamp>().unwrap(),
         ));
         match sunday.hold(&stale) {
-            Some(Hold::Expired { reason }) => {
+            Some(Hold::Expired { reason, .. }) => {
                 assert!(reason.contains("safety.max_defer (1day)"), "{reason}");
             }
             other => panic!("{other:?}"),

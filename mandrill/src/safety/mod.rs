@@ -1,14 +1,16 @@
-//! Safety guards that need no store: who may be restarted at all
-//! (eligibility: a final deny) and when (the calendar: a defer until it
-//! opens). The leash (dry run) is decided by the worker's configuration;
-//! the guards that count (rate limits, budgets) and the kill switch sit in
-//! the same place, between parsing and the claim.
+//! Safety guards: who may be restarted at all (eligibility: a final deny),
+//! when (the calendar: a defer until it opens), and how many (the counting
+//! guards in `limits`: rate limits, host cooldown, disruption budget,
+//! decided in the store's claim transaction, with the kill switch). The
+//! leash (dry run) is decided by the worker's configuration.
 
 pub mod calendar;
 pub mod guards;
+pub mod limits;
 
 pub use calendar::{Calendar, CalendarSettings, FreezeSettings};
 pub use guards::{Clock, Guards, Hold};
+pub use limits::{BudgetSettings, Counting, Limits, RateSettings};
 
 use crate::pattern::Pattern;
 

@@ -11,10 +11,11 @@ use async_trait::async_trait;
 use uuid::Uuid;
 
 use super::{
-    Claim, ClaimState, ClaimTerms, HistoryEntry, Recorded, Store, StoreError, Switch, Timestamp,
-    decide_claim,
+    AttemptRecord, Claim, ClaimState, ClaimTerms, Decision, DecisionRecord, HistoryEntry, Recorded,
+    Store, StoreError, Story, Switch, Timestamp, claim_decision, decide_claim,
 };
 use crate::domain::{Outcome, RestartRequest, Status};
+use crate::safety::limits::Usage;
 
 /// Independent shards, so that handlers on different threads rarely wait
 /// for each other.
@@ -33,6 +34,94 @@ pub struct MemoryStore {
     clock: Clock,
     /// The kill switch.
     switch: Mutex<Switch>,
+    /// The restart journal and the decisions. Locked after a shard, never
+    /// before: a claim holds both while the counting guards decide.
+    journal: Mutex<Journal>,
+}
+
+#[derive(Debug, Default)]
+struct Journal {
+    restarts: HashMap<(Uuid, u32), JournalRow>,
+    decisions: HashMap<Uuid, Vec<DecisionRecord>>,
+}
+
+#[derive(Debug)]
+struct JournalRow {
+    instance: Box<str>,
+    group: Box<str>,
+    claimed_at: i64,
+    verdict: String,
+    outcome: Option<Status>,
+    settled_at: Option<i64>,
+}
+
+impl Journal {
+    /// What [`super::USAGE_SQL`] reads, from the rows in memory.
+    fn usage(&self, request: &RestartRequest, terms: &ClaimTerms, now: i64) -> Usage {
+        let (window_start, memory_start) = super::usage_binds(&terms.limits, now);
+        let group = request.group();
+        let instance = request.instance_name.as_str();
+        let mut usage = Usage::default();
+        let mut latest: HashMap<&str, &JournalRow> = HashMap::new();
+        for row in self.restarts.values() {
+            if row.claimed_at > window_start {
+                usage.global_claims += 1;
+                usage.global_oldest = Some(
+                    usage
+                        .global_oldest
+                        .map_or(row.claimed_at, |o: i64| o.min(row.claimed_at)),
+                );
+                if &*row.group == group {
+                    usage.group_claims += 1;
+                    usage.group_oldest = Some(
+                        usage
+                            .group_oldest
+                            .map_or(row.claimed_at, |o: i64| o.min(row.claimed_at)),
+                    );
+                }
+            }
+            if &*row.instance == instance && row.claimed_at <= now {
+                usage.host_last = usage.host_last.max(Some(row.claimed_at));
+            }
+            let newest = latest.entry(&row.instance).or_insert(row);
+            if row.claimed_at > newest.claimed_at {
+                *newest = row;
+            }
+        }
+        usage.disrupted = latest
+            .values()
+            .filter(|row| {
+                &*row.group == group
+                    && &*row.instance != instance
+                    && row.claimed_at > memory_start
+                    && !matches!(
+                        row.outcome,
+                        Some(Status::Restarted | Status::DryRun | Status::Expired | Status::Denied)
+                    )
+            })
+            .count()
+            .try_into()
+            .unwrap_or(u32::MAX);
+        usage
+    }
+
+    fn decide(&mut self, message_id: Uuid, attempt: u32, decision: Decision<'_>, now: i64) {
+        let list = self.decisions.entry(message_id).or_default();
+        let repeat = list.last().is_some_and(|last| {
+            last.verdict == decision.verdict
+                && last.guard == decision.guard
+                && last.reason == decision.reason
+        });
+        if !repeat && list.len() < 100 {
+            list.push(DecisionRecord {
+                at: Timestamp::from_millis(now),
+                attempt,
+                verdict: decision.verdict.to_owned(),
+                guard: decision.guard.to_owned(),
+                reason: decision.reason.to_owned(),
+            });
+        }
+    }
 }
 
 /// The wall clock at creation, advanced by tokio's clock: the same as the
@@ -138,7 +227,12 @@ impl MemoryStore {
             rejected: Mutex::default(),
             clock: Clock::default(),
             switch: Mutex::default(),
+            journal: Mutex::default(),
         }
+    }
+
+    fn journal(&self) -> std::sync::MutexGuard<'_, Journal> {
+        self.journal.lock().expect("memory store journal poisoned")
     }
 
     /// Every entry recorded with a message id.
@@ -188,7 +282,13 @@ impl Store for MemoryStore {
             attempts: row.attempts,
             claim_until: row.claim_until,
         };
-        let (claim, write) = decide_claim(Some(state), &switch, now, terms);
+        let mut journal = self.journal();
+        let usage = if terms.limits.is_active() {
+            journal.usage(request, &terms, now)
+        } else {
+            Usage::default()
+        };
+        let (claim, write) = decide_claim(request, Some(state), &switch, now, terms, &usage);
         if let Some(write) = write {
             row.status = Status::Received;
             row.attempts = write.attempts;
@@ -197,6 +297,19 @@ impl Store for MemoryStore {
                 row.last_error = Some(error.into());
             }
             row.updated_at = now;
+            journal.restarts.insert(
+                (request.message_id, write.attempts),
+                JournalRow {
+                    instance: request.instance_name.as_str().into(),
+                    group: request.group().into(),
+                    claimed_at: now,
+                    verdict: write.verdict,
+                    outcome: None,
+                    settled_at: None,
+                },
+            );
+        } else if let Some(decision) = claim_decision(&claim) {
+            journal.decide(request.message_id, 0, decision, now);
         }
         Ok(claim)
     }
@@ -217,6 +330,14 @@ impl Store for MemoryStore {
             row.attempts -= 1;
             row.claim_until = None;
             row.updated_at = now;
+            let mut journal = self.journal();
+            if journal
+                .restarts
+                .get(&(request.message_id, attempt))
+                .is_some_and(|row| row.outcome.is_none())
+            {
+                journal.restarts.remove(&(request.message_id, attempt));
+            }
         }
         Ok(())
     }
@@ -255,6 +376,15 @@ impl Store for MemoryStore {
         }
         row.updated_at = now;
         row.completed_at = outcome.status().is_final().then_some(now);
+        if let Some(attempt) = self
+            .journal()
+            .restarts
+            .get_mut(&(request.message_id, attempt))
+            .filter(|attempt| attempt.outcome.is_none())
+        {
+            attempt.outcome = Some(outcome.status());
+            attempt.settled_at = Some(now);
+        }
         Ok(Recorded::Recorded)
     }
 
@@ -290,6 +420,53 @@ impl Store for MemoryStore {
         Ok(entries)
     }
 
+    async fn record_decision(
+        &self,
+        request: &RestartRequest,
+        attempt: u32,
+        decision: Decision<'_>,
+    ) -> Result<(), StoreError> {
+        let now = self.clock.now();
+        self.journal()
+            .decide(request.message_id, attempt, decision, now);
+        Ok(())
+    }
+
+    async fn story(&self, message_id: Uuid) -> Result<Option<Story>, StoreError> {
+        let Some(entry) = self
+            .shard(&message_id)
+            .get(&message_id)
+            .map(|row| row.entry(Some(message_id)))
+        else {
+            return Ok(None);
+        };
+        let journal = self.journal();
+        let mut attempts: Vec<AttemptRecord> = journal
+            .restarts
+            .iter()
+            .filter(|((id, _), _)| *id == message_id)
+            .map(|((_, attempt), row)| AttemptRecord {
+                attempt: *attempt,
+                group: row.group.to_string(),
+                claimed_at: Timestamp::from_millis(row.claimed_at),
+                verdict: row.verdict.clone(),
+                outcome: row.outcome,
+                settled_at: row.settled_at.map(Timestamp::from_millis),
+            })
+            .collect();
+        attempts.sort_by_key(|a| a.attempt);
+        let decisions = journal
+            .decisions
+            .get(&message_id)
+            .cloned()
+            .unwrap_or_default();
+        Ok(Some(Story {
+            entry,
+            attempts,
+            decisions,
+        }))
+    }
+
     async fn switch(&self) -> Result<Switch, StoreError> {
         Ok(self.switch.lock().expect("memory store poisoned").clone())
     }
@@ -321,12 +498,25 @@ impl Store for MemoryStore {
             .lock()
             .expect("memory store poisoned")
             .retain(|(_, row)| keep(row));
+        let mut gone = Vec::new();
         for shard in &self.shards {
             shard
                 .lock()
                 .expect("memory store shard poisoned")
-                .retain(|_, row| keep(row));
+                .retain(|id, row| {
+                    keep(row) || {
+                        gone.push(*id);
+                        false
+                    }
+                });
         }
+        let mut journal = self.journal();
+        for id in &gone {
+            journal.decisions.remove(id);
+        }
+        journal
+            .restarts
+            .retain(|(id, _), row| row.claimed_at >= before && !gone.contains(id));
         Ok(removed)
     }
 }

@@ -17,6 +17,7 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use crate::domain::{Outcome, RestartRequest, Status};
+use crate::safety::limits::{self, Limits, Usage};
 
 pub use memory::MemoryStore;
 pub use postgres::PostgresStore;
@@ -147,6 +148,16 @@ pub enum Claim {
         /// Who paused, and why, as recorded.
         reason: String,
     },
+    /// A counting guard (rate limit, host cooldown, disruption budget)
+    /// says not yet. Nothing was claimed; the decision was recorded.
+    Deferred {
+        /// Which guard.
+        guard: &'static str,
+        /// Why, in plain words, with when it could pass.
+        reason: String,
+        /// Until it could pass.
+        wait: Duration,
+    },
     /// Every allowed attempt was claimed; none is left. The caller records
     /// the request as failed.
     Exhausted {
@@ -165,6 +176,9 @@ pub struct ClaimTerms {
     /// How long a claim holds off other deliveries: long enough for the
     /// restart to time out and its outcome to be recorded.
     pub hold: Duration,
+    /// The counting guards, resolved for the request's group
+    /// ([`RestartRequest::group`]); checked in the claim's transaction.
+    pub limits: Limits,
 }
 
 /// The part of a stored row that decides a claim.
@@ -210,15 +224,64 @@ pub(crate) struct ClaimWrite {
     pub claim_until: i64,
     /// Set when an earlier attempt's outcome is unknown, so history says so.
     pub last_error: Option<String>,
+    /// What the counting guards said, for the restart journal.
+    pub verdict: String,
 }
 
-/// The one place the claim rule lives; each store reads the row, calls
-/// this, and writes the result in the same transaction.
+/// What the counting guards read in the claim's transaction, in one
+/// statement: `?1` group, `?2` instance, `?3` start of the rate window,
+/// `?4` start of the budget's memory, `?5` now. (PostgreSQL takes it with
+/// `$` for `?`.) The claim being decided has no journal row yet.
+pub(crate) const USAGE_SQL: &str = "SELECT
+    (SELECT COUNT(*) FROM restarts WHERE grp = ?1 AND claimed_at > ?3),
+    (SELECT MIN(claimed_at) FROM restarts WHERE grp = ?1 AND claimed_at > ?3),
+    (SELECT COUNT(*) FROM restarts WHERE claimed_at > ?3),
+    (SELECT MIN(claimed_at) FROM restarts WHERE claimed_at > ?3),
+    (SELECT MAX(claimed_at) FROM restarts WHERE instance_name = ?2 AND claimed_at <= ?5),
+    (SELECT COUNT(DISTINCT r.instance_name) FROM restarts r
+      WHERE r.grp = ?1 AND r.instance_name <> ?2 AND r.claimed_at > ?4
+        AND r.claimed_at = (SELECT MAX(x.claimed_at) FROM restarts x
+                            WHERE x.instance_name = r.instance_name)
+        AND (r.outcome IS NULL OR r.outcome NOT IN ('restarted', 'dry-run', 'expired', 'denied')))";
+
+/// The bind values of [`USAGE_SQL`] for a claim.
+pub(crate) fn usage_binds(limits: &Limits, now: i64) -> (i64, i64) {
+    let back = |d: Duration| now.saturating_sub(i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+    (back(limits.window), back(limits.forget_after))
+}
+
+/// [`Usage`] from [`USAGE_SQL`]'s row.
+pub(crate) fn usage_from(
+    (group_claims, group_oldest, global_claims, global_oldest, host_last, disrupted): (
+        i64,
+        Option<i64>,
+        i64,
+        Option<i64>,
+        Option<i64>,
+        i64,
+    ),
+) -> Usage {
+    let count = |n: i64| u32::try_from(n).unwrap_or(u32::MAX);
+    Usage {
+        group_claims: count(group_claims),
+        group_oldest,
+        global_claims: count(global_claims),
+        global_oldest,
+        host_last,
+        disrupted: count(disrupted),
+    }
+}
+
+/// The one place the claim rule lives; each store reads the row (and, when
+/// a counting guard is on, the journal's [`Usage`]), calls this, and writes
+/// the result in the same transaction.
 pub(crate) fn decide_claim(
+    request: &RestartRequest,
     state: Option<ClaimState>,
     switch: &Switch,
     now: i64,
     terms: ClaimTerms,
+    usage: &Usage,
 ) -> (Claim, Option<ClaimWrite>) {
     let state = state.unwrap_or(ClaimState {
         status: Status::Received,
@@ -250,12 +313,35 @@ pub(crate) fn decide_claim(
         };
         return (claim, None);
     }
+    let verdict = if terms.limits.is_active() {
+        let checked = limits::check(
+            &terms.limits,
+            request.group(),
+            request.instance_name.as_str(),
+            usage,
+            now,
+        );
+        match checked {
+            Ok(verdict) => verdict,
+            Err(refusal) => {
+                let claim = Claim::Deferred {
+                    guard: refusal.guard,
+                    reason: refusal.reason,
+                    wait: refusal.wait,
+                };
+                return (claim, None);
+            }
+        }
+    } else {
+        String::new()
+    };
     let attempt = state.attempts + 1;
     let hold = i64::try_from(terms.hold.as_millis()).unwrap_or(i64::MAX);
     let write = ClaimWrite {
         attempts: attempt,
         claim_until: now.saturating_add(hold),
         last_error: unknown.map(unknown_outcome),
+        verdict,
     };
     (Claim::Claimed { attempt, unknown }, Some(write))
 }
@@ -266,6 +352,141 @@ pub fn unknown_outcome(attempt: u32) -> String {
         "restart attempt {attempt} was issued but its outcome was never recorded \
          (the handler stopped or lost its lease); counted as failed"
     )
+}
+
+/// A guard's verdict that held a request back, for the record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decision<'a> {
+    /// `deferred`, `denied`, `expired`, `dry-run`.
+    pub verdict: &'a str,
+    /// Which guard (`calendar`, `rate limit`, `kill switch`, ...).
+    pub guard: &'a str,
+    /// In plain words.
+    pub reason: &'a str,
+}
+
+/// Records a decision unless it repeats the request's latest one (a
+/// request deferred a hundred times by the same closed window tells it
+/// once), and at most 100 per request. `?1` message id, `?2` at, `?3`
+/// attempt, `?4` verdict, `?5` guard, `?6` reason.
+pub(crate) const DECISION_SQL: &str = "INSERT INTO decisions
+        (message_id, at, attempt, verdict, guard, reason)
+    SELECT ?1, ?2, ?3, ?4, ?5, ?6
+    WHERE NOT EXISTS (
+            SELECT 1 FROM (SELECT verdict, guard, reason FROM decisions
+                           WHERE message_id = ?1 ORDER BY id DESC LIMIT 1) AS latest
+            WHERE latest.verdict = ?4 AND latest.guard = ?5 AND latest.reason = ?6)
+      AND (SELECT COUNT(*) FROM decisions WHERE message_id = ?1) < 100";
+
+/// The decision a refused claim records.
+pub(crate) fn claim_decision(claim: &Claim) -> Option<Decision<'_>> {
+    match claim {
+        Claim::Deferred { guard, reason, .. } => Some(Decision {
+            verdict: "deferred",
+            guard,
+            reason,
+        }),
+        Claim::Paused { reason } => Some(Decision {
+            verdict: "deferred",
+            guard: "kill switch",
+            reason,
+        }),
+        _ => None,
+    }
+}
+
+/// One claimed restart attempt, from the restart journal.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct AttemptRecord {
+    /// The attempt's number.
+    pub attempt: u32,
+    /// The group it counted against.
+    pub group: String,
+    /// When it was claimed: the restart was issued right after.
+    pub claimed_at: Timestamp,
+    /// What the counting guards said when they allowed it.
+    pub verdict: String,
+    /// How it ended; `None` while in flight, or if it was never recorded.
+    pub outcome: Option<Status>,
+    /// When its outcome was recorded.
+    pub settled_at: Option<Timestamp>,
+}
+
+/// A verdict that held a request back, as recorded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DecisionRecord {
+    /// When.
+    pub at: Timestamp,
+    /// The attempt it concerned (0: before any claim).
+    pub attempt: u32,
+    /// `deferred`, `denied`, `expired`, `dry-run`.
+    pub verdict: String,
+    /// Which guard.
+    pub guard: String,
+    /// Why, in plain words.
+    pub reason: String,
+}
+
+/// Everything recorded about one request: what `mandrill explain` prints.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Story {
+    /// The request as it stands.
+    pub entry: HistoryEntry,
+    /// Its restart attempts, oldest first.
+    pub attempts: Vec<AttemptRecord>,
+    /// The verdicts that held it back, oldest first.
+    pub decisions: Vec<DecisionRecord>,
+}
+
+/// A request's journal rows, for [`Story`]: `?1` message id.
+pub(crate) const STORY_ATTEMPTS_SQL: &str = "SELECT CAST(attempt AS BIGINT), grp, claimed_at,
+        verdict, outcome, settled_at
+    FROM restarts WHERE message_id = ?1 ORDER BY attempt";
+
+/// A request's decisions, for [`Story`]: `?1` message id.
+pub(crate) const STORY_DECISIONS_SQL: &str = "SELECT at, CAST(attempt AS BIGINT), verdict, guard,
+        reason
+    FROM decisions WHERE message_id = ?1 ORDER BY id";
+
+/// A row of [`STORY_ATTEMPTS_SQL`].
+pub(crate) type AttemptRow = (i64, String, i64, String, Option<String>, Option<i64>);
+
+/// A row of [`STORY_DECISIONS_SQL`].
+pub(crate) type DecisionRow = (i64, i64, String, String, String);
+
+/// A story from its rows.
+pub(crate) fn story_from(
+    entry: HistoryEntry,
+    attempts: Vec<AttemptRow>,
+    decisions: Vec<DecisionRow>,
+) -> Story {
+    let number = |n: i64| u32::try_from(n).unwrap_or(0);
+    Story {
+        entry,
+        attempts: attempts
+            .into_iter()
+            .map(
+                |(attempt, group, claimed_at, verdict, outcome, settled_at)| AttemptRecord {
+                    attempt: number(attempt),
+                    group,
+                    claimed_at: Timestamp::from_millis(claimed_at),
+                    verdict,
+                    outcome: outcome.as_deref().and_then(Status::from_name),
+                    settled_at: settled_at.map(Timestamp::from_millis),
+                },
+            )
+            .collect(),
+        decisions: decisions
+            .into_iter()
+            .map(|(at, attempt, verdict, guard, reason)| DecisionRecord {
+                at: Timestamp::from_millis(at),
+                attempt: number(attempt),
+                verdict,
+                guard,
+                reason,
+            })
+            .collect(),
+    }
 }
 
 /// Whether [`Store::record_outcome`] recorded anything.
@@ -432,6 +653,19 @@ pub trait Store: Send + Sync + 'static {
     /// The most recently updated entries, newest first.
     async fn history(&self, limit: usize) -> Result<Vec<HistoryEntry>, StoreError>;
 
+    /// Records a guard's verdict on a request that the claim did not
+    /// decide (eligibility, the calendar, stop conditions, a dry run), for
+    /// [`Store::story`]. Claims record their own refusals.
+    async fn record_decision(
+        &self,
+        request: &RestartRequest,
+        attempt: u32,
+        decision: Decision<'_>,
+    ) -> Result<(), StoreError>;
+
+    /// Everything recorded about one request, if anything is.
+    async fn story(&self, message_id: Uuid) -> Result<Option<Story>, StoreError>;
+
     /// The kill switch, as every instance sharing this store sees it.
     async fn switch(&self) -> Result<Switch, StoreError>;
 
@@ -469,6 +703,7 @@ pub(crate) mod contract {
     const TERMS: ClaimTerms = ClaimTerms {
         max_attempts: 3,
         hold: Duration::from_secs(3600),
+        limits: crate::safety::Limits::NONE,
     };
 
     /// Every contract behaviour, in order, on one store.
@@ -480,6 +715,7 @@ pub(crate) mod contract {
         rejections_are_listed_but_never_count_as_the_request(store).await;
         outcome_details_are_kept(store).await;
         the_kill_switch_stops_every_claim_until_resumed(store).await;
+        counting_guards_are_decided_in_the_claim_and_journaled(store).await;
         prune_removes_old_final_entries_only_and_in_bounded_passes(store).await;
     }
 
@@ -577,6 +813,7 @@ pub(crate) mod contract {
         // as a used attempt: a crash never buys a request extra restarts.
         let expired = ClaimTerms {
             hold: Duration::ZERO,
+            limits: crate::safety::Limits::NONE,
             ..TERMS
         };
         let other = self::request("cattle-0004");
@@ -794,6 +1031,128 @@ pub(crate) mod contract {
                 unknown: None
             }
         );
+    }
+
+    pub async fn counting_guards_are_decided_in_the_claim_and_journaled(store: &dyn Store) {
+        let limited = ClaimTerms {
+            limits: Limits {
+                group_max: Some(2),
+                global_max: None,
+                window: Duration::from_secs(3600),
+                host_cooldown: None,
+                budget: Some(1),
+                forget_after: Duration::from_secs(3600),
+            },
+            ..TERMS
+        };
+        let first = request("herd-0001");
+        let second = request("herd-0002");
+        let third = request("herd-0003");
+        assert_eq!(
+            store.claim_restart(&first, limited).await.unwrap(),
+            Claim::Claimed {
+                attempt: 1,
+                unknown: None
+            }
+        );
+        // herd-0001's restart is in flight: the group's one disruption.
+        let Claim::Deferred { guard, wait, .. } =
+            store.claim_restart(&second, limited).await.unwrap()
+        else {
+            panic!("the budget must hold while another host of the group is disrupted");
+        };
+        assert_eq!((guard, wait), ("disruption budget", limits::BUDGET_RETRY));
+        store
+            .record_outcome(&first, 1, &Outcome::restarted())
+            .await
+            .unwrap();
+        assert!(matches!(
+            store.claim_restart(&second, limited).await.unwrap(),
+            Claim::Claimed { attempt: 1, .. }
+        ));
+        store
+            .record_outcome(&second, 1, &Outcome::restarted())
+            .await
+            .unwrap();
+        // Two restarts of group herd in the window: the third waits for a
+        // slot, about an hour.
+        let Claim::Deferred {
+            guard,
+            wait,
+            reason,
+        } = store.claim_restart(&third, limited).await.unwrap()
+        else {
+            panic!("the rate limit must hold");
+        };
+        assert_eq!(guard, "rate limit");
+        assert!(wait > Duration::from_secs(3000), "{wait:?}");
+        assert!(reason.contains("group herd had 2 of its 2"), "{reason}");
+        // Another group is not limited by herd's use...
+        let mut other = request("herd-0004");
+        other.group = Some("flock".into());
+        assert!(matches!(
+            store.claim_restart(&other, limited).await.unwrap(),
+            Claim::Claimed { attempt: 1, .. }
+        ));
+        // ...and a claim given back leaves nothing in the journal.
+        store.release_claim(&other, 1).await.unwrap();
+        // The host cooldown counts restarts of the host by any request.
+        let cooling = ClaimTerms {
+            limits: Limits {
+                host_cooldown: Some(Duration::from_secs(600)),
+                ..Limits::NONE
+            },
+            ..TERMS
+        };
+        let again = request("herd-0001");
+        let Claim::Deferred { guard, .. } = store.claim_restart(&again, cooling).await.unwrap()
+        else {
+            panic!("the host cooldown must hold");
+        };
+        assert_eq!(guard, "host cooldown");
+
+        // The story: the journal and the decisions, oldest first.
+        let story = store.story(second.message_id).await.unwrap().unwrap();
+        assert_eq!(story.entry.status, Status::Restarted);
+        assert_eq!(story.attempts.len(), 1);
+        assert_eq!(story.attempts[0].outcome, Some(Status::Restarted));
+        assert_eq!(story.attempts[0].group, "herd");
+        assert!(
+            story.attempts[0].verdict.contains("restart 2 of 2"),
+            "{:?}",
+            story.attempts[0]
+        );
+        assert_eq!(story.decisions.len(), 1, "{:?}", story.decisions);
+        assert_eq!(story.decisions[0].guard, "disruption budget");
+        assert_eq!(story.decisions[0].verdict, "deferred");
+        let story = store.story(third.message_id).await.unwrap().unwrap();
+        assert!(story.attempts.is_empty());
+        assert_eq!(story.decisions[0].guard, "rate limit");
+        // A repeated verdict is told once.
+        store.claim_restart(&third, limited).await.unwrap();
+        assert_eq!(
+            store
+                .story(third.message_id)
+                .await
+                .unwrap()
+                .unwrap()
+                .decisions
+                .len(),
+            1
+        );
+        let story = store.story(other.message_id).await.unwrap().unwrap();
+        assert!(story.attempts.is_empty(), "{:?}", story.attempts);
+        // Decisions the worker records (eligibility, calendar, ...).
+        let decision = Decision {
+            verdict: "denied",
+            guard: "eligibility",
+            reason: "denied by safety.deny",
+        };
+        store.record_decision(&third, 0, decision).await.unwrap();
+        let story = store.story(third.message_id).await.unwrap().unwrap();
+        assert_eq!(story.decisions.len(), 2);
+        assert_eq!(story.decisions[1].reason, "denied by safety.deny");
+        assert_eq!(store.story(Uuid::new_v4()).await.unwrap(), None);
     }
 
     async fn entry(store: &dyn Store, id: Uuid) -> HistoryEntry {

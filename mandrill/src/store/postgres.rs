@@ -13,10 +13,30 @@ use sqlx::postgres::{PgPool, PgPoolOptions, PgRow};
 use uuid::Uuid;
 
 use super::{
-    Claim, ClaimState, ClaimTerms, HistoryEntry, Recorded, Store, StoreError, Switch, Timestamp,
-    decide_claim, duration_of, millis_of, payload_excerpt, switch_from,
+    Claim, ClaimState, ClaimTerms, DECISION_SQL, Decision, HistoryEntry, Recorded,
+    STORY_ATTEMPTS_SQL, STORY_DECISIONS_SQL, Store, StoreError, Story, Switch, Timestamp,
+    USAGE_SQL, claim_decision, decide_claim, duration_of, millis_of, payload_excerpt, switch_from,
+    usage_binds, usage_from,
 };
 use crate::domain::{Outcome, RestartRequest, Status};
+use crate::safety::limits::Usage;
+
+/// The stores' shared statements, with PostgreSQL's `$n` for SQLite's `?n`.
+fn pg(sql: &'static str) -> &'static str {
+    static CONVERTED: std::sync::LazyLock<std::collections::HashMap<&'static str, String>> =
+        std::sync::LazyLock::new(|| {
+            [
+                USAGE_SQL,
+                DECISION_SQL,
+                STORY_ATTEMPTS_SQL,
+                STORY_DECISIONS_SQL,
+            ]
+            .into_iter()
+            .map(|sql| (sql, sql.replace('?', "$")))
+            .collect()
+        });
+    CONVERTED.get(sql).map_or(sql, String::as_str)
+}
 
 /// See the module docs.
 #[derive(Debug, Clone)]
@@ -131,8 +151,58 @@ impl Store for PostgresStore {
         .fetch_one(&mut *tx)
         .await?;
         let switch = switch_from(paused, by, why, since);
-        let (claim, write) = decide_claim(Some(state), &switch, now, terms);
+        let usage = if terms.limits.is_active() && !switch.paused {
+            // Serialise the claims that count against the same limits, on
+            // every instance: global (when a global limit is set), then the
+            // group, then the host; always in that order, so no two claims
+            // wait for each other. Transaction-scoped advisory locks: no
+            // table to keep, released by the commit.
+            let mut keys = Vec::with_capacity(3);
+            if terms.limits.global_max.is_some() {
+                keys.push("mandrill:global".to_owned());
+            }
+            keys.push(format!("mandrill:group:{}", request.group()));
+            keys.push(format!("mandrill:host:{}", request.instance_name));
+            for key in keys {
+                sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
+                    .bind(key)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            let (window_start, memory_start) = usage_binds(&terms.limits, now);
+            let row = sqlx::query_as(pg(USAGE_SQL))
+                .bind(request.group())
+                .bind(request.instance_name.as_str())
+                .bind(window_start)
+                .bind(memory_start)
+                .bind(now)
+                .fetch_one(&mut *tx)
+                .await?;
+            usage_from(row)
+        } else {
+            Usage::default()
+        };
+        let (claim, write) = decide_claim(request, Some(state), &switch, now, terms, &usage);
+        if let Some(decision) = claim_decision(&claim) {
+            insert_decision(&mut tx, request.message_id, 0, decision, now).await?;
+        }
         if let Some(write) = write {
+            sqlx::query(
+                "INSERT INTO restarts
+                     (message_id, attempt, instance_name, grp, claimed_at, verdict)
+                 VALUES ($1, $2, $3, $4, $5, $6)
+                 ON CONFLICT (message_id, attempt) DO UPDATE SET
+                     claimed_at = excluded.claimed_at, verdict = excluded.verdict,
+                     outcome = NULL, settled_at = NULL",
+            )
+            .bind(&id)
+            .bind(attempts(write.attempts))
+            .bind(request.instance_name.as_str())
+            .bind(request.group())
+            .bind(now)
+            .bind(&write.verdict)
+            .execute(&mut *tx)
+            .await?;
             sqlx::query(
                 "UPDATE requests SET status = 'received', attempts = $2, claim_until = $3,
                      last_error = COALESCE($4, last_error), updated_at = $5
@@ -155,17 +225,71 @@ impl Store for PostgresStore {
         request: &RestartRequest,
         attempt: u32,
     ) -> Result<(), StoreError> {
-        sqlx::query(
+        let mut tx = self.pool.begin().await?;
+        let released = sqlx::query(
             "UPDATE requests SET attempts = attempts - 1, claim_until = NULL, updated_at = $3
              WHERE message_id = $1 AND attempts = $2 AND $2 > 0 AND claim_until IS NOT NULL
-               AND status IN ('received', 'retrying')",
+               AND status IN ('received', 'retrying')
+             RETURNING 1",
         )
         .bind(request.message_id.to_string())
         .bind(attempts(attempt))
         .bind(Timestamp::now().as_millis())
-        .execute(&self.pool)
-        .await?;
+        .fetch_optional(&mut *tx)
+        .await?
+        .is_some();
+        if released {
+            sqlx::query(
+                "DELETE FROM restarts WHERE message_id = $1 AND attempt = $2 AND outcome IS NULL",
+            )
+            .bind(request.message_id.to_string())
+            .bind(attempts(attempt))
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
         Ok(())
+    }
+
+    async fn record_decision(
+        &self,
+        request: &RestartRequest,
+        attempt: u32,
+        decision: Decision<'_>,
+    ) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let now = Timestamp::now().as_millis();
+        insert_decision(&mut tx, request.message_id, attempt, decision, now).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn story(&self, message_id: Uuid) -> Result<Option<Story>, StoreError> {
+        let id = message_id.to_string();
+        let Some(row) = sqlx::query(
+            "SELECT message_id, instance_name, hostname, requested_by, reason, status, attempts,
+                    last_error, output, recovered_after_ms, received_at, updated_at, completed_at
+             FROM requests WHERE message_id = $1",
+        )
+        .bind(&id)
+        .fetch_optional(&self.pool)
+        .await?
+        else {
+            return Ok(None);
+        };
+        let attempts = sqlx::query_as(pg(STORY_ATTEMPTS_SQL))
+            .bind(&id)
+            .fetch_all(&self.pool)
+            .await?;
+        let decisions = sqlx::query_as(pg(STORY_DECISIONS_SQL))
+            .bind(&id)
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(Some(super::story_from(
+            entry_from_row(&row)?,
+            attempts,
+            decisions,
+        )))
     }
 
     async fn record_outcome(
@@ -210,6 +334,20 @@ impl Store for PostgresStore {
         .bind(outcome.output())
         .bind(millis_of(outcome.recovered_after()))
         .fetch_optional(&self.pool)
+        .await?;
+        // The attempt's own end, whatever another delivery recorded first.
+        // Apart from the row above: the journal only informs the counting
+        // guards, and an attempt left unsettled counts as disrupted, which
+        // fails closed.
+        sqlx::query(
+            "UPDATE restarts SET outcome = $3, settled_at = $4
+             WHERE message_id = $1 AND attempt = $2 AND outcome IS NULL",
+        )
+        .bind(request.message_id.to_string())
+        .bind(attempts(attempt))
+        .bind(status.as_str())
+        .bind(now)
+        .execute(&self.pool)
         .await?;
         if updated.is_some() {
             return Ok(Recorded::Recorded);
@@ -287,12 +425,46 @@ impl Store for PostgresStore {
         .bind(i64::from(max_rows))
         .execute(&self.pool)
         .await?;
+        // The journal and decisions of what is gone, and journal rows older
+        // than the retention (the counting guards look back far less).
+        sqlx::query(
+            "DELETE FROM restarts r WHERE r.claimed_at < $1
+                OR NOT EXISTS (SELECT 1 FROM requests q WHERE q.message_id = r.message_id)",
+        )
+        .bind(before.as_millis())
+        .execute(&self.pool)
+        .await?;
+        sqlx::query(
+            "DELETE FROM decisions d
+             WHERE NOT EXISTS (SELECT 1 FROM requests q WHERE q.message_id = d.message_id)",
+        )
+        .execute(&self.pool)
+        .await?;
         Ok(deleted.rows_affected())
     }
 
     async fn close(&self) {
         self.pool.close().await;
     }
+}
+
+async fn insert_decision(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    message_id: Uuid,
+    attempt: u32,
+    decision: Decision<'_>,
+    now: i64,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(pg(DECISION_SQL))
+        .bind(message_id.to_string())
+        .bind(now)
+        .bind(attempts(attempt))
+        .bind(decision.verdict)
+        .bind(decision.guard)
+        .bind(decision.reason.replace('\0', "\u{fffd}"))
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
 }
 
 /// A throwaway PostgreSQL database for one test, dropped afterwards.

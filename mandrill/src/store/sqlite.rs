@@ -25,10 +25,12 @@ use tracing::{debug, warn};
 use uuid::Uuid;
 
 use super::{
-    Claim, ClaimState, ClaimTerms, HistoryEntry, Recorded, Store, StoreError, Switch, Timestamp,
-    decide_claim, duration_of, millis_of, payload_excerpt, sqlx_error_is_transient, switch_from,
+    Claim, ClaimState, ClaimTerms, DECISION_SQL, Decision, HistoryEntry, Recorded, Store,
+    StoreError, Story, Switch, Timestamp, USAGE_SQL, claim_decision, decide_claim, duration_of,
+    millis_of, payload_excerpt, sqlx_error_is_transient, switch_from, usage_binds, usage_from,
 };
 use crate::domain::{Outcome, RestartRequest, Status};
+use crate::safety::limits::Usage;
 
 /// Most writes committed in one transaction.
 const MAX_BATCH: usize = 1024;
@@ -74,6 +76,14 @@ enum Write {
     Release {
         message_id: Uuid,
         attempt: u32,
+        reply: oneshot::Sender<Result<(), StoreError>>,
+    },
+    Decision {
+        message_id: Uuid,
+        attempt: u32,
+        verdict: String,
+        guard: String,
+        reason: String,
         reply: oneshot::Sender<Result<(), StoreError>>,
     },
     Prune {
@@ -344,7 +354,12 @@ fn answer(write: Write, answer: Answer) {
                 Some(status) => Recorded::AlreadyFinal(status),
             }));
         }
-        (Write::Rejection { reply, .. } | Write::Release { reply, .. }, Answer::Done) => {
+        (
+            Write::Rejection { reply, .. }
+            | Write::Release { reply, .. }
+            | Write::Decision { reply, .. },
+            Answer::Done,
+        ) => {
             let _ = reply.send(Ok(()));
         }
         (Write::Prune { reply, .. }, Answer::Pruned(rows)) => {
@@ -365,7 +380,9 @@ fn fail(write: Write, error: StoreError) {
         Write::Claim { reply, .. } => {
             let _ = reply.send(Err(error));
         }
-        Write::Rejection { reply, .. } | Write::Release { reply, .. } => {
+        Write::Rejection { reply, .. }
+        | Write::Release { reply, .. }
+        | Write::Decision { reply, .. } => {
             let _ = reply.send(Err(error));
         }
         Write::Outcome { reply, .. } => {
@@ -466,6 +483,21 @@ async fn commit_batch(
                 attempt,
                 ..
             } => release(&mut tx, *message_id, *attempt, now).await?,
+            Write::Decision {
+                message_id,
+                attempt,
+                verdict,
+                guard,
+                reason,
+                ..
+            } => {
+                let decision = Decision {
+                    verdict,
+                    guard,
+                    reason,
+                };
+                insert_decision(&mut tx, *message_id, *attempt, decision, now).await?;
+            }
             Write::Prune {
                 before, max_rows, ..
             } => *answer = Answer::Pruned(prune(&mut tx, *before, *max_rows).await?),
@@ -594,6 +626,57 @@ impl Store for SqliteStore {
         rows.iter().map(entry_from_row).collect()
     }
 
+    async fn record_decision(
+        &self,
+        request: &RestartRequest,
+        attempt: u32,
+        decision: Decision<'_>,
+    ) -> Result<(), StoreError> {
+        let message_id = request.message_id;
+        let (verdict, guard, reason) = (
+            decision.verdict.to_owned(),
+            decision.guard.to_owned(),
+            decision.reason.to_owned(),
+        );
+        self.call(|reply| Write::Decision {
+            message_id,
+            attempt,
+            verdict,
+            guard,
+            reason,
+            reply,
+        })
+        .await
+    }
+
+    async fn story(&self, message_id: Uuid) -> Result<Option<Story>, StoreError> {
+        let id = message_id.to_string();
+        let Some(row) = sqlx::query(
+            "SELECT message_id, instance_name, hostname, requested_by, reason, status, attempts,
+                    last_error, output, recovered_after_ms, received_at, updated_at, completed_at
+             FROM requests WHERE message_id = ?1",
+        )
+        .bind(&id)
+        .fetch_optional(&self.pool)
+        .await?
+        else {
+            return Ok(None);
+        };
+        let attempts = sqlx::query_as(super::STORY_ATTEMPTS_SQL)
+            .bind(&id)
+            .fetch_all(&self.pool)
+            .await?;
+        let decisions = sqlx::query_as(super::STORY_DECISIONS_SQL)
+            .bind(&id)
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(Some(super::story_from(
+            entry_from_row(&row)?,
+            attempts,
+            decisions,
+        )))
+    }
+
     async fn switch(&self) -> Result<Switch, StoreError> {
         let (paused, by, reason, since): (bool, Option<String>, Option<String>, i64) =
             sqlx::query_as("SELECT paused, by_whom, reason, updated_at FROM control WHERE id = 1")
@@ -703,30 +786,102 @@ async fn claim(
     let mut writes = Vec::new();
     for (request, terms) in claims {
         let id = request.message_id.to_string();
-        let (claim, write) = decide_claim(states.get(&id).copied(), &switch, now, *terms);
+        // The counting guards read the journal as this transaction left it,
+        // so the claims written so far go in first.
+        let usage = if terms.limits.is_active() {
+            write_claims(tx, &mut writes, now).await?;
+            let (window_start, memory_start) = usage_binds(&terms.limits, now);
+            let row = sqlx::query_as(USAGE_SQL)
+                .bind(request.group())
+                .bind(request.instance_name.as_str())
+                .bind(window_start)
+                .bind(memory_start)
+                .bind(now)
+                .fetch_one(&mut **tx)
+                .await?;
+            usage_from(row)
+        } else {
+            Usage::default()
+        };
+        let (claim, write) = decide_claim(
+            request,
+            states.get(&id).copied(),
+            &switch,
+            now,
+            *terms,
+            &usage,
+        );
         if let Some(write) = write {
             writes.push(serde_json::json!([
                 id,
                 write.attempts,
                 write.claim_until,
-                write.last_error
+                write.last_error,
+                request.instance_name.as_str(),
+                request.group(),
+                write.verdict,
             ]));
+        } else if let Some(decision) = claim_decision(&claim) {
+            insert_decision(tx, request.message_id, 0, decision, now).await?;
         }
         decided.push(claim);
     }
-    if !writes.is_empty() {
-        sqlx::query(
-            "UPDATE requests SET status = 'received', attempts = j.value ->> 1,
-                 claim_until = j.value ->> 2,
-                 last_error = coalesce(j.value ->> 3, requests.last_error), updated_at = ?2
-             FROM json_each(?1) AS j WHERE requests.message_id = j.value ->> 0",
-        )
-        .bind(serde_json::Value::Array(writes).to_string())
+    write_claims(tx, &mut writes, now).await?;
+    Ok(decided)
+}
+
+/// Writes the claims decided so far, and their journal rows; empties `writes`.
+async fn write_claims(
+    tx: &mut Tx<'_>,
+    writes: &mut Vec<serde_json::Value>,
+    now: i64,
+) -> Result<(), sqlx::Error> {
+    if writes.is_empty() {
+        return Ok(());
+    }
+    let json = serde_json::Value::Array(std::mem::take(writes)).to_string();
+    sqlx::query(
+        "UPDATE requests SET status = 'received', attempts = j.value ->> 1,
+             claim_until = j.value ->> 2,
+             last_error = coalesce(j.value ->> 3, requests.last_error), updated_at = ?2
+         FROM json_each(?1) AS j WHERE requests.message_id = j.value ->> 0",
+    )
+    .bind(&json)
+    .bind(now)
+    .execute(&mut **tx)
+    .await?;
+    sqlx::query(
+        "INSERT INTO restarts (message_id, attempt, instance_name, grp, claimed_at, verdict)
+         SELECT j.value ->> 0, j.value ->> 1, j.value ->> 4, j.value ->> 5, ?2, j.value ->> 6
+         FROM json_each(?1) AS j WHERE true
+         ON CONFLICT (message_id, attempt) DO UPDATE SET
+             claimed_at = excluded.claimed_at, verdict = excluded.verdict,
+             outcome = NULL, settled_at = NULL",
+    )
+    .bind(&json)
+    .bind(now)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+async fn insert_decision(
+    tx: &mut Tx<'_>,
+    message_id: Uuid,
+    attempt: u32,
+    decision: Decision<'_>,
+    now: i64,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(DECISION_SQL)
+        .bind(message_id.to_string())
         .bind(now)
+        .bind(i64::from(attempt))
+        .bind(decision.verdict)
+        .bind(decision.guard)
+        .bind(decision.reason)
         .execute(&mut **tx)
         .await?;
-    }
-    Ok(decided)
+    Ok(())
 }
 
 /// Records outcomes, in one statement; for each, `None` if recorded, or the
@@ -782,9 +937,20 @@ async fn insert_outcomes(
          WHERE requests.status NOT IN {FINAL_STATUSES}
          RETURNING message_id"
     ))
-    .bind(serde_json::Value::Array(rows).to_string())
+    .bind(serde_json::Value::Array(rows.clone()).to_string())
     .bind(now)
     .fetch_all(&mut **tx)
+    .await?;
+    // The attempt's own end, whatever another delivery recorded first.
+    sqlx::query(
+        "UPDATE restarts SET outcome = j.value ->> 5, settled_at = ?2
+         FROM json_each(?1) AS j
+         WHERE restarts.message_id = j.value ->> 0 AND restarts.attempt = j.value ->> 6
+           AND restarts.outcome IS NULL",
+    )
+    .bind(serde_json::Value::Array(rows).to_string())
+    .bind(now)
+    .execute(&mut **tx)
     .await?;
     let recorded: std::collections::HashSet<String> = recorded.into_iter().collect();
     let mut results = Vec::with_capacity(outcomes.len());
@@ -842,6 +1008,14 @@ async fn release(
     .bind(now)
     .execute(&mut **tx)
     .await?;
+    sqlx::query(
+        "DELETE FROM restarts WHERE message_id = ?1 AND attempt = ?2 AND outcome IS NULL
+           AND NOT EXISTS (SELECT 1 FROM requests WHERE message_id = ?1 AND attempts >= ?2)",
+    )
+    .bind(message_id.to_string())
+    .bind(i64::from(attempt))
+    .execute(&mut **tx)
+    .await?;
     Ok(())
 }
 
@@ -854,6 +1028,21 @@ async fn prune(tx: &mut Tx<'_>, before: Timestamp, max_rows: u32) -> Result<u64,
     )
     .bind(before.as_millis())
     .bind(i64::from(max_rows))
+    .execute(&mut **tx)
+    .await?;
+    // The journal and decisions of what is gone, and journal rows older
+    // than the retention (the counting guards look back far less).
+    sqlx::query(
+        "DELETE FROM restarts WHERE claimed_at < ?1
+            OR message_id NOT IN (SELECT message_id FROM requests WHERE message_id IS NOT NULL)",
+    )
+    .bind(before.as_millis())
+    .execute(&mut **tx)
+    .await?;
+    sqlx::query(
+        "DELETE FROM decisions
+         WHERE message_id NOT IN (SELECT message_id FROM requests WHERE message_id IS NOT NULL)",
+    )
     .execute(&mut **tx)
     .await?;
     Ok(deleted.rows_affected())
@@ -883,6 +1072,7 @@ mod tests {
         let terms = ClaimTerms {
             max_attempts: 3,
             hold: Duration::from_secs(60),
+            limits: crate::safety::Limits::NONE,
         };
         let poison = contract::request("cattle-poison");
         let innocent: Vec<_> = (0..20)

@@ -12,6 +12,7 @@ const UNTIL_MONDAY: Duration = Duration::from_secs(13 * 3600);
 fn guarded(max_defer: Duration) -> WorkerConfig {
     WorkerConfig {
         guards: Guards {
+            counting: crate::safety::Counting::none(),
             calendar: Some(Calendar::new(&CalendarSettings::default()).unwrap()),
             max_defer,
             clock: Clock::following_tokio(SUNDAY_EVENING.parse().unwrap()),

@@ -46,7 +46,7 @@ use crate::broker::{BrokerError, Delivery, DeliveryTag};
 use crate::domain::{Outcome, RestartRequest, Status, salvage_message_id};
 use crate::restarter::{Reservation, RestartError};
 use crate::safety::Hold;
-use crate::store::{Claim, Recorded, StoreError, unknown_outcome};
+use crate::store::{Claim, ClaimTerms, Decision, Recorded, StoreError, unknown_outcome};
 
 /// How soon a delivery deferred by the kill switch is looked at again.
 const PAUSED_RECHECK: Duration = Duration::from_secs(5);
@@ -385,13 +385,14 @@ fn shutting_down() -> Settlement {
 
 async fn process(context: &Shared, delivery: &Delivery, progress: &Progress) -> Settlement {
     let config = &context.config;
-    let request =
+    let mut request =
         match RestartRequest::parse_sized(&delivery.payload, delivery.full_size, &config.parse) {
             Ok(request) => request,
             Err(rejection) => {
                 return rare(reject(context, delivery, progress, rejection.to_string())).await;
             }
         };
+    config.guards.counting.assign(&mut request);
     {
         let span = tracing::Span::current();
         span.record("message_id", tracing::field::display(request.message_id));
@@ -467,6 +468,20 @@ async fn prepare(
     if let Some(hold) = config.guards.hold(request) {
         return Err(held(context, progress, request, hold).await);
     }
+    let limits = match config.guards.counting.limits(request.group()) {
+        Ok(limits) => limits,
+        Err(reason) => {
+            let hold =
+                config
+                    .guards
+                    .defer(request, "disruption budget", UNKNOWN_BUDGET_RETRY, reason);
+            return Err(held(context, progress, request, hold).await);
+        }
+    };
+    let terms = ClaimTerms {
+        limits,
+        ..context.claim_terms
+    };
     let reservation = tokio::select! {
         biased;
         () = context.abort.cancelled() => return Err(shutting_down()),
@@ -474,7 +489,7 @@ async fn prepare(
     };
     // The claim: recorded before the restart is issued.
     let claimed = store_op(context, progress, Until::LeaseHeld, || {
-        context.store.claim_restart(request, context.claim_terms)
+        context.store.claim_restart(request, terms)
     })
     .await;
     match claimed {
@@ -503,6 +518,15 @@ async fn prepare(
                 delay: PAUSED_RECHECK,
                 why: "restarts are paused".into(),
             })
+        }
+        Ok(Claim::Deferred {
+            guard,
+            reason,
+            wait,
+        }) => {
+            // Recorded by the claim; nothing claimed, nothing issued.
+            let hold = config.guards.defer(request, guard, wait, reason);
+            Err(held(context, progress, request, hold).await)
         }
         Ok(Claim::InFlight { attempt, wait }) => {
             context.stats.deferred.inc();
@@ -673,6 +697,12 @@ async fn deny(
 ) -> Settlement {
     context.stats.denied.inc();
     info!(reason, "denied");
+    let decision = Decision {
+        verdict: "denied",
+        guard: "eligibility",
+        reason: &reason,
+    };
+    note_decision(context, request, 0, decision).await;
     let outcome = Outcome::Denied { reason };
     record_decision(context, progress, request, 0, outcome).await
 }
@@ -687,14 +717,30 @@ async fn held(
     hold: Hold,
 ) -> Settlement {
     match hold {
-        Hold::Defer { delay, reason } => {
+        Hold::Defer {
+            guard,
+            delay,
+            reason,
+        } => {
             context.stats.deferred.inc();
-            info!(?delay, reason, "deferred");
+            info!(?delay, guard, reason, "deferred");
+            let decision = Decision {
+                verdict: "deferred",
+                guard,
+                reason: &reason,
+            };
+            note_decision(context, request, 0, decision).await;
             Settlement::Nack { delay, why: reason }
         }
-        Hold::Expired { reason } => {
+        Hold::Expired { guard, reason } => {
             context.stats.expired.inc();
-            info!(reason, "expired");
+            info!(guard, reason, "expired");
+            let decision = Decision {
+                verdict: "expired",
+                guard,
+                reason: &reason,
+            };
+            note_decision(context, request, 0, decision).await;
             let outcome = Outcome::Expired { reason };
             record_decision(context, progress, request, 0, outcome).await
         }
@@ -712,7 +758,7 @@ async fn unclaim(
     attempt: u32,
     hold: Hold,
 ) -> Settlement {
-    if let Hold::Expired { reason } = hold {
+    if let Hold::Expired { reason, .. } = hold {
         context.stats.expired.inc();
         info!(reason, "expired after the claim");
         let outcome = Outcome::Expired { reason };
@@ -749,8 +795,36 @@ async fn dry_run(
         action,
         "dry run: not restarting (leashed; mandrill run --unleash acts)"
     );
+    let decision = Decision {
+        verdict: "dry-run",
+        guard: "leash",
+        reason: "leashed (safety.dry_run): every guard allowed it; the action was recorded,                  not taken",
+    };
+    note_decision(context, request, attempt, decision).await;
     let outcome = Outcome::DryRun { action };
     record_decision(context, progress, request, attempt, outcome).await
+}
+
+/// How soon a request whose group's budget cannot be known (a percentage
+/// of an unknown size) is tried again: a reload may have fixed it.
+const UNKNOWN_BUDGET_RETRY: Duration = Duration::from_secs(60);
+
+/// Records a guard's verdict for `mandrill explain`. Best effort: the
+/// verdict is acted on whether or not its note is kept, and what it decides
+/// is recorded with the outcome anyway.
+async fn note_decision(
+    context: &Shared,
+    request: &RestartRequest,
+    attempt: u32,
+    decision: Decision<'_>,
+) {
+    if let Err(error) = context
+        .store
+        .record_decision(request, attempt, decision)
+        .await
+    {
+        warn!(%error, "could not record the decision for explain");
+    }
 }
 
 /// Records a final decision that issued nothing, then acks.

@@ -227,6 +227,8 @@ impl Worker {
             hold: config
                 .restart_timeout
                 .saturating_add(ack_deadline.saturating_mul(2)),
+            // Resolved per request from the policy's counting guards.
+            limits: crate::safety::Limits::NONE,
         };
         Self {
             context: Arc::new(Context {

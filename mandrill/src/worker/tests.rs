@@ -250,6 +250,17 @@ impl Store for ScriptedStore {
     async fn history(&self, limit: usize) -> Result<Vec<HistoryEntry>, StoreError> {
         self.inner.history(limit).await
     }
+    async fn record_decision(
+        &self,
+        request: &RestartRequest,
+        attempt: u32,
+        decision: crate::store::Decision<'_>,
+    ) -> Result<(), StoreError> {
+        self.inner.record_decision(request, attempt, decision).await
+    }
+    async fn story(&self, message_id: Uuid) -> Result<Option<crate::store::Story>, StoreError> {
+        self.inner.story(message_id).await
+    }
     async fn prune(&self, before: Timestamp, max_rows: u32) -> Result<u64, StoreError> {
         self.inner.prune(before, max_rows).await
     }
@@ -605,6 +616,7 @@ async fn redelivery_while_another_claim_holds_is_deferred_and_the_last_delivery_
     let terms = ClaimTerms {
         max_attempts: 3,
         hold: Duration::from_secs(600),
+        limits: crate::safety::Limits::NONE,
     };
     store.inner.claim_restart(&request, terms).await.unwrap();
     h.broker.publish(body).await.unwrap();
@@ -643,6 +655,7 @@ async fn claims_whose_outcome_was_never_recorded_use_up_attempts_so_crashes_neve
     let expired = ClaimTerms {
         max_attempts: 3,
         hold: Duration::ZERO,
+        limits: crate::safety::Limits::NONE,
     };
     for _ in 0..3 {
         store.inner.claim_restart(&request, expired).await.unwrap();
