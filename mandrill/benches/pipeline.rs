@@ -157,6 +157,9 @@ impl Store for SlowSaveStore {
     async fn story(&self, message_id: Uuid) -> Result<Option<mandrill::store::Story>, StoreError> {
         self.inner.story(message_id).await
     }
+    async fn deferrals(&self, message_id: Uuid) -> Result<u32, StoreError> {
+        self.inner.deferrals(message_id).await
+    }
     async fn prune(&self, before: Timestamp, max_rows: u32) -> Result<u64, StoreError> {
         self.inner.prune(before, max_rows).await
     }

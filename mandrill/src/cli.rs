@@ -36,6 +36,7 @@ use crate::store::Timestamp;
 use crate::telemetry::Telemetry;
 use crate::worker::Shutdown;
 
+mod explain;
 mod switch;
 
 pub use switch::{StatusArgs, SwitchArgs};
@@ -71,6 +72,8 @@ pub enum Command {
     Status(StatusArgs),
     /// Ask the safety policy without acting: `mandrill policy check NAME…`.
     Policy(policy::PolicyArgs),
+    /// Tell one request's story: every guard's verdict, every attempt, the outcome.
+    Explain(explain::ExplainArgs),
 }
 
 /// Where configuration comes from; shared by every subcommand.
@@ -268,6 +271,7 @@ pub fn main() -> ExitCode {
         Command::Pause(args) => switch::switch(&args, true),
         Command::Resume(args) => switch::switch(&args, false),
         Command::Status(args) => switch::status(&args),
+        Command::Explain(args) => explain::main(&args),
     }
 }
 

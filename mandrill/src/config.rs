@@ -1719,6 +1719,10 @@ const SETTING_DOCS: &[(&str, &str)] = &[
         "group → number of hosts, for max_disrupted_percent",
     ),
     (
+        "safety.budget.retry",
+        "how soon a request the budget deferred is tried again (15s)",
+    ),
+    (
         "safety.budget.forget_after",
         "how long an unverified end (unrecovered, failed, unknown) counts as disrupted (1h)",
     ),

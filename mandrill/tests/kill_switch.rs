@@ -15,6 +15,26 @@ fn journal_lines(path: &Path) -> usize {
     std::fs::read_to_string(path).map_or(0, |text| text.lines().count())
 }
 
+/// When each restart was issued (the journal's second field), in
+/// milliseconds since the epoch.
+fn journal_times(path: &Path) -> Vec<i64> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|line| line.split(' ').nth(1).unwrap().parse().unwrap())
+        .collect()
+}
+
+fn now_millis() -> i64 {
+    i64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis(),
+    )
+    .unwrap()
+}
+
 #[test]
 fn pause_stops_every_restart_at_once_and_resume_completes_the_rest() {
     let (_guard, dir) = temp_dir();
@@ -73,6 +93,7 @@ fn pause_stops_every_restart_at_once_and_resume_completes_the_rest() {
         &[],
     );
     assert!(status.success(), "pause failed: {stderr}");
+    let paused_at = now_millis();
     assert!(stdout.contains("paused by sre (game day over)"), "{stdout}");
     // Restarts already claimed when the pause committed may still be
     // issued (at most the handlers in flight); nothing is claimed after.
@@ -105,6 +126,13 @@ fn pause_stops_every_restart_at_once_and_resume_completes_the_rest() {
         "{stdout}"
     );
 
+    // By the journal's clock: nothing issued later than poll_interval (1 s)
+    // + 1 s after `pause` returned.
+    let late: Vec<i64> = journal_times(&journal)
+        .into_iter()
+        .filter(|at| *at > paused_at + 2_000)
+        .collect();
+    assert!(late.is_empty(), "restarts issued while paused: {late:?}");
     let (status, _, stderr) = mandrill(&dir, &["resume", "--db", &db, "--by", "sre"], &[]);
     assert!(status.success(), "resume failed: {stderr}");
     let (status, lines) = service.wait_exit();

@@ -33,3 +33,11 @@ CREATE TABLE decisions (
     reason     TEXT    NOT NULL
 );
 CREATE INDEX decisions_message ON decisions (message_id, id);
+
+-- Deliveries a request spent deferred by a guard, so that waiting for a
+-- guard never counts against broker.max_deliveries (a request deferred
+-- overnight, redelivered every few minutes, is not a poison message).
+CREATE TABLE deferrals (
+    message_id TEXT    PRIMARY KEY,
+    count      INTEGER NOT NULL
+);

@@ -116,7 +116,9 @@ pub fn status(args: &StatusArgs) -> ExitCode {
     })
 }
 
-async fn open(config: &Config) -> anyhow::Result<std::sync::Arc<dyn crate::store::Store>> {
+pub(super) async fn open(
+    config: &Config,
+) -> anyhow::Result<std::sync::Arc<dyn crate::store::Store>> {
     if config.store.url == "memory" {
         bail!(
             "store.url is memory: the kill switch lives in a shared store (sqlite:PATH or postgres://…)"

@@ -1,6 +1,8 @@
 //! A restarter wrapper that appends one line per restart issued to a file
 //! (`restarter.journal`), before issuing it: an audit trail of every restart
 //! ever sent to a host, which the crash-safety test counts duplicates with.
+//! A line is the hostname, a space, and the time in milliseconds since the
+//! Unix epoch (`cattle-ab12.example.net 1795000000000`).
 //!
 //! Each line is written with one `write(2)` on a file opened for appending,
 //! so it reaches the kernel before the restart is issued and survives the
@@ -51,7 +53,11 @@ impl Restarter for Journaled {
         request: &RestartRequest,
         reservation: Reservation,
     ) -> Result<Restarted, RestartError> {
-        let line = format!("{}\n", request.hostname);
+        let line = format!(
+            "{} {}\n",
+            request.hostname,
+            crate::store::Timestamp::now().as_millis()
+        );
         let written = {
             let mut file = self.file.lock().unwrap_or_else(|p| p.into_inner());
             file.write_all(line.as_bytes())

@@ -68,6 +68,9 @@ pub struct BudgetSettings {
     /// (unrecovered, failed, outcome unknown) still counts as disrupted.
     #[serde(with = "crate::config::duration")]
     pub forget_after: Duration,
+    /// How soon a request the budget deferred is tried again.
+    #[serde(with = "crate::config::duration")]
+    pub retry: Duration,
 }
 
 impl Default for BudgetSettings {
@@ -77,6 +80,7 @@ impl Default for BudgetSettings {
             max_disrupted_percent: None,
             group_sizes: BTreeMap::new(),
             forget_after: Duration::from_secs(3600),
+            retry: BUDGET_RETRY,
         }
     }
 }
@@ -98,6 +102,8 @@ pub struct Limits {
     pub budget: Option<u32>,
     /// How long an unverified end still counts as a disruption.
     pub forget_after: Duration,
+    /// How soon a request the budget deferred is tried again.
+    pub budget_retry: Duration,
 }
 
 impl Limits {
@@ -109,6 +115,7 @@ impl Limits {
         host_cooldown: None,
         budget: None,
         forget_after: Duration::ZERO,
+        budget_retry: BUDGET_RETRY,
     };
 
     /// Whether any counting guard is on.
@@ -150,8 +157,9 @@ pub struct Refusal {
     pub wait: Duration,
 }
 
-/// How soon a deferral by the budget is retried: a disruption ends when a
-/// host recovers, which no clock predicts.
+/// How soon a deferral by the budget is retried by default
+/// (`safety.budget.retry`): a disruption ends when a host recovers, which
+/// no clock predicts.
 pub const BUDGET_RETRY: Duration = Duration::from_secs(15);
 
 /// The one rule: whether restarting `request` (in `group`) at `now` stays
@@ -237,7 +245,7 @@ pub fn check(
                      be disrupted at once already are (restarting, or not verified recovered)",
                     usage.disrupted
                 ),
-                wait: BUDGET_RETRY,
+                wait: limits.budget_retry,
             });
         }
         used.push(format!(
@@ -265,6 +273,7 @@ pub struct Counting {
     percent: Option<u32>,
     sizes: BTreeMap<String, u32>,
     forget_after: Duration,
+    budget_retry: Duration,
 }
 
 /// `0` means unlimited; unset takes the default.
@@ -326,6 +335,7 @@ impl Counting {
             percent: budget.max_disrupted_percent,
             sizes: budget.group_sizes.clone(),
             forget_after: budget.forget_after,
+            budget_retry: budget.retry.max(Duration::from_millis(1)),
         })
     }
 
@@ -395,6 +405,7 @@ impl Counting {
             host_cooldown: self.host_cooldown,
             budget,
             forget_after: self.forget_after,
+            budget_retry: self.budget_retry,
         })
     }
 
@@ -436,6 +447,7 @@ mod tests {
             host_cooldown: Some(Duration::from_secs(600)),
             budget: Some(1),
             forget_after: Duration::from_secs(3600),
+            budget_retry: BUDGET_RETRY,
         }
     }
 

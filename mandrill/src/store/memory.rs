@@ -43,6 +43,7 @@ pub struct MemoryStore {
 struct Journal {
     restarts: HashMap<(Uuid, u32), JournalRow>,
     decisions: HashMap<Uuid, Vec<DecisionRecord>>,
+    deferrals: HashMap<Uuid, u32>,
 }
 
 #[derive(Debug)]
@@ -106,6 +107,9 @@ impl Journal {
     }
 
     fn decide(&mut self, message_id: Uuid, attempt: u32, decision: Decision<'_>, now: i64) {
+        if decision.verdict == "deferred" {
+            *self.deferrals.entry(message_id).or_default() += 1;
+        }
         let list = self.decisions.entry(message_id).or_default();
         let repeat = list.last().is_some_and(|last| {
             last.verdict == decision.verdict
@@ -432,6 +436,15 @@ impl Store for MemoryStore {
         Ok(())
     }
 
+    async fn deferrals(&self, message_id: Uuid) -> Result<u32, StoreError> {
+        Ok(self
+            .journal()
+            .deferrals
+            .get(&message_id)
+            .copied()
+            .unwrap_or(0))
+    }
+
     async fn story(&self, message_id: Uuid) -> Result<Option<Story>, StoreError> {
         let Some(entry) = self
             .shard(&message_id)
@@ -513,6 +526,7 @@ impl Store for MemoryStore {
         let mut journal = self.journal();
         for id in &gone {
             journal.decisions.remove(id);
+            journal.deferrals.remove(id);
         }
         journal
             .restarts

@@ -378,6 +378,10 @@ pub(crate) const DECISION_SQL: &str = "INSERT INTO decisions
             WHERE latest.verdict = ?4 AND latest.guard = ?5 AND latest.reason = ?6)
       AND (SELECT COUNT(*) FROM decisions WHERE message_id = ?1) < 100";
 
+/// Counts one deferred delivery of a request: `?1` message id.
+pub(crate) const DEFERRAL_SQL: &str = "INSERT INTO deferrals (message_id, count) VALUES (?1, 1)
+    ON CONFLICT (message_id) DO UPDATE SET count = deferrals.count + 1";
+
 /// The decision a refused claim records.
 pub(crate) fn claim_decision(claim: &Claim) -> Option<Decision<'_>> {
     match claim {
@@ -665,6 +669,11 @@ pub trait Store: Send + Sync + 'static {
 
     /// Everything recorded about one request, if anything is.
     async fn story(&self, message_id: Uuid) -> Result<Option<Story>, StoreError>;
+
+    /// How many deliveries of a request a guard deferred (each recorded
+    /// `deferred` decision counts, repeated or not): the worker does not
+    /// count them against `broker.max_deliveries`.
+    async fn deferrals(&self, message_id: Uuid) -> Result<u32, StoreError>;
 
     /// The kill switch, as every instance sharing this store sees it.
     async fn switch(&self) -> Result<Switch, StoreError>;
@@ -1042,6 +1051,7 @@ pub(crate) mod contract {
                 host_cooldown: None,
                 budget: Some(1),
                 forget_after: Duration::from_secs(3600),
+                budget_retry: limits::BUDGET_RETRY,
             },
             ..TERMS
         };
@@ -1153,6 +1163,11 @@ pub(crate) mod contract {
         assert_eq!(story.decisions.len(), 2);
         assert_eq!(story.decisions[1].reason, "denied by safety.deny");
         assert_eq!(store.story(Uuid::new_v4()).await.unwrap(), None);
+        // Every deferred delivery counts, told once or not; other verdicts
+        // do not.
+        assert_eq!(store.deferrals(third.message_id).await.unwrap(), 2);
+        assert_eq!(store.deferrals(second.message_id).await.unwrap(), 1);
+        assert_eq!(store.deferrals(first.message_id).await.unwrap(), 0);
     }
 
     async fn entry(store: &dyn Store, id: Uuid) -> HistoryEntry {

@@ -28,6 +28,7 @@ fn pg(sql: &'static str) -> &'static str {
             [
                 USAGE_SQL,
                 DECISION_SQL,
+                super::DEFERRAL_SQL,
                 STORY_ATTEMPTS_SQL,
                 STORY_DECISIONS_SQL,
             ]
@@ -35,7 +36,10 @@ fn pg(sql: &'static str) -> &'static str {
             .map(|sql| (sql, sql.replace('?', "$")))
             .collect()
         });
-    CONVERTED.get(sql).map_or(sql, String::as_str)
+    // Every shared statement is listed above; the contract tests run each.
+    CONVERTED
+        .get(sql)
+        .unwrap_or_else(|| panic!("shared statement not converted for PostgreSQL: {sql}"))
 }
 
 /// See the module docs.
@@ -264,6 +268,15 @@ impl Store for PostgresStore {
         Ok(())
     }
 
+    async fn deferrals(&self, message_id: Uuid) -> Result<u32, StoreError> {
+        let count: Option<i32> =
+            sqlx::query_scalar("SELECT count FROM deferrals WHERE message_id = $1")
+                .bind(message_id.to_string())
+                .fetch_optional(&self.pool)
+                .await?;
+        Ok(count.map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX)))
+    }
+
     async fn story(&self, message_id: Uuid) -> Result<Option<Story>, StoreError> {
         let id = message_id.to_string();
         let Some(row) = sqlx::query(
@@ -434,12 +447,14 @@ impl Store for PostgresStore {
         .bind(before.as_millis())
         .execute(&self.pool)
         .await?;
-        sqlx::query(
-            "DELETE FROM decisions d
-             WHERE NOT EXISTS (SELECT 1 FROM requests q WHERE q.message_id = d.message_id)",
-        )
-        .execute(&self.pool)
-        .await?;
+        for table in ["decisions", "deferrals"] {
+            sqlx::query(&format!(
+                "DELETE FROM {table} d
+                 WHERE NOT EXISTS (SELECT 1 FROM requests q WHERE q.message_id = d.message_id)"
+            ))
+            .execute(&self.pool)
+            .await?;
+        }
         Ok(deleted.rows_affected())
     }
 
@@ -455,6 +470,12 @@ async fn insert_decision(
     decision: Decision<'_>,
     now: i64,
 ) -> Result<(), sqlx::Error> {
+    if decision.verdict == "deferred" {
+        sqlx::query(pg(super::DEFERRAL_SQL))
+            .bind(message_id.to_string())
+            .execute(&mut **tx)
+            .await?;
+    }
     sqlx::query(pg(DECISION_SQL))
         .bind(message_id.to_string())
         .bind(now)

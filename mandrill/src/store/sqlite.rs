@@ -649,6 +649,15 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn deferrals(&self, message_id: Uuid) -> Result<u32, StoreError> {
+        let count: Option<i64> =
+            sqlx::query_scalar("SELECT count FROM deferrals WHERE message_id = ?1")
+                .bind(message_id.to_string())
+                .fetch_optional(&self.pool)
+                .await?;
+        Ok(count.map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX)))
+    }
+
     async fn story(&self, message_id: Uuid) -> Result<Option<Story>, StoreError> {
         let id = message_id.to_string();
         let Some(row) = sqlx::query(
@@ -872,6 +881,12 @@ async fn insert_decision(
     decision: Decision<'_>,
     now: i64,
 ) -> Result<(), sqlx::Error> {
+    if decision.verdict == "deferred" {
+        sqlx::query(super::DEFERRAL_SQL)
+            .bind(message_id.to_string())
+            .execute(&mut **tx)
+            .await?;
+    }
     sqlx::query(DECISION_SQL)
         .bind(message_id.to_string())
         .bind(now)
@@ -1039,12 +1054,14 @@ async fn prune(tx: &mut Tx<'_>, before: Timestamp, max_rows: u32) -> Result<u64,
     .bind(before.as_millis())
     .execute(&mut **tx)
     .await?;
-    sqlx::query(
-        "DELETE FROM decisions
-         WHERE message_id NOT IN (SELECT message_id FROM requests WHERE message_id IS NOT NULL)",
-    )
-    .execute(&mut **tx)
-    .await?;
+    for table in ["decisions", "deferrals"] {
+        sqlx::query(&format!(
+            "DELETE FROM {table}
+             WHERE message_id NOT IN (SELECT message_id FROM requests WHERE message_id IS NOT NULL)"
+        ))
+        .execute(&mut **tx)
+        .await?;
+    }
     Ok(deleted.rows_affected())
 }
 

@@ -456,11 +456,35 @@ async fn prepare(
 ) -> Result<(u32, Reservation), Settlement> {
     let config = &context.config;
     if delivery.attempt > config.max_deliveries {
-        let reason = format!(
-            "delivered {} times without being settled (broker.max_deliveries is {})",
-            delivery.attempt, config.max_deliveries
-        );
-        return Err(give_up(context, progress, request, 0, reason).await);
+        // Deliveries a guard deferred (a closed calendar, a full rate
+        // window, the kill switch) were settled on purpose: they do not
+        // count, or a request waiting overnight would be given up.
+        let deferred = match store_op(context, progress, Until::LeaseHeld, || {
+            context.store.deferrals(request.message_id)
+        })
+        .await
+        {
+            Ok(deferred) => deferred,
+            Err(Stopped::Shutdown) => return Err(shutting_down()),
+            Err(Stopped::LeaseLost) => return Err(Settlement::Abandon),
+            Err(Stopped::Permanent(error) | Stopped::OutOfTime(error)) => {
+                warn!(%error, "cannot read how often the request was deferred; counting none");
+                0
+            }
+        };
+        let unsettled = delivery.attempt.saturating_sub(deferred);
+        if unsettled > config.max_deliveries {
+            let reason = format!(
+                "delivered {unsettled} times without being settled (broker.max_deliveries is {}{})",
+                config.max_deliveries,
+                if deferred > 0 {
+                    format!("; {deferred} more deliveries were deferred by a guard")
+                } else {
+                    String::new()
+                }
+            );
+            return Err(give_up(context, progress, request, 0, reason).await);
+        }
     }
     if let Err(reason) = config.eligibility.check(request.instance_name.as_str()) {
         return Err(deny(context, progress, request, reason).await);

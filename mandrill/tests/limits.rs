@@ -1,0 +1,284 @@
+//! The counting guards through the real binary, across processes: the rate
+//! limit holds exactly however many instances share the work (two on one
+//! SQLite file; three on NATS JetStream + PostgreSQL), and the disruption
+//! budget never lets more hosts of a group be down at once than it allows.
+//! Restarts are counted from the restart journal (`restarter.journal`: a
+//! line written before each restart is issued, with its time), never from
+//! the store that enforces the limits.
+
+mod services;
+mod support;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use mandrill::domain::Status;
+use services::{Database, NatsNames, nats_server};
+use support::{DEADLINE, Mandrill, history, mandrill, queue_rows, sqlite_url, temp_dir};
+
+/// The journal's lines: (host, milliseconds since the epoch).
+fn journal(path: &Path) -> Vec<(String, i64)> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|line| {
+            let (host, at) = line.split_once(' ').expect("host and time");
+            (host.to_owned(), at.parse().expect("milliseconds"))
+        })
+        .collect()
+}
+
+/// Waits until the instances together logged `count` deferrals.
+fn wait_for_deferrals(instances: &[&Mandrill], count: usize, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let deferred: usize = instances.iter().map(|i| i.messages("deferred").len()).sum();
+        if deferred >= count {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "only {deferred} of {count} deferrals"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+const REQUESTS: usize = 200;
+const LIMIT: usize = 5;
+
+/// Rate-limited and fast: every request is either one of the five allowed
+/// restarts or deferred (for about an hour, so once each).
+fn limited(journal: &Path) -> Vec<String> {
+    [
+        "--max-in-flight",
+        "32",
+        "--set",
+        "safety.rate.group_max=5",
+        "--set",
+        "safety.rate.window=1h",
+        "--set",
+        "restarter.failure_rate=0",
+        "--set",
+        "restarter.max_latency=5ms",
+        "--set",
+        "debug.status_interval=0s",
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .chain([
+        "--set".into(),
+        format!("restarter.journal={}", journal.display()),
+    ])
+    .collect()
+}
+
+fn stop(instance: Mandrill) {
+    instance.signal("TERM");
+    let (status, lines) = instance.wait_exit();
+    assert!(status.success(), "exit {status}: {lines:?}");
+}
+
+#[test]
+fn two_instances_on_one_sqlite_file_issue_exactly_the_rate_limit() {
+    let (_guard, dir) = temp_dir();
+    let db = sqlite_url(&dir);
+    let (status, _, stderr) = mandrill(
+        &dir,
+        &[
+            "publish",
+            "--broker",
+            &db,
+            "--random",
+            &REQUESTS.to_string(),
+        ],
+        &[],
+    );
+    assert!(status.success(), "publish failed: {stderr}");
+    let journal_path = dir.join("restarts.journal");
+    let mut args = vec!["--db".to_owned(), db.clone(), "--broker".into(), db.clone()];
+    args.extend(limited(&journal_path));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (a, b) = (Mandrill::run(&dir, &args), Mandrill::run(&dir, &args));
+    wait_for_deferrals(&[&a, &b], REQUESTS - LIMIT, DEADLINE * 2);
+    assert!(
+        !a.messages("deferred").is_empty() && !b.messages("deferred").is_empty(),
+        "both instances took part"
+    );
+    stop(a);
+    stop(b);
+
+    assert_eq!(
+        journal(&journal_path).len(),
+        LIMIT,
+        "exactly the limit issued"
+    );
+    let entries = history(&db);
+    let restarted = entries
+        .iter()
+        .filter(|e| e.status == Status::Restarted)
+        .count();
+    assert_eq!(restarted, LIMIT);
+    // None lost: every other request is still queued, deferred, with
+    // nothing claimed and no attempt used.
+    assert_eq!(queue_rows(&db).len(), REQUESTS - LIMIT);
+    let waiting: Vec<_> = entries
+        .iter()
+        .filter(|e| e.status != Status::Restarted)
+        .collect();
+    assert_eq!(waiting.len(), REQUESTS - LIMIT);
+    assert!(
+        waiting
+            .iter()
+            .all(|e| e.status == Status::Received && e.attempts == 0),
+        "{waiting:?}"
+    );
+
+    // Every decision is explained.
+    let id = waiting[0].message_id.unwrap().to_string();
+    let (status, stdout, stderr) = mandrill(&dir, &["explain", "--db", &db, &id], &[]);
+    assert!(status.success(), "explain failed: {stderr}");
+    assert!(
+        stdout.contains("deferred by rate limit: group cattle had 5 of its 5 restarts per 1h"),
+        "{stdout}"
+    );
+    let done = entries
+        .iter()
+        .find(|e| e.status == Status::Restarted)
+        .unwrap();
+    let id = done.message_id.unwrap().to_string();
+    let (status, stdout, _) = mandrill(&dir, &["explain", "--db", &db, "--json", &id], &[]);
+    assert!(status.success());
+    let story: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(story["entry"]["status"], "restarted");
+    assert_eq!(story["attempts"][0]["outcome"], "restarted");
+    assert!(
+        story["attempts"][0]["verdict"]
+            .as_str()
+            .unwrap()
+            .contains("of 5 per 1h"),
+        "{story}"
+    );
+}
+
+#[test]
+fn three_instances_on_nats_and_postgres_issue_exactly_the_rate_limit() {
+    let (_guard, dir) = temp_dir();
+    let db = Database::create();
+    let names = NatsNames::new(&nats_server());
+    let mut publish = vec!["publish".to_owned(), "--broker".into(), names.url.clone()];
+    publish.extend(names.flags());
+    publish.extend(["--random".into(), REQUESTS.to_string()]);
+    let publish: Vec<&str> = publish.iter().map(String::as_str).collect();
+    let (status, _, stderr) = mandrill(&dir, &publish, &[]);
+    assert!(status.success(), "publish failed: {stderr}");
+
+    let journal_path = dir.join("restarts.journal");
+    let mut args = vec![
+        "--broker".to_owned(),
+        names.url.clone(),
+        "--db".into(),
+        db.url.clone(),
+    ];
+    args.extend(names.flags());
+    args.extend(limited(&journal_path));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let instances: Vec<Mandrill> = (0..3).map(|_| Mandrill::run(&dir, &args)).collect();
+    let refs: Vec<&Mandrill> = instances.iter().collect();
+    wait_for_deferrals(&refs, REQUESTS - LIMIT, DEADLINE * 2);
+    let took_part = instances
+        .iter()
+        .filter(|i| !i.messages("deferred").is_empty() || !i.messages("acked").is_empty())
+        .count();
+    assert!(took_part >= 2, "the work was shared");
+    for instance in instances {
+        stop(instance);
+    }
+    assert_eq!(
+        journal(&journal_path).len(),
+        LIMIT,
+        "exactly the limit issued"
+    );
+    let statuses = db.statuses();
+    let restarted: i64 = statuses
+        .iter()
+        .filter(|(status, _)| status == "restarted")
+        .map(|(_, n)| n)
+        .sum();
+    assert_eq!(restarted, LIMIT as i64, "{statuses:?}");
+    let total: i64 = statuses.iter().map(|(_, n)| n).sum();
+    assert_eq!(
+        total, REQUESTS as i64,
+        "every request recorded: {statuses:?}"
+    );
+}
+
+#[test]
+fn the_disruption_budget_never_lets_more_than_its_share_of_a_group_down() {
+    let (_guard, dir) = temp_dir();
+    let db = sqlite_url(&dir);
+    let hosts: Vec<String> = (0..10).map(|n| format!("cattle-{n:02}")).collect();
+    let mut publish = vec!["publish", "--broker", &db];
+    publish.extend(hosts.iter().map(String::as_str));
+    let (status, _, stderr) = mandrill(&dir, &publish, &[]);
+    assert!(status.success(), "publish failed: {stderr}");
+    // A group of 10 with a 20% budget: 2 down at once. Each restart takes
+    // 400 ms (slow to come back), and a deferral is retried quickly.
+    let config = dir.join("mandrill.toml");
+    std::fs::write(
+        &config,
+        "[safety.budget]\nmax_disrupted_percent = 20\nretry = \"100ms\"\n\
+         group_sizes = { cattle = 10 }\n",
+    )
+    .unwrap();
+    let journal_path = dir.join("restarts.journal");
+    let journal_setting = format!("restarter.journal={}", journal_path.display());
+    let service = Mandrill::run(
+        &dir,
+        &[
+            "--config",
+            config.to_str().unwrap(),
+            "--db",
+            &db,
+            "--broker",
+            &db,
+            "--until-idle",
+            "--max-in-flight",
+            "10",
+            "--set",
+            "restarter.failure_rate=0",
+            "--set",
+            "restarter.min_latency=400ms",
+            "--set",
+            "restarter.max_latency=400ms",
+            "--set",
+            &journal_setting,
+        ],
+    );
+    let (status, lines) = service.wait_exit();
+    assert!(status.success(), "run failed: {lines:?}");
+
+    let starts = journal(&journal_path);
+    assert_eq!(starts.len(), 10, "every host restarted once: {starts:?}");
+    // A restart disrupts its host from its start until its outcome is
+    // recorded, at least 400 ms later: no 400 ms holds three starts.
+    let mut times: Vec<i64> = starts.iter().map(|(_, at)| *at).collect();
+    times.sort_unstable();
+    for (i, start) in times.iter().enumerate() {
+        let together = times[..=i].iter().filter(|t| **t > start - 400).count();
+        assert!(together <= 2, "{together} hosts down at once: {times:?}");
+    }
+    assert!(
+        !lines
+            .iter()
+            .filter(|l| l["fields"]["message"] == "deferred")
+            .collect::<Vec<_>>()
+            .is_empty(),
+        "the budget had to defer some"
+    );
+    assert!(
+        history(&db)
+            .iter()
+            .all(|e| e.status == Status::Restarted && e.attempts == 1)
+    );
+}
