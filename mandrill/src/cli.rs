@@ -37,6 +37,7 @@ use crate::telemetry::Telemetry;
 use crate::worker::Shutdown;
 
 mod explain;
+mod replay;
 mod switch;
 
 pub use switch::{StatusArgs, SwitchArgs};

@@ -36,10 +36,13 @@ fn policy_check_prints_each_guards_verdict_at_a_given_time_without_acting() {
     assert_eq!(
         out,
         "cattle-ab12\n  eligibility: allow\n  calendar: defer until 2026-11-23 09:00 CET: \
-         outside Mon–Fri 09:00–15:00 Europe/Stockholm; next window opens 2026-11-23 09:00 CET\n\
+         outside Mon–Fri 09:00–15:00 Europe/Stockholm; next window opens 2026-11-23 09:00 CET\n  \
+         limits: group cattle: at most 1 restarts per 1day, at most 1 hosts disrupted at once \
+         (counted against the store when claimed)\n\
          pet-01\n  eligibility: deny: pet-01 matches no safety.allow pattern\n  calendar: \
          defer until 2026-11-23 09:00 CET: outside Mon–Fri 09:00–15:00 Europe/Stockholm; \
-         next window opens 2026-11-23 09:00 CET\n"
+         next window opens 2026-11-23 09:00 CET\n  limits: group pet: at most 1 restarts per \
+         1day, at most 1 hosts disrupted at once (counted against the store when claimed)\n"
     );
 
     // The second the window opens, as JSON.
@@ -50,6 +53,7 @@ fn policy_check_prints_each_guards_verdict_at_a_given_time_without_acting() {
     assert_eq!(line["eligibility"]["verdict"], "allow");
     assert_eq!(line["calendar"]["verdict"], "allow");
     assert_eq!(line["dry_run"], true);
+    assert_eq!(line["group"], "cattle");
 
     // Christmas (a yearly exclusion) on a Friday, as JSON.
     let (_, out, _) = check(&["--json", "--at", "2026-12-25T10:00:00Z", "cattle-ab12"]);
@@ -70,4 +74,92 @@ fn policy_check_prints_each_guards_verdict_at_a_given_time_without_acting() {
     assert_eq!(status.code(), Some(2), "{err}");
     let entries: Vec<_> = fs::read_dir(&dir).unwrap().collect();
     assert_eq!(entries.len(), 1, "only the config file");
+}
+
+#[test]
+fn policy_replay_shows_what_a_candidate_policy_would_have_decided_differently() {
+    let (_keep, dir) = temp_dir();
+    let db = support::sqlite_url(&dir);
+    let names = [
+        "cattle-01",
+        "cattle-02",
+        "cattle-03",
+        "cattle-04",
+        "pet-01",
+        "pet-02",
+    ];
+    let mut publish = vec!["publish", "--broker", &db];
+    publish.extend(names);
+    let (status, _, err) = mandrill(&dir, &publish, &[]);
+    assert!(status.success(), "{err}");
+    let (status, _, err) = mandrill(
+        &dir,
+        &[
+            "run",
+            "--db",
+            &db,
+            "--broker",
+            &db,
+            "--until-idle",
+            "--set",
+            "restarter.failure_rate=0",
+        ],
+        &[],
+    );
+    assert!(status.success(), "{err}");
+    // The candidate: no pets, and two restarts per group per day.
+    fs::write(
+        dir.join("candidate.toml"),
+        "[safety]\ndeny = [\"pet-*\"]\n[safety.rate]\ngroup_max = 2\n",
+    )
+    .unwrap();
+    let replay = |json: bool| {
+        let mut args = vec![
+            "policy",
+            "replay",
+            "--config",
+            "candidate.toml",
+            "--db",
+            &db,
+            "--since",
+            "1h",
+        ];
+        if json {
+            args.push("--json");
+        }
+        let (status, out, err) = mandrill(&dir, &args, &[]);
+        assert!(status.success(), "{err}");
+        out
+    };
+    let out = replay(false);
+    assert!(
+        out.ends_with(
+            "6 requests decided in the last 1h replayed: 4 would be decided differently \
+             (2 restart → defer, 2 restart → deny)\n"
+        ),
+        "{out}"
+    );
+    assert_eq!(
+        out.matches("would be deny: denied by safety.deny: pet-0")
+            .count(),
+        2,
+        "{out}"
+    );
+    assert_eq!(
+        out.matches("would be defer: deferred by rate limit: group cattle had 2 of its 2")
+            .count(),
+        2,
+        "{out}"
+    );
+    let lines: Vec<Value> = replay(true)
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 5);
+    assert_eq!(lines[4]["changed"], 4);
+    assert!(lines[..4].iter().all(|l| l["recorded"] == "restarted"));
+    // Nothing was changed by replaying: the history is as it was.
+    let history = support::history(&db);
+    assert_eq!(history.len(), 6);
+    assert!(history.iter().all(|e| e.status.as_str() == "restarted"));
 }

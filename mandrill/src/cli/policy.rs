@@ -1,5 +1,6 @@
 //! `mandrill policy check`: the verdicts the configured guards would give,
-//! now or at a given time, without acting.
+//! now or at a given time, without acting; `mandrill policy replay`: what a
+//! candidate policy would have decided about the requests recorded lately.
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -8,7 +9,7 @@ use clap::{Args, Subcommand};
 use jiff::Timestamp;
 use serde_json::{Value, json};
 
-use super::{BadInput, ConfigArgs, command};
+use super::{BadInput, ConfigArgs, command, string};
 use crate::config::Config;
 use crate::domain::InstanceName;
 use crate::safety::Verdict;
@@ -25,6 +26,24 @@ enum PolicyCommand {
     /// Print the verdict of each guard (eligibility, calendar) for each
     /// instance name, now or at `--at`, without acting.
     Check(CheckArgs),
+    /// Re-evaluate the requests recorded since `--since` under this policy
+    /// (`--config FILE`) and print those it would have decided differently.
+    Replay(ReplayArgs),
+}
+
+#[derive(Debug, Args)]
+struct ReplayArgs {
+    #[command(flatten)]
+    config: ConfigArgs,
+    /// The store holding the history: `sqlite:PATH` or `postgres://…` [setting: store.url].
+    #[arg(long, value_name = "URL")]
+    db: Option<String>,
+    /// How far back, e.g. `7d`, `12h`.
+    #[arg(long, value_name = "DURATION")]
+    since: String,
+    /// One JSON object per changed decision, then a summary object.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -49,6 +68,14 @@ pub fn main(args: &PolicyArgs) -> ExitCode {
             let sources = check.config.sources(Vec::new());
             command(sources, |config| async move { print_check(&config, check) })
         }
+        PolicyCommand::Replay(replay) => {
+            let sources = replay
+                .config
+                .sources(vec![("store.url", string(&replay.db))]);
+            command(sources, |config| async move {
+                super::replay::run(&config, replay.since.as_str(), replay.json).await
+            })
+        }
     }
 }
 
@@ -70,10 +97,17 @@ fn print_check(config: &Config, args: &CheckArgs) -> anyhow::Result<()> {
         .collect::<Result<Vec<_>, _>>()?;
     let worker = config.worker_config();
     let calendar = worker.guards.calendar.as_ref();
+    let counting = &worker.guards.counting;
     let mut out = std::io::stdout().lock();
     for name in &names {
         let eligibility = worker.eligibility.check(name.as_str());
         let timed = calendar.map(|calendar| calendar.verdict(at));
+        let group = counting.group_of(name.as_str()).to_owned();
+        let limits = match counting.limits(&group) {
+            Ok(limits) if limits.is_active() => crate::safety::limits::describe(&limits),
+            Ok(_) => "none".to_owned(),
+            Err(reason) => reason,
+        };
         if args.json {
             let eligibility = match &eligibility {
                 Ok(()) => json!({ "verdict": "allow" }),
@@ -93,6 +127,8 @@ fn print_check(config: &Config, args: &CheckArgs) -> anyhow::Result<()> {
                 "at": at.to_string(),
                 "eligibility": eligibility,
                 "calendar": calendar,
+                "group": group,
+                "limits": limits,
                 "dry_run": worker.dry_run,
             });
             writeln!(out, "{line}")?;
@@ -120,6 +156,10 @@ fn print_check(config: &Config, args: &CheckArgs) -> anyhow::Result<()> {
             (_, Some(calendar)) => writeln!(out, "  calendar: allow ({})", calendar.describe())?,
             (_, None) => writeln!(out, "  calendar: allow (no calendar configured)")?,
         }
+        writeln!(
+            out,
+            "  limits: group {group}: {limits} (counted against the store when claimed)"
+        )?;
     }
     Ok(())
 }

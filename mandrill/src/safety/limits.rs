@@ -260,6 +260,30 @@ pub fn check(
     }
 }
 
+/// The limits in words: what `policy check` prints.
+pub fn describe(limits: &Limits) -> String {
+    let window = humantime::format_duration(limits.window);
+    let mut parts = Vec::new();
+    if let Some(max) = limits.group_max {
+        parts.push(format!("at most {max} restarts per {window}"));
+    }
+    if let Some(max) = limits.global_max {
+        parts.push(format!(
+            "at most {max} restarts per {window} over all groups"
+        ));
+    }
+    if let Some(cooldown) = limits.host_cooldown {
+        parts.push(format!(
+            "{} between restarts of a host",
+            humantime::format_duration(cooldown)
+        ));
+    }
+    if let Some(budget) = limits.budget {
+        parts.push(format!("at most {budget} hosts disrupted at once"));
+    }
+    parts.join(", ")
+}
+
 /// Groups and the counting guards' settings, resolved: what the worker asks
 /// for each request's [`Limits`].
 #[derive(Debug, Clone, Default)]
@@ -351,14 +375,25 @@ impl Counting {
     /// configured group (by name) with a pattern matching the instance,
     /// else the instance name without its last `-suffix`.
     pub fn group<'r>(&'r self, request: &'r RestartRequest) -> &'r str {
-        if let Some(group) = request.group.as_deref() {
-            return group;
+        match request.group.as_deref() {
+            Some(group) => group,
+            None => self.group_of(request.instance_name.as_str()),
         }
-        let instance = request.instance_name.as_str();
+    }
+
+    /// The group of an instance when the message names none.
+    pub fn group_of<'r>(&'r self, instance: &'r str) -> &'r str {
         self.groups
             .iter()
             .find(|(_, patterns)| patterns.iter().any(|p| p.matches(instance)))
-            .map_or_else(|| request.default_group(), |(name, _)| name.as_str())
+            .map_or_else(
+                || {
+                    instance
+                        .rsplit_once('-')
+                        .map_or(instance, |(group, _)| group)
+                },
+                |(name, _)| name.as_str(),
+            )
     }
 
     /// Names the request's group when a configured pattern decides it (the
