@@ -134,6 +134,30 @@ fn two_instances_on_one_sqlite_file_issue_exactly_the_rate_limit() {
         "{waiting:?}"
     );
 
+    // The status shows the group's use of its limits.
+    let (status, stdout, stderr) = mandrill(
+        &dir,
+        &[
+            "status",
+            "--db",
+            &db,
+            "--set",
+            "safety.rate.group_max=5",
+            "--set",
+            "safety.rate.window=1h",
+        ],
+        &[],
+    );
+    assert!(status.success(), "status failed: {stderr}");
+    assert!(
+        stdout.contains("group cattle: 5 restarts in the last 1h, 0 hosts disrupted"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("limits:    restarts per group per 1h: 5"),
+        "{stdout}"
+    );
+
     // Every decision is explained.
     let id = waiting[0].message_id.unwrap().to_string();
     let (status, stdout, stderr) = mandrill(&dir, &["explain", "--db", &db, &id], &[]);

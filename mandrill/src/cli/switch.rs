@@ -80,8 +80,34 @@ pub fn status(args: &StatusArgs) -> ExitCode {
     command(sources, |config| async move {
         let store = open(&config).await?;
         let switch = store.switch().await.context("cannot read the kill switch");
+        let now = crate::store::Timestamp::now().as_millis();
+        let back = |d: std::time::Duration| {
+            crate::store::Timestamp::from_millis(
+                now.saturating_sub(i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
+            )
+        };
+        let usage = store
+            .group_usage(
+                back(config.safety.rate.window),
+                back(config.safety.budget.forget_after),
+            )
+            .await
+            .context("cannot read the restart journal");
         store.close().await;
-        let switch = switch?;
+        let (switch, usage) = (switch?, usage?);
+        let worker = config.worker_config();
+        let counting = &worker.guards.counting;
+        let limits = counting.describe();
+        let calendar = worker.guards.calendar.as_ref().map(|calendar| {
+            let verdict = match calendar.verdict(jiff::Timestamp::now()) {
+                crate::safety::Verdict::Allow => "open now".to_owned(),
+                crate::safety::Verdict::Defer { until, .. } => {
+                    format!("closed; next window opens {}", calendar.local(until))
+                }
+            };
+            (calendar.describe(), verdict)
+        });
+        let budget = |group: &str| counting.limits(group).ok().and_then(|limits| limits.budget);
         let mode = if config.dry_run() {
             "leashed (dry run)"
         } else {
@@ -96,6 +122,20 @@ pub fn status(args: &StatusArgs) -> ExitCode {
                 "switch": switch,
                 "allow": config.safety.allow,
                 "deny": config.safety.deny,
+                "limits": limits,
+                "calendar": calendar.as_ref().map(|(rules, now)| {
+                    serde_json::json!({ "rules": rules, "now": now })
+                }),
+                "groups": usage
+                    .iter()
+                    .map(|(group, use_)| {
+                        (group.clone(), serde_json::json!({
+                            "restarts_in_window": use_.restarts,
+                            "disrupted": use_.disrupted,
+                            "budget": budget(group),
+                        }))
+                    })
+                    .collect::<serde_json::Map<_, _>>(),
             });
             writeln!(out, "{status}")?;
             return Ok(());
@@ -112,6 +152,20 @@ pub fn status(args: &StatusArgs) -> ExitCode {
         }
         writeln!(out, "allow:     {:?}", config.safety.allow)?;
         writeln!(out, "deny:      {:?}", config.safety.deny)?;
+        match &calendar {
+            Some((rules, now)) => writeln!(out, "calendar:  {rules}: {now}")?,
+            None => writeln!(out, "calendar:  none (restarts at any time)")?,
+        }
+        writeln!(out, "limits:    {limits}")?;
+        let window = humantime::format_duration(config.safety.rate.window);
+        for (group, use_) in &usage {
+            let budget = budget(group).map_or_else(String::new, |b| format!(" of {b}"));
+            writeln!(
+                out,
+                "group {group}: {} restarts in the last {window}, {}{budget} hosts disrupted",
+                use_.restarts, use_.disrupted
+            )?;
+        }
         Ok(())
     })
 }

@@ -56,6 +56,15 @@ struct JournalRow {
     settled_at: Option<i64>,
 }
 
+/// Whether a host whose latest attempt ended so still counts as disrupted:
+/// the in-memory form of the rule in [`super::USAGE_SQL`].
+fn is_disrupting(outcome: Option<Status>) -> bool {
+    !matches!(
+        outcome,
+        Some(Status::Restarted | Status::DryRun | Status::Expired | Status::Denied)
+    )
+}
+
 impl Journal {
     /// What [`super::USAGE_SQL`] reads, from the rows in memory.
     fn usage(&self, request: &RestartRequest, terms: &ClaimTerms, now: i64) -> Usage {
@@ -95,10 +104,7 @@ impl Journal {
                 &*row.group == group
                     && &*row.instance != instance
                     && row.claimed_at > memory_start
-                    && !matches!(
-                        row.outcome,
-                        Some(Status::Restarted | Status::DryRun | Status::Expired | Status::Denied)
-                    )
+                    && is_disrupting(row.outcome)
             })
             .count()
             .try_into()
@@ -434,6 +440,35 @@ impl Store for MemoryStore {
         self.journal()
             .decide(request.message_id, attempt, decision, now);
         Ok(())
+    }
+
+    async fn group_usage(
+        &self,
+        window_start: Timestamp,
+        memory_start: Timestamp,
+    ) -> Result<std::collections::BTreeMap<String, super::GroupUsage>, StoreError> {
+        let journal = self.journal();
+        let mut restarts: HashMap<String, i64> = HashMap::new();
+        let mut latest: HashMap<&str, &JournalRow> = HashMap::new();
+        for row in journal.restarts.values() {
+            if row.claimed_at > window_start.as_millis() {
+                *restarts.entry(row.group.to_string()).or_default() += 1;
+            }
+            let newest = latest.entry(&row.instance).or_insert(row);
+            if row.claimed_at > newest.claimed_at {
+                *newest = row;
+            }
+        }
+        let mut disrupted: HashMap<String, i64> = HashMap::new();
+        for row in latest.values() {
+            if row.claimed_at > memory_start.as_millis() && is_disrupting(row.outcome) {
+                *disrupted.entry(row.group.to_string()).or_default() += 1;
+            }
+        }
+        Ok(super::group_usage_from(
+            restarts.into_iter().collect(),
+            disrupted.into_iter().collect(),
+        ))
     }
 
     async fn deferrals(&self, message_id: Uuid) -> Result<u32, StoreError> {

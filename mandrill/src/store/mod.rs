@@ -442,6 +442,45 @@ pub struct Story {
     pub decisions: Vec<DecisionRecord>,
 }
 
+/// Restarts per group since `?1`, for [`Store::group_usage`].
+pub(crate) const GROUP_RESTARTS_SQL: &str = "SELECT grp, COUNT(*) FROM restarts
+    WHERE claimed_at > ?1 GROUP BY grp";
+
+/// Disrupted hosts per group (as [`USAGE_SQL`] counts them) among the
+/// journal rows since `?1`.
+pub(crate) const GROUP_DISRUPTED_SQL: &str = "SELECT r.grp, COUNT(DISTINCT r.instance_name)
+    FROM restarts r
+    WHERE r.claimed_at > ?1
+      AND r.claimed_at = (SELECT MAX(x.claimed_at) FROM restarts x
+                          WHERE x.instance_name = r.instance_name)
+      AND (r.outcome IS NULL OR r.outcome NOT IN ('restarted', 'dry-run', 'expired', 'denied'))
+    GROUP BY r.grp";
+
+/// What each group has used of its limits right now.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct GroupUsage {
+    /// Restarts claimed within the rate window.
+    pub restarts: u32,
+    /// Hosts disrupted now: restarting, or not verified recovered.
+    pub disrupted: u32,
+}
+
+/// Folds [`GROUP_RESTARTS_SQL`] and [`GROUP_DISRUPTED_SQL`] rows.
+pub(crate) fn group_usage_from(
+    restarts: Vec<(String, i64)>,
+    disrupted: Vec<(String, i64)>,
+) -> std::collections::BTreeMap<String, GroupUsage> {
+    let count = |n: i64| u32::try_from(n).unwrap_or(u32::MAX);
+    let mut usage = std::collections::BTreeMap::<String, GroupUsage>::new();
+    for (group, n) in restarts {
+        usage.entry(group).or_default().restarts = count(n);
+    }
+    for (group, n) in disrupted {
+        usage.entry(group).or_default().disrupted = count(n);
+    }
+    usage
+}
+
 /// A request's journal rows, for [`Story`]: `?1` message id.
 pub(crate) const STORY_ATTEMPTS_SQL: &str = "SELECT CAST(attempt AS BIGINT), grp, claimed_at,
         verdict, outcome, settled_at
@@ -669,6 +708,15 @@ pub trait Store: Send + Sync + 'static {
 
     /// Everything recorded about one request, if anything is.
     async fn story(&self, message_id: Uuid) -> Result<Option<Story>, StoreError>;
+
+    /// Each group's use of its limits: restarts since `window_start`, and
+    /// hosts disrupted now among those restarted since `memory_start`.
+    /// For `mandrill status`, the dashboard and `/metrics`.
+    async fn group_usage(
+        &self,
+        window_start: Timestamp,
+        memory_start: Timestamp,
+    ) -> Result<std::collections::BTreeMap<String, GroupUsage>, StoreError>;
 
     /// How many deliveries of a request a guard deferred (each recorded
     /// `deferred` decision counts, repeated or not): the worker does not
@@ -1168,6 +1216,22 @@ pub(crate) mod contract {
         assert_eq!(store.deferrals(third.message_id).await.unwrap(), 2);
         assert_eq!(store.deferrals(second.message_id).await.unwrap(), 1);
         assert_eq!(store.deferrals(first.message_id).await.unwrap(), 0);
+        // Use per group: herd-0001 and -0002 restarted (recovered), nothing
+        // of herd disrupted; herd-0004's claim was given back.
+        let hour_ago = Timestamp::from_millis(Timestamp::now().as_millis() - 3_600_000);
+        let usage = store.group_usage(hour_ago, hour_ago).await.unwrap();
+        assert_eq!(
+            usage.get("herd"),
+            Some(&GroupUsage {
+                restarts: 2,
+                disrupted: 0
+            }),
+            "{usage:?}"
+        );
+        assert!(!usage.contains_key("flock"), "{usage:?}");
+        store.claim_restart(&third, TERMS).await.unwrap();
+        let usage = store.group_usage(hour_ago, hour_ago).await.unwrap();
+        assert_eq!(usage["herd"].disrupted, 1, "in flight: {usage:?}");
     }
 
     async fn entry(store: &dyn Store, id: Uuid) -> HistoryEntry {

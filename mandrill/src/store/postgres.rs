@@ -29,6 +29,8 @@ fn pg(sql: &'static str) -> &'static str {
                 USAGE_SQL,
                 DECISION_SQL,
                 super::DEFERRAL_SQL,
+                super::GROUP_RESTARTS_SQL,
+                super::GROUP_DISRUPTED_SQL,
                 STORY_ATTEMPTS_SQL,
                 STORY_DECISIONS_SQL,
             ]
@@ -266,6 +268,22 @@ impl Store for PostgresStore {
         insert_decision(&mut tx, request.message_id, attempt, decision, now).await?;
         tx.commit().await?;
         Ok(())
+    }
+
+    async fn group_usage(
+        &self,
+        window_start: Timestamp,
+        memory_start: Timestamp,
+    ) -> Result<std::collections::BTreeMap<String, super::GroupUsage>, StoreError> {
+        let restarts = sqlx::query_as(pg(super::GROUP_RESTARTS_SQL))
+            .bind(window_start.as_millis())
+            .fetch_all(&self.pool)
+            .await?;
+        let disrupted = sqlx::query_as(pg(super::GROUP_DISRUPTED_SQL))
+            .bind(memory_start.as_millis())
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(super::group_usage_from(restarts, disrupted))
     }
 
     async fn deferrals(&self, message_id: Uuid) -> Result<u32, StoreError> {

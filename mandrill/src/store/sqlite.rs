@@ -649,6 +649,22 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn group_usage(
+        &self,
+        window_start: Timestamp,
+        memory_start: Timestamp,
+    ) -> Result<std::collections::BTreeMap<String, super::GroupUsage>, StoreError> {
+        let restarts = sqlx::query_as(super::GROUP_RESTARTS_SQL)
+            .bind(window_start.as_millis())
+            .fetch_all(&self.pool)
+            .await?;
+        let disrupted = sqlx::query_as(super::GROUP_DISRUPTED_SQL)
+            .bind(memory_start.as_millis())
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(super::group_usage_from(restarts, disrupted))
+    }
+
     async fn deferrals(&self, message_id: Uuid) -> Result<u32, StoreError> {
         let count: Option<i64> =
             sqlx::query_scalar("SELECT count FROM deferrals WHERE message_id = ?1")

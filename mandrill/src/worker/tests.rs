@@ -261,6 +261,13 @@ impl Store for ScriptedStore {
     async fn story(&self, message_id: Uuid) -> Result<Option<crate::store::Story>, StoreError> {
         self.inner.story(message_id).await
     }
+    async fn group_usage(
+        &self,
+        window_start: Timestamp,
+        memory_start: Timestamp,
+    ) -> Result<std::collections::BTreeMap<String, crate::store::GroupUsage>, StoreError> {
+        self.inner.group_usage(window_start, memory_start).await
+    }
     async fn deferrals(&self, message_id: Uuid) -> Result<u32, StoreError> {
         self.inner.deferrals(message_id).await
     }
