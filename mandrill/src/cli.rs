@@ -521,17 +521,29 @@ async fn print_history(config: &Config, args: &HistoryArgs) -> anyhow::Result<()
         .history(args.limit)
         .await
         .context("cannot read history")?;
-    store.close().await;
     // A recorded error may quote a connection string.
     let redactor = config.redactor();
-    let mut out = std::io::stdout().lock();
     if args.json {
+        // Each line carries the guards' decisions, as `explain` tells them.
+        let mut lines = Vec::with_capacity(entries.len());
         for entry in &entries {
-            let line = serde_json::to_string(entry)?;
-            writeln!(out, "{}", redactor.scrub(&line))?;
+            let mut line = serde_json::to_value(entry)?;
+            if let Some(id) = entry.message_id
+                && let Some(story) = store.story(id).await.context("cannot read history")?
+            {
+                line["decisions"] = serde_json::to_value(&story.decisions)?;
+            }
+            lines.push(line);
+        }
+        store.close().await;
+        let mut out = std::io::stdout().lock();
+        for line in lines {
+            writeln!(out, "{}", redactor.scrub(&line.to_string()))?;
         }
         return Ok(());
     }
+    store.close().await;
+    let mut out = std::io::stdout().lock();
     writeln!(
         out,
         "{:<24}  {:<36}  {:<28}  {:<11}  {:>8}  {:<24}  {:>9}  ERROR",

@@ -158,6 +158,20 @@ fn two_instances_on_one_sqlite_file_issue_exactly_the_rate_limit() {
         "{stdout}"
     );
 
+    // History as JSON carries the decisions.
+    let (status, stdout, _) = mandrill(
+        &dir,
+        &["history", "--db", &db, "--json", "--limit", "1000"],
+        &[],
+    );
+    assert!(status.success());
+    let deferred = stdout
+        .lines()
+        .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap())
+        .filter(|line| line["decisions"][0]["guard"] == "rate limit")
+        .count();
+    assert_eq!(deferred, REQUESTS - LIMIT);
+
     // Every decision is explained.
     let id = waiting[0].message_id.unwrap().to_string();
     let (status, stdout, stderr) = mandrill(&dir, &["explain", "--db", &db, &id], &[]);
