@@ -25,7 +25,10 @@ use crate::domain::{Domain, ParseRules};
 use crate::restarter::hosts::HostEntry;
 use crate::restarter::verify::ProbeKind;
 use crate::restarter::{CommandSettings, HttpSettings, SshSettings, VerifySettings};
-use crate::safety::{Calendar, CalendarSettings, Clock, Eligibility, Guards};
+use crate::safety::{
+    Calendar, CalendarSettings, Clock, Eligibility, Guards, Policy, PolicyHandle,
+    StopConditionSettings, StopConditions,
+};
 use crate::worker::WorkerConfig;
 
 pub mod redact;
@@ -372,6 +375,16 @@ pub struct SafetyConfig {
     /// to issue today.
     #[serde(with = "duration")]
     pub max_defer: Duration,
+    /// `[[safety.stop_conditions]]`: checks run right before each restart;
+    /// one that fails, errs or times out defers it (fail closed).
+    pub stop_conditions: Vec<StopConditionSettings>,
+    /// How soon a delivery a stop condition deferred comes back.
+    #[serde(with = "duration")]
+    pub stop_retry: Duration,
+    /// While this file exists, restarts are paused (the kill switch, set
+    /// by `pause-file`); removing it resumes them. Its directory must exist.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pause_file: Option<PathBuf>,
 }
 
 impl Default for SafetyConfig {
@@ -384,6 +397,9 @@ impl Default for SafetyConfig {
             poll_interval: Duration::from_secs(1),
             calendar: None,
             max_defer: Duration::from_secs(24 * 3600),
+            stop_conditions: Vec::new(),
+            stop_retry: Duration::from_secs(30),
+            pause_file: None,
         }
     }
 }
@@ -549,8 +565,21 @@ pub mod limits {
     pub const MIN_STALL_THRESHOLD: Duration = Duration::from_millis(1);
 }
 
-/// Settings that a reload (SIGHUP) applies without a restart.
+/// Settings that a reload (SIGHUP) applies without a restart, besides
+/// `[safety]` (see [`reloads`]).
 pub const RELOADABLE: &[&str] = &["log.level", "worker.max_in_flight", "simulate.rate"];
+
+/// The `[safety]` settings a reload does not apply: the switch's polling
+/// and the pause file's watch are set up once, at start.
+const SAFETY_NEEDS_RESTART: &[&str] = &["safety.poll_interval", "safety.pause_file"];
+
+/// Whether a reload (SIGHUP) applies `key` without a restart: the
+/// [`RELOADABLE`] settings, and the safety policy (every `safety.` key but
+/// `safety.poll_interval` and `safety.pause_file`).
+pub fn reloads(key: &str) -> bool {
+    RELOADABLE.contains(&key)
+        || (key.starts_with("safety.") && !SAFETY_NEEDS_RESTART.contains(&key))
+}
 
 /// A configuration that cannot be used, naming the key or file at fault.
 #[derive(Debug, thiserror::Error)]
@@ -962,6 +991,17 @@ impl Config {
         .map_err(|(key, why)| ConfigError::invalid(&key, why))?;
         self.calendar()
             .map_err(|(key, why)| ConfigError::invalid(&key, why))?;
+        StopConditions::new(&self.safety.stop_conditions)
+            .map_err(|(key, why)| ConfigError::invalid(&key, why))?;
+        positive("safety.stop_retry", self.safety.stop_retry)?;
+        if let Some(path) = &self.safety.pause_file
+            && (path.as_os_str().is_empty() || path.file_name().is_none())
+        {
+            return Err(ConfigError::invalid(
+                "safety.pause_file",
+                "must name a file (its directory is watched)",
+            ));
+        }
         probability("restarter.failure_rate", self.restarter.failure_rate)?;
         probability("simulate.malformed_rate", self.simulate.malformed_rate)?;
         if self.restarter.min_latency > self.restarter.max_latency {
@@ -1059,6 +1099,7 @@ impl Config {
             ("verify.probe_timeout", self.verify.probe_timeout),
             ("verify.timeout", self.verify.timeout),
             ("safety.poll_interval", self.safety.poll_interval),
+            ("safety.stop_retry", self.safety.stop_retry),
         ];
         if let Some(interval) = w.lease_extension_interval {
             durations.push(("worker.lease_extension_interval", interval));
@@ -1279,26 +1320,39 @@ impl Config {
                 max: Duration::from_secs(30),
             },
             parse: self.parse_rules(),
+            switch_poll_interval: self.safety.poll_interval,
+            // Validated in `validate`; should an invalid one get here, fail
+            // closed: leashed, nobody eligible.
+            policy: PolicyHandle::new(self.policy().unwrap_or_else(|_| Policy {
+                dry_run: true,
+                eligibility: Eligibility::nobody(),
+                pause_on_unrecovered: true,
+                ..Policy::default()
+            })),
+        }
+    }
+
+    /// The safety policy: what the worker decides with, and what a reload
+    /// of `[safety]` replaces. Fails naming the key, as `validate` does.
+    pub fn policy(&self) -> Result<Policy, ConfigError> {
+        let invalid = |(key, why): (String, String)| ConfigError::invalid(&key, why);
+        Ok(Policy {
             dry_run: self.dry_run(),
-            // Validated in `validate`; an invalid list admits nobody.
             eligibility: Eligibility::new(
                 &self.safety.allow,
                 &self.safety.deny,
                 self.restarter.kind.is_real(),
             )
-            .unwrap_or_else(|_| Eligibility::nobody()),
-            pause_on_unrecovered: self.safety.pause_on_unrecovered,
-            switch_poll_interval: self.safety.poll_interval,
+            .map_err(invalid)?,
             guards: Guards {
-                // Validated in `validate`; should an invalid one get here,
-                // fail closed with the strict default.
-                calendar: self
-                    .calendar()
-                    .unwrap_or_else(|_| Some(Calendar::chaos_monkey())),
+                calendar: self.calendar().map_err(invalid)?,
                 max_defer: self.safety.max_defer,
                 clock: Clock::System,
             },
-        }
+            pause_on_unrecovered: self.safety.pause_on_unrecovered,
+            stop_conditions: StopConditions::new(&self.safety.stop_conditions).map_err(invalid)?,
+            stop_retry: self.safety.stop_retry,
+        })
     }
 
     /// How payloads are validated.
@@ -1373,8 +1427,9 @@ pub fn settings_help() -> String {
         text.push_str(&format!("  {key:<34} {doc} [default: {default}]\n"));
     }
     text.push_str(&format!(
-        "Reloaded on SIGHUP without a restart: {}.\n",
-        RELOADABLE.join(", ")
+        "Reloaded on SIGHUP without a restart: {}, and [safety] but for {}.\n",
+        RELOADABLE.join(", "),
+        SAFETY_NEEDS_RESTART.join(", ")
     ));
     text
 }
@@ -1641,6 +1696,19 @@ const SETTING_DOCS: &[(&str, &str)] = &[
     (
         "safety.max_defer",
         "a request deferred this long after it was published is recorded expired",
+    ),
+    (
+        "safety.stop_conditions",
+        "[[safety.stop_conditions]] name, http = URL (expect_status, default 200) or command = [argv], \
+         timeout (default 5s): checked before each restart; failing defers it",
+    ),
+    (
+        "safety.stop_retry",
+        "a delivery a stop condition deferred comes back after this",
+    ),
+    (
+        "safety.pause_file",
+        "while this file exists, restarts are paused (its directory is watched; not reloaded)",
     ),
     (
         "hosts",
@@ -1946,6 +2014,7 @@ mod tests {
         config.restarter.http.ca_file = Some(PathBuf::from("ca.pem"));
         config.verify.port = Some(22);
         config.safety.dry_run = Some(true);
+        config.safety.pause_file = Some(PathBuf::from("/run/mandrill/PAUSE"));
         config.safety.calendar = Some(CalendarSettings {
             weekdays: Some(vec!["mon".into()]),
             hours: Some(vec!["09:00-15:00".into()]),
@@ -1989,6 +2058,8 @@ mod tests {
         assert!(real.dry_run(), "a real backend defaults to a dry run");
         assert!(
             real.worker_config()
+                .policy
+                .current()
                 .eligibility
                 .check("cattle-ab12")
                 .is_err(),
@@ -1999,6 +2070,8 @@ mod tests {
         assert!(!real.dry_run());
         assert!(
             real.worker_config()
+                .policy
+                .current()
                 .eligibility
                 .check("cattle-ab12")
                 .is_ok()

@@ -68,11 +68,11 @@ fn print_check(config: &Config, args: &CheckArgs) -> anyhow::Result<()> {
             InstanceName::parse(raw).map_err(|why| BadInput(format!("instance name {raw:?} {why}")))
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let worker = config.worker_config();
-    let calendar = worker.guards.calendar.as_ref();
+    let policy = config.worker_config().policy.current();
+    let calendar = policy.guards.calendar.as_ref();
     let mut out = std::io::stdout().lock();
     for name in &names {
-        let eligibility = worker.eligibility.check(name.as_str());
+        let eligibility = policy.eligibility.check(name.as_str());
         let timed = calendar.map(|calendar| calendar.verdict(at));
         if args.json {
             let eligibility = match &eligibility {
@@ -93,7 +93,7 @@ fn print_check(config: &Config, args: &CheckArgs) -> anyhow::Result<()> {
                 "at": at.to_string(),
                 "eligibility": eligibility,
                 "calendar": calendar,
-                "dry_run": worker.dry_run,
+                "dry_run": policy.dry_run,
             });
             writeln!(out, "{line}")?;
             continue;

@@ -2,13 +2,21 @@
 //! (eligibility: a final deny) and when (the calendar: a defer until it
 //! opens). The leash (dry run) is decided by the worker's configuration;
 //! the guards that count (rate limits, budgets) and the kill switch sit in
-//! the same place, between parsing and the claim.
+//! the same place, between parsing and the claim. Stop conditions run after
+//! the claim, right before the restart. What a reload may change is one
+//! [`Policy`], read by the worker through a [`PolicyHandle`]; the pause
+//! file turns the kill switch from a file's existence.
 
 pub mod calendar;
 pub mod guards;
+pub mod pause_file;
+pub mod policy;
+pub mod stop;
 
 pub use calendar::{Calendar, CalendarSettings, FreezeSettings};
 pub use guards::{Clock, Guards, Hold};
+pub use policy::{Policy, PolicyHandle};
+pub use stop::{StopConditionSettings, StopConditions};
 
 use crate::pattern::Pattern;
 

@@ -2,22 +2,26 @@
 //! follows tokio's, so a test moves the calendar by letting time pass.
 
 use super::*;
-use crate::safety::{Calendar, CalendarSettings, Clock, Guards};
+use crate::safety::{Calendar, CalendarSettings, Clock, Guards, Policy};
 
 /// Sunday 2026-11-22 20:00 UTC: 13 hours before Chaos Monkey's calendar
 /// (Mon–Fri 09:00–15:00 UTC) opens.
 const SUNDAY_EVENING: &str = "2026-11-22T20:00:00Z";
 const UNTIL_MONDAY: Duration = Duration::from_secs(13 * 3600);
 
-fn guarded(max_defer: Duration) -> WorkerConfig {
-    WorkerConfig {
-        guards: Guards {
-            calendar: Some(Calendar::new(&CalendarSettings::default()).unwrap()),
-            max_defer,
-            clock: Clock::following_tokio(SUNDAY_EVENING.parse().unwrap()),
-        },
-        ..config()
+fn guards(max_defer: Duration) -> Guards {
+    Guards {
+        calendar: Some(Calendar::new(&CalendarSettings::default()).unwrap()),
+        max_defer,
+        clock: Clock::following_tokio(SUNDAY_EVENING.parse().unwrap()),
     }
+}
+
+fn guarded(max_defer: Duration) -> WorkerConfig {
+    with_policy(Policy {
+        guards: guards(max_defer),
+        ..Policy::default()
+    })
 }
 
 /// Like `wait_until`, in coarser steps: these waits span hours.
@@ -139,13 +143,13 @@ async fn a_calendar_that_closes_during_the_claim_gives_the_attempt_back_and_defe
         ..Default::default()
     });
     let restarter = Arc::new(ScriptedRestarter::default());
-    let config = WorkerConfig {
+    let config = with_policy(Policy {
         guards: Guards {
             clock: Clock::following_tokio("2026-11-20T14:59:00Z".parse().unwrap()),
-            ..guarded(Duration::from_secs(7 * 24 * 3600)).guards
+            ..guards(Duration::from_secs(7 * 24 * 3600))
         },
-        ..config()
-    };
+        ..Policy::default()
+    });
     let started = Instant::now();
     let h = start(config, store.clone(), restarter.clone());
     let id = h.publish("cattle-late").await;

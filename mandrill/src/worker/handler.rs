@@ -410,14 +410,18 @@ async fn process(context: &Shared, delivery: &Delivery, progress: &Progress) -> 
 
     // Checked again after the claim, which may have waited out a store
     // outage: a decision made before waiting is never trusted after it.
-    if let Some(hold) = config.guards.hold(&request) {
+    // Under the policy in force now (a reload since is honoured), and with
+    // the stop conditions, which run here, right before the restart.
+    let dry_run = match Box::pin(recheck(context, &request)).await {
+        Ok(dry_run) => dry_run,
+        Err(hold) => {
+            drop(reservation);
+            return rare(unclaim(context, progress, &request, attempt, hold)).await;
+        }
+    };
+    if dry_run {
         drop(reservation);
-        return rare(unclaim(context, progress, &request, attempt, hold)).await;
-    }
-
-    if config.dry_run {
-        drop(reservation);
-        return rare(dry_run(context, progress, &request, attempt)).await;
+        return rare(dry_run_action(context, progress, &request, attempt)).await;
     }
 
     // Shielded from here: the restart is issued, so its outcome must be
@@ -444,6 +448,23 @@ async fn process(context: &Shared, delivery: &Delivery, progress: &Progress) -> 
     Box::pin(conclude(context, progress, &request, attempt, restarted)).await
 }
 
+/// The guards again after the claim, under the policy in force now, then
+/// the stop conditions (also before a dry run's action: the dry run shows
+/// every guard's decision). `Ok` with whether the policy is leashed, or why
+/// to hold the request.
+async fn recheck(context: &Shared, request: &RestartRequest) -> Result<bool, Hold> {
+    let policy = context.config.policy.current();
+    if let Some(hold) = policy.guards.hold(request) {
+        return Err(hold);
+    }
+    if !policy.stop_conditions.is_empty()
+        && let Err(reason) = policy.stop_conditions.check().await
+    {
+        return Err(policy.defer(request, policy.stop_retry, reason));
+    }
+    Ok(policy.dry_run)
+}
+
 /// Everything before the restart: the delivery limit, eligibility,
 /// capacity, and the claim that decides whether to restart at all. `Ok`
 /// with the claimed attempt and its reservation, or how to settle.
@@ -461,10 +482,12 @@ async fn prepare(
         );
         return Err(give_up(context, progress, request, 0, reason).await);
     }
-    if let Err(reason) = config.eligibility.check(request.instance_name.as_str()) {
+    // Read once for the decisions before the claim.
+    let policy = config.policy.current();
+    if let Err(reason) = policy.eligibility.check(request.instance_name.as_str()) {
         return Err(deny(context, progress, request, reason).await);
     }
-    if let Some(hold) = config.guards.hold(request) {
+    if let Some(hold) = policy.guards.hold(request) {
         return Err(held(context, progress, request, hold).await);
     }
     let reservation = tokio::select! {
@@ -572,7 +595,7 @@ async fn conclude(
                 output: None,
             };
             error!(%error, "restarted, but the host did not come back");
-            if config.pause_on_unrecovered {
+            if config.policy.current().pause_on_unrecovered {
                 // Fail closed: a host that does not come back stops every
                 // instance until someone looks (`mandrill resume`).
                 let why = format!("{} did not recover after its restart", request.hostname);
@@ -737,7 +760,7 @@ async fn unclaim(
 
 /// Leashed: records the exact action the restart would have taken, as the
 /// outcome of the attempt just claimed, and acks. Nothing touches the host.
-async fn dry_run(
+async fn dry_run_action(
     context: &Shared,
     progress: &Progress,
     request: &RestartRequest,
