@@ -2103,6 +2103,56 @@ mod tests {
     }
 
     #[test]
+    fn stop_conditions_and_the_pause_file_load_and_bad_ones_name_the_key() {
+        let file = "[safety]\nstop_retry = \"10s\"\npause_file = \"/run/mandrill/PAUSE\"\n\
+                    [[safety.stop_conditions]]\nname = \"alerts\"\nhttp = \"http://127.0.0.1:9093/firing\"\n\
+                    [[safety.stop_conditions]]\nname = \"deploys\"\ncommand = [\"true\"]\ntimeout = \"2s\"\n";
+        let config = load(Some(file), &[], &[]).unwrap();
+        assert_eq!(config.safety.stop_conditions.len(), 2);
+        assert_eq!(
+            config.safety.stop_conditions[1].timeout,
+            Duration::from_secs(2)
+        );
+        let policy = config.policy().unwrap();
+        assert_eq!(policy.stop_retry, Duration::from_secs(10));
+        assert!(!policy.stop_conditions.is_empty());
+        for (file, key) in [
+            (
+                "[[safety.stop_conditions]]\nname = \"x\"\nhttp = \"nope\"\n",
+                "safety.stop_conditions[0].http",
+            ),
+            (
+                "[[safety.stop_conditions]]\nname = \"x\"\nurl = \"http://a/\"\n",
+                "safety.stop_conditions",
+            ),
+            ("[safety]\nstop_retry = \"0s\"\n", "safety.stop_retry"),
+            ("[safety]\npause_file = \"/\"\n", "safety.pause_file"),
+        ] {
+            let error = load(Some(file), &[], &[]).unwrap_err().to_string();
+            assert!(error.contains(key), "{file}: {error}");
+        }
+    }
+
+    #[test]
+    fn a_reload_applies_safety_but_its_poll_and_pause_file() {
+        for key in [
+            "log.level",
+            "safety.deny",
+            "safety.calendar.hours",
+            "safety.stop_conditions",
+        ] {
+            assert!(reloads(key), "{key}");
+        }
+        for key in [
+            "broker.ack_deadline",
+            "safety.poll_interval",
+            "safety.pause_file",
+        ] {
+            assert!(!reloads(key), "{key}");
+        }
+    }
+
+    #[test]
     fn changed_keys_lists_what_a_reload_changes() {
         let old = Config::default();
         let mut new = old.clone();

@@ -176,3 +176,30 @@ async fn a_calendar_that_closes_during_the_claim_gives_the_attempt_back_and_defe
     );
     h.stop().await.unwrap();
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_reload_during_the_claim_is_honoured_by_the_check_after_it() {
+    let store = Arc::new(ScriptedStore {
+        claim_gate: Some(Semaphore::new(0)),
+        ..Default::default()
+    });
+    let restarter = Arc::new(ScriptedRestarter::default());
+    let config = with_policy(Policy::default());
+    let reload = config.policy.clone();
+    let h = start(config, store.clone(), restarter.clone());
+    let id = h.publish("cattle-reloaded").await;
+    // Decided unleashed before the claim; leashed by a reload while the
+    // claim waits.
+    wait_until("claiming", || store.timeline.count("claim-waiting") == 1).await;
+    reload.replace(Policy {
+        dry_run: true,
+        ..Policy::default()
+    });
+    store.claim_gate.as_ref().unwrap().add_permits(1);
+    let stats = h.stats.clone();
+    wait_until("acked", || stats.acked.get() == 1).await;
+    assert_eq!(stats.dry_runs.get(), 1);
+    assert_eq!(restarter.timeline.count("restart-started"), 0);
+    assert_eq!(store.inner.lookup(id).await.unwrap(), Some(Status::DryRun));
+    h.stop().await.unwrap();
+}
