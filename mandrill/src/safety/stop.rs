@@ -258,5 +258,4 @@ fn cause_chain(error: &dyn std::error::Error) -> String {
 }
 
 #[cfg(test)]
-#[path = "stop_tests.rs"]
 mod tests;

@@ -89,6 +89,15 @@ async fn a_command_check_passes_on_exit_0_and_a_hung_one_fails_at_its_timeout() 
         .check()
         .await
         .unwrap();
+    let reason = StopConditions::new(&[command("no", &["false"], second)])
+        .unwrap()
+        .check()
+        .await
+        .unwrap_err();
+    assert!(
+        reason.starts_with("deferred by stop condition \"no\": \"false\" exited with"),
+        "{reason}"
+    );
     let failing = StopConditions::new(&[
         command("ok", &["true"], second),
         command(
