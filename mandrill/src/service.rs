@@ -378,7 +378,7 @@ impl Service {
                 self.broker.clone(),
                 self.store.clone(),
                 shutdown.clone(),
-                self.config.dry_run(),
+                self.worker.policy(),
                 stop_companions.clone(),
             ));
         }
