@@ -69,7 +69,9 @@ fn sighup_reloads_the_safety_policy_and_keeps_it_when_the_reload_is_invalid() {
     )
     .unwrap();
     service.signal("HUP");
-    service.wait_for("safety policy reloaded", 1);
+    // Logged last, after the policy and each key.
+    service.wait_for("configuration reloaded", 1);
+    assert_eq!(service.messages("safety policy reloaded").len(), 1);
     let reloaded: Vec<_> = service
         .messages("setting reloaded")
         .into_iter()
