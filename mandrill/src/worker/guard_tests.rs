@@ -2,7 +2,9 @@
 //! follows tokio's, so a test moves the calendar by letting time pass.
 
 use super::*;
-use crate::safety::{Calendar, CalendarSettings, Clock, Guards, Policy};
+use crate::safety::{
+    Calendar, CalendarSettings, Clock, Guards, Policy, StopConditionSettings, StopConditions,
+};
 
 /// Sunday 2026-11-22 20:00 UTC: 13 hours before Chaos Monkey's calendar
 /// (Mon–Fri 09:00–15:00 UTC) opens.
@@ -202,4 +204,34 @@ async fn a_reload_during_the_claim_is_honoured_by_the_check_after_it() {
     assert_eq!(restarter.timeline.count("restart-started"), 0);
     assert_eq!(store.inner.lookup(id).await.unwrap(), Some(Status::DryRun));
     h.stop().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stop_condition_under_way_when_the_grace_period_ends_gives_the_claim_back() {
+    let store = Arc::new(ScriptedStore::default());
+    let restarter = Arc::new(ScriptedRestarter::default());
+    let hung = StopConditionSettings {
+        name: "hung".into(),
+        http: None,
+        expect_status: None,
+        command: Some(vec!["sleep".into(), "600".into()]),
+        timeout: Duration::from_secs(600),
+    };
+    let config = with_policy(Policy {
+        stop_conditions: StopConditions::new(&[hung]).unwrap(),
+        ..Policy::default()
+    });
+    let h = start(config, store.clone(), restarter.clone());
+    let id = h.publish("cattle-checked").await;
+    wait_until("claimed", || store.timeline.count("claim ") == 1).await;
+    let stats = h.stats.clone();
+    // The grace period (5 s) ends long before the check's timeout.
+    h.stop().await.unwrap();
+    assert_eq!(restarter.timeline.count("restart-started"), 0);
+    assert_eq!(store.timeline.count("released 1"), 1);
+    assert_eq!(stats.nacked.get(), 1);
+    assert_eq!(
+        store.inner.lookup(id).await.unwrap(),
+        Some(Status::Received)
+    );
 }

@@ -414,9 +414,13 @@ async fn process(context: &Shared, delivery: &Delivery, progress: &Progress) -> 
     // the stop conditions, which run here, right before the restart.
     let dry_run = match Box::pin(recheck(context, &request)).await {
         Ok(dry_run) => dry_run,
-        Err(hold) => {
+        Err(Some(hold)) => {
             drop(reservation);
             return rare(unclaim(context, progress, &request, attempt, hold)).await;
+        }
+        Err(None) => {
+            drop(reservation);
+            return rare(unclaim_at_shutdown(context, progress, &request, attempt)).await;
         }
     };
     if dry_run {
@@ -451,18 +455,51 @@ async fn process(context: &Shared, delivery: &Delivery, progress: &Progress) -> 
 /// The guards again after the claim, under the policy in force now, then
 /// the stop conditions (also before a dry run's action: the dry run shows
 /// every guard's decision). `Ok` with whether the policy is leashed, or why
-/// to hold the request.
-async fn recheck(context: &Shared, request: &RestartRequest) -> Result<bool, Hold> {
+/// to hold the request; `Err(None)` when the grace period ended while the
+/// stop conditions ran (the restart was not issued, so it must not be).
+async fn recheck(context: &Shared, request: &RestartRequest) -> Result<bool, Option<Hold>> {
     let policy = context.config.policy.current();
     if let Some(hold) = policy.guards.hold(request) {
-        return Err(hold);
+        return Err(Some(hold));
     }
-    if !policy.stop_conditions.is_empty()
-        && let Err(reason) = policy.stop_conditions.check().await
-    {
-        return Err(policy.defer(request, policy.stop_retry, reason));
+    if !policy.stop_conditions.is_empty() {
+        let checked = tokio::select! {
+            biased;
+            () = context.abort.cancelled() => return Err(None),
+            checked = policy.stop_conditions.check() => checked,
+        };
+        if let Err(reason) = checked {
+            return Err(Some(policy.defer(request, policy.stop_retry, reason)));
+        }
     }
     Ok(policy.dry_run)
+}
+
+/// The grace period ended between the claim and the restart: nothing was
+/// issued, so the claim is given back (one try, bounded, as shutdown is
+/// under way; else it counts as used) and the delivery nacked.
+async fn unclaim_at_shutdown(
+    context: &Shared,
+    progress: &Progress,
+    request: &RestartRequest,
+    attempt: u32,
+) -> Settlement {
+    let released = tokio::time::timeout(
+        Duration::from_secs(1),
+        context.store.release_claim(request, attempt),
+    )
+    .await;
+    match released {
+        Ok(Ok(())) => progress.claimed.store(0, Ordering::Release),
+        Ok(Err(error)) => {
+            warn!(%error, attempt, "could not give back the claim; it counts as used")
+        }
+        Err(_elapsed) => warn!(
+            attempt,
+            "giving back the claim timed out; it counts as used"
+        ),
+    }
+    shutting_down()
 }
 
 /// Everything before the restart: the delivery limit, eligibility,
