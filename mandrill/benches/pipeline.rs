@@ -334,11 +334,8 @@ async fn run(options: Options) {
             domain: Domain::default(),
             max_payload_bytes: 4096,
         },
-        dry_run: false,
-        pause_on_unrecovered: false,
         switch_poll_interval: Duration::from_secs(1),
-        eligibility: mandrill::safety::Eligibility::everyone(),
-        guards: mandrill::safety::Guards::default(),
+        policy: mandrill::safety::PolicyHandle::default(),
     };
     let shutdown = Shutdown::new();
     let worker = Worker::new(

@@ -29,7 +29,7 @@ use uuid::Uuid;
 
 use crate::broker::pubsub::PubSubBroker;
 use crate::broker::{Broker, BrokerError, SqliteBroker};
-use crate::config::{self, Config, ConfigError, LogFormat, RELOADABLE, Sources, redact_url};
+use crate::config::{self, Config, ConfigError, LogFormat, Sources, redact_url};
 use crate::domain::{Hostname, InstanceName, RestartRequest, random_instance_name};
 use crate::service::{self, Controls, Service};
 use crate::store::Timestamp;
@@ -455,15 +455,18 @@ async fn serve(
     let controls = service.controls();
     let running = service.run(shutdown.clone());
     tokio::pin!(running);
+    // What the service was built with: a reload changes only the
+    // reloadable settings, so the rest stays as started.
+    let started = config.clone();
     let mut current = config;
     if reload_pending {
-        reload(sources, &mut current, &controls, telemetry);
+        reload(sources, &started, &mut current, &controls, telemetry);
     }
     loop {
         tokio::select! {
             outcome = &mut running => return outcome.map(|_| Stopped::Cleanly),
             name = signals.next() => match name {
-                "SIGHUP" => reload(sources, &mut current, &controls, telemetry),
+                "SIGHUP" => reload(sources, &started, &mut current, &controls, telemetry),
                 _ => if terminations.count(name, &shutdown) {
                     return Ok(Stopped::AtOnce);
                 },
@@ -472,7 +475,13 @@ async fn serve(
     }
 }
 
-fn reload(sources: &Sources, current: &mut Config, controls: &Controls, telemetry: &Telemetry) {
+fn reload(
+    sources: &Sources,
+    started: &Config,
+    current: &mut Config,
+    controls: &Controls,
+    telemetry: &Telemetry,
+) {
     info!("SIGHUP: reloading configuration");
     let new = match sources.load() {
         Ok(new) => new,
@@ -487,8 +496,17 @@ fn reload(sources: &Sources, current: &mut Config, controls: &Controls, telemetr
         error!(%error, "cannot apply log.level");
     }
     controls.apply(&new);
+    if changed.iter().any(|key| key.starts_with("safety.")) {
+        // The new [safety] over the rest as started (the backend, which
+        // the policy's defaults depend on, changes only with a restart).
+        let mut effective = started.clone();
+        effective.safety = new.safety.clone();
+        if !controls.apply_policy(&effective) {
+            return;
+        }
+    }
     for key in &changed {
-        if RELOADABLE.contains(&key.as_str()) {
+        if config::reloads(key) {
             info!(key, "setting reloaded");
         } else {
             warn!(

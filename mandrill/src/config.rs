@@ -26,7 +26,8 @@ use crate::restarter::hosts::HostEntry;
 use crate::restarter::verify::ProbeKind;
 use crate::restarter::{CommandSettings, HttpSettings, SshSettings, VerifySettings};
 use crate::safety::{
-    BudgetSettings, Calendar, CalendarSettings, Clock, Counting, Eligibility, Guards, RateSettings,
+    BudgetSettings, Calendar, CalendarSettings, Clock, Counting, Eligibility, Guards, Policy,
+    PolicyHandle, RateSettings, StopConditionSettings, StopConditions,
 };
 use crate::worker::WorkerConfig;
 
@@ -383,6 +384,16 @@ pub struct SafetyConfig {
     pub rate: RateSettings,
     /// `[safety.budget]`: hosts per group disrupted at once.
     pub budget: BudgetSettings,
+    /// `[[safety.stop_conditions]]`: checks run right before each restart;
+    /// one that fails, errs or times out defers it (fail closed).
+    pub stop_conditions: Vec<StopConditionSettings>,
+    /// How soon a delivery a stop condition deferred comes back.
+    #[serde(with = "duration")]
+    pub stop_retry: Duration,
+    /// While this file exists, restarts are paused (the kill switch, set
+    /// by `pause-file`); removing it resumes them. Its directory must exist.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pause_file: Option<PathBuf>,
 }
 
 impl Default for SafetyConfig {
@@ -398,6 +409,9 @@ impl Default for SafetyConfig {
             groups: BTreeMap::new(),
             rate: RateSettings::default(),
             budget: BudgetSettings::default(),
+            stop_conditions: Vec::new(),
+            stop_retry: Duration::from_secs(30),
+            pause_file: None,
         }
     }
 }
@@ -563,8 +577,21 @@ pub mod limits {
     pub const MIN_STALL_THRESHOLD: Duration = Duration::from_millis(1);
 }
 
-/// Settings that a reload (SIGHUP) applies without a restart.
+/// Settings that a reload (SIGHUP) applies without a restart, besides
+/// `[safety]` (see [`reloads`]).
 pub const RELOADABLE: &[&str] = &["log.level", "worker.max_in_flight", "simulate.rate"];
+
+/// The `[safety]` settings a reload does not apply: the switch's polling
+/// and the pause file's watch are set up once, at start.
+const SAFETY_NEEDS_RESTART: &[&str] = &["safety.poll_interval", "safety.pause_file"];
+
+/// Whether a reload (SIGHUP) applies `key` without a restart: the
+/// [`RELOADABLE`] settings, and the safety policy (every `safety.` key but
+/// `safety.poll_interval` and `safety.pause_file`).
+pub fn reloads(key: &str) -> bool {
+    RELOADABLE.contains(&key)
+        || (key.starts_with("safety.") && !SAFETY_NEEDS_RESTART.contains(&key))
+}
 
 /// A configuration that cannot be used, naming the key or file at fault.
 #[derive(Debug, thiserror::Error)]
@@ -985,6 +1012,17 @@ impl Config {
             .map_err(|(key, why)| ConfigError::invalid(&key, why))?;
         self.counting()
             .map_err(|(key, why)| ConfigError::invalid(&key, why))?;
+        StopConditions::new(&self.safety.stop_conditions)
+            .map_err(|(key, why)| ConfigError::invalid(&key, why))?;
+        positive("safety.stop_retry", self.safety.stop_retry)?;
+        if let Some(path) = &self.safety.pause_file
+            && (path.as_os_str().is_empty() || path.file_name().is_none())
+        {
+            return Err(ConfigError::invalid(
+                "safety.pause_file",
+                "must name a file (its directory is watched)",
+            ));
+        }
         probability("restarter.failure_rate", self.restarter.failure_rate)?;
         probability("simulate.malformed_rate", self.simulate.malformed_rate)?;
         if self.restarter.min_latency > self.restarter.max_latency {
@@ -1082,6 +1120,7 @@ impl Config {
             ("verify.probe_timeout", self.verify.probe_timeout),
             ("verify.timeout", self.verify.timeout),
             ("safety.poll_interval", self.safety.poll_interval),
+            ("safety.stop_retry", self.safety.stop_retry),
         ];
         if let Some(interval) = w.lease_extension_interval {
             durations.push(("worker.lease_extension_interval", interval));
@@ -1312,37 +1351,40 @@ impl Config {
                 max: Duration::from_secs(30),
             },
             parse: self.parse_rules(),
+            switch_poll_interval: self.safety.poll_interval,
+            // Validated in `validate`; should an invalid one get here, fail
+            // closed: leashed, nobody eligible.
+            policy: PolicyHandle::new(self.policy().unwrap_or_else(|_| Policy {
+                dry_run: true,
+                eligibility: Eligibility::nobody(),
+                pause_on_unrecovered: true,
+                ..Policy::default()
+            })),
+        }
+    }
+
+    /// The safety policy: what the worker decides with, and what a reload
+    /// of `[safety]` replaces. Fails naming the key, as `validate` does.
+    pub fn policy(&self) -> Result<Policy, ConfigError> {
+        let invalid = |(key, why): (String, String)| ConfigError::invalid(&key, why);
+        Ok(Policy {
             dry_run: self.dry_run(),
-            // Validated in `validate`; an invalid list admits nobody.
             eligibility: Eligibility::new(
                 &self.safety.allow,
                 &self.safety.deny,
                 self.restarter.kind.is_real(),
             )
-            .unwrap_or_else(|_| Eligibility::nobody()),
-            pause_on_unrecovered: self.safety.pause_on_unrecovered,
-            switch_poll_interval: self.safety.poll_interval,
+            .map_err(invalid)?,
             guards: Guards {
-                // Validated in `validate`; should an invalid one get here,
-                // fail closed with the strict default.
-                calendar: self
-                    .calendar()
-                    .unwrap_or_else(|_| Some(Calendar::chaos_monkey())),
-                // Validated in `validate`; should an invalid one get here,
-                // fail closed with the strict defaults.
-                counting: self.counting().unwrap_or_else(|_| {
-                    Counting::new(
-                        &BTreeMap::new(),
-                        &RateSettings::default(),
-                        &BudgetSettings::default(),
-                        true,
-                    )
-                    .unwrap_or_else(|_| Counting::none())
-                }),
+                calendar: self.calendar().map_err(invalid)?,
+                counting: self.counting().map_err(invalid)?,
                 max_defer: self.safety.max_defer,
                 clock: Clock::System,
             },
-        }
+            pause_on_unrecovered: self.safety.pause_on_unrecovered,
+            stop_conditions: StopConditions::new(&self.safety.stop_conditions).map_err(invalid)?,
+            stop_retry: self.safety.stop_retry,
+        })
     }
 
     /// How payloads are validated.
@@ -1417,8 +1459,9 @@ pub fn settings_help() -> String {
         text.push_str(&format!("  {key:<34} {doc} [default: {default}]\n"));
     }
     text.push_str(&format!(
-        "Reloaded on SIGHUP without a restart: {}.\n",
-        RELOADABLE.join(", ")
+        "Reloaded on SIGHUP without a restart: {}, and [safety] but for {}.\n",
+        RELOADABLE.join(", "),
+        SAFETY_NEEDS_RESTART.join(", ")
     ));
     text
 }
@@ -1725,6 +1768,19 @@ const SETTING_DOCS: &[(&str, &str)] = &[
     (
         "safety.budget.forget_after",
         "how long an unverified end (unrecovered, failed, unknown) counts as disrupted (1h)",
+    ),
+    (
+        "safety.stop_conditions",
+        "[[safety.stop_conditions]] name, http = URL (expect_status, default 200) or command = [argv], \
+         timeout (default 5s): checked before each restart; failing defers it",
+    ),
+    (
+        "safety.stop_retry",
+        "a delivery a stop condition deferred comes back after this",
+    ),
+    (
+        "safety.pause_file",
+        "while this file exists, restarts are paused (its directory is watched; not reloaded)",
     ),
     (
         "hosts",
@@ -2034,6 +2090,7 @@ mod tests {
         config.safety.rate.global_max = Some(10);
         config.safety.budget.max_disrupted = Some(1);
         config.safety.budget.max_disrupted_percent = Some(20);
+        config.safety.pause_file = Some(PathBuf::from("/run/mandrill/PAUSE"));
         config.safety.calendar = Some(CalendarSettings {
             weekdays: Some(vec!["mon".into()]),
             hours: Some(vec!["09:00-15:00".into()]),
@@ -2077,6 +2134,8 @@ mod tests {
         assert!(real.dry_run(), "a real backend defaults to a dry run");
         assert!(
             real.worker_config()
+                .policy
+                .current()
                 .eligibility
                 .check("cattle-ab12")
                 .is_err(),
@@ -2087,6 +2146,8 @@ mod tests {
         assert!(!real.dry_run());
         assert!(
             real.worker_config()
+                .policy
+                .current()
                 .eligibility
                 .check("cattle-ab12")
                 .is_ok()
@@ -2169,6 +2230,56 @@ mod tests {
             error.to_string().contains("safety.calendar.hours[0]"),
             "{error}"
         );
+    }
+
+    #[test]
+    fn stop_conditions_and_the_pause_file_load_and_bad_ones_name_the_key() {
+        let file = "[safety]\nstop_retry = \"10s\"\npause_file = \"/run/mandrill/PAUSE\"\n\
+                    [[safety.stop_conditions]]\nname = \"alerts\"\nhttp = \"http://127.0.0.1:9093/firing\"\n\
+                    [[safety.stop_conditions]]\nname = \"deploys\"\ncommand = [\"true\"]\ntimeout = \"2s\"\n";
+        let config = load(Some(file), &[], &[]).unwrap();
+        assert_eq!(config.safety.stop_conditions.len(), 2);
+        assert_eq!(
+            config.safety.stop_conditions[1].timeout,
+            Duration::from_secs(2)
+        );
+        let policy = config.policy().unwrap();
+        assert_eq!(policy.stop_retry, Duration::from_secs(10));
+        assert!(!policy.stop_conditions.is_empty());
+        for (file, key) in [
+            (
+                "[[safety.stop_conditions]]\nname = \"x\"\nhttp = \"nope\"\n",
+                "safety.stop_conditions[0].http",
+            ),
+            (
+                "[[safety.stop_conditions]]\nname = \"x\"\nurl = \"http://a/\"\n",
+                "safety.stop_conditions",
+            ),
+            ("[safety]\nstop_retry = \"0s\"\n", "safety.stop_retry"),
+            ("[safety]\npause_file = \"/\"\n", "safety.pause_file"),
+        ] {
+            let error = load(Some(file), &[], &[]).unwrap_err().to_string();
+            assert!(error.contains(key), "{file}: {error}");
+        }
+    }
+
+    #[test]
+    fn a_reload_applies_safety_but_its_poll_and_pause_file() {
+        for key in [
+            "log.level",
+            "safety.deny",
+            "safety.calendar.hours",
+            "safety.stop_conditions",
+        ] {
+            assert!(reloads(key), "{key}");
+        }
+        for key in [
+            "broker.ack_deadline",
+            "safety.poll_interval",
+            "safety.pause_file",
+        ] {
+            assert!(!reloads(key), "{key}");
+        }
     }
 
     #[test]

@@ -13,7 +13,7 @@ use anyhow::{Context as _, anyhow, bail};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use crate::admin::Admin;
 use crate::broker::nats::{Credentials, NatsBroker, NatsSettings};
@@ -27,6 +27,8 @@ use crate::restarter::{
     Blocking, CommandRestarter, HttpRestarter, Journaled, Restarter, SimulatedBlockingRestarter,
     SimulatedRestarter, Simulation, SshRestarter, Verified,
 };
+use crate::safety::PolicyHandle;
+use crate::safety::pause_file::PauseFile;
 use crate::stats::{Stats, StatsSnapshot};
 use crate::store::{MemoryStore, PostgresStore, SqliteStore, Store, Timestamp};
 use crate::worker::{FlowControl, Shutdown, Worker};
@@ -228,6 +230,7 @@ fn build_backend(config: &RestarterConfig, hosts: &HostMap) -> anyhow::Result<Ar
 pub struct Controls {
     flow: Arc<FlowControl>,
     simulate_rate: Arc<watch::Sender<f64>>,
+    policy: PolicyHandle,
 }
 
 impl Controls {
@@ -246,6 +249,34 @@ impl Controls {
             changed
         });
     }
+
+    /// Puts the safety policy of `config` in force for every decision made
+    /// from now on, if it is valid; else logs why, naming the key, and
+    /// keeps the policy in force. `config` is the running configuration
+    /// with the reloaded `[safety]`: the policy's defaults depend on the
+    /// backend (`restarter.kind`), and that is only changed by a restart.
+    pub fn apply_policy(&self, config: &Config) -> bool {
+        let policy = match config.validate().and_then(|()| config.policy()) {
+            Ok(policy) => policy,
+            Err(error) => {
+                error!(%error, "safety policy not reloaded; keeping the one in force");
+                return false;
+            }
+        };
+        let leashed = policy.dry_run;
+        let old = self.policy.replace(policy);
+        if old.dry_run != leashed {
+            if leashed {
+                warn!(
+                    "LEASHED (dry run) by reload: restarts are decided and recorded, none is issued"
+                );
+            } else {
+                warn!("UNLEASHED by reload: restarts of real hosts will be issued");
+            }
+        }
+        info!("safety policy reloaded");
+        true
+    }
 }
 
 /// A service ready to run. See the module docs.
@@ -261,6 +292,8 @@ pub struct Service {
     until_idle: bool,
     /// The admin server, bound; `None` if `admin.listen` is `""`.
     admin: Option<Admin>,
+    /// The watch on `safety.pause_file`, if set.
+    pause_file: Option<PauseFile>,
 }
 
 impl Service {
@@ -271,6 +304,13 @@ impl Service {
         let (broker, memory_broker) = open_broker(&config, Role::Consume).await?;
         let store = open_store(&config.store).await?;
         let restarter = build_restarter(&config)?;
+        let pause_file = match &config.safety.pause_file {
+            Some(path) => Some(
+                PauseFile::watch(path)
+                    .map_err(|why| anyhow!("safety.pause_file {}: {why}", path.display()))?,
+            ),
+            None => None,
+        };
         let stats = Arc::new(Stats::default());
         let worker = Worker::new(
             config.worker_config(),
@@ -290,6 +330,7 @@ impl Service {
             simulate_rate: Arc::new(simulate_rate),
             until_idle: false,
             admin,
+            pause_file,
         })
     }
 
@@ -305,6 +346,7 @@ impl Service {
         Controls {
             flow: self.worker.flow_control(),
             simulate_rate: self.simulate_rate.clone(),
+            policy: self.worker.policy(),
         }
     }
 
@@ -336,7 +378,7 @@ impl Service {
                 self.broker.clone(),
                 self.store.clone(),
                 shutdown.clone(),
-                self.config.dry_run(),
+                self.worker.policy(),
                 stop_companions.clone(),
             ));
         }
@@ -355,6 +397,16 @@ impl Service {
                         () = stop.cancelled() => {}
                     }
                 },
+            ));
+        }
+        if let Some(mut pause_file) = self.pause_file.take() {
+            if let Err(error) = pause_file.apply(&*self.store).await {
+                error!(%error, "could not apply the pause file at start-up; will try again");
+            }
+            companions.spawn(pause_file.run(
+                self.store.clone(),
+                self.config.safety.poll_interval,
+                stop_companions.clone(),
             ));
         }
         if self.until_idle {

@@ -13,6 +13,7 @@ mod metrics;
 mod profile;
 mod routes;
 
+use crate::safety::PolicyHandle;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -41,9 +42,16 @@ pub(crate) struct State {
     pub(crate) store: Arc<dyn Store>,
     pub(crate) shutdown: Shutdown,
     pub(crate) token: Option<Secret>,
-    /// Restarts are recorded as dry runs, not issued.
-    pub(crate) leashed: bool,
+    /// The safety policy in force (a reload may change the leash).
+    pub(crate) policy: PolicyHandle,
     pub(crate) metrics: metrics::Exposition,
+}
+
+impl State {
+    /// Restarts are recorded as dry runs, not issued: as of now.
+    pub(crate) fn leashed(&self) -> bool {
+        self.policy.current().dry_run
+    }
 }
 
 impl Admin {
@@ -79,7 +87,7 @@ impl Admin {
         broker: Arc<dyn Broker>,
         store: Arc<dyn Store>,
         shutdown: Shutdown,
-        leashed: bool,
+        policy: PolicyHandle,
         stop: CancellationToken,
     ) {
         let state = Arc::new(State {
@@ -88,7 +96,7 @@ impl Admin {
             store,
             shutdown,
             token: self.token,
-            leashed,
+            policy,
             metrics: metrics::Exposition::new(),
         });
         let served = axum::serve(self.listener, routes::router(state))

@@ -32,7 +32,7 @@ pub(crate) fn router(state: Arc<State>) -> Router {
 async fn metrics(Shared(state): Shared<Arc<State>>) -> Response {
     let mut text = state.metrics.render(
         &state.stats.snapshot(),
-        state.leashed,
+        state.leashed(),
         state.shutdown.is_requested(),
     );
     text.push_str(&super::metrics::render_histograms(&state.stats.timings));
@@ -58,7 +58,7 @@ async fn dashboard(Shared(state): Shared<Arc<State>>) -> Response {
             .map_err(|_| "the store did not answer"),
     };
     let page = super::dashboard::Page {
-        leashed: state.leashed,
+        leashed: state.leashed(),
         ready: not_ready(&state).await.map_or(Ok(()), Err),
         stats: &stats,
         history: history.as_deref().map_err(|why| *why),
@@ -116,7 +116,7 @@ async fn status(Shared(state): Shared<Arc<State>>) -> Response {
         StatusCode::OK,
         json!({
             "version": env!("CARGO_PKG_VERSION"),
-            "mode": if state.leashed { "leashed" } else { "unleashed" },
+            "mode": if state.leashed() { "leashed" } else { "unleashed" },
             "ready": not_ready(&state).await.is_none(),
             "shutting_down": state.shutdown.is_requested(),
             "store": if stats.store_down == 0 { "up" } else { "down" },
@@ -258,7 +258,7 @@ mod tests {
             store: Arc::new(MemoryStore::new()),
             shutdown: Shutdown::new(),
             token: None,
-            leashed: false,
+            policy: crate::safety::PolicyHandle::default(),
             metrics: crate::admin::metrics::Exposition::new(),
         }
     }

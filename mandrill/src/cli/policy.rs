@@ -95,12 +95,12 @@ fn print_check(config: &Config, args: &CheckArgs) -> anyhow::Result<()> {
             InstanceName::parse(raw).map_err(|why| BadInput(format!("instance name {raw:?} {why}")))
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let worker = config.worker_config();
-    let calendar = worker.guards.calendar.as_ref();
-    let counting = &worker.guards.counting;
+    let policy = config.worker_config().policy.current();
+    let calendar = policy.guards.calendar.as_ref();
+    let counting = &policy.guards.counting;
     let mut out = std::io::stdout().lock();
     for name in &names {
-        let eligibility = worker.eligibility.check(name.as_str());
+        let eligibility = policy.eligibility.check(name.as_str());
         let timed = calendar.map(|calendar| calendar.verdict(at));
         let group = counting.group_of(name.as_str()).to_owned();
         let limits = match counting.limits(&group) {
@@ -129,7 +129,7 @@ fn print_check(config: &Config, args: &CheckArgs) -> anyhow::Result<()> {
                 "calendar": calendar,
                 "group": group,
                 "limits": limits,
-                "dry_run": worker.dry_run,
+                "dry_run": policy.dry_run,
             });
             writeln!(out, "{line}")?;
             continue;

@@ -138,8 +138,8 @@ pub async fn run(config: &Config, since: &str, json: bool) -> anyhow::Result<()>
         .collect();
     entries.sort_by_key(|e| e.received_at);
 
-    let worker = config.worker_config();
-    let counting = &worker.guards.counting;
+    let policy = config.worker_config().policy.current();
+    let counting = &policy.guards.counting;
     let mut issued = Issued::default();
     let mut changed = 0usize;
     let mut judged = 0usize;
@@ -153,10 +153,10 @@ pub async fn run(config: &Config, since: &str, json: bool) -> anyhow::Result<()>
         let at = entry.received_at.as_millis();
         let when = jiff::Timestamp::from_millisecond(at).unwrap_or(jiff::Timestamp::UNIX_EPOCH);
         let group = counting.group_of(instance);
-        let candidate = if let Err(reason) = worker.eligibility.check(instance) {
+        let candidate = if let Err(reason) = policy.eligibility.check(instance) {
             Decision::Deny(reason)
         } else if let Some(Verdict::Defer { reason, .. }) =
-            worker.guards.calendar.as_ref().map(|c| c.verdict(when))
+            policy.guards.calendar.as_ref().map(|c| c.verdict(when))
         {
             Decision::Defer(reason)
         } else {
@@ -167,7 +167,7 @@ pub async fn run(config: &Config, since: &str, json: bool) -> anyhow::Result<()>
                 Err(reason) => Decision::Defer(reason),
                 Ok(()) => {
                     issued.record(group, instance, at);
-                    if worker.dry_run {
+                    if policy.dry_run {
                         Decision::DryRun
                     } else {
                         Decision::Restart

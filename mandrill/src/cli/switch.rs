@@ -95,10 +95,10 @@ pub fn status(args: &StatusArgs) -> ExitCode {
             .context("cannot read the restart journal");
         store.close().await;
         let (switch, usage) = (switch?, usage?);
-        let worker = config.worker_config();
-        let counting = &worker.guards.counting;
+        let policy = config.worker_config().policy.current();
+        let counting = &policy.guards.counting;
         let limits = counting.describe();
-        let calendar = worker.guards.calendar.as_ref().map(|calendar| {
+        let calendar = policy.guards.calendar.as_ref().map(|calendar| {
             let verdict = match calendar.verdict(jiff::Timestamp::now()) {
                 crate::safety::Verdict::Allow => "open now".to_owned(),
                 crate::safety::Verdict::Defer { until, .. } => {

@@ -1,16 +1,24 @@
 //! Safety guards: who may be restarted at all (eligibility: a final deny),
 //! when (the calendar: a defer until it opens), and how many (the counting
 //! guards in `limits`: rate limits, host cooldown, disruption budget,
-//! decided in the store's claim transaction, with the kill switch). The
-//! leash (dry run) is decided by the worker's configuration.
+//! decided in the store's claim transaction, with the kill switch). Stop
+//! conditions run after the claim, right before the restart. The leash (dry
+//! run) and everything a reload may change is one [`Policy`], read by the
+//! worker through a [`PolicyHandle`]; the pause file turns the kill switch
+//! from a file's existence.
 
 pub mod calendar;
 pub mod guards;
 pub mod limits;
+pub mod pause_file;
+pub mod policy;
+pub mod stop;
 
 pub use calendar::{Calendar, CalendarSettings, FreezeSettings};
 pub use guards::{Clock, Guards, Hold};
 pub use limits::{BudgetSettings, Counting, Limits, RateSettings};
+pub use policy::{Policy, PolicyHandle};
+pub use stop::{StopConditionSettings, StopConditions};
 
 use crate::pattern::Pattern;
 

@@ -2,23 +2,29 @@
 //! follows tokio's, so a test moves the calendar by letting time pass.
 
 use super::*;
-use crate::safety::{Calendar, CalendarSettings, Clock, Guards};
+use crate::safety::{
+    Calendar, CalendarSettings, Clock, Guards, Policy, StopConditionSettings, StopConditions,
+};
 
 /// Sunday 2026-11-22 20:00 UTC: 13 hours before Chaos Monkey's calendar
 /// (Mon–Fri 09:00–15:00 UTC) opens.
 const SUNDAY_EVENING: &str = "2026-11-22T20:00:00Z";
 const UNTIL_MONDAY: Duration = Duration::from_secs(13 * 3600);
 
-fn guarded(max_defer: Duration) -> WorkerConfig {
-    WorkerConfig {
-        guards: Guards {
-            counting: crate::safety::Counting::none(),
-            calendar: Some(Calendar::new(&CalendarSettings::default()).unwrap()),
-            max_defer,
-            clock: Clock::following_tokio(SUNDAY_EVENING.parse().unwrap()),
-        },
-        ..config()
+fn guards(max_defer: Duration) -> Guards {
+    Guards {
+        counting: crate::safety::Counting::none(),
+        calendar: Some(Calendar::new(&CalendarSettings::default()).unwrap()),
+        max_defer,
+        clock: Clock::following_tokio(SUNDAY_EVENING.parse().unwrap()),
     }
+}
+
+fn guarded(max_defer: Duration) -> WorkerConfig {
+    with_policy(Policy {
+        guards: guards(max_defer),
+        ..Policy::default()
+    })
 }
 
 /// Like `wait_until`, in coarser steps: these waits span hours.
@@ -140,13 +146,13 @@ async fn a_calendar_that_closes_during_the_claim_gives_the_attempt_back_and_defe
         ..Default::default()
     });
     let restarter = Arc::new(ScriptedRestarter::default());
-    let config = WorkerConfig {
+    let config = with_policy(Policy {
         guards: Guards {
             clock: Clock::following_tokio("2026-11-20T14:59:00Z".parse().unwrap()),
-            ..guarded(Duration::from_secs(7 * 24 * 3600)).guards
+            ..guards(Duration::from_secs(7 * 24 * 3600))
         },
-        ..config()
-    };
+        ..Policy::default()
+    });
     let started = Instant::now();
     let h = start(config, store.clone(), restarter.clone());
     let id = h.publish("cattle-late").await;
@@ -172,4 +178,61 @@ async fn a_calendar_that_closes_during_the_claim_gives_the_attempt_back_and_defe
         "the given-back claim was not a used attempt"
     );
     h.stop().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_reload_during_the_claim_is_honoured_by_the_check_after_it() {
+    let store = Arc::new(ScriptedStore {
+        claim_gate: Some(Semaphore::new(0)),
+        ..Default::default()
+    });
+    let restarter = Arc::new(ScriptedRestarter::default());
+    let config = with_policy(Policy::default());
+    let reload = config.policy.clone();
+    let h = start(config, store.clone(), restarter.clone());
+    let id = h.publish("cattle-reloaded").await;
+    // Decided unleashed before the claim; leashed by a reload while the
+    // claim waits.
+    wait_until("claiming", || store.timeline.count("claim-waiting") == 1).await;
+    reload.replace(Policy {
+        dry_run: true,
+        ..Policy::default()
+    });
+    store.claim_gate.as_ref().unwrap().add_permits(1);
+    let stats = h.stats.clone();
+    wait_until("acked", || stats.acked.get() == 1).await;
+    assert_eq!(stats.dry_runs.get(), 1);
+    assert_eq!(restarter.timeline.count("restart-started"), 0);
+    assert_eq!(store.inner.lookup(id).await.unwrap(), Some(Status::DryRun));
+    h.stop().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stop_condition_under_way_when_the_grace_period_ends_gives_the_claim_back() {
+    let store = Arc::new(ScriptedStore::default());
+    let restarter = Arc::new(ScriptedRestarter::default());
+    let hung = StopConditionSettings {
+        name: "hung".into(),
+        http: None,
+        expect_status: None,
+        command: Some(vec!["sleep".into(), "600".into()]),
+        timeout: Duration::from_secs(600),
+    };
+    let config = with_policy(Policy {
+        stop_conditions: StopConditions::new(&[hung]).unwrap(),
+        ..Policy::default()
+    });
+    let h = start(config, store.clone(), restarter.clone());
+    let id = h.publish("cattle-checked").await;
+    wait_until("claimed", || store.timeline.count("claim ") == 1).await;
+    let stats = h.stats.clone();
+    // The grace period (5 s) ends long before the check's timeout.
+    h.stop().await.unwrap();
+    assert_eq!(restarter.timeline.count("restart-started"), 0);
+    assert_eq!(store.timeline.count("released 1"), 1);
+    assert_eq!(stats.nacked.get(), 1);
+    assert_eq!(
+        store.inner.lookup(id).await.unwrap(),
+        Some(Status::Received)
+    );
 }

@@ -385,14 +385,16 @@ fn shutting_down() -> Settlement {
 
 async fn process(context: &Shared, delivery: &Delivery, progress: &Progress) -> Settlement {
     let config = &context.config;
+    // Boxed: the request lives for the whole task, and inline it would take
+    // ~150 bytes of every handler's state.
     let mut request =
         match RestartRequest::parse_sized(&delivery.payload, delivery.full_size, &config.parse) {
-            Ok(request) => request,
+            Ok(request) => Box::new(request),
             Err(rejection) => {
                 return rare(reject(context, delivery, progress, rejection.to_string())).await;
             }
         };
-    config.guards.counting.assign(&mut request);
+    config.policy.current().guards.counting.assign(&mut request);
     {
         let span = tracing::Span::current();
         span.record("message_id", tracing::field::display(request.message_id));
@@ -411,14 +413,22 @@ async fn process(context: &Shared, delivery: &Delivery, progress: &Progress) -> 
 
     // Checked again after the claim, which may have waited out a store
     // outage: a decision made before waiting is never trusted after it.
-    if let Some(hold) = config.guards.hold(&request) {
+    // Under the policy in force now (a reload since is honoured), and with
+    // the stop conditions, which run here, right before the restart.
+    let dry_run = match Box::pin(recheck(context, &request)).await {
+        Ok(dry_run) => dry_run,
+        Err(Some(hold)) => {
+            drop(reservation);
+            return rare(unclaim(context, progress, &request, attempt, hold)).await;
+        }
+        Err(None) => {
+            drop(reservation);
+            return rare(unclaim_at_shutdown(context, progress, &request, attempt)).await;
+        }
+    };
+    if dry_run {
         drop(reservation);
-        return rare(unclaim(context, progress, &request, attempt, hold)).await;
-    }
-
-    if config.dry_run {
-        drop(reservation);
-        return rare(dry_run(context, progress, &request, attempt)).await;
+        return rare(dry_run_action(context, progress, &request, attempt)).await;
     }
 
     // Shielded from here: the restart is issued, so its outcome must be
@@ -443,6 +453,56 @@ async fn process(context: &Shared, delivery: &Delivery, progress: &Progress) -> 
         })
     });
     Box::pin(conclude(context, progress, &request, attempt, restarted)).await
+}
+
+/// The guards again after the claim, under the policy in force now, then
+/// the stop conditions (also before a dry run's action: the dry run shows
+/// every guard's decision). `Ok` with whether the policy is leashed, or why
+/// to hold the request; `Err(None)` when the grace period ended while the
+/// stop conditions ran (the restart was not issued, so it must not be).
+async fn recheck(context: &Shared, request: &RestartRequest) -> Result<bool, Option<Hold>> {
+    let policy = context.config.policy.current();
+    if let Some(hold) = policy.guards.hold(request) {
+        return Err(Some(hold));
+    }
+    if !policy.stop_conditions.is_empty() {
+        let checked = tokio::select! {
+            biased;
+            () = context.abort.cancelled() => return Err(None),
+            checked = policy.stop_conditions.check() => checked,
+        };
+        if let Err(reason) = checked {
+            return Err(Some(policy.defer(request, policy.stop_retry, reason)));
+        }
+    }
+    Ok(policy.dry_run)
+}
+
+/// The grace period ended between the claim and the restart: nothing was
+/// issued, so the claim is given back (one try, bounded, as shutdown is
+/// under way; else it counts as used) and the delivery nacked.
+async fn unclaim_at_shutdown(
+    context: &Shared,
+    progress: &Progress,
+    request: &RestartRequest,
+    attempt: u32,
+) -> Settlement {
+    let released = tokio::time::timeout(
+        Duration::from_secs(1),
+        context.store.release_claim(request, attempt),
+    )
+    .await;
+    match released {
+        Ok(Ok(())) => progress.claimed.store(0, Ordering::Release),
+        Ok(Err(error)) => {
+            warn!(%error, attempt, "could not give back the claim; it counts as used")
+        }
+        Err(_elapsed) => warn!(
+            attempt,
+            "giving back the claim timed out; it counts as used"
+        ),
+    }
+    shutting_down()
 }
 
 /// Everything before the restart: the delivery limit, eligibility,
@@ -486,17 +546,19 @@ async fn prepare(
             return Err(give_up(context, progress, request, 0, reason).await);
         }
     }
-    if let Err(reason) = config.eligibility.check(request.instance_name.as_str()) {
+    // Read once for the decisions before the claim.
+    let policy = config.policy.current();
+    if let Err(reason) = policy.eligibility.check(request.instance_name.as_str()) {
         return Err(deny(context, progress, request, reason).await);
     }
-    if let Some(hold) = config.guards.hold(request) {
+    if let Some(hold) = policy.guards.hold(request) {
         return Err(held(context, progress, request, hold).await);
     }
-    let limits = match config.guards.counting.limits(request.group()) {
+    let limits = match policy.guards.counting.limits(request.group()) {
         Ok(limits) => limits,
         Err(reason) => {
             let hold =
-                config
+                policy
                     .guards
                     .defer(request, "disruption budget", UNKNOWN_BUDGET_RETRY, reason);
             return Err(held(context, progress, request, hold).await);
@@ -549,7 +611,7 @@ async fn prepare(
             wait,
         }) => {
             // Recorded by the claim; nothing claimed, nothing issued.
-            let hold = config.guards.defer(request, guard, wait, reason);
+            let hold = policy.guards.defer(request, guard, wait, reason);
             Err(held(context, progress, request, hold).await)
         }
         Ok(Claim::InFlight { attempt, wait }) => {
@@ -620,7 +682,7 @@ async fn conclude(
                 output: None,
             };
             error!(%error, "restarted, but the host did not come back");
-            if config.pause_on_unrecovered {
+            if config.policy.current().pause_on_unrecovered {
                 // Fail closed: a host that does not come back stops every
                 // instance until someone looks (`mandrill resume`).
                 let why = format!("{} did not recover after its restart", request.hostname);
@@ -807,7 +869,7 @@ async fn unclaim(
 
 /// Leashed: records the exact action the restart would have taken, as the
 /// outcome of the attempt just claimed, and acks. Nothing touches the host.
-async fn dry_run(
+async fn dry_run_action(
     context: &Shared,
     progress: &Progress,
     request: &RestartRequest,

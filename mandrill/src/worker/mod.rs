@@ -27,7 +27,7 @@ use crate::backoff::Backoff;
 use crate::broker::{Broker, BrokerError};
 use crate::domain::ParseRules;
 use crate::restarter::Restarter;
-use crate::safety::{Eligibility, Guards};
+use crate::safety::PolicyHandle;
 use crate::stats::Stats;
 use crate::store::{ClaimTerms, Store};
 
@@ -65,19 +65,14 @@ pub struct WorkerConfig {
     pub pull_backoff: Backoff,
     /// How payloads are validated.
     pub parse: ParseRules,
-    /// Leashed: every decision is made and recorded, the would-be action
-    /// recorded as `dry-run`, and no restart is issued.
-    pub dry_run: bool,
-    /// Which instances may be restarted at all.
-    pub eligibility: Eligibility,
-    /// Turn the kill switch on when a host does not come back.
-    pub pause_on_unrecovered: bool,
     /// How often the kill switch is read from the store while running. (A
     /// claim also reads it, atomically, so this only bounds how soon pulling
     /// pauses and resumes.)
     pub switch_poll_interval: Duration,
-    /// The guards that may defer a request (the calendar), and their clock.
-    pub guards: Guards,
+    /// The safety policy (leash, eligibility, guards, stop conditions),
+    /// shared with whoever reloads it: a handler reads it when it decides,
+    /// so a reload applies to every decision made after it.
+    pub policy: PolicyHandle,
 }
 
 /// Tells the worker to stop: first gracefully, then, if asked again, at once.
@@ -253,6 +248,11 @@ impl Worker {
     /// The flow control, so that a configuration reload can change the limit.
     pub fn flow_control(&self) -> Arc<FlowControl> {
         self.context.flow.clone()
+    }
+
+    /// The safety policy's handle, so that a reload can replace it.
+    pub fn policy(&self) -> PolicyHandle {
+        self.context.config.policy.clone()
     }
 
     /// Runs until `shutdown` is requested (or pulling gives up), then drains.

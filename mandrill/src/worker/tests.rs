@@ -17,7 +17,7 @@ use super::*;
 use crate::broker::{Delivery, DeliveryTag, MemoryBroker};
 use crate::domain::{Domain, Outcome, RestartRequest, Restarted, Status};
 use crate::restarter::{Reservation, RestartError};
-use crate::safety::Eligibility;
+use crate::safety::{Eligibility, Policy, PolicyHandle};
 use crate::store::{Claim, ClaimTerms, HistoryEntry, MemoryStore, Recorded, StoreError, Timestamp};
 
 const ACK_DEADLINE: Duration = Duration::from_secs(10);
@@ -49,11 +49,16 @@ fn config() -> WorkerConfig {
             domain: Domain::default(),
             max_payload_bytes: 1024,
         },
-        dry_run: false,
-        pause_on_unrecovered: false,
         switch_poll_interval: Duration::from_secs(1),
-        eligibility: crate::safety::Eligibility::everyone(),
-        guards: crate::safety::Guards::default(),
+        policy: PolicyHandle::default(),
+    }
+}
+
+/// The test configuration under `policy`.
+fn with_policy(policy: Policy) -> WorkerConfig {
+    WorkerConfig {
+        policy: PolicyHandle::new(policy),
+        ..config()
     }
 }
 
@@ -797,10 +802,10 @@ async fn host_that_does_not_come_back_is_recorded_unrecovered_and_not_restarted_
 async fn leashed_worker_records_the_would_be_action_and_restarts_nothing() {
     let store = Arc::new(ScriptedStore::default());
     let restarter = Arc::new(ScriptedRestarter::default());
-    let config = WorkerConfig {
+    let config = with_policy(Policy {
         dry_run: true,
-        ..config()
-    };
+        ..Policy::default()
+    });
     let h = start(config, store.clone(), restarter.clone());
     let id = h.publish("cattle-leash").await;
     let stats = h.stats.clone();
@@ -828,10 +833,10 @@ async fn leashed_worker_records_the_would_be_action_and_restarts_nothing() {
 async fn ineligible_instance_is_denied_recorded_and_acked_without_a_claim() {
     let store = Arc::new(ScriptedStore::default());
     let restarter = Arc::new(ScriptedRestarter::default());
-    let config = WorkerConfig {
+    let config = with_policy(Policy {
         eligibility: Eligibility::new(&["cattle-*".into()], &["cattle-db*".into()], true).unwrap(),
-        ..config()
-    };
+        ..Policy::default()
+    });
     let h = start(config, store.clone(), restarter.clone());
     let db = h.publish("cattle-db01").await;
     let pet = h.publish("pet-01").await;
@@ -907,10 +912,10 @@ async fn a_host_that_does_not_come_back_pauses_every_restart() {
         }),
         ..Default::default()
     });
-    let config = WorkerConfig {
+    let config = with_policy(Policy {
         pause_on_unrecovered: true,
-        ..config()
-    };
+        ..Policy::default()
+    });
     let h = start(config, store.clone(), restarter.clone());
     h.publish("cattle-gone").await;
     let stats = h.stats.clone();

@@ -465,11 +465,8 @@ async fn worker_on_nats_retries_then_dead_letters_with_reason() {
             domain: Domain::default(),
             max_payload_bytes: 4096,
         },
-        dry_run: false,
-        pause_on_unrecovered: false,
         switch_poll_interval: Duration::from_secs(1),
-        eligibility: crate::safety::Eligibility::everyone(),
-        guards: crate::safety::Guards::default(),
+        policy: crate::safety::PolicyHandle::default(),
     };
     let shutdown = Shutdown::new();
     let worker = Worker::new(

@@ -174,11 +174,8 @@ async fn instance_names_with_shell_metacharacters_are_dead_lettered_at_parse_and
             domain: Domain::default(),
             max_payload_bytes: 1024,
         },
-        dry_run: false,
-        pause_on_unrecovered: false,
         switch_poll_interval: Duration::from_secs(1),
-        eligibility: crate::safety::Eligibility::everyone(),
-        guards: crate::safety::Guards::default(),
+        policy: crate::safety::PolicyHandle::default(),
     };
     let stats = Arc::new(Stats::default());
     let shutdown = Shutdown::new();

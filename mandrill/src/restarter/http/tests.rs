@@ -773,11 +773,8 @@ mod through_the_worker {
                 domain: Domain::default(),
                 max_payload_bytes: 1024,
             },
-            dry_run: false,
-            pause_on_unrecovered: false,
             switch_poll_interval: Duration::from_secs(1),
-            eligibility: crate::safety::Eligibility::everyone(),
-            guards: crate::safety::Guards::default(),
+            policy: crate::safety::PolicyHandle::default(),
         }
     }
 

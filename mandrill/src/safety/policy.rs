@@ -1,0 +1,182 @@
+//! The safety policy a running service may change without a restart
+//! (SIGHUP reloads `[safety]`), and the shared handle the worker reads it
+//! through.
+
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use super::{Eligibility, Guards, Hold, StopConditions};
+use crate::domain::RestartRequest;
+
+/// What a reload of `[safety]` may change. Everything the handler decides
+/// with, so that one message is decided under one policy at a time.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    /// Leashed: every decision is made and recorded, the would-be action
+    /// recorded as `dry-run`, and no restart is issued.
+    pub dry_run: bool,
+    /// Which instances may be restarted at all.
+    pub eligibility: Eligibility,
+    /// The guards that may defer a request (the calendar, the counting
+    /// guards), and their clock.
+    pub guards: Guards,
+    /// Turn the kill switch on when a host does not come back.
+    pub pause_on_unrecovered: bool,
+    /// Checks run right before each restart; one that fails defers it.
+    pub stop_conditions: StopConditions,
+    /// How soon a delivery a stop condition deferred comes back.
+    pub stop_retry: Duration,
+}
+
+impl Default for Policy {
+    /// Everything allowed, nothing checked, unleashed: what tests of other
+    /// behaviour start from (a configuration's policy comes from
+    /// `Config::policy`).
+    fn default() -> Self {
+        Self {
+            dry_run: false,
+            eligibility: Eligibility::everyone(),
+            guards: Guards::default(),
+            pause_on_unrecovered: false,
+            stop_conditions: StopConditions::default(),
+            stop_retry: Duration::from_secs(30),
+        }
+    }
+}
+
+impl Policy {
+    /// A deferral for `delay` (a short retry: a stop condition), or
+    /// `Expired` when the request would then be older than
+    /// `safety.max_defer` since it was published.
+    pub fn defer(&self, request: &RestartRequest, delay: Duration, reason: String) -> Hold {
+        self.guards.defer(request, "stop condition", delay, reason)
+    }
+}
+
+/// The policy in force, shared by the worker (which reads it) and the
+/// service (which swaps it on reload). Cheap to clone.
+///
+/// A `std::sync::RwLock` around an `Arc`: a reader holds the lock only to
+/// clone the `Arc` (never across an `.await`), so the lock is uncontended
+/// but for the instant of a reload, and a handler keeps the policy it read
+/// for as long as it needs it while a reload installs the next one.
+#[derive(Debug, Clone)]
+pub struct PolicyHandle(Arc<RwLock<Arc<Policy>>>);
+
+impl PolicyHandle {
+    /// A handle on `policy`.
+    pub fn new(policy: Policy) -> Self {
+        Self(Arc::new(RwLock::new(Arc::new(policy))))
+    }
+
+    /// The policy in force now.
+    pub fn current(&self) -> Arc<Policy> {
+        // A poisoned lock still holds a whole `Arc` (a writer only ever
+        // replaces it in one store), so its value is safe to read.
+        self.0
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Puts `policy` in force for every delivery decided from now on;
+    /// returns the one it replaces.
+    pub fn replace(&self, policy: Policy) -> Arc<Policy> {
+        let policy = Arc::new(policy);
+        let mut current = self
+            .0
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        std::mem::replace(&mut *current, policy)
+    }
+}
+
+impl Default for PolicyHandle {
+    fn default() -> Self {
+        Self::new(Policy::default())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::SystemTime;
+
+    use jiff::Timestamp;
+
+    use super::*;
+    use crate::domain::testing::request;
+    use crate::safety::Clock;
+
+    #[test]
+    fn a_replaced_policy_is_read_by_later_readers_and_not_by_earlier_ones() {
+        let handle = PolicyHandle::new(Policy::default());
+        let shared = handle.clone();
+        let before = handle.current();
+        assert!(before.eligibility.check("cattle-db01").is_ok());
+
+        let old = shared.replace(Policy {
+            dry_run: true,
+            eligibility: Eligibility::new(&[], &["cattle-db*".into()], false).unwrap(),
+            ..Policy::default()
+        });
+        assert!(Arc::ptr_eq(&old, &before));
+        // A handler that read the policy before keeps deciding with it...
+        assert!(!before.dry_run);
+        assert!(before.eligibility.check("cattle-db01").is_ok());
+        // ...and every read after the swap, through any clone, sees the new.
+        let after = handle.current();
+        assert!(after.dry_run);
+        assert!(
+            after
+                .eligibility
+                .check("cattle-db01")
+                .unwrap_err()
+                .contains("safety.deny")
+        );
+    }
+
+    #[test]
+    fn a_short_deferral_expires_past_max_defer() {
+        let now: Timestamp = "2026-11-23T10:00:00Z".parse().unwrap();
+        let policy = Policy {
+            guards: Guards {
+                max_defer: Duration::from_secs(3600),
+                clock: Clock::Fixed(now),
+                ..Guards::default()
+            },
+            ..Policy::default()
+        };
+        let mut fresh = request("cattle-ab12");
+        fresh.published_at = Some(SystemTime::from(
+            "2026-11-23T09:30:00Z".parse::<Timestamp>().unwrap(),
+        ));
+        let retry = Duration::from_secs(30);
+        assert!(matches!(
+            policy.defer(&fresh, retry, "deferred by stop condition \"x\": down".into()),
+            Hold::Defer { delay, .. } if delay == retry
+        ));
+        let mut stale = fresh.clone();
+        stale.published_at = Some(SystemTime::from(
+            "2026-11-23T08:59:50Z".parse::<Timestamp>().unwrap(),
+        ));
+        match policy.defer(
+            &stale,
+            retry,
+            "deferred by stop condition \"x\": down".into(),
+        ) {
+            Hold::Expired { reason, .. } => {
+                assert!(
+                    reason.starts_with("expired: deferred by stop condition"),
+                    "{reason}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        let mut unknown = fresh;
+        unknown.published_at = None;
+        assert!(matches!(
+            policy.defer(&unknown, retry, "why".into()),
+            Hold::Defer { .. }
+        ));
+    }
+}

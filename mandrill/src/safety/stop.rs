@@ -1,0 +1,261 @@
+//! Stop conditions (`[[safety.stop_conditions]]`): checks run right before
+//! each restart (and before a dry run's action), AWS FIS style. An HTTP
+//! probe is healthy when it answers the expected status; a command when it
+//! exits 0. Anything else (another status, a non-zero exit, a timeout, an
+//! error) defers the restart: fail closed.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::redact_url;
+use crate::restarter::process::{ProcessRunner, for_log};
+
+/// Variables a check command inherits from mandrill's environment; nothing
+/// else is passed (no secrets of the service leak into it).
+const INHERITED: &[&str] = &["PATH", "HOME", "LANG", "TZ"];
+
+/// Output of a check command kept for the reason, per stream.
+const KEPT_OUTPUT: usize = 4096;
+
+/// One `[[safety.stop_conditions]]` entry, as configured.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StopConditionSettings {
+    /// What reasons call it: `deferred by stop condition "alerts": …`.
+    pub name: String,
+    /// Probe this URL with GET; healthy when it answers `expect_status`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http: Option<String>,
+    /// The healthy status of the `http` probe (default 200).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expect_status: Option<u16>,
+    /// Run this program (no shell); healthy when it exits 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<Vec<String>>,
+    /// A check that takes longer fails (default 5 s).
+    #[serde(
+        default = "default_timeout",
+        with = "crate::config::duration",
+        skip_serializing_if = "is_default_timeout"
+    )]
+    pub timeout: Duration,
+}
+
+fn default_timeout() -> Duration {
+    Duration::from_secs(5)
+}
+
+fn is_default_timeout(timeout: &Duration) -> bool {
+    *timeout == default_timeout()
+}
+
+/// What one check does.
+#[derive(Debug, Clone)]
+enum Probe {
+    Http {
+        url: reqwest::Url,
+        /// The URL as it may be printed: credentials masked.
+        shown: String,
+        expect: reqwest::StatusCode,
+    },
+    Command {
+        argv: Vec<String>,
+        runner: ProcessRunner,
+    },
+}
+
+/// One stop condition, ready to run.
+#[derive(Debug, Clone)]
+pub struct StopCondition {
+    name: String,
+    probe: Probe,
+    timeout: Duration,
+}
+
+/// Every stop condition of the policy, with the HTTP client they share.
+#[derive(Debug, Clone, Default)]
+pub struct StopConditions {
+    checks: Vec<StopCondition>,
+    client: Option<reqwest::Client>,
+}
+
+impl StopConditions {
+    /// Checks the settings; the error names the key at fault
+    /// (`safety.stop_conditions[1].http`) and why.
+    pub fn new(settings: &[StopConditionSettings]) -> Result<Self, (String, String)> {
+        let mut checks = Vec::with_capacity(settings.len());
+        for (index, entry) in settings.iter().enumerate() {
+            let key = |field: &str| format!("safety.stop_conditions[{index}].{field}");
+            if entry.name.trim().is_empty() || entry.name.chars().any(char::is_control) {
+                return Err((key("name"), "must be a non-empty line of text".into()));
+            }
+            if entry.timeout.is_zero() || entry.timeout > crate::config::limits::MAX_DURATION {
+                return Err((
+                    key("timeout"),
+                    "must be longer than 0s and at most 365 days".into(),
+                ));
+            }
+            let probe = match (&entry.http, &entry.command) {
+                (Some(url), None) => {
+                    let parsed = reqwest::Url::parse(url)
+                        .ok()
+                        .filter(|url| matches!(url.scheme(), "http" | "https"))
+                        .ok_or_else(|| {
+                            (
+                                key("http"),
+                                format!("{:?} is not an http(s) URL", redact_url(url)),
+                            )
+                        })?;
+                    let status = entry.expect_status.unwrap_or(200);
+                    let expect = reqwest::StatusCode::from_u16(status)
+                        .ok()
+                        .filter(|_| (100..600).contains(&status))
+                        .ok_or_else(|| {
+                            (
+                                key("expect_status"),
+                                format!("{status} is not an HTTP status"),
+                            )
+                        })?;
+                    Probe::Http {
+                        shown: redact_url(url),
+                        url: parsed,
+                        expect,
+                    }
+                }
+                (None, Some(argv)) => {
+                    if argv.first().is_none_or(|program| program.is_empty()) {
+                        return Err((key("command"), "must name a program first".into()));
+                    }
+                    if entry.expect_status.is_some() {
+                        return Err((key("expect_status"), "applies to http checks only".into()));
+                    }
+                    let inherited: Vec<String> =
+                        INHERITED.iter().map(|name| (*name).to_owned()).collect();
+                    Probe::Command {
+                        argv: argv.clone(),
+                        runner: ProcessRunner::new(
+                            None,
+                            &inherited,
+                            &[],
+                            entry.timeout,
+                            KEPT_OUTPUT,
+                        ),
+                    }
+                }
+                _ => {
+                    return Err((
+                        format!("safety.stop_conditions[{index}]"),
+                        "set exactly one of http and command".into(),
+                    ));
+                }
+            };
+            checks.push(StopCondition {
+                name: entry.name.clone(),
+                probe,
+                timeout: entry.timeout,
+            });
+        }
+        let client = if checks
+            .iter()
+            .any(|check| matches!(check.probe, Probe::Http { .. }))
+        {
+            crate::restarter::http::install_crypto_provider();
+            let client = reqwest::Client::builder()
+                .redirect(reqwest::redirect::Policy::none())
+                .user_agent(concat!("mandrill/", env!("CARGO_PKG_VERSION")))
+                .build()
+                .map_err(|error| {
+                    (
+                        "safety.stop_conditions".to_owned(),
+                        format!("cannot build the http client: {}", error.without_url()),
+                    )
+                })?;
+            Some(client)
+        } else {
+            None
+        };
+        Ok(Self { checks, client })
+    }
+
+    /// Whether there is nothing to check.
+    pub fn is_empty(&self) -> bool {
+        self.checks.is_empty()
+    }
+
+    /// Runs every check, one after another; `Err` with the reason of the
+    /// first that is not healthy, in plain words, naming it:
+    /// `deferred by stop condition "alerts": GET http://… answered 503,
+    /// expected 200`.
+    pub async fn check(&self) -> Result<(), String> {
+        for check in &self.checks {
+            if let Err(why) = self.run(check).await {
+                return Err(format!(
+                    "deferred by stop condition \"{}\": {why}",
+                    check.name
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    async fn run(&self, check: &StopCondition) -> Result<(), String> {
+        match &check.probe {
+            Probe::Http { url, shown, expect } => {
+                let Some(client) = &self.client else {
+                    return Err("no http client (should not happen)".into());
+                };
+                let answered =
+                    tokio::time::timeout(check.timeout, client.get(url.clone()).send()).await;
+                match answered {
+                    Err(_elapsed) => Err(format!(
+                        "GET {shown} did not answer within {}",
+                        humantime::format_duration(check.timeout)
+                    )),
+                    Ok(Err(error)) => Err(format!(
+                        "GET {shown} failed: {}",
+                        cause_chain(&error.without_url())
+                    )),
+                    Ok(Ok(response)) if response.status() == *expect => Ok(()),
+                    Ok(Ok(response)) => Err(format!(
+                        "GET {shown} answered {}, expected {}",
+                        response.status().as_u16(),
+                        expect.as_u16()
+                    )),
+                }
+            }
+            Probe::Command { argv, runner } => match runner.run(argv).await {
+                Ok(finished) if finished.status.success() => Ok(()),
+                Ok(finished) => {
+                    // One line: the reason goes into a nack and a log field.
+                    let stderr = finished.output.stderr.text();
+                    let stderr = stderr.split_whitespace().collect::<Vec<_>>().join(" ");
+                    let mut why = format!("{:?} exited with {}", argv[0], finished.status);
+                    if !stderr.is_empty() {
+                        why.push_str(&format!(": {}", for_log(&stderr, 200)));
+                    }
+                    Err(why)
+                }
+                Err(error) => Err(error.to_string()),
+            },
+        }
+    }
+}
+
+/// An error and its sources, each once.
+fn cause_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(source) = cause {
+        let next = source.to_string();
+        if !text.contains(&next) {
+            text.push_str(": ");
+            text.push_str(&next);
+        }
+        cause = source.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,187 @@
+//! Stop conditions against a real local HTTP server and real programs.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU16, Ordering};
+
+use super::*;
+
+fn http(name: &str, url: &str) -> StopConditionSettings {
+    StopConditionSettings {
+        name: name.into(),
+        http: Some(url.into()),
+        expect_status: None,
+        command: None,
+        timeout: Duration::from_secs(5),
+    }
+}
+
+fn command(name: &str, argv: &[&str], timeout: Duration) -> StopConditionSettings {
+    StopConditionSettings {
+        name: name.into(),
+        http: None,
+        expect_status: None,
+        command: Some(argv.iter().map(|a| (*a).to_owned()).collect()),
+        timeout,
+    }
+}
+
+/// A server on 127.0.0.1:0 answering every request with `status`.
+async fn server(status: Arc<AtomicU16>) -> std::net::SocketAddr {
+    let app = axum::Router::new().fallback(move || {
+        let status = status.clone();
+        async move { axum::http::StatusCode::from_u16(status.load(Ordering::SeqCst)).unwrap() }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    addr
+}
+
+#[tokio::test]
+async fn an_http_check_passes_only_on_the_expected_status_and_never_shows_a_secret() {
+    let status = Arc::new(AtomicU16::new(503));
+    let addr = server(status.clone()).await;
+    let url = format!("http://alerts:hunter22@{addr}/firing?token=s3cret");
+    let checks = StopConditions::new(&[http("alerts", &url)]).unwrap();
+    let reason = checks.check().await.unwrap_err();
+    assert!(
+        reason.starts_with("deferred by stop condition \"alerts\": GET http://"),
+        "{reason}"
+    );
+    assert!(reason.ends_with("answered 503, expected 200"), "{reason}");
+    assert!(
+        !reason.contains("hunter22") && !reason.contains("s3cret"),
+        "{reason}"
+    );
+    status.store(200, Ordering::SeqCst);
+    checks.check().await.unwrap();
+
+    // Another expected status; and a server that is not there fails closed.
+    let teapot = StopConditions::new(&[StopConditionSettings {
+        expect_status: Some(418),
+        ..http("teapot", &format!("http://{addr}/"))
+    }])
+    .unwrap();
+    assert!(
+        teapot
+            .check()
+            .await
+            .unwrap_err()
+            .contains("answered 200, expected 418")
+    );
+    let closed = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap()
+    };
+    let gone = StopConditions::new(&[http("gone", &format!("http://{closed}/"))]).unwrap();
+    let reason = gone.check().await.unwrap_err();
+    assert!(
+        reason.contains("\"gone\": GET http://") && reason.contains("failed"),
+        "{reason}"
+    );
+}
+
+#[tokio::test]
+async fn a_command_check_passes_on_exit_0_and_a_hung_one_fails_at_its_timeout() {
+    let second = Duration::from_secs(1);
+    StopConditions::new(&[command("ok", &["true"], second)])
+        .unwrap()
+        .check()
+        .await
+        .unwrap();
+    let reason = StopConditions::new(&[command("no", &["false"], second)])
+        .unwrap()
+        .check()
+        .await
+        .unwrap_err();
+    assert!(
+        reason.starts_with("deferred by stop condition \"no\": \"false\" exited with"),
+        "{reason}"
+    );
+    let failing = StopConditions::new(&[
+        command("ok", &["true"], second),
+        command(
+            "deploys",
+            &["sh", "-c", "echo deploy in progress >&2; exit 3"],
+            second,
+        ),
+    ])
+    .unwrap();
+    let reason = failing.check().await.unwrap_err();
+    assert!(
+        reason.starts_with("deferred by stop condition \"deploys\": \"sh\" exited with"),
+        "{reason}"
+    );
+    assert!(reason.ends_with("deploy in progress"), "{reason}");
+
+    let hung = StopConditions::new(&[command(
+        "slow",
+        &["sleep", "30"],
+        Duration::from_millis(200),
+    )])
+    .unwrap();
+    let reason = hung.check().await.unwrap_err();
+    assert!(
+        reason.contains("\"slow\"") && reason.contains("ran longer than"),
+        "{reason}"
+    );
+}
+
+#[tokio::test]
+async fn an_http_check_that_hangs_past_its_timeout_fails() {
+    // Accepts the connection and never answers.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let _held = tokio::spawn(async move {
+        let mut kept = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            kept.push(socket);
+        }
+    });
+    let checks = StopConditions::new(&[StopConditionSettings {
+        timeout: Duration::from_millis(200),
+        ..http("alerts", &format!("http://{addr}/"))
+    }])
+    .unwrap();
+    let reason = checks.check().await.unwrap_err();
+    assert!(reason.contains("did not answer within 200ms"), "{reason}");
+}
+
+#[test]
+fn bad_settings_are_refused_naming_the_key() {
+    let key = |settings: &[StopConditionSettings]| StopConditions::new(settings).unwrap_err().0;
+    let ok = http("a", "http://127.0.0.1/");
+    assert_eq!(
+        key(&[ok.clone(), http("b", "ftp://x/")]),
+        "safety.stop_conditions[1].http"
+    );
+    assert_eq!(
+        key(&[StopConditionSettings {
+            expect_status: Some(99),
+            ..ok.clone()
+        }]),
+        "safety.stop_conditions[0].expect_status"
+    );
+    assert_eq!(
+        key(&[StopConditionSettings {
+            command: Some(vec!["true".into()]),
+            ..ok.clone()
+        }]),
+        "safety.stop_conditions[0]"
+    );
+    assert_eq!(
+        key(&[command("c", &[], Duration::from_secs(1))]),
+        "safety.stop_conditions[0].command"
+    );
+    assert_eq!(
+        key(&[command("c", &["true"], Duration::ZERO)]),
+        "safety.stop_conditions[0].timeout"
+    );
+    assert_eq!(
+        key(&[StopConditionSettings {
+            name: " ".into(),
+            ..ok
+        }]),
+        "safety.stop_conditions[0].name"
+    );
+}
