@@ -12,6 +12,7 @@ mod dashboard;
 mod metrics;
 mod profile;
 mod routes;
+mod switch;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
