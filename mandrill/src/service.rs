@@ -22,6 +22,7 @@ use crate::broker::{Broker, MemoryBroker, SqliteBroker};
 use crate::config::{
     BrokerConfig, Config, RestarterConfig, RestarterKind, StoreConfig, redact_url,
 };
+use crate::notify::Notifier;
 use crate::restarter::hosts::HostMap;
 use crate::restarter::{
     Blocking, CommandRestarter, HttpRestarter, Journaled, Restarter, SimulatedBlockingRestarter,
@@ -261,6 +262,8 @@ pub struct Service {
     until_idle: bool,
     /// The admin server, bound; `None` if `admin.listen` is `""`.
     admin: Option<Admin>,
+    /// The `[[notify]]` endpoints' queue and sender; `None` without any.
+    notifier: Option<Arc<Notifier>>,
 }
 
 impl Service {
@@ -272,13 +275,16 @@ impl Service {
         let store = open_store(&config.store).await?;
         let restarter = build_restarter(&config)?;
         let stats = Arc::new(Stats::default());
+        // Last, so that a failure above leaves no sending task behind.
+        let notifier = Notifier::start(&config.notify, &config.notifier, stats.clone())?;
         let worker = Worker::new(
             config.worker_config(),
             broker.clone(),
             store.clone(),
             restarter,
             stats.clone(),
-        );
+        )
+        .with_notifier(notifier.clone());
         let (simulate_rate, _) = watch::channel(config.simulate.rate);
         Ok(Self {
             config,
@@ -290,6 +296,7 @@ impl Service {
             simulate_rate: Arc::new(simulate_rate),
             until_idle: false,
             admin,
+            notifier,
         })
     }
 
@@ -337,6 +344,7 @@ impl Service {
                 self.store.clone(),
                 shutdown.clone(),
                 self.config.dry_run(),
+                self.notifier.clone(),
                 stop_companions.clone(),
             ));
         }
@@ -424,6 +432,11 @@ impl Service {
         {
             warn!(timeout = ?CLOSE_TIMEOUT, "companion tasks did not stop in time; leaving them");
         }
+        // After the drain and the admin server, whose events it sends;
+        // bounded by notifier.flush_timeout.
+        if let Some(notifier) = &self.notifier {
+            notifier.close().await;
+        }
         if let Some(memory) = &self.memory_broker {
             let depth = memory.depth();
             let unhandled = depth.ready + depth.delayed;
@@ -465,6 +478,9 @@ impl Service {
             settle_failures = stats.settle_failures,
             pull_failures = stats.pull_failures,
             store_failures = stats.store_failures,
+            notifications_sent = stats.notifications_sent,
+            notifications_failed = stats.notifications_failed,
+            notifications_dropped = stats.notifications_dropped,
             "final stats"
         );
         outcome.context("the worker stopped by itself")?;

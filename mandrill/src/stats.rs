@@ -85,6 +85,13 @@ counters! {
     store_down,
     /// Deliveries being handled right now (rises and falls).
     in_flight,
+    /// Notifications an endpoint accepted.
+    notifications_sent,
+    /// Notifications an endpoint did not take after every try.
+    notifications_failed,
+    /// Notifications dropped: the queue was full, or shutdown's flush bound
+    /// ran out.
+    notifications_dropped,
 }
 
 /// One monotonic (or, for `in_flight`, up-and-down) counter, alone on its
@@ -97,6 +104,11 @@ impl Counter {
     /// Adds one.
     pub fn inc(&self) {
         self.0.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Adds `n`.
+    pub fn add(&self, n: u64) {
+        self.0.fetch_add(n, Ordering::Relaxed);
     }
 
     /// Subtracts one; only for gauges such as `in_flight`.

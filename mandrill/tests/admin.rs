@@ -329,6 +329,7 @@ fn promtool_accepts_the_metrics_and_a_private_prometheus_scrapes_them() {
         "mandrill_handling_seconds_bucket{le=\"+Inf\"}",
         "mandrill_restart_seconds_count",
         "mandrill_recovery_seconds_sum",
+        "mandrill_notifications_total{result=\"dropped\"} 0",
     ] {
         assert!(text.contains(name), "{name} missing:\n{text}");
     }

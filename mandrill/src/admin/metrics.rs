@@ -106,6 +106,11 @@ impl Exposition {
         let recorder = PrometheusBuilder::new().build_recorder();
         with_local_recorder(&recorder, || {
             describe_counter!("mandrill_requests_total", "Requests finished, by outcome.");
+            describe_counter!(
+                "mandrill_notifications_total",
+                "Notifications by result: sent, failed (after every try), dropped (queue full \
+                 or shutdown's flush bound over)."
+            );
             for (name, help, _) in counters(&StatsSnapshot::default()) {
                 describe_counter!(name, help);
             }
@@ -141,6 +146,13 @@ impl Exposition {
             }
             for (name, _, value) in counters(stats) {
                 counter!(name).absolute(value);
+            }
+            for (result, value) in [
+                ("sent", stats.notifications_sent),
+                ("failed", stats.notifications_failed),
+                ("dropped", stats.notifications_dropped),
+            ] {
+                counter!("mandrill_notifications_total", "result" => result).absolute(value);
             }
             gauge!("mandrill_in_flight").set(stats.in_flight as f64);
             gauge!("mandrill_store_down").set(stats.store_down as f64);

@@ -24,6 +24,7 @@ use tracing::{info, warn};
 
 use crate::broker::Broker;
 use crate::config::{AdminConfig, Secret};
+use crate::notify::Notifier;
 use crate::stats::Stats;
 use crate::store::Store;
 use crate::worker::Shutdown;
@@ -45,6 +46,8 @@ pub(crate) struct State {
     /// Restarts are recorded as dry runs, not issued.
     pub(crate) leashed: bool,
     pub(crate) metrics: metrics::Exposition,
+    /// Told when the kill switch is turned here.
+    pub(crate) notifier: Option<Arc<Notifier>>,
 }
 
 impl Admin {
@@ -74,6 +77,7 @@ impl Admin {
 
     /// Serves until `stop`. `/readyz` turns 503 as soon as `shutdown` is
     /// requested, while this keeps serving through the drain.
+    #[allow(clippy::too_many_arguments)] // the service's parts, each once
     pub async fn serve(
         self,
         stats: Arc<Stats>,
@@ -81,6 +85,7 @@ impl Admin {
         store: Arc<dyn Store>,
         shutdown: Shutdown,
         leashed: bool,
+        notifier: Option<Arc<Notifier>>,
         stop: CancellationToken,
     ) {
         let state = Arc::new(State {
@@ -91,6 +96,7 @@ impl Admin {
             token: self.token,
             leashed,
             metrics: metrics::Exposition::new(),
+            notifier,
         });
         let served = axum::serve(self.listener, routes::router(state))
             .with_graceful_shutdown(async move { stop.cancelled().await })

@@ -269,6 +269,7 @@ mod tests {
             token: None,
             leashed: false,
             metrics: crate::admin::metrics::Exposition::new(),
+            notifier: None,
         }
     }
 

@@ -171,6 +171,9 @@ async fn turn(state: &State, headers: &HeaderMap, body: &[u8], paused: bool) -> 
     } else {
         tracing::info!(by, reason, "restarts resumed from the admin API");
     }
+    if let Some(notifier) = &state.notifier {
+        notifier.send(crate::notify::Event::switch(paused, &by, &reason));
+    }
     if turn.form {
         return (StatusCode::SEE_OTHER, [(header::LOCATION, "/")]).into_response();
     }

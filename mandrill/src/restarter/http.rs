@@ -388,7 +388,7 @@ fn truncated(text: &str, limit: usize) -> String {
 
 /// An error and its causes, `: `-separated: reqwest's own message is vague
 /// ("error sending request"), the innermost says what happened.
-fn cause_chain(error: &dyn std::error::Error) -> String {
+pub(crate) fn cause_chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut cause = error.source();
     while let Some(source) = cause {
@@ -450,7 +450,7 @@ fn ca_certificates(path: &Path) -> Result<Vec<reqwest::Certificate>, String> {
 /// reqwest is built without a TLS provider (so that aws-lc never enters the
 /// build); rustls picks up the process default, installed here once. Failing
 /// means a provider is already installed, which serves as well.
-fn install_crypto_provider() {
+pub(crate) fn install_crypto_provider() {
     static INSTALL: Once = Once::new();
     INSTALL.call_once(|| {
         let _ = rustls::crypto::ring::default_provider().install_default();

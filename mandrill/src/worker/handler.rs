@@ -44,6 +44,7 @@ use tracing::{Instrument, debug, error, info, info_span, warn};
 use super::{Context as Shared, panic_message};
 use crate::broker::{BrokerError, Delivery, DeliveryTag};
 use crate::domain::{Outcome, RestartRequest, Status, salvage_message_id};
+use crate::notify::EventKind;
 use crate::restarter::{Reservation, RestartError};
 use crate::safety::Hold;
 use crate::store::{Claim, Recorded, StoreError, unknown_outcome};
@@ -143,7 +144,7 @@ fn handle(
         };
         // A panic while settling must not leak the in-flight count or the
         // flow-control permit: caught here like any other.
-        if let Err(panic) = AssertUnwindSafe(Box::pin(settle(&context, &delivery.tag, settlement)))
+        if let Err(panic) = AssertUnwindSafe(Box::pin(settle(&context, &delivery, settlement)))
             .catch_unwind()
             .await
         {
@@ -556,6 +557,7 @@ async fn conclude(
                 context.stats.timings.recovery.observe(after);
             }
             info!(recovered_after = ?restarted.recovered_after, "restarted");
+            context.notify(EventKind::Restarted, request, attempt, None);
             Outcome::Restarted(restarted)
         }
         Err(RestartError::Unrecovered {
@@ -572,12 +574,16 @@ async fn conclude(
                 output: None,
             };
             error!(%error, "restarted, but the host did not come back");
+            context.notify(EventKind::Unrecovered, request, attempt, Some(&error));
             if config.pause_on_unrecovered {
                 // Fail closed: a host that does not come back stops every
                 // instance until someone looks (`mandrill resume`).
                 let why = format!("{} did not recover after its restart", request.hostname);
                 match context.store.set_switch(true, "mandrill", &why).await {
-                    Ok(()) => error!(reason = why, "paused all restarts"),
+                    Ok(()) => {
+                        error!(reason = why, "paused all restarts");
+                        context.notify_switch(true, "mandrill", &why);
+                    }
                     Err(error) => error!(%error, "could not pause restarts"),
                 }
             }
@@ -593,6 +599,7 @@ async fn conclude(
             } else {
                 warn!(%error, attempt, "restart refused for good; not retrying");
             }
+            context.notify(EventKind::Failed, request, attempt, Some(&error));
             Outcome::Failed {
                 error: error.to_string(),
             }
@@ -818,6 +825,7 @@ async fn give_up(
         }
     }
     context.stats.given_up.inc();
+    context.notify(EventKind::Failed, request, attempt, Some(&reason));
     Settlement::DeadLetter { reason }
 }
 
@@ -865,8 +873,9 @@ async fn reject(
 
 /// Settles a delivery, retrying a few times when the broker is briefly
 /// unavailable. A lost lease is not retried: the broker redelivers.
-async fn settle(context: &Shared, tag: &DeliveryTag, settlement: Settlement) {
+async fn settle(context: &Shared, delivery: &Delivery, settlement: Settlement) {
     const TRIES: u32 = 3;
+    let tag = &delivery.tag;
     let stats = &context.stats;
     for tried in 1..=TRIES {
         let result = match &settlement {
@@ -882,6 +891,7 @@ async fn settle(context: &Shared, tag: &DeliveryTag, settlement: Settlement) {
                 context.broker.dead_letter(tag, reason).await.map(|()| {
                     stats.dead_lettered.inc();
                     warn!(reason, "dead-lettered");
+                    context.notify_dead_letter(&delivery.payload, reason);
                 })
             }
             Settlement::Abandon => {
