@@ -455,6 +455,32 @@ pub struct DebugConfig {
     /// Log a status line (counters, in-flight messages) this often; `0s` never.
     #[serde(with = "duration")]
     pub status_interval: Duration,
+    /// Debug mode (`mandrill run --debug`): see [`DebugConfig::stall_threshold`]
+    /// and [`DebugConfig::status_interval`] for what it lowers.
+    pub enabled: bool,
+}
+
+impl DebugConfig {
+    /// The stall threshold in effect: at most 10ms in debug mode (asyncio's
+    /// debug mode reports callbacks over 100ms, which is this service's
+    /// default already).
+    pub fn stall_threshold(&self) -> Duration {
+        if self.enabled {
+            self.stall_threshold.min(Duration::from_millis(10))
+        } else {
+            self.stall_threshold
+        }
+    }
+
+    /// The status line's period in effect: at most 10s in debug mode, even
+    /// if it was turned off.
+    pub fn status_interval(&self) -> Duration {
+        match self.status_interval {
+            interval if !self.enabled => interval,
+            interval if interval.is_zero() => Duration::from_secs(10),
+            interval => interval.min(Duration::from_secs(10)),
+        }
+    }
 }
 
 impl Default for DebugConfig {
@@ -462,6 +488,7 @@ impl Default for DebugConfig {
         Self {
             stall_threshold: Duration::from_millis(100),
             status_interval: Duration::from_secs(60),
+            enabled: false,
         }
     }
 }
@@ -1711,6 +1738,11 @@ const SETTING_DOCS: &[(&str, &str)] = &[
         "warn when the runtime lags this much",
     ),
     ("debug.status_interval", "status line period; 0s disables"),
+    (
+        "debug.enabled",
+        "debug mode (run --debug): stall threshold at most 10ms, status line with runtime \
+         metrics every 10s at most, per-message step timings at debug level",
+    ),
     (
         "admin.listen",
         "`IP:PORT` of the admin server (/metrics, /healthz, /readyz, /api); \"\" disables it",

@@ -382,13 +382,21 @@ impl Service {
                 stop_companions.clone(),
             ));
         }
+        if self.config.debug.enabled {
+            warn!(
+                stall_threshold = ?self.config.debug.stall_threshold(),
+                status_interval = ?self.config.debug.status_interval(),
+                "DEBUG MODE: stalls, runtime metrics and per-message step timings are logged; \
+                 not for production throughput"
+            );
+        }
         companions.spawn(debug::watch_for_stalls(
-            self.config.debug.stall_threshold,
+            self.config.debug.stall_threshold(),
             self.stats.clone(),
             stop_companions.clone(),
         ));
         companions.spawn(debug::report_status(
-            self.config.debug.status_interval,
+            self.config.debug.status_interval(),
             self.stats.clone(),
             stop_companions.clone(),
         ));

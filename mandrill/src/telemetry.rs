@@ -27,8 +27,13 @@ pub struct Telemetry {
 
 impl Telemetry {
     /// Installs the global subscriber, writing to standard error with every
-    /// secret `redactor` knows masked.
-    pub fn init(config: &LogConfig, redactor: Redactor) -> anyhow::Result<Self> {
+    /// secret `redactor` knows masked; with `step_timings` (debug mode),
+    /// each message's steps are timed (see [`crate::debug::StepTimings`]).
+    pub fn init(
+        config: &LogConfig,
+        redactor: Redactor,
+        step_timings: bool,
+    ) -> anyhow::Result<Self> {
         let (writer, guard) = NonBlockingBuilder::default()
             // Back-pressure rather than silently dropping lines.
             .lossy(false)
@@ -56,6 +61,7 @@ impl Telemetry {
         tracing_subscriber::registry()
             .with(filter)
             .with(format)
+            .with(step_timings.then_some(crate::debug::StepTimings))
             .try_init()?;
         Ok(Self {
             _flush_on_drop: guard,

@@ -247,6 +247,49 @@ fn pause_and_resume_need_the_token_and_turn_the_switch_the_worker_obeys() {
 }
 
 #[test]
+fn debug_mode_logs_step_timings_and_runtime_metrics_which_metrics_exposes() {
+    let (_guard, dir) = temp_dir();
+    let service = Mandrill::run(
+        &dir,
+        &["--db", &sqlite_url(&dir), "--simulate=50", "--debug"],
+    );
+    let addr = admin_addr(&service);
+    let timings = service.wait_for("message step timings", 3);
+    let steps = timings
+        .iter()
+        .map(|line| line["fields"]["steps"].as_str().unwrap().to_owned())
+        .find(|steps| steps.contains("saved +"))
+        .expect("a restarted message's timings");
+    assert!(steps.starts_with("pulled +"), "{steps}");
+    assert!(timings[0]["fields"]["message_id"].is_string());
+    // The status line, every 10s at most in debug mode, with the runtime's metrics.
+    let status = service.wait_for("status", 1).remove(0);
+    assert!(status["fields"]["workers"].as_u64() >= Some(1), "{status}");
+    assert!(status["fields"]["tasks"].as_u64() >= Some(1), "{status}");
+    let (_, text) = get(&addr, "/metrics", &[]);
+    for name in [
+        "mandrill_runtime_workers ",
+        "mandrill_runtime_alive_tasks ",
+        "mandrill_runtime_global_queue_depth ",
+        "mandrill_runtime_busy_seconds_total ",
+    ] {
+        assert!(text.contains(name), "{name} missing:\n{text}");
+    }
+    let (_, overview) = get_json(&addr, "/api/status", &[]);
+    assert!(
+        overview["runtime"]["alive_tasks"].as_u64() >= Some(1),
+        "{overview}"
+    );
+    let mode = service.messages(
+        "DEBUG MODE: stalls, runtime metrics and per-message step timings are logged; \
+         not for production throughput",
+    );
+    assert_eq!(mode[0]["fields"]["stall_threshold"], "10ms", "{mode:?}");
+    service.signal("TERM");
+    assert!(service.wait_exit().0.success());
+}
+
+#[test]
 fn readyz_turns_503_on_sigterm_while_work_is_still_in_flight() {
     let (_guard, dir) = temp_dir();
     let service = Mandrill::run(

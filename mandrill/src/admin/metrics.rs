@@ -9,6 +9,7 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusRecorder};
 
 use std::fmt::Write as _;
 
+use crate::debug::RuntimeMetrics;
 use crate::stats::{BUCKETS, Histogram, StatsSnapshot, Timings};
 
 /// Requests by final outcome: (label, counter) pairs.
@@ -129,6 +130,18 @@ impl Exposition {
             );
             describe_gauge!("mandrill_shutting_down", "1 once shutdown was requested.");
             describe_gauge!("mandrill_build_info", "Always 1; the version as a label.");
+            describe_gauge!(
+                "mandrill_runtime_workers",
+                "The tokio runtime's worker threads."
+            );
+            describe_gauge!(
+                "mandrill_runtime_alive_tasks",
+                "Tasks spawned on the runtime and not yet finished."
+            );
+            describe_gauge!(
+                "mandrill_runtime_global_queue_depth",
+                "Tasks waiting in the runtime's shared queue for a worker."
+            );
         });
         Self { recorder }
     }
@@ -137,6 +150,7 @@ impl Exposition {
     pub(crate) fn render(
         &self,
         stats: &StatsSnapshot,
+        runtime: &RuntimeMetrics,
         leashed: bool,
         shutting_down: bool,
     ) -> String {
@@ -159,8 +173,20 @@ impl Exposition {
             gauge!("mandrill_leashed").set(f64::from(u8::from(leashed)));
             gauge!("mandrill_shutting_down").set(f64::from(u8::from(shutting_down)));
             gauge!("mandrill_build_info", "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+            gauge!("mandrill_runtime_workers").set(runtime.workers as f64);
+            gauge!("mandrill_runtime_alive_tasks").set(runtime.alive_tasks as f64);
+            gauge!("mandrill_runtime_global_queue_depth").set(runtime.global_queue_depth as f64);
         });
-        self.recorder.handle().render()
+        let mut text = self.recorder.handle().render();
+        // Written here: the exporter's counters are whole numbers.
+        let name = "mandrill_runtime_busy_seconds_total";
+        let _ = writeln!(
+            text,
+            "# HELP {name} Time the runtime's workers spent running tasks, summed over workers.\n\
+             # TYPE {name} counter\n{name} {:.6}",
+            runtime.busy_seconds
+        );
+        text
     }
 }
 
@@ -216,13 +242,22 @@ mod tests {
             in_flight: 1,
             ..StatsSnapshot::default()
         };
-        let text = Exposition::new().render(&stats, true, false);
+        let runtime = RuntimeMetrics {
+            workers: 2,
+            alive_tasks: 9,
+            global_queue_depth: 0,
+            busy_seconds: 1.5,
+        };
+        let text = Exposition::new().render(&stats, &runtime, true, false);
         for line in [
             "mandrill_requests_total{outcome=\"restarted\"} 3",
             "mandrill_requests_total{outcome=\"unrecovered\"} 0",
             "mandrill_dead_letters_total 2",
             "mandrill_in_flight 1",
             "mandrill_leashed 1",
+            "mandrill_runtime_workers 2",
+            "mandrill_runtime_alive_tasks 9",
+            "mandrill_runtime_busy_seconds_total 1.500000",
             "# TYPE mandrill_requests_total counter",
         ] {
             assert!(text.contains(line), "{line} missing from:\n{text}");

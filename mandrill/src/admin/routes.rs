@@ -34,6 +34,7 @@ pub(crate) fn router(state: Arc<State>) -> Router {
 async fn metrics(Shared(state): Shared<Arc<State>>) -> Response {
     let mut text = state.metrics.render(
         &state.stats.snapshot(),
+        &crate::debug::RuntimeMetrics::read(),
         state.leashed,
         state.shutdown.is_requested(),
     );
@@ -131,6 +132,7 @@ async fn status(Shared(state): Shared<Arc<State>>) -> Response {
             "store": if stats.store_down == 0 { "up" } else { "down" },
             "in_flight": stats.in_flight,
             "counters": stats,
+            "runtime": crate::debug::RuntimeMetrics::read(),
         }),
     )
 }
