@@ -597,6 +597,11 @@ fn the_example_production_configuration_loads_with_its_secrets_from_the_environm
     let config = sources(&environment).load().unwrap();
     assert!(config.dry_run(), "the example starts leashed");
     assert_eq!(config.admin.listen, "0.0.0.0:9730");
+    assert_eq!(config.notify.len(), 1, "the example has a notification");
+    assert!(
+        !format!("{config:?}").contains("XXXXXXXX"),
+        "its URL is masked"
+    );
     // Without the token, the example refuses to start, naming it.
     let error = sources(&environment[..2]).load().unwrap_err();
     assert!(error.to_string().contains("admin.token"), "{error}");

@@ -73,10 +73,12 @@ fn is_form(headers: &HeaderMap) -> bool {
         .is_some_and(|value| value.starts_with("application/x-www-form-urlencoded"))
 }
 
-/// Parses the body by its content type: a form, else JSON (or nothing).
+/// Parses the body by its content type: a form, else JSON (or nothing). A
+/// JSON object sent as a form (`curl -d '{…}'` says form) is read as JSON.
 fn parse(headers: &HeaderMap, body: &[u8]) -> Result<Turn, String> {
     let mut turn = Turn::default();
-    if is_form(headers) {
+    let json_object = body.trim_ascii_start().starts_with(b"{");
+    if is_form(headers) && !json_object {
         turn.form = true;
         for (key, value) in url::form_urlencoded::parse(body) {
             let value = Some(value.into_owned()).filter(|v| !v.trim().is_empty());
@@ -209,6 +211,9 @@ mod tests {
             }
         );
         assert!(parse(&form, b"why=x").is_err());
+        // `curl -d '{…}'` sends JSON labelled as a form.
+        let curl = parse(&form, br#"{"reason":"r"}"#).unwrap();
+        assert_eq!((curl.reason.as_deref(), curl.form), (Some("r"), false));
         let none = HeaderMap::new();
         assert_eq!(parse(&none, b"").unwrap(), Turn::default());
         let turn = parse(&none, br#"{"reason":"deploy","by":"ana"}"#).unwrap();
