@@ -10,7 +10,8 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusRecorder};
 use std::fmt::Write as _;
 
 use crate::debug::RuntimeMetrics;
-use crate::stats::{BUCKETS, Histogram, StatsSnapshot, Timings};
+use crate::domain::Rejection;
+use crate::stats::{BUCKETS, DeadLetterReason, Histogram, Stats, StatsSnapshot, Timings};
 
 /// Requests by final outcome: (label, counter) pairs.
 fn outcomes(s: &StatsSnapshot) -> [(&'static str, u64); 7] {
@@ -25,8 +26,21 @@ fn outcomes(s: &StatsSnapshot) -> [(&'static str, u64); 7] {
     ]
 }
 
+/// Counters by a fixed set of reasons: (name, reason, value).
+pub(crate) fn reasons(stats: &Stats) -> Vec<(&'static str, &'static str, u64)> {
+    let dead_letters = DeadLetterReason::ALL.iter().map(|reason| {
+        let value = stats.dead_letter_reasons[*reason as usize].get();
+        ("mandrill_dead_letters_total", reason.label(), value)
+    });
+    let rejections = Rejection::KINDS.iter().enumerate().map(|(i, kind)| {
+        let value = stats.rejection_reasons[i].get();
+        ("mandrill_rejections_total", *kind, value)
+    });
+    dead_letters.chain(rejections).collect()
+}
+
 /// Plain counters: (name, help, value).
-fn counters(s: &StatsSnapshot) -> [(&'static str, &'static str, u64); 14] {
+fn counters(s: &StatsSnapshot) -> [(&'static str, &'static str, u64); 12] {
     [
         (
             "mandrill_pulled_total",
@@ -38,16 +52,6 @@ fn counters(s: &StatsSnapshot) -> [(&'static str, &'static str, u64); 14] {
             "mandrill_retries_total",
             "Deliveries nacked for a retry.",
             s.nacked,
-        ),
-        (
-            "mandrill_dead_letters_total",
-            "Deliveries dead-lettered (malformed or out of attempts).",
-            s.dead_lettered,
-        ),
-        (
-            "mandrill_rejections_total",
-            "Payloads rejected as malformed.",
-            s.rejected,
         ),
         (
             "mandrill_lease_extensions_total",
@@ -108,6 +112,15 @@ impl Exposition {
         with_local_recorder(&recorder, || {
             describe_counter!("mandrill_requests_total", "Requests finished, by outcome.");
             describe_counter!(
+                "mandrill_dead_letters_total",
+                "Deliveries dead-lettered, by reason: malformed, given_up, restart_failed, \
+                 panicked, store_refused, other."
+            );
+            describe_counter!(
+                "mandrill_rejections_total",
+                "Payloads rejected as malformed, by what was wrong."
+            );
+            describe_counter!(
                 "mandrill_notifications_total",
                 "Notifications by result: sent, failed (after every try), dropped (queue full \
                  or shutdown's flush bound over)."
@@ -150,6 +163,7 @@ impl Exposition {
     pub(crate) fn render(
         &self,
         stats: &StatsSnapshot,
+        reasons: &[(&'static str, &'static str, u64)],
         runtime: &RuntimeMetrics,
         leashed: bool,
         shutting_down: bool,
@@ -160,6 +174,9 @@ impl Exposition {
             }
             for (name, _, value) in counters(stats) {
                 counter!(name).absolute(value);
+            }
+            for (name, reason, value) in reasons {
+                counter!(*name, "reason" => *reason).absolute(*value);
             }
             for (result, value) in [
                 ("sent", stats.notifications_sent),
@@ -248,11 +265,16 @@ mod tests {
             global_queue_depth: 0,
             busy_seconds: 1.5,
         };
-        let text = Exposition::new().render(&stats, &runtime, true, false);
+        let live = Stats::default();
+        live.dead_letter_reasons[DeadLetterReason::Malformed as usize].inc();
+        live.rejection_reasons[2].inc();
+        let text = Exposition::new().render(&stats, &reasons(&live), &runtime, true, false);
         for line in [
             "mandrill_requests_total{outcome=\"restarted\"} 3",
             "mandrill_requests_total{outcome=\"unrecovered\"} 0",
-            "mandrill_dead_letters_total 2",
+            "mandrill_dead_letters_total{reason=\"malformed\"} 1",
+            "mandrill_dead_letters_total{reason=\"store_refused\"} 0",
+            "mandrill_rejections_total{reason=\"bad_json\"} 1",
             "mandrill_in_flight 1",
             "mandrill_leashed 1",
             "mandrill_runtime_workers 2",

@@ -34,6 +34,7 @@ pub(crate) fn router(state: Arc<State>) -> Router {
 async fn metrics(Shared(state): Shared<Arc<State>>) -> Response {
     let mut text = state.metrics.render(
         &state.stats.snapshot(),
+        &super::metrics::reasons(&state.stats),
         &crate::debug::RuntimeMetrics::read(),
         state.leashed,
         state.shutdown.is_requested(),

@@ -31,7 +31,7 @@ use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -47,6 +47,7 @@ use crate::domain::{Outcome, RestartRequest, Status, salvage_message_id};
 use crate::notify::EventKind;
 use crate::restarter::{Reservation, RestartError};
 use crate::safety::Hold;
+use crate::stats::DeadLetterReason;
 use crate::store::{Claim, Recorded, StoreError, unknown_outcome};
 
 /// How soon a delivery deferred by the kill switch is looked at again.
@@ -79,6 +80,9 @@ pub(super) struct Progress {
     lease_expires: AtomicU64,
     /// The restart attempt this delivery claimed; 0 before a claim.
     claimed: AtomicU32,
+    /// Why a dead letter was chosen, a [`DeadLetterReason`] (in the padding
+    /// after `claimed`: no bigger a task).
+    dead_letter: AtomicU8,
 }
 
 impl Progress {
@@ -87,7 +91,13 @@ impl Progress {
             lease_lost: AtomicBool::new(false),
             lease_expires: AtomicU64::new(context.millis(Instant::now() + context.ack_deadline)),
             claimed: AtomicU32::new(0),
+            dead_letter: AtomicU8::new(DeadLetterReason::Other as u8),
         }
+    }
+
+    /// Notes why the settlement about to be returned is a dead letter.
+    fn dead_letter_because(&self, reason: DeadLetterReason) {
+        self.dead_letter.store(reason as u8, Ordering::Relaxed);
     }
 
     /// Whether the lease is still ours, with a margin for the step about to
@@ -144,10 +154,13 @@ fn handle(
         };
         // A panic while settling must not leak the in-flight count or the
         // flow-control permit: caught here like any other.
-        if let Err(panic) = AssertUnwindSafe(Box::pin(settle(&context, &delivery, settlement)))
-            .catch_unwind()
-            .await
-        {
+        let settled = settle(
+            &context,
+            &delivery,
+            settlement,
+            DeadLetterReason::from_u8(progress.dead_letter.load(Ordering::Relaxed)),
+        );
+        if let Err(panic) = AssertUnwindSafe(Box::pin(settled)).catch_unwind().await {
             context.stats.panics.inc();
             error!(panic = %panic_message(&*panic), "settling panicked; the broker will redeliver");
         }
@@ -195,6 +208,7 @@ async fn after_panic(
     }
     if last {
         context.stats.given_up.inc();
+        progress.dead_letter_because(DeadLetterReason::Panicked);
         Settlement::DeadLetter {
             reason: format!("handler panicked on its last attempt: {message}"),
         }
@@ -390,6 +404,7 @@ async fn process(context: &Shared, delivery: &Delivery, progress: &Progress) -> 
         match RestartRequest::parse_sized(&delivery.payload, delivery.full_size, &config.parse) {
             Ok(request) => request,
             Err(rejection) => {
+                context.stats.rejection_reasons[rejection.kind_index()].inc();
                 return rare(reject(context, delivery, progress, rejection.to_string())).await;
             }
         };
@@ -623,12 +638,14 @@ async fn conclude(
         Ok(Recorded::AlreadyFinal(status)) => {
             context.stats.duplicates.inc();
             warn!(%status, "another delivery recorded a final outcome first; keeping it");
+            progress.dead_letter_because(DeadLetterReason::RestartFailed);
             return settle_recorded(status);
         }
         Err(Stopped::Permanent(error)) => {
             // Never restart again because bookkeeping failed: give it up.
             error!(%error, "the store refused the outcome; dead-lettering without another restart");
             context.stats.given_up.inc();
+            progress.dead_letter_because(DeadLetterReason::StoreRefused);
             return Settlement::DeadLetter {
                 reason: format!(
                     "restart attempt {attempt} ended ({}), but its outcome could not be recorded: {error}",
@@ -664,9 +681,12 @@ async fn conclude(
             delay: retry_after.unwrap_or_else(|| config.retry_backoff.delay(attempt)),
             why: "restart failed".into(),
         },
-        Outcome::Failed { error } => Settlement::DeadLetter {
-            reason: format!("restart failed after {attempt} attempts: {error}"),
-        },
+        Outcome::Failed { error } => {
+            progress.dead_letter_because(DeadLetterReason::RestartFailed);
+            Settlement::DeadLetter {
+                reason: format!("restart failed after {attempt} attempts: {error}"),
+            }
+        }
     }
 }
 
@@ -779,6 +799,7 @@ async fn record_decision(
         Err(Stopped::LeaseLost) => Settlement::Abandon,
         Err(Stopped::Permanent(error) | Stopped::OutOfTime(error)) => {
             error!(%error, "the store refused the decision; dead-lettering");
+            progress.dead_letter_because(DeadLetterReason::StoreRefused);
             Settlement::DeadLetter {
                 reason: format!(
                     "{} decided, but it could not be recorded: {error}",
@@ -826,6 +847,7 @@ async fn give_up(
     }
     context.stats.given_up.inc();
     context.notify(EventKind::Failed, request, attempt, Some(&reason));
+    progress.dead_letter_because(DeadLetterReason::GivenUp);
     Settlement::DeadLetter { reason }
 }
 
@@ -852,6 +874,7 @@ async fn reject(
     reason: String,
 ) -> Settlement {
     context.stats.rejected.inc();
+    progress.dead_letter_because(DeadLetterReason::Malformed);
     warn!(reason, "rejected malformed message");
     let message_id = salvage_message_id(&delivery.payload);
     let recorded = store_op(context, progress, Until::LeaseHeld, || {
@@ -873,7 +896,12 @@ async fn reject(
 
 /// Settles a delivery, retrying a few times when the broker is briefly
 /// unavailable. A lost lease is not retried: the broker redelivers.
-async fn settle(context: &Shared, delivery: &Delivery, settlement: Settlement) {
+async fn settle(
+    context: &Shared,
+    delivery: &Delivery,
+    settlement: Settlement,
+    why: DeadLetterReason,
+) {
     const TRIES: u32 = 3;
     let tag = &delivery.tag;
     let stats = &context.stats;
@@ -890,6 +918,7 @@ async fn settle(context: &Shared, delivery: &Delivery, settlement: Settlement) {
             Settlement::DeadLetter { reason } => {
                 context.broker.dead_letter(tag, reason).await.map(|()| {
                     stats.dead_lettered.inc();
+                    stats.dead_letter_reasons[why as usize].inc();
                     warn!(reason, "dead-lettered");
                     context.notify_dead_letter(&delivery.payload, reason);
                 })
