@@ -228,7 +228,7 @@ mod tests {
     #[test]
     fn a_form_from_another_origin_is_cross_site() {
         let host = (header::HOST, "127.0.0.1:9730");
-        assert!(!cross_site(&headers(&[host.clone()])));
+        assert!(!cross_site(&headers(std::slice::from_ref(&host))));
         assert!(!cross_site(&headers(&[
             host.clone(),
             (header::ORIGIN, "http://127.0.0.1:9730"),
