@@ -50,7 +50,7 @@ table{border-collapse:collapse}td,th{padding:.25em .6em;white-space:nowrap;borde
 .mode{font-weight:bold;padding:.2em .5em;border-radius:.3em}.leashed{background:#cfe8cf}\
 .unleashed{background:#f6c6c6}.counters td:last-child{text-align:right}\
 #switch{padding:.5em;margin:.5em 0;border-radius:.3em}.paused{background:#f6c6c6}.running{background:#eee}\
-#switch form{display:inline;margin-left:1em}";
+#switch form{display:inline;margin-left:1em}#switch input,#switch button{margin-right:.4em}";
 
 pub(crate) fn render(page: &Page<'_>) -> String {
     let s = page.stats;
