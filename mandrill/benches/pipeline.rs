@@ -27,6 +27,11 @@
 //! `StreamingPull` loop acking each chunk it takes in one call, and a bare
 //! unary loop (`Pull` of 1000, one `Acknowledge` per batch);
 //! `pubsub_ratio` is the pipeline's rate over the higher of the two.
+//!
+//! `--notify slow|down|URL` adds a `[[notify]]` endpoint wanting every
+//! restarted and failed request (one event per message, the worst case):
+//! `slow` is a receiver in this process that answers after 10 s, `down` a
+//! port nothing listens on. The notification counts are in the line.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -40,6 +45,7 @@ use mandrill::broker::pubsub::{PubSubBroker, PubSubOptions, PubSubSettings, Pull
 use mandrill::broker::{Broker, MemoryBroker, SqliteBroker};
 use mandrill::config::BrokerConfig;
 use mandrill::domain::{Domain, Outcome, ParseRules, RestartRequest, Status};
+use mandrill::notify::{EventKind, Format, Notifier, NotifierSettings, NotifyEntry};
 use mandrill::restarter::{SimulatedRestarter, Simulation};
 use mandrill::simulate::random_request;
 use mandrill::stats::Stats;
@@ -61,6 +67,7 @@ struct Options {
     broker: String,
     pull: String,
     db: String,
+    notify: Option<String>,
 }
 
 fn parse_options() -> Options {
@@ -71,6 +78,7 @@ fn parse_options() -> Options {
         broker: "memory".into(),
         pull: "unary".into(),
         db: "memory".into(),
+        notify: None,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -90,11 +98,12 @@ fn parse_options() -> Options {
             "--broker" => options.broker = value("--broker"),
             "--db" => options.db = value("--db"),
             "--pull" => options.pull = value("--pull"),
+            "--notify" => options.notify = Some(value("--notify")),
             // `cargo bench` passes --bench to harness-less benchmarks.
             "--bench" => {}
             other => {
                 panic!(
-                    "unknown argument {other:?}; expected --messages, --work-ms, --fail-rate, --broker, --pull, --db"
+                    "unknown argument {other:?}; expected --messages, --work-ms, --fail-rate, --broker, --pull, --db, --notify"
                 )
             }
         }
@@ -338,13 +347,35 @@ async fn run(options: Options) {
         policy: mandrill::safety::PolicyHandle::default(),
     };
     let shutdown = Shutdown::new();
+    let notifier = match &options.notify {
+        None => None,
+        Some(target) => {
+            let url = match target.as_str() {
+                "slow" => slow_receiver().await,
+                "down" => {
+                    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
+                    format!("http://{}/down", listener.local_addr().expect("bound"))
+                }
+                url => url.to_owned(),
+            };
+            let entry = NotifyEntry {
+                url: mandrill::config::Secret(url),
+                format: Format::Json,
+                events: vec![EventKind::Restarted, EventKind::Failed],
+                timeout: Duration::from_secs(30),
+            };
+            Notifier::start(&[entry], &NotifierSettings::default(), stats.clone())
+                .expect("notifier starts")
+        }
+    };
     let worker = Worker::new(
         config,
         broker.clone(),
         store.clone(),
         restarter,
         stats.clone(),
-    );
+    )
+    .with_notifier(notifier.clone());
     let started = Instant::now();
     let worker = tokio::spawn(worker.run(shutdown.clone()));
     let publisher = tokio::spawn({
@@ -371,6 +402,9 @@ async fn run(options: Options) {
         .await
         .expect("worker task")
         .expect("worker stops cleanly");
+    if let Some(notifier) = &notifier {
+        notifier.close().await;
+    }
     let backlog = broker.backlog().await.expect("backlog");
     assert!(
         matches!(backlog, Some(0) | None),
@@ -421,10 +455,31 @@ async fn run(options: Options) {
             "pubsub_ratio": bare_pubsub.map(|(streaming, unary)| {
                 (msgs_per_s / streaming.max(unary) * 1e3).round() / 1e3
             }),
+            "notify": options.notify,
+            "notifications_sent": stats.notifications_sent.get(),
+            "notifications_failed": stats.notifications_failed.get(),
+            "notifications_dropped": stats.notifications_dropped.get(),
             "peak_rss_mb": (peak_kib as f64 / 1024.0 * 10.0).round() / 10.0,
             "baseline_rss_mb": (baseline_kib as f64 / 1024.0 * 10.0).round() / 10.0,
         })
     );
+}
+
+/// A webhook receiver on this runtime that answers every POST after 10 s.
+async fn slow_receiver() -> String {
+    let app = axum::Router::new().route(
+        "/{*path}",
+        axum::routing::post(|| async {
+            tokio::time::sleep(Duration::from_secs(10)).await;
+            "ok"
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a port");
+    let addr = listener.local_addr().expect("bound");
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    format!("http://{addr}/slow")
 }
 
 /// `memory` → `None`; `sqlite` → a file in `dir`; `sqlite:PATH` as given.

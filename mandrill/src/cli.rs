@@ -119,7 +119,16 @@ pub struct RunArgs {
     /// it would do, as `dry-run` [setting: safety.dry_run = false].
     #[arg(long)]
     unleash: bool,
+    /// Debug mode, like asyncio's: stalls over 10ms reported, a status line
+    /// with the runtime's metrics every 10s, each message's step timings
+    /// logged (at debug level: `mandrill=debug` unless `--log-level` or
+    /// `--set log.level=…` says otherwise) [setting: debug.enabled].
+    #[arg(long)]
+    debug: bool,
 }
+
+/// The log filter `--debug` sets.
+const DEBUG_LOG_LEVEL: &str = "info,mandrill=debug";
 
 /// `mandrill history`
 #[derive(Debug, Args)]
@@ -240,7 +249,24 @@ impl RunArgs {
                 "safety.dry_run",
                 self.unleash.then_some(toml::Value::Boolean(false)),
             ),
+            (
+                "debug.enabled",
+                self.debug.then_some(toml::Value::Boolean(true)),
+            ),
+            ("log.level", self.debug_log_level()),
         ])
+    }
+
+    /// `--debug` shows mandrill's debug lines (the step timings), unless
+    /// the level is given on the command line.
+    fn debug_log_level(&self) -> Option<toml::Value> {
+        let level_given = self.log_level.is_some()
+            || self
+                .config
+                .set
+                .iter()
+                .any(|raw| raw.trim_start().starts_with("log.level"));
+        (self.debug && !level_given).then(|| toml::Value::String(DEBUG_LOG_LEVEL.into()))
     }
 }
 
@@ -298,7 +324,7 @@ fn run(args: &RunArgs) -> ExitCode {
         );
         return ExitCode::from(2);
     }
-    let telemetry = match Telemetry::init(&config.log, config.redactor()) {
+    let telemetry = match Telemetry::init(&config.log, config.redactor(), config.debug.enabled) {
         Ok(telemetry) => telemetry,
         Err(error) => {
             eprintln!("mandrill: cannot set up logging: {error}");

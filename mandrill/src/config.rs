@@ -22,6 +22,7 @@ use serde::{Deserialize, Serialize};
 use crate::backoff::Backoff;
 use crate::broker::pubsub::{self, PubSubSettings};
 use crate::domain::{Domain, ParseRules};
+use crate::notify::{NotifierSettings, NotifyEntry};
 use crate::restarter::hosts::HostEntry;
 use crate::restarter::verify::ProbeKind;
 use crate::restarter::{CommandSettings, HttpSettings, SshSettings, VerifySettings};
@@ -67,6 +68,11 @@ pub struct Config {
     /// port, user. Unmapped instances are `{instance_name}.{message.domain}`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub hosts: Vec<HostEntry>,
+    /// Webhooks told of restarts, failures and the kill switch (`[[notify]]`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notify: Vec<NotifyEntry>,
+    /// The notifications' queue and shutdown bound (`[notifier]`).
+    pub notifier: NotifierSettings,
 }
 
 /// A value that must never reach a log: its `Debug` is `****`. It is still
@@ -477,6 +483,32 @@ pub struct DebugConfig {
     /// Log a status line (counters, in-flight messages) this often; `0s` never.
     #[serde(with = "duration")]
     pub status_interval: Duration,
+    /// Debug mode (`mandrill run --debug`): see [`DebugConfig::stall_threshold`]
+    /// and [`DebugConfig::status_interval`] for what it lowers.
+    pub enabled: bool,
+}
+
+impl DebugConfig {
+    /// The stall threshold in effect: at most 10ms in debug mode (asyncio's
+    /// debug mode reports callbacks over 100ms, which is this service's
+    /// default already).
+    pub fn stall_threshold(&self) -> Duration {
+        if self.enabled {
+            self.stall_threshold.min(Duration::from_millis(10))
+        } else {
+            self.stall_threshold
+        }
+    }
+
+    /// The status line's period in effect: at most 10s in debug mode, even
+    /// if it was turned off.
+    pub fn status_interval(&self) -> Duration {
+        match self.status_interval {
+            interval if !self.enabled => interval,
+            interval if interval.is_zero() => Duration::from_secs(10),
+            interval => interval.min(Duration::from_secs(10)),
+        }
+    }
 }
 
 impl Default for DebugConfig {
@@ -484,6 +516,7 @@ impl Default for DebugConfig {
         Self {
             stall_threshold: Duration::from_millis(100),
             status_interval: Duration::from_secs(60),
+            enabled: false,
         }
     }
 }
@@ -1086,6 +1119,34 @@ impl Config {
         tracing_subscriber::EnvFilter::try_new(&self.log.level)
             .map_err(|error| ConfigError::invalid("log.level", error.to_string()))?;
         self.admin.address()?;
+        self.validate_notify()?;
+        Ok(())
+    }
+
+    /// `[[notify]]` entries and `[notifier]`; errors name `notify[i].key`
+    /// and never quote a URL.
+    fn validate_notify(&self) -> Result<(), ConfigError> {
+        for (i, entry) in self.notify.iter().enumerate() {
+            entry
+                .validate()
+                .map_err(|(key, why)| ConfigError::invalid(&format!("notify[{i}].{key}"), why))?;
+            if entry.timeout > limits::MAX_DURATION {
+                return Err(ConfigError::invalid(
+                    &format!("notify[{i}].timeout"),
+                    "is longer than 365 days",
+                ));
+            }
+        }
+        let capacity = self.notifier.queue_capacity;
+        if capacity == 0 || capacity > crate::notify::MAX_QUEUE_CAPACITY {
+            return Err(ConfigError::invalid(
+                "notifier.queue_capacity",
+                format!(
+                    "must be between 1 and {}",
+                    crate::notify::MAX_QUEUE_CAPACITY
+                ),
+            ));
+        }
         Ok(())
     }
 
@@ -1121,6 +1182,7 @@ impl Config {
             ("verify.timeout", self.verify.timeout),
             ("safety.poll_interval", self.safety.poll_interval),
             ("safety.stop_retry", self.safety.stop_retry),
+            ("notifier.flush_timeout", self.notifier.flush_timeout),
         ];
         if let Some(interval) = w.lease_extension_interval {
             durations.push(("worker.lease_extension_interval", interval));
@@ -1321,6 +1383,9 @@ impl Config {
             .flatten()
         {
             secrets.push(secret.0.clone());
+        }
+        for entry in &self.notify {
+            secrets.extend(redact::webhook_secrets(&entry.url.0));
         }
         Redactor::new(secrets)
     }
@@ -1786,6 +1851,20 @@ const SETTING_DOCS: &[(&str, &str)] = &[
         "hosts",
         "[[hosts]] pattern = \"cattle-*\", address, port, user: where instances are reached",
     ),
+    (
+        "notify",
+        "[[notify]] url (a secret, never logged), format = \"json\" | \"slack\", events = \
+         [\"restarted\", \"failed\", \"dead-lettered\", \"unrecovered\", \"paused\", \"resumed\"], \
+         timeout: webhooks told of what happened",
+    ),
+    (
+        "notifier.queue_capacity",
+        "notifications waiting to be sent; beyond it they are dropped (counted), never waited for",
+    ),
+    (
+        "notifier.flush_timeout",
+        "how long shutdown waits for queued notifications; the rest are dropped (counted)",
+    ),
     ("simulate.enabled", "publish random requests (demo)"),
     ("simulate.rate", "requests per second (at most 1000000)"),
     (
@@ -1799,6 +1878,11 @@ const SETTING_DOCS: &[(&str, &str)] = &[
         "warn when the runtime lags this much",
     ),
     ("debug.status_interval", "status line period; 0s disables"),
+    (
+        "debug.enabled",
+        "debug mode (run --debug): stall threshold at most 10ms, status line with runtime \
+         metrics every 10s at most, per-message step timings at debug level",
+    ),
     (
         "admin.listen",
         "`IP:PORT` of the admin server (/metrics, /healthz, /readyz, /api); \"\" disables it",
@@ -1929,6 +2013,56 @@ mod tests {
                 .scrub("token s3cret-admin")
                 .contains("s3cret-admin")
         );
+    }
+
+    #[test]
+    fn notify_entries_are_checked_by_index_and_their_urls_masked() {
+        let webhook = "https://hooks.example/services/T0/B0/s3cret-hook";
+        let config = load(
+            Some(&format!(
+                "[[notify]]\nurl = \"{webhook}\"\nformat = \"slack\"\n\
+                 events = [\"paused\", \"unrecovered\"]\n\
+                 [[notify]]\nurl = \"http://127.0.0.1:9/hook\"\nevents = [\"restarted\"]\n\
+                 timeout = \"2s\"\n[notifier]\nflush_timeout = \"1s\"\n"
+            )),
+            &[],
+            &[],
+        )
+        .unwrap();
+        assert_eq!(config.notify.len(), 2);
+        assert_eq!(config.notify[0].format, crate::notify::Format::Slack);
+        assert_eq!(config.notify[1].timeout, Duration::from_secs(2));
+        assert_eq!(config.notifier.flush_timeout, Duration::from_secs(1));
+        assert!(!format!("{config:?}").contains("s3cret-hook"));
+        let redactor = config.redactor();
+        for text in [webhook, "POST /services/T0/B0/s3cret-hook failed"] {
+            assert!(!redactor.scrub(text).contains("s3cret-hook"), "{text}");
+        }
+        let cases = [
+            (
+                "[[notify]]\nurl = \"https://h/s3cret-hook\"\nevents = [\"restarted\", \"exploded\"]\n",
+                "notify[0].events[1]",
+            ),
+            (
+                "[[notify]]\nurl = \"https://h/x\"\nevents = [\"paused\"]\n\
+                 [[notify]]\nurl = \"ftp://h/s3cret-hook\"\nevents = [\"paused\"]\n",
+                "notify[1].url",
+            ),
+            (
+                "[[notify]]\nurl = \"https://h/s3cret-hook\"\nevents = []\n",
+                "notify[0].events",
+            ),
+            ("[[notify]]\nevents = [\"paused\"]\n", "notify[0]"),
+            (
+                "[notifier]\nqueue_capacity = 0\n",
+                "notifier.queue_capacity",
+            ),
+        ];
+        for (file, key) in cases {
+            let error = load(Some(file), &[], &[]).unwrap_err().to_string();
+            assert!(error.contains(key), "{file:?}: {error}");
+            assert!(!error.contains("s3cret-hook"), "{error}");
+        }
     }
 
     #[test]
@@ -2104,6 +2238,12 @@ mod tests {
             address: None,
             port: None,
             user: None,
+        }];
+        config.notify = vec![crate::notify::NotifyEntry {
+            url: Secret("https://hooks.example/x".into()),
+            format: crate::notify::Format::Json,
+            events: vec![crate::notify::EventKind::Paused],
+            timeout: Duration::from_secs(5),
         }];
         config.broker.pubsub.endpoint = Some("http://127.0.0.1:8085".into());
         config.broker.pubsub.credentials_file = Some(PathBuf::from("key.json"));

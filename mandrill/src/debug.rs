@@ -1,15 +1,21 @@
 //! Debugging aids (the tutorial's debugging lesson, for production):
-//! a stall detector that notices blocking code on the runtime's threads, and
-//! a periodic status line with the counters and in-flight count.
+//! a stall detector that notices blocking code on the runtime's threads, a
+//! periodic status line with the counters, the in-flight count and the
+//! runtime's own metrics, which `/metrics` exposes too.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use serde::Serialize;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::stats::Stats;
+
+mod steps;
+
+pub use steps::StepTimings;
 
 /// Sleeps in short ticks and warns when a tick comes back late by more than
 /// `threshold`: something held a runtime thread (blocking code not on the
@@ -33,6 +39,41 @@ pub async fn watch_for_stalls(threshold: Duration, stats: Arc<Stats>, stop: Canc
     }
 }
 
+/// The tokio runtime's metrics that stable tokio offers (no
+/// `tokio_unstable` needed): enough to tell a starved runtime (a deep
+/// global queue, busy workers) from an idle one, and a task leak (alive
+/// tasks growing while in-flight does not).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct RuntimeMetrics {
+    /// Worker threads.
+    pub workers: usize,
+    /// Tasks spawned and not yet finished.
+    pub alive_tasks: usize,
+    /// Tasks waiting in the shared queue for a worker.
+    pub global_queue_depth: usize,
+    /// Time the workers spent running tasks, summed, since start.
+    pub busy_seconds: f64,
+}
+
+impl RuntimeMetrics {
+    /// The current runtime's metrics; zeros outside a runtime.
+    pub fn read() -> Self {
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return Self::default();
+        };
+        let metrics = handle.metrics();
+        let workers = metrics.num_workers();
+        Self {
+            workers,
+            alive_tasks: metrics.num_alive_tasks(),
+            global_queue_depth: metrics.global_queue_depth(),
+            busy_seconds: (0..workers)
+                .map(|worker| metrics.worker_total_busy_duration(worker).as_secs_f64())
+                .sum(),
+        }
+    }
+}
+
 /// Logs the counters every `interval` until stopped.
 pub async fn report_status(interval: Duration, stats: Arc<Stats>, stop: CancellationToken) {
     if interval.is_zero() {
@@ -45,8 +86,12 @@ pub async fn report_status(interval: Duration, stats: Arc<Stats>, stop: Cancella
             () = stop.cancelled() => return,
         }
         let snapshot = stats.snapshot();
+        let runtime = RuntimeMetrics::read();
         info!(
             in_flight = snapshot.in_flight,
+            tasks = runtime.alive_tasks,
+            queued = runtime.global_queue_depth,
+            workers = runtime.workers,
             pulled = snapshot.pulled,
             acked = snapshot.acked,
             nacked = snapshot.nacked,
@@ -64,6 +109,25 @@ pub async fn report_status(interval: Duration, stats: Arc<Stats>, stop: Cancella
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn runtime_metrics_count_workers_and_alive_tasks() {
+        let (release, wait) = tokio::sync::oneshot::channel::<()>();
+        let before = RuntimeMetrics::read();
+        let parked = tokio::spawn(async move {
+            let _ = wait.await;
+        });
+        let during = RuntimeMetrics::read();
+        assert_eq!(during.workers, 2);
+        assert_eq!(during.alive_tasks, before.alive_tasks + 1);
+        release.send(()).unwrap();
+        parked.await.unwrap();
+        assert_eq!(RuntimeMetrics::read().alive_tasks, before.alive_tasks);
+        assert_eq!(
+            std::thread::spawn(RuntimeMetrics::read).join().unwrap(),
+            RuntimeMetrics::default()
+        );
+    }
 
     #[tokio::test]
     async fn blocking_the_runtime_thread_is_reported_as_a_stall() {

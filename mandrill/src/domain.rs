@@ -203,6 +203,32 @@ pub enum Rejection {
     },
 }
 
+impl Rejection {
+    /// The kinds, as `/metrics` labels them (`mandrill_rejections_total{reason}`).
+    pub const KINDS: [&'static str; 7] = [
+        "too_large",
+        "not_utf8",
+        "bad_json",
+        "bad_message_id",
+        "bad_instance_name",
+        "bad_published_at",
+        "bad_text",
+    ];
+
+    /// This rejection's index in [`Rejection::KINDS`].
+    pub fn kind_index(&self) -> usize {
+        match self {
+            Self::TooLarge { .. } => 0,
+            Self::NotUtf8 { .. } => 1,
+            Self::BadJson(_) => 2,
+            Self::BadMessageId(_) => 3,
+            Self::BadInstanceName { .. } => 4,
+            Self::BadPublishedAt(_) => 5,
+            Self::BadText { .. } => 6,
+        }
+    }
+}
+
 /// Most characters of an offending value a rejection quotes: reasons go to
 /// logs, dead-letter headers and the history, and must stay short whatever
 /// the payload held.

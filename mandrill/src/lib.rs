@@ -12,6 +12,8 @@
 //! - [`service`]: builds adapters from a [`config::Config`] and runs the worker
 //!   with its companions; shuts down in order.
 //! - [`admin`]: the operator's HTTP surface (metrics, health, JSON API).
+//! - [`notify`]: webhooks told of restarts, failures, dead letters and the
+//!   kill switch, from a bounded queue that never holds the pipeline.
 //! - [`cli`]: subcommands, signals, runtime, exit codes. [`config`]: layered
 //!   typed settings. [`telemetry`]: logging. [`debug`]: stall detector,
 //!   status line. [`simulate`]: demo publisher. [`stats`]: counters.
@@ -25,6 +27,7 @@ pub mod cli;
 pub mod config;
 pub mod debug;
 pub mod domain;
+pub mod notify;
 pub mod pattern;
 pub mod restarter;
 pub mod safety;

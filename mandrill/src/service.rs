@@ -22,6 +22,7 @@ use crate::broker::{Broker, MemoryBroker, SqliteBroker};
 use crate::config::{
     BrokerConfig, Config, RestarterConfig, RestarterKind, StoreConfig, redact_url,
 };
+use crate::notify::Notifier;
 use crate::restarter::hosts::HostMap;
 use crate::restarter::{
     Blocking, CommandRestarter, HttpRestarter, Journaled, Restarter, SimulatedBlockingRestarter,
@@ -294,6 +295,8 @@ pub struct Service {
     admin: Option<Admin>,
     /// The watch on `safety.pause_file`, if set.
     pause_file: Option<PauseFile>,
+    /// The `[[notify]]` endpoints' queue and sender; `None` without any.
+    notifier: Option<Arc<Notifier>>,
 }
 
 impl Service {
@@ -312,13 +315,16 @@ impl Service {
             None => None,
         };
         let stats = Arc::new(Stats::default());
+        // Last, so that a failure above leaves no sending task behind.
+        let notifier = Notifier::start(&config.notify, &config.notifier, stats.clone())?;
         let worker = Worker::new(
             config.worker_config(),
             broker.clone(),
             store.clone(),
             restarter,
             stats.clone(),
-        );
+        )
+        .with_notifier(notifier.clone());
         let (simulate_rate, _) = watch::channel(config.simulate.rate);
         Ok(Self {
             config,
@@ -331,6 +337,7 @@ impl Service {
             until_idle: false,
             admin,
             pause_file,
+            notifier,
         })
     }
 
@@ -379,6 +386,7 @@ impl Service {
                 self.store.clone(),
                 shutdown.clone(),
                 self.worker.policy(),
+                self.notifier.clone(),
                 stop_companions.clone(),
             ));
         }
@@ -426,13 +434,21 @@ impl Service {
                 stop_companions.clone(),
             ));
         }
+        if self.config.debug.enabled {
+            warn!(
+                stall_threshold = ?self.config.debug.stall_threshold(),
+                status_interval = ?self.config.debug.status_interval(),
+                "DEBUG MODE: stalls, runtime metrics and per-message step timings are logged; \
+                 not for production throughput"
+            );
+        }
         companions.spawn(debug::watch_for_stalls(
-            self.config.debug.stall_threshold,
+            self.config.debug.stall_threshold(),
             self.stats.clone(),
             stop_companions.clone(),
         ));
         companions.spawn(debug::report_status(
-            self.config.debug.status_interval,
+            self.config.debug.status_interval(),
             self.stats.clone(),
             stop_companions.clone(),
         ));
@@ -476,6 +492,11 @@ impl Service {
         {
             warn!(timeout = ?CLOSE_TIMEOUT, "companion tasks did not stop in time; leaving them");
         }
+        // After the drain and the admin server, whose events it sends;
+        // bounded by notifier.flush_timeout.
+        if let Some(notifier) = &self.notifier {
+            notifier.close().await;
+        }
         if let Some(memory) = &self.memory_broker {
             let depth = memory.depth();
             let unhandled = depth.ready + depth.delayed;
@@ -517,6 +538,9 @@ impl Service {
             settle_failures = stats.settle_failures,
             pull_failures = stats.pull_failures,
             store_failures = stats.store_failures,
+            notifications_sent = stats.notifications_sent,
+            notifications_failed = stats.notifications_failed,
+            notifications_dropped = stats.notifications_dropped,
             "final stats"
         );
         outcome.context("the worker stopped by itself")?;

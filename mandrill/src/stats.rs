@@ -14,6 +14,10 @@ macro_rules! counters {
             $($(#[$doc])* pub $name: Counter,)*
             /// How long things took, for `/metrics`.
             pub timings: Timings,
+            /// Dead letters by [`DeadLetterReason`], as index.
+            pub dead_letter_reasons: [Counter; DeadLetterReason::ALL.len()],
+            /// Rejections by [`crate::domain::Rejection::KINDS`], as index.
+            pub rejection_reasons: [Counter; crate::domain::Rejection::KINDS.len()],
         }
 
         /// A copy of the counters at one moment.
@@ -85,6 +89,65 @@ counters! {
     store_down,
     /// Deliveries being handled right now (rises and falls).
     in_flight,
+    /// Notifications an endpoint accepted.
+    notifications_sent,
+    /// Notifications an endpoint did not take after every try.
+    notifications_failed,
+    /// Notifications dropped: the queue was full, or shutdown's flush bound
+    /// ran out.
+    notifications_dropped,
+}
+
+/// Why a message was dead-lettered: a fixed set, so that `/metrics`
+/// labels stay few (the reason's text is in the dead letter and the store).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum DeadLetterReason {
+    /// None of the below (the store refused a claim; a request already
+    /// recorded failed, dead-lettered again).
+    Other = 0,
+    /// The payload was rejected.
+    Malformed,
+    /// Out of deliveries or attempts (`given_up`).
+    GivenUp,
+    /// The restart failed for good.
+    RestartFailed,
+    /// The handler panicked on the last attempt.
+    Panicked,
+    /// The store refused to record an outcome or a decision.
+    StoreRefused,
+}
+
+impl DeadLetterReason {
+    /// Every reason, by index.
+    pub const ALL: [Self; 6] = [
+        Self::Other,
+        Self::Malformed,
+        Self::GivenUp,
+        Self::RestartFailed,
+        Self::Panicked,
+        Self::StoreRefused,
+    ];
+
+    /// The `/metrics` label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Other => "other",
+            Self::Malformed => "malformed",
+            Self::GivenUp => "given_up",
+            Self::RestartFailed => "restart_failed",
+            Self::Panicked => "panicked",
+            Self::StoreRefused => "store_refused",
+        }
+    }
+
+    /// The reason stored as `self as u8`; `Other` for anything else.
+    pub fn from_u8(value: u8) -> Self {
+        Self::ALL
+            .get(usize::from(value))
+            .copied()
+            .unwrap_or(Self::Other)
+    }
 }
 
 /// One monotonic (or, for `in_flight`, up-and-down) counter, alone on its
@@ -97,6 +160,11 @@ impl Counter {
     /// Adds one.
     pub fn inc(&self) {
         self.0.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Adds `n`.
+    pub fn add(&self, n: u64) {
+        self.0.fetch_add(n, Ordering::Relaxed);
     }
 
     /// Subtracts one; only for gauges such as `in_flight`.

@@ -14,21 +14,29 @@ use tracing_appender::non_blocking::{NonBlockingBuilder, WorkerGuard};
 use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
-use tracing_subscriber::{EnvFilter, Layer, Registry, reload};
+use tracing_subscriber::{EnvFilter, Layer, reload};
 
 use crate::config::{LogConfig, LogFormat, Redactor};
+
+/// Replaces the log filter.
+type SetFilter = Box<dyn Fn(EnvFilter) -> Result<(), reload::Error> + Send + Sync>;
 
 /// Keeps the log writer alive; dropping it flushes every buffered line.
 pub struct Telemetry {
     _flush_on_drop: WorkerGuard,
-    filter: reload::Handle<EnvFilter, Registry>,
+    set_filter: SetFilter,
     redactor: Arc<RwLock<Redactor>>,
 }
 
 impl Telemetry {
     /// Installs the global subscriber, writing to standard error with every
-    /// secret `redactor` knows masked.
-    pub fn init(config: &LogConfig, redactor: Redactor) -> anyhow::Result<Self> {
+    /// secret `redactor` knows masked; with `step_timings` (debug mode),
+    /// each message's steps are timed (see [`crate::debug::StepTimings`]).
+    pub fn init(
+        config: &LogConfig,
+        redactor: Redactor,
+        step_timings: bool,
+    ) -> anyhow::Result<Self> {
         let (writer, guard) = NonBlockingBuilder::default()
             // Back-pressure rather than silently dropping lines.
             .lossy(false)
@@ -40,6 +48,7 @@ impl Telemetry {
         };
         let filter = EnvFilter::try_new(&config.level)?;
         let (filter, handle) = reload::Layer::new(filter);
+        let steps = step_timings.then_some(crate::debug::StepTimings);
         let format = match config.format {
             LogFormat::Text => tracing_subscriber::fmt::layer()
                 .with_writer(writer)
@@ -53,20 +62,36 @@ impl Telemetry {
                 .with_writer(writer)
                 .boxed(),
         };
+        // The filter applies to every layer: a callsite it disables costs
+        // nothing anywhere.
+        #[cfg(not(feature = "console"))]
         tracing_subscriber::registry()
             .with(filter)
             .with(format)
+            .with(steps)
+            .try_init()?;
+        // tokio-console reads tokio's own trace-level spans, which the log
+        // must not print: the filter applies to the log lines only.
+        #[cfg(feature = "console")]
+        tracing_subscriber::registry()
+            .with(format.with_filter(filter))
+            .with(
+                console_subscriber::ConsoleLayer::builder()
+                    .with_default_env()
+                    .spawn(),
+            )
+            .with(steps)
             .try_init()?;
         Ok(Self {
             _flush_on_drop: guard,
-            filter: handle,
+            set_filter: Box::new(move |filter| handle.reload(filter)),
             redactor,
         })
     }
 
     /// Changes the filter, e.g. on a configuration reload.
     pub fn set_level(&self, level: &str) -> anyhow::Result<()> {
-        self.filter.reload(EnvFilter::try_new(level)?)?;
+        (self.set_filter)(EnvFilter::try_new(level)?)?;
         Ok(())
     }
 

@@ -20,13 +20,28 @@ fn admin_addr(service: &Mandrill) -> String {
 
 /// `GET path` over HTTP/1.1; status and body.
 fn get(addr: &str, path: &str, headers: &[(&str, &str)]) -> (u16, String) {
+    send(addr, "GET", path, headers, "")
+}
+
+/// `POST path` with `body`; status and body.
+fn post(addr: &str, path: &str, headers: &[(&str, &str)], body: &str) -> (u16, String) {
+    send(addr, "POST", path, headers, body)
+}
+
+fn send(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, String) {
     let mut stream = TcpStream::connect(addr).unwrap();
     stream.set_read_timeout(Some(DEADLINE)).unwrap();
-    let mut request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    let mut request = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
     for (name, value) in headers {
         request.push_str(&format!("{name}: {value}\r\n"));
     }
-    request.push_str("\r\n");
+    request.push_str(&format!("Content-Length: {}\r\n\r\n{body}", body.len()));
     stream.write_all(request.as_bytes()).unwrap();
     let mut response = Vec::new();
     stream.read_to_end(&mut response).unwrap();
@@ -135,6 +150,146 @@ fn history_needs_the_token_which_is_never_logged() {
 }
 
 #[test]
+fn pause_and_resume_need_the_token_and_turn_the_switch_the_worker_obeys() {
+    let (_guard, dir) = temp_dir();
+    let token = "switch-token-5c2e";
+    let service = Mandrill::run_with_env(
+        &dir,
+        &[
+            "--db",
+            &sqlite_url(&dir),
+            "--simulate=50",
+            "--set",
+            "safety.poll_interval=100ms",
+        ],
+        &[("MANDRILL_ADMIN__TOKEN", token)],
+    );
+    let addr = admin_addr(&service);
+    service.wait_for("saved", 1);
+    let json_body = [("Content-Type", "application/json")];
+    let paused = |addr: &str| get_json(addr, "/api/status", &[]).1["paused"].clone();
+    // Refused without the token or with a wrong one, and nothing changes.
+    for path in ["/api/pause", "/api/resume"] {
+        for wrong in ["", "Bearer switch-token-5c2", "Bearer switch-token-5c2ee"] {
+            let mut headers = json_body.to_vec();
+            if !wrong.is_empty() {
+                headers.push(("Authorization", wrong));
+            }
+            let (status, body) = post(&addr, path, &headers, r#"{"reason":"nope"}"#);
+            assert_eq!(status, 401, "{path} {wrong:?}: {body}");
+        }
+        let form = [("Content-Type", "application/x-www-form-urlencoded")];
+        let (status, _) = post(&addr, path, &form, "reason=nope&token=wrong");
+        assert_eq!(status, 401, "{path} with a wrong form token");
+        assert_eq!(
+            paused(&addr),
+            false,
+            "{path} refused, yet the switch turned"
+        );
+    }
+    assert!(
+        service
+            .messages("restarts paused (kill switch): pulling stops until resumed")
+            .is_empty()
+    );
+
+    let bearer = format!("Bearer {token}");
+    let mut headers = json_body.to_vec();
+    headers.push(("Authorization", &bearer));
+    let (status, body) = post(
+        &addr,
+        "/api/pause",
+        &headers,
+        r#"{"reason":"incident 7","by":"ana"}"#,
+    );
+    assert_eq!(status, 200, "{body}");
+    let (_, overview) = get_json(&addr, "/api/status", &[]);
+    assert_eq!(overview["paused"], true, "{overview}");
+    assert_eq!(overview["switch"]["by"], "ana");
+    assert_eq!(overview["switch"]["reason"], "incident 7");
+    // The worker reads the switch and stops pulling.
+    service.wait_for(
+        "restarts paused (kill switch): pulling stops until resumed",
+        1,
+    );
+    let (_, page) = get(&addr, "/", &[]);
+    assert!(
+        page.contains("PAUSED: paused by ana (incident 7)"),
+        "{page}"
+    );
+    assert!(page.contains("action=\"/api/resume\""), "{page}");
+
+    // Resumed from the dashboard's form, token as a field: back to the page.
+    let form = [("Content-Type", "application/x-www-form-urlencoded")];
+    let (status, _) = post(
+        &addr,
+        "/api/resume",
+        &form,
+        &format!("reason=all+clear&token={token}"),
+    );
+    assert_eq!(status, 303);
+    assert_eq!(paused(&addr), false);
+    let (_, overview) = get_json(&addr, "/api/status", &[]);
+    assert_eq!(overview["switch"]["by"], "admin-api", "{overview}");
+    service.wait_for("restarts resumed (kill switch): pulling again", 1);
+    let saved_before = service.messages("saved").len();
+    service.wait_for("saved", saved_before + 1);
+    // A cross-site form post is refused even with the token.
+    let mut cross = form.to_vec();
+    cross.push(("Origin", "https://elsewhere.example"));
+    let (status, _) = post(&addr, "/api/pause", &cross, &format!("token={token}"));
+    assert_eq!(status, 403);
+    assert_eq!(paused(&addr), false);
+    service.signal("TERM");
+    let (status, lines) = service.wait_exit();
+    assert!(status.success());
+    assert!(!serde_json::to_string(&lines).unwrap().contains(token));
+}
+
+#[test]
+fn debug_mode_logs_step_timings_and_runtime_metrics_which_metrics_exposes() {
+    let (_guard, dir) = temp_dir();
+    let service = Mandrill::run(
+        &dir,
+        &["--db", &sqlite_url(&dir), "--simulate=50", "--debug"],
+    );
+    let addr = admin_addr(&service);
+    let timings = service.wait_for("message step timings", 3);
+    let steps = timings
+        .iter()
+        .map(|line| line["fields"]["steps"].as_str().unwrap().to_owned())
+        .find(|steps| steps.contains("saved +"))
+        .expect("a restarted message's timings");
+    assert!(steps.starts_with("pulled +"), "{steps}");
+    assert!(timings[0]["fields"]["message_id"].is_string());
+    // The status line, every 10s at most in debug mode, with the runtime's metrics.
+    let status = service.wait_for("status", 1).remove(0);
+    assert!(status["fields"]["workers"].as_u64() >= Some(1), "{status}");
+    assert!(status["fields"]["tasks"].as_u64() >= Some(1), "{status}");
+    let (_, text) = get(&addr, "/metrics", &[]);
+    for name in [
+        "mandrill_runtime_workers ",
+        "mandrill_runtime_alive_tasks ",
+        "mandrill_runtime_global_queue_depth ",
+        "mandrill_runtime_busy_seconds_total ",
+    ] {
+        assert!(text.contains(name), "{name} missing:\n{text}");
+    }
+    let (_, overview) = get_json(&addr, "/api/status", &[]);
+    assert!(
+        overview["runtime"]["alive_tasks"].as_u64() >= Some(1),
+        "{overview}"
+    );
+    let mode = service.messages(
+        "DEBUG MODE: stalls, runtime metrics and per-message step timings are logged; \
+         not for production throughput",
+    );
+    assert_eq!(mode[0]["fields"]["stall_threshold"], "10ms", "{mode:?}");
+    service.signal("TERM");
+    assert!(service.wait_exit().0.success());
+}
+
+#[test]
 fn readyz_turns_503_on_sigterm_while_work_is_still_in_flight() {
     let (_guard, dir) = temp_dir();
     let service = Mandrill::run(
@@ -217,6 +372,7 @@ fn promtool_accepts_the_metrics_and_a_private_prometheus_scrapes_them() {
         "mandrill_handling_seconds_bucket{le=\"+Inf\"}",
         "mandrill_restart_seconds_count",
         "mandrill_recovery_seconds_sum",
+        "mandrill_notifications_total{result=\"dropped\"} 0",
     ] {
         assert!(text.contains(name), "{name} missing:\n{text}");
     }
@@ -441,6 +597,11 @@ fn the_example_production_configuration_loads_with_its_secrets_from_the_environm
     let config = sources(&environment).load().unwrap();
     assert!(config.dry_run(), "the example starts leashed");
     assert_eq!(config.admin.listen, "0.0.0.0:9730");
+    assert_eq!(config.notify.len(), 1, "the example has a notification");
+    assert!(
+        !format!("{config:?}").contains("XXXXXXXX"),
+        "its URL is masked"
+    );
     // Without the token, the example refuses to start, naming it.
     let error = sources(&environment[..2]).load().unwrap_err();
     assert!(error.to_string().contains("admin.token"), "{error}");

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 use crate::domain::Status;
 use crate::stats::StatsSnapshot;
-use crate::store::{HistoryEntry, Timestamp};
+use crate::store::{HistoryEntry, Switch, Timestamp};
 
 /// Seconds between refreshes.
 const REFRESH_SECONDS: u32 = 5;
@@ -17,6 +17,10 @@ const MINUTES: i64 = 60;
 /// What the page shows.
 pub(crate) struct Page<'a> {
     pub(crate) leashed: bool,
+    /// The kill switch, or why it is unknown.
+    pub(crate) switch: Result<&'a Switch, &'static str>,
+    /// `admin.token` is set: the buttons ask for it.
+    pub(crate) protected: bool,
     pub(crate) ready: Result<(), &'static str>,
     pub(crate) stats: &'a StatsSnapshot,
     /// The latest requests, or why they are not shown (the history needs
@@ -44,7 +48,9 @@ fn escape(text: &str) -> String {
 const STYLE: &str = "body{font-family:sans-serif;margin:1.5em;color:#222}\
 table{border-collapse:collapse}td,th{padding:.25em .6em;white-space:nowrap;border-bottom:1px solid #ddd;text-align:left}\
 .mode{font-weight:bold;padding:.2em .5em;border-radius:.3em}.leashed{background:#cfe8cf}\
-.unleashed{background:#f6c6c6}.counters td:last-child{text-align:right}";
+.unleashed{background:#f6c6c6}.counters td:last-child{text-align:right}\
+#switch{padding:.5em;margin:.5em 0;border-radius:.3em}.paused{background:#f6c6c6}.running{background:#eee}\
+#switch form{display:inline;margin-left:1em}#switch input,#switch button{margin-right:.4em}";
 
 pub(crate) fn render(page: &Page<'_>) -> String {
     let s = page.stats;
@@ -65,6 +71,7 @@ pub(crate) fn render(page: &Page<'_>) -> String {
         s.in_flight,
         if s.store_down == 0 { "up" } else { "down" },
     );
+    switch(&mut html, page);
     html.push_str("<table class=\"counters\" id=\"counters\">");
     for (name, value) in [
         ("pulled", s.pulled),
@@ -93,6 +100,45 @@ pub(crate) fn render(page: &Page<'_>) -> String {
     }
     html.push_str("</body></html>");
     html
+}
+
+/// The kill switch, and the button that turns it: a plain form POST (with
+/// a token field when `admin.token` is set, since a page cannot send the
+/// header), answered with a redirect back here.
+fn switch(html: &mut String, page: &Page<'_>) {
+    let (class, text, action, label) = match page.switch {
+        Err(why) => {
+            let _ = write!(
+                html,
+                "<div id=\"switch\" class=\"running\">kill switch unknown: {why}</div>"
+            );
+            return;
+        }
+        Ok(switch) if switch.paused => (
+            "paused",
+            format!("PAUSED: {}", escape(&switch.paused_reason())),
+            "/api/resume",
+            "Resume restarts",
+        ),
+        Ok(_) => (
+            "running",
+            "restarts running".to_owned(),
+            "/api/pause",
+            "Pause all restarts",
+        ),
+    };
+    let token = if page.protected {
+        "<input type=\"password\" name=\"token\" placeholder=\"admin token\" required>"
+    } else {
+        ""
+    };
+    let _ = write!(
+        html,
+        "<div id=\"switch\" class=\"{class}\"><span id=\"switch-state\">{text}</span>\
+         <form method=\"post\" action=\"{action}\">\
+         <input name=\"reason\" placeholder=\"reason\" maxlength=\"1024\">{token}\
+         <button type=\"submit\" id=\"switch-button\">{label}</button></form></div>"
+    );
 }
 
 fn latest(html: &mut String, history: &[HistoryEntry]) {
@@ -207,8 +253,16 @@ mod tests {
             restarted: 7,
             ..StatsSnapshot::default()
         };
+        let paused = Switch {
+            paused: true,
+            by: Some("ana".into()),
+            reason: Some("<b>incident</b>".into()),
+            since: None,
+        };
         let page = Page {
             leashed: true,
+            switch: Ok(&paused),
+            protected: false,
             ready: Ok(()),
             stats: &stats,
             history: Ok(&history),
@@ -220,6 +274,11 @@ mod tests {
         assert!(html.contains(&format!("href=\"/api/requests/{}\"", uuid::Uuid::nil())));
         assert!(html.contains("<td>restarted</td><td>7</td>"));
         assert!(html.contains("class=\"mode leashed\""));
+        assert!(
+            html.contains("PAUSED: paused by ana (&lt;b&gt;incident"),
+            "{html}"
+        );
+        assert!(html.contains("action=\"/api/resume\"") && !html.contains("name=\"token\""));
         // The last minute's bar: one restarted (half the height), one failed.
         assert!(
             html.contains("<rect x=\"472\" y=\"50\" width=\"7\" height=\"50\" fill=\"#4a4\"/>"),
@@ -227,10 +286,14 @@ mod tests {
         );
         assert!(!html.contains("http-equiv=\"refresh\" content=\"0"));
         assert!(!html.contains("src=\"http") && !html.contains("href=\"http"));
+        let running = Switch::default();
         let hidden = render(&Page {
             history: Err("admin.token is set"),
+            switch: Ok(&running),
+            protected: true,
             ..page
         });
         assert!(!hidden.contains("web-1") && hidden.contains("admin.token is set"));
+        assert!(hidden.contains("action=\"/api/pause\"") && hidden.contains("name=\"token\""));
     }
 }

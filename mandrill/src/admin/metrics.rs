@@ -9,7 +9,9 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusRecorder};
 
 use std::fmt::Write as _;
 
-use crate::stats::{BUCKETS, Histogram, StatsSnapshot, Timings};
+use crate::debug::RuntimeMetrics;
+use crate::domain::Rejection;
+use crate::stats::{BUCKETS, DeadLetterReason, Histogram, Stats, StatsSnapshot, Timings};
 
 /// Requests by final outcome: (label, counter) pairs.
 fn outcomes(s: &StatsSnapshot) -> [(&'static str, u64); 7] {
@@ -24,8 +26,21 @@ fn outcomes(s: &StatsSnapshot) -> [(&'static str, u64); 7] {
     ]
 }
 
+/// Counters by a fixed set of reasons: (name, reason, value).
+pub(crate) fn reasons(stats: &Stats) -> Vec<(&'static str, &'static str, u64)> {
+    let dead_letters = DeadLetterReason::ALL.iter().map(|reason| {
+        let value = stats.dead_letter_reasons[*reason as usize].get();
+        ("mandrill_dead_letters_total", reason.label(), value)
+    });
+    let rejections = Rejection::KINDS.iter().enumerate().map(|(i, kind)| {
+        let value = stats.rejection_reasons[i].get();
+        ("mandrill_rejections_total", *kind, value)
+    });
+    dead_letters.chain(rejections).collect()
+}
+
 /// Plain counters: (name, help, value).
-fn counters(s: &StatsSnapshot) -> [(&'static str, &'static str, u64); 14] {
+fn counters(s: &StatsSnapshot) -> [(&'static str, &'static str, u64); 12] {
     [
         (
             "mandrill_pulled_total",
@@ -37,16 +52,6 @@ fn counters(s: &StatsSnapshot) -> [(&'static str, &'static str, u64); 14] {
             "mandrill_retries_total",
             "Deliveries nacked for a retry.",
             s.nacked,
-        ),
-        (
-            "mandrill_dead_letters_total",
-            "Deliveries dead-lettered (malformed or out of attempts).",
-            s.dead_lettered,
-        ),
-        (
-            "mandrill_rejections_total",
-            "Payloads rejected as malformed.",
-            s.rejected,
         ),
         (
             "mandrill_lease_extensions_total",
@@ -106,6 +111,20 @@ impl Exposition {
         let recorder = PrometheusBuilder::new().build_recorder();
         with_local_recorder(&recorder, || {
             describe_counter!("mandrill_requests_total", "Requests finished, by outcome.");
+            describe_counter!(
+                "mandrill_dead_letters_total",
+                "Deliveries dead-lettered, by reason: malformed, given_up, restart_failed, \
+                 panicked, store_refused, other."
+            );
+            describe_counter!(
+                "mandrill_rejections_total",
+                "Payloads rejected as malformed, by what was wrong."
+            );
+            describe_counter!(
+                "mandrill_notifications_total",
+                "Notifications by result: sent, failed (after every try), dropped (queue full \
+                 or shutdown's flush bound over)."
+            );
             for (name, help, _) in counters(&StatsSnapshot::default()) {
                 describe_counter!(name, help);
             }
@@ -124,6 +143,18 @@ impl Exposition {
             );
             describe_gauge!("mandrill_shutting_down", "1 once shutdown was requested.");
             describe_gauge!("mandrill_build_info", "Always 1; the version as a label.");
+            describe_gauge!(
+                "mandrill_runtime_workers",
+                "The tokio runtime's worker threads."
+            );
+            describe_gauge!(
+                "mandrill_runtime_alive_tasks",
+                "Tasks spawned on the runtime and not yet finished."
+            );
+            describe_gauge!(
+                "mandrill_runtime_global_queue_depth",
+                "Tasks waiting in the runtime's shared queue for a worker."
+            );
         });
         Self { recorder }
     }
@@ -132,6 +163,8 @@ impl Exposition {
     pub(crate) fn render(
         &self,
         stats: &StatsSnapshot,
+        reasons: &[(&'static str, &'static str, u64)],
+        runtime: &RuntimeMetrics,
         leashed: bool,
         shutting_down: bool,
     ) -> String {
@@ -142,13 +175,35 @@ impl Exposition {
             for (name, _, value) in counters(stats) {
                 counter!(name).absolute(value);
             }
+            for (name, reason, value) in reasons {
+                counter!(*name, "reason" => *reason).absolute(*value);
+            }
+            for (result, value) in [
+                ("sent", stats.notifications_sent),
+                ("failed", stats.notifications_failed),
+                ("dropped", stats.notifications_dropped),
+            ] {
+                counter!("mandrill_notifications_total", "result" => result).absolute(value);
+            }
             gauge!("mandrill_in_flight").set(stats.in_flight as f64);
             gauge!("mandrill_store_down").set(stats.store_down as f64);
             gauge!("mandrill_leashed").set(f64::from(u8::from(leashed)));
             gauge!("mandrill_shutting_down").set(f64::from(u8::from(shutting_down)));
             gauge!("mandrill_build_info", "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+            gauge!("mandrill_runtime_workers").set(runtime.workers as f64);
+            gauge!("mandrill_runtime_alive_tasks").set(runtime.alive_tasks as f64);
+            gauge!("mandrill_runtime_global_queue_depth").set(runtime.global_queue_depth as f64);
         });
-        self.recorder.handle().render()
+        let mut text = self.recorder.handle().render();
+        // Written here: the exporter's counters are whole numbers.
+        let name = "mandrill_runtime_busy_seconds_total";
+        let _ = writeln!(
+            text,
+            "# HELP {name} Time the runtime's workers spent running tasks, summed over workers.\n\
+             # TYPE {name} counter\n{name} {:.6}",
+            runtime.busy_seconds
+        );
+        text
     }
 }
 
@@ -204,13 +259,27 @@ mod tests {
             in_flight: 1,
             ..StatsSnapshot::default()
         };
-        let text = Exposition::new().render(&stats, true, false);
+        let runtime = RuntimeMetrics {
+            workers: 2,
+            alive_tasks: 9,
+            global_queue_depth: 0,
+            busy_seconds: 1.5,
+        };
+        let live = Stats::default();
+        live.dead_letter_reasons[DeadLetterReason::Malformed as usize].inc();
+        live.rejection_reasons[2].inc();
+        let text = Exposition::new().render(&stats, &reasons(&live), &runtime, true, false);
         for line in [
             "mandrill_requests_total{outcome=\"restarted\"} 3",
             "mandrill_requests_total{outcome=\"unrecovered\"} 0",
-            "mandrill_dead_letters_total 2",
+            "mandrill_dead_letters_total{reason=\"malformed\"} 1",
+            "mandrill_dead_letters_total{reason=\"store_refused\"} 0",
+            "mandrill_rejections_total{reason=\"bad_json\"} 1",
             "mandrill_in_flight 1",
             "mandrill_leashed 1",
+            "mandrill_runtime_workers 2",
+            "mandrill_runtime_alive_tasks 9",
+            "mandrill_runtime_busy_seconds_total 1.500000",
             "# TYPE mandrill_requests_total counter",
         ] {
             assert!(text.contains(line), "{line} missing from:\n{text}");

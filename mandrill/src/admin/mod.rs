@@ -12,6 +12,7 @@ mod dashboard;
 mod metrics;
 mod profile;
 mod routes;
+mod switch;
 
 use crate::safety::PolicyHandle;
 use std::net::SocketAddr;
@@ -24,6 +25,7 @@ use tracing::{info, warn};
 
 use crate::broker::Broker;
 use crate::config::{AdminConfig, Secret};
+use crate::notify::Notifier;
 use crate::stats::Stats;
 use crate::store::Store;
 use crate::worker::Shutdown;
@@ -45,6 +47,8 @@ pub(crate) struct State {
     /// The safety policy in force (a reload may change the leash).
     pub(crate) policy: PolicyHandle,
     pub(crate) metrics: metrics::Exposition,
+    /// Told when the kill switch is turned here.
+    pub(crate) notifier: Option<Arc<Notifier>>,
 }
 
 impl State {
@@ -81,6 +85,7 @@ impl Admin {
 
     /// Serves until `stop`. `/readyz` turns 503 as soon as `shutdown` is
     /// requested, while this keeps serving through the drain.
+    #[allow(clippy::too_many_arguments)] // the service's parts, each once
     pub async fn serve(
         self,
         stats: Arc<Stats>,
@@ -88,6 +93,7 @@ impl Admin {
         store: Arc<dyn Store>,
         shutdown: Shutdown,
         policy: PolicyHandle,
+        notifier: Option<Arc<Notifier>>,
         stop: CancellationToken,
     ) {
         let state = Arc::new(State {
@@ -98,6 +104,7 @@ impl Admin {
             token: self.token,
             policy,
             metrics: metrics::Exposition::new(),
+            notifier,
         });
         let served = axum::serve(self.listener, routes::router(state))
             .with_graceful_shutdown(async move { stop.cancelled().await })

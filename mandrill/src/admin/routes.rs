@@ -7,7 +7,7 @@ use axum::Router;
 use axum::extract::{Path, RawQuery, State as Shared};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use serde_json::json;
 
 use super::State;
@@ -25,6 +25,8 @@ pub(crate) fn router(state: Arc<State>) -> Router {
         .route("/api/status", get(status))
         .route("/api/requests", get(requests))
         .route("/api/requests/{message_id}", get(request))
+        .route("/api/pause", post(super::switch::pause))
+        .route("/api/resume", post(super::switch::resume))
         .route("/debug/pprof/profile", get(super::profile::profile))
         .with_state(state)
 }
@@ -32,6 +34,8 @@ pub(crate) fn router(state: Arc<State>) -> Router {
 async fn metrics(Shared(state): Shared<Arc<State>>) -> Response {
     let mut text = state.metrics.render(
         &state.stats.snapshot(),
+        &super::metrics::reasons(&state.stats),
+        &crate::debug::RuntimeMetrics::read(),
         state.leashed(),
         state.shutdown.is_requested(),
     );
@@ -57,8 +61,11 @@ async fn dashboard(Shared(state): Shared<Arc<State>>) -> Response {
             .await
             .map_err(|_| "the store did not answer"),
     };
+    let switch = super::switch::read(&state).await;
     let page = super::dashboard::Page {
         leashed: state.leashed(),
+        switch: switch.as_ref().map_err(|why| *why),
+        protected: state.token.is_some(),
         ready: not_ready(&state).await.map_or(Ok(()), Err),
         stats: &stats,
         history: history.as_deref().map_err(|why| *why),
@@ -101,7 +108,7 @@ async fn readyz(Shared(state): Shared<Arc<State>>) -> Response {
     }
 }
 
-fn json(status: StatusCode, value: serde_json::Value) -> Response {
+pub(crate) fn json(status: StatusCode, value: serde_json::Value) -> Response {
     (
         status,
         [(header::CONTENT_TYPE, "application/json")],
@@ -112,16 +119,21 @@ fn json(status: StatusCode, value: serde_json::Value) -> Response {
 
 async fn status(Shared(state): Shared<Arc<State>>) -> Response {
     let stats = state.stats.snapshot();
+    // `null` when the store did not answer: the switch is unknown, not off.
+    let switch = super::switch::read(&state).await.ok();
     json(
         StatusCode::OK,
         json!({
             "version": env!("CARGO_PKG_VERSION"),
             "mode": if state.leashed() { "leashed" } else { "unleashed" },
+            "paused": switch.as_ref().map(|s| s.paused),
+            "switch": switch,
             "ready": not_ready(&state).await.is_none(),
             "shutting_down": state.shutdown.is_requested(),
             "store": if stats.store_down == 0 { "up" } else { "down" },
             "in_flight": stats.in_flight,
             "counters": stats,
+            "runtime": crate::debug::RuntimeMetrics::read(),
         }),
     )
 }
@@ -201,7 +213,7 @@ async fn request(
     }
 }
 
-fn bad_request(why: String) -> Response {
+pub(crate) fn bad_request(why: String) -> Response {
     json(StatusCode::BAD_REQUEST, json!({ "error": why }))
 }
 
@@ -260,6 +272,7 @@ mod tests {
             token: None,
             policy: crate::safety::PolicyHandle::default(),
             metrics: crate::admin::metrics::Exposition::new(),
+            notifier: None,
         }
     }
 

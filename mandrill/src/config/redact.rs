@@ -105,6 +105,24 @@ pub fn url_secrets(url: &str) -> Vec<String> {
     secrets
 }
 
+/// The secrets of a webhook URL: the whole URL, its credentials, and its
+/// path and query, which often are the key (Slack's
+/// `/services/T…/B…/XXXX`). Paths shorter than 8 characters (`/hook`) are
+/// left alone: masking them everywhere would mask ordinary words.
+pub fn webhook_secrets(url: &str) -> Vec<String> {
+    let mut secrets = url_secrets(url);
+    secrets.push(url.to_owned());
+    if let Ok(parsed) = Url::parse(url) {
+        if parsed.path().len() >= 8 {
+            secrets.push(parsed.path().to_owned());
+        }
+        if let Some(query) = parsed.query().filter(|query| query.len() >= 8) {
+            secrets.push(query.to_owned());
+        }
+    }
+    secrets
+}
+
 /// Masks a fixed set of secrets wherever they occur in a text.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Redactor {

@@ -388,7 +388,7 @@ fn truncated(text: &str, limit: usize) -> String {
 
 /// An error and its causes, `: `-separated: reqwest's own message is vague
 /// ("error sending request"), the innermost says what happened.
-fn cause_chain(error: &dyn std::error::Error) -> String {
+pub(crate) fn cause_chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut cause = error.source();
     while let Some(source) = cause {

@@ -31,7 +31,7 @@ use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -44,8 +44,10 @@ use tracing::{Instrument, debug, error, info, info_span, warn};
 use super::{Context as Shared, panic_message};
 use crate::broker::{BrokerError, Delivery, DeliveryTag};
 use crate::domain::{Outcome, RestartRequest, Status, salvage_message_id};
+use crate::notify::EventKind;
 use crate::restarter::{Reservation, RestartError};
 use crate::safety::Hold;
+use crate::stats::DeadLetterReason;
 use crate::store::{Claim, ClaimTerms, Decision, Recorded, StoreError, unknown_outcome};
 
 /// How soon a delivery deferred by the kill switch is looked at again.
@@ -78,6 +80,9 @@ pub(super) struct Progress {
     lease_expires: AtomicU64,
     /// The restart attempt this delivery claimed; 0 before a claim.
     claimed: AtomicU32,
+    /// Why a dead letter was chosen, a [`DeadLetterReason`] (in the padding
+    /// after `claimed`: no bigger a task).
+    dead_letter: AtomicU8,
 }
 
 impl Progress {
@@ -86,7 +91,13 @@ impl Progress {
             lease_lost: AtomicBool::new(false),
             lease_expires: AtomicU64::new(context.millis(Instant::now() + context.ack_deadline)),
             claimed: AtomicU32::new(0),
+            dead_letter: AtomicU8::new(DeadLetterReason::Other as u8),
         }
+    }
+
+    /// Notes why the settlement about to be returned is a dead letter.
+    fn dead_letter_because(&self, reason: DeadLetterReason) {
+        self.dead_letter.store(reason as u8, Ordering::Relaxed);
     }
 
     /// Whether the lease is still ours, with a margin for the step about to
@@ -143,10 +154,13 @@ fn handle(
         };
         // A panic while settling must not leak the in-flight count or the
         // flow-control permit: caught here like any other.
-        if let Err(panic) = AssertUnwindSafe(Box::pin(settle(&context, &delivery.tag, settlement)))
-            .catch_unwind()
-            .await
-        {
+        let settled = settle(
+            &context,
+            &delivery,
+            settlement,
+            DeadLetterReason::from_u8(progress.dead_letter.load(Ordering::Relaxed)),
+        );
+        if let Err(panic) = AssertUnwindSafe(Box::pin(settled)).catch_unwind().await {
             context.stats.panics.inc();
             error!(panic = %panic_message(&*panic), "settling panicked; the broker will redeliver");
         }
@@ -194,6 +208,7 @@ async fn after_panic(
     }
     if last {
         context.stats.given_up.inc();
+        progress.dead_letter_because(DeadLetterReason::Panicked);
         Settlement::DeadLetter {
             reason: format!("handler panicked on its last attempt: {message}"),
         }
@@ -391,6 +406,7 @@ async fn process(context: &Shared, delivery: &Delivery, progress: &Progress) -> 
         match RestartRequest::parse_sized(&delivery.payload, delivery.full_size, &config.parse) {
             Ok(request) => Box::new(request),
             Err(rejection) => {
+                context.stats.rejection_reasons[rejection.kind_index()].inc();
                 return rare(reject(context, delivery, progress, rejection.to_string())).await;
             }
         };
@@ -666,6 +682,7 @@ async fn conclude(
                 context.stats.timings.recovery.observe(after);
             }
             info!(recovered_after = ?restarted.recovered_after, "restarted");
+            context.notify(EventKind::Restarted, request, attempt, None);
             Outcome::Restarted(restarted)
         }
         Err(RestartError::Unrecovered {
@@ -682,12 +699,16 @@ async fn conclude(
                 output: None,
             };
             error!(%error, "restarted, but the host did not come back");
+            context.notify(EventKind::Unrecovered, request, attempt, Some(&error));
             if config.policy.current().pause_on_unrecovered {
                 // Fail closed: a host that does not come back stops every
                 // instance until someone looks (`mandrill resume`).
                 let why = format!("{} did not recover after its restart", request.hostname);
                 match context.store.set_switch(true, "mandrill", &why).await {
-                    Ok(()) => error!(reason = why, "paused all restarts"),
+                    Ok(()) => {
+                        error!(reason = why, "paused all restarts");
+                        context.notify_switch(true, "mandrill", &why);
+                    }
                     Err(error) => error!(%error, "could not pause restarts"),
                 }
             }
@@ -703,6 +724,7 @@ async fn conclude(
             } else {
                 warn!(%error, attempt, "restart refused for good; not retrying");
             }
+            context.notify(EventKind::Failed, request, attempt, Some(&error));
             Outcome::Failed {
                 error: error.to_string(),
             }
@@ -726,12 +748,14 @@ async fn conclude(
         Ok(Recorded::AlreadyFinal(status)) => {
             context.stats.duplicates.inc();
             warn!(%status, "another delivery recorded a final outcome first; keeping it");
+            progress.dead_letter_because(DeadLetterReason::RestartFailed);
             return settle_recorded(status);
         }
         Err(Stopped::Permanent(error)) => {
             // Never restart again because bookkeeping failed: give it up.
             error!(%error, "the store refused the outcome; dead-lettering without another restart");
             context.stats.given_up.inc();
+            progress.dead_letter_because(DeadLetterReason::StoreRefused);
             return Settlement::DeadLetter {
                 reason: format!(
                     "restart attempt {attempt} ended ({}), but its outcome could not be recorded: {error}",
@@ -767,9 +791,12 @@ async fn conclude(
             delay: retry_after.unwrap_or_else(|| config.retry_backoff.delay(attempt)),
             why: "restart failed".into(),
         },
-        Outcome::Failed { error } => Settlement::DeadLetter {
-            reason: format!("restart failed after {attempt} attempts: {error}"),
-        },
+        Outcome::Failed { error } => {
+            progress.dead_letter_because(DeadLetterReason::RestartFailed);
+            Settlement::DeadLetter {
+                reason: format!("restart failed after {attempt} attempts: {error}"),
+            }
+        }
     }
 }
 
@@ -932,6 +959,7 @@ async fn record_decision(
         Err(Stopped::LeaseLost) => Settlement::Abandon,
         Err(Stopped::Permanent(error) | Stopped::OutOfTime(error)) => {
             error!(%error, "the store refused the decision; dead-lettering");
+            progress.dead_letter_because(DeadLetterReason::StoreRefused);
             Settlement::DeadLetter {
                 reason: format!(
                     "{} decided, but it could not be recorded: {error}",
@@ -978,6 +1006,8 @@ async fn give_up(
         }
     }
     context.stats.given_up.inc();
+    context.notify(EventKind::Failed, request, attempt, Some(&reason));
+    progress.dead_letter_because(DeadLetterReason::GivenUp);
     Settlement::DeadLetter { reason }
 }
 
@@ -1004,6 +1034,7 @@ async fn reject(
     reason: String,
 ) -> Settlement {
     context.stats.rejected.inc();
+    progress.dead_letter_because(DeadLetterReason::Malformed);
     warn!(reason, "rejected malformed message");
     let message_id = salvage_message_id(&delivery.payload);
     let recorded = store_op(context, progress, Until::LeaseHeld, || {
@@ -1025,8 +1056,14 @@ async fn reject(
 
 /// Settles a delivery, retrying a few times when the broker is briefly
 /// unavailable. A lost lease is not retried: the broker redelivers.
-async fn settle(context: &Shared, tag: &DeliveryTag, settlement: Settlement) {
+async fn settle(
+    context: &Shared,
+    delivery: &Delivery,
+    settlement: Settlement,
+    why: DeadLetterReason,
+) {
     const TRIES: u32 = 3;
+    let tag = &delivery.tag;
     let stats = &context.stats;
     for tried in 1..=TRIES {
         let result = match &settlement {
@@ -1041,7 +1078,9 @@ async fn settle(context: &Shared, tag: &DeliveryTag, settlement: Settlement) {
             Settlement::DeadLetter { reason } => {
                 context.broker.dead_letter(tag, reason).await.map(|()| {
                     stats.dead_lettered.inc();
+                    stats.dead_letter_reasons[why as usize].inc();
                     warn!(reason, "dead-lettered");
+                    context.notify_dead_letter(&delivery.payload, reason);
                 })
             }
             Settlement::Abandon => {

@@ -25,7 +25,8 @@ use tracing::{debug, error, info, warn};
 
 use crate::backoff::Backoff;
 use crate::broker::{Broker, BrokerError};
-use crate::domain::ParseRules;
+use crate::domain::{ParseRules, RestartRequest};
+use crate::notify::{Event, EventKind, Notifier};
 use crate::restarter::Restarter;
 use crate::safety::PolicyHandle;
 use crate::stats::Stats;
@@ -184,6 +185,8 @@ pub(crate) struct Context {
     /// Cancelled when the grace period is over: handlers that have not issued
     /// their restart nack and return.
     pub abort: CancellationToken,
+    /// The `[[notify]]` endpoints, if any; never waited for.
+    pub notifier: Option<Arc<Notifier>>,
 }
 
 impl Context {
@@ -240,9 +243,21 @@ impl Worker {
                 paused: std::sync::atomic::AtomicBool::new(false),
                 epoch: Instant::now(),
                 abort: CancellationToken::new(),
+                notifier: None,
                 config,
             }),
         }
+    }
+
+    /// Tells `notifier` what happens. Before [`Worker::run`] only.
+    pub fn with_notifier(mut self, notifier: Option<Arc<Notifier>>) -> Self {
+        match Arc::get_mut(&mut self.context) {
+            Some(context) => context.notifier = notifier,
+            // Only `flow_control` hands out a part of the context, never
+            // the context itself, so it is not shared before `run`.
+            None => warn!("the worker's context is shared already; notifications are off"),
+        }
+        self
     }
 
     /// The flow control, so that a configuration reload can change the limit.
@@ -390,6 +405,44 @@ async fn pull_loop(
 }
 
 impl Context {
+    /// Queues a notification about `request` if an endpoint wants `kind`;
+    /// builds nothing otherwise, and never waits.
+    pub(crate) fn notify(
+        &self,
+        kind: EventKind,
+        request: &RestartRequest,
+        attempt: u32,
+        detail: Option<&dyn std::fmt::Display>,
+    ) {
+        if let Some(notifier) = &self.notifier
+            && notifier.wants(kind)
+        {
+            let detail = detail.map(ToString::to_string);
+            notifier.send(Event::about(kind, request, attempt, detail));
+        }
+    }
+
+    /// Queues a dead-letter notification, with the message id if the
+    /// payload has a readable one.
+    pub(crate) fn notify_dead_letter(&self, payload: &[u8], reason: &str) {
+        if let Some(notifier) = &self.notifier
+            && notifier.wants(EventKind::DeadLettered)
+        {
+            notifier.send(Event {
+                message_id: crate::domain::salvage_message_id(payload),
+                detail: Some(reason.to_owned()),
+                ..Event::bare(EventKind::DeadLettered)
+            });
+        }
+    }
+
+    /// Queues a notification that the kill switch turned.
+    pub(crate) fn notify_switch(&self, paused: bool, by: &str, reason: &str) {
+        if let Some(notifier) = &self.notifier {
+            notifier.send(Event::switch(paused, by, reason));
+        }
+    }
+
     pub(crate) fn is_paused(&self) -> bool {
         self.paused.load(std::sync::atomic::Ordering::Acquire)
     }

@@ -506,6 +506,9 @@ async fn failed_restart_is_retried_with_growing_delay_then_dead_lettered() {
     assert_eq!(restarter.calls("cattle-dead.example.net"), 3);
     assert_eq!(store.inner.lookup(id).await.unwrap(), Some(Status::Failed));
     assert_eq!(h.broker.inner.dead_letters().len(), 1);
+    // Counted by its reason, for `/metrics`.
+    let reason = crate::stats::DeadLetterReason::RestartFailed;
+    assert_eq!(stats.dead_letter_reasons[reason as usize].get(), 1);
     h.stop().await.unwrap();
 }
 
@@ -1184,6 +1187,13 @@ async fn malformed_message_is_dead_lettered_with_reason_and_recorded() {
             .count(),
         2
     );
+    // Counted by kind: a reason label never carries the payload's text.
+    let malformed = crate::stats::DeadLetterReason::Malformed;
+    assert_eq!(stats.dead_letter_reasons[malformed as usize].get(), 2);
+    let kinds = crate::domain::Rejection::KINDS;
+    let count =
+        |kind| stats.rejection_reasons[kinds.iter().position(|k| *k == kind).unwrap()].get();
+    assert_eq!((count("bad_json"), count("bad_instance_name")), (1, 1));
     h.stop().await.unwrap();
 }
 

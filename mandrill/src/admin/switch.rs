@@ -1,0 +1,241 @@
+//! `POST /api/pause` and `POST /api/resume`: the kill switch from the admin
+//! server, as `mandrill pause` and `mandrill resume` turn it, in the store
+//! every instance shares.
+//!
+//! The body is optional: JSON `{"reason": "…", "by": "…"}` or a form
+//! (`reason=…&by=…`, as the dashboard's buttons send, which may also carry
+//! the token as `token=…` since a page cannot set a header). A form gets a
+//! redirect back to the dashboard; anything else gets JSON.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::State as Shared;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+use subtle::ConstantTimeEq as _;
+
+use super::State;
+use super::auth::authorized;
+use super::routes::{bad_request, json, unauthorized};
+use crate::store::Switch;
+
+/// Who turned the switch when the request does not say.
+const DEFAULT_BY: &str = "admin-api";
+/// Longest reason kept, as `mandrill pause --reason` allows.
+const MAX_REASON_CHARS: usize = 1024;
+/// Longest name kept.
+const MAX_BY_CHARS: usize = 128;
+/// How long the store may take to answer a read of the switch.
+const STORE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The switch as the store has it, or why not.
+pub(crate) async fn read(state: &State) -> Result<Switch, &'static str> {
+    match tokio::time::timeout(STORE_TIMEOUT, state.store.switch()).await {
+        Ok(Ok(switch)) => Ok(switch),
+        Ok(Err(_)) | Err(_) => Err("the store did not answer"),
+    }
+}
+
+pub(crate) async fn pause(
+    Shared(state): Shared<Arc<State>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    turn(&state, &headers, &body, true).await
+}
+
+pub(crate) async fn resume(
+    Shared(state): Shared<Arc<State>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    turn(&state, &headers, &body, false).await
+}
+
+/// What a request to turn the switch says.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Turn {
+    reason: Option<String>,
+    by: Option<String>,
+    /// The token as a form field (the dashboard's buttons).
+    token: Option<String>,
+    /// Sent by a form: answered with a redirect to the dashboard.
+    form: bool,
+}
+
+fn is_form(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|value| value.starts_with("application/x-www-form-urlencoded"))
+}
+
+/// Parses the body by its content type: a form, else JSON (or nothing). A
+/// JSON object sent as a form (`curl -d '{…}'` says form) is read as JSON.
+fn parse(headers: &HeaderMap, body: &[u8]) -> Result<Turn, String> {
+    let mut turn = Turn::default();
+    let json_object = body.trim_ascii_start().starts_with(b"{");
+    if is_form(headers) && !json_object {
+        turn.form = true;
+        for (key, value) in url::form_urlencoded::parse(body) {
+            let value = Some(value.into_owned()).filter(|v| !v.trim().is_empty());
+            match &*key {
+                "reason" => turn.reason = value,
+                "by" => turn.by = value,
+                "token" => turn.token = value,
+                other => return Err(format!("unknown field {other:?}")),
+            }
+        }
+        return Ok(turn);
+    }
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(turn);
+    }
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Body {
+        reason: Option<String>,
+        by: Option<String>,
+    }
+    let parsed: Body = serde_json::from_slice(body)
+        .map_err(|error| format!("the body is not {{\"reason\", \"by\"}} JSON: {error}"))?;
+    turn.reason = parsed.reason;
+    turn.by = parsed.by;
+    Ok(turn)
+}
+
+/// One line of at most `max` characters.
+fn one_line(field: &str, value: &str, max: usize) -> Result<(), String> {
+    if value.chars().any(char::is_control) || value.chars().count() > max {
+        return Err(format!(
+            "{field} must be one line of at most {max} characters"
+        ));
+    }
+    Ok(())
+}
+
+/// A cross-site form post (another page in the operator's browser posting
+/// to the loopback admin port): refused, whatever the token.
+fn cross_site(headers: &HeaderMap) -> bool {
+    let Some(origin) = headers.get(header::ORIGIN) else {
+        return false;
+    };
+    let host = headers.get(header::HOST).map(HeaderValue::as_bytes);
+    let origin_host = origin
+        .to_str()
+        .ok()
+        .and_then(|origin| url::Url::parse(origin).ok())
+        .map(|url| match (url.host_str(), url.port()) {
+            (Some(host), Some(port)) => format!("{host}:{port}"),
+            (Some(host), None) => host.to_owned(),
+            _ => String::new(),
+        });
+    origin_host.as_deref().map(str::as_bytes) != host
+}
+
+async fn turn(state: &State, headers: &HeaderMap, body: &[u8], paused: bool) -> Response {
+    let turn = match parse(headers, body) {
+        Ok(turn) => turn,
+        // Checked before the body is trusted for anything, the token first.
+        Err(_) if !authorized(state.token.as_ref(), headers) => return unauthorized(),
+        Err(why) => return bad_request(why),
+    };
+    let by_form = match (&state.token, &turn.token) {
+        (Some(token), Some(presented)) => {
+            bool::from(presented.as_bytes().ct_eq(token.0.as_bytes()))
+        }
+        _ => false,
+    };
+    if !(by_form || authorized(state.token.as_ref(), headers)) {
+        return unauthorized();
+    }
+    if cross_site(headers) {
+        return (StatusCode::FORBIDDEN, "cross-site request refused\n").into_response();
+    }
+    let by = turn.by.unwrap_or_else(|| DEFAULT_BY.to_owned());
+    let reason = turn.reason.unwrap_or_else(|| "no reason given".to_owned());
+    if let Err(why) = one_line("by", &by, MAX_BY_CHARS)
+        .and_then(|()| one_line("reason", &reason, MAX_REASON_CHARS))
+    {
+        return bad_request(why);
+    }
+    if let Err(error) = state.store.set_switch(paused, &by, &reason).await {
+        return json(
+            StatusCode::SERVICE_UNAVAILABLE,
+            json!({ "error": format!("cannot turn the kill switch: {error}") }),
+        );
+    }
+    if paused {
+        tracing::warn!(by, reason, "restarts paused from the admin API");
+    } else {
+        tracing::info!(by, reason, "restarts resumed from the admin API");
+    }
+    if let Some(notifier) = &state.notifier {
+        notifier.send(crate::notify::Event::switch(paused, &by, &reason));
+    }
+    if turn.form {
+        return (StatusCode::SEE_OTHER, [(header::LOCATION, "/")]).into_response();
+    }
+    json(
+        StatusCode::OK,
+        json!({ "paused": paused, "by": by, "reason": reason }),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(header::HeaderName, &str)]) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        for (name, value) in pairs {
+            headers.insert(name, value.parse().unwrap());
+        }
+        headers
+    }
+
+    #[test]
+    fn bodies_are_read_by_content_type_and_unknown_fields_refused() {
+        let form = headers(&[(header::CONTENT_TYPE, "application/x-www-form-urlencoded")]);
+        let turn = parse(&form, b"reason=incident+42&by=&token=t").unwrap();
+        assert_eq!(
+            turn,
+            Turn {
+                reason: Some("incident 42".into()),
+                by: None,
+                token: Some("t".into()),
+                form: true,
+            }
+        );
+        assert!(parse(&form, b"why=x").is_err());
+        // `curl -d '{…}'` sends JSON labelled as a form.
+        let curl = parse(&form, br#"{"reason":"r"}"#).unwrap();
+        assert_eq!((curl.reason.as_deref(), curl.form), (Some("r"), false));
+        let none = HeaderMap::new();
+        assert_eq!(parse(&none, b"").unwrap(), Turn::default());
+        let turn = parse(&none, br#"{"reason":"deploy","by":"ana"}"#).unwrap();
+        assert_eq!(
+            (turn.reason.as_deref(), turn.by.as_deref()),
+            (Some("deploy"), Some("ana"))
+        );
+        assert!(parse(&none, br#"{"token":"t"}"#).is_err());
+        assert!(parse(&none, b"not json").is_err());
+    }
+
+    #[test]
+    fn a_form_from_another_origin_is_cross_site() {
+        let host = (header::HOST, "127.0.0.1:9730");
+        assert!(!cross_site(&headers(std::slice::from_ref(&host))));
+        assert!(!cross_site(&headers(&[
+            host.clone(),
+            (header::ORIGIN, "http://127.0.0.1:9730"),
+        ])));
+        assert!(cross_site(&headers(&[
+            host,
+            (header::ORIGIN, "https://evil.example"),
+        ])));
+    }
+}
