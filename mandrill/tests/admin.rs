@@ -120,6 +120,13 @@ fn history_needs_the_token_which_is_never_logged() {
         (200, Some(id)),
         "{one}"
     );
+    // Its whole story, as `mandrill explain` tells it.
+    assert_eq!(one["attempts"][0]["attempt"], 1, "{one}");
+    let explanation = one["explanation"].as_str().unwrap();
+    assert!(
+        explanation.contains("attempt 1 claimed and issued"),
+        "{explanation}"
+    );
     let (status, _) = get(&addr, &format!("/api/requests/{id}"), &[]);
     assert_eq!(status, 401);
     let auth = [("Authorization", bearer.as_str())];
@@ -373,6 +380,8 @@ fn promtool_accepts_the_metrics_and_a_private_prometheus_scrapes_them() {
         "mandrill_restart_seconds_count",
         "mandrill_recovery_seconds_sum",
         "mandrill_notifications_total{result=\"dropped\"} 0",
+        "mandrill_group_restarts_in_window{group=\"cattle\"}",
+        "mandrill_group_disrupted_hosts{group=\"cattle\"}",
     ] {
         assert!(text.contains(name), "{name} missing:\n{text}");
     }

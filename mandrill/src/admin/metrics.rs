@@ -209,6 +209,45 @@ impl Exposition {
 
 /// The histograms in the same text format, written here because the
 /// exporter takes observations one by one, while `Stats` keeps buckets.
+/// Each group's use of its limits, from the store's restart journal: low
+/// cardinality (a group is a set of hosts, never one host or request).
+pub(crate) fn render_groups(
+    usage: &std::collections::BTreeMap<String, crate::store::GroupUsage>,
+    budget: impl Fn(&str) -> Option<u32>,
+) -> String {
+    let escape = |group: &str| {
+        group
+            .replace('\\', "\\\\")
+            .replace('"', "\\\"")
+            .replace('\n', "\\n")
+    };
+    let mut text = String::new();
+    let mut family = |name: &str, help: &str, values: Vec<(&String, Option<u32>)>| {
+        let _ = writeln!(text, "# HELP {name} {help}\n# TYPE {name} gauge");
+        for (group, value) in values {
+            if let Some(value) = value {
+                let _ = writeln!(text, "{name}{{group=\"{}\"}} {value}", escape(group));
+            }
+        }
+    };
+    family(
+        "mandrill_group_restarts_in_window",
+        "Restarts of a group claimed within safety.rate.window.",
+        usage.iter().map(|(g, u)| (g, Some(u.restarts))).collect(),
+    );
+    family(
+        "mandrill_group_disrupted_hosts",
+        "Hosts of a group disrupted now (restarting, or not verified recovered).",
+        usage.iter().map(|(g, u)| (g, Some(u.disrupted))).collect(),
+    );
+    family(
+        "mandrill_group_disruption_budget",
+        "Hosts of a group that may be disrupted at once (absent: unlimited).",
+        usage.keys().map(|g| (g, budget(g))).collect(),
+    );
+    text
+}
+
 pub(crate) fn render_histograms(timings: &Timings) -> String {
     let mut text = String::new();
     for (name, help, histogram) in [

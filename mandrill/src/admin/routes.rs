@@ -40,6 +40,25 @@ async fn metrics(Shared(state): Shared<Arc<State>>) -> Response {
         state.shutdown.is_requested(),
     );
     text.push_str(&super::metrics::render_histograms(&state.stats.timings));
+    // The disruption budget in use, per group (nothing if the store does
+    // not answer: /readyz says so).
+    let policy = state.policy.current();
+    let counting = &policy.guards.counting;
+    let now = crate::store::Timestamp::now().as_millis();
+    let back = |d: Duration| {
+        crate::store::Timestamp::from_millis(
+            now.saturating_sub(i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
+        )
+    };
+    if let Ok(usage) = state
+        .store
+        .group_usage(back(counting.window()), back(counting.forget_after()))
+        .await
+    {
+        text.push_str(&super::metrics::render_groups(&usage, |group| {
+            counting.limits(group).ok().and_then(|limits| limits.budget)
+        }));
+    }
     (
         [(
             header::CONTENT_TYPE,
@@ -186,7 +205,8 @@ async fn requests(
     }
 }
 
-/// One request's record, looked up among the latest ones the API can list.
+/// One request's whole story: its record, its restart attempts, the guards'
+/// decisions, and the story in words, as `mandrill explain` prints it.
 async fn request(
     Shared(state): Shared<Arc<State>>,
     headers: HeaderMap,
@@ -198,14 +218,18 @@ async fn request(
     let Ok(id) = message_id.parse::<uuid::Uuid>() else {
         return bad_request(format!("{message_id:?} is not a message id"));
     };
-    match state.store.history(MAX_LIMIT).await {
-        Ok(entries) => match entries.into_iter().find(|e| e.message_id == Some(id)) {
-            Some(entry) => json(StatusCode::OK, json!(entry)),
-            None => json(
-                StatusCode::NOT_FOUND,
-                json!({ "error": format!("no request {id} among the latest {MAX_LIMIT}") }),
-            ),
-        },
+    match state.store.story(id).await {
+        Ok(Some(story)) => {
+            let mut value = json!(story.entry);
+            value["attempts"] = json!(story.attempts);
+            value["decisions"] = json!(story.decisions);
+            value["explanation"] = json!(story.explain());
+            json(StatusCode::OK, value)
+        }
+        Ok(None) => json(
+            StatusCode::NOT_FOUND,
+            json!({ "error": format!("no request {id} is recorded") }),
+        ),
         Err(error) => json(
             StatusCode::SERVICE_UNAVAILABLE,
             json!({ "error": format!("cannot read the history: {error}") }),

@@ -444,7 +444,17 @@ impl Counting {
         })
     }
 
-    /// The settings in words, for `policy check` and the start-up log.
+    /// The window the rate limits count over.
+    pub fn window(&self) -> Duration {
+        self.window
+    }
+
+    /// How long an unverified end counts as a disruption.
+    pub fn forget_after(&self) -> Duration {
+        self.forget_after
+    }
+
+    /// The settings in words, for `mandrill status`.
     pub fn describe(&self) -> String {
         let window = humantime::format_duration(self.window);
         let or_unlimited = |n: Option<u32>, what: String| {

@@ -7,6 +7,7 @@
 pub mod memory;
 pub mod postgres;
 pub mod sqlite;
+mod story;
 
 use std::fmt;
 use std::sync::Arc;
