@@ -53,4 +53,3 @@ pub fn main(args: &ExplainArgs) -> ExitCode {
         Ok(())
     })
 }
-

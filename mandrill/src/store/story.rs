@@ -8,106 +8,106 @@ use super::{Story, Timestamp};
 impl Story {
     /// The story in words, one event a line, oldest first.
     pub fn explain(&self) -> String {
-    let story = self;
-    let entry = &story.entry;
-    let mut text = String::new();
-    let id = entry
-        .message_id
-        .map_or_else(|| "-".to_owned(), |id| id.to_string());
-    let attempts = match entry.attempts {
-        1 => "1 attempt".to_owned(),
-        n => format!("{n} attempts"),
-    };
-    let _ = writeln!(text, "request {id}: {} ({attempts})", entry.status);
-    let group = story
-        .attempts
-        .first()
-        .map_or_else(String::new, |a| format!(", group {}", a.group));
-    let _ = writeln!(
-        text,
-        "  instance {} ({}){group}",
-        entry.instance_name.as_deref().unwrap_or("-"),
-        entry.hostname.as_deref().unwrap_or("-"),
-    );
-    if entry.requested_by.is_some() || entry.reason.is_some() {
+        let story = self;
+        let entry = &story.entry;
+        let mut text = String::new();
+        let id = entry
+            .message_id
+            .map_or_else(|| "-".to_owned(), |id| id.to_string());
+        let attempts = match entry.attempts {
+            1 => "1 attempt".to_owned(),
+            n => format!("{n} attempts"),
+        };
+        let _ = writeln!(text, "request {id}: {} ({attempts})", entry.status);
+        let group = story
+            .attempts
+            .first()
+            .map_or_else(String::new, |a| format!(", group {}", a.group));
         let _ = writeln!(
             text,
-            "  requested by {}: {}",
-            entry.requested_by.as_deref().unwrap_or("-"),
-            entry.reason.as_deref().unwrap_or("-")
+            "  instance {} ({}){group}",
+            entry.instance_name.as_deref().unwrap_or("-"),
+            entry.hostname.as_deref().unwrap_or("-"),
         );
-    }
-    let mut events: Vec<(Timestamp, u8, String)> = Vec::new();
-    events.push((entry.received_at, 0, "received".to_owned()));
-    for decision in &story.decisions {
-        let line = if decision.reason.starts_with(&decision.verdict) {
-            decision.reason.clone()
-        } else {
-            format!(
-                "{} by {}: {}",
-                decision.verdict, decision.guard, decision.reason
-            )
-        };
-        events.push((decision.at, 1, line));
-    }
-    for attempt in &story.attempts {
-        let verdict = if attempt.verdict.is_empty() {
-            "allowed"
-        } else {
-            &attempt.verdict
-        };
-        events.push((
-            attempt.claimed_at,
-            2,
-            format!("attempt {} claimed and issued ({verdict})", attempt.attempt),
-        ));
-        if let (Some(outcome), Some(at)) = (attempt.outcome, attempt.settled_at) {
-            events.push((
-                at,
-                3,
-                format!("attempt {} ended: {outcome}", attempt.attempt),
-            ));
-        } else if !entry.status.is_final() {
-            events.push((
-                attempt.claimed_at,
-                3,
-                format!(
-                    "attempt {} has no recorded end (in flight, or its outcome was lost)",
-                    attempt.attempt
-                ),
-            ));
-        }
-    }
-    events.sort_by_key(|(at, order, _)| (*at, *order));
-    for (at, _, line) in events {
-        let _ = writeln!(text, "  {at}  {line}");
-    }
-    if let Some(after) = entry.recovered_after {
-        let _ = writeln!(
-            text,
-            "  recovered after {}",
-            humantime::format_duration(std::time::Duration::from_millis(
-                u64::try_from(after.as_millis()).unwrap_or(u64::MAX)
-            ))
-        );
-    }
-    if let Some(error) = &entry.last_error {
-        let _ = writeln!(text, "  last error: {error}");
-    }
-    if let Some(output) = &entry.output {
-        let _ = writeln!(text, "  output: {output}");
-    }
-    match entry.completed_at {
-        Some(at) => {
-            let _ = writeln!(text, "  final since {at}");
-        }
-        None => {
+        if entry.requested_by.is_some() || entry.reason.is_some() {
             let _ = writeln!(
                 text,
-                "  not final: it waits in the queue for its next delivery"
+                "  requested by {}: {}",
+                entry.requested_by.as_deref().unwrap_or("-"),
+                entry.reason.as_deref().unwrap_or("-")
             );
         }
+        let mut events: Vec<(Timestamp, u8, String)> = Vec::new();
+        events.push((entry.received_at, 0, "received".to_owned()));
+        for decision in &story.decisions {
+            let line = if decision.reason.starts_with(&decision.verdict) {
+                decision.reason.clone()
+            } else {
+                format!(
+                    "{} by {}: {}",
+                    decision.verdict, decision.guard, decision.reason
+                )
+            };
+            events.push((decision.at, 1, line));
+        }
+        for attempt in &story.attempts {
+            let verdict = if attempt.verdict.is_empty() {
+                "allowed"
+            } else {
+                &attempt.verdict
+            };
+            events.push((
+                attempt.claimed_at,
+                2,
+                format!("attempt {} claimed and issued ({verdict})", attempt.attempt),
+            ));
+            if let (Some(outcome), Some(at)) = (attempt.outcome, attempt.settled_at) {
+                events.push((
+                    at,
+                    3,
+                    format!("attempt {} ended: {outcome}", attempt.attempt),
+                ));
+            } else if !entry.status.is_final() {
+                events.push((
+                    attempt.claimed_at,
+                    3,
+                    format!(
+                        "attempt {} has no recorded end (in flight, or its outcome was lost)",
+                        attempt.attempt
+                    ),
+                ));
+            }
+        }
+        events.sort_by_key(|(at, order, _)| (*at, *order));
+        for (at, _, line) in events {
+            let _ = writeln!(text, "  {at}  {line}");
+        }
+        if let Some(after) = entry.recovered_after {
+            let _ = writeln!(
+                text,
+                "  recovered after {}",
+                humantime::format_duration(std::time::Duration::from_millis(
+                    u64::try_from(after.as_millis()).unwrap_or(u64::MAX)
+                ))
+            );
+        }
+        if let Some(error) = &entry.last_error {
+            let _ = writeln!(text, "  last error: {error}");
+        }
+        if let Some(output) = &entry.output {
+            let _ = writeln!(text, "  output: {output}");
+        }
+        match entry.completed_at {
+            Some(at) => {
+                let _ = writeln!(text, "  final since {at}");
+            }
+            None => {
+                let _ = writeln!(
+                    text,
+                    "  not final: it waits in the queue for its next delivery"
+                );
+            }
+        }
+        text
     }
-    text
-}
 }
