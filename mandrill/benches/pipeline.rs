@@ -37,7 +37,7 @@ use futures::StreamExt;
 use mandrill::backoff::Backoff;
 use mandrill::broker::nats::{Credentials, NatsBroker, NatsSettings};
 use mandrill::broker::pubsub::{PubSubBroker, PubSubOptions, PubSubSettings, PullMode};
-use mandrill::broker::{Broker, MemoryBroker, SqliteBroker};
+use mandrill::broker::{Broker, MemoryBroker, Publisher as _, SqliteBroker};
 use mandrill::config::BrokerConfig;
 use mandrill::domain::{Domain, Outcome, ParseRules, RestartRequest, Status};
 use mandrill::restarter::{SimulatedRestarter, Simulation};

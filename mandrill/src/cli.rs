@@ -17,6 +17,7 @@ use std::future::Future;
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
@@ -27,8 +28,10 @@ use tracing::{error, info, warn};
 
 use uuid::Uuid;
 
-use crate::broker::pubsub::PubSubBroker;
-use crate::broker::{Broker, BrokerError, SqliteBroker};
+use crate::broker::{
+    BrokerError, Close as _, DeadLetterAdmin, DeadLetterEntry, DeadLetterRecord, Publisher,
+    SqliteBroker,
+};
 use crate::config::{self, Config, ConfigError, LogFormat, RELOADABLE, Sources, redact_url};
 use crate::domain::{Hostname, InstanceName, RestartRequest, random_instance_name};
 use crate::service::{self, Controls, Service};
@@ -733,10 +736,7 @@ async fn publish(config: Config, args: &PublishArgs) -> anyhow::Result<()> {
         published
     } else if config.broker.url.starts_with("pubsub:") && args.rate.is_none() {
         // Up to 1000 messages per call, never all in memory.
-        let options = service::pubsub_options(&config)?;
-        let broker = PubSubBroker::connect_publisher(options)
-            .await
-            .with_context(|| format!("cannot open broker.url {:?}", config.broker.url))?;
+        let broker = service::open_pubsub_publisher(&config).await?;
         let mut payloads = payloads.peekable();
         let mut published = 0usize;
         let mut failure = None;
@@ -757,7 +757,7 @@ async fn publish(config: Config, args: &PublishArgs) -> anyhow::Result<()> {
     } else {
         // Other brokers have no multi-message transaction: every request was
         // validated above, and they are published one by one.
-        let (broker, _) = service::open_broker(&config, service::Role::Publish).await?;
+        let broker = service::open_publisher(&config).await?;
         let published = publish_each(&*broker, payloads, args.rate).await;
         broker.close().await;
         published
@@ -790,7 +790,7 @@ async fn publish_in_batches(
 
 /// Publishes one by one, at `rate` per second if given.
 async fn publish_each(
-    broker: &dyn Broker,
+    broker: &dyn Publisher,
     payloads: impl Iterator<Item = Bytes>,
     rate: Option<f64>,
 ) -> Result<usize, BrokerError> {
@@ -838,29 +838,75 @@ async fn publish_at_rate(
     Ok(published)
 }
 
-async fn dead_letters(config: Config, args: &DeadLettersArgs) -> anyhow::Result<()> {
-    if config.broker.url.starts_with("pubsub:") {
-        return pubsub_dead_letters(config, args).await;
-    }
-    queue_url(&config, true)?;
+/// The dead-letter administration `broker.url` names, refusing a queue
+/// that has none here and a SQLite file that does not exist.
+async fn open_dead_letter_admin(config: &Config) -> anyhow::Result<Arc<dyn DeadLetterAdmin>> {
     let url = &config.broker.url;
+    if !url.starts_with("pubsub:") {
+        queue_url(config, true)?;
+    }
     if let Some(path) = missing_sqlite_file(url) {
         bail!("no database at {path}: nothing was ever queued there (broker.url {url:?})");
     }
-    let broker = service::open_sqlite_broker(&config.broker).await?;
-    let entries = broker.dead_letters().await;
-    broker.close().await;
+    match service::open_dead_letter_admin(config).await? {
+        Some(admin) => Ok(admin),
+        None => Err(BadInput(format!(
+            "broker.url {:?} is not supported here: use sqlite:PATH",
+            redact_url(url)
+        ))
+        .into()),
+    }
+}
+
+async fn dead_letters(config: Config, args: &DeadLettersArgs) -> anyhow::Result<()> {
+    let admin = open_dead_letter_admin(&config).await?;
+    let entries = admin.dead_letters().await;
+    admin.close().await;
     let entries = entries.context("cannot read the dead letters")?;
     let mut out = std::io::stdout().lock();
+    if !admin.keeps_records() {
+        // Pub/Sub: what the dead-letter subscription holds (it stays there).
+        for e in &entries {
+            let payload = String::from_utf8_lossy(&e.payload);
+            if args.json {
+                let line = serde_json::json!({
+                    "id": e.id,
+                    "reason": e.reason,
+                    "payload": payload,
+                });
+                serde_json::to_writer(&mut out, &line)?;
+                writeln!(out)?;
+            } else {
+                let payload: String = payload.chars().take(80).collect();
+                writeln!(
+                    out,
+                    "{:>20}  {:<50}  {}",
+                    e.id.to_string(),
+                    e.reason,
+                    payload.escape_debug()
+                )?;
+            }
+        }
+        return Ok(());
+    }
+    let record = |e: &DeadLetterEntry| {
+        e.record.unwrap_or(DeadLetterRecord {
+            deliveries: 0,
+            published_at: 0,
+            dead_at: 0,
+            payload_size: 0,
+        })
+    };
     if args.json {
         for entry in &entries {
+            let r = record(entry);
             let line = serde_json::json!({
                 "id": entry.id,
                 "reason": entry.reason,
-                "deliveries": entry.deliveries,
-                "published_at": Timestamp::from_millis(entry.published_at),
-                "dead_at": Timestamp::from_millis(entry.dead_at),
-                "payload": entry.payload,
+                "deliveries": r.deliveries,
+                "published_at": Timestamp::from_millis(r.published_at),
+                "dead_at": Timestamp::from_millis(r.dead_at),
+                "payload": String::from_utf8_lossy(&entry.payload),
             });
             serde_json::to_writer(&mut out, &line)?;
             writeln!(out)?;
@@ -873,13 +919,17 @@ async fn dead_letters(config: Config, args: &DeadLettersArgs) -> anyhow::Result<
         "ID", "DEAD_AT", "DELIVERIES", "REASON"
     )?;
     for e in &entries {
-        let payload: String = e.payload.chars().take(80).collect();
+        let r = record(e);
+        let payload: String = String::from_utf8_lossy(&e.payload)
+            .chars()
+            .take(80)
+            .collect();
         writeln!(
             out,
             "{:>6}  {:<24}  {:>10}  {:<50}  {}",
-            e.id,
-            Timestamp::from_millis(e.dead_at).to_string(),
-            e.deliveries,
+            e.id.to_string(),
+            Timestamp::from_millis(r.dead_at).to_string(),
+            r.deliveries,
             e.reason,
             payload.escape_debug(),
         )?;
@@ -887,75 +937,11 @@ async fn dead_letters(config: Config, args: &DeadLettersArgs) -> anyhow::Result<
     Ok(())
 }
 
-/// `mandrill dead-letters` on Pub/Sub: what the dead-letter subscription
-/// holds, listed and then released (it stays there).
-async fn pubsub_dead_letters(config: Config, args: &DeadLettersArgs) -> anyhow::Result<()> {
-    let broker = open_pubsub_admin(&config).await?;
-    let entries = broker.pull_dead_letters(usize::MAX).await;
-    let released = match &entries {
-        Ok(entries) => {
-            let ack_ids = entries.iter().map(|e| e.ack_id.clone()).collect();
-            broker.release_dead_letters(ack_ids).await
-        }
-        Err(_) => Ok(()),
-    };
-    broker.close().await;
-    let entries = entries.context("cannot read the dead letters")?;
-    released.context("cannot release the dead letters after listing them")?;
-    let mut out = std::io::stdout().lock();
-    for e in &entries {
-        let payload = String::from_utf8_lossy(&e.payload);
-        if args.json {
-            let line = serde_json::json!({
-                "id": e.message_id,
-                "reason": e.reason,
-                "payload": payload,
-            });
-            serde_json::to_writer(&mut out, &line)?;
-            writeln!(out)?;
-        } else {
-            let payload: String = payload.chars().take(80).collect();
-            writeln!(
-                out,
-                "{:>20}  {:<50}  {}",
-                e.message_id,
-                e.reason,
-                payload.escape_debug()
-            )?;
-        }
-    }
-    Ok(())
-}
-
-/// A Pub/Sub connection for the dead-letter commands (a publisher: it
-/// shapes nothing).
-async fn open_pubsub_admin(config: &Config) -> anyhow::Result<PubSubBroker> {
-    let options = service::pubsub_options(config)?;
-    PubSubBroker::connect_publisher(options)
-        .await
-        .with_context(|| format!("cannot open broker.url {:?}", config.broker.url))
-}
-
 async fn requeue(config: Config, args: &RequeueArgs) -> anyhow::Result<()> {
-    if config.broker.url.starts_with("pubsub:") {
-        let broker = open_pubsub_admin(&config).await?;
-        let ids: Vec<String> = args.ids.iter().map(i64::to_string).collect();
-        let requeued = broker.requeue((!args.all).then_some(ids.as_slice())).await;
-        broker.close().await;
-        let requeued = requeued.context("cannot requeue")?;
-        println!("requeued {} dead letters", requeued.len());
-        return Ok(());
-    }
-    queue_url(&config, true)?;
-    let url = &config.broker.url;
-    if let Some(path) = missing_sqlite_file(url) {
-        bail!("no database at {path}: nothing was ever queued there (broker.url {url:?})");
-    }
-    let broker = service::open_sqlite_broker(&config.broker).await?;
-    let requeued = broker
-        .requeue((!args.all).then_some(args.ids.as_slice()))
-        .await;
-    broker.close().await;
+    let admin = open_dead_letter_admin(&config).await?;
+    let ids: Vec<String> = args.ids.iter().map(i64::to_string).collect();
+    let requeued = admin.requeue((!args.all).then_some(ids.as_slice())).await;
+    admin.close().await;
     let requeued = requeued.context("cannot requeue")?;
     println!("requeued {} dead letters", requeued.len());
     Ok(())

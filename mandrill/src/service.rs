@@ -16,9 +16,9 @@ use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
 use crate::admin::Admin;
-use crate::broker::nats::{Credentials, NatsBroker, NatsSettings};
-use crate::broker::pubsub::{PubSubBroker, PubSubOptions};
-use crate::broker::{Broker, MemoryBroker, SqliteBroker};
+use crate::broker::nats::{Credentials, NatsBroker, NatsPublisher, NatsSettings};
+use crate::broker::pubsub::{PubSubBroker, PubSubOptions, PubSubPublisher};
+use crate::broker::{Broker, DeadLetterAdmin, MemoryBroker, Publisher, SqliteBroker};
 use crate::config::{
     BrokerConfig, Config, RestarterConfig, RestarterKind, StoreConfig, redact_url,
 };
@@ -75,19 +75,10 @@ pub async fn open_sqlite_broker(config: &BrokerConfig) -> anyhow::Result<SqliteB
         .with_context(|| format!("cannot open broker.url {:?}", redact_url(url)))
 }
 
-/// What a process opens a broker for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
-    /// Pulls and settles: sets up (and checks) the shared consumer.
-    Consume,
-    /// Only publishes: leaves the consumer to the consumers.
-    Publish,
-}
-
-/// The broker `broker.url` names, and the in-memory one if that is it.
+/// The broker `broker.url` names, opened to consume (and publish into),
+/// and the in-memory one if that is it.
 pub async fn open_broker(
     config: &Config,
-    role: Role,
 ) -> anyhow::Result<(Arc<dyn Broker>, Option<Arc<MemoryBroker>>)> {
     let broker = &config.broker;
     match broker.url.as_str() {
@@ -96,36 +87,25 @@ pub async fn open_broker(
             Ok((memory.clone(), Some(memory)))
         }
         url if url.starts_with("sqlite:") => {
-            let sqlite = match role {
-                // A consumer reads at most the acceptable payload size plus
-                // one byte of each message: an oversized one is rejected by
-                // its full size without being loaded.
-                Role::Consume => SqliteBroker::connect_with_payload_limit(
-                    broker,
-                    config.message.max_payload_bytes,
-                )
-                .await
-                .with_context(|| format!("cannot open broker.url {:?}", redact_url(url)))?,
-                Role::Publish => open_sqlite_broker(broker).await?,
-            };
+            // A consumer reads at most the acceptable payload size plus one
+            // byte of each message: an oversized one is rejected by its full
+            // size without being loaded.
+            let sqlite =
+                SqliteBroker::connect_with_payload_limit(broker, config.message.max_payload_bytes)
+                    .await
+                    .with_context(|| format!("cannot open broker.url {:?}", redact_url(url)))?;
             Ok((Arc::new(sqlite), None))
         }
         url if url.starts_with("nats://") || url.starts_with("tls://") => {
-            let settings = nats_settings(config);
-            let nats = match role {
-                Role::Consume => NatsBroker::connect(settings).await,
-                Role::Publish => NatsBroker::connect_publisher(settings).await,
-            }
-            .with_context(|| format!("cannot open broker.url {:?}", redact_url(url)))?;
+            let nats = NatsBroker::connect(nats_settings(config))
+                .await
+                .with_context(|| format!("cannot open broker.url {:?}", redact_url(url)))?;
             Ok((Arc::new(nats), None))
         }
         url if url.starts_with("pubsub://") => {
-            let options = pubsub_options(config)?;
-            let pubsub = match role {
-                Role::Consume => PubSubBroker::connect(options).await,
-                Role::Publish => PubSubBroker::connect_publisher(options).await,
-            }
-            .with_context(|| format!("cannot open broker.url {url:?}"))?;
+            let pubsub = PubSubBroker::connect(pubsub_options(config)?)
+                .await
+                .with_context(|| format!("cannot open broker.url {url:?}"))?;
             Ok((Arc::new(pubsub), None))
         }
         other => bail!(
@@ -134,6 +114,49 @@ pub async fn open_broker(
             redact_url(other)
         ),
     }
+}
+
+/// A connection that only publishes into the queue `broker.url` names: it
+/// leaves the consumer (subscription) to the consumers.
+pub async fn open_publisher(config: &Config) -> anyhow::Result<Arc<dyn Publisher>> {
+    match config.broker.url.as_str() {
+        url if url.starts_with("sqlite:") => {
+            Ok(Arc::new(open_sqlite_broker(&config.broker).await?))
+        }
+        url if url.starts_with("nats://") || url.starts_with("tls://") => {
+            let nats = NatsPublisher::connect(nats_settings(config))
+                .await
+                .with_context(|| format!("cannot open broker.url {:?}", redact_url(url)))?;
+            Ok(Arc::new(nats))
+        }
+        url if url.starts_with("pubsub://") => Ok(Arc::new(open_pubsub_publisher(config).await?)),
+        // The in-memory broker and unsupported urls: as a consumer says it.
+        _ => Ok(open_broker(config).await?.0),
+    }
+}
+
+/// A Pub/Sub connection that publishes and administers dead letters.
+pub async fn open_pubsub_publisher(config: &Config) -> anyhow::Result<PubSubPublisher> {
+    let options = pubsub_options(config)?;
+    PubSubPublisher::connect(options)
+        .await
+        .with_context(|| format!("cannot open broker.url {:?}", config.broker.url))
+}
+
+/// The dead-letter administration of the queue `broker.url` names, if its
+/// broker keeps dead letters where they can be read back (`None` for NATS,
+/// whose dead letters are on the `{stream}_DEAD` stream, and memory).
+pub async fn open_dead_letter_admin(
+    config: &Config,
+) -> anyhow::Result<Option<Arc<dyn DeadLetterAdmin>>> {
+    let url = config.broker.url.as_str();
+    if url.starts_with("sqlite:") {
+        return Ok(Some(Arc::new(open_sqlite_broker(&config.broker).await?)));
+    }
+    if url.starts_with("pubsub://") {
+        return Ok(Some(Arc::new(open_pubsub_publisher(config).await?)));
+    }
+    Ok(None)
 }
 
 /// The Pub/Sub broker's part of the configuration.
@@ -268,7 +291,7 @@ impl Service {
     pub async fn build(config: Config) -> anyhow::Result<Self> {
         // First, so that a port in use fails start-up before anything opens.
         let admin = Admin::bind(&config.admin).await?;
-        let (broker, memory_broker) = open_broker(&config, Role::Consume).await?;
+        let (broker, memory_broker) = open_broker(&config).await?;
         let store = open_store(&config.store).await?;
         let restarter = build_restarter(&config)?;
         let stats = Arc::new(Stats::default());

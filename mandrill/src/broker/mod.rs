@@ -1,14 +1,22 @@
 //! The `Broker` seam: where restart requests come from.
 //!
-//! A broker hands out *deliveries*: a payload leased to this consumer until
-//! its ack deadline. The worker settles every delivery exactly once, by
-//! [`Broker::ack`], [`Broker::nack`] (redeliver after a delay) or
-//! [`Broker::dead_letter`]; while work runs it keeps the lease with
-//! [`Broker::extend`]. A delivery that is neither settled nor extended before
-//! its deadline is redelivered, possibly to another consumer.
+//! Three traits, so that each caller asks only for what it uses: a
+//! [`Publisher`] appends messages (`mandrill publish`, the demo publisher); a
+//! [`Consumer`] hands out *deliveries* (the worker); a [`DeadLetterAdmin`]
+//! lists and requeues what was given up on (`mandrill dead-letters`,
+//! `requeue`), for brokers that keep dead letters where they can be read.
+//! [`Broker`] is a consumer that can also be published into.
+//!
+//! A delivery is a payload leased to this consumer until its ack deadline.
+//! The worker settles every delivery exactly once, by [`Consumer::ack`],
+//! [`Consumer::nack`] (redeliver after a delay) or [`Consumer::dead_letter`];
+//! while work runs it keeps the lease with [`Consumer::extend`]. A delivery
+//! that is neither settled nor extended before its deadline is redelivered,
+//! possibly to another consumer.
 
 #[cfg(test)]
 pub(crate) mod contract;
+mod dead_letters;
 pub mod memory;
 pub mod nats;
 pub mod pubsub;
@@ -21,6 +29,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 
+pub use dead_letters::{DeadLetterAdmin, DeadLetterEntry, DeadLetterId, DeadLetterRecord};
 pub use memory::MemoryBroker;
 pub use sqlite::SqliteBroker;
 
@@ -136,14 +145,29 @@ pub enum BrokerError {
     Fatal(String),
 }
 
-/// A source of restart requests with lease semantics. See the module docs.
+/// Releases a broker connection: shared by [`Publisher`], [`Consumer`] and
+/// [`DeadLetterAdmin`], so that a type that is several of them closes once
+/// and `close` is never ambiguous.
 #[async_trait]
-pub trait Broker: Send + Sync + 'static {
-    /// How long a delivery stays leased without an extension.
-    fn ack_deadline(&self) -> Duration;
+pub trait Close: Send + Sync + 'static {
+    /// Releases connections; called once, after the last settlement.
+    async fn close(&self) {}
+}
 
+/// Where restart requests go: appends messages.
+#[async_trait]
+pub trait Publisher: Close {
     /// Appends a message.
     async fn publish(&self, payload: Bytes) -> Result<(), BrokerError>;
+}
+
+/// Where restart requests come from, with lease semantics. See the module docs.
+#[async_trait]
+pub trait Consumer: Close {
+    /// How long a delivery stays leased without an extension; `None` for a
+    /// broker without leases, whose deliveries stay with this consumer until
+    /// settled (nothing needs extending).
+    fn lease(&self) -> Option<Duration>;
 
     /// Leases up to `max` deliveries, waiting a bounded time for the first.
     /// Returns an empty batch when nothing arrived in that time.
@@ -158,7 +182,7 @@ pub trait Broker: Send + Sync + 'static {
     /// Gives a delivery back, to be redelivered after `delay`.
     async fn nack(&self, tag: &DeliveryTag, delay: Duration) -> Result<(), BrokerError>;
 
-    /// Pushes a delivery's deadline one ack deadline into the future.
+    /// Pushes a delivery's deadline one lease into the future.
     async fn extend(&self, tag: &DeliveryTag) -> Result<(), BrokerError>;
 
     /// Settles a delivery as undeliverable, keeping it with `reason`.
@@ -170,10 +194,14 @@ pub trait Broker: Send + Sync + 'static {
     async fn backlog(&self) -> Result<Option<u64>, BrokerError> {
         Ok(None)
     }
-
-    /// Releases connections; called once, after the last settlement.
-    async fn close(&self) {}
 }
+
+/// A consuming connection that can also be published into: what `mandrill
+/// run` opens (its demo publisher and tests publish into the queue it
+/// consumes). Every type that is both is one.
+pub trait Broker: Consumer + Publisher {}
+
+impl<T: Consumer + Publisher + ?Sized> Broker for T {}
 
 /// Most bytes of a dead-letter reason a broker keeps. A reason is a sentence;
 /// bounded, it can never push a dead letter over the broker's size limit nor

@@ -31,7 +31,7 @@ use bytes::Bytes;
 use futures::StreamExt;
 use tracing::{info, warn};
 
-use super::{Broker, BrokerError, Delivery, DeliveryTag, bounded_reason};
+use super::{BrokerError, Close, Consumer, Delivery, DeliveryTag, Publisher, bounded_reason};
 
 pub use crate::config::Secret;
 use crate::config::redact_url;
@@ -144,20 +144,34 @@ pub const DEAD_LETTER_SIZE_HEADER: &str = "Mandrill-Original-Size";
 /// because the whole would not fit the server's `max_payload`.
 pub const DEAD_LETTER_TRUNCATED_HEADER: &str = "Mandrill-Payload-Truncated";
 
-/// See the module docs.
-pub struct NatsBroker {
+/// A connection that only publishes: it creates the streams if missing and
+/// never creates or alters the consumer.
+pub struct NatsPublisher {
     client: async_nats::Client,
     jetstream: jetstream::Context,
-    /// `None` for a publisher, which must not create or alter the consumer.
-    consumer: Option<PullConsumer>,
     settings: NatsSettings,
+}
+
+/// The consumer: see the module docs. It publishes too (into the stream it
+/// consumes, and dead-letter copies).
+pub struct NatsBroker {
+    publisher: NatsPublisher,
+    consumer: PullConsumer,
+}
+
+impl fmt::Debug for NatsPublisher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NatsPublisher")
+            .field("stream", &self.settings.stream)
+            .finish_non_exhaustive()
+    }
 }
 
 impl fmt::Debug for NatsBroker {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("NatsBroker")
-            .field("stream", &self.settings.stream)
-            .field("consumer", &self.settings.consumer)
+            .field("stream", &self.publisher.settings.stream)
+            .field("consumer", &self.publisher.settings.consumer)
             .finish_non_exhaustive()
     }
 }
@@ -175,14 +189,19 @@ impl NatsBroker {
     /// the consumer if missing, and checks an existing consumer's settings
     /// against ours.
     pub async fn connect(settings: NatsSettings) -> Result<Self, BrokerError> {
-        let mut broker = Self::connect_publisher(settings).await?;
-        broker.consumer = Some(broker.open_consumer().await?);
-        Ok(broker)
+        let publisher = NatsPublisher::connect(settings).await?;
+        let consumer = publisher.open_consumer().await?;
+        Ok(Self {
+            publisher,
+            consumer,
+        })
     }
+}
 
+impl NatsPublisher {
     /// Connects as a publisher: creates the streams if missing, leaves the
     /// consumer alone.
-    pub async fn connect_publisher(settings: NatsSettings) -> Result<Self, BrokerError> {
+    pub async fn connect(settings: NatsSettings) -> Result<Self, BrokerError> {
         let mut options = ConnectOptions::new()
             .name("mandrill")
             .connection_timeout(Duration::from_secs(5))
@@ -262,7 +281,6 @@ impl NatsBroker {
         Ok(Self {
             client,
             jetstream,
-            consumer: None,
             settings,
         })
     }
@@ -331,16 +349,37 @@ impl NatsBroker {
         Ok(())
     }
 
+    /// Publishes a request, with its own id for de-duplication when it has one.
+    async fn publish_request(&self, payload: Bytes) -> Result<(), BrokerError> {
+        match crate::domain::salvage_message_id(&payload) {
+            Some(id) => self.publish_with_id(&id.to_string(), payload).await,
+            None => {
+                let message = PublishMessage::build().payload(payload);
+                self.publish_confirmed(self.settings.subject.clone(), message)
+                    .await
+            }
+        }
+    }
+
+    /// Flushes what is buffered.
+    async fn flush(&self) {
+        if let Err(error) = self.client.flush().await {
+            warn!(%error, "could not flush nats before closing");
+        }
+    }
+}
+
+impl NatsBroker {
+    /// The consumer, as JetStream describes it.
+    #[cfg(test)]
     fn consumer(&self) -> Result<&PullConsumer, BrokerError> {
-        self.consumer.as_ref().ok_or_else(|| {
-            BrokerError::Fatal("this nats connection was opened to publish, not to consume".into())
-        })
+        Ok(&self.consumer)
     }
 
     /// Leases what is available now, up to `max`, without waiting.
     async fn fetch_available(&self, max: usize) -> Result<Vec<Delivery>, BrokerError> {
         let batch = self
-            .consumer()?
+            .consumer
             .fetch()
             .max_messages(max)
             .messages()
@@ -352,10 +391,10 @@ impl NatsBroker {
     /// Waits up to the poll wait for one message.
     async fn wait_for_one(&self) -> Result<Vec<Delivery>, BrokerError> {
         let batch = self
-            .consumer()?
+            .consumer
             .batch()
             .max_messages(1)
-            .expires(self.settings.poll_wait)
+            .expires(self.publisher.settings.poll_wait)
             .messages()
             .await
             .map_err(|e| unavailable("cannot pull", e))?;
@@ -369,7 +408,8 @@ impl NatsBroker {
 
     async fn send(&self, tag: &DeliveryTag, kind: AckKind) -> Result<(), BrokerError> {
         let reply = self.reply(tag)?.to_owned();
-        self.client
+        self.publisher
+            .client
             .publish(reply, kind.into())
             .await
             .map_err(|e| unavailable(&format!("cannot settle {tag}"), e))
@@ -378,7 +418,7 @@ impl NatsBroker {
     /// Sends an acknowledgement and waits for the server to confirm it.
     async fn send_confirmed(&self, tag: &DeliveryTag, kind: AckKind) -> Result<(), BrokerError> {
         let reply = self.reply(tag)?.to_owned();
-        match self.client.request(reply, kind.into()).await {
+        match self.publisher.client.request(reply, kind.into()).await {
             Ok(_) => Ok(()),
             // Nobody serves the delivery's consumer (it was deleted, say):
             // retrying cannot settle it, and if the consumer comes back the
@@ -449,28 +489,44 @@ async fn collect(mut batch: pull::Batch) -> Result<Vec<Delivery>, BrokerError> {
 }
 
 #[async_trait]
-impl Broker for NatsBroker {
-    fn ack_deadline(&self) -> Duration {
-        self.settings.ack_wait
+impl Close for NatsPublisher {
+    async fn close(&self) {
+        self.flush().await;
     }
+}
 
+#[async_trait]
+impl Publisher for NatsPublisher {
     async fn publish(&self, payload: Bytes) -> Result<(), BrokerError> {
-        // Use the request's own id for de-duplication when it has one.
-        match crate::domain::salvage_message_id(&payload) {
-            Some(id) => self.publish_with_id(&id.to_string(), payload).await,
-            None => {
-                let message = PublishMessage::build().payload(payload);
-                self.publish_confirmed(self.settings.subject.clone(), message)
-                    .await
-            }
-        }
+        self.publish_request(payload).await
+    }
+}
+
+#[async_trait]
+impl Close for NatsBroker {
+    async fn close(&self) {
+        self.publisher.flush().await;
+    }
+}
+
+#[async_trait]
+impl Publisher for NatsBroker {
+    async fn publish(&self, payload: Bytes) -> Result<(), BrokerError> {
+        self.publisher.publish_request(payload).await
+    }
+}
+
+#[async_trait]
+impl Consumer for NatsBroker {
+    fn lease(&self) -> Option<Duration> {
+        Some(self.publisher.settings.ack_wait)
     }
 
     async fn pull(&self, max: usize) -> Result<Vec<Delivery>, BrokerError> {
         // Bounded: while the server is away a pull request gets no answer at
         // all, and an unbounded wait would hide the outage from the
         // supervisor instead of failing (and retrying) the pull.
-        let limit = self.settings.poll_wait + PULL_MARGIN;
+        let limit = self.publisher.settings.poll_wait + PULL_MARGIN;
         let pulled = tokio::time::timeout(limit, async {
             let available = self.fetch_available(max).await?;
             if !available.is_empty() {
@@ -505,18 +561,14 @@ impl Broker for NatsBroker {
         let sequence =
             stream_sequence(self.reply(tag)?).ok_or_else(|| BrokerError::LeaseLost(tag.clone()))?;
         let payload = self.original_payload(tag, sequence).await?;
+        let publisher = &self.publisher;
         let (headers, payload) =
-            dead_letter_copy(payload, reason, sequence, self.client.max_payload());
+            dead_letter_copy(payload, reason, sequence, publisher.client.max_payload());
         let message = PublishMessage::build().payload(payload).headers(headers);
-        self.publish_confirmed(self.settings.dead_letter_subject.clone(), message)
+        publisher
+            .publish_confirmed(publisher.settings.dead_letter_subject.clone(), message)
             .await?;
         self.send_confirmed(tag, AckKind::Term).await
-    }
-
-    async fn close(&self) {
-        if let Err(error) = self.client.flush().await {
-            warn!(%error, "could not flush nats before closing");
-        }
     }
 }
 
@@ -528,9 +580,11 @@ impl NatsBroker {
         tag: &DeliveryTag,
         sequence: u64,
     ) -> Result<Bytes, BrokerError> {
+        let settings = &self.publisher.settings;
         let stream = self
+            .publisher
             .jetstream
-            .get_stream(&self.settings.stream)
+            .get_stream(&settings.stream)
             .await
             .map_err(|e| unavailable("cannot open stream", e))?;
         match stream.get_raw_message(sequence).await {
@@ -543,7 +597,7 @@ impl NatsBroker {
             Err(error) => Err(unavailable(
                 &format!(
                     "cannot read message {sequence} of stream {}",
-                    self.settings.stream
+                    settings.stream
                 ),
                 error,
             )),

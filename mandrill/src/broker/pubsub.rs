@@ -28,7 +28,7 @@
 //! restarts whatever the broker reports.
 //!
 //! There is no backlog count in the API (only Cloud Monitoring has one), so
-//! [`Broker::backlog`] is `None` and `mandrill run --until-idle` is refused.
+//! [`Consumer::backlog`] is `None` and `mandrill run --until-idle` is refused.
 
 pub mod settings;
 mod settle;
@@ -50,7 +50,7 @@ use gcloud_googleapis::pubsub::v1::{
 use gcloud_pubsub::apiv1::subscriber_client::SubscriberClient;
 use gcloud_pubsub::client::google_cloud_auth::credentials::CredentialsFile;
 use gcloud_pubsub::client::{Client, ClientConfig};
-use gcloud_pubsub::publisher::{Publisher, PublisherConfig};
+use gcloud_pubsub::publisher::{Publisher as TopicPublisher, PublisherConfig};
 use gcloud_pubsub::subscriber::SubscriberConfig;
 use gcloud_pubsub::subscription::{
     MessageStream, SubscribeConfig, Subscription as SubscriptionHandle,
@@ -62,7 +62,10 @@ use tracing::{info, warn};
 
 pub use self::settings::{Endpoint, PubSubSettings, PullMode};
 use self::settle::{Settlement, Settler};
-use super::{Broker, BrokerError, Delivery, DeliveryTag, bounded_reason};
+use super::{
+    BrokerError, Close, Consumer, DeadLetterAdmin, DeadLetterEntry, DeadLetterId, Delivery,
+    DeliveryTag, Publisher, bounded_reason,
+};
 
 /// The attribute carrying a dead letter's reason (at most
 /// [`MAX_REASON_BYTES`](super::MAX_REASON_BYTES), which is also Pub/Sub's
@@ -111,12 +114,13 @@ pub struct PubSubOptions {
     pub max_in_flight: usize,
 }
 
-/// See the module docs.
-pub struct PubSubBroker {
+/// A connection that publishes and administers dead letters: it checks
+/// that the topic and the subscription exist and changes neither.
+pub struct PubSubPublisher {
     /// Publishes requests (one call each, never the crate's batching).
-    publisher: Publisher,
+    publisher: TopicPublisher,
     /// Publishes dead-letter copies.
-    dead_letter_publisher: Publisher,
+    dead_letter_publisher: TopicPublisher,
     requests: Topic,
     dead_letters: Topic,
     subscriber: SubscriberClient,
@@ -125,11 +129,17 @@ pub struct PubSubBroker {
     options: PubSubOptions,
     /// The subscription's full name.
     subscription: String,
-    /// `None` for a publisher, which must not create or alter the subscription.
-    consumer: Option<Consumer>,
 }
 
-struct Consumer {
+/// The consumer: see the module docs. It publishes too (into the topic it
+/// consumes, and dead-letter copies).
+pub struct PubSubBroker {
+    publisher: PubSubPublisher,
+    consumer: Leases,
+}
+
+/// What a consumer keeps: its leases and how it settles them.
+struct Leases {
     settler: Settler,
     /// The leases this process holds, by ack id. A `std` mutex: held for a
     /// map operation, never across an await.
@@ -172,6 +182,15 @@ impl DeliveryCounts {
 impl fmt::Debug for PubSubBroker {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PubSubBroker")
+            .field("subscription", &self.publisher.subscription)
+            .field("topic", &self.publisher.requests.fully_qualified_name())
+            .finish_non_exhaustive()
+    }
+}
+
+impl fmt::Debug for PubSubPublisher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PubSubPublisher")
             .field("subscription", &self.subscription)
             .field("topic", &self.requests.fully_qualified_name())
             .finish_non_exhaustive()
@@ -245,7 +264,7 @@ impl PubSubBroker {
     /// missing, and refuses an existing subscription whose settings differ
     /// from ours, naming each difference.
     pub async fn connect(options: PubSubOptions) -> Result<Self, BrokerError> {
-        let mut broker = Self::connect_clients(options).await?;
+        let broker = PubSubPublisher::connect_clients(options).await?;
         ensure_topic(&broker.requests).await?;
         ensure_topic(&broker.dead_letters).await?;
         let dead = broker.dead_letter_subscription();
@@ -260,26 +279,31 @@ impl PubSubBroker {
             )
             .await?;
         let uses_delivery_attempt = existing.dead_letter_policy.is_some();
-        broker.consumer = Some(Consumer {
+        let consumer = Leases {
             settler: Settler::start(broker.subscriber.clone(), broker.subscription.clone()),
             leases: Mutex::new(HashMap::new()),
             counted: (!uses_delivery_attempt).then(|| Mutex::new(DeliveryCounts::default())),
             stream: (broker.options.settings.pull == PullMode::Streaming)
                 .then(|| tokio::sync::Mutex::new(None)),
-        });
+        };
         info!(
             subscription = %broker.subscription,
             exactly_once = existing.enable_exactly_once_delivery,
             counts_deliveries = !uses_delivery_attempt,
             "pubsub subscription ready"
         );
-        Ok(broker)
+        Ok(Self {
+            publisher: broker,
+            consumer,
+        })
     }
+}
 
+impl PubSubPublisher {
     /// Connects as a publisher: checks that the topic and the subscription
     /// exist (a topic without a subscription drops what is published to it)
     /// and changes neither.
-    pub async fn connect_publisher(options: PubSubOptions) -> Result<Self, BrokerError> {
+    pub async fn connect(options: PubSubOptions) -> Result<Self, BrokerError> {
         let broker = Self::connect_clients(options).await?;
         let request = GetSubscriptionRequest {
             subscription: broker.subscription.clone(),
@@ -389,7 +413,6 @@ impl PubSubBroker {
             handle,
             options,
             subscription,
-            consumer: None,
         })
     }
 
@@ -478,18 +501,10 @@ impl PubSubBroker {
         )
     }
 
-    fn consumer(&self) -> Result<&Consumer, BrokerError> {
-        self.consumer.as_ref().ok_or_else(|| {
-            BrokerError::Fatal(
-                "this pubsub connection was opened to publish, not to consume".into(),
-            )
-        })
-    }
-
     /// Publishes messages in as few calls as the service allows, waiting
     /// for each call's confirmation.
     async fn publish_messages(
-        publisher: &Publisher,
+        publisher: &TopicPublisher,
         messages: Vec<PubsubMessage>,
     ) -> Result<(), BrokerError> {
         let mut batch = Vec::new();
@@ -512,7 +527,7 @@ impl PubSubBroker {
     }
 
     async fn publish_call(
-        publisher: &Publisher,
+        publisher: &TopicPublisher,
         messages: Vec<PubsubMessage>,
     ) -> Result<(), BrokerError> {
         publisher
@@ -528,35 +543,42 @@ impl PubSubBroker {
         let messages = payloads.into_iter().map(request_message).collect();
         Self::publish_messages(&self.publisher, messages).await
     }
+}
+
+impl PubSubBroker {
+    /// Publishes many payloads, as [`PubSubPublisher::publish_all`].
+    pub async fn publish_all(&self, payloads: Vec<Bytes>) -> Result<(), BrokerError> {
+        self.publisher.publish_all(payloads).await
+    }
 
     /// One `Pull` call that returns at once, its deliveries leased here.
-    async fn pull_once(
-        &self,
-        consumer: &Consumer,
-        max: usize,
-    ) -> Result<Vec<Delivery>, BrokerError> {
+    async fn pull_once(&self, consumer: &Leases, max: usize) -> Result<Vec<Delivery>, BrokerError> {
         // Deprecated because a waiting pull is cheaper for the service; but
         // one cannot be abandoned safely (see `pull`).
         #[allow(deprecated)]
         let request = PullRequest {
-            subscription: self.subscription.clone(),
+            subscription: self.publisher.subscription.clone(),
             return_immediately: true,
             max_messages: max.clamp(1, MAX_MESSAGES_PER_CALL) as i32,
         };
         let sent = Instant::now();
         let received = self
+            .publisher
             .subscriber
             .pull(request, no_retry())
             .await
             .map_err(|status| {
-                classify(&format!("cannot pull from {}", self.subscription), &status)
+                classify(
+                    &format!("cannot pull from {}", self.publisher.subscription),
+                    &status,
+                )
             })?
             .into_inner()
             .received_messages;
         Ok(consumer.lease(
             received,
-            sent + self.options.ack_deadline,
-            self.options.ack_deadline,
+            sent + self.publisher.options.ack_deadline,
+            self.publisher.options.ack_deadline,
         ))
     }
 
@@ -564,7 +586,7 @@ impl PubSubBroker {
     /// wait for the first; opens the stream first if needed.
     async fn pull_streaming(
         &self,
-        consumer: &Consumer,
+        consumer: &Leases,
         stream: &tokio::sync::Mutex<Option<MessageStream>>,
         max: usize,
     ) -> Result<Vec<Delivery>, BrokerError> {
@@ -572,24 +594,27 @@ impl PubSubBroker {
         let mut open = stream.lock().await;
         if open.is_none() {
             let config = SubscribeConfig::default()
-                .with_channel_capacity(self.options.max_in_flight.clamp(1, 10_000))
+                .with_channel_capacity(self.publisher.options.max_in_flight.clamp(1, 10_000))
                 .with_subscriber_config(SubscriberConfig {
                     // The service's bounds (refused otherwise, ending the
                     // stream); each delivery gets our own deadline below.
-                    stream_ack_deadline_seconds: deadline_seconds(self.options.ack_deadline)
-                        .clamp(10, 600),
+                    stream_ack_deadline_seconds: deadline_seconds(
+                        self.publisher.options.ack_deadline,
+                    )
+                    .clamp(10, 600),
                     // Flow control: never more outstanding than the worker
                     // handles at once.
-                    max_outstanding_messages: self.options.max_in_flight.max(1) as i64,
+                    max_outstanding_messages: self.publisher.options.max_in_flight.max(1) as i64,
                     ..SubscriberConfig::default()
                 });
             let opened = self
+                .publisher
                 .handle
                 .subscribe(Some(config))
                 .await
                 .map_err(|status| {
                     classify(
-                        &format!("cannot open a stream on {}", self.subscription),
+                        &format!("cannot open a stream on {}", self.publisher.subscription),
                         &status,
                     )
                 })?;
@@ -599,21 +624,22 @@ impl PubSubBroker {
         let Some(messages) = open.as_mut() else {
             unreachable!("the stream was opened above");
         };
-        let first = match tokio::time::timeout(self.options.poll_wait, messages.next()).await {
-            Err(_elapsed) => return Ok(Vec::new()),
-            Ok(Some(message)) => message,
-            Ok(None) => {
-                // Ended (the crate gave up reconnecting): opened again on
-                // the next pull.
-                if let Some(ended) = open.take() {
-                    ended.dispose().await;
+        let first =
+            match tokio::time::timeout(self.publisher.options.poll_wait, messages.next()).await {
+                Err(_elapsed) => return Ok(Vec::new()),
+                Ok(Some(message)) => message,
+                Ok(None) => {
+                    // Ended (the crate gave up reconnecting): opened again on
+                    // the next pull.
+                    if let Some(ended) = open.take() {
+                        ended.dispose().await;
+                    }
+                    return Err(BrokerError::Unavailable(format!(
+                        "the stream on {} ended",
+                        self.publisher.subscription
+                    )));
                 }
-                return Err(BrokerError::Unavailable(format!(
-                    "the stream on {} ended",
-                    self.subscription
-                )));
-            }
-        };
+            };
         let mut taken = vec![first];
         while taken.len() < max {
             match messages.next().now_or_never() {
@@ -626,7 +652,7 @@ impl PubSubBroker {
         // stream's buffer, and its lease here must not be longer than the
         // service's. One that cannot be extended is left to redelivery.
         let sent = Instant::now();
-        let deadline = Settlement::Deadline(deadline_seconds(self.options.ack_deadline));
+        let deadline = Settlement::Deadline(deadline_seconds(self.publisher.options.ack_deadline));
         let extended = futures::future::join_all(
             taken
                 .iter()
@@ -649,15 +675,15 @@ impl PubSubBroker {
             .collect();
         Ok(consumer.lease(
             received,
-            sent + self.options.ack_deadline,
-            self.options.ack_deadline,
+            sent + self.publisher.options.ack_deadline,
+            self.publisher.options.ack_deadline,
         ))
     }
 
     /// The lease of `tag` if this process still holds it; a lease that ran
     /// out is forgotten and reported lost.
-    fn held(&self, tag: &DeliveryTag) -> Result<(&Consumer, Arc<str>), BrokerError> {
-        let consumer = self.consumer()?;
+    fn held(&self, tag: &DeliveryTag) -> Result<(&Leases, Arc<str>), BrokerError> {
+        let consumer = &self.consumer;
         let ack_id = tag
             .as_text()
             .ok_or_else(|| BrokerError::LeaseLost(tag.clone()))?;
@@ -676,7 +702,7 @@ impl PubSubBroker {
     async fn settle(
         &self,
         tag: &DeliveryTag,
-        consumer: &Consumer,
+        consumer: &Leases,
         ack_id: &str,
         settlement: Settlement,
     ) -> Result<(), BrokerError> {
@@ -694,7 +720,9 @@ impl PubSubBroker {
                 }
             })
     }
+}
 
+impl PubSubPublisher {
     /// Pulls from the dead-letter subscription: each dead letter's payload,
     /// reason and ack id (to acknowledge with [`Self::forget_dead_letters`]
     /// once handled). The messages stay leased for one ack deadline.
@@ -772,27 +800,6 @@ impl PubSubBroker {
         }
         Ok(())
     }
-
-    /// Publishes the chosen dead letters (by the id they are listed with,
-    /// or all) to the request topic again, then acknowledges them; the rest
-    /// are released. Returns the ids requeued.
-    pub async fn requeue(&self, ids: Option<&[String]>) -> Result<Vec<String>, BrokerError> {
-        let dead = self.pull_dead_letters(usize::MAX).await?;
-        let (chosen, others): (Vec<DeadLetter>, Vec<DeadLetter>) = dead
-            .into_iter()
-            .partition(|d| ids.is_none_or(|ids| ids.contains(&d.message_id)));
-        self.release_dead_letters(others.into_iter().map(|d| d.ack_id).collect())
-            .await?;
-        let payloads = chosen.iter().map(|d| d.payload.clone()).collect();
-        // Published before acknowledged: a failure leaves the dead letter,
-        // never loses it (at worst a request is queued twice, and the store
-        // settles the second at once).
-        self.publish_all(payloads).await?;
-        let requeued = chosen.iter().map(|d| d.message_id.clone()).collect();
-        self.forget_dead_letters(chosen.into_iter().map(|d| d.ack_id).collect())
-            .await?;
-        Ok(requeued)
-    }
 }
 
 /// A message on the dead-letter subscription.
@@ -808,7 +815,7 @@ pub struct DeadLetter {
     pub payload: Bytes,
 }
 
-impl Consumer {
+impl Leases {
     fn lease(
         &self,
         received: Vec<ReceivedMessage>,
@@ -964,25 +971,92 @@ fn mismatches_of_topic(existing: &Subscription, wanted: &Subscription) -> Vec<St
 }
 
 #[async_trait]
-impl Broker for PubSubBroker {
-    fn ack_deadline(&self) -> Duration {
-        self.options.ack_deadline
+impl Close for PubSubPublisher {
+    async fn close(&self) {
+        // Clones share the publishers' tasks, which this stops.
+        self.publisher.clone().shutdown().await;
+        self.dead_letter_publisher.clone().shutdown().await;
     }
+}
 
+#[async_trait]
+impl Publisher for PubSubPublisher {
     async fn publish(&self, payload: Bytes) -> Result<(), BrokerError> {
         // Immediately, one call: the crate's batching publisher would wait
         // for company first.
         Self::publish_call(&self.publisher, vec![request_message(payload)]).await
     }
+}
+
+#[async_trait]
+impl DeadLetterAdmin for PubSubPublisher {
+    /// What the dead-letter subscription holds: pulled, then released at
+    /// once (it stays there).
+    async fn dead_letters(&self) -> Result<Vec<DeadLetterEntry>, BrokerError> {
+        let dead = self.pull_dead_letters(usize::MAX).await?;
+        let ack_ids = dead.iter().map(|d| d.ack_id.clone()).collect();
+        self.release_dead_letters(ack_ids).await.map_err(|error| {
+            BrokerError::Unavailable(format!(
+                "cannot release the dead letters after listing them: {error}"
+            ))
+        })?;
+        Ok(dead
+            .into_iter()
+            .map(|d| DeadLetterEntry {
+                id: DeadLetterId::Message(d.message_id),
+                reason: d.reason,
+                payload: d.payload,
+                record: None,
+            })
+            .collect())
+    }
+
+    /// Publishes the chosen dead letters (by the id they are listed with,
+    /// or all) to the request topic again, then acknowledges them; the rest
+    /// are released. Returns the ids requeued.
+    async fn requeue(&self, ids: Option<&[String]>) -> Result<Vec<DeadLetterId>, BrokerError> {
+        let dead = self.pull_dead_letters(usize::MAX).await?;
+        let (chosen, others): (Vec<DeadLetter>, Vec<DeadLetter>) = dead
+            .into_iter()
+            .partition(|d| ids.is_none_or(|ids| ids.contains(&d.message_id)));
+        self.release_dead_letters(others.into_iter().map(|d| d.ack_id).collect())
+            .await?;
+        let payloads = chosen.iter().map(|d| d.payload.clone()).collect();
+        // Published before acknowledged: a failure leaves the dead letter,
+        // never loses it (at worst a request is queued twice, and the store
+        // settles the second at once).
+        self.publish_all(payloads).await?;
+        let requeued = chosen
+            .iter()
+            .map(|d| DeadLetterId::Message(d.message_id.clone()))
+            .collect();
+        self.forget_dead_letters(chosen.into_iter().map(|d| d.ack_id).collect())
+            .await?;
+        Ok(requeued)
+    }
+}
+
+#[async_trait]
+impl Publisher for PubSubBroker {
+    async fn publish(&self, payload: Bytes) -> Result<(), BrokerError> {
+        self.publisher.publish(payload).await
+    }
+}
+
+#[async_trait]
+impl Consumer for PubSubBroker {
+    fn lease(&self) -> Option<Duration> {
+        Some(self.publisher.options.ack_deadline)
+    }
 
     async fn pull(&self, max: usize) -> Result<Vec<Delivery>, BrokerError> {
-        let consumer = self.consumer()?;
+        let consumer = &self.consumer;
         if let Some(stream) = &consumer.stream {
             return self.pull_streaming(consumer, stream, max).await;
         }
         // What is there now, at once: the busy case, and the only call that
         // must answer (a service that does not is unreachable).
-        let limit = self.options.poll_wait + PULL_MARGIN;
+        let limit = self.publisher.options.poll_wait + PULL_MARGIN;
         let available = tokio::time::timeout(limit, self.pull_once(consumer, max))
             .await
             .unwrap_or_else(|_elapsed| {
@@ -997,13 +1071,13 @@ impl Broker for PubSubBroker {
         // by us: the service (the emulator, measurably) keeps handing
         // messages to a pull its client gave up on, and each one then sits
         // out a whole ack deadline, again and again.
-        let until = Instant::now() + self.options.poll_wait;
+        let until = Instant::now() + self.publisher.options.poll_wait;
         loop {
             let now = Instant::now();
             if now >= until {
                 return Ok(Vec::new());
             }
-            tokio::time::sleep(self.options.poll_interval.min(until - now)).await;
+            tokio::time::sleep(self.publisher.options.poll_interval.min(until - now)).await;
             let pulled = tokio::time::timeout(limit, self.pull_once(consumer, max))
                 .await
                 .unwrap_or_else(|_elapsed| {
@@ -1035,7 +1109,7 @@ impl Broker for PubSubBroker {
     async fn extend(&self, tag: &DeliveryTag) -> Result<(), BrokerError> {
         let (consumer, ack_id) = self.held(tag)?;
         let sent = Instant::now();
-        let deadline = Settlement::Deadline(deadline_seconds(self.options.ack_deadline));
+        let deadline = Settlement::Deadline(deadline_seconds(self.publisher.options.ack_deadline));
         self.settle(tag, consumer, &ack_id, deadline).await?;
         if let Some(lease) = consumer
             .leases
@@ -1043,7 +1117,7 @@ impl Broker for PubSubBroker {
             .unwrap_or_else(|e| e.into_inner())
             .get_mut(&ack_id)
         {
-            lease.deadline = sent + self.options.ack_deadline.min(MAX_ACK_DEADLINE);
+            lease.deadline = sent + self.publisher.options.ack_deadline.min(MAX_ACK_DEADLINE);
         }
         Ok(())
     }
@@ -1075,26 +1149,27 @@ impl Broker for PubSubBroker {
             attributes,
             ..PubsubMessage::default()
         };
-        Self::publish_messages(&self.dead_letter_publisher, vec![copy]).await?;
+        PubSubPublisher::publish_messages(&self.publisher.dead_letter_publisher, vec![copy])
+            .await?;
         self.settle(tag, consumer, &ack_id, Settlement::Ack).await?;
         consumer.release(&ack_id, true);
         Ok(())
     }
+}
 
+#[async_trait]
+impl Close for PubSubBroker {
     async fn close(&self) {
-        if let Some(consumer) = &self.consumer {
-            // Buffered deliveries go back at once (nacked), then settlements
-            // still queued are sent.
-            if let Some(stream) = &consumer.stream
-                && let Some(stream) = stream.lock().await.take()
-            {
-                stream.dispose().await;
-            }
-            consumer.settler.close().await;
+        let consumer = &self.consumer;
+        // Buffered deliveries go back at once (nacked), then settlements
+        // still queued are sent.
+        if let Some(stream) = &consumer.stream
+            && let Some(stream) = stream.lock().await.take()
+        {
+            stream.dispose().await;
         }
-        // Clones share the publishers' tasks, which this stops.
-        self.publisher.clone().shutdown().await;
-        self.dead_letter_publisher.clone().shutdown().await;
+        consumer.settler.close().await;
+        self.publisher.close().await;
     }
 }
 

@@ -35,7 +35,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use serde::Serialize;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
     SqliteSynchronous,
@@ -46,7 +45,10 @@ use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, warn};
 
-use super::{Broker, BrokerError, Delivery, DeliveryTag, bounded_reason};
+use super::{
+    BrokerError, Close, Consumer, DeadLetterAdmin, DeadLetterEntry, DeadLetterId, DeadLetterRecord,
+    Delivery, DeliveryTag, Publisher, bounded_reason,
+};
 use crate::config::BrokerConfig;
 use crate::store::sqlite::WriterConnection;
 
@@ -77,26 +79,6 @@ pub struct SqliteBroker {
     available: Arc<Notify>,
     /// The writer task.
     tasks: TaskTracker,
-}
-
-/// A dead-lettered message, for `mandrill dead-letters`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct DeadLetterEntry {
-    /// Its id in the dead-letter table, for `mandrill requeue`.
-    pub id: i64,
-    /// Why the message was given up on.
-    pub reason: String,
-    /// Deliveries before it was given up on.
-    pub deliveries: i64,
-    /// When it was published (milliseconds since the epoch).
-    pub published_at: i64,
-    /// When it was dead-lettered (milliseconds since the epoch).
-    pub dead_at: i64,
-    /// The payload as text (lossy), at most its first
-    /// [`MAX_LISTED_PAYLOAD_BYTES`] bytes.
-    pub payload: String,
-    /// The whole payload's size in bytes.
-    pub payload_size: i64,
 }
 
 /// Most bytes of a dead letter's payload a listing reads: a payload can be
@@ -283,9 +265,32 @@ impl SqliteBroker {
         }
         self.call(|reply| Op::Publish { payloads, reply }).await
     }
+}
 
-    /// The dead-lettered messages, oldest first.
-    pub async fn dead_letters(&self) -> Result<Vec<DeadLetterEntry>, BrokerError> {
+#[async_trait]
+impl Close for SqliteBroker {
+    async fn close(&self) {
+        // Fails only if the writer already stopped, which is what we want.
+        let _ = self.ops.send(Op::Close).await;
+        self.tasks.wait().await;
+        self.pool.close().await;
+    }
+}
+
+#[async_trait]
+impl Publisher for SqliteBroker {
+    async fn publish(&self, payload: Bytes) -> Result<(), BrokerError> {
+        self.publish_all(vec![payload]).await
+    }
+}
+
+#[async_trait]
+impl DeadLetterAdmin for SqliteBroker {
+    fn keeps_records(&self) -> bool {
+        true
+    }
+
+    async fn dead_letters(&self) -> Result<Vec<DeadLetterEntry>, BrokerError> {
         let rows = sqlx::query(
             "SELECT id, reason, deliveries, published_at, dead_at,
                     substr(payload, 1, ?1) AS payload, length(payload) AS payload_size
@@ -299,23 +304,24 @@ impl SqliteBroker {
             .map(|row| {
                 let payload: Vec<u8> = row.try_get("payload")?;
                 Ok(DeadLetterEntry {
-                    id: row.try_get("id")?,
+                    id: DeadLetterId::Row(row.try_get("id")?),
                     reason: row.try_get("reason")?,
-                    deliveries: row.try_get("deliveries")?,
-                    published_at: row.try_get("published_at")?,
-                    dead_at: row.try_get("dead_at")?,
-                    payload: String::from_utf8_lossy(&payload).into_owned(),
-                    payload_size: row.try_get("payload_size")?,
+                    payload: Bytes::from(payload),
+                    record: Some(DeadLetterRecord {
+                        deliveries: row.try_get("deliveries")?,
+                        published_at: row.try_get("published_at")?,
+                        dead_at: row.try_get("dead_at")?,
+                        payload_size: row.try_get("payload_size")?,
+                    }),
                 })
             })
             .collect::<Result<_, sqlx::Error>>()
             .map_err(unavailable)
     }
 
-    /// Moves dead letters back into the queue as new, undelivered messages:
-    /// those with these ids, or all of them if `ids` is `None`. Returns the
-    /// ids requeued. All or nothing: if an id is unknown, nothing is requeued.
-    pub async fn requeue(&self, ids: Option<&[i64]>) -> Result<Vec<i64>, BrokerError> {
+    /// Moves dead letters back into the queue as new, undelivered messages.
+    /// All or nothing: if an id is unknown, nothing is requeued.
+    async fn requeue(&self, ids: Option<&[String]>) -> Result<Vec<DeadLetterId>, BrokerError> {
         let now = now_millis();
         let mut tx = self
             .pool
@@ -329,15 +335,20 @@ impl SqliteBroker {
                 .map_err(unavailable)?,
             Some(ids) => {
                 let mut missing = Vec::new();
-                for &id in ids {
-                    let exists: Option<i64> =
-                        sqlx::query_scalar("SELECT id FROM dead_letters WHERE id = ?1")
+                let mut found = Vec::with_capacity(ids.len());
+                for given in ids {
+                    // An id that is not a number names no row.
+                    let exists: Option<i64> = match given.parse::<i64>() {
+                        Ok(id) => sqlx::query_scalar("SELECT id FROM dead_letters WHERE id = ?1")
                             .bind(id)
                             .fetch_optional(&mut *tx)
                             .await
-                            .map_err(unavailable)?;
-                    if exists.is_none() {
-                        missing.push(id.to_string());
+                            .map_err(unavailable)?,
+                        Err(_) => None,
+                    };
+                    match exists {
+                        Some(id) => found.push(id),
+                        None => missing.push(given.clone()),
                     }
                 }
                 if !missing.is_empty() {
@@ -346,7 +357,7 @@ impl SqliteBroker {
                         missing.join(", ")
                     )));
                 }
-                ids.to_vec()
+                found
             }
         };
         for &id in &selected {
@@ -366,18 +377,14 @@ impl SqliteBroker {
                 .map_err(unavailable)?;
         }
         tx.commit().await.map_err(unavailable)?;
-        Ok(selected)
+        Ok(selected.into_iter().map(DeadLetterId::Row).collect())
     }
 }
 
 #[async_trait]
-impl Broker for SqliteBroker {
-    fn ack_deadline(&self) -> Duration {
-        self.ack_deadline
-    }
-
-    async fn publish(&self, payload: Bytes) -> Result<(), BrokerError> {
-        self.publish_all(vec![payload]).await
+impl Consumer for SqliteBroker {
+    fn lease(&self) -> Option<Duration> {
+        Some(self.ack_deadline)
     }
 
     async fn pull(&self, max: usize) -> Result<Vec<Delivery>, BrokerError> {
@@ -449,13 +456,6 @@ impl Broker for SqliteBroker {
             .await
             .map_err(unavailable)?;
         Ok(Some(count.unsigned_abs()))
-    }
-
-    async fn close(&self) {
-        // Fails only if the writer already stopped, which is what we want.
-        let _ = self.ops.send(Op::Close).await;
-        self.tasks.wait().await;
-        self.pool.close().await;
     }
 }
 
@@ -986,13 +986,17 @@ mod tests {
         let dead = broker.dead_letters().await.unwrap();
         assert_eq!(dead.len(), 1);
         assert_eq!(dead[0].payload, "poison");
-        assert_eq!(dead[0].deliveries, 3);
+        assert_eq!(dead[0].record.unwrap().deliveries, 3);
         assert_eq!(dead[0].reason, "not settled after 3 deliveries");
 
         // Unknown ids requeue nothing.
-        assert!(broker.requeue(Some(&[dead[0].id, 999])).await.is_err());
+        let ids = [dead[0].id.to_string(), "999".to_owned()];
+        assert!(broker.requeue(Some(&ids)).await.is_err());
         assert_eq!(broker.dead_letters().await.unwrap().len(), 1);
-        assert_eq!(broker.requeue(None).await.unwrap(), vec![dead[0].id]);
+        assert_eq!(
+            broker.requeue(None).await.unwrap(),
+            vec![dead[0].id.clone()]
+        );
         assert!(broker.dead_letters().await.unwrap().is_empty());
         let back = broker.pull(10).await.unwrap();
         assert_eq!(back[0].attempt, 1, "a requeued message starts afresh");
@@ -1145,7 +1149,7 @@ mod tests {
         let dead = broker.dead_letters().await.unwrap();
         assert_eq!(dead.len(), 1);
         assert_eq!(
-            dead[0].payload_size,
+            dead[0].record.unwrap().payload_size,
             i64::try_from(SIZE).unwrap(),
             "the whole payload is kept"
         );

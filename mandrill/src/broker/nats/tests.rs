@@ -239,9 +239,7 @@ async fn existing_consumer_with_other_settings_is_reported() {
 async fn consumer_with_a_delivery_limit_is_reported() {
     let streams = TestStreams::new(Duration::from_secs(30));
     let settings = &streams.settings;
-    NatsBroker::connect_publisher(settings.clone())
-        .await
-        .unwrap();
+    NatsPublisher::connect(settings.clone()).await.unwrap();
     // As an older mandrill created it: JetStream's own delivery limit.
     let client = async_nats::connect(settings.url.as_str()).await.unwrap();
     let stream = jetstream::new(client)
@@ -292,7 +290,7 @@ async fn consumer_redelivers_past_the_old_delivery_limit() {
 async fn dead_letter_of_a_payload_near_max_payload_fits_truncated() {
     let streams = TestStreams::new(Duration::from_secs(30));
     let broker = NatsBroker::connect(streams.settings.clone()).await.unwrap();
-    let max_payload = broker.client.max_payload();
+    let max_payload = broker.publisher.client.max_payload();
     let original: Bytes = (0..max_payload - 16)
         .map(|i| b'a' + (i % 26) as u8)
         .collect::<Vec<u8>>()
