@@ -29,8 +29,8 @@ use tracing::{error, info, warn};
 use uuid::Uuid;
 
 use crate::broker::{
-    BrokerError, Close as _, DeadLetterAdmin, DeadLetterEntry, DeadLetterRecord, Publisher,
-    SqliteBroker,
+    BrokerError, BrokerUrl, Close as _, DeadLetterAdmin, DeadLetterEntry, DeadLetterRecord,
+    Publisher, SqliteBroker,
 };
 use crate::config::{self, Config, ConfigError, LogFormat, RELOADABLE, Sources, redact_url};
 use crate::domain::{Hostname, InstanceName, RestartRequest, random_instance_name};
@@ -287,7 +287,12 @@ fn run(args: &RunArgs) -> ExitCode {
         Ok(loaded) => loaded,
         Err(code) => return code,
     };
-    if args.until_idle && config.broker.url.starts_with("pubsub:") {
+    if args.until_idle
+        && matches!(
+            BrokerUrl::parse(&config.broker.url),
+            Ok(BrokerUrl::PubSub { .. })
+        )
+    {
         // Refused rather than waiting forever: see `broker/pubsub.rs`.
         eprintln!(
             "mandrill: --until-idle is not supported on Pub/Sub: its API reports no backlog \
@@ -603,25 +608,19 @@ where
     }
 }
 
-/// Refuses a `broker.url` the queue commands cannot use: `memory` (it lives
-/// only inside `mandrill run`), and, when `sqlite_only`, anything but
-/// `sqlite:PATH`.
-fn queue_url(config: &Config, sqlite_only: bool) -> Result<(), BadInput> {
-    let url = &config.broker.url;
-    if url == "memory" {
+/// `broker.url` for the queue commands, refusing `memory` (it lives only
+/// inside `mandrill run`).
+fn queue_url(config: &Config) -> anyhow::Result<BrokerUrl> {
+    let url = service::broker_url(config)?;
+    if url == BrokerUrl::Memory {
         return Err(BadInput(
             "broker.url is memory: an in-memory queue lives only inside `mandrill run`; \
              use --broker sqlite:PATH"
                 .into(),
-        ));
+        )
+        .into());
     }
-    if sqlite_only && !url.starts_with("sqlite:") {
-        return Err(BadInput(format!(
-            "broker.url {:?} is not supported here: use sqlite:PATH",
-            redact_url(url)
-        )));
-    }
-    Ok(())
+    Ok(url)
 }
 
 /// At most this many invalid lines are listed; the rest are counted.
@@ -635,7 +634,7 @@ const PUBLISH_BATCH: usize = 10_000;
 /// transactions of up to [`PUBLISH_BATCH`] (or, with `--rate`, one due group
 /// at a time).
 async fn publish(config: Config, args: &PublishArgs) -> anyhow::Result<()> {
-    queue_url(&config, false)?;
+    let url = queue_url(&config)?;
     if let Some(rate) = args.rate
         && !(rate.is_finite() && (0.001..=config::limits::MAX_SIMULATE_RATE).contains(&rate))
     {
@@ -726,7 +725,7 @@ async fn publish(config: Config, args: &PublishArgs) -> anyhow::Result<()> {
     let payloads = payloads
         .into_iter()
         .chain((0..random).map(move |_| request(random_instance_name(&mut rng))));
-    let published = if config.broker.url.starts_with("sqlite:") {
+    let published = if let BrokerUrl::Sqlite { .. } = url {
         let broker = service::open_sqlite_broker(&config.broker).await?;
         let published = match args.rate {
             None => publish_in_batches(&broker, payloads).await,
@@ -734,7 +733,7 @@ async fn publish(config: Config, args: &PublishArgs) -> anyhow::Result<()> {
         };
         broker.close().await;
         published
-    } else if config.broker.url.starts_with("pubsub:") && args.rate.is_none() {
+    } else if let (BrokerUrl::PubSub { .. }, None) = (&url, args.rate) {
         // Up to 1000 messages per call, never all in memory.
         let broker = service::open_pubsub_publisher(&config).await?;
         let mut payloads = payloads.peekable();
@@ -842,10 +841,9 @@ async fn publish_at_rate(
 /// that has none here and a SQLite file that does not exist.
 async fn open_dead_letter_admin(config: &Config) -> anyhow::Result<Arc<dyn DeadLetterAdmin>> {
     let url = &config.broker.url;
-    if !url.starts_with("pubsub:") {
-        queue_url(config, true)?;
-    }
-    if let Some(path) = missing_sqlite_file(url) {
+    if let BrokerUrl::Sqlite { url } = queue_url(config)?
+        && let Some(path) = missing_sqlite_file(&url)
+    {
         bail!("no database at {path}: nothing was ever queued there (broker.url {url:?})");
     }
     match service::open_dead_letter_admin(config).await? {

@@ -21,6 +21,7 @@ pub mod memory;
 pub mod nats;
 pub mod pubsub;
 pub mod sqlite;
+mod url;
 
 use std::fmt;
 use std::sync::Arc;
@@ -32,6 +33,7 @@ use bytes::Bytes;
 pub use dead_letters::{DeadLetterAdmin, DeadLetterEntry, DeadLetterId, DeadLetterRecord};
 pub use memory::MemoryBroker;
 pub use sqlite::SqliteBroker;
+pub use url::{BrokerUrl, BrokerUrlError};
 
 /// Identifies one delivery to the broker that made it. Opaque to the worker:
 /// each broker puts in what it needs to find the delivery again.
