@@ -8,6 +8,8 @@ use bytes::Bytes;
 use uuid::Uuid;
 
 use super::emulator::{self, Emulator};
+use super::leases::Lease;
+use super::publisher::ensure_topic;
 use super::*;
 use crate::broker::contract::{self as c, Harness, Queue, StaleAck, Tolerance, broker_contract};
 
