@@ -11,6 +11,7 @@ use bytes::Bytes;
 use futures::StreamExt;
 use uuid::Uuid;
 
+use super::dead_letter::{dead_letter_copy, headers_len, stream_sequence};
 use super::*;
 use crate::backoff::Backoff;
 use crate::domain::{Domain, ParseRules, RestartRequest, Restarted, Status};
