@@ -45,6 +45,7 @@ enum TagRepr {
     Number(u64),
     Pair(u64, u64),
     Text(Arc<str>),
+    TextAndNumber(Arc<str>, u64),
 }
 
 impl DeliveryTag {
@@ -71,19 +72,33 @@ impl DeliveryTag {
         Self(TagRepr::Text(text.into()))
     }
 
+    /// A tag that is text with a number beside it, e.g. a reply subject and
+    /// the message's sequence. Shown as the text.
+    pub fn text_and_number(text: impl Into<Arc<str>>, number: u64) -> Self {
+        Self(TagRepr::TextAndNumber(text.into(), number))
+    }
+
     /// The number, if this tag is one.
     pub fn as_number(&self) -> Option<u64> {
         match &self.0 {
             TagRepr::Number(n) => Some(*n),
-            TagRepr::Pair(..) | TagRepr::Text(_) => None,
+            TagRepr::Pair(..) | TagRepr::Text(_) | TagRepr::TextAndNumber(..) => None,
         }
     }
 
-    /// The text, if this tag is text.
+    /// The text, if this tag is text (with or without a number).
     pub fn as_text(&self) -> Option<&str> {
         match &self.0 {
             TagRepr::Number(_) | TagRepr::Pair(..) => None,
-            TagRepr::Text(text) => Some(text),
+            TagRepr::Text(text) | TagRepr::TextAndNumber(text, _) => Some(text),
+        }
+    }
+
+    /// The text and the number, if this tag is text with a number.
+    pub fn as_text_and_number(&self) -> Option<(&str, u64)> {
+        match &self.0 {
+            TagRepr::TextAndNumber(text, number) => Some((text, *number)),
+            TagRepr::Number(_) | TagRepr::Pair(..) | TagRepr::Text(_) => None,
         }
     }
 }
@@ -99,7 +114,7 @@ impl fmt::Display for DeliveryTag {
         match &self.0 {
             TagRepr::Number(n) => write!(f, "#{n}"),
             TagRepr::Pair(first, second) => write!(f, "#{first}.{second}"),
-            TagRepr::Text(text) => f.write_str(text),
+            TagRepr::Text(text) | TagRepr::TextAndNumber(text, _) => f.write_str(text),
         }
     }
 }

@@ -1,7 +1,7 @@
 //! The consumer: pulls from the shared durable consumer, settles by reply
 //! subject, dead-letters by copy then `+TERM`.
 
-use super::dead_letter::{dead_letter_copy, stream_sequence};
+use super::dead_letter::dead_letter_copy;
 use super::*;
 
 /// The consumer: see the module docs. It publishes too (into the stream it
@@ -143,21 +143,30 @@ pub(super) async fn collect(mut batch: pull::Batch) -> Result<Vec<Delivery>, Bro
     let mut deliveries = Vec::new();
     while let Some(message) = batch.next().await {
         let message = message.map_err(|e| unavailable("pull interrupted", e))?;
-        let Some(reply) = message.reply.as_ref() else {
+        let Some(delivery) = delivery(&message) else {
             warn!("message without a reply subject; not a jetstream delivery, skipped");
             continue;
         };
-        let attempt = message
-            .info()
-            .map(|info| u32::try_from(info.delivered).unwrap_or(u32::MAX))
-            .unwrap_or(1);
-        deliveries.push(Delivery::new(
-            DeliveryTag::text(reply.as_str()),
-            message.payload.clone(),
-            attempt,
-        ));
+        deliveries.push(delivery);
     }
     Ok(deliveries)
+}
+
+/// A pulled message as a delivery: tagged with its reply subject (to settle
+/// it by) and its stream sequence (to read it back for a dead-letter copy),
+/// both as JetStream's reply subject carries them (`message.info()`). A
+/// reply that is not JetStream's gets a tag without a sequence: it can be
+/// settled, and a dead letter of it is a lost lease. `None` without a reply.
+pub(super) fn delivery(message: &jetstream::Message) -> Option<Delivery> {
+    let reply = message.reply.as_ref()?;
+    let (tag, attempt) = match message.info() {
+        Ok(info) => (
+            DeliveryTag::text_and_number(reply.as_str(), info.stream_sequence),
+            u32::try_from(info.delivered).unwrap_or(u32::MAX),
+        ),
+        Err(_) => (DeliveryTag::text(reply.as_str()), 1),
+    };
+    Some(Delivery::new(tag, message.payload.clone(), attempt))
 }
 
 #[async_trait]
@@ -216,8 +225,9 @@ impl Consumer for NatsBroker {
     async fn dead_letter(&self, tag: &DeliveryTag, reason: &str) -> Result<(), BrokerError> {
         // The copy first: once terminated, the original is gone. If the copy
         // fails, the delivery stays leased and is redelivered, not lost.
-        let sequence =
-            stream_sequence(self.reply(tag)?).ok_or_else(|| BrokerError::LeaseLost(tag.clone()))?;
+        let (_, sequence) = tag
+            .as_text_and_number()
+            .ok_or_else(|| BrokerError::LeaseLost(tag.clone()))?;
         let payload = self.original_payload(tag, sequence).await?;
         let publisher = &self.publisher;
         let (headers, payload) =

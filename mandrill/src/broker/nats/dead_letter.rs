@@ -61,16 +61,3 @@ pub(super) fn headers_len(headers: &HeaderMap) -> usize {
 pub(super) fn header_len(name: &str, value: &str) -> usize {
     name.len() + ": ".len() + value.len() + "\r\n".len()
 }
-
-/// The stream sequence in a JetStream reply subject:
-/// `$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<ts>.<pending>`
-/// (with an optional domain and account hash after `ACK` on newer servers).
-pub(super) fn stream_sequence(reply: &str) -> Option<u64> {
-    let tokens: Vec<&str> = reply.split('.').collect();
-    let first = match tokens.len() {
-        9 => 5,
-        n if n >= 12 => 7,
-        _ => return None,
-    };
-    tokens.get(first)?.parse().ok()
-}
