@@ -148,18 +148,134 @@ impl Delivery {
 }
 
 /// What went wrong talking to a broker. The worker branches on the kind.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug)]
+#[non_exhaustive]
 pub enum BrokerError {
     /// The delivery is no longer leased to us: it was settled already, or its
     /// lease expired and it may have been redelivered.
-    #[error("delivery {0} is no longer leased to this consumer")]
     LeaseLost(DeliveryTag),
     /// The broker could not be reached or refused the operation; retrying may help.
-    #[error("broker unavailable: {0}")]
-    Unavailable(String),
+    Unavailable(Cause),
     /// The broker is closed or misconfigured; retrying will not help.
-    #[error("broker failed: {0}")]
-    Fatal(String),
+    Fatal(Cause),
+}
+
+impl fmt::Display for BrokerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::LeaseLost(tag) => {
+                write!(f, "delivery {tag} is no longer leased to this consumer")
+            }
+            Self::Unavailable(cause) => write!(f, "broker unavailable: {cause}"),
+            Self::Fatal(cause) => write!(f, "broker failed: {cause}"),
+        }
+    }
+}
+
+impl BrokerError {
+    /// The error followed by its causes (`error: cause: cause's cause`),
+    /// for a log line or a message that must stand alone.
+    pub fn with_causes(&self) -> impl fmt::Display + '_ {
+        WithCauses(self)
+    }
+}
+
+struct WithCauses<'a>(&'a BrokerError);
+
+impl fmt::Display for WithCauses<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut cause = std::error::Error::source(self.0);
+        while let Some(error) = cause {
+            write!(f, ": {error}")?;
+            cause = error.source();
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for BrokerError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::LeaseLost(_) => None,
+            Self::Unavailable(cause) | Self::Fatal(cause) => cause.source(),
+        }
+    }
+}
+
+/// Why a broker operation failed: what was being done, and the error that
+/// caused it, kept whole as the [`BrokerError`]'s source (not flattened into
+/// the text). Shared (`Arc`), so that one failed transaction can fail every
+/// operation of its batch with the same cause.
+#[derive(Debug, Clone)]
+pub struct Cause {
+    /// What was being done; `None` when the source says it all.
+    what: Option<String>,
+    source: Option<Arc<dyn std::error::Error + Send + Sync>>,
+}
+
+impl Cause {
+    /// `what` failed because of `source`.
+    pub fn new(
+        what: impl Into<String>,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        Self {
+            what: Some(what.into()),
+            source: Some(Arc::from(source.into())),
+        }
+    }
+
+    /// The error itself is the whole story: shown as it is, with its own
+    /// sources after it.
+    pub fn from_error(source: impl std::error::Error + Send + Sync + 'static) -> Self {
+        Self::shared(Arc::new(source))
+    }
+
+    /// As [`from_error`](Self::from_error), for an error shared by several
+    /// failures.
+    pub fn shared(source: Arc<dyn std::error::Error + Send + Sync>) -> Self {
+        Self {
+            what: None,
+            source: Some(source),
+        }
+    }
+
+    /// The error that caused this one, as [`std::error::Error::source`]
+    /// reports it.
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        let source = self.source.as_deref()?;
+        match self.what {
+            Some(_) => Some(source),
+            // Shown in place of `what`: its source comes next.
+            None => source.source(),
+        }
+    }
+}
+
+impl fmt::Display for Cause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (&self.what, &self.source) {
+            (Some(what), _) => f.write_str(what),
+            (None, Some(source)) => fmt::Display::fmt(source, f),
+            (None, None) => f.write_str("unknown cause"),
+        }
+    }
+}
+
+impl From<String> for Cause {
+    fn from(what: String) -> Self {
+        Self {
+            what: Some(what),
+            source: None,
+        }
+    }
+}
+
+impl From<&str> for Cause {
+    fn from(what: &str) -> Self {
+        what.to_owned().into()
+    }
 }
 
 /// Releases a broker connection: shared by [`Publisher`], [`Consumer`] and
@@ -239,6 +355,26 @@ pub(crate) fn bounded_reason(reason: &str) -> std::borrow::Cow<'_, str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn causes_are_sources_not_text() {
+        let io = std::io::Error::other("connection reset");
+        let error = BrokerError::Unavailable(Cause::new("cannot fetch", io));
+        assert_eq!(error.to_string(), "broker unavailable: cannot fetch");
+        let source = std::error::Error::source(&error).unwrap();
+        assert_eq!(source.to_string(), "connection reset");
+        assert_eq!(
+            error.with_causes().to_string(),
+            "broker unavailable: cannot fetch: connection reset"
+        );
+        // An error that says it all is shown in place of a sentence, once.
+        let io = std::io::Error::other("disk full");
+        let error = BrokerError::Unavailable(Cause::from_error(io));
+        assert_eq!(
+            error.with_causes().to_string(),
+            "broker unavailable: disk full"
+        );
+    }
 
     #[test]
     fn reasons_are_bounded_on_a_character_boundary() {

@@ -31,7 +31,9 @@ use bytes::Bytes;
 use futures::StreamExt;
 use tracing::{info, warn};
 
-use super::{BrokerError, Close, Consumer, Delivery, DeliveryTag, Publisher, bounded_reason};
+use super::{
+    BrokerError, Cause, Close, Consumer, Delivery, DeliveryTag, Publisher, bounded_reason,
+};
 
 mod consumer;
 mod dead_letter;
@@ -151,12 +153,18 @@ pub const DEAD_LETTER_SIZE_HEADER: &str = "Mandrill-Original-Size";
 /// because the whole would not fit the server's `max_payload`.
 pub const DEAD_LETTER_TRUNCATED_HEADER: &str = "Mandrill-Payload-Truncated";
 
-pub(super) fn unavailable(what: &str, error: impl fmt::Display) -> BrokerError {
-    BrokerError::Unavailable(format!("{what}: {error}"))
+pub(super) fn unavailable(
+    what: &str,
+    error: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+) -> BrokerError {
+    BrokerError::Unavailable(Cause::new(what, error))
 }
 
-pub(super) fn fatal(what: &str, error: impl fmt::Display) -> BrokerError {
-    BrokerError::Fatal(format!("{what}: {error}"))
+pub(super) fn fatal(
+    what: &str,
+    error: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+) -> BrokerError {
+    BrokerError::Fatal(Cause::new(what, error))
 }
 
 #[cfg(test)]

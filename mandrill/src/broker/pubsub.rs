@@ -70,7 +70,7 @@ pub use self::publisher::PubSubPublisher;
 pub use self::settings::{Endpoint, PubSubSettings, PullMode};
 use self::settle::{Settlement, Settler};
 use super::{
-    BrokerError, Close, Consumer, DeadLetterAdmin, DeadLetterEntry, DeadLetterId, Delivery,
+    BrokerError, Cause, Close, Consumer, DeadLetterAdmin, DeadLetterEntry, DeadLetterId, Delivery,
     DeliveryTag, Publisher, bounded_reason,
 };
 
@@ -122,17 +122,27 @@ pub struct PubSubOptions {
 }
 
 pub(super) fn unavailable(what: &str, status: &Status) -> BrokerError {
-    BrokerError::Unavailable(format!("{what}: {}", describe(status)))
+    BrokerError::Unavailable(Cause::new(what, describe(status)))
 }
 
 pub(super) fn fatal(what: &str, status: &Status) -> BrokerError {
-    BrokerError::Fatal(format!("{what}: {}", describe(status)))
+    BrokerError::Fatal(Cause::new(what, describe(status)))
 }
 
-/// A status as `code: message`, without its metadata (which may carry
-/// request headers).
-pub(super) fn describe(status: &Status) -> String {
-    format!("{:?}: {}", status.code(), status.message())
+/// A failed call's status as `code: message`, without its metadata (which
+/// may carry request headers), for a [`BrokerError`]'s source.
+#[derive(Debug, thiserror::Error)]
+#[error("{code:?}: {message}")]
+pub(super) struct CallFailed {
+    code: Code,
+    message: String,
+}
+
+pub(super) fn describe(status: &Status) -> CallFailed {
+    CallFailed {
+        code: status.code(),
+        message: status.message().to_owned(),
+    }
 }
 
 /// Whether retrying a call that failed so may help.

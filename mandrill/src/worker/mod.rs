@@ -319,7 +319,7 @@ async fn supervise(
             Ok(Ok(())) => return Ok(()),
             Ok(Err(error)) => {
                 let fatal = matches!(error, BrokerError::Fatal(_));
-                (error.to_string(), fatal)
+                (error.with_causes().to_string(), fatal)
             }
             Err(panic) => {
                 context.stats.panics.inc();

@@ -203,9 +203,9 @@ impl Consumer for NatsBroker {
         })
         .await;
         pulled.unwrap_or_else(|_elapsed| {
-            Err(BrokerError::Unavailable(format!(
-                "no answer to a pull within {limit:?}; is the server reachable?"
-            )))
+            Err(BrokerError::Unavailable(
+                format!("no answer to a pull within {limit:?}; is the server reachable?").into(),
+            ))
         })
     }
 

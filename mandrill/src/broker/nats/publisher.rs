@@ -83,12 +83,15 @@ impl NatsPublisher {
             .subjects
             .contains(&settings.subject)
         {
-            return Err(BrokerError::Fatal(format!(
-                "stream {} exists but does not capture subject {} (it captures {:?})",
-                settings.stream,
-                settings.subject,
-                requests.cached_info().config.subjects
-            )));
+            return Err(BrokerError::Fatal(
+                format!(
+                    "stream {} exists but does not capture subject {} (it captures {:?})",
+                    settings.stream,
+                    settings.subject,
+                    requests.cached_info().config.subjects
+                )
+                .into(),
+            ));
         }
         jetstream
             .get_or_create_stream(stream::Config {
@@ -129,13 +132,16 @@ impl NatsPublisher {
             .map_err(|e| fatal(&format!("cannot open consumer {}", settings.consumer), e))?;
         let mismatches = mismatches(&consumer.cached_info().config, &wanted);
         if !mismatches.is_empty() {
-            return Err(BrokerError::Fatal(format!(
-                "consumer {} on stream {} exists with other settings: {}; \
+            return Err(BrokerError::Fatal(
+                format!(
+                    "consumer {} on stream {} exists with other settings: {}; \
                  delete the consumer (it is created again) or change the configuration to match",
-                settings.consumer,
-                settings.stream,
-                mismatches.join(", ")
-            )));
+                    settings.consumer,
+                    settings.stream,
+                    mismatches.join(", ")
+                )
+                .into(),
+            ));
         }
         Ok(consumer)
     }

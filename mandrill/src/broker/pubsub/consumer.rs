@@ -154,10 +154,9 @@ impl PubSubBroker {
                     if let Some(ended) = open.take() {
                         ended.dispose().await;
                     }
-                    return Err(BrokerError::Unavailable(format!(
-                        "the stream on {} ended",
-                        self.publisher.subscription
-                    )));
+                    return Err(BrokerError::Unavailable(
+                        format!("the stream on {} ended", self.publisher.subscription).into(),
+                    ));
                 }
             };
         let mut taken = vec![first];
@@ -273,9 +272,10 @@ impl Consumer for PubSubBroker {
         let available = tokio::time::timeout(limit, self.pull_once(consumer, max))
             .await
             .unwrap_or_else(|_elapsed| {
-                Err(BrokerError::Unavailable(format!(
-                    "no answer to a pull within {limit:?}; is the service reachable?"
-                )))
+                Err(BrokerError::Unavailable(
+                    format!("no answer to a pull within {limit:?}; is the service reachable?")
+                        .into(),
+                ))
             })?;
         if !available.is_empty() {
             return Ok(available);
@@ -294,9 +294,10 @@ impl Consumer for PubSubBroker {
             let pulled = tokio::time::timeout(limit, self.pull_once(consumer, max))
                 .await
                 .unwrap_or_else(|_elapsed| {
-                    Err(BrokerError::Unavailable(format!(
-                        "no answer to a pull within {limit:?}; is the service reachable?"
-                    )))
+                    Err(BrokerError::Unavailable(
+                        format!("no answer to a pull within {limit:?}; is the service reachable?")
+                            .into(),
+                    ))
                 })?;
             if !pulled.is_empty() {
                 return Ok(pulled);

@@ -103,9 +103,9 @@ impl DeadLetterAdmin for PubSubPublisher {
         let dead = self.pull_dead_letters(usize::MAX).await?;
         let ack_ids = dead.iter().map(|d| d.ack_id.clone()).collect();
         self.release_dead_letters(ack_ids).await.map_err(|error| {
-            BrokerError::Unavailable(format!(
-                "cannot release the dead letters after listing them: {error}"
-            ))
+            BrokerError::Unavailable(
+                format!("cannot release the dead letters after listing them: {error}").into(),
+            )
         })?;
         Ok(dead
             .into_iter()

@@ -46,17 +46,23 @@ impl PubSubPublisher {
             Ok(existing) if existing.get_ref().topic == broker.requests.fully_qualified_name() => {
                 Ok(broker)
             }
-            Ok(existing) => Err(BrokerError::Fatal(format!(
-                "subscription {} reads topic {}, not {}: check broker.pubsub.topic",
-                broker.subscription,
-                existing.get_ref().topic,
-                broker.requests.fully_qualified_name()
-            ))),
-            Err(status) if status.code() == Code::NotFound => Err(BrokerError::Fatal(format!(
-                "subscription {} does not exist, and Pub/Sub drops messages published to a \
+            Ok(existing) => Err(BrokerError::Fatal(
+                format!(
+                    "subscription {} reads topic {}, not {}: check broker.pubsub.topic",
+                    broker.subscription,
+                    existing.get_ref().topic,
+                    broker.requests.fully_qualified_name()
+                )
+                .into(),
+            )),
+            Err(status) if status.code() == Code::NotFound => Err(BrokerError::Fatal(
+                format!(
+                    "subscription {} does not exist, and Pub/Sub drops messages published to a \
                  topic no subscription reads: start a consumer (`mandrill run`) once to create it",
-                broker.subscription
-            ))),
+                    broker.subscription
+                )
+                .into(),
+            )),
             Err(status) => Err(classify(
                 &format!("cannot read subscription {}", broker.subscription),
                 &status,
@@ -67,7 +73,9 @@ impl PubSubPublisher {
     pub(super) async fn connect_clients(options: PubSubOptions) -> Result<Self, BrokerError> {
         install_crypto_provider();
         let endpoint = match &options.settings.endpoint {
-            Some(endpoint) => settings::parse_endpoint(endpoint).map_err(BrokerError::Fatal)?,
+            Some(endpoint) => {
+                settings::parse_endpoint(endpoint).map_err(|why| BrokerError::Fatal(why.into()))?
+            }
             None => match std::env::var("PUBSUB_EMULATOR_HOST") {
                 Ok(host) if !host.is_empty() => Endpoint::Emulator(host),
                 _ => Endpoint::Google("pubsub.googleapis.com".into()),
@@ -96,32 +104,36 @@ impl PubSubPublisher {
                 // The default environment reads PUBSUB_EMULATOR_HOST; an
                 // explicit endpoint wins over it.
                 config.environment = Environment::GoogleCloud(Box::new(NoopTokenSourceProvider {}));
-                config = match &options.settings.credentials_file {
-                    Some(path) => {
-                        let file = CredentialsFile::new_from_file(path.display().to_string())
-                            .await
-                            .map_err(|e| {
-                                BrokerError::Fatal(format!(
-                                    "cannot read broker.pubsub.credentials_file {}: {e}",
-                                    path.display()
-                                ))
-                            })?;
-                        config.with_credentials(file).await
+                config =
+                    match &options.settings.credentials_file {
+                        Some(path) => {
+                            let file = CredentialsFile::new_from_file(path.display().to_string())
+                                .await
+                                .map_err(|e| {
+                                    BrokerError::Fatal(Cause::new(
+                                        format!(
+                                            "cannot read broker.pubsub.credentials_file {}",
+                                            path.display()
+                                        ),
+                                        e,
+                                    ))
+                                })?;
+                            config.with_credentials(file).await
+                        }
+                        None => config.with_auth().await,
                     }
-                    None => config.with_auth().await,
-                }
-                .map_err(|e| {
-                    BrokerError::Fatal(format!(
+                    .map_err(|e| {
+                        BrokerError::Fatal(format!(
                         "no Google credentials ({e}): set GOOGLE_APPLICATION_CREDENTIALS or \
                          broker.pubsub.credentials_file, or point broker.pubsub.endpoint or \
                          PUBSUB_EMULATOR_HOST at an emulator"
-                    ))
-                })?;
+                    ).into())
+                    })?;
                 host.clone()
             }
         };
         let client = Client::new(config).await.map_err(|e| {
-            BrokerError::Unavailable(format!("cannot connect to pubsub ({shown}): {e}"))
+            BrokerError::Unavailable(Cause::new(format!("cannot connect to pubsub ({shown})"), e))
         })?;
         let handle = client.subscription(&options.subscription);
         let subscriber = handle.get_client();
@@ -214,12 +226,15 @@ impl PubSubPublisher {
             mismatches(&existing, &wanted, self.options.max_deliveries)
         };
         if !differences.is_empty() {
-            return Err(BrokerError::Fatal(format!(
-                "subscription {name} exists with other settings: {}; \
+            return Err(BrokerError::Fatal(
+                format!(
+                    "subscription {name} exists with other settings: {}; \
                  delete the subscription (it is created again; its unacknowledged messages \
                  are lost) or change the configuration to match",
-                differences.join(", ")
-            )));
+                    differences.join(", ")
+                )
+                .into(),
+            ));
         }
         Ok(existing)
     }

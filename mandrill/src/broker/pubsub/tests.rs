@@ -219,7 +219,8 @@ async fn emulator_restarted_mid_run_is_recovered_from() {
     let give_up = std::time::Instant::now() + c::PATIENCE;
     loop {
         match broker.pull(1).await {
-            Err(BrokerError::Fatal(message)) => {
+            Err(error @ BrokerError::Fatal(_)) => {
+                let message = error.with_causes().to_string();
                 assert!(message.contains("NotFound"), "{message}");
                 break;
             }

@@ -74,10 +74,13 @@ impl DeadLetterAdmin for SqliteBroker {
                     }
                 }
                 if !missing.is_empty() {
-                    return Err(BrokerError::Fatal(format!(
-                        "no dead letter with id {}; nothing requeued",
-                        missing.join(", ")
-                    )));
+                    return Err(BrokerError::Fatal(
+                        format!(
+                            "no dead letter with id {}; nothing requeued",
+                            missing.join(", ")
+                        )
+                        .into(),
+                    ));
                 }
                 found
             }

@@ -46,8 +46,8 @@ use tokio_util::task::TaskTracker;
 use tracing::{debug, warn};
 
 use super::{
-    BrokerError, Close, Consumer, DeadLetterAdmin, DeadLetterEntry, DeadLetterId, DeadLetterRecord,
-    Delivery, DeliveryTag, Publisher, bounded_reason,
+    BrokerError, Cause, Close, Consumer, DeadLetterAdmin, DeadLetterEntry, DeadLetterId,
+    DeadLetterRecord, Delivery, DeliveryTag, Publisher, bounded_reason,
 };
 use crate::config::BrokerConfig;
 use crate::store::sqlite::WriterConnection;
@@ -105,7 +105,7 @@ fn millis(duration: Duration) -> i64 {
 }
 
 fn unavailable(error: sqlx::Error) -> BrokerError {
-    BrokerError::Unavailable(error.to_string())
+    BrokerError::Unavailable(Cause::from_error(error))
 }
 
 fn closed() -> BrokerError {
@@ -142,12 +142,12 @@ impl SqliteBroker {
         max_payload_bytes: usize,
     ) -> Result<Self, BrokerError> {
         let options =
-            connect_options(&config.url).map_err(|e| BrokerError::Fatal(e.to_string()))?;
+            connect_options(&config.url).map_err(|e| BrokerError::Fatal(Cause::from_error(e)))?;
         let pool = SqlitePoolOptions::new()
             .max_connections(2)
             .connect_with(options.clone())
             .await
-            .map_err(|e| BrokerError::Fatal(e.to_string()))?;
+            .map_err(|e| BrokerError::Fatal(Cause::from_error(e)))?;
         let migrator = sqlx::migrate!("./migrations/sqlite");
         if let Err(first) = migrator.run(&pool).await {
             // Another process may have been migrating the same file at the
@@ -157,11 +157,11 @@ impl SqliteBroker {
             migrator
                 .run(&pool)
                 .await
-                .map_err(|e| BrokerError::Fatal(format!("migration failed: {e}")))?;
+                .map_err(|e| BrokerError::Fatal(Cause::new("migration failed", e)))?;
         }
         let writer = WriterConnection::open(options)
             .await
-            .map_err(|e| BrokerError::Fatal(e.to_string()))?;
+            .map_err(|e| BrokerError::Fatal(Cause::from_error(e)))?;
         let (ops, receiver) = mpsc::channel(MAX_BATCH * 4);
         let available = Arc::new(Notify::new());
         let tasks = TaskTracker::new();
@@ -250,11 +250,14 @@ impl Consumer for SqliteBroker {
             let claimed = tokio::time::timeout_at(fail_at, claim)
                 .await
                 .map_err(|_elapsed| {
-                    BrokerError::Unavailable(format!(
-                        "the queue's writer did not answer a claim within {:?}; \
+                    BrokerError::Unavailable(
+                        format!(
+                            "the queue's writer did not answer a claim within {:?}; \
                          is another process holding the database's write lock?",
-                        self.poll_wait + PULL_MARGIN
-                    ))
+                            self.poll_wait + PULL_MARGIN
+                        )
+                        .into(),
+                    )
                 })??;
             if !claimed.deliveries.is_empty() {
                 return Ok(claimed.deliveries.into_iter().map(|(_, d)| d).collect());

@@ -104,9 +104,9 @@ pub(super) async fn write_loop(
                 warn!(%error, operations = batch.len(), "queue transaction failed");
                 // Nothing of the batch was committed; orphans stay for the next one.
                 writer.discard().await;
-                let message = error.to_string();
+                let cause: Arc<dyn std::error::Error + Send + Sync> = Arc::new(error);
                 for op in batch.drain(..) {
-                    fail(op, BrokerError::Unavailable(message.clone()));
+                    fail(op, BrokerError::Unavailable(Cause::shared(cause.clone())));
                 }
             }
         }
