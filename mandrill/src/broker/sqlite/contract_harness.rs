@@ -45,7 +45,7 @@ impl Harness for Sqlite {
                         .await
                         .unwrap()
                         .into_iter()
-                        .map(|d| (Bytes::from(d.payload), d.reason))
+                        .map(|d| (d.payload, d.reason))
                         .collect()
                 })
             }),
