@@ -292,6 +292,15 @@ pub trait Close: Send + Sync + 'static {
 pub trait Publisher: Close {
     /// Appends a message.
     async fn publish(&self, payload: Bytes) -> Result<(), BrokerError>;
+
+    /// Appends many, in as few calls (or transactions) as the broker allows.
+    /// By default one by one: on a failure, those before it stay published.
+    async fn publish_all(&self, payloads: Vec<Bytes>) -> Result<(), BrokerError> {
+        for payload in payloads {
+            self.publish(payload).await?;
+        }
+        Ok(())
+    }
 }
 
 /// Where restart requests come from, with lease semantics. See the module docs.

@@ -116,23 +116,9 @@ pub(super) async fn publish(config: Config, args: &PublishArgs) -> anyhow::Resul
     } else if let (BrokerUrl::PubSub { .. }, None) = (&url, args.rate) {
         // Up to 1000 messages per call, never all in memory.
         let broker = service::open_pubsub_publisher(&config).await?;
-        let mut payloads = payloads.peekable();
-        let mut published = 0usize;
-        let mut failure = None;
-        while payloads.peek().is_some() {
-            let batch: Vec<Bytes> = payloads.by_ref().take(PUBLISH_BATCH).collect();
-            let size = batch.len();
-            if let Err(error) = broker.publish_all(batch).await {
-                if published > 0 {
-                    eprintln!("mandrill: published {published} requests before failing");
-                }
-                failure = Some(error);
-                break;
-            }
-            published += size;
-        }
+        let published = publish_in_batches(&broker, payloads).await;
         broker.close().await;
-        failure.map_or(Ok(published), Err)
+        published
     } else {
         // Other brokers have no multi-message transaction: every request was
         // validated above, and they are published one by one.
@@ -146,9 +132,10 @@ pub(super) async fn publish(config: Config, args: &PublishArgs) -> anyhow::Resul
     Ok(())
 }
 
-/// Publishes in transactions of up to [`PUBLISH_BATCH`].
+/// Publishes in batches of up to [`PUBLISH_BATCH`] (on SQLite, a
+/// transaction each).
 pub(super) async fn publish_in_batches(
-    broker: &SqliteBroker,
+    broker: &dyn Publisher,
     payloads: impl Iterator<Item = Bytes>,
 ) -> Result<usize, BrokerError> {
     let mut payloads = payloads.peekable();

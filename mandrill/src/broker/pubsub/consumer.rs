@@ -67,6 +67,24 @@ impl PubSubBroker {
         self.publisher.publish_all(payloads).await
     }
 
+    /// [`pull_once`](Self::pull_once), failed as unreachable if the service
+    /// does not answer within `limit`.
+    pub(super) async fn pull_once_within(
+        &self,
+        consumer: &Leases,
+        max: usize,
+        limit: Duration,
+    ) -> Result<Vec<Delivery>, BrokerError> {
+        tokio::time::timeout(limit, self.pull_once(consumer, max))
+            .await
+            .unwrap_or_else(|_elapsed| {
+                Err(BrokerError::Unavailable(
+                    format!("no answer to a pull within {limit:?}; is the service reachable?")
+                        .into(),
+                ))
+            })
+    }
+
     /// One `Pull` call that returns at once, its deliveries leased here.
     pub(super) async fn pull_once(
         &self,
@@ -269,14 +287,7 @@ impl Consumer for PubSubBroker {
         // What is there now, at once: the busy case, and the only call that
         // must answer (a service that does not is unreachable).
         let limit = self.publisher.options.poll_wait + PULL_MARGIN;
-        let available = tokio::time::timeout(limit, self.pull_once(consumer, max))
-            .await
-            .unwrap_or_else(|_elapsed| {
-                Err(BrokerError::Unavailable(
-                    format!("no answer to a pull within {limit:?}; is the service reachable?")
-                        .into(),
-                ))
-            })?;
+        let available = self.pull_once_within(consumer, max, limit).await?;
         if !available.is_empty() {
             return Ok(available);
         }
@@ -291,14 +302,7 @@ impl Consumer for PubSubBroker {
                 return Ok(Vec::new());
             }
             tokio::time::sleep(self.publisher.options.poll_interval.min(until - now)).await;
-            let pulled = tokio::time::timeout(limit, self.pull_once(consumer, max))
-                .await
-                .unwrap_or_else(|_elapsed| {
-                    Err(BrokerError::Unavailable(
-                        format!("no answer to a pull within {limit:?}; is the service reachable?")
-                            .into(),
-                    ))
-                })?;
+            let pulled = self.pull_once_within(consumer, max, limit).await?;
             if !pulled.is_empty() {
                 return Ok(pulled);
             }

@@ -383,4 +383,9 @@ impl Publisher for PubSubPublisher {
         // for company first.
         Self::publish_call(&self.publisher, vec![request_message(payload)]).await
     }
+
+    /// Up to 1000 per call.
+    async fn publish_all(&self, payloads: Vec<Bytes>) -> Result<(), BrokerError> {
+        PubSubPublisher::publish_all(self, payloads).await
+    }
 }

@@ -223,6 +223,11 @@ impl Publisher for SqliteBroker {
     async fn publish(&self, payload: Bytes) -> Result<(), BrokerError> {
         self.publish_all(vec![payload]).await
     }
+
+    /// In one transaction: all of them or none.
+    async fn publish_all(&self, payloads: Vec<Bytes>) -> Result<(), BrokerError> {
+        SqliteBroker::publish_all(self, payloads).await
+    }
 }
 
 #[async_trait]
