@@ -42,7 +42,7 @@ use futures::StreamExt;
 use mandrill::backoff::Backoff;
 use mandrill::broker::nats::{Credentials, NatsBroker, NatsSettings};
 use mandrill::broker::pubsub::{PubSubBroker, PubSubOptions, PubSubSettings, PullMode};
-use mandrill::broker::{Broker, MemoryBroker, SqliteBroker};
+use mandrill::broker::{Broker, MemoryBroker, Publisher as _, SqliteBroker};
 use mandrill::config::BrokerConfig;
 use mandrill::domain::{Domain, Outcome, ParseRules, RestartRequest, Status};
 use mandrill::notify::{EventKind, Format, Notifier, NotifierSettings, NotifyEntry};
@@ -232,7 +232,9 @@ async fn run(options: Options) {
         .starts_with("nats://")
         .then(|| nats_settings(&options.broker));
     let postgres = match options.db.starts_with("postgres://") {
-        true => Some(BenchDatabase::create(&options.db).await),
+        true => {
+            Some(throwaway_postgres::TestDatabase::create_on(&options.db, "mandrill_bench").await)
+        }
         false => None,
     };
     let pubsub = options
@@ -427,9 +429,8 @@ async fn run(options: Options) {
         Some(options) => Some(bare_pubsub_rates(options, n).await),
         None => None,
     };
-    if let Some(database) = postgres {
-        database.drop().await;
-    }
+    // Drops the database, if there is one.
+    drop(postgres);
     if let Some(settings) = &nats {
         delete_streams(settings).await;
     }
@@ -788,42 +789,6 @@ async fn bare_nats_rate(settings: &NatsSettings, n: usize) -> f64 {
     n as f64 / started.elapsed().as_secs_f64()
 }
 
-/// A throwaway PostgreSQL database on the server `url` names.
-struct BenchDatabase {
-    admin: String,
-    name: String,
-    url: String,
-}
-
-impl BenchDatabase {
-    async fn create(url: &str) -> Self {
-        use sqlx::Connection;
-        let name = format!("mandrill_bench_{}", Uuid::new_v4().simple());
-        let mut admin = sqlx::postgres::PgConnection::connect(url)
-            .await
-            .expect("postgres");
-        sqlx::query(&format!("CREATE DATABASE {name}"))
-            .execute(&mut admin)
-            .await
-            .expect("create database");
-        let (server, _) = url.rsplit_once('/').expect("url names a database");
-        Self {
-            admin: url.to_owned(),
-            url: format!("{server}/{name}"),
-            name,
-        }
-    }
-
-    async fn drop(self) {
-        use sqlx::Connection;
-        let mut admin = sqlx::postgres::PgConnection::connect(&self.admin)
-            .await
-            .expect("postgres");
-        let _ = sqlx::query(&format!(
-            "DROP DATABASE IF EXISTS {} WITH (FORCE)",
-            self.name
-        ))
-        .execute(&mut admin)
-        .await;
-    }
-}
+/// A throwaway PostgreSQL database (the tests' helper).
+#[path = "../tests/services/postgres.rs"]
+mod throwaway_postgres;

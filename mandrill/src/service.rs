@@ -16,9 +16,11 @@ use tokio_util::task::TaskTracker;
 use tracing::{error, info, warn};
 
 use crate::admin::Admin;
-use crate::broker::nats::{Credentials, NatsBroker, NatsSettings};
-use crate::broker::pubsub::{PubSubBroker, PubSubOptions};
-use crate::broker::{Broker, MemoryBroker, SqliteBroker};
+use crate::broker::nats::{Credentials, NatsBroker, NatsPublisher, NatsSettings};
+use crate::broker::pubsub::{PubSubBroker, PubSubOptions, PubSubPublisher};
+use crate::broker::{
+    Broker, BrokerUrl, BrokerUrlError, DeadLetterAdmin, MemoryBroker, Publisher, SqliteBroker,
+};
 use crate::config::{
     BrokerConfig, Config, RestarterConfig, RestarterKind, StoreConfig, redact_url,
 };
@@ -63,11 +65,19 @@ pub async fn open_store(config: &StoreConfig) -> anyhow::Result<Arc<dyn Store>> 
     )
 }
 
+/// `broker.url`, parsed.
+pub fn broker_url(config: &Config) -> anyhow::Result<BrokerUrl> {
+    BrokerUrl::parse(&config.broker.url).map_err(|error| match error {
+        BrokerUrlError::Unsupported(_) => anyhow!("broker.url {error}"),
+        BrokerUrlError::PubSub(_) => anyhow!(error),
+    })
+}
+
 /// Opens the SQLite queue `broker.url` names (`sqlite:PATH`), creating and
 /// migrating it if needed.
 pub async fn open_sqlite_broker(config: &BrokerConfig) -> anyhow::Result<SqliteBroker> {
     let url = config.url.as_str();
-    if !url.starts_with("sqlite:") {
+    if !matches!(BrokerUrl::parse(url), Ok(BrokerUrl::Sqlite { .. })) {
         bail!(
             "broker.url {:?} is not a sqlite:PATH queue",
             redact_url(url)
@@ -78,73 +88,102 @@ pub async fn open_sqlite_broker(config: &BrokerConfig) -> anyhow::Result<SqliteB
         .with_context(|| format!("cannot open broker.url {:?}", redact_url(url)))
 }
 
-/// What a process opens a broker for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
-    /// Pulls and settles: sets up (and checks) the shared consumer.
-    Consume,
-    /// Only publishes: leaves the consumer to the consumers.
-    Publish,
-}
-
-/// The broker `broker.url` names, and the in-memory one if that is it.
+/// The broker `broker.url` names, opened to consume (and publish into),
+/// and the in-memory one if that is it.
 pub async fn open_broker(
     config: &Config,
-    role: Role,
 ) -> anyhow::Result<(Arc<dyn Broker>, Option<Arc<MemoryBroker>>)> {
     let broker = &config.broker;
-    match broker.url.as_str() {
-        "memory" => {
+    let cannot_open = || format!("cannot open broker.url {:?}", redact_url(&broker.url));
+    match broker_url(config)? {
+        BrokerUrl::Memory => {
             let memory = Arc::new(MemoryBroker::new(broker.ack_deadline, broker.poll_wait));
             Ok((memory.clone(), Some(memory)))
         }
-        url if url.starts_with("sqlite:") => {
-            let sqlite = match role {
-                // A consumer reads at most the acceptable payload size plus
-                // one byte of each message: an oversized one is rejected by
-                // its full size without being loaded.
-                Role::Consume => SqliteBroker::connect_with_payload_limit(
-                    broker,
-                    config.message.max_payload_bytes,
-                )
-                .await
-                .with_context(|| format!("cannot open broker.url {:?}", redact_url(url)))?,
-                Role::Publish => open_sqlite_broker(broker).await?,
-            };
+        BrokerUrl::Sqlite { .. } => {
+            // A consumer reads at most the acceptable payload size plus one
+            // byte of each message: an oversized one is rejected by its full
+            // size without being loaded.
+            let sqlite =
+                SqliteBroker::connect_with_payload_limit(broker, config.message.max_payload_bytes)
+                    .await
+                    .with_context(cannot_open)?;
             Ok((Arc::new(sqlite), None))
         }
-        url if url.starts_with("nats://") || url.starts_with("tls://") => {
-            let settings = nats_settings(config);
-            let nats = match role {
-                Role::Consume => NatsBroker::connect(settings).await,
-                Role::Publish => NatsBroker::connect_publisher(settings).await,
-            }
-            .with_context(|| format!("cannot open broker.url {:?}", redact_url(url)))?;
+        BrokerUrl::Nats { url, tls } => {
+            let nats = NatsBroker::connect(nats_settings(config, url, tls))
+                .await
+                .with_context(cannot_open)?;
             Ok((Arc::new(nats), None))
         }
-        url if url.starts_with("pubsub://") => {
-            let options = pubsub_options(config)?;
-            let pubsub = match role {
-                Role::Consume => PubSubBroker::connect(options).await,
-                Role::Publish => PubSubBroker::connect_publisher(options).await,
-            }
-            .with_context(|| format!("cannot open broker.url {url:?}"))?;
+        BrokerUrl::PubSub {
+            project,
+            subscription,
+        } => {
+            let pubsub = PubSubBroker::connect(pubsub_options(config, project, subscription))
+                .await
+                .with_context(cannot_open)?;
             Ok((Arc::new(pubsub), None))
         }
-        other => bail!(
-            "broker.url {:?} is not supported: use sqlite:PATH, nats://HOST:PORT, \
-             pubsub://PROJECT/SUBSCRIPTION or memory",
-            redact_url(other)
-        ),
+    }
+}
+
+/// A connection that only publishes into the queue `broker.url` names: it
+/// leaves the consumer (subscription) to the consumers.
+pub async fn open_publisher(config: &Config) -> anyhow::Result<Arc<dyn Publisher>> {
+    match broker_url(config)? {
+        BrokerUrl::Sqlite { .. } => Ok(Arc::new(open_sqlite_broker(&config.broker).await?)),
+        BrokerUrl::Nats { url, tls } => {
+            let nats = NatsPublisher::connect(nats_settings(config, url, tls))
+                .await
+                .with_context(|| {
+                    format!(
+                        "cannot open broker.url {:?}",
+                        redact_url(&config.broker.url)
+                    )
+                })?;
+            Ok(Arc::new(nats))
+        }
+        BrokerUrl::PubSub { .. } => Ok(Arc::new(open_pubsub_publisher(config).await?)),
+        // Only inside `mandrill run`: as a consumer.
+        BrokerUrl::Memory => Ok(open_broker(config).await?.0),
+    }
+}
+
+/// A Pub/Sub connection that publishes and administers dead letters.
+pub async fn open_pubsub_publisher(config: &Config) -> anyhow::Result<PubSubPublisher> {
+    let BrokerUrl::PubSub {
+        project,
+        subscription,
+    } = broker_url(config)?
+    else {
+        bail!(
+            "broker.url {:?} is not a pubsub://PROJECT/SUBSCRIPTION queue",
+            redact_url(&config.broker.url)
+        );
+    };
+    PubSubPublisher::connect(pubsub_options(config, project, subscription))
+        .await
+        .with_context(|| format!("cannot open broker.url {:?}", config.broker.url))
+}
+
+/// The dead-letter administration of the queue `broker.url` names, if its
+/// broker keeps dead letters where they can be read back (`None` for NATS,
+/// whose dead letters are on the `{stream}_DEAD` stream, and memory).
+pub async fn open_dead_letter_admin(
+    config: &Config,
+) -> anyhow::Result<Option<Arc<dyn DeadLetterAdmin>>> {
+    match broker_url(config)? {
+        BrokerUrl::Sqlite { .. } => Ok(Some(Arc::new(open_sqlite_broker(&config.broker).await?))),
+        BrokerUrl::PubSub { .. } => Ok(Some(Arc::new(open_pubsub_publisher(config).await?))),
+        BrokerUrl::Nats { .. } | BrokerUrl::Memory => Ok(None),
     }
 }
 
 /// The Pub/Sub broker's part of the configuration.
-pub fn pubsub_options(config: &Config) -> anyhow::Result<PubSubOptions> {
+fn pubsub_options(config: &Config, project: String, subscription: String) -> PubSubOptions {
     let broker = &config.broker;
-    let (project, subscription) =
-        crate::broker::pubsub::settings::parse_url(&broker.url).map_err(anyhow::Error::msg)?;
-    Ok(PubSubOptions {
+    PubSubOptions {
         project,
         subscription,
         settings: broker.pubsub.clone(),
@@ -153,11 +192,11 @@ pub fn pubsub_options(config: &Config) -> anyhow::Result<PubSubOptions> {
         poll_interval: broker.poll_interval,
         max_deliveries: broker.max_deliveries,
         max_in_flight: config.worker.max_in_flight,
-    })
+    }
 }
 
 /// The NATS broker's part of the configuration.
-fn nats_settings(config: &Config) -> NatsSettings {
+fn nats_settings(config: &Config, url: String, tls_scheme: bool) -> NatsSettings {
     let nats = &config.nats;
     let credentials = match (&nats.user, &nats.password, &nats.token, &nats.creds_file) {
         (Some(user), Some(password), _, _) => Credentials::UserPassword {
@@ -169,7 +208,7 @@ fn nats_settings(config: &Config) -> NatsSettings {
         _ => Credentials::None,
     };
     NatsSettings {
-        url: config.broker.url.clone(),
+        url,
         stream: nats.stream.clone(),
         subject: nats.subject.clone(),
         consumer: nats.consumer.clone(),
@@ -178,7 +217,7 @@ fn nats_settings(config: &Config) -> NatsSettings {
         max_ack_pending: nats.max_ack_pending,
         poll_wait: config.broker.poll_wait,
         credentials,
-        tls: nats.tls || config.broker.url.starts_with("tls://"),
+        tls: nats.tls || tls_scheme,
         tls_ca_file: nats.tls_ca_file.clone(),
     }
 }
@@ -304,7 +343,7 @@ impl Service {
     pub async fn build(config: Config) -> anyhow::Result<Self> {
         // First, so that a port in use fails start-up before anything opens.
         let admin = Admin::bind(&config.admin).await?;
-        let (broker, memory_broker) = open_broker(&config, Role::Consume).await?;
+        let (broker, memory_broker) = open_broker(&config).await?;
         let store = open_store(&config.store).await?;
         let restarter = build_restarter(&config)?;
         let pause_file = match &config.safety.pause_file {

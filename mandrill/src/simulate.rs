@@ -11,7 +11,7 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 use uuid::Uuid;
 
-use crate::broker::Broker;
+use crate::broker::Publisher;
 use crate::domain::{Domain, Hostname, RestartRequest, random_instance_name};
 
 /// How often the publisher wakes up; requests due in between are published
@@ -49,7 +49,7 @@ fn malformed_payload(rng: &mut impl Rng) -> Bytes {
 /// a demo has no backlog to honour. `stop` is checked before every publish
 /// and interrupts one in progress.
 pub async fn publish(
-    broker: Arc<dyn Broker>,
+    broker: Arc<dyn Publisher>,
     mut rate: watch::Receiver<f64>,
     malformed_rate: f64,
     stop: impl std::future::Future<Output = ()>,

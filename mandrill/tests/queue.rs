@@ -164,7 +164,7 @@ fn malformed_payloads_are_dead_lettered_listed_and_can_be_requeued() {
             )
             .await
             .unwrap();
-        mandrill::broker::Broker::close(&broker).await;
+        mandrill::broker::Close::close(&broker).await;
     });
     let (status, stdout, stderr) = mandrill(&dir, &["publish", "cattle-good"], &[]);
     assert!(status.success(), "{stderr}: {stdout}");

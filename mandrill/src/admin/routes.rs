@@ -247,7 +247,9 @@ mod tests {
     use bytes::Bytes;
 
     use super::*;
-    use crate::broker::{Broker, BrokerError, Delivery, DeliveryTag, MemoryBroker};
+    use crate::broker::{
+        Broker, BrokerError, Close, Consumer, Delivery, DeliveryTag, MemoryBroker, Publisher,
+    };
     use crate::stats::Stats;
     use crate::store::MemoryStore;
     use crate::worker::Shutdown;
@@ -259,13 +261,19 @@ mod tests {
         Err(BrokerError::Unavailable("connection refused".into()))
     }
 
+    impl Close for Unreachable {}
+
     #[async_trait]
-    impl Broker for Unreachable {
-        fn ack_deadline(&self) -> Duration {
-            Duration::from_secs(30)
-        }
+    impl Publisher for Unreachable {
         async fn publish(&self, _: Bytes) -> Result<(), BrokerError> {
             down()
+        }
+    }
+
+    #[async_trait]
+    impl Consumer for Unreachable {
+        fn lease(&self) -> Option<Duration> {
+            Some(Duration::from_secs(30))
         }
         async fn pull(&self, _: usize) -> Result<Vec<Delivery>, BrokerError> {
             down()

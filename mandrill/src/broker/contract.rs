@@ -15,7 +15,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures::future::BoxFuture;
 
-use super::{Broker, BrokerError, Delivery};
+use super::{Broker, BrokerError, Consumer, Delivery};
 
 /// How long to wait for something that should happen; reached only when it
 /// does not.
@@ -77,7 +77,7 @@ pub(crate) trait Harness: Send + Sync {
 }
 
 /// Pulls from `broker` until `want` deliveries came, or fails after [`PATIENCE`].
-pub(crate) async fn pull_n(broker: &dyn Broker, want: usize) -> Vec<Delivery> {
+pub(crate) async fn pull_n(broker: &dyn Consumer, want: usize) -> Vec<Delivery> {
     let give_up = Instant::now() + PATIENCE;
     let mut got = Vec::new();
     while got.len() < want {
@@ -92,7 +92,7 @@ pub(crate) async fn pull_n(broker: &dyn Broker, want: usize) -> Vec<Delivery> {
 }
 
 /// Pulls from `broker` for `period`, and returns what came.
-async fn pull_during(broker: &dyn Broker, period: Duration) -> Vec<Delivery> {
+async fn pull_during(broker: &dyn Consumer, period: Duration) -> Vec<Delivery> {
     let until = Instant::now() + period;
     let mut got = Vec::new();
     while Instant::now() < until {

@@ -14,7 +14,7 @@ use bytes::Bytes;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::{Broker, BrokerError, Delivery, DeliveryTag, bounded_reason};
+use super::{BrokerError, Close, Consumer, Delivery, DeliveryTag, Publisher, bounded_reason};
 
 /// A message kept for dead-letter inspection.
 #[derive(Debug, Clone)]
@@ -191,12 +191,10 @@ impl State {
     }
 }
 
-#[async_trait]
-impl Broker for MemoryBroker {
-    fn ack_deadline(&self) -> Duration {
-        self.ack_deadline
-    }
+impl Close for MemoryBroker {}
 
+#[async_trait]
+impl Publisher for MemoryBroker {
     async fn publish(&self, payload: Bytes) -> Result<(), BrokerError> {
         self.lock().ready.push_back(Message {
             payload,
@@ -204,6 +202,13 @@ impl Broker for MemoryBroker {
         });
         self.available.notify_waiters();
         Ok(())
+    }
+}
+
+#[async_trait]
+impl Consumer for MemoryBroker {
+    fn lease(&self) -> Option<Duration> {
+        Some(self.ack_deadline)
     }
 
     async fn pull(&self, max: usize) -> Result<Vec<Delivery>, BrokerError> {

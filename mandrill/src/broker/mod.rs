@@ -1,18 +1,27 @@
 //! The `Broker` seam: where restart requests come from.
 //!
-//! A broker hands out *deliveries*: a payload leased to this consumer until
-//! its ack deadline. The worker settles every delivery exactly once, by
-//! [`Broker::ack`], [`Broker::nack`] (redeliver after a delay) or
-//! [`Broker::dead_letter`]; while work runs it keeps the lease with
-//! [`Broker::extend`]. A delivery that is neither settled nor extended before
-//! its deadline is redelivered, possibly to another consumer.
+//! Three traits, so that each caller asks only for what it uses: a
+//! [`Publisher`] appends messages (`mandrill publish`, the demo publisher); a
+//! [`Consumer`] hands out *deliveries* (the worker); a [`DeadLetterAdmin`]
+//! lists and requeues what was given up on (`mandrill dead-letters`,
+//! `requeue`), for brokers that keep dead letters where they can be read.
+//! [`Broker`] is a consumer that can also be published into.
+//!
+//! A delivery is a payload leased to this consumer until its ack deadline.
+//! The worker settles every delivery exactly once, by [`Consumer::ack`],
+//! [`Consumer::nack`] (redeliver after a delay) or [`Consumer::dead_letter`];
+//! while work runs it keeps the lease with [`Consumer::extend`]. A delivery
+//! that is neither settled nor extended before its deadline is redelivered,
+//! possibly to another consumer.
 
 #[cfg(test)]
 pub(crate) mod contract;
+mod dead_letters;
 pub mod memory;
 pub mod nats;
 pub mod pubsub;
 pub mod sqlite;
+mod url;
 
 use std::fmt;
 use std::sync::Arc;
@@ -21,8 +30,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 
+pub use dead_letters::{DeadLetterAdmin, DeadLetterEntry, DeadLetterId, DeadLetterRecord};
 pub use memory::MemoryBroker;
 pub use sqlite::SqliteBroker;
+pub use url::{BrokerUrl, BrokerUrlError};
 
 /// Identifies one delivery to the broker that made it. Opaque to the worker:
 /// each broker puts in what it needs to find the delivery again.
@@ -34,6 +45,7 @@ enum TagRepr {
     Number(u64),
     Pair(u64, u64),
     Text(Arc<str>),
+    TextAndNumber(Arc<str>, u64),
 }
 
 impl DeliveryTag {
@@ -60,19 +72,33 @@ impl DeliveryTag {
         Self(TagRepr::Text(text.into()))
     }
 
+    /// A tag that is text with a number beside it, e.g. a reply subject and
+    /// the message's sequence. Shown as the text.
+    pub fn text_and_number(text: impl Into<Arc<str>>, number: u64) -> Self {
+        Self(TagRepr::TextAndNumber(text.into(), number))
+    }
+
     /// The number, if this tag is one.
     pub fn as_number(&self) -> Option<u64> {
         match &self.0 {
             TagRepr::Number(n) => Some(*n),
-            TagRepr::Pair(..) | TagRepr::Text(_) => None,
+            TagRepr::Pair(..) | TagRepr::Text(_) | TagRepr::TextAndNumber(..) => None,
         }
     }
 
-    /// The text, if this tag is text.
+    /// The text, if this tag is text (with or without a number).
     pub fn as_text(&self) -> Option<&str> {
         match &self.0 {
             TagRepr::Number(_) | TagRepr::Pair(..) => None,
-            TagRepr::Text(text) => Some(text),
+            TagRepr::Text(text) | TagRepr::TextAndNumber(text, _) => Some(text),
+        }
+    }
+
+    /// The text and the number, if this tag is text with a number.
+    pub fn as_text_and_number(&self) -> Option<(&str, u64)> {
+        match &self.0 {
+            TagRepr::TextAndNumber(text, number) => Some((text, *number)),
+            TagRepr::Number(_) | TagRepr::Pair(..) | TagRepr::Text(_) => None,
         }
     }
 }
@@ -88,7 +114,7 @@ impl fmt::Display for DeliveryTag {
         match &self.0 {
             TagRepr::Number(n) => write!(f, "#{n}"),
             TagRepr::Pair(first, second) => write!(f, "#{first}.{second}"),
-            TagRepr::Text(text) => f.write_str(text),
+            TagRepr::Text(text) | TagRepr::TextAndNumber(text, _) => f.write_str(text),
         }
     }
 }
@@ -122,28 +148,168 @@ impl Delivery {
 }
 
 /// What went wrong talking to a broker. The worker branches on the kind.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug)]
+#[non_exhaustive]
 pub enum BrokerError {
     /// The delivery is no longer leased to us: it was settled already, or its
     /// lease expired and it may have been redelivered.
-    #[error("delivery {0} is no longer leased to this consumer")]
     LeaseLost(DeliveryTag),
     /// The broker could not be reached or refused the operation; retrying may help.
-    #[error("broker unavailable: {0}")]
-    Unavailable(String),
+    Unavailable(Cause),
     /// The broker is closed or misconfigured; retrying will not help.
-    #[error("broker failed: {0}")]
-    Fatal(String),
+    Fatal(Cause),
 }
 
-/// A source of restart requests with lease semantics. See the module docs.
-#[async_trait]
-pub trait Broker: Send + Sync + 'static {
-    /// How long a delivery stays leased without an extension.
-    fn ack_deadline(&self) -> Duration;
+impl fmt::Display for BrokerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::LeaseLost(tag) => {
+                write!(f, "delivery {tag} is no longer leased to this consumer")
+            }
+            Self::Unavailable(cause) => write!(f, "broker unavailable: {cause}"),
+            Self::Fatal(cause) => write!(f, "broker failed: {cause}"),
+        }
+    }
+}
 
+impl BrokerError {
+    /// The error followed by its causes (`error: cause: cause's cause`),
+    /// for a log line or a message that must stand alone.
+    pub fn with_causes(&self) -> impl fmt::Display + '_ {
+        WithCauses(self)
+    }
+}
+
+struct WithCauses<'a>(&'a BrokerError);
+
+impl fmt::Display for WithCauses<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut cause = std::error::Error::source(self.0);
+        while let Some(error) = cause {
+            write!(f, ": {error}")?;
+            cause = error.source();
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for BrokerError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::LeaseLost(_) => None,
+            Self::Unavailable(cause) | Self::Fatal(cause) => cause.source(),
+        }
+    }
+}
+
+/// Why a broker operation failed: what was being done, and the error that
+/// caused it, kept whole as the [`BrokerError`]'s source (not flattened into
+/// the text). Shared (`Arc`), so that one failed transaction can fail every
+/// operation of its batch with the same cause.
+#[derive(Debug, Clone)]
+pub struct Cause {
+    /// What was being done; `None` when the source says it all.
+    what: Option<String>,
+    source: Option<Arc<dyn std::error::Error + Send + Sync>>,
+}
+
+impl Cause {
+    /// `what` failed because of `source`.
+    pub fn new(
+        what: impl Into<String>,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        Self {
+            what: Some(what.into()),
+            source: Some(Arc::from(source.into())),
+        }
+    }
+
+    /// The error itself is the whole story: shown as it is, with its own
+    /// sources after it.
+    pub fn from_error(source: impl std::error::Error + Send + Sync + 'static) -> Self {
+        Self::shared(Arc::new(source))
+    }
+
+    /// As [`from_error`](Self::from_error), for an error shared by several
+    /// failures.
+    pub fn shared(source: Arc<dyn std::error::Error + Send + Sync>) -> Self {
+        Self {
+            what: None,
+            source: Some(source),
+        }
+    }
+
+    /// The error that caused this one, as [`std::error::Error::source`]
+    /// reports it.
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        let source = self.source.as_deref()?;
+        match self.what {
+            Some(_) => Some(source),
+            // Shown in place of `what`: its source comes next.
+            None => source.source(),
+        }
+    }
+}
+
+impl fmt::Display for Cause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (&self.what, &self.source) {
+            (Some(what), _) => f.write_str(what),
+            (None, Some(source)) => fmt::Display::fmt(source, f),
+            (None, None) => f.write_str("unknown cause"),
+        }
+    }
+}
+
+impl From<String> for Cause {
+    fn from(what: String) -> Self {
+        Self {
+            what: Some(what),
+            source: None,
+        }
+    }
+}
+
+impl From<&str> for Cause {
+    fn from(what: &str) -> Self {
+        what.to_owned().into()
+    }
+}
+
+/// Releases a broker connection: shared by [`Publisher`], [`Consumer`] and
+/// [`DeadLetterAdmin`], so that a type that is several of them closes once
+/// and `close` is never ambiguous.
+#[async_trait]
+pub trait Close: Send + Sync + 'static {
+    /// Releases connections; called once, after the last settlement.
+    async fn close(&self) {}
+}
+
+/// Where restart requests go: appends messages.
+#[async_trait]
+pub trait Publisher: Close {
     /// Appends a message.
     async fn publish(&self, payload: Bytes) -> Result<(), BrokerError>;
+
+    /// Appends many, in as few calls (or transactions) as the broker allows.
+    /// By default one by one: on a failure, those before it stay published.
+    async fn publish_all(&self, payloads: Vec<Bytes>) -> Result<(), BrokerError> {
+        for payload in payloads {
+            self.publish(payload).await?;
+        }
+        Ok(())
+    }
+}
+
+/// Where restart requests come from, with lease semantics. See the module docs.
+#[async_trait]
+pub trait Consumer: Close {
+    /// How long a delivery stays leased without an extension; `None` for a
+    /// broker without leases, whose deliveries stay with this consumer until
+    /// settled (nothing needs extending).
+    fn lease(&self) -> Option<Duration>;
 
     /// Leases up to `max` deliveries, waiting a bounded time for the first.
     /// Returns an empty batch when nothing arrived in that time.
@@ -158,7 +324,7 @@ pub trait Broker: Send + Sync + 'static {
     /// Gives a delivery back, to be redelivered after `delay`.
     async fn nack(&self, tag: &DeliveryTag, delay: Duration) -> Result<(), BrokerError>;
 
-    /// Pushes a delivery's deadline one ack deadline into the future.
+    /// Pushes a delivery's deadline one lease into the future.
     async fn extend(&self, tag: &DeliveryTag) -> Result<(), BrokerError>;
 
     /// Settles a delivery as undeliverable, keeping it with `reason`.
@@ -170,10 +336,14 @@ pub trait Broker: Send + Sync + 'static {
     async fn backlog(&self) -> Result<Option<u64>, BrokerError> {
         Ok(None)
     }
-
-    /// Releases connections; called once, after the last settlement.
-    async fn close(&self) {}
 }
+
+/// A consuming connection that can also be published into: what `mandrill
+/// run` opens (its demo publisher and tests publish into the queue it
+/// consumes). Every type that is both is one.
+pub trait Broker: Consumer + Publisher {}
+
+impl<T: Consumer + Publisher + ?Sized> Broker for T {}
 
 /// Most bytes of a dead-letter reason a broker keeps. A reason is a sentence;
 /// bounded, it can never push a dead letter over the broker's size limit nor
@@ -194,6 +364,26 @@ pub(crate) fn bounded_reason(reason: &str) -> std::borrow::Cow<'_, str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn causes_are_sources_not_text() {
+        let io = std::io::Error::other("connection reset");
+        let error = BrokerError::Unavailable(Cause::new("cannot fetch", io));
+        assert_eq!(error.to_string(), "broker unavailable: cannot fetch");
+        let source = std::error::Error::source(&error).unwrap();
+        assert_eq!(source.to_string(), "connection reset");
+        assert_eq!(
+            error.with_causes().to_string(),
+            "broker unavailable: cannot fetch: connection reset"
+        );
+        // An error that says it all is shown in place of a sentence, once.
+        let io = std::io::Error::other("disk full");
+        let error = BrokerError::Unavailable(Cause::from_error(io));
+        assert_eq!(
+            error.with_causes().to_string(),
+            "broker unavailable: disk full"
+        );
+    }
 
     #[test]
     fn reasons_are_bounded_on_a_character_boundary() {

@@ -506,66 +506,11 @@ async fn insert_decision(
     Ok(())
 }
 
-/// A throwaway PostgreSQL database for one test, dropped afterwards.
+/// A throwaway PostgreSQL database for one test, dropped afterwards (one
+/// copy, shared with the integration tests and the benchmark).
 #[cfg(test)]
-pub(crate) mod testing {
-    use sqlx::Connection;
-    use sqlx::postgres::PgConnection;
-
-    /// The server tests use; `MANDRILL_TEST_POSTGRES` overrides it.
-    pub fn server_url() -> String {
-        std::env::var("MANDRILL_TEST_POSTGRES")
-            .unwrap_or_else(|_| "postgres://root@127.0.0.1:5432/postgres".to_owned())
-    }
-
-    pub struct TestDatabase {
-        pub name: String,
-        pub url: String,
-    }
-
-    impl TestDatabase {
-        pub async fn create() -> Self {
-            let name = format!("mandrill_test_{}", uuid::Uuid::new_v4().simple());
-            let mut admin = PgConnection::connect(&server_url())
-                .await
-                .expect("postgres reachable for tests");
-            sqlx::query(&format!("CREATE DATABASE {name}"))
-                .execute(&mut admin)
-                .await
-                .expect("create test database");
-            let base = server_url();
-            let (server, _) = base.rsplit_once('/').expect("url has a database");
-            Self {
-                url: format!("{server}/{name}"),
-                name,
-            }
-        }
-    }
-
-    impl Drop for TestDatabase {
-        fn drop(&mut self) {
-            let name = self.name.clone();
-            // Drop runs outside any runtime; a short-lived one does the work.
-            let dropped = std::thread::spawn(move || {
-                let runtime = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .expect("runtime");
-                runtime.block_on(async {
-                    let mut admin = PgConnection::connect(&server_url()).await?;
-                    sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-                        .execute(&mut admin)
-                        .await
-                        .map(drop)
-                })
-            })
-            .join();
-            if !matches!(dropped, Ok(Ok(()))) {
-                eprintln!("could not drop test database {}", self.name);
-            }
-        }
-    }
-}
+#[path = "../../tests/services/postgres.rs"]
+pub(crate) mod testing;
 
 #[cfg(test)]
 mod tests {

@@ -24,7 +24,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{debug, error, info, warn};
 
 use crate::backoff::Backoff;
-use crate::broker::{Broker, BrokerError};
+use crate::broker::{BrokerError, Consumer};
 use crate::domain::{ParseRules, RestartRequest};
 use crate::notify::{Event, EventKind, Notifier};
 use crate::restarter::Restarter;
@@ -161,9 +161,12 @@ impl StoreHealth {
     }
 }
 
+/// What stands for the lease of a broker without leases (see [`Worker::new`]).
+const UNLEASED: Duration = Duration::from_secs(24 * 60 * 60);
+
 /// Everything a handler needs, shared by all of them.
 pub(crate) struct Context {
-    pub broker: Arc<dyn Broker>,
+    pub broker: Arc<dyn Consumer>,
     pub store: Arc<dyn Store>,
     pub restarter: Arc<dyn Restarter>,
     pub config: WorkerConfig,
@@ -205,12 +208,16 @@ impl Worker {
     /// A worker over these adapters.
     pub fn new(
         config: WorkerConfig,
-        broker: Arc<dyn Broker>,
+        broker: Arc<dyn Consumer>,
         store: Arc<dyn Store>,
         restarter: Arc<dyn Restarter>,
         stats: Arc<Stats>,
     ) -> Self {
-        let ack_deadline = broker.ack_deadline();
+        let lease = broker.lease();
+        // Without a lease a delivery is ours until settled: it never runs
+        // short, which a day stands for (bounded, so that instants computed
+        // from it cannot overflow), and extensions, if any, are harmless.
+        let ack_deadline = lease.unwrap_or(UNLEASED);
         // Always well inside the lease, whatever was configured: an
         // extension that comes after the deadline is a duplicate restart.
         let lease_extension_interval = config
@@ -222,9 +229,11 @@ impl Worker {
             max_attempts: config.max_attempts,
             // Long enough for the restart to time out and its outcome to be
             // recorded: until then no other delivery restarts the host.
+            // Without a lease nothing is redelivered while this process
+            // lives: the restart's own time is enough.
             hold: config
                 .restart_timeout
-                .saturating_add(ack_deadline.saturating_mul(2)),
+                .saturating_add(lease.unwrap_or_default().saturating_mul(2)),
             // Resolved per request from the policy's counting guards.
             limits: crate::safety::Limits::NONE,
         };
@@ -327,7 +336,7 @@ async fn supervise(
             Ok(Ok(())) => return Ok(()),
             Ok(Err(error)) => {
                 let fatal = matches!(error, BrokerError::Fatal(_));
-                (error.to_string(), fatal)
+                (error.with_causes().to_string(), fatal)
             }
             Err(panic) => {
                 context.stats.panics.inc();

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use super::*;
-use crate::broker::{Delivery, DeliveryTag, MemoryBroker};
+use crate::broker::{Close, Delivery, DeliveryTag, MemoryBroker, Publisher};
 use crate::domain::{Domain, Outcome, RestartRequest, Restarted, Status};
 use crate::restarter::{Reservation, RestartError};
 use crate::safety::{Eligibility, Policy, PolicyHandle};
@@ -108,13 +108,19 @@ fn take_one(counter: &AtomicU32) -> bool {
         .is_ok()
 }
 
+impl Close for LoggedBroker {}
+
 #[async_trait]
-impl Broker for LoggedBroker {
-    fn ack_deadline(&self) -> Duration {
-        self.inner.ack_deadline()
-    }
+impl Publisher for LoggedBroker {
     async fn publish(&self, payload: Bytes) -> Result<(), BrokerError> {
         self.inner.publish(payload).await
+    }
+}
+
+#[async_trait]
+impl Consumer for LoggedBroker {
+    fn lease(&self) -> Option<Duration> {
+        self.inner.lease()
     }
     async fn pull(&self, max: usize) -> Result<Vec<Delivery>, BrokerError> {
         if self

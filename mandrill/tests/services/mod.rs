@@ -5,6 +5,7 @@
 
 #![allow(dead_code)]
 
+pub mod postgres;
 pub mod sshd;
 
 use std::net::TcpListener;
@@ -25,8 +26,7 @@ fn block_on<F: std::future::Future>(future: F) -> F::Output {
 }
 
 pub fn postgres_server() -> String {
-    std::env::var("MANDRILL_TEST_POSTGRES")
-        .unwrap_or_else(|_| "postgres://root@127.0.0.1:5432/postgres".to_owned())
+    postgres::server_url()
 }
 
 pub fn nats_server() -> String {
@@ -37,25 +37,20 @@ pub fn nats_server() -> String {
 pub struct Database {
     pub name: String,
     pub url: String,
+    /// Drops the database when dropped.
+    _database: postgres::TestDatabase,
 }
 
 impl Database {
     pub fn create() -> Self {
-        let name = format!("mandrill_test_{}", Uuid::new_v4().simple());
-        block_on(async {
-            let mut admin = PgConnection::connect(&postgres_server())
-                .await
-                .expect("postgres");
-            sqlx::query(&format!("CREATE DATABASE {name}"))
-                .execute(&mut admin)
-                .await
-                .expect("create database");
-        });
-        let server = postgres_server();
-        let (base, _) = server.rsplit_once('/').expect("url names a database");
+        let database = block_on(postgres::TestDatabase::create_on(
+            &postgres_server(),
+            "mandrill_test",
+        ));
         Self {
-            url: format!("{base}/{name}"),
-            name,
+            name: database.name.clone(),
+            url: database.url.clone(),
+            _database: database,
         }
     }
 
@@ -102,22 +97,6 @@ impl Database {
             );
             std::thread::sleep(Duration::from_millis(200));
         }
-    }
-}
-
-impl Drop for Database {
-    fn drop(&mut self) {
-        let name = self.name.clone();
-        let _ = std::thread::spawn(move || {
-            block_on(async {
-                if let Ok(mut admin) = PgConnection::connect(&postgres_server()).await {
-                    let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-                        .execute(&mut admin)
-                        .await;
-                }
-            })
-        })
-        .join();
     }
 }
 

@@ -11,6 +11,8 @@ use bytes::Bytes;
 use futures::StreamExt;
 use uuid::Uuid;
 
+use super::consumer::delivery;
+use super::dead_letter::{dead_letter_copy, headers_len};
 use super::*;
 use crate::backoff::Backoff;
 use crate::domain::{Domain, ParseRules, RestartRequest, Restarted, Status};
@@ -239,9 +241,7 @@ async fn existing_consumer_with_other_settings_is_reported() {
 async fn consumer_with_a_delivery_limit_is_reported() {
     let streams = TestStreams::new(Duration::from_secs(30));
     let settings = &streams.settings;
-    NatsBroker::connect_publisher(settings.clone())
-        .await
-        .unwrap();
+    NatsPublisher::connect(settings.clone()).await.unwrap();
     // As an older mandrill created it: JetStream's own delivery limit.
     let client = async_nats::connect(settings.url.as_str()).await.unwrap();
     let stream = jetstream::new(client)
@@ -292,7 +292,7 @@ async fn consumer_redelivers_past_the_old_delivery_limit() {
 async fn dead_letter_of_a_payload_near_max_payload_fits_truncated() {
     let streams = TestStreams::new(Duration::from_secs(30));
     let broker = NatsBroker::connect(streams.settings.clone()).await.unwrap();
-    let max_payload = broker.client.max_payload();
+    let max_payload = broker.publisher.client.max_payload();
     let original: Bytes = (0..max_payload - 16)
         .map(|i| b'a' + (i % 26) as u8)
         .collect::<Vec<u8>>()
@@ -317,7 +317,7 @@ async fn dead_letter_of_a_payload_near_max_payload_fits_truncated() {
         header(DEAD_LETTER_SIZE_HEADER),
         Some(original.len().to_string())
     );
-    let sequence = stream_sequence(delivery.tag.as_text().unwrap()).unwrap();
+    let (_, sequence) = delivery.tag.as_text_and_number().unwrap();
     assert_eq!(
         header(DEAD_LETTER_SEQUENCE_HEADER),
         Some(sequence.to_string())
@@ -394,8 +394,30 @@ fn dead_letter_copy_fits_max_payload_with_its_headers() {
     assert!(headers.get(DEAD_LETTER_TRUNCATED_HEADER).is_some());
 }
 
-#[test]
-fn stream_sequence_is_read_from_both_reply_formats() {
+#[tokio::test]
+async fn stream_sequence_is_read_from_both_reply_formats() {
+    let settings = TestStreams::new(Duration::from_secs(30)).settings.clone();
+    let client = async_nats::connect(settings.url.as_str()).await.unwrap();
+    let context = jetstream::new(client);
+    let stream_sequence = |reply: &str| {
+        let message = jetstream::Message {
+            message: async_nats::Message {
+                subject: "s".into(),
+                reply: Some(reply.into()),
+                payload: Bytes::new(),
+                headers: None,
+                status: None,
+                description: None,
+                length: 0,
+            },
+            context: context.clone(),
+        };
+        delivery(&message)
+            .unwrap()
+            .tag
+            .as_text_and_number()
+            .map(|(_, sequence)| sequence)
+    };
     assert_eq!(stream_sequence("$JS.ACK.S.C.1.42.7.1700000000.0"), Some(42));
     assert_eq!(
         stream_sequence("$JS.ACK.domain.hash.S.C.1.42.7.1700000000.0.token"),

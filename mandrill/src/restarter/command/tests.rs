@@ -118,7 +118,7 @@ async fn host_address_full_of_shell_metacharacters_arrives_as_one_literal_argume
 
 #[tokio::test]
 async fn instance_names_with_shell_metacharacters_are_dead_lettered_at_parse_and_never_run() {
-    use crate::broker::{Broker, MemoryBroker};
+    use crate::broker::{MemoryBroker, Publisher};
     use crate::domain::{Domain, ParseRules};
     use crate::stats::Stats;
     use crate::store::MemoryStore;

@@ -736,7 +736,7 @@ mod through_the_worker {
     //! after about that delay and then succeeds.
 
     use crate::backoff::Backoff;
-    use crate::broker::{Broker, MemoryBroker};
+    use crate::broker::{MemoryBroker, Publisher};
     use crate::domain::Status;
     use crate::stats::Stats;
     use crate::store::{MemoryStore, Store};

@@ -1,0 +1,212 @@
+//! The publishing connection: connects, creates the streams (and, for a
+//! consumer, the consumer), publishes with confirmation.
+
+use super::consumer::mismatches;
+use super::*;
+
+/// A connection that only publishes: it creates the streams if missing and
+/// never creates or alters the consumer.
+pub struct NatsPublisher {
+    pub(super) client: async_nats::Client,
+    pub(super) jetstream: jetstream::Context,
+    pub(super) settings: NatsSettings,
+}
+
+impl fmt::Debug for NatsPublisher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NatsPublisher")
+            .field("stream", &self.settings.stream)
+            .finish_non_exhaustive()
+    }
+}
+
+impl NatsPublisher {
+    /// Connects as a publisher: creates the streams if missing, leaves the
+    /// consumer alone.
+    pub async fn connect(settings: NatsSettings) -> Result<Self, BrokerError> {
+        let mut options = ConnectOptions::new()
+            .name("mandrill")
+            .connection_timeout(Duration::from_secs(5))
+            .event_callback(|event| async move {
+                match event {
+                    Event::Connected => info!("nats connected"),
+                    Event::Disconnected => warn!("nats disconnected; reconnecting"),
+                    other => info!(event = %other, "nats event"),
+                }
+            });
+        let (url, from_url) = split_url_credentials(&settings.url);
+        let credentials = match &settings.credentials {
+            Credentials::None => &from_url,
+            given => given,
+        };
+        options = match credentials {
+            Credentials::None => options,
+            Credentials::UserPassword { user, password } => {
+                options.user_and_password(user.clone(), password.0.clone())
+            }
+            Credentials::Token(token) => options.token(token.0.clone()),
+            Credentials::CredsFile(path) => options.credentials_file(path).await.map_err(|e| {
+                fatal(
+                    &format!("cannot read nats creds file {}", path.display()),
+                    e,
+                )
+            })?,
+        };
+        if settings.tls {
+            options = options.require_tls(true);
+        }
+        if let Some(ca) = &settings.tls_ca_file {
+            options = options.add_root_certificates(ca.clone());
+        }
+        let client = options.connect(url.as_str()).await.map_err(|e| {
+            unavailable(
+                &format!("cannot connect to nats at {}", redact_url(&settings.url)),
+                e,
+            )
+        })?;
+        let jetstream = jetstream::new(client.clone());
+
+        let requests = jetstream
+            .get_or_create_stream(stream::Config {
+                name: settings.stream.clone(),
+                subjects: vec![settings.subject.clone()],
+                retention: stream::RetentionPolicy::WorkQueue,
+                storage: stream::StorageType::File,
+                duplicate_window: Duration::from_secs(120),
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| fatal(&format!("cannot open stream {}", settings.stream), e))?;
+        if !requests
+            .cached_info()
+            .config
+            .subjects
+            .contains(&settings.subject)
+        {
+            return Err(BrokerError::Fatal(
+                format!(
+                    "stream {} exists but does not capture subject {} (it captures {:?})",
+                    settings.stream,
+                    settings.subject,
+                    requests.cached_info().config.subjects
+                )
+                .into(),
+            ));
+        }
+        jetstream
+            .get_or_create_stream(stream::Config {
+                name: format!("{}_DEAD", settings.stream),
+                subjects: vec![settings.dead_letter_subject.clone()],
+                storage: stream::StorageType::File,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| fatal("cannot open the dead-letter stream", e))?;
+
+        Ok(Self {
+            client,
+            jetstream,
+            settings,
+        })
+    }
+
+    pub(super) async fn open_consumer(&self) -> Result<PullConsumer, BrokerError> {
+        let settings = &self.settings;
+        let requests = self
+            .jetstream
+            .get_stream(&settings.stream)
+            .await
+            .map_err(|e| fatal(&format!("cannot open stream {}", settings.stream), e))?;
+        let wanted = pull::Config {
+            durable_name: Some(settings.consumer.clone()),
+            ack_policy: AckPolicy::Explicit,
+            ack_wait: settings.ack_wait,
+            max_deliver: MAX_DELIVER,
+            max_ack_pending: settings.max_ack_pending,
+            filter_subject: settings.subject.clone(),
+            ..Default::default()
+        };
+        let consumer: PullConsumer = requests
+            .get_or_create_consumer(&settings.consumer, wanted.clone())
+            .await
+            .map_err(|e| fatal(&format!("cannot open consumer {}", settings.consumer), e))?;
+        let mismatches = mismatches(&consumer.cached_info().config, &wanted);
+        if !mismatches.is_empty() {
+            return Err(BrokerError::Fatal(
+                format!(
+                    "consumer {} on stream {} exists with other settings: {}; \
+                 delete the consumer (it is created again) or change the configuration to match",
+                    settings.consumer,
+                    settings.stream,
+                    mismatches.join(", ")
+                )
+                .into(),
+            ));
+        }
+        Ok(consumer)
+    }
+
+    /// Publishes a request with its message id as JetStream's de-duplication
+    /// id, and waits for the stream to confirm it.
+    pub async fn publish_with_id(
+        &self,
+        message_id: &str,
+        payload: Bytes,
+    ) -> Result<(), BrokerError> {
+        let message = PublishMessage::build()
+            .payload(payload)
+            .message_id(message_id);
+        self.publish_confirmed(self.settings.subject.clone(), message)
+            .await
+    }
+
+    /// Publishes and waits for the stream to confirm it stored the message.
+    pub(super) async fn publish_confirmed(
+        &self,
+        subject: String,
+        message: PublishMessage,
+    ) -> Result<(), BrokerError> {
+        let confirmation = self
+            .jetstream
+            .send_publish(subject.clone(), message)
+            .await
+            .map_err(|e| unavailable(&format!("cannot publish to {subject}"), e))?;
+        confirmation
+            .await
+            .map_err(|e| unavailable(&format!("publish to {subject} not confirmed"), e))?;
+        Ok(())
+    }
+
+    /// Publishes a request, with its own id for de-duplication when it has one.
+    pub(super) async fn publish_request(&self, payload: Bytes) -> Result<(), BrokerError> {
+        match crate::domain::salvage_message_id(&payload) {
+            Some(id) => self.publish_with_id(&id.to_string(), payload).await,
+            None => {
+                let message = PublishMessage::build().payload(payload);
+                self.publish_confirmed(self.settings.subject.clone(), message)
+                    .await
+            }
+        }
+    }
+
+    /// Flushes what is buffered.
+    pub(super) async fn flush(&self) {
+        if let Err(error) = self.client.flush().await {
+            warn!(%error, "could not flush nats before closing");
+        }
+    }
+}
+
+#[async_trait]
+impl Close for NatsPublisher {
+    async fn close(&self) {
+        self.flush().await;
+    }
+}
+
+#[async_trait]
+impl Publisher for NatsPublisher {
+    async fn publish(&self, payload: Bytes) -> Result<(), BrokerError> {
+        self.publish_request(payload).await
+    }
+}

@@ -1,0 +1,71 @@
+//! `mandrill history`: recorded requests and outcomes, newest first.
+
+use super::*;
+
+pub(super) fn history(args: &HistoryArgs) -> ExitCode {
+    let sources = args.config.sources(vec![("store.url", string(&args.db))]);
+    command(sources, |config| async move {
+        print_history(&config, args).await
+    })
+}
+
+pub(super) async fn print_history(config: &Config, args: &HistoryArgs) -> anyhow::Result<()> {
+    let url = &config.store.url;
+    if url == "memory" {
+        bail!("store.url is memory: an in-memory store keeps no history after its process");
+    }
+    if let Some(path) = missing_sqlite_file(url) {
+        bail!("no database at {path}: nothing has been recorded there (store.url {url:?})");
+    }
+    let store = service::open_store(&config.store).await?;
+    let entries = store
+        .history(args.limit)
+        .await
+        .context("cannot read history")?;
+    // A recorded error may quote a connection string.
+    let redactor = config.redactor();
+    if args.json {
+        // Each line carries the guards' decisions, as `explain` tells them.
+        let mut lines = Vec::with_capacity(entries.len());
+        for entry in &entries {
+            let mut line = serde_json::to_value(entry)?;
+            if let Some(id) = entry.message_id
+                && let Some(story) = store.story(id).await.context("cannot read history")?
+            {
+                line["decisions"] = serde_json::to_value(&story.decisions)?;
+            }
+            lines.push(line);
+        }
+        store.close().await;
+        let mut out = std::io::stdout().lock();
+        for line in lines {
+            writeln!(out, "{}", redactor.scrub(&line.to_string()))?;
+        }
+        return Ok(());
+    }
+    store.close().await;
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
+        "{:<24}  {:<36}  {:<28}  {:<11}  {:>8}  {:<24}  {:>9}  ERROR",
+        "RECEIVED", "MESSAGE_ID", "HOST", "STATUS", "ATTEMPTS", "COMPLETED", "RECOVERED"
+    )?;
+    for e in &entries {
+        writeln!(
+            out,
+            "{:<24}  {:<36}  {:<28}  {:<11}  {:>8}  {:<24}  {:>9}  {}",
+            e.received_at.to_string(),
+            e.message_id
+                .map_or_else(|| "-".to_owned(), |id| id.to_string()),
+            e.hostname.as_deref().unwrap_or("-"),
+            e.status.as_str(),
+            e.attempts,
+            e.completed_at
+                .map_or_else(|| "-".to_owned(), |t| t.to_string()),
+            e.recovered_after
+                .map_or_else(|| "-".to_owned(), |d| format!("{:.1}s", d.as_secs_f64())),
+            redactor.scrub(e.last_error.as_deref().unwrap_or("")),
+        )?;
+    }
+    Ok(())
+}

@@ -1,0 +1,206 @@
+//! `mandrill publish`: requests validated first, then published in
+//! transactions where the broker has them, or at a rate.
+
+use super::*;
+
+/// At most this many invalid lines are listed; the rest are counted.
+pub(super) const MAX_LISTED_ERRORS: usize = 20;
+
+/// Most requests published in one SQLite transaction: `--random N` is
+/// generated and published this many at a time, never all in memory.
+pub(super) const PUBLISH_BATCH: usize = 10_000;
+
+/// Reads and validates every request first, then publishes them in
+/// transactions of up to [`PUBLISH_BATCH`] (or, with `--rate`, one due group
+/// at a time).
+pub(super) async fn publish(config: Config, args: &PublishArgs) -> anyhow::Result<()> {
+    let url = queue_url(&config)?;
+    if let Some(rate) = args.rate
+        && !(rate.is_finite() && (0.001..=config::limits::MAX_SIMULATE_RATE).contains(&rate))
+    {
+        return Err(BadInput(format!("--rate {rate} must be between 0.001 and 1000000")).into());
+    }
+    let rules = config.parse_rules();
+    let request = |name: InstanceName| {
+        Bytes::from(
+            RestartRequest {
+                message_id: Uuid::new_v4(),
+                hostname: Hostname::new(&name, &rules.domain),
+                instance_name: name,
+                requested_by: Some("mandrill-publish".into()),
+                reason: None,
+                published_at: Some(std::time::SystemTime::now()),
+                group: None,
+            }
+            .to_wire(),
+        )
+    };
+    let mut payloads = Vec::new();
+    let mut errors = Vec::new();
+    for (index, name) in args.names.iter().enumerate() {
+        match InstanceName::parse(name) {
+            Ok(name) => payloads.push(request(name)),
+            Err(why) => errors.push(format!(
+                "argument {}: instance name {name:?} {why}",
+                index + 1
+            )),
+        }
+    }
+    if let Some(path) = &args.file {
+        let (text, shown) = if path.as_os_str() == "-" {
+            let text =
+                std::io::read_to_string(std::io::stdin()).context("cannot read standard input")?;
+            (text, "stdin".to_owned())
+        } else {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read {}", path.display()))?;
+            (text, path.display().to_string())
+        };
+        for (index, line) in text.lines().enumerate() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let at = format!("{shown}:{}", index + 1);
+            if line.starts_with('{') {
+                // Published as written, so that fields this version does not
+                // know travel on; validated as the worker will validate it.
+                match RestartRequest::parse(line.as_bytes(), &rules) {
+                    Ok(_) => payloads.push(Bytes::copy_from_slice(line.as_bytes())),
+                    Err(rejection) => errors.push(format!("{at}: {rejection}")),
+                }
+            } else {
+                match InstanceName::parse(line) {
+                    Ok(name) => payloads.push(request(name)),
+                    Err(why) => errors.push(format!("{at}: instance name {line:?} {why}")),
+                }
+            }
+        }
+    }
+    if !errors.is_empty() {
+        let mut message = format!(
+            "{} invalid request(s); nothing was published:",
+            errors.len()
+        );
+        for error in errors.iter().take(MAX_LISTED_ERRORS) {
+            message.push_str("\n  ");
+            message.push_str(error);
+        }
+        if errors.len() > MAX_LISTED_ERRORS {
+            message.push_str(&format!(
+                "\n  … and {} more",
+                errors.len() - MAX_LISTED_ERRORS
+            ));
+        }
+        return Err(BadInput(message).into());
+    }
+    let random = args.random.unwrap_or(0);
+    if payloads.is_empty() && random == 0 {
+        return Err(BadInput(
+            "nothing to publish: give instance names, --file PATH or --random N".into(),
+        )
+        .into());
+    }
+    // Random requests are made as they are published, not all up front.
+    let mut rng = rand::rng();
+    let payloads = payloads
+        .into_iter()
+        .chain((0..random).map(move |_| request(random_instance_name(&mut rng))));
+    let published = if let BrokerUrl::Sqlite { .. } = url {
+        let broker = service::open_sqlite_broker(&config.broker).await?;
+        let published = match args.rate {
+            None => publish_in_batches(&broker, payloads).await,
+            Some(rate) => publish_at_rate(&broker, payloads, rate).await,
+        };
+        broker.close().await;
+        published
+    } else if let (BrokerUrl::PubSub { .. }, None) = (&url, args.rate) {
+        // Up to 1000 messages per call, never all in memory.
+        let broker = service::open_pubsub_publisher(&config).await?;
+        let published = publish_in_batches(&broker, payloads).await;
+        broker.close().await;
+        published
+    } else {
+        // Other brokers have no multi-message transaction: every request was
+        // validated above, and they are published one by one.
+        let broker = service::open_publisher(&config).await?;
+        let published = publish_each(&*broker, payloads, args.rate).await;
+        broker.close().await;
+        published
+    };
+    let published = published.context("cannot publish")?;
+    println!("published {published} requests");
+    Ok(())
+}
+
+/// Publishes in batches of up to [`PUBLISH_BATCH`] (on SQLite, a
+/// transaction each).
+pub(super) async fn publish_in_batches(
+    broker: &dyn Publisher,
+    payloads: impl Iterator<Item = Bytes>,
+) -> Result<usize, BrokerError> {
+    let mut payloads = payloads.peekable();
+    let mut published = 0usize;
+    while payloads.peek().is_some() {
+        let batch: Vec<Bytes> = payloads.by_ref().take(PUBLISH_BATCH).collect();
+        let size = batch.len();
+        if let Err(error) = broker.publish_all(batch).await {
+            if published > 0 {
+                eprintln!("mandrill: published {published} requests before failing");
+            }
+            return Err(error);
+        }
+        published += size;
+    }
+    Ok(published)
+}
+
+/// Publishes one by one, at `rate` per second if given.
+pub(super) async fn publish_each(
+    broker: &dyn Publisher,
+    payloads: impl Iterator<Item = Bytes>,
+    rate: Option<f64>,
+) -> Result<usize, BrokerError> {
+    let started = tokio::time::Instant::now();
+    let mut count = 0;
+    for (published, payload) in payloads.enumerate() {
+        if let Some(rate) = rate {
+            // Bounded: a far-off due time must not overflow the clock.
+            let offset = Duration::try_from_secs_f64(published as f64 / rate)
+                .unwrap_or(config::limits::MAX_DURATION)
+                .min(config::limits::MAX_DURATION);
+            let due = started + offset;
+            tokio::time::sleep_until(due).await;
+        }
+        if let Err(error) = broker.publish(payload).await {
+            eprintln!("mandrill: published {published} requests before failing");
+            return Err(error);
+        }
+        count = published + 1;
+    }
+    Ok(count)
+}
+
+/// Publishes `rate` payloads per second: every tick, the ones due so far, in
+/// one transaction.
+pub(super) async fn publish_at_rate(
+    broker: &SqliteBroker,
+    payloads: impl Iterator<Item = Bytes>,
+    rate: f64,
+) -> Result<usize, BrokerError> {
+    const TICK: Duration = Duration::from_millis(10);
+    let started = tokio::time::Instant::now();
+    let mut pending = payloads.peekable();
+    let mut published = 0usize;
+    while pending.peek().is_some() {
+        // At least one each round, so that a slow rate still starts at once.
+        let due = ((started.elapsed().as_secs_f64() * rate) as usize + 1).saturating_sub(published);
+        let group: Vec<Bytes> = pending.by_ref().take(due.min(PUBLISH_BATCH)).collect();
+        published += group.len();
+        broker.publish_all(group).await?;
+        if pending.peek().is_some() {
+            tokio::time::sleep(TICK).await;
+        }
+    }
+    Ok(published)
+}

@@ -1,0 +1,181 @@
+//! `mandrill run`: the service on a multi-threaded runtime, until a signal
+//! stops it; SIGHUP reloads the configuration.
+
+use super::signals::{SignalName, Signals, Terminations};
+use super::*;
+
+pub(super) fn run(args: &RunArgs) -> ExitCode {
+    let (sources, config) = match load(args.sources()) {
+        Ok(loaded) => loaded,
+        Err(code) => return code,
+    };
+    if args.until_idle
+        && matches!(
+            BrokerUrl::parse(&config.broker.url),
+            Ok(BrokerUrl::PubSub { .. })
+        )
+    {
+        // Refused rather than waiting forever: see `broker/pubsub.rs`.
+        eprintln!(
+            "mandrill: --until-idle is not supported on Pub/Sub: its API reports no backlog \
+             (Cloud Monitoring's undelivered-messages count lags by minutes); stop the service \
+             with SIGTERM instead"
+        );
+        return ExitCode::from(2);
+    }
+    let telemetry = match Telemetry::init(&config.log, config.redactor(), config.debug.enabled) {
+        Ok(telemetry) => telemetry,
+        Err(error) => {
+            eprintln!("mandrill: cannot set up logging: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("mandrill")
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            error!(%error, "cannot start the async runtime");
+            return ExitCode::FAILURE;
+        }
+    };
+    let outcome = runtime.block_on(serve(config, &sources, &telemetry, args.until_idle));
+    let at_once = matches!(outcome, Ok(Stopped::AtOnce));
+    let code = match outcome {
+        Ok(Stopped::Cleanly) => ExitCode::SUCCESS,
+        Ok(Stopped::AtOnce) => ExitCode::from(130),
+        Err(error) => {
+            error!("{error:#}");
+            ExitCode::FAILURE
+        }
+    };
+    if at_once {
+        // Nothing may delay this exit: tasks still running are dropped.
+        runtime.shutdown_background();
+    } else {
+        // A blocking restart stuck in its thread must not hold the exit
+        // hostage: every result it could produce has been given up on.
+        runtime.shutdown_timeout(Duration::from_secs(1));
+    }
+    info!("mandrill stopped");
+    drop(telemetry); // flushes the log
+    code
+}
+
+/// How the service ended, when it was asked to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Stopped {
+    /// Shut down in order (or never started, if asked during start-up).
+    Cleanly,
+    /// A third signal: exit now.
+    AtOnce,
+}
+
+pub(super) async fn serve(
+    config: Config,
+    sources: &Sources,
+    telemetry: &Telemetry,
+    until_idle: bool,
+) -> anyhow::Result<Stopped> {
+    // Installed before anything else, so that a signal during start-up is
+    // handled at once rather than waiting for a connection to time out.
+    let mut signals = Signals::install().context("cannot install signal handlers")?;
+    let shutdown = Shutdown::new();
+    let mut terminations = Terminations::default();
+    info!(
+        broker = %redact_url(&config.broker.url),
+        store = %redact_url(&config.store.url),
+        "starting: connecting to the broker and the store"
+    );
+    let build = Service::build(config.clone());
+    tokio::pin!(build);
+    let mut reload_pending = false;
+    let mut service = loop {
+        tokio::select! {
+            built = &mut build => break built?,
+            name = signals.next() => match name {
+                SignalName::Hangup => {
+                    info!("SIGHUP during start-up: reloading once started");
+                    reload_pending = true;
+                }
+                SignalName::Terminate | SignalName::Interrupt | SignalName::Quit => {
+                    terminations.count(name, &shutdown);
+                    // Dropping the start-up closes what it had opened; no
+                    // message was pulled yet.
+                    info!(signal = name.as_str(), "shutdown requested during start-up: not starting");
+                    return Ok(Stopped::Cleanly);
+                }
+            },
+        }
+    };
+    if until_idle {
+        service = service.stop_when_idle();
+    }
+    let controls = service.controls();
+    let running = service.run(shutdown.clone());
+    tokio::pin!(running);
+    // What the service was built with: a reload changes only the
+    // reloadable settings, so the rest stays as started.
+    let started = config.clone();
+    let mut current = config;
+    if reload_pending {
+        reload(sources, &started, &mut current, &controls, telemetry);
+    }
+    loop {
+        tokio::select! {
+            outcome = &mut running => return outcome.map(|_| Stopped::Cleanly),
+            name = signals.next() => match name {
+                SignalName::Hangup => reload(sources, &started, &mut current, &controls, telemetry),
+                SignalName::Terminate | SignalName::Interrupt | SignalName::Quit => if terminations.count(name, &shutdown) {
+                    return Ok(Stopped::AtOnce);
+                },
+            },
+        }
+    }
+}
+
+pub(super) fn reload(
+    sources: &Sources,
+    started: &Config,
+    current: &mut Config,
+    controls: &Controls,
+    telemetry: &Telemetry,
+) {
+    info!("SIGHUP: reloading configuration");
+    let new = match sources.load() {
+        Ok(new) => new,
+        Err(error) => {
+            error!(%error, "reload failed; keeping the running configuration");
+            return;
+        }
+    };
+    telemetry.add_secrets(&new.redactor());
+    let changed = current.changed_keys(&new);
+    if let Err(error) = telemetry.set_level(&new.log.level) {
+        error!(%error, "cannot apply log.level");
+    }
+    controls.apply(&new);
+    if changed.iter().any(|key| key.starts_with("safety.")) {
+        // The new [safety] over the rest as started (the backend, which
+        // the policy's defaults depend on, changes only with a restart).
+        let mut effective = started.clone();
+        effective.safety = new.safety.clone();
+        if !controls.apply_policy(&effective) {
+            return;
+        }
+    }
+    for key in &changed {
+        if config::reloads(key) {
+            info!(key, "setting reloaded");
+        } else {
+            warn!(
+                key,
+                "setting changed, but takes effect only after a restart"
+            );
+        }
+    }
+    info!(changed = changed.len(), "configuration reloaded");
+    *current = new;
+}
