@@ -56,6 +56,15 @@ struct JournalRow {
     settled_at: Option<i64>,
 }
 
+/// Whether an attempt that ended so issued a restart (or may have): the
+/// in-memory form of the rule in [`super::USAGE_SQL`].
+fn issued(outcome: Option<Status>) -> bool {
+    !matches!(
+        outcome,
+        Some(Status::DryRun | Status::Expired | Status::Denied)
+    )
+}
+
 /// Whether a host whose latest attempt ended so still counts as disrupted:
 /// the in-memory form of the rule in [`super::USAGE_SQL`].
 fn is_disrupting(outcome: Option<Status>) -> bool {
@@ -74,6 +83,13 @@ impl Journal {
         let mut usage = Usage::default();
         let mut latest: HashMap<&str, &JournalRow> = HashMap::new();
         for row in self.restarts.values() {
+            let newest = latest.entry(&row.instance).or_insert(row);
+            if row.claimed_at > newest.claimed_at {
+                *newest = row;
+            }
+            if !issued(row.outcome) {
+                continue;
+            }
             if row.claimed_at > window_start {
                 usage.global_claims += 1;
                 usage.global_oldest = Some(
@@ -92,10 +108,6 @@ impl Journal {
             }
             if &*row.instance == instance && row.claimed_at <= now {
                 usage.host_last = usage.host_last.max(Some(row.claimed_at));
-            }
-            let newest = latest.entry(&row.instance).or_insert(row);
-            if row.claimed_at > newest.claimed_at {
-                *newest = row;
             }
         }
         usage.disrupted = latest
@@ -451,7 +463,7 @@ impl Store for MemoryStore {
         let mut restarts: HashMap<String, i64> = HashMap::new();
         let mut latest: HashMap<&str, &JournalRow> = HashMap::new();
         for row in journal.restarts.values() {
-            if row.claimed_at > window_start.as_millis() {
+            if row.claimed_at > window_start.as_millis() && issued(row.outcome) {
                 *restarts.entry(row.group.to_string()).or_default() += 1;
             }
             let newest = latest.entry(&row.instance).or_insert(row);

@@ -234,11 +234,16 @@ pub(crate) struct ClaimWrite {
 /// `?4` start of the budget's memory, `?5` now. (PostgreSQL takes it with
 /// `$` for `?`.) The claim being decided has no journal row yet.
 pub(crate) const USAGE_SQL: &str = "SELECT
-    (SELECT COUNT(*) FROM restarts WHERE grp = ?1 AND claimed_at > ?3),
-    (SELECT MIN(claimed_at) FROM restarts WHERE grp = ?1 AND claimed_at > ?3),
-    (SELECT COUNT(*) FROM restarts WHERE claimed_at > ?3),
-    (SELECT MIN(claimed_at) FROM restarts WHERE claimed_at > ?3),
-    (SELECT MAX(claimed_at) FROM restarts WHERE instance_name = ?2 AND claimed_at <= ?5),
+    (SELECT COUNT(*) FROM restarts WHERE grp = ?1 AND claimed_at > ?3
+        AND (outcome IS NULL OR outcome NOT IN ('dry-run', 'expired', 'denied'))),
+    (SELECT MIN(claimed_at) FROM restarts WHERE grp = ?1 AND claimed_at > ?3
+        AND (outcome IS NULL OR outcome NOT IN ('dry-run', 'expired', 'denied'))),
+    (SELECT COUNT(*) FROM restarts WHERE claimed_at > ?3
+        AND (outcome IS NULL OR outcome NOT IN ('dry-run', 'expired', 'denied'))),
+    (SELECT MIN(claimed_at) FROM restarts WHERE claimed_at > ?3
+        AND (outcome IS NULL OR outcome NOT IN ('dry-run', 'expired', 'denied'))),
+    (SELECT MAX(claimed_at) FROM restarts WHERE instance_name = ?2 AND claimed_at <= ?5
+        AND (outcome IS NULL OR outcome NOT IN ('dry-run', 'expired', 'denied'))),
     (SELECT COUNT(DISTINCT r.instance_name) FROM restarts r
       WHERE r.grp = ?1 AND r.instance_name <> ?2 AND r.claimed_at > ?4
         AND r.claimed_at = (SELECT MAX(x.claimed_at) FROM restarts x
@@ -445,7 +450,8 @@ pub struct Story {
 
 /// Restarts per group since `?1`, for [`Store::group_usage`].
 pub(crate) const GROUP_RESTARTS_SQL: &str = "SELECT grp, COUNT(*) FROM restarts
-    WHERE claimed_at > ?1 GROUP BY grp";
+    WHERE claimed_at > ?1 AND (outcome IS NULL OR outcome NOT IN ('dry-run', 'expired', 'denied'))
+    GROUP BY grp";
 
 /// Disrupted hosts per group (as [`USAGE_SQL`] counts them) among the
 /// journal rows since `?1`.
@@ -1169,6 +1175,31 @@ pub(crate) mod contract {
             panic!("the host cooldown must hold");
         };
         assert_eq!(guard, "host cooldown");
+
+        // A dry run (no restart issued) uses up nothing once settled.
+        let mut leashed = request("lamb-0001");
+        leashed.group = Some("lamb".into());
+        let once = ClaimTerms {
+            limits: Limits {
+                group_max: Some(1),
+                ..limited.limits
+            },
+            ..TERMS
+        };
+        store.claim_restart(&leashed, once).await.unwrap();
+        let dry = Outcome::DryRun {
+            action: "run [\"true\"]".into(),
+        };
+        store.record_outcome(&leashed, 1, &dry).await.unwrap();
+        let mut next = request("lamb-0002");
+        next.group = Some("lamb".into());
+        assert!(
+            matches!(
+                store.claim_restart(&next, once).await.unwrap(),
+                Claim::Claimed { attempt: 1, .. }
+            ),
+            "a dry run must not use up the group's one restart"
+        );
 
         // The story: the journal and the decisions, oldest first.
         let story = store.story(second.message_id).await.unwrap().unwrap();
