@@ -1,21 +1,31 @@
 //! The scale-out store: PostgreSQL through sqlx, shared by many instances.
 //!
-//! Every write is one statement, so PostgreSQL's own concurrency control is
-//! the arbiter: `message_id` is unique and an outcome is written only over a
-//! status that is not final, so two instances recording the same redelivered
-//! request cannot both record a first outcome. The pool is bounded.
+//! PostgreSQL's own concurrency control is the arbiter: `message_id` is
+//! unique, a claim or an outcome locks the request's row first, and an
+//! outcome is written only over a status that is not final, so two instances
+//! recording the same redelivered request cannot both record a first
+//! outcome. Claims and outcomes are committed in groups by a few writer
+//! tasks ([`writer`]); a claim that a counting guard must check keeps its
+//! own transaction, with its advisory locks. The pool is bounded, and the
+//! writers take from it.
 
+mod writer;
+
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::Row;
 use sqlx::postgres::{PgPool, PgPoolOptions, PgRow};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
 use super::{
     Claim, ClaimState, ClaimTerms, DECISION_SQL, Decision, HistoryEntry, Recorded,
     STORY_ATTEMPTS_SQL, STORY_DECISIONS_SQL, Store, StoreError, Story, Switch, Timestamp,
-    USAGE_SQL, claim_decision, decide_claim, duration_of, millis_of, payload_excerpt, switch_from,
+    USAGE_SQL, claim_decision, decide_claim, duration_of, payload_excerpt, switch_from,
     usage_binds, usage_from,
 };
 use crate::domain::{Outcome, RestartRequest, Status};
@@ -44,76 +54,84 @@ fn pg(sql: &'static str) -> &'static str {
         .unwrap_or_else(|| panic!("shared statement not converted for PostgreSQL: {sql}"))
 }
 
+/// Writer tasks when none is asked for: two commit about half again as
+/// much as one on a loaded 2-core machine (docs/benchmarks.md), and more
+/// only add contention for the rows and the pool.
+pub const DEFAULT_WRITERS: u32 = 2;
+
 /// See the module docs.
 #[derive(Debug, Clone)]
 pub struct PostgresStore {
     pool: PgPool,
+    /// To the writer tasks.
+    writes: mpsc::Sender<writer::Write>,
+    /// Tells the writers to commit what is queued and stop.
+    closing: CancellationToken,
+    /// The writer tasks.
+    tasks: TaskTracker,
 }
 
 impl PostgresStore {
     /// Connects to `url` (`postgres://…`) with at most `max_connections`
-    /// connections and brings the schema up to date.
+    /// connections and [`DEFAULT_WRITERS`] writers, and brings the schema
+    /// up to date.
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self, StoreError> {
+        Self::connect_with(url, max_connections, DEFAULT_WRITERS).await
+    }
+
+    /// As [`PostgresStore::connect`], with `writers` writer tasks. Each
+    /// holds a pooled connection only while it commits, and at least one
+    /// connection is left to the reads and the guarded claims, so there are
+    /// never more than `max_connections - 1` writers (but at least one).
+    pub async fn connect_with(
+        url: &str,
+        max_connections: u32,
+        writers: u32,
+    ) -> Result<Self, StoreError> {
+        let max_connections = max_connections.max(1);
         let pool = PgPoolOptions::new()
-            .max_connections(max_connections.max(1))
+            .max_connections(max_connections)
             .acquire_timeout(Duration::from_secs(10))
             .connect(url)
             .await?;
         sqlx::migrate!("./migrations/postgres").run(&pool).await?;
-        Ok(Self { pool })
-    }
-}
-
-const FINAL_STATUSES: &str = "('restarted', 'failed', 'rejected')";
-
-fn status_from_name(name: &str) -> Result<Status, StoreError> {
-    Status::from_name(name).ok_or_else(|| StoreError::Corrupt(format!("status {name:?}")))
-}
-
-fn entry_from_row(row: &PgRow) -> Result<HistoryEntry, StoreError> {
-    let message_id: Option<String> = row.try_get("message_id")?;
-    Ok(HistoryEntry {
-        message_id: message_id
-            .map(|id| {
-                Uuid::parse_str(&id).map_err(|_| StoreError::Corrupt(format!("message_id {id:?}")))
-            })
-            .transpose()?,
-        instance_name: row.try_get("instance_name")?,
-        hostname: row.try_get("hostname")?,
-        status: status_from_name(row.try_get("status")?)?,
-        attempts: row
-            .try_get::<i32, _>("attempts")?
-            .try_into()
-            .unwrap_or(u32::MAX),
-        requested_by: row.try_get("requested_by")?,
-        reason: row.try_get("reason")?,
-        last_error: row.try_get("last_error")?,
-        output: row.try_get("output")?,
-        recovered_after: duration_of(row.try_get("recovered_after_ms")?),
-        received_at: Timestamp::from_millis(row.try_get("received_at")?),
-        updated_at: Timestamp::from_millis(row.try_get("updated_at")?),
-        completed_at: row
-            .try_get::<Option<i64>, _>("completed_at")?
-            .map(Timestamp::from_millis),
-    })
-}
-
-fn attempts(attempt: u32) -> i32 {
-    i32::try_from(attempt).unwrap_or(i32::MAX)
-}
-
-#[async_trait]
-impl Store for PostgresStore {
-    async fn lookup(&self, message_id: Uuid) -> Result<Option<Status>, StoreError> {
-        let status: Option<String> =
-            sqlx::query_scalar("SELECT status FROM requests WHERE message_id = $1")
-                .bind(message_id.to_string())
-                .fetch_optional(&self.pool)
-                .await?;
-        status.as_deref().map(status_from_name).transpose()
+        let writers = writers.min(max_connections - 1).max(1);
+        let (writes, receiver) = mpsc::channel(writer::MAX_BATCH * 4);
+        let queue: writer::Queue = Arc::new(tokio::sync::Mutex::new(receiver));
+        let closing = CancellationToken::new();
+        let tasks = TaskTracker::new();
+        for _ in 0..writers {
+            tasks.spawn(writer::write_loop(
+                pool.clone(),
+                queue.clone(),
+                closing.clone(),
+            ));
+        }
+        tasks.close();
+        Ok(Self {
+            pool,
+            writes,
+            closing,
+            tasks,
+        })
     }
 
-    async fn claim_restart(
+    /// Queues a write for the writers and waits until its batch committed.
+    async fn call<T>(
+        &self,
+        write: impl FnOnce(oneshot::Sender<Result<T, StoreError>>) -> writer::Write,
+    ) -> Result<T, StoreError> {
+        let (reply, answer) = oneshot::channel();
+        self.writes
+            .send(write(reply))
+            .await
+            .map_err(|_| StoreError::Closed)?;
+        answer.await.map_err(|_| StoreError::Closed)?
+    }
+
+    /// A claim in its own transaction: the counting guards take advisory
+    /// locks (global, group, host) that a batch must not interleave.
+    async fn claim_alone(
         &self,
         request: &RestartRequest,
         terms: ClaimTerms,
@@ -225,6 +243,71 @@ impl Store for PostgresStore {
         tx.commit().await?;
         Ok(claim)
     }
+}
+
+fn status_from_name(name: &str) -> Result<Status, StoreError> {
+    Status::from_name(name).ok_or_else(|| StoreError::Corrupt(format!("status {name:?}")))
+}
+
+fn entry_from_row(row: &PgRow) -> Result<HistoryEntry, StoreError> {
+    let message_id: Option<String> = row.try_get("message_id")?;
+    Ok(HistoryEntry {
+        message_id: message_id
+            .map(|id| {
+                Uuid::parse_str(&id).map_err(|_| StoreError::Corrupt(format!("message_id {id:?}")))
+            })
+            .transpose()?,
+        instance_name: row.try_get("instance_name")?,
+        hostname: row.try_get("hostname")?,
+        status: status_from_name(row.try_get("status")?)?,
+        attempts: row
+            .try_get::<i32, _>("attempts")?
+            .try_into()
+            .unwrap_or(u32::MAX),
+        requested_by: row.try_get("requested_by")?,
+        reason: row.try_get("reason")?,
+        last_error: row.try_get("last_error")?,
+        output: row.try_get("output")?,
+        recovered_after: duration_of(row.try_get("recovered_after_ms")?),
+        received_at: Timestamp::from_millis(row.try_get("received_at")?),
+        updated_at: Timestamp::from_millis(row.try_get("updated_at")?),
+        completed_at: row
+            .try_get::<Option<i64>, _>("completed_at")?
+            .map(Timestamp::from_millis),
+    })
+}
+
+fn attempts(attempt: u32) -> i32 {
+    i32::try_from(attempt).unwrap_or(i32::MAX)
+}
+
+#[async_trait]
+impl Store for PostgresStore {
+    async fn lookup(&self, message_id: Uuid) -> Result<Option<Status>, StoreError> {
+        let status: Option<String> =
+            sqlx::query_scalar("SELECT status FROM requests WHERE message_id = $1")
+                .bind(message_id.to_string())
+                .fetch_optional(&self.pool)
+                .await?;
+        status.as_deref().map(status_from_name).transpose()
+    }
+
+    async fn claim_restart(
+        &self,
+        request: &RestartRequest,
+        terms: ClaimTerms,
+    ) -> Result<Claim, StoreError> {
+        if terms.limits.is_active() {
+            return self.claim_alone(request, terms).await;
+        }
+        let request = request.clone();
+        self.call(|reply| writer::Write::Claim {
+            request,
+            terms,
+            reply,
+        })
+        .await
+    }
 
     async fn release_claim(
         &self,
@@ -329,64 +412,14 @@ impl Store for PostgresStore {
         attempt: u32,
         outcome: &Outcome,
     ) -> Result<Recorded, StoreError> {
-        let now = Timestamp::now().as_millis();
-        let status = outcome.status();
-        // One statement: the row lock taken by ON CONFLICT serialises two
-        // instances recording the same request; the second sees it final.
-        let updated: Option<String> = sqlx::query_scalar(&format!(
-            "INSERT INTO requests
-                 (message_id, instance_name, hostname, requested_by, reason, status,
-                  attempts, last_error, received_at, updated_at, completed_at, output,
-                  recovered_after_ms)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9, $10, $11, $12)
-             ON CONFLICT (message_id) DO UPDATE SET
-                 status = excluded.status,
-                 output = excluded.output,
-                 recovered_after_ms = excluded.recovered_after_ms,
-                 claim_until = CASE WHEN excluded.attempts >= requests.attempts
-                                    THEN NULL ELSE requests.claim_until END,
-                 attempts = GREATEST(requests.attempts, excluded.attempts),
-                 last_error = excluded.last_error,
-                 updated_at = excluded.updated_at,
-                 completed_at = excluded.completed_at
-             WHERE requests.status NOT IN {FINAL_STATUSES}
-             RETURNING status"
-        ))
-        .bind(request.message_id.to_string())
-        .bind(request.instance_name.as_str())
-        .bind(request.hostname.as_str())
-        .bind(request.requested_by.as_deref())
-        .bind(request.reason.as_deref())
-        .bind(status.as_str())
-        .bind(attempts(attempt))
-        .bind(outcome.error())
-        .bind(now)
-        .bind(status.is_final().then_some(now))
-        .bind(outcome.output())
-        .bind(millis_of(outcome.recovered_after()))
-        .fetch_optional(&self.pool)
-        .await?;
-        // The attempt's own end, whatever another delivery recorded first.
-        // Apart from the row above: the journal only informs the counting
-        // guards, and an attempt left unsettled counts as disrupted, which
-        // fails closed.
-        sqlx::query(
-            "UPDATE restarts SET outcome = $3, settled_at = $4
-             WHERE message_id = $1 AND attempt = $2 AND outcome IS NULL",
-        )
-        .bind(request.message_id.to_string())
-        .bind(attempts(attempt))
-        .bind(status.as_str())
-        .bind(now)
-        .execute(&self.pool)
-        .await?;
-        if updated.is_some() {
-            return Ok(Recorded::Recorded);
-        }
-        let existing = self.lookup(request.message_id).await?.ok_or_else(|| {
-            StoreError::Corrupt(format!("request {} vanished", request.message_id))
-        })?;
-        Ok(Recorded::AlreadyFinal(existing))
+        let (request, outcome) = (request.clone(), outcome.clone());
+        self.call(|reply| writer::Write::Outcome {
+            request,
+            attempt,
+            outcome,
+            reply,
+        })
+        .await
     }
 
     async fn record_rejection(
@@ -477,6 +510,10 @@ impl Store for PostgresStore {
     }
 
     async fn close(&self) {
+        // The writers commit what is queued, then stop; a write queued
+        // after that is answered `Closed`.
+        self.closing.cancel();
+        self.tasks.wait().await;
         self.pool.close().await;
     }
 }
@@ -610,6 +647,225 @@ mod tests {
         assert_eq!(recorded, 1, "{outcomes:?}");
         first.close().await;
         second.close().await;
+    }
+
+    const TERMS: ClaimTerms = ClaimTerms {
+        max_attempts: 3,
+        hold: Duration::from_secs(3600),
+        limits: crate::safety::Limits::NONE,
+    };
+
+    #[tokio::test]
+    async fn concurrent_deliveries_through_the_batches_claim_and_record_once() {
+        let database = TestDatabase::create().await;
+        let first = PostgresStore::connect_with(&database.url, 4, 3)
+            .await
+            .unwrap();
+        let second = PostgresStore::connect_with(&database.url, 4, 2)
+            .await
+            .unwrap();
+        let requests: Vec<RestartRequest> = (0..40)
+            .map(|n| contract::request(&format!("herd-{n:03}")))
+            .collect();
+        // Four deliveries of every request, on two instances at once: each
+        // claims, and records an outcome for the attempt it claimed.
+        let deliveries = futures::future::join_all((0..4 * requests.len()).map(|n| {
+            let store = if n % 2 == 0 { &first } else { &second };
+            let request = &requests[n % requests.len()];
+            async move {
+                let claim = store.claim_restart(request, TERMS).await.unwrap();
+                let recorded = match claim {
+                    Claim::Claimed { attempt, .. } => Some(
+                        store
+                            .record_outcome(request, attempt, &Outcome::restarted())
+                            .await
+                            .unwrap(),
+                    ),
+                    _ => None,
+                };
+                (request.message_id, claim, recorded)
+            }
+        }))
+        .await;
+        for request in &requests {
+            let mine: Vec<_> = deliveries
+                .iter()
+                .filter(|(id, _, _)| *id == request.message_id)
+                .collect();
+            let claimed = mine
+                .iter()
+                .filter(|(_, claim, _)| matches!(claim, Claim::Claimed { attempt: 1, .. }))
+                .count();
+            assert_eq!(claimed, 1, "{mine:?}");
+            let recorded = mine
+                .iter()
+                .filter(|(_, _, recorded)| *recorded == Some(Recorded::Recorded))
+                .count();
+            assert_eq!(recorded, 1, "{mine:?}");
+            let story = first.story(request.message_id).await.unwrap().unwrap();
+            assert_eq!(story.entry.status, Status::Restarted);
+            assert_eq!(story.attempts.len(), 1, "{story:?}");
+            assert_eq!(story.attempts[0].outcome, Some(Status::Restarted));
+        }
+        // And outcomes alone, twenty per request at once: one is first.
+        let outcomes = futures::future::join_all((0..20 * requests.len()).map(|n| {
+            let store = if n % 2 == 0 { &first } else { &second };
+            let request = &requests[n % requests.len()];
+            let fresh = RestartRequest {
+                message_id: Uuid::from_u128(request.message_id.as_u128() ^ 1),
+                ..request.clone()
+            };
+            async move {
+                let recorded = store
+                    .record_outcome(&fresh, 1, &Outcome::restarted())
+                    .await
+                    .unwrap();
+                (fresh.message_id, recorded)
+            }
+        }))
+        .await;
+        let mut firsts = std::collections::HashMap::<Uuid, usize>::new();
+        for (id, recorded) in &outcomes {
+            *firsts.entry(*id).or_default() += usize::from(*recorded == Recorded::Recorded);
+        }
+        assert_eq!(firsts.len(), requests.len());
+        assert!(firsts.values().all(|n| *n == 1), "{firsts:?}");
+        first.close().await;
+        second.close().await;
+    }
+
+    /// Makes every journal insert fail with `sqlstate`, or only that of
+    /// `culprit`'s.
+    async fn sabotage_the_journal(store: &PostgresStore, sqlstate: &str, culprit: Option<Uuid>) {
+        let condition = culprit.map_or_else(
+            || "true".to_owned(),
+            |id| format!("NEW.message_id = '{id}'"),
+        );
+        sqlx::query(&format!(
+            "CREATE OR REPLACE FUNCTION sabotage() RETURNS trigger AS $$
+             BEGIN
+                 IF {condition} THEN
+                     RAISE EXCEPTION 'sabotaged' USING ERRCODE = '{sqlstate}';
+                 END IF;
+                 RETURN NEW;
+             END $$ LANGUAGE plpgsql"
+        ))
+        .execute(&store.pool)
+        .await
+        .unwrap();
+        sqlx::query(
+            "CREATE OR REPLACE TRIGGER sabotage BEFORE INSERT ON restarts
+             FOR EACH ROW EXECUTE FUNCTION sabotage()",
+        )
+        .execute(&store.pool)
+        .await
+        .unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_failed_batch_answers_every_caller_and_commits_nothing() {
+        let database = TestDatabase::create().await;
+        let store = PostgresStore::connect_with(&database.url, 4, 1)
+            .await
+            .unwrap();
+        // A serialization failure: transient, and it fails the whole batch.
+        sabotage_the_journal(&store, "40001", None).await;
+        let requests: Vec<RestartRequest> = (0..30)
+            .map(|n| contract::request(&format!("stall-{n:03}")))
+            .collect();
+        let claims =
+            futures::future::join_all(requests.iter().map(|r| store.claim_restart(r, TERMS))).await;
+        for claim in &claims {
+            let error = claim.as_ref().unwrap_err();
+            assert!(matches!(error, StoreError::Batch(_)), "{error}");
+            assert!(error.is_transient(), "{error}");
+        }
+        sqlx::query("DROP TRIGGER sabotage ON restarts")
+            .execute(&store.pool)
+            .await
+            .unwrap();
+        // Nothing of the failed batches was committed: the first attempt is
+        // still there to claim.
+        for request in &requests {
+            assert_eq!(
+                store.claim_restart(request, TERMS).await.unwrap(),
+                Claim::Claimed {
+                    attempt: 1,
+                    unknown: None
+                }
+            );
+        }
+        store.close().await;
+    }
+
+    #[tokio::test]
+    async fn a_write_refused_for_good_fails_only_its_own_caller() {
+        let database = TestDatabase::create().await;
+        let store = PostgresStore::connect_with(&database.url, 4, 1)
+            .await
+            .unwrap();
+        let requests: Vec<RestartRequest> = (0..30)
+            .map(|n| contract::request(&format!("flock-{n:03}")))
+            .collect();
+        let culprit = requests[7].message_id;
+        // A check violation: permanent.
+        sabotage_the_journal(&store, "23514", Some(culprit)).await;
+        let claims =
+            futures::future::join_all(requests.iter().map(|r| store.claim_restart(r, TERMS))).await;
+        for (request, claim) in requests.iter().zip(&claims) {
+            if request.message_id == culprit {
+                let error = claim.as_ref().unwrap_err();
+                assert!(!error.is_transient(), "{error}");
+            } else {
+                assert!(
+                    matches!(claim, Ok(Claim::Claimed { attempt: 1, .. })),
+                    "{claim:?}"
+                );
+            }
+        }
+        store.close().await;
+    }
+
+    #[tokio::test]
+    async fn the_batch_lock_uses_the_message_id_index_even_with_a_generic_plan() {
+        let database = TestDatabase::create().await;
+        let store = PostgresStore::connect(&database.url, 2).await.unwrap();
+        sqlx::query(
+            "INSERT INTO requests (message_id, status, received_at, updated_at)
+             SELECT md5(n::text), 'restarted', 0, 0 FROM generate_series(1, 20000) AS n",
+        )
+        .execute(&store.pool)
+        .await
+        .unwrap();
+        sqlx::query("ANALYZE requests")
+            .execute(&store.pool)
+            .await
+            .unwrap();
+        let mut conn = store.pool.acquire().await.unwrap();
+        // What a prepared statement falls back to after a few executions.
+        sqlx::query("SET plan_cache_mode = force_generic_plan")
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+        for sql in [writer::LOCK_SQL, writer::OUTCOME_SQL] {
+            let plan: Vec<String> = sqlx::query_scalar(&format!("EXPLAIN {sql}"))
+                .bind(vec!["a".to_owned(), "b".to_owned()])
+                .bind(vec!["restarted".to_owned(); 2])
+                .bind(vec![1i32; 2])
+                .bind(vec![None::<String>; 2])
+                .bind(vec![None::<i64>; 2])
+                .bind(vec![None::<String>; 2])
+                .bind(vec![None::<i64>; 2])
+                .bind(0i64)
+                .fetch_all(&mut *conn)
+                .await
+                .unwrap();
+            let plan = plan.join("\n");
+            assert!(plan.contains("requests_message_id_key"), "{plan}");
+            assert!(!plan.contains("Seq Scan on requests"), "{plan}");
+        }
+        drop(conn);
+        store.close().await;
     }
 
     #[tokio::test]
