@@ -6,9 +6,13 @@
 //! recording the same redelivered request cannot both record a first
 //! outcome. Claims and outcomes are committed in groups by a few writer
 //! tasks ([`writer`]); a claim that a counting guard must check keeps its
-//! own transaction, with its advisory locks. The pool is bounded, and the
-//! writers take from it.
+//! own transaction, with its advisory locks. Lookups are answered in groups
+//! too ([`lookup`]). The pool is bounded; the writers and the lookup task
+//! take from it one connection each, only while they run a batch, so the
+//! hot path never queues for the pool (where a wait past its acquire
+//! timeout fails).
 
+mod lookup;
 mod writer;
 
 use std::sync::Arc;
@@ -65,6 +69,8 @@ pub struct PostgresStore {
     pool: PgPool,
     /// To the writer tasks.
     writes: mpsc::Sender<writer::Write>,
+    /// To the lookup task.
+    lookups: mpsc::Sender<lookup::Lookup>,
     /// Tells the writers to commit what is queued and stop.
     closing: CancellationToken,
     /// The writer tasks.
@@ -107,10 +113,17 @@ impl PostgresStore {
                 closing.clone(),
             ));
         }
+        let (lookups, lookup_receiver) = mpsc::channel(lookup::MAX_BATCH * 4);
+        tasks.spawn(lookup::lookup_loop(
+            pool.clone(),
+            lookup_receiver,
+            closing.clone(),
+        ));
         tasks.close();
         Ok(Self {
             pool,
             writes,
+            lookups,
             closing,
             tasks,
         })
@@ -284,12 +297,12 @@ fn attempts(attempt: u32) -> i32 {
 #[async_trait]
 impl Store for PostgresStore {
     async fn lookup(&self, message_id: Uuid) -> Result<Option<Status>, StoreError> {
-        let status: Option<String> =
-            sqlx::query_scalar("SELECT status FROM requests WHERE message_id = $1")
-                .bind(message_id.to_string())
-                .fetch_optional(&self.pool)
-                .await?;
-        status.as_deref().map(status_from_name).transpose()
+        let (reply, answer) = oneshot::channel();
+        self.lookups
+            .send((message_id, reply))
+            .await
+            .map_err(|_| StoreError::Closed)?;
+        answer.await.map_err(|_| StoreError::Closed)?
     }
 
     async fn claim_restart(
@@ -823,6 +836,44 @@ mod tests {
                 );
             }
         }
+        store.close().await;
+    }
+
+    #[tokio::test]
+    async fn many_handlers_in_flight_never_queue_on_the_pool() {
+        // Each handler used to take a pooled connection for its lookup, its
+        // claim and its outcome: with thousands in flight and a few
+        // connections, waits grew past the pool's acquire timeout. Now the
+        // hot path holds one connection per writer and one for lookups.
+        let database = TestDatabase::create().await;
+        let store = PostgresStore::connect_with(&database.url, 32, 2)
+            .await
+            .unwrap();
+        let requests: Vec<RestartRequest> = (0..600)
+            .map(|n| contract::request(&format!("crowd-{n:04}")))
+            .collect();
+        let handled = futures::future::join_all(requests.iter().map(|request| {
+            let store = &store;
+            async move {
+                assert_eq!(store.lookup(request.message_id).await.unwrap(), None);
+                let Claim::Claimed { attempt, .. } =
+                    store.claim_restart(request, TERMS).await.unwrap()
+                else {
+                    panic!("a fresh request is claimed");
+                };
+                store
+                    .record_outcome(request, attempt, &Outcome::restarted())
+                    .await
+                    .unwrap()
+            }
+        }))
+        .await;
+        assert!(handled.iter().all(|r| *r == Recorded::Recorded));
+        // Three tasks use the pool; sqlx gives a connection back in a task
+        // of its own, so a few more may have been opened meanwhile, but
+        // nowhere near one per handler (the whole pool, before).
+        let opened = store.pool.size();
+        assert!(opened <= 10, "{opened} connections opened");
         store.close().await;
     }
 
