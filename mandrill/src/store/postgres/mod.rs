@@ -15,12 +15,13 @@
 mod lookup;
 mod writer;
 
+use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::Row;
-use sqlx::postgres::{PgPool, PgPoolOptions, PgRow};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -95,10 +96,15 @@ impl PostgresStore {
         writers: u32,
     ) -> Result<Self, StoreError> {
         let max_connections = max_connections.max(1);
+        // Every statement planned for its own arrays and the table as it is
+        // now: a generic plan cached while the table was small scans all of
+        // it once it is large (the batches' statements take arrays).
+        let options =
+            PgConnectOptions::from_str(url)?.options([("plan_cache_mode", "force_custom_plan")]);
         let pool = PgPoolOptions::new()
             .max_connections(max_connections)
             .acquire_timeout(Duration::from_secs(10))
-            .connect(url)
+            .connect_with(options)
             .await?;
         sqlx::migrate!("./migrations/postgres").run(&pool).await?;
         let writers = writers.min(max_connections - 1).max(1);
