@@ -499,15 +499,24 @@ impl Store for PostgresStore {
     }
 
     async fn prune(&self, before: Timestamp, max_rows: u32) -> Result<u64, StoreError> {
-        let deleted = sqlx::query(
-            "DELETE FROM requests WHERE id IN (
+        // The rows are locked in id order first, as the writers lock them,
+        // so that a pass and a batch never wait for each other in a cycle.
+        let mut tx = self.pool.begin().await?;
+        let doomed: Vec<i64> = sqlx::query_scalar(
+            "SELECT id FROM requests WHERE id IN (
                  SELECT id FROM requests WHERE completed_at < $1
-                 ORDER BY completed_at LIMIT $2)",
+                 ORDER BY completed_at LIMIT $2)
+             ORDER BY message_id FOR UPDATE",
         )
         .bind(before.as_millis())
         .bind(i64::from(max_rows))
-        .execute(&self.pool)
+        .fetch_all(&mut *tx)
         .await?;
+        let deleted = sqlx::query("DELETE FROM requests WHERE id = ANY($1)")
+            .bind(&doomed)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
         // The journal and decisions of what is gone, and journal rows older
         // than the retention (the counting guards look back far less).
         sqlx::query(
