@@ -8,9 +8,10 @@
 //! tasks ([`writer`]); a claim that a counting guard must check keeps its
 //! own transaction, with its advisory locks. Lookups are answered in groups
 //! too ([`lookup`]). The pool is bounded; the writers and the lookup task
-//! take from it one connection each, only while they run a batch, so the
-//! hot path never queues for the pool (where a wait past its acquire
-//! timeout fails).
+//! take from it one connection each, only while they run a batch, and the
+//! writes that need a connection of their own take turns for the rest, so
+//! no caller queues for the pool (where a wait past its acquire timeout
+//! fails) however many handlers are in flight.
 
 mod lookup;
 mod writer;
@@ -76,6 +77,12 @@ pub struct PostgresStore {
     closing: CancellationToken,
     /// The writer tasks.
     tasks: TaskTracker,
+    /// Admits the writes that take a pooled connection of their own
+    /// (guarded claims, releases, decisions, rejections): as many as the
+    /// connections the writers and the lookup task leave, so that however
+    /// many handlers are in flight, none waits for the pool long enough for
+    /// its acquire to time out; the rest wait here, in order, without one.
+    direct: Arc<tokio::sync::Semaphore>,
 }
 
 impl PostgresStore {
@@ -126,13 +133,20 @@ impl PostgresStore {
             closing.clone(),
         ));
         tasks.close();
+        let direct = (max_connections - writers).saturating_sub(1).max(1);
         Ok(Self {
             pool,
             writes,
             lookups,
+            direct: Arc::new(tokio::sync::Semaphore::new(direct as usize)),
             closing,
             tasks,
         })
+    }
+
+    /// Waits for a turn to take a pooled connection; see `direct`.
+    async fn turn(&self) -> Result<tokio::sync::SemaphorePermit<'_>, StoreError> {
+        self.direct.acquire().await.map_err(|_| StoreError::Closed)
     }
 
     /// Queues a write for the writers and waits until its batch committed.
@@ -157,6 +171,7 @@ impl PostgresStore {
     ) -> Result<Claim, StoreError> {
         let now = Timestamp::now().as_millis();
         let id = request.message_id.to_string();
+        let _turn = self.turn().await?;
         let mut tx = self.pool.begin().await?;
         sqlx::query(
             "INSERT INTO requests
@@ -333,6 +348,7 @@ impl Store for PostgresStore {
         request: &RestartRequest,
         attempt: u32,
     ) -> Result<(), StoreError> {
+        let _turn = self.turn().await?;
         let mut tx = self.pool.begin().await?;
         let released = sqlx::query(
             "UPDATE requests SET attempts = attempts - 1, claim_until = NULL, updated_at = $3
@@ -365,6 +381,7 @@ impl Store for PostgresStore {
         attempt: u32,
         decision: Decision<'_>,
     ) -> Result<(), StoreError> {
+        let _turn = self.turn().await?;
         let mut tx = self.pool.begin().await?;
         let now = Timestamp::now().as_millis();
         insert_decision(&mut tx, request.message_id, attempt, decision, now).await?;
@@ -450,6 +467,7 @@ impl Store for PostgresStore {
         let now = Timestamp::now().as_millis();
         // PostgreSQL text cannot hold NUL; the excerpt is for humans anyway.
         let excerpt = payload_excerpt(payload).replace('\0', "\u{fffd}");
+        let _turn = self.turn().await?;
         sqlx::query(
             "INSERT INTO requests
                  (rejected_id, status, attempts, last_error, payload, received_at, updated_at, completed_at)
