@@ -2,7 +2,7 @@
 //!
 //! `cargo bench -p mandrill --bench pipeline -- --messages N --work-ms W --fail-rate F
 //!  [--broker memory|sqlite:PATH|nats://HOST:PORT|pubsub://PROJECT/SUBSCRIPTION]
-//!  [--pull unary|streaming] [--db memory|sqlite:PATH|postgres://…]`
+//!  [--pull unary|streaming] [--db memory|sqlite:PATH|postgres://…] [--writers N]`
 //!
 //! With the in-memory broker (the default), publishes N requests as fast as
 //! possible while the worker handles them with `max_in_flight` = N (the
@@ -32,6 +32,9 @@
 //! restarted and failed request (one event per message, the worst case):
 //! `slow` is a receiver in this process that answers after 10 s, `down` a
 //! port nothing listens on. The notification counts are in the line.
+//! With `--db postgres://…`, a fresh database on that server is used (and
+//! dropped), with a pool of 16 connections and `--writers` writer tasks
+//! (default: the store's default).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -68,6 +71,7 @@ struct Options {
     pull: String,
     db: String,
     notify: Option<String>,
+    writers: u32,
 }
 
 fn parse_options() -> Options {
@@ -79,6 +83,7 @@ fn parse_options() -> Options {
         pull: "unary".into(),
         db: "memory".into(),
         notify: None,
+        writers: mandrill::store::postgres::DEFAULT_WRITERS,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -99,11 +104,12 @@ fn parse_options() -> Options {
             "--db" => options.db = value("--db"),
             "--pull" => options.pull = value("--pull"),
             "--notify" => options.notify = Some(value("--notify")),
+            "--writers" => options.writers = value("--writers").parse().expect("--writers N"),
             // `cargo bench` passes --bench to harness-less benchmarks.
             "--bench" => {}
             other => {
                 panic!(
-                    "unknown argument {other:?}; expected --messages, --work-ms, --fail-rate, --broker, --pull, --db, --notify"
+                    "unknown argument {other:?}; expected --messages, --work-ms, --fail-rate, --broker, --pull, --db, --notify, --writers"
                 )
             }
         }
@@ -297,7 +303,7 @@ async fn run(options: Options) {
         None if postgres.is_some() => {
             let url = &postgres.as_ref().expect("checked just above").url;
             Arc::new(
-                PostgresStore::connect(url, 16)
+                PostgresStore::connect_with(url, 16, options.writers)
                     .await
                     .expect("postgres store opens"),
             )
@@ -389,10 +395,27 @@ async fn run(options: Options) {
         }
     });
     let n64 = n as u64;
+    let mut reported = Instant::now();
     loop {
         let done = stats.acked.get() + stats.dead_lettered.get();
         if done >= n64 {
             break;
+        }
+        // A slow run says where it stands, so that a stall can be told
+        // from a slow tail.
+        if reported.elapsed() >= Duration::from_secs(30) {
+            reported = Instant::now();
+            eprintln!(
+                "{:.0}s: {done} of {n} done; pulled {}, store failures {}, leases lost {}, \
+                 abandoned {}, deferred {}, nacked {}",
+                started.elapsed().as_secs_f64(),
+                stats.pulled.get(),
+                stats.store_failures.get(),
+                stats.leases_lost.get(),
+                stats.abandoned.get(),
+                stats.deferred.get(),
+                stats.nacked.get(),
+            );
         }
         tokio::time::sleep(Duration::from_micros(500)).await;
     }
@@ -445,6 +468,7 @@ async fn run(options: Options) {
             // As given: `sqlite` alone is broker and store in one file.
             "broker": options.broker,
             "db": options.db,
+            "writers": options.db.starts_with("postgres://").then_some(options.writers),
             "publish_seconds": publish_seconds.map(|s| (s * 1e4).round() / 1e4),
             "raw_sqlite_msgs_per_s": raw.map(f64::round),
             "ratio": raw.map(|raw| (msgs_per_s / raw * 1e3).round() / 1e3),
@@ -462,6 +486,15 @@ async fn run(options: Options) {
             "notifications_dropped": stats.notifications_dropped.get(),
             "peak_rss_mb": (peak_kib as f64 / 1024.0 * 10.0).round() / 10.0,
             "baseline_rss_mb": (baseline_kib as f64 / 1024.0 * 10.0).round() / 10.0,
+            // What went wrong on the way: a healthy run has no store
+            // failures and no lost leases.
+            "pulled": stats.pulled.get(),
+            "store_failures": stats.store_failures.get(),
+            "store_outages": stats.store_outages.get(),
+            "leases_lost": stats.leases_lost.get(),
+            "abandoned": stats.abandoned.get(),
+            "deferred": stats.deferred.get(),
+            "nacked": stats.nacked.get(),
         })
     );
 }

@@ -190,6 +190,10 @@ pub struct StoreConfig {
     pub url: String,
     /// Connections in the pool.
     pub max_connections: u32,
+    /// PostgreSQL: writer tasks that commit claims and outcomes in groups,
+    /// each with one pooled connection while it commits (at most
+    /// `max_connections - 1` of them run).
+    pub writers: u32,
     /// How long finished requests stay in the history; older ones are
     /// pruned in the background, a bounded number of rows per pass. `0s`
     /// keeps them forever.
@@ -202,6 +206,7 @@ impl Default for StoreConfig {
         Self {
             url: "sqlite:mandrill.db".into(),
             max_connections: 4,
+            writers: crate::store::postgres::DEFAULT_WRITERS,
             retention: Duration::from_secs(90 * 24 * 3600),
         }
     }
@@ -600,6 +605,8 @@ pub mod limits {
     /// Largest database pool: the pool sets up a slot per connection up
     /// front, and PostgreSQL's own default limit is 100 connections.
     pub const MAX_CONNECTIONS: u32 = 1_000;
+    /// Most `store.writers`.
+    pub const MAX_STORE_WRITERS: u32 = 64;
     /// Most blocking restarts at once: tokio's blocking pool has 512 threads.
     pub const MAX_BLOCKING_THREADS: usize = 512;
     /// Largest payload accepted: NATS's own maximum `max_payload` (64 MiB).
@@ -968,6 +975,12 @@ impl Config {
             "store.max_connections",
             self.store.max_connections.into(),
             limits::MAX_CONNECTIONS.into(),
+        )?;
+        at_least_one("store.writers", self.store.writers.into())?;
+        at_most(
+            "store.writers",
+            self.store.writers.into(),
+            limits::MAX_STORE_WRITERS.into(),
         )?;
         at_least_one(
             "message.max_payload_bytes",
@@ -1577,6 +1590,10 @@ const SETTING_DOCS: &[(&str, &str)] = &[
     ),
     ("store.url", "`sqlite:PATH`, `postgres://…` or `memory`"),
     ("store.max_connections", "database pool size (1-1000)"),
+    (
+        "store.writers",
+        "PostgreSQL: tasks committing claims and outcomes in groups (1-64; at most max_connections - 1 run)",
+    ),
     (
         "store.retention",
         "how long finished requests stay in the history (0s: forever; at most 100 years)",
@@ -2449,6 +2466,8 @@ mod tests {
             ("restarter.blocking_threads", "513"),
             ("store.max_connections", "4000000000"),
             ("store.max_connections", "1001"),
+            ("store.writers", "0"),
+            ("store.writers", "65"),
             ("message.max_payload_bytes", "9223372036854775807"),
             ("worker.shutdown_grace", "1000000000years"),
             ("worker.shutdown_grace", "366days"),
@@ -2485,6 +2504,7 @@ mod tests {
             ("worker.pull_batch", "10000"),
             ("restarter.blocking_threads", "512"),
             ("store.max_connections", "1000"),
+            ("store.writers", "64"),
             ("message.max_payload_bytes", "67108864"),
             ("worker.shutdown_grace", "365days"),
             ("broker.ack_deadline", "1s"),

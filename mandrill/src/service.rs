@@ -54,7 +54,7 @@ pub async fn open_store(config: &StoreConfig) -> anyhow::Result<Arc<dyn Store>> 
         return Ok(Arc::new(store));
     }
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        let store = PostgresStore::connect(url, config.max_connections)
+        let store = PostgresStore::connect_with(url, config.max_connections, config.writers)
             .await
             .with_context(|| format!("cannot open store.url {:?}", redact_url(url)))?;
         return Ok(Arc::new(store));
