@@ -670,7 +670,9 @@ async fn request_shutdown_when_idle(
                 warn!("this broker cannot report its backlog; --until-idle has no effect");
                 return;
             }
-            Err(error) => warn!(%error, "could not read the broker's backlog"),
+            Err(error) => {
+                warn!(error = %error.with_causes(), "could not read the broker's backlog")
+            }
         }
         tokio::select! {
             () = tokio::time::sleep(every) => {}

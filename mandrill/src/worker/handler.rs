@@ -298,10 +298,12 @@ async fn extend_forever(context: &Shared, tag: &DeliveryTag, progress: &Progress
             Err(error @ BrokerError::LeaseLost(_)) => {
                 progress.lease_lost.store(true, Ordering::Release);
                 context.stats.leases_lost.inc();
-                warn!(%error, "lease lost; the message may be redelivered");
+                warn!(error = %error.with_causes(), "lease lost; the message may be redelivered");
                 return std::future::pending().await;
             }
-            Err(error) => warn!(%error, "could not extend lease; will try again"),
+            Err(error) => {
+                warn!(error = %error.with_causes(), "could not extend lease; will try again")
+            }
         }
     }
 }
@@ -1095,12 +1097,12 @@ async fn settle(
             Ok(()) => return,
             Err(error @ BrokerError::Unavailable(_)) if tried < TRIES => {
                 let delay = Duration::from_millis(100 << tried);
-                warn!(%error, tried, ?delay, "could not settle; retrying");
+                warn!(error = %error.with_causes(), tried, ?delay, "could not settle; retrying");
                 tokio::time::sleep(delay).await;
             }
             Err(error) => {
                 stats.settle_failures.inc();
-                warn!(%error, "could not settle; the broker will redeliver after the lease expires");
+                warn!(error = %error.with_causes(), "could not settle; the broker will redeliver after the lease expires");
                 return;
             }
         }
