@@ -51,8 +51,6 @@ const LIMIT: usize = 5;
 /// restarts or deferred (for about an hour, so once each).
 fn limited(journal: &Path) -> Vec<String> {
     [
-        "--max-in-flight",
-        "32",
         "--set",
         "safety.rate.group_max=5",
         "--set",
@@ -83,23 +81,32 @@ fn stop(instance: Mandrill) {
 fn two_instances_on_one_sqlite_file_issue_exactly_the_rate_limit() {
     let (_guard, dir) = temp_dir();
     let db = sqlite_url(&dir);
-    let (status, _, stderr) = mandrill(
-        &dir,
-        &[
-            "publish",
-            "--broker",
-            &db,
-            "--random",
-            &REQUESTS.to_string(),
-        ],
-        &[],
-    );
-    assert!(status.success(), "publish failed: {stderr}");
+    let publish = |n: usize| {
+        let (status, _, stderr) = mandrill(
+            &dir,
+            &["publish", "--broker", &db, "--random", &n.to_string()],
+            &[],
+        );
+        assert!(status.success(), "publish failed: {stderr}");
+    };
+    // One request creates the database; the rest are published once both
+    // instances are pulling, each holding at most 4 at a time and polling
+    // every 5 ms, so that both take part.
+    publish(1);
     let journal_path = dir.join("restarts.journal");
     let mut args = vec!["--db".to_owned(), db.clone(), "--broker".into(), db.clone()];
     args.extend(limited(&journal_path));
+    args.extend([
+        "--max-in-flight".into(),
+        "4".into(),
+        "--set".into(),
+        "broker.poll_interval=5ms".into(),
+    ]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let (a, b) = (Mandrill::run(&dir, &args), Mandrill::run(&dir, &args));
+    a.wait_for("mandrill started", 1);
+    b.wait_for("mandrill started", 1);
+    publish(REQUESTS - 1);
     wait_for_deferrals(&[&a, &b], REQUESTS - LIMIT, DEADLINE * 2);
     assert!(
         !a.messages("deferred").is_empty() && !b.messages("deferred").is_empty(),
@@ -204,13 +211,6 @@ fn three_instances_on_nats_and_postgres_issue_exactly_the_rate_limit() {
     let (_guard, dir) = temp_dir();
     let db = Database::create();
     let names = NatsNames::new(&nats_server());
-    let mut publish = vec!["publish".to_owned(), "--broker".into(), names.url.clone()];
-    publish.extend(names.flags());
-    publish.extend(["--random".into(), REQUESTS.to_string()]);
-    let publish: Vec<&str> = publish.iter().map(String::as_str).collect();
-    let (status, _, stderr) = mandrill(&dir, &publish, &[]);
-    assert!(status.success(), "publish failed: {stderr}");
-
     let journal_path = dir.join("restarts.journal");
     let mut args = vec![
         "--broker".to_owned(),
@@ -220,9 +220,20 @@ fn three_instances_on_nats_and_postgres_issue_exactly_the_rate_limit() {
     ];
     args.extend(names.flags());
     args.extend(limited(&journal_path));
+    args.extend(["--max-in-flight".into(), "32".into()]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let instances: Vec<Mandrill> = (0..3).map(|_| Mandrill::run(&dir, &args)).collect();
     let refs: Vec<&Mandrill> = instances.iter().collect();
+    for instance in &instances {
+        instance.wait_for("mandrill started", 1);
+    }
+    let mut publish = vec!["publish".to_owned(), "--broker".into(), names.url.clone()];
+    publish.extend(names.flags());
+    publish.extend(["--random".into(), REQUESTS.to_string()]);
+    let publish: Vec<&str> = publish.iter().map(String::as_str).collect();
+    let (status, _, stderr) = mandrill(&dir, &publish, &[]);
+    assert!(status.success(), "publish failed: {stderr}");
+
     wait_for_deferrals(&refs, REQUESTS - LIMIT, DEADLINE * 2);
     let took_part = instances
         .iter()
