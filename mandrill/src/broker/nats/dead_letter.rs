@@ -7,7 +7,10 @@ use super::*;
 /// line, the original's sequence and size, and, if the whole payload would
 /// not fit beside them, as much of it as does, marked as truncated. On a
 /// server whose `max_payload` is smaller than the headers, the reason is cut
-/// further.
+/// further. The copy carries `Nats-Msg-Id: dead-letter-{sequence}`, so that
+/// JetStream keeps one copy however often the original is dead-lettered
+/// within the stream's duplicate window (a redelivery after a settle that
+/// was lost dead-letters it again).
 pub(super) fn dead_letter_copy(
     payload: Bytes,
     reason: &str,
@@ -21,6 +24,10 @@ pub(super) fn dead_letter_copy(
         .collect();
     let build = |reason: &str| {
         let mut headers = HeaderMap::new();
+        headers.insert(
+            async_nats::header::NATS_MESSAGE_ID,
+            format!("dead-letter-{sequence}").as_str(),
+        );
         headers.insert(DEAD_LETTER_REASON_HEADER, reason);
         headers.insert(DEAD_LETTER_SEQUENCE_HEADER, sequence.to_string().as_str());
         headers.insert(DEAD_LETTER_SIZE_HEADER, payload.len().to_string().as_str());

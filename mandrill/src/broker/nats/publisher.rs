@@ -98,6 +98,8 @@ impl NatsPublisher {
                 name: format!("{}_DEAD", settings.stream),
                 subjects: vec![settings.dead_letter_subject.clone()],
                 storage: stream::StorageType::File,
+                // Copies of one original are kept once (`Nats-Msg-Id`).
+                duplicate_window: Duration::from_secs(120),
                 ..Default::default()
             })
             .await

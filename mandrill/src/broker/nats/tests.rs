@@ -164,6 +164,31 @@ async fn dead_letter_terminates_and_copies_the_message_with_its_reason() {
     assert_eq!(dead[0].1, "payload is not a valid request");
 }
 
+/// A message dead-lettered twice (a redelivery after a settle that was
+/// lost, as a loaded CI machine produced: the copy published, the original
+/// not yet terminated) leaves one copy: the copy's `Nats-Msg-Id` is the
+/// original's sequence, and JetStream drops the repeat.
+#[tokio::test]
+async fn dead_lettering_a_message_twice_keeps_one_copy() {
+    let streams = TestStreams::new(Duration::from_secs(1));
+    let broker = NatsBroker::connect(streams.settings.clone()).await.unwrap();
+    for reason in ["first", "again"] {
+        let (headers, payload) =
+            dead_letter_copy(Bytes::from_static(b"poison"), reason, 42, 1 << 20);
+        let message = async_nats::jetstream::message::PublishMessage::build()
+            .payload(payload)
+            .headers(headers);
+        broker
+            .publisher
+            .publish_confirmed(streams.settings.dead_letter_subject.clone(), message)
+            .await
+            .unwrap();
+    }
+    let dead = dead_letters(&streams.settings).await;
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert_eq!(dead[0].1, "first");
+}
+
 /// The dead-letter stream's messages: payload and reason.
 pub(crate) async fn dead_letters(settings: &NatsSettings) -> Vec<(Bytes, String)> {
     dead_letter_messages(settings)
@@ -360,6 +385,14 @@ fn dead_letter_copy_fits_max_payload_with_its_headers() {
     assert_eq!(payload, "abc");
     assert!(headers.get(DEAD_LETTER_TRUNCATED_HEADER).is_none());
     assert_eq!(headers.get(DEAD_LETTER_SIZE_HEADER).unwrap().as_str(), "3");
+    // One copy per original, however often it is dead-lettered.
+    assert_eq!(
+        headers
+            .get(async_nats::header::NATS_MESSAGE_ID)
+            .unwrap()
+            .as_str(),
+        "dead-letter-7"
+    );
     // Around the limit, whatever the reason: never over it.
     for max_payload in [400, 1500, 4096, 1024 * 1024] {
         for size in [
