@@ -1,0 +1,24 @@
+//! The domain: restart requests and their outcomes. No I/O lives here.
+//!
+//! Raw bytes from a broker become a [`RestartRequest`] in exactly one place,
+//! [`RestartRequest::parse`]; anything that does not parse becomes a
+//! [`Rejection`] whose `Display` is the dead-letter reason. The rest of the
+//! code never sees an unvalidated instance name or hostname.
+
+mod names;
+mod outcome;
+mod request;
+
+pub use names::{Domain, Hostname, InstanceName, random_instance_name};
+pub use outcome::{Outcome, Restarted, Status};
+pub use request::{
+    MAX_REASON_CHARS, MAX_REQUESTED_BY_CHARS, ParseRules, Rejection, RestartRequest, WireRequest,
+    salvage_message_id,
+};
+
+/// Valid requests for tests elsewhere in the crate.
+#[cfg(test)]
+pub(crate) mod testing;
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,286 @@
+//! A restart request parsed from the wire, or the rejection that says why not.
+
+use std::time::SystemTime;
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use super::names::{Domain, Hostname, InstanceName};
+
+/// Limits and defaults applied while parsing a payload.
+#[derive(Debug, Clone)]
+pub struct ParseRules {
+    /// Appended to the instance name to form the hostname, e.g. `example.net`.
+    pub domain: Domain,
+    /// Payloads larger than this are rejected before any parsing.
+    pub max_payload_bytes: usize,
+}
+
+/// A request to restart one host, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RestartRequest {
+    /// The publisher's id for this request; the unit of idempotency.
+    pub message_id: Uuid,
+    /// The instance to restart.
+    pub instance_name: InstanceName,
+    /// `instance_name` qualified with the configured domain.
+    pub hostname: Hostname,
+    /// Who asked, if the publisher said.
+    pub requested_by: Option<String>,
+    /// Why, if the publisher said.
+    pub reason: Option<String>,
+    /// When the publisher sent it, if it said.
+    pub published_at: Option<SystemTime>,
+    /// The group the publisher named, if it did; see
+    /// [`crate::safety::Counting::group`] for how a group is chosen otherwise.
+    pub group: Option<String>,
+}
+
+/// The wire format. Unknown fields are accepted so that newer publishers can
+/// add fields without older services dead-lettering their messages.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct WireRequest {
+    /// A UUID.
+    pub message_id: String,
+    /// A DNS label, e.g. `cattle-ab12`.
+    pub instance_name: String,
+    /// Optional: who asked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requested_by: Option<String>,
+    /// Optional: why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Optional: RFC 3339 timestamp.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub published_at: Option<String>,
+    /// Optional: the group the instance belongs to, for the rate limits and
+    /// the disruption budget (a DNS label, like an instance name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+}
+
+/// Why a payload was not accepted as a restart request. The `Display` text is
+/// the dead-letter reason.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Rejection {
+    /// The payload is larger than the configured limit.
+    #[error("payload is {size} bytes, over the limit of {limit}")]
+    TooLarge {
+        /// Size of the payload.
+        size: usize,
+        /// The configured limit.
+        limit: usize,
+    },
+    /// The payload is not UTF-8.
+    #[error("payload is not valid utf-8 (at byte {valid_up_to})")]
+    NotUtf8 {
+        /// Length of the valid prefix.
+        valid_up_to: usize,
+    },
+    /// The payload is not a JSON object of the expected shape.
+    #[error("payload is not a valid request: {0}")]
+    BadJson(String),
+    /// `message_id` is not a UUID.
+    #[error("message_id {0:?} is not a uuid")]
+    BadMessageId(String),
+    /// `instance_name` is not a DNS label.
+    #[error("instance_name {name:?} {why}")]
+    BadInstanceName {
+        /// The offending name.
+        name: String,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// `published_at` is not an RFC 3339 timestamp.
+    #[error("published_at {0:?} is not an rfc 3339 timestamp")]
+    BadPublishedAt(String),
+    /// A free-text field (`requested_by`, `reason`) cannot be stored as is.
+    #[error("{field} {why}")]
+    BadText {
+        /// The field's name.
+        field: &'static str,
+        /// What is wrong with it.
+        why: String,
+    },
+}
+
+impl Rejection {
+    /// The kinds, as `/metrics` labels them (`mandrill_rejections_total{reason}`).
+    pub const KINDS: [&'static str; 7] = [
+        "too_large",
+        "not_utf8",
+        "bad_json",
+        "bad_message_id",
+        "bad_instance_name",
+        "bad_published_at",
+        "bad_text",
+    ];
+
+    /// This rejection's index in [`Rejection::KINDS`].
+    pub fn kind_index(&self) -> usize {
+        match self {
+            Self::TooLarge { .. } => 0,
+            Self::NotUtf8 { .. } => 1,
+            Self::BadJson(_) => 2,
+            Self::BadMessageId(_) => 3,
+            Self::BadInstanceName { .. } => 4,
+            Self::BadPublishedAt(_) => 5,
+            Self::BadText { .. } => 6,
+        }
+    }
+}
+
+/// Most characters of an offending value a rejection quotes: reasons go to
+/// logs, dead-letter headers and the history, and must stay short whatever
+/// the payload held.
+const MAX_QUOTED_CHARS: usize = 64;
+
+/// `value`, cut to [`MAX_QUOTED_CHARS`] characters with a mark if it was cut.
+fn excerpt(value: &str) -> String {
+    match value.char_indices().nth(MAX_QUOTED_CHARS) {
+        None => value.to_owned(),
+        Some((cut, _)) => format!("{}… ({} bytes)", &value[..cut], value.len()),
+    }
+}
+
+/// Longest `requested_by` accepted, in characters.
+pub const MAX_REQUESTED_BY_CHARS: usize = 128;
+/// Longest `reason` accepted, in characters.
+pub const MAX_REASON_CHARS: usize = 1024;
+
+/// Validates and normalises a free-text field so that whatever parses can
+/// be stored by every store: surrounding white space is trimmed, an empty
+/// value is no value, control characters (NUL included, which PostgreSQL
+/// cannot store in text) are refused, and the length is bounded.
+fn free_text(
+    field: &'static str,
+    raw: Option<String>,
+    max_chars: usize,
+) -> Result<Option<String>, Rejection> {
+    let Some(raw) = raw else { return Ok(None) };
+    let trimmed = raw.trim();
+    if let Some((at, bad)) = trimmed.chars().enumerate().find(|(_, c)| c.is_control()) {
+        return Err(Rejection::BadText {
+            field,
+            why: format!(
+                "contains the control character U+{:04X} at character {at}",
+                u32::from(bad)
+            ),
+        });
+    }
+    let chars = trimmed.chars().count();
+    if chars > max_chars {
+        return Err(Rejection::BadText {
+            field,
+            why: format!("is {chars} characters long (at most {max_chars})"),
+        });
+    }
+    Ok((!trimmed.is_empty()).then(|| trimmed.to_owned()))
+}
+
+impl RestartRequest {
+    /// Parses and validates a payload from the wire.
+    pub fn parse(payload: &[u8], rules: &ParseRules) -> Result<Self, Rejection> {
+        Self::parse_sized(payload, payload.len(), rules)
+    }
+
+    /// Parses a payload of which the broker may have read only a prefix:
+    /// `full_size` is the size of the whole, checked against the limit first.
+    pub fn parse_sized(
+        payload: &[u8],
+        full_size: usize,
+        rules: &ParseRules,
+    ) -> Result<Self, Rejection> {
+        let size = full_size.max(payload.len());
+        if size > rules.max_payload_bytes {
+            return Err(Rejection::TooLarge {
+                size,
+                limit: rules.max_payload_bytes,
+            });
+        }
+        let text = std::str::from_utf8(payload).map_err(|e| Rejection::NotUtf8 {
+            valid_up_to: e.valid_up_to(),
+        })?;
+        let wire: WireRequest =
+            serde_json::from_str(text).map_err(|e| Rejection::BadJson(excerpt(&e.to_string())))?;
+        let message_id = Uuid::parse_str(&wire.message_id)
+            .map_err(|_| Rejection::BadMessageId(excerpt(&wire.message_id)))?;
+        let instance_name =
+            InstanceName::parse(&wire.instance_name).map_err(|why| Rejection::BadInstanceName {
+                name: excerpt(&wire.instance_name),
+                why,
+            })?;
+        let published_at = wire
+            .published_at
+            .as_deref()
+            .map(|raw| {
+                humantime::parse_rfc3339_weak(raw)
+                    .map_err(|_| Rejection::BadPublishedAt(excerpt(raw)))
+            })
+            .transpose()?;
+        let group = wire
+            .group
+            .as_deref()
+            .map(|raw| {
+                InstanceName::parse(raw)
+                    .map(|name| name.as_str().to_owned())
+                    .map_err(|why| Rejection::BadText {
+                        field: "group",
+                        why: format!("{:?} {why}", excerpt(raw)),
+                    })
+            })
+            .transpose()?;
+        Ok(Self {
+            message_id,
+            group,
+            hostname: Hostname::new(&instance_name, &rules.domain),
+            instance_name,
+            requested_by: free_text("requested_by", wire.requested_by, MAX_REQUESTED_BY_CHARS)?,
+            reason: free_text("reason", wire.reason, MAX_REASON_CHARS)?,
+            published_at,
+        })
+    }
+
+    /// The request's group as the request alone tells it: its own `group`,
+    /// else [`Self::default_group`]. (Configured group patterns are applied
+    /// by [`crate::safety::Counting::group`].)
+    pub fn group(&self) -> &str {
+        self.group
+            .as_deref()
+            .unwrap_or_else(|| self.default_group())
+    }
+
+    /// The instance name without its last `-suffix` (`cattle-ab12` →
+    /// `cattle`), or the whole name when it has none.
+    pub fn default_group(&self) -> &str {
+        let name = self.instance_name.as_str();
+        name.rsplit_once('-').map_or(name, |(group, _)| group)
+    }
+
+    /// The wire form of a request, as publishers send it.
+    pub fn to_wire(&self) -> Vec<u8> {
+        let wire = WireRequest {
+            message_id: self.message_id.to_string(),
+            instance_name: self.instance_name.to_string(),
+            requested_by: self.requested_by.clone(),
+            reason: self.reason.clone(),
+            published_at: self
+                .published_at
+                .map(|t| humantime::format_rfc3339_millis(t).to_string()),
+            group: self.group.clone(),
+        };
+        // Serialising a struct of strings to JSON cannot fail.
+        serde_json::to_vec(&wire).expect("a struct of strings serialises")
+    }
+}
+
+/// Best effort at finding the message id in a payload that was rejected, so
+/// that the rejection can be recorded against it.
+pub fn salvage_message_id(payload: &[u8]) -> Option<Uuid> {
+    #[derive(Deserialize)]
+    struct IdOnly {
+        message_id: String,
+    }
+    let parsed: IdOnly = serde_json::from_slice(payload).ok()?;
+    Uuid::parse_str(&parsed.message_id).ok()
+}

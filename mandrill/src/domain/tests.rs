@@ -1,0 +1,182 @@
+use super::*;
+use uuid::Uuid;
+
+fn rules() -> ParseRules {
+    ParseRules {
+        domain: Domain::default(),
+        max_payload_bytes: 512,
+    }
+}
+
+const ID: &str = "1b4e28ba-2fa1-4d3b-a3f5-ef19b5a7633b";
+
+#[test]
+fn valid_request_parses_and_builds_hostname() {
+    let payload = format!(
+        r#"{{"message_id":"{ID}","instance_name":"cattle-ab12","requested_by":"sre","extra":1}}"#
+    );
+    let request = RestartRequest::parse(payload.as_bytes(), &rules()).unwrap();
+    assert_eq!(request.hostname.as_str(), "cattle-ab12.example.net");
+    assert_eq!(request.requested_by.as_deref(), Some("sre"));
+    assert_eq!(request.message_id.to_string(), ID);
+}
+
+#[test]
+fn each_malformed_payload_gets_its_own_reason() {
+    let cases: &[(&[u8], &str)] = &[
+        (b"not json", "payload is not a valid request"),
+        (b"\xff\xfe", "not valid utf-8"),
+        (br#"{"instance_name":"cattle-ab12"}"#, "missing field `message_id`"),
+        (
+            br#"{"message_id":"nope","instance_name":"cattle-ab12"}"#,
+            "is not a uuid",
+        ),
+        (
+            br#"{"message_id":"1b4e28ba-2fa1-4d3b-a3f5-ef19b5a7633b","instance_name":"Cattle"}"#,
+            "contains 'C'",
+        ),
+        (
+            br#"{"message_id":"1b4e28ba-2fa1-4d3b-a3f5-ef19b5a7633b","instance_name":"-x"}"#,
+            "hyphen",
+        ),
+        (
+            br#"{"message_id":"1b4e28ba-2fa1-4d3b-a3f5-ef19b5a7633b","instance_name":""}"#,
+            "is empty",
+        ),
+        (
+            br#"{"message_id":"1b4e28ba-2fa1-4d3b-a3f5-ef19b5a7633b","instance_name":"a","published_at":"yesterday"}"#,
+            "rfc 3339",
+        ),
+    ];
+    for (payload, expected) in cases {
+        let reason = RestartRequest::parse(payload, &rules())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            reason.contains(expected),
+            "{:?}: {reason:?} lacks {expected:?}",
+            String::from_utf8_lossy(payload)
+        );
+    }
+}
+
+#[test]
+fn free_text_that_a_store_could_not_keep_is_rejected_with_the_field_named() {
+    let with = |field: &str, value: &str| {
+        let value = serde_json::to_string(value).unwrap();
+        let payload =
+            format!(r#"{{"message_id":"{ID}","instance_name":"cattle-ab12","{field}":{value}}}"#);
+        let rules = ParseRules {
+            max_payload_bytes: 8192,
+            ..rules()
+        };
+        RestartRequest::parse(payload.as_bytes(), &rules)
+    };
+    // PostgreSQL cannot store NUL in text: seen restarting a host ten times.
+    let nul = with("reason", "game\u{0}day").unwrap_err().to_string();
+    assert!(nul.contains("reason") && nul.contains("U+0000"), "{nul}");
+    let newline = with("requested_by", "sre\nteam").unwrap_err().to_string();
+    assert!(
+        newline.contains("requested_by") && newline.contains("U+000A"),
+        "{newline}"
+    );
+    let escape = with("reason", "\u{1b}[31mred").unwrap_err().to_string();
+    assert!(escape.contains("U+001B"), "{escape}");
+    let long = with("reason", &"x".repeat(MAX_REASON_CHARS + 1)).unwrap_err();
+    assert!(long.to_string().contains("at most 1024"), "{long}");
+    let long = with("requested_by", &"é".repeat(MAX_REQUESTED_BY_CHARS + 1)).unwrap_err();
+    assert!(long.to_string().contains("at most 128"), "{long}");
+    // At the limit (in characters, not bytes) is fine; space is trimmed.
+    let ok = with("requested_by", &"é".repeat(MAX_REQUESTED_BY_CHARS)).unwrap();
+    assert_eq!(
+        ok.requested_by.unwrap().chars().count(),
+        MAX_REQUESTED_BY_CHARS
+    );
+    let trimmed = with("reason", "  game day \t").unwrap();
+    assert_eq!(trimmed.reason.as_deref(), Some("game day"));
+    assert_eq!(with("reason", "   ").unwrap().reason, None);
+}
+
+#[test]
+fn a_rejection_quotes_at_most_a_short_excerpt_of_what_was_sent() {
+    let rules = ParseRules {
+        max_payload_bytes: 1 << 20,
+        ..rules()
+    };
+    let huge = "X".repeat(100_000);
+    for payload in [
+        format!(r#"{{"message_id":"{ID}","instance_name":"{huge}"}}"#),
+        format!(r#"{{"message_id":"{huge}","instance_name":"a"}}"#),
+        format!(r#"{{"message_id":"{ID}","instance_name":"a","published_at":"{huge}"}}"#),
+        format!(r#"{{"message_id":"{ID}","instance_name":"a","extra":{huge}}}"#),
+    ] {
+        let reason = RestartRequest::parse(payload.as_bytes(), &rules)
+            .unwrap_err()
+            .to_string();
+        assert!(reason.len() < 300, "{} bytes: {reason:.200}", reason.len());
+    }
+}
+
+#[test]
+fn a_prefix_of_an_oversized_payload_is_rejected_by_its_full_size() {
+    assert_eq!(
+        RestartRequest::parse_sized(b"{", 20_000_000, &rules()),
+        Err(Rejection::TooLarge {
+            size: 20_000_000,
+            limit: 512
+        })
+    );
+}
+
+#[test]
+fn oversized_payload_is_rejected_before_parsing() {
+    let payload = vec![b'x'; 513];
+    assert_eq!(
+        RestartRequest::parse(&payload, &rules()),
+        Err(Rejection::TooLarge {
+            size: 513,
+            limit: 512
+        })
+    );
+}
+
+#[test]
+fn label_rules_follow_dns() {
+    assert!(InstanceName::parse(&"a".repeat(63)).is_ok());
+    assert!(InstanceName::parse(&"a".repeat(64)).is_err());
+    assert!(InstanceName::parse("a-1").is_ok());
+    assert!(InstanceName::parse("a_1").is_err());
+    assert!(InstanceName::parse("a.b").is_err());
+    assert!(Domain::parse("example.net").is_ok());
+    assert!(Domain::parse("example..net").is_err());
+}
+
+#[test]
+fn wire_form_round_trips() {
+    let mut rng = rand::rng();
+    let instance_name = random_instance_name(&mut rng);
+    assert!(instance_name.as_str().starts_with("cattle-") && instance_name.as_str().len() == 11);
+    let request = RestartRequest {
+        message_id: Uuid::new_v4(),
+        hostname: Hostname::new(&instance_name, &Domain::default()),
+        instance_name,
+        requested_by: None,
+        reason: Some("chaos".into()),
+        published_at: Some(humantime::parse_rfc3339("2026-11-21T10:00:00.123Z").unwrap()),
+        group: None,
+    };
+    assert_eq!(
+        RestartRequest::parse(&request.to_wire(), &rules()),
+        Ok(request)
+    );
+}
+
+#[test]
+fn salvage_finds_id_in_rejected_payload() {
+    let payload = format!(r#"{{"message_id":"{ID}","instance_name":"BAD"}}"#);
+    assert_eq!(
+        salvage_message_id(payload.as_bytes()).unwrap().to_string(),
+        ID
+    );
+    assert_eq!(salvage_message_id(b"garbage"), None);
+}
