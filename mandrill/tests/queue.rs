@@ -147,7 +147,7 @@ fn malformed_payloads_are_dead_lettered_listed_and_can_be_requeued() {
         .unwrap();
     // Written through the library: `mandrill publish` would refuse them.
     runtime.block_on(async {
-        let config = mandrill::config::BrokerConfig {
+        let config = mandrill::broker::sqlite::SqliteOptions {
             url: db.clone(),
             ..Default::default()
         };

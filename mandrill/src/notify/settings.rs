@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::EventKind;
-use crate::config::Secret;
+use crate::settings::Secret;
 
 /// How a notification body looks.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -33,7 +33,7 @@ pub struct NotifyEntry {
     /// The events this endpoint wants.
     pub events: Vec<EventKind>,
     /// Longest one POST may take, connecting included.
-    #[serde(default = "default_timeout", with = "crate::config::duration")]
+    #[serde(default = "default_timeout", with = "crate::settings::duration")]
     pub timeout: Duration,
 }
 
@@ -89,7 +89,7 @@ pub struct NotifierSettings {
     /// Events waiting to be sent; beyond it new events are dropped (counted).
     pub queue_capacity: usize,
     /// How long shutdown waits for queued notifications to be sent.
-    #[serde(with = "crate::config::duration")]
+    #[serde(with = "crate::settings::duration")]
     pub flush_timeout: Duration,
 }
 

@@ -27,10 +27,10 @@ pub struct RateSettings {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub group_max: Option<u32>,
     /// The window `group_max` and `global_max` count over.
-    #[serde(with = "crate::config::duration")]
+    #[serde(with = "crate::settings::duration")]
     pub window: Duration,
     /// Least time between two restarts of one host; 0 is none.
-    #[serde(with = "crate::config::duration")]
+    #[serde(with = "crate::settings::duration")]
     pub host_cooldown: Duration,
     /// Restarts per `window` over all groups; unset or 0 is unlimited.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -66,10 +66,10 @@ pub struct BudgetSettings {
     pub group_sizes: BTreeMap<String, u32>,
     /// How long a host whose restart ended without a verified recovery
     /// (unrecovered, failed, outcome unknown) still counts as disrupted.
-    #[serde(with = "crate::config::duration")]
+    #[serde(with = "crate::settings::duration")]
     pub forget_after: Duration,
     /// How soon a request the budget deferred is tried again.
-    #[serde(with = "crate::config::duration")]
+    #[serde(with = "crate::settings::duration")]
     pub retry: Duration,
 }
 
