@@ -10,6 +10,8 @@ use super::{
 use crate::broker::nats::NatsSettings;
 use crate::broker::pubsub::PubSubSettings;
 use crate::broker::sqlite::SqliteSettings;
+use crate::notify::NotifierSettings;
+use crate::safety::{BudgetSettings, CalendarSettings, RateSettings};
 use crate::settings::{Documented, summary};
 
 type Docs = &'static [(&'static str, &'static str)];
@@ -31,11 +33,11 @@ const SECTIONS: &[(&str, Docs)] = &[
     ("restarter.http", elsewhere::RESTARTER_HTTP),
     ("verify", elsewhere::VERIFY),
     ("safety", SafetySettings::DOCS),
-    ("safety.calendar", elsewhere::SAFETY_CALENDAR),
-    ("safety.rate", elsewhere::SAFETY_RATE),
-    ("safety.budget", elsewhere::SAFETY_BUDGET),
+    ("safety.calendar", CalendarSettings::DOCS),
+    ("safety.rate", RateSettings::DOCS),
+    ("safety.budget", BudgetSettings::DOCS),
     ("", Config::DOCS),
-    ("notifier", elsewhere::NOTIFIER),
+    ("notifier", NotifierSettings::DOCS),
     ("simulate", SimulateSettings::DOCS),
     ("log", LogSettings::DOCS),
     ("debug", DebugSettings::DOCS),

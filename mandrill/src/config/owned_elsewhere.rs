@@ -1,6 +1,6 @@
 //! The help of sections owned by modules that do not declare their settings
-//! with [`settings!`](crate::settings) yet: the restarter backends,
-//! verification, the calendar and counting guards, the notifier. Each entry
+//! with [`settings!`](crate::settings) yet: the restarter backends and
+//! verification, which other work is changing right now. Each entry
 //! is that section's field and its one-line help. Move an entry into a field
 //! doc (and the section into `settings!`) when its module next changes: the
 //! test `every_setting_is_documented_in_help` finds a key missing here or
@@ -96,85 +96,5 @@ pub(super) const VERIFY: &[(&str, &str)] = &[
     (
         "expect_down",
         "a healthy probe counts only after a failed one",
-    ),
-];
-
-/// `[safety.calendar]`
-pub(super) const SAFETY_CALENDAR: &[(&str, &str)] = &[
-    (
-        "weekdays",
-        "days restarts may happen, [\"mon\", …] (unset with a real backend: Mon–Fri 09:00–15:00 UTC)",
-    ),
-    (
-        "hours",
-        "time-of-day windows, [\"09:00-15:00\"], to the second, 24:00 allowed",
-    ),
-    (
-        "timezone",
-        "IANA zone the calendar is read in (default UTC)",
-    ),
-    (
-        "excluded_dates",
-        "no restarts on these dates: \"2026-12-24\" once, \"12-25\" yearly",
-    ),
-    (
-        "freezes",
-        "[[safety.calendar.freezes]] from, to (RFC 3339 or local), name: no restarts in between",
-    ),
-];
-
-/// `[safety.rate]`
-pub(super) const SAFETY_RATE: &[(&str, &str)] = &[
-    (
-        "group_max",
-        "restarts per group per window (unset: 1 with a real backend, else unlimited; 0 unlimited)",
-    ),
-    (
-        "window",
-        "the window group_max and global_max count over (default 1d)",
-    ),
-    (
-        "host_cooldown",
-        "least time between two restarts of one host (default 0s: none)",
-    ),
-    (
-        "global_max",
-        "restarts per window over all groups (unset or 0: unlimited)",
-    ),
-];
-
-/// `[safety.budget]`
-pub(super) const SAFETY_BUDGET: &[(&str, &str)] = &[
-    (
-        "max_disrupted",
-        "hosts per group disrupted at once (unset: 1 with a real backend, else unlimited)",
-    ),
-    (
-        "max_disrupted_percent",
-        "hosts per group disrupted at once, % of its size (rounded down)",
-    ),
-    (
-        "group_sizes",
-        "group → number of hosts, for max_disrupted_percent",
-    ),
-    (
-        "retry",
-        "how soon a request the budget deferred is tried again (15s)",
-    ),
-    (
-        "forget_after",
-        "how long an unverified end (unrecovered, failed, unknown) counts as disrupted (1h)",
-    ),
-];
-
-/// `[notifier]`
-pub(super) const NOTIFIER: &[(&str, &str)] = &[
-    (
-        "queue_capacity",
-        "notifications waiting to be sent; beyond it they are dropped (counted), never waited for",
-    ),
-    (
-        "flush_timeout",
-        "how long shutdown waits for queued notifications; the rest are dropped (counted)",
     ),
 ];

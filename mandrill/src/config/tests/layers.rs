@@ -171,3 +171,35 @@ fn changed_keys_lists_what_a_reload_changes() {
         ["broker.ack_deadline", "worker.max_in_flight"]
     );
 }
+
+/// Configuration depends on the adapters' settings, never the reverse: no
+/// broker, store, restarter or worker file names `crate::config`, so the
+/// adapters own their sections and nothing cycles back.
+#[test]
+fn adapters_and_the_worker_never_import_config() {
+    fn sources(dir: &std::path::Path, files: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                sources(&path, files);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                files.push(path);
+            }
+        }
+    }
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    for dir in ["broker", "store", "restarter", "worker"] {
+        sources(&src.join(dir), &mut files);
+    }
+    assert!(files.len() > 20, "{files:?}");
+    let offenders: Vec<_> = files
+        .iter()
+        .filter(|path| {
+            std::fs::read_to_string(path)
+                .unwrap()
+                .contains("crate::config")
+        })
+        .collect();
+    assert!(offenders.is_empty(), "{offenders:?}");
+}
