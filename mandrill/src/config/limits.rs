@@ -3,10 +3,8 @@
 
 use std::time::Duration;
 
-/// Longest duration of any setting: far beyond any useful value, and
-/// short enough that adding it to a clock reading, or counting it in
-/// milliseconds, never overflows.
-pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+/// Longest duration of any setting (see [`crate::settings::duration::MAX`]).
+pub const MAX_DURATION: Duration = crate::settings::duration::MAX;
 /// Longest `store.retention`.
 pub const MAX_RETENTION: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 /// Shortest lease (`broker.ack_deadline`). A lease is extended every

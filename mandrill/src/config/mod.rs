@@ -17,10 +17,12 @@
 //! `worker.rs`, `restarter.rs`, `safety.rs`, `service.rs`), each section
 //! declared once with [`settings!`](crate::settings) so that its field docs
 //! are its help; the adapters' own sections (`[broker.sqlite]`,
-//! `[broker.nats]`, `[broker.pubsub]`, the restarter backends) live in their
-//! modules. `load.rs` reads and layers the sources, `legacy.rs` the old
-//! spellings still accepted, `validate.rs` checks what types cannot,
-//! `docs.rs` is the help, `flat.rs` the flat view reloads compare.
+//! `[broker.nats]`, `[broker.pubsub]`, the restarter backends) and the
+//! guards' (`[safety.rate]`, …) live in their modules, which never import
+//! this one. `load.rs` reads and layers the sources, `legacy.rs` the old
+//! names still read, `validate.rs` and `urls.rs` check what types cannot,
+//! `docs.rs` is the help (`owned_elsewhere.rs` for the sections not declared
+//! with `settings!` yet), `flat.rs` the flat view reloads compare.
 
 use serde::{Deserialize, Serialize};
 

@@ -90,7 +90,7 @@ impl StopConditions {
             if entry.name.trim().is_empty() || entry.name.chars().any(char::is_control) {
                 return Err((key("name"), "must be a non-empty line of text".into()));
             }
-            if entry.timeout.is_zero() || entry.timeout > crate::config::limits::MAX_DURATION {
+            if entry.timeout.is_zero() || entry.timeout > crate::settings::duration::MAX {
                 return Err((
                     key("timeout"),
                     "must be longer than 0s and at most 365 days".into(),

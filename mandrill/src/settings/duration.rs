@@ -5,6 +5,11 @@ use std::time::Duration;
 
 use serde::{Deserialize, Deserializer, Serializer};
 
+/// Longest duration of any setting: far beyond any useful value, and
+/// short enough that adding it to a clock reading, or counting it in
+/// milliseconds, never overflows.
+pub const MAX: Duration = Duration::from_secs(365 * 24 * 3600);
+
 /// Serialises as e.g. `10s`.
 pub fn serialize<S: Serializer>(value: &Duration, serializer: S) -> Result<S::Ok, S::Error> {
     serializer.collect_str(&humantime::format_duration(*value))
