@@ -43,10 +43,10 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures::StreamExt;
 use mandrill::backoff::Backoff;
-use mandrill::broker::nats::{Credentials, NatsBroker, NatsSettings};
+use mandrill::broker::nats::{Credentials, NatsBroker, NatsOptions};
 use mandrill::broker::pubsub::{PubSubBroker, PubSubOptions, PubSubSettings, PullMode};
+use mandrill::broker::sqlite::SqliteOptions;
 use mandrill::broker::{Broker, MemoryBroker, Publisher as _, SqliteBroker};
-use mandrill::config::BrokerConfig;
 use mandrill::domain::{Domain, Outcome, ParseRules, RestartRequest, Status};
 use mandrill::notify::{EventKind, Format, Notifier, NotifierSettings, NotifyEntry};
 use mandrill::restarter::{SimulatedRestarter, Simulation};
@@ -276,13 +276,11 @@ async fn run(options: Options) {
             Duration::from_millis(100),
         )),
         Some(url) => {
-            let config = BrokerConfig {
+            let config = SqliteOptions {
                 url: url.clone(),
                 ack_deadline: Duration::from_secs(30),
                 poll_wait: Duration::from_millis(100),
                 poll_interval: Duration::from_millis(10),
-                max_deliveries: 10,
-                ..Default::default()
             };
             let broker = SqliteBroker::connect(&config)
                 .await
@@ -367,7 +365,7 @@ async fn run(options: Options) {
                 url => url.to_owned(),
             };
             let entry = NotifyEntry {
-                url: mandrill::config::Secret(url),
+                url: mandrill::settings::Secret(url),
                 format: Format::Json,
                 events: vec![EventKind::Restarted, EventKind::Failed],
                 timeout: Duration::from_secs(30),
@@ -618,11 +616,11 @@ fn pubsub_options(url: &str, pull: &str, n: usize) -> PubSubOptions {
                 "streaming" => PullMode::Streaming,
                 other => panic!("--pull {other:?}: expected unary or streaming"),
             },
+            poll_interval: Duration::from_millis(10),
             ..PubSubSettings::default()
         },
         ack_deadline: Duration::from_secs(60),
         poll_wait: Duration::from_millis(100),
-        poll_interval: Duration::from_millis(10),
         max_deliveries: 10,
         max_in_flight: n.max(1),
     }
@@ -713,9 +711,9 @@ async fn bare_pubsub_rates(options: &PubSubOptions, n: usize) -> (f64, f64) {
 }
 
 /// Private stream and consumer names for one run on `url`.
-fn nats_settings(url: &str) -> NatsSettings {
+fn nats_settings(url: &str) -> NatsOptions {
     let id = Uuid::new_v4().simple().to_string();
-    NatsSettings {
+    NatsOptions {
         url: url.to_owned(),
         stream: format!("MANDRILL_BENCH_{id}"),
         subject: format!("mandrill.bench.{id}.requests"),
@@ -739,7 +737,7 @@ async fn publish_concurrently(broker: &NatsBroker, payloads: Vec<Bytes>) {
         .await;
 }
 
-async fn delete_streams(settings: &NatsSettings) {
+async fn delete_streams(settings: &NatsOptions) {
     let client = async_nats::connect(settings.url.as_str())
         .await
         .expect("nats");
@@ -756,7 +754,7 @@ async fn delete_streams(settings: &NatsSettings) {
 /// The ceiling: a bare async-nats loop that pulls the same number of
 /// messages from a stream of its own and acks each (confirmed, as mandrill
 /// acks, and concurrently, as mandrill's handlers do), with no other work.
-async fn bare_nats_rate(settings: &NatsSettings, n: usize) -> f64 {
+async fn bare_nats_rate(settings: &NatsOptions, n: usize) -> f64 {
     use async_nats::jetstream::consumer::{PullConsumer, pull};
     use async_nats::jetstream::{AckKind, stream};
 

@@ -15,7 +15,9 @@
 //! - [`notify`]: webhooks told of restarts, failures, dead letters and the
 //!   kill switch, from a bounded queue that never holds the pipeline.
 //! - [`cli`]: subcommands, signals, runtime, exit codes. [`config`]: layered
-//!   typed settings. [`telemetry`]: logging. [`debug`]: stall detector,
+//!   typed settings, built from sections some of which the adapters own;
+//!   [`settings`]: what both share (secrets, redaction, the `settings!`
+//!   declaration that makes field docs the help). [`telemetry`]: logging. [`debug`]: stall detector,
 //!   status line. [`simulate`]: demo publisher. [`stats`]: counters.
 //!   [`backoff`]: exponential backoff.
 #![deny(missing_docs)]
@@ -32,6 +34,7 @@ pub mod pattern;
 pub mod restarter;
 pub mod safety;
 pub mod service;
+pub mod settings;
 pub mod simulate;
 pub mod stats;
 pub mod store;

@@ -16,13 +16,14 @@ use tokio_util::task::TaskTracker;
 use tracing::{error, info, warn};
 
 use crate::admin::Admin;
-use crate::broker::nats::{Credentials, NatsBroker, NatsPublisher, NatsSettings};
+use crate::broker::nats::{NatsBroker, NatsOptions, NatsPublisher};
 use crate::broker::pubsub::{PubSubBroker, PubSubOptions, PubSubPublisher};
+use crate::broker::sqlite::SqliteOptions;
 use crate::broker::{
     Broker, BrokerUrl, BrokerUrlError, DeadLetterAdmin, MemoryBroker, Publisher, SqliteBroker,
 };
 use crate::config::{
-    BrokerConfig, Config, RestarterConfig, RestarterKind, StoreConfig, redact_url,
+    BrokerSettings, Config, RestarterKind, RestarterSettings, StoreSettings, redact_url,
 };
 use crate::notify::Notifier;
 use crate::restarter::hosts::HostMap;
@@ -42,7 +43,7 @@ use crate::{debug, simulate};
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Opens the store `store.url` names, creating and migrating it if needed.
-pub async fn open_store(config: &StoreConfig) -> anyhow::Result<Arc<dyn Store>> {
+pub async fn open_store(config: &StoreSettings) -> anyhow::Result<Arc<dyn Store>> {
     let url = config.url.as_str();
     if url == "memory" {
         return Ok(Arc::new(MemoryStore::new()));
@@ -75,7 +76,7 @@ pub fn broker_url(config: &Config) -> anyhow::Result<BrokerUrl> {
 
 /// Opens the SQLite queue `broker.url` names (`sqlite:PATH`), creating and
 /// migrating it if needed.
-pub async fn open_sqlite_broker(config: &BrokerConfig) -> anyhow::Result<SqliteBroker> {
+pub async fn open_sqlite_broker(config: &BrokerSettings) -> anyhow::Result<SqliteBroker> {
     let url = config.url.as_str();
     if !matches!(BrokerUrl::parse(url), Ok(BrokerUrl::Sqlite { .. })) {
         bail!(
@@ -83,7 +84,7 @@ pub async fn open_sqlite_broker(config: &BrokerConfig) -> anyhow::Result<SqliteB
             redact_url(url)
         );
     }
-    SqliteBroker::connect(config)
+    SqliteBroker::connect(&sqlite_options(config))
         .await
         .with_context(|| format!("cannot open broker.url {:?}", redact_url(url)))
 }
@@ -104,14 +105,16 @@ pub async fn open_broker(
             // A consumer reads at most the acceptable payload size plus one
             // byte of each message: an oversized one is rejected by its full
             // size without being loaded.
-            let sqlite =
-                SqliteBroker::connect_with_payload_limit(broker, config.message.max_payload_bytes)
-                    .await
-                    .with_context(cannot_open)?;
+            let sqlite = SqliteBroker::connect_with_payload_limit(
+                &sqlite_options(broker),
+                config.message.max_payload_bytes,
+            )
+            .await
+            .with_context(cannot_open)?;
             Ok((Arc::new(sqlite), None))
         }
         BrokerUrl::Nats { url, tls } => {
-            let nats = NatsBroker::connect(nats_settings(config, url, tls))
+            let nats = NatsBroker::connect(nats_options(config, url, tls))
                 .await
                 .with_context(cannot_open)?;
             Ok((Arc::new(nats), None))
@@ -134,7 +137,7 @@ pub async fn open_publisher(config: &Config) -> anyhow::Result<Arc<dyn Publisher
     match broker_url(config)? {
         BrokerUrl::Sqlite { .. } => Ok(Arc::new(open_sqlite_broker(&config.broker).await?)),
         BrokerUrl::Nats { url, tls } => {
-            let nats = NatsPublisher::connect(nats_settings(config, url, tls))
+            let nats = NatsPublisher::connect(nats_options(config, url, tls))
                 .await
                 .with_context(|| {
                     format!(
@@ -189,25 +192,25 @@ fn pubsub_options(config: &Config, project: String, subscription: String) -> Pub
         settings: broker.pubsub.clone(),
         ack_deadline: broker.ack_deadline,
         poll_wait: broker.poll_wait,
-        poll_interval: broker.poll_interval,
         max_deliveries: broker.max_deliveries,
         max_in_flight: config.worker.max_in_flight,
     }
 }
 
+/// The SQLite queue's part of the configuration.
+fn sqlite_options(broker: &BrokerSettings) -> SqliteOptions {
+    SqliteOptions {
+        url: broker.url.clone(),
+        ack_deadline: broker.ack_deadline,
+        poll_wait: broker.poll_wait,
+        poll_interval: broker.sqlite.poll_interval,
+    }
+}
+
 /// The NATS broker's part of the configuration.
-fn nats_settings(config: &Config, url: String, tls_scheme: bool) -> NatsSettings {
-    let nats = &config.nats;
-    let credentials = match (&nats.user, &nats.password, &nats.token, &nats.creds_file) {
-        (Some(user), Some(password), _, _) => Credentials::UserPassword {
-            user: user.clone(),
-            password: password.clone(),
-        },
-        (_, _, Some(token), _) => Credentials::Token(token.clone()),
-        (_, _, _, Some(path)) => Credentials::CredsFile(path.clone()),
-        _ => Credentials::None,
-    };
-    NatsSettings {
+fn nats_options(config: &Config, url: String, tls_scheme: bool) -> NatsOptions {
+    let nats = &config.broker.nats;
+    NatsOptions {
         url,
         stream: nats.stream.clone(),
         subject: nats.subject.clone(),
@@ -216,7 +219,7 @@ fn nats_settings(config: &Config, url: String, tls_scheme: bool) -> NatsSettings
         ack_wait: config.broker.ack_deadline,
         max_ack_pending: nats.max_ack_pending,
         poll_wait: config.broker.poll_wait,
-        credentials,
+        credentials: nats.credentials(),
         tls: nats.tls || tls_scheme,
         tls_ca_file: nats.tls_ca_file.clone(),
     }
@@ -240,7 +243,10 @@ pub fn build_restarter(config: &Config) -> anyhow::Result<Arc<dyn Restarter>> {
     Verified::wrap(restarter, &config.verify, hosts).map_err(|why| anyhow!(why))
 }
 
-fn build_backend(config: &RestarterConfig, hosts: &HostMap) -> anyhow::Result<Arc<dyn Restarter>> {
+fn build_backend(
+    config: &RestarterSettings,
+    hosts: &HostMap,
+) -> anyhow::Result<Arc<dyn Restarter>> {
     let simulation = Simulation {
         min_latency: config.min_latency,
         max_latency: config.max_latency,
@@ -461,7 +467,9 @@ impl Service {
                 self.broker.clone(),
                 self.stats.clone(),
                 shutdown.clone(),
-                self.config.broker.poll_interval,
+                // As often as the SQLite queue polls: `--until-idle` is
+                // mostly used with it, and refused on Pub/Sub.
+                self.config.broker.sqlite.poll_interval,
                 stop_companions.clone(),
             ));
         }

@@ -16,7 +16,7 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer, reload};
 
-use crate::config::{LogConfig, LogFormat, Redactor};
+use crate::config::{LogFormat, LogSettings, Redactor};
 
 /// Replaces the log filter.
 type SetFilter = Box<dyn Fn(EnvFilter) -> Result<(), reload::Error> + Send + Sync>;
@@ -33,7 +33,7 @@ impl Telemetry {
     /// secret `redactor` knows masked; with `step_timings` (debug mode),
     /// each message's steps are timed (see [`crate::debug::StepTimings`]).
     pub fn init(
-        config: &LogConfig,
+        config: &LogSettings,
         redactor: Redactor,
         step_timings: bool,
     ) -> anyhow::Result<Self> {

@@ -592,7 +592,7 @@ fn the_example_production_configuration_loads_with_its_secrets_from_the_environm
             "MANDRILL_STORE__URL",
             "postgres://mandrill:pw@db.internal/mandrill",
         ),
-        ("MANDRILL_NATS__PASSWORD", "nats-pw"),
+        ("MANDRILL_BROKER__NATS__PASSWORD", "nats-pw"),
         ("MANDRILL_ADMIN__TOKEN", "admin-token"),
     ];
     let sources = |environment: &[(&str, &str)]| mandrill::config::Sources {
@@ -603,7 +603,15 @@ fn the_example_production_configuration_loads_with_its_secrets_from_the_environm
             .collect(),
         overrides: Vec::new(),
     };
-    let config = sources(&environment).load().unwrap();
+    let (config, renamed) = sources(&environment).load_with_renames().unwrap();
+    assert!(
+        renamed.is_empty(),
+        "the example uses today's names: {renamed:?}"
+    );
+    assert_eq!(
+        config.broker.nats.password,
+        Some(mandrill::settings::Secret("nats-pw".into()))
+    );
     assert!(config.dry_run(), "the example starts leashed");
     assert_eq!(config.admin.listen, "0.0.0.0:9730");
     assert_eq!(config.notify.len(), 1, "the example has a notification");

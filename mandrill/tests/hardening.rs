@@ -38,10 +38,26 @@ fn secrets_are_never_printed_when_servers_are_unreachable() {
         "postgres://mandrill:{CANARY}@127.0.0.1:{closed}/db?password={CANARY}&sslpassword={CANARY}"
     );
     let config = dir.join("secret.toml");
-    std::fs::write(&config, format!("[nats]\npassword = {NUMERIC_CANARY}\n")).unwrap();
+    std::fs::write(
+        &config,
+        format!("[broker.nats]\npassword = {NUMERIC_CANARY}\n"),
+    )
+    .unwrap();
     let config = config.to_str().unwrap();
+    // The section's old name is still read, its secrets kept as well.
+    let old_config = dir.join("old-secret.toml");
+    std::fs::write(
+        &old_config,
+        format!("[nats]\npassword = {NUMERIC_CANARY}\n"),
+    )
+    .unwrap();
+    let old_config = old_config.to_str().unwrap();
     let plain_nats = format!("nats://127.0.0.1:{closed}");
     let numeric_env = [
+        ("MANDRILL_BROKER__NATS__USER", "mandrill"),
+        ("MANDRILL_BROKER__NATS__PASSWORD", NUMERIC_CANARY),
+    ];
+    let old_numeric_env = [
         ("MANDRILL_NATS__USER", "mandrill"),
         ("MANDRILL_NATS__PASSWORD", NUMERIC_CANARY),
     ];
@@ -87,7 +103,17 @@ fn secrets_are_never_printed_when_servers_are_unreachable() {
             Some(1),
         ),
         (
+            vec!["run", "--broker", &plain_nats, "--db", "memory"],
+            &old_numeric_env,
+            Some(1),
+        ),
+        (
             vec!["run", "--config", config, "--db", "memory"],
+            &[],
+            Some(2),
+        ),
+        (
+            vec!["run", "--config", old_config, "--db", "memory"],
             &[],
             Some(2),
         ),
@@ -158,20 +184,20 @@ fn credentials_in_a_nats_url_authenticate_and_are_never_printed() {
 
     // The same credentials as settings.
     let plain = server.url();
-    let password = format!("nats.password={CANARY}");
+    let password = format!("broker.nats.password={CANARY}");
     let (status, stdout, stderr) = mandrill(
         &dir,
         &[
             &["publish", "--broker", &plain, "cattle-auth"],
-            &["--set", "nats.user=mandrill", "--set", &password][..],
+            &["--set", "broker.nats.user=mandrill", "--set", &password][..],
             &flags[..],
         ]
         .concat(),
         &[],
     );
     assert!(status.success(), "{stderr}");
-    assert_no_canary("publish with nats.password", &stdout);
-    assert_no_canary("publish with nats.password", &stderr);
+    assert_no_canary("publish with broker.nats.password", &stdout);
+    assert_no_canary("publish with broker.nats.password", &stderr);
 
     // A wrong password is refused, and not printed either.
     let wrong = format!("nats://mandrill:{NUMERIC_CANARY}@127.0.0.1:{}", server.port);

@@ -100,7 +100,7 @@ fn two_instances_on_one_sqlite_file_issue_exactly_the_rate_limit() {
         "--max-in-flight".into(),
         "4".into(),
         "--set".into(),
-        "broker.poll_interval=5ms".into(),
+        "broker.sqlite.poll_interval=5ms".into(),
     ]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let (a, b) = (Mandrill::run(&dir, &args), Mandrill::run(&dir, &args));

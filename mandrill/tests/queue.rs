@@ -137,6 +137,62 @@ fn run_until_idle_handles_everything_published_then_exits_zero() {
     assert!(entries.iter().all(|e| e.status.is_final()), "{entries:?}");
 }
 
+/// `[nats]`, `MANDRILL_NATS__*`, `nats.*` and `broker.poll_interval` are the
+/// old names of `[broker.nats]` and the polling adapters' `poll_interval`:
+/// still read, with one warning at start-up naming old and new.
+#[test]
+fn old_setting_names_still_work_with_one_warning_naming_the_new_ones() {
+    let (_guard, dir) = temp_dir();
+    let db = sqlite_url(&dir);
+    let old_names = [("MANDRILL_NATS__STREAM", "OLD_NAME")];
+    let (status, _, stderr) = mandrill(
+        &dir,
+        &["publish", "--set", "broker.poll_interval=5ms", "cattle-1"],
+        &old_names,
+    );
+    assert!(status.success(), "{stderr}");
+    let warnings: Vec<&str> = stderr.lines().filter(|l| l.contains("old names")).collect();
+    assert_eq!(warnings.len(), 1, "{stderr}");
+    for name in [
+        "MANDRILL_NATS__STREAM → MANDRILL_BROKER__NATS__STREAM",
+        "--set broker.poll_interval → --set broker.sqlite.poll_interval",
+    ] {
+        assert!(warnings[0].contains(name), "{stderr}");
+    }
+    // The service logs it once, then works as with the new names.
+    let service = Mandrill::run_with_env(
+        &dir,
+        &["--until-idle", "--set", "broker.poll_interval=5ms"],
+        &old_names,
+    );
+    let (status, lines) = service.wait_exit();
+    assert!(status.success(), "exit status {status}");
+    let warnings: Vec<&Value> = lines
+        .iter()
+        .filter(|line| {
+            line["level"] == "WARN"
+                && line["fields"]["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("old names") && m.contains("MANDRILL_NATS__STREAM"))
+        })
+        .collect();
+    assert_eq!(warnings.len(), 1, "{lines:?}");
+    assert_eq!(history(&db).len(), 1);
+    // The new names: no warning.
+    let (status, _, stderr) = mandrill(
+        &dir,
+        &[
+            "publish",
+            "--set",
+            "broker.sqlite.poll_interval=5ms",
+            "cattle-2",
+        ],
+        &[("MANDRILL_BROKER__NATS__STREAM", "NEW_NAME")],
+    );
+    assert!(status.success(), "{stderr}");
+    assert!(!stderr.contains("old names"), "{stderr}");
+}
+
 #[test]
 fn malformed_payloads_are_dead_lettered_listed_and_can_be_requeued() {
     let (_guard, dir) = temp_dir();
@@ -147,7 +203,7 @@ fn malformed_payloads_are_dead_lettered_listed_and_can_be_requeued() {
         .unwrap();
     // Written through the library: `mandrill publish` would refuse them.
     runtime.block_on(async {
-        let config = mandrill::config::BrokerConfig {
+        let config = mandrill::broker::sqlite::SqliteOptions {
             url: db.clone(),
             ..Default::default()
         };

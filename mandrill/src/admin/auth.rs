@@ -4,7 +4,7 @@ use axum::http::HeaderMap;
 use axum::http::header::AUTHORIZATION;
 use subtle::ConstantTimeEq as _;
 
-use crate::config::Secret;
+use crate::settings::Secret;
 
 /// Whether `headers` carry `Authorization: Bearer TOKEN` for `token`; always
 /// true without a token. The comparison takes the same time wherever the

@@ -24,8 +24,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::broker::Broker;
-use crate::config::{AdminConfig, Secret};
+use crate::config::AdminSettings;
 use crate::notify::Notifier;
+use crate::settings::Secret;
 use crate::stats::Stats;
 use crate::store::Store;
 use crate::worker::Shutdown;
@@ -61,7 +62,7 @@ impl State {
 impl Admin {
     /// Binds `admin.listen`; `None` if it is `""`. Logs the bound address
     /// (`admin listening`), which tells a caller of port 0 where it is.
-    pub async fn bind(config: &AdminConfig) -> anyhow::Result<Option<Self>> {
+    pub async fn bind(config: &AdminSettings) -> anyhow::Result<Option<Self>> {
         let Some(address) = config.address()? else {
             return Ok(None);
         };

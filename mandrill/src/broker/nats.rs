@@ -38,12 +38,13 @@ use super::{
 mod consumer;
 mod dead_letter;
 mod publisher;
+mod settings;
 
 pub use consumer::NatsBroker;
 pub use publisher::NatsPublisher;
+pub use settings::NatsSettings;
 
-pub use crate::config::Secret;
-use crate::config::redact_url;
+use crate::settings::{Secret, redact_url};
 
 /// How to authenticate to the server.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -103,9 +104,11 @@ pub fn split_url_credentials(url: &str) -> (String, Credentials) {
     (servers.join(","), credentials)
 }
 
-/// Where the queue lives and how the shared consumer is set up.
+/// Everything [`NatsBroker`] and [`NatsPublisher`] need: where the queue
+/// lives and how the shared consumer is set up, from `[broker.nats]` and the
+/// generic broker settings.
 #[derive(Debug, Clone)]
-pub struct NatsSettings {
+pub struct NatsOptions {
     /// `nats://host:port`, maybe with `user:password@` or `token@`, which
     /// are used unless `credentials` says otherwise.
     pub url: String,

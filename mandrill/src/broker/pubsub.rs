@@ -113,8 +113,6 @@ pub struct PubSubOptions {
     pub ack_deadline: Duration,
     /// How long a pull waits for a first message.
     pub poll_wait: Duration,
-    /// How often a waiting pull asks again.
-    pub poll_interval: Duration,
     /// The worker's delivery limit: a dead-letter policy must allow more.
     pub max_deliveries: u32,
     /// Deliveries held at once (streaming flow control).

@@ -2,7 +2,7 @@
 //! and the commands match on a [`BrokerUrl`] instead of on URL prefixes.
 
 use super::pubsub::settings::parse_url as parse_pubsub_url;
-use crate::config::redact_url;
+use crate::settings::redact_url;
 
 /// Which broker `broker.url` names, and where it is.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::EventKind;
-use crate::config::Secret;
+use crate::settings::{Secret, settings};
 
 /// How a notification body looks.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -33,7 +33,7 @@ pub struct NotifyEntry {
     /// The events this endpoint wants.
     pub events: Vec<EventKind>,
     /// Longest one POST may take, connecting included.
-    #[serde(default = "default_timeout", with = "crate::config::duration")]
+    #[serde(default = "default_timeout", with = "crate::settings::duration")]
     pub timeout: Duration,
 }
 
@@ -82,23 +82,18 @@ impl NotifyEntry {
     }
 }
 
-/// `[notifier]`: the queue between the pipeline and the sending task.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct NotifierSettings {
-    /// Events waiting to be sent; beyond it new events are dropped (counted).
-    pub queue_capacity: usize,
-    /// How long shutdown waits for queued notifications to be sent.
-    #[serde(with = "crate::config::duration")]
-    pub flush_timeout: Duration,
-}
-
-impl Default for NotifierSettings {
-    fn default() -> Self {
-        Self {
-            queue_capacity: 1024,
-            flush_timeout: Duration::from_secs(5),
-        }
+settings! {
+    /// `[notifier]`: the queue between the pipeline and the sending task.
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+    #[serde(deny_unknown_fields, default)]
+    pub struct NotifierSettings {
+        /// Notifications waiting to be sent; beyond it they are dropped
+        /// (counted), never waited for.
+        pub queue_capacity: usize = 1024,
+        /// How long shutdown waits for queued notifications; the rest are
+        /// dropped (counted).
+        #[serde(with = "crate::settings::duration")]
+        pub flush_timeout: Duration = Duration::from_secs(5),
     }
 }
 

@@ -36,7 +36,7 @@ async fn receiver(delay: Duration) -> (String, Received) {
 
 fn entry(url: String, format: Format, events: &[EventKind]) -> NotifyEntry {
     NotifyEntry {
-        url: crate::config::Secret(url),
+        url: crate::settings::Secret(url),
         format,
         events: events.to_vec(),
         timeout: Duration::from_secs(5),
@@ -196,14 +196,14 @@ fn entries_name_the_key_at_fault_and_never_quote_the_url() {
     for (bad, key) in [
         (
             NotifyEntry {
-                url: crate::config::Secret("ftp://hooks.example/s3cr3t-key".into()),
+                url: crate::settings::Secret("ftp://hooks.example/s3cr3t-key".into()),
                 ..ok.clone()
             },
             "url",
         ),
         (
             NotifyEntry {
-                url: crate::config::Secret("s3cr3t-key".into()),
+                url: crate::settings::Secret("s3cr3t-key".into()),
                 ..ok.clone()
             },
             "url",

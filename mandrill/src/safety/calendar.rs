@@ -13,27 +13,36 @@ use jiff::tz::{AmbiguousOffset, TimeZone};
 use jiff::{Timestamp, Zoned};
 use serde::{Deserialize, Serialize};
 
+use crate::settings::settings;
+
 use super::Verdict;
 
-/// `[safety.calendar]` as written. Unset fields take Chaos Monkey's
-/// defaults: Monday to Friday, 09:00–15:00, UTC.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct CalendarSettings {
-    /// Allowed weekdays: `"mon"` … `"sun"`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub weekdays: Option<Vec<String>>,
-    /// Time-of-day windows, `"HH:MM-HH:MM"` or `"HH:MM:SS-HH:MM:SS"`; the
-    /// end may be `24:00`. A window does not wrap past midnight: write two.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub hours: Option<Vec<String>>,
-    /// The IANA zone the weekdays, hours and dates are read in.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub timezone: Option<String>,
-    /// Dates with no window: `"2026-12-24"` (once) or `"12-25"` (yearly).
-    pub excluded_dates: Vec<String>,
-    /// Periods with no window at all, whatever the other rules say.
-    pub freezes: Vec<FreezeSettings>,
+settings! {
+    /// `[safety.calendar]` as written. Unset fields take Chaos Monkey's
+    /// defaults: Monday to Friday, 09:00–15:00, UTC.
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+    #[serde(deny_unknown_fields, default)]
+    pub struct CalendarSettings {
+        /// Days restarts may happen, `["mon", …]` (unset with a real backend:
+        /// Mon–Fri 09:00–15:00 UTC).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub weekdays: Option<Vec<String>> = None,
+        /// Time-of-day windows, `["09:00-15:00"]`, to the second, 24:00
+        /// allowed.
+        ///
+        /// `"HH:MM-HH:MM"` or `"HH:MM:SS-HH:MM:SS"`. A window does not wrap
+        /// past midnight: write two.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub hours: Option<Vec<String>> = None,
+        /// IANA zone the weekdays, hours and dates are read in (default UTC).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub timezone: Option<String> = None,
+        /// No restarts on these dates: `"2026-12-24"` once, `"12-25"` yearly.
+        pub excluded_dates: Vec<String> = Vec::new(),
+        /// `[[safety.calendar.freezes]]` from, to (RFC 3339 or local), name:
+        /// no restarts in between, whatever the other rules say.
+        pub freezes: Vec<FreezeSettings> = Vec::new(),
+    }
 }
 
 /// One `[[safety.calendar.freezes]]`: from (inclusive) to (exclusive), each

@@ -16,72 +16,56 @@ use serde::{Deserialize, Serialize};
 
 use crate::domain::RestartRequest;
 use crate::pattern::Pattern;
+use crate::settings::settings;
 
-/// `[safety.rate]`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct RateSettings {
-    /// Restarts per group per `window`. Unset: 1 with a real backend (Chaos
-    /// Monkey's one per group per day), unlimited with a simulated one;
-    /// 0 is unlimited.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub group_max: Option<u32>,
-    /// The window `group_max` and `global_max` count over.
-    #[serde(with = "crate::config::duration")]
-    pub window: Duration,
-    /// Least time between two restarts of one host; 0 is none.
-    #[serde(with = "crate::config::duration")]
-    pub host_cooldown: Duration,
-    /// Restarts per `window` over all groups; unset or 0 is unlimited.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub global_max: Option<u32>,
-}
-
-impl Default for RateSettings {
-    fn default() -> Self {
-        Self {
-            group_max: None,
-            window: Duration::from_secs(24 * 3600),
-            host_cooldown: Duration::ZERO,
-            global_max: None,
-        }
+settings! {
+    /// `[safety.rate]`.
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+    #[serde(deny_unknown_fields, default)]
+    pub struct RateSettings {
+        /// Restarts per group per window (unset: 1 with a real backend, else
+        /// unlimited; 0 unlimited).
+        ///
+        /// The real backend's default is Chaos Monkey's one per group per day.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub group_max: Option<u32> = None,
+        /// The window `group_max` and `global_max` count over.
+        #[serde(with = "crate::settings::duration")]
+        pub window: Duration = Duration::from_secs(24 * 3600),
+        /// Least time between two restarts of one host (0s: none).
+        #[serde(with = "crate::settings::duration")]
+        pub host_cooldown: Duration = Duration::ZERO,
+        /// Restarts per window over all groups (unset or 0: unlimited).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub global_max: Option<u32> = None,
     }
 }
 
-/// `[safety.budget]`: how many hosts of a group may be disrupted at once.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct BudgetSettings {
-    /// Hosts per group disrupted at once. Unset: 1 with a real backend
-    /// (unless `max_disrupted_percent` is set), unlimited with a simulated
-    /// one; 0 is unlimited.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_disrupted: Option<u32>,
-    /// Hosts per group disrupted at once, as a percentage of the group's
-    /// size (rounded down), for the groups in `group_sizes`. A group whose
-    /// size is unknown is deferred: the budget fails closed.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_disrupted_percent: Option<u32>,
-    /// Group name → number of hosts.
-    pub group_sizes: BTreeMap<String, u32>,
-    /// How long a host whose restart ended without a verified recovery
-    /// (unrecovered, failed, outcome unknown) still counts as disrupted.
-    #[serde(with = "crate::config::duration")]
-    pub forget_after: Duration,
-    /// How soon a request the budget deferred is tried again.
-    #[serde(with = "crate::config::duration")]
-    pub retry: Duration,
-}
-
-impl Default for BudgetSettings {
-    fn default() -> Self {
-        Self {
-            max_disrupted: None,
-            max_disrupted_percent: None,
-            group_sizes: BTreeMap::new(),
-            forget_after: Duration::from_secs(3600),
-            retry: BUDGET_RETRY,
-        }
+settings! {
+    /// `[safety.budget]`: how many hosts of a group may be disrupted at once.
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+    #[serde(deny_unknown_fields, default)]
+    pub struct BudgetSettings {
+        /// Hosts per group disrupted at once (unset: 1 with a real backend
+        /// unless `max_disrupted_percent` is set, else unlimited; 0
+        /// unlimited).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub max_disrupted: Option<u32> = None,
+        /// Hosts per group disrupted at once, as a percentage of the group's
+        /// size (rounded down), for the groups in `group_sizes`.
+        ///
+        /// A group whose size is unknown is deferred: the budget fails closed.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub max_disrupted_percent: Option<u32> = None,
+        /// Group name → number of hosts, for `max_disrupted_percent`.
+        pub group_sizes: BTreeMap<String, u32> = BTreeMap::new(),
+        /// How long a host whose restart ended without a verified recovery
+        /// (unrecovered, failed, outcome unknown) still counts as disrupted.
+        #[serde(with = "crate::settings::duration")]
+        pub forget_after: Duration = Duration::from_secs(3600),
+        /// How soon a request the budget deferred is tried again.
+        #[serde(with = "crate::settings::duration")]
+        pub retry: Duration = BUDGET_RETRY,
     }
 }
 

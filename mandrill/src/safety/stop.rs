@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::redact_url;
 use crate::restarter::process::{ProcessRunner, for_log};
+use crate::settings::redact_url;
 
 /// Variables a check command inherits from mandrill's environment; nothing
 /// else is passed (no secrets of the service leak into it).
@@ -36,7 +36,7 @@ pub struct StopConditionSettings {
     /// A check that takes longer fails (default 5 s).
     #[serde(
         default = "default_timeout",
-        with = "crate::config::duration",
+        with = "crate::settings::duration",
         skip_serializing_if = "is_default_timeout"
     )]
     pub timeout: Duration,
@@ -90,7 +90,7 @@ impl StopConditions {
             if entry.name.trim().is_empty() || entry.name.chars().any(char::is_control) {
                 return Err((key("name"), "must be a non-empty line of text".into()));
             }
-            if entry.timeout.is_zero() || entry.timeout > crate::config::limits::MAX_DURATION {
+            if entry.timeout.is_zero() || entry.timeout > crate::settings::duration::MAX {
                 return Err((
                     key("timeout"),
                     "must be longer than 0s and at most 365 days".into(),

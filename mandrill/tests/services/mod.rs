@@ -121,10 +121,10 @@ impl NatsNames {
     pub fn flags(&self) -> Vec<String> {
         let id = &self.id;
         [
-            format!("nats.stream={}", self.stream),
-            format!("nats.subject=mandrill.test.{id}.requests"),
-            format!("nats.consumer=mandrill-test-{id}"),
-            format!("nats.dead_letter_subject=mandrill.test.{id}.dead"),
+            format!("broker.nats.stream={}", self.stream),
+            format!("broker.nats.subject=mandrill.test.{id}.requests"),
+            format!("broker.nats.consumer=mandrill-test-{id}"),
+            format!("broker.nats.dead_letter_subject=mandrill.test.{id}.dead"),
         ]
         .into_iter()
         .flat_map(|setting| ["--set".to_owned(), setting])

@@ -24,7 +24,7 @@ impl NatsBroker {
     /// Connects as a consumer: creates the stream, the dead-letter stream and
     /// the consumer if missing, and checks an existing consumer's settings
     /// against ours.
-    pub async fn connect(settings: NatsSettings) -> Result<Self, BrokerError> {
+    pub async fn connect(settings: NatsOptions) -> Result<Self, BrokerError> {
         let publisher = NatsPublisher::connect(settings).await?;
         let consumer = publisher.open_consumer().await?;
         Ok(Self {

@@ -9,7 +9,7 @@ use super::*;
 pub struct NatsPublisher {
     pub(super) client: async_nats::Client,
     pub(super) jetstream: jetstream::Context,
-    pub(super) settings: NatsSettings,
+    pub(super) settings: NatsOptions,
 }
 
 impl fmt::Debug for NatsPublisher {
@@ -23,7 +23,7 @@ impl fmt::Debug for NatsPublisher {
 impl NatsPublisher {
     /// Connects as a publisher: creates the streams if missing, leaves the
     /// consumer alone.
-    pub async fn connect(settings: NatsSettings) -> Result<Self, BrokerError> {
+    pub async fn connect(settings: NatsOptions) -> Result<Self, BrokerError> {
         let mut options = ConnectOptions::new()
             .name("mandrill")
             .connection_timeout(Duration::from_secs(5))

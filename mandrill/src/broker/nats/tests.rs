@@ -27,14 +27,14 @@ pub(crate) fn server_url() -> String {
 
 /// Names unique to one test; the streams are deleted on drop.
 pub(crate) struct TestStreams {
-    pub settings: NatsSettings,
+    pub settings: NatsOptions,
 }
 
 impl TestStreams {
     pub fn new(ack_wait: Duration) -> Self {
         let id = Uuid::new_v4().simple().to_string();
         Self {
-            settings: NatsSettings {
+            settings: NatsOptions {
                 url: server_url(),
                 stream: format!("MANDRILL_TEST_{id}"),
                 subject: format!("mandrill.test.{id}.requests"),
@@ -190,7 +190,7 @@ async fn dead_lettering_a_message_twice_keeps_one_copy() {
 }
 
 /// The dead-letter stream's messages: payload and reason.
-pub(crate) async fn dead_letters(settings: &NatsSettings) -> Vec<(Bytes, String)> {
+pub(crate) async fn dead_letters(settings: &NatsOptions) -> Vec<(Bytes, String)> {
     dead_letter_messages(settings)
         .await
         .into_iter()
@@ -205,7 +205,7 @@ pub(crate) async fn dead_letters(settings: &NatsSettings) -> Vec<(Bytes, String)
 }
 
 /// The dead-letter stream's messages: payload and headers.
-async fn dead_letter_messages(settings: &NatsSettings) -> Vec<(Bytes, HeaderMap)> {
+async fn dead_letter_messages(settings: &NatsOptions) -> Vec<(Bytes, HeaderMap)> {
     let client = async_nats::connect(settings.url.as_str()).await.unwrap();
     let js = jetstream::new(client);
     let stream = js

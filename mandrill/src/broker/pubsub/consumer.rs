@@ -301,7 +301,14 @@ impl Consumer for PubSubBroker {
             if now >= until {
                 return Ok(Vec::new());
             }
-            tokio::time::sleep(self.publisher.options.poll_interval.min(until - now)).await;
+            tokio::time::sleep(
+                self.publisher
+                    .options
+                    .settings
+                    .poll_interval
+                    .min(until - now),
+            )
+            .await;
             let pulled = self.pull_once_within(consumer, max, limit).await?;
             if !pulled.is_empty() {
                 return Ok(pulled);

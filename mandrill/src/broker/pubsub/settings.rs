@@ -2,8 +2,11 @@
 //! depends on them, never the reverse).
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+
+use crate::settings::{duration, settings};
 
 /// How deliveries are pulled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -18,45 +21,46 @@ pub enum PullMode {
     Streaming,
 }
 
-/// `[broker.pubsub]`: topics, the dead-letter subscription and how to reach
-/// the service. The project and the request subscription are in
-/// `broker.url = "pubsub://PROJECT/SUBSCRIPTION"`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct PubSubSettings {
-    /// The topic requests are published to and the subscription reads
-    /// (both created by consumers if missing).
-    pub topic: String,
-    /// Where dead letters are copied, with their reason as an attribute.
-    pub dead_letter_topic: String,
-    /// The subscription on `dead_letter_topic` that keeps dead letters for
-    /// `mandrill dead-letters` and `requeue` (a topic without subscriptions
-    /// drops what is published to it).
-    pub dead_letter_subscription: String,
-    /// `http://HOST:PORT` for an emulator (plain text, no credentials), or a
-    /// host name such as `europe-west1-pubsub.googleapis.com` for a regional
-    /// endpoint. Unset: `PUBSUB_EMULATOR_HOST` if set, else
-    /// `pubsub.googleapis.com`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub endpoint: Option<String>,
-    /// A service-account key file. Unset: Application Default Credentials
-    /// (`GOOGLE_APPLICATION_CREDENTIALS`, gcloud's, or the metadata server).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub credentials_file: Option<PathBuf>,
-    /// `unary` or `streaming`.
-    pub pull: PullMode,
-}
-
-impl Default for PubSubSettings {
-    fn default() -> Self {
-        Self {
-            topic: "mandrill-requests".into(),
-            dead_letter_topic: "mandrill-dead-letters".into(),
-            dead_letter_subscription: "mandrill-dead-letters".into(),
-            endpoint: None,
-            credentials_file: None,
-            pull: PullMode::default(),
-        }
+settings! {
+    /// `[broker.pubsub]`: topics, the dead-letter subscription and how to
+    /// reach the service. The project and the request subscription are in
+    /// `broker.url = "pubsub://PROJECT/SUBSCRIPTION"`.
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+    #[serde(deny_unknown_fields, default)]
+    pub struct PubSubSettings {
+        /// Pub/Sub topic requests are published to (created with the
+        /// subscription).
+        ///
+        /// The subscription reads it; consumers create both if missing.
+        pub topic: String = "mandrill-requests".into(),
+        /// Pub/Sub topic dead letters are copied to, with their reason as an
+        /// attribute.
+        pub dead_letter_topic: String = "mandrill-dead-letters".into(),
+        /// Pub/Sub subscription keeping the dead letters (for dead-letters
+        /// and requeue).
+        ///
+        /// A topic without subscriptions drops what is published to it.
+        pub dead_letter_subscription: String = "mandrill-dead-letters".into(),
+        /// http://HOST:PORT of an emulator, or a regional host name (default:
+        /// PUBSUB_EMULATOR_HOST, else pubsub.googleapis.com).
+        ///
+        /// An emulator is plain text, without credentials; a host name such
+        /// as `europe-west1-pubsub.googleapis.com` is a regional endpoint.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub endpoint: Option<String> = None,
+        /// Service-account key file (default: Application Default
+        /// Credentials).
+        ///
+        /// That is `GOOGLE_APPLICATION_CREDENTIALS`, gcloud's, or the
+        /// metadata server.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub credentials_file: Option<PathBuf> = None,
+        /// `unary` (Pull calls) or `streaming` (StreamingPull).
+        pub pull: PullMode = PullMode::default(),
+        /// How often a waiting unary pull asks again, until
+        /// `broker.poll_wait` is over (formerly `broker.poll_interval`).
+        #[serde(with = "duration")]
+        pub poll_interval: Duration = Duration::from_millis(100),
     }
 }
 

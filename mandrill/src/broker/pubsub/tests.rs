@@ -28,10 +28,10 @@ pub(crate) fn options(host: &str, ack_deadline: Duration) -> PubSubOptions {
             endpoint: Some(format!("http://{host}")),
             credentials_file: None,
             pull: PullMode::Unary,
+            poll_interval: Duration::from_millis(20),
         },
         ack_deadline,
         poll_wait: POLL_WAIT,
-        poll_interval: Duration::from_millis(20),
         max_deliveries: 10,
         max_in_flight: 100,
     }

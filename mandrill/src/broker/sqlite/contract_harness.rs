@@ -22,13 +22,11 @@ impl Harness for Sqlite {
 
     async fn open(&self, _stoppable: bool) -> Queue {
         let dir = tempfile::tempdir().unwrap();
-        let config = BrokerConfig {
+        let config = SqliteOptions {
             url: format!("sqlite:{}", dir.path().join("queue.db").display()),
             ack_deadline: Duration::from_secs(1),
             poll_wait: POLL_WAIT,
             poll_interval: Duration::from_millis(10),
-            max_deliveries: 10,
-            ..Default::default()
         };
         let consumer = Arc::new(SqliteBroker::connect(&config).await.unwrap());
         // Another process on the same file.

@@ -49,19 +49,20 @@ use super::{
     BrokerError, Cause, Close, Consumer, DeadLetterAdmin, DeadLetterEntry, DeadLetterId,
     DeadLetterRecord, Delivery, DeliveryTag, Publisher, bounded_reason,
 };
-use crate::config::BrokerConfig;
 use crate::store::sqlite::WriterConnection;
 
 mod admin;
 mod claims;
 #[cfg(test)]
 mod contract_harness;
+mod settings;
 #[cfg(test)]
 mod tests;
 mod writer;
 
 pub use admin::MAX_LISTED_PAYLOAD_BYTES;
 use claims::Claim;
+pub use settings::{SqliteOptions, SqliteSettings};
 use writer::{Action, Limits, Op, write_loop};
 
 /// Most operations committed in one transaction.
@@ -129,7 +130,7 @@ impl SqliteBroker {
     /// brings the schema up to date and starts the writer task. Pulls hand
     /// over payloads whole; a consumer uses
     /// [`connect_with_payload_limit`](Self::connect_with_payload_limit).
-    pub async fn connect(config: &BrokerConfig) -> Result<Self, BrokerError> {
+    pub async fn connect(config: &SqliteOptions) -> Result<Self, BrokerError> {
         Self::connect_with_payload_limit(config, usize::MAX).await
     }
 
@@ -138,7 +139,7 @@ impl SqliteBroker {
     /// over as that prefix with its [`Delivery::full_size`], for the worker
     /// to reject, instead of being loaded whole.
     pub async fn connect_with_payload_limit(
-        config: &BrokerConfig,
+        config: &SqliteOptions,
         max_payload_bytes: usize,
     ) -> Result<Self, BrokerError> {
         let options =

@@ -5,14 +5,14 @@ use super::*;
 /// Generous: reached only when something hangs.
 const PATIENCE: Duration = Duration::from_secs(30);
 
-fn config(dir: &std::path::Path, ack_deadline: Duration, max_deliveries: u32) -> BrokerConfig {
-    BrokerConfig {
+/// `_max_deliveries` is the worker's limit, which the broker never reads:
+/// each test still says which limit it stands for.
+fn config(dir: &std::path::Path, ack_deadline: Duration, _max_deliveries: u32) -> SqliteOptions {
+    SqliteOptions {
         url: format!("sqlite:{}", dir.join("queue.db").display()),
         ack_deadline,
         poll_wait: Duration::from_millis(50),
         poll_interval: Duration::from_millis(10),
-        max_deliveries,
-        ..Default::default()
     }
 }
 

@@ -1,0 +1,68 @@
+//! `[broker]` (what every broker reads, and the adapters' own sections) and
+//! `[store]`.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::broker::nats::NatsSettings;
+use crate::broker::pubsub::PubSubSettings;
+use crate::broker::sqlite::SqliteSettings;
+use crate::settings::{duration, settings};
+
+settings! {
+    /// `[broker]`: the settings every broker reads. What only one adapter
+    /// reads is in its own section, owned by the adapter.
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+    #[serde(deny_unknown_fields, default)]
+    pub struct BrokerSettings {
+        /// `sqlite:PATH` (durable queue, by default in the store's file),
+        /// `nats://[USER:PASSWORD@]HOST:PORT` (JetStream),
+        /// `pubsub://PROJECT/SUBSCRIPTION` (Google Cloud Pub/Sub) or
+        /// `memory` (in-process, nothing survives the process).
+        pub url: String = "sqlite:mandrill.db".into(),
+        /// How long a delivery stays leased without an extension (at least 1s).
+        #[serde(with = "duration")]
+        pub ack_deadline: Duration = Duration::from_secs(10),
+        /// How long one pull waits for a first message.
+        #[serde(with = "duration")]
+        pub poll_wait: Duration = Duration::from_secs(1),
+        /// Deliveries of a message before the worker records it as failed
+        /// and dead-letters it, on every broker.
+        ///
+        /// The backstop for a message whose handler keeps crashing, losing
+        /// its lease or being deferred. Brokers never give up by themselves
+        /// (the JetStream consumer is created with `max_deliver = -1`).
+        pub max_deliveries: u32 = 10,
+        /// `[broker.sqlite]`, when `url` is `sqlite:PATH`.
+        pub sqlite: SqliteSettings = SqliteSettings::default(),
+        /// `[broker.nats]`, when `url` is `nats://…` (formerly `[nats]`).
+        pub nats: NatsSettings = NatsSettings::default(),
+        /// `[broker.pubsub]`, when `url` is `pubsub://PROJECT/SUBSCRIPTION`.
+        pub pubsub: PubSubSettings = PubSubSettings::default(),
+    }
+}
+
+settings! {
+    /// `[store]`
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+    #[serde(deny_unknown_fields, default)]
+    pub struct StoreSettings {
+        /// `sqlite:PATH`, `postgres://…` or `memory`.
+        pub url: String = "sqlite:mandrill.db".into(),
+        /// Database pool size (1-1000).
+        pub max_connections: u32 = 4,
+        /// PostgreSQL: tasks committing claims and outcomes in groups (1-64;
+        /// at most `max_connections - 1` run).
+        ///
+        /// Each holds one pooled connection while it commits.
+        pub writers: u32 = crate::store::postgres::DEFAULT_WRITERS,
+        /// How long finished requests stay in the history (0s: forever; at
+        /// most 100 years).
+        ///
+        /// Older ones are pruned in the background, a bounded number of
+        /// rows per pass.
+        #[serde(with = "duration")]
+        pub retention: Duration = Duration::from_secs(90 * 24 * 3600),
+    }
+}

@@ -1,0 +1,256 @@
+//! Reading and layering the sources: the file, then `MANDRILL_*`
+//! environment variables, then `--set` flags, merged as one TOML table and
+//! deserialised once, so that an error names its dotted key whatever layer
+//! it came from.
+
+use std::path::{Path, PathBuf};
+
+use super::docs::{documented_keys, is_subsection};
+use super::legacy::{self, Layer, Renamed};
+use super::{Config, ConfigError};
+
+/// Keys whose values are always strings: taken as written from the
+/// environment and `--set`, so that `broker.nats.password=12345` is a password and
+/// not a number.
+const STRING_KEYS: &[&str] = &[
+    "broker.url",
+    "broker.pubsub.topic",
+    "broker.pubsub.dead_letter_topic",
+    "broker.pubsub.dead_letter_subscription",
+    "broker.pubsub.endpoint",
+    "broker.pubsub.credentials_file",
+    "store.url",
+    "broker.nats.user",
+    "broker.nats.password",
+    "broker.nats.token",
+    "message.domain",
+    "log.level",
+    "admin.listen",
+    "admin.token",
+];
+
+/// Keys holding secrets: an error about one never shows its value. The old
+/// spellings (`nats.password`) too, since they are still read.
+pub const SECRET_KEYS: &[&str] = &[
+    "broker.nats.password",
+    "broker.nats.token",
+    "admin.token",
+    "nats.password",
+    "nats.token",
+];
+
+/// A raw value from the environment or `--set`, typed for its key.
+fn value_for(key: &str, raw: &str) -> toml::Value {
+    if STRING_KEYS.contains(&key) {
+        toml::Value::String(raw.to_owned())
+    } else {
+        parse_scalar(raw)
+    }
+}
+
+/// Where configuration comes from, so that a reload can read it all again.
+#[derive(Debug, Clone, Default)]
+pub struct Sources {
+    /// A TOML file, if any.
+    pub file: Option<PathBuf>,
+    /// `MANDRILL_SECTION__KEY` variables.
+    pub environment: Vec<(String, String)>,
+    /// From flags, as dotted key and value; applied last.
+    pub overrides: Vec<(String, toml::Value)>,
+}
+
+impl Sources {
+    /// The configuration variables of this process: `MANDRILL_SECTION__KEY`,
+    /// and names that look like a setting misspelt (`MANDRILL_WORKER_MAX_IN_FLIGHT`),
+    /// which [`Sources::load`] reports. Other `MANDRILL_*` names, such as the
+    /// tests' `MANDRILL_TEST_POSTGRES`, are not configuration.
+    pub fn process_environment() -> Result<Vec<(String, String)>, ConfigError> {
+        let mut variables = Vec::new();
+        for (name, value) in std::env::vars_os() {
+            let Some(name) = name.to_str().filter(|name| is_config_variable(name)) else {
+                continue;
+            };
+            let value = value.into_string().map_err(|_| ConfigError::Environment {
+                name: name.to_owned(),
+                why: "value is not valid UTF-8".into(),
+            })?;
+            variables.push((name.to_owned(), value));
+        }
+        Ok(variables)
+    }
+
+    /// Reads every layer and builds the configuration.
+    pub fn load(&self) -> Result<Config, ConfigError> {
+        self.load_with_renames().map(|(config, _)| config)
+    }
+
+    /// As [`load`](Self::load), and the old spellings of settings that were
+    /// read (see [`Renamed`]), for one warning at start-up.
+    pub fn load_with_renames(&self) -> Result<(Config, Vec<Renamed>), ConfigError> {
+        let mut renamed = Vec::new();
+        let mut table = match &self.file {
+            Some(path) => read_file(path)?,
+            None => toml::Table::new(),
+        };
+        legacy::rename_file_keys(&mut table, &mut renamed)?;
+        for (name, raw) in &self.environment {
+            let key = env_key(name)?;
+            for key in legacy::rename(Layer::Environment, &key, &mut renamed) {
+                set_dotted(&mut table, &key, value_for(&key, raw)).map_err(|why| {
+                    ConfigError::Environment {
+                        name: name.clone(),
+                        why,
+                    }
+                })?;
+            }
+        }
+        for (key, value) in &self.overrides {
+            for new_key in legacy::rename(Layer::Flag, key, &mut renamed) {
+                set_dotted(&mut table, &new_key, value.clone())
+                    .map_err(|why| ConfigError::invalid(key, why))?;
+            }
+        }
+        let config: Config =
+            serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|error| {
+                let key = error.path().to_string();
+                // The toml error may add a second line of context ("in `worker`")
+                // that the key already says.
+                let message = error.into_inner().to_string();
+                let first_line = message.lines().next().unwrap_or_default();
+                let written_as = legacy::written_as(&renamed, &key);
+                if SECRET_KEYS.contains(&key.as_str()) {
+                    // Serde quotes the value it could not use.
+                    return ConfigError::invalid(
+                        &key,
+                        format!(
+                            "expected a string (the value is a secret and not shown){written_as}"
+                        ),
+                    );
+                }
+                ConfigError::invalid(&key, format!("{first_line}{written_as}"))
+            })?;
+        config
+            .validate()
+            .map_err(|error| legacy::annotate(error, &renamed))?;
+        Ok((config, renamed))
+    }
+}
+
+/// Parses a `--set SECTION.KEY=VALUE` flag.
+pub fn parse_override(raw: &str) -> Result<(String, toml::Value), ConfigError> {
+    let (key, value) = raw
+        .split_once('=')
+        .ok_or_else(|| ConfigError::Override(raw.to_owned()))?;
+    if !is_setting_path(key) {
+        return Err(ConfigError::Override(format!("{key}=…")));
+    }
+    let key = key.trim();
+    Ok((
+        key.to_owned(),
+        value_for(&legacy::new_key(key), value.trim()),
+    ))
+}
+
+fn read_file(path: &Path) -> Result<toml::Table, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    text.parse::<toml::Table>()
+        .map_err(|error| ConfigError::Syntax {
+            path: path.to_owned(),
+            // Not the error's Display: it quotes the offending line, which
+            // may hold a password.
+            message: match error.span() {
+                Some(span) => {
+                    let before = &text[..span.start.min(text.len())];
+                    let line = before.matches('\n').count() + 1;
+                    let column = before.rsplit('\n').next().unwrap_or("").chars().count() + 1;
+                    format!("line {line}, column {column}: {}", error.message())
+                }
+                None => error.message().to_owned(),
+            },
+        })
+}
+
+/// Whether an environment variable belongs to the configuration layer (see
+/// [`Sources::process_environment`]).
+pub(super) fn is_config_variable(name: &str) -> bool {
+    match name.strip_prefix("MANDRILL_") {
+        Some(rest) => rest.contains("__") || misspelt_setting(rest).is_some(),
+        None => false,
+    }
+}
+
+/// The setting `rest` (a variable name less `MANDRILL_`) seems to mean when
+/// written with single underscores: `WORKER_MAX_IN_FLIGHT` or `MAX_IN_FLIGHT`.
+fn misspelt_setting(rest: &str) -> Option<String> {
+    let rest = rest.to_ascii_lowercase();
+    documented_keys().find(|key| {
+        let (section, field) = key.split_once('.').unwrap_or_default();
+        rest == field || rest == format!("{section}_{field}")
+    })
+}
+
+/// `MANDRILL_WORKER__MAX_IN_FLIGHT` → `worker.max_in_flight`.
+fn env_key(name: &str) -> Result<String, ConfigError> {
+    let rest = name.strip_prefix("MANDRILL_").unwrap_or(name);
+    let parts: Vec<&str> = rest.split("__").collect();
+    let key = parts.join(".").to_lowercase();
+    if parts.iter().any(|p| p.is_empty()) || !is_setting_path(&key) {
+        let why = match misspelt_setting(rest) {
+            Some(key) => format!(
+                "expected MANDRILL_SECTION__KEY; did you mean MANDRILL_{}?",
+                key.replace('.', "__").to_ascii_uppercase()
+            ),
+            None => "expected MANDRILL_SECTION__KEY, e.g. MANDRILL_WORKER__MAX_IN_FLIGHT".into(),
+        };
+        return Err(ConfigError::Environment {
+            name: name.to_owned(),
+            why,
+        });
+    }
+    Ok(key)
+}
+
+/// `section.key`, or `section.subsection.key` for a known subsection.
+fn is_setting_path(key: &str) -> bool {
+    match key.rsplit_once('.') {
+        Some((section, _)) if !section.contains('.') => true,
+        Some((section, _)) => is_subsection(section.trim()),
+        None => false,
+    }
+}
+
+/// A value as TOML if it reads as a TOML scalar (number, bool), else a string.
+fn parse_scalar(raw: &str) -> toml::Value {
+    format!("value = {raw}")
+        .parse::<toml::Table>()
+        .ok()
+        .and_then(|mut table| table.remove("value"))
+        .filter(|value| !value.is_table())
+        .unwrap_or_else(|| toml::Value::String(raw.to_owned()))
+}
+
+/// Sets `section.key` or `section.subsection.key` (`broker.pubsub.topic`).
+fn set_dotted(table: &mut toml::Table, key: &str, value: toml::Value) -> Result<(), String> {
+    let parts: Vec<&str> = key.split('.').collect();
+    let Some((field, sections)) = parts.split_last().filter(|(_, s)| !s.is_empty()) else {
+        return Err(format!("{key:?} is not SECTION.KEY"));
+    };
+    let mut table = table;
+    for (depth, section) in sections.iter().enumerate() {
+        let entry = table
+            .entry((*section).to_owned())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        let toml::Value::Table(inner) = entry else {
+            return Err(format!(
+                "`{}` is not a section",
+                sections[..=depth].join(".")
+            ));
+        };
+        table = inner;
+    }
+    table.insert((*field).to_owned(), value);
+    Ok(())
+}

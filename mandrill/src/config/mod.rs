@@ -1,0 +1,142 @@
+//! Configuration: one typed struct, layered file → environment → flags.
+//!
+//! Every layer is merged as a TOML table and deserialised once, so a bad key
+//! or value is reported with its dotted path (`worker.max_in_flight`) whatever
+//! layer it came from. Environment variables are `MANDRILL_SECTION__KEY`
+//! (double underscore between section and key); other `MANDRILL_*` names
+//! (`MANDRILL_TEST_POSTGRES`, …) are not configuration and are ignored, unless
+//! they look like a setting with a single underscore, which is an error.
+//! Unknown keys are errors. Every value is bounded to what the code can
+//! handle, so that no input makes the service panic.
+//!
+//! Secrets (`broker.nats.password`, `broker.nats.token`, `admin.token`,
+//! credentials in `broker.url` and `store.url`) are never echoed: errors name
+//! their key only, and [`Config::redactor`] masks them in anything printed.
+//!
+//! The files: the model, one file per group of sections (`broker.rs`,
+//! `worker.rs`, `restarter.rs`, `safety.rs`, `service.rs`), each section
+//! declared once with [`settings!`](crate::settings) so that its field docs
+//! are its help; the adapters' own sections (`[broker.sqlite]`,
+//! `[broker.nats]`, `[broker.pubsub]`, the restarter backends) and the
+//! guards' (`[safety.rate]`, …) live in their modules, which never import
+//! this one. `load.rs` reads and layers the sources, `legacy.rs` the old
+//! names still read, `validate.rs` and `urls.rs` check what types cannot,
+//! `docs.rs` is the help (`owned_elsewhere.rs` for the sections not declared
+//! with `settings!` yet), `flat.rs` the flat view reloads compare.
+
+use serde::{Deserialize, Serialize};
+
+use crate::notify::{NotifierSettings, NotifyEntry};
+use crate::restarter::VerifySettings;
+use crate::restarter::hosts::HostEntry;
+use crate::settings::settings;
+
+mod broker;
+mod docs;
+mod error;
+mod flat;
+mod legacy;
+pub mod limits;
+mod load;
+mod owned_elsewhere;
+mod restarter;
+mod safety;
+mod service;
+#[cfg(test)]
+mod tests;
+mod urls;
+mod validate;
+mod worker;
+
+pub use crate::settings::{Redactor, Secret, duration, redact, redact_url};
+pub use broker::{BrokerSettings, StoreSettings};
+pub use docs::settings_help;
+pub use error::ConfigError;
+pub use legacy::{Renamed, renamed_warning};
+pub use load::{SECRET_KEYS, Sources, parse_override};
+pub use restarter::{RestarterKind, RestarterSettings};
+pub use safety::SafetySettings;
+pub use service::{AdminSettings, DebugSettings, LogFormat, LogSettings, SimulateSettings};
+pub use worker::{MessageSettings, WorkerSettings};
+
+settings! {
+    /// The whole configuration. Each part of the service receives only its section.
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+    #[serde(deny_unknown_fields, default)]
+    pub struct Config {
+        /// Where requests come from.
+        pub broker: BrokerSettings = BrokerSettings::default(),
+        /// Where outcomes are recorded.
+        pub store: StoreSettings = StoreSettings::default(),
+        /// How messages are handled.
+        pub worker: WorkerSettings = WorkerSettings::default(),
+        /// How payloads are validated.
+        pub message: MessageSettings = MessageSettings::default(),
+        /// What restarts hosts.
+        pub restarter: RestarterSettings = RestarterSettings::default(),
+        /// The built-in demo publisher.
+        pub simulate: SimulateSettings = SimulateSettings::default(),
+        /// Logging.
+        pub log: LogSettings = LogSettings::default(),
+        /// Debugging aids.
+        pub debug: DebugSettings = DebugSettings::default(),
+        /// The operator's HTTP surface (`[admin]`): metrics, health, status.
+        pub admin: AdminSettings = AdminSettings::default(),
+        /// Recovery verification after each restart (`[verify]`).
+        pub verify: VerifySettings = VerifySettings::default(),
+        /// Safety guards.
+        pub safety: SafetySettings = SafetySettings::default(),
+        /// `[[hosts]]` pattern = "cattle-*", address, port, user: where
+        /// instances are reached.
+        ///
+        /// Unmapped instances are `{instance_name}.{message.domain}`.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        pub hosts: Vec<HostEntry> = Vec::new(),
+        /// `[[notify]]` url (a secret, never logged), format = "json" |
+        /// "slack", events = ["restarted", "failed", "dead-lettered",
+        /// "unrecovered", "paused", "resumed"], timeout: webhooks told of
+        /// what happened.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        pub notify: Vec<NotifyEntry> = Vec::new(),
+        /// The notifications' queue and shutdown bound (`[notifier]`).
+        pub notifier: NotifierSettings = NotifierSettings::default(),
+    }
+}
+
+/// Settings that a reload (SIGHUP) applies without a restart, besides
+/// `[safety]` (see [`reloads`]).
+pub const RELOADABLE: &[&str] = &["log.level", "worker.max_in_flight", "simulate.rate"];
+
+/// The `[safety]` settings a reload does not apply: the switch's polling
+/// and the pause file's watch are set up once, at start.
+const SAFETY_NEEDS_RESTART: &[&str] = &["safety.poll_interval", "safety.pause_file"];
+
+/// Whether a reload (SIGHUP) applies `key` without a restart: the
+/// [`RELOADABLE`] settings, and the safety policy (every `safety.` key but
+/// `safety.poll_interval` and `safety.pause_file`).
+pub fn reloads(key: &str) -> bool {
+    RELOADABLE.contains(&key)
+        || (key.starts_with("safety.") && !SAFETY_NEEDS_RESTART.contains(&key))
+}
+
+impl Config {
+    /// Masks every secret of this configuration: passwords, tokens and
+    /// secret parameters in `broker.url` and `store.url`,
+    /// `broker.nats.password`, `broker.nats.token`, `admin.token` and the
+    /// webhooks' URLs.
+    pub fn redactor(&self) -> Redactor {
+        let nats = &self.broker.nats;
+        let mut secrets = redact::url_secrets(&self.broker.url);
+        secrets.extend(redact::url_secrets(&self.store.url));
+        for secret in [&nats.password, &nats.token, &self.admin.token]
+            .into_iter()
+            .flatten()
+        {
+            secrets.push(secret.0.clone());
+        }
+        for entry in &self.notify {
+            secrets.extend(redact::webhook_secrets(&entry.url.0));
+        }
+        Redactor::new(secrets)
+    }
+}

@@ -1,0 +1,137 @@
+//! `[safety]`, and the safety policy built from it (what a SIGHUP replaces).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::{Config, ConfigError};
+use crate::safety::{
+    BudgetSettings, Calendar, CalendarSettings, Clock, Counting, Eligibility, Guards, Policy,
+    RateSettings, StopConditionSettings, StopConditions,
+};
+use crate::settings::{duration, settings};
+
+settings! {
+    /// `[safety]`: what keeps a chaos tool harmless by default.
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+    #[serde(deny_unknown_fields, default)]
+    pub struct SafetySettings {
+        /// Record restarts as dry-run, issue none (default: true with a real
+        /// backend; run --unleash).
+        ///
+        /// Leashed, every restart is decided and recorded as `dry-run` with
+        /// the exact action it would take. Unset means true with a real
+        /// backend (command, ssh, http) and false with a simulated one;
+        /// `mandrill run --unleash` sets it to false.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub dry_run: Option<bool> = None,
+        /// Instance-name patterns that may be restarted (a real backend
+        /// restarts nothing until set).
+        pub allow: Vec<String> = Vec::new(),
+        /// Instance-name patterns never restarted; wins over allow.
+        pub deny: Vec<String> = Vec::new(),
+        /// Pause every instance when a restarted host does not come back
+        /// healthy; `mandrill resume` resumes.
+        pub pause_on_unrecovered: bool = true,
+        /// How often a running service reads the kill switch; 0s only at each
+        /// claim.
+        ///
+        /// Pulling pauses within this of `mandrill pause`; claims read the
+        /// switch at once.
+        #[serde(with = "duration")]
+        pub poll_interval: Duration = Duration::from_secs(1),
+        /// `[safety.calendar]`: when restarts may happen.
+        ///
+        /// Unset means Monday to Friday 09:00–15:00 UTC with a real backend,
+        /// always with a simulated one. See `safety::calendar`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub calendar: Option<CalendarSettings> = None,
+        /// A request deferred this long after it was published is recorded
+        /// expired and acked.
+        ///
+        /// A restart wanted yesterday is not one to issue today.
+        #[serde(with = "duration")]
+        pub max_defer: Duration = Duration::from_secs(24 * 3600),
+        /// Group → instance patterns, { web = ["web-*"] } (default group:
+        /// the instance name without its last -suffix).
+        ///
+        /// A request's group is the one its message names, else the first
+        /// group here (by name) with a matching pattern.
+        pub groups: BTreeMap<String, Vec<String>> = BTreeMap::new(),
+        /// `[safety.rate]`: restarts per group and in all per window, and a
+        /// cooldown per host. See `safety::limits`.
+        pub rate: RateSettings = RateSettings::default(),
+        /// `[safety.budget]`: hosts per group disrupted at once.
+        pub budget: BudgetSettings = BudgetSettings::default(),
+        /// [[safety.stop_conditions]] name, http = URL (expect_status,
+        /// default 200) or command = [argv], timeout (default 5s): checked
+        /// right before each restart; one that fails, errs or times out
+        /// defers it (fail closed).
+        pub stop_conditions: Vec<StopConditionSettings> = Vec::new(),
+        /// A delivery a stop condition deferred comes back after this.
+        #[serde(with = "duration")]
+        pub stop_retry: Duration = Duration::from_secs(30),
+        /// While this file exists, restarts are paused (its directory is
+        /// watched and must exist; not reloaded).
+        ///
+        /// The kill switch, set by `pause-file`; removing the file resumes.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub pause_file: Option<PathBuf> = None,
+    }
+}
+
+impl Config {
+    /// The calendar guard: as configured; Chaos Monkey's (Mon–Fri
+    /// 09:00–15:00 UTC) when unset with a real backend; none when unset
+    /// with a simulated one.
+    pub fn calendar(&self) -> Result<Option<Calendar>, (String, String)> {
+        match &self.safety.calendar {
+            Some(settings) => Calendar::new(settings).map(Some),
+            None if self.restarter.kind.is_real() => Ok(Some(Calendar::chaos_monkey())),
+            None => Ok(None),
+        }
+    }
+
+    /// The counting guards, with the strict defaults for a real backend.
+    pub fn counting(&self) -> Result<Counting, (String, String)> {
+        Counting::new(
+            &self.safety.groups,
+            &self.safety.rate,
+            &self.safety.budget,
+            self.restarter.kind.is_real(),
+        )
+    }
+
+    /// Whether restarts are only decided and recorded, not issued.
+    pub fn dry_run(&self) -> bool {
+        self.safety
+            .dry_run
+            .unwrap_or_else(|| self.restarter.kind.is_real())
+    }
+
+    /// The safety policy: what the worker decides with, and what a reload
+    /// of `[safety]` replaces. Fails naming the key, as `validate` does.
+    pub fn policy(&self) -> Result<Policy, ConfigError> {
+        let invalid = |(key, why): (String, String)| ConfigError::invalid(&key, why);
+        Ok(Policy {
+            dry_run: self.dry_run(),
+            eligibility: Eligibility::new(
+                &self.safety.allow,
+                &self.safety.deny,
+                self.restarter.kind.is_real(),
+            )
+            .map_err(invalid)?,
+            guards: Guards {
+                calendar: self.calendar().map_err(invalid)?,
+                counting: self.counting().map_err(invalid)?,
+                max_defer: self.safety.max_defer,
+                clock: Clock::System,
+            },
+            pause_on_unrecovered: self.safety.pause_on_unrecovered,
+            stop_conditions: StopConditions::new(&self.safety.stop_conditions).map_err(invalid)?,
+            stop_retry: self.safety.stop_retry,
+        })
+    }
+}

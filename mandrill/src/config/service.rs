@@ -1,0 +1,139 @@
+//! The service's own sections: `[simulate]`, `[log]`, `[debug]`, `[admin]`.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::ConfigError;
+use crate::settings::{Secret, duration, settings};
+
+settings! {
+    /// `[simulate]`
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+    #[serde(deny_unknown_fields, default)]
+    pub struct SimulateSettings {
+        /// Publish random requests into the broker (demo mode).
+        pub enabled: bool = false,
+        /// Requests per second (at most 1000000; reloadable).
+        pub rate: f64 = 2.0,
+        /// Fraction of published payloads that are deliberately malformed.
+        pub malformed_rate: f64 = 0.0,
+    }
+}
+
+/// Log line format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// One human-readable line per step.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+settings! {
+    /// `[log]`
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+    #[serde(deny_unknown_fields, default)]
+    pub struct LogSettings {
+        /// text | json
+        pub format: LogFormat = LogFormat::Text,
+        /// A tracing filter, e.g. `info` or `mandrill=debug` (reloadable).
+        pub level: String = "info".into(),
+    }
+}
+
+settings! {
+    /// `[debug]`
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+    #[serde(deny_unknown_fields, default)]
+    pub struct DebugSettings {
+        /// Warn when the runtime falls this far behind (blocking code on it).
+        #[serde(with = "duration")]
+        pub stall_threshold: Duration = Duration::from_millis(100),
+        /// Log a status line (counters, in-flight messages) this often; `0s` never.
+        #[serde(with = "duration")]
+        pub status_interval: Duration = Duration::from_secs(60),
+        /// Debug mode (`mandrill run --debug`): stall threshold at most 10ms,
+        /// status line with runtime metrics every 10s at most, per-message
+        /// step timings at debug level.
+        ///
+        /// See [`DebugSettings::stall_threshold`] and
+        /// [`DebugSettings::status_interval`] for what it lowers.
+        pub enabled: bool = false,
+    }
+}
+
+impl DebugSettings {
+    /// The stall threshold in effect: at most 10ms in debug mode (asyncio's
+    /// debug mode reports callbacks over 100ms, which is this service's
+    /// default already).
+    pub fn stall_threshold(&self) -> Duration {
+        if self.enabled {
+            self.stall_threshold.min(Duration::from_millis(10))
+        } else {
+            self.stall_threshold
+        }
+    }
+
+    /// The status line's period in effect: at most 10s in debug mode, even
+    /// if it was turned off.
+    pub fn status_interval(&self) -> Duration {
+        match self.status_interval {
+            interval if !self.enabled => interval,
+            interval if interval.is_zero() => Duration::from_secs(10),
+            interval => interval.min(Duration::from_secs(10)),
+        }
+    }
+}
+
+settings! {
+    /// `[admin]`
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+    #[serde(deny_unknown_fields, default)]
+    pub struct AdminSettings {
+        /// `IP:PORT` of the admin server (/metrics, /healthz, /readyz, /api);
+        /// "" disables it.
+        ///
+        /// Loopback only by default, and a port no common service or
+        /// well-known exporter uses (not in /etc/services; 8080, 9090, 9100
+        /// are).
+        pub listen: String = "127.0.0.1:9730".into(),
+        /// Bearer token for the admin server's protected endpoints; required
+        /// off loopback.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub token: Option<Secret> = None,
+    }
+}
+
+impl AdminSettings {
+    /// The address to listen on, `None` if disabled. Checked by
+    /// [`Config::validate`](super::Config::validate): off loopback only with a token.
+    pub fn address(&self) -> Result<Option<std::net::SocketAddr>, ConfigError> {
+        if self.listen.is_empty() {
+            return Ok(None);
+        }
+        let address: std::net::SocketAddr = self.listen.parse().map_err(|_| {
+            ConfigError::invalid(
+                "admin.listen",
+                format!(
+                    "{:?} is not IP:PORT (e.g. 127.0.0.1:9730), or \"\" to disable",
+                    self.listen
+                ),
+            )
+        })?;
+        match &self.token {
+            Some(token) if token.0.is_empty() => {
+                Err(ConfigError::invalid("admin.token", "must not be empty"))
+            }
+            None if !address.ip().is_loopback() => Err(ConfigError::invalid(
+                "admin.token",
+                format!(
+                    "required when admin.listen ({address}) is not a loopback address: \
+                     anyone who can reach it could read the service's history"
+                ),
+            )),
+            _ => Ok(Some(address)),
+        }
+    }
+}

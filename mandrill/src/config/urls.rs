@@ -1,0 +1,88 @@
+//! `broker.url` and `store.url`, and the broker sections that depend on the
+//! URL's scheme.
+
+use super::{Config, ConfigError};
+use crate::broker::pubsub;
+use crate::settings::redact_url;
+
+impl Config {
+    /// `broker.url` and `store.url` name something this build supports.
+    pub(super) fn validate_urls(&self) -> Result<(), ConfigError> {
+        let broker = self.broker.url.as_str();
+        let nats = broker.starts_with("nats://") || broker.starts_with("tls://");
+        if broker.starts_with("pubsub:") {
+            return self.validate_pubsub();
+        }
+        if !(broker == "memory" || broker.starts_with("sqlite:") || nats) {
+            return Err(ConfigError::invalid(
+                "broker.url",
+                format!(
+                    "{:?} is not supported: use sqlite:PATH, nats://HOST:PORT, \
+                     pubsub://PROJECT/SUBSCRIPTION or memory",
+                    redact_url(broker)
+                ),
+            ));
+        }
+        if nats {
+            for server in broker.split(',') {
+                let parsed = url::Url::parse(server.trim()).map_err(|error| {
+                    ConfigError::invalid(
+                        "broker.url",
+                        format!("{:?} is not a valid url: {error}", redact_url(server)),
+                    )
+                })?;
+                if parsed.host_str().is_none_or(str::is_empty) {
+                    return Err(ConfigError::invalid(
+                        "broker.url",
+                        format!("{:?} names no host", redact_url(server)),
+                    ));
+                }
+                if !parsed.username().is_empty() && self.broker.nats.has_credentials() {
+                    return Err(ConfigError::invalid(
+                        "broker.url",
+                        "has credentials, and so do broker.nats.user/password, broker.nats.token \
+                         or broker.nats.creds_file: choose one",
+                    ));
+                }
+            }
+        }
+        let store = self.store.url.as_str();
+        let postgres = store.starts_with("postgres://") || store.starts_with("postgresql://");
+        if !(store == "memory" || store.starts_with("sqlite:") || postgres) {
+            return Err(ConfigError::invalid(
+                "store.url",
+                format!(
+                    "{:?} is not supported: use sqlite:PATH, postgres://… or memory",
+                    redact_url(store)
+                ),
+            ));
+        }
+        if postgres && let Err(error) = url::Url::parse(store) {
+            return Err(ConfigError::invalid(
+                "store.url",
+                format!("{:?} is not a valid url: {error}", redact_url(store)),
+            ));
+        }
+        Ok(())
+    }
+
+    /// `pubsub://PROJECT/SUBSCRIPTION` and `[broker.pubsub]`, and the bounds
+    /// the service puts on a subscription (the emulator does not enforce them).
+    fn validate_pubsub(&self) -> Result<(), ConfigError> {
+        let broker = &self.broker;
+        pubsub::settings::parse_url(&broker.url)
+            .map_err(|why| ConfigError::invalid("broker.url", why))?;
+        broker
+            .pubsub
+            .validate()
+            .map_err(|(key, why)| ConfigError::invalid(&format!("broker.pubsub.{key}"), why))?;
+        let (min, max) = (pubsub::MIN_ACK_DEADLINE, pubsub::MAX_ACK_DEADLINE);
+        if !(min..=max).contains(&broker.ack_deadline) {
+            return Err(ConfigError::invalid(
+                "broker.ack_deadline",
+                format!("must be between {min:?} and {max:?} on Pub/Sub"),
+            ));
+        }
+        Ok(())
+    }
+}
