@@ -12,9 +12,9 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use super::status_from_name;
 use crate::domain::Status;
 use crate::store::StoreError;
+use crate::store::status_from_name;
 
 /// Most lookups answered by one query.
 pub(super) const MAX_BATCH: usize = 1024;

@@ -1,0 +1,156 @@
+//! The reads both SQL stores make alike, written once: the statements are
+//! in [`super::sql`], and one macro expands these functions for each
+//! driver (a generic version needs a bound for every type it decodes).
+//!
+//! The SQLite store calls `reads::sqlite::*`, the PostgreSQL store
+//! `reads::postgres::*`, each with its pool.
+
+macro_rules! reads_for {
+    ($(#[$attribute:meta])* $driver:ident, $db:ty) => {
+        $(#[$attribute])*
+        pub(crate) mod $driver {
+            use std::collections::BTreeMap;
+
+            use sqlx::Pool;
+            use uuid::Uuid;
+
+            use crate::store::history::{entry_from, group_usage_from, story_from};
+            use crate::store::sql::{
+                DEFERRALS_SQL, ENTRY_SQL, EntryRow, GROUP_DISRUPTED_SQL, GROUP_RESTARTS_SQL,
+                HISTORY_SQL, STORY_ATTEMPTS_SQL, STORY_DECISIONS_SQL, SWITCH_SQL, SwitchRow,
+            };
+            use crate::store::{
+                GroupUsage, HistoryEntry, StoreError, Story, Switch, Timestamp, switch_from,
+            };
+
+            /// See [`crate::store::Store::history`].
+            pub(crate) async fn history(
+                pool: &Pool<$db>,
+                limit: usize,
+            ) -> Result<Vec<HistoryEntry>, StoreError> {
+                let rows: Vec<EntryRow> = sqlx::query_as(HISTORY_SQL)
+                    .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+                    .fetch_all(pool)
+                    .await?;
+                rows.into_iter().map(entry_from).collect()
+            }
+
+            /// See [`crate::store::Store::story`].
+            pub(crate) async fn story(
+                pool: &Pool<$db>,
+                message_id: Uuid,
+            ) -> Result<Option<Story>, StoreError> {
+                let id = message_id.to_string();
+                let Some(row) = sqlx::query_as::<_, EntryRow>(ENTRY_SQL)
+                    .bind(&id)
+                    .fetch_optional(pool)
+                    .await?
+                else {
+                    return Ok(None);
+                };
+                let attempts = sqlx::query_as(STORY_ATTEMPTS_SQL)
+                    .bind(&id)
+                    .fetch_all(pool)
+                    .await?;
+                let decisions = sqlx::query_as(STORY_DECISIONS_SQL)
+                    .bind(&id)
+                    .fetch_all(pool)
+                    .await?;
+                Ok(Some(story_from(entry_from(row)?, attempts, decisions)))
+            }
+
+            /// See [`crate::store::Store::group_usage`].
+            pub(crate) async fn group_usage(
+                pool: &Pool<$db>,
+                window_start: Timestamp,
+                memory_start: Timestamp,
+            ) -> Result<BTreeMap<String, GroupUsage>, StoreError> {
+                let restarts = sqlx::query_as(GROUP_RESTARTS_SQL)
+                    .bind(window_start.as_millis())
+                    .fetch_all(pool)
+                    .await?;
+                let disrupted = sqlx::query_as(GROUP_DISRUPTED_SQL)
+                    .bind(memory_start.as_millis())
+                    .fetch_all(pool)
+                    .await?;
+                Ok(group_usage_from(restarts, disrupted))
+            }
+
+            /// See [`crate::store::Store::deferrals`].
+            pub(crate) async fn deferrals(
+                pool: &Pool<$db>,
+                message_id: Uuid,
+            ) -> Result<u32, StoreError> {
+                let count: Option<i64> = sqlx::query_scalar(DEFERRALS_SQL)
+                    .bind(message_id.to_string())
+                    .fetch_optional(pool)
+                    .await?;
+                Ok(count.map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX)))
+            }
+
+            /// See [`crate::store::Store::switch`].
+            pub(crate) async fn switch(pool: &Pool<$db>) -> Result<Switch, StoreError> {
+                let (paused, by, reason, since): SwitchRow =
+                    sqlx::query_as(SWITCH_SQL).fetch_one(pool).await?;
+                Ok(switch_from(paused, by, reason, since))
+            }
+        }
+    };
+}
+
+reads_for!(postgres, sqlx::Postgres);
+reads_for!(
+    // Until the SQLite store reads through these (its tests below do).
+    #[cfg_attr(not(test), allow(dead_code))]
+    sqlite,
+    sqlx::Sqlite
+);
+
+#[cfg(test)]
+mod tests {
+    use std::str::FromStr;
+
+    use sqlx::sqlite::{SqliteConnectOptions, SqlitePool};
+
+    use crate::store::{SqliteStore, Store, Timestamp, contract};
+
+    /// The shared reads, on a database the SQLite store wrote, read what
+    /// the store itself reads.
+    #[tokio::test]
+    async fn the_shared_reads_read_what_the_sqlite_store_reads() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite:{}", dir.path().join("t.db").display());
+        let store = SqliteStore::connect(&url, 2).await.unwrap();
+        contract::all(&store).await;
+        let pool = SqlitePool::connect_with(SqliteConnectOptions::from_str(&url).unwrap())
+            .await
+            .unwrap();
+        let history = store.history(1000).await.unwrap();
+        assert!(history.len() > 5);
+        assert_eq!(super::sqlite::history(&pool, 1000).await.unwrap(), history);
+        for entry in &history {
+            let Some(id) = entry.message_id else { continue };
+            assert_eq!(
+                super::sqlite::story(&pool, id).await.unwrap(),
+                store.story(id).await.unwrap()
+            );
+            assert_eq!(
+                super::sqlite::deferrals(&pool, id).await.unwrap(),
+                store.deferrals(id).await.unwrap()
+            );
+        }
+        let since = Timestamp::from_millis(0);
+        assert_eq!(
+            super::sqlite::group_usage(&pool, since, since)
+                .await
+                .unwrap(),
+            store.group_usage(since, since).await.unwrap()
+        );
+        assert_eq!(
+            super::sqlite::switch(&pool).await.unwrap(),
+            store.switch().await.unwrap()
+        );
+        pool.close().await;
+        store.close().await;
+    }
+}
