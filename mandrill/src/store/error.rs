@@ -24,14 +24,6 @@ pub enum StoreError {
     /// The store was closed.
     #[error("the store is closed")]
     Closed,
-    /// A fault injected on purpose (tests, benchmarks).
-    #[error("injected fault: {what}")]
-    Injected {
-        /// Whether it is to be treated as transient.
-        transient: bool,
-        /// What it pretends to be.
-        what: String,
-    },
 }
 
 impl StoreError {
@@ -44,7 +36,6 @@ impl StoreError {
             Self::Database(error) => sqlx_error_is_transient(error),
             Self::Batch(error) => sqlx_error_is_transient(error),
             Self::Migrate(_) | Self::Corrupt(_) | Self::Closed => false,
-            Self::Injected { transient, .. } => *transient,
         }
     }
 }
@@ -94,5 +85,31 @@ pub(crate) fn sqlx_error_is_transient(error: &sqlx::Error) -> bool {
         | E::PoolClosed
         | E::Migrate(_) => false,
         _ => true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The driver errors the worker's tests stand in for an outage and a
+    /// refusal are classified as those (real database errors are
+    /// classified in each SQL store's tests).
+    #[test]
+    fn io_and_pool_timeouts_are_transient_and_encoding_errors_permanent() {
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        assert!(StoreError::Database(sqlx::Error::Io(refused)).is_transient());
+        assert!(StoreError::Database(sqlx::Error::PoolTimedOut).is_transient());
+        assert!(StoreError::Batch(Arc::new(sqlx::Error::PoolTimedOut)).is_transient());
+        let encode = sqlx::Error::Encode("invalid byte sequence for encoding UTF8: 0x00".into());
+        let error = StoreError::Database(encode);
+        assert!(!error.is_transient());
+        // The cause stays a source, not only words in the message.
+        let source = std::error::Error::source(&error).expect("a source");
+        assert!(
+            source.to_string().contains("invalid byte sequence"),
+            "{source}"
+        );
+        assert!(!StoreError::Closed.is_transient());
     }
 }
