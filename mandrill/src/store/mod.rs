@@ -7,7 +7,8 @@
 //! This file holds the trait; the rest is one file a concern: `error.rs`
 //! (errors and their classification), `claim.rs` (the claim rule every store
 //! applies), `history.rs` (what a store tells about the past), `sql.rs` (the
-//! statements the SQL stores share), `reads.rs` (the reads they share),
+//! statements the SQL stores share), `reads.rs` (the reads they share), `lookup.rs`
+//! (lookups answered in groups),
 //! `story.rs` (a story in words), and one module per store.
 
 mod claim;
@@ -15,6 +16,7 @@ mod claim;
 pub(crate) mod contract;
 mod error;
 mod history;
+mod lookup;
 pub mod memory;
 pub mod postgres;
 mod reads;

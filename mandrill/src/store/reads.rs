@@ -14,14 +14,38 @@ macro_rules! reads_for {
             use sqlx::Pool;
             use uuid::Uuid;
 
+            use crate::domain::RestartRequest;
+            use crate::safety::limits::{Limits, Usage};
             use crate::store::history::{entry_from, group_usage_from, story_from};
             use crate::store::sql::{
                 DEFERRALS_SQL, ENTRY_SQL, EntryRow, GROUP_DISRUPTED_SQL, GROUP_RESTARTS_SQL,
                 HISTORY_SQL, STORY_ATTEMPTS_SQL, STORY_DECISIONS_SQL, SWITCH_SQL, SwitchRow,
+                USAGE_SQL,
             };
             use crate::store::{
                 GroupUsage, HistoryEntry, StoreError, Story, Switch, Timestamp, switch_from,
+                usage_binds, usage_from,
             };
+
+            /// What the counting guards read for a claim of `request`, in
+            /// the claim's own transaction (`conn`).
+            pub(crate) async fn usage(
+                conn: &mut <$db as sqlx::Database>::Connection,
+                request: &RestartRequest,
+                limits: &Limits,
+                now: i64,
+            ) -> Result<Usage, sqlx::Error> {
+                let (window_start, memory_start) = usage_binds(limits, now);
+                let row = sqlx::query_as(USAGE_SQL)
+                    .bind(request.group())
+                    .bind(request.instance_name.as_str())
+                    .bind(window_start)
+                    .bind(memory_start)
+                    .bind(now)
+                    .fetch_one(conn)
+                    .await?;
+                Ok(usage_from(row))
+            }
 
             /// See [`crate::store::Store::history`].
             pub(crate) async fn history(
@@ -109,10 +133,12 @@ reads_for!(
 #[cfg(test)]
 mod tests {
     use std::str::FromStr;
+    use std::time::Duration;
 
     use sqlx::sqlite::{SqliteConnectOptions, SqlitePool};
 
-    use crate::store::{SqliteStore, Store, Timestamp, contract};
+    use crate::safety::limits::Limits;
+    use crate::store::{ClaimTerms, SqliteStore, Store, Timestamp, contract};
 
     /// The shared reads, on a database the SQLite store wrote, read what
     /// the store itself reads.
@@ -150,6 +176,34 @@ mod tests {
             super::sqlite::switch(&pool).await.unwrap(),
             store.switch().await.unwrap()
         );
+        // The claim's read of the journal counts what group usage counts
+        // (the contract pruned the journal: two claims in flight).
+        let terms = ClaimTerms {
+            max_attempts: 1,
+            hold: Duration::from_secs(3600),
+            limits: Limits::NONE,
+        };
+        for name in ["herd-0010", "herd-0011"] {
+            store
+                .claim_restart(&contract::request(name), terms)
+                .await
+                .unwrap();
+        }
+        let limits = Limits {
+            window: Duration::from_secs(3600),
+            forget_after: Duration::from_secs(3600),
+            ..Limits::NONE
+        };
+        let now = Timestamp::now().as_millis();
+        let mut conn = pool.acquire().await.unwrap();
+        let usage = super::sqlite::usage(&mut conn, &contract::request("herd-0009"), &limits, now)
+            .await
+            .unwrap();
+        let hour_ago = Timestamp::from_millis(now - 3_600_000);
+        let herd = store.group_usage(hour_ago, hour_ago).await.unwrap()["herd"];
+        assert_eq!(usage.group_claims, herd.restarts);
+        assert_eq!((usage.group_claims, usage.global_claims), (2, 2));
+        drop(conn);
         pool.close().await;
         store.close().await;
     }

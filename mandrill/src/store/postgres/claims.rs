@@ -9,11 +9,11 @@ use uuid::Uuid;
 use super::{PostgresStore, attempts};
 use crate::domain::RestartRequest;
 use crate::safety::limits::Usage;
+use crate::store::reads::postgres as reads;
 use crate::store::sql::{RELEASE_SQL, SWITCH_SQL, SwitchRow, insert_requests, upsert_journal};
 use crate::store::{
     Claim, ClaimState, ClaimTerms, DECISION_SQL, DEFERRAL_SQL, Decision, StoreError, Timestamp,
-    USAGE_SQL, claim_decision, decide_claim, status_from_name, switch_from, usage_binds,
-    usage_from,
+    claim_decision, decide_claim, status_from_name, switch_from,
 };
 
 type Tx<'c> = sqlx::Transaction<'c, sqlx::Postgres>;
@@ -97,16 +97,7 @@ impl PostgresStore {
                     .execute(&mut *tx)
                     .await?;
             }
-            let (window_start, memory_start) = usage_binds(&terms.limits, now);
-            let row = sqlx::query_as(USAGE_SQL)
-                .bind(request.group())
-                .bind(request.instance_name.as_str())
-                .bind(window_start)
-                .bind(memory_start)
-                .bind(now)
-                .fetch_one(&mut *tx)
-                .await?;
-            usage_from(row)
+            reads::usage(&mut tx, request, &terms.limits, now).await?
         } else {
             Usage::default()
         };

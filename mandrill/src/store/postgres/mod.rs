@@ -7,7 +7,7 @@
 //! outcome. Claims and outcomes are committed in groups by a few writer
 //! tasks ([`writer`]); a claim that a counting guard must check keeps its
 //! own transaction, with its advisory locks. Lookups are answered in groups
-//! too ([`lookup`]). The pool is bounded; the writers and the lookup task
+//! too (`store/lookup.rs`). The pool is bounded; the writers and the lookup task
 //! take from it one connection each, only while they run a batch, and the
 //! writes that need a connection of their own take turns for the rest, so
 //! no caller queues for the pool (where a wait past its acquire timeout
@@ -15,7 +15,6 @@
 
 mod batch;
 mod claims;
-mod lookup;
 #[cfg(test)]
 mod tests;
 mod writer;
@@ -31,6 +30,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
+use super::lookup::{Lookup, lookup_loop};
 use super::reads::postgres as reads;
 use super::sql::REJECTION_SQL;
 use super::{
@@ -44,6 +44,14 @@ use crate::domain::{Outcome, RestartRequest, Status};
 /// only add contention for the rows and the pool.
 pub const DEFAULT_WRITERS: u32 = 2;
 
+/// Most lookups answered by one query.
+const MAX_LOOKUPS: usize = 1024;
+
+/// The statuses of the requests `$1` that are recorded. A join on
+/// `unnest`, as the writers' statements, so that the index is used.
+const LOOKUP_SQL: &str = "SELECT r.message_id, r.status
+    FROM unnest($1::text[]) AS u(id) JOIN requests r ON r.message_id = u.id";
+
 /// See the module docs.
 #[derive(Debug, Clone)]
 pub struct PostgresStore {
@@ -51,7 +59,7 @@ pub struct PostgresStore {
     /// To the writer tasks.
     writes: mpsc::Sender<writer::Write>,
     /// To the lookup task.
-    lookups: mpsc::Sender<lookup::Lookup>,
+    lookups: mpsc::Sender<Lookup>,
     /// Tells the writers to commit what is queued and stop.
     closing: CancellationToken,
     /// The writer tasks.
@@ -105,11 +113,16 @@ impl PostgresStore {
                 closing.clone(),
             ));
         }
-        let (lookups, lookup_receiver) = mpsc::channel(lookup::MAX_BATCH * 4);
-        tasks.spawn(lookup::lookup_loop(
-            pool.clone(),
+        let (lookups, lookup_receiver) = mpsc::channel(MAX_LOOKUPS * 4);
+        let lookup_pool = pool.clone();
+        tasks.spawn(lookup_loop(
             lookup_receiver,
             closing.clone(),
+            MAX_LOOKUPS,
+            move |ids| {
+                let pool = lookup_pool.clone();
+                async move { sqlx::query_as(LOOKUP_SQL).bind(ids).fetch_all(&pool).await }
+            },
         ));
         tasks.close();
         let direct = (max_connections - writers).saturating_sub(1).max(1);
