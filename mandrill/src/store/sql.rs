@@ -262,4 +262,128 @@ mod tests {
         assert!(RELEASE_SQL.contains(OPEN_STATUSES.as_str()));
         assert!(not_final("r").ends_with(FINAL_STATUSES.as_str()));
     }
+
+    /// The shared upserts run on SQLite too, with rows from `json_each`
+    /// (the form the SQLite store batches in), and keep every final status.
+    #[tokio::test]
+    async fn the_shared_upserts_run_on_sqlite() {
+        use std::str::FromStr;
+
+        use sqlx::sqlite::{SqliteConnectOptions, SqlitePool};
+
+        use crate::store::{SqliteStore, Store};
+
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite:{}", dir.path().join("t.db").display());
+        let store = SqliteStore::connect(&url, 1).await.unwrap();
+        let pool = SqlitePool::connect_with(SqliteConnectOptions::from_str(&url).unwrap())
+            .await
+            .unwrap();
+        let ids = [uuid::Uuid::new_v4(), uuid::Uuid::new_v4()];
+        let requests = serde_json::json!([
+            [
+                ids[0].to_string(),
+                "cattle-0001",
+                "cattle-0001.example.net",
+                "sre",
+                null
+            ],
+            [
+                ids[1].to_string(),
+                "cattle-0002",
+                "cattle-0002.example.net",
+                null,
+                null
+            ],
+        ])
+        .to_string();
+        let insert = insert_requests(
+            "SELECT j.value ->> 0 AS id, j.value ->> 1 AS instance_name,
+                    j.value ->> 2 AS hostname, j.value ->> 3 AS requested_by,
+                    j.value ->> 4 AS reason, $2 AS at
+             FROM json_each($1) AS j",
+        );
+        for _ in 0..2 {
+            sqlx::query(&insert)
+                .bind(&requests)
+                .bind(1_000_i64)
+                .execute(&pool)
+                .await
+                .unwrap();
+        }
+        let claims = serde_json::json!([
+            [ids[0].to_string(), 1, "cattle-0001", "cattle", ""],
+            [ids[1].to_string(), 1, "cattle-0002", "cattle", ""],
+        ])
+        .to_string();
+        let journal = upsert_journal(
+            "SELECT j.value ->> 0 AS id, j.value ->> 1 AS attempt,
+                    j.value ->> 2 AS instance_name, j.value ->> 3 AS grp,
+                    j.value ->> 4 AS verdict, $2 AS at
+             FROM json_each($1) AS j",
+        );
+        for _ in 0..2 {
+            sqlx::query(&journal)
+                .bind(&claims)
+                .bind(2_000_i64)
+                .execute(&pool)
+                .await
+                .unwrap();
+        }
+        let record = format!(
+            "INSERT INTO requests
+                 (message_id, instance_name, hostname, status, attempts, last_error,
+                  received_at, updated_at, completed_at, output, recovered_after_ms)
+             SELECT j.value ->> 0, j.value ->> 1, j.value ->> 2, j.value ->> 3,
+                    j.value ->> 4, j.value ->> 5, $2, $2, j.value ->> 6, NULL, NULL
+             FROM json_each($1) AS j WHERE true
+             ON CONFLICT (message_id) DO UPDATE SET {}
+             WHERE {}
+             RETURNING message_id",
+            outcome_set("excluded", "requests", "excluded.updated_at"),
+            not_final("requests")
+        );
+        let outcomes = |status: &str, attempt: u32| {
+            serde_json::json!([[
+                ids[0].to_string(),
+                "cattle-0001",
+                "cattle-0001.example.net",
+                status,
+                attempt,
+                null,
+                3_000,
+            ]])
+            .to_string()
+        };
+        let recorded: Vec<String> = sqlx::query_scalar(&record)
+            .bind(outcomes("unrecovered", 1))
+            .bind(3_000_i64)
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+        assert_eq!(recorded, [ids[0].to_string()]);
+        // Final now: a later outcome is not recorded over it.
+        let recorded: Vec<String> = sqlx::query_scalar(&record)
+            .bind(outcomes("failed", 2))
+            .bind(4_000_i64)
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+        assert!(recorded.is_empty());
+        assert_eq!(
+            store.lookup(ids[0]).await.unwrap(),
+            Some(Status::Unrecovered)
+        );
+        let story = store.story(ids[1]).await.unwrap().unwrap();
+        assert_eq!(story.entry.requested_by, None);
+        assert_eq!(story.attempts.len(), 1);
+        assert_eq!(story.attempts[0].group, "cattle");
+        let entry = store.story(ids[0]).await.unwrap().unwrap().entry;
+        assert_eq!(
+            (entry.attempts, entry.requested_by.as_deref()),
+            (1, Some("sre"))
+        );
+        pool.close().await;
+        store.close().await;
+    }
 }
