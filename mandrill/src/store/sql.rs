@@ -135,6 +135,11 @@ pub(crate) const REJECTION_SQL: &str = "INSERT INTO requests
          (rejected_id, status, attempts, last_error, payload, received_at, updated_at, completed_at)
      VALUES ($1, 'rejected', 1, $2, $3, $4, $4, $4)";
 
+/// The outcomes of attempts that issued no restart, so count against no
+/// limit: the statements above list them by name (`('dry-run', 'expired',
+/// 'denied')`; a test holds them to this), the memory store reads this.
+pub(crate) const NOT_ISSUED: [Status; 3] = [Status::DryRun, Status::Expired, Status::Denied];
+
 /// The statuses that no later outcome replaces, as an SQL list
 /// (`('restarted', 'failed', …)`), derived from [`Status::is_final`].
 pub(crate) static FINAL_STATUSES: LazyLock<String> =
@@ -240,6 +245,26 @@ mod tests {
         };
         let positions: Vec<usize> = Status::ALL.into_iter().map(position).collect();
         assert_eq!(positions, (0..9).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn the_statements_list_exactly_the_statuses_that_issued_no_restart() {
+        let not_issued = sql_list(NOT_ISSUED.into_iter());
+        assert_eq!(not_issued, "('dry-run', 'expired', 'denied')");
+        let disrupting_ended = sql_list(std::iter::once(Status::Restarted).chain(NOT_ISSUED));
+        for sql in [USAGE_SQL, GROUP_RESTARTS_SQL, GROUP_DISRUPTED_SQL] {
+            let lists: Vec<&str> = sql
+                .match_indices("NOT IN (")
+                .map(|(at, _)| &sql[at + "NOT IN ".len()..=at + sql[at..].find(')').unwrap()])
+                .collect();
+            assert!(!lists.is_empty(), "{sql}");
+            for list in lists {
+                assert!(
+                    list == not_issued || list == disrupting_ended,
+                    "{list} in {sql}"
+                );
+            }
+        }
     }
 
     #[test]

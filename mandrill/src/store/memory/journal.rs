@@ -9,6 +9,7 @@ use uuid::Uuid;
 
 use crate::domain::{RestartRequest, Status};
 use crate::safety::limits::Usage;
+use crate::store::sql::NOT_ISSUED;
 use crate::store::{
     AttemptRecord, ClaimTerms, Decision, DecisionRecord, GroupUsage, Timestamp, group_usage_from,
     usage_binds,
@@ -35,19 +36,13 @@ pub(super) struct JournalRow {
 /// Whether an attempt that ended so issued a restart (or may have): the
 /// in-memory form of the rule in [`crate::store::USAGE_SQL`].
 fn issued(outcome: Option<Status>) -> bool {
-    !matches!(
-        outcome,
-        Some(Status::DryRun | Status::Expired | Status::Denied)
-    )
+    !outcome.is_some_and(|status| NOT_ISSUED.contains(&status))
 }
 
 /// Whether a host whose latest attempt ended so still counts as disrupted:
 /// the in-memory form of the rule in [`crate::store::USAGE_SQL`].
 fn is_disrupting(outcome: Option<Status>) -> bool {
-    !matches!(
-        outcome,
-        Some(Status::Restarted | Status::DryRun | Status::Expired | Status::Denied)
-    )
+    issued(outcome) && outcome != Some(Status::Restarted)
 }
 
 impl Journal {
