@@ -1,5 +1,6 @@
-//! The reads both SQL stores make alike, written once: the statements are
-//! in [`super::sql`], and one macro expands these functions for each
+//! The reads both SQL stores make alike, and the one small write they make
+//! inside other transactions (a decision), written once: the statements
+//! are in [`super::sql`], and one macro expands these functions for each
 //! driver (a generic version needs a bound for every type it decodes).
 //!
 //! The SQLite store calls `reads::sqlite::*`, the PostgreSQL store
@@ -23,8 +24,8 @@ macro_rules! reads_for {
                 USAGE_SQL,
             };
             use crate::store::{
-                GroupUsage, HistoryEntry, StoreError, Story, Switch, Timestamp, switch_from,
-                usage_binds, usage_from,
+                DECISION_SQL, DEFERRAL_SQL, Decision, GroupUsage, HistoryEntry, StoreError,
+                Story, Switch, Timestamp, switch_from, usage_binds, usage_from,
             };
 
             /// What the counting guards read for a claim of `request`, in
@@ -45,6 +46,34 @@ macro_rules! reads_for {
                     .fetch_one(conn)
                     .await?;
                 Ok(usage_from(row))
+            }
+
+            /// Records a guard's decision about a request (and counts it,
+            /// if it deferred a delivery) in `conn`'s transaction. NUL
+            /// becomes U+FFFD: PostgreSQL text cannot hold it.
+            pub(crate) async fn insert_decision(
+                conn: &mut <$db as sqlx::Database>::Connection,
+                message_id: Uuid,
+                attempt: u32,
+                decision: Decision<'_>,
+                now: i64,
+            ) -> Result<(), sqlx::Error> {
+                if decision.verdict == "deferred" {
+                    sqlx::query(DEFERRAL_SQL)
+                        .bind(message_id.to_string())
+                        .execute(&mut *conn)
+                        .await?;
+                }
+                sqlx::query(DECISION_SQL)
+                    .bind(message_id.to_string())
+                    .bind(now)
+                    .bind(i32::try_from(attempt).unwrap_or(i32::MAX))
+                    .bind(decision.verdict)
+                    .bind(decision.guard)
+                    .bind(decision.reason.replace('\0', "\u{fffd}"))
+                    .execute(conn)
+                    .await?;
+                Ok(())
             }
 
             /// See [`crate::store::Store::history`].
@@ -138,7 +167,7 @@ mod tests {
     use sqlx::sqlite::{SqliteConnectOptions, SqlitePool};
 
     use crate::safety::limits::Limits;
-    use crate::store::{ClaimTerms, SqliteStore, Store, Timestamp, contract};
+    use crate::store::{ClaimTerms, Decision, SqliteStore, Store, Timestamp, contract};
 
     /// The shared reads, on a database the SQLite store wrote, read what
     /// the store itself reads.
@@ -183,11 +212,12 @@ mod tests {
             hold: Duration::from_secs(3600),
             limits: Limits::NONE,
         };
-        for name in ["herd-0010", "herd-0011"] {
-            store
-                .claim_restart(&contract::request(name), terms)
-                .await
-                .unwrap();
+        let claimed = [
+            contract::request("herd-0010"),
+            contract::request("herd-0011"),
+        ];
+        for request in &claimed {
+            store.claim_restart(request, terms).await.unwrap();
         }
         let limits = Limits {
             window: Duration::from_secs(3600),
@@ -203,6 +233,23 @@ mod tests {
         let herd = store.group_usage(hour_ago, hour_ago).await.unwrap()["herd"];
         assert_eq!(usage.group_claims, herd.restarts);
         assert_eq!((usage.group_claims, usage.global_claims), (2, 2));
+        // A decision written through the shared insert is the store's own.
+        let herd = &claimed[0];
+        let decision = Decision {
+            verdict: "deferred",
+            guard: "calendar",
+            reason: "closed until\0 monday",
+        };
+        for _ in 0..2 {
+            super::sqlite::insert_decision(&mut conn, herd.message_id, 1, decision, now)
+                .await
+                .unwrap();
+        }
+        let story = store.story(herd.message_id).await.unwrap().unwrap();
+        assert_eq!(story.decisions.len(), 1, "{:?}", story.decisions);
+        assert_eq!(story.decisions[0].reason, "closed until\u{fffd} monday");
+        assert_eq!(story.decisions[0].attempt, 1);
+        assert_eq!(store.deferrals(herd.message_id).await.unwrap(), 2);
         drop(conn);
         pool.close().await;
         store.close().await;

@@ -11,10 +11,11 @@ use std::collections::HashMap;
 use std::sync::LazyLock;
 
 use super::attempts;
-use super::claims::{SWITCH_SHARED_SQL, insert_decision};
+use super::claims::SWITCH_SHARED_SQL;
 use super::writer::{Answer, Write};
 use crate::domain::{Outcome, RestartRequest, Status};
 use crate::safety::limits::Usage;
+use crate::store::reads::postgres::insert_decision;
 use crate::store::sql::{SwitchRow, insert_requests, not_final, outcome_set, upsert_journal};
 use crate::store::{
     ClaimState, ClaimWrite, Recorded, Switch, Timestamp, claim_decision, decide_claim, millis_of,

@@ -4,19 +4,15 @@
 
 use std::sync::LazyLock;
 
-use uuid::Uuid;
-
 use super::{PostgresStore, attempts};
 use crate::domain::RestartRequest;
 use crate::safety::limits::Usage;
 use crate::store::reads::postgres as reads;
 use crate::store::sql::{RELEASE_SQL, SWITCH_SQL, SwitchRow, insert_requests, upsert_journal};
 use crate::store::{
-    Claim, ClaimState, ClaimTerms, DECISION_SQL, DEFERRAL_SQL, Decision, StoreError, Timestamp,
-    claim_decision, decide_claim, status_from_name, switch_from,
+    Claim, ClaimState, ClaimTerms, Decision, StoreError, Timestamp, claim_decision, decide_claim,
+    status_from_name, switch_from,
 };
-
-type Tx<'c> = sqlx::Transaction<'c, sqlx::Postgres>;
 
 /// The kill switch under a share lock: `set_switch` waits for the claims
 /// in progress, and every claim after it sees the switch as it left it.
@@ -103,7 +99,7 @@ impl PostgresStore {
         };
         let (claim, write) = decide_claim(request, Some(state), &switch, now, terms, &usage);
         if let Some(decision) = claim_decision(&claim) {
-            insert_decision(&mut tx, request.message_id, 0, decision, now).await?;
+            reads::insert_decision(&mut tx, request.message_id, 0, decision, now).await?;
         }
         if let Some(write) = write {
             sqlx::query(&JOURNAL_SQL)
@@ -170,34 +166,8 @@ impl PostgresStore {
         let _turn = self.turn().await?;
         let mut tx = self.pool.begin().await?;
         let now = Timestamp::now().as_millis();
-        insert_decision(&mut tx, request.message_id, attempt, decision, now).await?;
+        reads::insert_decision(&mut tx, request.message_id, attempt, decision, now).await?;
         tx.commit().await?;
         Ok(())
     }
-}
-
-/// Records a decision, and counts a deferral, in `tx`.
-pub(super) async fn insert_decision(
-    tx: &mut Tx<'_>,
-    message_id: Uuid,
-    attempt: u32,
-    decision: Decision<'_>,
-    now: i64,
-) -> Result<(), sqlx::Error> {
-    if decision.verdict == "deferred" {
-        sqlx::query(DEFERRAL_SQL)
-            .bind(message_id.to_string())
-            .execute(&mut **tx)
-            .await?;
-    }
-    sqlx::query(DECISION_SQL)
-        .bind(message_id.to_string())
-        .bind(now)
-        .bind(attempts(attempt))
-        .bind(decision.verdict)
-        .bind(decision.guard)
-        .bind(decision.reason.replace('\0', "\u{fffd}"))
-        .execute(&mut **tx)
-        .await?;
-    Ok(())
 }

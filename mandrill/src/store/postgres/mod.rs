@@ -5,13 +5,16 @@
 //! outcome is written only over a status that is not final, so two instances
 //! recording the same redelivered request cannot both record a first
 //! outcome. Claims and outcomes are committed in groups by a few writer
-//! tasks ([`writer`]); a claim that a counting guard must check keeps its
-//! own transaction, with its advisory locks. Lookups are answered in groups
-//! too (`store/lookup.rs`). The pool is bounded; the writers and the lookup task
-//! take from it one connection each, only while they run a batch, and the
-//! writes that need a connection of their own take turns for the rest, so
-//! no caller queues for the pool (where a wait past its acquire timeout
-//! fails) however many handlers are in flight.
+//! tasks ([`writer`], each batch one transaction: [`batch`]); a claim that
+//! a counting guard must check keeps its own transaction, with its
+//! advisory locks ([`claims`]). Lookups are answered in groups too
+//! (`store/lookup.rs`); the reads and statements shared with the SQLite
+//! store are in `store/reads.rs` and `store/sql.rs`. The pool is bounded;
+//! the writers and the lookup task take from it one connection each, only
+//! while they run a batch, and the writes that need a connection of their
+//! own take turns for the rest, so no caller queues for the pool (where a
+//! wait past its acquire timeout fails) however many handlers are in
+//! flight.
 
 mod batch;
 mod claims;
