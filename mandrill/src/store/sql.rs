@@ -328,14 +328,14 @@ mod tests {
                     j.value ->> 4 AS reason, $2 AS at
              FROM json_each($1) AS j",
         );
-        for _ in 0..2 {
-            sqlx::query(&insert)
-                .bind(&requests)
-                .bind(1_000_i64)
-                .execute(&pool)
-                .await
-                .unwrap();
-        }
+        // Each statement twice: the second run meets every conflict.
+        let twice = async |sql: &str, rows: &str, at: i64| {
+            for _ in 0..2 {
+                let query = sqlx::query(sql).bind(rows).bind(at);
+                query.execute(&pool).await.unwrap();
+            }
+        };
+        twice(&insert, &requests, 1_000).await;
         let claims = serde_json::json!([
             [ids[0].to_string(), 1, "cattle-0001", "cattle", ""],
             [ids[1].to_string(), 1, "cattle-0002", "cattle", ""],
@@ -347,14 +347,7 @@ mod tests {
                     j.value ->> 4 AS verdict, $2 AS at
              FROM json_each($1) AS j",
         );
-        for _ in 0..2 {
-            sqlx::query(&journal)
-                .bind(&claims)
-                .bind(2_000_i64)
-                .execute(&pool)
-                .await
-                .unwrap();
-        }
+        twice(&journal, &claims, 2_000).await;
         let record = format!(
             "INSERT INTO requests
                  (message_id, instance_name, hostname, status, attempts, last_error,
