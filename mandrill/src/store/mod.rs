@@ -5,11 +5,12 @@
 //! outcome is final is never restarted again ([`Store::lookup`]).
 //!
 //! This file holds the trait; the rest is one file a concern: `error.rs`
-//! (errors and their classification), `claim.rs` (the claim rule every store
-//! applies), `history.rs` (what a store tells about the past), `sql.rs` (the
-//! statements the SQL stores share), `reads.rs` (the reads they share), `lookup.rs`
-//! (lookups answered in groups),
-//! `story.rs` (a story in words), and one module per store.
+//! (errors and their classification), `claim.rs` (the claim rule every
+//! store applies), `history.rs` (what a store tells about the past),
+//! `sql.rs` (the statements the SQL stores share), `reads.rs` (the reads
+//! they share), `lookup.rs` (lookups answered in groups), `story.rs` (a
+//! story in words), `contract.rs` (what every store is tested for), and one
+//! module per store. The paths other modules use are re-exported here.
 
 mod claim;
 #[cfg(test)]
