@@ -30,6 +30,20 @@ pub enum Status {
 }
 
 impl Status {
+    /// Every status, in declaration order (`store::sql` tests that none is
+    /// missing): what the stores derive their SQL lists of statuses from.
+    pub const ALL: [Self; 9] = [
+        Self::Received,
+        Self::Retrying,
+        Self::Restarted,
+        Self::Failed,
+        Self::Rejected,
+        Self::Unrecovered,
+        Self::Denied,
+        Self::DryRun,
+        Self::Expired,
+    ];
+
     /// Whether no further work will be done for this request.
     pub fn is_final(self) -> bool {
         matches!(

@@ -190,10 +190,8 @@ impl ScriptedStore {
     fn unreachable(&self, what: &str) -> Result<(), StoreError> {
         if self.down.load(Ordering::Acquire) {
             self.timeline.push(format!("{what}-unreachable"));
-            return Err(StoreError::Injected {
-                transient: true,
-                what: "connection refused".into(),
-            });
+            let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+            return Err(StoreError::Database(sqlx::Error::Io(refused)));
         }
         Ok(())
     }
@@ -229,17 +227,12 @@ impl Store for ScriptedStore {
         self.unreachable("record")?;
         if self.outcome_fails.load(Ordering::Acquire) {
             self.timeline.push("record-failed");
-            return Err(StoreError::Injected {
-                transient: true,
-                what: "disk full".into(),
-            });
+            return Err(StoreError::Database(sqlx::Error::PoolTimedOut));
         }
         if self.outcome_refused.load(Ordering::Acquire) {
             self.timeline.push("record-refused");
-            return Err(StoreError::Injected {
-                transient: false,
-                what: "invalid byte sequence for encoding UTF8: 0x00".into(),
-            });
+            let refused = "invalid byte sequence for encoding UTF8: 0x00";
+            return Err(StoreError::Database(sqlx::Error::Encode(refused.into())));
         }
         self.timeline.push(format!("recorded {}", outcome.status()));
         self.inner.record_outcome(r, attempt, outcome).await

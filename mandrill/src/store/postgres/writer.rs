@@ -1,17 +1,10 @@
 //! Group commit for PostgreSQL: claims and outcomes are queued to a few
 //! writer tasks, each of which takes every queued write, commits them in one
-//! transaction of array statements (`unnest`) and answers each caller only
-//! after that commit.
-//!
-//! Locks are taken in one order by every batch, so two batches never wait
-//! for each other in a cycle: first the `requests` rows of every request the
-//! batch touches, sorted by id (a missing row is created first, in the same
-//! order), then the kill switch under a share lock, then whatever else each
-//! write needs, all of it on rows of requests already locked. Claims that a
+//! transaction ([`super::batch`]) and answers each caller only after that
+//! commit; a failed transaction fails each of its callers. Claims that a
 //! counting guard must check never come here: they keep their own
-//! transaction and its advisory locks.
+//! transaction and its advisory locks ([`super::claims`]).
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use sqlx::postgres::PgPool;
@@ -19,13 +12,9 @@ use tokio::sync::{Mutex, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
-use super::{attempts, insert_decision, status_from_name};
-use crate::domain::{Outcome, RestartRequest, Status};
-use crate::safety::limits::Usage;
-use crate::store::{
-    Claim, ClaimState, ClaimTerms, Recorded, StoreError, Timestamp, claim_decision, decide_claim,
-    millis_of, sqlx_error_is_transient, switch_from,
-};
+use super::batch::commit_batch;
+use crate::domain::{Outcome, RestartRequest};
+use crate::store::{Claim, ClaimTerms, Recorded, StoreError, sqlx_error_is_transient};
 
 /// Most writes committed in one transaction.
 pub(super) const MAX_BATCH: usize = 512;
@@ -47,7 +36,7 @@ pub(super) enum Write {
 }
 
 impl Write {
-    fn request(&self) -> &RestartRequest {
+    pub(super) fn request(&self) -> &RestartRequest {
         match self {
             Self::Claim { request, .. } | Self::Outcome { request, .. } => request,
         }
@@ -56,7 +45,7 @@ impl Write {
 
 /// What one write of a committed batch answers.
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum Answer {
+pub(super) enum Answer {
     Claim(Claim),
     Outcome(Recorded),
 }
@@ -159,356 +148,10 @@ fn reply(write: Write, answer: Result<Answer, StoreError>) {
     }
 }
 
-type Tx<'c> = sqlx::Transaction<'c, sqlx::Postgres>;
-
 /// Runs `batch` in one transaction; any error rolls all of it back.
 async fn commit(pool: &PgPool, batch: &[Write]) -> Result<Vec<Answer>, sqlx::Error> {
     let mut tx = pool.begin().await?;
     let answers = commit_batch(&mut tx, batch).await?;
     tx.commit().await?;
     Ok(answers)
-}
-
-/// Locks the row of every request in `batch` (see the module docs), then
-/// applies the writes. A request that appears more than once (two
-/// deliveries racing, or a claim and an outcome) splits the batch into
-/// rounds, each with distinct requests, applied in arrival order.
-async fn commit_batch(tx: &mut Tx<'_>, batch: &[Write]) -> Result<Vec<Answer>, sqlx::Error> {
-    let now = Timestamp::now().as_millis();
-    let mut states = lock_rows(tx, batch, now).await?;
-    let switch = if batch
-        .iter()
-        .any(|write| matches!(write, Write::Claim { .. }))
-    {
-        // A share lock: `set_switch` waits for the claims in progress, and
-        // every claim after it sees the switch as it left it.
-        let (paused, by, why, since): (bool, Option<String>, Option<String>, i64) = sqlx::query_as(
-            "SELECT paused, by_whom, reason, updated_at FROM control WHERE id = 1 FOR SHARE",
-        )
-        .fetch_one(&mut **tx)
-        .await?;
-        switch_from(paused, by, why, since)
-    } else {
-        crate::store::Switch::default()
-    };
-    let mut answers: Vec<Option<Answer>> = vec![None; batch.len()];
-    let mut rounds = 0;
-    while answers.iter().any(Option::is_none) {
-        if rounds > 0 {
-            // The earlier rounds changed the rows; they are still ours.
-            states = read_states(tx, batch).await?;
-        }
-        rounds += 1;
-        let mut seen = std::collections::HashSet::new();
-        let round: Vec<usize> = (0..batch.len())
-            .filter(|&index| answers[index].is_none())
-            .filter(|&index| seen.insert(batch[index].request().message_id))
-            .collect();
-        let mut claims = ClaimWrites::default();
-        let mut outcomes = Vec::new();
-        for &index in &round {
-            match &batch[index] {
-                Write::Claim { request, terms, .. } => {
-                    let id = request.message_id.to_string();
-                    let state = states.get(&id).copied();
-                    let (claim, write) =
-                        decide_claim(request, state, &switch, now, *terms, &Usage::default());
-                    if let Some(write) = write {
-                        claims.push(request, id, write);
-                    } else if let Some(decision) = claim_decision(&claim) {
-                        insert_decision(tx, request.message_id, 0, decision, now).await?;
-                    }
-                    answers[index] = Some(Answer::Claim(claim));
-                }
-                Write::Outcome {
-                    request,
-                    attempt,
-                    outcome,
-                    ..
-                } => outcomes.push((index, request, *attempt, outcome)),
-            }
-        }
-        claims.write(tx, now).await?;
-        for (index, recorded) in record_outcomes(tx, &outcomes, now).await? {
-            answers[index] = Some(Answer::Outcome(recorded));
-        }
-    }
-    // Every write was answered: the loop runs until none is left.
-    Ok(answers.into_iter().flatten().collect())
-}
-
-/// Creates the missing rows of the batch's requests and locks every one of
-/// them, in id order; returns their claim state.
-async fn lock_rows(
-    tx: &mut Tx<'_>,
-    batch: &[Write],
-    now: i64,
-) -> Result<HashMap<String, ClaimState>, sqlx::Error> {
-    let mut requests: Vec<(String, &RestartRequest)> = batch
-        .iter()
-        .map(|write| (write.request().message_id.to_string(), write.request()))
-        .collect();
-    requests.sort_by(|a, b| a.0.cmp(&b.0));
-    requests.dedup_by(|a, b| a.0 == b.0);
-    let mut rows = RequestRows::default();
-    for (id, request) in requests {
-        rows.ids.push(id);
-        rows.instances
-            .push(request.instance_name.as_str().to_owned());
-        rows.hosts.push(request.hostname.as_str().to_owned());
-        rows.requested_by.push(request.requested_by.clone());
-        rows.reasons.push(request.reason.clone());
-    }
-    // In id order (unnest keeps the array's order), so that two batches
-    // creating the same rows wait for each other, never in a cycle.
-    sqlx::query(
-        "INSERT INTO requests
-             (message_id, instance_name, hostname, requested_by, reason, status,
-              attempts, received_at, updated_at)
-         SELECT u.id, u.instance_name, u.hostname, u.requested_by, u.reason,
-                'received', 0, $6, $6
-         FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[])
-              AS u(id, instance_name, hostname, requested_by, reason)
-         ON CONFLICT (message_id) DO NOTHING",
-    )
-    .bind(&rows.ids)
-    .bind(&rows.instances)
-    .bind(&rows.hosts)
-    .bind(&rows.requested_by)
-    .bind(&rows.reasons)
-    .bind(now)
-    .execute(&mut **tx)
-    .await?;
-    // The row locks serialise the writes of one request across writers and
-    // instances; taken in id order, so no two batches deadlock.
-    let found: Vec<(String, String, i32, Option<i64>)> = sqlx::query_as(LOCK_SQL)
-        .bind(&rows.ids)
-        .fetch_all(&mut **tx)
-        .await?;
-    states_from(found)
-}
-
-/// Locks the rows of the requests `$1`, in id order, and reads their claim
-/// state. A join on `unnest`, not `= ANY($1)`: a prepared statement's
-/// generic plan for `= ANY` was seen scanning the whole table.
-pub(super) const LOCK_SQL: &str = "SELECT r.message_id, r.status, r.attempts, r.claim_until
-    FROM unnest($1::text[]) AS u(id) JOIN requests r ON r.message_id = u.id
-    ORDER BY r.message_id FOR UPDATE OF r";
-
-async fn read_states(
-    tx: &mut Tx<'_>,
-    batch: &[Write],
-) -> Result<HashMap<String, ClaimState>, sqlx::Error> {
-    let ids: Vec<String> = batch
-        .iter()
-        .map(|write| write.request().message_id.to_string())
-        .collect();
-    read_states_of(tx, &ids).await
-}
-
-fn states_from(
-    found: Vec<(String, String, i32, Option<i64>)>,
-) -> Result<HashMap<String, ClaimState>, sqlx::Error> {
-    found
-        .into_iter()
-        .map(|(id, status, claimed, claim_until)| {
-            let status =
-                status_from_name(&status).map_err(|error| sqlx::Error::Decode(Box::new(error)))?;
-            let state = ClaimState {
-                status,
-                attempts: u32::try_from(claimed).unwrap_or(0),
-                claim_until,
-            };
-            Ok((id, state))
-        })
-        .collect()
-}
-
-/// The columns of the rows a batch creates, one array each.
-#[derive(Default)]
-struct RequestRows {
-    ids: Vec<String>,
-    instances: Vec<String>,
-    hosts: Vec<String>,
-    requested_by: Vec<Option<String>>,
-    reasons: Vec<Option<String>>,
-}
-
-/// The claims of one round that succeed, one array per column.
-#[derive(Default)]
-struct ClaimWrites {
-    ids: Vec<String>,
-    attempts: Vec<i32>,
-    claim_until: Vec<i64>,
-    last_error: Vec<Option<String>>,
-    instances: Vec<String>,
-    groups: Vec<String>,
-    verdicts: Vec<String>,
-}
-
-impl ClaimWrites {
-    fn push(&mut self, request: &RestartRequest, id: String, write: crate::store::ClaimWrite) {
-        self.ids.push(id);
-        self.attempts.push(attempts(write.attempts));
-        self.claim_until.push(write.claim_until);
-        self.last_error.push(write.last_error);
-        self.instances
-            .push(request.instance_name.as_str().to_owned());
-        self.groups.push(request.group().to_owned());
-        self.verdicts.push(write.verdict);
-    }
-
-    /// The claims and their journal rows, in two statements.
-    async fn write(self, tx: &mut Tx<'_>, now: i64) -> Result<(), sqlx::Error> {
-        if self.ids.is_empty() {
-            return Ok(());
-        }
-        sqlx::query(
-            "UPDATE requests r SET status = 'received', attempts = u.attempts,
-                 claim_until = u.claim_until,
-                 last_error = COALESCE(u.last_error, r.last_error), updated_at = $5
-             FROM unnest($1::text[], $2::int4[], $3::int8[], $4::text[])
-                  AS u(id, attempts, claim_until, last_error)
-             WHERE r.message_id = u.id",
-        )
-        .bind(&self.ids)
-        .bind(&self.attempts)
-        .bind(&self.claim_until)
-        .bind(&self.last_error)
-        .bind(now)
-        .execute(&mut **tx)
-        .await?;
-        sqlx::query(
-            "INSERT INTO restarts
-                 (message_id, attempt, instance_name, grp, claimed_at, verdict)
-             SELECT u.id, u.attempt, u.instance_name, u.grp, $6, u.verdict
-             FROM unnest($1::text[], $2::int4[], $3::text[], $4::text[], $5::text[])
-                  AS u(id, attempt, instance_name, grp, verdict)
-             ON CONFLICT (message_id, attempt) DO UPDATE SET
-                 claimed_at = excluded.claimed_at, verdict = excluded.verdict,
-                 outcome = NULL, settled_at = NULL",
-        )
-        .bind(&self.ids)
-        .bind(&self.attempts)
-        .bind(&self.instances)
-        .bind(&self.groups)
-        .bind(&self.verdicts)
-        .bind(now)
-        .execute(&mut **tx)
-        .await?;
-        Ok(())
-    }
-}
-
-/// Records outcomes over a status a later outcome may replace (the list
-/// the single-row statements used, as the SQLite store's); returns the ids
-/// recorded.
-pub(super) const OUTCOME_SQL: &str = "UPDATE requests r SET
-        status = u.status,
-        output = u.output,
-        recovered_after_ms = u.recovered,
-        claim_until = CASE WHEN u.attempt >= r.attempts THEN NULL ELSE r.claim_until END,
-        attempts = GREATEST(r.attempts, u.attempt),
-        last_error = u.error,
-        updated_at = $8,
-        completed_at = u.completed
-    FROM unnest($1::text[], $2::text[], $3::int4[], $4::text[], $5::int8[], $6::text[],
-                $7::int8[])
-         AS u(id, status, attempt, error, completed, output, recovered)
-    WHERE r.message_id = u.id AND r.status NOT IN ('restarted', 'failed', 'rejected')
-    RETURNING r.message_id";
-
-/// Records the outcomes of one round (distinct requests, rows locked), in
-/// two statements, plus one read for those already final.
-async fn record_outcomes(
-    tx: &mut Tx<'_>,
-    outcomes: &[(usize, &RestartRequest, u32, &Outcome)],
-    now: i64,
-) -> Result<Vec<(usize, Recorded)>, sqlx::Error> {
-    if outcomes.is_empty() {
-        return Ok(Vec::new());
-    }
-    let mut ids = Vec::with_capacity(outcomes.len());
-    let mut statuses = Vec::with_capacity(outcomes.len());
-    let mut attempt_numbers = Vec::with_capacity(outcomes.len());
-    let mut errors = Vec::with_capacity(outcomes.len());
-    let mut completed = Vec::with_capacity(outcomes.len());
-    let mut outputs = Vec::with_capacity(outcomes.len());
-    let mut recovered = Vec::with_capacity(outcomes.len());
-    for (_, request, attempt, outcome) in outcomes {
-        let status = outcome.status();
-        ids.push(request.message_id.to_string());
-        statuses.push(status.as_str());
-        attempt_numbers.push(attempts(*attempt));
-        errors.push(outcome.error());
-        completed.push(status.is_final().then_some(now));
-        outputs.push(outcome.output());
-        recovered.push(millis_of(outcome.recovered_after()));
-    }
-    // The row exists and is locked by this transaction (see `lock_rows`),
-    // so an update does what the single-row upsert did.
-    let recorded: Vec<String> = sqlx::query_scalar(OUTCOME_SQL)
-        .bind(&ids)
-        .bind(&statuses)
-        .bind(&attempt_numbers)
-        .bind(&errors)
-        .bind(&completed)
-        .bind(&outputs)
-        .bind(&recovered)
-        .bind(now)
-        .fetch_all(&mut **tx)
-        .await?;
-    // The attempt's own end, whatever another delivery recorded first.
-    sqlx::query(
-        "UPDATE restarts t SET outcome = u.status, settled_at = $4
-         FROM unnest($1::text[], $2::int4[], $3::text[]) AS u(id, attempt, status)
-         WHERE t.message_id = u.id AND t.attempt = u.attempt AND t.outcome IS NULL",
-    )
-    .bind(&ids)
-    .bind(&attempt_numbers)
-    .bind(&statuses)
-    .bind(now)
-    .execute(&mut **tx)
-    .await?;
-    let recorded: std::collections::HashSet<String> = recorded.into_iter().collect();
-    let already: Vec<String> = ids
-        .iter()
-        .filter(|id| !recorded.contains(*id))
-        .cloned()
-        .collect();
-    let finals: HashMap<String, Status> = if already.is_empty() {
-        HashMap::new()
-    } else {
-        read_states_of(tx, &already)
-            .await?
-            .into_iter()
-            .map(|(id, state)| (id, state.status))
-            .collect()
-    };
-    let mut results = Vec::with_capacity(outcomes.len());
-    for ((index, _, _, _), id) in outcomes.iter().zip(&ids) {
-        let result = if recorded.contains(id) {
-            Recorded::Recorded
-        } else {
-            // The row was locked by this transaction: it cannot vanish.
-            let status = finals.get(id).copied().ok_or(sqlx::Error::RowNotFound)?;
-            Recorded::AlreadyFinal(status)
-        };
-        results.push((*index, result));
-    }
-    Ok(results)
-}
-
-async fn read_states_of(
-    tx: &mut Tx<'_>,
-    ids: &[String],
-) -> Result<HashMap<String, ClaimState>, sqlx::Error> {
-    let mut ids = ids.to_vec();
-    ids.sort();
-    ids.dedup();
-    let found = sqlx::query_as(LOCK_SQL)
-        .bind(&ids)
-        .fetch_all(&mut **tx)
-        .await?;
-    states_from(found)
 }

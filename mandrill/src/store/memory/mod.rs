@@ -2,17 +2,25 @@
 //! benchmark. Nothing survives the process.
 //!
 //! Rows are kept compact (the instance name is derived from the hostname,
-//! times are milliseconds) because the benchmark holds one per message.
+//! times are milliseconds) because the benchmark holds one per message
+//! (`row.rs`); the journal the counting guards read is in `journal.rs`.
+//! Maps hash with foldhash, not SipHash: they are hit on every message, and
+//! their keys are random ids (issue 14).
 
-use std::collections::HashMap;
+mod journal;
+mod row;
+
 use std::sync::Mutex;
 
 use async_trait::async_trait;
+use foldhash::{HashMap, HashMapExt};
 use uuid::Uuid;
 
+use self::journal::{Journal, JournalRow};
+use self::row::{Clock, Extra, Row};
 use super::{
-    AttemptRecord, Claim, ClaimState, ClaimTerms, Decision, DecisionRecord, HistoryEntry, Recorded,
-    Store, StoreError, Story, Switch, Timestamp, claim_decision, decide_claim,
+    Claim, ClaimState, ClaimTerms, Decision, GroupUsage, HistoryEntry, Recorded, Store, StoreError,
+    Story, Switch, Timestamp, claim_decision, decide_claim,
 };
 use crate::domain::{Outcome, RestartRequest, Status};
 use crate::safety::limits::Usage;
@@ -37,201 +45,6 @@ pub struct MemoryStore {
     /// The restart journal and the decisions. Locked after a shard, never
     /// before: a claim holds both while the counting guards decide.
     journal: Mutex<Journal>,
-}
-
-#[derive(Debug, Default)]
-struct Journal {
-    restarts: HashMap<(Uuid, u32), JournalRow>,
-    decisions: HashMap<Uuid, Vec<DecisionRecord>>,
-    deferrals: HashMap<Uuid, u32>,
-}
-
-#[derive(Debug)]
-struct JournalRow {
-    instance: Box<str>,
-    group: Box<str>,
-    claimed_at: i64,
-    verdict: String,
-    outcome: Option<Status>,
-    settled_at: Option<i64>,
-}
-
-/// Whether an attempt that ended so issued a restart (or may have): the
-/// in-memory form of the rule in [`super::USAGE_SQL`].
-fn issued(outcome: Option<Status>) -> bool {
-    !matches!(
-        outcome,
-        Some(Status::DryRun | Status::Expired | Status::Denied)
-    )
-}
-
-/// Whether a host whose latest attempt ended so still counts as disrupted:
-/// the in-memory form of the rule in [`super::USAGE_SQL`].
-fn is_disrupting(outcome: Option<Status>) -> bool {
-    !matches!(
-        outcome,
-        Some(Status::Restarted | Status::DryRun | Status::Expired | Status::Denied)
-    )
-}
-
-impl Journal {
-    /// What [`super::USAGE_SQL`] reads, from the rows in memory.
-    fn usage(&self, request: &RestartRequest, terms: &ClaimTerms, now: i64) -> Usage {
-        let (window_start, memory_start) = super::usage_binds(&terms.limits, now);
-        let group = request.group();
-        let instance = request.instance_name.as_str();
-        let mut usage = Usage::default();
-        let mut latest: HashMap<&str, &JournalRow> = HashMap::new();
-        for row in self.restarts.values() {
-            let newest = latest.entry(&row.instance).or_insert(row);
-            if row.claimed_at > newest.claimed_at {
-                *newest = row;
-            }
-            if !issued(row.outcome) {
-                continue;
-            }
-            if row.claimed_at > window_start {
-                usage.global_claims += 1;
-                usage.global_oldest = Some(
-                    usage
-                        .global_oldest
-                        .map_or(row.claimed_at, |o: i64| o.min(row.claimed_at)),
-                );
-                if &*row.group == group {
-                    usage.group_claims += 1;
-                    usage.group_oldest = Some(
-                        usage
-                            .group_oldest
-                            .map_or(row.claimed_at, |o: i64| o.min(row.claimed_at)),
-                    );
-                }
-            }
-            if &*row.instance == instance && row.claimed_at <= now {
-                usage.host_last = usage.host_last.max(Some(row.claimed_at));
-            }
-        }
-        usage.disrupted = latest
-            .values()
-            .filter(|row| {
-                &*row.group == group
-                    && &*row.instance != instance
-                    && row.claimed_at > memory_start
-                    && is_disrupting(row.outcome)
-            })
-            .count()
-            .try_into()
-            .unwrap_or(u32::MAX);
-        usage
-    }
-
-    fn decide(&mut self, message_id: Uuid, attempt: u32, decision: Decision<'_>, now: i64) {
-        if decision.verdict == "deferred" {
-            *self.deferrals.entry(message_id).or_default() += 1;
-        }
-        let list = self.decisions.entry(message_id).or_default();
-        let repeat = list.last().is_some_and(|last| {
-            last.verdict == decision.verdict
-                && last.guard == decision.guard
-                && last.reason == decision.reason
-        });
-        if !repeat && list.len() < 100 {
-            list.push(DecisionRecord {
-                at: Timestamp::from_millis(now),
-                attempt,
-                verdict: decision.verdict.to_owned(),
-                guard: decision.guard.to_owned(),
-                reason: decision.reason.to_owned(),
-            });
-        }
-    }
-}
-
-/// The wall clock at creation, advanced by tokio's clock: the same as the
-/// wall clock in a running service, and paused with the rest of a test that
-/// pauses time, so that claim holds expire in step with leases there.
-#[derive(Debug)]
-struct Clock {
-    wall_at_start: i64,
-    start: tokio::time::Instant,
-}
-
-impl Default for Clock {
-    fn default() -> Self {
-        Self {
-            wall_at_start: Timestamp::now().as_millis(),
-            start: tokio::time::Instant::now(),
-        }
-    }
-}
-
-impl Clock {
-    fn now(&self) -> i64 {
-        let elapsed = i64::try_from(self.start.elapsed().as_millis()).unwrap_or(i64::MAX);
-        self.wall_at_start.saturating_add(elapsed)
-    }
-}
-
-#[derive(Debug)]
-struct Row {
-    /// `None` for rejected payloads.
-    hostname: Option<Box<str>>,
-    status: Status,
-    attempts: u32,
-    /// When the hold of the last claim expires; `None` once its outcome is in.
-    claim_until: Option<i64>,
-    last_error: Option<Box<str>>,
-    /// The rarely set fields, boxed together: the benchmark holds a row per
-    /// message.
-    extra: Option<Box<Extra>>,
-    received_at: i64,
-    updated_at: i64,
-    completed_at: Option<i64>,
-}
-
-#[derive(Debug, Default)]
-struct Extra {
-    requested_by: Option<String>,
-    reason: Option<String>,
-    output: Option<String>,
-    recovered_after: Option<std::time::Duration>,
-}
-
-impl Row {
-    fn new(hostname: Option<&str>, status: Status, now: i64) -> Self {
-        Self {
-            hostname: hostname.map(Box::from),
-            status,
-            attempts: 0,
-            claim_until: None,
-            last_error: None,
-            extra: None,
-            received_at: now,
-            updated_at: now,
-            completed_at: None,
-        }
-    }
-
-    fn entry(&self, message_id: Option<Uuid>) -> HistoryEntry {
-        HistoryEntry {
-            message_id,
-            instance_name: self
-                .hostname
-                .as_deref()
-                .and_then(|host| host.split('.').next())
-                .map(str::to_owned),
-            hostname: self.hostname.as_deref().map(str::to_owned),
-            status: self.status,
-            attempts: self.attempts,
-            requested_by: self.extra.as_ref().and_then(|e| e.requested_by.clone()),
-            reason: self.extra.as_ref().and_then(|e| e.reason.clone()),
-            last_error: self.last_error.as_deref().map(str::to_owned),
-            output: self.extra.as_ref().and_then(|e| e.output.clone()),
-            recovered_after: self.extra.as_ref().and_then(|e| e.recovered_after),
-            received_at: Timestamp::from_millis(self.received_at),
-            updated_at: Timestamp::from_millis(self.updated_at),
-            completed_at: self.completed_at.map(Timestamp::from_millis),
-        }
-    }
 }
 
 impl MemoryStore {
@@ -458,29 +271,8 @@ impl Store for MemoryStore {
         &self,
         window_start: Timestamp,
         memory_start: Timestamp,
-    ) -> Result<std::collections::BTreeMap<String, super::GroupUsage>, StoreError> {
-        let journal = self.journal();
-        let mut restarts: HashMap<String, i64> = HashMap::new();
-        let mut latest: HashMap<&str, &JournalRow> = HashMap::new();
-        for row in journal.restarts.values() {
-            if row.claimed_at > window_start.as_millis() && issued(row.outcome) {
-                *restarts.entry(row.group.to_string()).or_default() += 1;
-            }
-            let newest = latest.entry(&row.instance).or_insert(row);
-            if row.claimed_at > newest.claimed_at {
-                *newest = row;
-            }
-        }
-        let mut disrupted: HashMap<String, i64> = HashMap::new();
-        for row in latest.values() {
-            if row.claimed_at > memory_start.as_millis() && is_disrupting(row.outcome) {
-                *disrupted.entry(row.group.to_string()).or_default() += 1;
-            }
-        }
-        Ok(super::group_usage_from(
-            restarts.into_iter().collect(),
-            disrupted.into_iter().collect(),
-        ))
+    ) -> Result<std::collections::BTreeMap<String, GroupUsage>, StoreError> {
+        Ok(self.journal().group_usage(window_start, memory_start))
     }
 
     async fn deferrals(&self, message_id: Uuid) -> Result<u32, StoreError> {
@@ -501,20 +293,7 @@ impl Store for MemoryStore {
             return Ok(None);
         };
         let journal = self.journal();
-        let mut attempts: Vec<AttemptRecord> = journal
-            .restarts
-            .iter()
-            .filter(|((id, _), _)| *id == message_id)
-            .map(|((_, attempt), row)| AttemptRecord {
-                attempt: *attempt,
-                group: row.group.to_string(),
-                claimed_at: Timestamp::from_millis(row.claimed_at),
-                verdict: row.verdict.clone(),
-                outcome: row.outcome,
-                settled_at: row.settled_at.map(Timestamp::from_millis),
-            })
-            .collect();
-        attempts.sort_by_key(|a| a.attempt);
+        let attempts = journal.attempts_of(message_id);
         let decisions = journal
             .decisions
             .get(&message_id)
@@ -591,5 +370,6 @@ mod tests {
     async fn memory_store_keeps_the_store_contract() {
         let store = MemoryStore::new();
         contract::all(&store).await;
+        contract::every_final_status_is_kept(&store).await;
     }
 }

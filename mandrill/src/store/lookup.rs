@@ -1,49 +1,47 @@
 //! Lookups answered in groups: one task takes every queued lookup and
 //! answers them all with one query. Every handler's first store call is a
-//! lookup; through the pool, tens of thousands of handlers in flight queue
+//! lookup; through a pool, tens of thousands of handlers in flight queue
 //! for its few connections, and those waiting longer than the pool's
 //! acquire timeout fail (transiently) and come back to queue again.
+//!
+//! Written once for the SQL stores: each passes the query that reads the
+//! statuses of a batch of ids.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::Arc;
 
-use sqlx::postgres::PgPool;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use super::status_from_name;
+use super::{StoreError, status_from_name};
 use crate::domain::Status;
-use crate::store::StoreError;
-
-/// Most lookups answered by one query.
-pub(super) const MAX_BATCH: usize = 1024;
 
 /// A lookup waiting for its answer.
-pub(super) type Lookup = (Uuid, oneshot::Sender<Result<Option<Status>, StoreError>>);
+pub(crate) type Lookup = (Uuid, oneshot::Sender<Result<Option<Status>, StoreError>>);
 
-/// The statuses of the requests `$1` that are recorded. A join on
-/// `unnest`, as the writers' statements, so that the index is used.
-pub(super) const LOOKUP_SQL: &str = "SELECT r.message_id, r.status
-    FROM unnest($1::text[]) AS u(id) JOIN requests r ON r.message_id = u.id";
-
-/// Answers every queued lookup with one query, until `closing`; then
-/// answers what is still queued `Closed`.
-pub(super) async fn lookup_loop(
-    pool: PgPool,
+/// Answers every queued lookup, at most `max_batch` at a time, with one
+/// call of `fetch` (the ids, as stored; it returns the `(id, status)` of
+/// those recorded), until `closing`; then answers what is still queued
+/// `Closed`. A failed fetch fails each lookup of its batch.
+pub(crate) async fn lookup_loop<F, Fut>(
     mut receiver: mpsc::Receiver<Lookup>,
     closing: CancellationToken,
-) {
-    let mut batch: Vec<Lookup> = Vec::with_capacity(MAX_BATCH);
+    max_batch: usize,
+    mut fetch: F,
+) where
+    F: FnMut(Vec<String>) -> Fut,
+    Fut: Future<Output = Result<Vec<(String, String)>, sqlx::Error>>,
+{
+    let mut batch: Vec<Lookup> = Vec::with_capacity(max_batch);
     loop {
         tokio::select! {
-            received = receiver.recv_many(&mut batch, MAX_BATCH) => if received == 0 { break },
+            received = receiver.recv_many(&mut batch, max_batch) => if received == 0 { break },
             () = closing.cancelled() => break,
         }
         let ids: Vec<String> = batch.iter().map(|(id, _)| id.to_string()).collect();
-        let found: Result<Vec<(String, String)>, sqlx::Error> =
-            sqlx::query_as(LOOKUP_SQL).bind(&ids).fetch_all(&pool).await;
-        match found {
+        match fetch(ids.clone()).await {
             Ok(rows) => {
                 let statuses: HashMap<String, String> = rows.into_iter().collect();
                 for ((_, reply), id) in batch.drain(..).zip(&ids) {

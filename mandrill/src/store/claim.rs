@@ -1,0 +1,273 @@
+//! The claim rule: what a delivery may do about a restart, decided once
+//! ([`decide_claim`]) and applied by every store in its own transaction.
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::Timestamp;
+use crate::domain::{RestartRequest, Status};
+use crate::safety::limits::{self, Limits, Usage};
+
+/// What a delivery may do about a restart: [`Store::claim_restart`] decides
+/// it and records the claim in one atomic step, before the restart is issued.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claim {
+    /// Restart attempt `attempt` (1-based, counted in the store) is claimed
+    /// and recorded: issue it.
+    Claimed {
+        /// This attempt's number.
+        attempt: u32,
+        /// An earlier attempt that was claimed (so possibly issued) but whose
+        /// outcome was never recorded, and whose hold had expired: counted as
+        /// a used attempt.
+        unknown: Option<u32>,
+    },
+    /// Attempt `attempt` was claimed by another delivery that may still be
+    /// issuing it: do not restart before its hold expires, in `wait`.
+    InFlight {
+        /// The attempt in flight.
+        attempt: u32,
+        /// Until its hold expires, by the store's clock.
+        wait: Duration,
+    },
+    /// The request already has a final outcome.
+    Final(Status),
+    /// The kill switch is on: nothing may be restarted now. Nothing was
+    /// claimed.
+    Paused {
+        /// Who paused, and why, as recorded.
+        reason: String,
+    },
+    /// A counting guard (rate limit, host cooldown, disruption budget)
+    /// says not yet. Nothing was claimed; the decision was recorded.
+    Deferred {
+        /// Which guard.
+        guard: &'static str,
+        /// Why, in plain words, with when it could pass.
+        reason: String,
+        /// Until it could pass.
+        wait: Duration,
+    },
+    /// Every allowed attempt was claimed; none is left. The caller records
+    /// the request as failed.
+    Exhausted {
+        /// Attempts claimed.
+        attempts: u32,
+        /// The last of them, if its outcome was never recorded.
+        unknown: Option<u32>,
+    },
+}
+
+/// The terms of a claim, from the worker's configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClaimTerms {
+    /// Restart attempts a request may use in all.
+    pub max_attempts: u32,
+    /// How long a claim holds off other deliveries: long enough for the
+    /// restart to time out and its outcome to be recorded.
+    pub hold: Duration,
+    /// The counting guards, resolved for the request's group
+    /// ([`RestartRequest::group`]); checked in the claim's transaction.
+    pub limits: Limits,
+}
+
+/// The part of a stored row that decides a claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ClaimState {
+    pub status: Status,
+    /// Attempts claimed so far.
+    pub attempts: u32,
+    /// When the hold of the last claim expires; `None` once its outcome is
+    /// recorded.
+    pub claim_until: Option<i64>,
+}
+
+/// The kill switch, as a store keeps it for every instance.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Switch {
+    /// Whether restarts are paused.
+    pub paused: bool,
+    /// Who last turned it.
+    pub by: Option<String>,
+    /// Why.
+    pub reason: Option<String>,
+    /// When.
+    pub since: Option<Timestamp>,
+}
+
+impl Switch {
+    /// The words a paused claim records.
+    pub fn paused_reason(&self) -> String {
+        format!(
+            "paused by {} ({}) since {}",
+            self.by.as_deref().unwrap_or("someone"),
+            self.reason.as_deref().unwrap_or("no reason given"),
+            self.since.map_or_else(|| "-".to_owned(), |t| t.to_string())
+        )
+    }
+}
+
+/// What a store writes for a claim that succeeds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ClaimWrite {
+    pub attempts: u32,
+    pub claim_until: i64,
+    /// Set when an earlier attempt's outcome is unknown, so history says so.
+    pub last_error: Option<String>,
+    /// What the counting guards said, for the restart journal.
+    pub verdict: String,
+}
+
+/// The bind values of [`USAGE_SQL`] for a claim.
+pub(crate) fn usage_binds(limits: &Limits, now: i64) -> (i64, i64) {
+    let back = |d: Duration| now.saturating_sub(i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+    (back(limits.window), back(limits.forget_after))
+}
+
+/// [`Usage`] from [`USAGE_SQL`]'s row.
+pub(crate) fn usage_from(
+    (group_claims, group_oldest, global_claims, global_oldest, host_last, disrupted): (
+        i64,
+        Option<i64>,
+        i64,
+        Option<i64>,
+        Option<i64>,
+        i64,
+    ),
+) -> Usage {
+    let count = |n: i64| u32::try_from(n).unwrap_or(u32::MAX);
+    Usage {
+        group_claims: count(group_claims),
+        group_oldest,
+        global_claims: count(global_claims),
+        global_oldest,
+        host_last,
+        disrupted: count(disrupted),
+    }
+}
+
+/// The one place the claim rule lives; each store reads the row (and, when
+/// a counting guard is on, the journal's [`Usage`]), calls this, and writes
+/// the result in the same transaction.
+pub(crate) fn decide_claim(
+    request: &RestartRequest,
+    state: Option<ClaimState>,
+    switch: &Switch,
+    now: i64,
+    terms: ClaimTerms,
+    usage: &Usage,
+) -> (Claim, Option<ClaimWrite>) {
+    let state = state.unwrap_or(ClaimState {
+        status: Status::Received,
+        attempts: 0,
+        claim_until: None,
+    });
+    if state.status.is_final() {
+        return (Claim::Final(state.status), None);
+    }
+    if switch.paused {
+        let reason = switch.paused_reason();
+        return (Claim::Paused { reason }, None);
+    }
+    let unknown = match state.claim_until {
+        Some(until) if now < until => {
+            let claim = Claim::InFlight {
+                attempt: state.attempts,
+                wait: Duration::from_millis(until.saturating_sub(now).unsigned_abs()),
+            };
+            return (claim, None);
+        }
+        Some(_) => Some(state.attempts),
+        None => None,
+    };
+    if state.attempts >= terms.max_attempts {
+        let claim = Claim::Exhausted {
+            attempts: state.attempts,
+            unknown,
+        };
+        return (claim, None);
+    }
+    let verdict = if terms.limits.is_active() {
+        let checked = limits::check(
+            &terms.limits,
+            request.group(),
+            request.instance_name.as_str(),
+            usage,
+            now,
+        );
+        match checked {
+            Ok(verdict) => verdict,
+            Err(refusal) => {
+                let claim = Claim::Deferred {
+                    guard: refusal.guard,
+                    reason: refusal.reason,
+                    wait: refusal.wait,
+                };
+                return (claim, None);
+            }
+        }
+    } else {
+        String::new()
+    };
+    let attempt = state.attempts + 1;
+    let hold = i64::try_from(terms.hold.as_millis()).unwrap_or(i64::MAX);
+    let write = ClaimWrite {
+        attempts: attempt,
+        claim_until: now.saturating_add(hold),
+        last_error: unknown.map(unknown_outcome),
+        verdict,
+    };
+    (Claim::Claimed { attempt, unknown }, Some(write))
+}
+
+/// The history's words for an attempt whose outcome was never recorded.
+pub fn unknown_outcome(attempt: u32) -> String {
+    format!(
+        "restart attempt {attempt} was issued but its outcome was never recorded \
+         (the handler stopped or lost its lease); counted as failed"
+    )
+}
+
+/// A guard's verdict that held a request back, for the record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decision<'a> {
+    /// `deferred`, `denied`, `expired`, `dry-run`.
+    pub verdict: &'a str,
+    /// Which guard (`calendar`, `rate limit`, `kill switch`, ...).
+    pub guard: &'a str,
+    /// In plain words.
+    pub reason: &'a str,
+}
+
+/// The decision a refused claim records.
+pub(crate) fn claim_decision(claim: &Claim) -> Option<Decision<'_>> {
+    match claim {
+        Claim::Deferred { guard, reason, .. } => Some(Decision {
+            verdict: "deferred",
+            guard,
+            reason,
+        }),
+        Claim::Paused { reason } => Some(Decision {
+            verdict: "deferred",
+            guard: "kill switch",
+            reason,
+        }),
+        _ => None,
+    }
+}
+
+/// The kill switch from its stored columns.
+pub(crate) fn switch_from(
+    paused: bool,
+    by: Option<String>,
+    reason: Option<String>,
+    updated_at: i64,
+) -> Switch {
+    Switch {
+        paused,
+        by,
+        reason,
+        since: (updated_at > 0).then(|| Timestamp::from_millis(updated_at)),
+    }
+}

@@ -1,0 +1,571 @@
+//! Behaviour every `Store` must have; each implementation's tests call these.
+
+use std::time::Duration;
+
+use uuid::Uuid;
+
+use super::*;
+use crate::domain::{Domain, Outcome, ParseRules, RestartRequest, Status};
+use crate::safety::limits::{self, Limits};
+
+pub use crate::domain::testing::request;
+
+const TERMS: ClaimTerms = ClaimTerms {
+    max_attempts: 3,
+    hold: Duration::from_secs(3600),
+    limits: crate::safety::Limits::NONE,
+};
+
+/// Every contract behaviour, in order, on one store.
+pub async fn all(store: &dyn Store) {
+    final_outcome_is_never_overwritten(store).await;
+    outcome_without_claim_creates_row(store).await;
+    claim_holds_and_unknown_outcomes_count(store).await;
+    a_released_claim_is_not_a_used_attempt(store).await;
+    rejections_are_listed_but_never_count_as_the_request(store).await;
+    outcome_details_are_kept(store).await;
+    the_kill_switch_stops_every_claim_until_resumed(store).await;
+    counting_guards_are_decided_in_the_claim_and_journaled(store).await;
+    prune_removes_old_final_entries_only_and_in_bounded_passes(store).await;
+}
+
+pub async fn final_outcome_is_never_overwritten(store: &dyn Store) {
+    let request = request("cattle-0001");
+    assert_eq!(store.lookup(request.message_id).await.unwrap(), None);
+    let claimed = store.claim_restart(&request, TERMS).await.unwrap();
+    assert_eq!(
+        claimed,
+        Claim::Claimed {
+            attempt: 1,
+            unknown: None
+        }
+    );
+    assert_eq!(
+        store.lookup(request.message_id).await.unwrap(),
+        Some(Status::Received)
+    );
+    let failed = Outcome::Retrying {
+        error: "boom".into(),
+    };
+    assert_eq!(
+        store.record_outcome(&request, 1, &failed).await.unwrap(),
+        Recorded::Recorded
+    );
+    assert_eq!(
+        store.claim_restart(&request, TERMS).await.unwrap(),
+        Claim::Claimed {
+            attempt: 2,
+            unknown: None
+        }
+    );
+    assert_eq!(
+        store
+            .record_outcome(&request, 2, &Outcome::restarted())
+            .await
+            .unwrap(),
+        Recorded::Recorded
+    );
+    // A late duplicate neither claims nor overwrites the final outcome.
+    assert_eq!(
+        store.claim_restart(&request, TERMS).await.unwrap(),
+        Claim::Final(Status::Restarted)
+    );
+    assert_eq!(
+        store
+            .record_outcome(&request, 3, &Outcome::Failed { error: "x".into() })
+            .await
+            .unwrap(),
+        Recorded::AlreadyFinal(Status::Restarted)
+    );
+    assert_eq!(
+        store.lookup(request.message_id).await.unwrap(),
+        Some(Status::Restarted)
+    );
+    let entry = entry(store, request.message_id).await;
+    assert_eq!(entry.status, Status::Restarted);
+    assert_eq!(entry.attempts, 2);
+    assert_eq!(entry.hostname.as_deref(), Some("cattle-0001.example.net"));
+    assert!(entry.completed_at.is_some());
+}
+
+/// Every final status stays final, whichever outcome wrote it: a later
+/// outcome (a redelivery that ran out of attempts, another instance) is
+/// refused over `unrecovered`, `denied`, `dry-run` and `expired` as over
+/// `restarted`. Not yet in [`all`]: the SQLite store still lists only three
+/// final statuses in its outcome statement.
+pub async fn every_final_status_is_kept(store: &dyn Store) {
+    let finals = [
+        Outcome::Unrecovered {
+            error: "not healthy after 60s".into(),
+            output: None,
+        },
+        Outcome::Denied {
+            reason: "denied by safety.deny".into(),
+        },
+        Outcome::DryRun {
+            action: "run [\"true\"]".into(),
+        },
+        Outcome::Expired {
+            reason: "deferred past safety.max_defer".into(),
+        },
+    ];
+    for (n, outcome) in finals.iter().enumerate() {
+        let request = request(&format!("steer-{n:04}"));
+        assert_eq!(
+            store.claim_restart(&request, TERMS).await.unwrap(),
+            Claim::Claimed {
+                attempt: 1,
+                unknown: None
+            }
+        );
+        assert_eq!(
+            store.record_outcome(&request, 1, outcome).await.unwrap(),
+            Recorded::Recorded
+        );
+        let late = Outcome::Failed {
+            error: "out of attempts".into(),
+        };
+        assert_eq!(
+            store.record_outcome(&request, 2, &late).await.unwrap(),
+            Recorded::AlreadyFinal(outcome.status()),
+            "{outcome:?}"
+        );
+        assert_eq!(
+            store.lookup(request.message_id).await.unwrap(),
+            Some(outcome.status())
+        );
+        assert_eq!(
+            store.claim_restart(&request, TERMS).await.unwrap(),
+            Claim::Final(outcome.status())
+        );
+    }
+}
+
+pub async fn outcome_without_claim_creates_row(store: &dyn Store) {
+    let request = request("cattle-0002");
+    let outcome = Outcome::Failed {
+        error: "gave up".into(),
+    };
+    assert_eq!(
+        store.record_outcome(&request, 5, &outcome).await.unwrap(),
+        Recorded::Recorded
+    );
+    let entry = entry(store, request.message_id).await;
+    assert_eq!(entry.status, Status::Failed);
+    assert_eq!(entry.last_error.as_deref(), Some("gave up"));
+}
+
+pub async fn claim_holds_and_unknown_outcomes_count(store: &dyn Store) {
+    let request = request("cattle-0003");
+    let first = store.claim_restart(&request, TERMS).await.unwrap();
+    assert_eq!(
+        first,
+        Claim::Claimed {
+            attempt: 1,
+            unknown: None
+        }
+    );
+    // While the claim holds, no other delivery may restart.
+    let Claim::InFlight { attempt: 1, wait } = store.claim_restart(&request, TERMS).await.unwrap()
+    else {
+        panic!("a held claim must block a second one");
+    };
+    assert!(wait > Duration::ZERO && wait <= TERMS.hold);
+    // A claim that never got its outcome, once its hold is over, counts
+    // as a used attempt: a crash never buys a request extra restarts.
+    let expired = ClaimTerms {
+        hold: Duration::ZERO,
+        limits: crate::safety::Limits::NONE,
+        ..TERMS
+    };
+    let other = self::request("cattle-0004");
+    assert_eq!(
+        store.claim_restart(&other, expired).await.unwrap(),
+        Claim::Claimed {
+            attempt: 1,
+            unknown: None
+        }
+    );
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    assert_eq!(
+        store.claim_restart(&other, expired).await.unwrap(),
+        Claim::Claimed {
+            attempt: 2,
+            unknown: Some(1)
+        }
+    );
+    let entry = entry(store, other.message_id).await;
+    assert!(
+        entry
+            .last_error
+            .as_deref()
+            .unwrap_or("")
+            .contains("attempt 1"),
+        "{entry:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    assert_eq!(
+        store.claim_restart(&other, expired).await.unwrap(),
+        Claim::Claimed {
+            attempt: 3,
+            unknown: Some(2)
+        }
+    );
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    assert_eq!(
+        store.claim_restart(&other, expired).await.unwrap(),
+        Claim::Exhausted {
+            attempts: 3,
+            unknown: Some(3)
+        }
+    );
+    // Recording the last attempt's outcome releases its claim.
+    store
+        .record_outcome(&request, 1, &Outcome::Retrying { error: "e".into() })
+        .await
+        .unwrap();
+    assert_eq!(
+        store.claim_restart(&request, TERMS).await.unwrap(),
+        Claim::Claimed {
+            attempt: 2,
+            unknown: None
+        }
+    );
+}
+
+pub async fn a_released_claim_is_not_a_used_attempt(store: &dyn Store) {
+    let request = request("cattle-0005");
+    let claim = |expected: u32| {
+        let request = request.clone();
+        async move {
+            assert_eq!(
+                store.claim_restart(&request, TERMS).await.unwrap(),
+                Claim::Claimed {
+                    attempt: expected,
+                    unknown: None
+                }
+            );
+        }
+    };
+    claim(1).await;
+    // Given back (a guard closed before the restart): the hold is lifted
+    // at once and the attempt is claimed again, with nothing unknown.
+    store.release_claim(&request, 1).await.unwrap();
+    claim(1).await;
+    // Only the latest, still-held claim is given back.
+    store.release_claim(&request, 2).await.unwrap();
+    assert!(matches!(
+        store.claim_restart(&request, TERMS).await.unwrap(),
+        Claim::InFlight { attempt: 1, .. }
+    ));
+    store
+        .record_outcome(&request, 1, &Outcome::Retrying { error: "e".into() })
+        .await
+        .unwrap();
+    store.release_claim(&request, 1).await.unwrap();
+    claim(2).await;
+    assert_eq!(entry(store, request.message_id).await.attempts, 2);
+    // A final request stays final.
+    store
+        .record_outcome(&request, 2, &Outcome::restarted())
+        .await
+        .unwrap();
+    store.release_claim(&request, 2).await.unwrap();
+    assert_eq!(entry(store, request.message_id).await.attempts, 2);
+    assert_eq!(
+        store.lookup(request.message_id).await.unwrap(),
+        Some(Status::Restarted)
+    );
+}
+
+pub async fn rejections_are_listed_but_never_count_as_the_request(store: &dyn Store) {
+    store
+        .record_rejection(None, "payload is not a valid request", b"garbage")
+        .await
+        .unwrap();
+    let valid = request("cattle-0005");
+    let id = valid.message_id;
+    store
+        .record_rejection(Some(id), "instance_name \"X\" is bad", b"{}")
+        .await
+        .unwrap();
+    let history = store.history(100).await.unwrap();
+    let rejected: Vec<_> = history
+        .iter()
+        .filter(|e| e.status == Status::Rejected)
+        .collect();
+    assert_eq!(rejected.len(), 2);
+    assert!(rejected.iter().any(|e| e.message_id == Some(id)));
+    // A malformed payload that carried this id does not make a later
+    // valid request with the same id count as done.
+    assert_eq!(store.lookup(id).await.unwrap(), None);
+    assert_eq!(
+        store.claim_restart(&valid, TERMS).await.unwrap(),
+        Claim::Claimed {
+            attempt: 1,
+            unknown: None
+        }
+    );
+}
+
+pub async fn prune_removes_old_final_entries_only_and_in_bounded_passes(store: &dyn Store) {
+    let before = store.history(1000).await.unwrap();
+    let finals = before.iter().filter(|e| e.status.is_final()).count();
+    let open = before.len() - finals;
+    assert!(
+        finals >= 3,
+        "the earlier contract steps leave final entries"
+    );
+    // Nothing completed a day ago or earlier: nothing to prune.
+    let yesterday = Timestamp::from_millis(Timestamp::now().as_millis() - 86_400_000);
+    assert_eq!(store.prune(yesterday, 1000).await.unwrap(), 0);
+    let tomorrow = Timestamp::from_millis(Timestamp::now().as_millis() + 86_400_000);
+    assert_eq!(store.prune(tomorrow, 2).await.unwrap(), 2);
+    let rest = u64::try_from(finals - 2).unwrap();
+    assert_eq!(store.prune(tomorrow, 1000).await.unwrap(), rest);
+    let after = store.history(1000).await.unwrap();
+    assert_eq!(after.len(), open);
+    assert!(after.iter().all(|e| !e.status.is_final()));
+}
+
+pub async fn outcome_details_are_kept(store: &dyn Store) {
+    let payload = format!(
+        r#"{{"message_id":"{}","instance_name":"cattle-0006","requested_by":"sre","reason":"game day"}}"#,
+        Uuid::new_v4()
+    );
+    let rules = ParseRules {
+        domain: Domain::default(),
+        max_payload_bytes: 1024,
+    };
+    let request = RestartRequest::parse(payload.as_bytes(), &rules).unwrap();
+    store.claim_restart(&request, TERMS).await.unwrap();
+    let restarted = Outcome::Restarted(crate::domain::Restarted {
+        recovered_after: Some(Duration::from_millis(12_345)),
+        output: Some("app restarted".into()),
+    });
+    store.record_outcome(&request, 1, &restarted).await.unwrap();
+    let entry = entry(store, request.message_id).await;
+    assert_eq!(entry.recovered_after, Some(Duration::from_millis(12_345)));
+    assert_eq!(entry.output.as_deref(), Some("app restarted"));
+    assert_eq!(entry.requested_by.as_deref(), Some("sre"));
+    assert_eq!(entry.reason.as_deref(), Some("game day"));
+    let json = serde_json::to_value(&entry).unwrap();
+    assert_eq!(json["recovered_after"], serde_json::json!(12.345));
+}
+
+pub async fn the_kill_switch_stops_every_claim_until_resumed(store: &dyn Store) {
+    assert!(!store.switch().await.unwrap().paused);
+    let request = request("cattle-0007");
+    store
+        .set_switch(true, "sre-on-call", "incident 42")
+        .await
+        .unwrap();
+    let switch = store.switch().await.unwrap();
+    assert!(switch.paused);
+    assert_eq!(switch.by.as_deref(), Some("sre-on-call"));
+    assert_eq!(switch.reason.as_deref(), Some("incident 42"));
+    assert!(switch.since.is_some());
+    let Claim::Paused { reason } = store.claim_restart(&request, TERMS).await.unwrap() else {
+        panic!("a paused store must refuse the claim");
+    };
+    assert!(
+        reason.contains("sre-on-call") && reason.contains("incident 42"),
+        "{reason}"
+    );
+    // Nothing was claimed: no attempt used.
+    assert_eq!(
+        store
+            .lookup(request.message_id)
+            .await
+            .unwrap()
+            .unwrap_or(Status::Received),
+        Status::Received
+    );
+    store
+        .set_switch(false, "sre-on-call", "resolved")
+        .await
+        .unwrap();
+    assert!(!store.switch().await.unwrap().paused);
+    assert_eq!(
+        store.claim_restart(&request, TERMS).await.unwrap(),
+        Claim::Claimed {
+            attempt: 1,
+            unknown: None
+        }
+    );
+}
+
+pub async fn counting_guards_are_decided_in_the_claim_and_journaled(store: &dyn Store) {
+    let limited = ClaimTerms {
+        limits: Limits {
+            group_max: Some(2),
+            global_max: None,
+            window: Duration::from_secs(3600),
+            host_cooldown: None,
+            budget: Some(1),
+            forget_after: Duration::from_secs(3600),
+            budget_retry: limits::BUDGET_RETRY,
+        },
+        ..TERMS
+    };
+    let first = request("herd-0001");
+    let second = request("herd-0002");
+    let third = request("herd-0003");
+    assert_eq!(
+        store.claim_restart(&first, limited).await.unwrap(),
+        Claim::Claimed {
+            attempt: 1,
+            unknown: None
+        }
+    );
+    // herd-0001's restart is in flight: the group's one disruption.
+    let Claim::Deferred { guard, wait, .. } = store.claim_restart(&second, limited).await.unwrap()
+    else {
+        panic!("the budget must hold while another host of the group is disrupted");
+    };
+    assert_eq!((guard, wait), ("disruption budget", limits::BUDGET_RETRY));
+    store
+        .record_outcome(&first, 1, &Outcome::restarted())
+        .await
+        .unwrap();
+    assert!(matches!(
+        store.claim_restart(&second, limited).await.unwrap(),
+        Claim::Claimed { attempt: 1, .. }
+    ));
+    store
+        .record_outcome(&second, 1, &Outcome::restarted())
+        .await
+        .unwrap();
+    // Two restarts of group herd in the window: the third waits for a
+    // slot, about an hour.
+    let Claim::Deferred {
+        guard,
+        wait,
+        reason,
+    } = store.claim_restart(&third, limited).await.unwrap()
+    else {
+        panic!("the rate limit must hold");
+    };
+    assert_eq!(guard, "rate limit");
+    assert!(wait > Duration::from_secs(3000), "{wait:?}");
+    assert!(reason.contains("group herd had 2 of its 2"), "{reason}");
+    // Another group is not limited by herd's use...
+    let mut other = request("herd-0004");
+    other.group = Some("flock".into());
+    assert!(matches!(
+        store.claim_restart(&other, limited).await.unwrap(),
+        Claim::Claimed { attempt: 1, .. }
+    ));
+    // ...and a claim given back leaves nothing in the journal.
+    store.release_claim(&other, 1).await.unwrap();
+    // The host cooldown counts restarts of the host by any request.
+    let cooling = ClaimTerms {
+        limits: Limits {
+            host_cooldown: Some(Duration::from_secs(600)),
+            ..Limits::NONE
+        },
+        ..TERMS
+    };
+    let again = request("herd-0001");
+    let Claim::Deferred { guard, .. } = store.claim_restart(&again, cooling).await.unwrap() else {
+        panic!("the host cooldown must hold");
+    };
+    assert_eq!(guard, "host cooldown");
+
+    // A dry run (no restart issued) uses up nothing once settled.
+    let mut leashed = request("lamb-0001");
+    leashed.group = Some("lamb".into());
+    let once = ClaimTerms {
+        limits: Limits {
+            group_max: Some(1),
+            ..limited.limits
+        },
+        ..TERMS
+    };
+    store.claim_restart(&leashed, once).await.unwrap();
+    let dry = Outcome::DryRun {
+        action: "run [\"true\"]".into(),
+    };
+    store.record_outcome(&leashed, 1, &dry).await.unwrap();
+    let mut next = request("lamb-0002");
+    next.group = Some("lamb".into());
+    assert!(
+        matches!(
+            store.claim_restart(&next, once).await.unwrap(),
+            Claim::Claimed { attempt: 1, .. }
+        ),
+        "a dry run must not use up the group's one restart"
+    );
+
+    // The story: the journal and the decisions, oldest first.
+    let story = store.story(second.message_id).await.unwrap().unwrap();
+    assert_eq!(story.entry.status, Status::Restarted);
+    assert_eq!(story.attempts.len(), 1);
+    assert_eq!(story.attempts[0].outcome, Some(Status::Restarted));
+    assert_eq!(story.attempts[0].group, "herd");
+    assert!(
+        story.attempts[0].verdict.contains("restart 2 of 2"),
+        "{:?}",
+        story.attempts[0]
+    );
+    assert_eq!(story.decisions.len(), 1, "{:?}", story.decisions);
+    assert_eq!(story.decisions[0].guard, "disruption budget");
+    assert_eq!(story.decisions[0].verdict, "deferred");
+    let story = store.story(third.message_id).await.unwrap().unwrap();
+    assert!(story.attempts.is_empty());
+    assert_eq!(story.decisions[0].guard, "rate limit");
+    // A repeated verdict is told once.
+    store.claim_restart(&third, limited).await.unwrap();
+    assert_eq!(
+        store
+            .story(third.message_id)
+            .await
+            .unwrap()
+            .unwrap()
+            .decisions
+            .len(),
+        1
+    );
+    let story = store.story(other.message_id).await.unwrap().unwrap();
+    assert!(story.attempts.is_empty(), "{:?}", story.attempts);
+    // Decisions the worker records (eligibility, calendar, ...).
+    let decision = Decision {
+        verdict: "denied",
+        guard: "eligibility",
+        reason: "denied by safety.deny",
+    };
+    store.record_decision(&third, 0, decision).await.unwrap();
+    let story = store.story(third.message_id).await.unwrap().unwrap();
+    assert_eq!(story.decisions.len(), 2);
+    assert_eq!(story.decisions[1].reason, "denied by safety.deny");
+    assert_eq!(store.story(Uuid::new_v4()).await.unwrap(), None);
+    // Every deferred delivery counts, told once or not; other verdicts
+    // do not.
+    assert_eq!(store.deferrals(third.message_id).await.unwrap(), 2);
+    assert_eq!(store.deferrals(second.message_id).await.unwrap(), 1);
+    assert_eq!(store.deferrals(first.message_id).await.unwrap(), 0);
+    // Use per group: herd-0001 and -0002 restarted (recovered), nothing
+    // of herd disrupted; herd-0004's claim was given back.
+    let hour_ago = Timestamp::from_millis(Timestamp::now().as_millis() - 3_600_000);
+    let usage = store.group_usage(hour_ago, hour_ago).await.unwrap();
+    assert_eq!(
+        usage.get("herd"),
+        Some(&GroupUsage {
+            restarts: 2,
+            disrupted: 0
+        }),
+        "{usage:?}"
+    );
+    assert!(!usage.contains_key("flock"), "{usage:?}");
+    store.claim_restart(&third, TERMS).await.unwrap();
+    let usage = store.group_usage(hour_ago, hour_ago).await.unwrap();
+    assert_eq!(usage["herd"].disrupted, 1, "in flight: {usage:?}");
+}
+
+async fn entry(store: &dyn Store, id: Uuid) -> HistoryEntry {
+    let history = store.history(1000).await.unwrap();
+    history
+        .into_iter()
+        .find(|e| e.message_id == Some(id))
+        .unwrap()
+}

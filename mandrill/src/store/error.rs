@@ -1,0 +1,115 @@
+//! What can go wrong talking to a store, and whether it is worth retrying.
+
+use std::sync::Arc;
+
+/// What went wrong talking to a store. The worker branches on
+/// [`StoreError::is_transient`]: a transient error is retried in place (and
+/// pauses pulling), a permanent one gives the message up with the reason.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The database refused or failed the operation.
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    /// The schema could not be brought up to date.
+    #[error("database migration failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    /// A stored row does not make sense (e.g. an unknown status).
+    #[error("corrupt row: {0}")]
+    Corrupt(String),
+    /// A batched operation failed; every caller of the batch is told, and
+    /// none of a failed write batch was committed.
+    #[error("database batch failed: {0}")]
+    Batch(#[source] Arc<sqlx::Error>),
+    /// The store was closed.
+    #[error("the store is closed")]
+    Closed,
+}
+
+impl StoreError {
+    /// Whether retrying the same operation later may succeed: the database
+    /// was unreachable, busy, locked or out of space. Encoding errors,
+    /// constraint violations and values too long are permanent: retrying
+    /// (or redelivering) would fail the same way.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::Database(error) => sqlx_error_is_transient(error),
+            Self::Batch(error) => sqlx_error_is_transient(error),
+            Self::Migrate(_) | Self::Corrupt(_) | Self::Closed => false,
+        }
+    }
+}
+
+/// Classifies a driver error; see [`StoreError::is_transient`]. What is not
+/// known to be permanent is treated as transient: retrying in place costs
+/// time, never a restart.
+pub(crate) fn sqlx_error_is_transient(error: &sqlx::Error) -> bool {
+    use sqlx::Error as E;
+    match error {
+        E::Database(db) => {
+            use sqlx::error::ErrorKind;
+            if matches!(
+                db.kind(),
+                ErrorKind::UniqueViolation
+                    | ErrorKind::ForeignKeyViolation
+                    | ErrorKind::NotNullViolation
+                    | ErrorKind::CheckViolation
+            ) {
+                return false;
+            }
+            let code = db.code().unwrap_or_default();
+            if db
+                .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
+                .is_some()
+            {
+                // SQLSTATE classes: 22 data exception (invalid byte sequence,
+                // string too long), 23 integrity, 42 syntax or access rule,
+                // 54 program limit exceeded.
+                !matches!(code.get(..2), Some("22" | "23" | "42" | "54"))
+            } else {
+                // SQLite's primary result code is the low byte: 18 TOOBIG,
+                // 19 CONSTRAINT, 20 MISMATCH, 25 RANGE, 1 ERROR (bad SQL).
+                let primary = code.parse::<i64>().map_or(-1, |c| c & 0xff);
+                !matches!(primary, 1 | 18 | 19 | 20 | 25)
+            }
+        }
+        E::Configuration(_)
+        | E::InvalidArgument(_)
+        | E::ColumnIndexOutOfBounds { .. }
+        | E::ColumnNotFound(_)
+        | E::ColumnDecode { .. }
+        | E::Encode(_)
+        | E::Decode(_)
+        | E::TypeNotFound { .. }
+        | E::RowNotFound
+        | E::PoolClosed
+        | E::Migrate(_) => false,
+        _ => true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The driver errors the worker's tests stand in for an outage and a
+    /// refusal are classified as those (real database errors are
+    /// classified in each SQL store's tests).
+    #[test]
+    fn io_and_pool_timeouts_are_transient_and_encoding_errors_permanent() {
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        assert!(StoreError::Database(sqlx::Error::Io(refused)).is_transient());
+        assert!(StoreError::Database(sqlx::Error::PoolTimedOut).is_transient());
+        assert!(StoreError::Batch(Arc::new(sqlx::Error::PoolTimedOut)).is_transient());
+        let encode = sqlx::Error::Encode("invalid byte sequence for encoding UTF8: 0x00".into());
+        let error = StoreError::Database(encode);
+        assert!(!error.is_transient());
+        // The cause stays a source, not only words in the message.
+        let source = std::error::Error::source(&error).expect("a source");
+        assert!(
+            source.to_string().contains("invalid byte sequence"),
+            "{source}"
+        );
+        assert!(!StoreError::Closed.is_transient());
+    }
+}

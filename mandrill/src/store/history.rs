@@ -1,0 +1,269 @@
+//! What a store tells about the past: history entries, the story of a
+//! request, each group's use of its limits, and how times are stored.
+
+use std::fmt;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+use uuid::Uuid;
+
+use super::StoreError;
+use super::sql::{AttemptRow, DecisionRow, EntryRow};
+use crate::domain::Status;
+
+/// One claimed restart attempt, from the restart journal.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct AttemptRecord {
+    /// The attempt's number.
+    pub attempt: u32,
+    /// The group it counted against.
+    pub group: String,
+    /// When it was claimed: the restart was issued right after.
+    pub claimed_at: Timestamp,
+    /// What the counting guards said when they allowed it.
+    pub verdict: String,
+    /// How it ended; `None` while in flight, or if it was never recorded.
+    pub outcome: Option<Status>,
+    /// When its outcome was recorded.
+    pub settled_at: Option<Timestamp>,
+}
+
+/// A verdict that held a request back, as recorded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DecisionRecord {
+    /// When.
+    pub at: Timestamp,
+    /// The attempt it concerned (0: before any claim).
+    pub attempt: u32,
+    /// `deferred`, `denied`, `expired`, `dry-run`.
+    pub verdict: String,
+    /// Which guard.
+    pub guard: String,
+    /// Why, in plain words.
+    pub reason: String,
+}
+
+/// Everything recorded about one request: what `mandrill explain` prints.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Story {
+    /// The request as it stands.
+    pub entry: HistoryEntry,
+    /// Its restart attempts, oldest first.
+    pub attempts: Vec<AttemptRecord>,
+    /// The verdicts that held it back, oldest first.
+    pub decisions: Vec<DecisionRecord>,
+}
+
+/// What each group has used of its limits right now.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct GroupUsage {
+    /// Restarts claimed within the rate window.
+    pub restarts: u32,
+    /// Hosts disrupted now: restarting, or not verified recovered.
+    pub disrupted: u32,
+}
+
+/// Folds [`GROUP_RESTARTS_SQL`] and [`GROUP_DISRUPTED_SQL`] rows.
+pub(crate) fn group_usage_from(
+    restarts: Vec<(String, i64)>,
+    disrupted: Vec<(String, i64)>,
+) -> std::collections::BTreeMap<String, GroupUsage> {
+    let count = |n: i64| u32::try_from(n).unwrap_or(u32::MAX);
+    let mut usage = std::collections::BTreeMap::<String, GroupUsage>::new();
+    for (group, n) in restarts {
+        usage.entry(group).or_default().restarts = count(n);
+    }
+    for (group, n) in disrupted {
+        usage.entry(group).or_default().disrupted = count(n);
+    }
+    usage
+}
+
+/// A story from its rows.
+pub(crate) fn story_from(
+    entry: HistoryEntry,
+    attempts: Vec<AttemptRow>,
+    decisions: Vec<DecisionRow>,
+) -> Story {
+    let number = |n: i64| u32::try_from(n).unwrap_or(0);
+    Story {
+        entry,
+        attempts: attempts
+            .into_iter()
+            .map(
+                |(attempt, group, claimed_at, verdict, outcome, settled_at)| AttemptRecord {
+                    attempt: number(attempt),
+                    group,
+                    claimed_at: Timestamp::from_millis(claimed_at),
+                    verdict,
+                    outcome: outcome.as_deref().and_then(Status::from_name),
+                    settled_at: settled_at.map(Timestamp::from_millis),
+                },
+            )
+            .collect(),
+        decisions: decisions
+            .into_iter()
+            .map(|(at, attempt, verdict, guard, reason)| DecisionRecord {
+                at: Timestamp::from_millis(at),
+                attempt: number(attempt),
+                verdict,
+                guard,
+                reason,
+            })
+            .collect(),
+    }
+}
+
+/// Whether [`Store::record_outcome`] recorded anything.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recorded {
+    /// The outcome is now recorded.
+    Recorded,
+    /// A final outcome was already recorded (by an earlier delivery or
+    /// another instance); it was left as it was.
+    AlreadyFinal(Status),
+}
+
+/// A point in time, shown as RFC 3339 and stored as milliseconds since the epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Timestamp(SystemTime);
+
+impl Timestamp {
+    /// Now, by the wall clock.
+    pub fn now() -> Self {
+        Self(SystemTime::now())
+    }
+
+    /// From milliseconds since the Unix epoch.
+    pub fn from_millis(millis: i64) -> Self {
+        Self(UNIX_EPOCH + Duration::from_millis(millis.max(0).unsigned_abs()))
+    }
+
+    /// Milliseconds since the Unix epoch.
+    pub fn as_millis(self) -> i64 {
+        let millis = self
+            .0
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_millis();
+        i64::try_from(millis).unwrap_or(i64::MAX)
+    }
+}
+
+impl fmt::Display for Timestamp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", humantime::format_rfc3339_millis(self.0))
+    }
+}
+
+impl Serialize for Timestamp {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+/// One request as recorded, for `mandrill history`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct HistoryEntry {
+    /// The request's id; `None` for a rejected payload without a readable one.
+    pub message_id: Option<Uuid>,
+    /// The instance, if the request was valid.
+    pub instance_name: Option<String>,
+    /// The host, if the request was valid.
+    pub hostname: Option<String>,
+    /// Where it stands.
+    pub status: Status,
+    /// Restart attempts claimed (1 for a rejected payload).
+    pub attempts: u32,
+    /// Who asked, if the publisher said.
+    pub requested_by: Option<String>,
+    /// Why, if the publisher said.
+    pub reason: Option<String>,
+    /// The last error, or the rejection reason.
+    pub last_error: Option<String>,
+    /// What the backend printed or answered, truncated.
+    pub output: Option<String>,
+    /// How long the host took to come back after the restart, in seconds
+    /// in JSON; `None` when not verified.
+    #[serde(serialize_with = "seconds")]
+    pub recovered_after: Option<Duration>,
+    /// First seen.
+    pub received_at: Timestamp,
+    /// Last changed.
+    pub updated_at: Timestamp,
+    /// When it became final.
+    pub completed_at: Option<Timestamp>,
+}
+
+fn seconds<S: serde::Serializer>(
+    value: &Option<Duration>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    match value {
+        Some(duration) => serializer.serialize_some(&duration.as_secs_f64()),
+        None => serializer.serialize_none(),
+    }
+}
+
+/// A recovery time as stored: milliseconds.
+pub(crate) fn millis_of(duration: Option<Duration>) -> Option<i64> {
+    duration.map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// A recovery time from storage.
+pub(crate) fn duration_of(millis: Option<i64>) -> Option<Duration> {
+    millis.map(|m| Duration::from_millis(m.max(0).unsigned_abs()))
+}
+
+/// How much of a rejected payload is kept for diagnosis.
+pub const REJECTED_PAYLOAD_EXCERPT: usize = 1024;
+
+/// A lossy, bounded excerpt of a rejected payload.
+pub fn payload_excerpt(payload: &[u8]) -> String {
+    let cut = &payload[..payload.len().min(REJECTED_PAYLOAD_EXCERPT)];
+    String::from_utf8_lossy(cut).into_owned()
+}
+
+/// A stored status, or [`StoreError::Corrupt`] if no status has that name.
+pub(crate) fn status_from_name(name: &str) -> Result<Status, StoreError> {
+    Status::from_name(name).ok_or_else(|| StoreError::Corrupt(format!("status {name:?}")))
+}
+
+/// A history entry from its row, as both SQL stores read it.
+pub(crate) fn entry_from(row: EntryRow) -> Result<HistoryEntry, StoreError> {
+    let (
+        message_id,
+        instance_name,
+        hostname,
+        requested_by,
+        reason,
+        status,
+        attempts,
+        last_error,
+        output,
+        recovered_after_ms,
+        received_at,
+        updated_at,
+        completed_at,
+    ) = row;
+    let message_id = message_id
+        .map(|id| {
+            Uuid::parse_str(&id).map_err(|_| StoreError::Corrupt(format!("message_id {id:?}")))
+        })
+        .transpose()?;
+    Ok(HistoryEntry {
+        message_id,
+        instance_name,
+        hostname,
+        status: status_from_name(&status)?,
+        attempts: u32::try_from(attempts).unwrap_or(u32::MAX),
+        requested_by,
+        reason,
+        last_error,
+        output,
+        recovered_after: duration_of(recovered_after_ms),
+        received_at: Timestamp::from_millis(received_at),
+        updated_at: Timestamp::from_millis(updated_at),
+        completed_at: completed_at.map(Timestamp::from_millis),
+    })
+}

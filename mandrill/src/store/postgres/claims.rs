@@ -1,0 +1,173 @@
+//! The writes that keep a transaction (and a pooled connection) of their
+//! own, taking turns for the connections the writers leave: claims that a
+//! counting guard must check, under advisory locks; releases; decisions.
+
+use std::sync::LazyLock;
+
+use super::{PostgresStore, attempts};
+use crate::domain::RestartRequest;
+use crate::safety::limits::Usage;
+use crate::store::reads::postgres as reads;
+use crate::store::sql::{RELEASE_SQL, SWITCH_SQL, SwitchRow, insert_requests, upsert_journal};
+use crate::store::{
+    Claim, ClaimState, ClaimTerms, Decision, StoreError, Timestamp, claim_decision, decide_claim,
+    status_from_name, switch_from,
+};
+
+/// The kill switch under a share lock: `set_switch` waits for the claims
+/// in progress, and every claim after it sees the switch as it left it.
+pub(super) static SWITCH_SHARED_SQL: LazyLock<String> =
+    LazyLock::new(|| format!("{SWITCH_SQL} FOR SHARE"));
+
+/// A request's row, created if missing: `$1`..`$5` id, instance, host,
+/// requested by, reason; `$6` now.
+static INSERT_REQUEST_SQL: LazyLock<String> = LazyLock::new(|| {
+    insert_requests(
+        "SELECT $1::text AS id, $2::text AS instance_name, $3::text AS hostname,
+                $4::text AS requested_by, $5::text AS reason, $6::int8 AS at",
+    )
+});
+
+/// A claim's journal row: `$1` id, `$2` attempt, `$3` instance, `$4`
+/// group, `$5` now, `$6` verdict.
+static JOURNAL_SQL: LazyLock<String> = LazyLock::new(|| {
+    upsert_journal(
+        "SELECT $1::text AS id, $2::int4 AS attempt, $3::text AS instance_name,
+                $4::text AS grp, $6::text AS verdict, $5::int8 AS at",
+    )
+});
+
+impl PostgresStore {
+    /// A claim in its own transaction: the counting guards take advisory
+    /// locks (global, group, host) that a batch must not interleave.
+    pub(super) async fn claim_alone(
+        &self,
+        request: &RestartRequest,
+        terms: ClaimTerms,
+    ) -> Result<Claim, StoreError> {
+        let now = Timestamp::now().as_millis();
+        let id = request.message_id.to_string();
+        let _turn = self.turn().await?;
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(&INSERT_REQUEST_SQL)
+            .bind(&id)
+            .bind(request.instance_name.as_str())
+            .bind(request.hostname.as_str())
+            .bind(request.requested_by.as_deref())
+            .bind(request.reason.as_deref())
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
+        // The row lock serialises claims of one request across instances.
+        let (status, claimed, claim_until): (String, i32, Option<i64>) = sqlx::query_as(
+            "SELECT status, attempts, claim_until FROM requests
+             WHERE message_id = $1 FOR UPDATE",
+        )
+        .bind(&id)
+        .fetch_one(&mut *tx)
+        .await?;
+        let state = ClaimState {
+            status: status_from_name(&status)?,
+            attempts: u32::try_from(claimed).unwrap_or(0),
+            claim_until,
+        };
+        let (paused, by, why, since): SwitchRow = sqlx::query_as(&SWITCH_SHARED_SQL)
+            .fetch_one(&mut *tx)
+            .await?;
+        let switch = switch_from(paused, by, why, since);
+        let usage = if terms.limits.is_active() && !switch.paused {
+            // Serialise the claims that count against the same limits, on
+            // every instance: global (when a global limit is set), then the
+            // group, then the host; always in that order, so no two claims
+            // wait for each other. Transaction-scoped advisory locks: no
+            // table to keep, released by the commit.
+            let mut keys = Vec::with_capacity(3);
+            if terms.limits.global_max.is_some() {
+                keys.push("mandrill:global".to_owned());
+            }
+            keys.push(format!("mandrill:group:{}", request.group()));
+            keys.push(format!("mandrill:host:{}", request.instance_name));
+            for key in keys {
+                sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
+                    .bind(key)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            reads::usage(&mut tx, request, &terms.limits, now).await?
+        } else {
+            Usage::default()
+        };
+        let (claim, write) = decide_claim(request, Some(state), &switch, now, terms, &usage);
+        if let Some(decision) = claim_decision(&claim) {
+            reads::insert_decision(&mut tx, request.message_id, 0, decision, now).await?;
+        }
+        if let Some(write) = write {
+            sqlx::query(&JOURNAL_SQL)
+                .bind(&id)
+                .bind(attempts(write.attempts))
+                .bind(request.instance_name.as_str())
+                .bind(request.group())
+                .bind(now)
+                .bind(&write.verdict)
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query(
+                "UPDATE requests SET status = 'received', attempts = $2, claim_until = $3,
+                     last_error = COALESCE($4, last_error), updated_at = $5
+                 WHERE message_id = $1",
+            )
+            .bind(&id)
+            .bind(attempts(write.attempts))
+            .bind(write.claim_until)
+            .bind(write.last_error)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(claim)
+    }
+
+    /// See [`crate::store::Store::release_claim`].
+    pub(super) async fn release(
+        &self,
+        request: &RestartRequest,
+        attempt: u32,
+    ) -> Result<(), StoreError> {
+        let _turn = self.turn().await?;
+        let mut tx = self.pool.begin().await?;
+        let released = sqlx::query(&RELEASE_SQL)
+            .bind(request.message_id.to_string())
+            .bind(attempts(attempt))
+            .bind(Timestamp::now().as_millis())
+            .fetch_optional(&mut *tx)
+            .await?
+            .is_some();
+        if released {
+            sqlx::query(
+                "DELETE FROM restarts WHERE message_id = $1 AND attempt = $2 AND outcome IS NULL",
+            )
+            .bind(request.message_id.to_string())
+            .bind(attempts(attempt))
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// See [`crate::store::Store::record_decision`].
+    pub(super) async fn decide(
+        &self,
+        request: &RestartRequest,
+        attempt: u32,
+        decision: Decision<'_>,
+    ) -> Result<(), StoreError> {
+        let _turn = self.turn().await?;
+        let mut tx = self.pool.begin().await?;
+        let now = Timestamp::now().as_millis();
+        reads::insert_decision(&mut tx, request.message_id, attempt, decision, now).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+}

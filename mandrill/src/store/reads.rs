@@ -1,0 +1,257 @@
+//! The reads both SQL stores make alike, and the one small write they make
+//! inside other transactions (a decision), written once: the statements
+//! are in [`super::sql`], and one macro expands these functions for each
+//! driver (a generic version needs a bound for every type it decodes).
+//!
+//! The SQLite store calls `reads::sqlite::*`, the PostgreSQL store
+//! `reads::postgres::*`, each with its pool.
+
+macro_rules! reads_for {
+    ($(#[$attribute:meta])* $driver:ident, $db:ty) => {
+        $(#[$attribute])*
+        pub(crate) mod $driver {
+            use std::collections::BTreeMap;
+
+            use sqlx::Pool;
+            use uuid::Uuid;
+
+            use crate::domain::RestartRequest;
+            use crate::safety::limits::{Limits, Usage};
+            use crate::store::history::{entry_from, group_usage_from, story_from};
+            use crate::store::sql::{
+                DEFERRALS_SQL, ENTRY_SQL, EntryRow, GROUP_DISRUPTED_SQL, GROUP_RESTARTS_SQL,
+                HISTORY_SQL, STORY_ATTEMPTS_SQL, STORY_DECISIONS_SQL, SWITCH_SQL, SwitchRow,
+                USAGE_SQL,
+            };
+            use crate::store::{
+                DECISION_SQL, DEFERRAL_SQL, Decision, GroupUsage, HistoryEntry, StoreError,
+                Story, Switch, Timestamp, switch_from, usage_binds, usage_from,
+            };
+
+            /// What the counting guards read for a claim of `request`, in
+            /// the claim's own transaction (`conn`).
+            pub(crate) async fn usage(
+                conn: &mut <$db as sqlx::Database>::Connection,
+                request: &RestartRequest,
+                limits: &Limits,
+                now: i64,
+            ) -> Result<Usage, sqlx::Error> {
+                let (window_start, memory_start) = usage_binds(limits, now);
+                let row = sqlx::query_as(USAGE_SQL)
+                    .bind(request.group())
+                    .bind(request.instance_name.as_str())
+                    .bind(window_start)
+                    .bind(memory_start)
+                    .bind(now)
+                    .fetch_one(conn)
+                    .await?;
+                Ok(usage_from(row))
+            }
+
+            /// Records a guard's decision about a request (and counts it,
+            /// if it deferred a delivery) in `conn`'s transaction. NUL
+            /// becomes U+FFFD: PostgreSQL text cannot hold it.
+            pub(crate) async fn insert_decision(
+                conn: &mut <$db as sqlx::Database>::Connection,
+                message_id: Uuid,
+                attempt: u32,
+                decision: Decision<'_>,
+                now: i64,
+            ) -> Result<(), sqlx::Error> {
+                if decision.verdict == "deferred" {
+                    sqlx::query(DEFERRAL_SQL)
+                        .bind(message_id.to_string())
+                        .execute(&mut *conn)
+                        .await?;
+                }
+                sqlx::query(DECISION_SQL)
+                    .bind(message_id.to_string())
+                    .bind(now)
+                    .bind(i32::try_from(attempt).unwrap_or(i32::MAX))
+                    .bind(decision.verdict)
+                    .bind(decision.guard)
+                    .bind(decision.reason.replace('\0', "\u{fffd}"))
+                    .execute(conn)
+                    .await?;
+                Ok(())
+            }
+
+            /// See [`crate::store::Store::history`].
+            pub(crate) async fn history(
+                pool: &Pool<$db>,
+                limit: usize,
+            ) -> Result<Vec<HistoryEntry>, StoreError> {
+                let rows: Vec<EntryRow> = sqlx::query_as(HISTORY_SQL)
+                    .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+                    .fetch_all(pool)
+                    .await?;
+                rows.into_iter().map(entry_from).collect()
+            }
+
+            /// See [`crate::store::Store::story`].
+            pub(crate) async fn story(
+                pool: &Pool<$db>,
+                message_id: Uuid,
+            ) -> Result<Option<Story>, StoreError> {
+                let id = message_id.to_string();
+                let Some(row) = sqlx::query_as::<_, EntryRow>(ENTRY_SQL)
+                    .bind(&id)
+                    .fetch_optional(pool)
+                    .await?
+                else {
+                    return Ok(None);
+                };
+                let attempts = sqlx::query_as(STORY_ATTEMPTS_SQL)
+                    .bind(&id)
+                    .fetch_all(pool)
+                    .await?;
+                let decisions = sqlx::query_as(STORY_DECISIONS_SQL)
+                    .bind(&id)
+                    .fetch_all(pool)
+                    .await?;
+                Ok(Some(story_from(entry_from(row)?, attempts, decisions)))
+            }
+
+            /// See [`crate::store::Store::group_usage`].
+            pub(crate) async fn group_usage(
+                pool: &Pool<$db>,
+                window_start: Timestamp,
+                memory_start: Timestamp,
+            ) -> Result<BTreeMap<String, GroupUsage>, StoreError> {
+                let restarts = sqlx::query_as(GROUP_RESTARTS_SQL)
+                    .bind(window_start.as_millis())
+                    .fetch_all(pool)
+                    .await?;
+                let disrupted = sqlx::query_as(GROUP_DISRUPTED_SQL)
+                    .bind(memory_start.as_millis())
+                    .fetch_all(pool)
+                    .await?;
+                Ok(group_usage_from(restarts, disrupted))
+            }
+
+            /// See [`crate::store::Store::deferrals`].
+            pub(crate) async fn deferrals(
+                pool: &Pool<$db>,
+                message_id: Uuid,
+            ) -> Result<u32, StoreError> {
+                let count: Option<i64> = sqlx::query_scalar(DEFERRALS_SQL)
+                    .bind(message_id.to_string())
+                    .fetch_optional(pool)
+                    .await?;
+                Ok(count.map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX)))
+            }
+
+            /// See [`crate::store::Store::switch`].
+            pub(crate) async fn switch(pool: &Pool<$db>) -> Result<Switch, StoreError> {
+                let (paused, by, reason, since): SwitchRow =
+                    sqlx::query_as(SWITCH_SQL).fetch_one(pool).await?;
+                Ok(switch_from(paused, by, reason, since))
+            }
+        }
+    };
+}
+
+reads_for!(postgres, sqlx::Postgres);
+reads_for!(
+    // Until the SQLite store reads through these (its tests below do).
+    #[cfg_attr(not(test), allow(dead_code))]
+    sqlite,
+    sqlx::Sqlite
+);
+
+#[cfg(test)]
+mod tests {
+    use std::str::FromStr;
+    use std::time::Duration;
+
+    use sqlx::sqlite::{SqliteConnectOptions, SqlitePool};
+
+    use crate::safety::limits::Limits;
+    use crate::store::{ClaimTerms, Decision, SqliteStore, Store, Timestamp, contract};
+
+    /// The shared reads, on a database the SQLite store wrote, read what
+    /// the store itself reads.
+    #[tokio::test]
+    async fn the_shared_reads_read_what_the_sqlite_store_reads() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite:{}", dir.path().join("t.db").display());
+        let store = SqliteStore::connect(&url, 2).await.unwrap();
+        contract::all(&store).await;
+        let pool = SqlitePool::connect_with(SqliteConnectOptions::from_str(&url).unwrap())
+            .await
+            .unwrap();
+        let history = store.history(1000).await.unwrap();
+        assert!(history.len() > 5);
+        assert_eq!(super::sqlite::history(&pool, 1000).await.unwrap(), history);
+        for entry in &history {
+            let Some(id) = entry.message_id else { continue };
+            assert_eq!(
+                super::sqlite::story(&pool, id).await.unwrap(),
+                store.story(id).await.unwrap()
+            );
+            assert_eq!(
+                super::sqlite::deferrals(&pool, id).await.unwrap(),
+                store.deferrals(id).await.unwrap()
+            );
+        }
+        let since = Timestamp::from_millis(0);
+        assert_eq!(
+            super::sqlite::group_usage(&pool, since, since)
+                .await
+                .unwrap(),
+            store.group_usage(since, since).await.unwrap()
+        );
+        assert_eq!(
+            super::sqlite::switch(&pool).await.unwrap(),
+            store.switch().await.unwrap()
+        );
+        // The claim's read of the journal counts what group usage counts
+        // (the contract pruned the journal: two claims in flight).
+        let terms = ClaimTerms {
+            max_attempts: 1,
+            hold: Duration::from_secs(3600),
+            limits: Limits::NONE,
+        };
+        let claimed = [
+            contract::request("herd-0010"),
+            contract::request("herd-0011"),
+        ];
+        for request in &claimed {
+            store.claim_restart(request, terms).await.unwrap();
+        }
+        let limits = Limits {
+            window: Duration::from_secs(3600),
+            forget_after: Duration::from_secs(3600),
+            ..Limits::NONE
+        };
+        let now = Timestamp::now().as_millis();
+        let mut conn = pool.acquire().await.unwrap();
+        let usage = super::sqlite::usage(&mut conn, &contract::request("herd-0009"), &limits, now)
+            .await
+            .unwrap();
+        let hour_ago = Timestamp::from_millis(now - 3_600_000);
+        let herd = store.group_usage(hour_ago, hour_ago).await.unwrap()["herd"];
+        assert_eq!(usage.group_claims, herd.restarts);
+        assert_eq!((usage.group_claims, usage.global_claims), (2, 2));
+        // A decision written through the shared insert is the store's own.
+        let herd = &claimed[0];
+        let decision = Decision {
+            verdict: "deferred",
+            guard: "calendar",
+            reason: "closed until\0 monday",
+        };
+        for _ in 0..2 {
+            super::sqlite::insert_decision(&mut conn, herd.message_id, 1, decision, now)
+                .await
+                .unwrap();
+        }
+        let story = store.story(herd.message_id).await.unwrap().unwrap();
+        assert_eq!(story.decisions.len(), 1, "{:?}", story.decisions);
+        assert_eq!(story.decisions[0].reason, "closed until\u{fffd} monday");
+        assert_eq!(story.decisions[0].attempt, 1);
+        assert_eq!(store.deferrals(herd.message_id).await.unwrap(), 2);
+        drop(conn);
+        pool.close().await;
+        store.close().await;
+    }
+}

@@ -1,0 +1,407 @@
+//! The statements every SQL store runs alike, written once.
+//!
+//! Parameters are written `$n`: PostgreSQL's form, which sqlx's SQLite
+//! driver binds by number too.
+
+use std::sync::LazyLock;
+
+use crate::domain::Status;
+
+/// What the counting guards read in the claim's transaction, in one
+/// statement: `$1` group, `$2` instance, `$3` start of the rate window,
+/// `$4` start of the budget's memory, `$5` now. The claim being decided has no journal row yet.
+pub(crate) const USAGE_SQL: &str = "SELECT
+    (SELECT COUNT(*) FROM restarts WHERE grp = $1 AND claimed_at > $3
+        AND (outcome IS NULL OR outcome NOT IN ('dry-run', 'expired', 'denied'))),
+    (SELECT MIN(claimed_at) FROM restarts WHERE grp = $1 AND claimed_at > $3
+        AND (outcome IS NULL OR outcome NOT IN ('dry-run', 'expired', 'denied'))),
+    (SELECT COUNT(*) FROM restarts WHERE claimed_at > $3
+        AND (outcome IS NULL OR outcome NOT IN ('dry-run', 'expired', 'denied'))),
+    (SELECT MIN(claimed_at) FROM restarts WHERE claimed_at > $3
+        AND (outcome IS NULL OR outcome NOT IN ('dry-run', 'expired', 'denied'))),
+    (SELECT MAX(claimed_at) FROM restarts WHERE instance_name = $2 AND claimed_at <= $5
+        AND (outcome IS NULL OR outcome NOT IN ('dry-run', 'expired', 'denied'))),
+    (SELECT COUNT(DISTINCT r.instance_name) FROM restarts r
+      WHERE r.grp = $1 AND r.instance_name <> $2 AND r.claimed_at > $4
+        AND r.claimed_at = (SELECT MAX(x.claimed_at) FROM restarts x
+                            WHERE x.instance_name = r.instance_name)
+        AND (r.outcome IS NULL OR r.outcome NOT IN ('restarted', 'dry-run', 'expired', 'denied')))";
+
+/// Records a decision unless it repeats the request's latest one (a
+/// request deferred a hundred times by the same closed window tells it
+/// once), and at most 100 per request. `$1` message id, `$2` at, `$3`
+/// attempt, `$4` verdict, `$5` guard, `$6` reason.
+pub(crate) const DECISION_SQL: &str = "INSERT INTO decisions
+        (message_id, at, attempt, verdict, guard, reason)
+    SELECT $1, $2, $3, $4, $5, $6
+    WHERE NOT EXISTS (
+            SELECT 1 FROM (SELECT verdict, guard, reason FROM decisions
+                           WHERE message_id = $1 ORDER BY id DESC LIMIT 1) AS latest
+            WHERE latest.verdict = $4 AND latest.guard = $5 AND latest.reason = $6)
+      AND (SELECT COUNT(*) FROM decisions WHERE message_id = $1) < 100";
+
+/// Counts one deferred delivery of a request: `$1` message id.
+pub(crate) const DEFERRAL_SQL: &str = "INSERT INTO deferrals (message_id, count) VALUES ($1, 1)
+    ON CONFLICT (message_id) DO UPDATE SET count = deferrals.count + 1";
+
+/// Restarts per group since `$1`, for [`super::Store::group_usage`].
+pub(crate) const GROUP_RESTARTS_SQL: &str = "SELECT grp, COUNT(*) FROM restarts
+    WHERE claimed_at > $1 AND (outcome IS NULL OR outcome NOT IN ('dry-run', 'expired', 'denied'))
+    GROUP BY grp";
+
+/// Disrupted hosts per group (as [`USAGE_SQL`] counts them) among the
+/// journal rows since `$1`.
+pub(crate) const GROUP_DISRUPTED_SQL: &str = "SELECT r.grp, COUNT(DISTINCT r.instance_name)
+    FROM restarts r
+    WHERE r.claimed_at > $1
+      AND r.claimed_at = (SELECT MAX(x.claimed_at) FROM restarts x
+                          WHERE x.instance_name = r.instance_name)
+      AND (r.outcome IS NULL OR r.outcome NOT IN ('restarted', 'dry-run', 'expired', 'denied'))
+    GROUP BY r.grp";
+
+/// A request's journal rows, for [`super::Story`]: `$1` message id.
+pub(crate) const STORY_ATTEMPTS_SQL: &str = "SELECT CAST(attempt AS BIGINT), grp, claimed_at,
+        verdict, outcome, settled_at
+    FROM restarts WHERE message_id = $1 ORDER BY attempt";
+
+/// A request's decisions, for [`super::Story`]: `$1` message id.
+pub(crate) const STORY_DECISIONS_SQL: &str = "SELECT at, CAST(attempt AS BIGINT), verdict, guard,
+        reason
+    FROM decisions WHERE message_id = $1 ORDER BY id";
+
+/// A row of [`STORY_ATTEMPTS_SQL`].
+pub(crate) type AttemptRow = (i64, String, i64, String, Option<String>, Option<i64>);
+
+/// A row of [`STORY_DECISIONS_SQL`].
+pub(crate) type DecisionRow = (i64, i64, String, String, String);
+
+/// The columns of a history entry after its id, in the order of
+/// [`EntryRow`]; `attempts` cast so that both drivers read 64 bits.
+macro_rules! entry_columns {
+    () => {
+        "instance_name, hostname, requested_by, reason, status, CAST(attempts AS BIGINT),
+        last_error, output, recovered_after_ms, received_at, updated_at, completed_at"
+    };
+}
+
+/// The most recently updated entries, newest first: `$1` how many. A
+/// rejection shows the id salvaged from its payload, if any.
+pub(crate) const HISTORY_SQL: &str = concat!(
+    "SELECT COALESCE(message_id, rejected_id), ",
+    entry_columns!(),
+    " FROM requests ORDER BY updated_at DESC, id DESC LIMIT $1"
+);
+
+/// One request's entry: `$1` message id.
+pub(crate) const ENTRY_SQL: &str = concat!(
+    "SELECT message_id, ",
+    entry_columns!(),
+    " FROM requests WHERE message_id = $1"
+);
+
+/// A row of [`HISTORY_SQL`] or [`ENTRY_SQL`]: message id, instance,
+/// host, requested by, reason, status, attempts, last error, output,
+/// recovery (ms), received, updated, completed.
+pub(crate) type EntryRow = (
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    String,
+    i64,
+    Option<String>,
+    Option<String>,
+    Option<i64>,
+    i64,
+    i64,
+    Option<i64>,
+);
+
+/// A request's deferred deliveries: `$1` message id.
+pub(crate) const DEFERRALS_SQL: &str =
+    "SELECT CAST(count AS BIGINT) FROM deferrals WHERE message_id = $1";
+
+/// The kill switch, as [`SwitchRow`].
+pub(crate) const SWITCH_SQL: &str =
+    "SELECT paused, by_whom, reason, updated_at FROM control WHERE id = 1";
+
+/// A row of [`SWITCH_SQL`]: paused, by whom, why, since (ms).
+pub(crate) type SwitchRow = (bool, Option<String>, Option<String>, i64);
+
+/// Records a payload dead-lettered as malformed: `$1` the id salvaged from
+/// it (or NULL), `$2` why, `$3` an excerpt, `$4` now.
+pub(crate) const REJECTION_SQL: &str = "INSERT INTO requests
+         (rejected_id, status, attempts, last_error, payload, received_at, updated_at, completed_at)
+     VALUES ($1, 'rejected', 1, $2, $3, $4, $4, $4)";
+
+/// The outcomes of attempts that issued no restart, so count against no
+/// limit: the statements above list them by name (`('dry-run', 'expired',
+/// 'denied')`; a test holds them to this), the memory store reads this.
+pub(crate) const NOT_ISSUED: [Status; 3] = [Status::DryRun, Status::Expired, Status::Denied];
+
+/// The statuses that no later outcome replaces, as an SQL list
+/// (`('restarted', 'failed', …)`), derived from [`Status::is_final`].
+pub(crate) static FINAL_STATUSES: LazyLock<String> =
+    LazyLock::new(|| sql_list(Status::ALL.into_iter().filter(|s| s.is_final())));
+
+/// The statuses a request may still change from: the rest.
+pub(crate) static OPEN_STATUSES: LazyLock<String> =
+    LazyLock::new(|| sql_list(Status::ALL.into_iter().filter(|s| !s.is_final())));
+
+fn sql_list(statuses: impl Iterator<Item = Status>) -> String {
+    let names: Vec<String> = statuses.map(|s| format!("'{}'", s.as_str())).collect();
+    format!("({})", names.join(", "))
+}
+
+/// Gives back a claimed attempt that was never issued, when it is the
+/// latest claim, still held, of a request not final: `$1` message id, `$2`
+/// attempt, `$3` now. Returns a row when it did.
+pub(crate) static RELEASE_SQL: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "UPDATE requests SET attempts = attempts - 1, claim_until = NULL, updated_at = $3
+         WHERE message_id = $1 AND attempts = $2 AND $2 > 0 AND claim_until IS NOT NULL
+           AND status IN {}
+         RETURNING 1",
+        *OPEN_STATUSES
+    )
+});
+
+/// Creates the rows of requests that have none. `rows` is a `SELECT` that
+/// names its columns `id`, `instance_name`, `hostname`, `requested_by`,
+/// `reason` and `at` (when received); each driver builds it from its own
+/// kind of batch (`unnest` arrays, `json_each`, plain parameters).
+pub(crate) fn insert_requests(rows: &str) -> String {
+    // `WHERE true`: without it SQLite reads `ON CONFLICT` as a join's.
+    format!(
+        "INSERT INTO requests
+             (message_id, instance_name, hostname, requested_by, reason, status,
+              attempts, received_at, updated_at)
+         SELECT new.id, new.instance_name, new.hostname, new.requested_by, new.reason,
+                'received', 0, new.at, new.at
+         FROM ({rows}) AS new WHERE true
+         ON CONFLICT (message_id) DO NOTHING"
+    )
+}
+
+/// Writes claimed attempts into the restart journal (a claim given back
+/// and claimed again replaces its row). `rows` is a `SELECT` that names its
+/// columns `id`, `attempt`, `instance_name`, `grp`, `verdict` and `at`
+/// (when claimed).
+pub(crate) fn upsert_journal(rows: &str) -> String {
+    format!(
+        "INSERT INTO restarts (message_id, attempt, instance_name, grp, claimed_at, verdict)
+         SELECT new.id, new.attempt, new.instance_name, new.grp, new.at, new.verdict
+         FROM ({rows}) AS new WHERE true
+         ON CONFLICT (message_id, attempt) DO UPDATE SET
+             claimed_at = excluded.claimed_at, verdict = excluded.verdict,
+             outcome = NULL, settled_at = NULL"
+    )
+}
+
+/// What recording an outcome sets on a request's row `old` (which must not
+/// be final: see [`not_final`]): `new` names the outcome's `status`,
+/// `attempts` (the attempt it ends), `last_error`, `output`,
+/// `recovered_after_ms` and `completed_at`; `now` is when. The attempt
+/// count never goes down, and the hold is lifted only by the latest
+/// attempt's outcome.
+pub(crate) fn outcome_set(new: &str, old: &str, now: &str) -> String {
+    format!(
+        "status = {new}.status,
+         output = {new}.output,
+         recovered_after_ms = {new}.recovered_after_ms,
+         claim_until = CASE WHEN {new}.attempts >= {old}.attempts
+                            THEN NULL ELSE {old}.claim_until END,
+         attempts = CASE WHEN {new}.attempts > {old}.attempts
+                         THEN {new}.attempts ELSE {old}.attempts END,
+         last_error = {new}.last_error,
+         updated_at = {now},
+         completed_at = {new}.completed_at"
+    )
+}
+
+/// The condition that `row`'s status is not final.
+pub(crate) fn not_final(row: &str) -> String {
+    format!("{row}.status NOT IN {}", *FINAL_STATUSES)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_all_lists_every_status_once() {
+        // A new variant breaks this match; then it belongs in `Status::ALL`.
+        let position = |status: Status| match status {
+            Status::Received => 0,
+            Status::Retrying => 1,
+            Status::Restarted => 2,
+            Status::Failed => 3,
+            Status::Rejected => 4,
+            Status::Unrecovered => 5,
+            Status::Denied => 6,
+            Status::DryRun => 7,
+            Status::Expired => 8,
+        };
+        let positions: Vec<usize> = Status::ALL.into_iter().map(position).collect();
+        assert_eq!(positions, (0..9).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn the_statements_list_exactly_the_statuses_that_issued_no_restart() {
+        let not_issued = sql_list(NOT_ISSUED.into_iter());
+        assert_eq!(not_issued, "('dry-run', 'expired', 'denied')");
+        let disrupting_ended = sql_list(std::iter::once(Status::Restarted).chain(NOT_ISSUED));
+        for sql in [USAGE_SQL, GROUP_RESTARTS_SQL, GROUP_DISRUPTED_SQL] {
+            let lists: Vec<&str> = sql
+                .match_indices("NOT IN (")
+                .map(|(at, _)| &sql[at + "NOT IN ".len()..=at + sql[at..].find(')').unwrap()])
+                .collect();
+            assert!(!lists.is_empty(), "{sql}");
+            for list in lists {
+                assert!(
+                    list == not_issued || list == disrupting_ended,
+                    "{list} in {sql}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_sql_lists_of_statuses_agree_with_is_final() {
+        for status in Status::ALL {
+            let quoted = format!("'{}'", status.as_str());
+            assert_eq!(
+                FINAL_STATUSES.contains(&quoted),
+                status.is_final(),
+                "{status} in {}",
+                *FINAL_STATUSES
+            );
+            assert_eq!(
+                OPEN_STATUSES.contains(&quoted),
+                !status.is_final(),
+                "{status} in {}",
+                *OPEN_STATUSES
+            );
+        }
+        assert!(RELEASE_SQL.contains(OPEN_STATUSES.as_str()));
+        assert!(not_final("r").ends_with(FINAL_STATUSES.as_str()));
+    }
+
+    /// The shared upserts run on SQLite too, with rows from `json_each`
+    /// (the form the SQLite store batches in), and keep every final status.
+    #[tokio::test]
+    async fn the_shared_upserts_run_on_sqlite() {
+        use std::str::FromStr;
+
+        use sqlx::sqlite::{SqliteConnectOptions, SqlitePool};
+
+        use crate::store::{SqliteStore, Store};
+
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite:{}", dir.path().join("t.db").display());
+        let store = SqliteStore::connect(&url, 1).await.unwrap();
+        let pool = SqlitePool::connect_with(SqliteConnectOptions::from_str(&url).unwrap())
+            .await
+            .unwrap();
+        let ids = [uuid::Uuid::new_v4(), uuid::Uuid::new_v4()];
+        let requests = serde_json::json!([
+            [
+                ids[0].to_string(),
+                "cattle-0001",
+                "cattle-0001.example.net",
+                "sre",
+                null
+            ],
+            [
+                ids[1].to_string(),
+                "cattle-0002",
+                "cattle-0002.example.net",
+                null,
+                null
+            ],
+        ])
+        .to_string();
+        let insert = insert_requests(
+            "SELECT j.value ->> 0 AS id, j.value ->> 1 AS instance_name,
+                    j.value ->> 2 AS hostname, j.value ->> 3 AS requested_by,
+                    j.value ->> 4 AS reason, $2 AS at
+             FROM json_each($1) AS j",
+        );
+        // Each statement twice: the second run meets every conflict.
+        let twice = async |sql: &str, rows: &str, at: i64| {
+            for _ in 0..2 {
+                let query = sqlx::query(sql).bind(rows).bind(at);
+                query.execute(&pool).await.unwrap();
+            }
+        };
+        twice(&insert, &requests, 1_000).await;
+        let claims = serde_json::json!([
+            [ids[0].to_string(), 1, "cattle-0001", "cattle", ""],
+            [ids[1].to_string(), 1, "cattle-0002", "cattle", ""],
+        ])
+        .to_string();
+        let journal = upsert_journal(
+            "SELECT j.value ->> 0 AS id, j.value ->> 1 AS attempt,
+                    j.value ->> 2 AS instance_name, j.value ->> 3 AS grp,
+                    j.value ->> 4 AS verdict, $2 AS at
+             FROM json_each($1) AS j",
+        );
+        twice(&journal, &claims, 2_000).await;
+        let record = format!(
+            "INSERT INTO requests
+                 (message_id, instance_name, hostname, status, attempts, last_error,
+                  received_at, updated_at, completed_at, output, recovered_after_ms)
+             SELECT j.value ->> 0, j.value ->> 1, j.value ->> 2, j.value ->> 3,
+                    j.value ->> 4, j.value ->> 5, $2, $2, j.value ->> 6, NULL, NULL
+             FROM json_each($1) AS j WHERE true
+             ON CONFLICT (message_id) DO UPDATE SET {}
+             WHERE {}
+             RETURNING message_id",
+            outcome_set("excluded", "requests", "excluded.updated_at"),
+            not_final("requests")
+        );
+        let outcomes = |status: &str, attempt: u32| {
+            serde_json::json!([[
+                ids[0].to_string(),
+                "cattle-0001",
+                "cattle-0001.example.net",
+                status,
+                attempt,
+                null,
+                3_000,
+            ]])
+            .to_string()
+        };
+        let recorded: Vec<String> = sqlx::query_scalar(&record)
+            .bind(outcomes("unrecovered", 1))
+            .bind(3_000_i64)
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+        assert_eq!(recorded, [ids[0].to_string()]);
+        // Final now: a later outcome is not recorded over it.
+        let recorded: Vec<String> = sqlx::query_scalar(&record)
+            .bind(outcomes("failed", 2))
+            .bind(4_000_i64)
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+        assert!(recorded.is_empty());
+        assert_eq!(
+            store.lookup(ids[0]).await.unwrap(),
+            Some(Status::Unrecovered)
+        );
+        let story = store.story(ids[1]).await.unwrap().unwrap();
+        assert_eq!(story.entry.requested_by, None);
+        assert_eq!(story.attempts.len(), 1);
+        assert_eq!(story.attempts[0].group, "cattle");
+        let entry = store.story(ids[0]).await.unwrap().unwrap().entry;
+        assert_eq!(
+            (entry.attempts, entry.requested_by.as_deref()),
+            (1, Some("sre"))
+        );
+        pool.close().await;
+        store.close().await;
+    }
+}
