@@ -44,7 +44,7 @@ use bytes::Bytes;
 use futures::StreamExt;
 use mandrill::backoff::Backoff;
 use mandrill::broker::nats::{Credentials, NatsBroker, NatsSettings};
-use mandrill::broker::pubsub::{PubSubBroker, PubSubOptions, PubSubSettings, PullMode};
+use mandrill::broker::pubsub::PubSubBroker;
 use mandrill::broker::{Broker, MemoryBroker, Publisher as _, SqliteBroker};
 use mandrill::config::BrokerConfig;
 use mandrill::domain::{Domain, Outcome, ParseRules, RestartRequest, Status};
@@ -246,7 +246,7 @@ async fn run(options: Options) {
     let pubsub = options
         .broker
         .starts_with("pubsub://")
-        .then(|| pubsub_options(&options.broker, &options.pull, n));
+        .then(|| pubsub::pubsub_options(&options.broker, &options.pull, n));
     let broker: Arc<dyn Broker> = match &broker_url {
         None if pubsub.is_some() => {
             let options = pubsub.clone().expect("checked just above");
@@ -439,17 +439,35 @@ async fn run(options: Options) {
     store.close().await;
 
     let msgs_per_s = n as f64 / seconds;
-    let raw = if broker_url.is_some() || db_url.is_some() {
-        Some(raw_sqlite_rate(n, dir.path()).await)
+    // The ceilings, each in this run, after the pipeline (its memory
+    // figures are taken before they start).
+    let ceiling_memory = if options.broker == "memory" && options.db == "memory" {
+        Some(ceilings::in_memory(n, options.work, options.fail_rate).await)
     } else {
         None
     };
-    let bare_nats = match &nats {
-        Some(settings) => Some(bare_nats_rate(settings, n).await),
+    let ceiling_sqlite = match broker_url.is_some() || db_url.is_some() {
+        true => Some(ceilings::sqlite(n, dir.path()).await),
+        false => None,
+    };
+    let ceiling_nats = match &nats {
+        Some(settings) => Some(
+            ceilings::nats(
+                &settings.url,
+                &format!("{}_CEILING", settings.stream),
+                &format!("{}.ceiling", settings.subject),
+                n,
+            )
+            .await,
+        ),
         None => None,
     };
-    let bare_pubsub = match &pubsub {
-        Some(options) => Some(bare_pubsub_rates(options, n).await),
+    let ceiling_postgres = match &postgres {
+        Some(_) => Some(ceilings::postgres(&options.db, n, options.writers).await),
+        None => None,
+    };
+    let ceiling_pubsub = match &pubsub {
+        Some(options) => Some(pubsub::bare_pubsub_rates(options, n).await),
         None => None,
     };
     // Drops the database, if there is one.
@@ -458,6 +476,7 @@ async fn run(options: Options) {
         delete_streams(settings).await;
     }
     let acked = stats.acked.get();
+    let ratio = |ceiling: f64| (msgs_per_s / ceiling * 1e3).round() / 1e3;
     println!(
         "{}",
         serde_json::json!({
@@ -470,16 +489,20 @@ async fn run(options: Options) {
             "db": options.db,
             "writers": options.db.starts_with("postgres://").then_some(options.writers),
             "publish_seconds": publish_seconds.map(|s| (s * 1e4).round() / 1e4),
-            "raw_sqlite_msgs_per_s": raw.map(f64::round),
-            "ratio": raw.map(|raw| (msgs_per_s / raw * 1e3).round() / 1e3),
-            "bare_nats_msgs_per_s": bare_nats.map(f64::round),
-            "nats_ratio": bare_nats.map(|bare| (msgs_per_s / bare * 1e3).round() / 1e3),
+            // Each ceiling, and the pipeline's rate over it (module `ceilings`).
+            "ceiling_memory_msgs_per_s": ceiling_memory.map(f64::round),
+            "ratio_memory": ceiling_memory.map(ratio),
+            "ceiling_sqlite_msgs_per_s": ceiling_sqlite.map(f64::round),
+            "ratio_sqlite": ceiling_sqlite.map(ratio),
+            "ceiling_nats_msgs_per_s": ceiling_nats.map(f64::round),
+            "ratio_nats": ceiling_nats.map(ratio),
+            "ceiling_postgres_msgs_per_s": ceiling_postgres.map(f64::round),
+            "ratio_postgres": ceiling_postgres.map(ratio),
             "pull": pubsub.as_ref().map(|_| options.pull.clone()),
-            "bare_pubsub_streaming_msgs_per_s": bare_pubsub.map(|(streaming, _)| streaming.round()),
-            "bare_pubsub_unary_msgs_per_s": bare_pubsub.map(|(_, unary)| unary.round()),
-            "pubsub_ratio": bare_pubsub.map(|(streaming, unary)| {
-                (msgs_per_s / streaming.max(unary) * 1e3).round() / 1e3
-            }),
+            "ceiling_pubsub_streaming_msgs_per_s": ceiling_pubsub.map(|(streaming, _)| streaming.round()),
+            "ceiling_pubsub_unary_msgs_per_s": ceiling_pubsub.map(|(_, unary)| unary.round()),
+            // Over the higher of the two.
+            "ratio_pubsub": ceiling_pubsub.map(|(streaming, unary)| ratio(streaming.max(unary))),
             "notify": options.notify,
             "notifications_sent": stats.notifications_sent.get(),
             "notifications_failed": stats.notifications_failed.get(),
@@ -535,183 +558,6 @@ fn sqlite_url(option: &str, dir: &std::path::Path) -> Option<String> {
     }
 }
 
-/// The ceiling: inserting `n` rows into a queue-shaped table and deleting
-/// them again, in transactions of the broker writer's batch size with one
-/// statement per 500 inserts and one per batch of deletes, through sqlx with
-/// the same pragmas. Messages per second.
-async fn raw_sqlite_rate(n: usize, dir: &std::path::Path) -> f64 {
-    use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
-    use sqlx::{ConnectOptions as _, Connection as _, QueryBuilder, Sqlite};
-
-    const BATCH: usize = 1024;
-    let mut conn = SqliteConnectOptions::new()
-        .filename(dir.join("raw.db"))
-        .create_if_missing(true)
-        .journal_mode(SqliteJournalMode::Wal)
-        .synchronous(SqliteSynchronous::Full)
-        .connect()
-        .await
-        .expect("raw database opens");
-    sqlx::raw_sql(
-        "CREATE TABLE q (id INTEGER PRIMARY KEY AUTOINCREMENT, payload BLOB NOT NULL,
-                         published_at INTEGER NOT NULL, visible_at INTEGER NOT NULL,
-                         deliveries INTEGER NOT NULL DEFAULT 0, lease INTEGER) STRICT;
-         CREATE INDEX q_visible_at ON q (visible_at);",
-    )
-    .execute(&mut conn)
-    .await
-    .expect("raw table");
-    let payload = Bytes::from(random_request(&mut rand::rng()).to_wire());
-    let started = Instant::now();
-    let mut ids = Vec::with_capacity(n);
-    let mut left = n;
-    while left > 0 {
-        let count = left.min(BATCH);
-        left -= count;
-        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.expect("begin");
-        for chunk_start in (0..count).step_by(500) {
-            let rows = (count - chunk_start).min(500);
-            let mut insert: QueryBuilder<Sqlite> =
-                QueryBuilder::new("INSERT INTO q (payload, published_at, visible_at) ");
-            insert.push_values(0..rows, |mut row, _| {
-                row.push_bind(payload.as_ref())
-                    .push_bind(0i64)
-                    .push_bind(0i64);
-            });
-            insert.push(" RETURNING id");
-            let inserted: Vec<i64> = insert
-                .build_query_scalar()
-                .fetch_all(&mut *tx)
-                .await
-                .expect("insert");
-            ids.extend(inserted);
-        }
-        tx.commit().await.expect("commit");
-    }
-    for chunk in ids.chunks(BATCH) {
-        let ids = serde_json::to_string(chunk).expect("ids serialise");
-        sqlx::query("DELETE FROM q WHERE id IN (SELECT value FROM json_each(?1))")
-            .bind(ids)
-            .execute(&mut conn)
-            .await
-            .expect("delete");
-    }
-    let rate = n as f64 / started.elapsed().as_secs_f64();
-    conn.close().await.expect("raw database closes");
-    rate
-}
-
-/// Private topic and subscription names for one run on
-/// `pubsub://PROJECT/PREFIX`.
-fn pubsub_options(url: &str, pull: &str, n: usize) -> PubSubOptions {
-    let (project, prefix) = mandrill::broker::pubsub::settings::parse_url(url).expect("pubsub url");
-    let id = &Uuid::new_v4().simple().to_string()[..12];
-    PubSubOptions {
-        project,
-        subscription: format!("{prefix}-{id}"),
-        settings: PubSubSettings {
-            topic: format!("{prefix}-{id}-requests"),
-            dead_letter_topic: format!("{prefix}-{id}-dead"),
-            dead_letter_subscription: format!("{prefix}-{id}-dead"),
-            pull: match pull {
-                "unary" => PullMode::Unary,
-                "streaming" => PullMode::Streaming,
-                other => panic!("--pull {other:?}: expected unary or streaming"),
-            },
-            ..PubSubSettings::default()
-        },
-        ack_deadline: Duration::from_secs(60),
-        poll_wait: Duration::from_millis(100),
-        poll_interval: Duration::from_millis(10),
-        max_deliveries: 10,
-        max_in_flight: n.max(1),
-    }
-}
-
-/// The ceilings: bare loops on subscriptions of their own, each taking `n`
-/// messages and acking them in batches, with no other work. Returns
-/// (streaming, unary) in messages per second.
-async fn bare_pubsub_rates(options: &PubSubOptions, n: usize) -> (f64, f64) {
-    use gcloud_pubsub::client::{Client, ClientConfig};
-    use gcloud_pubsub::subscriber::SubscriberConfig;
-    use gcloud_pubsub::subscription::{SubscribeConfig, SubscriptionConfig};
-
-    let config = ClientConfig {
-        project_id: Some(options.project.clone()),
-        ..ClientConfig::default()
-    };
-    let client = Client::new(config).await.expect("pubsub client");
-    let mut rng = rand::rng();
-    let payloads: Vec<Bytes> = (0..n)
-        .map(|_| Bytes::from(random_request(&mut rng).to_wire()))
-        .collect();
-    let mut rates = Vec::new();
-    for mode in ["streaming", "unary"] {
-        let topic_id = format!("{}-bare-{mode}", options.subscription);
-        let topic = client
-            .create_topic(&topic_id, None, None)
-            .await
-            .expect("bare topic");
-        let subscription = client
-            .create_subscription(
-                &topic_id,
-                &topic_id,
-                SubscriptionConfig {
-                    ack_deadline_seconds: 60,
-                    ..SubscriptionConfig::default()
-                },
-                None,
-            )
-            .await
-            .expect("bare subscription");
-        let publisher = topic.new_publisher(None);
-        for chunk in payloads.chunks(1000) {
-            let messages = chunk
-                .iter()
-                .map(|payload| gcloud_googleapis::pubsub::v1::PubsubMessage {
-                    data: payload.to_vec(),
-                    ..Default::default()
-                })
-                .collect();
-            publisher
-                .publish_immediately(messages, None)
-                .await
-                .expect("bare publish");
-        }
-        let started = Instant::now();
-        let mut acked = 0;
-        if mode == "streaming" {
-            let config = SubscribeConfig::default().with_subscriber_config(SubscriberConfig {
-                max_outstanding_messages: 1000,
-                ..SubscriberConfig::default()
-            });
-            let mut stream = subscription
-                .subscribe(Some(config))
-                .await
-                .expect("bare stream")
-                .ready_chunks(1000);
-            while acked < n {
-                let chunk = stream.next().await.expect("stream open");
-                acked += chunk.len();
-                let ids = chunk.into_iter().map(|m| m.ack_id).collect();
-                subscription.ack(ids).await.expect("bare ack");
-            }
-            stream.into_inner().dispose().await;
-        } else {
-            while acked < n {
-                let batch = subscription.pull(1000, None).await.expect("bare pull");
-                acked += batch.len();
-                let ids = batch.into_iter().map(|m| m.ack_id).collect();
-                subscription.ack(ids).await.expect("bare ack");
-            }
-        }
-        rates.push(n as f64 / started.elapsed().as_secs_f64());
-        let _ = subscription.delete(None).await;
-        let _ = topic.delete(None).await;
-    }
-    (rates[0], rates[1])
-}
-
 /// Private stream and consumer names for one run on `url`.
 fn nats_settings(url: &str) -> NatsSettings {
     let id = Uuid::new_v4().simple().to_string();
@@ -747,80 +593,16 @@ async fn delete_streams(settings: &NatsSettings) {
     for stream in [
         settings.stream.clone(),
         format!("{}_DEAD", settings.stream),
-        format!("{}_BARE", settings.stream),
+        format!("{}_CEILING", settings.stream),
     ] {
         let _ = js.delete_stream(stream).await;
     }
 }
 
-/// The ceiling: a bare async-nats loop that pulls the same number of
-/// messages from a stream of its own and acks each (confirmed, as mandrill
-/// acks, and concurrently, as mandrill's handlers do), with no other work.
-async fn bare_nats_rate(settings: &NatsSettings, n: usize) -> f64 {
-    use async_nats::jetstream::consumer::{PullConsumer, pull};
-    use async_nats::jetstream::{AckKind, stream};
-
-    let client = async_nats::connect(settings.url.as_str())
-        .await
-        .expect("nats");
-    let js = async_nats::jetstream::new(client);
-    let subject = format!("{}.bare", settings.subject);
-    let stream = js
-        .create_stream(stream::Config {
-            name: format!("{}_BARE", settings.stream),
-            subjects: vec![subject.clone()],
-            retention: stream::RetentionPolicy::WorkQueue,
-            ..Default::default()
-        })
-        .await
-        .expect("bare stream");
-    let mut rng = rand::rng();
-    let payloads: Vec<Bytes> = (0..n)
-        .map(|_| Bytes::from(random_request(&mut rng).to_wire()))
-        .collect();
-    futures::stream::iter(payloads)
-        .map(|payload| {
-            let js = js.clone();
-            let subject = subject.clone();
-            async move {
-                js.publish(subject, payload)
-                    .await
-                    .expect("publish")
-                    .await
-                    .expect("confirmed")
-            }
-        })
-        .buffer_unordered(512)
-        .for_each(|_| async {})
-        .await;
-    let consumer: PullConsumer = stream
-        .create_consumer(pull::Config {
-            durable_name: Some("bare".into()),
-            ack_wait: Duration::from_secs(30),
-            max_ack_pending: 100_000,
-            ..Default::default()
-        })
-        .await
-        .expect("bare consumer");
-    let started = Instant::now();
-    let mut acked = 0;
-    while acked < n {
-        let mut batch = consumer
-            .fetch()
-            .max_messages(256)
-            .messages()
-            .await
-            .expect("fetch");
-        let mut acks = Vec::new();
-        while let Some(message) = batch.next().await {
-            let message = message.expect("message");
-            acks.push(async move { message.double_ack_with(AckKind::Ack).await.expect("ack") });
-        }
-        acked += acks.len();
-        futures::future::join_all(acks).await;
-    }
-    n as f64 / started.elapsed().as_secs_f64()
-}
+#[path = "pipeline/ceilings.rs"]
+mod ceilings;
+#[path = "pipeline/pubsub.rs"]
+mod pubsub;
 
 /// A throwaway PostgreSQL database (the tests' helper).
 #[path = "../tests/services/postgres.rs"]
