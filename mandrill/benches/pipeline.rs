@@ -14,10 +14,18 @@
 //! With `--broker sqlite:PATH` (a real file; `sqlite` alone means a file in a
 //! fresh temporary directory) the N requests are published first, in one
 //! transaction, and `seconds` runs from the worker's start until the queue is
-//! idle. `--db` chooses the store the same way (default: in memory). With
-//! either on SQLite, the same run also measures the ceiling: a raw loop that
-//! inserts N rows and deletes them again, batched like the broker's writer,
-//! through sqlx with the same pragmas; `ratio` is the pipeline's rate over it.
+//! idle. `--db` chooses the store the same way (default: in memory).
+//!
+//! Each path's ceiling is measured in the same run, after the pipeline
+//! (`pipeline/ceilings.rs` says what each does): (a) with broker and store in
+//! memory, a one-task-per-message loop doing the same per-message work;
+//! (b) with either on SQLite, one writer doing receipt, claim, outcome and
+//! ack per message, a batch per transaction, with the same pragmas; (c) with
+//! NATS, a bare loop that keeps pulling while its acks are in flight; (d)
+//! with PostgreSQL, a bare batched `unnest` upsert loop. The line has
+//! `ceiling_{memory,sqlite,nats,postgres}_msgs_per_s` and
+//! `ratio_{memory,sqlite,nats,postgres}` (the pipeline's rate over the
+//! ceiling), `null` where not measured.
 //!
 //! With `--broker pubsub://PROJECT/SUBSCRIPTION` (the service, or an
 //! emulator named by `PUBSUB_EMULATOR_HOST`), the N requests are published
@@ -26,7 +34,7 @@
 //! two ceilings on subscriptions of their own, with no other work: a bare
 //! `StreamingPull` loop acking each chunk it takes in one call, and a bare
 //! unary loop (`Pull` of 1000, one `Acknowledge` per batch);
-//! `pubsub_ratio` is the pipeline's rate over the higher of the two.
+//! `ratio_pubsub` is the pipeline's rate over the higher of the two.
 //!
 //! `--notify slow|down|URL` adds a `[[notify]]` endpoint wanting every
 //! restarted and failed request (one event per message, the worst case):
@@ -233,10 +241,12 @@ async fn run(options: Options) {
     let mut payloads = payloads;
     let db_url = sqlite_url(&options.db, dir.path());
 
-    let nats = options
+    // The names' streams are deleted when they are dropped, at the end.
+    let nats_names = options
         .broker
         .starts_with("nats://")
-        .then(|| nats_settings(&options.broker));
+        .then(|| nats_names::StreamNames::new(&options.broker, "bench"));
+    let nats = nats_names.as_ref().map(nats_settings);
     let postgres = match options.db.starts_with("postgres://") {
         true => {
             Some(throwaway_postgres::TestDatabase::create_on(&options.db, "mandrill_bench").await)
@@ -472,9 +482,7 @@ async fn run(options: Options) {
     };
     // Drops the database, if there is one.
     drop(postgres);
-    if let Some(settings) = &nats {
-        delete_streams(settings).await;
-    }
+    drop(nats_names);
     let acked = stats.acked.get();
     let ratio = |ceiling: f64| (msgs_per_s / ceiling * 1e3).round() / 1e3;
     println!(
@@ -558,15 +566,14 @@ fn sqlite_url(option: &str, dir: &std::path::Path) -> Option<String> {
     }
 }
 
-/// Private stream and consumer names for one run on `url`.
-fn nats_settings(url: &str) -> NatsSettings {
-    let id = Uuid::new_v4().simple().to_string();
+/// The broker's settings on this run's own names.
+fn nats_settings(names: &nats_names::StreamNames) -> NatsSettings {
     NatsSettings {
-        url: url.to_owned(),
-        stream: format!("MANDRILL_BENCH_{id}"),
-        subject: format!("mandrill.bench.{id}.requests"),
-        consumer: format!("mandrill-bench-{id}"),
-        dead_letter_subject: format!("mandrill.bench.{id}.dead"),
+        url: names.url.clone(),
+        stream: names.stream.clone(),
+        subject: names.subject.clone(),
+        consumer: names.consumer.clone(),
+        dead_letter_subject: names.dead_letter_subject.clone(),
         ack_wait: Duration::from_secs(30),
         max_ack_pending: 100_000,
         poll_wait: Duration::from_millis(100),
@@ -585,24 +592,14 @@ async fn publish_concurrently(broker: &NatsBroker, payloads: Vec<Bytes>) {
         .await;
 }
 
-async fn delete_streams(settings: &NatsSettings) {
-    let client = async_nats::connect(settings.url.as_str())
-        .await
-        .expect("nats");
-    let js = async_nats::jetstream::new(client);
-    for stream in [
-        settings.stream.clone(),
-        format!("{}_DEAD", settings.stream),
-        format!("{}_CEILING", settings.stream),
-    ] {
-        let _ = js.delete_stream(stream).await;
-    }
-}
-
 #[path = "pipeline/ceilings.rs"]
 mod ceilings;
 #[path = "pipeline/pubsub.rs"]
 mod pubsub;
+
+/// NATS names of this run's own (the tests' helper).
+#[path = "../tests/services/nats_names.rs"]
+mod nats_names;
 
 /// A throwaway PostgreSQL database (the tests' helper).
 #[path = "../tests/services/postgres.rs"]
