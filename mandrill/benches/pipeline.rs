@@ -1,5 +1,10 @@
 //! The tutorial's workload through the real worker, measured.
 //!
+//! Over ~400 lines on purpose: `run` is the benchmark's script, set-up,
+//! pipeline, ceilings and report in the order they happen; the parts that
+//! stand alone are in `pipeline/` (options, the slow-save store, the
+//! ceilings, Pub/Sub).
+//!
 //! `cargo bench -p mandrill --bench pipeline -- --messages N --work-ms W --fail-rate F
 //!  [--broker memory|sqlite:PATH|nats://HOST:PORT|pubsub://PROJECT/SUBSCRIPTION]
 //!  [--pull unary|streaming] [--db memory|sqlite:PATH|postgres://…] [--writers N]`
@@ -47,7 +52,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
 use bytes::Bytes;
 use futures::StreamExt;
 use mandrill::backoff::Backoff;
@@ -55,154 +59,19 @@ use mandrill::broker::nats::{Credentials, NatsBroker, NatsSettings};
 use mandrill::broker::pubsub::PubSubBroker;
 use mandrill::broker::{Broker, MemoryBroker, Publisher as _, SqliteBroker};
 use mandrill::config::BrokerConfig;
-use mandrill::domain::{Domain, Outcome, ParseRules, RestartRequest, Status};
+use mandrill::domain::{Domain, ParseRules};
 use mandrill::notify::{EventKind, Format, Notifier, NotifierSettings, NotifyEntry};
 use mandrill::restarter::{SimulatedRestarter, Simulation};
 use mandrill::simulate::random_request;
 use mandrill::stats::Stats;
-use mandrill::store::{
-    Claim, ClaimTerms, HistoryEntry, MemoryStore, PostgresStore, Recorded, SqliteStore, Store,
-    StoreError, Timestamp,
-};
+use mandrill::store::{MemoryStore, PostgresStore, SqliteStore, Store};
 use mandrill::worker::{Shutdown, Worker, WorkerConfig};
-use uuid::Uuid;
+use options::{Options, parse_options};
+use slow_save::SlowSaveStore;
 
 /// The same allocator as the `mandrill` binary.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-struct Options {
-    messages: usize,
-    work: Duration,
-    fail_rate: f64,
-    broker: String,
-    pull: String,
-    db: String,
-    notify: Option<String>,
-    writers: u32,
-}
-
-fn parse_options() -> Options {
-    let mut options = Options {
-        messages: 100_000,
-        work: Duration::ZERO,
-        fail_rate: 0.0,
-        broker: "memory".into(),
-        pull: "unary".into(),
-        db: "memory".into(),
-        notify: None,
-        writers: mandrill::store::postgres::DEFAULT_WRITERS,
-    };
-    let mut args = std::env::args().skip(1);
-    while let Some(arg) = args.next() {
-        let mut value = |name: &str| {
-            args.next()
-                .unwrap_or_else(|| panic!("{name} needs a value"))
-        };
-        match arg.as_str() {
-            "--messages" => options.messages = value("--messages").parse().expect("--messages N"),
-            "--work-ms" => {
-                options.work =
-                    Duration::from_millis(value("--work-ms").parse().expect("--work-ms W"))
-            }
-            "--fail-rate" => {
-                options.fail_rate = value("--fail-rate").parse().expect("--fail-rate F")
-            }
-            "--broker" => options.broker = value("--broker"),
-            "--db" => options.db = value("--db"),
-            "--pull" => options.pull = value("--pull"),
-            "--notify" => options.notify = Some(value("--notify")),
-            "--writers" => options.writers = value("--writers").parse().expect("--writers N"),
-            // `cargo bench` passes --bench to harness-less benchmarks.
-            "--bench" => {}
-            other => {
-                panic!(
-                    "unknown argument {other:?}; expected --messages, --work-ms, --fail-rate, --broker, --pull, --db, --notify, --writers"
-                )
-            }
-        }
-    }
-    options
-}
-
-/// A store, with `save` taking the simulated work time.
-struct SlowSaveStore {
-    inner: Arc<dyn Store>,
-    work: Duration,
-}
-
-#[async_trait]
-impl Store for SlowSaveStore {
-    async fn lookup(&self, id: Uuid) -> Result<Option<Status>, StoreError> {
-        self.inner.lookup(id).await
-    }
-    async fn claim_restart(
-        &self,
-        r: &RestartRequest,
-        terms: ClaimTerms,
-    ) -> Result<Claim, StoreError> {
-        // The tutorial's save: now the claim, recorded before the restart.
-        if !self.work.is_zero() {
-            tokio::time::sleep(self.work).await;
-        }
-        self.inner.claim_restart(r, terms).await
-    }
-    async fn record_outcome(
-        &self,
-        r: &RestartRequest,
-        attempt: u32,
-        outcome: &Outcome,
-    ) -> Result<Recorded, StoreError> {
-        self.inner.record_outcome(r, attempt, outcome).await
-    }
-    async fn release_claim(&self, r: &RestartRequest, attempt: u32) -> Result<(), StoreError> {
-        self.inner.release_claim(r, attempt).await
-    }
-    async fn record_rejection(
-        &self,
-        id: Option<Uuid>,
-        reason: &str,
-        payload: &[u8],
-    ) -> Result<(), StoreError> {
-        self.inner.record_rejection(id, reason, payload).await
-    }
-    async fn history(&self, limit: usize) -> Result<Vec<HistoryEntry>, StoreError> {
-        self.inner.history(limit).await
-    }
-    async fn record_decision(
-        &self,
-        request: &RestartRequest,
-        attempt: u32,
-        decision: mandrill::store::Decision<'_>,
-    ) -> Result<(), StoreError> {
-        self.inner.record_decision(request, attempt, decision).await
-    }
-    async fn story(&self, message_id: Uuid) -> Result<Option<mandrill::store::Story>, StoreError> {
-        self.inner.story(message_id).await
-    }
-    async fn group_usage(
-        &self,
-        window_start: Timestamp,
-        memory_start: Timestamp,
-    ) -> Result<std::collections::BTreeMap<String, mandrill::store::GroupUsage>, StoreError> {
-        self.inner.group_usage(window_start, memory_start).await
-    }
-    async fn deferrals(&self, message_id: Uuid) -> Result<u32, StoreError> {
-        self.inner.deferrals(message_id).await
-    }
-    async fn prune(&self, before: Timestamp, max_rows: u32) -> Result<u64, StoreError> {
-        self.inner.prune(before, max_rows).await
-    }
-    async fn switch(&self) -> Result<mandrill::store::Switch, StoreError> {
-        self.inner.switch().await
-    }
-    async fn set_switch(&self, paused: bool, by: &str, reason: &str) -> Result<(), StoreError> {
-        self.inner.set_switch(paused, by, reason).await
-    }
-    async fn close(&self) {
-        self.inner.close().await
-    }
-}
 
 fn rss_kib(field: &str) -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
@@ -594,8 +463,12 @@ async fn publish_concurrently(broker: &NatsBroker, payloads: Vec<Bytes>) {
 
 #[path = "pipeline/ceilings.rs"]
 mod ceilings;
+#[path = "pipeline/options.rs"]
+mod options;
 #[path = "pipeline/pubsub.rs"]
 mod pubsub;
+#[path = "pipeline/slow_save.rs"]
+mod slow_save;
 
 /// NATS names of this run's own (the tests' helper).
 #[path = "../tests/services/nats_names.rs"]
