@@ -16,8 +16,8 @@ use url::Url;
 
 use crate::broken::BrokenLinks;
 use crate::config::Config;
-use crate::extract::{ExtractError, ExtractOptions, charset_of, extract_links, is_html};
-use crate::fetch::{BodyWanted, FetchError, FetchSettings, Fetcher};
+use crate::extract::ExtractOptions;
+use crate::fetch::{FetchSettings, Fetcher};
 use crate::frontier::{Dispatch, Frontier, FrontierSettings, Job};
 use crate::output::{Output, PageRecord, Persist, Step};
 use crate::report::{Console, ErrorKind, LOG_INTERVAL, Progress, Summary};
@@ -25,9 +25,9 @@ use crate::robots::RobotsRules;
 use crate::scope::{ScopeFilter, normalize};
 use crate::state::{Change, Resumed, State};
 
-/// Bodies larger than this are parsed on the blocking pool, so that one
-/// huge page does not stall the async workers.
-const INLINE_PARSE_LIMIT: usize = 256 * 1024;
+mod task;
+
+use task::{Outcome, PageError, fetch_page, fetch_robots};
 
 /// State changes to commit with the next output step; collects nothing
 /// without `--state`, so a plain crawl does not pay for it.
@@ -55,69 +55,6 @@ impl Journal {
         }
         let changes = std::mem::take(&mut self.changes);
         output.send_step(Step { record, changes }).await
-    }
-}
-
-/// What a finished task reports back to the loop.
-#[derive(Debug)]
-enum Outcome {
-    Page {
-        job: Job,
-        /// Boxed: two URLs and more, against a few words for robots.txt.
-        result: Result<Box<Fetched>, PageError>,
-    },
-    Robots {
-        host: String,
-        rules: RobotsRules,
-        /// The file as served, kept for `--state`.
-        body: Option<Vec<u8>>,
-    },
-}
-
-/// A page fetched with a status below 400.
-#[derive(Debug)]
-struct Fetched {
-    final_url: Url,
-    status: u16,
-    content_type: Option<String>,
-    /// `None` when the page is not HTML.
-    links: Option<Vec<Url>>,
-    /// A redirect out of the scope, reported and not followed.
-    redirect_to: Option<Url>,
-}
-
-/// Why one page failed. Counted and logged, never fatal.
-#[derive(Debug, thiserror::Error)]
-enum PageError {
-    #[error(transparent)]
-    Fetch(#[from] FetchError),
-    #[error(transparent)]
-    Extract(#[from] ExtractError),
-}
-
-impl PageError {
-    fn kind(&self) -> ErrorKind {
-        match self {
-            Self::Fetch(FetchError::Status { status, .. }) => ErrorKind::Http(*status),
-            Self::Fetch(FetchError::Timeout) => ErrorKind::Timeout,
-            Self::Fetch(FetchError::Connect(_)) => ErrorKind::Connect,
-            Self::Fetch(FetchError::TooManyRedirects) => ErrorKind::TooManyRedirects,
-            Self::Fetch(FetchError::BodyTooLarge { .. }) => ErrorKind::BodyTooLarge,
-            Self::Fetch(FetchError::Body(_)) => ErrorKind::Body,
-            Self::Fetch(FetchError::Request(_)) => ErrorKind::Request,
-            Self::Extract(_) => ErrorKind::Parse,
-        }
-    }
-
-    /// The server's Retry-After when it asked us to come back (429, 503).
-    fn retry_after(&self) -> Option<Option<Duration>> {
-        match self {
-            Self::Fetch(FetchError::Status {
-                status: 429 | 503,
-                retry_after,
-            }) => Some(*retry_after),
-            _ => None,
-        }
     }
 }
 
@@ -468,77 +405,4 @@ fn robots_rules(disallow_all: bool, body: Option<&[u8]>) -> RobotsRules {
         None if disallow_all => RobotsRules::DisallowAll,
         None => RobotsRules::AllowAll,
     }
-}
-
-/// Fetches and parses one page; with a `redirect_scope`, redirects are
-/// followed only within it.
-async fn fetch_page(
-    fetcher: Fetcher,
-    job: Job,
-    options: ExtractOptions,
-    redirect_scope: Option<Arc<ScopeFilter>>,
-) -> Outcome {
-    let result = fetch_and_extract(&fetcher, &job.url, options, redirect_scope.as_deref())
-        .await
-        .map(Box::new);
-    Outcome::Page { job, result }
-}
-
-async fn fetch_and_extract(
-    fetcher: &Fetcher,
-    url: &Url,
-    options: ExtractOptions,
-    redirect_scope: Option<&ScopeFilter>,
-) -> Result<Fetched, PageError> {
-    let follow = |target: &Url| redirect_scope.is_none_or(|scope| scope.contains(target));
-    let response = fetcher.get(url, BodyWanted::HtmlOnly, follow).await?;
-    let content_type = response.content_type;
-    let html_body = response
-        .body
-        .filter(|body| is_html(content_type.as_deref(), body));
-    let links = match html_body {
-        None => None,
-        Some(body) => {
-            let charset = content_type
-                .as_deref()
-                .and_then(charset_of)
-                .map(str::to_owned);
-            let page_url = response.final_url.clone();
-            let links = if body.len() <= INLINE_PARSE_LIMIT {
-                extract_links(&body, charset.as_deref(), &page_url, options)?
-            } else {
-                tokio::task::spawn_blocking(move || {
-                    extract_links(&body, charset.as_deref(), &page_url, options)
-                })
-                .await
-                .map_err(|error| ExtractError::from_panic(&error))??
-            };
-            Some(links)
-        }
-    };
-    Ok(Fetched {
-        final_url: response.final_url,
-        status: response.status,
-        content_type,
-        links,
-        redirect_to: response.redirect_to,
-    })
-}
-
-/// Fetches robots.txt. Per RFC 9309 a 4xx means no rules and a 5xx means
-/// the whole site is off limits; an unreachable server gets no rules, so
-/// that its pages fail with the real reason instead of a silent skip.
-async fn fetch_robots(fetcher: Fetcher, host: String, url: Url) -> Outcome {
-    let (rules, body) = match fetcher.get(&url, BodyWanted::Always, |_| true).await {
-        Ok(response) => {
-            let body = response.body.unwrap_or_default();
-            (RobotsRules::parse(&body), Some(body))
-        }
-        Err(FetchError::Status { status, .. }) if status >= 500 => {
-            warn!("fetching {url} failed with status {status}: treating {host} as disallowed");
-            (RobotsRules::DisallowAll, None)
-        }
-        Err(_) => (RobotsRules::AllowAll, None),
-    };
-    Outcome::Robots { host, rules, body }
 }

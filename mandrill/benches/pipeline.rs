@@ -1,5 +1,10 @@
 //! The tutorial's workload through the real worker, measured.
 //!
+//! Over ~400 lines on purpose: `run` is the benchmark's script, set-up,
+//! pipeline, ceilings and report in the order they happen; the parts that
+//! stand alone are in `pipeline/` (options, the slow-save store, the
+//! ceilings, Pub/Sub).
+//!
 //! `cargo bench -p mandrill --bench pipeline -- --messages N --work-ms W --fail-rate F
 //!  [--broker memory|sqlite:PATH|nats://HOST:PORT|pubsub://PROJECT/SUBSCRIPTION]
 //!  [--pull unary|streaming] [--db memory|sqlite:PATH|postgres://…] [--writers N]`
@@ -14,10 +19,18 @@
 //! With `--broker sqlite:PATH` (a real file; `sqlite` alone means a file in a
 //! fresh temporary directory) the N requests are published first, in one
 //! transaction, and `seconds` runs from the worker's start until the queue is
-//! idle. `--db` chooses the store the same way (default: in memory). With
-//! either on SQLite, the same run also measures the ceiling: a raw loop that
-//! inserts N rows and deletes them again, batched like the broker's writer,
-//! through sqlx with the same pragmas; `ratio` is the pipeline's rate over it.
+//! idle. `--db` chooses the store the same way (default: in memory).
+//!
+//! Each path's ceiling is measured in the same run, after the pipeline
+//! (`pipeline/ceilings.rs` says what each does): (a) with broker and store in
+//! memory, a one-task-per-message loop doing the same per-message work;
+//! (b) with either on SQLite, one writer doing receipt, claim, outcome and
+//! ack per message, a batch per transaction, with the same pragmas; (c) with
+//! NATS, a bare loop that keeps pulling while its acks are in flight; (d)
+//! with PostgreSQL, a bare batched `unnest` upsert loop. The line has
+//! `ceiling_{memory,sqlite,nats,postgres}_msgs_per_s` and
+//! `ratio_{memory,sqlite,nats,postgres}` (the pipeline's rate over the
+//! ceiling), `null` where not measured.
 //!
 //! With `--broker pubsub://PROJECT/SUBSCRIPTION` (the service, or an
 //! emulator named by `PUBSUB_EMULATOR_HOST`), the N requests are published
@@ -26,7 +39,7 @@
 //! two ceilings on subscriptions of their own, with no other work: a bare
 //! `StreamingPull` loop acking each chunk it takes in one call, and a bare
 //! unary loop (`Pull` of 1000, one `Acknowledge` per batch);
-//! `pubsub_ratio` is the pipeline's rate over the higher of the two.
+//! `ratio_pubsub` is the pipeline's rate over the higher of the two.
 //!
 //! `--notify slow|down|URL` adds a `[[notify]]` endpoint wanting every
 //! restarted and failed request (one event per message, the worst case):
@@ -39,162 +52,26 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
 use bytes::Bytes;
 use futures::StreamExt;
 use mandrill::backoff::Backoff;
 use mandrill::broker::nats::{Credentials, NatsBroker, NatsOptions};
-use mandrill::broker::pubsub::{PubSubBroker, PubSubOptions, PubSubSettings, PullMode};
 use mandrill::broker::sqlite::SqliteOptions;
+use mandrill::broker::pubsub::PubSubBroker;
 use mandrill::broker::{Broker, MemoryBroker, Publisher as _, SqliteBroker};
-use mandrill::domain::{Domain, Outcome, ParseRules, RestartRequest, Status};
+use mandrill::domain::{Domain, ParseRules};
 use mandrill::notify::{EventKind, Format, Notifier, NotifierSettings, NotifyEntry};
 use mandrill::restarter::{SimulatedRestarter, Simulation};
 use mandrill::simulate::random_request;
 use mandrill::stats::Stats;
-use mandrill::store::{
-    Claim, ClaimTerms, HistoryEntry, MemoryStore, PostgresStore, Recorded, SqliteStore, Store,
-    StoreError, Timestamp,
-};
+use mandrill::store::{MemoryStore, PostgresStore, SqliteStore, Store};
 use mandrill::worker::{Shutdown, Worker, WorkerConfig};
-use uuid::Uuid;
+use options::{Options, parse_options};
+use slow_save::SlowSaveStore;
 
 /// The same allocator as the `mandrill` binary.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-struct Options {
-    messages: usize,
-    work: Duration,
-    fail_rate: f64,
-    broker: String,
-    pull: String,
-    db: String,
-    notify: Option<String>,
-    writers: u32,
-}
-
-fn parse_options() -> Options {
-    let mut options = Options {
-        messages: 100_000,
-        work: Duration::ZERO,
-        fail_rate: 0.0,
-        broker: "memory".into(),
-        pull: "unary".into(),
-        db: "memory".into(),
-        notify: None,
-        writers: mandrill::store::postgres::DEFAULT_WRITERS,
-    };
-    let mut args = std::env::args().skip(1);
-    while let Some(arg) = args.next() {
-        let mut value = |name: &str| {
-            args.next()
-                .unwrap_or_else(|| panic!("{name} needs a value"))
-        };
-        match arg.as_str() {
-            "--messages" => options.messages = value("--messages").parse().expect("--messages N"),
-            "--work-ms" => {
-                options.work =
-                    Duration::from_millis(value("--work-ms").parse().expect("--work-ms W"))
-            }
-            "--fail-rate" => {
-                options.fail_rate = value("--fail-rate").parse().expect("--fail-rate F")
-            }
-            "--broker" => options.broker = value("--broker"),
-            "--db" => options.db = value("--db"),
-            "--pull" => options.pull = value("--pull"),
-            "--notify" => options.notify = Some(value("--notify")),
-            "--writers" => options.writers = value("--writers").parse().expect("--writers N"),
-            // `cargo bench` passes --bench to harness-less benchmarks.
-            "--bench" => {}
-            other => {
-                panic!(
-                    "unknown argument {other:?}; expected --messages, --work-ms, --fail-rate, --broker, --pull, --db, --notify, --writers"
-                )
-            }
-        }
-    }
-    options
-}
-
-/// A store, with `save` taking the simulated work time.
-struct SlowSaveStore {
-    inner: Arc<dyn Store>,
-    work: Duration,
-}
-
-#[async_trait]
-impl Store for SlowSaveStore {
-    async fn lookup(&self, id: Uuid) -> Result<Option<Status>, StoreError> {
-        self.inner.lookup(id).await
-    }
-    async fn claim_restart(
-        &self,
-        r: &RestartRequest,
-        terms: ClaimTerms,
-    ) -> Result<Claim, StoreError> {
-        // The tutorial's save: now the claim, recorded before the restart.
-        if !self.work.is_zero() {
-            tokio::time::sleep(self.work).await;
-        }
-        self.inner.claim_restart(r, terms).await
-    }
-    async fn record_outcome(
-        &self,
-        r: &RestartRequest,
-        attempt: u32,
-        outcome: &Outcome,
-    ) -> Result<Recorded, StoreError> {
-        self.inner.record_outcome(r, attempt, outcome).await
-    }
-    async fn release_claim(&self, r: &RestartRequest, attempt: u32) -> Result<(), StoreError> {
-        self.inner.release_claim(r, attempt).await
-    }
-    async fn record_rejection(
-        &self,
-        id: Option<Uuid>,
-        reason: &str,
-        payload: &[u8],
-    ) -> Result<(), StoreError> {
-        self.inner.record_rejection(id, reason, payload).await
-    }
-    async fn history(&self, limit: usize) -> Result<Vec<HistoryEntry>, StoreError> {
-        self.inner.history(limit).await
-    }
-    async fn record_decision(
-        &self,
-        request: &RestartRequest,
-        attempt: u32,
-        decision: mandrill::store::Decision<'_>,
-    ) -> Result<(), StoreError> {
-        self.inner.record_decision(request, attempt, decision).await
-    }
-    async fn story(&self, message_id: Uuid) -> Result<Option<mandrill::store::Story>, StoreError> {
-        self.inner.story(message_id).await
-    }
-    async fn group_usage(
-        &self,
-        window_start: Timestamp,
-        memory_start: Timestamp,
-    ) -> Result<std::collections::BTreeMap<String, mandrill::store::GroupUsage>, StoreError> {
-        self.inner.group_usage(window_start, memory_start).await
-    }
-    async fn deferrals(&self, message_id: Uuid) -> Result<u32, StoreError> {
-        self.inner.deferrals(message_id).await
-    }
-    async fn prune(&self, before: Timestamp, max_rows: u32) -> Result<u64, StoreError> {
-        self.inner.prune(before, max_rows).await
-    }
-    async fn switch(&self) -> Result<mandrill::store::Switch, StoreError> {
-        self.inner.switch().await
-    }
-    async fn set_switch(&self, paused: bool, by: &str, reason: &str) -> Result<(), StoreError> {
-        self.inner.set_switch(paused, by, reason).await
-    }
-    async fn close(&self) {
-        self.inner.close().await
-    }
-}
 
 fn rss_kib(field: &str) -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
@@ -233,10 +110,12 @@ async fn run(options: Options) {
     let mut payloads = payloads;
     let db_url = sqlite_url(&options.db, dir.path());
 
-    let nats = options
+    // The names' streams are deleted when they are dropped, at the end.
+    let nats_names = options
         .broker
         .starts_with("nats://")
-        .then(|| nats_settings(&options.broker));
+        .then(|| nats_names::StreamNames::new(&options.broker, "bench"));
+    let nats = nats_names.as_ref().map(nats_settings);
     let postgres = match options.db.starts_with("postgres://") {
         true => {
             Some(throwaway_postgres::TestDatabase::create_on(&options.db, "mandrill_bench").await)
@@ -246,7 +125,7 @@ async fn run(options: Options) {
     let pubsub = options
         .broker
         .starts_with("pubsub://")
-        .then(|| pubsub_options(&options.broker, &options.pull, n));
+        .then(|| pubsub::pubsub_options(&options.broker, &options.pull, n));
     let broker: Arc<dyn Broker> = match &broker_url {
         None if pubsub.is_some() => {
             let options = pubsub.clone().expect("checked just above");
@@ -437,25 +316,42 @@ async fn run(options: Options) {
     store.close().await;
 
     let msgs_per_s = n as f64 / seconds;
-    let raw = if broker_url.is_some() || db_url.is_some() {
-        Some(raw_sqlite_rate(n, dir.path()).await)
+    // The ceilings, each in this run, after the pipeline (its memory
+    // figures are taken before they start).
+    let ceiling_memory = if options.broker == "memory" && options.db == "memory" {
+        Some(ceilings::in_memory(n, options.work, options.fail_rate).await)
     } else {
         None
     };
-    let bare_nats = match &nats {
-        Some(settings) => Some(bare_nats_rate(settings, n).await),
+    let ceiling_sqlite = match broker_url.is_some() || db_url.is_some() {
+        true => Some(ceilings::sqlite(n, dir.path()).await),
+        false => None,
+    };
+    let ceiling_nats = match &nats {
+        Some(settings) => Some(
+            ceilings::nats(
+                &settings.url,
+                &format!("{}_CEILING", settings.stream),
+                &format!("{}.ceiling", settings.subject),
+                n,
+            )
+            .await,
+        ),
         None => None,
     };
-    let bare_pubsub = match &pubsub {
-        Some(options) => Some(bare_pubsub_rates(options, n).await),
+    let ceiling_postgres = match &postgres {
+        Some(_) => Some(ceilings::postgres(&options.db, n, options.writers).await),
+        None => None,
+    };
+    let ceiling_pubsub = match &pubsub {
+        Some(options) => Some(pubsub::bare_pubsub_rates(options, n).await),
         None => None,
     };
     // Drops the database, if there is one.
     drop(postgres);
-    if let Some(settings) = &nats {
-        delete_streams(settings).await;
-    }
+    drop(nats_names);
     let acked = stats.acked.get();
+    let ratio = |ceiling: f64| (msgs_per_s / ceiling * 1e3).round() / 1e3;
     println!(
         "{}",
         serde_json::json!({
@@ -468,16 +364,20 @@ async fn run(options: Options) {
             "db": options.db,
             "writers": options.db.starts_with("postgres://").then_some(options.writers),
             "publish_seconds": publish_seconds.map(|s| (s * 1e4).round() / 1e4),
-            "raw_sqlite_msgs_per_s": raw.map(f64::round),
-            "ratio": raw.map(|raw| (msgs_per_s / raw * 1e3).round() / 1e3),
-            "bare_nats_msgs_per_s": bare_nats.map(f64::round),
-            "nats_ratio": bare_nats.map(|bare| (msgs_per_s / bare * 1e3).round() / 1e3),
+            // Each ceiling, and the pipeline's rate over it (module `ceilings`).
+            "ceiling_memory_msgs_per_s": ceiling_memory.map(f64::round),
+            "ratio_memory": ceiling_memory.map(ratio),
+            "ceiling_sqlite_msgs_per_s": ceiling_sqlite.map(f64::round),
+            "ratio_sqlite": ceiling_sqlite.map(ratio),
+            "ceiling_nats_msgs_per_s": ceiling_nats.map(f64::round),
+            "ratio_nats": ceiling_nats.map(ratio),
+            "ceiling_postgres_msgs_per_s": ceiling_postgres.map(f64::round),
+            "ratio_postgres": ceiling_postgres.map(ratio),
             "pull": pubsub.as_ref().map(|_| options.pull.clone()),
-            "bare_pubsub_streaming_msgs_per_s": bare_pubsub.map(|(streaming, _)| streaming.round()),
-            "bare_pubsub_unary_msgs_per_s": bare_pubsub.map(|(_, unary)| unary.round()),
-            "pubsub_ratio": bare_pubsub.map(|(streaming, unary)| {
-                (msgs_per_s / streaming.max(unary) * 1e3).round() / 1e3
-            }),
+            "ceiling_pubsub_streaming_msgs_per_s": ceiling_pubsub.map(|(streaming, _)| streaming.round()),
+            "ceiling_pubsub_unary_msgs_per_s": ceiling_pubsub.map(|(_, unary)| unary.round()),
+            // Over the higher of the two.
+            "ratio_pubsub": ceiling_pubsub.map(|(streaming, unary)| ratio(streaming.max(unary))),
             "notify": options.notify,
             "notifications_sent": stats.notifications_sent.get(),
             "notifications_failed": stats.notifications_failed.get(),
@@ -533,192 +433,14 @@ fn sqlite_url(option: &str, dir: &std::path::Path) -> Option<String> {
     }
 }
 
-/// The ceiling: inserting `n` rows into a queue-shaped table and deleting
-/// them again, in transactions of the broker writer's batch size with one
-/// statement per 500 inserts and one per batch of deletes, through sqlx with
-/// the same pragmas. Messages per second.
-async fn raw_sqlite_rate(n: usize, dir: &std::path::Path) -> f64 {
-    use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
-    use sqlx::{ConnectOptions as _, Connection as _, QueryBuilder, Sqlite};
-
-    const BATCH: usize = 1024;
-    let mut conn = SqliteConnectOptions::new()
-        .filename(dir.join("raw.db"))
-        .create_if_missing(true)
-        .journal_mode(SqliteJournalMode::Wal)
-        .synchronous(SqliteSynchronous::Full)
-        .connect()
-        .await
-        .expect("raw database opens");
-    sqlx::raw_sql(
-        "CREATE TABLE q (id INTEGER PRIMARY KEY AUTOINCREMENT, payload BLOB NOT NULL,
-                         published_at INTEGER NOT NULL, visible_at INTEGER NOT NULL,
-                         deliveries INTEGER NOT NULL DEFAULT 0, lease INTEGER) STRICT;
-         CREATE INDEX q_visible_at ON q (visible_at);",
-    )
-    .execute(&mut conn)
-    .await
-    .expect("raw table");
-    let payload = Bytes::from(random_request(&mut rand::rng()).to_wire());
-    let started = Instant::now();
-    let mut ids = Vec::with_capacity(n);
-    let mut left = n;
-    while left > 0 {
-        let count = left.min(BATCH);
-        left -= count;
-        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.expect("begin");
-        for chunk_start in (0..count).step_by(500) {
-            let rows = (count - chunk_start).min(500);
-            let mut insert: QueryBuilder<Sqlite> =
-                QueryBuilder::new("INSERT INTO q (payload, published_at, visible_at) ");
-            insert.push_values(0..rows, |mut row, _| {
-                row.push_bind(payload.as_ref())
-                    .push_bind(0i64)
-                    .push_bind(0i64);
-            });
-            insert.push(" RETURNING id");
-            let inserted: Vec<i64> = insert
-                .build_query_scalar()
-                .fetch_all(&mut *tx)
-                .await
-                .expect("insert");
-            ids.extend(inserted);
-        }
-        tx.commit().await.expect("commit");
-    }
-    for chunk in ids.chunks(BATCH) {
-        let ids = serde_json::to_string(chunk).expect("ids serialise");
-        sqlx::query("DELETE FROM q WHERE id IN (SELECT value FROM json_each(?1))")
-            .bind(ids)
-            .execute(&mut conn)
-            .await
-            .expect("delete");
-    }
-    let rate = n as f64 / started.elapsed().as_secs_f64();
-    conn.close().await.expect("raw database closes");
-    rate
-}
-
-/// Private topic and subscription names for one run on
-/// `pubsub://PROJECT/PREFIX`.
-fn pubsub_options(url: &str, pull: &str, n: usize) -> PubSubOptions {
-    let (project, prefix) = mandrill::broker::pubsub::settings::parse_url(url).expect("pubsub url");
-    let id = &Uuid::new_v4().simple().to_string()[..12];
-    PubSubOptions {
-        project,
-        subscription: format!("{prefix}-{id}"),
-        settings: PubSubSettings {
-            topic: format!("{prefix}-{id}-requests"),
-            dead_letter_topic: format!("{prefix}-{id}-dead"),
-            dead_letter_subscription: format!("{prefix}-{id}-dead"),
-            pull: match pull {
-                "unary" => PullMode::Unary,
-                "streaming" => PullMode::Streaming,
-                other => panic!("--pull {other:?}: expected unary or streaming"),
-            },
-            poll_interval: Duration::from_millis(10),
-            ..PubSubSettings::default()
-        },
-        ack_deadline: Duration::from_secs(60),
-        poll_wait: Duration::from_millis(100),
-        max_deliveries: 10,
-        max_in_flight: n.max(1),
-    }
-}
-
-/// The ceilings: bare loops on subscriptions of their own, each taking `n`
-/// messages and acking them in batches, with no other work. Returns
-/// (streaming, unary) in messages per second.
-async fn bare_pubsub_rates(options: &PubSubOptions, n: usize) -> (f64, f64) {
-    use gcloud_pubsub::client::{Client, ClientConfig};
-    use gcloud_pubsub::subscriber::SubscriberConfig;
-    use gcloud_pubsub::subscription::{SubscribeConfig, SubscriptionConfig};
-
-    let config = ClientConfig {
-        project_id: Some(options.project.clone()),
-        ..ClientConfig::default()
-    };
-    let client = Client::new(config).await.expect("pubsub client");
-    let mut rng = rand::rng();
-    let payloads: Vec<Bytes> = (0..n)
-        .map(|_| Bytes::from(random_request(&mut rng).to_wire()))
-        .collect();
-    let mut rates = Vec::new();
-    for mode in ["streaming", "unary"] {
-        let topic_id = format!("{}-bare-{mode}", options.subscription);
-        let topic = client
-            .create_topic(&topic_id, None, None)
-            .await
-            .expect("bare topic");
-        let subscription = client
-            .create_subscription(
-                &topic_id,
-                &topic_id,
-                SubscriptionConfig {
-                    ack_deadline_seconds: 60,
-                    ..SubscriptionConfig::default()
-                },
-                None,
-            )
-            .await
-            .expect("bare subscription");
-        let publisher = topic.new_publisher(None);
-        for chunk in payloads.chunks(1000) {
-            let messages = chunk
-                .iter()
-                .map(|payload| gcloud_googleapis::pubsub::v1::PubsubMessage {
-                    data: payload.to_vec(),
-                    ..Default::default()
-                })
-                .collect();
-            publisher
-                .publish_immediately(messages, None)
-                .await
-                .expect("bare publish");
-        }
-        let started = Instant::now();
-        let mut acked = 0;
-        if mode == "streaming" {
-            let config = SubscribeConfig::default().with_subscriber_config(SubscriberConfig {
-                max_outstanding_messages: 1000,
-                ..SubscriberConfig::default()
-            });
-            let mut stream = subscription
-                .subscribe(Some(config))
-                .await
-                .expect("bare stream")
-                .ready_chunks(1000);
-            while acked < n {
-                let chunk = stream.next().await.expect("stream open");
-                acked += chunk.len();
-                let ids = chunk.into_iter().map(|m| m.ack_id).collect();
-                subscription.ack(ids).await.expect("bare ack");
-            }
-            stream.into_inner().dispose().await;
-        } else {
-            while acked < n {
-                let batch = subscription.pull(1000, None).await.expect("bare pull");
-                acked += batch.len();
-                let ids = batch.into_iter().map(|m| m.ack_id).collect();
-                subscription.ack(ids).await.expect("bare ack");
-            }
-        }
-        rates.push(n as f64 / started.elapsed().as_secs_f64());
-        let _ = subscription.delete(None).await;
-        let _ = topic.delete(None).await;
-    }
-    (rates[0], rates[1])
-}
-
-/// Private stream and consumer names for one run on `url`.
-fn nats_settings(url: &str) -> NatsOptions {
-    let id = Uuid::new_v4().simple().to_string();
+/// The broker's settings on this run's own names.
+fn nats_settings(names: &nats_names::StreamNames) -> NatsOptions {
     NatsOptions {
-        url: url.to_owned(),
-        stream: format!("MANDRILL_BENCH_{id}"),
-        subject: format!("mandrill.bench.{id}.requests"),
-        consumer: format!("mandrill-bench-{id}"),
-        dead_letter_subject: format!("mandrill.bench.{id}.dead"),
+        url: names.url.clone(),
+        stream: names.stream.clone(),
+        subject: names.subject.clone(),
+        consumer: names.consumer.clone(),
+        dead_letter_subject: names.dead_letter_subject.clone(),
         ack_wait: Duration::from_secs(30),
         max_ack_pending: 100_000,
         poll_wait: Duration::from_millis(100),
@@ -737,88 +459,18 @@ async fn publish_concurrently(broker: &NatsBroker, payloads: Vec<Bytes>) {
         .await;
 }
 
-async fn delete_streams(settings: &NatsOptions) {
-    let client = async_nats::connect(settings.url.as_str())
-        .await
-        .expect("nats");
-    let js = async_nats::jetstream::new(client);
-    for stream in [
-        settings.stream.clone(),
-        format!("{}_DEAD", settings.stream),
-        format!("{}_BARE", settings.stream),
-    ] {
-        let _ = js.delete_stream(stream).await;
-    }
-}
+#[path = "pipeline/ceilings.rs"]
+mod ceilings;
+#[path = "pipeline/options.rs"]
+mod options;
+#[path = "pipeline/pubsub.rs"]
+mod pubsub;
+#[path = "pipeline/slow_save.rs"]
+mod slow_save;
 
-/// The ceiling: a bare async-nats loop that pulls the same number of
-/// messages from a stream of its own and acks each (confirmed, as mandrill
-/// acks, and concurrently, as mandrill's handlers do), with no other work.
-async fn bare_nats_rate(settings: &NatsOptions, n: usize) -> f64 {
-    use async_nats::jetstream::consumer::{PullConsumer, pull};
-    use async_nats::jetstream::{AckKind, stream};
-
-    let client = async_nats::connect(settings.url.as_str())
-        .await
-        .expect("nats");
-    let js = async_nats::jetstream::new(client);
-    let subject = format!("{}.bare", settings.subject);
-    let stream = js
-        .create_stream(stream::Config {
-            name: format!("{}_BARE", settings.stream),
-            subjects: vec![subject.clone()],
-            retention: stream::RetentionPolicy::WorkQueue,
-            ..Default::default()
-        })
-        .await
-        .expect("bare stream");
-    let mut rng = rand::rng();
-    let payloads: Vec<Bytes> = (0..n)
-        .map(|_| Bytes::from(random_request(&mut rng).to_wire()))
-        .collect();
-    futures::stream::iter(payloads)
-        .map(|payload| {
-            let js = js.clone();
-            let subject = subject.clone();
-            async move {
-                js.publish(subject, payload)
-                    .await
-                    .expect("publish")
-                    .await
-                    .expect("confirmed")
-            }
-        })
-        .buffer_unordered(512)
-        .for_each(|_| async {})
-        .await;
-    let consumer: PullConsumer = stream
-        .create_consumer(pull::Config {
-            durable_name: Some("bare".into()),
-            ack_wait: Duration::from_secs(30),
-            max_ack_pending: 100_000,
-            ..Default::default()
-        })
-        .await
-        .expect("bare consumer");
-    let started = Instant::now();
-    let mut acked = 0;
-    while acked < n {
-        let mut batch = consumer
-            .fetch()
-            .max_messages(256)
-            .messages()
-            .await
-            .expect("fetch");
-        let mut acks = Vec::new();
-        while let Some(message) = batch.next().await {
-            let message = message.expect("message");
-            acks.push(async move { message.double_ack_with(AckKind::Ack).await.expect("ack") });
-        }
-        acked += acks.len();
-        futures::future::join_all(acks).await;
-    }
-    n as f64 / started.elapsed().as_secs_f64()
-}
+/// NATS names of this run's own (the tests' helper).
+#[path = "../tests/services/nats_names.rs"]
+mod nats_names;
 
 /// A throwaway PostgreSQL database (the tests' helper).
 #[path = "../tests/services/postgres.rs"]

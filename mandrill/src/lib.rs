@@ -29,6 +29,7 @@ pub mod cli;
 pub mod config;
 pub mod debug;
 pub mod domain;
+pub mod migrations;
 pub mod notify;
 pub mod pattern;
 pub mod restarter;

@@ -1,10 +1,11 @@
 //! Real servers for the integration tests: a fresh PostgreSQL database per
-//! test, NATS names unique to the test, a private `nats-server` that a test
+//! test, NATS names unique to the test (`nats_names.rs`), a private `nats-server` that a test
 //! may stop and start, and a private `sshd` (`sshd.rs`). Everything is
 //! removed when dropped.
 
 #![allow(dead_code)]
 
+pub mod nats_names;
 pub mod postgres;
 pub mod sshd;
 
@@ -103,49 +104,29 @@ impl Database {
 /// NATS names unique to one test, as `--set` flags; streams deleted on drop.
 pub struct NatsNames {
     pub url: String,
-    pub stream: String,
-    pub id: String,
+    names: nats_names::StreamNames,
 }
 
 impl NatsNames {
     pub fn new(url: &str) -> Self {
-        let id = Uuid::new_v4().simple().to_string();
         Self {
             url: url.to_owned(),
-            stream: format!("MANDRILL_TEST_{id}"),
-            id,
+            names: nats_names::StreamNames::new(url, "test"),
         }
     }
 
     /// Flags naming the stream, subjects and consumer.
     pub fn flags(&self) -> Vec<String> {
-        let id = &self.id;
+        let names = &self.names;
         [
-            format!("broker.nats.stream={}", self.stream),
-            format!("broker.nats.subject=mandrill.test.{id}.requests"),
-            format!("broker.nats.consumer=mandrill-test-{id}"),
-            format!("broker.nats.dead_letter_subject=mandrill.test.{id}.dead"),
+            format!("broker.nats.stream={}", names.stream),
+            format!("broker.nats.subject={}", names.subject),
+            format!("broker.nats.consumer={}", names.consumer),
+            format!("broker.nats.dead_letter_subject={}", names.dead_letter_subject),
         ]
         .into_iter()
         .flat_map(|setting| ["--set".to_owned(), setting])
         .collect()
-    }
-}
-
-impl Drop for NatsNames {
-    fn drop(&mut self) {
-        let url = self.url.clone();
-        let stream = self.stream.clone();
-        let _ = std::thread::spawn(move || {
-            block_on(async {
-                if let Ok(client) = async_nats::connect(url.as_str()).await {
-                    let js = async_nats::jetstream::new(client);
-                    let _ = js.delete_stream(&stream).await;
-                    let _ = js.delete_stream(format!("{stream}_DEAD")).await;
-                }
-            })
-        })
-        .join();
     }
 }
 

@@ -28,18 +28,20 @@ pub(crate) fn server_url() -> String {
 /// Names unique to one test; the streams are deleted on drop.
 pub(crate) struct TestStreams {
     pub settings: NatsOptions,
+    /// Deletes the streams when dropped.
+    _names: nats_names::StreamNames,
 }
 
 impl TestStreams {
     pub fn new(ack_wait: Duration) -> Self {
-        let id = Uuid::new_v4().simple().to_string();
+        let names = nats_names::StreamNames::new(&server_url(), "test");
         Self {
             settings: NatsOptions {
-                url: server_url(),
-                stream: format!("MANDRILL_TEST_{id}"),
-                subject: format!("mandrill.test.{id}.requests"),
-                consumer: format!("mandrill-test-{id}"),
-                dead_letter_subject: format!("mandrill.test.{id}.dead"),
+                url: names.url.clone(),
+                stream: names.stream.clone(),
+                subject: names.subject.clone(),
+                consumer: names.consumer.clone(),
+                dead_letter_subject: names.dead_letter_subject.clone(),
                 ack_wait,
                 max_ack_pending: 1000,
                 poll_wait: Duration::from_millis(200),
@@ -47,29 +49,15 @@ impl TestStreams {
                 tls: false,
                 tls_ca_file: None,
             },
+            _names: names,
         }
     }
 }
 
-impl Drop for TestStreams {
-    fn drop(&mut self) {
-        let settings = self.settings.clone();
-        let _ = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("runtime");
-            runtime.block_on(async {
-                if let Ok(client) = async_nats::connect(settings.url.as_str()).await {
-                    let js = jetstream::new(client);
-                    let _ = js.delete_stream(&settings.stream).await;
-                    let _ = js.delete_stream(format!("{}_DEAD", settings.stream)).await;
-                }
-            });
-        })
-        .join();
-    }
-}
+/// NATS names of a test's own (shared with the integration tests and the
+/// benchmark).
+#[path = "../../../tests/services/nats_names.rs"]
+mod nats_names;
 
 async fn pull_within(broker: &NatsBroker, deadline: Duration) -> Vec<Delivery> {
     let until = Instant::now() + deadline;

@@ -1,0 +1,57 @@
+//! The benchmark's command line.
+
+use std::time::Duration;
+
+pub struct Options {
+    pub messages: usize,
+    pub work: Duration,
+    pub fail_rate: f64,
+    pub broker: String,
+    pub pull: String,
+    pub db: String,
+    pub notify: Option<String>,
+    pub writers: u32,
+}
+
+pub fn parse_options() -> Options {
+    let mut options = Options {
+        messages: 100_000,
+        work: Duration::ZERO,
+        fail_rate: 0.0,
+        broker: "memory".into(),
+        pull: "unary".into(),
+        db: "memory".into(),
+        notify: None,
+        writers: mandrill::store::postgres::DEFAULT_WRITERS,
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        let mut value = |name: &str| {
+            args.next()
+                .unwrap_or_else(|| panic!("{name} needs a value"))
+        };
+        match arg.as_str() {
+            "--messages" => options.messages = value("--messages").parse().expect("--messages N"),
+            "--work-ms" => {
+                options.work =
+                    Duration::from_millis(value("--work-ms").parse().expect("--work-ms W"))
+            }
+            "--fail-rate" => {
+                options.fail_rate = value("--fail-rate").parse().expect("--fail-rate F")
+            }
+            "--broker" => options.broker = value("--broker"),
+            "--db" => options.db = value("--db"),
+            "--pull" => options.pull = value("--pull"),
+            "--notify" => options.notify = Some(value("--notify")),
+            "--writers" => options.writers = value("--writers").parse().expect("--writers N"),
+            // `cargo bench` passes --bench to harness-less benchmarks.
+            "--bench" => {}
+            other => {
+                panic!(
+                    "unknown argument {other:?}; expected --messages, --work-ms, --fail-rate, --broker, --pull, --db, --notify, --writers"
+                )
+            }
+        }
+    }
+    options
+}

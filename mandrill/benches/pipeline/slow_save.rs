@@ -1,0 +1,88 @@
+//! The tutorial's save, timed: a store whose claim waits the simulated work.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use mandrill::domain::{Outcome, RestartRequest, Status};
+use mandrill::store::{Claim, ClaimTerms, HistoryEntry, Recorded, Store, StoreError, Timestamp};
+use uuid::Uuid;
+
+/// A store, with `save` taking the simulated work time.
+pub struct SlowSaveStore {
+    pub inner: Arc<dyn Store>,
+    pub work: Duration,
+}
+
+#[async_trait]
+impl Store for SlowSaveStore {
+    async fn lookup(&self, id: Uuid) -> Result<Option<Status>, StoreError> {
+        self.inner.lookup(id).await
+    }
+    async fn claim_restart(
+        &self,
+        r: &RestartRequest,
+        terms: ClaimTerms,
+    ) -> Result<Claim, StoreError> {
+        // The tutorial's save: now the claim, recorded before the restart.
+        if !self.work.is_zero() {
+            tokio::time::sleep(self.work).await;
+        }
+        self.inner.claim_restart(r, terms).await
+    }
+    async fn record_outcome(
+        &self,
+        r: &RestartRequest,
+        attempt: u32,
+        outcome: &Outcome,
+    ) -> Result<Recorded, StoreError> {
+        self.inner.record_outcome(r, attempt, outcome).await
+    }
+    async fn release_claim(&self, r: &RestartRequest, attempt: u32) -> Result<(), StoreError> {
+        self.inner.release_claim(r, attempt).await
+    }
+    async fn record_rejection(
+        &self,
+        id: Option<Uuid>,
+        reason: &str,
+        payload: &[u8],
+    ) -> Result<(), StoreError> {
+        self.inner.record_rejection(id, reason, payload).await
+    }
+    async fn history(&self, limit: usize) -> Result<Vec<HistoryEntry>, StoreError> {
+        self.inner.history(limit).await
+    }
+    async fn record_decision(
+        &self,
+        request: &RestartRequest,
+        attempt: u32,
+        decision: mandrill::store::Decision<'_>,
+    ) -> Result<(), StoreError> {
+        self.inner.record_decision(request, attempt, decision).await
+    }
+    async fn story(&self, message_id: Uuid) -> Result<Option<mandrill::store::Story>, StoreError> {
+        self.inner.story(message_id).await
+    }
+    async fn group_usage(
+        &self,
+        window_start: Timestamp,
+        memory_start: Timestamp,
+    ) -> Result<std::collections::BTreeMap<String, mandrill::store::GroupUsage>, StoreError> {
+        self.inner.group_usage(window_start, memory_start).await
+    }
+    async fn deferrals(&self, message_id: Uuid) -> Result<u32, StoreError> {
+        self.inner.deferrals(message_id).await
+    }
+    async fn prune(&self, before: Timestamp, max_rows: u32) -> Result<u64, StoreError> {
+        self.inner.prune(before, max_rows).await
+    }
+    async fn switch(&self) -> Result<mandrill::store::Switch, StoreError> {
+        self.inner.switch().await
+    }
+    async fn set_switch(&self, paused: bool, by: &str, reason: &str) -> Result<(), StoreError> {
+        self.inner.set_switch(paused, by, reason).await
+    }
+    async fn close(&self) {
+        self.inner.close().await
+    }
+}
