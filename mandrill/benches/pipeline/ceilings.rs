@@ -42,54 +42,89 @@ pub(super) fn now_millis() -> i64 {
     i64::try_from(since.as_millis()).expect("milliseconds fit in i64")
 }
 
-/// (a) In memory: one spawned task per message (into a `TaskTracker`, as
+/// (a) In memory: the pipeline's per-message work with nothing around it.
+/// Timed, as the pipeline is, from the first publish to the last ack: each
+/// payload is published into a queue (a locked `VecDeque`, as the memory
+/// broker's); one loop pulls batches of up to 256, registers each delivery
+/// in a lease map and spawns one task per message (into a `TaskTracker`, as
 /// the worker tracks its handlers) that parses the payload into a
 /// `RestartRequest`, waits `work` (the save), claims it in a map (attempt
 /// counted), waits `work` (the restart, failing with probability
-/// `fail_rate`) and records the outcome in the map. No broker, no leases,
-/// no flow control: what is left of the pipeline's per-message work.
+/// `fail_rate`), records the outcome and acks (removes the lease). No flow
+/// control, no lease extension, no shutdown, no stats, no tracing.
 pub async fn in_memory(n: usize, work: Duration, fail_rate: f64) -> f64 {
+    type Queue = Mutex<std::collections::VecDeque<(u64, Bytes)>>;
     let payloads = payloads(n);
     let rules = Arc::new(parse_rules());
     let store: Arc<Mutex<HashMap<Uuid, (u32, Status)>>> =
         Arc::new(Mutex::new(HashMap::with_capacity(n)));
+    let queue: Arc<Queue> = Arc::new(Mutex::new(std::collections::VecDeque::with_capacity(n)));
+    let leases: Arc<Mutex<HashMap<u64, Instant>>> = Arc::new(Mutex::new(HashMap::with_capacity(n)));
     let tasks = TaskTracker::new();
     let started = Instant::now();
-    for payload in payloads {
-        let rules = rules.clone();
-        let store = store.clone();
-        tasks.spawn(async move {
-            let request = parse(&payload, &rules);
-            if !work.is_zero() {
-                tokio::time::sleep(work).await;
+    for (tag, payload) in (0u64..).zip(payloads) {
+        // A panic elsewhere would have ended the benchmark already.
+        queue
+            .lock()
+            .expect("not poisoned")
+            .push_back((tag, payload));
+    }
+    loop {
+        let batch: Vec<(u64, Bytes)> = {
+            let mut queue = queue.lock().expect("not poisoned");
+            let take = queue.len().min(256);
+            queue.drain(..take).collect()
+        };
+        if batch.is_empty() {
+            break;
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        {
+            let mut leases = leases.lock().expect("not poisoned");
+            for (tag, _) in &batch {
+                leases.insert(*tag, deadline);
             }
-            let attempt = {
-                // A panic elsewhere would have ended the benchmark already.
-                let mut store = store.lock().expect("not poisoned");
-                let entry = store
-                    .entry(request.message_id)
-                    .or_insert((0, Status::Received));
-                entry.0 += 1;
-                entry.0
-            };
-            if !work.is_zero() {
-                tokio::time::sleep(work).await;
-            }
-            let status = if fail_rate > 0.0 && rand::random::<f64>() < fail_rate {
-                Status::Failed
-            } else {
-                Status::Restarted
-            };
-            store
-                .lock()
-                .expect("not poisoned")
-                .insert(request.message_id, (attempt, status));
-        });
+        }
+        for (tag, payload) in batch {
+            let rules = rules.clone();
+            let store = store.clone();
+            let leases = leases.clone();
+            tasks.spawn(async move {
+                let request = parse(&payload, &rules);
+                if !work.is_zero() {
+                    tokio::time::sleep(work).await;
+                }
+                let attempt = {
+                    let mut store = store.lock().expect("not poisoned");
+                    let entry = store
+                        .entry(request.message_id)
+                        .or_insert((0, Status::Received));
+                    entry.0 += 1;
+                    entry.0
+                };
+                if !work.is_zero() {
+                    tokio::time::sleep(work).await;
+                }
+                let status = if fail_rate > 0.0 && rand::random::<f64>() < fail_rate {
+                    Status::Failed
+                } else {
+                    Status::Restarted
+                };
+                store
+                    .lock()
+                    .expect("not poisoned")
+                    .insert(request.message_id, (attempt, status));
+                leases.lock().expect("not poisoned").remove(&tag);
+            });
+        }
+        // As the worker's pull loop: let the tasks just spawned run.
+        tokio::task::yield_now().await;
     }
     tasks.close();
     tasks.wait().await;
     let rate = n as f64 / started.elapsed().as_secs_f64();
     assert_eq!(store.lock().expect("not poisoned").len(), n);
+    assert!(leases.lock().expect("not poisoned").is_empty());
     rate
 }
 

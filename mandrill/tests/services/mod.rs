@@ -122,7 +122,10 @@ impl NatsNames {
             format!("broker.nats.stream={}", names.stream),
             format!("broker.nats.subject={}", names.subject),
             format!("broker.nats.consumer={}", names.consumer),
-            format!("broker.nats.dead_letter_subject={}", names.dead_letter_subject),
+            format!(
+                "broker.nats.dead_letter_subject={}",
+                names.dead_letter_subject
+            ),
         ]
         .into_iter()
         .flat_map(|setting| ["--set".to_owned(), setting])
