@@ -17,8 +17,8 @@
 //! - [`cli`]: subcommands, signals, runtime, exit codes. [`config`]: layered
 //!   typed settings, built from sections some of which the adapters own;
 //!   [`settings`]: what both share (secrets, redaction, the `settings!`
-//!   declaration that makes field docs the help). [`telemetry`]: logging. [`debug`]: stall detector,
-//!   status line. [`simulate`]: demo publisher. [`stats`]: counters.
+//!   declaration that makes field docs the help). [`telemetry`]: logging. [`diagnostics`]: stall detector,
+//!   status line. [`demo`]: demo publisher. [`stats`]: counters.
 //!   [`backoff`]: exponential backoff.
 #![deny(missing_docs)]
 
@@ -27,7 +27,8 @@ pub mod backoff;
 pub mod broker;
 pub mod cli;
 pub mod config;
-pub mod debug;
+pub mod demo;
+pub mod diagnostics;
 pub mod domain;
 pub mod migrations;
 pub mod notify;
@@ -36,7 +37,6 @@ pub mod restarter;
 pub mod safety;
 pub mod service;
 pub mod settings;
-pub mod simulate;
 pub mod stats;
 pub mod store;
 pub mod telemetry;

@@ -36,7 +36,7 @@ use crate::safety::pause_file::PauseFile;
 use crate::stats::{Stats, StatsSnapshot};
 use crate::store::{MemoryStore, PostgresStore, SqliteStore, Store, Timestamp};
 use crate::worker::{FlowControl, Shutdown, Worker};
-use crate::{debug, simulate};
+use crate::{demo, diagnostics};
 
 /// How long closing the broker, the store or the companions may take at
 /// shutdown before it is given up on.
@@ -438,7 +438,7 @@ impl Service {
         if self.config.simulate.enabled {
             let stop = stop_companions.clone();
             let requested = shutdown.clone();
-            companions.spawn(simulate::publish(
+            companions.spawn(demo::publish(
                 self.broker.clone(),
                 self.simulate_rate.subscribe(),
                 self.config.simulate.malformed_rate,
@@ -489,12 +489,12 @@ impl Service {
                  not for production throughput"
             );
         }
-        companions.spawn(debug::watch_for_stalls(
+        companions.spawn(diagnostics::watch_for_stalls(
             self.config.debug.stall_threshold(),
             self.stats.clone(),
             stop_companions.clone(),
         ));
-        companions.spawn(debug::report_status(
+        companions.spawn(diagnostics::report_status(
             self.config.debug.status_interval(),
             self.stats.clone(),
             stop_companions.clone(),

@@ -31,7 +31,7 @@ pub struct Telemetry {
 impl Telemetry {
     /// Installs the global subscriber, writing to standard error with every
     /// secret `redactor` knows masked; with `step_timings` (debug mode),
-    /// each message's steps are timed (see [`crate::debug::StepTimings`]).
+    /// each message's steps are timed (see [`crate::diagnostics::StepTimings`]).
     pub fn init(
         config: &LogSettings,
         redactor: Redactor,
@@ -48,7 +48,7 @@ impl Telemetry {
         };
         let filter = EnvFilter::try_new(&config.level)?;
         let (filter, handle) = reload::Layer::new(filter);
-        let steps = step_timings.then_some(crate::debug::StepTimings);
+        let steps = step_timings.then_some(crate::diagnostics::StepTimings);
         let format = match config.format {
             LogFormat::Text => tracing_subscriber::fmt::layer()
                 .with_writer(writer)

@@ -9,7 +9,7 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusRecorder};
 
 use std::fmt::Write as _;
 
-use crate::debug::RuntimeMetrics;
+use crate::diagnostics::RuntimeMetrics;
 use crate::domain::Rejection;
 use crate::stats::{BUCKETS, DeadLetterReason, Histogram, Stats, StatsSnapshot, Timings};
 

@@ -35,7 +35,7 @@ async fn metrics(Shared(state): Shared<Arc<State>>) -> Response {
     let mut text = state.metrics.render(
         &state.stats.snapshot(),
         &super::metrics::reasons(&state.stats),
-        &crate::debug::RuntimeMetrics::read(),
+        &crate::diagnostics::RuntimeMetrics::read(),
         state.leashed(),
         state.shutdown.is_requested(),
     );
@@ -152,7 +152,7 @@ async fn status(Shared(state): Shared<Arc<State>>) -> Response {
             "store": if stats.store_down == 0 { "up" } else { "down" },
             "in_flight": stats.in_flight,
             "counters": stats,
-            "runtime": crate::debug::RuntimeMetrics::read(),
+            "runtime": crate::diagnostics::RuntimeMetrics::read(),
         }),
     )
 }

@@ -103,7 +103,7 @@ impl PostgresStore {
             .acquire_timeout(Duration::from_secs(10))
             .connect_with(options)
             .await?;
-        sqlx::migrate!("./migrations/postgres").run(&pool).await?;
+        crate::migrations::postgres().run(&pool).await?;
         let writers = writers.min(max_connections - 1).max(1);
         let (writes, receiver) = mpsc::channel(writer::MAX_BATCH * 4);
         let queue: writer::Queue = Arc::new(tokio::sync::Mutex::new(receiver));

@@ -120,7 +120,7 @@ impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for StepTimings {
             let _ = write!(line, "{separator}{step} +{:.1}ms", *at as f64 / 1000.0);
         }
         tracing::debug!(
-            target: "mandrill::debug::steps",
+            target: "mandrill::diagnostics::steps",
             message_id = %steps.message_id.as_deref().unwrap_or("-"),
             steps = %line,
             "message step timings"
