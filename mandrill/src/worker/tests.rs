@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use super::*;
-use crate::broker::{Close, Delivery, DeliveryTag, MemoryBroker, Publisher};
+use crate::broker::{BrokerError, Close, Delivery, DeliveryTag, MemoryBroker, Publisher};
 use crate::domain::{Domain, Outcome, RestartRequest, Restarted, Status};
 use crate::restarter::{Reservation, RestartError};
 use crate::safety::{Eligibility, Policy, PolicyHandle};
@@ -1274,10 +1274,10 @@ async fn handler_task_stays_small() {
         Arc::new(ScriptedRestarter::default()),
         Arc::new(Stats::default()),
     );
-    let context = worker.context.clone();
+    let shared = worker.shared.clone();
     let delivery = Delivery::new(DeliveryTag::number(1), Bytes::new(), 1);
-    let permit = context.flow.acquire().await;
-    let task = super::handler::handle_for_size(context.clone(), delivery, permit);
+    let permit = shared.flow.acquire().await;
+    let task = super::handler::handle_for_size(shared.clone(), delivery, permit);
     let size = std::mem::size_of_val(&task);
     // 704 bytes before the claim, the lease tracking and the settle retries
     // (issue 8) added ~110; the lean hot path (issue 14) is to take it back.
