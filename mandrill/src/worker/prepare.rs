@@ -14,7 +14,7 @@ use super::settle::{Settlement, settle_recorded, shutting_down};
 use super::shared::Shared;
 use crate::broker::Delivery;
 use crate::domain::RestartRequest;
-use crate::restarter::Reservation;
+use crate::restarter::{Refusal, Reservation};
 use crate::safety::Hold;
 use crate::store::{Claim, ClaimTerms, unknown_outcome};
 
@@ -88,12 +88,28 @@ pub(super) async fn prepare(
         limits,
         ..shared.claim_terms
     };
-    let Some(reservation) = shared
+    let reservation = match shared
         .abort
         .or_abort(shared.restarter.reserve(request))
         .await
-    else {
-        return Err(shutting_down());
+    {
+        Some(Ok(reservation)) => reservation,
+        Some(Err(refusal)) => {
+            // Before the claim: nothing claimed, nothing issued, so no
+            // attempt is used. Deferred like a guard's hold, and recorded
+            // as its decision (which also keeps the delivery out of
+            // `max_deliveries`).
+            info!(%refusal, "the backend refused the reservation");
+            let Refusal {
+                guard,
+                reason,
+                retry_after,
+                ..
+            } = refusal;
+            let hold = policy.guards.defer(request, guard, retry_after, reason);
+            return Err(held(shared, progress, request, hold).await);
+        }
+        None => return Err(shutting_down()),
     };
     // The claim: recorded before the restart is issued.
     let claimed = store_op(shared, progress, Until::LeaseHeld, || {

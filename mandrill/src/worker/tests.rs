@@ -16,7 +16,7 @@ use uuid::Uuid;
 use super::*;
 use crate::broker::{BrokerError, Close, Delivery, DeliveryTag, MemoryBroker, Publisher};
 use crate::domain::{Domain, Outcome, RestartRequest, Restarted, Status};
-use crate::restarter::{Reservation, RestartError};
+use crate::restarter::{Reservation, Reserving, RestartError};
 use crate::safety::{Eligibility, Policy, PolicyHandle};
 use crate::store::{Claim, ClaimTerms, HistoryEntry, MemoryStore, Recorded, StoreError, Timestamp};
 
@@ -325,12 +325,15 @@ impl ScriptedRestarter {
 
 #[async_trait]
 impl Restarter for ScriptedRestarter {
-    async fn reserve(&self, _request: &RestartRequest) -> Reservation {
-        if let Some(gate) = &self.reserve_gate {
+    fn reserve<'a>(&'a self, _request: &'a RestartRequest) -> Reserving<'a> {
+        let Some(gate) = &self.reserve_gate else {
+            return Reserving::unlimited();
+        };
+        Reserving::wait(async move {
             self.timeline.push("reserve-waiting");
             gate.acquire().await.unwrap().forget();
-        }
-        Reservation::unlimited()
+            Ok(Reservation::unlimited())
+        })
     }
 
     async fn restart(
@@ -1286,3 +1289,6 @@ async fn handler_task_stays_small() {
 
 #[path = "guard_tests.rs"]
 mod guards;
+
+#[path = "refusal_tests.rs"]
+mod refusals;
