@@ -33,6 +33,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use futures::FutureExt;
+use futures::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
@@ -49,13 +50,54 @@ use crate::domain::{Outcome, RestartRequest};
 use crate::restarter::RestartError;
 use crate::stats::DeadLetterReason;
 
-/// Spawns the handling of one delivery, which holds one flow-control permit.
-pub(crate) fn spawn(
+/// Spawns one task for a pulled batch: it drives each delivery's handler
+/// concurrently and ends when the last is settled. `permits` holds one
+/// flow-control permit per delivery; each handler releases its own.
+///
+/// One task per batch rather than per delivery: a task is an allocation, a
+/// schedule and several copies of the handler's state on the way into it;
+/// a `FuturesUnordered` node is one allocation, written once. Each handler
+/// is still isolated: its panics are caught on their own (see [`message`]).
+pub(super) fn spawn_batch(
     tracker: &TaskTracker,
     shared: Arc<Shared>,
+    deliveries: Vec<Delivery>,
+    permits: OwnedSemaphorePermit,
+) {
+    tracker.spawn(drive_batch(shared, deliveries, permits));
+}
+
+async fn drive_batch(
+    shared: Arc<Shared>,
+    deliveries: Vec<Delivery>,
+    mut permits: OwnedSemaphorePermit,
+) {
+    let mut handlers = FuturesUnordered::new();
+    for delivery in deliveries {
+        // The pull loop took one permit per delivery.
+        let Some(permit) = permits.split(1) else {
+            unreachable!("the pull loop takes one flow-control permit per delivery");
+        };
+        handlers.push(message(&shared, delivery, permit));
+    }
+    while let Some(handled) = handlers.next().await {
+        if let Err(panic) = handled {
+            // Outside the handler's own guards (which turn a panic into a
+            // nack): this delivery is left to lease expiry, its permit was
+            // dropped with it, and the batch goes on.
+            shared.stats.panics.inc();
+            error!(panic = %panic_message(&*panic), "handler panicked; the broker will redeliver");
+        }
+    }
+}
+
+/// One delivery's handler as its batch drives it: in its own span, with
+/// its panics caught, so that one panic fails one message, not its batch.
+pub(super) fn message(
+    shared: &Shared,
     delivery: Delivery,
     permit: OwnedSemaphorePermit,
-) {
+) -> impl Future<Output = std::thread::Result<()>> + '_ {
     let span = info_span!(
         "message",
         tag = %delivery.tag,
@@ -63,7 +105,7 @@ pub(crate) fn spawn(
         message_id = tracing::field::Empty,
         host = tracing::field::Empty,
     );
-    tracker.spawn(handle(shared, delivery, permit).instrument(span));
+    AssertUnwindSafe(handle(shared, delivery, permit).instrument(span)).catch_unwind()
 }
 
 /// Handles one delivery and settles it.
@@ -71,31 +113,31 @@ pub(crate) fn spawn(
 /// A plain function returning an `async move` block: an `async fn` would copy
 /// its arguments into its state a second time.
 #[allow(clippy::manual_async_fn)] // deliberate, see above
-pub(super) fn handle(
-    shared: Arc<Shared>,
+fn handle(
+    shared: &Shared,
     delivery: Delivery,
     permit: OwnedSemaphorePermit,
-) -> impl Future<Output = ()> {
+) -> impl Future<Output = ()> + '_ {
     async move {
         shared.stats.in_flight.inc();
         // Milliseconds in a u32 (wrapping): a full `Instant` held across the
         // awaits would grow every in-flight task by 16 bytes.
         let started = shared.millis(Instant::now()) as u32;
         info!("pulled");
-        let progress = Progress::new(&shared);
-        let settlement = match guarded(&shared, &delivery, &progress).await {
+        let progress = Progress::new(shared);
+        let settlement = match guarded(shared, &delivery, &progress).await {
             Ok(settlement) => settlement,
             Err(panic) => {
                 shared.stats.panics.inc();
                 let message = panic_message(&*panic);
                 error!(panic = %message, "handler panicked");
-                Box::pin(after_panic(&shared, &delivery, &progress, message)).await
+                Box::pin(after_panic(shared, &delivery, &progress, message)).await
             }
         };
         // A panic while settling must not leak the in-flight count or the
         // flow-control permit: caught here like any other.
         let settled = settle(
-            &shared,
+            shared,
             &delivery,
             settlement,
             DeadLetterReason::from_u8(progress.dead_letter.load(Ordering::Relaxed)),
@@ -255,13 +297,4 @@ pub(super) async fn process(
         })
     });
     Box::pin(conclude(shared, progress, &request, attempt, restarted)).await
-}
-
-#[cfg(test)]
-pub(super) fn handle_for_size(
-    shared: Arc<Shared>,
-    delivery: Delivery,
-    permit: OwnedSemaphorePermit,
-) -> impl Future<Output = ()> {
-    handle(shared, delivery, permit)
 }

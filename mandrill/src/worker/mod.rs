@@ -238,7 +238,7 @@ impl Worker {
         tracker.close();
         let grace = shared.config.shutdown_grace;
         info!(
-            in_flight = tracker.len(),
+            in_flight = shared.stats.in_flight.get(),
             ?grace,
             "stopped pulling; waiting for in-flight messages"
         );
@@ -249,7 +249,7 @@ impl Worker {
         };
         if !drained {
             warn!(
-                in_flight = tracker.len(),
+                in_flight = shared.stats.in_flight.get(),
                 "grace period over: nacking messages whose restart has not begun, \
                  waiting for restarts already issued to be recorded"
             );

@@ -1,5 +1,5 @@
 //! The pull loop and its supervisor: take deliveries as flow control
-//! allows, hand them to handlers, pause while the store is down or the kill
+//! allows, hand each pulled batch to one task that drives its handlers, pause while the store is down or the kill
 //! switch is on, and restart the loop with backoff when it fails.
 
 use std::panic::AssertUnwindSafe;
@@ -83,26 +83,31 @@ async fn pull_loop(
             pulled = shared.broker.pull(permits.num_permits()) => pulled?,
         };
         *failures = 0;
-        let pulled_any = !deliveries.is_empty();
-        for delivery in deliveries {
-            shared.stats.pulled.inc();
-            match permits.split(1) {
-                Some(permit) => {
-                    handler::spawn(tracker, shared.clone(), delivery, permit);
-                }
-                None => {
-                    // The broker returned more than asked: give the extra back.
-                    warn!(tag = %delivery.tag, "broker over-delivered; nacking the extra");
-                    let _ = shared.broker.nack(&delivery.tag, Duration::ZERO).await;
-                }
+        let mut deliveries = deliveries;
+        let asked = permits.num_permits();
+        if deliveries.len() > asked {
+            // The broker returned more than asked: give the extra back.
+            for extra in deliveries.split_off(asked) {
+                shared.stats.pulled.inc();
+                warn!(tag = %extra.tag, "broker over-delivered; nacking the extra");
+                let _ = shared.broker.nack(&extra.tag, Duration::ZERO).await;
             }
         }
-        if pulled_any {
-            // Let the handlers just spawned run before pulling more: a broker
-            // that always has a batch ready would otherwise keep this thread,
-            // and every message would sit spawned but unstarted in memory.
-            tokio::task::yield_now().await;
+        if deliveries.is_empty() {
+            // The permits go back as they are dropped.
+            continue;
         }
+        shared.stats.pulled.add(deliveries.len() as u64);
+        // Exactly one permit per delivery goes with the batch; the rest are
+        // dropped (returned) here.
+        let Some(batch) = permits.split(deliveries.len()) else {
+            unreachable!("no more deliveries than permits are kept");
+        };
+        handler::spawn_batch(tracker, shared.clone(), deliveries, batch);
+        // Let the handlers just spawned run before pulling more: a broker
+        // that always has a batch ready would otherwise keep this thread,
+        // and every message would sit spawned but unstarted in memory.
+        tokio::task::yield_now().await;
     }
 }
 

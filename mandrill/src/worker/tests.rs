@@ -1280,7 +1280,8 @@ async fn handler_task_stays_small() {
     let shared = worker.shared.clone();
     let delivery = Delivery::new(DeliveryTag::number(1), Bytes::new(), 1);
     let permit = shared.flow.acquire().await;
-    let task = super::handler::handle_for_size(shared.clone(), delivery, permit);
+    // What a batch's task holds per delivery (plus its FuturesUnordered node).
+    let task = super::handler::message(&shared, delivery, permit);
     let size = std::mem::size_of_val(&task);
     // 704 bytes before the claim, the lease tracking and the settle retries
     // (issue 8) added ~110; the lean hot path (issue 14) is to take it back.
