@@ -238,7 +238,8 @@ pub(super) async fn process(
                 return rare(reject(shared, delivery, progress, rejection.to_string())).await;
             }
         };
-    config.policy.current().guards.counting.assign(&mut request);
+    let policy = config.policy.current();
+    policy.guards.counting.assign(&mut request);
     {
         let span = tracing::Span::current();
         span.record("message_id", tracing::field::display(request.message_id));
@@ -246,11 +247,11 @@ pub(super) async fn process(
     }
     // Each phase is boxed: only one phase's state is alive at a time, and
     // boxing keeps the others out of the task's size for its whole life.
-    let (attempt, reservation) = match Box::pin(prepare(shared, delivery, progress, &request)).await
-    {
-        Ok(ready) => ready,
-        Err(settlement) => return settlement,
-    };
+    let (attempt, reservation) =
+        match Box::pin(prepare(shared, delivery, progress, &request, policy)).await {
+            Ok(ready) => ready,
+            Err(settlement) => return settlement,
+        };
     progress.claimed.store(attempt, Ordering::Release);
     // The tutorial's "saved": now the claim, recorded before the restart.
     info!(attempt, "saved");
@@ -259,7 +260,11 @@ pub(super) async fn process(
     // outage: a decision made before waiting is never trusted after it.
     // Under the policy in force now (a reload since is honoured), and with
     // the stop conditions, which run here, right before the restart.
-    let dry_run = match Box::pin(recheck(shared, &request)).await {
+    let rechecked = match recheck(shared, &request) {
+        Ok(decided) => decided,
+        Err(stop_conditions) => stop_conditions.await,
+    };
+    let dry_run = match rechecked {
         Ok(dry_run) => dry_run,
         Err(Some(hold)) => {
             drop(reservation);

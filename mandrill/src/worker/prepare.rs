@@ -2,9 +2,11 @@
 //! guards, the reservation and the claim; then, after the claim, the guards
 //! again and the stop conditions.
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use tracing::{error, info, warn};
 
 use super::decisions::{deny, give_up, held};
@@ -15,7 +17,7 @@ use super::shared::Shared;
 use crate::broker::Delivery;
 use crate::domain::RestartRequest;
 use crate::restarter::{Refusal, Reservation};
-use crate::safety::Hold;
+use crate::safety::{Hold, Policy};
 use crate::store::{Claim, ClaimTerms, unknown_outcome};
 
 /// How soon a delivery deferred by the kill switch is looked at again.
@@ -28,11 +30,16 @@ pub(super) const UNKNOWN_BUDGET_RETRY: Duration = Duration::from_secs(60);
 /// Everything before the restart: the delivery limit, eligibility,
 /// capacity, and the claim that decides whether to restart at all. `Ok`
 /// with the claimed attempt and its reservation, or how to settle.
+///
+/// `policy` is the one in force when the request was parsed: read once per
+/// message for the decisions before the claim (each read is a shared lock),
+/// and again only after a wait on the store.
 pub(super) async fn prepare(
     shared: &Shared,
     delivery: &Delivery,
     progress: &Progress,
     request: &RestartRequest,
+    mut policy: Arc<Policy>,
 ) -> Result<(u32, Reservation), Settlement> {
     let config = &shared.config;
     if delivery.attempt > config.max_deliveries {
@@ -65,9 +72,9 @@ pub(super) async fn prepare(
             );
             return Err(give_up(shared, progress, request, 0, reason).await);
         }
+        // The store may have kept us waiting: decide under the policy now.
+        policy = config.policy.current();
     }
-    // Read once for the decisions before the claim.
-    let policy = config.policy.current();
     if let Err(reason) = policy.eligibility.check(request.instance_name.as_str()) {
         return Err(deny(shared, progress, request, reason).await);
     }
@@ -192,24 +199,36 @@ pub(super) async fn prepare(
 /// every guard's decision). `Ok` with whether the policy is leashed, or why
 /// to hold the request; `Err(None)` when the grace period ended while the
 /// stop conditions ran (the restart was not issued, so it must not be).
-pub(super) async fn recheck(
-    shared: &Shared,
-    request: &RestartRequest,
-) -> Result<bool, Option<Hold>> {
+///
+/// Decided at once unless stop conditions are configured: only then is
+/// there anything to wait for, and a future (boxed: it is rare, and the
+/// handler's state would otherwise keep room for it) to wait on.
+pub(super) fn recheck<'a>(
+    shared: &'a Shared,
+    request: &'a RestartRequest,
+) -> Result<Rechecked, BoxFuture<'a, Rechecked>> {
     let policy = shared.config.policy.current();
     if let Some(hold) = policy.guards.hold(request) {
-        return Err(Some(hold));
+        return Ok(Err(Some(hold)));
     }
-    if !policy.stop_conditions.is_empty() {
+    if policy.stop_conditions.is_empty() {
+        return Ok(Ok(policy.dry_run));
+    }
+    Err(Box::pin(async move {
         let Some(checked) = shared.abort.or_abort(policy.stop_conditions.check()).await else {
             return Err(None);
         };
         if let Err(reason) = checked {
             return Err(Some(policy.defer(request, policy.stop_retry, reason)));
         }
-    }
-    Ok(policy.dry_run)
+        Ok(policy.dry_run)
+    }))
 }
+
+/// What [`recheck`] decides: `Ok` with whether the policy is leashed, or
+/// why to hold the request; `Err(None)` when the grace period ended while
+/// the stop conditions ran.
+pub(super) type Rechecked = Result<bool, Option<Hold>>;
 
 /// The grace period ended between the claim and the restart: nothing was
 /// issued, so the claim is given back (one try, bounded, as shutdown is
