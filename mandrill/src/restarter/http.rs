@@ -19,8 +19,8 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use hmac::{Hmac, Mac};
-use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
-use reqwest::{Method, StatusCode};
+use reqwest::Method;
+use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
 use sha2::Sha256;
 use tracing::debug;
 use url::Url;
@@ -35,9 +35,12 @@ pub(crate) use answer::cause_chain;
 use answer::{
     MAX_REASON_BODY_BYTES, failure_reason, is_retryable, read_bounded, recorded_output, retry_after,
 };
-#[cfg(test)]
-use answer::{MAX_RETRY_AFTER, one_line};
 pub use settings::{HttpSettings, IDEMPOTENCY_HEADER};
+#[cfg(test)]
+use {
+    answer::{MAX_RETRY_AFTER, one_line},
+    reqwest::{StatusCode, header::RETRY_AFTER},
+};
 
 /// Restarts hosts by calling a webhook. Build it with [`HttpRestarter::new`].
 /// `Debug` shows no key, header value, URL credentials or query.
