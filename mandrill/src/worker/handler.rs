@@ -85,7 +85,9 @@ async fn drive_batch(
             // Outside the handler's own guards (which turn a panic into a
             // nack): this delivery is left to lease expiry, its permit was
             // dropped with it, and the batch goes on.
+            // The handler counted itself in flight first thing.
             shared.stats.panics.inc();
+            shared.stats.in_flight.dec();
             error!(panic = %panic_message(&*panic), "handler panicked; the broker will redeliver");
         }
     }
