@@ -38,7 +38,10 @@ fn loopback() -> HostMap {
 
 async fn restart(restarter: &SshRestarter, instance: &str) -> Result<Restarted, RestartError> {
     let request = request(instance);
-    let reservation = restarter.reserve(&request).await;
+    let reservation = restarter
+        .reserve(&request)
+        .await
+        .expect("ssh never refuses");
     restarter.restart(&request, reservation).await
 }
 
@@ -344,14 +347,17 @@ async fn reserve_waits_for_a_free_connection() {
     };
     let restarter = SshRestarter::new(&settings, loopback()).unwrap();
     let request = request("cattle-ab12");
-    let first = restarter.reserve(&request).await;
+    let first = restarter
+        .reserve(&request)
+        .await
+        .expect("ssh never refuses");
     let mut second = Box::pin(restarter.reserve(&request));
     assert!(
         futures::FutureExt::now_or_never(&mut second).is_none(),
         "no second connection while the first is held"
     );
     drop(first);
-    second.await;
+    second.await.expect("ssh never refuses");
 }
 
 #[tokio::test]

@@ -5,12 +5,15 @@
 //! redelivery delays deterministically.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::{BinaryHeap, VecDeque};
 use std::sync::Mutex;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
+// Keys are this broker's own sequence numbers, never chosen by a sender: a
+// fast hash needs no protection from collisions (SipHash's reason to be).
+use foldhash::HashMap;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 

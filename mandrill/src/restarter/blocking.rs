@@ -10,7 +10,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use tokio::sync::Semaphore;
 
-use super::{Reservation, RestartError, Restarter};
+use super::{Reservation, Reserving, RestartError, Restarter};
 use crate::domain::{RestartRequest, Restarted};
 
 /// A restart backend written with blocking calls (a sync client, a
@@ -38,16 +38,21 @@ impl<R: BlockingRestart> Blocking<R> {
 
 #[async_trait]
 impl<R: BlockingRestart> Restarter for Blocking<R> {
-    /// Waits for a free blocking thread.
-    async fn reserve(&self, _request: &RestartRequest) -> Reservation {
-        // The semaphore is never closed, so acquiring cannot fail.
-        let permit = self
-            .threads
-            .clone()
-            .acquire_owned()
-            .await
-            .expect("blocking pool semaphore is never closed");
-        Reservation::permit(permit)
+    /// Waits for a free blocking thread (without a wait when one is free).
+    fn reserve<'a>(&'a self, _request: &'a RestartRequest) -> Reserving<'a> {
+        if let Ok(permit) = self.threads.clone().try_acquire_owned() {
+            return Reserving::now(Ok(Reservation::permit(permit)));
+        }
+        Reserving::wait(async move {
+            // The semaphore is never closed, so acquiring cannot fail.
+            let permit = self
+                .threads
+                .clone()
+                .acquire_owned()
+                .await
+                .expect("blocking pool semaphore is never closed");
+            Ok(Reservation::permit(permit))
+        })
     }
 
     async fn restart(

@@ -7,6 +7,7 @@
 //! (honouring `Retry-After`), any other answer is a permanent refusal.
 //! Redirects are not followed: a signed POST must not be replayed elsewhere.
 
+mod answer;
 mod settings;
 #[cfg(test)]
 mod tests;
@@ -18,8 +19,8 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use hmac::{Hmac, Mac};
-use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
-use reqwest::{Method, StatusCode};
+use reqwest::Method;
+use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
 use sha2::Sha256;
 use tracing::debug;
 use url::Url;
@@ -29,16 +30,17 @@ use super::template::{Template, Values};
 use super::{Reservation, RestartError, Restarter};
 use crate::domain::{RestartRequest, Restarted};
 
+pub use answer::MAX_OUTPUT_BYTES;
+pub(crate) use answer::cause_chain;
+use answer::{
+    MAX_REASON_BODY_BYTES, failure_reason, is_retryable, read_bounded, recorded_output, retry_after,
+};
 pub use settings::{HttpSettings, IDEMPOTENCY_HEADER};
-
-/// Most bytes of an answer's body kept as the recorded output.
-pub const MAX_OUTPUT_BYTES: usize = 4096;
-/// Most bytes of an answer's body quoted in a failure's reason (which is
-/// logged, stored and becomes a dead-letter reason).
-const MAX_REASON_BODY_BYTES: usize = 256;
-/// A `Retry-After` beyond this is taken as this: a misbehaving webhook must
-/// not park a request for years.
-const MAX_RETRY_AFTER: Duration = Duration::from_secs(24 * 3600);
+#[cfg(test)]
+use {
+    answer::{MAX_RETRY_AFTER, one_line},
+    reqwest::{StatusCode, header::RETRY_AFTER},
+};
 
 /// Restarts hosts by calling a webhook. Build it with [`HttpRestarter::new`].
 /// `Debug` shows no key, header value, URL credentials or query.
@@ -261,26 +263,6 @@ impl Signer {
     }
 }
 
-/// 408, 429 and 5xx may pass; other non-2xx answers will not.
-fn is_retryable(status: StatusCode) -> bool {
-    status.is_server_error()
-        || status == StatusCode::REQUEST_TIMEOUT
-        || status == StatusCode::TOO_MANY_REQUESTS
-}
-
-fn failure_reason(method: &Method, url: &str, status: StatusCode, body: &[u8]) -> String {
-    let mut reason = format!("{method} {url} answered {status}");
-    if status.is_redirection() {
-        reason.push_str(" (redirects are not followed: point url at the final address)");
-    }
-    let body = one_line(&String::from_utf8_lossy(body));
-    if !body.is_empty() {
-        reason.push_str(": ");
-        reason.push_str(&body);
-    }
-    reason
-}
-
 /// Parses a rendered URL; only http and https are accepted. The text is not
 /// echoed in the error: it may hold a token.
 fn parse_url(text: &str) -> Result<Url, String> {
@@ -321,85 +303,6 @@ pub fn redacted(url: &Url) -> String {
     }
     shown.set_fragment(None);
     shown.to_string()
-}
-
-/// The delay a `Retry-After` header asks for, in seconds or as an HTTP date
-/// (a past date means now), at most [`MAX_RETRY_AFTER`].
-fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
-    let value = headers.get(RETRY_AFTER)?.to_str().ok()?.trim();
-    let delay = match value.parse::<u64>() {
-        Ok(seconds) => Duration::from_secs(seconds),
-        Err(_) => {
-            let date = httpdate::parse_http_date(value).ok()?;
-            date.duration_since(now).unwrap_or_default()
-        }
-    };
-    Some(delay.min(MAX_RETRY_AFTER))
-}
-
-/// Up to `limit` bytes of the body; the rest is never read.
-async fn read_bounded(
-    response: &mut reqwest::Response,
-    limit: usize,
-) -> Result<Vec<u8>, reqwest::Error> {
-    let mut body = Vec::new();
-    while let Some(chunk) = response.chunk().await? {
-        let room = limit.saturating_sub(body.len());
-        if chunk.len() > room {
-            // One byte past the limit tells the caller the body was cut.
-            body.extend_from_slice(&chunk[..=room]);
-            break;
-        }
-        body.extend_from_slice(&chunk);
-    }
-    Ok(body)
-}
-
-/// The body as stored: text, at most [`MAX_OUTPUT_BYTES`], ending in `…` when
-/// cut; `None` when empty. NULs become U+FFFD (PostgreSQL refuses them).
-fn recorded_output(body: &[u8]) -> Option<String> {
-    if body.is_empty() {
-        return None;
-    }
-    let text = String::from_utf8_lossy(body).replace('\0', "\u{fffd}");
-    Some(truncated(&text, MAX_OUTPUT_BYTES))
-}
-
-/// A body quoted in a reason: one line, at most [`MAX_REASON_BODY_BYTES`].
-fn one_line(text: &str) -> String {
-    let flat: String = text
-        .trim()
-        .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect();
-    truncated(&flat, MAX_REASON_BODY_BYTES)
-}
-
-/// `text` cut on a character boundary so that it, with a `…` when cut, fits
-/// in `limit` bytes.
-fn truncated(text: &str, limit: usize) -> String {
-    if text.len() <= limit {
-        return text.to_owned();
-    }
-    const ELLIPSIS: &str = "…";
-    let end = text.floor_char_boundary(limit - ELLIPSIS.len());
-    format!("{}{ELLIPSIS}", &text[..end])
-}
-
-/// An error and its causes, `: `-separated: reqwest's own message is vague
-/// ("error sending request"), the innermost says what happened.
-pub(crate) fn cause_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut cause = error.source();
-    while let Some(source) = cause {
-        let next = source.to_string();
-        if !text.contains(&next) {
-            text.push_str(": ");
-            text.push_str(&next);
-        }
-        cause = source.source();
-    }
-    text
 }
 
 fn secret_from_file(path: &Path) -> Result<Secret, String> {

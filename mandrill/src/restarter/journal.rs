@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 
-use super::{Reservation, RestartError, Restarter};
+use super::{Reservation, Reserving, RestartError, Restarter};
 use crate::domain::{RestartRequest, Restarted};
 
 /// See the module docs.
@@ -44,8 +44,9 @@ impl Restarter for Journaled {
         self.inner.describe(request)
     }
 
-    async fn reserve(&self, request: &RestartRequest) -> Reservation {
-        self.inner.reserve(request).await
+    fn reserve<'a>(&'a self, request: &'a RestartRequest) -> Reserving<'a> {
+        // Refusals pass through: nothing is journaled or probed for them.
+        self.inner.reserve(request)
     }
 
     async fn restart(

@@ -16,9 +16,13 @@ pub mod ssh;
 pub mod template;
 pub mod verify;
 
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures::future::BoxFuture;
 
 use crate::domain::{Hostname, RestartRequest, Restarted};
 
@@ -133,18 +137,95 @@ impl Reservation {
     }
 }
 
+/// A backend (or a guard wrapped around one) will not take this restart
+/// now. Nothing was issued: the worker defers the request for
+/// `retry_after`, records `reason` as the decision (`mandrill explain`),
+/// and counts no attempt.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{guard} refused: {reason} (retry after {retry_after:?})")]
+#[non_exhaustive]
+pub struct Refusal {
+    /// Who refused, as a decision names its guard (`backend`, `rate limit`).
+    pub guard: &'static str,
+    /// Why, in plain words.
+    pub reason: String,
+    /// When to try again.
+    pub retry_after: Duration,
+}
+
+impl Refusal {
+    /// `guard` refuses for `reason`; ask again after `retry_after`.
+    pub fn new(guard: &'static str, reason: impl Into<String>, retry_after: Duration) -> Self {
+        Self {
+            guard,
+            reason: reason.into(),
+            retry_after,
+        }
+    }
+}
+
+/// What [`Restarter::reserve`] returns: an answer at once, or a wait.
+///
+/// Not an `async fn` on purpose: a `dyn Restarter`'s `async fn` allocates
+/// a boxed future per call, and most reservations are decided at once (no
+/// limit, a free permit). Only a reservation that must wait is boxed.
+#[must_use = "a reservation does nothing unless awaited"]
+pub struct Reserving<'a>(ReservingInner<'a>);
+
+enum ReservingInner<'a> {
+    Now(Option<Result<Reservation, Refusal>>),
+    Waiting(BoxFuture<'a, Result<Reservation, Refusal>>),
+}
+
+impl<'a> Reserving<'a> {
+    /// Decided already.
+    pub fn now(answer: Result<Reservation, Refusal>) -> Self {
+        Self(ReservingInner::Now(Some(answer)))
+    }
+
+    /// Nothing to wait for and nothing to hold.
+    pub fn unlimited() -> Self {
+        Self::now(Ok(Reservation::unlimited()))
+    }
+
+    /// Decided by `wait`, which must be cancel-safe (dropping it reserves
+    /// nothing).
+    pub fn wait(wait: impl Future<Output = Result<Reservation, Refusal>> + Send + 'a) -> Self {
+        Self(ReservingInner::Waiting(Box::pin(wait)))
+    }
+}
+
+impl Future for Reserving<'_> {
+    type Output = Result<Reservation, Refusal>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        // Unpin: the answer is moved out, the wait is boxed.
+        match &mut self.get_mut().0 {
+            ReservingInner::Now(answer) => Poll::Ready(
+                answer
+                    .take()
+                    .expect("a reservation is polled after its answer"),
+            ),
+            ReservingInner::Waiting(wait) => wait.as_mut().poll(cx),
+        }
+    }
+}
+
 /// Restarts one host, in two steps. [`Restarter::reserve`] waits for
-/// capacity (a free thread, a connection, later a rate limit) and has not
-/// touched the host: the worker may abandon it on shutdown.
-/// [`Restarter::restart`] issues the restart: from then on the worker waits
-/// for its outcome and records it. Both see the whole request: its message
-/// id is the idempotency key a webhook or remote command can pass on.
+/// capacity (a free thread, a connection), or refuses (a rate limit, a
+/// schedule, a backend in maintenance), and has not touched the host: the
+/// worker may abandon it on shutdown, and a refusal defers the request
+/// without using an attempt. [`Restarter::restart`] issues the restart:
+/// from then on the worker waits for its outcome and records it. Both see
+/// the whole request: its message id is the idempotency key a webhook or
+/// remote command can pass on. Decorators ([`Journaled`], [`Verified`])
+/// pass reservations and refusals through unchanged.
 #[async_trait]
 pub trait Restarter: Send + Sync + 'static {
-    /// Waits until a restart can be issued. Cancel-safe: dropping the future
-    /// issues nothing.
-    async fn reserve(&self, _request: &RestartRequest) -> Reservation {
-        Reservation::unlimited()
+    /// Waits until a restart of `request` can be issued, or refuses it.
+    /// Cancel-safe: dropping the future issues nothing.
+    fn reserve<'a>(&'a self, _request: &'a RestartRequest) -> Reserving<'a> {
+        Reserving::unlimited()
     }
 
     /// The exact action a restart of `request` would take (the argv, the

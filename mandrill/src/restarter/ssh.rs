@@ -27,7 +27,7 @@ use tokio::sync::Semaphore;
 
 use super::hosts::HostMap;
 use super::template::{ArgvTemplate, Values};
-use super::{Reservation, RestartError, Restarter};
+use super::{Reservation, Reserving, RestartError, Restarter};
 use crate::domain::{Hostname, RestartRequest, Restarted};
 
 pub use output::{Captured, read_bounded};
@@ -234,13 +234,18 @@ impl Restarter for SshRestarter {
         }
     }
 
-    async fn reserve(&self, _request: &RestartRequest) -> Reservation {
-        let permit = Arc::clone(&self.permits)
-            .acquire_owned()
-            .await
-            // The semaphore is never closed.
-            .expect("the ssh connection semaphore is never closed");
-        Reservation::permit(permit)
+    fn reserve<'a>(&'a self, _request: &'a RestartRequest) -> Reserving<'a> {
+        if let Ok(permit) = Arc::clone(&self.permits).try_acquire_owned() {
+            return Reserving::now(Ok(Reservation::permit(permit)));
+        }
+        Reserving::wait(async move {
+            let permit = Arc::clone(&self.permits)
+                .acquire_owned()
+                .await
+                // The semaphore is never closed.
+                .expect("the ssh connection semaphore is never closed");
+            Ok(Reservation::permit(permit))
+        })
     }
 
     async fn restart(

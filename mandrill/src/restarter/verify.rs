@@ -22,7 +22,7 @@ use tracing::debug;
 use super::hosts::{HostMap, Target};
 use super::process::{ProcessRunner, for_log};
 use super::template::{ArgvTemplate, Template, Values};
-use super::{Reservation, RestartError, Restarter};
+use super::{Reservation, Reserving, RestartError, Restarter};
 use crate::domain::{RestartRequest, Restarted};
 
 /// Probe intervals are drawn uniformly within this fraction either side of
@@ -316,8 +316,9 @@ impl Restarter for Verified {
         self.inner.describe(request)
     }
 
-    async fn reserve(&self, request: &RestartRequest) -> Reservation {
-        self.inner.reserve(request).await
+    fn reserve<'a>(&'a self, request: &'a RestartRequest) -> Reserving<'a> {
+        // Refusals pass through: nothing is journaled or probed for them.
+        self.inner.reserve(request)
     }
 
     async fn restart(

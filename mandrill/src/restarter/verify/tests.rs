@@ -100,7 +100,7 @@ async fn verify(
     settings.validate().unwrap();
     let verified = Verified::new(host, settings, every_host_at(address)).unwrap();
     let request = request("cattle-ab12");
-    let reservation = verified.reserve(&request).await;
+    let reservation = verified.reserve(&request).await.expect("no refusal");
     verified.restart(&request, reservation).await
 }
 

@@ -1,0 +1,149 @@
+//! Everything after the restart: the outcome, recorded (shielded: retried
+//! until the store answers), and how to settle.
+
+use tracing::{debug, error, info, warn};
+
+use super::lease::Progress;
+use super::retry::{Stopped, Until, store_op};
+use super::settle::{Settlement, settle_recorded};
+use super::shared::Shared;
+use crate::domain::{Outcome, RestartRequest};
+use crate::notify::EventKind;
+use crate::restarter::RestartError;
+use crate::stats::DeadLetterReason;
+use crate::store::Recorded;
+
+/// Everything after the restart: the outcome, recorded, and how to settle.
+pub(super) async fn conclude(
+    shared: &Shared,
+    progress: &Progress,
+    request: &RestartRequest,
+    attempt: u32,
+    restarted: Result<crate::domain::Restarted, RestartError>,
+) -> Settlement {
+    let config = &shared.config;
+    let mut retry_after = None;
+    let outcome = match restarted {
+        Ok(restarted) => {
+            shared.stats.restarted.inc();
+            if let Some(after) = restarted.recovered_after {
+                shared.stats.timings.recovery.observe(after);
+            }
+            info!(recovered_after = ?restarted.recovered_after, "restarted");
+            shared.notify(EventKind::Restarted, request, attempt, None);
+            Outcome::Restarted(restarted)
+        }
+        Err(RestartError::Unrecovered {
+            host,
+            after,
+            reason,
+            output,
+        }) => {
+            shared.stats.unrecovered.inc();
+            let error = RestartError::Unrecovered {
+                host,
+                after,
+                reason,
+                output: None,
+            };
+            error!(%error, "restarted, but the host did not come back");
+            shared.notify(EventKind::Unrecovered, request, attempt, Some(&error));
+            if config.policy.current().pause_on_unrecovered {
+                // Fail closed: a host that does not come back stops every
+                // instance until someone looks (`mandrill resume`).
+                let why = format!("{} did not recover after its restart", request.hostname);
+                match shared.store.set_switch(true, "mandrill", &why).await {
+                    Ok(()) => {
+                        error!(reason = why, "paused all restarts");
+                        shared.notify_switch(true, "mandrill", &why);
+                    }
+                    Err(error) => error!(%error, "could not pause restarts"),
+                }
+            }
+            Outcome::Unrecovered {
+                error: error.to_string(),
+                output,
+            }
+        }
+        Err(error) if !error.is_retryable() || attempt >= config.max_attempts => {
+            shared.stats.restart_failures.inc();
+            if error.is_retryable() {
+                warn!(%error, attempt, "restart failed on the last attempt");
+            } else {
+                warn!(%error, attempt, "restart refused for good; not retrying");
+            }
+            shared.notify(EventKind::Failed, request, attempt, Some(&error));
+            Outcome::Failed {
+                error: error.to_string(),
+            }
+        }
+        Err(error) => {
+            shared.stats.restart_failures.inc();
+            warn!(%error, attempt, "restart failed; will retry");
+            retry_after = error.retry_after();
+            Outcome::Retrying {
+                error: error.to_string(),
+            }
+        }
+    };
+
+    let recorded = store_op(shared, progress, Until::Shielded, || {
+        shared.store.record_outcome(request, attempt, &outcome)
+    })
+    .await;
+    match recorded {
+        Ok(Recorded::Recorded) => debug!(status = %outcome.status(), "outcome recorded"),
+        Ok(Recorded::AlreadyFinal(status)) => {
+            shared.stats.duplicates.inc();
+            warn!(%status, "another delivery recorded a final outcome first; keeping it");
+            progress.dead_letter_because(DeadLetterReason::RestartFailed);
+            return settle_recorded(status);
+        }
+        Err(Stopped::Permanent(error)) => {
+            // Never restart again because bookkeeping failed: give it up.
+            error!(%error, "the store refused the outcome; dead-lettering without another restart");
+            shared.stats.given_up.inc();
+            progress.dead_letter_because(DeadLetterReason::StoreRefused);
+            return Settlement::DeadLetter {
+                reason: format!(
+                    "restart attempt {attempt} ended ({}), but its outcome could not be recorded: {error}",
+                    outcome.status()
+                ),
+            };
+        }
+        Err(Stopped::OutOfTime(error)) => {
+            error!(%error, "shutting down without the outcome recorded; nacking so it is not lost");
+            return Settlement::Nack {
+                delay: config.retry_backoff.delay(attempt),
+                why: "outcome not recorded".into(),
+            };
+        }
+        // Not reachable after the restart (no lease or abort check there);
+        // a nack is the safe answer all the same.
+        Err(Stopped::Shutdown | Stopped::LeaseLost) => {
+            return Settlement::Nack {
+                delay: config.retry_backoff.delay(attempt),
+                why: "outcome not recorded".into(),
+            };
+        }
+    }
+    match outcome {
+        // Unrecovered is final and recorded: the request was carried out.
+        // (Denied and dry-run outcomes are settled where they are decided.)
+        Outcome::Restarted(_)
+        | Outcome::Unrecovered { .. }
+        | Outcome::Denied { .. }
+        | Outcome::DryRun { .. }
+        | Outcome::Expired { .. } => Settlement::Ack,
+        Outcome::Retrying { .. } => Settlement::Nack {
+            delay: retry_after.unwrap_or_else(|| config.retry_backoff.delay(attempt)),
+            why: "restart failed".into(),
+        },
+        Outcome::Failed { error } => {
+            progress.dead_letter_because(DeadLetterReason::RestartFailed);
+            Settlement::DeadLetter {
+                reason: format!("restart failed after {attempt} attempts: {error}"),
+            }
+        }
+    }
+}

@@ -1,0 +1,215 @@
+//! Decisions that issue nothing: denied, deferred, expired, dry run, given
+//! up. Each is recorded (for the history, and `mandrill explain`), then
+//! settled.
+
+use std::sync::atomic::Ordering;
+
+use tracing::{error, info, warn};
+
+use super::lease::Progress;
+use super::retry::{Stopped, Until, store_op};
+use super::settle::{Settlement, settle_recorded, shutting_down};
+use super::shared::Shared;
+use crate::domain::{Outcome, RestartRequest};
+use crate::notify::EventKind;
+use crate::safety::Hold;
+use crate::stats::DeadLetterReason;
+use crate::store::{Decision, Recorded};
+
+/// Records a request a safety guard refused for good, and acks it: the
+/// request was handled, by a decision not to act.
+pub(super) async fn deny(
+    shared: &Shared,
+    progress: &Progress,
+    request: &RestartRequest,
+    reason: String,
+) -> Settlement {
+    shared.stats.denied.inc();
+    info!(reason, "denied");
+    let decision = Decision {
+        verdict: "denied",
+        guard: "eligibility",
+        reason: &reason,
+    };
+    note_decision(shared, request, 0, decision).await;
+    let outcome = Outcome::Denied { reason };
+    record_decision(shared, progress, request, 0, outcome).await
+}
+
+/// A guard said not now. Deferred: nacked to come back when the guard could
+/// pass, with nothing claimed or issued (the nack frees the flow-control
+/// slot). Deferred past `safety.max_defer`: recorded `expired` and acked.
+pub(super) async fn held(
+    shared: &Shared,
+    progress: &Progress,
+    request: &RestartRequest,
+    hold: Hold,
+) -> Settlement {
+    match hold {
+        Hold::Defer {
+            guard,
+            delay,
+            reason,
+        } => {
+            shared.stats.deferred.inc();
+            info!(?delay, guard, reason, "deferred");
+            let decision = Decision {
+                verdict: "deferred",
+                guard,
+                reason: &reason,
+            };
+            note_decision(shared, request, 0, decision).await;
+            Settlement::Nack { delay, why: reason }
+        }
+        Hold::Expired { guard, reason } => {
+            shared.stats.expired.inc();
+            info!(guard, reason, "expired");
+            let decision = Decision {
+                verdict: "expired",
+                guard,
+                reason: &reason,
+            };
+            note_decision(shared, request, 0, decision).await;
+            let outcome = Outcome::Expired { reason };
+            record_decision(shared, progress, request, 0, outcome).await
+        }
+    }
+}
+
+/// A guard closed between the claim and the restart. Deferred: the claim
+/// is given back, so that it does not count as a used attempt, and the
+/// delivery deferred. Expired: recorded against the claimed attempt (final,
+/// so the count no longer matters).
+pub(super) async fn unclaim(
+    shared: &Shared,
+    progress: &Progress,
+    request: &RestartRequest,
+    attempt: u32,
+    hold: Hold,
+) -> Settlement {
+    if let Hold::Expired { reason, .. } = hold {
+        shared.stats.expired.inc();
+        info!(reason, "expired after the claim");
+        let outcome = Outcome::Expired { reason };
+        return record_decision(shared, progress, request, attempt, outcome).await;
+    }
+    let released = store_op(shared, progress, Until::LeaseHeld, || {
+        shared.store.release_claim(request, attempt)
+    })
+    .await;
+    match released {
+        Ok(()) => progress.claimed.store(0, Ordering::Release),
+        // The claim holds until it expires and then counts as used: an
+        // attempt lost, never a restart outside the guard.
+        Err(Stopped::Permanent(error) | Stopped::OutOfTime(error)) => {
+            warn!(%error, attempt, "could not give back the claim; it counts as used");
+        }
+        Err(Stopped::Shutdown) => return shutting_down(),
+        Err(Stopped::LeaseLost) => return Settlement::Abandon,
+    }
+    held(shared, progress, request, hold).await
+}
+
+/// Leashed: records the exact action the restart would have taken, as the
+/// outcome of the attempt just claimed, and acks. Nothing touches the host.
+pub(super) async fn dry_run_action(
+    shared: &Shared,
+    progress: &Progress,
+    request: &RestartRequest,
+    attempt: u32,
+) -> Settlement {
+    let action = shared.restarter.describe(request);
+    shared.stats.dry_runs.inc();
+    info!(
+        action,
+        "dry run: not restarting (leashed; mandrill run --unleash acts)"
+    );
+    let decision = Decision {
+        verdict: "dry-run",
+        guard: "leash",
+        reason: "leashed (safety.dry_run): every guard allowed it; the action was recorded,                  not taken",
+    };
+    note_decision(shared, request, attempt, decision).await;
+    let outcome = Outcome::DryRun { action };
+    record_decision(shared, progress, request, attempt, outcome).await
+}
+
+/// Records a guard's verdict for `mandrill explain`. Best effort: the
+/// verdict is acted on whether or not its note is kept, and what it decides
+/// is recorded with the outcome anyway.
+pub(super) async fn note_decision(
+    shared: &Shared,
+    request: &RestartRequest,
+    attempt: u32,
+    decision: Decision<'_>,
+) {
+    if let Err(error) = shared
+        .store
+        .record_decision(request, attempt, decision)
+        .await
+    {
+        warn!(%error, "could not record the decision for explain");
+    }
+}
+
+/// Records a final decision that issued nothing, then acks.
+pub(super) async fn record_decision(
+    shared: &Shared,
+    progress: &Progress,
+    request: &RestartRequest,
+    attempt: u32,
+    outcome: Outcome,
+) -> Settlement {
+    let recorded = store_op(shared, progress, Until::LeaseHeld, || {
+        shared.store.record_outcome(request, attempt, &outcome)
+    })
+    .await;
+    match recorded {
+        Ok(Recorded::Recorded) => Settlement::Ack,
+        Ok(Recorded::AlreadyFinal(status)) => settle_recorded(status),
+        Err(Stopped::Shutdown) => shutting_down(),
+        Err(Stopped::LeaseLost) => Settlement::Abandon,
+        Err(Stopped::Permanent(error) | Stopped::OutOfTime(error)) => {
+            error!(%error, "the store refused the decision; dead-lettering");
+            progress.dead_letter_because(DeadLetterReason::StoreRefused);
+            Settlement::DeadLetter {
+                reason: format!(
+                    "{} decided, but it could not be recorded: {error}",
+                    outcome.status()
+                ),
+            }
+        }
+    }
+}
+
+/// Records a request as failed for `reason` and dead-letters it: the one
+/// way the worker gives up on a valid request, on every broker.
+pub(super) async fn give_up(
+    shared: &Shared,
+    progress: &Progress,
+    request: &RestartRequest,
+    attempt: u32,
+    reason: String,
+) -> Settlement {
+    warn!(reason, "giving up on the request");
+    let outcome = Outcome::Failed {
+        error: reason.clone(),
+    };
+    let recorded = store_op(shared, progress, Until::LeaseHeld, || {
+        shared.store.record_outcome(request, attempt, &outcome)
+    })
+    .await;
+    match recorded {
+        Ok(Recorded::AlreadyFinal(status)) => return settle_recorded(status),
+        Ok(Recorded::Recorded) => {}
+        Err(Stopped::Shutdown) => return shutting_down(),
+        Err(Stopped::LeaseLost) => return Settlement::Abandon,
+        Err(Stopped::Permanent(error) | Stopped::OutOfTime(error)) => {
+            error!(%error, "could not record giving up; dead-lettering anyway");
+        }
+    }
+    shared.stats.given_up.inc();
+    shared.notify(EventKind::Failed, request, attempt, Some(&reason));
+    progress.dead_letter_because(DeadLetterReason::GivenUp);
+    Settlement::DeadLetter { reason }
+}

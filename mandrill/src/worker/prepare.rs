@@ -1,0 +1,258 @@
+//! Everything before the restart: the delivery limit, eligibility, the
+//! guards, the reservation and the claim; then, after the claim, the guards
+//! again and the stop conditions.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use tracing::{error, info, warn};
+
+use super::decisions::{deny, give_up, held};
+use super::lease::Progress;
+use super::retry::{Stopped, Until, store_op};
+use super::settle::{Settlement, settle_recorded, shutting_down};
+use super::shared::Shared;
+use crate::broker::Delivery;
+use crate::domain::RestartRequest;
+use crate::restarter::{Refusal, Reservation};
+use crate::safety::{Hold, Policy};
+use crate::store::{Claim, ClaimTerms, unknown_outcome};
+
+/// How soon a delivery deferred by the kill switch is looked at again.
+pub(super) const PAUSED_RECHECK: Duration = Duration::from_secs(5);
+
+/// How soon a request whose group's budget cannot be known (a percentage
+/// of an unknown size) is tried again: a reload may have fixed it.
+pub(super) const UNKNOWN_BUDGET_RETRY: Duration = Duration::from_secs(60);
+
+/// Everything before the restart: the delivery limit, eligibility,
+/// capacity, and the claim that decides whether to restart at all. `Ok`
+/// with the claimed attempt and its reservation, or how to settle.
+///
+/// `policy` is the one in force when the request was parsed: read once per
+/// message for the decisions before the claim (each read is a shared lock),
+/// and again only after a wait on the store.
+pub(super) async fn prepare(
+    shared: &Shared,
+    delivery: &Delivery,
+    progress: &Progress,
+    request: &RestartRequest,
+    mut policy: Arc<Policy>,
+) -> Result<(u32, Reservation), Settlement> {
+    let config = &shared.config;
+    if delivery.attempt > config.max_deliveries {
+        // Deliveries a guard deferred (a closed calendar, a full rate
+        // window, the kill switch) were settled on purpose: they do not
+        // count, or a request waiting overnight would be given up.
+        let deferred = match store_op(shared, progress, Until::LeaseHeld, || {
+            shared.store.deferrals(request.message_id)
+        })
+        .await
+        {
+            Ok(deferred) => deferred,
+            Err(Stopped::Shutdown) => return Err(shutting_down()),
+            Err(Stopped::LeaseLost) => return Err(Settlement::Abandon),
+            Err(Stopped::Permanent(error) | Stopped::OutOfTime(error)) => {
+                warn!(%error, "cannot read how often the request was deferred; counting none");
+                0
+            }
+        };
+        let unsettled = delivery.attempt.saturating_sub(deferred);
+        if unsettled > config.max_deliveries {
+            let reason = format!(
+                "delivered {unsettled} times without being settled (broker.max_deliveries is {}{})",
+                config.max_deliveries,
+                if deferred > 0 {
+                    format!("; {deferred} more deliveries were deferred by a guard")
+                } else {
+                    String::new()
+                }
+            );
+            return Err(give_up(shared, progress, request, 0, reason).await);
+        }
+        // The store may have kept us waiting: decide under the policy now.
+        policy = config.policy.current();
+    }
+    if let Err(reason) = policy.eligibility.check(request.instance_name.as_str()) {
+        return Err(deny(shared, progress, request, reason).await);
+    }
+    if let Some(hold) = policy.guards.hold(request) {
+        return Err(held(shared, progress, request, hold).await);
+    }
+    let limits = match policy.guards.counting.limits(request.group()) {
+        Ok(limits) => limits,
+        Err(reason) => {
+            let hold =
+                policy
+                    .guards
+                    .defer(request, "disruption budget", UNKNOWN_BUDGET_RETRY, reason);
+            return Err(held(shared, progress, request, hold).await);
+        }
+    };
+    let terms = ClaimTerms {
+        limits,
+        ..shared.claim_terms
+    };
+    let reservation = match shared
+        .abort
+        .or_abort(shared.restarter.reserve(request))
+        .await
+    {
+        Some(Ok(reservation)) => reservation,
+        Some(Err(refusal)) => {
+            // Before the claim: nothing claimed, nothing issued, so no
+            // attempt is used. Deferred like a guard's hold, and recorded
+            // as its decision (which also keeps the delivery out of
+            // `max_deliveries`).
+            info!(%refusal, "the backend refused the reservation");
+            let Refusal {
+                guard,
+                reason,
+                retry_after,
+                ..
+            } = refusal;
+            let hold = policy.guards.defer(request, guard, retry_after, reason);
+            return Err(held(shared, progress, request, hold).await);
+        }
+        None => return Err(shutting_down()),
+    };
+    // The claim: recorded before the restart is issued.
+    let claimed = store_op(shared, progress, Until::LeaseHeld, || {
+        shared.store.claim_restart(request, terms)
+    })
+    .await;
+    match claimed {
+        Ok(Claim::Claimed { attempt, unknown }) => {
+            if let Some(unknown) = unknown {
+                warn!(
+                    unknown,
+                    "an earlier restart attempt was issued but its outcome never recorded; \
+                     counted as failed"
+                );
+            }
+            Ok((attempt, reservation))
+        }
+        Ok(Claim::Final(status)) => {
+            shared.stats.duplicates.inc();
+            info!(%status, "already recorded as final; not restarting again");
+            Err(settle_recorded(status))
+        }
+        Ok(Claim::Paused { reason }) => {
+            // The kill switch: nothing claimed, nothing issued. Pulling
+            // pauses too, so the message waits in the broker meanwhile.
+            shared.stats.deferred.inc();
+            info!(reason, "deferred: restarts are paused");
+            shared.set_paused(true, &reason);
+            Err(Settlement::Nack {
+                delay: PAUSED_RECHECK,
+                why: "restarts are paused".into(),
+            })
+        }
+        Ok(Claim::Deferred {
+            guard,
+            reason,
+            wait,
+        }) => {
+            // Recorded by the claim; nothing claimed, nothing issued.
+            let hold = policy.guards.defer(request, guard, wait, reason);
+            Err(held(shared, progress, request, hold).await)
+        }
+        Ok(Claim::InFlight { attempt, wait }) => {
+            shared.stats.deferred.inc();
+            let delay = wait.max(Duration::from_secs(1));
+            info!(
+                attempt,
+                ?delay,
+                "a restart of this request may still be in flight elsewhere"
+            );
+            Err(Settlement::Nack {
+                delay,
+                why: format!("restart attempt {attempt} may still be in flight"),
+            })
+        }
+        Ok(Claim::Exhausted { attempts, unknown }) => {
+            let reason = match unknown {
+                Some(attempt) => format!(
+                    "restart failed after {attempts} attempts: {}",
+                    unknown_outcome(attempt)
+                ),
+                None => format!("all {attempts} restart attempts are used"),
+            };
+            Err(give_up(shared, progress, request, attempts, reason).await)
+        }
+        Err(Stopped::Shutdown) => Err(shutting_down()),
+        Err(Stopped::LeaseLost) => Err(Settlement::Abandon),
+        Err(Stopped::Permanent(error) | Stopped::OutOfTime(error)) => {
+            error!(%error, "the store refused the claim; giving up without restarting");
+            shared.stats.given_up.inc();
+            Err(Settlement::DeadLetter {
+                reason: format!("could not record the claim to restart: {error}"),
+            })
+        }
+    }
+}
+
+/// The guards again after the claim, under the policy in force now, then
+/// the stop conditions (also before a dry run's action: the dry run shows
+/// every guard's decision). `Ok` with whether the policy is leashed, or why
+/// to hold the request; `Err(None)` when the grace period ended while the
+/// stop conditions ran (the restart was not issued, so it must not be).
+///
+/// Decided at once unless stop conditions are configured: only then is
+/// there anything to wait for, and a future (boxed: it is rare, and the
+/// handler's state would otherwise keep room for it) to wait on.
+pub(super) fn recheck<'a>(
+    shared: &'a Shared,
+    request: &'a RestartRequest,
+) -> Result<Rechecked, BoxFuture<'a, Rechecked>> {
+    let policy = shared.config.policy.current();
+    if let Some(hold) = policy.guards.hold(request) {
+        return Ok(Err(Some(hold)));
+    }
+    if policy.stop_conditions.is_empty() {
+        return Ok(Ok(policy.dry_run));
+    }
+    Err(Box::pin(async move {
+        let Some(checked) = shared.abort.or_abort(policy.stop_conditions.check()).await else {
+            return Err(None);
+        };
+        if let Err(reason) = checked {
+            return Err(Some(policy.defer(request, policy.stop_retry, reason)));
+        }
+        Ok(policy.dry_run)
+    }))
+}
+
+/// What [`recheck`] decides: `Ok` with whether the policy is leashed, or
+/// why to hold the request; `Err(None)` when the grace period ended while
+/// the stop conditions ran.
+pub(super) type Rechecked = Result<bool, Option<Hold>>;
+
+/// The grace period ended between the claim and the restart: nothing was
+/// issued, so the claim is given back (one try, bounded, as shutdown is
+/// under way; else it counts as used) and the delivery nacked.
+pub(super) async fn unclaim_at_shutdown(
+    shared: &Shared,
+    progress: &Progress,
+    request: &RestartRequest,
+    attempt: u32,
+) -> Settlement {
+    let released = tokio::time::timeout(
+        Duration::from_secs(1),
+        shared.store.release_claim(request, attempt),
+    )
+    .await;
+    match released {
+        Ok(Ok(())) => progress.claimed.store(0, Ordering::Release),
+        Ok(Err(error)) => {
+            warn!(%error, attempt, "could not give back the claim; it counts as used")
+        }
+        Err(_elapsed) => warn!(
+            attempt,
+            "giving back the claim timed out; it counts as used"
+        ),
+    }
+    shutting_down()
+}

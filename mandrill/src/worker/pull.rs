@@ -1,0 +1,171 @@
+//! The pull loop and its supervisor: take deliveries as flow control
+//! allows, hand each pulled batch to one task that drives its handlers, pause while the store is down or the kill
+//! switch is on, and restart the loop with backoff when it fails.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::FutureExt;
+use tokio_util::task::TaskTracker;
+use tracing::{debug, error, warn};
+
+use super::shared::{Shared, panic_message};
+use super::{Shutdown, WorkerError, handler};
+use crate::broker::BrokerError;
+
+/// Runs the pull loop, restarting it with backoff when it fails.
+pub(super) async fn supervise(
+    shared: &Arc<Shared>,
+    tracker: &TaskTracker,
+    shutdown: &Shutdown,
+) -> Result<(), WorkerError> {
+    let mut failures = 0u32;
+    loop {
+        let run = AssertUnwindSafe(pull_loop(shared, tracker, shutdown, &mut failures))
+            .catch_unwind()
+            .await;
+        let (last_error, fatal) = match run {
+            Ok(Ok(())) => return Ok(()),
+            Ok(Err(error)) => {
+                let fatal = matches!(error, BrokerError::Fatal(_));
+                (error.with_causes().to_string(), fatal)
+            }
+            Err(panic) => {
+                shared.stats.panics.inc();
+                (format!("panicked: {}", panic_message(&*panic)), false)
+            }
+        };
+        failures += 1;
+        shared.stats.pull_failures.inc();
+        if fatal || failures >= shared.config.max_pull_failures {
+            error!(failures, error = %last_error, "pull loop failed; giving up");
+            return Err(WorkerError::PullGaveUp {
+                failures,
+                last_error,
+            });
+        }
+        let delay = shared.config.pull_backoff.delay(failures);
+        error!(failures, error = %last_error, ?delay, "pull loop failed; restarting it");
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            () = shutdown.requested() => return Ok(()),
+        }
+    }
+}
+
+/// Pulls as capacity allows and hands each delivery to a handler. Returns
+/// Ok on shutdown, Err when the broker fails.
+async fn pull_loop(
+    shared: &Arc<Shared>,
+    tracker: &TaskTracker,
+    shutdown: &Shutdown,
+    failures: &mut u32,
+) -> Result<(), BrokerError> {
+    loop {
+        if shared.store_health.is_down() && !wait_for_store(shared, shutdown).await {
+            return Ok(());
+        }
+        if shared.is_paused() && !wait_for_resume(shared, shutdown).await {
+            return Ok(());
+        }
+        let mut permits = tokio::select! {
+            biased;
+            () = shutdown.requested() => return Ok(()),
+            permit = shared.flow.acquire() => permit,
+        };
+        shared
+            .flow
+            .top_up(&mut permits, shared.config.pull_batch.saturating_sub(1));
+        let deliveries = tokio::select! {
+            biased;
+            () = shutdown.requested() => return Ok(()),
+            pulled = shared.broker.pull(permits.num_permits()) => pulled?,
+        };
+        *failures = 0;
+        let mut deliveries = deliveries;
+        let asked = permits.num_permits();
+        if deliveries.len() > asked {
+            // The broker returned more than asked: give the extra back.
+            for extra in deliveries.split_off(asked) {
+                shared.stats.pulled.inc();
+                warn!(tag = %extra.tag, "broker over-delivered; nacking the extra");
+                let _ = shared.broker.nack(&extra.tag, Duration::ZERO).await;
+            }
+        }
+        if deliveries.is_empty() {
+            // The permits go back as they are dropped.
+            continue;
+        }
+        shared.stats.pulled.add(deliveries.len() as u64);
+        // Exactly one permit per delivery goes with the batch; the rest are
+        // dropped (returned) here.
+        let Some(batch) = permits.split(deliveries.len()) else {
+            unreachable!("no more deliveries than permits are kept");
+        };
+        handler::spawn_batch(tracker, shared.clone(), deliveries, batch);
+        // Let the handlers just spawned run before pulling more: a broker
+        // that always has a batch ready would otherwise keep this thread,
+        // and every message would sit spawned but unstarted in memory.
+        tokio::task::yield_now().await;
+    }
+}
+
+/// Reads the kill switch every `switch_poll_interval` until shutdown, so
+/// that pulling stops while it is on: a paused message stays in the broker,
+/// costing no delivery.
+pub(super) async fn watch_switch(shared: &Shared) -> std::convert::Infallible {
+    let every = shared.config.switch_poll_interval;
+    if every.is_zero() {
+        return std::future::pending().await;
+    }
+    loop {
+        match shared.store.switch().await {
+            Ok(switch) => shared.set_paused(switch.paused, &switch.paused_reason()),
+            Err(error) => debug!(%error, "could not read the kill switch"),
+        }
+        tokio::time::sleep(every).await;
+    }
+}
+
+/// Waits while the kill switch is on; false if shutdown came first.
+async fn wait_for_resume(shared: &Shared, shutdown: &Shutdown) -> bool {
+    let every = shared
+        .config
+        .switch_poll_interval
+        .max(Duration::from_millis(100));
+    while shared.is_paused() {
+        tokio::select! {
+            biased;
+            () = shutdown.requested() => return false,
+            () = tokio::time::sleep(every) => {}
+        }
+    }
+    true
+}
+
+/// Probes the store until it answers; false if shutdown came first.
+async fn wait_for_store(shared: &Shared, shutdown: &Shutdown) -> bool {
+    let mut probes = 0u32;
+    while shared.store_health.is_down() {
+        probes = probes.saturating_add(1);
+        let delay = shared.config.record_backoff.delay(probes);
+        tokio::select! {
+            biased;
+            () = shutdown.requested() => return false,
+            () = tokio::time::sleep(delay) => {}
+        }
+        // Handlers retrying in place may have found it back already.
+        if !shared.store_health.is_down() {
+            break;
+        }
+        match shared.store.lookup(uuid::Uuid::nil()).await {
+            Ok(_) => shared.store_health.succeeded(&shared.stats),
+            Err(error) if probes == 1 || probes.is_multiple_of(10) => {
+                warn!(%error, probes, "store still unreachable; pulls stay paused");
+            }
+            Err(_) => {}
+        }
+    }
+    true
+}

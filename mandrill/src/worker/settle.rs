@@ -1,0 +1,143 @@
+//! How a delivery ends: `Settlement`, settling it with the broker (retried
+//! on transient errors), and the rejection of a malformed payload.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use tracing::{error, info, warn};
+
+use super::lease::Progress;
+use super::retry::{Stopped, Until, store_op};
+use super::shared::Shared;
+use crate::broker::{BrokerError, Delivery};
+use crate::domain::{Status, salvage_message_id};
+use crate::stats::DeadLetterReason;
+
+/// How a delivery is to be settled.
+#[derive(Debug)]
+pub(super) enum Settlement {
+    Ack,
+    Nack {
+        delay: Duration,
+        why: String,
+    },
+    DeadLetter {
+        reason: String,
+    },
+    /// The lease was lost before a restart was issued: another consumer may
+    /// own the message now. Leave it to the broker; settle nothing.
+    Abandon,
+}
+
+pub(super) fn shutting_down() -> Settlement {
+    Settlement::Nack {
+        delay: Duration::ZERO,
+        why: "shutting down before the restart began".into(),
+    }
+}
+
+/// How to settle a delivery whose request already has a final outcome. A
+/// request recorded as failed is dead-lettered again rather than acked: the
+/// delivery that recorded it may have failed to dead-letter it (a broker
+/// hiccup), and acking now would lose the dead letter.
+pub(super) fn settle_recorded(status: Status) -> Settlement {
+    match status {
+        Status::Failed => Settlement::DeadLetter {
+            reason: "restart failed on every attempt (recorded by an earlier delivery)".into(),
+        },
+        _ => Settlement::Ack,
+    }
+}
+
+/// A rare path's future, boxed and built outside the caller's state: the
+/// values it is made from (a rejection, a reason) would otherwise keep slots
+/// in every handler task for its whole life.
+pub(super) fn rare<'a>(
+    future: impl Future<Output = Settlement> + Send + 'a,
+) -> Pin<Box<dyn Future<Output = Settlement> + Send + 'a>> {
+    Box::pin(future)
+}
+
+/// Records a malformed payload and dead-letters it. Recording is retried
+/// in place like every store write, but a store that refuses for good does
+/// not keep the dead letter from the broker.
+pub(super) async fn reject(
+    shared: &Shared,
+    delivery: &Delivery,
+    progress: &Progress,
+    reason: String,
+) -> Settlement {
+    shared.stats.rejected.inc();
+    progress.dead_letter_because(DeadLetterReason::Malformed);
+    warn!(reason, "rejected malformed message");
+    let message_id = salvage_message_id(&delivery.payload);
+    let recorded = store_op(shared, progress, Until::LeaseHeld, || {
+        shared
+            .store
+            .record_rejection(message_id, &reason, &delivery.payload)
+    })
+    .await;
+    match recorded {
+        Ok(()) => {}
+        Err(Stopped::Shutdown) => return shutting_down(),
+        Err(Stopped::LeaseLost) => return Settlement::Abandon,
+        Err(Stopped::Permanent(error) | Stopped::OutOfTime(error)) => {
+            error!(%error, "could not record the rejection; dead-lettering anyway");
+        }
+    }
+    Settlement::DeadLetter { reason }
+}
+
+/// Settles a delivery, retrying a few times when the broker is briefly
+/// unavailable. A lost lease is not retried: the broker redelivers.
+pub(super) async fn settle(
+    shared: &Shared,
+    delivery: &Delivery,
+    settlement: Settlement,
+    why: DeadLetterReason,
+) {
+    const TRIES: u32 = 3;
+    let tag = &delivery.tag;
+    let stats = &shared.stats;
+    for tried in 1..=TRIES {
+        let result = match &settlement {
+            Settlement::Ack => shared.broker.ack(tag).await.map(|()| {
+                stats.acked.inc();
+                info!("acked");
+            }),
+            Settlement::Nack { delay, why } => shared.broker.nack(tag, *delay).await.map(|()| {
+                stats.nacked.inc();
+                info!(?delay, why, "nacked");
+            }),
+            Settlement::DeadLetter { reason } => {
+                shared.broker.dead_letter(tag, reason).await.map(|()| {
+                    stats.dead_lettered.inc();
+                    stats.dead_letter_reasons[why as usize].inc();
+                    warn!(reason, "dead-lettered");
+                    shared.notify_dead_letter(&delivery.payload, reason);
+                })
+            }
+            Settlement::Abandon => {
+                stats.abandoned.inc();
+                warn!(
+                    "lease lost before the restart was issued; leaving the message to the broker"
+                );
+                Ok(())
+            }
+        };
+        match result {
+            Ok(()) => return,
+            Err(error @ BrokerError::Unavailable(_)) if tried < TRIES => {
+                let delay = Duration::from_millis(100 << tried);
+                warn!(error = %error.with_causes(), tried, ?delay, "could not settle; retrying");
+                tokio::time::sleep(delay).await;
+            }
+            Err(error) => {
+                stats.settle_failures.inc();
+                warn!(error = %error.with_causes(), "could not settle; the broker will redeliver after the lease expires");
+                return;
+            }
+        }
+    }
+}
