@@ -22,22 +22,38 @@
 //!   [`backoff`]: exponential backoff.
 #![deny(missing_docs)]
 
-pub mod admin;
-pub mod backoff;
+// The API: the seams and their adapters, the domain, configuration, the
+// service that wires them, and the worker. Everything else is private; what
+// of it the binary, the benchmark or a library user needs is re-exported
+// below, on purpose.
 pub mod broker;
-pub mod cli;
 pub mod config;
-pub mod demo;
-pub mod diagnostics;
 pub mod domain;
-pub mod migrations;
 pub mod notify;
-pub mod pattern;
 pub mod restarter;
 pub mod safety;
 pub mod service;
 pub mod settings;
-pub mod stats;
 pub mod store;
-pub mod telemetry;
 pub mod worker;
+
+mod admin;
+mod backoff;
+mod cli;
+mod demo;
+mod diagnostics;
+mod migrations;
+mod pattern;
+mod stats;
+mod telemetry;
+
+pub use backoff::Backoff;
+pub use cli::main;
+pub use demo::random_request;
+pub use stats::Stats;
+
+/// The PostgreSQL store's schema, for tools (the benchmark's ceiling) that
+/// set up a database the way the store does.
+pub fn postgres_migrations() -> &'static sqlx::migrate::Migrator {
+    migrations::postgres()
+}

@@ -7,5 +7,5 @@
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> std::process::ExitCode {
-    mandrill::cli::main()
+    mandrill::main()
 }

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use futures::StreamExt;
-use mandrill::demo::random_request;
 use mandrill::domain::{Domain, ParseRules, RestartRequest, Status};
+use mandrill::random_request;
 use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use futures::StreamExt;
 use mandrill::broker::pubsub::{PubSubOptions, PubSubSettings, PullMode};
-use mandrill::demo::random_request;
+use mandrill::random_request;
 use uuid::Uuid;
 
 /// Private topic and subscription names for one run on

@@ -34,7 +34,7 @@ pub async fn postgres(admin_url: &str, n: usize, writers: u32) -> f64 {
         let mut conn = sqlx::PgConnection::connect_with(&options)
             .await
             .expect("ceiling database");
-        mandrill::migrations::postgres()
+        mandrill::postgres_migrations()
             .run(&mut conn)
             .await
             .expect("ceiling schema");

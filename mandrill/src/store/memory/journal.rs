@@ -46,6 +46,15 @@ fn is_disrupting(outcome: Option<Status>) -> bool {
 }
 
 impl Journal {
+    /// Room for `requests` claimed attempts before the map grows: growing a
+    /// map of a million rows rehashes it while every claim waits.
+    pub(super) fn with_capacity(requests: usize) -> Self {
+        Self {
+            restarts: HashMap::with_capacity(requests),
+            ..Self::default()
+        }
+    }
+
     /// What [`crate::store::USAGE_SQL`] reads, from the rows in memory.
     pub(super) fn usage(&self, request: &RestartRequest, terms: &ClaimTerms, now: i64) -> Usage {
         let (window_start, memory_start) = usage_binds(&terms.limits, now);

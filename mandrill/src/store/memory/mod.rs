@@ -62,7 +62,7 @@ impl MemoryStore {
             rejected: Mutex::default(),
             clock: Clock::default(),
             switch: Mutex::default(),
-            journal: Mutex::default(),
+            journal: Mutex::new(Journal::with_capacity(requests)),
         }
     }
 
