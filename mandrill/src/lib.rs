@@ -5,7 +5,8 @@
 //! - [`worker`]: the heart. Pull loop, supervisor, flow control, per-message
 //!   handling (lease extension, save ∥ restart, record, settle), shutdown.
 //! - [`broker`], [`store`], [`restarter`]: the three seams, a trait each, one
-//!   file per adapter.
+//!   file per adapter. [`sqlite`]: what the SQLite queue and store share
+//!   (one group-commit writer per database file).
 //! - [`safety`]: the guards (eligibility, the calendar), pure, with an
 //!   injected clock; the worker asks them before reserving and again right
 //!   before the restart.
@@ -33,6 +34,7 @@ pub mod restarter;
 pub mod safety;
 pub mod service;
 pub mod simulate;
+pub mod sqlite;
 pub mod stats;
 pub mod store;
 pub mod telemetry;

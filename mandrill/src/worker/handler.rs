@@ -57,6 +57,8 @@ const PAUSED_RECHECK: Duration = Duration::from_secs(5);
 #[derive(Debug)]
 enum Settlement {
     Ack,
+    /// Acked already, in the transaction that recorded the outcome.
+    Acked,
     Nack {
         delay: Duration,
         why: String,
@@ -470,7 +472,15 @@ async fn process(context: &Shared, delivery: &Delivery, progress: &Progress) -> 
             after: config.restart_timeout,
         })
     });
-    Box::pin(conclude(context, progress, &request, attempt, restarted)).await
+    Box::pin(conclude(
+        context,
+        progress,
+        &delivery.tag,
+        &request,
+        attempt,
+        restarted,
+    ))
+    .await
 }
 
 /// The guards again after the claim, under the policy in force now, then
@@ -671,6 +681,7 @@ async fn prepare(
 async fn conclude(
     context: &Shared,
     progress: &Progress,
+    tag: &DeliveryTag,
     request: &RestartRequest,
     attempt: u32,
     restarted: Result<crate::domain::Restarted, RestartError>,
@@ -741,13 +752,25 @@ async fn conclude(
         }
     };
 
+    // An outcome settled by an ack takes the ack into its own transaction
+    // when the broker and the store share a database.
+    let ack = match outcome {
+        Outcome::Retrying { .. } | Outcome::Failed { .. } => None,
+        _ => context.broker.joint_ack(tag),
+    };
     let recorded = store_op(context, progress, Until::Shielded, || {
-        context.store.record_outcome(request, attempt, &outcome)
+        (context.store).record_outcome_acking(request, attempt, &outcome, ack.clone())
     })
     .await;
     match recorded {
-        Ok(Recorded::Recorded) => debug!(status = %outcome.status(), "outcome recorded"),
-        Ok(Recorded::AlreadyFinal(status)) => {
+        Ok((Recorded::Recorded, true)) => {
+            debug!(status = %outcome.status(), "outcome recorded and acked");
+            return Settlement::Acked;
+        }
+        Ok((Recorded::Recorded, false)) => {
+            debug!(status = %outcome.status(), "outcome recorded");
+        }
+        Ok((Recorded::AlreadyFinal(status), _)) => {
             context.stats.duplicates.inc();
             warn!(%status, "another delivery recorded a final outcome first; keeping it");
             progress.dead_letter_because(DeadLetterReason::RestartFailed);
@@ -1073,6 +1096,11 @@ async fn settle(
                 stats.acked.inc();
                 info!("acked");
             }),
+            Settlement::Acked => {
+                stats.acked.inc();
+                info!("acked");
+                Ok(())
+            }
             Settlement::Nack { delay, why } => context.broker.nack(tag, *delay).await.map(|()| {
                 stats.nacked.inc();
                 info!(?delay, why, "nacked");
