@@ -32,6 +32,8 @@ pub(crate) type Tx<'c> = sqlx::Transaction<'c, Sqlite>;
 
 /// One family of operations (the queue's, the store's) run by a writer.
 pub(crate) trait Part: Send + 'static {
+    /// Names the part in logs ("queue", "store").
+    const NAME: &'static str;
     /// One caller's operation, with whom to answer.
     type Op: Send + 'static;
     /// What one operation answers once committed.
@@ -177,7 +179,16 @@ impl<A: Part, B: Part> Writer<A, B> {
         }
     }
 
-    fn fail_all(&mut self, a_ops: Vec<A::Op>, b_ops: Vec<B::Op>, error: &Arc<sqlx::Error>) {
+    /// Tells every caller of a failed transaction, and logs the failure for
+    /// each part that had operations in it.
+    fn fail_all(&mut self, a_ops: Vec<A::Op>, b_ops: Vec<B::Op>, error: sqlx::Error) {
+        for (name, operations) in [(A::NAME, a_ops.len()), (B::NAME, b_ops.len())] {
+            if operations > 0 {
+                warn!(%error, operations, "{name} transaction failed");
+            }
+        }
+        let error = Arc::new(error);
+        let error = &error;
         for op in a_ops {
             self.a.fail(op, error);
         }
@@ -224,6 +235,9 @@ pub(crate) async fn write_loop<A: Part, B: Part>(
             }
         }
         let operations = a_ops.len() + b_ops.len();
+        if operations == 0 {
+            continue;
+        }
         match writer.commit(a_ops, b_ops).await {
             Ok(()) => {}
             Err((error, a_ops, b_ops)) if operations > 1 && !sqlx_error_is_transient(&error) => {
@@ -234,19 +248,16 @@ pub(crate) async fn write_loop<A: Part, B: Part>(
                 warn!(%error, operations, "batch refused; writing it one by one");
                 for op in a_ops {
                     if let Err((error, a_ops, b_ops)) = writer.commit(vec![op], Vec::new()).await {
-                        writer.fail_all(a_ops, b_ops, &Arc::new(error));
+                        writer.fail_all(a_ops, b_ops, error);
                     }
                 }
                 for op in b_ops {
                     if let Err((error, a_ops, b_ops)) = writer.commit(Vec::new(), vec![op]).await {
-                        writer.fail_all(a_ops, b_ops, &Arc::new(error));
+                        writer.fail_all(a_ops, b_ops, error);
                     }
                 }
             }
-            Err((error, a_ops, b_ops)) => {
-                warn!(%error, operations, "write transaction failed");
-                writer.fail_all(a_ops, b_ops, &Arc::new(error));
-            }
+            Err((error, a_ops, b_ops)) => writer.fail_all(a_ops, b_ops, error),
         }
     }
     // Whoever is still waiting gets an answer, not a hang.

@@ -68,6 +68,7 @@ impl QueuePart {
 }
 
 impl Part for QueuePart {
+    const NAME: &'static str = "queue";
     type Op = Op;
     type Answer = Step;
 

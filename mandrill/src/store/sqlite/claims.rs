@@ -1,14 +1,16 @@
 //! Claims of restart attempts and the guards' decisions, inside the
 //! writer's transaction.
 
+use sqlx::{QueryBuilder, Sqlite};
 use uuid::Uuid;
 
+use super::ROWS_PER_STATEMENT;
 use crate::domain::{RestartRequest, Status};
 use crate::safety::limits::Usage;
 use crate::sqlite::writer::Tx;
 use crate::store::{
-    Claim, ClaimState, ClaimTerms, DECISION_SQL, Decision, USAGE_SQL, claim_decision, decide_claim,
-    switch_from, usage_binds, usage_from,
+    Claim, ClaimState, ClaimTerms, ClaimWrite, DECISION_SQL, Decision, USAGE_SQL, claim_decision,
+    decide_claim, switch_from, usage_binds, usage_from,
 };
 
 /// Claims restart attempts, in three statements whatever their number:
@@ -22,39 +24,49 @@ pub(super) async fn claim(
     if claims.is_empty() {
         return Ok(Vec::new());
     }
-    let rows: Vec<_> = claims
+    // Bound parameters, not a JSON array taken apart inside SQLite: the
+    // JSON functions cost more than the writes themselves.
+    let ids: Vec<String> = claims
         .iter()
-        .map(|(request, _)| {
-            serde_json::json!([
-                request.message_id.to_string(),
-                request.instance_name.as_str(),
-                request.hostname.as_str(),
-                request.requested_by,
-                request.reason,
-            ])
-        })
+        .map(|(request, _)| request.message_id.to_string())
         .collect();
-    let rows = serde_json::Value::Array(rows).to_string();
-    sqlx::query(
-        "INSERT INTO requests
-             (message_id, instance_name, hostname, requested_by, reason, status,
-              attempts, received_at, updated_at)
-         SELECT j.value ->> 0, j.value ->> 1, j.value ->> 2, j.value ->> 3, j.value ->> 4,
-                'received', 0, ?2, ?2
-         FROM json_each(?1) AS j WHERE true
-         ON CONFLICT (message_id) DO NOTHING",
-    )
-    .bind(&rows)
-    .bind(now)
-    .execute(&mut **tx)
-    .await?;
-    let found: Vec<(String, String, i64, Option<i64>)> = sqlx::query_as(
-        "SELECT message_id, status, attempts, claim_until FROM requests
-         WHERE message_id IN (SELECT j.value ->> 0 FROM json_each(?1) AS j)",
-    )
-    .bind(&rows)
-    .fetch_all(&mut **tx)
-    .await?;
+    let mut found: Vec<(String, String, i64, Option<i64>)> = Vec::with_capacity(claims.len());
+    for (chunk, ids) in claims
+        .chunks(ROWS_PER_STATEMENT)
+        .zip(ids.chunks(ROWS_PER_STATEMENT))
+    {
+        let mut insert: QueryBuilder<Sqlite> = QueryBuilder::new(
+            "INSERT INTO requests
+                 (message_id, instance_name, hostname, requested_by, reason, status,
+                  attempts, received_at, updated_at) ",
+        );
+        insert.push_values(chunk.iter().zip(ids), |mut row, ((request, _), id)| {
+            row.push_bind(id.as_str())
+                .push_bind(request.instance_name.as_str())
+                .push_bind(request.hostname.as_str())
+                .push_bind(request.requested_by.as_deref())
+                .push_bind(request.reason.as_deref())
+                .push("'received', 0")
+                .push_bind(now)
+                .push_bind(now);
+        });
+        insert.push(" ON CONFLICT (message_id) DO NOTHING");
+        insert.build().execute(&mut **tx).await?;
+        let mut select: QueryBuilder<Sqlite> = QueryBuilder::new(
+            "SELECT message_id, status, attempts, claim_until FROM requests WHERE message_id IN (",
+        );
+        let mut list = select.separated(", ");
+        for id in ids {
+            list.push_bind(id.as_str());
+        }
+        select.push(")");
+        found.extend(
+            select
+                .build_query_as::<(String, String, i64, Option<i64>)>()
+                .fetch_all(&mut **tx)
+                .await?,
+        );
+    }
     let states: std::collections::HashMap<String, ClaimState> = found
         .into_iter()
         .map(|(id, status, attempts, claim_until)| {
@@ -104,15 +116,7 @@ pub(super) async fn claim(
             &usage,
         );
         if let Some(write) = write {
-            writes.push(serde_json::json!([
-                id,
-                write.attempts,
-                write.claim_until,
-                write.last_error,
-                request.instance_name.as_str(),
-                request.group(),
-                write.verdict,
-            ]));
+            writes.push((id, request, write));
         } else if let Some(decision) = claim_decision(&claim) {
             insert_decision(tx, request.message_id, 0, decision, now).await?;
         }
@@ -122,38 +126,50 @@ pub(super) async fn claim(
     Ok(decided)
 }
 
+/// A claim decided and not yet written: the request id, the request, what
+/// to write.
+type Pending<'r> = (String, &'r RestartRequest, ClaimWrite);
+
 /// Writes the claims decided so far, and their journal rows; empties `writes`.
 async fn write_claims(
     tx: &mut Tx<'_>,
-    writes: &mut Vec<serde_json::Value>,
+    writes: &mut Vec<Pending<'_>>,
     now: i64,
 ) -> Result<(), sqlx::Error> {
-    if writes.is_empty() {
-        return Ok(());
+    for chunk in writes.chunks(ROWS_PER_STATEMENT) {
+        let mut update: QueryBuilder<Sqlite> = QueryBuilder::new(
+            "UPDATE requests SET status = 'received', attempts = j.column2,
+                 claim_until = j.column3,
+                 last_error = coalesce(j.column4, requests.last_error), updated_at = ",
+        );
+        update.push_bind(now).push(" FROM (");
+        update.push_values(chunk, |mut row, (id, _, write)| {
+            row.push_bind(id.as_str())
+                .push_bind(i64::from(write.attempts))
+                .push_bind(write.claim_until)
+                .push_bind(write.last_error.as_deref());
+        });
+        update.push(") AS j WHERE requests.message_id = j.column1");
+        update.build().execute(&mut **tx).await?;
+        let mut journal: QueryBuilder<Sqlite> = QueryBuilder::new(
+            "INSERT INTO restarts (message_id, attempt, instance_name, grp, claimed_at, verdict) ",
+        );
+        journal.push_values(chunk, |mut row, (id, request, write)| {
+            row.push_bind(id.as_str())
+                .push_bind(i64::from(write.attempts))
+                .push_bind(request.instance_name.as_str())
+                .push_bind(request.group())
+                .push_bind(now)
+                .push_bind(write.verdict.as_str());
+        });
+        journal.push(
+            " ON CONFLICT (message_id, attempt) DO UPDATE SET
+                 claimed_at = excluded.claimed_at, verdict = excluded.verdict,
+                 outcome = NULL, settled_at = NULL",
+        );
+        journal.build().execute(&mut **tx).await?;
     }
-    let json = serde_json::Value::Array(std::mem::take(writes)).to_string();
-    sqlx::query(
-        "UPDATE requests SET status = 'received', attempts = j.value ->> 1,
-             claim_until = j.value ->> 2,
-             last_error = coalesce(j.value ->> 3, requests.last_error), updated_at = ?2
-         FROM json_each(?1) AS j WHERE requests.message_id = j.value ->> 0",
-    )
-    .bind(&json)
-    .bind(now)
-    .execute(&mut **tx)
-    .await?;
-    sqlx::query(
-        "INSERT INTO restarts (message_id, attempt, instance_name, grp, claimed_at, verdict)
-         SELECT j.value ->> 0, j.value ->> 1, j.value ->> 4, j.value ->> 5, ?2, j.value ->> 6
-         FROM json_each(?1) AS j WHERE true
-         ON CONFLICT (message_id, attempt) DO UPDATE SET
-             claimed_at = excluded.claimed_at, verdict = excluded.verdict,
-             outcome = NULL, settled_at = NULL",
-    )
-    .bind(&json)
-    .bind(now)
-    .execute(&mut **tx)
-    .await?;
+    writes.clear();
     Ok(())
 }
 

@@ -32,6 +32,10 @@ use reads::{FINAL_STATUSES, entry_from_row, lookup_loop};
 pub(crate) use writer::StorePart;
 use writer::Write;
 
+/// Rows per multi-row statement: at most 13 parameters each, well under
+/// SQLite's limit of 32,766.
+const ROWS_PER_STATEMENT: usize = 500;
+
 mod claims;
 mod outcomes;
 mod reads;

@@ -1,9 +1,10 @@
 //! Outcomes, rejections, released claims and pruning, inside the writer's
 //! transaction.
 
+use sqlx::{QueryBuilder, Sqlite};
 use uuid::Uuid;
 
-use super::FINAL_STATUSES;
+use super::{FINAL_STATUSES, ROWS_PER_STATEMENT};
 use crate::domain::{Outcome, RestartRequest, Status};
 use crate::sqlite::writer::Tx;
 use crate::store::{Timestamp, millis_of};
@@ -18,64 +19,83 @@ pub(super) async fn insert_outcomes(
     if outcomes.is_empty() {
         return Ok(Vec::new());
     }
-    let rows: Vec<_> = outcomes
+    // Bound parameters, not a JSON array taken apart inside SQLite: the
+    // JSON functions cost more than the writes themselves.
+    let ids: Vec<String> = outcomes
         .iter()
-        .map(|(request, attempt, outcome)| {
-            let status = outcome.status();
-            serde_json::json!([
-                request.message_id.to_string(),
-                request.instance_name.as_str(),
-                request.hostname.as_str(),
-                request.requested_by,
-                request.reason,
-                status.as_str(),
-                attempt,
-                outcome.error(),
-                status.is_final().then_some(now),
-                outcome.output(),
-                millis_of(outcome.recovered_after()),
-            ])
-        })
+        .map(|(request, _, _)| request.message_id.to_string())
         .collect();
-    // One statement, so that two deliveries of the same message (or two
-    // instances) cannot both record a first final outcome.
-    let recorded: Vec<String> = sqlx::query_scalar(&format!(
-        "INSERT INTO requests
-             (message_id, instance_name, hostname, requested_by, reason, status,
-              attempts, last_error, received_at, updated_at, completed_at, output,
-              recovered_after_ms)
-         SELECT j.value ->> 0, j.value ->> 1, j.value ->> 2, j.value ->> 3, j.value ->> 4,
-                j.value ->> 5, j.value ->> 6, j.value ->> 7, ?2, ?2, j.value ->> 8,
-                j.value ->> 9, j.value ->> 10
-         FROM json_each(?1) AS j WHERE true
-         ON CONFLICT (message_id) DO UPDATE SET
-             status = excluded.status,
-             output = excluded.output,
-             recovered_after_ms = excluded.recovered_after_ms,
-             claim_until = CASE WHEN excluded.attempts >= requests.attempts
-                                THEN NULL ELSE requests.claim_until END,
-             attempts = max(requests.attempts, excluded.attempts),
-             last_error = excluded.last_error,
-             updated_at = excluded.updated_at,
-             completed_at = excluded.completed_at
-         WHERE requests.status NOT IN {FINAL_STATUSES}
-         RETURNING message_id"
-    ))
-    .bind(serde_json::Value::Array(rows.clone()).to_string())
-    .bind(now)
-    .fetch_all(&mut **tx)
-    .await?;
-    // The attempt's own end, whatever another delivery recorded first.
-    sqlx::query(
-        "UPDATE restarts SET outcome = j.value ->> 5, settled_at = ?2
-         FROM json_each(?1) AS j
-         WHERE restarts.message_id = j.value ->> 0 AND restarts.attempt = j.value ->> 6
-           AND restarts.outcome IS NULL",
-    )
-    .bind(serde_json::Value::Array(rows).to_string())
-    .bind(now)
-    .execute(&mut **tx)
-    .await?;
+    let mut recorded: Vec<String> = Vec::with_capacity(outcomes.len());
+    for (chunk, ids) in outcomes
+        .chunks(ROWS_PER_STATEMENT)
+        .zip(ids.chunks(ROWS_PER_STATEMENT))
+    {
+        // One statement per chunk of distinct requests, so that two
+        // deliveries of the same message (or two instances) cannot both
+        // record a first final outcome.
+        let mut insert: QueryBuilder<Sqlite> = QueryBuilder::new(
+            "INSERT INTO requests
+                 (message_id, instance_name, hostname, requested_by, reason, status,
+                  attempts, last_error, received_at, updated_at, completed_at, output,
+                  recovered_after_ms) ",
+        );
+        insert.push_values(
+            chunk.iter().zip(ids),
+            |mut row, ((request, attempt, outcome), id)| {
+                let status = outcome.status();
+                row.push_bind(id.as_str())
+                    .push_bind(request.instance_name.as_str())
+                    .push_bind(request.hostname.as_str())
+                    .push_bind(request.requested_by.as_deref())
+                    .push_bind(request.reason.as_deref())
+                    .push_bind(status.as_str())
+                    .push_bind(i64::from(*attempt))
+                    .push_bind(outcome.error())
+                    .push_bind(now)
+                    .push_bind(now)
+                    .push_bind(status.is_final().then_some(now))
+                    .push_bind(outcome.output())
+                    .push_bind(millis_of(outcome.recovered_after()));
+            },
+        );
+        insert.push(format!(
+            " ON CONFLICT (message_id) DO UPDATE SET
+                 status = excluded.status,
+                 output = excluded.output,
+                 recovered_after_ms = excluded.recovered_after_ms,
+                 claim_until = CASE WHEN excluded.attempts >= requests.attempts
+                                    THEN NULL ELSE requests.claim_until END,
+                 attempts = max(requests.attempts, excluded.attempts),
+                 last_error = excluded.last_error,
+                 updated_at = excluded.updated_at,
+                 completed_at = excluded.completed_at
+             WHERE requests.status NOT IN {FINAL_STATUSES}
+             RETURNING message_id"
+        ));
+        recorded.extend(
+            insert
+                .build_query_scalar::<String>()
+                .fetch_all(&mut **tx)
+                .await?,
+        );
+        // The attempt's own end, whatever another delivery recorded first.
+        let mut settle: QueryBuilder<Sqlite> =
+            QueryBuilder::new("UPDATE restarts SET outcome = j.column3, settled_at = ");
+        settle.push_bind(now).push(" FROM (");
+        settle.push_values(
+            chunk.iter().zip(ids),
+            |mut row, ((_, attempt, outcome), id)| {
+                row.push_bind(id.as_str())
+                    .push_bind(i64::from(*attempt))
+                    .push_bind(outcome.status().as_str());
+            },
+        );
+        settle.push(
+            ") AS j WHERE restarts.message_id = j.column1 AND restarts.attempt = j.column2
+               AND restarts.outcome IS NULL",
+        );
+        settle.build().execute(&mut **tx).await?;
+    }
     let recorded: std::collections::HashSet<String> = recorded.into_iter().collect();
     let mut results = Vec::with_capacity(outcomes.len());
     for (request, _, _) in outcomes {

@@ -74,6 +74,7 @@ pub(crate) enum Answer {
 pub(crate) struct StorePart;
 
 impl Part for StorePart {
+    const NAME: &'static str = "store";
     type Op = Write;
     type Answer = Answer;
 
