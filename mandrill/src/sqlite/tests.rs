@@ -226,3 +226,38 @@ async fn an_outcome_not_recorded_acks_nothing() {
     broker.close().await;
     store.close().await;
 }
+
+/// A store write the database refuses for good fails alone: the queue's
+/// operations that shared its transaction are written again without it.
+#[tokio::test]
+async fn a_refused_store_write_does_not_fail_the_queue_operations_of_its_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite:{}", dir.path().join("one.db").display());
+    let store = SqliteStore::connect(&url, 2).await.unwrap();
+    let broker = SqliteBroker::connect(&queue_config(&url)).await.unwrap();
+    let pool = SqlitePool::connect(&url).await.unwrap();
+    sqlx::query(
+        "CREATE TRIGGER poison BEFORE INSERT ON requests
+         WHEN NEW.instance_name = 'cattle-poison'
+         BEGIN SELECT RAISE(ABORT, 'poisoned row'); END",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let poison = contract::request("cattle-poison");
+    let outcome = Outcome::Restarted(Default::default());
+    let (refused, published) = tokio::join!(
+        futures::future::join_all((0..5).map(|_| store.record_outcome(&poison, 1, &outcome))),
+        futures::future::join_all((0..20).map(|n| broker.publish(Bytes::from(format!("m{n}"))))),
+    );
+    for refused in refused {
+        assert!(refused.is_err_and(|e| !e.is_transient()));
+    }
+    for published in published {
+        published.unwrap();
+    }
+    assert_eq!(queued(&url).await, 20);
+    pool.close().await;
+    broker.close().await;
+    store.close().await;
+}
