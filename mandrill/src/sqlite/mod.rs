@@ -186,16 +186,53 @@ impl FileWriter {
 #[derive(Debug, Clone)]
 pub struct JointAck {
     pub(crate) writer: Weak<FileWriter>,
-    /// The statement that acks (it must match at most one row), and its two
-    /// integer parameters.
-    pub(crate) statement: &'static str,
-    pub(crate) binds: [i64; 2],
+    pub(crate) statement: &'static PairStatement,
+    /// The delivery's key: the two integers the statement matches.
+    pub(crate) key: [i64; 2],
 }
 
 impl JointAck {
     /// Whether the ack belongs to the file `writer` writes.
     pub(crate) fn is_for(&self, writer: &Arc<FileWriter>) -> bool {
         std::ptr::eq(self.writer.as_ptr(), Arc::as_ptr(writer))
+    }
+}
+
+/// A statement over rows named by pairs of integers, written so that one
+/// execution takes many pairs: `head`, then `(?, ?), (?, ?), …`, then `tail`,
+/// which must return the pairs it matched. The queue's ack is one; the store
+/// runs it for a batch of joint acks without knowing the queue's tables.
+#[derive(Debug)]
+pub(crate) struct PairStatement {
+    pub(crate) head: &'static str,
+    pub(crate) tail: &'static str,
+}
+
+impl PairStatement {
+    /// Runs the statement for `keys` (in chunks); returns the keys it matched.
+    pub(crate) async fn run(
+        &self,
+        tx: &mut writer::Tx<'_>,
+        keys: &[[i64; 2]],
+    ) -> Result<std::collections::HashSet<[i64; 2]>, sqlx::Error> {
+        /// Pairs per statement: two parameters each, far under SQLite's limit.
+        const CHUNK: usize = 500;
+        let mut matched = std::collections::HashSet::with_capacity(keys.len());
+        for chunk in keys.chunks(CHUNK) {
+            let mut query: sqlx::QueryBuilder<sqlx::Sqlite> = sqlx::QueryBuilder::new(self.head);
+            let mut pairs = query.separated(", ");
+            for [first, second] in chunk {
+                pairs.push("(");
+                pairs.push_bind_unseparated(*first);
+                pairs.push_unseparated(", ");
+                pairs.push_bind_unseparated(*second);
+                pairs.push_unseparated(")");
+            }
+            query.push(self.tail);
+            let rows: Vec<(i64, i64)> = query.build_query_as().fetch_all(&mut **tx).await?;
+            matched.extend(rows.into_iter().map(|(first, second)| [first, second]));
+        }
+        Ok(matched)
     }
 }
 

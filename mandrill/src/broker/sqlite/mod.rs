@@ -62,7 +62,7 @@ mod writer;
 pub use admin::MAX_LISTED_PAYLOAD_BYTES;
 use claims::Claim;
 pub(crate) use writer::QueuePart;
-use writer::{ACK_SQL, Action, Limits, Op};
+use writer::{ACK, Action, Limits, Op};
 
 /// Rows per multi-row `INSERT` (three parameters each, well under SQLite's limit).
 const INSERT_CHUNK: usize = 500;
@@ -290,8 +290,8 @@ impl Consumer for SqliteBroker {
         let claim = Claim::from_tag(tag).ok()?;
         Some(JointAck {
             writer: Arc::downgrade(&self.writer),
-            statement: ACK_SQL,
-            binds: [claim.id, claim.delivery],
+            statement: &ACK,
+            key: [claim.id, claim.delivery],
         })
     }
 

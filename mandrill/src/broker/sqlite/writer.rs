@@ -4,6 +4,7 @@
 
 use super::claims::{Claim, Claimed, Step, claim, publish, settle};
 use super::*;
+use crate::sqlite::PairStatement;
 use crate::sqlite::writer::{Part, Tx};
 
 /// What the writer does for one caller of the queue.
@@ -214,50 +215,27 @@ async fn run_batch(
     Ok(steps)
 }
 
-/// The statement that acks one delivery: deletes the row if the lease is
-/// still the delivery's. Also run by the store, for a [`crate::sqlite::JointAck`].
-pub(super) const ACK_SQL: &str = "DELETE FROM queue WHERE id = ?1 AND lease = ?2";
+/// Acks deliveries: deletes each row whose lease is still the delivery's.
+/// Also run by the store, for a batch of [`crate::sqlite::JointAck`]s.
+pub(super) static ACK: PairStatement = PairStatement {
+    head: "DELETE FROM queue WHERE (id, lease) IN (VALUES ",
+    tail: ") RETURNING id, lease",
+};
 
-/// Deletes every acked row whose lease is still the ack's, in one statement
-/// per chunk; returns the claims that matched.
+/// Deletes every acked row whose lease is still the ack's; returns the
+/// claims that matched. Bound parameters, not a JSON array taken apart
+/// inside SQLite: the JSON functions cost more than the deletes themselves.
 async fn ack_all(
     tx: &mut Tx<'_>,
     acks: &[Claim],
 ) -> Result<std::collections::HashSet<Claim>, sqlx::Error> {
-    let mut acked = std::collections::HashSet::with_capacity(acks.len());
-    if acks.len() == 1 {
-        let claim = acks[0];
-        let deleted = sqlx::query(ACK_SQL)
-            .bind(claim.id)
-            .bind(claim.delivery)
-            .execute(&mut **tx)
-            .await?
-            .rows_affected();
-        if deleted > 0 {
-            acked.insert(claim);
-        }
-        return Ok(acked);
+    if acks.is_empty() {
+        return Ok(Default::default());
     }
-    // Bound parameters, not a JSON array taken apart inside SQLite: the
-    // JSON functions cost more than the deletes themselves.
-    for chunk in acks.chunks(INSERT_CHUNK) {
-        let mut delete: QueryBuilder<Sqlite> =
-            QueryBuilder::new("DELETE FROM queue WHERE (id, lease) IN (VALUES ");
-        let mut pairs = delete.separated(", ");
-        for claim in chunk {
-            pairs.push("(");
-            pairs.push_bind_unseparated(claim.id);
-            pairs.push_unseparated(", ");
-            pairs.push_bind_unseparated(claim.delivery);
-            pairs.push_unseparated(")");
-        }
-        delete.push(") RETURNING id, lease");
-        let deleted: Vec<(i64, i64)> = delete.build_query_as().fetch_all(&mut **tx).await?;
-        acked.extend(
-            deleted
-                .into_iter()
-                .map(|(id, delivery)| Claim { id, delivery }),
-        );
-    }
-    Ok(acked)
+    let keys: Vec<[i64; 2]> = acks.iter().map(|c| [c.id, c.delivery]).collect();
+    let matched = ACK.run(tx, &keys).await?;
+    Ok(matched
+        .into_iter()
+        .map(|[id, delivery]| Claim { id, delivery })
+        .collect())
 }

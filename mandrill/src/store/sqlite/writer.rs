@@ -102,24 +102,41 @@ impl Part for StorePart {
     }
 }
 
-/// Runs a recorded outcome's joint ack, if it has one; whether it matched.
-/// An outcome not recorded (another was final already) acks nothing: its
-/// caller settles the way that case needs.
-async fn joint_ack(
+/// Runs the joint acks of the recorded outcomes among `outcomes` (one
+/// statement per kind of ack, whatever their number) and answers each
+/// outcome. An outcome not recorded (another was final already) acks
+/// nothing: its caller settles the way that case needs.
+async fn answer_outcomes(
     tx: &mut Tx<'_>,
-    recorded: Option<Status>,
-    ack: Option<&JointAck>,
-) -> Result<bool, sqlx::Error> {
-    let (None, Some(ack)) = (recorded, ack) else {
-        return Ok(false);
-    };
-    let matched = sqlx::query(ack.statement)
-        .bind(ack.binds[0])
-        .bind(ack.binds[1])
-        .execute(&mut **tx)
-        .await?
-        .rows_affected();
-    Ok(matched > 0)
+    outcomes: Vec<(usize, Option<Status>, Option<&JointAck>)>,
+    answers: &mut [Answer],
+) -> Result<(), sqlx::Error> {
+    let mut kinds: Vec<(&'static crate::sqlite::PairStatement, Vec<[i64; 2]>)> = Vec::new();
+    for (_, recorded, ack) in &outcomes {
+        if let (None, Some(ack)) = (recorded, ack) {
+            match kinds
+                .iter_mut()
+                .find(|(statement, _)| std::ptr::eq(*statement, ack.statement))
+            {
+                Some((_, keys)) => keys.push(ack.key),
+                None => kinds.push((ack.statement, vec![ack.key])),
+            }
+        }
+    }
+    let mut matched = Vec::with_capacity(kinds.len());
+    for (statement, keys) in &kinds {
+        matched.push((*statement, statement.run(tx, keys).await?));
+    }
+    for (index, recorded, ack) in outcomes {
+        let acked = recorded.is_none()
+            && ack.is_some_and(|ack| {
+                matched.iter().any(|(statement, keys)| {
+                    std::ptr::eq(*statement, ack.statement) && keys.contains(&ack.key)
+                })
+            });
+        answers[index] = Answer::Outcome(recorded, acked);
+    }
+    Ok(())
 }
 
 fn answer(write: Write, answer: Answer) {
@@ -207,8 +224,10 @@ async fn run_batch(tx: &mut Tx<'_>, batch: &[Write], now: i64) -> Result<Vec<Ans
                 } => {
                     let recorded =
                         insert_outcomes(tx, &[(request, *attempt, outcome)], now).await?[0];
-                    let acked = joint_ack(tx, recorded, ack.as_ref()).await?;
-                    *answer = Answer::Outcome(recorded, acked);
+                    let mut one = [Answer::Done];
+                    answer_outcomes(tx, vec![(0, recorded, ack.as_ref())], &mut one).await?;
+                    let [one] = one;
+                    *answer = one;
                 }
                 _ => {}
             }
@@ -239,13 +258,15 @@ async fn run_batch(tx: &mut Tx<'_>, batch: &[Write], now: i64) -> Result<Vec<Ans
             })
             .unzip();
         let recorded = insert_outcomes(tx, &outcomes, now).await?;
-        for (index, result) in indexes.into_iter().zip(recorded) {
-            let Write::Outcome { ack, .. } = &batch[index] else {
-                unreachable!("indexes of outcomes")
-            };
-            let acked = joint_ack(tx, result, ack.as_ref()).await?;
-            answers[index] = Answer::Outcome(result, acked);
-        }
+        let recorded = indexes
+            .into_iter()
+            .zip(recorded)
+            .map(|(index, result)| match &batch[index] {
+                Write::Outcome { ack, .. } => (index, result, ack.as_ref()),
+                _ => unreachable!("indexes of outcomes"),
+            })
+            .collect();
+        answer_outcomes(tx, recorded, &mut answers).await?;
     }
     for (write, answer) in batch.iter().zip(&mut answers) {
         match write {
