@@ -759,7 +759,9 @@ async fn conclude(
         _ => context.broker.joint_ack(tag),
     };
     let recorded = store_op(context, progress, Until::Shielded, || {
-        (context.store).record_outcome_acking(request, attempt, &outcome, ack.clone())
+        context
+            .store
+            .record_outcome_acking(request, attempt, &outcome, ack.clone())
     })
     .await;
     match recorded {
