@@ -5,7 +5,8 @@
 //! - [`worker`]: the heart. Pull loop, supervisor, flow control, per-message
 //!   handling (lease extension, save ∥ restart, record, settle), shutdown.
 //! - [`broker`], [`store`], [`restarter`]: the three seams, a trait each, one
-//!   file per adapter.
+//!   file per adapter. [`sqlite`]: what the SQLite queue and store share
+//!   (one group-commit writer per database file).
 //! - [`safety`]: the guards (eligibility, the calendar), pure, with an
 //!   injected clock; the worker asks them before reserving and again right
 //!   before the restart.
@@ -44,12 +45,14 @@ mod demo;
 mod diagnostics;
 mod migrations;
 mod pattern;
+mod sqlite;
 mod stats;
 mod telemetry;
 
 pub use backoff::Backoff;
 pub use cli::main;
 pub use demo::random_request;
+pub use sqlite::JointAck;
 pub use stats::Stats;
 
 /// The PostgreSQL store's schema, for tools (the benchmark's ceiling) that

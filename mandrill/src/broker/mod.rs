@@ -330,6 +330,14 @@ pub trait Consumer: Close {
     /// Settles a delivery as undeliverable, keeping it with `reason`.
     async fn dead_letter(&self, tag: &DeliveryTag, reason: &str) -> Result<(), BrokerError>;
 
+    /// An ack of `tag` that the store can commit in the transaction that
+    /// records the outcome ([`crate::store::Store::record_outcome_acking`]),
+    /// when both live in one database; `None` (the default) when this broker
+    /// cannot, and the caller acks after recording as usual.
+    fn joint_ack(&self, _tag: &DeliveryTag) -> Option<crate::sqlite::JointAck> {
+        None
+    }
+
     /// Messages not yet settled: visible, delayed or leased. `None` when the
     /// broker cannot tell (e.g. a remote broker without that statistic);
     /// `mandrill run --until-idle` stops once this is `Some(0)`.

@@ -76,6 +76,22 @@ pub trait Store: Send + Sync + 'static {
         outcome: &Outcome,
     ) -> Result<Recorded, StoreError>;
 
+    /// As [`Store::record_outcome`], and, if the outcome was recorded and
+    /// `ack` is for this store's own database, the ack in the same
+    /// transaction: both commit or neither. Returns whether the ack was
+    /// committed; when not (the default: a store that cannot), the caller
+    /// acks as usual.
+    async fn record_outcome_acking(
+        &self,
+        request: &RestartRequest,
+        attempt: u32,
+        outcome: &Outcome,
+        ack: Option<crate::sqlite::JointAck>,
+    ) -> Result<(Recorded, bool), StoreError> {
+        let _ = ack;
+        Ok((self.record_outcome(request, attempt, outcome).await?, false))
+    }
+
     /// Gives back restart attempt `attempt`, claimed but never issued (a
     /// guard closed between the claim and the restart): the attempt is
     /// uncounted and its hold lifted, so the redelivery claims it again.

@@ -7,6 +7,7 @@ use super::lease::Progress;
 use super::retry::{Stopped, Until, store_op};
 use super::settle::{Settlement, settle_recorded};
 use super::shared::Shared;
+use crate::broker::DeliveryTag;
 use crate::domain::{Outcome, RestartRequest};
 use crate::notify::EventKind;
 use crate::restarter::RestartError;
@@ -17,6 +18,7 @@ use crate::store::Recorded;
 pub(super) async fn conclude(
     shared: &Shared,
     progress: &Progress,
+    tag: &DeliveryTag,
     request: &RestartRequest,
     attempt: u32,
     restarted: Result<crate::domain::Restarted, RestartError>,
@@ -87,13 +89,26 @@ pub(super) async fn conclude(
         }
     };
 
+    // An outcome settled by an ack takes the ack into its own transaction
+    // when the broker and the store share a database (SQLite, one file):
+    // both commit or neither.
+    let ack = match outcome {
+        Outcome::Retrying { .. } | Outcome::Failed { .. } => None,
+        _ => shared.broker.joint_ack(tag),
+    };
     let recorded = store_op(shared, progress, Until::Shielded, || {
-        shared.store.record_outcome(request, attempt, &outcome)
+        shared
+            .store
+            .record_outcome_acking(request, attempt, &outcome, ack.clone())
     })
     .await;
     match recorded {
-        Ok(Recorded::Recorded) => debug!(status = %outcome.status(), "outcome recorded"),
-        Ok(Recorded::AlreadyFinal(status)) => {
+        Ok((Recorded::Recorded, true)) => {
+            debug!(status = %outcome.status(), "outcome recorded and acked");
+            return Settlement::Acked;
+        }
+        Ok((Recorded::Recorded, false)) => debug!(status = %outcome.status(), "outcome recorded"),
+        Ok((Recorded::AlreadyFinal(status), _)) => {
             shared.stats.duplicates.inc();
             warn!(%status, "another delivery recorded a final outcome first; keeping it");
             progress.dead_letter_because(DeadLetterReason::RestartFailed);

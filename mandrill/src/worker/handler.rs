@@ -303,5 +303,13 @@ pub(super) async fn process(
             after: config.restart_timeout,
         })
     });
-    Box::pin(conclude(shared, progress, &request, attempt, restarted)).await
+    Box::pin(conclude(
+        shared,
+        progress,
+        &delivery.tag,
+        &request,
+        attempt,
+        restarted,
+    ))
+    .await
 }

@@ -18,6 +18,8 @@ use crate::stats::DeadLetterReason;
 #[derive(Debug)]
 pub(super) enum Settlement {
     Ack,
+    /// Acked already, in the transaction that recorded the outcome.
+    Acked,
     Nack {
         delay: Duration,
         why: String,
@@ -106,6 +108,11 @@ pub(super) async fn settle(
                 stats.acked.inc();
                 info!("acked");
             }),
+            Settlement::Acked => {
+                stats.acked.inc();
+                info!("acked");
+                Ok(())
+            }
             Settlement::Nack { delay, why } => shared.broker.nack(tag, *delay).await.map(|()| {
                 stats.nacked.inc();
                 info!(?delay, why, "nacked");

@@ -5,16 +5,16 @@ use super::writer::Limits;
 use super::*;
 
 /// What one claim or settlement did inside the transaction.
-pub(super) enum Step {
+pub(crate) enum Step {
     Claimed(Claimed),
     Settled(Result<(), BrokerError>),
 }
 
-pub(super) type Tx<'c> = sqlx::Transaction<'c, Sqlite>;
+pub(super) use crate::sqlite::writer::Tx;
 
 /// One claim of one row: the row id and the delivery number holding the lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(super) struct Claim {
+pub(crate) struct Claim {
     pub(super) id: i64,
     pub(super) delivery: i64,
 }
@@ -36,7 +36,7 @@ impl Claim {
 }
 
 #[derive(Debug, Default)]
-pub(super) struct Claimed {
+pub(crate) struct Claimed {
     pub(super) deliveries: Vec<(Claim, Delivery)>,
     /// When nothing was claimable: the earliest `visible_at` in the queue.
     pub(super) next_visible_at: Option<i64>,

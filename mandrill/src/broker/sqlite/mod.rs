@@ -18,38 +18,37 @@
 //! that an oversized row is rejected without being loaded; dead-lettering
 //! copies it inside SQLite, never through this process.
 //!
-//! Every write goes through one writer task that owns one connection: it
-//! takes whatever operations are queued (publishes, claims, acks, nacks,
-//! extensions, dead letters), runs them in one `BEGIN IMMEDIATE` transaction
-//! and answers each caller only after the commit. Throughput therefore does
-//! not collapse into one fsync per message, and nothing is reported settled
+//! Every write goes through the file's writer ([`crate::sqlite`]), shared
+//! with the store when it uses the same file: it takes whatever operations
+//! are queued (publishes, claims, acks, nacks, extensions, dead letters, and
+//! the store's writes), runs them in one `BEGIN IMMEDIATE` transaction and
+//! answers each caller only after the commit. Throughput therefore does not
+//! collapse into one fsync per message, and nothing is reported settled
 //! before it is durable. Claims run inside that write transaction, so two
 //! processes on one database never claim the same row at once. A failed
-//! transaction fails every operation of its batch, and the writer replaces its
-//! connection, so that writing resumes once the cause (a full disk, say) is
-//! gone.
+//! transaction fails every operation of its batch, and the writer replaces
+//! its connection, so that writing resumes once the cause (a full disk,
+//! say) is gone. When the store shares the file, an outcome and its ack
+//! commit together ([`Consumer::joint_ack`]).
 
-use std::str::FromStr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
-    SqliteSynchronous,
-};
-use sqlx::{Connection, QueryBuilder, Row, Sqlite};
-use tokio::sync::{Notify, mpsc, oneshot};
+use sqlx::sqlite::{SqlitePool, SqlitePoolOptions};
+use sqlx::{QueryBuilder, Row, Sqlite};
+use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
-use tokio_util::task::TaskTracker;
-use tracing::{debug, warn};
+use tracing::warn;
 
 use super::{
     BrokerError, Cause, Close, Consumer, DeadLetterAdmin, DeadLetterEntry, DeadLetterId,
     DeadLetterRecord, Delivery, DeliveryTag, Publisher, bounded_reason,
 };
-use crate::store::sqlite::WriterConnection;
+use crate::sqlite::writer::Job;
+use crate::sqlite::{FileWriter, JointAck, queue_migrations};
 
 mod admin;
 mod claims;
@@ -63,10 +62,9 @@ mod writer;
 pub use admin::MAX_LISTED_PAYLOAD_BYTES;
 use claims::Claim;
 pub use settings::{SqliteOptions, SqliteSettings};
-use writer::{Action, Limits, Op, write_loop};
+pub(crate) use writer::QueuePart;
+use writer::{ACK, Action, Limits, Op};
 
-/// Most operations committed in one transaction.
-const MAX_BATCH: usize = 1024;
 /// Rows per multi-row `INSERT` (three parameters each, well under SQLite's limit).
 const INSERT_CHUNK: usize = 500;
 /// How much longer than the poll wait a pull may take before it fails: the
@@ -81,8 +79,12 @@ pub struct SqliteBroker {
     ack_deadline: Duration,
     poll_wait: Duration,
     poll_interval: Duration,
-    /// To the writer task.
-    ops: mpsc::Sender<Op>,
+    /// What each operation carries to the writer.
+    limits: Limits,
+    /// The file's writer, shared with the store when it uses the same file.
+    writer: Arc<FileWriter>,
+    /// Set by [`Close::close`]: later operations are refused.
+    closed: AtomicBool,
     /// For reads (backlog, dead-letter listing) and the rare admin writes, so
     /// that they never queue behind a batch.
     pool: SqlitePool,
@@ -90,8 +92,6 @@ pub struct SqliteBroker {
     /// process returns at once; other processes' publishes are found by
     /// polling every `poll_interval`.
     available: Arc<Notify>,
-    /// The writer task.
-    tasks: TaskTracker,
 }
 
 fn now_millis() -> i64 {
@@ -113,18 +113,6 @@ fn closed() -> BrokerError {
     BrokerError::Fatal("the sqlite broker is closed".into())
 }
 
-/// The options every connection to the queue uses: WAL so that readers never
-/// block the writer, `synchronous = FULL` so that a committed publish or
-/// settlement survives power loss, and a busy timeout so that several
-/// processes on one file wait for each other's write transactions.
-fn connect_options(url: &str) -> Result<SqliteConnectOptions, sqlx::Error> {
-    Ok(SqliteConnectOptions::from_str(url)?
-        .create_if_missing(true)
-        .journal_mode(SqliteJournalMode::Wal)
-        .synchronous(SqliteSynchronous::Full)
-        .busy_timeout(Duration::from_secs(10)))
-}
-
 impl SqliteBroker {
     /// Opens (creating if missing) the queue at `config.url` (`sqlite:PATH`),
     /// brings the schema up to date and starts the writer task. Pulls hand
@@ -142,52 +130,36 @@ impl SqliteBroker {
         config: &SqliteOptions,
         max_payload_bytes: usize,
     ) -> Result<Self, BrokerError> {
-        let options =
-            connect_options(&config.url).map_err(|e| BrokerError::Fatal(Cause::from_error(e)))?;
+        let options = crate::sqlite::connect_options(&config.url)
+            .map_err(|e| BrokerError::Fatal(Cause::from_error(e)))?;
         let pool = SqlitePoolOptions::new()
             .max_connections(2)
             .connect_with(options.clone())
             .await
             .map_err(|e| BrokerError::Fatal(Cause::from_error(e)))?;
-        let migrator = sqlx::migrate!("./migrations/sqlite");
-        if let Err(first) = migrator.run(&pool).await {
-            // Another process may have been migrating the same file at the
-            // same moment; by now it has finished, so a second run sees its
-            // work. A real problem fails again.
-            debug!(error = %first, "migration failed; trying once more");
-            migrator
-                .run(&pool)
-                .await
-                .map_err(|e| BrokerError::Fatal(Cause::new("migration failed", e)))?;
-        }
-        let writer = WriterConnection::open(options)
+        crate::sqlite::migrate(&pool, queue_migrations())
+            .await
+            .map_err(|e| BrokerError::Fatal(Cause::new("migration failed", e)))?;
+        let writer = FileWriter::open(&options)
             .await
             .map_err(|e| BrokerError::Fatal(Cause::from_error(e)))?;
-        let (ops, receiver) = mpsc::channel(MAX_BATCH * 4);
-        let available = Arc::new(Notify::new());
-        let tasks = TaskTracker::new();
-        tasks.spawn(write_loop(
-            writer,
-            receiver,
-            Limits {
-                ack_deadline: millis(config.ack_deadline),
-                // SQLite keeps no value over 2^31 bytes, and `substr`
-                // misbehaves when start plus length overflows.
-                payload_prefix: i64::try_from(max_payload_bytes.saturating_add(1))
-                    .unwrap_or(i64::MAX)
-                    .min(i64::from(i32::MAX)),
-            },
-            available.clone(),
-        ));
-        tasks.close();
+        let limits = Limits {
+            ack_deadline: millis(config.ack_deadline),
+            // SQLite keeps no value over 2^31 bytes, and `substr`
+            // misbehaves when start plus length overflows.
+            payload_prefix: i64::try_from(max_payload_bytes.saturating_add(1))
+                .unwrap_or(i64::MAX)
+                .min(i64::from(i32::MAX)),
+        };
         Ok(Self {
             ack_deadline: config.ack_deadline,
             poll_wait: config.poll_wait,
             poll_interval: config.poll_interval,
-            ops,
+            limits,
+            available: writer.available.clone(),
+            writer,
+            closed: AtomicBool::new(false),
             pool,
-            available,
-            tasks,
         })
     }
 
@@ -195,9 +167,20 @@ impl SqliteBroker {
         &self,
         op: impl FnOnce(oneshot::Sender<Result<T, BrokerError>>) -> Op,
     ) -> Result<T, BrokerError> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(closed());
+        }
         let (reply, answer) = oneshot::channel();
-        self.ops.send(op(reply)).await.map_err(|_| closed())?;
+        if !self.writer.send(Job::A(op(reply))).await {
+            return Err(closed());
+        }
         answer.await.map_err(|_| closed())?
+    }
+
+    /// The file's writer, to tell whether two users share it.
+    #[cfg(test)]
+    pub(crate) fn writer(&self) -> &Arc<FileWriter> {
+        &self.writer
     }
 
     /// Publishes every payload in one transaction: all of them or none.
@@ -212,9 +195,9 @@ impl SqliteBroker {
 #[async_trait]
 impl Close for SqliteBroker {
     async fn close(&self) {
-        // Fails only if the writer already stopped, which is what we want.
-        let _ = self.ops.send(Op::Close).await;
-        self.tasks.wait().await;
+        if !self.closed.swap(true, Ordering::AcqRel) {
+            self.writer.close().await;
+        }
         self.pool.close().await;
     }
 }
@@ -252,7 +235,8 @@ impl Consumer for SqliteBroker {
             // Cancel-safe: if this future is dropped while the claim is in
             // the writer, the writer finds nobody to answer and releases the
             // claimed rows at once.
-            let claim = self.call(|reply| Op::Claim { max, reply });
+            let limits = self.limits;
+            let claim = self.call(|reply| Op::Claim { max, limits, reply });
             let claimed = tokio::time::timeout_at(fail_at, claim)
                 .await
                 .map_err(|_elapsed| {
@@ -303,6 +287,15 @@ impl Consumer for SqliteBroker {
             .await
     }
 
+    fn joint_ack(&self, tag: &DeliveryTag) -> Option<JointAck> {
+        let claim = Claim::from_tag(tag).ok()?;
+        Some(JointAck {
+            writer: Arc::downgrade(&self.writer),
+            statement: &ACK,
+            key: [claim.id, claim.delivery],
+        })
+    }
+
     async fn backlog(&self) -> Result<Option<u64>, BrokerError> {
         let count: i64 = sqlx::query_scalar("SELECT count(*) FROM queue")
             .fetch_one(&self.pool)
@@ -315,9 +308,11 @@ impl Consumer for SqliteBroker {
 impl SqliteBroker {
     async fn settle(&self, tag: &DeliveryTag, action: Action) -> Result<(), BrokerError> {
         let claim = Claim::from_tag(tag)?;
+        let limits = self.limits;
         self.call(|reply| Op::Settle {
             claim,
             action,
+            limits,
             reply,
         })
         .await

@@ -1,6 +1,8 @@
 use std::collections::HashMap;
 
 use super::*;
+use sqlx::Connection;
+use sqlx::sqlite::SqliteConnection;
 
 /// Generous: reached only when something hangs.
 const PATIENCE: Duration = Duration::from_secs(30);

@@ -1,49 +1,44 @@
-//! The writer task: one connection, every queued operation committed in one
-//! `BEGIN IMMEDIATE` transaction, each caller answered after the commit.
+//! The queue's part of its file's writer ([`crate::sqlite::writer`]): the
+//! statements of a batch of publishes, claims and settlements, run in the
+//! writer's transaction, and each caller's answer after the commit.
 
-use super::claims::{Claim, Claimed, Step, Tx, claim, publish, settle};
+use super::claims::{Claim, Claimed, Step, claim, publish, settle};
 use super::*;
+use crate::sqlite::PairStatement;
+use crate::sqlite::writer::{Part, Tx};
 
-/// What the writer task does for one caller.
+/// What the writer does for one caller of the queue.
 #[derive(Debug)]
-pub(super) enum Op {
+pub(crate) enum Op {
     Publish {
         payloads: Vec<Bytes>,
         reply: oneshot::Sender<Result<(), BrokerError>>,
     },
     Claim {
         max: usize,
+        limits: Limits,
         reply: oneshot::Sender<Result<Claimed, BrokerError>>,
     },
     Settle {
         claim: Claim,
         action: Action,
+        limits: Limits,
         reply: oneshot::Sender<Result<(), BrokerError>>,
     },
-    /// Stop after this batch; later operations are refused.
-    Close,
 }
 
 #[derive(Debug)]
-pub(super) enum Action {
+pub(crate) enum Action {
     Ack,
     Nack(Duration),
     Extend,
     DeadLetter(String),
 }
 
-/// The writer's answer to one operation, sent after the commit.
-pub(super) enum Answer {
-    Unit(
-        oneshot::Sender<Result<(), BrokerError>>,
-        Result<(), BrokerError>,
-    ),
-    Claimed(oneshot::Sender<Result<Claimed, BrokerError>>, Claimed),
-}
-
-/// The writer's fixed settings.
+/// One broker's fixed settings, carried by its operations (several brokers
+/// of one process may share a file's writer).
 #[derive(Debug, Clone, Copy)]
-pub(super) struct Limits {
+pub(crate) struct Limits {
     /// Milliseconds.
     pub(super) ack_deadline: i64,
     /// Most bytes of a payload a claim reads: one more than the largest
@@ -51,76 +46,94 @@ pub(super) struct Limits {
     pub(super) payload_prefix: i64,
 }
 
-/// Takes every queued operation, commits them in one transaction, answers.
-pub(super) async fn write_loop(
-    mut writer: WriterConnection,
-    mut receiver: mpsc::Receiver<Op>,
-    limits: Limits,
+/// The queue's state in its file's writer.
+#[derive(Debug)]
+pub(crate) struct QueuePart {
+    /// Claims whose puller went away before the answer: released in the
+    /// next transaction rather than left to lease expiry.
+    orphans: Vec<Claim>,
+    /// How many of `orphans` the running transaction releases.
+    releasing: usize,
+    /// See [`crate::sqlite::FileWriter::available`].
     available: Arc<Notify>,
-) {
-    let mut batch = Vec::with_capacity(MAX_BATCH);
-    // Claims whose puller went away before the answer: released in the next
-    // transaction rather than left to lease expiry.
-    let mut orphans: Vec<Claim> = Vec::new();
-    let mut closing = false;
-    while !closing && receiver.recv_many(&mut batch, MAX_BATCH).await > 0 {
-        let before = batch.len();
-        batch.retain(|op| !matches!(op, Op::Close));
-        closing = batch.len() < before;
-        let wakes = batch.iter().any(|op| {
-            matches!(
-                op,
-                Op::Publish { .. }
-                    | Op::Settle {
-                        action: Action::Nack(_),
-                        ..
-                    }
-            )
-        }) || !orphans.is_empty();
-        let committed = match writer.get().await {
-            Ok(conn) => commit_batch(conn, &mut batch, &orphans, limits).await,
-            Err(error) => Err(error),
-        };
-        match committed {
-            Ok(answers) => {
-                orphans.clear();
-                for answer in answers {
-                    match answer {
-                        Answer::Unit(reply, result) => {
-                            let _ = reply.send(result);
-                        }
-                        Answer::Claimed(reply, claimed) => {
-                            if let Err(Ok(unwanted)) = reply.send(Ok(claimed)) {
-                                orphans.extend(unwanted.deliveries.iter().map(|(c, _)| *c));
-                            }
-                        }
-                    }
-                }
-                if wakes {
-                    available.notify_waiters();
-                }
-            }
-            Err(error) => {
-                warn!(%error, operations = batch.len(), "queue transaction failed");
-                // Nothing of the batch was committed; orphans stay for the next one.
-                writer.discard().await;
-                let cause: Arc<dyn std::error::Error + Send + Sync> = Arc::new(error);
-                for op in batch.drain(..) {
-                    fail(op, BrokerError::Unavailable(Cause::shared(cause.clone())));
-                }
-            }
-        }
-        batch.clear();
-    }
-    // Whoever is still waiting gets an answer, not a hang.
-    receiver.close();
-    while let Ok(op) = receiver.try_recv() {
-        fail(op, closed());
-    }
-    writer.close().await;
 }
 
-pub(super) fn fail(op: Op, error: BrokerError) {
+impl QueuePart {
+    pub(crate) fn new(available: Arc<Notify>) -> Self {
+        Self {
+            orphans: Vec::new(),
+            releasing: 0,
+            available,
+        }
+    }
+}
+
+impl Part for QueuePart {
+    const NAME: &'static str = "queue";
+    type Op = Op;
+    type Answer = Step;
+
+    fn run<'a>(
+        &'a mut self,
+        tx: &'a mut Tx<'_>,
+        ops: &'a [Op],
+        now: i64,
+    ) -> impl Future<Output = Result<Vec<Step>, sqlx::Error>> + Send + 'a {
+        self.releasing = self.orphans.len();
+        run_batch(tx, ops, &self.orphans, now)
+    }
+
+    fn committed_batch(&mut self, ops: &[Op]) {
+        let wakes = self.releasing > 0
+            || ops.iter().any(|op| {
+                matches!(
+                    op,
+                    Op::Publish { .. }
+                        | Op::Settle {
+                            action: Action::Nack(_),
+                            ..
+                        }
+                )
+            });
+        self.orphans.drain(..self.releasing);
+        self.releasing = 0;
+        if wakes {
+            self.available.notify_waiters();
+        }
+    }
+
+    fn answer(&mut self, op: Op, step: Step) {
+        match (op, step) {
+            (Op::Publish { reply, .. }, _) => {
+                let _ = reply.send(Ok(()));
+            }
+            (Op::Claim { reply, .. }, Step::Claimed(claimed)) => {
+                if let Err(Ok(unwanted)) = reply.send(Ok(claimed)) {
+                    self.orphans
+                        .extend(unwanted.deliveries.iter().map(|(c, _)| *c));
+                }
+            }
+            (Op::Settle { reply, .. }, Step::Settled(result)) => {
+                let _ = reply.send(result);
+            }
+            (op, _) => fail(
+                op,
+                BrokerError::Fatal("queue writer mismatched answer".into()),
+            ),
+        }
+    }
+
+    fn fail(&mut self, op: Op, error: &Arc<sqlx::Error>) {
+        let cause: Arc<dyn std::error::Error + Send + Sync> = error.clone();
+        fail(op, BrokerError::Unavailable(Cause::shared(cause)));
+    }
+
+    fn closed(&mut self, op: Op) {
+        fail(op, closed());
+    }
+}
+
+fn fail(op: Op, error: BrokerError) {
     match op {
         Op::Publish { reply, .. } | Op::Settle { reply, .. } => {
             let _ = reply.send(Err(error));
@@ -128,20 +141,16 @@ pub(super) fn fail(op: Op, error: BrokerError) {
         Op::Claim { reply, .. } => {
             let _ = reply.send(Err(error));
         }
-        Op::Close => {}
     }
 }
 
-/// Runs `batch` (draining it) in one write transaction. Any SQL error fails
-/// the whole batch: nothing of it is committed, and every caller is told.
-pub(super) async fn commit_batch(
-    conn: &mut SqliteConnection,
-    batch: &mut Vec<Op>,
+/// Runs `ops` in the open transaction; one step per operation.
+async fn run_batch(
+    tx: &mut Tx<'_>,
+    ops: &[Op],
     orphans: &[Claim],
-    limits: Limits,
-) -> Result<Vec<Answer>, sqlx::Error> {
-    let now = now_millis();
-    let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+    now: i64,
+) -> Result<Vec<Step>, sqlx::Error> {
     for claim in orphans {
         sqlx::query(
             "UPDATE queue SET lease = NULL, visible_at = ?3, deliveries = deliveries - 1
@@ -150,17 +159,17 @@ pub(super) async fn commit_batch(
         .bind(claim.id)
         .bind(claim.delivery)
         .bind(now)
-        .execute(&mut *tx)
+        .execute(&mut **tx)
         .await?;
     }
-    // Ops are only drained once the transaction committed; until then a
-    // failure must still be able to answer them.
-    //
+    if ops.is_empty() {
+        return Ok(Vec::new());
+    }
     // Publishes and acks are the bulk of the traffic, so each kind goes in
     // one statement for the whole batch; the rest run one by one, in order.
     // Running the acks first is one valid order among concurrent callers: an
     // ack and a claim in one batch never concern the same live lease.
-    let payloads: Vec<&[u8]> = batch
+    let payloads: Vec<&[u8]> = ops
         .iter()
         .filter_map(|op| match op {
             Op::Publish { payloads, .. } => Some(payloads.iter().map(|p| p.as_ref())),
@@ -168,8 +177,8 @@ pub(super) async fn commit_batch(
         })
         .flatten()
         .collect();
-    publish(&mut tx, &payloads, now).await?;
-    let acks: Vec<Claim> = batch
+    publish(tx, &payloads, now).await?;
+    let acks: Vec<Claim> = ops
         .iter()
         .filter_map(|op| match op {
             Op::Settle {
@@ -180,69 +189,53 @@ pub(super) async fn commit_batch(
             _ => None,
         })
         .collect();
-    let acked = ack_all(&mut tx, &acks).await?;
-    let mut steps = Vec::with_capacity(batch.len());
-    for op in batch.iter() {
-        match op {
-            Op::Publish { .. } | Op::Close => {}
-            Op::Claim { max, .. } => steps.push(claim(&mut tx, *max, now, limits).await?),
+    let acked = ack_all(tx, &acks).await?;
+    let mut steps = Vec::with_capacity(ops.len());
+    for op in ops {
+        steps.push(match op {
+            Op::Publish { .. } => Step::Settled(Ok(())),
+            Op::Claim { max, limits, .. } => claim(tx, *max, now, *limits).await?,
             Op::Settle {
                 claim,
                 action: Action::Ack,
                 ..
-            } => steps.push(Step::Settled(if acked.contains(claim) {
+            } => Step::Settled(if acked.contains(claim) {
                 Ok(())
             } else {
                 Err(BrokerError::LeaseLost(claim.tag()))
-            })),
-            Op::Settle { claim, action, .. } => {
-                steps.push(settle(&mut tx, *claim, action, now, limits).await?)
-            }
-        }
+            }),
+            Op::Settle {
+                claim,
+                action,
+                limits,
+                ..
+            } => settle(tx, *claim, action, now, *limits).await?,
+        });
     }
-    tx.commit().await?;
-    let mut results = steps.into_iter();
-    let mut out = Vec::with_capacity(batch.len());
-    for op in batch.drain(..) {
-        match op {
-            Op::Publish { reply, .. } => out.push(Answer::Unit(reply, Ok(()))),
-            Op::Claim { reply, .. } => match results.next() {
-                Some(Step::Claimed(claimed)) => out.push(Answer::Claimed(reply, claimed)),
-                _ => unreachable!("one step per claim, in order"),
-            },
-            Op::Settle { reply, .. } => match results.next() {
-                Some(Step::Settled(result)) => out.push(Answer::Unit(reply, result)),
-                _ => unreachable!("one step per settlement, in order"),
-            },
-            Op::Close => {}
-        }
-    }
-    Ok(out)
+    Ok(steps)
 }
 
-/// Deletes every acked row whose lease is still the ack's, in one statement;
-/// returns the claims that matched.
-pub(super) async fn ack_all(
+/// Acks deliveries: deletes each row whose lease is still the delivery's.
+/// Also run by the store, for a batch of [`crate::sqlite::JointAck`]s.
+pub(super) static ACK: PairStatement = PairStatement {
+    head: "DELETE FROM queue WHERE (id, lease) IN (VALUES ",
+    tail: ") RETURNING id, lease",
+};
+
+/// Deletes every acked row whose lease is still the ack's; returns the
+/// claims that matched. Bound parameters, not a JSON array taken apart
+/// inside SQLite: the JSON functions cost more than the deletes themselves.
+async fn ack_all(
     tx: &mut Tx<'_>,
     acks: &[Claim],
 ) -> Result<std::collections::HashSet<Claim>, sqlx::Error> {
     if acks.is_empty() {
         return Ok(Default::default());
     }
-    let pairs: Vec<[i64; 2]> = acks.iter().map(|c| [c.id, c.delivery]).collect();
-    // A vector of integer pairs always serialises.
-    let pairs = serde_json::to_string(&pairs).expect("pairs serialise");
-    let deleted: Vec<(i64, i64)> = sqlx::query_as(
-        "DELETE FROM queue WHERE id IN (
-             SELECT q.id FROM json_each(?1) AS j
-             JOIN queue AS q ON q.id = j.value ->> 0 AND q.lease = j.value ->> 1)
-         RETURNING id, lease",
-    )
-    .bind(pairs)
-    .fetch_all(&mut **tx)
-    .await?;
-    Ok(deleted
+    let keys: Vec<[i64; 2]> = acks.iter().map(|c| [c.id, c.delivery]).collect();
+    let matched = ACK.run(tx, &keys).await?;
+    Ok(matched
         .into_iter()
-        .map(|(id, delivery)| Claim { id, delivery })
+        .map(|[id, delivery]| Claim { id, delivery })
         .collect())
 }

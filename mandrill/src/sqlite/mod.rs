@@ -1,0 +1,237 @@
+//! What the SQLite queue ([`crate::broker::SqliteBroker`]) and the SQLite
+//! store ([`crate::store::SqliteStore`]) share: the connect options, the
+//! migration run, and one group-commit writer per database file.
+//!
+//! By default the queue and the store are the same file. They then share
+//! one writer task (found in a registry keyed by the file's canonical path),
+//! so that a message's outcome and its ack commit in one transaction
+//! ([`JointAck`]), and so that two writers of one process never wait for
+//! each other's write lock. Several processes on one file each have their
+//! own writer; `BEGIN IMMEDIATE` and the busy timeout order them.
+//!
+//! The writer stays on sqlx rather than rusqlite on a thread of its own:
+//! with one writer per file and every statement batched, what is left per
+//! message is SQLite's own work, and sqlx keeps one driver (and one set of
+//! SQL and error classification) for the reads, both parts and PostgreSQL.
+//! rusqlite 0.32 would link the same `libsqlite3-sys` 0.30 (areq uses it),
+//! so the switch stays open if a measurement on an idle machine shows the
+//! gap the prototype saw (sqlx 10–20% slower batched).
+
+pub(crate) mod writer;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::{Arc, LazyLock, Weak};
+use std::time::Duration;
+
+use sqlx::SqlitePool;
+use sqlx::migrate::{MigrateError, Migrator};
+
+pub(crate) use crate::migrations::{
+    sqlite_queue as queue_migrations, sqlite_store as store_migrations,
+};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
+use tokio::sync::{Mutex, Notify, mpsc};
+use tokio_util::task::TaskTracker;
+use tracing::debug;
+
+use crate::broker::sqlite::QueuePart;
+use crate::store::sqlite::StorePart;
+use writer::{Job, MAX_BATCH, Source, WriterConnection, write_loop};
+
+/// The options every connection uses: WAL so that readers never block the
+/// writer, `synchronous = FULL` so that a commit survives power loss, and a
+/// busy timeout so that several processes on one file wait for each other's
+/// write transactions.
+pub(crate) fn connect_options(url: &str) -> Result<SqliteConnectOptions, sqlx::Error> {
+    Ok(SqliteConnectOptions::from_str(url)?
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .synchronous(SqliteSynchronous::Full)
+        .busy_timeout(Duration::from_secs(10)))
+}
+
+/// Brings the schema `migrator` describes up to date.
+pub(crate) async fn migrate(pool: &SqlitePool, migrator: &Migrator) -> Result<(), MigrateError> {
+    if let Err(first) = migrator.run(pool).await {
+        // Another process (or the other part of this one) may have been
+        // migrating the same file at the same moment; by now it has
+        // finished, so a second run sees its work. A real problem fails
+        // again.
+        debug!(error = %first, "migration failed; trying once more");
+        migrator.run(pool).await?;
+    }
+    Ok(())
+}
+
+/// The writer of one database file, shared by whoever opened it (the queue,
+/// the store, or both).
+pub(crate) struct FileWriter {
+    jobs: mpsc::Sender<Job<QueuePart, StorePart>>,
+    /// The writer task.
+    tasks: TaskTracker,
+    /// Woken after a commit that published or nacked, so that a pull in
+    /// this process returns at once.
+    pub(crate) available: Arc<Notify>,
+    /// The registry's key; `None` for a private writer (in-memory).
+    key: Option<PathBuf>,
+    /// Users that have not closed it yet; guarded by the registry's lock.
+    users: std::sync::atomic::AtomicUsize,
+}
+
+impl fmt::Debug for FileWriter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FileWriter")
+            .field("key", &self.key)
+            .finish()
+    }
+}
+
+/// Open writers by canonical path. Weak: a writer whose users are all gone
+/// (dropped without closing) stops, and a later open starts a new one.
+static REGISTRY: LazyLock<Mutex<HashMap<PathBuf, Weak<FileWriter>>>> =
+    LazyLock::new(|| Mutex::new(HashMap::new()));
+
+impl FileWriter {
+    /// The writer of the file `options` name (which must exist), shared with
+    /// whoever else of this process has it open.
+    pub(crate) async fn open(options: &SqliteConnectOptions) -> Result<Arc<Self>, sqlx::Error> {
+        let path = std::fs::canonicalize(options.get_filename())
+            .unwrap_or_else(|_| options.get_filename().to_path_buf());
+        let mut registry = REGISTRY.lock().await;
+        if let Some(writer) = registry.get(&path).and_then(Weak::upgrade)
+            && !writer.jobs.is_closed()
+            && writer.users.load(std::sync::atomic::Ordering::Acquire) > 0
+        {
+            writer
+                .users
+                .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+            return Ok(writer);
+        }
+        let own = WriterConnection::open(options.clone()).await?;
+        let writer = Self::start(Source::Own(Box::new(own)), Some(path.clone()));
+        registry.retain(|_, writer| writer.strong_count() > 0);
+        registry.insert(path, Arc::downgrade(&writer));
+        Ok(writer)
+    }
+
+    /// A writer of its own writing through `pool`'s one connection: an
+    /// in-memory database exists once per connection.
+    pub(crate) fn private(pool: SqlitePool) -> Arc<Self> {
+        Self::start(Source::Pool(pool), None)
+    }
+
+    fn start(source: Source, key: Option<PathBuf>) -> Arc<Self> {
+        let (jobs, receiver) = mpsc::channel(MAX_BATCH * 4);
+        let available = Arc::new(Notify::new());
+        let tasks = TaskTracker::new();
+        tasks.spawn(write_loop(
+            source,
+            QueuePart::new(available.clone()),
+            StorePart,
+            receiver,
+        ));
+        tasks.close();
+        Arc::new(Self {
+            jobs,
+            tasks,
+            available,
+            key,
+            users: std::sync::atomic::AtomicUsize::new(1),
+        })
+    }
+
+    /// Queues one job; `false` if the writer has stopped.
+    pub(crate) async fn send(&self, job: Job<QueuePart, StorePart>) -> bool {
+        self.jobs.send(job).await.is_ok()
+    }
+
+    /// One user is done with the writer: the last one stops it, after the
+    /// jobs queued so far, and waits for it.
+    pub(crate) async fn close(&self) {
+        let last = match &self.key {
+            Some(key) => {
+                let mut registry = REGISTRY.lock().await;
+                let last = self.users.fetch_sub(1, std::sync::atomic::Ordering::AcqRel) == 1;
+                if last
+                    && registry
+                        .get(key)
+                        .is_some_and(|w| std::ptr::eq(w.as_ptr(), self))
+                {
+                    registry.remove(key);
+                }
+                last
+            }
+            None => true,
+        };
+        if last {
+            // Fails only if the writer already stopped, which is what we want.
+            let _ = self.jobs.send(Job::Close).await;
+            self.tasks.wait().await;
+        }
+    }
+}
+
+/// An ack that the store can commit in the very transaction that records
+/// the message's outcome, when the queue and the store share a database
+/// file (and so a writer): the ack is then never durable before the
+/// outcome, and a failed transaction fails both. Obtained from
+/// [`crate::broker::Consumer::joint_ack`], spent by
+/// [`crate::store::Store::record_outcome_acking`]; opaque to everyone else.
+#[derive(Debug, Clone)]
+pub struct JointAck {
+    pub(crate) writer: Weak<FileWriter>,
+    pub(crate) statement: &'static PairStatement,
+    /// The delivery's key: the two integers the statement matches.
+    pub(crate) key: [i64; 2],
+}
+
+impl JointAck {
+    /// Whether the ack belongs to the file `writer` writes.
+    pub(crate) fn is_for(&self, writer: &Arc<FileWriter>) -> bool {
+        std::ptr::eq(self.writer.as_ptr(), Arc::as_ptr(writer))
+    }
+}
+
+/// A statement over rows named by pairs of integers, written so that one
+/// execution takes many pairs: `head`, then `(?, ?), (?, ?), …`, then `tail`,
+/// which must return the pairs it matched. The queue's ack is one; the store
+/// runs it for a batch of joint acks without knowing the queue's tables.
+#[derive(Debug)]
+pub(crate) struct PairStatement {
+    pub(crate) head: &'static str,
+    pub(crate) tail: &'static str,
+}
+
+impl PairStatement {
+    /// Runs the statement for `keys` (in chunks); returns the keys it matched.
+    pub(crate) async fn run(
+        &self,
+        tx: &mut writer::Tx<'_>,
+        keys: &[[i64; 2]],
+    ) -> Result<std::collections::HashSet<[i64; 2]>, sqlx::Error> {
+        /// Pairs per statement: two parameters each, far under SQLite's limit.
+        const CHUNK: usize = 500;
+        let mut matched = std::collections::HashSet::with_capacity(keys.len());
+        for chunk in keys.chunks(CHUNK) {
+            let mut query: sqlx::QueryBuilder<sqlx::Sqlite> = sqlx::QueryBuilder::new(self.head);
+            let mut pairs = query.separated(", ");
+            for [first, second] in chunk {
+                pairs.push("(");
+                pairs.push_bind_unseparated(*first);
+                pairs.push_unseparated(", ");
+                pairs.push_bind_unseparated(*second);
+                pairs.push_unseparated(")");
+            }
+            query.push(self.tail);
+            let rows: Vec<(i64, i64)> = query.build_query_as().fetch_all(&mut **tx).await?;
+            matched.extend(rows.into_iter().map(|(first, second)| [first, second]));
+        }
+        Ok(matched)
+    }
+}
+
+#[cfg(test)]
+mod tests;

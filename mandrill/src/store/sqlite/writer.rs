@@ -1,0 +1,308 @@
+//! The store's part of its file's writer ([`crate::sqlite::writer`]): the
+//! statements of a batch of receipts, outcomes and rejections, run in the
+//! writer's transaction (shared with the queue's operations when the queue
+//! uses the same file), and each caller's answer after the commit.
+
+use std::sync::Arc;
+
+use tokio::sync::oneshot;
+use uuid::Uuid;
+
+use super::claims::{claim, insert_decision};
+use super::outcomes::{insert_outcomes, insert_rejection, prune, release};
+use crate::domain::{Outcome, RestartRequest, Status};
+use crate::sqlite::JointAck;
+use crate::sqlite::writer::{Part, Tx};
+use crate::store::{Claim, ClaimTerms, Decision, Recorded, StoreError, Timestamp};
+
+/// One write, with whom to tell once it is committed.
+#[derive(Debug)]
+pub(crate) enum Write {
+    Claim {
+        request: RestartRequest,
+        terms: ClaimTerms,
+        reply: oneshot::Sender<Result<Claim, StoreError>>,
+    },
+    Outcome {
+        request: RestartRequest,
+        attempt: u32,
+        outcome: Outcome,
+        /// Committed with the outcome if it is recorded (the file's own
+        /// queue's ack); the reply says whether it matched.
+        ack: Option<JointAck>,
+        reply: oneshot::Sender<Result<(Recorded, bool), StoreError>>,
+    },
+    Rejection {
+        message_id: Option<Uuid>,
+        reason: String,
+        excerpt: String,
+        reply: oneshot::Sender<Result<(), StoreError>>,
+    },
+    Release {
+        message_id: Uuid,
+        attempt: u32,
+        reply: oneshot::Sender<Result<(), StoreError>>,
+    },
+    Decision {
+        message_id: Uuid,
+        attempt: u32,
+        verdict: String,
+        guard: String,
+        reason: String,
+        reply: oneshot::Sender<Result<(), StoreError>>,
+    },
+    Prune {
+        before: Timestamp,
+        max_rows: u32,
+        reply: oneshot::Sender<Result<u64, StoreError>>,
+    },
+}
+
+/// What one write of a committed batch answers.
+#[derive(Debug, Clone)]
+pub(crate) enum Answer {
+    Done,
+    Claim(Claim),
+    /// `Some(status)` when an outcome was not recorded because `status` was
+    /// already final; whether its joint ack matched.
+    Outcome(Option<Status>, bool),
+    Pruned(u64),
+}
+
+/// The store's part of a writer: no state of its own.
+#[derive(Debug)]
+pub(crate) struct StorePart;
+
+impl Part for StorePart {
+    const NAME: &'static str = "store";
+    type Op = Write;
+    type Answer = Answer;
+
+    fn run<'a>(
+        &'a mut self,
+        tx: &'a mut Tx<'_>,
+        ops: &'a [Write],
+        now: i64,
+    ) -> impl Future<Output = Result<Vec<Answer>, sqlx::Error>> + Send + 'a {
+        run_batch(tx, ops, now)
+    }
+
+    fn committed_batch(&mut self, _ops: &[Write]) {}
+
+    fn answer(&mut self, op: Write, answer: Answer) {
+        self::answer(op, answer);
+    }
+
+    fn fail(&mut self, op: Write, error: &Arc<sqlx::Error>) {
+        fail(op, StoreError::Batch(error.clone()));
+    }
+
+    fn closed(&mut self, op: Write) {
+        fail(op, StoreError::Closed);
+    }
+}
+
+/// Runs the joint acks of the recorded outcomes among `outcomes` (one
+/// statement per kind of ack, whatever their number) and answers each
+/// outcome. An outcome not recorded (another was final already) acks
+/// nothing: its caller settles the way that case needs.
+async fn answer_outcomes(
+    tx: &mut Tx<'_>,
+    outcomes: Vec<(usize, Option<Status>, Option<&JointAck>)>,
+    answers: &mut [Answer],
+) -> Result<(), sqlx::Error> {
+    let mut kinds: Vec<(&'static crate::sqlite::PairStatement, Vec<[i64; 2]>)> = Vec::new();
+    for (_, recorded, ack) in &outcomes {
+        if let (None, Some(ack)) = (recorded, ack) {
+            match kinds
+                .iter_mut()
+                .find(|(statement, _)| std::ptr::eq(*statement, ack.statement))
+            {
+                Some((_, keys)) => keys.push(ack.key),
+                None => kinds.push((ack.statement, vec![ack.key])),
+            }
+        }
+    }
+    let mut matched = Vec::with_capacity(kinds.len());
+    for (statement, keys) in &kinds {
+        matched.push((*statement, statement.run(tx, keys).await?));
+    }
+    for (index, recorded, ack) in outcomes {
+        let acked = recorded.is_none()
+            && ack.is_some_and(|ack| {
+                matched.iter().any(|(statement, keys)| {
+                    std::ptr::eq(*statement, ack.statement) && keys.contains(&ack.key)
+                })
+            });
+        answers[index] = Answer::Outcome(recorded, acked);
+    }
+    Ok(())
+}
+
+fn answer(write: Write, answer: Answer) {
+    match (write, answer) {
+        (Write::Claim { reply, .. }, Answer::Claim(claim)) => {
+            let _ = reply.send(Ok(claim));
+        }
+        (Write::Outcome { reply, .. }, Answer::Outcome(existing, acked)) => {
+            let recorded = match existing {
+                None => Recorded::Recorded,
+                Some(status) => Recorded::AlreadyFinal(status),
+            };
+            let _ = reply.send(Ok((recorded, acked)));
+        }
+        (
+            Write::Rejection { reply, .. }
+            | Write::Release { reply, .. }
+            | Write::Decision { reply, .. },
+            Answer::Done,
+        ) => {
+            let _ = reply.send(Ok(()));
+        }
+        (Write::Prune { reply, .. }, Answer::Pruned(rows)) => {
+            let _ = reply.send(Ok(rows));
+        }
+        (write, answer) => {
+            // commit_batch answers each write with its own kind.
+            fail(
+                write,
+                StoreError::Corrupt(format!("store writer mismatched answer {answer:?}")),
+            );
+        }
+    }
+}
+
+fn fail(write: Write, error: StoreError) {
+    match write {
+        Write::Claim { reply, .. } => {
+            let _ = reply.send(Err(error));
+        }
+        Write::Rejection { reply, .. }
+        | Write::Release { reply, .. }
+        | Write::Decision { reply, .. } => {
+            let _ = reply.send(Err(error));
+        }
+        Write::Outcome { reply, .. } => {
+            let _ = reply.send(Err(error));
+        }
+        Write::Prune { reply, .. } => {
+            let _ = reply.send(Err(error));
+        }
+    }
+}
+
+/// Runs every write of `batch` in one write transaction and answers each.
+/// Any error fails the whole batch: nothing is committed.
+///
+/// Claims go in one pass, then outcomes in one statement, then rejections
+/// and prunes one by one. That order is one valid order among concurrent
+/// callers as long as no request appears twice in the batch (a handler's own
+/// claim is committed before it records its outcome); when one does (two
+/// deliveries of a request racing), the batch runs write by write, in
+/// arrival order.
+async fn run_batch(tx: &mut Tx<'_>, batch: &[Write], now: i64) -> Result<Vec<Answer>, sqlx::Error> {
+    let mut answers = vec![Answer::Done; batch.len()];
+    let mut seen = std::collections::HashSet::with_capacity(batch.len());
+    let repeats = batch.iter().any(|write| match write {
+        Write::Claim { request, .. } | Write::Outcome { request, .. } => {
+            !seen.insert(request.message_id)
+        }
+        _ => false,
+    });
+    if repeats {
+        for (write, answer) in batch.iter().zip(&mut answers) {
+            match write {
+                Write::Claim { request, terms, .. } => {
+                    *answer = Answer::Claim(claim(tx, &[(request, *terms)], now).await?.remove(0));
+                }
+                Write::Outcome {
+                    request,
+                    attempt,
+                    outcome,
+                    ack,
+                    ..
+                } => {
+                    let recorded =
+                        insert_outcomes(tx, &[(request, *attempt, outcome)], now).await?[0];
+                    let mut one = [Answer::Done];
+                    answer_outcomes(tx, vec![(0, recorded, ack.as_ref())], &mut one).await?;
+                    let [one] = one;
+                    *answer = one;
+                }
+                _ => {}
+            }
+        }
+    } else {
+        let (indexes, claims): (Vec<usize>, Vec<_>) = batch
+            .iter()
+            .enumerate()
+            .filter_map(|(index, write)| match write {
+                Write::Claim { request, terms, .. } => Some((index, (request, *terms))),
+                _ => None,
+            })
+            .unzip();
+        for (index, decided) in indexes.into_iter().zip(claim(tx, &claims, now).await?) {
+            answers[index] = Answer::Claim(decided);
+        }
+        let (indexes, outcomes): (Vec<usize>, Vec<_>) = batch
+            .iter()
+            .enumerate()
+            .filter_map(|(index, write)| match write {
+                Write::Outcome {
+                    request,
+                    attempt,
+                    outcome,
+                    ..
+                } => Some((index, (request, *attempt, outcome))),
+                _ => None,
+            })
+            .unzip();
+        let recorded = insert_outcomes(tx, &outcomes, now).await?;
+        let recorded = indexes
+            .into_iter()
+            .zip(recorded)
+            .map(|(index, result)| match &batch[index] {
+                Write::Outcome { ack, .. } => (index, result, ack.as_ref()),
+                _ => unreachable!("indexes of outcomes"),
+            })
+            .collect();
+        answer_outcomes(tx, recorded, &mut answers).await?;
+    }
+    for (write, answer) in batch.iter().zip(&mut answers) {
+        match write {
+            Write::Rejection {
+                message_id,
+                reason,
+                excerpt,
+                ..
+            } => insert_rejection(tx, *message_id, reason, excerpt, now).await?,
+            // After the claims: a handler releases only a claim it already
+            // holds, committed in an earlier batch.
+            Write::Release {
+                message_id,
+                attempt,
+                ..
+            } => release(tx, *message_id, *attempt, now).await?,
+            Write::Decision {
+                message_id,
+                attempt,
+                verdict,
+                guard,
+                reason,
+                ..
+            } => {
+                let decision = Decision {
+                    verdict,
+                    guard,
+                    reason,
+                };
+                insert_decision(tx, *message_id, *attempt, decision, now).await?;
+            }
+            Write::Prune {
+                before, max_rows, ..
+            } => *answer = Answer::Pruned(prune(tx, *before, *max_rows).await?),
+            _ => {}
+        }
+    }
+    Ok(answers)
+}
