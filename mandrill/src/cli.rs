@@ -50,13 +50,15 @@ mod signals;
 mod switch;
 
 use args::string;
-pub use args::{ConfigArgs, DeadLettersArgs, HistoryArgs, PublishArgs, RequeueArgs, RunArgs};
-pub use switch::{StatusArgs, SwitchArgs};
+pub(crate) use args::{
+    ConfigArgs, DeadLettersArgs, HistoryArgs, PublishArgs, RequeueArgs, RunArgs,
+};
+pub(crate) use switch::{StatusArgs, SwitchArgs};
 
 /// Mayhem Mandrill: restarts hosts on request, concurrently and durably.
 #[derive(Debug, Parser)]
 #[command(name = "mandrill", version)]
-pub struct Cli {
+pub(crate) struct Cli {
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
@@ -64,7 +66,7 @@ pub struct Cli {
 
 /// The subcommands.
 #[derive(Debug, Subcommand)]
-pub enum Command {
+pub(crate) enum Command {
     /// Consume restart requests until SIGTERM, SIGINT or SIGQUIT (a second skips the grace period, a third exits at once; SIGHUP reloads the config).
     Run(RunArgs),
     /// Print recorded requests and outcomes, newest first.

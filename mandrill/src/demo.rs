@@ -48,7 +48,7 @@ fn malformed_payload(rng: &mut impl Rng) -> Bytes {
 /// publishing falls behind, at most a second's worth of requests is owed:
 /// a demo has no backlog to honour. `stop` is checked before every publish
 /// and interrupts one in progress.
-pub async fn publish(
+pub(crate) async fn publish(
     broker: Arc<dyn Publisher>,
     mut rate: watch::Receiver<f64>,
     malformed_rate: f64,

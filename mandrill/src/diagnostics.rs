@@ -15,12 +15,16 @@ use crate::stats::Stats;
 
 mod steps;
 
-pub use steps::StepTimings;
+pub(crate) use steps::StepTimings;
 
 /// Sleeps in short ticks and warns when a tick comes back late by more than
 /// `threshold`: something held a runtime thread (blocking code not on the
 /// blocking pool, or a long computation). Counts stalls in `stats.stalls`.
-pub async fn watch_for_stalls(threshold: Duration, stats: Arc<Stats>, stop: CancellationToken) {
+pub(crate) async fn watch_for_stalls(
+    threshold: Duration,
+    stats: Arc<Stats>,
+    stop: CancellationToken,
+) {
     let tick = (threshold / 2).max(Duration::from_millis(5));
     loop {
         let before = Instant::now();
@@ -44,7 +48,7 @@ pub async fn watch_for_stalls(threshold: Duration, stats: Arc<Stats>, stop: Canc
 /// global queue, busy workers) from an idle one, and a task leak (alive
 /// tasks growing while in-flight does not).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
-pub struct RuntimeMetrics {
+pub(crate) struct RuntimeMetrics {
     /// Worker threads.
     pub workers: usize,
     /// Tasks spawned and not yet finished.
@@ -57,7 +61,7 @@ pub struct RuntimeMetrics {
 
 impl RuntimeMetrics {
     /// The current runtime's metrics; zeros outside a runtime.
-    pub fn read() -> Self {
+    pub(crate) fn read() -> Self {
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
             return Self::default();
         };
@@ -75,7 +79,7 @@ impl RuntimeMetrics {
 }
 
 /// Logs the counters every `interval` until stopped.
-pub async fn report_status(interval: Duration, stats: Arc<Stats>, stop: CancellationToken) {
+pub(crate) async fn report_status(interval: Duration, stats: Arc<Stats>, stop: CancellationToken) {
     if interval.is_zero() {
         return;
     }

@@ -22,6 +22,8 @@
 //!   status line. [`demo`]: demo publisher. [`stats`]: counters.
 //!   [`backoff`]: exponential backoff.
 #![deny(missing_docs)]
+// Items are `pub` only where the crate exports them (test helpers excepted).
+#![cfg_attr(not(test), warn(unreachable_pub))]
 
 // The API: the seams and their adapters, the domain, configuration, the
 // service that wires them, and the worker. Everything else is private; what

@@ -6,12 +6,12 @@ use std::fmt;
 
 /// A parsed glob pattern. See the module docs.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Pattern(String);
+pub(crate) struct Pattern(String);
 
 impl Pattern {
     /// Parses a pattern; an empty one is refused (it would match nothing,
     /// which is never what was meant).
-    pub fn parse(raw: &str) -> Result<Self, String> {
+    pub(crate) fn parse(raw: &str) -> Result<Self, String> {
         if raw.is_empty() {
             return Err("an empty pattern matches nothing".into());
         }
@@ -19,12 +19,12 @@ impl Pattern {
     }
 
     /// Whether `name` matches the whole pattern.
-    pub fn matches(&self, name: &str) -> bool {
+    pub(crate) fn matches(&self, name: &str) -> bool {
         glob_match(self.0.as_bytes(), name.as_bytes())
     }
 
     /// How specific the pattern is: the number of literal characters.
-    pub fn specificity(&self) -> usize {
+    pub(crate) fn specificity(&self) -> usize {
         self.0.bytes().filter(|b| !matches!(b, b'*' | b'?')).count()
     }
 }

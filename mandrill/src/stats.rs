@@ -102,7 +102,7 @@ counters! {
 /// labels stay few (the reason's text is in the dead letter and the store).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
-pub enum DeadLetterReason {
+pub(crate) enum DeadLetterReason {
     /// None of the below (the store refused a claim; a request already
     /// recorded failed, dead-lettered again).
     Other = 0,
@@ -120,7 +120,7 @@ pub enum DeadLetterReason {
 
 impl DeadLetterReason {
     /// Every reason, by index.
-    pub const ALL: [Self; 6] = [
+    pub(crate) const ALL: [Self; 6] = [
         Self::Other,
         Self::Malformed,
         Self::GivenUp,
@@ -130,7 +130,7 @@ impl DeadLetterReason {
     ];
 
     /// The `/metrics` label.
-    pub fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             Self::Other => "other",
             Self::Malformed => "malformed",
@@ -142,7 +142,7 @@ impl DeadLetterReason {
     }
 
     /// The reason stored as `self as u8`; `Other` for anything else.
-    pub fn from_u8(value: u8) -> Self {
+    pub(crate) fn from_u8(value: u8) -> Self {
         Self::ALL
             .get(usize::from(value))
             .copied()
@@ -180,7 +180,7 @@ impl Counter {
 
 /// Upper bounds of the duration histograms' buckets, in seconds: from a
 /// fast in-memory handling to a slow host's recovery.
-pub const BUCKETS: [f64; 14] = [
+pub(crate) const BUCKETS: [f64; 14] = [
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
 ];
 

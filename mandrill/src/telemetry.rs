@@ -22,7 +22,7 @@ use crate::config::{LogFormat, LogSettings, Redactor};
 type SetFilter = Box<dyn Fn(EnvFilter) -> Result<(), reload::Error> + Send + Sync>;
 
 /// Keeps the log writer alive; dropping it flushes every buffered line.
-pub struct Telemetry {
+pub(crate) struct Telemetry {
     _flush_on_drop: WorkerGuard,
     set_filter: SetFilter,
     redactor: Arc<RwLock<Redactor>>,
@@ -32,7 +32,7 @@ impl Telemetry {
     /// Installs the global subscriber, writing to standard error with every
     /// secret `redactor` knows masked; with `step_timings` (debug mode),
     /// each message's steps are timed (see [`crate::diagnostics::StepTimings`]).
-    pub fn init(
+    pub(crate) fn init(
         config: &LogSettings,
         redactor: Redactor,
         step_timings: bool,
@@ -90,14 +90,14 @@ impl Telemetry {
     }
 
     /// Changes the filter, e.g. on a configuration reload.
-    pub fn set_level(&self, level: &str) -> anyhow::Result<()> {
+    pub(crate) fn set_level(&self, level: &str) -> anyhow::Result<()> {
         (self.set_filter)(EnvFilter::try_new(level)?)?;
         Ok(())
     }
 
     /// Masks these secrets too (a reload may bring new ones; the old ones
     /// are still in use until a restart).
-    pub fn add_secrets(&self, more: &Redactor) {
+    pub(crate) fn add_secrets(&self, more: &Redactor) {
         let mut redactor = self
             .redactor
             .write()

@@ -32,7 +32,7 @@ use crate::store::Store;
 use crate::worker::Shutdown;
 
 /// A bound admin listener, not yet serving.
-pub struct Admin {
+pub(crate) struct Admin {
     listener: TcpListener,
     token: Option<Secret>,
 }
@@ -62,7 +62,7 @@ impl State {
 impl Admin {
     /// Binds `admin.listen`; `None` if it is `""`. Logs the bound address
     /// (`admin listening`), which tells a caller of port 0 where it is.
-    pub async fn bind(config: &AdminSettings) -> anyhow::Result<Option<Self>> {
+    pub(crate) async fn bind(config: &AdminSettings) -> anyhow::Result<Option<Self>> {
         let Some(address) = config.address()? else {
             return Ok(None);
         };
@@ -80,14 +80,14 @@ impl Admin {
     }
 
     /// The bound address.
-    pub fn local_addr(&self) -> Option<SocketAddr> {
+    pub(crate) fn local_addr(&self) -> Option<SocketAddr> {
         self.listener.local_addr().ok()
     }
 
     /// Serves until `stop`. `/readyz` turns 503 as soon as `shutdown` is
     /// requested, while this keeps serving through the drain.
     #[allow(clippy::too_many_arguments)] // the service's parts, each once
-    pub async fn serve(
+    pub(crate) async fn serve(
         self,
         stats: Arc<Stats>,
         broker: Arc<dyn Broker>,

@@ -4,7 +4,7 @@ use super::*;
 
 /// Where configuration comes from; shared by every subcommand.
 #[derive(Debug, Args)]
-pub struct ConfigArgs {
+pub(crate) struct ConfigArgs {
     /// A TOML configuration file.
     #[arg(long, env = "MANDRILL_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -16,7 +16,7 @@ pub struct ConfigArgs {
 /// `mandrill run`
 #[derive(Debug, Args)]
 #[command(after_long_help = config::settings_help())]
-pub struct RunArgs {
+pub(crate) struct RunArgs {
     #[command(flatten)]
     pub(super) config: ConfigArgs,
     /// Where requests come from: `sqlite:PATH`, `nats://HOST:PORT` or `memory` [setting: broker.url].
@@ -57,7 +57,7 @@ const DEBUG_LOG_LEVEL: &str = "info,mandrill=debug";
 
 /// `mandrill history`
 #[derive(Debug, Args)]
-pub struct HistoryArgs {
+pub(crate) struct HistoryArgs {
     #[command(flatten)]
     pub(super) config: ConfigArgs,
     /// The store to read: `sqlite:PATH` or `postgres://…` [setting: store.url].
@@ -73,7 +73,7 @@ pub struct HistoryArgs {
 
 /// `mandrill publish`
 #[derive(Debug, Args)]
-pub struct PublishArgs {
+pub(crate) struct PublishArgs {
     #[command(flatten)]
     pub(super) config: ConfigArgs,
     /// The queue: `sqlite:PATH` or `nats://HOST:PORT` [setting: broker.url].
@@ -98,7 +98,7 @@ pub struct PublishArgs {
 
 /// `mandrill dead-letters`
 #[derive(Debug, Args)]
-pub struct DeadLettersArgs {
+pub(crate) struct DeadLettersArgs {
     #[command(flatten)]
     pub(super) config: ConfigArgs,
     /// The queue: `sqlite:PATH` or `pubsub://PROJECT/SUBSCRIPTION` (its dead letters are on `broker.pubsub.dead_letter_subscription`; a NATS queue keeps them on its `{stream}_DEAD` stream) [setting: broker.url].
@@ -111,7 +111,7 @@ pub struct DeadLettersArgs {
 
 /// `mandrill requeue`
 #[derive(Debug, Args)]
-pub struct RequeueArgs {
+pub(crate) struct RequeueArgs {
     #[command(flatten)]
     pub(super) config: ConfigArgs,
     /// The queue: `sqlite:PATH` or `pubsub://PROJECT/SUBSCRIPTION` (its dead letters are on `broker.pubsub.dead_letter_subscription`; a NATS queue keeps them on its `{stream}_DEAD` stream) [setting: broker.url].

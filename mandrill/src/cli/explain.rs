@@ -14,7 +14,7 @@ use super::{ConfigArgs, command, string, switch};
 
 /// `mandrill explain`
 #[derive(Debug, Args)]
-pub struct ExplainArgs {
+pub(crate) struct ExplainArgs {
     #[command(flatten)]
     config: ConfigArgs,
     /// The shared store: `sqlite:PATH` or `postgres://…` [setting: store.url].
@@ -29,7 +29,7 @@ pub struct ExplainArgs {
 }
 
 /// Prints the story of one request.
-pub fn main(args: &ExplainArgs) -> ExitCode {
+pub(super) fn main(args: &ExplainArgs) -> ExitCode {
     let sources = args.config.sources(vec![("store.url", string(&args.db))]);
     command(sources, |config| async move {
         let Ok(id) = Uuid::parse_str(args.message_id.trim()) else {

@@ -16,7 +16,7 @@ use crate::safety::Verdict;
 
 /// `mandrill policy`
 #[derive(Debug, Args)]
-pub struct PolicyArgs {
+pub(crate) struct PolicyArgs {
     #[command(subcommand)]
     command: PolicyCommand,
 }
@@ -62,7 +62,7 @@ struct CheckArgs {
 }
 
 /// Runs `mandrill policy …`.
-pub fn main(args: &PolicyArgs) -> ExitCode {
+pub(super) fn main(args: &PolicyArgs) -> ExitCode {
     match &args.command {
         PolicyCommand::Check(check) => {
             let sources = check.config.sources(Vec::new());

@@ -118,7 +118,7 @@ fn oldest_since(times: Option<&[i64]>, limits: &Limits, at: i64) -> Option<i64> 
 }
 
 /// Runs the replay and prints what changed.
-pub async fn run(config: &Config, since: &str, json: bool) -> anyhow::Result<()> {
+pub(super) async fn run(config: &Config, since: &str, json: bool) -> anyhow::Result<()> {
     let since: Duration = humantime::parse_duration(since).map_err(|error| {
         BadInput(format!(
             "--since {since:?} is not a duration (e.g. 7d, 12h): {error}"

@@ -13,7 +13,7 @@ use crate::service;
 
 /// `mandrill pause` and `mandrill resume`
 #[derive(Debug, Args)]
-pub struct SwitchArgs {
+pub(crate) struct SwitchArgs {
     #[command(flatten)]
     config: ConfigArgs,
     /// The shared store: `sqlite:PATH` or `postgres://…` [setting: store.url].
@@ -29,7 +29,7 @@ pub struct SwitchArgs {
 
 /// `mandrill status`
 #[derive(Debug, Args)]
-pub struct StatusArgs {
+pub(crate) struct StatusArgs {
     #[command(flatten)]
     config: ConfigArgs,
     /// The shared store: `sqlite:PATH` or `postgres://…` [setting: store.url].
@@ -41,7 +41,7 @@ pub struct StatusArgs {
 }
 
 /// Turns the kill switch on (`paused`) or off.
-pub fn switch(args: &SwitchArgs, paused: bool) -> ExitCode {
+pub(super) fn switch(args: &SwitchArgs, paused: bool) -> ExitCode {
     let sources = args.config.sources(vec![("store.url", string(&args.db))]);
     command(sources, |config| async move {
         let by = args
@@ -75,7 +75,7 @@ pub fn switch(args: &SwitchArgs, paused: bool) -> ExitCode {
 }
 
 /// Prints the mode, the kill switch and the eligibility rules.
-pub fn status(args: &StatusArgs) -> ExitCode {
+pub(super) fn status(args: &StatusArgs) -> ExitCode {
     let sources = args.config.sources(vec![("store.url", string(&args.db))]);
     command(sources, |config| async move {
         let store = open(&config).await?;

@@ -23,7 +23,7 @@ use tracing_subscriber::registry::LookupSpan;
 
 /// See the module docs.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct StepTimings;
+pub(crate) struct StepTimings;
 
 /// The handler's span, whose steps are timed.
 const SPAN: &str = "message";

@@ -252,12 +252,17 @@ pub(crate) mod duration {
     use serde::{Deserialize, Deserializer, Serializer};
 
     /// Serialises as e.g. `10s`.
-    pub fn serialize<S: Serializer>(value: &Duration, serializer: S) -> Result<S::Ok, S::Error> {
+    pub(crate) fn serialize<S: Serializer>(
+        value: &Duration,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
         serializer.collect_str(&humantime::format_duration(*value))
     }
 
     /// Parses e.g. `10s`, `1m 30s`, `250ms`.
-    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Duration, D::Error> {
         let text = String::deserialize(deserializer)?;
         humantime::parse_duration(&text)
             .map_err(|e| serde::de::Error::custom(format!("{text:?} is not a duration ({e})")))
