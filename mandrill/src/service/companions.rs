@@ -1,0 +1,107 @@
+//! Companions of the worker that the service runs beside it: history
+//! pruning, and `--until-idle`'s watch.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::broker::Broker;
+use crate::stats::Stats;
+use crate::store::{Store, Timestamp};
+use crate::worker::Shutdown;
+
+/// Rows deleted per pruning statement: small enough that the store's writer
+/// (and so the pipeline) is never held for long.
+const PRUNE_BATCH: u32 = 5_000;
+
+/// Deletes finished requests older than `retention`, `first_after` start and
+/// then every hour, in bounded batches with a pause between them.
+pub(super) async fn prune_history(
+    store: Arc<dyn Store>,
+    retention: Duration,
+    first_after: Duration,
+    stop: CancellationToken,
+) {
+    let mut every = tokio::time::interval_at(
+        tokio::time::Instant::now() + first_after,
+        Duration::from_secs(3600),
+    );
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = every.tick() => {}
+            () = stop.cancelled() => return,
+        }
+        let cutoff = Timestamp::from_millis(
+            Timestamp::now()
+                .as_millis()
+                .saturating_sub(i64::try_from(retention.as_millis()).unwrap_or(i64::MAX)),
+        );
+        let mut pruned = 0u64;
+        loop {
+            match store.prune(cutoff, PRUNE_BATCH).await {
+                Ok(rows) => {
+                    pruned += rows;
+                    if rows < u64::from(PRUNE_BATCH) {
+                        break;
+                    }
+                }
+                Err(error) => {
+                    warn!(%error, "could not prune the history; will try again");
+                    break;
+                }
+            }
+            tokio::select! {
+                () = tokio::time::sleep(Duration::from_millis(200)) => {}
+                () = stop.cancelled() => return,
+            }
+        }
+        if pruned > 0 {
+            info!(
+                pruned,
+                ?retention,
+                "pruned finished requests past their retention"
+            );
+        }
+    }
+}
+
+/// Requests shutdown once the broker reports an empty backlog and no
+/// delivery is being handled. Checks every `every`.
+pub(super) async fn request_shutdown_when_idle(
+    broker: Arc<dyn Broker>,
+    stats: Arc<Stats>,
+    shutdown: Shutdown,
+    every: Duration,
+    stop: CancellationToken,
+) {
+    loop {
+        // Raced against the stop, so that a broker that stopped answering
+        // cannot hold the shutdown.
+        let backlog = tokio::select! {
+            backlog = broker.backlog() => backlog,
+            () = stop.cancelled() => return,
+        };
+        match backlog {
+            Ok(Some(0)) if stats.in_flight.get() == 0 => {
+                info!("queue is idle: nothing visible, delayed or in flight; shutting down");
+                shutdown.request();
+                return;
+            }
+            Ok(Some(_)) => {}
+            Ok(None) => {
+                warn!("this broker cannot report its backlog; --until-idle has no effect");
+                return;
+            }
+            Err(error) => {
+                warn!(error = %error.with_causes(), "could not read the broker's backlog")
+            }
+        }
+        tokio::select! {
+            () = tokio::time::sleep(every) => {}
+            () = stop.cancelled() => return,
+        }
+    }
+}

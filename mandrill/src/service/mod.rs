@@ -1,0 +1,367 @@
+//! Wiring: builds the adapters a configuration names, runs the worker with its
+//! companions (demo publisher, stall detector, status line), and shuts down in
+//! order: stop pulling, drain within the grace period, nack the rest, close
+//! the broker and the store, report the counters.
+//!
+//! Signals are not read here: the caller passes a [`Shutdown`], so tests drive
+//! the same code with their own.
+
+mod adapters;
+mod companions;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, anyhow};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{error, info, warn};
+
+use crate::admin::Admin;
+use crate::broker::{Broker, MemoryBroker};
+use crate::config::{Config, redact_url};
+use crate::notify::Notifier;
+use crate::safety::PolicyHandle;
+use crate::safety::pause_file::PauseFile;
+use crate::stats::{Stats, StatsSnapshot};
+use crate::store::Store;
+use crate::worker::{FlowControl, Shutdown, Worker};
+use crate::{demo, diagnostics};
+
+pub use adapters::{
+    broker_url, build_restarter, open_broker, open_dead_letter_admin, open_publisher,
+    open_pubsub_publisher, open_sqlite_broker, open_store,
+};
+use companions::{prune_history, request_shutdown_when_idle};
+
+/// How long closing the broker, the store or the companions may take at
+/// shutdown before it is given up on.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What a configuration reload can change in a running service.
+#[derive(Clone)]
+pub struct Controls {
+    flow: Arc<FlowControl>,
+    simulate_rate: Arc<watch::Sender<f64>>,
+    policy: PolicyHandle,
+}
+
+impl Controls {
+    /// Applies the reloadable settings of `config`.
+    pub fn apply(&self, config: &Config) {
+        if self.flow.limit() != config.worker.max_in_flight {
+            self.flow.set_limit(config.worker.max_in_flight);
+            info!(
+                max_in_flight = config.worker.max_in_flight,
+                "flow control limit changed"
+            );
+        }
+        self.simulate_rate.send_if_modified(|rate| {
+            let changed = *rate != config.simulate.rate;
+            *rate = config.simulate.rate;
+            changed
+        });
+    }
+
+    /// Puts the safety policy of `config` in force for every decision made
+    /// from now on, if it is valid; else logs why, naming the key, and
+    /// keeps the policy in force. `config` is the running configuration
+    /// with the reloaded `[safety]`: the policy's defaults depend on the
+    /// backend (`restarter.kind`), and that is only changed by a restart.
+    pub fn apply_policy(&self, config: &Config) -> bool {
+        let policy = match config.validate().and_then(|()| config.policy()) {
+            Ok(policy) => policy,
+            Err(error) => {
+                error!(%error, "safety policy not reloaded; keeping the one in force");
+                return false;
+            }
+        };
+        let leashed = policy.dry_run;
+        let old = self.policy.replace(policy);
+        if old.dry_run != leashed {
+            if leashed {
+                warn!(
+                    "LEASHED (dry run) by reload: restarts are decided and recorded, none is issued"
+                );
+            } else {
+                warn!("UNLEASHED by reload: restarts of real hosts will be issued");
+            }
+        }
+        info!("safety policy reloaded");
+        true
+    }
+}
+
+/// A service ready to run. See the module docs.
+pub struct Service {
+    config: Config,
+    broker: Arc<dyn Broker>,
+    memory_broker: Option<Arc<MemoryBroker>>,
+    store: Arc<dyn Store>,
+    worker: Worker,
+    stats: Arc<Stats>,
+    simulate_rate: Arc<watch::Sender<f64>>,
+    /// Request shutdown once the broker's backlog is empty (`--until-idle`).
+    until_idle: bool,
+    /// The admin server, bound; `None` if `admin.listen` is `""`.
+    admin: Option<Admin>,
+    /// The watch on `safety.pause_file`, if set.
+    pause_file: Option<PauseFile>,
+    /// The `[[notify]]` endpoints' queue and sender; `None` without any.
+    notifier: Option<Arc<Notifier>>,
+}
+
+impl Service {
+    /// Connects everything `config` names. Fails naming the key at fault.
+    pub async fn build(config: Config) -> anyhow::Result<Self> {
+        // First, so that a port in use fails start-up before anything opens.
+        let admin = Admin::bind(&config.admin).await?;
+        let (broker, memory_broker) = open_broker(&config).await?;
+        let store = open_store(&config.store).await?;
+        let restarter = build_restarter(&config)?;
+        let pause_file = match &config.safety.pause_file {
+            Some(path) => Some(
+                PauseFile::watch(path)
+                    .map_err(|why| anyhow!("safety.pause_file {}: {why}", path.display()))?,
+            ),
+            None => None,
+        };
+        let stats = Arc::new(Stats::default());
+        // Last, so that a failure above leaves no sending task behind.
+        let notifier = Notifier::start(&config.notify, &config.notifier, stats.clone())?;
+        let worker = Worker::new(
+            config.worker_config(),
+            broker.clone(),
+            store.clone(),
+            restarter,
+            stats.clone(),
+        )
+        .with_notifier(notifier.clone());
+        let (simulate_rate, _) = watch::channel(config.simulate.rate);
+        Ok(Self {
+            config,
+            broker,
+            memory_broker,
+            store,
+            worker,
+            stats,
+            simulate_rate: Arc::new(simulate_rate),
+            until_idle: false,
+            admin,
+            pause_file,
+            notifier,
+        })
+    }
+
+    /// Makes [`Service::run`] request its own shutdown once the queue has
+    /// nothing visible, delayed or in flight (for batch use and tests).
+    pub fn stop_when_idle(mut self) -> Self {
+        self.until_idle = true;
+        self
+    }
+
+    /// Handles for applying a reload while running.
+    pub fn controls(&self) -> Controls {
+        Controls {
+            flow: self.worker.flow_control(),
+            simulate_rate: self.simulate_rate.clone(),
+            policy: self.worker.policy(),
+        }
+    }
+
+    /// The live counters.
+    pub fn stats(&self) -> Arc<Stats> {
+        self.stats.clone()
+    }
+
+    /// Where the admin server listens, if it does.
+    pub fn admin_addr(&self) -> Option<std::net::SocketAddr> {
+        self.admin.as_ref().and_then(Admin::local_addr)
+    }
+
+    /// The broker, e.g. to publish into an in-memory one.
+    pub fn broker(&self) -> Arc<dyn Broker> {
+        self.broker.clone()
+    }
+
+    /// Runs until `shutdown`, then shuts down in order. Returns the final
+    /// counters, or an error if the service had to stop by itself.
+    pub async fn run(mut self, shutdown: Shutdown) -> anyhow::Result<StatsSnapshot> {
+        let companions = TaskTracker::new();
+        let stop_companions = CancellationToken::new();
+        // Serves through the drain (`/readyz` says 503 from the request on),
+        // and stops with the other companions once the worker has stopped.
+        if let Some(admin) = self.admin.take() {
+            companions.spawn(admin.serve(
+                self.stats.clone(),
+                self.broker.clone(),
+                self.store.clone(),
+                shutdown.clone(),
+                self.worker.policy(),
+                self.notifier.clone(),
+                stop_companions.clone(),
+            ));
+        }
+        if self.config.simulate.enabled {
+            let stop = stop_companions.clone();
+            let requested = shutdown.clone();
+            companions.spawn(demo::publish(
+                self.broker.clone(),
+                self.simulate_rate.subscribe(),
+                self.config.simulate.malformed_rate,
+                // Publishing stops first, as soon as shutdown is requested
+                // (or when the worker stops by itself), even mid-burst.
+                async move {
+                    tokio::select! {
+                        () = requested.requested() => {}
+                        () = stop.cancelled() => {}
+                    }
+                },
+            ));
+        }
+        if let Some(mut pause_file) = self.pause_file.take() {
+            if let Err(error) = pause_file.apply(&*self.store).await {
+                error!(%error, "could not apply the pause file at start-up; will try again");
+            }
+            companions.spawn(pause_file.run(
+                self.store.clone(),
+                self.config.safety.poll_interval,
+                stop_companions.clone(),
+            ));
+        }
+        if self.until_idle {
+            companions.spawn(request_shutdown_when_idle(
+                self.broker.clone(),
+                self.stats.clone(),
+                shutdown.clone(),
+                // As often as the SQLite queue polls: `--until-idle` is
+                // mostly used with it, and refused on Pub/Sub.
+                self.config.broker.sqlite.poll_interval,
+                stop_companions.clone(),
+            ));
+        }
+        if !self.config.store.retention.is_zero() {
+            companions.spawn(prune_history(
+                self.store.clone(),
+                self.config.store.retention,
+                Duration::from_secs(60),
+                stop_companions.clone(),
+            ));
+        }
+        if self.config.debug.enabled {
+            warn!(
+                stall_threshold = ?self.config.debug.stall_threshold(),
+                status_interval = ?self.config.debug.status_interval(),
+                "DEBUG MODE: stalls, runtime metrics and per-message step timings are logged; \
+                 not for production throughput"
+            );
+        }
+        companions.spawn(diagnostics::watch_for_stalls(
+            self.config.debug.stall_threshold(),
+            self.stats.clone(),
+            stop_companions.clone(),
+        ));
+        companions.spawn(diagnostics::report_status(
+            self.config.debug.status_interval(),
+            self.stats.clone(),
+            stop_companions.clone(),
+        ));
+        info!(
+            broker = %redact_url(&self.config.broker.url),
+            store = %redact_url(&self.config.store.url),
+            max_in_flight = self.config.worker.max_in_flight,
+            simulate = self.config.simulate.enabled,
+            restarter = ?self.config.restarter.kind,
+            "mandrill started"
+        );
+        // Said loudly, whichever it is: an operator must never wonder.
+        if self.config.dry_run() {
+            warn!(
+                "LEASHED (dry run): restarts are decided and recorded as dry-run, none is issued; \
+                 `mandrill run --unleash` (or safety.dry_run = false) acts"
+            );
+        } else if self.config.restarter.kind.is_real() {
+            warn!(
+                restarter = ?self.config.restarter.kind,
+                allow = ?self.config.safety.allow,
+                deny = ?self.config.safety.deny,
+                "UNLEASHED: restarts of real hosts will be issued"
+            );
+        }
+        if let Ok(Some(calendar)) = self.config.calendar() {
+            warn!(
+                calendar = %calendar.describe(),
+                "restarts only inside the calendar; outside it requests are deferred"
+            );
+        }
+
+        let outcome = self.worker.run(shutdown).await;
+
+        stop_companions.cancel();
+        companions.close();
+        // Every companion stops at its next step; bounded all the same.
+        if tokio::time::timeout(CLOSE_TIMEOUT, companions.wait())
+            .await
+            .is_err()
+        {
+            warn!(timeout = ?CLOSE_TIMEOUT, "companion tasks did not stop in time; leaving them");
+        }
+        // After the drain and the admin server, whose events it sends;
+        // bounded by notifier.flush_timeout.
+        if let Some(notifier) = &self.notifier {
+            notifier.close().await;
+        }
+        if let Some(memory) = &self.memory_broker {
+            let depth = memory.depth();
+            let unhandled = depth.ready + depth.delayed;
+            if unhandled > 0 {
+                warn!(
+                    unhandled,
+                    "the in-memory broker's queued messages are lost with the process"
+                );
+            }
+        }
+        // Bounded, so that a broker or store that stopped answering cannot
+        // hold the exit: whatever they did not settle is redelivered.
+        if tokio::time::timeout(CLOSE_TIMEOUT, self.broker.close())
+            .await
+            .is_err()
+        {
+            warn!(timeout = ?CLOSE_TIMEOUT, "the broker did not close in time");
+        }
+        if tokio::time::timeout(CLOSE_TIMEOUT, self.store.close())
+            .await
+            .is_err()
+        {
+            warn!(timeout = ?CLOSE_TIMEOUT, "the store did not close in time");
+        }
+        info!("store closed");
+        let stats = self.stats.snapshot();
+        info!(
+            pulled = stats.pulled,
+            acked = stats.acked,
+            nacked = stats.nacked,
+            dead_lettered = stats.dead_lettered,
+            rejected = stats.rejected,
+            restarted = stats.restarted,
+            restart_failures = stats.restart_failures,
+            duplicates = stats.duplicates,
+            panics = stats.panics,
+            lease_extensions = stats.lease_extensions,
+            stalls = stats.stalls,
+            settle_failures = stats.settle_failures,
+            pull_failures = stats.pull_failures,
+            store_failures = stats.store_failures,
+            notifications_sent = stats.notifications_sent,
+            notifications_failed = stats.notifications_failed,
+            notifications_dropped = stats.notifications_dropped,
+            "final stats"
+        );
+        outcome.context("the worker stopped by itself")?;
+        Ok(stats)
+    }
+}
+
+#[cfg(test)]
+mod tests;
