@@ -28,7 +28,7 @@ use super::{
 use crate::domain::{Outcome, RestartRequest, Status};
 use crate::sqlite::writer::{Job, MAX_BATCH};
 use crate::sqlite::{FileWriter, JointAck, store_migrations};
-use reads::{FINAL_STATUSES, entry_from_row, lookup_loop};
+use reads::{entry_from_row, lookup_loop};
 pub(crate) use writer::StorePart;
 use writer::Write;
 

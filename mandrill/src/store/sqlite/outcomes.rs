@@ -4,9 +4,10 @@
 use sqlx::{QueryBuilder, Sqlite};
 use uuid::Uuid;
 
-use super::{FINAL_STATUSES, ROWS_PER_STATEMENT};
+use super::ROWS_PER_STATEMENT;
 use crate::domain::{Outcome, RestartRequest, Status};
 use crate::sqlite::writer::Tx;
+use crate::store::sql::{not_final, outcome_set};
 use crate::store::{Timestamp, millis_of};
 
 /// Records outcomes, in one statement; for each, `None` if recorded, or the
@@ -59,18 +60,9 @@ pub(super) async fn insert_outcomes(
             },
         );
         insert.push(format!(
-            " ON CONFLICT (message_id) DO UPDATE SET
-                 status = excluded.status,
-                 output = excluded.output,
-                 recovered_after_ms = excluded.recovered_after_ms,
-                 claim_until = CASE WHEN excluded.attempts >= requests.attempts
-                                    THEN NULL ELSE requests.claim_until END,
-                 attempts = max(requests.attempts, excluded.attempts),
-                 last_error = excluded.last_error,
-                 updated_at = excluded.updated_at,
-                 completed_at = excluded.completed_at
-             WHERE requests.status NOT IN {FINAL_STATUSES}
-             RETURNING message_id"
+            " ON CONFLICT (message_id) DO UPDATE SET {} WHERE {} RETURNING message_id",
+            outcome_set("excluded", "requests", "excluded.updated_at"),
+            not_final("requests"),
         ));
         recorded.extend(
             insert

@@ -61,8 +61,6 @@ pub(super) async fn lookup_loop(
     }
 }
 
-pub(super) const FINAL_STATUSES: &str = "('restarted', 'failed', 'rejected')";
-
 pub(super) fn entry_from_row(row: &SqliteRow) -> Result<HistoryEntry, StoreError> {
     let status: String = row.try_get("status")?;
     let message_id: Option<String> = row.try_get("message_id")?;
