@@ -167,6 +167,11 @@ pub(crate) static RELEASE_SQL: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
+/// The journal row of a claim [`RELEASE_SQL`] gave back: `$1` message id,
+/// `$2` attempt.
+pub(crate) const RELEASE_JOURNAL_SQL: &str =
+    "DELETE FROM restarts WHERE message_id = $1 AND attempt = $2 AND outcome IS NULL";
+
 /// Creates the rows of requests that have none. `rows` is a `SELECT` that
 /// names its columns `id`, `instance_name`, `hostname`, `requested_by`,
 /// `reason` and `at` (when received); each driver builds it from its own

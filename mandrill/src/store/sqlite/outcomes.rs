@@ -7,7 +7,7 @@ use uuid::Uuid;
 use super::ROWS_PER_STATEMENT;
 use crate::domain::{Outcome, RestartRequest, Status};
 use crate::sqlite::writer::Tx;
-use crate::store::sql::{not_final, outcome_set};
+use crate::store::sql::{REJECTION_SQL, RELEASE_JOURNAL_SQL, RELEASE_SQL, not_final, outcome_set};
 use crate::store::{Timestamp, millis_of};
 
 /// Records outcomes, in one statement; for each, `None` if recorded, or the
@@ -114,17 +114,13 @@ pub(super) async fn insert_rejection(
     excerpt: &str,
     now: i64,
 ) -> Result<(), sqlx::Error> {
-    sqlx::query(
-        "INSERT INTO requests
-             (rejected_id, status, attempts, last_error, payload, received_at, updated_at, completed_at)
-         VALUES (?1, 'rejected', 1, ?2, ?3, ?4, ?4, ?4)",
-    )
-    .bind(message_id.map(|id| id.to_string()))
-    .bind(reason)
-    .bind(excerpt)
-    .bind(now)
-    .execute(&mut **tx)
-    .await?;
+    sqlx::query(REJECTION_SQL)
+        .bind(message_id.map(|id| id.to_string()))
+        .bind(reason)
+        .bind(excerpt)
+        .bind(now)
+        .execute(&mut **tx)
+        .await?;
     Ok(())
 }
 
@@ -134,24 +130,20 @@ pub(super) async fn release(
     attempt: u32,
     now: i64,
 ) -> Result<(), sqlx::Error> {
-    sqlx::query(
-        "UPDATE requests SET attempts = attempts - 1, claim_until = NULL, updated_at = ?3
-         WHERE message_id = ?1 AND attempts = ?2 AND ?2 > 0 AND claim_until IS NOT NULL
-           AND status IN ('received', 'retrying')",
-    )
-    .bind(message_id.to_string())
-    .bind(i64::from(attempt))
-    .bind(now)
-    .execute(&mut **tx)
-    .await?;
-    sqlx::query(
-        "DELETE FROM restarts WHERE message_id = ?1 AND attempt = ?2 AND outcome IS NULL
-           AND NOT EXISTS (SELECT 1 FROM requests WHERE message_id = ?1 AND attempts >= ?2)",
-    )
-    .bind(message_id.to_string())
-    .bind(i64::from(attempt))
-    .execute(&mut **tx)
-    .await?;
+    let released = sqlx::query(&RELEASE_SQL)
+        .bind(message_id.to_string())
+        .bind(i64::from(attempt))
+        .bind(now)
+        .fetch_optional(&mut **tx)
+        .await?
+        .is_some();
+    if released {
+        sqlx::query(RELEASE_JOURNAL_SQL)
+            .bind(message_id.to_string())
+            .bind(i64::from(attempt))
+            .execute(&mut **tx)
+            .await?;
+    }
     Ok(())
 }
 
