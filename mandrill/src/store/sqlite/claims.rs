@@ -110,7 +110,7 @@ pub(super) async fn claim(
         // so the claims written so far go in first.
         let usage = if terms.limits.is_active() {
             write_claims(tx, &mut writes, now).await?;
-            usage(&mut **tx, request, &terms.limits, now).await?
+            usage(tx, request, &terms.limits, now).await?
         } else {
             Usage::default()
         };
@@ -125,7 +125,7 @@ pub(super) async fn claim(
         if let Some(write) = write {
             writes.push((id, request, write));
         } else if let Some(decision) = claim_decision(&claim) {
-            insert_decision(&mut **tx, request.message_id, 0, decision, now).await?;
+            insert_decision(tx, request.message_id, 0, decision, now).await?;
         }
         decided.push(claim);
     }

@@ -297,7 +297,7 @@ async fn run_batch(tx: &mut Tx<'_>, batch: &[Write], now: i64) -> Result<Vec<Ans
                     guard,
                     reason,
                 };
-                insert_decision(&mut **tx, *message_id, *attempt, decision, now).await?;
+                insert_decision(tx, *message_id, *attempt, decision, now).await?;
             }
             Write::Prune {
                 before, max_rows, ..
