@@ -326,6 +326,18 @@ pub async fn prune_removes_old_final_entries_only_and_in_bounded_passes(store: &
     let after = store.history(1000).await.unwrap();
     assert_eq!(after.len(), open);
     assert!(after.iter().all(|e| !e.status.is_final()));
+    // Nothing of the pruned requests is left behind: no journal rows (every
+    // one was claimed before `tomorrow`), no deferral counts.
+    let epoch = Timestamp::from_millis(0);
+    assert_eq!(
+        store.group_usage(epoch, epoch).await.unwrap(),
+        std::collections::BTreeMap::new()
+    );
+    for pruned in before.iter().filter(|e| e.status.is_final()) {
+        if let Some(id) = pruned.message_id {
+            assert_eq!(store.deferrals(id).await.unwrap(), 0, "{pruned:?}");
+        }
+    }
 }
 
 pub async fn outcome_details_are_kept(store: &dyn Store) {

@@ -25,6 +25,7 @@ use uuid::Uuid;
 
 use super::lookup::{Lookup, lookup_loop};
 use super::reads::sqlite as reads;
+use super::sql::SET_SWITCH_SQL;
 use super::{
     Claim, ClaimTerms, Decision, GroupUsage, HistoryEntry, Recorded, Store, StoreError, Story,
     Switch, Timestamp, payload_excerpt,
@@ -320,15 +321,13 @@ impl Store for SqliteStore {
         // Rare: through the pool, waiting its turn for the write lock like
         // any other writer; committed (and so seen by every claim after it)
         // when this returns.
-        sqlx::query(
-            "UPDATE control SET paused = ?1, by_whom = ?2, reason = ?3, updated_at = ?4 WHERE id = 1",
-        )
-        .bind(paused)
-        .bind(by)
-        .bind(reason)
-        .bind(Timestamp::now().as_millis())
-        .execute(&self.pool)
-        .await?;
+        sqlx::query(SET_SWITCH_SQL)
+            .bind(paused)
+            .bind(by)
+            .bind(reason)
+            .bind(Timestamp::now().as_millis())
+            .execute(&self.pool)
+            .await?;
         Ok(())
     }
 

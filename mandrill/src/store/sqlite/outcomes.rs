@@ -7,7 +7,10 @@ use uuid::Uuid;
 use super::ROWS_PER_STATEMENT;
 use crate::domain::{Outcome, RestartRequest, Status};
 use crate::sqlite::writer::Tx;
-use crate::store::sql::{REJECTION_SQL, RELEASE_JOURNAL_SQL, RELEASE_SQL, not_final, outcome_set};
+use crate::store::sql::{
+    PRUNE_JOURNAL_SQL, PRUNE_ORPHANS_SQL, REJECTION_SQL, RELEASE_JOURNAL_SQL, RELEASE_SQL,
+    not_final, outcome_set,
+};
 use crate::store::{Timestamp, millis_of};
 
 /// Records outcomes, in one statement; for each, `None` if recorded, or the
@@ -162,22 +165,12 @@ pub(super) async fn prune(
     .bind(i64::from(max_rows))
     .execute(&mut **tx)
     .await?;
-    // The journal and decisions of what is gone, and journal rows older
-    // than the retention (the counting guards look back far less).
-    sqlx::query(
-        "DELETE FROM restarts WHERE claimed_at < ?1
-            OR message_id NOT IN (SELECT message_id FROM requests WHERE message_id IS NOT NULL)",
-    )
-    .bind(before.as_millis())
-    .execute(&mut **tx)
-    .await?;
-    for table in ["decisions", "deferrals"] {
-        sqlx::query(&format!(
-            "DELETE FROM {table}
-             WHERE message_id NOT IN (SELECT message_id FROM requests WHERE message_id IS NOT NULL)"
-        ))
+    sqlx::query(PRUNE_JOURNAL_SQL)
+        .bind(before.as_millis())
         .execute(&mut **tx)
         .await?;
+    for orphans in PRUNE_ORPHANS_SQL {
+        sqlx::query(orphans).execute(&mut **tx).await?;
     }
     Ok(deleted.rows_affected())
 }
