@@ -19,6 +19,7 @@ const TERMS: ClaimTerms = ClaimTerms {
 /// Every contract behaviour, in order, on one store.
 pub async fn all(store: &dyn Store) {
     final_outcome_is_never_overwritten(store).await;
+    every_final_status_is_kept(store).await;
     outcome_without_claim_creates_row(store).await;
     claim_holds_and_unknown_outcomes_count(store).await;
     a_released_claim_is_not_a_used_attempt(store).await;
@@ -91,8 +92,7 @@ pub async fn final_outcome_is_never_overwritten(store: &dyn Store) {
 /// Every final status stays final, whichever outcome wrote it: a later
 /// outcome (a redelivery that ran out of attempts, another instance) is
 /// refused over `unrecovered`, `denied`, `dry-run` and `expired` as over
-/// `restarted`. Not yet in [`all`]: the SQLite store still lists only three
-/// final statuses in its outcome statement.
+/// `restarted`.
 pub async fn every_final_status_is_kept(store: &dyn Store) {
     let finals = [
         Outcome::Unrecovered {
@@ -326,6 +326,18 @@ pub async fn prune_removes_old_final_entries_only_and_in_bounded_passes(store: &
     let after = store.history(1000).await.unwrap();
     assert_eq!(after.len(), open);
     assert!(after.iter().all(|e| !e.status.is_final()));
+    // Nothing of the pruned requests is left behind: no journal rows (every
+    // one was claimed before `tomorrow`), no deferral counts.
+    let epoch = Timestamp::from_millis(0);
+    assert_eq!(
+        store.group_usage(epoch, epoch).await.unwrap(),
+        std::collections::BTreeMap::new()
+    );
+    for pruned in before.iter().filter(|e| e.status.is_final()) {
+        if let Some(id) = pruned.message_id {
+            assert_eq!(store.deferrals(id).await.unwrap(), 0, "{pruned:?}");
+        }
+    }
 }
 
 pub async fn outcome_details_are_kept(store: &dyn Store) {

@@ -40,13 +40,10 @@ pub use history::{
     AttemptRecord, DecisionRecord, GroupUsage, HistoryEntry, REJECTED_PAYLOAD_EXCERPT, Recorded,
     Story, Timestamp, payload_excerpt,
 };
-pub(crate) use history::{duration_of, group_usage_from, millis_of, status_from_name, story_from};
+pub(crate) use history::{group_usage_from, millis_of, status_from_name};
 pub use memory::MemoryStore;
 pub use postgres::PostgresStore;
-pub(crate) use sql::{
-    DECISION_SQL, DEFERRAL_SQL, GROUP_DISRUPTED_SQL, GROUP_RESTARTS_SQL, STORY_ATTEMPTS_SQL,
-    STORY_DECISIONS_SQL, USAGE_SQL,
-};
+pub(crate) use sql::{DECISION_SQL, DEFERRAL_SQL};
 pub use sqlite::SqliteStore;
 
 /// The durable record of requests and outcomes. See the module docs.

@@ -7,8 +7,7 @@
 //! `reads::postgres::*`, each with its pool.
 
 macro_rules! reads_for {
-    ($(#[$attribute:meta])* $driver:ident, $db:ty) => {
-        $(#[$attribute])*
+    ($driver:ident, $db:ty) => {
         pub(crate) mod $driver {
             use std::collections::BTreeMap;
 
@@ -24,8 +23,8 @@ macro_rules! reads_for {
                 USAGE_SQL,
             };
             use crate::store::{
-                DECISION_SQL, DEFERRAL_SQL, Decision, GroupUsage, HistoryEntry, StoreError,
-                Story, Switch, Timestamp, switch_from, usage_binds, usage_from,
+                DECISION_SQL, DEFERRAL_SQL, Decision, GroupUsage, HistoryEntry, StoreError, Story,
+                Switch, Timestamp, switch_from, usage_binds, usage_from,
             };
 
             /// What the counting guards read for a claim of `request`, in
@@ -152,12 +151,7 @@ macro_rules! reads_for {
 }
 
 reads_for!(postgres, sqlx::Postgres);
-reads_for!(
-    // Until the SQLite store reads through these (its tests below do).
-    #[cfg_attr(not(test), allow(dead_code))]
-    sqlite,
-    sqlx::Sqlite
-);
+reads_for!(sqlite, sqlx::Sqlite);
 
 #[cfg(test)]
 mod tests {
@@ -169,8 +163,10 @@ mod tests {
     use crate::safety::limits::Limits;
     use crate::store::{ClaimTerms, Decision, SqliteStore, Store, Timestamp, contract};
 
-    /// The shared reads, on a database the SQLite store wrote, read what
-    /// the store itself reads.
+    /// The shared reads, through a pool of their own on a database the
+    /// SQLite store wrote, read what the store reads (through them too);
+    /// the claim's usage read and the shared decision insert agree with
+    /// what the store tells.
     #[tokio::test]
     async fn the_shared_reads_read_what_the_sqlite_store_reads() {
         let dir = tempfile::tempdir().unwrap();

@@ -126,8 +126,26 @@ pub(crate) const DEFERRALS_SQL: &str =
 pub(crate) const SWITCH_SQL: &str =
     "SELECT paused, by_whom, reason, updated_at FROM control WHERE id = 1";
 
+/// Turns the kill switch: `$1` paused, `$2` by whom, `$3` why, `$4` now.
+pub(crate) const SET_SWITCH_SQL: &str =
+    "UPDATE control SET paused = $1, by_whom = $2, reason = $3, updated_at = $4 WHERE id = 1";
+
 /// A row of [`SWITCH_SQL`]: paused, by whom, why, since (ms).
 pub(crate) type SwitchRow = (bool, Option<String>, Option<String>, i64);
+
+/// After a prune removed requests: their journal rows, and journal rows
+/// claimed before `$1` (the counting guards look back far less).
+pub(crate) const PRUNE_JOURNAL_SQL: &str = "DELETE FROM restarts AS r WHERE r.claimed_at < $1
+    OR NOT EXISTS (SELECT 1 FROM requests q WHERE q.message_id = r.message_id)";
+
+/// After a prune removed requests: their decisions and deferral counts,
+/// one statement a table.
+pub(crate) const PRUNE_ORPHANS_SQL: [&str; 2] = [
+    "DELETE FROM decisions AS d
+     WHERE NOT EXISTS (SELECT 1 FROM requests q WHERE q.message_id = d.message_id)",
+    "DELETE FROM deferrals AS d
+     WHERE NOT EXISTS (SELECT 1 FROM requests q WHERE q.message_id = d.message_id)",
+];
 
 /// Records a payload dead-lettered as malformed: `$1` the id salvaged from
 /// it (or NULL), `$2` why, `$3` an excerpt, `$4` now.
@@ -166,6 +184,11 @@ pub(crate) static RELEASE_SQL: LazyLock<String> = LazyLock::new(|| {
         *OPEN_STATUSES
     )
 });
+
+/// The journal row of a claim [`RELEASE_SQL`] gave back: `$1` message id,
+/// `$2` attempt.
+pub(crate) const RELEASE_JOURNAL_SQL: &str =
+    "DELETE FROM restarts WHERE message_id = $1 AND attempt = $2 AND outcome IS NULL";
 
 /// Creates the rows of requests that have none. `rows` is a `SELECT` that
 /// names its columns `id`, `instance_name`, `hostname`, `requested_by`,

@@ -8,7 +8,9 @@ use super::{PostgresStore, attempts};
 use crate::domain::RestartRequest;
 use crate::safety::limits::Usage;
 use crate::store::reads::postgres as reads;
-use crate::store::sql::{RELEASE_SQL, SWITCH_SQL, SwitchRow, insert_requests, upsert_journal};
+use crate::store::sql::{
+    RELEASE_JOURNAL_SQL, RELEASE_SQL, SWITCH_SQL, SwitchRow, insert_requests, upsert_journal,
+};
 use crate::store::{
     Claim, ClaimState, ClaimTerms, Decision, StoreError, Timestamp, claim_decision, decide_claim,
     status_from_name, switch_from,
@@ -144,13 +146,11 @@ impl PostgresStore {
             .await?
             .is_some();
         if released {
-            sqlx::query(
-                "DELETE FROM restarts WHERE message_id = $1 AND attempt = $2 AND outcome IS NULL",
-            )
-            .bind(request.message_id.to_string())
-            .bind(attempts(attempt))
-            .execute(&mut *tx)
-            .await?;
+            sqlx::query(RELEASE_JOURNAL_SQL)
+                .bind(request.message_id.to_string())
+                .bind(attempts(attempt))
+                .execute(&mut *tx)
+                .await?;
         }
         tx.commit().await?;
         Ok(())

@@ -35,7 +35,7 @@ use uuid::Uuid;
 
 use super::lookup::{Lookup, lookup_loop};
 use super::reads::postgres as reads;
-use super::sql::REJECTION_SQL;
+use super::sql::{PRUNE_JOURNAL_SQL, PRUNE_ORPHANS_SQL, REJECTION_SQL, SET_SWITCH_SQL};
 use super::{
     Claim, ClaimTerms, Decision, GroupUsage, HistoryEntry, Recorded, Store, StoreError, Story,
     Switch, Timestamp, payload_excerpt,
@@ -269,15 +269,13 @@ impl Store for PostgresStore {
     }
 
     async fn set_switch(&self, paused: bool, by: &str, reason: &str) -> Result<(), StoreError> {
-        sqlx::query(
-            "UPDATE control SET paused = $1, by_whom = $2, reason = $3, updated_at = $4 WHERE id = 1",
-        )
-        .bind(paused)
-        .bind(by.replace('\0', "\u{fffd}"))
-        .bind(reason.replace('\0', "\u{fffd}"))
-        .bind(Timestamp::now().as_millis())
-        .execute(&self.pool)
-        .await?;
+        sqlx::query(SET_SWITCH_SQL)
+            .bind(paused)
+            .bind(by.replace('\0', "\u{fffd}"))
+            .bind(reason.replace('\0', "\u{fffd}"))
+            .bind(Timestamp::now().as_millis())
+            .execute(&self.pool)
+            .await?;
         Ok(())
     }
 
@@ -300,22 +298,12 @@ impl Store for PostgresStore {
             .execute(&mut *tx)
             .await?;
         tx.commit().await?;
-        // The journal and decisions of what is gone, and journal rows older
-        // than the retention (the counting guards look back far less).
-        sqlx::query(
-            "DELETE FROM restarts r WHERE r.claimed_at < $1
-                OR NOT EXISTS (SELECT 1 FROM requests q WHERE q.message_id = r.message_id)",
-        )
-        .bind(before.as_millis())
-        .execute(&self.pool)
-        .await?;
-        for table in ["decisions", "deferrals"] {
-            sqlx::query(&format!(
-                "DELETE FROM {table} d
-                 WHERE NOT EXISTS (SELECT 1 FROM requests q WHERE q.message_id = d.message_id)"
-            ))
+        sqlx::query(PRUNE_JOURNAL_SQL)
+            .bind(before.as_millis())
             .execute(&self.pool)
             .await?;
+        for orphans in PRUNE_ORPHANS_SQL {
+            sqlx::query(orphans).execute(&self.pool).await?;
         }
         Ok(deleted.rows_affected())
     }

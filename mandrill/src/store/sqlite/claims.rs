@@ -1,17 +1,42 @@
 //! Claims of restart attempts and the guards' decisions, inside the
 //! writer's transaction.
 
-use sqlx::{QueryBuilder, Sqlite};
-use uuid::Uuid;
+use std::sync::LazyLock;
 
-use super::ROWS_PER_STATEMENT;
+use sqlx::{QueryBuilder, Sqlite};
+
+use super::{AroundValues, ROWS_PER_STATEMENT};
 use crate::domain::{RestartRequest, Status};
 use crate::safety::limits::Usage;
 use crate::sqlite::writer::Tx;
+use crate::store::reads::sqlite::{insert_decision, usage};
+use crate::store::sql::{SWITCH_SQL, SwitchRow, insert_requests, upsert_journal};
 use crate::store::{
-    Claim, ClaimState, ClaimTerms, ClaimWrite, DECISION_SQL, Decision, USAGE_SQL, claim_decision,
-    decide_claim, switch_from, usage_binds, usage_from,
+    Claim, ClaimState, ClaimTerms, ClaimWrite, claim_decision, decide_claim, switch_from,
 };
+
+/// Creates the rows of requests that have none.
+static INSERT_REQUESTS: LazyLock<AroundValues> = LazyLock::new(|| {
+    AroundValues::new(
+        insert_requests,
+        &[
+            "id",
+            "instance_name",
+            "hostname",
+            "requested_by",
+            "reason",
+            "at",
+        ],
+    )
+});
+
+/// Writes claimed attempts into the restart journal.
+static UPSERT_JOURNAL: LazyLock<AroundValues> = LazyLock::new(|| {
+    AroundValues::new(
+        upsert_journal,
+        &["id", "attempt", "instance_name", "grp", "verdict", "at"],
+    )
+});
 
 /// Claims restart attempts, in three statements whatever their number:
 /// create missing rows, read the claim state of every row, write the claims
@@ -35,22 +60,15 @@ pub(super) async fn claim(
         .chunks(ROWS_PER_STATEMENT)
         .zip(ids.chunks(ROWS_PER_STATEMENT))
     {
-        let mut insert: QueryBuilder<Sqlite> = QueryBuilder::new(
-            "INSERT INTO requests
-                 (message_id, instance_name, hostname, requested_by, reason, status,
-                  attempts, received_at, updated_at) ",
-        );
-        insert.push_values(chunk.iter().zip(ids), |mut row, ((request, _), id)| {
-            row.push_bind(id.as_str())
-                .push_bind(request.instance_name.as_str())
-                .push_bind(request.hostname.as_str())
-                .push_bind(request.requested_by.as_deref())
-                .push_bind(request.reason.as_deref())
-                .push("'received', 0")
-                .push_bind(now)
-                .push_bind(now);
-        });
-        insert.push(" ON CONFLICT (message_id) DO NOTHING");
+        let mut insert =
+            INSERT_REQUESTS.query(chunk.iter().zip(ids), |mut row, ((request, _), id)| {
+                row.push_bind(id.as_str())
+                    .push_bind(request.instance_name.as_str())
+                    .push_bind(request.hostname.as_str())
+                    .push_bind(request.requested_by.as_deref())
+                    .push_bind(request.reason.as_deref())
+                    .push_bind(now);
+            });
         insert.build().execute(&mut **tx).await?;
         let mut select: QueryBuilder<Sqlite> = QueryBuilder::new(
             "SELECT message_id, status, attempts, claim_until FROM requests WHERE message_id IN (",
@@ -81,10 +99,8 @@ pub(super) async fn claim(
         .collect();
     // Read in the claims' own write transaction: a pause committed before
     // it stops every claim of the batch.
-    let (paused, by, why, since): (bool, Option<String>, Option<String>, i64) =
-        sqlx::query_as("SELECT paused, by_whom, reason, updated_at FROM control WHERE id = 1")
-            .fetch_one(&mut **tx)
-            .await?;
+    let (paused, by, why, since): SwitchRow =
+        sqlx::query_as(SWITCH_SQL).fetch_one(&mut **tx).await?;
     let switch = switch_from(paused, by, why, since);
     let mut decided = Vec::with_capacity(claims.len());
     let mut writes = Vec::new();
@@ -94,16 +110,7 @@ pub(super) async fn claim(
         // so the claims written so far go in first.
         let usage = if terms.limits.is_active() {
             write_claims(tx, &mut writes, now).await?;
-            let (window_start, memory_start) = usage_binds(&terms.limits, now);
-            let row = sqlx::query_as(USAGE_SQL)
-                .bind(request.group())
-                .bind(request.instance_name.as_str())
-                .bind(window_start)
-                .bind(memory_start)
-                .bind(now)
-                .fetch_one(&mut **tx)
-                .await?;
-            usage_from(row)
+            usage(tx, request, &terms.limits, now).await?
         } else {
             Usage::default()
         };
@@ -151,49 +158,16 @@ async fn write_claims(
         });
         update.push(") AS j WHERE requests.message_id = j.column1");
         update.build().execute(&mut **tx).await?;
-        let mut journal: QueryBuilder<Sqlite> = QueryBuilder::new(
-            "INSERT INTO restarts (message_id, attempt, instance_name, grp, claimed_at, verdict) ",
-        );
-        journal.push_values(chunk, |mut row, (id, request, write)| {
+        let mut journal = UPSERT_JOURNAL.query(chunk, |mut row, (id, request, write)| {
             row.push_bind(id.as_str())
                 .push_bind(i64::from(write.attempts))
                 .push_bind(request.instance_name.as_str())
                 .push_bind(request.group())
-                .push_bind(now)
-                .push_bind(write.verdict.as_str());
+                .push_bind(write.verdict.as_str())
+                .push_bind(now);
         });
-        journal.push(
-            " ON CONFLICT (message_id, attempt) DO UPDATE SET
-                 claimed_at = excluded.claimed_at, verdict = excluded.verdict,
-                 outcome = NULL, settled_at = NULL",
-        );
         journal.build().execute(&mut **tx).await?;
     }
     writes.clear();
-    Ok(())
-}
-
-pub(super) async fn insert_decision(
-    tx: &mut Tx<'_>,
-    message_id: Uuid,
-    attempt: u32,
-    decision: Decision<'_>,
-    now: i64,
-) -> Result<(), sqlx::Error> {
-    if decision.verdict == "deferred" {
-        sqlx::query(crate::store::DEFERRAL_SQL)
-            .bind(message_id.to_string())
-            .execute(&mut **tx)
-            .await?;
-    }
-    sqlx::query(DECISION_SQL)
-        .bind(message_id.to_string())
-        .bind(now)
-        .bind(i64::from(attempt))
-        .bind(decision.verdict)
-        .bind(decision.guard)
-        .bind(decision.reason)
-        .execute(&mut **tx)
-        .await?;
     Ok(())
 }

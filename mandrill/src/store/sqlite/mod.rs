@@ -15,20 +15,24 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use async_trait::async_trait;
+use sqlx::query_builder::Separated;
 use sqlx::sqlite::{SqlitePool, SqlitePoolOptions};
+use sqlx::{QueryBuilder, Sqlite};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
+use super::lookup::{Lookup, lookup_loop};
+use super::reads::sqlite as reads;
+use super::sql::SET_SWITCH_SQL;
 use super::{
-    Claim, ClaimTerms, Decision, HistoryEntry, Recorded, Store, StoreError, Story, Switch,
-    Timestamp, payload_excerpt, switch_from,
+    Claim, ClaimTerms, Decision, GroupUsage, HistoryEntry, Recorded, Store, StoreError, Story,
+    Switch, Timestamp, payload_excerpt,
 };
 use crate::domain::{Outcome, RestartRequest, Status};
 use crate::sqlite::writer::{Job, MAX_BATCH};
 use crate::sqlite::{FileWriter, JointAck, store_migrations};
-use reads::{FINAL_STATUSES, entry_from_row, lookup_loop};
 pub(crate) use writer::StorePart;
 use writer::Write;
 
@@ -36,9 +40,50 @@ use writer::Write;
 /// SQLite's limit of 32,766.
 const ROWS_PER_STATEMENT: usize = 500;
 
+/// A shared statement built around a `SELECT` of its rows
+/// ([`insert_requests`](crate::store::sql::insert_requests),
+/// [`upsert_journal`](crate::store::sql::upsert_journal)), split where the
+/// rows go: here they are a `VALUES` list of bound parameters, its columns
+/// named as the statement wants them, not a JSON array taken apart inside
+/// SQLite (the JSON functions cost more than the writes themselves).
+#[derive(Debug)]
+struct AroundValues {
+    head: String,
+    tail: String,
+}
+
+impl AroundValues {
+    fn new(statement: fn(&str) -> String, columns: &[&str]) -> Self {
+        const ROWS: &str = "/* rows */";
+        let names: Vec<String> = (1..)
+            .zip(columns)
+            .map(|(n, column)| format!("column{n} AS {column}"))
+            .collect();
+        let sql = statement(&format!("SELECT {} FROM ({ROWS})", names.join(", ")));
+        // Each builder puts its rows in once.
+        let (head, tail) = sql.split_once(ROWS).expect("the rows go in once");
+        Self {
+            head: head.to_owned(),
+            tail: tail.to_owned(),
+        }
+    }
+
+    /// The statement over `rows`, each pushed by `push_row` in the order of
+    /// the columns.
+    fn query<'a, I, F>(&self, rows: I, push_row: F) -> QueryBuilder<'a, Sqlite>
+    where
+        I: IntoIterator,
+        F: FnMut(Separated<'_, 'a, Sqlite, &'static str>, I::Item),
+    {
+        let mut query = QueryBuilder::new(&self.head);
+        query.push_values(rows, push_row);
+        query.push(&self.tail);
+        query
+    }
+}
+
 mod claims;
 mod outcomes;
-mod reads;
 #[cfg(test)]
 mod tests;
 mod writer;
@@ -60,8 +105,10 @@ pub struct SqliteStore {
     tasks: TaskTracker,
 }
 
-/// A lookup waiting for its answer.
-type Lookup = (Uuid, oneshot::Sender<Result<Option<Status>, StoreError>>);
+/// The statuses of the requests in the JSON array `$1` that are recorded.
+/// One parameter whatever the batch's size (up to [`MAX_BATCH`] ids).
+const LOOKUP_SQL: &str = "SELECT message_id, status FROM requests
+    WHERE message_id IN (SELECT value FROM json_each($1))";
 
 impl SqliteStore {
     /// Opens (creating if missing) the database at `url` (`sqlite:PATH`, or
@@ -84,7 +131,18 @@ impl SqliteStore {
         let (lookups, lookup_receiver) = mpsc::channel(MAX_BATCH * 4);
         let closing = CancellationToken::new();
         let tasks = TaskTracker::new();
-        tasks.spawn(lookup_loop(pool.clone(), lookup_receiver, closing.clone()));
+        let lookup_pool = pool.clone();
+        tasks.spawn(lookup_loop(
+            lookup_receiver,
+            closing.clone(),
+            MAX_BATCH,
+            move |ids| {
+                let pool = lookup_pool.clone();
+                // A vector of strings always serialises.
+                let ids = serde_json::to_string(&ids).expect("ids serialise");
+                async move { sqlx::query_as(LOOKUP_SQL).bind(ids).fetch_all(&pool).await }
+            },
+        ));
         tasks.close();
         Ok(Self {
             pool,
@@ -213,16 +271,7 @@ impl Store for SqliteStore {
     }
 
     async fn history(&self, limit: usize) -> Result<Vec<HistoryEntry>, StoreError> {
-        let rows = sqlx::query(
-            "SELECT COALESCE(message_id, rejected_id) AS message_id, instance_name, hostname,
-                    requested_by, reason, status, attempts, last_error, output,
-                    recovered_after_ms, received_at, updated_at, completed_at
-             FROM requests ORDER BY updated_at DESC, id DESC LIMIT ?1",
-        )
-        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter().map(entry_from_row).collect()
+        reads::history(&self.pool, limit).await
     }
 
     async fn record_decision(
@@ -252,76 +301,33 @@ impl Store for SqliteStore {
         &self,
         window_start: Timestamp,
         memory_start: Timestamp,
-    ) -> Result<std::collections::BTreeMap<String, crate::store::GroupUsage>, StoreError> {
-        let restarts = sqlx::query_as(crate::store::GROUP_RESTARTS_SQL)
-            .bind(window_start.as_millis())
-            .fetch_all(&self.pool)
-            .await?;
-        let disrupted = sqlx::query_as(crate::store::GROUP_DISRUPTED_SQL)
-            .bind(memory_start.as_millis())
-            .fetch_all(&self.pool)
-            .await?;
-        Ok(crate::store::group_usage_from(restarts, disrupted))
+    ) -> Result<std::collections::BTreeMap<String, GroupUsage>, StoreError> {
+        reads::group_usage(&self.pool, window_start, memory_start).await
     }
 
     async fn deferrals(&self, message_id: Uuid) -> Result<u32, StoreError> {
-        let count: Option<i64> =
-            sqlx::query_scalar("SELECT count FROM deferrals WHERE message_id = ?1")
-                .bind(message_id.to_string())
-                .fetch_optional(&self.pool)
-                .await?;
-        Ok(count.map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX)))
+        reads::deferrals(&self.pool, message_id).await
     }
 
     async fn story(&self, message_id: Uuid) -> Result<Option<Story>, StoreError> {
-        let id = message_id.to_string();
-        let Some(row) = sqlx::query(
-            "SELECT message_id, instance_name, hostname, requested_by, reason, status, attempts,
-                    last_error, output, recovered_after_ms, received_at, updated_at, completed_at
-             FROM requests WHERE message_id = ?1",
-        )
-        .bind(&id)
-        .fetch_optional(&self.pool)
-        .await?
-        else {
-            return Ok(None);
-        };
-        let attempts = sqlx::query_as(crate::store::STORY_ATTEMPTS_SQL)
-            .bind(&id)
-            .fetch_all(&self.pool)
-            .await?;
-        let decisions = sqlx::query_as(crate::store::STORY_DECISIONS_SQL)
-            .bind(&id)
-            .fetch_all(&self.pool)
-            .await?;
-        Ok(Some(crate::store::story_from(
-            entry_from_row(&row)?,
-            attempts,
-            decisions,
-        )))
+        reads::story(&self.pool, message_id).await
     }
 
     async fn switch(&self) -> Result<Switch, StoreError> {
-        let (paused, by, reason, since): (bool, Option<String>, Option<String>, i64) =
-            sqlx::query_as("SELECT paused, by_whom, reason, updated_at FROM control WHERE id = 1")
-                .fetch_one(&self.pool)
-                .await?;
-        Ok(switch_from(paused, by, reason, since))
+        reads::switch(&self.pool).await
     }
 
     async fn set_switch(&self, paused: bool, by: &str, reason: &str) -> Result<(), StoreError> {
         // Rare: through the pool, waiting its turn for the write lock like
         // any other writer; committed (and so seen by every claim after it)
         // when this returns.
-        sqlx::query(
-            "UPDATE control SET paused = ?1, by_whom = ?2, reason = ?3, updated_at = ?4 WHERE id = 1",
-        )
-        .bind(paused)
-        .bind(by)
-        .bind(reason)
-        .bind(Timestamp::now().as_millis())
-        .execute(&self.pool)
-        .await?;
+        sqlx::query(SET_SWITCH_SQL)
+            .bind(paused)
+            .bind(by)
+            .bind(reason)
+            .bind(Timestamp::now().as_millis())
+            .execute(&self.pool)
+            .await?;
         Ok(())
     }
 

@@ -4,9 +4,13 @@
 use sqlx::{QueryBuilder, Sqlite};
 use uuid::Uuid;
 
-use super::{FINAL_STATUSES, ROWS_PER_STATEMENT};
+use super::ROWS_PER_STATEMENT;
 use crate::domain::{Outcome, RestartRequest, Status};
 use crate::sqlite::writer::Tx;
+use crate::store::sql::{
+    PRUNE_JOURNAL_SQL, PRUNE_ORPHANS_SQL, REJECTION_SQL, RELEASE_JOURNAL_SQL, RELEASE_SQL,
+    not_final, outcome_set,
+};
 use crate::store::{Timestamp, millis_of};
 
 /// Records outcomes, in one statement; for each, `None` if recorded, or the
@@ -59,18 +63,9 @@ pub(super) async fn insert_outcomes(
             },
         );
         insert.push(format!(
-            " ON CONFLICT (message_id) DO UPDATE SET
-                 status = excluded.status,
-                 output = excluded.output,
-                 recovered_after_ms = excluded.recovered_after_ms,
-                 claim_until = CASE WHEN excluded.attempts >= requests.attempts
-                                    THEN NULL ELSE requests.claim_until END,
-                 attempts = max(requests.attempts, excluded.attempts),
-                 last_error = excluded.last_error,
-                 updated_at = excluded.updated_at,
-                 completed_at = excluded.completed_at
-             WHERE requests.status NOT IN {FINAL_STATUSES}
-             RETURNING message_id"
+            " ON CONFLICT (message_id) DO UPDATE SET {} WHERE {} RETURNING message_id",
+            outcome_set("excluded", "requests", "excluded.updated_at"),
+            not_final("requests"),
         ));
         recorded.extend(
             insert
@@ -122,17 +117,13 @@ pub(super) async fn insert_rejection(
     excerpt: &str,
     now: i64,
 ) -> Result<(), sqlx::Error> {
-    sqlx::query(
-        "INSERT INTO requests
-             (rejected_id, status, attempts, last_error, payload, received_at, updated_at, completed_at)
-         VALUES (?1, 'rejected', 1, ?2, ?3, ?4, ?4, ?4)",
-    )
-    .bind(message_id.map(|id| id.to_string()))
-    .bind(reason)
-    .bind(excerpt)
-    .bind(now)
-    .execute(&mut **tx)
-    .await?;
+    sqlx::query(REJECTION_SQL)
+        .bind(message_id.map(|id| id.to_string()))
+        .bind(reason)
+        .bind(excerpt)
+        .bind(now)
+        .execute(&mut **tx)
+        .await?;
     Ok(())
 }
 
@@ -142,24 +133,20 @@ pub(super) async fn release(
     attempt: u32,
     now: i64,
 ) -> Result<(), sqlx::Error> {
-    sqlx::query(
-        "UPDATE requests SET attempts = attempts - 1, claim_until = NULL, updated_at = ?3
-         WHERE message_id = ?1 AND attempts = ?2 AND ?2 > 0 AND claim_until IS NOT NULL
-           AND status IN ('received', 'retrying')",
-    )
-    .bind(message_id.to_string())
-    .bind(i64::from(attempt))
-    .bind(now)
-    .execute(&mut **tx)
-    .await?;
-    sqlx::query(
-        "DELETE FROM restarts WHERE message_id = ?1 AND attempt = ?2 AND outcome IS NULL
-           AND NOT EXISTS (SELECT 1 FROM requests WHERE message_id = ?1 AND attempts >= ?2)",
-    )
-    .bind(message_id.to_string())
-    .bind(i64::from(attempt))
-    .execute(&mut **tx)
-    .await?;
+    let released = sqlx::query(&RELEASE_SQL)
+        .bind(message_id.to_string())
+        .bind(i64::from(attempt))
+        .bind(now)
+        .fetch_optional(&mut **tx)
+        .await?
+        .is_some();
+    if released {
+        sqlx::query(RELEASE_JOURNAL_SQL)
+            .bind(message_id.to_string())
+            .bind(i64::from(attempt))
+            .execute(&mut **tx)
+            .await?;
+    }
     Ok(())
 }
 
@@ -178,22 +165,12 @@ pub(super) async fn prune(
     .bind(i64::from(max_rows))
     .execute(&mut **tx)
     .await?;
-    // The journal and decisions of what is gone, and journal rows older
-    // than the retention (the counting guards look back far less).
-    sqlx::query(
-        "DELETE FROM restarts WHERE claimed_at < ?1
-            OR message_id NOT IN (SELECT message_id FROM requests WHERE message_id IS NOT NULL)",
-    )
-    .bind(before.as_millis())
-    .execute(&mut **tx)
-    .await?;
-    for table in ["decisions", "deferrals"] {
-        sqlx::query(&format!(
-            "DELETE FROM {table}
-             WHERE message_id NOT IN (SELECT message_id FROM requests WHERE message_id IS NOT NULL)"
-        ))
+    sqlx::query(PRUNE_JOURNAL_SQL)
+        .bind(before.as_millis())
         .execute(&mut **tx)
         .await?;
+    for orphans in PRUNE_ORPHANS_SQL {
+        sqlx::query(orphans).execute(&mut **tx).await?;
     }
     Ok(deleted.rows_affected())
 }

@@ -8,11 +8,12 @@ use std::sync::Arc;
 use tokio::sync::oneshot;
 use uuid::Uuid;
 
-use super::claims::{claim, insert_decision};
+use super::claims::claim;
 use super::outcomes::{insert_outcomes, insert_rejection, prune, release};
 use crate::domain::{Outcome, RestartRequest, Status};
 use crate::sqlite::JointAck;
 use crate::sqlite::writer::{Part, Tx};
+use crate::store::reads::sqlite::insert_decision;
 use crate::store::{Claim, ClaimTerms, Decision, Recorded, StoreError, Timestamp};
 
 /// One write, with whom to tell once it is committed.
