@@ -8,6 +8,7 @@
 //! from a file's existence.
 
 pub mod calendar;
+mod counting;
 pub mod guards;
 pub mod limits;
 pub mod pause_file;
@@ -15,8 +16,9 @@ pub mod policy;
 pub mod stop;
 
 pub use calendar::{Calendar, CalendarSettings, FreezeSettings};
+pub use counting::Counting;
 pub use guards::{Clock, Guards, Hold};
-pub use limits::{BudgetSettings, Counting, Limits, RateSettings};
+pub use limits::{BudgetSettings, Limits, RateSettings};
 pub use policy::{Policy, PolicyHandle};
 pub use stop::{StopConditionSettings, StopConditions};
 

@@ -1,0 +1,202 @@
+//! Groups, and the counting guards' settings resolved per request: which
+//! group a request counts in and the [`Limits`] its claim carries.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use super::limits::*;
+use crate::domain::RestartRequest;
+use crate::pattern::Pattern;
+
+/// Groups and the counting guards' settings, resolved: what the worker asks
+/// for each request's [`Limits`].
+#[derive(Debug, Clone, Default)]
+pub struct Counting {
+    groups: Vec<(String, Vec<Pattern>)>,
+    group_max: Option<u32>,
+    global_max: Option<u32>,
+    window: Duration,
+    host_cooldown: Option<Duration>,
+    max_disrupted: Option<u32>,
+    percent: Option<u32>,
+    sizes: BTreeMap<String, u32>,
+    forget_after: Duration,
+    budget_retry: Duration,
+}
+
+/// `0` means unlimited; unset takes the default.
+fn limit(value: Option<u32>, default: Option<u32>) -> Option<u32> {
+    match value {
+        Some(0) => None,
+        Some(n) => Some(n),
+        None => default,
+    }
+}
+
+impl Counting {
+    /// Resolves the settings; `real` picks the strict defaults. The error
+    /// names the setting.
+    pub fn new(
+        groups: &BTreeMap<String, Vec<String>>,
+        rate: &RateSettings,
+        budget: &BudgetSettings,
+        real: bool,
+    ) -> Result<Self, (String, String)> {
+        let groups = groups
+            .iter()
+            .map(|(name, patterns)| {
+                let patterns = patterns
+                    .iter()
+                    .enumerate()
+                    .map(|(index, raw)| {
+                        Pattern::parse(raw)
+                            .map_err(|why| (format!("safety.groups.{name}[{index}]"), why))
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok::<_, (String, String)>((name.clone(), patterns))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        if rate.window.is_zero() {
+            return Err(("safety.rate.window".into(), "must be more than 0s".into()));
+        }
+        if let Some(percent) = budget.max_disrupted_percent
+            && !(1..=100).contains(&percent)
+        {
+            return Err((
+                "safety.budget.max_disrupted_percent".into(),
+                format!("{percent} is not a percentage from 1 to 100"),
+            ));
+        }
+        let strict = |n| real.then_some(n);
+        let max_disrupted_default = if budget.max_disrupted_percent.is_some() {
+            None
+        } else {
+            strict(1)
+        };
+        Ok(Self {
+            groups,
+            group_max: limit(rate.group_max, strict(1)),
+            global_max: limit(rate.global_max, None),
+            window: rate.window,
+            host_cooldown: (!rate.host_cooldown.is_zero()).then_some(rate.host_cooldown),
+            max_disrupted: limit(budget.max_disrupted, max_disrupted_default),
+            percent: budget.max_disrupted_percent,
+            sizes: budget.group_sizes.clone(),
+            forget_after: budget.forget_after,
+            budget_retry: budget.retry.max(Duration::from_millis(1)),
+        })
+    }
+
+    /// No counting guard at all.
+    pub fn none() -> Self {
+        Self {
+            window: Duration::from_secs(24 * 3600),
+            ..Self::default()
+        }
+    }
+
+    /// The request's group: the message's own `group`, else the first
+    /// configured group (by name) with a pattern matching the instance,
+    /// else the instance name without its last `-suffix`.
+    pub fn group<'r>(&'r self, request: &'r RestartRequest) -> &'r str {
+        match request.group.as_deref() {
+            Some(group) => group,
+            None => self.group_of(request.instance_name.as_str()),
+        }
+    }
+
+    /// The group of an instance when the message names none.
+    pub fn group_of<'r>(&'r self, instance: &'r str) -> &'r str {
+        self.groups
+            .iter()
+            .find(|(_, patterns)| patterns.iter().any(|p| p.matches(instance)))
+            .map_or_else(
+                || {
+                    instance
+                        .rsplit_once('-')
+                        .map_or(instance, |(group, _)| group)
+                },
+                |(name, _)| name.as_str(),
+            )
+    }
+
+    /// Names the request's group when a configured pattern decides it (the
+    /// message did not name one), so that the store counts it there.
+    pub fn assign(&self, request: &mut RestartRequest) {
+        if request.group.is_some() {
+            return;
+        }
+        let instance = request.instance_name.as_str();
+        if let Some((name, _)) = self
+            .groups
+            .iter()
+            .find(|(_, patterns)| patterns.iter().any(|p| p.matches(instance)))
+        {
+            request.group = Some(name.clone());
+        }
+    }
+
+    /// The limits a claim in `group` enforces, or why the budget cannot be
+    /// known (a percentage of a group whose size is not configured): the
+    /// request is then deferred, never let through.
+    pub fn limits(&self, group: &str) -> Result<Limits, String> {
+        let from_percent = match self.percent {
+            None => None,
+            Some(percent) => match self.sizes.get(group) {
+                Some(size) => Some(size.saturating_mul(percent) / 100),
+                None => {
+                    return Err(format!(
+                        "deferred by disruption budget: safety.budget.max_disrupted_percent is \
+                         {percent}% but the size of group {group} is unknown (set \
+                         safety.budget.group_sizes.{group})"
+                    ));
+                }
+            },
+        };
+        let budget = match (self.max_disrupted, from_percent) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        Ok(Limits {
+            group_max: self.group_max,
+            global_max: self.global_max,
+            window: self.window,
+            host_cooldown: self.host_cooldown,
+            budget,
+            forget_after: self.forget_after,
+            budget_retry: self.budget_retry,
+        })
+    }
+
+    /// The window the rate limits count over.
+    pub fn window(&self) -> Duration {
+        self.window
+    }
+
+    /// How long an unverified end counts as a disruption.
+    pub fn forget_after(&self) -> Duration {
+        self.forget_after
+    }
+
+    /// The settings in words, for `mandrill status`.
+    pub fn describe(&self) -> String {
+        let window = humantime::format_duration(self.window);
+        let or_unlimited = |n: Option<u32>, what: String| {
+            n.map_or_else(|| format!("{what}: unlimited"), |n| format!("{what}: {n}"))
+        };
+        let mut parts = vec![
+            or_unlimited(self.group_max, format!("restarts per group per {window}")),
+            or_unlimited(self.global_max, format!("restarts per {window} in all")),
+            self.host_cooldown.map_or_else(
+                || "host cooldown: none".to_owned(),
+                |c| format!("host cooldown: {}", humantime::format_duration(c)),
+            ),
+        ];
+        let mut budget = or_unlimited(self.max_disrupted, "hosts disrupted per group".into());
+        if let Some(percent) = self.percent {
+            budget.push_str(&format!(" (and at most {percent}% of a group's size)"));
+        }
+        parts.push(budget);
+        parts.join(", ")
+    }
+}

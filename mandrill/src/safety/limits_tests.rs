@@ -1,0 +1,134 @@
+use super::*;
+use crate::domain::testing::request;
+use crate::safety::Counting;
+
+const HOUR: i64 = 3_600_000;
+
+fn limits() -> Limits {
+    Limits {
+        group_max: Some(2),
+        global_max: Some(3),
+        window: Duration::from_secs(3600),
+        host_cooldown: Some(Duration::from_secs(600)),
+        budget: Some(1),
+        forget_after: Duration::from_secs(3600),
+        budget_retry: BUDGET_RETRY,
+    }
+}
+
+#[test]
+fn each_counting_guard_defers_until_it_could_pass() {
+    let now = 10 * HOUR;
+    let free = Usage::default();
+    let allowed = check(&limits(), "cattle", "cattle-1", &free, now).unwrap();
+    assert!(allowed.contains("restart 1 of 2"), "{allowed}");
+    assert!(allowed.contains("budget: 1 of 1"), "{allowed}");
+
+    let cooling = Usage {
+        host_last: Some(now - 60_000),
+        ..free
+    };
+    let refused = check(&limits(), "cattle", "cattle-1", &cooling, now).unwrap_err();
+    assert_eq!(refused.guard, "host cooldown");
+    assert_eq!(refused.wait, Duration::from_secs(540));
+
+    let full = Usage {
+        group_claims: 2,
+        group_oldest: Some(now - HOUR + 5_000),
+        ..free
+    };
+    let refused = check(&limits(), "cattle", "cattle-1", &full, now).unwrap_err();
+    assert_eq!(refused.guard, "rate limit");
+    assert_eq!(refused.wait, Duration::from_secs(5));
+    assert!(
+        refused.reason.contains("group cattle had 2 of its 2"),
+        "{}",
+        refused.reason
+    );
+
+    let busy = Usage {
+        global_claims: 3,
+        global_oldest: Some(now - 1_000),
+        ..free
+    };
+    assert_eq!(
+        check(&limits(), "cattle", "cattle-1", &busy, now)
+            .unwrap_err()
+            .guard,
+        "global rate limit"
+    );
+
+    let disrupted = Usage {
+        disrupted: 1,
+        ..free
+    };
+    let refused = check(&limits(), "cattle", "cattle-1", &disrupted, now).unwrap_err();
+    assert_eq!(refused.guard, "disruption budget");
+    assert_eq!(refused.wait, BUDGET_RETRY);
+
+    assert_eq!(
+        check(&Limits::NONE, "g", "h", &busy, now).unwrap(),
+        "allowed"
+    );
+    assert!(!Limits::NONE.is_active() && limits().is_active());
+}
+
+#[test]
+fn groups_defaults_and_budgets_resolve_fail_closed() {
+    let mut groups = BTreeMap::new();
+    groups.insert("web".to_owned(), vec!["frontend-*".to_owned()]);
+    let budget = BudgetSettings {
+        max_disrupted_percent: Some(20),
+        group_sizes: [("web".to_owned(), 10)].into(),
+        ..BudgetSettings::default()
+    };
+    let counting = Counting::new(&groups, &RateSettings::default(), &budget, true).unwrap();
+    assert_eq!(counting.group(&request("frontend-7")), "web");
+    assert_eq!(counting.group(&request("cattle-ab12")), "cattle");
+    let mut explicit = request("frontend-7");
+    explicit.group = Some("canary".into());
+    assert_eq!(counting.group(&explicit), "canary");
+
+    let web = counting.limits("web").unwrap();
+    assert_eq!(web.budget, Some(2), "20% of 10");
+    assert_eq!(
+        web.group_max,
+        Some(1),
+        "Chaos Monkey's default with a real backend"
+    );
+    let unknown = counting.limits("cattle").unwrap_err();
+    assert!(unknown.contains("group_sizes.cattle"), "{unknown}");
+
+    let simulated = Counting::new(
+        &BTreeMap::new(),
+        &RateSettings::default(),
+        &BudgetSettings::default(),
+        false,
+    )
+    .unwrap();
+    assert!(!simulated.limits("cattle").unwrap().is_active());
+    let real = Counting::new(
+        &BTreeMap::new(),
+        &RateSettings {
+            group_max: Some(0),
+            ..RateSettings::default()
+        },
+        &BudgetSettings::default(),
+        true,
+    )
+    .unwrap();
+    let limits = real.limits("cattle").unwrap();
+    assert_eq!((limits.group_max, limits.budget), (None, Some(1)));
+
+    let (key, _) = Counting::new(
+        &BTreeMap::new(),
+        &RateSettings::default(),
+        &BudgetSettings {
+            max_disrupted_percent: Some(0),
+            ..BudgetSettings::default()
+        },
+        true,
+    )
+    .unwrap_err();
+    assert_eq!(key, "safety.budget.max_disrupted_percent");
+}
