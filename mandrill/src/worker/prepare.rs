@@ -113,6 +113,10 @@ pub(super) async fn prepare(
                 retry_after,
                 ..
             } = refusal;
+            // "Try again at once" would redeliver in a loop, writing a
+            // deferral each time: wait at least a second, as an in-flight
+            // hold does.
+            let retry_after = retry_after.max(Duration::from_secs(1));
             let hold = policy.guards.defer(request, guard, retry_after, reason);
             return Err(held(shared, progress, request, hold).await);
         }

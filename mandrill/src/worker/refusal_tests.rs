@@ -9,6 +9,7 @@ use crate::restarter::{Journaled, Refusal};
 struct RefusesOnce {
     inner: ScriptedRestarter,
     refused: AtomicBool,
+    retry_after: Duration,
 }
 
 const BACKEND_SAYS: &str = "the webhook is in maintenance until 09:00";
@@ -19,7 +20,7 @@ impl Restarter for RefusesOnce {
     fn reserve<'a>(&'a self, request: &'a RestartRequest) -> Reserving<'a> {
         if !self.refused.swap(true, Ordering::AcqRel) {
             self.inner.timeline.push("refused");
-            return Reserving::now(Err(Refusal::new("backend", BACKEND_SAYS, RETRY_AFTER)));
+            return Reserving::now(Err(Refusal::new("backend", BACKEND_SAYS, self.retry_after)));
         }
         self.inner.reserve(request)
     }
@@ -38,6 +39,7 @@ async fn a_refused_reservation_defers_records_the_reason_and_uses_no_attempt() {
     let refusing = Arc::new(RefusesOnce {
         inner: ScriptedRestarter::default(),
         refused: AtomicBool::new(false),
+        retry_after: RETRY_AFTER,
     });
     // Through a decorator, which passes the refusal on untouched.
     let journal = tempfile::NamedTempFile::new().unwrap();
@@ -83,4 +85,23 @@ async fn a_refused_reservation_defers_records_the_reason_and_uses_no_attempt() {
         (Status::Restarted, 1)
     );
     h.stop().await.unwrap();
+}
+
+/// A backend that says "try again at once" does not get a redelivery loop:
+/// the deferral waits at least a second, as an in-flight hold does.
+#[tokio::test(start_paused = true)]
+async fn a_refusal_without_a_wait_is_deferred_for_at_least_a_second() {
+    let refusing = Arc::new(RefusesOnce {
+        inner: ScriptedRestarter::default(),
+        refused: AtomicBool::new(false),
+        retry_after: Duration::ZERO,
+    });
+    let store = Arc::new(MemoryStore::new());
+    let h = start(config(), store.clone(), refusing.clone());
+    h.publish("cattle-ab12").await;
+    let stats = h.stats.clone();
+    wait_until("acked", || stats.acked.get() == 1).await;
+    assert_eq!(h.broker.timeline.count("nack 0"), 0);
+    assert_eq!(h.broker.timeline.count("nack 1000"), 1);
+    assert_eq!(refusing.inner.calls("cattle-ab12.example.net"), 1);
 }
