@@ -301,10 +301,14 @@ fn two_consumer_processes_never_handle_the_same_message() {
                 "10",
                 "--set",
                 "restarter.failure_rate=0",
+                // Long enough that one process alone would take ~3 s for
+                // the lot: the second has started long before, so both
+                // really consume (with 2-8 ms, the faster SQLite writer let
+                // the first finish everything before the second pulled).
                 "--set",
-                "restarter.min_latency=2ms",
+                "restarter.min_latency=20ms",
                 "--set",
-                "restarter.max_latency=8ms",
+                "restarter.max_latency=40ms",
                 "--set",
                 &format!("restarter.journal={journal}"),
                 "--log-level",
