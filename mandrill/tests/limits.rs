@@ -81,18 +81,28 @@ fn stop(instance: Mandrill) {
 fn two_instances_on_one_sqlite_file_issue_exactly_the_rate_limit() {
     let (_guard, dir) = temp_dir();
     let db = sqlite_url(&dir);
-    let publish = |n: usize| {
+    let publish = |n: usize, rate: &str| {
         let (status, _, stderr) = mandrill(
             &dir,
-            &["publish", "--broker", &db, "--random", &n.to_string()],
+            &[
+                "publish",
+                "--broker",
+                &db,
+                "--random",
+                &n.to_string(),
+                "--rate",
+                rate,
+            ],
             &[],
         );
         assert!(status.success(), "publish failed: {stderr}");
     };
     // One request creates the database; the rest are published once both
     // instances are pulling, each holding at most 4 at a time and polling
-    // every 5 ms, so that both take part.
-    publish(1);
+    // every 5 ms, and spread at 400 a second, so that both take part. (All
+    // in one transaction, one instance once deferred all 195 before the
+    // other got the file's write lock: SQLite's lock is not fair.)
+    publish(1, "1000");
     let journal_path = dir.join("restarts.journal");
     let mut args = vec!["--db".to_owned(), db.clone(), "--broker".into(), db.clone()];
     args.extend(limited(&journal_path));
@@ -106,7 +116,7 @@ fn two_instances_on_one_sqlite_file_issue_exactly_the_rate_limit() {
     let (a, b) = (Mandrill::run(&dir, &args), Mandrill::run(&dir, &args));
     a.wait_for("mandrill started", 1);
     b.wait_for("mandrill started", 1);
-    publish(REQUESTS - 1);
+    publish(REQUESTS - 1, "400");
     wait_for_deferrals(&[&a, &b], REQUESTS - LIMIT, DEADLINE * 2);
     assert!(
         !a.messages("deferred").is_empty() && !b.messages("deferred").is_empty(),

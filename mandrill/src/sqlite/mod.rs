@@ -54,16 +54,29 @@ pub(crate) fn connect_options(url: &str) -> Result<SqliteConnectOptions, sqlx::E
 }
 
 /// Brings the schema `migrator` describes up to date.
+///
+/// Processes starting together on one file migrate it at the same moment:
+/// sqlx runs each migration in its own transaction, so the loser of a race
+/// fails (a version already recorded, a table already there, the file
+/// busy). Run again, it sees the winner's work. Retried with a growing
+/// pause, a few seconds in all, so that a real problem still fails start-up
+/// promptly (`stores_opening_one_fresh_file_together_all_migrate_it`).
 pub(crate) async fn migrate(pool: &SqlitePool, migrator: &Migrator) -> Result<(), MigrateError> {
-    if let Err(first) = migrator.run(pool).await {
-        // Another process (or the other part of this one) may have been
-        // migrating the same file at the same moment; by now it has
-        // finished, so a second run sees its work. A real problem fails
-        // again.
-        debug!(error = %first, "migration failed; trying once more");
-        migrator.run(pool).await?;
+    const TRIES: u32 = 20;
+    let mut tried = 1;
+    loop {
+        match migrator.run(pool).await {
+            Ok(()) => return Ok(()),
+            Err(error) if tried < TRIES => {
+                debug!(%error, tried, "migration failed; another process may be migrating; trying again");
+                let pause =
+                    Duration::from_millis(20 * u64::from(tried)).min(Duration::from_millis(250));
+                tokio::time::sleep(pause).await;
+                tried += 1;
+            }
+            Err(error) => return Err(error),
+        }
     }
-    Ok(())
 }
 
 /// The writer of one database file, shared by whoever opened it (the queue,

@@ -260,3 +260,31 @@ async fn a_refused_store_write_does_not_fail_the_queue_operations_of_its_batch()
     broker.close().await;
     store.close().await;
 }
+
+/// Processes starting together on one file (a queue made it, nobody has
+/// migrated the store yet) all open it: concurrent migrators wait for each
+/// other instead of failing start-up. Each connect here has a pool of its
+/// own, as a process would.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stores_opening_one_fresh_file_together_all_migrate_it() {
+    for round in 0..5 {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite:{}", dir.path().join("shared.db").display());
+        let broker = SqliteBroker::connect(&queue_config(&url)).await.unwrap();
+        let opens = (0..6).map(|_| {
+            let url = url.clone();
+            tokio::spawn(async move { SqliteStore::connect(&url, 2).await })
+        });
+        for (n, open) in futures::future::join_all(opens)
+            .await
+            .into_iter()
+            .enumerate()
+        {
+            let store = open
+                .unwrap()
+                .unwrap_or_else(|error| panic!("round {round}, store {n}: {error}"));
+            store.close().await;
+        }
+        broker.close().await;
+    }
+}
