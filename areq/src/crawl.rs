@@ -2,6 +2,10 @@
 //! as a task in one `JoinSet`, and turns results into output records, new
 //! jobs, retries and counters. It is the only owner of the frontier and the
 //! summary, so neither needs a lock.
+//!
+//! Just over 400 lines: the loop and the bookkeeping of its results read
+//! best together; the fetch and robots.txt tasks it spawns are in
+//! `crawl/task.rs`.
 
 use std::io::Write;
 use std::sync::Arc;

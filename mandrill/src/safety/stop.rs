@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::restarter::http::cause_chain;
 use crate::restarter::process::{ProcessRunner, for_log};
 use crate::settings::redact_url;
 
@@ -240,21 +241,6 @@ impl StopConditions {
             },
         }
     }
-}
-
-/// An error and its sources, each once.
-fn cause_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut cause = error.source();
-    while let Some(source) = cause {
-        let next = source.to_string();
-        if !text.contains(&next) {
-            text.push_str(": ");
-            text.push_str(&next);
-        }
-        cause = source.source();
-    }
-    text
 }
 
 #[cfg(test)]

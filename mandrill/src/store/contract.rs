@@ -1,4 +1,8 @@
 //! Behaviour every `Store` must have; each implementation's tests call these.
+//!
+//! Test code only (the module is `cfg(test)`), and one file of over 400
+//! lines on purpose: it is the one list of what a store promises, read in
+//! order from [`all`].
 
 use std::time::Duration;
 
