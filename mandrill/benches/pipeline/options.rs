@@ -11,6 +11,8 @@ pub struct Options {
     pub db: String,
     pub notify: Option<String>,
     pub writers: u32,
+    /// `--no-ceilings`: the pipeline alone, for profiling it.
+    pub ceilings: bool,
 }
 
 pub fn parse_options() -> Options {
@@ -23,6 +25,7 @@ pub fn parse_options() -> Options {
         db: "memory".into(),
         notify: None,
         writers: mandrill::store::postgres::DEFAULT_WRITERS,
+        ceilings: true,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -44,11 +47,12 @@ pub fn parse_options() -> Options {
             "--pull" => options.pull = value("--pull"),
             "--notify" => options.notify = Some(value("--notify")),
             "--writers" => options.writers = value("--writers").parse().expect("--writers N"),
+            "--no-ceilings" => options.ceilings = false,
             // `cargo bench` passes --bench to harness-less benchmarks.
             "--bench" => {}
             other => {
                 panic!(
-                    "unknown argument {other:?}; expected --messages, --work-ms, --fail-rate, --broker, --pull, --db, --notify, --writers"
+                    "unknown argument {other:?}; expected --messages, --work-ms, --fail-rate, --broker, --pull, --db, --notify, --writers, --no-ceilings"
                 )
             }
         }

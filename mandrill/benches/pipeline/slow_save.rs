@@ -38,6 +38,19 @@ impl Store for SlowSaveStore {
     ) -> Result<Recorded, StoreError> {
         self.inner.record_outcome(r, attempt, outcome).await
     }
+    async fn record_outcome_acking(
+        &self,
+        r: &RestartRequest,
+        attempt: u32,
+        outcome: &Outcome,
+        ack: Option<mandrill::JointAck>,
+    ) -> Result<(Recorded, bool), StoreError> {
+        // Forwarded: the trait's default would record and leave the ack to
+        // the caller, so a SQLite run would never measure the joint ack.
+        self.inner
+            .record_outcome_acking(r, attempt, outcome, ack)
+            .await
+    }
     async fn release_claim(&self, r: &RestartRequest, attempt: u32) -> Result<(), StoreError> {
         self.inner.release_claim(r, attempt).await
     }

@@ -50,7 +50,8 @@ pub(crate) fn connect_options(url: &str) -> Result<SqliteConnectOptions, sqlx::E
         .create_if_missing(true)
         .journal_mode(SqliteJournalMode::Wal)
         .synchronous(SqliteSynchronous::Full)
-        .busy_timeout(Duration::from_secs(10)))
+        .busy_timeout(Duration::from_secs(10))
+        .pragma("temp_store", "memory"))
 }
 
 /// Brings the schema `migrator` describes up to date.
