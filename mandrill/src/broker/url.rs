@@ -44,6 +44,13 @@ pub enum BrokerUrlError {
     /// A Pub/Sub URL that names no project and subscription.
     #[error("{0}")]
     PubSub(String),
+    /// A SQLite queue in memory: no other process (`mandrill publish`, a
+    /// second instance) can reach it, and it is lost at exit.
+    #[error(
+        "{0:?} is a SQLite queue in memory, which no publisher can reach and which \
+         is lost at exit: use sqlite:PATH for a queue, or memory for a throwaway one"
+    )]
+    SqliteInMemory(String),
 }
 
 impl BrokerUrl {
@@ -55,6 +62,9 @@ impl BrokerUrl {
             return Ok(Self::Memory);
         }
         if url.starts_with("sqlite:") {
+            if url.contains(":memory:") || url.contains("mode=memory") {
+                return Err(BrokerUrlError::SqliteInMemory(redact_url(url)));
+            }
             return Ok(Self::Sqlite {
                 url: url.to_owned(),
             });
@@ -114,6 +124,11 @@ mod tests {
             BrokerUrl::parse("pubsub:p"),
             Err(BrokerUrlError::PubSub(_))
         ));
+        for in_memory in ["sqlite::memory:", "sqlite:file:q?mode=memory&cache=shared"] {
+            let error = BrokerUrl::parse(in_memory).unwrap_err();
+            assert_eq!(error, BrokerUrlError::SqliteInMemory(in_memory.into()));
+            assert!(error.to_string().contains("use sqlite:PATH"), "{error}");
+        }
         let unsupported = BrokerUrl::parse("amqp://u:s3cret@h").unwrap_err();
         assert!(!unsupported.to_string().contains("s3cret"), "{unsupported}");
         assert!(unsupported.to_string().contains("is not supported"));

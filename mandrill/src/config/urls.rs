@@ -2,27 +2,22 @@
 //! URL's scheme.
 
 use super::{Config, ConfigError};
-use crate::broker::pubsub;
+use crate::broker::{BrokerUrl, BrokerUrlError, pubsub};
 use crate::settings::redact_url;
 
 impl Config {
     /// `broker.url` and `store.url` name something this build supports.
     pub(super) fn validate_urls(&self) -> Result<(), ConfigError> {
         let broker = self.broker.url.as_str();
-        let nats = broker.starts_with("nats://") || broker.starts_with("tls://");
-        if broker.starts_with("pubsub:") {
-            return self.validate_pubsub();
-        }
-        if !(broker == "memory" || broker.starts_with("sqlite:") || nats) {
-            return Err(ConfigError::invalid(
-                "broker.url",
-                format!(
-                    "{:?} is not supported: use sqlite:PATH, nats://HOST:PORT, \
-                     pubsub://PROJECT/SUBSCRIPTION or memory",
-                    redact_url(broker)
-                ),
-            ));
-        }
+        // One parser decides what `broker.url` names, here and when wiring.
+        let nats = match BrokerUrl::parse(broker) {
+            Ok(BrokerUrl::PubSub { .. }) | Err(BrokerUrlError::PubSub(_)) => {
+                return self.validate_pubsub();
+            }
+            Ok(BrokerUrl::Nats { .. }) => true,
+            Ok(BrokerUrl::Memory | BrokerUrl::Sqlite { .. }) => false,
+            Err(error) => return Err(ConfigError::invalid("broker.url", error.to_string())),
+        };
         if nats {
             for server in broker.split(',') {
                 let parsed = url::Url::parse(server.trim()).map_err(|error| {

@@ -48,7 +48,9 @@ pub async fn open_store(config: &StoreSettings) -> anyhow::Result<Arc<dyn Store>
 /// `broker.url`, parsed.
 pub fn broker_url(config: &Config) -> anyhow::Result<BrokerUrl> {
     BrokerUrl::parse(&config.broker.url).map_err(|error| match error {
-        BrokerUrlError::Unsupported(_) => anyhow!("broker.url {error}"),
+        BrokerUrlError::Unsupported(_) | BrokerUrlError::SqliteInMemory(_) => {
+            anyhow!("broker.url {error}")
+        }
         BrokerUrlError::PubSub(_) => anyhow!(error),
     })
 }

@@ -89,6 +89,8 @@ fn extremes_are_refused_naming_their_key() {
         ("broker.url", "kafka://x"),
         ("broker.url", "nats://"),
         ("broker.url", "nats://u:p@h:4222,nats://h:notaport"),
+        // A queue nobody else can reach, lost at exit.
+        ("broker.url", "sqlite::memory:"),
         ("store.url", "mysql://u:p@h/db"),
         ("store.url", "postgres://u:p@[::1"),
         ("log.level", "[[["),
