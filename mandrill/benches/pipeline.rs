@@ -59,12 +59,12 @@ use mandrill::Stats;
 use mandrill::broker::nats::{Credentials, NatsBroker, NatsOptions};
 use mandrill::broker::pubsub::PubSubBroker;
 use mandrill::broker::sqlite::SqliteOptions;
-use mandrill::broker::{Broker, MemoryBroker, Publisher as _, SqliteBroker};
+use mandrill::broker::{AnyConsumer, Broker, MemoryBroker, Publisher as _, SqliteBroker};
 use mandrill::domain::{Domain, ParseRules};
 use mandrill::notify::{EventKind, Format, Notifier, NotifierSettings, NotifyEntry};
 use mandrill::random_request;
 use mandrill::restarter::{SimulatedRestarter, Simulation};
-use mandrill::store::{MemoryStore, PostgresStore, SqliteStore, Store};
+use mandrill::store::{AnyStore, MemoryStore, PostgresStore, SqliteStore};
 use mandrill::worker::{Shutdown, Worker, WorkerConfig};
 use options::{Options, parse_options};
 use slow_save::SlowSaveStore;
@@ -126,7 +126,9 @@ async fn run(options: Options) {
         .broker
         .starts_with("pubsub://")
         .then(|| pubsub::pubsub_options(&options.broker, &options.pull, n));
-    let broker: Arc<dyn Broker> = match &broker_url {
+    // Each opened broker twice: to publish into, and typed as the worker's
+    // consumer, as the service opens it (its calls are not boxed then).
+    let (broker, consumer) = match &broker_url {
         None if pubsub.is_some() => {
             let options = pubsub.clone().expect("checked just above");
             let broker = PubSubBroker::connect(options)
@@ -138,7 +140,7 @@ async fn run(options: Options) {
                 .await
                 .expect("pubsub publish");
             publish_seconds = Some(publish_started.elapsed().as_secs_f64());
-            Arc::new(broker)
+            both(Arc::new(broker))
         }
         None if nats.is_some() => {
             let settings = nats.clone().expect("checked just above");
@@ -148,12 +150,12 @@ async fn run(options: Options) {
             let publish_started = Instant::now();
             publish_concurrently(&broker, std::mem::take(&mut payloads)).await;
             publish_seconds = Some(publish_started.elapsed().as_secs_f64());
-            Arc::new(broker)
+            both(Arc::new(broker))
         }
-        None => Arc::new(MemoryBroker::new(
+        None => both(Arc::new(MemoryBroker::new(
             Duration::from_secs(30),
             Duration::from_millis(100),
-        )),
+        ))),
         Some(url) => {
             let config = SqliteOptions {
                 url: url.clone(),
@@ -173,10 +175,11 @@ async fn run(options: Options) {
                 .await
                 .expect("sqlite publish");
             publish_seconds = Some(publish_started.elapsed().as_secs_f64());
-            Arc::new(broker)
+            both(Arc::new(broker))
         }
     };
-    let inner: Arc<dyn Store> = match &db_url {
+    // Typed, as the service opens it: the worker's calls are not boxed.
+    let inner: AnyStore = match &db_url {
         None if postgres.is_some() => {
             let url = &postgres.as_ref().expect("checked just above").url;
             Arc::new(
@@ -184,23 +187,25 @@ async fn run(options: Options) {
                     .await
                     .expect("postgres store opens"),
             )
+            .into()
         }
-        None => Arc::new(MemoryStore::with_capacity(n)),
+        None => Arc::new(MemoryStore::with_capacity(n)).into(),
         Some(url) => Arc::new(
             SqliteStore::connect(url, 4)
                 .await
                 .expect("sqlite store opens"),
-        ),
+        )
+        .into(),
     };
     // Wrapped only when the save takes time: the wrapper costs a second
     // boxed future per store call, which the service does not pay.
-    let store: Arc<dyn Store> = if options.work.is_zero() {
+    let store: AnyStore = if options.work.is_zero() {
         inner
     } else {
-        Arc::new(SlowSaveStore {
-            inner,
+        AnyStore::Other(Arc::new(SlowSaveStore {
+            inner: inner.as_dyn(),
             work: options.work,
-        })
+        }))
     };
     let restarter = Arc::new(SimulatedRestarter(Simulation {
         min_latency: options.work,
@@ -259,14 +264,8 @@ async fn run(options: Options) {
                 .expect("notifier starts")
         }
     };
-    let worker = Worker::new(
-        config,
-        broker.clone(),
-        store.clone(),
-        restarter,
-        stats.clone(),
-    )
-    .with_notifier(notifier.clone());
+    let worker = Worker::new(config, consumer, store.clone(), restarter, stats.clone())
+        .with_notifier(notifier.clone());
     let started = Instant::now();
     let worker = tokio::spawn(worker.run(shutdown.clone()));
     let publisher = tokio::spawn({
@@ -422,6 +421,12 @@ async fn slow_receiver() -> String {
 }
 
 /// `memory` → `None`; `sqlite` → a file in `dir`; `sqlite:PATH` as given.
+/// A broker as the benchmark publishes into it, and as the worker's typed
+/// consumer.
+fn both<B: Broker>(broker: Arc<B>) -> (Arc<dyn Broker>, AnyConsumer) {
+    (broker.clone(), broker.into())
+}
+
 fn sqlite_url(option: &str, dir: &std::path::Path) -> Option<String> {
     match option {
         "memory" => None,

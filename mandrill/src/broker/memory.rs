@@ -215,6 +215,37 @@ impl Consumer for MemoryBroker {
     }
 
     async fn pull(&self, max: usize) -> Result<Vec<Delivery>, BrokerError> {
+        MemoryBroker::pull(self, max).await
+    }
+
+    async fn ack(&self, tag: &DeliveryTag) -> Result<(), BrokerError> {
+        MemoryBroker::ack(self, tag).await
+    }
+
+    async fn nack(&self, tag: &DeliveryTag, delay: Duration) -> Result<(), BrokerError> {
+        MemoryBroker::nack(self, tag, delay).await
+    }
+
+    async fn extend(&self, tag: &DeliveryTag) -> Result<(), BrokerError> {
+        MemoryBroker::extend(self, tag).await
+    }
+
+    async fn dead_letter(&self, tag: &DeliveryTag, reason: &str) -> Result<(), BrokerError> {
+        MemoryBroker::dead_letter(self, tag, reason).await
+    }
+
+    async fn backlog(&self) -> Result<Option<u64>, BrokerError> {
+        let depth = self.depth();
+        Ok(Some((depth.ready + depth.delayed + depth.leased) as u64))
+    }
+}
+
+/// The consumer's calls, as inherent `async fn`s; the `Consumer` impl
+/// delegates to them.
+impl MemoryBroker {
+    /// As [`Consumer::pull`], unboxed: the worker calls these through
+    /// [`super::AnyConsumer`] without boxing a future.
+    pub async fn pull(&self, max: usize) -> Result<Vec<Delivery>, BrokerError> {
         let give_up_at = Instant::now() + self.poll_wait;
         loop {
             // Armed before looking at the state, so that a publish between the
@@ -242,11 +273,13 @@ impl Consumer for MemoryBroker {
         }
     }
 
-    async fn ack(&self, tag: &DeliveryTag) -> Result<(), BrokerError> {
+    /// As [`Consumer::ack`], unboxed.
+    pub async fn ack(&self, tag: &DeliveryTag) -> Result<(), BrokerError> {
         self.settle(tag).map(drop)
     }
 
-    async fn nack(&self, tag: &DeliveryTag, delay: Duration) -> Result<(), BrokerError> {
+    /// As [`Consumer::nack`], unboxed.
+    pub async fn nack(&self, tag: &DeliveryTag, delay: Duration) -> Result<(), BrokerError> {
         let message = self.settle(tag)?;
         {
             let mut state = self.lock();
@@ -263,7 +296,8 @@ impl Consumer for MemoryBroker {
         Ok(())
     }
 
-    async fn extend(&self, tag: &DeliveryTag) -> Result<(), BrokerError> {
+    /// As [`Consumer::extend`], unboxed.
+    pub async fn extend(&self, tag: &DeliveryTag) -> Result<(), BrokerError> {
         let deadline = Instant::now() + self.ack_deadline;
         let mut state = self.lock();
         let number = tag
@@ -278,7 +312,8 @@ impl Consumer for MemoryBroker {
         Ok(())
     }
 
-    async fn dead_letter(&self, tag: &DeliveryTag, reason: &str) -> Result<(), BrokerError> {
+    /// As [`Consumer::dead_letter`], unboxed.
+    pub async fn dead_letter(&self, tag: &DeliveryTag, reason: &str) -> Result<(), BrokerError> {
         let message = self.settle(tag)?;
         self.lock().dead.push(DeadLetter {
             payload: message.payload,
@@ -287,11 +322,6 @@ impl Consumer for MemoryBroker {
             reason: bounded_reason(reason).into_owned(),
         });
         Ok(())
-    }
-
-    async fn backlog(&self) -> Result<Option<u64>, BrokerError> {
-        let depth = self.depth();
-        Ok(Some((depth.ready + depth.delayed + depth.leased) as u64))
     }
 }
 

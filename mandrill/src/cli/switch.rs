@@ -178,5 +178,5 @@ pub(super) async fn open(
             "store.url is memory: the kill switch lives in a shared store (sqlite:PATH or postgres://…)"
         );
     }
-    service::open_store(&config.store).await
+    Ok(service::open_store(&config.store).await?.as_dyn())
 }

@@ -9,7 +9,8 @@ use crate::broker::nats::{NatsBroker, NatsOptions, NatsPublisher};
 use crate::broker::pubsub::{PubSubBroker, PubSubOptions, PubSubPublisher};
 use crate::broker::sqlite::SqliteOptions;
 use crate::broker::{
-    Broker, BrokerUrl, BrokerUrlError, DeadLetterAdmin, MemoryBroker, Publisher, SqliteBroker,
+    AnyConsumer, Broker, BrokerUrl, BrokerUrlError, DeadLetterAdmin, MemoryBroker, Publisher,
+    SqliteBroker,
 };
 use crate::config::{
     BrokerSettings, Config, RestarterKind, RestarterSettings, StoreSettings, redact_url,
@@ -19,25 +20,27 @@ use crate::restarter::{
     Blocking, CommandRestarter, HttpRestarter, Journaled, Restarter, SimulatedBlockingRestarter,
     SimulatedRestarter, Simulation, SshRestarter, Verified,
 };
-use crate::store::{MemoryStore, PostgresStore, SqliteStore, Store};
+use crate::store::{AnyStore, MemoryStore, PostgresStore, SqliteStore};
 
 /// Opens the store `store.url` names, creating and migrating it if needed.
-pub async fn open_store(config: &StoreSettings) -> anyhow::Result<Arc<dyn Store>> {
+/// Typed, so that the worker calls it without boxing; [`AnyStore::as_dyn`]
+/// for everyone else.
+pub async fn open_store(config: &StoreSettings) -> anyhow::Result<AnyStore> {
     let url = config.url.as_str();
     if url == "memory" {
-        return Ok(Arc::new(MemoryStore::new()));
+        return Ok(Arc::new(MemoryStore::new()).into());
     }
     if url.starts_with("sqlite:") {
         let store = SqliteStore::connect(url, config.max_connections)
             .await
             .with_context(|| format!("cannot open store.url {:?}", redact_url(url)))?;
-        return Ok(Arc::new(store));
+        return Ok(Arc::new(store).into());
     }
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         let store = PostgresStore::connect_with(url, config.max_connections, config.writers)
             .await
             .with_context(|| format!("cannot open store.url {:?}", redact_url(url)))?;
-        return Ok(Arc::new(store));
+        return Ok(Arc::new(store).into());
     }
     bail!(
         "store.url {:?} is not supported: use sqlite:PATH, postgres://… or memory",
@@ -70,17 +73,17 @@ pub async fn open_sqlite_broker(config: &BrokerSettings) -> anyhow::Result<Sqlit
         .with_context(|| format!("cannot open broker.url {:?}", redact_url(url)))
 }
 
-/// The broker `broker.url` names, opened to consume (and publish into),
-/// and the in-memory one if that is it.
-pub async fn open_broker(
-    config: &Config,
-) -> anyhow::Result<(Arc<dyn Broker>, Option<Arc<MemoryBroker>>)> {
+/// The broker `broker.url` names, opened to consume (and publish into):
+/// the one connection twice, as a broker (to publish into, to ask its
+/// backlog) and as the worker's consumer, typed so that the worker calls it
+/// without boxing ([`AnyConsumer::Memory`] if it is the in-memory one).
+pub async fn open_broker(config: &Config) -> anyhow::Result<(Arc<dyn Broker>, AnyConsumer)> {
     let broker = &config.broker;
     let cannot_open = || format!("cannot open broker.url {:?}", redact_url(&broker.url));
     match broker_url(config)? {
         BrokerUrl::Memory => {
             let memory = Arc::new(MemoryBroker::new(broker.ack_deadline, broker.poll_wait));
-            Ok((memory.clone(), Some(memory)))
+            Ok((memory.clone(), memory.into()))
         }
         BrokerUrl::Sqlite { .. } => {
             // A consumer reads at most the acceptable payload size plus one
@@ -92,13 +95,15 @@ pub async fn open_broker(
             )
             .await
             .with_context(cannot_open)?;
-            Ok((Arc::new(sqlite), None))
+            let sqlite = Arc::new(sqlite);
+            Ok((sqlite.clone(), sqlite.into()))
         }
         BrokerUrl::Nats { url, tls } => {
             let nats = NatsBroker::connect(nats_options(config, url, tls))
                 .await
                 .with_context(cannot_open)?;
-            Ok((Arc::new(nats), None))
+            let nats = Arc::new(nats);
+            Ok((nats.clone(), nats.into()))
         }
         BrokerUrl::PubSub {
             project,
@@ -107,7 +112,8 @@ pub async fn open_broker(
             let pubsub = PubSubBroker::connect(pubsub_options(config, project, subscription))
                 .await
                 .with_context(cannot_open)?;
-            Ok((Arc::new(pubsub), None))
+            let pubsub = Arc::new(pubsub);
+            Ok((pubsub.clone(), pubsub.into()))
         }
     }
 }

@@ -19,13 +19,13 @@ use tokio_util::task::TaskTracker;
 use tracing::{error, info, warn};
 
 use crate::admin::Admin;
-use crate::broker::{Broker, MemoryBroker};
+use crate::broker::{AnyConsumer, Broker, MemoryBroker};
 use crate::config::{Config, redact_url};
 use crate::notify::Notifier;
 use crate::safety::PolicyHandle;
 use crate::safety::pause_file::PauseFile;
 use crate::stats::{Stats, StatsSnapshot};
-use crate::store::Store;
+use crate::store::AnyStore;
 use crate::worker::{FlowControl, Shutdown, Worker};
 use crate::{demo, diagnostics};
 
@@ -98,7 +98,7 @@ pub struct Service {
     config: Config,
     broker: Arc<dyn Broker>,
     memory_broker: Option<Arc<MemoryBroker>>,
-    store: Arc<dyn Store>,
+    store: AnyStore,
     worker: Worker,
     stats: Arc<Stats>,
     simulate_rate: Arc<watch::Sender<f64>>,
@@ -117,7 +117,11 @@ impl Service {
     pub async fn build(config: Config) -> anyhow::Result<Self> {
         // First, so that a port in use fails start-up before anything opens.
         let admin = Admin::bind(&config.admin).await?;
-        let (broker, memory_broker) = open_broker(&config).await?;
+        let (broker, consumer) = open_broker(&config).await?;
+        let memory_broker = match &consumer {
+            AnyConsumer::Memory(memory) => Some(memory.clone()),
+            AnyConsumer::Sqlite(_) | AnyConsumer::Other(_) => None,
+        };
         let store = open_store(&config.store).await?;
         let restarter = build_restarter(&config)?;
         let pause_file = match &config.safety.pause_file {
@@ -132,7 +136,7 @@ impl Service {
         let notifier = Notifier::start(&config.notify, &config.notifier, stats.clone())?;
         let worker = Worker::new(
             config.worker_config(),
-            broker.clone(),
+            consumer,
             store.clone(),
             restarter,
             stats.clone(),
@@ -196,7 +200,7 @@ impl Service {
             companions.spawn(admin.serve(
                 self.stats.clone(),
                 self.broker.clone(),
-                self.store.clone(),
+                self.store.as_dyn(),
                 shutdown.clone(),
                 self.worker.policy(),
                 self.notifier.clone(),
@@ -221,11 +225,11 @@ impl Service {
             ));
         }
         if let Some(mut pause_file) = self.pause_file.take() {
-            if let Err(error) = pause_file.apply(&*self.store).await {
+            if let Err(error) = pause_file.apply(&*self.store.as_dyn()).await {
                 error!(%error, "could not apply the pause file at start-up; will try again");
             }
             companions.spawn(pause_file.run(
-                self.store.clone(),
+                self.store.as_dyn(),
                 self.config.safety.poll_interval,
                 stop_companions.clone(),
             ));
@@ -243,7 +247,7 @@ impl Service {
         }
         if !self.config.store.retention.is_zero() {
             companions.spawn(prune_history(
-                self.store.clone(),
+                self.store.as_dyn(),
                 self.config.store.retention,
                 Duration::from_secs(60),
                 stop_companions.clone(),

@@ -1,6 +1,6 @@
 use super::*;
 use crate::domain::{Domain, Outcome, ParseRules, RestartRequest};
-use crate::store::SqliteStore;
+use crate::store::{SqliteStore, Store};
 
 fn request() -> RestartRequest {
     let payload = format!(

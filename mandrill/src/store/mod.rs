@@ -7,11 +7,12 @@
 //! This file holds the trait; the rest is one file a concern: `error.rs`
 //! (errors and their classification), `claim.rs` (the claim rule every
 //! store applies), `history.rs` (what a store tells about the past),
-//! `sql.rs` (the statements the SQL stores share), `reads.rs` (the reads
+//! `any.rs` (the worker's statically dispatched store), `sql.rs` (the statements the SQL stores share), `reads.rs` (the reads
 //! they share), `lookup.rs` (lookups answered in groups), `story.rs` (a
 //! story in words), `contract.rs` (what every store is tested for), and one
 //! module per store. The paths other modules use are re-exported here.
 
+mod any;
 mod claim;
 #[cfg(test)]
 pub(crate) mod contract;
@@ -30,6 +31,7 @@ use uuid::Uuid;
 
 use crate::domain::{Outcome, RestartRequest, Status};
 
+pub use any::AnyStore;
 pub use claim::{Claim, ClaimTerms, Decision, Switch, unknown_outcome};
 pub(crate) use claim::{
     ClaimState, ClaimWrite, claim_decision, decide_claim, switch_from, usage_binds, usage_from,

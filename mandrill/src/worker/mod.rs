@@ -30,13 +30,13 @@ use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
 use crate::backoff::Backoff;
-use crate::broker::Consumer;
+use crate::broker::AnyConsumer;
 use crate::domain::ParseRules;
 use crate::notify::Notifier;
 use crate::restarter::Restarter;
 use crate::safety::PolicyHandle;
 use crate::stats::Stats;
-use crate::store::{ClaimTerms, Store};
+use crate::store::{AnyStore, ClaimTerms};
 use shared::{Abort, Shared, StoreHealth};
 
 pub use flow::FlowControl;
@@ -145,14 +145,17 @@ pub struct Worker {
 }
 
 impl Worker {
-    /// A worker over these adapters.
+    /// A worker over these adapters. Pass this crate's adapters as
+    /// themselves (`Arc<MemoryBroker>`, `Arc<SqliteStore>`, …), not as trait
+    /// objects: the worker then calls them without boxing a future per call.
     pub fn new(
         config: WorkerConfig,
-        broker: Arc<dyn Consumer>,
-        store: Arc<dyn Store>,
+        broker: impl Into<AnyConsumer>,
+        store: impl Into<AnyStore>,
         restarter: Arc<dyn Restarter>,
         stats: Arc<Stats>,
     ) -> Self {
+        let (broker, store) = (broker.into(), store.into());
         let lease = broker.lease();
         // Without a lease a delivery is ours until settled: it never runs
         // short, which a day stands for (bounded, so that instants computed

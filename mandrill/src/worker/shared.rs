@@ -14,17 +14,18 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 use tracing::{error, info, warn};
 
 use super::{FlowControl, WorkerConfig};
-use crate::broker::Consumer;
+use crate::broker::AnyConsumer;
 use crate::domain::RestartRequest;
 use crate::notify::{Event, EventKind, Notifier};
 use crate::restarter::Restarter;
 use crate::stats::Stats;
-use crate::store::{ClaimTerms, Store};
+use crate::store::{AnyStore, ClaimTerms};
 
 /// Everything a handler needs, shared by all of them.
 pub(crate) struct Shared {
-    pub broker: Arc<dyn Consumer>,
-    pub store: Arc<dyn Store>,
+    /// Enums, not trait objects: the calls on every message are not boxed.
+    pub broker: AnyConsumer,
+    pub store: AnyStore,
     pub restarter: Arc<dyn Restarter>,
     pub config: WorkerConfig,
     pub stats: Arc<Stats>,

@@ -14,11 +14,13 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use super::*;
-use crate::broker::{BrokerError, Close, Delivery, DeliveryTag, MemoryBroker, Publisher};
+use crate::broker::{BrokerError, Close, Consumer, Delivery, DeliveryTag, MemoryBroker, Publisher};
 use crate::domain::{Domain, Outcome, RestartRequest, Restarted, Status};
 use crate::restarter::{Reservation, Reserving, RestartError};
 use crate::safety::{Eligibility, Policy, PolicyHandle};
-use crate::store::{Claim, ClaimTerms, HistoryEntry, MemoryStore, Recorded, StoreError, Timestamp};
+use crate::store::{
+    Claim, ClaimTerms, HistoryEntry, MemoryStore, Recorded, Store, StoreError, Timestamp,
+};
 
 const ACK_DEADLINE: Duration = Duration::from_secs(10);
 

@@ -18,7 +18,7 @@ use crate::backoff::Backoff;
 use crate::domain::{Domain, ParseRules, RestartRequest, Restarted, Status};
 use crate::restarter::{Reservation, RestartError, Restarter};
 use crate::stats::Stats;
-use crate::store::{MemoryStore, Store};
+use crate::store::MemoryStore;
 use crate::worker::{Shutdown, Worker, WorkerConfig};
 
 pub(crate) fn server_url() -> String {

@@ -214,13 +214,12 @@ impl Publisher for SqliteBroker {
     }
 }
 
-#[async_trait]
-impl Consumer for SqliteBroker {
-    fn lease(&self) -> Option<Duration> {
-        Some(self.ack_deadline)
-    }
-
-    async fn pull(&self, max: usize) -> Result<Vec<Delivery>, BrokerError> {
+/// The calls on every message, as inherent `async fn`s: the worker
+/// calls them without boxing a future, and the trait impl delegates to
+/// them.
+impl SqliteBroker {
+    /// As [`Consumer::pull`], unboxed.
+    pub async fn pull(&self, max: usize) -> Result<Vec<Delivery>, BrokerError> {
         if max == 0 {
             return Ok(Vec::new());
         }
@@ -270,21 +269,52 @@ impl Consumer for SqliteBroker {
         }
     }
 
-    async fn ack(&self, tag: &DeliveryTag) -> Result<(), BrokerError> {
+    /// As [`Consumer::ack`], unboxed.
+    pub async fn ack(&self, tag: &DeliveryTag) -> Result<(), BrokerError> {
         self.settle(tag, Action::Ack).await
     }
 
-    async fn nack(&self, tag: &DeliveryTag, delay: Duration) -> Result<(), BrokerError> {
+    /// As [`Consumer::nack`], unboxed.
+    pub async fn nack(&self, tag: &DeliveryTag, delay: Duration) -> Result<(), BrokerError> {
         self.settle(tag, Action::Nack(delay)).await
     }
 
-    async fn extend(&self, tag: &DeliveryTag) -> Result<(), BrokerError> {
+    /// As [`Consumer::extend`], unboxed.
+    pub async fn extend(&self, tag: &DeliveryTag) -> Result<(), BrokerError> {
         self.settle(tag, Action::Extend).await
     }
 
-    async fn dead_letter(&self, tag: &DeliveryTag, reason: &str) -> Result<(), BrokerError> {
+    /// As [`Consumer::dead_letter`], unboxed.
+    pub async fn dead_letter(&self, tag: &DeliveryTag, reason: &str) -> Result<(), BrokerError> {
         self.settle(tag, Action::DeadLetter(reason.to_owned()))
             .await
+    }
+}
+
+#[async_trait]
+impl Consumer for SqliteBroker {
+    fn lease(&self) -> Option<Duration> {
+        Some(self.ack_deadline)
+    }
+
+    async fn pull(&self, max: usize) -> Result<Vec<Delivery>, BrokerError> {
+        SqliteBroker::pull(self, max).await
+    }
+
+    async fn ack(&self, tag: &DeliveryTag) -> Result<(), BrokerError> {
+        SqliteBroker::ack(self, tag).await
+    }
+
+    async fn nack(&self, tag: &DeliveryTag, delay: Duration) -> Result<(), BrokerError> {
+        SqliteBroker::nack(self, tag, delay).await
+    }
+
+    async fn extend(&self, tag: &DeliveryTag) -> Result<(), BrokerError> {
+        SqliteBroker::extend(self, tag).await
+    }
+
+    async fn dead_letter(&self, tag: &DeliveryTag, reason: &str) -> Result<(), BrokerError> {
+        SqliteBroker::dead_letter(self, tag, reason).await
     }
 
     fn joint_ack(&self, tag: &DeliveryTag) -> Option<JointAck> {

@@ -25,12 +25,43 @@ pub(super) struct Journal {
 /// One claimed attempt.
 #[derive(Debug)]
 pub(super) struct JournalRow {
-    pub(super) instance: Box<str>,
-    pub(super) group: Box<str>,
+    /// The instance's name, then the group's, in one allocation: a claim
+    /// makes one of these per message.
+    names: Box<str>,
+    /// Where the group's name starts in `names`.
+    group_at: u32,
     pub(super) claimed_at: i64,
     pub(super) verdict: String,
     pub(super) outcome: Option<Status>,
     pub(super) settled_at: Option<i64>,
+}
+
+impl JournalRow {
+    /// An attempt claimed at `now`, its outcome not yet in.
+    pub(super) fn claimed(instance: &str, group: &str, now: i64, verdict: String) -> Self {
+        let mut names = String::with_capacity(instance.len() + group.len());
+        names.push_str(instance);
+        names.push_str(group);
+        Self {
+            names: names.into_boxed_str(),
+            // A hostname label is at most 63 bytes.
+            group_at: u32::try_from(instance.len()).unwrap_or(u32::MAX),
+            claimed_at: now,
+            verdict,
+            outcome: None,
+            settled_at: None,
+        }
+    }
+
+    /// The instance restarted.
+    pub(super) fn instance(&self) -> &str {
+        &self.names[..self.group_at as usize]
+    }
+
+    /// The instance's group.
+    pub(super) fn group(&self) -> &str {
+        &self.names[self.group_at as usize..]
+    }
 }
 
 /// Whether an attempt that ended so issued a restart (or may have): the
@@ -63,7 +94,7 @@ impl Journal {
         let mut usage = Usage::default();
         let mut latest: HashMap<&str, &JournalRow> = HashMap::new();
         for row in self.restarts.values() {
-            let newest = latest.entry(&row.instance).or_insert(row);
+            let newest = latest.entry(row.instance()).or_insert(row);
             if row.claimed_at > newest.claimed_at {
                 *newest = row;
             }
@@ -77,7 +108,7 @@ impl Journal {
                         .global_oldest
                         .map_or(row.claimed_at, |o: i64| o.min(row.claimed_at)),
                 );
-                if &*row.group == group {
+                if row.group() == group {
                     usage.group_claims += 1;
                     usage.group_oldest = Some(
                         usage
@@ -86,15 +117,15 @@ impl Journal {
                     );
                 }
             }
-            if &*row.instance == instance && row.claimed_at <= now {
+            if row.instance() == instance && row.claimed_at <= now {
                 usage.host_last = usage.host_last.max(Some(row.claimed_at));
             }
         }
         usage.disrupted = latest
             .values()
             .filter(|row| {
-                &*row.group == group
-                    && &*row.instance != instance
+                row.group() == group
+                    && row.instance() != instance
                     && row.claimed_at > memory_start
                     && is_disrupting(row.outcome)
             })
@@ -142,9 +173,9 @@ impl Journal {
         let mut latest: HashMap<&str, &JournalRow> = HashMap::new();
         for row in self.restarts.values() {
             if row.claimed_at > window_start.as_millis() && issued(row.outcome) {
-                *restarts.entry(row.group.to_string()).or_default() += 1;
+                *restarts.entry(row.group().to_owned()).or_default() += 1;
             }
-            let newest = latest.entry(&row.instance).or_insert(row);
+            let newest = latest.entry(row.instance()).or_insert(row);
             if row.claimed_at > newest.claimed_at {
                 *newest = row;
             }
@@ -152,7 +183,7 @@ impl Journal {
         let mut disrupted: HashMap<String, i64> = HashMap::new();
         for row in latest.values() {
             if row.claimed_at > memory_start.as_millis() && is_disrupting(row.outcome) {
-                *disrupted.entry(row.group.to_string()).or_default() += 1;
+                *disrupted.entry(row.group().to_owned()).or_default() += 1;
             }
         }
         group_usage_from(
@@ -169,7 +200,7 @@ impl Journal {
             .filter(|((id, _), _)| *id == message_id)
             .map(|((_, attempt), row)| AttemptRecord {
                 attempt: *attempt,
-                group: row.group.to_string(),
+                group: row.group().to_owned(),
                 claimed_at: Timestamp::from_millis(row.claimed_at),
                 verdict: row.verdict.clone(),
                 outcome: row.outcome,

@@ -7,23 +7,24 @@
 //! Maps hash with foldhash, not SipHash: they are hit on every message, and
 //! their keys are random ids (issue 14).
 
+mod hot;
 mod journal;
 mod row;
 
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use async_trait::async_trait;
 use foldhash::{HashMap, HashMapExt};
 use uuid::Uuid;
 
-use self::journal::{Journal, JournalRow};
-use self::row::{Clock, Extra, Row};
+use self::journal::Journal;
+use self::row::{Clock, Row};
 use super::{
-    Claim, ClaimState, ClaimTerms, Decision, GroupUsage, HistoryEntry, Recorded, Store, StoreError,
-    Story, Switch, Timestamp, claim_decision, decide_claim,
+    Claim, ClaimTerms, Decision, GroupUsage, HistoryEntry, Recorded, Store, StoreError, Story,
+    Switch, Timestamp,
 };
 use crate::domain::{Outcome, RestartRequest, Status};
-use crate::safety::limits::Usage;
 
 /// Independent shards, so that handlers on different threads rarely wait
 /// for each other.
@@ -42,6 +43,9 @@ pub struct MemoryStore {
     clock: Clock,
     /// The kill switch.
     switch: Mutex<Switch>,
+    /// `switch.paused`, written under its lock: a claim reads this flag and
+    /// locks (and clones) the switch only when it is set.
+    paused: AtomicBool,
     /// The restart journal and the decisions. Locked after a shard, never
     /// before: a claim holds both while the counting guards decide.
     journal: Mutex<Journal>,
@@ -62,6 +66,7 @@ impl MemoryStore {
             rejected: Mutex::default(),
             clock: Clock::default(),
             switch: Mutex::default(),
+            paused: AtomicBool::new(false),
             journal: Mutex::new(Journal::with_capacity(requests)),
         }
     }
@@ -95,10 +100,7 @@ impl MemoryStore {
 #[async_trait]
 impl Store for MemoryStore {
     async fn lookup(&self, message_id: Uuid) -> Result<Option<Status>, StoreError> {
-        Ok(self
-            .shard(&message_id)
-            .get(&message_id)
-            .map(|row| row.status))
+        MemoryStore::lookup(self, message_id).await
     }
 
     async fn claim_restart(
@@ -106,47 +108,7 @@ impl Store for MemoryStore {
         request: &RestartRequest,
         terms: ClaimTerms,
     ) -> Result<Claim, StoreError> {
-        let now = self.clock.now();
-        let switch = self.switch.lock().expect("memory store poisoned").clone();
-        let mut shard = self.shard(&request.message_id);
-        let row = shard
-            .entry(request.message_id)
-            .or_insert_with(|| Row::new(Some(request.hostname.as_str()), Status::Received, now));
-        let state = ClaimState {
-            status: row.status,
-            attempts: row.attempts,
-            claim_until: row.claim_until,
-        };
-        let mut journal = self.journal();
-        let usage = if terms.limits.is_active() {
-            journal.usage(request, &terms, now)
-        } else {
-            Usage::default()
-        };
-        let (claim, write) = decide_claim(request, Some(state), &switch, now, terms, &usage);
-        if let Some(write) = write {
-            row.status = Status::Received;
-            row.attempts = write.attempts;
-            row.claim_until = Some(write.claim_until);
-            if let Some(error) = write.last_error {
-                row.last_error = Some(error.into());
-            }
-            row.updated_at = now;
-            journal.restarts.insert(
-                (request.message_id, write.attempts),
-                JournalRow {
-                    instance: request.instance_name.as_str().into(),
-                    group: request.group().into(),
-                    claimed_at: now,
-                    verdict: write.verdict,
-                    outcome: None,
-                    settled_at: None,
-                },
-            );
-        } else if let Some(decision) = claim_decision(&claim) {
-            journal.decide(request.message_id, 0, decision, now);
-        }
-        Ok(claim)
+        MemoryStore::claim_restart(self, request, terms).await
     }
 
     async fn release_claim(
@@ -154,27 +116,7 @@ impl Store for MemoryStore {
         request: &RestartRequest,
         attempt: u32,
     ) -> Result<(), StoreError> {
-        let now = self.clock.now();
-        let mut shard = self.shard(&request.message_id);
-        if let Some(row) = shard.get_mut(&request.message_id)
-            && !row.status.is_final()
-            && row.attempts == attempt
-            && attempt > 0
-            && row.claim_until.is_some()
-        {
-            row.attempts -= 1;
-            row.claim_until = None;
-            row.updated_at = now;
-            let mut journal = self.journal();
-            if journal
-                .restarts
-                .get(&(request.message_id, attempt))
-                .is_some_and(|row| row.outcome.is_none())
-            {
-                journal.restarts.remove(&(request.message_id, attempt));
-            }
-        }
-        Ok(())
+        MemoryStore::release_claim(self, request, attempt).await
     }
 
     async fn record_outcome(
@@ -183,44 +125,7 @@ impl Store for MemoryStore {
         attempt: u32,
         outcome: &Outcome,
     ) -> Result<Recorded, StoreError> {
-        let now = self.clock.now();
-        let mut shard = self.shard(&request.message_id);
-        let row = shard
-            .entry(request.message_id)
-            .or_insert_with(|| Row::new(Some(request.hostname.as_str()), Status::Received, now));
-        if row.status.is_final() {
-            return Ok(Recorded::AlreadyFinal(row.status));
-        }
-        row.status = outcome.status();
-        if attempt >= row.attempts {
-            row.claim_until = None;
-        }
-        row.attempts = row.attempts.max(attempt);
-        row.last_error = outcome.error().map(Box::from);
-        let has_extra = request.requested_by.is_some()
-            || request.reason.is_some()
-            || outcome.output().is_some()
-            || outcome.recovered_after().is_some();
-        if has_extra {
-            row.extra = Some(Box::new(Extra {
-                requested_by: request.requested_by.clone(),
-                reason: request.reason.clone(),
-                output: outcome.output().map(str::to_owned),
-                recovered_after: outcome.recovered_after(),
-            }));
-        }
-        row.updated_at = now;
-        row.completed_at = outcome.status().is_final().then_some(now);
-        if let Some(attempt) = self
-            .journal()
-            .restarts
-            .get_mut(&(request.message_id, attempt))
-            .filter(|attempt| attempt.outcome.is_none())
-        {
-            attempt.outcome = Some(outcome.status());
-            attempt.settled_at = Some(now);
-        }
-        Ok(Recorded::Recorded)
+        MemoryStore::record_outcome(self, request, attempt, outcome).await
     }
 
     async fn record_rejection(
@@ -311,7 +216,11 @@ impl Store for MemoryStore {
     }
 
     async fn set_switch(&self, paused: bool, by: &str, reason: &str) -> Result<(), StoreError> {
-        *self.switch.lock().expect("memory store poisoned") = Switch {
+        let mut switch = self.switch.lock().expect("memory store poisoned");
+        // Before the lock is released, so that once this returns every claim
+        // sees it.
+        self.paused.store(paused, Ordering::Release);
+        *switch = Switch {
             paused,
             by: Some(by.to_owned()),
             reason: Some(reason.to_owned()),

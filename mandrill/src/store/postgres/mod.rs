@@ -163,9 +163,12 @@ fn attempts(attempt: u32) -> i32 {
     i32::try_from(attempt).unwrap_or(i32::MAX)
 }
 
-#[async_trait]
-impl Store for PostgresStore {
-    async fn lookup(&self, message_id: Uuid) -> Result<Option<Status>, StoreError> {
+/// The calls on every message, as inherent `async fn`s: the worker
+/// calls them without boxing a future, and the trait impl delegates to
+/// them.
+impl PostgresStore {
+    /// As [`Store::lookup`], unboxed.
+    pub async fn lookup(&self, message_id: Uuid) -> Result<Option<Status>, StoreError> {
         let (reply, answer) = oneshot::channel();
         self.lookups
             .send((message_id, reply))
@@ -174,7 +177,8 @@ impl Store for PostgresStore {
         answer.await.map_err(|_| StoreError::Closed)?
     }
 
-    async fn claim_restart(
+    /// As [`Store::claim_restart`], unboxed.
+    pub async fn claim_restart(
         &self,
         request: &RestartRequest,
         terms: ClaimTerms,
@@ -191,12 +195,53 @@ impl Store for PostgresStore {
         .await
     }
 
-    async fn release_claim(
+    /// As [`Store::release_claim`], unboxed.
+    pub async fn release_claim(
         &self,
         request: &RestartRequest,
         attempt: u32,
     ) -> Result<(), StoreError> {
         self.release(request, attempt).await
+    }
+
+    /// As [`Store::record_outcome`], unboxed.
+    pub async fn record_outcome(
+        &self,
+        request: &RestartRequest,
+        attempt: u32,
+        outcome: &Outcome,
+    ) -> Result<Recorded, StoreError> {
+        let (request, outcome) = (request.clone(), outcome.clone());
+        self.call(|reply| writer::Write::Outcome {
+            request,
+            attempt,
+            outcome,
+            reply,
+        })
+        .await
+    }
+}
+
+#[async_trait]
+impl Store for PostgresStore {
+    async fn lookup(&self, message_id: Uuid) -> Result<Option<Status>, StoreError> {
+        PostgresStore::lookup(self, message_id).await
+    }
+
+    async fn claim_restart(
+        &self,
+        request: &RestartRequest,
+        terms: ClaimTerms,
+    ) -> Result<Claim, StoreError> {
+        PostgresStore::claim_restart(self, request, terms).await
+    }
+
+    async fn release_claim(
+        &self,
+        request: &RestartRequest,
+        attempt: u32,
+    ) -> Result<(), StoreError> {
+        PostgresStore::release_claim(self, request, attempt).await
     }
 
     async fn record_decision(
@@ -230,14 +275,7 @@ impl Store for PostgresStore {
         attempt: u32,
         outcome: &Outcome,
     ) -> Result<Recorded, StoreError> {
-        let (request, outcome) = (request.clone(), outcome.clone());
-        self.call(|reply| writer::Write::Outcome {
-            request,
-            attempt,
-            outcome,
-            reply,
-        })
-        .await
+        PostgresStore::record_outcome(self, request, attempt, outcome).await
     }
 
     async fn record_rejection(

@@ -196,9 +196,12 @@ impl SqliteStore {
     }
 }
 
-#[async_trait]
-impl Store for SqliteStore {
-    async fn lookup(&self, message_id: Uuid) -> Result<Option<Status>, StoreError> {
+/// The calls on every message, as inherent `async fn`s: the worker
+/// calls them without boxing a future, and the trait impl delegates to
+/// them.
+impl SqliteStore {
+    /// As [`Store::lookup`], unboxed.
+    pub async fn lookup(&self, message_id: Uuid) -> Result<Option<Status>, StoreError> {
         let (reply, answer) = oneshot::channel();
         self.lookups
             .send((message_id, reply))
@@ -207,7 +210,8 @@ impl Store for SqliteStore {
         answer.await.map_err(|_| StoreError::Closed)?
     }
 
-    async fn claim_restart(
+    /// As [`Store::claim_restart`], unboxed.
+    pub async fn claim_restart(
         &self,
         request: &RestartRequest,
         terms: ClaimTerms,
@@ -221,7 +225,8 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn record_outcome(
+    /// As [`Store::record_outcome`], unboxed.
+    pub async fn record_outcome(
         &self,
         request: &RestartRequest,
         attempt: u32,
@@ -230,7 +235,8 @@ impl Store for SqliteStore {
         Ok(self.outcome(request, attempt, outcome, None).await?.0)
     }
 
-    async fn record_outcome_acking(
+    /// As [`Store::record_outcome_acking`], unboxed.
+    pub async fn record_outcome_acking(
         &self,
         request: &RestartRequest,
         attempt: u32,
@@ -240,7 +246,8 @@ impl Store for SqliteStore {
         self.outcome(request, attempt, outcome, ack).await
     }
 
-    async fn release_claim(
+    /// As [`Store::release_claim`], unboxed.
+    pub async fn release_claim(
         &self,
         request: &RestartRequest,
         attempt: u32,
@@ -252,6 +259,48 @@ impl Store for SqliteStore {
             reply,
         })
         .await
+    }
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn lookup(&self, message_id: Uuid) -> Result<Option<Status>, StoreError> {
+        SqliteStore::lookup(self, message_id).await
+    }
+
+    async fn claim_restart(
+        &self,
+        request: &RestartRequest,
+        terms: ClaimTerms,
+    ) -> Result<Claim, StoreError> {
+        SqliteStore::claim_restart(self, request, terms).await
+    }
+
+    async fn record_outcome(
+        &self,
+        request: &RestartRequest,
+        attempt: u32,
+        outcome: &Outcome,
+    ) -> Result<Recorded, StoreError> {
+        SqliteStore::record_outcome(self, request, attempt, outcome).await
+    }
+
+    async fn record_outcome_acking(
+        &self,
+        request: &RestartRequest,
+        attempt: u32,
+        outcome: &Outcome,
+        ack: Option<JointAck>,
+    ) -> Result<(Recorded, bool), StoreError> {
+        SqliteStore::record_outcome_acking(self, request, attempt, outcome, ack).await
+    }
+
+    async fn release_claim(
+        &self,
+        request: &RestartRequest,
+        attempt: u32,
+    ) -> Result<(), StoreError> {
+        SqliteStore::release_claim(self, request, attempt).await
     }
 
     async fn record_rejection(
