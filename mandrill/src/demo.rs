@@ -22,7 +22,9 @@ const TICK: Duration = Duration::from_millis(10);
 pub fn random_request(rng: &mut impl Rng) -> RestartRequest {
     let instance_name = random_instance_name(rng);
     RestartRequest {
-        message_id: Uuid::new_v4(),
+        // From `rng`, not `Uuid::new_v4`: that asks the kernel for every id
+        // (a `getrandom` call each), ~5% of a profile that publishes fast.
+        message_id: uuid::Builder::from_random_bytes(rng.random()).into_uuid(),
         hostname: Hostname::new(&instance_name, &Domain::default()),
         instance_name,
         requested_by: Some("mandrill-simulate".into()),

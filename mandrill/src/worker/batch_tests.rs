@@ -110,3 +110,111 @@ async fn a_panic_escaping_a_handler_fails_its_message_not_its_batch() {
     assert_eq!(restarter.most_running.load(Ordering::Acquire), 5);
     h.stop().await.unwrap();
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_batch_extends_the_leases_of_its_deliveries_still_working_only() {
+    let gate = Arc::new(Semaphore::new(0));
+    let restarter = Arc::new(ScriptedRestarter {
+        gate: Some(gate.clone()),
+        ..Default::default()
+    });
+    let config = WorkerConfig {
+        pull_batch: 2,
+        ..config()
+    };
+    let h = start(config, Arc::new(MemoryStore::new()), restarter.clone());
+    // Published before the worker pulls: one batch of two.
+    h.publish("cattle-0001").await;
+    h.publish("cattle-0002").await;
+    wait_until("both restarts started", || {
+        restarter.running.load(Ordering::Acquire) == 2
+    })
+    .await;
+    // One finishes at once; the other works for 25 s.
+    gate.add_permits(1);
+    let stats = h.stats.clone();
+    wait_until("the first acked", || stats.acked.get() == 1).await;
+    tokio::time::sleep(Duration::from_secs(25)).await;
+    gate.add_permits(1);
+    wait_until("the second acked", || stats.acked.get() == 2).await;
+    // 25 s of work with a 10 s deadline: extended every 10/3 s, 7 times,
+    // and only the delivery still working.
+    let extended: Vec<String> = h
+        .broker
+        .timeline
+        .events()
+        .into_iter()
+        .map(|(_, event)| event)
+        .filter(|event| event.starts_with("extend"))
+        .collect();
+    assert_eq!(extended.len(), 7, "{extended:?}");
+    assert!(
+        extended.iter().all(|event| *event == extended[0]),
+        "{extended:?}"
+    );
+    // Never redelivered: no lease lapsed.
+    assert_eq!(stats.pulled.get(), 2);
+    assert_eq!(stats.leases_lost.get(), 0);
+    h.stop().await.unwrap();
+}
+
+/// Panics on leaving a `message` span after it logged "acked": a panic that
+/// escapes a handler after it settled and gave back its permit.
+#[derive(Default)]
+struct PanicsAfterTheAck {
+    acked: AtomicBool,
+}
+
+impl<S> tracing_subscriber::Layer<S> for PanicsAfterTheAck
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        struct IsAcked(bool);
+        impl tracing::field::Visit for IsAcked {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                if field.name() == "message" && format!("{value:?}") == "acked" {
+                    self.0 = true;
+                }
+            }
+        }
+        let mut acked = IsAcked(false);
+        event.record(&mut acked);
+        if acked.0 {
+            self.acked.store(true, Ordering::Release);
+        }
+    }
+
+    fn on_exit(&self, id: &tracing::Id, ctx: tracing_subscriber::layer::Context<'_, S>) {
+        let leaving_message = ctx.span(id).is_some_and(|span| span.name() == "message");
+        if leaving_message && self.acked.swap(false, Ordering::AcqRel) {
+            panic!("subscriber bug after the ack");
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_panic_escaping_a_handler_after_it_settled_counts_it_out_once() {
+    use tracing_subscriber::layer::SubscriberExt;
+    // The test's runtime is this thread: every handler logs here.
+    let _subscriber = tracing::subscriber::set_default(
+        tracing_subscriber::registry().with(PanicsAfterTheAck::default()),
+    );
+    let restarter = Arc::new(ScriptedRestarter::default());
+    let config = WorkerConfig {
+        max_in_flight: 1,
+        ..config()
+    };
+    let h = start(config, Arc::new(MemoryStore::new()), restarter);
+    h.publish("cattle-0001").await;
+    let stats = h.stats.clone();
+    wait_until("the panic caught", || stats.panics.get() == 1).await;
+    assert_eq!(stats.acked.get(), 1);
+    // Counted out once (it used to be counted out again by the batch).
+    assert_eq!(stats.in_flight.get(), 0);
+    // Its one flow-control permit came back: the next message is handled.
+    h.publish("cattle-0002").await;
+    wait_until("the next acked", || stats.acked.get() == 2).await;
+    assert_eq!(stats.in_flight.get(), 0);
+    h.stop().await.unwrap();
+}

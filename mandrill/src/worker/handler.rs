@@ -41,13 +41,14 @@ use tracing::{Instrument, error, info, info_span, warn};
 
 use super::conclude::conclude;
 use super::decisions::{dry_run_action, unclaim};
-use super::lease::{Progress, with_lease};
+use super::lease::{Leased, Progress, with_lease};
 use super::prepare::{prepare, recheck, unclaim_at_shutdown};
 use super::settle::{Settlement, rare, reject, settle};
 use super::shared::{Shared, panic_message};
 use crate::broker::Delivery;
 use crate::domain::{Outcome, RestartRequest};
 use crate::restarter::RestartError;
+use crate::safety::Policy;
 use crate::stats::DeadLetterReason;
 
 /// Spawns one task for a pulled batch: it drives each delivery's handler
@@ -72,34 +73,77 @@ async fn drive_batch(
     deliveries: Vec<Delivery>,
     mut permits: OwnedSemaphorePermit,
 ) {
+    // The batch owns its deliveries and their lease state; each handler
+    // borrows its own, and one extender keeps all their leases. One clock
+    // read for the batch: its deliveries were pulled together.
+    let pulled = Instant::now();
+    let batch: Box<[Leased]> = deliveries
+        .into_iter()
+        .map(|delivery| Leased::new(&shared, delivery, pulled))
+        .collect();
+    // The policy for the decisions before the claim, read once for the
+    // batch (each read takes a shared lock); the check after the claim
+    // reads the one in force then.
+    let policy = shared.config.policy.current();
     let mut handlers = FuturesUnordered::new();
-    for delivery in deliveries {
+    for leased in &batch {
         // The pull loop took one permit per delivery.
         let Some(permit) = permits.split(1) else {
             unreachable!("the pull loop takes one flow-control permit per delivery");
         };
-        handlers.push(message(&shared, delivery, permit));
+        handlers.push(message(&shared, &policy, leased, permit));
     }
-    while let Some(handled) = handlers.next().await {
-        if let Err(panic) = handled {
-            // Outside the handler's own guards (which turn a panic into a
-            // nack): this delivery is left to lease expiry, its permit was
-            // dropped with it, and the batch goes on.
-            // The handler counted itself in flight first thing.
-            shared.stats.panics.inc();
-            shared.stats.in_flight.dec();
-            error!(panic = %panic_message(&*panic), "handler panicked; the broker will redeliver");
+    let drained = async {
+        while let Some(handled) = handlers.next().await {
+            if let Err(panic) = handled {
+                // Outside the handler's own guards (which turn a panic into a
+                // nack): this delivery is left to lease expiry, and the batch
+                // goes on. Its in-flight count and its permit were given back
+                // by the handler's `InFlight` as the panic unwound.
+                shared.stats.panics.inc();
+                error!(panic = %panic_message(&*panic), "handler panicked; the broker will redeliver");
+            }
+        }
+    };
+    with_lease(&shared, &batch, drained).await;
+}
+
+/// One delivery counted in flight, holding its flow-control permit: both
+/// given back exactly once when it is dropped, however the handler ends
+/// (returning, or a panic unwinding through it, before or after settling).
+struct InFlight<'a> {
+    shared: &'a Shared,
+    permit: Option<OwnedSemaphorePermit>,
+}
+
+impl<'a> InFlight<'a> {
+    fn enter(shared: &'a Shared, permit: OwnedSemaphorePermit) -> Self {
+        shared.stats.in_flight.inc();
+        Self {
+            shared,
+            permit: Some(permit),
+        }
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.shared.stats.in_flight.dec();
+        if let Some(permit) = self.permit.take() {
+            self.shared.flow.release(permit);
         }
     }
 }
 
 /// One delivery's handler as its batch drives it: in its own span, with
 /// its panics caught, so that one panic fails one message, not its batch.
-pub(super) fn message(
-    shared: &Shared,
-    delivery: Delivery,
+pub(super) fn message<'a>(
+    shared: &'a Shared,
+    policy: &'a Policy,
+    leased: &'a Leased,
     permit: OwnedSemaphorePermit,
-) -> impl Future<Output = std::thread::Result<()>> + '_ {
+) -> impl Future<Output = std::thread::Result<()>> + 'a {
+    let delivery = &leased.delivery;
     let span = info_span!(
         "message",
         tag = %delivery.tag,
@@ -107,7 +151,8 @@ pub(super) fn message(
         message_id = tracing::field::Empty,
         host = tracing::field::Empty,
     );
-    AssertUnwindSafe(handle(shared, delivery, permit).instrument(span)).catch_unwind()
+    AssertUnwindSafe(handle(shared, policy, delivery, &leased.progress, permit).instrument(span))
+        .catch_unwind()
 }
 
 /// Handles one delivery and settles it.
@@ -115,32 +160,33 @@ pub(super) fn message(
 /// A plain function returning an `async move` block: an `async fn` would copy
 /// its arguments into its state a second time.
 #[allow(clippy::manual_async_fn)] // deliberate, see above
-fn handle(
-    shared: &Shared,
-    delivery: Delivery,
+fn handle<'a>(
+    shared: &'a Shared,
+    policy: &'a Policy,
+    delivery: &'a Delivery,
+    progress: &'a Progress,
     permit: OwnedSemaphorePermit,
-) -> impl Future<Output = ()> + '_ {
+) -> impl Future<Output = ()> + 'a {
     async move {
-        shared.stats.in_flight.inc();
-        // Milliseconds in a u32 (wrapping): a full `Instant` held across the
-        // awaits would grow every in-flight task by 16 bytes.
-        let started = shared.millis(Instant::now()) as u32;
+        let _in_flight = InFlight::enter(shared, permit);
         info!("pulled");
-        let progress = Progress::new(shared);
-        let settlement = match guarded(shared, &delivery, &progress).await {
+        let guarded = guarded(shared, policy, delivery, progress).await;
+        // The work is over, one way or the other: its lease is no longer
+        // extended (settling is quick, or retried on the broker's terms).
+        progress.work_done();
+        let settlement = match guarded {
             Ok(settlement) => settlement,
             Err(panic) => {
                 shared.stats.panics.inc();
                 let message = panic_message(&*panic);
                 error!(panic = %message, "handler panicked");
-                Box::pin(after_panic(shared, &delivery, &progress, message)).await
+                Box::pin(after_panic(shared, delivery, progress, message)).await
             }
         };
-        // A panic while settling must not leak the in-flight count or the
-        // flow-control permit: caught here like any other.
+        // A panic while settling is caught here like any other.
         let settled = settle(
             shared,
-            &delivery,
+            delivery,
             settlement,
             DeadLetterReason::from_u8(progress.dead_letter.load(Ordering::Relaxed)),
         );
@@ -148,11 +194,10 @@ fn handle(
             shared.stats.panics.inc();
             error!(panic = %panic_message(&*panic), "settling panicked; the broker will redeliver");
         }
-        let handled = (shared.millis(Instant::now()) as u32).wrapping_sub(started);
+        let handled = (shared.millis(Instant::now()) as u32).wrapping_sub(progress.pulled);
         let handled = Duration::from_millis(handled.into());
         shared.stats.timings.handling.observe(handled);
-        shared.stats.in_flight.dec();
-        shared.flow.release(permit);
+        // `_in_flight` is dropped here: counted out, its permit returned.
     }
 }
 
@@ -204,7 +249,8 @@ pub(super) async fn after_panic(
     }
 }
 
-/// The work of one delivery, with its lease kept and its panics caught.
+/// The work of one delivery, with its panics caught (its lease is kept by
+/// its batch: see [`with_lease`]).
 ///
 /// A plain function on purpose: the combinators' intermediate values live on
 /// this stack frame, not in the task. Built inline in an `async fn`, a value
@@ -212,20 +258,18 @@ pub(super) async fn after_panic(
 /// task would carry each layer twice.
 pub(super) fn guarded<'a>(
     shared: &'a Shared,
+    policy: &'a Policy,
     delivery: &'a Delivery,
     progress: &'a Progress,
 ) -> impl Future<Output = std::thread::Result<Settlement>> + 'a {
-    AssertUnwindSafe(with_lease(
-        shared,
-        &delivery.tag,
-        progress,
-        process(shared, delivery, progress),
-    ))
-    .catch_unwind()
+    AssertUnwindSafe(process(shared, policy, delivery, progress)).catch_unwind()
 }
 
+/// The work of one delivery: parse, prepare and claim, recheck, restart,
+/// conclude. `policy` is the batch's, for the decisions before the claim.
 pub(super) async fn process(
     shared: &Shared,
+    policy: &Policy,
     delivery: &Delivery,
     progress: &Progress,
 ) -> Settlement {
@@ -240,7 +284,6 @@ pub(super) async fn process(
                 return rare(reject(shared, delivery, progress, rejection.to_string())).await;
             }
         };
-    let policy = config.policy.current();
     policy.guards.counting.assign(&mut request);
     {
         let span = tracing::Span::current();
@@ -287,9 +330,10 @@ pub(super) async fn process(
     // Timed inside the box, for the same reason.
     let timings = &shared.stats.timings;
     let restarted = Box::pin(async {
+        // One clock read for the timer and the timing both.
         let started = Instant::now();
-        let restarted = tokio::time::timeout(
-            config.restart_timeout,
+        let restarted = tokio::time::timeout_at(
+            started + config.restart_timeout,
             shared.restarter.restart(&request, reservation),
         )
         .await;

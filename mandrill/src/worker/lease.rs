@@ -1,6 +1,7 @@
-//! The lease of one delivery, kept while its handler works: `Progress`
-//! (the lease and claim state shared by the work and the extender) and
-//! `WithLease` (the work, with the extender polled beside it).
+//! The leases of one pulled batch, kept while its handlers work: `Leased`
+//! (a delivery and its `Progress`, the lease and claim state shared by the
+//! work and the extender), `extend_batch` (one timer for the whole batch)
+//! and `WithLease` (the batch's work, with the extender polled beside it).
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -8,36 +9,64 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 
+use futures::stream::{FuturesUnordered, StreamExt};
 use tokio::time::Instant;
 use tracing::{info, warn};
 
 use super::shared::Shared;
-use crate::broker::{BrokerError, DeliveryTag};
+use crate::broker::{BrokerError, Delivery};
 use crate::stats::DeadLetterReason;
 
+/// One delivery of a pulled batch and what its handler knows of it. The
+/// batch's task owns these; each handler borrows its own, and the batch's
+/// one extender reads them all.
+#[derive(Debug)]
+pub(super) struct Leased {
+    pub(super) delivery: Delivery,
+    pub(super) progress: Progress,
+}
+
+impl Leased {
+    /// A delivery pulled at `pulled`: its lease counts from then.
+    pub(super) fn new(shared: &Shared, delivery: Delivery, pulled: Instant) -> Self {
+        Self {
+            delivery,
+            progress: Progress::new(shared, pulled),
+        }
+    }
+}
+
 /// What one handler knows of its delivery while it works: shared between the
-/// work and the lease extender (both polled by the handler's task).
+/// work and the batch's lease extender (both polled by the batch's task).
 #[derive(Debug)]
 pub(super) struct Progress {
-    /// The broker said the lease is gone.
-    lease_lost: AtomicBool,
     /// When the lease runs out unless extended, in milliseconds since the
     /// worker's epoch.
     lease_expires: AtomicU64,
+    /// When the delivery was pulled, in milliseconds since the worker's epoch
+    /// (wrapping: only the handling time is taken from it).
+    pub(super) pulled: u32,
     /// The restart attempt this delivery claimed; 0 before a claim.
     pub(super) claimed: AtomicU32,
-    /// Why a dead letter was chosen, a [`DeadLetterReason`] (in the padding
-    /// after `claimed`: no bigger a task).
+    /// Why a dead letter was chosen, a [`DeadLetterReason`].
     pub(super) dead_letter: AtomicU8,
+    /// The broker said the lease is gone.
+    lease_lost: AtomicBool,
+    /// The handler's work is still running, so its lease is still extended.
+    /// Cleared once the work ends (settling needs no more lease than the
+    /// work left it), as dropping a handler's own extender did.
+    working: AtomicBool,
 }
 
 impl Progress {
-    pub(super) fn new(shared: &Shared) -> Self {
+    pub(super) fn new(shared: &Shared, pulled: Instant) -> Self {
         Self {
-            lease_lost: AtomicBool::new(false),
-            lease_expires: AtomicU64::new(shared.millis(Instant::now() + shared.ack_deadline)),
+            lease_expires: AtomicU64::new(shared.millis(pulled + shared.ack_deadline)),
+            pulled: shared.millis(pulled) as u32,
             claimed: AtomicU32::new(0),
             dead_letter: AtomicU8::new(DeadLetterReason::Other as u8),
+            lease_lost: AtomicBool::new(false),
+            working: AtomicBool::new(true),
         }
     }
 
@@ -53,16 +82,25 @@ impl Progress {
             && shared.millis(Instant::now() + shared.lease_margin)
                 < self.lease_expires.load(Ordering::Acquire)
     }
+
+    /// The work is over: stop extending this delivery's lease.
+    pub(super) fn work_done(&self) {
+        self.working.store(false, Ordering::Release);
+    }
+
+    /// Whether the extender should extend this lease now.
+    fn wants_extension(&self) -> bool {
+        self.working.load(Ordering::Acquire) && !self.lease_lost.load(Ordering::Acquire)
+    }
 }
 
 pin_project_lite::pin_project! {
-    /// `work`, with the lease kept while it runs: polls the extender only
+    /// `work`, with the leases kept while it runs: polls the extender only
     /// while the work is pending, and drops it (stopping extension) as soon
     /// as the work completes.
     ///
     /// A struct rather than an `async fn` with `select!`: an `async fn` keeps
-    /// its argument and the pinned copy of it both in its state, which
-    /// doubled every task's memory.
+    /// its argument and the pinned copy of it both in its state.
     pub(super) struct WithLease<W, E> {
         #[pin]
         work: W,
@@ -86,42 +124,56 @@ impl<W: Future, E: Future<Output = Infallible>> Future for WithLease<W, E> {
     }
 }
 
-/// Runs `work` while extending the delivery's lease every interval.
+/// Runs `work` (the batch's handlers) while extending the lease of each of
+/// `batch`'s deliveries whose work is still running, every interval.
 pub(super) fn with_lease<'a, W: Future + 'a>(
     shared: &'a Shared,
-    tag: &'a DeliveryTag,
-    progress: &'a Progress,
+    batch: &'a [Leased],
     work: W,
 ) -> WithLease<W, impl Future<Output = Infallible> + 'a> {
     WithLease {
         work,
-        extender: extend_forever(shared, tag, progress),
+        extender: extend_batch(shared, batch),
     }
 }
 
-pub(super) async fn extend_forever(
-    shared: &Shared,
-    tag: &DeliveryTag,
-    progress: &Progress,
-) -> Infallible {
+/// One timer for a whole batch, rather than one per handler: a waiting
+/// handler holds no timer of its own (its memory, and the timer wheel's
+/// work, count once per batch). The deliveries of a batch were pulled
+/// together, so their leases run on one schedule; each is extended while
+/// its own work runs, and the extensions of one round go out together.
+pub(super) async fn extend_batch(shared: &Shared, batch: &[Leased]) -> Infallible {
     loop {
         tokio::time::sleep(shared.lease_extension_interval).await;
         // The new deadline counts from the request, not the answer.
         let expires = shared.millis(Instant::now() + shared.ack_deadline);
-        match shared.broker.extend(tag).await {
-            Ok(()) => {
-                progress.lease_expires.store(expires, Ordering::Release);
-                shared.stats.lease_extensions.inc();
-                info!("extended lease");
+        let mut extensions: FuturesUnordered<_> = batch
+            .iter()
+            .filter(|leased| leased.progress.wants_extension())
+            .map(|leased| async move { (leased, shared.broker.extend(&leased.delivery.tag).await) })
+            .collect();
+        while let Some((leased, extended)) = extensions.next().await {
+            let progress = &leased.progress;
+            if !progress.working.load(Ordering::Acquire) {
+                // Finished while its extension was on its way (and perhaps
+                // settled already): the answer no longer matters.
+                continue;
             }
-            Err(error @ BrokerError::LeaseLost(_)) => {
-                progress.lease_lost.store(true, Ordering::Release);
-                shared.stats.leases_lost.inc();
-                warn!(error = %error.with_causes(), "lease lost; the message may be redelivered");
-                return std::future::pending().await;
-            }
-            Err(error) => {
-                warn!(error = %error.with_causes(), "could not extend lease; will try again")
+            let tag = &leased.delivery.tag;
+            match extended {
+                Ok(()) => {
+                    progress.lease_expires.store(expires, Ordering::Release);
+                    shared.stats.lease_extensions.inc();
+                    info!(%tag, "extended lease");
+                }
+                Err(error @ BrokerError::LeaseLost(_)) => {
+                    progress.lease_lost.store(true, Ordering::Release);
+                    shared.stats.leases_lost.inc();
+                    warn!(%tag, error = %error.with_causes(), "lease lost; the message may be redelivered");
+                }
+                Err(error) => {
+                    warn!(%tag, error = %error.with_causes(), "could not extend lease; will try again")
+                }
             }
         }
     }

@@ -31,17 +31,19 @@ pub(super) const UNKNOWN_BUDGET_RETRY: Duration = Duration::from_secs(60);
 /// capacity, and the claim that decides whether to restart at all. `Ok`
 /// with the claimed attempt and its reservation, or how to settle.
 ///
-/// `policy` is the one in force when the request was parsed: read once per
-/// message for the decisions before the claim (each read is a shared lock),
+/// `policy` is the one in force when the batch was pulled: read once per
+/// batch for the decisions before the claim (each read is a shared lock),
 /// and again only after a wait on the store.
 pub(super) async fn prepare(
     shared: &Shared,
     delivery: &Delivery,
     progress: &Progress,
     request: &RestartRequest,
-    mut policy: Arc<Policy>,
+    policy: &Policy,
 ) -> Result<(u32, Reservation), Settlement> {
     let config = &shared.config;
+    let mut policy = policy;
+    let reread: Arc<Policy>;
     if delivery.attempt > config.max_deliveries {
         // Deliveries a guard deferred (a closed calendar, a full rate
         // window, the kill switch) were settled on purpose: they do not
@@ -73,7 +75,8 @@ pub(super) async fn prepare(
             return Err(give_up(shared, progress, request, 0, reason).await);
         }
         // The store may have kept us waiting: decide under the policy now.
-        policy = config.policy.current();
+        reread = config.policy.current();
+        policy = &reread;
     }
     if let Err(reason) = policy.eligibility.check(request.instance_name.as_str()) {
         return Err(deny(shared, progress, request, reason).await);
