@@ -158,6 +158,42 @@ async fn a_batch_extends_the_leases_of_its_deliveries_still_working_only() {
     h.stop().await.unwrap();
 }
 
+#[tokio::test(start_paused = true)]
+async fn an_extension_never_answered_does_not_keep_the_batch_from_its_next_round() {
+    let gate = Arc::new(Semaphore::new(0));
+    let restarter = Arc::new(ScriptedRestarter {
+        gate: Some(gate.clone()),
+        ..Default::default()
+    });
+    let config = WorkerConfig {
+        pull_batch: 2,
+        ..config()
+    };
+    let h = start(config, Arc::new(MemoryStore::new()), restarter.clone());
+    // The first extension the broker is asked for never comes back.
+    h.broker.unanswered_extensions.store(1, Ordering::Release);
+    h.publish("cattle-0001").await;
+    h.publish("cattle-0002").await;
+    wait_until("both restarts started", || {
+        restarter.running.load(Ordering::Acquire) == 2
+    })
+    .await;
+    // Both work for 25 s, with a 10 s deadline: well past one lease.
+    tokio::time::sleep(Duration::from_secs(25)).await;
+    gate.add_permits(2);
+    let stats = h.stats.clone();
+    wait_until("both acked", || stats.acked.get() == 2).await;
+    // Each lease was kept: nothing redelivered, nothing lost.
+    assert_eq!(stats.pulled.get(), 2);
+    assert_eq!(stats.leases_lost.get(), 0);
+    assert!(
+        stats.lease_extensions.get() >= 12,
+        "{}",
+        stats.lease_extensions.get()
+    );
+    h.stop().await.unwrap();
+}
+
 /// Panics on leaving a `message` span after it logged "acked": a panic that
 /// escapes a handler after it settled and gave back its permit.
 #[derive(Default)]

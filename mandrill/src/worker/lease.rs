@@ -142,15 +142,30 @@ pub(super) fn with_lease<'a, W: Future + 'a>(
 /// work, count once per batch). The deliveries of a batch were pulled
 /// together, so their leases run on one schedule; each is extended while
 /// its own work runs, and the extensions of one round go out together.
+///
+/// A round never outlasts the interval: each extension is given that long,
+/// and the next round starts on schedule, so one extension the broker never
+/// answers cannot keep the batch's other leases from being extended (with a
+/// timer per handler it held up only its own).
 pub(super) async fn extend_batch(shared: &Shared, batch: &[Leased]) -> Infallible {
+    let interval = shared.lease_extension_interval;
+    let mut next = Instant::now() + interval;
     loop {
-        tokio::time::sleep(shared.lease_extension_interval).await;
+        tokio::time::sleep_until(next).await;
+        let started = Instant::now();
+        next = started + interval;
         // The new deadline counts from the request, not the answer.
-        let expires = shared.millis(Instant::now() + shared.ack_deadline);
+        let expires = shared.millis(started + shared.ack_deadline);
         let mut extensions: FuturesUnordered<_> = batch
             .iter()
             .filter(|leased| leased.progress.wants_extension())
-            .map(|leased| async move { (leased, shared.broker.extend(&leased.delivery.tag).await) })
+            .map(|leased| async move {
+                let tag = &leased.delivery.tag;
+                (
+                    leased,
+                    tokio::time::timeout(interval, shared.broker.extend(tag)).await,
+                )
+            })
             .collect();
         while let Some((leased, extended)) = extensions.next().await {
             let progress = &leased.progress;
@@ -161,18 +176,23 @@ pub(super) async fn extend_batch(shared: &Shared, batch: &[Leased]) -> Infallibl
             }
             let tag = &leased.delivery.tag;
             match extended {
-                Ok(()) => {
+                Ok(Ok(())) => {
                     progress.lease_expires.store(expires, Ordering::Release);
                     shared.stats.lease_extensions.inc();
                     info!(%tag, "extended lease");
                 }
-                Err(error @ BrokerError::LeaseLost(_)) => {
+                Ok(Err(error @ BrokerError::LeaseLost(_))) => {
                     progress.lease_lost.store(true, Ordering::Release);
                     shared.stats.leases_lost.inc();
                     warn!(%tag, error = %error.with_causes(), "lease lost; the message may be redelivered");
                 }
-                Err(error) => {
+                Ok(Err(error)) => {
                     warn!(%tag, error = %error.with_causes(), "could not extend lease; will try again")
+                }
+                // The broker may have extended it: the deadline known here
+                // stays the earlier one, which only errs on the safe side.
+                Err(_elapsed) => {
+                    warn!(%tag, ?interval, "extending the lease got no answer; will try again")
                 }
             }
         }

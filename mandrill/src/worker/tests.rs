@@ -102,6 +102,8 @@ struct LoggedBroker {
     failing_acks: AtomicU32,
     /// While set, every extension finds the lease gone.
     leases_gone: AtomicBool,
+    /// This many more extensions never get an answer.
+    unanswered_extensions: AtomicU32,
 }
 
 fn take_one(counter: &AtomicU32) -> bool {
@@ -149,6 +151,9 @@ impl Consumer for LoggedBroker {
     }
     async fn extend(&self, tag: &DeliveryTag) -> Result<(), BrokerError> {
         self.timeline.push(format!("extend {tag}"));
+        if take_one(&self.unanswered_extensions) {
+            return std::future::pending().await;
+        }
         if self.leases_gone.load(Ordering::Acquire) {
             return Err(BrokerError::LeaseLost(tag.clone()));
         }
@@ -392,6 +397,7 @@ fn start_with(
         failing_dead_letters: AtomicU32::new(0),
         failing_acks: AtomicU32::new(0),
         leases_gone: AtomicBool::new(false),
+        unanswered_extensions: AtomicU32::new(0),
     });
     let stats = Arc::new(Stats::default());
     let shutdown = Shutdown::new();
