@@ -25,7 +25,9 @@
 //! (`pipeline/ceilings.rs` says what each does): (a) with broker and store in
 //! memory, a one-task-per-message loop doing the same per-message work;
 //! (b) with either on SQLite, one writer doing receipt, claim, outcome and
-//! ack per message, a batch per transaction, with the same pragmas; (c) with
+//! ack per message, a batch per transaction, with the same pragmas, and its
+//! twins through sqlx (`ceiling_sqlite_sqlx_msgs_per_s` multi-row as the
+//! writer writes, `ceiling_sqlite_sqlx_one_row_msgs_per_s`); (c) with
 //! NATS, a bare loop that keeps pulling while its acks are in flight; (d)
 //! with PostgreSQL, a bare batched `unnest` upsert loop. The line has
 //! `ceiling_{memory,sqlite,nats,postgres}_msgs_per_s` and
@@ -333,6 +335,15 @@ async fn run(options: Options) {
         true => Some(ceilings::sqlite(n, dir.path()).await),
         false => None,
     };
+    // (b)'s work through sqlx, multi-row as the writer and one-row as (b):
+    // the writer's driver is chosen by these against (b).
+    let ceiling_sqlite_sqlx = match ceiling_sqlite {
+        Some(_) => Some((
+            ceilings::sqlite_sqlx(n, dir.path()).await,
+            ceilings::sqlite_sqlx_one_row(n, dir.path()).await,
+        )),
+        None => None,
+    };
     let ceiling_nats = match &nats {
         Some(settings) if measure => Some(
             ceilings::nats(
@@ -375,6 +386,8 @@ async fn run(options: Options) {
             "ratio_memory": ceiling_memory.map(ratio),
             "ceiling_sqlite_msgs_per_s": ceiling_sqlite.map(f64::round),
             "ratio_sqlite": ceiling_sqlite.map(ratio),
+            "ceiling_sqlite_sqlx_msgs_per_s": ceiling_sqlite_sqlx.map(|(multi, _)| multi.round()),
+            "ceiling_sqlite_sqlx_one_row_msgs_per_s": ceiling_sqlite_sqlx.map(|(_, one)| one.round()),
             "ceiling_nats_msgs_per_s": ceiling_nats.map(f64::round),
             "ratio_nats": ceiling_nats.map(ratio),
             "ceiling_postgres_msgs_per_s": ceiling_postgres.map(f64::round),

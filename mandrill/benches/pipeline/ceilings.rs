@@ -200,6 +200,9 @@ pub async fn nats(url: &str, stream_name: &str, subject: &str, n: usize) -> f64 
 mod postgres;
 #[path = "ceilings/sqlite.rs"]
 mod sqlite;
+#[path = "ceilings/sqlite_sqlx.rs"]
+mod sqlite_sqlx;
 
 pub use postgres::postgres;
 pub use sqlite::sqlite;
+pub use sqlite_sqlx::{sqlite_sqlx, sqlite_sqlx_one_row};

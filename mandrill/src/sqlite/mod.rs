@@ -9,13 +9,17 @@
 //! each other's write lock. Several processes on one file each have their
 //! own writer; `BEGIN IMMEDIATE` and the busy timeout order them.
 //!
-//! The writer stays on sqlx rather than rusqlite on a thread of its own:
-//! with one writer per file and every statement batched, what is left per
-//! message is SQLite's own work, and sqlx keeps one driver (and one set of
+//! The writer stays on sqlx rather than rusqlite on a thread of its own,
+//! by measurement (issue 14; the benchmark's `ceiling_sqlite_sqlx_*`
+//! fields): (b)'s work through sqlx in multi-row statements, as the writer
+//! writes, runs at ~0.85 of rusqlite's one-row ceiling, and the pipeline at
+//! ~0.5 of that sqlx twin. Most of the gap is the writer's own work (three
+//! commits per message: lease, claim, outcome with ack), which a driver
+//! change does not remove; sqlx one row per statement is ~4x slower (a
+//! round trip to sqlx's worker thread per statement), which is why every
+//! hot statement takes many rows. sqlx also keeps one driver (and one set of
 //! SQL and error classification) for the reads, both parts and PostgreSQL.
-//! rusqlite 0.32 would link the same `libsqlite3-sys` 0.30 (areq uses it),
-//! so the switch stays open if a measurement on an idle machine shows the
-//! gap the issue's prototype saw (sqlx 10–20% slower batched).
+//! rusqlite links the same `libsqlite3-sys`, so the switch stays open.
 
 pub(crate) mod writer;
 
@@ -41,17 +45,29 @@ use crate::broker::sqlite::QueuePart;
 use crate::store::sqlite::StorePart;
 use writer::{Job, MAX_BATCH, Source, WriterConnection, write_loop};
 
+/// WAL pages (4 KiB each) after which a commit checkpoints the WAL into the
+/// database file: 16 MiB, four times SQLite's default. The writer's hot
+/// pages (index leaves, the queue's) are dirtied by nearly every commit;
+/// each checkpoint copies them once however many commits wrote them, so
+/// checkpointing a quarter as often saves most of those copies (and their
+/// fsyncs of the database file). Durability does not depend on it: every
+/// commit is fsynced into the WAL first.
+pub(crate) const WAL_AUTOCHECKPOINT_PAGES: u32 = 4000;
+
 /// The options every connection uses: WAL so that readers never block the
-/// writer, `synchronous = FULL` so that a commit survives power loss, and a
+/// writer, `synchronous = FULL` so that a commit survives power loss, a
 /// busy timeout so that several processes on one file wait for each other's
-/// write transactions.
+/// write transactions, and checkpoints every
+/// [`WAL_AUTOCHECKPOINT_PAGES`] (only a connection that commits ever
+/// checkpoints, so this is the writer's setting).
 pub(crate) fn connect_options(url: &str) -> Result<SqliteConnectOptions, sqlx::Error> {
     Ok(SqliteConnectOptions::from_str(url)?
         .create_if_missing(true)
         .journal_mode(SqliteJournalMode::Wal)
         .synchronous(SqliteSynchronous::Full)
         .busy_timeout(Duration::from_secs(10))
-        .pragma("temp_store", "memory"))
+        .pragma("temp_store", "memory")
+        .pragma("wal_autocheckpoint", WAL_AUTOCHECKPOINT_PAGES.to_string()))
 }
 
 /// Brings the schema `migrator` describes up to date.

@@ -288,3 +288,31 @@ async fn stores_opening_one_fresh_file_together_all_migrate_it() {
         broker.close().await;
     }
 }
+
+/// Durability is not traded for speed: every connection (the writer's
+/// included) journals in WAL with `synchronous = FULL`, and only the
+/// checkpoint interval was raised.
+#[tokio::test]
+async fn connections_stay_durable_with_the_longer_checkpoint_interval() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite:{}", dir.path().join("pragmas.db").display());
+    let pool = SqlitePool::connect_with(connect_options(&url).unwrap())
+        .await
+        .unwrap();
+    let (mode,): (String,) = sqlx::query_as("PRAGMA journal_mode")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    let (synchronous,): (i64,) = sqlx::query_as("PRAGMA synchronous")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    let (checkpoint,): (i64,) = sqlx::query_as("PRAGMA wal_autocheckpoint")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(mode, "wal");
+    assert_eq!(synchronous, 2, "synchronous = FULL");
+    assert_eq!(checkpoint, i64::from(super::WAL_AUTOCHECKPOINT_PAGES));
+    pool.close().await;
+}

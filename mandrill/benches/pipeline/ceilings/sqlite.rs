@@ -7,7 +7,7 @@ use super::{now_millis, parse, parse_rules, payloads};
 /// The SQLite ceiling's tables: the shapes of the queue's and the store's
 /// (columns, keys, indexes), without `AUTOINCREMENT` and with no JSON on
 /// the hot path, which is what issue 14 asks of the real writer.
-const SQLITE_SCHEMA: &str = "
+pub(super) const SQLITE_SCHEMA: &str = "
 CREATE TABLE queue (
     id INTEGER PRIMARY KEY, payload BLOB NOT NULL, published_at INTEGER NOT NULL,
     visible_at INTEGER NOT NULL, deliveries INTEGER NOT NULL DEFAULT 0, lease INTEGER
@@ -31,12 +31,16 @@ CREATE INDEX restarts_host ON restarts (instance_name, claimed_at);
 CREATE INDEX restarts_claimed ON restarts (claimed_at);
 ";
 
+/// The writer's checkpoint interval (`mandrill::sqlite::WAL_AUTOCHECKPOINT_PAGES`,
+/// crate-private): the ceilings must checkpoint as often as the writer.
+pub(super) const WAL_AUTOCHECKPOINT_PAGES: i64 = 4000;
+
 /// Messages a ceiling transaction takes, as the queue's writer batches.
-const SQLITE_BATCH: usize = 1024;
+pub(super) const SQLITE_BATCH: usize = 1024;
 
 /// (b) SQLite: one writer (rusqlite, on a thread of its own) on a fresh
 /// file with the real writer's pragmas (WAL, `synchronous = FULL`, 10 s busy
-/// timeout). The queue is filled first, untimed, as the pipeline's is; then
+/// timeout, its checkpoint interval). The queue is filled first, untimed, as the pipeline's is; then
 /// each transaction takes up to 1024 visible messages and, for each, parses
 /// it and writes its receipt (the request row), its claim (attempt counted,
 /// claim deadline, journal row), its outcome (request and journal row
@@ -61,6 +65,8 @@ fn sqlite_blocking(n: usize, path: &std::path::Path) -> f64 {
         .expect("synchronous = FULL");
     conn.busy_timeout(Duration::from_secs(10))
         .expect("busy timeout");
+    conn.pragma_update(None, "wal_autocheckpoint", WAL_AUTOCHECKPOINT_PAGES)
+        .expect("wal_autocheckpoint");
     conn.execute_batch(SQLITE_SCHEMA).expect("ceiling schema");
     let rules = parse_rules();
     {
