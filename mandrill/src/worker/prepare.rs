@@ -126,12 +126,17 @@ pub(super) async fn prepare(
         None => return Err(shutting_down()),
     };
     // The claim: recorded before the restart is issued.
-    let claimed = store_op(shared, progress, Until::LeaseHeld, || {
+    let claimed = store_op(shared, progress, Until::LeaseHeldOnceSent, || {
         shared.store.claim_restart(request, terms)
     })
     .await;
     match claimed {
         Ok(Claim::Claimed { attempt, unknown }) => {
+            if shared.abort.is_aborted() {
+                // Answered after the grace period ended: nothing is issued
+                // now, so the attempt is given back.
+                return Err(unclaim_at_shutdown(shared, progress, request, attempt).await);
+            }
             if let Some(unknown) = unknown {
                 warn!(
                     unknown,

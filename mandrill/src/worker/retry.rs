@@ -3,6 +3,7 @@
 //! before the restart, or a bounded number of tries after it.
 
 use std::future::Future;
+use std::time::Duration;
 
 use tracing::warn;
 
@@ -28,11 +29,23 @@ pub(super) enum Stopped {
 pub(super) enum Until {
     /// Before the restart: while the lease is held and the grace period lasts.
     LeaseHeld,
+    /// As `LeaseHeld`, except that a call under way when the grace period
+    /// ends is awaited a little longer ([`SENT_CALL_WAIT`]) rather than
+    /// dropped: for the claim, which a store that queues writes (the SQLite
+    /// and PostgreSQL writers) commits whether or not its caller still
+    /// waits. Answered, a claim can be given back; dropped, it would count
+    /// as a used attempt.
+    LeaseHeldOnceSent,
     /// After the restart: until the store answers (the pull loop is paused
     /// meanwhile, and the lease kept), or for at most `record_attempts`
     /// tries once the grace period is over, so that shutdown is bounded.
     Shielded,
 }
+
+/// How much longer a call sent before the end of the grace period is
+/// awaited under [`Until::LeaseHeldOnceSent`]: a writer's batch commits in
+/// milliseconds, so this bounds shutdown only when the store hangs.
+pub(super) const SENT_CALL_WAIT: Duration = Duration::from_secs(1);
 
 /// Runs a store operation, retrying transient failures in place. While the
 /// store fails, it is marked down, so that the pull loop stops taking new
@@ -50,7 +63,9 @@ where
     let mut tried = 0u32;
     let mut tried_after_abort = 0u32;
     loop {
-        if matches!(until, Until::LeaseHeld) && !progress.lease_held(shared) {
+        if matches!(until, Until::LeaseHeld | Until::LeaseHeldOnceSent)
+            && !progress.lease_held(shared)
+        {
             return Err(Stopped::LeaseLost);
         }
         let result = match until {
@@ -58,6 +73,29 @@ where
                 Some(result) => result,
                 None => return Err(Stopped::Shutdown),
             },
+            Until::LeaseHeldOnceSent => {
+                if shared.abort.is_aborted() {
+                    return Err(Stopped::Shutdown);
+                }
+                let mut call = std::pin::pin!(operation());
+                match shared.abort.or_abort(call.as_mut()).await {
+                    Some(result) => result,
+                    // Sent, and perhaps being committed: its answer says
+                    // what to give back.
+                    None => match tokio::time::timeout(SENT_CALL_WAIT, call).await {
+                        Ok(Ok(value)) => return Ok(value),
+                        Ok(Err(_)) => return Err(Stopped::Shutdown),
+                        Err(_elapsed) => {
+                            warn!(
+                                waited = ?SENT_CALL_WAIT,
+                                "the grace period ended with a claim unanswered; \
+                                 if the store records it, it counts as a used attempt"
+                            );
+                            return Err(Stopped::Shutdown);
+                        }
+                    },
+                }
+            }
             Until::Shielded => operation().await,
         };
         let error = match result {
@@ -84,7 +122,7 @@ where
             warn!(%error, tried, ?delay, "store unavailable; retrying in place");
         }
         match until {
-            Until::LeaseHeld => {
+            Until::LeaseHeld | Until::LeaseHeldOnceSent => {
                 if shared
                     .abort
                     .or_abort(tokio::time::sleep(delay))

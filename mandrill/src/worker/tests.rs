@@ -178,7 +178,7 @@ impl Consumer for LoggedBroker {
 /// The memory store with injected latency and faults.
 #[derive(Default)]
 struct ScriptedStore {
-    inner: MemoryStore,
+    inner: Arc<MemoryStore>,
     timeline: Timeline,
     claim_delay: Duration,
     /// While set, recording an outcome fails with a transient error.
@@ -191,6 +191,9 @@ struct ScriptedStore {
     down: AtomicBool,
     /// When set, claims wait for a permit (never released: they hang).
     claim_gate: Option<Semaphore>,
+    /// When set, a claim is committed after `claim_delay` whether or not
+    /// its caller still waits, as a writer that queued it commits it.
+    queued_claims: bool,
 }
 
 impl ScriptedStore {
@@ -220,8 +223,19 @@ impl Store for ScriptedStore {
             self.timeline.push("claim-waiting");
             let _permit = gate.acquire().await.unwrap();
         }
-        tokio::time::sleep(self.claim_delay).await;
-        let claim = self.inner.claim_restart(r, terms).await;
+        let claim = if self.queued_claims {
+            self.timeline.push("claim-queued");
+            let (inner, r, delay) = (self.inner.clone(), r.clone(), self.claim_delay);
+            tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                inner.claim_restart(&r, terms).await
+            })
+            .await
+            .expect("the claim's task")
+        } else {
+            tokio::time::sleep(self.claim_delay).await;
+            self.inner.claim_restart(r, terms).await
+        };
         self.timeline.push(format!("claim {claim:?}"));
         claim
     }
@@ -1045,6 +1059,33 @@ async fn shutdown_nacks_what_has_not_started_after_the_grace_period() {
     assert_eq!(restarter.timeline.count("restart-started"), 0);
     // Nacked without delay: visible again for the next consumer.
     assert_eq!(broker.inner.depth().ready, 4);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_claim_answered_after_the_grace_period_is_given_back() {
+    // Committed half a second after the grace period ends, as a writer
+    // that had queued it would: the handler must not drop it unanswered.
+    let store = Arc::new(ScriptedStore {
+        queued_claims: true,
+        claim_delay: config().shutdown_grace + Duration::from_millis(500),
+        ..Default::default()
+    });
+    let restarter = Arc::new(ScriptedRestarter::default());
+    let h = start(config(), store.clone(), restarter.clone());
+    h.publish("cattle-0001").await;
+    wait_until("the claim queued", || {
+        store.timeline.count("claim-queued") == 1
+    })
+    .await;
+    let stats = h.stats.clone();
+    h.stop().await.unwrap();
+    // Whatever the handler did, the queued claim has committed by now.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(restarter.timeline.count("restart-started"), 0);
+    assert_eq!(stats.nacked.get(), 1);
+    // Given back: no attempt used by a restart never issued.
+    let entry = store.inner.history(1).await.unwrap().remove(0);
+    assert_eq!(entry.attempts, 0, "{entry:?}");
 }
 
 #[tokio::test(start_paused = true)]
