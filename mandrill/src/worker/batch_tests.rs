@@ -111,8 +111,11 @@ async fn a_panic_escaping_a_handler_fails_its_message_not_its_batch() {
     h.stop().await.unwrap();
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_batch_extends_the_leases_of_its_deliveries_still_working_only() {
+/// A worker whose restarts wait for `gate`'s permits, and one batch of
+/// two deliveries pulled and restarting; `before_publish` runs first.
+async fn one_batch_of_two_restarting(
+    before_publish: impl FnOnce(&Harness),
+) -> (Harness, Arc<Semaphore>) {
     let gate = Arc::new(Semaphore::new(0));
     let restarter = Arc::new(ScriptedRestarter {
         gate: Some(gate.clone()),
@@ -123,6 +126,7 @@ async fn a_batch_extends_the_leases_of_its_deliveries_still_working_only() {
         ..config()
     };
     let h = start(config, Arc::new(MemoryStore::new()), restarter.clone());
+    before_publish(&h);
     // Published before the worker pulls: one batch of two.
     h.publish("cattle-0001").await;
     h.publish("cattle-0002").await;
@@ -130,6 +134,12 @@ async fn a_batch_extends_the_leases_of_its_deliveries_still_working_only() {
         restarter.running.load(Ordering::Acquire) == 2
     })
     .await;
+    (h, gate)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_batch_extends_the_leases_of_its_deliveries_still_working_only() {
+    let (h, gate) = one_batch_of_two_restarting(|_| {}).await;
     // One finishes at once; the other works for 25 s.
     gate.add_permits(1);
     let stats = h.stats.clone();
@@ -160,22 +170,9 @@ async fn a_batch_extends_the_leases_of_its_deliveries_still_working_only() {
 
 #[tokio::test(start_paused = true)]
 async fn an_extension_never_answered_does_not_keep_the_batch_from_its_next_round() {
-    let gate = Arc::new(Semaphore::new(0));
-    let restarter = Arc::new(ScriptedRestarter {
-        gate: Some(gate.clone()),
-        ..Default::default()
-    });
-    let config = WorkerConfig {
-        pull_batch: 2,
-        ..config()
-    };
-    let h = start(config, Arc::new(MemoryStore::new()), restarter.clone());
-    // The first extension the broker is asked for never comes back.
-    h.broker.unanswered_extensions.store(1, Ordering::Release);
-    h.publish("cattle-0001").await;
-    h.publish("cattle-0002").await;
-    wait_until("both restarts started", || {
-        restarter.running.load(Ordering::Acquire) == 2
+    let (h, gate) = one_batch_of_two_restarting(|h| {
+        // The first extension the broker is asked for never comes back.
+        h.broker.unanswered_extensions.store(1, Ordering::Release);
     })
     .await;
     // Both work for 25 s, with a 10 s deadline: well past one lease.
