@@ -22,7 +22,8 @@ async fn a_404_and_a_refused_connection_fail_alone_while_other_pages_succeed() {
         .html("/ok", r#"<a href="/a">a</a> <a href="b">b</a>"#)
         .serve()
         .await;
-    let refused = Url::parse(&format!("http://127.0.0.1:{}/", closed_port())).expect("valid");
+    let (port, _held_closed) = closed_port();
+    let refused = Url::parse(&format!("http://127.0.0.1:{port}/")).expect("valid");
     let seeds = [server.url("/missing"), refused, server.url("/ok")];
 
     let (summary, output) = crawl(&seeds, &[]).await;
@@ -697,7 +698,8 @@ async fn a_redirect_leaving_the_scope_is_an_edge_but_is_not_followed() {
 
 #[tokio::test]
 async fn the_broken_link_report_groups_failures_by_reason_with_their_referrers() {
-    let refused = format!("http://127.0.0.1:{}/", closed_port());
+    let (port, _held_closed) = closed_port();
+    let refused = format!("http://127.0.0.1:{port}/");
     let server = site()
         .route(
             "/robots.txt",

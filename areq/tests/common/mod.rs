@@ -420,12 +420,18 @@ pub fn sorted_edges(output: &str) -> Vec<String> {
     edges
 }
 
-/// A port with nothing listening on it.
-pub fn closed_port() -> u16 {
-    let listener =
-        std::net::TcpListener::bind("127.0.0.1:0").expect("binding 127.0.0.1:0 works in tests");
-    listener
+/// A port on 127.0.0.1 that refuses connections for as long as the
+/// returned socket lives: bound, never listening. A port merely bound and
+/// freed again could be handed to the test's own server started next (it
+/// was, once: the "refused" link then led home).
+pub fn closed_port() -> (u16, tokio::net::TcpSocket) {
+    let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
+    socket
+        .bind(([127, 0, 0, 1], 0).into())
+        .expect("binding 127.0.0.1:0 works in tests");
+    let port = socket
         .local_addr()
-        .expect("a bound listener has an address")
-        .port()
+        .expect("a bound socket has an address")
+        .port();
+    (port, socket)
 }
