@@ -1,0 +1,137 @@
+//! Shutdown: what has not started is nacked after the grace period, a
+//! claim already sent is given back, an issued restart is still recorded,
+//! and a second signal skips the wait.
+
+use super::*;
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_nacks_what_has_not_started_after_the_grace_period() {
+    let store = Arc::new(ScriptedStore {
+        claim_gate: Some(Semaphore::new(0)),
+        ..Default::default()
+    });
+    let restarter = Arc::new(ScriptedRestarter::default());
+    let h = start(config(), store.clone(), restarter.clone());
+    for n in 0..4 {
+        h.publish(&format!("cattle-{n:04}")).await;
+    }
+    wait_until("four claims stuck", || {
+        store.timeline.count("claim-waiting") == 4
+    })
+    .await;
+    let began = Instant::now();
+    let stats = h.stats.clone();
+    let broker = h.broker.clone();
+    h.stop().await.unwrap();
+    assert!(began.elapsed() >= config().shutdown_grace);
+    assert_eq!(stats.nacked.get(), 4);
+    assert_eq!(stats.acked.get(), 0);
+    assert_eq!(restarter.timeline.count("restart-started"), 0);
+    // Nacked without delay: visible again for the next consumer.
+    assert_eq!(broker.inner.depth().ready, 4);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_claim_answered_after_the_grace_period_is_given_back() {
+    // Committed half a second after the grace period ends, as a writer
+    // that had queued it would: the handler must not drop it unanswered.
+    let store = Arc::new(ScriptedStore {
+        queued_claims: true,
+        claim_delay: config().shutdown_grace + Duration::from_millis(500),
+        ..Default::default()
+    });
+    let restarter = Arc::new(ScriptedRestarter::default());
+    let h = start(config(), store.clone(), restarter.clone());
+    h.publish("cattle-0001").await;
+    wait_until("the claim queued", || {
+        store.timeline.count("claim-queued") == 1
+    })
+    .await;
+    let stats = h.stats.clone();
+    h.stop().await.unwrap();
+    // Whatever the handler did, the queued claim has committed by now.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(restarter.timeline.count("restart-started"), 0);
+    assert_eq!(stats.nacked.get(), 1);
+    // Given back: no attempt used by a restart never issued.
+    let entry = store.inner.history(1).await.unwrap().remove(0);
+    assert_eq!(entry.attempts, 0, "{entry:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_nacks_messages_still_waiting_for_restart_capacity() {
+    let restarter = Arc::new(ScriptedRestarter {
+        reserve_gate: Some(Semaphore::new(0)),
+        ..Default::default()
+    });
+    let store = Arc::new(ScriptedStore::default());
+    let h = start(config(), store.clone(), restarter.clone());
+    let id = h.publish("cattle-0001").await;
+    wait_until("waiting for capacity", || {
+        restarter.timeline.count("reserve-waiting") == 1
+    })
+    .await;
+    let stats = h.stats.clone();
+    h.stop().await.unwrap();
+    assert_eq!(stats.nacked.get(), 1);
+    assert_eq!(restarter.timeline.count("restart-started"), 0);
+    // Nothing was saved: the request was never begun.
+    assert_eq!(store.inner.lookup(id).await.unwrap(), None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn second_signal_skips_the_grace_period() {
+    let store = Arc::new(ScriptedStore {
+        claim_gate: Some(Semaphore::new(0)),
+        ..Default::default()
+    });
+    let config = WorkerConfig {
+        shutdown_grace: Duration::from_secs(3600),
+        ..config()
+    };
+    let h = start(
+        config,
+        store.clone(),
+        Arc::new(ScriptedRestarter::default()),
+    );
+    h.publish("cattle-0001").await;
+    wait_until("claim stuck", || store.timeline.count("claim-waiting") == 1).await;
+    let began = Instant::now();
+    h.shutdown.request();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    h.shutdown.hurry();
+    let stats = h.stats.clone();
+    h.worker.await.unwrap().unwrap();
+    assert!(began.elapsed() < Duration::from_secs(60));
+    assert_eq!(stats.nacked.get(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn issued_restart_is_recorded_and_acked_even_after_the_grace_period() {
+    let store = Arc::new(ScriptedStore::default());
+    let restarter = Arc::new(ScriptedRestarter {
+        delay: Duration::from_secs(30),
+        ..Default::default()
+    });
+    let h = start(config(), store.clone(), restarter.clone());
+    let first = h.publish("cattle-0001").await;
+    let second = h.publish("cattle-0002").await;
+    wait_until("both restarts issued", || {
+        restarter.timeline.count("restart-started") == 2
+    })
+    .await;
+    let began = Instant::now();
+    let stats = h.stats.clone();
+    h.stop().await.unwrap();
+    // The grace period (5 s) ended long before the restarts (30 s) did, yet
+    // shutdown waited for them to be recorded and acked.
+    assert!(began.elapsed() >= Duration::from_secs(29));
+    assert_eq!(stats.acked.get(), 2);
+    assert_eq!(stats.nacked.get(), 0);
+    for id in [first, second] {
+        assert_eq!(
+            store.inner.lookup(id).await.unwrap(),
+            Some(Status::Restarted)
+        );
+    }
+}
