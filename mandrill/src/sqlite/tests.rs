@@ -5,7 +5,7 @@ use sqlx::SqlitePool;
 
 use super::*;
 use crate::broker::sqlite::SqliteOptions;
-use crate::broker::{Close, Consumer, Publisher, SqliteBroker};
+use crate::broker::{Close, Consumer, Delivery, Publisher, SqliteBroker};
 use crate::domain::Outcome;
 use crate::store::{Recorded, SqliteStore, Store, contract};
 
@@ -16,6 +16,16 @@ fn queue_config(url: &str) -> SqliteOptions {
         poll_wait: Duration::from_millis(50),
         poll_interval: Duration::from_millis(10),
     }
+}
+
+/// A store and a queue on `url`'s one file, with one message published and
+/// pulled.
+async fn one_file_with_a_delivery(url: &str) -> (SqliteStore, SqliteBroker, Delivery) {
+    let store = SqliteStore::connect(url, 2).await.unwrap();
+    let broker = SqliteBroker::connect(&queue_config(url)).await.unwrap();
+    broker.publish(Bytes::from_static(b"m")).await.unwrap();
+    let delivery = broker.pull(1).await.unwrap().remove(0);
+    (store, broker, delivery)
 }
 
 async fn tables(url: &str) -> Vec<String> {
@@ -77,10 +87,7 @@ async fn a_file_made_with_the_shared_migration_list_still_opens() {
         .unwrap();
     old.run(&pool).await.unwrap();
     pool.close().await;
-    let store = SqliteStore::connect(&url, 2).await.unwrap();
-    let broker = SqliteBroker::connect(&queue_config(&url)).await.unwrap();
-    broker.publish(Bytes::from_static(b"m")).await.unwrap();
-    let delivery = broker.pull(1).await.unwrap().remove(0);
+    let (store, broker, delivery) = one_file_with_a_delivery(&url).await;
     broker.ack(&delivery.tag).await.unwrap();
     contract::all(&store).await;
     broker.close().await;
@@ -113,10 +120,7 @@ async fn a_queue_and_a_store_on_one_file_share_its_writer() {
 async fn an_outcome_and_its_ack_commit_together() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite:{}", dir.path().join("one.db").display());
-    let store = SqliteStore::connect(&url, 2).await.unwrap();
-    let broker = SqliteBroker::connect(&queue_config(&url)).await.unwrap();
-    broker.publish(Bytes::from_static(b"m")).await.unwrap();
-    let delivery = broker.pull(1).await.unwrap().remove(0);
+    let (store, broker, delivery) = one_file_with_a_delivery(&url).await;
     let request = contract::request("cattle-joint");
     let outcome = Outcome::Restarted(Default::default());
     let ack = broker.joint_ack(&delivery.tag);
@@ -157,10 +161,7 @@ async fn an_outcome_and_its_ack_commit_together() {
 async fn a_failed_transaction_fails_the_outcome_and_its_ack_together() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite:{}", dir.path().join("one.db").display());
-    let store = SqliteStore::connect(&url, 2).await.unwrap();
-    let broker = SqliteBroker::connect(&queue_config(&url)).await.unwrap();
-    broker.publish(Bytes::from_static(b"m")).await.unwrap();
-    let delivery = broker.pull(1).await.unwrap().remove(0);
+    let (store, broker, delivery) = one_file_with_a_delivery(&url).await;
     let pool = SqlitePool::connect(&url).await.unwrap();
     // The ack, which runs after the outcome in the same transaction, fails.
     sqlx::query(
