@@ -5,6 +5,7 @@
 //! set-up (payloads generated, queue or stream filled, schema created).
 
 use std::collections::HashMap;
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -14,6 +15,55 @@ use mandrill::domain::{Domain, ParseRules, RestartRequest, Status};
 use mandrill::random_request;
 use tokio_util::task::TaskTracker;
 use uuid::Uuid;
+
+use crate::options::Options;
+use crate::setup::Resources;
+
+/// Each path's ceiling in messages per second, `None` where not measured.
+#[derive(Clone, Copy, Default)]
+pub struct Ceilings {
+    /// (a), with broker and store in memory.
+    pub memory: Option<f64>,
+    /// (b), with either on SQLite.
+    pub sqlite: Option<f64>,
+    /// (b)'s work through sqlx: multi-row, as the writer writes, and
+    /// one-row, as (b); the writer's driver is chosen by these against (b).
+    pub sqlite_sqlx: Option<(f64, f64)>,
+    /// (c), with NATS.
+    pub nats: Option<f64>,
+    /// (d), with PostgreSQL.
+    pub postgres: Option<f64>,
+    /// Pub/Sub's bare loops: streaming, then unary.
+    pub pubsub: Option<(f64, f64)>,
+}
+
+/// The ceilings of the paths the run took, each in this run, after the
+/// pipeline (its memory figures are taken before they start); none with
+/// `--no-ceilings`. The SQLite ones use files in `dir`.
+pub async fn measure(options: &Options, resources: &Resources, dir: &Path) -> Ceilings {
+    let n = options.messages;
+    let measure = options.ceilings;
+    let mut ceilings = Ceilings::default();
+    if measure && options.broker == "memory" && options.db == "memory" {
+        ceilings.memory = Some(in_memory(n, options.work, options.fail_rate).await);
+    }
+    if measure && (resources.broker_url.is_some() || resources.db_url.is_some()) {
+        ceilings.sqlite = Some(sqlite(n, dir).await);
+        ceilings.sqlite_sqlx = Some((sqlite_sqlx(n, dir).await, sqlite_sqlx_one_row(n, dir).await));
+    }
+    if let Some(settings) = resources.nats.as_ref().filter(|_| measure) {
+        let stream = format!("{}_CEILING", settings.stream);
+        let subject = format!("{}.ceiling", settings.subject);
+        ceilings.nats = Some(nats(&settings.url, &stream, &subject, n).await);
+    }
+    if measure && resources.postgres.is_some() {
+        ceilings.postgres = Some(postgres(&options.db, n, options.writers).await);
+    }
+    if let Some(pubsub) = resources.pubsub.as_ref().filter(|_| measure) {
+        ceilings.pubsub = Some(crate::pubsub::bare_pubsub_rates(pubsub, n).await);
+    }
+    ceilings
+}
 
 /// `n` fresh payloads, as the pipeline's.
 pub fn payloads(n: usize) -> Vec<Bytes> {

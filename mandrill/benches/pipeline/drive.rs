@@ -1,0 +1,148 @@
+//! The pipeline run: the real worker on the opened broker and store, timed
+//! until every message is settled, then shut down and closed.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mandrill::Backoff;
+use mandrill::Stats;
+use mandrill::restarter::{SimulatedRestarter, Simulation};
+use mandrill::worker::{Shutdown, Worker, WorkerConfig};
+
+use crate::options::Options;
+use crate::setup::Opened;
+use crate::{ceilings, notify, report};
+
+/// What the pipeline run measured.
+pub struct Pipeline {
+    /// From the first publish (the worker's start, when the broker was
+    /// filled first) to the last settlement.
+    pub seconds: f64,
+    /// The process's peak resident set, once every message was settled.
+    pub peak_kib: u64,
+    pub stats: Arc<Stats>,
+}
+
+/// Runs the worker on `opened` until all `options.messages` are settled,
+/// feeding it what is left to publish; then shuts it down and closes the
+/// broker and the store.
+pub async fn run(options: &Options, opened: Opened) -> Pipeline {
+    let n = options.messages;
+    let Opened {
+        broker,
+        consumer,
+        store,
+        unpublished,
+        publish_seconds: _,
+    } = opened;
+    let restarter = Arc::new(SimulatedRestarter(Simulation {
+        min_latency: options.work,
+        max_latency: options.work,
+        failure_rate: options.fail_rate,
+    }));
+    let stats = Arc::new(Stats::default());
+    let shutdown = Shutdown::new();
+    let notifier = notify::notifier(options.notify.as_deref(), &stats).await;
+    let worker = Worker::new(
+        worker_config(n),
+        consumer,
+        store.clone(),
+        restarter,
+        stats.clone(),
+    )
+    .with_notifier(notifier.clone());
+    let started = Instant::now();
+    let worker = tokio::spawn(worker.run(shutdown.clone()));
+    let publisher = tokio::spawn({
+        let broker = broker.clone();
+        async move {
+            for payload in unpublished {
+                broker.publish(payload).await.expect("memory publish");
+            }
+        }
+    });
+    wait_until_settled(n, &stats, started).await;
+    let seconds = started.elapsed().as_secs_f64();
+    publisher.await.expect("publisher finishes");
+    let peak_kib = report::rss_kib("VmHWM:");
+    shutdown.request();
+    worker
+        .await
+        .expect("worker task")
+        .expect("worker stops cleanly");
+    if let Some(notifier) = &notifier {
+        notifier.close().await;
+    }
+    let backlog = broker.backlog().await.expect("backlog");
+    assert!(
+        matches!(backlog, Some(0) | None),
+        "the queue is idle at the end"
+    );
+    broker.close().await;
+    store.close().await;
+    Pipeline {
+        seconds,
+        peak_kib,
+        stats,
+    }
+}
+
+/// The tutorial bounds nothing: `max_in_flight` is every message, and a
+/// failed restart is not retried (one attempt), so it is dead-lettered.
+fn worker_config(n: usize) -> WorkerConfig {
+    WorkerConfig {
+        max_in_flight: n.max(1),
+        pull_batch: 256,
+        max_attempts: 1,
+        max_deliveries: 10,
+        retry_backoff: Backoff {
+            initial: Duration::from_secs(1),
+            max: Duration::from_secs(1),
+        },
+        record_attempts: 1,
+        record_backoff: Backoff {
+            initial: Duration::from_millis(10),
+            max: Duration::from_millis(10),
+        },
+        restart_timeout: Duration::from_secs(60),
+        shutdown_grace: Duration::from_secs(10),
+        lease_extension_interval: None,
+        max_pull_failures: 3,
+        pull_backoff: Backoff {
+            initial: Duration::from_millis(10),
+            max: Duration::from_millis(10),
+        },
+        parse: ceilings::parse_rules(),
+        switch_poll_interval: Duration::from_secs(1),
+        policy: mandrill::safety::PolicyHandle::default(),
+    }
+}
+
+/// Waits until `n` messages are acked or dead-lettered. A slow run says
+/// where it stands every 30 s, so that a stall can be told from a slow
+/// tail.
+async fn wait_until_settled(n: usize, stats: &Stats, started: Instant) {
+    let n64 = n as u64;
+    let mut reported = Instant::now();
+    loop {
+        let done = stats.acked.get() + stats.dead_lettered.get();
+        if done >= n64 {
+            break;
+        }
+        if reported.elapsed() >= Duration::from_secs(30) {
+            reported = Instant::now();
+            eprintln!(
+                "{:.0}s: {done} of {n} done; pulled {}, store failures {}, leases lost {}, \
+                 abandoned {}, deferred {}, nacked {}",
+                started.elapsed().as_secs_f64(),
+                stats.pulled.get(),
+                stats.store_failures.get(),
+                stats.leases_lost.get(),
+                stats.abandoned.get(),
+                stats.deferred.get(),
+                stats.nacked.get(),
+            );
+        }
+        tokio::time::sleep(Duration::from_micros(500)).await;
+    }
+}
