@@ -1,0 +1,141 @@
+//! The policy: a leashed worker restarts nothing, an ineligible instance is
+//! denied, and the kill switch (set by an operator, or by a host that did
+//! not come back) defers every restart.
+
+use super::*;
+
+#[tokio::test(start_paused = true)]
+async fn leashed_worker_records_the_would_be_action_and_restarts_nothing() {
+    let store = Arc::new(ScriptedStore::default());
+    let restarter = Arc::new(ScriptedRestarter::default());
+    let config = with_policy(Policy {
+        dry_run: true,
+        ..Policy::default()
+    });
+    let h = start(config, store.clone(), restarter.clone());
+    let id = h.publish("cattle-leash").await;
+    let stats = h.stats.clone();
+    wait_until("acked", || stats.acked.get() == 1).await;
+    assert_eq!(restarter.timeline.count("restart-started"), 0);
+    assert_eq!(stats.dry_runs.get(), 1);
+    let entry = store
+        .inner
+        .entries()
+        .into_iter()
+        .find(|e| e.message_id == Some(id))
+        .unwrap();
+    assert_eq!(entry.status, Status::DryRun);
+    // The claim was made (the decision is audited like a real restart) and
+    // the exact action is recorded.
+    assert_eq!(entry.attempts, 1);
+    assert_eq!(
+        entry.output.as_deref(),
+        Some("restart cattle-leash.example.net (simulated)")
+    );
+    h.stop().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn ineligible_instance_is_denied_recorded_and_acked_without_a_claim() {
+    let store = Arc::new(ScriptedStore::default());
+    let restarter = Arc::new(ScriptedRestarter::default());
+    let config = with_policy(Policy {
+        eligibility: Eligibility::new(&["cattle-*".into()], &["cattle-db*".into()], true).unwrap(),
+        ..Policy::default()
+    });
+    let h = start(config, store.clone(), restarter.clone());
+    let db = h.publish("cattle-db01").await;
+    let pet = h.publish("pet-01").await;
+    h.publish("cattle-ok").await;
+    let stats = h.stats.clone();
+    wait_until("all acked", || stats.acked.get() == 3).await;
+    assert_eq!(stats.denied.get(), 2);
+    assert_eq!(restarter.calls("cattle-ok.example.net"), 1);
+    assert_eq!(restarter.timeline.count("restart-started"), 1);
+    assert_eq!(
+        store.timeline.count("claim"),
+        1,
+        "denied requests claim nothing"
+    );
+    for (id, why) in [(db, "safety.deny"), (pet, "no safety.allow")] {
+        let entry = store
+            .inner
+            .entries()
+            .into_iter()
+            .find(|e| e.message_id == Some(id))
+            .unwrap();
+        assert_eq!(entry.status, Status::Denied);
+        assert!(entry.last_error.unwrap().contains(why));
+    }
+    h.stop().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn paused_store_defers_every_restart_until_resumed() {
+    let store = Arc::new(ScriptedStore::default());
+    let restarter = Arc::new(ScriptedRestarter::default());
+    store.set_switch(true, "sre", "incident 42").await.unwrap();
+    let h = start(config(), store.clone(), restarter.clone());
+    for n in 0..5 {
+        h.publish(&format!("cattle-{n:04}")).await;
+    }
+    let stats = h.stats.clone();
+    // Ten minutes paused: nothing is even pulled, so the messages wait in
+    // the broker and spend no delivery (a paused backlog is never given up).
+    tokio::time::sleep(Duration::from_secs(600)).await;
+    assert_eq!(stats.pulled.get(), 0);
+    assert_eq!(restarter.timeline.count("restart-started"), 0);
+    assert_eq!(h.broker.inner.depth().ready, 5);
+    store.set_switch(false, "sre", "resolved").await.unwrap();
+    wait_until("all acked", || stats.acked.get() == 5).await;
+    assert_eq!(restarter.timeline.count("restart-started"), 5);
+    assert_eq!(stats.pulled.get(), 5, "each delivered once");
+    // Deferrals used no attempt.
+    assert!(
+        store
+            .inner
+            .entries()
+            .iter()
+            .all(|e| e.status == Status::Restarted && e.attempts == 1)
+    );
+    h.stop().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_host_that_does_not_come_back_pauses_every_restart() {
+    let store = Arc::new(ScriptedStore::default());
+    let restarter = Arc::new(ScriptedRestarter {
+        script: Some(|request| {
+            if request.instance_name.as_str() == "cattle-gone" {
+                return Err(RestartError::Unrecovered {
+                    host: request.hostname.clone(),
+                    after: Duration::from_secs(300),
+                    reason: "connection refused".into(),
+                    output: None,
+                });
+            }
+            Ok(Restarted::default())
+        }),
+        ..Default::default()
+    });
+    let config = with_policy(Policy {
+        pause_on_unrecovered: true,
+        ..Policy::default()
+    });
+    let h = start(config, store.clone(), restarter.clone());
+    h.publish("cattle-gone").await;
+    let stats = h.stats.clone();
+    wait_until("unrecovered", || stats.unrecovered.get() == 1).await;
+    let switch = store.switch().await.unwrap();
+    assert!(switch.paused);
+    assert!(
+        switch
+            .reason
+            .unwrap()
+            .contains("cattle-gone.example.net did not recover")
+    );
+    h.publish("cattle-next").await;
+    wait_until("deferred", || stats.deferred.get() >= 1).await;
+    assert_eq!(restarter.calls("cattle-next.example.net"), 0);
+    h.stop().await.unwrap();
+}

@@ -1,0 +1,181 @@
+//! The store's part: an outcome not recorded yet is retried in place (and
+//! pauses pulling), one refused for good is dead-lettered after the one
+//! restart; claims held by another delivery, or never followed by an
+//! outcome, limit the restarts; a recorded request is not restarted again.
+
+use super::*;
+
+#[tokio::test(start_paused = true)]
+async fn outcome_that_cannot_be_recorded_yet_is_retried_in_place_never_acked_never_restarted_again()
+{
+    let store = Arc::new(ScriptedStore::default());
+    store.outcome_fails.store(true, Ordering::Release);
+    let restarter = Arc::new(ScriptedRestarter::default());
+    let h = start(config(), store.clone(), restarter.clone());
+    let id = h.publish("cattle-nodisk").await;
+    let stats = h.stats.clone();
+    wait_until("many failed tries", || {
+        store.timeline.count("record-failed") >= 20
+    })
+    .await;
+    // Minutes of failure: never acked, never nacked (a nack would cost a
+    // delivery and, on redelivery, maybe a restart), lease kept meanwhile.
+    assert_eq!(stats.acked.get() + stats.nacked.get(), 0);
+    assert_eq!(stats.store_down.get(), 1);
+    assert!(h.broker.timeline.count("extend") > 0);
+    // The store recovers: the same delivery records, then acks.
+    store.outcome_fails.store(false, Ordering::Release);
+    wait_until("acked", || stats.acked.get() == 1).await;
+    assert_eq!(
+        store.inner.lookup(id).await.unwrap(),
+        Some(Status::Restarted)
+    );
+    assert_eq!(restarter.calls("cattle-nodisk.example.net"), 1);
+    assert_eq!(stats.pulled.get(), 1);
+    assert_eq!(stats.store_down.get(), 0);
+    h.stop().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn outcome_the_store_refuses_for_good_is_dead_lettered_after_one_restart() {
+    let store = Arc::new(ScriptedStore::default());
+    store.outcome_refused.store(true, Ordering::Release);
+    let restarter = Arc::new(ScriptedRestarter::default());
+    let h = start(config(), store.clone(), restarter.clone());
+    h.publish("cattle-nul").await;
+    let stats = h.stats.clone();
+    wait_until("dead-lettered", || stats.dead_lettered.get() == 1).await;
+    tokio::time::sleep(Duration::from_secs(600)).await;
+    // Seen before: nacked, and every redelivery restarted the host again.
+    assert_eq!(restarter.calls("cattle-nul.example.net"), 1);
+    assert_eq!(store.timeline.count("record-refused"), 1);
+    assert_eq!(stats.nacked.get(), 0);
+    let reason = &h.broker.inner.dead_letters()[0].reason;
+    assert!(
+        reason.contains("could not be recorded") && reason.contains("0x00"),
+        "{reason}"
+    );
+    h.stop().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn store_outage_pauses_pulling_and_costs_no_delivery_or_attempt() {
+    let store = Arc::new(ScriptedStore::default());
+    let restarter = Arc::new(ScriptedRestarter::default());
+    let h = start(config(), store.clone(), restarter.clone());
+    store.down.store(true, Ordering::Release);
+    let first = h.publish("cattle-0001").await;
+    let stats = h.stats.clone();
+    wait_until("store found down", || stats.store_down.get() == 1).await;
+    for n in 2..=20 {
+        h.publish(&format!("cattle-{n:04}")).await;
+    }
+    // Four minutes of outage (it dead-lettered a whole backlog before).
+    tokio::time::sleep(Duration::from_secs(240)).await;
+    assert_eq!(stats.pulled.get(), 1, "no new work while the store is down");
+    assert_eq!(stats.nacked.get() + stats.dead_lettered.get(), 0);
+    assert_eq!(restarter.timeline.count("restart-started"), 0);
+    assert_eq!(h.broker.inner.depth().ready, 19);
+    store.down.store(false, Ordering::Release);
+    wait_until("all acked", || stats.acked.get() == 20).await;
+    assert_eq!(stats.store_outages.get(), 1);
+    assert_eq!(stats.pulled.get(), 20, "each delivered once");
+    let entry = store
+        .inner
+        .entries()
+        .into_iter()
+        .find(|e| e.message_id == Some(first))
+        .unwrap();
+    assert_eq!((entry.status, entry.attempts), (Status::Restarted, 1));
+    h.stop().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn redelivery_while_another_claim_holds_is_deferred_and_the_last_delivery_given_up() {
+    let store = Arc::new(ScriptedStore::default());
+    let restarter = Arc::new(ScriptedRestarter::default());
+    let config = WorkerConfig {
+        max_deliveries: 1,
+        ..config()
+    };
+    let h = start(config.clone(), store.clone(), restarter.clone());
+    let (id, body) = payload("cattle-held");
+    let request = RestartRequest::parse(&body, &config.parse).unwrap();
+    // Another consumer claimed the restart and may still be issuing it.
+    let terms = ClaimTerms {
+        max_attempts: 3,
+        hold: Duration::from_secs(600),
+        limits: crate::safety::Limits::NONE,
+    };
+    store.inner.claim_restart(&request, terms).await.unwrap();
+    h.broker.publish(body).await.unwrap();
+    let stats = h.stats.clone();
+    wait_until("dead-lettered", || stats.dead_lettered.get() == 1).await;
+    assert_eq!(stats.deferred.get(), 1);
+    assert_eq!(stats.given_up.get(), 1);
+    assert_eq!(restarter.calls("cattle-held.example.net"), 0);
+    // The give-up is in the history, not only on the broker.
+    let entry = store
+        .inner
+        .entries()
+        .into_iter()
+        .find(|e| e.message_id == Some(id))
+        .unwrap();
+    assert_eq!(entry.status, Status::Failed);
+    assert!(
+        entry
+            .last_error
+            .as_deref()
+            .unwrap()
+            .contains("delivered 2 times without being settled"),
+        "{entry:?}"
+    );
+    h.stop().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn claims_whose_outcome_was_never_recorded_use_up_attempts_so_crashes_never_add_restarts() {
+    let store = Arc::new(ScriptedStore::default());
+    let restarter = Arc::new(ScriptedRestarter::default());
+    let h = start(config(), store.clone(), restarter.clone());
+    let (id, body) = payload("cattle-crashy");
+    let request = RestartRequest::parse(&body, &config().parse).unwrap();
+    // Three deliveries claimed and (maybe) issued a restart, then died.
+    let expired = ClaimTerms {
+        max_attempts: 3,
+        hold: Duration::ZERO,
+        limits: crate::safety::Limits::NONE,
+    };
+    for _ in 0..3 {
+        store.inner.claim_restart(&request, expired).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    h.broker.publish(body).await.unwrap();
+    let stats = h.stats.clone();
+    wait_until("dead-lettered", || stats.dead_lettered.get() == 1).await;
+    assert_eq!(restarter.calls("cattle-crashy.example.net"), 0);
+    assert_eq!(store.inner.lookup(id).await.unwrap(), Some(Status::Failed));
+    let reason = &h.broker.inner.dead_letters()[0].reason;
+    assert!(reason.contains("never recorded"), "{reason}");
+    h.stop().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn redelivered_message_already_recorded_is_acked_without_restarting() {
+    let store = Arc::new(MemoryStore::new());
+    let restarter = Arc::new(ScriptedRestarter::default());
+    let h = start(config(), store.clone(), restarter.clone());
+    let (id, body) = payload("cattle-done");
+    let request = RestartRequest::parse(&body, &config().parse).unwrap();
+    store
+        .record_outcome(&request, 1, &Outcome::restarted())
+        .await
+        .unwrap();
+    h.broker.publish(body).await.unwrap();
+    let stats = h.stats.clone();
+    wait_until("acked", || stats.acked.get() == 1).await;
+    assert_eq!(stats.duplicates.get(), 1);
+    assert_eq!(restarter.calls("cattle-done.example.net"), 0);
+    assert_eq!(store.lookup(id).await.unwrap(), Some(Status::Restarted));
+    h.stop().await.unwrap();
+}
