@@ -178,7 +178,10 @@ where
     match runtime.block_on(body(config)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("mandrill: {}", redactor.scrub(&format!("{error:#}")));
+            // Each cause once (anyhow's `{:#}` repeats those an error also
+            // writes into its own message, as sqlx's do).
+            let message = crate::causes::WithCauses(&*error).to_string();
+            eprintln!("mandrill: {}", redactor.scrub(&message));
             if error.is::<BadInput>() {
                 ExitCode::from(2)
             } else {

@@ -20,7 +20,8 @@
 //!   [`settings`]: what both share (secrets, redaction, the `settings!`
 //!   declaration that makes field docs the help). [`telemetry`]: logging. [`diagnostics`]: stall detector,
 //!   status line. [`demo`]: demo publisher. [`stats`]: counters.
-//!   [`backoff`]: exponential backoff.
+//!   [`backoff`]: exponential backoff. [`causes`]: an error and its causes
+//!   on one line.
 #![deny(missing_docs)]
 // Items are `pub` only where the crate exports them (test helpers excepted).
 #![cfg_attr(not(test), warn(unreachable_pub))]
@@ -42,6 +43,7 @@ pub mod worker;
 
 mod admin;
 mod backoff;
+mod causes;
 mod cli;
 mod demo;
 mod diagnostics;

@@ -200,7 +200,7 @@ async fn requests(
         }
         Err(error) => json(
             StatusCode::SERVICE_UNAVAILABLE,
-            json!({ "error": format!("cannot read the history: {error}") }),
+            json!({ "error": format!("cannot read the history: {}", error.with_causes()) }),
         ),
     }
 }
@@ -232,7 +232,7 @@ async fn request(
         ),
         Err(error) => json(
             StatusCode::SERVICE_UNAVAILABLE,
-            json!({ "error": format!("cannot read the history: {error}") }),
+            json!({ "error": format!("cannot read the history: {}", error.with_causes()) }),
         ),
     }
 }

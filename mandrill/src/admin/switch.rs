@@ -165,7 +165,7 @@ async fn turn(state: &State, headers: &HeaderMap, body: &[u8], paused: bool) -> 
     if let Err(error) = state.store.set_switch(paused, &by, &reason).await {
         return json(
             StatusCode::SERVICE_UNAVAILABLE,
-            json!({ "error": format!("cannot turn the kill switch: {error}") }),
+            json!({ "error": format!("cannot turn the kill switch: {}", error.with_causes()) }),
         );
     }
     if paused {

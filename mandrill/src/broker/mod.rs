@@ -178,21 +178,7 @@ impl BrokerError {
     /// The error followed by its causes (`error: cause: cause's cause`),
     /// for a log line or a message that must stand alone.
     pub fn with_causes(&self) -> impl fmt::Display + '_ {
-        WithCauses(self)
-    }
-}
-
-struct WithCauses<'a>(&'a BrokerError);
-
-impl fmt::Display for WithCauses<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.0)?;
-        let mut cause = std::error::Error::source(self.0);
-        while let Some(error) = cause {
-            write!(f, ": {error}")?;
-            cause = error.source();
-        }
-        Ok(())
+        crate::causes::WithCauses(self)
     }
 }
 

@@ -50,7 +50,7 @@ pub(super) fn run(args: &RunArgs) -> ExitCode {
         Ok(Stopped::Cleanly) => ExitCode::SUCCESS,
         Ok(Stopped::AtOnce) => ExitCode::from(130),
         Err(error) => {
-            error!("{error:#}");
+            error!("{}", crate::causes::WithCauses(&*error));
             ExitCode::FAILURE
         }
     };

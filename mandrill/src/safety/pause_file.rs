@@ -80,7 +80,7 @@ impl PauseFile {
         loop {
             if let Err(error) = self.apply(&*store).await {
                 // Tried again at the next event or recheck.
-                error!(%error, path = %self.path.display(), "could not apply the pause file");
+                error!(error = %error.with_causes(), path = %self.path.display(), "could not apply the pause file");
             }
             tokio::select! {
                 () = stop.cancelled() => return,

@@ -49,7 +49,7 @@ pub(super) async fn prune_history(
                     }
                 }
                 Err(error) => {
-                    warn!(%error, "could not prune the history; will try again");
+                    warn!(error = %error.with_causes(), "could not prune the history; will try again");
                     break;
                 }
             }

@@ -226,7 +226,7 @@ impl Service {
         }
         if let Some(mut pause_file) = self.pause_file.take() {
             if let Err(error) = pause_file.apply(&*self.store.as_dyn()).await {
-                error!(%error, "could not apply the pause file at start-up; will try again");
+                error!(error = %error.with_causes(), "could not apply the pause file at start-up; will try again");
             }
             companions.spawn(pause_file.run(
                 self.store.as_dyn(),

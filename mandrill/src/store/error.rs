@@ -1,6 +1,9 @@
 //! What can go wrong talking to a store, and whether it is worth retrying.
 
+use std::fmt;
 use std::sync::Arc;
+
+use crate::causes::WithCauses;
 
 /// What went wrong talking to a store. The worker branches on
 /// [`StoreError::is_transient`]: a transient error is retried in place (and
@@ -9,17 +12,17 @@ use std::sync::Arc;
 #[non_exhaustive]
 pub enum StoreError {
     /// The database refused or failed the operation.
-    #[error("database error: {0}")]
+    #[error("database error")]
     Database(#[from] sqlx::Error),
     /// The schema could not be brought up to date.
-    #[error("database migration failed: {0}")]
+    #[error("database migration failed")]
     Migrate(#[from] sqlx::migrate::MigrateError),
     /// A stored row does not make sense (e.g. an unknown status).
     #[error("corrupt row: {0}")]
     Corrupt(String),
     /// A batched operation failed; every caller of the batch is told, and
     /// none of a failed write batch was committed.
-    #[error("database batch failed: {0}")]
+    #[error("database batch failed")]
     Batch(#[source] Arc<sqlx::Error>),
     /// The store was closed.
     #[error("the store is closed")]
@@ -27,6 +30,13 @@ pub enum StoreError {
 }
 
 impl StoreError {
+    /// The error followed by its causes (`error: cause: cause's cause`),
+    /// for a log line or a message that must stand alone: the message
+    /// itself does not repeat its source.
+    pub fn with_causes(&self) -> impl fmt::Display + '_ {
+        WithCauses(self)
+    }
+
     /// Whether retrying the same operation later may succeed: the database
     /// was unreachable, busy, locked or out of space. Encoding errors,
     /// constraint violations and values too long are permanent: retrying
@@ -111,5 +121,28 @@ mod tests {
             "{source}"
         );
         assert!(!StoreError::Closed.is_transient());
+    }
+
+    /// The cause is the source, not also words in the message, so that a
+    /// chain shows it once: a log line (`with_causes`), and the binary's
+    /// last word (`anyhow`'s chain, through the same helper). It showed
+    /// three times: in `StoreError`'s message, in sqlx's (which writes its
+    /// source into its own), and as the source.
+    #[test]
+    fn a_cause_shows_once_in_the_error_chain() {
+        let cause = "invalid byte sequence for encoding UTF8: 0x00";
+        let error = || StoreError::Database(sqlx::Error::Encode(cause.into()));
+        assert_eq!(error().to_string(), "database error");
+        let line = error().with_causes().to_string();
+        assert_eq!(
+            line,
+            format!("database error: error occurred while encoding a value: {cause}")
+        );
+        let top = anyhow::Error::new(error()).context("cannot record");
+        let top = crate::causes::WithCauses(&*top).to_string();
+        assert_eq!(top.matches(cause).count(), 1, "{top}");
+        let batch = StoreError::Batch(Arc::new(sqlx::Error::Encode(cause.into())));
+        let line = batch.with_causes().to_string();
+        assert_eq!(line.matches(cause).count(), 1, "{line}");
     }
 }

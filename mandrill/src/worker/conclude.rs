@@ -59,7 +59,7 @@ pub(super) async fn conclude(
                         error!(reason = why, "paused all restarts");
                         shared.notify_switch(true, "mandrill", &why);
                     }
-                    Err(error) => error!(%error, "could not pause restarts"),
+                    Err(error) => error!(error = %error.with_causes(), "could not pause restarts"),
                 }
             }
             Outcome::Unrecovered {
@@ -116,18 +116,19 @@ pub(super) async fn conclude(
         }
         Err(Stopped::Permanent(error)) => {
             // Never restart again because bookkeeping failed: give it up.
-            error!(%error, "the store refused the outcome; dead-lettering without another restart");
+            error!(error = %error.with_causes(), "the store refused the outcome; dead-lettering without another restart");
             shared.stats.given_up.inc();
             progress.dead_letter_because(DeadLetterReason::StoreRefused);
             return Settlement::DeadLetter {
                 reason: format!(
-                    "restart attempt {attempt} ended ({}), but its outcome could not be recorded: {error}",
-                    outcome.status()
+                    "restart attempt {attempt} ended ({}), but its outcome could not be recorded: {}",
+                    outcome.status(),
+                    error.with_causes()
                 ),
             };
         }
         Err(Stopped::OutOfTime(error)) => {
-            error!(%error, "shutting down without the outcome recorded; nacking so it is not lost");
+            error!(error = %error.with_causes(), "shutting down without the outcome recorded; nacking so it is not lost");
             return Settlement::Nack {
                 delay: config.retry_backoff.delay(attempt),
                 why: "outcome not recorded".into(),

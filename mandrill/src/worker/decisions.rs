@@ -102,7 +102,7 @@ pub(super) async fn unclaim(
         // The claim holds until it expires and then counts as used: an
         // attempt lost, never a restart outside the guard.
         Err(Stopped::Permanent(error) | Stopped::OutOfTime(error)) => {
-            warn!(%error, attempt, "could not give back the claim; it counts as used");
+            warn!(error = %error.with_causes(), attempt, "could not give back the claim; it counts as used");
         }
         Err(Stopped::Shutdown) => return shutting_down(),
         Err(Stopped::LeaseLost) => return Settlement::Abandon,
@@ -148,7 +148,7 @@ pub(super) async fn note_decision(
         .record_decision(request, attempt, decision)
         .await
     {
-        warn!(%error, "could not record the decision for explain");
+        warn!(error = %error.with_causes(), "could not record the decision for explain");
     }
 }
 
@@ -170,12 +170,13 @@ pub(super) async fn record_decision(
         Err(Stopped::Shutdown) => shutting_down(),
         Err(Stopped::LeaseLost) => Settlement::Abandon,
         Err(Stopped::Permanent(error) | Stopped::OutOfTime(error)) => {
-            error!(%error, "the store refused the decision; dead-lettering");
+            error!(error = %error.with_causes(), "the store refused the decision; dead-lettering");
             progress.dead_letter_because(DeadLetterReason::StoreRefused);
             Settlement::DeadLetter {
                 reason: format!(
-                    "{} decided, but it could not be recorded: {error}",
-                    outcome.status()
+                    "{} decided, but it could not be recorded: {}",
+                    outcome.status(),
+                    error.with_causes()
                 ),
             }
         }
@@ -205,7 +206,7 @@ pub(super) async fn give_up(
         Err(Stopped::Shutdown) => return shutting_down(),
         Err(Stopped::LeaseLost) => return Settlement::Abandon,
         Err(Stopped::Permanent(error) | Stopped::OutOfTime(error)) => {
-            error!(%error, "could not record giving up; dead-lettering anyway");
+            error!(error = %error.with_causes(), "could not record giving up; dead-lettering anyway");
         }
     }
     shared.stats.given_up.inc();

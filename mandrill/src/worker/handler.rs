@@ -232,7 +232,7 @@ pub(super) async fn after_panic(
             .record_outcome(&request, attempt, &outcome)
             .await
         {
-            warn!(%error, "could not record the panic as a failed attempt");
+            warn!(error = %error.with_causes(), "could not record the panic as a failed attempt");
         }
     }
     if last {

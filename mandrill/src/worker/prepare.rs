@@ -57,7 +57,7 @@ pub(super) async fn prepare(
             Err(Stopped::Shutdown) => return Err(shutting_down()),
             Err(Stopped::LeaseLost) => return Err(Settlement::Abandon),
             Err(Stopped::Permanent(error) | Stopped::OutOfTime(error)) => {
-                warn!(%error, "cannot read how often the request was deferred; counting none");
+                warn!(error = %error.with_causes(), "cannot read how often the request was deferred; counting none");
                 0
             }
         };
@@ -197,10 +197,13 @@ pub(super) async fn prepare(
         Err(Stopped::Shutdown) => Err(shutting_down()),
         Err(Stopped::LeaseLost) => Err(Settlement::Abandon),
         Err(Stopped::Permanent(error) | Stopped::OutOfTime(error)) => {
-            error!(%error, "the store refused the claim; giving up without restarting");
+            error!(error = %error.with_causes(), "the store refused the claim; giving up without restarting");
             shared.stats.given_up.inc();
             Err(Settlement::DeadLetter {
-                reason: format!("could not record the claim to restart: {error}"),
+                reason: format!(
+                    "could not record the claim to restart: {}",
+                    error.with_causes()
+                ),
             })
         }
     }
@@ -259,7 +262,7 @@ pub(super) async fn unclaim_at_shutdown(
     match released {
         Ok(Ok(())) => progress.claimed.store(0, Ordering::Release),
         Ok(Err(error)) => {
-            warn!(%error, attempt, "could not give back the claim; it counts as used")
+            warn!(error = %error.with_causes(), attempt, "could not give back the claim; it counts as used")
         }
         Err(_elapsed) => warn!(
             attempt,

@@ -122,7 +122,7 @@ pub(super) async fn watch_switch(shared: &Shared) -> std::convert::Infallible {
     loop {
         match shared.store.switch().await {
             Ok(switch) => shared.set_paused(switch.paused, &switch.paused_reason()),
-            Err(error) => debug!(%error, "could not read the kill switch"),
+            Err(error) => debug!(error = %error.with_causes(), "could not read the kill switch"),
         }
         tokio::time::sleep(every).await;
     }
@@ -162,7 +162,7 @@ async fn wait_for_store(shared: &Shared, shutdown: &Shutdown) -> bool {
         match shared.store.lookup(uuid::Uuid::nil()).await {
             Ok(_) => shared.store_health.succeeded(&shared.stats),
             Err(error) if probes == 1 || probes.is_multiple_of(10) => {
-                warn!(%error, probes, "store still unreachable; pulls stay paused");
+                warn!(error = %error.with_causes(), probes, "store still unreachable; pulls stay paused");
             }
             Err(_) => {}
         }

@@ -119,7 +119,7 @@ where
             }
         }
         if tried == 1 || tried.is_multiple_of(10) {
-            warn!(%error, tried, ?delay, "store unavailable; retrying in place");
+            warn!(error = %error.with_causes(), tried, ?delay, "store unavailable; retrying in place");
         }
         match until {
             Until::LeaseHeld | Until::LeaseHeldOnceSent => {

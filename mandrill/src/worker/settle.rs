@@ -85,7 +85,7 @@ pub(super) async fn reject(
         Err(Stopped::Shutdown) => return shutting_down(),
         Err(Stopped::LeaseLost) => return Settlement::Abandon,
         Err(Stopped::Permanent(error) | Stopped::OutOfTime(error)) => {
-            error!(%error, "could not record the rejection; dead-lettering anyway");
+            error!(error = %error.with_causes(), "could not record the rejection; dead-lettering anyway");
         }
     }
     Settlement::DeadLetter { reason }
