@@ -126,7 +126,19 @@ mod tests {
         assert_eq!(during.alive_tasks, before.alive_tasks + 1);
         release.send(()).unwrap();
         parked.await.unwrap();
-        assert_eq!(RuntimeMetrics::read().alive_tasks, before.alive_tasks);
+        // The join handle is woken as the task completes, just before the
+        // worker thread that ran it takes it out of the runtime's count: a
+        // read at once could still count it (often, with this test alone).
+        // So the count is waited for, not raced.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while RuntimeMetrics::read().alive_tasks != before.alive_tasks {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the finished task is still counted: {:?}",
+                RuntimeMetrics::read()
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
         assert_eq!(
             std::thread::spawn(RuntimeMetrics::read).join().unwrap(),
             RuntimeMetrics::default()
