@@ -6,13 +6,18 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::FutureExt;
+use futures::stream::FuturesUnordered;
+use futures::{FutureExt, StreamExt};
+use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, error, warn};
 
 use super::shared::{Shared, panic_message};
 use super::{Shutdown, WorkerError, handler};
-use crate::broker::BrokerError;
+use crate::broker::{BrokerError, Delivery};
+
+/// Pulls outstanding at once (see [`pull_loop`]).
+const PULLS_IN_FLIGHT: usize = 2;
 
 /// Runs the pull loop, restarting it with backoff when it fails.
 pub(super) async fn supervise(
@@ -56,59 +61,86 @@ pub(super) async fn supervise(
 
 /// Pulls as capacity allows and hands each delivery to a handler. Returns
 /// Ok on shutdown, Err when the broker fails.
+///
+/// Up to [`PULLS_IN_FLIGHT`] pulls are outstanding at once, each holding
+/// its own permits: a broker whose pull waits for a commit (the SQLite
+/// queue's lease is written before the pull returns) would otherwise leave
+/// its writer idle for a round trip per batch.
 async fn pull_loop(
     shared: &Arc<Shared>,
     tracker: &TaskTracker,
     shutdown: &Shutdown,
     failures: &mut u32,
 ) -> Result<(), BrokerError> {
+    let mut pulls = FuturesUnordered::new();
     loop {
-        if shared.store_health.is_down() && !wait_for_store(shared, shutdown).await {
-            return Ok(());
-        }
-        if shared.is_paused() && !wait_for_resume(shared, shutdown).await {
-            return Ok(());
-        }
-        let mut permits = tokio::select! {
-            biased;
-            () = shutdown.requested() => return Ok(()),
-            permit = shared.flow.acquire() => permit,
-        };
-        shared
-            .flow
-            .top_up(&mut permits, shared.config.pull_batch.saturating_sub(1));
-        let deliveries = tokio::select! {
-            biased;
-            () = shutdown.requested() => return Ok(()),
-            pulled = shared.broker.pull(permits.num_permits()) => pulled?,
-        };
-        *failures = 0;
-        let mut deliveries = deliveries;
-        let asked = permits.num_permits();
-        if deliveries.len() > asked {
-            // The broker returned more than asked: give the extra back.
-            for extra in deliveries.split_off(asked) {
-                shared.stats.pulled.inc();
-                warn!(tag = %extra.tag, "broker over-delivered; nacking the extra");
-                let _ = shared.broker.nack(&extra.tag, Duration::ZERO).await;
+        if pulls.is_empty() {
+            if shared.store_health.is_down() && !wait_for_store(shared, shutdown).await {
+                return Ok(());
+            }
+            if shared.is_paused() && !wait_for_resume(shared, shutdown).await {
+                return Ok(());
             }
         }
-        if deliveries.is_empty() {
-            // The permits go back as they are dropped.
-            continue;
+        let may_start =
+            pulls.len() < PULLS_IN_FLIGHT && !shared.store_health.is_down() && !shared.is_paused();
+        tokio::select! {
+            biased;
+            () = shutdown.requested() => return Ok(()),
+            Some((permits, pulled)) = pulls.next(), if !pulls.is_empty() => {
+                let deliveries: Vec<_> = pulled?;
+                *failures = 0;
+                hand_over(shared, tracker, permits, deliveries).await;
+                // Let the handlers just spawned run before pulling more: a
+                // broker that always has a batch ready would otherwise keep
+                // this thread, and every message would sit spawned but
+                // unstarted in memory.
+                tokio::task::yield_now().await;
+            }
+            mut permits = shared.flow.acquire(), if may_start => {
+                shared
+                    .flow
+                    .top_up(&mut permits, shared.config.pull_batch.saturating_sub(1));
+                let broker = &shared.broker;
+                pulls.push(async move {
+                    let pulled = broker.pull(permits.num_permits()).await;
+                    (permits, pulled)
+                });
+            }
+            else => {}
         }
-        shared.stats.pulled.add(deliveries.len() as u64);
-        // Exactly one permit per delivery goes with the batch; the rest are
-        // dropped (returned) here.
-        let Some(batch) = permits.split(deliveries.len()) else {
-            unreachable!("no more deliveries than permits are kept");
-        };
-        handler::spawn_batch(tracker, shared.clone(), deliveries, batch);
-        // Let the handlers just spawned run before pulling more: a broker
-        // that always has a batch ready would otherwise keep this thread,
-        // and every message would sit spawned but unstarted in memory.
-        tokio::task::yield_now().await;
     }
+}
+
+/// Gives each pulled delivery a permit and the batch to its task; permits
+/// not used go back, and deliveries beyond what was asked are nacked.
+async fn hand_over(
+    shared: &Arc<Shared>,
+    tracker: &TaskTracker,
+    mut permits: OwnedSemaphorePermit,
+    mut deliveries: Vec<Delivery>,
+) {
+    let asked = permits.num_permits();
+    if deliveries.len() > asked {
+        // The broker returned more than asked: give the extra back.
+        for extra in deliveries.split_off(asked) {
+            shared.stats.pulled.inc();
+            warn!(tag = %extra.tag, "broker over-delivered; nacking the extra");
+            let _ = shared.broker.nack(&extra.tag, Duration::ZERO).await;
+        }
+    }
+    if deliveries.is_empty() {
+        // The permits go back as they are dropped.
+        return;
+    }
+    shared.stats.pulled.add(deliveries.len() as u64);
+    // Exactly one permit per delivery goes with the batch; the rest are
+    // dropped (returned) here.
+    let Some(batch) = permits.split(deliveries.len()) else {
+        unreachable!("no more deliveries than permits are kept");
+    };
+    drop(permits);
+    handler::spawn_batch(tracker, shared.clone(), deliveries, batch);
 }
 
 /// Reads the kill switch every `switch_poll_interval` until shutdown, so

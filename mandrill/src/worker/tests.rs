@@ -145,6 +145,9 @@ mod refusals;
 #[path = "batch_tests.rs"]
 mod batches;
 
+#[path = "pull_tests.rs"]
+mod pulls;
+
 #[path = "shutdown_tests.rs"]
 mod shutdown;
 
