@@ -121,7 +121,7 @@ async fn store_writer_recovers_after_a_transaction_sqlite_ended_itself() {
     assert!(
         refused
             .as_ref()
-            .is_err_and(|e| e.to_string().contains("disk is full")),
+            .is_err_and(|e| e.with_causes().to_string().contains("disk is full")),
         "{refused:?}"
     );
     break_inserts(&url, "requests", false).await;
