@@ -40,6 +40,18 @@ impl MemoryStore {
         request: &RestartRequest,
         terms: ClaimTerms,
     ) -> Result<Claim, StoreError> {
+        self.claim(request, &terms).await
+    }
+
+    /// As [`Self::claim_restart`], with the terms borrowed: the future then
+    /// holds a reference, not their 112 bytes (see
+    /// [`crate::store::AnyStore::claim_restart`]).
+    pub(crate) async fn claim(
+        &self,
+        request: &RestartRequest,
+        terms: &ClaimTerms,
+    ) -> Result<Claim, StoreError> {
+        let terms = *terms;
         let now = self.clock.now();
         // The flag is written under the switch's lock before `set_switch`
         // returns, so a claim that starts after it sees the pause. Only a
