@@ -169,9 +169,9 @@ impl MemoryStore {
         if has_extra {
             row.extra = Some(Box::new(Extra {
                 last_error,
-                requested_by: request.requested_by.clone(),
-                reason: request.reason.clone(),
-                output: outcome.output().map(str::to_owned),
+                requested_by: request.requested_by.as_deref().map(Box::from),
+                reason: request.reason.as_deref().map(Box::from),
+                output: outcome.output().map(Box::from),
                 recovered_after: outcome.recovered_after(),
             }));
         } else {

@@ -67,13 +67,14 @@ pub(super) struct Row {
     pub(super) status: Status,
 }
 
-/// What few requests carry.
+/// What few requests carry (the benchmark's all do: a `requested_by`).
+/// Boxed strings, 16 bytes each rather than a `String`'s 24: 80 bytes.
 #[derive(Debug, Default)]
 pub(super) struct Extra {
     pub(super) last_error: Option<Box<str>>,
-    pub(super) requested_by: Option<String>,
-    pub(super) reason: Option<String>,
-    pub(super) output: Option<String>,
+    pub(super) requested_by: Option<Box<str>>,
+    pub(super) reason: Option<Box<str>>,
+    pub(super) output: Option<Box<str>>,
     pub(super) recovered_after: Option<std::time::Duration>,
 }
 
@@ -118,10 +119,10 @@ impl Row {
             hostname: self.hostname.as_deref().map(str::to_owned),
             status: self.status,
             attempts: self.attempts,
-            requested_by: extra.and_then(|e| e.requested_by.clone()),
-            reason: extra.and_then(|e| e.reason.clone()),
+            requested_by: extra.and_then(|e| e.requested_by.as_deref().map(str::to_owned)),
+            reason: extra.and_then(|e| e.reason.as_deref().map(str::to_owned)),
             last_error: extra.and_then(|e| e.last_error.as_deref().map(str::to_owned)),
-            output: extra.and_then(|e| e.output.clone()),
+            output: extra.and_then(|e| e.output.as_deref().map(str::to_owned)),
             recovered_after: extra.and_then(|e| e.recovered_after),
             received_at: Timestamp::from_millis(self.received_at),
             updated_at: Timestamp::from_millis(self.updated_at),
@@ -137,6 +138,7 @@ mod tests {
     #[test]
     fn a_row_stays_compact() {
         assert!(std::mem::size_of::<Row>() <= 64);
+        assert!(std::mem::size_of::<Extra>() <= 80);
     }
 
     #[test]
