@@ -79,7 +79,7 @@ async fn the_memory_stores_outcome_and_lookup_allocate_nothing_through_any_store
     let store = AnyStore::from(memory.clone());
     assert!(matches!(store, AnyStore::Memory(_)));
     let request = request("cattle-0001");
-    let claim = store.claim_restart(&request, TERMS).await.unwrap();
+    let claim = store.claim_restart(&request, &TERMS).await.unwrap();
     let Claim::Claimed { attempt, .. } = claim else {
         panic!("not claimed: {claim:?}");
     };
@@ -105,7 +105,7 @@ async fn a_claim_through_any_store_allocates_what_the_store_itself_does() {
     let (first, second) = (request("cattle-0001"), request("cattle-0002"));
     // The row and its journal entry allocate; the call itself must not.
     let (_, direct) = allocations(|| memory.claim_restart(&first, TERMS)).await;
-    let (_, through) = allocations(|| store.claim_restart(&second, TERMS)).await;
+    let (_, through) = allocations(|| store.claim_restart(&second, &TERMS)).await;
     assert_eq!(through, direct);
     assert!(direct > 0, "a claim's row allocates");
 }

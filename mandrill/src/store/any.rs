@@ -73,23 +73,26 @@ impl AnyStore {
         }
     }
 
-    /// As [`Store::claim_restart`].
+    /// As [`Store::claim_restart`], with the terms borrowed: they are 112
+    /// bytes, and a future holds what it is given by value for as long as it
+    /// runs (this one's and the memory store's both, in every handler
+    /// waiting on a claim).
     pub async fn claim_restart(
         &self,
         request: &RestartRequest,
-        terms: ClaimTerms,
+        terms: &ClaimTerms,
     ) -> Result<Claim, StoreError> {
         match self {
-            Self::Memory(store) => store.claim_restart(request, terms).await,
+            Self::Memory(store) => store.claim(request, terms).await,
             Self::Sqlite(store) => {
-                let call = Box::pin(store.claim_restart(request, terms));
+                let call = Box::pin(store.claim_restart(request, *terms));
                 call.await
             }
             Self::Postgres(store) => {
-                let call = Box::pin(store.claim_restart(request, terms));
+                let call = Box::pin(store.claim_restart(request, *terms));
                 call.await
             }
-            Self::Other(store) => store.claim_restart(request, terms).await,
+            Self::Other(store) => store.claim_restart(request, *terms).await,
         }
     }
 
@@ -262,13 +265,14 @@ mod tests {
         };
         let outcome = Outcome::restarted();
         let sizes = [
-            size(&sqlite.claim_restart(&request, terms)),
+            size(&sqlite.claim_restart(&request, &terms)),
             size(&sqlite.record_outcome(&request, 1, &outcome)),
             size(&sqlite.record_outcome_acking(&request, 1, &outcome, None)),
             size(&sqlite.release_claim(&request, 1)),
             size(&sqlite.lookup(request.message_id)),
         ];
-        // Debug build: 272, 64, 128, 48, 272 bytes.
+        // Debug build: 64 (272 while the claim took its terms by value), 64,
+        // 128, 48, 272 bytes.
         assert!(sizes.iter().all(|&size| size <= 320), "{sizes:?}");
     }
 }

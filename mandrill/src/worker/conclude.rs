@@ -1,6 +1,8 @@
 //! Everything after the restart: the outcome, recorded (shielded: retried
 //! until the store answers), and how to settle.
 
+use std::future::Future;
+
 use tracing::{debug, error, info, warn};
 
 use super::lease::Progress;
@@ -15,16 +17,41 @@ use crate::stats::DeadLetterReason;
 use crate::store::Recorded;
 
 /// Everything after the restart: the outcome, recorded, and how to settle.
-pub(super) async fn conclude(
+///
+/// A plain function: the outcome is judged here, synchronously, so that the
+/// restart's result (and the error taken apart from it) is not kept in the
+/// future that waits on the store.
+pub(super) fn conclude<'a>(
+    shared: &'a Shared,
+    progress: &'a Progress,
+    tag: &'a DeliveryTag,
+    request: &'a RestartRequest,
+    attempt: u32,
+    restarted: Result<crate::domain::Restarted, RestartError>,
+) -> impl Future<Output = Settlement> + Send + 'a {
+    let judged = judge(shared, request, attempt, restarted);
+    record(shared, progress, tag, request, attempt, judged)
+}
+
+/// What [`judge`] made of a restart's result.
+struct Judged {
+    outcome: Outcome,
+    /// How long the backend asked to wait before a retry.
+    retry_after: Option<std::time::Duration>,
+    /// Why to pause all restarts first (a host that did not come back).
+    pause: Option<String>,
+}
+
+/// The outcome of a restart, counted, logged and notified.
+fn judge(
     shared: &Shared,
-    progress: &Progress,
-    tag: &DeliveryTag,
     request: &RestartRequest,
     attempt: u32,
     restarted: Result<crate::domain::Restarted, RestartError>,
-) -> Settlement {
+) -> Judged {
     let config = &shared.config;
     let mut retry_after = None;
+    let mut pause = None;
     let outcome = match restarted {
         Ok(restarted) => {
             shared.stats.restarted.inc();
@@ -53,14 +80,10 @@ pub(super) async fn conclude(
             if config.policy.current().pause_on_unrecovered {
                 // Fail closed: a host that does not come back stops every
                 // instance until someone looks (`mandrill resume`).
-                let why = format!("{} did not recover after its restart", request.hostname);
-                match shared.store.set_switch(true, "mandrill", &why).await {
-                    Ok(()) => {
-                        error!(reason = why, "paused all restarts");
-                        shared.notify_switch(true, "mandrill", &why);
-                    }
-                    Err(error) => error!(error = %error.with_causes(), "could not pause restarts"),
-                }
+                pause = Some(format!(
+                    "{} did not recover after its restart",
+                    request.hostname
+                ));
             }
             Outcome::Unrecovered {
                 error: error.to_string(),
@@ -88,6 +111,44 @@ pub(super) async fn conclude(
             }
         }
     };
+    Judged {
+        outcome,
+        retry_after,
+        pause,
+    }
+}
+
+/// Pauses all restarts (the kill switch), saying why.
+async fn pause_restarts(shared: &Shared, why: String) {
+    match shared.store.set_switch(true, "mandrill", &why).await {
+        Ok(()) => {
+            error!(reason = why, "paused all restarts");
+            shared.notify_switch(true, "mandrill", &why);
+        }
+        Err(error) => error!(error = %error.with_causes(), "could not pause restarts"),
+    }
+}
+
+/// The outcome recorded (after pausing restarts, if it says to), and how to
+/// settle.
+async fn record(
+    shared: &Shared,
+    progress: &Progress,
+    tag: &DeliveryTag,
+    request: &RestartRequest,
+    attempt: u32,
+    judged: Judged,
+) -> Settlement {
+    let config = &shared.config;
+    let Judged {
+        outcome,
+        retry_after,
+        pause,
+    } = judged;
+    if let Some(why) = pause {
+        // Boxed: rare, and it would otherwise keep a slot in this future.
+        Box::pin(pause_restarts(shared, why)).await;
+    }
 
     // An outcome settled by an ack takes the ack into its own transaction
     // when the broker and the store share a database (SQLite, one file):

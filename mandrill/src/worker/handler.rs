@@ -43,7 +43,7 @@ use super::conclude::conclude;
 use super::decisions::{dry_run_action, unclaim};
 use super::lease::{Leased, Progress, with_lease};
 use super::prepare::{prepare, recheck, unclaim_at_shutdown};
-use super::settle::{Settlement, rare, reject, settle};
+use super::settle::{RareSettlement, Settlement, rare, reject, settle};
 use super::shared::{Shared, panic_message};
 use crate::broker::Delivery;
 use crate::domain::{Outcome, RestartRequest};
@@ -265,6 +265,31 @@ pub(super) fn guarded<'a>(
     AssertUnwindSafe(process(shared, policy, delivery, progress)).catch_unwind()
 }
 
+/// The payload parsed (boxed: the request lives for the whole task, and
+/// inline it would take ~150 bytes of every handler's state), or the rare
+/// path that rejects it. A plain function, so that the parse's `Result`
+/// (the request or its rejection, 152 bytes) is never part of the handler's
+/// state: awaited inside `process`, the rejection would keep that slot in
+/// every handler for its whole life.
+fn parse_or_reject<'a>(
+    shared: &'a Shared,
+    delivery: &'a Delivery,
+    progress: &'a Progress,
+) -> Result<Box<RestartRequest>, RareSettlement<'a>> {
+    match RestartRequest::parse_sized(&delivery.payload, delivery.full_size, &shared.config.parse) {
+        Ok(request) => Ok(Box::new(request)),
+        Err(rejection) => {
+            shared.stats.rejection_reasons[rejection.kind_index()].inc();
+            Err(rare(reject(
+                shared,
+                delivery,
+                progress,
+                rejection.to_string(),
+            )))
+        }
+    }
+}
+
 /// The work of one delivery: parse, prepare and claim, recheck, restart,
 /// conclude. `policy` is the batch's, for the decisions before the claim.
 pub(super) async fn process(
@@ -274,16 +299,10 @@ pub(super) async fn process(
     progress: &Progress,
 ) -> Settlement {
     let config = &shared.config;
-    // Boxed: the request lives for the whole task, and inline it would take
-    // ~150 bytes of every handler's state.
-    let mut request =
-        match RestartRequest::parse_sized(&delivery.payload, delivery.full_size, &config.parse) {
-            Ok(request) => Box::new(request),
-            Err(rejection) => {
-                shared.stats.rejection_reasons[rejection.kind_index()].inc();
-                return rare(reject(shared, delivery, progress, rejection.to_string())).await;
-            }
-        };
+    let mut request = match parse_or_reject(shared, delivery, progress) {
+        Ok(request) => request,
+        Err(rejected) => return rejected.await,
+    };
     policy.guards.counting.assign(&mut request);
     {
         let span = tracing::Span::current();
@@ -305,19 +324,23 @@ pub(super) async fn process(
     // outage: a decision made before waiting is never trusted after it.
     // Under the policy in force now (a reload since is honoured), and with
     // the stop conditions, which run here, right before the restart.
-    let rechecked = match recheck(shared, &request) {
-        Ok(decided) => decided,
-        Err(stop_conditions) => stop_conditions.await,
-    };
-    let dry_run = match rechecked {
-        Ok(dry_run) => dry_run,
-        Err(Some(hold)) => {
-            drop(reservation);
-            return rare(unclaim(shared, progress, &request, attempt, hold)).await;
-        }
-        Err(None) => {
-            drop(reservation);
-            return rare(unclaim_at_shutdown(shared, progress, &request, attempt)).await;
+    // In a block: what it decided is not kept in the handler's state for the
+    // restart.
+    let dry_run = {
+        let rechecked = match recheck(shared, &request) {
+            Ok(decided) => decided,
+            Err(stop_conditions) => stop_conditions.await,
+        };
+        match rechecked {
+            Ok(dry_run) => dry_run,
+            Err(Some(hold)) => {
+                drop(reservation);
+                return rare(unclaim(shared, progress, &request, attempt, hold)).await;
+            }
+            Err(None) => {
+                drop(reservation);
+                return rare(unclaim_at_shutdown(shared, progress, &request, attempt)).await;
+            }
         }
     };
     if dry_run {

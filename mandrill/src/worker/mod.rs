@@ -266,3 +266,7 @@ impl Worker {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+#[path = "size_tests.rs"]
+mod size_tests;

@@ -12,7 +12,7 @@ use tracing::{error, info, warn};
 use super::decisions::{deny, give_up, held};
 use super::lease::Progress;
 use super::retry::{Stopped, Until, store_op};
-use super::settle::{Settlement, settle_recorded, shutting_down};
+use super::settle::{Settlement, rare, settle_recorded, shutting_down};
 use super::shared::Shared;
 use crate::broker::Delivery;
 use crate::domain::RestartRequest;
@@ -48,9 +48,9 @@ pub(super) async fn prepare(
         // Deliveries a guard deferred (a closed calendar, a full rate
         // window, the kill switch) were settled on purpose: they do not
         // count, or a request waiting overnight would be given up.
-        let deferred = match store_op(shared, progress, Until::LeaseHeld, || {
+        let deferred = match Box::pin(store_op(shared, progress, Until::LeaseHeld, || {
             shared.store.deferrals(request.message_id)
-        })
+        }))
         .await
         {
             Ok(deferred) => deferred,
@@ -72,17 +72,17 @@ pub(super) async fn prepare(
                     String::new()
                 }
             );
-            return Err(give_up(shared, progress, request, 0, reason).await);
+            return Err(rare(give_up(shared, progress, request, 0, reason)).await);
         }
         // The store may have kept us waiting: decide under the policy now.
         reread = config.policy.current();
         policy = &reread;
     }
     if let Err(reason) = policy.eligibility.check(request.instance_name.as_str()) {
-        return Err(deny(shared, progress, request, reason).await);
+        return Err(rare(deny(shared, progress, request, reason)).await);
     }
     if let Some(hold) = policy.guards.hold(request) {
-        return Err(held(shared, progress, request, hold).await);
+        return Err(rare(held(shared, progress, request, hold)).await);
     }
     let limits = match policy.guards.counting.limits(request.group()) {
         Ok(limits) => limits,
@@ -91,7 +91,7 @@ pub(super) async fn prepare(
                 policy
                     .guards
                     .defer(request, "disruption budget", UNKNOWN_BUDGET_RETRY, reason);
-            return Err(held(shared, progress, request, hold).await);
+            return Err(rare(held(shared, progress, request, hold)).await);
         }
     };
     let terms = ClaimTerms {
@@ -121,13 +121,13 @@ pub(super) async fn prepare(
             // hold does.
             let retry_after = retry_after.max(Duration::from_secs(1));
             let hold = policy.guards.defer(request, guard, retry_after, reason);
-            return Err(held(shared, progress, request, hold).await);
+            return Err(rare(held(shared, progress, request, hold)).await);
         }
         None => return Err(shutting_down()),
     };
     // The claim: recorded before the restart is issued.
     let claimed = store_op(shared, progress, Until::LeaseHeldOnceSent, || {
-        shared.store.claim_restart(request, terms)
+        shared.store.claim_restart(request, &terms)
     })
     .await;
     match claimed {
@@ -135,7 +135,7 @@ pub(super) async fn prepare(
             if shared.abort.is_aborted() {
                 // Answered after the grace period ended: nothing is issued
                 // now, so the attempt is given back.
-                return Err(unclaim_at_shutdown(shared, progress, request, attempt).await);
+                return Err(rare(unclaim_at_shutdown(shared, progress, request, attempt)).await);
             }
             if let Some(unknown) = unknown {
                 warn!(
@@ -169,7 +169,7 @@ pub(super) async fn prepare(
         }) => {
             // Recorded by the claim; nothing claimed, nothing issued.
             let hold = policy.guards.defer(request, guard, wait, reason);
-            Err(held(shared, progress, request, hold).await)
+            Err(rare(held(shared, progress, request, hold)).await)
         }
         Ok(Claim::InFlight { attempt, wait }) => {
             shared.stats.deferred.inc();
@@ -192,7 +192,7 @@ pub(super) async fn prepare(
                 ),
                 None => format!("all {attempts} restart attempts are used"),
             };
-            Err(give_up(shared, progress, request, attempts, reason).await)
+            Err(rare(give_up(shared, progress, request, attempts, reason)).await)
         }
         Err(Stopped::Shutdown) => Err(shutting_down()),
         Err(Stopped::LeaseLost) => Err(Settlement::Abandon),

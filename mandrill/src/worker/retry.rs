@@ -68,35 +68,37 @@ where
         {
             return Err(Stopped::LeaseLost);
         }
+        if matches!(until, Until::LeaseHeldOnceSent) && shared.abort.is_aborted() {
+            return Err(Stopped::Shutdown);
+        }
+        // One slot for the call, whichever way it is awaited: every handler
+        // waiting on the store holds this future, so each path's wrapper
+        // borrows the call rather than keeping a copy of its own, and the
+        // rare waits (a timeout at shutdown, the backoff) are boxed.
+        let mut call = std::pin::pin!(operation());
         let result = match until {
-            Until::LeaseHeld => match shared.abort.or_abort(operation()).await {
+            Until::LeaseHeld => match shared.abort.or_abort(call.as_mut()).await {
                 Some(result) => result,
                 None => return Err(Stopped::Shutdown),
             },
-            Until::LeaseHeldOnceSent => {
-                if shared.abort.is_aborted() {
-                    return Err(Stopped::Shutdown);
-                }
-                let mut call = std::pin::pin!(operation());
-                match shared.abort.or_abort(call.as_mut()).await {
-                    Some(result) => result,
-                    // Sent, and perhaps being committed: its answer says
-                    // what to give back.
-                    None => match tokio::time::timeout(SENT_CALL_WAIT, call).await {
-                        Ok(Ok(value)) => return Ok(value),
-                        Ok(Err(_)) => return Err(Stopped::Shutdown),
-                        Err(_elapsed) => {
-                            warn!(
-                                waited = ?SENT_CALL_WAIT,
-                                "the grace period ended with a claim unanswered; \
-                                 if the store records it, it counts as a used attempt"
-                            );
-                            return Err(Stopped::Shutdown);
-                        }
-                    },
-                }
-            }
-            Until::Shielded => operation().await,
+            Until::LeaseHeldOnceSent => match shared.abort.or_abort(call.as_mut()).await {
+                Some(result) => result,
+                // Sent, and perhaps being committed: its answer says what
+                // to give back.
+                None => match Box::pin(tokio::time::timeout(SENT_CALL_WAIT, call)).await {
+                    Ok(Ok(value)) => return Ok(value),
+                    Ok(Err(_)) => return Err(Stopped::Shutdown),
+                    Err(_elapsed) => {
+                        warn!(
+                            waited = ?SENT_CALL_WAIT,
+                            "the grace period ended with a claim unanswered; \
+                             if the store records it, it counts as a used attempt"
+                        );
+                        return Err(Stopped::Shutdown);
+                    }
+                },
+            },
+            Until::Shielded => call.await,
         };
         let error = match result {
             Ok(value) => {
@@ -121,18 +123,15 @@ where
         if tried == 1 || tried.is_multiple_of(10) {
             warn!(error = %error.with_causes(), tried, ?delay, "store unavailable; retrying in place");
         }
+        // Boxed: only a failing store gets here.
+        let backoff = Box::pin(tokio::time::sleep(delay));
         match until {
             Until::LeaseHeld | Until::LeaseHeldOnceSent => {
-                if shared
-                    .abort
-                    .or_abort(tokio::time::sleep(delay))
-                    .await
-                    .is_none()
-                {
+                if shared.abort.or_abort(backoff).await.is_none() {
                     return Err(Stopped::Shutdown);
                 }
             }
-            Until::Shielded => tokio::time::sleep(delay).await,
+            Until::Shielded => backoff.await,
         }
     }
 }

@@ -55,11 +55,12 @@ pub(super) fn settle_recorded(status: Status) -> Settlement {
 /// A rare path's future, boxed and built outside the caller's state: the
 /// values it is made from (a rejection, a reason) would otherwise keep slots
 /// in every handler task for its whole life.
-pub(super) fn rare<'a>(
-    future: impl Future<Output = Settlement> + Send + 'a,
-) -> Pin<Box<dyn Future<Output = Settlement> + Send + 'a>> {
+pub(super) fn rare<'a>(future: impl Future<Output = Settlement> + Send + 'a) -> RareSettlement<'a> {
     Box::pin(future)
 }
+
+/// See [`rare`].
+pub(super) type RareSettlement<'a> = Pin<Box<dyn Future<Output = Settlement> + Send + 'a>>;
 
 /// Records a malformed payload and dead-letters it. Recording is retried
 /// in place like every store write, but a store that refuses for good does

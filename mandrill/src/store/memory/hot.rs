@@ -9,7 +9,7 @@ use uuid::Uuid;
 
 use super::MemoryStore;
 use super::journal::JournalRow;
-use super::row::{Extra, Row};
+use super::row::{Extra, Millis, Row};
 use crate::domain::{Outcome, RestartRequest, Status};
 use crate::safety::limits::Usage;
 use crate::store::{
@@ -40,6 +40,18 @@ impl MemoryStore {
         request: &RestartRequest,
         terms: ClaimTerms,
     ) -> Result<Claim, StoreError> {
+        self.claim(request, &terms).await
+    }
+
+    /// As [`Self::claim_restart`], with the terms borrowed: the future then
+    /// holds a reference, not their 112 bytes (see
+    /// [`crate::store::AnyStore::claim_restart`]).
+    pub(crate) async fn claim(
+        &self,
+        request: &RestartRequest,
+        terms: &ClaimTerms,
+    ) -> Result<Claim, StoreError> {
+        let terms = *terms;
         let now = self.clock.now();
         // The flag is written under the switch's lock before `set_switch`
         // returns, so a claim that starts after it sees the pause. Only a
@@ -58,7 +70,7 @@ impl MemoryStore {
         let state = ClaimState {
             status: row.status,
             attempts: row.attempts,
-            claim_until: row.claim_until,
+            claim_until: row.claim_until.get(),
         };
         // The journal, the one lock all claims share, is held from the
         // counting guards' read to the write, so that they count atomically;
@@ -73,9 +85,9 @@ impl MemoryStore {
         if let Some(write) = write {
             row.status = Status::Received;
             row.attempts = write.attempts;
-            row.claim_until = Some(write.claim_until);
+            row.claim_until = Some(write.claim_until).into();
             if let Some(error) = write.last_error {
-                row.last_error = Some(error.into());
+                row.set_last_error(Some(error.into()));
             }
             row.updated_at = now;
             // Built before taking the journal's lock: it allocates.
@@ -112,10 +124,10 @@ impl MemoryStore {
             && !row.status.is_final()
             && row.attempts == attempt
             && attempt > 0
-            && row.claim_until.is_some()
+            && row.claim_until.get().is_some()
         {
             row.attempts -= 1;
-            row.claim_until = None;
+            row.claim_until = Millis::NONE;
             row.updated_at = now;
             let mut journal = self.journal();
             if journal
@@ -146,24 +158,27 @@ impl MemoryStore {
         }
         row.status = outcome.status();
         if attempt >= row.attempts {
-            row.claim_until = None;
+            row.claim_until = Millis::NONE;
         }
         row.attempts = row.attempts.max(attempt);
-        row.last_error = outcome.error().map(Box::from);
+        let last_error = outcome.error().map(Box::from);
         let has_extra = request.requested_by.is_some()
             || request.reason.is_some()
             || outcome.output().is_some()
             || outcome.recovered_after().is_some();
         if has_extra {
             row.extra = Some(Box::new(Extra {
-                requested_by: request.requested_by.clone(),
-                reason: request.reason.clone(),
-                output: outcome.output().map(str::to_owned),
+                last_error,
+                requested_by: request.requested_by.as_deref().map(Box::from),
+                reason: request.reason.as_deref().map(Box::from),
+                output: outcome.output().map(Box::from),
                 recovered_after: outcome.recovered_after(),
             }));
+        } else {
+            row.set_last_error(last_error);
         }
         row.updated_at = now;
-        row.completed_at = outcome.status().is_final().then_some(now);
+        row.completed_at = outcome.status().is_final().then_some(now).into();
         if let Some(attempt) = self
             .journal()
             .restarts
@@ -171,7 +186,7 @@ impl MemoryStore {
             .filter(|attempt| attempt.outcome.is_none())
         {
             attempt.outcome = Some(outcome.status());
-            attempt.settled_at = Some(now);
+            attempt.settled_at = Some(now).into();
         }
         Ok(Recorded::Recorded)
     }

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use foldhash::{HashMap, HashMapExt};
 use uuid::Uuid;
 
+use super::row::Millis;
 use crate::domain::{RestartRequest, Status};
 use crate::safety::limits::Usage;
 use crate::store::sql::NOT_ISSUED;
@@ -31,9 +32,10 @@ pub(super) struct JournalRow {
     /// Where the group's name starts in `names`.
     group_at: u32,
     pub(super) claimed_at: i64,
-    pub(super) verdict: String,
+    /// What the counting guards said; empty (no allocation) without them.
+    pub(super) verdict: Box<str>,
+    pub(super) settled_at: Millis,
     pub(super) outcome: Option<Status>,
-    pub(super) settled_at: Option<i64>,
 }
 
 impl JournalRow {
@@ -47,9 +49,9 @@ impl JournalRow {
             // A hostname label is at most 63 bytes.
             group_at: u32::try_from(instance.len()).unwrap_or(u32::MAX),
             claimed_at: now,
-            verdict,
+            verdict: verdict.into_boxed_str(),
+            settled_at: Millis::NONE,
             outcome: None,
-            settled_at: None,
         }
     }
 
@@ -202,9 +204,9 @@ impl Journal {
                 attempt: *attempt,
                 group: row.group().to_owned(),
                 claimed_at: Timestamp::from_millis(row.claimed_at),
-                verdict: row.verdict.clone(),
+                verdict: row.verdict.to_string(),
                 outcome: row.outcome,
-                settled_at: row.settled_at.map(Timestamp::from_millis),
+                settled_at: row.settled_at.get().map(Timestamp::from_millis),
             })
             .collect();
         attempts.sort_by_key(|a| a.attempt);

@@ -137,8 +137,8 @@ impl Store for MemoryStore {
         let now = self.clock.now();
         let mut row = Row::new(None, Status::Rejected, now);
         row.attempts = 1;
-        row.last_error = Some(Box::from(reason));
-        row.completed_at = Some(now);
+        row.set_last_error(Some(Box::from(reason)));
+        row.completed_at = Some(now).into();
         self.rejected
             .lock()
             .expect("memory store poisoned")
@@ -234,7 +234,7 @@ impl Store for MemoryStore {
         let budget = u64::from(max_rows);
         let mut removed = 0;
         let mut keep = |row: &Row| {
-            let old = row.completed_at.is_some_and(|at| at < before);
+            let old = row.completed_at.get().is_some_and(|at| at < before);
             if old && removed < budget {
                 removed += 1;
                 false
