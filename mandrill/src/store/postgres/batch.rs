@@ -4,8 +4,11 @@
 //! Locks are taken in one order by every batch, so two batches never wait
 //! for each other in a cycle: first the `requests` rows of every request the
 //! batch touches, sorted by id (a missing row is created first, in the same
-//! order), then the kill switch under a share lock, then whatever else each
-//! write needs, all of it on rows of requests already locked.
+//! order), then whatever else each write needs, all of it on rows of
+//! requests already locked. A batch with claims also takes the kill switch
+//! under a share lock, in the statement that creates the rows: it conflicts
+//! only with `set_switch`, which waits for nothing else, so it makes no
+//! cycle wherever it is taken.
 
 use std::collections::HashMap;
 use std::sync::LazyLock;
