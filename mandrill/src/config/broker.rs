@@ -55,7 +55,7 @@ settings! {
         /// PostgreSQL: tasks committing claims and outcomes in groups (1-64;
         /// at most `max_connections - 1` run).
         ///
-        /// Each holds one pooled connection while it commits.
+        /// Each keeps one pooled connection of its own.
         pub writers: u32 = crate::store::postgres::DEFAULT_WRITERS,
         /// How long finished requests stay in the history (0s: forever; at
         /// most 100 years).

@@ -4,8 +4,11 @@
 //! Locks are taken in one order by every batch, so two batches never wait
 //! for each other in a cycle: first the `requests` rows of every request the
 //! batch touches, sorted by id (a missing row is created first, in the same
-//! order), then the kill switch under a share lock, then whatever else each
-//! write needs, all of it on rows of requests already locked.
+//! order), then whatever else each write needs, all of it on rows of
+//! requests already locked. A batch with claims also takes the kill switch
+//! under a share lock, in the statement that creates the rows: it conflicts
+//! only with `set_switch`, which waits for nothing else, so it makes no
+//! cycle wherever it is taken.
 
 use std::collections::HashMap;
 use std::sync::LazyLock;
@@ -16,7 +19,7 @@ use super::writer::{Answer, Write};
 use crate::domain::{Outcome, RestartRequest, Status};
 use crate::safety::limits::Usage;
 use crate::store::reads::postgres::insert_decision;
-use crate::store::sql::{SwitchRow, insert_requests, not_final, outcome_set, upsert_journal};
+use crate::store::sql::{SWITCH_SQL, insert_requests, not_final, outcome_set, upsert_journal};
 use crate::store::{
     ClaimState, ClaimWrite, Recorded, Switch, Timestamp, claim_decision, decide_claim, millis_of,
     status_from_name, switch_from,
@@ -25,22 +28,54 @@ use crate::store::{
 type Tx<'c> = sqlx::Transaction<'c, sqlx::Postgres>;
 
 /// Creates the missing rows of a batch's requests: `$1`..`$5` arrays of
-/// ids, instances, hosts, requested by, reasons; `$6` now.
-static INSERT_REQUESTS_SQL: LazyLock<String> = LazyLock::new(|| {
-    insert_requests(
+/// ids, instances, hosts, requested by, reasons; `$6` now. Returns the ids
+/// of the rows it created (received, no attempt: this transaction's own,
+/// so locked by it) and, on every row, the kill switch, read under a share
+/// lock (see [`SWITCH_SHARED_SQL`]); at least one row, the switch's, when
+/// it created none.
+static INSERT_REQUESTS_SQL: LazyLock<String> =
+    LazyLock::new(|| insert_returning_switch(&SWITCH_SHARED_SQL));
+
+/// As [`INSERT_REQUESTS_SQL`], for a batch without claims: the switch is
+/// read but not locked (nothing decided from it waits on it).
+static INSERT_REQUESTS_UNLOCKED_SQL: LazyLock<String> =
+    LazyLock::new(|| insert_returning_switch(SWITCH_SQL));
+
+fn insert_returning_switch(switch: &str) -> String {
+    let insert = insert_requests(
         "SELECT u.id, u.instance_name, u.hostname, u.requested_by, u.reason, $6::int8 AS at
          FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[])
               AS u(id, instance_name, hostname, requested_by, reason)",
+    );
+    format!(
+        "WITH switch AS ({switch}), created AS ({insert} RETURNING message_id)
+         SELECT c.message_id, s.paused, s.by_whom, s.reason, s.updated_at
+         FROM switch s LEFT JOIN created c ON true"
     )
-});
+}
 
-/// The journal rows of a round's claims: `$1`..`$5` arrays of ids,
-/// attempts, instances, groups, verdicts; `$6` now.
-static JOURNAL_SQL: LazyLock<String> = LazyLock::new(|| {
-    upsert_journal(
-        "SELECT u.id, u.attempt, u.instance_name, u.grp, u.verdict, $6::int8 AS at
-         FROM unnest($1::text[], $2::int4[], $3::text[], $4::text[], $5::text[])
+/// A row of [`INSERT_REQUESTS_SQL`]: an id created (or none), then the
+/// switch.
+type CreatedRow = (Option<String>, bool, Option<String>, Option<String>, i64);
+
+/// A round's claims and their journal rows, in one statement: `$1`..`$4`
+/// arrays of ids, attempts, claim deadlines, last errors; `$5` now;
+/// `$6`..`$8` arrays of instances, groups, verdicts.
+static CLAIMS_SQL: LazyLock<String> = LazyLock::new(|| {
+    let journal = upsert_journal(
+        "SELECT u.id, u.attempt, u.instance_name, u.grp, u.verdict, $5::int8 AS at
+         FROM unnest($1::text[], $2::int4[], $6::text[], $7::text[], $8::text[])
               AS u(id, attempt, instance_name, grp, verdict)",
+    );
+    format!(
+        "WITH claimed AS (
+             UPDATE requests r SET status = 'received', attempts = u.attempts,
+                 claim_until = u.claim_until,
+                 last_error = COALESCE(u.last_error, r.last_error), updated_at = $5
+             FROM unnest($1::text[], $2::int4[], $3::int8[], $4::text[])
+                  AS u(id, attempts, claim_until, last_error)
+             WHERE r.message_id = u.id)
+         {journal}"
     )
 });
 
@@ -53,20 +88,7 @@ pub(super) async fn commit_batch(
     batch: &[Write],
 ) -> Result<Vec<Answer>, sqlx::Error> {
     let now = Timestamp::now().as_millis();
-    let mut states = lock_rows(tx, batch, now).await?;
-    let switch = if batch
-        .iter()
-        .any(|write| matches!(write, Write::Claim { .. }))
-    {
-        // A share lock: `set_switch` waits for the claims in progress, and
-        // every claim after it sees the switch as it left it.
-        let (paused, by, why, since): SwitchRow = sqlx::query_as(&SWITCH_SHARED_SQL)
-            .fetch_one(&mut **tx)
-            .await?;
-        switch_from(paused, by, why, since)
-    } else {
-        Switch::default()
-    };
+    let (mut states, switch) = lock_rows(tx, batch, now).await?;
     let mut answers: Vec<Option<Answer>> = vec![None; batch.len()];
     let mut rounds = 0;
     while answers.iter().any(Option::is_none) {
@@ -105,7 +127,7 @@ pub(super) async fn commit_batch(
             }
         }
         claims.write(tx, now).await?;
-        for (index, recorded) in record_outcomes(tx, &outcomes, now).await? {
+        for (index, recorded) in record_outcomes(tx, &outcomes, &states, now).await? {
             answers[index] = Some(Answer::Outcome(recorded));
         }
     }
@@ -114,12 +136,14 @@ pub(super) async fn commit_batch(
 }
 
 /// Creates the missing rows of the batch's requests and locks every one of
-/// them, in id order; returns their claim state.
+/// them, in id order; returns their claim state, and the kill switch (read
+/// under a share lock: `set_switch` waits for the claims in progress, and
+/// every claim after it sees the switch as it left it).
 async fn lock_rows(
     tx: &mut Tx<'_>,
     batch: &[Write],
     now: i64,
-) -> Result<HashMap<String, ClaimState>, sqlx::Error> {
+) -> Result<(HashMap<String, ClaimState>, Switch), sqlx::Error> {
     let mut requests: Vec<(String, &RestartRequest)> = batch
         .iter()
         .map(|write| (write.request().message_id.to_string(), write.request()))
@@ -136,23 +160,62 @@ async fn lock_rows(
         rows.reasons.push(request.reason.clone());
     }
     // In id order (unnest keeps the array's order), so that two batches
-    // creating the same rows wait for each other, never in a cycle.
-    sqlx::query(&INSERT_REQUESTS_SQL)
+    // creating the same rows wait for each other, never in a cycle. The
+    // switch's share lock conflicts only with `set_switch`, which waits for
+    // nothing else, so taking it first makes no cycle either.
+    let claims = batch
+        .iter()
+        .any(|write| matches!(write, Write::Claim { .. }));
+    let insert = if claims {
+        &INSERT_REQUESTS_SQL
+    } else {
+        &INSERT_REQUESTS_UNLOCKED_SQL
+    };
+    let created: Vec<CreatedRow> = sqlx::query_as(insert)
         .bind(&rows.ids)
         .bind(&rows.instances)
         .bind(&rows.hosts)
         .bind(&rows.requested_by)
         .bind(&rows.reasons)
         .bind(now)
-        .execute(&mut **tx)
-        .await?;
-    // The row locks serialise the writes of one request across writers and
-    // instances; taken in id order, so no two batches deadlock.
-    let found: Vec<(String, String, i32, Option<i64>)> = sqlx::query_as(LOCK_SQL)
-        .bind(&rows.ids)
         .fetch_all(&mut **tx)
         .await?;
-    states_from(found)
+    let switch = created
+        .first()
+        .map(|(_, paused, by, why, since)| switch_from(*paused, by.clone(), why.clone(), *since))
+        .ok_or(sqlx::Error::RowNotFound)?;
+    // A row this transaction created is its own until it commits: received,
+    // no attempt claimed, as the insert wrote it.
+    let mut states: HashMap<String, ClaimState> = created
+        .into_iter()
+        .filter_map(|(id, ..)| id)
+        .map(|id| {
+            let state = ClaimState {
+                status: Status::Received,
+                attempts: 0,
+                claim_until: None,
+            };
+            (id, state)
+        })
+        .collect();
+    // The others already existed: the row locks serialise the writes of
+    // one request across writers and instances; taken in id order, after
+    // the rows created (as a lock of every row would take them: those are
+    // this transaction's already), so no two batches deadlock.
+    let existing: Vec<&str> = rows
+        .ids
+        .iter()
+        .filter(|id| !states.contains_key(*id))
+        .map(String::as_str)
+        .collect();
+    if !existing.is_empty() {
+        let found: Vec<(String, String, i32, Option<i64>)> = sqlx::query_as(LOCK_SQL)
+            .bind(existing)
+            .fetch_all(&mut **tx)
+            .await?;
+        states.extend(states_from(found)?);
+    }
+    Ok((states, switch))
 }
 
 /// Locks the rows of the requests `$1`, in id order, and reads their claim
@@ -225,33 +288,20 @@ impl ClaimWrites {
         self.verdicts.push(write.verdict);
     }
 
-    /// The claims and their journal rows, in two statements.
+    /// The claims and their journal rows, in one statement.
     async fn write(self, tx: &mut Tx<'_>, now: i64) -> Result<(), sqlx::Error> {
         if self.ids.is_empty() {
             return Ok(());
         }
-        sqlx::query(
-            "UPDATE requests r SET status = 'received', attempts = u.attempts,
-                 claim_until = u.claim_until,
-                 last_error = COALESCE(u.last_error, r.last_error), updated_at = $5
-             FROM unnest($1::text[], $2::int4[], $3::int8[], $4::text[])
-                  AS u(id, attempts, claim_until, last_error)
-             WHERE r.message_id = u.id",
-        )
-        .bind(&self.ids)
-        .bind(&self.attempts)
-        .bind(&self.claim_until)
-        .bind(&self.last_error)
-        .bind(now)
-        .execute(&mut **tx)
-        .await?;
-        sqlx::query(&JOURNAL_SQL)
+        sqlx::query(&CLAIMS_SQL)
             .bind(&self.ids)
             .bind(&self.attempts)
+            .bind(&self.claim_until)
+            .bind(&self.last_error)
+            .bind(now)
             .bind(&self.instances)
             .bind(&self.groups)
             .bind(&self.verdicts)
-            .bind(now)
             .execute(&mut **tx)
             .await?;
         Ok(())
@@ -259,10 +309,16 @@ impl ClaimWrites {
 }
 
 /// Records outcomes over a status that is not final (as every store does,
-/// with the same assignments); returns the ids recorded.
+/// with the same assignments), and settles each attempt's journal row
+/// (the attempt's own end, whatever another delivery recorded first);
+/// returns the ids recorded.
 pub(super) static OUTCOME_SQL: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "UPDATE requests r SET {}
+        "WITH settled AS (
+             UPDATE restarts t SET outcome = u.status, settled_at = $8
+             FROM unnest($1::text[], $3::int4[], $2::text[]) AS u(id, attempt, status)
+             WHERE t.message_id = u.id AND t.attempt = u.attempt AND t.outcome IS NULL)
+         UPDATE requests r SET {}
          FROM unnest($1::text[], $2::text[], $3::int4[], $4::text[], $5::int8[], $6::text[],
                      $7::int8[])
               AS u(id, status, attempts, last_error, completed_at, output, recovered_after_ms)
@@ -273,11 +329,12 @@ pub(super) static OUTCOME_SQL: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
-/// Records the outcomes of one round (distinct requests, rows locked), in
-/// two statements, plus one read for those already final.
+/// Records the outcomes of one round (distinct requests, rows locked, as
+/// `states` read them), in one statement.
 async fn record_outcomes(
     tx: &mut Tx<'_>,
     outcomes: &[(usize, &RestartRequest, u32, &Outcome)],
+    states: &HashMap<String, ClaimState>,
     now: i64,
 ) -> Result<Vec<(usize, Recorded)>, sqlx::Error> {
     if outcomes.is_empty() {
@@ -313,40 +370,19 @@ async fn record_outcomes(
         .bind(now)
         .fetch_all(&mut **tx)
         .await?;
-    // The attempt's own end, whatever another delivery recorded first.
-    sqlx::query(
-        "UPDATE restarts t SET outcome = u.status, settled_at = $4
-         FROM unnest($1::text[], $2::int4[], $3::text[]) AS u(id, attempt, status)
-         WHERE t.message_id = u.id AND t.attempt = u.attempt AND t.outcome IS NULL",
-    )
-    .bind(&ids)
-    .bind(&attempt_numbers)
-    .bind(&statuses)
-    .bind(now)
-    .execute(&mut **tx)
-    .await?;
     let recorded: std::collections::HashSet<String> = recorded.into_iter().collect();
-    let already: Vec<String> = ids
-        .iter()
-        .filter(|id| !recorded.contains(*id))
-        .cloned()
-        .collect();
-    let finals: HashMap<String, Status> = if already.is_empty() {
-        HashMap::new()
-    } else {
-        read_states_of(tx, &already)
-            .await?
-            .into_iter()
-            .map(|(id, state)| (id, state.status))
-            .collect()
-    };
     let mut results = Vec::with_capacity(outcomes.len());
     for ((index, _, _, _), id) in outcomes.iter().zip(&ids) {
         let result = if recorded.contains(id) {
             Recorded::Recorded
         } else {
-            // The row was locked by this transaction: it cannot vanish.
-            let status = finals.get(id).copied().ok_or(sqlx::Error::RowNotFound)?;
+            // Not recorded over a final status; the row is locked by this
+            // transaction since `states` was read, and no other write of
+            // this round touches it.
+            let status = states
+                .get(id)
+                .map(|state| state.status)
+                .ok_or(sqlx::Error::RowNotFound)?;
             Recorded::AlreadyFinal(status)
         };
         results.push((*index, result));

@@ -10,9 +10,10 @@
 //! advisory locks ([`claims`]). Lookups are answered in groups too
 //! (`store/lookup.rs`); the reads and statements shared with the SQLite
 //! store are in `store/reads.rs` and `store/sql.rs`. The pool is bounded;
-//! the writers and the lookup task take from it one connection each, only
-//! while they run a batch, and the writes that need a connection of their
-//! own take turns for the rest, so no caller queues for the pool (where a
+//! each writer keeps one connection from batch to batch (taking it anew
+//! for each batch cost two pings), the lookup task takes one while it runs
+//! a batch, and the writes that need a connection of their own take turns
+//! for the rest, so no caller queues for the pool (where a
 //! wait past its acquire timeout fails) however many handlers are in
 //! flight.
 
@@ -84,7 +85,7 @@ impl PostgresStore {
     }
 
     /// As [`PostgresStore::connect`], with `writers` writer tasks. Each
-    /// holds a pooled connection only while it commits, and at least one
+    /// keeps a pooled connection of its own, and at least one
     /// connection is left to the reads and the guarded claims, so there are
     /// never more than `max_connections - 1` writers (but at least one).
     pub async fn connect_with(

@@ -7,7 +7,9 @@
 
 use std::sync::Arc;
 
-use sqlx::postgres::PgPool;
+use sqlx::Connection as _;
+use sqlx::pool::PoolConnection;
+use sqlx::postgres::{PgPool, Postgres};
 use tokio::sync::{Mutex, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
@@ -58,6 +60,7 @@ pub(super) type Queue = Arc<Mutex<mpsc::Receiver<Write>>>;
 /// commits what is still queued and stops.
 pub(super) async fn write_loop(pool: PgPool, queue: Queue, closing: CancellationToken) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
+    let mut held = Held { pool, conn: None };
     loop {
         {
             let mut receiver = queue.lock().await;
@@ -84,13 +87,13 @@ pub(super) async fn write_loop(pool: PgPool, queue: Queue, closing: Cancellation
                 }
             }
         }
-        commit_and_answer(&pool, &mut batch).await;
+        commit_and_answer(&mut held, &mut batch).await;
     }
 }
 
 /// Commits `batch` (emptying it) and answers each of its callers.
-async fn commit_and_answer(pool: &PgPool, batch: &mut Vec<Write>) {
-    match commit(pool, batch).await {
+async fn commit_and_answer(held: &mut Held, batch: &mut Vec<Write>) {
+    match commit(held, batch).await {
         Ok(answers) => {
             for (write, answer) in batch.drain(..).zip(answers) {
                 reply(write, Ok(answer));
@@ -104,7 +107,7 @@ async fn commit_and_answer(pool: &PgPool, batch: &mut Vec<Write>) {
             warn!(%error, writes = batch.len(), "store batch refused; writing it one by one");
             for write in batch.drain(..) {
                 let single = [write];
-                let result = commit(pool, &single).await;
+                let result = commit(held, &single).await;
                 let [write] = single;
                 reply(
                     write,
@@ -148,10 +151,31 @@ fn reply(write: Write, answer: Result<Answer, StoreError>) {
     }
 }
 
+/// A writer's connection, kept from one batch to the next: taken from the
+/// pool for each batch, it cost two round trips more (sqlx pings a
+/// connection as it is taken and again as it is given back). The store
+/// leaves one connection per writer for this (see `PostgresStore::direct`).
+/// Given back after a failed batch, so that a broken one is not used again.
+struct Held {
+    pool: PgPool,
+    conn: Option<PoolConnection<Postgres>>,
+}
+
 /// Runs `batch` in one transaction; any error rolls all of it back.
-async fn commit(pool: &PgPool, batch: &[Write]) -> Result<Vec<Answer>, sqlx::Error> {
-    let mut tx = pool.begin().await?;
-    let answers = commit_batch(&mut tx, batch).await?;
-    tx.commit().await?;
-    Ok(answers)
+async fn commit(held: &mut Held, batch: &[Write]) -> Result<Vec<Answer>, sqlx::Error> {
+    let result = async {
+        let conn = match &mut held.conn {
+            Some(conn) => conn,
+            None => held.conn.insert(held.pool.acquire().await?),
+        };
+        let mut tx = conn.begin().await?;
+        let answers = commit_batch(&mut tx, batch).await?;
+        tx.commit().await?;
+        Ok(answers)
+    }
+    .await;
+    if result.is_err() {
+        held.conn = None;
+    }
+    result
 }
