@@ -1,10 +1,13 @@
 //! Outcomes, rejections, released claims and pruning, inside the writer's
 //! transaction.
 
+use std::collections::HashSet;
+use std::sync::LazyLock;
+
 use sqlx::{QueryBuilder, Sqlite};
 use uuid::Uuid;
 
-use super::ROWS_PER_STATEMENT;
+use super::{AroundValues, ROWS_PER_STATEMENT};
 use crate::domain::{Outcome, RestartRequest, Status};
 use crate::sqlite::writer::Tx;
 use crate::store::sql::{
@@ -13,11 +16,50 @@ use crate::store::sql::{
 };
 use crate::store::{Timestamp, millis_of};
 
-/// Records outcomes, in one statement; for each, `None` if recorded, or the
-/// final status that was already there. The request ids must be distinct.
+/// Settles open rows with outcomes: for each row whose request is in the
+/// `VALUES` list and not final, sets what an outcome sets, and returns its
+/// id. An `UPDATE` by the unique index, not an upsert: nearly every outcome
+/// ends a claim committed earlier, so its row exists, and an attempted
+/// insert that conflicts costs about twice as much.
+static UPDATE_OUTCOMES: LazyLock<AroundValues> = LazyLock::new(|| {
+    AroundValues::new(
+        |rows| {
+            format!(
+                "UPDATE requests SET {} FROM ({rows}) AS new
+                 WHERE requests.message_id = new.id AND {}
+                 RETURNING requests.message_id",
+                outcome_set("new", "requests", "new.updated_at"),
+                not_final("requests"),
+            )
+        },
+        &[
+            "id",
+            "status",
+            "attempts",
+            "last_error",
+            "output",
+            "recovered_after_ms",
+            "completed_at",
+            "updated_at",
+        ],
+    )
+});
+
+/// One outcome to record: the request, the attempt it ends, the outcome.
+type Recording<'r> = (&'r RestartRequest, u32, &'r Outcome);
+
+/// Records outcomes; for each, `None` if recorded, or the final status that
+/// was already there. The request ids must be distinct.
+///
+/// One statement records the outcomes whose rows are open (the common
+/// case, see [`UPDATE_OUTCOMES`]); the rest go through an upsert, which
+/// creates the rows that are missing, and the rows final already are read.
+/// Either way one statement per chunk decides, so that two deliveries of
+/// the same message (or two instances) cannot both record a first final
+/// outcome.
 pub(super) async fn insert_outcomes(
     tx: &mut Tx<'_>,
-    outcomes: &[(&RestartRequest, u32, &Outcome)],
+    outcomes: &[Recording<'_>],
     now: i64,
 ) -> Result<Vec<Option<Status>>, sqlx::Error> {
     if outcomes.is_empty() {
@@ -29,85 +71,124 @@ pub(super) async fn insert_outcomes(
         .iter()
         .map(|(request, _, _)| request.message_id.to_string())
         .collect();
-    let mut recorded: Vec<String> = Vec::with_capacity(outcomes.len());
+    let mut recorded: HashSet<String> = HashSet::with_capacity(outcomes.len());
     for (chunk, ids) in outcomes
         .chunks(ROWS_PER_STATEMENT)
         .zip(ids.chunks(ROWS_PER_STATEMENT))
     {
-        // One statement per chunk of distinct requests, so that two
-        // deliveries of the same message (or two instances) cannot both
-        // record a first final outcome.
-        let mut insert: QueryBuilder<Sqlite> = QueryBuilder::new(
-            "INSERT INTO requests
-                 (message_id, instance_name, hostname, requested_by, reason, status,
-                  attempts, last_error, received_at, updated_at, completed_at, output,
-                  recovered_after_ms) ",
-        );
-        insert.push_values(
+        let mut update = UPDATE_OUTCOMES.query(
             chunk.iter().zip(ids),
-            |mut row, ((request, attempt, outcome), id)| {
+            |mut row, ((_, attempt, outcome), id)| {
                 let status = outcome.status();
                 row.push_bind(id.as_str())
-                    .push_bind(request.instance_name.as_str())
-                    .push_bind(request.hostname.as_str())
-                    .push_bind(request.requested_by.as_deref())
-                    .push_bind(request.reason.as_deref())
                     .push_bind(status.as_str())
                     .push_bind(i64::from(*attempt))
                     .push_bind(outcome.error())
-                    .push_bind(now)
-                    .push_bind(now)
-                    .push_bind(status.is_final().then_some(now))
                     .push_bind(outcome.output())
-                    .push_bind(millis_of(outcome.recovered_after()));
+                    .push_bind(millis_of(outcome.recovered_after()))
+                    .push_bind(status.is_final().then_some(now))
+                    .push_bind(now);
             },
         );
-        insert.push(format!(
-            " ON CONFLICT (message_id) DO UPDATE SET {} WHERE {} RETURNING message_id",
-            outcome_set("excluded", "requests", "excluded.updated_at"),
-            not_final("requests"),
-        ));
         recorded.extend(
-            insert
+            update
                 .build_query_scalar::<String>()
                 .fetch_all(&mut **tx)
                 .await?,
         );
-        // The attempt's own end, whatever another delivery recorded first.
-        let mut settle: QueryBuilder<Sqlite> =
-            QueryBuilder::new("UPDATE restarts SET outcome = j.column3, settled_at = ");
-        settle.push_bind(now).push(" FROM (");
-        settle.push_values(
-            chunk.iter().zip(ids),
-            |mut row, ((_, attempt, outcome), id)| {
-                row.push_bind(id.as_str())
-                    .push_bind(i64::from(*attempt))
-                    .push_bind(outcome.status().as_str());
-            },
-        );
-        settle.push(
-            ") AS j WHERE restarts.message_id = j.column1 AND restarts.attempt = j.column2
-               AND restarts.outcome IS NULL",
-        );
-        settle.build().execute(&mut **tx).await?;
+        settle(tx, chunk, ids, now).await?;
     }
-    let recorded: std::collections::HashSet<String> = recorded.into_iter().collect();
+    let rest: Vec<(Recording<'_>, &String)> = outcomes
+        .iter()
+        .zip(&ids)
+        .filter(|(_, id)| !recorded.contains(*id))
+        .map(|(outcome, id)| (*outcome, id))
+        .collect();
+    for chunk in rest.chunks(ROWS_PER_STATEMENT) {
+        recorded.extend(upsert_outcomes(tx, chunk, now).await?);
+    }
     let mut results = Vec::with_capacity(outcomes.len());
-    for (request, _, _) in outcomes {
-        let id = request.message_id.to_string();
-        if recorded.contains(&id) {
+    for id in &ids {
+        if recorded.contains(id) {
             results.push(None);
             continue;
         }
         let existing: String =
             sqlx::query_scalar("SELECT status FROM requests WHERE message_id = ?1")
-                .bind(&id)
+                .bind(id)
                 .fetch_one(&mut **tx)
                 .await?;
         // The row was written by this program with a status from the CHECK list.
         results.push(Some(Status::from_name(&existing).unwrap_or(Status::Failed)));
     }
     Ok(results)
+}
+
+/// Records outcomes whose rows are missing (creating them) or final (for
+/// which it does nothing); returns the ids it recorded.
+async fn upsert_outcomes(
+    tx: &mut Tx<'_>,
+    chunk: &[(Recording<'_>, &String)],
+    now: i64,
+) -> Result<Vec<String>, sqlx::Error> {
+    let mut insert: QueryBuilder<Sqlite> = QueryBuilder::new(
+        "INSERT INTO requests
+             (message_id, instance_name, hostname, requested_by, reason, status,
+              attempts, last_error, received_at, updated_at, completed_at, output,
+              recovered_after_ms) ",
+    );
+    insert.push_values(chunk, |mut row, ((request, attempt, outcome), id)| {
+        let status = outcome.status();
+        row.push_bind(id.as_str())
+            .push_bind(request.instance_name.as_str())
+            .push_bind(request.hostname.as_str())
+            .push_bind(request.requested_by.as_deref())
+            .push_bind(request.reason.as_deref())
+            .push_bind(status.as_str())
+            .push_bind(i64::from(*attempt))
+            .push_bind(outcome.error())
+            .push_bind(now)
+            .push_bind(now)
+            .push_bind(status.is_final().then_some(now))
+            .push_bind(outcome.output())
+            .push_bind(millis_of(outcome.recovered_after()));
+    });
+    insert.push(format!(
+        " ON CONFLICT (message_id) DO UPDATE SET {} WHERE {} RETURNING message_id",
+        outcome_set("excluded", "requests", "excluded.updated_at"),
+        not_final("requests"),
+    ));
+    insert
+        .build_query_scalar::<String>()
+        .fetch_all(&mut **tx)
+        .await
+}
+
+/// Writes each attempt's own end into the journal, whatever another
+/// delivery recorded first.
+async fn settle(
+    tx: &mut Tx<'_>,
+    chunk: &[Recording<'_>],
+    ids: &[String],
+    now: i64,
+) -> Result<(), sqlx::Error> {
+    let mut settle: QueryBuilder<Sqlite> =
+        QueryBuilder::new("UPDATE restarts SET outcome = j.column3, settled_at = ");
+    settle.push_bind(now).push(" FROM (");
+    settle.push_values(
+        chunk.iter().zip(ids),
+        |mut row, ((_, attempt, outcome), id)| {
+            row.push_bind(id.as_str())
+                .push_bind(i64::from(*attempt))
+                .push_bind(outcome.status().as_str());
+        },
+    );
+    settle.push(
+        ") AS j WHERE restarts.message_id = j.column1 AND restarts.attempt = j.column2
+           AND restarts.outcome IS NULL",
+    );
+    settle.build().execute(&mut **tx).await?;
+    Ok(())
 }
 
 pub(super) async fn insert_rejection(
