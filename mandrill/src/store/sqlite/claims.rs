@@ -1,6 +1,7 @@
 //! Claims of restart attempts and the guards' decisions, inside the
 //! writer's transaction.
 
+use std::collections::HashMap;
 use std::sync::LazyLock;
 
 use sqlx::{QueryBuilder, Sqlite};
@@ -10,25 +11,10 @@ use crate::domain::{RestartRequest, Status};
 use crate::safety::limits::Usage;
 use crate::sqlite::writer::Tx;
 use crate::store::reads::sqlite::{insert_decision, usage};
-use crate::store::sql::{SWITCH_SQL, SwitchRow, insert_requests, upsert_journal};
+use crate::store::sql::{SWITCH_SQL, SwitchRow, upsert_journal};
 use crate::store::{
     Claim, ClaimState, ClaimTerms, ClaimWrite, claim_decision, decide_claim, switch_from,
 };
-
-/// Creates the rows of requests that have none.
-static INSERT_REQUESTS: LazyLock<AroundValues> = LazyLock::new(|| {
-    AroundValues::new(
-        insert_requests,
-        &[
-            "id",
-            "instance_name",
-            "hostname",
-            "requested_by",
-            "reason",
-            "at",
-        ],
-    )
-});
 
 /// Writes claimed attempts into the restart journal.
 static UPSERT_JOURNAL: LazyLock<AroundValues> = LazyLock::new(|| {
@@ -39,8 +25,11 @@ static UPSERT_JOURNAL: LazyLock<AroundValues> = LazyLock::new(|| {
 });
 
 /// Claims restart attempts, in three statements whatever their number:
-/// create missing rows, read the claim state of every row, write the claims
-/// that succeed. The request ids must be distinct.
+/// read the claim state of every row, create the rows that are missing
+/// with their claims (or bare receipts, when a claim is refused) in one
+/// insert, update the rows that exist and are claimed. Creating a row
+/// already claimed, not a receipt then updating it, writes each new row
+/// once. The request ids must be distinct.
 pub(super) async fn claim(
     tx: &mut Tx<'_>,
     claims: &[(&RestartRequest, ClaimTerms)],
@@ -55,21 +44,8 @@ pub(super) async fn claim(
         .iter()
         .map(|(request, _)| request.message_id.to_string())
         .collect();
-    let mut found: Vec<(String, String, i64, Option<i64>)> = Vec::with_capacity(claims.len());
-    for (chunk, ids) in claims
-        .chunks(ROWS_PER_STATEMENT)
-        .zip(ids.chunks(ROWS_PER_STATEMENT))
-    {
-        let mut insert =
-            INSERT_REQUESTS.query(chunk.iter().zip(ids), |mut row, ((request, _), id)| {
-                row.push_bind(id.as_str())
-                    .push_bind(request.instance_name.as_str())
-                    .push_bind(request.hostname.as_str())
-                    .push_bind(request.requested_by.as_deref())
-                    .push_bind(request.reason.as_deref())
-                    .push_bind(now);
-            });
-        insert.build().execute(&mut **tx).await?;
+    let mut states: HashMap<String, ClaimState> = HashMap::with_capacity(claims.len());
+    for ids in ids.chunks(ROWS_PER_STATEMENT) {
         let mut select: QueryBuilder<Sqlite> = QueryBuilder::new(
             "SELECT message_id, status, attempts, claim_until FROM requests WHERE message_id IN (",
         );
@@ -78,25 +54,24 @@ pub(super) async fn claim(
             list.push_bind(id.as_str());
         }
         select.push(")");
-        found.extend(
-            select
-                .build_query_as::<(String, String, i64, Option<i64>)>()
-                .fetch_all(&mut **tx)
-                .await?,
+        let found = select
+            .build_query_as::<(String, String, i64, Option<i64>)>()
+            .fetch_all(&mut **tx)
+            .await?;
+        states.extend(
+            found
+                .into_iter()
+                .map(|(id, status, attempts, claim_until)| {
+                    let state = ClaimState {
+                        // The CHECK constraint admits only known statuses.
+                        status: Status::from_name(&status).unwrap_or(Status::Failed),
+                        attempts: u32::try_from(attempts).unwrap_or(0),
+                        claim_until,
+                    };
+                    (id, state)
+                }),
         );
     }
-    let states: std::collections::HashMap<String, ClaimState> = found
-        .into_iter()
-        .map(|(id, status, attempts, claim_until)| {
-            let state = ClaimState {
-                // The CHECK constraint admits only known statuses.
-                status: Status::from_name(&status).unwrap_or(Status::Failed),
-                attempts: u32::try_from(attempts).unwrap_or(0),
-                claim_until,
-            };
-            (id, state)
-        })
-        .collect();
     // Read in the claims' own write transaction: a pause committed before
     // it stops every claim of the batch.
     let (paused, by, why, since): SwitchRow =
@@ -104,8 +79,7 @@ pub(super) async fn claim(
     let switch = switch_from(paused, by, why, since);
     let mut decided = Vec::with_capacity(claims.len());
     let mut writes = Vec::new();
-    for (request, terms) in claims {
-        let id = request.message_id.to_string();
+    for ((request, terms), id) in claims.iter().zip(&ids) {
         // The counting guards read the journal as this transaction left it,
         // so the claims written so far go in first.
         let usage = if terms.limits.is_active() {
@@ -114,18 +88,20 @@ pub(super) async fn claim(
         } else {
             Usage::default()
         };
-        let (claim, write) = decide_claim(
-            request,
-            states.get(&id).copied(),
-            &switch,
-            now,
-            *terms,
-            &usage,
-        );
-        if let Some(write) = write {
-            writes.push((id, request, write));
-        } else if let Some(decision) = claim_decision(&claim) {
+        let state = states.get(id).copied();
+        let (claim, write) = decide_claim(request, state, &switch, now, *terms, &usage);
+        if write.is_none()
+            && let Some(decision) = claim_decision(&claim)
+        {
             insert_decision(tx, request.message_id, 0, decision, now).await?;
+        }
+        if state.is_none() || write.is_some() {
+            writes.push(Pending {
+                id,
+                request,
+                created: state.is_none(),
+                write,
+            });
         }
         decided.push(claim);
     }
@@ -133,36 +109,74 @@ pub(super) async fn claim(
     Ok(decided)
 }
 
-/// A claim decided and not yet written: the request id, the request, what
-/// to write.
-type Pending<'r> = (String, &'r RestartRequest, ClaimWrite);
+/// A request's row to write, decided and not yet written.
+struct Pending<'r> {
+    id: &'r str,
+    request: &'r RestartRequest,
+    /// The row is missing: it is created (received now).
+    created: bool,
+    /// The claim, if it succeeded.
+    write: Option<ClaimWrite>,
+}
 
-/// Writes the claims decided so far, and their journal rows; empties `writes`.
+/// Writes the rows decided so far, and their claims' journal rows;
+/// empties `writes`.
 async fn write_claims(
     tx: &mut Tx<'_>,
     writes: &mut Vec<Pending<'_>>,
     now: i64,
 ) -> Result<(), sqlx::Error> {
-    for chunk in writes.chunks(ROWS_PER_STATEMENT) {
+    let (created, updated): (Vec<&Pending<'_>>, Vec<&Pending<'_>>) =
+        writes.iter().partition(|pending| pending.created);
+    for chunk in created.chunks(ROWS_PER_STATEMENT) {
+        let mut insert: QueryBuilder<Sqlite> = QueryBuilder::new(
+            "INSERT INTO requests
+                 (message_id, instance_name, hostname, requested_by, reason, status,
+                  attempts, claim_until, last_error, received_at, updated_at) ",
+        );
+        insert.push_values(chunk, |mut row, pending| {
+            let write = pending.write.as_ref();
+            row.push_bind(pending.id)
+                .push_bind(pending.request.instance_name.as_str())
+                .push_bind(pending.request.hostname.as_str())
+                .push_bind(pending.request.requested_by.as_deref())
+                .push_bind(pending.request.reason.as_deref())
+                .push_bind(Status::Received.as_str())
+                .push_bind(write.map_or(0, |write| i64::from(write.attempts)))
+                .push_bind(write.map(|write| write.claim_until))
+                .push_bind(write.and_then(|write| write.last_error.as_deref()))
+                .push_bind(now)
+                .push_bind(now);
+        });
+        insert.build().execute(&mut **tx).await?;
+    }
+    for chunk in updated.chunks(ROWS_PER_STATEMENT) {
         let mut update: QueryBuilder<Sqlite> = QueryBuilder::new(
             "UPDATE requests SET status = 'received', attempts = j.column2,
                  claim_until = j.column3,
                  last_error = coalesce(j.column4, requests.last_error), updated_at = ",
         );
         update.push_bind(now).push(" FROM (");
-        update.push_values(chunk, |mut row, (id, _, write)| {
-            row.push_bind(id.as_str())
-                .push_bind(i64::from(write.attempts))
-                .push_bind(write.claim_until)
-                .push_bind(write.last_error.as_deref());
+        update.push_values(chunk, |mut row, pending| {
+            let write = pending.write.as_ref();
+            row.push_bind(pending.id)
+                .push_bind(write.map(|write| i64::from(write.attempts)))
+                .push_bind(write.map(|write| write.claim_until))
+                .push_bind(write.and_then(|write| write.last_error.as_deref()));
         });
         update.push(") AS j WHERE requests.message_id = j.column1");
         update.build().execute(&mut **tx).await?;
-        let mut journal = UPSERT_JOURNAL.query(chunk, |mut row, (id, request, write)| {
-            row.push_bind(id.as_str())
+    }
+    let claimed: Vec<(&Pending<'_>, &ClaimWrite)> = writes
+        .iter()
+        .filter_map(|pending| Some((pending, pending.write.as_ref()?)))
+        .collect();
+    for chunk in claimed.chunks(ROWS_PER_STATEMENT) {
+        let mut journal = UPSERT_JOURNAL.query(chunk, |mut row, (pending, write)| {
+            row.push_bind(pending.id)
                 .push_bind(i64::from(write.attempts))
-                .push_bind(request.instance_name.as_str())
-                .push_bind(request.group())
+                .push_bind(pending.request.instance_name.as_str())
+                .push_bind(pending.request.group())
                 .push_bind(write.verdict.as_str())
                 .push_bind(now);
         });

@@ -40,9 +40,9 @@ use writer::Write;
 /// SQLite's limit of 32,766.
 const ROWS_PER_STATEMENT: usize = 500;
 
-/// A shared statement built around a `SELECT` of its rows
-/// ([`insert_requests`](crate::store::sql::insert_requests),
-/// [`upsert_journal`](crate::store::sql::upsert_journal)), split where the
+/// A statement built around a `SELECT` of its rows
+/// ([`upsert_journal`](crate::store::sql::upsert_journal), the outcomes'
+/// `UPDATE … FROM`), split where the
 /// rows go: here they are a `VALUES` list of bound parameters, its columns
 /// named as the statement wants them, not a JSON array taken apart inside
 /// SQLite (the JSON functions cost more than the writes themselves).

@@ -145,3 +145,95 @@ async fn sqlite_store_keeps_the_store_contract() {
     assert_eq!(store.history(100).await.unwrap().len(), kept);
     store.close().await;
 }
+
+/// One transaction holding claims of requests never seen, seen and open,
+/// held and final, then one holding outcomes of claimed, never claimed and
+/// final requests: each is decided as if it were alone. The writer creates
+/// new rows already claimed and records the outcomes of open rows with an
+/// `UPDATE`, the rest with an upsert; this is the mix that splits them.
+#[tokio::test]
+async fn a_batch_mixing_new_open_held_and_final_requests_decides_each_as_if_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite:{}", dir.path().join("t.db").display());
+    let store = SqliteStore::connect(&url, 2).await.unwrap();
+    let terms = ClaimTerms {
+        max_attempts: 3,
+        hold: Duration::from_secs(60),
+        limits: crate::safety::Limits::NONE,
+    };
+    let first = Claim::Claimed {
+        attempt: 1,
+        unknown: None,
+    };
+    let new: Vec<_> = (0..8)
+        .map(|n| contract::request(&format!("cattle-new-{n}")))
+        .collect();
+    let open = contract::request("cattle-open");
+    let held = contract::request("cattle-held");
+    let done = contract::request("cattle-done");
+    let stranger = contract::request("cattle-stranger");
+    assert_eq!(store.claim_restart(&open, terms).await.unwrap(), first);
+    store.release_claim(&open, 1).await.unwrap();
+    assert_eq!(store.claim_restart(&held, terms).await.unwrap(), first);
+    assert_eq!(store.claim_restart(&done, terms).await.unwrap(), first);
+    let restarted = Outcome::restarted();
+    assert_eq!(
+        store.record_outcome(&done, 1, &restarted).await.unwrap(),
+        Recorded::Recorded
+    );
+
+    // On this test's single thread every write is queued before the
+    // writer runs, so each group below shares one transaction.
+    let claimants: Vec<&RestartRequest> = new.iter().chain([&open, &held, &done]).collect();
+    let claims =
+        futures::future::join_all(claimants.iter().map(|r| store.claim_restart(r, terms))).await;
+    let claims: Vec<Claim> = claims.into_iter().map(Result::unwrap).collect();
+    assert!(
+        claims[..8].iter().all(|claim| *claim == first),
+        "{claims:?}"
+    );
+    assert_eq!(claims[8], first, "a released claim is not a used attempt");
+    assert!(
+        matches!(claims[9], Claim::InFlight { attempt: 1, .. }),
+        "{:?}",
+        claims[9]
+    );
+    assert_eq!(claims[10], Claim::Final(Status::Restarted));
+
+    let recorders: Vec<&RestartRequest> = new.iter().chain([&stranger, &done]).collect();
+    let recorded = futures::future::join_all(
+        recorders
+            .iter()
+            .map(|r| store.record_outcome(r, 1, &restarted)),
+    )
+    .await;
+    let recorded: Vec<Recorded> = recorded.into_iter().map(Result::unwrap).collect();
+    assert!(
+        recorded[..9].iter().all(|r| *r == Recorded::Recorded),
+        "{recorded:?}"
+    );
+    assert_eq!(recorded[9], Recorded::AlreadyFinal(Status::Restarted));
+
+    let history = store.history(100).await.unwrap();
+    let row = |request: &RestartRequest| {
+        history
+            .iter()
+            .find(|entry| entry.message_id == Some(request.message_id))
+            .unwrap_or_else(|| panic!("no row for {}", request.instance_name))
+    };
+    for request in new.iter().chain([&stranger]) {
+        let entry = row(request);
+        assert_eq!(
+            (entry.status, entry.attempts, entry.hostname.as_deref()),
+            (Status::Restarted, 1, Some(request.hostname.as_str())),
+            "{entry:?}"
+        );
+        assert!(entry.completed_at.is_some(), "{entry:?}");
+    }
+    let entry = row(&open);
+    assert_eq!((entry.status, entry.attempts), (Status::Received, 1));
+    let story = store.story(new[0].message_id).await.unwrap().unwrap();
+    assert_eq!(story.attempts.len(), 1);
+    assert_eq!(story.attempts[0].outcome, Some(Status::Restarted));
+    store.close().await;
+}
