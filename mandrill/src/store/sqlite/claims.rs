@@ -24,10 +24,11 @@ static UPSERT_JOURNAL: LazyLock<AroundValues> = LazyLock::new(|| {
     )
 });
 
-/// Claims restart attempts, in three statements whatever their number:
+/// Claims restart attempts, in four statements whatever their number:
 /// read the claim state of every row, create the rows that are missing
 /// with their claims (or bare receipts, when a claim is refused) in one
-/// insert, update the rows that exist and are claimed. Creating a row
+/// insert, update the rows that exist and are claimed, write the claims'
+/// journal rows. Creating a row
 /// already claimed, not a receipt then updating it, writes each new row
 /// once. The request ids must be distinct.
 pub(super) async fn claim(
