@@ -15,17 +15,18 @@ use std::sync::LazyLock;
 
 use super::attempts;
 use super::claims::SWITCH_SHARED_SQL;
+use super::outcomes::record_outcomes;
 use super::writer::{Answer, Write};
-use crate::domain::{Outcome, RestartRequest, Status};
+use crate::domain::{RestartRequest, Status};
 use crate::safety::limits::Usage;
 use crate::store::reads::postgres::insert_decision;
-use crate::store::sql::{SWITCH_SQL, insert_requests, not_final, outcome_set, upsert_journal};
+use crate::store::sql::{SWITCH_SQL, insert_requests, upsert_journal};
 use crate::store::{
-    ClaimState, ClaimWrite, Recorded, Switch, Timestamp, claim_decision, decide_claim, millis_of,
-    status_from_name, switch_from,
+    ClaimState, ClaimWrite, Switch, Timestamp, claim_decision, decide_claim, status_from_name,
+    switch_from,
 };
 
-type Tx<'c> = sqlx::Transaction<'c, sqlx::Postgres>;
+pub(super) type Tx<'c> = sqlx::Transaction<'c, sqlx::Postgres>;
 
 /// Creates the missing rows of a batch's requests: `$1`..`$5` arrays of
 /// ids, instances, hosts, requested by, reasons; `$6` now. Returns the ids
@@ -306,88 +307,6 @@ impl ClaimWrites {
             .await?;
         Ok(())
     }
-}
-
-/// Records outcomes over a status that is not final (as every store does,
-/// with the same assignments), and settles each attempt's journal row
-/// (the attempt's own end, whatever another delivery recorded first);
-/// returns the ids recorded.
-pub(super) static OUTCOME_SQL: LazyLock<String> = LazyLock::new(|| {
-    format!(
-        "WITH settled AS (
-             UPDATE restarts t SET outcome = u.status, settled_at = $8
-             FROM unnest($1::text[], $3::int4[], $2::text[]) AS u(id, attempt, status)
-             WHERE t.message_id = u.id AND t.attempt = u.attempt AND t.outcome IS NULL)
-         UPDATE requests r SET {}
-         FROM unnest($1::text[], $2::text[], $3::int4[], $4::text[], $5::int8[], $6::text[],
-                     $7::int8[])
-              AS u(id, status, attempts, last_error, completed_at, output, recovered_after_ms)
-         WHERE r.message_id = u.id AND {}
-         RETURNING r.message_id",
-        outcome_set("u", "r", "$8"),
-        not_final("r")
-    )
-});
-
-/// Records the outcomes of one round (distinct requests, rows locked, as
-/// `states` read them), in one statement.
-async fn record_outcomes(
-    tx: &mut Tx<'_>,
-    outcomes: &[(usize, &RestartRequest, u32, &Outcome)],
-    states: &HashMap<String, ClaimState>,
-    now: i64,
-) -> Result<Vec<(usize, Recorded)>, sqlx::Error> {
-    if outcomes.is_empty() {
-        return Ok(Vec::new());
-    }
-    let mut ids = Vec::with_capacity(outcomes.len());
-    let mut statuses = Vec::with_capacity(outcomes.len());
-    let mut attempt_numbers = Vec::with_capacity(outcomes.len());
-    let mut errors = Vec::with_capacity(outcomes.len());
-    let mut completed = Vec::with_capacity(outcomes.len());
-    let mut outputs = Vec::with_capacity(outcomes.len());
-    let mut recovered = Vec::with_capacity(outcomes.len());
-    for (_, request, attempt, outcome) in outcomes {
-        let status = outcome.status();
-        ids.push(request.message_id.to_string());
-        statuses.push(status.as_str());
-        attempt_numbers.push(attempts(*attempt));
-        errors.push(outcome.error());
-        completed.push(status.is_final().then_some(now));
-        outputs.push(outcome.output());
-        recovered.push(millis_of(outcome.recovered_after()));
-    }
-    // The row exists and is locked by this transaction (see `lock_rows`),
-    // so an update does what the single-row upsert did.
-    let recorded: Vec<String> = sqlx::query_scalar(&OUTCOME_SQL)
-        .bind(&ids)
-        .bind(&statuses)
-        .bind(&attempt_numbers)
-        .bind(&errors)
-        .bind(&completed)
-        .bind(&outputs)
-        .bind(&recovered)
-        .bind(now)
-        .fetch_all(&mut **tx)
-        .await?;
-    let recorded: std::collections::HashSet<String> = recorded.into_iter().collect();
-    let mut results = Vec::with_capacity(outcomes.len());
-    for ((index, _, _, _), id) in outcomes.iter().zip(&ids) {
-        let result = if recorded.contains(id) {
-            Recorded::Recorded
-        } else {
-            // Not recorded over a final status; the row is locked by this
-            // transaction since `states` was read, and no other write of
-            // this round touches it.
-            let status = states
-                .get(id)
-                .map(|state| state.status)
-                .ok_or(sqlx::Error::RowNotFound)?;
-            Recorded::AlreadyFinal(status)
-        };
-        results.push((*index, result));
-    }
-    Ok(results)
 }
 
 async fn read_states_of(

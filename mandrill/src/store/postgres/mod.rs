@@ -19,6 +19,7 @@
 
 mod batch;
 mod claims;
+mod outcomes;
 #[cfg(test)]
 mod tests;
 mod writer;

@@ -5,7 +5,7 @@ use std::time::Duration;
 use uuid::Uuid;
 
 use super::testing::TestDatabase;
-use super::{PostgresStore, batch};
+use super::{PostgresStore, batch, outcomes};
 use crate::domain::{Outcome, RestartRequest, Status};
 use crate::store::{Claim, ClaimTerms, Recorded, Store, StoreError, contract};
 
@@ -283,7 +283,7 @@ async fn the_batch_lock_uses_the_message_id_index_even_with_a_generic_plan() {
         .execute(&mut *conn)
         .await
         .unwrap();
-    for sql in [batch::LOCK_SQL, batch::OUTCOME_SQL.as_str()] {
+    for sql in [batch::LOCK_SQL, outcomes::OUTCOME_SQL.as_str()] {
         let plan: Vec<String> = sqlx::query_scalar(&format!("EXPLAIN {sql}"))
             .bind(vec!["a".to_owned(), "b".to_owned()])
             .bind(vec!["restarted".to_owned(); 2])
