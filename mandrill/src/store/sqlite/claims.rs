@@ -24,11 +24,13 @@ static UPSERT_JOURNAL: LazyLock<AroundValues> = LazyLock::new(|| {
     )
 });
 
-/// Claims restart attempts, in four statements whatever their number:
-/// read the claim state of every row, create the rows that are missing
-/// with their claims (or bare receipts, when a claim is refused) in one
-/// insert, update the rows that exist and are claimed, write the claims'
-/// journal rows. Creating a row
+/// Claims restart attempts, in the same few statements whatever their
+/// number (per chunk of [`ROWS_PER_STATEMENT`]): read the claim state of
+/// every row and the kill switch, create the rows that are missing with
+/// their claims (or bare receipts, when a claim is refused) in one insert,
+/// update the rows that exist and are claimed, write the claims' journal
+/// rows. With counting guards active, the writes so far are flushed before
+/// each claim's read of the journal. Creating a row
 /// already claimed, not a receipt then updating it, writes each new row
 /// once. The request ids must be distinct.
 pub(super) async fn claim(

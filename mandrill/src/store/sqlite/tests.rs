@@ -184,10 +184,22 @@ async fn a_batch_mixing_new_open_held_and_final_requests_decides_each_as_if_alon
 
     // On this test's single thread every write is queued before the
     // writer runs, so each group below shares one transaction.
+    // A new request refused (no attempt allowed): its row is a bare receipt.
+    let refused = contract::request("cattle-refused");
+    let no_attempts = ClaimTerms {
+        max_attempts: 0,
+        ..terms
+    };
     let claimants: Vec<&RestartRequest> = new.iter().chain([&open, &held, &done]).collect();
-    let claims =
-        futures::future::join_all(claimants.iter().map(|r| store.claim_restart(r, terms))).await;
+    let (claims, refusal) = tokio::join!(
+        futures::future::join_all(claimants.iter().map(|r| store.claim_restart(r, terms))),
+        store.claim_restart(&refused, no_attempts)
+    );
     let claims: Vec<Claim> = claims.into_iter().map(Result::unwrap).collect();
+    assert!(
+        matches!(refusal, Ok(Claim::Exhausted { attempts: 0, .. })),
+        "{refusal:?}"
+    );
     assert!(
         claims[..8].iter().all(|claim| *claim == first),
         "{claims:?}"
@@ -232,6 +244,20 @@ async fn a_batch_mixing_new_open_held_and_final_requests_decides_each_as_if_alon
     }
     let entry = row(&open);
     assert_eq!((entry.status, entry.attempts), (Status::Received, 1));
+    let entry = row(&refused);
+    assert_eq!(
+        (entry.status, entry.attempts, entry.completed_at),
+        (Status::Received, 0, None),
+        "{entry:?}"
+    );
+    // One transaction, one `now`: the rows it created share their receipt
+    // time (a batch that failed and was rewritten write by write would not).
+    let received = row(&new[0]).received_at;
+    assert!(
+        new.iter()
+            .chain([&refused])
+            .all(|request| row(request).received_at == received)
+    );
     let story = store.story(new[0].message_id).await.unwrap().unwrap();
     assert_eq!(story.attempts.len(), 1);
     assert_eq!(story.attempts[0].outcome, Some(Status::Restarted));
