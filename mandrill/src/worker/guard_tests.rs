@@ -94,12 +94,7 @@ async fn a_request_deferred_past_max_defer_is_recorded_expired_and_acked() {
     assert_eq!(stats.deferred.get(), 0);
     assert_eq!(store.timeline.count("claim"), 0);
     assert_eq!(restarter.timeline.count("restart-started"), 0);
-    let entry = store
-        .inner
-        .entries()
-        .into_iter()
-        .find(|e| e.message_id == Some(id))
-        .unwrap();
+    let entry = store.entry(id);
     assert_eq!(entry.status, Status::Expired);
     let reason = entry.last_error.unwrap();
     assert!(
@@ -166,12 +161,7 @@ async fn a_calendar_that_closes_during_the_claim_gives_the_attempt_back_and_defe
     let restarted = restarter.timeline.when("restart-started");
     assert_eq!(restarted.len(), 1);
     assert!(restarted[0] - started >= Duration::from_secs(66 * 3600 + 60));
-    let entry = store
-        .inner
-        .entries()
-        .into_iter()
-        .find(|e| e.message_id == Some(id))
-        .unwrap();
+    let entry = store.entry(id);
     assert_eq!(entry.status, Status::Restarted);
     assert_eq!(
         entry.attempts, 1,

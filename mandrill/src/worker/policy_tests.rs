@@ -18,12 +18,7 @@ async fn leashed_worker_records_the_would_be_action_and_restarts_nothing() {
     wait_until("acked", || stats.acked.get() == 1).await;
     assert_eq!(restarter.timeline.count("restart-started"), 0);
     assert_eq!(stats.dry_runs.get(), 1);
-    let entry = store
-        .inner
-        .entries()
-        .into_iter()
-        .find(|e| e.message_id == Some(id))
-        .unwrap();
+    let entry = store.entry(id);
     assert_eq!(entry.status, Status::DryRun);
     // The claim was made (the decision is audited like a real restart) and
     // the exact action is recorded.
@@ -58,12 +53,7 @@ async fn ineligible_instance_is_denied_recorded_and_acked_without_a_claim() {
         "denied requests claim nothing"
     );
     for (id, why) in [(db, "safety.deny"), (pet, "no safety.allow")] {
-        let entry = store
-            .inner
-            .entries()
-            .into_iter()
-            .find(|e| e.message_id == Some(id))
-            .unwrap();
+        let entry = store.entry(id);
         assert_eq!(entry.status, Status::Denied);
         assert!(entry.last_error.unwrap().contains(why));
     }

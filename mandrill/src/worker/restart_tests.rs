@@ -155,12 +155,7 @@ async fn host_that_does_not_come_back_is_recorded_unrecovered_and_not_restarted_
     wait_until("acked", || stats.acked.get() == 1).await;
     assert_eq!(stats.unrecovered.get(), 1);
     assert_eq!(restarter.calls("cattle-gone.example.net"), 1);
-    let entry = store
-        .inner
-        .entries()
-        .into_iter()
-        .find(|e| e.message_id == Some(id))
-        .unwrap();
+    let entry = store.entry(id);
     assert_eq!(entry.status, Status::Unrecovered);
     assert_eq!(entry.output.as_deref(), Some("rebooting"));
     assert!(entry.last_error.unwrap().contains("did not recover"));

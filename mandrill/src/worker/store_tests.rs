@@ -115,12 +115,7 @@ async fn redelivery_while_another_claim_holds_is_deferred_and_the_last_delivery_
     assert_eq!(stats.given_up.get(), 1);
     assert_eq!(restarter.calls("cattle-held.example.net"), 0);
     // The give-up is in the history, not only on the broker.
-    let entry = store
-        .inner
-        .entries()
-        .into_iter()
-        .find(|e| e.message_id == Some(id))
-        .unwrap();
+    let entry = store.entry(id);
     assert_eq!(entry.status, Status::Failed);
     assert!(
         entry

@@ -136,6 +136,15 @@ pub(super) struct ScriptedStore {
 }
 
 impl ScriptedStore {
+    /// The history entry of request `id`, which must have one.
+    pub(super) fn entry(&self, id: Uuid) -> crate::store::HistoryEntry {
+        self.inner
+            .entries()
+            .into_iter()
+            .find(|e| e.message_id == Some(id))
+            .unwrap_or_else(|| panic!("no history entry for {id}"))
+    }
+
     fn unreachable(&self, what: &str) -> Result<(), StoreError> {
         if self.down.load(Ordering::Acquire) {
             self.timeline.push(format!("{what}-unreachable"));
