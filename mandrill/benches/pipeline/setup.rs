@@ -133,9 +133,11 @@ async fn open_broker(
             (both(Arc::new(broker)), Some(publish_seconds))
         }
         None => (
-            both(Arc::new(MemoryBroker::new(
+            // Its queue sized for every message, as ceiling (a)'s is.
+            both(Arc::new(MemoryBroker::with_capacity(
                 Duration::from_secs(30),
                 Duration::from_millis(100),
+                payloads.len(),
             ))),
             None,
         ),

@@ -92,6 +92,16 @@ impl MemoryBroker {
         }
     }
 
+    /// As [`Self::new`], with room for `messages` waiting messages before
+    /// its queue grows: growing a queue of a million copies it while every
+    /// publish and pull waits on the lock (the benchmark publishes all its
+    /// messages ahead of the worker).
+    pub fn with_capacity(ack_deadline: Duration, poll_wait: Duration, messages: usize) -> Self {
+        let broker = Self::new(ack_deadline, poll_wait);
+        broker.lock().ready.reserve(messages);
+        broker
+    }
+
     /// Where the messages are now.
     pub fn depth(&self) -> Depth {
         let state = self.lock();
