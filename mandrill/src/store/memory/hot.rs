@@ -7,9 +7,9 @@ use std::sync::atomic::Ordering;
 
 use uuid::Uuid;
 
-use super::MemoryStore;
-use super::journal::JournalRow;
+use super::journal::{self, JournalRow};
 use super::row::{Extra, Millis, Row};
+use super::{MemoryStore, Shard};
 use crate::domain::{Outcome, RestartRequest, Status};
 use crate::safety::limits::Usage;
 use crate::store::{
@@ -30,6 +30,7 @@ impl MemoryStore {
     pub async fn lookup(&self, message_id: Uuid) -> Result<Option<Status>, StoreError> {
         Ok(self
             .shard(&message_id)
+            .rows
             .get(&message_id)
             .map(|row| row.status))
     }
@@ -63,52 +64,41 @@ impl MemoryStore {
         } else {
             &NOT_PAUSED
         };
-        let mut shard = self.shard(&request.message_id);
-        let row = shard
-            .entry(request.message_id)
-            .or_insert_with(|| Row::new(Some(request.hostname.as_str()), Status::Received, now));
-        let state = ClaimState {
-            status: row.status,
-            attempts: row.attempts,
-            claim_until: row.claim_until.get(),
-        };
-        // The journal, the one lock all claims share, is held from the
-        // counting guards' read to the write, so that they count atomically;
-        // without limits, the decision reads no journal, so only the insert
-        // needs it (the shard's lock keeps the row consistent meanwhile).
-        let mut journal = terms.limits.is_active().then(|| self.journal());
-        let usage = match &journal {
-            Some(journal) => journal.usage(request, &terms, now),
-            None => Usage::default(),
-        };
-        let (claim, write) = decide_claim(request, Some(state), switch, now, terms, &usage);
-        if let Some(write) = write {
-            row.status = Status::Received;
-            row.attempts = write.attempts;
-            row.claim_until = Some(write.claim_until).into();
-            if let Some(error) = write.last_error {
-                row.set_last_error(Some(error.into()));
+        let id = request.message_id;
+        // With counting guards, every shard is held from their read of the
+        // journal to the claim's write, so that they count atomically;
+        // without them, the decision reads no journal, and the request's
+        // shard alone keeps its row and its attempts consistent.
+        // A refusal's decision is recorded while the shard is still held, as
+        // the SQL stores record it in the claim's transaction.
+        let decide = |claim: &Claim| {
+            if let Some(decision) = claim_decision(claim) {
+                self.decisions().decide(id, 0, decision, now);
             }
-            row.updated_at = now;
-            // Built before taking the journal's lock: it allocates.
-            let attempt = JournalRow::claimed(
-                request.instance_name.as_str(),
-                request.group(),
-                now,
-                write.verdict,
-            );
-            journal
-                .get_or_insert_with(|| self.journal())
-                .restarts
-                .insert((request.message_id, write.attempts), attempt);
-        } else if let Some(decision) = claim_decision(&claim) {
-            journal.get_or_insert_with(|| self.journal()).decide(
-                request.message_id,
-                0,
-                decision,
+        };
+        let claim = if terms.limits.is_active() {
+            let mut shards = self.all_shards();
+            let usage = journal::usage(
+                shards.iter().map(|shard| &shard.attempts),
+                request,
+                &terms,
                 now,
             );
-        }
+            let shard = &mut shards[Self::shard_of(&id)];
+            let (claim, refused) = claim_in(shard, request, &terms, switch, now, &usage);
+            if refused {
+                decide(&claim);
+            }
+            claim
+        } else {
+            let mut shard = self.shard(&id);
+            let (claim, refused) =
+                claim_in(&mut shard, request, &terms, switch, now, &Usage::default());
+            if refused {
+                decide(&claim);
+            }
+            claim
+        };
         Ok(claim)
     }
 
@@ -120,7 +110,8 @@ impl MemoryStore {
     ) -> Result<(), StoreError> {
         let now = self.clock.now();
         let mut shard = self.shard(&request.message_id);
-        if let Some(row) = shard.get_mut(&request.message_id)
+        let Shard { rows, attempts } = &mut *shard;
+        if let Some(row) = rows.get_mut(&request.message_id)
             && !row.status.is_final()
             && row.attempts == attempt
             && attempt > 0
@@ -129,14 +120,7 @@ impl MemoryStore {
             row.attempts -= 1;
             row.claim_until = Millis::NONE;
             row.updated_at = now;
-            let mut journal = self.journal();
-            if journal
-                .restarts
-                .get(&(request.message_id, attempt))
-                .is_some_and(|row| row.outcome.is_none())
-            {
-                journal.restarts.remove(&(request.message_id, attempt));
-            }
+            attempts.release(row.latest, attempt);
         }
         Ok(())
     }
@@ -150,7 +134,8 @@ impl MemoryStore {
     ) -> Result<Recorded, StoreError> {
         let now = self.clock.now();
         let mut shard = self.shard(&request.message_id);
-        let row = shard
+        let Shard { rows, attempts } = &mut *shard;
+        let row = rows
             .entry(request.message_id)
             .or_insert_with(|| Row::new(Some(request.hostname.as_str()), Status::Received, now));
         if row.status.is_final() {
@@ -179,10 +164,8 @@ impl MemoryStore {
         }
         row.updated_at = now;
         row.completed_at = outcome.status().is_final().then_some(now).into();
-        if let Some(attempt) = self
-            .journal()
-            .restarts
-            .get_mut(&(request.message_id, attempt))
+        if let Some(attempt) = attempts
+            .find_mut(row.latest, attempt)
             .filter(|attempt| attempt.outcome.is_none())
         {
             attempt.outcome = Some(outcome.status());
@@ -190,4 +173,45 @@ impl MemoryStore {
         }
         Ok(Recorded::Recorded)
     }
+}
+
+/// The claim's decision and write in the request's shard, given what the
+/// counting guards read; says whether the caller must record a decision
+/// (the claim refused, no attempt written).
+fn claim_in(
+    shard: &mut Shard,
+    request: &RestartRequest,
+    terms: &ClaimTerms,
+    switch: &Switch,
+    now: i64,
+    usage: &Usage,
+) -> (Claim, bool) {
+    let Shard { rows, attempts } = shard;
+    let row = rows
+        .entry(request.message_id)
+        .or_insert_with(|| Row::new(Some(request.hostname.as_str()), Status::Received, now));
+    let state = ClaimState {
+        status: row.status,
+        attempts: row.attempts,
+        claim_until: row.claim_until.get(),
+    };
+    let (claim, write) = decide_claim(request, Some(state), switch, now, *terms, usage);
+    let Some(write) = write else {
+        return (claim, true);
+    };
+    row.status = Status::Received;
+    row.attempts = write.attempts;
+    row.claim_until = Some(write.claim_until).into();
+    if let Some(error) = write.last_error {
+        row.set_last_error(Some(error.into()));
+    }
+    row.updated_at = now;
+    let attempt = JournalRow::claimed(
+        request.instance_name.as_str(),
+        request.group(),
+        now,
+        write.verdict,
+    );
+    row.latest = attempts.push(request.message_id, write.attempts, row.latest, attempt);
+    (claim, false)
 }

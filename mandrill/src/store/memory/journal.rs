@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use foldhash::{HashMap, HashMapExt};
 use uuid::Uuid;
 
-use super::row::Millis;
+use super::row::{Millis, Row};
 use crate::domain::{RestartRequest, Status};
 use crate::safety::limits::Usage;
 use crate::store::sql::NOT_ISSUED;
@@ -16,9 +16,47 @@ use crate::store::{
     usage_binds,
 };
 
+/// A shard's restart journal: one entry per claimed attempt, appended in
+/// claim order (what the SQL stores keep in `restarts`). An append-only
+/// list rather than a map keyed by id and attempt: a claim writes its entry
+/// at the end, on pages already touched, where a map of a million entries
+/// writes each into a random bucket of a table twice its size (and kept
+/// one lock for every claim of every shard). A request's entries are
+/// chained, newest first, from its row's `latest` link.
 #[derive(Debug, Default)]
-pub(super) struct Journal {
-    pub(super) restarts: HashMap<(Uuid, u32), JournalRow>,
+pub(super) struct Attempts {
+    entries: Vec<Entry>,
+}
+
+/// An entry's place in its shard's journal, or none: a `u32`, so that a row
+/// holds its link in 4 bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Link(u32);
+
+impl Link {
+    pub(super) const NONE: Self = Self(u32::MAX);
+
+    fn get(self) -> Option<usize> {
+        (self != Self::NONE).then_some(self.0 as usize)
+    }
+}
+
+#[derive(Debug)]
+struct Entry {
+    id: Uuid,
+    attempt: u32,
+    /// The request's previous entry.
+    prev: Link,
+    /// False once its claim was released: the SQL stores delete such a
+    /// row; here it stays (out of every count) until a prune compacts.
+    live: bool,
+    row: JournalRow,
+}
+
+/// The decisions and deferrals of every request: written only off the hot
+/// path (a refusal, a deferral), behind one lock taken after any shard.
+#[derive(Debug, Default)]
+pub(super) struct Decisions {
     pub(super) decisions: HashMap<Uuid, Vec<DecisionRecord>>,
     pub(super) deferrals: HashMap<Uuid, u32>,
 }
@@ -78,65 +116,197 @@ fn is_disrupting(outcome: Option<Status>) -> bool {
     issued(outcome) && outcome != Some(Status::Restarted)
 }
 
-impl Journal {
-    /// Room for `requests` claimed attempts before the map grows: growing a
-    /// map of a million rows rehashes it while every claim waits.
-    pub(super) fn with_capacity(requests: usize) -> Self {
+impl Attempts {
+    /// Room for `attempts` entries before the list grows.
+    pub(super) fn with_capacity(attempts: usize) -> Self {
         Self {
-            restarts: HashMap::with_capacity(requests),
-            ..Self::default()
+            entries: Vec::with_capacity(attempts),
         }
     }
 
-    /// What [`crate::store::USAGE_SQL`] reads, from the rows in memory.
-    pub(super) fn usage(&self, request: &RestartRequest, terms: &ClaimTerms, now: i64) -> Usage {
-        let (window_start, memory_start) = usage_binds(&terms.limits, now);
-        let group = request.group();
-        let instance = request.instance_name.as_str();
-        let mut usage = Usage::default();
-        let mut latest: HashMap<&str, &JournalRow> = HashMap::new();
-        for row in self.restarts.values() {
-            let newest = latest.entry(row.instance()).or_insert(row);
-            if row.claimed_at > newest.claimed_at {
-                *newest = row;
+    /// Appends a claimed attempt of the request whose newest entry is
+    /// `latest`; returns the link to it, the request's newest now.
+    pub(super) fn push(&mut self, id: Uuid, attempt: u32, latest: Link, row: JournalRow) -> Link {
+        let link = Link(u32::try_from(self.entries.len()).expect("fewer than 2^32 attempts"));
+        assert!(link != Link::NONE, "fewer than 2^32 - 1 attempts");
+        self.entries.push(Entry {
+            id,
+            attempt,
+            prev: latest,
+            live: true,
+            row,
+        });
+        link
+    }
+
+    /// The live entry of `attempt` in the chain from `latest`, if any (the
+    /// newest, should one attempt have been claimed twice).
+    pub(super) fn find_mut(&mut self, latest: Link, attempt: u32) -> Option<&mut JournalRow> {
+        let mut at = latest.get();
+        while let Some(i) = at {
+            let entry = &self.entries[i];
+            if entry.live && entry.attempt == attempt {
+                return Some(&mut self.entries[i].row);
             }
-            if !issued(row.outcome) {
-                continue;
+            at = entry.prev.get();
+        }
+        None
+    }
+
+    /// Takes the claim of `attempt` back out of the journal if its outcome
+    /// is not in: what the SQL stores' release deletes.
+    pub(super) fn release(&mut self, latest: Link, attempt: u32) {
+        let mut at = latest.get();
+        while let Some(i) = at {
+            let entry = &mut self.entries[i];
+            if entry.live && entry.attempt == attempt {
+                if entry.row.outcome.is_none() {
+                    entry.live = false;
+                }
+                return;
             }
-            if row.claimed_at > window_start {
-                usage.global_claims += 1;
-                usage.global_oldest = Some(
+            at = entry.prev.get();
+        }
+    }
+
+    /// The live entries.
+    fn rows(&self) -> impl Iterator<Item = &JournalRow> {
+        self.entries
+            .iter()
+            .filter(|entry| entry.live)
+            .map(|entry| &entry.row)
+    }
+
+    /// A request's attempts, oldest first.
+    pub(super) fn attempts_of(&self, latest: Link) -> Vec<AttemptRecord> {
+        let mut attempts = Vec::new();
+        let mut at = latest.get();
+        while let Some(i) = at {
+            let entry = &self.entries[i];
+            if entry.live {
+                let row = &entry.row;
+                attempts.push(AttemptRecord {
+                    attempt: entry.attempt,
+                    group: row.group().to_owned(),
+                    claimed_at: Timestamp::from_millis(row.claimed_at),
+                    verdict: row.verdict.to_string(),
+                    outcome: row.outcome,
+                    settled_at: row.settled_at.get().map(Timestamp::from_millis),
+                });
+            }
+            at = entry.prev.get();
+        }
+        attempts.sort_by_key(|a| a.attempt);
+        attempts
+    }
+
+    /// What a prune leaves: the live entries of requests still in `rows`
+    /// claimed at `before` or later (as the SQL stores' cleanup), each
+    /// request's chain linked anew from its row.
+    pub(super) fn compact(&mut self, rows: &mut HashMap<Uuid, Row>, before: i64) {
+        self.entries.retain(|entry| {
+            entry.live && entry.row.claimed_at >= before && rows.contains_key(&entry.id)
+        });
+        for row in rows.values_mut() {
+            row.latest = Link::NONE;
+        }
+        for (at, entry) in self.entries.iter_mut().enumerate() {
+            let row = rows
+                .get_mut(&entry.id)
+                .expect("an entry is kept only with its row");
+            entry.prev = row.latest;
+            row.latest = Link(u32::try_from(at).expect("fewer than 2^32 attempts"));
+        }
+    }
+}
+
+/// What [`crate::store::USAGE_SQL`] reads, from every shard's journal (the
+/// caller holds every shard's lock, so that the count and the claim that
+/// follows it are atomic).
+pub(super) fn usage<'a>(
+    journals: impl Iterator<Item = &'a Attempts>,
+    request: &RestartRequest,
+    terms: &ClaimTerms,
+    now: i64,
+) -> Usage {
+    let (window_start, memory_start) = usage_binds(&terms.limits, now);
+    let group = request.group();
+    let instance = request.instance_name.as_str();
+    let mut usage = Usage::default();
+    let mut latest: HashMap<&str, &JournalRow> = HashMap::new();
+    for row in journals.flat_map(Attempts::rows) {
+        let newest = latest.entry(row.instance()).or_insert(row);
+        if row.claimed_at > newest.claimed_at {
+            *newest = row;
+        }
+        if !issued(row.outcome) {
+            continue;
+        }
+        if row.claimed_at > window_start {
+            usage.global_claims += 1;
+            usage.global_oldest = Some(
+                usage
+                    .global_oldest
+                    .map_or(row.claimed_at, |o: i64| o.min(row.claimed_at)),
+            );
+            if row.group() == group {
+                usage.group_claims += 1;
+                usage.group_oldest = Some(
                     usage
-                        .global_oldest
+                        .group_oldest
                         .map_or(row.claimed_at, |o: i64| o.min(row.claimed_at)),
                 );
-                if row.group() == group {
-                    usage.group_claims += 1;
-                    usage.group_oldest = Some(
-                        usage
-                            .group_oldest
-                            .map_or(row.claimed_at, |o: i64| o.min(row.claimed_at)),
-                    );
-                }
-            }
-            if row.instance() == instance && row.claimed_at <= now {
-                usage.host_last = usage.host_last.max(Some(row.claimed_at));
             }
         }
-        usage.disrupted = latest
-            .values()
-            .filter(|row| {
-                row.group() == group
-                    && row.instance() != instance
-                    && row.claimed_at > memory_start
-                    && is_disrupting(row.outcome)
-            })
-            .count()
-            .try_into()
-            .unwrap_or(u32::MAX);
-        usage
+        if row.instance() == instance && row.claimed_at <= now {
+            usage.host_last = usage.host_last.max(Some(row.claimed_at));
+        }
     }
+    usage.disrupted = latest
+        .values()
+        .filter(|row| {
+            row.group() == group
+                && row.instance() != instance
+                && row.claimed_at > memory_start
+                && is_disrupting(row.outcome)
+        })
+        .count()
+        .try_into()
+        .unwrap_or(u32::MAX);
+    usage
+}
 
+/// Each group's use of its limits, as the SQL stores' `GROUP_*_SQL` count
+/// it, from every shard's journal.
+pub(super) fn group_usage<'a>(
+    journals: impl Iterator<Item = &'a Attempts>,
+    window_start: Timestamp,
+    memory_start: Timestamp,
+) -> BTreeMap<String, GroupUsage> {
+    let mut restarts: HashMap<String, i64> = HashMap::new();
+    let mut latest: HashMap<&str, &JournalRow> = HashMap::new();
+    for row in journals.flat_map(Attempts::rows) {
+        if row.claimed_at > window_start.as_millis() && issued(row.outcome) {
+            *restarts.entry(row.group().to_owned()).or_default() += 1;
+        }
+        let newest = latest.entry(row.instance()).or_insert(row);
+        if row.claimed_at > newest.claimed_at {
+            *newest = row;
+        }
+    }
+    let mut disrupted: HashMap<String, i64> = HashMap::new();
+    for row in latest.values() {
+        if row.claimed_at > memory_start.as_millis() && is_disrupting(row.outcome) {
+            *disrupted.entry(row.group().to_owned()).or_default() += 1;
+        }
+    }
+    group_usage_from(
+        restarts.into_iter().collect(),
+        disrupted.into_iter().collect(),
+    )
+}
+
+impl Decisions {
     pub(super) fn decide(
         &mut self,
         message_id: Uuid,
@@ -162,54 +332,5 @@ impl Journal {
                 reason: decision.reason.to_owned(),
             });
         }
-    }
-
-    /// Each group's use of its limits, as the SQL stores' `GROUP_*_SQL`
-    /// count it.
-    pub(super) fn group_usage(
-        &self,
-        window_start: Timestamp,
-        memory_start: Timestamp,
-    ) -> BTreeMap<String, GroupUsage> {
-        let mut restarts: HashMap<String, i64> = HashMap::new();
-        let mut latest: HashMap<&str, &JournalRow> = HashMap::new();
-        for row in self.restarts.values() {
-            if row.claimed_at > window_start.as_millis() && issued(row.outcome) {
-                *restarts.entry(row.group().to_owned()).or_default() += 1;
-            }
-            let newest = latest.entry(row.instance()).or_insert(row);
-            if row.claimed_at > newest.claimed_at {
-                *newest = row;
-            }
-        }
-        let mut disrupted: HashMap<String, i64> = HashMap::new();
-        for row in latest.values() {
-            if row.claimed_at > memory_start.as_millis() && is_disrupting(row.outcome) {
-                *disrupted.entry(row.group().to_owned()).or_default() += 1;
-            }
-        }
-        group_usage_from(
-            restarts.into_iter().collect(),
-            disrupted.into_iter().collect(),
-        )
-    }
-
-    /// A request's attempts, oldest first.
-    pub(super) fn attempts_of(&self, message_id: Uuid) -> Vec<AttemptRecord> {
-        let mut attempts: Vec<AttemptRecord> = self
-            .restarts
-            .iter()
-            .filter(|((id, _), _)| *id == message_id)
-            .map(|((_, attempt), row)| AttemptRecord {
-                attempt: *attempt,
-                group: row.group().to_owned(),
-                claimed_at: Timestamp::from_millis(row.claimed_at),
-                verdict: row.verdict.to_string(),
-                outcome: row.outcome,
-                settled_at: row.settled_at.get().map(Timestamp::from_millis),
-            })
-            .collect();
-        attempts.sort_by_key(|a| a.attempt);
-        attempts
     }
 }

@@ -3,7 +3,8 @@
 //!
 //! Rows are kept compact (the instance name is derived from the hostname,
 //! times are milliseconds) because the benchmark holds one per message
-//! (`row.rs`); the journal the counting guards read is in `journal.rs`.
+//! (`row.rs`); the journal the counting guards read is in `journal.rs`,
+//! each shard keeping its own requests' attempts beside their rows.
 //! Maps hash with foldhash, not SipHash: they are hit on every message, and
 //! their keys are random ids (issue 14).
 
@@ -18,7 +19,7 @@ use async_trait::async_trait;
 use foldhash::{HashMap, HashMapExt};
 use uuid::Uuid;
 
-use self::journal::Journal;
+use self::journal::{Attempts, Decisions};
 use self::row::{Clock, Row};
 use super::{
     Claim, ClaimTerms, Decision, GroupUsage, HistoryEntry, Recorded, Store, StoreError, Story,
@@ -33,9 +34,10 @@ const SHARDS: usize = 16;
 /// See the module docs.
 #[derive(Debug, Default)]
 pub struct MemoryStore {
-    /// Rows by message id, sharded by id. A `std::sync::Mutex`: critical
-    /// sections are short and never await.
-    shards: [Mutex<HashMap<Uuid, Row>>; SHARDS],
+    /// Rows and their attempts, sharded by id. A `std::sync::Mutex`:
+    /// critical sections are short and never await. Whoever locks more
+    /// than one shard at once locks them in index order.
+    shards: [Mutex<Shard>; SHARDS],
     /// Rejected payloads, with the id salvaged from them if any. Kept
     /// apart: a rejection never counts as the record of a request.
     rejected: Mutex<Vec<(Option<Uuid>, Row)>>,
@@ -46,10 +48,22 @@ pub struct MemoryStore {
     /// `switch.paused`, written under its lock: a claim reads this flag and
     /// locks (and clones) the switch only when it is set.
     paused: AtomicBool,
-    /// The restart journal and the decisions. Locked after a shard, never
-    /// before: a claim holds both while the counting guards decide.
-    journal: Mutex<Journal>,
+    /// The decisions and deferrals. Locked after a shard, never before.
+    decisions: Mutex<Decisions>,
 }
+
+/// One shard: its requests' rows, and the journal of their attempts. A
+/// claim without counting guards locks its request's shard alone; with
+/// them it locks every shard (in order), so that what they count and the
+/// claim they allow are one atomic step, as in the SQL stores' claim
+/// transaction.
+#[derive(Debug, Default)]
+struct Shard {
+    rows: HashMap<Uuid, Row>,
+    attempts: Attempts,
+}
+
+type ShardGuard<'a> = std::sync::MutexGuard<'a, Shard>;
 
 impl MemoryStore {
     /// An empty store.
@@ -61,18 +75,23 @@ impl MemoryStore {
     pub fn with_capacity(requests: usize) -> Self {
         Self {
             shards: std::array::from_fn(|_| {
-                Mutex::new(HashMap::with_capacity(requests / SHARDS + 1))
+                Mutex::new(Shard {
+                    rows: HashMap::with_capacity(requests / SHARDS + 1),
+                    attempts: Attempts::with_capacity(requests / SHARDS + 1),
+                })
             }),
             rejected: Mutex::default(),
             clock: Clock::default(),
             switch: Mutex::default(),
             paused: AtomicBool::new(false),
-            journal: Mutex::new(Journal::with_capacity(requests)),
+            decisions: Mutex::default(),
         }
     }
 
-    fn journal(&self) -> std::sync::MutexGuard<'_, Journal> {
-        self.journal.lock().expect("memory store journal poisoned")
+    fn decisions(&self) -> std::sync::MutexGuard<'_, Decisions> {
+        self.decisions
+            .lock()
+            .expect("memory store decisions poisoned")
     }
 
     /// Every entry recorded with a message id.
@@ -81,6 +100,7 @@ impl MemoryStore {
             .flat_map(|n| {
                 let shard = self.shards[n].lock().expect("memory store shard poisoned");
                 shard
+                    .rows
                     .iter()
                     .map(|(id, row)| row.entry(Some(*id)))
                     .collect::<Vec<_>>()
@@ -88,12 +108,25 @@ impl MemoryStore {
             .collect()
     }
 
-    fn shard(&self, id: &Uuid) -> std::sync::MutexGuard<'_, HashMap<Uuid, Row>> {
-        // UUIDs are random: their last byte spreads ids evenly. No critical
-        // section here can panic halfway through an update.
-        self.shards[usize::from(id.as_bytes()[15]) % SHARDS]
+    /// The shard of `id`: UUIDs are random, so their last byte spreads ids
+    /// evenly.
+    fn shard_of(id: &Uuid) -> usize {
+        usize::from(id.as_bytes()[15]) % SHARDS
+    }
+
+    fn shard(&self, id: &Uuid) -> ShardGuard<'_> {
+        // No critical section here can panic halfway through an update.
+        self.shards[Self::shard_of(id)]
             .lock()
             .expect("memory store shard poisoned")
+    }
+
+    /// Every shard, locked in order.
+    fn all_shards(&self) -> Vec<ShardGuard<'_>> {
+        self.shards
+            .iter()
+            .map(|shard| shard.lock().expect("memory store shard poisoned"))
+            .collect()
     }
 }
 
@@ -167,7 +200,7 @@ impl Store for MemoryStore {
         decision: Decision<'_>,
     ) -> Result<(), StoreError> {
         let now = self.clock.now();
-        self.journal()
+        self.decisions()
             .decide(request.message_id, attempt, decision, now);
         Ok(())
     }
@@ -177,12 +210,17 @@ impl Store for MemoryStore {
         window_start: Timestamp,
         memory_start: Timestamp,
     ) -> Result<std::collections::BTreeMap<String, GroupUsage>, StoreError> {
-        Ok(self.journal().group_usage(window_start, memory_start))
+        let shards = self.all_shards();
+        Ok(journal::group_usage(
+            shards.iter().map(|shard| &shard.attempts),
+            window_start,
+            memory_start,
+        ))
     }
 
     async fn deferrals(&self, message_id: Uuid) -> Result<u32, StoreError> {
         Ok(self
-            .journal()
+            .decisions()
             .deferrals
             .get(&message_id)
             .copied()
@@ -190,16 +228,18 @@ impl Store for MemoryStore {
     }
 
     async fn story(&self, message_id: Uuid) -> Result<Option<Story>, StoreError> {
-        let Some(entry) = self
-            .shard(&message_id)
-            .get(&message_id)
-            .map(|row| row.entry(Some(message_id)))
-        else {
-            return Ok(None);
+        let (entry, attempts) = {
+            let shard = self.shard(&message_id);
+            let Some(row) = shard.rows.get(&message_id) else {
+                return Ok(None);
+            };
+            (
+                row.entry(Some(message_id)),
+                shard.attempts.attempts_of(row.latest),
+            )
         };
-        let journal = self.journal();
-        let attempts = journal.attempts_of(message_id);
-        let decisions = journal
+        let decisions = self
+            .decisions()
             .decisions
             .get(&message_id)
             .cloned()
@@ -248,24 +288,21 @@ impl Store for MemoryStore {
             .retain(|(_, row)| keep(row));
         let mut gone = Vec::new();
         for shard in &self.shards {
-            shard
-                .lock()
-                .expect("memory store shard poisoned")
-                .retain(|id, row| {
-                    keep(row) || {
-                        gone.push(*id);
-                        false
-                    }
-                });
+            let mut shard = shard.lock().expect("memory store shard poisoned");
+            let Shard { rows, attempts } = &mut *shard;
+            rows.retain(|id, row| {
+                keep(row) || {
+                    gone.push(*id);
+                    false
+                }
+            });
+            attempts.compact(rows, before);
         }
-        let mut journal = self.journal();
+        let mut decisions = self.decisions();
         for id in &gone {
-            journal.decisions.remove(id);
-            journal.deferrals.remove(id);
+            decisions.decisions.remove(id);
+            decisions.deferrals.remove(id);
         }
-        journal
-            .restarts
-            .retain(|(id, _), row| row.claimed_at >= before && !gone.contains(id));
         Ok(removed)
     }
 }
@@ -279,5 +316,72 @@ mod tests {
     async fn memory_store_keeps_the_store_contract() {
         let store = MemoryStore::new();
         contract::all(&store).await;
+    }
+
+    /// The journal is a list per shard whose entries are chained per
+    /// request: a released claim leaves a dead entry, and a prune drops
+    /// entries from between others. Each request's outcomes must still land
+    /// on its own attempts afterwards, its chain linked anew.
+    #[tokio::test(start_paused = true)]
+    async fn attempts_stay_linked_across_releases_and_a_prune() {
+        let store = MemoryStore::new();
+        let terms = ClaimTerms {
+            max_attempts: 3,
+            hold: std::time::Duration::from_secs(3600),
+            limits: crate::safety::Limits::NONE,
+        };
+        // Three requests in one shard (the last byte of their ids).
+        let request = |n: u128| {
+            let mut request = contract::request(&format!("cattle-{n:04}"));
+            request.message_id = Uuid::from_u128(n << 8);
+            request
+        };
+        let (a, b, c) = (request(1), request(2), request(3));
+        let attempts = |id| {
+            let store = &store;
+            async move {
+                let story = store.story(id).await.unwrap().unwrap();
+                story
+                    .attempts
+                    .iter()
+                    .map(|a| (a.attempt, a.outcome))
+                    .collect::<Vec<_>>()
+            }
+        };
+        let retrying = Outcome::Retrying { error: "e".into() };
+        store.claim_restart(&a, terms).await.unwrap();
+        store.claim_restart(&b, terms).await.unwrap();
+        store
+            .record_outcome(&a, 1, &Outcome::restarted())
+            .await
+            .unwrap();
+        store.record_outcome(&b, 1, &retrying).await.unwrap();
+        tokio::time::advance(std::time::Duration::from_secs(10)).await;
+        let later = Timestamp::from_millis(store.clock.now());
+        store.claim_restart(&b, terms).await.unwrap();
+        store.claim_restart(&c, terms).await.unwrap();
+        store.release_claim(&c, 1).await.unwrap();
+        store.claim_restart(&c, terms).await.unwrap();
+        assert_eq!(
+            attempts(b.message_id).await,
+            [(1, Some(Status::Retrying)), (2, None)]
+        );
+        assert_eq!(attempts(c.message_id).await, [(1, None)]);
+
+        // `a` is final and old: pruned with its attempt; `b`'s first
+        // attempt is older than the cut; `c`'s released claim goes too.
+        assert_eq!(store.prune(later, 1000).await.unwrap(), 1);
+        assert!(store.story(a.message_id).await.unwrap().is_none());
+        assert_eq!(attempts(b.message_id).await, [(2, None)]);
+        store
+            .record_outcome(&b, 2, &Outcome::restarted())
+            .await
+            .unwrap();
+        store
+            .record_outcome(&c, 1, &Outcome::Failed { error: "e".into() })
+            .await
+            .unwrap();
+        assert_eq!(attempts(b.message_id).await, [(2, Some(Status::Restarted))]);
+        assert_eq!(attempts(c.message_id).await, [(1, Some(Status::Failed))]);
     }
 }
