@@ -578,6 +578,38 @@ pub async fn counting_guards_are_decided_in_the_claim_and_journaled(store: &dyn 
     assert_eq!(usage["herd"].disrupted, 1, "in flight: {usage:?}");
 }
 
+/// A claim reads its clock before it waits for the counting guards' locks,
+/// so another instance's claim of the same host can commit in between,
+/// stamped later than this claim's `now`. `stamp_later` moves the store's
+/// journal rows a minute ahead, as such a claim would have stamped them:
+/// the host must still be cooling. (The guards' read once left out rows
+/// stamped after `now`, and two instances could restart one host within
+/// its cooldown.) Run on a store of its own: every journal row moves.
+pub async fn a_claim_stamped_after_now_still_cools_its_host(
+    store: &dyn Store,
+    stamp_later: impl std::future::Future<Output = ()>,
+) {
+    let cooling = ClaimTerms {
+        limits: Limits {
+            host_cooldown: Some(Duration::from_secs(600)),
+            ..Limits::NONE
+        },
+        ..TERMS
+    };
+    let first = request("stray-0001");
+    assert!(matches!(
+        store.claim_restart(&first, cooling).await.unwrap(),
+        Claim::Claimed { attempt: 1, .. }
+    ));
+    stamp_later.await;
+    let second = request("stray-0001");
+    let claim = store.claim_restart(&second, cooling).await.unwrap();
+    let Claim::Deferred { guard, .. } = claim else {
+        panic!("the host cooldown must hold against a claim stamped later: {claim:?}");
+    };
+    assert_eq!(guard, "host cooldown");
+}
+
 async fn entry(store: &dyn Store, id: Uuid) -> HistoryEntry {
     let history = store.history(1000).await.unwrap();
     history

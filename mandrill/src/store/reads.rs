@@ -41,7 +41,6 @@ macro_rules! reads_for {
                     .bind(request.instance_name.as_str())
                     .bind(window_start)
                     .bind(memory_start)
-                    .bind(now)
                     .fetch_one(conn)
                     .await?;
                 Ok(usage_from(row))

@@ -9,7 +9,13 @@ use crate::domain::Status;
 
 /// What the counting guards read in the claim's transaction, in one
 /// statement: `$1` group, `$2` instance, `$3` start of the rate window,
-/// `$4` start of the budget's memory, `$5` now. The claim being decided has no journal row yet.
+/// `$4` start of the budget's memory. The claim being decided has no journal row yet.
+///
+/// No row is left out for being later than this claim's `now`: a claim
+/// reads its clock before it waits for the guards' locks (the writer's
+/// `BEGIN IMMEDIATE`, the advisory locks), so another instance's claim of
+/// the same host may commit in between stamped later. Its row counts: the
+/// host's cooldown runs from it (a later stamp only holds the host longer).
 pub(crate) const USAGE_SQL: &str = "SELECT
     (SELECT COUNT(*) FROM restarts WHERE grp = $1 AND claimed_at > $3
         AND (outcome IS NULL OR outcome NOT IN ('dry-run', 'expired', 'denied'))),
@@ -19,7 +25,7 @@ pub(crate) const USAGE_SQL: &str = "SELECT
         AND (outcome IS NULL OR outcome NOT IN ('dry-run', 'expired', 'denied'))),
     (SELECT MIN(claimed_at) FROM restarts WHERE claimed_at > $3
         AND (outcome IS NULL OR outcome NOT IN ('dry-run', 'expired', 'denied'))),
-    (SELECT MAX(claimed_at) FROM restarts WHERE instance_name = $2 AND claimed_at <= $5
+    (SELECT MAX(claimed_at) FROM restarts WHERE instance_name = $2
         AND (outcome IS NULL OR outcome NOT IN ('dry-run', 'expired', 'denied'))),
     (SELECT COUNT(DISTINCT r.instance_name) FROM restarts r
       WHERE r.grp = $1 AND r.instance_name <> $2 AND r.claimed_at > $4

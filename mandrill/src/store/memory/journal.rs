@@ -139,8 +139,9 @@ impl Attempts {
         link
     }
 
-    /// The live entry of `attempt` in the chain from `latest`, if any (the
-    /// newest, should one attempt have been claimed twice).
+    /// The live entry of `attempt` in the chain from `latest`, if any. (At
+    /// most one is live: an attempt is claimed again only after its claim
+    /// was released, which marks its entry dead.)
     pub(super) fn find_mut(&mut self, latest: Link, attempt: u32) -> Option<&mut JournalRow> {
         let mut at = latest.get();
         while let Some(i) = at {
@@ -166,6 +167,15 @@ impl Attempts {
                 return;
             }
             at = entry.prev.get();
+        }
+    }
+
+    /// Moves every entry's claim `by` milliseconds (tests: a claim stamped
+    /// by a clock ahead of the reader's).
+    #[cfg(test)]
+    pub(super) fn shift(&mut self, by: i64) {
+        for entry in &mut self.entries {
+            entry.row.claimed_at += by;
         }
     }
 
@@ -258,7 +268,9 @@ pub(super) fn usage<'a>(
                 );
             }
         }
-        if row.instance() == instance && row.claimed_at <= now {
+        // Every claim of the host, even one stamped after `now` (see
+        // `USAGE_SQL`).
+        if row.instance() == instance {
             usage.host_last = usage.host_last.max(Some(row.claimed_at));
         }
     }

@@ -323,6 +323,17 @@ mod tests {
         contract::all(&store).await;
     }
 
+    #[tokio::test]
+    async fn a_claim_stamped_after_now_still_cools_its_host() {
+        let store = MemoryStore::new();
+        let later = async {
+            for shard in &store.shards {
+                shard.lock().unwrap().attempts.shift(60_000);
+            }
+        };
+        contract::a_claim_stamped_after_now_still_cools_its_host(&store, later).await;
+    }
+
     /// The journal is a list per shard whose entries are chained per
     /// request: a released claim leaves a dead entry, and a prune drops
     /// entries from between others. Each request's outcomes must still land
@@ -367,14 +378,21 @@ mod tests {
         store.claim_restart(&c, terms).await.unwrap();
         store.release_claim(&c, 1).await.unwrap();
         store.claim_restart(&c, terms).await.unwrap();
+        store.record_outcome(&c, 1, &retrying).await.unwrap();
+        store.claim_restart(&c, terms).await.unwrap();
         assert_eq!(
             attempts(b.message_id).await,
             [(1, Some(Status::Retrying)), (2, None)]
         );
-        assert_eq!(attempts(c.message_id).await, [(1, None)]);
+        assert_eq!(
+            attempts(c.message_id).await,
+            [(1, Some(Status::Retrying)), (2, None)]
+        );
 
         // `a` is final and old: pruned with its attempt; `b`'s first
-        // attempt is older than the cut; `c`'s released claim goes too.
+        // attempt is older than the cut; `c`'s released claim goes too,
+        // from between `b`'s second attempt and `c`'s two, which stay
+        // chained.
         assert_eq!(store.prune(later, 1000).await.unwrap(), 1);
         assert!(store.story(a.message_id).await.unwrap().is_none());
         assert_eq!(attempts(b.message_id).await, [(2, None)]);
@@ -383,10 +401,13 @@ mod tests {
             .await
             .unwrap();
         store
-            .record_outcome(&c, 1, &Outcome::Failed { error: "e".into() })
+            .record_outcome(&c, 2, &Outcome::Failed { error: "e".into() })
             .await
             .unwrap();
         assert_eq!(attempts(b.message_id).await, [(2, Some(Status::Restarted))]);
-        assert_eq!(attempts(c.message_id).await, [(1, Some(Status::Failed))]);
+        assert_eq!(
+            attempts(c.message_id).await,
+            [(1, Some(Status::Retrying)), (2, Some(Status::Failed))]
+        );
     }
 }

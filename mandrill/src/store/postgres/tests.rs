@@ -48,6 +48,20 @@ async fn concurrent_instances_record_only_one_first_outcome() {
     second.close().await;
 }
 
+#[tokio::test]
+async fn a_claim_stamped_after_now_still_cools_its_host() {
+    let database = TestDatabase::create().await;
+    let store = PostgresStore::connect(&database.url, 4).await.unwrap();
+    let later = async {
+        sqlx::query("UPDATE restarts SET claimed_at = claimed_at + 60000")
+            .execute(&store.pool)
+            .await
+            .unwrap();
+    };
+    contract::a_claim_stamped_after_now_still_cools_its_host(&store, later).await;
+    store.close().await;
+}
+
 const TERMS: ClaimTerms = ClaimTerms {
     max_attempts: 3,
     hold: Duration::from_secs(3600),

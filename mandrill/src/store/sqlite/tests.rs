@@ -263,3 +263,17 @@ async fn a_batch_mixing_new_open_held_and_final_requests_decides_each_as_if_alon
     assert_eq!(story.attempts[0].outcome, Some(Status::Restarted));
     store.close().await;
 }
+
+#[tokio::test]
+async fn a_claim_stamped_after_now_still_cools_its_host() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite:{}", dir.path().join("t.db").display());
+    let store = SqliteStore::connect(&url, 2).await.unwrap();
+    let later = async {
+        sqlx::query("UPDATE restarts SET claimed_at = claimed_at + 60000")
+            .execute(&store.pool)
+            .await
+            .unwrap();
+    };
+    contract::a_claim_stamped_after_now_still_cools_its_host(&store, later).await;
+}
