@@ -1,0 +1,98 @@
+//! The memory store against the store contract, and its journal's own cases.
+
+use super::super::contract;
+use super::*;
+
+#[tokio::test]
+async fn memory_store_keeps_the_store_contract() {
+    let store = MemoryStore::new();
+    contract::all(&store).await;
+}
+
+#[tokio::test]
+async fn a_claim_stamped_after_now_still_cools_its_host() {
+    let store = MemoryStore::new();
+    let later = async {
+        for shard in &store.shards {
+            shard.lock().unwrap().attempts.shift(60_000);
+        }
+    };
+    contract::a_claim_stamped_after_now_still_cools_its_host(&store, later).await;
+}
+
+/// The journal is a list per shard whose entries are chained per
+/// request: a released claim leaves a dead entry, and a prune drops
+/// entries from between others. Each request's outcomes must still land
+/// on its own attempts afterwards, its chain linked anew.
+#[tokio::test(start_paused = true)]
+async fn attempts_stay_linked_across_releases_and_a_prune() {
+    let store = MemoryStore::new();
+    let terms = ClaimTerms {
+        max_attempts: 3,
+        hold: std::time::Duration::from_secs(3600),
+        limits: crate::safety::Limits::NONE,
+    };
+    // Three requests in one shard (the last byte of their ids).
+    let request = |n: u128| {
+        let mut request = contract::request(&format!("cattle-{n:04}"));
+        request.message_id = Uuid::from_u128(n << 8);
+        request
+    };
+    let (a, b, c) = (request(1), request(2), request(3));
+    let attempts = |id| {
+        let store = &store;
+        async move {
+            let story = store.story(id).await.unwrap().unwrap();
+            story
+                .attempts
+                .iter()
+                .map(|a| (a.attempt, a.outcome))
+                .collect::<Vec<_>>()
+        }
+    };
+    let retrying = Outcome::Retrying { error: "e".into() };
+    store.claim_restart(&a, terms).await.unwrap();
+    store.claim_restart(&b, terms).await.unwrap();
+    store
+        .record_outcome(&a, 1, &Outcome::restarted())
+        .await
+        .unwrap();
+    store.record_outcome(&b, 1, &retrying).await.unwrap();
+    tokio::time::advance(std::time::Duration::from_secs(10)).await;
+    let later = Timestamp::from_millis(store.clock.now());
+    store.claim_restart(&b, terms).await.unwrap();
+    store.claim_restart(&c, terms).await.unwrap();
+    store.release_claim(&c, 1).await.unwrap();
+    store.claim_restart(&c, terms).await.unwrap();
+    store.record_outcome(&c, 1, &retrying).await.unwrap();
+    store.claim_restart(&c, terms).await.unwrap();
+    assert_eq!(
+        attempts(b.message_id).await,
+        [(1, Some(Status::Retrying)), (2, None)]
+    );
+    assert_eq!(
+        attempts(c.message_id).await,
+        [(1, Some(Status::Retrying)), (2, None)]
+    );
+
+    // `a` is final and old: pruned with its attempt; `b`'s first
+    // attempt is older than the cut; `c`'s released claim goes too,
+    // from between `b`'s second attempt and `c`'s two, which stay
+    // chained.
+    assert_eq!(store.prune(later, 1000).await.unwrap(), 1);
+    assert!(store.story(a.message_id).await.unwrap().is_none());
+    assert_eq!(attempts(b.message_id).await, [(2, None)]);
+    store
+        .record_outcome(&b, 2, &Outcome::restarted())
+        .await
+        .unwrap();
+    store
+        .record_outcome(&c, 2, &Outcome::Failed { error: "e".into() })
+        .await
+        .unwrap();
+    assert_eq!(attempts(b.message_id).await, [(2, Some(Status::Restarted))]);
+    assert_eq!(
+        attempts(c.message_id).await,
+        [(1, Some(Status::Retrying)), (2, Some(Status::Failed))]
+    );
+}
