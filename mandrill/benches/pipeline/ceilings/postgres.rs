@@ -12,7 +12,7 @@ const POSTGRES_BATCH: usize = 512;
 
 /// (d) PostgreSQL: a database of its own with the store's schema (its
 /// migrations, so its indexes), and `writers` loops, each on one
-/// connection with the store's `plan_cache_mode`, over its share of the
+/// connection with the store's planner settings, over its share of the
 /// messages in batches of 512: parse each; one transaction looks the batch
 /// up (`JOIN unnest($1::text[])`, which uses the index) and writes the
 /// receipts and claims (one `unnest` upsert) and the journal rows; a second
@@ -28,7 +28,7 @@ pub async fn postgres(admin_url: &str, n: usize, writers: u32) -> f64 {
             .await;
     let options = PgConnectOptions::from_str(&database.url)
         .expect("postgres url")
-        .options([("plan_cache_mode", "force_custom_plan")]);
+        .options(mandrill::store::postgres::SESSION_SETTINGS);
     {
         use sqlx::Connection as _;
         let mut conn = sqlx::PgConnection::connect_with(&options)

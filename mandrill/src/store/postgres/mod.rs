@@ -21,6 +21,8 @@ mod batch;
 mod claims;
 mod outcomes;
 #[cfg(test)]
+mod plan_tests;
+#[cfg(test)]
 mod tests;
 mod writer;
 
@@ -51,6 +53,26 @@ pub const DEFAULT_WRITERS: u32 = 2;
 
 /// Most lookups answered by one query.
 const MAX_LOOKUPS: usize = 1024;
+
+/// The planner settings of every connection of the store (the benchmark's
+/// ceiling (d) uses them too):
+///
+/// - `plan_cache_mode = force_custom_plan`: every statement planned for
+///   its own arrays and the table as it is now; a generic plan cached
+///   while the table was small scans all of it once it is large (the
+///   batches' statements take arrays).
+/// - `random_page_cost = 1.1` (PostgreSQL's default is 4, priced for
+///   spinning disks): the store reads its rows by key, from pages its own
+///   writes keep in the buffer cache. At 4, a batch of 300 ids against a
+///   table of 15,000 rows was planned as a hash join over a scan of the
+///   whole table (its lock, the claims' and the outcomes' updates, the
+///   journal's settling), about 3 times slower than the index there and
+///   growing with the table until ~100,000 rows, where the index wins
+///   anyway (`plan_tests.rs`).
+pub const SESSION_SETTINGS: [(&str, &str); 2] = [
+    ("plan_cache_mode", "force_custom_plan"),
+    ("random_page_cost", "1.1"),
+];
 
 /// The statuses of the requests `$1` that are recorded. A join on
 /// `unnest`, as the writers' statements, so that the index is used.
@@ -95,11 +117,7 @@ impl PostgresStore {
         writers: u32,
     ) -> Result<Self, StoreError> {
         let max_connections = max_connections.max(1);
-        // Every statement planned for its own arrays and the table as it is
-        // now: a generic plan cached while the table was small scans all of
-        // it once it is large (the batches' statements take arrays).
-        let options =
-            PgConnectOptions::from_str(url)?.options([("plan_cache_mode", "force_custom_plan")]);
+        let options = PgConnectOptions::from_str(url)?.options(SESSION_SETTINGS);
         let pool = PgPoolOptions::new()
             .max_connections(max_connections)
             .acquire_timeout(Duration::from_secs(10))

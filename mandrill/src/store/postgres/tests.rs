@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use uuid::Uuid;
 
+use super::PostgresStore;
 use super::testing::TestDatabase;
-use super::{PostgresStore, batch, outcomes};
 use crate::domain::{Outcome, RestartRequest, Status};
 use crate::store::{Claim, ClaimTerms, Recorded, Store, StoreError, contract};
 
@@ -273,48 +273,6 @@ async fn many_handlers_in_flight_never_queue_on_the_pool() {
     // nowhere near one per handler (the whole pool, before).
     let opened = store.pool.size();
     assert!(opened <= 10, "{opened} connections opened");
-    store.close().await;
-}
-
-#[tokio::test]
-async fn the_batch_lock_uses_the_message_id_index_even_with_a_generic_plan() {
-    let database = TestDatabase::create().await;
-    let store = PostgresStore::connect(&database.url, 2).await.unwrap();
-    sqlx::query(
-        "INSERT INTO requests (message_id, status, received_at, updated_at)
-         SELECT md5(n::text), 'restarted', 0, 0 FROM generate_series(1, 20000) AS n",
-    )
-    .execute(&store.pool)
-    .await
-    .unwrap();
-    sqlx::query("ANALYZE requests")
-        .execute(&store.pool)
-        .await
-        .unwrap();
-    let mut conn = store.pool.acquire().await.unwrap();
-    // What a prepared statement falls back to after a few executions.
-    sqlx::query("SET plan_cache_mode = force_generic_plan")
-        .execute(&mut *conn)
-        .await
-        .unwrap();
-    for sql in [batch::LOCK_SQL, outcomes::OUTCOME_SQL.as_str()] {
-        let plan: Vec<String> = sqlx::query_scalar(&format!("EXPLAIN {sql}"))
-            .bind(vec!["a".to_owned(), "b".to_owned()])
-            .bind(vec!["restarted".to_owned(); 2])
-            .bind(vec![1i32; 2])
-            .bind(vec![None::<String>; 2])
-            .bind(vec![None::<i64>; 2])
-            .bind(vec![None::<String>; 2])
-            .bind(vec![None::<i64>; 2])
-            .bind(0i64)
-            .fetch_all(&mut *conn)
-            .await
-            .unwrap();
-        let plan = plan.join("\n");
-        assert!(plan.contains("requests_message_id_key"), "{plan}");
-        assert!(!plan.contains("Seq Scan on requests"), "{plan}");
-    }
-    drop(conn);
     store.close().await;
 }
 
