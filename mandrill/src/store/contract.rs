@@ -585,6 +585,10 @@ pub async fn counting_guards_are_decided_in_the_claim_and_journaled(store: &dyn 
 /// the host must still be cooling. (The guards' read once left out rows
 /// stamped after `now`, and two instances could restart one host within
 /// its cooldown.) Run on a store of its own: every journal row moves.
+/// What the SQL stores' `stamp_later` runs for
+/// [`a_claim_stamped_after_now_still_cools_its_host`].
+pub const STAMP_LATER_SQL: &str = "UPDATE restarts SET claimed_at = claimed_at + 60000";
+
 pub async fn a_claim_stamped_after_now_still_cools_its_host(
     store: &dyn Store,
     stamp_later: impl std::future::Future<Output = ()>,

@@ -53,7 +53,7 @@ async fn a_claim_stamped_after_now_still_cools_its_host() {
     let database = TestDatabase::create().await;
     let store = PostgresStore::connect(&database.url, 4).await.unwrap();
     let later = async {
-        sqlx::query("UPDATE restarts SET claimed_at = claimed_at + 60000")
+        sqlx::query(contract::STAMP_LATER_SQL)
             .execute(&store.pool)
             .await
             .unwrap();

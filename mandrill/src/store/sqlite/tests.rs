@@ -270,7 +270,7 @@ async fn a_claim_stamped_after_now_still_cools_its_host() {
     let url = format!("sqlite:{}", dir.path().join("t.db").display());
     let store = SqliteStore::connect(&url, 2).await.unwrap();
     let later = async {
-        sqlx::query("UPDATE restarts SET claimed_at = claimed_at + 60000")
+        sqlx::query(contract::STAMP_LATER_SQL)
             .execute(&store.pool)
             .await
             .unwrap();
