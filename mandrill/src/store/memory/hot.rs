@@ -71,10 +71,11 @@ impl MemoryStore {
         // shard alone keeps its row and its attempts consistent.
         // A refusal's decision is recorded while the shard is still held, as
         // the SQL stores record it in the claim's transaction.
-        let decide = |claim: &Claim| {
-            if let Some(decision) = claim_decision(claim) {
+        let decided = |(claim, refused): (Claim, bool)| {
+            if refused && let Some(decision) = claim_decision(&claim) {
                 self.decisions().decide(id, 0, decision, now);
             }
+            claim
         };
         let claim = if terms.limits.is_active() {
             let mut shards = self.all_shards();
@@ -85,19 +86,17 @@ impl MemoryStore {
                 now,
             );
             let shard = &mut shards[Self::shard_of(&id)];
-            let (claim, refused) = claim_in(shard, request, &terms, switch, now, &usage);
-            if refused {
-                decide(&claim);
-            }
-            claim
+            decided(claim_in(shard, request, &terms, switch, now, &usage))
         } else {
             let mut shard = self.shard(&id);
-            let (claim, refused) =
-                claim_in(&mut shard, request, &terms, switch, now, &Usage::default());
-            if refused {
-                decide(&claim);
-            }
-            claim
+            decided(claim_in(
+                &mut shard,
+                request,
+                &terms,
+                switch,
+                now,
+                &Usage::default(),
+            ))
         };
         Ok(claim)
     }
