@@ -25,8 +25,6 @@ use bytes::Bytes;
 use clap::{Args, Parser, Subcommand};
 use tracing::{error, info, warn};
 
-use uuid::Uuid;
-
 use crate::broker::{
     BrokerError, BrokerUrl, Close as _, DeadLetterAdmin, DeadLetterEntry, DeadLetterRecord,
     Publisher, SqliteBroker,

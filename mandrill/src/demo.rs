@@ -12,7 +12,7 @@ use tracing::{info, warn};
 use uuid::Uuid;
 
 use crate::broker::Publisher;
-use crate::domain::{Domain, Hostname, RestartRequest, random_instance_name};
+use crate::domain::{Domain, Hostname, RestartRequest, new_message_id, random_instance_name};
 
 /// How often the publisher wakes up; requests due in between are published
 /// together, so rates far above 1/tick are met.
@@ -21,15 +21,14 @@ const TICK: Duration = Duration::from_millis(10);
 /// A random, valid request.
 pub fn random_request(rng: &mut impl Rng) -> RestartRequest {
     let instance_name = random_instance_name(rng);
+    let now = std::time::SystemTime::now();
     RestartRequest {
-        // From `rng`, not `Uuid::new_v4`: that asks the kernel for every id
-        // (a `getrandom` call each), ~5% of a profile that publishes fast.
-        message_id: uuid::Builder::from_random_bytes(rng.random()).into_uuid(),
+        message_id: new_message_id(now, rng),
         hostname: Hostname::new(&instance_name, &Domain::default()),
         instance_name,
         requested_by: Some("mandrill-simulate".into()),
         reason: None,
-        published_at: Some(std::time::SystemTime::now()),
+        published_at: Some(now),
         group: None,
     }
 }

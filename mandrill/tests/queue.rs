@@ -46,7 +46,27 @@ fn publish_rejects_bad_lines_by_number_and_publishes_nothing() {
     );
     assert!(status.success(), "{stderr}");
     assert_eq!(stdout.trim(), "published 5 requests");
-    assert_eq!(queue_rows(&db).len(), 5);
+    let rows = queue_rows(&db);
+    assert_eq!(rows.len(), 5);
+    // Minted time-ordered (version 7), so that the stores' indexes on
+    // message_id grow at their right edge.
+    let ids: Vec<uuid::Uuid> = rows
+        .iter()
+        .map(|row| {
+            let wire: serde_json::Value = serde_json::from_slice(&row.payload).unwrap();
+            wire["message_id"].as_str().unwrap().parse().unwrap()
+        })
+        .collect();
+    assert!(
+        ids.iter()
+            .all(|id| id.get_version() == Some(uuid::Version::SortRand)),
+        "{ids:?}"
+    );
+    let millis = |id: &uuid::Uuid| id.get_timestamp().unwrap().to_unix();
+    assert!(
+        ids.windows(2).all(|w| millis(&w[0]) <= millis(&w[1])),
+        "{ids:?}"
+    );
 }
 
 #[test]

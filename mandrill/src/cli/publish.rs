@@ -21,15 +21,17 @@ pub(super) async fn publish(config: Config, args: &PublishArgs) -> anyhow::Resul
         return Err(BadInput(format!("--rate {rate} must be between 0.001 and 1000000")).into());
     }
     let rules = config.parse_rules();
-    let request = |name: InstanceName| {
+    let mut rng = rand::rng();
+    let request = |name: InstanceName, rng: &mut rand::rngs::ThreadRng| {
+        let now = std::time::SystemTime::now();
         Bytes::from(
             RestartRequest {
-                message_id: Uuid::new_v4(),
+                message_id: crate::domain::new_message_id(now, rng),
                 hostname: Hostname::new(&name, &rules.domain),
                 instance_name: name,
                 requested_by: Some("mandrill-publish".into()),
                 reason: None,
-                published_at: Some(std::time::SystemTime::now()),
+                published_at: Some(now),
                 group: None,
             }
             .to_wire(),
@@ -39,7 +41,7 @@ pub(super) async fn publish(config: Config, args: &PublishArgs) -> anyhow::Resul
     let mut errors = Vec::new();
     for (index, name) in args.names.iter().enumerate() {
         match InstanceName::parse(name) {
-            Ok(name) => payloads.push(request(name)),
+            Ok(name) => payloads.push(request(name, &mut rng)),
             Err(why) => errors.push(format!(
                 "argument {}: instance name {name:?} {why}",
                 index + 1
@@ -71,7 +73,7 @@ pub(super) async fn publish(config: Config, args: &PublishArgs) -> anyhow::Resul
                 }
             } else {
                 match InstanceName::parse(line) {
-                    Ok(name) => payloads.push(request(name)),
+                    Ok(name) => payloads.push(request(name, &mut rng)),
                     Err(why) => errors.push(format!("{at}: instance name {line:?} {why}")),
                 }
             }
@@ -102,10 +104,10 @@ pub(super) async fn publish(config: Config, args: &PublishArgs) -> anyhow::Resul
         .into());
     }
     // Random requests are made as they are published, not all up front.
-    let mut rng = rand::rng();
-    let payloads = payloads
-        .into_iter()
-        .chain((0..random).map(move |_| request(random_instance_name(&mut rng))));
+    let payloads = payloads.into_iter().chain((0..random).map(move |_| {
+        let name = random_instance_name(&mut rng);
+        request(name, &mut rng)
+    }));
     let published = if let BrokerUrl::Sqlite { .. } = url {
         let broker = service::open_sqlite_broker(&config.broker).await?;
         let published = match args.rate {

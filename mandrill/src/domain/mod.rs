@@ -13,7 +13,7 @@ pub use names::{Domain, Hostname, InstanceName, random_instance_name};
 pub use outcome::{Outcome, Restarted, Status};
 pub use request::{
     MAX_REASON_CHARS, MAX_REQUESTED_BY_CHARS, ParseRules, Rejection, RestartRequest, WireRequest,
-    salvage_message_id,
+    new_message_id, salvage_message_id,
 };
 
 /// Valid requests for tests elsewhere in the crate.

@@ -180,3 +180,22 @@ fn salvage_finds_id_in_rejected_payload() {
     );
     assert_eq!(salvage_message_id(b"garbage"), None);
 }
+
+#[test]
+fn minted_ids_are_version_7_and_sort_by_their_time_in_text_too() {
+    let mut rng = rand::rng();
+    let at = humantime::parse_rfc3339("2026-11-23T01:00:00.123Z").unwrap();
+    let later = at + std::time::Duration::from_millis(1);
+    let (first, second) = (
+        new_message_id(at, &mut rng),
+        new_message_id(later, &mut rng),
+    );
+    assert_eq!(first.get_version(), Some(uuid::Version::SortRand));
+    let (seconds, nanos) = first.get_timestamp().unwrap().to_unix();
+    assert_eq!((seconds, nanos), (1_795_395_600, 123_000_000));
+    // The stores keep ids as text: the text must sort as the time does, or
+    // the indexes' right edge would not be where new ids go.
+    assert!(first < second && first.to_string() < second.to_string());
+    // Two ids of one millisecond differ in their 74 random bits.
+    assert_ne!(new_message_id(at, &mut rng), first);
+}
