@@ -5,7 +5,12 @@
 //!
 //! `cargo bench -p mandrill --bench pipeline -- --messages N --work-ms W --fail-rate F
 //!  [--broker memory|sqlite:PATH|nats://HOST:PORT|pubsub://PROJECT/SUBSCRIPTION]
-//!  [--pull unary|streaming] [--db memory|sqlite:PATH|postgres://…] [--writers N]`
+//!  [--pull unary|streaming] [--db memory|sqlite:PATH|postgres://…] [--writers N]
+//!  [--ids ordered|random] [--no-ceilings]`
+//!
+//! Payloads carry time-ordered (version 7) message ids, as mandrill's own
+//! publishers mint them; `--ids random` gives version 4 ids, as another
+//! publisher may send.
 //!
 //! With the in-memory broker (the default), publishes N requests as fast as
 //! possible while the worker handles them with `max_in_flight` = N (the
@@ -59,6 +64,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() {
     let options = parse_options();
+    ceilings::RANDOM_IDS.store(options.random_ids, std::sync::atomic::Ordering::Relaxed);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

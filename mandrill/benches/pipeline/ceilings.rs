@@ -6,6 +6,7 @@
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -13,6 +14,7 @@ use bytes::Bytes;
 use futures::StreamExt;
 use mandrill::domain::{Domain, ParseRules, RestartRequest, Status};
 use mandrill::random_request;
+use rand::Rng as _;
 use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
@@ -65,11 +67,23 @@ pub async fn measure(options: &Options, resources: &Resources, dir: &Path) -> Ce
     ceilings
 }
 
+/// `--ids random`: payloads carry random (version 4) message ids, as a
+/// publisher other than mandrill's may send, instead of the time-ordered
+/// (version 7) ids mandrill's own publishers mint.
+pub static RANDOM_IDS: AtomicBool = AtomicBool::new(false);
+
 /// `n` fresh payloads, as the pipeline's.
 pub fn payloads(n: usize) -> Vec<Bytes> {
     let mut rng = rand::rng();
+    let random_ids = RANDOM_IDS.load(Ordering::Relaxed);
     (0..n)
-        .map(|_| Bytes::from(random_request(&mut rng).to_wire()))
+        .map(|_| {
+            let mut request = random_request(&mut rng);
+            if random_ids {
+                request.message_id = uuid::Builder::from_random_bytes(rng.random()).into_uuid();
+            }
+            Bytes::from(request.to_wire())
+        })
         .collect()
 }
 

@@ -13,6 +13,9 @@ pub struct Options {
     pub writers: u32,
     /// `--no-ceilings`: the pipeline alone, for profiling it.
     pub ceilings: bool,
+    /// `--ids random`: version 4 message ids (the default, `ordered`, is
+    /// version 7, as mandrill's own publishers mint them).
+    pub random_ids: bool,
 }
 
 pub fn parse_options() -> Options {
@@ -26,6 +29,7 @@ pub fn parse_options() -> Options {
         notify: None,
         writers: mandrill::store::postgres::DEFAULT_WRITERS,
         ceilings: true,
+        random_ids: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -48,11 +52,16 @@ pub fn parse_options() -> Options {
             "--notify" => options.notify = Some(value("--notify")),
             "--writers" => options.writers = value("--writers").parse().expect("--writers N"),
             "--no-ceilings" => options.ceilings = false,
+            "--ids" => match value("--ids").as_str() {
+                "ordered" => options.random_ids = false,
+                "random" => options.random_ids = true,
+                other => panic!("--ids {other:?}: expected ordered or random"),
+            },
             // `cargo bench` passes --bench to harness-less benchmarks.
             "--bench" => {}
             other => {
                 panic!(
-                    "unknown argument {other:?}; expected --messages, --work-ms, --fail-rate, --broker, --pull, --db, --notify, --writers, --no-ceilings"
+                    "unknown argument {other:?}; expected --messages, --work-ms, --fail-rate, --broker, --pull, --db, --notify, --writers, --no-ceilings, --ids"
                 )
             }
         }

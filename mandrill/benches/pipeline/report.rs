@@ -55,6 +55,7 @@ pub fn print(options: &Options, run: &Run, pipeline: &Pipeline, ceilings: &Ceili
             "broker": options.broker,
             "db": options.db,
             "writers": options.db.starts_with("postgres://").then_some(options.writers),
+            "ids": if options.random_ids { "random" } else { "ordered" },
             "publish_seconds": run.publish_seconds.map(|s| (s * 1e4).round() / 1e4),
             // Each ceiling, and the pipeline's rate over it (module `ceilings`).
             "ceiling_memory_msgs_per_s": ceiling_memory.map(f64::round),
