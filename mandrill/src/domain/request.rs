@@ -305,8 +305,9 @@ impl RestartRequest {
 /// of a profile that publishes fast).
 ///
 /// Time-ordered ids are what mandrill's own publishers mint (`publish`,
-/// `--simulate`) because every store keeps `message_id` in B-tree indexes
-/// (the requests' unique key, the journal's key, decisions): ids that grow
+/// `--simulate`) because the SQL stores (SQLite, PostgreSQL) keep
+/// `message_id` in B-tree indexes (the requests' unique key, the journal's
+/// key, decisions, deferrals): ids that grow
 /// with time are inserted at the right edge of each index, where random
 /// (version 4) ids dirty a random leaf of every index per message. Any
 /// UUID is still accepted from other publishers; see `docs/benchmarks.md`,
