@@ -118,14 +118,26 @@ fn judge(
     }
 }
 
-/// Pauses all restarts (the kill switch), saying why.
-async fn pause_restarts(shared: &Shared, why: String) {
-    match shared.store.set_switch(true, "mandrill", &why).await {
+/// Pauses all restarts (the kill switch), saying why. Retried as the
+/// outcome is (shielded: until the store answers, bounded once shutdown is
+/// under way), before the outcome is recorded: the pause fails closed only
+/// if a store blip cannot skip it.
+async fn pause_restarts(shared: &Shared, progress: &Progress, why: String) {
+    let paused = store_op(shared, progress, Until::Shielded, || {
+        shared.store.set_switch(true, "mandrill", &why)
+    })
+    .await;
+    match paused {
         Ok(()) => {
             error!(reason = why, "paused all restarts");
             shared.notify_switch(true, "mandrill", &why);
         }
-        Err(error) => error!(error = %error.with_causes(), "could not pause restarts"),
+        Err(Stopped::Permanent(error) | Stopped::OutOfTime(error)) => {
+            error!(error = %error.with_causes(), reason = why, "could not pause restarts")
+        }
+        Err(Stopped::Shutdown | Stopped::LeaseLost) => {
+            error!(reason = why, "could not pause restarts: shutting down");
+        }
     }
 }
 
@@ -147,7 +159,7 @@ async fn record(
     } = judged;
     if let Some(why) = pause {
         // Boxed: rare, and it would otherwise keep a slot in this future.
-        Box::pin(pause_restarts(shared, why)).await;
+        Box::pin(pause_restarts(shared, progress, why)).await;
     }
 
     // An outcome settled by an ack takes the ack into its own transaction

@@ -93,7 +93,26 @@ async fn paused_store_defers_every_restart_until_resumed() {
 
 #[tokio::test(start_paused = true)]
 async fn a_host_that_does_not_come_back_pauses_every_restart() {
-    let store = Arc::new(ScriptedStore::default());
+    a_host_that_does_not_come_back_pauses_every_restart_with(ScriptedStore::default()).await;
+}
+
+/// The pause fails closed: a store blip while setting the switch is retried
+/// (before, one failed try was logged and restarts went on).
+#[tokio::test(start_paused = true)]
+async fn the_pause_after_an_unrecovered_host_survives_a_store_blip() {
+    let store = ScriptedStore {
+        failing_switch_sets: AtomicU32::new(2),
+        ..ScriptedStore::default()
+    };
+    let timeline = a_host_that_does_not_come_back_pauses_every_restart_with(store).await;
+    assert_eq!(timeline.count("switch-failed"), 2);
+    assert_eq!(timeline.count("switch true"), 1);
+}
+
+async fn a_host_that_does_not_come_back_pauses_every_restart_with(
+    store: ScriptedStore,
+) -> Timeline {
+    let store = Arc::new(store);
     let restarter = Arc::new(ScriptedRestarter {
         script: Some(|request| {
             if request.instance_name.as_str() == "cattle-gone" {
@@ -116,6 +135,9 @@ async fn a_host_that_does_not_come_back_pauses_every_restart() {
     h.publish("cattle-gone").await;
     let stats = h.stats.clone();
     wait_until("unrecovered", || stats.unrecovered.get() == 1).await;
+    // Set before the outcome is recorded, after any retries.
+    let timeline = store.timeline.clone();
+    wait_until("paused", || timeline.count("switch true") == 1).await;
     let switch = store.switch().await.unwrap();
     assert!(switch.paused);
     assert!(
@@ -128,4 +150,5 @@ async fn a_host_that_does_not_come_back_pauses_every_restart() {
     wait_until("deferred", || stats.deferred.get() >= 1).await;
     assert_eq!(restarter.calls("cattle-next.example.net"), 0);
     h.stop().await.unwrap();
+    store.timeline.clone()
 }

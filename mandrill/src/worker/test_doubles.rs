@@ -133,6 +133,9 @@ pub(super) struct ScriptedStore {
     /// When set, a claim is committed after `claim_delay` whether or not
     /// its caller still waits, as a writer that queued it commits it.
     pub(super) queued_claims: bool,
+    /// Setting the kill switch fails with a transient error this many more
+    /// times.
+    pub(super) failing_switch_sets: AtomicU32,
 }
 
 impl ScriptedStore {
@@ -251,6 +254,10 @@ impl Store for ScriptedStore {
         self.inner.switch().await
     }
     async fn set_switch(&self, paused: bool, by: &str, reason: &str) -> Result<(), StoreError> {
+        if take_one(&self.failing_switch_sets) {
+            self.timeline.push("switch-failed");
+            return Err(StoreError::Database(sqlx::Error::PoolTimedOut));
+        }
         self.timeline.push(format!("switch {paused} {reason}"));
         self.inner.set_switch(paused, by, reason).await
     }
