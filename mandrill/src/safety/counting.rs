@@ -178,6 +178,20 @@ impl Counting {
         self.forget_after
     }
 
+    /// How far back the guards that are on read the restart journal: the
+    /// rate window, the host cooldown and the budget's memory, whichever is
+    /// longest (zero with none on). Pruning keeps at least this much.
+    pub fn lookback(&self) -> Duration {
+        let rate = (self.group_max.is_some() || self.global_max.is_some()).then_some(self.window);
+        let budget =
+            (self.max_disrupted.is_some() || self.percent.is_some()).then_some(self.forget_after);
+        [rate, self.host_cooldown, budget]
+            .into_iter()
+            .flatten()
+            .max()
+            .unwrap_or_default()
+    }
+
     /// The settings in words, for `mandrill status`.
     pub fn describe(&self) -> String {
         let window = humantime::format_duration(self.window);

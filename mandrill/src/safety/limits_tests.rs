@@ -132,3 +132,40 @@ fn groups_defaults_and_budgets_resolve_fail_closed() {
     .unwrap_err();
     assert_eq!(key, "safety.budget.max_disrupted_percent");
 }
+
+#[test]
+fn the_lookback_is_the_longest_reach_of_the_guards_that_are_on() {
+    let counting = |rate: RateSettings, budget: BudgetSettings| {
+        Counting::new(&BTreeMap::new(), &rate, &budget, false)
+            .unwrap()
+            .lookback()
+    };
+    let hours = |n: u64| Duration::from_secs(n * 3600);
+    // Simulated defaults: no guard on, nothing to keep.
+    assert_eq!(
+        counting(RateSettings::default(), BudgetSettings::default()),
+        Duration::ZERO
+    );
+    let rate = RateSettings {
+        group_max: Some(1),
+        window: hours(24),
+        host_cooldown: hours(30),
+        ..RateSettings::default()
+    };
+    assert_eq!(counting(rate.clone(), BudgetSettings::default()), hours(30));
+    let budget = BudgetSettings {
+        max_disrupted: Some(1),
+        forget_after: hours(48),
+        ..BudgetSettings::default()
+    };
+    assert_eq!(counting(rate, budget), hours(48));
+    // With a real backend the strict defaults are on: a day's window.
+    let real = Counting::new(
+        &BTreeMap::new(),
+        &RateSettings::default(),
+        &BudgetSettings::default(),
+        true,
+    )
+    .unwrap();
+    assert_eq!(real.lookback(), hours(24));
+}

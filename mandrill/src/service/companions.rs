@@ -8,6 +8,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::broker::Broker;
+use crate::safety::PolicyHandle;
 use crate::stats::Stats;
 use crate::store::{Store, Timestamp};
 use crate::worker::Shutdown;
@@ -18,9 +19,15 @@ const PRUNE_BATCH: u32 = 5_000;
 
 /// Deletes finished requests older than `retention`, `first_after` start and
 /// then every hour, in bounded batches with a pause between them.
+///
+/// Never a journal row the counting guards still read: the cutoff is at
+/// least the policy's [`lookback`](crate::safety::Counting::lookback) ago
+/// (the policy in force at each prune), so that a retention shorter than
+/// the rate window cannot let a group's restart drop out of its count.
 pub(super) async fn prune_history(
     store: Arc<dyn Store>,
     retention: Duration,
+    policy: PolicyHandle,
     first_after: Duration,
     stop: CancellationToken,
 ) {
@@ -34,10 +41,11 @@ pub(super) async fn prune_history(
             _ = every.tick() => {}
             () = stop.cancelled() => return,
         }
+        let keep = retention.max(policy.current().guards.counting.lookback());
         let cutoff = Timestamp::from_millis(
             Timestamp::now()
                 .as_millis()
-                .saturating_sub(i64::try_from(retention.as_millis()).unwrap_or(i64::MAX)),
+                .saturating_sub(i64::try_from(keep.as_millis()).unwrap_or(i64::MAX)),
         );
         let mut pruned = 0u64;
         loop {
@@ -61,8 +69,8 @@ pub(super) async fn prune_history(
         if pruned > 0 {
             info!(
                 pruned,
-                ?retention,
-                "pruned finished requests past their retention"
+                ?keep,
+                "pruned finished requests past their retention (and the guards' lookback)"
             );
         }
     }

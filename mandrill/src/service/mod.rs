@@ -249,6 +249,7 @@ impl Service {
             companions.spawn(prune_history(
                 self.store.as_dyn(),
                 self.config.store.retention,
+                self.worker.policy(),
                 Duration::from_secs(60),
                 stop_companions.clone(),
             ));

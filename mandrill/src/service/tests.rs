@@ -3,8 +3,12 @@ use crate::domain::{Domain, Outcome, ParseRules, RestartRequest};
 use crate::store::{SqliteStore, Store};
 
 fn request() -> RestartRequest {
+    request_for("cattle-old")
+}
+
+fn request_for(instance: &str) -> RestartRequest {
     let payload = format!(
-        r#"{{"message_id":"{}","instance_name":"cattle-old"}}"#,
+        r#"{{"message_id":"{}","instance_name":"{instance}"}}"#,
         uuid::Uuid::new_v4()
     );
     let rules = ParseRules {
@@ -41,6 +45,7 @@ async fn history_past_its_retention_is_pruned_in_the_background() {
     let pruning = tokio::spawn(prune_history(
         store.clone(),
         Duration::from_millis(10),
+        PolicyHandle::default(),
         Duration::ZERO,
         stop.clone(),
     ));
@@ -54,5 +59,82 @@ async fn history_past_its_retention_is_pruned_in_the_background() {
     assert_eq!(kept[0].message_id, Some(open.message_id));
     stop.cancel();
     pruning.await.unwrap();
+    store.close().await;
+}
+
+/// A retention shorter than the rate window must not prune a restart the
+/// window still counts: before, the hourly prune deleted it and the group's
+/// next restart was allowed inside the window.
+#[tokio::test]
+async fn pruning_keeps_the_journal_the_guards_still_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite:{}", dir.path().join("g.db").display());
+    let store: Arc<dyn Store> = Arc::new(SqliteStore::connect(&url, 2).await.unwrap());
+    let hour = Duration::from_secs(3600);
+    let terms = crate::store::ClaimTerms {
+        max_attempts: 1,
+        hold: Duration::from_secs(60),
+        limits: crate::safety::Limits {
+            group_max: Some(1),
+            window: hour,
+            ..crate::safety::Limits::NONE
+        },
+    };
+    let first = request_for("cattle-first");
+    let claimed = store.claim_restart(&first, terms).await.unwrap();
+    assert!(
+        matches!(claimed, crate::store::Claim::Claimed { attempt: 1, .. }),
+        "{claimed:?}"
+    );
+    store
+        .record_outcome(&first, 1, &Outcome::restarted())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+
+    let counting = crate::safety::Counting::new(
+        &std::collections::BTreeMap::new(),
+        &crate::safety::RateSettings {
+            group_max: Some(1),
+            window: hour,
+            ..crate::safety::RateSettings::default()
+        },
+        &crate::safety::BudgetSettings::default(),
+        false,
+    )
+    .unwrap();
+    let policy = PolicyHandle::new(crate::safety::Policy {
+        guards: crate::safety::Guards {
+            counting,
+            ..crate::safety::Guards::default()
+        },
+        ..crate::safety::Policy::default()
+    });
+    let stop = CancellationToken::new();
+    let pruning = tokio::spawn(prune_history(
+        store.clone(),
+        Duration::from_millis(10),
+        policy,
+        Duration::ZERO,
+        stop.clone(),
+    ));
+    // The first prune runs at once; give it ample time to finish.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.cancel();
+    pruning.await.unwrap();
+
+    assert_eq!(
+        store.history(10).await.unwrap().len(),
+        1,
+        "the restart was pruned"
+    );
+    let second = store
+        .claim_restart(&request_for("cattle-second"), terms)
+        .await
+        .unwrap();
+    assert!(
+        !matches!(second, crate::store::Claim::Claimed { .. }),
+        "a second restart of the group inside the window: {second:?}"
+    );
     store.close().await;
 }
