@@ -151,15 +151,14 @@ impl<A: Part, B: Part> Writer<A, B> {
         a_ops: Vec<A::Op>,
         b_ops: Vec<B::Op>,
     ) -> Result<(), (sqlx::Error, Vec<A::Op>, Vec<B::Op>)> {
-        let now = crate::store::Timestamp::now().as_millis();
         let result = match &mut self.source {
             Source::Own(own) => match own.get().await {
-                Ok(conn) => transaction(conn, &mut self.a, &mut self.b, &a_ops, &b_ops, now).await,
+                Ok(conn) => transaction(conn, &mut self.a, &mut self.b, &a_ops, &b_ops).await,
                 Err(error) => Err(error),
             },
             Source::Pool(pool) => match pool.acquire().await {
                 Ok(mut conn) => {
-                    transaction(&mut conn, &mut self.a, &mut self.b, &a_ops, &b_ops, now).await
+                    transaction(&mut conn, &mut self.a, &mut self.b, &a_ops, &b_ops).await
                 }
                 Err(error) => Err(error),
             },
@@ -210,9 +209,14 @@ async fn transaction<A: Part, B: Part>(
     b: &mut B,
     a_ops: &[A::Op],
     b_ops: &[B::Op],
-    now: i64,
 ) -> Result<(Vec<A::Answer>, Vec<B::Answer>), sqlx::Error> {
     let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+    // Read once the file's write lock is held (`BEGIN IMMEDIATE` may wait
+    // out another process's transaction): a claim's journal stamp and a
+    // lease's deadline are then no earlier than the moment they take
+    // effect, so a restart cannot leave a rate window, or a lease lapse,
+    // early by the time spent waiting.
+    let now = crate::store::Timestamp::now().as_millis();
     let a_answers = a.run(&mut tx, a_ops, now).await?;
     let b_answers = b.run(&mut tx, b_ops, now).await?;
     tx.commit().await?;

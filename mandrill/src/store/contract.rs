@@ -578,9 +578,8 @@ pub async fn counting_guards_are_decided_in_the_claim_and_journaled(store: &dyn 
     assert_eq!(usage["herd"].disrupted, 1, "in flight: {usage:?}");
 }
 
-/// A claim reads its clock before it waits for the counting guards' locks,
-/// so another instance's claim of the same host can commit in between,
-/// stamped later than this claim's `now`. `stamp_later` moves the store's
+/// Instances' clocks differ, so another instance's claim of the same host
+/// can be stamped later than this claim's `now`. `stamp_later` moves the store's
 /// journal rows a minute ahead, as such a claim would have stamped them:
 /// the host must still be cooling. (The guards' read once left out rows
 /// stamped after `now`, and two instances could restart one host within
@@ -612,6 +611,39 @@ pub async fn a_claim_stamped_after_now_still_cools_its_host(
         panic!("the host cooldown must hold against a claim stamped later: {claim:?}");
     };
     assert_eq!(guard, "host cooldown");
+}
+
+/// A claim that waits for the counting guards' locks is stamped once it
+/// holds them, not when it asked: else a restart would leave the rate
+/// window (and end its host's cooldown) early by the time it waited, and
+/// two restarts could land closer than a limit allows. The caller holds
+/// the locks this claim needs (group `cattle`) before calling; `release`
+/// releases them after a while and returns the time (ms) just before.
+pub async fn a_claim_that_waits_for_the_guards_locks_is_stamped_when_it_gets_them(
+    store: &dyn Store,
+    release: impl std::future::Future<Output = i64>,
+) {
+    let limited = ClaimTerms {
+        limits: Limits {
+            group_max: Some(10),
+            window: Duration::from_secs(3600),
+            ..Limits::NONE
+        },
+        ..TERMS
+    };
+    let waiting = request("cattle-wait");
+    let (claim, released) = tokio::join!(store.claim_restart(&waiting, limited), release);
+    let claim = claim.unwrap();
+    assert!(
+        matches!(claim, Claim::Claimed { attempt: 1, .. }),
+        "{claim:?}"
+    );
+    let story = store.story(waiting.message_id).await.unwrap().unwrap();
+    let stamped = story.attempts[0].claimed_at.as_millis();
+    assert!(
+        stamped >= released,
+        "stamped at {stamped}, before the locks it waited for were released at {released}"
+    );
 }
 
 async fn entry(store: &dyn Store, id: Uuid) -> HistoryEntry {

@@ -11,11 +11,12 @@ use crate::domain::Status;
 /// statement: `$1` group, `$2` instance, `$3` start of the rate window,
 /// `$4` start of the budget's memory. The claim being decided has no journal row yet.
 ///
-/// No row is left out for being later than this claim's `now`: a claim
-/// reads its clock before it waits for the guards' locks (the writer's
-/// `BEGIN IMMEDIATE`, the advisory locks), so another instance's claim of
-/// the same host may commit in between stamped later. Its row counts: the
-/// host's cooldown runs from it (a later stamp only holds the host longer).
+/// No row is left out for being later than this claim's `now`. A claim
+/// reads its clock once the guards' locks are held (the writer's `BEGIN
+/// IMMEDIATE`, the advisory locks), so its stamp is never earlier than it
+/// takes effect; clocks of several instances still differ, and a row
+/// stamped later by another instance counts: the host's cooldown runs from
+/// it (a later stamp only holds the host longer).
 pub(crate) const USAGE_SQL: &str = "SELECT
     (SELECT COUNT(*) FROM restarts WHERE grp = $1 AND claimed_at > $3
         AND (outcome IS NULL OR outcome NOT IN ('dry-run', 'expired', 'denied'))),

@@ -71,7 +71,7 @@ impl MemoryStore {
         // shard alone keeps its row and its attempts consistent.
         // A refusal's decision is recorded while the shard is still held, as
         // the SQL stores record it in the claim's transaction.
-        let decided = |(claim, refused): (Claim, bool)| {
+        let decided = |(claim, refused): (Claim, bool), now: i64| {
             if refused && let Some(decision) = claim_decision(&claim) {
                 self.decisions().decide(id, 0, decision, now);
             }
@@ -79,6 +79,10 @@ impl MemoryStore {
         };
         let claim = if terms.limits.is_active() {
             let mut shards = self.all_shards();
+            // Read with every shard held, as the SQL stores read theirs
+            // once their locks are held: the stamp is never earlier than
+            // the claim takes effect.
+            let now = self.clock.now();
             let usage = journal::usage(
                 shards.iter().map(|shard| &shard.attempts),
                 request,
@@ -86,17 +90,13 @@ impl MemoryStore {
                 now,
             );
             let shard = &mut shards[Self::shard_of(&id)];
-            decided(claim_in(shard, request, &terms, switch, now, &usage))
+            decided(claim_in(shard, request, &terms, switch, now, &usage), now)
         } else {
             let mut shard = self.shard(&id);
-            decided(claim_in(
-                &mut shard,
-                request,
-                &terms,
-                switch,
+            decided(
+                claim_in(&mut shard, request, &terms, switch, now, &Usage::default()),
                 now,
-                &Usage::default(),
-            ))
+            )
         };
         Ok(claim)
     }

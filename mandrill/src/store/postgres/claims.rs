@@ -47,7 +47,7 @@ impl PostgresStore {
         request: &RestartRequest,
         terms: ClaimTerms,
     ) -> Result<Claim, StoreError> {
-        let now = Timestamp::now().as_millis();
+        let received = Timestamp::now().as_millis();
         let id = request.message_id.to_string();
         let _turn = self.turn().await?;
         let mut tx = self.pool.begin().await?;
@@ -57,7 +57,7 @@ impl PostgresStore {
             .bind(request.hostname.as_str())
             .bind(request.requested_by.as_deref())
             .bind(request.reason.as_deref())
-            .bind(now)
+            .bind(received)
             .execute(&mut *tx)
             .await?;
         // The row lock serialises claims of one request across instances.
@@ -77,7 +77,7 @@ impl PostgresStore {
             .fetch_one(&mut *tx)
             .await?;
         let switch = switch_from(paused, by, why, since);
-        let usage = if terms.limits.is_active() && !switch.paused {
+        let (usage, now) = if terms.limits.is_active() && !switch.paused {
             // Serialise the claims that count against the same limits, on
             // every instance: global (when a global limit is set), then the
             // group, then the host; always in that order, so no two claims
@@ -95,9 +95,18 @@ impl PostgresStore {
                     .execute(&mut *tx)
                     .await?;
             }
-            reads::usage(&mut tx, request, &terms.limits, now).await?
+            // Read once the locks are held (they may have waited for other
+            // instances' claims, and this one for a connection): the stamp
+            // is then never earlier than the claim takes effect, so the
+            // restart cannot leave a rate window or a cooldown early by
+            // the time spent waiting.
+            let now = Timestamp::now().as_millis();
+            (
+                reads::usage(&mut tx, request, &terms.limits, now).await?,
+                now,
+            )
         } else {
-            Usage::default()
+            (Usage::default(), Timestamp::now().as_millis())
         };
         let (claim, write) = decide_claim(request, Some(state), &switch, now, terms, &usage);
         if let Some(decision) = claim_decision(&claim) {

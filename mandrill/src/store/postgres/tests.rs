@@ -323,3 +323,26 @@ async fn nul_bytes_in_a_rejected_payload_are_kept_readable() {
     assert_eq!(store.history(1).await.unwrap()[0].status, Status::Rejected);
     store.close().await;
 }
+
+#[tokio::test]
+async fn a_claim_that_waits_for_the_guards_locks_is_stamped_when_it_gets_them() {
+    use sqlx::Connection as _;
+    let database = TestDatabase::create().await;
+    let store = PostgresStore::connect(&database.url, 4).await.unwrap();
+    // Another instance's claim of the group, holding its advisory lock.
+    let mut other = sqlx::PgConnection::connect(&database.url).await.unwrap();
+    sqlx::query("BEGIN").execute(&mut other).await.unwrap();
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('mandrill:group:cattle', 0))")
+        .execute(&mut other)
+        .await
+        .unwrap();
+    let release = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let released = crate::store::Timestamp::now().as_millis();
+        sqlx::query("COMMIT").execute(&mut other).await.unwrap();
+        released
+    };
+    contract::a_claim_that_waits_for_the_guards_locks_is_stamped_when_it_gets_them(&store, release)
+        .await;
+    store.close().await;
+}

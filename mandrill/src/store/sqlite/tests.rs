@@ -277,3 +277,28 @@ async fn a_claim_stamped_after_now_still_cools_its_host() {
     };
     contract::a_claim_stamped_after_now_still_cools_its_host(&store, later).await;
 }
+
+#[tokio::test]
+async fn a_claim_that_waits_for_the_guards_locks_is_stamped_when_it_gets_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite:{}", dir.path().join("w.db").display());
+    let store = SqliteStore::connect(&url, 2).await.unwrap();
+    // Another process's write transaction: the writer's BEGIN IMMEDIATE
+    // waits for it (the busy timeout).
+    let mut other = SqliteConnection::connect_with(&SqliteConnectOptions::from_str(&url).unwrap())
+        .await
+        .unwrap();
+    sqlx::query("BEGIN IMMEDIATE")
+        .execute(&mut other)
+        .await
+        .unwrap();
+    let release = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let released = crate::store::Timestamp::now().as_millis();
+        sqlx::query("COMMIT").execute(&mut other).await.unwrap();
+        released
+    };
+    contract::a_claim_that_waits_for_the_guards_locks_is_stamped_when_it_gets_them(&store, release)
+        .await;
+    store.close().await;
+}
