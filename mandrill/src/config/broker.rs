@@ -50,7 +50,7 @@ settings! {
     pub struct StoreSettings {
         /// `sqlite:PATH`, `postgres://…` or `memory`.
         pub url: String = "sqlite:mandrill.db".into(),
-        /// Database pool size (1-1000).
+        /// Database pool size (1-1000; at least 2 with PostgreSQL).
         pub max_connections: u32 = 4,
         /// PostgreSQL: tasks committing claims and outcomes in groups (1-64;
         /// at most `max_connections - 1` run).

@@ -58,6 +58,13 @@ impl Config {
                 format!("{:?} is not a valid url: {error}", redact_url(store)),
             ));
         }
+        if postgres && self.store.max_connections < 2 {
+            return Err(ConfigError::invalid(
+                "store.max_connections",
+                "must be at least 2 with PostgreSQL: each writer keeps a connection of its \
+                 own, and the reads and guarded claims need another",
+            ));
+        }
         Ok(())
     }
 

@@ -272,3 +272,23 @@ fn pubsub_settings_come_from_every_layer_and_are_bounded() {
     // Not checked unless Pub/Sub is the broker.
     load(None, &[], &["broker.pubsub.topic=x"]).unwrap();
 }
+
+#[test]
+fn postgres_needs_two_connections_naming_the_key() {
+    let error = load(
+        None,
+        &[],
+        &["store.url=postgres://u@h/db", "store.max_connections=1"],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(error.contains("store.max_connections"), "{error}");
+    assert!(error.contains("at least 2 with PostgreSQL"), "{error}");
+    load(
+        None,
+        &[],
+        &["store.url=postgres://u@h/db", "store.max_connections=2"],
+    )
+    .unwrap();
+    load(None, &[], &["store.max_connections=1"]).unwrap();
+}

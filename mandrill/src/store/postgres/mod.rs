@@ -110,13 +110,15 @@ impl PostgresStore {
     /// As [`PostgresStore::connect`], with `writers` writer tasks. Each
     /// keeps a pooled connection of its own, and at least one
     /// connection is left to the reads and the guarded claims, so there are
-    /// never more than `max_connections - 1` writers (but at least one).
+    /// never more than `max_connections - 1` writers (but at least one),
+    /// and the pool has at least two connections (the configuration refuses
+    /// fewer; with one, the writer kept it and every read waited forever).
     pub async fn connect_with(
         url: &str,
         max_connections: u32,
         writers: u32,
     ) -> Result<Self, StoreError> {
-        let max_connections = max_connections.max(1);
+        let max_connections = max_connections.max(2);
         let options = PgConnectOptions::from_str(url)?.options(SESSION_SETTINGS);
         let pool = PgPoolOptions::new()
             .max_connections(max_connections)

@@ -346,3 +346,23 @@ async fn a_claim_that_waits_for_the_guards_locks_is_stamped_when_it_gets_them() 
         .await;
     store.close().await;
 }
+
+/// With a pool of one, the writer kept the only connection after its first
+/// batch, and every read (the pull loop's store probe among them) waited
+/// for it until the pool's timeout, again and again.
+#[tokio::test]
+async fn a_pool_of_one_still_reads_after_a_batch_commits() {
+    let database = TestDatabase::create().await;
+    let store = PostgresStore::connect(&database.url, 1).await.unwrap();
+    let request = contract::request("cattle-pool");
+    store
+        .record_outcome(&request, 1, &Outcome::restarted())
+        .await
+        .unwrap();
+    let read = tokio::time::timeout(Duration::from_secs(5), store.history(10)).await;
+    let history = read
+        .expect("a read waited for the writer's connection")
+        .unwrap();
+    assert_eq!(history.len(), 1);
+    store.close().await;
+}
