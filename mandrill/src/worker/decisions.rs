@@ -36,6 +36,31 @@ pub(super) async fn deny(
     record_decision(shared, progress, request, 0, outcome).await
 }
 
+/// As [`deny`], for an instance found ineligible after its attempt was
+/// claimed (a reload denied it meanwhile): nothing was issued, and the
+/// denial is recorded against the claimed attempt, which settles it.
+pub(super) async fn deny_claimed(
+    shared: &Shared,
+    progress: &Progress,
+    request: &RestartRequest,
+    attempt: u32,
+    reason: String,
+) -> Settlement {
+    shared.stats.denied.inc();
+    info!(
+        reason,
+        attempt, "denied after the claim: the policy changed"
+    );
+    let decision = Decision {
+        verdict: "denied",
+        guard: "eligibility",
+        reason: &reason,
+    };
+    note_decision(shared, request, attempt, decision).await;
+    let outcome = Outcome::Denied { reason };
+    record_decision(shared, progress, request, attempt, outcome).await
+}
+
 /// A guard said not now. Deferred: nacked to come back when the guard could
 /// pass, with nothing claimed or issued (the nack frees the flow-control
 /// slot). Deferred past `safety.max_defer`: recorded `expired` and acked.

@@ -197,6 +197,43 @@ async fn a_reload_during_the_claim_is_honoured_by_the_check_after_it() {
     h.stop().await.unwrap();
 }
 
+/// A deny pattern added by a reload while the claim waited is honoured
+/// before the restart (before, only the calendar and the leash were looked
+/// at again, and the now-denied host was restarted).
+#[tokio::test(start_paused = true)]
+async fn a_deny_added_by_a_reload_during_the_claim_stops_the_restart() {
+    let store = Arc::new(ScriptedStore {
+        claim_gate: Some(Semaphore::new(0)),
+        ..Default::default()
+    });
+    let restarter = Arc::new(ScriptedRestarter::default());
+    let config = with_policy(Policy::default());
+    let reload = config.policy.clone();
+    let h = start(config, store.clone(), restarter.clone());
+    let id = h.publish("cattle-db01").await;
+    wait_until("claiming", || store.timeline.count("claim-waiting") == 1).await;
+    reload.replace(Policy {
+        eligibility: Eligibility::new(&[], &["cattle-db*".into()], false).unwrap(),
+        ..Policy::default()
+    });
+    store.claim_gate.as_ref().unwrap().add_permits(1);
+    let stats = h.stats.clone();
+    wait_until("acked", || stats.acked.get() == 1).await;
+    assert_eq!(restarter.timeline.count("restart-started"), 0);
+    assert_eq!(stats.denied.get(), 1);
+    let entry = store.entry(id);
+    assert_eq!(entry.status, Status::Denied);
+    assert!(
+        entry
+            .last_error
+            .as_deref()
+            .unwrap_or_default()
+            .contains("cattle-db*"),
+        "{entry:?}"
+    );
+    h.stop().await.unwrap();
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_stop_condition_under_way_when_the_grace_period_ends_gives_the_claim_back() {
     let store = Arc::new(ScriptedStore::default());

@@ -40,9 +40,9 @@ use tokio_util::task::TaskTracker;
 use tracing::{Instrument, error, info, info_span, warn};
 
 use super::conclude::conclude;
-use super::decisions::{dry_run_action, unclaim};
+use super::decisions::{deny_claimed, dry_run_action, unclaim};
 use super::lease::{Leased, Progress, with_lease};
-use super::prepare::{prepare, recheck, unclaim_at_shutdown};
+use super::prepare::{Halt, prepare, recheck, unclaim_at_shutdown};
 use super::settle::{RareSettlement, Settlement, rare, reject, settle};
 use super::shared::{Shared, panic_message};
 use crate::broker::Delivery;
@@ -333,11 +333,15 @@ pub(super) async fn process(
         };
         match rechecked {
             Ok(dry_run) => dry_run,
-            Err(Some(hold)) => {
+            Err(Halt::Denied(reason)) => {
+                drop(reservation);
+                return rare(deny_claimed(shared, progress, &request, attempt, reason)).await;
+            }
+            Err(Halt::Hold(hold)) => {
                 drop(reservation);
                 return rare(unclaim(shared, progress, &request, attempt, hold)).await;
             }
-            Err(None) => {
+            Err(Halt::GraceOver) => {
                 drop(reservation);
                 return rare(unclaim_at_shutdown(shared, progress, &request, attempt)).await;
             }

@@ -209,11 +209,10 @@ pub(super) async fn prepare(
     }
 }
 
-/// The guards again after the claim, under the policy in force now, then
-/// the stop conditions (also before a dry run's action: the dry run shows
-/// every guard's decision). `Ok` with whether the policy is leashed, or why
-/// to hold the request; `Err(None)` when the grace period ended while the
-/// stop conditions ran (the restart was not issued, so it must not be).
+/// Eligibility and the guards again after the claim, under the policy in
+/// force now, then the stop conditions (also before a dry run's action: the
+/// dry run shows every guard's decision). `Ok` with whether the policy is
+/// leashed, or why not to restart (see [`Halt`]).
 ///
 /// Decided at once unless stop conditions are configured: only then is
 /// there anything to wait for, and a future (boxed: it is rare, and the
@@ -223,27 +222,43 @@ pub(super) fn recheck<'a>(
     request: &'a RestartRequest,
 ) -> Result<Rechecked, BoxFuture<'a, Rechecked>> {
     let policy = shared.config.policy.current();
+    // A reload may have denied the instance while the claim waited.
+    if let Err(reason) = policy.eligibility.check(request.instance_name.as_str()) {
+        return Ok(Err(Halt::Denied(reason)));
+    }
     if let Some(hold) = policy.guards.hold(request) {
-        return Ok(Err(Some(hold)));
+        return Ok(Err(Halt::Hold(hold)));
     }
     if policy.stop_conditions.is_empty() {
         return Ok(Ok(policy.dry_run));
     }
     Err(Box::pin(async move {
         let Some(checked) = shared.abort.or_abort(policy.stop_conditions.check()).await else {
-            return Err(None);
+            return Err(Halt::GraceOver);
         };
         if let Err(reason) = checked {
-            return Err(Some(policy.defer(request, policy.stop_retry, reason)));
+            return Err(Halt::Hold(policy.defer(request, policy.stop_retry, reason)));
         }
         Ok(policy.dry_run)
     }))
 }
 
 /// What [`recheck`] decides: `Ok` with whether the policy is leashed, or
-/// why to hold the request; `Err(None)` when the grace period ended while
-/// the stop conditions ran.
-pub(super) type Rechecked = Result<bool, Option<Hold>>;
+/// why not to restart.
+pub(super) type Rechecked = Result<bool, Halt>;
+
+/// Why a claimed restart is not issued after all.
+pub(super) enum Halt {
+    /// The instance is no longer eligible (a reload denied it): recorded
+    /// `denied` against the claimed attempt.
+    Denied(String),
+    /// A guard holds it: the claim is given back and the delivery deferred,
+    /// or, past `safety.max_defer`, recorded `expired`.
+    Hold(Hold),
+    /// The grace period ended while the stop conditions ran (the restart
+    /// was not issued, so it must not be).
+    GraceOver,
+}
 
 /// The grace period ended between the claim and the restart: nothing was
 /// issued, so the claim is given back (one try, bounded, as shutdown is
