@@ -61,6 +61,30 @@ pub(super) async fn deny_claimed(
     record_decision(shared, progress, request, attempt, outcome).await
 }
 
+/// As [`held`], for a hold the store's claim decided and already recorded
+/// (with its deferral counted): a deferral is not noted a second time, or
+/// it would count twice against `broker.max_deliveries`' allowance. Past
+/// `safety.max_defer` it is an expiry, which the claim did not record.
+pub(super) async fn held_by_the_claim(
+    shared: &Shared,
+    progress: &Progress,
+    request: &RestartRequest,
+    hold: Hold,
+) -> Settlement {
+    match hold {
+        Hold::Defer {
+            guard,
+            delay,
+            reason,
+        } => {
+            shared.stats.deferred.inc();
+            info!(?delay, guard, reason, "deferred");
+            Settlement::Nack { delay, why: reason }
+        }
+        expired @ Hold::Expired { .. } => held(shared, progress, request, expired).await,
+    }
+}
+
 /// A guard said not now. Deferred: nacked to come back when the guard could
 /// pass, with nothing claimed or issued (the nack frees the flow-control
 /// slot). Deferred past `safety.max_defer`: recorded `expired` and acked.

@@ -197,6 +197,45 @@ async fn a_reload_during_the_claim_is_honoured_by_the_check_after_it() {
     h.stop().await.unwrap();
 }
 
+/// A delivery a counting guard deferred counts once toward
+/// `broker.max_deliveries`' allowance: the claim records the deferral, and
+/// the worker must not count it again (it did, so a poison message got an
+/// extra delivery for every deferral).
+#[tokio::test(start_paused = true)]
+async fn a_deferral_by_a_counting_guard_is_counted_once() {
+    let counting = crate::safety::Counting::new(
+        &std::collections::BTreeMap::new(),
+        &crate::safety::RateSettings {
+            group_max: Some(1),
+            ..crate::safety::RateSettings::default()
+        },
+        &crate::safety::BudgetSettings::default(),
+        false,
+    )
+    .unwrap();
+    let config = with_policy(Policy {
+        guards: Guards {
+            counting,
+            max_defer: Duration::from_secs(7 * 24 * 3600),
+            ..Guards::default()
+        },
+        ..Policy::default()
+    });
+    let store = Arc::new(MemoryStore::new());
+    let restarter = Arc::new(ScriptedRestarter::default());
+    let h = start(config, store.clone(), restarter.clone());
+    h.publish("cattle-0001").await;
+    let stats = h.stats.clone();
+    wait_until("restarted", || stats.restarted.get() == 1).await;
+    let second = h.publish("cattle-0002").await;
+    wait_until("deferred", || stats.deferred.get() == 1).await;
+    let story = store.story(second).await.unwrap().unwrap();
+    assert_eq!(story.decisions.len(), 1, "{:?}", story.decisions);
+    assert_eq!(story.decisions[0].guard, "rate limit");
+    assert_eq!(store.deferrals(second).await.unwrap(), 1);
+    h.stop().await.unwrap();
+}
+
 /// A deny pattern added by a reload while the claim waited is honoured
 /// before the restart (before, only the calendar and the leash were looked
 /// at again, and the now-denied host was restarted).

@@ -9,7 +9,7 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use tracing::{error, info, warn};
 
-use super::decisions::{deny, give_up, held};
+use super::decisions::{deny, give_up, held, held_by_the_claim};
 use super::lease::Progress;
 use super::retry::{Stopped, Until, store_op};
 use super::settle::{Settlement, rare, settle_recorded, shutting_down};
@@ -167,9 +167,10 @@ pub(super) async fn prepare(
             reason,
             wait,
         }) => {
-            // Recorded by the claim; nothing claimed, nothing issued.
+            // Recorded (and counted as a deferral) by the claim; nothing
+            // claimed, nothing issued.
             let hold = policy.guards.defer(request, guard, wait, reason);
-            Err(rare(held(shared, progress, request, hold)).await)
+            Err(rare(held_by_the_claim(shared, progress, request, hold)).await)
         }
         Ok(Claim::InFlight { attempt, wait }) => {
             shared.stats.deferred.inc();
