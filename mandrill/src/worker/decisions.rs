@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 use tracing::{error, info, warn};
 
 use super::lease::Progress;
+use super::prepare::unclaim_at_shutdown;
 use super::retry::{Stopped, Until, store_op};
 use super::settle::{Settlement, settle_recorded, shutting_down};
 use super::shared::Shared;
@@ -153,7 +154,11 @@ pub(super) async fn unclaim(
         Err(Stopped::Permanent(error) | Stopped::OutOfTime(error)) => {
             warn!(error = %error.with_causes(), attempt, "could not give back the claim; it counts as used");
         }
-        Err(Stopped::Shutdown) => return shutting_down(),
+        // Nothing was issued: the claim is still given back, with one
+        // bounded try, as at any shutdown before the restart.
+        Err(Stopped::Shutdown) => {
+            return unclaim_at_shutdown(shared, progress, request, attempt).await;
+        }
         Err(Stopped::LeaseLost) => return Settlement::Abandon,
     }
     held(shared, progress, request, hold).await
@@ -216,6 +221,12 @@ pub(super) async fn record_decision(
     match recorded {
         Ok(Recorded::Recorded) => Settlement::Ack,
         Ok(Recorded::AlreadyFinal(status)) => settle_recorded(status),
+        // After a claim (a dry run, a denial or an expiry decided after
+        // it), nothing was issued: the claim is given back, or it would
+        // count as an attempt issued with its outcome unknown.
+        Err(Stopped::Shutdown) if attempt > 0 => {
+            unclaim_at_shutdown(shared, progress, request, attempt).await
+        }
         Err(Stopped::Shutdown) => shutting_down(),
         Err(Stopped::LeaseLost) => Settlement::Abandon,
         Err(Stopped::Permanent(error) | Stopped::OutOfTime(error)) => {

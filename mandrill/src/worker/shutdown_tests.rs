@@ -135,3 +135,34 @@ async fn issued_restart_is_recorded_and_acked_even_after_the_grace_period() {
         );
     }
 }
+
+/// Leashed, the grace period ends while the dry run's outcome cannot be
+/// recorded (the store fails): nothing was issued, so the claim is given
+/// back. Before, it was left in place and the next delivery counted an
+/// attempt "issued, outcome unknown" that never was.
+#[tokio::test(start_paused = true)]
+async fn a_dry_run_unrecorded_when_the_grace_period_ends_gives_the_claim_back() {
+    let store = Arc::new(ScriptedStore {
+        outcome_fails: AtomicBool::new(true),
+        ..Default::default()
+    });
+    let restarter = Arc::new(ScriptedRestarter::default());
+    let config = with_policy(crate::safety::Policy {
+        dry_run: true,
+        ..crate::safety::Policy::default()
+    });
+    let h = start(config, store.clone(), restarter.clone());
+    let id = h.publish("cattle-leashed").await;
+    wait_until("recording fails", || {
+        store.timeline.count("record-failed") >= 1
+    })
+    .await;
+    let stats = h.stats.clone();
+    h.stop().await.unwrap();
+    assert_eq!(restarter.timeline.count("restart-started"), 0);
+    assert_eq!(stats.nacked.get(), 1);
+    assert_eq!(store.timeline.count("released 1"), 1);
+    let story = store.inner.story(id).await.unwrap().unwrap();
+    assert_eq!(story.entry.attempts, 0, "{:?}", story.entry);
+    assert!(story.attempts.is_empty(), "{:?}", story.attempts);
+}
