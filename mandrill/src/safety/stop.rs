@@ -184,6 +184,15 @@ impl StopConditions {
         self.checks.is_empty()
     }
 
+    /// The longest the checks can take: they run one after another, each
+    /// bounded by its timeout. A claim's hold covers it, since they run
+    /// between the claim and the restart.
+    pub fn longest_run(&self) -> Duration {
+        self.checks.iter().fold(Duration::ZERO, |total, check| {
+            total.saturating_add(check.timeout)
+        })
+    }
+
     /// Runs every check, one after another; `Err` with the reason of the
     /// first that is not healthy, in plain words, naming it:
     /// `deferred by stop condition "alerts": GET http://… answered 503,

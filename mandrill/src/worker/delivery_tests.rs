@@ -104,6 +104,34 @@ async fn lease_lost_before_the_restart_abandons_the_delivery_without_restarting(
     h.stop().await.unwrap();
 }
 
+/// The lease lapses while the claim is being made: the claim comes back
+/// granted, but the restart must not be issued (another consumer may hold
+/// the message), and the claim is given back. Before, nothing looked at the
+/// lease between the claim and the restart.
+#[tokio::test(start_paused = true)]
+async fn lease_lost_during_the_claim_gives_it_back_without_restarting() {
+    let store = Arc::new(ScriptedStore {
+        claim_gate: Some(Semaphore::new(0)),
+        ..Default::default()
+    });
+    let restarter = Arc::new(ScriptedRestarter::default());
+    let h = start(config(), store.clone(), restarter.clone());
+    h.publish("cattle-lapsed").await;
+    wait_until("claiming", || store.timeline.count("claim-waiting") == 1).await;
+    h.broker.leases_gone.store(true, Ordering::Release);
+    let extended = h.broker.timeline.count("extend");
+    wait_until("an extension refused", || {
+        h.broker.timeline.count("extend") > extended
+    })
+    .await;
+    store.claim_gate.as_ref().unwrap().add_permits(1);
+    let stats = h.stats.clone();
+    wait_until("abandoned", || stats.abandoned.get() == 1).await;
+    assert_eq!(restarter.timeline.count("restart-started"), 0);
+    assert_eq!(store.timeline.count("released 1"), 1);
+    h.stop().await.unwrap();
+}
+
 #[tokio::test(start_paused = true)]
 async fn settling_is_retried_when_the_broker_is_briefly_unavailable() {
     let restarter = Arc::new(ScriptedRestarter::default());

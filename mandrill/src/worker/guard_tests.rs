@@ -273,6 +273,58 @@ async fn a_deny_added_by_a_reload_during_the_claim_stops_the_restart() {
     h.stop().await.unwrap();
 }
 
+/// The stop conditions run between the claim and the restart, so the
+/// claim's hold lasts through them: another delivery of the request must
+/// find it held until the restart could have timed out after the slowest
+/// checks (before, the hold ignored them).
+#[tokio::test(start_paused = true)]
+async fn the_claims_hold_covers_the_stop_conditions() {
+    let slow = StopConditionSettings {
+        name: "slow".into(),
+        http: None,
+        expect_status: None,
+        command: Some(vec!["true".into()]),
+        timeout: Duration::from_secs(600),
+    };
+    let store = Arc::new(ScriptedStore::default());
+    let restarter = Arc::new(ScriptedRestarter {
+        gate: Some(Arc::new(Semaphore::new(0))),
+        ..Default::default()
+    });
+    let config = with_policy(Policy {
+        stop_conditions: StopConditions::new(&[slow.clone(), slow]).unwrap(),
+        ..Policy::default()
+    });
+    let restart_timeout = config.restart_timeout;
+    let h = start(config, store.clone(), restarter.clone());
+    let id = h.publish("cattle-held").await;
+    wait_until("restarting", || {
+        restarter.timeline.count("restart-started") == 1
+    })
+    .await;
+    // Another delivery of the same request (a duplicate publish).
+    let payload = format!(r#"{{"message_id":"{id}","instance_name":"cattle-held"}}"#);
+    let rules = crate::domain::ParseRules {
+        domain: crate::domain::Domain::default(),
+        max_payload_bytes: 1024,
+    };
+    let duplicate = RestartRequest::parse(payload.as_bytes(), &rules).unwrap();
+    let terms = crate::store::ClaimTerms {
+        max_attempts: 3,
+        hold: Duration::from_secs(1),
+        limits: crate::safety::Limits::NONE,
+    };
+    let claim = store.inner.claim_restart(&duplicate, terms).await.unwrap();
+    let Claim::InFlight { wait, .. } = claim else {
+        panic!("the first claim must hold: {claim:?}");
+    };
+    assert!(
+        wait >= restart_timeout + Duration::from_secs(1200) - Duration::from_secs(5),
+        "held for {wait:?} only"
+    );
+    h.stop().await.unwrap();
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_stop_condition_under_way_when_the_grace_period_ends_gives_the_claim_back() {
     let store = Arc::new(ScriptedStore::default());

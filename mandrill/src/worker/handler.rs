@@ -42,7 +42,7 @@ use tracing::{Instrument, error, info, info_span, warn};
 use super::conclude::conclude;
 use super::decisions::{deny_claimed, dry_run_action, unclaim};
 use super::lease::{Leased, Progress, with_lease};
-use super::prepare::{Halt, prepare, recheck, unclaim_at_shutdown};
+use super::prepare::{Halt, prepare, recheck, unclaim_at_shutdown, unclaim_lease_lost};
 use super::settle::{RareSettlement, Settlement, rare, reject, settle};
 use super::shared::{Shared, panic_message};
 use crate::broker::Delivery;
@@ -350,6 +350,11 @@ pub(super) async fn process(
     if dry_run {
         drop(reservation);
         return rare(dry_run_action(shared, progress, &request, attempt)).await;
+    }
+    // The last moment to not restart: the lease must still be ours.
+    if !progress.lease_held(shared) {
+        drop(reservation);
+        return rare(unclaim_lease_lost(shared, progress, &request, attempt)).await;
     }
 
     // Shielded from here: the restart is issued, so its outcome must be

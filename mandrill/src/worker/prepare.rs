@@ -96,6 +96,13 @@ pub(super) async fn prepare(
     };
     let terms = ClaimTerms {
         limits,
+        // The stop conditions run between the claim and the restart: the
+        // hold lasts through them too, or another delivery of the request
+        // could find it expired while this one's restart is still to come.
+        hold: shared
+            .claim_terms
+            .hold
+            .saturating_add(policy.stop_conditions.longest_run()),
         ..shared.claim_terms
     };
     let reservation = match shared
@@ -270,6 +277,36 @@ pub(super) async fn unclaim_at_shutdown(
     request: &RestartRequest,
     attempt: u32,
 ) -> Settlement {
+    give_back_once(shared, progress, request, attempt).await;
+    shutting_down()
+}
+
+/// The lease lapsed between the claim and the restart (the checks took
+/// longer than the extensions could cover, or the broker said it is gone):
+/// another consumer may hold the message now, so nothing is issued here;
+/// the claim is given back (one bounded try) and the delivery abandoned.
+pub(super) async fn unclaim_lease_lost(
+    shared: &Shared,
+    progress: &Progress,
+    request: &RestartRequest,
+    attempt: u32,
+) -> Settlement {
+    warn!(
+        attempt,
+        "the lease was lost before the restart; not restarting"
+    );
+    give_back_once(shared, progress, request, attempt).await;
+    Settlement::Abandon
+}
+
+/// Gives the claim back with one try, bounded: an attempt never issued is
+/// not a used one (else it counts as used).
+async fn give_back_once(
+    shared: &Shared,
+    progress: &Progress,
+    request: &RestartRequest,
+    attempt: u32,
+) {
     let released = tokio::time::timeout(
         Duration::from_secs(1),
         shared.store.release_claim(request, attempt),
@@ -285,5 +322,4 @@ pub(super) async fn unclaim_at_shutdown(
             "giving back the claim timed out; it counts as used"
         ),
     }
-    shutting_down()
 }
