@@ -191,6 +191,24 @@ async fn an_extension_never_answered_does_not_keep_the_batch_from_its_next_round
     h.stop().await.unwrap();
 }
 
+/// A broker adapter that panics extending one lease fails that extension
+/// only: before, the panic ended the batch's task, dropping both handlers
+/// with their restarts under way.
+#[tokio::test(start_paused = true)]
+async fn an_extension_that_panics_does_not_end_its_batch() {
+    let (h, gate) = one_batch_of_two_restarting(|h| {
+        h.broker.panicking_extensions.store(1, Ordering::Release);
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(25)).await;
+    gate.add_permits(2);
+    let stats = h.stats.clone();
+    wait_until("both acked", || stats.acked.get() == 2).await;
+    assert_eq!(stats.pulled.get(), 2);
+    assert_eq!(stats.leases_lost.get(), 0);
+    h.stop().await.unwrap();
+}
+
 /// Panics on leaving a `message` span after it logged "acked": a panic that
 /// escapes a handler after it settled and gave back its permit.
 #[derive(Default)]

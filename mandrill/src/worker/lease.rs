@@ -5,13 +5,15 @@
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 
+use futures::FutureExt as _;
 use futures::stream::{FuturesUnordered, StreamExt};
 use tokio::time::Instant;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use super::shared::Shared;
 use crate::broker::{BrokerError, Delivery};
@@ -161,10 +163,11 @@ pub(super) async fn extend_batch(shared: &Shared, batch: &[Leased]) -> Infallibl
             .filter(|leased| leased.progress.wants_extension())
             .map(|leased| async move {
                 let tag = &leased.delivery.tag;
-                (
-                    leased,
-                    tokio::time::timeout(interval, shared.broker.extend(tag)).await,
-                )
+                // A panicking adapter fails this extension, not the batch's
+                // task (which would drop every handler of the batch, their
+                // restarts under way among them).
+                let extending = AssertUnwindSafe(shared.broker.extend(tag)).catch_unwind();
+                (leased, tokio::time::timeout(interval, extending).await)
             })
             .collect();
         while let Some((leased, extended)) = extensions.next().await {
@@ -176,18 +179,21 @@ pub(super) async fn extend_batch(shared: &Shared, batch: &[Leased]) -> Infallibl
             }
             let tag = &leased.delivery.tag;
             match extended {
-                Ok(Ok(())) => {
+                Ok(Ok(Ok(()))) => {
                     progress.lease_expires.store(expires, Ordering::Release);
                     shared.stats.lease_extensions.inc();
                     info!(%tag, "extended lease");
                 }
-                Ok(Err(error @ BrokerError::LeaseLost(_))) => {
+                Ok(Ok(Err(error @ BrokerError::LeaseLost(_)))) => {
                     progress.lease_lost.store(true, Ordering::Release);
                     shared.stats.leases_lost.inc();
                     warn!(%tag, error = %error.with_causes(), "lease lost; the message may be redelivered");
                 }
-                Ok(Err(error)) => {
+                Ok(Ok(Err(error))) => {
                     warn!(%tag, error = %error.with_causes(), "could not extend lease; will try again")
+                }
+                Ok(Err(_panic)) => {
+                    error!(%tag, "extending the lease panicked; will try again");
                 }
                 // The broker may have extended it: the deadline known here
                 // stays the earlier one, which only errs on the safe side.

@@ -43,6 +43,8 @@ pub(super) struct LoggedBroker {
     pub(super) leases_gone: AtomicBool,
     /// This many more extensions never get an answer.
     pub(super) unanswered_extensions: AtomicU32,
+    /// This many more extensions panic.
+    pub(super) panicking_extensions: AtomicU32,
 }
 
 fn take_one(counter: &AtomicU32) -> bool {
@@ -92,6 +94,9 @@ impl Consumer for LoggedBroker {
         self.timeline.push(format!("extend {tag}"));
         if take_one(&self.unanswered_extensions) {
             return std::future::pending().await;
+        }
+        if take_one(&self.panicking_extensions) {
+            panic!("the broker adapter panicked extending {tag}");
         }
         if self.leases_gone.load(Ordering::Acquire) {
             return Err(BrokerError::LeaseLost(tag.clone()));

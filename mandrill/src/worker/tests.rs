@@ -95,6 +95,7 @@ fn start_with(
         failing_acks: AtomicU32::new(0),
         leases_gone: AtomicBool::new(false),
         unanswered_extensions: AtomicU32::new(0),
+        panicking_extensions: AtomicU32::new(0),
     });
     let stats = Arc::new(Stats::default());
     let shutdown = Shutdown::new();
