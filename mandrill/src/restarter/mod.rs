@@ -193,6 +193,12 @@ impl<'a> Reserving<'a> {
     pub fn wait(wait: impl Future<Output = Result<Reservation, Refusal>> + Send + 'a) -> Self {
         Self(ReservingInner::Waiting(Box::pin(wait)))
     }
+
+    /// Whether the answer may take a while (decisions made before it may
+    /// be stale by then).
+    pub fn may_wait(&self) -> bool {
+        matches!(self.0, ReservingInner::Waiting(_))
+    }
 }
 
 impl Future for Reserving<'_> {

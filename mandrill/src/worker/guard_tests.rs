@@ -236,6 +236,52 @@ async fn a_deferral_by_a_counting_guard_is_counted_once() {
     h.stop().await.unwrap();
 }
 
+/// A rate limit a reload set while a request waited for restart capacity
+/// decides its claim (before, the claim carried the limits of the policy
+/// read when its batch was pulled, and the group was restarted again).
+#[tokio::test(start_paused = true)]
+async fn a_limit_set_by_a_reload_while_reserving_decides_the_claim() {
+    let store = Arc::new(MemoryStore::new());
+    let restarter = Arc::new(ScriptedRestarter {
+        reserve_gate: Some(Semaphore::new(1)),
+        ..Default::default()
+    });
+    let config = with_policy(Policy::default());
+    let reload = config.policy.clone();
+    let h = start(config, store.clone(), restarter.clone());
+    h.publish("cattle-0001").await;
+    let stats = h.stats.clone();
+    wait_until("restarted", || stats.restarted.get() == 1).await;
+    h.publish("cattle-0002").await;
+    wait_until("reserving", || {
+        restarter.timeline.count("reserve-waiting") == 2
+    })
+    .await;
+    let counting = crate::safety::Counting::new(
+        &std::collections::BTreeMap::new(),
+        &crate::safety::RateSettings {
+            group_max: Some(1),
+            ..crate::safety::RateSettings::default()
+        },
+        &crate::safety::BudgetSettings::default(),
+        false,
+    )
+    .unwrap();
+    reload.replace(Policy {
+        guards: Guards {
+            counting,
+            max_defer: Duration::from_secs(7 * 24 * 3600),
+            ..Guards::default()
+        },
+        ..Policy::default()
+    });
+    restarter.reserve_gate.as_ref().unwrap().add_permits(1);
+    wait_until("deferred", || stats.deferred.get() == 1).await;
+    assert_eq!(stats.restarted.get(), 1);
+    assert_eq!(restarter.timeline.count("restart-started"), 1);
+    h.stop().await.unwrap();
+}
+
 /// A deny pattern added by a reload while the claim waited is honoured
 /// before the restart (before, only the calendar and the leash were looked
 /// at again, and the now-denied host was restarted).

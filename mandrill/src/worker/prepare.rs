@@ -12,7 +12,7 @@ use tracing::{error, info, warn};
 use super::decisions::{deny, give_up, held, held_by_the_claim};
 use super::lease::Progress;
 use super::retry::{Stopped, Until, store_op};
-use super::settle::{Settlement, rare, settle_recorded, shutting_down};
+use super::settle::{RareSettlement, Settlement, rare, settle_recorded, shutting_down};
 use super::shared::Shared;
 use crate::broker::Delivery;
 use crate::domain::RestartRequest;
@@ -78,40 +78,17 @@ pub(super) async fn prepare(
         reread = config.policy.current();
         policy = &reread;
     }
-    if let Err(reason) = policy.eligibility.check(request.instance_name.as_str()) {
-        return Err(rare(deny(shared, progress, request, reason)).await);
-    }
-    if let Some(hold) = policy.guards.hold(request) {
-        return Err(rare(held(shared, progress, request, hold)).await);
-    }
-    let limits = match policy.guards.counting.limits(request.group()) {
-        Ok(limits) => limits,
-        Err(reason) => {
-            let hold =
-                policy
-                    .guards
-                    .defer(request, "disruption budget", UNKNOWN_BUDGET_RETRY, reason);
-            return Err(rare(held(shared, progress, request, hold)).await);
-        }
+    let mut terms = match decide(shared, progress, request, policy) {
+        Ok(terms) => terms,
+        Err(settle) => return Err(settle.await),
     };
-    let terms = ClaimTerms {
-        limits,
-        // The stop conditions run between the claim and the restart: the
-        // hold lasts through them too, or another delivery of the request
-        // could find it expired while this one's restart is still to come.
-        hold: shared
-            .claim_terms
-            .hold
-            .saturating_add(policy.stop_conditions.longest_run()),
-        ..shared.claim_terms
+    let reserving = async {
+        let reserving = shared.restarter.reserve(request);
+        (reserving.may_wait(), reserving.await)
     };
-    let reservation = match shared
-        .abort
-        .or_abort(shared.restarter.reserve(request))
-        .await
-    {
-        Some(Ok(reservation)) => reservation,
-        Some(Err(refusal)) => {
+    let (may_wait, reservation) = match shared.abort.or_abort(reserving).await {
+        Some((may_wait, Ok(reservation))) => (may_wait, reservation),
+        Some((_, Err(refusal))) => {
             // Before the claim: nothing claimed, nothing issued, so no
             // attempt is used. Deferred like a guard's hold, and recorded
             // as its decision (which also keeps the delivery out of
@@ -132,6 +109,22 @@ pub(super) async fn prepare(
         }
         None => return Err(shutting_down()),
     };
+    // Reserving may have waited (a full pool of blocking threads): a policy
+    // reloaded meanwhile decides the claim, its limits included. (Read only
+    // then: each read takes a shared lock, and most reservations are
+    // answered at once.)
+    if may_wait {
+        let current = shared.config.policy.current();
+        if !std::ptr::eq(&*current, policy) {
+            terms = match decide(shared, progress, request, &current) {
+                Ok(terms) => terms,
+                Err(settle) => {
+                    drop(reservation);
+                    return Err(settle.await);
+                }
+            };
+        }
+    }
     // The claim: recorded before the restart is issued.
     let claimed = store_op(shared, progress, Until::LeaseHeldOnceSent, || {
         shared.store.claim_restart(request, &terms)
@@ -215,6 +208,44 @@ pub(super) async fn prepare(
             })
         }
     }
+}
+
+/// What `policy` decides before the claim: eligibility, the deferring
+/// guards, and the counting guards' limits for the request's group. `Ok`
+/// with the claim's terms, or how to settle instead (boxed: rare).
+fn decide<'a>(
+    shared: &'a Shared,
+    progress: &'a Progress,
+    request: &'a RestartRequest,
+    policy: &Policy,
+) -> Result<ClaimTerms, RareSettlement<'a>> {
+    if let Err(reason) = policy.eligibility.check(request.instance_name.as_str()) {
+        return Err(rare(deny(shared, progress, request, reason)));
+    }
+    if let Some(hold) = policy.guards.hold(request) {
+        return Err(rare(held(shared, progress, request, hold)));
+    }
+    let limits = match policy.guards.counting.limits(request.group()) {
+        Ok(limits) => limits,
+        Err(reason) => {
+            let hold =
+                policy
+                    .guards
+                    .defer(request, "disruption budget", UNKNOWN_BUDGET_RETRY, reason);
+            return Err(rare(held(shared, progress, request, hold)));
+        }
+    };
+    Ok(ClaimTerms {
+        limits,
+        // The stop conditions run between the claim and the restart: the
+        // hold lasts through them too, or another delivery of the request
+        // could find it expired while this one's restart is still to come.
+        hold: shared
+            .claim_terms
+            .hold
+            .saturating_add(policy.stop_conditions.longest_run()),
+        ..shared.claim_terms
+    })
 }
 
 /// Eligibility and the guards again after the claim, under the policy in
