@@ -72,18 +72,7 @@ pub(super) async fn held_by_the_claim(
     request: &RestartRequest,
     hold: Hold,
 ) -> Settlement {
-    match hold {
-        Hold::Defer {
-            guard,
-            delay,
-            reason,
-        } => {
-            shared.stats.deferred.inc();
-            info!(?delay, guard, reason, "deferred");
-            Settlement::Nack { delay, why: reason }
-        }
-        expired @ Hold::Expired { .. } => held(shared, progress, request, expired).await,
-    }
+    settle_hold(shared, progress, request, hold, false).await
 }
 
 /// A guard said not now. Deferred: nacked to come back when the guard could
@@ -95,6 +84,18 @@ pub(super) async fn held(
     request: &RestartRequest,
     hold: Hold,
 ) -> Settlement {
+    settle_hold(shared, progress, request, hold, true).await
+}
+
+/// [`held`] and [`held_by_the_claim`]: `note_deferral` says whether a
+/// deferral's decision is still to be recorded.
+async fn settle_hold(
+    shared: &Shared,
+    progress: &Progress,
+    request: &RestartRequest,
+    hold: Hold,
+    note_deferral: bool,
+) -> Settlement {
     match hold {
         Hold::Defer {
             guard,
@@ -103,12 +104,14 @@ pub(super) async fn held(
         } => {
             shared.stats.deferred.inc();
             info!(?delay, guard, reason, "deferred");
-            let decision = Decision {
-                verdict: "deferred",
-                guard,
-                reason: &reason,
-            };
-            note_decision(shared, request, 0, decision).await;
+            if note_deferral {
+                let decision = Decision {
+                    verdict: "deferred",
+                    guard,
+                    reason: &reason,
+                };
+                note_decision(shared, request, 0, decision).await;
+            }
             Settlement::Nack { delay, why: reason }
         }
         Hold::Expired { guard, reason } => {

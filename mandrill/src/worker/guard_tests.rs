@@ -170,8 +170,12 @@ async fn a_calendar_that_closes_during_the_claim_gives_the_attempt_back_and_defe
     h.stop().await.unwrap();
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_reload_during_the_claim_is_honoured_by_the_check_after_it() {
+/// Publishes `instance` under the default policy, puts `reloaded` in force
+/// while its claim waits, then lets the claim through.
+async fn reload_during_the_claim(
+    instance: &str,
+    reloaded: Policy,
+) -> (Harness, Arc<ScriptedStore>, Arc<ScriptedRestarter>, Uuid) {
     let store = Arc::new(ScriptedStore {
         claim_gate: Some(Semaphore::new(0)),
         ..Default::default()
@@ -180,15 +184,22 @@ async fn a_reload_during_the_claim_is_honoured_by_the_check_after_it() {
     let config = with_policy(Policy::default());
     let reload = config.policy.clone();
     let h = start(config, store.clone(), restarter.clone());
-    let id = h.publish("cattle-reloaded").await;
+    let id = h.publish(instance).await;
+    wait_until("claiming", || store.timeline.count("claim-waiting") == 1).await;
+    reload.replace(reloaded);
+    store.claim_gate.as_ref().unwrap().add_permits(1);
+    (h, store, restarter, id)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_reload_during_the_claim_is_honoured_by_the_check_after_it() {
     // Decided unleashed before the claim; leashed by a reload while the
     // claim waits.
-    wait_until("claiming", || store.timeline.count("claim-waiting") == 1).await;
-    reload.replace(Policy {
+    let leashed = Policy {
         dry_run: true,
         ..Policy::default()
-    });
-    store.claim_gate.as_ref().unwrap().add_permits(1);
+    };
+    let (h, store, restarter, id) = reload_during_the_claim("cattle-reloaded", leashed).await;
     let stats = h.stats.clone();
     wait_until("acked", || stats.acked.get() == 1).await;
     assert_eq!(stats.dry_runs.get(), 1);
@@ -287,21 +298,11 @@ async fn a_limit_set_by_a_reload_while_reserving_decides_the_claim() {
 /// at again, and the now-denied host was restarted).
 #[tokio::test(start_paused = true)]
 async fn a_deny_added_by_a_reload_during_the_claim_stops_the_restart() {
-    let store = Arc::new(ScriptedStore {
-        claim_gate: Some(Semaphore::new(0)),
-        ..Default::default()
-    });
-    let restarter = Arc::new(ScriptedRestarter::default());
-    let config = with_policy(Policy::default());
-    let reload = config.policy.clone();
-    let h = start(config, store.clone(), restarter.clone());
-    let id = h.publish("cattle-db01").await;
-    wait_until("claiming", || store.timeline.count("claim-waiting") == 1).await;
-    reload.replace(Policy {
+    let denying = Policy {
         eligibility: Eligibility::new(&[], &["cattle-db*".into()], false).unwrap(),
         ..Policy::default()
-    });
-    store.claim_gate.as_ref().unwrap().add_permits(1);
+    };
+    let (h, store, restarter, id) = reload_during_the_claim("cattle-db01", denying).await;
     let stats = h.stats.clone();
     wait_until("acked", || stats.acked.get() == 1).await;
     assert_eq!(restarter.timeline.count("restart-started"), 0);
