@@ -18,29 +18,10 @@ use crate::stats::DeadLetterReason;
 use crate::store::{Decision, Recorded};
 
 /// Records a request a safety guard refused for good, and acks it: the
-/// request was handled, by a decision not to act.
+/// request was handled, by a decision not to act. `attempt` is 0 when it
+/// was refused before any claim, or the claimed attempt when a reload
+/// denied it after (nothing was issued; the denial settles the claim).
 pub(super) async fn deny(
-    shared: &Shared,
-    progress: &Progress,
-    request: &RestartRequest,
-    reason: String,
-) -> Settlement {
-    shared.stats.denied.inc();
-    info!(reason, "denied");
-    let decision = Decision {
-        verdict: "denied",
-        guard: "eligibility",
-        reason: &reason,
-    };
-    note_decision(shared, request, 0, decision).await;
-    let outcome = Outcome::Denied { reason };
-    record_decision(shared, progress, request, 0, outcome).await
-}
-
-/// As [`deny`], for an instance found ineligible after its attempt was
-/// claimed (a reload denied it meanwhile): nothing was issued, and the
-/// denial is recorded against the claimed attempt, which settles it.
-pub(super) async fn deny_claimed(
     shared: &Shared,
     progress: &Progress,
     request: &RestartRequest,
@@ -48,10 +29,7 @@ pub(super) async fn deny_claimed(
     reason: String,
 ) -> Settlement {
     shared.stats.denied.inc();
-    info!(
-        reason,
-        attempt, "denied after the claim: the policy changed"
-    );
+    info!(reason, attempt, "denied");
     let decision = Decision {
         verdict: "denied",
         guard: "eligibility",

@@ -208,13 +208,9 @@ async fn a_reload_during_the_claim_is_honoured_by_the_check_after_it() {
     h.stop().await.unwrap();
 }
 
-/// A delivery a counting guard deferred counts once toward
-/// `broker.max_deliveries`' allowance: the claim records the deferral, and
-/// the worker must not count it again (it did, so a poison message got an
-/// extra delivery for every deferral).
-#[tokio::test(start_paused = true)]
-async fn a_deferral_by_a_counting_guard_is_counted_once() {
-    let counting = crate::safety::Counting::new(
+/// The counting guards with one restart per group per day.
+fn one_restart_per_group() -> crate::safety::Counting {
+    crate::safety::Counting::new(
         &std::collections::BTreeMap::new(),
         &crate::safety::RateSettings {
             group_max: Some(1),
@@ -223,7 +219,16 @@ async fn a_deferral_by_a_counting_guard_is_counted_once() {
         &crate::safety::BudgetSettings::default(),
         false,
     )
-    .unwrap();
+    .unwrap()
+}
+
+/// A delivery a counting guard deferred counts once toward
+/// `broker.max_deliveries`' allowance: the claim records the deferral, and
+/// the worker must not count it again (it did, so a poison message got an
+/// extra delivery for every deferral).
+#[tokio::test(start_paused = true)]
+async fn a_deferral_by_a_counting_guard_is_counted_once() {
+    let counting = one_restart_per_group();
     let config = with_policy(Policy {
         guards: Guards {
             counting,
@@ -268,16 +273,7 @@ async fn a_limit_set_by_a_reload_while_reserving_decides_the_claim() {
         restarter.timeline.count("reserve-waiting") == 2
     })
     .await;
-    let counting = crate::safety::Counting::new(
-        &std::collections::BTreeMap::new(),
-        &crate::safety::RateSettings {
-            group_max: Some(1),
-            ..crate::safety::RateSettings::default()
-        },
-        &crate::safety::BudgetSettings::default(),
-        false,
-    )
-    .unwrap();
+    let counting = one_restart_per_group();
     reload.replace(Policy {
         guards: Guards {
             counting,

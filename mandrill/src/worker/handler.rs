@@ -40,7 +40,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{Instrument, error, info, info_span, warn};
 
 use super::conclude::conclude;
-use super::decisions::{deny_claimed, dry_run_action, unclaim};
+use super::decisions::{deny, dry_run_action, unclaim};
 use super::lease::{Leased, Progress, with_lease};
 use super::prepare::{Halt, prepare, recheck, unclaim_at_shutdown, unclaim_lease_lost};
 use super::settle::{RareSettlement, Settlement, rare, reject, settle};
@@ -335,7 +335,7 @@ pub(super) async fn process(
             Ok(dry_run) => dry_run,
             Err(Halt::Denied(reason)) => {
                 drop(reservation);
-                return rare(deny_claimed(shared, progress, &request, attempt, reason)).await;
+                return rare(deny(shared, progress, &request, attempt, reason)).await;
             }
             Err(Halt::Hold(hold)) => {
                 drop(reservation);

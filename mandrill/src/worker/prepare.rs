@@ -220,7 +220,7 @@ fn decide<'a>(
     policy: &Policy,
 ) -> Result<ClaimTerms, RareSettlement<'a>> {
     if let Err(reason) = policy.eligibility.check(request.instance_name.as_str()) {
-        return Err(rare(deny(shared, progress, request, reason)));
+        return Err(rare(deny(shared, progress, request, 0, reason)));
     }
     if let Some(hold) = policy.guards.hold(request) {
         return Err(rare(held(shared, progress, request, hold)));
