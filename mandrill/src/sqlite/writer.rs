@@ -61,6 +61,12 @@ pub(crate) trait Part: Send + 'static {
 
     /// Tells one caller that the writer has stopped.
     fn closed(&mut self, op: Self::Op);
+
+    /// Whether the part has work of its own to commit even with no
+    /// operation (the queue: rows claimed for a caller who left).
+    fn has_pending(&self) -> bool {
+        false
+    }
 }
 
 /// One queued operation.
@@ -142,6 +148,10 @@ struct Writer<A, B> {
 }
 
 impl<A: Part, B: Part> Writer<A, B> {
+    fn has_pending(&self) -> bool {
+        self.a.has_pending() || self.b.has_pending()
+    }
+
     /// Runs `a_ops` and `b_ops` in one transaction and, if it committed,
     /// answers them. After a failure nothing of it was committed, the ops
     /// are handed back, and the own connection is replaced (an in-memory
@@ -245,7 +255,7 @@ pub(crate) async fn write_loop<A: Part, B: Part>(
             }
         }
         let operations = a_ops.len() + b_ops.len();
-        if operations == 0 {
+        if operations == 0 && !writer.has_pending() {
             continue;
         }
         match writer.commit(a_ops, b_ops).await {
@@ -268,6 +278,16 @@ pub(crate) async fn write_loop<A: Part, B: Part>(
                 }
             }
             Err((error, a_ops, b_ops)) => writer.fail_all(a_ops, b_ops, error),
+        }
+        // The answers may have left work behind (rows claimed for a pull
+        // nobody waits for any more): committed now, not whenever the next
+        // operation comes (at shutdown, none may), or those rows stay leased
+        // until their deadline with their delivery counted. One try; a
+        // failure leaves it to the next transaction.
+        if writer.has_pending()
+            && let Err((error, _, _)) = writer.commit(Vec::new(), Vec::new()).await
+        {
+            warn!(%error, "could not give back rows claimed for a pull nobody waits for; the next transaction will");
         }
     }
     // Whoever is still waiting gets an answer, not a hang.

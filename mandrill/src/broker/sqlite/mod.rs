@@ -233,7 +233,8 @@ impl SqliteBroker {
             notified.as_mut().enable();
             // Cancel-safe: if this future is dropped while the claim is in
             // the writer, the writer finds nobody to answer and releases the
-            // claimed rows at once.
+            // claimed rows in a transaction of their own right after
+            // (`rows_claimed_for_a_dropped_pull_are_given_back_even_if_nothing_else_is_written`).
             let limits = self.limits;
             let claim = self.call(|reply| Op::Claim { max, limits, reply });
             let claimed = tokio::time::timeout_at(fail_at, claim)

@@ -341,3 +341,34 @@ async fn two_brokers_on_one_file_never_claim_the_same_message_at_once() {
     a.close().await;
     b.close().await;
 }
+
+/// A pull dropped while its claim waits in the writer (at shutdown, say):
+/// the rows then claimed for nobody are given back at once, not left leased
+/// until their deadline because no further write came to carry the release
+/// (before, a writer closing next left them leased, their delivery counted).
+#[tokio::test]
+async fn rows_claimed_for_a_dropped_pull_are_given_back_even_if_nothing_else_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = open(dir.path(), Duration::from_secs(600), 10).await;
+    broker.publish(Bytes::from_static(b"m")).await.unwrap();
+    // Another process holds the write lock, so the claim waits in the writer.
+    let url = format!("sqlite:{}", dir.path().join("queue.db").display());
+    let mut other = SqliteConnection::connect(&url).await.unwrap();
+    sqlx::query("BEGIN IMMEDIATE")
+        .execute(&mut other)
+        .await
+        .unwrap();
+    let dropped = tokio::time::timeout(Duration::from_millis(200), broker.pull(10)).await;
+    assert!(dropped.is_err(), "the pull should still be waiting");
+    let release_the_lock = async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        sqlx::query("COMMIT").execute(&mut other).await.unwrap();
+    };
+    tokio::join!(broker.close(), release_the_lock);
+    let (lease, deliveries): (Option<i64>, i64) =
+        sqlx::query_as("SELECT lease, deliveries FROM queue")
+            .fetch_one(&mut other)
+            .await
+            .unwrap();
+    assert_eq!((lease, deliveries), (None, 0), "the row stayed claimed");
+}

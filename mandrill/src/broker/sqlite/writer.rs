@@ -102,6 +102,10 @@ impl Part for QueuePart {
         }
     }
 
+    fn has_pending(&self) -> bool {
+        !self.orphans.is_empty()
+    }
+
     fn answer(&mut self, op: Op, step: Step) {
         match (op, step) {
             (Op::Publish { reply, .. }, _) => {
