@@ -37,7 +37,13 @@ fn send(
 ) -> (u16, String) {
     let mut stream = TcpStream::connect(addr).unwrap();
     stream.set_read_timeout(Some(DEADLINE)).unwrap();
-    let mut request = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    let mut request = format!("{method} {path} HTTP/1.1\r\nConnection: close\r\n");
+    if !headers
+        .iter()
+        .any(|(name, _)| name.eq_ignore_ascii_case("Host"))
+    {
+        request.push_str(&format!("Host: {addr}\r\n"));
+    }
     for (name, value) in headers {
         request.push_str(&format!("{name}: {value}\r\n"));
     }
@@ -294,6 +300,52 @@ fn debug_mode_logs_step_timings_and_runtime_metrics_which_metrics_exposes() {
     assert_eq!(mode[0]["fields"]["stall_threshold"], "10ms", "{mode:?}");
     service.signal("TERM");
     assert!(service.wait_exit().0.success());
+}
+
+/// Without a token the server is bound to loopback, and a web page that
+/// re-resolves its own name to 127.0.0.1 (DNS rebinding) still names its
+/// own Host: refused (421), so it can neither read the API nor resume
+/// restarts. Every answer forbids framing (no clickjacking of the
+/// dashboard's buttons).
+#[test]
+fn without_a_token_only_a_loopback_host_is_served_and_nothing_may_frame_it() {
+    let (_guard, dir) = temp_dir();
+    let service = Mandrill::run(&dir, &["--db", &sqlite_url(&dir), "--simulate=5"]);
+    let addr = admin_addr(&service);
+    let port = addr.rsplit_once(':').unwrap().1;
+    let rebound = format!("rebind.attacker.example:{port}");
+    let (status, _) = post(
+        &addr,
+        "/api/pause",
+        &[
+            ("Host", rebound.as_str()),
+            ("Content-Type", "application/json"),
+        ],
+        r#"{"reason":"rebound"}"#,
+    );
+    assert_eq!(status, 421);
+    let (status, _) = get(&addr, "/api/requests", &[("Host", rebound.as_str())]);
+    assert_eq!(status, 421);
+    assert_eq!(get_json(&addr, "/api/status", &[]).1["paused"], false);
+    for host in [addr.clone(), format!("localhost:{port}")] {
+        let mut stream = TcpStream::connect(&addr).unwrap();
+        stream.set_read_timeout(Some(DEADLINE)).unwrap();
+        write!(
+            stream,
+            "GET / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).unwrap();
+        let head = response
+            .split("\r\n\r\n")
+            .next()
+            .unwrap()
+            .to_ascii_lowercase();
+        assert!(head.starts_with("http/1.1 200"), "{host}: {head}");
+        assert!(head.contains("x-frame-options: deny"), "{head}");
+        assert!(head.contains("frame-ancestors 'none'"), "{head}");
+    }
 }
 
 #[test]

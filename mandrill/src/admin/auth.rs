@@ -1,7 +1,7 @@
 //! Bearer-token checks for the protected endpoints.
 
 use axum::http::HeaderMap;
-use axum::http::header::AUTHORIZATION;
+use axum::http::header::{AUTHORIZATION, HOST};
 use subtle::ConstantTimeEq as _;
 
 use crate::settings::Secret;
@@ -23,9 +23,85 @@ pub(crate) fn authorized(token: Option<&Secret>, headers: &HeaderMap) -> bool {
     bool::from(presented.as_bytes().ct_eq(token.0.as_bytes()))
 }
 
+/// Whether the `Host` a request names is a loopback one (`localhost`,
+/// `127.0.0.1`, `[::1]`, any port). Without a token the admin server is
+/// bound to loopback only, and a browser page can still reach it under a
+/// name of its own that it re-resolves to 127.0.0.1 (DNS rebinding): the
+/// request then names that page's host, which is refused, so the page can
+/// neither read the API nor turn the kill switch.
+pub(crate) fn loopback_host(headers: &HeaderMap) -> bool {
+    let Some(host) = headers.get(HOST).and_then(|value| value.to_str().ok()) else {
+        return false;
+    };
+    let name = match host.strip_prefix('[') {
+        Some(bracketed) => bracketed.split(']').next().unwrap_or_default(),
+        None => host.rsplit_once(':').map_or(host, |(name, _port)| name),
+    };
+    name.eq_ignore_ascii_case("localhost")
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// Every request: without a token, only a loopback `Host` is served
+/// ([`loopback_host`]); every response forbids framing (so that no page can
+/// frame the dashboard and lure a click on its buttons).
+pub(crate) async fn guard(
+    axum::extract::State(state): axum::extract::State<std::sync::Arc<super::State>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::http::{HeaderValue, StatusCode, header};
+    use axum::response::IntoResponse as _;
+    if state.token.is_none() && !loopback_host(request.headers()) {
+        return (
+            StatusCode::MISDIRECTED_REQUEST,
+            "without admin.token this server answers only to a loopback Host \
+             (localhost, 127.0.0.1, [::1])\n",
+        )
+            .into_response();
+    }
+    let mut response = next.run(request).await;
+    let headers = response.headers_mut();
+    headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    headers.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static("frame-ancestors 'none'"),
+    );
+    response
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_loopback_host_is_loopback() {
+        let with_host = |host: &str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(HOST, host.parse().unwrap());
+            loopback_host(&headers)
+        };
+        for host in [
+            "127.0.0.1:9730",
+            "localhost:9730",
+            "LOCALHOST",
+            "[::1]:9730",
+            "127.0.0.2",
+        ] {
+            assert!(with_host(host), "{host}");
+        }
+        for host in [
+            "rebind.attacker.example:9730",
+            "localhost.attacker.example",
+            "10.0.0.1:9730",
+            "[::2]:9730",
+            "",
+        ] {
+            assert!(!with_host(host), "{host}");
+        }
+        assert!(!loopback_host(&HeaderMap::new()));
+    }
 
     fn headers(value: &str) -> HeaderMap {
         let mut headers = HeaderMap::new();

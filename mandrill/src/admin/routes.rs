@@ -28,6 +28,10 @@ pub(crate) fn router(state: Arc<State>) -> Router {
         .route("/api/pause", post(super::switch::pause))
         .route("/api/resume", post(super::switch::resume))
         .route("/debug/pprof/profile", get(super::profile::profile))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            super::auth::guard,
+        ))
         .with_state(state)
 }
 

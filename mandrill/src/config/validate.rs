@@ -254,6 +254,14 @@ impl Config {
             ("verify.timeout", self.verify.timeout),
             ("safety.poll_interval", self.safety.poll_interval),
             ("safety.stop_retry", self.safety.stop_retry),
+            ("safety.max_defer", self.safety.max_defer),
+            ("safety.rate.window", self.safety.rate.window),
+            ("safety.rate.host_cooldown", self.safety.rate.host_cooldown),
+            (
+                "safety.budget.forget_after",
+                self.safety.budget.forget_after,
+            ),
+            ("safety.budget.retry", self.safety.budget.retry),
             ("notifier.flush_timeout", self.notifier.flush_timeout),
         ];
         if let Some(interval) = w.lease_extension_interval {

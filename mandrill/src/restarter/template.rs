@@ -41,7 +41,8 @@ pub struct Values<'a> {
 }
 
 impl Template {
-    /// Parses `raw`, naming an unknown or unclosed placeholder.
+    /// Parses `raw`, naming an unknown placeholder or an unmatched brace,
+    /// never quoting `raw` (it may hold a token).
     pub fn parse(raw: &str) -> Result<Self, String> {
         let mut parts = Vec::new();
         let mut text = String::new();
@@ -64,8 +65,10 @@ impl Template {
                         "message_id" => Var::MessageId,
                         "group" => Var::Group,
                         _ => {
+                            // The text itself is not echoed: a URL or a
+                            // header may hold a token.
                             return Err(format!(
-                                "unknown placeholder {{{name}}} in {raw:?} (known: {{host}}, \
+                                "has an unknown placeholder {{{name}}} (known: {{host}}, \
                                  {{instance_name}}, {{message_id}}, {{group}}; {{{{ and }}}} \
                                  for literal braces)"
                             ));
@@ -76,7 +79,7 @@ impl Template {
                     }
                     parts.push(Part::Var(var));
                 }
-                '}' => return Err(format!("unmatched '}}' in {raw:?} (write }}}} for one)")),
+                '}' => return Err("has an unmatched '}' (write }} for one)".into()),
                 c => text.push(c),
             }
         }
@@ -150,7 +153,8 @@ impl ArgvTemplate {
             ));
         }
         argv.iter()
-            .map(|arg| Template::parse(arg))
+            .enumerate()
+            .map(|(index, arg)| Template::parse(arg).map_err(|why| format!("[{index}] {why}")))
             .collect::<Result<_, _>>()
             .map(Self)
     }
@@ -208,6 +212,26 @@ mod tests {
         let body = Template::parse(r#"{{"host": "{host}"}}"#).unwrap();
         let json: serde_json::Value = serde_json::from_str(&body.render_json(&values)).unwrap();
         assert_eq!(json["host"], "a b;rm -rf /\"}\n");
+    }
+
+    /// A URL or a header may hold a token: a bad template's error names
+    /// the fault, never the text (before, it quoted the whole template).
+    #[test]
+    fn a_bad_templates_error_does_not_quote_it() {
+        for raw in [
+            "https://ops:S3cr3t@hooks.example/{instanc}",
+            "Bearer S3cr3t}",
+        ] {
+            let why = Template::parse(raw).unwrap_err();
+            assert!(!why.contains("S3cr3t"), "{why}");
+        }
+        let argv = [
+            "curl".to_owned(),
+            "-u".to_owned(),
+            "ops:S3cr3t{".to_owned() + "x}",
+        ];
+        let why = ArgvTemplate::parse(&argv).unwrap_err();
+        assert!(!why.contains("S3cr3t") && why.starts_with("[2]"), "{why}");
     }
 
     #[test]

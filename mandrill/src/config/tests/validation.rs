@@ -67,6 +67,13 @@ fn extremes_are_refused_naming_their_key() {
         ("message.max_payload_bytes", "9223372036854775807"),
         ("worker.shutdown_grace", "1000000000years"),
         ("worker.shutdown_grace", "366days"),
+        // Used as a nack's delay and in the guards' look-back arithmetic:
+        // unbounded, they could overflow an `Instant` (a panic).
+        ("safety.budget.retry", "300000000000y"),
+        ("safety.max_defer", "366days"),
+        ("safety.rate.window", "1000000000years"),
+        ("safety.rate.host_cooldown", "366days"),
+        ("safety.budget.forget_after", "366days"),
         ("worker.restart_timeout", "1000000000years"),
         ("worker.retry_max", "99999999999999999999years"),
         ("broker.ack_deadline", "5ms"),
