@@ -152,9 +152,20 @@ pub(super) async fn watch_switch(shared: &Shared) -> std::convert::Infallible {
         return std::future::pending().await;
     }
     loop {
+        // Its reads count for the store's health as the handlers' do, so
+        // that an outage while no message flows still pauses pulling and
+        // turns /readyz (it said "ready" with the store down).
         match shared.store.switch().await {
-            Ok(switch) => shared.set_paused(switch.paused, &switch.paused_reason()),
-            Err(error) => debug!(error = %error.with_causes(), "could not read the kill switch"),
+            Ok(switch) => {
+                shared.store_health.succeeded(&shared.stats);
+                shared.set_paused(switch.paused, &switch.paused_reason());
+            }
+            Err(error) => {
+                if error.is_transient() {
+                    shared.store_health.failed(&shared.stats);
+                }
+                debug!(error = %error.with_causes(), "could not read the kill switch");
+            }
         }
         tokio::time::sleep(every).await;
     }

@@ -174,3 +174,24 @@ async fn redelivered_message_already_recorded_is_acked_without_restarting() {
     assert_eq!(store.lookup(id).await.unwrap(), Some(Status::Restarted));
     h.stop().await.unwrap();
 }
+
+/// With no message flowing, the kill switch's poll is the only store read:
+/// an outage then still marks the store down (the pull loop pauses, and
+/// /readyz turns), and its end marks it up. Before, the poll's failures
+/// were only logged, and /readyz said "ready" with the store down.
+#[tokio::test(start_paused = true)]
+async fn an_outage_with_no_message_flowing_is_still_seen() {
+    let store = Arc::new(ScriptedStore::default());
+    let h = start(
+        config(),
+        store.clone(),
+        Arc::new(ScriptedRestarter::default()),
+    );
+    let stats = h.stats.clone();
+    store.down.store(true, Ordering::Release);
+    wait_until("the store marked down", || stats.store_down.get() == 1).await;
+    store.down.store(false, Ordering::Release);
+    wait_until("the store marked up", || stats.store_down.get() == 0).await;
+    assert_eq!(stats.store_outages.get(), 1);
+    h.stop().await.unwrap();
+}

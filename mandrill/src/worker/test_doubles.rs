@@ -256,6 +256,7 @@ impl Store for ScriptedStore {
         self.inner.prune(before, max_rows).await
     }
     async fn switch(&self) -> Result<crate::store::Switch, StoreError> {
+        self.unreachable("switch")?;
         self.inner.switch().await
     }
     async fn set_switch(&self, paused: bool, by: &str, reason: &str) -> Result<(), StoreError> {
