@@ -272,10 +272,21 @@ async fn tcp(address: &str, port: u16) -> Result<(), String> {
 /// probe must see the host as it is now, not a connection from before the
 /// restart).
 async fn http(url: &str, expect: &[u16]) -> Result<(), String> {
-    let fail = |what: &str, e: &dyn std::fmt::Display| format!("GET {url}: {what}: {e}");
+    // The URL as it may be shown (the reason is stored, notified and
+    // logged): no user, password or query values, which may hold a token.
+    let shown = url::Url::parse(url).map_or_else(
+        |_| "the probe's URL".to_owned(),
+        |parsed| super::http::redacted(&parsed),
+    );
+    let fail = |what: &str, e: &dyn std::fmt::Display| format!("GET {shown}: {what}: {e}");
     let uri: hyper::Uri = url.parse().map_err(|e| fail("not a URL", &e))?;
-    let (Some(host), Some(authority)) = (uri.host(), uri.authority()) else {
-        return Err(format!("GET {url}: the URL names no host"));
+    let Some(host) = uri.host() else {
+        return Err(format!("GET {shown}: the URL names no host"));
+    };
+    // The Host header names the host and port only, never credentials.
+    let authority = match uri.port_u16() {
+        Some(port) => format!("{host}:{port}"),
+        None => host.to_owned(),
     };
     // `host` keeps an IPv6 address's brackets; connecting wants it bare.
     let host = host.trim_start_matches('[').trim_end_matches(']');
@@ -287,7 +298,7 @@ async fn http(url: &str, expect: &[u16]) -> Result<(), String> {
         .await
         .map_err(|e| fail("handshake", &e))?;
     let request = hyper::Request::get(uri.path_and_query().map_or("/", |p| p.as_str()))
-        .header(hyper::header::HOST, authority.as_str())
+        .header(hyper::header::HOST, authority)
         .header(hyper::header::USER_AGENT, "mandrill-verify")
         .body(String::new())
         .map_err(|e| fail("building the request", &e))?;
@@ -297,7 +308,7 @@ async fn http(url: &str, expect: &[u16]) -> Result<(), String> {
         response = sender.send_request(request) => response.map_err(|e| fail("request", &e))?,
         ended = &mut connection => {
             return Err(match ended {
-                Ok(()) => format!("GET {url}: connection closed before an answer"),
+                Ok(()) => format!("GET {shown}: connection closed before an answer"),
                 Err(e) => fail("connection", &e),
             });
         }
@@ -306,7 +317,7 @@ async fn http(url: &str, expect: &[u16]) -> Result<(), String> {
     if expect.contains(&status) {
         Ok(())
     } else {
-        Err(format!("GET {url} answered {status}"))
+        Err(format!("GET {shown} answered {status}"))
     }
 }
 

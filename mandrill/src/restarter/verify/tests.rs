@@ -253,6 +253,33 @@ async fn http_probe_waits_through_503_until_200() {
     assert_eq!(seen.load(Ordering::SeqCst), 4, "three 503s, then the 200");
 }
 
+/// The reason is stored, notified and logged: a probe URL's credentials
+/// and query values (a token) are not in it, nor in the Host header sent
+/// (before, the whole URL was quoted).
+#[tokio::test]
+async fn an_unrecovered_reason_does_not_show_the_probe_urls_secrets() {
+    let (address, _seen, server) = health_server(usize::MAX).await;
+    let settings = VerifySettings {
+        timeout: Duration::from_millis(500),
+        url: Some(format!(
+            "http://probe:S3cr3t@{{host}}:{}/health/{{instance_name}}?token=T0ken",
+            address.port()
+        )),
+        ..http_settings(address)
+    };
+    let error = verify(Arc::new(Confirmed), &settings, "127.0.0.1")
+        .await
+        .unwrap_err();
+    server.abort();
+    let reason = error.to_string();
+    assert!(reason.contains("answered 503"), "{reason}");
+    assert!(reason.contains("/health/cattle-ab12"), "{reason}");
+    assert!(
+        !reason.contains("S3cr3t") && !reason.contains("T0ken"),
+        "{reason}"
+    );
+}
+
 #[tokio::test]
 async fn http_probe_that_never_sees_an_expected_status_is_unrecovered() {
     let (address, _seen, server) = health_server(usize::MAX).await;
