@@ -152,14 +152,13 @@ pub(super) async fn watch_switch(shared: &Shared) -> std::convert::Infallible {
         return std::future::pending().await;
     }
     loop {
-        // Its reads count for the store's health as the handlers' do, so
+        // A read that fails marks the store down, as the handlers' do, so
         // that an outage while no message flows still pauses pulling and
-        // turns /readyz (it said "ready" with the store down).
+        // turns /readyz (it said "ready" with the store down). A read that
+        // succeeds does not mark it up: reads may work while writes fail,
+        // and the pull loop's own probe decides when pulling resumes.
         match shared.store.switch().await {
-            Ok(switch) => {
-                shared.store_health.succeeded(&shared.stats);
-                shared.set_paused(switch.paused, &switch.paused_reason());
-            }
+            Ok(switch) => shared.set_paused(switch.paused, &switch.paused_reason()),
             Err(error) => {
                 if error.is_transient() {
                     shared.store_health.failed(&shared.stats);

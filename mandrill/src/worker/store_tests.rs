@@ -177,7 +177,7 @@ async fn redelivered_message_already_recorded_is_acked_without_restarting() {
 
 /// With no message flowing, the kill switch's poll is the only store read:
 /// an outage then still marks the store down (the pull loop pauses, and
-/// /readyz turns), and its end marks it up. Before, the poll's failures
+/// /readyz turns), and its end is seen by the pull loop's probe. Before, the poll's failures
 /// were only logged, and /readyz said "ready" with the store down.
 #[tokio::test(start_paused = true)]
 async fn an_outage_with_no_message_flowing_is_still_seen() {
@@ -188,8 +188,13 @@ async fn an_outage_with_no_message_flowing_is_still_seen() {
         Arc::new(ScriptedRestarter::default()),
     );
     let stats = h.stats.clone();
+    // The whole database unreachable: the switch's reads and the probe's.
+    store.switch_unreachable.store(true, Ordering::Release);
     store.down.store(true, Ordering::Release);
     wait_until("the store marked down", || stats.store_down.get() == 1).await;
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert_eq!(stats.store_down.get(), 1, "still down");
+    store.switch_unreachable.store(false, Ordering::Release);
     store.down.store(false, Ordering::Release);
     wait_until("the store marked up", || stats.store_down.get() == 0).await;
     assert_eq!(stats.store_outages.get(), 1);

@@ -141,6 +141,10 @@ pub(super) struct ScriptedStore {
     /// Setting the kill switch fails with a transient error this many more
     /// times.
     pub(super) failing_switch_sets: AtomicU32,
+    /// While set, reading the kill switch fails with a transient error (the
+    /// database is unreachable; `down` leaves the switch's reads alone, so
+    /// that tests of the handlers' outages do not race the switch's poll).
+    pub(super) switch_unreachable: AtomicBool,
 }
 
 impl ScriptedStore {
@@ -256,7 +260,11 @@ impl Store for ScriptedStore {
         self.inner.prune(before, max_rows).await
     }
     async fn switch(&self) -> Result<crate::store::Switch, StoreError> {
-        self.unreachable("switch")?;
+        if self.switch_unreachable.load(Ordering::Acquire) {
+            self.timeline.push("switch-unreachable");
+            let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+            return Err(StoreError::Database(sqlx::Error::Io(refused)));
+        }
         self.inner.switch().await
     }
     async fn set_switch(&self, paused: bool, by: &str, reason: &str) -> Result<(), StoreError> {
