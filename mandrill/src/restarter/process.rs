@@ -29,7 +29,7 @@ const DRAIN_AFTER_EXIT: Duration = Duration::from_secs(1);
 
 /// How long to wait for a killed program to be reaped before leaving it to
 /// tokio's orphan reaper (a process in uninterruptible sleep may take long).
-const REAP_AFTER_KILL: Duration = Duration::from_secs(5);
+pub(crate) const REAP_AFTER_KILL: Duration = Duration::from_secs(5);
 
 /// Where and how programs run. Built once; cheap to share.
 #[derive(Debug, Clone)]

@@ -185,11 +185,16 @@ impl StopConditions {
     }
 
     /// The longest the checks can take: they run one after another, each
-    /// bounded by its timeout. A claim's hold covers it, since they run
+    /// bounded by its timeout (a command's, plus the wait for its killed
+    /// process to be reaped). A claim's hold covers it, since they run
     /// between the claim and the restart.
     pub fn longest_run(&self) -> Duration {
         self.checks.iter().fold(Duration::ZERO, |total, check| {
-            total.saturating_add(check.timeout)
+            let reap = match check.probe {
+                Probe::Command { .. } => crate::restarter::process::REAP_AFTER_KILL,
+                Probe::Http { .. } => Duration::ZERO,
+            };
+            total.saturating_add(check.timeout.saturating_add(reap))
         })
     }
 

@@ -135,11 +135,11 @@ pub(super) async fn unclaim(
         Err(Stopped::Permanent(error) | Stopped::OutOfTime(error)) => {
             warn!(error = %error.with_causes(), attempt, "could not give back the claim; it counts as used");
         }
-        // Nothing was issued: the claim is still given back, with one
-        // bounded try, as at any shutdown before the restart.
-        Err(Stopped::Shutdown) => {
-            return unclaim_at_shutdown(shared, progress, request, attempt).await;
-        }
+        // Not sent again: the release cut off may still commit, and a
+        // second one could then match another delivery's claim of the same
+        // attempt (a release names only the attempt). The claim holds until
+        // it expires and counts as used, as above.
+        Err(Stopped::Shutdown) => return shutting_down(),
         Err(Stopped::LeaseLost) => return Settlement::Abandon,
     }
     held(shared, progress, request, hold).await
