@@ -618,11 +618,17 @@ pub async fn a_claim_stamped_after_now_still_cools_its_host(
 /// window (and end its host's cooldown) early by the time it waited, and
 /// two restarts could land closer than a limit allows. The caller holds
 /// the locks this claim needs (group `cattle`) before calling; `release`
-/// releases them after a while and returns the time (ms) just before.
+/// releases them, and is run 300 ms into the claim's wait.
 pub async fn a_claim_that_waits_for_the_guards_locks_is_stamped_when_it_gets_them(
     store: &dyn Store,
-    release: impl std::future::Future<Output = i64>,
+    release: impl std::future::Future<Output = ()>,
 ) {
+    let release = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let released = crate::store::Timestamp::now().as_millis();
+        release.await;
+        released
+    };
     let limited = ClaimTerms {
         limits: Limits {
             group_max: Some(10),

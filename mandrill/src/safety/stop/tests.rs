@@ -185,3 +185,20 @@ fn bad_settings_are_refused_naming_the_key() {
         "safety.stop_conditions[0].name"
     );
 }
+
+/// The checks run one after another, a command's up to its timeout and then
+/// the wait for its killed process to be reaped: the claim's hold must
+/// cover all of it.
+#[test]
+fn the_longest_run_adds_every_timeout_and_a_commands_reaping() {
+    let checks = StopConditions::new(&[
+        http("alerts", "http://127.0.0.1:9/alerts"),
+        command("quiet", &["true"], Duration::from_secs(30)),
+    ])
+    .unwrap();
+    assert_eq!(
+        checks.longest_run(),
+        Duration::from_secs(5 + 30) + crate::restarter::process::REAP_AFTER_KILL
+    );
+    assert_eq!(StopConditions::default().longest_run(), Duration::ZERO);
+}

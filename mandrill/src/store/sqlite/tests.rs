@@ -293,10 +293,7 @@ async fn a_claim_that_waits_for_the_guards_locks_is_stamped_when_it_gets_them() 
         .await
         .unwrap();
     let release = async {
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let released = crate::store::Timestamp::now().as_millis();
         sqlx::query("COMMIT").execute(&mut other).await.unwrap();
-        released
     };
     contract::a_claim_that_waits_for_the_guards_locks_is_stamped_when_it_gets_them(&store, release)
         .await;
