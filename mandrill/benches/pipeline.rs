@@ -28,9 +28,12 @@
 //! (`pipeline/ceilings.rs` says what each does): (a) with broker and store in
 //! memory, a one-task-per-message loop doing the same per-message work;
 //! (b) with either on SQLite, one writer doing receipt, claim, outcome and
-//! ack per message, a batch per transaction, with the same pragmas, and its
-//! twins through sqlx (`ceiling_sqlite_sqlx_msgs_per_s` multi-row as the
-//! writer writes, `ceiling_sqlite_sqlx_one_row_msgs_per_s`); (c) with
+//! ack per message, a batch per transaction, with the same pragmas (and
+//! `ceiling_sqlite_durable_msgs_per_s`, the same loop committing each
+//! batch's lease, claims, and outcomes with acks in turn, as the pipeline
+//! must), and its twins through sqlx (`ceiling_sqlite_sqlx_msgs_per_s`
+//! multi-row as the writer writes, `ceiling_sqlite_sqlx_one_row_msgs_per_s`);
+//! (c) with
 //! NATS, a bare loop that keeps pulling while its acks are in flight; (d)
 //! with PostgreSQL, a bare batched `unnest` upsert loop. The line has
 //! `ceiling_{memory,sqlite,nats,postgres}_msgs_per_s` and

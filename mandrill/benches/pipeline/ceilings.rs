@@ -28,6 +28,8 @@ pub struct Ceilings {
     pub memory: Option<f64>,
     /// (b), with either on SQLite.
     pub sqlite: Option<f64>,
+    /// (b) committed in the pipeline's three durable steps.
+    pub sqlite_durable: Option<f64>,
     /// (b)'s work through sqlx: multi-row, as the writer writes, and
     /// one-row, as (b); the writer's driver is chosen by these against (b).
     pub sqlite_sqlx: Option<(f64, f64)>,
@@ -50,7 +52,8 @@ pub async fn measure(options: &Options, resources: &Resources, dir: &Path) -> Ce
         ceilings.memory = Some(in_memory(n, options.work, options.fail_rate).await);
     }
     if measure && (resources.broker_url.is_some() || resources.db_url.is_some()) {
-        ceilings.sqlite = Some(sqlite(n, dir).await);
+        ceilings.sqlite = Some(sqlite(n, dir, Commits::One).await);
+        ceilings.sqlite_durable = Some(sqlite(n, dir, Commits::Three).await);
         ceilings.sqlite_sqlx = Some((sqlite_sqlx(n, dir).await, sqlite_sqlx_one_row(n, dir).await));
     }
     if let Some(settings) = resources.nats.as_ref().filter(|_| measure) {
@@ -268,5 +271,5 @@ mod sqlite;
 mod sqlite_sqlx;
 
 pub use postgres::postgres;
-pub use sqlite::sqlite;
+pub use sqlite::{Commits, sqlite};
 pub use sqlite_sqlx::{sqlite_sqlx, sqlite_sqlx_one_row};

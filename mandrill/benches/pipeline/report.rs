@@ -36,6 +36,7 @@ pub fn print(options: &Options, run: &Run, pipeline: &Pipeline, ceilings: &Ceili
     let Ceilings {
         memory: ceiling_memory,
         sqlite: ceiling_sqlite,
+        sqlite_durable: ceiling_sqlite_durable,
         sqlite_sqlx: ceiling_sqlite_sqlx,
         nats: ceiling_nats,
         postgres: ceiling_postgres,
@@ -62,6 +63,8 @@ pub fn print(options: &Options, run: &Run, pipeline: &Pipeline, ceilings: &Ceili
             "ratio_memory": ceiling_memory.map(ratio),
             "ceiling_sqlite_msgs_per_s": ceiling_sqlite.map(f64::round),
             "ratio_sqlite": ceiling_sqlite.map(ratio),
+            "ceiling_sqlite_durable_msgs_per_s": ceiling_sqlite_durable.map(f64::round),
+            "ratio_sqlite_durable": ceiling_sqlite_durable.map(ratio),
             "ceiling_sqlite_sqlx_msgs_per_s": ceiling_sqlite_sqlx.map(|(multi, _)| multi.round()),
             "ceiling_sqlite_sqlx_one_row_msgs_per_s": ceiling_sqlite_sqlx.map(|(_, one)| one.round()),
             "ceiling_nats_msgs_per_s": ceiling_nats.map(f64::round),
