@@ -17,6 +17,7 @@ mod switch;
 use crate::safety::PolicyHandle;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context as _;
 use tokio::net::TcpListener;
@@ -30,6 +31,13 @@ use crate::settings::Secret;
 use crate::stats::Stats;
 use crate::store::Store;
 use crate::worker::Shutdown;
+
+/// How long a page the operator reads during an outage (`/metrics`, the
+/// dashboard, the switch) waits for the store: it renders without the
+/// store's part rather than wait for the pool's own timeout (10 s, past
+/// Prometheus's default scrape timeout), so the process's own figures are
+/// never lost with the store.
+pub(crate) const STORE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// A bound admin listener, not yet serving.
 pub(crate) struct Admin {

@@ -45,7 +45,7 @@ async fn metrics(Shared(state): Shared<Arc<State>>) -> Response {
     );
     text.push_str(&super::metrics::render_histograms(&state.stats.timings));
     // The disruption budget in use, per group (nothing if the store does
-    // not answer: /readyz says so).
+    // not answer within `STORE_TIMEOUT`: /readyz says so).
     let policy = state.policy.current();
     let counting = &policy.guards.counting;
     let now = crate::store::Timestamp::now().as_millis();
@@ -54,11 +54,10 @@ async fn metrics(Shared(state): Shared<Arc<State>>) -> Response {
             now.saturating_sub(i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
         )
     };
-    if let Ok(usage) = state
+    let usage = state
         .store
-        .group_usage(back(counting.window()), back(counting.forget_after()))
-        .await
-    {
+        .group_usage(back(counting.window()), back(counting.forget_after()));
+    if let Ok(Ok(usage)) = tokio::time::timeout(super::STORE_TIMEOUT, usage).await {
         text.push_str(&super::metrics::render_groups(&usage, |group| {
             counting.limits(group).ok().and_then(|limits| limits.budget)
         }));
@@ -78,11 +77,12 @@ async fn dashboard(Shared(state): Shared<Arc<State>>) -> Response {
     // A page cannot send the token: with one set, no history on the page.
     let history = match &state.token {
         Some(_) => Err("admin.token is set; read /api/requests with it"),
-        None => state
-            .store
-            .history(MAX_LIMIT)
-            .await
-            .map_err(|_| "the store did not answer"),
+        None => {
+            match tokio::time::timeout(super::STORE_TIMEOUT, state.store.history(MAX_LIMIT)).await {
+                Ok(Ok(history)) => Ok(history),
+                Ok(Err(_)) | Err(_) => Err("the store did not answer"),
+            }
+        }
     };
     let switch = super::switch::read(&state).await;
     let page = super::dashboard::Page {
@@ -246,85 +246,5 @@ pub(crate) fn bad_request(why: String) -> Response {
 }
 
 #[cfg(test)]
-mod tests {
-    use async_trait::async_trait;
-    use bytes::Bytes;
-
-    use super::*;
-    use crate::broker::{
-        Broker, BrokerError, Close, Consumer, Delivery, DeliveryTag, MemoryBroker, Publisher,
-    };
-    use crate::stats::Stats;
-    use crate::store::MemoryStore;
-    use crate::worker::Shutdown;
-
-    /// A broker that cannot be reached.
-    struct Unreachable;
-
-    fn down<T>() -> Result<T, BrokerError> {
-        Err(BrokerError::Unavailable("connection refused".into()))
-    }
-
-    impl Close for Unreachable {}
-
-    #[async_trait]
-    impl Publisher for Unreachable {
-        async fn publish(&self, _: Bytes) -> Result<(), BrokerError> {
-            down()
-        }
-    }
-
-    #[async_trait]
-    impl Consumer for Unreachable {
-        fn lease(&self) -> Option<Duration> {
-            Some(Duration::from_secs(30))
-        }
-        async fn pull(&self, _: usize) -> Result<Vec<Delivery>, BrokerError> {
-            down()
-        }
-        async fn ack(&self, _: &DeliveryTag) -> Result<(), BrokerError> {
-            down()
-        }
-        async fn nack(&self, _: &DeliveryTag, _: Duration) -> Result<(), BrokerError> {
-            down()
-        }
-        async fn extend(&self, _: &DeliveryTag) -> Result<(), BrokerError> {
-            down()
-        }
-        async fn dead_letter(&self, _: &DeliveryTag, _: &str) -> Result<(), BrokerError> {
-            down()
-        }
-        async fn backlog(&self) -> Result<Option<u64>, BrokerError> {
-            down()
-        }
-    }
-
-    fn state(broker: Arc<dyn Broker>) -> State {
-        State {
-            stats: Arc::new(Stats::default()),
-            broker,
-            store: Arc::new(MemoryStore::new()),
-            shutdown: Shutdown::new(),
-            token: None,
-            policy: crate::safety::PolicyHandle::default(),
-            metrics: crate::admin::metrics::Exposition::new(),
-            notifier: None,
-        }
-    }
-
-    #[tokio::test]
-    async fn not_ready_names_the_broker_the_store_and_shutdown() {
-        let memory = Arc::new(MemoryBroker::new(
-            Duration::from_secs(30),
-            Duration::from_millis(10),
-        ));
-        let up = state(memory);
-        assert_eq!(not_ready(&up).await, None);
-        up.stats.store_down.inc();
-        assert_eq!(not_ready(&up).await, Some("store unreachable"));
-        up.shutdown.request();
-        assert_eq!(not_ready(&up).await, Some("shutting down"));
-        let cut_off = state(Arc::new(Unreachable));
-        assert_eq!(not_ready(&cut_off).await, Some("broker unreachable"));
-    }
-}
+#[path = "routes_tests.rs"]
+mod tests;

@@ -8,7 +8,6 @@
 //! redirect back to the dashboard; anything else gets JSON.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::State as Shared;
@@ -28,12 +27,10 @@ const DEFAULT_BY: &str = "admin-api";
 const MAX_REASON_CHARS: usize = 1024;
 /// Longest name kept.
 const MAX_BY_CHARS: usize = 128;
-/// How long the store may take to answer a read of the switch.
-const STORE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The switch as the store has it, or why not.
 pub(crate) async fn read(state: &State) -> Result<Switch, &'static str> {
-    match tokio::time::timeout(STORE_TIMEOUT, state.store.switch()).await {
+    match tokio::time::timeout(super::STORE_TIMEOUT, state.store.switch()).await {
         Ok(Ok(switch)) => Ok(switch),
         Ok(Err(_)) | Err(_) => Err("the store did not answer"),
     }

@@ -1,0 +1,196 @@
+//! The routes' own tests: readiness, and the pages that must render while
+//! the store hangs.
+
+use async_trait::async_trait;
+use bytes::Bytes;
+
+use super::*;
+use crate::broker::{
+    Broker, BrokerError, Close, Consumer, Delivery, DeliveryTag, MemoryBroker, Publisher,
+};
+use crate::domain::{Outcome, RestartRequest, Status};
+use crate::stats::Stats;
+use crate::store::{
+    Claim, ClaimTerms, Decision, GroupUsage, HistoryEntry, MemoryStore, Recorded, Store,
+    StoreError, Story, Switch, Timestamp,
+};
+use crate::worker::Shutdown;
+use uuid::Uuid;
+
+/// A broker that cannot be reached.
+struct Unreachable;
+
+fn down<T>() -> Result<T, BrokerError> {
+    Err(BrokerError::Unavailable("connection refused".into()))
+}
+
+impl Close for Unreachable {}
+
+#[async_trait]
+impl Publisher for Unreachable {
+    async fn publish(&self, _: Bytes) -> Result<(), BrokerError> {
+        down()
+    }
+}
+
+#[async_trait]
+impl Consumer for Unreachable {
+    fn lease(&self) -> Option<Duration> {
+        Some(Duration::from_secs(30))
+    }
+    async fn pull(&self, _: usize) -> Result<Vec<Delivery>, BrokerError> {
+        down()
+    }
+    async fn ack(&self, _: &DeliveryTag) -> Result<(), BrokerError> {
+        down()
+    }
+    async fn nack(&self, _: &DeliveryTag, _: Duration) -> Result<(), BrokerError> {
+        down()
+    }
+    async fn extend(&self, _: &DeliveryTag) -> Result<(), BrokerError> {
+        down()
+    }
+    async fn dead_letter(&self, _: &DeliveryTag, _: &str) -> Result<(), BrokerError> {
+        down()
+    }
+    async fn backlog(&self) -> Result<Option<u64>, BrokerError> {
+        down()
+    }
+}
+
+fn state(broker: Arc<dyn Broker>) -> State {
+    with_store(broker, Arc::new(MemoryStore::new()))
+}
+
+fn with_store(broker: Arc<dyn Broker>, store: Arc<dyn Store>) -> State {
+    State {
+        stats: Arc::new(Stats::default()),
+        broker,
+        store,
+        shutdown: Shutdown::new(),
+        token: None,
+        policy: crate::safety::PolicyHandle::default(),
+        metrics: crate::admin::metrics::Exposition::new(),
+        notifier: None,
+    }
+}
+
+#[tokio::test]
+async fn not_ready_names_the_broker_the_store_and_shutdown() {
+    let memory = Arc::new(MemoryBroker::new(
+        Duration::from_secs(30),
+        Duration::from_millis(10),
+    ));
+    let up = state(memory);
+    assert_eq!(not_ready(&up).await, None);
+    up.stats.store_down.inc();
+    assert_eq!(not_ready(&up).await, Some("store unreachable"));
+    up.shutdown.request();
+    assert_eq!(not_ready(&up).await, Some("shutting down"));
+    let cut_off = state(Arc::new(Unreachable));
+    assert_eq!(not_ready(&cut_off).await, Some("broker unreachable"));
+}
+
+/// A store whose reads for the pages never answer (a database that accepts
+/// connections and then hangs); every other call is the memory store's.
+struct Hanging(MemoryStore);
+
+#[async_trait]
+impl Store for Hanging {
+    async fn lookup(&self, id: Uuid) -> Result<Option<Status>, StoreError> {
+        self.0.lookup(id).await
+    }
+    async fn claim_restart(
+        &self,
+        r: &RestartRequest,
+        terms: ClaimTerms,
+    ) -> Result<Claim, StoreError> {
+        self.0.claim_restart(r, terms).await
+    }
+    async fn record_outcome(
+        &self,
+        r: &RestartRequest,
+        attempt: u32,
+        outcome: &Outcome,
+    ) -> Result<Recorded, StoreError> {
+        self.0.record_outcome(r, attempt, outcome).await
+    }
+    async fn release_claim(&self, r: &RestartRequest, attempt: u32) -> Result<(), StoreError> {
+        self.0.release_claim(r, attempt).await
+    }
+    async fn record_rejection(
+        &self,
+        id: Option<Uuid>,
+        reason: &str,
+        payload: &[u8],
+    ) -> Result<(), StoreError> {
+        self.0.record_rejection(id, reason, payload).await
+    }
+    async fn history(&self, _: usize) -> Result<Vec<HistoryEntry>, StoreError> {
+        std::future::pending().await
+    }
+    async fn record_decision(
+        &self,
+        r: &RestartRequest,
+        attempt: u32,
+        decision: Decision<'_>,
+    ) -> Result<(), StoreError> {
+        self.0.record_decision(r, attempt, decision).await
+    }
+    async fn story(&self, id: Uuid) -> Result<Option<Story>, StoreError> {
+        self.0.story(id).await
+    }
+    async fn group_usage(
+        &self,
+        _: Timestamp,
+        _: Timestamp,
+    ) -> Result<std::collections::BTreeMap<String, GroupUsage>, StoreError> {
+        std::future::pending().await
+    }
+    async fn deferrals(&self, id: Uuid) -> Result<u32, StoreError> {
+        self.0.deferrals(id).await
+    }
+    async fn prune(&self, before: Timestamp, max_rows: u32) -> Result<u64, StoreError> {
+        self.0.prune(before, max_rows).await
+    }
+    async fn switch(&self) -> Result<Switch, StoreError> {
+        std::future::pending().await
+    }
+    async fn set_switch(&self, paused: bool, by: &str, reason: &str) -> Result<(), StoreError> {
+        self.0.set_switch(paused, by, reason).await
+    }
+}
+
+/// The body of a response, as text.
+async fn text(response: Response) -> (StatusCode, String) {
+    let status = response.status();
+    let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .expect("an in-memory body");
+    (status, String::from_utf8(body.to_vec()).expect("UTF-8"))
+}
+
+#[tokio::test(start_paused = true)]
+async fn metrics_and_the_dashboard_render_while_the_store_hangs() {
+    let memory = Arc::new(MemoryBroker::new(
+        Duration::from_secs(30),
+        Duration::from_millis(10),
+    ));
+    let state = Arc::new(with_store(memory, Arc::new(Hanging(MemoryStore::new()))));
+    state.stats.acked.inc();
+    // Far past the pages' own bound: the clock is paused, so a page that
+    // waits for the store forever reaches this instead of hanging the test.
+    let patience = Duration::from_secs(600);
+    let metrics = tokio::time::timeout(patience, metrics(Shared(state.clone())))
+        .await
+        .expect("/metrics answers without the store");
+    let (status, body) = text(metrics).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(body.contains("mandrill_"), "{body}");
+    let page = tokio::time::timeout(patience, dashboard(Shared(state)))
+        .await
+        .expect("the dashboard answers without the store");
+    let (status, body) = text(page).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(body.contains("the store did not answer"), "{body}");
+}
