@@ -273,7 +273,7 @@ async fn a_connection_dropped_by_the_host_counts_as_restarted_only_when_configur
 async fn exit_codes_fail_for_now_or_for_good_and_a_slow_command_times_out() {
     let sshd = PrivateSshd::start();
     let settings = SshSettings {
-        permanent_exit_codes: vec![3],
+        permanent_exit_codes: vec![3, 127],
         ..sshd.settings(&["sh", "-c", "echo boom >&2; exit \"$1\"", "sh", "{group}"])
     };
     let restarter = SshRestarter::new(&settings, loopback()).unwrap();
@@ -284,6 +284,16 @@ async fn exit_codes_fail_for_now_or_for_good_and_a_slow_command_times_out() {
     };
     assert!(
         reason.contains("exited with 3") && reason.contains("boom"),
+        "{reason}"
+    );
+    // 127 (a shell's "command not found") too, which openssh reports as
+    // an error rather than an exit status.
+    let error = restart(&restarter, "127-a").await.unwrap_err();
+    let RestartError::Permanent { reason, .. } = &error else {
+        panic!("exit 127 is configured permanent, got {error:?}");
+    };
+    assert!(
+        reason.contains("exited with 127") && reason.contains("boom"),
         "{reason}"
     );
     let error = restart(&restarter, "4-a").await.unwrap_err();

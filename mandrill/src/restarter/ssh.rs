@@ -166,20 +166,17 @@ impl SshRestarter {
                 recovered_after: None,
                 output,
             }),
-            Ok(status) => {
-                let code = status.code().unwrap_or(-1);
-                let reason = format!(
-                    "the command exited with {code} on {destination}{}",
-                    output::suffix(output.as_deref())
-                );
-                if self.permanent_exit_codes.contains(&code) {
-                    Err(RestartError::Permanent {
-                        host: host.clone(),
-                        reason,
-                    })
-                } else {
-                    Err(RestartError::failed(host, reason))
-                }
+            Ok(status) => Err(self.exited(
+                host,
+                destination,
+                status.code().unwrap_or(-1),
+                output.as_deref(),
+            )),
+            // openssh answers exit 127 (the remote shell found no such
+            // command) with an error rather than the status: it is an exit
+            // code like any other, `permanent_exit_codes` included.
+            Err(openssh::Error::Remote(e)) if e.kind() == std::io::ErrorKind::NotFound => {
+                Err(self.exited(host, destination, 127, output.as_deref()))
             }
             Err(openssh::Error::RemoteProcessTerminated | openssh::Error::Disconnected) => {
                 if self.pool.connection_lost(session).await {
@@ -215,6 +212,31 @@ impl SshRestarter {
                 host,
                 format!("the command on {destination} failed: {e}"),
             )),
+        }
+    }
+}
+
+impl SshRestarter {
+    /// A command that ran and exited with `code` (not 0): permanent if the
+    /// code is listed in `permanent_exit_codes`, else worth retrying.
+    fn exited(
+        &self,
+        host: &Hostname,
+        destination: &Destination,
+        code: i32,
+        output: Option<&str>,
+    ) -> RestartError {
+        let reason = format!(
+            "the command exited with {code} on {destination}{}",
+            output::suffix(output)
+        );
+        if self.permanent_exit_codes.contains(&code) {
+            RestartError::Permanent {
+                host: host.clone(),
+                reason,
+            }
+        } else {
+            RestartError::failed(host, reason)
         }
     }
 }
