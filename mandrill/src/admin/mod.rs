@@ -34,9 +34,10 @@ use crate::worker::Shutdown;
 
 /// How long a page the operator reads during an outage (`/metrics`, the
 /// dashboard, the switch) waits for the store: it renders without the
-/// store's part rather than wait for the pool's own timeout (10 s, past
-/// Prometheus's default scrape timeout), so the process's own figures are
-/// never lost with the store.
+/// store's part rather than wait for the store (a pool bounds only getting
+/// a connection, 10 s, already past Prometheus's default scrape timeout; a
+/// query on a connection that hangs is not bounded at all), so the
+/// process's own figures are never lost with the store.
 pub(crate) const STORE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// A bound admin listener, not yet serving.

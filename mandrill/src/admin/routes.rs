@@ -75,21 +75,27 @@ async fn metrics(Shared(state): Shared<Arc<State>>) -> Response {
 async fn dashboard(Shared(state): Shared<Arc<State>>) -> Response {
     let stats = state.stats.snapshot();
     // A page cannot send the token: with one set, no history on the page.
-    let history = match &state.token {
-        Some(_) => Err("admin.token is set; read /api/requests with it"),
-        None => {
-            match tokio::time::timeout(super::STORE_TIMEOUT, state.store.history(MAX_LIMIT)).await {
-                Ok(Ok(history)) => Ok(history),
-                Ok(Err(_)) | Err(_) => Err("the store did not answer"),
+    let history = async {
+        match &state.token {
+            Some(_) => Err("admin.token is set; read /api/requests with it"),
+            None => {
+                let read = state.store.history(MAX_LIMIT);
+                match tokio::time::timeout(super::STORE_TIMEOUT, read).await {
+                    Ok(Ok(history)) => Ok(history),
+                    Ok(Err(_)) | Err(_) => Err("the store did not answer"),
+                }
             }
         }
     };
-    let switch = super::switch::read(&state).await;
+    // Asked together, so that a store that hangs holds the page for one
+    // bound, not one per read.
+    let (history, switch, ready) =
+        tokio::join!(history, super::switch::read(&state), not_ready(&state));
     let page = super::dashboard::Page {
         leashed: state.leashed(),
         switch: switch.as_ref().map_err(|why| *why),
         protected: state.token.is_some(),
-        ready: not_ready(&state).await.map_or(Ok(()), Err),
+        ready: ready.map_or(Ok(()), Err),
         stats: &stats,
         history: history.as_deref().map_err(|why| *why),
         now: crate::store::Timestamp::now(),
