@@ -30,6 +30,8 @@ pub fn random_request(rng: &mut impl Rng) -> RestartRequest {
         reason: None,
         published_at: Some(now),
         group: None,
+        zone: None,
+        requester: None,
     }
 }
 

@@ -33,6 +33,8 @@ pub(super) async fn publish(config: Config, args: &PublishArgs) -> anyhow::Resul
                 reason: None,
                 published_at: Some(now),
                 group: None,
+                zone: None,
+                requester: None,
             }
             .to_wire(),
         )

@@ -84,13 +84,20 @@ impl Issued {
             global_claims: count_since(Some(&self.all), limits, at),
             global_oldest: oldest_since(Some(&self.all), limits, at),
             host_last: self.by_host.get(host).copied(),
-            disrupted: 0,
+            ..Default::default()
         };
         let without_budget = Limits {
             budget: None,
+            zone_budget: None,
             ..*limits
         };
-        crate::safety::limits::check(&without_budget, group, host, &usage, at)
+        let subject = crate::safety::limits::Subject {
+            group,
+            instance: host,
+            zone: None,
+            requester: None,
+        };
+        crate::safety::limits::check(&without_budget, subject, &usage, at)
             .map(drop)
             .map_err(|refusal| refusal.reason)
     }

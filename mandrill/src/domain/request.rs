@@ -35,6 +35,12 @@ pub struct RestartRequest {
     /// The group the publisher named, if it did; see
     /// [`crate::safety::Counting::group`] for how a group is chosen otherwise.
     pub group: Option<String>,
+    /// The zone the operator's inventory puts the instance in, for the
+    /// disruption budget per zone; never read from the message.
+    pub zone: Option<String>,
+    /// The requester whose signature the message carries, verified; never
+    /// read from the message's free text (`requested_by` is set to it).
+    pub requester: Option<String>,
 }
 
 /// The wire format. Unknown fields are accepted so that newer publishers can
@@ -263,6 +269,8 @@ impl RestartRequest {
             )?,
             reason: free_text("reason", wire.reason.as_deref(), MAX_REASON_CHARS)?,
             published_at,
+            zone: None,
+            requester: None,
         })
     }
 

@@ -164,6 +164,8 @@ fn wire_form_round_trips() {
         reason: Some("chaos".into()),
         published_at: Some(humantime::parse_rfc3339("2026-11-21T10:00:00.123Z").unwrap()),
         group: None,
+        zone: None,
+        requester: None,
     };
     assert_eq!(
         RestartRequest::parse(&request.to_wire(), &rules()),

@@ -165,6 +165,7 @@ impl Counting {
             budget,
             forget_after: self.forget_after,
             budget_retry: self.budget_retry,
+            ..Limits::NONE
         })
     }
 

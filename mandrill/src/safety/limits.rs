@@ -86,6 +86,19 @@ pub struct Limits {
     pub forget_after: Duration,
     /// How soon a request the budget deferred is tried again.
     pub budget_retry: Duration,
+    /// Hosts of the request's zone ([`crate::domain::RestartRequest::zone`])
+    /// that may be disrupted at once, over all groups; only for requests
+    /// the inventory places in a zone.
+    pub zone_budget: Option<u32>,
+    /// Restarts the request's verified requester may claim per
+    /// `requester_window`, over all groups and instances.
+    pub requester_max: Option<u32>,
+    /// The window `requester_max` counts over.
+    pub requester_window: Duration,
+    /// How long a host whose restart ended `restarted` without a
+    /// verification probe still counts as disrupted (zero: not at all,
+    /// as when a probe verified its recovery).
+    pub settle: Duration,
 }
 
 impl Limits {
@@ -98,6 +111,10 @@ impl Limits {
         budget: None,
         forget_after: Duration::ZERO,
         budget_retry: BUDGET_RETRY,
+        zone_budget: None,
+        requester_max: None,
+        requester_window: Duration::ZERO,
+        settle: Duration::ZERO,
     };
 
     /// Whether any counting guard is on.
@@ -106,6 +123,8 @@ impl Limits {
             || self.global_max.is_some()
             || self.host_cooldown.is_some()
             || self.budget.is_some()
+            || self.zone_budget.is_some()
+            || self.requester_max.is_some()
     }
 }
 
@@ -125,13 +144,44 @@ pub struct Usage {
     pub host_last: Option<i64>,
     /// Other hosts of the group disrupted now.
     pub disrupted: u32,
+    /// Other hosts of the request's zone disrupted now (any group).
+    pub zone_disrupted: u32,
+    /// Restarts the request's requester claimed within its window.
+    pub requester_claims: u32,
+    /// The oldest of them.
+    pub requester_oldest: Option<i64>,
+}
+
+/// Who and what a claim counts against: the keys the journal is read by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Subject<'a> {
+    /// The request's group, as the operator decides it.
+    pub group: &'a str,
+    /// The instance to restart.
+    pub instance: &'a str,
+    /// The instance's zone, if the inventory gives one.
+    pub zone: Option<&'a str>,
+    /// The verified requester, if the request was signed.
+    pub requester: Option<&'a str>,
+}
+
+impl<'a> Subject<'a> {
+    /// The keys of `request` (whose group the worker has assigned).
+    pub fn of(request: &'a crate::domain::RestartRequest) -> Self {
+        Self {
+            group: request.group(),
+            instance: request.instance_name.as_str(),
+            zone: request.zone.as_deref(),
+            requester: request.requester.as_deref(),
+        }
+    }
 }
 
 /// A counting guard that says not yet.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refusal {
     /// Which guard: `rate limit`, `host cooldown`, `global rate limit`,
-    /// `disruption budget`.
+    /// `disruption budget`, `zone budget`, `requester quota`.
     pub guard: &'static str,
     /// In plain words, with when it could pass.
     pub reason: String,
@@ -149,11 +199,16 @@ pub const BUDGET_RETRY: Duration = Duration::from_secs(15);
 /// (recorded with the claim), or the guard that refuses.
 pub fn check(
     limits: &Limits,
-    group: &str,
-    instance: &str,
+    subject: Subject<'_>,
     usage: &Usage,
     now: i64,
 ) -> Result<String, Refusal> {
+    let Subject {
+        group,
+        instance,
+        zone,
+        requester,
+    } = subject;
     let window = humantime::format_duration(limits.window);
     let until = |from: i64, after: Duration| {
         let at = from.saturating_add(i64::try_from(after.as_millis()).unwrap_or(i64::MAX));
@@ -218,6 +273,46 @@ pub fn check(
             usage.global_claims + 1
         ));
     }
+    if let (Some(max), Some(requester)) = (limits.requester_max, requester) {
+        let window = humantime::format_duration(limits.requester_window);
+        if usage.requester_claims >= max {
+            let (free, wait) = until(
+                usage.requester_oldest.unwrap_or(now),
+                limits.requester_window,
+            );
+            return Err(Refusal {
+                guard: "requester quota",
+                reason: format!(
+                    "deferred by requester quota: requester {requester} had {} of its {max} \
+                     restarts per {window}; a slot frees at {}",
+                    usage.requester_claims,
+                    at(free)
+                ),
+                wait,
+            });
+        }
+        used.push(format!(
+            "requester {requester}: restart {} of {max} per {window}",
+            usage.requester_claims + 1
+        ));
+    }
+    if let (Some(budget), Some(zone)) = (limits.zone_budget, zone) {
+        if usage.zone_disrupted >= budget {
+            return Err(Refusal {
+                guard: "zone budget",
+                reason: format!(
+                    "deferred by zone budget: {} of zone {zone}'s {budget} hosts that may be \
+                     disrupted at once already are (restarting, or not verified recovered)",
+                    usage.zone_disrupted
+                ),
+                wait: limits.budget_retry,
+            });
+        }
+        used.push(format!(
+            "zone budget: {} of {budget} hosts of zone {zone} disrupted with this one",
+            usage.zone_disrupted + 1
+        ));
+    }
     if let Some(budget) = limits.budget {
         if usage.disrupted >= budget {
             return Err(Refusal {
@@ -262,6 +357,17 @@ pub fn describe(limits: &Limits) -> String {
     }
     if let Some(budget) = limits.budget {
         parts.push(format!("at most {budget} hosts disrupted at once"));
+    }
+    if let Some(budget) = limits.zone_budget {
+        parts.push(format!(
+            "at most {budget} hosts of a zone disrupted at once"
+        ));
+    }
+    if let Some(max) = limits.requester_max {
+        parts.push(format!(
+            "at most {max} restarts per {} by one requester",
+            humantime::format_duration(limits.requester_window)
+        ));
     }
     parts.join(", ")
 }

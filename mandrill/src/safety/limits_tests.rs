@@ -13,6 +13,7 @@ fn limits() -> Limits {
         budget: Some(1),
         forget_after: Duration::from_secs(3600),
         budget_retry: BUDGET_RETRY,
+        ..Limits::NONE
     }
 }
 
@@ -20,7 +21,7 @@ fn limits() -> Limits {
 fn each_counting_guard_defers_until_it_could_pass() {
     let now = 10 * HOUR;
     let free = Usage::default();
-    let allowed = check(&limits(), "cattle", "cattle-1", &free, now).unwrap();
+    let allowed = check(&limits(), subject("cattle", "cattle-1"), &free, now).unwrap();
     assert!(allowed.contains("restart 1 of 2"), "{allowed}");
     assert!(allowed.contains("budget: 1 of 1"), "{allowed}");
 
@@ -28,7 +29,7 @@ fn each_counting_guard_defers_until_it_could_pass() {
         host_last: Some(now - 60_000),
         ..free
     };
-    let refused = check(&limits(), "cattle", "cattle-1", &cooling, now).unwrap_err();
+    let refused = check(&limits(), subject("cattle", "cattle-1"), &cooling, now).unwrap_err();
     assert_eq!(refused.guard, "host cooldown");
     assert_eq!(refused.wait, Duration::from_secs(540));
 
@@ -37,7 +38,7 @@ fn each_counting_guard_defers_until_it_could_pass() {
         group_oldest: Some(now - HOUR + 5_000),
         ..free
     };
-    let refused = check(&limits(), "cattle", "cattle-1", &full, now).unwrap_err();
+    let refused = check(&limits(), subject("cattle", "cattle-1"), &full, now).unwrap_err();
     assert_eq!(refused.guard, "rate limit");
     assert_eq!(refused.wait, Duration::from_secs(5));
     assert!(
@@ -52,7 +53,7 @@ fn each_counting_guard_defers_until_it_could_pass() {
         ..free
     };
     assert_eq!(
-        check(&limits(), "cattle", "cattle-1", &busy, now)
+        check(&limits(), subject("cattle", "cattle-1"), &busy, now)
             .unwrap_err()
             .guard,
         "global rate limit"
@@ -62,15 +63,70 @@ fn each_counting_guard_defers_until_it_could_pass() {
         disrupted: 1,
         ..free
     };
-    let refused = check(&limits(), "cattle", "cattle-1", &disrupted, now).unwrap_err();
+    let refused = check(&limits(), subject("cattle", "cattle-1"), &disrupted, now).unwrap_err();
     assert_eq!(refused.guard, "disruption budget");
     assert_eq!(refused.wait, BUDGET_RETRY);
 
     assert_eq!(
-        check(&Limits::NONE, "g", "h", &busy, now).unwrap(),
+        check(&Limits::NONE, subject("g", "h"), &busy, now).unwrap(),
         "allowed"
     );
     assert!(!Limits::NONE.is_active() && limits().is_active());
+}
+
+#[test]
+fn a_requesters_quota_and_a_zones_budget_count_only_what_the_operator_assigned() {
+    let now = 10 * HOUR;
+    let limits = Limits {
+        zone_budget: Some(1),
+        requester_max: Some(2),
+        requester_window: Duration::from_secs(3600),
+        ..Limits::NONE
+    };
+    assert!(limits.is_active());
+    let signed = Subject {
+        group: "cattle",
+        instance: "cattle-1",
+        zone: Some("eu-1a"),
+        requester: Some("ci"),
+    };
+    let allowed = check(&limits, signed, &Usage::default(), now).unwrap();
+    assert!(
+        allowed.contains("requester ci: restart 1 of 2"),
+        "{allowed}"
+    );
+    assert!(allowed.contains("1 of 1 hosts of zone eu-1a"), "{allowed}");
+
+    let spent = Usage {
+        requester_claims: 2,
+        requester_oldest: Some(now - HOUR + 7_000),
+        ..Usage::default()
+    };
+    let refused = check(&limits, signed, &spent, now).unwrap_err();
+    assert_eq!(refused.guard, "requester quota");
+    assert_eq!(refused.wait, Duration::from_secs(7));
+    assert!(
+        refused.reason.contains("requester ci had 2 of its 2"),
+        "{}",
+        refused.reason
+    );
+
+    let zone_busy = Usage {
+        zone_disrupted: 1,
+        ..Usage::default()
+    };
+    let refused = check(&limits, signed, &zone_busy, now).unwrap_err();
+    assert_eq!(refused.guard, "zone budget");
+    assert!(refused.reason.contains("zone eu-1a"), "{}", refused.reason);
+
+    // Unsigned, and outside any zone: neither guard has anything to count.
+    let anonymous = subject("cattle", "cattle-1");
+    let both = Usage {
+        zone_disrupted: 5,
+        requester_claims: 5,
+        ..Usage::default()
+    };
+    assert_eq!(check(&limits, anonymous, &both, now).unwrap(), "allowed");
 }
 
 #[test]
@@ -168,4 +224,13 @@ fn the_lookback_is_the_longest_reach_of_the_guards_that_are_on() {
     )
     .unwrap();
     assert_eq!(real.lookback(), hours(24));
+}
+
+fn subject<'a>(group: &'a str, instance: &'a str) -> Subject<'a> {
+    Subject {
+        group,
+        instance,
+        zone: None,
+        requester: None,
+    }
 }

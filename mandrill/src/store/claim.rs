@@ -144,6 +144,7 @@ pub(crate) fn usage_from(
         global_oldest,
         host_last,
         disrupted: count(disrupted),
+        ..Usage::default()
     }
 }
 
@@ -189,13 +190,7 @@ pub(crate) fn decide_claim(
         return (claim, None);
     }
     let verdict = if terms.limits.is_active() {
-        let checked = limits::check(
-            &terms.limits,
-            request.group(),
-            request.instance_name.as_str(),
-            usage,
-            now,
-        );
+        let checked = limits::check(&terms.limits, limits::Subject::of(request), usage, now);
         match checked {
             Ok(verdict) => verdict,
             Err(refusal) => {

@@ -421,6 +421,7 @@ pub async fn counting_guards_are_decided_in_the_claim_and_journaled(store: &dyn 
             budget: Some(1),
             forget_after: Duration::from_secs(3600),
             budget_retry: limits::BUDGET_RETRY,
+            ..Limits::NONE
         },
         ..TERMS
     };
