@@ -126,6 +126,32 @@ impl Limits {
             || self.zone_budget.is_some()
             || self.requester_max.is_some()
     }
+
+    /// Whether any counting guard applies to `subject`: the zone budget
+    /// only to a request the inventory places in a zone, the requester
+    /// quota only to a signed one. A store reads the journal (and takes the
+    /// guards' locks) only then, so an unsigned, zoneless request costs no
+    /// more with those limits on than with them off.
+    pub fn is_active_for(&self, subject: Subject<'_>) -> bool {
+        self.group_max.is_some()
+            || self.global_max.is_some()
+            || self.host_cooldown.is_some()
+            || self.budget.is_some()
+            || self.counts_zone(subject)
+            || self.counts_requester(subject)
+    }
+
+    /// Whether the zone budget applies to `subject` (so its zone's
+    /// disrupted hosts must be read).
+    pub fn counts_zone(&self, subject: Subject<'_>) -> bool {
+        self.zone_budget.is_some() && subject.zone.is_some()
+    }
+
+    /// Whether the requester quota applies to `subject` (so its
+    /// requester's claims must be read).
+    pub fn counts_requester(&self, subject: Subject<'_>) -> bool {
+        self.requester_max.is_some() && subject.requester.is_some()
+    }
 }
 
 /// What a claim transaction read from the restart journal, excluding the
