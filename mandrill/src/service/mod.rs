@@ -294,6 +294,13 @@ impl Service {
                 "UNLEASHED: restarts of real hosts will be issued"
             );
         }
+        if self.config.safety.pause_on_unrecovered && !self.config.verified_by_probe() {
+            warn!(
+                "safety.pause_on_unrecovered needs a verification probe (verify.probe): without \
+                 one no restart is ever found unrecovered, so it never pauses; the budget counts \
+                 a restarted host as disrupted for safety.budget.settle instead"
+            );
+        }
         if let Ok(Some(calendar)) = self.config.calendar() {
             warn!(
                 calendar = %calendar.describe(),
