@@ -12,7 +12,8 @@ settings! {
     #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
     #[serde(deny_unknown_fields, default)]
     pub struct SimulateSettings {
-        /// Publish random requests into the broker (demo mode).
+        /// Publish random requests into the broker (demo mode); refused
+        /// with a real restarter.kind.
         pub enabled: bool = false,
         /// Requests per second (at most 1000000; reloadable).
         pub rate: f64 = 2.0,
