@@ -69,6 +69,7 @@ fn with_store(broker: Arc<dyn Broker>, store: Arc<dyn Store>) -> State {
         store,
         shutdown: Shutdown::new(),
         token: None,
+        switch_token: crate::settings::Secret("switch-token".into()),
         policy: crate::safety::PolicyHandle::default(),
         metrics: crate::admin::metrics::Exposition::new(),
         notifier: None,

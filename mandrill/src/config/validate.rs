@@ -207,6 +207,14 @@ impl Config {
         tracing_subscriber::EnvFilter::try_new(&self.log.level)
             .map_err(|error| ConfigError::invalid("log.level", error.to_string()))?;
         self.admin.address()?;
+        if let Some(path) = &self.admin.token_file
+            && path.file_name().is_none()
+        {
+            return Err(ConfigError::invalid(
+                "admin.token_file",
+                "must name a file (the generated admin token is written there)",
+            ));
+        }
         self.validate_notify()?;
         Ok(())
     }
