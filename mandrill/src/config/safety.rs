@@ -76,7 +76,8 @@ settings! {
         /// While this file exists, restarts are paused (its directory is
         /// watched and must exist; not reloaded).
         ///
-        /// The kill switch, set by `pause-file`; removing the file resumes.
+        /// The kill switch, set by `pause-file@HOST:PATH`; removing the
+        /// file resumes only if the pause in force is still that one.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pub pause_file: Option<PathBuf> = None,
     }
