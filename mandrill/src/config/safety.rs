@@ -66,7 +66,8 @@ settings! {
         /// `[safety.budget]`: hosts per group disrupted at once.
         pub budget: BudgetSettings = BudgetSettings::default(),
         /// [[safety.stop_conditions]] name, http = URL (expect_status,
-        /// default 200) or command = [argv], timeout (default 5s): checked
+        /// default 200; expect_empty_json_array = true: the body must be
+        /// `[]` too, for alert APIs) or command = [argv], timeout (default 5s): checked
         /// right before each restart; one that fails, errs or times out
         /// defers it (fail closed).
         pub stop_conditions: Vec<StopConditionSettings> = Vec::new(),
