@@ -34,6 +34,8 @@ struct Sandbox {
     read_only_elsewhere: bool,
     /// The `--config` file `ExecStart=` names.
     config: Option<PathBuf>,
+    /// `WorkingDirectory=`: where relative paths land.
+    working_directory: Option<PathBuf>,
 }
 
 fn sandbox(unit: &str) -> Sandbox {
@@ -73,6 +75,7 @@ fn sandbox(unit: &str) -> Sandbox {
                     .extend(["/home".into(), "/root".into(), "/run/user".into()])
             }
             "ProtectSystem" => sandbox.read_only_elsewhere = value == "strict",
+            "WorkingDirectory" => sandbox.working_directory = Some(value.into()),
             "ExecStart" => {
                 let words: Vec<&str> = value.split_whitespace().collect();
                 sandbox.config = words
@@ -126,6 +129,13 @@ fn every_path_the_example_configuration_names_is_there_under_the_example_unit() 
         "the unit sets ProtectSystem=strict"
     );
     let config_file = sandbox.config.clone().expect("ExecStart names --config");
+    // Relative paths (default settings among them) land there.
+    let working_directory = sandbox.working_directory.clone().unwrap_or("/".into());
+    assert!(
+        sandbox.writable.contains(&working_directory),
+        "WorkingDirectory={} is not writable: {sandbox:?}",
+        working_directory.display()
+    );
     let text = std::fs::read_to_string(deploy("mandrill.toml")).unwrap();
     let config: toml::Value = toml::from_str(&text).unwrap();
     let mut found = Vec::new();
