@@ -35,11 +35,10 @@ settings! {
         /// Pause every instance when a restarted host does not come back
         /// healthy; `mandrill resume` resumes.
         pub pause_on_unrecovered: bool = true,
-        /// How often a running service reads the kill switch; 0s only at each
-        /// claim.
+        /// How often a running service reads the kill switch (above 0s).
         ///
-        /// Pulling pauses within this of `mandrill pause`; claims read the
-        /// switch at once.
+        /// Pulling pauses within this of `mandrill pause` and resumes within
+        /// this of `mandrill resume`; claims read the switch at once.
         #[serde(with = "duration")]
         pub poll_interval: Duration = Duration::from_secs(1),
         /// `[safety.calendar]`: when restarts may happen.
