@@ -24,7 +24,8 @@ settings! {
         /// Leashed, every restart is decided and recorded as `dry-run` with
         /// the exact action it would take. Unset means true with a real
         /// backend (command, ssh, http) and false with a simulated one;
-        /// `mandrill run --unleash` sets it to false.
+        /// `mandrill run --unleash` sets it to false, until a reload reads
+        /// true from the file: the stricter wins.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pub dry_run: Option<bool> = None,
         /// Instance-name patterns that may be restarted (a real backend
