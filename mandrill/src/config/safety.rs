@@ -51,7 +51,9 @@ settings! {
         /// A request deferred this long after it was published is recorded
         /// expired and acked.
         ///
-        /// A restart wanted yesterday is not one to issue today.
+        /// A restart wanted yesterday is not one to issue today. Without a
+        /// published_at, or with one over 5 minutes ahead of the clock,
+        /// counted from when the store first received the request.
         #[serde(with = "duration")]
         pub max_defer: Duration = Duration::from_secs(24 * 3600),
         /// Group → instance patterns, { web = ["web-*"] } (default group:

@@ -22,7 +22,8 @@ use std::sync::Arc;
 use uuid::Uuid;
 
 use super::{
-    Claim, ClaimTerms, MemoryStore, PostgresStore, Recorded, SqliteStore, Store, StoreError, Switch,
+    Claim, ClaimTerms, MemoryStore, PostgresStore, Recorded, SqliteStore, Store, StoreError,
+    Switch, Timestamp,
 };
 use crate::domain::{Outcome, RestartRequest, Status};
 use crate::sqlite::JointAck;
@@ -194,6 +195,12 @@ impl AnyStore {
     /// As [`Store::deferrals`]; boxed (only for redeliveries).
     pub async fn deferrals(&self, message_id: Uuid) -> Result<u32, StoreError> {
         self.store().deferrals(message_id).await
+    }
+
+    /// As [`Store::first_received`]; boxed (only for deferrals of requests
+    /// whose `published_at` cannot date them).
+    pub async fn first_received(&self, request: &RestartRequest) -> Result<Timestamp, StoreError> {
+        self.store().first_received(request).await
     }
 
     /// As [`Store::switch`]; boxed (read once a poll interval).

@@ -296,7 +296,7 @@ pub(super) async fn unless_paused(
     request: &RestartRequest,
     attempt: u32,
 ) -> Option<Settlement> {
-    let hold = switch_is_off(shared).await.err()?;
+    let hold = switch_is_off(shared, request).await.err()?;
     Some(unclaim(shared, progress, request, attempt, hold).await)
 }
 
@@ -304,10 +304,10 @@ pub(super) async fn unless_paused(
 /// the claim read it in its own transaction, but a `pause` that lands
 /// after the claim (while the stop conditions run, say) must still stop
 /// the restart. `Ok` when it is off; else the hold that defers the request
-/// (never expires it: the switch is not the request's fault), naming who
-/// paused. A switch that cannot be read within [`SWITCH_READ_TIMEOUT`]
-/// holds too: fail closed.
-async fn switch_is_off(shared: &Shared) -> Result<(), Hold> {
+/// naming who paused (or expires it past `safety.max_defer`, as any
+/// guard's hold). A switch that cannot be read within
+/// [`SWITCH_READ_TIMEOUT`] holds too: fail closed.
+async fn switch_is_off(shared: &Shared, request: &RestartRequest) -> Result<(), Hold> {
     let reason = match tokio::time::timeout(SWITCH_READ_TIMEOUT, shared.store.switch()).await {
         Ok(Ok(switch)) if !switch.paused => return Ok(()),
         Ok(Ok(switch)) => {
@@ -324,11 +324,10 @@ async fn switch_is_off(shared: &Shared) -> Result<(), Hold> {
             humantime::format_duration(SWITCH_READ_TIMEOUT)
         ),
     };
-    Err(Hold::Defer {
-        guard: "kill switch",
-        delay: PAUSED_RECHECK,
-        reason,
-    })
+    let policy = shared.config.policy.current();
+    Err(policy
+        .guards
+        .defer(request, "kill switch", PAUSED_RECHECK, reason))
 }
 
 /// What [`recheck`] decides: `Ok` with whether the policy is leashed, or
