@@ -203,7 +203,8 @@ impl AnyStore {
         self.store().first_received(request).await
     }
 
-    /// As [`Store::switch`]; boxed (read once a poll interval).
+    /// As [`Store::switch`]; boxed (read once a poll interval, and once
+    /// before each restart issued).
     pub async fn switch(&self) -> Result<Switch, StoreError> {
         self.store().switch().await
     }

@@ -147,6 +147,8 @@ async fn date_by_first_receipt(
         tokio::time::timeout(FIRST_RECEIPT_TIMEOUT, shared.store.first_received(request)).await;
     match asked {
         Ok(Ok(received)) => {
+            // Out of range only from a corrupt row: taken as long ago, so
+            // the request expires (does less) rather than waits for ever.
             let received = jiff::Timestamp::from_millisecond(received.as_millis())
                 .unwrap_or(jiff::Timestamp::UNIX_EPOCH);
             let policy = shared.config.policy.current();
