@@ -234,3 +234,50 @@ fn a_real_backend_is_leashed_by_default_and_records_the_exact_argv() {
     assert!(logged(&lines, "UNLEASHED"), "the mode is said loudly");
     assert!(marker.exists(), "unleashed, the command runs");
 }
+
+/// A reload whose file says `safety.dry_run = true` leashes a service
+/// started with `--unleash`: the stricter wins, and the log says so naming
+/// the key (before, the flag stayed in force and the file was ignored).
+#[test]
+fn a_reloaded_file_that_leashes_wins_over_unleash() {
+    let (_guard, dir) = temp_dir();
+    let marker = dir.join("restarted");
+    let db = sqlite_url(&dir);
+    let config = |safety: &str| {
+        format!(
+            "[broker]\nurl = {db:?}\n\n[store]\nurl = {db:?}\n\n\
+             [restarter]\nkind = \"command\"\n\n[restarter.command]\n\
+             argv = [\"touch\", {marker:?}]\n\n\
+             [safety]\nallow = [\"cattle-*\"]\n{safety}{ALWAYS_OPEN}",
+            marker = marker.to_str().unwrap(),
+        )
+    };
+    fs::write(dir.join("mandrill.toml"), config("")).unwrap();
+    let service = Mandrill::run(&dir, &["--config", "mandrill.toml", "--unleash"]);
+    service.wait_for("UNLEASHED: restarts of real hosts will be issued", 1);
+
+    fs::write(dir.join("mandrill.toml"), config("dry_run = true\n")).unwrap();
+    service.signal("HUP");
+    let stricter = service.wait_for(
+        "the reloaded configuration is stricter than a flag given at start-up \
+         (--unleash, --set): the stricter wins",
+        1,
+    );
+    assert_eq!(stricter[0]["fields"]["key"], "safety.dry_run");
+    service.wait_for(
+        "LEASHED (dry run) by reload: restarts are decided and recorded, none is issued",
+        1,
+    );
+    service.wait_for("configuration reloaded", 1);
+
+    let (status, _, stderr) = mandrill(&dir, &["publish", "--broker", &db, "cattle-ab12"], &[]);
+    assert!(status.success(), "publish failed: {stderr}");
+    service.wait_for("acked", 1);
+    service.signal("TERM");
+    let (status, _) = service.wait_exit();
+    assert!(status.success());
+    assert!(!marker.exists(), "leashed by the reload, nothing runs");
+    let entries = history(&db);
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    assert_eq!(entries[0].status, Status::DryRun);
+}

@@ -269,6 +269,16 @@ fn bad_configuration_fails_at_start_naming_the_key() {
     );
     assert_eq!(status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("broker.url"), "{stderr}");
+
+    // Would leave pulling stopped for good after the first pause.
+    let (status, _, stderr) = mandrill(
+        &dir,
+        &["run", "--db", "memory", "--set", "safety.poll_interval=0s"],
+        &[],
+    );
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("safety.poll_interval"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
     // Nothing was created by a run that could not start.
     assert!(!dir.join("mandrill.db").exists());
 }

@@ -83,6 +83,12 @@ impl Store for SlowSaveStore {
     ) -> Result<std::collections::BTreeMap<String, mandrill::store::GroupUsage>, StoreError> {
         self.inner.group_usage(window_start, memory_start).await
     }
+    async fn first_received(
+        &self,
+        request: &mandrill::domain::RestartRequest,
+    ) -> Result<mandrill::store::Timestamp, StoreError> {
+        self.inner.first_received(request).await
+    }
     async fn deferrals(&self, message_id: Uuid) -> Result<u32, StoreError> {
         self.inner.deferrals(message_id).await
     }

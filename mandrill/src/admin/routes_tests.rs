@@ -148,6 +148,9 @@ impl Store for Hanging {
     ) -> Result<std::collections::BTreeMap<String, GroupUsage>, StoreError> {
         std::future::pending().await
     }
+    async fn first_received(&self, request: &RestartRequest) -> Result<Timestamp, StoreError> {
+        self.0.first_received(request).await
+    }
     async fn deferrals(&self, id: Uuid) -> Result<u32, StoreError> {
         self.0.deferrals(id).await
     }

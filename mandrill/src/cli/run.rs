@@ -147,8 +147,17 @@ pub(super) fn reload(
     telemetry: &Telemetry,
 ) {
     info!("SIGHUP: reloading configuration");
-    let new = match sources.load() {
-        Ok(new) => new,
+    let new = match sources.reload() {
+        Ok((new, tightened)) => {
+            for key in tightened {
+                warn!(
+                    key,
+                    "the reloaded configuration is stricter than a flag given at start-up \
+                     (--unleash, --set): the stricter wins"
+                );
+            }
+            new
+        }
         Err(error) => {
             error!(%error, "reload failed; keeping the running configuration");
             return;

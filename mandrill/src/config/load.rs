@@ -87,6 +87,27 @@ impl Sources {
     /// As [`load`](Self::load), and the old spellings of settings that were
     /// read (see [`Renamed`]), for one warning at start-up.
     pub fn load_with_renames(&self) -> Result<(Config, Vec<Renamed>), ConfigError> {
+        self.layered(false)
+            .map(|(config, renamed, _)| (config, renamed))
+    }
+
+    /// As [`load`](Self::load), for a reload: a safety setting that a flag
+    /// (`--unleash`, `--set`) made looser than the file (or the environment)
+    /// now says takes the file's stricter value. Returns the keys it did
+    /// so for, to be logged.
+    ///
+    /// Flags win at start-up, where the operator gives them with the file
+    /// in view; a file edited and reloaded later says what the operator
+    /// wants now, and a flag from then must not widen it.
+    pub fn reload(&self) -> Result<(Config, Vec<&'static str>), ConfigError> {
+        self.layered(true)
+            .map(|(config, _, tightened)| (config, tightened))
+    }
+
+    fn layered(
+        &self,
+        stricter_below_flags_wins: bool,
+    ) -> Result<(Config, Vec<Renamed>, Vec<&'static str>), ConfigError> {
         let mut renamed = Vec::new();
         let mut table = match &self.file {
             Some(path) => read_file(path)?,
@@ -104,12 +125,17 @@ impl Sources {
                 })?;
             }
         }
+        let below_flags = stricter_below_flags_wins.then(|| table.clone());
         for (key, value) in &self.overrides {
             for new_key in legacy::rename(Layer::Flag, key, &mut renamed) {
                 set_dotted(&mut table, &new_key, value.clone())
                     .map_err(|why| ConfigError::invalid(key, why))?;
             }
         }
+        let tightened = match &below_flags {
+            Some(below_flags) => stricter_wins(below_flags, &mut table),
+            None => Vec::new(),
+        };
         let config: Config =
             serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|error| {
                 let key = error.path().to_string();
@@ -132,8 +158,41 @@ impl Sources {
         config
             .validate()
             .map_err(|error| legacy::annotate(error, &renamed))?;
-        Ok((config, renamed))
+        Ok((config, renamed, tightened))
     }
+}
+
+/// The safety settings whose `true` is the stricter value: leashed, and
+/// pausing everything when a host does not come back. (The others have no
+/// order to take the stricter by: which of two allow lists is narrower?)
+const STRICTER_WHEN_TRUE: &[&str] = &["safety.dry_run", "safety.pause_on_unrecovered"];
+
+/// Gives each of [`STRICTER_WHEN_TRUE`] that the flags in `table` set to
+/// `false` the `true` that `below_flags` (the file and the environment)
+/// says; returns those keys.
+fn stricter_wins(below_flags: &toml::Table, table: &mut toml::Table) -> Vec<&'static str> {
+    let mut tightened = Vec::new();
+    for &key in STRICTER_WHEN_TRUE {
+        let below = get_dotted(below_flags, key).and_then(toml::Value::as_bool);
+        let flagged = get_dotted(table, key).and_then(toml::Value::as_bool);
+        if below == Some(true)
+            && flagged == Some(false)
+            && set_dotted(table, key, toml::Value::Boolean(true)).is_ok()
+        {
+            tightened.push(key);
+        }
+    }
+    tightened
+}
+
+/// The value at `section.key` (or `section.subsection.key`), if set.
+fn get_dotted<'a>(table: &'a toml::Table, key: &str) -> Option<&'a toml::Value> {
+    let (sections, field) = key.rsplit_once('.')?;
+    let mut table = table;
+    for section in sections.split('.') {
+        table = table.get(section)?.as_table()?;
+    }
+    table.get(field)
 }
 
 /// Parses a `--set SECTION.KEY=VALUE` flag.

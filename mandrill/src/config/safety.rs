@@ -24,7 +24,8 @@ settings! {
         /// Leashed, every restart is decided and recorded as `dry-run` with
         /// the exact action it would take. Unset means true with a real
         /// backend (command, ssh, http) and false with a simulated one;
-        /// `mandrill run --unleash` sets it to false.
+        /// `mandrill run --unleash` sets it to false, until a reload reads
+        /// true from the file: the stricter wins.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pub dry_run: Option<bool> = None,
         /// Instance-name patterns that may be restarted (a real backend
@@ -35,11 +36,10 @@ settings! {
         /// Pause every instance when a restarted host does not come back
         /// healthy; `mandrill resume` resumes.
         pub pause_on_unrecovered: bool = true,
-        /// How often a running service reads the kill switch; 0s only at each
-        /// claim.
+        /// How often a running service reads the kill switch (above 0s).
         ///
-        /// Pulling pauses within this of `mandrill pause`; claims read the
-        /// switch at once.
+        /// Pulling pauses within this of `mandrill pause` and resumes within
+        /// this of `mandrill resume`; claims read the switch at once.
         #[serde(with = "duration")]
         pub poll_interval: Duration = Duration::from_secs(1),
         /// `[safety.calendar]`: when restarts may happen.
@@ -51,7 +51,9 @@ settings! {
         /// A request deferred this long after it was published is recorded
         /// expired and acked.
         ///
-        /// A restart wanted yesterday is not one to issue today.
+        /// A restart wanted yesterday is not one to issue today. Without a
+        /// published_at, or with one over 5 minutes ahead of the clock,
+        /// counted from when the store first received the request.
         #[serde(with = "duration")]
         pub max_defer: Duration = Duration::from_secs(24 * 3600),
         /// Group → instance patterns, { web = ["web-*"] } (default group:

@@ -173,6 +173,15 @@ impl Config {
         StopConditions::new(&self.safety.stop_conditions)
             .map_err(|(key, why)| ConfigError::invalid(&key, why))?;
         positive("safety.stop_retry", self.safety.stop_retry)?;
+        // The running service's only way to see `mandrill resume`: a pause
+        // found by a claim stops pulling, and without the poll nothing
+        // would ever start it again.
+        if self.safety.poll_interval.is_zero() {
+            return Err(ConfigError::invalid(
+                "safety.poll_interval",
+                "must be longer than 0s: the switch is read every poll_interval to see                  `mandrill resume`, so with 0s a service that found it paused would never pull again",
+            ));
+        }
         if let Some(path) = &self.safety.pause_file
             && (path.as_os_str().is_empty() || path.file_name().is_none())
         {

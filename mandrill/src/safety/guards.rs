@@ -51,6 +51,23 @@ impl Clock {
     }
 }
 
+/// How far ahead of the guards' clock a request's `published_at` may be and
+/// still date it. Publishers' clocks drift by seconds; a time minutes ahead
+/// is wrong or forged, and trusted it would keep the request from ever
+/// expiring (`safety.max_defer` counted from the future). Such a request is
+/// dated by its first receipt instead, as one without `published_at` is.
+pub const MAX_PUBLISHED_AHEAD: Duration = Duration::from_secs(5 * 60);
+
+/// What `safety.max_defer` is counted from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Since {
+    /// The request's own `published_at`, within [`MAX_PUBLISHED_AHEAD`].
+    Published(Timestamp),
+    /// When the store first received it: its `published_at` is missing or
+    /// too far ahead.
+    FirstReceived(Timestamp),
+}
+
 /// What the deferring guards decide about a request right now.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Hold {
@@ -75,7 +92,7 @@ pub enum Hold {
 
 /// The deferring guards: the calendar, and the counting guards that the
 /// store's claim decides.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Guards {
     /// `None`: restarts at any time.
     pub calendar: Option<Calendar>,
@@ -87,12 +104,22 @@ pub struct Guards {
     pub clock: Clock,
 }
 
+impl Default for Guards {
+    /// No calendar, no counting guards, and `safety.max_defer`'s default
+    /// (a day): every request can be deferred and still be dated, so a
+    /// zero here would expire each one at its first deferral.
+    fn default() -> Self {
+        Self {
+            calendar: None,
+            counting: Counting::default(),
+            max_defer: Duration::from_secs(24 * 3600),
+            clock: Clock::default(),
+        }
+    }
+}
+
 impl Guards {
     /// `None` when every deferring guard allows the request now.
-    ///
-    /// A request without `published_at` never expires here: nothing records
-    /// when a deferred request was first seen, and the broker's delivery
-    /// count is not time.
     pub fn hold(&self, request: &RestartRequest) -> Option<Hold> {
         let calendar = self.calendar.as_ref()?;
         let now = self.clock.now();
@@ -103,11 +130,44 @@ impl Guards {
         Some(self.defer(request, "calendar", delay, reason))
     }
 
+    /// When the request's own `published_at` dates it: set, and no more
+    /// than [`MAX_PUBLISHED_AHEAD`] ahead of the clock.
+    pub fn published(&self, request: &RestartRequest) -> Option<Timestamp> {
+        let published = Timestamp::try_from(request.published_at?).ok()?;
+        let ahead = SignedDuration::try_from(MAX_PUBLISHED_AHEAD).unwrap_or(SignedDuration::MAX);
+        let latest = self.clock.now().saturating_add(ahead).ok()?;
+        (published <= latest).then_some(published)
+    }
+
     /// A deferral by `guard` for `delay`, or the request's expiry if it
     /// would still wait past `safety.max_defer` after it was published.
+    ///
+    /// A request its `published_at` cannot date ([`Guards::published`]) is
+    /// deferred here: whoever settles the deferral judges its expiry from
+    /// its first receipt, which only the store knows
+    /// ([`Guards::defer_since`]).
     pub fn defer(
         &self,
         request: &RestartRequest,
+        guard: &'static str,
+        delay: Duration,
+        reason: String,
+    ) -> Hold {
+        match self.published(request) {
+            Some(published) => self.defer_since(Since::Published(published), guard, delay, reason),
+            None => Hold::Defer {
+                guard,
+                delay: delay.max(Duration::from_millis(1)),
+                reason,
+            },
+        }
+    }
+
+    /// A deferral by `guard` for `delay`, or the request's expiry if it
+    /// would still wait past `safety.max_defer` after `since`.
+    pub fn defer_since(
+        &self,
+        since: Since,
         guard: &'static str,
         delay: Duration,
         reason: String,
@@ -116,28 +176,25 @@ impl Guards {
         let until = now
             .saturating_add(SignedDuration::try_from(delay).unwrap_or(SignedDuration::MAX))
             .unwrap_or(now);
-        let expires = request
-            .published_at
-            .and_then(|published| Timestamp::try_from(published).ok())
-            .map(|published| {
-                let max_defer =
-                    SignedDuration::try_from(self.max_defer).unwrap_or(SignedDuration::MAX);
-                (
-                    published,
-                    published.saturating_add(max_defer).unwrap_or(published),
-                )
-            });
-        if let Some((published, expires)) = expires
-            && until > expires
-        {
-            let published = match &self.calendar {
-                Some(calendar) => calendar.local(published),
-                None => published.to_string(),
+        let (origin, what, why) = match since {
+            Since::Published(at) => (at, "it was published", ""),
+            Since::FirstReceived(at) => (
+                at,
+                "it was first received",
+                " (its published_at is missing or ahead of the clock)",
+            ),
+        };
+        let max_defer = SignedDuration::try_from(self.max_defer).unwrap_or(SignedDuration::MAX);
+        let expires = origin.saturating_add(max_defer).unwrap_or(origin);
+        if until > expires {
+            let origin = match &self.calendar {
+                Some(calendar) => calendar.local(origin),
+                None => origin.to_string(),
             };
             return Hold::Expired {
                 guard,
                 reason: format!(
-                    "expired: {reason}, more than safety.max_defer ({}) after it was published at {published}",
+                    "expired: {reason}, more than safety.max_defer ({}) after {what} at {origin}{why}",
                     humantime::format_duration(self.max_defer),
                 ),
             };
@@ -203,5 +260,42 @@ mod tests {
         let monday = guards("2026-11-23T09:00:00Z");
         assert_eq!(monday.hold(&stale), None, "open: allowed, however old");
         assert_eq!(Guards::default().hold(&stale), None, "no calendar");
+    }
+
+    /// A `published_at` dates a request unless it is missing or more than
+    /// `MAX_PUBLISHED_AHEAD` ahead of the clock (a drifting publisher is
+    /// trusted, a forged future is not).
+    #[test]
+    fn published_at_dates_a_request_only_within_the_bound_ahead() {
+        let sunday = guards("2026-11-22T20:00:00Z");
+        let at = |time: &str| {
+            let mut dated = request("cattle-ab12");
+            dated.published_at = Some(SystemTime::from(time.parse::<Timestamp>().unwrap()));
+            dated
+        };
+        let drifting = at("2026-11-22T20:04:59Z");
+        assert!(sunday.published(&drifting).is_some());
+        assert_eq!(sunday.published(&at("2026-11-22T20:05:01Z")), None);
+        assert_eq!(sunday.published(&at("2099-01-01T00:00:00Z")), None);
+        assert_eq!(sunday.published(&request("cattle-ab12")), None);
+        // Undated: deferred, its expiry left to its first receipt.
+        assert!(matches!(
+            sunday.hold(&at("2099-01-01T00:00:00Z")),
+            Some(Hold::Defer { .. })
+        ));
+        match sunday.defer_since(
+            Since::FirstReceived("2026-11-21T12:00:00Z".parse().unwrap()),
+            "calendar",
+            Duration::from_secs(13 * 3600),
+            "deferred by calendar".into(),
+        ) {
+            Hold::Expired { reason, .. } => {
+                assert!(
+                    reason.contains("after it was first received at"),
+                    "{reason}"
+                )
+            }
+            other => panic!("{other:?}"),
+        }
     }
 }

@@ -17,7 +17,7 @@ pub mod stop;
 
 pub use calendar::{Calendar, CalendarSettings, FreezeSettings};
 pub use counting::Counting;
-pub use guards::{Clock, Guards, Hold};
+pub use guards::{Clock, Guards, Hold, MAX_PUBLISHED_AHEAD, Since};
 pub use limits::{BudgetSettings, Limits, RateSettings};
 pub use policy::{Policy, PolicyHandle};
 pub use stop::{StopConditionSettings, StopConditions};

@@ -297,6 +297,12 @@ mod tests {
         async fn story(&self, id: uuid::Uuid) -> Result<Option<crate::store::Story>, StoreError> {
             self.inner.story(id).await
         }
+        async fn first_received(
+            &self,
+            r: &crate::domain::RestartRequest,
+        ) -> Result<crate::store::Timestamp, StoreError> {
+            self.inner.first_received(r).await
+        }
         async fn group_usage(
             &self,
             window_start: crate::store::Timestamp,

@@ -22,7 +22,8 @@ use std::sync::Arc;
 use uuid::Uuid;
 
 use super::{
-    Claim, ClaimTerms, MemoryStore, PostgresStore, Recorded, SqliteStore, Store, StoreError, Switch,
+    Claim, ClaimTerms, MemoryStore, PostgresStore, Recorded, SqliteStore, Store, StoreError,
+    Switch, Timestamp,
 };
 use crate::domain::{Outcome, RestartRequest, Status};
 use crate::sqlite::JointAck;
@@ -196,7 +197,14 @@ impl AnyStore {
         self.store().deferrals(message_id).await
     }
 
-    /// As [`Store::switch`]; boxed (read once a poll interval).
+    /// As [`Store::first_received`]; boxed (only for deferrals of requests
+    /// whose `published_at` cannot date them).
+    pub async fn first_received(&self, request: &RestartRequest) -> Result<Timestamp, StoreError> {
+        self.store().first_received(request).await
+    }
+
+    /// As [`Store::switch`]; boxed (read once a poll interval, and once
+    /// before each restart issued).
     pub async fn switch(&self) -> Result<Switch, StoreError> {
         self.store().switch().await
     }

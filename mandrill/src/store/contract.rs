@@ -34,6 +34,7 @@ pub async fn all(store: &dyn Store) {
     counting_guards_are_decided_in_the_claim_and_journaled(store).await;
     the_requester_quota_and_the_zone_budget_count_across_groups_and_instances(store, store).await;
     a_request_without_zone_or_requester_is_never_counted_in_them(store).await;
+    the_first_receipt_is_kept(store).await;
     prune_removes_old_final_entries_only_and_in_bounded_passes(store).await;
 }
 
@@ -145,6 +146,36 @@ pub async fn every_final_status_is_kept(store: &dyn Store) {
             store.claim_restart(&request, TERMS).await.unwrap(),
             Claim::Final(outcome.status())
         );
+    }
+}
+
+/// `first_received` creates the row of a request the store has not seen
+/// (`received`, no attempt) and gives the same time ever after, claimed or
+/// not: what `safety.max_defer` counts from when `published_at` cannot.
+pub async fn the_first_receipt_is_kept(store: &dyn Store) {
+    let undated = request("cattle-first");
+    let first = store.first_received(&undated).await.unwrap();
+    let row = entry(store, undated.message_id).await;
+    assert_eq!((row.status, row.attempts), (Status::Received, 0));
+    assert_eq!(row.received_at, first);
+    // Later, and after a claim: still the first time.
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    assert_eq!(store.first_received(&undated).await.unwrap(), first);
+    let claim = store.claim_restart(&undated, TERMS).await.unwrap();
+    assert!(
+        matches!(claim, Claim::Claimed { attempt: 1, .. }),
+        "{claim:?}"
+    );
+    assert_eq!(store.first_received(&undated).await.unwrap(), first);
+    // A request claimed first was received when it was claimed.
+    let claimed = request("cattle-claimed-first");
+    store.claim_restart(&claimed, TERMS).await.unwrap();
+    let received = entry(store, claimed.message_id).await.received_at;
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    assert_eq!(store.first_received(&claimed).await.unwrap(), received);
+    for request in [&undated, &claimed] {
+        let outcome = Outcome::Restarted(crate::domain::Restarted::default());
+        store.record_outcome(request, 1, &outcome).await.unwrap();
     }
 }
 

@@ -140,6 +140,13 @@ pub trait Store: Send + Sync + 'static {
     /// count them against `broker.max_deliveries`.
     async fn deferrals(&self, message_id: Uuid) -> Result<u32, StoreError>;
 
+    /// When the store first received a request: its row's `received_at`,
+    /// the row created now (status `received`, no attempt) if it has none,
+    /// so that the time stays the first one asked for. What
+    /// `safety.max_defer` counts from when the request's own `published_at`
+    /// cannot date it; asked only when such a request is deferred.
+    async fn first_received(&self, request: &RestartRequest) -> Result<Timestamp, StoreError>;
+
     /// The kill switch, as every instance sharing this store sees it.
     async fn switch(&self) -> Result<Switch, StoreError>;
 

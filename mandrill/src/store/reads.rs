@@ -19,8 +19,8 @@ macro_rules! reads_for {
             use crate::store::history::{entry_from, group_usage_from, story_from};
             use crate::store::sql::{
                 DEFERRALS_SQL, ENTRY_SQL, EntryRow, GROUP_DISRUPTED_SQL, GROUP_RESTARTS_SQL,
-                HISTORY_SQL, STORY_ATTEMPTS_SQL, STORY_DECISIONS_SQL, SWITCH_SQL, SwitchRow,
-                USAGE_SQL, USAGE_SUBJECT_SQL,
+                HISTORY_SQL, RECEIVED_AT_SQL, STORY_ATTEMPTS_SQL, STORY_DECISIONS_SQL, SWITCH_SQL,
+                SwitchRow, USAGE_SQL, USAGE_SUBJECT_SQL,
             };
             use crate::store::{
                 DECISION_SQL, DEFERRAL_SQL, Decision, GroupUsage, HistoryEntry, StoreError, Story,
@@ -148,6 +148,18 @@ macro_rules! reads_for {
                     .fetch_all(pool)
                     .await?;
                 Ok(group_usage_from(restarts, disrupted))
+            }
+
+            /// A request's `received_at`, which must have a row.
+            pub(crate) async fn received_at(
+                pool: &Pool<$db>,
+                message_id: Uuid,
+            ) -> Result<Timestamp, StoreError> {
+                let (received,): (i64,) = sqlx::query_as(RECEIVED_AT_SQL)
+                    .bind(message_id.to_string())
+                    .fetch_one(pool)
+                    .await?;
+                Ok(Timestamp::from_millis(received))
             }
 
             /// See [`crate::store::Store::deferrals`].

@@ -252,6 +252,9 @@ pub(crate) static RELEASE_SQL: LazyLock<String> = LazyLock::new(|| {
 pub(crate) const RELEASE_JOURNAL_SQL: &str =
     "DELETE FROM restarts WHERE message_id = $1 AND attempt = $2 AND outcome IS NULL";
 
+/// A request's `received_at`: `$1` message id.
+pub(crate) const RECEIVED_AT_SQL: &str = "SELECT received_at FROM requests WHERE message_id = $1";
+
 /// Creates the rows of requests that have none. `rows` is a `SELECT` that
 /// names its columns `id`, `instance_name`, `hostname`, `requested_by`,
 /// `reason` and `at` (when received); each driver builds it from its own

@@ -62,6 +62,9 @@ impl Store for PanicsOnPanicRecords {
     ) -> Result<std::collections::BTreeMap<String, crate::store::GroupUsage>, StoreError> {
         self.0.group_usage(window_start, memory_start).await
     }
+    async fn first_received(&self, request: &RestartRequest) -> Result<Timestamp, StoreError> {
+        self.0.first_received(request).await
+    }
     async fn deferrals(&self, message_id: Uuid) -> Result<u32, StoreError> {
         self.0.deferrals(message_id).await
     }

@@ -3,17 +3,18 @@
 //! settled.
 
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use tracing::{error, info, warn};
 
 use super::lease::Progress;
-use super::prepare::unclaim_at_shutdown;
+use super::prepare::{SWITCH_READ_TIMEOUT, unclaim_at_shutdown};
 use super::retry::{Stopped, Until, store_op};
 use super::settle::{Settlement, settle_recorded, shutting_down};
 use super::shared::Shared;
 use crate::domain::{Outcome, RestartRequest};
 use crate::notify::EventKind;
-use crate::safety::Hold;
+use crate::safety::{Hold, Since};
 use crate::stats::DeadLetterReason;
 use crate::store::{Decision, Recorded};
 
@@ -74,6 +75,16 @@ async fn settle_hold(
     hold: Hold,
     note_deferral: bool,
 ) -> Settlement {
+    let hold = match hold {
+        Hold::Defer {
+            guard,
+            delay,
+            reason,
+        } if undated(shared, request) => {
+            Box::pin(date_by_first_receipt(shared, request, guard, delay, reason)).await
+        }
+        hold => hold,
+    };
     match hold {
         Hold::Defer {
             guard,
@@ -103,6 +114,65 @@ async fn settle_hold(
             note_decision(shared, request, 0, decision).await;
             let outcome = Outcome::Expired { reason };
             record_decision(shared, progress, request, 0, outcome).await
+        }
+    }
+}
+
+/// How long asking the store when it first received a request may take
+/// before the deferral goes ahead without the answer (asked again at the
+/// next one): as long as the switch's read before a restart.
+const FIRST_RECEIPT_TIMEOUT: Duration = SWITCH_READ_TIMEOUT;
+
+/// Whether the request's own `published_at` cannot date it (missing, or too
+/// far ahead of the clock), so that `Guards::defer` could not judge its
+/// expiry.
+fn undated(shared: &Shared, request: &RestartRequest) -> bool {
+    let policy = shared.config.policy.current();
+    policy.guards.published(request).is_none()
+}
+
+/// A deferral of a request its own `published_at` cannot date: expired if
+/// it would still wait past `safety.max_defer` after the store first
+/// received it, else deferred. Asked only here, on the way to a nack: the
+/// store's read (and, the first time, its write) is kept off the path of
+/// requests that are not deferred.
+async fn date_by_first_receipt(
+    shared: &Shared,
+    request: &RestartRequest,
+    guard: &'static str,
+    delay: Duration,
+    reason: String,
+) -> Hold {
+    let asked =
+        tokio::time::timeout(FIRST_RECEIPT_TIMEOUT, shared.store.first_received(request)).await;
+    match asked {
+        Ok(Ok(received)) => {
+            // Out of range only from a corrupt row: taken as long ago, so
+            // the request expires (does less) rather than waits for ever.
+            let received = jiff::Timestamp::from_millisecond(received.as_millis())
+                .unwrap_or(jiff::Timestamp::UNIX_EPOCH);
+            let policy = shared.config.policy.current();
+            policy
+                .guards
+                .defer_since(Since::FirstReceived(received), guard, delay, reason)
+        }
+        Ok(Err(error)) => {
+            warn!(error = %error.with_causes(), "cannot read when the request was first received; deferring without expiry this time");
+            Hold::Defer {
+                guard,
+                delay,
+                reason,
+            }
+        }
+        Err(_elapsed) => {
+            warn!(
+                "reading when the request was first received timed out; deferring without expiry this time"
+            );
+            Hold::Defer {
+                guard,
+                delay,
+                reason,
+            }
         }
     }
 }

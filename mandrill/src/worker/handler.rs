@@ -14,9 +14,11 @@
 //!    delivery to the broker. Store errors are retried in place: transient
 //!    ones while the lease is kept (and the pull loop pauses until the store
 //!    answers), permanent ones give the message up with the reason.
-//! 3. Restart. From here the restart is issued, so the handler no longer
-//!    listens for the abort: it is shielded until the outcome is recorded
-//!    and settled.
+//! 3. Check again: the guards under the policy in force now, the stop
+//!    conditions, the leash, then the kill switch read once more (a
+//!    `pause` since the claim gives the claim back). Restart. From here
+//!    the restart is issued, so the handler no longer listens for the
+//!    abort: it is shielded until the outcome is recorded and settled.
 //! 4. Record the outcome (retried in place until the store answers; bounded
 //!    only once shutdown's grace period is over), then ack, nack with
 //!    backoff, or dead-letter. Never ack an outcome that
@@ -42,7 +44,9 @@ use tracing::{Instrument, error, info, info_span, warn};
 use super::conclude::conclude;
 use super::decisions::{deny, dry_run_action, unclaim};
 use super::lease::{Leased, Progress, with_lease};
-use super::prepare::{Halt, prepare, recheck, unclaim_at_shutdown, unclaim_lease_lost};
+use super::prepare::{
+    Halt, prepare, recheck, unclaim_at_shutdown, unclaim_lease_lost, unless_paused,
+};
 use super::settle::{RareSettlement, Settlement, rare, reject, settle};
 use super::shared::{Shared, panic_message};
 use crate::broker::Delivery;
@@ -351,7 +355,14 @@ pub(super) async fn process(
         drop(reservation);
         return rare(dry_run_action(shared, progress, &request, attempt)).await;
     }
-    // The last moment to not restart: the lease must still be ours.
+    // A `pause` since the claim's transaction (while the stop conditions
+    // ran, say) stops the restart too; the claim is given back.
+    if let Some(paused) = Box::pin(unless_paused(shared, progress, &request, attempt)).await {
+        drop(reservation);
+        return paused;
+    }
+    // The last moment to not restart: the lease must still be ours (checked
+    // after the switch, whose read may wait).
     if !progress.lease_held(shared) {
         drop(reservation);
         return rare(unclaim_lease_lost(shared, progress, &request, attempt)).await;

@@ -152,3 +152,115 @@ async fn a_host_that_does_not_come_back_pauses_every_restart_with(
     h.stop().await.unwrap();
     store.timeline.clone()
 }
+
+/// Serves a stop condition's HTTP probe, always healthy; the first probe
+/// turns the kill switch on before it answers, as `mandrill pause` landing
+/// while the stop conditions run.
+async fn probe_that_pauses(store: Arc<MemoryStore>) -> (String, JoinHandle<()>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/healthy", listener.local_addr().unwrap());
+    let server = tokio::spawn(async move {
+        for probe in 0.. {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut request = Vec::new();
+            let mut buffer = [0u8; 1024];
+            while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                let read = socket.read(&mut buffer).await.unwrap();
+                if read == 0 {
+                    break;
+                }
+                request.extend_from_slice(&buffer[..read]);
+            }
+            if probe == 0 {
+                store
+                    .set_switch(true, "alice", "incident 42")
+                    .await
+                    .unwrap();
+            }
+            let healthy = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
+            socket.write_all(healthy).await.unwrap();
+        }
+    });
+    (url, server)
+}
+
+/// A `pause` after the claim's transaction, while the stop conditions run,
+/// stops the restart: the switch is read once more right before it is
+/// issued (before, only the claim read it, and the restart went ahead).
+/// The claim is given back, so the resumed redelivery uses attempt 1.
+#[tokio::test(start_paused = true)]
+async fn a_pause_while_the_stop_conditions_run_stops_the_restart_and_gives_the_claim_back() {
+    use crate::safety::{StopConditionSettings, StopConditions};
+    let store = Arc::new(ScriptedStore::default());
+    let restarter = Arc::new(ScriptedRestarter::default());
+    let (url, server) = probe_that_pauses(store.inner.clone()).await;
+    let alerts = StopConditionSettings {
+        name: "alerts".into(),
+        http: Some(url),
+        expect_status: None,
+        command: None,
+        timeout: Duration::from_secs(600),
+        expect_empty_json_array: false,
+    };
+    let config = with_policy(Policy {
+        stop_conditions: StopConditions::new(&[alerts]).unwrap(),
+        ..Policy::default()
+    });
+    let h = start(config, store.clone(), restarter.clone());
+    let id = h.publish("cattle-paused").await;
+    let stats = h.stats.clone();
+    wait_until("deferred", || stats.deferred.get() == 1).await;
+    assert_eq!(restarter.timeline.count("restart-started"), 0);
+    assert_eq!(store.timeline.count("released 1"), 1);
+    assert_eq!(stats.nacked.get(), 1);
+    let entry = store.entry(id);
+    assert_eq!(
+        entry.attempts, 0,
+        "a given-back claim is not a used attempt"
+    );
+    let story = store.inner.story(id).await.unwrap().unwrap();
+    let decision = story.decisions.last().unwrap();
+    assert_eq!(
+        (decision.verdict.as_str(), decision.guard.as_str()),
+        ("deferred", "kill switch")
+    );
+    assert!(
+        decision.reason.contains("paused by alice (incident 42)"),
+        "{}",
+        decision.reason
+    );
+
+    store
+        .inner
+        .set_switch(false, "alice", "resolved")
+        .await
+        .unwrap();
+    wait_until("restarted", || stats.acked.get() == 1).await;
+    assert_eq!(restarter.timeline.count("restart-started"), 1);
+    let entry = store.entry(id);
+    assert_eq!((entry.status, entry.attempts), (Status::Restarted, 1));
+    server.abort();
+    h.stop().await.unwrap();
+}
+
+/// A switch that cannot be read right before the restart counts as on.
+#[tokio::test(start_paused = true)]
+async fn a_switch_unreadable_right_before_the_restart_stops_it() {
+    let store = Arc::new(ScriptedStore {
+        claim_gate: Some(Semaphore::new(0)),
+        ..ScriptedStore::default()
+    });
+    let restarter = Arc::new(ScriptedRestarter::default());
+    let h = start(config(), store.clone(), restarter.clone());
+    let id = h.publish("cattle-unread").await;
+    wait_until("claiming", || store.timeline.count("claim-waiting") == 1).await;
+    store.switch_unreachable.store(true, Ordering::Release);
+    store.claim_gate.as_ref().unwrap().add_permits(1);
+    let stats = h.stats.clone();
+    wait_until("deferred", || stats.deferred.get() == 1).await;
+    assert_eq!(restarter.timeline.count("restart-started"), 0);
+    assert_eq!(store.timeline.count("released 1"), 1);
+    assert_eq!(store.entry(id).attempts, 0);
+    h.stop().await.unwrap();
+}

@@ -9,7 +9,7 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use tracing::{error, info, warn};
 
-use super::decisions::{deny, give_up, held, held_by_the_claim};
+use super::decisions::{deny, give_up, held, held_by_the_claim, unclaim};
 use super::lease::Progress;
 use super::retry::{Stopped, Until, store_op};
 use super::settle::{RareSettlement, Settlement, rare, settle_recorded, shutting_down};
@@ -22,6 +22,11 @@ use crate::store::{Claim, ClaimTerms, unknown_outcome};
 
 /// How soon a delivery deferred by the kill switch is looked at again.
 pub(super) const PAUSED_RECHECK: Duration = Duration::from_secs(5);
+
+/// How long the read of the kill switch right before a restart may take:
+/// as long as the operator's pages wait for the store (`admin::STORE_TIMEOUT`).
+/// A switch that cannot be read in that time is taken as on (fail closed).
+pub(super) const SWITCH_READ_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// How soon a request whose group's budget cannot be known (a percentage
 /// of an unknown size) is tried again: a reload may have fixed it.
@@ -280,6 +285,49 @@ pub(super) fn recheck<'a>(
         }
         Ok(policy.dry_run)
     }))
+}
+
+/// `None` when the kill switch is off right before the restart (see
+/// [`switch_is_off`]); else the claim given back and the delivery deferred.
+/// One future for both, so that the handler keeps room for one pointer.
+pub(super) async fn unless_paused(
+    shared: &Shared,
+    progress: &Progress,
+    request: &RestartRequest,
+    attempt: u32,
+) -> Option<Settlement> {
+    let hold = switch_is_off(shared, request).await.err()?;
+    Some(unclaim(shared, progress, request, attempt, hold).await)
+}
+
+/// The kill switch, read once more right before the restart is issued:
+/// the claim read it in its own transaction, but a `pause` that lands
+/// after the claim (while the stop conditions run, say) must still stop
+/// the restart. `Ok` when it is off; else the hold that defers the request
+/// naming who paused (or expires it past `safety.max_defer`, as any
+/// guard's hold). A switch that cannot be read within
+/// [`SWITCH_READ_TIMEOUT`] holds too: fail closed.
+async fn switch_is_off(shared: &Shared, request: &RestartRequest) -> Result<(), Hold> {
+    let reason = match tokio::time::timeout(SWITCH_READ_TIMEOUT, shared.store.switch()).await {
+        Ok(Ok(switch)) if !switch.paused => return Ok(()),
+        Ok(Ok(switch)) => {
+            let reason = switch.paused_reason();
+            shared.set_paused(true, &reason);
+            format!("deferred by kill switch: restarts {reason}")
+        }
+        Ok(Err(error)) => format!(
+            "deferred by kill switch: it could not be read, so it counts as on: {}",
+            error.with_causes()
+        ),
+        Err(_elapsed) => format!(
+            "deferred by kill switch: it could not be read within {}, so it counts as on",
+            humantime::format_duration(SWITCH_READ_TIMEOUT)
+        ),
+    };
+    let policy = shared.config.policy.current();
+    Err(policy
+        .guards
+        .defer(request, "kill switch", PAUSED_RECHECK, reason))
 }
 
 /// What [`recheck`] decides: `Ok` with whether the policy is leashed, or

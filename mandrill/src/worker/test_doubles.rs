@@ -253,6 +253,9 @@ impl Store for ScriptedStore {
     ) -> Result<std::collections::BTreeMap<String, crate::store::GroupUsage>, StoreError> {
         self.inner.group_usage(window_start, memory_start).await
     }
+    async fn first_received(&self, request: &RestartRequest) -> Result<Timestamp, StoreError> {
+        self.inner.first_received(request).await
+    }
     async fn deferrals(&self, message_id: Uuid) -> Result<u32, StoreError> {
         self.inner.deferrals(message_id).await
     }

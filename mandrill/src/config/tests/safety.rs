@@ -156,3 +156,53 @@ fn stop_conditions_and_the_pause_file_load_and_bad_ones_name_the_key() {
         assert!(error.contains(key), "{file}: {error}");
     }
 }
+
+/// On a reload the file's stricter leash and pause win over the flags that
+/// loosened them at start-up (before, `--unleash` stayed in force over a
+/// file saying `dry_run = true`); at start-up the flags win as ever, and a
+/// file that says nothing leaves them in force.
+#[test]
+fn on_reload_the_files_stricter_safety_settings_win_over_flags() {
+    let sources = |file: &str, env: &[(&str, &str)], flags: &[&str]| {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("mandrill.toml");
+        std::fs::write(&path, file).unwrap();
+        let sources = Sources {
+            file: Some(path),
+            environment: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            overrides: flags.iter().map(|f| parse_override(f).unwrap()).collect(),
+        };
+        (dir, sources)
+    };
+    let strict = "[safety]\ndry_run = true\npause_on_unrecovered = true\n";
+    let loosening = ["safety.dry_run=false", "safety.pause_on_unrecovered=false"];
+    let (_dir, flagged) = sources(strict, &[], &loosening);
+    let started = flagged.load().unwrap();
+    assert_eq!(
+        started.safety.dry_run,
+        Some(false),
+        "at start-up the flag wins"
+    );
+    assert!(!started.safety.pause_on_unrecovered);
+    let (reloaded, tightened) = flagged.reload().unwrap();
+    assert_eq!(reloaded.safety.dry_run, Some(true));
+    assert!(reloaded.safety.pause_on_unrecovered);
+    assert_eq!(tightened, ["safety.dry_run", "safety.pause_on_unrecovered"]);
+
+    // The environment is below the flags too.
+    let (_dir, from_env) = sources("", &[("MANDRILL_SAFETY__DRY_RUN", "true")], &loosening);
+    let (reloaded, tightened) = from_env.reload().unwrap();
+    assert_eq!(reloaded.safety.dry_run, Some(true));
+    assert_eq!(tightened, ["safety.dry_run"]);
+
+    // Silent on the key, or as loose: the flag stays in force.
+    for file in ["", "[safety]\ndry_run = false\n"] {
+        let (_dir, quiet) = sources(file, &[], &loosening);
+        let (reloaded, tightened) = quiet.reload().unwrap();
+        assert_eq!(reloaded.safety.dry_run, Some(false), "{file:?}");
+        assert!(tightened.is_empty(), "{file:?}: {tightened:?}");
+    }
+}

@@ -129,6 +129,22 @@ fn extremes_are_refused_naming_their_key() {
     }
 }
 
+/// With 0s the switch was read only by claims: the first pause stopped
+/// pulling, and nothing read the switch again to see `resume`.
+#[test]
+fn a_zero_safety_poll_interval_is_refused_naming_the_key() {
+    for layer in ["safety.poll_interval=0s", "safety.poll_interval=0ms"] {
+        let error = load(None, &[], &[layer]).unwrap_err().to_string();
+        assert!(error.contains("safety.poll_interval"), "{layer}: {error}");
+        assert!(error.contains("longer than 0s"), "{layer}: {error}");
+    }
+    let config = load(None, &[], &["safety.poll_interval=100ms"]).unwrap();
+    assert_eq!(
+        config.worker_config().switch_poll_interval,
+        Duration::from_millis(100)
+    );
+}
+
 #[test]
 fn lease_extension_must_land_well_inside_the_lease() {
     let error = load(

@@ -71,6 +71,17 @@ impl MemoryStore {
         Self::default()
     }
 
+    /// An empty store whose clock reads `wall` (milliseconds since the
+    /// epoch) now and advances with tokio's: tests whose guards' clock
+    /// follows tokio from a fixed instant read the same time here.
+    #[cfg(test)]
+    pub(crate) fn with_clock_at(wall: i64) -> Self {
+        Self {
+            clock: Clock::at(wall),
+            ..Self::default()
+        }
+    }
+
     /// An empty store with room for `requests` requests before it grows.
     pub fn with_capacity(requests: usize) -> Self {
         Self {
@@ -254,6 +265,16 @@ impl Store for MemoryStore {
             attempts,
             decisions,
         }))
+    }
+
+    async fn first_received(&self, request: &RestartRequest) -> Result<Timestamp, StoreError> {
+        let now = self.clock.now();
+        let mut shard = self.shard(&request.message_id);
+        let row = shard
+            .rows
+            .entry(request.message_id)
+            .or_insert_with(|| Row::new(Some(request.hostname.as_str()), Status::Received, now));
+        Ok(Timestamp::from_millis(row.received_at))
     }
 
     async fn switch(&self) -> Result<Switch, StoreError> {

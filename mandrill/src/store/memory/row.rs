@@ -25,6 +25,15 @@ impl Default for Clock {
 }
 
 impl Clock {
+    /// Reads `wall` now, then advances with tokio's clock.
+    #[cfg(test)]
+    pub(super) fn at(wall: i64) -> Self {
+        Self {
+            wall_at_start: wall,
+            start: tokio::time::Instant::now(),
+        }
+    }
+
     pub(super) fn now(&self) -> i64 {
         let elapsed = i64::try_from(self.start.elapsed().as_millis()).unwrap_or(i64::MAX);
         self.wall_at_start.saturating_add(elapsed)

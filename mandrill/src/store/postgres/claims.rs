@@ -189,6 +189,26 @@ impl PostgresStore {
         Ok(())
     }
 
+    /// See [`crate::store::Store::first_received`].
+    pub(super) async fn first_received(
+        &self,
+        request: &RestartRequest,
+    ) -> Result<Timestamp, StoreError> {
+        {
+            let _turn = self.turn().await?;
+            sqlx::query(&INSERT_REQUEST_SQL)
+                .bind(request.message_id.to_string())
+                .bind(request.instance_name.as_str())
+                .bind(request.hostname.as_str())
+                .bind(request.requested_by.as_deref())
+                .bind(request.reason.as_deref())
+                .bind(Timestamp::now().as_millis())
+                .execute(&self.pool)
+                .await?;
+        }
+        reads::received_at(&self.pool, request.message_id).await
+    }
+
     /// See [`crate::store::Store::record_decision`].
     pub(super) async fn decide(
         &self,

@@ -290,6 +290,10 @@ impl Store for PostgresStore {
         reads::group_usage(&self.pool, window_start, memory_start).await
     }
 
+    async fn first_received(&self, request: &RestartRequest) -> Result<Timestamp, StoreError> {
+        self.first_received(request).await
+    }
+
     async fn deferrals(&self, message_id: Uuid) -> Result<u32, StoreError> {
         reads::deferrals(&self.pool, message_id).await
     }

@@ -362,6 +362,27 @@ impl Store for SqliteStore {
         reads::story(&self.pool, message_id).await
     }
 
+    async fn first_received(&self, request: &RestartRequest) -> Result<Timestamp, StoreError> {
+        // Rare (deferrals of requests their publisher did not date): through
+        // the pool, waiting its turn for the write lock, as `set_switch`.
+        static INSERT_REQUEST_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+            crate::store::sql::insert_requests(
+                "SELECT $1 AS id, $2 AS instance_name, $3 AS hostname, \
+                        $4 AS requested_by, $5 AS reason, $6 AS at",
+            )
+        });
+        sqlx::query(&INSERT_REQUEST_SQL)
+            .bind(request.message_id.to_string())
+            .bind(request.instance_name.as_str())
+            .bind(request.hostname.as_str())
+            .bind(request.requested_by.as_deref())
+            .bind(request.reason.as_deref())
+            .bind(Timestamp::now().as_millis())
+            .execute(&self.pool)
+            .await?;
+        reads::received_at(&self.pool, request.message_id).await
+    }
+
     async fn switch(&self) -> Result<Switch, StoreError> {
         reads::switch(&self.pool).await
     }
