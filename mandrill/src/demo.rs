@@ -30,6 +30,7 @@ pub fn random_request(rng: &mut impl Rng) -> RestartRequest {
         reason: None,
         published_at: Some(now),
         group: None,
+        requested_group: None,
         zone: None,
         requester: None,
     }

@@ -23,6 +23,10 @@ use crate::domain::Status;
 use crate::safety::{Verdict, limits::Limits};
 use crate::store::{HistoryEntry, Timestamp};
 
+/// What the reason of a denial for a message's group starts with
+/// (`safety::group_mismatch`).
+const GROUP_MISMATCH: &str = "denied by group mismatch";
+
 /// Most requests a replay reads.
 const MAX_REPLAYED: usize = 100_000;
 
@@ -160,7 +164,13 @@ pub(super) async fn run(config: &Config, since: &str, json: bool) -> anyhow::Res
         let at = entry.received_at.as_millis();
         let when = jiff::Timestamp::from_millisecond(at).unwrap_or(jiff::Timestamp::UNIX_EPOCH);
         let group = counting.group_of(instance);
-        let candidate = if let Err(reason) = policy.eligibility.check(instance) {
+        let candidate = if let Decision::Deny(reason) = &recorded
+            && reason.contains(GROUP_MISMATCH)
+        {
+            // The history does not keep the message's `group`: a request
+            // denied for naming another group stays denied.
+            recorded.clone()
+        } else if let Err(reason) = policy.eligibility.check(instance) {
             Decision::Deny(reason)
         } else if let Some(Verdict::Defer { reason, .. }) =
             policy.guards.calendar.as_ref().map(|c| c.verdict(when))

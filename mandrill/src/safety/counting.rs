@@ -24,6 +24,20 @@ pub struct Counting {
     budget_retry: Duration,
 }
 
+/// `Err` with the denial's reason when the message names a group other than
+/// `operators`, the one the operator's configuration (or inventory) gives
+/// the instance; both names are in the reason.
+pub fn group_mismatch(request: &RestartRequest, operators: &str) -> Result<(), String> {
+    match request.requested_group.as_deref() {
+        Some(named) if named != operators => Err(format!(
+            "denied by group mismatch: the message names group {named} but {} is in group \
+             {operators} (the operator's groups decide; a message's group is only checked)",
+            request.instance_name
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// `0` means unlimited; unset takes the default.
 fn limit(value: Option<u32>, default: Option<u32>) -> Option<u32> {
     match value {
@@ -95,17 +109,10 @@ impl Counting {
         }
     }
 
-    /// The request's group: the message's own `group`, else the first
-    /// configured group (by name) with a pattern matching the instance,
-    /// else the instance name without its last `-suffix`.
-    pub fn group<'r>(&'r self, request: &'r RestartRequest) -> &'r str {
-        match request.group.as_deref() {
-            Some(group) => group,
-            None => self.group_of(request.instance_name.as_str()),
-        }
-    }
-
-    /// The group of an instance when the message names none.
+    /// The operator's group of `instance`: the first configured group (by
+    /// name) with a pattern matching it, else the name without its last
+    /// `-suffix` (`cattle-a1` → `cattle`). A message's own `group` never
+    /// enters into it.
     pub fn group_of<'r>(&'r self, instance: &'r str) -> &'r str {
         self.groups
             .iter()
@@ -120,20 +127,16 @@ impl Counting {
             )
     }
 
-    /// Names the request's group when a configured pattern decides it (the
-    /// message did not name one), so that the store counts it there.
-    pub fn assign(&self, request: &mut RestartRequest) {
-        if request.group.is_some() {
-            return;
-        }
-        let instance = request.instance_name.as_str();
-        if let Some((name, _)) = self
-            .groups
-            .iter()
-            .find(|(_, patterns)| patterns.iter().any(|p| p.matches(instance)))
-        {
-            request.group = Some(name.clone());
-        }
+    /// Assigns the operator's group ([`Self::group_of`]) to
+    /// `request.group`, so that everything that counts (the stores read
+    /// `request.group()`) counts it there. `Err` with the denial's reason
+    /// when the message names a different group: a publisher never picks
+    /// the group whose limits it is counted against.
+    pub fn assign(&self, request: &mut RestartRequest) -> Result<(), String> {
+        let group = self.group_of(request.instance_name.as_str()).to_owned();
+        let mismatch = group_mismatch(request, &group);
+        request.group = Some(group);
+        mismatch
     }
 
     /// The limits a claim in `group` enforces, or why the budget cannot be

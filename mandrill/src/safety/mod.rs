@@ -16,7 +16,7 @@ pub mod policy;
 pub mod stop;
 
 pub use calendar::{Calendar, CalendarSettings, FreezeSettings};
-pub use counting::Counting;
+pub use counting::{Counting, group_mismatch};
 pub use guards::{Clock, Guards, Hold};
 pub use limits::{BudgetSettings, Limits, RateSettings};
 pub use policy::{Policy, PolicyHandle};

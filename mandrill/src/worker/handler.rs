@@ -40,7 +40,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{Instrument, error, info, info_span, warn};
 
 use super::conclude::conclude;
-use super::decisions::{deny, dry_run_action, unclaim};
+use super::decisions::{deny, deny_by, dry_run_action, unclaim};
 use super::lease::{Leased, Progress, with_lease};
 use super::prepare::{Halt, prepare, recheck, unclaim_at_shutdown, unclaim_lease_lost};
 use super::settle::{RareSettlement, Settlement, rare, reject, settle};
@@ -303,11 +303,15 @@ pub(super) async fn process(
         Ok(request) => request,
         Err(rejected) => return rejected.await,
     };
-    policy.guards.counting.assign(&mut request);
     {
         let span = tracing::Span::current();
         span.record("message_id", tracing::field::display(request.message_id));
         span.record("host", tracing::field::display(&request.hostname));
+    }
+    // The operator's group, before anything counts: the stores count
+    // `request.group()`. A message naming another group is denied.
+    if let Err(reason) = policy.guards.counting.assign(&mut request) {
+        return rare(deny_by(shared, progress, &request, 0, "group", reason)).await;
     }
     // Each phase is boxed: only one phase's state is alive at a time, and
     // boxing keeps the others out of the task's size for its whole life.
