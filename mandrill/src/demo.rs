@@ -33,6 +33,7 @@ pub fn random_request(rng: &mut impl Rng) -> RestartRequest {
         requested_group: None,
         zone: None,
         requester: None,
+        reach: None,
     }
 }
 

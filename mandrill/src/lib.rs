@@ -33,6 +33,7 @@
 pub mod broker;
 pub mod config;
 pub mod domain;
+pub mod inventory;
 pub mod notify;
 pub mod restarter;
 pub mod safety;

@@ -36,6 +36,7 @@ pub(super) async fn publish(config: Config, args: &PublishArgs) -> anyhow::Resul
                 requested_group: None,
                 zone: None,
                 requester: None,
+                reach: None,
             }
             .to_wire(),
         )

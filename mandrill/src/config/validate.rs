@@ -191,6 +191,9 @@ impl Config {
             .map_err(|error| ConfigError::invalid("log.level", error.to_string()))?;
         self.admin.address()?;
         self.validate_notify()?;
+        self.inventory
+            .validate()
+            .map_err(|(key, why)| ConfigError::invalid(key, why))?;
         Ok(())
     }
 

@@ -48,6 +48,24 @@ pub struct RestartRequest {
     /// The requester whose signature the message carries, verified; never
     /// read from the message's free text (`requested_by` is set to it).
     pub requester: Option<String>,
+    /// Where the operator's inventory says the host is reached, for a host
+    /// it lists; never read from the message. Shared with the inventory.
+    pub reach: Option<std::sync::Arc<Reach>>,
+}
+
+/// Where a host is reached, as the operator's inventory says: each part
+/// takes the place of the `[[hosts]]` map's for the hosts it lists.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Reach {
+    /// The address (a name or an IP) instead of the hostname.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+    /// The port backends and probes connect to (SSH, tcp probes).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub port: Option<u16>,
+    /// The user, for SSH.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
 }
 
 /// The wire format. Unknown fields are accepted so that newer publishers can
@@ -280,6 +298,7 @@ impl RestartRequest {
             published_at,
             zone: None,
             requester: None,
+            reach: None,
         })
     }
 

@@ -167,6 +167,7 @@ fn wire_form_round_trips() {
         requested_group: None,
         zone: None,
         requester: None,
+        reach: None,
     };
     assert_eq!(
         RestartRequest::parse(&request.to_wire(), &rules()),

@@ -143,9 +143,14 @@ impl Counting {
     /// known (a percentage of a group whose size is not configured): the
     /// request is then deferred, never let through.
     pub fn limits(&self, group: &str) -> Result<Limits, String> {
+        self.limits_sized(group, self.sizes.get(group).copied())
+    }
+
+    /// As [`Self::limits`], with the group's size given (the inventory's).
+    pub fn limits_sized(&self, group: &str, size: Option<u32>) -> Result<Limits, String> {
         let from_percent = match self.percent {
             None => None,
-            Some(percent) => match self.sizes.get(group) {
+            Some(percent) => match size {
                 Some(size) => Some(size.saturating_mul(percent) / 100),
                 None => {
                     return Err(format!(

@@ -19,7 +19,7 @@ pub use calendar::{Calendar, CalendarSettings, FreezeSettings};
 pub use counting::{Counting, group_mismatch};
 pub use guards::{Clock, Guards, Hold};
 pub use limits::{BudgetSettings, Limits, RateSettings};
-pub use policy::{Policy, PolicyHandle};
+pub use policy::{Placement, Policy, PolicyHandle};
 pub use stop::{StopConditionSettings, StopConditions};
 
 use crate::pattern::Pattern;

@@ -225,7 +225,7 @@ fn decide<'a>(
     if let Some(hold) = policy.guards.hold(request) {
         return Err(rare(held(shared, progress, request, hold)));
     }
-    let limits = match policy.guards.counting.limits(request.group()) {
+    let limits = match policy.limits(request.group()) {
         Ok(limits) => limits,
         Err(reason) => {
             let hold =

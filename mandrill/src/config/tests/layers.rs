@@ -116,6 +116,10 @@ fn every_setting_is_documented_in_help() {
     }];
     config.broker.pubsub.endpoint = Some("http://127.0.0.1:8085".into());
     config.broker.pubsub.credentials_file = Some(PathBuf::from("key.json"));
+    // One source is valid; all three are set here only to be flattened.
+    config.inventory.file = Some(PathBuf::from("hosts.toml"));
+    config.inventory.command = vec!["ansible-inventory".into()];
+    config.inventory.url = Some("https://cmdb.example/hosts".into());
     for key in config.flatten().keys() {
         assert!(
             documented.contains(key),
