@@ -120,6 +120,40 @@ impl Policy {
         })
     }
 
+    /// Whether `request`, placed earlier, is still placed the same under
+    /// this policy (checked again after the claim, which may have waited):
+    /// with an inventory, still listed, in the same group, and the copy not
+    /// too old. No allocation unless it is not. `Err` as [`Self::place`].
+    pub fn still_placed(&self, request: &RestartRequest) -> Result<(), Placement> {
+        let Some(inventory) = &self.inventory else {
+            return Ok(());
+        };
+        let snapshot = inventory.fresh().map_err(|lookup| Placement::Deferred {
+            reason: lookup.reason,
+            retry: lookup.retry,
+        })?;
+        let name = request.instance_name.as_str();
+        match snapshot.inventory.host(name) {
+            Some(host) if host.group.as_deref() == request.group.as_deref() => Ok(()),
+            Some(host) => Err(Placement::Denied {
+                guard: "inventory",
+                reason: format!(
+                    "denied by inventory: {name} moved from group {} to {} while its claim \
+                     was made",
+                    request.group(),
+                    host.group.as_deref().unwrap_or("none")
+                ),
+            }),
+            None => Err(Placement::Denied {
+                guard: "inventory",
+                reason: format!(
+                    "denied by inventory: {name} is not in the inventory ({})",
+                    snapshot.source
+                ),
+            }),
+        }
+    }
+
     /// The limits a claim in `group` enforces: with an inventory, a
     /// percentage budget counts the group's size there.
     pub fn limits(&self, group: &str) -> Result<Limits, String> {

@@ -194,7 +194,15 @@ fn what_config_embeds_never_imports_config() {
     }
     let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut files = Vec::new();
-    for dir in ["broker", "store", "restarter", "worker", "safety", "notify"] {
+    for dir in [
+        "broker",
+        "store",
+        "restarter",
+        "worker",
+        "safety",
+        "notify",
+        "inventory",
+    ] {
         sources(&src.join(dir), &mut files);
     }
     assert!(files.len() > 20, "{files:?}");
