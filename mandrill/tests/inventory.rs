@@ -399,3 +399,34 @@ fn a_file_sd_inventory_takes_groups_from_a_label_and_policy_check_denies_unknown
     assert!(!status.success());
     assert!(stderr.contains("/nonexistent/hosts.toml"), "{stderr}");
 }
+
+/// SIGHUP applies a changed `[inventory]` at once: the refresh task reads
+/// the new source, and a host only it lists is restarted.
+#[test]
+fn a_reload_reads_a_changed_inventory_source_at_once() {
+    let (_guard, dir) = temp_dir();
+    let first = dir.join("first.toml");
+    let second = dir.join("second.toml");
+    std::fs::write(&first, "[[hosts]]\nname = \"web-1\"\ngroup = \"web\"\n").unwrap();
+    std::fs::write(&second, "[[hosts]]\nname = \"web-2\"\ngroup = \"web\"\n").unwrap();
+    let inventory = |file: &Path| format!("file = {:?}\n", file.display().to_string());
+    let config = config_file(&dir, &inventory(&first));
+    let db = sqlite_url(&dir);
+    let service = Mandrill::run(&dir, &["--config", &config, "--db", &db, "--broker", &db]);
+    service.wait_for("mandrill started", 1);
+    config_file(&dir, &inventory(&second));
+    service.signal("HUP");
+    service.wait_for("[inventory] changed by a reload; reading it again now", 1);
+    service.wait_for("inventory loaded", 2);
+    publish(&dir, &db, &[request("web-2", None), request("web-1", None)]);
+    wait("web-2 is restarted", || {
+        journal(&dir.join("restarts.journal")).len() == 1
+    });
+    service.wait_for("denied", 1);
+    let (status, reason) = status_of(&db, "web-1").unwrap();
+    assert_eq!(status, Status::Denied, "no longer in the inventory");
+    assert!(reason.unwrap_or_default().contains("second.toml"));
+    service.signal("TERM");
+    let (status, _) = service.wait_exit();
+    assert!(status.success());
+}

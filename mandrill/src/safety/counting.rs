@@ -133,10 +133,16 @@ impl Counting {
     /// when the message names a different group: a publisher never picks
     /// the group whose limits it is counted against.
     pub fn assign(&self, request: &mut RestartRequest) -> Result<(), String> {
-        let group = self.group_of(request.instance_name.as_str()).to_owned();
-        let mismatch = group_mismatch(request, &group);
-        request.group = Some(group);
-        mismatch
+        let instance = request.instance_name.as_str();
+        let configured = self
+            .groups
+            .iter()
+            .find(|(_, patterns)| patterns.iter().any(|p| p.matches(instance)))
+            .map(|(name, _)| name);
+        // The name's default needs no copy: `request.group()` falls back to
+        // it (so the common case allocates nothing per message).
+        request.group = configured.cloned();
+        group_mismatch(request, request.group())
     }
 
     /// The limits a claim in `group` enforces, or why the budget cannot be
