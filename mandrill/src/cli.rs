@@ -40,6 +40,7 @@ mod args;
 mod dead_letters;
 mod explain;
 mod history;
+mod inventory;
 mod policy;
 mod publish;
 mod replay;
@@ -85,6 +86,8 @@ pub(crate) enum Command {
     Policy(policy::PolicyArgs),
     /// Tell one request's story: every guard's verdict, every attempt, the outcome.
     Explain(explain::ExplainArgs),
+    /// Print the operator's inventory: hosts, groups with sizes, zones, the source and its age.
+    Inventory(inventory::InventoryArgs),
 }
 
 /// Parses the command line and runs it.
@@ -116,6 +119,7 @@ pub fn main() -> ExitCode {
         Command::Resume(args) => switch::switch(&args, false),
         Command::Status(args) => switch::status(&args),
         Command::Explain(args) => explain::main(&args),
+        Command::Inventory(args) => inventory::main(&args),
     }
 }
 

@@ -30,8 +30,10 @@ pub fn random_request(rng: &mut impl Rng) -> RestartRequest {
         reason: None,
         published_at: Some(now),
         group: None,
+        requested_group: None,
         zone: None,
         requester: None,
+        reach: None,
     }
 }
 

@@ -10,6 +10,9 @@
 //! - [`safety`]: the guards (eligibility, the calendar), pure, with an
 //!   injected clock; the worker asks them before reserving and again right
 //!   before the restart.
+//! - [`inventory`]: the operator's hosts, groups and zones (`[inventory]`):
+//!   parsers per format (pure), the sources at the edge, the copy the
+//!   worker reads and the task that refreshes it.
 //! - [`service`]: builds adapters from a [`config::Config`] and runs the worker
 //!   with its companions; shuts down in order.
 //! - [`admin`]: the operator's HTTP surface (metrics, health, JSON API).
@@ -33,6 +36,7 @@
 pub mod broker;
 pub mod config;
 pub mod domain;
+pub mod inventory;
 pub mod notify;
 pub mod restarter;
 pub mod safety;

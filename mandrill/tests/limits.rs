@@ -420,3 +420,125 @@ fn without_a_probe_a_restarted_host_holds_the_budget_while_it_settles() {
         "{entries:?}"
     );
 }
+
+/// A message's `group` never chooses the group it is counted in. The
+/// operator puts `cattle-*` in group `g1` and allows one restart per group
+/// per day; five requests for `cattle-a1` … `cattle-a5` naming groups `g1`
+/// … `g5` restart one host (each counted in the group it named, they
+/// restarted all five), and the four naming another group than `g1` are
+/// denied for the mismatch, with both names in the reason. Five more naming
+/// `g1` itself are deferred by the limit.
+#[test]
+fn a_group_named_in_the_message_never_widens_the_rate_limit() {
+    let (_guard, dir) = temp_dir();
+    let db = sqlite_url(&dir);
+    let journal_path = dir.join("restarts.journal");
+    let config = dir.join("mandrill.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[safety.groups]\ng1 = [\"cattle-*\"]\n\n[safety.rate]\ngroup_max = 1\nwindow = \"1d\"\n\n\
+             [restarter]\nfailure_rate = 0.0\nmax_latency = \"5ms\"\njournal = {:?}\n",
+            journal_path.display().to_string()
+        ),
+    )
+    .unwrap();
+    let requests = dir.join("requests.jsonl");
+    let line = |instance: &str, group: &str| {
+        format!(
+            r#"{{"message_id":"{}","instance_name":"{instance}","group":"{group}"}}"#,
+            uuid::Uuid::new_v4()
+        )
+    };
+    let lines: Vec<String> = (1..=5)
+        .map(|n| line(&format!("cattle-a{n}"), &format!("g{n}")))
+        .collect();
+    std::fs::write(&requests, lines.join("\n")).unwrap();
+    let config = config.display().to_string();
+    let publish = |file: &Path| {
+        let (status, _, stderr) = mandrill(
+            &dir,
+            &[
+                "publish",
+                "--config",
+                &config,
+                "--broker",
+                &db,
+                "--file",
+                &file.display().to_string(),
+            ],
+            &[],
+        );
+        assert!(status.success(), "publish failed: {stderr}");
+    };
+    publish(&requests);
+    let instance = Mandrill::run(
+        &dir,
+        &[
+            "--config",
+            &config,
+            "--db",
+            &db,
+            "--broker",
+            &db,
+            "--set",
+            "debug.status_interval=0s",
+        ],
+    );
+    instance.wait_for("denied", 4);
+    let deadline = Instant::now() + DEADLINE;
+    while journal(&journal_path).is_empty() {
+        assert!(Instant::now() < deadline, "no restart issued");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let agreeing: Vec<String> = (1..=5)
+        .map(|n| line(&format!("cattle-b{n}"), "g1"))
+        .collect();
+    let agreeing_file = dir.join("agreeing.jsonl");
+    std::fs::write(&agreeing_file, agreeing.join("\n")).unwrap();
+    publish(&agreeing_file);
+    wait_for_deferrals(&[&instance], 5, DEADLINE);
+    stop(instance);
+
+    let restarts = journal(&journal_path);
+    assert_eq!(restarts.len(), 1, "one restart, not five: {restarts:?}");
+    assert!(restarts[0].0.starts_with("cattle-a1"), "{restarts:?}");
+    let entries = history(&db);
+    let count = |status: Status| entries.iter().filter(|e| e.status == status).count();
+    assert_eq!(count(Status::Restarted), 1);
+    assert_eq!(count(Status::Denied), 4);
+    assert_eq!(
+        queue_rows(&db).len(),
+        5,
+        "the five naming g1 wait in the queue, deferred"
+    );
+
+    let (status, stdout, _) = mandrill(
+        &dir,
+        &["history", "--db", &db, "--json", "--limit", "1000"],
+        &[],
+    );
+    assert!(status.success());
+    let denied: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap())
+        .filter(|line| line["status"] == "denied")
+        .collect();
+    assert_eq!(denied.len(), 4, "{stdout}");
+    for entry in &denied {
+        let decision = &entry["decisions"][0];
+        assert_eq!(decision["guard"], "group", "{entry}");
+        let reason = decision["reason"].as_str().unwrap();
+        assert!(
+            reason.contains("group mismatch") && reason.contains("is in group g1"),
+            "{reason}"
+        );
+    }
+    let id = denied[0]["message_id"].as_str().unwrap();
+    let (status, stdout, stderr) = mandrill(&dir, &["explain", "--db", &db, id], &[]);
+    assert!(status.success(), "explain failed: {stderr}");
+    assert!(
+        stdout.contains("group mismatch") && stdout.contains("is in group g1"),
+        "{stdout}"
+    );
+}

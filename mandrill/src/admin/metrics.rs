@@ -207,6 +207,39 @@ impl Exposition {
     }
 }
 
+/// The inventory's state: how old the copy in force is, how many reads
+/// failed, how many hosts it lists. Written here, as the groups are: read
+/// from the handle at scrape time.
+pub(crate) fn render_inventory(inventory: &crate::inventory::InventoryHandle) -> String {
+    let mut text = String::new();
+    let current = inventory.current();
+    if let Some(snapshot) = &current {
+        let _ = writeln!(
+            text,
+            "# HELP mandrill_inventory_age_seconds Age of the inventory copy in force.\n\
+             # TYPE mandrill_inventory_age_seconds gauge\n\
+             mandrill_inventory_age_seconds {:.3}",
+            snapshot.age().as_secs_f64()
+        );
+    }
+    let _ = writeln!(
+        text,
+        "# HELP mandrill_inventory_refresh_failures_total Reads of the inventory that failed \
+         (the last good copy was kept).\n\
+         # TYPE mandrill_inventory_refresh_failures_total counter\n\
+         mandrill_inventory_refresh_failures_total {}",
+        inventory.failures()
+    );
+    let _ = writeln!(
+        text,
+        "# HELP mandrill_inventory_hosts Hosts the inventory in force lists.\n\
+         # TYPE mandrill_inventory_hosts gauge\n\
+         mandrill_inventory_hosts {}",
+        current.map_or(0, |s| s.inventory.len())
+    );
+    text
+}
+
 /// The histograms in the same text format, written here because the
 /// exporter takes observations one by one, while `Stats` keeps buckets.
 /// Each group's use of its limits, from the store's restart journal: low

@@ -59,8 +59,11 @@ async fn metrics(Shared(state): Shared<Arc<State>>) -> Response {
         .group_usage(back(counting.window()), back(counting.forget_after()));
     if let Ok(Ok(usage)) = tokio::time::timeout(super::STORE_TIMEOUT, usage).await {
         text.push_str(&super::metrics::render_groups(&usage, |group| {
-            counting.limits(group).ok().and_then(|limits| limits.budget)
+            policy.limits(group).ok().and_then(|limits| limits.budget)
         }));
+    }
+    if let Some(inventory) = &policy.inventory {
+        text.push_str(&super::metrics::render_inventory(inventory));
     }
     (
         [(

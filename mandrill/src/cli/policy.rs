@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use super::{BadInput, ConfigArgs, command, string};
 use crate::config::Config;
 use crate::domain::InstanceName;
-use crate::safety::Verdict;
+use crate::safety::{Placement, Verdict};
 
 /// `mandrill policy`
 #[derive(Debug, Args)]
@@ -66,7 +66,9 @@ pub(super) fn main(args: &PolicyArgs) -> ExitCode {
     match &args.command {
         PolicyCommand::Check(check) => {
             let sources = check.config.sources(Vec::new());
-            command(sources, |config| async move { print_check(&config, check) })
+            command(sources, |config| async move {
+                print_check(&config, check).await
+            })
         }
         PolicyCommand::Replay(replay) => {
             let sources = replay
@@ -79,7 +81,7 @@ pub(super) fn main(args: &PolicyArgs) -> ExitCode {
     }
 }
 
-fn print_check(config: &Config, args: &CheckArgs) -> anyhow::Result<()> {
+async fn print_check(config: &Config, args: &CheckArgs) -> anyhow::Result<()> {
     let at = match &args.at {
         Some(raw) => raw.parse::<Timestamp>().map_err(|error| {
             BadInput(format!(
@@ -95,15 +97,36 @@ fn print_check(config: &Config, args: &CheckArgs) -> anyhow::Result<()> {
             InstanceName::parse(raw).map_err(|why| BadInput(format!("instance name {raw:?} {why}")))
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let policy = config.worker_config().policy.current();
+    let policy = super::inventory::policy_with_inventory(config).await?;
     let calendar = policy.guards.calendar.as_ref();
-    let counting = &policy.guards.counting;
+    let rules = config.parse_rules();
     let mut out = std::io::stdout().lock();
     for name in &names {
-        let eligibility = policy.eligibility.check(name.as_str());
+        // Placed as the worker places a request: the operator's group (the
+        // inventory's, with one), or why it is not counted at all.
+        let mut request = super::inventory::request_for(name, &rules);
+        let placed = policy.place(&mut request);
+        let eligibility = match &placed {
+            Err(Placement::Denied { reason, .. }) => Err(reason.clone()),
+            _ => policy.eligibility.check(name.as_str()),
+        };
         let timed = calendar.map(|calendar| calendar.verdict(at));
-        let group = counting.group_of(name.as_str()).to_owned();
-        let limits = match counting.limits(&group) {
+        let group = request.group().to_owned();
+        let inventory = match (&placed, &policy.inventory) {
+            (_, None) => None,
+            (Ok(()), Some(_)) => Some(json!({
+                "verdict": "allow",
+                "group": group,
+                "zone": request.zone,
+            })),
+            (Err(Placement::Denied { reason, .. }), Some(_)) => {
+                Some(json!({ "verdict": "deny", "reason": reason }))
+            }
+            (Err(Placement::Deferred { reason, .. }), Some(_)) => {
+                Some(json!({ "verdict": "defer", "reason": reason }))
+            }
+        };
+        let limits = match policy.limits(&group) {
             Ok(limits) if limits.is_active() => crate::safety::limits::describe(&limits),
             Ok(_) => "none".to_owned(),
             Err(reason) => reason,
@@ -128,6 +151,7 @@ fn print_check(config: &Config, args: &CheckArgs) -> anyhow::Result<()> {
                 "eligibility": eligibility,
                 "calendar": calendar,
                 "group": group,
+                "inventory": inventory,
                 "limits": limits,
                 "dry_run": policy.dry_run,
             });
@@ -155,6 +179,20 @@ fn print_check(config: &Config, args: &CheckArgs) -> anyhow::Result<()> {
             }
             (_, Some(calendar)) => writeln!(out, "  calendar: allow ({})", calendar.describe())?,
             (_, None) => writeln!(out, "  calendar: allow (no calendar configured)")?,
+        }
+        match &placed {
+            Ok(()) if policy.inventory.is_some() => writeln!(
+                out,
+                "  inventory: listed, group {group}{}",
+                request
+                    .zone
+                    .as_deref()
+                    .map_or_else(String::new, |zone| format!(", zone {zone}"))
+            )?,
+            Ok(()) => {}
+            Err(Placement::Denied { reason, .. } | Placement::Deferred { reason, .. }) => {
+                writeln!(out, "  inventory: {reason}")?;
+            }
         }
         writeln!(
             out,

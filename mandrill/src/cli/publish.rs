@@ -33,8 +33,10 @@ pub(super) async fn publish(config: Config, args: &PublishArgs) -> anyhow::Resul
                 reason: None,
                 published_at: Some(now),
                 group: None,
+                requested_group: None,
                 zone: None,
                 requester: None,
+                reach: None,
             }
             .to_wire(),
         )

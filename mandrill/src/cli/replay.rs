@@ -20,8 +20,12 @@ use serde_json::json;
 use super::{BadInput, switch};
 use crate::config::Config;
 use crate::domain::Status;
-use crate::safety::{Verdict, limits::Limits};
+use crate::safety::{Placement, Verdict, limits::Limits};
 use crate::store::{HistoryEntry, Timestamp};
+
+/// What the reason of a denial for a message's group starts with
+/// (`safety::group_mismatch`).
+const GROUP_MISMATCH: &str = "denied by group mismatch";
 
 /// Most requests a replay reads.
 const MAX_REPLAYED: usize = 100_000;
@@ -145,8 +149,10 @@ pub(super) async fn run(config: &Config, since: &str, json: bool) -> anyhow::Res
         .collect();
     entries.sort_by_key(|e| e.received_at);
 
-    let policy = config.worker_config().policy.current();
-    let counting = &policy.guards.counting;
+    // Today's inventory, if configured: the history does not keep the
+    // inventory each request was decided with.
+    let policy = super::inventory::policy_with_inventory(config).await?;
+    let rules = config.parse_rules();
     let mut issued = Issued::default();
     let mut changed = 0usize;
     let mut judged = 0usize;
@@ -159,15 +165,31 @@ pub(super) async fn run(config: &Config, since: &str, json: bool) -> anyhow::Res
         let instance = entry.instance_name.as_deref().unwrap_or_default();
         let at = entry.received_at.as_millis();
         let when = jiff::Timestamp::from_millisecond(at).unwrap_or(jiff::Timestamp::UNIX_EPOCH);
-        let group = counting.group_of(instance);
-        let candidate = if let Err(reason) = policy.eligibility.check(instance) {
+        let Ok(name) = crate::domain::InstanceName::parse(instance) else {
+            continue;
+        };
+        let mut request = super::inventory::request_for(&name, &rules);
+        let placed = policy.place(&mut request);
+        let group = request.group().to_owned();
+        let group = group.as_str();
+        let candidate = if let Decision::Deny(reason) = &recorded
+            && reason.contains(GROUP_MISMATCH)
+        {
+            // The history does not keep the message's `group`: a request
+            // denied for naming another group stays denied.
+            recorded.clone()
+        } else if let Err(Placement::Denied { reason, .. }) = &placed {
+            Decision::Deny(reason.clone())
+        } else if let Err(Placement::Deferred { reason, .. }) = &placed {
+            Decision::Defer(reason.clone())
+        } else if let Err(reason) = policy.eligibility.check(instance) {
             Decision::Deny(reason)
         } else if let Some(Verdict::Defer { reason, .. }) =
             policy.guards.calendar.as_ref().map(|c| c.verdict(when))
         {
             Decision::Defer(reason)
         } else {
-            let checked = counting
+            let checked = policy
                 .limits(group)
                 .and_then(|limits| issued.check(&limits, group, instance, at));
             match checked {

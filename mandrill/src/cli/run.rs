@@ -169,11 +169,16 @@ pub(super) fn reload(
         error!(%error, "cannot apply log.level");
     }
     controls.apply(&new);
-    if changed.iter().any(|key| key.starts_with("safety.")) {
-        // The new [safety] over the rest as started (the backend, which
-        // the policy's defaults depend on, changes only with a restart).
+    if changed
+        .iter()
+        .any(|key| key.starts_with("safety.") || key.starts_with("inventory."))
+    {
+        // The new [safety] and [inventory] over the rest as started (the
+        // backend, which the policy's defaults depend on, changes only
+        // with a restart).
         let mut effective = started.clone();
         effective.safety = new.safety.clone();
+        effective.inventory = new.inventory.clone();
         if !controls.apply_policy(&effective) {
             return;
         }

@@ -95,7 +95,29 @@ pub(super) fn status(args: &StatusArgs) -> ExitCode {
             .context("cannot read the restart journal");
         store.close().await;
         let (switch, usage) = (switch?, usage?);
-        let policy = config.worker_config().policy.current();
+        // The inventory read once, as `mandrill inventory` does: this
+        // process cannot see a running service's copy (its
+        // mandrill_inventory_* metrics do), but it can say whether the
+        // source answers now and what it lists.
+        let mut policy = (*config.worker_config().policy.current()).clone();
+        let inventory = match super::inventory::load(&config).await {
+            Ok(Some((source, handle))) => {
+                let hosts = handle.current().map_or(0, |s| s.inventory.len());
+                let groups = handle.current().map_or(0, |s| s.inventory.groups().len());
+                policy.inventory = Some(handle);
+                Some(serde_json::json!({
+                    "source": source.to_string(),
+                    "hosts": hosts,
+                    "groups": groups,
+                    "error": null,
+                }))
+            }
+            Ok(None) => None,
+            Err(error) => Some(serde_json::json!({
+                "source": crate::inventory::Source::of(&config.inventory).map(|s| s.to_string()),
+                "error": format!("{error:#}"),
+            })),
+        };
         let counting = &policy.guards.counting;
         let limits = counting.describe();
         let calendar = policy.guards.calendar.as_ref().map(|calendar| {
@@ -107,7 +129,7 @@ pub(super) fn status(args: &StatusArgs) -> ExitCode {
             };
             (calendar.describe(), verdict)
         });
-        let budget = |group: &str| counting.limits(group).ok().and_then(|limits| limits.budget);
+        let budget = |group: &str| policy.limits(group).ok().and_then(|limits| limits.budget);
         let mode = if config.dry_run() {
             "leashed (dry run)"
         } else {
@@ -123,6 +145,7 @@ pub(super) fn status(args: &StatusArgs) -> ExitCode {
                 "allow": config.safety.allow,
                 "deny": config.safety.deny,
                 "limits": limits,
+                "inventory": inventory,
                 "calendar": calendar.as_ref().map(|(rules, now)| {
                     serde_json::json!({ "rules": rules, "now": now })
                 }),
@@ -157,6 +180,23 @@ pub(super) fn status(args: &StatusArgs) -> ExitCode {
             None => writeln!(out, "calendar:  none (restarts at any time)")?,
         }
         writeln!(out, "limits:    {limits}")?;
+        match &inventory {
+            None => writeln!(out, "inventory: none (groups from safety.groups and names)")?,
+            Some(state) if state["error"].is_null() => writeln!(
+                out,
+                "inventory: {}: {} hosts in {} groups (read now; a running service \
+                 refreshes its own copy: see mandrill_inventory_* on /metrics)",
+                state["source"].as_str().unwrap_or_default(),
+                state["hosts"],
+                state["groups"]
+            )?,
+            Some(state) => writeln!(
+                out,
+                "inventory: CANNOT BE READ NOW: {} (a running service keeps its last good \
+                 copy until inventory.max_age, then defers every request)",
+                state["error"].as_str().unwrap_or_default()
+            )?,
+        }
         let window = humantime::format_duration(config.safety.rate.window);
         for (group, use_) in &usage {
             let budget = budget(group).map_or_else(String::new, |b| format!(" of {b}"));

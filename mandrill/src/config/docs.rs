@@ -10,6 +10,7 @@ use super::{
 use crate::broker::nats::NatsSettings;
 use crate::broker::pubsub::PubSubSettings;
 use crate::broker::sqlite::SqliteSettings;
+use crate::inventory::InventorySettings;
 use crate::notify::NotifierSettings;
 use crate::safety::{BudgetSettings, CalendarSettings, RateSettings};
 use crate::settings::{Documented, summary};
@@ -36,6 +37,7 @@ const SECTIONS: &[(&str, Docs)] = &[
     ("safety.calendar", CalendarSettings::DOCS),
     ("safety.rate", RateSettings::DOCS),
     ("safety.budget", BudgetSettings::DOCS),
+    ("inventory", InventorySettings::DOCS),
     ("", Config::DOCS),
     ("notifier", NotifierSettings::DOCS),
     ("simulate", SimulateSettings::DOCS),

@@ -26,6 +26,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::inventory::InventorySettings;
 use crate::notify::{NotifierSettings, NotifyEntry};
 use crate::restarter::VerifySettings;
 use crate::restarter::hosts::HostEntry;
@@ -86,6 +87,8 @@ settings! {
         pub verify: VerifySettings = VerifySettings::default(),
         /// Safety guards.
         pub safety: SafetySettings = SafetySettings::default(),
+        /// The operator's inventory (`[inventory]`): hosts, groups, zones.
+        pub inventory: InventorySettings = InventorySettings::default(),
         /// `[[hosts]]` pattern = "cattle-*", address, port, user: where
         /// instances are reached.
         ///
@@ -112,10 +115,11 @@ pub const RELOADABLE: &[&str] = &["log.level", "worker.max_in_flight", "simulate
 const SAFETY_NEEDS_RESTART: &[&str] = &["safety.poll_interval", "safety.pause_file"];
 
 /// Whether a reload (SIGHUP) applies `key` without a restart: the
-/// [`RELOADABLE`] settings, and the safety policy (every `safety.` key but
-/// `safety.poll_interval` and `safety.pause_file`).
+/// [`RELOADABLE`] settings, the safety policy (every `safety.` key but
+/// `safety.poll_interval` and `safety.pause_file`), and `[inventory]`.
 pub fn reloads(key: &str) -> bool {
     RELOADABLE.contains(&key)
+        || key.starts_with("inventory.")
         || (key.starts_with("safety.") && !SAFETY_NEEDS_RESTART.contains(&key))
 }
 
@@ -128,6 +132,9 @@ impl Config {
         let nats = &self.broker.nats;
         let mut secrets = redact::url_secrets(&self.broker.url);
         secrets.extend(redact::url_secrets(&self.store.url));
+        if let Some(url) = &self.inventory.url {
+            secrets.extend(redact::url_secrets(url));
+        }
         for secret in [&nats.password, &nats.token, &self.admin.token]
             .into_iter()
             .flatten()

@@ -144,6 +144,8 @@ impl Config {
             pause_on_unrecovered: self.safety.pause_on_unrecovered,
             stop_conditions: StopConditions::new(&self.safety.stop_conditions).map_err(invalid)?,
             stop_retry: self.safety.stop_retry,
+            // The service's handle, set where the inventory is loaded.
+            inventory: None,
         })
     }
 }

@@ -225,6 +225,9 @@ impl Config {
             ));
         }
         self.validate_notify()?;
+        self.inventory
+            .validate()
+            .map_err(|(key, why)| ConfigError::invalid(key, why))?;
         Ok(())
     }
 

@@ -12,8 +12,8 @@ mod request;
 pub use names::{Domain, Hostname, InstanceName, random_instance_name};
 pub use outcome::{Outcome, Restarted, Status};
 pub use request::{
-    MAX_REASON_CHARS, MAX_REQUESTED_BY_CHARS, ParseRules, Rejection, RestartRequest, WireRequest,
-    new_message_id, salvage_message_id,
+    MAX_REASON_CHARS, MAX_REQUESTED_BY_CHARS, ParseRules, Reach, Rejection, RestartRequest,
+    WireRequest, new_message_id, salvage_message_id,
 };
 
 /// Valid requests for tests elsewhere in the crate.

@@ -32,15 +32,40 @@ pub struct RestartRequest {
     pub reason: Option<String>,
     /// When the publisher sent it, if it said.
     pub published_at: Option<SystemTime>,
-    /// The group the publisher named, if it did; see
-    /// [`crate::safety::Counting::group`] for how a group is chosen otherwise.
+    /// The group the request is counted in, as the operator decides it
+    /// (`safety.groups`, the name's default, or the inventory): assigned by
+    /// the worker before anything counts (`Counting::assign`); never read
+    /// from the message.
     pub group: Option<String>,
+    /// The group the message itself names, if it does: never counted in,
+    /// only compared with the operator's (a message that disagrees is
+    /// denied), so that a careless or hostile publisher cannot pick the
+    /// group whose limits it is counted against.
+    pub requested_group: Option<String>,
     /// The zone the operator's inventory puts the instance in, for the
     /// disruption budget per zone; never read from the message.
     pub zone: Option<String>,
     /// The requester whose signature the message carries, verified; never
     /// read from the message's free text (`requested_by` is set to it).
     pub requester: Option<String>,
+    /// Where the operator's inventory says the host is reached, for a host
+    /// it lists; never read from the message. Shared with the inventory.
+    pub reach: Option<std::sync::Arc<Reach>>,
+}
+
+/// Where a host is reached, as the operator's inventory says: each part
+/// takes the place of the `[[hosts]]` map's for the hosts it lists.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Reach {
+    /// The address (a name or an IP) instead of the hostname.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+    /// The port backends and probes connect to (SSH, tcp probes).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub port: Option<u16>,
+    /// The user, for SSH.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
 }
 
 /// The wire format. Unknown fields are accepted so that newer publishers can
@@ -60,8 +85,9 @@ pub struct WireRequest {
     /// Optional: RFC 3339 timestamp.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub published_at: Option<String>,
-    /// Optional: the group the instance belongs to, for the rate limits and
-    /// the disruption budget (a DNS label, like an instance name).
+    /// Optional: the group the publisher believes the instance is in (a DNS
+    /// label, like an instance name). Checked against the operator's group,
+    /// never used to count: a request that disagrees is denied.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub group: Option<String>,
 }
@@ -259,7 +285,8 @@ impl RestartRequest {
             .transpose()?;
         Ok(Self {
             message_id,
-            group,
+            group: None,
+            requested_group: group,
             hostname: Hostname::new(&instance_name, &rules.domain),
             instance_name,
             requested_by: free_text(
@@ -271,12 +298,13 @@ impl RestartRequest {
             published_at,
             zone: None,
             requester: None,
+            reach: None,
         })
     }
 
-    /// The request's group as the request alone tells it: its own `group`,
-    /// else [`Self::default_group`]. (Configured group patterns are applied
-    /// by [`crate::safety::Counting::group`].)
+    /// The group the request is counted in: the operator's, once the worker
+    /// assigned it ([`crate::safety::Counting::assign`]), else
+    /// [`Self::default_group`]. Never the message's `group`.
     pub fn group(&self) -> &str {
         self.group
             .as_deref()
@@ -300,7 +328,7 @@ impl RestartRequest {
             published_at: self
                 .published_at
                 .map(|t| humantime::format_rfc3339_millis(t).to_string()),
-            group: self.group.clone(),
+            group: self.requested_group.clone(),
         };
         // Serialising a struct of strings to JSON cannot fail.
         serde_json::to_vec(&wire).expect("a struct of strings serialises")

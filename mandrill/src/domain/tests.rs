@@ -164,8 +164,10 @@ fn wire_form_round_trips() {
         reason: Some("chaos".into()),
         published_at: Some(humantime::parse_rfc3339("2026-11-21T10:00:00.123Z").unwrap()),
         group: None,
+        requested_group: None,
         zone: None,
         requester: None,
+        reach: None,
     };
     assert_eq!(
         RestartRequest::parse(&request.to_wire(), &rules()),
@@ -200,4 +202,20 @@ fn minted_ids_are_version_7_and_sort_by_their_time_in_text_too() {
     assert!(first < second && first.to_string() < second.to_string());
     // Two ids of one millisecond differ in their 74 random bits.
     assert_ne!(new_message_id(at, &mut rng), first);
+}
+
+#[test]
+fn a_messages_group_is_kept_apart_and_never_counted_in() {
+    let payload = format!(
+        r#"{{"message_id":"{}","instance_name":"cattle-a1","group":"g1"}}"#,
+        Uuid::new_v4()
+    );
+    let request = RestartRequest::parse(payload.as_bytes(), &rules()).unwrap();
+    assert_eq!(request.requested_group.as_deref(), Some("g1"));
+    assert_eq!(request.group, None);
+    assert_eq!(
+        request.group(),
+        "cattle",
+        "the name's default until assigned"
+    );
 }

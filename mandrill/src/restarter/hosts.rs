@@ -2,7 +2,9 @@
 //! host is `{instance_name}.{message.domain}`; `[[hosts]]` entries point
 //! instance-name patterns at an address, and optionally a port and a user
 //! (for SSH). The most specific matching pattern wins; an exact name beats
-//! any pattern.
+//! any pattern. For a host the operator's inventory lists, the inventory's
+//! address, port and user (`request.reach`) come first, each in its own
+//! right: a part the inventory leaves out is the map's.
 
 use serde::{Deserialize, Serialize};
 
@@ -65,19 +67,26 @@ impl HostMap {
         Ok(Self { entries: parsed })
     }
 
-    /// Where to reach `request`'s host.
+    /// Where to reach `request`'s host: the inventory's parts first, then
+    /// the map's, then the hostname.
     pub fn target(&self, request: &RestartRequest) -> Target {
         let entry = self
             .entries
             .iter()
             .find(|(pattern, _)| pattern.matches(request.instance_name.as_str()))
             .map(|(_, entry)| entry);
+        let listed = request.reach.as_deref();
         Target {
-            address: entry
-                .and_then(|e| e.address.clone())
+            address: listed
+                .and_then(|r| r.address.clone())
+                .or_else(|| entry.and_then(|e| e.address.clone()))
                 .unwrap_or_else(|| request.hostname.to_string()),
-            port: entry.and_then(|e| e.port),
-            user: entry.and_then(|e| e.user.clone()),
+            port: listed
+                .and_then(|r| r.port)
+                .or_else(|| entry.and_then(|e| e.port)),
+            user: listed
+                .and_then(|r| r.user.clone())
+                .or_else(|| entry.and_then(|e| e.user.clone())),
         }
     }
 }
@@ -94,6 +103,31 @@ mod tests {
             port,
             user: None,
         }
+    }
+
+    #[test]
+    fn the_inventorys_address_port_and_user_come_first_for_a_listed_host() {
+        let map = HostMap::new(&[HostEntry {
+            pattern: "cattle-*".into(),
+            address: Some("10.0.0.1".into()),
+            port: Some(22),
+            user: Some("ops".into()),
+        }])
+        .unwrap();
+        let mut listed = request("cattle-ab12");
+        listed.reach = Some(std::sync::Arc::new(crate::domain::Reach {
+            address: Some("192.0.2.7".into()),
+            port: Some(2222),
+            user: None,
+        }));
+        let target = map.target(&listed);
+        assert_eq!(target.address, "192.0.2.7");
+        assert_eq!(target.port, Some(2222));
+        assert_eq!(
+            target.user.as_deref(),
+            Some("ops"),
+            "the map's, where the inventory is silent"
+        );
     }
 
     #[test]

@@ -8,6 +8,7 @@
 //! Redirects are not followed: a signed POST must not be replayed elsewhere.
 
 mod answer;
+pub(crate) mod fetch;
 mod settings;
 #[cfg(test)]
 mod tests;

@@ -29,6 +29,20 @@ pub struct Counting {
     zone_budget: Option<u32>,
 }
 
+/// `Err` with the denial's reason when the message names a group other than
+/// `operators`, the one the operator's configuration (or inventory) gives
+/// the instance; both names are in the reason.
+pub fn group_mismatch(request: &RestartRequest, operators: &str) -> Result<(), String> {
+    match request.requested_group.as_deref() {
+        Some(named) if named != operators => Err(format!(
+            "denied by group mismatch: the message names group {named} but {} is in group \
+             {operators} (the operator's groups decide; a message's group is only checked)",
+            request.instance_name
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// `0` means unlimited; unset takes the default.
 fn limit(value: Option<u32>, default: Option<u32>) -> Option<u32> {
     match value {
@@ -114,17 +128,10 @@ impl Counting {
         }
     }
 
-    /// The request's group: the message's own `group`, else the first
-    /// configured group (by name) with a pattern matching the instance,
-    /// else the instance name without its last `-suffix`.
-    pub fn group<'r>(&'r self, request: &'r RestartRequest) -> &'r str {
-        match request.group.as_deref() {
-            Some(group) => group,
-            None => self.group_of(request.instance_name.as_str()),
-        }
-    }
-
-    /// The group of an instance when the message names none.
+    /// The operator's group of `instance`: the first configured group (by
+    /// name) with a pattern matching it, else the name without its last
+    /// `-suffix` (`cattle-a1` → `cattle`). A message's own `group` never
+    /// enters into it.
     pub fn group_of<'r>(&'r self, instance: &'r str) -> &'r str {
         self.groups
             .iter()
@@ -139,29 +146,36 @@ impl Counting {
             )
     }
 
-    /// Names the request's group when a configured pattern decides it (the
-    /// message did not name one), so that the store counts it there.
-    pub fn assign(&self, request: &mut RestartRequest) {
-        if request.group.is_some() {
-            return;
-        }
+    /// Assigns the operator's group ([`Self::group_of`]) to
+    /// `request.group`, so that everything that counts (the stores read
+    /// `request.group()`) counts it there. `Err` with the denial's reason
+    /// when the message names a different group: a publisher never picks
+    /// the group whose limits it is counted against.
+    pub fn assign(&self, request: &mut RestartRequest) -> Result<(), String> {
         let instance = request.instance_name.as_str();
-        if let Some((name, _)) = self
+        let configured = self
             .groups
             .iter()
             .find(|(_, patterns)| patterns.iter().any(|p| p.matches(instance)))
-        {
-            request.group = Some(name.clone());
-        }
+            .map(|(name, _)| name);
+        // The name's default needs no copy: `request.group()` falls back to
+        // it (so the common case allocates nothing per message).
+        request.group = configured.cloned();
+        group_mismatch(request, request.group())
     }
 
     /// The limits a claim in `group` enforces, or why the budget cannot be
     /// known (a percentage of a group whose size is not configured): the
     /// request is then deferred, never let through.
     pub fn limits(&self, group: &str) -> Result<Limits, String> {
+        self.limits_sized(group, self.sizes.get(group).copied())
+    }
+
+    /// As [`Self::limits`], with the group's size given (the inventory's).
+    pub fn limits_sized(&self, group: &str, size: Option<u32>) -> Result<Limits, String> {
         let from_percent = match self.percent {
             None => None,
-            Some(percent) => match self.sizes.get(group) {
+            Some(percent) => match size {
                 Some(size) => Some(size.saturating_mul(percent) / 100),
                 None => {
                     return Err(format!(

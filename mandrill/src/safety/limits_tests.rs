@@ -139,11 +139,8 @@ fn groups_defaults_and_budgets_resolve_fail_closed() {
         ..BudgetSettings::default()
     };
     let counting = Counting::new(&groups, &RateSettings::default(), &budget, true).unwrap();
-    assert_eq!(counting.group(&request("frontend-7")), "web");
-    assert_eq!(counting.group(&request("cattle-ab12")), "cattle");
-    let mut explicit = request("frontend-7");
-    explicit.group = Some("canary".into());
-    assert_eq!(counting.group(&explicit), "canary");
+    assert_eq!(counting.group_of("frontend-7"), "web");
+    assert_eq!(counting.group_of("cattle-ab12"), "cattle");
 
     let web = counting.limits("web").unwrap();
     assert_eq!(web.budget, Some(2), "20% of 10");
@@ -283,4 +280,33 @@ fn subject<'a>(group: &'a str, instance: &'a str) -> Subject<'a> {
         zone: None,
         requester: None,
     }
+}
+
+#[test]
+fn the_operator_assigns_the_group_and_a_message_naming_another_is_denied() {
+    let groups = [("web".to_owned(), vec!["frontend-*".to_owned()])].into();
+    let counting = Counting::new(
+        &groups,
+        &RateSettings::default(),
+        &BudgetSettings::default(),
+        false,
+    )
+    .unwrap();
+    let mut plain = request("frontend-7");
+    counting.assign(&mut plain).unwrap();
+    assert_eq!(plain.group(), "web");
+
+    let mut agreeing = request("cattle-a1");
+    agreeing.requested_group = Some("cattle".into());
+    counting.assign(&mut agreeing).unwrap();
+    assert_eq!(agreeing.group(), "cattle");
+
+    let mut hostile = request("frontend-7");
+    hostile.requested_group = Some("canary".into());
+    let reason = counting.assign(&mut hostile).unwrap_err();
+    assert_eq!(hostile.group(), "web", "counted in the operator's group");
+    assert!(
+        reason.contains("names group canary") && reason.contains("in group web"),
+        "{reason}"
+    );
 }

@@ -16,10 +16,10 @@ pub mod policy;
 pub mod stop;
 
 pub use calendar::{Calendar, CalendarSettings, FreezeSettings};
-pub use counting::Counting;
+pub use counting::{Counting, group_mismatch};
 pub use guards::{Clock, Guards, Hold, MAX_PUBLISHED_AHEAD, Since};
 pub use limits::{BudgetSettings, Limits, RateSettings};
-pub use policy::{Policy, PolicyHandle};
+pub use policy::{Placement, Policy, PolicyHandle};
 pub use stop::{StopConditionSettings, StopConditions};
 
 use crate::pattern::Pattern;

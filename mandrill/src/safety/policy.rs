@@ -5,8 +5,9 @@
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use super::{Eligibility, Guards, Hold, StopConditions};
+use super::{Eligibility, Guards, Hold, Limits, StopConditions};
 use crate::domain::RestartRequest;
+use crate::inventory::InventoryHandle;
 
 /// What a reload of `[safety]` may change. Everything the handler decides
 /// with, so that one message is decided under one policy at a time.
@@ -26,6 +27,30 @@ pub struct Policy {
     pub stop_conditions: StopConditions,
     /// How soon a delivery a stop condition deferred comes back.
     pub stop_retry: Duration,
+    /// The operator's inventory, when `[inventory]` names a source: the
+    /// hosts that exist, their groups, zones and addresses. The handle is
+    /// the service's, kept current by its refresh task.
+    pub inventory: Option<InventoryHandle>,
+}
+
+/// Why a request is not counted at all: what [`Policy::place`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Placement {
+    /// Denied for good (recorded `denied`, acked): not in the inventory,
+    /// no group there, or the message names another group.
+    Denied {
+        /// `inventory` or `group`.
+        guard: &'static str,
+        /// In plain words, with the names involved.
+        reason: String,
+    },
+    /// Not decidable now (no inventory loaded, or too old): deferred.
+    Deferred {
+        /// In plain words, naming the inventory.
+        reason: String,
+        /// How soon to look again.
+        retry: Duration,
+    },
 }
 
 impl Default for Policy {
@@ -40,11 +65,107 @@ impl Default for Policy {
             pause_on_unrecovered: false,
             stop_conditions: StopConditions::default(),
             stop_retry: Duration::from_secs(30),
+            inventory: None,
         }
     }
 }
 
 impl Policy {
+    /// Places `request` with the operator: assigns its group (the
+    /// inventory's, else `safety.groups` or the name's default), and with
+    /// an inventory its zone and where it is reached, before anything
+    /// counts. `Err` when it must not be counted at all: denied (not in
+    /// the inventory, no group there, a message naming another group) or
+    /// deferred (the inventory is missing or older than its `max_age`).
+    pub fn place(&self, request: &mut RestartRequest) -> Result<(), Placement> {
+        let Some(inventory) = &self.inventory else {
+            return self
+                .guards
+                .counting
+                .assign(request)
+                .map_err(|reason| Placement::Denied {
+                    guard: "group",
+                    reason,
+                });
+        };
+        let snapshot = inventory.fresh().map_err(|lookup| Placement::Deferred {
+            reason: lookup.reason,
+            retry: lookup.retry,
+        })?;
+        let name = request.instance_name.as_str();
+        let Some(host) = snapshot.inventory.host(name) else {
+            return Err(Placement::Denied {
+                guard: "inventory",
+                reason: format!(
+                    "denied by inventory: {name} is not in the inventory ({})",
+                    snapshot.source
+                ),
+            });
+        };
+        let Some(group) = &host.group else {
+            return Err(Placement::Denied {
+                guard: "inventory",
+                reason: format!(
+                    "denied by inventory: {name} has no group: {}",
+                    host.no_group.as_deref().unwrap_or("none given")
+                ),
+            });
+        };
+        request.group = Some(group.clone());
+        request.zone.clone_from(&host.zone);
+        request.reach = Some(host.reach.clone());
+        super::group_mismatch(request, group).map_err(|reason| Placement::Denied {
+            guard: "group",
+            reason,
+        })
+    }
+
+    /// Whether `request`, placed earlier, is still placed the same under
+    /// this policy (checked again after the claim, which may have waited):
+    /// with an inventory, still listed, in the same group, and the copy not
+    /// too old. No allocation unless it is not. `Err` as [`Self::place`].
+    pub fn still_placed(&self, request: &RestartRequest) -> Result<(), Placement> {
+        let Some(inventory) = &self.inventory else {
+            return Ok(());
+        };
+        let snapshot = inventory.fresh().map_err(|lookup| Placement::Deferred {
+            reason: lookup.reason,
+            retry: lookup.retry,
+        })?;
+        let name = request.instance_name.as_str();
+        match snapshot.inventory.host(name) {
+            Some(host) if host.group.as_deref() == request.group.as_deref() => Ok(()),
+            Some(host) => Err(Placement::Denied {
+                guard: "inventory",
+                reason: format!(
+                    "denied by inventory: {name} moved from group {} to {} while its claim \
+                     was made",
+                    request.group(),
+                    host.group.as_deref().unwrap_or("none")
+                ),
+            }),
+            None => Err(Placement::Denied {
+                guard: "inventory",
+                reason: format!(
+                    "denied by inventory: {name} is not in the inventory ({})",
+                    snapshot.source
+                ),
+            }),
+        }
+    }
+
+    /// The limits a claim in `group` enforces: with an inventory, a
+    /// percentage budget counts the group's size there.
+    pub fn limits(&self, group: &str) -> Result<Limits, String> {
+        match self.inventory.as_ref().and_then(InventoryHandle::current) {
+            Some(snapshot) => self
+                .guards
+                .counting
+                .limits_sized(group, snapshot.inventory.group_size(group)),
+            None => self.guards.counting.limits(group),
+        }
+    }
+
     /// A deferral for `delay` (a short retry: a stop condition), or
     /// `Expired` when the request would then be older than
     /// `safety.max_defer` since it was published.

@@ -21,6 +21,7 @@ use tracing::{error, info, warn};
 use crate::admin::Admin;
 use crate::broker::{AnyConsumer, Broker, MemoryBroker};
 use crate::config::{Config, redact_url};
+use crate::inventory::{InventoryHandle, InventorySettings, Source};
 use crate::notify::Notifier;
 use crate::safety::PolicyHandle;
 use crate::safety::pause_file::PauseFile;
@@ -45,6 +46,8 @@ pub struct Controls {
     flow: Arc<FlowControl>,
     simulate_rate: Arc<watch::Sender<f64>>,
     policy: PolicyHandle,
+    inventory: InventoryHandle,
+    inventory_settings: Arc<watch::Sender<InventorySettings>>,
 }
 
 impl Controls {
@@ -62,6 +65,12 @@ impl Controls {
             *rate = config.simulate.rate;
             changed
         });
+        // The refresh task reads a changed `[inventory]` at once.
+        self.inventory_settings.send_if_modified(|settings| {
+            let changed = *settings != config.inventory;
+            settings.clone_from(&config.inventory);
+            changed
+        });
     }
 
     /// Puts the safety policy of `config` in force for every decision made
@@ -71,7 +80,7 @@ impl Controls {
     /// backend (`restarter.kind`), and that is only changed by a restart.
     pub fn apply_policy(&self, config: &Config) -> bool {
         let policy = match config.validate().and_then(|()| config.policy()) {
-            Ok(policy) => policy,
+            Ok(policy) => with_inventory(policy, config, &self.inventory),
             Err(error) => {
                 error!(%error, "safety policy not reloaded; keeping the one in force");
                 return false;
@@ -93,6 +102,16 @@ impl Controls {
     }
 }
 
+/// `policy` deciding with `inventory` when `config` names one.
+fn with_inventory(
+    mut policy: crate::safety::Policy,
+    config: &Config,
+    inventory: &InventoryHandle,
+) -> crate::safety::Policy {
+    policy.inventory = config.inventory.is_configured().then(|| inventory.clone());
+    policy
+}
+
 /// A service ready to run. See the module docs.
 pub struct Service {
     config: Config,
@@ -110,6 +129,10 @@ pub struct Service {
     pause_file: Option<PauseFile>,
     /// The `[[notify]]` endpoints' queue and sender; `None` without any.
     notifier: Option<Arc<Notifier>>,
+    /// The inventory in force (empty without `[inventory]`).
+    inventory: InventoryHandle,
+    /// `[inventory]` as the refresh task reads it; a reload sends the new one.
+    inventory_settings: Arc<watch::Sender<InventorySettings>>,
 }
 
 impl Service {
@@ -131,11 +154,41 @@ impl Service {
             ),
             None => None,
         };
+        // A first load that fails stops start-up, naming the source: an
+        // operator who configured an inventory is told at once, rather than
+        // finding every request deferred.
+        let inventory = match Source::of(&config.inventory) {
+            Some(source) => {
+                let loaded = crate::inventory::load(&source, &config.inventory)
+                    .await
+                    .map_err(|why| anyhow!("inventory: cannot load the inventory: {why}"))?;
+                info!(
+                    source = %source,
+                    hosts = loaded.len(),
+                    groups = loaded.groups().len(),
+                    skipped = loaded.skipped.len(),
+                    "inventory loaded"
+                );
+                InventoryHandle::new(loaded, &source, &config.inventory)
+            }
+            None => {
+                let handle = InventoryHandle::default();
+                handle.set_limits(&config.inventory);
+                handle
+            }
+        };
         let stats = Arc::new(Stats::default());
         // Last, so that a failure above leaves no sending task behind.
         let notifier = Notifier::start(&config.notify, &config.notifier, stats.clone())?;
+        let worker_config = config.worker_config();
+        let policy = with_inventory(
+            (*worker_config.policy.current()).clone(),
+            &config,
+            &inventory,
+        );
+        worker_config.policy.replace(policy);
         let worker = Worker::new(
-            config.worker_config(),
+            worker_config,
             consumer,
             store.clone(),
             restarter,
@@ -143,7 +196,10 @@ impl Service {
         )
         .with_notifier(notifier.clone());
         let (simulate_rate, _) = watch::channel(config.simulate.rate);
+        let (inventory_settings, _) = watch::channel(config.inventory.clone());
         Ok(Self {
+            inventory,
+            inventory_settings: Arc::new(inventory_settings),
             config,
             broker,
             memory_broker,
@@ -171,6 +227,8 @@ impl Service {
             flow: self.worker.flow_control(),
             simulate_rate: self.simulate_rate.clone(),
             policy: self.worker.policy(),
+            inventory: self.inventory.clone(),
+            inventory_settings: self.inventory_settings.clone(),
         }
     }
 
@@ -207,6 +265,11 @@ impl Service {
                 stop_companions.clone(),
             ));
         }
+        companions.spawn(crate::inventory::refresh_task(
+            self.inventory.clone(),
+            self.inventory_settings.subscribe(),
+            stop_companions.clone(),
+        ));
         if self.config.simulate.enabled {
             let stop = stop_companions.clone();
             let requested = shutdown.clone();

@@ -29,11 +29,24 @@ pub(super) async fn deny(
     attempt: u32,
     reason: String,
 ) -> Settlement {
+    deny_by(shared, progress, request, attempt, "eligibility", reason).await
+}
+
+/// As [`deny`], for the guard named: `group` when the message's group
+/// disagrees with the operator's.
+pub(super) async fn deny_by(
+    shared: &Shared,
+    progress: &Progress,
+    request: &RestartRequest,
+    attempt: u32,
+    guard: &'static str,
+    reason: String,
+) -> Settlement {
     shared.stats.denied.inc();
-    info!(reason, attempt, "denied");
+    info!(reason, attempt, guard, "denied");
     let decision = Decision {
         verdict: "denied",
-        guard: "eligibility",
+        guard,
         reason: &reason,
     };
     note_decision(shared, request, attempt, decision).await;

@@ -487,3 +487,179 @@ async fn an_undated_request_deferred_again_and_again_expires_counting_from_its_f
     assert_eq!(entry.status, Status::Expired);
     h.stop().await.unwrap();
 }
+
+/// Five requests for `cattle-a1` … `cattle-a5`, which the operator puts
+/// in group `g1` (`safety.groups.g1 = ["cattle-*"]`), naming groups `g1` …
+/// `g5`, with one restart per group per day: a message's `group` never
+/// picks the group it is counted in. Each counted in the group it named,
+/// all five were restarted; now the one naming `g1` is restarted and the
+/// four others are denied for the mismatch (recorded with both names,
+/// acked, nothing claimed). Requests that name `g1`, or no group, are then
+/// deferred by the limit like any other.
+#[tokio::test(start_paused = true)]
+async fn a_message_naming_its_own_group_neither_escapes_the_limit_nor_is_restarted() {
+    let counting = crate::safety::Counting::new(
+        &[("g1".to_owned(), vec!["cattle-*".to_owned()])].into(),
+        &crate::safety::RateSettings {
+            group_max: Some(1),
+            ..crate::safety::RateSettings::default()
+        },
+        &crate::safety::BudgetSettings::default(),
+        false,
+    )
+    .unwrap();
+    let config = with_policy(Policy {
+        guards: Guards {
+            counting,
+            max_defer: Duration::from_secs(7 * 24 * 3600),
+            ..Guards::default()
+        },
+        ..Policy::default()
+    });
+    let store = Arc::new(MemoryStore::new());
+    let restarter = Arc::new(ScriptedRestarter::default());
+    let h = start(config, store.clone(), restarter.clone());
+    let stats = h.stats.clone();
+    let request = |instance: &str, group: Option<&str>| {
+        let id = Uuid::new_v4();
+        let group = group.map_or_else(String::new, |g| format!(r#","group":"{g}""#));
+        let body = format!(r#"{{"message_id":"{id}","instance_name":"{instance}"{group}}}"#);
+        (id, Bytes::from(body))
+    };
+    let mut ids = Vec::new();
+    for n in 1..=5 {
+        let (id, body) = request(&format!("cattle-a{n}"), Some(&format!("g{n}")));
+        h.broker.publish(body).await.unwrap();
+        ids.push(id);
+    }
+    wait_until("all five decided", || {
+        stats.restarted.get() + stats.denied.get() == 5
+    })
+    .await;
+    assert_eq!(
+        restarter.timeline.count("restart-started"),
+        1,
+        "one restart, not five"
+    );
+    assert_eq!(stats.denied.get(), 4);
+    assert_eq!(store.lookup(ids[0]).await.unwrap(), Some(Status::Restarted));
+    let story = store.story(ids[0]).await.unwrap().unwrap();
+    assert_eq!(
+        story.attempts[0].group, "g1",
+        "counted in the operator's group"
+    );
+    for (n, id) in ids.iter().enumerate().skip(1) {
+        assert_eq!(store.lookup(*id).await.unwrap(), Some(Status::Denied));
+        let story = store.story(*id).await.unwrap().unwrap();
+        let decision = &story.decisions[0];
+        assert_eq!(decision.guard, "group");
+        let named = format!("names group g{}", n + 1);
+        assert!(
+            decision.reason.contains("group mismatch")
+                && decision.reason.contains(&named)
+                && decision.reason.contains("in group g1"),
+            "both names: {}",
+            decision.reason
+        );
+        assert!(story.attempts.is_empty(), "nothing claimed");
+    }
+    for (instance, group) in [("cattle-a6", Some("g1")), ("cattle-a7", None)] {
+        let (id, body) = request(instance, group);
+        h.broker.publish(body).await.unwrap();
+        let before = stats.deferred.get();
+        wait_until("deferred", || stats.deferred.get() > before).await;
+        let story = store.story(id).await.unwrap().unwrap();
+        assert_eq!(story.decisions[0].guard, "rate limit", "{story:?}");
+    }
+    assert_eq!(restarter.timeline.count("restart-started"), 1);
+    h.stop().await.unwrap();
+}
+
+/// With an inventory: a listed host is counted in the inventory's group
+/// (and a percentage budget counts the group's size there); a name the
+/// inventory does not list is denied; once the copy is older than
+/// `inventory.max_age` (no refresh here), every request is deferred,
+/// naming the inventory, and nothing is claimed.
+#[tokio::test(start_paused = true)]
+async fn the_inventory_decides_group_membership_and_fails_closed_when_too_old() {
+    use crate::inventory::{Inventory, InventoryHandle, InventorySettings, Keys, Source};
+    let inventory = Inventory::parse(
+        "[[hosts]]\nname = \"cattle-a1\"\ngroup = \"herd\"\nzone = \"eu-1\"\n\
+         [[hosts]]\nname = \"cattle-a2\"\ngroup = \"herd\"\n\
+         [[hosts]]\nname = \"cattle-a3\"\ngroup = \"herd\"\n\
+         [[hosts]]\nname = \"cattle-a4\"\ngroup = \"herd\"\n",
+        true,
+        &Keys::default(),
+    )
+    .unwrap();
+    let settings = InventorySettings::default();
+    let handle = InventoryHandle::new(inventory, &Source::File("hosts.toml".into()), &settings);
+    let counting = crate::safety::Counting::new(
+        &std::collections::BTreeMap::new(),
+        &crate::safety::RateSettings::default(),
+        &crate::safety::BudgetSettings {
+            max_disrupted_percent: Some(50),
+            ..crate::safety::BudgetSettings::default()
+        },
+        false,
+    )
+    .unwrap();
+    let policy = Policy {
+        guards: Guards {
+            counting,
+            max_defer: Duration::from_secs(7 * 24 * 3600),
+            ..Guards::default()
+        },
+        inventory: Some(handle),
+        ..Policy::default()
+    };
+    assert_eq!(
+        policy.limits("herd").unwrap().budget,
+        Some(2),
+        "50% of the inventory's 4, with no safety.budget.group_sizes"
+    );
+    let store = Arc::new(MemoryStore::new());
+    let restarter = Arc::new(ScriptedRestarter::default());
+    let h = start(with_policy(policy), store.clone(), restarter.clone());
+    let stats = h.stats.clone();
+    let listed = h.publish("cattle-a1").await;
+    wait_until("restarted", || stats.restarted.get() == 1).await;
+    let story = store.story(listed).await.unwrap().unwrap();
+    assert_eq!(story.attempts[0].group, "herd", "the inventory's group");
+
+    // The counters move before the decision is written: wait for it.
+    let decided = |id: Uuid| {
+        let store = store.clone();
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(600);
+            loop {
+                if let Some(story) = store.story(id).await.unwrap()
+                    && !story.decisions.is_empty()
+                {
+                    return story;
+                }
+                assert!(Instant::now() < deadline, "{id} never decided");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    };
+    let unknown = h.publish("cattle-zz").await;
+    let story = decided(unknown).await;
+    assert_eq!(story.decisions[0].guard, "inventory");
+    assert!(
+        story.decisions[0].reason.contains("not in the inventory"),
+        "{}",
+        story.decisions[0].reason
+    );
+
+    // An hour and a second later, with no refresh: too old to decide with.
+    tokio::time::sleep(settings.max_age + Duration::from_secs(1)).await;
+    // (The memory store keeps no story of a request deferred before any
+    // claim: its deferral is counted; tests/inventory.rs reads the reason.)
+    let stale = h.publish("cattle-a2").await;
+    wait_until("deferred", || stats.deferred.get() >= 1).await;
+    assert!(store.deferrals(stale).await.unwrap() >= 1);
+    assert_eq!(store.lookup(stale).await.unwrap(), None, "nothing claimed");
+    assert_eq!(restarter.timeline.count("restart-started"), 1);
+    h.stop().await.unwrap();
+}

@@ -42,7 +42,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{Instrument, error, info, info_span, warn};
 
 use super::conclude::conclude;
-use super::decisions::{deny, dry_run_action, unclaim};
+use super::decisions::{deny, deny_by, dry_run_action, held, unclaim};
 use super::lease::{Leased, Progress, with_lease};
 use super::prepare::{
     Halt, prepare, recheck, unclaim_at_shutdown, unclaim_lease_lost, unless_paused,
@@ -52,7 +52,7 @@ use super::shared::{Shared, panic_message};
 use crate::broker::Delivery;
 use crate::domain::{Outcome, RestartRequest};
 use crate::restarter::RestartError;
-use crate::safety::Policy;
+use crate::safety::{Placement, Policy};
 use crate::stats::DeadLetterReason;
 
 /// Spawns one task for a pulled batch: it drives each delivery's handler
@@ -294,6 +294,28 @@ fn parse_or_reject<'a>(
     }
 }
 
+/// [`Policy::place`], or the settlement of a request that is not counted
+/// at all (denied, or deferred by the inventory). A plain function, as
+/// [`parse_or_reject`], so that the placement's reasons are never part of
+/// the handler's state.
+fn place_or_settle<'a>(
+    shared: &'a Shared,
+    policy: &Policy,
+    progress: &'a Progress,
+    request: &'a mut RestartRequest,
+) -> Result<(), RareSettlement<'a>> {
+    match policy.place(request) {
+        Ok(()) => Ok(()),
+        Err(Placement::Denied { guard, reason }) => {
+            Err(rare(deny_by(shared, progress, request, 0, guard, reason)))
+        }
+        Err(Placement::Deferred { reason, retry }) => {
+            let hold = policy.guards.defer(request, "inventory", retry, reason);
+            Err(rare(held(shared, progress, request, hold)))
+        }
+    }
+}
+
 /// The work of one delivery: parse, prepare and claim, recheck, restart,
 /// conclude. `policy` is the batch's, for the decisions before the claim.
 pub(super) async fn process(
@@ -307,11 +329,16 @@ pub(super) async fn process(
         Ok(request) => request,
         Err(rejected) => return rejected.await,
     };
-    policy.guards.counting.assign(&mut request);
     {
         let span = tracing::Span::current();
         span.record("message_id", tracing::field::display(request.message_id));
         span.record("host", tracing::field::display(&request.hostname));
+    }
+    // The operator's group (and, with an inventory, zone and address),
+    // before anything counts: the stores count `request.group()`. Not in
+    // the inventory, or a message naming another group: denied.
+    if let Err(unplaced) = place_or_settle(shared, policy, progress, &mut request) {
+        return unplaced.await;
     }
     // Each phase is boxed: only one phase's state is alive at a time, and
     // boxing keeps the others out of the task's size for its whole life.

@@ -17,7 +17,7 @@ use super::shared::Shared;
 use crate::broker::Delivery;
 use crate::domain::RestartRequest;
 use crate::restarter::{Refusal, Reservation};
-use crate::safety::{Hold, Policy};
+use crate::safety::{Hold, Placement, Policy};
 use crate::store::{Claim, ClaimTerms, unknown_outcome};
 
 /// How soon a delivery deferred by the kill switch is looked at again.
@@ -230,7 +230,7 @@ fn decide<'a>(
     if let Some(hold) = policy.guards.hold(request) {
         return Err(rare(held(shared, progress, request, hold)));
     }
-    let limits = match policy.guards.counting.limits(request.group()) {
+    let limits = match policy.limits(request.group()) {
         Ok(limits) => limits,
         Err(reason) => {
             let hold =
@@ -266,9 +266,22 @@ pub(super) fn recheck<'a>(
     request: &'a RestartRequest,
 ) -> Result<Rechecked, BoxFuture<'a, Rechecked>> {
     let policy = shared.config.policy.current();
-    // A reload may have denied the instance while the claim waited.
+    // A reload may have denied the instance while the claim waited, or the
+    // inventory dropped it, moved it, or grown too old.
     if let Err(reason) = policy.eligibility.check(request.instance_name.as_str()) {
         return Ok(Err(Halt::Denied(reason)));
+    }
+    match policy.still_placed(request) {
+        Ok(()) => {}
+        Err(Placement::Denied { reason, .. }) => return Ok(Err(Halt::Denied(reason))),
+        Err(Placement::Deferred { reason, retry }) => {
+            return Ok(Err(Halt::Hold(policy.guards.defer(
+                request,
+                "inventory",
+                retry,
+                reason,
+            ))));
+        }
     }
     if let Some(hold) = policy.guards.hold(request) {
         return Ok(Err(Halt::Hold(hold)));

@@ -118,6 +118,10 @@ fn every_setting_is_documented_in_help() {
     }];
     config.broker.pubsub.endpoint = Some("http://127.0.0.1:8085".into());
     config.broker.pubsub.credentials_file = Some(PathBuf::from("key.json"));
+    // One source is valid; all three are set here only to be flattened.
+    config.inventory.file = Some(PathBuf::from("hosts.toml"));
+    config.inventory.command = vec!["ansible-inventory".into()];
+    config.inventory.url = Some("https://cmdb.example/hosts".into());
     for key in config.flatten().keys() {
         assert!(
             documented.contains(key),
@@ -192,7 +196,15 @@ fn what_config_embeds_never_imports_config() {
     }
     let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut files = Vec::new();
-    for dir in ["broker", "store", "restarter", "worker", "safety", "notify"] {
+    for dir in [
+        "broker",
+        "store",
+        "restarter",
+        "worker",
+        "safety",
+        "notify",
+        "inventory",
+    ] {
         sources(&src.join(dir), &mut files);
     }
     assert!(files.len() > 20, "{files:?}");

@@ -352,3 +352,49 @@ fn the_generated_admin_token_is_kept_beside_the_sqlite_store_unless_configured()
     assert_eq!(with("sqlite:m.db", &[("admin.token", "t")]), None);
     assert_eq!(with("sqlite:m.db", &[("admin.listen", "")]), None);
 }
+
+#[test]
+fn an_inventory_has_exactly_one_source_and_its_url_is_masked() {
+    let config = load(
+        Some(
+            "[inventory]\nurl = \"https://ops:s3cret-pw@cmdb.example/hosts\"\nrefresh = \"1m\"\n\
+             max_age = \"10m\"\n",
+        ),
+        &[],
+        &[],
+    )
+    .unwrap();
+    assert!(config.inventory.is_configured());
+    assert!(
+        !config
+            .redactor()
+            .scrub("GET https://ops:s3cret-pw@cmdb.example/hosts")
+            .contains("s3cret-pw")
+    );
+    let cases = [
+        (
+            "[inventory]\nfile = \"hosts.toml\"\ncommand = [\"ansible-inventory\", \"--list\"]\n",
+            "inventory.file and inventory.command",
+        ),
+        (
+            "[inventory]\nfile = \"hosts.toml\"\nurl = \"https://h/s3cret-pw\"\n",
+            "inventory.url",
+        ),
+        ("[inventory]\ncommand = [\"\"]\n", "inventory.command"),
+        (
+            "[inventory]\nurl = \"ftp://ops:s3cret-pw@h/x\"\n",
+            "inventory.url",
+        ),
+        (
+            "[inventory]\nfile = \"h.toml\"\nrefresh = \"1h\"\nmax_age = \"10m\"\n",
+            "inventory.max_age",
+        ),
+        ("[inventory]\nrefresh = \"0s\"\n", "inventory.refresh"),
+        ("[inventory]\nfiles = \"h.toml\"\n", "inventory.files"),
+    ];
+    for (file, key) in cases {
+        let error = load(Some(file), &[], &[]).unwrap_err().to_string();
+        assert!(error.contains(key), "{file:?}: {error}");
+        assert!(!error.contains("s3cret-pw"), "{error}");
+    }
+}

@@ -1,0 +1,160 @@
+//! The JSON of `ansible-inventory --list`: groups with `hosts` and
+//! `children`, and `_meta.hostvars`. `ansible_host` is the address,
+//! `ansible_port` the port, `ansible_user` the user, the variable named by
+//! `inventory.zone_var` the zone; other scalar variables are labels.
+//!
+//! A host's group is the most specific group that lists it directly, not
+//! counting `all` and `ungrouped`: the one deepest below `all` (a group's
+//! depth is its longest chain of parents). A host listed by two groups
+//! equally deep, neither a parent of the other, has no group (requests for
+//! it are denied, naming both): counting it in one would let the other's
+//! limits miss it. A host in no group but `all`/`ungrouped` has none either.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use serde_json::{Map, Value};
+
+use super::{Format, Inventory, Keys, host, joined, without_group};
+use crate::domain::Reach;
+
+const IMPLICIT: [&str; 3] = ["all", "ungrouped", "_meta"];
+
+pub(super) fn parse(object: &Map<String, Value>, keys: &Keys) -> Result<Inventory, String> {
+    let groups: BTreeMap<&str, &Map<String, Value>> = object
+        .iter()
+        .filter(|(name, _)| name.as_str() != "_meta")
+        .map(|(name, group)| {
+            group
+                .as_object()
+                .map(|group| (name.as_str(), group))
+                .ok_or_else(|| format!("group {name} is not an object"))
+        })
+        .collect::<Result<_, _>>()?;
+    let list = |group: &Map<String, Value>, key: &str| -> Result<Vec<String>, String> {
+        match group.get(key) {
+            None => Ok(Vec::new()),
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|item| {
+                    item.as_str()
+                        .map(str::to_owned)
+                        .ok_or_else(|| format!("{key} holds {item}, not a name"))
+                })
+                .collect(),
+            Some(other) => Err(format!("{key} is {other}, not a list")),
+        }
+    };
+    // Depth below `all`: the longest chain of parents, found by relaxing
+    // the edges at most once per group (a cycle stops there).
+    let mut depth: HashMap<&str, usize> = groups.keys().map(|name| (*name, 1)).collect();
+    depth.insert("all", 0);
+    let mut edges = Vec::new();
+    for (name, group) in &groups {
+        for child in list(group, "children").map_err(|why| format!("group {name}: {why}"))? {
+            edges.push((*name, child));
+        }
+    }
+    for _ in 0..=groups.len() {
+        let mut changed = false;
+        for (parent, child) in &edges {
+            let below = depth.get(parent).copied().unwrap_or(1) + 1;
+            if let Some(d) = depth.get_mut(child.as_str())
+                && *d < below
+            {
+                *d = below;
+                changed = true;
+            }
+        }
+        if !changed {
+            break;
+        }
+    }
+    let mut memberships: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (name, group) in &groups {
+        for member in list(group, "hosts").map_err(|why| format!("group {name}: {why}"))? {
+            let entry = memberships.entry(member).or_default();
+            if !IMPLICIT.contains(name) {
+                entry.insert((*name).to_owned());
+            }
+        }
+    }
+    let no_vars = Map::new();
+    let hostvars = object
+        .get("_meta")
+        .and_then(|meta| meta.get("hostvars"))
+        .and_then(Value::as_object)
+        .unwrap_or(&no_vars);
+    for name in hostvars.keys() {
+        memberships.entry(name.clone()).or_default();
+    }
+    let mut hosts = Vec::new();
+    let mut skipped = Vec::new();
+    for (name, member_of) in memberships {
+        let vars = hostvars
+            .get(&name)
+            .and_then(Value::as_object)
+            .unwrap_or(&no_vars);
+        let text = |key: &str| vars.get(key).and_then(scalar);
+        let port = match vars.get("ansible_port") {
+            None | Some(Value::Null) => None,
+            Some(value) => Some(
+                scalar(value)
+                    .and_then(|p| p.parse::<u16>().ok())
+                    .ok_or_else(|| format!("host {name}: ansible_port {value} is not a port"))?,
+            ),
+        };
+        let reach = Reach {
+            address: text("ansible_host"),
+            port,
+            user: text("ansible_user"),
+        };
+        let labels: BTreeMap<String, String> = vars
+            .iter()
+            .filter(|(key, _)| !key.starts_with("ansible_") && *key != &keys.zone_var)
+            .filter_map(|(key, value)| scalar(value).map(|v| (key.clone(), v)))
+            .collect();
+        let deepest = member_of
+            .iter()
+            .map(|group| depth.get(group.as_str()).copied().unwrap_or(1))
+            .max();
+        let most_specific: BTreeSet<String> = member_of
+            .iter()
+            .filter(|group| depth.get(group.as_str()).copied().unwrap_or(1) == deepest.unwrap_or(0))
+            .cloned()
+            .collect();
+        let group = (most_specific.len() == 1)
+            .then(|| most_specific.iter().next().cloned())
+            .flatten();
+        let Some(mut parsed) = host(&name, group, reach, text(&keys.zone_var), labels)? else {
+            skipped.push(name);
+            continue;
+        };
+        if most_specific.len() > 1 {
+            without_group(
+                &mut parsed,
+                format!(
+                    "the inventory lists it in groups {} equally specific; mandrill counts a \
+                     host in one group only",
+                    joined(&most_specific)
+                ),
+            );
+        } else if most_specific.is_empty() {
+            without_group(
+                &mut parsed,
+                "the inventory lists it in no group but all/ungrouped".into(),
+            );
+        }
+        hosts.push(parsed);
+    }
+    Inventory::from_hosts(hosts, skipped, Format::Ansible)
+}
+
+/// A string, number or boolean as text; nothing for lists, maps, null.
+fn scalar(value: &Value) -> Option<String> {
+    match value {
+        Value::String(s) => Some(s.clone()),
+        Value::Number(n) => Some(n.to_string()),
+        Value::Bool(b) => Some(b.to_string()),
+        _ => None,
+    }
+}

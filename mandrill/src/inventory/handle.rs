@@ -1,0 +1,237 @@
+//! The copy of the inventory the worker decides with, and the task that
+//! keeps it current. A lookup clones an `Arc` under a read lock held for
+//! that instant and reads a hash map: no I/O, no store on the hot path. A
+//! refresh parses a whole new copy and swaps it in; a failed one keeps the
+//! last good copy (logged, counted), and a copy older than
+//! `inventory.max_age` is not decided with: requests are deferred.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, SystemTime};
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use super::{Inventory, InventorySettings, Source, load};
+
+/// One good read of the inventory.
+#[derive(Debug)]
+pub struct Snapshot {
+    /// The hosts.
+    pub inventory: Inventory,
+    /// Where it was read from (redacted).
+    pub source: String,
+    /// When, on the runtime's clock (ages are measured on it).
+    pub loaded_at: Instant,
+    /// When, on the wall clock (what is shown).
+    pub loaded_wall: SystemTime,
+}
+
+impl Snapshot {
+    /// How old it is now.
+    pub fn age(&self) -> Duration {
+        self.loaded_at.elapsed()
+    }
+}
+
+/// The inventory in force, shared by the worker, the refresh task and the
+/// admin pages. Cheap to clone.
+#[derive(Clone, Default)]
+pub struct InventoryHandle(Arc<Inner>);
+
+#[derive(Default)]
+struct Inner {
+    current: RwLock<Option<Arc<Snapshot>>>,
+    /// `inventory.max_age` in milliseconds (a reload may change it).
+    max_age_millis: AtomicU64,
+    /// `inventory.refresh` in milliseconds: how soon a deferred request
+    /// comes back.
+    refresh_millis: AtomicU64,
+    failures: AtomicU64,
+    last_error: Mutex<Option<String>>,
+}
+
+impl fmt::Debug for InventoryHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let hosts = self.current().map(|s| s.inventory.len());
+        f.debug_struct("InventoryHandle")
+            .field("hosts", &hosts)
+            .field("failures", &self.failures())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why the inventory cannot decide a request now: it is deferred.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lookup {
+    /// In plain words, naming the inventory.
+    pub reason: String,
+    /// How soon to look again.
+    pub retry: Duration,
+}
+
+impl InventoryHandle {
+    /// A handle holding `inventory`, read from `source` now, under
+    /// `settings`' ages.
+    pub fn new(inventory: Inventory, source: &Source, settings: &InventorySettings) -> Self {
+        let handle = Self::default();
+        handle.set_limits(settings);
+        handle.install(inventory, source);
+        handle
+    }
+
+    /// Applies `settings`' `max_age` and `refresh` (a reload).
+    pub fn set_limits(&self, settings: &InventorySettings) {
+        let millis = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        self.0
+            .max_age_millis
+            .store(millis(settings.max_age), Ordering::Relaxed);
+        self.0
+            .refresh_millis
+            .store(millis(settings.refresh), Ordering::Relaxed);
+    }
+
+    /// The copy in force, however old.
+    pub fn current(&self) -> Option<Arc<Snapshot>> {
+        // A poisoned lock still holds a whole `Arc`: a writer only ever
+        // replaces it in one store.
+        self.0
+            .current
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The copy in force if it is no older than `inventory.max_age`, else
+    /// why not (a request is then deferred: fail closed).
+    pub fn fresh(&self) -> Result<Arc<Snapshot>, Lookup> {
+        let retry = Duration::from_millis(self.0.refresh_millis.load(Ordering::Relaxed))
+            .clamp(Duration::from_secs(1), Duration::from_secs(300));
+        let Some(snapshot) = self.current() else {
+            return Err(Lookup {
+                reason: "deferred by inventory: no inventory is loaded yet".into(),
+                retry,
+            });
+        };
+        let max_age = Duration::from_millis(self.0.max_age_millis.load(Ordering::Relaxed));
+        let age = snapshot.age();
+        if age > max_age {
+            let last = self.last_error().map_or_else(String::new, |error| {
+                format!("; the last read failed: {error}")
+            });
+            return Err(Lookup {
+                reason: format!(
+                    "deferred by inventory: the inventory from {} is {} old, over \
+                     inventory.max_age ({}){last}",
+                    snapshot.source,
+                    humantime::format_duration(Duration::from_secs(age.as_secs())),
+                    humantime::format_duration(max_age),
+                ),
+                retry,
+            });
+        }
+        Ok(snapshot)
+    }
+
+    /// How many reads failed since start.
+    pub fn failures(&self) -> u64 {
+        self.0.failures.load(Ordering::Relaxed)
+    }
+
+    /// Why the last read failed, if it did (cleared by a good one).
+    pub fn last_error(&self) -> Option<String> {
+        self.0
+            .last_error
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    fn install(&self, inventory: Inventory, source: &Source) {
+        let snapshot = Arc::new(Snapshot {
+            inventory,
+            source: source.to_string(),
+            loaded_at: Instant::now(),
+            loaded_wall: SystemTime::now(),
+        });
+        *self
+            .0
+            .current
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(snapshot);
+        *self
+            .0
+            .last_error
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+    }
+
+    /// Reads the inventory again from `source`: a good copy replaces the
+    /// one in force; a failure keeps it, says so, and is counted.
+    pub async fn refresh(&self, source: &Source, settings: &InventorySettings) {
+        match load(source, settings).await {
+            Ok(inventory) => {
+                info!(
+                    source = %source,
+                    hosts = inventory.len(),
+                    groups = inventory.groups().len(),
+                    skipped = inventory.skipped.len(),
+                    "inventory loaded"
+                );
+                self.install(inventory, source);
+            }
+            Err(error) => {
+                self.0.failures.fetch_add(1, Ordering::Relaxed);
+                let age = self.current().map(|s| {
+                    humantime::format_duration(Duration::from_secs(s.age().as_secs())).to_string()
+                });
+                warn!(
+                    %error,
+                    age = age.as_deref().unwrap_or("none"),
+                    "inventory refresh failed; keeping the last good copy"
+                );
+                *self
+                    .0
+                    .last_error
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(error);
+            }
+        }
+    }
+}
+
+/// Keeps `handle` current: reads the inventory every `inventory.refresh`,
+/// and at once when a reload changes `[inventory]` (`settings`), until
+/// `cancel`. A companion of the service, spawned into its tracker.
+pub async fn refresh_task(
+    handle: InventoryHandle,
+    mut settings: watch::Receiver<InventorySettings>,
+    cancel: CancellationToken,
+) {
+    loop {
+        let current = settings.borrow_and_update().clone();
+        handle.set_limits(&current);
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            changed = settings.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                info!("[inventory] changed by a reload; reading it again now");
+            }
+            () = tokio::time::sleep(current.refresh) => {}
+        }
+        let current = settings.borrow_and_update().clone();
+        handle.set_limits(&current);
+        let Some(source) = Source::of(&current) else {
+            continue;
+        };
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            () = handle.refresh(&source, &current) => {}
+        }
+    }
+}

@@ -1,0 +1,274 @@
+//! The operator's inventory (`[inventory]`): which hosts exist, the group
+//! and zone each is in, and where each is reached. With an inventory a
+//! request for a name it does not list is denied, its group and zone come
+//! from it alone, and the group sizes of `safety.budget.max_disrupted_percent`
+//! are counted from it.
+//!
+//! `mod.rs` the model and the format detection (pure); `own.rs`,
+//! `ansible.rs`, `file_sd.rs` the parsers, one per format (pure);
+//! `settings.rs` the section; `source.rs` the I/O at the edge (a file, a
+//! command through `restarter/process.rs`, an HTTP URL); `handle.rs` the
+//! copy the worker reads (swapped whole on refresh) and the refresh task.
+//! `restarter/hosts.rs` stays beside it: `[[hosts]]` maps name patterns to
+//! addresses for hosts no inventory lists; an inventory's address, port and
+//! user take that role for the hosts it lists (`domain::Reach`).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use crate::domain::{InstanceName, Reach};
+
+mod ansible;
+mod file_sd;
+mod handle;
+mod own;
+mod settings;
+mod source;
+
+pub use handle::{InventoryHandle, Lookup, Snapshot, refresh_task};
+pub use settings::{InventorySettings, MAX_INVENTORY_BYTES};
+pub use source::{Source, load};
+
+/// One host as the inventory lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Host {
+    /// The instance name requests use.
+    pub name: String,
+    /// The operator's group; `None` when the source gives none (or, for
+    /// ansible, two equally specific ones): requests for it are denied.
+    pub group: Option<String>,
+    /// Why the host has no group, when it has none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub no_group: Option<String>,
+    /// Where it is reached: address, port, user.
+    #[serde(flatten)]
+    pub reach: Arc<Reach>,
+    /// The zone, for the budget per zone.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
+    /// Free labels, shown only.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+}
+
+/// A parsed inventory: hosts by name, and each group's size.
+#[derive(Debug, Clone, Default)]
+pub struct Inventory {
+    hosts: HashMap<String, Arc<Host>>,
+    group_sizes: BTreeMap<String, u32>,
+    /// Entries left out because their name cannot be an instance name
+    /// (an IP address, a dotted name): no request can name them.
+    pub skipped: Vec<String>,
+    /// The format it was read in.
+    pub format: Format,
+}
+
+/// The formats an inventory is read in.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Format {
+    /// mandrill's own: TOML `[[hosts]]` or JSON `{"hosts": [...]}`.
+    #[default]
+    Mandrill,
+    /// The JSON of `ansible-inventory --list`.
+    Ansible,
+    /// Prometheus `file_sd` JSON.
+    FileSd,
+}
+
+impl Format {
+    /// The name shown.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Mandrill => "mandrill",
+            Self::Ansible => "ansible",
+            Self::FileSd => "file_sd",
+        }
+    }
+}
+
+/// What the parsers need to know beyond the text.
+#[derive(Debug, Clone)]
+pub struct Keys {
+    /// The `file_sd` label holding a target's group.
+    pub group_label: String,
+    /// The `file_sd` label holding a target's zone.
+    pub zone_label: String,
+    /// The ansible host variable holding a host's zone.
+    pub zone_var: String,
+}
+
+impl Default for Keys {
+    fn default() -> Self {
+        Self {
+            group_label: "group".into(),
+            zone_label: "zone".into(),
+            zone_var: "zone".into(),
+        }
+    }
+}
+
+impl Inventory {
+    /// Parses `text`: TOML when `toml_hint` says so (a `.toml` file),
+    /// else JSON whose shape says the format (an array: `file_sd`; an
+    /// object with `hosts` as an array: mandrill's; an object with `_meta`
+    /// or `all`: ansible's), else TOML. The error says what is wrong and
+    /// where.
+    pub fn parse(text: &str, toml_hint: bool, keys: &Keys) -> Result<Self, String> {
+        if toml_hint {
+            return own::parse_toml(text);
+        }
+        match serde_json::from_str::<serde_json::Value>(text) {
+            Ok(serde_json::Value::Array(targets)) => file_sd::parse(targets, keys),
+            Ok(serde_json::Value::Object(object)) => {
+                if object.get("hosts").is_some_and(serde_json::Value::is_array) {
+                    own::parse_json(serde_json::Value::Object(object))
+                } else if object.contains_key("_meta") || object.contains_key("all") {
+                    ansible::parse(&object, keys)
+                } else {
+                    Err(
+                        "a JSON object that is neither mandrill's ({\"hosts\": [...]}) nor \
+                         ansible-inventory --list's (with _meta or all)"
+                            .into(),
+                    )
+                }
+            }
+            Ok(_) => Err("JSON that is neither an object nor an array".into()),
+            Err(json) => own::parse_toml(text)
+                .map_err(|toml| format!("neither JSON ({json}) nor mandrill's TOML ({toml})")),
+        }
+    }
+
+    /// Builds an inventory from hosts, refusing a name listed twice.
+    fn from_hosts(hosts: Vec<Host>, skipped: Vec<String>, format: Format) -> Result<Self, String> {
+        let mut by_name = HashMap::with_capacity(hosts.len());
+        let mut group_sizes = BTreeMap::new();
+        for host in hosts {
+            if let Some(group) = &host.group {
+                *group_sizes.entry(group.clone()).or_insert(0u32) += 1;
+            }
+            let name = host.name.clone();
+            if by_name.insert(name.clone(), Arc::new(host)).is_some() {
+                return Err(format!("host {name} is listed twice"));
+            }
+        }
+        Ok(Self {
+            hosts: by_name,
+            group_sizes,
+            skipped,
+            format,
+        })
+    }
+
+    /// The host named `name`, if listed.
+    pub fn host(&self, name: &str) -> Option<&Arc<Host>> {
+        self.hosts.get(name)
+    }
+
+    /// How many hosts of `group` it lists.
+    pub fn group_size(&self, group: &str) -> Option<u32> {
+        self.group_sizes.get(group).copied()
+    }
+
+    /// Every group with its size, by name.
+    pub fn groups(&self) -> &BTreeMap<String, u32> {
+        &self.group_sizes
+    }
+
+    /// Every zone with its number of hosts, by name.
+    pub fn zones(&self) -> BTreeMap<String, u32> {
+        let mut zones = BTreeMap::new();
+        for host in self.hosts.values() {
+            if let Some(zone) = &host.zone {
+                *zones.entry(zone.clone()).or_insert(0) += 1;
+            }
+        }
+        zones
+    }
+
+    /// Every host, by name.
+    pub fn hosts(&self) -> Vec<&Arc<Host>> {
+        let mut hosts: Vec<_> = self.hosts.values().collect();
+        hosts.sort_by(|a, b| a.name.cmp(&b.name));
+        hosts
+    }
+
+    /// How many hosts it lists.
+    pub fn len(&self) -> usize {
+        self.hosts.len()
+    }
+
+    /// Whether it lists none.
+    pub fn is_empty(&self) -> bool {
+        self.hosts.is_empty()
+    }
+}
+
+/// A host from its parts, validated: `Ok(None)` when `name` cannot be an
+/// instance name (the caller skips it), an error for a bad address, user,
+/// group or zone (which would otherwise reach a backend or a store).
+fn host(
+    name: &str,
+    group: Option<String>,
+    reach: Reach,
+    zone: Option<String>,
+    labels: BTreeMap<String, String>,
+) -> Result<Option<Host>, String> {
+    if InstanceName::parse(name).is_err() {
+        return Ok(None);
+    }
+    for (what, value) in [
+        ("address", reach.address.as_deref()),
+        ("user", reach.user.as_deref()),
+    ] {
+        if let Some(value) = value
+            && (value.is_empty()
+                || value.len() > 253
+                || value.starts_with('-')
+                || value.chars().any(|c| c.is_whitespace() || c.is_control()))
+        {
+            return Err(format!(
+                "host {name}: {what} {value:?} is not a host name, address or user name"
+            ));
+        }
+    }
+    for (what, value) in [("group", group.as_deref()), ("zone", zone.as_deref())] {
+        if let Some(value) = value
+            && (value.is_empty()
+                || value.len() > 63
+                || !value
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')))
+        {
+            return Err(format!(
+                "host {name}: {what} {value:?} is not 1 to 63 letters, digits, '-', '_' or '.'"
+            ));
+        }
+    }
+    Ok(Some(Host {
+        name: name.to_owned(),
+        no_group: group
+            .is_none()
+            .then(|| "the inventory gives it no group".to_owned()),
+        group,
+        reach: Arc::new(reach),
+        zone,
+        labels,
+    }))
+}
+
+/// The groups of hosts left without one, and why; for ansible's ties.
+fn without_group(host: &mut Host, why: String) {
+    host.group = None;
+    host.no_group = Some(why);
+}
+
+/// Names in a set, joined for a message.
+fn joined(names: &BTreeSet<String>) -> String {
+    names.iter().cloned().collect::<Vec<_>>().join(", ")
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,142 @@
+//! `[inventory]`, owned here; the configuration embeds it.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::Keys;
+use crate::settings::settings;
+
+/// Largest inventory read, from any source: bigger is refused (the last
+/// good copy is kept).
+pub const MAX_INVENTORY_BYTES: usize = 64 * 1024 * 1024;
+
+settings! {
+    /// `[inventory]`: the operator's hosts, groups and zones. At most one
+    /// source: `file`, `command` or `url`.
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+    #[serde(deny_unknown_fields, default)]
+    pub struct InventorySettings {
+        /// A file: mandrill's TOML `[[hosts]]` (a `.toml` file), or JSON:
+        /// mandrill's `{"hosts": [...]}`, `ansible-inventory --list`'s, or
+        /// Prometheus `file_sd`, told apart by their shape.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub file: Option<PathBuf> = None,
+        /// A program and its arguments, run without a shell, whose standard
+        /// output is the inventory, e.g. `["ansible-inventory", "-i",
+        /// "hosts.ini", "--list"]`.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        pub command: Vec<String> = Vec::new(),
+        /// An http(s) URL answering the inventory as JSON; credentials in it
+        /// are never printed.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub url: Option<String> = None,
+        /// How often the inventory is read again; a failed read keeps the
+        /// last good copy.
+        #[serde(with = "crate::settings::duration")]
+        pub refresh: Duration = Duration::from_secs(300),
+        /// Oldest copy decided with: past it every request is deferred until
+        /// a read succeeds (fail closed).
+        #[serde(with = "crate::settings::duration")]
+        pub max_age: Duration = Duration::from_secs(3600),
+        /// Longest one read may take (the command's run, the HTTP request).
+        #[serde(with = "crate::settings::duration")]
+        pub timeout: Duration = Duration::from_secs(30),
+        /// The `file_sd` label holding a target's group.
+        pub group_label: String = "group".to_owned(),
+        /// The `file_sd` label holding a target's zone.
+        pub zone_label: String = "zone".to_owned(),
+        /// The ansible host variable holding a host's zone.
+        pub zone_var: String = "zone".to_owned(),
+    }
+}
+
+impl InventorySettings {
+    /// Whether an inventory is configured.
+    pub fn is_configured(&self) -> bool {
+        self.file.is_some() || !self.command.is_empty() || self.url.is_some()
+    }
+
+    /// What the parsers need beyond the text.
+    pub fn keys(&self) -> Keys {
+        Keys {
+            group_label: self.group_label.clone(),
+            zone_label: self.zone_label.clone(),
+            zone_var: self.zone_var.clone(),
+        }
+    }
+
+    /// Checks what types cannot: `(key, why)`. The URL is never quoted.
+    pub fn validate(&self) -> Result<(), (&'static str, String)> {
+        let sources: Vec<&str> = [
+            ("inventory.file", self.file.is_some()),
+            ("inventory.command", !self.command.is_empty()),
+            ("inventory.url", self.url.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(key, set)| set.then_some(key))
+        .collect();
+        if sources.len() > 1 {
+            return Err((
+                "inventory",
+                format!(
+                    "{} are all set; an inventory has exactly one source",
+                    sources.join(" and ")
+                ),
+            ));
+        }
+        if self.command.first().is_some_and(String::is_empty) {
+            return Err(("inventory.command", "its program is empty".into()));
+        }
+        if let Some(url) = &self.url {
+            let parsed = url::Url::parse(url).map_err(|_| {
+                (
+                    "inventory.url",
+                    "is not a valid URL (not shown: it may hold credentials)".to_owned(),
+                )
+            })?;
+            if !matches!(parsed.scheme(), "http" | "https")
+                || parsed.host_str().is_none_or(str::is_empty)
+            {
+                return Err((
+                    "inventory.url",
+                    format!(
+                        "must be an http:// or https:// URL with a host, not {}",
+                        crate::settings::redact_url(url)
+                    ),
+                ));
+            }
+        }
+        for (key, value) in [
+            ("inventory.refresh", self.refresh),
+            ("inventory.max_age", self.max_age),
+            ("inventory.timeout", self.timeout),
+        ] {
+            if value.is_zero() {
+                return Err((key, "must be longer than 0s".into()));
+            }
+        }
+        if self.is_configured() && self.max_age < self.refresh {
+            return Err((
+                "inventory.max_age",
+                format!(
+                    "{} is shorter than inventory.refresh ({}): every copy would be too old \
+                     before the next read",
+                    humantime::format_duration(self.max_age),
+                    humantime::format_duration(self.refresh)
+                ),
+            ));
+        }
+        for (key, value) in [
+            ("inventory.group_label", &self.group_label),
+            ("inventory.zone_label", &self.zone_label),
+            ("inventory.zone_var", &self.zone_var),
+        ] {
+            if value.is_empty() {
+                return Err((key, "is empty".into()));
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,168 @@
+//! Each parser on its format, and the format detection.
+
+use super::*;
+
+fn parse(text: &str) -> Inventory {
+    Inventory::parse(text, false, &Keys::default()).unwrap()
+}
+
+#[test]
+fn mandrills_toml_lists_hosts_with_group_zone_and_reach() {
+    let text = r#"
+[[hosts]]
+name = "cattle-a1"
+group = "cattle"
+address = "10.0.0.1"
+port = 2222
+user = "ops"
+zone = "eu-1"
+labels = { rack = "r7" }
+
+[[hosts]]
+name = "cattle-a2"
+group = "cattle"
+"#;
+    let inventory = Inventory::parse(text, true, &Keys::default()).unwrap();
+    assert_eq!(inventory.format, Format::Mandrill);
+    let a1 = inventory.host("cattle-a1").unwrap();
+    assert_eq!(a1.group.as_deref(), Some("cattle"));
+    assert_eq!(a1.zone.as_deref(), Some("eu-1"));
+    assert_eq!(a1.reach.address.as_deref(), Some("10.0.0.1"));
+    assert_eq!(a1.reach.port, Some(2222));
+    assert_eq!(a1.reach.user.as_deref(), Some("ops"));
+    assert_eq!(a1.labels["rack"], "r7");
+    assert_eq!(inventory.group_size("cattle"), Some(2));
+    assert_eq!(inventory.zones()["eu-1"], 1);
+    // TOML is also recognised without the hint, when it is not JSON.
+    assert_eq!(parse(text).len(), 2);
+}
+
+#[test]
+fn mandrills_json_and_its_refusals_name_the_entry() {
+    let inventory = parse(r#"{"hosts": [{"name": "web-1", "group": "web"}]}"#);
+    assert_eq!(
+        inventory.host("web-1").unwrap().group.as_deref(),
+        Some("web")
+    );
+    let refuse = |text: &str| Inventory::parse(text, false, &Keys::default()).unwrap_err();
+    let twice = refuse(
+        r#"{"hosts": [{"name": "web-1", "group": "web"}, {"name": "web-1", "group": "db"}]}"#,
+    );
+    assert!(twice.contains("web-1 is listed twice"), "{twice}");
+    let no_group = refuse(r#"{"hosts": [{"name": "web-1"}]}"#);
+    assert!(no_group.contains("group"), "{no_group}");
+    let bad_name = refuse(r#"{"hosts": [{"name": "Web 1", "group": "web"}]}"#);
+    assert!(bad_name.contains("hosts[0]"), "{bad_name}");
+    let flag =
+        refuse(r#"{"hosts": [{"name": "web-1", "group": "web", "address": "-oProxyCommand=x"}]}"#);
+    assert!(flag.contains("address"), "{flag}");
+    let unknown = refuse(r#"{"hosts": [{"name": "web-1", "group": "web", "grup": "x"}]}"#);
+    assert!(unknown.contains("grup"), "{unknown}");
+    let neither = refuse(r#"{"servers": []}"#);
+    assert!(neither.contains("neither"), "{neither}");
+}
+
+/// As `ansible-inventory -i hosts.ini --list` prints it.
+const ANSIBLE: &str = r#"{
+    "_meta": {"hostvars": {
+        "cattle-a1": {"ansible_host": "127.0.0.1", "ansible_port": 2222, "ansible_user": "ops", "zone": "eu-1", "rack": "r7"},
+        "cattle-a2": {"ansible_port": "22"},
+        "db-1": {},
+        "lonely-1": {},
+        "10.0.0.9": {}
+    }},
+    "all": {"children": ["ungrouped", "cattle", "stateful"]},
+    "cattle": {"hosts": ["cattle-a1", "cattle-a2"], "children": ["cattle_eu"]},
+    "cattle_eu": {"hosts": ["cattle-a1"]},
+    "stateful": {"children": ["db", "cache"]},
+    "db": {"hosts": ["db-1"]},
+    "cache": {"hosts": ["db-1"]},
+    "ungrouped": {"hosts": ["lonely-1", "10.0.0.9"]}
+}"#;
+
+#[test]
+fn ansible_hosts_take_their_most_specific_group_and_ties_have_none() {
+    let inventory = parse(ANSIBLE);
+    assert_eq!(inventory.format, Format::Ansible);
+    let a1 = inventory.host("cattle-a1").unwrap();
+    assert_eq!(a1.group.as_deref(), Some("cattle_eu"), "deeper than cattle");
+    assert_eq!(a1.reach.address.as_deref(), Some("127.0.0.1"));
+    assert_eq!(a1.reach.port, Some(2222));
+    assert_eq!(a1.reach.user.as_deref(), Some("ops"));
+    assert_eq!(a1.zone.as_deref(), Some("eu-1"));
+    assert_eq!(a1.labels["rack"], "r7");
+    let a2 = inventory.host("cattle-a2").unwrap();
+    assert_eq!(a2.group.as_deref(), Some("cattle"));
+    assert_eq!(a2.reach.port, Some(22), "a port given as text");
+    let db = inventory.host("db-1").unwrap();
+    assert_eq!(db.group, None, "db and cache are equally specific");
+    let why = db.no_group.as_deref().unwrap();
+    assert!(why.contains("cache, db"), "{why}");
+    let lonely = inventory.host("lonely-1").unwrap();
+    assert_eq!(lonely.group, None);
+    assert!(lonely.no_group.as_deref().unwrap().contains("ungrouped"));
+    assert_eq!(inventory.skipped, vec!["10.0.0.9".to_owned()]);
+    assert_eq!(inventory.group_size("cattle"), Some(1));
+    assert_eq!(inventory.group_size("cattle_eu"), Some(1));
+
+    let zone_var = Keys {
+        zone_var: "rack".into(),
+        ..Keys::default()
+    };
+    let by_rack = Inventory::parse(ANSIBLE, false, &zone_var).unwrap();
+    assert_eq!(
+        by_rack.host("cattle-a1").unwrap().zone.as_deref(),
+        Some("r7")
+    );
+}
+
+#[test]
+fn ansible_bad_ports_and_cycles_are_handled() {
+    let bad_port = Inventory::parse(
+        r#"{"_meta": {"hostvars": {"web-1": {"ansible_port": "ssh"}}}, "web": {"hosts": ["web-1"]}}"#,
+        false,
+        &Keys::default(),
+    )
+    .unwrap_err();
+    assert!(bad_port.contains("ansible_port"), "{bad_port}");
+    // A cycle of children ends; the host still gets a group.
+    let cyclic = parse(
+        r#"{"all": {"children": ["a"]}, "a": {"children": ["b"]}, "b": {"children": ["a"], "hosts": ["web-1"]}}"#,
+    );
+    assert!(cyclic.host("web-1").unwrap().group.is_some());
+}
+
+#[test]
+fn file_sd_targets_take_group_and_zone_from_labels() {
+    let text = r#"[
+        {"targets": ["cattle-a1:9100", "cattle-a2:9100"], "labels": {"group": "cattle", "zone": "eu-1", "env": "prod"}},
+        {"targets": ["db-1"], "labels": {"team": "db"}},
+        {"targets": ["10.0.0.9:9100", "[::1]:9100"], "labels": {"group": "cattle"}}
+    ]"#;
+    let inventory = parse(text);
+    assert_eq!(inventory.format, Format::FileSd);
+    let a1 = inventory.host("cattle-a1").unwrap();
+    assert_eq!(a1.group.as_deref(), Some("cattle"));
+    assert_eq!(a1.zone.as_deref(), Some("eu-1"));
+    assert_eq!(a1.reach.address.as_deref(), Some("cattle-a1"));
+    assert_eq!(a1.reach.port, None, "the scrape port is not the host's");
+    assert_eq!(a1.labels["env"], "prod");
+    assert!(!a1.labels.contains_key("group"));
+    assert_eq!(inventory.host("db-1").unwrap().group, None);
+    assert_eq!(inventory.group_size("cattle"), Some(2));
+    assert_eq!(inventory.skipped, vec!["10.0.0.9:9100", "[::1]:9100"]);
+
+    let team = Keys {
+        group_label: "team".into(),
+        ..Keys::default()
+    };
+    let by_team = Inventory::parse(text, false, &team).unwrap();
+    assert_eq!(by_team.host("db-1").unwrap().group.as_deref(), Some("db"));
+    let twice = Inventory::parse(
+        r#"[{"targets": ["web-1:1"], "labels": {"group": "a"}}, {"targets": ["web-1:2"], "labels": {"group": "b"}}]"#,
+        false,
+        &Keys::default(),
+    )
+    .unwrap_err();
+    assert!(twice.contains("listed twice"), "{twice}");
+}
