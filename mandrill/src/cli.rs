@@ -40,6 +40,7 @@ mod args;
 mod dead_letters;
 mod explain;
 mod history;
+mod keygen;
 mod policy;
 mod publish;
 mod replay;
@@ -85,6 +86,8 @@ pub(crate) enum Command {
     Policy(policy::PolicyArgs),
     /// Tell one request's story: every guard's verdict, every attempt, the outcome.
     Explain(explain::ExplainArgs),
+    /// Make a requester's Ed25519 key pair (NAME.key, NAME.pub) and print its [[requesters]] entry.
+    Keygen(keygen::KeygenArgs),
 }
 
 /// Parses the command line and runs it.
@@ -116,6 +119,17 @@ pub fn main() -> ExitCode {
         Command::Resume(args) => switch::switch(&args, false),
         Command::Status(args) => switch::status(&args),
         Command::Explain(args) => explain::main(&args),
+        Command::Keygen(args) => match keygen::keygen(&args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                eprintln!("mandrill: {error}");
+                if error.is::<BadInput>() {
+                    ExitCode::from(2)
+                } else {
+                    ExitCode::FAILURE
+                }
+            }
+        },
     }
 }
 

@@ -5,7 +5,7 @@
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use super::{Eligibility, Guards, Hold, StopConditions};
+use super::{Eligibility, Guards, Hold, Requesters, StopConditions};
 use crate::domain::RestartRequest;
 
 /// What a reload of `[safety]` may change. Everything the handler decides
@@ -26,6 +26,11 @@ pub struct Policy {
     pub stop_conditions: StopConditions,
     /// How soon a delivery a stop condition deferred comes back.
     pub stop_retry: Duration,
+    /// `[[requesters]]` and `safety.require_signed`: the keys signed
+    /// requests are verified with, what each requester may restart, its
+    /// quota. Reloaded with the rest, so that a key is revoked or rotated
+    /// by a SIGHUP.
+    pub requesters: Arc<Requesters>,
 }
 
 impl Default for Policy {
@@ -40,6 +45,7 @@ impl Default for Policy {
             pause_on_unrecovered: false,
             stop_conditions: StopConditions::default(),
             stop_retry: Duration::from_secs(30),
+            requesters: Arc::default(),
         }
     }
 }

@@ -219,14 +219,18 @@ fn decide<'a>(
     request: &'a RestartRequest,
     policy: &Policy,
 ) -> Result<ClaimTerms, RareSettlement<'a>> {
-    if let Err(reason) = policy.eligibility.check(request.instance_name.as_str()) {
+    if let Err(reason) = eligible(policy, request) {
         return Err(rare(deny(shared, progress, request, 0, reason)));
     }
     if let Some(hold) = policy.guards.hold(request) {
         return Err(rare(held(shared, progress, request, hold)));
     }
     let limits = match policy.guards.counting.limits(request.group()) {
-        Ok(limits) => limits,
+        Ok(mut limits) => {
+            // A signed request's quota, counted in the claim.
+            policy.requesters.limit(request, &mut limits);
+            limits
+        }
         Err(reason) => {
             let hold =
                 policy
@@ -262,7 +266,7 @@ pub(super) fn recheck<'a>(
 ) -> Result<Rechecked, BoxFuture<'a, Rechecked>> {
     let policy = shared.config.policy.current();
     // A reload may have denied the instance while the claim waited.
-    if let Err(reason) = policy.eligibility.check(request.instance_name.as_str()) {
+    if let Err(reason) = eligible(&policy, request) {
         return Ok(Err(Halt::Denied(reason)));
     }
     if let Some(hold) = policy.guards.hold(request) {
@@ -280,6 +284,21 @@ pub(super) fn recheck<'a>(
         }
         Ok(policy.dry_run)
     }))
+}
+
+/// Eligibility: `safety.allow`/`safety.deny`, then what the request's
+/// verified requester may restart (its `allow`, and its `groups` with the
+/// group the operator's configuration gives the instance).
+fn eligible(policy: &Policy, request: &RestartRequest) -> Result<(), String> {
+    policy.eligibility.check(request.instance_name.as_str())?;
+    if request.requester.is_some() {
+        let group = policy
+            .guards
+            .counting
+            .group_of(request.instance_name.as_str());
+        policy.requesters.check(request, group)?;
+    }
+    Ok(())
 }
 
 /// What [`recheck`] decides: `Ok` with whether the policy is leashed, or
