@@ -242,3 +242,151 @@ impl Requesters {
             .unwrap_or_default()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::testing::request;
+
+    const ED_PUBLIC: &str = "-----BEGIN PUBLIC KEY-----
+MCowBQYDK2VwAyEAiXnPth0YTU/nwanl6fRVhSdyP7GowJ3i9meT7iYSEjw=
+-----END PUBLIC KEY-----
+";
+
+    fn entry(name: &str) -> RequesterSettings {
+        RequesterSettings {
+            name: name.into(),
+            public_key: Some(ED_PUBLIC.into()),
+            public_key_file: None,
+            allow: vec!["cattle-*".into()],
+            groups: Vec::new(),
+            quota: None,
+        }
+    }
+
+    fn signed_by(name: &str, instance: &str) -> RestartRequest {
+        let mut request = request(instance);
+        request.requester = Some(name.into());
+        request
+    }
+
+    #[test]
+    fn a_requester_is_denied_outside_its_allow_and_groups_and_named() {
+        let requesters = Requesters::new(
+            &[RequesterSettings {
+                groups: vec!["cattle".into()],
+                ..entry("alice")
+            }],
+            true,
+        )
+        .unwrap();
+        assert!(requesters.signatures().required());
+        assert!(
+            requesters
+                .check(&signed_by("alice", "cattle-ab12"), "cattle")
+                .is_ok()
+        );
+        let outside = requesters
+            .check(&signed_by("alice", "pet-01"), "pet")
+            .unwrap_err();
+        assert!(
+            outside.contains("requester alice may not restart pet-01"),
+            "{outside}"
+        );
+        // The operator puts cattle-db01 in group db: not alice's.
+        let group = requesters
+            .check(&signed_by("alice", "cattle-db01"), "db")
+            .unwrap_err();
+        assert!(group.contains("in group db"), "{group}");
+        // Naming an allowed group in the message does not help...
+        let mut named = signed_by("alice", "cattle-db01");
+        named.group = Some("cattle".into());
+        assert!(requesters.check(&named, "db").is_err());
+        // ...nor does naming another group for an instance it may touch.
+        let mut named = signed_by("alice", "cattle-ab12");
+        named.group = Some("web".into());
+        assert!(requesters.check(&named, "cattle").is_err());
+        // A requester removed by a reload is denied; unsigned is not this
+        // check's business.
+        let gone = requesters
+            .check(&signed_by("bob", "cattle-ab12"), "cattle")
+            .unwrap_err();
+        assert!(gone.contains("bob is no longer configured"), "{gone}");
+        assert!(requesters.check(&request("pet-01"), "pet").is_ok());
+    }
+
+    #[test]
+    fn a_signed_request_carries_its_requesters_quota_into_the_claim() {
+        let requesters = Requesters::new(
+            &[RequesterSettings {
+                quota: Some(QuotaSettings {
+                    max: 2,
+                    window: Duration::from_secs(3600),
+                }),
+                ..entry("alice")
+            }],
+            false,
+        )
+        .unwrap();
+        let mut limits = Limits::NONE;
+        requesters.limit(&request("cattle-ab12"), &mut limits);
+        assert_eq!(limits.requester_max, None, "unsigned: no quota");
+        requesters.limit(&signed_by("alice", "cattle-ab12"), &mut limits);
+        assert_eq!(limits.requester_max, Some(2));
+        assert_eq!(limits.requester_window, Duration::from_secs(3600));
+        assert_eq!(requesters.lookback(), Duration::from_secs(3600));
+    }
+
+    #[test]
+    fn a_bad_entry_fails_naming_its_key() {
+        let cases = [
+            (
+                RequesterSettings {
+                    public_key: Some("-----BEGIN PUBLIC KEY-----\nnope\n".into()),
+                    ..entry("alice")
+                },
+                "requesters[0].public_key",
+            ),
+            (
+                RequesterSettings {
+                    public_key: None,
+                    public_key_file: Some("/nonexistent/alice.pub".into()),
+                    ..entry("alice")
+                },
+                "requesters[0].public_key_file",
+            ),
+            (
+                RequesterSettings {
+                    public_key: None,
+                    ..entry("alice")
+                },
+                "requesters[0].public_key",
+            ),
+            (entry("../alice"), "requesters[0].name"),
+            (
+                RequesterSettings {
+                    allow: vec!["".into()],
+                    ..entry("alice")
+                },
+                "requesters[0].allow[0]",
+            ),
+            (
+                RequesterSettings {
+                    quota: Some(QuotaSettings {
+                        max: 0,
+                        window: Duration::from_secs(60),
+                    }),
+                    ..entry("alice")
+                },
+                "requesters[0].quota.max",
+            ),
+        ];
+        for (settings, key) in cases {
+            let (at, why) = Requesters::new(&[settings], true).unwrap_err();
+            assert_eq!(at, key, "{why}");
+            assert!(!why.contains("MCow"), "a key is never quoted: {why}");
+        }
+        let (at, _) = Requesters::new(&[entry("alice"), entry("alice")], true).unwrap_err();
+        assert_eq!(at, "requesters[1].name");
+    }
+}
