@@ -56,6 +56,7 @@ pub(crate) fn sqlite_store() -> &'static Migrator {
             "0003_claims.sql",
             "0005_control.sql",
             "0006_journal.sql",
+            "0007_journal_zone_requester.sql",
         ))
     });
     &MIGRATOR
@@ -69,6 +70,7 @@ pub(crate) fn postgres() -> &'static Migrator {
             "0002_claims.sql",
             "0004_control.sql",
             "0005_journal.sql",
+            "0006_journal_zone_requester.sql",
         ))
     });
     &MIGRATOR

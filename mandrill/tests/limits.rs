@@ -282,12 +282,14 @@ fn the_disruption_budget_never_lets_more_than_its_share_of_a_group_down() {
     let (status, _, stderr) = mandrill(&dir, &publish, &[]);
     assert!(status.success(), "publish failed: {stderr}");
     // A group of 10 with a 20% budget: 2 down at once. Each restart takes
-    // 400 ms (slow to come back), and a deferral is retried quickly.
+    // 400 ms (slow to come back), and a deferral is retried quickly. No
+    // settle: this counts the restarts in flight (the settle has its own
+    // test below).
     let config = dir.join("mandrill.toml");
     std::fs::write(
         &config,
         "[safety.budget]\nmax_disrupted_percent = 20\nretry = \"100ms\"\n\
-         group_sizes = { cattle = 10 }\n",
+         group_sizes = { cattle = 10 }\nsettle = \"0s\"\n",
     )
     .unwrap();
     let journal_path = dir.join("restarts.journal");
@@ -339,5 +341,82 @@ fn the_disruption_budget_never_lets_more_than_its_share_of_a_group_down() {
         history(&db)
             .iter()
             .all(|e| e.status == Status::Restarted && e.attempts == 1)
+    );
+}
+
+/// Without a verification probe, a host whose restart the backend reported
+/// done counts as disrupted for `safety.budget.settle` (5 minutes by
+/// default): with `max_disrupted = 1`, the group's second host is deferred
+/// by the budget, retry after retry, while the first is restarted and
+/// recorded but still settling.
+#[test]
+fn without_a_probe_a_restarted_host_holds_the_budget_while_it_settles() {
+    let (_guard, dir) = temp_dir();
+    let db = sqlite_url(&dir);
+    let (status, _, stderr) = mandrill(
+        &dir,
+        &["publish", "--broker", &db, "cattle-01", "cattle-02"],
+        &[],
+    );
+    assert!(status.success(), "publish failed: {stderr}");
+    let config = dir.join("mandrill.toml");
+    std::fs::write(
+        &config,
+        "[safety.budget]\nmax_disrupted = 1\nretry = \"100ms\"\n",
+    )
+    .unwrap();
+    let journal_path = dir.join("restarts.journal");
+    let journal_setting = format!("restarter.journal={}", journal_path.display());
+    let service = Mandrill::run(
+        &dir,
+        &[
+            "--config",
+            config.to_str().unwrap(),
+            "--db",
+            &db,
+            "--broker",
+            &db,
+            "--set",
+            "restarter.failure_rate=0",
+            "--set",
+            "restarter.max_latency=5ms",
+            "--set",
+            "broker.sqlite.poll_interval=5ms",
+            "--set",
+            &journal_setting,
+        ],
+    );
+    // The first host's restart is done and recorded...
+    let deadline = Instant::now() + DEADLINE;
+    while !history(&db).iter().any(|e| e.status == Status::Restarted) {
+        assert!(Instant::now() < deadline, "no restart recorded");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // ...and the other is still deferred by the budget, retried every
+    // 100 ms: five more deferrals after it was recorded.
+    let before = service.messages("deferred").len();
+    wait_for_deferrals(&[&service], before + 5, DEADLINE);
+    let deferred = service.messages("deferred");
+    assert!(
+        deferred[before..]
+            .iter()
+            .all(|line| line["fields"]["guard"] == "disruption budget"),
+        "{deferred:?}"
+    );
+    let warned = service
+        .messages("safety.pause_on_unrecovered needs a verification probe (verify.probe): without one no restart is ever found unrecovered, so it never pauses; the budget counts a restarted host as disrupted for safety.budget.settle instead")
+        .len();
+    stop(service);
+    assert_eq!(warned, 1, "start-up warns once about pause_on_unrecovered");
+    let starts = journal(&journal_path);
+    assert_eq!(starts.len(), 1, "one host restarted: {starts:?}");
+    let entries = history(&db);
+    assert_eq!(
+        entries
+            .iter()
+            .filter(|e| e.status == Status::Restarted)
+            .count(),
+        1,
+        "{entries:?}"
     );
 }

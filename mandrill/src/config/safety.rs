@@ -111,6 +111,14 @@ impl Config {
             &self.safety.budget,
             self.restarter.kind.is_real(),
         )
+        .map(|counting| counting.verified_by_probe(self.verified_by_probe()))
+    }
+
+    /// Whether a verification probe confirms each restart's recovery
+    /// (`[verify]`): without one, nothing is ever `unrecovered`, and a
+    /// restart counts as a disruption for `safety.budget.settle`.
+    pub fn verified_by_probe(&self) -> bool {
+        self.verify.probe != crate::restarter::verify::ProbeKind::None
     }
 
     /// Whether restarts are only decided and recorded, not issued.

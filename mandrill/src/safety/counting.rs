@@ -22,6 +22,11 @@ pub struct Counting {
     sizes: BTreeMap<String, u32>,
     forget_after: Duration,
     budget_retry: Duration,
+    /// How long a host counts as disrupted after a restart reported done,
+    /// `safety.budget.settle`; zero once [`Self::verified_by_probe`] says a
+    /// probe decides recovery.
+    settle: Duration,
+    zone_budget: Option<u32>,
 }
 
 /// `0` means unlimited; unset takes the default.
@@ -84,7 +89,21 @@ impl Counting {
             sizes: budget.group_sizes.clone(),
             forget_after: budget.forget_after,
             budget_retry: budget.retry.max(Duration::from_millis(1)),
+            settle: budget.settle,
+            zone_budget: limit(budget.max_disrupted_per_zone, None),
         })
+    }
+
+    /// Whether a verification probe confirms each restart's recovery
+    /// (`verify.probe` is not `none`): then a restart that ended
+    /// `restarted` was seen healthy and stops counting as a disruption at
+    /// once; without one, it counts for `safety.budget.settle`. Unless told
+    /// so, the settle applies: the safe side.
+    pub fn verified_by_probe(mut self, verified: bool) -> Self {
+        if verified {
+            self.settle = Duration::ZERO;
+        }
+        self
     }
 
     /// No counting guard at all.
@@ -165,6 +184,8 @@ impl Counting {
             budget,
             forget_after: self.forget_after,
             budget_retry: self.budget_retry,
+            zone_budget: self.zone_budget,
+            settle: self.settle,
             ..Limits::NONE
         })
     }
@@ -180,12 +201,15 @@ impl Counting {
     }
 
     /// How far back the guards that are on read the restart journal: the
-    /// rate window, the host cooldown and the budget's memory, whichever is
-    /// longest (zero with none on). Pruning keeps at least this much.
+    /// rate window, the host cooldown and the budgets' memory (which also
+    /// holds every row the settle reads: a host counts at most
+    /// `forget_after` after its claim), whichever is longest (zero with
+    /// none on). Pruning keeps at least this much.
     pub fn lookback(&self) -> Duration {
         let rate = (self.group_max.is_some() || self.global_max.is_some()).then_some(self.window);
-        let budget =
-            (self.max_disrupted.is_some() || self.percent.is_some()).then_some(self.forget_after);
+        let budgets =
+            self.max_disrupted.is_some() || self.percent.is_some() || self.zone_budget.is_some();
+        let budget = budgets.then_some(self.forget_after.max(self.settle));
         [rate, self.host_cooldown, budget]
             .into_iter()
             .flatten()
@@ -212,6 +236,18 @@ impl Counting {
             budget.push_str(&format!(" (and at most {percent}% of a group's size)"));
         }
         parts.push(budget);
+        parts.push(or_unlimited(
+            self.zone_budget,
+            "hosts disrupted per zone".into(),
+        ));
+        let budgeted =
+            self.max_disrupted.is_some() || self.percent.is_some() || self.zone_budget.is_some();
+        if budgeted && !self.settle.is_zero() {
+            parts.push(format!(
+                "an unverified restart counts as disrupted for {}",
+                humantime::format_duration(self.settle)
+            ));
+        }
         parts.join(", ")
     }
 }

@@ -64,6 +64,26 @@ settings! {
         /// How soon a request the budget deferred is tried again.
         #[serde(with = "crate::settings::duration")]
         pub retry: Duration = BUDGET_RETRY,
+        /// Without a verification probe (`verify.probe = "none"`), how long
+        /// a host whose restart the backend reported done still counts as
+        /// disrupted, by this budget and the zone's (0s: not at all).
+        ///
+        /// The backend's "done" means the reboot was issued, not that the
+        /// host is back: a host takes a minute or more to reboot and its
+        /// services longer to come back and rejoin, so 5 minutes covers a
+        /// typical reboot with room. Without it the next host of the group
+        /// could be restarted at once and the budget would protect
+        /// nothing. With a probe, the probe decides and this is not used.
+        /// A host counts at most `forget_after` after its claim.
+        #[serde(with = "crate::settings::duration")]
+        pub settle: Duration = DEFAULT_SETTLE,
+        /// Hosts of one zone (as the inventory places them) disrupted at
+        /// once, over all groups (unset or 0: no zone budget).
+        ///
+        /// Counted as `max_disrupted` is, among the hosts the inventory
+        /// gives a zone; a request without a zone is not held by it.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub max_disrupted_per_zone: Option<u32> = None,
     }
 }
 
@@ -125,6 +145,32 @@ impl Limits {
             || self.budget.is_some()
             || self.zone_budget.is_some()
             || self.requester_max.is_some()
+    }
+
+    /// Whether any counting guard applies to `subject`: the zone budget
+    /// only to a request the inventory places in a zone, the requester
+    /// quota only to a signed one. A store reads the journal (and takes the
+    /// guards' locks) only then, so an unsigned, zoneless request costs no
+    /// more with those limits on than with them off.
+    pub fn is_active_for(&self, subject: Subject<'_>) -> bool {
+        self.group_max.is_some()
+            || self.global_max.is_some()
+            || self.host_cooldown.is_some()
+            || self.budget.is_some()
+            || self.counts_zone(subject)
+            || self.counts_requester(subject)
+    }
+
+    /// Whether the zone budget applies to `subject` (so its zone's
+    /// disrupted hosts must be read).
+    pub fn counts_zone(&self, subject: Subject<'_>) -> bool {
+        self.zone_budget.is_some() && subject.zone.is_some()
+    }
+
+    /// Whether the requester quota applies to `subject` (so its
+    /// requester's claims must be read).
+    pub fn counts_requester(&self, subject: Subject<'_>) -> bool {
+        self.requester_max.is_some() && subject.requester.is_some()
     }
 }
 
@@ -188,6 +234,11 @@ pub struct Refusal {
     /// Until it could pass.
     pub wait: Duration,
 }
+
+/// How long an unverified restart counts as a disruption by default
+/// (`safety.budget.settle`): longer than a typical reboot and its services'
+/// return.
+pub const DEFAULT_SETTLE: Duration = Duration::from_secs(300);
 
 /// How soon a deferral by the budget is retried by default
 /// (`safety.budget.retry`): a disruption ends when a host recovers, which

@@ -226,6 +226,56 @@ fn the_lookback_is_the_longest_reach_of_the_guards_that_are_on() {
     assert_eq!(real.lookback(), hours(24));
 }
 
+/// Without a probe a restart counts as a disruption for the settle (5
+/// minutes by default); with one, not at all. The zone budget is off
+/// unless set, 0 unlimited; the settle and the zone budget keep their rows
+/// from pruning.
+#[test]
+fn the_settle_applies_without_a_probe_and_the_zone_budget_when_set() {
+    let counting = |budget: &BudgetSettings| {
+        Counting::new(&BTreeMap::new(), &RateSettings::default(), budget, false).unwrap()
+    };
+    let defaults = counting(&BudgetSettings::default());
+    let unverified = defaults.limits("cattle").unwrap();
+    assert_eq!(unverified.settle, Duration::from_secs(300));
+    assert_eq!(unverified.zone_budget, None);
+    let verified = defaults.clone().verified_by_probe(true);
+    assert_eq!(verified.limits("cattle").unwrap().settle, Duration::ZERO);
+    assert_eq!(
+        defaults
+            .clone()
+            .verified_by_probe(false)
+            .limits("cattle")
+            .unwrap()
+            .settle,
+        Duration::from_secs(300)
+    );
+
+    let zoned = counting(&BudgetSettings {
+        max_disrupted_per_zone: Some(2),
+        settle: Duration::from_secs(2 * 3600),
+        ..BudgetSettings::default()
+    });
+    let limits = zoned.limits("cattle").unwrap();
+    assert_eq!(limits.zone_budget, Some(2));
+    assert!(limits.is_active());
+    assert!(!limits.is_active_for(subject("cattle", "cattle-1")));
+    let in_zone = Subject {
+        zone: Some("eu-1a"),
+        ..subject("cattle", "cattle-1")
+    };
+    assert!(limits.is_active_for(in_zone));
+    assert_eq!(zoned.lookback(), Duration::from_secs(2 * 3600));
+    assert!(zoned.describe().contains("hosts disrupted per zone: 2"));
+    assert!(zoned.describe().contains("counts as disrupted for 2h"));
+    let unlimited = counting(&BudgetSettings {
+        max_disrupted_per_zone: Some(0),
+        ..BudgetSettings::default()
+    });
+    assert_eq!(unlimited.limits("cattle").unwrap().zone_budget, None);
+    assert_eq!(unlimited.lookback(), Duration::ZERO);
+}
+
 fn subject<'a>(group: &'a str, instance: &'a str) -> Subject<'a> {
     Subject {
         group,

@@ -301,6 +301,13 @@ impl Service {
                  anyone who can publish to the queue can ask for restarts (see docs/safety.md)"
             );
         }
+        if self.config.safety.pause_on_unrecovered && !self.config.verified_by_probe() {
+            warn!(
+                "safety.pause_on_unrecovered needs a verification probe (verify.probe): without \
+                 one no restart is ever found unrecovered, so it never pauses; the budget counts \
+                 a restarted host as disrupted for safety.budget.settle instead"
+            );
+        }
         if let Ok(Some(calendar)) = self.config.calendar() {
             warn!(
                 calendar = %calendar.describe(),

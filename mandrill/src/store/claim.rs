@@ -119,24 +119,66 @@ pub(crate) struct ClaimWrite {
     pub verdict: String,
 }
 
-/// The bind values of [`USAGE_SQL`] for a claim.
-pub(crate) fn usage_binds(limits: &Limits, now: i64) -> (i64, i64) {
+/// The moments a claim's read of the journal counts from, by its limits
+/// and `now`: the bind values of [`USAGE_SQL`] and
+/// [`USAGE_SUBJECT_SQL`](super::sql::USAGE_SUBJECT_SQL), and what the
+/// memory store compares with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct UsageBinds {
+    /// Start of the rate window.
+    pub window_start: i64,
+    /// Start of the budgets' memory (`forget_after`).
+    pub memory_start: i64,
+    /// A host whose latest restart ended `restarted` after this still
+    /// counts as disrupted: `now - settle`, or never (`i64::MAX`) with no
+    /// settle, so that a row another instance's clock stamped later than
+    /// `now` does not count either.
+    pub settled_after: i64,
+    /// Start of the requester quota's window.
+    pub requester_start: i64,
+}
+
+/// The [`UsageBinds`] of a claim.
+pub(crate) fn usage_binds(limits: &Limits, now: i64) -> UsageBinds {
     let back = |d: Duration| now.saturating_sub(i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-    (back(limits.window), back(limits.forget_after))
+    UsageBinds {
+        window_start: back(limits.window),
+        memory_start: back(limits.forget_after),
+        settled_after: if limits.settle.is_zero() {
+            i64::MAX
+        } else {
+            back(limits.settle)
+        },
+        requester_start: back(limits.requester_window),
+    }
+}
+
+/// A row of [`USAGE_SQL`].
+pub(crate) type UsageRow = (i64, Option<i64>, i64, Option<i64>, Option<i64>, i64);
+
+/// A row of [`USAGE_SUBJECT_SQL`](super::sql::USAGE_SUBJECT_SQL): the
+/// columns of [`UsageRow`], then the zone's disrupted hosts, the
+/// requester's claims and the oldest of them.
+pub(crate) type UsageSubjectRow = (
+    i64,
+    Option<i64>,
+    i64,
+    Option<i64>,
+    Option<i64>,
+    i64,
+    i64,
+    i64,
+    Option<i64>,
+);
+
+fn count(n: i64) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
 }
 
 /// [`Usage`] from [`USAGE_SQL`]'s row.
 pub(crate) fn usage_from(
-    (group_claims, group_oldest, global_claims, global_oldest, host_last, disrupted): (
-        i64,
-        Option<i64>,
-        i64,
-        Option<i64>,
-        Option<i64>,
-        i64,
-    ),
+    (group_claims, group_oldest, global_claims, global_oldest, host_last, disrupted): UsageRow,
 ) -> Usage {
-    let count = |n: i64| u32::try_from(n).unwrap_or(u32::MAX);
     Usage {
         group_claims: count(group_claims),
         group_oldest,
@@ -145,6 +187,36 @@ pub(crate) fn usage_from(
         host_last,
         disrupted: count(disrupted),
         ..Usage::default()
+    }
+}
+
+/// [`Usage`] from [`USAGE_SUBJECT_SQL`](super::sql::USAGE_SUBJECT_SQL)'s
+/// row.
+pub(crate) fn usage_subject_from(
+    (
+        group_claims,
+        group_oldest,
+        global_claims,
+        global_oldest,
+        host_last,
+        disrupted,
+        zone_disrupted,
+        requester_claims,
+        requester_oldest,
+    ): UsageSubjectRow,
+) -> Usage {
+    Usage {
+        zone_disrupted: count(zone_disrupted),
+        requester_claims: count(requester_claims),
+        requester_oldest,
+        ..usage_from((
+            group_claims,
+            group_oldest,
+            global_claims,
+            global_oldest,
+            host_last,
+            disrupted,
+        ))
     }
 }
 
@@ -189,8 +261,9 @@ pub(crate) fn decide_claim(
         };
         return (claim, None);
     }
-    let verdict = if terms.limits.is_active() {
-        let checked = limits::check(&terms.limits, limits::Subject::of(request), usage, now);
+    let subject = limits::Subject::of(request);
+    let verdict = if terms.limits.is_active_for(subject) {
+        let checked = limits::check(&terms.limits, subject, usage, now);
         match checked {
             Ok(verdict) => verdict,
             Err(refusal) => {

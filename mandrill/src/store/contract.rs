@@ -31,6 +31,8 @@ pub async fn all(store: &dyn Store) {
     outcome_details_are_kept(store).await;
     the_kill_switch_stops_every_claim_until_resumed(store).await;
     counting_guards_are_decided_in_the_claim_and_journaled(store).await;
+    the_requester_quota_and_the_zone_budget_count_across_groups_and_instances(store, store).await;
+    a_request_without_zone_or_requester_is_never_counted_in_them(store).await;
     prune_removes_old_final_entries_only_and_in_bounded_passes(store).await;
 }
 
@@ -577,6 +579,266 @@ pub async fn counting_guards_are_decided_in_the_claim_and_journaled(store: &dyn 
     store.claim_restart(&third, TERMS).await.unwrap();
     let usage = store.group_usage(hour_ago, hour_ago).await.unwrap();
     assert_eq!(usage["herd"].disrupted, 1, "in flight: {usage:?}");
+}
+
+/// A request of `group`, placed in `zone` and signed by `requester`, as
+/// the worker hands it to the store.
+fn request_of(
+    instance: &str,
+    group: &str,
+    zone: Option<&str>,
+    requester: Option<&str>,
+) -> RestartRequest {
+    let mut request = request(instance);
+    request.group = Some(group.into());
+    request.zone = zone.map(Into::into);
+    request.requester = requester.map(Into::into);
+    request
+}
+
+/// The requester quota counts a requester's claims over every group, and
+/// the zone budget a zone's disrupted hosts over every group, whichever
+/// instance claimed them: `first` and `second` are two instances on one
+/// database (or one store twice). A dry run and a given-back claim count
+/// in neither.
+pub async fn the_requester_quota_and_the_zone_budget_count_across_groups_and_instances(
+    first: &dyn Store,
+    second: &dyn Store,
+) {
+    let quota = ClaimTerms {
+        limits: Limits {
+            requester_max: Some(2),
+            requester_window: Duration::from_secs(3600),
+            ..Limits::NONE
+        },
+        ..TERMS
+    };
+    let by_ci = |instance: &str, group: &str| request_of(instance, group, None, Some("ci-quota"));
+    let one = by_ci("quota-a-0001", "quota-a");
+    assert!(matches!(
+        first.claim_restart(&one, quota).await.unwrap(),
+        Claim::Claimed { attempt: 1, .. }
+    ));
+    // A dry run issued nothing, and a claim given back was never used.
+    let leashed = by_ci("quota-b-0001", "quota-b");
+    second.claim_restart(&leashed, quota).await.unwrap();
+    let dry = Outcome::DryRun {
+        action: "run [\"true\"]".into(),
+    };
+    second.record_outcome(&leashed, 1, &dry).await.unwrap();
+    let released = by_ci("quota-c-0001", "quota-c");
+    first.claim_restart(&released, quota).await.unwrap();
+    first.release_claim(&released, 1).await.unwrap();
+    let two = by_ci("quota-b-0002", "quota-b");
+    let claim = second.claim_restart(&two, quota).await.unwrap();
+    assert!(
+        matches!(claim, Claim::Claimed { attempt: 1, .. }),
+        "{claim:?}"
+    );
+    first
+        .record_outcome(&one, 1, &Outcome::restarted())
+        .await
+        .unwrap();
+    // Two restarts by ci in the hour, in two groups, by two instances:
+    // a third, in a third group, waits for a slot (about an hour), on
+    // either instance.
+    for store in [first, second] {
+        let three = by_ci("quota-c-0002", "quota-c");
+        let claim = store.claim_restart(&three, quota).await.unwrap();
+        let Claim::Deferred {
+            guard,
+            wait,
+            reason,
+        } = claim
+        else {
+            panic!("the requester quota must hold across groups and instances: {claim:?}");
+        };
+        assert_eq!(guard, "requester quota");
+        assert!(wait > Duration::from_secs(3000), "{wait:?}");
+        assert!(
+            reason.contains("requester ci-quota had 2 of its 2"),
+            "{reason}"
+        );
+    }
+    // Another requester has its own quota.
+    let other = request_of("quota-c-0003", "quota-c", None, Some("ci-other"));
+    assert!(matches!(
+        second.claim_restart(&other, quota).await.unwrap(),
+        Claim::Claimed { attempt: 1, .. }
+    ));
+
+    let zoned = ClaimTerms {
+        limits: Limits {
+            zone_budget: Some(1),
+            forget_after: Duration::from_secs(3600),
+            ..Limits::NONE
+        },
+        ..TERMS
+    };
+    let in_zone =
+        |instance: &str, group: &str, zone: &str| request_of(instance, group, Some(zone), None);
+    let one = in_zone("zone-a-0001", "zone-a", "eu-quota-1a");
+    assert!(matches!(
+        first.claim_restart(&one, zoned).await.unwrap(),
+        Claim::Claimed { attempt: 1, .. }
+    ));
+    // zone-a-0001's restart is in flight: its zone's one disruption, which
+    // holds a host of another group, on another instance...
+    let neighbour = in_zone("zone-b-0001", "zone-b", "eu-quota-1a");
+    let claim = second.claim_restart(&neighbour, zoned).await.unwrap();
+    let Claim::Deferred {
+        guard,
+        wait,
+        reason,
+    } = claim
+    else {
+        panic!("the zone budget must hold across groups and instances: {claim:?}");
+    };
+    assert_eq!((guard, wait), ("zone budget", limits::BUDGET_RETRY));
+    assert!(reason.contains("zone eu-quota-1a"), "{reason}");
+    // ...but not a host of the same group in another zone.
+    let elsewhere = in_zone("zone-b-0002", "zone-b", "eu-quota-1b");
+    assert!(matches!(
+        second.claim_restart(&elsewhere, zoned).await.unwrap(),
+        Claim::Claimed { attempt: 1, .. }
+    ));
+    // Recovered (verified: no settle here), the zone is free again.
+    first
+        .record_outcome(&one, 1, &Outcome::restarted())
+        .await
+        .unwrap();
+    assert!(matches!(
+        second.claim_restart(&neighbour, zoned).await.unwrap(),
+        Claim::Claimed { attempt: 1, .. }
+    ));
+    let story = first.story(neighbour.message_id).await.unwrap().unwrap();
+    assert_eq!(story.decisions[0].guard, "zone budget");
+    assert!(
+        story.attempts[0]
+            .verdict
+            .contains("1 of 1 hosts of zone eu-quota-1a"),
+        "{:?}",
+        story.attempts[0]
+    );
+}
+
+/// A request the inventory gives no zone, unsigned, is held by neither the
+/// zone budget nor the requester quota, and its claims count in neither:
+/// not a zone's disruption, not a requester's restart.
+pub async fn a_request_without_zone_or_requester_is_never_counted_in_them(store: &dyn Store) {
+    let strict = ClaimTerms {
+        limits: Limits {
+            zone_budget: Some(1),
+            requester_max: Some(1),
+            requester_window: Duration::from_secs(3600),
+            forget_after: Duration::from_secs(3600),
+            ..Limits::NONE
+        },
+        ..TERMS
+    };
+    // Two plain requests in flight at once: neither limit holds them.
+    for instance in ["plain-0001", "plain-0002"] {
+        let plain = request_of(instance, "plain", None, None);
+        let claim = store.claim_restart(&plain, strict).await.unwrap();
+        assert!(
+            matches!(claim, Claim::Claimed { attempt: 1, .. }),
+            "{claim:?}"
+        );
+    }
+    // Nor do they count: a zone's first disruption and a requester's first
+    // restart are still free (in flight, the plain hosts would fill both).
+    let zoned = request_of("plain-0003", "plain", Some("eu-plain-1a"), None);
+    let claim = store.claim_restart(&zoned, strict).await.unwrap();
+    assert!(
+        matches!(claim, Claim::Claimed { attempt: 1, .. }),
+        "{claim:?}"
+    );
+    let signed = request_of("plain-0004", "plain", None, Some("ci-plain"));
+    let claim = store.claim_restart(&signed, strict).await.unwrap();
+    assert!(
+        matches!(claim, Claim::Claimed { attempt: 1, .. }),
+        "{claim:?}"
+    );
+    // And the signed, zoned ones are counted: each limit is now spent.
+    let next = request_of("plain-0005", "plain", Some("eu-plain-1a"), Some("ci-plain"));
+    let Claim::Deferred { guard, .. } = store.claim_restart(&next, strict).await.unwrap() else {
+        panic!("the zone's and the requester's own claims must count");
+    };
+    assert_eq!(guard, "requester quota");
+}
+
+/// Without a verification probe, "restarted" means the reboot was issued,
+/// not that the host is back: the host counts as disrupted, for its group's
+/// budget and its zone's, until `settle` has passed since its restart
+/// ended. `settle_passes` moves every journal row's end back 10 minutes,
+/// past the 5-minute settle, as time passing would. Run on a store of its
+/// own: every journal row moves.
+pub const SETTLE_PASSES_SQL: &str = "UPDATE restarts SET settled_at = settled_at - 600000";
+
+pub async fn a_restarted_host_counts_as_disrupted_until_settle_passes(
+    store: &dyn Store,
+    settle_passes: impl std::future::Future<Output = ()>,
+) {
+    let settling = ClaimTerms {
+        limits: Limits {
+            budget: Some(1),
+            zone_budget: Some(1),
+            forget_after: Duration::from_secs(3600),
+            settle: Duration::from_secs(300),
+            ..Limits::NONE
+        },
+        ..TERMS
+    };
+    let first = request_of("settle-a-0001", "settle-a", Some("eu-settle-1a"), None);
+    assert!(matches!(
+        store.claim_restart(&first, settling).await.unwrap(),
+        Claim::Claimed { attempt: 1, .. }
+    ));
+    store
+        .record_outcome(&first, 1, &Outcome::restarted())
+        .await
+        .unwrap();
+    // Restarted, not yet settled: its group's one disruption...
+    let sibling = request_of("settle-a-0002", "settle-a", Some("eu-settle-1b"), None);
+    let claim = store.claim_restart(&sibling, settling).await.unwrap();
+    let Claim::Deferred { guard, .. } = claim else {
+        panic!("a restarted host must count until settle passes: {claim:?}");
+    };
+    assert_eq!(guard, "disruption budget");
+    // ...and its zone's.
+    let neighbour = request_of("settle-b-0001", "settle-b", Some("eu-settle-1a"), None);
+    let claim = store.claim_restart(&neighbour, settling).await.unwrap();
+    let Claim::Deferred { guard, .. } = claim else {
+        panic!("a restarted host must count in its zone until settle passes: {claim:?}");
+    };
+    assert_eq!(guard, "zone budget");
+    // With a probe (no settle), its verified recovery ends the disruption
+    // at once. (The claim is given back: nothing was issued.)
+    let verified = ClaimTerms {
+        limits: Limits {
+            settle: Duration::ZERO,
+            ..settling.limits
+        },
+        ..settling
+    };
+    let claim = store.claim_restart(&neighbour, verified).await.unwrap();
+    assert!(
+        matches!(claim, Claim::Claimed { attempt: 1, .. }),
+        "{claim:?}"
+    );
+    store.release_claim(&neighbour, 1).await.unwrap();
+    settle_passes.await;
+    // Settled: its zone and its group are free.
+    let claim = store.claim_restart(&neighbour, settling).await.unwrap();
+    assert!(
+        matches!(claim, Claim::Claimed { attempt: 1, .. }),
+        "{claim:?}"
+    );
+    let claim = store.claim_restart(&sibling, settling).await.unwrap();
+    assert!(
+        matches!(claim, Claim::Claimed { attempt: 1, .. }),
+        "{claim:?}"
+    );
 }
 
 /// Instances' clocks differ, so another instance's claim of the same host

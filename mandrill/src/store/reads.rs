@@ -15,16 +15,17 @@ macro_rules! reads_for {
             use uuid::Uuid;
 
             use crate::domain::RestartRequest;
-            use crate::safety::limits::{Limits, Usage};
+            use crate::safety::limits::{Limits, Subject, Usage};
             use crate::store::history::{entry_from, group_usage_from, story_from};
             use crate::store::sql::{
                 DEFERRALS_SQL, ENTRY_SQL, EntryRow, GROUP_DISRUPTED_SQL, GROUP_RESTARTS_SQL,
                 HISTORY_SQL, STORY_ATTEMPTS_SQL, STORY_DECISIONS_SQL, SWITCH_SQL, SwitchRow,
-                USAGE_SQL,
+                USAGE_SQL, USAGE_SUBJECT_SQL,
             };
             use crate::store::{
                 DECISION_SQL, DEFERRAL_SQL, Decision, GroupUsage, HistoryEntry, StoreError, Story,
-                Switch, Timestamp, switch_from, usage_binds, usage_from,
+                Switch, Timestamp, UsageRow, UsageSubjectRow, switch_from, usage_binds, usage_from,
+                usage_subject_from,
             };
 
             /// What the counting guards read for a claim of `request`, in
@@ -35,15 +36,37 @@ macro_rules! reads_for {
                 limits: &Limits,
                 now: i64,
             ) -> Result<Usage, sqlx::Error> {
-                let (window_start, memory_start) = usage_binds(limits, now);
-                let row = sqlx::query_as(USAGE_SQL)
+                let binds = usage_binds(limits, now);
+                let subject = Subject::of(request);
+                // Only what the limits use: a request without a zone or a
+                // requester, or with those limits off, reads USAGE_SQL alone.
+                let zone = subject.zone.filter(|_| limits.counts_zone(subject));
+                let requester = subject
+                    .requester
+                    .filter(|_| limits.counts_requester(subject));
+                if zone.is_none() && requester.is_none() {
+                    let row: UsageRow = sqlx::query_as(USAGE_SQL)
+                        .bind(request.group())
+                        .bind(request.instance_name.as_str())
+                        .bind(binds.window_start)
+                        .bind(binds.memory_start)
+                        .bind(binds.settled_after)
+                        .fetch_one(conn)
+                        .await?;
+                    return Ok(usage_from(row));
+                }
+                let row: UsageSubjectRow = sqlx::query_as(USAGE_SUBJECT_SQL)
                     .bind(request.group())
                     .bind(request.instance_name.as_str())
-                    .bind(window_start)
-                    .bind(memory_start)
+                    .bind(binds.window_start)
+                    .bind(binds.memory_start)
+                    .bind(binds.settled_after)
+                    .bind(zone)
+                    .bind(requester)
+                    .bind(binds.requester_start)
                     .fetch_one(conn)
                     .await?;
-                Ok(usage_from(row))
+                Ok(usage_subject_from(row))
             }
 
             /// Records a guard's decision about a request (and counts it,

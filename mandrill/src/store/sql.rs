@@ -7,17 +7,23 @@ use std::sync::LazyLock;
 
 use crate::domain::Status;
 
-/// What the counting guards read in the claim's transaction, in one
-/// statement: `$1` group, `$2` instance, `$3` start of the rate window,
-/// `$4` start of the budget's memory. The claim being decided has no journal row yet.
-///
-/// No row is left out for being later than this claim's `now`. A claim
-/// reads its clock once the guards' locks are held (the writer's `BEGIN
-/// IMMEDIATE`, the advisory locks), so its stamp is never earlier than it
-/// takes effect; clocks of several instances still differ, and a row
-/// stamped later by another instance counts: the host's cooldown runs from
-/// it (a later stamp only holds the host longer).
-pub(crate) const USAGE_SQL: &str = "SELECT
+/// Whether the latest journal row `r` of a host still counts it as
+/// disrupted: a restart in flight or ended without a verified recovery, or
+/// one ended `restarted` later than `$5` (the settle: without a probe,
+/// "restarted" means issued, not back). One rule for the group's budget
+/// and the zone's.
+macro_rules! disrupting {
+    () => {
+        "(r.outcome IS NULL OR r.outcome NOT IN ('restarted', 'dry-run', 'expired', 'denied')
+          OR (r.outcome = 'restarted' AND r.settled_at > $5))"
+    };
+}
+
+/// The columns of [`USAGE_SQL`], which [`USAGE_SUBJECT_SQL`] extends.
+macro_rules! usage_columns {
+    () => {
+        concat!(
+            "SELECT
     (SELECT COUNT(*) FROM restarts WHERE grp = $1 AND claimed_at > $3
         AND (outcome IS NULL OR outcome NOT IN ('dry-run', 'expired', 'denied'))),
     (SELECT MIN(claimed_at) FROM restarts WHERE grp = $1 AND claimed_at > $3
@@ -32,7 +38,51 @@ pub(crate) const USAGE_SQL: &str = "SELECT
       WHERE r.grp = $1 AND r.instance_name <> $2 AND r.claimed_at > $4
         AND r.claimed_at = (SELECT MAX(x.claimed_at) FROM restarts x
                             WHERE x.instance_name = r.instance_name)
-        AND (r.outcome IS NULL OR r.outcome NOT IN ('restarted', 'dry-run', 'expired', 'denied')))";
+        AND ",
+            disrupting!(),
+            ")"
+        )
+    };
+}
+
+/// What the counting guards read in the claim's transaction, in one
+/// statement: `$1` group, `$2` instance, `$3` start of the rate window,
+/// `$4` start of the budget's memory, `$5` the settle's start
+/// ([`UsageBinds`](super::UsageBinds)). The claim being decided has no
+/// journal row yet. Read as [`UsageRow`](super::UsageRow).
+///
+/// No row is left out for being later than this claim's `now`. A claim
+/// reads its clock once the guards' locks are held (the writer's `BEGIN
+/// IMMEDIATE`, the advisory locks), so its stamp is never earlier than it
+/// takes effect; clocks of several instances still differ, and a row
+/// stamped later by another instance counts: the host's cooldown runs from
+/// it (a later stamp only holds the host longer).
+pub(crate) const USAGE_SQL: &str = usage_columns!();
+
+/// [`USAGE_SQL`] and what the zone budget and the requester quota read,
+/// for a request they apply to (one with a zone, or a requester; the other
+/// is bound NULL and matches no row): `$6` zone, `$7` requester, `$8`
+/// start of the requester's window. The zone's disrupted hosts are other
+/// hosts, of any group, whose latest row is in the zone and disrupting as
+/// for the group's budget; the requester's claims exclude the same
+/// outcomes as the rate limits. Read as
+/// [`UsageSubjectRow`](super::UsageSubjectRow). A separate statement, so
+/// that a request neither applies to reads no more than before.
+pub(crate) const USAGE_SUBJECT_SQL: &str = concat!(
+    usage_columns!(),
+    ",
+    (SELECT COUNT(DISTINCT r.instance_name) FROM restarts r
+      WHERE r.zone = $6 AND r.instance_name <> $2 AND r.claimed_at > $4
+        AND r.claimed_at = (SELECT MAX(x.claimed_at) FROM restarts x
+                            WHERE x.instance_name = r.instance_name)
+        AND ",
+    disrupting!(),
+    "),
+    (SELECT COUNT(*) FROM restarts WHERE requester = $7 AND claimed_at > $8
+        AND (outcome IS NULL OR outcome NOT IN ('dry-run', 'expired', 'denied'))),
+    (SELECT MIN(claimed_at) FROM restarts WHERE requester = $7 AND claimed_at > $8
+        AND (outcome IS NULL OR outcome NOT IN ('dry-run', 'expired', 'denied')))"
+);
 
 /// Records a decision unless it repeats the request's latest one (a
 /// request deferred a hundred times by the same closed window tells it
@@ -216,15 +266,19 @@ pub(crate) fn insert_requests(rows: &str) -> String {
 
 /// Writes claimed attempts into the restart journal (a claim given back
 /// and claimed again replaces its row). `rows` is a `SELECT` that names its
-/// columns `id`, `attempt`, `instance_name`, `grp`, `verdict` and `at`
-/// (when claimed).
+/// columns `id`, `attempt`, `instance_name`, `grp`, `zone`, `requester`
+/// (the request's, NULL when it has none), `verdict` and `at` (when
+/// claimed).
 pub(crate) fn upsert_journal(rows: &str) -> String {
     format!(
-        "INSERT INTO restarts (message_id, attempt, instance_name, grp, claimed_at, verdict)
-         SELECT new.id, new.attempt, new.instance_name, new.grp, new.at, new.verdict
+        "INSERT INTO restarts
+             (message_id, attempt, instance_name, grp, zone, requester, claimed_at, verdict)
+         SELECT new.id, new.attempt, new.instance_name, new.grp, new.zone, new.requester,
+                new.at, new.verdict
          FROM ({rows}) AS new WHERE true
          ON CONFLICT (message_id, attempt) DO UPDATE SET
              claimed_at = excluded.claimed_at, verdict = excluded.verdict,
+             zone = excluded.zone, requester = excluded.requester,
              outcome = NULL, settled_at = NULL"
     )
 }

@@ -23,7 +23,12 @@ fn the_statements_list_exactly_the_statuses_that_issued_no_restart() {
     let not_issued = sql_list(NOT_ISSUED.into_iter());
     assert_eq!(not_issued, "('dry-run', 'expired', 'denied')");
     let disrupting_ended = sql_list(std::iter::once(Status::Restarted).chain(NOT_ISSUED));
-    for sql in [USAGE_SQL, GROUP_RESTARTS_SQL, GROUP_DISRUPTED_SQL] {
+    for sql in [
+        USAGE_SQL,
+        USAGE_SUBJECT_SQL,
+        GROUP_RESTARTS_SQL,
+        GROUP_DISRUPTED_SQL,
+    ] {
         let lists: Vec<&str> = sql
             .match_indices("NOT IN (")
             .map(|(at, _)| &sql[at + "NOT IN ".len()..=at + sql[at..].find(')').unwrap()])
@@ -108,14 +113,31 @@ async fn the_shared_upserts_run_on_sqlite() {
     };
     twice(&insert, &requests, 1_000).await;
     let claims = serde_json::json!([
-        [ids[0].to_string(), 1, "cattle-0001", "cattle", ""],
-        [ids[1].to_string(), 1, "cattle-0002", "cattle", ""],
+        [
+            ids[0].to_string(),
+            1,
+            "cattle-0001",
+            "cattle",
+            "",
+            "eu-1a",
+            "ci"
+        ],
+        [
+            ids[1].to_string(),
+            1,
+            "cattle-0002",
+            "cattle",
+            "",
+            null,
+            null
+        ],
     ])
     .to_string();
     let journal = upsert_journal(
         "SELECT j.value ->> 0 AS id, j.value ->> 1 AS attempt,
                 j.value ->> 2 AS instance_name, j.value ->> 3 AS grp,
-                j.value ->> 4 AS verdict, $2 AS at
+                j.value ->> 4 AS verdict, j.value ->> 5 AS zone,
+                j.value ->> 6 AS requester, $2 AS at
          FROM json_each($1) AS j",
     );
     twice(&journal, &claims, 2_000).await;

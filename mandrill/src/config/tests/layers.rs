@@ -93,6 +93,7 @@ fn every_setting_is_documented_in_help() {
     config.safety.rate.global_max = Some(10);
     config.safety.budget.max_disrupted = Some(1);
     config.safety.budget.max_disrupted_percent = Some(20);
+    config.safety.budget.max_disrupted_per_zone = Some(1);
     config.safety.pause_file = Some(PathBuf::from("/run/mandrill/PAUSE"));
     config.safety.calendar = Some(CalendarSettings {
         weekdays: Some(vec!["mon".into()]),

@@ -88,6 +88,22 @@ fn counting_guards_load_from_every_source_and_name_bad_keys() {
     );
 }
 
+/// Without a probe, a restarted host counts as disrupted for
+/// `safety.budget.settle`; a probe's verified recovery ends it at once.
+#[test]
+fn the_budgets_settle_applies_only_without_a_verification_probe() {
+    let mut config = Config::default();
+    config.safety.budget.max_disrupted_per_zone = Some(3);
+    let limits = config.counting().unwrap().limits("cattle").unwrap();
+    assert_eq!(limits.settle, Duration::from_secs(300));
+    assert_eq!(limits.zone_budget, Some(3));
+    assert!(!config.verified_by_probe());
+    config.verify.probe = crate::restarter::verify::ProbeKind::Tcp;
+    assert!(config.verified_by_probe());
+    let limits = config.counting().unwrap().limits("cattle").unwrap();
+    assert_eq!(limits.settle, Duration::ZERO);
+}
+
 #[test]
 fn a_real_backend_gets_chaos_monkeys_calendar_unless_one_is_configured() {
     assert!(Config::default().calendar().unwrap().is_none());

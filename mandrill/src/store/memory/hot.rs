@@ -77,7 +77,10 @@ impl MemoryStore {
             }
             claim
         };
-        let claim = if terms.limits.is_active() {
+        let claim = if terms
+            .limits
+            .is_active_for(crate::safety::limits::Subject::of(request))
+        {
             let mut shards = self.all_shards();
             // Read with every shard held, as the SQL stores read theirs
             // once their locks are held: the stamp is never earlier than
@@ -205,12 +208,7 @@ fn claim_in(
         row.set_last_error(Some(error.into()));
     }
     row.updated_at = now;
-    let attempt = JournalRow::claimed(
-        request.instance_name.as_str(),
-        request.group(),
-        now,
-        write.verdict,
-    );
+    let attempt = JournalRow::claimed(request, now, write.verdict);
     row.latest = attempts.push(request.message_id, write.attempts, row.latest, attempt);
     (claim, false)
 }

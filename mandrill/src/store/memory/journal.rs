@@ -9,11 +9,11 @@ use uuid::Uuid;
 
 use super::row::{Millis, Row};
 use crate::domain::{RestartRequest, Status};
-use crate::safety::limits::Usage;
+use crate::safety::limits::{Subject, Usage};
 use crate::store::sql::NOT_ISSUED;
 use crate::store::{
-    AttemptRecord, ClaimTerms, Decision, DecisionRecord, GroupUsage, Timestamp, group_usage_from,
-    usage_binds,
+    AttemptRecord, ClaimTerms, Decision, DecisionRecord, GroupUsage, Timestamp, UsageBinds,
+    group_usage_from, usage_binds,
 };
 
 /// A shard's restart journal: one entry per claimed attempt, appended in
@@ -64,11 +64,20 @@ pub(super) struct Decisions {
 /// One claimed attempt.
 #[derive(Debug)]
 pub(super) struct JournalRow {
-    /// The instance's name, then the group's, in one allocation: a claim
-    /// makes one of these per message.
+    /// The instance's name, then the group's, then the request's zone and
+    /// requester if it has them, in one allocation: a claim makes one of
+    /// these per message.
     names: Box<str>,
     /// Where the group's name starts in `names`.
     group_at: u32,
+    /// Where the zone starts, and the requester (each ends where the next
+    /// starts, the requester at the end).
+    zone_at: u32,
+    requester_at: u32,
+    /// Whether the request had a zone, a requester (an empty one is still
+    /// one).
+    has_zone: bool,
+    has_requester: bool,
     pub(super) claimed_at: i64,
     /// What the counting guards said; empty (no allocation) without them.
     pub(super) verdict: Box<str>,
@@ -77,15 +86,31 @@ pub(super) struct JournalRow {
 }
 
 impl JournalRow {
-    /// An attempt claimed at `now`, its outcome not yet in.
-    pub(super) fn claimed(instance: &str, group: &str, now: i64, verdict: String) -> Self {
-        let mut names = String::with_capacity(instance.len() + group.len());
+    /// An attempt of `request` claimed at `now`, its outcome not yet in.
+    pub(super) fn claimed(request: &RestartRequest, now: i64, verdict: String) -> Self {
+        let instance = request.instance_name.as_str();
+        let group = request.group();
+        let zone = request.zone.as_deref();
+        let requester = request.requester.as_deref();
+        let mut names = String::with_capacity(
+            instance.len() + group.len() + zone.map_or(0, str::len) + requester.map_or(0, str::len),
+        );
+        // Names far shorter than 4 GiB: a message is at most a few KiB.
+        let at = |names: &String| u32::try_from(names.len()).unwrap_or(u32::MAX);
         names.push_str(instance);
+        let group_at = at(&names);
         names.push_str(group);
+        let zone_at = at(&names);
+        names.push_str(zone.unwrap_or_default());
+        let requester_at = at(&names);
+        names.push_str(requester.unwrap_or_default());
         Self {
             names: names.into_boxed_str(),
-            // A hostname label is at most 63 bytes.
-            group_at: u32::try_from(instance.len()).unwrap_or(u32::MAX),
+            group_at,
+            zone_at,
+            requester_at,
+            has_zone: zone.is_some(),
+            has_requester: requester.is_some(),
             claimed_at: now,
             verdict: verdict.into_boxed_str(),
             settled_at: Millis::NONE,
@@ -100,7 +125,19 @@ impl JournalRow {
 
     /// The instance's group.
     pub(super) fn group(&self) -> &str {
-        &self.names[self.group_at as usize..]
+        &self.names[self.group_at as usize..self.zone_at as usize]
+    }
+
+    /// The request's zone, if it had one.
+    fn zone(&self) -> Option<&str> {
+        self.has_zone
+            .then(|| &self.names[self.zone_at as usize..self.requester_at as usize])
+    }
+
+    /// The request's requester, if it had one.
+    fn requester(&self) -> Option<&str> {
+        self.has_requester
+            .then(|| &self.names[self.requester_at as usize..])
     }
 }
 
@@ -110,10 +147,15 @@ fn issued(outcome: Option<Status>) -> bool {
     !outcome.is_some_and(|status| NOT_ISSUED.contains(&status))
 }
 
-/// Whether a host whose latest attempt ended so still counts as disrupted:
-/// the in-memory form of the rule in [`crate::store::USAGE_SQL`].
-fn is_disrupting(outcome: Option<Status>) -> bool {
-    issued(outcome) && outcome != Some(Status::Restarted)
+/// Whether a host whose latest attempt is `row` still counts as
+/// disrupted: in flight or ended without a verified recovery, or ended
+/// `restarted` after `settled_after` (see [`crate::store::UsageBinds`]).
+/// The in-memory form of the rule in [`crate::store::USAGE_SQL`].
+fn is_disrupting(row: &JournalRow, settled_after: i64) -> bool {
+    match row.outcome {
+        Some(Status::Restarted) => row.settled_at.get().is_some_and(|at| at > settled_after),
+        outcome => issued(outcome),
+    }
 }
 
 impl Attempts {
@@ -167,6 +209,17 @@ impl Attempts {
                 return;
             }
             at = entry.prev.get();
+        }
+    }
+
+    /// Moves every settled entry's end `by` milliseconds (tests: a settle
+    /// that has passed).
+    #[cfg(test)]
+    pub(super) fn shift_settled(&mut self, by: i64) {
+        for entry in &mut self.entries {
+            if let Some(at) = entry.row.settled_at.get() {
+                entry.row.settled_at = Some(at + by).into();
+            }
         }
     }
 
@@ -239,9 +292,20 @@ pub(super) fn usage<'a>(
     terms: &ClaimTerms,
     now: i64,
 ) -> Usage {
-    let (window_start, memory_start) = usage_binds(&terms.limits, now);
+    let UsageBinds {
+        window_start,
+        memory_start,
+        settled_after,
+        requester_start,
+    } = usage_binds(&terms.limits, now);
     let group = request.group();
     let instance = request.instance_name.as_str();
+    // Only what the limits use, as the SQL stores read it.
+    let subject = Subject::of(request);
+    let zone = subject.zone.filter(|_| terms.limits.counts_zone(subject));
+    let requester = subject
+        .requester
+        .filter(|_| terms.limits.counts_requester(subject));
     let mut usage = Usage::default();
     let mut latest: HashMap<&str, &JournalRow> = HashMap::new();
     for row in journals.flat_map(Attempts::rows) {
@@ -273,18 +337,29 @@ pub(super) fn usage<'a>(
         if row.instance() == instance {
             usage.host_last = usage.host_last.max(Some(row.claimed_at));
         }
+        if requester.is_some() && row.claimed_at > requester_start && row.requester() == requester {
+            usage.requester_claims += 1;
+            usage.requester_oldest = Some(
+                usage
+                    .requester_oldest
+                    .map_or(row.claimed_at, |o: i64| o.min(row.claimed_at)),
+            );
+        }
     }
-    usage.disrupted = latest
-        .values()
-        .filter(|row| {
-            row.group() == group
-                && row.instance() != instance
-                && row.claimed_at > memory_start
-                && is_disrupting(row.outcome)
-        })
-        .count()
-        .try_into()
-        .unwrap_or(u32::MAX);
+    for row in latest.values() {
+        if row.instance() == instance
+            || row.claimed_at <= memory_start
+            || !is_disrupting(row, settled_after)
+        {
+            continue;
+        }
+        if row.group() == group {
+            usage.disrupted = usage.disrupted.saturating_add(1);
+        }
+        if zone.is_some() && row.zone() == zone {
+            usage.zone_disrupted = usage.zone_disrupted.saturating_add(1);
+        }
+    }
     usage
 }
 
@@ -308,7 +383,9 @@ pub(super) fn group_usage<'a>(
     }
     let mut disrupted: HashMap<String, i64> = HashMap::new();
     for row in latest.values() {
-        if row.claimed_at > memory_start.as_millis() && is_disrupting(row.outcome) {
+        // The settle is the claims' (as `GROUP_DISRUPTED_SQL`, which has
+        // none): `i64::MAX`, no restarted host counts.
+        if row.claimed_at > memory_start.as_millis() && is_disrupting(row, i64::MAX) {
             *disrupted.entry(row.group().to_owned()).or_default() += 1;
         }
     }

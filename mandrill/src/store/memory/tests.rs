@@ -20,6 +20,17 @@ async fn a_claim_stamped_after_now_still_cools_its_host() {
     contract::a_claim_stamped_after_now_still_cools_its_host(&store, later).await;
 }
 
+#[tokio::test]
+async fn a_restarted_host_counts_as_disrupted_until_settle_passes() {
+    let store = MemoryStore::new();
+    let settle_passes = async {
+        for shard in &store.shards {
+            shard.lock().unwrap().attempts.shift_settled(-600_000);
+        }
+    };
+    contract::a_restarted_host_counts_as_disrupted_until_settle_passes(&store, settle_passes).await;
+}
+
 /// The journal is a list per shard whose entries are chained per
 /// request: a released claim leaves a dead entry, and a prune drops
 /// entries from between others. Each request's outcomes must still land

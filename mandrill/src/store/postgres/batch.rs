@@ -61,12 +61,14 @@ type CreatedRow = (Option<String>, bool, Option<String>, Option<String>, i64);
 
 /// A round's claims and their journal rows, in one statement: `$1`..`$4`
 /// arrays of ids, attempts, claim deadlines, last errors; `$5` now;
-/// `$6`..`$8` arrays of instances, groups, verdicts.
+/// `$6`..`$10` arrays of instances, groups, verdicts, zones, requesters.
 static CLAIMS_SQL: LazyLock<String> = LazyLock::new(|| {
     let journal = upsert_journal(
-        "SELECT u.id, u.attempt, u.instance_name, u.grp, u.verdict, $5::int8 AS at
-         FROM unnest($1::text[], $2::int4[], $6::text[], $7::text[], $8::text[])
-              AS u(id, attempt, instance_name, grp, verdict)",
+        "SELECT u.id, u.attempt, u.instance_name, u.grp, u.zone, u.requester, u.verdict,
+                $5::int8 AS at
+         FROM unnest($1::text[], $2::int4[], $6::text[], $7::text[], $8::text[], $9::text[],
+                     $10::text[])
+              AS u(id, attempt, instance_name, grp, verdict, zone, requester)",
     );
     format!(
         "WITH claimed AS (
@@ -275,6 +277,8 @@ struct ClaimWrites {
     instances: Vec<String>,
     groups: Vec<String>,
     verdicts: Vec<String>,
+    zones: Vec<Option<String>>,
+    requesters: Vec<Option<String>>,
 }
 
 impl ClaimWrites {
@@ -287,6 +291,8 @@ impl ClaimWrites {
             .push(request.instance_name.as_str().to_owned());
         self.groups.push(request.group().to_owned());
         self.verdicts.push(write.verdict);
+        self.zones.push(request.zone.clone());
+        self.requesters.push(request.requester.clone());
     }
 
     /// The claims and their journal rows, in one statement.
@@ -303,6 +309,8 @@ impl ClaimWrites {
             .bind(&self.instances)
             .bind(&self.groups)
             .bind(&self.verdicts)
+            .bind(&self.zones)
+            .bind(&self.requesters)
             .execute(&mut **tx)
             .await?;
         Ok(())

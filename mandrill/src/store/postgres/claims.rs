@@ -6,7 +6,7 @@ use std::sync::LazyLock;
 
 use super::{PostgresStore, attempts};
 use crate::domain::RestartRequest;
-use crate::safety::limits::Usage;
+use crate::safety::limits::{Limits, Subject, Usage};
 use crate::store::reads::postgres as reads;
 use crate::store::sql::{
     RELEASE_JOURNAL_SQL, RELEASE_SQL, SWITCH_SQL, SwitchRow, insert_requests, upsert_journal,
@@ -31,17 +31,42 @@ static INSERT_REQUEST_SQL: LazyLock<String> = LazyLock::new(|| {
 });
 
 /// A claim's journal row: `$1` id, `$2` attempt, `$3` instance, `$4`
-/// group, `$5` now, `$6` verdict.
+/// group, `$5` now, `$6` verdict, `$7` zone, `$8` requester.
 static JOURNAL_SQL: LazyLock<String> = LazyLock::new(|| {
     upsert_journal(
         "SELECT $1::text AS id, $2::int4 AS attempt, $3::text AS instance_name,
-                $4::text AS grp, $6::text AS verdict, $5::int8 AS at",
+                $4::text AS grp, $7::text AS zone, $8::text AS requester,
+                $6::text AS verdict, $5::int8 AS at",
     )
 });
 
+/// The advisory locks a claim of `subject` takes under `limits`, in the
+/// order every claim takes them: global → requester → zone → group →
+/// host. Each kind has its own prefix, so a requester named like a group
+/// never shares its lock.
+pub(super) fn lock_keys(limits: &Limits, subject: Subject<'_>) -> Vec<String> {
+    let mut keys = Vec::with_capacity(5);
+    if limits.global_max.is_some() {
+        keys.push("mandrill:global".to_owned());
+    }
+    if let Some(requester) = subject
+        .requester
+        .filter(|_| limits.counts_requester(subject))
+    {
+        keys.push(format!("mandrill:requester:{requester}"));
+    }
+    if let Some(zone) = subject.zone.filter(|_| limits.counts_zone(subject)) {
+        keys.push(format!("mandrill:zone:{zone}"));
+    }
+    keys.push(format!("mandrill:group:{}", subject.group));
+    keys.push(format!("mandrill:host:{}", subject.instance));
+    keys
+}
+
 impl PostgresStore {
     /// A claim in its own transaction: the counting guards take advisory
-    /// locks (global, group, host) that a batch must not interleave.
+    /// locks (global, requester, zone, group, host) that a batch must not
+    /// interleave.
     pub(super) async fn claim_alone(
         &self,
         request: &RestartRequest,
@@ -77,19 +102,16 @@ impl PostgresStore {
             .fetch_one(&mut *tx)
             .await?;
         let switch = switch_from(paused, by, why, since);
-        let (usage, now) = if terms.limits.is_active() && !switch.paused {
+        let subject = Subject::of(request);
+        let (usage, now) = if terms.limits.is_active_for(subject) && !switch.paused {
             // Serialise the claims that count against the same limits, on
             // every instance: global (when a global limit is set), then the
-            // group, then the host; always in that order, so no two claims
-            // wait for each other. Transaction-scoped advisory locks: no
-            // table to keep, released by the commit.
-            let mut keys = Vec::with_capacity(3);
-            if terms.limits.global_max.is_some() {
-                keys.push("mandrill:global".to_owned());
-            }
-            keys.push(format!("mandrill:group:{}", request.group()));
-            keys.push(format!("mandrill:host:{}", request.instance_name));
-            for key in keys {
+            // requester and the zone (when their limits count this
+            // request), then the group, then the host; always in that
+            // order, so no two claims wait for each other. Transaction-
+            // scoped advisory locks: no table to keep, released by the
+            // commit.
+            for key in lock_keys(&terms.limits, subject) {
                 sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
                     .bind(key)
                     .execute(&mut *tx)
@@ -120,6 +142,8 @@ impl PostgresStore {
                 .bind(request.group())
                 .bind(now)
                 .bind(&write.verdict)
+                .bind(request.zone.as_deref())
+                .bind(request.requester.as_deref())
                 .execute(&mut *tx)
                 .await?;
             sqlx::query(

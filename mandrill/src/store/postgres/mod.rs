@@ -205,7 +205,12 @@ impl PostgresStore {
         request: &RestartRequest,
         terms: ClaimTerms,
     ) -> Result<Claim, StoreError> {
-        if terms.limits.is_active() {
+        // Claims a counting guard applies to take the guards' advisory
+        // locks in a transaction of their own; the others go in batches.
+        if terms
+            .limits
+            .is_active_for(crate::safety::limits::Subject::of(request))
+        {
             return self.claim_alone(request, terms).await;
         }
         let request = request.clone();

@@ -62,6 +62,35 @@ async fn a_claim_stamped_after_now_still_cools_its_host() {
     store.close().await;
 }
 
+#[tokio::test]
+async fn a_restarted_host_counts_as_disrupted_until_settle_passes() {
+    let database = TestDatabase::create().await;
+    let store = PostgresStore::connect(&database.url, 4).await.unwrap();
+    let settle_passes = async {
+        sqlx::query(contract::SETTLE_PASSES_SQL)
+            .execute(&store.pool)
+            .await
+            .unwrap();
+    };
+    contract::a_restarted_host_counts_as_disrupted_until_settle_passes(&store, settle_passes).await;
+    store.close().await;
+}
+
+/// Two instances on one database: the requester quota and the zone budget
+/// count what either claimed.
+#[tokio::test]
+async fn the_requester_quota_and_the_zone_budget_count_across_instances() {
+    let database = TestDatabase::create().await;
+    let first = PostgresStore::connect(&database.url, 4).await.unwrap();
+    let second = PostgresStore::connect(&database.url, 4).await.unwrap();
+    contract::the_requester_quota_and_the_zone_budget_count_across_groups_and_instances(
+        &first, &second,
+    )
+    .await;
+    first.close().await;
+    second.close().await;
+}
+
 const TERMS: ClaimTerms = ClaimTerms {
     max_attempts: 3,
     hold: Duration::from_secs(3600),

@@ -8,7 +8,7 @@ use sqlx::{QueryBuilder, Sqlite};
 
 use super::{AroundValues, ROWS_PER_STATEMENT};
 use crate::domain::{RestartRequest, Status};
-use crate::safety::limits::Usage;
+use crate::safety::limits::{Subject, Usage};
 use crate::sqlite::writer::Tx;
 use crate::store::reads::sqlite::{insert_decision, usage};
 use crate::store::sql::{SWITCH_SQL, SwitchRow, upsert_journal};
@@ -20,7 +20,16 @@ use crate::store::{
 static UPSERT_JOURNAL: LazyLock<AroundValues> = LazyLock::new(|| {
     AroundValues::new(
         upsert_journal,
-        &["id", "attempt", "instance_name", "grp", "verdict", "at"],
+        &[
+            "id",
+            "attempt",
+            "instance_name",
+            "grp",
+            "zone",
+            "requester",
+            "verdict",
+            "at",
+        ],
     )
 });
 
@@ -85,7 +94,7 @@ pub(super) async fn claim(
     for ((request, terms), id) in claims.iter().zip(&ids) {
         // The counting guards read the journal as this transaction left it,
         // so the claims written so far go in first.
-        let usage = if terms.limits.is_active() {
+        let usage = if terms.limits.is_active_for(Subject::of(request)) {
             write_claims(tx, &mut writes, now).await?;
             usage(tx, request, &terms.limits, now).await?
         } else {
@@ -180,6 +189,8 @@ async fn write_claims(
                 .push_bind(i64::from(write.attempts))
                 .push_bind(pending.request.instance_name.as_str())
                 .push_bind(pending.request.group())
+                .push_bind(pending.request.zone.as_deref())
+                .push_bind(pending.request.requester.as_deref())
                 .push_bind(write.verdict.as_str())
                 .push_bind(now);
         });

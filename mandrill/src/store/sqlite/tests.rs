@@ -279,6 +279,37 @@ async fn a_claim_stamped_after_now_still_cools_its_host() {
 }
 
 #[tokio::test]
+async fn a_restarted_host_counts_as_disrupted_until_settle_passes() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite:{}", dir.path().join("t.db").display());
+    let store = SqliteStore::connect(&url, 2).await.unwrap();
+    let settle_passes = async {
+        sqlx::query(contract::SETTLE_PASSES_SQL)
+            .execute(&store.pool)
+            .await
+            .unwrap();
+    };
+    contract::a_restarted_host_counts_as_disrupted_until_settle_passes(&store, settle_passes).await;
+    store.close().await;
+}
+
+/// Two instances (two stores) on one file: the requester quota and the
+/// zone budget count what either claimed.
+#[tokio::test]
+async fn the_requester_quota_and_the_zone_budget_count_across_instances() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite:{}", dir.path().join("t.db").display());
+    let first = SqliteStore::connect(&url, 2).await.unwrap();
+    let second = SqliteStore::connect(&url, 2).await.unwrap();
+    contract::the_requester_quota_and_the_zone_budget_count_across_groups_and_instances(
+        &first, &second,
+    )
+    .await;
+    first.close().await;
+    second.close().await;
+}
+
+#[tokio::test]
 async fn a_claim_that_waits_for_the_guards_locks_is_stamped_when_it_gets_them() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite:{}", dir.path().join("w.db").display());
