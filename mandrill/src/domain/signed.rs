@@ -113,15 +113,17 @@ impl Signatures {
     }
 }
 
-/// Whether `text` has the shape of a compact JWS: three non-empty
-/// base64url parts joined by two dots (JSON, which starts with `{`, never
-/// has it).
+/// Whether `text` has the shape of a compact JWS: three base64url parts
+/// joined by two dots, the first two non-empty (JSON, which starts with
+/// `{`, never has it). The signature may be empty, as an unsecured
+/// (`alg: none`) token's is: such a token is then rejected as a bad
+/// signature, saying why, rather than as bad JSON.
 pub fn is_compact_jws(text: &[u8]) -> bool {
     let mut dots = 0;
     let mut part_len = 0;
     for &byte in text {
         if byte == b'.' {
-            if part_len == 0 {
+            if part_len == 0 || dots == 2 {
                 return false;
             }
             dots += 1;
@@ -132,7 +134,7 @@ pub fn is_compact_jws(text: &[u8]) -> bool {
             return false;
         }
     }
-    dots == 2 && part_len > 0
+    dots == 2
 }
 
 /// The registered claims verification reads; the request's own fields are

@@ -286,3 +286,24 @@ fn only_ed25519_and_p256_public_keys_are_accepted() {
         assert!(why.contains("PEM Ed25519 or P-256"), "{why}");
     }
 }
+
+#[test]
+fn only_three_base64url_parts_look_signed() {
+    use super::signed::is_compact_jws;
+    assert!(is_compact_jws(b"eyJh.eyJp.c2ln"));
+    // An unsecured token's empty signature: signed-looking, so rejected as
+    // a bad signature (saying why), never parsed as JSON.
+    assert!(is_compact_jws(b"eyJh.eyJp."));
+    for not in [
+        &br#"{"message_id":"x"}"#[..],
+        b"a.b",
+        b"a.b.c.d",
+        b".b.c",
+        b"a..c",
+        b"a.b.c=",
+        b"a.b.c\n",
+        b"",
+    ] {
+        assert!(!is_compact_jws(not), "{}", String::from_utf8_lossy(not));
+    }
+}
