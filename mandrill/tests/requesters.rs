@@ -603,3 +603,41 @@ fn two_processes_on_one_sqlite_file_keep_a_requesters_quota_exactly() {
         "none lost"
     );
 }
+
+/// `[[requesters]]` is reloaded on SIGHUP: removing a requester revokes it
+/// at once, without a restart; its next request is rejected.
+#[test]
+fn a_sighup_revokes_a_removed_requester() {
+    let (_guard, dir) = temp_dir();
+    python(&dir, KEYGEN_PY, &["ed25519", "alice"]);
+    write_config(
+        &dir,
+        SIMULATE,
+        "",
+        &requester("alice", "alice.pub", "\"cattle-*\""),
+    );
+    let signed = |instance: &str| {
+        sign(
+            &dir,
+            serde_json::json!({"key": "alice.key", "alg": "EdDSA", "iss": "alice", "instance": instance}),
+        )
+    };
+    publish_file(&dir, &[signed("cattle-before")]);
+    let service = Mandrill::run(&dir, &["--config", "mandrill.toml"]);
+    service.wait_for("acked", 1);
+    write_config(&dir, SIMULATE, "", "");
+    service.signal("HUP");
+    service.wait_for("safety policy reloaded", 1);
+    publish_file(&dir, &[signed("cattle-after")]);
+    service.wait_for("dead-lettered", 1);
+    stop(service);
+    let entries = history(&sqlite_url(&dir));
+    assert_eq!(entry(&entries, "cattle-before").status, Status::Restarted);
+    let rejected: Vec<&HistoryEntry> = entries
+        .iter()
+        .filter(|e| e.status == Status::Rejected)
+        .collect();
+    assert_eq!(rejected.len(), 1, "{entries:?}");
+    let reason = rejected[0].last_error.as_deref().unwrap_or_default();
+    assert!(reason.contains("unknown requester \"alice\""), "{reason}");
+}
