@@ -5,6 +5,7 @@
 //! run`. Needs python3 with `jwt` and `cryptography` (`.ci/run` installs
 //! them).
 
+mod services;
 mod support;
 
 use std::fs;
@@ -14,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use mandrill::domain::Status;
 use mandrill::store::HistoryEntry;
+use services::{Database, NatsNames, nats_server};
 use support::{DEADLINE, Mandrill, history, mandrill, queue_rows, sqlite_url, temp_dir};
 
 /// Signs one token with PyJWT. `spec` is JSON: `key` (a private key PEM
@@ -520,7 +522,7 @@ fn a_requesters_quota_of_two_per_hour_restarts_two_and_defers_the_third() {
 }
 
 /// Two `mandrill run` on one SQLite file share a requester's quota exactly:
-/// of 40 signed requests (40 hosts, 40 groups), 5 are restarted, the rest
+/// of 40 signed requests (40 hosts; the group's own limits off), 5 are restarted, the rest
 /// deferred, whichever process handles them.
 #[test]
 fn two_processes_on_one_sqlite_file_keep_a_requesters_quota_exactly() {
@@ -640,4 +642,88 @@ fn a_sighup_revokes_a_removed_requester() {
     assert_eq!(rejected.len(), 1, "{entries:?}");
     let reason = rejected[0].last_error.as_deref().unwrap_or_default();
     assert!(reason.contains("unknown requester \"alice\""), "{reason}");
+}
+
+/// Three `mandrill run` on NATS JetStream + PostgreSQL share a requester's
+/// quota exactly: the claim takes the requester's advisory lock, so claims
+/// of one requester in different groups cannot both read room for one.
+#[test]
+fn three_processes_on_nats_and_postgres_keep_a_requesters_quota_exactly() {
+    const REQUESTS: usize = 40;
+    const MAX: usize = 5;
+    let (_guard, dir) = temp_dir();
+    let db = Database::create();
+    let names = NatsNames::new(&nats_server());
+    let (status, _, stderr) = mandrill(&dir, &["keygen", "alice"], &[]);
+    assert!(status.success(), "{stderr}");
+    let journal = dir.join("restarts.journal");
+    write_config(
+        &dir,
+        &format!("{SIMULATE}journal = {:?}\n", journal.display().to_string()),
+        "",
+        &format!(
+            "{}[requesters.quota]\nmax = {MAX}\nwindow = \"1h\"\n",
+            requester("alice", "alice.pub", "\"cattle-*\"")
+        ),
+    );
+    let mut args = vec![
+        "--config".to_owned(),
+        "mandrill.toml".into(),
+        "--broker".into(),
+        names.url.clone(),
+        "--db".into(),
+        db.url.clone(),
+        "--max-in-flight".into(),
+        "32".into(),
+    ];
+    args.extend(names.flags());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let instances: Vec<Mandrill> = (0..3).map(|_| Mandrill::run(&dir, &args)).collect();
+    for instance in &instances {
+        instance.wait_for("mandrill started", 1);
+    }
+    let mut publish = vec![
+        "publish".to_owned(),
+        "--config".into(),
+        "mandrill.toml".into(),
+        "--broker".into(),
+        names.url.clone(),
+        "--as".into(),
+        "alice".into(),
+        "--key-file".into(),
+        "alice.key".into(),
+        "--random".into(),
+        REQUESTS.to_string(),
+    ];
+    publish.extend(names.flags());
+    let publish: Vec<&str> = publish.iter().map(String::as_str).collect();
+    let (status, _, stderr) = mandrill(&dir, &publish, &[]);
+    assert!(status.success(), "publish failed: {stderr}");
+    let refs: Vec<&Mandrill> = instances.iter().collect();
+    wait_for_deferrals(&refs, REQUESTS - MAX);
+    let took_part = instances
+        .iter()
+        .filter(|i| !i.messages("deferred").is_empty() || !i.messages("acked").is_empty())
+        .count();
+    assert!(took_part >= 2, "the work was shared");
+    for instance in instances {
+        stop(instance);
+    }
+    let issued = fs::read_to_string(&journal)
+        .unwrap_or_default()
+        .lines()
+        .count();
+    assert_eq!(issued, MAX, "exactly the quota issued");
+    let statuses = db.statuses();
+    let restarted: i64 = statuses
+        .iter()
+        .filter(|(status, _)| status == "restarted")
+        .map(|(_, n)| n)
+        .sum();
+    assert_eq!(restarted, MAX as i64, "{statuses:?}");
+    let total: i64 = statuses.iter().map(|(_, n)| n).sum();
+    assert_eq!(
+        total, REQUESTS as i64,
+        "every request recorded: {statuses:?}"
+    );
 }
