@@ -156,3 +156,43 @@ fn stop_conditions_and_the_pause_file_load_and_bad_ones_name_the_key() {
         assert!(error.contains(key), "{file}: {error}");
     }
 }
+
+#[test]
+fn a_real_backend_requires_signed_requests_unless_told_otherwise() {
+    let simulated = Config::default();
+    assert!(
+        !simulated.require_signed(),
+        "the quick start works unsigned"
+    );
+    let signatures = |config: &Config| {
+        config
+            .worker_config()
+            .policy
+            .current()
+            .requesters
+            .signatures()
+            .required()
+    };
+    assert!(!signatures(&simulated));
+    let mut real = Config::default();
+    real.restarter.kind = RestarterKind::Command;
+    assert!(real.require_signed() && signatures(&real));
+    real.safety.require_signed = Some(false);
+    assert!(!real.require_signed() && !signatures(&real));
+    // Every layer names the key at fault, never quoting a key.
+    let file = "[[requesters]]\nname = \"alice\"\npublic_key = \"-----BEGIN PUBLIC KEY-----\"\n";
+    let error = load(Some(file), &[], &[]).unwrap_err();
+    assert!(
+        error.to_string().contains("requesters[0].public_key"),
+        "{error}"
+    );
+    let file = "[[requesters]]\nname = \"alice\"\npublic_key_file = \"/nonexistent.pub\"\n\
+                [requesters.quota]\nmax = 2\nwindow = \"1h\"\n";
+    let error = load(Some(file), &[], &[]).unwrap_err();
+    assert!(
+        error.to_string().contains("requesters[0].public_key_file"),
+        "{error}"
+    );
+    // And a reload applies it (the policy is rebuilt from [[requesters]]).
+    assert!(crate::config::reloads("requesters"));
+}
