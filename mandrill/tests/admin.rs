@@ -302,6 +302,77 @@ fn debug_mode_logs_step_timings_and_runtime_metrics_which_metrics_exposes() {
     assert!(service.wait_exit().0.success());
 }
 
+/// Any process on the host can reach a loopback port: without
+/// `admin.token`, turning the switch needs the token the service generated
+/// into a file only its user can read, while read-only pages keep the
+/// loopback rule.
+#[test]
+fn without_admin_token_the_switch_needs_the_generated_token_even_on_loopback() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let (_guard, dir) = temp_dir();
+    let db = sqlite_url(&dir);
+    let service = Mandrill::run(&dir, &["--db", &db, "--simulate=5"]);
+    let addr = admin_addr(&service);
+    // The default place: beside the SQLite store.
+    let token_file = dir.join("mandrill.db.admin-token");
+    let mode = std::fs::metadata(&token_file).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "{mode:o}");
+    let token = std::fs::read_to_string(&token_file).unwrap();
+    let token = token.trim();
+    assert!(token.len() >= 32, "{token:?}");
+
+    // Paused by an operator, through the store.
+    let (status, _, stderr) = mandrill(
+        &dir,
+        &["pause", "--db", &db, "--by", "sre", "--reason", "host lost"],
+        &[],
+    );
+    assert!(status.success(), "{stderr}");
+    let paused_by = |addr: &str| get_json(addr, "/api/status", &[]).1["switch"]["by"].clone();
+    let json_body = ("Content-Type", "application/json");
+    for path in ["/api/resume", "/api/pause"] {
+        for wrong in ["", "Bearer not-the-token"] {
+            let mut headers = vec![json_body];
+            if !wrong.is_empty() {
+                headers.push(("Authorization", wrong));
+            }
+            let (status, body) = post(&addr, path, &headers, r#"{"by":"local process"}"#);
+            assert_eq!(status, 401, "{path} {wrong:?}: {body}");
+        }
+        let form = [("Content-Type", "application/x-www-form-urlencoded")];
+        assert_eq!(
+            post(&addr, path, &form, "by=local+process").0,
+            401,
+            "{path}"
+        );
+    }
+    assert_eq!(paused_by(&addr), "sre", "the operator's pause stands");
+    // Read-only pages keep the loopback rule.
+    assert_eq!(get(&addr, "/api/requests?limit=1", &[]).0, 200);
+
+    let bearer = format!("Bearer {token}");
+    let (status, body) = post(
+        &addr,
+        "/api/resume",
+        &[json_body, ("Authorization", &bearer)],
+        r#"{"by":"ana","reason":"host back"}"#,
+    );
+    assert_eq!(status, 200, "{body}");
+    let (_, overview) = get_json(&addr, "/api/status", &[]);
+    assert_eq!(
+        (
+            overview["paused"].as_bool(),
+            overview["switch"]["by"].as_str()
+        ),
+        (Some(false), Some("ana")),
+        "{overview}"
+    );
+    service.signal("TERM");
+    let (status, lines) = service.wait_exit();
+    assert!(status.success());
+    assert!(!serde_json::to_string(&lines).unwrap().contains(token));
+}
+
 /// Without a token the server is bound to loopback, and a web page that
 /// re-resolves its own name to 127.0.0.1 (DNS rebinding) still names its
 /// own Host: refused (421), so it can neither read the API nor resume

@@ -273,6 +273,46 @@ fn bad_configuration_fails_at_start_naming_the_key() {
     assert!(!dir.join("mandrill.db").exists());
 }
 
+/// The demo publisher makes up instance names; with a real backend they
+/// would be acted on, and published into a broker real publishers share.
+#[test]
+fn simulate_with_a_real_backend_is_refused_at_start_naming_both() {
+    let (_guard, dir) = temp_dir();
+    let broker = sqlite_url(&dir);
+    std::fs::write(
+        dir.join("real.toml"),
+        "[restarter]\nkind = \"command\"\n[restarter.command]\nargv = [\"true\", \"{host}\"]\n\
+         [safety]\nallow = [\"*\"]\n",
+    )
+    .unwrap();
+    // Spawned, not run to completion: a binary that accepted this would
+    // run until stopped (and fail the test at the deadline).
+    let service = Mandrill::run(
+        &dir,
+        &[
+            "--config",
+            "real.toml",
+            "--broker",
+            &broker,
+            "--db",
+            &broker,
+            "--simulate=50",
+        ],
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !service.raw().contains("simulate") && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let stderr = service.raw();
+    let (status, _) = service.wait_exit_within(std::time::Duration::from_secs(10));
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    for named in ["--simulate", "simulate.enabled", "restarter.kind = command"] {
+        assert!(stderr.contains(named), "{named} not in {stderr}");
+    }
+    // Refused before anything was opened: nothing was published.
+    assert!(!dir.join("mandrill.db").exists());
+}
+
 #[test]
 fn unknown_url_schemes_exit_2_naming_the_key() {
     let (_guard, dir) = temp_dir();

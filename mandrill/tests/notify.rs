@@ -71,14 +71,18 @@ fn admin_addr(service: &Mandrill) -> String {
     line["fields"]["addr"].as_str().unwrap().to_owned()
 }
 
-fn post_pause(addr: &str, path: &str) -> u16 {
+/// Turns the switch with the token the service generated beside its store.
+fn post_pause(addr: &str, path: &str, dir: &std::path::Path) -> u16 {
     use std::io::{Read as _, Write as _};
+    let token = std::fs::read_to_string(dir.join("mandrill.db.admin-token")).unwrap();
     let mut stream = TcpStream::connect(addr).unwrap();
     let body = r#"{"reason":"game day","by":"ana"}"#;
     write!(
         stream,
         "POST {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\
+         Authorization: Bearer {}\r\n\
          Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        token.trim(),
         body.len()
     )
     .unwrap();
@@ -128,8 +132,8 @@ fn a_running_pipeline_sends_json_and_slack_notifications_and_never_logs_the_url(
             .iter()
             .all(|kind| events.contains(&Value::from(*kind)))
     });
-    assert_eq!(post_pause(&addr, "/api/pause"), 200);
-    assert_eq!(post_pause(&addr, "/api/resume"), 200);
+    assert_eq!(post_pause(&addr, "/api/pause", &dir), 200);
+    assert_eq!(post_pause(&addr, "/api/resume", &dir), 200);
     wait_until("the switch's notifications", || {
         bodies(&received, secret_path).len() == 2
     });

@@ -95,6 +95,16 @@ impl Store for SlowSaveStore {
     async fn set_switch(&self, paused: bool, by: &str, reason: &str) -> Result<(), StoreError> {
         self.inner.set_switch(paused, by, reason).await
     }
+
+    async fn set_switch_if(
+        &self,
+        expected: mandrill::store::SwitchExpected<'_>,
+        paused: bool,
+        by: &str,
+        reason: &str,
+    ) -> Result<bool, StoreError> {
+        self.inner.set_switch_if(expected, paused, by, reason).await
+    }
     async fn close(&self) {
         self.inner.close().await
     }

@@ -19,8 +19,6 @@ pub(crate) struct Page<'a> {
     pub(crate) leashed: bool,
     /// The kill switch, or why it is unknown.
     pub(crate) switch: Result<&'a Switch, &'static str>,
-    /// `admin.token` is set: the buttons ask for it.
-    pub(crate) protected: bool,
     pub(crate) ready: Result<(), &'static str>,
     pub(crate) stats: &'a StatsSnapshot,
     /// The latest requests, or why they are not shown (the history needs
@@ -102,9 +100,9 @@ pub(crate) fn render(page: &Page<'_>) -> String {
     html
 }
 
-/// The kill switch, and the button that turns it: a plain form POST (with
-/// a token field when `admin.token` is set, since a page cannot send the
-/// header), answered with a redirect back here.
+/// The kill switch, and the button that turns it: a plain form POST with
+/// a token field (a page cannot send the header), answered with a redirect
+/// back here.
 fn switch(html: &mut String, page: &Page<'_>) {
     let (class, text, action, label) = match page.switch {
         Err(why) => {
@@ -127,11 +125,8 @@ fn switch(html: &mut String, page: &Page<'_>) {
             "Pause all restarts",
         ),
     };
-    let token = if page.protected {
-        "<input type=\"password\" name=\"token\" placeholder=\"admin token\" required>"
-    } else {
-        ""
-    };
+    // The switch always needs the token (admin.token or the generated one).
+    let token = "<input type=\"password\" name=\"token\" placeholder=\"admin token\" required>";
     let _ = write!(
         html,
         "<div id=\"switch\" class=\"{class}\"><span id=\"switch-state\">{text}</span>\
@@ -263,7 +258,6 @@ mod tests {
         let page = Page {
             leashed: true,
             switch: Ok(&paused),
-            protected: false,
             ready: Ok(()),
             stats: &stats,
             history: Ok(&history),
@@ -279,7 +273,8 @@ mod tests {
             html.contains("PAUSED: paused by ana (&lt;b&gt;incident"),
             "{html}"
         );
-        assert!(html.contains("action=\"/api/resume\"") && !html.contains("name=\"token\""));
+        // The switch needs a token even without admin.token (a generated one).
+        assert!(html.contains("action=\"/api/resume\"") && html.contains("name=\"token\""));
         // The last minute's bar: one restarted (half the height), one failed.
         assert!(
             html.contains("<rect x=\"472\" y=\"50\" width=\"7\" height=\"50\" fill=\"#4a4\"/>"),
@@ -291,7 +286,6 @@ mod tests {
         let hidden = render(&Page {
             history: Err("admin.token is set"),
             switch: Ok(&running),
-            protected: true,
             ..page
         });
         assert!(!hidden.contains("web-1") && hidden.contains("admin.token is set"));

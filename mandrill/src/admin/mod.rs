@@ -13,6 +13,7 @@ mod metrics;
 mod profile;
 mod routes;
 mod switch;
+mod token_file;
 
 use crate::safety::PolicyHandle;
 use std::net::SocketAddr;
@@ -44,6 +45,7 @@ pub(crate) const STORE_TIMEOUT: Duration = Duration::from_secs(2);
 pub(crate) struct Admin {
     listener: TcpListener,
     token: Option<Secret>,
+    switch_token: Secret,
 }
 
 /// What the routes read.
@@ -54,6 +56,9 @@ pub(crate) struct State {
     pub(crate) store: Arc<dyn Store>,
     pub(crate) shutdown: Shutdown,
     pub(crate) token: Option<Secret>,
+    /// What turning the kill switch needs, always: `admin.token`, else the
+    /// generated one (see `token_file.rs`).
+    pub(crate) switch_token: Secret,
     /// The safety policy in force (a reload may change the leash).
     pub(crate) policy: PolicyHandle,
     pub(crate) metrics: metrics::Exposition,
@@ -71,9 +76,29 @@ impl State {
 impl Admin {
     /// Binds `admin.listen`; `None` if it is `""`. Logs the bound address
     /// (`admin listening`), which tells a caller of port 0 where it is.
-    pub(crate) async fn bind(config: &AdminSettings) -> anyhow::Result<Option<Self>> {
+    /// Without `admin.token`, the kill switch's token is read from
+    /// `token_file`, or generated into it.
+    pub(crate) async fn bind(
+        config: &AdminSettings,
+        token_file: Option<&std::path::Path>,
+    ) -> anyhow::Result<Option<Self>> {
         let Some(address) = config.address()? else {
             return Ok(None);
+        };
+        let switch_token = match (&config.token, token_file) {
+            (Some(token), _) => token.clone(),
+            (None, Some(path)) => {
+                let token = token_file::load_or_create(path)
+                    .context("admin.token is not set, so the kill switch's token is generated")?;
+                info!(
+                    path = %path.display(),
+                    "admin token file: POST /api/pause and /api/resume need its token"
+                );
+                token
+            }
+            (None, None) => anyhow::bail!(
+                "admin.token is not set and there is no admin.token_file for a generated one"
+            ),
         };
         let listener = TcpListener::bind(address)
             .await
@@ -85,6 +110,7 @@ impl Admin {
         Ok(Some(Self {
             listener,
             token: config.token.clone(),
+            switch_token,
         }))
     }
 
@@ -112,6 +138,7 @@ impl Admin {
             store,
             shutdown,
             token: self.token,
+            switch_token: self.switch_token,
             policy,
             metrics: metrics::Exposition::new(),
             notifier,

@@ -94,7 +94,6 @@ async fn dashboard(Shared(state): Shared<Arc<State>>) -> Response {
     let page = super::dashboard::Page {
         leashed: state.leashed(),
         switch: switch.as_ref().map_err(|why| *why),
-        protected: state.token.is_some(),
         ready: ready.map_or(Ok(()), Err),
         stats: &stats,
         history: history.as_deref().map_err(|why| *why),
@@ -171,7 +170,8 @@ pub(crate) fn unauthorized() -> Response {
     (
         StatusCode::UNAUTHORIZED,
         [(header::WWW_AUTHENTICATE, "Bearer")],
-        "admin.token required: Authorization: Bearer TOKEN\n",
+        "a token is required: Authorization: Bearer TOKEN (admin.token, or the \
+         generated one in admin.token_file)\n",
     )
         .into_response()
 }

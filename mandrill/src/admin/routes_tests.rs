@@ -69,6 +69,7 @@ fn with_store(broker: Arc<dyn Broker>, store: Arc<dyn Store>) -> State {
         store,
         shutdown: Shutdown::new(),
         token: None,
+        switch_token: crate::settings::Secret("switch-token".into()),
         policy: crate::safety::PolicyHandle::default(),
         metrics: crate::admin::metrics::Exposition::new(),
         notifier: None,
@@ -158,6 +159,16 @@ impl Store for Hanging {
     }
     async fn set_switch(&self, paused: bool, by: &str, reason: &str) -> Result<(), StoreError> {
         self.0.set_switch(paused, by, reason).await
+    }
+
+    async fn set_switch_if(
+        &self,
+        expected: crate::store::SwitchExpected<'_>,
+        paused: bool,
+        by: &str,
+        reason: &str,
+    ) -> Result<bool, StoreError> {
+        self.0.set_switch_if(expected, paused, by, reason).await
     }
 }
 

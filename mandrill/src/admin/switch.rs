@@ -6,6 +6,9 @@
 //! (`reason=…&by=…`, as the dashboard's buttons send, which may also carry
 //! the token as `token=…` since a page cannot set a header). A form gets a
 //! redirect back to the dashboard; anything else gets JSON.
+//!
+//! Both always need a token (`admin.token`, else the generated one in
+//! `admin.token_file`), unlike the pages that only read.
 
 use std::sync::Arc;
 
@@ -134,19 +137,19 @@ fn cross_site(headers: &HeaderMap) -> bool {
 }
 
 async fn turn(state: &State, headers: &HeaderMap, body: &[u8], paused: bool) -> Response {
+    // Always a token, loopback or not: any local process can reach a
+    // loopback port, and resuming undoes a pause someone needed.
+    let token = Some(&state.switch_token);
     let turn = match parse(headers, body) {
         Ok(turn) => turn,
         // Checked before the body is trusted for anything, the token first.
-        Err(_) if !authorized(state.token.as_ref(), headers) => return unauthorized(),
+        Err(_) if !authorized(token, headers) => return unauthorized(),
         Err(why) => return bad_request(why),
     };
-    let by_form = match (&state.token, &turn.token) {
-        (Some(token), Some(presented)) => {
-            bool::from(presented.as_bytes().ct_eq(token.0.as_bytes()))
-        }
-        _ => false,
-    };
-    if !(by_form || authorized(state.token.as_ref(), headers)) {
+    let by_form = turn.token.as_ref().is_some_and(|presented| {
+        bool::from(presented.as_bytes().ct_eq(state.switch_token.0.as_bytes()))
+    });
+    if !(by_form || authorized(token, headers)) {
         return unauthorized();
     }
     if cross_site(headers) {

@@ -67,7 +67,8 @@ settings! {
         /// `[safety.budget]`: hosts per group disrupted at once.
         pub budget: BudgetSettings = BudgetSettings::default(),
         /// [[safety.stop_conditions]] name, http = URL (expect_status,
-        /// default 200) or command = [argv], timeout (default 5s): checked
+        /// default 200; expect_empty_json_array = true: the body must be
+        /// `[]` too, for alert APIs) or command = [argv], timeout (default 5s): checked
         /// right before each restart; one that fails, errs or times out
         /// defers it (fail closed).
         pub stop_conditions: Vec<StopConditionSettings> = Vec::new(),
@@ -85,7 +86,8 @@ settings! {
         /// While this file exists, restarts are paused (its directory is
         /// watched and must exist; not reloaded).
         ///
-        /// The kill switch, set by `pause-file`; removing the file resumes.
+        /// The kill switch, set by `pause-file@HOST:PATH`; removing the
+        /// file resumes only if the pause in force is still that one.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pub pause_file: Option<PathBuf> = None,
     }

@@ -1,5 +1,6 @@
 //! The service's own sections: `[simulate]`, `[log]`, `[debug]`, `[admin]`.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -12,7 +13,8 @@ settings! {
     #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
     #[serde(deny_unknown_fields, default)]
     pub struct SimulateSettings {
-        /// Publish random requests into the broker (demo mode).
+        /// Publish random requests into the broker (demo mode); refused
+        /// with a real restarter.kind.
         pub enabled: bool = false,
         /// Requests per second (at most 1000000; reloadable).
         pub rate: f64 = 2.0,
@@ -101,8 +103,50 @@ settings! {
         pub listen: String = "127.0.0.1:9730".into(),
         /// Bearer token for the admin server's protected endpoints; required
         /// off loopback.
+        ///
+        /// Without it the history and profiling answer a loopback `Host`
+        /// only, and the kill switch (`POST /api/pause`, `/api/resume`)
+        /// needs the token the service generates into `admin.token_file`.
         #[serde(skip_serializing_if = "Option::is_none")]
         pub token: Option<Secret> = None,
+        /// Where the generated token is kept when admin.token is not set
+        /// (mode 0600, reused while it exists; remove it to rotate).
+        ///
+        /// Default: beside the SQLite store, `<store file>.admin-token`;
+        /// with another store, `mandrill-admin.token` in the working
+        /// directory.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub token_file: Option<PathBuf> = None,
+    }
+}
+
+/// The generated token's file name when the store is not a SQLite file.
+const TOKEN_FILE_NAME: &str = "mandrill-admin.token";
+
+impl super::Config {
+    /// Where the admin server's generated token is kept: `None` when the
+    /// server is off or `admin.token` is set (no token is generated then).
+    /// See [`AdminSettings::token_file`].
+    pub fn admin_token_file(&self) -> Option<PathBuf> {
+        if self.admin.listen.is_empty() || self.admin.token.is_some() {
+            return None;
+        }
+        if let Some(path) = &self.admin.token_file {
+            return Some(path.clone());
+        }
+        // Beside the state: a SQLite store's file, as `sqlite:PATH`,
+        // `sqlite://PATH` or with `?options`.
+        let database = self
+            .store
+            .url
+            .strip_prefix("sqlite:")
+            .map(|rest| rest.trim_start_matches("//"))
+            .map(|rest| rest.split('?').next().unwrap_or(rest))
+            .filter(|path| !path.is_empty() && *path != ":memory:");
+        Some(match database {
+            Some(path) => PathBuf::from(format!("{path}.admin-token")),
+            None => PathBuf::from(TOKEN_FILE_NAME),
+        })
     }
 }
 

@@ -142,6 +142,23 @@ impl Config {
             ));
         }
         self.validate_urls()?;
+        if self.simulate.enabled && self.restarter.kind.is_real() {
+            // The demo publisher makes up instance names; a real backend
+            // would act on them, and the broker may be the one the real
+            // publishers use.
+            let kind = clap::ValueEnum::to_possible_value(&self.restarter.kind).map_or_else(
+                || format!("{:?}", self.restarter.kind),
+                |v| v.get_name().to_owned(),
+            );
+            return Err(ConfigError::invalid(
+                "simulate.enabled",
+                format!(
+                    "--simulate (simulate.enabled) publishes made-up requests into broker.url; \
+                     refused with the real backend restarter.kind = {kind}: use restarter.kind = \
+                     simulate to try mandrill, or `mandrill publish` for real requests"
+                ),
+            ));
+        }
         self.validate_restarter()?;
         Eligibility::new(
             &self.safety.allow,
@@ -203,6 +220,14 @@ impl Config {
         tracing_subscriber::EnvFilter::try_new(&self.log.level)
             .map_err(|error| ConfigError::invalid("log.level", error.to_string()))?;
         self.admin.address()?;
+        if let Some(path) = &self.admin.token_file
+            && path.file_name().is_none()
+        {
+            return Err(ConfigError::invalid(
+                "admin.token_file",
+                "must name a file (the generated admin token is written there)",
+            ));
+        }
         self.validate_notify()?;
         Ok(())
     }

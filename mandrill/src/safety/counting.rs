@@ -236,10 +236,9 @@ impl Counting {
             budget.push_str(&format!(" (and at most {percent}% of a group's size)"));
         }
         parts.push(budget);
-        parts.push(or_unlimited(
-            self.zone_budget,
-            "hosts disrupted per zone".into(),
-        ));
+        if let Some(zone_budget) = self.zone_budget {
+            parts.push(format!("hosts disrupted per zone: {zone_budget}"));
+        }
         let budgeted =
             self.max_disrupted.is_some() || self.percent.is_some() || self.zone_budget.is_some();
         if budgeted && !self.settle.is_zero() {

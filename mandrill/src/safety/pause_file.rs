@@ -9,6 +9,15 @@
 //! already pending), and the task on the runtime does the rest. The file is
 //! also looked at once at start-up and every `recheck` (events can be lost:
 //! an overflowing inotify queue, a directory replaced).
+//!
+//! The switch is shared by every instance, and people turn it too, so each
+//! turn is conditional ([`Store::set_switch_if`]): the file pauses only a
+//! running fleet, and resumes only while the pause is still its own. Its
+//! own means made by this file on this host: the switch's `by` is
+//! `pause-file@HOST:PATH`, so another host's file (or an operator's pause
+//! made between a look and a write) is never undone, while instances on one
+//! host watching one file share it, and a restarted instance still owns
+//! the pause it made.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -19,9 +28,9 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use crate::store::{Store, StoreError};
+use crate::store::{Store, StoreError, SwitchExpected};
 
-/// Who the kill switch says paused, when the pause file did.
+/// What the kill switch's `by` starts with when a pause file turned it.
 pub const BY: &str = "pause-file";
 
 /// A watch on the pause file's directory; [`PauseFile::run`] acts on it.
@@ -32,6 +41,8 @@ pub struct PauseFile {
     woken: mpsc::Receiver<()>,
     /// Whether the file existed when last acted on; `None` before that.
     seen: Option<bool>,
+    /// Who the switch says paused when this file did: `pause-file@HOST:PATH`.
+    identity: String,
 }
 
 impl PauseFile {
@@ -64,12 +75,19 @@ impl PauseFile {
         watcher
             .watch(directory, notify::RecursiveMode::NonRecursive)
             .map_err(|error| format!("cannot watch {}: {error}", directory.display()))?;
+        let identity = format!("{BY}@{}:{}", hostname(), path.display());
         Ok(Self {
             path,
             _watcher: watcher,
             woken,
             seen: None,
+            identity,
         })
+    }
+
+    /// The name this file's pauses carry in the switch's `by`.
+    pub fn identity(&self) -> &str {
+        &self.identity
     }
 
     /// Acts on the file until `stop`: at once, on every change in its
@@ -97,28 +115,49 @@ impl PauseFile {
     /// pauses before the first pull.
     pub async fn apply(&mut self, store: &dyn Store) -> Result<(), StoreError> {
         let exists = self.path.try_exists().unwrap_or(true); // unreadable: fail closed
+        let by = self.identity.as_str();
         if exists {
-            let switch = store.switch().await?;
-            if !switch.paused {
-                let reason = format!("{} exists", self.path.display());
-                store.set_switch(true, BY, &reason).await?;
-                warn!(reason, "pause file: paused all restarts");
+            // Paused already (by anyone): left as it is, and not taken over.
+            let reason = format!("{} exists", self.path.display());
+            if store
+                .set_switch_if(SwitchExpected::Running, true, by, &reason)
+                .await?
+            {
+                warn!(reason, by, "pause file: paused all restarts");
             }
         } else if self.seen == Some(true) {
-            let switch = store.switch().await?;
-            if switch.paused && switch.by.as_deref() == Some(BY) {
-                let reason = format!("{} removed", self.path.display());
-                store.set_switch(false, BY, &reason).await?;
+            let reason = format!("{} removed", self.path.display());
+            if store
+                .set_switch_if(SwitchExpected::PausedBy(by), false, by, &reason)
+                .await?
+            {
                 info!(reason, "pause file: restarts resumed");
-            } else if switch.paused {
-                info!(
-                    paused = %switch.paused_reason(),
-                    "pause file removed; the kill switch stays on (not turned by the file)"
-                );
+            } else {
+                let switch = store.switch().await?;
+                if switch.paused {
+                    info!(
+                        paused = %switch.paused_reason(),
+                        "pause file removed; the kill switch stays on (not turned by this file)"
+                    );
+                }
             }
         }
         self.seen = Some(exists);
         Ok(())
+    }
+}
+
+/// This host's name, for the pause file's identity; `localhost` if it
+/// cannot be read.
+fn hostname() -> String {
+    let mut buffer = [0u8; 256];
+    // SAFETY: the pointer and length describe `buffer`, which outlives the
+    // call; `gethostname` writes at most that many bytes.
+    let status = unsafe { libc::gethostname(buffer.as_mut_ptr().cast(), buffer.len()) };
+    let length = buffer.iter().position(|&b| b == 0).unwrap_or(buffer.len());
+    match std::str::from_utf8(&buffer[..length]) {
+        Ok(name) if status == 0 && !name.is_empty() => name.to_owned(),
+        _ => "localhost".to_owned(),
     }
 }
 
@@ -138,12 +177,17 @@ mod tests {
         let path = dir.path().join("PAUSE");
         let store = MemoryStore::new();
         let mut file = PauseFile::watch(&path).unwrap();
+        let own = file.identity().to_owned();
+        assert!(
+            own.starts_with("pause-file@") && own.ends_with("PAUSE"),
+            "{own}"
+        );
 
         file.apply(&store).await.unwrap();
         assert_eq!(paused_by(&store).await, None, "no file, no pause");
         std::fs::write(&path, "").unwrap();
         file.apply(&store).await.unwrap();
-        assert_eq!(paused_by(&store).await.as_deref(), Some(BY));
+        assert_eq!(paused_by(&store).await, Some(own.clone()));
         std::fs::remove_file(&path).unwrap();
         file.apply(&store).await.unwrap();
         assert_eq!(paused_by(&store).await, None, "removed: resumed");
@@ -155,6 +199,164 @@ mod tests {
         std::fs::remove_file(&path).unwrap();
         file.apply(&store).await.unwrap();
         assert_eq!(paused_by(&store).await.as_deref(), Some("sre"));
+    }
+
+    /// Another host's pause file, or another file, is not this one: its
+    /// removal does not resume their pause.
+    #[tokio::test]
+    async fn removing_one_pause_file_keeps_the_pause_another_file_made() {
+        let dir = tempfile::tempdir().unwrap();
+        let (first_path, second_path) = (dir.path().join("PAUSE"), dir.path().join("PAUSE-2"));
+        let store = MemoryStore::new();
+        let mut first = PauseFile::watch(&first_path).unwrap();
+        let mut second = PauseFile::watch(&second_path).unwrap();
+        std::fs::write(&first_path, "").unwrap();
+        first.apply(&store).await.unwrap();
+        std::fs::write(&second_path, "").unwrap();
+        second.apply(&store).await.unwrap();
+        std::fs::remove_file(&second_path).unwrap();
+        second.apply(&store).await.unwrap();
+        assert_eq!(
+            paused_by(&store).await.as_deref(),
+            Some(first.identity()),
+            "the first file still exists"
+        );
+    }
+
+    /// The memory store, with an operator's `mandrill pause` landing right
+    /// before the next write of the switch (between the file's look and
+    /// its write, if it looks first).
+    struct OperatorPausesFirst {
+        inner: MemoryStore,
+        armed: std::sync::atomic::AtomicBool,
+    }
+
+    impl OperatorPausesFirst {
+        async fn operator_pauses_if_armed(&self) {
+            if self.armed.swap(false, std::sync::atomic::Ordering::SeqCst) {
+                self.inner
+                    .set_switch(true, "sre", "host lost")
+                    .await
+                    .unwrap();
+            }
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl Store for OperatorPausesFirst {
+        async fn lookup(
+            &self,
+            id: uuid::Uuid,
+        ) -> Result<Option<crate::domain::Status>, StoreError> {
+            self.inner.lookup(id).await
+        }
+        async fn claim_restart(
+            &self,
+            r: &crate::domain::RestartRequest,
+            terms: crate::store::ClaimTerms,
+        ) -> Result<crate::store::Claim, StoreError> {
+            self.inner.claim_restart(r, terms).await
+        }
+        async fn record_outcome(
+            &self,
+            r: &crate::domain::RestartRequest,
+            attempt: u32,
+            outcome: &crate::domain::Outcome,
+        ) -> Result<crate::store::Recorded, StoreError> {
+            self.inner.record_outcome(r, attempt, outcome).await
+        }
+        async fn release_claim(
+            &self,
+            r: &crate::domain::RestartRequest,
+            attempt: u32,
+        ) -> Result<(), StoreError> {
+            self.inner.release_claim(r, attempt).await
+        }
+        async fn record_rejection(
+            &self,
+            id: Option<uuid::Uuid>,
+            reason: &str,
+            payload: &[u8],
+        ) -> Result<(), StoreError> {
+            self.inner.record_rejection(id, reason, payload).await
+        }
+        async fn history(
+            &self,
+            limit: usize,
+        ) -> Result<Vec<crate::store::HistoryEntry>, StoreError> {
+            self.inner.history(limit).await
+        }
+        async fn record_decision(
+            &self,
+            r: &crate::domain::RestartRequest,
+            attempt: u32,
+            decision: crate::store::Decision<'_>,
+        ) -> Result<(), StoreError> {
+            self.inner.record_decision(r, attempt, decision).await
+        }
+        async fn story(&self, id: uuid::Uuid) -> Result<Option<crate::store::Story>, StoreError> {
+            self.inner.story(id).await
+        }
+        async fn group_usage(
+            &self,
+            window_start: crate::store::Timestamp,
+            memory_start: crate::store::Timestamp,
+        ) -> Result<std::collections::BTreeMap<String, crate::store::GroupUsage>, StoreError>
+        {
+            self.inner.group_usage(window_start, memory_start).await
+        }
+        async fn deferrals(&self, id: uuid::Uuid) -> Result<u32, StoreError> {
+            self.inner.deferrals(id).await
+        }
+        async fn switch(&self) -> Result<crate::store::Switch, StoreError> {
+            self.inner.switch().await
+        }
+        async fn set_switch(&self, paused: bool, by: &str, reason: &str) -> Result<(), StoreError> {
+            self.operator_pauses_if_armed().await;
+            self.inner.set_switch(paused, by, reason).await
+        }
+        async fn set_switch_if(
+            &self,
+            expected: SwitchExpected<'_>,
+            paused: bool,
+            by: &str,
+            reason: &str,
+        ) -> Result<bool, StoreError> {
+            self.operator_pauses_if_armed().await;
+            self.inner.set_switch_if(expected, paused, by, reason).await
+        }
+        async fn prune(
+            &self,
+            before: crate::store::Timestamp,
+            max_rows: u32,
+        ) -> Result<u64, StoreError> {
+            self.inner.prune(before, max_rows).await
+        }
+    }
+
+    /// The file paused; an operator pauses (say, for a host that did not
+    /// come back) just as the file is removed: the operator's pause stays.
+    #[tokio::test]
+    async fn an_operators_pause_made_as_the_file_goes_is_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("PAUSE");
+        let store = OperatorPausesFirst {
+            inner: MemoryStore::new(),
+            armed: false.into(),
+        };
+        let mut file = PauseFile::watch(&path).unwrap();
+        std::fs::write(&path, "").unwrap();
+        file.apply(&store).await.unwrap();
+        assert_eq!(paused_by(&store).await.as_deref(), Some(file.identity()));
+
+        store.armed.store(true, std::sync::atomic::Ordering::SeqCst);
+        std::fs::remove_file(&path).unwrap();
+        file.apply(&store).await.unwrap();
+        assert_eq!(
+            paused_by(&store).await.as_deref(),
+            Some("sre"),
+            "the operator's pause was undone"
+        );
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! Stop conditions (`[[safety.stop_conditions]]`): checks run right before
 //! each restart (and before a dry run's action), AWS FIS style. An HTTP
-//! probe is healthy when it answers the expected status; a command when it
-//! exits 0. Anything else (another status, a non-zero exit, a timeout, an
+//! probe is healthy when it answers the expected status (and, with
+//! `expect_empty_json_array`, an empty JSON array: an alert API's "nothing
+//! firing"); a command when it exits 0. Anything else (another status, a non-zero exit, a timeout, an
 //! error) defers the restart: fail closed.
 
 use std::time::Duration;
@@ -19,6 +20,10 @@ const INHERITED: &[&str] = &["PATH", "HOME", "LANG", "TZ"];
 /// Output of a check command kept for the reason, per stream.
 const KEPT_OUTPUT: usize = 4096;
 
+/// The most of an HTTP check's body read for `expect_empty_json_array`:
+/// an empty array is a few bytes, so a longer body is not one.
+const MAX_CHECKED_BODY: usize = 64 * 1024;
+
 /// One `[[safety.stop_conditions]]` entry, as configured.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -31,6 +36,12 @@ pub struct StopConditionSettings {
     /// The healthy status of the `http` probe (default 200).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expect_status: Option<u16>,
+    /// The `http` probe is healthy only if its body is also an empty JSON
+    /// array (`[]`); any element, or a body that is not a JSON array, fails.
+    /// For alert APIs that answer 200 while alerts fire: Alertmanager's
+    /// `/api/v2/alerts?active=true&silenced=false&inhibited=false`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub expect_empty_json_array: bool,
     /// Run this program (no shell); healthy when it exits 0.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub command: Option<Vec<String>>,
@@ -59,6 +70,8 @@ enum Probe {
         /// The URL as it may be printed: credentials masked.
         shown: String,
         expect: reqwest::StatusCode,
+        /// Healthy only with an empty JSON array as the body, too.
+        expect_empty_json_array: bool,
     },
     Command {
         argv: Vec<String>,
@@ -122,6 +135,7 @@ impl StopConditions {
                         shown: redact_url(url),
                         url: parsed,
                         expect,
+                        expect_empty_json_array: entry.expect_empty_json_array,
                     }
                 }
                 (None, Some(argv)) => {
@@ -130,6 +144,12 @@ impl StopConditions {
                     }
                     if entry.expect_status.is_some() {
                         return Err((key("expect_status"), "applies to http checks only".into()));
+                    }
+                    if entry.expect_empty_json_array {
+                        return Err((
+                            key("expect_empty_json_array"),
+                            "applies to http checks only".into(),
+                        ));
                     }
                     let inherited: Vec<String> =
                         INHERITED.iter().map(|name| (*name).to_owned()).collect();
@@ -216,27 +236,40 @@ impl StopConditions {
 
     async fn run(&self, check: &StopCondition) -> Result<(), String> {
         match &check.probe {
-            Probe::Http { url, shown, expect } => {
+            Probe::Http {
+                url,
+                shown,
+                expect,
+                expect_empty_json_array,
+            } => {
                 let Some(client) = &self.client else {
                     return Err("no http client (should not happen)".into());
                 };
-                let answered =
-                    tokio::time::timeout(check.timeout, client.get(url.clone()).send()).await;
-                match answered {
+                // The timeout covers the body too, when it is read.
+                let probe = async {
+                    let response = client.get(url.clone()).send().await.map_err(|error| {
+                        format!("GET {shown} failed: {}", cause_chain(&error.without_url()))
+                    })?;
+                    if response.status() != *expect {
+                        return Err(format!(
+                            "GET {shown} answered {}, expected {}",
+                            response.status().as_u16(),
+                            expect.as_u16()
+                        ));
+                    }
+                    if *expect_empty_json_array {
+                        empty_json_array(response)
+                            .await
+                            .map_err(|why| format!("GET {shown} {why}"))?;
+                    }
+                    Ok(())
+                };
+                match tokio::time::timeout(check.timeout, probe).await {
                     Err(_elapsed) => Err(format!(
                         "GET {shown} did not answer within {}",
                         humantime::format_duration(check.timeout)
                     )),
-                    Ok(Err(error)) => Err(format!(
-                        "GET {shown} failed: {}",
-                        cause_chain(&error.without_url())
-                    )),
-                    Ok(Ok(response)) if response.status() == *expect => Ok(()),
-                    Ok(Ok(response)) => Err(format!(
-                        "GET {shown} answered {}, expected {}",
-                        response.status().as_u16(),
-                        expect.as_u16()
-                    )),
+                    Ok(answered) => answered,
                 }
             }
             Probe::Command { argv, runner } => match runner.run(argv).await {
@@ -254,6 +287,34 @@ impl StopConditions {
                 Err(error) => Err(error.to_string()),
             },
         }
+    }
+}
+
+/// Whether `response`'s body is an empty JSON array; else what it was.
+async fn empty_json_array(mut response: reqwest::Response) -> Result<(), String> {
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await.map_err(|error| {
+        format!(
+            "failed while sending its body: {}",
+            cause_chain(&error.without_url())
+        )
+    })? {
+        if body.len() + chunk.len() > MAX_CHECKED_BODY {
+            return Err(format!(
+                "answered more than {} KiB, expected an empty JSON array",
+                MAX_CHECKED_BODY / 1024
+            ));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    match serde_json::from_slice::<serde_json::Value>(&body) {
+        Ok(serde_json::Value::Array(items)) if items.is_empty() => Ok(()),
+        Ok(serde_json::Value::Array(items)) => Err(format!(
+            "answered a JSON array of {} item{}, expected an empty one",
+            items.len(),
+            if items.len() == 1 { "" } else { "s" }
+        )),
+        Ok(_) | Err(_) => Err("answered no JSON array, expected an empty one".into()),
     }
 }
 

@@ -206,6 +206,19 @@ impl AnyStore {
         self.store().set_switch(paused, by, reason).await
     }
 
+    /// As [`Store::set_switch_if`]; boxed (the pause file).
+    pub async fn set_switch_if(
+        &self,
+        expected: super::SwitchExpected<'_>,
+        paused: bool,
+        by: &str,
+        reason: &str,
+    ) -> Result<bool, StoreError> {
+        self.store()
+            .set_switch_if(expected, paused, by, reason)
+            .await
+    }
+
     /// As [`Store::close`].
     pub async fn close(&self) {
         self.store().close().await;

@@ -83,6 +83,16 @@ pub(crate) struct ClaimState {
     pub claim_until: Option<i64>,
 }
 
+/// What [`Store::set_switch_if`](super::Store::set_switch_if) must find
+/// for the switch to turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SwitchExpected<'a> {
+    /// Restarts are not paused.
+    Running,
+    /// Paused, last turned by exactly this name.
+    PausedBy(&'a str),
+}
+
 /// The kill switch, as a store keeps it for every instance.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct Switch {

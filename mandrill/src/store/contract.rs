@@ -30,6 +30,7 @@ pub async fn all(store: &dyn Store) {
     rejections_are_listed_but_never_count_as_the_request(store).await;
     outcome_details_are_kept(store).await;
     the_kill_switch_stops_every_claim_until_resumed(store).await;
+    a_conditional_turn_of_the_switch_happens_only_as_expected(store).await;
     counting_guards_are_decided_in_the_claim_and_journaled(store).await;
     the_requester_quota_and_the_zone_budget_count_across_groups_and_instances(store, store).await;
     a_request_without_zone_or_requester_is_never_counted_in_them(store).await;
@@ -410,6 +411,55 @@ pub async fn the_kill_switch_stops_every_claim_until_resumed(store: &dyn Store) 
             attempt: 1,
             unknown: None
         }
+    );
+}
+
+/// `set_switch_if` checks and writes in one step: a pause that is not the
+/// expected one is never undone, and a pause never overwrites another.
+pub async fn a_conditional_turn_of_the_switch_happens_only_as_expected(store: &dyn Store) {
+    use crate::store::SwitchExpected::{PausedBy, Running};
+    assert!(!store.switch().await.unwrap().paused);
+    let by = |switch: Switch| (switch.paused, switch.by.unwrap_or_default());
+    assert!(
+        !store
+            .set_switch_if(PausedBy("file"), false, "file", "x")
+            .await
+            .unwrap()
+    );
+    assert!(
+        store
+            .set_switch_if(Running, true, "file", "exists")
+            .await
+            .unwrap()
+    );
+    assert_eq!(by(store.switch().await.unwrap()), (true, "file".into()));
+    // Already paused: a second pause does not take it over.
+    assert!(
+        !store
+            .set_switch_if(Running, true, "other", "x")
+            .await
+            .unwrap()
+    );
+    // Someone else paused since: not resumed.
+    store.set_switch(true, "sre", "game day").await.unwrap();
+    assert!(
+        !store
+            .set_switch_if(PausedBy("file"), false, "file", "removed")
+            .await
+            .unwrap()
+    );
+    assert_eq!(by(store.switch().await.unwrap()), (true, "sre".into()));
+    store.set_switch(true, "file", "exists").await.unwrap();
+    assert!(
+        store
+            .set_switch_if(PausedBy("file"), false, "file", "removed")
+            .await
+            .unwrap()
+    );
+    let switch = store.switch().await.unwrap();
+    assert_eq!(
+        (switch.paused, switch.reason.as_deref()),
+        (false, Some("removed"))
     );
 }
 

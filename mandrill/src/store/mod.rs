@@ -32,7 +32,7 @@ use uuid::Uuid;
 use crate::domain::{Outcome, RestartRequest, Status};
 
 pub use any::AnyStore;
-pub use claim::{Claim, ClaimTerms, Decision, Switch, unknown_outcome};
+pub use claim::{Claim, ClaimTerms, Decision, Switch, SwitchExpected, unknown_outcome};
 pub(crate) use claim::{
     ClaimState, ClaimWrite, UsageBinds, UsageRow, UsageSubjectRow, claim_decision, decide_claim,
     switch_from, usage_binds, usage_from, usage_subject_from,
@@ -146,6 +146,18 @@ pub trait Store: Send + Sync + 'static {
     /// Turns the kill switch on (`paused`) or off. Once this returns, no
     /// instance claims another restart until it is turned off.
     async fn set_switch(&self, paused: bool, by: &str, reason: &str) -> Result<(), StoreError>;
+
+    /// Turns the kill switch as [`Store::set_switch`] does, but only if it
+    /// is as `expected`, checked and written in one step; whether it
+    /// turned. For a turn that must not undo someone else's (the pause
+    /// file resumes only its own pause).
+    async fn set_switch_if(
+        &self,
+        expected: SwitchExpected<'_>,
+        paused: bool,
+        by: &str,
+        reason: &str,
+    ) -> Result<bool, StoreError>;
 
     /// Deletes at most `max_rows` final entries completed before `before`,
     /// oldest first; returns how many went. Bounded, so that pruning a large

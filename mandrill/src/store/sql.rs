@@ -187,6 +187,11 @@ pub(crate) const SWITCH_SQL: &str =
 pub(crate) const SET_SWITCH_SQL: &str =
     "UPDATE control SET paused = $1, by_whom = $2, reason = $3, updated_at = $4 WHERE id = 1";
 
+/// Turns the kill switch as [`SET_SWITCH_SQL`] does (`$1`–`$4`), only if
+/// `paused` is `$5` and, when `$5` is true, `by_whom` is `$6`.
+pub(crate) const SET_SWITCH_IF_SQL: &str = "UPDATE control SET paused = $1, by_whom = $2, reason = $3, updated_at = $4 \
+     WHERE id = 1 AND paused = $5 AND (NOT $5 OR by_whom = $6)";
+
 /// A row of [`SWITCH_SQL`]: paused, by whom, why, since (ms).
 pub(crate) type SwitchRow = (bool, Option<String>, Option<String>, i64);
 

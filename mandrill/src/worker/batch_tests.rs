@@ -74,6 +74,16 @@ impl Store for PanicsOnPanicRecords {
     async fn set_switch(&self, paused: bool, by: &str, reason: &str) -> Result<(), StoreError> {
         self.0.set_switch(paused, by, reason).await
     }
+
+    async fn set_switch_if(
+        &self,
+        expected: crate::store::SwitchExpected<'_>,
+        paused: bool,
+        by: &str,
+        reason: &str,
+    ) -> Result<bool, StoreError> {
+        self.0.set_switch_if(expected, paused, by, reason).await
+    }
 }
 
 #[tokio::test(start_paused = true)]

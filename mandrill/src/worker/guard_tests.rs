@@ -326,6 +326,7 @@ async fn the_claims_hold_covers_the_stop_conditions() {
         name: "slow".into(),
         http: None,
         expect_status: None,
+        expect_empty_json_array: false,
         command: Some(vec!["true".into()]),
         timeout: Duration::from_secs(600),
     };
@@ -376,6 +377,7 @@ async fn a_stop_condition_under_way_when_the_grace_period_ends_gives_the_claim_b
         name: "hung".into(),
         http: None,
         expect_status: None,
+        expect_empty_json_array: false,
         command: Some(vec!["sleep".into(), "600".into()]),
         timeout: Duration::from_secs(600),
     };

@@ -275,6 +275,16 @@ impl Store for ScriptedStore {
         self.timeline.push(format!("switch {paused} {reason}"));
         self.inner.set_switch(paused, by, reason).await
     }
+
+    async fn set_switch_if(
+        &self,
+        expected: crate::store::SwitchExpected<'_>,
+        paused: bool,
+        by: &str,
+        reason: &str,
+    ) -> Result<bool, StoreError> {
+        self.inner.set_switch_if(expected, paused, by, reason).await
+    }
 }
 
 /// Decides a scripted restart's result.

@@ -102,6 +102,7 @@ fn every_setting_is_documented_in_help() {
         ..CalendarSettings::default()
     });
     config.admin.token = Some(Secret("t".into()));
+    config.admin.token_file = Some(PathBuf::from("admin-token"));
     config.verify.url = Some("http://{host}/".into());
     config.hosts = vec![HostEntry {
         pattern: "cattle-*".into(),

@@ -299,3 +299,40 @@ fn postgres_needs_two_connections_naming_the_key() {
     .unwrap();
     load(None, &[], &["store.max_connections=1"]).unwrap();
 }
+
+#[test]
+fn the_generated_admin_token_is_kept_beside_the_sqlite_store_unless_configured() {
+    let with = |store: &str, set: &[(&str, &str)]| {
+        let mut config = Config::default();
+        config.store.url = store.into();
+        for (key, value) in set {
+            match *key {
+                "admin.token" => {
+                    config.admin.token = Some(crate::settings::Secret((*value).into()))
+                }
+                "admin.token_file" => config.admin.token_file = Some((*value).into()),
+                "admin.listen" => config.admin.listen = (*value).into(),
+                _ => unreachable!("{key}"),
+            }
+        }
+        config.admin_token_file()
+    };
+    let path = |p: &str| Some(std::path::PathBuf::from(p));
+    assert_eq!(
+        with("sqlite:/var/lib/mandrill/m.db", &[]),
+        path("/var/lib/mandrill/m.db.admin-token")
+    );
+    assert_eq!(
+        with("sqlite://state/m.db?mode=rwc", &[]),
+        path("state/m.db.admin-token")
+    );
+    assert_eq!(with("sqlite::memory:", &[]), path("mandrill-admin.token"));
+    assert_eq!(with("postgres://h/db", &[]), path("mandrill-admin.token"));
+    assert_eq!(
+        with("memory", &[("admin.token_file", "/run/m/t")]),
+        path("/run/m/t")
+    );
+    // None generated with a configured token, or without the server.
+    assert_eq!(with("sqlite:m.db", &[("admin.token", "t")]), None);
+    assert_eq!(with("sqlite:m.db", &[("admin.listen", "")]), None);
+}

@@ -10,6 +10,7 @@ fn http(name: &str, url: &str) -> StopConditionSettings {
         name: name.into(),
         http: Some(url.into()),
         expect_status: None,
+        expect_empty_json_array: false,
         command: None,
         timeout: Duration::from_secs(5),
     }
@@ -20,6 +21,7 @@ fn command(name: &str, argv: &[&str], timeout: Duration) -> StopConditionSetting
         name: name.into(),
         http: None,
         expect_status: None,
+        expect_empty_json_array: false,
         command: Some(argv.iter().map(|a| (*a).to_owned()).collect()),
         timeout,
     }
@@ -147,6 +149,57 @@ async fn an_http_check_that_hangs_past_its_timeout_fails() {
     assert!(reason.contains("did not answer within 200ms"), "{reason}");
 }
 
+/// A server on 127.0.0.1:0 answering every request 200 with `body`, as
+/// Alertmanager's `/api/v2/alerts` does whether alerts fire or not.
+async fn alerts_server(body: Arc<std::sync::Mutex<String>>) -> std::net::SocketAddr {
+    let app = axum::Router::new().fallback(move || {
+        let body = body.lock().unwrap().clone();
+        async move { ([("content-type", "application/json")], body) }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    addr
+}
+
+#[tokio::test]
+async fn an_empty_json_array_check_fails_while_the_array_has_anything_in_it() {
+    let body = Arc::new(std::sync::Mutex::new("[]\n".to_owned()));
+    let addr = alerts_server(body.clone()).await;
+    let url = format!(
+        "http://{addr}/api/v2/alerts?active=true&silenced=false&inhibited=false&filter=severity%3D%22page%22"
+    );
+    let checks = StopConditions::new(&[StopConditionSettings {
+        expect_empty_json_array: true,
+        ..http("alerts", &url)
+    }])
+    .unwrap();
+    checks.check().await.unwrap();
+
+    *body.lock().unwrap() = r#"[{"labels":{"alertname":"HostDown"}},{"labels":{}}]"#.into();
+    let reason = checks.check().await.unwrap_err();
+    assert!(
+        reason.starts_with("deferred by stop condition \"alerts\": GET http://")
+            && reason.ends_with("answered a JSON array of 2 items, expected an empty one"),
+        "{reason}"
+    );
+    // Fail closed on anything that is not an array.
+    for other in ["", "{}", "not json", "[", "null"] {
+        *body.lock().unwrap() = other.into();
+        let reason = checks.check().await.unwrap_err();
+        assert!(
+            reason.ends_with("answered no JSON array, expected an empty one"),
+            "{other:?}: {reason}"
+        );
+    }
+    *body.lock().unwrap() = format!("[{}]", "0,".repeat(40_000) + "0");
+    let reason = checks.check().await.unwrap_err();
+    assert!(reason.contains("more than 64 KiB"), "{reason}");
+    // Without the setting the body is not looked at: 200 is healthy.
+    let status_only = StopConditions::new(&[http("alerts", &url)]).unwrap();
+    status_only.check().await.unwrap();
+}
+
 #[test]
 fn bad_settings_are_refused_naming_the_key() {
     let key = |settings: &[StopConditionSettings]| StopConditions::new(settings).unwrap_err().0;
@@ -168,6 +221,13 @@ fn bad_settings_are_refused_naming_the_key() {
             ..ok.clone()
         }]),
         "safety.stop_conditions[0]"
+    );
+    assert_eq!(
+        key(&[StopConditionSettings {
+            expect_empty_json_array: true,
+            ..command("c", &["true"], Duration::from_secs(1))
+        }]),
+        "safety.stop_conditions[0].expect_empty_json_array"
     );
     assert_eq!(
         key(&[command("c", &[], Duration::from_secs(1))]),

@@ -23,7 +23,7 @@ use self::journal::{Attempts, Decisions};
 use self::row::{Clock, Row};
 use super::{
     Claim, ClaimTerms, Decision, GroupUsage, HistoryEntry, Recorded, Store, StoreError, Story,
-    Switch, Timestamp,
+    Switch, SwitchExpected, Timestamp,
 };
 use crate::domain::{Outcome, RestartRequest, Status};
 
@@ -272,6 +272,30 @@ impl Store for MemoryStore {
             since: Some(Timestamp::from_millis(self.clock.now())),
         };
         Ok(())
+    }
+
+    async fn set_switch_if(
+        &self,
+        expected: SwitchExpected<'_>,
+        paused: bool,
+        by: &str,
+        reason: &str,
+    ) -> Result<bool, StoreError> {
+        let mut switch = self.switch.lock().expect("memory store poisoned");
+        let found = match expected {
+            SwitchExpected::Running => !switch.paused,
+            SwitchExpected::PausedBy(name) => switch.paused && switch.by.as_deref() == Some(name),
+        };
+        if found {
+            self.paused.store(paused, Ordering::Release);
+            *switch = Switch {
+                paused,
+                by: Some(by.to_owned()),
+                reason: Some(reason.to_owned()),
+                since: Some(Timestamp::from_millis(self.clock.now())),
+            };
+        }
+        Ok(found)
     }
 
     async fn prune(&self, before: Timestamp, max_rows: u32) -> Result<u64, StoreError> {

@@ -39,10 +39,12 @@ use uuid::Uuid;
 
 use super::lookup::{Lookup, lookup_loop};
 use super::reads::postgres as reads;
-use super::sql::{PRUNE_JOURNAL_SQL, PRUNE_ORPHANS_SQL, REJECTION_SQL, SET_SWITCH_SQL};
+use super::sql::{
+    PRUNE_JOURNAL_SQL, PRUNE_ORPHANS_SQL, REJECTION_SQL, SET_SWITCH_IF_SQL, SET_SWITCH_SQL,
+};
 use super::{
     Claim, ClaimTerms, Decision, GroupUsage, HistoryEntry, Recorded, Store, StoreError, Story,
-    Switch, Timestamp, payload_excerpt,
+    Switch, SwitchExpected, Timestamp, payload_excerpt,
 };
 use crate::domain::{Outcome, RestartRequest, Status};
 
@@ -342,6 +344,29 @@ impl Store for PostgresStore {
             .execute(&self.pool)
             .await?;
         Ok(())
+    }
+
+    async fn set_switch_if(
+        &self,
+        expected: SwitchExpected<'_>,
+        paused: bool,
+        by: &str,
+        reason: &str,
+    ) -> Result<bool, StoreError> {
+        let (was_paused, was_by) = match expected {
+            SwitchExpected::Running => (false, ""),
+            SwitchExpected::PausedBy(name) => (true, name),
+        };
+        let done = sqlx::query(SET_SWITCH_IF_SQL)
+            .bind(paused)
+            .bind(by.replace('\0', "\u{fffd}"))
+            .bind(reason.replace('\0', "\u{fffd}"))
+            .bind(Timestamp::now().as_millis())
+            .bind(was_paused)
+            .bind(was_by.replace('\0', "\u{fffd}"))
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
     }
 
     async fn prune(&self, before: Timestamp, max_rows: u32) -> Result<u64, StoreError> {

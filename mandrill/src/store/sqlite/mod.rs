@@ -25,10 +25,10 @@ use uuid::Uuid;
 
 use super::lookup::{Lookup, lookup_loop};
 use super::reads::sqlite as reads;
-use super::sql::SET_SWITCH_SQL;
+use super::sql::{SET_SWITCH_IF_SQL, SET_SWITCH_SQL};
 use super::{
     Claim, ClaimTerms, Decision, GroupUsage, HistoryEntry, Recorded, Store, StoreError, Story,
-    Switch, Timestamp, payload_excerpt,
+    Switch, SwitchExpected, Timestamp, payload_excerpt,
 };
 use crate::domain::{Outcome, RestartRequest, Status};
 use crate::sqlite::writer::{Job, MAX_BATCH};
@@ -378,6 +378,30 @@ impl Store for SqliteStore {
             .execute(&self.pool)
             .await?;
         Ok(())
+    }
+
+    async fn set_switch_if(
+        &self,
+        expected: SwitchExpected<'_>,
+        paused: bool,
+        by: &str,
+        reason: &str,
+    ) -> Result<bool, StoreError> {
+        let (was_paused, was_by) = match expected {
+            SwitchExpected::Running => (false, ""),
+            SwitchExpected::PausedBy(name) => (true, name),
+        };
+        // One statement: the check and the write under the same write lock.
+        let done = sqlx::query(SET_SWITCH_IF_SQL)
+            .bind(paused)
+            .bind(by)
+            .bind(reason)
+            .bind(Timestamp::now().as_millis())
+            .bind(was_paused)
+            .bind(was_by)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
     }
 
     async fn prune(&self, before: Timestamp, max_rows: u32) -> Result<u64, StoreError> {
