@@ -231,6 +231,14 @@ fn jwts_made_by_pyjwt_with_mandrill_and_python_keys_are_verified_and_restarted_a
     }
     assert_eq!(queue_rows(&sqlite_url(&dir)).len(), 0, "all acked");
 
+    // The history's table shows who asked.
+    let (status, table, _) = mandrill(&dir, &["history", "--config", "mandrill.toml"], &[]);
+    assert!(status.success());
+    let row = table
+        .lines()
+        .find(|line| line.contains("cattle-b1"))
+        .unwrap_or_else(|| panic!("{table}"));
+    assert!(row.contains(" bob "), "{table}");
     // explain shows the verified requester too.
     let id = entry(&entries, "cattle-b1").message_id.unwrap().to_string();
     let (status, story, _) = mandrill(
