@@ -405,6 +405,10 @@ fn an_unsigned_request_is_rejected_with_a_real_backend_unless_require_signed_is_
     let (_, dead, _) = mandrill(&dir, &["dead-letters", "--config", "mandrill.toml"], &[]);
     assert!(dead.contains("a signature is required"), "{dead}");
 
+    let (status, shown, _) = mandrill(&dir, &["status", "--config", "mandrill.toml"], &[]);
+    assert!(status.success());
+    assert!(shown.contains("signed:    required"), "{shown}");
+
     // Explicitly off: accepted, and the start-up says so loudly.
     write_config(&dir, COMMAND, "require_signed = false", "");
     let (status, _, _) = mandrill(
@@ -499,6 +503,12 @@ fn a_requesters_quota_of_two_per_hour_restarts_two_and_defers_the_third() {
             )
         })
         .collect();
+    let (status, shown, _) = mandrill(&dir, &["status", "--config", "mandrill.toml"], &[]);
+    assert!(status.success());
+    assert!(
+        shown.contains("requesters: alice (allow [\"cattle-*\"], 2 per 1h)"),
+        "{shown}"
+    );
     publish_file(&dir, &lines);
     let service = Mandrill::run(&dir, &["--config", "mandrill.toml"]);
     wait_for_deferrals(&[&service], 1);
