@@ -41,6 +41,7 @@ mod dead_letters;
 mod explain;
 mod history;
 mod inventory;
+mod keygen;
 mod policy;
 mod publish;
 mod replay;
@@ -88,6 +89,8 @@ pub(crate) enum Command {
     Explain(explain::ExplainArgs),
     /// Print the operator's inventory: hosts, groups with sizes, zones, the source and its age.
     Inventory(inventory::InventoryArgs),
+    /// Make a requester's Ed25519 key pair (NAME.key, NAME.pub) and print its [[requesters]] entry.
+    Keygen(keygen::KeygenArgs),
 }
 
 /// Parses the command line and runs it.
@@ -120,6 +123,17 @@ pub fn main() -> ExitCode {
         Command::Status(args) => switch::status(&args),
         Command::Explain(args) => explain::main(&args),
         Command::Inventory(args) => inventory::main(&args),
+        Command::Keygen(args) => match keygen::keygen(&args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                eprintln!("mandrill: {error}");
+                if error.is::<BadInput>() {
+                    ExitCode::from(2)
+                } else {
+                    ExitCode::FAILURE
+                }
+            }
+        },
     }
 }
 

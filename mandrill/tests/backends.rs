@@ -73,7 +73,7 @@ fn published_request_restarts_a_real_process_over_ssh_and_history_shows_its_reco
          [worker]\nrestart_timeout = \"2m\"\n\n\
          [restarter]\nkind = \"ssh\"\n\n[restarter.ssh]\n{ssh}\n\
          [verify]\nprobe = \"tcp\"\nport = {port}\ninitial_delay = \"0s\"\ntimeout = \"20s\"\n\n\
-         [safety]\nallow = [\"cattle-*\"]\n{always_open}\n\
+         [safety]\nallow = [\"cattle-*\"]\n# Not about signing: unsigned requests, as before.\nrequire_signed = false\n{always_open}\n\
          [[hosts]]\npattern = \"cattle-*\"\naddress = \"127.0.0.1\"\n",
         ssh = toml::to_string(&ssh).unwrap(),
         always_open = ALWAYS_OPEN,
@@ -137,7 +137,7 @@ fn a_host_key_the_known_hosts_file_does_not_hold_is_dead_lettered_without_runnin
         "[broker]\nurl = {db:?}\n\n[store]\nurl = {db:?}\n\n\
          [worker]\nrestart_timeout = \"2m\"\n\n\
          [restarter]\nkind = \"ssh\"\n\n[restarter.ssh]\n{ssh}\n\
-         [safety]\nallow = [\"cattle-*\"]\n{always_open}\n\
+         [safety]\nallow = [\"cattle-*\"]\n# Not about signing: unsigned requests, as before.\nrequire_signed = false\n{always_open}\n\
          [[hosts]]\npattern = \"*\"\naddress = \"127.0.0.1\"\n",
         ssh = toml::to_string(&ssh).unwrap(),
         always_open = ALWAYS_OPEN,
@@ -177,7 +177,7 @@ fn a_real_backend_is_leashed_by_default_and_records_the_exact_argv() {
         "[broker]\nurl = {db:?}\n\n[store]\nurl = {db:?}\n\n\
          [restarter]\nkind = \"command\"\n\n[restarter.command]\n\
          argv = [\"touch\", {marker:?}, \"{{instance_name}}\"]\n\n\
-         [safety]\nallow = [\"cattle-*\"]\n{always_open}",
+         [safety]\nallow = [\"cattle-*\"]\n# Not about signing: unsigned requests, as before.\nrequire_signed = false\n{always_open}",
         marker = marker.to_str().unwrap(),
         always_open = ALWAYS_OPEN,
     );

@@ -139,7 +139,7 @@ fn switch(html: &mut String, page: &Page<'_>) {
 fn latest(html: &mut String, history: &[HistoryEntry]) {
     html.push_str(
         "<h2>Latest requests</h2><table id=\"requests\"><tr><th>received</th><th>instance</th>\
-         <th>status</th><th>attempts</th><th>recovered after</th><th>last error</th></tr>",
+         <th>requested by</th><th>status</th><th>attempts</th><th>recovered after</th><th>last error</th></tr>",
     );
     for entry in history.iter().take(LATEST) {
         let instance = escape(entry.instance_name.as_deref().unwrap_or("(malformed)"));
@@ -154,8 +154,9 @@ fn latest(html: &mut String, history: &[HistoryEntry]) {
         let _ = write!(
             html,
             "<tr class=\"request\"><td>{}</td><td>{instance}</td><td>{}</td><td>{}</td>\
-             <td>{recovered}</td><td>{}</td></tr>",
+             <td>{}</td><td>{recovered}</td><td>{}</td></tr>",
             entry.received_at,
+            escape(entry.requested_by.as_deref().unwrap_or("")),
             entry.status,
             entry.attempts,
             escape(entry.last_error.as_deref().unwrap_or("")),

@@ -80,8 +80,9 @@ pub(crate) struct PublishArgs {
     #[arg(long, value_name = "URL")]
     pub(super) broker: Option<String>,
     /// Also publish one request per line of this file (`-` for standard
-    /// input): an instance name, or a JSON request as the worker accepts it.
-    /// Blank lines and lines starting with `#` are skipped.
+    /// input): an instance name, a JSON request as the worker accepts it, or
+    /// a signed request (a compact JWS, published unchanged). Blank lines
+    /// and lines starting with `#` are skipped.
     #[arg(long, value_name = "PATH")]
     pub(super) file: Option<PathBuf>,
     /// Also publish N random tutorial-style requests (`cattle-` + 4 characters).
@@ -91,6 +92,16 @@ pub(crate) struct PublishArgs {
     /// instead of all in one transaction.
     #[arg(long, value_name = "R")]
     pub(super) rate: Option<f64>,
+    /// Sign each request as this requester (its `iss`; see `mandrill
+    /// keygen` and `[[requesters]]`), with the private key in --key-file.
+    #[arg(long = "as", value_name = "NAME", requires = "key_file")]
+    pub(super) as_requester: Option<String>,
+    /// The requester's private key, PKCS#8 PEM (Ed25519 or P-256), for --as.
+    #[arg(long, value_name = "FILE", requires = "as_requester")]
+    pub(super) key_file: Option<PathBuf>,
+    /// How long a signed request stays valid (its `exp`; at most 24h).
+    #[arg(long, value_name = "DURATION", default_value = "24h", value_parser = humantime::parse_duration)]
+    pub(super) ttl: Duration,
     /// Instance names, one request each.
     #[arg(value_name = "INSTANCE_NAME")]
     pub(super) names: Vec<String>,

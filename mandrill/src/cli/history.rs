@@ -47,17 +47,26 @@ pub(super) async fn print_history(config: &Config, args: &HistoryArgs) -> anyhow
     let mut out = std::io::stdout().lock();
     writeln!(
         out,
-        "{:<24}  {:<36}  {:<28}  {:<11}  {:>8}  {:<24}  {:>9}  ERROR",
-        "RECEIVED", "MESSAGE_ID", "HOST", "STATUS", "ATTEMPTS", "COMPLETED", "RECOVERED"
+        "{:<24}  {:<36}  {:<28}  {:<16}  {:<11}  {:>8}  {:<24}  {:>9}  ERROR",
+        "RECEIVED",
+        "MESSAGE_ID",
+        "HOST",
+        "REQUESTED_BY",
+        "STATUS",
+        "ATTEMPTS",
+        "COMPLETED",
+        "RECOVERED"
     )?;
     for e in &entries {
         writeln!(
             out,
-            "{:<24}  {:<36}  {:<28}  {:<11}  {:>8}  {:<24}  {:>9}  {}",
+            "{:<24}  {:<36}  {:<28}  {:<16}  {:<11}  {:>8}  {:<24}  {:>9}  {}",
             e.received_at.to_string(),
             e.message_id
                 .map_or_else(|| "-".to_owned(), |id| id.to_string()),
             e.hostname.as_deref().unwrap_or("-"),
+            // The verified requester of a signed request.
+            redactor.scrub(e.requested_by.as_deref().unwrap_or("-")),
             e.status.as_str(),
             e.attempts,
             e.completed_at

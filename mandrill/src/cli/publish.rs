@@ -20,26 +20,46 @@ pub(super) async fn publish(config: Config, args: &PublishArgs) -> anyhow::Resul
     {
         return Err(BadInput(format!("--rate {rate} must be between 0.001 and 1000000")).into());
     }
+    if args.ttl.is_zero() || args.ttl > crate::domain::signed::MAX_LIFETIME {
+        return Err(BadInput(format!(
+            "--ttl {} must be more than 0s and at most 24h",
+            humantime::format_duration(args.ttl)
+        ))
+        .into());
+    }
+    let signing = signing_key(args)?;
     let rules = config.parse_rules();
     let mut rng = rand::rng();
+    // The payload of a request: signed with --as, else its JSON.
+    let encode = move |request: &RestartRequest| match &signing {
+        None => Bytes::from(request.to_wire()),
+        Some((name, key)) => {
+            let mut wire = request.to_wire_request();
+            // The verified requester replaces it anyway.
+            wire.requested_by = None;
+            let token = key
+                .sign(&wire, name, std::time::SystemTime::now(), args.ttl)
+                // The key signed a probe when it was read, and the claims
+                // are a struct of strings and numbers.
+                .expect("a key that signed its probe signs a request");
+            Bytes::from(token)
+        }
+    };
     let request = |name: InstanceName, rng: &mut rand::rngs::ThreadRng| {
         let now = std::time::SystemTime::now();
-        Bytes::from(
-            RestartRequest {
-                message_id: crate::domain::new_message_id(now, rng),
-                hostname: Hostname::new(&name, &rules.domain),
-                instance_name: name,
-                requested_by: Some("mandrill-publish".into()),
-                reason: None,
-                published_at: Some(now),
-                group: None,
-                requested_group: None,
-                zone: None,
-                requester: None,
-                reach: None,
-            }
-            .to_wire(),
-        )
+        encode(&RestartRequest {
+            message_id: crate::domain::new_message_id(now, rng),
+            hostname: Hostname::new(&name, &rules.domain),
+            instance_name: name,
+            requested_by: Some("mandrill-publish".into()),
+            reason: None,
+            published_at: Some(now),
+            group: None,
+            requested_group: None,
+            zone: None,
+            requester: None,
+            reach: None,
+        })
     };
     let mut payloads = Vec::new();
     let mut errors = Vec::new();
@@ -68,10 +88,15 @@ pub(super) async fn publish(config: Config, args: &PublishArgs) -> anyhow::Resul
                 continue;
             }
             let at = format!("{shown}:{}", index + 1);
-            if line.starts_with('{') {
+            if crate::domain::signed::is_compact_jws(line.as_bytes()) {
+                // Already signed: published unchanged (the worker verifies it).
+                payloads.push(Bytes::copy_from_slice(line.as_bytes()));
+            } else if line.starts_with('{') {
                 // Published as written, so that fields this version does not
                 // know travel on; validated as the worker will validate it.
+                // With --as, its known fields are signed instead.
                 match RestartRequest::parse(line.as_bytes(), &rules) {
+                    Ok(request) if args.as_requester.is_some() => payloads.push(encode(&request)),
                     Ok(_) => payloads.push(Bytes::copy_from_slice(line.as_bytes())),
                     Err(rejection) => errors.push(format!("{at}: {rejection}")),
                 }
@@ -137,6 +162,24 @@ pub(super) async fn publish(config: Config, args: &PublishArgs) -> anyhow::Resul
     let published = published.context("cannot publish")?;
     println!("published {published} requests");
     Ok(())
+}
+
+/// `--as NAME --key-file FILE`, read and checked: the name and the key.
+fn signing_key(args: &PublishArgs) -> anyhow::Result<Option<(String, crate::domain::SigningKey)>> {
+    let (Some(name), Some(path)) = (&args.as_requester, &args.key_file) else {
+        return Ok(None);
+    };
+    crate::safety::requesters::valid_name(name)
+        .map_err(|why| BadInput(format!("--as: requester name {why}")))?;
+    let pem = std::fs::read_to_string(path).map_err(|error| {
+        BadInput(format!(
+            "--key-file: cannot read {}: {error}",
+            path.display()
+        ))
+    })?;
+    let key = crate::domain::SigningKey::from_pem(&pem)
+        .map_err(|why| BadInput(format!("--key-file {} {why}", path.display())))?;
+    Ok(Some((name.clone(), key)))
 }
 
 /// Publishes in batches of up to [`PUBLISH_BATCH`] (on SQLite, a

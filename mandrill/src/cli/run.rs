@@ -169,16 +169,20 @@ pub(super) fn reload(
         error!(%error, "cannot apply log.level");
     }
     controls.apply(&new);
-    if changed
-        .iter()
-        .any(|key| key.starts_with("safety.") || key.starts_with("inventory."))
+    // With requesters configured, every SIGHUP rebuilds the policy: their
+    // key files are read again, so a rotated or revoked key takes effect
+    // though the configuration's text did not change.
+    if changed.iter().any(|key| {
+        key.starts_with("safety.") || key.starts_with("inventory.") || key == "requesters"
+    }) || !new.requesters.is_empty()
     {
-        // The new [safety] and [inventory] over the rest as started (the
-        // backend, which the policy's defaults depend on, changes only
-        // with a restart).
+        // The new [safety], [inventory] and [[requesters]] over the rest as
+        // started (the backend, which the policy's defaults depend on,
+        // changes only with a restart).
         let mut effective = started.clone();
         effective.safety = new.safety.clone();
         effective.inventory = new.inventory.clone();
+        effective.requesters = new.requesters.clone();
         if !controls.apply_policy(&effective) {
             return;
         }

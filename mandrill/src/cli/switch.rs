@@ -135,6 +135,27 @@ pub(super) fn status(args: &StatusArgs) -> ExitCode {
         } else {
             "unleashed"
         };
+        // Who may ask: each requester with its reach and quota.
+        let requesters: Vec<String> = config
+            .requesters
+            .iter()
+            .map(|r| {
+                let groups = if r.groups.is_empty() {
+                    String::new()
+                } else {
+                    format!(", groups {:?}", r.groups)
+                };
+                let quota = r.quota.as_ref().map_or_else(String::new, |q| {
+                    format!(", {} per {}", q.max, humantime::format_duration(q.window))
+                });
+                format!("{} (allow {:?}{groups}{quota})", r.name, r.allow)
+            })
+            .collect();
+        let signed = if config.require_signed() {
+            "required"
+        } else {
+            "not required (unsigned requests accepted)"
+        };
         let mut out = std::io::stdout().lock();
         if args.json {
             let status = serde_json::json!({
@@ -144,6 +165,8 @@ pub(super) fn status(args: &StatusArgs) -> ExitCode {
                 "switch": switch,
                 "allow": config.safety.allow,
                 "deny": config.safety.deny,
+                "require_signed": config.require_signed(),
+                "requesters": requesters,
                 "limits": limits,
                 "inventory": inventory,
                 "calendar": calendar.as_ref().map(|(rules, now)| {
@@ -175,6 +198,10 @@ pub(super) fn status(args: &StatusArgs) -> ExitCode {
         }
         writeln!(out, "allow:     {:?}", config.safety.allow)?;
         writeln!(out, "deny:      {:?}", config.safety.deny)?;
+        writeln!(out, "signed:    {signed}")?;
+        if !requesters.is_empty() {
+            writeln!(out, "requesters: {}", requesters.join("; "))?;
+        }
         match &calendar {
             Some((rules, now)) => writeln!(out, "calendar:  {rules}: {now}")?,
             None => writeln!(out, "calendar:  none (restarts at any time)")?,

@@ -30,6 +30,7 @@ use crate::inventory::InventorySettings;
 use crate::notify::{NotifierSettings, NotifyEntry};
 use crate::restarter::VerifySettings;
 use crate::restarter::hosts::HostEntry;
+use crate::safety::RequesterSettings;
 use crate::settings::settings;
 
 mod broker;
@@ -103,12 +104,26 @@ settings! {
         pub notify: Vec<NotifyEntry> = Vec::new(),
         /// The notifications' queue and shutdown bound (`[notifier]`).
         pub notifier: NotifierSettings = NotifierSettings::default(),
+        /// `[[requesters]]` name, public_key (PEM) or public_key_file,
+        /// allow = [instance patterns], groups = [names], [requesters.quota]
+        /// max, window: who may sign requests, for what, how many.
+        ///
+        /// A signed request (a JWT, EdDSA or ES256) is verified against the
+        /// key of the requester its `iss` names; see docs/safety.md.
+        /// Reloaded on SIGHUP (key files are read again).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        pub requesters: Vec<RequesterSettings> = Vec::new(),
     }
 }
 
 /// Settings that a reload (SIGHUP) applies without a restart, besides
 /// `[safety]` (see [`reloads`]).
-pub const RELOADABLE: &[&str] = &["log.level", "worker.max_in_flight", "simulate.rate"];
+pub const RELOADABLE: &[&str] = &[
+    "log.level",
+    "worker.max_in_flight",
+    "simulate.rate",
+    "requesters",
+];
 
 /// The `[safety]` settings a reload does not apply: the switch's polling
 /// and the pause file's watch are set up once, at start.

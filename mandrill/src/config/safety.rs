@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -9,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use super::{Config, ConfigError};
 use crate::safety::{
     BudgetSettings, Calendar, CalendarSettings, Clock, Counting, Eligibility, Guards, Policy,
-    RateSettings, StopConditionSettings, StopConditions,
+    RateSettings, Requesters, StopConditionSettings, StopConditions,
 };
 use crate::settings::{duration, settings};
 
@@ -76,6 +77,14 @@ settings! {
         /// A delivery a stop condition deferred comes back after this.
         #[serde(with = "duration")]
         pub stop_retry: Duration = Duration::from_secs(30),
+        /// Refuse unsigned requests (default: true with a real backend).
+        ///
+        /// Unset means true with a real backend (command, ssh, http) and
+        /// false with a simulated one: an unsigned request is then
+        /// `rejected` and dead-lettered. Set false explicitly to accept
+        /// unsigned requests with a real backend (a loud warning at start).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub require_signed: Option<bool> = None,
         /// While this file exists, restarts are paused (its directory is
         /// watched and must exist; not reloaded).
         ///
@@ -123,6 +132,14 @@ impl Config {
             .unwrap_or_else(|| self.restarter.kind.is_real())
     }
 
+    /// Whether unsigned requests are refused: as set, else with a real
+    /// backend.
+    pub fn require_signed(&self) -> bool {
+        self.safety
+            .require_signed
+            .unwrap_or_else(|| self.restarter.kind.is_real())
+    }
+
     /// The safety policy: what the worker decides with, and what a reload
     /// of `[safety]` replaces. Fails naming the key, as `validate` does.
     pub fn policy(&self) -> Result<Policy, ConfigError> {
@@ -146,6 +163,9 @@ impl Config {
             stop_retry: self.safety.stop_retry,
             // The service's handle, set where the inventory is loaded.
             inventory: None,
+            requesters: Arc::new(
+                Requesters::new(&self.requesters, self.require_signed()).map_err(invalid)?,
+            ),
         })
     }
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 use super::{Config, ConfigError, RestarterKind, limits};
 use crate::domain::Domain;
 use crate::restarter::verify::ProbeKind;
-use crate::safety::{Eligibility, StopConditions};
+use crate::safety::{Eligibility, Requesters, StopConditions};
 
 impl Config {
     /// Checks what types alone cannot, naming the key at fault.
@@ -172,6 +172,19 @@ impl Config {
             .map_err(|(key, why)| ConfigError::invalid(&key, why))?;
         StopConditions::new(&self.safety.stop_conditions)
             .map_err(|(key, why)| ConfigError::invalid(&key, why))?;
+        // Reads the key files: a bad or unreadable key fails start-up here.
+        Requesters::new(&self.requesters, self.require_signed())
+            .map_err(|(key, why)| ConfigError::invalid(&key, why))?;
+        for (index, entry) in self.requesters.iter().enumerate() {
+            if let Some(quota) = &entry.quota
+                && quota.window > limits::MAX_DURATION
+            {
+                return Err(ConfigError::invalid(
+                    &format!("requesters[{index}].quota.window"),
+                    "is longer than 365 days",
+                ));
+            }
+        }
         positive("safety.stop_retry", self.safety.stop_retry)?;
         // The running service's only way to see `mandrill resume`: a pause
         // found by a claim stops pulling, and without the poll nothing

@@ -97,6 +97,7 @@ impl Config {
                 dry_run: true,
                 eligibility: Eligibility::nobody(),
                 pause_on_unrecovered: true,
+                requesters: std::sync::Arc::new(crate::safety::Requesters::refuse_unsigned()),
                 ..Policy::default()
             })),
         }

@@ -8,6 +8,7 @@
 mod names;
 mod outcome;
 mod request;
+pub mod signed;
 
 pub use names::{Domain, Hostname, InstanceName, random_instance_name};
 pub use outcome::{Outcome, Restarted, Status};
@@ -15,10 +16,13 @@ pub use request::{
     MAX_REASON_CHARS, MAX_REQUESTED_BY_CHARS, ParseRules, Reach, Rejection, RestartRequest,
     WireRequest, new_message_id, salvage_message_id,
 };
+pub use signed::{Signatures, Signer, SigningKey};
 
 /// Valid requests for tests elsewhere in the crate.
 #[cfg(test)]
 pub(crate) mod testing;
 
+#[cfg(test)]
+mod signed_tests;
 #[cfg(test)]
 mod tests;

@@ -72,6 +72,10 @@ pub struct Event {
     /// Who turned the kill switch.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub by: Option<String>,
+    /// Who asked for the restart: the verified requester of a signed
+    /// request, else what an unsigned one said.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub requested_by: Option<String>,
 }
 
 impl Event {
@@ -88,6 +92,7 @@ impl Event {
             hostname: Some(request.hostname.to_string()),
             attempt: (attempt > 0).then_some(attempt),
             detail,
+            requested_by: request.requested_by.clone(),
             ..Self::bare(kind)
         }
     }
@@ -117,6 +122,7 @@ impl Event {
             attempt: None,
             detail: None,
             by: None,
+            requested_by: None,
         }
     }
 }

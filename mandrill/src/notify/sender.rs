@@ -196,12 +196,18 @@ pub(super) fn text(event: &Event) -> String {
     let id = event
         .message_id
         .map_or_else(|| "without a readable id".to_owned(), |id| id.to_string());
+    let asked = event
+        .requested_by
+        .as_deref()
+        .map_or_else(String::new, |by| format!(" (requested by {by})"));
     let line = match event.event {
         EventKind::Restarted => match event.attempt {
-            Some(attempt) if attempt > 1 => format!("restarted {instance} on attempt {attempt}"),
-            _ => format!("restarted {instance}"),
+            Some(attempt) if attempt > 1 => {
+                format!("restarted {instance} on attempt {attempt}{asked}")
+            }
+            _ => format!("restarted {instance}{asked}"),
         },
-        EventKind::Failed => format!("restart of {instance} failed for good: {detail}"),
+        EventKind::Failed => format!("restart of {instance}{asked} failed for good: {detail}"),
         EventKind::DeadLettered => format!("dead-lettered message {id}: {detail}"),
         EventKind::Unrecovered => {
             format!("restarted {instance}, but it did not come back: {detail}")

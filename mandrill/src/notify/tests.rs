@@ -235,3 +235,17 @@ fn entries_name_the_key_at_fault_and_never_quote_the_url() {
     );
     assert_eq!(twice.wanted().count(), 1);
 }
+
+#[test]
+fn a_restart_notification_names_who_asked() {
+    let mut request = request();
+    // As the parse leaves a signed request: the verified requester in both.
+    request.requester = Some("alice".into());
+    request.requested_by = Some("alice".into());
+    let event = Event::about(EventKind::Restarted, &request, 1, None);
+    assert_eq!(event.requested_by.as_deref(), Some("alice"));
+    let json = serde_json::to_value(&event).unwrap();
+    assert_eq!(json["requested_by"], "alice");
+    let line = super::sender::text(&event);
+    assert!(line.ends_with("(requested by alice)"), "{line}");
+}

@@ -5,7 +5,7 @@
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use super::{Eligibility, Guards, Hold, Limits, StopConditions};
+use super::{Eligibility, Guards, Hold, Limits, Requesters, StopConditions};
 use crate::domain::RestartRequest;
 use crate::inventory::InventoryHandle;
 
@@ -31,6 +31,11 @@ pub struct Policy {
     /// hosts that exist, their groups, zones and addresses. The handle is
     /// the service's, kept current by its refresh task.
     pub inventory: Option<InventoryHandle>,
+    /// `[[requesters]]` and `safety.require_signed`: the keys signed
+    /// requests are verified with, what each requester may restart, its
+    /// quota. Reloaded with the rest, so that a key is revoked or rotated
+    /// by a SIGHUP.
+    pub requesters: Arc<Requesters>,
 }
 
 /// Why a request is not counted at all: what [`Policy::place`] found.
@@ -66,6 +71,7 @@ impl Default for Policy {
             stop_conditions: StopConditions::default(),
             stop_retry: Duration::from_secs(30),
             inventory: None,
+            requesters: Arc::default(),
         }
     }
 }

@@ -41,7 +41,12 @@ pub(super) async fn prune_history(
             _ = every.tick() => {}
             () = stop.cancelled() => return,
         }
-        let keep = retention.max(policy.current().guards.counting.lookback());
+        // The journal a guard still counts is kept: the counting guards'
+        // and the requesters' quota windows.
+        let current = policy.current();
+        let keep = retention
+            .max(current.guards.counting.lookback())
+            .max(current.requesters.lookback());
         let cutoff = Timestamp::from_millis(
             Timestamp::now()
                 .as_millis()

@@ -357,6 +357,13 @@ impl Service {
                 "UNLEASHED: restarts of real hosts will be issued"
             );
         }
+        if self.config.restarter.kind.is_real() && !self.config.require_signed() {
+            warn!(
+                restarter = ?self.config.restarter.kind,
+                "UNSIGNED REQUESTS ACCEPTED: safety.require_signed = false with a real backend; \
+                 anyone who can publish to the queue can ask for restarts (see docs/safety.md)"
+            );
+        }
         if self.config.safety.pause_on_unrecovered && !self.config.verified_by_probe() {
             warn!(
                 "safety.pause_on_unrecovered needs a verification probe (verify.probe): without \

@@ -218,9 +218,12 @@ pub(super) async fn after_panic(
     let attempt = progress.claimed.load(Ordering::Acquire);
     let last = attempt >= config.max_attempts || delivery.attempt >= config.max_deliveries;
     let error = format!("handler panicked: {message}");
-    if let Ok(request) =
-        RestartRequest::parse_sized(&delivery.payload, delivery.full_size, &config.parse)
-        && (attempt > 0 || last)
+    if let Ok(request) = RestartRequest::parse_verified(
+        &delivery.payload,
+        delivery.full_size,
+        &config.parse,
+        config.policy.current().requesters.signatures(),
+    ) && (attempt > 0 || last)
     {
         let outcome = if last {
             Outcome::Failed {
@@ -275,12 +278,20 @@ pub(super) fn guarded<'a>(
 /// (the request or its rejection, 152 bytes) is never part of the handler's
 /// state: awaited inside `process`, the rejection would keep that slot in
 /// every handler for its whole life.
+///
+/// A signed payload is verified here, with the batch's policy's keys.
 fn parse_or_reject<'a>(
     shared: &'a Shared,
+    policy: &Policy,
     delivery: &'a Delivery,
     progress: &'a Progress,
 ) -> Result<Box<RestartRequest>, RareSettlement<'a>> {
-    match RestartRequest::parse_sized(&delivery.payload, delivery.full_size, &shared.config.parse) {
+    match RestartRequest::parse_verified(
+        &delivery.payload,
+        delivery.full_size,
+        &shared.config.parse,
+        policy.requesters.signatures(),
+    ) {
         Ok(request) => Ok(Box::new(request)),
         Err(rejection) => {
             shared.stats.rejection_reasons[rejection.kind_index()].inc();
@@ -325,7 +336,7 @@ pub(super) async fn process(
     progress: &Progress,
 ) -> Settlement {
     let config = &shared.config;
-    let mut request = match parse_or_reject(shared, delivery, progress) {
+    let mut request = match parse_or_reject(shared, policy, delivery, progress) {
         Ok(request) => request,
         Err(rejected) => return rejected.await,
     };

@@ -224,14 +224,18 @@ fn decide<'a>(
     request: &'a RestartRequest,
     policy: &Policy,
 ) -> Result<ClaimTerms, RareSettlement<'a>> {
-    if let Err(reason) = policy.eligibility.check(request.instance_name.as_str()) {
+    if let Err(reason) = eligible(policy, request) {
         return Err(rare(deny(shared, progress, request, 0, reason)));
     }
     if let Some(hold) = policy.guards.hold(request) {
         return Err(rare(held(shared, progress, request, hold)));
     }
     let limits = match policy.limits(request.group()) {
-        Ok(limits) => limits,
+        Ok(mut limits) => {
+            // A signed request's quota, counted in the claim.
+            policy.requesters.limit(request, &mut limits);
+            limits
+        }
         Err(reason) => {
             let hold =
                 policy
@@ -268,7 +272,7 @@ pub(super) fn recheck<'a>(
     let policy = shared.config.policy.current();
     // A reload may have denied the instance while the claim waited, or the
     // inventory dropped it, moved it, or grown too old.
-    if let Err(reason) = policy.eligibility.check(request.instance_name.as_str()) {
+    if let Err(reason) = eligible(&policy, request) {
         return Ok(Err(Halt::Denied(reason)));
     }
     match policy.still_placed(request) {
@@ -341,6 +345,17 @@ async fn switch_is_off(shared: &Shared, request: &RestartRequest) -> Result<(), 
     Err(policy
         .guards
         .defer(request, "kill switch", PAUSED_RECHECK, reason))
+}
+
+/// Eligibility: `safety.allow`/`safety.deny`, then what the request's
+/// verified requester may restart (its `allow`, and its `groups` with the
+/// operator's group, which [`Policy::place`] assigned before anything).
+fn eligible(policy: &Policy, request: &RestartRequest) -> Result<(), String> {
+    policy.eligibility.check(request.instance_name.as_str())?;
+    if request.requester.is_some() {
+        policy.requesters.check(request, request.group())?;
+    }
+    Ok(())
 }
 
 /// What [`recheck`] decides: `Ok` with whether the policy is leashed, or

@@ -92,8 +92,12 @@ async fn a_waiting_messages_futures_stay_small() {
     ];
     // Debug build: 520, 1,552 and 1,224 bytes before issue 14's memory work
     // (the phases 1,328 and 1,104 in release); 384, 784 and 808 after.
+    // `prepare` holds the claim's terms across the claim: 848 since the
+    // counting rule's `Limits` gained the zone budget, the requester quota
+    // and the settle time (verification itself adds nothing here: it is
+    // done in the synchronous parse).
     assert!(
-        sizes[0] <= 400 && sizes[1] <= 800 && sizes[2] <= 832,
+        sizes[0] <= 400 && sizes[1] <= 848 && sizes[2] <= 832,
         "handler, prepare, conclude: {sizes:?} bytes"
     );
 }

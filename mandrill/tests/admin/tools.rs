@@ -282,6 +282,10 @@ fn the_example_production_configuration_loads_with_its_secrets_from_the_environm
         Some(mandrill::settings::Secret("nats-pw".into()))
     );
     assert!(config.dry_run(), "the example starts leashed");
+    assert!(
+        config.require_signed() && config.requesters.len() == 1,
+        "the example takes signed requests only, from its one requester"
+    );
     assert_eq!(config.admin.listen, "0.0.0.0:9730");
     assert_eq!(config.notify.len(), 1, "the example has a notification");
     assert!(

@@ -116,6 +116,15 @@ fn every_setting_is_documented_in_help() {
         events: vec![crate::notify::EventKind::Paused],
         timeout: Duration::from_secs(5),
     }];
+    config.safety.require_signed = Some(true);
+    config.requesters = vec![crate::safety::RequesterSettings {
+        name: "alice".into(),
+        public_key: None,
+        public_key_file: Some(PathBuf::from("alice.pub")),
+        allow: vec!["cattle-*".into()],
+        groups: Vec::new(),
+        quota: None,
+    }];
     config.broker.pubsub.endpoint = Some("http://127.0.0.1:8085".into());
     config.broker.pubsub.credentials_file = Some(PathBuf::from("key.json"));
     // One source is valid; all three are set here only to be flattened.

@@ -206,3 +206,43 @@ fn on_reload_the_files_stricter_safety_settings_win_over_flags() {
         assert!(tightened.is_empty(), "{file:?}: {tightened:?}");
     }
 }
+
+#[test]
+fn a_real_backend_requires_signed_requests_unless_told_otherwise() {
+    let simulated = Config::default();
+    assert!(
+        !simulated.require_signed(),
+        "the quick start works unsigned"
+    );
+    let signatures = |config: &Config| {
+        config
+            .worker_config()
+            .policy
+            .current()
+            .requesters
+            .signatures()
+            .required()
+    };
+    assert!(!signatures(&simulated));
+    let mut real = Config::default();
+    real.restarter.kind = RestarterKind::Command;
+    assert!(real.require_signed() && signatures(&real));
+    real.safety.require_signed = Some(false);
+    assert!(!real.require_signed() && !signatures(&real));
+    // Every layer names the key at fault, never quoting a key.
+    let file = "[[requesters]]\nname = \"alice\"\npublic_key = \"-----BEGIN PUBLIC KEY-----\"\n";
+    let error = load(Some(file), &[], &[]).unwrap_err();
+    assert!(
+        error.to_string().contains("requesters[0].public_key"),
+        "{error}"
+    );
+    let file = "[[requesters]]\nname = \"alice\"\npublic_key_file = \"/nonexistent.pub\"\n\
+                [requesters.quota]\nmax = 2\nwindow = \"1h\"\n";
+    let error = load(Some(file), &[], &[]).unwrap_err();
+    assert!(
+        error.to_string().contains("requesters[0].public_key_file"),
+        "{error}"
+    );
+    // And a reload applies it (the policy is rebuilt from [[requesters]]).
+    assert!(crate::config::reloads("requesters"));
+}

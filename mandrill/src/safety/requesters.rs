@@ -1,0 +1,392 @@
+//! `[[requesters]]`: who may ask for restarts, with which key, for which
+//! instances and groups, and how many per window.
+//!
+//! The trust model: the signature is verified where bytes become a request
+//! (`RestartRequest::parse_verified`, with this module's [`Signatures`]);
+//! what a verified requester may touch is checked at eligibility
+//! ([`Requesters::check`]), with the group the operator's configuration
+//! decides; its quota is counted in the store's claim ([`Requesters::limit`]
+//! puts it in the claim's [`Limits`]). Nothing a message says widens any of
+//! it.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::Limits;
+use crate::domain::{RestartRequest, Signatures, Signer};
+use crate::pattern::Pattern;
+
+/// One `[[requesters]]` entry, as configured.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RequesterSettings {
+    /// The requester's name: the `iss` its tokens carry, and what the
+    /// history records as `requested_by`.
+    pub name: String,
+    /// Its public key, PEM text (Ed25519 or P-256).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub public_key: Option<String>,
+    /// Or the file holding it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub public_key_file: Option<PathBuf>,
+    /// Instance-name patterns it may restart (empty: none).
+    #[serde(default)]
+    pub allow: Vec<String>,
+    /// Groups it may restart (empty: any its `allow` admits).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub groups: Vec<String>,
+    /// `[requesters.quota]`: restarts it may claim per window.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quota: Option<QuotaSettings>,
+}
+
+/// `[requesters.quota]`: `max` restarts per `window`, over every group and
+/// instance.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QuotaSettings {
+    /// Restarts per window.
+    pub max: u32,
+    /// The window, e.g. `1h`.
+    #[serde(with = "crate::settings::duration")]
+    pub window: Duration,
+}
+
+/// What one verified requester may do.
+#[derive(Debug, Clone)]
+struct Permit {
+    allow: Vec<Pattern>,
+    groups: Vec<String>,
+    quota: Option<(u32, Duration)>,
+}
+
+/// The configured requesters: their keys (for the parse) and their permits
+/// (for eligibility and the claim).
+#[derive(Debug, Clone, Default)]
+pub struct Requesters {
+    signatures: Signatures,
+    permits: HashMap<String, Permit>,
+}
+
+/// Longest requester name, in characters (it is recorded as `requested_by`).
+const MAX_NAME_CHARS: usize = 128;
+
+/// Whether `name` may name a requester (it is an `iss`, a file name for
+/// `mandrill keygen`, and recorded as `requested_by`): else why not.
+pub fn valid_name(name: &str) -> Result<(), String> {
+    if name.is_empty()
+        || name.starts_with('.')
+        || name.chars().count() > MAX_NAME_CHARS
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.@".contains(c))
+    {
+        return Err(format!(
+            "{name:?} must be 1 to {MAX_NAME_CHARS} letters, digits, '-', '_', '.' or '@', \
+             not starting with '.'"
+        ));
+    }
+    Ok(())
+}
+
+impl Requesters {
+    /// Parses the entries, reading key files; `require_signed`: refuse
+    /// unsigned requests. The error names the key at fault
+    /// (`requesters[0].public_key`) and never quotes a key.
+    pub fn new(
+        entries: &[RequesterSettings],
+        require_signed: bool,
+    ) -> Result<Self, (String, String)> {
+        let mut signers = HashMap::new();
+        let mut permits = HashMap::new();
+        for (index, entry) in entries.iter().enumerate() {
+            let at = |key: &str| format!("requesters[{index}].{key}");
+            let name = &entry.name;
+            valid_name(name).map_err(|why| (at("name"), why))?;
+            if permits.contains_key(name) {
+                return Err((at("name"), format!("{name:?} is configured twice")));
+            }
+            let pem = match (&entry.public_key, &entry.public_key_file) {
+                (Some(pem), None) => pem.clone(),
+                (None, Some(path)) => std::fs::read_to_string(path).map_err(|error| {
+                    (
+                        at("public_key_file"),
+                        format!("cannot read {}: {error}", path.display()),
+                    )
+                })?,
+                (Some(_), Some(_)) => {
+                    return Err((
+                        at("public_key"),
+                        "give public_key or public_key_file, not both".into(),
+                    ));
+                }
+                (None, None) => {
+                    return Err((at("public_key"), "is required (or public_key_file)".into()));
+                }
+            };
+            let key_field = if entry.public_key.is_some() {
+                "public_key"
+            } else {
+                "public_key_file"
+            };
+            let signer = Signer::from_pem(&pem).map_err(|why| (at(key_field), why))?;
+            let allow = entry
+                .allow
+                .iter()
+                .enumerate()
+                .map(|(i, raw)| {
+                    Pattern::parse(raw).map_err(|why| (at(&format!("allow[{i}]")), why))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let quota = match &entry.quota {
+                None => None,
+                Some(QuotaSettings { max: 0, .. }) => {
+                    return Err((
+                        at("quota.max"),
+                        "must be at least 1 (leave [requesters.quota] out for none)".into(),
+                    ));
+                }
+                Some(QuotaSettings { window, .. }) if window.is_zero() => {
+                    return Err((at("quota.window"), "must be longer than 0s".into()));
+                }
+                Some(quota) => Some((quota.max, quota.window)),
+            };
+            signers.insert(name.clone(), signer);
+            permits.insert(
+                name.clone(),
+                Permit {
+                    allow,
+                    groups: entry.groups.clone(),
+                    quota,
+                },
+            );
+        }
+        Ok(Self {
+            signatures: Signatures::new(signers, require_signed),
+            permits,
+        })
+    }
+
+    /// No requester, and unsigned requests refused: what an invalid
+    /// configuration falls back to (fail closed).
+    pub fn refuse_unsigned() -> Self {
+        Self {
+            signatures: Signatures::new(HashMap::new(), true),
+            permits: HashMap::new(),
+        }
+    }
+
+    /// The keys a payload is verified with, and whether one is required.
+    pub fn signatures(&self) -> &Signatures {
+        &self.signatures
+    }
+
+    /// `Ok` if the request's verified requester (if any) may restart its
+    /// instance in `group`, the group the operator's configuration puts
+    /// the instance in; else why not, naming the requester: what a denied
+    /// request records. An unsigned request is not this check's to refuse.
+    pub fn check(&self, request: &RestartRequest, group: &str) -> Result<(), String> {
+        let Some(name) = request.requester.as_deref() else {
+            return Ok(());
+        };
+        let instance = request.instance_name.as_str();
+        let Some(permit) = self.permits.get(name) else {
+            // Removed by a reload since the request was verified.
+            return Err(format!(
+                "denied: requester {name} is no longer configured in [[requesters]]"
+            ));
+        };
+        if !permit.allow.iter().any(|p| p.matches(instance)) {
+            return Err(format!(
+                "denied: requester {name} may not restart {instance} (matches none of its allow patterns)"
+            ));
+        }
+        if !permit.groups.is_empty() {
+            // The operator's group, and the message's own if it names one:
+            // a message cannot name its way into a group.
+            for group in std::iter::once(group).chain(request.group.as_deref()) {
+                if !permit.groups.iter().any(|g| g == group) {
+                    return Err(format!(
+                        "denied: requester {name} may not restart {instance} in group {group} \
+                         (its groups: {})",
+                        permit.groups.join(", ")
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Adds the request's requester's quota to the claim's limits.
+    pub fn limit(&self, request: &RestartRequest, limits: &mut Limits) {
+        if let Some((max, window)) = request
+            .requester
+            .as_deref()
+            .and_then(|name| self.permits.get(name))
+            .and_then(|permit| permit.quota)
+        {
+            limits.requester_max = Some(max);
+            limits.requester_window = window;
+        }
+    }
+
+    /// The longest quota window: pruning must keep the journal that long.
+    pub fn lookback(&self) -> Duration {
+        self.permits
+            .values()
+            .filter_map(|permit| permit.quota.map(|(_, window)| window))
+            .max()
+            .unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::testing::request;
+
+    const ED_PUBLIC: &str = "-----BEGIN PUBLIC KEY-----
+MCowBQYDK2VwAyEAiXnPth0YTU/nwanl6fRVhSdyP7GowJ3i9meT7iYSEjw=
+-----END PUBLIC KEY-----
+";
+
+    fn entry(name: &str) -> RequesterSettings {
+        RequesterSettings {
+            name: name.into(),
+            public_key: Some(ED_PUBLIC.into()),
+            public_key_file: None,
+            allow: vec!["cattle-*".into()],
+            groups: Vec::new(),
+            quota: None,
+        }
+    }
+
+    fn signed_by(name: &str, instance: &str) -> RestartRequest {
+        let mut request = request(instance);
+        request.requester = Some(name.into());
+        request
+    }
+
+    #[test]
+    fn a_requester_is_denied_outside_its_allow_and_groups_and_named() {
+        let requesters = Requesters::new(
+            &[RequesterSettings {
+                groups: vec!["cattle".into()],
+                ..entry("alice")
+            }],
+            true,
+        )
+        .unwrap();
+        assert!(requesters.signatures().required());
+        assert!(
+            requesters
+                .check(&signed_by("alice", "cattle-ab12"), "cattle")
+                .is_ok()
+        );
+        let outside = requesters
+            .check(&signed_by("alice", "pet-01"), "pet")
+            .unwrap_err();
+        assert!(
+            outside.contains("requester alice may not restart pet-01"),
+            "{outside}"
+        );
+        // The operator puts cattle-db01 in group db: not alice's.
+        let group = requesters
+            .check(&signed_by("alice", "cattle-db01"), "db")
+            .unwrap_err();
+        assert!(group.contains("in group db"), "{group}");
+        // Naming an allowed group in the message does not help...
+        let mut named = signed_by("alice", "cattle-db01");
+        named.group = Some("cattle".into());
+        assert!(requesters.check(&named, "db").is_err());
+        // ...nor does naming another group for an instance it may touch.
+        let mut named = signed_by("alice", "cattle-ab12");
+        named.group = Some("web".into());
+        assert!(requesters.check(&named, "cattle").is_err());
+        // A requester removed by a reload is denied; unsigned is not this
+        // check's business.
+        let gone = requesters
+            .check(&signed_by("bob", "cattle-ab12"), "cattle")
+            .unwrap_err();
+        assert!(gone.contains("bob is no longer configured"), "{gone}");
+        assert!(requesters.check(&request("pet-01"), "pet").is_ok());
+    }
+
+    #[test]
+    fn a_signed_request_carries_its_requesters_quota_into_the_claim() {
+        let requesters = Requesters::new(
+            &[RequesterSettings {
+                quota: Some(QuotaSettings {
+                    max: 2,
+                    window: Duration::from_secs(3600),
+                }),
+                ..entry("alice")
+            }],
+            false,
+        )
+        .unwrap();
+        let mut limits = Limits::NONE;
+        requesters.limit(&request("cattle-ab12"), &mut limits);
+        assert_eq!(limits.requester_max, None, "unsigned: no quota");
+        requesters.limit(&signed_by("alice", "cattle-ab12"), &mut limits);
+        assert_eq!(limits.requester_max, Some(2));
+        assert_eq!(limits.requester_window, Duration::from_secs(3600));
+        assert_eq!(requesters.lookback(), Duration::from_secs(3600));
+    }
+
+    #[test]
+    fn a_bad_entry_fails_naming_its_key() {
+        let cases = [
+            (
+                RequesterSettings {
+                    public_key: Some("-----BEGIN PUBLIC KEY-----\nnope\n".into()),
+                    ..entry("alice")
+                },
+                "requesters[0].public_key",
+            ),
+            (
+                RequesterSettings {
+                    public_key: None,
+                    public_key_file: Some("/nonexistent/alice.pub".into()),
+                    ..entry("alice")
+                },
+                "requesters[0].public_key_file",
+            ),
+            (
+                RequesterSettings {
+                    public_key: None,
+                    ..entry("alice")
+                },
+                "requesters[0].public_key",
+            ),
+            (entry("../alice"), "requesters[0].name"),
+            (
+                RequesterSettings {
+                    allow: vec!["".into()],
+                    ..entry("alice")
+                },
+                "requesters[0].allow[0]",
+            ),
+            (
+                RequesterSettings {
+                    quota: Some(QuotaSettings {
+                        max: 0,
+                        window: Duration::from_secs(60),
+                    }),
+                    ..entry("alice")
+                },
+                "requesters[0].quota.max",
+            ),
+        ];
+        for (settings, key) in cases {
+            let (at, why) = Requesters::new(&[settings], true).unwrap_err();
+            assert_eq!(at, key, "{why}");
+            assert!(!why.contains("MCow"), "a key is never quoted: {why}");
+        }
+        let (at, _) = Requesters::new(&[entry("alice"), entry("alice")], true).unwrap_err();
+        assert_eq!(at, "requesters[1].name");
+    }
+}
