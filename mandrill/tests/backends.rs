@@ -248,7 +248,7 @@ fn a_reloaded_file_that_leashes_wins_over_unleash() {
             "[broker]\nurl = {db:?}\n\n[store]\nurl = {db:?}\n\n\
              [restarter]\nkind = \"command\"\n\n[restarter.command]\n\
              argv = [\"touch\", {marker:?}]\n\n\
-             [safety]\nallow = [\"cattle-*\"]\n{safety}{ALWAYS_OPEN}",
+             [safety]\nallow = [\"cattle-*\"]\nrequire_signed = false\n{safety}{ALWAYS_OPEN}",
             marker = marker.to_str().unwrap(),
         )
     };

@@ -659,7 +659,15 @@ async fn the_inventory_decides_group_membership_and_fails_closed_when_too_old() 
     let stale = h.publish("cattle-a2").await;
     wait_until("deferred", || stats.deferred.get() >= 1).await;
     assert!(store.deferrals(stale).await.unwrap() >= 1);
-    assert_eq!(store.lookup(stale).await.unwrap(), None, "nothing claimed");
+    // Its first receipt may be kept (`max_defer` counts from it when the
+    // message is undated), but nothing is claimed.
+    assert!(
+        matches!(
+            store.lookup(stale).await.unwrap(),
+            None | Some(Status::Received)
+        ),
+        "nothing claimed"
+    );
     assert_eq!(restarter.timeline.count("restart-started"), 1);
     h.stop().await.unwrap();
 }
