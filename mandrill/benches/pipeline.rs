@@ -78,7 +78,7 @@ fn main() {
 async fn run(options: Options) {
     // Payloads are made before the clock starts: the benchmark measures the
     // pipeline, not the random generator.
-    let payloads: Vec<Bytes> = ceilings::payloads(options.messages);
+    let payloads: Vec<Bytes> = ceilings::payloads(options.messages, options.signed);
     let baseline_kib = report::rss_kib("VmRSS:");
     // Kept until the end: the SQLite files live here.
     let dir = tempfile::tempdir().expect("temporary directory");

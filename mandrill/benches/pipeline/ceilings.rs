@@ -12,7 +12,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use futures::StreamExt;
-use mandrill::domain::{Domain, ParseRules, RestartRequest, Status};
+use mandrill::domain::{Domain, ParseRules, RestartRequest, SigningKey, Status};
 use mandrill::random_request;
 use rand::Rng as _;
 use tokio_util::task::TaskTracker;
@@ -75,20 +75,48 @@ pub async fn measure(options: &Options, resources: &Resources, dir: &Path) -> Ce
 /// (version 7) ids mandrill's own publishers mint.
 pub static RANDOM_IDS: AtomicBool = AtomicBool::new(false);
 
-/// `n` fresh payloads, as the pipeline's.
-pub fn payloads(n: usize) -> Vec<Bytes> {
+/// `n` fresh payloads, as the pipeline's: signed by [`SIGNER`] with
+/// `signed`.
+pub fn payloads(n: usize, signed: bool) -> Vec<Bytes> {
     let mut rng = rand::rng();
     let random_ids = RANDOM_IDS.load(Ordering::Relaxed);
+    let key = signed.then(|| SigningKey::from_pem(SIGNER_KEY).expect("the benchmark's key"));
+    let now = SystemTime::now();
     (0..n)
         .map(|_| {
             let mut request = random_request(&mut rng);
             if random_ids {
                 request.message_id = uuid::Builder::from_random_bytes(rng.random()).into_uuid();
             }
-            Bytes::from(request.to_wire())
+            match &key {
+                None => Bytes::from(request.to_wire()),
+                Some(key) => {
+                    let token = key
+                        .sign(
+                            &request.to_wire_request(),
+                            SIGNER,
+                            now,
+                            Duration::from_secs(3600),
+                        )
+                        .expect("a request signs");
+                    Bytes::from(token)
+                }
+            }
         })
         .collect()
 }
+
+/// The requester `--signed` payloads come from, and its key pair (a
+/// throwaway Ed25519 pair, as `mandrill keygen` writes them).
+pub const SIGNER: &str = "bench";
+const SIGNER_KEY: &str = "-----BEGIN PRIVATE KEY-----
+MC4CAQAwBQYDK2VwBCIEIJKZIohg0kTgT0r1qaO/WUCF0GokEli8bJBBjTpGeOvA
+-----END PRIVATE KEY-----
+";
+pub const SIGNER_PUBLIC_KEY: &str = "-----BEGIN PUBLIC KEY-----
+MCowBQYDK2VwAyEAiXnPth0YTU/nwanl6fRVhSdyP7GowJ3i9meT7iYSEjw=
+-----END PUBLIC KEY-----
+";
 
 /// The parse rules the benchmark's worker uses.
 pub fn parse_rules() -> ParseRules {
@@ -121,7 +149,7 @@ pub(super) fn now_millis() -> i64 {
 /// control, no lease extension, no shutdown, no stats, no tracing.
 pub async fn in_memory(n: usize, work: Duration, fail_rate: f64) -> f64 {
     type Queue = Mutex<std::collections::VecDeque<(u64, Bytes)>>;
-    let payloads = payloads(n);
+    let payloads = payloads(n, false);
     let rules = Arc::new(parse_rules());
     let store: Arc<Mutex<HashMap<Uuid, (u32, Status)>>> =
         Arc::new(Mutex::new(HashMap::with_capacity(n)));
@@ -215,7 +243,7 @@ pub async fn nats(url: &str, stream_name: &str, subject: &str, n: usize) -> f64 
         })
         .await
         .expect("ceiling stream");
-    futures::stream::iter(payloads(n))
+    futures::stream::iter(payloads(n, false))
         .map(|payload| {
             let js = js.clone();
             async move {

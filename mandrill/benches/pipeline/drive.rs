@@ -44,7 +44,7 @@ pub async fn run(options: &Options, opened: Opened) -> Pipeline {
     let shutdown = Shutdown::new();
     let notifier = notify::notifier(options.notify.as_deref(), &stats).await;
     let worker = Worker::new(
-        worker_config(n),
+        worker_config(n, options.signed),
         consumer,
         store.clone(),
         restarter,
@@ -89,7 +89,7 @@ pub async fn run(options: &Options, opened: Opened) -> Pipeline {
 
 /// The tutorial bounds nothing: `max_in_flight` is every message, and a
 /// failed restart is not retried (one attempt), so it is dead-lettered.
-fn worker_config(n: usize) -> WorkerConfig {
+fn worker_config(n: usize, signed: bool) -> WorkerConfig {
     WorkerConfig {
         max_in_flight: n.max(1),
         pull_batch: 256,
@@ -114,7 +114,7 @@ fn worker_config(n: usize) -> WorkerConfig {
         },
         parse: ceilings::parse_rules(),
         switch_poll_interval: Duration::from_secs(1),
-        policy: mandrill::safety::PolicyHandle::default(),
+        policy: policy(signed),
     }
 }
 
@@ -145,4 +145,26 @@ async fn wait_until_settled(n: usize, stats: &Stats, started: Instant) {
         }
         tokio::time::sleep(Duration::from_micros(500)).await;
     }
+}
+
+/// Everything allowed, as by default; with `signed`, every request must be
+/// signed by the benchmark's requester, who may restart any instance.
+fn policy(signed: bool) -> mandrill::safety::PolicyHandle {
+    if !signed {
+        return mandrill::safety::PolicyHandle::default();
+    }
+    let requester = mandrill::safety::RequesterSettings {
+        name: ceilings::SIGNER.into(),
+        public_key: Some(ceilings::SIGNER_PUBLIC_KEY.into()),
+        public_key_file: None,
+        allow: vec!["*".into()],
+        groups: Vec::new(),
+        quota: None,
+    };
+    let requesters =
+        mandrill::safety::Requesters::new(&[requester], true).expect("the benchmark's requester");
+    mandrill::safety::PolicyHandle::new(mandrill::safety::Policy {
+        requesters: std::sync::Arc::new(requesters),
+        ..mandrill::safety::Policy::default()
+    })
 }

@@ -16,6 +16,9 @@ pub struct Options {
     /// `--ids random`: version 4 message ids (the default, `ordered`, is
     /// version 7, as mandrill's own publishers mint them).
     pub random_ids: bool,
+    /// `--signed`: every payload a token signed by one requester (Ed25519),
+    /// verified by the worker: the signed path's cost per message.
+    pub signed: bool,
 }
 
 pub fn parse_options() -> Options {
@@ -30,6 +33,7 @@ pub fn parse_options() -> Options {
         writers: mandrill::store::postgres::DEFAULT_WRITERS,
         ceilings: true,
         random_ids: false,
+        signed: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -57,6 +61,7 @@ pub fn parse_options() -> Options {
                 "random" => options.random_ids = true,
                 other => panic!("--ids {other:?}: expected ordered or random"),
             },
+            "--signed" => options.signed = true,
             // `cargo bench` passes --bench to harness-less benchmarks.
             "--bench" => {}
             other => {

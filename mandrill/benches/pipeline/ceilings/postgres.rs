@@ -40,7 +40,7 @@ pub async fn postgres(admin_url: &str, n: usize, writers: u32) -> f64 {
             .expect("ceiling schema");
         conn.close().await.expect("closes");
     }
-    let payloads = payloads(n);
+    let payloads = payloads(n, false);
     let share = n.div_ceil(writers.max(1) as usize).max(1);
     let started = Instant::now();
     futures::future::join_all(

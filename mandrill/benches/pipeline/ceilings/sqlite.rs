@@ -92,7 +92,7 @@ fn sqlite_blocking(n: usize, path: &std::path::Path, commits: Commits) -> f64 {
                     "INSERT INTO queue (payload, published_at, visible_at) VALUES (?1, ?2, ?2)",
                 )
                 .expect("prepare");
-            for payload in payloads(n) {
+            for payload in payloads(n, false) {
                 insert
                     .execute(params![payload.as_ref(), now])
                     .expect("publish");

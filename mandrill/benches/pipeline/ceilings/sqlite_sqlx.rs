@@ -35,7 +35,7 @@ async fn prepared(n: usize, path: &std::path::Path) -> SqliteConnection {
         .expect("ceiling schema");
     let now = now_millis();
     let mut tx = conn.begin().await.expect("begin");
-    for payload in payloads(n) {
+    for payload in payloads(n, false) {
         sqlx::query("INSERT INTO queue (payload, published_at, visible_at) VALUES (?1, ?2, ?2)")
             .bind(payload.as_ref())
             .bind(now)
