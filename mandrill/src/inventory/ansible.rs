@@ -125,7 +125,17 @@ pub(super) fn parse(object: &Map<String, Value>, keys: &Keys) -> Result<Inventor
         let group = (most_specific.len() == 1)
             .then(|| most_specific.iter().next().cloned())
             .flatten();
-        let Some(mut parsed) = host(&name, group, reach, text(&keys.zone_var), labels)? else {
+        let Some(mut parsed) =
+            host(&name, group, reach, text(&keys.zone_var), labels).map_err(|bad| {
+                let field = match bad.field {
+                    "address" => "ansible_host",
+                    "user" => "ansible_user",
+                    "zone" => keys.zone_var.as_str(),
+                    other => other,
+                };
+                format!("host {name}: {field} {}", bad.why)
+            })?
+        else {
             skipped.push(name);
             continue;
         };

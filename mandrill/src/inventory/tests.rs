@@ -166,3 +166,92 @@ fn file_sd_targets_take_group_and_zone_from_labels() {
     .unwrap_err();
     assert!(twice.contains("listed twice"), "{twice}");
 }
+
+/// An address reaches URLs (`https://{host}:8443/`) and ssh's command line:
+/// anything but a DNS name or an IP address could send a request, with its
+/// credentials, elsewhere.
+#[test]
+fn an_address_must_be_a_dns_name_or_an_ip_and_a_bad_one_fails_the_read() {
+    let own = |address: &str| {
+        let entry = serde_json::json!({"name": "web-1", "group": "web", "address": address});
+        Inventory::parse(
+            &serde_json::json!({ "hosts": [entry] }).to_string(),
+            false,
+            &Keys::default(),
+        )
+    };
+    for good in [
+        "10.0.0.1",
+        "fd00::1",
+        "::ffff:10.0.0.1",
+        "web-1",
+        "Web-1.eu.Example.net",
+    ] {
+        let inventory = own(good).unwrap_or_else(|why| panic!("{good}: {why}"));
+        assert_eq!(
+            inventory.host("web-1").unwrap().reach.address.as_deref(),
+            Some(good)
+        );
+    }
+    for bad in [
+        "evil.example/",
+        "x@evil.example#",
+        "evil.example?",
+        "host.example:8443",
+        "[fd00::1]",
+        "fd00::1%eth0",
+        "-oProxyCommand=x",
+        "a..b",
+        "web-.example",
+        "10.0.0.999",
+        "evil%2eexample",
+        "",
+    ] {
+        let why = own(bad).unwrap_err();
+        assert!(
+            why.starts_with("hosts[0].address ") && why.contains("not a DNS name or an IP"),
+            "{bad}: {why}"
+        );
+    }
+    let ansible = Inventory::parse(
+        r#"{"_meta": {"hostvars": {"web-1": {"ansible_host": "x@evil.example#"}}}, "web": {"hosts": ["web-1"]}}"#,
+        false,
+        &Keys::default(),
+    )
+    .unwrap_err();
+    assert!(ansible.contains("host web-1: ansible_host"), "{ansible}");
+}
+
+#[test]
+fn a_user_must_be_a_plain_user_name() {
+    let own = |user: &str| {
+        let entry = serde_json::json!({"name": "web-1", "group": "web", "user": user});
+        Inventory::parse(
+            &serde_json::json!({ "hosts": [entry] }).to_string(),
+            false,
+            &Keys::default(),
+        )
+    };
+    for good in ["ops", "deploy_bot.2", "Svc-Restart"] {
+        assert!(own(good).is_ok(), "{good}");
+    }
+    for bad in [
+        "ops@evil.example",
+        "a/b",
+        "ops:pw",
+        "-oops",
+        "o ps",
+        "o%40ps",
+        "",
+    ] {
+        let why = own(bad).unwrap_err();
+        assert!(why.starts_with("hosts[0].user "), "{bad}: {why}");
+    }
+    let ansible = Inventory::parse(
+        r#"{"_meta": {"hostvars": {"web-1": {"ansible_user": "ops@evil"}}}, "web": {"hosts": ["web-1"]}}"#,
+        false,
+        &Keys::default(),
+    )
+    .unwrap_err();
+    assert!(ansible.contains("host web-1: ansible_user"), "{ansible}");
+}
