@@ -37,7 +37,8 @@ pub struct Host {
     /// The instance name requests use.
     pub name: String,
     /// The operator's group; `None` when the source gives none (or, for
-    /// ansible, two equally specific ones): requests for it are denied.
+    /// ansible, two groups not one inside the other): requests for it are
+    /// denied.
     pub group: Option<String>,
     /// Why the host has no group, when it has none.
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -255,3 +255,34 @@ fn a_user_must_be_a_plain_user_name() {
     .unwrap_err();
     assert!(ansible.contains("host web-1: ansible_user"), "{ansible}");
 }
+
+/// `webservers` at depth 1 and `prod_db` under `prod` at depth 2 are
+/// unrelated: counting the host in `prod_db` alone would let `webservers`'
+/// limits and budget miss it.
+#[test]
+fn ansible_groups_at_different_depths_give_a_group_only_on_one_chain() {
+    let inventory = parse(
+        r#"{
+        "all": {"children": ["webservers", "prod"]},
+        "webservers": {"hosts": ["web-1", "both-1"]},
+        "prod": {"hosts": ["chain-1"], "children": ["prod_db"]},
+        "prod_db": {"hosts": ["both-1", "chain-1", "db-1"], "children": ["prod_db_eu"]},
+        "prod_db_eu": {"hosts": ["chain-1"]}
+    }"#,
+    );
+    let both = inventory.host("both-1").unwrap();
+    assert_eq!(both.group, None, "webservers and prod_db are unrelated");
+    let why = both.no_group.as_deref().unwrap();
+    assert!(why.contains("prod_db, webservers"), "{why}");
+    assert_eq!(
+        inventory.host("chain-1").unwrap().group.as_deref(),
+        Some("prod_db_eu"),
+        "prod, prod_db and prod_db_eu lie on one chain"
+    );
+    assert_eq!(
+        inventory.host("db-1").unwrap().group.as_deref(),
+        Some("prod_db")
+    );
+    assert_eq!(inventory.group_size("webservers"), Some(1));
+    assert_eq!(inventory.group_size("prod_db"), Some(1));
+}
