@@ -1,7 +1,9 @@
 //! The JSON of `ansible-inventory --list`: groups with `hosts` and
 //! `children`, and `_meta.hostvars`. `ansible_host` is the address,
 //! `ansible_port` the port, `ansible_user` the user, the variable named by
-//! `inventory.zone_var` the zone; other scalar variables are labels.
+//! `inventory.zone_var` the zone. No other variable is kept, not even as a
+//! label: host variables hold things like `api_token` and
+//! `ansible_password`, and labels are printed (`mandrill inventory`).
 //!
 //! A host's group is the most specific group that lists it directly, not
 //! counting `all` and `ungrouped`: the one deepest below `all` (a group's
@@ -127,11 +129,6 @@ pub(super) fn parse(object: &Map<String, Value>, keys: &Keys) -> Result<Inventor
             port,
             user: text("ansible_user"),
         };
-        let labels: BTreeMap<String, String> = vars
-            .iter()
-            .filter(|(key, _)| !key.starts_with("ansible_") && *key != &keys.zone_var)
-            .filter_map(|(key, value)| scalar(value).map(|v| (key.clone(), v)))
-            .collect();
         let deepest = member_of
             .iter()
             .max_by_key(|group| depth.get(group.as_str()).copied().unwrap_or(1));
@@ -144,8 +141,8 @@ pub(super) fn parse(object: &Map<String, Value>, keys: &Keys) -> Result<Inventor
                 .all(|group| group == *deepest || above.contains(group))
         });
         let group = on_one_chain.cloned();
-        let Some(mut parsed) =
-            host(&name, group, reach, text(&keys.zone_var), labels).map_err(|bad| {
+        let Some(mut parsed) = host(&name, group, reach, text(&keys.zone_var), BTreeMap::new())
+            .map_err(|bad| {
                 let field = match bad.field {
                     "address" => "ansible_host",
                     "user" => "ansible_user",

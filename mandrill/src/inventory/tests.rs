@@ -90,7 +90,6 @@ fn ansible_hosts_take_their_most_specific_group_and_ties_have_none() {
     assert_eq!(a1.reach.port, Some(2222));
     assert_eq!(a1.reach.user.as_deref(), Some("ops"));
     assert_eq!(a1.zone.as_deref(), Some("eu-1"));
-    assert_eq!(a1.labels["rack"], "r7");
     let a2 = inventory.host("cattle-a2").unwrap();
     assert_eq!(a2.group.as_deref(), Some("cattle"));
     assert_eq!(a2.reach.port, Some(22), "a port given as text");
@@ -285,4 +284,19 @@ fn ansible_groups_at_different_depths_give_a_group_only_on_one_chain() {
     );
     assert_eq!(inventory.group_size("webservers"), Some(1));
     assert_eq!(inventory.group_size("prod_db"), Some(1));
+}
+
+/// Host variables hold secrets (`api_token`, `ansible_password`), and labels
+/// are printed by `mandrill inventory --json`: none is kept.
+#[test]
+fn ansible_host_variables_are_not_kept_as_labels() {
+    let inventory = parse(
+        r#"{"_meta": {"hostvars": {"web-1": {"zone": "eu-1", "api_token": "S3cr3t", "ansible_password": "pw", "rack": "r7"}}},
+            "web": {"hosts": ["web-1"]}}"#,
+    );
+    let web = inventory.host("web-1").unwrap();
+    assert_eq!(web.zone.as_deref(), Some("eu-1"));
+    assert!(web.labels.is_empty(), "{:?}", web.labels);
+    let shown = serde_json::to_string(&**web).unwrap();
+    assert!(!shown.contains("S3cr3t"), "{shown}");
 }
