@@ -1,14 +1,18 @@
 //! The JSON of `ansible-inventory --list`: groups with `hosts` and
 //! `children`, and `_meta.hostvars`. `ansible_host` is the address,
 //! `ansible_port` the port, `ansible_user` the user, the variable named by
-//! `inventory.zone_var` the zone; other scalar variables are labels.
+//! `inventory.zone_var` the zone. No other variable is kept, not even as a
+//! label: host variables hold things like `api_token` and
+//! `ansible_password`, and labels are printed (`mandrill inventory`).
 //!
 //! A host's group is the most specific group that lists it directly, not
 //! counting `all` and `ungrouped`: the one deepest below `all` (a group's
-//! depth is its longest chain of parents). A host listed by two groups
-//! equally deep, neither a parent of the other, has no group (requests for
-//! it are denied, naming both): counting it in one would let the other's
-//! limits miss it. A host in no group but `all`/`ungrouped` has none either.
+//! depth is its longest chain of parents), and only when every other group
+//! listing it directly is an ancestor of that one (they lie on one chain).
+//! A host listed directly by two groups neither of which is inside the
+//! other, at any depths, has no group (requests for it are denied, naming
+//! them): counting it in one would let the other's limits and budget miss
+//! it. A host in no group but `all`/`ungrouped` has none either.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -69,6 +73,23 @@ pub(super) fn parse(object: &Map<String, Value>, keys: &Keys) -> Result<Inventor
             break;
         }
     }
+    let mut parents: HashMap<&str, Vec<&str>> = HashMap::new();
+    for (parent, child) in &edges {
+        parents.entry(child.as_str()).or_default().push(parent);
+    }
+    // Every group above `group` through `children` (a cycle stops there).
+    let ancestors = |group: &str| -> BTreeSet<String> {
+        let mut seen = BTreeSet::new();
+        let mut next = vec![group];
+        while let Some(current) = next.pop() {
+            for parent in parents.get(current).into_iter().flatten() {
+                if seen.insert((*parent).to_owned()) {
+                    next.push(parent);
+                }
+            }
+        }
+        seen
+    };
     let mut memberships: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for (name, group) in &groups {
         for member in list(group, "hosts").map_err(|why| format!("group {name}: {why}"))? {
@@ -108,40 +129,45 @@ pub(super) fn parse(object: &Map<String, Value>, keys: &Keys) -> Result<Inventor
             port,
             user: text("ansible_user"),
         };
-        let labels: BTreeMap<String, String> = vars
-            .iter()
-            .filter(|(key, _)| !key.starts_with("ansible_") && *key != &keys.zone_var)
-            .filter_map(|(key, value)| scalar(value).map(|v| (key.clone(), v)))
-            .collect();
         let deepest = member_of
             .iter()
-            .map(|group| depth.get(group.as_str()).copied().unwrap_or(1))
-            .max();
-        let most_specific: BTreeSet<String> = member_of
-            .iter()
-            .filter(|group| depth.get(group.as_str()).copied().unwrap_or(1) == deepest.unwrap_or(0))
-            .cloned()
-            .collect();
-        let group = (most_specific.len() == 1)
-            .then(|| most_specific.iter().next().cloned())
-            .flatten();
-        let Some(mut parsed) = host(&name, group, reach, text(&keys.zone_var), labels)? else {
+            .max_by_key(|group| depth.get(group.as_str()).copied().unwrap_or(1));
+        // The deepest group, if every other group listing the host directly
+        // lies above it; two equally deep groups never do.
+        let on_one_chain = deepest.filter(|deepest| {
+            let above = ancestors(deepest);
+            member_of
+                .iter()
+                .all(|group| group == *deepest || above.contains(group))
+        });
+        let group = on_one_chain.cloned();
+        let Some(mut parsed) = host(&name, group, reach, text(&keys.zone_var), BTreeMap::new())
+            .map_err(|bad| {
+                let field = match bad.field {
+                    "address" => "ansible_host",
+                    "user" => "ansible_user",
+                    "zone" => keys.zone_var.as_str(),
+                    other => other,
+                };
+                format!("host {name}: {field} {}", bad.why)
+            })?
+        else {
             skipped.push(name);
             continue;
         };
-        if most_specific.len() > 1 {
-            without_group(
-                &mut parsed,
-                format!(
-                    "the inventory lists it in groups {} equally specific; mandrill counts a \
-                     host in one group only",
-                    joined(&most_specific)
-                ),
-            );
-        } else if most_specific.is_empty() {
+        if member_of.is_empty() {
             without_group(
                 &mut parsed,
                 "the inventory lists it in no group but all/ungrouped".into(),
+            );
+        } else if on_one_chain.is_none() {
+            without_group(
+                &mut parsed,
+                format!(
+                    "the inventory lists it in groups {} that are not one inside another; \
+                     mandrill counts a host in one group only",
+                    joined(&member_of)
+                ),
             );
         }
         hosts.push(parsed);

@@ -43,8 +43,14 @@ pub(super) fn parse(groups: Vec<Value>, keys: &Keys) -> Result<Inventory, String
                 zone.clone(),
                 labels.clone(),
             )
-            .map_err(|why| format!("[{index}]: {why}"))?
-            {
+            .map_err(|bad| {
+                let field = match bad.field {
+                    "group" => keys.group_label.as_str(),
+                    "zone" => keys.zone_label.as_str(),
+                    other => other,
+                };
+                format!("[{index}]: target {target:?}: {field} {}", bad.why)
+            })? {
                 Some(parsed) => hosts.push(parsed),
                 None => skipped.push(target),
             }

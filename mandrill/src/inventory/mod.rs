@@ -37,7 +37,8 @@ pub struct Host {
     /// The instance name requests use.
     pub name: String,
     /// The operator's group; `None` when the source gives none (or, for
-    /// ansible, two equally specific ones): requests for it are denied.
+    /// ansible, two groups not one inside the other): requests for it are
+    /// denied.
     pub group: Option<String>,
     /// Why the host has no group, when it has none.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -206,6 +207,15 @@ impl Inventory {
     }
 }
 
+/// A field of a host that failed its check: the field in mandrill's own
+/// terms (`address`, `user`, `group`, `zone`) and why. Each parser names it
+/// in its format's terms (`hosts[3].address`, `ansible_host`).
+#[derive(Debug)]
+struct BadField {
+    field: &'static str,
+    why: String,
+}
+
 /// A host from its parts, validated: `Ok(None)` when `name` cannot be an
 /// instance name (the caller skips it), an error for a bad address, user,
 /// group or zone (which would otherwise reach a backend or a store).
@@ -215,26 +225,20 @@ fn host(
     reach: Reach,
     zone: Option<String>,
     labels: BTreeMap<String, String>,
-) -> Result<Option<Host>, String> {
+) -> Result<Option<Host>, BadField> {
     if InstanceName::parse(name).is_err() {
         return Ok(None);
     }
-    for (what, value) in [
-        ("address", reach.address.as_deref()),
-        ("user", reach.user.as_deref()),
-    ] {
-        if let Some(value) = value
-            && (value.is_empty()
-                || value.len() > 253
-                || value.starts_with('-')
-                || value.chars().any(|c| c.is_whitespace() || c.is_control()))
-        {
-            return Err(format!(
-                "host {name}: {what} {value:?} is not a host name, address or user name"
-            ));
-        }
+    if let Some(address) = &reach.address {
+        check_address(address).map_err(|why| BadField {
+            field: "address",
+            why,
+        })?;
     }
-    for (what, value) in [("group", group.as_deref()), ("zone", zone.as_deref())] {
+    if let Some(user) = &reach.user {
+        check_user(user).map_err(|why| BadField { field: "user", why })?;
+    }
+    for (field, value) in [("group", group.as_deref()), ("zone", zone.as_deref())] {
         if let Some(value) = value
             && (value.is_empty()
                 || value.len() > 63
@@ -242,9 +246,10 @@ fn host(
                     .chars()
                     .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')))
         {
-            return Err(format!(
-                "host {name}: {what} {value:?} is not 1 to 63 letters, digits, '-', '_' or '.'"
-            ));
+            return Err(BadField {
+                field,
+                why: format!("{value:?} is not 1 to 63 letters, digits, '-', '_' or '.'"),
+            });
         }
     }
     Ok(Some(Host {
@@ -257,6 +262,68 @@ fn host(
         zone,
         labels,
     }))
+}
+
+/// Whether `address` is a DNS name (dot-separated labels of letters, digits
+/// and `-`, none starting or ending with `-`) or an IP address: IPv4 dotted,
+/// IPv6 bare (`fd00::1`, no brackets, no `%zone`; URL templates add the
+/// brackets). An address reaches URLs, ssh's command line and connects, so
+/// nothing else that could change where a request goes gets in (`/`, `@`,
+/// `#`, `:` outside an IPv6 address, a leading `-`).
+fn check_address(address: &str) -> Result<(), String> {
+    if address.parse::<std::net::IpAddr>().is_ok() {
+        return Ok(());
+    }
+    let refuse = |why: &str| {
+        Err(format!(
+            "{address:?} is not a DNS name or an IP address: {why}"
+        ))
+    };
+    if address.starts_with('[') {
+        return refuse("write an IPv6 address without brackets");
+    }
+    if address.is_empty() || address.len() > 253 {
+        return refuse("a name has 1 to 253 characters");
+    }
+    for label in address.split('.') {
+        if label.is_empty() || label.len() > 63 {
+            return refuse("each dot-separated label has 1 to 63 characters");
+        }
+        if !label.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {
+            return refuse("a name has only letters, digits, '-' and '.'");
+        }
+        if label.starts_with('-') || label.ends_with('-') {
+            return refuse("a label neither starts nor ends with '-'");
+        }
+    }
+    // URLs read a name ending in a numeric label as an IPv4 address.
+    if address
+        .rsplit('.')
+        .next()
+        .is_some_and(|last| last.chars().all(|c| c.is_ascii_digit()))
+    {
+        return refuse("its last label is a number, but it is not an IPv4 address");
+    }
+    Ok(())
+}
+
+/// Whether `user` is a user name ssh reads as one: 1 to 32 letters, digits,
+/// `_`, `.` and `-`, not starting with `-`. Nothing that ssh or a URL reads
+/// as syntax (`@`, `/`, `:`, `%`, spaces).
+fn check_user(user: &str) -> Result<(), String> {
+    if user.is_empty()
+        || user.len() > 32
+        || user.starts_with('-')
+        || !user
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
+    {
+        return Err(format!(
+            "{user:?} is not a user name: 1 to 32 letters, digits, '_', '.' or '-', \
+             not starting with '-'"
+        ));
+    }
+    Ok(())
 }
 
 /// The groups of hosts left without one, and why; for ansible's ties.

@@ -52,7 +52,7 @@ fn build(file: File) -> Result<Inventory, String> {
         };
         let name = entry.name;
         let parsed = host(&name, Some(entry.group), reach, entry.zone, entry.labels)
-            .map_err(|why| format!("hosts[{index}]: {why}"))?;
+            .map_err(|bad| format!("hosts[{index}].{} {}", bad.field, bad.why))?;
         // Mandrill's own file names instances: a name that cannot be one
         // is a mistake, not a host to skip.
         let parsed = parsed.ok_or_else(|| {

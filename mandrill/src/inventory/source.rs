@@ -53,7 +53,13 @@ impl fmt::Display for Source {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::File(path) => write!(f, "file {}", path.display()),
-            Self::Command(argv) => write!(f, "command {argv:?}"),
+            // The program only: its arguments may hold a token, and this
+            // text reaches logs and the denial reasons kept in history.
+            Self::Command(argv) => write!(
+                f,
+                "command {}",
+                argv.first().map_or("", String::as_str).escape_debug()
+            ),
             Self::Url(url) => write!(f, "url {}", redact_url(url)),
         }
     }
@@ -109,4 +115,21 @@ pub async fn load(source: &Source, settings: &InventorySettings) -> Result<Inven
     };
     let text = std::str::from_utf8(&bytes).map_err(|e| format!("{source} is not UTF-8: {e}"))?;
     Inventory::parse(text, toml_hint, &settings.keys()).map_err(|why| format!("{source}: {why}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_command_source_shows_its_program_never_its_arguments() {
+        let source = Source::Command(vec![
+            "ansible-inventory".into(),
+            "-i".into(),
+            "https://ops:S3cr3t@cmdb.example/hosts".into(),
+            "--vault-password-file=/run/secrets/vault".into(),
+            "--list".into(),
+        ]);
+        assert_eq!(source.to_string(), "command ansible-inventory");
+    }
 }

@@ -90,7 +90,6 @@ fn ansible_hosts_take_their_most_specific_group_and_ties_have_none() {
     assert_eq!(a1.reach.port, Some(2222));
     assert_eq!(a1.reach.user.as_deref(), Some("ops"));
     assert_eq!(a1.zone.as_deref(), Some("eu-1"));
-    assert_eq!(a1.labels["rack"], "r7");
     let a2 = inventory.host("cattle-a2").unwrap();
     assert_eq!(a2.group.as_deref(), Some("cattle"));
     assert_eq!(a2.reach.port, Some(22), "a port given as text");
@@ -165,4 +164,139 @@ fn file_sd_targets_take_group_and_zone_from_labels() {
     )
     .unwrap_err();
     assert!(twice.contains("listed twice"), "{twice}");
+}
+
+/// An address reaches URLs (`https://{host}:8443/`) and ssh's command line:
+/// anything but a DNS name or an IP address could send a request, with its
+/// credentials, elsewhere.
+#[test]
+fn an_address_must_be_a_dns_name_or_an_ip_and_a_bad_one_fails_the_read() {
+    let own = |address: &str| {
+        let entry = serde_json::json!({"name": "web-1", "group": "web", "address": address});
+        Inventory::parse(
+            &serde_json::json!({ "hosts": [entry] }).to_string(),
+            false,
+            &Keys::default(),
+        )
+    };
+    for good in [
+        "10.0.0.1",
+        "fd00::1",
+        "::ffff:10.0.0.1",
+        "web-1",
+        "Web-1.eu.Example.net",
+    ] {
+        let inventory = own(good).unwrap_or_else(|why| panic!("{good}: {why}"));
+        assert_eq!(
+            inventory.host("web-1").unwrap().reach.address.as_deref(),
+            Some(good)
+        );
+    }
+    for bad in [
+        "evil.example/",
+        "x@evil.example#",
+        "evil.example?",
+        "host.example:8443",
+        "[fd00::1]",
+        "fd00::1%eth0",
+        "-oProxyCommand=x",
+        "a..b",
+        "web-.example",
+        "10.0.0.999",
+        "evil%2eexample",
+        "",
+    ] {
+        let why = own(bad).unwrap_err();
+        assert!(
+            why.starts_with("hosts[0].address ") && why.contains("not a DNS name or an IP"),
+            "{bad}: {why}"
+        );
+    }
+    let ansible = Inventory::parse(
+        r#"{"_meta": {"hostvars": {"web-1": {"ansible_host": "x@evil.example#"}}}, "web": {"hosts": ["web-1"]}}"#,
+        false,
+        &Keys::default(),
+    )
+    .unwrap_err();
+    assert!(ansible.contains("host web-1: ansible_host"), "{ansible}");
+}
+
+#[test]
+fn a_user_must_be_a_plain_user_name() {
+    let own = |user: &str| {
+        let entry = serde_json::json!({"name": "web-1", "group": "web", "user": user});
+        Inventory::parse(
+            &serde_json::json!({ "hosts": [entry] }).to_string(),
+            false,
+            &Keys::default(),
+        )
+    };
+    for good in ["ops", "deploy_bot.2", "Svc-Restart"] {
+        assert!(own(good).is_ok(), "{good}");
+    }
+    for bad in [
+        "ops@evil.example",
+        "a/b",
+        "ops:pw",
+        "-oops",
+        "o ps",
+        "o%40ps",
+        "",
+    ] {
+        let why = own(bad).unwrap_err();
+        assert!(why.starts_with("hosts[0].user "), "{bad}: {why}");
+    }
+    let ansible = Inventory::parse(
+        r#"{"_meta": {"hostvars": {"web-1": {"ansible_user": "ops@evil"}}}, "web": {"hosts": ["web-1"]}}"#,
+        false,
+        &Keys::default(),
+    )
+    .unwrap_err();
+    assert!(ansible.contains("host web-1: ansible_user"), "{ansible}");
+}
+
+/// `webservers` at depth 1 and `prod_db` under `prod` at depth 2 are
+/// unrelated: counting the host in `prod_db` alone would let `webservers`'
+/// limits and budget miss it.
+#[test]
+fn ansible_groups_at_different_depths_give_a_group_only_on_one_chain() {
+    let inventory = parse(
+        r#"{
+        "all": {"children": ["webservers", "prod"]},
+        "webservers": {"hosts": ["web-1", "both-1"]},
+        "prod": {"hosts": ["chain-1"], "children": ["prod_db"]},
+        "prod_db": {"hosts": ["both-1", "chain-1", "db-1"], "children": ["prod_db_eu"]},
+        "prod_db_eu": {"hosts": ["chain-1"]}
+    }"#,
+    );
+    let both = inventory.host("both-1").unwrap();
+    assert_eq!(both.group, None, "webservers and prod_db are unrelated");
+    let why = both.no_group.as_deref().unwrap();
+    assert!(why.contains("prod_db, webservers"), "{why}");
+    assert_eq!(
+        inventory.host("chain-1").unwrap().group.as_deref(),
+        Some("prod_db_eu"),
+        "prod, prod_db and prod_db_eu lie on one chain"
+    );
+    assert_eq!(
+        inventory.host("db-1").unwrap().group.as_deref(),
+        Some("prod_db")
+    );
+    assert_eq!(inventory.group_size("webservers"), Some(1));
+    assert_eq!(inventory.group_size("prod_db"), Some(1));
+}
+
+/// Host variables hold secrets (`api_token`, `ansible_password`), and labels
+/// are printed by `mandrill inventory --json`: none is kept.
+#[test]
+fn ansible_host_variables_are_not_kept_as_labels() {
+    let inventory = parse(
+        r#"{"_meta": {"hostvars": {"web-1": {"zone": "eu-1", "api_token": "S3cr3t", "ansible_password": "pw", "rack": "r7"}}},
+            "web": {"hosts": ["web-1"]}}"#,
+    );
+    let web = inventory.host("web-1").unwrap();
+    assert_eq!(web.zone.as_deref(), Some("eu-1"));
+    assert!(web.labels.is_empty(), "{:?}", web.labels);
+    let shown = serde_json::to_string(&**web).unwrap();
+    assert!(!shown.contains("S3cr3t"), "{shown}");
 }

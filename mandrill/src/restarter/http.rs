@@ -130,7 +130,7 @@ impl HttpRestarter {
     /// The request for one restart, or why it cannot be made (permanent:
     /// the same request would render the same way next time).
     fn build(&self, values: &Values<'_>) -> Result<(Url, HeaderMap, Vec<u8>), String> {
-        let url = parse_url(&self.url.render(values)).map_err(|why| format!("url {why}"))?;
+        let url = parse_url(&self.url.render_url(values)).map_err(|why| format!("url {why}"))?;
         let body = self.body.render_json(values).into_bytes();
         let mut headers = HeaderMap::new();
         if !body.is_empty() {

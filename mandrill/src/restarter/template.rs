@@ -2,12 +2,26 @@
 //! placeholders `{host}`, `{instance_name}`, `{message_id}` and `{group}` are
 //! replaced per request by whole values: a value is never split into
 //! arguments, never reaches a shell, and, in a JSON body, is escaped as a
-//! JSON string. `{{` and `}}` stand for literal braces. An unknown
-//! placeholder is refused when the configuration is loaded.
+//! JSON string, and, in a URL, is percent-encoded: only letters, digits,
+//! `-`, `.`, `_` and `~` pass as they are, so no value adds a user, a host,
+//! a path, a query or a fragment. An IPv6 address (written bare, `fd00::1`)
+//! goes into a URL in brackets (`[fd00::1]`), as a URL's host is written.
+//! `{{` and `}}` stand for literal braces. An unknown placeholder is
+//! refused when the configuration is loaded.
 
 use std::fmt;
+use std::net::Ipv6Addr;
+
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 
 use crate::domain::RestartRequest;
+
+/// What a value keeps unencoded in a URL: RFC 3986's unreserved characters.
+const URL_VALUE: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
 
 /// One value a template can name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,6 +109,18 @@ impl Template {
     /// The template filled with `values`, each inserted as is.
     pub fn render(&self, values: &Values<'_>) -> String {
         self.render_escaped(values, |value, out| out.push_str(value))
+    }
+
+    /// The template filled with `values` for a URL: each percent-encoded,
+    /// an IPv6 address in brackets (see the module docs).
+    pub fn render_url(&self, values: &Values<'_>) -> String {
+        self.render_escaped(values, |value, out| {
+            if let Ok(v6) = value.parse::<Ipv6Addr>() {
+                out.push_str(&format!("[{v6}]"));
+            } else {
+                out.extend(utf8_percent_encode(value, URL_VALUE));
+            }
+        })
     }
 
     /// The template filled with `values`, each escaped as the contents of a
@@ -212,6 +238,57 @@ mod tests {
         let body = Template::parse(r#"{{"host": "{host}"}}"#).unwrap();
         let json: serde_json::Value = serde_json::from_str(&body.render_json(&values)).unwrap();
         assert_eq!(json["host"], "a b;rm -rf /\"}\n");
+    }
+
+    /// The host map and the inventory feed `{host}`: whatever they hold, a
+    /// URL template's request goes to the host the template names, with
+    /// the path and query it names.
+    #[test]
+    fn a_value_cannot_change_where_a_url_goes() {
+        let request = request("cattle-ab12");
+        let url = Template::parse("https://{host}:8443/restart/{instance_name}?g={group}").unwrap();
+        for host in [
+            "evil.example/",
+            "x@evil.example#",
+            "evil.example?",
+            "evil.example:1/",
+            "a b\\evil.example",
+            "[::1]",
+        ] {
+            let rendered = url.render_url(&Values {
+                host,
+                request: &request,
+            });
+            if let Ok(parsed) = url::Url::parse(&rendered) {
+                assert_ne!(
+                    parsed.host_str(),
+                    Some("evil.example"),
+                    "{host}: {rendered}"
+                );
+                assert_eq!(parsed.username(), "", "{host}: {rendered}");
+                assert_eq!(parsed.port(), Some(8443), "{host}: {rendered}");
+                assert_eq!(parsed.path(), "/restart/cattle-ab12", "{host}: {rendered}");
+                assert_eq!(parsed.query(), Some("g=cattle"), "{host}: {rendered}");
+                assert_eq!(parsed.fragment(), None, "{host}: {rendered}");
+            }
+        }
+        let at = |host: &str| {
+            url.render_url(&Values {
+                host,
+                request: &request,
+            })
+        };
+        assert_eq!(
+            at("10.0.0.7"),
+            "https://10.0.0.7:8443/restart/cattle-ab12?g=cattle"
+        );
+        assert_eq!(
+            at("web-1.example.net"),
+            "https://web-1.example.net:8443/restart/cattle-ab12?g=cattle"
+        );
+        let v6 = url::Url::parse(&at("fd00::1")).unwrap();
+        assert_eq!(v6.host_str(), Some("[fd00::1]"));
+        assert_eq!(v6.port(), Some(8443));
     }
 
     /// A URL or a header may hold a token: a bad template's error names

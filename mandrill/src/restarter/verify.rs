@@ -228,7 +228,7 @@ impl Verified {
             match &self.probe {
                 Probe::None => Ok(()),
                 Probe::Tcp { port } => tcp(&target.address, *port).await,
-                Probe::Http { url, expect } => http(&url.render(&values), expect).await,
+                Probe::Http { url, expect } => http(&url.render_url(&values), expect).await,
                 Probe::Command { argv } => self.command(&argv.render(&values)).await,
             }
         };

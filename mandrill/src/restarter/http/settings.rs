@@ -34,9 +34,9 @@ pub struct HttpSettings {
     /// HTTP method of the restart call.
     pub method: String,
     /// Where to send it, a template, e.g.
-    /// `https://chaos.internal/restart/{instance_name}`. Values are inserted
-    /// as they are: instance names are DNS labels and cannot change the
-    /// URL's shape; `{host}` is the host map's address, which operators write.
+    /// `https://chaos.internal/restart/{instance_name}`. Values are
+    /// percent-encoded (an IPv6 address goes in brackets), so none can
+    /// change the URL's host, path, query or fragment.
     pub url: String,
     /// The request body, a template whose values are escaped as JSON string
     /// contents (the template supplies the quotes). Empty sends no body.
@@ -159,7 +159,7 @@ impl HttpSettings {
         };
         // Checked on a sample request so that a typo fails at load, not at
         // the first restart. The text is not echoed: it may hold a token.
-        super::parse_url(&url.render(&values)).map_err(|why| ("url", why))?;
+        super::parse_url(&url.render_url(&values)).map_err(|why| ("url", why))?;
         let body = Template::parse(&self.body).map_err(|why| ("body", why))?;
         let hmac_header = HeaderName::from_bytes(self.hmac_header.as_bytes()).map_err(|_| {
             (
