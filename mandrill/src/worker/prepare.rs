@@ -347,11 +347,20 @@ async fn switch_is_off(shared: &Shared, request: &RestartRequest) -> Result<(), 
         .defer(request, "kill switch", PAUSED_RECHECK, reason))
 }
 
-/// Eligibility: `safety.allow`/`safety.deny`, then what the request's
-/// verified requester may restart (its `allow`, and its `groups` with the
-/// operator's group, which [`Policy::place`] assigned before anything).
+/// Eligibility: `safety.allow`/`safety.deny`, a signature if the policy
+/// in force requires one (a reload may have turned it on since the parse),
+/// then what the request's verified requester may restart (its `allow`,
+/// and its `groups` with the operator's group, which [`Policy::place`]
+/// assigned before anything).
 fn eligible(policy: &Policy, request: &RestartRequest) -> Result<(), String> {
     policy.eligibility.check(request.instance_name.as_str())?;
+    if request.requester.is_none() && policy.requesters.signatures().required() {
+        return Err(
+            "denied: unsigned, and a signature is required now (safety.require_signed); \
+             sign it as a requester"
+                .into(),
+        );
+    }
     if request.requester.is_some() {
         policy.requesters.check(request, request.group())?;
     }
