@@ -38,6 +38,10 @@ pub struct Policy {
     pub requesters: Arc<Requesters>,
 }
 
+/// How soon a request the inventory moved to another zone or address
+/// after its placement comes back, to be placed afresh.
+const REPLACED_RETRY: Duration = Duration::from_secs(1);
+
 /// Why a request is not counted at all: what [`Policy::place`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Placement {
@@ -127,9 +131,13 @@ impl Policy {
     }
 
     /// Whether `request`, placed earlier, is still placed the same under
-    /// this policy (checked again after the claim, which may have waited):
-    /// with an inventory, still listed, in the same group, and the copy not
-    /// too old. No allocation unless it is not. `Err` as [`Self::place`].
+    /// this policy (checked again after the claim, which may have waited,
+    /// and after the stop conditions): with an inventory, still listed, in
+    /// the same group, in the same zone and reached the same way, and the
+    /// copy not too old. No allocation unless it is not. `Err` as
+    /// [`Self::place`]; a host whose zone or reach changed is deferred, so
+    /// that the next delivery is placed afresh (the restart would go to the
+    /// old address, and count in the old zone).
     pub fn still_placed(&self, request: &RestartRequest) -> Result<(), Placement> {
         let Some(inventory) = &self.inventory else {
             return Ok(());
@@ -140,16 +148,36 @@ impl Policy {
         })?;
         let name = request.instance_name.as_str();
         match snapshot.inventory.host(name) {
-            Some(host) if host.group.as_deref() == request.group.as_deref() => Ok(()),
-            Some(host) => Err(Placement::Denied {
-                guard: "inventory",
-                reason: format!(
-                    "denied by inventory: {name} moved from group {} to {} while its claim \
+            Some(host) if host.group.as_deref() != request.group.as_deref() => {
+                Err(Placement::Denied {
+                    guard: "inventory",
+                    reason: format!(
+                        "denied by inventory: {name} moved from group {} to {} while its claim \
                      was made",
-                    request.group(),
-                    host.group.as_deref().unwrap_or("none")
+                        request.group(),
+                        host.group.as_deref().unwrap_or("none")
+                    ),
+                })
+            }
+            Some(host) if host.zone != request.zone => Err(Placement::Deferred {
+                reason: format!(
+                    "deferred by inventory: {name} moved from zone {} to {} while its claim \
+                     was made; placed afresh at the next delivery",
+                    request.zone.as_deref().unwrap_or("none"),
+                    host.zone.as_deref().unwrap_or("none")
                 ),
+                retry: REPLACED_RETRY,
             }),
+            Some(host) if request.reach.as_deref() != Some(&*host.reach) => {
+                Err(Placement::Deferred {
+                    reason: format!(
+                        "deferred by inventory: {name}'s address, port or user changed while \
+                         its claim was made; placed afresh at the next delivery"
+                    ),
+                    retry: REPLACED_RETRY,
+                })
+            }
+            Some(_) => Ok(()),
             None => Err(Placement::Denied {
                 guard: "inventory",
                 reason: format!(
@@ -260,6 +288,83 @@ mod tests {
                 .unwrap_err()
                 .contains("safety.deny")
         );
+    }
+
+    /// A policy whose inventory lists `cattle-a1` as `hosts` (TOML) says.
+    fn with_inventory(hosts: &str) -> Policy {
+        use crate::inventory::{Inventory, InventorySettings, Keys, Source};
+        let inventory = Inventory::parse(hosts, true, &Keys::default()).unwrap();
+        let handle = InventoryHandle::new(
+            inventory,
+            &Source::File("hosts.toml".into()),
+            &InventorySettings::default(),
+        );
+        Policy {
+            inventory: Some(handle),
+            ..Policy::default()
+        }
+    }
+
+    /// The placement is checked whole after the claim: a host the inventory
+    /// gave another zone, address, port or user since is deferred to be
+    /// placed afresh (before, only its group was compared, and the restart
+    /// went to the old address, counted in the old zone).
+    #[test]
+    fn a_host_whose_zone_or_reach_changed_since_its_placement_is_placed_afresh() {
+        let placed_by = with_inventory(
+            "[[hosts]]\nname = \"cattle-a1\"\ngroup = \"herd\"\nzone = \"eu-1\"\n\
+             address = \"10.0.0.1\"\nport = 22\nuser = \"ops\"\n",
+        );
+        let mut placed = request("cattle-a1");
+        placed_by.place(&mut placed).unwrap();
+        assert_eq!(placed_by.still_placed(&placed), Ok(()));
+        // The same inventory read again (another copy, equal): unchanged.
+        let same = with_inventory(
+            "[[hosts]]\nname = \"cattle-a1\"\ngroup = \"herd\"\nzone = \"eu-1\"\n\
+             address = \"10.0.0.1\"\nport = 22\nuser = \"ops\"\n",
+        );
+        assert_eq!(same.still_placed(&placed), Ok(()));
+        for (changed, what) in [
+            (
+                "zone = \"eu-2\"\naddress = \"10.0.0.1\"\nport = 22\nuser = \"ops\"",
+                "zone",
+            ),
+            ("address = \"10.0.0.1\"\nport = 22\nuser = \"ops\"", "zone"),
+            (
+                "zone = \"eu-1\"\naddress = \"10.0.0.2\"\nport = 22\nuser = \"ops\"",
+                "address",
+            ),
+            (
+                "zone = \"eu-1\"\naddress = \"10.0.0.1\"\nport = 2222\nuser = \"ops\"",
+                "address",
+            ),
+            (
+                "zone = \"eu-1\"\naddress = \"10.0.0.1\"\nport = 22\nuser = \"root\"",
+                "address",
+            ),
+            ("zone = \"eu-1\"\nport = 22\nuser = \"ops\"", "address"),
+        ] {
+            let policy = with_inventory(&format!(
+                "[[hosts]]\nname = \"cattle-a1\"\ngroup = \"herd\"\n{changed}\n"
+            ));
+            match policy.still_placed(&placed) {
+                Err(Placement::Deferred { reason, .. }) => {
+                    assert!(
+                        reason.starts_with("deferred by inventory: cattle-a1")
+                            && reason.contains(what)
+                            && reason.contains("placed afresh"),
+                        "{changed}: {reason}"
+                    );
+                }
+                other => panic!("{changed}: {other:?}"),
+            }
+        }
+        // Another group is still a denial, as before.
+        let moved = with_inventory("[[hosts]]\nname = \"cattle-a1\"\ngroup = \"pets\"\n");
+        assert!(matches!(
+            moved.still_placed(&placed),
+            Err(Placement::Denied { .. })
+        ));
     }
 
     #[test]

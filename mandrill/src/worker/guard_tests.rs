@@ -317,6 +317,26 @@ async fn a_deny_added_by_a_reload_during_the_claim_stops_the_restart() {
     h.stop().await.unwrap();
 }
 
+/// `safety.require_signed` turned on by a reload while the claim waited
+/// denies an unsigned request parsed before it (before, it was restarted).
+#[tokio::test(start_paused = true)]
+async fn signatures_required_by_a_reload_during_the_claim_deny_an_unsigned_request() {
+    let requiring = Policy {
+        requesters: Arc::new(crate::safety::Requesters::refuse_unsigned()),
+        ..Policy::default()
+    };
+    let (h, store, restarter, id) = reload_during_the_claim("cattle-unsigned", requiring).await;
+    let stats = h.stats.clone();
+    wait_until("acked", || stats.acked.get() == 1).await;
+    assert_eq!(restarter.timeline.count("restart-started"), 0);
+    assert_eq!(stats.denied.get(), 1);
+    let entry = store.entry(id);
+    assert_eq!((entry.status, entry.attempts), (Status::Denied, 1));
+    let reason = entry.last_error.unwrap_or_default();
+    assert!(reason.contains("safety.require_signed"), "{reason}");
+    h.stop().await.unwrap();
+}
+
 /// The stop conditions run between the claim and the restart, so the
 /// claim's hold lasts through them: another delivery of the request must
 /// find it held until the restart could have timed out after the slowest

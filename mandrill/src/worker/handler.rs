@@ -16,7 +16,9 @@
 //!    answers), permanent ones give the message up with the reason.
 //! 3. Check again: the guards under the policy in force now, the stop
 //!    conditions, the leash, then the kill switch read once more (a
-//!    `pause` since the claim gives the claim back). Restart. From here
+//!    `pause` since the claim gives the claim back) and, if stop
+//!    conditions ran, eligibility and the inventory's placement once more
+//!    under the policy in force then. Restart. From here
 //!    the restart is issued, so the handler no longer listens for the
 //!    abort: it is shielded until the outcome is recorded and settled.
 //! 4. Record the outcome (retried in place until the store answers; bounded
@@ -42,11 +44,9 @@ use tokio_util::task::TaskTracker;
 use tracing::{Instrument, error, info, info_span, warn};
 
 use super::conclude::conclude;
-use super::decisions::{deny, deny_by, dry_run_action, held, unclaim};
+use super::decisions::{deny_by, dry_run_action, held};
 use super::lease::{Leased, Progress, with_lease};
-use super::prepare::{
-    Halt, prepare, recheck, unclaim_at_shutdown, unclaim_lease_lost, unless_paused,
-};
+use super::prepare::{halt, prepare, recheck, unclaim_lease_lost, unless_paused};
 use super::settle::{RareSettlement, Settlement, rare, reject, settle};
 use super::shared::{Shared, panic_message};
 use crate::broker::Delivery;
@@ -368,24 +368,16 @@ pub(super) async fn process(
     // the stop conditions, which run here, right before the restart.
     // In a block: what it decided is not kept in the handler's state for the
     // restart.
-    let dry_run = {
-        let rechecked = match recheck(shared, &request) {
-            Ok(decided) => decided,
-            Err(stop_conditions) => stop_conditions.await,
+    let (dry_run, stop_conditions_ran) = {
+        let (rechecked, stop_conditions_ran) = match recheck(shared, &request) {
+            Ok(decided) => (decided, false),
+            Err(stop_conditions) => (stop_conditions.await, true),
         };
         match rechecked {
-            Ok(dry_run) => dry_run,
-            Err(Halt::Denied(reason)) => {
+            Ok(dry_run) => (dry_run, stop_conditions_ran),
+            Err(halted) => {
                 drop(reservation);
-                return rare(deny(shared, progress, &request, attempt, reason)).await;
-            }
-            Err(Halt::Hold(hold)) => {
-                drop(reservation);
-                return rare(unclaim(shared, progress, &request, attempt, hold)).await;
-            }
-            Err(Halt::GraceOver) => {
-                drop(reservation);
-                return rare(unclaim_at_shutdown(shared, progress, &request, attempt)).await;
+                return rare(halt(shared, progress, &request, attempt, halted)).await;
             }
         }
     };
@@ -394,10 +386,20 @@ pub(super) async fn process(
         return rare(dry_run_action(shared, progress, &request, attempt)).await;
     }
     // A `pause` since the claim's transaction (while the stop conditions
-    // ran, say) stops the restart too; the claim is given back.
-    if let Some(paused) = Box::pin(unless_paused(shared, progress, &request, attempt)).await {
+    // ran, say) stops the restart too; the claim is given back. So does a
+    // reload or an inventory refresh that landed while the stop conditions
+    // ran and no longer allows the restart.
+    if let Some(stopped) = Box::pin(unless_paused(
+        shared,
+        progress,
+        &request,
+        attempt,
+        stop_conditions_ran,
+    ))
+    .await
+    {
         drop(reservation);
-        return paused;
+        return stopped;
     }
     // The last moment to not restart: the lease must still be ours (checked
     // after the switch, whose read may wait).

@@ -272,20 +272,8 @@ pub(super) fn recheck<'a>(
     let policy = shared.config.policy.current();
     // A reload may have denied the instance while the claim waited, or the
     // inventory dropped it, moved it, or grown too old.
-    if let Err(reason) = eligible(&policy, request) {
-        return Ok(Err(Halt::Denied(reason)));
-    }
-    match policy.still_placed(request) {
-        Ok(()) => {}
-        Err(Placement::Denied { reason, .. }) => return Ok(Err(Halt::Denied(reason))),
-        Err(Placement::Deferred { reason, retry }) => {
-            return Ok(Err(Halt::Hold(policy.guards.defer(
-                request,
-                "inventory",
-                retry,
-                reason,
-            ))));
-        }
+    if let Err(halt) = still_allowed(&policy, request) {
+        return Ok(Err(halt));
     }
     if let Some(hold) = policy.guards.hold(request) {
         return Ok(Err(Halt::Hold(hold)));
@@ -304,17 +292,69 @@ pub(super) fn recheck<'a>(
     }))
 }
 
-/// `None` when the kill switch is off right before the restart (see
-/// [`switch_is_off`]); else the claim given back and the delivery deferred.
-/// One future for both, so that the handler keeps room for one pointer.
+/// Eligibility (a signature required now included) and the inventory's
+/// placement under `policy`: what a reload or an inventory refresh may
+/// have changed since the request was decided. Synchronous and cheap, so
+/// that it can run right before the restart.
+fn still_allowed(policy: &Policy, request: &RestartRequest) -> Result<(), Halt> {
+    eligible(policy, request).map_err(Halt::Denied)?;
+    match policy.still_placed(request) {
+        Ok(()) => Ok(()),
+        Err(Placement::Denied { reason, .. }) => Err(Halt::Denied(reason)),
+        Err(Placement::Deferred { reason, retry }) => Err(Halt::Hold(policy.guards.defer(
+            request,
+            "inventory",
+            retry,
+            reason,
+        ))),
+    }
+}
+
+/// How a claimed restart that is not issued after all is settled (see
+/// [`Halt`]).
+pub(super) async fn halt(
+    shared: &Shared,
+    progress: &Progress,
+    request: &RestartRequest,
+    attempt: u32,
+    halt: Halt,
+) -> Settlement {
+    match halt {
+        Halt::Denied(reason) => deny(shared, progress, request, attempt, reason).await,
+        Halt::Hold(hold) => unclaim(shared, progress, request, attempt, hold).await,
+        Halt::GraceOver => unclaim_at_shutdown(shared, progress, request, attempt).await,
+    }
+}
+
+/// `None` when the restart may be issued now; else how it was settled
+/// instead. The kill switch must be off (see [`switch_is_off`]), else the
+/// claim is given back and the delivery deferred. And when stop conditions
+/// ran (`stop_conditions_ran`: they take seconds, during which a SIGHUP or
+/// an inventory refresh may land), eligibility and the placement are
+/// decided once more under the policy in force now (see
+/// [`still_allowed`]): a denial is recorded against the claimed attempt, a
+/// deferral gives the claim back. Without stop conditions nothing could
+/// have changed since [`recheck`], so nothing is read again. One future for
+/// all, so that the handler keeps room for one pointer.
 pub(super) async fn unless_paused(
     shared: &Shared,
     progress: &Progress,
     request: &RestartRequest,
     attempt: u32,
+    stop_conditions_ran: bool,
 ) -> Option<Settlement> {
-    let hold = switch_is_off(shared, request).await.err()?;
-    Some(unclaim(shared, progress, request, attempt, hold).await)
+    if let Err(hold) = switch_is_off(shared, request).await {
+        return Some(unclaim(shared, progress, request, attempt, hold).await);
+    }
+    if stop_conditions_ran {
+        // After the switch's read, which may wait: as close to the restart
+        // as the lease check allows.
+        let late = still_allowed(&shared.config.policy.current(), request);
+        if let Err(halted) = late {
+            return Some(rare(halt(shared, progress, request, attempt, halted)).await);
+        }
+    }
+    None
 }
 
 /// The kill switch, read once more right before the restart is issued:
@@ -347,11 +387,20 @@ async fn switch_is_off(shared: &Shared, request: &RestartRequest) -> Result<(), 
         .defer(request, "kill switch", PAUSED_RECHECK, reason))
 }
 
-/// Eligibility: `safety.allow`/`safety.deny`, then what the request's
-/// verified requester may restart (its `allow`, and its `groups` with the
-/// operator's group, which [`Policy::place`] assigned before anything).
+/// Eligibility: `safety.allow`/`safety.deny`, a signature if the policy
+/// in force requires one (a reload may have turned it on since the parse),
+/// then what the request's verified requester may restart (its `allow`,
+/// and its `groups` with the operator's group, which [`Policy::place`]
+/// assigned before anything).
 fn eligible(policy: &Policy, request: &RestartRequest) -> Result<(), String> {
     policy.eligibility.check(request.instance_name.as_str())?;
+    if request.requester.is_none() && policy.requesters.signatures().required() {
+        return Err(
+            "denied: unsigned, and a signature is required now (safety.require_signed); \
+             sign it as a requester"
+                .into(),
+        );
+    }
     if request.requester.is_some() {
         policy.requesters.check(request, request.group())?;
     }

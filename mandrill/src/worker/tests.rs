@@ -163,3 +163,6 @@ mod store;
 
 #[path = "policy_tests.rs"]
 mod policy;
+
+#[path = "late_check_tests.rs"]
+mod late_checks;
