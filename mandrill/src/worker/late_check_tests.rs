@@ -288,3 +288,27 @@ async fn a_host_whose_address_changes_while_the_stop_conditions_run_is_placed_af
     server.abort();
     h.stop().await.unwrap();
 }
+
+/// A SIGHUP that leashes the service (`safety.dry_run = true`) while the
+/// stop conditions run stops the restart: the claim is given back, and the
+/// next delivery records the dry run.
+#[tokio::test(start_paused = true)]
+async fn a_leash_put_on_by_a_reload_while_the_stop_conditions_run_stops_the_restart() {
+    let (h, store, restarter, server) = reload_while_the_stop_conditions_run(
+        Policy::default(),
+        |stop_conditions| Policy {
+            dry_run: true,
+            stop_conditions,
+            ..Policy::default()
+        },
+        ScriptedRestarter::default(),
+    )
+    .await;
+    let id = h.publish("cattle-leashed").await;
+    let stats = h.stats.clone();
+    wait_until("acked", || stats.acked.get() == 1).await;
+    assert_eq!(restarter.timeline.count("restart-started"), 0);
+    assert_eq!(store.entry(id).status, Status::DryRun);
+    server.abort();
+    h.stop().await.unwrap();
+}

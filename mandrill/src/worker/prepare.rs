@@ -310,6 +310,31 @@ fn still_allowed(policy: &Policy, request: &RestartRequest) -> Result<(), Halt> 
     }
 }
 
+/// What else a reload while the stop conditions ran may have changed: the
+/// leash (the claim is given back, and the next delivery records the dry
+/// run) and the calendar.
+fn unleashed_and_open(policy: &Policy, request: &RestartRequest) -> Result<(), Halt> {
+    if policy.dry_run {
+        let reason = "deferred: leashed by a reload while the stop conditions ran; the next \
+                      delivery records the dry run"
+            .to_owned();
+        return Err(Halt::Hold(policy.guards.defer(
+            request,
+            "leash",
+            RELEASHED_RETRY,
+            reason,
+        )));
+    }
+    policy
+        .guards
+        .hold(request)
+        .map_or(Ok(()), |hold| Err(Halt::Hold(hold)))
+}
+
+/// How soon a request leashed by a reload right before its restart comes
+/// back, to be recorded as a dry run.
+const RELEASHED_RETRY: Duration = Duration::from_secs(1);
+
 /// How a claimed restart that is not issued after all is settled (see
 /// [`Halt`]).
 pub(super) async fn halt(
@@ -349,7 +374,9 @@ pub(super) async fn unless_paused(
     if stop_conditions_ran {
         // After the switch's read, which may wait: as close to the restart
         // as the lease check allows.
-        let late = still_allowed(&shared.config.policy.current(), request);
+        let policy = shared.config.policy.current();
+        let late =
+            still_allowed(&policy, request).and_then(|()| unleashed_and_open(&policy, request));
         if let Err(halted) = late {
             return Some(rare(halt(shared, progress, request, attempt, halted)).await);
         }
