@@ -662,6 +662,79 @@ fn a_sighup_revokes_a_removed_requester() {
     assert!(reason.contains("unknown requester \"alice\""), "{reason}");
 }
 
+/// Revoking by deleting a key file: the reload leaves that requester out
+/// (logged naming its key) instead of being refused and keeping its old
+/// key trusted; the other requesters keep working.
+#[test]
+fn a_sighup_after_a_key_file_is_deleted_revokes_that_key() {
+    let (_guard, dir) = temp_dir();
+    python(&dir, KEYGEN_PY, &["ed25519", "alice"]);
+    python(&dir, KEYGEN_PY, &["ed25519", "bob"]);
+    write_config(
+        &dir,
+        SIMULATE,
+        "",
+        &format!(
+            "{}{}",
+            requester("alice", "alice.pub", "\"cattle-*\""),
+            requester("bob", "bob.pub", "\"cattle-*\"")
+        ),
+    );
+    let signed = |by: &str, instance: &str| {
+        sign(
+            &dir,
+            serde_json::json!({"key": format!("{by}.key"), "alg": "EdDSA", "iss": by, "instance": instance}),
+        )
+    };
+    publish_file(&dir, &[signed("alice", "cattle-before")]);
+    let service = Mandrill::run(&dir, &["--config", "mandrill.toml"]);
+    service.wait_for("acked", 1);
+    fs::remove_file(dir.join("alice.pub")).unwrap();
+    service.signal("HUP");
+    let left_out = service.wait_for(
+        "requester left out: its key cannot be used, so it is no longer trusted",
+        1,
+    );
+    assert_eq!(
+        left_out[0]["fields"]["key"], "requesters[0].public_key_file",
+        "{left_out:?}"
+    );
+    service.wait_for("safety policy reloaded", 1);
+    // Published without the configuration, which no longer starts (its
+    // key file is gone): `publish` reads it.
+    fs::write(
+        dir.join("requests.txt"),
+        [signed("alice", "cattle-after"), signed("bob", "cattle-bob")].join("\n"),
+    )
+    .unwrap();
+    let (status, _, stderr) = mandrill(
+        &dir,
+        &[
+            "publish",
+            "--broker",
+            &sqlite_url(&dir),
+            "--file",
+            "requests.txt",
+        ],
+        &[],
+    );
+    assert!(status.success(), "publish failed: {stderr}");
+    service.wait_for("dead-lettered", 1);
+    service.wait_for("acked", 2);
+    stop(service);
+    let entries = history(&sqlite_url(&dir));
+    assert_eq!(entry(&entries, "cattle-before").status, Status::Restarted);
+    assert_eq!(entry(&entries, "cattle-bob").status, Status::Restarted);
+    // Rejected at the parse, before its instance is read.
+    let rejected: Vec<&HistoryEntry> = entries
+        .iter()
+        .filter(|e| e.status == Status::Rejected)
+        .collect();
+    assert_eq!(rejected.len(), 1, "{entries:?}");
+    let reason = rejected[0].last_error.as_deref().unwrap_or_default();
+    assert!(reason.contains("unknown requester \"alice\""), "{reason}");
+}
+
 /// Three `mandrill run` on NATS JetStream + PostgreSQL share a requester's
 /// quota exactly: the claim takes the requester's advisory lock, so claims
 /// of one requester in different groups cannot both read room for one.

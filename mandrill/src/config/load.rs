@@ -155,9 +155,12 @@ impl Sources {
                 }
                 ConfigError::invalid(&key, format!("{first_line}{written_as}"))
             })?;
-        config
-            .validate()
-            .map_err(|error| legacy::annotate(error, &renamed))?;
+        if stricter_below_flags_wins {
+            config.validate_for_reload()
+        } else {
+            config.validate()
+        }
+        .map_err(|error| legacy::annotate(error, &renamed))?;
         Ok((config, renamed, tightened))
     }
 }

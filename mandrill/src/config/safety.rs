@@ -143,6 +143,24 @@ impl Config {
     /// The safety policy: what the worker decides with, and what a reload
     /// of `[safety]` replaces. Fails naming the key, as `validate` does.
     pub fn policy(&self) -> Result<Policy, ConfigError> {
+        let requesters = Requesters::new(&self.requesters, self.require_signed())
+            .map_err(|(key, why)| ConfigError::invalid(&key, why))?;
+        self.policy_with(requesters)
+    }
+
+    /// As [`policy`](Self::policy), for a reload: a `[[requesters]]` entry
+    /// whose key cannot be used (its file deleted, say) is left out, so
+    /// that the running service stops trusting it rather than keeping the
+    /// key it read before (fail closed). Also returns the left-out entries'
+    /// (key, why), to be logged.
+    pub fn reloaded_policy(&self) -> Result<(Policy, Vec<(String, String)>), ConfigError> {
+        let (requesters, left_out) =
+            Requesters::without_unusable_keys(&self.requesters, self.require_signed())
+                .map_err(|(key, why)| ConfigError::invalid(&key, why))?;
+        Ok((self.policy_with(requesters)?, left_out))
+    }
+
+    fn policy_with(&self, requesters: Requesters) -> Result<Policy, ConfigError> {
         let invalid = |(key, why): (String, String)| ConfigError::invalid(&key, why);
         Ok(Policy {
             dry_run: self.dry_run(),
@@ -163,9 +181,7 @@ impl Config {
             stop_retry: self.safety.stop_retry,
             // The service's handle, set where the inventory is loaded.
             inventory: None,
-            requesters: Arc::new(
-                Requesters::new(&self.requesters, self.require_signed()).map_err(invalid)?,
-            ),
+            requesters: Arc::new(requesters),
         })
     }
 }

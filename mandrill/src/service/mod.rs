@@ -78,9 +78,23 @@ impl Controls {
     /// keeps the policy in force. `config` is the running configuration
     /// with the reloaded `[safety]`: the policy's defaults depend on the
     /// backend (`restarter.kind`), and that is only changed by a restart.
+    /// A requester whose key cannot be used is left out, logged naming its
+    /// key: it is no longer trusted.
     pub fn apply_policy(&self, config: &Config) -> bool {
-        let policy = match config.validate().and_then(|()| config.policy()) {
-            Ok(policy) => with_inventory(policy, config, &self.inventory),
+        let policy = match config
+            .validate_for_reload()
+            .and_then(|()| config.reloaded_policy())
+        {
+            Ok((policy, left_out)) => {
+                for (key, why) in left_out {
+                    error!(
+                        key,
+                        why,
+                        "requester left out: its key cannot be used, so it is no longer trusted"
+                    );
+                }
+                with_inventory(policy, config, &self.inventory)
+            }
             Err(error) => {
                 error!(%error, "safety policy not reloaded; keeping the one in force");
                 return false;
