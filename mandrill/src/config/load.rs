@@ -165,10 +165,15 @@ impl Sources {
     }
 }
 
-/// The safety settings whose `true` is the stricter value: leashed, and
-/// pausing everything when a host does not come back. (The others have no
-/// order to take the stricter by: which of two allow lists is narrower?)
-const STRICTER_WHEN_TRUE: &[&str] = &["safety.dry_run", "safety.pause_on_unrecovered"];
+/// The safety settings whose `true` is the stricter value: leashed,
+/// pausing everything when a host does not come back, and refusing
+/// unsigned requests. (The others have no order to take the stricter by:
+/// which of two allow lists is narrower?)
+const STRICTER_WHEN_TRUE: &[&str] = &[
+    "safety.dry_run",
+    "safety.pause_on_unrecovered",
+    "safety.require_signed",
+];
 
 /// Gives each of [`STRICTER_WHEN_TRUE`] that the flags in `table` set to
 /// `false` the `true` that `below_flags` (the file and the environment)

@@ -83,6 +83,8 @@ settings! {
         /// false with a simulated one: an unsigned request is then
         /// `rejected` and dead-lettered. Set false explicitly to accept
         /// unsigned requests with a real backend (a loud warning at start).
+        /// A `--set safety.require_signed=false` holds until a reload reads
+        /// true from the file: the stricter wins.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pub require_signed: Option<bool> = None,
         /// While this file exists, restarts are paused (its directory is
