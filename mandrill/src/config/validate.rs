@@ -208,7 +208,8 @@ impl Config {
         if self.safety.poll_interval.is_zero() {
             return Err(ConfigError::invalid(
                 "safety.poll_interval",
-                "must be longer than 0s: the switch is read every poll_interval to see                  `mandrill resume`, so with 0s a service that found it paused would never pull again",
+                "must be longer than 0s: the switch is read every poll_interval to see \
+                 `mandrill resume`, so with 0s a service that found it paused would never pull again",
             ));
         }
         if let Some(path) = &self.safety.pause_file
