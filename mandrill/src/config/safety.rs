@@ -8,6 +8,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::{Config, ConfigError};
+use crate::safety::requesters::AtFault;
 use crate::safety::{
     BudgetSettings, Calendar, CalendarSettings, Clock, Counting, Eligibility, Guards, Policy,
     RateSettings, Requesters, StopConditionSettings, StopConditions,
@@ -155,7 +156,7 @@ impl Config {
     /// that the running service stops trusting it rather than keeping the
     /// key it read before (fail closed). Also returns the left-out entries'
     /// (key, why), to be logged.
-    pub fn reloaded_policy(&self) -> Result<(Policy, Vec<(String, String)>), ConfigError> {
+    pub fn reloaded_policy(&self) -> Result<(Policy, Vec<AtFault>), ConfigError> {
         let (requesters, left_out) =
             Requesters::without_unusable_keys(&self.requesters, self.require_signed())
                 .map_err(|(key, why)| ConfigError::invalid(&key, why))?;

@@ -71,6 +71,10 @@ pub struct Requesters {
     permits: HashMap<String, Permit>,
 }
 
+/// A key at fault, and why: (`requesters[0].public_key_file`, `cannot read
+/// …`).
+pub type AtFault = (String, String);
+
 /// Longest requester name, in characters (it is recorded as `requested_by`).
 const MAX_NAME_CHARS: usize = 128;
 
@@ -112,7 +116,7 @@ impl Requesters {
     pub fn without_unusable_keys(
         entries: &[RequesterSettings],
         require_signed: bool,
-    ) -> Result<(Self, Vec<(String, String)>), (String, String)> {
+    ) -> Result<(Self, Vec<AtFault>), AtFault> {
         let mut left_out = Vec::new();
         let requesters = Self::build(entries, require_signed, Some(&mut left_out))?;
         Ok((requesters, left_out))
@@ -123,7 +127,7 @@ impl Requesters {
     fn build(
         entries: &[RequesterSettings],
         require_signed: bool,
-        mut left_out: Option<&mut Vec<(String, String)>>,
+        mut left_out: Option<&mut Vec<AtFault>>,
     ) -> Result<Self, (String, String)> {
         let mut signers = HashMap::new();
         let mut permits = HashMap::new();
