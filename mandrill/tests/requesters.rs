@@ -662,6 +662,183 @@ fn a_sighup_revokes_a_removed_requester() {
     assert!(reason.contains("unknown requester \"alice\""), "{reason}");
 }
 
+/// Revoking by deleting a key file: the reload leaves that requester out
+/// (logged naming its key) instead of being refused and keeping its old
+/// key trusted; the other requesters keep working.
+#[test]
+fn a_sighup_after_a_key_file_is_deleted_revokes_that_key() {
+    let (_guard, dir) = temp_dir();
+    python(&dir, KEYGEN_PY, &["ed25519", "alice"]);
+    python(&dir, KEYGEN_PY, &["ed25519", "bob"]);
+    write_config(
+        &dir,
+        SIMULATE,
+        "",
+        &format!(
+            "{}{}",
+            requester("alice", "alice.pub", "\"cattle-*\""),
+            requester("bob", "bob.pub", "\"cattle-*\"")
+        ),
+    );
+    let signed = |by: &str, instance: &str| {
+        sign(
+            &dir,
+            serde_json::json!({"key": format!("{by}.key"), "alg": "EdDSA", "iss": by, "instance": instance}),
+        )
+    };
+    publish_file(&dir, &[signed("alice", "cattle-before")]);
+    let service = Mandrill::run(&dir, &["--config", "mandrill.toml"]);
+    service.wait_for("acked", 1);
+    fs::remove_file(dir.join("alice.pub")).unwrap();
+    service.signal("HUP");
+    let left_out = service.wait_for(
+        "requester left out: its key cannot be used, so it is no longer trusted",
+        1,
+    );
+    assert_eq!(
+        left_out[0]["fields"]["key"], "requesters[0].public_key_file",
+        "{left_out:?}"
+    );
+    service.wait_for("safety policy reloaded", 1);
+    // Published without the configuration, which no longer starts (its
+    // key file is gone): `publish` reads it.
+    fs::write(
+        dir.join("requests.txt"),
+        [signed("alice", "cattle-after"), signed("bob", "cattle-bob")].join("\n"),
+    )
+    .unwrap();
+    let (status, _, stderr) = mandrill(
+        &dir,
+        &[
+            "publish",
+            "--broker",
+            &sqlite_url(&dir),
+            "--file",
+            "requests.txt",
+        ],
+        &[],
+    );
+    assert!(status.success(), "publish failed: {stderr}");
+    service.wait_for("dead-lettered", 1);
+    service.wait_for("acked", 2);
+    stop(service);
+    let entries = history(&sqlite_url(&dir));
+    assert_eq!(entry(&entries, "cattle-before").status, Status::Restarted);
+    assert_eq!(entry(&entries, "cattle-bob").status, Status::Restarted);
+    // Rejected at the parse, before its instance is read.
+    let rejected: Vec<&HistoryEntry> = entries
+        .iter()
+        .filter(|e| e.status == Status::Rejected)
+        .collect();
+    assert_eq!(rejected.len(), 1, "{entries:?}");
+    let reason = rejected[0].last_error.as_deref().unwrap_or_default();
+    assert!(reason.contains("unknown requester \"alice\""), "{reason}");
+}
+
+/// A reload refused for a mistake in `[[requesters]]` (here an empty
+/// `allow` pattern in the entry being edited) keeps no old key trusted:
+/// the edit may have been a revocation.
+#[test]
+fn a_sighup_refused_for_its_requesters_trusts_no_key_until_a_reload_succeeds() {
+    let (_guard, dir) = temp_dir();
+    python(&dir, KEYGEN_PY, &["ed25519", "alice"]);
+    let alice = requester("alice", "alice.pub", "\"cattle-*\"");
+    write_config(&dir, SIMULATE, "", &alice);
+    let signed = |instance: &str| {
+        sign(
+            &dir,
+            serde_json::json!({"key": "alice.key", "alg": "EdDSA", "iss": "alice", "instance": instance}),
+        )
+    };
+    let publish = |lines: &[String]| {
+        // Not `publish_file`: it reads the configuration, invalid below.
+        fs::write(dir.join("requests.txt"), lines.join("\n")).unwrap();
+        let (status, _, stderr) = mandrill(
+            &dir,
+            &[
+                "publish",
+                "--broker",
+                &sqlite_url(&dir),
+                "--file",
+                "requests.txt",
+            ],
+            &[],
+        );
+        assert!(status.success(), "publish failed: {stderr}");
+    };
+    publish(&[signed("cattle-before")]);
+    let service = Mandrill::run(&dir, &["--config", "mandrill.toml"]);
+    service.wait_for("acked", 1);
+    write_config(
+        &dir,
+        SIMULATE,
+        "",
+        &requester("alice", "alice.pub", "\"cattle-*\", \"\""),
+    );
+    service.signal("HUP");
+    service.wait_for("reload failed; keeping the running configuration", 1);
+    publish(&[signed("cattle-refused")]);
+    service.wait_for("dead-lettered", 1);
+    // Fixed: alice is trusted again.
+    write_config(&dir, SIMULATE, "", &alice);
+    service.signal("HUP");
+    service.wait_for("safety policy reloaded", 1);
+    publish(&[signed("cattle-again")]);
+    service.wait_for("acked", 2);
+    stop(service);
+    let entries = history(&sqlite_url(&dir));
+    assert_eq!(entry(&entries, "cattle-before").status, Status::Restarted);
+    assert_eq!(entry(&entries, "cattle-again").status, Status::Restarted);
+    let rejected: Vec<&HistoryEntry> = entries
+        .iter()
+        .filter(|e| e.status == Status::Rejected)
+        .collect();
+    assert_eq!(rejected.len(), 1, "{entries:?}");
+    let reason = rejected[0].last_error.as_deref().unwrap_or_default();
+    assert!(reason.contains("unknown requester \"alice\""), "{reason}");
+}
+
+/// The fallback of a refused `[[requesters]]` lasts until a reload
+/// succeeds, even one whose configuration is the running one again: here a
+/// service with no requester, whose unsigned requests are refused while a
+/// broken entry is in its file, and accepted again once it is gone.
+#[test]
+fn a_reload_after_a_refused_requesters_entry_restores_the_policy() {
+    let (_guard, dir) = temp_dir();
+    python(&dir, KEYGEN_PY, &["ed25519", "alice"]);
+    write_config(&dir, SIMULATE, "", "");
+    let url = sqlite_url(&dir);
+    // With --broker, not the configuration, which is invalid for a while.
+    let publish = |instance: &str| {
+        let (status, _, stderr) = mandrill(&dir, &["publish", "--broker", &url, instance], &[]);
+        assert!(status.success(), "publish failed: {stderr}");
+    };
+    publish("cattle-before");
+    let service = Mandrill::run(&dir, &["--config", "mandrill.toml"]);
+    service.wait_for("acked", 1);
+    write_config(&dir, SIMULATE, "", &requester("alice", "alice.pub", "\"\""));
+    service.signal("HUP");
+    service.wait_for("reload failed; keeping the running configuration", 1);
+    publish("cattle-refused");
+    service.wait_for("dead-lettered", 1);
+    write_config(&dir, SIMULATE, "", "");
+    service.signal("HUP");
+    service.wait_for("safety policy reloaded", 1);
+    publish("cattle-again");
+    service.wait_for("acked", 2);
+    stop(service);
+    let entries = history(&url);
+    assert_eq!(entry(&entries, "cattle-before").status, Status::Restarted);
+    assert_eq!(entry(&entries, "cattle-again").status, Status::Restarted);
+    let rejected: Vec<&HistoryEntry> = entries
+        .iter()
+        .filter(|e| e.status == Status::Rejected)
+        .collect();
+    assert_eq!(rejected.len(), 1, "{entries:?}");
+    let reason = rejected[0].last_error.as_deref().unwrap_or_default();
+    assert!(reason.contains("a signature is required"), "{reason}");
+}
+
 /// Three `mandrill run` on NATS JetStream + PostgreSQL share a requester's
 /// quota exactly: the claim takes the requester's advisory lock, so claims
 /// of one requester in different groups cannot both read room for one.

@@ -160,6 +160,13 @@ pub(super) fn reload(
         }
         Err(error) => {
             error!(%error, "reload failed; keeping the running configuration");
+            if let ConfigError::Invalid { key, .. } = &error
+                && key.starts_with("requesters")
+            {
+                // Keeping the old keys would keep trusting one the
+                // operator may have edited this entry to revoke.
+                controls.distrust_requesters();
+            }
             return;
         }
     };
@@ -171,10 +178,13 @@ pub(super) fn reload(
     controls.apply(&new);
     // With requesters configured, every SIGHUP rebuilds the policy: their
     // key files are read again, so a rotated or revoked key takes effect
-    // though the configuration's text did not change.
+    // though the configuration's text did not change; and after a reload
+    // refused for its [[requesters]] left none trusted, so that a
+    // configuration back to the running one puts them back.
     if changed.iter().any(|key| {
         key.starts_with("safety.") || key.starts_with("inventory.") || key == "requesters"
     }) || !new.requesters.is_empty()
+        || controls.requesters_distrusted()
     {
         // The new [safety], [inventory] and [[requesters]] over the rest as
         // started (the backend, which the policy's defaults depend on,

@@ -61,7 +61,9 @@ settings! {
         /// most 100 years).
         ///
         /// Older ones are pruned in the background, a bounded number of
-        /// rows per pass.
+        /// rows per pass; never sooner than a day and two minutes after
+        /// they finished (a signed token is valid that long), nor while a
+        /// guard still counts them.
         #[serde(with = "duration")]
         pub retention: Duration = Duration::from_secs(90 * 24 * 3600),
     }

@@ -155,17 +155,25 @@ impl Sources {
                 }
                 ConfigError::invalid(&key, format!("{first_line}{written_as}"))
             })?;
-        config
-            .validate()
-            .map_err(|error| legacy::annotate(error, &renamed))?;
+        if stricter_below_flags_wins {
+            config.validate_for_reload()
+        } else {
+            config.validate()
+        }
+        .map_err(|error| legacy::annotate(error, &renamed))?;
         Ok((config, renamed, tightened))
     }
 }
 
-/// The safety settings whose `true` is the stricter value: leashed, and
-/// pausing everything when a host does not come back. (The others have no
-/// order to take the stricter by: which of two allow lists is narrower?)
-const STRICTER_WHEN_TRUE: &[&str] = &["safety.dry_run", "safety.pause_on_unrecovered"];
+/// The safety settings whose `true` is the stricter value: leashed,
+/// pausing everything when a host does not come back, and refusing
+/// unsigned requests. (The others have no order to take the stricter by:
+/// which of two allow lists is narrower?)
+const STRICTER_WHEN_TRUE: &[&str] = &[
+    "safety.dry_run",
+    "safety.pause_on_unrecovered",
+    "safety.require_signed",
+];
 
 /// Gives each of [`STRICTER_WHEN_TRUE`] that the flags in `table` set to
 /// `false` the `true` that `below_flags` (the file and the environment)

@@ -8,6 +8,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::{Config, ConfigError};
+use crate::safety::requesters::AtFault;
 use crate::safety::{
     BudgetSettings, Calendar, CalendarSettings, Clock, Counting, Eligibility, Guards, Policy,
     RateSettings, Requesters, StopConditionSettings, StopConditions,
@@ -83,6 +84,8 @@ settings! {
         /// false with a simulated one: an unsigned request is then
         /// `rejected` and dead-lettered. Set false explicitly to accept
         /// unsigned requests with a real backend (a loud warning at start).
+        /// A `--set safety.require_signed=false` holds until a reload reads
+        /// true from the file: the stricter wins.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pub require_signed: Option<bool> = None,
         /// While this file exists, restarts are paused (its directory is
@@ -143,6 +146,24 @@ impl Config {
     /// The safety policy: what the worker decides with, and what a reload
     /// of `[safety]` replaces. Fails naming the key, as `validate` does.
     pub fn policy(&self) -> Result<Policy, ConfigError> {
+        let requesters = Requesters::new(&self.requesters, self.require_signed())
+            .map_err(|(key, why)| ConfigError::invalid(&key, why))?;
+        self.policy_with(requesters)
+    }
+
+    /// As [`policy`](Self::policy), for a reload: a `[[requesters]]` entry
+    /// whose key cannot be used (its file deleted, say) is left out, so
+    /// that the running service stops trusting it rather than keeping the
+    /// key it read before (fail closed). Also returns the left-out entries'
+    /// (key, why), to be logged.
+    pub fn reloaded_policy(&self) -> Result<(Policy, Vec<AtFault>), ConfigError> {
+        let (requesters, left_out) =
+            Requesters::without_unusable_keys(&self.requesters, self.require_signed())
+                .map_err(|(key, why)| ConfigError::invalid(&key, why))?;
+        Ok((self.policy_with(requesters)?, left_out))
+    }
+
+    fn policy_with(&self, requesters: Requesters) -> Result<Policy, ConfigError> {
         let invalid = |(key, why): (String, String)| ConfigError::invalid(&key, why);
         Ok(Policy {
             dry_run: self.dry_run(),
@@ -163,9 +184,7 @@ impl Config {
             stop_retry: self.safety.stop_retry,
             // The service's handle, set where the inventory is loaded.
             inventory: None,
-            requesters: Arc::new(
-                Requesters::new(&self.requesters, self.require_signed()).map_err(invalid)?,
-            ),
+            requesters: Arc::new(requesters),
         })
     }
 }

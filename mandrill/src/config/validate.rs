@@ -11,6 +11,18 @@ use crate::safety::{Eligibility, Requesters, StopConditions};
 impl Config {
     /// Checks what types alone cannot, naming the key at fault.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.checked(false)
+    }
+
+    /// As [`validate`](Self::validate), for a reload: a `[[requesters]]`
+    /// entry whose key cannot be used does not refuse it (the reloaded
+    /// policy leaves that entry out: see
+    /// [`Requesters::without_unusable_keys`]).
+    pub fn validate_for_reload(&self) -> Result<(), ConfigError> {
+        self.checked(true)
+    }
+
+    fn checked(&self, reloading: bool) -> Result<(), ConfigError> {
         fn at_least_one(key: &str, value: u64) -> Result<(), ConfigError> {
             if value == 0 {
                 return Err(ConfigError::invalid(key, "must be at least 1"));
@@ -173,8 +185,12 @@ impl Config {
         StopConditions::new(&self.safety.stop_conditions)
             .map_err(|(key, why)| ConfigError::invalid(&key, why))?;
         // Reads the key files: a bad or unreadable key fails start-up here.
-        Requesters::new(&self.requesters, self.require_signed())
-            .map_err(|(key, why)| ConfigError::invalid(&key, why))?;
+        if reloading {
+            Requesters::without_unusable_keys(&self.requesters, self.require_signed()).map(drop)
+        } else {
+            Requesters::new(&self.requesters, self.require_signed()).map(drop)
+        }
+        .map_err(|(key, why)| ConfigError::invalid(&key, why))?;
         for (index, entry) in self.requesters.iter().enumerate() {
             if let Some(quota) = &entry.quota
                 && quota.window > limits::MAX_DURATION
@@ -192,7 +208,8 @@ impl Config {
         if self.safety.poll_interval.is_zero() {
             return Err(ConfigError::invalid(
                 "safety.poll_interval",
-                "must be longer than 0s: the switch is read every poll_interval to see                  `mandrill resume`, so with 0s a service that found it paused would never pull again",
+                "must be longer than 0s: the switch is read every poll_interval to see \
+                 `mandrill resume`, so with 0s a service that found it paused would never pull again",
             ));
         }
         if let Some(path) = &self.safety.pause_file

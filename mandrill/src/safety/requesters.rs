@@ -71,6 +71,10 @@ pub struct Requesters {
     permits: HashMap<String, Permit>,
 }
 
+/// A key at fault, and why: (`requesters[0].public_key_file`, `cannot read
+/// …`).
+pub type AtFault = (String, String);
+
 /// Longest requester name, in characters (it is recorded as `requested_by`).
 const MAX_NAME_CHARS: usize = 128;
 
@@ -100,6 +104,31 @@ impl Requesters {
         entries: &[RequesterSettings],
         require_signed: bool,
     ) -> Result<Self, (String, String)> {
+        Self::build(entries, require_signed, None)
+    }
+
+    /// As [`new`](Self::new), for a reload: an entry whose key cannot be
+    /// used (its file deleted, unreadable or not a key; no key, or two) is
+    /// left out, and its (key, why) returned, instead of refusing the
+    /// reload. Deleting or replacing a key file and sending SIGHUP is how a
+    /// key is revoked: refusing the reload would keep trusting the old key
+    /// (fail open). Any other error still fails.
+    pub fn without_unusable_keys(
+        entries: &[RequesterSettings],
+        require_signed: bool,
+    ) -> Result<(Self, Vec<AtFault>), AtFault> {
+        let mut left_out = Vec::new();
+        let requesters = Self::build(entries, require_signed, Some(&mut left_out))?;
+        Ok((requesters, left_out))
+    }
+
+    /// `left_out`: where to put the entries whose key cannot be used, or
+    /// `None` to fail on the first.
+    fn build(
+        entries: &[RequesterSettings],
+        require_signed: bool,
+        mut left_out: Option<&mut Vec<AtFault>>,
+    ) -> Result<Self, (String, String)> {
         let mut signers = HashMap::new();
         let mut permits = HashMap::new();
         for (index, entry) in entries.iter().enumerate() {
@@ -109,30 +138,6 @@ impl Requesters {
             if permits.contains_key(name) {
                 return Err((at("name"), format!("{name:?} is configured twice")));
             }
-            let pem = match (&entry.public_key, &entry.public_key_file) {
-                (Some(pem), None) => pem.clone(),
-                (None, Some(path)) => std::fs::read_to_string(path).map_err(|error| {
-                    (
-                        at("public_key_file"),
-                        format!("cannot read {}: {error}", path.display()),
-                    )
-                })?,
-                (Some(_), Some(_)) => {
-                    return Err((
-                        at("public_key"),
-                        "give public_key or public_key_file, not both".into(),
-                    ));
-                }
-                (None, None) => {
-                    return Err((at("public_key"), "is required (or public_key_file)".into()));
-                }
-            };
-            let key_field = if entry.public_key.is_some() {
-                "public_key"
-            } else {
-                "public_key_file"
-            };
-            let signer = Signer::from_pem(&pem).map_err(|why| (at(key_field), why))?;
             let allow = entry
                 .allow
                 .iter()
@@ -154,19 +159,33 @@ impl Requesters {
                 }
                 Some(quota) => Some((quota.max, quota.window)),
             };
+            let signer = match (signer(entry), left_out.as_deref_mut()) {
+                (Ok(signer), _) => signer,
+                (Err((key, why)), Some(left_out)) => {
+                    left_out.push((at(key), why));
+                    // The name stays taken, so that a second entry of the
+                    // same name is still refused.
+                    permits.insert(name.clone(), None);
+                    continue;
+                }
+                (Err((key, why)), None) => return Err((at(key), why)),
+            };
             signers.insert(name.clone(), signer);
             permits.insert(
                 name.clone(),
-                Permit {
+                Some(Permit {
                     allow,
                     groups: entry.groups.clone(),
                     quota,
-                },
+                }),
             );
         }
         Ok(Self {
             signatures: Signatures::new(signers, require_signed),
-            permits,
+            permits: permits
+                .into_iter()
+                .filter_map(|(name, permit)| Some((name, permit?)))
+                .collect(),
         })
     }
 
@@ -204,18 +223,15 @@ impl Requesters {
                 "denied: requester {name} may not restart {instance} (matches none of its allow patterns)"
             ));
         }
-        if !permit.groups.is_empty() {
-            // The operator's group, and the message's own if it names one:
-            // a message cannot name its way into a group.
-            for group in std::iter::once(group).chain(request.group.as_deref()) {
-                if !permit.groups.iter().any(|g| g == group) {
-                    return Err(format!(
-                        "denied: requester {name} may not restart {instance} in group {group} \
-                         (its groups: {})",
-                        permit.groups.join(", ")
-                    ));
-                }
-            }
+        // Only the operator's group: a message naming another one
+        // (`requested_group`) was denied by `Policy::place` before
+        // eligibility, so a message cannot name its way into a group.
+        if !permit.groups.is_empty() && !permit.groups.iter().any(|g| g == group) {
+            return Err(format!(
+                "denied: requester {name} may not restart {instance} in group {group} \
+                 (its groups: {})",
+                permit.groups.join(", ")
+            ));
         }
         Ok(())
     }
@@ -241,6 +257,35 @@ impl Requesters {
             .max()
             .unwrap_or_default()
     }
+}
+
+/// The entry's key: else the key at fault (`public_key_file`) and why,
+/// never quoting the key.
+fn signer(entry: &RequesterSettings) -> Result<Signer, (&'static str, String)> {
+    let pem = match (&entry.public_key, &entry.public_key_file) {
+        (Some(pem), None) => pem.clone(),
+        (None, Some(path)) => std::fs::read_to_string(path).map_err(|error| {
+            (
+                "public_key_file",
+                format!("cannot read {}: {error}", path.display()),
+            )
+        })?,
+        (Some(_), Some(_)) => {
+            return Err((
+                "public_key",
+                "give public_key or public_key_file, not both".into(),
+            ));
+        }
+        (None, None) => {
+            return Err(("public_key", "is required (or public_key_file)".into()));
+        }
+    };
+    let key_field = if entry.public_key.is_some() {
+        "public_key"
+    } else {
+        "public_key_file"
+    };
+    Signer::from_pem(&pem).map_err(|why| (key_field, why))
 }
 
 #[cfg(test)]
@@ -298,14 +343,14 @@ MCowBQYDK2VwAyEAiXnPth0YTU/nwanl6fRVhSdyP7GowJ3i9meT7iYSEjw=
             .check(&signed_by("alice", "cattle-db01"), "db")
             .unwrap_err();
         assert!(group.contains("in group db"), "{group}");
-        // Naming an allowed group in the message does not help...
+        // The group checked is the one given, the operator's, once: not
+        // the request's field as well.
         let mut named = signed_by("alice", "cattle-db01");
         named.group = Some("cattle".into());
         assert!(requesters.check(&named, "db").is_err());
-        // ...nor does naming another group for an instance it may touch.
         let mut named = signed_by("alice", "cattle-ab12");
         named.group = Some("web".into());
-        assert!(requesters.check(&named, "cattle").is_err());
+        assert!(requesters.check(&named, "cattle").is_ok());
         // A requester removed by a reload is denied; unsigned is not this
         // check's business.
         let gone = requesters
@@ -388,5 +433,72 @@ MCowBQYDK2VwAyEAiXnPth0YTU/nwanl6fRVhSdyP7GowJ3i9meT7iYSEjw=
         }
         let (at, _) = Requesters::new(&[entry("alice"), entry("alice")], true).unwrap_err();
         assert_eq!(at, "requesters[1].name");
+    }
+
+    #[test]
+    fn on_reload_an_entry_whose_key_cannot_be_used_is_left_out_naming_its_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let corrupt = dir.path().join("bob.pub");
+        std::fs::write(&corrupt, "not a key").unwrap();
+        let entries = [
+            entry("alice"),
+            RequesterSettings {
+                public_key: None,
+                public_key_file: Some(corrupt),
+                ..entry("bob")
+            },
+            RequesterSettings {
+                public_key: None,
+                public_key_file: Some(dir.path().join("deleted.pub")),
+                ..entry("carol")
+            },
+            RequesterSettings {
+                public_key: None,
+                ..entry("dave")
+            },
+        ];
+        let (requesters, left_out) = Requesters::without_unusable_keys(&entries, true).unwrap();
+        let keys: Vec<&str> = left_out.iter().map(|(key, _)| key.as_str()).collect();
+        assert_eq!(
+            keys,
+            [
+                "requesters[1].public_key_file",
+                "requesters[2].public_key_file",
+                "requesters[3].public_key",
+            ]
+        );
+        assert!(requesters.signatures().required());
+        assert!(
+            requesters
+                .check(&signed_by("alice", "cattle-ab12"), "cattle")
+                .is_ok()
+        );
+        for name in ["bob", "carol", "dave"] {
+            let why = requesters
+                .check(&signed_by(name, "cattle-ab12"), "cattle")
+                .unwrap_err();
+            assert!(why.contains("no longer configured"), "{why}");
+        }
+        // What the configuration's text gets wrong still refuses the reload,
+        // a left-out entry's name included.
+        let (at, _) = Requesters::without_unusable_keys(
+            &[
+                entry("alice"),
+                RequesterSettings {
+                    allow: vec!["".into()],
+                    ..entry("bob")
+                },
+            ],
+            true,
+        )
+        .unwrap_err();
+        assert_eq!(at, "requesters[1].allow[0]");
+        let (at, _) =
+            Requesters::without_unusable_keys(&[entries[2].clone(), entry("carol")], true)
+                .unwrap_err();
+        assert_eq!(at, "requesters[1].name");
+        // At start-up, the first unusable key fails.
+        let (at, _) = Requesters::new(&entries, true).unwrap_err();
+        assert_eq!(at, "requesters[1].public_key_file");
     }
 }

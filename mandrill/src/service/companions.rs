@@ -8,7 +8,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::broker::Broker;
-use crate::safety::PolicyHandle;
+use crate::domain::signed::{LEEWAY, MAX_LIFETIME};
+use crate::safety::{Policy, PolicyHandle};
 use crate::stats::Stats;
 use crate::store::{Store, Timestamp};
 use crate::worker::Shutdown;
@@ -17,13 +18,33 @@ use crate::worker::Shutdown;
 /// (and so the pipeline) is never held for long.
 const PRUNE_BATCH: u32 = 5_000;
 
+/// How long a signed request can be accepted, from its first receipt to its
+/// last: verification takes it from `iat - LEEWAY` (an `iat` up to a leeway
+/// ahead) until `exp + LEEWAY`, and `exp - iat` is at most `MAX_LIFETIME`.
+const SIGNED_VALIDITY: Duration = MAX_LIFETIME.saturating_add(LEEWAY.saturating_mul(2));
+
+/// How long finished requests are kept under `policy`: `retention`, but
+/// never less than what a guard still reads (the counting guards' and the
+/// requesters' quota windows), nor than [`SIGNED_VALIDITY`]: a finished
+/// row is what makes a republished signed request a duplicate, so pruning
+/// it while its token is still valid would let the same token restart the
+/// host again. The floor holds with no requester configured too: it costs
+/// at most a day of rows, and a reload can configure requesters at any
+/// time, so it must not depend on the policy of the moment.
+fn keep(retention: Duration, policy: &Policy) -> Duration {
+    retention
+        .max(policy.guards.counting.lookback())
+        .max(policy.requesters.lookback())
+        .max(SIGNED_VALIDITY)
+}
+
 /// Deletes finished requests older than `retention`, `first_after` start and
 /// then every hour, in bounded batches with a pause between them.
 ///
-/// Never a journal row the counting guards still read: the cutoff is at
-/// least the policy's [`lookback`](crate::safety::Counting::lookback) ago
-/// (the policy in force at each prune), so that a retention shorter than
-/// the rate window cannot let a group's restart drop out of its count.
+/// Never a journal row the counting guards still read, nor one whose signed
+/// request could still be replayed: see [`keep`] (the policy in force at
+/// each prune), so that a retention shorter than the rate window cannot let
+/// a group's restart drop out of its count.
 pub(super) async fn prune_history(
     store: Arc<dyn Store>,
     retention: Duration,
@@ -41,12 +62,7 @@ pub(super) async fn prune_history(
             _ = every.tick() => {}
             () = stop.cancelled() => return,
         }
-        // The journal a guard still counts is kept: the counting guards'
-        // and the requesters' quota windows.
-        let current = policy.current();
-        let keep = retention
-            .max(current.guards.counting.lookback())
-            .max(current.requesters.lookback());
+        let keep = keep(retention, &policy.current());
         let cutoff = Timestamp::from_millis(
             Timestamp::now()
                 .as_millis()
@@ -116,5 +132,22 @@ pub(super) async fn request_shutdown_when_idle(
             () = tokio::time::sleep(every) => {}
             () = stop.cancelled() => return,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pruning_keeps_finished_requests_while_a_signed_token_could_be_replayed() {
+        let policy = Policy::default();
+        // A retention under a day keeps a day and two leeways: a token
+        // issued a minute ahead, valid 24 h and a minute past its exp.
+        let hour = Duration::from_secs(3600);
+        assert_eq!(keep(hour, &policy), Duration::from_secs(24 * 3600 + 2 * 60));
+        // A longer retention is kept as configured.
+        let ninety_days = Duration::from_secs(90 * 24 * 3600);
+        assert_eq!(keep(ninety_days, &policy), ninety_days);
     }
 }

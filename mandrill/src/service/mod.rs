@@ -10,6 +10,7 @@ mod adapters;
 mod companions;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context as _, anyhow};
@@ -23,8 +24,8 @@ use crate::broker::{AnyConsumer, Broker, MemoryBroker};
 use crate::config::{Config, redact_url};
 use crate::inventory::{InventoryHandle, InventorySettings, Source};
 use crate::notify::Notifier;
-use crate::safety::PolicyHandle;
 use crate::safety::pause_file::PauseFile;
+use crate::safety::{PolicyHandle, Requesters};
 use crate::stats::{Stats, StatsSnapshot};
 use crate::store::AnyStore;
 use crate::worker::{FlowControl, Shutdown, Worker};
@@ -48,6 +49,8 @@ pub struct Controls {
     policy: PolicyHandle,
     inventory: InventoryHandle,
     inventory_settings: Arc<watch::Sender<InventorySettings>>,
+    /// Set while a refused reload left no requester trusted.
+    requesters_distrusted: Arc<AtomicBool>,
 }
 
 impl Controls {
@@ -78,9 +81,23 @@ impl Controls {
     /// keeps the policy in force. `config` is the running configuration
     /// with the reloaded `[safety]`: the policy's defaults depend on the
     /// backend (`restarter.kind`), and that is only changed by a restart.
+    /// A requester whose key cannot be used is left out, logged naming its
+    /// key: it is no longer trusted.
     pub fn apply_policy(&self, config: &Config) -> bool {
-        let policy = match config.validate().and_then(|()| config.policy()) {
-            Ok(policy) => with_inventory(policy, config, &self.inventory),
+        let policy = match config
+            .validate_for_reload()
+            .and_then(|()| config.reloaded_policy())
+        {
+            Ok((policy, left_out)) => {
+                for (key, why) in left_out {
+                    error!(
+                        key,
+                        why,
+                        "requester left out: its key cannot be used, so it is no longer trusted"
+                    );
+                }
+                with_inventory(policy, config, &self.inventory)
+            }
             Err(error) => {
                 error!(%error, "safety policy not reloaded; keeping the one in force");
                 return false;
@@ -97,8 +114,32 @@ impl Controls {
                 warn!("UNLEASHED by reload: restarts of real hosts will be issued");
             }
         }
+        self.requesters_distrusted.store(false, Ordering::Relaxed);
         info!("safety policy reloaded");
         true
+    }
+
+    /// Stops trusting every requester's key, and refuses unsigned
+    /// requests, in the policy in force (the rest of it stays): what a
+    /// reload refused for its `[[requesters]]` falls back to, since the
+    /// edit it could not read may have been a revocation (fail closed).
+    /// The next valid reload puts requesters back.
+    pub fn distrust_requesters(&self) {
+        let mut policy = (*self.policy.current()).clone();
+        policy.requesters = Arc::new(Requesters::refuse_unsigned());
+        self.policy.replace(policy);
+        self.requesters_distrusted.store(true, Ordering::Relaxed);
+        error!(
+            "[[requesters]] could not be reloaded: no requester is trusted, and unsigned \
+             requests are refused, until a reload succeeds"
+        );
+    }
+
+    /// Whether [`distrust_requesters`](Self::distrust_requesters) is in
+    /// force: the next reload must then rebuild the policy, though its
+    /// configuration may not differ from the running one.
+    pub fn requesters_distrusted(&self) -> bool {
+        self.requesters_distrusted.load(Ordering::Relaxed)
     }
 }
 
@@ -229,6 +270,7 @@ impl Service {
             policy: self.worker.policy(),
             inventory: self.inventory.clone(),
             inventory_settings: self.inventory_settings.clone(),
+            requesters_distrusted: Arc::new(AtomicBool::new(false)),
         }
     }
 

@@ -177,8 +177,12 @@ fn on_reload_the_files_stricter_safety_settings_win_over_flags() {
         };
         (dir, sources)
     };
-    let strict = "[safety]\ndry_run = true\npause_on_unrecovered = true\n";
-    let loosening = ["safety.dry_run=false", "safety.pause_on_unrecovered=false"];
+    let strict = "[safety]\ndry_run = true\npause_on_unrecovered = true\nrequire_signed = true\n";
+    let loosening = [
+        "safety.dry_run=false",
+        "safety.pause_on_unrecovered=false",
+        "safety.require_signed=false",
+    ];
     let (_dir, flagged) = sources(strict, &[], &loosening);
     let started = flagged.load().unwrap();
     assert_eq!(
@@ -187,10 +191,20 @@ fn on_reload_the_files_stricter_safety_settings_win_over_flags() {
         "at start-up the flag wins"
     );
     assert!(!started.safety.pause_on_unrecovered);
+    assert_eq!(started.safety.require_signed, Some(false));
     let (reloaded, tightened) = flagged.reload().unwrap();
     assert_eq!(reloaded.safety.dry_run, Some(true));
     assert!(reloaded.safety.pause_on_unrecovered);
-    assert_eq!(tightened, ["safety.dry_run", "safety.pause_on_unrecovered"]);
+    assert_eq!(reloaded.safety.require_signed, Some(true));
+    assert!(reloaded.require_signed());
+    assert_eq!(
+        tightened,
+        [
+            "safety.dry_run",
+            "safety.pause_on_unrecovered",
+            "safety.require_signed"
+        ]
+    );
 
     // The environment is below the flags too.
     let (_dir, from_env) = sources("", &[("MANDRILL_SAFETY__DRY_RUN", "true")], &loosening);

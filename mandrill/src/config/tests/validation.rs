@@ -137,6 +137,10 @@ fn a_zero_safety_poll_interval_is_refused_naming_the_key() {
         let error = load(None, &[], &[layer]).unwrap_err().to_string();
         assert!(error.contains("safety.poll_interval"), "{layer}: {error}");
         assert!(error.contains("longer than 0s"), "{layer}: {error}");
+        assert!(
+            error.contains("to see `mandrill resume`") && !error.contains("  "),
+            "one sentence, no run of spaces: {error}"
+        );
     }
     let config = load(None, &[], &["safety.poll_interval=100ms"]).unwrap();
     assert_eq!(
