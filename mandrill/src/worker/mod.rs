@@ -197,6 +197,7 @@ impl Worker {
                 abort: Abort::default(),
                 notifier: None,
                 config,
+                switch_reads: shared::SwitchReads::default(),
             }),
         }
     }
