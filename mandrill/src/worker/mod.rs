@@ -197,7 +197,6 @@ impl Worker {
                 abort: Abort::default(),
                 notifier: None,
                 config,
-                switch_reads: shared::SwitchReads::default(),
             }),
         }
     }

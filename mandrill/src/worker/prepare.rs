@@ -392,8 +392,7 @@ pub(super) async fn unless_paused(
 /// guard's hold). A switch that cannot be read within
 /// [`SWITCH_READ_TIMEOUT`] holds too: fail closed.
 async fn switch_is_off(shared: &Shared, request: &RestartRequest) -> Result<(), Hold> {
-    let read = shared.switch_reads.read(&shared.store);
-    let reason = match tokio::time::timeout(SWITCH_READ_TIMEOUT, read).await {
+    let reason = match tokio::time::timeout(SWITCH_READ_TIMEOUT, shared.store.switch()).await {
         Ok(Ok(switch)) if !switch.paused => return Ok(()),
         Ok(Ok(switch)) => {
             let reason = switch.paused_reason();
@@ -402,7 +401,7 @@ async fn switch_is_off(shared: &Shared, request: &RestartRequest) -> Result<(), 
         }
         Ok(Err(error)) => format!(
             "deferred by kill switch: it could not be read, so it counts as on: {}",
-            error
+            error.with_causes()
         ),
         Err(_elapsed) => format!(
             "deferred by kill switch: it could not be read within {}, so it counts as on",

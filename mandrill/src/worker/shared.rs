@@ -19,9 +19,7 @@ use crate::domain::RestartRequest;
 use crate::notify::{Event, EventKind, Notifier};
 use crate::restarter::Restarter;
 use crate::stats::Stats;
-use crate::store::{AnyStore, ClaimTerms, Switch};
-use futures::FutureExt as _;
-use futures::future::BoxFuture;
+use crate::store::{AnyStore, ClaimTerms};
 
 /// Everything a handler needs, shared by all of them.
 pub(crate) struct Shared {
@@ -50,55 +48,6 @@ pub(crate) struct Shared {
     pub abort: Abort,
     /// The `[[notify]]` endpoints, if any; never waited for.
     pub notifier: Option<Arc<Notifier>>,
-    /// The kill switch's reads right before restarts, shared.
-    pub switch_reads: SwitchReads,
-}
-
-/// A read of the kill switch that several callers wait for; its error in
-/// words (a store error is not `Clone`).
-type SwitchRead = futures::future::Shared<BoxFuture<'static, Result<Switch, String>>>;
-
-/// The kill switch's reads right before restarts, shared by the callers
-/// that wait at the same moment: a read serves every caller that arrived
-/// before it began, never one that arrived after (so no caller is
-/// answered by a read older than its own arrival, and a `pause` that
-/// returned before a caller asked always stops its restart), and a wave
-/// of restarts costs one read of the store instead of one each (measured:
-/// one read per restart cost the SQLite pipeline a quarter of its rate).
-#[derive(Default)]
-pub(crate) struct SwitchReads {
-    /// The read the next caller joins, if it has not begun.
-    next: Arc<std::sync::Mutex<Option<SwitchRead>>>,
-}
-
-impl SwitchReads {
-    /// The switch, as a read begun after this call read it.
-    pub(crate) async fn read(&self, store: &AnyStore) -> Result<Switch, String> {
-        let read = {
-            let mut next = self
-                .next
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            next.get_or_insert_with(|| {
-                let slot = Arc::clone(&self.next);
-                let store = store.clone();
-                async move {
-                    // Begun: whoever asks from now on waits for the next read.
-                    slot.lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner)
-                        .take();
-                    store
-                        .switch()
-                        .await
-                        .map_err(|error| error.with_causes().to_string())
-                }
-                .boxed()
-                .shared()
-            })
-            .clone()
-        };
-        read.await
-    }
 }
 
 impl Shared {
