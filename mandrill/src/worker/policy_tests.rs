@@ -252,7 +252,20 @@ async fn a_switch_unreadable_right_before_the_restart_stops_it() {
         ..ScriptedStore::default()
     });
     let restarter = Arc::new(ScriptedRestarter::default());
-    let h = start(config(), store.clone(), restarter.clone());
+    // The switch is read again after stop conditions, which may take long.
+    let healthy = crate::safety::StopConditionSettings {
+        name: "healthy".into(),
+        http: None,
+        expect_status: None,
+        command: Some(vec!["true".into()]),
+        timeout: Duration::from_secs(600),
+        expect_empty_json_array: false,
+    };
+    let config = with_policy(Policy {
+        stop_conditions: crate::safety::StopConditions::new(&[healthy]).unwrap(),
+        ..Policy::default()
+    });
+    let h = start(config, store.clone(), restarter.clone());
     let id = h.publish("cattle-unread").await;
     wait_until("claiming", || store.timeline.count("claim-waiting") == 1).await;
     store.switch_unreachable.store(true, Ordering::Release);
