@@ -40,7 +40,17 @@ async fn history_past_its_retention_is_pruned_in_the_background() {
         )
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    // Older than anything pruning keeps (a signed token's validity is
+    // the floor), as a row finished two days ago.
+    let two_days_ago = crate::store::Timestamp::now().as_millis() - 2 * 24 * 3_600_000;
+    let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
+    sqlx::query("UPDATE requests SET completed_at = $1, updated_at = $1 WHERE message_id = $2")
+        .bind(two_days_ago)
+        .bind(old.message_id.to_string())
+        .execute(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
     let stop = CancellationToken::new();
     let pruning = tokio::spawn(prune_history(
         store.clone(),
