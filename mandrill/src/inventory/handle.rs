@@ -169,6 +169,16 @@ impl InventoryHandle {
             .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
     }
 
+    /// Drops the copy in force, so that requests wait for the next good
+    /// read (fail closed).
+    fn clear(&self) {
+        *self
+            .0
+            .current
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+    }
+
     /// Reads the inventory again from `source`: a good copy replaces the
     /// one in force; a failure keeps it, says so, and is counted.
     pub async fn refresh(&self, source: &Source, settings: &InventorySettings) {
@@ -211,6 +221,7 @@ pub async fn refresh_task(
     mut settings: watch::Receiver<InventorySettings>,
     cancel: CancellationToken,
 ) {
+    let mut previous = Source::of(&settings.borrow());
     loop {
         let current = settings.borrow_and_update().clone();
         handle.set_limits(&current);
@@ -229,9 +240,62 @@ pub async fn refresh_task(
         let Some(source) = Source::of(&current) else {
             continue;
         };
+        if previous.as_ref() != Some(&source) {
+            // A reload named another source: the old one's copy no longer
+            // speaks for the fleet, even while the new one cannot be read.
+            warn!(source = %source, "[inventory] names another source; requests wait for its first read");
+            handle.clear();
+            previous = Some(source.clone());
+        }
         tokio::select! {
             () = cancel.cancelled() => return,
             () = handle.refresh(&source, &current) => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A reload naming another source drops the old source's copy, so a
+    /// new source that cannot be read defers every request instead of
+    /// letting the old fleet decide for up to `max_age`.
+    #[tokio::test]
+    async fn a_reload_to_another_source_drops_the_old_copy_until_the_new_one_reads() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = dir.path().join("old.toml");
+        std::fs::write(&old, "[[hosts]]\nname = \"web-1\"\ngroup = \"web\"\n").unwrap();
+        let at = |file: &std::path::Path| InventorySettings {
+            file: Some(file.to_owned()),
+            ..InventorySettings::default()
+        };
+        let first = at(&old);
+        let source = Source::of(&first).unwrap();
+        let inventory = load(&source, &first).await.unwrap();
+        let handle = InventoryHandle::new(inventory, &source, &first);
+        let (reload, settings) = watch::channel(first);
+        let cancel = CancellationToken::new();
+        let task = tokio::spawn(refresh_task(handle.clone(), settings, cancel.clone()));
+        // One thread: the task runs until it waits for a change or its
+        // refresh, as it does long before any reload in the service.
+        tokio::task::yield_now().await;
+        assert!(handle.fresh().is_ok());
+        reload.send(at(&dir.path().join("missing.toml"))).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while handle.failures() == 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "never read the new source"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(
+            handle.current().is_none(),
+            "the old source's copy still decides"
+        );
+        assert!(handle.fresh().is_err());
+        cancel.cancel();
+        task.await.unwrap();
     }
 }
