@@ -137,15 +137,11 @@ pub fn main() -> ExitCode {
     }
 }
 
-/// Loads the configuration, or says why not (exit code 2). Also returns the
-/// warning about settings read under their old names, if any, for the
-/// caller to give once where its output goes.
-pub(super) fn load(
-    sources: Result<Sources, ConfigError>,
-) -> Result<(Sources, Config, Option<String>), ExitCode> {
+/// Loads the configuration, or says why not (exit code 2).
+pub(super) fn load(sources: Result<Sources, ConfigError>) -> Result<(Sources, Config), ExitCode> {
     let loaded = sources.and_then(|sources| {
-        let (config, renamed) = sources.load_with_renames()?;
-        Ok((sources, config, config::renamed_warning(&renamed)))
+        let config = sources.load()?;
+        Ok((sources, config))
     });
     loaded.map_err(|error| {
         eprintln!("mandrill: {error}");
@@ -172,13 +168,10 @@ where
     F: FnOnce(Config) -> Fut,
     Fut: Future<Output = anyhow::Result<()>>,
 {
-    let (_, config, renamed) = match load(sources) {
+    let (_, config) = match load(sources) {
         Ok(loaded) => loaded,
         Err(code) => return code,
     };
-    if let Some(warning) = renamed {
-        eprintln!("mandrill: warning: {warning}");
-    }
     // An error's sources (a driver's connection error) may quote a URL.
     let redactor = config.redactor();
     let runtime = match tokio::runtime::Builder::new_current_thread()

@@ -157,60 +157,28 @@ fn run_until_idle_handles_everything_published_then_exits_zero() {
     assert!(entries.iter().all(|e| e.status.is_final()), "{entries:?}");
 }
 
-/// `[nats]`, `MANDRILL_NATS__*`, `nats.*` and `broker.poll_interval` are the
-/// old names of `[broker.nats]` and the polling adapters' `poll_interval`:
-/// still read, with one warning at start-up naming old and new.
+/// `[nats]` and `broker.poll_interval`, names from before each adapter
+/// owned its section, are unknown keys like any other: refused at start-up,
+/// naming the key, before anything is published.
 #[test]
-fn old_setting_names_still_work_with_one_warning_naming_the_new_ones() {
+fn settings_under_retired_names_are_refused_naming_the_key() {
     let (_guard, dir) = temp_dir();
-    let db = sqlite_url(&dir);
-    let old_names = [("MANDRILL_NATS__STREAM", "OLD_NAME")];
-    let (status, _, stderr) = mandrill(
-        &dir,
-        &["publish", "--set", "broker.poll_interval=5ms", "cattle-1"],
-        &old_names,
-    );
-    assert!(status.success(), "{stderr}");
-    let warnings: Vec<&str> = stderr.lines().filter(|l| l.contains("old names")).collect();
-    assert_eq!(warnings.len(), 1, "{stderr}");
-    for name in [
-        "MANDRILL_NATS__STREAM → MANDRILL_BROKER__NATS__STREAM",
-        "--set broker.poll_interval → --set broker.sqlite.poll_interval",
+    for (flags, env, key) in [
+        (
+            vec!["--set", "broker.poll_interval=5ms"],
+            vec![],
+            "broker.poll_interval",
+        ),
+        (vec![], vec![("MANDRILL_NATS__STREAM", "OLD_NAME")], "nats"),
     ] {
-        assert!(warnings[0].contains(name), "{stderr}");
+        let mut args = vec!["publish"];
+        args.extend(flags);
+        args.push("cattle-1");
+        let (status, _, stderr) = mandrill(&dir, &args, &env);
+        assert_eq!(status.code(), Some(2), "{stderr}");
+        assert!(stderr.contains(key), "{key} not named: {stderr}");
     }
-    // The service logs it once, then works as with the new names.
-    let service = Mandrill::run_with_env(
-        &dir,
-        &["--until-idle", "--set", "broker.poll_interval=5ms"],
-        &old_names,
-    );
-    let (status, lines) = service.wait_exit();
-    assert!(status.success(), "exit status {status}");
-    let warnings: Vec<&Value> = lines
-        .iter()
-        .filter(|line| {
-            line["level"] == "WARN"
-                && line["fields"]["message"]
-                    .as_str()
-                    .is_some_and(|m| m.contains("old names") && m.contains("MANDRILL_NATS__STREAM"))
-        })
-        .collect();
-    assert_eq!(warnings.len(), 1, "{lines:?}");
-    assert_eq!(history(&db).len(), 1);
-    // The new names: no warning.
-    let (status, _, stderr) = mandrill(
-        &dir,
-        &[
-            "publish",
-            "--set",
-            "broker.sqlite.poll_interval=5ms",
-            "cattle-2",
-        ],
-        &[("MANDRILL_BROKER__NATS__STREAM", "NEW_NAME")],
-    );
-    assert!(status.success(), "{stderr}");
-    assert!(!stderr.contains("old names"), "{stderr}");
+    assert!(!dir.join("mandrill.db").exists() || history(&sqlite_url(&dir)).is_empty());
 }
 
 #[test]

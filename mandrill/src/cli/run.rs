@@ -5,7 +5,7 @@ use super::signals::{SignalName, Signals, Terminations};
 use super::*;
 
 pub(super) fn run(args: &RunArgs) -> ExitCode {
-    let (sources, config, renamed) = match load(args.sources()) {
+    let (sources, config) = match load(args.sources()) {
         Ok(loaded) => loaded,
         Err(code) => return code,
     };
@@ -30,9 +30,6 @@ pub(super) fn run(args: &RunArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    if let Some(warning) = renamed {
-        warn!("{warning}");
-    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("mandrill")

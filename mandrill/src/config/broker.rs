@@ -36,7 +36,7 @@ settings! {
         pub max_deliveries: u32 = 10,
         /// `[broker.sqlite]`, when `url` is `sqlite:PATH`.
         pub sqlite: SqliteSettings = SqliteSettings::default(),
-        /// `[broker.nats]`, when `url` is `nats://…` (formerly `[nats]`).
+        /// `[broker.nats]`, when `url` is `nats://…`.
         pub nats: NatsSettings = NatsSettings::default(),
         /// `[broker.pubsub]`, when `url` is `pubsub://PROJECT/SUBSCRIPTION`.
         pub pubsub: PubSubSettings = PubSubSettings::default(),

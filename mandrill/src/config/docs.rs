@@ -97,9 +97,5 @@ pub fn settings_help() -> String {
         RELOADABLE.join(", "),
         SAFETY_NEEDS_RESTART.join(", ")
     ));
-    text.push_str(
-        "Old names still read, with a warning: [nats] and MANDRILL_NATS__* (now [broker.nats]), \
-         broker.poll_interval (now broker.sqlite.poll_interval and broker.pubsub.poll_interval).\n",
-    );
     text
 }

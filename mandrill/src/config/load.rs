@@ -6,7 +6,6 @@
 use std::path::{Path, PathBuf};
 
 use super::docs::{documented_keys, is_subsection};
-use super::legacy::{self, Layer, Renamed};
 use super::{Config, ConfigError};
 
 /// Keys whose values are always strings: taken as written from the
@@ -29,15 +28,8 @@ const STRING_KEYS: &[&str] = &[
     "admin.token",
 ];
 
-/// Keys holding secrets: an error about one never shows its value. The old
-/// spellings (`nats.password`) too, since they are still read.
-pub const SECRET_KEYS: &[&str] = &[
-    "broker.nats.password",
-    "broker.nats.token",
-    "admin.token",
-    "nats.password",
-    "nats.token",
-];
+/// Keys holding secrets: an error about one never shows its value.
+pub const SECRET_KEYS: &[&str] = &["broker.nats.password", "broker.nats.token", "admin.token"];
 
 /// A raw value from the environment or `--set`, typed for its key.
 fn value_for(key: &str, raw: &str) -> toml::Value {
@@ -81,14 +73,7 @@ impl Sources {
 
     /// Reads every layer and builds the configuration.
     pub fn load(&self) -> Result<Config, ConfigError> {
-        self.load_with_renames().map(|(config, _)| config)
-    }
-
-    /// As [`load`](Self::load), and the old spellings of settings that were
-    /// read (see [`Renamed`]), for one warning at start-up.
-    pub fn load_with_renames(&self) -> Result<(Config, Vec<Renamed>), ConfigError> {
-        self.layered(false)
-            .map(|(config, renamed, _)| (config, renamed))
+        self.layered(false).map(|(config, _)| config)
     }
 
     /// As [`load`](Self::load), for a reload: a safety setting that a flag
@@ -101,36 +86,29 @@ impl Sources {
     /// wants now, and a flag from then must not widen it.
     pub fn reload(&self) -> Result<(Config, Vec<&'static str>), ConfigError> {
         self.layered(true)
-            .map(|(config, _, tightened)| (config, tightened))
     }
 
     fn layered(
         &self,
         stricter_below_flags_wins: bool,
-    ) -> Result<(Config, Vec<Renamed>, Vec<&'static str>), ConfigError> {
-        let mut renamed = Vec::new();
+    ) -> Result<(Config, Vec<&'static str>), ConfigError> {
         let mut table = match &self.file {
             Some(path) => read_file(path)?,
             None => toml::Table::new(),
         };
-        legacy::rename_file_keys(&mut table, &mut renamed)?;
         for (name, raw) in &self.environment {
             let key = env_key(name)?;
-            for key in legacy::rename(Layer::Environment, &key, &mut renamed) {
-                set_dotted(&mut table, &key, value_for(&key, raw)).map_err(|why| {
-                    ConfigError::Environment {
-                        name: name.clone(),
-                        why,
-                    }
-                })?;
-            }
+            set_dotted(&mut table, &key, value_for(&key, raw)).map_err(|why| {
+                ConfigError::Environment {
+                    name: name.clone(),
+                    why,
+                }
+            })?;
         }
         let below_flags = stricter_below_flags_wins.then(|| table.clone());
         for (key, value) in &self.overrides {
-            for new_key in legacy::rename(Layer::Flag, key, &mut renamed) {
-                set_dotted(&mut table, &new_key, value.clone())
-                    .map_err(|why| ConfigError::invalid(key, why))?;
-            }
+            set_dotted(&mut table, key, value.clone())
+                .map_err(|why| ConfigError::invalid(key, why))?;
         }
         let tightened = match &below_flags {
             Some(below_flags) => stricter_wins(below_flags, &mut table),
@@ -143,25 +121,21 @@ impl Sources {
                 // that the key already says.
                 let message = error.into_inner().to_string();
                 let first_line = message.lines().next().unwrap_or_default();
-                let written_as = legacy::written_as(&renamed, &key);
                 if SECRET_KEYS.contains(&key.as_str()) {
                     // Serde quotes the value it could not use.
                     return ConfigError::invalid(
                         &key,
-                        format!(
-                            "expected a string (the value is a secret and not shown){written_as}"
-                        ),
+                        "expected a string (the value is a secret and not shown)",
                     );
                 }
-                ConfigError::invalid(&key, format!("{first_line}{written_as}"))
+                ConfigError::invalid(&key, first_line)
             })?;
         if stricter_below_flags_wins {
             config.validate_for_reload()
         } else {
             config.validate()
-        }
-        .map_err(|error| legacy::annotate(error, &renamed))?;
-        Ok((config, renamed, tightened))
+        }?;
+        Ok((config, tightened))
     }
 }
 
@@ -212,10 +186,7 @@ pub fn parse_override(raw: &str) -> Result<(String, toml::Value), ConfigError> {
         return Err(ConfigError::Override(format!("{key}=…")));
     }
     let key = key.trim();
-    Ok((
-        key.to_owned(),
-        value_for(&legacy::new_key(key), value.trim()),
-    ))
+    Ok((key.to_owned(), value_for(key, value.trim())))
 }
 
 fn read_file(path: &Path) -> Result<toml::Table, ConfigError> {

@@ -19,8 +19,7 @@
 //! are its help; the adapters' own sections (`[broker.sqlite]`,
 //! `[broker.nats]`, `[broker.pubsub]`, the restarter backends) and the
 //! guards' (`[safety.rate]`, …) live in their modules, which never import
-//! this one. `load.rs` reads and layers the sources, `legacy.rs` the old
-//! names still read, `validate.rs` and `urls.rs` check what types cannot,
+//! this one. `load.rs` reads and layers the sources, `validate.rs` and `urls.rs` check what types cannot,
 //! `docs.rs` is the help (`owned_elsewhere.rs` for the sections not declared
 //! with `settings!` yet), `flat.rs` the flat view reloads compare.
 
@@ -37,7 +36,6 @@ mod broker;
 mod docs;
 mod error;
 mod flat;
-mod legacy;
 pub mod limits;
 mod load;
 mod owned_elsewhere;
@@ -54,7 +52,6 @@ pub use crate::settings::{Redactor, Secret, duration, redact, redact_url};
 pub use broker::{BrokerSettings, StoreSettings};
 pub use docs::settings_help;
 pub use error::ConfigError;
-pub use legacy::{Renamed, renamed_warning};
 pub use load::{SECRET_KEYS, Sources, parse_override};
 pub use restarter::{RestarterKind, RestarterSettings};
 pub use safety::SafetySettings;

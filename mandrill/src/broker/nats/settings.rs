@@ -1,5 +1,5 @@
 //! `[broker.nats]`: the NATS adapter's own settings (configuration depends
-//! on them, never the reverse). Formerly `[nats]`, which is still read.
+//! on them, never the reverse).
 
 use std::path::PathBuf;
 

@@ -11,22 +11,12 @@ use crate::restarter::hosts::HostEntry;
 use crate::safety::CalendarSettings;
 
 mod layers;
-mod legacy;
 mod property;
 mod safety;
 mod secrets;
 mod validation;
 
 fn load(file: Option<&str>, env: &[(&str, &str)], flags: &[&str]) -> Result<Config, ConfigError> {
-    load_with_renames(file, env, flags).map(|(config, _)| config)
-}
-
-/// As `load`, with the old spellings that were read.
-fn load_with_renames(
-    file: Option<&str>,
-    env: &[(&str, &str)],
-    flags: &[&str],
-) -> Result<(Config, Vec<Renamed>), ConfigError> {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("mandrill.toml");
     if let Some(text) = file {
@@ -40,5 +30,5 @@ fn load_with_renames(
             .collect(),
         overrides: flags.iter().map(|f| parse_override(f).unwrap()).collect(),
     }
-    .load_with_renames()
+    .load()
 }

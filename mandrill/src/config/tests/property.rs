@@ -53,19 +53,8 @@ fn load_flags(flags: &[(&str, String)], through_environment: bool) -> Result<Con
 }
 
 fn settings() -> impl Strategy<Value = Vec<(&'static str, String)>> {
-    // Every documented key, and the old spellings still read.
-    static KEYS: std::sync::LazyLock<Vec<String>> = std::sync::LazyLock::new(|| {
-        let old = [
-            "nats.user",
-            "nats.password",
-            "nats.token",
-            "nats.stream",
-            "broker.poll_interval",
-        ];
-        docs::documented_keys()
-            .chain(old.map(str::to_owned))
-            .collect()
-    });
+    static KEYS: std::sync::LazyLock<Vec<String>> =
+        std::sync::LazyLock::new(|| docs::documented_keys().collect());
     let keys: Vec<&'static str> = KEYS.iter().map(String::as_str).collect();
     prop::collection::vec((prop::sample::select(keys), raw_value()), 0..8)
 }

@@ -2,14 +2,10 @@
 
 use super::*;
 
-/// Under the section's new name and its old one (`[nats]`), still read.
 #[test]
 fn secret_values_are_never_echoed_in_errors() {
     const CANARY: &str = "31337424242";
-    for (section, variable) in [
-        ("broker.nats", "MANDRILL_BROKER__NATS__TOKEN"),
-        ("nats", "MANDRILL_NATS__TOKEN"),
-    ] {
+    for (section, variable) in [("broker.nats", "MANDRILL_BROKER__NATS__TOKEN")] {
         // As numbers they are still passwords: taken as strings.
         let config = load(
             None,

@@ -89,7 +89,6 @@ fn extremes_are_refused_naming_their_key() {
         ("simulate.rate", "inf"),
         ("restarter.failure_rate", "nan"),
         ("restarter.failure_rate", "-0.1"),
-        ("nats.max_ack_pending", "-5"),
         ("broker.nats.max_ack_pending", "-5"),
         ("broker.sqlite.poll_interval", "0s"),
         ("broker.pubsub.poll_interval", "0s"),
