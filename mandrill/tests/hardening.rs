@@ -1,4 +1,4 @@
-//! Hardening (issue 8), with the real binary and real signals: secrets are
+//! Hardening, with the real binary and real signals: secrets are
 //! never printed, signals are honoured at every phase, extreme input is
 //! refused rather than obeyed, and pipes get no colour codes.
 

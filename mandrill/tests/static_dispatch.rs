@@ -1,5 +1,5 @@
-//! The worker's calls on every message allocate nothing for the call itself
-//! (issue 14): through [`AnyStore`] and [`AnyConsumer`] they are a `match`
+//! The worker's calls on every message allocate nothing for the call itself:
+//! through [`AnyStore`] and [`AnyConsumer`] they are a `match`
 //! and an unboxed `async fn`, where a call through `dyn Store` or
 //! `dyn Consumer` boxes its future. Counted with a global allocator of this
 //! test binary's own, on this thread only.

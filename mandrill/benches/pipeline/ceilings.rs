@@ -1,4 +1,4 @@
-//! The ceilings (issue 14, "honest ceilings"): for each path, a bare loop
+//! The ceilings: for each path, a bare loop
 //! doing the work the pipeline must do on that path and nothing else,
 //! measured in the same run as the pipeline. Each returns messages per
 //! second, timed from its first message to its last, after an untimed

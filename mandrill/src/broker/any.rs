@@ -1,8 +1,7 @@
 //! [`AnyConsumer`]: the consumer the worker holds, dispatched statically.
 //!
 //! [`Consumer`] is an `#[async_trait]`, so every call through `dyn Consumer`
-//! boxes its future: an allocation per pull, ack and lease extension
-//! (issue 14). The worker's calls go through this enum instead: a `match`,
+//! boxes its future: an allocation per pull, ack and lease extension. The worker's calls go through this enum instead: a `match`,
 //! then the adapter's own unboxed `async fn`.
 //!
 //! The SQLite queue's settlements are boxed here all the same, for now:

@@ -292,7 +292,7 @@ mod tests {
     }
 
     /// A URL or a header may hold a token: a bad template's error names
-    /// the fault, never the text (before, it quoted the whole template).
+    /// the fault, never the text.
     #[test]
     fn a_bad_templates_error_does_not_quote_it() {
         for raw in [

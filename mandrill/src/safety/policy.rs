@@ -307,8 +307,8 @@ mod tests {
 
     /// The placement is checked whole after the claim: a host the inventory
     /// gave another zone, address, port or user since is deferred to be
-    /// placed afresh (before, only its group was compared, and the restart
-    /// went to the old address, counted in the old zone).
+    /// placed afresh: comparing its group alone would send the restart to
+    /// the old address, counted in the old zone.
     #[test]
     fn a_host_whose_zone_or_reach_changed_since_its_placement_is_placed_afresh() {
         let placed_by = with_inventory(

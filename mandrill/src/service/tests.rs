@@ -73,8 +73,8 @@ async fn history_past_its_retention_is_pruned_in_the_background() {
 }
 
 /// A retention shorter than the rate window must not prune a restart the
-/// window still counts: before, the hourly prune deleted it and the group's
-/// next restart was allowed inside the window.
+/// window still counts, or the group's next restart would be allowed inside
+/// the window.
 #[tokio::test]
 async fn pruning_keeps_the_journal_the_guards_still_count() {
     let dir = tempfile::tempdir().unwrap();

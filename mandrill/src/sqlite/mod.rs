@@ -10,8 +10,7 @@
 //! own writer; `BEGIN IMMEDIATE` and the busy timeout order them.
 //!
 //! The writer stays on sqlx rather than rusqlite on a thread of its own,
-//! by measurement (issue 14; the benchmark's `ceiling_sqlite_sqlx_*`
-//! fields): (b)'s work through sqlx in multi-row statements, as the writer
+//! by measurement (the benchmark's `ceiling_sqlite_sqlx_*` fields): (b)'s work through sqlx in multi-row statements, as the writer
 //! writes, runs at ~0.85 of rusqlite's one-row ceiling, and the pipeline at
 //! ~0.5 of that sqlx twin. Most of the gap is the writer's own work (three
 //! commits per message: lease, claim, outcome with ack), which a driver

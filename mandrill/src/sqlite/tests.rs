@@ -69,8 +69,7 @@ async fn the_queue_and_the_store_each_get_only_their_own_tables() {
     );
 }
 
-/// A file the old code made (one migration list for both, every table in
-/// it) opens with the split migrators and keeps working, both ways round.
+/// A file made with one migration list for both (every table in it) opens with the split migrators and keeps working, both ways round.
 #[tokio::test]
 async fn a_file_made_with_the_shared_migration_list_still_opens() {
     let dir = tempfile::tempdir().unwrap();

@@ -1,10 +1,10 @@
 //! [`AnyStore`]: the store the worker holds, dispatched statically.
 //!
 //! [`Store`] is an `#[async_trait]`, so every call through `dyn Store` boxes
-//! its future: an allocation per claim and per outcome (issue 14). The
+//! its future: an allocation per claim and per outcome. The
 //! worker's hot calls go through this enum instead: a `match`, then the
 //! adapter's own unboxed `async fn`. Cold calls (history, story, prune, the
-//! switch) go through the trait, boxing as before; so does [`Other`], for
+//! switch) go through the trait, boxing; so does [`Other`], for
 //! test fakes and wrappers.
 //!
 //! The SQL stores' writes are boxed here all the same, for now: each

@@ -198,7 +198,7 @@ async fn an_extension_never_answered_does_not_keep_the_batch_from_its_next_round
 }
 
 /// A broker adapter that panics extending one lease fails that extension
-/// only: before, the panic ended the batch's task, dropping both handlers
+/// only: it must not end the batch's task, which would drop both handlers
 /// with their restarts under way.
 #[tokio::test(start_paused = true)]
 async fn an_extension_that_panics_does_not_end_its_batch() {
@@ -274,7 +274,7 @@ async fn a_panic_escaping_a_handler_after_it_settled_counts_it_out_once() {
     let stats = h.stats.clone();
     wait_until("the panic caught", || stats.panics.get() == 1).await;
     assert_eq!(stats.acked.get(), 1);
-    // Counted out once (it used to be counted out again by the batch).
+    // Counted out once: by the handler, not again by the batch.
     assert_eq!(stats.in_flight.get(), 0);
     // Its one flow-control permit came back: the next message is handled.
     h.publish("cattle-0002").await;

@@ -220,10 +220,8 @@ async fn handler_task_stays_small() {
     let policy = shared.config.policy.current();
     let task = super::handler::message(&shared, &policy, &leased, permit);
     let size = std::mem::size_of_val(&task);
-    // 704 bytes before the claim, the lease tracking and the settle retries
-    // (issue 8) added ~110. Since issue 14 this is the future a batch's
-    // FuturesUnordered holds per delivery, span and catch_unwind included
-    // (784 bytes in a debug build); its node adds ~64. With the lease timer
+    // The future a batch's FuturesUnordered holds per delivery, span and
+    // catch_unwind included (784 bytes in a debug build); its node adds ~64. With the lease timer
     // and the delivery held by the batch, 520 bytes in a debug build.
     assert!(size <= 576, "a handler task is {size} bytes");
 }

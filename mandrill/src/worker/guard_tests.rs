@@ -254,8 +254,8 @@ async fn a_deferral_by_a_counting_guard_is_counted_once() {
 }
 
 /// A rate limit a reload set while a request waited for restart capacity
-/// decides its claim (before, the claim carried the limits of the policy
-/// read when its batch was pulled, and the group was restarted again).
+/// decides its claim, not the limits of the policy read when its batch was
+/// pulled, which would restart the group again.
 #[tokio::test(start_paused = true)]
 async fn a_limit_set_by_a_reload_while_reserving_decides_the_claim() {
     let store = Arc::new(MemoryStore::new());
@@ -291,8 +291,8 @@ async fn a_limit_set_by_a_reload_while_reserving_decides_the_claim() {
 }
 
 /// A deny pattern added by a reload while the claim waited is honoured
-/// before the restart (before, only the calendar and the leash were looked
-/// at again, and the now-denied host was restarted).
+/// before the restart, with the calendar and the leash: the now-denied host
+/// is not restarted.
 #[tokio::test(start_paused = true)]
 async fn a_deny_added_by_a_reload_during_the_claim_stops_the_restart() {
     let denying = Policy {
@@ -318,7 +318,7 @@ async fn a_deny_added_by_a_reload_during_the_claim_stops_the_restart() {
 }
 
 /// `safety.require_signed` turned on by a reload while the claim waited
-/// denies an unsigned request parsed before it (before, it was restarted).
+/// denies an unsigned request parsed before it.
 #[tokio::test(start_paused = true)]
 async fn signatures_required_by_a_reload_during_the_claim_deny_an_unsigned_request() {
     let requiring = Policy {
@@ -340,7 +340,7 @@ async fn signatures_required_by_a_reload_during_the_claim_deny_an_unsigned_reque
 /// The stop conditions run between the claim and the restart, so the
 /// claim's hold lasts through them: another delivery of the request must
 /// find it held until the restart could have timed out after the slowest
-/// checks (before, the hold ignored them).
+/// checks.
 #[tokio::test(start_paused = true)]
 async fn the_claims_hold_covers_the_stop_conditions() {
     let slow = StopConditionSettings {
@@ -433,7 +433,7 @@ fn store_on_sundays_clock() -> Arc<ScriptedStore> {
 
 /// A request its `published_at` cannot date, missing or far ahead of the
 /// clock, expires `safety.max_defer` after the store first received it
-/// (before, it never expired: no time, or the publisher's, decided).
+/// (neither no time nor the publisher's clock decides).
 #[tokio::test(start_paused = true)]
 async fn a_request_its_published_at_cannot_date_expires_max_defer_after_its_first_receipt() {
     let store = store_on_sundays_clock();

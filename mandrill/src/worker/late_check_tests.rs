@@ -105,8 +105,7 @@ async fn denied_after_the_claim(
 }
 
 /// A deny pattern a SIGHUP adds while the stop conditions run stops the
-/// restart (before, only the kill switch was read after them, and the
-/// now-denied host was restarted).
+/// restart: the kill switch is not the only thing read after them.
 #[tokio::test(start_paused = true)]
 async fn a_deny_added_by_a_reload_while_the_stop_conditions_run_stops_the_restart() {
     let (h, store, restarter, server) = reload_while_the_stop_conditions_run(
@@ -135,7 +134,7 @@ MC4CAQAwBQYDK2VwBCIEIJKZIohg0kTgT0r1qaO/WUCF0GokEli8bJBBjTpGeOvA
 
 /// A requester a SIGHUP removes from `[[requesters]]` while the stop
 /// conditions run is not obeyed: its request, verified at parse, is denied
-/// right before the restart (before, it was restarted).
+/// right before the restart.
 #[tokio::test(start_paused = true)]
 async fn a_requester_removed_by_a_reload_while_the_stop_conditions_run_is_denied() {
     let alice = RequesterSettings {
@@ -181,8 +180,7 @@ async fn a_requester_removed_by_a_reload_while_the_stop_conditions_run_is_denied
 }
 
 /// `safety.require_signed` turned on by a SIGHUP while the stop conditions
-/// run denies an unsigned request already past its parse (before, it was
-/// restarted).
+/// run denies an unsigned request already past its parse.
 #[tokio::test(start_paused = true)]
 async fn signatures_required_by_a_reload_while_the_stop_conditions_run_deny_an_unsigned_request() {
     let (h, store, restarter, server) = reload_while_the_stop_conditions_run(
@@ -239,8 +237,8 @@ async fn a_host_the_inventory_moves_while_the_stop_conditions_run_is_not_restart
 
 /// An inventory that gives the host another address while the stop
 /// conditions run defers the restart and gives the claim back; the next
-/// delivery is placed afresh and restarts the host at its new address
-/// (before, the restart went to the old one).
+/// delivery is placed afresh and restarts the host at its new address, not
+/// the old one.
 #[tokio::test(start_paused = true)]
 async fn a_host_whose_address_changes_while_the_stop_conditions_run_is_placed_afresh() {
     let at_the_new_address = ScriptedRestarter {

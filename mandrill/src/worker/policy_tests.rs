@@ -96,8 +96,8 @@ async fn a_host_that_does_not_come_back_pauses_every_restart() {
     a_host_that_does_not_come_back_pauses_every_restart_with(ScriptedStore::default()).await;
 }
 
-/// The pause fails closed: a store blip while setting the switch is retried
-/// (before, one failed try was logged and restarts went on).
+/// The pause fails closed: a store blip while setting the switch is retried,
+/// not logged and passed over while restarts go on.
 #[tokio::test(start_paused = true)]
 async fn the_pause_after_an_unrecovered_host_survives_a_store_blip() {
     let store = ScriptedStore {
@@ -187,7 +187,7 @@ async fn probe_that_pauses(store: Arc<MemoryStore>) -> (String, JoinHandle<()>) 
 
 /// A `pause` after the claim's transaction, while the stop conditions run,
 /// stops the restart: the switch is read once more right before it is
-/// issued (before, only the claim read it, and the restart went ahead).
+/// issued, not only by the claim.
 /// The claim is given back, so the resumed redelivery uses attempt 1.
 #[tokio::test(start_paused = true)]
 async fn a_pause_while_the_stop_conditions_run_stops_the_restart_and_gives_the_claim_back() {

@@ -1,6 +1,6 @@
-//! The futures every in-flight message holds while it waits stay small
-//! (issue 14): the handler in its batch, and the boxed phase it is in (the
-//! claim, or the outcome). With every message in flight, their sizes are
+//! The futures every in-flight message holds while it waits stay small:
+//! the handler in its batch, and the boxed phase it is in (the claim, or
+//! the outcome). With every message in flight, their sizes are
 //! most of the worker's memory per message.
 
 use std::sync::Arc;
@@ -90,8 +90,7 @@ async fn a_waiting_messages_futures_stay_small() {
         std::mem::size_of_val(&prepare),
         std::mem::size_of_val(&conclude),
     ];
-    // Debug build: 520, 1,552 and 1,224 bytes before issue 14's memory work
-    // (the phases 1,328 and 1,104 in release); 384, 784 and 808 after.
+    // Debug build: 384, 784 and 808 bytes once the phases were boxed.
     // `prepare` holds the claim's terms across the claim: 848 since the
     // counting rule's `Limits` gained the zone budget, the requester quota
     // and the settle time (verification itself adds nothing here: it is

@@ -6,7 +6,7 @@ use super::{now_millis, parse, parse_rules, payloads};
 
 /// The SQLite ceiling's tables: the shapes of the queue's and the store's
 /// (columns, keys, indexes), without `AUTOINCREMENT` and with no JSON on
-/// the hot path, which is what issue 14 asks of the real writer.
+/// the hot path, as the real writer must write.
 pub(super) const SQLITE_SCHEMA: &str = "
 CREATE TABLE queue (
     id INTEGER PRIMARY KEY, payload BLOB NOT NULL, published_at INTEGER NOT NULL,

@@ -1,8 +1,8 @@
 //! (b) twins through sqlx: the SQLite ceiling's tables, pragmas, batches and
 //! work, written the way mandrill's writer writes them (one connection,
 //! driven from async code, statements over many rows), and one row per
-//! statement as (b) itself does. Issue 14 asks to choose the writer's
-//! driver by measurement: these against (b) are that measurement.
+//! statement as (b) itself does: the writer's driver is chosen by
+//! measurement, these against (b).
 
 use std::time::{Duration, Instant};
 

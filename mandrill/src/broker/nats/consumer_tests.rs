@@ -74,8 +74,8 @@ async fn consumer_redelivers_past_the_old_delivery_limit() {
     let info = broker.consumer().unwrap().cached_info();
     assert_eq!(info.config.max_deliver, -1);
     broker.publish(Bytes::from_static(b"m")).await.unwrap();
-    // JetStream used to stop at broker.max_deliveries (10 by default) and
-    // leave the message in the stream; now the worker decides.
+    // JetStream must not stop at broker.max_deliveries (10 by default) and
+    // leave the message in the stream: the worker decides.
     for attempt in 1..=12 {
         let delivery = pull_within(&broker, Duration::from_secs(10))
             .await

@@ -58,7 +58,7 @@ settings! {
         /// `unary` (Pull calls) or `streaming` (StreamingPull).
         pub pull: PullMode = PullMode::default(),
         /// How often a waiting unary pull asks again, until
-        /// `broker.poll_wait` is over (formerly `broker.poll_interval`).
+        /// `broker.poll_wait` is over.
         #[serde(with = "duration")]
         pub poll_interval: Duration = Duration::from_millis(100),
     }

@@ -14,7 +14,7 @@ settings! {
     #[serde(deny_unknown_fields, default)]
     pub struct SqliteSettings {
         /// How often a waiting pull looks for messages other processes
-        /// published (formerly `broker.poll_interval`).
+        /// published.
         ///
         /// This process's own publishes and nacks wake a waiting pull at once.
         #[serde(with = "duration")]

@@ -345,7 +345,8 @@ async fn two_brokers_on_one_file_never_claim_the_same_message_at_once() {
 /// A pull dropped while its claim waits in the writer (at shutdown, say):
 /// the rows then claimed for nobody are given back at once, not left leased
 /// until their deadline because no further write came to carry the release
-/// (before, a writer closing next left them leased, their delivery counted).
+/// (a writer closing next must not leave them leased, their delivery
+/// counted).
 #[tokio::test]
 async fn rows_claimed_for_a_dropped_pull_are_given_back_even_if_nothing_else_is_written() {
     let dir = tempfile::tempdir().unwrap();

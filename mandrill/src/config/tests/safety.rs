@@ -158,7 +158,7 @@ fn stop_conditions_and_the_pause_file_load_and_bad_ones_name_the_key() {
 }
 
 /// On a reload the file's stricter leash and pause win over the flags that
-/// loosened them at start-up (before, `--unleash` stayed in force over a
+/// loosened them at start-up (`--unleash` must not stay in force over a
 /// file saying `dry_run = true`); at start-up the flags win as ever, and a
 /// file that says nothing leaves them in force.
 #[test]

@@ -6,7 +6,7 @@
 //! (`row.rs`); the journal the counting guards read is in `journal.rs`,
 //! each shard keeping its own requests' attempts beside their rows.
 //! Maps hash with foldhash, not SipHash: they are hit on every message, and
-//! their keys are random ids (issue 14).
+//! their keys are random ids.
 
 mod hot;
 mod journal;

@@ -270,10 +270,10 @@ async fn a_write_refused_for_good_fails_only_its_own_caller() {
 
 #[tokio::test]
 async fn many_handlers_in_flight_never_queue_on_the_pool() {
-    // Each handler used to take a pooled connection for its lookup, its
-    // claim and its outcome: with thousands in flight and a few
-    // connections, waits grew past the pool's acquire timeout. Now the
-    // hot path holds one connection per writer and one for lookups.
+    // A pooled connection per handler for its lookup, its claim and its
+    // outcome would, with thousands in flight and a few connections, wait
+    // past the pool's acquire timeout: the hot path holds one connection
+    // per writer and one for lookups.
     let database = TestDatabase::create().await;
     let store = PostgresStore::connect_with(&database.url, 32, 2)
         .await
