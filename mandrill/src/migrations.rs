@@ -57,6 +57,7 @@ pub(crate) fn sqlite_store() -> &'static Migrator {
             "0005_control.sql",
             "0006_journal.sql",
             "0007_journal_zone_requester.sql",
+            "0008_claim_token.sql",
         ))
     });
     &MIGRATOR
@@ -71,6 +72,7 @@ pub(crate) fn postgres() -> &'static Migrator {
             "0004_control.sql",
             "0005_journal.sql",
             "0006_journal_zone_requester.sql",
+            "0007_claim_token.sql",
         ))
     });
     &MIGRATOR

@@ -13,7 +13,7 @@ use bytes::Bytes;
 use mandrill::broker::{AnyConsumer, Consumer, MemoryBroker, Publisher as _};
 use mandrill::domain::{Domain, Outcome, ParseRules, RestartRequest};
 use mandrill::safety::limits::Limits;
-use mandrill::store::{AnyStore, Claim, ClaimTerms, MemoryStore, Store};
+use mandrill::store::{AnyStore, Claim, ClaimTerms, ClaimToken, MemoryStore, Store};
 
 /// Counts the allocations made on the thread that asks.
 struct Counting;
@@ -79,7 +79,10 @@ async fn the_memory_stores_outcome_and_lookup_allocate_nothing_through_any_store
     let store = AnyStore::from(memory.clone());
     assert!(matches!(store, AnyStore::Memory(_)));
     let request = request("cattle-0001");
-    let claim = store.claim_restart(&request, &TERMS).await.unwrap();
+    let claim = store
+        .claim_restart(&request, &TERMS, ClaimToken::new())
+        .await
+        .unwrap();
     let Claim::Claimed { attempt, .. } = claim else {
         panic!("not claimed: {claim:?}");
     };
@@ -104,8 +107,11 @@ async fn a_claim_through_any_store_allocates_what_the_store_itself_does() {
     let store = AnyStore::from(memory.clone());
     let (first, second) = (request("cattle-0001"), request("cattle-0002"));
     // The row and its journal entry allocate; the call itself must not.
-    let (_, direct) = allocations(|| memory.claim_restart(&first, TERMS)).await;
-    let (_, through) = allocations(|| store.claim_restart(&second, &TERMS)).await;
+    // (The tokens are minted outside: the first draw of a thread's random
+    // numbers sets up its generator.)
+    let tokens = [ClaimToken::new(), ClaimToken::new()];
+    let (_, direct) = allocations(|| memory.claim_restart(&first, TERMS, tokens[0])).await;
+    let (_, through) = allocations(|| store.claim_restart(&second, &TERMS, tokens[1])).await;
     assert_eq!(through, direct);
     assert!(direct > 0, "a claim's row allocates");
 }

@@ -23,12 +23,13 @@ impl Store for SlowSaveStore {
         &self,
         r: &RestartRequest,
         terms: ClaimTerms,
+        token: mandrill::store::ClaimToken,
     ) -> Result<Claim, StoreError> {
         // The tutorial's save: now the claim, recorded before the restart.
         if !self.work.is_zero() {
             tokio::time::sleep(self.work).await;
         }
-        self.inner.claim_restart(r, terms).await
+        self.inner.claim_restart(r, terms, token).await
     }
     async fn record_outcome(
         &self,

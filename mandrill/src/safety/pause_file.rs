@@ -254,8 +254,9 @@ mod tests {
             &self,
             r: &crate::domain::RestartRequest,
             terms: crate::store::ClaimTerms,
+            token: crate::store::ClaimToken,
         ) -> Result<crate::store::Claim, StoreError> {
-            self.inner.claim_restart(r, terms).await
+            self.inner.claim_restart(r, terms, token).await
         }
         async fn record_outcome(
             &self,

@@ -37,6 +37,7 @@ async fn history_past_its_retention_is_pruned_in_the_background() {
                 hold: Duration::from_secs(60),
                 limits: crate::safety::Limits::NONE,
             },
+            crate::store::ClaimToken::new(),
         )
         .await
         .unwrap();
@@ -91,7 +92,10 @@ async fn pruning_keeps_the_journal_the_guards_still_count() {
         },
     };
     let first = request_for("cattle-first");
-    let claimed = store.claim_restart(&first, terms).await.unwrap();
+    let claimed = store
+        .claim_restart(&first, terms, crate::store::ClaimToken::new())
+        .await
+        .unwrap();
     assert!(
         matches!(claimed, crate::store::Claim::Claimed { attempt: 1, .. }),
         "{claimed:?}"
@@ -139,7 +143,11 @@ async fn pruning_keeps_the_journal_the_guards_still_count() {
         "the restart was pruned"
     );
     let second = store
-        .claim_restart(&request_for("cattle-second"), terms)
+        .claim_restart(
+            &request_for("cattle-second"),
+            terms,
+            crate::store::ClaimToken::new(),
+        )
         .await
         .unwrap();
     assert!(

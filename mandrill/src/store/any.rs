@@ -22,8 +22,8 @@ use std::sync::Arc;
 use uuid::Uuid;
 
 use super::{
-    Claim, ClaimTerms, MemoryStore, PostgresStore, Recorded, SqliteStore, Store, StoreError,
-    Switch, Timestamp,
+    Claim, ClaimTerms, ClaimToken, MemoryStore, PostgresStore, Recorded, SqliteStore, Store,
+    StoreError, Switch, Timestamp,
 };
 use crate::domain::{Outcome, RestartRequest, Status};
 use crate::sqlite::JointAck;
@@ -82,18 +82,19 @@ impl AnyStore {
         &self,
         request: &RestartRequest,
         terms: &ClaimTerms,
+        token: ClaimToken,
     ) -> Result<Claim, StoreError> {
         match self {
-            Self::Memory(store) => store.claim(request, terms).await,
+            Self::Memory(store) => store.claim(request, terms, token),
             Self::Sqlite(store) => {
-                let call = Box::pin(store.claim_restart(request, *terms));
+                let call = Box::pin(store.claim_restart(request, *terms, token));
                 call.await
             }
             Self::Postgres(store) => {
-                let call = Box::pin(store.claim_restart(request, *terms));
+                let call = Box::pin(store.claim_restart(request, *terms, token));
                 call.await
             }
-            Self::Other(store) => store.claim_restart(request, *terms).await,
+            Self::Other(store) => store.claim_restart(request, *terms, token).await,
         }
     }
 
@@ -286,7 +287,7 @@ mod tests {
         };
         let outcome = Outcome::restarted();
         let sizes = [
-            size(&sqlite.claim_restart(&request, &terms)),
+            size(&sqlite.claim_restart(&request, &terms, ClaimToken::new())),
             size(&sqlite.record_outcome(&request, 1, &outcome)),
             size(&sqlite.record_outcome_acking(&request, 1, &outcome, None)),
             size(&sqlite.release_claim(&request, 1)),

@@ -72,6 +72,39 @@ pub struct ClaimTerms {
     pub limits: Limits,
 }
 
+/// Names one call that claims, kept with the claim it made: the caller
+/// passes the same token again when it retries that call, so that a claim
+/// committed whose answer never reached it (a connection cut after the
+/// commit, a caller that stopped waiting) is answered again rather than
+/// taken for another delivery's claim in flight. A caller mints one per
+/// claim it means to make, never one per try.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ClaimToken(u64);
+
+impl ClaimToken {
+    /// A new token: 64 random bits, so that no two claims of a request, on
+    /// any number of instances, carry the same one.
+    pub fn new() -> Self {
+        Self(rand::random())
+    }
+
+    /// The token as the SQL stores keep it (`BIGINT`): the same 64 bits.
+    pub(crate) fn to_stored(self) -> i64 {
+        i64::from_ne_bytes(self.0.to_ne_bytes())
+    }
+
+    /// A token the SQL stores kept ([`ClaimToken::to_stored`]).
+    pub(crate) fn from_stored(stored: i64) -> Self {
+        Self(u64::from_ne_bytes(stored.to_ne_bytes()))
+    }
+}
+
+impl Default for ClaimToken {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 /// The part of a stored row that decides a claim.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct ClaimState {
@@ -81,6 +114,23 @@ pub(crate) struct ClaimState {
     /// When the hold of the last claim expires; `None` once its outcome is
     /// recorded.
     pub claim_until: Option<i64>,
+    /// The token of the call that made the last claim (`None` for a claim
+    /// written before tokens were kept); read only while its hold lasts.
+    pub token: Option<ClaimToken>,
+    /// The earlier attempt the last claim counted as issued with its
+    /// outcome unknown, as that claim answered.
+    pub unknown: Option<u32>,
+}
+
+impl ClaimState {
+    /// A request never claimed: received, no attempt.
+    pub(crate) const NEW: Self = Self {
+        status: Status::Received,
+        attempts: 0,
+        claim_until: None,
+        token: None,
+        unknown: None,
+    };
 }
 
 /// What [`Store::set_switch_if`](super::Store::set_switch_if) must find
@@ -123,6 +173,10 @@ impl Switch {
 pub(crate) struct ClaimWrite {
     pub attempts: u32,
     pub claim_until: i64,
+    /// The claiming call's token, kept with the claim.
+    pub token: ClaimToken,
+    /// The earlier attempt counted as issued with its outcome unknown.
+    pub unknown: Option<u32>,
     /// Set when an earlier attempt's outcome is unknown, so history says so.
     pub last_error: Option<String>,
     /// What the counting guards said, for the restart journal.
@@ -233,21 +287,31 @@ pub(crate) fn usage_subject_from(
 /// The one place the claim rule lives; each store reads the row (and, when
 /// a counting guard is on, the journal's [`Usage`]), calls this, and writes
 /// the result in the same transaction.
+///
+/// A claim still held that `token`'s own call made (its answer was lost,
+/// and the call is retried) is answered as it was, and nothing is written:
+/// before the kill switch is read, as that claim was decided before any
+/// pause that came since. Once its hold expired, it is taken as any other
+/// claim whose outcome is unknown.
 pub(crate) fn decide_claim(
     request: &RestartRequest,
     state: Option<ClaimState>,
     switch: &Switch,
     now: i64,
     terms: ClaimTerms,
+    token: ClaimToken,
     usage: &Usage,
 ) -> (Claim, Option<ClaimWrite>) {
-    let state = state.unwrap_or(ClaimState {
-        status: Status::Received,
-        attempts: 0,
-        claim_until: None,
-    });
+    let state = state.unwrap_or(ClaimState::NEW);
     if state.status.is_final() {
         return (Claim::Final(state.status), None);
+    }
+    if state.token == Some(token) && state.claim_until.is_some_and(|until| now < until) {
+        let claim = Claim::Claimed {
+            attempt: state.attempts,
+            unknown: state.unknown,
+        };
+        return (claim, None);
     }
     if switch.paused {
         let reason = switch.paused_reason();
@@ -293,6 +357,8 @@ pub(crate) fn decide_claim(
     let write = ClaimWrite {
         attempts: attempt,
         claim_until: now.saturating_add(hold),
+        token,
+        unknown,
         last_error: unknown.map(unknown_outcome),
         verdict,
     };

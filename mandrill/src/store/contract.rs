@@ -26,6 +26,7 @@ pub async fn all(store: &dyn Store) {
     every_final_status_is_kept(store).await;
     outcome_without_claim_creates_row(store).await;
     claim_holds_and_unknown_outcomes_count(store).await;
+    a_retried_claim_with_its_own_token_gets_the_same_attempt_and_writes_nothing(store).await;
     a_released_claim_is_not_a_used_attempt(store).await;
     rejections_are_listed_but_never_count_as_the_request(store).await;
     outcome_details_are_kept(store).await;
@@ -41,7 +42,10 @@ pub async fn all(store: &dyn Store) {
 pub async fn final_outcome_is_never_overwritten(store: &dyn Store) {
     let request = request("cattle-0001");
     assert_eq!(store.lookup(request.message_id).await.unwrap(), None);
-    let claimed = store.claim_restart(&request, TERMS).await.unwrap();
+    let claimed = store
+        .claim_restart(&request, TERMS, ClaimToken::new())
+        .await
+        .unwrap();
     assert_eq!(
         claimed,
         Claim::Claimed {
@@ -61,7 +65,10 @@ pub async fn final_outcome_is_never_overwritten(store: &dyn Store) {
         Recorded::Recorded
     );
     assert_eq!(
-        store.claim_restart(&request, TERMS).await.unwrap(),
+        store
+            .claim_restart(&request, TERMS, ClaimToken::new())
+            .await
+            .unwrap(),
         Claim::Claimed {
             attempt: 2,
             unknown: None
@@ -76,7 +83,10 @@ pub async fn final_outcome_is_never_overwritten(store: &dyn Store) {
     );
     // A late duplicate neither claims nor overwrites the final outcome.
     assert_eq!(
-        store.claim_restart(&request, TERMS).await.unwrap(),
+        store
+            .claim_restart(&request, TERMS, ClaimToken::new())
+            .await
+            .unwrap(),
         Claim::Final(Status::Restarted)
     );
     assert_eq!(
@@ -120,7 +130,10 @@ pub async fn every_final_status_is_kept(store: &dyn Store) {
     for (n, outcome) in finals.iter().enumerate() {
         let request = request(&format!("steer-{n:04}"));
         assert_eq!(
-            store.claim_restart(&request, TERMS).await.unwrap(),
+            store
+                .claim_restart(&request, TERMS, ClaimToken::new())
+                .await
+                .unwrap(),
             Claim::Claimed {
                 attempt: 1,
                 unknown: None
@@ -143,7 +156,10 @@ pub async fn every_final_status_is_kept(store: &dyn Store) {
             Some(outcome.status())
         );
         assert_eq!(
-            store.claim_restart(&request, TERMS).await.unwrap(),
+            store
+                .claim_restart(&request, TERMS, ClaimToken::new())
+                .await
+                .unwrap(),
             Claim::Final(outcome.status())
         );
     }
@@ -161,7 +177,10 @@ pub async fn the_first_receipt_is_kept(store: &dyn Store) {
     // Later, and after a claim: still the first time.
     tokio::time::sleep(Duration::from_millis(5)).await;
     assert_eq!(store.first_received(&undated).await.unwrap(), first);
-    let claim = store.claim_restart(&undated, TERMS).await.unwrap();
+    let claim = store
+        .claim_restart(&undated, TERMS, ClaimToken::new())
+        .await
+        .unwrap();
     assert!(
         matches!(claim, Claim::Claimed { attempt: 1, .. }),
         "{claim:?}"
@@ -169,7 +188,10 @@ pub async fn the_first_receipt_is_kept(store: &dyn Store) {
     assert_eq!(store.first_received(&undated).await.unwrap(), first);
     // A request claimed first was received when it was claimed.
     let claimed = request("cattle-claimed-first");
-    store.claim_restart(&claimed, TERMS).await.unwrap();
+    store
+        .claim_restart(&claimed, TERMS, ClaimToken::new())
+        .await
+        .unwrap();
     let received = entry(store, claimed.message_id).await.received_at;
     tokio::time::sleep(Duration::from_millis(5)).await;
     assert_eq!(store.first_received(&claimed).await.unwrap(), received);
@@ -195,7 +217,10 @@ pub async fn outcome_without_claim_creates_row(store: &dyn Store) {
 
 pub async fn claim_holds_and_unknown_outcomes_count(store: &dyn Store) {
     let request = request("cattle-0003");
-    let first = store.claim_restart(&request, TERMS).await.unwrap();
+    let first = store
+        .claim_restart(&request, TERMS, ClaimToken::new())
+        .await
+        .unwrap();
     assert_eq!(
         first,
         Claim::Claimed {
@@ -204,7 +229,10 @@ pub async fn claim_holds_and_unknown_outcomes_count(store: &dyn Store) {
         }
     );
     // While the claim holds, no other delivery may restart.
-    let Claim::InFlight { attempt: 1, wait } = store.claim_restart(&request, TERMS).await.unwrap()
+    let Claim::InFlight { attempt: 1, wait } = store
+        .claim_restart(&request, TERMS, ClaimToken::new())
+        .await
+        .unwrap()
     else {
         panic!("a held claim must block a second one");
     };
@@ -218,7 +246,10 @@ pub async fn claim_holds_and_unknown_outcomes_count(store: &dyn Store) {
     };
     let other = self::request("cattle-0004");
     assert_eq!(
-        store.claim_restart(&other, expired).await.unwrap(),
+        store
+            .claim_restart(&other, expired, ClaimToken::new())
+            .await
+            .unwrap(),
         Claim::Claimed {
             attempt: 1,
             unknown: None
@@ -226,7 +257,10 @@ pub async fn claim_holds_and_unknown_outcomes_count(store: &dyn Store) {
     );
     tokio::time::sleep(Duration::from_millis(5)).await;
     assert_eq!(
-        store.claim_restart(&other, expired).await.unwrap(),
+        store
+            .claim_restart(&other, expired, ClaimToken::new())
+            .await
+            .unwrap(),
         Claim::Claimed {
             attempt: 2,
             unknown: Some(1)
@@ -243,7 +277,10 @@ pub async fn claim_holds_and_unknown_outcomes_count(store: &dyn Store) {
     );
     tokio::time::sleep(Duration::from_millis(5)).await;
     assert_eq!(
-        store.claim_restart(&other, expired).await.unwrap(),
+        store
+            .claim_restart(&other, expired, ClaimToken::new())
+            .await
+            .unwrap(),
         Claim::Claimed {
             attempt: 3,
             unknown: Some(2)
@@ -251,7 +288,10 @@ pub async fn claim_holds_and_unknown_outcomes_count(store: &dyn Store) {
     );
     tokio::time::sleep(Duration::from_millis(5)).await;
     assert_eq!(
-        store.claim_restart(&other, expired).await.unwrap(),
+        store
+            .claim_restart(&other, expired, ClaimToken::new())
+            .await
+            .unwrap(),
         Claim::Exhausted {
             attempts: 3,
             unknown: Some(3)
@@ -263,9 +303,81 @@ pub async fn claim_holds_and_unknown_outcomes_count(store: &dyn Store) {
         .await
         .unwrap();
     assert_eq!(
-        store.claim_restart(&request, TERMS).await.unwrap(),
+        store
+            .claim_restart(&request, TERMS, ClaimToken::new())
+            .await
+            .unwrap(),
         Claim::Claimed {
             attempt: 2,
+            unknown: None
+        }
+    );
+}
+
+/// A call whose claim was committed but whose answer was lost tries again
+/// with the same token: it is answered with the attempt it claimed (and
+/// what that claim counted as unknown), nothing is written, and the claim
+/// still holds against any other call, even once the switch is paused.
+pub async fn a_retried_claim_with_its_own_token_gets_the_same_attempt_and_writes_nothing(
+    store: &dyn Store,
+) {
+    let request = request("cattle-0008");
+    let expired = ClaimTerms {
+        hold: Duration::ZERO,
+        ..TERMS
+    };
+    store
+        .claim_restart(&request, expired, ClaimToken::new())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let token = ClaimToken::new();
+    let claimed = Claim::Claimed {
+        attempt: 2,
+        unknown: Some(1),
+    };
+    assert_eq!(
+        store.claim_restart(&request, TERMS, token).await.unwrap(),
+        claimed
+    );
+    let before = store.story(request.message_id).await.unwrap().unwrap();
+    // Later, so that a write would show in the times.
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    assert_eq!(
+        store.claim_restart(&request, TERMS, token).await.unwrap(),
+        claimed,
+        "the same call, tried again, gets the same answer"
+    );
+    assert_eq!(
+        store.story(request.message_id).await.unwrap().unwrap(),
+        before,
+        "answering it again writes nothing"
+    );
+    assert!(
+        matches!(
+            store
+                .claim_restart(&request, TERMS, ClaimToken::new())
+                .await
+                .unwrap(),
+            Claim::InFlight { attempt: 2, .. }
+        ),
+        "another call finds the claim in flight"
+    );
+    // Decided before the pause: the answer it would have had.
+    store.set_switch(true, "contract", "retry").await.unwrap();
+    let retried = store.claim_restart(&request, TERMS, token).await;
+    store.set_switch(false, "contract", "done").await.unwrap();
+    assert_eq!(retried.unwrap(), claimed);
+    // Its outcome recorded, the claim no longer holds: the token answers
+    // nothing any more.
+    store
+        .record_outcome(&request, 2, &Outcome::Retrying { error: "e".into() })
+        .await
+        .unwrap();
+    assert_eq!(
+        store.claim_restart(&request, TERMS, token).await.unwrap(),
+        Claim::Claimed {
+            attempt: 3,
             unknown: None
         }
     );
@@ -277,7 +389,10 @@ pub async fn a_released_claim_is_not_a_used_attempt(store: &dyn Store) {
         let request = request.clone();
         async move {
             assert_eq!(
-                store.claim_restart(&request, TERMS).await.unwrap(),
+                store
+                    .claim_restart(&request, TERMS, ClaimToken::new())
+                    .await
+                    .unwrap(),
                 Claim::Claimed {
                     attempt: expected,
                     unknown: None
@@ -293,7 +408,10 @@ pub async fn a_released_claim_is_not_a_used_attempt(store: &dyn Store) {
     // Only the latest, still-held claim is given back.
     store.release_claim(&request, 2).await.unwrap();
     assert!(matches!(
-        store.claim_restart(&request, TERMS).await.unwrap(),
+        store
+            .claim_restart(&request, TERMS, ClaimToken::new())
+            .await
+            .unwrap(),
         Claim::InFlight { attempt: 1, .. }
     ));
     store
@@ -338,7 +456,10 @@ pub async fn rejections_are_listed_but_never_count_as_the_request(store: &dyn St
     // valid request with the same id count as done.
     assert_eq!(store.lookup(id).await.unwrap(), None);
     assert_eq!(
-        store.claim_restart(&valid, TERMS).await.unwrap(),
+        store
+            .claim_restart(&valid, TERMS, ClaimToken::new())
+            .await
+            .unwrap(),
         Claim::Claimed {
             attempt: 1,
             unknown: None
@@ -388,7 +509,10 @@ pub async fn outcome_details_are_kept(store: &dyn Store) {
         max_payload_bytes: 1024,
     };
     let request = RestartRequest::parse(payload.as_bytes(), &rules).unwrap();
-    store.claim_restart(&request, TERMS).await.unwrap();
+    store
+        .claim_restart(&request, TERMS, ClaimToken::new())
+        .await
+        .unwrap();
     let restarted = Outcome::Restarted(crate::domain::Restarted {
         recovered_after: Some(Duration::from_millis(12_345)),
         output: Some("app restarted".into()),
@@ -415,7 +539,11 @@ pub async fn the_kill_switch_stops_every_claim_until_resumed(store: &dyn Store) 
     assert_eq!(switch.by.as_deref(), Some("sre-on-call"));
     assert_eq!(switch.reason.as_deref(), Some("incident 42"));
     assert!(switch.since.is_some());
-    let Claim::Paused { reason } = store.claim_restart(&request, TERMS).await.unwrap() else {
+    let Claim::Paused { reason } = store
+        .claim_restart(&request, TERMS, ClaimToken::new())
+        .await
+        .unwrap()
+    else {
         panic!("a paused store must refuse the claim");
     };
     assert!(
@@ -437,7 +565,10 @@ pub async fn the_kill_switch_stops_every_claim_until_resumed(store: &dyn Store) 
         .unwrap();
     assert!(!store.switch().await.unwrap().paused);
     assert_eq!(
-        store.claim_restart(&request, TERMS).await.unwrap(),
+        store
+            .claim_restart(&request, TERMS, ClaimToken::new())
+            .await
+            .unwrap(),
         Claim::Claimed {
             attempt: 1,
             unknown: None
@@ -512,14 +643,20 @@ pub async fn counting_guards_are_decided_in_the_claim_and_journaled(store: &dyn 
     let second = request("herd-0002");
     let third = request("herd-0003");
     assert_eq!(
-        store.claim_restart(&first, limited).await.unwrap(),
+        store
+            .claim_restart(&first, limited, ClaimToken::new())
+            .await
+            .unwrap(),
         Claim::Claimed {
             attempt: 1,
             unknown: None
         }
     );
     // herd-0001's restart is in flight: the group's one disruption.
-    let Claim::Deferred { guard, wait, .. } = store.claim_restart(&second, limited).await.unwrap()
+    let Claim::Deferred { guard, wait, .. } = store
+        .claim_restart(&second, limited, ClaimToken::new())
+        .await
+        .unwrap()
     else {
         panic!("the budget must hold while another host of the group is disrupted");
     };
@@ -529,7 +666,10 @@ pub async fn counting_guards_are_decided_in_the_claim_and_journaled(store: &dyn 
         .await
         .unwrap();
     assert!(matches!(
-        store.claim_restart(&second, limited).await.unwrap(),
+        store
+            .claim_restart(&second, limited, ClaimToken::new())
+            .await
+            .unwrap(),
         Claim::Claimed { attempt: 1, .. }
     ));
     store
@@ -542,7 +682,10 @@ pub async fn counting_guards_are_decided_in_the_claim_and_journaled(store: &dyn 
         guard,
         wait,
         reason,
-    } = store.claim_restart(&third, limited).await.unwrap()
+    } = store
+        .claim_restart(&third, limited, ClaimToken::new())
+        .await
+        .unwrap()
     else {
         panic!("the rate limit must hold");
     };
@@ -553,7 +696,10 @@ pub async fn counting_guards_are_decided_in_the_claim_and_journaled(store: &dyn 
     let mut other = request("herd-0004");
     other.group = Some("flock".into());
     assert!(matches!(
-        store.claim_restart(&other, limited).await.unwrap(),
+        store
+            .claim_restart(&other, limited, ClaimToken::new())
+            .await
+            .unwrap(),
         Claim::Claimed { attempt: 1, .. }
     ));
     // ...and a claim given back leaves nothing in the journal.
@@ -567,7 +713,11 @@ pub async fn counting_guards_are_decided_in_the_claim_and_journaled(store: &dyn 
         ..TERMS
     };
     let again = request("herd-0001");
-    let Claim::Deferred { guard, .. } = store.claim_restart(&again, cooling).await.unwrap() else {
+    let Claim::Deferred { guard, .. } = store
+        .claim_restart(&again, cooling, ClaimToken::new())
+        .await
+        .unwrap()
+    else {
         panic!("the host cooldown must hold");
     };
     assert_eq!(guard, "host cooldown");
@@ -582,7 +732,10 @@ pub async fn counting_guards_are_decided_in_the_claim_and_journaled(store: &dyn 
         },
         ..TERMS
     };
-    store.claim_restart(&leashed, once).await.unwrap();
+    store
+        .claim_restart(&leashed, once, ClaimToken::new())
+        .await
+        .unwrap();
     let dry = Outcome::DryRun {
         action: "run [\"true\"]".into(),
     };
@@ -591,7 +744,10 @@ pub async fn counting_guards_are_decided_in_the_claim_and_journaled(store: &dyn 
     next.group = Some("lamb".into());
     assert!(
         matches!(
-            store.claim_restart(&next, once).await.unwrap(),
+            store
+                .claim_restart(&next, once, ClaimToken::new())
+                .await
+                .unwrap(),
             Claim::Claimed { attempt: 1, .. }
         ),
         "a dry run must not use up the group's one restart"
@@ -615,7 +771,10 @@ pub async fn counting_guards_are_decided_in_the_claim_and_journaled(store: &dyn 
     assert!(story.attempts.is_empty());
     assert_eq!(story.decisions[0].guard, "rate limit");
     // A repeated verdict is told once.
-    store.claim_restart(&third, limited).await.unwrap();
+    store
+        .claim_restart(&third, limited, ClaimToken::new())
+        .await
+        .unwrap();
     assert_eq!(
         store
             .story(third.message_id)
@@ -657,7 +816,10 @@ pub async fn counting_guards_are_decided_in_the_claim_and_journaled(store: &dyn 
         "{usage:?}"
     );
     assert!(!usage.contains_key("flock"), "{usage:?}");
-    store.claim_restart(&third, TERMS).await.unwrap();
+    store
+        .claim_restart(&third, TERMS, ClaimToken::new())
+        .await
+        .unwrap();
     let usage = store.group_usage(hour_ago, hour_ago).await.unwrap();
     assert_eq!(usage["herd"].disrupted, 1, "in flight: {usage:?}");
 }
@@ -697,21 +859,33 @@ pub async fn the_requester_quota_and_the_zone_budget_count_across_groups_and_ins
     let by_ci = |instance: &str, group: &str| request_of(instance, group, None, Some("ci-quota"));
     let one = by_ci("quota-a-0001", "quota-a");
     assert!(matches!(
-        first.claim_restart(&one, quota).await.unwrap(),
+        first
+            .claim_restart(&one, quota, ClaimToken::new())
+            .await
+            .unwrap(),
         Claim::Claimed { attempt: 1, .. }
     ));
     // A dry run issued nothing, and a claim given back was never used.
     let leashed = by_ci("quota-b-0001", "quota-b");
-    second.claim_restart(&leashed, quota).await.unwrap();
+    second
+        .claim_restart(&leashed, quota, ClaimToken::new())
+        .await
+        .unwrap();
     let dry = Outcome::DryRun {
         action: "run [\"true\"]".into(),
     };
     second.record_outcome(&leashed, 1, &dry).await.unwrap();
     let released = by_ci("quota-c-0001", "quota-c");
-    first.claim_restart(&released, quota).await.unwrap();
+    first
+        .claim_restart(&released, quota, ClaimToken::new())
+        .await
+        .unwrap();
     first.release_claim(&released, 1).await.unwrap();
     let two = by_ci("quota-b-0002", "quota-b");
-    let claim = second.claim_restart(&two, quota).await.unwrap();
+    let claim = second
+        .claim_restart(&two, quota, ClaimToken::new())
+        .await
+        .unwrap();
     assert!(
         matches!(claim, Claim::Claimed { attempt: 1, .. }),
         "{claim:?}"
@@ -725,7 +899,10 @@ pub async fn the_requester_quota_and_the_zone_budget_count_across_groups_and_ins
     // either instance.
     for store in [first, second] {
         let three = by_ci("quota-c-0002", "quota-c");
-        let claim = store.claim_restart(&three, quota).await.unwrap();
+        let claim = store
+            .claim_restart(&three, quota, ClaimToken::new())
+            .await
+            .unwrap();
         let Claim::Deferred {
             guard,
             wait,
@@ -744,7 +921,10 @@ pub async fn the_requester_quota_and_the_zone_budget_count_across_groups_and_ins
     // Another requester has its own quota.
     let other = request_of("quota-c-0003", "quota-c", None, Some("ci-other"));
     assert!(matches!(
-        second.claim_restart(&other, quota).await.unwrap(),
+        second
+            .claim_restart(&other, quota, ClaimToken::new())
+            .await
+            .unwrap(),
         Claim::Claimed { attempt: 1, .. }
     ));
 
@@ -760,13 +940,19 @@ pub async fn the_requester_quota_and_the_zone_budget_count_across_groups_and_ins
         |instance: &str, group: &str, zone: &str| request_of(instance, group, Some(zone), None);
     let one = in_zone("zone-a-0001", "zone-a", "eu-quota-1a");
     assert!(matches!(
-        first.claim_restart(&one, zoned).await.unwrap(),
+        first
+            .claim_restart(&one, zoned, ClaimToken::new())
+            .await
+            .unwrap(),
         Claim::Claimed { attempt: 1, .. }
     ));
     // zone-a-0001's restart is in flight: its zone's one disruption, which
     // holds a host of another group, on another instance...
     let neighbour = in_zone("zone-b-0001", "zone-b", "eu-quota-1a");
-    let claim = second.claim_restart(&neighbour, zoned).await.unwrap();
+    let claim = second
+        .claim_restart(&neighbour, zoned, ClaimToken::new())
+        .await
+        .unwrap();
     let Claim::Deferred {
         guard,
         wait,
@@ -780,7 +966,10 @@ pub async fn the_requester_quota_and_the_zone_budget_count_across_groups_and_ins
     // ...but not a host of the same group in another zone.
     let elsewhere = in_zone("zone-b-0002", "zone-b", "eu-quota-1b");
     assert!(matches!(
-        second.claim_restart(&elsewhere, zoned).await.unwrap(),
+        second
+            .claim_restart(&elsewhere, zoned, ClaimToken::new())
+            .await
+            .unwrap(),
         Claim::Claimed { attempt: 1, .. }
     ));
     // Recovered (verified: no settle here), the zone is free again.
@@ -789,7 +978,10 @@ pub async fn the_requester_quota_and_the_zone_budget_count_across_groups_and_ins
         .await
         .unwrap();
     assert!(matches!(
-        second.claim_restart(&neighbour, zoned).await.unwrap(),
+        second
+            .claim_restart(&neighbour, zoned, ClaimToken::new())
+            .await
+            .unwrap(),
         Claim::Claimed { attempt: 1, .. }
     ));
     let story = first.story(neighbour.message_id).await.unwrap().unwrap();
@@ -820,7 +1012,10 @@ pub async fn a_request_without_zone_or_requester_is_never_counted_in_them(store:
     // Two plain requests in flight at once: neither limit holds them.
     for instance in ["plain-0001", "plain-0002"] {
         let plain = request_of(instance, "plain", None, None);
-        let claim = store.claim_restart(&plain, strict).await.unwrap();
+        let claim = store
+            .claim_restart(&plain, strict, ClaimToken::new())
+            .await
+            .unwrap();
         assert!(
             matches!(claim, Claim::Claimed { attempt: 1, .. }),
             "{claim:?}"
@@ -829,20 +1024,30 @@ pub async fn a_request_without_zone_or_requester_is_never_counted_in_them(store:
     // Nor do they count: a zone's first disruption and a requester's first
     // restart are still free (in flight, the plain hosts would fill both).
     let zoned = request_of("plain-0003", "plain", Some("eu-plain-1a"), None);
-    let claim = store.claim_restart(&zoned, strict).await.unwrap();
+    let claim = store
+        .claim_restart(&zoned, strict, ClaimToken::new())
+        .await
+        .unwrap();
     assert!(
         matches!(claim, Claim::Claimed { attempt: 1, .. }),
         "{claim:?}"
     );
     let signed = request_of("plain-0004", "plain", None, Some("ci-plain"));
-    let claim = store.claim_restart(&signed, strict).await.unwrap();
+    let claim = store
+        .claim_restart(&signed, strict, ClaimToken::new())
+        .await
+        .unwrap();
     assert!(
         matches!(claim, Claim::Claimed { attempt: 1, .. }),
         "{claim:?}"
     );
     // And the signed, zoned ones are counted: each limit is now spent.
     let next = request_of("plain-0005", "plain", Some("eu-plain-1a"), Some("ci-plain"));
-    let Claim::Deferred { guard, .. } = store.claim_restart(&next, strict).await.unwrap() else {
+    let Claim::Deferred { guard, .. } = store
+        .claim_restart(&next, strict, ClaimToken::new())
+        .await
+        .unwrap()
+    else {
         panic!("the zone's and the requester's own claims must count");
     };
     assert_eq!(guard, "requester quota");
@@ -872,7 +1077,10 @@ pub async fn a_restarted_host_counts_as_disrupted_until_settle_passes(
     };
     let first = request_of("settle-a-0001", "settle-a", Some("eu-settle-1a"), None);
     assert!(matches!(
-        store.claim_restart(&first, settling).await.unwrap(),
+        store
+            .claim_restart(&first, settling, ClaimToken::new())
+            .await
+            .unwrap(),
         Claim::Claimed { attempt: 1, .. }
     ));
     store
@@ -881,14 +1089,20 @@ pub async fn a_restarted_host_counts_as_disrupted_until_settle_passes(
         .unwrap();
     // Restarted, not yet settled: its group's one disruption...
     let sibling = request_of("settle-a-0002", "settle-a", Some("eu-settle-1b"), None);
-    let claim = store.claim_restart(&sibling, settling).await.unwrap();
+    let claim = store
+        .claim_restart(&sibling, settling, ClaimToken::new())
+        .await
+        .unwrap();
     let Claim::Deferred { guard, .. } = claim else {
         panic!("a restarted host must count until settle passes: {claim:?}");
     };
     assert_eq!(guard, "disruption budget");
     // ...and its zone's.
     let neighbour = request_of("settle-b-0001", "settle-b", Some("eu-settle-1a"), None);
-    let claim = store.claim_restart(&neighbour, settling).await.unwrap();
+    let claim = store
+        .claim_restart(&neighbour, settling, ClaimToken::new())
+        .await
+        .unwrap();
     let Claim::Deferred { guard, .. } = claim else {
         panic!("a restarted host must count in its zone until settle passes: {claim:?}");
     };
@@ -902,7 +1116,10 @@ pub async fn a_restarted_host_counts_as_disrupted_until_settle_passes(
         },
         ..settling
     };
-    let claim = store.claim_restart(&neighbour, verified).await.unwrap();
+    let claim = store
+        .claim_restart(&neighbour, verified, ClaimToken::new())
+        .await
+        .unwrap();
     assert!(
         matches!(claim, Claim::Claimed { attempt: 1, .. }),
         "{claim:?}"
@@ -910,12 +1127,18 @@ pub async fn a_restarted_host_counts_as_disrupted_until_settle_passes(
     store.release_claim(&neighbour, 1).await.unwrap();
     settle_passes.await;
     // Settled: its zone and its group are free.
-    let claim = store.claim_restart(&neighbour, settling).await.unwrap();
+    let claim = store
+        .claim_restart(&neighbour, settling, ClaimToken::new())
+        .await
+        .unwrap();
     assert!(
         matches!(claim, Claim::Claimed { attempt: 1, .. }),
         "{claim:?}"
     );
-    let claim = store.claim_restart(&sibling, settling).await.unwrap();
+    let claim = store
+        .claim_restart(&sibling, settling, ClaimToken::new())
+        .await
+        .unwrap();
     assert!(
         matches!(claim, Claim::Claimed { attempt: 1, .. }),
         "{claim:?}"
@@ -945,12 +1168,18 @@ pub async fn a_claim_stamped_after_now_still_cools_its_host(
     };
     let first = request("stray-0001");
     assert!(matches!(
-        store.claim_restart(&first, cooling).await.unwrap(),
+        store
+            .claim_restart(&first, cooling, ClaimToken::new())
+            .await
+            .unwrap(),
         Claim::Claimed { attempt: 1, .. }
     ));
     stamp_later.await;
     let second = request("stray-0001");
-    let claim = store.claim_restart(&second, cooling).await.unwrap();
+    let claim = store
+        .claim_restart(&second, cooling, ClaimToken::new())
+        .await
+        .unwrap();
     let Claim::Deferred { guard, .. } = claim else {
         panic!("the host cooldown must hold against a claim stamped later: {claim:?}");
     };
@@ -982,7 +1211,10 @@ pub async fn a_claim_that_waits_for_the_guards_locks_is_stamped_when_it_gets_the
         ..TERMS
     };
     let waiting = request("cattle-wait");
-    let (claim, released) = tokio::join!(store.claim_restart(&waiting, limited), release);
+    let (claim, released) = tokio::join!(
+        store.claim_restart(&waiting, limited, ClaimToken::new()),
+        release
+    );
     let claim = claim.unwrap();
     assert!(
         matches!(claim, Claim::Claimed { attempt: 1, .. }),

@@ -32,7 +32,7 @@ use uuid::Uuid;
 use crate::domain::{Outcome, RestartRequest, Status};
 
 pub use any::AnyStore;
-pub use claim::{Claim, ClaimTerms, Decision, Switch, SwitchExpected, unknown_outcome};
+pub use claim::{Claim, ClaimTerms, ClaimToken, Decision, Switch, SwitchExpected, unknown_outcome};
 pub(crate) use claim::{
     ClaimState, ClaimWrite, UsageBinds, UsageRow, UsageSubjectRow, claim_decision, decide_claim,
     switch_from, usage_binds, usage_from, usage_subject_from,
@@ -60,10 +60,15 @@ pub trait Store: Send + Sync + 'static {
     /// issues anything; see [`Claim`]. Creates the row if need be. Atomic:
     /// two deliveries of one request, on any number of instances, never both
     /// claim while a claim holds.
+    ///
+    /// `token` names the call: the claim keeps it, and the same call tried
+    /// again with it while that claim holds (its answer was lost) is
+    /// answered with the same attempt, writing nothing; see [`ClaimToken`].
     async fn claim_restart(
         &self,
         request: &RestartRequest,
         terms: ClaimTerms,
+        token: ClaimToken,
     ) -> Result<Claim, StoreError>;
 
     /// Records the outcome of restart attempt `attempt`, unless a final

@@ -247,7 +247,10 @@ mod tests {
             contract::request("herd-0011"),
         ];
         for request in &claimed {
-            store.claim_restart(request, terms).await.unwrap();
+            store
+                .claim_restart(request, terms, crate::store::ClaimToken::new())
+                .await
+                .unwrap();
         }
         let limits = Limits {
             window: Duration::from_secs(3600),

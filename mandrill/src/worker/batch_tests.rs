@@ -16,8 +16,9 @@ impl Store for PanicsOnPanicRecords {
         &self,
         r: &RestartRequest,
         terms: ClaimTerms,
+        token: crate::store::ClaimToken,
     ) -> Result<Claim, StoreError> {
-        self.0.claim_restart(r, terms).await
+        self.0.claim_restart(r, terms, token).await
     }
     async fn record_outcome(
         &self,

@@ -379,7 +379,11 @@ async fn the_claims_hold_covers_the_stop_conditions() {
         hold: Duration::from_secs(1),
         limits: crate::safety::Limits::NONE,
     };
-    let claim = store.inner.claim_restart(&duplicate, terms).await.unwrap();
+    let claim = store
+        .inner
+        .claim_restart(&duplicate, terms, crate::store::ClaimToken::new())
+        .await
+        .unwrap();
     let Claim::InFlight { wait, .. } = claim else {
         panic!("the first claim must hold: {claim:?}");
     };

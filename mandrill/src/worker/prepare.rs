@@ -18,7 +18,7 @@ use crate::broker::Delivery;
 use crate::domain::RestartRequest;
 use crate::restarter::{Refusal, Reservation};
 use crate::safety::{Hold, Placement, Policy};
-use crate::store::{Claim, ClaimTerms, unknown_outcome};
+use crate::store::{Claim, ClaimTerms, ClaimToken, unknown_outcome};
 
 /// How soon a delivery deferred by the kill switch is looked at again.
 pub(super) const PAUSED_RECHECK: Duration = Duration::from_secs(5);
@@ -130,9 +130,14 @@ pub(super) async fn prepare(
             };
         }
     }
-    // The claim: recorded before the restart is issued.
-    let claimed = store_op(shared, progress, Until::LeaseHeldOnceSent, || {
-        shared.store.claim_restart(request, &terms)
+    // The claim: recorded before the restart is issued. One token for
+    // every try of it: a try whose claim was committed but whose answer was
+    // lost is answered again by the next, not taken for another's claim.
+    // (Moved into the closure: the handler keeps one copy of it.)
+    let token = ClaimToken::new();
+    let terms = &terms;
+    let claimed = store_op(shared, progress, Until::LeaseHeldOnceSent, move || {
+        shared.store.claim_restart(request, terms, token)
     })
     .await;
     match claimed {

@@ -107,7 +107,11 @@ async fn redelivery_while_another_claim_holds_is_deferred_and_the_last_delivery_
         hold: Duration::from_secs(600),
         limits: crate::safety::Limits::NONE,
     };
-    store.inner.claim_restart(&request, terms).await.unwrap();
+    store
+        .inner
+        .claim_restart(&request, terms, crate::store::ClaimToken::new())
+        .await
+        .unwrap();
     h.broker.publish(body).await.unwrap();
     let stats = h.stats.clone();
     wait_until("dead-lettered", || stats.dead_lettered.get() == 1).await;
@@ -142,7 +146,11 @@ async fn claims_whose_outcome_was_never_recorded_use_up_attempts_so_crashes_neve
         limits: crate::safety::Limits::NONE,
     };
     for _ in 0..3 {
-        store.inner.claim_restart(&request, expired).await.unwrap();
+        store
+            .inner
+            .claim_restart(&request, expired, crate::store::ClaimToken::new())
+            .await
+            .unwrap();
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     h.broker.publish(body).await.unwrap();

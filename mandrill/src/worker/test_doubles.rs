@@ -177,6 +177,7 @@ impl Store for ScriptedStore {
         &self,
         r: &RestartRequest,
         terms: ClaimTerms,
+        token: crate::store::ClaimToken,
     ) -> Result<Claim, StoreError> {
         self.unreachable("claim")?;
         if let Some(gate) = &self.claim_gate {
@@ -188,13 +189,13 @@ impl Store for ScriptedStore {
             let (inner, r, delay) = (self.inner.clone(), r.clone(), self.claim_delay);
             tokio::spawn(async move {
                 tokio::time::sleep(delay).await;
-                inner.claim_restart(&r, terms).await
+                inner.claim_restart(&r, terms, token).await
             })
             .await
             .expect("the claim's task")
         } else {
             tokio::time::sleep(self.claim_delay).await;
-            self.inner.claim_restart(r, terms).await
+            self.inner.claim_restart(r, terms, token).await
         };
         self.timeline.push(format!("claim {claim:?}"));
         claim

@@ -13,7 +13,8 @@ use super::{MemoryStore, Shard};
 use crate::domain::{Outcome, RestartRequest, Status};
 use crate::safety::limits::Usage;
 use crate::store::{
-    Claim, ClaimState, ClaimTerms, Recorded, StoreError, Switch, claim_decision, decide_claim,
+    Claim, ClaimState, ClaimTerms, ClaimToken, Recorded, StoreError, Switch, claim_decision,
+    decide_claim,
 };
 
 /// The switch as a claim sees it while restarts are not paused: only
@@ -40,17 +41,19 @@ impl MemoryStore {
         &self,
         request: &RestartRequest,
         terms: ClaimTerms,
+        token: ClaimToken,
     ) -> Result<Claim, StoreError> {
-        self.claim(request, &terms).await
+        self.claim(request, &terms, token)
     }
 
-    /// As [`Self::claim_restart`], with the terms borrowed: the future then
-    /// holds a reference, not their 112 bytes (see
-    /// [`crate::store::AnyStore::claim_restart`]).
-    pub(crate) async fn claim(
+    /// As [`Self::claim_restart`], with the terms borrowed, and at once:
+    /// it never waits, so [`crate::store::AnyStore::claim_restart`] holds no
+    /// future of it (nor its arguments) in every handler waiting on a claim.
+    pub(crate) fn claim(
         &self,
         request: &RestartRequest,
         terms: &ClaimTerms,
+        token: ClaimToken,
     ) -> Result<Claim, StoreError> {
         let terms = *terms;
         let now = self.clock.now();
@@ -93,11 +96,22 @@ impl MemoryStore {
                 now,
             );
             let shard = &mut shards[Self::shard_of(&id)];
-            decided(claim_in(shard, request, &terms, switch, now, &usage), now)
+            decided(
+                claim_in(shard, request, &terms, token, switch, now, &usage),
+                now,
+            )
         } else {
             let mut shard = self.shard(&id);
             decided(
-                claim_in(&mut shard, request, &terms, switch, now, &Usage::default()),
+                claim_in(
+                    &mut shard,
+                    request,
+                    &terms,
+                    token,
+                    switch,
+                    now,
+                    &Usage::default(),
+                ),
                 now,
             )
         };
@@ -184,6 +198,7 @@ fn claim_in(
     shard: &mut Shard,
     request: &RestartRequest,
     terms: &ClaimTerms,
+    token: ClaimToken,
     switch: &Switch,
     now: i64,
     usage: &Usage,
@@ -192,12 +207,25 @@ fn claim_in(
     let row = rows
         .entry(request.message_id)
         .or_insert_with(|| Row::new(Some(request.hostname.as_str()), Status::Received, now));
+    let claim_until = row.claim_until.get();
+    // The claim's token is kept in its journal entry, not in the row (which
+    // stays compact): looked up only while a claim holds, which is rare.
+    let (token_held, unknown) = match claim_until {
+        Some(_) => attempts
+            .find_mut(row.latest, row.attempts)
+            .map_or((None, None), |entry| {
+                (Some(entry.token), entry.unknown.then(|| row.attempts - 1))
+            }),
+        None => (None, None),
+    };
     let state = ClaimState {
         status: row.status,
         attempts: row.attempts,
-        claim_until: row.claim_until.get(),
+        claim_until,
+        token: token_held,
+        unknown,
     };
-    let (claim, write) = decide_claim(request, Some(state), switch, now, *terms, usage);
+    let (claim, write) = decide_claim(request, Some(state), switch, now, *terms, token, usage);
     let Some(write) = write else {
         return (claim, true);
     };
@@ -208,7 +236,13 @@ fn claim_in(
         row.set_last_error(Some(error.into()));
     }
     row.updated_at = now;
-    let attempt = JournalRow::claimed(request, now, write.verdict);
+    let attempt = JournalRow::claimed(
+        request,
+        now,
+        write.verdict,
+        write.token,
+        write.unknown.is_some(),
+    );
     row.latest = attempts.push(request.message_id, write.attempts, row.latest, attempt);
     (claim, false)
 }

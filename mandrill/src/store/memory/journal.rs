@@ -12,8 +12,8 @@ use crate::domain::{RestartRequest, Status};
 use crate::safety::limits::{Subject, Usage};
 use crate::store::sql::NOT_ISSUED;
 use crate::store::{
-    AttemptRecord, ClaimTerms, Decision, DecisionRecord, GroupUsage, Timestamp, UsageBinds,
-    group_usage_from, usage_binds,
+    AttemptRecord, ClaimTerms, ClaimToken, Decision, DecisionRecord, GroupUsage, Timestamp,
+    UsageBinds, group_usage_from, usage_binds,
 };
 
 /// A shard's restart journal: one entry per claimed attempt, appended in
@@ -83,11 +83,23 @@ pub(super) struct JournalRow {
     pub(super) verdict: Box<str>,
     pub(super) settled_at: Millis,
     pub(super) outcome: Option<Status>,
+    /// The token of the call that claimed it.
+    pub(super) token: ClaimToken,
+    /// Whether its claim counted the attempt before it as issued with its
+    /// outcome unknown.
+    pub(super) unknown: bool,
 }
 
 impl JournalRow {
-    /// An attempt of `request` claimed at `now`, its outcome not yet in.
-    pub(super) fn claimed(request: &RestartRequest, now: i64, verdict: String) -> Self {
+    /// An attempt of `request` claimed at `now` by the call `token`, its
+    /// outcome not yet in.
+    pub(super) fn claimed(
+        request: &RestartRequest,
+        now: i64,
+        verdict: String,
+        token: ClaimToken,
+        unknown: bool,
+    ) -> Self {
         let instance = request.instance_name.as_str();
         let group = request.group();
         let zone = request.zone.as_deref();
@@ -115,6 +127,8 @@ impl JournalRow {
             verdict: verdict.into_boxed_str(),
             settled_at: Millis::NONE,
             outcome: None,
+            token,
+            unknown,
         }
     }
 

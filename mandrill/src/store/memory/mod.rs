@@ -22,8 +22,8 @@ use uuid::Uuid;
 use self::journal::{Attempts, Decisions};
 use self::row::{Clock, Row};
 use super::{
-    Claim, ClaimTerms, Decision, GroupUsage, HistoryEntry, Recorded, Store, StoreError, Story,
-    Switch, SwitchExpected, Timestamp,
+    Claim, ClaimTerms, ClaimToken, Decision, GroupUsage, HistoryEntry, Recorded, Store, StoreError,
+    Story, Switch, SwitchExpected, Timestamp,
 };
 use crate::domain::{Outcome, RestartRequest, Status};
 
@@ -156,8 +156,9 @@ impl Store for MemoryStore {
         &self,
         request: &RestartRequest,
         terms: ClaimTerms,
+        token: ClaimToken,
     ) -> Result<Claim, StoreError> {
-        MemoryStore::claim_restart(self, request, terms).await
+        MemoryStore::claim_restart(self, request, terms, token).await
     }
 
     async fn release_claim(

@@ -62,8 +62,14 @@ async fn attempts_stay_linked_across_releases_and_a_prune() {
         }
     };
     let retrying = Outcome::Retrying { error: "e".into() };
-    store.claim_restart(&a, terms).await.unwrap();
-    store.claim_restart(&b, terms).await.unwrap();
+    store
+        .claim_restart(&a, terms, crate::store::ClaimToken::new())
+        .await
+        .unwrap();
+    store
+        .claim_restart(&b, terms, crate::store::ClaimToken::new())
+        .await
+        .unwrap();
     store
         .record_outcome(&a, 1, &Outcome::restarted())
         .await
@@ -71,12 +77,24 @@ async fn attempts_stay_linked_across_releases_and_a_prune() {
     store.record_outcome(&b, 1, &retrying).await.unwrap();
     tokio::time::advance(std::time::Duration::from_secs(10)).await;
     let later = Timestamp::from_millis(store.clock.now());
-    store.claim_restart(&b, terms).await.unwrap();
-    store.claim_restart(&c, terms).await.unwrap();
+    store
+        .claim_restart(&b, terms, crate::store::ClaimToken::new())
+        .await
+        .unwrap();
+    store
+        .claim_restart(&c, terms, crate::store::ClaimToken::new())
+        .await
+        .unwrap();
     store.release_claim(&c, 1).await.unwrap();
-    store.claim_restart(&c, terms).await.unwrap();
+    store
+        .claim_restart(&c, terms, crate::store::ClaimToken::new())
+        .await
+        .unwrap();
     store.record_outcome(&c, 1, &retrying).await.unwrap();
-    store.claim_restart(&c, terms).await.unwrap();
+    store
+        .claim_restart(&c, terms, crate::store::ClaimToken::new())
+        .await
+        .unwrap();
     assert_eq!(
         attempts(b.message_id).await,
         [(1, Some(Status::Retrying)), (2, None)]

@@ -17,13 +17,13 @@ use super::attempts;
 use super::claims::SWITCH_SHARED_SQL;
 use super::outcomes::record_outcomes;
 use super::writer::{Answer, Write};
-use crate::domain::{RestartRequest, Status};
+use crate::domain::RestartRequest;
 use crate::safety::limits::Usage;
 use crate::store::reads::postgres::insert_decision;
 use crate::store::sql::{SWITCH_SQL, insert_requests, upsert_journal};
 use crate::store::{
-    ClaimState, ClaimWrite, Switch, Timestamp, claim_decision, decide_claim, status_from_name,
-    switch_from,
+    ClaimState, ClaimToken, ClaimWrite, Switch, Timestamp, claim_decision, decide_claim,
+    status_from_name, switch_from,
 };
 
 pub(super) type Tx<'c> = sqlx::Transaction<'c, sqlx::Postgres>;
@@ -61,7 +61,8 @@ type CreatedRow = (Option<String>, bool, Option<String>, Option<String>, i64);
 
 /// A round's claims and their journal rows, in one statement: `$1`..`$4`
 /// arrays of ids, attempts, claim deadlines, last errors; `$5` now;
-/// `$6`..`$10` arrays of instances, groups, verdicts, zones, requesters.
+/// `$6`..`$10` arrays of instances, groups, verdicts, zones, requesters;
+/// `$11`, `$12` arrays of the claims' tokens and unknown attempts.
 static CLAIMS_SQL: LazyLock<String> = LazyLock::new(|| {
     let journal = upsert_journal(
         "SELECT u.id, u.attempt, u.instance_name, u.grp, u.zone, u.requester, u.verdict,
@@ -73,10 +74,12 @@ static CLAIMS_SQL: LazyLock<String> = LazyLock::new(|| {
     format!(
         "WITH claimed AS (
              UPDATE requests r SET status = 'received', attempts = u.attempts,
-                 claim_until = u.claim_until,
+                 claim_until = u.claim_until, claim_token = u.claim_token,
+                 claim_unknown = u.claim_unknown,
                  last_error = COALESCE(u.last_error, r.last_error), updated_at = $5
-             FROM unnest($1::text[], $2::int4[], $3::int8[], $4::text[])
-                  AS u(id, attempts, claim_until, last_error)
+             FROM unnest($1::text[], $2::int4[], $3::int8[], $4::text[], $11::int8[],
+                         $12::int4[])
+                  AS u(id, attempts, claim_until, last_error, claim_token, claim_unknown)
              WHERE r.message_id = u.id)
          {journal}"
     )
@@ -109,11 +112,23 @@ pub(super) async fn commit_batch(
         let mut outcomes = Vec::new();
         for &index in &round {
             match &batch[index] {
-                Write::Claim { request, terms, .. } => {
+                Write::Claim {
+                    request,
+                    terms,
+                    token,
+                    ..
+                } => {
                     let id = request.message_id.to_string();
                     let state = states.get(&id).copied();
-                    let (claim, write) =
-                        decide_claim(request, state, &switch, now, *terms, &Usage::default());
+                    let (claim, write) = decide_claim(
+                        request,
+                        state,
+                        &switch,
+                        now,
+                        *terms,
+                        *token,
+                        &Usage::default(),
+                    );
                     if let Some(write) = write {
                         claims.push(request, id, write);
                     } else if let Some(decision) = claim_decision(&claim) {
@@ -192,14 +207,7 @@ async fn lock_rows(
     let mut states: HashMap<String, ClaimState> = created
         .into_iter()
         .filter_map(|(id, ..)| id)
-        .map(|id| {
-            let state = ClaimState {
-                status: Status::Received,
-                attempts: 0,
-                claim_until: None,
-            };
-            (id, state)
-        })
+        .map(|id| (id, ClaimState::NEW))
         .collect();
     // The others already existed: the row locks serialise the writes of
     // one request across writers and instances; taken in id order, after
@@ -212,7 +220,7 @@ async fn lock_rows(
         .map(String::as_str)
         .collect();
     if !existing.is_empty() {
-        let found: Vec<(String, String, i32, Option<i64>)> = sqlx::query_as(LOCK_SQL)
+        let found: Vec<StateRow> = sqlx::query_as(LOCK_SQL)
             .bind(existing)
             .fetch_all(&mut **tx)
             .await?;
@@ -224,7 +232,8 @@ async fn lock_rows(
 /// Locks the rows of the requests `$1`, in id order, and reads their claim
 /// state. A join on `unnest`, not `= ANY($1)`: a prepared statement's
 /// generic plan for `= ANY` was seen scanning the whole table.
-pub(super) const LOCK_SQL: &str = "SELECT r.message_id, r.status, r.attempts, r.claim_until
+pub(super) const LOCK_SQL: &str = "SELECT r.message_id, r.status, r.attempts, r.claim_until,
+        r.claim_token, r.claim_unknown
     FROM unnest($1::text[]) AS u(id) JOIN requests r ON r.message_id = u.id
     ORDER BY r.message_id FOR UPDATE OF r";
 
@@ -239,18 +248,21 @@ async fn read_states(
     read_states_of(tx, &ids).await
 }
 
-fn states_from(
-    found: Vec<(String, String, i32, Option<i64>)>,
-) -> Result<HashMap<String, ClaimState>, sqlx::Error> {
+/// A row of [`LOCK_SQL`].
+type StateRow = (String, String, i32, Option<i64>, Option<i64>, Option<i32>);
+
+fn states_from(found: Vec<StateRow>) -> Result<HashMap<String, ClaimState>, sqlx::Error> {
     found
         .into_iter()
-        .map(|(id, status, claimed, claim_until)| {
+        .map(|(id, status, claimed, claim_until, token, unknown)| {
             let status =
                 status_from_name(&status).map_err(|error| sqlx::Error::Decode(Box::new(error)))?;
             let state = ClaimState {
                 status,
                 attempts: u32::try_from(claimed).unwrap_or(0),
                 claim_until,
+                token: token.map(ClaimToken::from_stored),
+                unknown: unknown.and_then(|attempt| u32::try_from(attempt).ok()),
             };
             Ok((id, state))
         })
@@ -273,6 +285,8 @@ struct ClaimWrites {
     ids: Vec<String>,
     attempts: Vec<i32>,
     claim_until: Vec<i64>,
+    tokens: Vec<i64>,
+    unknown: Vec<Option<i32>>,
     last_error: Vec<Option<String>>,
     instances: Vec<String>,
     groups: Vec<String>,
@@ -286,6 +300,8 @@ impl ClaimWrites {
         self.ids.push(id);
         self.attempts.push(attempts(write.attempts));
         self.claim_until.push(write.claim_until);
+        self.tokens.push(write.token.to_stored());
+        self.unknown.push(write.unknown.map(attempts));
         self.last_error.push(write.last_error);
         self.instances
             .push(request.instance_name.as_str().to_owned());
@@ -311,6 +327,8 @@ impl ClaimWrites {
             .bind(&self.verdicts)
             .bind(&self.zones)
             .bind(&self.requesters)
+            .bind(&self.tokens)
+            .bind(&self.unknown)
             .execute(&mut **tx)
             .await?;
         Ok(())

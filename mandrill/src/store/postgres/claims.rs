@@ -12,8 +12,8 @@ use crate::store::sql::{
     RELEASE_JOURNAL_SQL, RELEASE_SQL, SWITCH_SQL, SwitchRow, insert_requests, upsert_journal,
 };
 use crate::store::{
-    Claim, ClaimState, ClaimTerms, Decision, StoreError, Timestamp, claim_decision, decide_claim,
-    status_from_name, switch_from,
+    Claim, ClaimState, ClaimTerms, ClaimToken, Decision, StoreError, Timestamp, claim_decision,
+    decide_claim, status_from_name, switch_from,
 };
 
 /// The kill switch under a share lock: `set_switch` waits for the claims
@@ -71,6 +71,7 @@ impl PostgresStore {
         &self,
         request: &RestartRequest,
         terms: ClaimTerms,
+        token: ClaimToken,
     ) -> Result<Claim, StoreError> {
         let received = Timestamp::now().as_millis();
         let id = request.message_id.to_string();
@@ -86,8 +87,14 @@ impl PostgresStore {
             .execute(&mut *tx)
             .await?;
         // The row lock serialises claims of one request across instances.
-        let (status, claimed, claim_until): (String, i32, Option<i64>) = sqlx::query_as(
-            "SELECT status, attempts, claim_until FROM requests
+        let (status, claimed, claim_until, held_by, unknown): (
+            String,
+            i32,
+            Option<i64>,
+            Option<i64>,
+            Option<i32>,
+        ) = sqlx::query_as(
+            "SELECT status, attempts, claim_until, claim_token, claim_unknown FROM requests
              WHERE message_id = $1 FOR UPDATE",
         )
         .bind(&id)
@@ -97,6 +104,8 @@ impl PostgresStore {
             status: status_from_name(&status)?,
             attempts: u32::try_from(claimed).unwrap_or(0),
             claim_until,
+            token: held_by.map(ClaimToken::from_stored),
+            unknown: unknown.and_then(|attempt| u32::try_from(attempt).ok()),
         };
         let (paused, by, why, since): SwitchRow = sqlx::query_as(&SWITCH_SHARED_SQL)
             .fetch_one(&mut *tx)
@@ -130,7 +139,7 @@ impl PostgresStore {
         } else {
             (Usage::default(), Timestamp::now().as_millis())
         };
-        let (claim, write) = decide_claim(request, Some(state), &switch, now, terms, &usage);
+        let (claim, write) = decide_claim(request, Some(state), &switch, now, terms, token, &usage);
         if let Some(decision) = claim_decision(&claim) {
             reads::insert_decision(&mut tx, request.message_id, 0, decision, now).await?;
         }
@@ -148,7 +157,8 @@ impl PostgresStore {
                 .await?;
             sqlx::query(
                 "UPDATE requests SET status = 'received', attempts = $2, claim_until = $3,
-                     last_error = COALESCE($4, last_error), updated_at = $5
+                     last_error = COALESCE($4, last_error), updated_at = $5,
+                     claim_token = $6, claim_unknown = $7
                  WHERE message_id = $1",
             )
             .bind(&id)
@@ -156,6 +166,8 @@ impl PostgresStore {
             .bind(write.claim_until)
             .bind(write.last_error)
             .bind(now)
+            .bind(write.token.to_stored())
+            .bind(write.unknown.map(attempts))
             .execute(&mut *tx)
             .await?;
         }

@@ -43,8 +43,8 @@ use super::sql::{
     PRUNE_JOURNAL_SQL, PRUNE_ORPHANS_SQL, REJECTION_SQL, SET_SWITCH_IF_SQL, SET_SWITCH_SQL,
 };
 use super::{
-    Claim, ClaimTerms, Decision, GroupUsage, HistoryEntry, Recorded, Store, StoreError, Story,
-    Switch, SwitchExpected, Timestamp, payload_excerpt,
+    Claim, ClaimTerms, ClaimToken, Decision, GroupUsage, HistoryEntry, Recorded, Store, StoreError,
+    Story, Switch, SwitchExpected, Timestamp, payload_excerpt,
 };
 use crate::domain::{Outcome, RestartRequest, Status};
 
@@ -206,6 +206,7 @@ impl PostgresStore {
         &self,
         request: &RestartRequest,
         terms: ClaimTerms,
+        token: ClaimToken,
     ) -> Result<Claim, StoreError> {
         // Claims a counting guard applies to take the guards' advisory
         // locks in a transaction of their own; the others go in batches.
@@ -213,12 +214,13 @@ impl PostgresStore {
             .limits
             .is_active_for(crate::safety::limits::Subject::of(request))
         {
-            return self.claim_alone(request, terms).await;
+            return self.claim_alone(request, terms, token).await;
         }
         let request = request.clone();
         self.call(|reply| writer::Write::Claim {
             request,
             terms,
+            token,
             reply,
         })
         .await
@@ -261,8 +263,9 @@ impl Store for PostgresStore {
         &self,
         request: &RestartRequest,
         terms: ClaimTerms,
+        token: ClaimToken,
     ) -> Result<Claim, StoreError> {
-        PostgresStore::claim_restart(self, request, terms).await
+        PostgresStore::claim_restart(self, request, terms, token).await
     }
 
     async fn release_claim(

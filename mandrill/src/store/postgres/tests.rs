@@ -115,7 +115,10 @@ async fn concurrent_deliveries_through_the_batches_claim_and_record_once() {
         let store = if n % 2 == 0 { &first } else { &second };
         let request = &requests[n % requests.len()];
         async move {
-            let claim = store.claim_restart(request, TERMS).await.unwrap();
+            let claim = store
+                .claim_restart(request, TERMS, crate::store::ClaimToken::new())
+                .await
+                .unwrap();
             let recorded = match claim {
                 Claim::Claimed { attempt, .. } => Some(
                     store
@@ -215,8 +218,12 @@ async fn a_failed_batch_answers_every_caller_and_commits_nothing() {
     let requests: Vec<RestartRequest> = (0..30)
         .map(|n| contract::request(&format!("stall-{n:03}")))
         .collect();
-    let claims =
-        futures::future::join_all(requests.iter().map(|r| store.claim_restart(r, TERMS))).await;
+    let claims = futures::future::join_all(
+        requests
+            .iter()
+            .map(|r| store.claim_restart(r, TERMS, crate::store::ClaimToken::new())),
+    )
+    .await;
     for claim in &claims {
         let error = claim.as_ref().unwrap_err();
         assert!(matches!(error, StoreError::Batch(_)), "{error}");
@@ -230,7 +237,10 @@ async fn a_failed_batch_answers_every_caller_and_commits_nothing() {
     // still there to claim.
     for request in &requests {
         assert_eq!(
-            store.claim_restart(request, TERMS).await.unwrap(),
+            store
+                .claim_restart(request, TERMS, crate::store::ClaimToken::new())
+                .await
+                .unwrap(),
             Claim::Claimed {
                 attempt: 1,
                 unknown: None
@@ -252,8 +262,12 @@ async fn a_write_refused_for_good_fails_only_its_own_caller() {
     let culprit = requests[7].message_id;
     // A check violation: permanent.
     sabotage_the_journal(&store, "23514", Some(culprit)).await;
-    let claims =
-        futures::future::join_all(requests.iter().map(|r| store.claim_restart(r, TERMS))).await;
+    let claims = futures::future::join_all(
+        requests
+            .iter()
+            .map(|r| store.claim_restart(r, TERMS, crate::store::ClaimToken::new())),
+    )
+    .await;
     for (request, claim) in requests.iter().zip(&claims) {
         if request.message_id == culprit {
             let error = claim.as_ref().unwrap_err();
@@ -285,7 +299,10 @@ async fn many_handlers_in_flight_never_queue_on_the_pool() {
         let store = &store;
         async move {
             assert_eq!(store.lookup(request.message_id).await.unwrap(), None);
-            let Claim::Claimed { attempt, .. } = store.claim_restart(request, TERMS).await.unwrap()
+            let Claim::Claimed { attempt, .. } = store
+                .claim_restart(request, TERMS, crate::store::ClaimToken::new())
+                .await
+                .unwrap()
             else {
                 panic!("a fresh request is claimed");
             };

@@ -16,7 +16,7 @@ use tracing::warn;
 
 use super::batch::commit_batch;
 use crate::domain::{Outcome, RestartRequest};
-use crate::store::{Claim, ClaimTerms, Recorded, StoreError, sqlx_error_is_transient};
+use crate::store::{Claim, ClaimTerms, ClaimToken, Recorded, StoreError, sqlx_error_is_transient};
 
 /// Most writes committed in one transaction.
 pub(super) const MAX_BATCH: usize = 512;
@@ -27,6 +27,7 @@ pub(super) enum Write {
     Claim {
         request: RestartRequest,
         terms: ClaimTerms,
+        token: ClaimToken,
         reply: oneshot::Sender<Result<Claim, StoreError>>,
     },
     Outcome {

@@ -13,7 +13,8 @@ use crate::sqlite::writer::Tx;
 use crate::store::reads::sqlite::{insert_decision, usage};
 use crate::store::sql::{SWITCH_SQL, SwitchRow, upsert_journal};
 use crate::store::{
-    Claim, ClaimState, ClaimTerms, ClaimWrite, claim_decision, decide_claim, switch_from,
+    Claim, ClaimState, ClaimTerms, ClaimToken, ClaimWrite, claim_decision, decide_claim,
+    switch_from,
 };
 
 /// Writes claimed attempts into the restart journal.
@@ -44,7 +45,7 @@ static UPSERT_JOURNAL: LazyLock<AroundValues> = LazyLock::new(|| {
 /// once. The request ids must be distinct.
 pub(super) async fn claim(
     tx: &mut Tx<'_>,
-    claims: &[(&RestartRequest, ClaimTerms)],
+    claims: &[(&RestartRequest, ClaimTerms, ClaimToken)],
     now: i64,
 ) -> Result<Vec<Claim>, sqlx::Error> {
     if claims.is_empty() {
@@ -54,12 +55,13 @@ pub(super) async fn claim(
     // JSON functions cost more than the writes themselves.
     let ids: Vec<String> = claims
         .iter()
-        .map(|(request, _)| request.message_id.to_string())
+        .map(|(request, ..)| request.message_id.to_string())
         .collect();
     let mut states: HashMap<String, ClaimState> = HashMap::with_capacity(claims.len());
     for ids in ids.chunks(ROWS_PER_STATEMENT) {
         let mut select: QueryBuilder<Sqlite> = QueryBuilder::new(
-            "SELECT message_id, status, attempts, claim_until FROM requests WHERE message_id IN (",
+            "SELECT message_id, status, attempts, claim_until, claim_token, claim_unknown
+             FROM requests WHERE message_id IN (",
         );
         let mut list = select.separated(", ");
         for id in ids {
@@ -67,22 +69,22 @@ pub(super) async fn claim(
         }
         select.push(")");
         let found = select
-            .build_query_as::<(String, String, i64, Option<i64>)>()
+            .build_query_as::<StateRow>()
             .fetch_all(&mut **tx)
             .await?;
-        states.extend(
-            found
-                .into_iter()
-                .map(|(id, status, attempts, claim_until)| {
-                    let state = ClaimState {
-                        // The CHECK constraint admits only known statuses.
-                        status: Status::from_name(&status).unwrap_or(Status::Failed),
-                        attempts: u32::try_from(attempts).unwrap_or(0),
-                        claim_until,
-                    };
-                    (id, state)
-                }),
-        );
+        states.extend(found.into_iter().map(
+            |(id, status, attempts, claim_until, token, unknown)| {
+                let state = ClaimState {
+                    // The CHECK constraint admits only known statuses.
+                    status: Status::from_name(&status).unwrap_or(Status::Failed),
+                    attempts: u32::try_from(attempts).unwrap_or(0),
+                    claim_until,
+                    token: token.map(ClaimToken::from_stored),
+                    unknown: unknown.and_then(|attempt| u32::try_from(attempt).ok()),
+                };
+                (id, state)
+            },
+        ));
     }
     // Read in the claims' own write transaction: a pause committed before
     // it stops every claim of the batch.
@@ -91,7 +93,7 @@ pub(super) async fn claim(
     let switch = switch_from(paused, by, why, since);
     let mut decided = Vec::with_capacity(claims.len());
     let mut writes = Vec::new();
-    for ((request, terms), id) in claims.iter().zip(&ids) {
+    for ((request, terms, token), id) in claims.iter().zip(&ids) {
         // The counting guards read the journal as this transaction left it,
         // so the claims written so far go in first.
         let usage = if terms.limits.is_active_for(Subject::of(request)) {
@@ -101,7 +103,7 @@ pub(super) async fn claim(
             Usage::default()
         };
         let state = states.get(id).copied();
-        let (claim, write) = decide_claim(request, state, &switch, now, *terms, &usage);
+        let (claim, write) = decide_claim(request, state, &switch, now, *terms, *token, &usage);
         if write.is_none()
             && let Some(decision) = claim_decision(&claim)
         {
@@ -120,6 +122,10 @@ pub(super) async fn claim(
     write_claims(tx, &mut writes, now).await?;
     Ok(decided)
 }
+
+/// A row of the claims' read: id, status, attempts, `claim_until`,
+/// `claim_token`, `claim_unknown`.
+type StateRow = (String, String, i64, Option<i64>, Option<i64>, Option<i64>);
 
 /// A request's row to write, decided and not yet written.
 struct Pending<'r> {
@@ -144,7 +150,8 @@ async fn write_claims(
         let mut insert: QueryBuilder<Sqlite> = QueryBuilder::new(
             "INSERT INTO requests
                  (message_id, instance_name, hostname, requested_by, reason, status,
-                  attempts, claim_until, last_error, received_at, updated_at) ",
+                  attempts, claim_until, claim_token, claim_unknown, last_error, received_at,
+                  updated_at) ",
         );
         insert.push_values(chunk, |mut row, pending| {
             let write = pending.write.as_ref();
@@ -156,6 +163,8 @@ async fn write_claims(
                 .push_bind(Status::Received.as_str())
                 .push_bind(write.map_or(0, |write| i64::from(write.attempts)))
                 .push_bind(write.map(|write| write.claim_until))
+                .push_bind(write.map(|write| write.token.to_stored()))
+                .push_bind(write.and_then(|write| write.unknown.map(i64::from)))
                 .push_bind(write.and_then(|write| write.last_error.as_deref()))
                 .push_bind(now)
                 .push_bind(now);
@@ -165,7 +174,7 @@ async fn write_claims(
     for chunk in updated.chunks(ROWS_PER_STATEMENT) {
         let mut update: QueryBuilder<Sqlite> = QueryBuilder::new(
             "UPDATE requests SET status = 'received', attempts = j.column2,
-                 claim_until = j.column3,
+                 claim_until = j.column3, claim_token = j.column5, claim_unknown = j.column6,
                  last_error = coalesce(j.column4, requests.last_error), updated_at = ",
         );
         update.push_bind(now).push(" FROM (");
@@ -174,7 +183,9 @@ async fn write_claims(
             row.push_bind(pending.id)
                 .push_bind(write.map(|write| i64::from(write.attempts)))
                 .push_bind(write.map(|write| write.claim_until))
-                .push_bind(write.and_then(|write| write.last_error.as_deref()));
+                .push_bind(write.and_then(|write| write.last_error.as_deref()))
+                .push_bind(write.map(|write| write.token.to_stored()))
+                .push_bind(write.and_then(|write| write.unknown.map(i64::from)));
         });
         update.push(") AS j WHERE requests.message_id = j.column1");
         update.build().execute(&mut **tx).await?;

@@ -27,8 +27,8 @@ use super::lookup::{Lookup, lookup_loop};
 use super::reads::sqlite as reads;
 use super::sql::{SET_SWITCH_IF_SQL, SET_SWITCH_SQL};
 use super::{
-    Claim, ClaimTerms, Decision, GroupUsage, HistoryEntry, Recorded, Store, StoreError, Story,
-    Switch, SwitchExpected, Timestamp, payload_excerpt,
+    Claim, ClaimTerms, ClaimToken, Decision, GroupUsage, HistoryEntry, Recorded, Store, StoreError,
+    Story, Switch, SwitchExpected, Timestamp, payload_excerpt,
 };
 use crate::domain::{Outcome, RestartRequest, Status};
 use crate::sqlite::writer::{Job, MAX_BATCH};
@@ -215,11 +215,13 @@ impl SqliteStore {
         &self,
         request: &RestartRequest,
         terms: ClaimTerms,
+        token: ClaimToken,
     ) -> Result<Claim, StoreError> {
         let request = request.clone();
         self.call(|reply| Write::Claim {
             request,
             terms,
+            token,
             reply,
         })
         .await
@@ -272,8 +274,9 @@ impl Store for SqliteStore {
         &self,
         request: &RestartRequest,
         terms: ClaimTerms,
+        token: ClaimToken,
     ) -> Result<Claim, StoreError> {
-        SqliteStore::claim_restart(self, request, terms).await
+        SqliteStore::claim_restart(self, request, terms, token).await
     }
 
     async fn record_outcome(

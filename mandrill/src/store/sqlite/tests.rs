@@ -33,8 +33,12 @@ async fn a_refused_write_does_not_fail_the_rest_of_its_batch() {
         .map(|n| contract::request(&format!("cattle-{n:04}")))
         .collect();
     let (poisoned, claims) = tokio::join!(
-        store.claim_restart(&poison, terms),
-        futures::future::join_all(innocent.iter().map(|r| store.claim_restart(r, terms)))
+        store.claim_restart(&poison, terms, crate::store::ClaimToken::new()),
+        futures::future::join_all(innocent.iter().map(|r| store.claim_restart(
+            r,
+            terms,
+            crate::store::ClaimToken::new()
+        )))
     );
     let error = poisoned.unwrap_err();
     assert!(!error.is_transient(), "{error}");
@@ -172,10 +176,28 @@ async fn a_batch_mixing_new_open_held_and_final_requests_decides_each_as_if_alon
     let held = contract::request("cattle-held");
     let done = contract::request("cattle-done");
     let stranger = contract::request("cattle-stranger");
-    assert_eq!(store.claim_restart(&open, terms).await.unwrap(), first);
+    assert_eq!(
+        store
+            .claim_restart(&open, terms, crate::store::ClaimToken::new())
+            .await
+            .unwrap(),
+        first
+    );
     store.release_claim(&open, 1).await.unwrap();
-    assert_eq!(store.claim_restart(&held, terms).await.unwrap(), first);
-    assert_eq!(store.claim_restart(&done, terms).await.unwrap(), first);
+    assert_eq!(
+        store
+            .claim_restart(&held, terms, crate::store::ClaimToken::new())
+            .await
+            .unwrap(),
+        first
+    );
+    assert_eq!(
+        store
+            .claim_restart(&done, terms, crate::store::ClaimToken::new())
+            .await
+            .unwrap(),
+        first
+    );
     let restarted = Outcome::restarted();
     assert_eq!(
         store.record_outcome(&done, 1, &restarted).await.unwrap(),
@@ -192,8 +214,12 @@ async fn a_batch_mixing_new_open_held_and_final_requests_decides_each_as_if_alon
     };
     let claimants: Vec<&RestartRequest> = new.iter().chain([&open, &held, &done]).collect();
     let (claims, refusal) = tokio::join!(
-        futures::future::join_all(claimants.iter().map(|r| store.claim_restart(r, terms))),
-        store.claim_restart(&refused, no_attempts)
+        futures::future::join_all(claimants.iter().map(|r| store.claim_restart(
+            r,
+            terms,
+            crate::store::ClaimToken::new()
+        ))),
+        store.claim_restart(&refused, no_attempts, crate::store::ClaimToken::new())
     );
     let claims: Vec<Claim> = claims.into_iter().map(Result::unwrap).collect();
     assert!(
@@ -328,5 +354,65 @@ async fn a_claim_that_waits_for_the_guards_locks_is_stamped_when_it_gets_them() 
     };
     contract::a_claim_that_waits_for_the_guards_locks_is_stamped_when_it_gets_them(&store, release)
         .await;
+    store.close().await;
+}
+
+/// How an answer is lost with SQLite: the writer commits a claim whose
+/// caller has stopped waiting (its deadline passed while another process
+/// held the write lock). The caller tries again with the same token and
+/// gets the attempt it claimed, not its own claim "in flight".
+#[tokio::test]
+async fn a_claim_committed_after_its_caller_gave_up_is_answered_again_to_the_same_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite:{}", dir.path().join("t.db").display());
+    let store = SqliteStore::connect(&url, 2).await.unwrap();
+    let terms = ClaimTerms {
+        max_attempts: 1,
+        hold: Duration::from_secs(60),
+        limits: crate::safety::Limits::NONE,
+    };
+    let request = contract::request("cattle-late");
+    let token = ClaimToken::new();
+    // Another process's write transaction keeps the writer waiting (up to
+    // its busy timeout, 10 s) with the claim in its batch.
+    let mut other = SqliteConnection::connect(&url).await.unwrap();
+    sqlx::query("BEGIN IMMEDIATE")
+        .execute(&mut other)
+        .await
+        .unwrap();
+    let gave_up = tokio::time::timeout(
+        Duration::from_millis(200),
+        store.claim_restart(&request, terms, token),
+    )
+    .await;
+    assert!(
+        gave_up.is_err(),
+        "the writer cannot answer yet: {gave_up:?}"
+    );
+    sqlx::query("COMMIT").execute(&mut other).await.unwrap();
+    other.close().await.unwrap();
+    // The writer commits the claim nobody waits for any more.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while store.lookup(request.message_id).await.unwrap().is_none() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the claim was never committed"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        store.claim_restart(&request, terms, token).await.unwrap(),
+        Claim::Claimed {
+            attempt: 1,
+            unknown: None
+        }
+    );
+    assert!(matches!(
+        store
+            .claim_restart(&request, terms, ClaimToken::new())
+            .await
+            .unwrap(),
+        Claim::InFlight { attempt: 1, .. }
+    ));
     store.close().await;
 }

@@ -14,7 +14,7 @@ use crate::domain::{Outcome, RestartRequest, Status};
 use crate::sqlite::JointAck;
 use crate::sqlite::writer::{Part, Tx};
 use crate::store::reads::sqlite::insert_decision;
-use crate::store::{Claim, ClaimTerms, Decision, Recorded, StoreError, Timestamp};
+use crate::store::{Claim, ClaimTerms, ClaimToken, Decision, Recorded, StoreError, Timestamp};
 
 /// One write, with whom to tell once it is committed.
 #[derive(Debug)]
@@ -22,6 +22,7 @@ pub(crate) enum Write {
     Claim {
         request: RestartRequest,
         terms: ClaimTerms,
+        token: ClaimToken,
         reply: oneshot::Sender<Result<Claim, StoreError>>,
     },
     Outcome {
@@ -213,8 +214,14 @@ async fn run_batch(tx: &mut Tx<'_>, batch: &[Write], now: i64) -> Result<Vec<Ans
     if repeats {
         for (write, answer) in batch.iter().zip(&mut answers) {
             match write {
-                Write::Claim { request, terms, .. } => {
-                    *answer = Answer::Claim(claim(tx, &[(request, *terms)], now).await?.remove(0));
+                Write::Claim {
+                    request,
+                    terms,
+                    token,
+                    ..
+                } => {
+                    let one = [(request, *terms, *token)];
+                    *answer = Answer::Claim(claim(tx, &one, now).await?.remove(0));
                 }
                 Write::Outcome {
                     request,
@@ -238,7 +245,12 @@ async fn run_batch(tx: &mut Tx<'_>, batch: &[Write], now: i64) -> Result<Vec<Ans
             .iter()
             .enumerate()
             .filter_map(|(index, write)| match write {
-                Write::Claim { request, terms, .. } => Some((index, (request, *terms))),
+                Write::Claim {
+                    request,
+                    terms,
+                    token,
+                    ..
+                } => Some((index, (request, *terms, *token))),
                 _ => None,
             })
             .unzip();
