@@ -181,6 +181,9 @@ pub(crate) struct ClaimWrite {
     pub last_error: Option<String>,
     /// What the counting guards said, for the restart journal.
     pub verdict: String,
+    /// Only the hold of the caller's own claim, renewed: the journal keeps
+    /// the row its claim wrote.
+    pub renewal: bool,
 }
 
 /// The moments a claim's read of the journal counts from, by its limits
@@ -291,8 +294,9 @@ pub(crate) fn usage_subject_from(
 /// A claim still held that `token`'s own call made (its answer was lost,
 /// and the call is retried) is answered as it was, and nothing is written:
 /// before the kill switch is read, as that claim was decided before any
-/// pause that came since. Once its hold expired, it is taken as any other
-/// claim whose outcome is unknown.
+/// pause that came since. Once its hold expired (the retries outlasted
+/// it), the switch decides as for any claim; if it lets claims through,
+/// the answer is the same and only the hold is renewed.
 pub(crate) fn decide_claim(
     request: &RestartRequest,
     state: Option<ClaimState>,
@@ -317,6 +321,7 @@ pub(crate) fn decide_claim(
         let reason = switch.paused_reason();
         return (Claim::Paused { reason }, None);
     }
+    let hold = i64::try_from(terms.hold.as_millis()).unwrap_or(i64::MAX);
     let unknown = match state.claim_until {
         Some(until) if now < until => {
             let claim = Claim::InFlight {
@@ -324,6 +329,26 @@ pub(crate) fn decide_claim(
                 wait: Duration::from_millis(until.saturating_sub(now).unsigned_abs()),
             };
             return (claim, None);
+        }
+        Some(_) if state.token == Some(token) => {
+            // The caller's own claim, its answer lost and its hold run out
+            // while it tried again: nothing was issued, and nobody claimed
+            // since (the token would be theirs). The same attempt, held
+            // anew; the journal keeps the row it has.
+            let claim = Claim::Claimed {
+                attempt: state.attempts,
+                unknown: state.unknown,
+            };
+            let write = ClaimWrite {
+                attempts: state.attempts,
+                claim_until: now.saturating_add(hold),
+                token,
+                unknown: state.unknown,
+                last_error: None,
+                verdict: String::new(),
+                renewal: true,
+            };
+            return (claim, Some(write));
         }
         Some(_) => Some(state.attempts),
         None => None,
@@ -353,7 +378,6 @@ pub(crate) fn decide_claim(
         String::new()
     };
     let attempt = state.attempts + 1;
-    let hold = i64::try_from(terms.hold.as_millis()).unwrap_or(i64::MAX);
     let write = ClaimWrite {
         attempts: attempt,
         claim_until: now.saturating_add(hold),
@@ -361,6 +385,7 @@ pub(crate) fn decide_claim(
         unknown,
         last_error: unknown.map(unknown_outcome),
         verdict,
+        renewal: false,
     };
     (Claim::Claimed { attempt, unknown }, Some(write))
 }

@@ -27,6 +27,7 @@ pub async fn all(store: &dyn Store) {
     outcome_without_claim_creates_row(store).await;
     claim_holds_and_unknown_outcomes_count(store).await;
     a_retried_claim_with_its_own_token_gets_the_same_attempt_and_writes_nothing(store).await;
+    a_retried_claim_whose_hold_ran_out_gets_the_same_attempt_held_anew(store).await;
     a_released_claim_is_not_a_used_attempt(store).await;
     rejections_are_listed_but_never_count_as_the_request(store).await;
     outcome_details_are_kept(store).await;
@@ -363,6 +364,27 @@ pub async fn a_retried_claim_with_its_own_token_gets_the_same_attempt_and_writes
         ),
         "another call finds the claim in flight"
     );
+    // A claim the counting guards decide keeps its token too.
+    let guarded = ClaimTerms {
+        limits: Limits {
+            group_max: Some(100),
+            window: Duration::from_secs(3600),
+            ..Limits::NONE
+        },
+        ..TERMS
+    };
+    let counted = self::request("calf-0002");
+    let other = ClaimToken::new();
+    let first = Claim::Claimed {
+        attempt: 1,
+        unknown: None,
+    };
+    for _ in 0..2 {
+        assert_eq!(
+            store.claim_restart(&counted, guarded, other).await.unwrap(),
+            first
+        );
+    }
     // Decided before the pause: the answer it would have had.
     store.set_switch(true, "contract", "retry").await.unwrap();
     let retried = store.claim_restart(&request, TERMS, token).await;
@@ -380,6 +402,75 @@ pub async fn a_retried_claim_with_its_own_token_gets_the_same_attempt_and_writes
             attempt: 3,
             unknown: None
         }
+    );
+}
+
+/// The same call tried again for longer than its claim's hold (the store
+/// was out that long): nothing was issued and nobody claimed since, so it
+/// gets the same attempt, not one more with the first counted as unknown;
+/// the hold is renewed, and the journal keeps the one row.
+///
+/// Both with and without counting guards (PostgreSQL decides a claim they
+/// apply to in a transaction of its own).
+pub async fn a_retried_claim_whose_hold_ran_out_gets_the_same_attempt_held_anew(store: &dyn Store) {
+    let guarded = Limits {
+        group_max: Some(100),
+        window: Duration::from_secs(3600),
+        ..Limits::NONE
+    };
+    for (name, limits) in [("cattle-0009", Limits::NONE), ("calf-0001", guarded)] {
+        let terms = ClaimTerms { limits, ..TERMS };
+        a_claim_retried_past_its_hold(store, &request(name), terms).await;
+    }
+}
+
+async fn a_claim_retried_past_its_hold(
+    store: &dyn Store,
+    request: &RestartRequest,
+    terms: ClaimTerms,
+) {
+    let expired = ClaimTerms {
+        hold: Duration::ZERO,
+        ..terms
+    };
+    let token = ClaimToken::new();
+    let claimed = Claim::Claimed {
+        attempt: 1,
+        unknown: None,
+    };
+    assert_eq!(
+        store.claim_restart(request, expired, token).await.unwrap(),
+        claimed
+    );
+    let journal = store
+        .story(request.message_id)
+        .await
+        .unwrap()
+        .unwrap()
+        .attempts;
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    assert_eq!(
+        store.claim_restart(request, terms, token).await.unwrap(),
+        claimed
+    );
+    assert_eq!(
+        store
+            .story(request.message_id)
+            .await
+            .unwrap()
+            .unwrap()
+            .attempts,
+        journal
+    );
+    assert!(
+        matches!(
+            store
+                .claim_restart(request, terms, ClaimToken::new())
+                .await
+                .unwrap(),
+            Claim::InFlight { attempt: 1, .. }
+        ),
+        "the hold was renewed"
     );
 }
 

@@ -236,6 +236,9 @@ fn claim_in(
         row.set_last_error(Some(error.into()));
     }
     row.updated_at = now;
+    if write.renewal {
+        return (claim, false);
+    }
     let attempt = JournalRow::claimed(
         request,
         now,

@@ -62,14 +62,16 @@ type CreatedRow = (Option<String>, bool, Option<String>, Option<String>, i64);
 /// A round's claims and their journal rows, in one statement: `$1`..`$4`
 /// arrays of ids, attempts, claim deadlines, last errors; `$5` now;
 /// `$6`..`$10` arrays of instances, groups, verdicts, zones, requesters;
-/// `$11`, `$12` arrays of the claims' tokens and unknown attempts.
+/// `$11`, `$12` arrays of the claims' tokens and unknown attempts; `$13`
+/// whether each only renews its hold (no journal row then).
 static CLAIMS_SQL: LazyLock<String> = LazyLock::new(|| {
     let journal = upsert_journal(
         "SELECT u.id, u.attempt, u.instance_name, u.grp, u.zone, u.requester, u.verdict,
                 $5::int8 AS at
          FROM unnest($1::text[], $2::int4[], $6::text[], $7::text[], $8::text[], $9::text[],
-                     $10::text[])
-              AS u(id, attempt, instance_name, grp, verdict, zone, requester)",
+                     $10::text[], $13::bool[])
+              AS u(id, attempt, instance_name, grp, verdict, zone, requester, renewal)
+         WHERE NOT u.renewal",
     );
     format!(
         "WITH claimed AS (
@@ -287,6 +289,7 @@ struct ClaimWrites {
     claim_until: Vec<i64>,
     tokens: Vec<i64>,
     unknown: Vec<Option<i32>>,
+    renewals: Vec<bool>,
     last_error: Vec<Option<String>>,
     instances: Vec<String>,
     groups: Vec<String>,
@@ -302,6 +305,7 @@ impl ClaimWrites {
         self.claim_until.push(write.claim_until);
         self.tokens.push(write.token.to_stored());
         self.unknown.push(write.unknown.map(attempts));
+        self.renewals.push(write.renewal);
         self.last_error.push(write.last_error);
         self.instances
             .push(request.instance_name.as_str().to_owned());
@@ -329,6 +333,7 @@ impl ClaimWrites {
             .bind(&self.requesters)
             .bind(&self.tokens)
             .bind(&self.unknown)
+            .bind(&self.renewals)
             .execute(&mut **tx)
             .await?;
         Ok(())

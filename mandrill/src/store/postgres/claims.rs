@@ -144,17 +144,19 @@ impl PostgresStore {
             reads::insert_decision(&mut tx, request.message_id, 0, decision, now).await?;
         }
         if let Some(write) = write {
-            sqlx::query(&JOURNAL_SQL)
-                .bind(&id)
-                .bind(attempts(write.attempts))
-                .bind(request.instance_name.as_str())
-                .bind(request.group())
-                .bind(now)
-                .bind(&write.verdict)
-                .bind(request.zone.as_deref())
-                .bind(request.requester.as_deref())
-                .execute(&mut *tx)
-                .await?;
+            if !write.renewal {
+                sqlx::query(&JOURNAL_SQL)
+                    .bind(&id)
+                    .bind(attempts(write.attempts))
+                    .bind(request.instance_name.as_str())
+                    .bind(request.group())
+                    .bind(now)
+                    .bind(&write.verdict)
+                    .bind(request.zone.as_deref())
+                    .bind(request.requester.as_deref())
+                    .execute(&mut *tx)
+                    .await?;
+            }
             sqlx::query(
                 "UPDATE requests SET status = 'received', attempts = $2, claim_until = $3,
                      last_error = COALESCE($4, last_error), updated_at = $5,

@@ -193,6 +193,7 @@ async fn write_claims(
     let claimed: Vec<(&Pending<'_>, &ClaimWrite)> = writes
         .iter()
         .filter_map(|pending| Some((pending, pending.write.as_ref()?)))
+        .filter(|(_, write)| !write.renewal)
         .collect();
     for chunk in claimed.chunks(ROWS_PER_STATEMENT) {
         let mut journal = UPSERT_JOURNAL.query(chunk, |mut row, (pending, write)| {
