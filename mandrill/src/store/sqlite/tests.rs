@@ -416,3 +416,72 @@ async fn a_claim_committed_after_its_caller_gave_up_is_answered_again_to_the_sam
     ));
     store.close().await;
 }
+
+/// A database whose claims were written before claims kept their token is
+/// upgraded in place: a claim it holds still holds against every caller
+/// (no token is its caller's), and new claims keep theirs.
+#[tokio::test]
+async fn upgrade_keeps_a_claim_held_without_a_token_held_against_every_caller() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite:{}", dir.path().join("old.db").display());
+    let pool = SqlitePool::connect_with(
+        SqliteConnectOptions::from_str(&url)
+            .unwrap()
+            .create_if_missing(true),
+    )
+    .await
+    .unwrap();
+    let store_migrations = crate::sqlite::store_migrations().migrations.to_vec();
+    let before_tokens = store_migrations
+        .iter()
+        .position(|migration| migration.description.contains("claim token"))
+        .expect("the migration that adds the token");
+    let mut old: Vec<_> = store_migrations[..before_tokens].to_vec();
+    old.extend(crate::sqlite::queue_migrations().migrations.iter().cloned());
+    old.sort_by_key(|migration| migration.version);
+    let old = sqlx::migrate::Migrator {
+        migrations: std::borrow::Cow::Owned(old),
+        ..sqlx::migrate::Migrator::DEFAULT
+    };
+    old.run(&pool).await.unwrap();
+    let request = contract::request("cattle-old");
+    let in_an_hour = Timestamp::now().as_millis() + 3_600_000;
+    sqlx::query(
+        "INSERT INTO requests (message_id, instance_name, hostname, status, attempts,
+                               claim_until, received_at, updated_at)
+         VALUES (?1, ?2, ?3, 'received', 1, ?4, 1, 1)",
+    )
+    .bind(request.message_id.to_string())
+    .bind(request.instance_name.as_str())
+    .bind(request.hostname.as_str())
+    .bind(in_an_hour)
+    .execute(&pool)
+    .await
+    .unwrap();
+    pool.close().await;
+    let store = SqliteStore::connect(&url, 2).await.unwrap();
+    let terms = ClaimTerms {
+        max_attempts: 3,
+        hold: Duration::from_secs(60),
+        limits: crate::safety::Limits::NONE,
+    };
+    assert!(matches!(
+        store
+            .claim_restart(&request, terms, ClaimToken::new())
+            .await
+            .unwrap(),
+        Claim::InFlight { attempt: 1, .. }
+    ));
+    let fresh = contract::request("cattle-new");
+    let token = ClaimToken::new();
+    for _ in 0..2 {
+        assert_eq!(
+            store.claim_restart(&fresh, terms, token).await.unwrap(),
+            Claim::Claimed {
+                attempt: 1,
+                unknown: None
+            }
+        );
+    }
+    store.close().await;
+}
