@@ -115,7 +115,8 @@ pub(crate) struct ClaimState {
     /// recorded.
     pub claim_until: Option<i64>,
     /// The token of the call that made the last claim (`None` for a claim
-    /// written before tokens were kept); read only while its hold lasts.
+    /// written before tokens were kept); read only while that claim's
+    /// outcome is not in (`claim_until` set).
     pub token: Option<ClaimToken>,
     /// The earlier attempt the last claim counted as issued with its
     /// outcome unknown, as that claim answered.

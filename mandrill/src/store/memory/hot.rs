@@ -209,7 +209,8 @@ fn claim_in(
         .or_insert_with(|| Row::new(Some(request.hostname.as_str()), Status::Received, now));
     let claim_until = row.claim_until.get();
     // The claim's token is kept in its journal entry, not in the row (which
-    // stays compact): looked up only while a claim holds, which is rare.
+    // stays compact): looked up only while a claim's outcome is not in,
+    // which a new request's claim never meets.
     let (token_held, unknown) = match claim_until {
         Some(_) => attempts
             .find_mut(row.latest, row.attempts)
