@@ -180,7 +180,12 @@ impl Service {
     /// Connects everything `config` names. Fails naming the key at fault.
     pub async fn build(config: Config) -> anyhow::Result<Self> {
         // First, so that a port in use fails start-up before anything opens.
-        let admin = Admin::bind(&config.admin, config.admin_token_file().as_deref()).await?;
+        let admin = Admin::bind(
+            &config.admin,
+            config.admin_token_file().as_deref(),
+            config.admin_instances_dir().as_deref(),
+        )
+        .await?;
         let (broker, consumer) = open_broker(&config).await?;
         let memory_broker = match &consumer {
             AnyConsumer::Memory(memory) => Some(memory.clone()),
