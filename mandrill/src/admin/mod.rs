@@ -70,7 +70,7 @@ pub(crate) struct State {
     /// The safety policy in force (a reload may change the leash).
     pub(crate) policy: PolicyHandle,
     pub(crate) metrics: metrics::Exposition,
-    /// Told when the kill switch is turned here.
+    /// Told when the kill switch is turned here (its watch tells the rest).
     pub(crate) notifier: Option<Arc<Notifier>>,
 }
 
