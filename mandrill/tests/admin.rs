@@ -466,3 +466,114 @@ fn readyz_turns_503_on_sigterm_while_work_is_still_in_flight() {
         .sum();
     assert!(restarted > 0, "the in-flight restarts were drained");
 }
+
+/// `mandrill ARGS` as a user runs it: the admin settings as the default
+/// configuration has them (the harness's `mandrill` picks port 0).
+fn mandrill_as_configured(dir: &std::path::Path, args: &[&str]) -> (bool, String, String) {
+    let output = std::process::Command::new(support::binary())
+        .args(args)
+        .current_dir(dir)
+        .env_remove("MANDRILL_ADMIN__LISTEN")
+        .output()
+        .unwrap();
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn two_instances_on_one_sqlite_file_with_the_default_config_both_serve_and_status_finds_them() {
+    let (_guard, dir) = temp_dir();
+    let journal = dir.join("restarts.journal");
+    let journal_setting = format!("restarter.journal={}", journal.display());
+    // The default queue and store, `sqlite:mandrill.db` in the working
+    // directory, and the default admin settings; restarts slow enough that
+    // neither instance can take the whole queue before the other pulls.
+    let args = [
+        "--max-in-flight",
+        "1",
+        "--set",
+        "restarter.failure_rate=0",
+        "--set",
+        "restarter.min_latency=20ms",
+        "--set",
+        "restarter.max_latency=20ms",
+        "--set",
+        &journal_setting,
+    ];
+    let first = Mandrill::run_with_default_admin(&dir, &args);
+    let first_addr = admin_addr(&first);
+    let second = Mandrill::run_with_default_admin(&dir, &args);
+    let second_addr = admin_addr(&second);
+    assert_ne!(first_addr, second_addr);
+    for addr in [&first_addr, &second_addr] {
+        let port: u16 = addr.rsplit_once(':').unwrap().1.parse().unwrap();
+        assert!((9730..=9739).contains(&port), "{addr}");
+        assert_eq!(get(addr, "/healthz", &[]).0, 200, "{addr}");
+    }
+
+    // The command line finds both, from the files beside the store.
+    let (ok, stdout, stderr) = mandrill_as_configured(&dir, &["status", "--json"]);
+    assert!(ok, "{stderr}");
+    let status: Value = serde_json::from_str(stdout.trim()).unwrap();
+    let mut listed: Vec<String> = status["instances"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|instance| instance["addr"].as_str().unwrap().to_owned())
+        .collect();
+    listed.sort();
+    let mut expected = vec![first_addr.clone(), second_addr.clone()];
+    expected.sort();
+    assert_eq!(listed, expected, "{status}");
+    let (_, text, _) = mandrill_as_configured(&dir, &["status"]);
+    assert!(
+        text.contains(&format!("http://{first_addr}/"))
+            && text.contains(&format!("http://{second_addr}/")),
+        "{text}"
+    );
+
+    // Both work the one queue: every request recorded, and restarted, once.
+    let requests = 200;
+    let (ok, _, stderr) = mandrill_as_configured(&dir, &["publish", "--random", "200"]);
+    assert!(ok, "{stderr}");
+    let url = format!("sqlite:{}", dir.join("mandrill.db").display());
+    wait_until("every request restarted", || {
+        let entries = support::history(&url);
+        (entries.len() == requests
+            && entries
+                .iter()
+                .all(|e| e.status == mandrill::domain::Status::Restarted))
+        .then_some(())
+    });
+    let mut restarted_by = Vec::new();
+    for service in [first, second] {
+        service.signal("TERM");
+        let (status, lines) = service.wait_exit();
+        assert!(status.success());
+        restarted_by.push(support::count(
+            &support::fields_of(&lines, "final stats"),
+            "restarted",
+        ));
+    }
+    assert!(restarted_by.iter().all(|&n| n > 0), "{restarted_by:?}");
+    assert_eq!(restarted_by.iter().sum::<u64>(), requests as u64);
+    let journaled = std::fs::read_to_string(&journal).unwrap().lines().count();
+    assert_eq!(journaled, requests, "each request restarted once");
+    assert!(
+        support::history(&url).iter().all(|e| e.attempts == 1),
+        "no attempt repeated"
+    );
+    // Stopped instances take their address files with them.
+    let (_, stdout, _) = mandrill_as_configured(&dir, &["status", "--json"]);
+    let status: Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(status["instances"], serde_json::json!([]), "{status}");
+    assert_eq!(
+        std::fs::read_dir(dir.join("mandrill.db.instances"))
+            .unwrap()
+            .count(),
+        0
+    );
+}

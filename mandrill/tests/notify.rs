@@ -249,3 +249,94 @@ fn endpoints_down_or_slow_hold_neither_the_pipeline_nor_shutdown_beyond_the_boun
             .is_some_and(|m| m.contains("did not stop in time"))
     }));
 }
+
+#[test]
+fn every_turn_of_the_switch_is_notified_whoever_made_it_the_command_line_and_the_pause_file_included()
+ {
+    let (_guard, dir) = temp_dir();
+    let (base, received) = receiver(Duration::ZERO);
+    let pause_file = dir.join("PAUSE");
+    std::fs::write(
+        dir.join("mandrill.toml"),
+        format!(
+            "[[notify]]\nurl = \"{base}/switch\"\nevents = [\"paused\", \"resumed\"]\n\
+             [safety]\npause_file = \"{}\"\n",
+            pause_file.display()
+        ),
+    )
+    .unwrap();
+    let db = sqlite_url(&dir);
+    let service = Mandrill::run(&dir, &["--config", "mandrill.toml", "--db", &db]);
+    service.wait_for("mandrill started", 1);
+    let told = |n: usize| {
+        wait_until(&format!("{n} switch notifications"), || {
+            bodies(&received, "/switch").len() >= n
+        });
+        bodies(&received, "/switch")
+    };
+    let cli = |args: &[&str]| {
+        let (status, _, stderr) = mandrill(&dir, args, &[]);
+        assert!(status.success(), "{stderr}");
+    };
+
+    // Another process: `mandrill pause` and `resume` write the store.
+    cli(&["pause", "--db", &db, "--by", "ana", "--reason", "game day"]);
+    let paused = told(1).remove(0);
+    assert_eq!(
+        (&paused["event"], &paused["by"], &paused["detail"]),
+        (&"paused".into(), &"ana".into(), &"game day".into()),
+        "{paused}"
+    );
+    cli(&[
+        "resume",
+        "--db",
+        &db,
+        "--by",
+        "bob",
+        "--reason",
+        "all clear",
+    ]);
+    let resumed = told(2).remove(1);
+    assert_eq!(
+        (&resumed["event"], &resumed["by"], &resumed["detail"]),
+        (&"resumed".into(), &"bob".into(), &"all clear".into()),
+        "{resumed}"
+    );
+
+    // The pause file: touched, then removed.
+    std::fs::write(&pause_file, "").unwrap();
+    let by_file = told(3).remove(2);
+    assert_eq!(by_file["event"], "paused", "{by_file}");
+    assert!(
+        by_file["by"].as_str().unwrap().starts_with("pause-file@")
+            && by_file["detail"]
+                .as_str()
+                .unwrap()
+                .ends_with("PAUSE exists"),
+        "{by_file}"
+    );
+    std::fs::remove_file(&pause_file).unwrap();
+    let file_gone = told(4).remove(3);
+    assert_eq!(file_gone["event"], "resumed", "{file_gone}");
+    assert!(
+        file_gone["detail"]
+            .as_str()
+            .unwrap()
+            .ends_with("PAUSE removed"),
+        "{file_gone}"
+    );
+
+    service.signal("TERM");
+    let (status, _) = service.wait_exit();
+    assert!(status.success());
+    // Each turn told once, in order.
+    let events: Vec<Value> = bodies(&received, "/switch")
+        .iter()
+        .map(|b| b["event"].clone())
+        .collect();
+    assert_eq!(
+        events,
+        ["paused", "resumed", "paused", "resumed"],
+        "{events:?}"
+    );
+}

@@ -3,12 +3,15 @@
 //! a dashboard at `/`.
 //!
 //! The only module of the service that imports `axum`. It runs as one of the
-//! service's tracked companions: bound before the worker starts (so a port
-//! in use fails start-up, naming `admin.listen`), stopped after the worker
-//! has drained, so that probes see the whole shutdown.
+//! service's tracked companions: bound before the worker starts (so that an
+//! address it cannot take fails start-up, naming `admin.listen`), stopped
+//! after the worker has drained, so that probes see the whole shutdown. The address
+//! it took is logged and written to `admin.instances_dir` (`instances.rs`):
+//! with a port range, a second instance on the machine takes the next port.
 
 mod auth;
 mod dashboard;
+mod instances;
 mod metrics;
 mod profile;
 mod routes;
@@ -26,12 +29,14 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::broker::Broker;
-use crate::config::AdminSettings;
+use crate::config::{AdminListen, AdminSettings};
 use crate::notify::Notifier;
 use crate::settings::Secret;
 use crate::stats::Stats;
 use crate::store::Store;
 use crate::worker::Shutdown;
+
+pub(crate) use instances::running as running_instances;
 
 /// How long a page the operator reads during an outage (`/metrics`, the
 /// dashboard, the switch) waits for the store: it renders without the
@@ -46,6 +51,9 @@ pub(crate) struct Admin {
     listener: TcpListener,
     token: Option<Secret>,
     switch_token: Secret,
+    /// This instance's entry in `admin.instances_dir`, removed when the
+    /// server stops; `None` if it could not be written.
+    registration: Option<instances::Registration>,
 }
 
 /// What the routes read.
@@ -62,7 +70,7 @@ pub(crate) struct State {
     /// The safety policy in force (a reload may change the leash).
     pub(crate) policy: PolicyHandle,
     pub(crate) metrics: metrics::Exposition,
-    /// Told when the kill switch is turned here.
+    /// Told when the kill switch is turned here (its watch tells the rest).
     pub(crate) notifier: Option<Arc<Notifier>>,
 }
 
@@ -74,13 +82,15 @@ impl State {
 }
 
 impl Admin {
-    /// Binds `admin.listen`; `None` if it is `""`. Logs the bound address
-    /// (`admin listening`), which tells a caller of port 0 where it is.
-    /// Without `admin.token`, the kill switch's token is read from
-    /// `token_file`, or generated into it.
+    /// Binds `admin.listen` (its first free port, for a range); `None` if
+    /// it is `""`. Logs the bound address (`admin listening`), which tells
+    /// a caller of port 0 or a range where it is, and writes it into
+    /// `instances_dir`. Without `admin.token`, the kill switch's token is
+    /// read from `token_file`, or generated into it.
     pub(crate) async fn bind(
         config: &AdminSettings,
         token_file: Option<&std::path::Path>,
+        instances_dir: Option<&std::path::Path>,
     ) -> anyhow::Result<Option<Self>> {
         let Some(address) = config.address()? else {
             return Ok(None);
@@ -100,17 +110,33 @@ impl Admin {
                 "admin.token is not set and there is no admin.token_file for a generated one"
             ),
         };
-        let listener = TcpListener::bind(address)
-            .await
-            .with_context(|| format!("cannot listen on admin.listen {address}"))?;
+        let listener = bind_first_free(address).await?;
         let addr = listener
             .local_addr()
             .context("the admin listener has no address")?;
+        if addr.port() != address.first_port && address.is_range() {
+            info!(
+                %addr,
+                taken = address.first_port,
+                "the admin server's first port is taken (another instance?); took the next free one"
+            );
+        }
         info!(%addr, protected = config.token.is_some(), "admin listening");
+        // Not fatal: the address is logged, and a store whose directory is
+        // not writable (PostgreSQL from a read-only working directory) must
+        // not stop a service that ran before.
+        let registration = instances_dir.and_then(|dir| match instances::register(dir, addr) {
+            Ok(registration) => Some(registration),
+            Err(error) => {
+                warn!(error = %format!("{error:#}"), "mandrill status cannot list this instance's admin address");
+                None
+            }
+        });
         Ok(Some(Self {
             listener,
             token: config.token.clone(),
             switch_token,
+            registration,
         }))
     }
 
@@ -149,12 +175,73 @@ impl Admin {
         if let Err(error) = served {
             warn!(%error, "the admin server stopped");
         }
+        drop(self.registration);
     }
+}
+
+/// A listener on the first port of `address` that is free. A port taken
+/// is passed over only inside a range: a single port is the operator's
+/// choice, and taken it fails start-up naming `admin.listen`.
+async fn bind_first_free(address: AdminListen) -> anyhow::Result<TcpListener> {
+    for candidate in address.addresses() {
+        match TcpListener::bind(candidate).await {
+            Ok(listener) => return Ok(listener),
+            Err(error)
+                if error.kind() == std::io::ErrorKind::AddrInUse
+                    && address.is_range()
+                    && candidate.port() < address.last_port => {}
+            Err(error) if error.kind() == std::io::ErrorKind::AddrInUse && address.is_range() => {
+                return Err(error).with_context(|| {
+                    format!("cannot listen on admin.listen {address}: every port is taken")
+                });
+            }
+            Err(error) => {
+                return Err(error)
+                    .with_context(|| format!("cannot listen on admin.listen {candidate}"));
+            }
+        }
+    }
+    unreachable!("a range holds at least its first port")
 }
 
 #[cfg(test)]
 mod tests {
     use std::path::Path;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_taken_port_is_passed_over_in_a_range_and_fails_start_up_when_named() {
+        // Two ports in a row, the first taken (by "another instance"):
+        // found by holding a pair that the system gave out as free.
+        let (taken, next) = loop {
+            let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let port = taken.local_addr().unwrap().port();
+            if port < u16::MAX && std::net::TcpListener::bind(("127.0.0.1", port + 1)).is_ok() {
+                break (taken, port + 1);
+            }
+        };
+        let port = taken.local_addr().unwrap().port();
+        let listen = |last_port| AdminListen {
+            ip: "127.0.0.1".parse().unwrap(),
+            first_port: port,
+            last_port,
+        };
+        let bound = bind_first_free(listen(next)).await.unwrap();
+        assert_eq!(bound.local_addr().unwrap().port(), next);
+        // Both taken now: the range is used up.
+        let error = format!("{:#}", bind_first_free(listen(next)).await.unwrap_err());
+        assert!(
+            error.contains("admin.listen") && error.contains("every port is taken"),
+            "{error}"
+        );
+        // One port, named: taken is an error naming the key.
+        let error = format!("{:#}", bind_first_free(listen(port)).await.unwrap_err());
+        assert!(
+            error.contains(&format!("admin.listen 127.0.0.1:{port}")),
+            "{error}"
+        );
+    }
 
     fn sources(dir: &Path, found: &mut Vec<std::path::PathBuf>) {
         for entry in std::fs::read_dir(dir).unwrap().flatten() {

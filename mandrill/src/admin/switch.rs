@@ -162,6 +162,7 @@ async fn turn(state: &State, headers: &HeaderMap, body: &[u8], paused: bool) -> 
     {
         return bad_request(why);
     }
+    let asked = crate::store::Timestamp::now();
     if let Err(error) = state.store.set_switch(paused, &by, &reason).await {
         return json(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -174,7 +175,7 @@ async fn turn(state: &State, headers: &HeaderMap, body: &[u8], paused: bool) -> 
         tracing::info!(by, reason, "restarts resumed from the admin API");
     }
     if let Some(notifier) = &state.notifier {
-        notifier.send(crate::notify::Event::switch(paused, &by, &reason));
+        notifier.switch_turned_here(paused, &by, &reason, asked, crate::store::Timestamp::now());
     }
     if turn.form {
         return (StatusCode::SEE_OTHER, [(header::LOCATION, "/")]).into_response();

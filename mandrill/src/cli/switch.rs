@@ -11,6 +11,10 @@ use super::{ConfigArgs, command, string};
 use crate::config::Config;
 use crate::service;
 
+/// How long `mandrill status` waits for a listed instance's admin port to
+/// accept a connection before leaving it out as gone.
+const INSTANCE_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// `mandrill pause` and `mandrill resume`
 #[derive(Debug, Args)]
 pub(crate) struct SwitchArgs {
@@ -95,6 +99,13 @@ pub(super) fn status(args: &StatusArgs) -> ExitCode {
             .context("cannot read the restart journal");
         store.close().await;
         let (switch, usage) = (switch?, usage?);
+        // Each instance's admin port depends on who started first (a
+        // range): the instances say which they took.
+        let instances_dir = config.admin_instances_dir();
+        let instances = match &instances_dir {
+            Some(dir) => crate::admin::running_instances(dir, INSTANCE_CONNECT_TIMEOUT).await,
+            None => Vec::new(),
+        };
         // The inventory read once, as `mandrill inventory` does: this
         // process cannot see a running service's copy (its
         // mandrill_inventory_* metrics do), but it can say whether the
@@ -163,6 +174,7 @@ pub(super) fn status(args: &StatusArgs) -> ExitCode {
                 "restarter": config.restarter.kind,
                 "paused": switch.paused,
                 "switch": switch,
+                "instances": instances,
                 "allow": config.safety.allow,
                 "deny": config.safety.deny,
                 "require_signed": config.require_signed(),
@@ -195,6 +207,21 @@ pub(super) fn status(args: &StatusArgs) -> ExitCode {
             writeln!(out, "restarts:  PAUSED, {}", switch.paused_reason())?;
         } else {
             writeln!(out, "restarts:  running")?;
+        }
+        match (&instances_dir, instances.as_slice()) {
+            (None, _) => {}
+            (Some(dir), []) => writeln!(
+                out,
+                "admin:     no running instance found in {}",
+                dir.display()
+            )?,
+            (Some(_), running) => {
+                let listed: Vec<String> = running
+                    .iter()
+                    .map(|instance| format!("{} (pid {})", instance.url, instance.pid))
+                    .collect();
+                writeln!(out, "admin:     {}", listed.join(", "))?;
+            }
         }
         writeln!(out, "allow:     {:?}", config.safety.allow)?;
         writeln!(out, "deny:      {:?}", config.safety.deny)?;

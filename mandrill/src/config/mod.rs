@@ -55,7 +55,9 @@ pub use error::ConfigError;
 pub use load::{SECRET_KEYS, Sources, parse_override};
 pub use restarter::{RestarterKind, RestarterSettings};
 pub use safety::SafetySettings;
-pub use service::{AdminSettings, DebugSettings, LogFormat, LogSettings, SimulateSettings};
+pub use service::{
+    AdminListen, AdminSettings, DebugSettings, LogFormat, LogSettings, SimulateSettings,
+};
 pub use worker::{MessageSettings, WorkerSettings};
 
 settings! {

@@ -254,6 +254,14 @@ impl Config {
                 "must name a file (the generated admin token is written there)",
             ));
         }
+        if let Some(path) = &self.admin.instances_dir
+            && path.as_os_str().is_empty()
+        {
+            return Err(ConfigError::invalid(
+                "admin.instances_dir",
+                "must name a directory (each instance writes its admin address there)",
+            ));
+        }
         self.validate_notify()?;
         self.inventory
             .validate()

@@ -1,6 +1,7 @@
 //! Notifications: webhooks (`[[notify]]`) told when a host is restarted, a
 //! restart fails, a message is dead-lettered, a host does not come back, or
-//! restarts are paused or resumed.
+//! restarts are paused or resumed, by anyone (`switch.rs`: the switch's
+//! changes are watched in the store).
 //!
 //! The worker only ever calls [`Notifier::send`], which puts the event on a
 //! bounded queue without waiting (a full queue drops it, counted): a slow
@@ -13,6 +14,7 @@
 
 mod sender;
 mod settings;
+mod switch;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,6 +30,7 @@ use crate::stats::Stats;
 use crate::store::Timestamp;
 
 pub use settings::{Format, MAX_QUEUE_CAPACITY, NotifierSettings, NotifyEntry};
+pub use switch::watch as watch_switch;
 
 /// What happened, as `[[notify]] events` names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -140,6 +143,8 @@ pub struct Notifier {
     /// The flush bound is over: drop what is left.
     abort: CancellationToken,
     flush_timeout: Duration,
+    /// The switch's turns told lately, so that each is told once.
+    switch_turns: std::sync::Mutex<switch::Turns>,
 }
 
 impl Notifier {
@@ -173,6 +178,7 @@ impl Notifier {
             closing,
             abort,
             flush_timeout: settings.flush_timeout,
+            switch_turns: std::sync::Mutex::default(),
         })))
     }
 

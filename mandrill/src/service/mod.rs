@@ -1,5 +1,6 @@
 //! Wiring: builds the adapters a configuration names, runs the worker with its
-//! companions (demo publisher, stall detector, status line), and shuts down in
+//! companions (demo publisher, stall detector, status line, the switch's
+//! notifications, the pause file), and shuts down in
 //! order: stop pulling, drain within the grace period, nack the rest, close
 //! the broker and the store, report the counters.
 //!
@@ -180,7 +181,12 @@ impl Service {
     /// Connects everything `config` names. Fails naming the key at fault.
     pub async fn build(config: Config) -> anyhow::Result<Self> {
         // First, so that a port in use fails start-up before anything opens.
-        let admin = Admin::bind(&config.admin, config.admin_token_file().as_deref()).await?;
+        let admin = Admin::bind(
+            &config.admin,
+            config.admin_token_file().as_deref(),
+            config.admin_instances_dir().as_deref(),
+        )
+        .await?;
         let (broker, consumer) = open_broker(&config).await?;
         let memory_broker = match &consumer {
             AnyConsumer::Memory(memory) => Some(memory.clone()),
@@ -292,6 +298,8 @@ impl Service {
     /// Runs until `shutdown`, then shuts down in order. Returns the final
     /// counters, or an error if the service had to stop by itself.
     pub async fn run(mut self, shutdown: Shutdown) -> anyhow::Result<StatsSnapshot> {
+        // Before the pause file is applied: a pause it makes now is a change.
+        let started = crate::store::Timestamp::now();
         let companions = TaskTracker::new();
         let stop_companions = CancellationToken::new();
         // Serves through the drain (`/readyz` says 503 from the request on),
@@ -327,6 +335,17 @@ impl Service {
                         () = stop.cancelled() => {}
                     }
                 },
+            ));
+        }
+        // Whoever turns the switch (`mandrill pause`, the pause file,
+        // another instance), `paused` and `resumed` are told.
+        if let Some(notifier) = self.notifier.clone().filter(|n| n.wants_switch()) {
+            companions.spawn(crate::notify::watch_switch(
+                notifier,
+                self.store.as_dyn(),
+                self.config.safety.poll_interval,
+                started,
+                stop_companions.clone(),
             ));
         }
         if let Some(mut pause_file) = self.pause_file.take() {

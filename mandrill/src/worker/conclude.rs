@@ -14,7 +14,7 @@ use crate::domain::{Outcome, RestartRequest};
 use crate::notify::EventKind;
 use crate::restarter::RestartError;
 use crate::stats::DeadLetterReason;
-use crate::store::Recorded;
+use crate::store::{Recorded, Timestamp};
 
 /// Everything after the restart: the outcome, recorded, and how to settle.
 ///
@@ -123,6 +123,7 @@ fn judge(
 /// under way), before the outcome is recorded: the pause fails closed only
 /// if a store blip cannot skip it.
 async fn pause_restarts(shared: &Shared, progress: &Progress, why: String) {
+    let asked = Timestamp::now();
     let paused = store_op(shared, progress, Until::Shielded, || {
         shared.store.set_switch(true, "mandrill", &why)
     })
@@ -130,7 +131,7 @@ async fn pause_restarts(shared: &Shared, progress: &Progress, why: String) {
     match paused {
         Ok(()) => {
             error!(reason = why, "paused all restarts");
-            shared.notify_switch(true, "mandrill", &why);
+            shared.notify_switch(true, "mandrill", &why, asked);
         }
         Err(Stopped::Permanent(error) | Stopped::OutOfTime(error)) => {
             error!(error = %error.with_causes(), reason = why, "could not pause restarts")

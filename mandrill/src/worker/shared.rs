@@ -19,7 +19,7 @@ use crate::domain::RestartRequest;
 use crate::notify::{Event, EventKind, Notifier};
 use crate::restarter::Restarter;
 use crate::stats::Stats;
-use crate::store::{AnyStore, ClaimTerms};
+use crate::store::{AnyStore, ClaimTerms, Timestamp};
 
 /// Everything a handler needs, shared by all of them.
 pub(crate) struct Shared {
@@ -87,10 +87,11 @@ impl Shared {
         }
     }
 
-    /// Queues a notification that the kill switch turned.
-    pub(crate) fn notify_switch(&self, paused: bool, by: &str, reason: &str) {
+    /// Queues a notification that this instance turned the kill switch,
+    /// asked of the store at `asked` and written by now.
+    pub(crate) fn notify_switch(&self, paused: bool, by: &str, reason: &str, asked: Timestamp) {
         if let Some(notifier) = &self.notifier {
-            notifier.send(Event::switch(paused, by, reason));
+            notifier.switch_turned_here(paused, by, reason, asked, Timestamp::now());
         }
     }
 

@@ -39,13 +39,26 @@ impl Mandrill {
     }
 
     pub fn run_with_env(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Self {
+        // Port 0: tests run side by side; `admin listening` says where.
+        let mut env = env.to_vec();
+        env.insert(0, ("MANDRILL_ADMIN__LISTEN", "127.0.0.1:0"));
+        Self::spawn(dir, args, &env)
+    }
+
+    /// As [`Mandrill::run`], with the admin server where the default
+    /// configuration puts it (for tests of several instances on one machine
+    /// as a user starts them).
+    pub fn run_with_default_admin(dir: &Path, args: &[&str]) -> Self {
+        Self::spawn(dir, args, &[])
+    }
+
+    fn spawn(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Self {
         let mut child = Command::new(binary())
             .arg("run")
             .args(args)
             .args(["--log-format", "json"])
             .current_dir(dir)
-            // Port 0: tests run side by side; `admin listening` says where.
-            .env("MANDRILL_ADMIN__LISTEN", "127.0.0.1:0")
+            .env_remove("MANDRILL_ADMIN__LISTEN")
             .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -103,6 +103,7 @@ fn every_setting_is_documented_in_help() {
     });
     config.admin.token = Some(Secret("t".into()));
     config.admin.token_file = Some(PathBuf::from("admin-token"));
+    config.admin.instances_dir = Some(PathBuf::from("instances"));
     config.verify.url = Some("http://{host}/".into());
     config.hosts = vec![HostEntry {
         pattern: "cattle-*".into(),

@@ -170,10 +170,38 @@ fn lease_extension_must_land_well_inside_the_lease() {
 #[test]
 fn admin_off_loopback_needs_a_token_and_the_token_is_masked() {
     let default = load(None, &[], &[]).unwrap();
+    let range = |ip: &str, first_port, last_port| crate::config::AdminListen {
+        ip: ip.parse().unwrap(),
+        first_port,
+        last_port,
+    };
     assert_eq!(
         default.admin.address().unwrap(),
-        Some("127.0.0.1:9730".parse().unwrap())
+        Some(range("127.0.0.1", 9730, 9739))
     );
+    let one = load(None, &[], &["admin.listen=127.0.0.1:9730"]).unwrap();
+    assert_eq!(
+        one.admin.address().unwrap(),
+        Some(range("127.0.0.1", 9730, 9730))
+    );
+    let v6 = load(None, &[], &["admin.listen=[::1]:9000-9001"]).unwrap();
+    assert_eq!(v6.admin.address().unwrap(), Some(range("::1", 9000, 9001)));
+    assert_eq!(
+        v6.admin.address().unwrap().unwrap().to_string(),
+        "[::1]:9000-9001"
+    );
+    for nonsense in [
+        "127.0.0.1:9739-9730",
+        "127.0.0.1:0-9",
+        "127.0.0.1:1-70000",
+        "[::1:1-2",
+    ] {
+        let error = load(None, &[], &[&format!("admin.listen={nonsense}")]).unwrap_err();
+        assert!(
+            error.to_string().contains("admin.listen"),
+            "{nonsense}: {error}"
+        );
+    }
     let disabled = load(None, &[], &["admin.listen="]).unwrap();
     assert_eq!(disabled.admin.address().unwrap(), None);
     let open = load(None, &[], &["admin.listen=0.0.0.0:9730"]).unwrap_err();

@@ -1,0 +1,199 @@
+//! The running instances' admin addresses, one file each in
+//! `admin.instances_dir` (by default beside the SQLite store): with a port
+//! range (`admin.listen`'s default) an instance's port depends on who
+//! started first, so each writes the one it took where `mandrill status`
+//! and scripts find it.
+//!
+//! A file is named by the address (`127.0.0.1:9731`), so that an instance
+//! taking an address overwrites whatever a killed one left there, and
+//! holds one JSON line (`{"addr", "url", "pid"}`). It is removed at
+//! shutdown; one left by `kill -9` stays until its address is taken again,
+//! so readers check that something answers there
+//! ([`running`]). The directory and the files are this user's alone
+//! (0700, 0600), like the token file beside them.
+
+use std::net::SocketAddr;
+use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _, PermissionsExt as _};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use serde::{Deserialize, Serialize};
+use tracing::warn;
+
+/// One instance's entry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Instance {
+    /// The admin server's address.
+    pub(crate) addr: SocketAddr,
+    /// Its base URL.
+    pub(crate) url: String,
+    /// The process, as a hint (another PID namespace may share the
+    /// directory).
+    pub(crate) pid: u32,
+}
+
+/// Longest entry read back.
+const MAX_ENTRY_BYTES: u64 = 4096;
+
+/// This instance's file, removed when dropped (at shutdown, after the
+/// admin server stopped).
+#[derive(Debug)]
+pub(crate) struct Registration {
+    path: PathBuf,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        // Only while it is still ours: an instance that took the address
+        // after us (we were stopped, not killed, so rarely) keeps its own.
+        let ours = read_entry(&self.path).is_ok_and(|entry| entry.pid == std::process::id());
+        if ours && let Err(error) = std::fs::remove_file(&self.path) {
+            warn!(%error, path = %self.path.display(), "could not remove this instance's admin address file");
+        }
+    }
+}
+
+/// Writes this instance's entry for `addr` into `dir` (made if missing).
+/// Errors name the path.
+pub(crate) fn register(dir: &Path, addr: SocketAddr) -> anyhow::Result<Registration> {
+    make_private_dir(dir)?;
+    let entry = Instance {
+        addr,
+        url: format!("http://{addr}/"),
+        pid: std::process::id(),
+    };
+    let path = dir.join(addr.to_string());
+    let mut temporary = tempfile::Builder::new()
+        .prefix(".instance.")
+        .permissions(std::fs::Permissions::from_mode(0o600))
+        .tempfile_in(dir)
+        .with_context(|| format!("cannot write the admin address file {}", path.display()))?;
+    let mut line = serde_json::to_string(&entry).context("an instance entry is JSON")?;
+    line.push('\n');
+    std::io::Write::write_all(&mut temporary, line.as_bytes())
+        .with_context(|| format!("cannot write the admin address file {}", path.display()))?;
+    // A rename, so that a reader never sees half an entry.
+    temporary
+        .persist(&path)
+        .with_context(|| format!("cannot write the admin address file {}", path.display()))?;
+    Ok(Registration { path })
+}
+
+/// `dir`, made 0700 if missing; refused if it is not a directory of this
+/// user's that only it can write (nobody else may plant an address there).
+fn make_private_dir(dir: &Path) -> anyhow::Result<()> {
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(error) => {
+            return Err(error).with_context(|| {
+                format!(
+                    "cannot make the instances directory {} (set admin.instances_dir)",
+                    dir.display()
+                )
+            });
+        }
+    }
+    let metadata = std::fs::symlink_metadata(dir)
+        .with_context(|| format!("cannot read the instances directory {}", dir.display()))?;
+    // SAFETY: `geteuid` has no preconditions and cannot fail.
+    let user = unsafe { libc::geteuid() };
+    if !metadata.is_dir() || metadata.uid() != user || metadata.mode() & 0o022 != 0 {
+        bail!(
+            "the instances directory {} must be a directory of this user (uid {user}) that \
+             only it can write; it is uid {} mode {:o}: remove it and a new one is made",
+            dir.display(),
+            metadata.uid(),
+            metadata.mode() & 0o7777
+        );
+    }
+    Ok(())
+}
+
+fn read_entry(path: &Path) -> anyhow::Result<Instance> {
+    use std::io::Read as _;
+    let mut text = String::new();
+    std::fs::File::open(path)?
+        .take(MAX_ENTRY_BYTES)
+        .read_to_string(&mut text)?;
+    Ok(serde_json::from_str(text.trim())?)
+}
+
+/// The entries in `dir` whose address accepts a connection within
+/// `timeout`, by address; an unreadable entry or one nothing answers at
+/// (left by a killed instance) is left out. Nothing when there is no
+/// directory.
+pub(crate) async fn running(dir: &Path, timeout: Duration) -> Vec<Instance> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut found: Vec<Instance> = entries
+        .flatten()
+        .filter(|entry| !entry.file_name().to_string_lossy().starts_with('.'))
+        .filter_map(|entry| read_entry(&entry.path()).ok())
+        .collect();
+    found.sort_by_key(|instance| instance.addr);
+    let mut answering = Vec::with_capacity(found.len());
+    for instance in found {
+        let connect = tokio::net::TcpStream::connect(instance.addr);
+        if let Ok(Ok(_)) = tokio::time::timeout(timeout, connect).await {
+            answering.push(instance);
+        }
+    }
+    answering
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn an_entry_is_private_listed_while_it_answers_and_removed_when_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let instances = dir.path().join("mandrill.db.instances");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let registration = register(&instances, addr).unwrap();
+        let mode = |path: &Path| std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&instances), 0o700);
+        assert_eq!(mode(&instances.join(addr.to_string())), 0o600);
+
+        // One left by a killed instance: nothing answers at its address.
+        let gone = {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            listener.local_addr().unwrap()
+        };
+        std::mem::forget(register(&instances, gone).unwrap());
+
+        let found = running(&instances, Duration::from_secs(5)).await;
+        assert_eq!(
+            found,
+            vec![Instance {
+                addr,
+                url: format!("http://{addr}/"),
+                pid: std::process::id(),
+            }]
+        );
+        drop(registration);
+        assert!(!instances.join(addr.to_string()).exists());
+        assert!(running(&instances, Duration::from_secs(5)).await.is_empty());
+        assert!(
+            running(&dir.path().join("none"), Duration::from_secs(1))
+                .await
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn a_directory_others_can_write_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let instances = dir.path().join("instances");
+        std::fs::create_dir(&instances).unwrap();
+        std::fs::set_permissions(&instances, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let error = register(&instances, "127.0.0.1:9730".parse().unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("777"), "{error}");
+    }
+}
