@@ -7,15 +7,16 @@
 //! has the model.
 //!
 //! Times: a Poisson process over the calendar's open time. Wall-clock time
-//! is cut into UTC days; in each, exponential gaps (mean
-//! `mean_time_between`) are drawn over the day's open seconds and mapped
+//! is cut into UTC hours; in each, exponential gaps (mean
+//! `mean_time_between`) are drawn over the hour's open seconds and mapped
 //! back to the wall clock through the calendar's open spans. Restarting
-//! the gaps at each day's start loses nothing (the exponential has no
-//! memory), and makes each day computable on its own: no walk from an
-//! epoch, and a calendar change moves only the days it changes.
+//! the gaps at each hour's start loses nothing (the exponential has no
+//! memory), and makes each hour computable on its own: no walk from an
+//! epoch, a calendar change moves only the hours it changes, and a short
+//! mean costs at most an hour's draws at a time.
 //!
 //! Randomness: every draw is SHA-256 of the seed and what the draw is for
-//! (the schedule, the day, the draw's index; the slot and a host), so that
+//! (the schedule, the hour, the draw's index; the slot and a host), so that
 //! it is the same on every instance and in every version, with no generator
 //! state to share.
 
@@ -42,11 +43,12 @@ pub const DEFAULT_MAX_LATENESS: Duration = Duration::from_secs(5 * 60);
 /// shorter mean would only fill the queue with deferrals.
 pub const MIN_MEAN_TIME_BETWEEN: Duration = Duration::from_secs(1);
 
-/// How far ahead a next slot is looked for (a calendar open one hour a
-/// year still has its slots found).
-const HORIZON_DAYS: i64 = 400;
+/// How far ahead a next slot is looked for, in buckets (a calendar open
+/// one hour a year still has its slots found).
+const HORIZON_BUCKETS: i64 = 400 * 24;
 
-const DAY_SECONDS: i64 = 86_400;
+/// The buckets the draws restart in: UTC hours.
+const BUCKET_SECONDS: i64 = 3_600;
 
 /// One `[[schedule]]` entry, as configured.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -162,10 +164,10 @@ impl Plan {
         until: Timestamp,
     ) -> Vec<Slot> {
         let mut slots = Vec::new();
-        let (first, last) = (day_of(from), day_of(until));
-        for day in first..=last {
+        let (first, last) = (bucket_of(from), bucket_of(until));
+        for bucket in first..=last {
             slots.extend(
-                self.day(calendar, day)
+                self.bucket(calendar, bucket)
                     .into_iter()
                     .filter(|slot| from <= slot.at && slot.at < until),
             );
@@ -175,16 +177,19 @@ impl Plan {
 
     /// The first slot due after `after` (not at it), looking a year ahead.
     pub fn next_after(&self, calendar: Option<&Calendar>, after: Timestamp) -> Option<Slot> {
-        let first = day_of(after);
-        (first..first + HORIZON_DAYS)
-            .find_map(|day| self.day(calendar, day).into_iter().find(|s| s.at > after))
+        let first = bucket_of(after);
+        (first..first + HORIZON_BUCKETS).find_map(|bucket| {
+            self.bucket(calendar, bucket)
+                .into_iter()
+                .find(|s| s.at > after)
+        })
     }
 
-    /// The slots of one UTC day (days since the Unix epoch).
-    fn day(&self, calendar: Option<&Calendar>, day: i64) -> Vec<Slot> {
+    /// The slots of one bucket (UTC hours since the Unix epoch).
+    fn bucket(&self, calendar: Option<&Calendar>, bucket: i64) -> Vec<Slot> {
         let (Ok(start), Ok(end)) = (
-            Timestamp::from_second(day * DAY_SECONDS),
-            Timestamp::from_second((day + 1) * DAY_SECONDS),
+            Timestamp::from_second(bucket * BUCKET_SECONDS),
+            Timestamp::from_second((bucket + 1) * BUCKET_SECONDS),
         ) else {
             return Vec::new();
         };
@@ -200,7 +205,7 @@ impl Plan {
         let mut slots = Vec::new();
         let mut elapsed = 0.0;
         for draw in 0u64.. {
-            let uniform = self.uniform(b"gap", &day.to_be_bytes(), draw);
+            let uniform = self.uniform(b"gap", &bucket.to_be_bytes(), draw);
             // -ln(1 - u) for u in [0, 1): an exponential gap, never infinite.
             elapsed += -(1.0 - uniform).ln() * mean;
             if elapsed >= open {
@@ -278,9 +283,9 @@ impl Plan {
     }
 }
 
-/// The UTC day (since the Unix epoch) `at` falls in.
-fn day_of(at: Timestamp) -> i64 {
-    at.as_second().div_euclid(DAY_SECONDS)
+/// The bucket `at` falls in.
+fn bucket_of(at: Timestamp) -> i64 {
+    at.as_second().div_euclid(BUCKET_SECONDS)
 }
 
 /// The instant `open_seconds` of open time into `spans`.

@@ -5,7 +5,7 @@
 //! once however many instances publish it. Nothing here restarts anything
 //! or decides past the guards: the worker does, as for any request.
 
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -27,6 +27,13 @@ const RECHECK: Duration = Duration::from_secs(30);
 /// How far back, at start-up, slots are looked at to record the ones
 /// missed while no instance ran.
 const MISSED_LOOKBACK: SignedDuration = SignedDuration::from_hours(24);
+
+/// At most this many slots missed while down are looked up and reported
+/// at start-up.
+const MISSED_CHECKED: u32 = 100;
+
+/// How far ahead slots are planned at a time.
+const LOOKAHEAD: SignedDuration = SignedDuration::from_hours(1);
 
 /// How many of the newest requests are read to find hosts still being
 /// restarted (passed over as victims; the guards would defer them).
@@ -171,20 +178,37 @@ pub async fn run(
     let started = clock.now();
     let bound = started.saturating_sub(lateness).unwrap_or(started);
     let calendar = policy.current().guards.calendar.clone();
+    // The newest ones only: a short mean would otherwise mean thousands of
+    // lookups before the first slot.
+    let lookback = SignedDuration::try_from(plan.mean_time_between.saturating_mul(MISSED_CHECKED))
+        .unwrap_or(MISSED_LOOKBACK)
+        .min(MISSED_LOOKBACK);
     let earlier = plan.slots(
         calendar.as_ref(),
-        bound.saturating_sub(MISSED_LOOKBACK).unwrap_or(bound),
+        bound.saturating_sub(lookback).unwrap_or(bound),
         bound,
     );
-    for slot in earlier {
+    for slot in earlier.iter().rev().take(MISSED_CHECKED as usize) {
         if let Ok(None) = store.lookup(slot.message_id).await {
-            missed(&slot, "no instance was running within its max_lateness");
+            missed(slot, "no instance was running within its max_lateness");
         }
     }
     let mut after = bound - SignedDuration::from_nanos(1);
+    // The coming hour's slots, planned again every RECHECK: a reload may
+    // have changed the calendar.
+    let mut upcoming: VecDeque<Slot> = VecDeque::new();
+    let mut planned_at = tokio::time::Instant::now();
     loop {
-        let calendar = policy.current().guards.calendar.clone();
-        let Some(slot) = plan.next_after(calendar.as_ref(), after) else {
+        if upcoming.is_empty() || planned_at.elapsed() >= RECHECK {
+            let calendar = policy.current().guards.calendar.clone();
+            let next = after + SignedDuration::from_nanos(1);
+            upcoming = plan.slots(calendar.as_ref(), next, next + LOOKAHEAD).into();
+            if upcoming.is_empty() {
+                upcoming.extend(plan.next_after(calendar.as_ref(), after));
+            }
+            planned_at = tokio::time::Instant::now();
+        }
+        let Some(slot) = upcoming.front().cloned() else {
             tokio::select! {
                 () = tokio::time::sleep(RECHECK) => continue,
                 () = stop.cancelled() => return,
@@ -198,6 +222,7 @@ pub async fn run(
                 () = stop.cancelled() => return,
             }
         }
+        upcoming.pop_front();
         after = slot.at;
         if now.duration_since(slot.at) > lateness {
             missed(

@@ -235,7 +235,8 @@ fn a_victim_that_turns_ineligible_after_the_preview_is_passed_over() {
             .contains("[[schedule]] daily, slot 2026-11-23T10:00:00Z")
     );
     // Denied by a reload after the preview.
-    let denied = policy_with_hosts(Eligibility::new(&[], &[victim.clone()], false).unwrap());
+    let denied =
+        policy_with_hosts(Eligibility::new(&[], std::slice::from_ref(&victim), false).unwrap());
     let drawn = scheduled.victim(&denied, &slot, &none, &domain).unwrap();
     assert_ne!(drawn.instance_name.as_str(), victim);
     assert!(drawn.instance_name.as_str().starts_with("cattle-a"));
