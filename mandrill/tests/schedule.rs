@@ -4,6 +4,7 @@
 //! keygen`, an all-day calendar and a mean of one second. Both processes
 //! publish the same slots; each slot is restarted exactly once.
 
+mod services;
 mod support;
 
 use std::collections::BTreeSet;
@@ -13,7 +14,9 @@ use std::time::{Duration, Instant};
 
 use mandrill::domain::Status;
 use mandrill::schedule::{Plan, ScheduleSettings};
-use support::{DEADLINE, Mandrill, history, mandrill, sqlite_url, temp_dir};
+use mandrill::store::HistoryEntry;
+use services::{Database, NatsNames, nats_server};
+use support::{DEADLINE, Mandrill, mandrill, sqlite_url, temp_dir};
 
 const HOSTS: [&str; 5] = [
     "cattle-a1",
@@ -52,6 +55,108 @@ fn stop(instance: Mandrill) {
     instance.signal("TERM");
     let (status, lines) = instance.wait_exit();
     assert!(status.success(), "exit {status}: {lines:?}");
+}
+
+/// Every recorded request in the store at `url` (SQLite or PostgreSQL).
+fn history(url: &str) -> Vec<HistoryEntry> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let store: Box<dyn mandrill::store::Store> = if url.starts_with("postgres") {
+            Box::new(
+                mandrill::store::PostgresStore::connect(url, 1)
+                    .await
+                    .unwrap(),
+            )
+        } else {
+            Box::new(mandrill::store::SqliteStore::connect(url, 1).await.unwrap())
+        };
+        let entries = store.history(1_000_000).await.unwrap();
+        store.close().await;
+        entries
+    })
+}
+
+fn restarted_slots(entries: &[HistoryEntry]) -> usize {
+    entries
+        .iter()
+        .filter(|e| e.status == Status::Restarted)
+        .filter(|e| {
+            e.reason
+                .as_deref()
+                .is_some_and(|r| r.starts_with("scheduled by"))
+        })
+        .count()
+}
+
+/// The plan as every instance computes it: the schedule's settings and
+/// its key file.
+fn plan(dir: &Path) -> Plan {
+    Plan::new(
+        &ScheduleSettings {
+            name: "drip".into(),
+            group: "cattle".into(),
+            mean_time_between: Duration::from_secs(1),
+            requester: None,
+            key_file: None,
+            max_lateness: mandrill::schedule::DEFAULT_MAX_LATENESS,
+        },
+        &fs::read(dir.join("chaos.key")).unwrap(),
+    )
+}
+
+/// Waits until `slots` scheduled restarts are recorded in the store.
+fn wait_for_restarted_slots(url: &str, slots: usize) {
+    let started = Instant::now();
+    while restarted_slots(&history(url)) < slots {
+        assert!(
+            started.elapsed() < DEADLINE,
+            "slots restarted: {:?}",
+            history(url)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Every request in the store is a slot of the plan (its id the slot's
+/// UUIDv5), signed, for a host of the group, recorded once and restarted
+/// once; the journal has one line per slot restarted (and at most one
+/// more per slot still open at shutdown, issued without its outcome),
+/// never two.
+fn assert_each_slot_restarted_once(url: &str, journal: &Path, plan: &Plan, slots: usize) {
+    let entries = history(url);
+    let mut ids = BTreeSet::new();
+    for entry in &entries {
+        let reason = entry.reason.as_deref().unwrap_or_default();
+        let slot = reason
+            .strip_prefix("scheduled by [[schedule]] drip, slot ")
+            .unwrap_or_else(|| panic!("only scheduled requests: {entry:?}"));
+        let id = entry.message_id.unwrap();
+        assert_eq!(plan.slot(slot.parse().unwrap()).message_id, id, "{entry:?}");
+        assert!(ids.insert(id), "one history row per slot");
+        assert_eq!(
+            entry.requested_by.as_deref(),
+            Some("chaos"),
+            "signed: {entry:?}"
+        );
+        let victim = entry.instance_name.as_deref().unwrap();
+        assert!(HOSTS.contains(&victim), "{victim}");
+        if entry.status == Status::Restarted {
+            assert_eq!(entry.attempts, 1, "restarted once: {entry:?}");
+        }
+    }
+    let restarted = restarted_slots(&entries);
+    assert!(restarted >= slots);
+    let issued = fs::read_to_string(journal).unwrap();
+    let open = entries.iter().filter(|e| !e.status.is_final()).count();
+    assert!(
+        (restarted..=restarted + open).contains(&issued.lines().count()),
+        "{} restarts issued for {restarted} restarted slots ({open} open)",
+        issued.lines().count()
+    );
+    assert!(issued.lines().all(|line| line.starts_with("cattle-a")));
 }
 
 #[test]
@@ -107,26 +212,7 @@ fn two_processes_on_one_sqlite_file_restart_each_scheduled_slot_exactly_once() {
         1,
     );
     let url = sqlite_url(&dir);
-    let started = Instant::now();
-    let scheduled = |entries: &[mandrill::store::HistoryEntry]| {
-        entries
-            .iter()
-            .filter(|e| e.status == Status::Restarted)
-            .filter(|e| {
-                e.reason
-                    .as_deref()
-                    .is_some_and(|r| r.starts_with("scheduled by"))
-            })
-            .count()
-    };
-    while scheduled(&history(&url)) < SLOTS {
-        assert!(
-            started.elapsed() < DEADLINE,
-            "slots restarted: {:?}",
-            history(&url)
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_for_restarted_slots(&url, SLOTS);
     // Both instances publish the slots (the same ids): the store's
     // idempotency, not a leader, makes each happen once.
     let published = |m: &Mandrill| m.messages("scheduled restart published").len();
@@ -134,59 +220,27 @@ fn two_processes_on_one_sqlite_file_restart_each_scheduled_slot_exactly_once() {
     assert!(by_a > 0 && by_b > 0, "both published: {by_a}, {by_b}");
     stop(a);
     stop(b);
+    let plan = plan(&dir);
+    assert_each_slot_restarted_once(&url, &journal, &plan, SLOTS);
 
-    let entries = history(&url);
-    // Rebuilt as an instance does: the same settings and key file.
-    let plan = Plan::new(
-        &ScheduleSettings {
-            name: "drip".into(),
-            group: "cattle".into(),
-            mean_time_between: Duration::from_secs(1),
-            requester: None,
-            key_file: None,
-            max_lateness: mandrill::schedule::DEFAULT_MAX_LATENESS,
-        },
-        &fs::read(dir.join("chaos.key")).unwrap(),
+    // `status` shows the next planned restarts: the plan's own slots.
+    let (status, out, stderr) = mandrill(
+        &dir,
+        &["status", "--config", "mandrill.toml", "--json"],
+        &[],
     );
-    let mut ids = BTreeSet::new();
-    for entry in &entries {
-        let reason = entry.reason.as_deref().unwrap_or_default();
-        let slot = reason
-            .strip_prefix("scheduled by [[schedule]] drip, slot ")
-            .unwrap_or_else(|| panic!("only scheduled requests: {entry:?}"));
-        let id = entry.message_id.unwrap();
-        assert_eq!(plan.slot(slot.parse().unwrap()).message_id, id, "{entry:?}");
-        assert!(ids.insert(id), "one history row per slot");
+    assert!(status.success(), "{stderr}");
+    let status: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let next = status["schedules"][0]["next"].as_array().unwrap();
+    assert_eq!(next.len(), 3, "{status}");
+    for slot in next {
+        let at = slot["at"].as_str().unwrap().parse().unwrap();
         assert_eq!(
-            entry.requested_by.as_deref(),
-            Some("chaos"),
-            "signed: {entry:?}"
+            slot["message_id"].as_str().unwrap(),
+            plan.slot(at).message_id.to_string()
         );
-        let victim = entry.instance_name.as_deref().unwrap();
-        assert!(HOSTS.contains(&victim), "{victim}");
-        if entry.status == Status::Restarted {
-            assert_eq!(entry.attempts, 1, "restarted once: {entry:?}");
-        }
+        assert!(HOSTS.contains(&slot["victim"].as_str().unwrap()), "{slot}");
     }
-    let restarted = entries
-        .iter()
-        .filter(|e| e.status == Status::Restarted)
-        .count();
-    assert!(restarted >= SLOTS);
-    let issued = fs::read_to_string(&journal).unwrap().lines().count();
-    // An entry still open at shutdown may have been issued (journaled)
-    // without its outcome: at most one line per slot, never two.
-    let open = entries.iter().filter(|e| !e.status.is_final()).count();
-    assert!(
-        (restarted..=restarted + open).contains(&issued),
-        "{issued} restarts issued for {restarted} restarted slots ({open} open)"
-    );
-    let hosts_journaled = fs::read_to_string(&journal).unwrap();
-    assert!(
-        hosts_journaled
-            .lines()
-            .all(|line| line.starts_with("cattle-a"))
-    );
 }
 
 /// A schedule's mistakes stop start-up, naming the key: a requester
@@ -224,4 +278,45 @@ fn a_bad_schedule_fails_start_up_naming_the_key() {
         "",
         "nothing restarted"
     );
+}
+
+/// Three instances on one NATS JetStream stream and one PostgreSQL
+/// database run the same schedule: each slot restarted exactly once.
+#[test]
+fn three_processes_on_nats_and_postgres_restart_each_scheduled_slot_exactly_once() {
+    const SLOTS: usize = 12;
+    let (_guard, dir) = temp_dir();
+    let db = Database::create();
+    let names = NatsNames::new(&nats_server());
+    let (status, _, stderr) = mandrill(&dir, &["keygen", "chaos"], &[]);
+    assert!(status.success(), "{stderr}");
+    let journal = dir.join("restarts.journal");
+    write_config(&dir, &journal);
+    let mut args = vec![
+        "--config".to_owned(),
+        "mandrill.toml".into(),
+        "--broker".into(),
+        names.url.clone(),
+        "--db".into(),
+        db.url.clone(),
+    ];
+    args.extend(names.flags());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let instances: Vec<Mandrill> = (0..3).map(|_| Mandrill::run(&dir, &args)).collect();
+    for instance in &instances {
+        instance.wait_for(
+            "schedule running: restarts planned over the calendar's open time",
+            1,
+        );
+    }
+    wait_for_restarted_slots(&db.url, SLOTS);
+    let publishing = instances
+        .iter()
+        .filter(|i| !i.messages("scheduled restart published").is_empty())
+        .count();
+    assert!(publishing >= 2, "the instances publish the slots alike");
+    for instance in instances {
+        stop(instance);
+    }
+    assert_each_slot_restarted_once(&db.url, &journal, &plan(&dir), SLOTS);
 }
