@@ -46,6 +46,7 @@ mod policy;
 mod publish;
 mod replay;
 mod run;
+mod schedule;
 mod signals;
 mod switch;
 
@@ -91,6 +92,8 @@ pub(crate) enum Command {
     Inventory(inventory::InventoryArgs),
     /// Make a requester's Ed25519 key pair (NAME.key, NAME.pub) and print its [[requesters]] entry.
     Keygen(keygen::KeygenArgs),
+    /// Restarts mandrill plans itself ([[schedule]]): `mandrill schedule preview`.
+    Schedule(schedule::ScheduleArgs),
 }
 
 /// Parses the command line and runs it.
@@ -123,6 +126,7 @@ pub fn main() -> ExitCode {
         Command::Status(args) => switch::status(&args),
         Command::Explain(args) => explain::main(&args),
         Command::Inventory(args) => inventory::main(&args),
+        Command::Schedule(args) => schedule::main(&args),
         Command::Keygen(args) => match keygen::keygen(&args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(error) => {

@@ -13,6 +13,10 @@
 //! - [`inventory`]: the operator's hosts, groups and zones (`[inventory]`):
 //!   parsers per format (pure), the sources at the edge, the copy the
 //!   worker reads and the task that refreshes it.
+//! - [`schedule`]: `[[schedule]]`, mandrill choosing victims: a plan every
+//!   instance computes alike (a Poisson process over the calendar's open
+//!   time, victims drawn from the inventory), and the companion that
+//!   publishes each slot as a signed request through every guard.
 //! - [`service`]: builds adapters from a [`config::Config`] and runs the worker
 //!   with its companions; shuts down in order.
 //! - [`admin`]: the operator's HTTP surface (metrics, health, JSON API).
@@ -40,6 +44,7 @@ pub mod inventory;
 pub mod notify;
 pub mod restarter;
 pub mod safety;
+pub mod schedule;
 pub mod service;
 pub mod settings;
 pub mod store;

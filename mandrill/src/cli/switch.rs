@@ -167,9 +167,11 @@ pub(super) fn status(args: &StatusArgs) -> ExitCode {
         } else {
             "not required (unsigned requests accepted)"
         };
+        let schedules = next_planned(&config, &policy);
         let mut out = std::io::stdout().lock();
         if args.json {
             let status = serde_json::json!({
+                "schedules": schedules,
                 "mode": mode,
                 "restarter": config.restarter.kind,
                 "paused": switch.paused,
@@ -251,6 +253,35 @@ pub(super) fn status(args: &StatusArgs) -> ExitCode {
                 state["error"].as_str().unwrap_or_default()
             )?,
         }
+        for schedule in &schedules {
+            if let Some(error) = schedule["error"].as_str() {
+                writeln!(out, "schedules: cannot be planned: {error}")?;
+                continue;
+            }
+            let next: Vec<String> = schedule["next"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|slot| {
+                    format!(
+                        "{} {}",
+                        slot["local"].as_str().unwrap_or_default(),
+                        slot["victim"].as_str().unwrap_or("(no eligible host)")
+                    )
+                })
+                .collect();
+            writeln!(
+                out,
+                "schedule {} (group {}): next {}",
+                schedule["name"].as_str().unwrap_or_default(),
+                schedule["group"].as_str().unwrap_or_default(),
+                if next.is_empty() {
+                    "none within a year".to_owned()
+                } else {
+                    next.join("; ")
+                }
+            )?;
+        }
         let window = humantime::format_duration(config.safety.rate.window);
         for (group, use_) in &usage {
             let budget = budget(group).map_or_else(String::new, |b| format!(" of {b}"));
@@ -262,6 +293,44 @@ pub(super) fn status(args: &StatusArgs) -> ExitCode {
         }
         Ok(())
     })
+}
+
+/// How many planned restarts `status` shows per schedule.
+const NEXT_SHOWN: usize = 3;
+
+/// Each `[[schedule]]`'s next planned restarts with their provisional
+/// victims (as `schedule preview` computes them), or why they cannot be
+/// planned here (a key file this user cannot read, say).
+fn next_planned(config: &Config, policy: &crate::safety::Policy) -> Vec<serde_json::Value> {
+    let schedules = match config.schedules() {
+        Ok(schedules) => schedules,
+        Err(error) => return vec![serde_json::json!({ "error": error.to_string() })],
+    };
+    let calendar = policy.guards.calendar.as_ref();
+    let domain = config.parse_rules().domain;
+    let busy = std::collections::HashSet::new();
+    schedules
+        .iter()
+        .map(|scheduled| {
+            let plan = &scheduled.plan;
+            let mut after = jiff::Timestamp::now();
+            let mut next = Vec::new();
+            while next.len() < NEXT_SHOWN {
+                let Some(slot) = plan.next_after(calendar, after) else {
+                    break;
+                };
+                after = slot.at;
+                let victim = scheduled.victim(policy, &slot, &busy, &domain).ok();
+                next.push(serde_json::json!({
+                    "at": slot.at.to_string(),
+                    "local": calendar.map_or_else(|| slot.at.to_string(), |c| c.local(slot.at)),
+                    "victim": victim.as_ref().map(|r| r.instance_name.as_str()),
+                    "message_id": slot.message_id,
+                }));
+            }
+            serde_json::json!({ "name": plan.name, "group": plan.group, "next": next })
+        })
+        .collect()
 }
 
 pub(super) async fn open(

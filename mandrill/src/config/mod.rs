@@ -30,6 +30,7 @@ use crate::notify::{NotifierSettings, NotifyEntry};
 use crate::restarter::VerifySettings;
 use crate::restarter::hosts::HostEntry;
 use crate::safety::RequesterSettings;
+use crate::schedule::ScheduleSettings;
 use crate::settings::settings;
 
 mod broker;
@@ -41,6 +42,7 @@ mod load;
 mod owned_elsewhere;
 mod restarter;
 mod safety;
+mod schedule;
 mod service;
 #[cfg(test)]
 mod tests;
@@ -112,6 +114,15 @@ settings! {
         /// Reloaded on SIGHUP (key files are read again).
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         pub requesters: Vec<RequesterSettings> = Vec::new(),
+        /// `[[schedule]]` name, group, mean_time_between (of
+        /// calendar-open time), requester and key_file (signed as),
+        /// max_lateness: restarts mandrill plans itself.
+        ///
+        /// Times are a Poisson process over the calendar's open time,
+        /// victims drawn from the group's eligible inventory hosts; see
+        /// docs/scheduling.md. Read at start-up only.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        pub schedule: Vec<ScheduleSettings> = Vec::new(),
     }
 }
 

@@ -201,6 +201,12 @@ impl Config {
                 ));
             }
         }
+        // Reads the schedules' key files: a bad one fails start-up here.
+        // Not on a reload, which does not apply `[[schedule]]`: refusing it
+        // for a schedule would keep a revoked requester trusted.
+        if !reloading {
+            self.schedules().map(drop)?;
+        }
         positive("safety.stop_retry", self.safety.stop_retry)?;
         // The running service's only way to see `mandrill resume`: a pause
         // found by a claim stops pulling, and without the poll nothing

@@ -356,6 +356,71 @@ impl Calendar {
             .collect()
     }
 
+    /// The spans `[open, close)` in which the calendar allows restarts,
+    /// between `from` and `until`, in order; the first and last cut to
+    /// them. What the scheduler measures open time with.
+    pub fn open_spans(&self, from: Timestamp, until: Timestamp) -> Vec<(Timestamp, Timestamp)> {
+        let mut spans = Vec::new();
+        let mut at = from;
+        while at < until {
+            if self.allows(at) {
+                let close = self.next_closing(at, until).unwrap_or(until).min(until);
+                spans.push((at, close));
+                at = close;
+            } else {
+                match self.next_opening(at) {
+                    Some(open) => at = open,
+                    None => break,
+                }
+            }
+        }
+        spans
+    }
+
+    /// The first instant after `now`, before `until`, at which the calendar
+    /// no longer allows restarts; `None` if it stays open until then.
+    /// Being allowed can only end where the wall clock reaches a window's
+    /// end, where the date changes (midnight, or a DST jump across it),
+    /// where the clock jumps, or where a freeze begins: the same candidates
+    /// as [`Self::next_opening`], mirrored.
+    fn next_closing(&self, now: Timestamp, until: Timestamp) -> Option<Timestamp> {
+        let last = until.to_zoned(self.zone.clone()).date();
+        let mut date = now.to_zoned(self.zone.clone()).date();
+        while date <= last {
+            let start = self.day_start(date)?;
+            let next_date = date.tomorrow().ok()?;
+            let end = self.day_start(next_date)?;
+            let mut candidates: Vec<Timestamp> = vec![end];
+            for &(_, window_end) in &self.windows {
+                if window_end < DAY {
+                    let local = date.to_datetime(time_of(window_end));
+                    candidates.extend(self.occurrences(local));
+                }
+            }
+            candidates.extend(
+                self.zone
+                    .following(start - jiff::SignedDuration::from_nanos(1))
+                    .map(|transition| transition.timestamp())
+                    .take_while(|&at| at < end),
+            );
+            candidates.extend(
+                self.freezes
+                    .iter()
+                    .map(|f| f.from)
+                    .filter(|&from| start <= from && from < end),
+            );
+            candidates.sort_unstable();
+            if let Some(close) = candidates
+                .into_iter()
+                .find(|&at| at > now && !self.allows(at))
+            {
+                return Some(close);
+            }
+            date = next_date;
+        }
+        None
+    }
+
     fn day_start(&self, date: Date) -> Option<Timestamp> {
         date.to_zoned(self.zone.clone()).ok().map(|z| z.timestamp())
     }

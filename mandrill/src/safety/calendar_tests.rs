@@ -266,3 +266,69 @@ proptest! {
         }
     }
 }
+
+/// The scheduler measures open time with `open_spans`: each span is open
+/// from its first instant to its last, closed at its end, and the spans
+/// follow the wall clock across a DST jump (01:00–04:00 on the night the
+/// clock skips 02:00–03:00 is two hours long).
+#[test]
+fn open_spans_are_the_calendars_open_time_across_a_dst_jump() {
+    let stockholm = calendar(
+        &["sun", "mon"],
+        &["01:00-04:00", "09:00-10:00"],
+        "Europe/Stockholm",
+    );
+    let spans = stockholm.open_spans(at("2026-03-28T23:00:00Z"), at("2026-03-30T22:00:00Z"));
+    assert_eq!(
+        spans,
+        vec![
+            // Sunday 29 March: 01:00 CET, 04:00 CEST.
+            (at("2026-03-29T00:00:00Z"), at("2026-03-29T02:00:00Z")),
+            (at("2026-03-29T07:00:00Z"), at("2026-03-29T08:00:00Z")),
+            // Monday 30 March, CEST.
+            (at("2026-03-29T23:00:00Z"), at("2026-03-30T02:00:00Z")),
+            (at("2026-03-30T07:00:00Z"), at("2026-03-30T08:00:00Z")),
+        ]
+    );
+    // Cut to the range asked for; an all-day calendar is one span.
+    let cut = stockholm.open_spans(at("2026-03-29T07:30:00Z"), at("2026-03-29T07:45:00Z"));
+    assert_eq!(
+        cut,
+        vec![(at("2026-03-29T07:30:00Z"), at("2026-03-29T07:45:00Z"))]
+    );
+    let always = calendar(
+        &["mon", "tue", "wed", "thu", "fri", "sat", "sun"],
+        &["00:00-24:00"],
+        "UTC",
+    );
+    let week = always.open_spans(at("2026-11-20T10:00:00Z"), at("2026-11-27T10:00:00Z"));
+    assert_eq!(
+        week,
+        vec![(at("2026-11-20T10:00:00Z"), at("2026-11-27T10:00:00Z"))]
+    );
+}
+
+proptest! {
+    /// Every span is open at its start and just before its end, and closed
+    /// at its end (unless the range ends there); between spans it is closed.
+    #[test]
+    fn open_spans_agree_with_allows(start in 1_790_000_000i64..1_830_000_000, hours in 1i64..400) {
+        let stockholm = calendar(WORKDAYS, &["09:00-12:00", "13:00-15:00:30"], "Europe/Stockholm");
+        let from = Timestamp::from_second(start).unwrap();
+        let until = from + SignedDuration::from_hours(hours);
+        let spans = stockholm.open_spans(from, until);
+        let nano = SignedDuration::from_nanos(1);
+        for (index, &(open, close)) in spans.iter().enumerate() {
+            prop_assert!(open < close && from <= open && close <= until);
+            prop_assert!(stockholm.allows(open) && stockholm.allows(close - nano));
+            if close < until {
+                prop_assert!(!stockholm.allows(close));
+            }
+            if let Some(&(next, _)) = spans.get(index + 1) {
+                prop_assert!(close < next);
+                let middle = close + SignedDuration::from_nanos(next.duration_since(close).as_nanos() as i64 / 2);
+                prop_assert!(!stockholm.allows(middle));
+            }
+        }
+    }
+}

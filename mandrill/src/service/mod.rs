@@ -175,6 +175,8 @@ pub struct Service {
     inventory: InventoryHandle,
     /// `[inventory]` as the refresh task reads it; a reload sends the new one.
     inventory_settings: Arc<watch::Sender<InventorySettings>>,
+    /// `[[schedule]]`, ready to run beside the worker.
+    schedules: Vec<crate::schedule::Scheduled>,
 }
 
 impl Service {
@@ -224,6 +226,25 @@ impl Service {
                 handle
             }
         };
+        let schedules = config.schedules()?;
+        // A schedule whose group the inventory does not have is a typo
+        // until proven otherwise: refused at start-up, naming it. A group
+        // that empties later only leaves its slots without a victim.
+        if let Some(snapshot) = inventory.current() {
+            for (index, scheduled) in schedules.iter().enumerate() {
+                let group = &scheduled.plan.group;
+                if snapshot.inventory.group_size(group).is_none() {
+                    return Err(crate::config::ConfigError::invalid(
+                        &format!("schedule[{index}].group"),
+                        format!(
+                            "{group:?} is not a group of the inventory ({})",
+                            snapshot.source
+                        ),
+                    )
+                    .into());
+                }
+            }
+        }
         let stats = Arc::new(Stats::default());
         // Last, so that a failure above leaves no sending task behind.
         let notifier = Notifier::start(&config.notify, &config.notifier, stats.clone())?;
@@ -245,6 +266,7 @@ impl Service {
         let (simulate_rate, _) = watch::channel(config.simulate.rate);
         let (inventory_settings, _) = watch::channel(config.inventory.clone());
         Ok(Self {
+            schedules,
             inventory,
             inventory_settings: Arc::new(inventory_settings),
             config,
@@ -355,6 +377,24 @@ impl Service {
             companions.spawn(pause_file.run(
                 self.store.as_dyn(),
                 self.config.safety.poll_interval,
+                stop_companions.clone(),
+            ));
+        }
+        let domain = self.config.parse_rules().domain;
+        for scheduled in std::mem::take(&mut self.schedules) {
+            info!(
+                schedule = %scheduled.plan.name,
+                group = %scheduled.plan.group,
+                mean_time_between = %humantime::format_duration(scheduled.plan.mean_time_between),
+                "schedule running: restarts planned over the calendar's open time"
+            );
+            companions.spawn(crate::schedule::run(
+                scheduled,
+                self.worker.policy(),
+                self.broker.clone(),
+                self.store.as_dyn(),
+                self.worker.policy().current().guards.clock.clone(),
+                domain.clone(),
                 stop_companions.clone(),
             ));
         }

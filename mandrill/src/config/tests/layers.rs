@@ -126,6 +126,14 @@ fn every_setting_is_documented_in_help() {
         groups: Vec::new(),
         quota: None,
     }];
+    config.schedule = vec![crate::schedule::ScheduleSettings {
+        name: "drip".into(),
+        group: "cattle".into(),
+        mean_time_between: Duration::from_secs(3600),
+        requester: None,
+        key_file: None,
+        max_lateness: crate::schedule::DEFAULT_MAX_LATENESS,
+    }];
     config.broker.pubsub.endpoint = Some("http://127.0.0.1:8085".into());
     config.broker.pubsub.credentials_file = Some(PathBuf::from("key.json"));
     // One source is valid; all three are set here only to be flattened.
@@ -214,6 +222,7 @@ fn what_config_embeds_never_imports_config() {
         "safety",
         "notify",
         "inventory",
+        "schedule",
     ] {
         sources(&src.join(dir), &mut files);
     }

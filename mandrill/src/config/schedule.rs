@@ -1,0 +1,76 @@
+//! `[[schedule]]` checked against the rest of the configuration, and the
+//! schedules built from it: each plan seeded from its key file, each key
+//! read once, at start-up.
+
+use std::sync::Arc;
+
+use super::{Config, ConfigError};
+use crate::domain::SigningKey;
+use crate::schedule::{Plan, Scheduled};
+
+impl Config {
+    /// The schedules, ready to run: validated, their keys read (a bad or
+    /// unreadable key names `schedule[N].key_file`). A schedule needs an
+    /// `[inventory]` (its victims come from it), a requester that
+    /// `[[requesters]]` configures, and, where unsigned requests are
+    /// refused, a key to sign with.
+    pub fn schedules(&self) -> Result<Vec<Scheduled>, ConfigError> {
+        crate::schedule::validate(&self.schedule)
+            .map_err(|(key, why)| ConfigError::invalid(&key, why))?;
+        let mut schedules = Vec::with_capacity(self.schedule.len());
+        for (index, entry) in self.schedule.iter().enumerate() {
+            let at = |key: &str| format!("schedule[{index}].{key}");
+            if !self.inventory.is_configured() {
+                return Err(ConfigError::invalid(
+                    &at("group"),
+                    "a schedule draws its victims from the inventory: configure [inventory]",
+                ));
+            }
+            let signer = match (&entry.requester, &entry.key_file) {
+                (Some(name), Some(path)) => {
+                    if !self.requesters.iter().any(|r| &r.name == name) {
+                        return Err(ConfigError::invalid(
+                            &at("requester"),
+                            format!(
+                                "{name:?} is not configured in [[requesters]]: its requests would \
+                                 be rejected"
+                            ),
+                        ));
+                    }
+                    let pem = std::fs::read(path).map_err(|error| {
+                        ConfigError::invalid(
+                            &at("key_file"),
+                            format!("cannot read {}: {error}", path.display()),
+                        )
+                    })?;
+                    let key = std::str::from_utf8(&pem)
+                        .map_err(|_| "is not PEM text".to_owned())
+                        .and_then(SigningKey::from_pem)
+                        .map_err(|why| {
+                            ConfigError::invalid(
+                                &at("key_file"),
+                                format!("{} {why}", path.display()),
+                            )
+                        })?;
+                    Some((name.clone(), Arc::new(key), pem))
+                }
+                _ if self.require_signed() => {
+                    return Err(ConfigError::invalid(
+                        &at("requester"),
+                        "unsigned requests are refused (safety.require_signed): give the \
+                         requester and key_file it signs as",
+                    ));
+                }
+                _ => None,
+            };
+            let seed = signer
+                .as_ref()
+                .map_or(&[][..], |(_, _, pem)| pem.as_slice());
+            schedules.push(Scheduled {
+                plan: Plan::new(entry, seed),
+                signer: signer.map(|(name, key, _)| (name, key)),
+            });
+        }
+        Ok(schedules)
+    }
+}

@@ -1,0 +1,361 @@
+//! The scheduler (`[[schedule]]`): mandrill choosing its own victims, as
+//! Chaos Monkey does. Pure here: the plan (when each restart is due, and
+//! whom it picks) is a function of a seed, the schedule, the calendar and
+//! the inventory, so that every instance, at any time, computes the same
+//! slots; `task.rs` is the service companion that publishes each slot as
+//! one signed request, through the broker and every guard. docs/scheduling.md
+//! has the model.
+//!
+//! Times: a Poisson process over the calendar's open time. Wall-clock time
+//! is cut into UTC hours; in each, exponential gaps (mean
+//! `mean_time_between`) are drawn over the hour's open seconds and mapped
+//! back to the wall clock through the calendar's open spans. Restarting
+//! the gaps at each hour's start loses nothing (the exponential has no
+//! memory), and makes each hour computable on its own: no walk from an
+//! epoch, a calendar change moves only the hours it changes, and a short
+//! mean costs at most an hour's draws at a time.
+//!
+//! Randomness: every draw is SHA-256 of the seed and what the draw is for
+//! (the schedule, the hour, the draw's index; the slot and a host), so that
+//! it is the same on every instance and in every version, with no generator
+//! state to share.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use jiff::{SignedDuration, Timestamp};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use uuid::Uuid;
+
+use crate::safety::Calendar;
+
+mod task;
+
+pub use task::{Scheduled, run};
+
+/// How long after its time a slot may still be published by default: a
+/// restart of the service (or a stalled process) within it loses nothing;
+/// beyond it, the slot is recorded as missed, never replayed.
+pub const DEFAULT_MAX_LATENESS: Duration = Duration::from_secs(5 * 60);
+
+/// Shortest `mean_time_between`: a schedule is a slow drip of chaos, and a
+/// shorter mean would only fill the queue with deferrals.
+pub const MIN_MEAN_TIME_BETWEEN: Duration = Duration::from_secs(1);
+
+/// How far ahead a next slot is looked for, in buckets (a calendar open
+/// one hour a year still has its slots found).
+const HORIZON_BUCKETS: i64 = 400 * 24;
+
+/// The buckets the draws restart in: UTC hours.
+const BUCKET_SECONDS: i64 = 3_600;
+
+/// One `[[schedule]]` entry, as configured.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScheduleSettings {
+    /// Unique; named in each request's reason and in its message id.
+    pub name: String,
+    /// The inventory group victims are drawn from.
+    pub group: String,
+    /// The mean time between restarts, counted over the calendar's open
+    /// time only (`"2days"` with Mon–Fri 09:00–15:00 is one every 12 open
+    /// hours, about every other working day).
+    #[serde(with = "crate::settings::duration")]
+    pub mean_time_between: Duration,
+    /// The `[[requesters]]` name its requests are signed as.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requester: Option<String>,
+    /// That requester's private key (as `mandrill keygen` writes it). Its
+    /// bytes also seed the plan: every instance signing with it computes
+    /// the same plan, and nobody without it can.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_file: Option<PathBuf>,
+    /// How late after its time a slot may still be published (default
+    /// 5 min); a slot later than that is recorded as missed.
+    #[serde(
+        default = "default_max_lateness",
+        with = "crate::settings::duration",
+        skip_serializing_if = "is_default_max_lateness"
+    )]
+    pub max_lateness: Duration,
+}
+
+fn default_max_lateness() -> Duration {
+    DEFAULT_MAX_LATENESS
+}
+
+fn is_default_max_lateness(value: &Duration) -> bool {
+    *value == DEFAULT_MAX_LATENESS
+}
+
+/// A schedule's plan: what every instance computes alike.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// The schedule's name.
+    pub name: String,
+    /// The group victims are drawn from.
+    pub group: String,
+    /// The mean time between restarts, over open time.
+    pub mean_time_between: Duration,
+    /// How late a slot may still be published.
+    pub max_lateness: Duration,
+    /// SHA-256 of the seed: keys every draw.
+    key: [u8; 32],
+    /// The UUIDv5 namespace of this plan's message ids.
+    namespace: Uuid,
+}
+
+/// One planned restart.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Slot {
+    /// The schedule's name.
+    pub schedule: String,
+    /// When it is due, to the millisecond.
+    pub at: Timestamp,
+    /// Its request's id: the same on every instance, so the store's
+    /// idempotency makes it happen once.
+    pub message_id: Uuid,
+}
+
+impl Slot {
+    /// The reason its request carries: what `mandrill explain` shows.
+    pub fn reason(&self) -> String {
+        format!(
+            "scheduled by [[schedule]] {}, slot {}",
+            self.schedule, self.at
+        )
+    }
+}
+
+impl Plan {
+    /// The plan of `settings`, seeded by `seed` (the key file's bytes, or
+    /// empty: then the plan follows from the configuration alone).
+    pub fn new(settings: &ScheduleSettings, seed: &[u8]) -> Self {
+        let key: [u8; 32] = Sha256::new()
+            .chain_update(b"mandrill schedule seed\0")
+            .chain_update(seed)
+            .finalize()
+            .into();
+        let namespace = Uuid::from_bytes(
+            Sha256::new()
+                .chain_update(key)
+                .chain_update(b"namespace")
+                .finalize()[..16]
+                .try_into()
+                .expect("a SHA-256 digest has 16 bytes and more"),
+        );
+        Self {
+            name: settings.name.clone(),
+            group: settings.group.clone(),
+            mean_time_between: settings.mean_time_between,
+            max_lateness: settings.max_lateness,
+            key,
+            namespace,
+        }
+    }
+
+    /// The slots due in `[from, until)`, in order. `calendar`: `None`
+    /// means always open.
+    pub fn slots(
+        &self,
+        calendar: Option<&Calendar>,
+        from: Timestamp,
+        until: Timestamp,
+    ) -> Vec<Slot> {
+        let mut slots = Vec::new();
+        let (first, last) = (bucket_of(from), bucket_of(until));
+        for bucket in first..=last {
+            slots.extend(
+                self.bucket(calendar, bucket)
+                    .into_iter()
+                    .filter(|slot| from <= slot.at && slot.at < until),
+            );
+        }
+        slots
+    }
+
+    /// The first slot due after `after` (not at it), looking a year ahead.
+    pub fn next_after(&self, calendar: Option<&Calendar>, after: Timestamp) -> Option<Slot> {
+        let first = bucket_of(after);
+        (first..first + HORIZON_BUCKETS).find_map(|bucket| {
+            self.bucket(calendar, bucket)
+                .into_iter()
+                .find(|s| s.at > after)
+        })
+    }
+
+    /// The slots of one bucket (UTC hours since the Unix epoch).
+    fn bucket(&self, calendar: Option<&Calendar>, bucket: i64) -> Vec<Slot> {
+        let (Ok(start), Ok(end)) = (
+            Timestamp::from_second(bucket * BUCKET_SECONDS),
+            Timestamp::from_second((bucket + 1) * BUCKET_SECONDS),
+        ) else {
+            return Vec::new();
+        };
+        let spans = match calendar {
+            Some(calendar) => calendar.open_spans(start, end),
+            None => vec![(start, end)],
+        };
+        let open: f64 = spans
+            .iter()
+            .map(|&(from, to)| to.duration_since(from).as_secs_f64())
+            .sum();
+        let mean = self.mean_time_between.as_secs_f64();
+        let mut slots = Vec::new();
+        let mut elapsed = 0.0;
+        for draw in 0u64.. {
+            let uniform = self.uniform(b"gap", &bucket.to_be_bytes(), draw);
+            // -ln(1 - u) for u in [0, 1): an exponential gap, never infinite.
+            elapsed += -(1.0 - uniform).ln() * mean;
+            if elapsed >= open {
+                break;
+            }
+            if let Some(at) = wall_clock(&spans, elapsed) {
+                let at = truncate_to_millis(at);
+                // Two slots in one millisecond would be one request.
+                if slots.last().is_none_or(|last: &Slot| last.at != at) {
+                    slots.push(self.slot(at));
+                }
+            }
+        }
+        slots
+    }
+
+    /// The slot due `at`, with its message id.
+    pub fn slot(&self, at: Timestamp) -> Slot {
+        let name = format!("{}\n{}", self.name, at.as_millisecond());
+        Slot {
+            schedule: self.name.clone(),
+            at,
+            message_id: uuid_v5(self.namespace, name.as_bytes()),
+        }
+    }
+
+    /// The victim of `slot` among `hosts` (the group's hosts in the
+    /// inventory): each host gets a score from the seed, the slot and its
+    /// name, and the lowest-scored one `eligible` admits is chosen. Every
+    /// instance ranks alike, and a host joining or leaving the group does
+    /// not reorder the others.
+    pub fn victim<'a>(
+        &self,
+        slot: &Slot,
+        hosts: impl IntoIterator<Item = &'a str>,
+        mut eligible: impl FnMut(&str) -> bool,
+    ) -> Option<String> {
+        let mut ranked: Vec<(u64, &str)> = hosts
+            .into_iter()
+            .map(|host| (self.score(slot, host), host))
+            .collect();
+        ranked.sort_unstable();
+        ranked
+            .into_iter()
+            .map(|(_, host)| host)
+            .find(|host| eligible(host))
+            .map(str::to_owned)
+    }
+
+    fn score(&self, slot: &Slot, host: &str) -> u64 {
+        let digest = Sha256::new()
+            .chain_update(self.key)
+            .chain_update(b"victim\0")
+            .chain_update(self.name.as_bytes())
+            .chain_update([0])
+            .chain_update(slot.at.as_millisecond().to_be_bytes())
+            .chain_update(host.as_bytes())
+            .finalize();
+        u64::from_be_bytes(digest[..8].try_into().expect("8 of 32 bytes"))
+    }
+
+    /// A uniform draw in `[0, 1)` for `purpose`, `context` and `index`.
+    fn uniform(&self, purpose: &[u8], context: &[u8], index: u64) -> f64 {
+        let digest = Sha256::new()
+            .chain_update(self.key)
+            .chain_update(purpose)
+            .chain_update([0])
+            .chain_update(self.name.as_bytes())
+            .chain_update([0])
+            .chain_update(context)
+            .chain_update(index.to_be_bytes())
+            .finalize();
+        let bits = u64::from_be_bytes(digest[..8].try_into().expect("8 of 32 bytes")) >> 11;
+        bits as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// The bucket `at` falls in.
+fn bucket_of(at: Timestamp) -> i64 {
+    at.as_second().div_euclid(BUCKET_SECONDS)
+}
+
+/// The instant `open_seconds` of open time into `spans`.
+fn wall_clock(spans: &[(Timestamp, Timestamp)], mut open_seconds: f64) -> Option<Timestamp> {
+    for &(from, to) in spans {
+        let length = to.duration_since(from).as_secs_f64();
+        if open_seconds < length {
+            return from
+                .checked_add(SignedDuration::from_secs_f64(open_seconds))
+                .ok()
+                .filter(|&at| at < to);
+        }
+        open_seconds -= length;
+    }
+    None
+}
+
+fn truncate_to_millis(at: Timestamp) -> Timestamp {
+    Timestamp::from_millisecond(at.as_millisecond()).unwrap_or(at)
+}
+
+/// A name-based UUID (RFC 9562 version 5: SHA-1 of the namespace and the
+/// name).
+fn uuid_v5(namespace: Uuid, name: &[u8]) -> Uuid {
+    use sha1::Sha1;
+    let digest = Sha1::new()
+        .chain_update(namespace.as_bytes())
+        .chain_update(name)
+        .finalize();
+    uuid::Builder::from_sha1_bytes(digest[..16].try_into().expect("16 of 20 bytes")).into_uuid()
+}
+
+/// Checks `[[schedule]]` entries alone (what needs no other section):
+/// names valid and unique, a group, a mean of at least a second, a
+/// lateness bound. The error names the key.
+pub fn validate(entries: &[ScheduleSettings]) -> Result<(), (String, String)> {
+    let mut seen = std::collections::HashSet::new();
+    for (index, entry) in entries.iter().enumerate() {
+        let at = |key: &str| format!("schedule[{index}].{key}");
+        crate::domain::InstanceName::parse(&entry.name)
+            .map_err(|why| (at("name"), format!("{:?} {why}", entry.name)))?;
+        if !seen.insert(entry.name.as_str()) {
+            return Err((at("name"), format!("{:?} is configured twice", entry.name)));
+        }
+        if entry.group.trim().is_empty() {
+            return Err((at("group"), "must name an inventory group".into()));
+        }
+        if entry.mean_time_between < MIN_MEAN_TIME_BETWEEN {
+            return Err((
+                at("mean_time_between"),
+                "must be at least 1s (of calendar-open time)".into(),
+            ));
+        }
+        if entry.max_lateness.is_zero() {
+            return Err((at("max_lateness"), "must be longer than 0s".into()));
+        }
+        if entry.requester.is_some() != entry.key_file.is_some() {
+            let missing = if entry.requester.is_some() {
+                "key_file"
+            } else {
+                "requester"
+            };
+            return Err((
+                at(missing),
+                "requester and key_file go together: the name it signs as, and its key".into(),
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,322 @@
+//! `[[schedule]]` through the real binary: two `mandrill run` processes on
+//! one SQLite file (queue and store), the `command` backend with a restart
+//! journal, a real inventory file and a requester key made by `mandrill
+//! keygen`, an all-day calendar and a mean of one second. Both processes
+//! publish the same slots; each slot is restarted exactly once.
+
+mod services;
+mod support;
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use mandrill::domain::Status;
+use mandrill::schedule::{Plan, ScheduleSettings};
+use mandrill::store::HistoryEntry;
+use services::{Database, NatsNames, nats_server};
+use support::{DEADLINE, Mandrill, mandrill, sqlite_url, temp_dir};
+
+const HOSTS: [&str; 5] = [
+    "cattle-a1",
+    "cattle-a2",
+    "cattle-a3",
+    "cattle-a4",
+    "cattle-a5",
+];
+
+fn write_config(dir: &Path, journal: &Path) {
+    let db = sqlite_url(dir);
+    let mut hosts = String::new();
+    for name in HOSTS {
+        hosts.push_str(&format!("[[hosts]]\nname = {name:?}\ngroup = \"cattle\"\n"));
+    }
+    hosts.push_str("[[hosts]]\nname = \"pet-01\"\ngroup = \"pets\"\n");
+    fs::write(dir.join("hosts.toml"), hosts).unwrap();
+    let config = format!(
+        "[broker]\nurl = {db:?}\n[store]\nurl = {db:?}\n\
+         [restarter]\nkind = \"command\"\njournal = {journal:?}\n\
+         [restarter.command]\nargv = [\"true\", \"{{instance_name}}\"]\n\
+         [inventory]\nfile = \"hosts.toml\"\n\
+         [safety]\ndry_run = false\nallow = [\"cattle-*\", \"pet-*\"]\n\
+         [safety.calendar]\nweekdays = [\"mon\", \"tue\", \"wed\", \"thu\", \"fri\", \"sat\", \"sun\"]\n\
+         hours = [\"00:00-24:00\"]\n\
+         [safety.rate]\ngroup_max = 0\n[safety.budget]\nmax_disrupted = 0\n\n\
+         [[requesters]]\nname = \"chaos\"\npublic_key_file = \"chaos.pub\"\nallow = [\"cattle-*\"]\n\n\
+         [[schedule]]\nname = \"drip\"\ngroup = \"cattle\"\nmean_time_between = \"1s\"\n\
+         requester = \"chaos\"\nkey_file = \"chaos.key\"\nmax_lateness = \"2s\"\n",
+        journal = journal.display().to_string(),
+    );
+    fs::write(dir.join("mandrill.toml"), config).unwrap();
+}
+
+fn stop(instance: Mandrill) {
+    instance.signal("TERM");
+    let (status, lines) = instance.wait_exit();
+    assert!(status.success(), "exit {status}: {lines:?}");
+}
+
+/// Every recorded request in the store at `url` (SQLite or PostgreSQL).
+fn history(url: &str) -> Vec<HistoryEntry> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let store: Box<dyn mandrill::store::Store> = if url.starts_with("postgres") {
+            Box::new(
+                mandrill::store::PostgresStore::connect(url, 1)
+                    .await
+                    .unwrap(),
+            )
+        } else {
+            Box::new(mandrill::store::SqliteStore::connect(url, 1).await.unwrap())
+        };
+        let entries = store.history(1_000_000).await.unwrap();
+        store.close().await;
+        entries
+    })
+}
+
+fn restarted_slots(entries: &[HistoryEntry]) -> usize {
+    entries
+        .iter()
+        .filter(|e| e.status == Status::Restarted)
+        .filter(|e| {
+            e.reason
+                .as_deref()
+                .is_some_and(|r| r.starts_with("scheduled by"))
+        })
+        .count()
+}
+
+/// The plan as every instance computes it: the schedule's settings and
+/// its key file.
+fn plan(dir: &Path) -> Plan {
+    Plan::new(
+        &ScheduleSettings {
+            name: "drip".into(),
+            group: "cattle".into(),
+            mean_time_between: Duration::from_secs(1),
+            requester: None,
+            key_file: None,
+            max_lateness: mandrill::schedule::DEFAULT_MAX_LATENESS,
+        },
+        &fs::read(dir.join("chaos.key")).unwrap(),
+    )
+}
+
+/// Waits until `slots` scheduled restarts are recorded in the store.
+fn wait_for_restarted_slots(url: &str, slots: usize) {
+    let started = Instant::now();
+    while restarted_slots(&history(url)) < slots {
+        assert!(
+            started.elapsed() < DEADLINE,
+            "slots restarted: {:?}",
+            history(url)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Every request in the store is a slot of the plan (its id the slot's
+/// UUIDv5), signed, for a host of the group, recorded once and restarted
+/// once; the journal has one line per slot restarted (and at most one
+/// more per slot still open at shutdown, issued without its outcome),
+/// never two.
+fn assert_each_slot_restarted_once(url: &str, journal: &Path, plan: &Plan, slots: usize) {
+    let entries = history(url);
+    let mut ids = BTreeSet::new();
+    for entry in &entries {
+        let reason = entry.reason.as_deref().unwrap_or_default();
+        let slot = reason
+            .strip_prefix("scheduled by [[schedule]] drip, slot ")
+            .unwrap_or_else(|| panic!("only scheduled requests: {entry:?}"));
+        let id = entry.message_id.unwrap();
+        assert_eq!(plan.slot(slot.parse().unwrap()).message_id, id, "{entry:?}");
+        assert!(ids.insert(id), "one history row per slot");
+        assert_eq!(
+            entry.requested_by.as_deref(),
+            Some("chaos"),
+            "signed: {entry:?}"
+        );
+        let victim = entry.instance_name.as_deref().unwrap();
+        assert!(HOSTS.contains(&victim), "{victim}");
+        if entry.status == Status::Restarted {
+            assert_eq!(entry.attempts, 1, "restarted once: {entry:?}");
+        }
+    }
+    let restarted = restarted_slots(&entries);
+    assert!(restarted >= slots);
+    let issued = fs::read_to_string(journal).unwrap();
+    let open = entries.iter().filter(|e| !e.status.is_final()).count();
+    assert!(
+        (restarted..=restarted + open).contains(&issued.lines().count()),
+        "{} restarts issued for {restarted} restarted slots ({open} open)",
+        issued.lines().count()
+    );
+    assert!(issued.lines().all(|line| line.starts_with("cattle-a")));
+}
+
+#[test]
+fn two_processes_on_one_sqlite_file_restart_each_scheduled_slot_exactly_once() {
+    const SLOTS: usize = 12;
+    let (_guard, dir) = temp_dir();
+    let (status, _, stderr) = mandrill(&dir, &["keygen", "chaos"], &[]);
+    assert!(status.success(), "{stderr}");
+    let journal = dir.join("restarts.journal");
+    write_config(&dir, &journal);
+    // The preview computes what the instances will: the same ids.
+    let (status, preview, stderr) = mandrill(
+        &dir,
+        &[
+            "schedule",
+            "preview",
+            "--config",
+            "mandrill.toml",
+            "--days",
+            "1",
+            "--json",
+        ],
+        &[],
+    );
+    assert!(status.success(), "{stderr}");
+    let preview: Vec<serde_json::Value> = serde_json::from_str(&preview).unwrap();
+    assert!(
+        preview.len() > 10_000,
+        "about 86400 slots a day: {}",
+        preview.len()
+    );
+    assert!(
+        preview
+            .iter()
+            .all(|slot| slot["victim"].as_str().is_some_and(|v| HOSTS.contains(&v))),
+        "victims only from the group: {:?}",
+        &preview[..3]
+    );
+
+    let args = [
+        "--config",
+        "mandrill.toml",
+        "--set",
+        "broker.sqlite.poll_interval=5ms",
+    ];
+    let (a, b) = (Mandrill::run(&dir, &args), Mandrill::run(&dir, &args));
+    a.wait_for(
+        "schedule running: restarts planned over the calendar's open time",
+        1,
+    );
+    b.wait_for(
+        "schedule running: restarts planned over the calendar's open time",
+        1,
+    );
+    let url = sqlite_url(&dir);
+    wait_for_restarted_slots(&url, SLOTS);
+    // Both instances publish the slots (the same ids): the store's
+    // idempotency, not a leader, makes each happen once.
+    let published = |m: &Mandrill| m.messages("scheduled restart published").len();
+    let (by_a, by_b) = (published(&a), published(&b));
+    assert!(by_a > 0 && by_b > 0, "both published: {by_a}, {by_b}");
+    stop(a);
+    stop(b);
+    let plan = plan(&dir);
+    assert_each_slot_restarted_once(&url, &journal, &plan, SLOTS);
+
+    // `status` shows the next planned restarts: the plan's own slots.
+    let (status, out, stderr) = mandrill(
+        &dir,
+        &["status", "--config", "mandrill.toml", "--json"],
+        &[],
+    );
+    assert!(status.success(), "{stderr}");
+    let status: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let next = status["schedules"][0]["next"].as_array().unwrap();
+    assert_eq!(next.len(), 3, "{status}");
+    for slot in next {
+        let at = slot["at"].as_str().unwrap().parse().unwrap();
+        assert_eq!(
+            slot["message_id"].as_str().unwrap(),
+            plan.slot(at).message_id.to_string()
+        );
+        assert!(HOSTS.contains(&slot["victim"].as_str().unwrap()), "{slot}");
+    }
+}
+
+/// A schedule's mistakes stop start-up, naming the key: a requester
+/// `[[requesters]]` does not configure (bad configuration, exit code 2), a
+/// group the inventory does not have (found once the inventory is read,
+/// exit code 1 as for an inventory that cannot be read).
+#[test]
+fn a_bad_schedule_fails_start_up_naming_the_key() {
+    let (_guard, dir) = temp_dir();
+    let (status, _, stderr) = mandrill(&dir, &["keygen", "chaos"], &[]);
+    assert!(status.success(), "{stderr}");
+    let journal = dir.join("restarts.journal");
+    write_config(&dir, &journal);
+    let good = fs::read_to_string(dir.join("mandrill.toml")).unwrap();
+    for (edit, key, code) in [
+        (
+            good.replace("group = \"cattle\"\nmean", "group = \"catle\"\nmean"),
+            "schedule[0].group",
+            1,
+        ),
+        (
+            good.replace("requester = \"chaos\"", "requester = \"nobody\""),
+            "schedule[0].requester",
+            2,
+        ),
+    ] {
+        fs::write(dir.join("mandrill.toml"), edit).unwrap();
+        // Both stop before anything runs (nothing to wait for).
+        let (status, _, said) = mandrill(&dir, &["run", "--config", "mandrill.toml"], &[]);
+        assert_eq!(status.code(), Some(code), "{said}");
+        assert!(said.contains(key), "{key}: {said}");
+    }
+    assert_eq!(
+        fs::read_to_string(&journal).unwrap_or_default(),
+        "",
+        "nothing restarted"
+    );
+}
+
+/// Three instances on one NATS JetStream stream and one PostgreSQL
+/// database run the same schedule: each slot restarted exactly once.
+#[test]
+fn three_processes_on_nats_and_postgres_restart_each_scheduled_slot_exactly_once() {
+    const SLOTS: usize = 12;
+    let (_guard, dir) = temp_dir();
+    let db = Database::create();
+    let names = NatsNames::new(&nats_server());
+    let (status, _, stderr) = mandrill(&dir, &["keygen", "chaos"], &[]);
+    assert!(status.success(), "{stderr}");
+    let journal = dir.join("restarts.journal");
+    write_config(&dir, &journal);
+    let mut args = vec![
+        "--config".to_owned(),
+        "mandrill.toml".into(),
+        "--broker".into(),
+        names.url.clone(),
+        "--db".into(),
+        db.url.clone(),
+    ];
+    args.extend(names.flags());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let instances: Vec<Mandrill> = (0..3).map(|_| Mandrill::run(&dir, &args)).collect();
+    for instance in &instances {
+        instance.wait_for(
+            "schedule running: restarts planned over the calendar's open time",
+            1,
+        );
+    }
+    wait_for_restarted_slots(&db.url, SLOTS);
+    let publishing = instances
+        .iter()
+        .filter(|i| !i.messages("scheduled restart published").is_empty())
+        .count();
+    assert!(publishing >= 2, "the instances publish the slots alike");
+    for instance in instances {
+        stop(instance);
+    }
+    assert_each_slot_restarted_once(&db.url, &journal, &plan(&dir), SLOTS);
+}
