@@ -42,7 +42,10 @@ pub(super) const RESTARTER_SSH: &[(&str, &str)] = &[
     ("known_hosts_file", "host keys checked strictly; required"),
     ("port", "port (the host map's wins)"),
     ("connect_timeout", "limit on connecting"),
-    ("timeout", "limit on the remote command"),
+    (
+        "timeout",
+        "limit on the remote command; then its process group is killed",
+    ),
     (
         "max_connections",
         "connections open at once; reserve waits beyond",
