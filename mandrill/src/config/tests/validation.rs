@@ -47,6 +47,28 @@ fn bad_values_name_their_key() {
     assert!(syntax.contains("not valid toml"), "{syntax}");
 }
 
+/// Plain http to a webhook that is not on loopback needs its own setting;
+/// the refusal names the URL's key and that setting.
+#[test]
+fn plain_http_to_a_remote_webhook_is_refused_unless_allowed() {
+    let http = |extra: &str| {
+        format!(
+            "[restarter]\nkind = \"http\"\n[restarter.http]\n\
+             url = \"http://chaos.internal/restart/{{instance_name}}\"\n{extra}"
+        )
+    };
+    let error = load(Some(&http("")), &[], &[]).unwrap_err().to_string();
+    assert!(error.contains("restarter.http.url"), "{error}");
+    assert!(
+        error.contains("restarter.http.allow_plain_http = true"),
+        "{error}"
+    );
+    load(Some(&http("allow_plain_http = true\n")), &[], &[]).unwrap();
+    let loopback = "[restarter]\nkind = \"http\"\n[restarter.http]\n\
+                    url = \"http://127.0.0.1:8080/restart/{instance_name}\"\n";
+    load(Some(loopback), &[], &[]).unwrap();
+}
+
 /// The ssh backend's restart takes a connection (2 × connect_timeout,
 /// retries included), the command, and the kill of a command that timed
 /// out: the worker must wait longer than all three.
