@@ -42,7 +42,10 @@ pub(super) const RESTARTER_SSH: &[(&str, &str)] = &[
     ("known_hosts_file", "host keys checked strictly; required"),
     ("port", "port (the host map's wins)"),
     ("connect_timeout", "limit on connecting"),
-    ("timeout", "limit on the remote command"),
+    (
+        "timeout",
+        "limit on the remote command; then its process group is killed",
+    ),
     (
         "max_connections",
         "connections open at once; reserve waits beyond",
@@ -74,7 +77,14 @@ pub(super) const RESTARTER_HTTP: &[(&str, &str)] = &[
         "hmac_secret_env",
         "environment variable holding the HMAC-SHA256 key",
     ),
-    ("hmac_header", "signature header: sha256=<hex>"),
+    (
+        "hmac_header",
+        "signature header: t=<unix>,v1=<hex HMAC-SHA256 of \"t.body\">",
+    ),
+    (
+        "allow_plain_http",
+        "allow plain http:// to an address that is not loopback",
+    ),
     ("timeout", "limit on the whole call"),
     ("ca_file", "extra PEM CA certificates to trust"),
 ];

@@ -370,15 +370,10 @@ impl Config {
             }
             RestarterKind::Ssh => {
                 r.ssh.validate().map_err(in_section("ssh"))?;
-                // Connecting may take up to twice connect_timeout (a retry).
-                let longest = r
-                    .ssh
-                    .connect_timeout
-                    .saturating_mul(2)
-                    .saturating_add(r.ssh.timeout);
                 (
-                    longest,
-                    "2 × restarter.ssh.connect_timeout + restarter.ssh.timeout",
+                    r.ssh.longest_restart(),
+                    "2 × restarter.ssh.connect_timeout + restarter.ssh.timeout + 4s to kill a \
+                     command that timed out",
                 )
             }
             RestarterKind::Http => {

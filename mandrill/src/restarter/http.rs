@@ -2,7 +2,10 @@
 //!
 //! The URL, body and header values are templates filled per request; the
 //! message id always travels as `Idempotency-Key`; the body can be signed
-//! with HMAC-SHA256. The answer decides the outcome: 2xx restarted (the body
+//! with HMAC-SHA256, together with the time of signing, so that a captured
+//! request cannot be replayed later. Plain `http://` goes only to a
+//! loopback address unless `allow_plain_http` says otherwise. The answer
+//! decides the outcome: 2xx restarted (the body
 //! is the recorded output), 408, 429, 5xx and transport errors are retried
 //! (honouring `Retry-After`), any other answer is a permanent refusal.
 //! Redirects are not followed: a signed POST must not be replayed elsewhere.
@@ -16,7 +19,7 @@ mod tests;
 use std::fmt;
 use std::path::Path;
 use std::sync::Once;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use hmac::{Hmac, Mac};
@@ -52,6 +55,7 @@ pub struct HttpRestarter {
     body: Template,
     headers: Vec<(HeaderName, Template)>,
     signer: Option<Signer>,
+    allow_plain_http: bool,
     timeout: Duration,
     hosts: HostMap,
 }
@@ -122,6 +126,7 @@ impl HttpRestarter {
             body: parsed.body,
             headers: parsed.headers,
             signer,
+            allow_plain_http: parsed.allow_plain_http,
             timeout: settings.timeout,
             hosts,
         })
@@ -131,6 +136,7 @@ impl HttpRestarter {
     /// the same request would render the same way next time).
     fn build(&self, values: &Values<'_>) -> Result<(Url, HeaderMap, Vec<u8>), String> {
         let url = parse_url(&self.url.render_url(values)).map_err(|why| format!("url {why}"))?;
+        check_plain_http(&url, self.allow_plain_http).map_err(|why| format!("url {why}"))?;
         let body = self.body.render_json(values).into_bytes();
         let mut headers = HeaderMap::new();
         if !body.is_empty() {
@@ -148,7 +154,7 @@ impl HttpRestarter {
             HeaderValue::from_str(&message_id).expect("a uuid is a header value"),
         );
         if let Some(signer) = &self.signer {
-            headers.insert(signer.header.clone(), signer.sign(&body));
+            headers.insert(signer.header.clone(), signer.sign(&body, SystemTime::now()));
         }
         Ok((url, headers, body))
     }
@@ -253,15 +259,48 @@ impl Restarter for HttpRestarter {
 }
 
 impl Signer {
-    /// `sha256=<hex>` of the HMAC-SHA256 of `body`.
-    fn sign(&self, body: &[u8]) -> HeaderValue {
+    /// `t=<unix seconds>,v1=<hex>`: the HMAC-SHA256 of `<t>.<body>`, signed
+    /// `at`. The time is inside the MAC, so that the receiver can refuse an
+    /// old request replayed, and the same body signed at another second
+    /// carries another signature.
+    fn sign(&self, body: &[u8], at: SystemTime) -> HeaderValue {
+        // A clock before 1970 signs as 0, which every receiver refuses.
+        let t = at
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |since| since.as_secs());
         // HMAC takes a key of any length; `new_from_slice` cannot fail.
         let mut mac = Hmac::<Sha256>::new_from_slice(&self.key.0).expect("hmac takes any key");
+        mac.update(format!("{t}.").as_bytes());
         mac.update(body);
-        let signature = format!("sha256={}", hex::encode(mac.finalize().into_bytes()));
-        // ASCII hex: always a valid header value.
+        let signature = format!("t={t},v1={}", hex::encode(mac.finalize().into_bytes()));
+        // ASCII digits and hex: always a valid header value.
         HeaderValue::from_str(&signature).expect("hex is a header value")
     }
+}
+
+/// Refuses plain `http://` to an address that is not loopback, unless
+/// allowed: the body, its signature and the tokens in the URL and headers
+/// would cross the network unencrypted. The address is not echoed.
+fn check_plain_http(url: &Url, allowed: bool) -> Result<(), String> {
+    if allowed || url.scheme() != "http" {
+        return Ok(());
+    }
+    let loopback = match url.host() {
+        Some(url::Host::Ipv4(address)) => address.is_loopback(),
+        Some(url::Host::Ipv6(address)) => {
+            address.is_loopback() || address.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback())
+        }
+        Some(url::Host::Domain(name)) => name.eq_ignore_ascii_case("localhost"),
+        None => false,
+    };
+    if loopback {
+        return Ok(());
+    }
+    Err(
+        "sends plain http:// to an address that is not loopback (a placeholder in the host \
+         counts as not loopback): use https://, or set restarter.http.allow_plain_http = true"
+            .into(),
+    )
 }
 
 /// Parses a rendered URL; only http and https are accepted. The text is not

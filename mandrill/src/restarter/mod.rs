@@ -35,7 +35,8 @@ pub use ssh::{SshRestarter, SshSettings};
 pub use verify::{Verified, VerifySettings};
 
 /// Why a restart did not happen, or did not end well. The worker branches
-/// on [`RestartError::is_retryable`].
+/// on [`RestartError::is_retryable`], and leaves the claim of an
+/// [`RestartError::OutcomeUnknown`] holding the host.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum RestartError {
@@ -65,6 +66,19 @@ pub enum RestartError {
         host: Hostname,
         /// The configured limit.
         after: Duration,
+    },
+    /// The restart was issued and did not end in time, and the backend
+    /// could not confirm that it stopped: it may still be running on the
+    /// host. Not retried now: the worker records no outcome, so the claim
+    /// keeps holding the host until it expires and then counts as a used
+    /// attempt ("issued, outcome unknown"), and no second restart runs
+    /// beside this one meanwhile.
+    #[error("restart of {host} may still be running: {reason}")]
+    OutcomeUnknown {
+        /// The host.
+        host: Hostname,
+        /// What happened, and why the end could not be confirmed.
+        reason: String,
     },
     /// The blocking pool's thread panicked or was shut down.
     #[error("restart of {host} did not complete: {reason}")]

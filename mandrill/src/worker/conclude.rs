@@ -3,6 +3,8 @@
 
 use std::future::Future;
 
+use futures::future::Either;
+
 use tracing::{debug, error, info, warn};
 
 use super::lease::Progress;
@@ -29,8 +31,28 @@ pub(super) fn conclude<'a>(
     attempt: u32,
     restarted: Result<crate::domain::Restarted, RestartError>,
 ) -> impl Future<Output = Settlement> + Send + 'a {
+    if let Err(error @ RestartError::OutcomeUnknown { .. }) = restarted {
+        return Either::Left(std::future::ready(leave_claimed(shared, attempt, &error)));
+    }
     let judged = judge(shared, request, attempt, restarted);
-    record(shared, progress, tag, request, attempt, judged)
+    Either::Right(record(shared, progress, tag, request, attempt, judged))
+}
+
+/// A restart that may still be running on the host: nothing is recorded,
+/// so that its claim stays open. No delivery restarts the host before the
+/// claim's hold expires, and then the attempt counts as used ("issued,
+/// outcome unknown"). The delivery comes back once the hold has expired,
+/// so that the redelivery is not spent on a deferral.
+fn leave_claimed(shared: &Shared, attempt: u32, error: &RestartError) -> Settlement {
+    shared.stats.restart_failures.inc();
+    error!(%error, attempt, "the restart may still be running on the host: no outcome recorded, so its claim holds the host until it expires and then counts as a used attempt");
+    Settlement::Nack {
+        delay: shared
+            .claim_terms
+            .hold
+            .max(shared.config.retry_backoff.delay(attempt)),
+        why: "the restart may still be running on the host".into(),
+    }
 }
 
 /// What [`judge`] made of a restart's result.

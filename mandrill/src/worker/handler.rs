@@ -24,7 +24,9 @@
 //! 4. Record the outcome (retried in place until the store answers; bounded
 //!    only once shutdown's grace period is over), then ack, nack with
 //!    backoff, or dead-letter. Never ack an outcome that
-//!    is not recorded; never restart again because recording failed.
+//!    is not recorded; never restart again because recording failed. A
+//!    restart that may still be running on the host records nothing: its
+//!    claim holds the host until it expires, then counts as a used attempt.
 //!
 //! The lease is extended throughout. A panic anywhere becomes a failed
 //! attempt if one was claimed, and a nack (or a dead letter, on the last

@@ -162,6 +162,52 @@ async fn host_that_does_not_come_back_is_recorded_unrecovered_and_not_restarted_
     h.stop().await.unwrap();
 }
 
+/// A backend that cannot confirm that a timed-out restart stopped (an ssh
+/// command whose kill went unanswered) records nothing: the claim keeps
+/// the host held for its whole hold, so no second restart runs beside the
+/// first, and then counts as a used attempt ("issued, outcome unknown").
+#[tokio::test(start_paused = true)]
+async fn a_restart_that_may_still_be_running_holds_the_host_until_its_claim_expires() {
+    let store = Arc::new(ScriptedStore::default());
+    let restarter = Arc::new(ScriptedRestarter {
+        script: Some(|request| {
+            Err(RestartError::OutcomeUnknown {
+                host: request.hostname.clone(),
+                reason: "the kill did not finish within 4s".into(),
+            })
+        }),
+        ..Default::default()
+    });
+    let config = WorkerConfig {
+        max_attempts: 2,
+        ..config()
+    };
+    // restart_timeout + 2 × the broker's lease.
+    let hold = config.restart_timeout + 2 * ACK_DEADLINE;
+    let h = start(config, store.clone(), restarter.clone());
+    let id = h.publish("cattle-stuck").await;
+    let stats = h.stats.clone();
+    wait_until("dead-lettered", || stats.dead_lettered.get() == 1).await;
+
+    assert_eq!(restarter.calls("cattle-stuck.example.net"), 2);
+    let claims = store.timeline.when("claim Ok(Claimed");
+    let starts = restarter.timeline.when("restart-started");
+    assert!(
+        starts[1] - claims[0] >= hold,
+        "the second restart waited out the first one's hold"
+    );
+    assert_eq!(
+        store.timeline.count("recorded retrying"),
+        0,
+        "no outcome recorded for a restart that may still run"
+    );
+    let entry = store.entry(id);
+    assert_eq!(entry.status, Status::Failed);
+    let error = entry.last_error.unwrap_or_default();
+    assert!(error.contains("outcome was never recorded"), "{error}");
+    h.stop().await.unwrap();
+}
+
 #[tokio::test(start_paused = true)]
 async fn panic_in_one_handler_nacks_it_and_the_service_goes_on() {
     let restarter = Arc::new(ScriptedRestarter {

@@ -20,12 +20,20 @@ pub struct PrivateSshd {
     dir: TempDir,
     /// The loopback port it listens on.
     pub port: u16,
+    /// Lines added to the sshd_config.
+    extra_config: String,
     process: Option<Child>,
 }
 
 impl PrivateSshd {
     /// Generates the keys and the configuration and starts sshd.
     pub fn start() -> Self {
+        Self::start_with("")
+    }
+
+    /// As [`PrivateSshd::start`], with `extra_config` added to the
+    /// sshd_config (e.g. `MaxSessions 1\n`).
+    pub fn start_with(extra_config: &str) -> Self {
         assert!(
             Path::new(SSHD).exists(),
             "{SSHD} is missing: apt-get install openssh-server (.ci/run does)"
@@ -45,6 +53,7 @@ impl PrivateSshd {
         let mut sshd = Self {
             dir,
             port: 0,
+            extra_config: extra_config.to_owned(),
             process: None,
         };
         // A port another process takes between our probe and sshd's bind
@@ -79,8 +88,9 @@ impl PrivateSshd {
                  PasswordAuthentication no\n\
                  KbdInteractiveAuthentication no\n\
                  UseDNS no\n\
-                 LogLevel VERBOSE\n",
-                port = self.port
+                 LogLevel VERBOSE\n{extra}",
+                port = self.port,
+                extra = self.extra_config,
             ),
         )
         .unwrap();

@@ -47,6 +47,48 @@ fn bad_values_name_their_key() {
     assert!(syntax.contains("not valid toml"), "{syntax}");
 }
 
+/// Plain http to a webhook that is not on loopback needs its own setting;
+/// the refusal names the URL's key and that setting.
+#[test]
+fn plain_http_to_a_remote_webhook_is_refused_unless_allowed() {
+    let http = |extra: &str| {
+        format!(
+            "[restarter]\nkind = \"http\"\n[restarter.http]\n\
+             url = \"http://chaos.internal/restart/{{instance_name}}\"\n{extra}"
+        )
+    };
+    let error = load(Some(&http("")), &[], &[]).unwrap_err().to_string();
+    assert!(error.contains("restarter.http.url"), "{error}");
+    assert!(
+        error.contains("restarter.http.allow_plain_http = true"),
+        "{error}"
+    );
+    load(Some(&http("allow_plain_http = true\n")), &[], &[]).unwrap();
+    let loopback = "[restarter]\nkind = \"http\"\n[restarter.http]\n\
+                    url = \"http://127.0.0.1:8080/restart/{instance_name}\"\n";
+    load(Some(loopback), &[], &[]).unwrap();
+}
+
+/// The ssh backend's restart takes a connection (2 × connect_timeout,
+/// retries included), the command, and the kill of a command that timed
+/// out: the worker must wait longer than all three.
+#[test]
+fn the_restart_timeout_covers_the_ssh_connection_the_command_and_its_kill() {
+    let ssh = |restart_timeout: &str| {
+        format!(
+            "[worker]\nrestart_timeout = \"{restart_timeout}\"\n\
+             [restarter]\nkind = \"ssh\"\n[restarter.ssh]\nargv = [\"true\"]\n\
+             user = \"chaos\"\nknown_hosts_file = \"/etc/mandrill/known_hosts\"\n\
+             connect_timeout = \"5s\"\ntimeout = \"15s\"\n"
+        )
+    };
+    // 2 × 5s + 15s = 25s, + 4s for the kill.
+    let error = load(Some(&ssh("27s")), &[], &[]).unwrap_err().to_string();
+    assert!(error.contains("worker.restart_timeout"), "{error}");
+    assert!(error.contains("kill"), "{error}");
+    load(Some(&ssh("30s")), &[], &[]).unwrap();
+}
+
 /// Extremes of every bounded setting: each is refused naming its key, or
 /// accepted; none panics.
 #[test]

@@ -51,8 +51,18 @@ pub struct HttpSettings {
     /// Environment variable holding the HMAC-SHA256 key instead. Never logged.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub hmac_secret_env: Option<String>,
-    /// Header carrying the signature, `sha256=<hex>` over the exact body bytes.
+    /// Header carrying the signature, `t=<unix seconds>,v1=<hex>`: the
+    /// HMAC-SHA256 of the time, a `.`, and the exact body bytes. The
+    /// receiver recomputes it and refuses a time more than five minutes
+    /// away from its own clock, so that a captured request cannot be
+    /// replayed later (docs/backends.md shows the check).
     pub hmac_header: String,
+    /// Whether the webhook may be called over plain `http://` at an
+    /// address that is not loopback (`127.0.0.0/8`, `::1`, `localhost`).
+    /// Off by default: the body, its signature and any token in the URL or
+    /// headers would cross the network unencrypted. A placeholder in the
+    /// URL's host counts as not loopback.
+    pub allow_plain_http: bool,
     /// Longest a call may take, connecting and reading the answer included;
     /// keep it below `worker.restart_timeout`.
     #[serde(with = "duration")]
@@ -77,6 +87,7 @@ impl Default for HttpSettings {
             hmac_secret_file: None,
             hmac_secret_env: None,
             hmac_header: "X-Mandrill-Signature".into(),
+            allow_plain_http: false,
             // Below `worker.restart_timeout`'s default (30 s), so that a slow
             // webhook is reported by this backend, with its own reason.
             timeout: Duration::from_secs(20),
@@ -100,6 +111,7 @@ impl fmt::Debug for HttpSettings {
             .field("hmac_secret_file", &self.hmac_secret_file)
             .field("hmac_secret_env", &self.hmac_secret_env)
             .field("hmac_header", &self.hmac_header)
+            .field("allow_plain_http", &self.allow_plain_http)
             .field("timeout", &self.timeout)
             .field("ca_file", &self.ca_file)
             .finish()
@@ -131,6 +143,7 @@ pub(super) struct Parsed {
     pub(super) body: Template,
     pub(super) headers: Vec<(HeaderName, Template)>,
     pub(super) hmac_header: HeaderName,
+    pub(super) allow_plain_http: bool,
 }
 
 impl HttpSettings {
@@ -159,7 +172,8 @@ impl HttpSettings {
         };
         // Checked on a sample request so that a typo fails at load, not at
         // the first restart. The text is not echoed: it may hold a token.
-        super::parse_url(&url.render_url(&values)).map_err(|why| ("url", why))?;
+        let sample_url = super::parse_url(&url.render_url(&values)).map_err(|why| ("url", why))?;
+        super::check_plain_http(&sample_url, self.allow_plain_http).map_err(|why| ("url", why))?;
         let body = Template::parse(&self.body).map_err(|why| ("body", why))?;
         let hmac_header = HeaderName::from_bytes(self.hmac_header.as_bytes()).map_err(|_| {
             (
@@ -208,6 +222,7 @@ impl HttpSettings {
             body,
             headers,
             hmac_header,
+            allow_plain_http: self.allow_plain_http,
         })
     }
 }

@@ -32,7 +32,8 @@ struct Received {
     headers: ServerHeaders,
     body: Vec<u8>,
     /// Whether `X-Mandrill-Signature` matched the server's own HMAC of the
-    /// body; `None` when the header was absent.
+    /// time and body, signed within five minutes; `None` when the header
+    /// was absent.
     signature_valid: Option<bool>,
     at: Instant,
 }
@@ -150,19 +151,34 @@ async fn answer(
     }
 }
 
-/// The server's own check of `sha256=<hex>` against the body it received.
+/// The server's own check of `t=<unix>,v1=<hex>` against the body it
+/// received, now.
 fn verify(header: &[u8], body: &[u8]) -> bool {
     verify_with(KEY, header, body)
 }
 
 fn verify_with(key: &[u8], header: &[u8], body: &[u8]) -> bool {
-    let Some(hex_digest) = header.strip_prefix(b"sha256=") else {
+    let Ok(header) = std::str::from_utf8(header) else {
         return false;
     };
-    let Ok(digest) = hex::decode(hex_digest) else {
+    let Some((Some(t), Some(v1))) = header
+        .split_once(',')
+        .map(|(t, v1)| (t.strip_prefix("t="), v1.strip_prefix("v1=")))
+    else {
         return false;
     };
+    let (Ok(t), Ok(digest)) = (t.parse::<u64>(), hex::decode(v1)) else {
+        return false;
+    };
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    if now.abs_diff(t) > 300 {
+        return false;
+    }
     let mut mac = Hmac::<Sha256>::new_from_slice(key).unwrap();
+    mac.update(format!("{t}.").as_bytes());
     mac.update(body);
     mac.verify_slice(&digest).is_ok()
 }
@@ -195,6 +211,9 @@ fn settings(url: String) -> HttpSettings {
     HttpSettings {
         url,
         timeout: Duration::from_secs(10),
+        // The URLs' host is the `{host}` placeholder (the host map's
+        // loopback address), which counts as not loopback at load.
+        allow_plain_http: true,
         ..HttpSettings::default()
     }
 }
@@ -398,9 +417,113 @@ async fn a_tampered_body_fails_the_servers_check() {
         header: HeaderName::from_static("x-mandrill-signature"),
         key: Secret(KEY.to_vec()),
     };
-    let signature = signer.sign(b"{\"a\": 1}");
+    let signature = signer.sign(b"{\"a\": 1}", SystemTime::now());
     assert!(verify(signature.as_bytes(), b"{\"a\": 1}"));
     assert!(!verify(signature.as_bytes(), b"{\"a\": 2}"));
+    let stale = signer.sign(b"{\"a\": 1}", SystemTime::now() - Duration::from_secs(301));
+    assert!(!verify(stale.as_bytes(), b"{\"a\": 1}"));
+}
+
+/// The receiver's check from docs/backends.md, run by Python's own `hmac`:
+/// `verify(key, header, body, now)` is the documented function; this
+/// driver reads its arguments from files and prints `ok` or `refused`.
+fn python_verifies(key: &[u8], header: &str, body: &[u8], now: u64) -> bool {
+    let docs = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/backends.md"))
+        .unwrap();
+    let receiver = docs
+        .split("```python\n")
+        .skip(1)
+        .filter_map(|block| block.split_once("```").map(|(code, _)| code))
+        .find(|code| code.contains("def verify("))
+        .expect("docs/backends.md shows the receiver's check in Python");
+    let dir = tempfile::tempdir().unwrap();
+    let (key_file, body_file) = (dir.path().join("key"), dir.path().join("body"));
+    std::fs::write(&key_file, key).unwrap();
+    std::fs::write(&body_file, body).unwrap();
+    let driver = format!(
+        "{receiver}\nimport sys\n\
+         key = open(sys.argv[1], 'rb').read()\n\
+         body = open(sys.argv[3], 'rb').read()\n\
+         print('ok' if verify(key, sys.argv[2], body, now=int(sys.argv[4])) else 'refused')\n"
+    );
+    let output = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(driver)
+        .arg(&key_file)
+        .arg(header)
+        .arg(&body_file)
+        .arg(now.to_string())
+        .output()
+        .expect("python3 runs");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    match String::from_utf8_lossy(&output.stdout).trim() {
+        "ok" => true,
+        "refused" => false,
+        other => panic!("unexpected answer from the receiver: {other}"),
+    }
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+#[tokio::test]
+async fn signatures_bind_the_time_so_a_captured_request_cannot_be_replayed_later() {
+    let server = Webhook::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let key_file = dir.path().join("webhook.key");
+    std::fs::write(&key_file, [KEY, b"\n"].concat()).unwrap();
+    let mut settings = settings(server.url());
+    settings.hmac_secret_file = Some(key_file);
+    let restarter = HttpRestarter::new(&settings, hosts("127.0.0.1")).unwrap();
+    // The same request twice: the same body, a second or more apart.
+    let request = request("ok-replay");
+    restarter
+        .restart(&request, Reservation::unlimited())
+        .await
+        .unwrap();
+    let first_second = unix_now();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while unix_now() == first_second {
+        assert!(Instant::now() < deadline, "the clock did not move");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    restarter
+        .restart(&request, Reservation::unlimited())
+        .await
+        .unwrap();
+
+    let received = server.log.all();
+    let header = |at: usize| {
+        received[at].headers["x-mandrill-signature"]
+            .to_str()
+            .unwrap()
+    };
+    assert_eq!(received[0].body, received[1].body);
+    assert_ne!(header(0), header(1), "another time, another signature");
+    let (t, v1) = header(0).split_once(',').unwrap();
+    let t: u64 = t.strip_prefix("t=").unwrap().parse().unwrap();
+    let body = &received[0].body;
+    let now = unix_now();
+    // Checked by an implementation of its own (Python's hmac).
+    assert!(python_verifies(KEY, header(0), body, now), "{}", header(0));
+    assert!(python_verifies(KEY, header(1), body, now), "{}", header(1));
+    // A tampered body, a key of another, a replay after five minutes, and
+    // the old signature under a fresh time are all refused.
+    let mut tampered = body.clone();
+    tampered[0] ^= 1;
+    assert!(!python_verifies(KEY, header(0), &tampered, now));
+    assert!(!python_verifies(b"another key", header(0), body, now));
+    assert!(!python_verifies(KEY, header(0), body, t + 301));
+    let retimed = format!("t={},{v1}", t + 301);
+    assert!(!python_verifies(KEY, &retimed, body, t + 301));
 }
 
 #[tokio::test]
@@ -485,6 +608,34 @@ mod settings_check {
             "http://{host}:8080/a@b",
             "an @ in the path is not user info"
         );
+    }
+
+    #[test]
+    fn plain_http_goes_only_to_loopback_unless_allowed() {
+        for url in [
+            "http://chaos.internal/restart/{instance_name}",
+            "http://10.0.0.7:8080/restart",
+            "http://{host}:8080/restart",
+            "http://127.0.0.1.example.net/restart",
+        ] {
+            let (key, why) = check(|s| s.url = url.into()).unwrap_err();
+            assert_eq!(key, "url", "{url}");
+            assert!(why.contains("allow_plain_http = true"), "{url}: {why}");
+            check(|s| {
+                s.url = url.into();
+                s.allow_plain_http = true;
+            })
+            .unwrap();
+        }
+        for url in [
+            "http://127.0.0.1:8080/restart/{instance_name}",
+            "http://127.3.2.1/restart",
+            "http://[::1]:8080/restart",
+            "http://localhost:8080/restart",
+            "https://{host}/restart",
+        ] {
+            check(|s| s.url = url.into()).unwrap();
+        }
     }
 
     #[test]

@@ -18,23 +18,37 @@ pub struct Captured {
 /// read error ends the stream: what was read is kept.
 pub async fn read_bounded<R: AsyncRead + Unpin>(stream: Option<R>, limit: usize) -> Captured {
     let mut captured = Captured::default();
+    capture(stream, &mut captured, limit).await;
+    captured
+}
+
+/// Reads `stream` to its end into `into`, as [`read_bounded`] does; what
+/// was read stays in `into` if the read is cut short.
+pub(super) async fn capture<R: AsyncRead + Unpin>(
+    stream: Option<R>,
+    into: &mut Captured,
+    limit: usize,
+) {
     let Some(mut stream) = stream else {
-        return captured;
+        return;
     };
     let mut buffer = [0u8; 8192];
-    loop {
-        match stream.read(&mut buffer).await {
-            Ok(0) | Err(_) => return captured,
-            Ok(read) => {
-                let room = limit.saturating_sub(captured.head.len()).min(read);
-                captured.head.extend_from_slice(&buffer[..room]);
-                captured.total += read;
-            }
+    while let Ok(read) = stream.read(&mut buffer).await {
+        if read == 0 {
+            return;
         }
+        into.push(&buffer[..read], limit);
     }
 }
 
 impl Captured {
+    /// Appends `bytes`, keeping the first `limit` bytes in all.
+    pub(super) fn push(&mut self, bytes: &[u8], limit: usize) {
+        let room = limit.saturating_sub(self.head.len()).min(bytes.len());
+        self.head.extend_from_slice(&bytes[..room]);
+        self.total += bytes.len();
+    }
+
     /// stdout then stderr, as text, at most `limit` bytes plus a note of
     /// what was cut; `None` when both were empty.
     pub fn describe(stdout: &Captured, stderr: &Captured, limit: usize) -> Option<String> {

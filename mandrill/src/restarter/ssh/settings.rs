@@ -7,6 +7,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::restarter::template::ArgvTemplate;
 
+/// The longest the kill of a timed-out command takes: `SIGTERM`, a second
+/// for its process group to go, `SIGKILL`, another second, and the round
+/// trips over the open connection. Past it the command may still run.
+pub const KILL_TIMEOUT: Duration = Duration::from_secs(4);
+
 /// How the ssh backend reaches hosts and what it runs there.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -42,9 +47,12 @@ pub struct SshSettings {
     /// seconds, at least 1s); authentication may take as long again.
     #[serde(with = "duration")]
     pub connect_timeout: Duration,
-    /// Longest wait for the command to finish; then the restart has timed
-    /// out (and is retried). Keep `worker.restart_timeout` above twice
-    /// `connect_timeout` plus this.
+    /// Longest wait for the command to start and finish; then its process
+    /// group is killed over the same connection, and the restart has timed
+    /// out (and is retried), or, if the kill cannot be confirmed within 4s,
+    /// may still be running (the host stays held; no retry runs beside it).
+    /// Keep `worker.restart_timeout` above twice `connect_timeout` plus this
+    /// plus 4s.
     #[serde(with = "duration")]
     pub timeout: Duration,
     /// Most restarts in flight over ssh at once, and most connections kept
@@ -93,6 +101,17 @@ impl Default for SshSettings {
 }
 
 impl SshSettings {
+    /// The longest a restart can take: a connection within twice
+    /// `connect_timeout` (waiting for another restart's connection to the
+    /// host and replacing a closed one included), the command within
+    /// `timeout`, and its kill within [`KILL_TIMEOUT`].
+    pub fn longest_restart(&self) -> Duration {
+        self.connect_timeout
+            .saturating_mul(2)
+            .saturating_add(self.timeout)
+            .saturating_add(KILL_TIMEOUT)
+    }
+
     /// Checks what can be checked without touching the disk or a host,
     /// naming the failing key relative to `[restarter.ssh]`.
     pub fn validate(&self) -> Result<(), (&'static str, String)> {
