@@ -61,8 +61,10 @@ type RemoteChild = openssh::Child<Arc<Session>>;
 /// How long output is still read after the command's exit status arrived,
 /// for a pipe that a process it left running keeps open (as the command
 /// backend does). sshd reports the exit when the command ends, but closes
-/// the channel only once every holder of its pipes has.
-const DRAIN_AFTER_EXIT: Duration = Duration::from_secs(1);
+/// the channel only once every holder of its pipes has. Longer than the
+/// command backend's second: the channel's end crosses the network and the
+/// multiplexing master, which a loaded machine can delay past a second.
+const DRAIN_AFTER_EXIT: Duration = Duration::from_secs(3);
 
 /// What the remote shell runs before the command: `sh` prints the id of its
 /// process group on a line of its own (`none` when it does not lead one, so
