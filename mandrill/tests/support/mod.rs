@@ -78,6 +78,13 @@ impl Mandrill {
         self.child.id()
     }
 
+    /// The exit status, if the process has exited; never waits.
+    pub fn try_exit(&mut self) -> Option<ExitStatus> {
+        self.child
+            .try_wait()
+            .expect("the child's status can be read")
+    }
+
     /// Sends a signal by name (`TERM`, `INT`, `HUP`, `QUIT`).
     pub fn signal(&self, name: &str) {
         let status = Command::new("kill")

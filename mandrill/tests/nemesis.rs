@@ -1,0 +1,1315 @@
+//! The nemesis: many requests through the real binary while faults are
+//! injected at random (a schedule drawn from one seed), then the invariants
+//! checked from what the hosts saw and what the store kept.
+//!
+//! Two configurations: two instances sharing one SQLite file (on a small
+//! tmpfs that the nemesis fills), and two instances on a private NATS
+//! server and a private PostgreSQL server (which the nemesis stops with
+//! SIGSTOP and resumes; the machine's shared servers are never touched).
+//! In both the nemesis also kills instances with SIGKILL (and starts them
+//! again, sometimes only after their leases expired), stops them with
+//! SIGTERM, and pauses them with SIGSTOP, some past every lease and hold.
+//!
+//! Restarts go through the `command` backend to a script (`RESTART_SCRIPT`)
+//! that appends a line when it starts and one when it ends, and sleeps a
+//! time drawn from the seed: mostly short, sometimes past the lease,
+//! sometimes past the command's timeout (it is then killed, and a watcher
+//! thread notes when its process is gone). Those intervals are what the
+//! hosts saw; the checks (`check`) compare them with the store's requests
+//! and restart journal:
+//!
+//! - no request lost: every published request ends with a final status;
+//! - none restarted more than `worker.max_attempts` times, and each run
+//!   of the script had its own claim in the journal, made before it;
+//! - no request, and no host, restarted twice at once;
+//! - the counting limits held at every instant: the rate limit and the
+//!   host cooldown over the journal's claims, the disruption budget over
+//!   the scripts' intervals (hosts of a group running at once);
+//! - every dead letter has a reason; every failed request was
+//!   dead-lettered with one;
+//! - `restarted` only when a run of the script succeeded.
+//!
+//! A short run is part of the suite. A long one:
+//! `MANDRILL_TEST_NEMESIS_SECS=1800 cargo test --release -p mandrill --test
+//! nemesis -- --nocapture`, with `MANDRILL_TEST_NEMESIS_SEED=N` to replay a
+//! seed. Every run prints its seed, and a failure the command that replays
+//! it. The schedule of faults and the workload are the seed's; the timing
+//! of real processes is not, so a replay is the same storm, not the same
+//! interleaving.
+
+mod services;
+mod support;
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::{Read as _, Write as _};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use services::PrivateNats;
+use services::nats_names::StreamNames;
+use services::private_postgres::PrivatePostgres;
+use sqlx::Connection as _;
+use support::Mandrill;
+
+/// The settings the checks depend on, written into the configuration.
+const MAX_ATTEMPTS: usize = 3;
+const GROUP_MAX: usize = 6;
+const RATE_WINDOW_MS: i64 = 3_000;
+const HOST_COOLDOWN_MS: i64 = 4_000;
+const MAX_DISRUPTED: usize = 2;
+const ACK_DEADLINE_MS: u64 = 1_000;
+const COMMAND_TIMEOUT_MS: u64 = 2_000;
+const GROUPS: usize = 3;
+const HOSTS_PER_GROUP: usize = 12;
+
+/// The restart each host gets: a line when it starts and one when it ends
+/// (one `write(2)` each, appended), a sleep and an exit code drawn from the
+/// seed, the request and how many runs of it began before. 80% of runs are
+/// short; 13% outlast the lease (the worker must extend it); 7% outlast
+/// the command's timeout and are killed. 3% fail (worth retrying), 1% fail
+/// for good (exit 3, `permanent_exit_codes`).
+const RESTART_SCRIPT: &str = r#"#!/bin/bash
+id=$1 host=$2 group=$3
+log=$NEMESIS_LOG
+before=$(grep -c "^start [0-9]* [0-9]* $id " "$log")
+now=${EPOCHREALTIME/[.,]/}
+echo "start $now $$ $id $host $group" >> "$log"
+draw=$(printf '%s %s %s' "$NEMESIS_SEED" "$id" "$before" | cksum)
+draw=${draw%% *}
+kind=$(( draw % 100 ))
+if (( kind < 80 )); then ms=$(( 5 + draw / 100 % 50 ))
+elif (( kind < 93 )); then ms=$(( NEMESIS_PAST_LEASE_MS + draw / 100 % 500 ))
+else ms=$NEMESIS_PAST_TIMEOUT_MS
+fi
+sleep "$(( ms / 1000 )).$(printf '%03d' $(( ms % 1000 )))"
+outcome=$(( draw / 100000 % 100 ))
+if (( outcome < 3 )); then code=1
+elif (( outcome < 4 )); then code=3
+else code=0
+fi
+now=${EPOCHREALTIME/[.,]/}
+echo "end $now $$ $id $host $group $code" >> "$log"
+exit $code
+"#;
+
+/// A calendar open at all times (the real backends' default is office hours).
+const ALWAYS_OPEN: &str = "[safety.calendar]\n\
+    weekdays = [\"mon\", \"tue\", \"wed\", \"thu\", \"fri\", \"sat\", \"sun\"]\n\
+    hours = [\"00:00-24:00\"]\n";
+
+fn now_micros() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("after the epoch")
+        .as_micros() as i64
+}
+
+/// The run's length and seed: `MANDRILL_TEST_NEMESIS_SECS` (default 40)
+/// and `MANDRILL_TEST_NEMESIS_SEED` (default: drawn now). Test-only
+/// variables, so not configuration (`MANDRILL_TEST_*`).
+fn length_and_seed() -> (Duration, u64) {
+    let secs = std::env::var("MANDRILL_TEST_NEMESIS_SECS")
+        .ok()
+        .map(|s| s.parse().expect("MANDRILL_TEST_NEMESIS_SECS is a number"))
+        .unwrap_or(40);
+    let seed = std::env::var("MANDRILL_TEST_NEMESIS_SEED")
+        .ok()
+        .map(|s| s.parse().expect("MANDRILL_TEST_NEMESIS_SEED is a number"))
+        .unwrap_or_else(|| rand::rng().random());
+    (Duration::from_secs(secs), seed)
+}
+
+/// Prints how to replay the seed if the test fails, whatever fails.
+struct ReplayOnFailure {
+    test: &'static str,
+    seed: u64,
+    secs: u64,
+}
+
+impl ReplayOnFailure {
+    fn command(&self) -> String {
+        format!(
+            "MANDRILL_TEST_NEMESIS_SEED={} MANDRILL_TEST_NEMESIS_SECS={} cargo test --release \
+             -p mandrill --test nemesis {} -- --nocapture",
+            self.seed, self.secs, self.test
+        )
+    }
+}
+
+impl Drop for ReplayOnFailure {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "nemesis FAILED with seed {}; replay: {}",
+                self.seed,
+                self.command()
+            );
+        }
+    }
+}
+
+// ---------------------------------------------------------------------
+// What the hosts saw: the script's log, and a watcher for killed runs.
+
+/// One run of the restart script.
+#[derive(Debug, Clone)]
+struct Run {
+    message_id: String,
+    host: String,
+    group: String,
+    pid: u32,
+    /// Microseconds since the epoch.
+    start: i64,
+    /// When it ended: its own line, else when the watcher saw it gone.
+    end: Option<i64>,
+    /// Its exit code, when it ended by itself.
+    code: Option<i32>,
+}
+
+impl std::fmt::Display for Run {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} of {} (pid {}) {}..{}",
+            self.host,
+            self.message_id,
+            self.pid,
+            self.start,
+            self.end.map_or("?".to_owned(), |end| end.to_string())
+        )?;
+        match self.code {
+            Some(code) => write!(f, " exit {code}"),
+            None => write!(f, " killed"),
+        }
+    }
+}
+
+/// Follows the script's log and notes when a run whose process is gone
+/// wrote no end line (killed at its timeout).
+struct Watcher {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<Vec<Run>>>,
+}
+
+/// Whether the process `pid` has ended (gone, or a zombie).
+fn process_gone(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_none_or(|(_, rest)| rest.trim_start().starts_with('Z')),
+        Err(_) => true,
+    }
+}
+
+impl Watcher {
+    fn start(log: PathBuf) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = std::thread::spawn({
+            let stop = stop.clone();
+            move || {
+                let mut file = std::fs::File::open(&log).expect("the script's log exists");
+                let mut pending = String::new();
+                let mut runs: Vec<Run> = Vec::new();
+                // Runs with neither an end line nor a death seen, by pid.
+                let mut open: HashMap<u32, usize> = HashMap::new();
+                // The latest run of each pid, for an end line read after
+                // the watcher saw the process gone.
+                let mut latest: HashMap<u32, usize> = HashMap::new();
+                loop {
+                    // Read the stop flag first: a run is closed by a read
+                    // after it was set.
+                    let stopping = stop.load(Ordering::SeqCst);
+                    let mut chunk = String::new();
+                    file.read_to_string(&mut chunk).expect("the log reads");
+                    pending.push_str(&chunk);
+                    while let Some(newline) = pending.find('\n') {
+                        let line: String = pending.drain(..=newline).collect();
+                        let fields: Vec<&str> = line.split_whitespace().collect();
+                        match fields.as_slice() {
+                            ["start", at, pid, id, host, group] => {
+                                let pid: u32 = pid.parse().expect("pid");
+                                runs.push(Run {
+                                    message_id: (*id).to_owned(),
+                                    host: (*host).to_owned(),
+                                    group: (*group).to_owned(),
+                                    pid,
+                                    start: at.parse().expect("start time"),
+                                    end: None,
+                                    code: None,
+                                });
+                                open.insert(pid, runs.len() - 1);
+                                latest.insert(pid, runs.len() - 1);
+                            }
+                            ["end", at, pid, id, _, _, code] => {
+                                let pid: u32 = pid.parse().expect("pid");
+                                let index = latest[&pid];
+                                let run = &mut runs[index];
+                                assert_eq!(run.message_id, *id, "an end line matches its start");
+                                run.end = Some(at.parse().expect("end time"));
+                                run.code = Some(code.parse().expect("exit code"));
+                                open.remove(&pid);
+                            }
+                            _ => panic!("unexpected line in the script's log: {line:?}"),
+                        }
+                    }
+                    let now = now_micros();
+                    open.retain(|pid, index| {
+                        if process_gone(*pid) {
+                            runs[*index].end.get_or_insert(now);
+                            false
+                        } else {
+                            true
+                        }
+                    });
+                    if stopping && open.is_empty() {
+                        return runs;
+                    }
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+            }
+        });
+        Self {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// Every run, once each has ended.
+    fn finish(mut self) -> Vec<Run> {
+        self.stop.store(true, Ordering::SeqCst);
+        self.thread
+            .take()
+            .expect("finished once")
+            .join()
+            .expect("the watcher does not panic")
+    }
+}
+
+// ---------------------------------------------------------------------
+// The workload.
+
+/// One request the test publishes.
+#[derive(Debug, Clone)]
+struct Request {
+    message_id: String,
+    instance: String,
+}
+
+/// `total` requests for the seed: hosts of groups `g0`…, with repeats, and
+/// one in twenty for a `pet-` host that `safety.allow` denies.
+fn workload(rng: &mut StdRng, total: usize) -> Vec<Request> {
+    (0..total)
+        .map(|_| {
+            let message_id = uuid::Builder::from_random_bytes(rng.random()).into_uuid();
+            let instance = if rng.random_bool(0.05) {
+                format!("pet-{:02}", rng.random_range(0..10))
+            } else {
+                format!(
+                    "g{}-h{:02}",
+                    rng.random_range(0..GROUPS),
+                    rng.random_range(0..HOSTS_PER_GROUP)
+                )
+            };
+            Request {
+                message_id: message_id.to_string(),
+                instance,
+            }
+        })
+        .collect()
+}
+
+/// Publishes `batch` with `mandrill publish`, again until it is confirmed
+/// (a retry may publish some twice: duplicates are part of the test).
+/// Returns how many tries it took.
+fn publish(dir: &Path, config: &Path, batch: &[Request], name: &str) -> usize {
+    let file = dir.join(name);
+    let lines: String = batch
+        .iter()
+        .map(|r| {
+            format!(
+                "{{\"message_id\":\"{}\",\"instance_name\":\"{}\"}}\n",
+                r.message_id, r.instance
+            )
+        })
+        .collect();
+    std::fs::write(&file, lines).unwrap();
+    for tries in 1.. {
+        let mut child = Command::new(support::binary())
+            .arg("publish")
+            .arg("--config")
+            .arg(config)
+            .arg("--file")
+            .arg(&file)
+            .env("MANDRILL_ADMIN__LISTEN", "127.0.0.1:0")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("mandrill publish starts");
+        // Bounded: a publish waiting on a stopped server is given up and
+        // tried again.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break Some(status);
+            }
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        if status.is_some_and(|s| s.success()) {
+            return tries;
+        }
+        assert!(tries < 200, "publishing {name} kept failing");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    unreachable!()
+}
+
+// ---------------------------------------------------------------------
+// The instances.
+
+struct Fleet {
+    dir: PathBuf,
+    args: Vec<String>,
+    instances: Vec<Option<Mandrill>>,
+    /// Instances that exited without being told to, and were started again.
+    unexpected_exits: usize,
+    /// SIGTERMs that did not end an instance within the bound, so it was
+    /// killed.
+    slow_shutdowns: usize,
+}
+
+impl Fleet {
+    fn new(dir: &Path, args: Vec<String>, count: usize) -> Self {
+        let mut fleet = Self {
+            dir: dir.to_owned(),
+            args,
+            instances: (0..count).map(|_| None).collect(),
+            unexpected_exits: 0,
+            slow_shutdowns: 0,
+        };
+        for i in 0..count {
+            fleet.start(i);
+            // One at a time the first time: each migrates the store.
+            fleet.instances[i]
+                .as_ref()
+                .unwrap()
+                .wait_for("mandrill started", 1);
+        }
+        fleet
+    }
+
+    fn start(&mut self, i: usize) {
+        let args: Vec<&str> = self.args.iter().map(String::as_str).collect();
+        self.instances[i] = Some(Mandrill::run(&self.dir, &args));
+    }
+
+    fn signal(&self, i: usize, name: &str) {
+        if let Some(instance) = &self.instances[i] {
+            instance.signal(name);
+        }
+    }
+
+    fn kill(&mut self, i: usize) {
+        if let Some(instance) = self.instances[i].take() {
+            instance.signal("CONT");
+            instance.signal("KILL");
+            let _ = instance.wait_exit();
+        }
+    }
+
+    /// SIGTERM, then SIGKILL if it has not exited within the bound.
+    fn terminate(&mut self, i: usize) {
+        let Some(mut instance) = self.instances[i].take() else {
+            return;
+        };
+        instance.signal("CONT");
+        instance.signal("TERM");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while instance.try_exit().is_none() {
+            if Instant::now() >= deadline {
+                eprintln!("nemesis: instance {i} still running 60s after SIGTERM; killed");
+                self.slow_shutdowns += 1;
+                instance.signal("KILL");
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = instance.wait_exit();
+    }
+
+    /// Starts again any instance that exited by itself (a supervisor's job).
+    fn supervise(&mut self) {
+        for i in 0..self.instances.len() {
+            let exited = match &mut self.instances[i] {
+                Some(instance) => instance.try_exit(),
+                None => None,
+            };
+            if let Some(status) = exited {
+                let instance = self.instances[i].take().unwrap();
+                let log = instance.raw();
+                let tail: Vec<&str> = log.lines().rev().take(5).collect();
+                eprintln!("nemesis: instance {i} exited by itself ({status}): {tail:?}");
+                self.unexpected_exits += 1;
+                self.start(i);
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------
+// The nemesis.
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum FaultKind {
+    /// SIGKILL an instance; start it again after a while.
+    Kill,
+    /// SIGTERM an instance; start it again after a while.
+    Terminate,
+    /// SIGSTOP an instance, SIGCONT it later (sometimes past every lease).
+    PauseInstance,
+    /// Fill the SQLite file's disk, then free it.
+    FillDisk,
+    /// SIGSTOP the PostgreSQL server, SIGCONT it later.
+    PauseDatabase,
+    /// SIGSTOP the NATS server, SIGCONT it later.
+    PauseBroker,
+    /// Stop the NATS server, start it again later.
+    RestartBroker,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Fault {
+    /// Quiet time before it.
+    after: Duration,
+    kind: FaultKind,
+    instance: usize,
+    /// How long the fault lasts (down, paused, full).
+    lasts: Duration,
+}
+
+/// The seed's schedule of faults for `length`, one at a time.
+fn schedule(
+    rng: &mut StdRng,
+    length: Duration,
+    kinds: &[FaultKind],
+    instances: usize,
+) -> Vec<Fault> {
+    let mut faults = Vec::new();
+    let mut total = Duration::ZERO;
+    loop {
+        let after = Duration::from_millis(rng.random_range(200..2_000));
+        let kind = kinds[rng.random_range(0..kinds.len())];
+        let lasts = Duration::from_millis(match kind {
+            // Paused past the lease (1s) and sometimes past the claim's
+            // hold (restart_timeout + 2 ack deadlines: 5s).
+            FaultKind::PauseInstance => rng.random_range(300..7_000),
+            // Down past the lease, so others take the work over.
+            FaultKind::Kill | FaultKind::Terminate => rng.random_range(0..3_000),
+            _ => rng.random_range(300..4_000),
+        });
+        total += after + lasts;
+        if total > length {
+            return faults;
+        }
+        faults.push(Fault {
+            after,
+            kind,
+            instance: rng.random_range(0..instances),
+            lasts,
+        });
+    }
+}
+
+/// What the nemesis acts on besides the instances.
+struct Targets<'a> {
+    disk: Option<&'a Tmpfs>,
+    postgres: Option<&'a PrivatePostgres>,
+    nats: Option<&'a mut PrivateNats>,
+}
+
+fn inflict(fault: &Fault, fleet: &mut Fleet, targets: &mut Targets<'_>) {
+    let i = fault.instance;
+    match fault.kind {
+        FaultKind::Kill => {
+            fleet.kill(i);
+            std::thread::sleep(fault.lasts);
+            fleet.start(i);
+        }
+        FaultKind::Terminate => {
+            fleet.terminate(i);
+            std::thread::sleep(fault.lasts);
+            fleet.start(i);
+        }
+        FaultKind::PauseInstance => {
+            fleet.signal(i, "STOP");
+            std::thread::sleep(fault.lasts);
+            fleet.signal(i, "CONT");
+        }
+        FaultKind::FillDisk => {
+            let disk = targets.disk.expect("a disk to fill");
+            let filler = disk.fill();
+            std::thread::sleep(fault.lasts);
+            std::fs::remove_file(filler).unwrap();
+        }
+        FaultKind::PauseDatabase => {
+            let postgres = targets.postgres.expect("a database to pause");
+            postgres.pause();
+            std::thread::sleep(fault.lasts);
+            postgres.resume();
+        }
+        FaultKind::PauseBroker => {
+            let nats = targets.nats.as_ref().expect("a broker to pause");
+            nats.pause();
+            std::thread::sleep(fault.lasts);
+            nats.unpause();
+        }
+        FaultKind::RestartBroker => {
+            let nats = targets.nats.as_mut().expect("a broker to restart");
+            nats.stop();
+            std::thread::sleep(fault.lasts);
+            nats.resume();
+        }
+    }
+}
+
+/// A tmpfs mounted on a fresh directory, unmounted when dropped.
+struct Tmpfs {
+    dir: tempfile::TempDir,
+}
+
+impl Tmpfs {
+    /// `None` where mounting is not permitted (not root).
+    fn mount(size: &str) -> Option<Self> {
+        let dir = tempfile::tempdir().unwrap();
+        let mounted = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .output()
+            .ok()?;
+        mounted.status.success().then_some(Self { dir })
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Fills every free byte with a file; returns its path.
+    fn fill(&self) -> PathBuf {
+        let path = self.path().join("filler");
+        let mut file = std::fs::File::create(&path).unwrap();
+        let chunk = vec![0u8; 64 * 1024];
+        loop {
+            match file.write(&chunk) {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(error) if error.raw_os_error() == Some(libc::ENOSPC) => break,
+                Err(error) => panic!("filling the tmpfs failed: {error}"),
+            }
+        }
+        while let Ok(1) = file.write(&[0]) {}
+        path
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(self.path()).status();
+    }
+}
+
+// ---------------------------------------------------------------------
+// What the store kept.
+
+/// A request's row.
+#[derive(Debug, Clone)]
+struct Row {
+    status: String,
+    attempts: i64,
+    last_error: Option<String>,
+}
+
+/// A restart journal row (a claim).
+#[derive(Debug, Clone)]
+struct Claim {
+    message_id: String,
+    instance: String,
+    group: String,
+    /// Milliseconds since the epoch.
+    claimed_at: i64,
+    outcome: Option<String>,
+}
+
+#[derive(Debug, Default)]
+struct Store {
+    requests: HashMap<String, Row>,
+    claims: Vec<Claim>,
+    /// (payload, reason) of every dead letter.
+    dead_letters: Vec<(String, String)>,
+}
+
+const REQUESTS_SQL: &str = "SELECT message_id, status, CAST(attempts AS BIGINT), last_error \
+    FROM requests WHERE message_id IS NOT NULL";
+const CLAIMS_SQL: &str = "SELECT message_id, instance_name, grp, CAST(claimed_at AS BIGINT), \
+    outcome FROM restarts";
+
+type RequestRow = (String, String, i64, Option<String>);
+type ClaimRow = (String, String, String, i64, Option<String>);
+
+fn block_on<F: std::future::Future>(future: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+        .block_on(future)
+}
+
+/// Where the test reads the store and the dead letters.
+enum Reader<'a> {
+    Sqlite { url: String },
+    Postgres { url: String, nats: &'a StreamNames },
+}
+
+impl Reader<'_> {
+    fn requests(&self) -> HashMap<String, Row> {
+        let rows: Vec<RequestRow> = block_on(async {
+            match self {
+                Reader::Sqlite { url } => {
+                    let mut connection = sqlx::SqliteConnection::connect(url).await.unwrap();
+                    sqlx::query_as(REQUESTS_SQL)
+                        .fetch_all(&mut connection)
+                        .await
+                        .unwrap_or_default()
+                }
+                Reader::Postgres { url, .. } => {
+                    let mut connection = sqlx::PgConnection::connect(url).await.unwrap();
+                    sqlx::query_as(REQUESTS_SQL)
+                        .fetch_all(&mut connection)
+                        .await
+                        .unwrap_or_default()
+                }
+            }
+        });
+        rows.into_iter()
+            .map(|(id, status, attempts, last_error)| {
+                (
+                    id,
+                    Row {
+                        status,
+                        attempts,
+                        last_error,
+                    },
+                )
+            })
+            .collect()
+    }
+
+    /// Messages still in the queue.
+    fn queued(&self) -> u64 {
+        match self {
+            Reader::Sqlite { url } => support::queue_rows(url).len() as u64,
+            Reader::Postgres { nats, .. } => block_on(async {
+                let client = async_nats::connect(nats.url.as_str()).await.unwrap();
+                let js = async_nats::jetstream::new(client);
+                let mut stream = js.get_stream(&nats.stream).await.unwrap();
+                stream.info().await.unwrap().state.messages
+            }),
+        }
+    }
+
+    fn read(&self) -> Store {
+        let requests = self.requests();
+        let (claims, dead_letters): (Vec<ClaimRow>, Vec<(String, String)>) = block_on(async {
+            match self {
+                Reader::Sqlite { url } => {
+                    let mut connection = sqlx::SqliteConnection::connect(url).await.unwrap();
+                    let claims = sqlx::query_as(CLAIMS_SQL)
+                        .fetch_all(&mut connection)
+                        .await
+                        .unwrap();
+                    let dead: Vec<(Vec<u8>, String)> =
+                        sqlx::query_as("SELECT payload, reason FROM dead_letters")
+                            .fetch_all(&mut connection)
+                            .await
+                            .unwrap();
+                    let dead = dead
+                        .into_iter()
+                        .map(|(p, r)| (String::from_utf8_lossy(&p).into_owned(), r))
+                        .collect();
+                    (claims, dead)
+                }
+                Reader::Postgres { url, nats } => {
+                    let mut connection = sqlx::PgConnection::connect(url).await.unwrap();
+                    let claims = sqlx::query_as(CLAIMS_SQL)
+                        .fetch_all(&mut connection)
+                        .await
+                        .unwrap();
+                    (claims, nats_dead_letters(nats).await)
+                }
+            }
+        });
+        Store {
+            requests,
+            claims: claims
+                .into_iter()
+                .map(|(message_id, instance, group, claimed_at, outcome)| Claim {
+                    message_id,
+                    instance,
+                    group,
+                    claimed_at,
+                    outcome,
+                })
+                .collect(),
+            dead_letters,
+        }
+    }
+}
+
+/// The copies on `{stream}_DEAD`, with their reason header.
+async fn nats_dead_letters(names: &StreamNames) -> Vec<(String, String)> {
+    let client = async_nats::connect(names.url.as_str()).await.unwrap();
+    let js = async_nats::jetstream::new(client);
+    let Ok(mut stream) = js.get_stream(format!("{}_DEAD", names.stream)).await else {
+        return Vec::new();
+    };
+    let state = stream.info().await.unwrap().state.clone();
+    let mut dead = Vec::new();
+    if state.messages == 0 {
+        return dead;
+    }
+    for sequence in state.first_sequence..=state.last_sequence {
+        let Ok(message) = stream.get_raw_message(sequence).await else {
+            continue;
+        };
+        let reason = message
+            .headers
+            .get(mandrill::broker::nats::DEAD_LETTER_REASON_HEADER)
+            .map(|value| value.as_str().to_owned())
+            .unwrap_or_default();
+        dead.push((
+            String::from_utf8_lossy(&message.payload).into_owned(),
+            reason,
+        ));
+    }
+    dead
+}
+
+// ---------------------------------------------------------------------
+// The checks.
+
+/// Statuses a request may end with.
+const FINAL: [&str; 7] = [
+    "restarted",
+    "failed",
+    "rejected",
+    "unrecovered",
+    "denied",
+    "dry-run",
+    "expired",
+];
+
+/// Every invariant broken, in words; empty when all held.
+fn check(published: &[Request], runs: &[Run], store: &Store) -> Vec<String> {
+    let mut violations = Vec::new();
+    let mut fail = |what: String| {
+        if violations.len() < 50 {
+            violations.push(what);
+        }
+    };
+
+    // No request lost, and none given up without a reason.
+    let dead_ids: HashMap<&str, &str> = store
+        .dead_letters
+        .iter()
+        .filter_map(|(payload, reason)| {
+            let value: serde_json::Value = serde_json::from_str(payload).ok()?;
+            Some((
+                published
+                    .iter()
+                    .find(|r| value["message_id"] == r.message_id.as_str())?
+                    .message_id
+                    .as_str(),
+                reason.as_str(),
+            ))
+        })
+        .collect();
+    for (payload, reason) in &store.dead_letters {
+        if reason.trim().is_empty() {
+            fail(format!("dead letter without a reason: {payload}"));
+        }
+    }
+    for request in published {
+        let Some(row) = store.requests.get(&request.message_id) else {
+            fail(format!(
+                "lost: {} ({}) has no row",
+                request.message_id, request.instance
+            ));
+            continue;
+        };
+        if !FINAL.contains(&row.status.as_str()) {
+            fail(format!(
+                "lost: {} ({}) is still {} after the drain",
+                request.message_id, request.instance, row.status
+            ));
+        }
+        if row.status == "failed" {
+            if row
+                .last_error
+                .as_deref()
+                .is_none_or(|e| e.trim().is_empty())
+            {
+                fail(format!("{} failed without a reason", request.message_id));
+            }
+            if !dead_ids.contains_key(request.message_id.as_str()) {
+                fail(format!(
+                    "{} failed ({:?}) but was never dead-lettered",
+                    request.message_id, row.last_error
+                ));
+            }
+        }
+        if row.attempts > MAX_ATTEMPTS as i64 {
+            fail(format!(
+                "{} has {} attempts (max {MAX_ATTEMPTS})",
+                request.message_id, row.attempts
+            ));
+        }
+        if row.status == "restarted"
+            && !runs
+                .iter()
+                .any(|run| run.message_id == request.message_id && run.code == Some(0))
+        {
+            fail(format!(
+                "{} recorded restarted but no run of it succeeded",
+                request.message_id
+            ));
+        }
+    }
+
+    // Claims that count (the limits leave out what was never issued).
+    let counting: Vec<&Claim> = store
+        .claims
+        .iter()
+        .filter(|c| !matches!(c.outcome.as_deref(), Some("dry-run" | "expired" | "denied")))
+        .collect();
+
+    // Per request: at most max_attempts runs, each after a claim of its own.
+    let mut runs_by_request: BTreeMap<&str, Vec<&Run>> = BTreeMap::new();
+    for run in runs {
+        runs_by_request
+            .entry(&run.message_id)
+            .or_default()
+            .push(run);
+    }
+    let mut claims_by_request: HashMap<&str, Vec<i64>> = HashMap::new();
+    for claim in &counting {
+        claims_by_request
+            .entry(&claim.message_id)
+            .or_default()
+            .push(claim.claimed_at);
+    }
+    for (id, runs) in &mut runs_by_request {
+        runs.sort_by_key(|run| run.start);
+        if runs.len() > MAX_ATTEMPTS {
+            fail(format!(
+                "{id} restarted {} times (max {MAX_ATTEMPTS}): {runs:?}",
+                runs.len()
+            ));
+        }
+        let mut claims = claims_by_request.get(id).cloned().unwrap_or_default();
+        claims.sort_unstable();
+        for (k, run) in runs.iter().enumerate() {
+            match claims.get(k) {
+                Some(&claimed) if claimed <= run.start / 1000 => {}
+                claimed => fail(format!(
+                    "{id}: run {} at {} has no claim of its own before it (claims {claims:?}, \
+                     the {k}th: {claimed:?})",
+                    k + 1,
+                    run.start
+                )),
+            }
+        }
+        overlaps(runs, &format!("request {id}"), &mut fail);
+    }
+
+    // Per host: never two runs at once; claims a cooldown apart.
+    let mut runs_by_host: BTreeMap<&str, Vec<&Run>> = BTreeMap::new();
+    for run in runs {
+        runs_by_host.entry(&run.host).or_default().push(run);
+    }
+    for (host, runs) in &mut runs_by_host {
+        runs.sort_by_key(|run| run.start);
+        overlaps(runs, &format!("host {host}"), &mut fail);
+    }
+    let mut claims_by_host: BTreeMap<&str, Vec<i64>> = BTreeMap::new();
+    let mut claims_by_group: BTreeMap<&str, Vec<i64>> = BTreeMap::new();
+    for claim in &counting {
+        claims_by_host
+            .entry(&claim.instance)
+            .or_default()
+            .push(claim.claimed_at);
+        claims_by_group
+            .entry(&claim.group)
+            .or_default()
+            .push(claim.claimed_at);
+    }
+    for (host, claims) in &mut claims_by_host {
+        claims.sort_unstable();
+        for pair in claims.windows(2) {
+            if pair[1] - pair[0] < HOST_COOLDOWN_MS {
+                fail(format!(
+                    "host cooldown broken: {host} claimed at {} and {} ({} ms apart, cooldown \
+                     {HOST_COOLDOWN_MS} ms)",
+                    pair[0],
+                    pair[1],
+                    pair[1] - pair[0]
+                ));
+            }
+        }
+    }
+    // The rate limit: no GROUP_MAX + 1 claims of a group within a window.
+    for (group, claims) in &mut claims_by_group {
+        claims.sort_unstable();
+        for span in claims.windows(GROUP_MAX + 1) {
+            if span[GROUP_MAX] - span[0] < RATE_WINDOW_MS {
+                fail(format!(
+                    "rate limit broken: group {group} had {} claims within {} ms: {span:?}",
+                    GROUP_MAX + 1,
+                    span[GROUP_MAX] - span[0]
+                ));
+            }
+        }
+    }
+
+    // The disruption budget, as the hosts saw it: hosts of a group running
+    // a restart at once. At an instant where one run ends and another
+    // starts, the end comes first (the next claim follows its outcome).
+    let mut events: BTreeMap<&str, Vec<(i64, i32, &str)>> = BTreeMap::new();
+    for run in runs {
+        let end = run.end.unwrap_or(i64::MAX);
+        let group = events.entry(&run.group).or_default();
+        group.push((run.start, 1, &run.host));
+        group.push((end, -1, &run.host));
+    }
+    for (group, events) in &mut events {
+        events.sort_by_key(|(at, delta, _)| (*at, *delta));
+        let mut running: HashMap<&str, i32> = HashMap::new();
+        for (at, delta, host) in events.iter() {
+            *running.entry(host).or_default() += delta;
+            let down = running.values().filter(|n| **n > 0).count();
+            if down > MAX_DISRUPTED {
+                let hosts: Vec<&&str> = running
+                    .iter()
+                    .filter(|(_, n)| **n > 0)
+                    .map(|(h, _)| h)
+                    .collect();
+                fail(format!(
+                    "disruption budget broken: {down} hosts of {group} restarting at {at}: {hosts:?}"
+                ));
+            }
+        }
+    }
+    for run in runs {
+        if run.end.is_none() {
+            fail(format!("a restart never ended: {run}"));
+        }
+    }
+    violations
+}
+
+/// Reports any two of `runs` (sorted by start) that overlap.
+fn overlaps(runs: &[&Run], what: &str, fail: &mut impl FnMut(String)) {
+    let mut latest_end = i64::MIN;
+    let mut latest: Option<&Run> = None;
+    for run in runs {
+        if run.start < latest_end {
+            fail(format!(
+                "{what} restarted twice at once: {} and {run}",
+                latest.unwrap()
+            ));
+        }
+        let end = run.end.unwrap_or(i64::MAX);
+        if end > latest_end {
+            latest_end = end;
+            latest = Some(run);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------
+// A run.
+
+/// Everything one configuration needs from its test.
+struct Setup<'a> {
+    test: &'static str,
+    dir: &'a Path,
+    /// `[broker]` and `[store]`, and anything else of the configuration's.
+    sections: String,
+    reader: Reader<'a>,
+    kinds: &'a [FaultKind],
+    targets: Targets<'a>,
+}
+
+fn configuration(dir: &Path, seed: u64, sections: &str) -> PathBuf {
+    let script = dir.join("restart.sh");
+    std::fs::write(&script, RESTART_SCRIPT).unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let log = dir.join("restarts.log");
+    std::fs::write(&log, "").unwrap();
+    let config = dir.join("mandrill.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "{sections}\n\
+             [worker]\nmax_in_flight = 16\nmax_attempts = {MAX_ATTEMPTS}\n\
+             retry_initial = \"200ms\"\nretry_max = \"2s\"\nrestart_timeout = \"3s\"\n\
+             shutdown_grace = \"2s\"\nmax_pull_failures = 1000000\npull_backoff = \"100ms\"\n\
+             record_backoff = \"50ms\"\n\n\
+             [restarter]\nkind = \"command\"\n\n\
+             [restarter.command]\n\
+             argv = [{script:?}, \"{{message_id}}\", \"{{instance_name}}\", \"{{group}}\"]\n\
+             timeout = \"{COMMAND_TIMEOUT_MS}ms\"\npermanent_exit_codes = [3]\n\
+             env = {{ NEMESIS_LOG = {log:?}, NEMESIS_SEED = \"{seed}\", \
+             NEMESIS_PAST_LEASE_MS = \"{past_lease}\", NEMESIS_PAST_TIMEOUT_MS = \"{past_timeout}\" }}\n\n\
+             [safety]\nallow = [\"g*\"]\nrequire_signed = false\n\n\
+             {ALWAYS_OPEN}\n\
+             [safety.rate]\ngroup_max = {GROUP_MAX}\nwindow = \"{RATE_WINDOW_MS}ms\"\n\
+             host_cooldown = \"{HOST_COOLDOWN_MS}ms\"\n\n\
+             [safety.budget]\nmax_disrupted = {MAX_DISRUPTED}\nforget_after = \"6s\"\n\
+             settle = \"0s\"\nretry = \"200ms\"\n\n\
+             [debug]\nstatus_interval = \"0s\"\n",
+            script = script.display().to_string(),
+            log = log.display().to_string(),
+            past_lease = ACK_DEADLINE_MS + 100,
+            past_timeout = COMMAND_TIMEOUT_MS + 500,
+        ),
+    )
+    .unwrap();
+    config
+}
+
+fn nemesis(setup: Setup<'_>) {
+    let (length, seed) = length_and_seed();
+    let replay = ReplayOnFailure {
+        test: setup.test,
+        seed,
+        secs: length.as_secs(),
+    };
+    eprintln!(
+        "nemesis seed {seed}, {}s; replay: {}",
+        length.as_secs(),
+        replay.command()
+    );
+    let Setup {
+        dir,
+        sections,
+        reader,
+        kinds,
+        mut targets,
+        ..
+    } = setup;
+    let config = configuration(dir, seed, &sections);
+    let mut rng = StdRng::seed_from_u64(seed);
+    // About three requests a second: the limits let six through.
+    let total = (length.as_secs() as usize * 3).max(60);
+    let requests = workload(&mut rng, total);
+    let faults = schedule(&mut rng, length, kinds, 2);
+
+    let watcher = Watcher::start(dir.join("restarts.log"));
+    // The first batch creates the queue before any instance starts.
+    let batch = 10;
+    let mut batches = requests.chunks(batch);
+    publish(dir, &config, batches.next().unwrap(), "batch-0");
+    let args = vec![
+        "--config".to_owned(),
+        config.display().to_string(),
+        "--unleash".into(),
+        "--log-level".into(),
+        "warn,mandrill::service=info".into(),
+    ];
+    let mut fleet = Fleet::new(dir, args, 2);
+
+    // The publisher: the rest, spread over 80% of the run.
+    let publisher = std::thread::spawn({
+        let dir = dir.to_owned();
+        let config = config.clone();
+        let rest: Vec<Vec<Request>> = batches.map(<[Request]>::to_vec).collect();
+        let every = length.mul_f64(0.8) / (rest.len().max(1) as u32);
+        move || {
+            let mut retries = 0;
+            let started = Instant::now();
+            for (n, batch) in rest.iter().enumerate() {
+                let due = started + every * n as u32;
+                if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                    std::thread::sleep(wait);
+                }
+                retries += publish(&dir, &config, batch, &format!("batch-{}", n + 1)) - 1;
+            }
+            retries
+        }
+    });
+
+    let mut inflicted: BTreeMap<FaultKind, usize> = BTreeMap::new();
+    let began = Instant::now();
+    for fault in &faults {
+        std::thread::sleep(fault.after);
+        fleet.supervise();
+        inflict(fault, &mut fleet, &mut targets);
+        *inflicted.entry(fault.kind).or_default() += 1;
+    }
+    let publish_retries = publisher.join().expect("the publisher finishes");
+    fleet.supervise();
+    eprintln!(
+        "nemesis: {} faults in {:?} ({inflicted:?}); publishes tried again: {publish_retries}",
+        faults.len(),
+        began.elapsed()
+    );
+
+    // The drain: no more faults; every request must reach a final status.
+    let drain = Duration::from_secs(120) + length / 4;
+    let deadline = Instant::now() + drain;
+    loop {
+        fleet.supervise();
+        let rows = reader.requests();
+        let open = requests
+            .iter()
+            .filter(|r| {
+                rows.get(&r.message_id)
+                    .is_none_or(|row| !FINAL.contains(&row.status.as_str()))
+            })
+            .count();
+        if open == 0 && reader.queued() == 0 {
+            break;
+        }
+        if Instant::now() >= deadline {
+            eprintln!("nemesis: {open} requests not final after a {drain:?} drain");
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let drained_in = began.elapsed();
+    for i in 0..2 {
+        fleet.terminate(i);
+    }
+    let runs = watcher.finish();
+    let store = reader.read();
+
+    let violations = check(&requests, &runs, &store);
+    let mut statuses: BTreeMap<&str, usize> = BTreeMap::new();
+    for request in &requests {
+        let status = store
+            .requests
+            .get(&request.message_id)
+            .map_or("missing", |row| row.status.as_str());
+        *statuses.entry(status).or_default() += 1;
+    }
+    let killed = runs.iter().filter(|r| r.code.is_none()).count();
+    eprintln!(
+        "nemesis seed {seed}: {} requests ({statuses:?}); {} runs of the script ({killed} \
+         killed at their timeout); {} claims; {} dead letters; instances exited by themselves: \
+         {}; slow shutdowns: {}; done in {drained_in:?}",
+        requests.len(),
+        runs.len(),
+        store.claims.len(),
+        store.dead_letters.len(),
+        fleet.unexpected_exits,
+        fleet.slow_shutdowns,
+    );
+    assert!(
+        violations.is_empty(),
+        "nemesis seed {seed}: {} invariants broken:\n{}\nreplay: {}",
+        violations.len(),
+        violations.join("\n"),
+        replay.command()
+    );
+}
+
+#[test]
+fn nemesis_two_instances_on_one_sqlite_file() {
+    let (_guard, dir) = support::temp_dir();
+    let disk = Tmpfs::mount("128m");
+    let kinds: &[FaultKind] = if disk.is_some() {
+        &[
+            FaultKind::Kill,
+            FaultKind::Terminate,
+            FaultKind::PauseInstance,
+            FaultKind::FillDisk,
+        ]
+    } else {
+        eprintln!("cannot mount a tmpfs (not root?): the disk is never filled");
+        &[
+            FaultKind::Kill,
+            FaultKind::Terminate,
+            FaultKind::PauseInstance,
+        ]
+    };
+    let db_dir = disk
+        .as_ref()
+        .map_or(dir.clone(), |disk| disk.path().to_owned());
+    let url = format!("sqlite:{}", db_dir.join("mandrill.db").display());
+    nemesis(Setup {
+        test: "nemesis_two_instances_on_one_sqlite_file",
+        dir: &dir,
+        sections: format!(
+            "[broker]\nurl = {url:?}\nack_deadline = \"{ACK_DEADLINE_MS}ms\"\n\
+             max_deliveries = 30\n\n[broker.sqlite]\npoll_interval = \"20ms\"\n\n\
+             [store]\nurl = {url:?}\n"
+        ),
+        reader: Reader::Sqlite { url: url.clone() },
+        kinds,
+        targets: Targets {
+            disk: disk.as_ref(),
+            postgres: None,
+            nats: None,
+        },
+    });
+}
+
+#[test]
+fn nemesis_two_instances_on_nats_and_postgres() {
+    let (_guard, dir) = support::temp_dir();
+    let postgres = PrivatePostgres::start();
+    let database = postgres.create_database("nemesis");
+    let mut nats = PrivateNats::start();
+    let names = StreamNames::new(&nats.url(), "test");
+    let sections = format!(
+        "[broker]\nurl = {url:?}\nack_deadline = \"{ACK_DEADLINE_MS}ms\"\nmax_deliveries = 30\n\n\
+         [broker.nats]\nstream = {stream:?}\nsubject = {subject:?}\nconsumer = {consumer:?}\n\
+         dead_letter_subject = {dead:?}\n\n[store]\nurl = {database:?}\n",
+        url = names.url,
+        stream = names.stream,
+        subject = names.subject,
+        consumer = names.consumer,
+        dead = names.dead_letter_subject,
+    );
+    nemesis(Setup {
+        test: "nemesis_two_instances_on_nats_and_postgres",
+        dir: &dir,
+        sections,
+        reader: Reader::Postgres {
+            url: database.clone(),
+            nats: &names,
+        },
+        kinds: &[
+            FaultKind::Kill,
+            FaultKind::Terminate,
+            FaultKind::PauseInstance,
+            FaultKind::PauseDatabase,
+            FaultKind::PauseBroker,
+            FaultKind::RestartBroker,
+        ],
+        targets: Targets {
+            disk: None,
+            postgres: Some(&postgres),
+            nats: Some(&mut nats),
+        },
+    });
+}
