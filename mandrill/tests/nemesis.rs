@@ -41,7 +41,7 @@ mod services;
 mod support;
 
 use std::collections::{BTreeMap, HashMap};
-use std::io::{Read as _, Write as _};
+use std::io::Read as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -55,6 +55,7 @@ use services::nats_names::StreamNames;
 use services::private_postgres::PrivatePostgres;
 use sqlx::Connection as _;
 use support::Mandrill;
+use support::tmpfs::Tmpfs;
 
 /// The settings the checks depend on, written into the configuration.
 const MAX_ATTEMPTS: usize = 3;
@@ -579,51 +580,6 @@ fn inflict(fault: &Fault, fleet: &mut Fleet, targets: &mut Targets<'_>) {
             std::thread::sleep(fault.lasts);
             nats.resume();
         }
-    }
-}
-
-/// A tmpfs mounted on a fresh directory, unmounted when dropped.
-struct Tmpfs {
-    dir: tempfile::TempDir,
-}
-
-impl Tmpfs {
-    /// `None` where mounting is not permitted (not root).
-    fn mount(size: &str) -> Option<Self> {
-        let dir = tempfile::tempdir().unwrap();
-        let mounted = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(dir.path())
-            .output()
-            .ok()?;
-        mounted.status.success().then_some(Self { dir })
-    }
-
-    fn path(&self) -> &Path {
-        self.dir.path()
-    }
-
-    /// Fills every free byte with a file; returns its path.
-    fn fill(&self) -> PathBuf {
-        let path = self.path().join("filler");
-        let mut file = std::fs::File::create(&path).unwrap();
-        let chunk = vec![0u8; 64 * 1024];
-        loop {
-            match file.write(&chunk) {
-                Ok(0) => break,
-                Ok(_) => {}
-                Err(error) if error.raw_os_error() == Some(libc::ENOSPC) => break,
-                Err(error) => panic!("filling the tmpfs failed: {error}"),
-            }
-        }
-        while let Ok(1) = file.write(&[0]) {}
-        path
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(self.path()).status();
     }
 }
 
@@ -1244,7 +1200,7 @@ fn nemesis_two_instances_on_one_sqlite_file() {
             FaultKind::FillDisk,
         ]
     } else {
-        eprintln!("cannot mount a tmpfs (not root?): the disk is never filled");
+        eprintln!("so the nemesis never fills the disk");
         &[
             FaultKind::Kill,
             FaultKind::Terminate,
@@ -1312,4 +1268,134 @@ fn nemesis_two_instances_on_nats_and_postgres() {
             nats: Some(&mut nats),
         },
     });
+}
+
+/// The checks themselves, on made-up histories: a clean one passes, and
+/// each kind of violation is caught (a check that cannot fail proves
+/// nothing).
+#[test]
+fn the_nemesis_checks_catch_each_kind_of_violation() {
+    let request = |id: &str, host: &str| Request {
+        message_id: id.to_owned(),
+        instance: host.to_owned(),
+    };
+    let run = |id: &str, host: &str, start_ms: i64, end_ms: i64, code: i32| Run {
+        message_id: id.to_owned(),
+        host: host.to_owned(),
+        group: host.split('-').next().unwrap().to_owned(),
+        pid: 1,
+        start: start_ms * 1000,
+        end: Some(end_ms * 1000),
+        code: Some(code),
+    };
+    let claim = |id: &str, host: &str, at: i64| Claim {
+        message_id: id.to_owned(),
+        instance: host.to_owned(),
+        group: host.split('-').next().unwrap().to_owned(),
+        claimed_at: at,
+        outcome: Some("restarted".into()),
+    };
+    let row = |status: &str, attempts: i64| Row {
+        status: status.to_owned(),
+        attempts,
+        last_error: (status == "failed").then(|| "all 3 restart attempts are used".to_owned()),
+    };
+    // a: restarted on its second attempt; b: failed for good,
+    // dead-lettered; c on a third host of g0 while b runs.
+    let published = vec![
+        request("a", "g0-h01"),
+        request("b", "g0-h02"),
+        request("c", "g0-h03"),
+    ];
+    let clean_runs = vec![
+        run("a", "g0-h01", 1_000, 1_100, 1),
+        run("a", "g0-h01", 6_000, 6_050, 0),
+        run("b", "g0-h02", 1_000, 3_500, 3),
+        run("c", "g0-h03", 1_150, 1_180, 0),
+    ];
+    let clean_store = || Store {
+        requests: HashMap::from([
+            ("a".to_owned(), row("restarted", 2)),
+            ("b".to_owned(), row("failed", 1)),
+            ("c".to_owned(), row("restarted", 1)),
+        ]),
+        claims: vec![
+            claim("a", "g0-h01", 999),
+            claim("a", "g0-h01", 5_999),
+            claim("b", "g0-h02", 999),
+            claim("c", "g0-h03", 1_149),
+        ],
+        dead_letters: vec![(
+            "{\"message_id\":\"b\",\"instance_name\":\"g0-h02\"}".to_owned(),
+            "restart failed for good".to_owned(),
+        )],
+    };
+    assert_eq!(
+        check(&published, &clean_runs, &clean_store()),
+        Vec::<String>::new()
+    );
+
+    let caught = |runs: &[Run], store: &Store, expected: &str| {
+        let violations = check(&published, runs, store);
+        assert!(
+            violations.iter().any(|v| v.contains(expected)),
+            "expected {expected:?} among {violations:?}"
+        );
+    };
+    // Lost, and not final.
+    let mut store = clean_store();
+    store.requests.remove("c");
+    caught(&clean_runs, &store, "lost: c");
+    let mut store = clean_store();
+    store.requests.insert("c".into(), row("retrying", 1));
+    caught(&clean_runs, &store, "still retrying");
+    // A dead letter without a reason; a failure never dead-lettered.
+    let mut store = clean_store();
+    store.dead_letters[0].1 = " ".into();
+    caught(&clean_runs, &store, "dead letter without a reason");
+    let mut store = clean_store();
+    store.dead_letters.clear();
+    caught(&clean_runs, &store, "never dead-lettered");
+    // More runs than attempts; a run without a claim before it.
+    let mut runs = clean_runs.clone();
+    let mut store = clean_store();
+    for at in [12_000, 18_000] {
+        runs.push(run("a", "g0-h01", at, at + 10, 1));
+        store.claims.push(claim("a", "g0-h01", at - 1));
+    }
+    caught(&runs, &store, "restarted 4 times");
+    let mut store = clean_store();
+    store.claims[1].claimed_at = 6_001;
+    caught(&clean_runs, &store, "has no claim of its own");
+    // Twice at once: one request, and one host by two requests.
+    let mut runs = clean_runs.clone();
+    runs[1] = run("a", "g0-h01", 1_050, 1_200, 0);
+    caught(&runs, &clean_store(), "request a restarted twice at once");
+    let mut runs = clean_runs.clone();
+    runs[3] = run("c", "g0-h02", 1_150, 1_180, 0);
+    caught(&runs, &clean_store(), "host g0-h02 restarted twice at once");
+    // The host cooldown and the rate limit, on the journal.
+    let mut store = clean_store();
+    store
+        .claims
+        .push(claim("d", "g0-h03", 1_149 + HOST_COOLDOWN_MS - 1));
+    caught(&clean_runs, &store, "host cooldown broken");
+    let mut store = clean_store();
+    for n in 0..GROUP_MAX as i64 {
+        store
+            .claims
+            .push(claim("e", &format!("g0-h{}", 10 + n), 2_000 + n));
+    }
+    caught(&clean_runs, &store, "rate limit broken");
+    // The budget, on the hosts: a third host of g0 down at once.
+    let mut runs = clean_runs.clone();
+    runs.push(run("d", "g0-h04", 1_160, 1_170, 0));
+    caught(&runs, &clean_store(), "disruption budget broken");
+    // Restarted with no successful run; more attempts than allowed.
+    let mut runs = clean_runs.clone();
+    runs[1].code = Some(1);
+    caught(&runs, &clean_store(), "no run of it succeeded");
+    let mut store = clean_store();
+    store.requests.insert("c".into(), row("restarted", 4));
+    caught(&clean_runs, &store, "has 4 attempts");
 }
