@@ -58,11 +58,19 @@ use support::Mandrill;
 use support::tmpfs::Tmpfs;
 
 /// The settings the checks depend on, written into the configuration.
+///
+/// A run of the script lasts at most the command's timeout plus 300 ms
+/// (longer only if its instance is killed mid-run: nothing then kills it).
+/// The claim's hold (`restart_timeout` 4 s + 2 ack deadlines = 6 s), the
+/// host cooldown and the budget's `forget_after` (8 s) each leave room
+/// above that for a slow machine, so that an orphaned run ends before the
+/// request, or its host, can be claimed again: what is tested is mandrill,
+/// not an orphan outliving the bounds the operator set.
 const MAX_ATTEMPTS: usize = 3;
 const GROUP_MAX: usize = 6;
 const RATE_WINDOW_MS: i64 = 3_000;
-const HOST_COOLDOWN_MS: i64 = 4_000;
-const MAX_DISRUPTED: usize = 2;
+const HOST_COOLDOWN_MS: i64 = 8_000;
+const MAX_DISRUPTED: usize = 3;
 const ACK_DEADLINE_MS: u64 = 1_000;
 const COMMAND_TIMEOUT_MS: u64 = 2_000;
 const GROUPS: usize = 3;
@@ -71,7 +79,7 @@ const HOSTS_PER_GROUP: usize = 12;
 /// The restart each host gets: a line when it starts and one when it ends
 /// (one `write(2)` each, appended), a sleep and an exit code drawn from the
 /// seed, the request and how many runs of it began before. 80% of runs are
-/// short; 13% outlast the lease (the worker must extend it); 7% outlast
+/// short; 15% outlast the lease (the worker must extend it); 5% outlast
 /// the command's timeout and are killed. 3% fail (worth retrying), 1% fail
 /// for good (exit 3, `permanent_exit_codes`).
 const RESTART_SCRIPT: &str = r#"#!/bin/bash
@@ -84,7 +92,7 @@ draw=$(printf '%s %s %s' "$NEMESIS_SEED" "$id" "$before" | cksum)
 draw=${draw%% *}
 kind=$(( draw % 100 ))
 if (( kind < 80 )); then ms=$(( 5 + draw / 100 % 50 ))
-elif (( kind < 93 )); then ms=$(( NEMESIS_PAST_LEASE_MS + draw / 100 % 500 ))
+elif (( kind < 95 )); then ms=$(( NEMESIS_PAST_LEASE_MS + draw / 100 % 500 ))
 else ms=$NEMESIS_PAST_TIMEOUT_MS
 fi
 sleep "$(( ms / 1000 )).$(printf '%03d' $(( ms % 1000 )))"
@@ -382,12 +390,18 @@ struct Fleet {
     dir: PathBuf,
     args: Vec<String>,
     instances: Vec<Option<Mandrill>>,
+    /// When each instance was sent SIGTERM, until it is started again.
+    stopping: Vec<Option<Instant>>,
     /// Instances that exited without being told to, and were started again.
     unexpected_exits: usize,
-    /// SIGTERMs that did not end an instance within the bound, so it was
-    /// killed.
+    /// SIGTERMs that did not end an instance within `SHUTDOWN_BOUND`, so
+    /// it was killed.
     slow_shutdowns: usize,
 }
+
+/// How long an instance may take to exit after SIGTERM before it is
+/// killed (and counted).
+const SHUTDOWN_BOUND: Duration = Duration::from_secs(60);
 
 impl Fleet {
     fn new(dir: &Path, args: Vec<String>, count: usize) -> Self {
@@ -395,6 +409,7 @@ impl Fleet {
             dir: dir.to_owned(),
             args,
             instances: (0..count).map(|_| None).collect(),
+            stopping: vec![None; count],
             unexpected_exits: 0,
             slow_shutdowns: 0,
         };
@@ -412,6 +427,7 @@ impl Fleet {
     fn start(&mut self, i: usize) {
         let args: Vec<&str> = self.args.iter().map(String::as_str).collect();
         self.instances[i] = Some(Mandrill::run(&self.dir, &args));
+        self.stopping[i] = None;
     }
 
     fn signal(&self, i: usize, name: &str) {
@@ -422,35 +438,56 @@ impl Fleet {
 
     fn kill(&mut self, i: usize) {
         if let Some(instance) = self.instances[i].take() {
-            instance.signal("CONT");
             instance.signal("KILL");
             let _ = instance.wait_exit();
         }
     }
 
-    /// SIGTERM, then SIGKILL if it has not exited within the bound.
-    fn terminate(&mut self, i: usize) {
-        let Some(mut instance) = self.instances[i].take() else {
-            return;
+    fn sigterm(&mut self, i: usize) {
+        self.signal(i, "CONT");
+        self.signal(i, "TERM");
+        self.stopping[i] = Some(Instant::now());
+    }
+
+    /// Whether instance `i`, sent SIGTERM, has exited (killed once past
+    /// `SHUTDOWN_BOUND`); reaps it if so.
+    fn stopped(&mut self, i: usize) -> bool {
+        let Some(instance) = &mut self.instances[i] else {
+            return true;
         };
-        instance.signal("CONT");
-        instance.signal("TERM");
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while instance.try_exit().is_none() {
-            if Instant::now() >= deadline {
-                eprintln!("nemesis: instance {i} still running 60s after SIGTERM; killed");
-                self.slow_shutdowns += 1;
-                instance.signal("KILL");
-                break;
+        if instance.try_exit().is_none() {
+            let since = self.stopping[i].expect("sent SIGTERM");
+            if since.elapsed() < SHUTDOWN_BOUND {
+                return false;
             }
-            std::thread::sleep(Duration::from_millis(20));
+            eprintln!(
+                "nemesis: instance {i} still running {SHUTDOWN_BOUND:?} after SIGTERM; killed"
+            );
+            self.slow_shutdowns += 1;
+            instance.signal("KILL");
         }
-        let _ = instance.wait_exit();
+        let _ = self.instances[i].take().unwrap().wait_exit();
+        true
+    }
+
+    /// SIGTERM to every instance; waits for them all.
+    fn stop_all(&mut self) {
+        for i in 0..self.instances.len() {
+            self.sigterm(i);
+        }
+        for i in 0..self.instances.len() {
+            while !self.stopped(i) {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
     }
 
     /// Starts again any instance that exited by itself (a supervisor's job).
     fn supervise(&mut self) {
         for i in 0..self.instances.len() {
+            if self.stopping[i].is_some() {
+                continue;
+            }
             let exited = match &mut self.instances[i] {
                 Some(instance) => instance.try_exit(),
                 None => None,
@@ -474,7 +511,7 @@ impl Fleet {
 enum FaultKind {
     /// SIGKILL an instance; start it again after a while.
     Kill,
-    /// SIGTERM an instance; start it again after a while.
+    /// SIGTERM an instance; start it again once it exited and a while passed.
     Terminate,
     /// SIGSTOP an instance, SIGCONT it later (sometimes past every lease).
     PauseInstance,
@@ -490,45 +527,59 @@ enum FaultKind {
 
 #[derive(Debug, Clone, Copy)]
 struct Fault {
-    /// Quiet time before it.
-    after: Duration,
     kind: FaultKind,
+    /// The instance, for faults of an instance.
     instance: usize,
-    /// How long the fault lasts (down, paused, full).
+    /// When it begins, from the start of the run.
+    at: Duration,
+    /// How long it lasts (down, paused, full).
     lasts: Duration,
 }
 
-/// The seed's schedule of faults for `length`, one at a time.
-fn schedule(
-    rng: &mut StdRng,
-    length: Duration,
-    kinds: &[FaultKind],
-    instances: usize,
-) -> Vec<Fault> {
+/// A lane of faults: one target (an instance, the disk, the database, the
+/// broker) and what may befall it. Each lane has at most one fault at a
+/// time; lanes overlap, so a database may stop while an instance is down.
+struct Lane {
+    instance: usize,
+    kinds: &'static [FaultKind],
+}
+
+const INSTANCE_FAULTS: &[FaultKind] = &[
+    FaultKind::Kill,
+    FaultKind::Terminate,
+    FaultKind::PauseInstance,
+];
+
+/// The seed's faults for `length`, lane after lane, sorted by start.
+fn schedule(rng: &mut StdRng, length: Duration, lanes: &[Lane]) -> Vec<Fault> {
     let mut faults = Vec::new();
-    let mut total = Duration::ZERO;
-    loop {
-        let after = Duration::from_millis(rng.random_range(200..2_000));
-        let kind = kinds[rng.random_range(0..kinds.len())];
-        let lasts = Duration::from_millis(match kind {
-            // Paused past the lease (1s) and sometimes past the claim's
-            // hold (restart_timeout + 2 ack deadlines: 5s).
-            FaultKind::PauseInstance => rng.random_range(300..7_000),
-            // Down past the lease, so others take the work over.
-            FaultKind::Kill | FaultKind::Terminate => rng.random_range(0..3_000),
-            _ => rng.random_range(300..4_000),
-        });
-        total += after + lasts;
-        if total > length {
-            return faults;
+    for lane in lanes {
+        let mut at = Duration::ZERO;
+        loop {
+            at += Duration::from_millis(rng.random_range(500..5_000));
+            let kind = lane.kinds[rng.random_range(0..lane.kinds.len())];
+            let lasts = Duration::from_millis(match kind {
+                // Paused past the lease (1s) and sometimes past the
+                // claim's hold (restart_timeout + 2 ack deadlines: 6s).
+                FaultKind::PauseInstance => rng.random_range(300..7_000),
+                // Down past the lease, so the other takes the work over.
+                FaultKind::Kill | FaultKind::Terminate => rng.random_range(0..3_000),
+                _ => rng.random_range(300..4_000),
+            });
+            if at + lasts > length {
+                break;
+            }
+            faults.push(Fault {
+                kind,
+                instance: lane.instance,
+                at,
+                lasts,
+            });
+            at += lasts;
         }
-        faults.push(Fault {
-            after,
-            kind,
-            instance: rng.random_range(0..instances),
-            lasts,
-        });
     }
+    faults.sort_by_key(|fault| fault.at);
+    faults
 }
 
 /// What the nemesis acts on besides the instances.
@@ -538,47 +589,69 @@ struct Targets<'a> {
     nats: Option<&'a mut PrivateNats>,
 }
 
-fn inflict(fault: &Fault, fleet: &mut Fleet, targets: &mut Targets<'_>) {
+/// The filler of a full disk, while it is full.
+struct Inflicted {
+    filler: Option<PathBuf>,
+}
+
+fn begin(fault: &Fault, fleet: &mut Fleet, targets: &mut Targets<'_>, state: &mut Inflicted) {
     let i = fault.instance;
     match fault.kind {
-        FaultKind::Kill => {
-            fleet.kill(i);
-            std::thread::sleep(fault.lasts);
-            fleet.start(i);
-        }
+        FaultKind::Kill => fleet.kill(i),
+        FaultKind::Terminate => fleet.sigterm(i),
+        FaultKind::PauseInstance => fleet.signal(i, "STOP"),
+        FaultKind::FillDisk => state.filler = Some(targets.disk.expect("a disk").fill()),
+        FaultKind::PauseDatabase => targets.postgres.expect("a database").pause(),
+        FaultKind::PauseBroker => targets.nats.as_ref().expect("a broker").pause(),
+        FaultKind::RestartBroker => targets.nats.as_mut().expect("a broker").stop(),
+    }
+}
+
+/// Ends `fault`; false when it cannot end yet (an instance still shutting
+/// down), to be tried again shortly.
+fn end(fault: &Fault, fleet: &mut Fleet, targets: &mut Targets<'_>, state: &mut Inflicted) -> bool {
+    let i = fault.instance;
+    match fault.kind {
+        FaultKind::Kill => fleet.start(i),
         FaultKind::Terminate => {
-            fleet.terminate(i);
-            std::thread::sleep(fault.lasts);
+            if !fleet.stopped(i) {
+                return false;
+            }
             fleet.start(i);
         }
-        FaultKind::PauseInstance => {
-            fleet.signal(i, "STOP");
-            std::thread::sleep(fault.lasts);
-            fleet.signal(i, "CONT");
-        }
+        FaultKind::PauseInstance => fleet.signal(i, "CONT"),
         FaultKind::FillDisk => {
-            let disk = targets.disk.expect("a disk to fill");
-            let filler = disk.fill();
-            std::thread::sleep(fault.lasts);
-            std::fs::remove_file(filler).unwrap();
+            std::fs::remove_file(state.filler.take().expect("filled")).unwrap();
         }
-        FaultKind::PauseDatabase => {
-            let postgres = targets.postgres.expect("a database to pause");
-            postgres.pause();
-            std::thread::sleep(fault.lasts);
-            postgres.resume();
+        FaultKind::PauseDatabase => targets.postgres.expect("a database").resume(),
+        FaultKind::PauseBroker => targets.nats.as_ref().expect("a broker").unpause(),
+        FaultKind::RestartBroker => targets.nats.as_mut().expect("a broker").resume(),
+    }
+    true
+}
+
+/// Runs `faults` on their timeline; returns once every one has ended.
+fn unleash(faults: &[Fault], fleet: &mut Fleet, targets: &mut Targets<'_>) {
+    // (when, begins, index): ends sort before begins at the same instant.
+    let mut timeline: Vec<(Duration, bool, usize)> = faults
+        .iter()
+        .enumerate()
+        .flat_map(|(n, f)| [(f.at, true, n), (f.at + f.lasts, false, n)])
+        .collect();
+    let mut state = Inflicted { filler: None };
+    let started = Instant::now();
+    while !timeline.is_empty() {
+        timeline.sort();
+        let (when, begins, n) = timeline.remove(0);
+        if let Some(wait) = when.checked_sub(started.elapsed()) {
+            std::thread::sleep(wait);
         }
-        FaultKind::PauseBroker => {
-            let nats = targets.nats.as_ref().expect("a broker to pause");
-            nats.pause();
-            std::thread::sleep(fault.lasts);
-            nats.unpause();
-        }
-        FaultKind::RestartBroker => {
-            let nats = targets.nats.as_mut().expect("a broker to restart");
-            nats.stop();
-            std::thread::sleep(fault.lasts);
-            nats.resume();
+        fleet.supervise();
+        let fault = &faults[n];
+        if begins {
+            begin(fault, fleet, targets, &mut state);
+        } else if !end(fault, fleet, targets, &mut state) {
+            timeline.push((started.elapsed() + Duration::from_millis(50), false, n));
         }
     }
 }
@@ -1010,7 +1083,8 @@ struct Setup<'a> {
     /// `[broker]` and `[store]`, and anything else of the configuration's.
     sections: String,
     reader: Reader<'a>,
-    kinds: &'a [FaultKind],
+    /// The instances' lanes are added to these.
+    lanes: Vec<Lane>,
     targets: Targets<'a>,
 }
 
@@ -1026,7 +1100,7 @@ fn configuration(dir: &Path, seed: u64, sections: &str) -> PathBuf {
         format!(
             "{sections}\n\
              [worker]\nmax_in_flight = 16\nmax_attempts = {MAX_ATTEMPTS}\n\
-             retry_initial = \"200ms\"\nretry_max = \"2s\"\nrestart_timeout = \"3s\"\n\
+             retry_initial = \"200ms\"\nretry_max = \"2s\"\nrestart_timeout = \"4s\"\n\
              shutdown_grace = \"2s\"\nmax_pull_failures = 1000000\npull_backoff = \"100ms\"\n\
              record_backoff = \"50ms\"\n\n\
              [restarter]\nkind = \"command\"\n\n\
@@ -1039,13 +1113,13 @@ fn configuration(dir: &Path, seed: u64, sections: &str) -> PathBuf {
              {ALWAYS_OPEN}\n\
              [safety.rate]\ngroup_max = {GROUP_MAX}\nwindow = \"{RATE_WINDOW_MS}ms\"\n\
              host_cooldown = \"{HOST_COOLDOWN_MS}ms\"\n\n\
-             [safety.budget]\nmax_disrupted = {MAX_DISRUPTED}\nforget_after = \"6s\"\n\
+             [safety.budget]\nmax_disrupted = {MAX_DISRUPTED}\nforget_after = \"8s\"\n\
              settle = \"0s\"\nretry = \"200ms\"\n\n\
              [debug]\nstatus_interval = \"0s\"\n",
             script = script.display().to_string(),
             log = log.display().to_string(),
             past_lease = ACK_DEADLINE_MS + 100,
-            past_timeout = COMMAND_TIMEOUT_MS + 500,
+            past_timeout = COMMAND_TIMEOUT_MS + 300,
         ),
     )
     .unwrap();
@@ -1068,7 +1142,7 @@ fn nemesis(setup: Setup<'_>) {
         dir,
         sections,
         reader,
-        kinds,
+        mut lanes,
         mut targets,
         ..
     } = setup;
@@ -1077,7 +1151,11 @@ fn nemesis(setup: Setup<'_>) {
     // About three requests a second: the limits let six through.
     let total = (length.as_secs() as usize * 3).max(60);
     let requests = workload(&mut rng, total);
-    let faults = schedule(&mut rng, length, kinds, 2);
+    lanes.extend((0..2).map(|instance| Lane {
+        instance,
+        kinds: INSTANCE_FAULTS,
+    }));
+    let faults = schedule(&mut rng, length, &lanes);
 
     let watcher = Watcher::start(dir.join("restarts.log"));
     // The first batch creates the queue before any instance starts.
@@ -1114,13 +1192,11 @@ fn nemesis(setup: Setup<'_>) {
     });
 
     let mut inflicted: BTreeMap<FaultKind, usize> = BTreeMap::new();
-    let began = Instant::now();
     for fault in &faults {
-        std::thread::sleep(fault.after);
-        fleet.supervise();
-        inflict(fault, &mut fleet, &mut targets);
         *inflicted.entry(fault.kind).or_default() += 1;
     }
+    let began = Instant::now();
+    unleash(&faults, &mut fleet, &mut targets);
     let publish_retries = publisher.join().expect("the publisher finishes");
     fleet.supervise();
     eprintln!(
@@ -1152,9 +1228,7 @@ fn nemesis(setup: Setup<'_>) {
         std::thread::sleep(Duration::from_millis(500));
     }
     let drained_in = began.elapsed();
-    for i in 0..2 {
-        fleet.terminate(i);
-    }
+    fleet.stop_all();
     let runs = watcher.finish();
     let store = reader.read();
 
@@ -1192,20 +1266,15 @@ fn nemesis(setup: Setup<'_>) {
 fn nemesis_two_instances_on_one_sqlite_file() {
     let (_guard, dir) = support::temp_dir();
     let disk = Tmpfs::mount("128m");
-    let kinds: &[FaultKind] = if disk.is_some() {
-        &[
-            FaultKind::Kill,
-            FaultKind::Terminate,
-            FaultKind::PauseInstance,
-            FaultKind::FillDisk,
-        ]
-    } else {
-        eprintln!("so the nemesis never fills the disk");
-        &[
-            FaultKind::Kill,
-            FaultKind::Terminate,
-            FaultKind::PauseInstance,
-        ]
+    let lanes = match &disk {
+        Some(_) => vec![Lane {
+            instance: 0,
+            kinds: &[FaultKind::FillDisk],
+        }],
+        None => {
+            eprintln!("so the nemesis never fills the disk");
+            Vec::new()
+        }
     };
     let db_dir = disk
         .as_ref()
@@ -1220,7 +1289,7 @@ fn nemesis_two_instances_on_one_sqlite_file() {
              [store]\nurl = {url:?}\n"
         ),
         reader: Reader::Sqlite { url: url.clone() },
-        kinds,
+        lanes,
         targets: Targets {
             disk: disk.as_ref(),
             postgres: None,
@@ -1254,13 +1323,15 @@ fn nemesis_two_instances_on_nats_and_postgres() {
             url: database.clone(),
             nats: &names,
         },
-        kinds: &[
-            FaultKind::Kill,
-            FaultKind::Terminate,
-            FaultKind::PauseInstance,
-            FaultKind::PauseDatabase,
-            FaultKind::PauseBroker,
-            FaultKind::RestartBroker,
+        lanes: vec![
+            Lane {
+                instance: 0,
+                kinds: &[FaultKind::PauseDatabase],
+            },
+            Lane {
+                instance: 0,
+                kinds: &[FaultKind::PauseBroker, FaultKind::RestartBroker],
+            },
         ],
         targets: Targets {
             disk: None,
@@ -1309,7 +1380,7 @@ fn the_nemesis_checks_catch_each_kind_of_violation() {
     ];
     let clean_runs = vec![
         run("a", "g0-h01", 1_000, 1_100, 1),
-        run("a", "g0-h01", 6_000, 6_050, 0),
+        run("a", "g0-h01", 10_000, 10_050, 0),
         run("b", "g0-h02", 1_000, 3_500, 3),
         run("c", "g0-h03", 1_150, 1_180, 0),
     ];
@@ -1321,7 +1392,7 @@ fn the_nemesis_checks_catch_each_kind_of_violation() {
         ]),
         claims: vec![
             claim("a", "g0-h01", 999),
-            claim("a", "g0-h01", 5_999),
+            claim("a", "g0-h01", 9_999),
             claim("b", "g0-h02", 999),
             claim("c", "g0-h03", 1_149),
         ],
@@ -1359,13 +1430,13 @@ fn the_nemesis_checks_catch_each_kind_of_violation() {
     // More runs than attempts; a run without a claim before it.
     let mut runs = clean_runs.clone();
     let mut store = clean_store();
-    for at in [12_000, 18_000] {
+    for at in [20_000, 30_000] {
         runs.push(run("a", "g0-h01", at, at + 10, 1));
         store.claims.push(claim("a", "g0-h01", at - 1));
     }
     caught(&runs, &store, "restarted 4 times");
     let mut store = clean_store();
-    store.claims[1].claimed_at = 6_001;
+    store.claims[1].claimed_at = 10_001;
     caught(&clean_runs, &store, "has no claim of its own");
     // Twice at once: one request, and one host by two requests.
     let mut runs = clean_runs.clone();
@@ -1387,9 +1458,11 @@ fn the_nemesis_checks_catch_each_kind_of_violation() {
             .push(claim("e", &format!("g0-h{}", 10 + n), 2_000 + n));
     }
     caught(&clean_runs, &store, "rate limit broken");
-    // The budget, on the hosts: a third host of g0 down at once.
+    // The budget, on the hosts: one host of g0 too many down at once.
     let mut runs = clean_runs.clone();
-    runs.push(run("d", "g0-h04", 1_160, 1_170, 0));
+    for n in 0..MAX_DISRUPTED - 1 {
+        runs.push(run("d", &format!("g0-h{}", 20 + n), 1_160, 1_170, 0));
+    }
     caught(&runs, &clean_store(), "disruption budget broken");
     // Restarted with no successful run; more attempts than allowed.
     let mut runs = clean_runs.clone();
