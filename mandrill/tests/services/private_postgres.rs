@@ -16,8 +16,7 @@ use super::free_port;
 
 pub struct PrivatePostgres {
     pub port: u16,
-    /// The server runs in a process group of its own (the postmaster leads
-    /// it, every backend is in it): a signal to the group reaches them all.
+    /// The postmaster.
     child: Child,
     dir: tempfile::TempDir,
 }
@@ -95,7 +94,6 @@ impl PrivatePostgres {
                 "-c",
                 "max_connections=200",
             ])
-            .process_group(0)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -139,24 +137,34 @@ impl PrivatePostgres {
         self.url(database)
     }
 
-    fn signal_group(&self, signal: libc::c_int) {
-        let group = libc::pid_t::try_from(self.child.id()).expect("a pid fits pid_t");
-        // SAFETY: killpg takes two integers and touches no memory; the group
-        // is the server's own (process_group(0) at spawn, never reaped yet).
+    /// Sends `signal` to the postmaster, then to each of its children
+    /// (backends and helpers each lead a session of their own, so no
+    /// process group holds them all). Once the postmaster is stopped it
+    /// starts no new child, so a SIGSTOP reaches every process.
+    fn signal_all(&self, signal: libc::c_int) {
+        let postmaster = libc::pid_t::try_from(self.child.id()).expect("a pid fits pid_t");
+        // SAFETY: kill takes two integers and touches no memory; the pids
+        // are the server's own processes (the postmaster is not reaped yet).
         unsafe {
-            libc::killpg(group, signal);
+            libc::kill(postmaster, signal);
+        }
+        for child in children_of(self.child.id()) {
+            // SAFETY: as above.
+            unsafe {
+                libc::kill(child, signal);
+            }
         }
     }
 
     /// Stops every process of the server (SIGSTOP): connections stay open
     /// and nothing answers, as a hung host.
     pub fn pause(&self) {
-        self.signal_group(libc::SIGSTOP);
+        self.signal_all(libc::SIGSTOP);
     }
 
     /// Resumes a paused server (SIGCONT).
     pub fn resume(&self) {
-        self.signal_group(libc::SIGCONT);
+        self.signal_all(libc::SIGCONT);
     }
 
     pub fn path(&self) -> &Path {
@@ -166,7 +174,7 @@ impl PrivatePostgres {
 
 impl Drop for PrivatePostgres {
     fn drop(&mut self) {
-        self.signal_group(libc::SIGCONT);
+        self.signal_all(libc::SIGCONT);
         // SIGQUIT: an immediate shutdown that still releases shared memory.
         let _ = Command::new("kill")
             .args(["-s", "QUIT", &self.child.id().to_string()])
@@ -175,7 +183,24 @@ impl Drop for PrivatePostgres {
         while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(20));
         }
-        self.signal_group(libc::SIGKILL);
+        self.signal_all(libc::SIGKILL);
         let _ = self.child.wait();
     }
+}
+
+/// The processes whose parent is `parent`, from `/proc`.
+fn children_of(parent: u32) -> Vec<libc::pid_t> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|entry| {
+            let pid: libc::pid_t = entry.ok()?.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            // "pid (comm) state ppid ...": comm may hold spaces, not ')'.
+            let (_, rest) = stat.rsplit_once(')')?;
+            let ppid: u32 = rest.split_whitespace().nth(1)?.parse().ok()?;
+            (ppid == parent).then_some(pid)
+        })
+        .collect()
 }
