@@ -40,7 +40,7 @@
 mod services;
 mod support;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::Read as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -530,6 +530,8 @@ struct Fault {
     kind: FaultKind,
     /// The instance, for faults of an instance.
     instance: usize,
+    /// Its lane: the next fault of the lane begins once this one ended.
+    lane: usize,
     /// When it begins, from the start of the run.
     at: Duration,
     /// How long it lasts (down, paused, full).
@@ -553,7 +555,7 @@ const INSTANCE_FAULTS: &[FaultKind] = &[
 /// The seed's faults for `length`, lane after lane, sorted by start.
 fn schedule(rng: &mut StdRng, length: Duration, lanes: &[Lane]) -> Vec<Fault> {
     let mut faults = Vec::new();
-    for lane in lanes {
+    for (number, lane) in lanes.iter().enumerate() {
         let mut at = Duration::ZERO;
         loop {
             at += Duration::from_millis(rng.random_range(500..5_000));
@@ -564,7 +566,8 @@ fn schedule(rng: &mut StdRng, length: Duration, lanes: &[Lane]) -> Vec<Fault> {
                 FaultKind::PauseInstance => rng.random_range(300..7_000),
                 // Down past the lease, so the other takes the work over.
                 FaultKind::Kill | FaultKind::Terminate => rng.random_range(0..3_000),
-                _ => rng.random_range(300..4_000),
+                // Stopped or full past the lease and the claim's hold.
+                _ => rng.random_range(300..8_000),
             });
             if at + lasts > length {
                 break;
@@ -572,6 +575,7 @@ fn schedule(rng: &mut StdRng, length: Duration, lanes: &[Lane]) -> Vec<Fault> {
             faults.push(Fault {
                 kind,
                 instance: lane.instance,
+                lane: number,
                 at,
                 lasts,
             });
@@ -633,13 +637,17 @@ fn end(fault: &Fault, fleet: &mut Fleet, targets: &mut Targets<'_>, state: &mut 
 /// Runs `faults` on their timeline; returns once every one has ended.
 fn unleash(faults: &[Fault], fleet: &mut Fleet, targets: &mut Targets<'_>) {
     // (when, begins, index): ends sort before begins at the same instant.
+    // A fault's end is put on the timeline when it begins.
     let mut timeline: Vec<(Duration, bool, usize)> = faults
         .iter()
         .enumerate()
-        .flat_map(|(n, f)| [(f.at, true, n), (f.at + f.lasts, false, n)])
+        .map(|(n, f)| (f.at, true, n))
         .collect();
     let mut state = Inflicted { filler: None };
+    // Lanes whose current fault has begun and not ended yet.
+    let mut busy: HashSet<usize> = HashSet::new();
     let started = Instant::now();
+    let later = || started.elapsed() + Duration::from_millis(50);
     while !timeline.is_empty() {
         timeline.sort();
         let (when, begins, n) = timeline.remove(0);
@@ -649,9 +657,17 @@ fn unleash(faults: &[Fault], fleet: &mut Fleet, targets: &mut Targets<'_>) {
         fleet.supervise();
         let fault = &faults[n];
         if begins {
+            if busy.contains(&fault.lane) {
+                timeline.push((later(), true, n));
+                continue;
+            }
             begin(fault, fleet, targets, &mut state);
-        } else if !end(fault, fleet, targets, &mut state) {
-            timeline.push((started.elapsed() + Duration::from_millis(50), false, n));
+            busy.insert(fault.lane);
+            timeline.push((started.elapsed() + fault.lasts, false, n));
+        } else if end(fault, fleet, targets, &mut state) {
+            busy.remove(&fault.lane);
+        } else {
+            timeline.push((later(), false, n));
         }
     }
 }
