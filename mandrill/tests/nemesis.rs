@@ -519,6 +519,10 @@ enum FaultKind {
     FillDisk,
     /// SIGSTOP the PostgreSQL server, SIGCONT it later.
     PauseDatabase,
+    /// Cut every connection to the PostgreSQL database (as a restart of
+    /// the server or a network cut does): a transaction's COMMIT may
+    /// succeed with its reply lost.
+    CutDatabaseConnections,
     /// SIGSTOP the NATS server, SIGCONT it later.
     PauseBroker,
     /// Stop the NATS server, start it again later.
@@ -606,6 +610,9 @@ fn begin(fault: &Fault, fleet: &mut Fleet, targets: &mut Targets<'_>, state: &mu
         FaultKind::PauseInstance => fleet.signal(i, "STOP"),
         FaultKind::FillDisk => state.filler = Some(targets.disk.expect("a disk").fill()),
         FaultKind::PauseDatabase => targets.postgres.expect("a database").pause(),
+        FaultKind::CutDatabaseConnections => {
+            targets.postgres.expect("a database").cut_connections()
+        }
         FaultKind::PauseBroker => targets.nats.as_ref().expect("a broker").pause(),
         FaultKind::RestartBroker => targets.nats.as_mut().expect("a broker").stop(),
     }
@@ -628,6 +635,7 @@ fn end(fault: &Fault, fleet: &mut Fleet, targets: &mut Targets<'_>, state: &mut 
             std::fs::remove_file(state.filler.take().expect("filled")).unwrap();
         }
         FaultKind::PauseDatabase => targets.postgres.expect("a database").resume(),
+        FaultKind::CutDatabaseConnections => {}
         FaultKind::PauseBroker => targets.nats.as_ref().expect("a broker").unpause(),
         FaultKind::RestartBroker => targets.nats.as_mut().expect("a broker").resume(),
     }
@@ -1258,10 +1266,21 @@ fn nemesis(setup: Setup<'_>) {
         *statuses.entry(status).or_default() += 1;
     }
     let killed = runs.iter().filter(|r| r.code.is_none()).count();
+    // Claims no run followed: an instance killed or paused between its
+    // claim and the restart, or a claim whose reply was lost (its retry
+    // then finds it in flight, and it later counts as an unknown outcome).
+    let mut unrun: HashMap<&str, i64> = HashMap::new();
+    for claim in &store.claims {
+        *unrun.entry(&claim.message_id).or_default() += 1;
+    }
+    for run in &runs {
+        *unrun.entry(&run.message_id).or_default() -= 1;
+    }
+    let claims_without_a_run: i64 = unrun.values().filter(|n| **n > 0).sum();
     eprintln!(
         "nemesis seed {seed}: {} requests ({statuses:?}); {} runs of the script ({killed} \
-         killed at their timeout); {} claims; {} dead letters; instances exited by themselves: \
-         {}; slow shutdowns: {}; done in {drained_in:?}",
+         killed at their timeout); {} claims ({claims_without_a_run} never run); {} dead letters; instances exited by \
+         themselves: {}; slow shutdowns: {}; done in {drained_in:?}",
         requests.len(),
         runs.len(),
         store.claims.len(),
@@ -1342,7 +1361,7 @@ fn nemesis_two_instances_on_nats_and_postgres() {
         lanes: vec![
             Lane {
                 instance: 0,
-                kinds: &[FaultKind::PauseDatabase],
+                kinds: &[FaultKind::PauseDatabase, FaultKind::CutDatabaseConnections],
             },
             Lane {
                 instance: 0,

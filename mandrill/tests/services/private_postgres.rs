@@ -167,6 +167,27 @@ impl PrivatePostgres {
         self.signal_all(libc::SIGCONT);
     }
 
+    /// Ends every other connection to the server's databases
+    /// (`pg_terminate_backend`): clients see their connection cut, maybe
+    /// after a COMMIT whose reply never reached them.
+    pub fn cut_connections(&self) {
+        let admin = self.url("postgres");
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime")
+            .block_on(async {
+                let mut connection = PgConnection::connect(&admin).await.expect("postgres");
+                sqlx::query(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                     WHERE pid <> pg_backend_pid() AND datname IS NOT NULL",
+                )
+                .execute(&mut connection)
+                .await
+                .expect("terminate the other backends");
+            });
+    }
+
     pub fn path(&self) -> &Path {
         self.dir.path()
     }
