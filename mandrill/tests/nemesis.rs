@@ -4,8 +4,9 @@
 //!
 //! Two configurations: two instances sharing one SQLite file (on a small
 //! tmpfs that the nemesis fills), and two instances on a private NATS
-//! server and a private PostgreSQL server (which the nemesis stops with
-//! SIGSTOP and resumes; the machine's shared servers are never touched).
+//! server (stopped with SIGSTOP and resumed, or stopped and started again)
+//! and a private PostgreSQL server (stopped with SIGSTOP and resumed, or
+//! its connections cut); the machine's shared servers are never touched.
 //! In both the nemesis also kills instances with SIGKILL (and starts them
 //! again, sometimes only after their leases expired), stops them with
 //! SIGTERM, and pauses them with SIGSTOP, some past every lease and hold.
@@ -32,8 +33,9 @@
 //! A short run is part of the suite. A long one:
 //! `MANDRILL_TEST_NEMESIS_SECS=1800 cargo test --release -p mandrill --test
 //! nemesis -- --nocapture`, with `MANDRILL_TEST_NEMESIS_SEED=N` to replay a
-//! seed. Every run prints its seed, and a failure the command that replays
-//! it. The schedule of faults and the workload are the seed's; the timing
+//! seed. Every run prints its seed and a summary (shown with
+//! `--nocapture`, and always on failure, with the command that replays
+//! it). The schedule of faults and the workload are the seed's; the timing
 //! of real processes is not, so a replay is the same storm, not the same
 //! interleaving.
 
@@ -880,20 +882,19 @@ fn check(published: &[Request], runs: &[Run], store: &Store) -> Vec<String> {
     };
 
     // No request lost, and none given up without a reason.
-    let dead_ids: HashMap<&str, &str> = store
+    // The ids the dead letters carry (their payloads are the requests).
+    let dead_ids: HashSet<String> = store
         .dead_letters
         .iter()
-        .filter_map(|(payload, reason)| {
+        .filter_map(|(payload, _)| {
             let value: serde_json::Value = serde_json::from_str(payload).ok()?;
-            Some((
-                published
-                    .iter()
-                    .find(|r| value["message_id"] == r.message_id.as_str())?
-                    .message_id
-                    .as_str(),
-                reason.as_str(),
-            ))
+            Some(value["message_id"].as_str()?.to_owned())
         })
+        .collect();
+    let succeeded: HashSet<&str> = runs
+        .iter()
+        .filter(|run| run.code == Some(0))
+        .map(|run| run.message_id.as_str())
         .collect();
     for (payload, reason) in &store.dead_letters {
         if reason.trim().is_empty() {
@@ -922,7 +923,7 @@ fn check(published: &[Request], runs: &[Run], store: &Store) -> Vec<String> {
             {
                 fail(format!("{} failed without a reason", request.message_id));
             }
-            if !dead_ids.contains_key(request.message_id.as_str()) {
+            if !dead_ids.contains(&request.message_id) {
                 fail(format!(
                     "{} failed ({:?}) but was never dead-lettered",
                     request.message_id, row.last_error
@@ -935,11 +936,7 @@ fn check(published: &[Request], runs: &[Run], store: &Store) -> Vec<String> {
                 request.message_id, row.attempts
             ));
         }
-        if row.status == "restarted"
-            && !runs
-                .iter()
-                .any(|run| run.message_id == request.message_id && run.code == Some(0))
-        {
+        if row.status == "restarted" && !succeeded.contains(request.message_id.as_str()) {
             fail(format!(
                 "{} recorded restarted but no run of it succeeded",
                 request.message_id
