@@ -56,8 +56,8 @@ use services::PrivateNats;
 use services::nats_names::StreamNames;
 use services::private_postgres::PrivatePostgres;
 use sqlx::Connection as _;
-use support::Mandrill;
 use support::tmpfs::Tmpfs;
+use support::{DEADLINE, Mandrill};
 
 /// The settings the checks depend on, written into the configuration.
 ///
@@ -231,10 +231,13 @@ impl Watcher {
                 // The latest run of each pid, for an end line read after
                 // the watcher saw the process gone.
                 let mut latest: HashMap<u32, usize> = HashMap::new();
+                let mut stopping: Option<Instant> = None;
                 loop {
                     // Read the stop flag first: a run is closed by a read
                     // after it was set.
-                    let stopping = stop.load(Ordering::SeqCst);
+                    if stop.load(Ordering::SeqCst) {
+                        stopping.get_or_insert_with(Instant::now);
+                    }
                     let mut chunk = String::new();
                     file.read_to_string(&mut chunk).expect("the log reads");
                     pending.push_str(&chunk);
@@ -277,7 +280,10 @@ impl Watcher {
                             true
                         }
                     });
-                    if stopping && open.is_empty() {
+                    // A run still going a minute after the service
+                    // stopped is left without an end, which the checks
+                    // report.
+                    if stopping.is_some_and(|since| open.is_empty() || since.elapsed() > DEADLINE) {
                         return runs;
                     }
                     std::thread::sleep(Duration::from_millis(2));
@@ -290,7 +296,8 @@ impl Watcher {
         }
     }
 
-    /// Every run, once each has ended.
+    /// Every run, once each has ended (or a minute after the service
+    /// stopped: a run still going then is left without an end).
     fn finish(mut self) -> Vec<Run> {
         self.stop.store(true, Ordering::SeqCst);
         self.thread
@@ -1276,8 +1283,9 @@ fn nemesis(setup: Setup<'_>) {
     let claims_without_a_run: i64 = unrun.values().filter(|n| **n > 0).sum();
     eprintln!(
         "nemesis seed {seed}: {} requests ({statuses:?}); {} runs of the script ({killed} \
-         killed at their timeout); {} claims ({claims_without_a_run} never run); {} dead letters; instances exited by \
-         themselves: {}; slow shutdowns: {}; done in {drained_in:?}",
+         killed at their timeout); {} claims ({claims_without_a_run} never run); {} dead \
+         letters; instances exited by themselves: {}; slow shutdowns: {}; done in \
+         {drained_in:?}",
         requests.len(),
         runs.len(),
         store.claims.len(),
