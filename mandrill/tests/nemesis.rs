@@ -403,6 +403,8 @@ struct Fleet {
     instances: Vec<Option<Mandrill>>,
     /// When each instance was sent SIGTERM, until it is started again.
     stopping: Vec<Option<Instant>>,
+    /// When each instance was last started.
+    started: Vec<Instant>,
     /// Instances that exited without being told to, and were started again.
     unexpected_exits: usize,
     /// SIGTERMs that did not end an instance within `SHUTDOWN_BOUND`, so
@@ -421,6 +423,7 @@ impl Fleet {
             args,
             instances: (0..count).map(|_| None).collect(),
             stopping: vec![None; count],
+            started: vec![Instant::now(); count],
             unexpected_exits: 0,
             slow_shutdowns: 0,
         };
@@ -439,6 +442,7 @@ impl Fleet {
         let args: Vec<&str> = self.args.iter().map(String::as_str).collect();
         self.instances[i] = Some(Mandrill::run(&self.dir, &args));
         self.stopping[i] = None;
+        self.started[i] = Instant::now();
     }
 
     fn signal(&self, i: usize, name: &str) {
@@ -493,10 +497,12 @@ impl Fleet {
         }
     }
 
-    /// Starts again any instance that exited by itself (a supervisor's job).
+    /// Starts again any instance that exited by itself, at most once a
+    /// second (a supervisor's job: an instance started while its broker
+    /// is down exits at once).
     fn supervise(&mut self) {
         for i in 0..self.instances.len() {
-            if self.stopping[i].is_some() {
+            if self.stopping[i].is_some() || self.started[i].elapsed() < Duration::from_secs(1) {
                 continue;
             }
             let exited = match &mut self.instances[i] {
