@@ -78,7 +78,9 @@ const MAX_DISRUPTED: usize = 3;
 const ACK_DEADLINE_MS: u64 = 1_000;
 const COMMAND_TIMEOUT_MS: u64 = 2_000;
 const GROUPS: usize = 3;
-const HOSTS_PER_GROUP: usize = 12;
+/// Hosts per group at least; more in long runs, so that about ten requests
+/// fall to each host (the cooldown restarts a host at most every 8 s).
+const MIN_HOSTS_PER_GROUP: usize = 12;
 
 /// The restart each host gets: a line when it starts and one when it ends
 /// (one `write(2)` each, appended), a sleep and an exit code drawn from the
@@ -323,6 +325,7 @@ struct Request {
 /// `total` requests for the seed: hosts of groups `g0`…, with repeats, and
 /// one in twenty for a `pet-` host that `safety.allow` denies.
 fn workload(rng: &mut StdRng, total: usize) -> Vec<Request> {
+    let hosts_per_group = (total / (GROUPS * 10)).max(MIN_HOSTS_PER_GROUP);
     (0..total)
         .map(|_| {
             let message_id = uuid::Builder::from_random_bytes(rng.random()).into_uuid();
@@ -330,9 +333,9 @@ fn workload(rng: &mut StdRng, total: usize) -> Vec<Request> {
                 format!("pet-{:02}", rng.random_range(0..10))
             } else {
                 format!(
-                    "g{}-h{:02}",
+                    "g{}-h{:03}",
                     rng.random_range(0..GROUPS),
-                    rng.random_range(0..HOSTS_PER_GROUP)
+                    rng.random_range(0..hosts_per_group)
                 )
             };
             Request {
@@ -1242,7 +1245,16 @@ fn nemesis(setup: Setup<'_>) {
     );
 
     // The drain: no more faults; every request must reach a final status.
-    let drain = Duration::from_secs(120) + length / 4;
+    // Requests for one host are restarted one cooldown apart at best: the
+    // busiest host's queue bounds how long the drain may take.
+    let mut per_host: HashMap<&str, u32> = HashMap::new();
+    for request in &requests {
+        *per_host.entry(&request.instance).or_default() += 1;
+    }
+    let busiest = per_host.values().copied().max().unwrap_or(0);
+    let drain = Duration::from_secs(120)
+        + length / 4
+        + Duration::from_millis(HOST_COOLDOWN_MS as u64) * busiest;
     let deadline = Instant::now() + drain;
     loop {
         fleet.supervise();
