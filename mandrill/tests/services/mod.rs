@@ -7,6 +7,7 @@
 
 pub mod nats_names;
 pub mod postgres;
+pub mod private_postgres;
 pub mod sshd;
 
 use std::net::TcpListener;
@@ -189,6 +190,25 @@ impl PrivateNats {
         while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
             assert!(Instant::now() < deadline, "nats-server did not listen");
             std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Stops the running server with SIGSTOP: connections stay open and
+    /// nothing answers, as a hung host.
+    pub fn pause(&self) {
+        self.send("STOP");
+    }
+
+    /// Resumes a paused server (SIGCONT).
+    pub fn unpause(&self) {
+        self.send("CONT");
+    }
+
+    fn send(&self, signal: &str) {
+        if let Some(child) = &self.child {
+            let _ = Command::new("kill")
+                .args(["-s", signal, &child.id().to_string()])
+                .status();
         }
     }
 

@@ -4,6 +4,8 @@
 
 #![allow(dead_code)]
 
+pub mod tmpfs;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -89,6 +91,13 @@ impl Mandrill {
 
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// The exit status, if the process has exited; never waits.
+    pub fn try_exit(&mut self) -> Option<ExitStatus> {
+        self.child
+            .try_wait()
+            .expect("the child's status can be read")
     }
 
     /// Sends a signal by name (`TERM`, `INT`, `HUP`, `QUIT`).
