@@ -5,8 +5,10 @@
 //! Exit codes: 0 after a clean shutdown (or a command done, or a shutdown
 //! requested during start-up); 1 when the service or command failed (could
 //! not start, stopped by itself, database error); 2 for bad usage,
-//! configuration or input (nothing was published); 130 when a third signal
-//! cut the shutdown short.
+//! configuration or input (nothing was published); 3 when the outcome is
+//! unknown (`pause` or `resume` sent, but the store did not answer within
+//! `store.timeout`: the switch may or may not have turned); 130 when a
+//! third signal cut the shutdown short.
 //!
 //! Signals: the first SIGTERM, SIGINT or SIGQUIT starts a graceful shutdown
 //! (during start-up: abandons it), the second skips the rest of the grace
@@ -166,6 +168,12 @@ pub(super) fn missing_sqlite_file(url: &str) -> Option<String> {
 #[error("{0}")]
 pub(super) struct BadInput(pub(super) String);
 
+/// A change sent whose outcome is unknown (exit code 3): it may or may not
+/// have been made.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub(super) struct OutcomeUnknown(pub(super) String);
+
 /// Loads the configuration and runs a one-shot command on a small runtime.
 pub(super) fn command<F, Fut>(sources: Result<Sources, ConfigError>, body: F) -> ExitCode
 where
@@ -197,6 +205,8 @@ where
             eprintln!("mandrill: {}", redactor.scrub(&message));
             if error.is::<BadInput>() {
                 ExitCode::from(2)
+            } else if error.is::<OutcomeUnknown>() {
+                ExitCode::from(3)
             } else {
                 ExitCode::FAILURE
             }

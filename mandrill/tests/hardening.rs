@@ -44,7 +44,7 @@ fn secrets_are_never_printed_when_servers_are_unreachable() {
     )
     .unwrap();
     let config = config.to_str().unwrap();
-    // The section's old name is still read, its secrets kept as well.
+    // The section's retired name is refused, its secret not echoed.
     let old_config = dir.join("old-secret.toml");
     std::fs::write(
         &old_config,
@@ -105,7 +105,7 @@ fn secrets_are_never_printed_when_servers_are_unreachable() {
         (
             vec!["run", "--broker", &plain_nats, "--db", "memory"],
             &old_numeric_env,
-            Some(1),
+            Some(2),
         ),
         (
             vec!["run", "--config", config, "--db", "memory"],

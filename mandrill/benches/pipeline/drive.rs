@@ -114,6 +114,7 @@ fn worker_config(n: usize, signed: bool) -> WorkerConfig {
         },
         parse: ceilings::parse_rules(),
         switch_poll_interval: Duration::from_secs(1),
+        store_timeout: mandrill::store::DEFAULT_TIMEOUT,
         policy: policy(signed),
     }
 }

@@ -171,9 +171,14 @@ async fn open_store(options: &Options, resources: &Resources) -> AnyStore {
         None if resources.postgres.is_some() => {
             let url = &resources.postgres.as_ref().expect("checked just above").url;
             Arc::new(
-                PostgresStore::connect_with(url, 16, options.writers)
-                    .await
-                    .expect("postgres store opens"),
+                PostgresStore::connect_with(
+                    url,
+                    16,
+                    options.writers,
+                    mandrill::store::DEFAULT_TIMEOUT,
+                )
+                .await
+                .expect("postgres store opens"),
             )
             .into()
         }

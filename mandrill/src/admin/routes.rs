@@ -211,11 +211,22 @@ async fn requests(
                 .collect();
             json(StatusCode::OK, json!({ "requests": entries }))
         }
-        Err(error) => json(
-            StatusCode::SERVICE_UNAVAILABLE,
-            json!({ "error": format!("cannot read the history: {}", error.with_causes()) }),
-        ),
+        Err(error) => unreadable(&error),
     }
+}
+
+/// The answer when the store cannot be read: 504 if it did not answer
+/// within `store.timeout` (a store that hangs), 503 if it failed.
+fn unreadable(error: &crate::store::StoreError) -> Response {
+    let status = if error.outcome_unknown() {
+        StatusCode::GATEWAY_TIMEOUT
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    json(
+        status,
+        json!({ "error": format!("cannot read the history: {}", error.with_causes()) }),
+    )
 }
 
 /// One request's whole story: its record, its restart attempts, the guards'
@@ -243,10 +254,7 @@ async fn request(
             StatusCode::NOT_FOUND,
             json!({ "error": format!("no request {id} is recorded") }),
         ),
-        Err(error) => json(
-            StatusCode::SERVICE_UNAVAILABLE,
-            json!({ "error": format!("cannot read the history: {}", error.with_causes()) }),
-        ),
+        Err(error) => unreadable(&error),
     }
 }
 

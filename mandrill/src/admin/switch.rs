@@ -9,6 +9,13 @@
 //!
 //! Both always need a token (`admin.token`, else the generated one in
 //! `admin.token_file`), unlike the pages that only read.
+//!
+//! The answer says which of three things happened: turned (200), not
+//! turned (503, `"outcome": "failed"`), or unknown (504, `"outcome":
+//! "unknown"`): the store did not answer within `store.timeout`, and the
+//! switch may have turned all the same. An operator who paused during an
+//! incident must not be told "failed" and walk away from a switch that is
+//! on, nor "paused" when it is not.
 
 use std::sync::Arc;
 
@@ -164,9 +171,27 @@ async fn turn(state: &State, headers: &HeaderMap, body: &[u8], paused: bool) -> 
     }
     let asked = crate::store::Timestamp::now();
     if let Err(error) = state.store.set_switch(paused, &by, &reason).await {
+        let what = if paused { "pause" } else { "resume" };
+        if error.outcome_unknown() {
+            tracing::error!(error = %error.with_causes(), by, reason, "{what} from the admin API: outcome unknown");
+            return json(
+                StatusCode::GATEWAY_TIMEOUT,
+                json!({
+                    "outcome": "unknown",
+                    "error": format!(
+                        "the kill switch may or may not have turned: {}; read it with \
+                         GET /api/status or `mandrill status`",
+                        error.with_causes()
+                    ),
+                }),
+            );
+        }
         return json(
             StatusCode::SERVICE_UNAVAILABLE,
-            json!({ "error": format!("cannot turn the kill switch: {}", error.with_causes()) }),
+            json!({
+                "outcome": "failed",
+                "error": format!("cannot turn the kill switch: {}", error.with_causes()),
+            }),
         );
     }
     if paused {

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use anyhow::{Context as _, bail};
 use clap::Args;
 
-use super::{ConfigArgs, command, string};
+use super::{ConfigArgs, OutcomeUnknown, command, string};
 use crate::config::Config;
 use crate::service;
 
@@ -61,12 +61,23 @@ pub(super) fn switch(args: &SwitchArgs, paused: bool) -> ExitCode {
             bail!("--by and --reason must be one line, the reason at most 1024 characters");
         }
         let store = open(&config).await?;
-        let result = store
-            .set_switch(paused, &by, &reason)
-            .await
-            .context("cannot turn the kill switch");
+        let result = store.set_switch(paused, &by, &reason).await;
         store.close().await;
-        result?;
+        match result {
+            Ok(()) => {}
+            // Sent, but unanswered: saying "failed" could leave an operator
+            // believing restarts run when they are paused, or the reverse.
+            Err(error) if error.outcome_unknown() => {
+                let what = if paused { "pause" } else { "resume" };
+                return Err(OutcomeUnknown(format!(
+                    "{what}: outcome unknown, the kill switch may or may not have turned \
+                     ({}); check with `mandrill status`",
+                    error.with_causes()
+                ))
+                .into());
+            }
+            Err(error) => return Err(error).context("cannot turn the kill switch"),
+        }
         if paused {
             println!(
                 "paused by {by} ({reason}): no instance using this store claims another restart"

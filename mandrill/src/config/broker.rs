@@ -66,5 +66,16 @@ settings! {
         /// guard still counts them.
         #[serde(with = "duration")]
         pub retention: Duration = Duration::from_secs(90 * 24 * 3600),
+        /// The most one store call may take (1s-1h): past it the call
+        /// fails as "timed out, outcome unknown" and is retried.
+        ///
+        /// Bounds a database that hangs rather than fails (stopped, or
+        /// behind a network black hole): shutdown then takes at most
+        /// `worker.shutdown_grace` plus three of these, and the admin API
+        /// answers within one. PostgreSQL also cancels a statement or a lock
+        /// wait at half of it and ends a session idle in a transaction at
+        /// it.
+        #[serde(with = "duration")]
+        pub timeout: Duration = crate::store::DEFAULT_TIMEOUT,
     }
 }

@@ -21,6 +21,12 @@ pub const MAX_PULL_BATCH: usize = 10_000;
 /// Largest database pool: the pool sets up a slot per connection up
 /// front, and PostgreSQL's own default limit is 100 connections.
 pub const MAX_CONNECTIONS: u32 = 1_000;
+/// Shortest `store.timeout`: below a second, one slow fsync or a busy
+/// PostgreSQL fails calls that would have succeeded.
+pub const MIN_STORE_TIMEOUT: Duration = Duration::from_secs(1);
+/// Longest `store.timeout`: a store that has not answered in an hour is
+/// not answering, and shutdown waits up to three of these.
+pub const MAX_STORE_TIMEOUT: Duration = Duration::from_secs(3600);
 /// Most `store.writers`.
 pub const MAX_STORE_WRITERS: u32 = 64;
 /// Most blocking restarts at once: tokio's blocking pool has 512 threads.

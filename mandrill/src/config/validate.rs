@@ -105,6 +105,12 @@ impl Config {
                 return Err(ConfigError::invalid(key, "is longer than 365 days"));
             }
         }
+        if !(limits::MIN_STORE_TIMEOUT..=limits::MAX_STORE_TIMEOUT).contains(&self.store.timeout) {
+            return Err(ConfigError::invalid(
+                "store.timeout",
+                "must be between 1s and 1h",
+            ));
+        }
         // Audit history may be kept for years; bounded so that "now minus
         // retention" never overflows.
         if self.store.retention > limits::MAX_RETENTION {
@@ -316,6 +322,7 @@ impl Config {
             ("worker.restart_timeout", w.restart_timeout),
             ("worker.shutdown_grace", w.shutdown_grace),
             ("worker.pull_backoff", w.pull_backoff),
+            ("store.timeout", self.store.timeout),
             ("restarter.min_latency", r.min_latency),
             ("restarter.max_latency", r.max_latency),
             ("debug.stall_threshold", d.stall_threshold),

@@ -91,6 +91,7 @@ impl Config {
             },
             parse: self.parse_rules(),
             switch_poll_interval: self.safety.poll_interval,
+            store_timeout: self.store.timeout,
             // Validated in `validate`; should an invalid one get here, fail
             // closed: leashed, nobody eligible.
             policy: PolicyHandle::new(self.policy().unwrap_or_else(|_| Policy {

@@ -31,15 +31,20 @@ pub async fn open_store(config: &StoreSettings) -> anyhow::Result<AnyStore> {
         return Ok(Arc::new(MemoryStore::new()).into());
     }
     if url.starts_with("sqlite:") {
-        let store = SqliteStore::connect(url, config.max_connections)
+        let store = SqliteStore::connect_with(url, config.max_connections, config.timeout)
             .await
             .with_context(|| format!("cannot open store.url {:?}", redact_url(url)))?;
         return Ok(Arc::new(store).into());
     }
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        let store = PostgresStore::connect_with(url, config.max_connections, config.writers)
-            .await
-            .with_context(|| format!("cannot open store.url {:?}", redact_url(url)))?;
+        let store = PostgresStore::connect_with(
+            url,
+            config.max_connections,
+            config.writers,
+            config.timeout,
+        )
+        .await
+        .with_context(|| format!("cannot open store.url {:?}", redact_url(url)))?;
         return Ok(Arc::new(store).into());
     }
     bail!(

@@ -395,7 +395,7 @@ pub(crate) fn decide_claim(
 pub fn unknown_outcome(attempt: u32) -> String {
     format!(
         "restart attempt {attempt} was issued but its outcome was never recorded \
-         (the handler stopped or lost its lease); counted as failed"
+         (the handler stopped, panicked or lost its lease); counted as failed"
     )
 }
 

@@ -1,7 +1,9 @@
 //! What can go wrong talking to a store, and whether it is worth retrying.
 
 use std::fmt;
+use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::causes::WithCauses;
 
@@ -27,6 +29,15 @@ pub enum StoreError {
     /// The store was closed.
     #[error("the store is closed")]
     Closed,
+    /// The store did not answer within `store.timeout` (a database that
+    /// hangs rather than fails: stopped, or behind a network black hole).
+    /// What was asked may or may not have been done: a write may still
+    /// commit. Transient: the same call is retried.
+    #[error("the store did not answer within {}; the outcome is unknown", humantime::format_duration(*after))]
+    TimedOut {
+        /// The bound that passed.
+        after: Duration,
+    },
 }
 
 impl StoreError {
@@ -45,8 +56,33 @@ impl StoreError {
         match self {
             Self::Database(error) => sqlx_error_is_transient(error),
             Self::Batch(error) => sqlx_error_is_transient(error),
+            Self::TimedOut { .. } => true,
             Self::Migrate(_) | Self::Corrupt(_) | Self::Closed => false,
         }
+    }
+
+    /// Whether what was asked may have been done all the same: the call
+    /// timed out waiting for an answer. Every other error means it was not
+    /// (a failed transaction is rolled back).
+    pub fn outcome_unknown(&self) -> bool {
+        matches!(self, Self::TimedOut { .. })
+    }
+}
+
+/// How long one store call may take when `store.timeout` is not set.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// `call`, or [`StoreError::TimedOut`] once `timeout` has passed (the
+/// call is dropped). What bounds every call of the SQL stores, whatever
+/// the database does: a server that stops answering enforces none of its
+/// own timeouts.
+pub(crate) async fn within<T>(
+    timeout: Duration,
+    call: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    match tokio::time::timeout(timeout, call).await {
+        Ok(result) => result,
+        Err(_elapsed) => Err(StoreError::TimedOut { after: timeout }),
     }
 }
 
@@ -121,6 +157,16 @@ mod tests {
             "{source}"
         );
         assert!(!StoreError::Closed.is_transient());
+        // A call that timed out is retried, and says its outcome is unknown.
+        let timed_out = StoreError::TimedOut {
+            after: Duration::from_secs(10),
+        };
+        assert!(timed_out.is_transient() && timed_out.outcome_unknown());
+        assert!(!StoreError::Database(sqlx::Error::PoolTimedOut).outcome_unknown());
+        assert_eq!(
+            timed_out.to_string(),
+            "the store did not answer within 10s; the outcome is unknown"
+        );
     }
 
     /// The cause is the source, not also words in the message, so that a

@@ -10,6 +10,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
@@ -24,11 +25,15 @@ pub(crate) type Lookup = (Uuid, oneshot::Sender<Result<Option<Status>, StoreErro
 /// Answers every queued lookup, at most `max_batch` at a time, with one
 /// call of `fetch` (the ids, as stored; it returns the `(id, status)` of
 /// those recorded), until `closing`; then answers what is still queued
-/// `Closed`. A failed fetch fails each lookup of its batch.
+/// `Closed`. A failed fetch fails each lookup of its batch, and so does one
+/// that takes longer than `timeout` (its callers have stopped waiting by
+/// then, and a database that hangs must not hold the task, and the store's
+/// close, for ever).
 pub(crate) async fn lookup_loop<F, Fut>(
     mut receiver: mpsc::Receiver<Lookup>,
     closing: CancellationToken,
     max_batch: usize,
+    timeout: Duration,
     mut fetch: F,
 ) where
     F: FnMut(Vec<String>) -> Fut,
@@ -41,18 +46,24 @@ pub(crate) async fn lookup_loop<F, Fut>(
             () = closing.cancelled() => break,
         }
         let ids: Vec<String> = batch.iter().map(|(id, _)| id.to_string()).collect();
-        match fetch(ids.clone()).await {
-            Ok(rows) => {
+        let fetched = tokio::time::timeout(timeout, fetch(ids.clone())).await;
+        match fetched {
+            Ok(Ok(rows)) => {
                 let statuses: HashMap<String, String> = rows.into_iter().collect();
                 for ((_, reply), id) in batch.drain(..).zip(&ids) {
                     let status = statuses.get(id).map(|name| status_from_name(name));
                     let _ = reply.send(status.transpose());
                 }
             }
-            Err(error) => {
+            Ok(Err(error)) => {
                 let error = Arc::new(error);
                 for (_, reply) in batch.drain(..) {
                     let _ = reply.send(Err(StoreError::Batch(error.clone())));
+                }
+            }
+            Err(_elapsed) => {
+                for (_, reply) in batch.drain(..) {
+                    let _ = reply.send(Err(StoreError::TimedOut { after: timeout }));
                 }
             }
         }

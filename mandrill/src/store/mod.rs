@@ -37,8 +37,8 @@ pub(crate) use claim::{
     ClaimState, ClaimWrite, UsageBinds, UsageRow, UsageSubjectRow, claim_decision, decide_claim,
     switch_from, usage_binds, usage_from, usage_subject_from,
 };
-pub use error::StoreError;
-pub(crate) use error::sqlx_error_is_transient;
+pub use error::{DEFAULT_TIMEOUT, StoreError};
+pub(crate) use error::{sqlx_error_is_transient, within};
 pub use history::{
     AttemptRecord, DecisionRecord, GroupUsage, HistoryEntry, REJECTED_PAYLOAD_EXCERPT, Recorded,
     Story, Timestamp, payload_excerpt,

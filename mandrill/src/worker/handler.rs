@@ -207,9 +207,17 @@ fn handle<'a>(
     }
 }
 
-/// How to settle a delivery whose handler panicked. An attempt it had
-/// claimed is recorded as failed (best effort), so that the redelivery need
-/// not wait out the claim's hold; the last delivery is given up on.
+/// How to settle a delivery whose handler panicked.
+///
+/// Before its claimed restart was issued, the attempt is recorded as failed
+/// (best effort), so that the redelivery need not wait out the claim's
+/// hold. Once issued, the restart may have run, may still be running, or
+/// may have succeeded: its outcome is unknown, exactly as after a crash.
+/// The claim is left as it is: its hold keeps every other delivery from
+/// restarting the host until the restart would have timed out, and then it
+/// counts as a used attempt, so `max_attempts` holds. The delivery is
+/// nacked until the hold is over. The last delivery is given up on either
+/// way.
 pub(super) async fn after_panic(
     shared: &Shared,
     delivery: &Delivery,
@@ -218,8 +226,35 @@ pub(super) async fn after_panic(
 ) -> Settlement {
     let config = &shared.config;
     let attempt = progress.claimed.load(Ordering::Acquire);
-    let last = attempt >= config.max_attempts || delivery.attempt >= config.max_deliveries;
-    let error = format!("handler panicked: {message}");
+    let issued = attempt > 0 && progress.issued.load(Ordering::Acquire);
+    let out_of_deliveries = delivery.attempt >= config.max_deliveries;
+    if issued && !out_of_deliveries {
+        let policy = config.policy.current();
+        let hold = shared
+            .claim_terms
+            .hold
+            .saturating_add(policy.stop_conditions.longest_run());
+        warn!(
+            attempt,
+            ?hold,
+            "the handler panicked after issuing its restart: its outcome is unknown, \
+             so the attempt counts as used and no other delivery restarts the host \
+             before its claim's hold ends"
+        );
+        return Settlement::Nack {
+            delay: hold.max(config.retry_backoff.delay(attempt)),
+            why: format!("handler panicked after issuing restart attempt {attempt}"),
+        };
+    }
+    let last = attempt >= config.max_attempts || out_of_deliveries;
+    let error = if issued {
+        format!(
+            "restart attempt {attempt} was issued but its outcome is unknown (the handler \
+             panicked: {message}); counted as failed"
+        )
+    } else {
+        format!("handler panicked: {message}")
+    };
     if let Ok(request) = RestartRequest::parse_verified(
         &delivery.payload,
         delivery.full_size,
@@ -411,7 +446,9 @@ pub(super) async fn process(
     }
 
     // Shielded from here: the restart is issued, so its outcome must be
-    // recorded whatever shutdown does.
+    // recorded whatever shutdown does. A panic from here on leaves the
+    // attempt issued with its outcome unknown (see `after_panic`).
+    progress.issued.store(true, Ordering::Release);
     // Timed inside the box, for the same reason.
     let timings = &shared.stats.timings;
     let restarted = Box::pin(async {

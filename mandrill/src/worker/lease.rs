@@ -50,6 +50,9 @@ pub(super) struct Progress {
     pub(super) pulled: u32,
     /// The restart attempt this delivery claimed; 0 before a claim.
     pub(super) claimed: AtomicU32,
+    /// The claimed restart was handed to the restarter: from here its
+    /// outcome is unknown until the restarter answers.
+    pub(super) issued: AtomicBool,
     /// Why a dead letter was chosen, a [`DeadLetterReason`].
     pub(super) dead_letter: AtomicU8,
     /// The broker said the lease is gone.
@@ -66,6 +69,7 @@ impl Progress {
             lease_expires: AtomicU64::new(shared.millis(pulled + shared.ack_deadline)),
             pulled: shared.millis(pulled) as u32,
             claimed: AtomicU32::new(0),
+            issued: AtomicBool::new(false),
             dead_letter: AtomicU8::new(DeadLetterReason::Other as u8),
             lease_lost: AtomicBool::new(false),
             working: AtomicBool::new(true),

@@ -5,7 +5,8 @@
 //! handler. A supervisor restarts the pull loop when it fails. On shutdown the
 //! pull loop stops, handlers get `shutdown_grace` to finish, then handlers
 //! that have not issued their restart yet nack and return, while handlers
-//! whose restart is issued finish recording it (the shielded section).
+//! whose restart is issued finish recording it (the shielded section),
+//! for at most `store_timeout` more.
 //!
 //! The worker reads no files and no signals: it is handed a [`WorkerConfig`],
 //! its adapters and a [`Shutdown`].
@@ -77,6 +78,11 @@ pub struct WorkerConfig {
     /// claim also reads it, atomically, so this only bounds how soon pulling
     /// pauses and resumes.)
     pub switch_poll_interval: Duration,
+    /// The most one store call takes (`store.timeout`; the SQL stores
+    /// bound each call by it). Once the grace period is over, restarts
+    /// already issued get this long to record their outcome, then nack:
+    /// so a store that hangs delays shutdown by at most this.
+    pub store_timeout: Duration,
     /// The safety policy (leash, eligibility, guards, stop conditions),
     /// shared with whoever reloads it: a handler reads it when it decides,
     /// so a reload applies to every decision made after it.
@@ -230,8 +236,14 @@ impl Worker {
         let tracker = TaskTracker::new();
         // Read once before the first pull, then watched for as long as the
         // pull loop runs.
-        if let Ok(switch) = shared.store.switch().await {
-            shared.set_paused(switch.paused, &switch.paused_reason());
+        tokio::select! {
+            biased;
+            () = shutdown.requested() => {}
+            read = shared.store.switch() => {
+                if let Ok(switch) = read {
+                    shared.set_paused(switch.paused, &switch.paused_reason());
+                }
+            }
         }
         let stopped = tokio::select! {
             stopped = pull::supervise(&shared, &tracker, &shutdown) => stopped,
@@ -256,7 +268,9 @@ impl Worker {
                 "grace period over: nacking messages whose restart has not begun, \
                  waiting for restarts already issued to be recorded"
             );
-            shared.abort.abort();
+            shared
+                .abort
+                .abort_with_deadline(Instant::now() + shared.config.store_timeout);
             tracker.wait().await;
         }
         info!("all in-flight messages settled");

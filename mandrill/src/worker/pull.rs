@@ -201,7 +201,14 @@ async fn wait_for_store(shared: &Shared, shutdown: &Shutdown) -> bool {
         if !shared.store_health.is_down() {
             break;
         }
-        match shared.store.lookup(uuid::Uuid::nil()).await {
+        // Raced against shutdown: a store that hangs must not keep the
+        // pull loop, and so the drain, from seeing it.
+        let probe = tokio::select! {
+            biased;
+            () = shutdown.requested() => return false,
+            probe = shared.store.lookup(uuid::Uuid::nil()) => probe,
+        };
+        match probe {
             Ok(_) => shared.store_health.succeeded(&shared.stats),
             Err(error) if probes == 1 || probes.is_multiple_of(10) => {
                 warn!(error = %error.with_causes(), probes, "store still unreachable; pulls stay paused");

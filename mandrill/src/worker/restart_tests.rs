@@ -222,9 +222,10 @@ async fn panic_in_one_handler_nacks_it_and_the_service_goes_on() {
         stats.acked.get() == 1 && stats.dead_lettered.get() == 1
     })
     .await;
-    // Panicked on each of its 3 attempts: nacked twice, then dead-lettered.
+    // Panicked on each of its 3 attempts, each issued with its outcome
+    // unknown: nacked until each claim's hold ended, then given up.
     assert_eq!(stats.panics.get(), 3);
-    assert_eq!(stats.nacked.get(), 2);
+    assert_eq!(stats.nacked.get(), 3);
     let reason = &h.broker.inner.dead_letters()[0].reason;
     assert!(reason.contains("panicked"), "{reason}");
     // Still serving.
@@ -290,4 +291,75 @@ async fn blocking_restarts_do_not_stall_pulling_or_other_messages() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     h.stop().await.unwrap();
+}
+
+/// A panic after the restart was issued: the restart may have run, so the
+/// attempt is issued with its outcome unknown, as after a crash. Its claim
+/// is left to hold: no other delivery restarts the host before the hold
+/// ends (the restart would have timed out by then), and then the attempt
+/// counts as used, so with `max_attempts = 1` the host is never restarted
+/// again. Recorded as `retrying`, the attempt would lift the hold and let
+/// the redelivery restart the host a second later, perhaps beside a
+/// restart still running; recorded as `failed`, the history would say the
+/// restart did not happen.
+#[tokio::test(start_paused = true)]
+async fn a_panic_after_the_restart_was_issued_counts_as_issued_with_its_outcome_unknown() {
+    let hold = config().restart_timeout + 2 * ACK_DEADLINE;
+    for max_attempts in [1, 2] {
+        let store = Arc::new(ScriptedStore::default());
+        let restarter = Arc::new(ScriptedRestarter {
+            panics_once_issued: AtomicU32::new(1),
+            ..Default::default()
+        });
+        let worker_config = WorkerConfig {
+            max_attempts,
+            ..config()
+        };
+        let h = start(worker_config, store.clone(), restarter.clone());
+        let id = h.publish("cattle-boom").await;
+        let stats = h.stats.clone();
+        wait_until("settled for good", || {
+            stats.acked.get() + stats.dead_lettered.get() == 1
+        })
+        .await;
+        assert_eq!(stats.panics.get(), 1);
+        assert_eq!(store.timeline.count("recorded retrying"), 0);
+        // Nacked until the claim's hold ends, not settled at once.
+        let first_settlement = h
+            .broker
+            .timeline
+            .events()
+            .into_iter()
+            .map(|(_, e)| e)
+            .find(|e| !e.starts_with("extend"));
+        assert_eq!(
+            first_settlement,
+            Some(format!("nack {}", hold.as_millis())),
+            "max_attempts = {max_attempts}"
+        );
+        let starts = restarter.timeline.when("restart-started");
+        let claims = store.timeline.when("claim ");
+        let entry = store.entry(id);
+        if max_attempts == 1 {
+            // Its one attempt is used: never restarted again, and the
+            // history says why.
+            assert_eq!(starts.len(), 1);
+            assert_eq!((entry.status, entry.attempts), (Status::Failed, 1));
+            let error = entry.last_error.unwrap();
+            assert!(error.contains("outcome was never recorded"), "{error}");
+            assert!(
+                claims[1] - starts[0] >= hold,
+                "given up before the hold ended"
+            );
+        } else {
+            // The second attempt, only once the first one's hold is over.
+            assert_eq!(starts.len(), 2);
+            assert!(
+                starts[1] - starts[0] >= hold,
+                "restarted again within the hold"
+            );
+            assert_eq!((entry.status, entry.attempts), (Status::Restarted, 2));
+        }
+        h.stop().await.unwrap();
+    }
 }

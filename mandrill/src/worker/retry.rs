@@ -37,8 +37,10 @@ pub(super) enum Until {
     /// as a used attempt.
     LeaseHeldOnceSent,
     /// After the restart: until the store answers (the pull loop is paused
-    /// meanwhile, and the lease kept), or for at most `record_attempts`
-    /// tries once the grace period is over, so that shutdown is bounded.
+    /// meanwhile, and the lease kept), or, once the grace period is over,
+    /// for at most `record_attempts` tries and until the abort's record
+    /// deadline (`store_timeout` after it), so that shutdown is bounded
+    /// even by a store that hangs.
     Shielded,
 }
 
@@ -98,7 +100,17 @@ where
                     }
                 },
             },
-            Until::Shielded => call.await,
+            Until::Shielded => match shared.abort.record_deadline() {
+                None => call.await,
+                // Boxed: only at shutdown.
+                Some(deadline) => match Box::pin(tokio::time::timeout_at(deadline, call)).await {
+                    Ok(result) => result,
+                    Err(_elapsed) => {
+                        let after = shared.config.store_timeout;
+                        return Err(Stopped::OutOfTime(StoreError::TimedOut { after }));
+                    }
+                },
+            },
         };
         let error = match result {
             Ok(value) => {
@@ -116,7 +128,11 @@ where
         let delay = shared.config.record_backoff.delay(tried);
         if matches!(until, Until::Shielded) && shared.abort.is_aborted() {
             tried_after_abort += 1;
-            if tried_after_abort >= shared.config.record_attempts {
+            let past_deadline = shared
+                .abort
+                .record_deadline()
+                .is_some_and(|deadline| tokio::time::Instant::now() + delay >= deadline);
+            if tried_after_abort >= shared.config.record_attempts || past_deadline {
                 return Err(Stopped::OutOfTime(error));
             }
         }

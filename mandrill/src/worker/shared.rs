@@ -125,14 +125,32 @@ impl Shared {
 pub(crate) struct Abort {
     aborted: AtomicBool,
     token: CancellationToken,
+    /// Until when restarts already issued may still try to record their
+    /// outcome; set when the grace period ends.
+    record_deadline: std::sync::OnceLock<Instant>,
 }
 
 impl Abort {
     /// Ends the grace period: every abortable wait returns.
+    #[cfg(test)]
     pub(crate) fn abort(&self) {
         // The flag first: a waiter woken by the token finds it set.
         self.aborted.store(true, Ordering::Release);
         self.token.cancel();
+    }
+
+    /// Ends the grace period, as [`Abort::abort`]; restarts already issued
+    /// may try to record their outcome until `record_deadline`.
+    pub(crate) fn abort_with_deadline(&self, record_deadline: Instant) {
+        let _ = self.record_deadline.set(record_deadline);
+        self.aborted.store(true, Ordering::Release);
+        self.token.cancel();
+    }
+
+    /// Until when an outcome may still be recorded, once the grace period
+    /// is over.
+    pub(crate) fn record_deadline(&self) -> Option<Instant> {
+        self.record_deadline.get().copied()
     }
 
     /// Whether the grace period is over. One atomic load.

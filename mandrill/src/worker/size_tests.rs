@@ -42,6 +42,7 @@ fn config() -> WorkerConfig {
             max_payload_bytes: 1024,
         },
         switch_poll_interval: Duration::from_secs(1),
+        store_timeout: crate::store::DEFAULT_TIMEOUT,
         policy: PolicyHandle::default(),
     }
 }

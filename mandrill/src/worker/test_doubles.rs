@@ -305,6 +305,9 @@ pub(super) struct ScriptedRestarter {
     pub(super) script: Option<Script>,
     /// Restarts of hosts starting with this panic.
     pub(super) panics_on: Option<&'static str>,
+    /// This many more restarts panic once under way (the host may be
+    /// restarting: the outcome is unknown).
+    pub(super) panics_once_issued: AtomicU32,
     /// When set, each restart waits for a permit (released by the test).
     pub(super) gate: Option<Arc<Semaphore>>,
     /// When set, reserving capacity waits for a permit (never released).
@@ -353,6 +356,10 @@ impl Restarter for ScriptedRestarter {
         {
             self.running.fetch_sub(1, Ordering::AcqRel);
             panic!("restarter bug for {host}");
+        }
+        if take_one(&self.panics_once_issued) {
+            self.running.fetch_sub(1, Ordering::AcqRel);
+            panic!("restarter bug after restarting {host}");
         }
         if let Some(gate) = &self.gate {
             gate.acquire().await.unwrap().forget();

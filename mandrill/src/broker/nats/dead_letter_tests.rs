@@ -201,6 +201,7 @@ async fn worker_on_nats_retries_then_dead_letters_with_reason() {
             max_payload_bytes: 4096,
         },
         switch_poll_interval: Duration::from_secs(1),
+        store_timeout: crate::store::DEFAULT_TIMEOUT,
         policy: crate::safety::PolicyHandle::default(),
     };
     let shutdown = Shutdown::new();

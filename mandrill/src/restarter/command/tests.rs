@@ -175,6 +175,7 @@ async fn instance_names_with_shell_metacharacters_are_dead_lettered_at_parse_and
             max_payload_bytes: 1024,
         },
         switch_poll_interval: Duration::from_secs(1),
+        store_timeout: crate::store::DEFAULT_TIMEOUT,
         policy: crate::safety::PolicyHandle::default(),
     };
     let stats = Arc::new(Stats::default());

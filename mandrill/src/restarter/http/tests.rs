@@ -925,6 +925,7 @@ mod through_the_worker {
                 max_payload_bytes: 1024,
             },
             switch_poll_interval: Duration::from_secs(1),
+            store_timeout: crate::store::DEFAULT_TIMEOUT,
             policy: crate::safety::PolicyHandle::default(),
         }
     }

@@ -16,6 +16,14 @@
 //! for the rest, so no caller queues for the pool (where a
 //! wait past its acquire timeout fails) however many handlers are in
 //! flight.
+//!
+//! Every call is bounded by the store's timeout (`store.timeout`), twice:
+//! the server cancels a statement, a lock wait or a transaction left idle
+//! ([`bounds`]), so that a slow database fails a call cleanly (rolled
+//! back), and the client stops waiting at the timeout whatever the server
+//! does ([`StoreError::TimedOut`]: a server stopped or behind a black hole
+//! enforces none of its own limits). The writers bound each batch the same
+//! way, and drop a connection whose batch timed out.
 
 mod batch;
 mod claims;
@@ -31,7 +39,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::Connection as _;
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -43,8 +52,8 @@ use super::sql::{
     PRUNE_JOURNAL_SQL, PRUNE_ORPHANS_SQL, REJECTION_SQL, SET_SWITCH_IF_SQL, SET_SWITCH_SQL,
 };
 use super::{
-    Claim, ClaimTerms, ClaimToken, Decision, GroupUsage, HistoryEntry, Recorded, Store, StoreError,
-    Story, Switch, SwitchExpected, Timestamp, payload_excerpt,
+    Claim, ClaimTerms, ClaimToken, DEFAULT_TIMEOUT, Decision, GroupUsage, HistoryEntry, Recorded,
+    Store, StoreError, Story, Switch, SwitchExpected, Timestamp, payload_excerpt, within,
 };
 use crate::domain::{Outcome, RestartRequest, Status};
 
@@ -76,6 +85,25 @@ pub const SESSION_SETTINGS: [(&str, &str); 2] = [
     ("random_page_cost", "1.1"),
 ];
 
+/// The server's own bounds on every connection of the store, from the
+/// store's `timeout`: a statement or a lock wait is cancelled at half of
+/// it, so that a database that is slow but answers fails the call with a
+/// definite error (the transaction rolled back) before the client gives up
+/// on it; a session idle inside a transaction (its client gone, or its
+/// answers lost) is ended at the timeout, so that the rows and advisory
+/// locks it holds are freed for the other instances.
+fn bounds(timeout: Duration) -> [(&'static str, String); 3] {
+    let millis = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1);
+    [
+        ("statement_timeout", millis(timeout / 2).to_string()),
+        ("lock_timeout", millis(timeout / 2).to_string()),
+        (
+            "idle_in_transaction_session_timeout",
+            millis(timeout).to_string(),
+        ),
+    ]
+}
+
 /// The statuses of the requests `$1` that are recorded. A join on
 /// `unnest`, as the writers' statements, so that the index is used.
 const LOOKUP_SQL: &str = "SELECT r.message_id, r.status
@@ -99,17 +127,20 @@ pub struct PostgresStore {
     /// many handlers are in flight, none waits for the pool long enough for
     /// its acquire to time out; the rest wait here, in order, without one.
     direct: Arc<tokio::sync::Semaphore>,
+    /// The most any call waits for its answer (`store.timeout`).
+    timeout: Duration,
 }
 
 impl PostgresStore {
     /// Connects to `url` (`postgres://…`) with at most `max_connections`
-    /// connections and [`DEFAULT_WRITERS`] writers, and brings the schema
-    /// up to date.
+    /// connections, [`DEFAULT_WRITERS`] writers and calls bounded by
+    /// [`DEFAULT_TIMEOUT`], and brings the schema up to date.
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self, StoreError> {
-        Self::connect_with(url, max_connections, DEFAULT_WRITERS).await
+        Self::connect_with(url, max_connections, DEFAULT_WRITERS, DEFAULT_TIMEOUT).await
     }
 
-    /// As [`PostgresStore::connect`], with `writers` writer tasks. Each
+    /// As [`PostgresStore::connect`], with `writers` writer tasks, and
+    /// every call bounded by `timeout` (see the module docs). Each writer
     /// keeps a pooled connection of its own, and at least one
     /// connection is left to the reads and the guarded claims, so there are
     /// never more than `max_connections - 1` writers (but at least one),
@@ -119,15 +150,25 @@ impl PostgresStore {
         url: &str,
         max_connections: u32,
         writers: u32,
+        timeout: Duration,
     ) -> Result<Self, StoreError> {
         let max_connections = max_connections.max(2);
         let options = PgConnectOptions::from_str(url)?.options(SESSION_SETTINGS);
+        // The schema is brought up to date on a connection of its own,
+        // without the calls' bounds: a migration of a large table may
+        // rightly take longer than any call. (Start-up is abandoned by a
+        // signal if the database hangs meanwhile.)
+        let mut migrating = within(timeout, async {
+            Ok(PgConnection::connect_with(&options).await?)
+        })
+        .await?;
+        crate::migrations::postgres().run(&mut migrating).await?;
+        let _ = migrating.close().await;
         let pool = PgPoolOptions::new()
             .max_connections(max_connections)
-            .acquire_timeout(Duration::from_secs(10))
-            .connect_with(options)
+            .acquire_timeout(Duration::from_secs(10).min(timeout))
+            .connect_with(options.options(bounds(timeout)))
             .await?;
-        crate::migrations::postgres().run(&pool).await?;
         let writers = writers.min(max_connections - 1).max(1);
         let (writes, receiver) = mpsc::channel(writer::MAX_BATCH * 4);
         let queue: writer::Queue = Arc::new(tokio::sync::Mutex::new(receiver));
@@ -138,6 +179,7 @@ impl PostgresStore {
                 pool.clone(),
                 queue.clone(),
                 closing.clone(),
+                timeout,
             ));
         }
         let (lookups, lookup_receiver) = mpsc::channel(MAX_LOOKUPS * 4);
@@ -146,6 +188,7 @@ impl PostgresStore {
             lookup_receiver,
             closing.clone(),
             MAX_LOOKUPS,
+            timeout,
             move |ids| {
                 let pool = lookup_pool.clone();
                 async move { sqlx::query_as(LOOKUP_SQL).bind(ids).fetch_all(&pool).await }
@@ -160,7 +203,16 @@ impl PostgresStore {
             direct: Arc::new(tokio::sync::Semaphore::new(direct as usize)),
             closing,
             tasks,
+            timeout,
         })
+    }
+
+    /// `call`, bounded by the store's timeout.
+    async fn bounded<T>(
+        &self,
+        call: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        within(self.timeout, call).await
     }
 
     /// Waits for a turn to take a pooled connection; see `direct`.
@@ -168,17 +220,21 @@ impl PostgresStore {
         self.direct.acquire().await.map_err(|_| StoreError::Closed)
     }
 
-    /// Queues a write for the writers and waits until its batch committed.
+    /// Queues a write for the writers and waits until its batch committed,
+    /// at most the store's timeout.
     async fn call<T>(
         &self,
         write: impl FnOnce(oneshot::Sender<Result<T, StoreError>>) -> writer::Write,
     ) -> Result<T, StoreError> {
         let (reply, answer) = oneshot::channel();
-        self.writes
-            .send(write(reply))
-            .await
-            .map_err(|_| StoreError::Closed)?;
-        answer.await.map_err(|_| StoreError::Closed)?
+        self.bounded(async {
+            self.writes
+                .send(write(reply))
+                .await
+                .map_err(|_| StoreError::Closed)?;
+            answer.await.map_err(|_| StoreError::Closed)?
+        })
+        .await
     }
 }
 
@@ -194,11 +250,14 @@ impl PostgresStore {
     /// As [`Store::lookup`], unboxed.
     pub async fn lookup(&self, message_id: Uuid) -> Result<Option<Status>, StoreError> {
         let (reply, answer) = oneshot::channel();
-        self.lookups
-            .send((message_id, reply))
-            .await
-            .map_err(|_| StoreError::Closed)?;
-        answer.await.map_err(|_| StoreError::Closed)?
+        self.bounded(async {
+            self.lookups
+                .send((message_id, reply))
+                .await
+                .map_err(|_| StoreError::Closed)?;
+            answer.await.map_err(|_| StoreError::Closed)?
+        })
+        .await
     }
 
     /// As [`Store::claim_restart`], unboxed.
@@ -214,7 +273,7 @@ impl PostgresStore {
             .limits
             .is_active_for(crate::safety::limits::Subject::of(request))
         {
-            return self.claim_alone(request, terms, token).await;
+            return self.bounded(self.claim_alone(request, terms, token)).await;
         }
         let request = request.clone();
         self.call(|reply| writer::Write::Claim {
@@ -232,7 +291,7 @@ impl PostgresStore {
         request: &RestartRequest,
         attempt: u32,
     ) -> Result<(), StoreError> {
-        self.release(request, attempt).await
+        self.bounded(self.release(request, attempt)).await
     }
 
     /// As [`Store::record_outcome`], unboxed.
@@ -282,7 +341,7 @@ impl Store for PostgresStore {
         attempt: u32,
         decision: Decision<'_>,
     ) -> Result<(), StoreError> {
-        self.decide(request, attempt, decision).await
+        self.bounded(self.decide(request, attempt, decision)).await
     }
 
     async fn group_usage(
@@ -290,19 +349,21 @@ impl Store for PostgresStore {
         window_start: Timestamp,
         memory_start: Timestamp,
     ) -> Result<std::collections::BTreeMap<String, GroupUsage>, StoreError> {
-        reads::group_usage(&self.pool, window_start, memory_start).await
+        self.bounded(reads::group_usage(&self.pool, window_start, memory_start))
+            .await
     }
 
     async fn first_received(&self, request: &RestartRequest) -> Result<Timestamp, StoreError> {
-        self.first_received(request).await
+        self.bounded(PostgresStore::first_received(self, request))
+            .await
     }
 
     async fn deferrals(&self, message_id: Uuid) -> Result<u32, StoreError> {
-        reads::deferrals(&self.pool, message_id).await
+        self.bounded(reads::deferrals(&self.pool, message_id)).await
     }
 
     async fn story(&self, message_id: Uuid) -> Result<Option<Story>, StoreError> {
-        reads::story(&self.pool, message_id).await
+        self.bounded(reads::story(&self.pool, message_id)).await
     }
 
     async fn record_outcome(
@@ -323,34 +384,40 @@ impl Store for PostgresStore {
         let now = Timestamp::now().as_millis();
         // PostgreSQL text cannot hold NUL; the excerpt is for humans anyway.
         let excerpt = payload_excerpt(payload).replace('\0', "\u{fffd}");
-        let _turn = self.turn().await?;
-        sqlx::query(REJECTION_SQL)
-            .bind(message_id.map(|id| id.to_string()))
-            .bind(reason.replace('\0', "\u{fffd}"))
-            .bind(excerpt)
-            .bind(now)
-            .execute(&self.pool)
-            .await?;
-        Ok(())
+        self.bounded(async {
+            let _turn = self.turn().await?;
+            sqlx::query(REJECTION_SQL)
+                .bind(message_id.map(|id| id.to_string()))
+                .bind(reason.replace('\0', "\u{fffd}"))
+                .bind(excerpt)
+                .bind(now)
+                .execute(&self.pool)
+                .await?;
+            Ok(())
+        })
+        .await
     }
 
     async fn history(&self, limit: usize) -> Result<Vec<HistoryEntry>, StoreError> {
-        reads::history(&self.pool, limit).await
+        self.bounded(reads::history(&self.pool, limit)).await
     }
 
     async fn switch(&self) -> Result<Switch, StoreError> {
-        reads::switch(&self.pool).await
+        self.bounded(reads::switch(&self.pool)).await
     }
 
     async fn set_switch(&self, paused: bool, by: &str, reason: &str) -> Result<(), StoreError> {
-        sqlx::query(SET_SWITCH_SQL)
-            .bind(paused)
-            .bind(by.replace('\0', "\u{fffd}"))
-            .bind(reason.replace('\0', "\u{fffd}"))
-            .bind(Timestamp::now().as_millis())
-            .execute(&self.pool)
-            .await?;
-        Ok(())
+        self.bounded(async {
+            sqlx::query(SET_SWITCH_SQL)
+                .bind(paused)
+                .bind(by.replace('\0', "\u{fffd}"))
+                .bind(reason.replace('\0', "\u{fffd}"))
+                .bind(Timestamp::now().as_millis())
+                .execute(&self.pool)
+                .await?;
+            Ok(())
+        })
+        .await
     }
 
     async fn set_switch_if(
@@ -364,19 +431,44 @@ impl Store for PostgresStore {
             SwitchExpected::Running => (false, ""),
             SwitchExpected::PausedBy(name) => (true, name),
         };
-        let done = sqlx::query(SET_SWITCH_IF_SQL)
-            .bind(paused)
-            .bind(by.replace('\0', "\u{fffd}"))
-            .bind(reason.replace('\0', "\u{fffd}"))
-            .bind(Timestamp::now().as_millis())
-            .bind(was_paused)
-            .bind(was_by.replace('\0', "\u{fffd}"))
-            .execute(&self.pool)
-            .await?;
-        Ok(done.rows_affected() == 1)
+        self.bounded(async {
+            let done = sqlx::query(SET_SWITCH_IF_SQL)
+                .bind(paused)
+                .bind(by.replace('\0', "\u{fffd}"))
+                .bind(reason.replace('\0', "\u{fffd}"))
+                .bind(Timestamp::now().as_millis())
+                .bind(was_paused)
+                .bind(was_by.replace('\0', "\u{fffd}"))
+                .execute(&self.pool)
+                .await?;
+            Ok(done.rows_affected() == 1)
+        })
+        .await
     }
 
     async fn prune(&self, before: Timestamp, max_rows: u32) -> Result<u64, StoreError> {
+        self.bounded(self.prune_rows(before, max_rows)).await
+    }
+
+    async fn close(&self) {
+        // The writers commit what is queued, then stop; a write queued
+        // after that is answered `Closed`. Bounded: a writer's batch and
+        // the pool's goodbyes wait on a database that may not answer.
+        self.closing.cancel();
+        let closed = tokio::time::timeout(self.timeout, async {
+            self.tasks.wait().await;
+            self.pool.close().await;
+        })
+        .await;
+        if closed.is_err() {
+            tracing::warn!(timeout = ?self.timeout, "the store did not close in time; leaving it");
+        }
+    }
+}
+
+impl PostgresStore {
+    /// As [`Store::prune`], unbounded.
+    async fn prune_rows(&self, before: Timestamp, max_rows: u32) -> Result<u64, StoreError> {
         // The rows are locked in id order first, as the writers lock them,
         // so that a pass and a batch never wait for each other in a cycle.
         let mut tx = self.pool.begin().await?;
@@ -403,14 +495,6 @@ impl Store for PostgresStore {
             sqlx::query(orphans).execute(&self.pool).await?;
         }
         Ok(deleted.rows_affected())
-    }
-
-    async fn close(&self) {
-        // The writers commit what is queued, then stop; a write queued
-        // after that is answered `Closed`.
-        self.closing.cancel();
-        self.tasks.wait().await;
-        self.pool.close().await;
     }
 }
 

@@ -100,10 +100,10 @@ const TERMS: ClaimTerms = ClaimTerms {
 #[tokio::test]
 async fn concurrent_deliveries_through_the_batches_claim_and_record_once() {
     let database = TestDatabase::create().await;
-    let first = PostgresStore::connect_with(&database.url, 4, 3)
+    let first = PostgresStore::connect_with(&database.url, 4, 3, crate::store::DEFAULT_TIMEOUT)
         .await
         .unwrap();
-    let second = PostgresStore::connect_with(&database.url, 4, 2)
+    let second = PostgresStore::connect_with(&database.url, 4, 2, crate::store::DEFAULT_TIMEOUT)
         .await
         .unwrap();
     let requests: Vec<RestartRequest> = (0..40)
@@ -210,7 +210,7 @@ async fn sabotage_the_journal(store: &PostgresStore, sqlstate: &str, culprit: Op
 #[tokio::test]
 async fn a_failed_batch_answers_every_caller_and_commits_nothing() {
     let database = TestDatabase::create().await;
-    let store = PostgresStore::connect_with(&database.url, 4, 1)
+    let store = PostgresStore::connect_with(&database.url, 4, 1, crate::store::DEFAULT_TIMEOUT)
         .await
         .unwrap();
     // A serialization failure: transient, and it fails the whole batch.
@@ -253,7 +253,7 @@ async fn a_failed_batch_answers_every_caller_and_commits_nothing() {
 #[tokio::test]
 async fn a_write_refused_for_good_fails_only_its_own_caller() {
     let database = TestDatabase::create().await;
-    let store = PostgresStore::connect_with(&database.url, 4, 1)
+    let store = PostgresStore::connect_with(&database.url, 4, 1, crate::store::DEFAULT_TIMEOUT)
         .await
         .unwrap();
     let requests: Vec<RestartRequest> = (0..30)
@@ -289,7 +289,7 @@ async fn many_handlers_in_flight_never_queue_on_the_pool() {
     // past the pool's acquire timeout: the hot path holds one connection
     // per writer and one for lookups.
     let database = TestDatabase::create().await;
-    let store = PostgresStore::connect_with(&database.url, 32, 2)
+    let store = PostgresStore::connect_with(&database.url, 32, 2, crate::store::DEFAULT_TIMEOUT)
         .await
         .unwrap();
     let requests: Vec<RestartRequest> = (0..600)
@@ -407,5 +407,56 @@ async fn a_pool_of_one_still_reads_after_a_batch_commits() {
         .expect("a read waited for the writer's connection")
         .unwrap();
     assert_eq!(history.len(), 1);
+    store.close().await;
+}
+
+/// Every connection carries the server's own bounds, from the store's
+/// timeout; a statement that runs too long is cancelled by the server at
+/// half of it: a definite failure (rolled back, transient), before the
+/// client's deadline would leave the outcome unknown.
+#[tokio::test]
+async fn the_server_cancels_a_statement_at_half_the_store_timeout() {
+    let database = TestDatabase::create().await;
+    let timeout = Duration::from_secs(4);
+    let store = PostgresStore::connect_with(&database.url, 4, 1, timeout)
+        .await
+        .unwrap();
+    for (setting, expected) in [
+        ("statement_timeout", "2s"),
+        ("lock_timeout", "2s"),
+        ("idle_in_transaction_session_timeout", "4s"),
+    ] {
+        let shown: String = sqlx::query_scalar(&format!("SHOW {setting}"))
+            .fetch_one(&store.pool)
+            .await
+            .unwrap();
+        assert_eq!(shown, expected, "{setting}");
+    }
+    sqlx::query(
+        "CREATE OR REPLACE FUNCTION sabotage() RETURNS trigger AS $$
+         BEGIN PERFORM pg_sleep(60); RETURN NEW; END $$ LANGUAGE plpgsql",
+    )
+    .execute(&store.pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "CREATE OR REPLACE TRIGGER sabotage BEFORE INSERT ON restarts
+         FOR EACH ROW EXECUTE FUNCTION sabotage()",
+    )
+    .execute(&store.pool)
+    .await
+    .unwrap();
+    let request = contract::request("cattle-slow");
+    let error = store.claim_restart(&request, TERMS).await.unwrap_err();
+    assert!(error.is_transient(), "{error}");
+    assert!(!error.outcome_unknown(), "{}", error.with_causes());
+    assert!(
+        error
+            .with_causes()
+            .to_string()
+            .contains("statement timeout"),
+        "{}",
+        error.with_causes()
+    );
     store.close().await;
 }

@@ -6,6 +6,7 @@
 //! transaction and its advisory locks ([`super::claims`]).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use sqlx::Connection as _;
 use sqlx::pool::PoolConnection;
@@ -58,10 +59,20 @@ pub(super) enum Answer {
 pub(super) type Queue = Arc<Mutex<mpsc::Receiver<Write>>>;
 
 /// Takes batches from `queue` and commits them until `closing`; then
-/// commits what is still queued and stops.
-pub(super) async fn write_loop(pool: PgPool, queue: Queue, closing: CancellationToken) {
+/// commits what is still queued and stops. A batch that takes longer than
+/// `timeout` fails (see [`commit`]).
+pub(super) async fn write_loop(
+    pool: PgPool,
+    queue: Queue,
+    closing: CancellationToken,
+    timeout: Duration,
+) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
-    let mut held = Held { pool, conn: None };
+    let mut held = Held {
+        pool,
+        conn: None,
+        timeout,
+    };
     loop {
         {
             let mut receiver = queue.lock().await;
@@ -95,12 +106,19 @@ pub(super) async fn write_loop(pool: PgPool, queue: Queue, closing: Cancellation
 /// Commits `batch` (emptying it) and answers each of its callers.
 async fn commit_and_answer(held: &mut Held, batch: &mut Vec<Write>) {
     match commit(held, batch).await {
+        Err(Failed::TimedOut) => {
+            warn!(timeout = ?held.timeout, writes = batch.len(), "store transaction timed out");
+            let after = held.timeout;
+            for write in batch.drain(..) {
+                reply(write, Err(StoreError::TimedOut { after }));
+            }
+        }
         Ok(answers) => {
             for (write, answer) in batch.drain(..).zip(answers) {
                 reply(write, Ok(answer));
             }
         }
-        Err(error) if batch.len() > 1 && !sqlx_error_is_transient(&error) => {
+        Err(Failed::Database(error)) if batch.len() > 1 && !sqlx_error_is_transient(&error) => {
             // One write the database refuses for good must not fail the
             // others that shared its transaction (each caller would give its
             // request up): write them one by one, so that only the culprit
@@ -110,15 +128,19 @@ async fn commit_and_answer(held: &mut Held, batch: &mut Vec<Write>) {
                 let single = [write];
                 let result = commit(held, &single).await;
                 let [write] = single;
+                let after = held.timeout;
                 reply(
                     write,
                     result
                         .map(|mut answers| answers.remove(0))
-                        .map_err(|error| StoreError::Batch(Arc::new(error))),
+                        .map_err(|failed| match failed {
+                            Failed::Database(error) => StoreError::Batch(Arc::new(error)),
+                            Failed::TimedOut => StoreError::TimedOut { after },
+                        }),
                 );
             }
         }
-        Err(error) => {
+        Err(Failed::Database(error)) => {
             warn!(%error, writes = batch.len(), "store transaction failed");
             let error = Arc::new(error);
             for write in batch.drain(..) {
@@ -160,11 +182,25 @@ fn reply(write: Write, answer: Result<Answer, StoreError>) {
 struct Held {
     pool: PgPool,
     conn: Option<PoolConnection<Postgres>>,
+    /// The most one batch may take.
+    timeout: Duration,
 }
 
-/// Runs `batch` in one transaction; any error rolls all of it back.
-async fn commit(held: &mut Held, batch: &[Write]) -> Result<Vec<Answer>, sqlx::Error> {
-    let result = async {
+/// Why a batch was not committed.
+enum Failed {
+    Database(sqlx::Error),
+    /// No answer within the timeout: it may still commit.
+    TimedOut,
+}
+
+/// Runs `batch` in one transaction; any error rolls all of it back. At
+/// most the writer's timeout: past it the batch is failed and its
+/// connection dropped, neither used again nor given back to the pool
+/// (whose check of it would wait on the same silent server); the server
+/// ends that session's transaction by its own idle timeout.
+async fn commit(held: &mut Held, batch: &[Write]) -> Result<Vec<Answer>, Failed> {
+    let timeout = held.timeout;
+    let run = async {
         let conn = match &mut held.conn {
             Some(conn) => conn,
             None => held.conn.insert(held.pool.acquire().await?),
@@ -173,8 +209,17 @@ async fn commit(held: &mut Held, batch: &[Write]) -> Result<Vec<Answer>, sqlx::E
         let answers = commit_batch(&mut tx, batch).await?;
         tx.commit().await?;
         Ok(answers)
-    }
-    .await;
+    };
+    let ran = tokio::time::timeout(timeout, run).await;
+    let result = match ran {
+        Ok(result) => result.map_err(Failed::Database),
+        Err(_elapsed) => {
+            if let Some(conn) = held.conn.take() {
+                drop(conn.detach());
+            }
+            Err(Failed::TimedOut)
+        }
+    };
     if result.is_err() {
         held.conn = None;
     }

@@ -10,9 +10,15 @@
 //! its message's ack ([`Store::record_outcome_acking`]): both commit, or
 //! neither. Reads use a separate pool, so that they never wait behind a
 //! batch.
+//!
+//! Every call waits at most the store's timeout (`store.timeout`): a
+//! writer waiting for another process's write lock (the busy timeout), or a
+//! disk that stalls, fails the call as [`StoreError::TimedOut`] instead of
+//! holding its caller (and shutdown) without bound.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::query_builder::Separated;
@@ -27,8 +33,8 @@ use super::lookup::{Lookup, lookup_loop};
 use super::reads::sqlite as reads;
 use super::sql::{SET_SWITCH_IF_SQL, SET_SWITCH_SQL};
 use super::{
-    Claim, ClaimTerms, ClaimToken, Decision, GroupUsage, HistoryEntry, Recorded, Store, StoreError,
-    Story, Switch, SwitchExpected, Timestamp, payload_excerpt,
+    Claim, ClaimTerms, ClaimToken, DEFAULT_TIMEOUT, Decision, GroupUsage, HistoryEntry, Recorded,
+    Store, StoreError, Story, Switch, SwitchExpected, Timestamp, payload_excerpt, within,
 };
 use crate::domain::{Outcome, RestartRequest, Status};
 use crate::sqlite::writer::{Job, MAX_BATCH};
@@ -103,6 +109,8 @@ pub struct SqliteStore {
     closing: CancellationToken,
     /// The lookup task.
     tasks: TaskTracker,
+    /// The most any call waits for its answer (`store.timeout`).
+    timeout: Duration,
 }
 
 /// The statuses of the requests in the JSON array `$1` that are recorded.
@@ -112,8 +120,18 @@ const LOOKUP_SQL: &str = "SELECT message_id, status FROM requests
 
 impl SqliteStore {
     /// Opens (creating if missing) the database at `url` (`sqlite:PATH`, or
-    /// `sqlite::memory:`) and brings its schema up to date.
+    /// `sqlite::memory:`) and brings its schema up to date; its calls are
+    /// bounded by [`DEFAULT_TIMEOUT`].
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self, StoreError> {
+        Self::connect_with(url, max_connections, DEFAULT_TIMEOUT).await
+    }
+
+    /// As [`SqliteStore::connect`], each call bounded by `timeout`.
+    pub async fn connect_with(
+        url: &str,
+        max_connections: u32,
+        timeout: Duration,
+    ) -> Result<Self, StoreError> {
         let options = crate::sqlite::connect_options(url)?;
         // An in-memory database exists once per connection: the writer must
         // share the pool's only connection there.
@@ -136,6 +154,7 @@ impl SqliteStore {
             lookup_receiver,
             closing.clone(),
             MAX_BATCH,
+            timeout,
             move |ids| {
                 let pool = lookup_pool.clone();
                 // A vector of strings always serialises.
@@ -151,9 +170,20 @@ impl SqliteStore {
             lookups,
             closing,
             tasks,
+            timeout,
         })
     }
 
+    /// `call`, bounded by the store's timeout.
+    async fn bounded<T>(
+        &self,
+        call: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        within(self.timeout, call).await
+    }
+
+    /// Queues a write for the file's writer and waits until it committed,
+    /// at most the store's timeout.
     async fn call<T>(
         &self,
         write: impl FnOnce(oneshot::Sender<Result<T, StoreError>>) -> Write,
@@ -162,10 +192,13 @@ impl SqliteStore {
             return Err(StoreError::Closed);
         }
         let (reply, answer) = oneshot::channel();
-        if !self.writer.send(Job::B(write(reply))).await {
-            return Err(StoreError::Closed);
-        }
-        answer.await.map_err(|_| StoreError::Closed)?
+        self.bounded(async {
+            if !self.writer.send(Job::B(write(reply))).await {
+                return Err(StoreError::Closed);
+            }
+            answer.await.map_err(|_| StoreError::Closed)?
+        })
+        .await
     }
 
     /// The file's writer, to tell whether two users share it.
@@ -203,11 +236,14 @@ impl SqliteStore {
     /// As [`Store::lookup`], unboxed.
     pub async fn lookup(&self, message_id: Uuid) -> Result<Option<Status>, StoreError> {
         let (reply, answer) = oneshot::channel();
-        self.lookups
-            .send((message_id, reply))
-            .await
-            .map_err(|_| StoreError::Closed)?;
-        answer.await.map_err(|_| StoreError::Closed)?
+        self.bounded(async {
+            self.lookups
+                .send((message_id, reply))
+                .await
+                .map_err(|_| StoreError::Closed)?;
+            answer.await.map_err(|_| StoreError::Closed)?
+        })
+        .await
     }
 
     /// As [`Store::claim_restart`], unboxed.
@@ -323,7 +359,7 @@ impl Store for SqliteStore {
     }
 
     async fn history(&self, limit: usize) -> Result<Vec<HistoryEntry>, StoreError> {
-        reads::history(&self.pool, limit).await
+        self.bounded(reads::history(&self.pool, limit)).await
     }
 
     async fn record_decision(
@@ -354,15 +390,16 @@ impl Store for SqliteStore {
         window_start: Timestamp,
         memory_start: Timestamp,
     ) -> Result<std::collections::BTreeMap<String, GroupUsage>, StoreError> {
-        reads::group_usage(&self.pool, window_start, memory_start).await
+        self.bounded(reads::group_usage(&self.pool, window_start, memory_start))
+            .await
     }
 
     async fn deferrals(&self, message_id: Uuid) -> Result<u32, StoreError> {
-        reads::deferrals(&self.pool, message_id).await
+        self.bounded(reads::deferrals(&self.pool, message_id)).await
     }
 
     async fn story(&self, message_id: Uuid) -> Result<Option<Story>, StoreError> {
-        reads::story(&self.pool, message_id).await
+        self.bounded(reads::story(&self.pool, message_id)).await
     }
 
     async fn first_received(&self, request: &RestartRequest) -> Result<Timestamp, StoreError> {
@@ -374,34 +411,40 @@ impl Store for SqliteStore {
                         $4 AS requested_by, $5 AS reason, $6 AS at",
             )
         });
-        sqlx::query(&INSERT_REQUEST_SQL)
-            .bind(request.message_id.to_string())
-            .bind(request.instance_name.as_str())
-            .bind(request.hostname.as_str())
-            .bind(request.requested_by.as_deref())
-            .bind(request.reason.as_deref())
-            .bind(Timestamp::now().as_millis())
-            .execute(&self.pool)
-            .await?;
-        reads::received_at(&self.pool, request.message_id).await
+        self.bounded(async {
+            sqlx::query(&INSERT_REQUEST_SQL)
+                .bind(request.message_id.to_string())
+                .bind(request.instance_name.as_str())
+                .bind(request.hostname.as_str())
+                .bind(request.requested_by.as_deref())
+                .bind(request.reason.as_deref())
+                .bind(Timestamp::now().as_millis())
+                .execute(&self.pool)
+                .await?;
+            reads::received_at(&self.pool, request.message_id).await
+        })
+        .await
     }
 
     async fn switch(&self) -> Result<Switch, StoreError> {
-        reads::switch(&self.pool).await
+        self.bounded(reads::switch(&self.pool)).await
     }
 
     async fn set_switch(&self, paused: bool, by: &str, reason: &str) -> Result<(), StoreError> {
         // Rare: through the pool, waiting its turn for the write lock like
         // any other writer; committed (and so seen by every claim after it)
         // when this returns.
-        sqlx::query(SET_SWITCH_SQL)
-            .bind(paused)
-            .bind(by)
-            .bind(reason)
-            .bind(Timestamp::now().as_millis())
-            .execute(&self.pool)
-            .await?;
-        Ok(())
+        self.bounded(async {
+            sqlx::query(SET_SWITCH_SQL)
+                .bind(paused)
+                .bind(by)
+                .bind(reason)
+                .bind(Timestamp::now().as_millis())
+                .execute(&self.pool)
+                .await?;
+            Ok(())
+        })
+        .await
     }
 
     async fn set_switch_if(
@@ -416,16 +459,19 @@ impl Store for SqliteStore {
             SwitchExpected::PausedBy(name) => (true, name),
         };
         // One statement: the check and the write under the same write lock.
-        let done = sqlx::query(SET_SWITCH_IF_SQL)
-            .bind(paused)
-            .bind(by)
-            .bind(reason)
-            .bind(Timestamp::now().as_millis())
-            .bind(was_paused)
-            .bind(was_by)
-            .execute(&self.pool)
-            .await?;
-        Ok(done.rows_affected() == 1)
+        self.bounded(async {
+            let done = sqlx::query(SET_SWITCH_IF_SQL)
+                .bind(paused)
+                .bind(by)
+                .bind(reason)
+                .bind(Timestamp::now().as_millis())
+                .bind(was_paused)
+                .bind(was_by)
+                .execute(&self.pool)
+                .await?;
+            Ok(done.rows_affected() == 1)
+        })
+        .await
     }
 
     async fn prune(&self, before: Timestamp, max_rows: u32) -> Result<u64, StoreError> {
@@ -438,11 +484,20 @@ impl Store for SqliteStore {
     }
 
     async fn close(&self) {
-        if !self.closed.swap(true, Ordering::AcqRel) {
-            self.writer.close().await;
+        // Bounded: the writer commits what is queued first, on a disk that
+        // may have stalled.
+        let closed = tokio::time::timeout(self.timeout, async {
+            if !self.closed.swap(true, Ordering::AcqRel) {
+                self.writer.close().await;
+            }
+            self.closing.cancel();
+            self.tasks.wait().await;
+            self.pool.close().await;
+        })
+        .await;
+        if closed.is_err() {
+            self.closing.cancel();
+            tracing::warn!(timeout = ?self.timeout, "the store did not close in time; leaving it");
         }
-        self.closing.cancel();
-        self.tasks.wait().await;
-        self.pool.close().await;
     }
 }
