@@ -447,7 +447,10 @@ async fn the_server_cancels_a_statement_at_half_the_store_timeout() {
     .await
     .unwrap();
     let request = contract::request("cattle-slow");
-    let error = store.claim_restart(&request, TERMS).await.unwrap_err();
+    let error = store
+        .claim_restart(&request, TERMS, crate::store::ClaimToken::new())
+        .await
+        .unwrap_err();
     assert!(error.is_transient(), "{error}");
     assert!(!error.outcome_unknown(), "{}", error.with_causes());
     assert!(
