@@ -196,6 +196,22 @@ pub struct Usage {
     pub requester_claims: u32,
     /// The oldest of them.
     pub requester_oldest: Option<i64>,
+    /// Another request's claim of this host whose outcome is not in and
+    /// whose hold is not over: its restart may be running now. Read on
+    /// every claim, counting guards or none ([`check_host_busy`]).
+    pub host_held: Option<HostHold>,
+}
+
+/// A claim that holds a host: another request's restart of it, claimed and
+/// not yet ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostHold {
+    /// The request that claimed it.
+    pub message_id: uuid::Uuid,
+    /// When its hold ends, by the store's clock (milliseconds since the
+    /// epoch): then a restart whose outcome was never recorded (its handler
+    /// died) stops holding the host, as it stops holding its own request.
+    pub until: i64,
 }
 
 /// Who and what a claim counts against: the keys the journal is read by.
@@ -226,8 +242,8 @@ impl<'a> Subject<'a> {
 /// A counting guard that says not yet.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refusal {
-    /// Which guard: `rate limit`, `host cooldown`, `global rate limit`,
-    /// `disruption budget`, `zone budget`, `requester quota`.
+    /// Which guard: `host busy`, `rate limit`, `host cooldown`, `global
+    /// rate limit`, `disruption budget`, `zone budget`, `requester quota`.
     pub guard: &'static str,
     /// In plain words, with when it could pass.
     pub reason: String,
@@ -244,6 +260,37 @@ pub const DEFAULT_SETTLE: Duration = Duration::from_secs(300);
 /// (`safety.budget.retry`): a disruption ends when a host recovers, which
 /// no clock predicts.
 pub const BUDGET_RETRY: Duration = Duration::from_secs(15);
+
+/// The guard no setting turns off: a host is never restarted for one
+/// request while another request's claim of it holds (`held`, as the
+/// claim read it), whatever the rate limits, the cooldown and the budget
+/// say; the budget counts only the group's other hosts, and the cooldown
+/// is off by default. Deferred until the other restart ends: polled every
+/// `retry` (the budget's, as no clock predicts when a restart ends), and
+/// never past the other claim's hold.
+pub fn check_host_busy(
+    instance: &str,
+    message_id: uuid::Uuid,
+    held: Option<HostHold>,
+    retry: Duration,
+    now: i64,
+) -> Result<(), Refusal> {
+    let Some(held) = held.filter(|held| held.message_id != message_id && held.until > now) else {
+        return Ok(());
+    };
+    let left = Duration::from_millis(held.until.saturating_sub(now).unsigned_abs());
+    Err(Refusal {
+        guard: "host busy",
+        reason: format!(
+            "deferred: {instance} is being restarted for request {}, whose claim holds it \
+             until its outcome is recorded or at the latest {}; one host is never restarted \
+             twice at once",
+            held.message_id,
+            crate::store::Timestamp::from_millis(held.until)
+        ),
+        wait: left.min(retry).max(Duration::from_millis(1)),
+    })
+}
 
 /// The one rule: whether restarting `request` (in `group`) at `now` stays
 /// within `limits`, given `usage`. `Ok` with a summary of what was used

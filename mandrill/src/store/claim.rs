@@ -39,7 +39,8 @@ pub enum Claim {
         /// Who paused, and why, as recorded.
         reason: String,
     },
-    /// A counting guard (rate limit, host cooldown, disruption budget)
+    /// Another request's restart of the host is still held (`host busy`),
+    /// or a counting guard (rate limit, host cooldown, disruption budget)
     /// says not yet. Nothing was claimed; the decision was recorded.
     Deferred {
         /// Which guard.
@@ -288,9 +289,11 @@ pub(crate) fn usage_subject_from(
     }
 }
 
-/// The one place the claim rule lives; each store reads the row (and, when
-/// a counting guard is on, the journal's [`Usage`]), calls this, and writes
-/// the result in the same transaction.
+/// The one place the claim rule lives; each store reads the row, the claim
+/// of another request that holds the same host, if any
+/// ([`Usage::host_held`], on every claim) and, when a counting guard is on,
+/// the rest of the journal's [`Usage`]; calls this, and writes the result
+/// in the same transaction.
 ///
 /// A claim still held that `token`'s own call made (its answer was lost,
 /// and the call is retried) is answered as it was, and nothing is written:
@@ -335,7 +338,11 @@ pub(crate) fn decide_claim(
             // The caller's own claim, its answer lost and its hold run out
             // while it tried again: nothing was issued, and nobody claimed
             // since (the token would be theirs). The same attempt, held
-            // anew; the journal keeps the row it has.
+            // anew; the journal keeps the row it has. Another request may
+            // have claimed the host meanwhile: then not yet.
+            if let Err(refusal) = host_busy(request, &terms, usage, now) {
+                return (refusal, None);
+            }
             let claim = Claim::Claimed {
                 attempt: state.attempts,
                 unknown: state.unknown,
@@ -360,6 +367,9 @@ pub(crate) fn decide_claim(
             unknown,
         };
         return (claim, None);
+    }
+    if let Err(refusal) = host_busy(request, &terms, usage, now) {
+        return (refusal, None);
     }
     let subject = limits::Subject::of(request);
     let verdict = if terms.limits.is_active_for(subject) {
@@ -389,6 +399,67 @@ pub(crate) fn decide_claim(
         renewal: false,
     };
     (Claim::Claimed { attempt, unknown }, Some(write))
+}
+
+/// The hosts held by claims (instance name → the claim), as an SQL store
+/// read them at the start of its claims' transaction and keeps them as
+/// its claims go: the latest hold of each host.
+#[derive(Debug, Default)]
+pub(crate) struct HeldHosts(std::collections::HashMap<String, limits::HostHold>);
+
+impl HeldHosts {
+    /// Adds a claim read from the journal (a row of
+    /// [`HELD_HOSTS_SQL`](super::sql::HELD_HOSTS_SQL) or its SQLite twin).
+    pub(crate) fn read(&mut self, instance: String, message_id: &str, until: i64) {
+        // The store writes only ids it parsed.
+        if let Ok(message_id) = uuid::Uuid::parse_str(message_id) {
+            self.hold(instance, message_id, until);
+        }
+    }
+
+    /// The claim that holds `instance`, if any.
+    pub(crate) fn get(&self, instance: &str) -> Option<limits::HostHold> {
+        self.0.get(instance).copied()
+    }
+
+    /// Notes a claim of `request` that `write` holds, made in this
+    /// transaction: the next claim of its host finds it.
+    pub(crate) fn claimed(&mut self, request: &RestartRequest, write: &ClaimWrite) {
+        self.hold(
+            request.instance_name.as_str().to_owned(),
+            request.message_id,
+            write.claim_until,
+        );
+    }
+
+    fn hold(&mut self, instance: String, message_id: uuid::Uuid, until: i64) {
+        let hold = limits::HostHold { message_id, until };
+        let entry = self.0.entry(instance).or_insert(hold);
+        if until >= entry.until {
+            *entry = hold;
+        }
+    }
+}
+
+/// [`limits::check_host_busy`] for `request`, as the claim's refusal.
+fn host_busy(
+    request: &RestartRequest,
+    terms: &ClaimTerms,
+    usage: &Usage,
+    now: i64,
+) -> Result<(), Claim> {
+    limits::check_host_busy(
+        request.instance_name.as_str(),
+        request.message_id,
+        usage.host_held,
+        terms.limits.budget_retry,
+        now,
+    )
+    .map_err(|refusal| Claim::Deferred {
+        guard: refusal.guard,
+        reason: refusal.reason,
+        wait: refusal.wait,
+    })
 }
 
 /// The history's words for an attempt whose outcome was never recorded.

@@ -29,6 +29,7 @@ pub async fn all(store: &dyn Store) {
     a_retried_claim_with_its_own_token_gets_the_same_attempt_and_writes_nothing(store).await;
     a_retried_claim_whose_hold_ran_out_gets_the_same_attempt_held_anew(store).await;
     a_released_claim_is_not_a_used_attempt(store).await;
+    a_host_is_never_claimed_for_two_requests_at_once(store).await;
     rejections_are_listed_but_never_count_as_the_request(store).await;
     outcome_details_are_kept(store).await;
     the_kill_switch_stops_every_claim_until_resumed(store).await;
@@ -403,6 +404,144 @@ pub async fn a_retried_claim_with_its_own_token_gets_the_same_attempt_and_writes
             unknown: None
         }
     );
+}
+
+/// Two requests (two message ids) for one host: while the first's claim
+/// is in flight, the second is deferred ("host busy"), counting guards or
+/// none; it claims once the first's outcome is recorded, or once the
+/// first's hold is over without one (its handler died). A call retried
+/// with its own token past its hold does not take the host back from a
+/// request that claimed it since.
+///
+/// Both with and without counting guards (PostgreSQL decides a claim they
+/// apply to in a transaction of its own; SQLite reads the journal for it).
+pub async fn a_host_is_never_claimed_for_two_requests_at_once(store: &dyn Store) {
+    let guarded = Limits {
+        group_max: Some(100),
+        window: Duration::from_secs(3600),
+        ..Limits::NONE
+    };
+    for (host, limits) in [("busy-0001", Limits::NONE), ("busy-0002", guarded)] {
+        let terms = ClaimTerms { limits, ..TERMS };
+        let expired = ClaimTerms {
+            hold: Duration::ZERO,
+            ..terms
+        };
+        let first = Claim::Claimed {
+            attempt: 1,
+            unknown: None,
+        };
+        let busy = |claim: Claim, holder: &RestartRequest| match claim {
+            Claim::Deferred {
+                guard: "host busy",
+                reason,
+                wait,
+            } => {
+                assert!(reason.contains(host), "{reason}");
+                assert!(reason.contains(&holder.message_id.to_string()), "{reason}");
+                assert!(wait > Duration::ZERO && wait <= TERMS.hold, "{wait:?}");
+            }
+            other => panic!("{host}: a second request for a host in flight: {other:?}"),
+        };
+        // In flight, then its outcome recorded.
+        let a = request(host);
+        let b = request(host);
+        assert_eq!(
+            store
+                .claim_restart(&a, terms, ClaimToken::new())
+                .await
+                .unwrap(),
+            first
+        );
+        busy(
+            store
+                .claim_restart(&b, terms, ClaimToken::new())
+                .await
+                .unwrap(),
+            &a,
+        );
+        let story = store.story(b.message_id).await.unwrap().unwrap();
+        assert!(
+            story
+                .decisions
+                .iter()
+                .any(|d| d.verdict == "deferred" && d.guard == "host busy"),
+            "{story:?}"
+        );
+        // Another host is not held by it.
+        let elsewhere = request(&format!("{host}-other"));
+        assert_eq!(
+            store
+                .claim_restart(&elsewhere, terms, ClaimToken::new())
+                .await
+                .unwrap(),
+            first
+        );
+        store
+            .record_outcome(&a, 1, &Outcome::restarted())
+            .await
+            .unwrap();
+        assert_eq!(
+            store
+                .claim_restart(&b, terms, ClaimToken::new())
+                .await
+                .unwrap(),
+            first
+        );
+        store
+            .record_outcome(&b, 1, &Outcome::restarted())
+            .await
+            .unwrap();
+        // In flight, then its hold over without an outcome (a crash): the
+        // host is free again, and the late call of the crashed claim, with
+        // its own token, finds it held by the other request.
+        let c = request(host);
+        let d = request(host);
+        let c_token = ClaimToken::new();
+        assert_eq!(
+            store.claim_restart(&c, expired, c_token).await.unwrap(),
+            first
+        );
+        assert_eq!(
+            store
+                .claim_restart(&d, terms, ClaimToken::new())
+                .await
+                .unwrap(),
+            first
+        );
+        busy(store.claim_restart(&c, terms, c_token).await.unwrap(), &d);
+        busy(
+            store
+                .claim_restart(&c, terms, ClaimToken::new())
+                .await
+                .unwrap(),
+            &d,
+        );
+        store
+            .record_outcome(&d, 1, &Outcome::restarted())
+            .await
+            .unwrap();
+        // A claim given back unused holds nothing either.
+        let e = request(host);
+        assert_eq!(
+            store
+                .claim_restart(&e, terms, ClaimToken::new())
+                .await
+                .unwrap(),
+            first
+        );
+        store.release_claim(&e, 1).await.unwrap();
+        assert!(
+            matches!(
+                store
+                    .claim_restart(&c, terms, ClaimToken::new())
+                    .await
+                    .unwrap(),
+                Claim::Claimed { .. }
+            ),
+            "{host}: nothing holds the host"
+        );
+    }
 }
 
 /// The same call tried again for longer than its claim's hold (the store
@@ -1265,6 +1404,11 @@ pub async fn a_claim_stamped_after_now_still_cools_its_host(
             .unwrap(),
         Claim::Claimed { attempt: 1, .. }
     ));
+    // Ended, so that only the cooldown holds the host.
+    store
+        .record_outcome(&first, 1, &Outcome::restarted())
+        .await
+        .unwrap();
     stamp_later.await;
     let second = request("stray-0001");
     let claim = store

@@ -34,8 +34,8 @@ use crate::domain::{Outcome, RestartRequest, Status};
 pub use any::AnyStore;
 pub use claim::{Claim, ClaimTerms, ClaimToken, Decision, Switch, SwitchExpected, unknown_outcome};
 pub(crate) use claim::{
-    ClaimState, ClaimWrite, UsageBinds, UsageRow, UsageSubjectRow, claim_decision, decide_claim,
-    switch_from, usage_binds, usage_from, usage_subject_from,
+    ClaimState, ClaimWrite, HeldHosts, UsageBinds, UsageRow, UsageSubjectRow, claim_decision,
+    decide_claim, switch_from, usage_binds, usage_from, usage_subject_from,
 };
 pub use error::{DEFAULT_TIMEOUT, StoreError};
 pub(crate) use error::{sqlx_error_is_transient, within};

@@ -84,6 +84,33 @@ pub(crate) const USAGE_SUBJECT_SQL: &str = concat!(
         AND (outcome IS NULL OR outcome NOT IN ('dry-run', 'expired', 'denied')))"
 );
 
+/// Where the claims that hold a host are found: journal rows `r` whose
+/// outcome is not in, of a request `q` whose hold (`claim_until`, lifted
+/// when the latest attempt's outcome is recorded) ends after `{now}`. A
+/// claim whose handler died stops holding the host when its hold ends, as
+/// it stops holding its own request. Found through `restarts_host`
+/// (`instance_name, claimed_at`): a host has few journal rows.
+pub(crate) fn held_hosts_where(now: &str) -> String {
+    format!(
+        "FROM restarts r JOIN requests q ON q.message_id = r.message_id
+         WHERE r.outcome IS NULL AND q.claim_until > {now}"
+    )
+}
+
+/// The claims that hold the hosts of the array `$1` ([`held_hosts_where`],
+/// `$2` now), as [`HeldRow`]: the PostgreSQL store's read (the SQLite
+/// store folds the same read into its read of the claims' rows).
+pub(crate) static HELD_HOSTS_SQL: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT r.instance_name, r.message_id, q.claim_until {}
+           AND r.instance_name IN (SELECT unnest($1::text[]))",
+        held_hosts_where("$2")
+    )
+});
+
+/// A row of [`HELD_HOSTS_SQL`]: host, message id, end of its hold.
+pub(crate) type HeldRow = (String, String, i64);
+
 /// Records a decision unless it repeats the request's latest one (a
 /// request deferred a hundred times by the same closed window tells it
 /// once), and at most 100 per request. `$1` message id, `$2` at, `$3`

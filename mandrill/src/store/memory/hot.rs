@@ -80,6 +80,7 @@ impl MemoryStore {
             }
             claim
         };
+        let instance = request.instance_name.as_str();
         let claim = if terms
             .limits
             .is_active_for(crate::safety::limits::Subject::of(request))
@@ -96,24 +97,25 @@ impl MemoryStore {
                 now,
             );
             let shard = &mut shards[Self::shard_of(&id)];
-            decided(
-                claim_in(shard, request, &terms, token, switch, now, &usage),
-                now,
-            )
+            let mut held = self.held(instance);
+            let decision = claim_in(shard, request, &terms, token, switch, now, usage, &mut held);
+            drop(held);
+            decided(decision, now)
         } else {
             let mut shard = self.shard(&id);
-            decided(
-                claim_in(
-                    &mut shard,
-                    request,
-                    &terms,
-                    token,
-                    switch,
-                    now,
-                    &Usage::default(),
-                ),
+            let mut held = self.held(instance);
+            let decision = claim_in(
+                &mut shard,
+                request,
+                &terms,
+                token,
+                switch,
                 now,
-            )
+                Usage::default(),
+                &mut held,
+            );
+            drop(held);
+            decided(decision, now)
         };
         Ok(claim)
     }
@@ -137,8 +139,22 @@ impl MemoryStore {
             row.claim_until = Millis::NONE;
             row.updated_at = now;
             attempts.release(row.latest, attempt);
+            self.unhold(request);
         }
         Ok(())
+    }
+
+    /// Lifts `request`'s hold of its host, if it still has it (a claim of
+    /// another request may have replaced it once its hold was over).
+    fn unhold(&self, request: &RestartRequest) {
+        let instance = request.instance_name.as_str();
+        let mut held = self.held(instance);
+        if held
+            .get(instance)
+            .is_some_and(|hold| hold.message_id == request.message_id)
+        {
+            held.remove(instance);
+        }
     }
 
     /// As [`crate::store::Store::record_outcome`], unboxed.
@@ -160,6 +176,7 @@ impl MemoryStore {
         row.status = outcome.status();
         if attempt >= row.attempts {
             row.claim_until = Millis::NONE;
+            self.unhold(request);
         }
         row.attempts = row.attempts.max(attempt);
         let last_error = outcome.error().map(Box::from);
@@ -192,8 +209,10 @@ impl MemoryStore {
 }
 
 /// The claim's decision and write in the request's shard, given what the
-/// counting guards read; says whether the caller must record a decision
-/// (the claim refused, no attempt written).
+/// counting guards read and the hosts held (`held`, its host's shard,
+/// which a claim that holds the host updates); says whether the caller must
+/// record a decision (the claim refused, no attempt written).
+#[allow(clippy::too_many_arguments)]
 fn claim_in(
     shard: &mut Shard,
     request: &RestartRequest,
@@ -201,8 +220,11 @@ fn claim_in(
     token: ClaimToken,
     switch: &Switch,
     now: i64,
-    usage: &Usage,
+    mut usage: Usage,
+    held: &mut super::HeldHosts,
 ) -> (Claim, bool) {
+    let instance = request.instance_name.as_str();
+    usage.host_held = held.get(instance).copied();
     let Shard { rows, attempts } = shard;
     let row = rows
         .entry(request.message_id)
@@ -226,10 +248,20 @@ fn claim_in(
         token: token_held,
         unknown,
     };
-    let (claim, write) = decide_claim(request, Some(state), switch, now, *terms, token, usage);
+    let (claim, write) = decide_claim(request, Some(state), switch, now, *terms, token, &usage);
     let Some(write) = write else {
         return (claim, true);
     };
+    let hold = crate::safety::limits::HostHold {
+        message_id: request.message_id,
+        until: write.claim_until,
+    };
+    match held.get_mut(instance) {
+        Some(entry) => *entry = hold,
+        None => {
+            held.insert(instance.into(), hold);
+        }
+    }
     row.status = Status::Received;
     row.attempts = write.attempts;
     row.claim_until = Some(write.claim_until).into();

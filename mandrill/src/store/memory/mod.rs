@@ -50,7 +50,16 @@ pub struct MemoryStore {
     paused: AtomicBool,
     /// The decisions and deferrals. Locked after a shard, never before.
     decisions: Mutex<Decisions>,
+    /// The hosts some request's claim holds, sharded by the host's name:
+    /// what a claim of another request for the same host must find. Locked
+    /// after the request's shard (or every shard), before the decisions.
+    held: [Mutex<HeldHosts>; SHARDS],
 }
+
+/// Instance name → the claim that holds it; an entry is removed when that
+/// claim's outcome is recorded or its claim given back, and replaced by the
+/// next claim once its hold is over (a handler that died records nothing).
+type HeldHosts = HashMap<Box<str>, crate::safety::limits::HostHold>;
 
 /// One shard: its requests' rows, and the journal of their attempts. A
 /// claim without counting guards locks its request's shard alone; with
@@ -101,6 +110,7 @@ impl MemoryStore {
             switch: Mutex::default(),
             paused: AtomicBool::new(false),
             decisions: Mutex::default(),
+            held: Default::default(),
         }
     }
 
@@ -135,6 +145,18 @@ impl MemoryStore {
         self.shards[Self::shard_of(id)]
             .lock()
             .expect("memory store shard poisoned")
+    }
+
+    /// The held hosts of `instance`'s shard. The shard is picked by a
+    /// fixed hash: every claim of the host must find the same one.
+    fn held(&self, instance: &str) -> std::sync::MutexGuard<'_, HeldHosts> {
+        use std::hash::BuildHasher;
+        let hash = foldhash::fast::FixedState::with_seed(0).hash_one(instance);
+        // The low bits of a 64-bit hash: the remainder fits any usize.
+        let shard = usize::try_from(hash % SHARDS as u64).unwrap_or(0);
+        self.held[shard]
+            .lock()
+            .expect("memory store held hosts poisoned")
     }
 
     /// Every shard, locked in order.

@@ -20,9 +20,9 @@ use super::writer::{Answer, Write};
 use crate::domain::RestartRequest;
 use crate::safety::limits::Usage;
 use crate::store::reads::postgres::insert_decision;
-use crate::store::sql::{SWITCH_SQL, insert_requests, upsert_journal};
+use crate::store::sql::{HELD_HOSTS_SQL, HeldRow, SWITCH_SQL, insert_requests, upsert_journal};
 use crate::store::{
-    ClaimState, ClaimToken, ClaimWrite, Switch, Timestamp, claim_decision, decide_claim,
+    ClaimState, ClaimToken, ClaimWrite, HeldHosts, Switch, Timestamp, claim_decision, decide_claim,
     status_from_name, switch_from,
 };
 
@@ -97,6 +97,7 @@ pub(super) async fn commit_batch(
 ) -> Result<Vec<Answer>, sqlx::Error> {
     let now = Timestamp::now().as_millis();
     let (mut states, switch) = lock_rows(tx, batch, now).await?;
+    let mut held = hold_hosts(tx, batch, now).await?;
     let mut answers: Vec<Option<Answer>> = vec![None; batch.len()];
     let mut rounds = 0;
     while answers.iter().any(Option::is_none) {
@@ -122,16 +123,14 @@ pub(super) async fn commit_batch(
                 } => {
                     let id = request.message_id.to_string();
                     let state = states.get(&id).copied();
-                    let (claim, write) = decide_claim(
-                        request,
-                        state,
-                        &switch,
-                        now,
-                        *terms,
-                        *token,
-                        &Usage::default(),
-                    );
+                    let usage = Usage {
+                        host_held: held.get(request.instance_name.as_str()),
+                        ..Usage::default()
+                    };
+                    let (claim, write) =
+                        decide_claim(request, state, &switch, now, *terms, *token, &usage);
                     if let Some(write) = write {
+                        held.claimed(request, &write);
                         claims.push(request, id, write);
                     } else if let Some(decision) = claim_decision(&claim) {
                         insert_decision(tx, request.message_id, 0, decision, now).await?;
@@ -153,6 +152,50 @@ pub(super) async fn commit_batch(
     }
     // Every write was answered: the loop runs until none is left.
     Ok(answers.into_iter().flatten().collect())
+}
+
+/// Takes the advisory lock of the host of every claim in `batch` (the one
+/// a claim under counting guards takes last, see
+/// [`super::claims::lock_keys`]), then reads the claims that hold those
+/// hosts. Taken after every row lock, in the order of the keys' hashes,
+/// and a claim under counting guards takes no lock after its host's: no
+/// cycle. Two claims of one host, in batches of two writers or instances,
+/// thus never decide at once, and the second sees the first's claim.
+async fn hold_hosts(tx: &mut Tx<'_>, batch: &[Write], now: i64) -> Result<HeldHosts, sqlx::Error> {
+    let mut hosts: Vec<String> = batch
+        .iter()
+        .filter_map(|write| match write {
+            Write::Claim { request, .. } => Some(request.instance_name.as_str().to_owned()),
+            Write::Outcome { .. } => None,
+        })
+        .collect();
+    let mut held = HeldHosts::default();
+    if hosts.is_empty() {
+        return Ok(held);
+    }
+    hosts.sort();
+    hosts.dedup();
+    // Volatile functions in the select list are evaluated after the sort.
+    sqlx::query(
+        "SELECT pg_advisory_xact_lock(k.key)
+         FROM (SELECT DISTINCT hashtextextended('mandrill:host:' || h, 0) AS key
+               FROM unnest($1::text[]) AS h) AS k
+         ORDER BY k.key",
+    )
+    .bind(&hosts)
+    .execute(&mut **tx)
+    .await?;
+    // A statement of its own: one that took the locks would read with the
+    // snapshot of its start, before a claim it waited for committed.
+    let rows: Vec<HeldRow> = sqlx::query_as(&HELD_HOSTS_SQL)
+        .bind(&hosts)
+        .bind(now)
+        .fetch_all(&mut **tx)
+        .await?;
+    for (host, message_id, until) in rows {
+        held.read(host, &message_id, until);
+    }
+    Ok(held)
 }
 
 /// Creates the missing rows of the batch's requests and locks every one of

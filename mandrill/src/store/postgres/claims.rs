@@ -9,11 +9,12 @@ use crate::domain::RestartRequest;
 use crate::safety::limits::{Limits, Subject, Usage};
 use crate::store::reads::postgres as reads;
 use crate::store::sql::{
-    RELEASE_JOURNAL_SQL, RELEASE_SQL, SWITCH_SQL, SwitchRow, insert_requests, upsert_journal,
+    HELD_HOSTS_SQL, HeldRow, RELEASE_JOURNAL_SQL, RELEASE_SQL, SWITCH_SQL, SwitchRow,
+    insert_requests, upsert_journal,
 };
 use crate::store::{
-    Claim, ClaimState, ClaimTerms, ClaimToken, Decision, StoreError, Timestamp, claim_decision,
-    decide_claim, status_from_name, switch_from,
+    Claim, ClaimState, ClaimTerms, ClaimToken, Decision, HeldHosts, StoreError, Timestamp,
+    claim_decision, decide_claim, status_from_name, switch_from,
 };
 
 /// The kill switch under a share lock: `set_switch` waits for the claims
@@ -132,10 +133,20 @@ impl PostgresStore {
             // restart cannot leave a rate window or a cooldown early by
             // the time spent waiting.
             let now = Timestamp::now().as_millis();
-            (
-                reads::usage(&mut tx, request, &terms.limits, now).await?,
-                now,
-            )
+            let mut usage = reads::usage(&mut tx, request, &terms.limits, now).await?;
+            let held: Vec<HeldRow> = sqlx::query_as(&HELD_HOSTS_SQL)
+                .bind(vec![request.instance_name.as_str()])
+                .bind(now)
+                .fetch_all(&mut *tx)
+                .await?;
+            let mut hosts = HeldHosts::default();
+            for (host, message_id, until) in held {
+                if message_id != id {
+                    hosts.read(host, &message_id, until);
+                }
+            }
+            usage.host_held = hosts.get(request.instance_name.as_str());
+            (usage, now)
         } else {
             (Usage::default(), Timestamp::now().as_millis())
         };

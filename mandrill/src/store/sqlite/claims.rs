@@ -11,9 +11,9 @@ use crate::domain::{RestartRequest, Status};
 use crate::safety::limits::{Subject, Usage};
 use crate::sqlite::writer::Tx;
 use crate::store::reads::sqlite::{insert_decision, usage};
-use crate::store::sql::{SWITCH_SQL, SwitchRow, upsert_journal};
+use crate::store::sql::{SWITCH_SQL, SwitchRow, held_hosts_where, upsert_journal};
 use crate::store::{
-    Claim, ClaimState, ClaimTerms, ClaimToken, ClaimWrite, claim_decision, decide_claim,
+    Claim, ClaimState, ClaimTerms, ClaimToken, ClaimWrite, HeldHosts, claim_decision, decide_claim,
     switch_from,
 };
 
@@ -58,33 +58,57 @@ pub(super) async fn claim(
         .map(|(request, ..)| request.message_id.to_string())
         .collect();
     let mut states: HashMap<String, ClaimState> = HashMap::with_capacity(claims.len());
-    for ids in ids.chunks(ROWS_PER_STATEMENT) {
+    // With the rows, in the same statement, the claims of any request that
+    // hold the batch's hosts (`held_hosts_where`): no host is restarted for
+    // two requests at once, counting guards or none.
+    let held_where = held_hosts_where("");
+    let mut held = HeldHosts::default();
+    for chunk in claims.chunks(ROWS_PER_STATEMENT) {
         let mut select: QueryBuilder<Sqlite> = QueryBuilder::new(
-            "SELECT message_id, status, attempts, claim_until, claim_token, claim_unknown
+            "SELECT message_id, status, attempts, claim_until, claim_token, claim_unknown, NULL
              FROM requests WHERE message_id IN (",
         );
         let mut list = select.separated(", ");
-        for id in ids {
-            list.push_bind(id.as_str());
+        for (request, ..) in chunk {
+            list.push_bind(request.message_id.to_string());
+        }
+        select
+            .push(
+                ") UNION ALL
+                 SELECT r.message_id, NULL, NULL, q.claim_until, NULL, NULL, r.instance_name ",
+            )
+            .push(&held_where)
+            .push_bind(now)
+            .push(" AND r.instance_name IN (");
+        let mut list = select.separated(", ");
+        for (request, ..) in chunk {
+            list.push_bind(request.instance_name.as_str());
         }
         select.push(")");
         let found = select
             .build_query_as::<StateRow>()
             .fetch_all(&mut **tx)
             .await?;
-        states.extend(found.into_iter().map(
-            |(id, status, attempts, claim_until, token, unknown)| {
-                let state = ClaimState {
-                    // The CHECK constraint admits only known statuses.
-                    status: Status::from_name(&status).unwrap_or(Status::Failed),
-                    attempts: u32::try_from(attempts).unwrap_or(0),
-                    claim_until,
-                    token: token.map(ClaimToken::from_stored),
-                    unknown: unknown.and_then(|attempt| u32::try_from(attempt).ok()),
-                };
-                (id, state)
-            },
-        ));
+        for (id, status, attempts, claim_until, token, unknown, host) in found {
+            if let Some(host) = host {
+                if let Some(until) = claim_until {
+                    held.read(host, &id, until);
+                }
+                continue;
+            }
+            let state = ClaimState {
+                // The CHECK constraint admits only known statuses.
+                status: status
+                    .as_deref()
+                    .and_then(Status::from_name)
+                    .unwrap_or(Status::Failed),
+                attempts: attempts.and_then(|n| u32::try_from(n).ok()).unwrap_or(0),
+                claim_until,
+                token: token.map(ClaimToken::from_stored),
+                unknown: unknown.and_then(|attempt| u32::try_from(attempt).ok()),
+            };
+            states.insert(id, state);
+        }
     }
     // Read in the claims' own write transaction: a pause committed before
     // it stops every claim of the batch.
@@ -96,14 +120,18 @@ pub(super) async fn claim(
     for ((request, terms, token), id) in claims.iter().zip(&ids) {
         // The counting guards read the journal as this transaction left it,
         // so the claims written so far go in first.
-        let usage = if terms.limits.is_active_for(Subject::of(request)) {
+        let mut usage = if terms.limits.is_active_for(Subject::of(request)) {
             write_claims(tx, &mut writes, now).await?;
             usage(tx, request, &terms.limits, now).await?
         } else {
             Usage::default()
         };
+        usage.host_held = held.get(request.instance_name.as_str());
         let state = states.get(id).copied();
         let (claim, write) = decide_claim(request, state, &switch, now, *terms, *token, &usage);
+        if let Some(write) = &write {
+            held.claimed(request, write);
+        }
         if write.is_none()
             && let Some(decision) = claim_decision(&claim)
         {
@@ -124,8 +152,17 @@ pub(super) async fn claim(
 }
 
 /// A row of the claims' read: id, status, attempts, `claim_until`,
-/// `claim_token`, `claim_unknown`.
-type StateRow = (String, String, i64, Option<i64>, Option<i64>, Option<i64>);
+/// `claim_token`, `claim_unknown`, and no host; or a claim holding a host:
+/// its id, its hold's end as `claim_until`, and the host.
+type StateRow = (
+    String,
+    Option<String>,
+    Option<i64>,
+    Option<i64>,
+    Option<i64>,
+    Option<i64>,
+    Option<String>,
+);
 
 /// A request's row to write, decided and not yet written.
 struct Pending<'r> {
