@@ -1,36 +1,10 @@
-//! Leases on JetStream: extended, a slow message is not redelivered;
-//! unextended, it is; a nack's delay is honoured; settling a delivery that
+//! Leases on JetStream (an extended one is the broker contract's
+//! `extended_lease_keeps_a_slow_message`): unextended, a slow message is
+//! redelivered; a nack's delay is honoured; settling a delivery that
 //! is gone (or whose consumer is) is a lost lease; and the tag's stream
 //! sequence is read from both reply formats.
 
 use super::*;
-
-#[tokio::test]
-async fn extended_lease_keeps_a_slow_message_from_redelivery() {
-    let streams = TestStreams::new(Duration::from_secs(1));
-    let broker = NatsBroker::connect(streams.settings.clone()).await.unwrap();
-    let other_instance = NatsBroker::connect(streams.settings.clone()).await.unwrap();
-    broker.publish(Bytes::from_static(b"slow")).await.unwrap();
-    let delivery = pull_within(&broker, Duration::from_secs(10))
-        .await
-        .remove(0);
-    assert_eq!(delivery.attempt, 1);
-    // Three ack waits long, extended every third of one.
-    for _ in 0..9 {
-        tokio::time::sleep(Duration::from_millis(330)).await;
-        broker.extend(&delivery.tag).await.unwrap();
-        assert!(
-            other_instance.pull(10).await.unwrap().is_empty(),
-            "redelivered while leased"
-        );
-    }
-    broker.ack(&delivery.tag).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    assert!(
-        other_instance.pull(10).await.unwrap().is_empty(),
-        "redelivered after ack"
-    );
-}
 
 #[tokio::test]
 async fn unextended_lease_expires_and_the_message_is_redelivered() {
