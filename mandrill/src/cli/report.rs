@@ -139,8 +139,12 @@ mod tests {
 
     #[test]
     fn since_is_a_duration_back_or_an_rfc3339_time() {
-        assert!(matches!(parse_since("7d"), Ok(Since::Ago(d)) if d == Duration::from_secs(7 * 86_400)));
-        assert!(matches!(parse_since(" 24h "), Ok(Since::Ago(d)) if d == Duration::from_secs(86_400)));
+        assert!(
+            matches!(parse_since("7d"), Ok(Since::Ago(d)) if d == Duration::from_secs(7 * 86_400))
+        );
+        assert!(
+            matches!(parse_since(" 24h "), Ok(Since::Ago(d)) if d == Duration::from_secs(86_400))
+        );
         let Ok(Since::At(at)) = parse_since("2026-11-20T09:00:00+01:00") else {
             panic!("not a time")
         };

@@ -7,9 +7,7 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use super::{
-    Bucket, GroupReport, Recovery, Report, human, human_recovery, verdict_word,
-};
+use super::{Bucket, GroupReport, Recovery, Report, human, human_recovery, verdict_word};
 use crate::admin::escape;
 
 /// The chart's size and the plot area inside it, in SVG units.
@@ -19,6 +17,8 @@ const LEFT: f64 = 44.0;
 const RIGHT: f64 = WIDTH - 12.0;
 const TOP: f64 = 14.0;
 const BOTTOM: f64 = HEIGHT - 40.0;
+/// The widest a bar's slot may be.
+const MAX_SLOT: f64 = 56.0;
 
 const STYLE: &str = "
 :root { color-scheme: light; }
@@ -47,7 +47,7 @@ td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
 figure { margin: .5rem 0; }
 figcaption { color: #5b6678; font-size: .85rem; }
 svg { max-width: 100%; height: auto; }
-svg text { font: 10px system-ui, sans-serif; fill: #404b5c; }
+svg text { font: 11px system-ui, sans-serif; fill: #404b5c; }
 .key { display: inline-block; width: .8rem; height: .2rem; vertical-align: middle; margin: 0 .25rem 0 .6rem; }
 footer { color: #7a8496; font-size: .8rem; margin-top: 2rem; }
 @media print {
@@ -80,12 +80,32 @@ pub(crate) fn html(report: &Report) -> String {
     card(&mut out, "restarts", fleet.restarts, "restarts", false);
     card(&mut out, "recovered", fleet.recovered, "recovered", false);
     let unrecovered = fleet.unrecovered;
-    card(&mut out, "unrecovered", unrecovered, "unrecovered", unrecovered > 0);
-    card(&mut out, "deferred_requests", fleet.deferred_requests, "requests deferred", false);
-    card(&mut out, "denied_requests", fleet.denied_requests, "requests denied", false);
+    card(
+        &mut out,
+        "unrecovered",
+        unrecovered,
+        "unrecovered",
+        unrecovered > 0,
+    );
+    card(
+        &mut out,
+        "deferred_requests",
+        fleet.deferred_requests,
+        "requests deferred",
+        false,
+    );
+    card(
+        &mut out,
+        "denied_requests",
+        fleet.denied_requests,
+        "requests denied",
+        false,
+    );
     out.push_str("</div>\n");
     if report.groups.is_empty() {
-        out.push_str("<p class=\"none\">Nothing was restarted, deferred or denied in this period.</p>\n");
+        out.push_str(
+            "<p class=\"none\">Nothing was restarted, deferred or denied in this period.</p>\n",
+        );
     }
     for group in &report.groups {
         group_section(&mut out, group);
@@ -118,16 +138,22 @@ fn group_section(out: &mut String, group: &GroupReport) {
     // Restarts, by outcome.
     let _ = writeln!(
         out,
-        "<h3>Restarts: <span data-k=\"restarts\">{}</span></h3>\n<table>\n<tr><th>outcome</th><th class=\"num\">attempts</th></tr>",
+        "<h3>Restarts: <span data-k=\"restarts\">{}</span></h3>",
         group.restarts
     );
-    for (outcome, n) in &group.outcomes {
-        let _ = writeln!(
-            out,
-            "<tr><td>{outcome}</td><td class=\"num\" data-k=\"outcome-{outcome}\">{n}</td></tr>"
-        );
+    if group.outcomes.is_empty() {
+        out.push_str("<p class=\"none\">No attempt was claimed.</p>\n");
+    } else {
+        out.push_str("<table>\n<tr><th>outcome</th><th class=\"num\">attempts</th></tr>\n");
+        for (outcome, n) in &group.outcomes {
+            let _ = writeln!(
+                out,
+                "<tr><td>{outcome}</td><td class=\"num\" data-k=\"outcome-{outcome}\">{n}</td></tr>"
+            );
+        }
+        out.push_str("</table>\n");
     }
-    out.push_str("</table>\n</div>\n<div>\n");
+    out.push_str("</div>\n<div>\n");
     // Recovery against the objective.
     out.push_str("<h3>Recovery</h3>\n<table>\n");
     let _ = writeln!(
@@ -145,7 +171,11 @@ fn group_section(out: &mut String, group: &GroupReport) {
         );
     }
     if let Some(objective) = &group.objective {
-        let label = format!("objective p{} ≤ {}", objective.percentile, human(objective.max));
+        let label = format!(
+            "objective p{} ≤ {}",
+            objective.percentile,
+            human(objective.max)
+        );
         let word = verdict_word(objective.met);
         let _ = writeln!(
             out,
@@ -168,9 +198,21 @@ fn group_section(out: &mut String, group: &GroupReport) {
         out.push_str("</ul>\n");
     }
     out.push_str("</div>\n<div>\n<h3>Deferrals by guard</h3>\n");
-    counts_table(out, "guard", "requests", "deferred", &group.deferrals_by_guard);
+    counts_table(
+        out,
+        "guard",
+        "requests",
+        "deferred",
+        &group.deferrals_by_guard,
+    );
     out.push_str("</div>\n<div>\n<h3>Denials by requester</h3>\n");
-    counts_table(out, "requester", "requests", "denied", &group.denials_by_requester);
+    counts_table(
+        out,
+        "requester",
+        "requests",
+        "denied",
+        &group.denials_by_requester,
+    );
     out.push_str("</div>\n</div>\n");
     if !group.latest_denials.is_empty() {
         out.push_str("<h3>Latest denials</h3>\n<table class=\"denials\">\n<tr><th>at</th><th>host</th><th>requester</th><th>guard</th><th>reason</th></tr>\n");
@@ -231,24 +273,23 @@ fn counts_table(
 fn chart(out: &mut String, group: &GroupReport) {
     let recovery = &group.recovery;
     let name = escape(&group.group);
+    if recovery.buckets.is_empty() && recovery.unrecovered == 0 {
+        out.push_str(
+            "<p class=\"none\">No verified recovery in this period: nothing to chart.</p>\n",
+        );
+        return;
+    }
     let _ = write!(
         out,
         "<figure>\n<svg class=\"chart\" xmlns=\"http://www.w3.org/2000/svg\" viewBox=\"0 0 {WIDTH} {HEIGHT}\" width=\"{WIDTH}\" height=\"{HEIGHT}\" role=\"img\" aria-label=\"Recovery times of group {name}\">\n"
     );
-    if recovery.buckets.is_empty() && recovery.unrecovered == 0 {
-        let _ = writeln!(
-            out,
-            "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">No verified recovery in this period.</text>\n</svg>\n</figure>",
-            WIDTH / 2.0,
-            HEIGHT / 2.0
-        );
-        return;
-    }
     let buckets = &recovery.buckets;
     let never = recovery.unrecovered;
     // The unrecovered bar sits apart, half a slot to the right.
     let slots = buckets.len() as f64 + if never > 0 { 1.5 } else { 0.0 };
-    let slot = (RIGHT - LEFT) / slots;
+    // A few bars stay bars, not slabs; the axes end with the last.
+    let slot = ((RIGHT - LEFT) / slots).min(MAX_SLOT);
+    let right = LEFT + slot * slots;
     let highest = buckets
         .iter()
         .map(|b| b.count)
@@ -265,7 +306,7 @@ fn chart(out: &mut String, group: &GroupReport) {
         let at = y(f64::from(tick));
         let _ = writeln!(
             out,
-            "<line x1=\"{LEFT}\" x2=\"{RIGHT}\" y1=\"{at:.1}\" y2=\"{at:.1}\" stroke=\"#e3e7ee\"/><text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{tick}</text>",
+            "<line x1=\"{LEFT}\" x2=\"{right:.1}\" y1=\"{at:.1}\" y2=\"{at:.1}\" stroke=\"#e3e7ee\"/><text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{tick}</text>",
             LEFT - 6.0,
             at + 3.5
         );
@@ -279,7 +320,7 @@ fn chart(out: &mut String, group: &GroupReport) {
         label(out, LEFT + slot * i as f64, &human(bucket.from));
     }
     if let Some(last) = buckets.last()
-        && buckets.len() % every == 0
+        && buckets.len().is_multiple_of(every)
     {
         label(out, LEFT + slot * buckets.len() as f64, &human(last.to));
     }
@@ -312,11 +353,16 @@ fn chart(out: &mut String, group: &GroupReport) {
         (recovery.p95, "p95", "#ef6c00", "4 3"),
     ];
     if let Some(objective) = &group.objective {
-        marks.push((Some(Recovery::After(objective.max)), "objective", "#c62828", "none"));
+        marks.push((
+            Some(Recovery::After(objective.max)),
+            "objective",
+            "#c62828",
+            "none",
+        ));
     }
     for (offset, (at, key, colour, dash)) in marks.into_iter().enumerate() {
         let Some(at) = at else { continue };
-        let x = x_of(at).clamp(LEFT, RIGHT);
+        let x = x_of(at).clamp(LEFT, right);
         let _ = writeln!(
             out,
             "<line class=\"mark\" data-k=\"{key}\" x1=\"{x:.1}\" x2=\"{x:.1}\" y1=\"{TOP}\" y2=\"{BOTTOM}\" stroke=\"{colour}\" stroke-width=\"1.5\" stroke-dasharray=\"{dash}\"/><text x=\"{:.1}\" y=\"{}\" fill=\"{colour}\">{key}</text>",
@@ -326,8 +372,8 @@ fn chart(out: &mut String, group: &GroupReport) {
     }
     let _ = writeln!(
         out,
-        "<line x1=\"{LEFT}\" x2=\"{RIGHT}\" y1=\"{BOTTOM}\" y2=\"{BOTTOM}\" stroke=\"#8a94a6\"/>\n<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">recovery time after the restart</text>\n</svg>",
-        (LEFT + RIGHT) / 2.0,
+        "<line x1=\"{LEFT}\" x2=\"{right:.1}\" y1=\"{BOTTOM}\" y2=\"{BOTTOM}\" stroke=\"#8a94a6\"/>\n<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">recovery time after the restart</text>\n</svg>",
+        (LEFT + right.max(LEFT + 160.0)) / 2.0,
         HEIGHT - 6.0
     );
     out.push_str("<figcaption>Restarts by recovery time");

@@ -53,13 +53,16 @@ pub(crate) fn markdown(report: &Report) -> String {
         let recovery = &group.recovery;
         let _ = writeln!(out, "## Group {}\n", cell(&group.group));
         let _ = writeln!(out, "Restarts: {}\n", group.restarts);
-        out.push_str("| outcome | attempts |\n|---|---:|\n");
-        for (outcome, n) in &group.outcomes {
-            let _ = writeln!(out, "| {} | {n} |", cell(outcome));
+        if !group.outcomes.is_empty() {
+            out.push_str("| outcome | attempts |\n|---|---:|\n");
+            for (outcome, n) in &group.outcomes {
+                let _ = writeln!(out, "| {} | {n} |", cell(outcome));
+            }
+            out.push('\n');
         }
         let _ = writeln!(
             out,
-            "\n| recovered | unrecovered | p50 | p95 | objective |\n|---:|---:|---:|---:|---|"
+            "| recovered | unrecovered | p50 | p95 | objective |\n|---:|---:|---:|---:|---|"
         );
         let objective = group.objective.as_ref().map_or_else(
             || "none".to_owned(),
@@ -126,7 +129,9 @@ pub(crate) fn markdown(report: &Report) -> String {
             out.push('\n');
         }
         if !group.latest_denials.is_empty() {
-            out.push_str("| denied at | host | requester | guard | reason |\n|---|---|---|---|---|\n");
+            out.push_str(
+                "| denied at | host | requester | guard | reason |\n|---|---|---|---|---|\n",
+            );
             for denial in &group.latest_denials {
                 let _ = writeln!(
                     out,
@@ -153,9 +158,6 @@ mod tests {
 
     #[test]
     fn a_cell_cannot_break_the_table_or_carry_markup() {
-        assert_eq!(
-            cell("a|b<script>\n*x*"),
-            "a\\|b\\<script\\> \\*x\\*"
-        );
+        assert_eq!(cell("a|b<script>\n*x*"), "a\\|b\\<script\\> \\*x\\*");
     }
 }

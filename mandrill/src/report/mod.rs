@@ -227,7 +227,9 @@ pub(crate) fn nearest_rank<T: Copy>(sorted: &[T], p: f64) -> Option<T> {
 /// without the last `-suffix`, as [`crate::domain::RestartRequest::default_group`]
 /// names it (the store keeps no operator's group for it).
 fn group_of_name(instance: &str) -> &str {
-    instance.rsplit_once('-').map_or(instance, |(group, _)| group)
+    instance
+        .rsplit_once('-')
+        .map_or(instance, |(group, _)| group)
 }
 
 /// A stored status's name, for the outcome counts.
@@ -260,7 +262,10 @@ impl Report {
         let mut groups: BTreeMap<String, Gathered> = BTreeMap::new();
         for attempt in &data.attempts {
             let group = groups.entry(attempt.group.clone()).or_default();
-            *group.outcomes.entry(outcome_name(attempt.outcome)).or_default() += 1;
+            *group
+                .outcomes
+                .entry(outcome_name(attempt.outcome))
+                .or_default() += 1;
             let issued = !matches!(
                 attempt.outcome,
                 Some(Status::DryRun | Status::Denied | Status::Expired)
@@ -303,7 +308,11 @@ impl Report {
                     denied_requests.insert(id);
                     let group = groups.entry(name.to_owned()).or_default();
                     let requester = decision.requested_by.as_deref().unwrap_or(ANONYMOUS);
-                    group.denied.entry(requester.to_owned()).or_default().insert(id);
+                    group
+                        .denied
+                        .entry(requester.to_owned())
+                        .or_default()
+                        .insert(id);
                     group.denials.push(Denial {
                         at: decision.at,
                         host: decision.instance_name.clone(),

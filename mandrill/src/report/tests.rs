@@ -9,7 +9,12 @@ fn at(seconds: i64) -> Timestamp {
     Timestamp::from_millis(1_800_000_000_000 + seconds * 1000)
 }
 
-fn attempt(host: &str, group: &str, outcome: Option<Status>, recovered_ms: Option<u64>) -> ReportAttempt {
+fn attempt(
+    host: &str,
+    group: &str,
+    outcome: Option<Status>,
+    recovered_ms: Option<u64>,
+) -> ReportAttempt {
     ReportAttempt {
         message_id: Uuid::new_v4(),
         attempt: 1,
@@ -88,7 +93,14 @@ fn restarts_are_counted_by_outcome_and_recoveries_judged_against_the_objective()
     let mut attempts: Vec<ReportAttempt> = [400, 900, 1_200, 2_500]
         .into_iter()
         .enumerate()
-        .map(|(i, ms)| attempt(&format!("web-{i}"), "web", Some(Status::Restarted), Some(ms)))
+        .map(|(i, ms)| {
+            attempt(
+                &format!("web-{i}"),
+                "web",
+                Some(Status::Restarted),
+                Some(ms),
+            )
+        })
         .collect();
     // Restarted without verification: a restart, no recovery time.
     attempts.push(attempt("web-8", "web", Some(Status::Restarted), None));
@@ -99,7 +111,10 @@ fn restarts_are_counted_by_outcome_and_recoveries_judged_against_the_objective()
         attempts,
         decisions: Vec::new(),
     };
-    let report = build(&data, &[objective("web", 50.0, 1_000), objective("db", 95.0, 1)]);
+    let report = build(
+        &data,
+        &[objective("web", 50.0, 1_000), objective("db", 95.0, 1)],
+    );
     let [web] = &report.groups[..] else {
         panic!("{:?}", report.groups)
     };
@@ -110,22 +125,37 @@ fn restarts_are_counted_by_outcome_and_recoveries_judged_against_the_objective()
     );
     let recovery = &web.recovery;
     assert_eq!((recovery.recovered, recovery.unrecovered), (4, 0));
-    assert_eq!(recovery.p50, Some(Recovery::After(Duration::from_millis(900))));
-    assert_eq!(recovery.p95, Some(Recovery::After(Duration::from_millis(2_500))));
+    assert_eq!(
+        recovery.p50,
+        Some(Recovery::After(Duration::from_millis(900)))
+    );
+    assert_eq!(
+        recovery.p95,
+        Some(Recovery::After(Duration::from_millis(2_500)))
+    );
     assert_eq!(recovery.recovered_seconds, [0.4, 0.9, 1.2, 2.5]);
     // 2.5s fits 500ms buckets: 0–0.5, 0.5–1, 1–1.5, 1.5–2, 2–2.5, 2.5–3.
     let counts: Vec<u32> = recovery.buckets.iter().map(|b| b.count).collect();
     assert_eq!(counts, [1, 1, 1, 0, 0, 1]);
     assert_eq!(recovery.buckets[5].from, Duration::from_millis(2_500));
     let objective = web.objective.as_ref().unwrap();
-    assert_eq!(objective.observed, Some(Recovery::After(Duration::from_millis(900))));
+    assert_eq!(
+        objective.observed,
+        Some(Recovery::After(Duration::from_millis(900)))
+    );
     assert_eq!(objective.met, Some(true));
     assert_eq!(report.fleet.restarts, 6);
     assert_eq!(report.fleet.recovered, 4);
     let json = serde_json::to_value(&report).unwrap();
     assert_eq!(json["groups"][0]["recovery"]["p95"], serde_json::json!(2.5));
-    assert_eq!(json["groups"][0]["objective"]["met"], serde_json::json!(true));
-    assert_eq!(json["groups"][0]["objective"]["max_seconds"], serde_json::json!(1.0));
+    assert_eq!(
+        json["groups"][0]["objective"]["met"],
+        serde_json::json!(true)
+    );
+    assert_eq!(
+        json["groups"][0]["objective"]["max_seconds"],
+        serde_json::json!(1.0)
+    );
 }
 
 #[test]
@@ -147,11 +177,17 @@ fn a_group_whose_restarts_all_ended_unrecovered_breaches_its_objective() {
     assert!(db.recovery.buckets.is_empty());
     assert_eq!(db.unrecovered_hosts, ["db-1", "db-2"]);
     let objective = db.objective.as_ref().unwrap();
-    assert_eq!((objective.observed, objective.met), (Some(Recovery::Never), Some(false)));
+    assert_eq!(
+        (objective.observed, objective.met),
+        (Some(Recovery::Never), Some(false))
+    );
     let json = serde_json::to_value(&report).unwrap();
     assert_eq!(json["groups"][0]["recovery"]["p50"], "unrecovered");
     let page = html(&report);
-    assert!(page.contains("class=\"bar never\" data-count=\"3\""), "{page}");
+    assert!(
+        page.contains("class=\"bar never\" data-count=\"3\""),
+        "{page}"
+    );
     assert!(page.contains("data-k=\"objective\">breached<"), "{page}");
     assert!(markdown(&report).contains("| never | 3 |"));
 }
@@ -171,8 +207,14 @@ fn one_unrecovered_restart_in_twenty_is_the_p95_of_nineteen_recovered() {
     );
     let app = &report.groups[0];
     // Rank 19 of 20: the slowest recovered; p96 would be the unrecovered.
-    assert_eq!(app.recovery.p95, Some(Recovery::After(Duration::from_secs(19))));
-    assert_eq!(app.recovery.p50, Some(Recovery::After(Duration::from_secs(10))));
+    assert_eq!(
+        app.recovery.p95,
+        Some(Recovery::After(Duration::from_secs(19)))
+    );
+    assert_eq!(
+        app.recovery.p50,
+        Some(Recovery::After(Duration::from_secs(10)))
+    );
     assert!(app.objective.is_none());
 }
 
@@ -187,23 +229,57 @@ fn a_group_with_no_verified_restart_has_no_percentile_and_no_verdict() {
     assert_eq!(batch.recovery.p50, None);
     assert_eq!(batch.objective.as_ref().unwrap().met, None);
     let page = html(&report);
-    assert!(page.contains("No verified recovery in this period."));
+    assert!(page.contains("No verified recovery in this period"));
+    assert!(!page.contains("<svg"), "no empty chart");
     assert!(page.contains("no data"));
 }
 
 #[test]
 fn deferrals_count_requests_by_guard_and_denials_by_requester_in_their_group() {
-    let (a, b, c, d) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
+    let (a, b, c, d) = (
+        Uuid::new_v4(),
+        Uuid::new_v4(),
+        Uuid::new_v4(),
+        Uuid::new_v4(),
+    );
     let data = ReportData {
         attempts: Vec::new(),
         decisions: vec![
             // The same request deferred twice by the calendar counts once.
-            decision(a, "deferred", "calendar", Some("web-1"), Some("frontend"), None),
-            decision(a, "deferred", "calendar", Some("web-1"), Some("frontend"), None),
+            decision(
+                a,
+                "deferred",
+                "calendar",
+                Some("web-1"),
+                Some("frontend"),
+                None,
+            ),
+            decision(
+                a,
+                "deferred",
+                "calendar",
+                Some("web-1"),
+                Some("frontend"),
+                None,
+            ),
             decision(a, "deferred", "rate", Some("web-1"), Some("frontend"), None),
-            decision(b, "deferred", "calendar", Some("web-2"), Some("frontend"), None),
+            decision(
+                b,
+                "deferred",
+                "calendar",
+                Some("web-2"),
+                Some("frontend"),
+                None,
+            ),
             // Never claimed: the group its name implies.
-            decision(c, "denied", "eligibility", Some("db-1"), None, Some("mallory")),
+            decision(
+                c,
+                "denied",
+                "eligibility",
+                Some("db-1"),
+                None,
+                Some("mallory"),
+            ),
             decision(d, "denied", "requesters", Some("db-2"), None, None),
             // Nothing known of it.
             decision(Uuid::new_v4(), "deferred", "calendar", None, None, None),
@@ -230,7 +306,10 @@ fn deferrals_count_requests_by_guard_and_denials_by_requester_in_their_group() {
         .iter()
         .map(|d| (d.requester.as_str(), d.guard.as_str()))
         .collect();
-    assert_eq!(latest, [("(anonymous)", "requesters"), ("mallory", "eligibility")]);
+    assert_eq!(
+        latest,
+        [("(anonymous)", "requesters"), ("mallory", "eligibility")]
+    );
     assert_eq!(report.fleet.deferred_requests, 3);
     assert_eq!(report.fleet.denied_requests, 2);
 }
@@ -246,7 +325,14 @@ fn every_untrusted_name_is_escaped_in_html_and_markdown() {
         attempts: vec![unrecovered],
         decisions: vec![
             decision(id, "deferred", hostile, Some("web-1"), Some(hostile), None),
-            decision(id, "denied", "eligibility", Some("web-1"), Some(hostile), Some(hostile)),
+            decision(
+                id,
+                "denied",
+                "eligibility",
+                Some("web-1"),
+                Some(hostile),
+                Some(hostile),
+            ),
         ],
     };
     let mut data = data;
@@ -261,7 +347,9 @@ fn every_untrusted_name_is_escaped_in_html_and_markdown() {
     // The page runs nothing, whatever it holds.
     assert!(page.contains("default-src 'none'"));
     let text = markdown(&report);
-    let bare = text.match_indices('<').filter(|(at, _)| !text[..*at].ends_with('\\'));
+    let bare = text
+        .match_indices('<')
+        .filter(|(at, _)| !text[..*at].ends_with('\\'));
     assert_eq!(bare.count(), 0, "{text}");
     assert!(text.contains("\\<script\\>"));
     // JSON carries them as strings, unchanged.

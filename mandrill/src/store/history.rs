@@ -339,7 +339,18 @@ pub(crate) fn report_from(
     let attempts = attempts
         .into_iter()
         .map(
-            |(message_id, attempt, instance_name, group, requester, claimed_at, outcome, settled_at, recovered_ms, last_error)| {
+            |(
+                message_id,
+                attempt,
+                instance_name,
+                group,
+                requester,
+                claimed_at,
+                outcome,
+                settled_at,
+                recovered_ms,
+                last_error,
+            )| {
                 Ok(ReportAttempt {
                     message_id: id(message_id)?,
                     attempt: u32::try_from(attempt).unwrap_or(0),

@@ -20,14 +20,13 @@ macro_rules! reads_for {
             use crate::store::sql::{
                 DEFERRALS_SQL, ENTRY_SQL, EntryRow, GROUP_DISRUPTED_SQL, GROUP_RESTARTS_SQL,
                 HISTORY_SQL, RECEIVED_AT_SQL, REPORT_ATTEMPTS_SQL, REPORT_DECISIONS_SQL,
-                STORY_ATTEMPTS_SQL, STORY_DECISIONS_SQL, SWITCH_SQL,
-                SwitchRow, USAGE_SQL, USAGE_SUBJECT_SQL,
+                STORY_ATTEMPTS_SQL, STORY_DECISIONS_SQL, SWITCH_SQL, SwitchRow, USAGE_SQL,
+                USAGE_SUBJECT_SQL,
             };
             use crate::store::{
                 DECISION_SQL, DEFERRAL_SQL, Decision, GroupUsage, HistoryEntry, ReportData,
-                StoreError, Story,
-                Switch, Timestamp, UsageRow, UsageSubjectRow, switch_from, usage_binds, usage_from,
-                usage_subject_from,
+                StoreError, Story, Switch, Timestamp, UsageRow, UsageSubjectRow, switch_from,
+                usage_binds, usage_from, usage_subject_from,
             };
 
             /// What the counting guards read for a claim of `request`, in

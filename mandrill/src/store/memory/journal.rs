@@ -301,9 +301,7 @@ impl Attempts {
                     claimed_at: Timestamp::from_millis(row.claimed_at),
                     outcome: row.outcome,
                     settled_at: row.settled_at.get().map(Timestamp::from_millis),
-                    recovered_after: extra
-                        .filter(|_| latest)
-                        .and_then(|e| e.recovered_after),
+                    recovered_after: extra.filter(|_| latest).and_then(|e| e.recovered_after),
                     last_error: extra
                         .filter(|_| latest)
                         .and_then(|e| e.last_error.as_deref())

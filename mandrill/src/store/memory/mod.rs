@@ -264,9 +264,7 @@ impl Store for MemoryStore {
             .iter()
             .flat_map(|shard| shard.attempts.report(&shard.rows, since))
             .collect();
-        attempts.sort_by(|a, b| {
-            (a.claimed_at, a.message_id, a.attempt).cmp(&(b.claimed_at, b.message_id, b.attempt))
-        });
+        attempts.sort_by_key(|a| (a.claimed_at, a.message_id, a.attempt));
         let mut decisions = Vec::new();
         for (id, list) in &self.decisions().decisions {
             let shard = &shards[Self::shard_of(id)];
@@ -290,7 +288,7 @@ impl Store for MemoryStore {
         }
         // Recorded in order per request; across requests, by time (the
         // SQL stores' insertion order breaks ties there, the id here).
-        decisions.sort_by(|a, b| (a.at, a.message_id).cmp(&(b.at, b.message_id)));
+        decisions.sort_by_key(|d| (d.at, d.message_id));
         Ok(ReportData {
             attempts,
             decisions,
