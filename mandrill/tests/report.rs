@@ -299,13 +299,20 @@ fn the_report_of_a_real_run_renders_in_chromium_with_the_store_s_numbers() {
     );
 }
 
-/// A bad `--since` is bad usage, naming the forms it takes.
+/// A bad `--since` is bad usage, naming the forms it takes; a store that
+/// does not exist is reported, not created.
 #[test]
-fn a_since_that_is_neither_a_duration_nor_a_time_is_refused() {
+fn a_bad_since_or_a_missing_store_is_refused() {
     let (_guard, dir) = temp_dir();
     let (status, _, stderr) = mandrill(&dir, &["report", "--since", "last week"], &[]);
     assert_eq!(status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("RFC 3339"), "{stderr}");
+    let db = sqlite_url(&dir);
+    let args = ["report", "--since", "2026-11-20T09:00:00Z", "--db", &db];
+    let (status, _, stderr) = mandrill(&dir, &args, &[]);
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("no database at"), "{stderr}");
+    assert!(!dir.join("mandrill.db").exists());
 }
 
 fn store_report(url: &str) -> mandrill::store::ReportData {
