@@ -47,6 +47,7 @@ mod keygen;
 mod policy;
 mod publish;
 mod replay;
+mod report;
 mod run;
 mod schedule;
 mod signals;
@@ -96,6 +97,8 @@ pub(crate) enum Command {
     Keygen(keygen::KeygenArgs),
     /// Restarts mandrill plans itself ([[schedule]]): `mandrill schedule preview`.
     Schedule(schedule::ScheduleArgs),
+    /// The game-day report since a moment: per group, restarts, recovery times, unrecovered hosts, deferrals, denials.
+    Report(report::ReportArgs),
 }
 
 /// Parses the command line and runs it.
@@ -129,6 +132,7 @@ pub fn main() -> ExitCode {
         Command::Explain(args) => explain::main(&args),
         Command::Inventory(args) => inventory::main(&args),
         Command::Schedule(args) => schedule::main(&args),
+        Command::Report(args) => report::main(&args),
         Command::Keygen(args) => match keygen::keygen(&args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(error) => {

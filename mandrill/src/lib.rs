@@ -20,6 +20,8 @@
 //! - [`service`]: builds adapters from a [`config::Config`] and runs the worker
 //!   with its companions; shuts down in order.
 //! - [`admin`]: the operator's HTTP surface (metrics, health, JSON API).
+//! - `report`: the game-day report (`mandrill report`), aggregated from the
+//!   store's plain rows and rendered as Markdown, HTML with SVG charts, JSON.
 //! - [`notify`]: webhooks told of restarts, failures, dead letters and the
 //!   kill switch, from a bounded queue that never holds the pipeline.
 //! - [`cli`]: subcommands, signals, runtime, exit codes. [`config`]: layered
@@ -59,6 +61,7 @@ mod demo;
 mod diagnostics;
 mod migrations;
 mod pattern;
+mod report;
 mod sqlite;
 mod stats;
 mod telemetry;

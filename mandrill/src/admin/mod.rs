@@ -18,6 +18,8 @@ mod routes;
 mod switch;
 mod token_file;
 
+pub(crate) use dashboard::escape;
+
 use crate::safety::PolicyHandle;
 use std::net::SocketAddr;
 use std::sync::Arc;

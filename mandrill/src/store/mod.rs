@@ -41,7 +41,7 @@ pub use error::{DEFAULT_TIMEOUT, StoreError};
 pub(crate) use error::{sqlx_error_is_transient, within};
 pub use history::{
     AttemptRecord, DecisionRecord, GroupUsage, HistoryEntry, REJECTED_PAYLOAD_EXCERPT, Recorded,
-    Story, Timestamp, payload_excerpt,
+    ReportAttempt, ReportData, ReportDecision, Story, Timestamp, payload_excerpt,
 };
 pub(crate) use history::{group_usage_from, millis_of, status_from_name};
 pub use memory::MemoryStore;
@@ -139,6 +139,14 @@ pub trait Store: Send + Sync + 'static {
         window_start: Timestamp,
         memory_start: Timestamp,
     ) -> Result<std::collections::BTreeMap<String, GroupUsage>, StoreError>;
+
+    /// The restart journal's attempts claimed at `since` or later and the
+    /// verdicts recorded since then, as plain rows, for `mandrill report`.
+    /// A store that keeps no journal (a test double) says so.
+    async fn report(&self, since: Timestamp) -> Result<ReportData, StoreError> {
+        let _ = since;
+        Err(StoreError::Unsupported("report"))
+    }
 
     /// How many deliveries of a request a guard deferred (each recorded
     /// `deferred` decision counts, repeated or not): the worker does not

@@ -16,16 +16,17 @@ macro_rules! reads_for {
 
             use crate::domain::RestartRequest;
             use crate::safety::limits::{Limits, Subject, Usage};
-            use crate::store::history::{entry_from, group_usage_from, story_from};
+            use crate::store::history::{entry_from, group_usage_from, report_from, story_from};
             use crate::store::sql::{
                 DEFERRALS_SQL, ENTRY_SQL, EntryRow, GROUP_DISRUPTED_SQL, GROUP_RESTARTS_SQL,
-                HISTORY_SQL, RECEIVED_AT_SQL, STORY_ATTEMPTS_SQL, STORY_DECISIONS_SQL, SWITCH_SQL,
-                SwitchRow, USAGE_SQL, USAGE_SUBJECT_SQL,
+                HISTORY_SQL, RECEIVED_AT_SQL, REPORT_ATTEMPTS_SQL, REPORT_DECISIONS_SQL,
+                STORY_ATTEMPTS_SQL, STORY_DECISIONS_SQL, SWITCH_SQL, SwitchRow, USAGE_SQL,
+                USAGE_SUBJECT_SQL,
             };
             use crate::store::{
-                DECISION_SQL, DEFERRAL_SQL, Decision, GroupUsage, HistoryEntry, StoreError, Story,
-                Switch, Timestamp, UsageRow, UsageSubjectRow, switch_from, usage_binds, usage_from,
-                usage_subject_from,
+                DECISION_SQL, DEFERRAL_SQL, Decision, GroupUsage, HistoryEntry, ReportData,
+                StoreError, Story, Switch, Timestamp, UsageRow, UsageSubjectRow, switch_from,
+                usage_binds, usage_from, usage_subject_from,
             };
 
             /// What the counting guards read for a claim of `request`, in
@@ -150,6 +151,22 @@ macro_rules! reads_for {
                 Ok(group_usage_from(restarts, disrupted))
             }
 
+            /// See [`crate::store::Store::report`].
+            pub(crate) async fn report(
+                pool: &Pool<$db>,
+                since: Timestamp,
+            ) -> Result<ReportData, StoreError> {
+                let attempts = sqlx::query_as(REPORT_ATTEMPTS_SQL)
+                    .bind(since.as_millis())
+                    .fetch_all(pool)
+                    .await?;
+                let decisions = sqlx::query_as(REPORT_DECISIONS_SQL)
+                    .bind(since.as_millis())
+                    .fetch_all(pool)
+                    .await?;
+                report_from(attempts, decisions)
+            }
+
             /// A request's `received_at`, which must have a row.
             pub(crate) async fn received_at(
                 pool: &Pool<$db>,
@@ -234,6 +251,10 @@ mod tests {
         assert_eq!(
             super::sqlite::switch(&pool).await.unwrap(),
             store.switch().await.unwrap()
+        );
+        assert_eq!(
+            super::sqlite::report(&pool, since).await.unwrap(),
+            store.report(since).await.unwrap()
         );
         // The claim's read of the journal counts what group usage counts
         // (the contract pruned the journal: two claims in flight).

@@ -22,8 +22,8 @@ use uuid::Uuid;
 use self::journal::{Attempts, Decisions};
 use self::row::{Clock, Row};
 use super::{
-    Claim, ClaimTerms, ClaimToken, Decision, GroupUsage, HistoryEntry, Recorded, Store, StoreError,
-    Story, Switch, SwitchExpected, Timestamp,
+    Claim, ClaimTerms, ClaimToken, Decision, GroupUsage, HistoryEntry, Recorded, ReportAttempt,
+    ReportData, ReportDecision, Store, StoreError, Story, Switch, SwitchExpected, Timestamp,
 };
 use crate::domain::{Outcome, RestartRequest, Status};
 
@@ -255,6 +255,44 @@ impl Store for MemoryStore {
             window_start,
             memory_start,
         ))
+    }
+
+    async fn report(&self, since: Timestamp) -> Result<ReportData, StoreError> {
+        let since = since.as_millis();
+        let shards = self.all_shards();
+        let mut attempts: Vec<ReportAttempt> = shards
+            .iter()
+            .flat_map(|shard| shard.attempts.report(&shard.rows, since))
+            .collect();
+        attempts.sort_by_key(|a| (a.claimed_at, a.message_id, a.attempt));
+        let mut decisions = Vec::new();
+        for (id, list) in &self.decisions().decisions {
+            let shard = &shards[Self::shard_of(id)];
+            let row = shard.rows.get(id);
+            let entry = row.map(|row| row.entry(Some(*id)));
+            let group = row
+                .and_then(|row| shard.attempts.attempts_of(row.latest).pop())
+                .map(|attempt| attempt.group);
+            for decision in list.iter().filter(|d| d.at.as_millis() >= since) {
+                decisions.push(ReportDecision {
+                    message_id: *id,
+                    at: decision.at,
+                    verdict: decision.verdict.clone(),
+                    guard: decision.guard.clone(),
+                    reason: decision.reason.clone(),
+                    instance_name: entry.as_ref().and_then(|e| e.instance_name.clone()),
+                    group: group.clone(),
+                    requested_by: entry.as_ref().and_then(|e| e.requested_by.clone()),
+                });
+            }
+        }
+        // Recorded in order per request; across requests, by time (the
+        // SQL stores' insertion order breaks ties there, the id here).
+        decisions.sort_by_key(|d| (d.at, d.message_id));
+        Ok(ReportData {
+            attempts,
+            decisions,
+        })
     }
 
     async fn deferrals(&self, message_id: Uuid) -> Result<u32, StoreError> {

@@ -53,7 +53,8 @@ use super::sql::{
 };
 use super::{
     Claim, ClaimTerms, ClaimToken, DEFAULT_TIMEOUT, Decision, GroupUsage, HistoryEntry, Recorded,
-    Store, StoreError, Story, Switch, SwitchExpected, Timestamp, payload_excerpt, within,
+    ReportData, Store, StoreError, Story, Switch, SwitchExpected, Timestamp, payload_excerpt,
+    within,
 };
 use crate::domain::{Outcome, RestartRequest, Status};
 
@@ -351,6 +352,10 @@ impl Store for PostgresStore {
     ) -> Result<std::collections::BTreeMap<String, GroupUsage>, StoreError> {
         self.bounded(reads::group_usage(&self.pool, window_start, memory_start))
             .await
+    }
+
+    async fn report(&self, since: Timestamp) -> Result<ReportData, StoreError> {
+        self.bounded(reads::report(&self.pool, since)).await
     }
 
     async fn first_received(&self, request: &RestartRequest) -> Result<Timestamp, StoreError> {

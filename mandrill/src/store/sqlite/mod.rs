@@ -34,7 +34,8 @@ use super::reads::sqlite as reads;
 use super::sql::{SET_SWITCH_IF_SQL, SET_SWITCH_SQL};
 use super::{
     Claim, ClaimTerms, ClaimToken, DEFAULT_TIMEOUT, Decision, GroupUsage, HistoryEntry, Recorded,
-    Store, StoreError, Story, Switch, SwitchExpected, Timestamp, payload_excerpt, within,
+    ReportData, Store, StoreError, Story, Switch, SwitchExpected, Timestamp, payload_excerpt,
+    within,
 };
 use crate::domain::{Outcome, RestartRequest, Status};
 use crate::sqlite::writer::{Job, MAX_BATCH};
@@ -400,6 +401,10 @@ impl Store for SqliteStore {
 
     async fn story(&self, message_id: Uuid) -> Result<Option<Story>, StoreError> {
         self.bounded(reads::story(&self.pool, message_id)).await
+    }
+
+    async fn report(&self, since: Timestamp) -> Result<ReportData, StoreError> {
+        self.bounded(reads::report(&self.pool, since)).await
     }
 
     async fn first_received(&self, request: &RestartRequest) -> Result<Timestamp, StoreError> {
