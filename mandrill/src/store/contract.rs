@@ -39,6 +39,39 @@ pub async fn all(store: &dyn Store) {
     a_request_without_zone_or_requester_is_never_counted_in_them(store).await;
     the_first_receipt_is_kept(store).await;
     prune_removes_old_final_entries_only_and_in_bounded_passes(store).await;
+    a_campaign_is_read_back_as_recorded_and_only_once(store).await;
+}
+
+/// A campaign reads back whole (targets in order, times to the
+/// millisecond); an unknown id is `None`; the same id twice is refused.
+pub async fn a_campaign_is_read_back_as_recorded_and_only_once(store: &dyn Store) {
+    let campaign = Campaign {
+        id: Uuid::new_v4(),
+        group: "cattle".into(),
+        created_at: Timestamp::from_millis(1_795_000_000_123),
+        requester: Some("chaos".into()),
+        targets: ["cattle-07", "cattle-02"]
+            .iter()
+            .enumerate()
+            .map(|(index, name)| CampaignTarget {
+                instance_name: (*name).into(),
+                message_id: Uuid::new_v4(),
+                due_at: Timestamp::from_millis(1_795_000_000_123 + 60_000 * index as i64),
+            })
+            .collect(),
+    };
+    assert_eq!(store.campaign(campaign.id).await.unwrap(), None);
+    store.record_campaign(&campaign).await.unwrap();
+    assert_eq!(store.campaign(campaign.id).await.unwrap(), Some(campaign.clone()));
+    let unsigned = Campaign {
+        id: Uuid::new_v4(),
+        requester: None,
+        targets: Vec::new(),
+        ..campaign.clone()
+    };
+    store.record_campaign(&unsigned).await.unwrap();
+    assert_eq!(store.campaign(unsigned.id).await.unwrap(), Some(unsigned));
+    assert!(store.record_campaign(&campaign).await.is_err(), "one id, once");
 }
 
 pub async fn final_outcome_is_never_overwritten(store: &dyn Store) {
