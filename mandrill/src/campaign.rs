@@ -105,7 +105,7 @@ impl Verdict {
 }
 
 /// Where one request stands, judged from its record.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub(crate) struct Standing {
     /// `published` (no record yet), `deferred`, `restarting`, or the
     /// request's status.

@@ -160,7 +160,7 @@ fn count_3_of_10_restarts_exactly_3_never_more_than_the_budget_at_once_and_wait_
         .map(|line| line.split_whitespace().next().unwrap())
         .collect();
     journaled.sort_unstable();
-    let mut expected: Vec<&str> = chosen.iter().map(String::as_str).collect();
+    let mut expected: Vec<String> = chosen.iter().map(|name| format!("{name}.example.net")).collect();
     expected.sort_unstable();
     assert_eq!(journaled, expected, "{journal}");
     let events = fs::read_to_string(events).unwrap();

@@ -136,8 +136,31 @@ async fn start(config: Config, args: &StartArgs) -> anyhow::Result<()> {
     }
     let signing = super::publish::signing_key(&args.as_requester, &args.key_file)?;
     let requester = signing.as_ref().map(|(name, _)| name.as_str());
-    // The store is read (hosts restarting now) and written only for real:
-    // a preview opens nothing, so it cannot create or migrate a database.
+    let (group_size, mut eligible) = eligible(&policy, &config, &args.group, requester)?;
+    let count = size.of(group_size);
+    if campaign::is_majority(count, group_size) && !args.allow_majority {
+        bail!(BadInput(format!(
+            "{count} of group {}'s {group_size} hosts is a majority (more than half); pass \
+             --allow-majority if that is meant",
+            args.group
+        )));
+    }
+    let enough = |eligible: &[String], restarting: &str| {
+        if count > eligible.len() {
+            bail!(BadInput(format!(
+                "{count} targets asked, but only {} of group {}'s {group_size} hosts are \
+                 eligible now (in the inventory, allowed by safety.allow/deny and the \
+                 requester{restarting})",
+                eligible.len(),
+                args.group,
+            )));
+        }
+        Ok(())
+    };
+    enough(&eligible, "")?;
+    // The store is opened (hosts restarting now are read) only for real,
+    // once the request is known to be sound: a preview or a refusal opens
+    // nothing, so it cannot create or migrate a database.
     let (store, url) = if args.preview {
         (None, None)
     } else {
@@ -149,30 +172,22 @@ async fn start(config: Config, args: &StartArgs) -> anyhow::Result<()> {
             ));
         }
         let url = super::queue_url(&config)?;
-        (Some(super::switch::open(&config).await?), Some(url))
+        let store = super::switch::open(&config).await?;
+        let busy = busy_hosts(&*store).await;
+        let busy = match busy {
+            Ok(busy) => busy,
+            Err(error) => {
+                store.close().await;
+                return Err(error);
+            }
+        };
+        eligible.retain(|name| !busy.contains(name));
+        if let Err(error) = enough(&eligible, ", not restarting already") {
+            store.close().await;
+            return Err(error);
+        }
+        (Some(store), Some(url))
     };
-    let busy = match &store {
-        Some(store) => busy_hosts(&**store).await?,
-        None => HashSet::new(),
-    };
-    let (group_size, eligible) = eligible(&policy, &config, &args.group, requester, &busy)?;
-    let count = size.of(group_size);
-    if campaign::is_majority(count, group_size) && !args.allow_majority {
-        bail!(BadInput(format!(
-            "{count} of group {}'s {group_size} hosts is a majority (more than half); pass \
-             --allow-majority if that is meant",
-            args.group
-        )));
-    }
-    if count > eligible.len() {
-        bail!(BadInput(format!(
-            "{count} targets asked, but only {} of group {}'s {group_size} hosts are eligible now \
-             (in the inventory, allowed by safety.allow/deny and the requester{})",
-            eligible.len(),
-            args.group,
-            if args.preview { "" } else { ", not restarting already" }
-        )));
-    }
     let targets = campaign::choose(&eligible, count, &mut rand::rng());
     let now = SystemTime::now();
     let id = crate::domain::new_message_id(now, &mut rand::rng());
@@ -292,14 +307,12 @@ fn sign(key: &SigningKey, name: &str, request: &RestartRequest, now: SystemTime)
 
 /// The group's size in the inventory, and its hosts a campaign may target
 /// now: placed by the inventory, allowed by `safety.allow`/`deny` and the
-/// requester's `allow`, not in `busy`. Sorted, so that only the draw is
-/// random.
+/// requester's `allow`. Sorted, so that only the draw is random.
 fn eligible(
     policy: &Policy,
     config: &Config,
     group: &str,
     requester: Option<&str>,
-    busy: &HashSet<String>,
 ) -> anyhow::Result<(usize, Vec<String>)> {
     let Some(inventory) = policy.inventory.as_ref() else {
         bail!(BadInput(
@@ -326,7 +339,6 @@ fn eligible(
     let rules = config.parse_rules();
     let eligible = hosts
         .iter()
-        .filter(|name| !busy.contains(**name))
         .filter(|name| {
             let Ok(instance) = InstanceName::parse(name) else {
                 return false;
