@@ -13,7 +13,7 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use crate::domain::Status;
-use crate::store::Story;
+use crate::store::{DecisionRecord, Story};
 
 /// How many of the group a campaign targets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -125,27 +125,24 @@ pub(crate) struct Standing {
 /// it was issued; nothing said otherwise). A dry run is a failure: nothing
 /// was restarted, and automation waiting for restarts must not go on as if
 /// there had been.
-pub(crate) fn standing(story: Option<&Story>) -> Standing {
+///
+/// `early`: the decisions recorded about it when it has no record of its
+/// own (deferred before any claim), read only then.
+pub(crate) fn standing(story: Option<&Story>, early: &[DecisionRecord]) -> Standing {
     let Some(story) = story else {
+        let (state, detail) = match early.last() {
+            Some(decision) => ("deferred", format!("{} (at {})", said(decision), decision.at)),
+            None => ("published", "published; no instance has received it yet".into()),
+        };
         return Standing {
-            state: "published".into(),
+            state: state.into(),
             verdict: Verdict::InProgress,
-            detail: "published; no instance has received it yet".into(),
+            detail,
             recovered_after_seconds: None,
         };
     };
     let entry = &story.entry;
     let latest_decision = story.decisions.last();
-    let said = |decision: &crate::store::DecisionRecord| {
-        if decision.reason.starts_with(&decision.verdict) {
-            decision.reason.clone()
-        } else {
-            format!(
-                "{} by {}: {}",
-                decision.verdict, decision.guard, decision.reason
-            )
-        }
-    };
     let why_final = || {
         entry
             .last_error
@@ -220,6 +217,18 @@ pub(crate) fn standing(story: Option<&Story>) -> Standing {
         verdict,
         detail,
         recovered_after_seconds: entry.recovered_after.map(|d| d.as_secs_f64()),
+    }
+}
+
+/// A decision in words, as `explain` tells it.
+fn said(decision: &DecisionRecord) -> String {
+    if decision.reason.starts_with(&decision.verdict) {
+        decision.reason.clone()
+    } else {
+        format!(
+            "{} by {}: {}",
+            decision.verdict, decision.guard, decision.reason
+        )
     }
 }
 
@@ -298,6 +307,6 @@ mod tests {
         assert_eq!(Verdict::of_all([Succeeded, InProgress, Failed]), Failed);
         assert_eq!(Verdict::of_all([Succeeded, InProgress]), InProgress);
         assert_eq!(Verdict::of_all([Succeeded, Succeeded]), Succeeded);
-        assert_eq!(standing(None).verdict, InProgress);
+        assert_eq!(standing(None, &[]).verdict, InProgress);
     }
 }

@@ -308,3 +308,47 @@ fn bad_flag_combinations_fail_naming_the_flag() {
     assert!(stderr.contains("eligible"), "{stderr}");
     assert!(!dir.join("mandrill.db").exists(), "nothing written");
 }
+
+/// With `--spread`, the first target goes at once and the second waits
+/// for its signed `not_before`: deferred by that guard, never restarted
+/// early.
+#[test]
+fn a_spread_target_waits_for_its_time_deferred_by_not_before() {
+    let (_guard, dir) = temp_dir();
+    setup(&dir, 1);
+    let out = start(&dir, &["--count", "2", "--spread", "2h"]);
+    let chosen = targets(&out);
+    let id = out.lines().last().unwrap().to_owned();
+    let service = Mandrill::run(&dir, &["--config", "mandrill.toml"]);
+    let deadline = std::time::Instant::now() + support::DEADLINE;
+    let status = loop {
+        let status = status_json(&dir, &id);
+        let states: Vec<&str> = status["targets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["state"].as_str().unwrap())
+            .collect();
+        if states == ["restarted", "deferred"] {
+            break status;
+        }
+        assert!(std::time::Instant::now() < deadline, "{status}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    service.signal("TERM");
+    let (exit, lines) = service.wait_exit();
+    assert!(exit.success(), "{lines:?}");
+    let later = &status["targets"][1];
+    assert_eq!(later["instance_name"], chosen[1].as_str());
+    let detail = later["detail"].as_str().unwrap();
+    assert!(
+        detail.starts_with("deferred by not_before: its publisher asked for no restart before"),
+        "{detail}"
+    );
+    assert_eq!(status["verdict"], "in-progress");
+    let journal = fs::read_to_string(dir.join("restarts.journal")).unwrap();
+    assert_eq!(journal.lines().count(), 1, "only the first: {journal}");
+    let (code, waited, _) = run(&dir, &["wait", &id, "--timeout", "1s"]);
+    assert_eq!(code.code(), Some(2), "{waited}");
+    assert!(waited.contains("deferred by not_before"), "{waited}");
+}

@@ -385,7 +385,14 @@ pub(super) async fn judge(
             .story(target.message_id)
             .await
             .with_context(|| format!("cannot read request {}", target.message_id))?;
-        judged.push((target.clone(), campaign::standing(story.as_ref())));
+        let early = match &story {
+            Some(_) => Vec::new(),
+            None => store
+                .decisions(target.message_id)
+                .await
+                .with_context(|| format!("cannot read request {}", target.message_id))?,
+        };
+        judged.push((target.clone(), campaign::standing(story.as_ref(), &early)));
     }
     let verdict = Verdict::of_all(judged.iter().map(|(_, standing)| standing.verdict));
     Ok((judged, verdict))

@@ -110,7 +110,11 @@ async fn decide(store: &dyn Store, id: uuid::Uuid) -> anyhow::Result<(Verdict, V
     let found = store.campaign(id).await.context("cannot read the store")?;
     let Some(campaign) = found else {
         let story = store.story(id).await.context("cannot read the store")?;
-        let standing = campaign::standing(story.as_ref());
+        let early = match &story {
+            Some(_) => Vec::new(),
+            None => store.decisions(id).await.context("cannot read the store")?,
+        };
+        let standing = campaign::standing(story.as_ref(), &early);
         let line = format!("request {id}: {}: {}", standing.state, standing.detail);
         return Ok((standing.verdict, vec![line]));
     };

@@ -186,6 +186,14 @@ pub trait Store: Send + Sync + 'static {
         Err(StoreError::Unsupported("campaigns"))
     }
 
+    /// The decisions recorded about a request, oldest first, whether or
+    /// not it has a record of its own yet (a request deferred before any
+    /// claim has only these). For `campaign status` and `wait`.
+    async fn decisions(&self, message_id: Uuid) -> Result<Vec<DecisionRecord>, StoreError> {
+        let _ = message_id;
+        Err(StoreError::Unsupported("decisions apart from a story"))
+    }
+
     /// The campaign with this id, if one is recorded.
     async fn campaign(&self, id: Uuid) -> Result<Option<Campaign>, StoreError> {
         let _ = id;

@@ -150,6 +150,18 @@ macro_rules! reads_for {
                 Ok(())
             }
 
+            /// See [`crate::store::Store::decisions`].
+            pub(crate) async fn decisions(
+                pool: &Pool<$db>,
+                message_id: Uuid,
+            ) -> Result<Vec<crate::store::DecisionRecord>, StoreError> {
+                let rows = sqlx::query_as(STORY_DECISIONS_SQL)
+                    .bind(message_id.to_string())
+                    .fetch_all(pool)
+                    .await?;
+                Ok(crate::store::history::decisions_from(rows))
+            }
+
             /// See [`crate::store::Store::campaign`].
             pub(crate) async fn campaign(
                 pool: &Pool<$db>,

@@ -281,6 +281,18 @@ impl Store for MemoryStore {
         Ok(())
     }
 
+    async fn decisions(
+        &self,
+        message_id: Uuid,
+    ) -> Result<Vec<super::DecisionRecord>, StoreError> {
+        Ok(self
+            .decisions()
+            .decisions
+            .get(&message_id)
+            .cloned()
+            .unwrap_or_default())
+    }
+
     async fn campaign(&self, id: Uuid) -> Result<Option<super::Campaign>, StoreError> {
         let row = self
             .campaigns

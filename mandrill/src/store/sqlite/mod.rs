@@ -407,6 +407,13 @@ impl Store for SqliteStore {
             .await
     }
 
+    async fn decisions(
+        &self,
+        message_id: Uuid,
+    ) -> Result<Vec<crate::store::DecisionRecord>, StoreError> {
+        self.bounded(reads::decisions(&self.pool, message_id)).await
+    }
+
     async fn campaign(&self, id: Uuid) -> Result<Option<crate::store::Campaign>, StoreError> {
         self.bounded(reads::campaign(&self.pool, id)).await
     }
