@@ -301,6 +301,78 @@ mod tests {
         assert_eq!(message_id(a, "cattle-01").get_version_num(), 5);
     }
 
+    fn story(status: Status) -> Story {
+        let at = crate::store::Timestamp::from_millis(1_795_000_000_000);
+        Story {
+            entry: crate::store::HistoryEntry {
+                message_id: Some(Uuid::new_v4()),
+                instance_name: Some("cattle-01".into()),
+                hostname: Some("cattle-01.example.net".into()),
+                status,
+                attempts: 1,
+                requested_by: Some("chaos".into()),
+                reason: None,
+                last_error: None,
+                output: None,
+                recovered_after: None,
+                received_at: at,
+                updated_at: at,
+                completed_at: None,
+            },
+            attempts: Vec::new(),
+            decisions: Vec::new(),
+        }
+    }
+
+    fn deferral(guard: &str, at: i64) -> DecisionRecord {
+        DecisionRecord {
+            at: crate::store::Timestamp::from_millis(at),
+            attempt: 0,
+            verdict: "deferred".into(),
+            guard: guard.into(),
+            reason: format!("deferred by {guard}: not yet"),
+        }
+    }
+
+    /// What each record says: a restart without a probe succeeds, a dry
+    /// run fails (nothing was restarted), a failure says why, and a
+    /// request deferred before it has a record says by which guard.
+    #[test]
+    fn a_target_stands_as_its_record_says() {
+        let restarted = standing(Some(&story(Status::Restarted)), &[]);
+        assert_eq!(restarted.verdict, Verdict::Succeeded);
+        assert!(restarted.detail.contains("no verification probe"), "{restarted:?}");
+        let mut recovered = story(Status::Restarted);
+        recovered.entry.recovered_after = Some(Duration::from_millis(2500));
+        let recovered = standing(Some(&recovered), &[]);
+        assert_eq!(recovered.detail, "restarted; recovered after 2s 500ms");
+        assert_eq!(recovered.recovered_after_seconds, Some(2.5));
+
+        let dry_run = standing(Some(&story(Status::DryRun)), &[]);
+        assert_eq!(dry_run.verdict, Verdict::Failed);
+        assert!(dry_run.detail.starts_with("dry run: never issued"), "{dry_run:?}");
+
+        let mut unrecovered = story(Status::Unrecovered);
+        unrecovered.entry.last_error = Some("not healthy within 1s".into());
+        let unrecovered = standing(Some(&unrecovered), &[]);
+        assert_eq!(
+            (unrecovered.state.as_str(), unrecovered.verdict, unrecovered.detail.as_str()),
+            ("unrecovered", Verdict::Failed, "not healthy within 1s")
+        );
+
+        let early = [deferral("calendar", 1), deferral("not_before", 2)];
+        let waiting = standing(None, &early);
+        assert_eq!((waiting.state.as_str(), waiting.verdict), ("deferred", Verdict::InProgress));
+        assert!(waiting.detail.starts_with("deferred by not_before"), "{waiting:?}");
+        assert_eq!(standing(None, &[]).state, "published");
+
+        let mut held = story(Status::Received);
+        held.decisions.push(deferral("disruption budget", 1_795_000_000_500));
+        let held = standing(Some(&held), &[]);
+        assert_eq!(held.state, "deferred");
+        assert!(held.detail.starts_with("deferred by disruption budget"), "{held:?}");
+    }
+
     #[test]
     fn a_campaign_fails_on_one_failure_and_succeeds_only_when_all_did() {
         use Verdict::*;
