@@ -30,9 +30,7 @@ impl Size {
     pub(crate) fn of(self, group_size: usize) -> usize {
         match self {
             Self::Count(count) => count,
-            Self::Percent(percent) => {
-                (group_size.saturating_mul(percent as usize) / 100).max(1)
-            }
+            Self::Percent(percent) => (group_size.saturating_mul(percent as usize) / 100).max(1),
         }
     }
 }
@@ -131,8 +129,14 @@ pub(crate) struct Standing {
 pub(crate) fn standing(story: Option<&Story>, early: &[DecisionRecord]) -> Standing {
     let Some(story) = story else {
         let (state, detail) = match early.last() {
-            Some(decision) => ("deferred", format!("{} (at {})", said(decision), decision.at)),
-            None => ("published", "published; no instance has received it yet".into()),
+            Some(decision) => (
+                "deferred",
+                format!("{} (at {})", said(decision), decision.at),
+            ),
+            None => (
+                "published",
+                "published; no instance has received it yet".into(),
+            ),
         };
         return Standing {
             state: state.into(),
@@ -341,7 +345,10 @@ mod tests {
     fn a_target_stands_as_its_record_says() {
         let restarted = standing(Some(&story(Status::Restarted)), &[]);
         assert_eq!(restarted.verdict, Verdict::Succeeded);
-        assert!(restarted.detail.contains("no verification probe"), "{restarted:?}");
+        assert!(
+            restarted.detail.contains("no verification probe"),
+            "{restarted:?}"
+        );
         let mut recovered = story(Status::Restarted);
         recovered.entry.recovered_after = Some(Duration::from_millis(2500));
         let recovered = standing(Some(&recovered), &[]);
@@ -350,27 +357,44 @@ mod tests {
 
         let dry_run = standing(Some(&story(Status::DryRun)), &[]);
         assert_eq!(dry_run.verdict, Verdict::Failed);
-        assert!(dry_run.detail.starts_with("dry run: never issued"), "{dry_run:?}");
+        assert!(
+            dry_run.detail.starts_with("dry run: never issued"),
+            "{dry_run:?}"
+        );
 
         let mut unrecovered = story(Status::Unrecovered);
         unrecovered.entry.last_error = Some("not healthy within 1s".into());
         let unrecovered = standing(Some(&unrecovered), &[]);
         assert_eq!(
-            (unrecovered.state.as_str(), unrecovered.verdict, unrecovered.detail.as_str()),
+            (
+                unrecovered.state.as_str(),
+                unrecovered.verdict,
+                unrecovered.detail.as_str()
+            ),
             ("unrecovered", Verdict::Failed, "not healthy within 1s")
         );
 
         let early = [deferral("calendar", 1), deferral("not_before", 2)];
         let waiting = standing(None, &early);
-        assert_eq!((waiting.state.as_str(), waiting.verdict), ("deferred", Verdict::InProgress));
-        assert!(waiting.detail.starts_with("deferred by not_before"), "{waiting:?}");
+        assert_eq!(
+            (waiting.state.as_str(), waiting.verdict),
+            ("deferred", Verdict::InProgress)
+        );
+        assert!(
+            waiting.detail.starts_with("deferred by not_before"),
+            "{waiting:?}"
+        );
         assert_eq!(standing(None, &[]).state, "published");
 
         let mut held = story(Status::Received);
-        held.decisions.push(deferral("disruption budget", 1_795_000_000_500));
+        held.decisions
+            .push(deferral("disruption budget", 1_795_000_000_500));
         let held = standing(Some(&held), &[]);
         assert_eq!(held.state, "deferred");
-        assert!(held.detail.starts_with("deferred by disruption budget"), "{held:?}");
+        assert!(
+            held.detail.starts_with("deferred by disruption budget"),
+            "{held:?}"
+        );
     }
 
     #[test]

@@ -160,14 +160,20 @@ fn count_3_of_10_restarts_exactly_3_never_more_than_the_budget_at_once_and_wait_
         .map(|line| line.split_whitespace().next().unwrap())
         .collect();
     journaled.sort_unstable();
-    let mut expected: Vec<String> = chosen.iter().map(|name| format!("{name}.example.net")).collect();
+    let mut expected: Vec<String> = chosen
+        .iter()
+        .map(|name| format!("{name}.example.net"))
+        .collect();
     expected.sort_unstable();
     assert_eq!(journaled, expected, "{journal}");
     let events = fs::read_to_string(events).unwrap();
     let mut running = 0;
     for line in events.lines() {
         running += if line.starts_with("start") { 1 } else { -1 };
-        assert!(running <= 1, "two restarts at once under a budget of 1: {events}");
+        assert!(
+            running <= 1,
+            "two restarts at once under a budget of 1: {events}"
+        );
     }
     assert_eq!(events.lines().count(), 6, "{events}");
 
@@ -179,7 +185,11 @@ fn count_3_of_10_restarts_exactly_3_never_more_than_the_budget_at_once_and_wait_
         assert!(entry.recovered_after.is_some(), "verified: {entry:?}");
         assert_eq!(entry.requested_by.as_deref(), Some("chaos"));
         assert!(
-            entry.reason.as_deref().unwrap().starts_with(&format!("campaign {id}")),
+            entry
+                .reason
+                .as_deref()
+                .unwrap()
+                .starts_with(&format!("campaign {id}")),
             "{entry:?}"
         );
     }
@@ -217,7 +227,10 @@ fn wait_exits_1_when_one_target_never_recovers_and_the_others_keep_their_record(
 
     let (status, waited, stderr) = run(&dir, &["wait", &id, "--timeout", "60s"]);
     assert_eq!(status.code(), Some(1), "{waited}{stderr}");
-    assert!(waited.contains(&format!("{down} (")), "names the host: {waited}");
+    assert!(
+        waited.contains(&format!("{down} (")),
+        "names the host: {waited}"
+    );
     assert!(waited.contains("unrecovered"), "says why: {waited}");
     assert!(waited.ends_with("verdict: failed\n"), "{waited}");
 
@@ -250,8 +263,16 @@ fn a_majority_of_the_group_is_refused_unless_allowed() {
         let (status, out, stderr) = run(
             &dir,
             &[
-                "campaign", "start", "--group", "cattle", size[0], size[1], "--as", "chaos",
-                "--key-file", "chaos.key",
+                "campaign",
+                "start",
+                "--group",
+                "cattle",
+                size[0],
+                size[1],
+                "--as",
+                "chaos",
+                "--key-file",
+                "chaos.key",
             ],
         );
         assert_eq!(status.code(), Some(2), "{out}{stderr}");
@@ -274,13 +295,22 @@ fn bad_flag_combinations_fail_naming_the_flag() {
     let (_guard, dir) = temp_dir();
     setup(&dir, 1);
     let cases: [(&[&str], &str); 8] = [
-        (&["--count", "3", "--percent", "20", "--preview"], "--percent"),
+        (
+            &["--count", "3", "--percent", "20", "--preview"],
+            "--percent",
+        ),
         (&["--preview"], "--count"),
         (&["--count", "3"], "--as"),
         (&["--count", "0", "--preview"], "--count must be at least 1"),
         (&["--percent", "101", "--preview"], "--percent 101"),
-        (&["--count", "3", "--spread", "2days", "--preview"], "safety.max_defer"),
-        (&["--count", "3", "--spread", "soon", "--preview"], "--spread"),
+        (
+            &["--count", "3", "--spread", "2days", "--preview"],
+            "safety.max_defer",
+        ),
+        (
+            &["--count", "3", "--spread", "soon", "--preview"],
+            "--spread",
+        ),
         (
             &["--count", "1", "--preview", "--group", "nope"],
             "group nope has no host in the inventory",
@@ -300,7 +330,13 @@ fn bad_flag_combinations_fail_naming_the_flag() {
     let (status, _, stderr) = run(
         &dir,
         &[
-            "campaign", "start", "--group", "cattle", "--count", "11", "--allow-majority",
+            "campaign",
+            "start",
+            "--group",
+            "cattle",
+            "--count",
+            "11",
+            "--allow-majority",
             "--preview",
         ],
     );

@@ -53,7 +53,12 @@ struct StartArgs {
     #[arg(long, value_name = "G")]
     group: String,
     /// How many hosts of the group.
-    #[arg(long, value_name = "N", required_unless_present = "percent", conflicts_with = "percent")]
+    #[arg(
+        long,
+        value_name = "N",
+        required_unless_present = "percent",
+        conflicts_with = "percent"
+    )]
     count: Option<usize>,
     /// What percentage of the group's hosts in the inventory (rounded down, at least one).
     #[arg(long, value_name = "P")]
@@ -68,7 +73,12 @@ struct StartArgs {
     #[arg(long)]
     allow_majority: bool,
     /// Sign each request as this requester (`[[requesters]]`), with --key-file.
-    #[arg(long = "as", value_name = "NAME", required_unless_present = "preview", requires = "key_file")]
+    #[arg(
+        long = "as",
+        value_name = "NAME",
+        required_unless_present = "preview",
+        requires = "key_file"
+    )]
     as_requester: Option<String>,
     /// The requester's private key, PKCS#8 PEM, for --as.
     #[arg(long, value_name = "FILE", requires = "as_requester")]
@@ -117,15 +127,16 @@ async fn start(config: Config, args: &StartArgs) -> anyhow::Result<()> {
         (Some(0), _) => bail!(BadInput("--count must be at least 1".into())),
         (Some(count), _) => Size::Count(count),
         (None, Some(percent)) if (1..=100).contains(&percent) => Size::Percent(percent),
-        (None, Some(percent)) => bail!(BadInput(format!(
-            "--percent {percent} must be 1 to 100"
-        ))),
+        (None, Some(percent)) => bail!(BadInput(format!("--percent {percent} must be 1 to 100"))),
         // clap requires one of them.
         (None, None) => bail!(BadInput("give --count N or --percent P".into())),
     };
     let policy = super::inventory::policy_with_inventory(&config).await?;
     let spread = args.spread.unwrap_or_default();
-    let longest = policy.guards.max_defer.min(crate::domain::signed::MAX_LIFETIME);
+    let longest = policy
+        .guards
+        .max_defer
+        .min(crate::domain::signed::MAX_LIFETIME);
     if spread > longest {
         bail!(BadInput(format!(
             "--spread {} is longer than a request may wait: safety.max_defer ({}) and a signed \
@@ -261,8 +272,7 @@ async fn start(config: Config, args: &StartArgs) -> anyhow::Result<()> {
                 requester: None,
                 reach: None,
                 // The first is due at once; only later ones carry a time.
-                not_before: (index > 0 && !spread.is_zero())
-                    .then(|| SystemTime::from(due[index])),
+                not_before: (index > 0 && !spread.is_zero()).then(|| SystemTime::from(due[index])),
             };
             Ok(sign(key, name, &request, now))
         })
@@ -270,7 +280,8 @@ async fn start(config: Config, args: &StartArgs) -> anyhow::Result<()> {
     let recorded = store.record_campaign(&record).await;
     if let Err(error) = recorded {
         store.close().await;
-        return Err(error).context("cannot record the campaign in the store; nothing was published");
+        return Err(error)
+            .context("cannot record the campaign in the store; nothing was published");
     }
     store.close().await;
     let published = if let BrokerUrl::Sqlite { .. } = url {

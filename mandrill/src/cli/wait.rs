@@ -121,9 +121,7 @@ async fn decide(store: &dyn Store, id: uuid::Uuid) -> anyhow::Result<(Verdict, V
     let (targets, verdict) = super::campaign::judge(store, &campaign).await?;
     let lines = targets
         .iter()
-        .filter(|(_, standing)| {
-            verdict != Verdict::Failed || standing.verdict == Verdict::Failed
-        })
+        .filter(|(_, standing)| verdict != Verdict::Failed || standing.verdict == Verdict::Failed)
         .map(|(target, standing)| {
             format!(
                 "{} ({}): {}: {}",

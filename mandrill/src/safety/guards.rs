@@ -131,8 +131,9 @@ impl Guards {
                 Some(calendar) => calendar.local(not_before),
                 None => not_before.to_string(),
             };
-            let reason =
-                format!("deferred by not_before: its publisher asked for no restart before {shown}");
+            let reason = format!(
+                "deferred by not_before: its publisher asked for no restart before {shown}"
+            );
             return Some(self.defer(request, "not_before", delay, reason));
         }
         let calendar = self.calendar.as_ref()?;

@@ -71,8 +71,8 @@ impl Campaign {
     /// A campaign from its row.
     pub(crate) fn from_row(row: CampaignRow) -> Result<Self, StoreError> {
         let (id, group, created_at, requester, targets) = row;
-        let id = Uuid::parse_str(&id)
-            .map_err(|_| StoreError::Corrupt(format!("campaign id {id:?}")))?;
+        let id =
+            Uuid::parse_str(&id).map_err(|_| StoreError::Corrupt(format!("campaign id {id:?}")))?;
         let stored: Vec<StoredTarget> = serde_json::from_str(&targets)
             .map_err(|error| StoreError::Corrupt(format!("campaign {id} targets: {error}")))?;
         Ok(Self {

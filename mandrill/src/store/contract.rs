@@ -48,7 +48,10 @@ pub async fn all(store: &dyn Store) {
 pub async fn decisions_are_read_before_a_request_has_a_record(store: &dyn Store) {
     let deferred = request("cattle-0d01");
     assert_eq!(store.decisions(deferred.message_id).await.unwrap(), vec![]);
-    for reason in ["deferred by not_before: first", "deferred by calendar: second"] {
+    for reason in [
+        "deferred by not_before: first",
+        "deferred by calendar: second",
+    ] {
         let decision = Decision {
             verdict: "deferred",
             guard: reason.split(' ').nth(2).unwrap().trim_end_matches(':'),
@@ -69,7 +72,11 @@ pub async fn decisions_are_read_before_a_request_has_a_record(store: &dyn Store)
             ("calendar", "deferred by calendar: second")
         ]
     );
-    assert!(decisions.iter().all(|d| d.verdict == "deferred" && d.attempt == 0));
+    assert!(
+        decisions
+            .iter()
+            .all(|d| d.verdict == "deferred" && d.attempt == 0)
+    );
 }
 
 /// A campaign reads back whole (targets in order, times to the
@@ -92,7 +99,10 @@ pub async fn a_campaign_is_read_back_as_recorded_and_only_once(store: &dyn Store
     };
     assert_eq!(store.campaign(campaign.id).await.unwrap(), None);
     store.record_campaign(&campaign).await.unwrap();
-    assert_eq!(store.campaign(campaign.id).await.unwrap(), Some(campaign.clone()));
+    assert_eq!(
+        store.campaign(campaign.id).await.unwrap(),
+        Some(campaign.clone())
+    );
     let unsigned = Campaign {
         id: Uuid::new_v4(),
         requester: None,
@@ -101,7 +111,10 @@ pub async fn a_campaign_is_read_back_as_recorded_and_only_once(store: &dyn Store
     };
     store.record_campaign(&unsigned).await.unwrap();
     assert_eq!(store.campaign(unsigned.id).await.unwrap(), Some(unsigned));
-    assert!(store.record_campaign(&campaign).await.is_err(), "one id, once");
+    assert!(
+        store.record_campaign(&campaign).await.is_err(),
+        "one id, once"
+    );
 }
 
 pub async fn final_outcome_is_never_overwritten(store: &dyn Store) {

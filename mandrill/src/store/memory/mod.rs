@@ -270,7 +270,10 @@ impl Store for MemoryStore {
     }
 
     async fn record_campaign(&self, campaign: &super::Campaign) -> Result<(), StoreError> {
-        let mut campaigns = self.campaigns.lock().expect("memory store campaigns poisoned");
+        let mut campaigns = self
+            .campaigns
+            .lock()
+            .expect("memory store campaigns poisoned");
         if campaigns.contains_key(&campaign.id) {
             return Err(StoreError::Corrupt(format!(
                 "campaign {} is recorded already",
@@ -281,10 +284,7 @@ impl Store for MemoryStore {
         Ok(())
     }
 
-    async fn decisions(
-        &self,
-        message_id: Uuid,
-    ) -> Result<Vec<super::DecisionRecord>, StoreError> {
+    async fn decisions(&self, message_id: Uuid) -> Result<Vec<super::DecisionRecord>, StoreError> {
         Ok(self
             .decisions()
             .decisions
