@@ -388,3 +388,31 @@ fn a_spread_target_waits_for_its_time_deferred_by_not_before() {
     assert_eq!(code.code(), Some(2), "{waited}");
     assert!(waited.contains("deferred by not_before"), "{waited}");
 }
+
+/// A target whose request is rejected (its signature no longer verifies:
+/// the requester's key was replaced) has no record of its own, only the
+/// rejection: `wait` finds it and exits 1 saying why.
+#[test]
+fn wait_exits_1_when_a_target_is_rejected() {
+    let (_guard, dir) = temp_dir();
+    setup(&dir, 1);
+    let out = start(&dir, &["--count", "1"]);
+    let id = out.lines().last().unwrap().to_owned();
+    let (status, _, stderr) = mandrill(&dir, &["keygen", "other"], &[]);
+    assert!(status.success(), "{stderr}");
+    let config = fs::read_to_string(dir.join("mandrill.toml")).unwrap();
+    fs::write(
+        dir.join("mandrill.toml"),
+        config.replace("chaos.pub", "other.pub"),
+    )
+    .unwrap();
+    run_until_idle(&dir);
+    let (status, waited, stderr) = run(&dir, &["wait", &id, "--timeout", "60s"]);
+    assert_eq!(status.code(), Some(1), "{waited}{stderr}");
+    assert!(
+        waited.contains("rejected: a payload with this id was rejected: signature rejected"),
+        "{waited}"
+    );
+    let journal = fs::read_to_string(dir.join("restarts.journal")).unwrap_or_default();
+    assert_eq!(journal, "", "nothing restarted");
+}

@@ -390,23 +390,66 @@ pub(super) async fn judge(
     store: &dyn Store,
     campaign: &Campaign,
 ) -> anyhow::Result<(Vec<(CampaignTarget, campaign::Standing)>, Verdict)> {
-    let mut judged = Vec::with_capacity(campaign.targets.len());
-    for target in &campaign.targets {
-        let story = store
-            .story(target.message_id)
-            .await
-            .with_context(|| format!("cannot read request {}", target.message_id))?;
-        let early = match &story {
-            Some(_) => Vec::new(),
-            None => store
-                .decisions(target.message_id)
-                .await
-                .with_context(|| format!("cannot read request {}", target.message_id))?,
-        };
-        judged.push((target.clone(), campaign::standing(story.as_ref(), &early)));
-    }
+    let ids: Vec<Uuid> = campaign.targets.iter().map(|t| t.message_id).collect();
+    let standings = standings(store, &ids).await?;
+    let judged: Vec<_> = campaign.targets.iter().cloned().zip(standings).collect();
     let verdict = Verdict::of_all(judged.iter().map(|(_, standing)| standing.verdict));
     Ok((judged, verdict))
+}
+
+/// How many of the newest history entries are searched for a rejection of
+/// a request that has no record of its own.
+const REJECTIONS_SEARCHED: usize = 1000;
+
+/// Where each request stands. A request with no record and no decision
+/// may have been rejected (a bad or unknown signature): a rejection is
+/// recorded apart, under the id salvaged from the payload, so the newest
+/// history is searched for one; found, the request failed.
+pub(super) async fn standings(
+    store: &dyn Store,
+    ids: &[Uuid],
+) -> anyhow::Result<Vec<campaign::Standing>> {
+    let mut standings = Vec::with_capacity(ids.len());
+    for &id in ids {
+        let context = || format!("cannot read request {id} in the store");
+        let story = store.story(id).await.with_context(context)?;
+        let early = match &story {
+            Some(_) => Vec::new(),
+            None => store.decisions(id).await.with_context(context)?,
+        };
+        standings.push(campaign::standing(story.as_ref(), &early));
+    }
+    let unheard: HashSet<Uuid> = ids
+        .iter()
+        .zip(&standings)
+        .filter(|(_, standing)| standing.state == "published")
+        .map(|(id, _)| *id)
+        .collect();
+    if !unheard.is_empty() {
+        let recent = store
+            .history(REJECTIONS_SEARCHED)
+            .await
+            .context("cannot read the store's recent history")?;
+        for entry in recent {
+            let Some(id) = entry.message_id.filter(|id| unheard.contains(id)) else {
+                continue;
+            };
+            if entry.status != crate::domain::Status::Rejected {
+                continue;
+            }
+            let index = ids.iter().position(|i| *i == id).unwrap_or_default();
+            standings[index] = campaign::Standing {
+                state: "rejected".into(),
+                verdict: Verdict::Failed,
+                detail: format!(
+                    "a payload with this id was rejected: {}",
+                    entry.last_error.as_deref().unwrap_or("no reason recorded")
+                ),
+                recovered_after_seconds: None,
+            };
+        }
+    }
+    Ok(standings)
 }
 
 /// `campaign status`.

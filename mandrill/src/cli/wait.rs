@@ -17,7 +17,7 @@ use clap::Args;
 use tokio::time::Instant;
 
 use super::{ConfigArgs, command, string};
-use crate::campaign::{self, Verdict};
+use crate::campaign::Verdict;
 use crate::store::Store;
 
 /// `mandrill wait`
@@ -109,12 +109,10 @@ async fn wait(store: &dyn Store, id: uuid::Uuid, timeout: Option<Duration>) -> a
 async fn decide(store: &dyn Store, id: uuid::Uuid) -> anyhow::Result<(Verdict, Vec<String>)> {
     let found = store.campaign(id).await.context("cannot read the store")?;
     let Some(campaign) = found else {
-        let story = store.story(id).await.context("cannot read the store")?;
-        let early = match &story {
-            Some(_) => Vec::new(),
-            None => store.decisions(id).await.context("cannot read the store")?,
-        };
-        let standing = campaign::standing(story.as_ref(), &early);
+        let standing = super::campaign::standings(store, &[id])
+            .await?
+            .pop()
+            .context("one standing per request")?;
         let line = format!("request {id}: {}: {}", standing.state, standing.detail);
         return Ok((standing.verdict, vec![line]));
     };
