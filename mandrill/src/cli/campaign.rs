@@ -238,6 +238,12 @@ async fn start(config: Config, args: &StartArgs) -> anyhow::Result<()> {
             target.instance_name, target.due_at, target.message_id
         )?;
     }
+    if policy.dry_run {
+        eprintln!(
+            "mandrill: note: safety.dry_run is on in this configuration: a service leashed \
+             like it records each target as a dry run and restarts nothing"
+        );
+    }
     if args.preview {
         writeln!(out, "preview: nothing recorded, nothing published")?;
         return Ok(());
