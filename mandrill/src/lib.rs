@@ -17,6 +17,8 @@
 //!   instance computes alike (a Poisson process over the calendar's open
 //!   time, victims drawn from the inventory), and the companion that
 //!   publishes each slot as a signed request through every guard.
+//!   [`campaign`]: restarts over a share of a group, chosen at random when
+//!   it starts; where each target stands (`campaign status`, `wait`).
 //! - [`service`]: builds adapters from a [`config::Config`] and runs the worker
 //!   with its companions; shuts down in order.
 //! - [`admin`]: the operator's HTTP surface (metrics, health, JSON API).
@@ -55,6 +57,7 @@ pub mod worker;
 
 mod admin;
 mod backoff;
+mod campaign;
 mod causes;
 mod cli;
 mod demo;

@@ -40,6 +40,82 @@ pub async fn all(store: &dyn Store) {
     the_first_receipt_is_kept(store).await;
     the_report_reads_the_journal_and_the_verdicts_since_a_moment(store).await;
     prune_removes_old_final_entries_only_and_in_bounded_passes(store).await;
+    a_campaign_is_read_back_as_recorded_and_only_once(store).await;
+    decisions_are_read_before_a_request_has_a_record(store).await;
+}
+
+/// A request deferred before any claim has no record of its own, only its
+/// decisions: they are read all the same, oldest first.
+pub async fn decisions_are_read_before_a_request_has_a_record(store: &dyn Store) {
+    let deferred = request("cattle-0d01");
+    assert_eq!(store.decisions(deferred.message_id).await.unwrap(), vec![]);
+    for reason in [
+        "deferred by not_before: first",
+        "deferred by calendar: second",
+    ] {
+        let decision = Decision {
+            verdict: "deferred",
+            guard: reason.split(' ').nth(2).unwrap().trim_end_matches(':'),
+            reason,
+        };
+        store.record_decision(&deferred, 0, decision).await.unwrap();
+    }
+    assert_eq!(store.story(deferred.message_id).await.unwrap(), None);
+    let decisions = store.decisions(deferred.message_id).await.unwrap();
+    let read: Vec<(&str, &str)> = decisions
+        .iter()
+        .map(|d| (d.guard.as_str(), d.reason.as_str()))
+        .collect();
+    assert_eq!(
+        read,
+        [
+            ("not_before", "deferred by not_before: first"),
+            ("calendar", "deferred by calendar: second")
+        ]
+    );
+    assert!(
+        decisions
+            .iter()
+            .all(|d| d.verdict == "deferred" && d.attempt == 0)
+    );
+}
+
+/// A campaign reads back whole (targets in order, times to the
+/// millisecond); an unknown id is `None`; the same id twice is refused.
+pub async fn a_campaign_is_read_back_as_recorded_and_only_once(store: &dyn Store) {
+    let campaign = Campaign {
+        id: Uuid::new_v4(),
+        group: "cattle".into(),
+        created_at: Timestamp::from_millis(1_795_000_000_123),
+        requester: Some("chaos".into()),
+        targets: ["cattle-07", "cattle-02"]
+            .iter()
+            .enumerate()
+            .map(|(index, name)| CampaignTarget {
+                instance_name: (*name).into(),
+                message_id: Uuid::new_v4(),
+                due_at: Timestamp::from_millis(1_795_000_000_123 + 60_000 * index as i64),
+            })
+            .collect(),
+    };
+    assert_eq!(store.campaign(campaign.id).await.unwrap(), None);
+    store.record_campaign(&campaign).await.unwrap();
+    assert_eq!(
+        store.campaign(campaign.id).await.unwrap(),
+        Some(campaign.clone())
+    );
+    let unsigned = Campaign {
+        id: Uuid::new_v4(),
+        requester: None,
+        targets: Vec::new(),
+        ..campaign.clone()
+    };
+    store.record_campaign(&unsigned).await.unwrap();
+    assert_eq!(store.campaign(unsigned.id).await.unwrap(), Some(unsigned));
+    assert!(
+        store.record_campaign(&campaign).await.is_err(),
+        "one id, once"
+    );
 }
 
 pub async fn final_outcome_is_never_overwritten(store: &dyn Store) {

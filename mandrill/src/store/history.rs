@@ -102,17 +102,22 @@ pub(crate) fn story_from(
                 },
             )
             .collect(),
-        decisions: decisions
-            .into_iter()
-            .map(|(at, attempt, verdict, guard, reason)| DecisionRecord {
-                at: Timestamp::from_millis(at),
-                attempt: number(attempt),
-                verdict,
-                guard,
-                reason,
-            })
-            .collect(),
+        decisions: decisions_from(decisions),
     }
+}
+
+/// Decision records from their rows.
+pub(crate) fn decisions_from(decisions: Vec<DecisionRow>) -> Vec<DecisionRecord> {
+    decisions
+        .into_iter()
+        .map(|(at, attempt, verdict, guard, reason)| DecisionRecord {
+            at: Timestamp::from_millis(at),
+            attempt: u32::try_from(attempt).unwrap_or(0),
+            verdict,
+            guard,
+            reason,
+        })
+        .collect()
 }
 
 /// Whether [`Store::record_outcome`] recorded anything.

@@ -134,6 +134,48 @@ macro_rules! reads_for {
                 Ok(Some(story_from(entry_from(row)?, attempts, decisions)))
             }
 
+            /// See [`crate::store::Store::record_campaign`].
+            pub(crate) async fn record_campaign(
+                pool: &Pool<$db>,
+                campaign: &crate::store::Campaign,
+            ) -> Result<(), StoreError> {
+                let (id, group, created_at, requester, targets) = campaign.to_row();
+                sqlx::query(crate::store::campaigns::INSERT_CAMPAIGN_SQL)
+                    .bind(id)
+                    .bind(group)
+                    .bind(created_at)
+                    .bind(requester)
+                    .bind(targets)
+                    .execute(pool)
+                    .await?;
+                Ok(())
+            }
+
+            /// See [`crate::store::Store::decisions`].
+            pub(crate) async fn decisions(
+                pool: &Pool<$db>,
+                message_id: Uuid,
+            ) -> Result<Vec<crate::store::DecisionRecord>, StoreError> {
+                let rows = sqlx::query_as(STORY_DECISIONS_SQL)
+                    .bind(message_id.to_string())
+                    .fetch_all(pool)
+                    .await?;
+                Ok(crate::store::history::decisions_from(rows))
+            }
+
+            /// See [`crate::store::Store::campaign`].
+            pub(crate) async fn campaign(
+                pool: &Pool<$db>,
+                id: Uuid,
+            ) -> Result<Option<crate::store::Campaign>, StoreError> {
+                let row: Option<crate::store::campaigns::CampaignRow> =
+                    sqlx::query_as(crate::store::campaigns::CAMPAIGN_SQL)
+                        .bind(id.to_string())
+                        .fetch_optional(pool)
+                        .await?;
+                row.map(crate::store::Campaign::from_row).transpose()
+            }
+
             /// See [`crate::store::Store::group_usage`].
             pub(crate) async fn group_usage(
                 pool: &Pool<$db>,

@@ -54,6 +54,8 @@ pub struct MemoryStore {
     /// what a claim of another request for the same host must find. Locked
     /// after the request's shard (or every shard), before the decisions.
     held: [Mutex<HeldHosts>; SHARDS],
+    /// Campaigns by id, as the SQL stores' rows (times to the millisecond).
+    campaigns: Mutex<HashMap<Uuid, super::campaigns::CampaignRow>>,
 }
 
 /// Instance name → the claim that holds it; an entry is removed when that
@@ -111,6 +113,7 @@ impl MemoryStore {
             paused: AtomicBool::new(false),
             decisions: Mutex::default(),
             held: Default::default(),
+            campaigns: Mutex::default(),
         }
     }
 
@@ -302,6 +305,40 @@ impl Store for MemoryStore {
             .get(&message_id)
             .copied()
             .unwrap_or(0))
+    }
+
+    async fn record_campaign(&self, campaign: &super::Campaign) -> Result<(), StoreError> {
+        let mut campaigns = self
+            .campaigns
+            .lock()
+            .expect("memory store campaigns poisoned");
+        if campaigns.contains_key(&campaign.id) {
+            return Err(StoreError::Corrupt(format!(
+                "campaign {} is recorded already",
+                campaign.id
+            )));
+        }
+        campaigns.insert(campaign.id, campaign.to_row());
+        Ok(())
+    }
+
+    async fn decisions(&self, message_id: Uuid) -> Result<Vec<super::DecisionRecord>, StoreError> {
+        Ok(self
+            .decisions()
+            .decisions
+            .get(&message_id)
+            .cloned()
+            .unwrap_or_default())
+    }
+
+    async fn campaign(&self, id: Uuid) -> Result<Option<super::Campaign>, StoreError> {
+        let row = self
+            .campaigns
+            .lock()
+            .expect("memory store campaigns poisoned")
+            .get(&id)
+            .cloned();
+        row.map(super::Campaign::from_row).transpose()
     }
 
     async fn story(&self, message_id: Uuid) -> Result<Option<Story>, StoreError> {

@@ -371,6 +371,22 @@ impl Store for PostgresStore {
         self.bounded(reads::story(&self.pool, message_id)).await
     }
 
+    async fn record_campaign(&self, campaign: &crate::store::Campaign) -> Result<(), StoreError> {
+        self.bounded(reads::record_campaign(&self.pool, campaign))
+            .await
+    }
+
+    async fn decisions(
+        &self,
+        message_id: Uuid,
+    ) -> Result<Vec<crate::store::DecisionRecord>, StoreError> {
+        self.bounded(reads::decisions(&self.pool, message_id)).await
+    }
+
+    async fn campaign(&self, id: Uuid) -> Result<Option<crate::store::Campaign>, StoreError> {
+        self.bounded(reads::campaign(&self.pool, id)).await
+    }
+
     async fn record_outcome(
         &self,
         request: &RestartRequest,

@@ -407,6 +407,22 @@ impl Store for SqliteStore {
         self.bounded(reads::report(&self.pool, since)).await
     }
 
+    async fn record_campaign(&self, campaign: &crate::store::Campaign) -> Result<(), StoreError> {
+        self.bounded(reads::record_campaign(&self.pool, campaign))
+            .await
+    }
+
+    async fn decisions(
+        &self,
+        message_id: Uuid,
+    ) -> Result<Vec<crate::store::DecisionRecord>, StoreError> {
+        self.bounded(reads::decisions(&self.pool, message_id)).await
+    }
+
+    async fn campaign(&self, id: Uuid) -> Result<Option<crate::store::Campaign>, StoreError> {
+        self.bounded(reads::campaign(&self.pool, id)).await
+    }
+
     async fn first_received(&self, request: &RestartRequest) -> Result<Timestamp, StoreError> {
         // Rare (deferrals of requests their publisher did not date): through
         // the pool, waiting its turn for the write lock, as `set_switch`.
