@@ -73,6 +73,7 @@ fn with_store(broker: Arc<dyn Broker>, store: Arc<dyn Store>) -> State {
         policy: crate::safety::PolicyHandle::default(),
         metrics: crate::admin::metrics::Exposition::new(),
         notifier: None,
+        schedules: crate::schedule::Outlook::default(),
     }
 }
 

@@ -59,6 +59,7 @@ pub(super) async fn publish(config: Config, args: &PublishArgs) -> anyhow::Resul
             zone: None,
             requester: None,
             reach: None,
+            reply_to: None,
         })
     };
     let mut payloads = Vec::new();

@@ -18,6 +18,7 @@ mod handler;
 mod lease;
 mod prepare;
 mod pull;
+mod reply;
 mod retry;
 mod settle;
 mod shared;
