@@ -199,11 +199,8 @@ async fn record(
             .record_outcome_acking(request, attempt, &outcome, ack.clone())
     })
     .await;
-    if let Ok((Recorded::Recorded, _)) = recorded
-        && request.reply_to.is_some()
-        && outcome.status().is_final()
-    {
-        Box::pin(reply(shared, request, &outcome)).await;
+    if let Ok((Recorded::Recorded, _)) = recorded {
+        reply(shared, request, &outcome);
     }
     match recorded {
         Ok((Recorded::Recorded, true)) => {

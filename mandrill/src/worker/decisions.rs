@@ -285,9 +285,7 @@ pub(super) async fn record_decision(
     .await;
     match recorded {
         Ok(Recorded::Recorded) => {
-            if request.reply_to.is_some() {
-                Box::pin(reply(shared, request, &outcome)).await;
-            }
+            reply(shared, request, &outcome);
             Settlement::Ack
         }
         Ok(Recorded::AlreadyFinal(status)) => settle_recorded(status),
@@ -333,9 +331,7 @@ pub(super) async fn give_up(
     match recorded {
         Ok(Recorded::AlreadyFinal(status)) => return settle_recorded(status),
         Ok(Recorded::Recorded) => {
-            if request.reply_to.is_some() {
-                Box::pin(reply(shared, request, &outcome)).await;
-            }
+            reply(shared, request, &outcome);
         }
         Err(Stopped::Shutdown) => return shutting_down(),
         Err(Stopped::LeaseLost) => return Settlement::Abandon,

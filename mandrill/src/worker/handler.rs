@@ -279,10 +279,10 @@ pub(super) async fn after_panic(
             Err(error) => {
                 warn!(error = %error.with_causes(), "could not record the panic as a failed attempt");
             }
-            Ok(crate::store::Recorded::Recorded) if last && request.reply_to.is_some() => {
-                super::reply::reply(shared, &request, &outcome).await;
+            Ok(crate::store::Recorded::Recorded) => {
+                super::reply::reply(shared, &request, &outcome);
             }
-            Ok(_) => {}
+            Ok(crate::store::Recorded::AlreadyFinal(_)) => {}
         }
     }
     if last {

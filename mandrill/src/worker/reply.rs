@@ -1,17 +1,20 @@
 //! The verdict published to a request's `reply_to`, once its final outcome
-//! is recorded: best effort, bounded, and never before the record (a
-//! requester that hears a verdict finds it in the store too).
+//! is recorded: never before (a requester that hears a verdict finds it in
+//! the store too), best effort, bounded, and off the handler's path: a task
+//! of its own in `Shared::replies`, which the drain waits for, so that the
+//! delivery's settlement never waits for it and no handler's future grows.
 
 use std::time::Duration;
 
 use bytes::Bytes;
 use serde::Serialize;
-use tracing::{info, warn};
+use tracing::{Instrument, info, warn};
 
 use super::shared::Shared;
 use crate::domain::{Outcome, RestartRequest};
 
-/// How long publishing a verdict may hold its delivery's settlement.
+/// How long publishing one verdict may take; the drain waits at most this
+/// long for the last ones.
 const REPLY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What a requester hears on its `reply_to`.
@@ -31,56 +34,59 @@ struct Verdict<'a> {
     at: String,
 }
 
-impl<'a> Verdict<'a> {
-    fn of(request: &'a RestartRequest, outcome: &'a Outcome) -> Self {
-        Self {
-            message_id: request.message_id.to_string(),
-            status: outcome.status().as_str(),
-            reason: outcome.error(),
-            recovered_after_ms: outcome
-                .recovered_after()
-                .map(|after| u64::try_from(after.as_millis()).unwrap_or(u64::MAX)),
-            host: request.hostname.as_str(),
-            at: jiff::Timestamp::now().to_string(),
-        }
+/// Publishes `outcome`, final and just recorded, to `request`'s `reply_to`
+/// if it names one the policy in force still admits. Returns at once: a
+/// request without one pays a field check. A failure is logged and counted
+/// (`mandrill_replies_total`) and changes nothing else.
+pub(super) fn reply(shared: &Shared, request: &RestartRequest, outcome: &Outcome) {
+    if request.reply_to.is_some() && outcome.status().is_final() {
+        publish(shared, request, outcome);
     }
 }
 
-/// Publishes `outcome`, final and recorded, to `request`'s `reply_to` if it
-/// names one the policy in force still admits. Callers check
-/// `request.reply_to.is_some()` first, so that a request without one pays
-/// nothing. A failure is logged and counted (`mandrill_replies_total`), and
-/// changes nothing else: the outcome stands and the delivery is settled.
-pub(super) async fn reply(shared: &Shared, request: &RestartRequest, outcome: &Outcome) {
-    let Some(destination) = request.reply_to.as_deref() else {
+#[cold]
+fn publish(shared: &Shared, request: &RestartRequest, outcome: &Outcome) {
+    let Some(destination) = request.reply_to.clone() else {
         return;
     };
-    // A request denied for its reply_to never gets here with it admitted;
-    // a reload may also have withdrawn the pattern since the request was
-    // placed.
-    if let Err(why) = shared.config.policy.current().reply_to.check(destination) {
+    // A request denied for its reply_to gets here with it refused; a
+    // reload may also have withdrawn the pattern since it was placed.
+    if let Err(why) = shared.config.policy.current().reply_to.check(&destination) {
         info!(destination, why, "verdict not published");
         return;
     }
+    let verdict = Verdict {
+        message_id: request.message_id.to_string(),
+        status: outcome.status().as_str(),
+        reason: outcome.error(),
+        recovered_after_ms: outcome
+            .recovered_after()
+            .map(|after| u64::try_from(after.as_millis()).unwrap_or(u64::MAX)),
+        host: request.hostname.as_str(),
+        at: jiff::Timestamp::now().to_string(),
+    };
     // A struct of strings and numbers serialises.
-    let verdict = serde_json::to_vec(&Verdict::of(request, outcome)).expect("a verdict serialises");
-    let published = tokio::time::timeout(
-        REPLY_TIMEOUT,
-        shared.broker.reply(destination, Bytes::from(verdict)),
-    )
-    .await;
-    match published {
-        Ok(Ok(())) => {
-            shared.stats.replies_sent.inc();
-            info!(destination, status = %outcome.status(), "verdict published");
+    let verdict = Bytes::from(serde_json::to_vec(&verdict).expect("a verdict serialises"));
+    let (broker, stats) = (shared.broker.clone(), shared.stats.clone());
+    let status = outcome.status();
+    let sent = async move {
+        let published = tokio::time::timeout(REPLY_TIMEOUT, broker.reply(&destination, verdict));
+        match published.await {
+            Ok(Ok(())) => {
+                stats.replies_sent.inc();
+                info!(destination, %status, "verdict published");
+            }
+            Ok(Err(error)) => {
+                stats.replies_failed.inc();
+                warn!(destination, error = %error.with_causes(), "could not publish the verdict; the outcome stands");
+            }
+            Err(_elapsed) => {
+                stats.replies_failed.inc();
+                warn!(destination, timeout = ?REPLY_TIMEOUT, "publishing the verdict timed out; the outcome stands");
+            }
         }
-        Ok(Err(error)) => {
-            shared.stats.replies_failed.inc();
-            warn!(destination, error = %error.with_causes(), "could not publish the verdict; the outcome stands");
-        }
-        Err(_elapsed) => {
-            shared.stats.replies_failed.inc();
-            warn!(destination, timeout = ?REPLY_TIMEOUT, "publishing the verdict timed out; the outcome stands");
-        }
-    }
+    };
+    shared
+        .replies
+        .spawn(sent.instrument(tracing::Span::current()));
 }
