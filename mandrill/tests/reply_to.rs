@@ -60,7 +60,13 @@ fn a_verdict_is_published_on_an_allowed_reply_subject_and_only_there() {
         (client, verdicts)
     });
 
-    let mut publish = vec!["publish", "--config", "mandrill.toml", "--file", "requests.jsonl"];
+    let mut publish = vec![
+        "publish",
+        "--config",
+        "mandrill.toml",
+        "--file",
+        "requests.jsonl",
+    ];
     let flags = flags(&names);
     publish.extend(flags.iter().map(String::as_str));
     let (status, _, stderr) = mandrill(&dir, &publish, &[]);
@@ -108,8 +114,17 @@ fn a_verdict_is_published_on_an_allowed_reply_subject_and_only_there() {
     let verdict: Value = serde_json::from_slice(&heard_verdicts[0].payload).unwrap();
     assert_eq!(verdict["message_id"], heard.to_string());
     assert_eq!(verdict["status"], "restarted");
-    assert!(verdict["host"].as_str().is_some_and(|host| host.starts_with("cattle-ab12")), "{verdict}");
-    assert!(verdict["at"].as_str().is_some_and(|at| at.parse::<jiff::Timestamp>().is_ok()));
+    assert!(
+        verdict["host"]
+            .as_str()
+            .is_some_and(|host| host.starts_with("cattle-ab12")),
+        "{verdict}"
+    );
+    assert!(
+        verdict["at"]
+            .as_str()
+            .is_some_and(|at| at.parse::<jiff::Timestamp>().is_ok())
+    );
 
     // The refused one is recorded denied, saying why; nothing was restarted.
     let entries = history(&sqlite_url(&dir));
@@ -119,7 +134,10 @@ fn a_verdict_is_published_on_an_allowed_reply_subject_and_only_there() {
         .expect("the refused request is recorded");
     assert_eq!(denied.status, mandrill::domain::Status::Denied);
     let why = denied.last_error.as_deref().unwrap_or_default();
-    assert!(why.contains("denied by reply_to") && why.contains(&refused), "{why}");
+    assert!(
+        why.contains("denied by reply_to") && why.contains(&refused),
+        "{why}"
+    );
     let restarted = entries
         .iter()
         .find(|entry| entry.message_id == Some(heard))
@@ -138,7 +156,10 @@ fn reply_patterns_on_a_broker_that_cannot_carry_a_reply_fail_start_up() {
     let (status, _, stderr) = mandrill(&dir, &["run", "--config", "mandrill.toml"], &[]);
     assert!(!status.success());
     assert!(stderr.contains("broker.reply_to_allowed"), "{stderr}");
-    assert!(stderr.contains("cannot carry a reply") || stderr.contains("only NATS and Pub/Sub"), "{stderr}");
+    assert!(
+        stderr.contains("cannot carry a reply") || stderr.contains("only NATS and Pub/Sub"),
+        "{stderr}"
+    );
 }
 
 #[test]
@@ -156,5 +177,8 @@ fn a_pattern_that_admits_the_request_subject_fails_start_up() {
     let (status, _, stderr) = mandrill(&dir, &run, &[]);
     assert!(!status.success());
     assert!(stderr.contains("broker.reply_to_allowed"), "{stderr}");
-    assert!(stderr.contains("a verdict must never be published there"), "{stderr}");
+    assert!(
+        stderr.contains("a verdict must never be published there"),
+        "{stderr}"
+    );
 }

@@ -112,7 +112,11 @@ fn http_get(addr: &str, path: &str) -> String {
     use std::io::{Read as _, Write as _};
     let mut stream = std::net::TcpStream::connect(addr).unwrap();
     stream.set_read_timeout(Some(DEADLINE)).unwrap();
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
     let mut response = String::new();
     stream.read_to_string(&mut response).unwrap();
     assert!(response.starts_with("HTTP/1.1 200"), "{response}");
@@ -248,7 +252,8 @@ fn two_processes_on_one_sqlite_file_restart_each_scheduled_slot_exactly_once() {
     }
     let page = http_get(&admin, "/");
     assert!(
-        page.contains("<h2>Next planned restarts</h2>") && page.contains("<td>drip</td><td>cattle</td>"),
+        page.contains("<h2>Next planned restarts</h2>")
+            && page.contains("<td>drip</td><td>cattle</td>"),
         "{page}"
     );
     stop(a);
@@ -269,7 +274,8 @@ fn two_processes_on_one_sqlite_file_restart_each_scheduled_slot_exactly_once() {
         .strip_prefix("scheduled by [[schedule]] drip, slot ")
         .unwrap()
         .to_owned();
-    let (status, story, stderr) = mandrill(&dir, &["explain", "--config", "mandrill.toml", &id], &[]);
+    let (status, story, stderr) =
+        mandrill(&dir, &["explain", "--config", "mandrill.toml", &id], &[]);
     assert!(status.success(), "{stderr}");
     assert!(
         story.contains(&format!(
@@ -277,8 +283,11 @@ fn two_processes_on_one_sqlite_file_restart_each_scheduled_slot_exactly_once() {
         )),
         "{story}"
     );
-    let (status, story, stderr) =
-        mandrill(&dir, &["explain", "--config", "mandrill.toml", "--json", &id], &[]);
+    let (status, story, stderr) = mandrill(
+        &dir,
+        &["explain", "--config", "mandrill.toml", "--json", &id],
+        &[],
+    );
     assert!(status.success(), "{stderr}");
     let story: serde_json::Value = serde_json::from_str(&story).unwrap();
     assert_eq!(story["schedule"]["name"], "drip", "{story}");

@@ -148,7 +148,10 @@ fn planned(html: &mut String, schedules: Result<&[Planned], &'static str>) {
         Ok([]) => return,
         Ok(schedules) => schedules,
         Err(why) => {
-            let _ = write!(html, "<p id=\"no-planned\">No planned restarts shown: {why}.</p>");
+            let _ = write!(
+                html,
+                "<p id=\"no-planned\">No planned restarts shown: {why}.</p>"
+            );
             return;
         }
     };

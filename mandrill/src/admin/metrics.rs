@@ -189,7 +189,10 @@ impl Exposition {
             ] {
                 counter!("mandrill_notifications_total", "result" => result).absolute(value);
             }
-            for (result, value) in [("sent", stats.replies_sent), ("failed", stats.replies_failed)] {
+            for (result, value) in [
+                ("sent", stats.replies_sent),
+                ("failed", stats.replies_failed),
+            ] {
                 counter!("mandrill_replies_total", "result" => result).absolute(value);
             }
             gauge!("mandrill_in_flight").set(stats.in_flight as f64);

@@ -91,7 +91,9 @@ impl Scheduled {
         let (name, slot) = (&self.name, &self.slot);
         match (self.verified, &self.why) {
             (Some(true), _) => {
-                format!("scheduled by [[schedule]] {name}, slot {slot} (its message id is that slot's)")
+                format!(
+                    "scheduled by [[schedule]] {name}, slot {slot} (its message id is that slot's)"
+                )
             }
             (Some(false), _) => format!(
                 "NOT a scheduled restart: the reason names [[schedule]] {name}, slot {slot}, \
@@ -108,10 +110,16 @@ impl Scheduled {
 fn scheduled(config: &crate::config::Config, id: Uuid, reason: &str) -> Option<Scheduled> {
     let (name, at) = crate::schedule::Slot::named_in(reason)?;
     let (verified, why) = match config.schedules() {
-        Err(error) => (None, Some(format!("the schedules cannot be read here: {error}"))),
+        Err(error) => (
+            None,
+            Some(format!("the schedules cannot be read here: {error}")),
+        ),
         Ok(schedules) => match schedules.iter().find(|s| s.plan.name == name) {
             Some(scheduled) => (Some(scheduled.plan.is_slot(at, id)), None),
-            None => (None, Some(format!("no [[schedule]] {name} is configured here"))),
+            None => (
+                None,
+                Some(format!("no [[schedule]] {name} is configured here")),
+            ),
         },
     };
     Some(Scheduled {

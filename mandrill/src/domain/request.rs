@@ -266,9 +266,7 @@ fn reply_to(raw: &str) -> Result<String, Rejection> {
         why: format!("{:?} {why}", excerpt(raw)),
     };
     if raw.is_empty() || raw.len() > MAX_REPLY_TO_BYTES {
-        return Err(bad(format!(
-            "must be 1 to {MAX_REPLY_TO_BYTES} bytes long"
-        )));
+        return Err(bad(format!("must be 1 to {MAX_REPLY_TO_BYTES} bytes long")));
     }
     if let Some(c) = raw
         .chars()
@@ -279,7 +277,9 @@ fn reply_to(raw: &str) -> Result<String, Rejection> {
         )));
     }
     if raw.split('.').any(str::is_empty) {
-        return Err(bad("has an empty token (a leading, trailing or double dot)".into()));
+        return Err(bad(
+            "has an empty token (a leading, trailing or double dot)".into(),
+        ));
     }
     Ok(raw.to_owned())
 }

@@ -246,7 +246,10 @@ fn a_reply_to_is_a_plain_subject_or_topic_or_the_request_is_rejected() {
         ("", "1 to 255 bytes"),
     ] {
         match parse(bad) {
-            Err(Rejection::BadText { field: "reply_to", why: said }) => {
+            Err(Rejection::BadText {
+                field: "reply_to",
+                why: said,
+            }) => {
                 assert!(said.contains(why), "{bad:?}: {said}");
             }
             other => panic!("{bad:?}: {other:?}"),

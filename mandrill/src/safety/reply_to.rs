@@ -71,7 +71,11 @@ mod tests {
     #[test]
     fn only_destinations_a_pattern_admits_are_allowed() {
         let none = ReplyDestinations::default();
-        assert!(none.check("chaos.verdicts.a").unwrap_err().contains("is empty"));
+        assert!(
+            none.check("chaos.verdicts.a")
+                .unwrap_err()
+                .contains("is empty")
+        );
         let some = ReplyDestinations::new(&["chaos.verdicts.*".into()]).unwrap();
         assert!(some.check("chaos.verdicts.team-a").is_ok());
         let refused = some.check("chaos.requests").unwrap_err();

@@ -398,5 +398,8 @@ fn a_slots_reason_names_it_and_only_its_own_id_proves_it() {
     let other_seed = Plan::new(&settings("drip", Duration::from_secs(60)), b"other");
     assert!(!other_seed.is_slot(slot_at, slot.message_id));
     assert_eq!(Slot::named_in("leaking memory"), None);
-    assert_eq!(Slot::named_in("scheduled by [[schedule]] drip, slot soon"), None);
+    assert_eq!(
+        Slot::named_in("scheduled by [[schedule]] drip, slot soon"),
+        None
+    );
 }

@@ -387,20 +387,22 @@ impl Consumer for PubSubBroker {
             data: verdict.to_vec(),
             ..PubsubMessage::default()
         };
-        let publisher = self.publisher.client.topic(destination).new_publisher(Some(
-            PublisherConfig {
-                workers: 1,
-                ..PublisherConfig::default()
-            },
-        ));
+        let publisher =
+            self.publisher
+                .client
+                .topic(destination)
+                .new_publisher(Some(PublisherConfig {
+                    workers: 1,
+                    ..PublisherConfig::default()
+                }));
         let published = publisher
             .publish_immediately(vec![message], quick_retry())
             .await;
         let mut publisher = publisher;
         publisher.shutdown().await;
-        published
-            .map(drop)
-            .map_err(|status| classify(&format!("cannot publish a reply to {destination}"), &status))
+        published.map(drop).map_err(|status| {
+            classify(&format!("cannot publish a reply to {destination}"), &status)
+        })
     }
 }
 

@@ -369,5 +369,11 @@ async fn a_reply_is_published_to_the_named_topic_and_to_no_other() {
         .unwrap_err()
         .to_string();
     assert!(missing.contains(&format!("missing-{id}")), "{missing}");
-    assert!(!client.topic(&format!("missing-{id}")).exists(None).await.unwrap());
+    assert!(
+        !client
+            .topic(&format!("missing-{id}"))
+            .exists(None)
+            .await
+            .unwrap()
+    );
 }
