@@ -48,9 +48,10 @@ const REPLACED_RETRY: Duration = Duration::from_secs(1);
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Placement {
     /// Denied for good (recorded `denied`, acked): not in the inventory,
-    /// no group there, or the message names another group.
+    /// no group there, the message names another group, or a `reply_to`
+    /// the operator does not allow.
     Denied {
-        /// `inventory` or `group`.
+        /// `inventory`, `group` or `reply_to`.
         guard: &'static str,
         /// In plain words, with the names involved.
         reason: String,

@@ -38,6 +38,7 @@ struct Verdict<'a> {
 /// if it names one the policy in force still admits. Returns at once: a
 /// request without one pays a field check. A failure is logged and counted
 /// (`mandrill_replies_total`) and changes nothing else.
+#[inline]
 pub(super) fn reply(shared: &Shared, request: &RestartRequest, outcome: &Outcome) {
     if request.reply_to.is_some() && outcome.status().is_final() {
         publish(shared, request, outcome);
