@@ -97,6 +97,7 @@ fn start_with(
         leases_gone: AtomicBool::new(false),
         unanswered_extensions: AtomicU32::new(0),
         panicking_extensions: AtomicU32::new(0),
+        replies: Mutex::default(),
     });
     let stats = Arc::new(Stats::default());
     let shutdown = Shutdown::new();
@@ -167,3 +168,6 @@ mod policy;
 
 #[path = "late_check_tests.rs"]
 mod late_checks;
+
+#[path = "reply_tests.rs"]
+mod replies;
