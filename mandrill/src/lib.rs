@@ -28,7 +28,7 @@
 //!   declaration that makes field docs the help). [`telemetry`]: logging. [`diagnostics`]: stall detector,
 //!   status line. [`demo`]: demo publisher. [`stats`]: counters.
 //!   [`backoff`]: exponential backoff. [`causes`]: an error and its causes
-//!   on one line.
+//!   on one line. [`reference`]: the parts of docs/ generated from the code.
 #![deny(missing_docs)]
 // Items are `pub` only where the crate exports them (test helpers excepted).
 #![cfg_attr(not(test), warn(unreachable_pub))]
@@ -42,6 +42,7 @@ pub mod config;
 pub mod domain;
 pub mod inventory;
 pub mod notify;
+pub mod reference;
 pub mod restarter;
 pub mod safety;
 pub mod schedule;

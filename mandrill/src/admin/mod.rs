@@ -12,7 +12,7 @@
 mod auth;
 mod dashboard;
 mod instances;
-mod metrics;
+pub(crate) mod metrics;
 mod profile;
 mod routes;
 mod switch;
