@@ -35,6 +35,7 @@ pub fn random_request(rng: &mut impl Rng) -> RestartRequest {
         requester: None,
         reach: None,
         not_before: None,
+        reply_to: None,
     }
 }
 

@@ -96,6 +96,10 @@ counters! {
     /// Notifications dropped: the queue was full, or shutdown's flush bound
     /// ran out.
     notifications_dropped,
+    /// Verdicts published to a request's `reply_to`.
+    replies_sent,
+    /// Verdicts that could not be published to a request's `reply_to`.
+    replies_failed,
 }
 
 /// Why a message was dead-lettered: a fixed set, so that `/metrics`

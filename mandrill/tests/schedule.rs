@@ -107,6 +107,22 @@ fn plan(dir: &Path) -> Plan {
     )
 }
 
+/// `GET path` from the admin server at `addr`: the body.
+fn http_get(addr: &str, path: &str) -> String {
+    use std::io::{Read as _, Write as _};
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream.set_read_timeout(Some(DEADLINE)).unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    response.split_once("\r\n\r\n").unwrap().1.to_owned()
+}
+
 /// Waits until `slots` scheduled restarts are recorded in the store.
 fn wait_for_restarted_slots(url: &str, slots: usize) {
     let started = Instant::now();
@@ -218,10 +234,65 @@ fn two_processes_on_one_sqlite_file_restart_each_scheduled_slot_exactly_once() {
     let published = |m: &Mandrill| m.messages("scheduled restart published").len();
     let (by_a, by_b) = (published(&a), published(&b));
     assert!(by_a > 0 && by_b > 0, "both published: {by_a}, {by_b}");
+    let plan = plan(&dir);
+    // The running service's JSON API and dashboard show the next planned
+    // restarts, the plan's own slots, with their provisional victims.
+    let admin = a.wait_for("admin listening", 1)[0]["fields"]["addr"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let api: serde_json::Value = serde_json::from_str(&http_get(&admin, "/api/status")).unwrap();
+    let next = api["schedules"][0]["next"].as_array().unwrap();
+    assert_eq!(api["schedules"][0]["name"], "drip", "{api}");
+    assert_eq!(next.len(), 3, "{api}");
+    for slot in next {
+        let at = slot["at"].as_str().unwrap().parse().unwrap();
+        assert_eq!(slot["message_id"], plan.slot(at).message_id.to_string());
+        assert!(HOSTS.contains(&slot["victim"].as_str().unwrap()), "{slot}");
+    }
+    let page = http_get(&admin, "/");
+    assert!(
+        page.contains("<h2>Next planned restarts</h2>")
+            && page.contains("<td>drip</td><td>cattle</td>"),
+        "{page}"
+    );
     stop(a);
     stop(b);
-    let plan = plan(&dir);
     assert_each_slot_restarted_once(&url, &journal, &plan, SLOTS);
+
+    // `explain` of a scheduled request names its schedule and slot, checked
+    // against the plan (the reason alone is free text).
+    let entry = history(&url)
+        .into_iter()
+        .find(|e| e.status == Status::Restarted)
+        .unwrap();
+    let id = entry.message_id.unwrap().to_string();
+    let slot = entry
+        .reason
+        .as_deref()
+        .unwrap()
+        .strip_prefix("scheduled by [[schedule]] drip, slot ")
+        .unwrap()
+        .to_owned();
+    let (status, story, stderr) =
+        mandrill(&dir, &["explain", "--config", "mandrill.toml", &id], &[]);
+    assert!(status.success(), "{stderr}");
+    assert!(
+        story.contains(&format!(
+            "  scheduled by [[schedule]] drip, slot {slot} (its message id is that slot's)"
+        )),
+        "{story}"
+    );
+    let (status, story, stderr) = mandrill(
+        &dir,
+        &["explain", "--config", "mandrill.toml", "--json", &id],
+        &[],
+    );
+    assert!(status.success(), "{stderr}");
+    let story: serde_json::Value = serde_json::from_str(&story).unwrap();
+    assert_eq!(story["schedule"]["name"], "drip", "{story}");
+    assert_eq!(story["schedule"]["slot"], slot.as_str());
+    assert_eq!(story["schedule"]["verified"], true);
 
     // `status` shows the next planned restarts: the plan's own slots.
     let (status, out, stderr) = mandrill(

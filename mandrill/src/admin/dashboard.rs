@@ -4,6 +4,7 @@
 use std::fmt::Write as _;
 
 use crate::domain::Status;
+use crate::schedule::Planned;
 use crate::stats::StatsSnapshot;
 use crate::store::{HistoryEntry, Switch, Timestamp};
 
@@ -24,6 +25,9 @@ pub(crate) struct Page<'a> {
     /// The latest requests, or why they are not shown (the history needs
     /// the token, which a page cannot send; the store did not answer).
     pub(crate) history: Result<&'a [HistoryEntry], &'static str>,
+    /// Each `[[schedule]]`'s next restarts (empty without one), or why
+    /// they are not shown (a victim is a host name, kept behind the token).
+    pub(crate) schedules: Result<&'a [Planned], &'static str>,
     pub(crate) now: Timestamp,
 }
 
@@ -86,6 +90,7 @@ pub(crate) fn render(page: &Page<'_>) -> String {
         let _ = write!(html, "<tr><td>{name}</td><td>{value}</td></tr>");
     }
     html.push_str("</table>");
+    planned(&mut html, page.schedules);
     match page.history {
         Err(why) => {
             let _ = write!(html, "<p id=\"no-history\">No history: {why}.</p>");
@@ -134,6 +139,49 @@ fn switch(html: &mut String, page: &Page<'_>) {
          <input name=\"reason\" placeholder=\"reason\" maxlength=\"1024\">{token}\
          <button type=\"submit\" id=\"switch-button\">{label}</button></form></div>"
     );
+}
+
+/// The next planned restarts of each schedule, with their provisional
+/// victims; nothing without a schedule.
+fn planned(html: &mut String, schedules: Result<&[Planned], &'static str>) {
+    let schedules = match schedules {
+        Ok([]) => return,
+        Ok(schedules) => schedules,
+        Err(why) => {
+            let _ = write!(
+                html,
+                "<p id=\"no-planned\">No planned restarts shown: {why}.</p>"
+            );
+            return;
+        }
+    };
+    html.push_str(
+        "<h2>Next planned restarts</h2><table id=\"planned\"><tr><th>schedule</th>\
+         <th>group</th><th>when</th><th>victim (provisional)</th></tr>",
+    );
+    for schedule in schedules {
+        if schedule.next.is_empty() {
+            let _ = write!(
+                html,
+                "<tr><td>{}</td><td>{}</td><td colspan=\"2\">none within a year</td></tr>",
+                escape(&schedule.name),
+                escape(&schedule.group)
+            );
+        }
+        for slot in &schedule.next {
+            let _ = write!(
+                html,
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                escape(&schedule.name),
+                escape(&schedule.group),
+                escape(&slot.local),
+                slot.victim
+                    .as_deref()
+                    .map_or_else(|| "(no eligible host now)".to_owned(), escape)
+            );
+        }
+    }
+    html.push_str("</table>");
 }
 
 fn latest(html: &mut String, history: &[HistoryEntry]) {
@@ -261,6 +309,7 @@ mod tests {
             ready: Ok(()),
             stats: &stats,
             history: Ok(&history),
+            schedules: Ok(&[]),
             now,
         };
         let html = render(&page);
@@ -290,5 +339,49 @@ mod tests {
         });
         assert!(!hidden.contains("web-1") && hidden.contains("admin.token is set"));
         assert!(hidden.contains("action=\"/api/pause\"") && hidden.contains("name=\"token\""));
+        assert!(!html.contains("id=\"planned\"") && !html.contains("no-planned"));
+    }
+
+    #[test]
+    fn page_lists_the_next_planned_restarts_or_why_not() {
+        let stats = StatsSnapshot::default();
+        let running = Switch::default();
+        let planned = [crate::schedule::Planned {
+            name: "weekly".into(),
+            group: "web<1>".into(),
+            next: vec![
+                crate::schedule::PlannedSlot {
+                    at: "2026-11-30T09:15:00Z".into(),
+                    local: "2026-11-30 10:15 CET".into(),
+                    victim: Some("web-3".into()),
+                    message_id: uuid::Uuid::nil(),
+                },
+                crate::schedule::PlannedSlot {
+                    at: "2026-11-30T13:00:00Z".into(),
+                    local: "2026-11-30 14:00 CET".into(),
+                    victim: None,
+                    message_id: uuid::Uuid::nil(),
+                },
+            ],
+        }];
+        let page = Page {
+            leashed: false,
+            switch: Ok(&running),
+            ready: Ok(()),
+            stats: &stats,
+            history: Err("admin.token is set"),
+            schedules: Ok(&planned),
+            now: Timestamp::from_millis(0),
+        };
+        let html = render(&page);
+        assert!(html.contains(
+            "<tr><td>weekly</td><td>web&lt;1&gt;</td><td>2026-11-30 10:15 CET</td><td>web-3</td></tr>"
+        ), "{html}");
+        assert!(html.contains("<td>2026-11-30 14:00 CET</td><td>(no eligible host now)</td>"));
+        let hidden = render(&Page {
+            schedules: Err("admin.token is set; send it to see the planned restarts"),
+            ..page
+        });
+        assert!(!hidden.contains("web-3") && hidden.contains("id=\"no-planned\""));
     }
 }

@@ -125,6 +125,10 @@ impl Exposition {
                 "Notifications by result: sent, failed (after every try), dropped (queue full \
                  or shutdown's flush bound over)."
             );
+            describe_counter!(
+                "mandrill_replies_total",
+                "Verdicts published to a request's reply_to, by result: sent, failed."
+            );
             for (name, help, _) in counters(&StatsSnapshot::default()) {
                 describe_counter!(name, help);
             }
@@ -184,6 +188,12 @@ impl Exposition {
                 ("dropped", stats.notifications_dropped),
             ] {
                 counter!("mandrill_notifications_total", "result" => result).absolute(value);
+            }
+            for (result, value) in [
+                ("sent", stats.replies_sent),
+                ("failed", stats.replies_failed),
+            ] {
+                counter!("mandrill_replies_total", "result" => result).absolute(value);
             }
             gauge!("mandrill_in_flight").set(stats.in_flight as f64);
             gauge!("mandrill_store_down").set(stats.store_down as f64);

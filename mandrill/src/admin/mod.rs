@@ -74,6 +74,8 @@ pub(crate) struct State {
     pub(crate) metrics: metrics::Exposition,
     /// Told when the kill switch is turned here (its watch tells the rest).
     pub(crate) notifier: Option<Arc<Notifier>>,
+    /// `[[schedule]]`: the next planned restarts are shown.
+    pub(crate) schedules: crate::schedule::Outlook,
 }
 
 impl State {
@@ -158,6 +160,7 @@ impl Admin {
         shutdown: Shutdown,
         policy: PolicyHandle,
         notifier: Option<Arc<Notifier>>,
+        schedules: crate::schedule::Outlook,
         stop: CancellationToken,
     ) {
         let state = Arc::new(State {
@@ -170,6 +173,7 @@ impl Admin {
             policy,
             metrics: metrics::Exposition::new(),
             notifier,
+            schedules,
         });
         let served = axum::serve(self.listener, routes::router(state))
             .with_graceful_shutdown(async move { stop.cancelled().await })

@@ -94,12 +94,15 @@ async fn dashboard(Shared(state): Shared<Arc<State>>) -> Response {
     // bound, not one per read.
     let (history, switch, ready) =
         tokio::join!(history, super::switch::read(&state), not_ready(&state));
+    // A page cannot send the token either: with one set, no victims.
+    let schedules = planned(&state, state.token.is_none());
     let page = super::dashboard::Page {
         leashed: state.leashed(),
         switch: switch.as_ref().map_err(|why| *why),
         ready: ready.map_or(Ok(()), Err),
         stats: &stats,
         history: history.as_deref().map_err(|why| *why),
+        schedules: schedules.as_deref().map_err(|why| *why),
         now: crate::store::Timestamp::now(),
     };
     (
@@ -148,8 +151,20 @@ pub(crate) fn json(status: StatusCode, value: serde_json::Value) -> Response {
         .into_response()
 }
 
-async fn status(Shared(state): Shared<Arc<State>>) -> Response {
+/// Each schedule's next planned restarts, or why they are not shown: a
+/// victim is a host name, which `admin.token` keeps to those who have it.
+fn planned(state: &State, authorized: bool) -> Result<Vec<crate::schedule::Planned>, &'static str> {
+    if !authorized && !state.schedules.is_empty() {
+        return Err("admin.token is set; send it to see the planned restarts");
+    }
+    Ok(state
+        .schedules
+        .next(&state.policy.current(), jiff::Timestamp::now()))
+}
+
+async fn status(Shared(state): Shared<Arc<State>>, headers: HeaderMap) -> Response {
     let stats = state.stats.snapshot();
+    let schedules = planned(&state, authorized(state.token.as_ref(), &headers));
     // `null` when the store did not answer: the switch is unknown, not off.
     let switch = super::switch::read(&state).await.ok();
     json(
@@ -165,6 +180,10 @@ async fn status(Shared(state): Shared<Arc<State>>) -> Response {
             "in_flight": stats.in_flight,
             "counters": stats,
             "runtime": crate::diagnostics::RuntimeMetrics::read(),
+            "schedules": match &schedules {
+                Ok(planned) => json!(planned),
+                Err(why) => json!({ "hidden": why }),
+            },
         }),
     )
 }

@@ -73,6 +73,7 @@ fn with_store(broker: Arc<dyn Broker>, store: Arc<dyn Store>) -> State {
         policy: crate::safety::PolicyHandle::default(),
         metrics: crate::admin::metrics::Exposition::new(),
         notifier: None,
+        schedules: crate::schedule::Outlook::default(),
     }
 }
 
@@ -217,4 +218,36 @@ async fn metrics_and_the_dashboard_render_while_the_store_hangs() {
         body.contains("No history: the store did not answer"),
         "{body}"
     );
+}
+
+/// A victim is a host name: with `admin.token` set, only a caller that
+/// sends it sees the planned restarts (none configured: nothing to hide).
+#[tokio::test]
+async fn planned_restarts_are_shown_only_to_those_the_token_admits() {
+    use crate::schedule::{Outlook, Plan, ScheduleSettings, Scheduled};
+    let memory = Arc::new(MemoryBroker::new(
+        Duration::from_secs(30),
+        Duration::from_millis(10),
+    ));
+    let mut state = state(memory);
+    assert!(planned(&state, false).unwrap().is_empty());
+    let settings = ScheduleSettings {
+        name: "drip".into(),
+        group: "cattle".into(),
+        mean_time_between: Duration::from_secs(600),
+        requester: None,
+        key_file: None,
+        max_lateness: crate::schedule::DEFAULT_MAX_LATENESS,
+    };
+    let scheduled = Scheduled {
+        plan: Plan::new(&settings, b"seed"),
+        signer: None,
+    };
+    state.schedules = Outlook::new(vec![scheduled], crate::domain::Domain::default());
+    let hidden = planned(&state, false).unwrap_err();
+    assert!(hidden.contains("admin.token"), "{hidden}");
+    let shown = planned(&state, true).unwrap();
+    assert_eq!((shown[0].name.as_str(), shown[0].next.len()), ("drip", 3));
+    // No inventory to draw from: no victim, said as none.
+    assert!(shown[0].next.iter().all(|slot| slot.victim.is_none()));
 }

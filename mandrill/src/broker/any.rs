@@ -20,6 +20,8 @@ use std::any::Any;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
+
 use super::{BrokerError, Consumer, Delivery, DeliveryTag, MemoryBroker, SqliteBroker};
 use crate::sqlite::JointAck;
 
@@ -109,6 +111,15 @@ impl AnyConsumer {
                 call.await
             }
             Self::Other(broker) => broker.dead_letter(tag, reason).await,
+        }
+    }
+
+    /// As [`Consumer::reply`]: only a remote broker carries one.
+    pub async fn reply(&self, destination: &str, verdict: Bytes) -> Result<(), BrokerError> {
+        match self {
+            Self::Memory(broker) => broker.reply(destination, verdict).await,
+            Self::Sqlite(broker) => broker.reply(destination, verdict).await,
+            Self::Other(broker) => broker.reply(destination, verdict).await,
         }
     }
 

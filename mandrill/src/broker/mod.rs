@@ -326,6 +326,17 @@ pub trait Consumer: Close {
         None
     }
 
+    /// Publishes a request's final verdict on `destination` (its
+    /// `reply_to`, admitted by the operator's patterns): once, without
+    /// confirmation that anyone heard it. By default the broker cannot
+    /// carry replies (the SQLite and in-process queues), which the
+    /// configuration refuses at start-up.
+    async fn reply(&self, destination: &str, _verdict: Bytes) -> Result<(), BrokerError> {
+        Err(BrokerError::Fatal(
+            format!("this broker cannot carry a reply (to {destination})").into(),
+        ))
+    }
+
     /// Messages not yet settled: visible, delayed or leased. `None` when the
     /// broker cannot tell (e.g. a remote broker without that statistic);
     /// `mandrill run --until-idle` stops once this is `Some(0)`.

@@ -74,6 +74,7 @@ pub(super) fn request_for(
         requester: None,
         reach: None,
         not_before: None,
+        reply_to: None,
     }
 }
 

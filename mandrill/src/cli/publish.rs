@@ -60,6 +60,7 @@ pub(super) async fn publish(config: Config, args: &PublishArgs) -> anyhow::Resul
             requester: None,
             reach: None,
             not_before: None,
+            reply_to: None,
         })
     };
     let mut payloads = Vec::new();

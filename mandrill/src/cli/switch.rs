@@ -306,9 +306,6 @@ pub(super) fn status(args: &StatusArgs) -> ExitCode {
     })
 }
 
-/// How many planned restarts `status` shows per schedule.
-const NEXT_SHOWN: usize = 3;
-
 /// Each `[[schedule]]`'s next planned restarts with their provisional
 /// victims (as `schedule preview` computes them), or why they cannot be
 /// planned here (a key file this user cannot read, say).
@@ -317,30 +314,10 @@ fn next_planned(config: &Config, policy: &crate::safety::Policy) -> Vec<serde_js
         Ok(schedules) => schedules,
         Err(error) => return vec![serde_json::json!({ "error": error.to_string() })],
     };
-    let calendar = policy.guards.calendar.as_ref();
-    let domain = config.parse_rules().domain;
-    let busy = std::collections::HashSet::new();
-    schedules
+    crate::schedule::Outlook::new(schedules, config.parse_rules().domain)
+        .next(policy, jiff::Timestamp::now())
         .iter()
-        .map(|scheduled| {
-            let plan = &scheduled.plan;
-            let mut after = jiff::Timestamp::now();
-            let mut next = Vec::new();
-            while next.len() < NEXT_SHOWN {
-                let Some(slot) = plan.next_after(calendar, after) else {
-                    break;
-                };
-                after = slot.at;
-                let victim = scheduled.victim(policy, &slot, &busy, &domain).ok();
-                next.push(serde_json::json!({
-                    "at": slot.at.to_string(),
-                    "local": calendar.map_or_else(|| slot.at.to_string(), |c| c.local(slot.at)),
-                    "victim": victim.as_ref().map(|r| r.instance_name.as_str()),
-                    "message_id": slot.message_id,
-                }));
-            }
-            serde_json::json!({ "name": plan.name, "group": plan.group, "next": next })
-        })
+        .map(|planned| serde_json::json!(planned))
         .collect()
 }
 

@@ -34,6 +34,15 @@ settings! {
         /// its lease or being deferred. Brokers never give up by themselves
         /// (the JetStream consumer is created with `max_deliver = -1`).
         pub max_deliveries: u32 = 10,
+        /// Where a request may ask for its final verdict to be published
+        /// (its `reply_to`): glob patterns over NATS subjects or Pub/Sub
+        /// topic ids (`*` spans dots), e.g. `["chaos.verdicts.*"]`.
+        ///
+        /// Empty (the default): a request naming a `reply_to` is denied. A
+        /// request naming one no pattern admits is denied too, before
+        /// anything counts. NATS and Pub/Sub only: the SQLite and in-process
+        /// queues cannot carry replies, and refuse patterns at start-up.
+        pub reply_to_allowed: Vec<String> = Vec::new(),
         /// `[broker.sqlite]`, when `url` is `sqlite:PATH`.
         pub sqlite: SqliteSettings = SqliteSettings::default(),
         /// `[broker.nats]`, when `url` is `nats://…`.

@@ -132,6 +132,7 @@ pub const RELOADABLE: &[&str] = &[
     "worker.max_in_flight",
     "simulate.rate",
     "requesters",
+    "broker.reply_to_allowed",
 ];
 
 /// The `[safety]` settings a reload does not apply: the switch's polling

@@ -11,7 +11,7 @@ use super::{Config, ConfigError};
 use crate::safety::requesters::AtFault;
 use crate::safety::{
     BudgetSettings, Calendar, CalendarSettings, Clock, Counting, Eligibility, Guards, Policy,
-    RateSettings, Requesters, StopConditionSettings, StopConditions,
+    RateSettings, ReplyDestinations, Requesters, StopConditionSettings, StopConditions,
 };
 use crate::settings::{duration, settings};
 
@@ -185,6 +185,7 @@ impl Config {
             // The service's handle, set where the inventory is loaded.
             inventory: None,
             requesters: Arc::new(requesters),
+            reply_to: ReplyDestinations::new(&self.broker.reply_to_allowed).map_err(invalid)?,
         })
     }
 }

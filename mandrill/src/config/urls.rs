@@ -3,9 +3,48 @@
 
 use super::{Config, ConfigError};
 use crate::broker::{BrokerUrl, BrokerUrlError, pubsub};
+use crate::safety::ReplyDestinations;
 use crate::settings::redact_url;
 
 impl Config {
+    /// `broker.reply_to_allowed`: patterns that parse, on a broker that can
+    /// carry a reply (NATS, Pub/Sub), and that admit none of the broker's
+    /// own subjects or topics (a verdict published there would be taken for
+    /// a request, or a dead letter).
+    pub(super) fn validate_replies(&self) -> Result<(), ConfigError> {
+        const KEY: &str = "broker.reply_to_allowed";
+        let allowed = ReplyDestinations::new(&self.broker.reply_to_allowed)
+            .map_err(|(key, why)| ConfigError::invalid(&key, why))?;
+        if allowed.is_empty() {
+            return Ok(());
+        }
+        let (nats, pubsub) = (&self.broker.nats, &self.broker.pubsub);
+        let own = match BrokerUrl::parse(&self.broker.url) {
+            Ok(BrokerUrl::Nats { .. }) => [&nats.subject, &nats.dead_letter_subject],
+            Ok(BrokerUrl::PubSub { .. }) => [&pubsub.topic, &pubsub.dead_letter_topic],
+            _ => {
+                return Err(ConfigError::invalid(
+                    KEY,
+                    "only NATS and Pub/Sub can carry a reply: the SQLite and in-process \
+                     queues have nowhere to publish a verdict (leave it empty, or use \
+                     `mandrill explain` for the verdict)",
+                ));
+            }
+        };
+        for name in own {
+            if let Some(pattern) = allowed.admitting(name) {
+                return Err(ConfigError::invalid(
+                    KEY,
+                    format!(
+                        "{pattern:?} admits {name:?}, where this broker's requests or dead \
+                         letters go: a verdict must never be published there"
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// `broker.url` and `store.url` name something this build supports.
     pub(super) fn validate_urls(&self) -> Result<(), ConfigError> {
         let broker = self.broker.url.as_str();

@@ -160,6 +160,7 @@ impl Config {
             ));
         }
         self.validate_urls()?;
+        self.validate_replies()?;
         if self.simulate.enabled && self.restarter.kind.is_real() {
             // The demo publisher makes up instance names; a real backend
             // would act on them, and the broker may be the one the real

@@ -56,6 +56,10 @@ pub struct RestartRequest {
     /// `--spread`): the `not_before` guard defers the request until then.
     /// It can only delay; every other guard still decides after it.
     pub not_before: Option<SystemTime>,
+    /// Where the requester asks for the final verdict to be published (a
+    /// NATS subject, a Pub/Sub topic): untrusted, honoured only if the
+    /// operator's `broker.reply_to_allowed` admits it (`Policy::place`).
+    pub reply_to: Option<String>,
 }
 
 /// Where a host is reached, as the operator's inventory says: each part
@@ -99,6 +103,10 @@ pub struct WireRequest {
     /// (it can only delay: it widens nothing).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub not_before: Option<String>,
+    /// Optional: where to publish the final verdict (a NATS subject or a
+    /// Pub/Sub topic), if the operator allows it (`broker.reply_to_allowed`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reply_to: Option<String>,
 }
 
 /// The wire format as it is read: each field borrowed from the payload
@@ -121,6 +129,7 @@ struct BorrowedWire<'a> {
     group: Option<Cow<'a, str>>,
     #[serde(default, borrow)]
     not_before: Option<Cow<'a, str>>,
+    reply_to: Option<Cow<'a, str>>,
 }
 
 /// Why a payload was not accepted as a restart request. The `Display` text is
@@ -251,6 +260,37 @@ fn free_text(
         });
     }
     Ok((!trimmed.is_empty()).then(|| trimmed.to_owned()))
+}
+
+/// Longest `reply_to` accepted, in bytes (Pub/Sub's limit for a topic id).
+const MAX_REPLY_TO_BYTES: usize = 255;
+
+/// Validates a `reply_to`: dot-separated tokens of letters, digits and
+/// `_ ~ + % -`, what both a NATS subject and a Pub/Sub topic id can be.
+/// Wildcards (`*`, `>`), white space and a leading `$` (NATS's system and
+/// JetStream API subjects) are refused whatever the operator allows.
+fn reply_to(raw: &str) -> Result<String, Rejection> {
+    let bad = |why: String| Rejection::BadText {
+        field: "reply_to",
+        why: format!("{:?} {why}", excerpt(raw)),
+    };
+    if raw.is_empty() || raw.len() > MAX_REPLY_TO_BYTES {
+        return Err(bad(format!("must be 1 to {MAX_REPLY_TO_BYTES} bytes long")));
+    }
+    if let Some(c) = raw
+        .chars()
+        .find(|&c| !(c.is_ascii_alphanumeric() || "._~+%-".contains(c)))
+    {
+        return Err(bad(format!(
+            "contains {c:?}: only letters, digits and . _ ~ + % - are allowed"
+        )));
+    }
+    if raw.split('.').any(str::is_empty) {
+        return Err(bad(
+            "has an empty token (a leading, trailing or double dot)".into(),
+        ));
+    }
+    Ok(raw.to_owned())
 }
 
 impl RestartRequest {
@@ -413,6 +453,7 @@ impl RestartRequest {
             requester: None,
             reach: None,
             not_before,
+            reply_to: wire.reply_to.as_deref().map(reply_to).transpose()?,
         })
     }
 
@@ -452,6 +493,7 @@ impl RestartRequest {
             not_before: self
                 .not_before
                 .map(|t| humantime::format_rfc3339_millis(t).to_string()),
+            reply_to: self.reply_to.clone(),
         }
     }
 }

@@ -71,6 +71,7 @@ fn wire(instance: &str) -> WireRequest {
         published_at: None,
         group: None,
         not_before: None,
+        reply_to: None,
     }
 }
 
@@ -307,4 +308,23 @@ fn only_three_base64url_parts_look_signed() {
     ] {
         assert!(!is_compact_jws(not), "{}", String::from_utf8_lossy(not));
     }
+}
+
+#[test]
+fn a_signed_requests_reply_to_is_inside_its_claims() {
+    let mut wire = wire("cattle-ab12");
+    wire.reply_to = Some("chaos.verdicts.alice".into());
+    let token = SigningKey::from_pem(ED_PRIVATE)
+        .unwrap()
+        .sign(&wire, "alice", now(), Duration::from_secs(3600))
+        .unwrap();
+    let request = parse(&token).unwrap();
+    assert_eq!(request.reply_to.as_deref(), Some("chaos.verdicts.alice"));
+    // Redirecting it means changing the claims, which breaks the signature.
+    let mut parts: Vec<String> = token.split('.').map(str::to_owned).collect();
+    let mut claims: serde_json::Value =
+        serde_json::from_slice(&URL_SAFE_NO_PAD.decode(&parts[1]).unwrap()).unwrap();
+    claims["reply_to"] = "chaos.verdicts.mallory".into();
+    parts[1] = URL_SAFE_NO_PAD.encode(claims.to_string());
+    rejected(parse(&parts.join(".")));
 }

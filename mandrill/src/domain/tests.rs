@@ -169,6 +169,7 @@ fn wire_form_round_trips() {
         requester: None,
         reach: None,
         not_before: None,
+        reply_to: None,
     };
     assert_eq!(
         RestartRequest::parse(&request.to_wire(), &rules()),
@@ -219,4 +220,41 @@ fn a_messages_group_is_kept_apart_and_never_counted_in() {
         "cattle",
         "the name's default until assigned"
     );
+}
+
+#[test]
+fn a_reply_to_is_a_plain_subject_or_topic_or_the_request_is_rejected() {
+    let parse = |reply_to: &str| {
+        let payload = serde_json::json!({
+            "message_id": ID, "instance_name": "cattle-ab12", "reply_to": reply_to,
+        });
+        RestartRequest::parse(payload.to_string().as_bytes(), &rules())
+    };
+    let request = parse("chaos.verdicts.team-a_1").unwrap();
+    assert_eq!(request.reply_to.as_deref(), Some("chaos.verdicts.team-a_1"));
+    assert_eq!(
+        RestartRequest::parse(&request.to_wire(), &rules()).unwrap(),
+        request,
+        "kept on the wire"
+    );
+    for (bad, why) in [
+        ("chaos.*", "contains '*'"),
+        ("chaos.>", "contains '>'"),
+        ("$JS.API.STREAM.DELETE.X", "contains '$'"),
+        ("chaos verdicts", "contains ' '"),
+        ("chaos..verdicts", "empty token"),
+        (".chaos", "empty token"),
+        ("", "1 to 255 bytes"),
+    ] {
+        match parse(bad) {
+            Err(Rejection::BadText {
+                field: "reply_to",
+                why: said,
+            }) => {
+                assert!(said.contains(why), "{bad:?}: {said}");
+            }
+            other => panic!("{bad:?}: {other:?}"),
+        }
+    }
+    assert!(parse(&"a".repeat(256)).is_err());
 }

@@ -13,6 +13,7 @@ pub mod guards;
 pub mod limits;
 pub mod pause_file;
 pub mod policy;
+mod reply_to;
 pub mod requesters;
 pub mod stop;
 
@@ -21,6 +22,7 @@ pub use counting::{Counting, group_mismatch};
 pub use guards::{Clock, Guards, Hold, MAX_PUBLISHED_AHEAD, Since};
 pub use limits::{BudgetSettings, Limits, RateSettings};
 pub use policy::{Placement, Policy, PolicyHandle};
+pub use reply_to::ReplyDestinations;
 pub use requesters::{QuotaSettings, RequesterSettings, Requesters};
 pub use stop::{StopConditionSettings, StopConditions};
 

@@ -5,7 +5,7 @@
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use super::{Eligibility, Guards, Hold, Limits, Requesters, StopConditions};
+use super::{Eligibility, Guards, Hold, Limits, ReplyDestinations, Requesters, StopConditions};
 use crate::domain::RestartRequest;
 use crate::inventory::InventoryHandle;
 
@@ -36,6 +36,8 @@ pub struct Policy {
     /// quota. Reloaded with the rest, so that a key is revoked or rotated
     /// by a SIGHUP.
     pub requesters: Arc<Requesters>,
+    /// `broker.reply_to_allowed`: where a request may ask for its verdict.
+    pub reply_to: ReplyDestinations,
 }
 
 /// How soon a request the inventory moved to another zone or address
@@ -46,9 +48,10 @@ const REPLACED_RETRY: Duration = Duration::from_secs(1);
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Placement {
     /// Denied for good (recorded `denied`, acked): not in the inventory,
-    /// no group there, or the message names another group.
+    /// no group there, the message names another group, or a `reply_to`
+    /// the operator does not allow.
     Denied {
-        /// `inventory` or `group`.
+        /// `inventory`, `group` or `reply_to`.
         guard: &'static str,
         /// In plain words, with the names involved.
         reason: String,
@@ -76,6 +79,7 @@ impl Default for Policy {
             stop_retry: Duration::from_secs(30),
             inventory: None,
             requesters: Arc::default(),
+            reply_to: ReplyDestinations::default(),
         }
     }
 }
@@ -88,6 +92,16 @@ impl Policy {
     /// the inventory, no group there, a message naming another group) or
     /// deferred (the inventory is missing or older than its `max_age`).
     pub fn place(&self, request: &mut RestartRequest) -> Result<(), Placement> {
+        // Before anything counts: a requester who would not hear the
+        // verdict gets nothing restarted.
+        if let Some(destination) = &request.reply_to {
+            self.reply_to
+                .check(destination)
+                .map_err(|reason| Placement::Denied {
+                    guard: "reply_to",
+                    reason,
+                })?;
+        }
         let Some(inventory) = &self.inventory else {
             return self
                 .guards

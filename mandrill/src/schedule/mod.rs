@@ -30,8 +30,10 @@ use uuid::Uuid;
 
 use crate::safety::Calendar;
 
+mod outlook;
 mod task;
 
+pub use outlook::{Outlook, Planned, PlannedSlot};
 pub use task::{Scheduled, run};
 
 /// How long after its time a slot may still be published by default: a
@@ -125,6 +127,15 @@ impl Slot {
             "scheduled by [[schedule]] {}, slot {}",
             self.schedule, self.at
         )
+    }
+
+    /// The schedule and the slot a request's reason names, if it is a
+    /// slot's [`reason`](Self::reason). Free text: only the message id,
+    /// checked with [`Plan::is_slot`], proves it.
+    pub fn named_in(reason: &str) -> Option<(&str, Timestamp)> {
+        let named = reason.strip_prefix("scheduled by [[schedule]] ")?;
+        let (schedule, at) = named.rsplit_once(", slot ")?;
+        Some((schedule, at.parse().ok()?))
     }
 }
 
@@ -220,6 +231,12 @@ impl Plan {
             }
         }
         slots
+    }
+
+    /// Whether `message_id` is the id of this plan's slot at `at` (which
+    /// nobody without the seed can mint).
+    pub fn is_slot(&self, at: Timestamp, message_id: Uuid) -> bool {
+        self.slot(at).message_id == message_id
     }
 
     /// The slot due `at`, with its message id.

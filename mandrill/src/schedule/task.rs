@@ -44,6 +44,7 @@ const RECENT_REQUESTS: usize = 500;
 const PUBLISH_RETRY: Duration = Duration::from_secs(1);
 
 /// A schedule ready to run: its plan, and who its requests are signed as.
+#[derive(Clone)]
 pub struct Scheduled {
     /// The plan every instance computes alike.
     pub plan: Plan,
@@ -159,6 +160,7 @@ fn request(
         requester: requester.map(str::to_owned),
         reach: None,
         not_before: None,
+        reply_to: None,
     }
 }
 

@@ -384,3 +384,22 @@ async fn the_companion_publishes_each_slot_once_and_never_a_slot_missed_while_do
         "each slot once, in order, none missed while down"
     );
 }
+
+#[test]
+fn a_slots_reason_names_it_and_only_its_own_id_proves_it() {
+    let plan = Plan::new(&settings("drip", Duration::from_secs(60)), b"seed");
+    let slot = plan.slot(at("2026-11-26T10:15:00.250Z"));
+    let reason = slot.reason();
+    let (schedule, slot_at) = Slot::named_in(&reason).unwrap();
+    assert_eq!((schedule, slot_at), ("drip", slot.at));
+    assert!(plan.is_slot(slot_at, slot.message_id));
+    // A reason anyone can write; an id only the seed's holder can mint.
+    assert!(!plan.is_slot(slot_at, uuid::Uuid::new_v4()));
+    let other_seed = Plan::new(&settings("drip", Duration::from_secs(60)), b"other");
+    assert!(!other_seed.is_slot(slot_at, slot.message_id));
+    assert_eq!(Slot::named_in("leaking memory"), None);
+    assert_eq!(
+        Slot::named_in("scheduled by [[schedule]] drip, slot soon"),
+        None
+    );
+}

@@ -334,6 +334,10 @@ impl Service {
                 shutdown.clone(),
                 self.worker.policy(),
                 self.notifier.clone(),
+                crate::schedule::Outlook::new(
+                    self.schedules.clone(),
+                    self.config.parse_rules().domain,
+                ),
                 stop_companions.clone(),
             ));
         }

@@ -8,6 +8,7 @@ use futures::future::Either;
 use tracing::{debug, error, info, warn};
 
 use super::lease::Progress;
+use super::reply::reply;
 use super::retry::{Stopped, Until, store_op};
 use super::settle::{Settlement, settle_recorded};
 use super::shared::Shared;
@@ -198,6 +199,9 @@ async fn record(
             .record_outcome_acking(request, attempt, &outcome, ack.clone())
     })
     .await;
+    if let Ok((Recorded::Recorded, _)) = recorded {
+        reply(shared, request, &outcome);
+    }
     match recorded {
         Ok((Recorded::Recorded, true)) => {
             debug!(status = %outcome.status(), "outcome recorded and acked");

@@ -9,6 +9,7 @@ use tracing::{error, info, warn};
 
 use super::lease::Progress;
 use super::prepare::{SWITCH_READ_TIMEOUT, unclaim_at_shutdown};
+use super::reply::reply;
 use super::retry::{Stopped, Until, store_op};
 use super::settle::{Settlement, settle_recorded, shutting_down};
 use super::shared::Shared;
@@ -283,7 +284,10 @@ pub(super) async fn record_decision(
     })
     .await;
     match recorded {
-        Ok(Recorded::Recorded) => Settlement::Ack,
+        Ok(Recorded::Recorded) => {
+            reply(shared, request, &outcome);
+            Settlement::Ack
+        }
         Ok(Recorded::AlreadyFinal(status)) => settle_recorded(status),
         // After a claim (a dry run, a denial or an expiry decided after
         // it), nothing was issued: the claim is given back, or it would
@@ -326,7 +330,9 @@ pub(super) async fn give_up(
     .await;
     match recorded {
         Ok(Recorded::AlreadyFinal(status)) => return settle_recorded(status),
-        Ok(Recorded::Recorded) => {}
+        Ok(Recorded::Recorded) => {
+            reply(shared, request, &outcome);
+        }
         Err(Stopped::Shutdown) => return shutting_down(),
         Err(Stopped::LeaseLost) => return Settlement::Abandon,
         Err(Stopped::Permanent(error) | Stopped::OutOfTime(error)) => {

@@ -271,12 +271,18 @@ pub(super) async fn after_panic(
                 error: error.clone(),
             }
         };
-        if let Err(error) = shared
+        match shared
             .store
             .record_outcome(&request, attempt, &outcome)
             .await
         {
-            warn!(error = %error.with_causes(), "could not record the panic as a failed attempt");
+            Err(error) => {
+                warn!(error = %error.with_causes(), "could not record the panic as a failed attempt");
+            }
+            Ok(crate::store::Recorded::Recorded) => {
+                super::reply::reply(shared, &request, &outcome);
+            }
+            Ok(crate::store::Recorded::AlreadyFinal(_)) => {}
         }
     }
     if last {

@@ -18,6 +18,7 @@ mod handler;
 mod lease;
 mod prepare;
 mod pull;
+mod reply;
 mod retry;
 mod settle;
 mod shared;
@@ -202,6 +203,7 @@ impl Worker {
                 epoch: Instant::now(),
                 abort: Abort::default(),
                 notifier: None,
+                replies: TaskTracker::new(),
                 config,
             }),
         }
@@ -274,6 +276,9 @@ impl Worker {
             tracker.wait().await;
         }
         info!("all in-flight messages settled");
+        // Each is bounded by its timeout.
+        shared.replies.close();
+        shared.replies.wait().await;
         stopped
     }
 }

@@ -48,6 +48,9 @@ pub(crate) struct Shared {
     pub abort: Abort,
     /// The `[[notify]]` endpoints, if any; never waited for.
     pub notifier: Option<Arc<Notifier>>,
+    /// Verdicts being published to `reply_to` destinations (`reply.rs`),
+    /// each bounded; the drain waits for them.
+    pub replies: tokio_util::task::TaskTracker,
 }
 
 impl Shared {

@@ -45,6 +45,8 @@ pub(super) struct LoggedBroker {
     pub(super) unanswered_extensions: AtomicU32,
     /// This many more extensions panic.
     pub(super) panicking_extensions: AtomicU32,
+    /// The verdicts published to a `reply_to`: destination and payload.
+    pub(super) replies: Mutex<Vec<(String, Bytes)>>,
 }
 
 fn take_one(counter: &AtomicU32) -> bool {
@@ -116,6 +118,14 @@ impl Consumer for LoggedBroker {
         }
         self.timeline.push(format!("dead-letter {reason}"));
         self.inner.dead_letter(tag, reason).await
+    }
+    async fn reply(&self, destination: &str, verdict: Bytes) -> Result<(), BrokerError> {
+        self.timeline.push(format!("reply {destination}"));
+        self.replies
+            .lock()
+            .unwrap()
+            .push((destination.to_owned(), verdict));
+        Ok(())
     }
 }
 

@@ -116,6 +116,7 @@ fn start_polling(
         leases_gone: AtomicBool::new(false),
         unanswered_extensions: AtomicU32::new(0),
         panicking_extensions: AtomicU32::new(0),
+        replies: Mutex::default(),
     });
     let stats = Arc::new(Stats::default());
     let shutdown = Shutdown::new();
@@ -189,3 +190,6 @@ mod late_checks;
 
 #[path = "schedule_tests.rs"]
 mod schedule;
+
+#[path = "reply_tests.rs"]
+mod replies;

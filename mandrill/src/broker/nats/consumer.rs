@@ -238,6 +238,20 @@ impl Consumer for NatsBroker {
             .await?;
         self.send_confirmed(tag, AckKind::Term).await
     }
+
+    /// A core NATS publish, flushed: a subscriber on the subject hears it,
+    /// and a stream that captures the subject keeps it.
+    async fn reply(&self, destination: &str, verdict: Bytes) -> Result<(), BrokerError> {
+        let client = &self.publisher.client;
+        client
+            .publish(destination.to_owned(), verdict)
+            .await
+            .map_err(|e| unavailable(&format!("cannot publish a reply to {destination}"), e))?;
+        client
+            .flush()
+            .await
+            .map_err(|e| unavailable(&format!("reply to {destination} not flushed"), e))
+    }
 }
 
 impl NatsBroker {

@@ -380,6 +380,30 @@ impl Consumer for PubSubBroker {
         consumer.release(&ack_id, true);
         Ok(())
     }
+
+    /// One `Publish` to the topic `destination` of the broker's project.
+    async fn reply(&self, destination: &str, verdict: Bytes) -> Result<(), BrokerError> {
+        let message = PubsubMessage {
+            data: verdict.to_vec(),
+            ..PubsubMessage::default()
+        };
+        let publisher =
+            self.publisher
+                .client
+                .topic(destination)
+                .new_publisher(Some(PublisherConfig {
+                    workers: 1,
+                    ..PublisherConfig::default()
+                }));
+        let published = publisher
+            .publish_immediately(vec![message], quick_retry())
+            .await;
+        let mut publisher = publisher;
+        publisher.shutdown().await;
+        published.map(drop).map_err(|status| {
+            classify(&format!("cannot publish a reply to {destination}"), &status)
+        })
+    }
 }
 
 #[async_trait]

@@ -18,6 +18,9 @@ pub struct PubSubPublisher {
     pub(super) options: PubSubOptions,
     /// The subscription's full name.
     pub(super) subscription: String,
+    /// The client, for a reply to a topic of the requester's choosing
+    /// (admitted by the operator's patterns).
+    pub(super) client: Client,
 }
 
 impl fmt::Debug for PubSubPublisher {
@@ -147,6 +150,7 @@ impl PubSubPublisher {
         let dead_letters = client.topic(&options.settings.dead_letter_topic);
         let subscription = client.fully_qualified_subscription_name(&options.subscription);
         Ok(Self {
+            client,
             publisher: requests.new_publisher(Some(publisher_config.clone())),
             dead_letter_publisher: dead_letters.new_publisher(Some(publisher_config)),
             requests,

@@ -330,3 +330,50 @@ async fn an_ack_id_the_service_refuses_fails_alone_as_a_lost_lease() {
     let again = broker.pull(10).await.unwrap();
     assert!(again.is_empty(), "{again:?}");
 }
+
+/// A verdict goes to the topic its request named, in the broker's
+/// project; a topic that does not exist is an error for the worker to
+/// count, never a topic created on a requester's word.
+#[tokio::test]
+async fn a_reply_is_published_to_the_named_topic_and_to_no_other() {
+    let options = options(emulator::shared(), Duration::from_secs(10));
+    let broker = PubSubBroker::connect(options.clone()).await.unwrap();
+    let id = Uuid::new_v4().simple().to_string();
+    let client = &broker.publisher.client;
+    let topic = client.topic(&format!("verdicts-{id}"));
+    ensure_topic(&topic).await.unwrap();
+    let subscription = format!("projects/{}/subscriptions/verdicts-{id}", options.project);
+    broker
+        .publisher
+        .ensure_subscription(&subscription, topic.fully_qualified_name(), true)
+        .await
+        .unwrap();
+    let verdict = Bytes::from_static(br#"{"status":"restarted"}"#);
+    broker
+        .reply(&format!("verdicts-{id}"), verdict.clone())
+        .await
+        .unwrap();
+    let reader = client.subscription(&format!("verdicts-{id}"));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let heard = loop {
+        let pulled = reader.pull(10, None).await.unwrap();
+        if !pulled.is_empty() || tokio::time::Instant::now() > deadline {
+            break pulled;
+        }
+    };
+    assert_eq!(heard.len(), 1);
+    assert_eq!(heard[0].message.data, verdict.to_vec());
+    let missing = broker
+        .reply(&format!("missing-{id}"), verdict)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(missing.contains(&format!("missing-{id}")), "{missing}");
+    assert!(
+        !client
+            .topic(&format!("missing-{id}"))
+            .exists(None)
+            .await
+            .unwrap()
+    );
+}

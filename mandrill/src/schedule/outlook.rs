@@ -1,0 +1,100 @@
+//! The next planned restarts, as `mandrill status`, `/api/status` and the
+//! dashboard show them: each schedule's next slots with their provisional
+//! victims, drawn as `schedule preview` draws them (nobody is restarting:
+//! the victim at the slot itself is drawn again among the hosts eligible
+//! then).
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use jiff::Timestamp;
+use serde::Serialize;
+use uuid::Uuid;
+
+use super::Scheduled;
+use crate::domain::Domain;
+use crate::safety::Policy;
+
+/// How many planned restarts are shown per schedule.
+const NEXT_SHOWN: usize = 3;
+
+/// A schedule's next planned restarts.
+#[derive(Debug, Clone, Serialize)]
+pub struct Planned {
+    /// The schedule's name.
+    pub name: String,
+    /// The group its victims are drawn from.
+    pub group: String,
+    /// The next slots, soonest first.
+    pub next: Vec<PlannedSlot>,
+}
+
+/// One planned restart.
+#[derive(Debug, Clone, Serialize)]
+pub struct PlannedSlot {
+    /// When, in UTC (RFC 3339).
+    pub at: String,
+    /// When, on the calendar's clock (UTC without a calendar).
+    pub local: String,
+    /// The host it would restart if it were due now; `None` when no host
+    /// of the group is eligible now.
+    pub victim: Option<String>,
+    /// Its request's id (a UUIDv5 of the schedule and the slot).
+    pub message_id: Uuid,
+}
+
+/// The schedules of a running service, for its admin pages: shared, read
+/// at each request.
+#[derive(Clone, Default)]
+pub struct Outlook {
+    schedules: Arc<[Scheduled]>,
+    domain: Domain,
+}
+
+impl Outlook {
+    /// The schedules, with the domain their requests are qualified with.
+    pub fn new(schedules: Vec<Scheduled>, domain: Domain) -> Self {
+        Self {
+            schedules: schedules.into(),
+            domain,
+        }
+    }
+
+    /// Whether no `[[schedule]]` is configured.
+    pub fn is_empty(&self) -> bool {
+        self.schedules.is_empty()
+    }
+
+    /// Each schedule's next [`NEXT_SHOWN`] slots after `now`, with their
+    /// provisional victims under `policy`.
+    pub fn next(&self, policy: &Policy, now: Timestamp) -> Vec<Planned> {
+        let calendar = policy.guards.calendar.as_ref();
+        let busy = HashSet::new();
+        self.schedules
+            .iter()
+            .map(|scheduled| {
+                let plan = &scheduled.plan;
+                let mut after = now;
+                let mut next = Vec::new();
+                while next.len() < NEXT_SHOWN {
+                    let Some(slot) = plan.next_after(calendar, after) else {
+                        break;
+                    };
+                    after = slot.at;
+                    let victim = scheduled.victim(policy, &slot, &busy, &self.domain).ok();
+                    next.push(PlannedSlot {
+                        at: slot.at.to_string(),
+                        local: calendar.map_or_else(|| slot.at.to_string(), |c| c.local(slot.at)),
+                        victim: victim.map(|request| request.instance_name.as_str().to_owned()),
+                        message_id: slot.message_id,
+                    });
+                }
+                Planned {
+                    name: plan.name.clone(),
+                    group: plan.group.clone(),
+                    next,
+                }
+            })
+            .collect()
+    }
+}
