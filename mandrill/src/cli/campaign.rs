@@ -279,6 +279,7 @@ async fn start(config: Config, args: &StartArgs) -> anyhow::Result<()> {
                 reach: None,
                 // The first is due at once; only later ones carry a time.
                 not_before: (index > 0 && !spread.is_zero()).then(|| SystemTime::from(due[index])),
+                reply_to: None,
             };
             Ok(sign(key, name, &request, now))
         })
