@@ -20,7 +20,8 @@ use tracing::debug;
 use super::hosts::HostMap;
 use super::process::{ProcessRunner, RunError, for_log};
 use super::template::{ArgvTemplate, Values};
-use super::{Reservation, RestartError, Restarter};
+use super::{Cause, Reservation, RestartError, Restarter};
+use crate::causes::WithCauses;
 use crate::domain::{RestartRequest, Restarted};
 
 /// The most output kept per stream, so that a record stays small.
@@ -185,20 +186,20 @@ impl Restarter for CommandRestarter {
         let finished = match self.runner.run(&argv).await {
             Ok(finished) => finished,
             Err(error) => {
-                let mut reason = error.to_string();
-                if let RunError::TimedOut { output, .. } = &error
-                    && let Some(text) = output.text()
-                {
-                    reason.push_str(&format!("; output: {text}"));
-                }
-                debug!(%host, reason = %for_log(&reason, 300), "restart command did not finish");
-                return Err(if error.is_permanent() {
-                    RestartError::Permanent {
-                        host: host.clone(),
-                        reason,
-                    }
+                debug!(%host, error = %for_log(&WithCauses(&error).to_string(), 300), "restart command did not finish");
+                let permanent = error.is_permanent();
+                let output = match &error {
+                    RunError::TimedOut { output, .. } => output.text(),
+                    RunError::Spawn { .. } | RunError::Wait { .. } => None,
+                };
+                let cause = match output {
+                    Some(text) => format!("{error}; output: {text}").into(),
+                    None => Cause::from_error(error),
+                };
+                return Err(if permanent {
+                    RestartError::permanent(host, cause)
                 } else {
-                    RestartError::failed(host, reason)
+                    RestartError::failed(host, cause)
                 });
             }
         };
@@ -220,13 +221,13 @@ impl Restarter for CommandRestarter {
                 output,
             }),
             Some(code) if self.permanent_exit_codes.contains(&code) => {
-                Err(RestartError::Permanent {
-                    host: host.clone(),
-                    reason: with_output(format!(
+                Err(RestartError::permanent(
+                    host,
+                    with_output(format!(
                         "{program:?} exited with code {code}, listed in \
                          restarter.command.permanent_exit_codes"
                     )),
-                })
+                ))
             }
             Some(code) => Err(RestartError::failed(
                 host,

@@ -31,7 +31,7 @@ use url::Url;
 
 use super::hosts::HostMap;
 use super::template::{Template, Values};
-use super::{Reservation, RestartError, Restarter};
+use super::{Cause, Reservation, RestartError, Restarter};
 use crate::domain::{RestartRequest, Restarted};
 
 pub use answer::MAX_OUTPUT_BYTES;
@@ -190,12 +190,9 @@ impl Restarter for HttpRestarter {
             host: &target.address,
             request,
         };
-        let (url, headers, body) =
-            self.build(&values)
-                .map_err(|reason| RestartError::Permanent {
-                    host: host.clone(),
-                    reason,
-                })?;
+        let (url, headers, body) = self
+            .build(&values)
+            .map_err(|reason| RestartError::permanent(host, reason))?;
         let shown = redacted(&url);
         debug!(method = %self.method, url = %shown, "calling the webhook");
         let call = self
@@ -212,10 +209,9 @@ impl Restarter for HttpRestarter {
             } else {
                 RestartError::failed(
                     host,
-                    format!(
-                        "{} {shown} failed: {}",
-                        self.method,
-                        cause_chain(&error.without_url())
+                    Cause::new(
+                        format!("{} {shown} failed", self.method),
+                        error.without_url(),
                     ),
                 )
             }
@@ -246,14 +242,11 @@ impl Restarter for HttpRestarter {
         if is_retryable(status) {
             Err(RestartError::Failed {
                 host: host.clone(),
-                reason,
+                cause: reason.into(),
                 retry_after,
             })
         } else {
-            Err(RestartError::Permanent {
-                host: host.clone(),
-                reason,
-            })
+            Err(RestartError::permanent(host, reason))
         }
     }
 }

@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 
-use super::{Reservation, Reserving, RestartError, Restarter};
+use super::{Cause, Reservation, Reserving, RestartError, Restarter};
 use crate::domain::{RestartRequest, Restarted};
 
 /// See the module docs.
@@ -73,7 +73,7 @@ impl Restarter for Journaled {
         if let Err(error) = written {
             return Err(RestartError::failed(
                 &request.hostname,
-                format!("cannot write the restart journal: {error}"),
+                Cause::new("cannot write the restart journal", error),
             ));
         }
         self.inner.restart(request, reservation).await

@@ -47,7 +47,7 @@ use tokio::time::Instant;
 
 use super::hosts::HostMap;
 use super::template::{ArgvTemplate, Values};
-use super::{Reservation, Reserving, RestartError, Restarter};
+use super::{Cause, Reservation, Reserving, RestartError, Restarter};
 use crate::domain::{Hostname, RestartRequest, Restarted};
 
 pub use output::{Captured, read_bounded};
@@ -172,11 +172,8 @@ impl SshRestarter {
     ) -> Result<Arc<Session>, RestartError> {
         match tokio::time::timeout_at(connect_by, self.pool.get(destination)).await {
             Ok(Ok(session)) => Ok(session),
-            Ok(Err(ConnectError::Refused(reason))) => Err(RestartError::Permanent {
-                host: host.clone(),
-                reason,
-            }),
-            Ok(Err(ConnectError::Unreachable(reason))) => Err(RestartError::failed(host, reason)),
+            Ok(Err(ConnectError::Refused(cause))) => Err(RestartError::permanent(host, cause)),
+            Ok(Err(ConnectError::Unreachable(cause))) => Err(RestartError::failed(host, cause)),
             Err(_elapsed) => Err(RestartError::failed(
                 host,
                 format!(
@@ -215,11 +212,12 @@ impl SshRestarter {
             let Ok(spawned) = tokio::time::timeout_at(command_by, command.spawn()).await else {
                 return Err(RestartError::OutcomeUnknown {
                     host: host.clone(),
-                    reason: format!(
+                    cause: format!(
                         "starting the command on {destination} took longer than {:?}; it may \
                          have started",
                         self.timeout
-                    ),
+                    )
+                    .into(),
                 });
             };
             match spawned {
@@ -234,7 +232,7 @@ impl SshRestarter {
                 Err(e) => {
                     return Err(RestartError::failed(
                         host,
-                        format!("could not start the command on {destination}: {e}"),
+                        Cause::new(format!("could not start the command on {destination}"), e),
                     ));
                 }
             }
@@ -350,7 +348,7 @@ impl SshRestarter {
             }
             Err(e) => Err(RestartError::failed(
                 host,
-                format!("the command on {destination} failed: {e}"),
+                Cause::new(format!("the command on {destination} failed"), e),
             )),
         }
     }
@@ -370,10 +368,11 @@ impl SshRestarter {
     ) -> RestartError {
         let unknown = |why: String| RestartError::OutcomeUnknown {
             host: host.clone(),
-            reason: format!(
+            cause: format!(
                 "the command ran longer than {:?} on {destination} and {why}",
                 self.timeout
-            ),
+            )
+            .into(),
         };
         let pgid = match group {
             Group::Leader(pgid) => pgid,
@@ -435,10 +434,7 @@ impl SshRestarter {
             output::suffix(output)
         );
         if self.permanent_exit_codes.contains(&code) {
-            RestartError::Permanent {
-                host: host.clone(),
-                reason,
-            }
+            RestartError::permanent(host, reason)
         } else {
             RestartError::failed(host, reason)
         }
@@ -483,10 +479,7 @@ impl Restarter for SshRestarter {
         let host = &request.hostname;
         let destination = self
             .destination(request)
-            .map_err(|reason| RestartError::Permanent {
-                host: host.clone(),
-                reason,
-            })?;
+            .map_err(|reason| RestartError::permanent(host, reason))?;
         let argv = self.argv.render(&Values {
             host: &destination.address,
             request,

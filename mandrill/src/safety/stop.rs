@@ -284,7 +284,7 @@ impl StopConditions {
                     }
                     Err(why)
                 }
-                Err(error) => Err(error.to_string()),
+                Err(error) => Err(crate::causes::WithCauses(&error).to_string()),
             },
         }
     }
