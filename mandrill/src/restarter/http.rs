@@ -32,10 +32,10 @@ use url::Url;
 use super::hosts::HostMap;
 use super::template::{Template, Values};
 use super::{Cause, Reservation, RestartError, Restarter};
+use crate::causes::WithCauses;
 use crate::domain::{RestartRequest, Restarted};
 
 pub use answer::MAX_OUTPUT_BYTES;
-pub(crate) use answer::cause_chain;
 use answer::{
     MAX_REASON_BODY_BYTES, failure_reason, is_retryable, read_bounded, recorded_output, retry_after,
 };
@@ -116,7 +116,7 @@ impl HttpRestarter {
         let client = builder.build().map_err(|error| {
             format!(
                 "building the http client failed: {}",
-                cause_chain(&error.without_url())
+                WithCauses(&error.without_url())
             )
         })?;
         Ok(Self {
@@ -227,7 +227,7 @@ impl Restarter for HttpRestarter {
                 // was lost. The restart must not be repeated for that.
                 Err(error) => Some(format!(
                     "(answer unreadable: {})",
-                    cause_chain(&error.without_url())
+                    WithCauses(&error.without_url())
                 )),
             };
             return Ok(Restarted {
@@ -371,7 +371,7 @@ fn ca_certificates(path: &Path) -> Result<Vec<reqwest::Certificate>, String> {
         format!(
             "ca_file: {} is not a PEM certificate bundle: {}",
             path.display(),
-            cause_chain(&error)
+            WithCauses(&error)
         )
     })?;
     if certificates.is_empty() {
