@@ -528,7 +528,11 @@ async fn root_or_no_user_is_refused_for_good_before_connecting() {
         ..settings
     };
     let error = SshRestarter::new(&missing, loopback()).unwrap_err();
-    assert!(error.contains("known_hosts_file"), "{error}");
+    assert_eq!(error.key, "restarter.ssh.known_hosts_file", "{error}");
+    // The path once, then why it cannot be used (the io error, a source).
+    let line = error.with_causes().to_string();
+    assert_eq!(line.matches("absent").count(), 1, "{line}");
+    assert!(line.ends_with("(os error 2)"), "{line}");
 }
 
 #[tokio::test]

@@ -20,7 +20,7 @@ use tracing::debug;
 use super::hosts::HostMap;
 use super::process::{ProcessRunner, RunError, for_log};
 use super::template::{ArgvTemplate, Values};
-use super::{Cause, Reservation, RestartError, Restarter};
+use super::{Cause, Reservation, RestartError, Restarter, SettingError};
 use crate::causes::WithCauses;
 use crate::domain::{RestartRequest, Restarted};
 
@@ -128,15 +128,15 @@ pub struct CommandRestarter {
 impl CommandRestarter {
     /// Builds the backend from validated settings; refuses a working
     /// directory that does not exist.
-    pub fn new(settings: &CommandSettings, hosts: HostMap) -> Result<Self, String> {
+    pub fn new(settings: &CommandSettings, hosts: HostMap) -> Result<Self, SettingError> {
         let argv = ArgvTemplate::parse(&settings.argv)
-            .map_err(|why| format!("restarter.command.argv {why}"))?;
+            .map_err(|why| SettingError::new("restarter.command.argv", why))?;
         if let Some(dir) = &settings.working_dir
             && !dir.is_dir()
         {
-            return Err(format!(
-                "restarter.command.working_dir {} is not a directory",
-                dir.display()
+            return Err(SettingError::new(
+                "restarter.command.working_dir",
+                format!("{} is not a directory", dir.display()),
             ));
         }
         let env: Vec<(String, String)> = settings

@@ -155,6 +155,51 @@ impl RestartError {
     }
 }
 
+/// A backend setting that cannot be used, found when the backend is built:
+/// the dotted key, what is wrong, and the error beneath when there is one
+/// (a file that cannot be read).
+#[derive(Debug, thiserror::Error)]
+#[error("{key}: {why}")]
+#[non_exhaustive]
+pub struct SettingError {
+    /// The dotted key (`restarter.http.ca_file`).
+    pub key: String,
+    /// What is wrong.
+    pub why: String,
+    /// What failed beneath.
+    #[source]
+    pub source: Option<Box<dyn std::error::Error + Send + Sync>>,
+}
+
+impl SettingError {
+    /// `key` cannot be used: `why`.
+    pub(crate) fn new(key: impl Into<String>, why: impl Into<String>) -> Self {
+        Self {
+            key: key.into(),
+            why: why.into(),
+            source: None,
+        }
+    }
+
+    /// The error followed by its cause, for the line that tells the
+    /// operator.
+    pub fn with_causes(&self) -> impl std::fmt::Display + '_ {
+        crate::causes::WithCauses(self)
+    }
+
+    /// `key` cannot be used: `why`, because of `source`.
+    pub(crate) fn because(
+        key: impl Into<String>,
+        why: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            source: Some(Box::new(source)),
+            ..Self::new(key, why)
+        }
+    }
+}
+
 /// Capacity to issue one restart, held from [`Restarter::reserve`] until the
 /// restart is done.
 #[derive(Debug, Default)]

@@ -47,7 +47,7 @@ use tokio::time::Instant;
 
 use super::hosts::HostMap;
 use super::template::{ArgvTemplate, Values};
-use super::{Cause, Reservation, Reserving, RestartError, Restarter};
+use super::{Cause, Reservation, Reserving, RestartError, Restarter, SettingError};
 use crate::domain::{Hostname, RestartRequest, Restarted};
 
 pub use output::{Captured, read_bounded};
@@ -119,12 +119,13 @@ impl SshRestarter {
     /// Checks the settings, the key and known_hosts files, and prepares the
     /// private directory for ssh's configuration and control sockets. No
     /// connection is opened until the first restart.
-    pub fn new(settings: &SshSettings, hosts: HostMap) -> Result<Self, String> {
+    pub fn new(settings: &SshSettings, hosts: HostMap) -> Result<Self, SettingError> {
         settings
             .validate()
-            .map_err(|(key, why)| format!("restarter.ssh.{key}: {why}"))?;
+            .map_err(|(key, why)| SettingError::new(format!("restarter.ssh.{key}"), why))?;
         // `validate` refused an unparsable argv.
-        let argv = ArgvTemplate::parse(&settings.argv).map_err(|why| format!("argv {why}"))?;
+        let argv = ArgvTemplate::parse(&settings.argv)
+            .map_err(|why| SettingError::new("restarter.ssh.argv", why))?;
         Ok(Self {
             argv,
             hosts,

@@ -22,7 +22,7 @@ use tracing::debug;
 use super::hosts::{HostMap, Target};
 use super::process::{ProcessRunner, for_log};
 use super::template::{ArgvTemplate, Template, Values};
-use super::{Cause, Reservation, Reserving, RestartError, Restarter};
+use super::{Cause, Reservation, Reserving, RestartError, Restarter, SettingError};
 use crate::causes::WithCauses;
 use crate::domain::{RestartRequest, Restarted};
 
@@ -186,8 +186,9 @@ impl Verified {
         inner: Arc<dyn Restarter>,
         settings: &VerifySettings,
         hosts: HostMap,
-    ) -> Result<Self, String> {
-        let probe = Probe::new(settings).map_err(|(key, why)| format!("verify.{key} {why}"))?;
+    ) -> Result<Self, SettingError> {
+        let probe = Probe::new(settings)
+            .map_err(|(key, why)| SettingError::new(format!("verify.{key}"), why))?;
         // The command probe gets the command backend's default environment.
         let runner = ProcessRunner::new(
             None,
@@ -210,10 +211,10 @@ impl Verified {
         inner: Arc<dyn Restarter>,
         settings: &VerifySettings,
         hosts: HostMap,
-    ) -> Result<Arc<dyn Restarter>, String> {
+    ) -> Result<Arc<dyn Restarter>, SettingError> {
         if settings.probe == ProbeKind::None {
             VerifySettings::validate(settings)
-                .map_err(|(key, why)| format!("verify.{key} {why}"))?;
+                .map_err(|(key, why)| SettingError::new(format!("verify.{key}"), why))?;
             return Ok(inner);
         }
         Ok(Arc::new(Self::new(inner, settings, hosts)?))

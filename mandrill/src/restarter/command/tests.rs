@@ -375,7 +375,7 @@ async fn command_runs_in_the_working_directory() {
     );
     settings.working_dir = Some(dir.path().join("missing"));
     let error = CommandRestarter::new(&settings, HostMap::default()).unwrap_err();
-    assert!(error.contains("working_dir"), "{error}");
+    assert_eq!(error.key, "restarter.command.working_dir", "{error}");
 }
 
 #[test]

@@ -683,15 +683,20 @@ mod settings_check {
                 ..HttpSettings::default()
             };
             edit(&mut settings);
-            HttpRestarter::new(&settings, HostMap::default()).unwrap_err()
+            let error = HttpRestarter::new(&settings, HostMap::default()).unwrap_err();
+            crate::causes::WithCauses(&error).to_string()
         };
         let missing = dir.path().join("missing.pem");
         let error = build(&|s| s.ca_file = Some(missing.clone()));
-        assert!(error.starts_with("ca_file: cannot read"), "{error}");
+        let cannot_read = format!(
+            "restarter.http.ca_file: cannot read {}: ",
+            missing.display()
+        );
+        assert!(error.starts_with(&cannot_read), "{error}");
         let not_pem = dir.path().join("not.pem");
         std::fs::write(&not_pem, "this is not a certificate\n").unwrap();
         let error = build(&|s| s.ca_file = Some(not_pem.clone()));
-        assert!(error.starts_with("ca_file:"), "{error}");
+        assert!(error.starts_with("restarter.http.ca_file:"), "{error}");
         assert!(error.contains("no PEM certificate"), "{error}");
         let broken = dir.path().join("broken.pem");
         std::fs::write(
@@ -700,7 +705,7 @@ mod settings_check {
         )
         .unwrap();
         let error = build(&|s| s.ca_file = Some(broken.clone()));
-        assert!(error.starts_with("ca_file:"), "{error}");
+        assert!(error.starts_with("restarter.http.ca_file:"), "{error}");
         let empty_key = dir.path().join("empty.key");
         std::fs::write(&empty_key, "\n").unwrap();
         let error = build(&|s| s.hmac_secret_file = Some(empty_key.clone()));
@@ -708,7 +713,7 @@ mod settings_check {
         let error = build(&|s| s.hmac_secret_env = Some("MANDRILL_TEST_NO_SUCH_VARIABLE".into()));
         assert_eq!(
             error,
-            "hmac_secret_env: the variable MANDRILL_TEST_NO_SUCH_VARIABLE is not set"
+            "restarter.http.hmac_secret_env: the variable MANDRILL_TEST_NO_SUCH_VARIABLE is not set"
         );
     }
 }

@@ -18,7 +18,7 @@ use tempfile::TempDir;
 
 use super::SshSettings;
 use super::output::excerpt;
-use crate::restarter::Cause;
+use crate::restarter::{Cause, SettingError};
 
 /// Where one connection goes.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -68,10 +68,15 @@ pub(super) struct Pool {
 }
 
 impl Pool {
-    pub(super) fn new(settings: &SshSettings) -> Result<Self, String> {
+    pub(super) fn new(settings: &SshSettings) -> Result<Self, SettingError> {
         let existing = |key: &str, path: &Path| {
-            std::fs::canonicalize(path)
-                .map_err(|e| format!("restarter.ssh.{key} {}: {e}", path.display()))
+            std::fs::canonicalize(path).map_err(|e| {
+                SettingError::because(
+                    format!("restarter.ssh.{key}"),
+                    path.display().to_string(),
+                    e,
+                )
+            })
         };
         // `validate` made it required.
         let known_hosts = settings
@@ -82,10 +87,17 @@ impl Pool {
         let private_dir = tempfile::Builder::new()
             .prefix("mandrill-ssh-")
             .tempdir()
-            .map_err(|e| format!("cannot create a private directory for ssh: {e}"))?;
+            .map_err(|e| {
+                SettingError::because("restarter.ssh", "cannot create a private directory", e)
+            })?;
         let config_file = private_dir.path().join("ssh_config");
-        std::fs::write(&config_file, ssh_config(&known_hosts_file, settings))
-            .map_err(|e| format!("cannot write {}: {e}", config_file.display()))?;
+        std::fs::write(&config_file, ssh_config(&known_hosts_file, settings)).map_err(|e| {
+            SettingError::because(
+                "restarter.ssh",
+                format!("cannot write {}", config_file.display()),
+                e,
+            )
+        })?;
 
         let mut builder = SessionBuilder::default();
         builder
