@@ -162,7 +162,7 @@ pub(super) fn load(sources: Result<Sources, ConfigError>) -> Result<(Sources, Co
         Ok((sources, config))
     });
     loaded.map_err(|error| {
-        eprintln!("mandrill: {error}");
+        eprintln!("mandrill: {}", error.with_causes());
         ExitCode::from(2)
     })
 }

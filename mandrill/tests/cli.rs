@@ -285,6 +285,12 @@ fn bad_configuration_fails_at_start_naming_the_key() {
     assert_eq!(status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("safety.poll_interval"), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
+
+    // A file that cannot be read: named once, and why once.
+    let (status, _, stderr) = mandrill(&dir, &["run", "--config", "absent.toml"], &[]);
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert_eq!(stderr.matches("absent.toml").count(), 1, "{stderr}");
+    assert_eq!(stderr.matches("No such file").count(), 1, "{stderr}");
     // Nothing was created by a run that could not start.
     assert!(!dir.join("mandrill.db").exists());
 }

@@ -156,9 +156,10 @@ async fn an_unknown_or_changed_host_key_is_refused_for_good_and_nothing_runs() {
         let restarter = SshRestarter::new(&settings, loopback()).unwrap();
 
         let error = restart(&restarter, "cattle-ab12").await.unwrap_err();
-        let RestartError::Permanent { reason, .. } = &error else {
+        let RestartError::Permanent { .. } = &error else {
             panic!("{case} key: expected a permanent failure, got {error:?}");
         };
+        let reason = error.with_causes().to_string();
         assert!(reason.contains("host key of"), "{case}: {reason}");
         assert!(reason.contains("127.0.0.1"), "{case}: {reason}");
         assert!(!error.is_retryable());
@@ -179,9 +180,10 @@ async fn a_key_the_host_does_not_know_is_refused_for_good() {
     let restarter = SshRestarter::new(&settings, loopback()).unwrap();
 
     let error = restart(&restarter, "cattle-ab12").await.unwrap_err();
-    let RestartError::Permanent { reason, .. } = &error else {
+    let RestartError::Permanent { .. } = &error else {
         panic!("expected a permanent failure, got {error:?}");
     };
+    let reason = error.with_causes().to_string();
     assert!(reason.contains("authentication refused"), "{reason}");
     assert_eq!(sshd.logins(), 0);
 }
@@ -198,7 +200,8 @@ async fn a_host_whose_sshd_is_down_fails_for_now_and_a_retry_succeeds_once_it_is
         matches!(error, RestartError::Failed { .. }) && error.is_retryable(),
         "{error:?}"
     );
-    assert!(error.to_string().contains("Connection refused"), "{error}");
+    let text = error.with_causes().to_string();
+    assert!(text.contains("Connection refused"), "{text}");
 
     sshd.launch();
     restart(&restarter, "cattle-ab12").await.unwrap();
@@ -253,10 +256,8 @@ async fn a_connection_dropped_by_the_host_counts_as_restarted_only_when_configur
     let strict = SshRestarter::new(&sshd.settings(&argv), loopback()).unwrap();
     let error = restart(&strict, "cattle-ab12").await.unwrap_err();
     assert!(error.is_retryable(), "{error:?}");
-    assert!(
-        error.to_string().contains("dropped the connection"),
-        "{error}"
-    );
+    let text = error.with_causes().to_string();
+    assert!(text.contains("dropped the connection"), "{text}");
 
     let settings = SshSettings {
         reboot_drops_connection: true,
@@ -279,9 +280,10 @@ async fn exit_codes_fail_for_now_or_for_good_and_a_slow_command_times_out() {
     let restarter = SshRestarter::new(&settings, loopback()).unwrap();
     // `{group}` is the instance name up to its last '-': the exit code.
     let error = restart(&restarter, "3-a").await.unwrap_err();
-    let RestartError::Permanent { reason, .. } = &error else {
+    let RestartError::Permanent { .. } = &error else {
         panic!("exit 3 is configured permanent, got {error:?}");
     };
+    let reason = error.with_causes().to_string();
     assert!(
         reason.contains("exited with 3") && reason.contains("boom"),
         "{reason}"
@@ -289,16 +291,17 @@ async fn exit_codes_fail_for_now_or_for_good_and_a_slow_command_times_out() {
     // 127 (a shell's "command not found") too, which openssh reports as
     // an error rather than an exit status.
     let error = restart(&restarter, "127-a").await.unwrap_err();
-    let RestartError::Permanent { reason, .. } = &error else {
+    let RestartError::Permanent { .. } = &error else {
         panic!("exit 127 is configured permanent, got {error:?}");
     };
+    let reason = error.with_causes().to_string();
     assert!(
         reason.contains("exited with 127") && reason.contains("boom"),
         "{reason}"
     );
     let error = restart(&restarter, "4-a").await.unwrap_err();
     assert!(
-        matches!(&error, RestartError::Failed { reason, .. } if reason.contains("exited with 4")),
+        matches!(&error, RestartError::Failed { .. } if error.with_causes().to_string().contains("exited with 4")),
         "{error:?}"
     );
 
@@ -403,9 +406,10 @@ async fn a_timed_out_command_whose_host_refuses_the_kill_may_still_run_and_is_no
 
     let error = restart(&restarter, "cattle-ab12").await.unwrap_err();
 
-    let RestartError::OutcomeUnknown { reason, .. } = &error else {
+    let RestartError::OutcomeUnknown { .. } = &error else {
         panic!("expected the outcome to be unknown, got {error:?}");
     };
+    let reason = error.with_causes().to_string();
     assert!(!error.is_retryable());
     let pid = pid_in(&pidfile).await;
     assert!(
@@ -515,7 +519,7 @@ async fn root_or_no_user_is_refused_for_good_before_connecting() {
         let restarter = SshRestarter::new(&settings, hosts).unwrap();
         let error = restart(&restarter, "cattle-ab12").await.unwrap_err();
         assert!(
-            matches!(&error, RestartError::Permanent { reason, .. } if reason.contains(expected)),
+            matches!(&error, RestartError::Permanent { .. } if error.with_causes().to_string().contains(expected)),
             "{error:?}"
         );
     }
@@ -524,7 +528,11 @@ async fn root_or_no_user_is_refused_for_good_before_connecting() {
         ..settings
     };
     let error = SshRestarter::new(&missing, loopback()).unwrap_err();
-    assert!(error.contains("known_hosts_file"), "{error}");
+    assert_eq!(error.key, "restarter.ssh.known_hosts_file", "{error}");
+    // The path once, then why it cannot be used (the io error, a source).
+    let line = error.with_causes().to_string();
+    assert_eq!(line.matches("absent").count(), 1, "{line}");
+    assert!(line.ends_with("(os error 2)"), "{line}");
 }
 
 #[tokio::test]

@@ -7,7 +7,7 @@ use std::io::Write as _;
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime};
 
-use anyhow::anyhow;
+use anyhow::Context as _;
 use clap::Args;
 use serde_json::json;
 
@@ -43,7 +43,7 @@ pub(super) async fn load(config: &Config) -> anyhow::Result<Option<(Source, Inve
     };
     let inventory = crate::inventory::load(&source, &config.inventory)
         .await
-        .map_err(|why| anyhow!("inventory: cannot load the inventory: {why}"))?;
+        .context("inventory: cannot load the inventory")?;
     let handle = InventoryHandle::new(inventory, &source, &config.inventory);
     Ok(Some((source, handle)))
 }

@@ -156,7 +156,7 @@ pub(super) fn reload(
             new
         }
         Err(error) => {
-            error!(%error, "reload failed; keeping the running configuration");
+            error!(error = %error.with_causes(), "reload failed; keeping the running configuration");
             if let ConfigError::Invalid { key, .. } = &error
                 && key.starts_with("requesters")
             {

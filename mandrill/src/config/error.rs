@@ -6,8 +6,9 @@ use std::path::PathBuf;
 /// A configuration that cannot be used, naming the key or file at fault.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    /// The file could not be read.
-    #[error("cannot read config file {path}: {source}")]
+    /// The file could not be read (the reason is the source: see
+    /// [`ConfigError::with_causes`]).
+    #[error("cannot read config file {path}")]
     Read {
         /// The file.
         path: PathBuf,
@@ -45,10 +46,50 @@ pub enum ConfigError {
 }
 
 impl ConfigError {
+    /// The error followed by its cause (`cannot read config file x: no
+    /// such file`), for the line that tells the operator.
+    pub fn with_causes(&self) -> impl std::fmt::Display + '_ {
+        crate::causes::WithCauses(self)
+    }
+
     pub(crate) fn invalid(key: &str, message: impl Into<String>) -> Self {
         Self::Invalid {
             key: key.to_owned(),
             message: message.into(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The io error is the source, not also words in the message: a
+    /// chain that shows every source (anyhow's `{:#}`, the binary's last
+    /// line) names the file once and its cause once.
+    #[test]
+    fn an_unreadable_file_is_named_once_with_its_cause_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("absent.toml");
+        let error = crate::config::Sources {
+            file: Some(path.clone()),
+            ..Default::default()
+        }
+        .load()
+        .unwrap_err();
+        assert!(matches!(error, ConfigError::Read { .. }), "{error:?}");
+        let cause = std::error::Error::source(&error)
+            .expect("the io error is the source")
+            .to_string();
+        let shown = path.display().to_string();
+        assert_eq!(
+            error.to_string(),
+            format!("cannot read config file {shown}")
+        );
+        let line = error.with_causes().to_string();
+        assert_eq!(line, format!("cannot read config file {shown}: {cause}"));
+        let chain = format!("{:#}", anyhow::Error::new(error));
+        assert_eq!(chain.matches(&shown).count(), 1, "{chain}");
+        assert_eq!(chain.matches(&cause).count(), 1, "{chain}");
     }
 }

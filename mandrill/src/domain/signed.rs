@@ -313,7 +313,7 @@ impl SigningKey {
         requester: &str,
         now: SystemTime,
         lifetime: Duration,
-    ) -> Result<String, String> {
+    ) -> Result<String, jsonwebtoken::errors::Error> {
         #[derive(serde::Serialize)]
         struct Claims<'a> {
             #[serde(flatten)]
@@ -339,6 +339,5 @@ impl SigningKey {
             &claims,
             &self.key,
         )
-        .map_err(|error| format!("cannot sign: {error}"))
     }
 }

@@ -194,6 +194,7 @@ impl InventoryHandle {
                 self.install(inventory, source);
             }
             Err(error) => {
+                let error = error.with_causes().to_string();
                 self.0.failures.fetch_add(1, Ordering::Relaxed);
                 let age = self.current().map(|s| {
                     humantime::format_duration(Duration::from_secs(s.age().as_secs())).to_string()

@@ -7,7 +7,8 @@ use std::fmt;
 use std::path::PathBuf;
 
 use super::{Inventory, InventorySettings, MAX_INVENTORY_BYTES};
-use crate::restarter::process::ProcessRunner;
+use crate::restarter::http::fetch::{FetchError, get_bounded};
+use crate::restarter::process::{ProcessRunner, RunError};
 use crate::settings::redact_url;
 
 /// The environment a command inherits, besides nothing: enough for
@@ -65,19 +66,88 @@ impl fmt::Display for Source {
     }
 }
 
+/// Why the inventory could not be loaded; each names the source (redacted,
+/// as [`Source`] shows it) and keeps what failed beneath as its source.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LoadError {
+    /// The file could not be read.
+    #[error("cannot read {from}")]
+    Read {
+        /// The source, as shown.
+        from: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The command could not be run to its end (the error names it).
+    #[error(transparent)]
+    Run(RunError),
+    /// The command ran and failed.
+    #[error("{from} exited with {status}: {stderr}")]
+    Exited {
+        /// The source, as shown.
+        from: String,
+        /// How it ended.
+        status: std::process::ExitStatus,
+        /// What it printed on stderr, cut.
+        stderr: String,
+    },
+    /// The URL could not be fetched.
+    #[error("cannot fetch the inventory")]
+    Fetch(#[from] FetchError),
+    /// The file or the command's output is larger than allowed.
+    #[error("{from}: {size} bytes, over the limit of {MAX_INVENTORY_BYTES}")]
+    TooBig {
+        /// The source, as shown.
+        from: String,
+        /// Its size.
+        size: u64,
+    },
+    /// What was read is not UTF-8.
+    #[error("{from} is not utf-8")]
+    NotUtf8 {
+        /// The source, as shown.
+        from: String,
+        /// Where.
+        #[source]
+        source: std::str::Utf8Error,
+    },
+    /// What was read is not an inventory: a message for the operator,
+    /// naming the entry at fault.
+    #[error("{from}: {why}")]
+    Invalid {
+        /// The source, as shown.
+        from: String,
+        /// What is wrong.
+        why: String,
+    },
+}
+
+impl LoadError {
+    /// The error followed by its causes, for a log line or the operator.
+    pub fn with_causes(&self) -> impl fmt::Display + '_ {
+        crate::causes::WithCauses(self)
+    }
+}
+
 /// Reads and parses the inventory from `source`; the error names the
 /// source and what failed.
-pub async fn load(source: &Source, settings: &InventorySettings) -> Result<Inventory, String> {
+pub async fn load(source: &Source, settings: &InventorySettings) -> Result<Inventory, LoadError> {
+    let from = || source.to_string();
     let (bytes, toml_hint) = match source {
         Source::File(path) => {
             let bytes = tokio::fs::read(path)
                 .await
-                .map_err(|e| format!("cannot read {source}: {e}"))?;
+                .map_err(|source| LoadError::Read {
+                    from: from(),
+                    source,
+                })?;
             if bytes.len() > MAX_INVENTORY_BYTES {
-                return Err(format!(
-                    "{source} is {} bytes, over {MAX_INVENTORY_BYTES}",
-                    bytes.len()
-                ));
+                return Err(LoadError::TooBig {
+                    from: from(),
+                    size: bytes.len() as u64,
+                });
             }
             let toml = path.extension().is_some_and(|ext| ext == "toml");
             (bytes, toml)
@@ -86,35 +156,35 @@ pub async fn load(source: &Source, settings: &InventorySettings) -> Result<Inven
             let allowed: Vec<String> = COMMAND_ENV.iter().map(|s| (*s).to_owned()).collect();
             let runner =
                 ProcessRunner::new(None, &allowed, &[], settings.timeout, MAX_INVENTORY_BYTES);
-            let finished = runner
-                .run(argv)
-                .await
-                .map_err(|e| format!("{source}: {e}"))?;
+            let finished = runner.run(argv).await.map_err(LoadError::Run)?;
             if !finished.status.success() {
                 let stderr = finished.output.stderr.text();
-                return Err(format!(
-                    "{source} exited with {}: {}",
-                    finished.status,
-                    crate::restarter::process::for_log(stderr.trim(), 500)
-                ));
+                return Err(LoadError::Exited {
+                    from: from(),
+                    status: finished.status,
+                    stderr: crate::restarter::process::for_log(stderr.trim(), 500).into_owned(),
+                });
             }
             let stdout = finished.output.stdout;
             if stdout.total > stdout.kept.len() as u64 {
-                return Err(format!(
-                    "{source} printed {} bytes, over {MAX_INVENTORY_BYTES}",
-                    stdout.total
-                ));
+                return Err(LoadError::TooBig {
+                    from: from(),
+                    size: stdout.total,
+                });
             }
             (stdout.kept, false)
         }
         Source::Url(url) => (
-            crate::restarter::http::fetch::get_bounded(url, settings.timeout, MAX_INVENTORY_BYTES)
-                .await?,
+            get_bounded(url, settings.timeout, MAX_INVENTORY_BYTES).await?,
             false,
         ),
     };
-    let text = std::str::from_utf8(&bytes).map_err(|e| format!("{source} is not UTF-8: {e}"))?;
-    Inventory::parse(text, toml_hint, &settings.keys()).map_err(|why| format!("{source}: {why}"))
+    let text = std::str::from_utf8(&bytes).map_err(|source| LoadError::NotUtf8 {
+        from: from(),
+        source,
+    })?;
+    Inventory::parse(text, toml_hint, &settings.keys())
+        .map_err(|why| LoadError::Invalid { from: from(), why })
 }
 
 #[cfg(test)]
@@ -131,5 +201,45 @@ mod tests {
             "--list".into(),
         ]);
         assert_eq!(source.to_string(), "command ansible-inventory");
+    }
+
+    /// Each failure names its source once and keeps what failed beneath
+    /// it as a source: the refused connection, not only reqwest's
+    /// "error sending request".
+    #[tokio::test]
+    async fn a_failed_load_names_its_source_and_keeps_the_cause() {
+        let settings = InventorySettings::default();
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("hosts.toml");
+        let error = load(&Source::File(missing.clone()), &settings)
+            .await
+            .unwrap_err();
+        let line = error.with_causes().to_string();
+        let shown = missing.display().to_string();
+        assert_eq!(line.matches(&shown).count(), 1, "{line}");
+        assert!(line.ends_with("(os error 2)"), "{line}");
+
+        let error = load(
+            &Source::Command(vec!["/nonexistent/inventory".into()]),
+            &settings,
+        )
+        .await
+        .unwrap_err();
+        assert!(matches!(error, LoadError::Run { .. }), "{error:?}");
+        let line = error.with_causes().to_string();
+        assert_eq!(line.matches("/nonexistent/inventory").count(), 1, "{line}");
+        assert!(line.ends_with("(os error 2)"), "{line}");
+
+        // A port that was free a moment ago: nothing listens there.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let url = format!("http://ops:S3cr3t@127.0.0.1:{port}/hosts");
+        let error = load(&Source::Url(url), &settings).await.unwrap_err();
+        let line = error.with_causes().to_string();
+        assert!(line.to_lowercase().contains("refused"), "{line}");
+        assert!(!line.contains("S3cr3t"), "{line}");
     }
 }

@@ -154,7 +154,7 @@ impl Sender {
                     status.to_string()
                 }
                 // Never the error's own Display: it quotes the URL.
-                Err(error) => crate::restarter::http::cause_chain(&error.without_url()),
+                Err(error) => crate::causes::WithCauses(&error.without_url()).to_string(),
             };
             if tried == TRIES {
                 warn!(notify = %target.label, error = %why, tried, "notification not sent");

@@ -70,7 +70,7 @@ impl<R: BlockingRestart> Restarter for Blocking<R> {
         joined.unwrap_or_else(|join_error| {
             Err(RestartError::Aborted {
                 host: request.hostname.clone(),
-                reason: join_error.to_string(),
+                source: Arc::new(join_error),
             })
         })
     }

@@ -20,7 +20,8 @@ use tracing::debug;
 use super::hosts::HostMap;
 use super::process::{ProcessRunner, RunError, for_log};
 use super::template::{ArgvTemplate, Values};
-use super::{Reservation, RestartError, Restarter};
+use super::{Cause, Reservation, RestartError, Restarter, SettingError};
+use crate::causes::WithCauses;
 use crate::domain::{RestartRequest, Restarted};
 use crate::settings::{duration, settings};
 
@@ -122,15 +123,15 @@ pub struct CommandRestarter {
 impl CommandRestarter {
     /// Builds the backend from validated settings; refuses a working
     /// directory that does not exist.
-    pub fn new(settings: &CommandSettings, hosts: HostMap) -> Result<Self, String> {
+    pub fn new(settings: &CommandSettings, hosts: HostMap) -> Result<Self, SettingError> {
         let argv = ArgvTemplate::parse(&settings.argv)
-            .map_err(|why| format!("restarter.command.argv {why}"))?;
+            .map_err(|why| SettingError::new("restarter.command.argv", why))?;
         if let Some(dir) = &settings.working_dir
             && !dir.is_dir()
         {
-            return Err(format!(
-                "restarter.command.working_dir {} is not a directory",
-                dir.display()
+            return Err(SettingError::new(
+                "restarter.command.working_dir",
+                format!("{} is not a directory", dir.display()),
             ));
         }
         let env: Vec<(String, String)> = settings
@@ -180,20 +181,20 @@ impl Restarter for CommandRestarter {
         let finished = match self.runner.run(&argv).await {
             Ok(finished) => finished,
             Err(error) => {
-                let mut reason = error.to_string();
-                if let RunError::TimedOut { output, .. } = &error
-                    && let Some(text) = output.text()
-                {
-                    reason.push_str(&format!("; output: {text}"));
-                }
-                debug!(%host, reason = %for_log(&reason, 300), "restart command did not finish");
-                return Err(if error.is_permanent() {
-                    RestartError::Permanent {
-                        host: host.clone(),
-                        reason,
-                    }
+                debug!(%host, error = %for_log(&WithCauses(&error).to_string(), 300), "restart command did not finish");
+                let permanent = error.is_permanent();
+                let output = match &error {
+                    RunError::TimedOut { output, .. } => output.text(),
+                    RunError::Spawn { .. } | RunError::Wait { .. } => None,
+                };
+                let cause = match output {
+                    Some(text) => format!("{error}; output: {text}").into(),
+                    None => Cause::from_error(error),
+                };
+                return Err(if permanent {
+                    RestartError::permanent(host, cause)
                 } else {
-                    RestartError::failed(host, reason)
+                    RestartError::failed(host, cause)
                 });
             }
         };
@@ -215,13 +216,13 @@ impl Restarter for CommandRestarter {
                 output,
             }),
             Some(code) if self.permanent_exit_codes.contains(&code) => {
-                Err(RestartError::Permanent {
-                    host: host.clone(),
-                    reason: with_output(format!(
+                Err(RestartError::permanent(
+                    host,
+                    with_output(format!(
                         "{program:?} exited with code {code}, listed in \
                          restarter.command.permanent_exit_codes"
                     )),
-                })
+                ))
             }
             Some(code) => Err(RestartError::failed(
                 host,

@@ -31,11 +31,11 @@ use url::Url;
 
 use super::hosts::HostMap;
 use super::template::{Template, Values};
-use super::{Reservation, RestartError, Restarter};
+use super::{Cause, Reservation, RestartError, Restarter, SettingError};
+use crate::causes::WithCauses;
 use crate::domain::{RestartRequest, Restarted};
 
 pub use answer::MAX_OUTPUT_BYTES;
-pub(crate) use answer::cause_chain;
 use answer::{
     MAX_REASON_BODY_BYTES, failure_reason, is_retryable, read_bounded, recorded_output, retry_after,
 };
@@ -92,10 +92,10 @@ impl fmt::Debug for Secret {
 impl HttpRestarter {
     /// Validates `settings`, reads the HMAC key and the CA file, and builds
     /// the client. Errors name the setting (relative to `[restarter.http]`).
-    pub fn new(settings: &HttpSettings, hosts: HostMap) -> Result<Self, String> {
+    pub fn new(settings: &HttpSettings, hosts: HostMap) -> Result<Self, SettingError> {
         let parsed = settings
             .parse()
-            .map_err(|(key, why)| format!("{key}: {why}"))?;
+            .map_err(|(key, why)| SettingError::new(format!("{SECTION}.{key}"), why))?;
         let key = match (&settings.hmac_secret_file, &settings.hmac_secret_env) {
             (Some(path), _) => Some(secret_from_file(path)?),
             (None, Some(name)) => Some(secret_from_env(name)?),
@@ -114,10 +114,7 @@ impl HttpRestarter {
             builder = builder.tls_certs_merge(ca_certificates(path)?);
         }
         let client = builder.build().map_err(|error| {
-            format!(
-                "building the http client failed: {}",
-                cause_chain(&error.without_url())
-            )
+            SettingError::because(SECTION, "cannot build the http client", error.without_url())
         })?;
         Ok(Self {
             client,
@@ -190,12 +187,9 @@ impl Restarter for HttpRestarter {
             host: &target.address,
             request,
         };
-        let (url, headers, body) =
-            self.build(&values)
-                .map_err(|reason| RestartError::Permanent {
-                    host: host.clone(),
-                    reason,
-                })?;
+        let (url, headers, body) = self
+            .build(&values)
+            .map_err(|reason| RestartError::permanent(host, reason))?;
         let shown = redacted(&url);
         debug!(method = %self.method, url = %shown, "calling the webhook");
         let call = self
@@ -212,10 +206,9 @@ impl Restarter for HttpRestarter {
             } else {
                 RestartError::failed(
                     host,
-                    format!(
-                        "{} {shown} failed: {}",
-                        self.method,
-                        cause_chain(&error.without_url())
+                    Cause::new(
+                        format!("{} {shown} failed", self.method),
+                        error.without_url(),
                     ),
                 )
             }
@@ -231,7 +224,7 @@ impl Restarter for HttpRestarter {
                 // was lost. The restart must not be repeated for that.
                 Err(error) => Some(format!(
                     "(answer unreadable: {})",
-                    cause_chain(&error.without_url())
+                    WithCauses(&error.without_url())
                 )),
             };
             return Ok(Restarted {
@@ -246,14 +239,11 @@ impl Restarter for HttpRestarter {
         if is_retryable(status) {
             Err(RestartError::Failed {
                 host: host.clone(),
-                reason,
+                cause: reason.into(),
                 retry_after,
             })
         } else {
-            Err(RestartError::Permanent {
-                host: host.clone(),
-                reason,
-            })
+            Err(RestartError::permanent(host, reason))
         }
     }
 }
@@ -345,9 +335,14 @@ pub fn redacted(url: &Url) -> String {
     shown.to_string()
 }
 
-fn secret_from_file(path: &Path) -> Result<Secret, String> {
-    let mut key = std::fs::read(path)
-        .map_err(|error| format!("hmac_secret_file: cannot read {}: {error}", path.display()))?;
+/// The section the errors of [`HttpRestarter::new`] name their keys in.
+const SECTION: &str = "restarter.http";
+
+fn secret_from_file(path: &Path) -> Result<Secret, SettingError> {
+    let key_name = format!("{SECTION}.hmac_secret_file");
+    let mut key = std::fs::read(path).map_err(|error| {
+        SettingError::because(&key_name, format!("cannot read {}", path.display()), error)
+    })?;
     // Files written by editors and `echo` end in a newline that is not part
     // of the key.
     if key.ends_with(b"\n") {
@@ -357,34 +352,46 @@ fn secret_from_file(path: &Path) -> Result<Secret, String> {
         }
     }
     if key.is_empty() {
-        return Err(format!("hmac_secret_file: {} is empty", path.display()));
+        return Err(SettingError::new(
+            key_name,
+            format!("{} is empty", path.display()),
+        ));
     }
     Ok(Secret(key))
 }
 
-fn secret_from_env(name: &str) -> Result<Secret, String> {
+fn secret_from_env(name: &str) -> Result<Secret, SettingError> {
     use std::os::unix::ffi::OsStringExt;
+    let key = format!("{SECTION}.hmac_secret_env");
     match std::env::var_os(name) {
         Some(value) if !value.is_empty() => Ok(Secret(value.into_vec())),
-        Some(_) => Err(format!("hmac_secret_env: the variable {name} is empty")),
-        None => Err(format!("hmac_secret_env: the variable {name} is not set")),
+        Some(_) => Err(SettingError::new(
+            key,
+            format!("the variable {name} is empty"),
+        )),
+        None => Err(SettingError::new(
+            key,
+            format!("the variable {name} is not set"),
+        )),
     }
 }
 
-fn ca_certificates(path: &Path) -> Result<Vec<reqwest::Certificate>, String> {
-    let pem = std::fs::read(path)
-        .map_err(|error| format!("ca_file: cannot read {}: {error}", path.display()))?;
+fn ca_certificates(path: &Path) -> Result<Vec<reqwest::Certificate>, SettingError> {
+    let key = format!("{SECTION}.ca_file");
+    let pem = std::fs::read(path).map_err(|error| {
+        SettingError::because(&key, format!("cannot read {}", path.display()), error)
+    })?;
     let certificates = reqwest::Certificate::from_pem_bundle(&pem).map_err(|error| {
-        format!(
-            "ca_file: {} is not a PEM certificate bundle: {}",
-            path.display(),
-            cause_chain(&error)
+        SettingError::because(
+            &key,
+            format!("{} is not a PEM certificate bundle", path.display()),
+            error,
         )
     })?;
     if certificates.is_empty() {
-        return Err(format!(
-            "ca_file: {} holds no PEM certificate",
-            path.display()
+        return Err(SettingError::new(
+            key,
+            format!("{} holds no PEM certificate", path.display()),
         ));
     }
     Ok(certificates)

@@ -15,12 +15,12 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 
-use super::{Reservation, Reserving, RestartError, Restarter};
+use super::{Cause, Reservation, Reserving, RestartError, Restarter};
 use crate::domain::{RestartRequest, Restarted};
 
 /// See the module docs.
@@ -29,6 +29,8 @@ pub struct Journaled {
     /// A `std::sync::Mutex`: held only for one small write, on the blocking
     /// pool, never across an await.
     file: Arc<Mutex<File>>,
+    /// Named when a line cannot be written.
+    path: PathBuf,
 }
 
 impl Journaled {
@@ -38,6 +40,7 @@ impl Journaled {
         Ok(Self {
             inner,
             file: Arc::new(Mutex::new(file)),
+            path: path.to_owned(),
         })
     }
 }
@@ -73,7 +76,10 @@ impl Restarter for Journaled {
         if let Err(error) = written {
             return Err(RestartError::failed(
                 &request.hostname,
-                format!("cannot write the restart journal: {error}"),
+                Cause::new(
+                    format!("cannot write the restart journal {}", self.path.display()),
+                    error,
+                ),
             ));
         }
         self.inner.restart(request, reservation).await

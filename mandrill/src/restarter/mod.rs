@@ -18,6 +18,7 @@ pub mod verify;
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -26,6 +27,7 @@ use futures::future::BoxFuture;
 
 use crate::domain::{Hostname, RestartRequest, Restarted};
 
+pub use crate::causes::Cause;
 pub use blocking::{Blocking, BlockingRestart};
 pub use command::{CommandRestarter, CommandSettings};
 pub use http::{HttpRestarter, HttpSettings};
@@ -36,28 +38,33 @@ pub use verify::{Verified, VerifySettings};
 
 /// Why a restart did not happen, or did not end well. The worker branches
 /// on [`RestartError::is_retryable`], and leaves the claim of an
-/// [`RestartError::OutcomeUnknown`] holding the host.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+/// [`RestartError::OutcomeUnknown`] holding the host. The message names the
+/// host and what became of the restart; what the backend saw is the source
+/// (a [`Cause`]), so a log line or the history shows the whole chain
+/// through [`RestartError::with_causes`].
+#[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum RestartError {
     /// The backend tried and failed; retrying may help.
-    #[error("restart of {host} failed: {reason}")]
+    #[error("restart of {host} failed")]
     Failed {
         /// The host.
         host: Hostname,
-        /// What the backend said.
-        reason: String,
+        /// What the backend saw.
+        #[source]
+        cause: Cause,
         /// When the backend asked to be tried again (e.g. `Retry-After`).
         retry_after: Option<Duration>,
     },
     /// The backend refused in a way retrying cannot fix: bad credentials, a
     /// host key mismatch, a 4xx answer, a configured exit code.
-    #[error("restart of {host} refused: {reason}")]
+    #[error("restart of {host} refused")]
     Permanent {
         /// The host.
         host: Hostname,
-        /// What the backend said.
-        reason: String,
+        /// What the backend saw.
+        #[source]
+        cause: Cause,
     },
     /// The backend did not answer in time; the host may or may not restart.
     #[error("restart of {host} timed out after {after:?}")]
@@ -73,31 +80,34 @@ pub enum RestartError {
     /// keeps holding the host until it expires and then counts as a used
     /// attempt ("issued, outcome unknown"), and no second restart runs
     /// beside this one meanwhile.
-    #[error("restart of {host} may still be running: {reason}")]
+    #[error("restart of {host} may still be running")]
     OutcomeUnknown {
         /// The host.
         host: Hostname,
         /// What happened, and why the end could not be confirmed.
-        reason: String,
+        #[source]
+        cause: Cause,
     },
     /// The blocking pool's thread panicked or was shut down.
-    #[error("restart of {host} did not complete: {reason}")]
+    #[error("restart of {host} did not complete")]
     Aborted {
         /// The host.
         host: Hostname,
         /// What happened to the thread.
-        reason: String,
+        #[source]
+        source: Arc<tokio::task::JoinError>,
     },
     /// The restart was issued but the host did not come back healthy in
     /// time. Not retried: the restart happened.
-    #[error("{host} did not recover within {after:?}: {reason}")]
+    #[error("{host} did not recover within {after:?}")]
     Unrecovered {
         /// The host.
         host: Hostname,
         /// The verification timeout.
         after: Duration,
         /// What the last probe saw.
-        reason: String,
+        #[source]
+        cause: Cause,
         /// What the backend printed or answered, truncated.
         output: Option<String>,
     },
@@ -105,12 +115,27 @@ pub enum RestartError {
 
 impl RestartError {
     /// A failure worth retrying, without a hint of when.
-    pub fn failed(host: &Hostname, reason: impl Into<String>) -> Self {
+    pub fn failed(host: &Hostname, cause: impl Into<Cause>) -> Self {
         Self::Failed {
             host: host.clone(),
-            reason: reason.into(),
+            cause: cause.into(),
             retry_after: None,
         }
+    }
+
+    /// A refusal that retrying cannot fix.
+    pub fn permanent(host: &Hostname, cause: impl Into<Cause>) -> Self {
+        Self::Permanent {
+            host: host.clone(),
+            cause: cause.into(),
+        }
+    }
+
+    /// The error followed by its causes (`restart of web-1 failed: POST
+    /// https://… answered 503`), for a log line, a notification or the
+    /// history, where the message must stand alone.
+    pub fn with_causes(&self) -> impl std::fmt::Display + '_ {
+        crate::causes::WithCauses(self)
     }
 
     /// Whether another attempt may succeed.
@@ -126,6 +151,51 @@ impl RestartError {
         match self {
             Self::Failed { retry_after, .. } => *retry_after,
             _ => None,
+        }
+    }
+}
+
+/// A backend setting that cannot be used, found when the backend is built:
+/// the dotted key, what is wrong, and the error beneath when there is one
+/// (a file that cannot be read).
+#[derive(Debug, thiserror::Error)]
+#[error("{key}: {why}")]
+#[non_exhaustive]
+pub struct SettingError {
+    /// The dotted key (`restarter.http.ca_file`).
+    pub key: String,
+    /// What is wrong.
+    pub why: String,
+    /// What failed beneath.
+    #[source]
+    pub source: Option<Box<dyn std::error::Error + Send + Sync>>,
+}
+
+impl SettingError {
+    /// `key` cannot be used: `why`.
+    pub(crate) fn new(key: impl Into<String>, why: impl Into<String>) -> Self {
+        Self {
+            key: key.into(),
+            why: why.into(),
+            source: None,
+        }
+    }
+
+    /// The error followed by its cause, for the line that tells the
+    /// operator.
+    pub fn with_causes(&self) -> impl std::fmt::Display + '_ {
+        crate::causes::WithCauses(self)
+    }
+
+    /// `key` cannot be used: `why`, because of `source`.
+    pub(crate) fn because(
+        key: impl Into<String>,
+        why: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            source: Some(Box::new(source)),
+            ..Self::new(key, why)
         }
     }
 }

@@ -73,7 +73,7 @@ pub struct Finished {
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
     /// It could not be started (not found, not executable, bad directory).
-    #[error("cannot start {program:?}: {source}")]
+    #[error("cannot start {program:?}")]
     Spawn {
         /// The program.
         program: String,
@@ -92,7 +92,7 @@ pub enum RunError {
         output: Output,
     },
     /// Waiting for it failed (should not happen).
-    #[error("cannot wait for {program:?}: {source}")]
+    #[error("cannot wait for {program:?}")]
     Wait {
         /// The program.
         program: String,

@@ -47,7 +47,7 @@ use tokio::time::Instant;
 
 use super::hosts::HostMap;
 use super::template::{ArgvTemplate, Values};
-use super::{Reservation, Reserving, RestartError, Restarter};
+use super::{Cause, Reservation, Reserving, RestartError, Restarter, SettingError};
 use crate::domain::{Hostname, RestartRequest, Restarted};
 
 pub use output::{Captured, read_bounded};
@@ -119,12 +119,13 @@ impl SshRestarter {
     /// Checks the settings, the key and known_hosts files, and prepares the
     /// private directory for ssh's configuration and control sockets. No
     /// connection is opened until the first restart.
-    pub fn new(settings: &SshSettings, hosts: HostMap) -> Result<Self, String> {
+    pub fn new(settings: &SshSettings, hosts: HostMap) -> Result<Self, SettingError> {
         settings
             .validate()
-            .map_err(|(key, why)| format!("restarter.ssh.{key}: {why}"))?;
+            .map_err(|(key, why)| SettingError::new(format!("restarter.ssh.{key}"), why))?;
         // `validate` refused an unparsable argv.
-        let argv = ArgvTemplate::parse(&settings.argv).map_err(|why| format!("argv {why}"))?;
+        let argv = ArgvTemplate::parse(&settings.argv)
+            .map_err(|why| SettingError::new("restarter.ssh.argv", why))?;
         Ok(Self {
             argv,
             hosts,
@@ -172,11 +173,8 @@ impl SshRestarter {
     ) -> Result<Arc<Session>, RestartError> {
         match tokio::time::timeout_at(connect_by, self.pool.get(destination)).await {
             Ok(Ok(session)) => Ok(session),
-            Ok(Err(ConnectError::Refused(reason))) => Err(RestartError::Permanent {
-                host: host.clone(),
-                reason,
-            }),
-            Ok(Err(ConnectError::Unreachable(reason))) => Err(RestartError::failed(host, reason)),
+            Ok(Err(ConnectError::Refused(cause))) => Err(RestartError::permanent(host, cause)),
+            Ok(Err(ConnectError::Unreachable(cause))) => Err(RestartError::failed(host, cause)),
             Err(_elapsed) => Err(RestartError::failed(
                 host,
                 format!(
@@ -215,11 +213,12 @@ impl SshRestarter {
             let Ok(spawned) = tokio::time::timeout_at(command_by, command.spawn()).await else {
                 return Err(RestartError::OutcomeUnknown {
                     host: host.clone(),
-                    reason: format!(
+                    cause: format!(
                         "starting the command on {destination} took longer than {:?}; it may \
                          have started",
                         self.timeout
-                    ),
+                    )
+                    .into(),
                 });
             };
             match spawned {
@@ -234,7 +233,7 @@ impl SshRestarter {
                 Err(e) => {
                     return Err(RestartError::failed(
                         host,
-                        format!("could not start the command on {destination}: {e}"),
+                        Cause::new(format!("could not start the command on {destination}"), e),
                     ));
                 }
             }
@@ -350,7 +349,7 @@ impl SshRestarter {
             }
             Err(e) => Err(RestartError::failed(
                 host,
-                format!("the command on {destination} failed: {e}"),
+                Cause::new(format!("the command on {destination} failed"), e),
             )),
         }
     }
@@ -370,10 +369,11 @@ impl SshRestarter {
     ) -> RestartError {
         let unknown = |why: String| RestartError::OutcomeUnknown {
             host: host.clone(),
-            reason: format!(
+            cause: format!(
                 "the command ran longer than {:?} on {destination} and {why}",
                 self.timeout
-            ),
+            )
+            .into(),
         };
         let pgid = match group {
             Group::Leader(pgid) => pgid,
@@ -435,10 +435,7 @@ impl SshRestarter {
             output::suffix(output)
         );
         if self.permanent_exit_codes.contains(&code) {
-            RestartError::Permanent {
-                host: host.clone(),
-                reason,
-            }
+            RestartError::permanent(host, reason)
         } else {
             RestartError::failed(host, reason)
         }
@@ -483,10 +480,7 @@ impl Restarter for SshRestarter {
         let host = &request.hostname;
         let destination = self
             .destination(request)
-            .map_err(|reason| RestartError::Permanent {
-                host: host.clone(),
-                reason,
-            })?;
+            .map_err(|reason| RestartError::permanent(host, reason))?;
         let argv = self.argv.render(&Values {
             host: &destination.address,
             request,

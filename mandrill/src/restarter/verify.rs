@@ -22,7 +22,8 @@ use tracing::debug;
 use super::hosts::{HostMap, Target};
 use super::process::{ProcessRunner, for_log};
 use super::template::{ArgvTemplate, Template, Values};
-use super::{Reservation, Reserving, RestartError, Restarter};
+use super::{Cause, Reservation, Reserving, RestartError, Restarter, SettingError};
+use crate::causes::WithCauses;
 use crate::domain::{RestartRequest, Restarted};
 use crate::settings::{duration, settings};
 
@@ -175,8 +176,9 @@ impl Verified {
         inner: Arc<dyn Restarter>,
         settings: &VerifySettings,
         hosts: HostMap,
-    ) -> Result<Self, String> {
-        let probe = Probe::new(settings).map_err(|(key, why)| format!("verify.{key} {why}"))?;
+    ) -> Result<Self, SettingError> {
+        let probe = Probe::new(settings)
+            .map_err(|(key, why)| SettingError::new(format!("verify.{key}"), why))?;
         // The command probe gets the command backend's default environment.
         let runner = ProcessRunner::new(
             None,
@@ -199,17 +201,17 @@ impl Verified {
         inner: Arc<dyn Restarter>,
         settings: &VerifySettings,
         hosts: HostMap,
-    ) -> Result<Arc<dyn Restarter>, String> {
+    ) -> Result<Arc<dyn Restarter>, SettingError> {
         if settings.probe == ProbeKind::None {
             VerifySettings::validate(settings)
-                .map_err(|(key, why)| format!("verify.{key} {why}"))?;
+                .map_err(|(key, why)| SettingError::new(format!("verify.{key}"), why))?;
             return Ok(inner);
         }
         Ok(Arc::new(Self::new(inner, settings, hosts)?))
     }
 
     /// One probe: `Ok` when healthy, else what it saw.
-    async fn check(&self, target: &Target, request: &RestartRequest) -> Result<(), String> {
+    async fn check(&self, target: &Target, request: &RestartRequest) -> Result<(), Cause> {
         let values = Values {
             host: &target.address,
             request,
@@ -225,15 +227,12 @@ impl Verified {
         tokio::time::timeout(self.settings.probe_timeout, probe)
             .await
             .unwrap_or_else(|_| {
-                Err(format!(
-                    "no answer within {:?}",
-                    self.settings.probe_timeout
-                ))
+                Err(format!("no answer within {:?}", self.settings.probe_timeout).into())
             })
     }
 
-    async fn command(&self, argv: &[String]) -> Result<(), String> {
-        let finished = self.runner.run(argv).await.map_err(|e| e.to_string())?;
+    async fn command(&self, argv: &[String]) -> Result<(), Cause> {
+        let finished = self.runner.run(argv).await.map_err(Cause::from_error)?;
         if finished.status.success() {
             return Ok(());
         }
@@ -241,7 +240,7 @@ impl Verified {
         if let Some(text) = finished.output.text() {
             seen.push_str(&format!("; output: {text}"));
         }
-        Err(seen)
+        Err(seen.into())
     }
 
     /// The wait before the next probe, jittered.
@@ -251,27 +250,31 @@ impl Verified {
     }
 }
 
-async fn tcp(address: &str, port: u16) -> Result<(), String> {
+async fn tcp(address: &str, port: u16) -> Result<(), Cause> {
     TcpStream::connect((address, port))
         .await
         .map(drop)
-        .map_err(|e| format!("connecting to {address}:{port}: {e}"))
+        .map_err(|e| Cause::new(format!("connecting to {address}:{port}"), e))
 }
 
 /// A GET with hyper's HTTP/1.1 client on one fresh connection (no pool: a
 /// probe must see the host as it is now, not a connection from before the
 /// restart).
-async fn http(url: &str, expect: &[u16]) -> Result<(), String> {
+async fn http(url: &str, expect: &[u16]) -> Result<(), Cause> {
     // The URL as it may be shown (the reason is stored, notified and
     // logged): no user, password or query values, which may hold a token.
     let shown = url::Url::parse(url).map_or_else(
         |_| "the probe's URL".to_owned(),
         |parsed| super::http::redacted(&parsed),
     );
-    let fail = |what: &str, e: &dyn std::fmt::Display| format!("GET {shown}: {what}: {e}");
-    let uri: hyper::Uri = url.parse().map_err(|e| fail("not a URL", &e))?;
+    let fail = |what: &str, e: Box<dyn std::error::Error + Send + Sync>| {
+        Cause::new(format!("GET {shown}: {what}"), e)
+    };
+    let uri: hyper::Uri = url
+        .parse()
+        .map_err(|e: hyper::http::uri::InvalidUri| fail("not a URL", e.into()))?;
     let Some(host) = uri.host() else {
-        return Err(format!("GET {shown}: the URL names no host"));
+        return Err(format!("GET {shown}: the URL names no host").into());
     };
     // The Host header names the host and port only, never credentials.
     let authority = match uri.port_u16() {
@@ -283,23 +286,23 @@ async fn http(url: &str, expect: &[u16]) -> Result<(), String> {
     let port = uri.port_u16().unwrap_or(80);
     let stream = TcpStream::connect((host, port))
         .await
-        .map_err(|e| fail("connecting", &e))?;
+        .map_err(|e| fail("connecting", e.into()))?;
     let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
-        .map_err(|e| fail("handshake", &e))?;
+        .map_err(|e| fail("handshake", e.into()))?;
     let request = hyper::Request::get(uri.path_and_query().map_or("/", |p| p.as_str()))
         .header(hyper::header::HOST, authority)
         .header(hyper::header::USER_AGENT, "mandrill-verify")
         .body(String::new())
-        .map_err(|e| fail("building the request", &e))?;
+        .map_err(|e| fail("building the request", e.into()))?;
     // The connection is driven here, beside the request, not spawned.
     let mut connection = std::pin::pin!(connection);
     let response = tokio::select! {
-        response = sender.send_request(request) => response.map_err(|e| fail("request", &e))?,
+        response = sender.send_request(request) => response.map_err(|e| fail("request", e.into()))?,
         ended = &mut connection => {
             return Err(match ended {
-                Ok(()) => format!("GET {shown}: connection closed before an answer"),
-                Err(e) => fail("connection", &e),
+                Ok(()) => format!("GET {shown}: connection closed before an answer").into(),
+                Err(e) => fail("connection", e.into()),
             });
         }
     };
@@ -307,7 +310,7 @@ async fn http(url: &str, expect: &[u16]) -> Result<(), String> {
     if expect.contains(&status) {
         Ok(())
     } else {
-        Err(format!("GET {shown} answered {status}"))
+        Err(format!("GET {shown} answered {status}").into())
     }
 }
 
@@ -348,10 +351,10 @@ impl Restarter for Verified {
                     });
                 }
                 Ok(()) => {
-                    last_seen = "healthy, but it never went down (verify.expect_down)".into();
+                    last_seen = Cause::from("healthy, but it never went down (verify.expect_down)");
                 }
                 Err(seen) => {
-                    debug!(host = %request.hostname, seen = %for_log(&seen, 200), "not healthy yet");
+                    debug!(host = %request.hostname, seen = %for_log(&WithCauses(&seen).to_string(), 200), "not healthy yet");
                     went_down = true;
                     last_seen = seen;
                 }
@@ -361,7 +364,7 @@ impl Restarter for Verified {
                 return Err(RestartError::Unrecovered {
                     host: request.hostname.clone(),
                     after: self.settings.timeout,
-                    reason: format!("last probe: {last_seen}"),
+                    cause: Cause::new("last probe", last_seen),
                     output: restarted.output,
                 });
             }

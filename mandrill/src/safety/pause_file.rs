@@ -33,6 +33,36 @@ use crate::store::{Store, StoreError, SwitchExpected};
 /// What the kill switch's `by` starts with when a pause file turned it.
 pub const BY: &str = "pause-file";
 
+/// Why the pause file cannot be watched.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum WatchError {
+    /// The path cannot be made absolute (no working directory).
+    #[error("cannot resolve {}", path.display())]
+    Resolve {
+        /// The path as configured.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The path is a root or ends in `..`.
+    #[error("{} names no file in a directory", path.display())]
+    NoFile {
+        /// The path.
+        path: PathBuf,
+    },
+    /// The directory does not exist or cannot be watched.
+    #[error("cannot watch {}", directory.display())]
+    Watch {
+        /// The directory.
+        directory: PathBuf,
+        /// Why.
+        #[source]
+        source: notify::Error,
+    },
+}
+
 /// A watch on the pause file's directory; [`PauseFile::run`] acts on it.
 pub struct PauseFile {
     path: PathBuf,
@@ -48,10 +78,17 @@ pub struct PauseFile {
 impl PauseFile {
     /// Watches the directory `path` is in (the file need not exist yet).
     /// Fails when the directory does not exist or cannot be watched.
-    pub fn watch(path: &Path) -> Result<Self, String> {
-        let path = std::path::absolute(path).map_err(|error| error.to_string())?;
+    pub fn watch(path: &Path) -> Result<Self, WatchError> {
+        let path = std::path::absolute(path).map_err(|source| WatchError::Resolve {
+            path: path.to_owned(),
+            source,
+        })?;
         let (Some(directory), Some(name)) = (path.parent(), path.file_name()) else {
-            return Err(format!("{} names no file in a directory", path.display()));
+            return Err(WatchError::NoFile { path });
+        };
+        let cannot_watch = |source| WatchError::Watch {
+            directory: directory.to_owned(),
+            source,
         };
         let name = name.to_owned();
         let (wake, woken) = mpsc::channel(1);
@@ -71,10 +108,10 @@ impl PauseFile {
                     let _ = wake.try_send(());
                 }
             })
-            .map_err(|error| format!("cannot watch {}: {error}", directory.display()))?;
+            .map_err(cannot_watch)?;
         watcher
             .watch(directory, notify::RecursiveMode::NonRecursive)
-            .map_err(|error| format!("cannot watch {}: {error}", directory.display()))?;
+            .map_err(cannot_watch)?;
         let identity = format!("{BY}@{}:{}", hostname(), path.display());
         Ok(Self {
             path,
@@ -372,6 +409,13 @@ mod tests {
         let error = PauseFile::watch(&dir.path().join("nope/PAUSE"))
             .err()
             .expect("no such directory");
-        assert!(error.contains("nope"), "{error}");
+        assert!(matches!(error, WatchError::Watch { .. }), "{error:?}");
+        // The directory, then why it cannot be watched (notify's error,
+        // kept as the source).
+        let line = crate::causes::WithCauses(&error).to_string();
+        let directory = dir.path().join("nope");
+        let named = format!("cannot watch {}: ", directory.display());
+        assert!(line.starts_with(&named), "{line}");
+        assert!(std::error::Error::source(&error).is_some(), "{line}");
     }
 }

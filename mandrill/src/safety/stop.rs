@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::restarter::http::cause_chain;
+use crate::causes::WithCauses;
 use crate::restarter::process::{ProcessRunner, for_log};
 use crate::settings::redact_url;
 
@@ -248,7 +248,7 @@ impl StopConditions {
                 // The timeout covers the body too, when it is read.
                 let probe = async {
                     let response = client.get(url.clone()).send().await.map_err(|error| {
-                        format!("GET {shown} failed: {}", cause_chain(&error.without_url()))
+                        format!("GET {shown} failed: {}", WithCauses(&error.without_url()))
                     })?;
                     if response.status() != *expect {
                         return Err(format!(
@@ -284,7 +284,7 @@ impl StopConditions {
                     }
                     Err(why)
                 }
-                Err(error) => Err(error.to_string()),
+                Err(error) => Err(WithCauses(&error).to_string()),
             },
         }
     }
@@ -296,7 +296,7 @@ async fn empty_json_array(mut response: reqwest::Response) -> Result<(), String>
     while let Some(chunk) = response.chunk().await.map_err(|error| {
         format!(
             "failed while sending its body: {}",
-            cause_chain(&error.without_url())
+            WithCauses(&error.without_url())
         )
     })? {
         if body.len() + chunk.len() > MAX_CHECKED_BODY {

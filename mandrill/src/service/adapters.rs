@@ -232,7 +232,7 @@ pub fn build_restarter(config: &Config) -> anyhow::Result<Arc<dyn Restarter>> {
                 .with_context(|| format!("cannot open restarter.journal {}", path.display()))?,
         ),
     };
-    Verified::wrap(restarter, &config.verify, hosts).map_err(|why| anyhow!(why))
+    Ok(Verified::wrap(restarter, &config.verify, hosts)?)
 }
 
 fn build_backend(
@@ -250,15 +250,8 @@ fn build_backend(
             SimulatedBlockingRestarter(simulation),
             config.blocking_threads,
         )),
-        RestarterKind::Command => Arc::new(
-            CommandRestarter::new(&config.command, hosts.clone()).map_err(|why| anyhow!(why))?,
-        ),
-        RestarterKind::Ssh => {
-            Arc::new(SshRestarter::new(&config.ssh, hosts.clone()).map_err(|why| anyhow!(why))?)
-        }
-        RestarterKind::Http => Arc::new(
-            HttpRestarter::new(&config.http, hosts.clone())
-                .map_err(|why| anyhow!("restarter.http.{why}"))?,
-        ),
+        RestarterKind::Command => Arc::new(CommandRestarter::new(&config.command, hosts.clone())?),
+        RestarterKind::Ssh => Arc::new(SshRestarter::new(&config.ssh, hosts.clone())?),
+        RestarterKind::Http => Arc::new(HttpRestarter::new(&config.http, hosts.clone())?),
     })
 }

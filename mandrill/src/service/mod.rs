@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use anyhow::{Context as _, anyhow};
+use anyhow::Context as _;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -199,7 +199,7 @@ impl Service {
         let pause_file = match &config.safety.pause_file {
             Some(path) => Some(
                 PauseFile::watch(path)
-                    .map_err(|why| anyhow!("safety.pause_file {}: {why}", path.display()))?,
+                    .with_context(|| format!("safety.pause_file {}", path.display()))?,
             ),
             None => None,
         };
@@ -210,7 +210,7 @@ impl Service {
             Some(source) => {
                 let loaded = crate::inventory::load(&source, &config.inventory)
                     .await
-                    .map_err(|why| anyhow!("inventory: cannot load the inventory: {why}"))?;
+                    .context("inventory: cannot load the inventory")?;
                 info!(
                     source = %source,
                     hosts = loaded.len(),

@@ -46,7 +46,7 @@ pub(super) fn conclude<'a>(
 /// so that the redelivery is not spent on a deferral.
 fn leave_claimed(shared: &Shared, attempt: u32, error: &RestartError) -> Settlement {
     shared.stats.restart_failures.inc();
-    error!(%error, attempt, "the restart may still be running on the host: no outcome recorded, so its claim holds the host until it expires and then counts as a used attempt");
+    error!(error = %error.with_causes(), attempt, "the restart may still be running on the host: no outcome recorded, so its claim holds the host until it expires and then counts as a used attempt");
     Settlement::Nack {
         delay: shared
             .claim_terms
@@ -88,16 +88,17 @@ fn judge(
         Err(RestartError::Unrecovered {
             host,
             after,
-            reason,
+            cause,
             output,
         }) => {
             shared.stats.unrecovered.inc();
             let error = RestartError::Unrecovered {
                 host,
                 after,
-                reason,
+                cause,
                 output: None,
             };
+            let error = error.with_causes().to_string();
             error!(%error, "restarted, but the host did not come back");
             shared.notify(EventKind::Unrecovered, request, attempt, Some(&error));
             if config.policy.current().pause_on_unrecovered {
@@ -108,30 +109,26 @@ fn judge(
                     request.hostname
                 ));
             }
-            Outcome::Unrecovered {
-                error: error.to_string(),
-                output,
-            }
+            Outcome::Unrecovered { error, output }
         }
         Err(error) if !error.is_retryable() || attempt >= config.max_attempts => {
             shared.stats.restart_failures.inc();
-            if error.is_retryable() {
+            let retryable = error.is_retryable();
+            let error = error.with_causes().to_string();
+            if retryable {
                 warn!(%error, attempt, "restart failed on the last attempt");
             } else {
                 warn!(%error, attempt, "restart refused for good; not retrying");
             }
             shared.notify(EventKind::Failed, request, attempt, Some(&error));
-            Outcome::Failed {
-                error: error.to_string(),
-            }
+            Outcome::Failed { error }
         }
         Err(error) => {
             shared.stats.restart_failures.inc();
-            warn!(%error, attempt, "restart failed; will retry");
             retry_after = error.retry_after();
-            Outcome::Retrying {
-                error: error.to_string(),
-            }
+            let error = error.with_causes().to_string();
+            warn!(%error, attempt, "restart failed; will retry");
+            Outcome::Retrying { error }
         }
     };
     Judged {

@@ -119,7 +119,7 @@ async fn a_host_that_does_not_come_back_pauses_every_restart_with(
                 return Err(RestartError::Unrecovered {
                     host: request.hostname.clone(),
                     after: Duration::from_secs(300),
-                    reason: "connection refused".into(),
+                    cause: "connection refused".into(),
                     output: None,
                 });
             }

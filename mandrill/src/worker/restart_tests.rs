@@ -96,10 +96,10 @@ async fn permanent_restart_failure_is_dead_lettered_at_once_without_retries() {
     let store = Arc::new(ScriptedStore::default());
     let restarter = Arc::new(ScriptedRestarter {
         script: Some(|request| {
-            Err(RestartError::Permanent {
-                host: request.hostname.clone(),
-                reason: "host key mismatch".into(),
-            })
+            Err(RestartError::permanent(
+                &request.hostname,
+                "host key mismatch",
+            ))
         }),
         ..Default::default()
     });
@@ -121,7 +121,7 @@ async fn retry_after_from_the_backend_sets_the_redelivery_delay() {
         script: Some(|request| {
             Err(RestartError::Failed {
                 host: request.hostname.clone(),
-                reason: "503 Service Unavailable".into(),
+                cause: "503 Service Unavailable".into(),
                 retry_after: Some(Duration::from_secs(42)),
             })
         }),
@@ -143,7 +143,7 @@ async fn host_that_does_not_come_back_is_recorded_unrecovered_and_not_restarted_
             Err(RestartError::Unrecovered {
                 host: request.hostname.clone(),
                 after: Duration::from_secs(300),
-                reason: "connection refused".into(),
+                cause: "connection refused".into(),
                 output: Some("rebooting".into()),
             })
         }),
@@ -158,7 +158,12 @@ async fn host_that_does_not_come_back_is_recorded_unrecovered_and_not_restarted_
     let entry = store.entry(id);
     assert_eq!(entry.status, Status::Unrecovered);
     assert_eq!(entry.output.as_deref(), Some("rebooting"));
-    assert!(entry.last_error.unwrap().contains("did not recover"));
+    // The cause is recorded with the error, not only logged.
+    let recorded = entry.last_error.unwrap();
+    assert!(
+        recorded.ends_with("did not recover within 300s: connection refused"),
+        "{recorded}"
+    );
     h.stop().await.unwrap();
 }
 
@@ -173,7 +178,7 @@ async fn a_restart_that_may_still_be_running_holds_the_host_until_its_claim_expi
         script: Some(|request| {
             Err(RestartError::OutcomeUnknown {
                 host: request.hostname.clone(),
-                reason: "the kill did not finish within 4s".into(),
+                cause: "the kill did not finish within 4s".into(),
             })
         }),
         ..Default::default()

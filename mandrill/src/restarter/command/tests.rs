@@ -229,7 +229,7 @@ async fn timeout_kills_the_whole_process_group_and_no_grandchild_survives() {
     let grandchild = read_pid(&pids);
     let _cleanup = KillOnDrop(vec![shell, grandchild]);
     assert!(error.is_retryable(), "{error}");
-    let text = error.to_string();
+    let text = error.with_causes().to_string();
     assert!(text.contains("process group was killed"), "{text}");
     assert!(text.contains("output: started"), "{text}");
     wait_gone(shell).await;
@@ -277,9 +277,10 @@ async fn configured_exit_code_is_a_permanent_failure_and_others_are_retried() {
     ]);
     settings.permanent_exit_codes = vec![3, 64];
     let error = restart(&restarter(&settings)).await.unwrap_err();
-    let RestartError::Permanent { reason, .. } = &error else {
+    let RestartError::Permanent { .. } = &error else {
         panic!("{error:?}");
     };
+    let reason = error.with_causes().to_string();
     assert!(reason.contains("exited with code 3"), "{reason}");
     assert!(
         reason.contains("[stderr]\nno such host: cattle-ab12.example.net"),
@@ -289,7 +290,8 @@ async fn configured_exit_code_is_a_permanent_failure_and_others_are_retried() {
     settings.argv[5] = "4".into();
     let error = restart(&restarter(&settings)).await.unwrap_err();
     assert!(error.is_retryable(), "{error:?}");
-    assert!(error.to_string().contains("exited with code 4"), "{error}");
+    let reason = error.with_causes().to_string();
+    assert!(reason.contains("exited with code 4"), "{reason}");
 }
 
 #[tokio::test]
@@ -298,9 +300,16 @@ async fn missing_program_is_a_permanent_failure() {
         .await
         .unwrap_err();
     assert!(!error.is_retryable(), "{error:?}");
+    // The program is named once, with the reason it could not start.
+    let text = error.with_causes().to_string();
+    assert_eq!(
+        text.matches("/nonexistent/restart-tool").count(),
+        1,
+        "{text}"
+    );
     assert!(
-        error.to_string().contains("/nonexistent/restart-tool"),
-        "{error}"
+        text.ends_with("No such file or directory (os error 2)"),
+        "{text}"
     );
 }
 
@@ -366,7 +375,7 @@ async fn command_runs_in_the_working_directory() {
     );
     settings.working_dir = Some(dir.path().join("missing"));
     let error = CommandRestarter::new(&settings, HostMap::default()).unwrap_err();
-    assert!(error.contains("working_dir"), "{error}");
+    assert_eq!(error.key, "restarter.command.working_dir", "{error}");
 }
 
 #[test]

@@ -102,19 +102,3 @@ pub(super) fn truncated(text: &str, limit: usize) -> String {
     let end = text.floor_char_boundary(limit - ELLIPSIS.len());
     format!("{}{ELLIPSIS}", &text[..end])
 }
-
-/// An error and its causes, `: `-separated: reqwest's own message is vague
-/// ("error sending request"), the innermost says what happened.
-pub(crate) fn cause_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut cause = error.source();
-    while let Some(source) = cause {
-        let next = source.to_string();
-        if !text.contains(&next) {
-            text.push_str(": ");
-            text.push_str(&next);
-        }
-        cause = source.source();
-    }
-    text
-}

@@ -263,9 +263,10 @@ async fn a_4xx_answer_is_a_permanent_refusal_with_status_and_body() {
     let server = Webhook::start().await;
     let restarter = HttpRestarter::new(&settings(server.url()), hosts("127.0.0.1")).unwrap();
     let error = restart(&restarter, "missing-1").await.unwrap_err();
-    let RestartError::Permanent { reason, .. } = &error else {
+    let RestartError::Permanent { .. } = &error else {
         panic!("expected a permanent refusal, got {error:?}");
     };
+    let reason = error.with_causes().to_string();
     assert!(reason.contains("404 Not Found"), "{reason}");
     // The body is quoted on one line: a reason is logged.
     assert!(reason.contains("no such host anywhere"), "{reason}");
@@ -273,7 +274,8 @@ async fn a_4xx_answer_is_a_permanent_refusal_with_status_and_body() {
     // A redirect is not followed, and is not worth retrying either.
     let error = restart(&restarter, "moved-1").await.unwrap_err();
     assert!(!error.is_retryable(), "{error:?}");
-    assert!(error.to_string().contains("302 Found"), "{error}");
+    let reason = error.with_causes().to_string();
+    assert!(reason.contains("302 Found"), "{reason}");
     assert_eq!(server.log.all().len(), 2, "the redirect was not followed");
 }
 
@@ -282,14 +284,10 @@ async fn a_5xx_408_or_429_answer_is_retried_after_the_delay_asked_for() {
     let server = Webhook::start().await;
     let restarter = HttpRestarter::new(&settings(server.url()), hosts("127.0.0.1")).unwrap();
     let error = restart(&restarter, "busy-1").await.unwrap_err();
-    let RestartError::Failed {
-        reason,
-        retry_after,
-        ..
-    } = &error
-    else {
+    let RestartError::Failed { retry_after, .. } = &error else {
         panic!("expected a retryable failure, got {error:?}");
     };
+    let reason = error.with_causes().to_string();
     assert!(
         reason.contains("503 Service Unavailable: overloaded"),
         "{reason}"
@@ -343,9 +341,10 @@ async fn a_refused_connection_is_a_retryable_failure() {
     let url = format!("http://user:hunter2@127.0.0.1:{port}/restart?token=hunter2");
     let restarter = HttpRestarter::new(&settings(url), HostMap::default()).unwrap();
     let error = restart(&restarter, "ok-1").await.unwrap_err();
-    let RestartError::Failed { reason, .. } = &error else {
+    let RestartError::Failed { .. } = &error else {
         panic!("expected a retryable failure, got {error:?}");
     };
+    let reason = error.with_causes().to_string();
     assert!(reason.to_lowercase().contains("refused"), "{reason}");
     // The URL in the reason (logged, stored) has its secrets masked.
     assert!(!reason.contains("hunter2"), "{reason}");
@@ -554,7 +553,7 @@ async fn a_url_that_renders_invalid_is_a_permanent_error_and_nothing_is_sent() {
     let restarter = HttpRestarter::new(&settings(server.url()), hosts("bad[host")).unwrap();
     let error = restart(&restarter, "ok-3").await.unwrap_err();
     assert!(
-        matches!(&error, RestartError::Permanent { reason, .. } if reason.contains("url renders to an invalid address")),
+        matches!(&error, RestartError::Permanent { cause, .. } if cause.to_string().contains("url renders to an invalid address")),
         "{error:?}"
     );
     assert!(server.log.all().is_empty());
@@ -684,15 +683,20 @@ mod settings_check {
                 ..HttpSettings::default()
             };
             edit(&mut settings);
-            HttpRestarter::new(&settings, HostMap::default()).unwrap_err()
+            let error = HttpRestarter::new(&settings, HostMap::default()).unwrap_err();
+            crate::causes::WithCauses(&error).to_string()
         };
         let missing = dir.path().join("missing.pem");
         let error = build(&|s| s.ca_file = Some(missing.clone()));
-        assert!(error.starts_with("ca_file: cannot read"), "{error}");
+        let cannot_read = format!(
+            "restarter.http.ca_file: cannot read {}: ",
+            missing.display()
+        );
+        assert!(error.starts_with(&cannot_read), "{error}");
         let not_pem = dir.path().join("not.pem");
         std::fs::write(&not_pem, "this is not a certificate\n").unwrap();
         let error = build(&|s| s.ca_file = Some(not_pem.clone()));
-        assert!(error.starts_with("ca_file:"), "{error}");
+        assert!(error.starts_with("restarter.http.ca_file:"), "{error}");
         assert!(error.contains("no PEM certificate"), "{error}");
         let broken = dir.path().join("broken.pem");
         std::fs::write(
@@ -701,7 +705,7 @@ mod settings_check {
         )
         .unwrap();
         let error = build(&|s| s.ca_file = Some(broken.clone()));
-        assert!(error.starts_with("ca_file:"), "{error}");
+        assert!(error.starts_with("restarter.http.ca_file:"), "{error}");
         let empty_key = dir.path().join("empty.key");
         std::fs::write(&empty_key, "\n").unwrap();
         let error = build(&|s| s.hmac_secret_file = Some(empty_key.clone()));
@@ -709,7 +713,7 @@ mod settings_check {
         let error = build(&|s| s.hmac_secret_env = Some("MANDRILL_TEST_NO_SUCH_VARIABLE".into()));
         assert_eq!(
             error,
-            "hmac_secret_env: the variable MANDRILL_TEST_NO_SUCH_VARIABLE is not set"
+            "restarter.http.hmac_secret_env: the variable MANDRILL_TEST_NO_SUCH_VARIABLE is not set"
         );
     }
 }
@@ -876,7 +880,8 @@ mod tls {
         // handler, and the failure says why.
         let restarter = HttpRestarter::new(&settings(url), hosts("127.0.0.1")).unwrap();
         let error = restart(&restarter, "ok-untrusted").await.unwrap_err();
-        assert!(error.to_string().contains("certificate"), "{error}");
+        let text = error.with_causes().to_string();
+        assert!(text.contains("certificate"), "{text}");
         assert_eq!(server.log.all().len(), 1);
     }
 }

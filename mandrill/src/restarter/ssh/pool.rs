@@ -18,6 +18,7 @@ use tempfile::TempDir;
 
 use super::SshSettings;
 use super::output::excerpt;
+use crate::restarter::{Cause, SettingError};
 
 /// Where one connection goes.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -37,9 +38,9 @@ impl fmt::Display for Destination {
 #[derive(Debug)]
 pub(super) enum ConnectError {
     /// The host key or the credentials were refused: retrying cannot help.
-    Refused(String),
+    Refused(Cause),
     /// The host could not be reached (refused, timed out, dropped).
-    Unreachable(String),
+    Unreachable(Cause),
 }
 
 #[derive(Debug)]
@@ -67,10 +68,15 @@ pub(super) struct Pool {
 }
 
 impl Pool {
-    pub(super) fn new(settings: &SshSettings) -> Result<Self, String> {
+    pub(super) fn new(settings: &SshSettings) -> Result<Self, SettingError> {
         let existing = |key: &str, path: &Path| {
-            std::fs::canonicalize(path)
-                .map_err(|e| format!("restarter.ssh.{key} {}: {e}", path.display()))
+            std::fs::canonicalize(path).map_err(|e| {
+                SettingError::because(
+                    format!("restarter.ssh.{key}"),
+                    path.display().to_string(),
+                    e,
+                )
+            })
         };
         // `validate` made it required.
         let known_hosts = settings
@@ -81,10 +87,17 @@ impl Pool {
         let private_dir = tempfile::Builder::new()
             .prefix("mandrill-ssh-")
             .tempdir()
-            .map_err(|e| format!("cannot create a private directory for ssh: {e}"))?;
+            .map_err(|e| {
+                SettingError::because("restarter.ssh", "cannot create a private directory", e)
+            })?;
         let config_file = private_dir.path().join("ssh_config");
-        std::fs::write(&config_file, ssh_config(&known_hosts_file, settings))
-            .map_err(|e| format!("cannot write {}: {e}", config_file.display()))?;
+        std::fs::write(&config_file, ssh_config(&known_hosts_file, settings)).map_err(|e| {
+            SettingError::because(
+                "restarter.ssh",
+                format!("cannot write {}", config_file.display()),
+                e,
+            )
+        })?;
 
         let mut builder = SessionBuilder::default();
         builder
@@ -190,9 +203,9 @@ impl Pool {
         match tokio::time::timeout(limit, builder.connect_mux(&destination.address)).await {
             Ok(Ok(session)) => Ok(session),
             Ok(Err(error)) => Err(self.classify(destination, error)),
-            Err(_elapsed) => Err(ConnectError::Unreachable(format!(
-                "connecting to {destination} took longer than {limit:?}"
-            ))),
+            Err(_elapsed) => Err(ConnectError::Unreachable(
+                format!("connecting to {destination} took longer than {limit:?}").into(),
+            )),
         }
     }
 
@@ -200,22 +213,28 @@ impl Pool {
     /// permanent, anything else (refused, timed out, reset) is not.
     fn classify(&self, destination: &Destination, error: openssh::Error) -> ConnectError {
         let openssh::Error::Connect(io) = &error else {
-            return ConnectError::Unreachable(format!("cannot connect to {destination}: {error}"));
+            return ConnectError::Unreachable(Cause::new(
+                format!("cannot connect to {destination}"),
+                error,
+            ));
         };
         let stderr = io.to_string();
         let said = ssh_message(&stderr);
         if stderr.contains("Host key verification failed") {
-            ConnectError::Refused(format!(
-                "host key of {destination} not accepted (checked against {}): {said}",
-                self.known_hosts_file.display()
-            ))
+            ConnectError::Refused(
+                format!(
+                    "host key of {destination} not accepted (checked against {}): {said}",
+                    self.known_hosts_file.display()
+                )
+                .into(),
+            )
         } else if io.kind() == std::io::ErrorKind::PermissionDenied
             || stderr.contains("Permission denied (")
             || stderr.contains("Too many authentication failures")
         {
-            ConnectError::Refused(format!("authentication refused by {destination}: {said}"))
+            ConnectError::Refused(format!("authentication refused by {destination}: {said}").into())
         } else {
-            ConnectError::Unreachable(format!("cannot connect to {destination}: {said}"))
+            ConnectError::Unreachable(format!("cannot connect to {destination}: {said}").into())
         }
     }
 

@@ -130,8 +130,8 @@ async fn host_that_never_comes_back_is_unrecovered_with_what_the_last_probe_saw(
         .unwrap_err();
     assert!(started.elapsed() >= Duration::from_secs(1));
     let RestartError::Unrecovered {
+        host: name,
         after,
-        reason,
         output,
         ..
     } = &error
@@ -139,8 +139,23 @@ async fn host_that_never_comes_back_is_unrecovered_with_what_the_last_probe_saw(
         panic!("{error:?}");
     };
     assert_eq!(*after, Duration::from_secs(1));
-    let expected = format!("last probe: connecting to 127.0.0.1:{}", host.port);
+    let reason = error.with_causes().to_string();
+    let expected = format!(
+        "{name} did not recover within 1s: last probe: connecting to 127.0.0.1:{}: ",
+        host.port
+    );
     assert!(reason.starts_with(&expected), "{reason}");
+    // The probe's own error survives as a source, not only as words.
+    let mut source = std::error::Error::source(&error);
+    let mut io = None;
+    while let Some(error) = source {
+        io = io.or(error.downcast_ref::<std::io::Error>());
+        source = error.source();
+    }
+    assert_eq!(
+        io.map(std::io::Error::kind),
+        Some(std::io::ErrorKind::ConnectionRefused)
+    );
     assert!(reason.contains("refused"), "{reason}");
     assert_eq!(output.as_deref(), Some("restart issued"));
     assert!(!error.is_retryable(), "the restart happened");
@@ -184,7 +199,8 @@ async fn host_that_never_goes_down_is_unrecovered_under_expect_down() {
     let error = verify(host.clone(), &settings, "127.0.0.1")
         .await
         .unwrap_err();
-    assert!(error.to_string().contains("never went down"), "{error}");
+    let text = error.with_causes().to_string();
+    assert!(text.contains("never went down"), "{text}");
 }
 
 /// A backend that succeeds at once and touches nothing.
@@ -271,7 +287,7 @@ async fn http_probe_that_never_sees_an_expected_status_is_unrecovered() {
         .await
         .unwrap_err();
     server.abort();
-    let reason = error.to_string();
+    let reason = error.with_causes().to_string();
     assert!(reason.contains("answered 503"), "{reason}");
     assert!(reason.contains("/health/cattle-ab12"), "{reason}");
     assert!(
@@ -320,7 +336,7 @@ async fn command_probe_is_healthy_when_its_argv_exits_zero() {
     let error = verify(Arc::new(Confirmed), &settings, "unused")
         .await
         .unwrap_err();
-    let reason = error.to_string();
+    let reason = error.with_causes().to_string();
     assert!(reason.contains("exit status: 7"), "{reason}");
     assert!(reason.contains("[stderr]\ndown"), "{reason}");
 }
@@ -335,10 +351,7 @@ async fn failed_restart_is_not_probed_and_keeps_its_error() {
             request: &RestartRequest,
             _reservation: Reservation,
         ) -> Result<Restarted, RestartError> {
-            Err(RestartError::Permanent {
-                host: request.hostname.clone(),
-                reason: "no".into(),
-            })
+            Err(RestartError::permanent(&request.hostname, "no"))
         }
     }
     // Port 1 on loopback refuses: were it probed, this would be Unrecovered.
