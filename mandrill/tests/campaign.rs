@@ -213,7 +213,8 @@ fn count_3_of_10_restarts_exactly_3_never_more_than_the_budget_at_once_and_wait_
 }
 
 /// One target whose probe never passes ends unrecovered: `wait` exits 1
-/// naming it and why, and the other two are restarted all the same.
+/// naming it and why, and the other two are restarted all the same; the
+/// game-day report shows the campaign with the same verdict per target.
 #[test]
 fn wait_exits_1_when_one_target_never_recovers_and_the_others_keep_their_record() {
     let (_guard, dir) = temp_dir();
@@ -244,6 +245,45 @@ fn wait_exits_1_when_one_target_never_recovers_and_the_others_keep_their_record(
         };
         assert_eq!(target["state"], expected, "{target}");
     }
+    // The game-day report has the campaign, judged alike.
+    let (status, report, stderr) = run(&dir, &["report", "--since", "1h", "--format", "json"]);
+    assert!(status.success(), "{stderr}");
+    let report: Value = serde_json::from_str(&report).unwrap();
+    let [campaign] = &report["campaigns"].as_array().unwrap()[..] else {
+        panic!("one campaign: {report}")
+    };
+    assert_eq!(campaign["id"], id.as_str());
+    assert_eq!(campaign["verdict"], "failed");
+    let mut states: Vec<(String, String)> = campaign["targets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            (
+                t["host"].as_str().unwrap().into(),
+                t["state"].as_str().unwrap().into(),
+            )
+        })
+        .collect();
+    states.sort();
+    let mut expected: Vec<(String, String)> = chosen
+        .iter()
+        .map(|host| {
+            let state = if host == down {
+                "unrecovered"
+            } else {
+                "restarted"
+            };
+            (host.clone(), state.to_owned())
+        })
+        .collect();
+    expected.sort();
+    assert_eq!(states, expected);
+    let (_, markdown, _) = run(&dir, &["report", "--since", "1h"]);
+    assert!(
+        markdown.contains(&format!("## Campaign {id} over cattle: failed")),
+        "{markdown}"
+    );
     let entries = history(&sqlite_url(&dir));
     assert_eq!(
         entries

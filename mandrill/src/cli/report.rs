@@ -10,7 +10,7 @@ use anyhow::{Context as _, bail};
 use clap::{Args, ValueEnum};
 
 use super::{ConfigArgs, command, missing_sqlite_file, string};
-use crate::report::{ObjectiveView, Report};
+use crate::report::{CampaignReport, CampaignTargetReport, ObjectiveView, Report};
 use crate::service;
 use crate::store::Timestamp;
 
@@ -104,12 +104,36 @@ pub(super) fn main(args: &ReportArgs) -> ExitCode {
             Since::At(at) => at,
         };
         let store = service::open_store(&config.store).await?.as_dyn();
-        let data = store.report(since).await.context("cannot read the store");
+        let read = async {
+            let data = store.report(since).await.context("cannot read the store")?;
+            let mut campaigns = Vec::with_capacity(data.campaigns.len());
+            for campaign in &data.campaigns {
+                let (targets, verdict) = super::campaign::judge(&*store, campaign).await?;
+                campaigns.push(CampaignReport {
+                    id: campaign.id,
+                    group: campaign.group.clone(),
+                    started_at: campaign.created_at,
+                    requester: campaign.requester.clone(),
+                    verdict,
+                    targets: targets
+                        .into_iter()
+                        .map(|(target, standing)| CampaignTargetReport {
+                            host: target.instance_name,
+                            standing,
+                        })
+                        .collect(),
+                });
+            }
+            anyhow::Ok((data, campaigns))
+        }
+        .await;
         store.close().await;
+        let (data, campaigns) = read?;
         // The recovery objectives of `[[recovery_objective]]` are judged
         // here once the configuration has them.
         let objectives: Vec<ObjectiveView> = Vec::new();
-        let report = Report::build(&data?, since, until, &objectives);
+        let mut report = Report::build(&data, since, until, &objectives);
+        report.campaigns = campaigns;
         let format = args
             .format
             .or_else(|| args.output.as_deref().and_then(Format::of_path))

@@ -56,6 +56,7 @@ footer { color: #7a8496; font-size: .8rem; margin-top: 2rem; }
   .card { border-color: #ccc; }
 }
 @page { margin: 1.5cm; }
+.verdict.failed { color: #b42318; } .verdict.succeeded { color: #067647; }
 ";
 
 /// The report as an HTML page.
@@ -110,14 +111,52 @@ pub(crate) fn html(report: &Report) -> String {
     for group in &report.groups {
         group_section(&mut out, group);
     }
-    // A section per campaign (targets and verdict) goes here once the
-    // store keeps campaigns.
+    for campaign in &report.campaigns {
+        campaign_section(&mut out, campaign);
+    }
     let _ = write!(
         out,
         "<footer>Percentiles: {}. Made by <code>mandrill report</code>.</footer>\n</body>\n</html>\n",
         escape(report.percentile_method)
     );
     out
+}
+
+fn campaign_section(out: &mut String, campaign: &super::CampaignReport) {
+    let verdict = campaign.verdict.as_str();
+    let _ = writeln!(
+        out,
+        "<section class=\"campaign\"><h2>Campaign <code>{}</code> over {}: <span class=\"verdict {verdict}\">{verdict}</span></h2>",
+        campaign.id,
+        escape(&campaign.group)
+    );
+    let _ = writeln!(
+        out,
+        "<p>Started {}{}.</p>",
+        campaign.started_at,
+        campaign
+            .requester
+            .as_deref()
+            .map(|r| format!(" by {}", escape(r)))
+            .unwrap_or_default()
+    );
+    out.push_str(
+        "<table><thead><tr><th>host</th><th>state</th><th>recovered after</th><th>why</th></tr></thead><tbody>\n",
+    );
+    for target in &campaign.targets {
+        let _ = writeln!(
+            out,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            escape(&target.host),
+            escape(&target.standing.state),
+            target
+                .standing
+                .recovered_after_seconds
+                .map_or("–".to_owned(), |s| format!("{s:.1} s")),
+            escape(&target.standing.detail)
+        );
+    }
+    out.push_str("</tbody></table></section>\n");
 }
 
 fn card(out: &mut String, key: &str, n: u32, label: &str, bad: bool) {

@@ -146,8 +146,36 @@ pub(crate) fn markdown(report: &Report) -> String {
             out.push('\n');
         }
     }
-    // A section per campaign (targets and verdict) goes here once the
-    // store keeps campaigns.
+    for campaign in &report.campaigns {
+        let _ = writeln!(
+            out,
+            "## Campaign {} over {}: {}\n\nStarted {}{}.\n",
+            campaign.id,
+            cell(&campaign.group),
+            campaign.verdict.as_str(),
+            campaign.started_at,
+            campaign
+                .requester
+                .as_deref()
+                .map(|r| format!(" by {}", cell(r)))
+                .unwrap_or_default()
+        );
+        out.push_str("| host | state | recovered after | why |\n|---|---|---|---|\n");
+        for target in &campaign.targets {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} |",
+                cell(&target.host),
+                cell(&target.standing.state),
+                target
+                    .standing
+                    .recovered_after_seconds
+                    .map_or("–".to_owned(), |s| format!("{s:.1} s")),
+                cell(&target.standing.detail)
+            );
+        }
+        out.push('\n');
+    }
     let _ = writeln!(out, "Percentiles: {}.", report.percentile_method);
     out
 }

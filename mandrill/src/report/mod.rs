@@ -79,8 +79,37 @@ pub(crate) struct Report {
     pub(crate) fleet: Totals,
     /// One entry per group that had a restart or a verdict, by name.
     pub(crate) groups: Vec<GroupReport>,
-    // A section per campaign (its targets and verdict) goes here once the
-    // store keeps campaigns.
+    /// The campaigns started in the period, oldest first, each target
+    /// judged as `campaign status` judges it (filled in by the caller,
+    /// which reads each target's story).
+    pub(crate) campaigns: Vec<CampaignReport>,
+}
+
+/// One campaign's part of the report.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub(crate) struct CampaignReport {
+    /// Its id.
+    pub(crate) id: Uuid,
+    /// The group its targets were drawn from.
+    pub(crate) group: String,
+    /// When it started.
+    pub(crate) started_at: Timestamp,
+    /// Who signed its requests.
+    pub(crate) requester: Option<String>,
+    /// Failed as soon as one target failed, succeeded once all did.
+    pub(crate) verdict: crate::campaign::Verdict,
+    /// Each target, in the order they were due.
+    pub(crate) targets: Vec<CampaignTargetReport>,
+}
+
+/// One target of a campaign, as the report shows it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub(crate) struct CampaignTargetReport {
+    /// The host.
+    pub(crate) host: String,
+    /// Where it stands, and why.
+    #[serde(flatten)]
+    pub(crate) standing: crate::campaign::Standing,
 }
 
 /// Counts over the whole fleet.
@@ -347,6 +376,7 @@ impl Report {
             percentile_method: PERCENTILE_METHOD,
             fleet,
             groups,
+            campaigns: Vec::new(),
         }
     }
 }

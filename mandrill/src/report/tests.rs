@@ -110,6 +110,7 @@ fn restarts_are_counted_by_outcome_and_recoveries_judged_against_the_objective()
     let data = ReportData {
         attempts,
         decisions: Vec::new(),
+        ..ReportData::default()
     };
     let report = build(
         &data,
@@ -167,6 +168,7 @@ fn a_group_whose_restarts_all_ended_unrecovered_breaches_its_objective() {
             attempt("db-1", "db", Some(Status::Unrecovered), None),
         ],
         decisions: Vec::new(),
+        ..ReportData::default()
     };
     let report = build(&data, &[objective("db", 95.0, 120_000)]);
     let db = &report.groups[0];
@@ -202,6 +204,7 @@ fn one_unrecovered_restart_in_twenty_is_the_p95_of_nineteen_recovered() {
         &ReportData {
             attempts,
             decisions: Vec::new(),
+            ..ReportData::default()
         },
         &[],
     );
@@ -223,6 +226,7 @@ fn a_group_with_no_verified_restart_has_no_percentile_and_no_verdict() {
     let data = ReportData {
         attempts: vec![attempt("batch-1", "batch", Some(Status::Restarted), None)],
         decisions: Vec::new(),
+        ..ReportData::default()
     };
     let report = build(&data, &[objective("batch", 95.0, 1_000)]);
     let batch = &report.groups[0];
@@ -286,6 +290,7 @@ fn deferrals_count_requests_by_guard_and_denials_by_requester_in_their_group() {
             // Not a deferral or a denial.
             decision(Uuid::new_v4(), "dry-run", "leash", Some("db-3"), None, None),
         ],
+        ..ReportData::default()
     };
     let report = build(&data, &[]);
     let names: Vec<&str> = report.groups.iter().map(|g| g.group.as_str()).collect();
@@ -334,6 +339,7 @@ fn every_untrusted_name_is_escaped_in_html_and_markdown() {
                 Some(hostile),
             ),
         ],
+        ..ReportData::default()
     };
     let mut data = data;
     data.decisions[1].reason = format!("not allowed: {hostile}");
@@ -367,6 +373,7 @@ fn the_html_chart_has_a_bar_per_bucket_and_lines_at_the_percentiles_and_the_obje
         &ReportData {
             attempts,
             decisions: Vec::new(),
+            ..ReportData::default()
         },
         &[objective("app", 95.0, 120_000)],
     );

@@ -49,6 +49,9 @@ pub(crate) type CampaignRow = (String, String, i64, Option<String>, String);
 pub(crate) const INSERT_CAMPAIGN_SQL: &str =
     "INSERT INTO campaigns (id, grp, created_at, requester, targets) VALUES ($1, $2, $3, $4, $5)";
 
+pub(crate) const CAMPAIGNS_SINCE_SQL: &str = "SELECT id, grp, created_at, requester, targets \
+     FROM campaigns WHERE created_at >= $1 ORDER BY created_at, id";
+
 pub(crate) const CAMPAIGN_SQL: &str =
     "SELECT id, grp, created_at, requester, targets FROM campaigns WHERE id = $1";
 

@@ -111,11 +111,21 @@ pub async fn a_campaign_is_read_back_as_recorded_and_only_once(store: &dyn Store
         ..campaign.clone()
     };
     store.record_campaign(&unsigned).await.unwrap();
-    assert_eq!(store.campaign(unsigned.id).await.unwrap(), Some(unsigned));
+    assert_eq!(
+        store.campaign(unsigned.id).await.unwrap(),
+        Some(unsigned.clone())
+    );
     assert!(
         store.record_campaign(&campaign).await.is_err(),
         "one id, once"
     );
+    // The report reads the campaigns started since its moment, oldest first.
+    let since = |millis| store.report(Timestamp::from_millis(millis));
+    let ids = |data: ReportData| data.campaigns.iter().map(|c| c.id).collect::<Vec<_>>();
+    let both = ids(since(1_795_000_000_123).await.unwrap());
+    assert_eq!(both.len(), 2, "{both:?}");
+    assert!(both.contains(&campaign.id) && both.contains(&unsigned.id));
+    assert!(ids(since(1_795_000_000_124).await.unwrap()).is_empty());
 }
 
 pub async fn final_outcome_is_never_overwritten(store: &dyn Store) {

@@ -283,6 +283,8 @@ pub struct ReportData {
     pub attempts: Vec<ReportAttempt>,
     /// Verdicts recorded since then that held a request back, oldest first.
     pub decisions: Vec<ReportDecision>,
+    /// Campaigns started since then, oldest first.
+    pub campaigns: Vec<super::Campaign>,
 }
 
 /// One claimed restart attempt, with what its request's row adds.
@@ -391,5 +393,6 @@ pub(crate) fn report_from(
     Ok(ReportData {
         attempts,
         decisions,
+        campaigns: Vec::new(),
     })
 }

@@ -206,7 +206,18 @@ macro_rules! reads_for {
                     .bind(since.as_millis())
                     .fetch_all(pool)
                     .await?;
-                report_from(attempts, decisions)
+                let campaigns: Vec<crate::store::campaigns::CampaignRow> =
+                    sqlx::query_as(crate::store::campaigns::CAMPAIGNS_SINCE_SQL)
+                        .bind(since.as_millis())
+                        .fetch_all(pool)
+                        .await?;
+                Ok(ReportData {
+                    campaigns: campaigns
+                        .into_iter()
+                        .map(crate::store::Campaign::from_row)
+                        .collect::<Result<_, _>>()?,
+                    ..report_from(attempts, decisions)?
+                })
             }
 
             /// A request's `received_at`, which must have a row.

@@ -292,9 +292,20 @@ impl Store for MemoryStore {
         // Recorded in order per request; across requests, by time (the
         // SQL stores' insertion order breaks ties there, the id here).
         decisions.sort_by_key(|d| (d.at, d.message_id));
+        let mut campaigns = self
+            .campaigns
+            .lock()
+            .expect("memory store campaigns poisoned")
+            .values()
+            .filter(|row| row.2 >= since)
+            .cloned()
+            .map(super::Campaign::from_row)
+            .collect::<Result<Vec<_>, _>>()?;
+        campaigns.sort_by_key(|c| (c.created_at, c.id));
         Ok(ReportData {
             attempts,
             decisions,
+            campaigns,
         })
     }
 
