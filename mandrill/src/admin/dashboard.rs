@@ -5,7 +5,8 @@ use std::fmt::Write as _;
 
 use crate::domain::Status;
 use crate::stats::StatsSnapshot;
-use crate::store::{HistoryEntry, Switch, Timestamp};
+use crate::safety::objectives::Judged;
+use crate::store::{GroupPause, HistoryEntry, Switch, Timestamp};
 
 /// Seconds between refreshes.
 const REFRESH_SECONDS: u32 = 5;
@@ -25,6 +26,10 @@ pub(crate) struct Page<'a> {
     /// the token, which a page cannot send; the store did not answer).
     pub(crate) history: Result<&'a [HistoryEntry], &'static str>,
     pub(crate) now: Timestamp,
+    /// The groups whose restarts are paused.
+    pub(crate) group_pauses: &'a [GroupPause],
+    /// Each recovery objective, judged.
+    pub(crate) recovery: &'a [Judged],
 }
 
 /// Text safe inside HTML.
@@ -70,6 +75,7 @@ pub(crate) fn render(page: &Page<'_>) -> String {
         if s.store_down == 0 { "up" } else { "down" },
     );
     switch(&mut html, page);
+    groups(&mut html, page);
     html.push_str("<table class=\"counters\" id=\"counters\">");
     for (name, value) in [
         ("pulled", s.pulled),
@@ -98,6 +104,45 @@ pub(crate) fn render(page: &Page<'_>) -> String {
     }
     html.push_str("</body></html>");
     html
+}
+
+/// The paused groups, and each group's recovery against its objective.
+fn groups(html: &mut String, page: &Page<'_>) {
+    for pause in page.group_pauses {
+        let _ = write!(
+            html,
+            "<div class=\"group-pause paused\">PAUSED: {}</div>",
+            escape(&pause.deferred_reason())
+        );
+    }
+    if page.recovery.is_empty() {
+        return;
+    }
+    html.push_str(
+        "<table id=\"recovery\"><tr><th>group</th><th>p50</th><th>percentile</th>\
+         <th>objective</th><th>restarts</th><th>verdict</th></tr>",
+    );
+    for judged in page.recovery {
+        let show = |r: Option<crate::safety::objectives::Recovery>| {
+            r.map_or_else(|| "-".to_owned(), |r| r.to_string())
+        };
+        let verdict = match judged.met {
+            Some(true) => "met",
+            Some(false) => "BREACHED",
+            None => "no verified restart yet",
+        };
+        let _ = write!(
+            html,
+            "<tr><td>{}</td><td>{}</td><td>p{} {}</td><td>{:.1}s</td><td>{}</td><td>{verdict}</td></tr>",
+            escape(&judged.group),
+            show(judged.p50),
+            judged.percentile,
+            show(judged.at_percentile),
+            judged.max.as_secs_f64(),
+            judged.samples,
+        );
+    }
+    html.push_str("</table>");
 }
 
 /// The kill switch, and the button that turns it: a plain form POST with
@@ -262,6 +307,8 @@ mod tests {
             stats: &stats,
             history: Ok(&history),
             now,
+            group_pauses: &[],
+            recovery: &[],
         };
         let html = render(&page);
         assert!(!html.contains("<script>"), "{html}");

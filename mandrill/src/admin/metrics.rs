@@ -240,6 +240,109 @@ pub(crate) fn render_inventory(inventory: &crate::inventory::InventoryHandle) ->
     text
 }
 
+/// The kill switch and the group pauses (`paused`: whether the switch is
+/// on, `None` if the store did not answer) and each recovery objective
+/// judged: every family's help and type always written, so that alerting
+/// rules find their names whatever the state.
+pub(crate) fn render_recovery(
+    paused: Option<bool>,
+    pauses: &[crate::store::GroupPause],
+    judged: &[crate::safety::objectives::Judged],
+) -> String {
+    let escape = |group: &str| {
+        group
+            .replace('\\', "\\\\")
+            .replace('"', "\\\"")
+            .replace('\n', "\\n")
+    };
+    let number = |value: f64| {
+        if value.is_infinite() {
+            "+Inf".to_owned()
+        } else {
+            format!("{value:.3}")
+        }
+    };
+    let mut groups: std::collections::BTreeMap<&str, bool> =
+        judged.iter().map(|j| (j.group.as_str(), false)).collect();
+    for pause in pauses {
+        groups.insert(&pause.group, true);
+    }
+    let mut recovery = Vec::new();
+    let mut samples = Vec::new();
+    let mut objective = Vec::new();
+    let mut met = Vec::new();
+    for judged in judged {
+        let group = escape(&judged.group);
+        let quantile = f64::from(judged.percentile) / 100.0;
+        for (q, value) in [
+            ("0.5".to_owned(), judged.p50),
+            (quantile.to_string(), judged.at_percentile),
+        ] {
+            if let Some(value) = value {
+                recovery.push(format!(
+                    "{{group=\"{group}\",quantile=\"{q}\"}} {}",
+                    number(value.seconds())
+                ));
+            }
+        }
+        samples.push(format!("{{group=\"{group}\"}} {}", judged.samples));
+        objective.push(format!(
+            "{{group=\"{group}\"}} {}",
+            number(judged.max.as_secs_f64())
+        ));
+        if let Some(is_met) = judged.met {
+            met.push(format!("{{group=\"{group}\"}} {}", u8::from(is_met)));
+        }
+    }
+    let families = [
+        (
+            "mandrill_paused",
+            "1 while the kill switch pauses every restart (absent: the store did not answer).",
+            paused.map(|p| format!(" {}", u8::from(p))).into_iter().collect(),
+        ),
+        (
+            "mandrill_group_paused",
+            "1 while a group's restarts are paused (mandrill pause --group, or a breached \
+             recovery objective); 0 for a group with an objective that is not.",
+            groups
+                .iter()
+                .map(|(group, p)| format!("{{group=\"{}\"}} {}", escape(group), u8::from(*p)))
+                .collect(),
+        ),
+        (
+            "mandrill_group_recovery_seconds",
+            "A group's recovery time over its objective's last verified restarts, at the \
+             median and at the objective's percentile (nearest rank; +Inf: a host never came \
+             back).",
+            recovery,
+        ),
+        (
+            "mandrill_group_recovery_samples",
+            "Verified restarts a group's recovery objective is judged over.",
+            samples,
+        ),
+        (
+            "mandrill_recovery_objective_seconds",
+            "A group's recovery objective: the longest its percentile may be.",
+            objective,
+        ),
+        (
+            "mandrill_recovery_objective_met",
+            "1 while a group meets its recovery objective, 0 once breached (absent: no \
+             verified restart yet).",
+            met,
+        ),
+    ];
+    let mut text = String::new();
+    for (name, help, lines) in families {
+        let _ = writeln!(text, "# HELP {name} {help}\n# TYPE {name} gauge");
+        for line in lines {
+            let _ = writeln!(text, "{name}{line}");
+        }
+    }
+    text
+}
+
 /// The histograms in the same text format, written here because the
 /// exporter takes observations one by one, while `Stats` keeps buckets.
 /// Each group's use of its limits, from the store's restart journal: low

@@ -65,6 +65,13 @@ async fn metrics(Shared(state): Shared<Arc<State>>) -> Response {
     if let Some(inventory) = &policy.inventory {
         text.push_str(&super::metrics::render_inventory(inventory));
     }
+    let (switch, groups) = tokio::join!(super::switch::read(&state), super::switch::read_groups(&state));
+    let (pauses, judged) = groups.unwrap_or_default();
+    text.push_str(&super::metrics::render_recovery(
+        switch.ok().map(|s| s.paused),
+        &pauses,
+        &judged,
+    ));
     (
         [(
             header::CONTENT_TYPE,
@@ -92,8 +99,13 @@ async fn dashboard(Shared(state): Shared<Arc<State>>) -> Response {
     };
     // Asked together, so that a store that hangs holds the page for one
     // bound, not one per read.
-    let (history, switch, ready) =
-        tokio::join!(history, super::switch::read(&state), not_ready(&state));
+    let (history, switch, ready, groups) = tokio::join!(
+        history,
+        super::switch::read(&state),
+        not_ready(&state),
+        super::switch::read_groups(&state)
+    );
+    let (group_pauses, recovery) = groups.unwrap_or_default();
     let page = super::dashboard::Page {
         leashed: state.leashed(),
         switch: switch.as_ref().map_err(|why| *why),
@@ -101,6 +113,8 @@ async fn dashboard(Shared(state): Shared<Arc<State>>) -> Response {
         stats: &stats,
         history: history.as_deref().map_err(|why| *why),
         now: crate::store::Timestamp::now(),
+        group_pauses: &group_pauses,
+        recovery: &recovery,
     };
     (
         [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
@@ -151,7 +165,12 @@ pub(crate) fn json(status: StatusCode, value: serde_json::Value) -> Response {
 async fn status(Shared(state): Shared<Arc<State>>) -> Response {
     let stats = state.stats.snapshot();
     // `null` when the store did not answer: the switch is unknown, not off.
-    let switch = super::switch::read(&state).await.ok();
+    let (switch, groups) = tokio::join!(super::switch::read(&state), super::switch::read_groups(&state));
+    let switch = switch.ok();
+    let (group_pauses, recovery) = match groups {
+        Ok((pauses, judged)) => (Some(pauses), Some(judged)),
+        Err(_) => (None, None),
+    };
     json(
         StatusCode::OK,
         json!({
@@ -159,6 +178,8 @@ async fn status(Shared(state): Shared<Arc<State>>) -> Response {
             "mode": if state.leashed() { "leashed" } else { "unleashed" },
             "paused": switch.as_ref().map(|s| s.paused),
             "switch": switch,
+            "group_pauses": group_pauses,
+            "recovery_objectives": recovery,
             "ready": not_ready(&state).await.is_none(),
             "shutting_down": state.shutdown.is_requested(),
             "store": if stats.store_down == 0 { "up" } else { "down" },

@@ -185,6 +185,7 @@ impl Config {
             // The service's handle, set where the inventory is loaded.
             inventory: None,
             requesters: Arc::new(requesters),
+            recovery_objectives: self.recovery_objective.clone(),
         })
     }
 }

@@ -36,6 +36,9 @@ pub struct Policy {
     /// quota. Reloaded with the rest, so that a key is revoked or rotated
     /// by a SIGHUP.
     pub requesters: Arc<Requesters>,
+    /// `[[recovery_objective]]`: how fast each group's hosts must come
+    /// back; judged by the service's companion, shown by the admin pages.
+    pub recovery_objectives: Vec<super::objectives::RecoveryObjective>,
 }
 
 /// How soon a request the inventory moved to another zone or address
@@ -76,6 +79,7 @@ impl Default for Policy {
             stop_retry: Duration::from_secs(30),
             inventory: None,
             requesters: Arc::default(),
+            recovery_objectives: Vec::new(),
         }
     }
 }

@@ -29,6 +29,9 @@ pub enum StoreError {
     /// The store was closed.
     #[error("the store is closed")]
     Closed,
+    /// This store does not keep what was asked for (a test double).
+    #[error("this store cannot {0}")]
+    Unsupported(&'static str),
     /// The store did not answer within `store.timeout` (a database that
     /// hangs rather than fails: stopped, or behind a network black hole).
     /// What was asked may or may not have been done: a write may still
@@ -57,7 +60,7 @@ impl StoreError {
             Self::Database(error) => sqlx_error_is_transient(error),
             Self::Batch(error) => sqlx_error_is_transient(error),
             Self::TimedOut { .. } => true,
-            Self::Migrate(_) | Self::Corrupt(_) | Self::Closed => false,
+            Self::Migrate(_) | Self::Corrupt(_) | Self::Closed | Self::Unsupported(_) => false,
         }
     }
 
