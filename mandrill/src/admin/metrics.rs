@@ -298,7 +298,10 @@ pub(crate) fn render_recovery(
         (
             "mandrill_paused",
             "1 while the kill switch pauses every restart (absent: the store did not answer).",
-            paused.map(|p| format!(" {}", u8::from(p))).into_iter().collect(),
+            paused
+                .map(|p| format!(" {}", u8::from(p)))
+                .into_iter()
+                .collect(),
         ),
         (
             "mandrill_group_paused",

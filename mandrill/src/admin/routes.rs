@@ -65,7 +65,10 @@ async fn metrics(Shared(state): Shared<Arc<State>>) -> Response {
     if let Some(inventory) = &policy.inventory {
         text.push_str(&super::metrics::render_inventory(inventory));
     }
-    let (switch, groups) = tokio::join!(super::switch::read(&state), super::switch::read_groups(&state));
+    let (switch, groups) = tokio::join!(
+        super::switch::read(&state),
+        super::switch::read_groups(&state)
+    );
     let (pauses, judged) = groups.unwrap_or_default();
     text.push_str(&super::metrics::render_recovery(
         switch.ok().map(|s| s.paused),
@@ -165,7 +168,10 @@ pub(crate) fn json(status: StatusCode, value: serde_json::Value) -> Response {
 async fn status(Shared(state): Shared<Arc<State>>) -> Response {
     let stats = state.stats.snapshot();
     // `null` when the store did not answer: the switch is unknown, not off.
-    let (switch, groups) = tokio::join!(super::switch::read(&state), super::switch::read_groups(&state));
+    let (switch, groups) = tokio::join!(
+        super::switch::read(&state),
+        super::switch::read_groups(&state)
+    );
     let switch = switch.ok();
     let (group_pauses, recovery) = match groups {
         Ok((pauses, judged)) => (Some(pauses), Some(judged)),

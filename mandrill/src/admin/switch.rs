@@ -258,7 +258,13 @@ async fn turn_group(
     {
         Ok(changed) => {
             if changed {
-                tracing::warn!(group, by, reason, paused, "a group's pause turned from the admin API");
+                tracing::warn!(
+                    group,
+                    by,
+                    reason,
+                    paused,
+                    "a group's pause turned from the admin API"
+                );
                 if let Some(notifier) = state.notifier.as_ref().filter(|_| paused) {
                     notifier.send(crate::notify::Event::group_paused(group, by, reason));
                 }

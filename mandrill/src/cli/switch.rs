@@ -131,7 +131,9 @@ async fn pause_group(
              another restart of its hosts"
         ),
         (true, false) => println!("group {group} was paused already (its first cause stays)"),
-        (false, true) => println!("group {group} resumed by {by}: its restarts may be claimed again"),
+        (false, true) => {
+            println!("group {group} resumed by {by}: its restarts may be claimed again")
+        }
         (false, false) => println!("group {group} was not paused"),
     }
     Ok(())
@@ -280,7 +282,12 @@ pub(super) fn status(args: &StatusArgs) -> ExitCode {
             writeln!(out, "restarts:  running")?;
         }
         for pause in &group_pauses {
-            writeln!(out, "group {}: PAUSED, {}", pause.group, pause.deferred_reason())?;
+            writeln!(
+                out,
+                "group {}: PAUSED, {}",
+                pause.group,
+                pause.deferred_reason()
+            )?;
         }
         for judged in &objectives {
             let p50 = judged.p50.map_or_else(|| "-".to_owned(), |p| p.to_string());

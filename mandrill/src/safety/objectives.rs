@@ -63,7 +63,10 @@ pub fn validate(objectives: &[RecoveryObjective]) -> Result<(), (String, String)
             return Err((at("percentile"), "must be between 1 and 100".to_owned()));
         }
         if objective.max.is_zero() {
-            return Err((at("max"), "must be set and more than zero, e.g. \"2m\"".to_owned()));
+            return Err((
+                at("max"),
+                "must be set and more than zero, e.g. \"2m\"".to_owned(),
+            ));
         }
         if !(1..=MAX_OVER_LAST).contains(&objective.over_last) {
             return Err((
@@ -159,7 +162,10 @@ impl Judged {
                 self.samples,
                 self.unrecovered,
             ),
-            _ => format!("no verified restart yet (objective {:.1}s)", self.max.as_secs_f64()),
+            _ => format!(
+                "no verified restart yet (objective {:.1}s)",
+                self.max.as_secs_f64()
+            ),
         }
     }
 }
@@ -240,7 +246,11 @@ mod tests {
         assert_eq!(judged.p50, Some(Recovery::After(Duration::from_secs(20))));
         let judged = judge(&objective(95, 59, 20), &secs(&[10, 20, 60]));
         assert!(judged.breached());
-        assert!(judged.describe().contains("exceeds"), "{}", judged.describe());
+        assert!(
+            judged.describe().contains("exceeds"),
+            "{}",
+            judged.describe()
+        );
     }
 
     #[test]
@@ -318,6 +328,9 @@ mod tests {
             assert_eq!(validate(&[bad]).unwrap_err().0, key);
         }
         let twice = [good.clone(), good];
-        assert_eq!(validate(&twice).unwrap_err().0, "recovery_objective[1].group");
+        assert_eq!(
+            validate(&twice).unwrap_err().0,
+            "recovery_objective[1].group"
+        );
     }
 }

@@ -830,7 +830,11 @@ pub async fn a_paused_group_defers_its_claims_only_until_resumed(store: &dyn Sto
     let pauses = store.group_pauses().await.unwrap();
     assert_eq!(pauses.len(), 1, "{pauses:?}");
     assert_eq!(
-        (pauses[0].group.as_str(), pauses[0].by.as_str(), pauses[0].reason.as_str()),
+        (
+            pauses[0].group.as_str(),
+            pauses[0].by.as_str(),
+            pauses[0].reason.as_str()
+        ),
         ("slowpoke", "recovery-objective", "p95 exceeds 2m")
     );
     let counted = ClaimTerms {
@@ -847,7 +851,12 @@ pub async fn a_paused_group_defers_its_claims_only_until_resumed(store: &dyn Sto
             .claim_restart(&paused, terms, ClaimToken::new())
             .await
             .unwrap();
-        let Claim::Deferred { guard, reason, wait } = claim else {
+        let Claim::Deferred {
+            guard,
+            reason,
+            wait,
+        } = claim
+        else {
             panic!("a paused group's claim must be deferred, not {claim:?}");
         };
         assert_eq!((guard, wait), ("group pause", GROUP_PAUSE_RECHECK));
@@ -931,13 +940,23 @@ pub async fn recent_recoveries_are_the_groups_latest_verified_restarts(store: &d
     }
     assert_eq!(
         store.recent_recoveries("recov", 10).await.unwrap(),
-        [Some(Duration::from_secs(30)), None, Some(Duration::from_secs(10))]
+        [
+            Some(Duration::from_secs(30)),
+            None,
+            Some(Duration::from_secs(10))
+        ]
     );
     assert_eq!(
         store.recent_recoveries("recov", 2).await.unwrap(),
         [Some(Duration::from_secs(30)), None]
     );
-    assert!(store.recent_recoveries("nobody", 10).await.unwrap().is_empty());
+    assert!(
+        store
+            .recent_recoveries("nobody", 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
 }
 
 /// `set_switch_if` checks and writes in one step: a pause that is not the

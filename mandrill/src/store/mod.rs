@@ -37,8 +37,8 @@ pub use claim::{
     SwitchExpected, unknown_outcome,
 };
 pub(crate) use claim::{
-    ClaimState, ClaimWrite, HeldHosts, group_pause_from, UsageBinds, UsageRow, UsageSubjectRow, claim_decision,
-    decide_claim, switch_from, usage_binds, usage_from, usage_subject_from,
+    ClaimState, ClaimWrite, HeldHosts, UsageBinds, UsageRow, UsageSubjectRow, claim_decision,
+    decide_claim, group_pause_from, switch_from, usage_binds, usage_from, usage_subject_from,
 };
 pub use error::{DEFAULT_TIMEOUT, StoreError};
 pub(crate) use error::{sqlx_error_is_transient, within};

@@ -18,14 +18,15 @@ macro_rules! reads_for {
             use crate::safety::limits::{Limits, Subject, Usage};
             use crate::store::history::{entry_from, group_usage_from, story_from};
             use crate::store::sql::{
-                GROUP_PAUSES_SQL, GroupPauseRow, RECOVERIES_SQL, DEFERRALS_SQL, ENTRY_SQL, EntryRow, GROUP_DISRUPTED_SQL, GROUP_RESTARTS_SQL,
-                HISTORY_SQL, RECEIVED_AT_SQL, STORY_ATTEMPTS_SQL, STORY_DECISIONS_SQL, SWITCH_SQL,
-                SwitchRow, USAGE_SQL, USAGE_SUBJECT_SQL,
+                DEFERRALS_SQL, ENTRY_SQL, EntryRow, GROUP_DISRUPTED_SQL, GROUP_PAUSES_SQL,
+                GROUP_RESTARTS_SQL, GroupPauseRow, HISTORY_SQL, RECEIVED_AT_SQL, RECOVERIES_SQL,
+                STORY_ATTEMPTS_SQL, STORY_DECISIONS_SQL, SWITCH_SQL, SwitchRow, USAGE_SQL,
+                USAGE_SUBJECT_SQL,
             };
             use crate::store::{
-                DECISION_SQL, DEFERRAL_SQL, Decision, GroupPause, GroupUsage, HistoryEntry, StoreError, Story,
-                Switch, Timestamp, UsageRow, UsageSubjectRow, group_pause_from, switch_from, usage_binds, usage_from,
-                usage_subject_from,
+                DECISION_SQL, DEFERRAL_SQL, Decision, GroupPause, GroupUsage, HistoryEntry,
+                StoreError, Story, Switch, Timestamp, UsageRow, UsageSubjectRow, group_pause_from,
+                switch_from, usage_binds, usage_from, usage_subject_from,
             };
 
             /// What the counting guards read for a claim of `request`, in

@@ -13,8 +13,8 @@ use super::{MemoryStore, Shard};
 use crate::domain::{Outcome, RestartRequest, Status};
 use crate::safety::limits::Usage;
 use crate::store::{
-    Claim, ClaimState, ClaimTerms, ClaimToken, GroupPause, Recorded, StoreError, Switch, claim_decision,
-    decide_claim,
+    Claim, ClaimState, ClaimTerms, ClaimToken, GroupPause, Recorded, StoreError, Switch,
+    claim_decision, decide_claim,
 };
 
 /// The switch as a claim sees it while restarts are not paused: only

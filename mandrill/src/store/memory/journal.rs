@@ -266,7 +266,7 @@ impl Attempts {
         self.entries
             .iter()
             .filter(move |entry| entry.live && entry.row.group() == group)
-            .filter_map(|entry| match entry.row.outcome {
+            .filter_map(move |entry| match entry.row.outcome {
                 Some(Status::Unrecovered) => Some((entry.row.claimed_at, None)),
                 Some(Status::Restarted) => {
                     let after = rows.get(&entry.id)?.extra.as_ref()?.recovered_after?;

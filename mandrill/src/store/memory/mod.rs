@@ -22,8 +22,8 @@ use uuid::Uuid;
 use self::journal::{Attempts, Decisions};
 use self::row::{Clock, Row};
 use super::{
-    Claim, ClaimTerms, ClaimToken, Decision, GroupPause, GroupUsage, HistoryEntry, Recorded, Store, StoreError,
-    Story, Switch, SwitchExpected, Timestamp,
+    Claim, ClaimTerms, ClaimToken, Decision, GroupPause, GroupUsage, HistoryEntry, Recorded, Store,
+    StoreError, Story, Switch, SwitchExpected, Timestamp,
 };
 use crate::domain::{Outcome, RestartRequest, Status};
 
@@ -350,7 +350,11 @@ impl Store for MemoryStore {
     }
 
     async fn group_pauses(&self) -> Result<Vec<GroupPause>, StoreError> {
-        let mut pauses = self.group_pauses.lock().expect("memory store poisoned").clone();
+        let mut pauses = self
+            .group_pauses
+            .lock()
+            .expect("memory store poisoned")
+            .clone();
         pauses.sort_by(|a, b| a.group.cmp(&b.group));
         Ok(pauses)
     }

@@ -9,8 +9,8 @@ use crate::domain::RestartRequest;
 use crate::safety::limits::{Limits, Subject, Usage};
 use crate::store::reads::postgres as reads;
 use crate::store::sql::{
-    GROUP_PAUSE_SQL, GroupPauseRow, HELD_HOSTS_SQL, HeldRow, RELEASE_JOURNAL_SQL, RELEASE_SQL, SWITCH_SQL, SwitchRow,
-    insert_requests, upsert_journal,
+    GROUP_PAUSE_SQL, GroupPauseRow, HELD_HOSTS_SQL, HeldRow, RELEASE_JOURNAL_SQL, RELEASE_SQL,
+    SWITCH_SQL, SwitchRow, insert_requests, upsert_journal,
 };
 use crate::store::{
     Claim, ClaimState, ClaimTerms, ClaimToken, Decision, HeldHosts, StoreError, Timestamp,
@@ -114,10 +114,10 @@ impl PostgresStore {
         let switch = switch_from(paused, by, why, since);
         // After the switch's share lock: a group pause waits for it.
         let group_pause = sqlx::query_as::<_, GroupPauseRow>(GROUP_PAUSE_SQL)
-        .bind(request.group())
-        .fetch_optional(&mut *tx)
-        .await?
-        .map(group_pause_from);
+            .bind(request.group())
+            .fetch_optional(&mut *tx)
+            .await?
+            .map(group_pause_from);
         let subject = Subject::of(request);
         let (usage, now) = if terms.limits.is_active_for(subject) && !switch.paused {
             // Serialise the claims that count against the same limits, on

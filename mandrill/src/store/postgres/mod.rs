@@ -49,7 +49,8 @@ use uuid::Uuid;
 use super::lookup::{Lookup, lookup_loop};
 use super::reads::postgres as reads;
 use super::sql::{
-    PAUSE_GROUP_SQL, PRUNE_JOURNAL_SQL, PRUNE_ORPHANS_SQL, REJECTION_SQL, SET_SWITCH_IF_SQL, SET_SWITCH_SQL, RESUME_GROUP_SQL,
+    PAUSE_GROUP_SQL, PRUNE_JOURNAL_SQL, PRUNE_ORPHANS_SQL, REJECTION_SQL, RESUME_GROUP_SQL,
+    SET_SWITCH_IF_SQL, SET_SWITCH_SQL,
 };
 use super::{
     Claim, ClaimTerms, ClaimToken, DEFAULT_TIMEOUT, Decision, GroupUsage, HistoryEntry, Recorded,
