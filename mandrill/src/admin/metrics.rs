@@ -479,4 +479,43 @@ mod tests {
             assert!(text.contains(line), "{line} missing from:\n{text}");
         }
     }
+
+    #[test]
+    fn recovery_families_are_written_whole_with_infinity_for_a_host_never_back() {
+        use crate::safety::objectives::{RecoveryObjective, judge};
+        let objective = |group: &str| RecoveryObjective {
+            group: group.into(),
+            max: std::time::Duration::from_secs(120),
+            ..RecoveryObjective::default()
+        };
+        let secs = std::time::Duration::from_secs;
+        let judged = [
+            judge(&objective("web"), &[Some(secs(10)), None]),
+            judge(&objective("db"), &[Some(secs(10)), Some(secs(30))]),
+            judge(&objective("new"), &[]),
+        ];
+        let pause = crate::store::GroupPause {
+            group: "web".into(),
+            by: "recovery-objective".into(),
+            reason: "breached".into(),
+            since: crate::store::Timestamp::from_millis(1),
+        };
+        let text = render_recovery(Some(false), &[pause], &judged);
+        for line in [
+            "mandrill_paused 0",
+            "mandrill_group_paused{group=\"web\"} 1",
+            "mandrill_group_paused{group=\"db\"} 0",
+            "mandrill_group_recovery_seconds{group=\"web\",quantile=\"0.95\"} +Inf",
+            "mandrill_group_recovery_seconds{group=\"db\",quantile=\"0.5\"} 10.000",
+            "mandrill_group_recovery_seconds{group=\"db\",quantile=\"0.95\"} 30.000",
+            "mandrill_recovery_objective_seconds{group=\"new\"} 120.000",
+            "mandrill_recovery_objective_met{group=\"web\"} 0",
+            "mandrill_recovery_objective_met{group=\"db\"} 1",
+        ] {
+            assert!(text.contains(line), "{line} missing from:\n{text}");
+        }
+        // No verdict without a verified restart; each family one block.
+        assert!(!text.contains("mandrill_recovery_objective_met{group=\"new\"}"));
+        assert_eq!(text.matches("# TYPE mandrill_group_paused gauge").count(), 1);
+    }
 }

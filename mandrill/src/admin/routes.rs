@@ -54,10 +54,19 @@ async fn metrics(Shared(state): Shared<Arc<State>>) -> Response {
             now.saturating_sub(i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
         )
     };
-    let usage = state
-        .store
-        .group_usage(back(counting.window()), back(counting.forget_after()));
-    if let Ok(Ok(usage)) = tokio::time::timeout(super::STORE_TIMEOUT, usage).await {
+    let usage = tokio::time::timeout(
+        super::STORE_TIMEOUT,
+        state
+            .store
+            .group_usage(back(counting.window()), back(counting.forget_after())),
+    );
+    // Together: a store that hangs holds the scrape for one bound.
+    let (usage, switch, groups) = tokio::join!(
+        usage,
+        super::switch::read(&state),
+        super::switch::read_groups(&state)
+    );
+    if let Ok(Ok(usage)) = usage {
         text.push_str(&super::metrics::render_groups(&usage, |group| {
             policy.limits(group).ok().and_then(|limits| limits.budget)
         }));
@@ -65,10 +74,6 @@ async fn metrics(Shared(state): Shared<Arc<State>>) -> Response {
     if let Some(inventory) = &policy.inventory {
         text.push_str(&super::metrics::render_inventory(inventory));
     }
-    let (switch, groups) = tokio::join!(
-        super::switch::read(&state),
-        super::switch::read_groups(&state)
-    );
     let (pauses, judged) = groups.unwrap_or_default();
     text.push_str(&super::metrics::render_recovery(
         switch.ok().map(|s| s.paused),
