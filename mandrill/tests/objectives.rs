@@ -46,6 +46,8 @@ fn write_config(dir: &Path) {
          [inventory]\nfile = \"hosts.toml\"\n\
          [safety]\ndry_run = false\nrequire_signed = false\nallow = [\"slow-*\", \"fast-*\"]\n\
          poll_interval = \"200ms\"\n\
+         # The group's pause, not the whole fleet's, is under test.\n\
+         pause_on_unrecovered = false\n\
          [safety.calendar]\nweekdays = [\"mon\", \"tue\", \"wed\", \"thu\", \"fri\", \"sat\", \"sun\"]\n\
          hours = [\"00:00-24:00\"]\n\
          [safety.rate]\ngroup_max = 0\n[safety.budget]\nmax_disrupted = 0\n\n\
@@ -65,14 +67,18 @@ fn publish(dir: &Path, instance: &str) {
     assert!(status.success(), "publish {instance}: {stderr}");
 }
 
-/// Polls `probe` until it returns `Some`, or panics after the deadline.
-fn wait_until<T>(what: &str, mut probe: impl FnMut() -> Option<T>) -> T {
+/// Polls `probe` until it returns `Some`, or panics after the deadline
+/// with the story of every request in the store at `db`.
+fn wait_until<T>(db: &str, what: &str, mut probe: impl FnMut() -> Option<T>) -> T {
     let deadline = Instant::now() + DEADLINE;
     loop {
         if let Some(found) = probe() {
             return found;
         }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        assert!(Instant::now() < deadline, "timed out waiting for {what}: {:#?}", {
+            let instances = ["slow-1", "slow-2", "fast-1", "fast-2"];
+            instances.map(|instance| story_of(db, instance))
+        });
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -165,7 +171,7 @@ fn a_breached_objective_pauses_its_group_alone_until_resumed() {
     let paused = service.wait_for("group paused until `mandrill resume --group`", 1);
     assert_eq!(paused[0]["fields"]["group"], "slow", "{paused:?}");
     assert_eq!(status_of(&db, "slow-1"), Some(Status::Unrecovered));
-    wait_until("fast-1 restarted", || {
+    wait_until(&db, "fast-1 restarted", || {
         (status_of(&db, "fast-1") == Some(Status::Restarted)).then_some(())
     });
 
@@ -173,10 +179,10 @@ fn a_breached_objective_pauses_its_group_alone_until_resumed() {
     // cause; the other group's host is restarted.
     publish(&dir, "slow-2");
     publish(&dir, "fast-2");
-    wait_until("fast-2 restarted", || {
+    wait_until(&db, "fast-2 restarted", || {
         (status_of(&db, "fast-2") == Some(Status::Restarted)).then_some(())
     });
-    let deferral = wait_until("slow-2 deferred by the group pause", || {
+    let deferral = wait_until(&db, "slow-2 deferred by the group pause", || {
         let story = story_of(&db, "slow-2")?;
         story
             .decisions
@@ -253,7 +259,7 @@ fn a_breached_objective_pauses_its_group_alone_until_resumed() {
     );
     assert!(code.success(), "{stderr}");
     assert!(stdout.contains("group slow resumed"), "{stdout}");
-    wait_until("slow-2 restarted after the resume", || {
+    wait_until(&db, "slow-2 restarted after the resume", || {
         (status_of(&db, "slow-2") == Some(Status::Unrecovered)).then_some(())
     });
     assert_eq!(status_json(&dir)["group_pauses"], serde_json::json!([]));
