@@ -75,10 +75,14 @@ fn wait_until<T>(db: &str, what: &str, mut probe: impl FnMut() -> Option<T>) -> 
         if let Some(found) = probe() {
             return found;
         }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}: {:#?}", {
-            let instances = ["slow-1", "slow-2", "fast-1", "fast-2"];
-            instances.map(|instance| story_of(db, instance))
-        });
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}: {:#?}",
+            {
+                let instances = ["slow-1", "slow-2", "fast-1", "fast-2"];
+                instances.map(|instance| story_of(db, instance))
+            }
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }

@@ -338,4 +338,44 @@ mod tests {
         assert!(!hidden.contains("web-1") && hidden.contains("admin.token is set"));
         assert!(hidden.contains("action=\"/api/pause\"") && hidden.contains("name=\"token\""));
     }
+
+    #[test]
+    fn paused_groups_and_each_groups_recovery_against_its_objective_are_shown() {
+        use crate::safety::objectives::{RecoveryObjective, judge};
+        let objective = RecoveryObjective {
+            group: "<web>".into(),
+            max: std::time::Duration::from_secs(120),
+            ..RecoveryObjective::default()
+        };
+        let recovery = [judge(
+            &objective,
+            &[Some(std::time::Duration::from_secs(3)), None],
+        )];
+        let pauses = [GroupPause {
+            group: "<web>".into(),
+            by: "recovery-objective".into(),
+            reason: "recovery objective breached".into(),
+            since: Timestamp::from_millis(0),
+        }];
+        let stats = StatsSnapshot::default();
+        let running = Switch::default();
+        let html = render(&Page {
+            leashed: false,
+            switch: Ok(&running),
+            ready: Ok(()),
+            stats: &stats,
+            history: Ok(&[]),
+            now: Timestamp::from_millis(0),
+            group_pauses: &pauses,
+            recovery: &recovery,
+        });
+        assert!(
+            html.contains("PAUSED: restarts of group &lt;web&gt; paused by recovery-objective"),
+            "{html}"
+        );
+        assert!(
+            html.contains("<td>&lt;web&gt;</td><td>3.0s</td><td>p95 unrecovered</td><td>120.0s</td><td>2</td><td>BREACHED</td>"),
+            "{html}"
+        );
+    }
 }

@@ -516,6 +516,9 @@ mod tests {
         }
         // No verdict without a verified restart; each family one block.
         assert!(!text.contains("mandrill_recovery_objective_met{group=\"new\"}"));
-        assert_eq!(text.matches("# TYPE mandrill_group_paused gauge").count(), 1);
+        assert_eq!(
+            text.matches("# TYPE mandrill_group_paused gauge").count(),
+            1
+        );
     }
 }

@@ -123,20 +123,68 @@ async fn pause(store: &dyn Store, notifier: Option<&Notifier>, judged: &Judged) 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::MemoryStore;
+    use crate::domain::Outcome;
+    use crate::safety::Policy;
+    use crate::store::{ClaimTerms, ClaimToken, MemoryStore};
 
-    #[tokio::test]
-    async fn a_group_without_verified_restarts_is_not_judged_breached() {
-        let store = MemoryStore::new();
-        let objective = RecoveryObjective {
-            group: "web".into(),
+    fn objective(group: &str, pause_on_breach: bool) -> RecoveryObjective {
+        RecoveryObjective {
+            group: group.into(),
             max: Duration::from_secs(60),
-            pause_on_breach: true,
+            pause_on_breach,
             ..RecoveryObjective::default()
+        }
+    }
+
+    /// Records an unrecovered restart of `instance`.
+    async fn never_back(store: &MemoryStore, instance: &str) {
+        let request = crate::domain::testing::request(instance);
+        let terms = ClaimTerms {
+            max_attempts: 1,
+            hold: Duration::from_secs(60),
+            limits: crate::safety::Limits::NONE,
         };
-        let judged = judge_all(&store, &[objective]).await.unwrap();
-        assert_eq!(judged.len(), 1);
-        assert_eq!(judged[0].met, None);
+        store
+            .claim_restart(&request, terms, ClaimToken::new())
+            .await
+            .unwrap();
+        let unrecovered = Outcome::Unrecovered {
+            error: "probe never passed".into(),
+            output: None,
+        };
+        store
+            .record_outcome(&request, 1, &unrecovered)
+            .await
+            .unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_breach_pauses_its_group_once_and_not_again_once_resumed() {
+        let store = Arc::new(MemoryStore::new());
+        never_back(&store, "web-0001").await;
+        never_back(&store, "db-0001").await;
+        let policy = PolicyHandle::new(Policy {
+            recovery_objectives: vec![objective("web", true), objective("db", false)],
+            ..Policy::default()
+        });
+        let stop = CancellationToken::new();
+        let every = Duration::from_secs(1);
+        let task = tokio::spawn(watch(store.clone(), policy, None, every, stop.clone()));
+        // A few rounds, in paused time.
+        tokio::time::sleep(every * 3).await;
+        let pauses = store.group_pauses().await.unwrap();
+        assert_eq!(pauses.len(), 1, "only web pauses on a breach: {pauses:?}");
+        assert_eq!(pauses[0].by, BREACH_PAUSER);
+        assert!(
+            pauses[0].reason.contains("recovery objective breached")
+                && pauses[0].reason.contains("unrecovered"),
+            "{pauses:?}"
+        );
+        // An operator lifts it: the same breach does not pause it again.
+        assert!(store.set_group_pause("web", None).await.unwrap());
+        tokio::time::sleep(every * 5).await;
         assert!(store.group_pauses().await.unwrap().is_empty());
+        stop.cancel();
+        task.await.unwrap();
     }
 }

@@ -65,7 +65,14 @@ async fn the_queue_and_the_store_each_get_only_their_own_tables() {
     assert_eq!(tables(&queue_url).await, ["dead_letters", "queue"]);
     assert_eq!(
         tables(&store_url).await,
-        ["control", "decisions", "deferrals", "group_pauses", "requests", "restarts"]
+        [
+            "control",
+            "decisions",
+            "deferrals",
+            "group_pauses",
+            "requests",
+            "restarts"
+        ]
     );
 }
 
