@@ -398,7 +398,7 @@ impl Store for MemoryStore {
             let shard = shard.lock().expect("memory store shard poisoned");
             found.extend(shard.attempts.recoveries(&shard.rows, group));
         }
-        found.sort_by(|a, b| b.0.cmp(&a.0));
+        found.sort_by_key(|(claimed_at, _)| std::cmp::Reverse(*claimed_at));
         Ok(found
             .into_iter()
             .take(limit as usize)
