@@ -240,11 +240,39 @@ fn a_breached_objective_pauses_its_group_alone_until_resumed() {
         "mandrill_recovery_objective_met{group=\"slow\"} 0",
         "mandrill_recovery_objective_met{group=\"fast\"} 1",
         "mandrill_recovery_objective_seconds{group=\"slow\"} 30.000",
-        "mandrill_group_recovery_seconds{group=\"slow\",quantile=\"0.95\"} +Inf",
+        "mandrill_group_recovery_seconds{group=\"slow\",percentile=\"95\"} +Inf",
         "mandrill_group_recovery_samples{group=\"fast\"} 2",
     ] {
         assert!(metrics.contains(line), "{line} missing:\n{metrics}");
     }
+    // The median objective of `fast` is one series, not two.
+    assert_eq!(
+        metrics
+            .matches("mandrill_group_recovery_seconds{group=\"fast\",percentile=\"50\"}")
+            .count(),
+        1,
+        "{metrics}"
+    );
+    let mut check = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("promtool (Debian's `prometheus` package; .ci/run installs it)");
+    check
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(metrics.as_bytes())
+        .unwrap();
+    let checked = check.wait_with_output().unwrap();
+    assert!(
+        checked.status.success(),
+        "promtool check metrics: {}{}\n{metrics}",
+        String::from_utf8_lossy(&checked.stdout),
+        String::from_utf8_lossy(&checked.stderr)
+    );
     let names = alert_metric_names();
     assert!(names.len() >= 6, "{names:?}");
     for name in names {

@@ -273,14 +273,16 @@ pub(crate) fn render_recovery(
     let mut met = Vec::new();
     for judged in judged {
         let group = escape(&judged.group);
-        let quantile = f64::from(judged.percentile) / 100.0;
-        for (q, value) in [
-            ("0.5".to_owned(), judged.p50),
-            (quantile.to_string(), judged.at_percentile),
-        ] {
+        // `percentile`, not `quantile`: that label is a summary's own.
+        // One series when the objective's percentile is the median.
+        let mut ranks = vec![(50, judged.p50)];
+        if judged.percentile != 50 {
+            ranks.push((judged.percentile, judged.at_percentile));
+        }
+        for (p, value) in ranks {
             if let Some(value) = value {
                 recovery.push(format!(
-                    "{{group=\"{group}\",quantile=\"{q}\"}} {}",
+                    "{{group=\"{group}\",percentile=\"{p}\"}} {}",
                     number(value.seconds())
                 ));
             }
@@ -505,9 +507,9 @@ mod tests {
             "mandrill_paused 0",
             "mandrill_group_paused{group=\"web\"} 1",
             "mandrill_group_paused{group=\"db\"} 0",
-            "mandrill_group_recovery_seconds{group=\"web\",quantile=\"0.95\"} +Inf",
-            "mandrill_group_recovery_seconds{group=\"db\",quantile=\"0.5\"} 10.000",
-            "mandrill_group_recovery_seconds{group=\"db\",quantile=\"0.95\"} 30.000",
+            "mandrill_group_recovery_seconds{group=\"web\",percentile=\"95\"} +Inf",
+            "mandrill_group_recovery_seconds{group=\"db\",percentile=\"50\"} 10.000",
+            "mandrill_group_recovery_seconds{group=\"db\",percentile=\"95\"} 30.000",
             "mandrill_recovery_objective_seconds{group=\"new\"} 120.000",
             "mandrill_recovery_objective_met{group=\"web\"} 0",
             "mandrill_recovery_objective_met{group=\"db\"} 1",
