@@ -196,8 +196,9 @@ impl GroupPause {
 }
 
 /// How long a request deferred by a group pause waits before it is
-/// redelivered: the pause lifts only when an operator says so.
-pub const GROUP_PAUSE_RECHECK: Duration = Duration::from_secs(30);
+/// redelivered: the pause lifts only when an operator says so, so as
+/// soon after as the kill switch's recheck.
+pub const GROUP_PAUSE_RECHECK: Duration = Duration::from_secs(5);
 
 /// What a store writes for a claim that succeeds.
 #[derive(Debug, Clone, PartialEq, Eq)]
