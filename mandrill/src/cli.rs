@@ -39,6 +39,7 @@ use crate::telemetry::Telemetry;
 use crate::worker::Shutdown;
 
 mod args;
+mod campaign;
 mod dead_letters;
 mod explain;
 mod history;
@@ -47,10 +48,12 @@ mod keygen;
 mod policy;
 mod publish;
 mod replay;
+mod report;
 mod run;
 mod schedule;
 mod signals;
 mod switch;
+mod wait;
 
 use args::string;
 pub(crate) use args::{
@@ -96,6 +99,12 @@ pub(crate) enum Command {
     Keygen(keygen::KeygenArgs),
     /// Restarts mandrill plans itself ([[schedule]]): `mandrill schedule preview`.
     Schedule(schedule::ScheduleArgs),
+    /// The game-day report since a moment: per group, restarts, recovery times, unrecovered hosts, deferrals, denials.
+    Report(report::ReportArgs),
+    /// Restarts over a share of a group, resolved from the inventory: `mandrill campaign start|status`.
+    Campaign(campaign::CampaignArgs),
+    /// Wait for a request or a campaign to be decided: exit 0 restarted (and recovered), 1 failed, 2 timed out.
+    Wait(wait::WaitArgs),
 }
 
 /// Parses the command line and runs it.
@@ -129,6 +138,9 @@ pub fn main() -> ExitCode {
         Command::Explain(args) => explain::main(&args),
         Command::Inventory(args) => inventory::main(&args),
         Command::Schedule(args) => schedule::main(&args),
+        Command::Report(args) => report::main(&args),
+        Command::Campaign(args) => campaign::main(&args),
+        Command::Wait(args) => wait::main(&args),
         Command::Keygen(args) => match keygen::keygen(&args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(error) => {

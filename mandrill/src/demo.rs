@@ -34,6 +34,7 @@ pub fn random_request(rng: &mut impl Rng) -> RestartRequest {
         zone: None,
         requester: None,
         reach: None,
+        not_before: None,
     }
 }
 

@@ -17,9 +17,13 @@
 //!   instance computes alike (a Poisson process over the calendar's open
 //!   time, victims drawn from the inventory), and the companion that
 //!   publishes each slot as a signed request through every guard.
+//!   [`campaign`]: restarts over a share of a group, chosen at random when
+//!   it starts; where each target stands (`campaign status`, `wait`).
 //! - [`service`]: builds adapters from a [`config::Config`] and runs the worker
 //!   with its companions; shuts down in order.
 //! - [`admin`]: the operator's HTTP surface (metrics, health, JSON API).
+//! - `report`: the game-day report (`mandrill report`), aggregated from the
+//!   store's plain rows and rendered as Markdown, HTML with SVG charts, JSON.
 //! - [`notify`]: webhooks told of restarts, failures, dead letters and the
 //!   kill switch, from a bounded queue that never holds the pipeline.
 //! - [`cli`]: subcommands, signals, runtime, exit codes. [`config`]: layered
@@ -28,7 +32,7 @@
 //!   declaration that makes field docs the help). [`telemetry`]: logging. [`diagnostics`]: stall detector,
 //!   status line. [`demo`]: demo publisher. [`stats`]: counters.
 //!   [`backoff`]: exponential backoff. [`causes`]: an error and its causes
-//!   on one line.
+//!   on one line. [`reference`]: the parts of docs/ generated from the code.
 #![deny(missing_docs)]
 // Items are `pub` only where the crate exports them (test helpers excepted).
 #![cfg_attr(not(test), warn(unreachable_pub))]
@@ -42,6 +46,7 @@ pub mod config;
 pub mod domain;
 pub mod inventory;
 pub mod notify;
+pub mod reference;
 pub mod restarter;
 pub mod safety;
 pub mod schedule;
@@ -52,12 +57,14 @@ pub mod worker;
 
 mod admin;
 mod backoff;
+mod campaign;
 mod causes;
 mod cli;
 mod demo;
 mod diagnostics;
 mod migrations;
 mod pattern;
+mod report;
 mod sqlite;
 mod stats;
 mod telemetry;

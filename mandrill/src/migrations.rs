@@ -58,6 +58,7 @@ pub(crate) fn sqlite_store() -> &'static Migrator {
             "0006_journal.sql",
             "0007_journal_zone_requester.sql",
             "0008_claim_token.sql",
+            "0009_campaigns.sql",
             "0010_group_pauses.sql",
         ))
     });
@@ -74,6 +75,7 @@ pub(crate) fn postgres() -> &'static Migrator {
             "0005_journal.sql",
             "0006_journal_zone_requester.sql",
             "0007_claim_token.sql",
+            "0008_campaigns.sql",
             "0009_group_pauses.sql",
         ))
     });

@@ -1,11 +1,17 @@
-//! The real binary, real signals, real SQLite.
+//! The real binary, real signals, real SQLite: draining at SIGTERM, reloads,
+//! malformed messages, configuration refused at start, plain output to pipes.
 
+mod services;
 mod support;
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 use mandrill::domain::Status;
 use mandrill::store::{SqliteStore, Store};
 use serde_json::Value;
-use support::{Mandrill, count, fields_of, mandrill, sqlite_url, temp_dir};
+use services::free_port;
+use support::{DEADLINE, Mandrill, binary, count, fields_of, mandrill, sqlite_url, temp_dir};
 
 fn history(url: &str) -> Vec<mandrill::store::HistoryEntry> {
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -377,4 +383,74 @@ fn test_only_variables_are_not_configuration() {
     );
     assert_eq!(status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("MANDRILL_WORKER__MAX_ATTEMPTS"), "{stderr}");
+}
+
+#[test]
+fn no_colour_codes_when_output_is_a_pipe() {
+    let (_guard, dir) = temp_dir();
+    let queue = sqlite_url(&dir);
+    let closed = format!("nats://127.0.0.1:{}", free_port());
+    let runs: [&[&str]; 5] = [
+        &["publish", "--broker", &queue, "cattle-1", "cattle-2"],
+        &["run", "--broker", &queue, "--db", "memory", "--until-idle"],
+        &["run", "--broker", &closed, "--db", "memory"],
+        &["run", "--set", "worker.max_in_flght=1"],
+        &["run", "--help"],
+    ];
+    for args in runs {
+        let (_, stdout, stderr) = mandrill(&dir, args, &[]);
+        assert!(!stdout.contains("\x1b["), "{args:?} stdout: {stdout:?}");
+        assert!(!stderr.contains("\x1b["), "{args:?} stderr: {stderr:?}");
+    }
+}
+
+/// Rows in the SQLite queue at `url`, counted.
+fn queued(url: &str) -> i64 {
+    use sqlx::Connection as _;
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(async {
+            let Ok(mut connection) = sqlx::SqliteConnection::connect(url).await else {
+                return 0;
+            };
+            let rows = sqlx::query_scalar("SELECT count(*) FROM queue")
+                .fetch_one(&mut connection)
+                .await
+                .unwrap_or(0);
+            let _ = connection.close().await;
+            rows
+        })
+}
+
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn publish_random_streams_a_billion_instead_of_allocating_them() {
+    let (_guard, dir) = temp_dir();
+    let queue = sqlite_url(&dir);
+    let publisher = Killed(
+        Command::new(binary())
+            .args(["publish", "--broker", &queue, "--random", "1000000000"])
+            .current_dir(&dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    // Requests reach the queue while the rest are still to be made.
+    let deadline = Instant::now() + DEADLINE;
+    while queued(&queue) < 10_000 {
+        assert!(Instant::now() < deadline, "nothing was published");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    drop(publisher);
 }

@@ -32,8 +32,8 @@ pub(crate) struct Page<'a> {
     pub(crate) recovery: &'a [Judged],
 }
 
-/// Text safe inside HTML.
-fn escape(text: &str) -> String {
+/// Text safe inside HTML (also the game-day report's).
+pub(crate) fn escape(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
         match c {

@@ -427,6 +427,36 @@ fn write_histogram(text: &mut String, name: &str, help: &str, histogram: &Histog
     );
 }
 
+/// Everything `/metrics` can show, for one group and a current inventory,
+/// with every counter at zero: what docs/operating.md's list is read from.
+pub(crate) fn exposition_sample() -> String {
+    let stats = Stats::default();
+    let mut text = Exposition::new().render(
+        &stats.snapshot(),
+        &reasons(&stats),
+        &RuntimeMetrics::default(),
+        false,
+        false,
+    );
+    text.push_str(&render_histograms(&stats.timings));
+    let usage = [("GROUP".to_owned(), crate::store::GroupUsage::default())].into();
+    text.push_str(&render_groups(&usage, |_| Some(1)));
+    let inventory = crate::inventory::InventoryHandle::new(
+        crate::inventory::Inventory::default(),
+        &crate::inventory::Source::File("hosts.toml".into()),
+        &crate::inventory::InventorySettings::default(),
+    );
+    text.push_str(&render_inventory(&inventory));
+    let objective = crate::safety::objectives::RecoveryObjective {
+        group: "GROUP".into(),
+        max: std::time::Duration::from_secs(120),
+        ..Default::default()
+    };
+    let judged = crate::safety::objectives::judge(&objective, &[Some(std::time::Duration::ZERO)]);
+    text.push_str(&render_recovery(Some(false), &[], &[judged]));
+    text
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

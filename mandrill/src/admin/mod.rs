@@ -12,11 +12,13 @@
 mod auth;
 mod dashboard;
 mod instances;
-mod metrics;
+pub(crate) mod metrics;
 mod profile;
 mod routes;
 mod switch;
 mod token_file;
+
+pub(crate) use dashboard::escape;
 
 use crate::safety::PolicyHandle;
 use std::net::SocketAddr;

@@ -27,7 +27,7 @@ pub(super) async fn publish(config: Config, args: &PublishArgs) -> anyhow::Resul
         ))
         .into());
     }
-    let signing = signing_key(args)?;
+    let signing = signing_key(&args.as_requester, &args.key_file)?;
     let rules = config.parse_rules();
     let mut rng = rand::rng();
     // The payload of a request: signed with --as, else its JSON.
@@ -59,6 +59,7 @@ pub(super) async fn publish(config: Config, args: &PublishArgs) -> anyhow::Resul
             zone: None,
             requester: None,
             reach: None,
+            not_before: None,
         })
     };
     let mut payloads = Vec::new();
@@ -165,8 +166,11 @@ pub(super) async fn publish(config: Config, args: &PublishArgs) -> anyhow::Resul
 }
 
 /// `--as NAME --key-file FILE`, read and checked: the name and the key.
-fn signing_key(args: &PublishArgs) -> anyhow::Result<Option<(String, crate::domain::SigningKey)>> {
-    let (Some(name), Some(path)) = (&args.as_requester, &args.key_file) else {
+pub(super) fn signing_key(
+    as_requester: &Option<String>,
+    key_file: &Option<PathBuf>,
+) -> anyhow::Result<Option<(String, crate::domain::SigningKey)>> {
+    let (Some(name), Some(path)) = (as_requester, key_file) else {
         return Ok(None);
     };
     crate::safety::requesters::valid_name(name)

@@ -20,8 +20,8 @@
 //! `[broker.nats]`, `[broker.pubsub]`, the restarter backends) and the
 //! guards' (`[safety.rate]`, …) live in their modules, which never import
 //! this one. `load.rs` reads and layers the sources, `validate.rs` and `urls.rs` check what types cannot,
-//! `docs.rs` is the help (`owned_elsewhere.rs` for the sections not declared
-//! with `settings!` yet), `flat.rs` the flat view reloads compare.
+//! `docs.rs` is the help and docs/settings.md, `flat.rs` the flat view
+//! reloads compare.
 
 use serde::{Deserialize, Serialize};
 
@@ -40,7 +40,6 @@ mod error;
 mod flat;
 pub mod limits;
 mod load;
-mod owned_elsewhere;
 mod restarter;
 mod safety;
 mod schedule;
@@ -53,7 +52,7 @@ mod worker;
 
 pub use crate::settings::{Redactor, Secret, duration, redact, redact_url};
 pub use broker::{BrokerSettings, StoreSettings};
-pub use docs::settings_help;
+pub use docs::{settings_help, settings_reference};
 pub use error::ConfigError;
 pub use load::{SECRET_KEYS, Sources, parse_override};
 pub use restarter::{RestarterKind, RestarterSettings};

@@ -52,6 +52,10 @@ pub struct RestartRequest {
     /// Where the operator's inventory says the host is reached, for a host
     /// it lists; never read from the message. Shared with the inventory.
     pub reach: Option<std::sync::Arc<Reach>>,
+    /// No restart before this time, if the publisher said (a campaign's
+    /// `--spread`): the `not_before` guard defers the request until then.
+    /// It can only delay; every other guard still decides after it.
+    pub not_before: Option<SystemTime>,
 }
 
 /// Where a host is reached, as the operator's inventory says: each part
@@ -91,6 +95,10 @@ pub struct WireRequest {
     /// never used to count: a request that disagrees is denied.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub group: Option<String>,
+    /// Optional: RFC 3339 timestamp before which it must not be restarted
+    /// (it can only delay: it widens nothing).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_before: Option<String>,
 }
 
 /// The wire format as it is read: each field borrowed from the payload
@@ -111,6 +119,8 @@ struct BorrowedWire<'a> {
     published_at: Option<Cow<'a, str>>,
     #[serde(default, borrow)]
     group: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    not_before: Option<Cow<'a, str>>,
 }
 
 /// Why a payload was not accepted as a restart request. The `Display` text is
@@ -364,6 +374,16 @@ impl RestartRequest {
                     .map_err(|_| Rejection::BadPublishedAt(excerpt(raw)))
             })
             .transpose()?;
+        let not_before = wire
+            .not_before
+            .as_deref()
+            .map(|raw| {
+                humantime::parse_rfc3339_weak(raw).map_err(|_| Rejection::BadText {
+                    field: "not_before",
+                    why: format!("{:?} is not an rfc 3339 timestamp", excerpt(raw)),
+                })
+            })
+            .transpose()?;
         let group = wire
             .group
             .as_deref()
@@ -392,6 +412,7 @@ impl RestartRequest {
             zone: None,
             requester: None,
             reach: None,
+            not_before,
         })
     }
 
@@ -428,6 +449,9 @@ impl RestartRequest {
                 .published_at
                 .map(|t| humantime::format_rfc3339_millis(t).to_string()),
             group: self.requested_group.clone(),
+            not_before: self
+                .not_before
+                .map(|t| humantime::format_rfc3339_millis(t).to_string()),
         }
     }
 }

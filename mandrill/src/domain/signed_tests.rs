@@ -70,6 +70,7 @@ fn wire(instance: &str) -> WireRequest {
         reason: Some("leaking memory".into()),
         published_at: None,
         group: None,
+        not_before: None,
     }
 }
 

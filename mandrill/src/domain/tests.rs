@@ -168,6 +168,7 @@ fn wire_form_round_trips() {
         zone: None,
         requester: None,
         reach: None,
+        not_before: None,
     };
     assert_eq!(
         RestartRequest::parse(&request.to_wire(), &rules()),

@@ -22,53 +22,48 @@ use super::process::{ProcessRunner, RunError, for_log};
 use super::template::{ArgvTemplate, Values};
 use super::{Reservation, RestartError, Restarter};
 use crate::domain::{RestartRequest, Restarted};
+use crate::settings::{duration, settings};
 
 /// The most output kept per stream, so that a record stays small.
 const MAX_OUTPUT_LIMIT: usize = 1024 * 1024;
 
-/// `[restarter.command]`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct CommandSettings {
-    /// The program and its arguments, run without a shell; each may use
-    /// {host}, {instance_name}, {message_id} and {group}, each replaced by
-    /// one whole value. The program itself must be literal.
-    pub argv: Vec<String>,
-    /// A run taking longer is killed, with everything it started (its
-    /// process group), and counts as a failure worth retrying. Keep it below
-    /// worker.restart_timeout.
-    #[serde(with = "duration")]
-    pub timeout: Duration,
-    /// Directory the program runs in; default the service's own.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub working_dir: Option<PathBuf>,
-    /// Variables of the service's environment the program inherits; all
-    /// others are cleared (so secrets in the service's environment stay
-    /// there). The default keeps what ssh and kubectl need.
-    pub env_allow: Vec<String>,
-    /// Variables set for the program, over inherited ones.
-    pub env: BTreeMap<String, String>,
-    /// Bytes of stdout and of stderr kept with the outcome, each; the rest
-    /// is read and discarded.
-    pub max_output: usize,
-    /// Exit codes that mean "retrying will not help" (e.g. the host is
-    /// unknown): dead-lettered at once, with the output.
-    pub permanent_exit_codes: Vec<i32>,
-}
-
-impl Default for CommandSettings {
-    fn default() -> Self {
-        Self {
-            argv: Vec::new(),
-            timeout: Duration::from_secs(20),
-            working_dir: None,
-            env_allow: ["PATH", "HOME", "USER", "LANG", "SSH_AUTH_SOCK"]
-                .map(String::from)
-                .to_vec(),
-            env: BTreeMap::new(),
-            max_output: 4096,
-            permanent_exit_codes: Vec::new(),
-        }
+settings! {
+    /// `[restarter.command]`.
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+    #[serde(deny_unknown_fields, default)]
+    pub struct CommandSettings {
+        /// Program and argument templates ({host} {instance_name}
+        /// {message_id} {group}); no shell.
+        ///
+        /// Each placeholder is replaced by one whole value. The program
+        /// itself must be literal.
+        pub argv: Vec<String> = Vec::new(),
+        /// Kill the run, with its process group, after this.
+        ///
+        /// A timed-out run counts as a failure worth retrying. Keep it below
+        /// worker.restart_timeout.
+        #[serde(with = "duration")]
+        pub timeout: Duration = Duration::from_secs(20),
+        /// Directory the program runs in; default the service's own.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub working_dir: Option<PathBuf> = None,
+        /// Inherited environment variables kept; the rest is cleared.
+        ///
+        /// So secrets in the service's environment stay there. The default
+        /// keeps what ssh and kubectl need.
+        pub env_allow: Vec<String> = ["PATH", "HOME", "USER", "LANG", "SSH_AUTH_SOCK"]
+            .map(String::from)
+            .to_vec(),
+        /// Extra fixed environment variables, over inherited ones.
+        pub env: BTreeMap<String, String> = BTreeMap::new(),
+        /// Bytes of stdout and of stderr kept with the outcome, each.
+        ///
+        /// The rest is read and discarded.
+        pub max_output: usize = 4096,
+        /// Exit codes that mean: do not retry (dead-lettered at once).
+        ///
+        /// E.g. the host is unknown: retrying will not help.
+        pub permanent_exit_codes: Vec<i32> = Vec::new(),
     }
 }
 
@@ -240,32 +235,6 @@ impl Restarter for CommandRestarter {
                 )),
             )),
         }
-    }
-}
-
-/// Durations as human-readable strings (`500ms`, `10s`, `2m`), for the
-/// backends' settings (a copy of `config`'s, so that settings never depend
-/// on the configuration module).
-pub(crate) mod duration {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    /// Serialises as e.g. `10s`.
-    pub(crate) fn serialize<S: Serializer>(
-        value: &Duration,
-        serializer: S,
-    ) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(&humantime::format_duration(*value))
-    }
-
-    /// Parses e.g. `10s`, `1m 30s`, `250ms`.
-    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
-        deserializer: D,
-    ) -> Result<Duration, D::Error> {
-        let text = String::deserialize(deserializer)?;
-        humantime::parse_duration(&text)
-            .map_err(|e| serde::de::Error::custom(format!("{text:?} is not a duration ({e})")))
     }
 }
 

@@ -24,6 +24,7 @@ use super::process::{ProcessRunner, for_log};
 use super::template::{ArgvTemplate, Template, Values};
 use super::{Reservation, Reserving, RestartError, Restarter};
 use crate::domain::{RestartRequest, Restarted};
+use crate::settings::{duration, settings};
 
 /// Probe intervals are drawn uniformly within this fraction either side of
 /// `interval` (±20%), so that hosts restarted together are not probed in
@@ -48,57 +49,46 @@ pub enum ProbeKind {
     Command,
 }
 
-/// `[verify]`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct VerifySettings {
-    /// none, tcp, http or command.
-    pub probe: ProbeKind,
-    /// tcp: the port to connect to at the host's address (the host map's,
-    /// else the hostname).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub port: Option<u16>,
-    /// http: the URL to GET, a template, e.g. http://{host}:8080/health
-    /// (plain http only).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub url: Option<String>,
-    /// http: the statuses that mean healthy.
-    pub expect_status: Vec<u16>,
-    /// command: a program and arguments (a template, no shell) that exits 0
-    /// when the host is healthy.
-    pub argv: Vec<String>,
-    /// Wait before the first probe, for the restart to take hold.
-    #[serde(with = "super::command::duration")]
-    pub initial_delay: Duration,
-    /// Wait between probes, ±20% at random.
-    #[serde(with = "super::command::duration")]
-    pub interval: Duration,
-    /// Limit on one probe (a connection to a host that is down may hang).
-    #[serde(with = "super::command::duration")]
-    pub probe_timeout: Duration,
-    /// A host not healthy this long after the restart returned is recorded
-    /// unrecovered. worker.restart_timeout must cover the restart and this.
-    #[serde(with = "super::command::duration")]
-    pub timeout: Duration,
-    /// Count a healthy probe only after a failed one, so that a host that
-    /// has not gone down yet is not taken for one that came back.
-    pub expect_down: bool,
-}
-
-impl Default for VerifySettings {
-    fn default() -> Self {
-        Self {
-            probe: ProbeKind::None,
-            port: None,
-            url: None,
-            expect_status: vec![200],
-            argv: Vec::new(),
-            initial_delay: Duration::from_secs(2),
-            interval: Duration::from_secs(1),
-            probe_timeout: Duration::from_secs(2),
-            timeout: Duration::from_secs(60),
-            expect_down: false,
-        }
+settings! {
+    /// `[verify]`.
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+    #[serde(deny_unknown_fields, default)]
+    pub struct VerifySettings {
+        /// none | tcp | http | command
+        pub probe: ProbeKind = ProbeKind::None,
+        /// tcp probe: port on the host.
+        ///
+        /// At the host's address: the host map's, else the hostname.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub port: Option<u16> = None,
+        /// http probe: URL template to GET, e.g. `http://{host}:8080/health`
+        /// (plain http only).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub url: Option<String> = None,
+        /// http probe: the statuses that mean healthy.
+        pub expect_status: Vec<u16> = vec![200],
+        /// command probe: argv template (no shell); exit 0 means healthy.
+        pub argv: Vec<String> = Vec::new(),
+        /// Wait before the first probe, for the restart to take hold.
+        #[serde(with = "duration")]
+        pub initial_delay: Duration = Duration::from_secs(2),
+        /// Wait between probes, ±20% at random.
+        #[serde(with = "duration")]
+        pub interval: Duration = Duration::from_secs(1),
+        /// Limit on one probe (a connection to a host that is down may hang).
+        #[serde(with = "duration")]
+        pub probe_timeout: Duration = Duration::from_secs(2),
+        /// Give up after this: the host is recorded unrecovered.
+        ///
+        /// Measured from the restart's return. worker.restart_timeout must
+        /// cover the restart and this.
+        #[serde(with = "duration")]
+        pub timeout: Duration = Duration::from_secs(60),
+        /// Count a healthy probe only after a failed one.
+        ///
+        /// So that a host that has not gone down yet is not taken for one
+        /// that came back.
+        pub expect_down: bool = false,
     }
 }
 

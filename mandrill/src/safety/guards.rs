@@ -119,10 +119,24 @@ impl Default for Guards {
 }
 
 impl Guards {
-    /// `None` when every deferring guard allows the request now.
+    /// `None` when every deferring guard allows the request now: first the
+    /// request's own `not_before` (it can only delay), then the calendar.
     pub fn hold(&self, request: &RestartRequest) -> Option<Hold> {
-        let calendar = self.calendar.as_ref()?;
         let now = self.clock.now();
+        if let Some(not_before) = request.not_before.and_then(|t| Timestamp::try_from(t).ok())
+            && not_before > now
+        {
+            let delay = Duration::try_from(not_before.duration_since(now)).unwrap_or_default();
+            let shown = match &self.calendar {
+                Some(calendar) => calendar.local(not_before),
+                None => not_before.to_string(),
+            };
+            let reason = format!(
+                "deferred by not_before: its publisher asked for no restart before {shown}"
+            );
+            return Some(self.defer(request, "not_before", delay, reason));
+        }
+        let calendar = self.calendar.as_ref()?;
         let Verdict::Defer { until, reason } = calendar.verdict(now) else {
             return None;
         };
@@ -260,6 +274,53 @@ mod tests {
         let monday = guards("2026-11-23T09:00:00Z");
         assert_eq!(monday.hold(&stale), None, "open: allowed, however old");
         assert_eq!(Guards::default().hold(&stale), None, "no calendar");
+    }
+
+    /// A request's `not_before` defers it until then (before the calendar
+    /// is asked), expires it if that is past `safety.max_defer`, and is
+    /// nothing once passed.
+    #[test]
+    fn not_before_only_delays() {
+        let open = Guards {
+            calendar: None,
+            ..guards("2026-11-23T10:00:00Z")
+        };
+        let at = |time: &str| SystemTime::from(time.parse::<Timestamp>().unwrap());
+        let mut later = request("cattle-ab12");
+        later.published_at = Some(at("2026-11-23T10:00:00Z"));
+        later.not_before = Some(at("2026-11-23T10:30:00Z"));
+        match open.hold(&later) {
+            Some(Hold::Defer {
+                guard,
+                delay,
+                reason,
+            }) => {
+                assert_eq!((guard, delay), ("not_before", Duration::from_secs(1800)));
+                assert!(reason.starts_with("deferred by not_before"), "{reason}");
+            }
+            other => panic!("{other:?}"),
+        }
+        later.not_before = Some(at("2026-11-25T10:00:00Z"));
+        assert!(matches!(
+            open.hold(&later),
+            Some(Hold::Expired {
+                guard: "not_before",
+                ..
+            })
+        ));
+        later.not_before = Some(at("2026-11-23T09:00:00Z"));
+        assert_eq!(open.hold(&later), None, "passed: no guard at all");
+        // Passed, the calendar still decides: Sunday evening is closed.
+        let sunday = guards("2026-11-22T20:00:00Z");
+        later.published_at = Some(at("2026-11-22T19:00:00Z"));
+        later.not_before = Some(at("2026-11-22T19:30:00Z"));
+        assert!(matches!(
+            sunday.hold(&later),
+            Some(Hold::Defer {
+                guard: "calendar",
+                ..
+            })
+        ));
     }
 
     /// A `published_at` dates a request unless it is missing or more than

@@ -309,7 +309,7 @@ fn truncate_to_millis(at: Timestamp) -> Timestamp {
 
 /// A name-based UUID (RFC 9562 version 5: SHA-1 of the namespace and the
 /// name).
-fn uuid_v5(namespace: Uuid, name: &[u8]) -> Uuid {
+pub(crate) fn uuid_v5(namespace: Uuid, name: &[u8]) -> Uuid {
     use sha1::Sha1;
     let digest = Sha1::new()
         .chain_update(namespace.as_bytes())

@@ -158,6 +158,7 @@ fn request(
         zone: None,
         requester: requester.map(str::to_owned),
         reach: None,
+        not_before: None,
     }
 }
 

@@ -6,9 +6,10 @@
 //! A section's field docs are its help text. `settings!` takes a struct whose
 //! fields each carry a default (`field: Type = default`), and emits the
 //! struct as written, its `Default`, and its [`Documented::DOCS`]: each
-//! field's name with its doc. `mandrill run --help` shows a doc's first
-//! paragraph; later paragraphs say why, for readers of the code. So a key's
-//! doc is written once, next to the field, and cannot drift from the help.
+//! field's name and type with its doc. `mandrill run --help` shows a doc's first
+//! paragraph; later paragraphs say why, for readers of the code, and
+//! docs/settings.md shows the whole doc. So a key's doc is written once,
+//! next to the field, and cannot drift from the help or the reference.
 
 pub mod duration;
 pub mod redact;
@@ -19,9 +20,19 @@ pub use secret::Secret;
 
 /// A settings section that documents its fields (see [`settings!`]).
 pub trait Documented {
-    /// `(field, doc)` for every field, in declaration order; the doc is the
-    /// field's whole doc comment, one line per `///` line.
-    const DOCS: &'static [(&'static str, &'static str)];
+    /// Every field, in declaration order.
+    const DOCS: &'static [Field];
+}
+
+/// A field of a settings section, as [`settings!`] saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Field {
+    /// The field's name: its key within the section.
+    pub name: &'static str,
+    /// The field's Rust type as written, e.g. `Option<PathBuf>`.
+    pub ty: &'static str,
+    /// The field's whole doc comment, one line per `///` line.
+    pub doc: &'static str,
 }
 
 /// The first paragraph of a field's doc, on one line: what `--help` shows.
@@ -77,8 +88,12 @@ macro_rules! settings {
         }
 
         impl $crate::settings::Documented for $name {
-            const DOCS: &'static [(&'static str, &'static str)] = &[
-                $((stringify!($field), concat!($($doc, "\n",)*)),)*
+            const DOCS: &'static [$crate::settings::Field] = &[
+                $($crate::settings::Field {
+                    name: stringify!($field),
+                    ty: stringify!($ty),
+                    doc: concat!($($doc, "\n",)*),
+                },)*
             ];
         }
     };
@@ -113,15 +128,15 @@ mod tests {
         let example = Example::default();
         assert_eq!(example.every, std::time::Duration::from_secs(3));
         assert_eq!(example.name, "x");
-        let docs: Vec<(&str, String)> = Example::DOCS
+        let docs: Vec<(&str, &str, String)> = Example::DOCS
             .iter()
-            .map(|(field, doc)| (*field, summary(doc)))
+            .map(|field| (field.name, field.ty, summary(field.doc)))
             .collect();
         assert_eq!(
             docs,
             [
-                ("every", "How often.".to_owned()),
-                ("name", "A name on two lines.".to_owned())
+                ("every", "std::time::Duration", "How often.".to_owned()),
+                ("name", "String", "A name on two lines.".to_owned())
             ]
         );
         let parsed: Example = toml::from_str("every = \"1m\"").unwrap();

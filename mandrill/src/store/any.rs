@@ -212,6 +212,11 @@ impl AnyStore {
         self.store().first_received(request).await
     }
 
+    /// As [`Store::report`]; boxed (`mandrill report`).
+    pub async fn report(&self, since: Timestamp) -> Result<super::ReportData, StoreError> {
+        self.store().report(since).await
+    }
+
     /// As [`Store::switch`]; boxed (read once a poll interval, and once
     /// before each restart issued).
     pub async fn switch(&self) -> Result<Switch, StoreError> {

@@ -40,7 +40,84 @@ pub async fn all(store: &dyn Store) {
     the_requester_quota_and_the_zone_budget_count_across_groups_and_instances(store, store).await;
     a_request_without_zone_or_requester_is_never_counted_in_them(store).await;
     the_first_receipt_is_kept(store).await;
+    the_report_reads_the_journal_and_the_verdicts_since_a_moment(store).await;
     prune_removes_old_final_entries_only_and_in_bounded_passes(store).await;
+    a_campaign_is_read_back_as_recorded_and_only_once(store).await;
+    decisions_are_read_before_a_request_has_a_record(store).await;
+}
+
+/// A request deferred before any claim has no record of its own, only its
+/// decisions: they are read all the same, oldest first.
+pub async fn decisions_are_read_before_a_request_has_a_record(store: &dyn Store) {
+    let deferred = request("cattle-0d01");
+    assert_eq!(store.decisions(deferred.message_id).await.unwrap(), vec![]);
+    for reason in [
+        "deferred by not_before: first",
+        "deferred by calendar: second",
+    ] {
+        let decision = Decision {
+            verdict: "deferred",
+            guard: reason.split(' ').nth(2).unwrap().trim_end_matches(':'),
+            reason,
+        };
+        store.record_decision(&deferred, 0, decision).await.unwrap();
+    }
+    assert_eq!(store.story(deferred.message_id).await.unwrap(), None);
+    let decisions = store.decisions(deferred.message_id).await.unwrap();
+    let read: Vec<(&str, &str)> = decisions
+        .iter()
+        .map(|d| (d.guard.as_str(), d.reason.as_str()))
+        .collect();
+    assert_eq!(
+        read,
+        [
+            ("not_before", "deferred by not_before: first"),
+            ("calendar", "deferred by calendar: second")
+        ]
+    );
+    assert!(
+        decisions
+            .iter()
+            .all(|d| d.verdict == "deferred" && d.attempt == 0)
+    );
+}
+
+/// A campaign reads back whole (targets in order, times to the
+/// millisecond); an unknown id is `None`; the same id twice is refused.
+pub async fn a_campaign_is_read_back_as_recorded_and_only_once(store: &dyn Store) {
+    let campaign = Campaign {
+        id: Uuid::new_v4(),
+        group: "cattle".into(),
+        created_at: Timestamp::from_millis(1_795_000_000_123),
+        requester: Some("chaos".into()),
+        targets: ["cattle-07", "cattle-02"]
+            .iter()
+            .enumerate()
+            .map(|(index, name)| CampaignTarget {
+                instance_name: (*name).into(),
+                message_id: Uuid::new_v4(),
+                due_at: Timestamp::from_millis(1_795_000_000_123 + 60_000 * index as i64),
+            })
+            .collect(),
+    };
+    assert_eq!(store.campaign(campaign.id).await.unwrap(), None);
+    store.record_campaign(&campaign).await.unwrap();
+    assert_eq!(
+        store.campaign(campaign.id).await.unwrap(),
+        Some(campaign.clone())
+    );
+    let unsigned = Campaign {
+        id: Uuid::new_v4(),
+        requester: None,
+        targets: Vec::new(),
+        ..campaign.clone()
+    };
+    store.record_campaign(&unsigned).await.unwrap();
+    assert_eq!(store.campaign(unsigned.id).await.unwrap(), Some(unsigned));
+    assert!(
+        store.record_campaign(&campaign).await.is_err(),
+        "one id, once"
+    );
 }
 
 pub async fn final_outcome_is_never_overwritten(store: &dyn Store) {
@@ -1205,6 +1282,186 @@ pub async fn counting_guards_are_decided_in_the_claim_and_journaled(store: &dyn 
         .unwrap();
     let usage = store.group_usage(hour_ago, hour_ago).await.unwrap();
     assert_eq!(usage["herd"].disrupted, 1, "in flight: {usage:?}");
+}
+
+/// `report(since)` lists the attempts claimed since then with their
+/// outcome, group and requester, the recovery time and last error on a
+/// request's latest attempt only, and the verdicts recorded since then
+/// with the request's host, requester and group where the store knows
+/// them; nothing from before `since`.
+pub async fn the_report_reads_the_journal_and_the_verdicts_since_a_moment(store: &dyn Store) {
+    let before = request_of("tally-0001", "tally", None, Some("ci"));
+    store
+        .claim_restart(&before, TERMS, ClaimToken::new())
+        .await
+        .unwrap();
+    store
+        .record_outcome(&before, 1, &Outcome::restarted())
+        .await
+        .unwrap();
+    // A moment after the first claim's stamp, and well before the next
+    // claims' (a store's clock may read a millisecond or two behind the
+    // wall clock).
+    let claimed = store.story(before.message_id).await.unwrap().unwrap();
+    let since = Timestamp::from_millis(claimed.attempts[0].claimed_at.as_millis() + 1);
+    while Timestamp::now().as_millis() < since.as_millis() + 20 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let retried = request_of("tally-0002", "tally", None, Some("ci"));
+    for attempt in 1..=2 {
+        store
+            .claim_restart(&retried, TERMS, ClaimToken::new())
+            .await
+            .unwrap();
+        let outcome = if attempt == 1 {
+            Outcome::Retrying {
+                error: "ssh: timeout".into(),
+            }
+        } else {
+            Outcome::Restarted(crate::domain::Restarted {
+                recovered_after: Some(Duration::from_millis(4_500)),
+                output: None,
+            })
+        };
+        store
+            .record_outcome(&retried, attempt, &outcome)
+            .await
+            .unwrap();
+    }
+    let lost = request_of("tally-0003", "tally", None, None);
+    store
+        .claim_restart(&lost, TERMS, ClaimToken::new())
+        .await
+        .unwrap();
+    let unrecovered = Outcome::Unrecovered {
+        error: "<b>not healthy</b> after 60s".into(),
+        output: None,
+    };
+    store.record_outcome(&lost, 1, &unrecovered).await.unwrap();
+    let deferred = Decision {
+        verdict: "deferred",
+        guard: "calendar",
+        reason: "closed until monday",
+    };
+    store.record_decision(&lost, 0, deferred).await.unwrap();
+    let payload = format!(
+        r#"{{"message_id":"{}","instance_name":"tally-0004","requested_by":"mallory"}}"#,
+        Uuid::new_v4()
+    );
+    let rules = ParseRules {
+        domain: Domain::default(),
+        max_payload_bytes: 1024,
+    };
+    let denied = RestartRequest::parse(payload.as_bytes(), &rules).unwrap();
+    let denial = Decision {
+        verdict: "denied",
+        guard: "eligibility",
+        reason: "<script>deny-listed</script>",
+    };
+    store.record_decision(&denied, 0, denial).await.unwrap();
+    let reason = "<script>deny-listed</script>".to_owned();
+    store
+        .record_outcome(&denied, 0, &Outcome::Denied { reason })
+        .await
+        .unwrap();
+
+    let report = store.report(since).await.unwrap();
+    let ours = [before.message_id, retried.message_id, lost.message_id];
+    let mut attempts: Vec<_> = report
+        .attempts
+        .iter()
+        .filter(|a| ours.contains(&a.message_id))
+        .map(|a| {
+            (
+                a.instance_name.as_str(),
+                a.attempt,
+                a.group.as_str(),
+                a.requester.as_deref(),
+                a.outcome,
+                a.settled_at.is_some(),
+                a.recovered_after,
+                a.last_error.as_deref(),
+            )
+        })
+        .collect();
+    // In claim order; claims within one millisecond in any order.
+    attempts.sort_by_key(|a| (a.0, a.1));
+    assert_eq!(
+        attempts,
+        [
+            (
+                "tally-0002",
+                1,
+                "tally",
+                Some("ci"),
+                Some(Status::Retrying),
+                true,
+                None,
+                None
+            ),
+            (
+                "tally-0002",
+                2,
+                "tally",
+                Some("ci"),
+                Some(Status::Restarted),
+                true,
+                Some(Duration::from_millis(4_500)),
+                None
+            ),
+            (
+                "tally-0003",
+                1,
+                "tally",
+                None,
+                Some(Status::Unrecovered),
+                true,
+                None,
+                Some("<b>not healthy</b> after 60s")
+            ),
+        ]
+    );
+    let mut decisions: Vec<_> = report
+        .decisions
+        .iter()
+        .filter(|d| [lost.message_id, denied.message_id].contains(&d.message_id))
+        .map(|d| {
+            (
+                d.verdict.as_str(),
+                d.guard.as_str(),
+                d.reason.as_str(),
+                d.instance_name.as_deref(),
+                d.group.as_deref(),
+                d.requested_by.as_deref(),
+            )
+        })
+        .collect();
+    // Both recorded within a millisecond or not: in time order, ties in
+    // any order.
+    decisions.sort();
+    assert_eq!(
+        decisions,
+        [
+            (
+                "deferred",
+                "calendar",
+                "closed until monday",
+                Some("tally-0003"),
+                Some("tally"),
+                None
+            ),
+            (
+                "denied",
+                "eligibility",
+                "<script>deny-listed</script>",
+                Some("tally-0004"),
+                None,
+                Some("mallory")
+            ),
+        ]
+    );
+    let later = Timestamp::from_millis(Timestamp::now().as_millis() + 3_600_000);
+    assert_eq!(store.report(later).await.unwrap(), ReportData::default());
 }
 
 /// A request of `group`, placed in `zone` and signed by `requester`, as

@@ -30,7 +30,7 @@ pub enum StoreError {
     #[error("the store is closed")]
     Closed,
     /// This store does not keep what was asked for (a test double).
-    #[error("this store cannot {0}")]
+    #[error("this store does not keep {0}")]
     Unsupported(&'static str),
     /// The store did not answer within `store.timeout` (a database that
     /// hangs rather than fails: stopped, or behind a network black hole).

@@ -1,5 +1,6 @@
 //! What a store tells about the past: history entries, the story of a
-//! request, each group's use of its limits, and how times are stored.
+//! request, each group's use of its limits, what a report reads, and how
+//! times are stored.
 
 use std::fmt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -8,7 +9,7 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use super::StoreError;
-use super::sql::{AttemptRow, DecisionRow, EntryRow};
+use super::sql::{AttemptRow, DecisionRow, EntryRow, ReportAttemptRow, ReportDecisionRow};
 use crate::domain::Status;
 
 /// One claimed restart attempt, from the restart journal.
@@ -101,17 +102,22 @@ pub(crate) fn story_from(
                 },
             )
             .collect(),
-        decisions: decisions
-            .into_iter()
-            .map(|(at, attempt, verdict, guard, reason)| DecisionRecord {
-                at: Timestamp::from_millis(at),
-                attempt: number(attempt),
-                verdict,
-                guard,
-                reason,
-            })
-            .collect(),
+        decisions: decisions_from(decisions),
     }
+}
+
+/// Decision records from their rows.
+pub(crate) fn decisions_from(decisions: Vec<DecisionRow>) -> Vec<DecisionRecord> {
+    decisions
+        .into_iter()
+        .map(|(at, attempt, verdict, guard, reason)| DecisionRecord {
+            at: Timestamp::from_millis(at),
+            attempt: u32::try_from(attempt).unwrap_or(0),
+            verdict,
+            guard,
+            reason,
+        })
+        .collect()
 }
 
 /// Whether [`Store::record_outcome`] recorded anything.
@@ -265,5 +271,125 @@ pub(crate) fn entry_from(row: EntryRow) -> Result<HistoryEntry, StoreError> {
         received_at: Timestamp::from_millis(received_at),
         updated_at: Timestamp::from_millis(updated_at),
         completed_at: completed_at.map(Timestamp::from_millis),
+    })
+}
+
+/// What `mandrill report` reads from a store: the restart journal's rows
+/// and the recorded verdicts since a moment, as plain rows; the report
+/// aggregates them itself.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReportData {
+    /// Restart attempts claimed since then, oldest first.
+    pub attempts: Vec<ReportAttempt>,
+    /// Verdicts recorded since then that held a request back, oldest first.
+    pub decisions: Vec<ReportDecision>,
+}
+
+/// One claimed restart attempt, with what its request's row adds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReportAttempt {
+    /// The request's id.
+    pub message_id: Uuid,
+    /// The attempt's number.
+    pub attempt: u32,
+    /// The host.
+    pub instance_name: String,
+    /// The group it counted against.
+    pub group: String,
+    /// The verified requester, else the request's `requested_by`.
+    pub requester: Option<String>,
+    /// When it was claimed.
+    pub claimed_at: Timestamp,
+    /// How it ended; `None` while in flight or never recorded.
+    pub outcome: Option<Status>,
+    /// When its outcome was recorded.
+    pub settled_at: Option<Timestamp>,
+    /// How long the host took to come back: the request's, on its latest
+    /// attempt only (the row keeps one).
+    pub recovered_after: Option<Duration>,
+    /// The request's last error, on its latest attempt only.
+    pub last_error: Option<String>,
+}
+
+/// One recorded verdict, with what is known of its request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReportDecision {
+    /// The request's id.
+    pub message_id: Uuid,
+    /// When.
+    pub at: Timestamp,
+    /// `deferred`, `denied`, `expired`, `dry-run`.
+    pub verdict: String,
+    /// Which guard.
+    pub guard: String,
+    /// Why, in plain words.
+    pub reason: String,
+    /// The host, if the request has a row.
+    pub instance_name: Option<String>,
+    /// The group of the request's latest claimed attempt, if it has one.
+    pub group: Option<String>,
+    /// Who asked, if the request has a row and said.
+    pub requested_by: Option<String>,
+}
+
+/// Report rows from their SQL rows; a row whose id is not a uuid is
+/// corrupt.
+pub(crate) fn report_from(
+    attempts: Vec<ReportAttemptRow>,
+    decisions: Vec<ReportDecisionRow>,
+) -> Result<ReportData, StoreError> {
+    let id = |id: String| {
+        Uuid::parse_str(&id).map_err(|_| StoreError::Corrupt(format!("message_id {id:?}")))
+    };
+    let attempts = attempts
+        .into_iter()
+        .map(
+            |(
+                message_id,
+                attempt,
+                instance_name,
+                group,
+                requester,
+                claimed_at,
+                outcome,
+                settled_at,
+                recovered_ms,
+                last_error,
+            )| {
+                Ok(ReportAttempt {
+                    message_id: id(message_id)?,
+                    attempt: u32::try_from(attempt).unwrap_or(0),
+                    instance_name,
+                    group,
+                    requester,
+                    claimed_at: Timestamp::from_millis(claimed_at),
+                    outcome: outcome.as_deref().map(status_from_name).transpose()?,
+                    settled_at: settled_at.map(Timestamp::from_millis),
+                    recovered_after: duration_of(recovered_ms),
+                    last_error,
+                })
+            },
+        )
+        .collect::<Result<_, StoreError>>()?;
+    let decisions = decisions
+        .into_iter()
+        .map(
+            |(message_id, at, verdict, guard, reason, instance_name, requested_by, group)| {
+                Ok(ReportDecision {
+                    message_id: id(message_id)?,
+                    at: Timestamp::from_millis(at),
+                    verdict,
+                    guard,
+                    reason,
+                    instance_name,
+                    group,
+                    requested_by,
+                })
+            },
+        )
+        .collect::<Result<_, StoreError>>()?;
+    Ok(ReportData {
+        attempts,
+        decisions,
     })
 }

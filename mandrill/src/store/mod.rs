@@ -7,12 +7,14 @@
 //! This file holds the trait; the rest is one file a concern: `error.rs`
 //! (errors and their classification), `claim.rs` (the claim rule every
 //! store applies), `history.rs` (what a store tells about the past),
-//! `any.rs` (the worker's statically dispatched store), `sql.rs` (the statements the SQL stores share), `reads.rs` (the reads
+//! `any.rs` (the worker's statically dispatched store), `campaigns.rs`
+//! (campaigns as recorded), `sql.rs` (the statements the SQL stores share), `reads.rs` (the reads
 //! they share), `lookup.rs` (lookups answered in groups), `story.rs` (a
 //! story in words), `contract.rs` (what every store is tested for), and one
 //! module per store. The paths other modules use are re-exported here.
 
 mod any;
+mod campaigns;
 mod claim;
 #[cfg(test)]
 pub(crate) mod contract;
@@ -32,6 +34,7 @@ use uuid::Uuid;
 use crate::domain::{Outcome, RestartRequest, Status};
 
 pub use any::AnyStore;
+pub use campaigns::{Campaign, CampaignTarget};
 pub use claim::{
     Claim, ClaimTerms, ClaimToken, Decision, GROUP_PAUSE_RECHECK, GroupPause, Switch,
     SwitchExpected, unknown_outcome,
@@ -44,7 +47,7 @@ pub use error::{DEFAULT_TIMEOUT, StoreError};
 pub(crate) use error::{sqlx_error_is_transient, within};
 pub use history::{
     AttemptRecord, DecisionRecord, GroupUsage, HistoryEntry, REJECTED_PAYLOAD_EXCERPT, Recorded,
-    Story, Timestamp, payload_excerpt,
+    ReportAttempt, ReportData, ReportDecision, Story, Timestamp, payload_excerpt,
 };
 pub(crate) use history::{group_usage_from, millis_of, status_from_name};
 pub use memory::MemoryStore;
@@ -143,6 +146,14 @@ pub trait Store: Send + Sync + 'static {
         memory_start: Timestamp,
     ) -> Result<std::collections::BTreeMap<String, GroupUsage>, StoreError>;
 
+    /// The restart journal's attempts claimed at `since` or later and the
+    /// verdicts recorded since then, as plain rows, for `mandrill report`.
+    /// A store that keeps no journal (a test double) says so.
+    async fn report(&self, since: Timestamp) -> Result<ReportData, StoreError> {
+        let _ = since;
+        Err(StoreError::Unsupported("report"))
+    }
+
     /// How many deliveries of a request a guard deferred (each recorded
     /// `deferred` decision counts, repeated or not): the worker does not
     /// count them against `broker.max_deliveries`.
@@ -191,7 +202,7 @@ pub trait Store: Send + Sync + 'static {
         pause: Option<(&str, &str)>,
     ) -> Result<bool, StoreError> {
         let _ = (group, pause);
-        Err(StoreError::Unsupported("pause a group"))
+        Err(StoreError::Unsupported("group pauses"))
     }
 
     /// The last `limit` verified restarts of `group` (journal rows settled
@@ -211,6 +222,27 @@ pub trait Store: Send + Sync + 'static {
     /// oldest first; returns how many went. Bounded, so that pruning a large
     /// history never holds the database for long.
     async fn prune(&self, before: Timestamp, max_rows: u32) -> Result<u64, StoreError>;
+
+    /// Records a campaign as it starts, before its requests are published.
+    /// A store that keeps none (a test double) refuses.
+    async fn record_campaign(&self, campaign: &Campaign) -> Result<(), StoreError> {
+        let _ = campaign;
+        Err(StoreError::Unsupported("campaigns"))
+    }
+
+    /// The decisions recorded about a request, oldest first, whether or
+    /// not it has a record of its own yet (a request deferred before any
+    /// claim has only these). For `campaign status` and `wait`.
+    async fn decisions(&self, message_id: Uuid) -> Result<Vec<DecisionRecord>, StoreError> {
+        let _ = message_id;
+        Err(StoreError::Unsupported("decisions apart from a story"))
+    }
+
+    /// The campaign with this id, if one is recorded.
+    async fn campaign(&self, id: Uuid) -> Result<Option<Campaign>, StoreError> {
+        let _ = id;
+        Err(StoreError::Unsupported("campaigns"))
+    }
 
     /// Closes connections; called once, after the last write.
     async fn close(&self) {}

@@ -16,17 +16,17 @@ macro_rules! reads_for {
 
             use crate::domain::RestartRequest;
             use crate::safety::limits::{Limits, Subject, Usage};
-            use crate::store::history::{entry_from, group_usage_from, story_from};
+            use crate::store::history::{entry_from, group_usage_from, report_from, story_from};
             use crate::store::sql::{
                 DEFERRALS_SQL, ENTRY_SQL, EntryRow, GROUP_DISRUPTED_SQL, GROUP_PAUSES_SQL,
                 GROUP_RESTARTS_SQL, GroupPauseRow, HISTORY_SQL, RECEIVED_AT_SQL, RECOVERIES_SQL,
-                STORY_ATTEMPTS_SQL, STORY_DECISIONS_SQL, SWITCH_SQL, SwitchRow, USAGE_SQL,
-                USAGE_SUBJECT_SQL,
+                REPORT_ATTEMPTS_SQL, REPORT_DECISIONS_SQL, STORY_ATTEMPTS_SQL, STORY_DECISIONS_SQL,
+                SWITCH_SQL, SwitchRow, USAGE_SQL, USAGE_SUBJECT_SQL,
             };
             use crate::store::{
                 DECISION_SQL, DEFERRAL_SQL, Decision, GroupPause, GroupUsage, HistoryEntry,
-                StoreError, Story, Switch, Timestamp, UsageRow, UsageSubjectRow, group_pause_from,
-                switch_from, usage_binds, usage_from, usage_subject_from,
+                ReportData, StoreError, Story, Switch, Timestamp, UsageRow, UsageSubjectRow,
+                group_pause_from, switch_from, usage_binds, usage_from, usage_subject_from,
             };
 
             /// What the counting guards read for a claim of `request`, in
@@ -134,6 +134,48 @@ macro_rules! reads_for {
                 Ok(Some(story_from(entry_from(row)?, attempts, decisions)))
             }
 
+            /// See [`crate::store::Store::record_campaign`].
+            pub(crate) async fn record_campaign(
+                pool: &Pool<$db>,
+                campaign: &crate::store::Campaign,
+            ) -> Result<(), StoreError> {
+                let (id, group, created_at, requester, targets) = campaign.to_row();
+                sqlx::query(crate::store::campaigns::INSERT_CAMPAIGN_SQL)
+                    .bind(id)
+                    .bind(group)
+                    .bind(created_at)
+                    .bind(requester)
+                    .bind(targets)
+                    .execute(pool)
+                    .await?;
+                Ok(())
+            }
+
+            /// See [`crate::store::Store::decisions`].
+            pub(crate) async fn decisions(
+                pool: &Pool<$db>,
+                message_id: Uuid,
+            ) -> Result<Vec<crate::store::DecisionRecord>, StoreError> {
+                let rows = sqlx::query_as(STORY_DECISIONS_SQL)
+                    .bind(message_id.to_string())
+                    .fetch_all(pool)
+                    .await?;
+                Ok(crate::store::history::decisions_from(rows))
+            }
+
+            /// See [`crate::store::Store::campaign`].
+            pub(crate) async fn campaign(
+                pool: &Pool<$db>,
+                id: Uuid,
+            ) -> Result<Option<crate::store::Campaign>, StoreError> {
+                let row: Option<crate::store::campaigns::CampaignRow> =
+                    sqlx::query_as(crate::store::campaigns::CAMPAIGN_SQL)
+                        .bind(id.to_string())
+                        .fetch_optional(pool)
+                        .await?;
+                row.map(crate::store::Campaign::from_row).transpose()
+            }
+
             /// See [`crate::store::Store::group_usage`].
             pub(crate) async fn group_usage(
                 pool: &Pool<$db>,
@@ -149,6 +191,22 @@ macro_rules! reads_for {
                     .fetch_all(pool)
                     .await?;
                 Ok(group_usage_from(restarts, disrupted))
+            }
+
+            /// See [`crate::store::Store::report`].
+            pub(crate) async fn report(
+                pool: &Pool<$db>,
+                since: Timestamp,
+            ) -> Result<ReportData, StoreError> {
+                let attempts = sqlx::query_as(REPORT_ATTEMPTS_SQL)
+                    .bind(since.as_millis())
+                    .fetch_all(pool)
+                    .await?;
+                let decisions = sqlx::query_as(REPORT_DECISIONS_SQL)
+                    .bind(since.as_millis())
+                    .fetch_all(pool)
+                    .await?;
+                report_from(attempts, decisions)
             }
 
             /// A request's `received_at`, which must have a row.
@@ -263,6 +321,10 @@ mod tests {
         assert_eq!(
             super::sqlite::switch(&pool).await.unwrap(),
             store.switch().await.unwrap()
+        );
+        assert_eq!(
+            super::sqlite::report(&pool, since).await.unwrap(),
+            store.report(since).await.unwrap()
         );
         // The claim's read of the journal counts what group usage counts
         // (the contract pruned the journal: two claims in flight).

@@ -159,6 +159,58 @@ pub(crate) type AttemptRow = (i64, String, i64, String, Option<String>, Option<i
 /// A row of [`STORY_DECISIONS_SQL`].
 pub(crate) type DecisionRow = (i64, i64, String, String, String);
 
+/// The journal's rows claimed at `$1` or later, for
+/// [`super::Store::report`], as [`ReportAttemptRow`]. The request's
+/// recovery time and last error belong to its latest attempt, so only
+/// that attempt's row carries them.
+pub(crate) const REPORT_ATTEMPTS_SQL: &str = "SELECT r.message_id, CAST(r.attempt AS BIGINT),
+        r.instance_name, r.grp, COALESCE(r.requester, q.requested_by), r.claimed_at, r.outcome,
+        r.settled_at,
+        CASE WHEN r.attempt = q.attempts THEN q.recovered_after_ms END,
+        CASE WHEN r.attempt = q.attempts THEN q.last_error END
+    FROM restarts r LEFT JOIN requests q ON q.message_id = r.message_id
+    WHERE r.claimed_at >= $1
+    ORDER BY r.claimed_at, r.message_id, r.attempt";
+
+/// The decisions recorded at `$1` or later, for [`super::Store::report`],
+/// as [`ReportDecisionRow`], with the request's host, requester and the
+/// group of its latest claimed attempt where they are known.
+pub(crate) const REPORT_DECISIONS_SQL: &str = "SELECT d.message_id, d.at, d.verdict, d.guard,
+        d.reason, q.instance_name, q.requested_by,
+        (SELECT r.grp FROM restarts r WHERE r.message_id = d.message_id
+         ORDER BY r.attempt DESC LIMIT 1)
+    FROM decisions d LEFT JOIN requests q ON q.message_id = d.message_id
+    WHERE d.at >= $1
+    ORDER BY d.at, d.id";
+
+/// A row of [`REPORT_ATTEMPTS_SQL`]: message id, attempt, instance, group,
+/// requester, claimed, outcome, settled, recovery (ms), last error.
+pub(crate) type ReportAttemptRow = (
+    String,
+    i64,
+    String,
+    String,
+    Option<String>,
+    i64,
+    Option<String>,
+    Option<i64>,
+    Option<i64>,
+    Option<String>,
+);
+
+/// A row of [`REPORT_DECISIONS_SQL`]: message id, at, verdict, guard,
+/// reason, instance, requested by, group.
+pub(crate) type ReportDecisionRow = (
+    String,
+    i64,
+    String,
+    String,
+    String,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+);
+
 /// The columns of a history entry after its id, in the order of
 /// [`EntryRow`]; `attempts` cast so that both drivers read 64 bits.
 macro_rules! entry_columns {

@@ -166,6 +166,7 @@ async fn a_requester_removed_by_a_reload_while_the_stop_conditions_run_is_denied
         reason: None,
         published_at: None,
         group: None,
+        not_before: None,
     };
     let token = SigningKey::from_pem(ALICE_PRIVATE)
         .unwrap()

@@ -88,8 +88,27 @@ fn start_with(
     restarter: Arc<dyn Restarter>,
     failing_pulls: u32,
 ) -> Harness {
+    start_polling(
+        config,
+        store,
+        restarter,
+        failing_pulls,
+        Duration::from_secs(1),
+    )
+}
+
+/// As [`start_with`], with pulls waiting up to `poll_wait` for a message
+/// (a publish or a nack's delay ending wakes them sooner): a long wait lets
+/// a test simulate weeks without spinning the pull loop every second.
+fn start_polling(
+    config: WorkerConfig,
+    store: Arc<dyn Store>,
+    restarter: Arc<dyn Restarter>,
+    failing_pulls: u32,
+    poll_wait: Duration,
+) -> Harness {
     let broker = Arc::new(LoggedBroker {
-        inner: MemoryBroker::new(ACK_DEADLINE, Duration::from_secs(1)),
+        inner: MemoryBroker::new(ACK_DEADLINE, poll_wait),
         timeline: Timeline::default(),
         failing_pulls: AtomicU32::new(failing_pulls),
         failing_dead_letters: AtomicU32::new(0),
@@ -167,3 +186,6 @@ mod policy;
 
 #[path = "late_check_tests.rs"]
 mod late_checks;
+
+#[path = "schedule_tests.rs"]
+mod schedule;

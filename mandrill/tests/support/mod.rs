@@ -283,3 +283,15 @@ pub fn queue_rows(url: &str) -> Vec<QueueRow> {
             .collect()
     })
 }
+
+/// A secret that must appear in no output.
+pub const CANARY: &str = "CANARY-s3cr3t-7f3a";
+/// A secret that reads as a number.
+pub const NUMERIC_CANARY: &str = "987654321123";
+
+pub fn assert_no_canary(what: &str, text: &str) {
+    assert!(
+        !text.contains(CANARY) && !text.contains(NUMERIC_CANARY),
+        "{what} printed a secret:\n{text}"
+    );
+}

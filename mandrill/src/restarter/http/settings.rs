@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::domain::{Domain, ParseRules, RestartRequest};
 use crate::restarter::template::{Template, Values};
+use crate::settings::{duration, settings};
 
 /// The header that always carries the request's message id, so that the
 /// receiver can drop a restart it has already done.
@@ -26,73 +27,67 @@ const RESERVED_HEADERS: [&str; 5] = [
     "connection",
 ];
 
-/// The webhook restarter's settings. `Debug` masks header values and the
-/// URL's credentials and query: tokens live there.
-#[derive(Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct HttpSettings {
-    /// HTTP method of the restart call.
-    pub method: String,
-    /// Where to send it, a template, e.g.
-    /// `https://chaos.internal/restart/{instance_name}`. Values are
-    /// percent-encoded (an IPv6 address goes in brackets), so none can
-    /// change the URL's host, path, query or fragment.
-    pub url: String,
-    /// The request body, a template whose values are escaped as JSON string
-    /// contents (the template supplies the quotes). Empty sends no body.
-    pub body: String,
-    /// Extra headers, name → value template, e.g. `Authorization = "Bearer …"`.
-    /// `Idempotency-Key` is always the message id and cannot be set here.
-    pub headers: BTreeMap<String, String>,
-    /// File holding the HMAC-SHA256 key that signs each body (one trailing
-    /// newline is ignored). Never logged. Set this or `hmac_secret_env`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub hmac_secret_file: Option<PathBuf>,
-    /// Environment variable holding the HMAC-SHA256 key instead. Never logged.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub hmac_secret_env: Option<String>,
-    /// Header carrying the signature, `t=<unix seconds>,v1=<hex>`: the
-    /// HMAC-SHA256 of the time, a `.`, and the exact body bytes. The
-    /// receiver recomputes it and refuses a time more than five minutes
-    /// away from its own clock, so that a captured request cannot be
-    /// replayed later (docs/backends.md shows the check).
-    pub hmac_header: String,
-    /// Whether the webhook may be called over plain `http://` at an
-    /// address that is not loopback (`127.0.0.0/8`, `::1`, `localhost`).
-    /// Off by default: the body, its signature and any token in the URL or
-    /// headers would cross the network unencrypted. A placeholder in the
-    /// URL's host counts as not loopback.
-    pub allow_plain_http: bool,
-    /// Longest a call may take, connecting and reading the answer included;
-    /// keep it below `worker.restart_timeout`.
-    #[serde(with = "duration")]
-    pub timeout: Duration,
-    /// PEM file of CA certificates to trust in addition to the system's, for
-    /// an internal CA.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub ca_file: Option<PathBuf>,
-}
-
-impl Default for HttpSettings {
-    fn default() -> Self {
-        Self {
-            method: "POST".into(),
-            url: String::new(),
-            body: concat!(
-                r#"{{"message_id": "{message_id}", "instance_name": "{instance_name}", "#,
-                r#""host": "{host}", "group": "{group}"}}"#
-            )
-            .into(),
-            headers: BTreeMap::new(),
-            hmac_secret_file: None,
-            hmac_secret_env: None,
-            hmac_header: "X-Mandrill-Signature".into(),
-            allow_plain_http: false,
-            // Below `worker.restart_timeout`'s default (30 s), so that a slow
-            // webhook is reported by this backend, with its own reason.
-            timeout: Duration::from_secs(20),
-            ca_file: None,
-        }
+settings! {
+    /// `[restarter.http]`: the webhook restarter's settings. `Debug` masks
+    /// header values and the URL's credentials and query: tokens live there.
+    #[derive(Clone, PartialEq, Serialize, Deserialize)]
+    #[serde(deny_unknown_fields, default)]
+    pub struct HttpSettings {
+        /// HTTP method of the restart call.
+        pub method: String = "POST".into(),
+        /// URL template, e.g. `https://chaos.internal/restart/{instance_name}`;
+        /// required.
+        ///
+        /// Values are percent-encoded (an IPv6 address goes in brackets), so
+        /// none can change the URL's host, path, query or fragment.
+        pub url: String = String::new(),
+        /// Body template, values JSON-escaped; "" for none.
+        ///
+        /// Values are escaped as JSON string contents (the template supplies
+        /// the quotes).
+        pub body: String = concat!(
+            r#"{{"message_id": "{message_id}", "instance_name": "{instance_name}", "#,
+            r#""host": "{host}", "group": "{group}"}}"#
+        )
+        .into(),
+        /// Extra headers, name → value template, e.g. `Authorization = "Bearer …"`.
+        ///
+        /// `Idempotency-Key` is always the message id and cannot be set here.
+        pub headers: BTreeMap<String, String> = BTreeMap::new(),
+        /// File holding the HMAC-SHA256 key that signs each body (never
+        /// printed).
+        ///
+        /// One trailing newline is ignored. Set this or `hmac_secret_env`.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub hmac_secret_file: Option<PathBuf> = None,
+        /// Environment variable holding the HMAC-SHA256 key instead (never
+        /// printed).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub hmac_secret_env: Option<String> = None,
+        /// Signature header: `t=<unix>,v1=<hex HMAC-SHA256 of "t.body">`.
+        ///
+        /// The HMAC covers the time, a `.`, and the exact body bytes. The
+        /// receiver recomputes it and refuses a time more than five minutes
+        /// away from its own clock, so that a captured request cannot be
+        /// replayed later (docs/backends.md shows the check).
+        pub hmac_header: String = "X-Mandrill-Signature".into(),
+        /// Allow plain `http://` to an address that is not loopback.
+        ///
+        /// Loopback is `127.0.0.0/8`, `::1` and `localhost`. Off by default:
+        /// the body, its signature and any token in the URL or headers would
+        /// cross the network unencrypted. A placeholder in the URL's host
+        /// counts as not loopback.
+        pub allow_plain_http: bool = false,
+        /// Limit on the whole call, connecting and reading the answer
+        /// included; keep it below `worker.restart_timeout`.
+        ///
+        /// The default is below `worker.restart_timeout`'s, so that a slow
+        /// webhook is reported by this backend, with its own reason.
+        #[serde(with = "duration")]
+        pub timeout: Duration = Duration::from_secs(20),
+        /// Extra PEM CA certificates to trust, for an internal CA.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub ca_file: Option<PathBuf> = None,
     }
 }
 
@@ -236,21 +231,4 @@ fn sample_request() -> RestartRequest {
         br#"{"message_id":"00000000-0000-4000-8000-000000000000","instance_name":"cattle-ab12"}"#;
     // A fixed, valid payload: parsing it cannot fail.
     RestartRequest::parse(payload, &rules).expect("the sample request parses")
-}
-
-/// Durations as humantime strings (`30s`, `1m 30s`).
-mod duration {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub(super) fn serialize<S: Serializer>(value: &Duration, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(&humantime::format_duration(*value))
-    }
-
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        let text = String::deserialize(d)?;
-        humantime::parse_duration(&text)
-            .map_err(|e| serde::de::Error::custom(format!("{text:?} is not a duration ({e})")))
-    }
 }

@@ -6,97 +6,89 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::restarter::template::ArgvTemplate;
+use crate::settings::{duration, settings};
 
 /// The longest the kill of a timed-out command takes: `SIGTERM`, a second
 /// for its process group to go, `SIGKILL`, another second, and the round
 /// trips over the open connection. Past it the command may still run.
 pub const KILL_TIMEOUT: Duration = Duration::from_secs(4);
 
-/// How the ssh backend reaches hosts and what it runs there.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct SshSettings {
-    /// The command to run on the host, as an argv template, e.g. `["sudo",
-    /// "systemctl", "restart", "app"]`. `{host}`, `{instance_name}`,
-    /// `{message_id}` and `{group}` are replaced by whole values, and every
-    /// argument is shell-quoted, because ssh hands the host one command line
-    /// for the user's shell: each arrives as exactly one literal argument.
-    pub argv: Vec<String>,
-    /// The user to log in as, unless the host map names one; one of the two
-    /// is required.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub user: Option<String>,
-    /// Whether `root` may be the user. Off by default: log in as a user
-    /// allowed to run just the restart command (e.g. through sudo).
-    pub allow_root: bool,
-    /// The private key to authenticate with (then only this key is
-    /// offered). Unset: the SSH agent's keys and ssh's default identities.
-    /// Keys with a passphrase must go through the agent.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub key_file: Option<PathBuf>,
-    /// The SSH agent's socket, instead of the environment's `SSH_AUTH_SOCK`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub agent_socket: Option<PathBuf>,
-    /// The known_hosts file every host's key is checked against (required).
-    /// A host whose key is missing or different is refused, never added.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub known_hosts_file: Option<PathBuf>,
-    /// The port, unless the host map names one.
-    pub port: u16,
-    /// Longest wait for the TCP connection and the server's greeting (whole
-    /// seconds, at least 1s); authentication may take as long again.
-    #[serde(with = "duration")]
-    pub connect_timeout: Duration,
-    /// Longest wait for the command to start and finish; then its process
-    /// group is killed over the same connection, and the restart has timed
-    /// out (and is retried), or, if the kill cannot be confirmed within 4s,
-    /// may still be running (the host stays held; no retry runs beside it).
-    /// Keep `worker.restart_timeout` above twice `connect_timeout` plus this
-    /// plus 4s.
-    #[serde(with = "duration")]
-    pub timeout: Duration,
-    /// Most restarts in flight over ssh at once, and most connections kept
-    /// open: idle ones are closed first to make room.
-    pub max_connections: usize,
-    /// A connection unused for this long is closed (whole seconds, at least
-    /// 1s).
-    #[serde(with = "duration")]
-    pub idle_timeout: Duration,
-    /// How often ssh checks that a quiet host is still there while a command
-    /// runs, so that a host that vanishes is noticed (three missed answers
-    /// end the connection).
-    #[serde(with = "duration")]
-    pub server_alive_interval: Duration,
-    /// Whether a connection the host drops while the command runs (as a
-    /// reboot does) counts as restarted rather than as a failure.
-    pub reboot_drops_connection: bool,
-    /// Most bytes of the command's output (stdout then stderr) kept with the
-    /// outcome.
-    pub max_output: usize,
-    /// Exit codes that mean retrying cannot help: the message is
-    /// dead-lettered at once.
-    pub permanent_exit_codes: Vec<i32>,
-}
-
-impl Default for SshSettings {
-    fn default() -> Self {
-        Self {
-            argv: Vec::new(),
-            user: None,
-            allow_root: false,
-            key_file: None,
-            agent_socket: None,
-            known_hosts_file: None,
-            port: 22,
-            connect_timeout: Duration::from_secs(5),
-            timeout: Duration::from_secs(15),
-            max_connections: 16,
-            idle_timeout: Duration::from_secs(60),
-            server_alive_interval: Duration::from_secs(10),
-            reboot_drops_connection: false,
-            max_output: 4096,
-            permanent_exit_codes: Vec::new(),
-        }
+settings! {
+    /// `[restarter.ssh]`: how the ssh backend reaches hosts and what it runs
+    /// there.
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+    #[serde(deny_unknown_fields, default)]
+    pub struct SshSettings {
+        /// Remote command templates, e.g. `["sudo", "systemctl", "restart",
+        /// "app"]`, each shell-quoted as one argument.
+        ///
+        /// `{host}`, `{instance_name}`, `{message_id}` and `{group}` are
+        /// replaced by whole values, and every argument is shell-quoted,
+        /// because ssh hands the host one command line for the user's shell:
+        /// each arrives as exactly one literal argument.
+        pub argv: Vec<String> = Vec::new(),
+        /// Login user, unless the host map names one; one of the two is
+        /// required.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub user: Option<String> = None,
+        /// Allow logging in as root.
+        ///
+        /// Off by default: log in as a user allowed to run just the restart
+        /// command (e.g. through sudo).
+        pub allow_root: bool = false,
+        /// Private key; default the agent's keys and ssh's own.
+        ///
+        /// When set, only this key is offered. Keys with a passphrase must go
+        /// through the agent.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub key_file: Option<PathBuf> = None,
+        /// ssh-agent socket, instead of the environment's `SSH_AUTH_SOCK`.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub agent_socket: Option<PathBuf> = None,
+        /// Host keys checked strictly; required.
+        ///
+        /// A host whose key is missing or different is refused, never added.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub known_hosts_file: Option<PathBuf> = None,
+        /// Port, unless the host map names one.
+        pub port: u16 = 22,
+        /// Limit on connecting (whole seconds, at least 1s).
+        ///
+        /// Covers the TCP connection and the server's greeting;
+        /// authentication may take as long again.
+        #[serde(with = "duration")]
+        pub connect_timeout: Duration = Duration::from_secs(5),
+        /// Limit on the remote command; then its process group is killed.
+        ///
+        /// The kill goes over the same connection, and the restart has timed
+        /// out (and is retried), or, if the kill cannot be confirmed within
+        /// 4s, may still be running (the host stays held; no retry runs
+        /// beside it). Keep `worker.restart_timeout` above twice
+        /// `connect_timeout` plus this plus 4s.
+        #[serde(with = "duration")]
+        pub timeout: Duration = Duration::from_secs(15),
+        /// Connections open at once, and restarts in flight over ssh.
+        ///
+        /// Beyond it, a restart waits; idle connections are closed first to
+        /// make room.
+        pub max_connections: usize = 16,
+        /// Close a host's connection unused this long (whole seconds, at
+        /// least 1s).
+        #[serde(with = "duration")]
+        pub idle_timeout: Duration = Duration::from_secs(60),
+        /// Keepalive period while a command runs.
+        ///
+        /// So that a host that vanishes is noticed (three missed answers end
+        /// the connection).
+        #[serde(with = "duration")]
+        pub server_alive_interval: Duration = Duration::from_secs(10),
+        /// A connection dropped by the host while the command runs (as a
+        /// reboot does) counts as restarted, not failed.
+        pub reboot_drops_connection: bool = false,
+        /// Bytes of output (stdout then stderr) kept with the outcome.
+        pub max_output: usize = 4096,
+        /// Remote exit codes that mean: do not retry (dead-lettered at once).
+        pub permanent_exit_codes: Vec<i32> = Vec::new(),
     }
 }
 
@@ -187,29 +179,6 @@ fn check_path(path: &std::path::Path) -> Result<(), String> {
         ));
     }
     Ok(())
-}
-
-/// Durations as humantime strings (`10s`, `1m 30s`), as in the rest of the
-/// configuration.
-mod duration {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub(super) fn serialize<S: Serializer>(
-        value: &Duration,
-        serializer: S,
-    ) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(&humantime::format_duration(*value))
-    }
-
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
-        deserializer: D,
-    ) -> Result<Duration, D::Error> {
-        let text = String::deserialize(deserializer)?;
-        humantime::parse_duration(&text)
-            .map_err(|e| serde::de::Error::custom(format!("{text:?} is not a duration ({e})")))
-    }
 }
 
 #[cfg(test)]

@@ -12,8 +12,8 @@ use crate::domain::{RestartRequest, Status};
 use crate::safety::limits::{Subject, Usage};
 use crate::store::sql::NOT_ISSUED;
 use crate::store::{
-    AttemptRecord, ClaimTerms, ClaimToken, Decision, DecisionRecord, GroupUsage, Timestamp,
-    UsageBinds, group_usage_from, usage_binds,
+    AttemptRecord, ClaimTerms, ClaimToken, Decision, DecisionRecord, GroupUsage, ReportAttempt,
+    Timestamp, UsageBinds, group_usage_from, usage_binds,
 };
 
 /// A shard's restart journal: one entry per claimed attempt, appended in
@@ -149,7 +149,7 @@ impl JournalRow {
     }
 
     /// The request's requester, if it had one.
-    fn requester(&self) -> Option<&str> {
+    pub(super) fn requester(&self) -> Option<&str> {
         self.has_requester
             .then(|| &self.names[self.requester_at as usize..])
     }
@@ -297,6 +297,40 @@ impl Attempts {
         }
         attempts.sort_by_key(|a| a.attempt);
         attempts
+    }
+
+    /// The live entries claimed at `since` or later, for
+    /// [`crate::store::Store::report`], with what their rows (`rows`) add
+    /// as the SQL stores' join does.
+    pub(super) fn report(&self, rows: &HashMap<Uuid, Row>, since: i64) -> Vec<ReportAttempt> {
+        self.entries
+            .iter()
+            .filter(|entry| entry.live && entry.row.claimed_at >= since)
+            .map(|entry| {
+                let row = &entry.row;
+                let request = rows.get(&entry.id);
+                let extra = request.and_then(|r| r.extra.as_deref());
+                let latest = request.is_some_and(|r| r.attempts == entry.attempt);
+                ReportAttempt {
+                    message_id: entry.id,
+                    attempt: entry.attempt,
+                    instance_name: row.instance().to_owned(),
+                    group: row.group().to_owned(),
+                    requester: row
+                        .requester()
+                        .or_else(|| extra.and_then(|e| e.requested_by.as_deref()))
+                        .map(str::to_owned),
+                    claimed_at: Timestamp::from_millis(row.claimed_at),
+                    outcome: row.outcome,
+                    settled_at: row.settled_at.get().map(Timestamp::from_millis),
+                    recovered_after: extra.filter(|_| latest).and_then(|e| e.recovered_after),
+                    last_error: extra
+                        .filter(|_| latest)
+                        .and_then(|e| e.last_error.as_deref())
+                        .map(str::to_owned),
+                }
+            })
+            .collect()
     }
 
     /// What a prune leaves: the live entries of requests still in `rows`

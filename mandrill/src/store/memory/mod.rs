@@ -22,8 +22,9 @@ use uuid::Uuid;
 use self::journal::{Attempts, Decisions};
 use self::row::{Clock, Row};
 use super::{
-    Claim, ClaimTerms, ClaimToken, Decision, GroupPause, GroupUsage, HistoryEntry, Recorded, Store,
-    StoreError, Story, Switch, SwitchExpected, Timestamp,
+    Claim, ClaimTerms, ClaimToken, Decision, GroupPause, GroupUsage, HistoryEntry, Recorded,
+    ReportAttempt, ReportData, ReportDecision, Store, StoreError, Story, Switch, SwitchExpected,
+    Timestamp,
 };
 use crate::domain::{Outcome, RestartRequest, Status};
 
@@ -59,6 +60,8 @@ pub struct MemoryStore {
     /// what a claim of another request for the same host must find. Locked
     /// after the request's shard (or every shard), before the decisions.
     held: [Mutex<HeldHosts>; SHARDS],
+    /// Campaigns by id, as the SQL stores' rows (times to the millisecond).
+    campaigns: Mutex<HashMap<Uuid, super::campaigns::CampaignRow>>,
 }
 
 /// Instance name → the claim that holds it; an entry is removed when that
@@ -118,6 +121,7 @@ impl MemoryStore {
             groups_paused: AtomicBool::new(false),
             decisions: Mutex::default(),
             held: Default::default(),
+            campaigns: Mutex::default(),
         }
     }
 
@@ -264,6 +268,44 @@ impl Store for MemoryStore {
         ))
     }
 
+    async fn report(&self, since: Timestamp) -> Result<ReportData, StoreError> {
+        let since = since.as_millis();
+        let shards = self.all_shards();
+        let mut attempts: Vec<ReportAttempt> = shards
+            .iter()
+            .flat_map(|shard| shard.attempts.report(&shard.rows, since))
+            .collect();
+        attempts.sort_by_key(|a| (a.claimed_at, a.message_id, a.attempt));
+        let mut decisions = Vec::new();
+        for (id, list) in &self.decisions().decisions {
+            let shard = &shards[Self::shard_of(id)];
+            let row = shard.rows.get(id);
+            let entry = row.map(|row| row.entry(Some(*id)));
+            let group = row
+                .and_then(|row| shard.attempts.attempts_of(row.latest).pop())
+                .map(|attempt| attempt.group);
+            for decision in list.iter().filter(|d| d.at.as_millis() >= since) {
+                decisions.push(ReportDecision {
+                    message_id: *id,
+                    at: decision.at,
+                    verdict: decision.verdict.clone(),
+                    guard: decision.guard.clone(),
+                    reason: decision.reason.clone(),
+                    instance_name: entry.as_ref().and_then(|e| e.instance_name.clone()),
+                    group: group.clone(),
+                    requested_by: entry.as_ref().and_then(|e| e.requested_by.clone()),
+                });
+            }
+        }
+        // Recorded in order per request; across requests, by time (the
+        // SQL stores' insertion order breaks ties there, the id here).
+        decisions.sort_by_key(|d| (d.at, d.message_id));
+        Ok(ReportData {
+            attempts,
+            decisions,
+        })
+    }
+
     async fn deferrals(&self, message_id: Uuid) -> Result<u32, StoreError> {
         Ok(self
             .decisions()
@@ -271,6 +313,40 @@ impl Store for MemoryStore {
             .get(&message_id)
             .copied()
             .unwrap_or(0))
+    }
+
+    async fn record_campaign(&self, campaign: &super::Campaign) -> Result<(), StoreError> {
+        let mut campaigns = self
+            .campaigns
+            .lock()
+            .expect("memory store campaigns poisoned");
+        if campaigns.contains_key(&campaign.id) {
+            return Err(StoreError::Corrupt(format!(
+                "campaign {} is recorded already",
+                campaign.id
+            )));
+        }
+        campaigns.insert(campaign.id, campaign.to_row());
+        Ok(())
+    }
+
+    async fn decisions(&self, message_id: Uuid) -> Result<Vec<super::DecisionRecord>, StoreError> {
+        Ok(self
+            .decisions()
+            .decisions
+            .get(&message_id)
+            .cloned()
+            .unwrap_or_default())
+    }
+
+    async fn campaign(&self, id: Uuid) -> Result<Option<super::Campaign>, StoreError> {
+        let row = self
+            .campaigns
+            .lock()
+            .expect("memory store campaigns poisoned")
+            .get(&id)
+            .cloned();
+        row.map(super::Campaign::from_row).transpose()
     }
 
     async fn story(&self, message_id: Uuid) -> Result<Option<Story>, StoreError> {

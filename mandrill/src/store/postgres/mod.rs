@@ -54,7 +54,8 @@ use super::sql::{
 };
 use super::{
     Claim, ClaimTerms, ClaimToken, DEFAULT_TIMEOUT, Decision, GroupUsage, HistoryEntry, Recorded,
-    Store, StoreError, Story, Switch, SwitchExpected, Timestamp, payload_excerpt, within,
+    ReportData, Store, StoreError, Story, Switch, SwitchExpected, Timestamp, payload_excerpt,
+    within,
 };
 use crate::domain::{Outcome, RestartRequest, Status};
 
@@ -354,6 +355,10 @@ impl Store for PostgresStore {
             .await
     }
 
+    async fn report(&self, since: Timestamp) -> Result<ReportData, StoreError> {
+        self.bounded(reads::report(&self.pool, since)).await
+    }
+
     async fn first_received(&self, request: &RestartRequest) -> Result<Timestamp, StoreError> {
         self.bounded(PostgresStore::first_received(self, request))
             .await
@@ -365,6 +370,22 @@ impl Store for PostgresStore {
 
     async fn story(&self, message_id: Uuid) -> Result<Option<Story>, StoreError> {
         self.bounded(reads::story(&self.pool, message_id)).await
+    }
+
+    async fn record_campaign(&self, campaign: &crate::store::Campaign) -> Result<(), StoreError> {
+        self.bounded(reads::record_campaign(&self.pool, campaign))
+            .await
+    }
+
+    async fn decisions(
+        &self,
+        message_id: Uuid,
+    ) -> Result<Vec<crate::store::DecisionRecord>, StoreError> {
+        self.bounded(reads::decisions(&self.pool, message_id)).await
+    }
+
+    async fn campaign(&self, id: Uuid) -> Result<Option<crate::store::Campaign>, StoreError> {
+        self.bounded(reads::campaign(&self.pool, id)).await
     }
 
     async fn record_outcome(

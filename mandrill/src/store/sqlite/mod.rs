@@ -34,7 +34,8 @@ use super::reads::sqlite as reads;
 use super::sql::{PAUSE_GROUP_SQL, RESUME_GROUP_SQL, SET_SWITCH_IF_SQL, SET_SWITCH_SQL};
 use super::{
     Claim, ClaimTerms, ClaimToken, DEFAULT_TIMEOUT, Decision, GroupUsage, HistoryEntry, Recorded,
-    Store, StoreError, Story, Switch, SwitchExpected, Timestamp, payload_excerpt, within,
+    ReportData, Store, StoreError, Story, Switch, SwitchExpected, Timestamp, payload_excerpt,
+    within,
 };
 use crate::domain::{Outcome, RestartRequest, Status};
 use crate::sqlite::writer::{Job, MAX_BATCH};
@@ -400,6 +401,26 @@ impl Store for SqliteStore {
 
     async fn story(&self, message_id: Uuid) -> Result<Option<Story>, StoreError> {
         self.bounded(reads::story(&self.pool, message_id)).await
+    }
+
+    async fn report(&self, since: Timestamp) -> Result<ReportData, StoreError> {
+        self.bounded(reads::report(&self.pool, since)).await
+    }
+
+    async fn record_campaign(&self, campaign: &crate::store::Campaign) -> Result<(), StoreError> {
+        self.bounded(reads::record_campaign(&self.pool, campaign))
+            .await
+    }
+
+    async fn decisions(
+        &self,
+        message_id: Uuid,
+    ) -> Result<Vec<crate::store::DecisionRecord>, StoreError> {
+        self.bounded(reads::decisions(&self.pool, message_id)).await
+    }
+
+    async fn campaign(&self, id: Uuid) -> Result<Option<crate::store::Campaign>, StoreError> {
+        self.bounded(reads::campaign(&self.pool, id)).await
     }
 
     async fn first_received(&self, request: &RestartRequest) -> Result<Timestamp, StoreError> {

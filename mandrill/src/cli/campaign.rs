@@ -1,0 +1,522 @@
+//! `mandrill campaign start` and `mandrill campaign status`: restarts over
+//! a share of an inventory group, resolved when the campaign starts,
+//! recorded in the store, and published as one signed request per target
+//! through the configured broker, where every guard decides them like any
+//! other request (docs/campaigns.md).
+
+use std::collections::HashSet;
+use std::io::Write as _;
+use std::process::ExitCode;
+use std::time::{Duration, SystemTime};
+
+use anyhow::{Context as _, bail};
+use bytes::Bytes;
+use clap::{Args, Subcommand};
+use serde_json::json;
+use uuid::Uuid;
+
+use super::{BadInput, ConfigArgs, command, string};
+use crate::broker::{BrokerUrl, Close as _};
+use crate::campaign::{self, Size, Verdict};
+use crate::config::Config;
+use crate::domain::{Hostname, InstanceName, RestartRequest, SigningKey};
+use crate::safety::Policy;
+use crate::service;
+use crate::store::{Campaign, CampaignTarget, Store, Timestamp};
+
+/// `mandrill campaign`
+#[derive(Debug, Args)]
+pub(crate) struct CampaignArgs {
+    #[command(subcommand)]
+    command: CampaignCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum CampaignCommand {
+    /// Restart a share of a group: targets drawn at random among its eligible hosts, printed, recorded and published (the campaign id on the last line).
+    Start(StartArgs),
+    /// Where each target of a campaign stands, and why; and the campaign's verdict.
+    Status(StatusArgs),
+}
+
+#[derive(Debug, Args)]
+struct StartArgs {
+    #[command(flatten)]
+    config: ConfigArgs,
+    /// The queue the requests are published into [setting: broker.url].
+    #[arg(long, value_name = "URL")]
+    broker: Option<String>,
+    /// The shared store the campaign is recorded in [setting: store.url].
+    #[arg(long, value_name = "URL")]
+    db: Option<String>,
+    /// The inventory group the targets are drawn from.
+    #[arg(long, value_name = "G")]
+    group: String,
+    /// How many hosts of the group.
+    #[arg(
+        long,
+        value_name = "N",
+        required_unless_present = "percent",
+        conflicts_with = "percent"
+    )]
+    count: Option<usize>,
+    /// What percentage of the group's hosts in the inventory (rounded down, at least one).
+    #[arg(long, value_name = "P")]
+    percent: Option<u32>,
+    /// Spread the targets over this long: target i is due at start + i·D/N (its signed request's `not_before`).
+    #[arg(long, value_name = "D", value_parser = humantime::parse_duration)]
+    spread: Option<Duration>,
+    /// Print the targets and stop: nothing recorded, nothing published.
+    #[arg(long)]
+    preview: bool,
+    /// Allow more than half of the group.
+    #[arg(long)]
+    allow_majority: bool,
+    /// Sign each request as this requester (`[[requesters]]`), with --key-file.
+    #[arg(
+        long = "as",
+        value_name = "NAME",
+        required_unless_present = "preview",
+        requires = "key_file"
+    )]
+    as_requester: Option<String>,
+    /// The requester's private key, PKCS#8 PEM, for --as.
+    #[arg(long, value_name = "FILE", requires = "as_requester")]
+    key_file: Option<std::path::PathBuf>,
+}
+
+#[derive(Debug, Args)]
+struct StatusArgs {
+    #[command(flatten)]
+    config: ConfigArgs,
+    /// The shared store: `sqlite:PATH` or `postgres://…` [setting: store.url].
+    #[arg(long, value_name = "URL")]
+    db: Option<String>,
+    /// One JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+    /// The campaign's id.
+    #[arg(value_name = "ID")]
+    id: String,
+}
+
+/// How many of the newest requests are read to find hosts being restarted
+/// now (passed over; the guards would defer them anyway).
+const RECENT_REQUESTS: usize = 500;
+
+/// Runs `mandrill campaign …`.
+pub(super) fn main(args: &CampaignArgs) -> ExitCode {
+    match &args.command {
+        CampaignCommand::Start(args) => {
+            let sources = args.config.sources(vec![
+                ("broker.url", string(&args.broker)),
+                ("store.url", string(&args.db)),
+            ]);
+            command(sources, |config| start(config, args))
+        }
+        CampaignCommand::Status(args) => {
+            let sources = args.config.sources(vec![("store.url", string(&args.db))]);
+            command(sources, |config| status(config, args))
+        }
+    }
+}
+
+/// `campaign start`.
+async fn start(config: Config, args: &StartArgs) -> anyhow::Result<()> {
+    let size = match (args.count, args.percent) {
+        (Some(0), _) => bail!(BadInput("--count must be at least 1".into())),
+        (Some(count), _) => Size::Count(count),
+        (None, Some(percent)) if (1..=100).contains(&percent) => Size::Percent(percent),
+        (None, Some(percent)) => bail!(BadInput(format!("--percent {percent} must be 1 to 100"))),
+        // clap requires one of them.
+        (None, None) => bail!(BadInput("give --count N or --percent P".into())),
+    };
+    let policy = super::inventory::policy_with_inventory(&config).await?;
+    let spread = args.spread.unwrap_or_default();
+    let longest = policy
+        .guards
+        .max_defer
+        .min(crate::domain::signed::MAX_LIFETIME);
+    if spread > longest {
+        bail!(BadInput(format!(
+            "--spread {} is longer than a request may wait: safety.max_defer ({}) and a signed \
+             request's lifetime (24h) bound it",
+            humantime::format_duration(spread),
+            humantime::format_duration(policy.guards.max_defer),
+        )));
+    }
+    let signing = super::publish::signing_key(&args.as_requester, &args.key_file)?;
+    let requester = signing.as_ref().map(|(name, _)| name.as_str());
+    let (group_size, mut eligible) = eligible(&policy, &config, &args.group, requester)?;
+    let count = size.of(group_size);
+    if campaign::is_majority(count, group_size) && !args.allow_majority {
+        bail!(BadInput(format!(
+            "{count} of group {}'s {group_size} hosts is a majority (more than half); pass \
+             --allow-majority if that is meant",
+            args.group
+        )));
+    }
+    let enough = |eligible: &[String], restarting: &str| {
+        if count > eligible.len() {
+            bail!(BadInput(format!(
+                "{count} targets asked, but only {} of group {}'s {group_size} hosts are \
+                 eligible now (in the inventory, allowed by safety.allow/deny and the \
+                 requester{restarting})",
+                eligible.len(),
+                args.group,
+            )));
+        }
+        Ok(())
+    };
+    enough(&eligible, "")?;
+    // The store is opened (hosts restarting now are read) only for real,
+    // once the request is known to be sound: a preview or a refusal opens
+    // nothing, so it cannot create or migrate a database.
+    let (store, url) = if args.preview {
+        (None, None)
+    } else {
+        if config.store.url == "memory" {
+            bail!(BadInput(
+                "store.url is memory: a campaign is recorded in a shared store (sqlite:PATH or \
+                 postgres://…), where `campaign status` and `wait` read it"
+                    .into()
+            ));
+        }
+        let url = super::queue_url(&config)?;
+        let store = super::switch::open(&config).await?;
+        let busy = busy_hosts(&*store).await;
+        let busy = match busy {
+            Ok(busy) => busy,
+            Err(error) => {
+                store.close().await;
+                return Err(error);
+            }
+        };
+        eligible.retain(|name| !busy.contains(name));
+        if let Err(error) = enough(&eligible, ", not restarting already") {
+            store.close().await;
+            return Err(error);
+        }
+        (Some(store), Some(url))
+    };
+    let targets = campaign::choose(&eligible, count, &mut rand::rng());
+    let now = SystemTime::now();
+    let id = crate::domain::new_message_id(now, &mut rand::rng());
+    let start = jiff::Timestamp::try_from(now).context("the system clock is out of range")?;
+    let due = campaign::due_times(start, spread, targets.len());
+    let record = Campaign {
+        id,
+        group: args.group.clone(),
+        created_at: Timestamp::from_millis(start.as_millisecond()),
+        requester: requester.map(str::to_owned),
+        targets: targets
+            .iter()
+            .zip(&due)
+            .map(|(name, due)| CampaignTarget {
+                instance_name: name.clone(),
+                message_id: campaign::message_id(id, name),
+                due_at: Timestamp::from_millis(due.as_millisecond()),
+            })
+            .collect(),
+    };
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
+        "campaign over group {}: {count} of {group_size} hosts ({} eligible{})",
+        args.group,
+        eligible.len(),
+        if args.preview {
+            "; hosts restarting now are passed over when it starts"
+        } else {
+            ""
+        }
+    )?;
+    for target in &record.targets {
+        writeln!(
+            out,
+            "  {}  due {}  {}",
+            target.instance_name, target.due_at, target.message_id
+        )?;
+    }
+    if policy.dry_run {
+        eprintln!(
+            "mandrill: note: safety.dry_run is on in this configuration: a service leashed \
+             like it records each target as a dry run and restarts nothing"
+        );
+    }
+    if args.preview {
+        writeln!(out, "preview: nothing recorded, nothing published")?;
+        return Ok(());
+    }
+    let (Some(store), Some(url), Some((name, key))) = (store, url, &signing) else {
+        // Not a preview: both opened above, and clap requires --as.
+        bail!(BadInput("--as NAME --key-file FILE are required".into()));
+    };
+    let rules = config.parse_rules();
+    let payloads = record
+        .targets
+        .iter()
+        .enumerate()
+        .map(|(index, target)| {
+            let instance = InstanceName::parse(&target.instance_name)
+                .map_err(|why| anyhow::anyhow!("{}: {why}", target.instance_name))?;
+            let request = RestartRequest {
+                message_id: target.message_id,
+                hostname: Hostname::new(&instance, &rules.domain),
+                instance_name: instance,
+                requested_by: None,
+                reason: Some(format!(
+                    "campaign {id}: target {} of {} in group {}",
+                    index + 1,
+                    record.targets.len(),
+                    record.group
+                )),
+                published_at: Some(now),
+                group: None,
+                requested_group: None,
+                zone: None,
+                requester: None,
+                reach: None,
+                // The first is due at once; only later ones carry a time.
+                not_before: (index > 0 && !spread.is_zero()).then(|| SystemTime::from(due[index])),
+            };
+            Ok(sign(key, name, &request, now))
+        })
+        .collect::<anyhow::Result<Vec<Bytes>>>()?;
+    let recorded = store.record_campaign(&record).await;
+    if let Err(error) = recorded {
+        store.close().await;
+        return Err(error)
+            .context("cannot record the campaign in the store; nothing was published");
+    }
+    store.close().await;
+    let published = if let BrokerUrl::Sqlite { .. } = url {
+        let broker = service::open_sqlite_broker(&config.broker).await?;
+        let published = super::publish::publish_in_batches(&broker, payloads.into_iter()).await;
+        broker.close().await;
+        published
+    } else {
+        let broker = service::open_publisher(&config).await?;
+        let published = super::publish::publish_each(&*broker, payloads.into_iter(), None).await;
+        broker.close().await;
+        published
+    };
+    published.with_context(|| {
+        format!("campaign {id} is recorded, but its requests could not all be published")
+    })?;
+    writeln!(out, "published {} requests", record.targets.len())?;
+    writeln!(out, "{id}")?;
+    Ok(())
+}
+
+/// `request` signed as `name`, valid for the longest lifetime: a target due
+/// late in its spread must still verify then.
+fn sign(key: &SigningKey, name: &str, request: &RestartRequest, now: SystemTime) -> Bytes {
+    let mut wire = request.to_wire_request();
+    // The verified requester replaces it anyway.
+    wire.requested_by = None;
+    let token = key
+        .sign(&wire, name, now, crate::domain::signed::MAX_LIFETIME)
+        // The key signed a probe when it was read; the claims are plain data.
+        .expect("a key that signed its probe signs a request");
+    Bytes::from(token)
+}
+
+/// The group's size in the inventory, and its hosts a campaign may target
+/// now: placed by the inventory, allowed by `safety.allow`/`deny` and the
+/// requester's `allow`. Sorted, so that only the draw is random.
+fn eligible(
+    policy: &Policy,
+    config: &Config,
+    group: &str,
+    requester: Option<&str>,
+) -> anyhow::Result<(usize, Vec<String>)> {
+    let Some(inventory) = policy.inventory.as_ref() else {
+        bail!(BadInput(
+            "no [inventory]: a campaign draws its targets from the inventory's groups".into()
+        ));
+    };
+    let snapshot = inventory
+        .fresh()
+        .map_err(|lookup| anyhow::anyhow!("inventory: {}", lookup.reason))?;
+    let mut hosts: Vec<&str> = snapshot
+        .inventory
+        .hosts()
+        .into_iter()
+        .filter(|host| host.group.as_deref() == Some(group))
+        .map(|host| host.name.as_str())
+        .collect();
+    if hosts.is_empty() {
+        bail!(BadInput(format!(
+            "group {group} has no host in the inventory ({})",
+            snapshot.source
+        )));
+    }
+    hosts.sort_unstable();
+    let rules = config.parse_rules();
+    let eligible = hosts
+        .iter()
+        .filter(|name| {
+            let Ok(instance) = InstanceName::parse(name) else {
+                return false;
+            };
+            let mut request = super::inventory::request_for(&instance, &rules);
+            request.requester = requester.map(str::to_owned);
+            policy.place(&mut request).is_ok()
+                && policy.eligibility.check(name).is_ok()
+                && policy.requesters.check(&request, group).is_ok()
+        })
+        .map(|name| (*name).to_owned())
+        .collect();
+    Ok((hosts.len(), eligible))
+}
+
+/// Hosts with a request still open in the store's recent history.
+async fn busy_hosts(store: &dyn Store) -> anyhow::Result<HashSet<String>> {
+    let entries = store
+        .history(RECENT_REQUESTS)
+        .await
+        .context("cannot read the store's recent history")?;
+    Ok(entries
+        .into_iter()
+        .filter(|entry| !entry.status.is_final())
+        .filter_map(|entry| entry.instance_name)
+        .collect())
+}
+
+/// A campaign id from the command line.
+pub(super) fn parse_id(raw: &str) -> anyhow::Result<Uuid> {
+    Uuid::parse_str(raw.trim())
+        .map_err(|_| BadInput(format!("{raw:?} is not an id (a uuid)")).into())
+}
+
+/// Each target of `campaign` with where it stands, and the campaign's
+/// verdict, from the store.
+pub(super) async fn judge(
+    store: &dyn Store,
+    campaign: &Campaign,
+) -> anyhow::Result<(Vec<(CampaignTarget, campaign::Standing)>, Verdict)> {
+    let ids: Vec<Uuid> = campaign.targets.iter().map(|t| t.message_id).collect();
+    let standings = standings(store, &ids).await?;
+    let judged: Vec<_> = campaign.targets.iter().cloned().zip(standings).collect();
+    let verdict = Verdict::of_all(judged.iter().map(|(_, standing)| standing.verdict));
+    Ok((judged, verdict))
+}
+
+/// How many of the newest history entries are searched for a rejection of
+/// a request that has no record of its own.
+const REJECTIONS_SEARCHED: usize = 1000;
+
+/// Where each request stands. A request with no record and no decision
+/// may have been rejected (a bad or unknown signature): a rejection is
+/// recorded apart, under the id salvaged from the payload, so the newest
+/// history is searched for one; found, the request failed.
+pub(super) async fn standings(
+    store: &dyn Store,
+    ids: &[Uuid],
+) -> anyhow::Result<Vec<campaign::Standing>> {
+    let mut standings = Vec::with_capacity(ids.len());
+    for &id in ids {
+        let context = || format!("cannot read request {id} in the store");
+        let story = store.story(id).await.with_context(context)?;
+        let early = match &story {
+            Some(_) => Vec::new(),
+            None => store.decisions(id).await.with_context(context)?,
+        };
+        standings.push(campaign::standing(story.as_ref(), &early));
+    }
+    let unheard: HashSet<Uuid> = ids
+        .iter()
+        .zip(&standings)
+        .filter(|(_, standing)| standing.state == "published")
+        .map(|(id, _)| *id)
+        .collect();
+    if !unheard.is_empty() {
+        let recent = store
+            .history(REJECTIONS_SEARCHED)
+            .await
+            .context("cannot read the store's recent history")?;
+        for entry in recent {
+            let Some(id) = entry.message_id.filter(|id| unheard.contains(id)) else {
+                continue;
+            };
+            if entry.status != crate::domain::Status::Rejected {
+                continue;
+            }
+            let index = ids.iter().position(|i| *i == id).unwrap_or_default();
+            standings[index] = campaign::Standing {
+                state: "rejected".into(),
+                verdict: Verdict::Failed,
+                detail: format!(
+                    "a payload with this id was rejected: {}",
+                    entry.last_error.as_deref().unwrap_or("no reason recorded")
+                ),
+                recovered_after_seconds: None,
+            };
+        }
+    }
+    Ok(standings)
+}
+
+/// `campaign status`.
+async fn status(config: Config, args: &StatusArgs) -> anyhow::Result<()> {
+    let id = parse_id(&args.id)?;
+    let store = super::switch::open(&config).await?;
+    let found = store.campaign(id).await.context("cannot read the store");
+    let judged = match found {
+        Ok(Some(campaign)) => judge(&*store, &campaign)
+            .await
+            .map(|judged| Some((campaign, judged))),
+        Ok(None) => Ok(None),
+        Err(error) => Err(error),
+    };
+    store.close().await;
+    let Some((campaign, (targets, verdict))) = judged? else {
+        bail!(BadInput(format!("no campaign {id} is recorded")));
+    };
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        let targets: Vec<_> = targets
+            .iter()
+            .map(|(target, standing)| {
+                json!({
+                    "instance_name": target.instance_name,
+                    "message_id": target.message_id,
+                    "due_at": target.due_at,
+                    "state": standing.state,
+                    "verdict": standing.verdict,
+                    "detail": standing.detail,
+                    "recovered_after": standing.recovered_after_seconds,
+                })
+            })
+            .collect();
+        let value = json!({
+            "id": campaign.id,
+            "group": campaign.group,
+            "created_at": campaign.created_at,
+            "requester": campaign.requester,
+            "verdict": verdict,
+            "targets": targets,
+        });
+        writeln!(out, "{value}")?;
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "campaign {} over group {}, started {} by {}: {} target(s)",
+        campaign.id,
+        campaign.group,
+        campaign.created_at,
+        campaign.requester.as_deref().unwrap_or("-"),
+        targets.len()
+    )?;
+    for (target, standing) in &targets {
+        writeln!(
+            out,
+            "  {}  {}  due {}  {}: {}",
+            target.instance_name, target.message_id, target.due_at, standing.state, standing.detail
+        )?;
+    }
+    writeln!(out, "verdict: {}", verdict.as_str())?;
+    Ok(())
+}

@@ -1,0 +1,131 @@
+//! `mandrill wait ID [--timeout D]`: waits on the store for a request or a
+//! campaign to be decided, for automation that must not poll with sleeps.
+//! Exit 0 once every request is restarted (and recovered, where a probe
+//! verifies it; with no probe a restart counts as recovered), 1 as soon as
+//! one failed, ended unrecovered, was denied, rejected or expired, or was
+//! only a dry run (nothing restarted), 2 when `--timeout` passes first (and
+//! for bad usage). It reads only the store `store.url` names, with that
+//! store's own credentials, so it works from any machine that reaches it.
+
+use std::cell::Cell;
+use std::io::Write as _;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::Args;
+use tokio::time::Instant;
+
+use super::{ConfigArgs, command, string};
+use crate::campaign::Verdict;
+use crate::store::Store;
+
+/// `mandrill wait`
+#[derive(Debug, Args)]
+pub(crate) struct WaitArgs {
+    #[command(flatten)]
+    config: ConfigArgs,
+    /// The shared store: `sqlite:PATH` or `postgres://…` [setting: store.url].
+    #[arg(long, value_name = "URL")]
+    db: Option<String>,
+    /// Give up (exit 2) after this long; without it, wait until decided.
+    #[arg(long, value_name = "D", value_parser = humantime::parse_duration)]
+    timeout: Option<Duration>,
+    /// A campaign's id, or a request's message id.
+    #[arg(value_name = "ID")]
+    id: String,
+}
+
+/// How often the store is read again.
+const POLL: Duration = Duration::from_millis(500);
+
+/// Exit code when the timeout passed first.
+const TIMED_OUT: u8 = 2;
+
+/// Runs `mandrill wait`.
+pub(super) fn main(args: &WaitArgs) -> ExitCode {
+    let sources = args.config.sources(vec![("store.url", string(&args.db))]);
+    let code = Cell::new(0u8);
+    let code_ref = &code;
+    let ran = command(sources, move |config| async move {
+        let id = super::campaign::parse_id(&args.id)?;
+        let store = super::switch::open(&config).await?;
+        let waited = wait(&*store, id, args.timeout).await;
+        store.close().await;
+        code_ref.set(waited?);
+        Ok(())
+    });
+    if ran != ExitCode::SUCCESS {
+        return ran;
+    }
+    ExitCode::from(code.get())
+}
+
+/// Waits for `id` (a campaign's, else a request's) to be decided; the exit
+/// code. A store that cannot be read is read again until the deadline:
+/// a blip must not end a long wait.
+async fn wait(store: &dyn Store, id: uuid::Uuid, timeout: Option<Duration>) -> anyhow::Result<u8> {
+    let deadline = timeout.map(|timeout| Instant::now() + timeout);
+    let mut last_shown = String::new();
+    loop {
+        match decide(store, id).await {
+            Ok((Verdict::InProgress, lines)) => {
+                let shown = lines.join("\n");
+                if shown != last_shown {
+                    eprintln!("{shown}");
+                    last_shown = shown;
+                }
+            }
+            Ok((verdict, lines)) => {
+                let mut out = std::io::stdout().lock();
+                for line in &lines {
+                    writeln!(out, "{line}")?;
+                }
+                writeln!(out, "verdict: {}", verdict.as_str())?;
+                return Ok(u8::from(verdict == Verdict::Failed));
+            }
+            Err(error) => eprintln!(
+                "mandrill: {}; reading again",
+                crate::causes::WithCauses(&*error)
+            ),
+        }
+        if deadline.is_some_and(|deadline| Instant::now() + POLL > deadline) {
+            let mut out = std::io::stdout().lock();
+            writeln!(out, "{last_shown}")?;
+            writeln!(
+                out,
+                "timed out after {}: not decided yet",
+                humantime::format_duration(timeout.unwrap_or_default())
+            )?;
+            return Ok(TIMED_OUT);
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// The verdict on `id` now, and a line per request saying where it stands
+/// (the failed ones only, once failed). An id the store does not know is a
+/// request no instance has received yet.
+async fn decide(store: &dyn Store, id: uuid::Uuid) -> anyhow::Result<(Verdict, Vec<String>)> {
+    let found = store.campaign(id).await.context("cannot read the store")?;
+    let Some(campaign) = found else {
+        let standing = super::campaign::standings(store, &[id])
+            .await?
+            .pop()
+            .context("one standing per request")?;
+        let line = format!("request {id}: {}: {}", standing.state, standing.detail);
+        return Ok((standing.verdict, vec![line]));
+    };
+    let (targets, verdict) = super::campaign::judge(store, &campaign).await?;
+    let lines = targets
+        .iter()
+        .filter(|(_, standing)| verdict != Verdict::Failed || standing.verdict == Verdict::Failed)
+        .map(|(target, standing)| {
+            format!(
+                "{} ({}): {}: {}",
+                target.instance_name, target.message_id, standing.state, standing.detail
+            )
+        })
+        .collect();
+    Ok((verdict, lines))
+}

@@ -1,0 +1,418 @@
+//! `mandrill campaign` and `mandrill wait` through the real binary: a real
+//! inventory file of ten hosts in one group, a requester key made by
+//! `mandrill keygen`, one SQLite file as queue and store, the `command`
+//! backend writing when each restart starts and ends, and a `command`
+//! verification probe that fails for a host marked down.
+
+mod support;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::ExitStatus;
+
+use mandrill::domain::Status;
+use serde_json::Value;
+use support::{Mandrill, history, mandrill, sqlite_url, temp_dir};
+
+const GROUP_SIZE: usize = 10;
+
+fn hosts() -> Vec<String> {
+    (1..=GROUP_SIZE).map(|i| format!("cattle-{i:02}")).collect()
+}
+
+/// The inventory, a requester key, and a configuration whose budget lets
+/// `max_disrupted` hosts down at once. Returns the events file the backend
+/// writes (`start NAME` / `end NAME`).
+fn setup(dir: &Path, max_disrupted: u32) -> PathBuf {
+    let (status, _, stderr) = mandrill(dir, &["keygen", "chaos"], &[]);
+    assert!(status.success(), "{stderr}");
+    let mut inventory = String::new();
+    for name in hosts() {
+        inventory.push_str(&format!("[[hosts]]\nname = {name:?}\ngroup = \"cattle\"\n"));
+    }
+    inventory.push_str("[[hosts]]\nname = \"pet-01\"\ngroup = \"pets\"\n");
+    fs::write(dir.join("hosts.toml"), inventory).unwrap();
+    fs::create_dir(dir.join("down")).unwrap();
+    let events = dir.join("events");
+    let journal = dir.join("restarts.journal");
+    let db = sqlite_url(dir);
+    let script = format!(
+        "echo \"start $1\" >> {events}; sleep 0.2; echo \"end $1\" >> {events}",
+        events = events.display()
+    );
+    let config = format!(
+        "[broker]\nurl = {db:?}\n[broker.sqlite]\npoll_interval = \"5ms\"\n\
+         [store]\nurl = {db:?}\n\
+         [restarter]\nkind = \"command\"\njournal = {journal:?}\n\
+         [restarter.command]\nargv = [\"sh\", \"-c\", {script:?}, \"sh\", \"{{instance_name}}\"]\n\
+         [verify]\nprobe = \"command\"\n\
+         argv = [\"test\", \"!\", \"-e\", \"{down}/{{instance_name}}\"]\n\
+         initial_delay = \"0s\"\ninterval = \"50ms\"\ntimeout = \"1s\"\n\
+         [inventory]\nfile = \"hosts.toml\"\n\
+         [safety]\ndry_run = false\nallow = [\"cattle-*\", \"pet-*\"]\npause_on_unrecovered = false\n\
+         [safety.calendar]\nweekdays = [\"mon\", \"tue\", \"wed\", \"thu\", \"fri\", \"sat\", \"sun\"]\n\
+         hours = [\"00:00-24:00\"]\n\
+         [safety.rate]\ngroup_max = 0\n\
+         [safety.budget]\nmax_disrupted = {max_disrupted}\nretry = \"100ms\"\n\n\
+         [[requesters]]\nname = \"chaos\"\npublic_key_file = \"chaos.pub\"\nallow = [\"cattle-*\"]\n",
+        journal = journal.display().to_string(),
+        down = dir.join("down").display(),
+    );
+    fs::write(dir.join("mandrill.toml"), config).unwrap();
+    events
+}
+
+fn run(dir: &Path, args: &[&str]) -> (ExitStatus, String, String) {
+    let mut all = args.to_vec();
+    all.extend(["--config", "mandrill.toml"]);
+    mandrill(dir, &all, &[])
+}
+
+/// `campaign start ARGS` signed as chaos: its stdout, which must succeed.
+fn start(dir: &Path, args: &[&str]) -> String {
+    let mut all = vec![
+        "campaign",
+        "start",
+        "--group",
+        "cattle",
+        "--as",
+        "chaos",
+        "--key-file",
+        "chaos.key",
+    ];
+    all.extend(args);
+    let (status, out, stderr) = run(dir, &all);
+    assert!(status.success(), "{out}{stderr}");
+    out
+}
+
+/// The targets a `campaign start` printed, in order.
+fn targets(out: &str) -> Vec<String> {
+    out.lines()
+        .filter(|line| line.starts_with("  "))
+        .map(|line| line.split_whitespace().next().unwrap().to_owned())
+        .collect()
+}
+
+/// `mandrill run --until-idle`, which must exit cleanly.
+fn run_until_idle(dir: &Path) {
+    let service = Mandrill::run(dir, &["--config", "mandrill.toml", "--until-idle"]);
+    let (status, lines) = service.wait_exit();
+    assert!(status.success(), "run failed: {lines:?}");
+}
+
+fn status_json(dir: &Path, id: &str) -> Value {
+    let (status, out, stderr) = run(dir, &["campaign", "status", id, "--json"]);
+    assert!(status.success(), "{stderr}");
+    serde_json::from_str(&out).unwrap()
+}
+
+#[test]
+fn a_preview_prints_targets_and_acts_on_nothing() {
+    let (_guard, dir) = temp_dir();
+    let events = setup(&dir, 1);
+    let out = start(&dir, &["--count", "3", "--preview"]);
+    let chosen = targets(&out);
+    assert_eq!(chosen.len(), 3, "{out}");
+    assert!(chosen.iter().all(|host| hosts().contains(host)), "{out}");
+    assert_eq!(
+        out.lines().last(),
+        Some("preview: nothing recorded, nothing published")
+    );
+    // No store, no queue (one file, never created), no restart.
+    assert!(!dir.join("mandrill.db").exists(), "nothing written");
+    assert!(!events.exists() && !dir.join("restarts.journal").exists());
+}
+
+/// Three of ten, one at a time (the budget), each verified recovered; the
+/// `wait` started before the service exits 0 once all three are.
+#[test]
+fn count_3_of_10_restarts_exactly_3_never_more_than_the_budget_at_once_and_wait_exits_0() {
+    let (_guard, dir) = temp_dir();
+    let events = setup(&dir, 1);
+    let out = start(&dir, &["--count", "3"]);
+    let chosen = targets(&out);
+    assert_eq!(chosen.len(), 3, "{out}");
+    let id = out.lines().last().unwrap().to_owned();
+    assert_eq!(
+        uuid::Uuid::parse_str(&id).map(|_| ()),
+        Ok(()),
+        "the campaign id alone on the last line: {out}"
+    );
+    // Nothing received yet: not decided, so a short wait times out.
+    let (status, waited, _) = run(&dir, &["wait", &id, "--timeout", "1s"]);
+    assert_eq!(status.code(), Some(2), "{waited}");
+    assert!(waited.contains("timed out"), "{waited}");
+
+    let waiter = {
+        let (dir, id) = (dir.clone(), id.clone());
+        std::thread::spawn(move || run(&dir, &["wait", &id, "--timeout", "60s"]))
+    };
+    run_until_idle(&dir);
+    let (status, waited, stderr) = waiter.join().unwrap();
+    assert_eq!(status.code(), Some(0), "{waited}{stderr}");
+    assert!(waited.ends_with("verdict: succeeded\n"), "{waited}");
+
+    // Exactly the three targets were restarted, once each, one at a time.
+    let journal = fs::read_to_string(dir.join("restarts.journal")).unwrap();
+    let mut journaled: Vec<&str> = journal
+        .lines()
+        .map(|line| line.split_whitespace().next().unwrap())
+        .collect();
+    journaled.sort_unstable();
+    let mut expected: Vec<String> = chosen
+        .iter()
+        .map(|name| format!("{name}.example.net"))
+        .collect();
+    expected.sort_unstable();
+    assert_eq!(journaled, expected, "{journal}");
+    let events = fs::read_to_string(events).unwrap();
+    let mut running = 0;
+    for line in events.lines() {
+        running += if line.starts_with("start") { 1 } else { -1 };
+        assert!(
+            running <= 1,
+            "two restarts at once under a budget of 1: {events}"
+        );
+    }
+    assert_eq!(events.lines().count(), 6, "{events}");
+
+    // Every target's record: restarted, signed, naming the campaign.
+    let entries = history(&sqlite_url(&dir));
+    assert_eq!(entries.len(), 3, "{entries:?}");
+    for entry in &entries {
+        assert_eq!(entry.status, Status::Restarted, "{entry:?}");
+        assert!(entry.recovered_after.is_some(), "verified: {entry:?}");
+        assert_eq!(entry.requested_by.as_deref(), Some("chaos"));
+        assert!(
+            entry
+                .reason
+                .as_deref()
+                .unwrap()
+                .starts_with(&format!("campaign {id}")),
+            "{entry:?}"
+        );
+    }
+    let status = status_json(&dir, &id);
+    assert_eq!(status["verdict"], "succeeded", "{status}");
+    assert_eq!(status["group"], "cattle");
+    assert_eq!(status["requester"], "chaos");
+    let targets = status["targets"].as_array().unwrap();
+    assert_eq!(targets.len(), 3);
+    for target in targets {
+        assert_eq!(target["state"], "restarted", "{target}");
+        assert!(target["recovered_after"].as_f64().is_some(), "{target}");
+    }
+    // A request's own id is waited on too.
+    let request = targets[0]["message_id"].as_str().unwrap();
+    let (status, waited, _) = run(&dir, &["wait", request]);
+    assert_eq!(status.code(), Some(0), "{waited}");
+    // The text status names the verdict last.
+    let (_, text, _) = run(&dir, &["campaign", "status", &id]);
+    assert!(text.ends_with("verdict: succeeded\n"), "{text}");
+}
+
+/// One target whose probe never passes ends unrecovered: `wait` exits 1
+/// naming it and why, and the other two are restarted all the same.
+#[test]
+fn wait_exits_1_when_one_target_never_recovers_and_the_others_keep_their_record() {
+    let (_guard, dir) = temp_dir();
+    setup(&dir, 3);
+    let out = start(&dir, &["--count", "3"]);
+    let chosen = targets(&out);
+    let id = out.lines().last().unwrap().to_owned();
+    let down = &chosen[1];
+    fs::write(dir.join("down").join(down), "").unwrap();
+    run_until_idle(&dir);
+
+    let (status, waited, stderr) = run(&dir, &["wait", &id, "--timeout", "60s"]);
+    assert_eq!(status.code(), Some(1), "{waited}{stderr}");
+    assert!(
+        waited.contains(&format!("{down} (")),
+        "names the host: {waited}"
+    );
+    assert!(waited.contains("unrecovered"), "says why: {waited}");
+    assert!(waited.ends_with("verdict: failed\n"), "{waited}");
+
+    let status = status_json(&dir, &id);
+    assert_eq!(status["verdict"], "failed");
+    for target in status["targets"].as_array().unwrap() {
+        let expected = if target["instance_name"] == down.as_str() {
+            "unrecovered"
+        } else {
+            "restarted"
+        };
+        assert_eq!(target["state"], expected, "{target}");
+    }
+    let entries = history(&sqlite_url(&dir));
+    assert_eq!(
+        entries
+            .iter()
+            .filter(|e| e.status == Status::Restarted)
+            .count(),
+        2,
+        "{entries:?}"
+    );
+}
+
+#[test]
+fn a_majority_of_the_group_is_refused_unless_allowed() {
+    let (_guard, dir) = temp_dir();
+    setup(&dir, 1);
+    for size in [["--count", "6"], ["--percent", "60"]] {
+        let (status, out, stderr) = run(
+            &dir,
+            &[
+                "campaign",
+                "start",
+                "--group",
+                "cattle",
+                size[0],
+                size[1],
+                "--as",
+                "chaos",
+                "--key-file",
+                "chaos.key",
+            ],
+        );
+        assert_eq!(status.code(), Some(2), "{out}{stderr}");
+        assert!(
+            stderr.contains("majority") && stderr.contains("--allow-majority"),
+            "{stderr}"
+        );
+        assert!(out.is_empty(), "{out}");
+    }
+    assert!(!dir.join("mandrill.db").exists(), "nothing written");
+    let out = start(&dir, &["--count", "6", "--allow-majority", "--preview"]);
+    assert_eq!(targets(&out).len(), 6, "{out}");
+    // Half is not a majority.
+    let out = start(&dir, &["--percent", "50", "--preview"]);
+    assert_eq!(targets(&out).len(), 5, "{out}");
+}
+
+#[test]
+fn bad_flag_combinations_fail_naming_the_flag() {
+    let (_guard, dir) = temp_dir();
+    setup(&dir, 1);
+    let cases: [(&[&str], &str); 8] = [
+        (
+            &["--count", "3", "--percent", "20", "--preview"],
+            "--percent",
+        ),
+        (&["--preview"], "--count"),
+        (&["--count", "3"], "--as"),
+        (&["--count", "0", "--preview"], "--count must be at least 1"),
+        (&["--percent", "101", "--preview"], "--percent 101"),
+        (
+            &["--count", "3", "--spread", "2days", "--preview"],
+            "safety.max_defer",
+        ),
+        (
+            &["--count", "3", "--spread", "soon", "--preview"],
+            "--spread",
+        ),
+        (
+            &["--count", "1", "--preview", "--group", "nope"],
+            "group nope has no host in the inventory",
+        ),
+    ];
+    for (args, expected) in cases {
+        let mut all = vec!["campaign", "start"];
+        if !args.contains(&"--group") {
+            all.extend(["--group", "cattle"]);
+        }
+        all.extend(args);
+        let (status, out, stderr) = run(&dir, &all);
+        assert_eq!(status.code(), Some(2), "{args:?}: {out}{stderr}");
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+    }
+    // More targets than eligible hosts.
+    let (status, _, stderr) = run(
+        &dir,
+        &[
+            "campaign",
+            "start",
+            "--group",
+            "cattle",
+            "--count",
+            "11",
+            "--allow-majority",
+            "--preview",
+        ],
+    );
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("eligible"), "{stderr}");
+    assert!(!dir.join("mandrill.db").exists(), "nothing written");
+}
+
+/// With `--spread`, the first target goes at once and the second waits
+/// for its signed `not_before`: deferred by that guard, never restarted
+/// early.
+#[test]
+fn a_spread_target_waits_for_its_time_deferred_by_not_before() {
+    let (_guard, dir) = temp_dir();
+    setup(&dir, 1);
+    let out = start(&dir, &["--count", "2", "--spread", "2h"]);
+    let chosen = targets(&out);
+    let id = out.lines().last().unwrap().to_owned();
+    let service = Mandrill::run(&dir, &["--config", "mandrill.toml"]);
+    let deadline = std::time::Instant::now() + support::DEADLINE;
+    let status = loop {
+        let status = status_json(&dir, &id);
+        let states: Vec<&str> = status["targets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["state"].as_str().unwrap())
+            .collect();
+        if states == ["restarted", "deferred"] {
+            break status;
+        }
+        assert!(std::time::Instant::now() < deadline, "{status}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    service.signal("TERM");
+    let (exit, lines) = service.wait_exit();
+    assert!(exit.success(), "{lines:?}");
+    let later = &status["targets"][1];
+    assert_eq!(later["instance_name"], chosen[1].as_str());
+    let detail = later["detail"].as_str().unwrap();
+    assert!(
+        detail.starts_with("deferred by not_before: its publisher asked for no restart before"),
+        "{detail}"
+    );
+    assert_eq!(status["verdict"], "in-progress");
+    let journal = fs::read_to_string(dir.join("restarts.journal")).unwrap();
+    assert_eq!(journal.lines().count(), 1, "only the first: {journal}");
+    let (code, waited, _) = run(&dir, &["wait", &id, "--timeout", "1s"]);
+    assert_eq!(code.code(), Some(2), "{waited}");
+    assert!(waited.contains("deferred by not_before"), "{waited}");
+}
+
+/// A target whose request is rejected (its signature no longer verifies:
+/// the requester's key was replaced) has no record of its own, only the
+/// rejection: `wait` finds it and exits 1 saying why.
+#[test]
+fn wait_exits_1_when_a_target_is_rejected() {
+    let (_guard, dir) = temp_dir();
+    setup(&dir, 1);
+    let out = start(&dir, &["--count", "1"]);
+    let id = out.lines().last().unwrap().to_owned();
+    let (status, _, stderr) = mandrill(&dir, &["keygen", "other"], &[]);
+    assert!(status.success(), "{stderr}");
+    let config = fs::read_to_string(dir.join("mandrill.toml")).unwrap();
+    fs::write(
+        dir.join("mandrill.toml"),
+        config.replace("chaos.pub", "other.pub"),
+    )
+    .unwrap();
+    run_until_idle(&dir);
+    let (status, waited, stderr) = run(&dir, &["wait", &id, "--timeout", "60s"]);
+    assert_eq!(status.code(), Some(1), "{waited}{stderr}");
+    assert!(
+        waited.contains("rejected: a payload with this id was rejected: signature rejected"),
+        "{waited}"
+    );
+    let journal = fs::read_to_string(dir.join("restarts.journal")).unwrap_or_default();
+    assert_eq!(journal, "", "nothing restarted");
+}
