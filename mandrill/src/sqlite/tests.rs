@@ -66,6 +66,7 @@ async fn the_queue_and_the_store_each_get_only_their_own_tables() {
     assert_eq!(
         tables(&store_url).await,
         [
+            "campaigns",
             "control",
             "decisions",
             "deferrals",
