@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::notify::{Event, Notifier};
 use crate::safety::PolicyHandle;
@@ -83,10 +83,12 @@ pub(super) async fn watch(
                         }
                     }
                 }
+                // Every poll interval while the store is down: the outage
+                // itself is told elsewhere (`mandrill_store_down`, /readyz).
                 Ok(Err(error)) => {
-                    warn!(error = %error.with_causes(), "could not judge the recovery objectives; will try again")
+                    debug!(error = %error.with_causes(), "could not judge the recovery objectives; will try again")
                 }
-                Err(_) => warn!("the store did not answer for the recovery objectives"),
+                Err(_) => debug!("the store did not answer for the recovery objectives"),
             }
         }
         tokio::select! {
