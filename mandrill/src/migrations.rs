@@ -59,6 +59,7 @@ pub(crate) fn sqlite_store() -> &'static Migrator {
             "0007_journal_zone_requester.sql",
             "0008_claim_token.sql",
             "0009_campaigns.sql",
+            "0010_group_pauses.sql",
         ))
     });
     &MIGRATOR
@@ -75,6 +76,7 @@ pub(crate) fn postgres() -> &'static Migrator {
             "0006_journal_zone_requester.sql",
             "0007_claim_token.sql",
             "0008_campaigns.sql",
+            "0009_group_pauses.sql",
         ))
     });
     &MIGRATOR

@@ -65,7 +65,9 @@ fn the_report_of_a_real_run_renders_in_chromium_with_the_store_s_numbers() {
          [safety]\nallow = [\"web-*\", \"db-*\"]\nrequire_signed = false\n\
          pause_on_unrecovered = false\n{ALWAYS_OPEN}\n\
          [safety.budget]\nmax_disrupted = 2\nretry = \"100ms\"\n\n\
-         [safety.rate]\ngroup_max = 0\n",
+         [safety.rate]\ngroup_max = 0\n\n\
+         [[recovery_objective]]\ngroup = \"web\"\nmax = \"1h\"\n\n\
+         [[recovery_objective]]\ngroup = \"db\"\nmax = \"1h\"\n",
         script = script.to_str().unwrap(),
         dir = dir.to_str().unwrap(),
         probe = format!("{}/up-{{instance_name}}", dir.display()),
@@ -116,7 +118,17 @@ fn the_report_of_a_real_run_renders_in_chromium_with_the_store_s_numbers() {
     // The report, as JSON, against the store.
     let (status, json, stderr) = mandrill(
         &dir,
-        &["report", "--since", "1h", "--db", &db, "--format", "json"],
+        &[
+            "report",
+            "--config",
+            "mandrill.toml",
+            "--since",
+            "1h",
+            "--db",
+            &db,
+            "--format",
+            "json",
+        ],
         &[],
     );
     assert!(status.success(), "report failed: {stderr}");
@@ -155,6 +167,10 @@ fn the_report_of_a_real_run_renders_in_chromium_with_the_store_s_numbers() {
     let db_group = group("db");
     assert_eq!(db_group["unrecovered_hosts"], serde_json::json!(["db-01"]));
     assert_eq!(db_group["recovery"]["p50"], "unrecovered");
+    // Judged against `[[recovery_objective]]`: web within the hour, db
+    // never back.
+    assert_eq!(web["objective"]["met"], true, "{web}");
+    assert_eq!(db_group["objective"]["met"], false, "{db_group}");
     let pet = group("pet");
     assert_eq!(pet["denials_by_requester"][HOSTILE], 1);
     assert_eq!(pet["restarts"], 0);
@@ -179,6 +195,8 @@ fn the_report_of_a_real_run_renders_in_chromium_with_the_store_s_numbers() {
         &dir,
         &[
             "report",
+            "--config",
+            "mandrill.toml",
             "--since",
             "1h",
             "--db",

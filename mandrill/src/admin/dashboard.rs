@@ -5,8 +5,9 @@ use std::fmt::Write as _;
 
 use crate::domain::Status;
 use crate::schedule::Planned;
+use crate::safety::objectives::Judged;
 use crate::stats::StatsSnapshot;
-use crate::store::{HistoryEntry, Switch, Timestamp};
+use crate::store::{GroupPause, HistoryEntry, Switch, Timestamp};
 
 /// Seconds between refreshes.
 const REFRESH_SECONDS: u32 = 5;
@@ -29,6 +30,10 @@ pub(crate) struct Page<'a> {
     /// they are not shown (a victim is a host name, kept behind the token).
     pub(crate) schedules: Result<&'a [Planned], &'static str>,
     pub(crate) now: Timestamp,
+    /// The groups whose restarts are paused.
+    pub(crate) group_pauses: &'a [GroupPause],
+    /// Each recovery objective, judged.
+    pub(crate) recovery: &'a [Judged],
 }
 
 /// Text safe inside HTML (also the game-day report's).
@@ -74,6 +79,7 @@ pub(crate) fn render(page: &Page<'_>) -> String {
         if s.store_down == 0 { "up" } else { "down" },
     );
     switch(&mut html, page);
+    groups(&mut html, page);
     html.push_str("<table class=\"counters\" id=\"counters\">");
     for (name, value) in [
         ("pulled", s.pulled),
@@ -103,6 +109,45 @@ pub(crate) fn render(page: &Page<'_>) -> String {
     }
     html.push_str("</body></html>");
     html
+}
+
+/// The paused groups, and each group's recovery against its objective.
+fn groups(html: &mut String, page: &Page<'_>) {
+    for pause in page.group_pauses {
+        let _ = write!(
+            html,
+            "<div class=\"group-pause paused\">PAUSED: {}</div>",
+            escape(&pause.deferred_reason())
+        );
+    }
+    if page.recovery.is_empty() {
+        return;
+    }
+    html.push_str(
+        "<table id=\"recovery\"><tr><th>group</th><th>p50</th><th>percentile</th>\
+         <th>objective</th><th>restarts</th><th>verdict</th></tr>",
+    );
+    for judged in page.recovery {
+        let show = |r: Option<crate::safety::objectives::Recovery>| {
+            r.map_or_else(|| "-".to_owned(), |r| r.to_string())
+        };
+        let verdict = match judged.met {
+            Some(true) => "met",
+            Some(false) => "BREACHED",
+            None => "no verified restart yet",
+        };
+        let _ = write!(
+            html,
+            "<tr><td>{}</td><td>{}</td><td>p{} {}</td><td>{:.1}s</td><td>{}</td><td>{verdict}</td></tr>",
+            escape(&judged.group),
+            show(judged.p50),
+            judged.percentile,
+            show(judged.at_percentile),
+            judged.max.as_secs_f64(),
+            judged.samples,
+        );
+    }
+    html.push_str("</table>");
 }
 
 /// The kill switch, and the button that turns it: a plain form POST with
@@ -311,6 +356,8 @@ mod tests {
             history: Ok(&history),
             schedules: Ok(&[]),
             now,
+            group_pauses: &[],
+            recovery: &[],
         };
         let html = render(&page);
         assert!(!html.contains("<script>"), "{html}");
@@ -372,6 +419,8 @@ mod tests {
             history: Err("admin.token is set"),
             schedules: Ok(&planned),
             now: Timestamp::from_millis(0),
+            group_pauses: &[],
+            recovery: &[],
         };
         let html = render(&page);
         assert!(html.contains(
@@ -383,5 +432,46 @@ mod tests {
             ..page
         });
         assert!(!hidden.contains("web-3") && hidden.contains("id=\"no-planned\""));
+    }
+
+    #[test]
+    fn paused_groups_and_each_groups_recovery_against_its_objective_are_shown() {
+        use crate::safety::objectives::{RecoveryObjective, judge};
+        let objective = RecoveryObjective {
+            group: "<web>".into(),
+            max: std::time::Duration::from_secs(120),
+            ..RecoveryObjective::default()
+        };
+        let recovery = [judge(
+            &objective,
+            &[Some(std::time::Duration::from_secs(3)), None],
+        )];
+        let pauses = [GroupPause {
+            group: "<web>".into(),
+            by: "recovery-objective".into(),
+            reason: "recovery objective breached".into(),
+            since: Timestamp::from_millis(0),
+        }];
+        let stats = StatsSnapshot::default();
+        let running = Switch::default();
+        let html = render(&Page {
+            leashed: false,
+            switch: Ok(&running),
+            ready: Ok(()),
+            stats: &stats,
+            history: Ok(&[]),
+            schedules: Ok(&[]),
+            now: Timestamp::from_millis(0),
+            group_pauses: &pauses,
+            recovery: &recovery,
+        });
+        assert!(
+            html.contains("PAUSED: restarts of group &lt;web&gt; paused by recovery-objective"),
+            "{html}"
+        );
+        assert!(
+            html.contains("<td>&lt;web&gt;</td><td>3.0s</td><td>p95 unrecovered</td><td>120.0s</td><td>2</td><td>BREACHED</td>"),
+            "{html}"
+        );
     }
 }

@@ -250,6 +250,114 @@ pub(crate) fn render_inventory(inventory: &crate::inventory::InventoryHandle) ->
     text
 }
 
+/// The kill switch and the group pauses (`paused`: whether the switch is
+/// on, `None` if the store did not answer) and each recovery objective
+/// judged: every family's help and type always written, so that alerting
+/// rules find their names whatever the state.
+pub(crate) fn render_recovery(
+    paused: Option<bool>,
+    pauses: &[crate::store::GroupPause],
+    judged: &[crate::safety::objectives::Judged],
+) -> String {
+    let escape = |group: &str| {
+        group
+            .replace('\\', "\\\\")
+            .replace('"', "\\\"")
+            .replace('\n', "\\n")
+    };
+    let number = |value: f64| {
+        if value.is_infinite() {
+            "+Inf".to_owned()
+        } else {
+            format!("{value:.3}")
+        }
+    };
+    let mut groups: std::collections::BTreeMap<&str, bool> =
+        judged.iter().map(|j| (j.group.as_str(), false)).collect();
+    for pause in pauses {
+        groups.insert(&pause.group, true);
+    }
+    let mut recovery = Vec::new();
+    let mut samples = Vec::new();
+    let mut objective = Vec::new();
+    let mut met = Vec::new();
+    for judged in judged {
+        let group = escape(&judged.group);
+        // `percentile`, not `quantile`: that label is a summary's own.
+        // One series when the objective's percentile is the median.
+        let mut ranks = vec![(50, judged.p50)];
+        if judged.percentile != 50 {
+            ranks.push((judged.percentile, judged.at_percentile));
+        }
+        for (p, value) in ranks {
+            if let Some(value) = value {
+                recovery.push(format!(
+                    "{{group=\"{group}\",percentile=\"{p}\"}} {}",
+                    number(value.seconds())
+                ));
+            }
+        }
+        samples.push(format!("{{group=\"{group}\"}} {}", judged.samples));
+        objective.push(format!(
+            "{{group=\"{group}\"}} {}",
+            number(judged.max.as_secs_f64())
+        ));
+        if let Some(is_met) = judged.met {
+            met.push(format!("{{group=\"{group}\"}} {}", u8::from(is_met)));
+        }
+    }
+    let families = [
+        (
+            "mandrill_paused",
+            "1 while the kill switch pauses every restart (absent: the store did not answer).",
+            paused
+                .map(|p| format!(" {}", u8::from(p)))
+                .into_iter()
+                .collect(),
+        ),
+        (
+            "mandrill_group_paused",
+            "1 while a group's restarts are paused (mandrill pause --group, or a breached \
+             recovery objective); 0 for a group with an objective that is not.",
+            groups
+                .iter()
+                .map(|(group, p)| format!("{{group=\"{}\"}} {}", escape(group), u8::from(*p)))
+                .collect(),
+        ),
+        (
+            "mandrill_group_recovery_seconds",
+            "A group's recovery time over its objective's last verified restarts, at the \
+             median and at the objective's percentile (nearest rank; +Inf: a host never came \
+             back).",
+            recovery,
+        ),
+        (
+            "mandrill_group_recovery_samples",
+            "Verified restarts a group's recovery objective is judged over.",
+            samples,
+        ),
+        (
+            "mandrill_recovery_objective_seconds",
+            "A group's recovery objective: the longest its percentile may be.",
+            objective,
+        ),
+        (
+            "mandrill_recovery_objective_met",
+            "1 while a group meets its recovery objective, 0 once breached (absent: no \
+             verified restart yet).",
+            met,
+        ),
+    ];
+    let mut text = String::new();
+    for (name, help, lines) in families {
+        let _ = writeln!(text, "# HELP {name} {help}\n# TYPE {name} gauge");
+        for line in lines {
+            let _ = writeln!(text, "{name}{line}");
+        }
+    }
+    text
+}
+
 /// The histograms in the same text format, written here because the
 /// exporter takes observations one by one, while `Stats` keeps buckets.
 /// Each group's use of its limits, from the store's restart journal: low
@@ -349,6 +457,13 @@ pub(crate) fn exposition_sample() -> String {
         &crate::inventory::InventorySettings::default(),
     );
     text.push_str(&render_inventory(&inventory));
+    let objective = crate::safety::objectives::RecoveryObjective {
+        group: "GROUP".into(),
+        max: std::time::Duration::from_secs(120),
+        ..Default::default()
+    };
+    let judged = crate::safety::objectives::judge(&objective, &[Some(std::time::Duration::ZERO)]);
+    text.push_str(&render_recovery(Some(false), &[], &[judged]));
     text
 }
 
@@ -405,5 +520,47 @@ mod tests {
         ] {
             assert!(text.contains(line), "{line} missing from:\n{text}");
         }
+    }
+
+    #[test]
+    fn recovery_families_are_written_whole_with_infinity_for_a_host_never_back() {
+        use crate::safety::objectives::{RecoveryObjective, judge};
+        let objective = |group: &str| RecoveryObjective {
+            group: group.into(),
+            max: std::time::Duration::from_secs(120),
+            ..RecoveryObjective::default()
+        };
+        let secs = std::time::Duration::from_secs;
+        let judged = [
+            judge(&objective("web"), &[Some(secs(10)), None]),
+            judge(&objective("db"), &[Some(secs(10)), Some(secs(30))]),
+            judge(&objective("new"), &[]),
+        ];
+        let pause = crate::store::GroupPause {
+            group: "web".into(),
+            by: "recovery-objective".into(),
+            reason: "breached".into(),
+            since: crate::store::Timestamp::from_millis(1),
+        };
+        let text = render_recovery(Some(false), &[pause], &judged);
+        for line in [
+            "mandrill_paused 0",
+            "mandrill_group_paused{group=\"web\"} 1",
+            "mandrill_group_paused{group=\"db\"} 0",
+            "mandrill_group_recovery_seconds{group=\"web\",percentile=\"95\"} +Inf",
+            "mandrill_group_recovery_seconds{group=\"db\",percentile=\"50\"} 10.000",
+            "mandrill_group_recovery_seconds{group=\"db\",percentile=\"95\"} 30.000",
+            "mandrill_recovery_objective_seconds{group=\"new\"} 120.000",
+            "mandrill_recovery_objective_met{group=\"web\"} 0",
+            "mandrill_recovery_objective_met{group=\"db\"} 1",
+        ] {
+            assert!(text.contains(line), "{line} missing from:\n{text}");
+        }
+        // No verdict without a verified restart; each family one block.
+        assert!(!text.contains("mandrill_recovery_objective_met{group=\"new\"}"));
+        assert_eq!(
+            text.matches("# TYPE mandrill_group_paused gauge").count(),
+            1
+        );
     }
 }

@@ -54,10 +54,19 @@ async fn metrics(Shared(state): Shared<Arc<State>>) -> Response {
             now.saturating_sub(i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
         )
     };
-    let usage = state
-        .store
-        .group_usage(back(counting.window()), back(counting.forget_after()));
-    if let Ok(Ok(usage)) = tokio::time::timeout(super::STORE_TIMEOUT, usage).await {
+    let usage = tokio::time::timeout(
+        super::STORE_TIMEOUT,
+        state
+            .store
+            .group_usage(back(counting.window()), back(counting.forget_after())),
+    );
+    // Together: a store that hangs holds the scrape for one bound.
+    let (usage, switch, groups) = tokio::join!(
+        usage,
+        super::switch::read(&state),
+        super::switch::read_groups(&state)
+    );
+    if let Ok(Ok(usage)) = usage {
         text.push_str(&super::metrics::render_groups(&usage, |group| {
             policy.limits(group).ok().and_then(|limits| limits.budget)
         }));
@@ -65,6 +74,12 @@ async fn metrics(Shared(state): Shared<Arc<State>>) -> Response {
     if let Some(inventory) = &policy.inventory {
         text.push_str(&super::metrics::render_inventory(inventory));
     }
+    let (pauses, judged) = groups.unwrap_or_default();
+    text.push_str(&super::metrics::render_recovery(
+        switch.ok().map(|s| s.paused),
+        &pauses,
+        &judged,
+    ));
     (
         [(
             header::CONTENT_TYPE,
@@ -92,8 +107,13 @@ async fn dashboard(Shared(state): Shared<Arc<State>>) -> Response {
     };
     // Asked together, so that a store that hangs holds the page for one
     // bound, not one per read.
-    let (history, switch, ready) =
-        tokio::join!(history, super::switch::read(&state), not_ready(&state));
+    let (history, switch, ready, groups) = tokio::join!(
+        history,
+        super::switch::read(&state),
+        not_ready(&state),
+        super::switch::read_groups(&state)
+    );
+    let (group_pauses, recovery) = groups.unwrap_or_default();
     // A page cannot send the token either: with one set, no victims.
     let schedules = planned(&state, state.token.is_none());
     let page = super::dashboard::Page {
@@ -104,6 +124,8 @@ async fn dashboard(Shared(state): Shared<Arc<State>>) -> Response {
         history: history.as_deref().map_err(|why| *why),
         schedules: schedules.as_deref().map_err(|why| *why),
         now: crate::store::Timestamp::now(),
+        group_pauses: &group_pauses,
+        recovery: &recovery,
     };
     (
         [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
@@ -166,7 +188,15 @@ async fn status(Shared(state): Shared<Arc<State>>, headers: HeaderMap) -> Respon
     let stats = state.stats.snapshot();
     let schedules = planned(&state, authorized(state.token.as_ref(), &headers));
     // `null` when the store did not answer: the switch is unknown, not off.
-    let switch = super::switch::read(&state).await.ok();
+    let (switch, groups) = tokio::join!(
+        super::switch::read(&state),
+        super::switch::read_groups(&state)
+    );
+    let switch = switch.ok();
+    let (group_pauses, recovery) = match groups {
+        Ok((pauses, judged)) => (Some(pauses), Some(judged)),
+        Err(_) => (None, None),
+    };
     json(
         StatusCode::OK,
         json!({
@@ -174,6 +204,8 @@ async fn status(Shared(state): Shared<Arc<State>>, headers: HeaderMap) -> Respon
             "mode": if state.leashed() { "leashed" } else { "unleashed" },
             "paused": switch.as_ref().map(|s| s.paused),
             "switch": switch,
+            "group_pauses": group_pauses,
+            "recovery_objectives": recovery,
             "ready": not_ready(&state).await.is_none(),
             "shutting_down": state.shutdown.is_requested(),
             "store": if stats.store_down == 0 { "up" } else { "down" },

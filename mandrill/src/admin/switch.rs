@@ -2,7 +2,8 @@
 //! server, as `mandrill pause` and `mandrill resume` turn it, in the store
 //! every instance shares.
 //!
-//! The body is optional: JSON `{"reason": "…", "by": "…"}` or a form
+//! The body is optional: JSON `{"reason": "…", "by": "…", "group": "…"}`
+//! (with `group`, only that group's restarts, as `--group`) or a form
 //! (`reason=…&by=…`, as the dashboard's buttons send, which may also carry
 //! the token as `token=…` since a page cannot set a header). A form gets a
 //! redirect back to the dashboard; anything else gets JSON.
@@ -29,7 +30,8 @@ use subtle::ConstantTimeEq as _;
 use super::State;
 use super::auth::authorized;
 use super::routes::{bad_request, json, unauthorized};
-use crate::store::Switch;
+use crate::safety::objectives::Judged;
+use crate::store::{GroupPause, Switch};
 
 /// Who turned the switch when the request does not say.
 const DEFAULT_BY: &str = "admin-api";
@@ -42,6 +44,23 @@ const MAX_BY_CHARS: usize = 128;
 pub(crate) async fn read(state: &State) -> Result<Switch, &'static str> {
     match tokio::time::timeout(super::STORE_TIMEOUT, state.store.switch()).await {
         Ok(Ok(switch)) => Ok(switch),
+        Ok(Err(_)) | Err(_) => Err("the store did not answer"),
+    }
+}
+
+/// The group pauses and each recovery objective judged, as the store has
+/// them, or why not.
+pub(crate) async fn read_groups(
+    state: &State,
+) -> Result<(Vec<GroupPause>, Vec<Judged>), &'static str> {
+    let objectives = state.policy.current().recovery_objectives.clone();
+    let read = async {
+        let pauses = state.store.group_pauses().await?;
+        let judged = crate::service::objectives::judge_all(&*state.store, &objectives).await?;
+        Ok::<_, crate::store::StoreError>((pauses, judged))
+    };
+    match tokio::time::timeout(super::STORE_TIMEOUT, read).await {
+        Ok(Ok(groups)) => Ok(groups),
         Ok(Err(_)) | Err(_) => Err("the store did not answer"),
     }
 }
@@ -67,6 +86,8 @@ pub(crate) async fn resume(
 struct Turn {
     reason: Option<String>,
     by: Option<String>,
+    /// Only this group's restarts, not the kill switch.
+    group: Option<String>,
     /// The token as a form field (the dashboard's buttons).
     token: Option<String>,
     /// Sent by a form: answered with a redirect to the dashboard.
@@ -92,6 +113,7 @@ fn parse(headers: &HeaderMap, body: &[u8]) -> Result<Turn, String> {
             match &*key {
                 "reason" => turn.reason = value,
                 "by" => turn.by = value,
+                "group" => turn.group = value,
                 "token" => turn.token = value,
                 other => return Err(format!("unknown field {other:?}")),
             }
@@ -106,11 +128,14 @@ fn parse(headers: &HeaderMap, body: &[u8]) -> Result<Turn, String> {
     struct Body {
         reason: Option<String>,
         by: Option<String>,
+        group: Option<String>,
     }
-    let parsed: Body = serde_json::from_slice(body)
-        .map_err(|error| format!("the body is not {{\"reason\", \"by\"}} JSON: {error}"))?;
+    let parsed: Body = serde_json::from_slice(body).map_err(|error| {
+        format!("the body is not {{\"reason\", \"by\", \"group\"}} JSON: {error}")
+    })?;
     turn.reason = parsed.reason;
     turn.by = parsed.by;
+    turn.group = parsed.group;
     Ok(turn)
 }
 
@@ -169,6 +194,9 @@ async fn turn(state: &State, headers: &HeaderMap, body: &[u8], paused: bool) -> 
     {
         return bad_request(why);
     }
+    if let Some(group) = &turn.group {
+        return turn_group(state, group, paused, &by, &reason, turn.form).await;
+    }
     let asked = crate::store::Timestamp::now();
     if let Err(error) = state.store.set_switch(paused, &by, &reason).await {
         let what = if paused { "pause" } else { "resume" };
@@ -211,6 +239,61 @@ async fn turn(state: &State, headers: &HeaderMap, body: &[u8], paused: bool) -> 
     )
 }
 
+/// Pauses or resumes one group's restarts, as `mandrill pause --group`.
+async fn turn_group(
+    state: &State,
+    group: &str,
+    paused: bool,
+    by: &str,
+    reason: &str,
+    form: bool,
+) -> Response {
+    if let Err(why) = one_line("group", group, MAX_BY_CHARS) {
+        return bad_request(why);
+    }
+    match state
+        .store
+        .set_group_pause(group, paused.then_some((by, reason)))
+        .await
+    {
+        Ok(changed) => {
+            if changed {
+                tracing::warn!(
+                    group,
+                    by,
+                    reason,
+                    paused,
+                    "a group's pause turned from the admin API"
+                );
+                if let Some(notifier) = state.notifier.as_ref().filter(|_| paused) {
+                    notifier.send(crate::notify::Event::group_paused(group, by, reason));
+                }
+            }
+            if form {
+                return (StatusCode::SEE_OTHER, [(header::LOCATION, "/")]).into_response();
+            }
+            json(
+                StatusCode::OK,
+                json!({ "group": group, "paused": paused, "changed": changed }),
+            )
+        }
+        Err(error) => {
+            let (status, outcome) = if error.outcome_unknown() {
+                (StatusCode::GATEWAY_TIMEOUT, "unknown")
+            } else {
+                (StatusCode::SERVICE_UNAVAILABLE, "failed")
+            };
+            json(
+                status,
+                json!({
+                    "outcome": outcome,
+                    "error": format!("cannot turn the pause of group {group}: {}", error.with_causes()),
+                }),
+            )
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -232,6 +315,7 @@ mod tests {
             Turn {
                 reason: Some("incident 42".into()),
                 by: None,
+                group: None,
                 token: Some("t".into()),
                 form: true,
             }

@@ -129,9 +129,17 @@ pub(super) fn main(args: &ReportArgs) -> ExitCode {
         .await;
         store.close().await;
         let (data, campaigns) = read?;
-        // The recovery objectives of `[[recovery_objective]]` are judged
-        // here once the configuration has them.
-        let objectives: Vec<ObjectiveView> = Vec::new();
+        // Judged over the period's verified restarts (the running service
+        // judges each over its last `over_last`).
+        let objectives: Vec<ObjectiveView> = config
+            .recovery_objective
+            .iter()
+            .map(|objective| ObjectiveView {
+                group: objective.group.clone(),
+                percentile: f64::from(objective.percentile),
+                max: objective.max,
+            })
+            .collect();
         let mut report = Report::build(&data, since, until, &objectives);
         report.campaigns = campaigns;
         let format = args

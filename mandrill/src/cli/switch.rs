@@ -29,6 +29,11 @@ pub(crate) struct SwitchArgs {
     /// Who, for the record (default: $USER).
     #[arg(long, value_name = "NAME")]
     by: Option<String>,
+    /// Only this group's restarts (the inventory's or `safety.groups`'),
+    /// not the kill switch; `resume --group` also lifts a pause a breached
+    /// recovery objective made.
+    #[arg(long, value_name = "GROUP")]
+    group: Option<String>,
 }
 
 /// `mandrill status`
@@ -61,6 +66,9 @@ pub(super) fn switch(args: &SwitchArgs, paused: bool) -> ExitCode {
             bail!("--by and --reason must be one line, the reason at most 1024 characters");
         }
         let store = open(&config).await?;
+        if let Some(group) = &args.group {
+            return pause_group(&*store, group, paused, &by, &reason).await;
+        }
         let result = store.set_switch(paused, &by, &reason).await;
         store.close().await;
         match result {
@@ -89,12 +97,61 @@ pub(super) fn switch(args: &SwitchArgs, paused: bool) -> ExitCode {
     })
 }
 
+/// Pauses (`paused`) or resumes one group's restarts; closes `store`.
+async fn pause_group(
+    store: &dyn crate::store::Store,
+    group: &str,
+    paused: bool,
+    by: &str,
+    reason: &str,
+) -> anyhow::Result<()> {
+    if group.is_empty() || group.chars().any(char::is_control) || group.chars().count() > 256 {
+        bail!("--group must name a group on one line");
+    }
+    let result = store
+        .set_group_pause(group, paused.then_some((by, reason)))
+        .await;
+    store.close().await;
+    let changed = match result {
+        Ok(changed) => changed,
+        Err(error) if error.outcome_unknown() => {
+            let what = if paused { "pause" } else { "resume" };
+            return Err(OutcomeUnknown(format!(
+                "{what} --group {group}: outcome unknown, the group's pause may or may not \
+                 have turned ({}); check with `mandrill status`",
+                error.with_causes()
+            ))
+            .into());
+        }
+        Err(error) => return Err(error).context("cannot turn the group's pause"),
+    };
+    match (paused, changed) {
+        (true, true) => println!(
+            "group {group} paused by {by} ({reason}): no instance using this store claims \
+             another restart of its hosts"
+        ),
+        (true, false) => println!("group {group} was paused already (its first cause stays)"),
+        (false, true) => {
+            println!("group {group} resumed by {by}: its restarts may be claimed again")
+        }
+        (false, false) => println!("group {group} was not paused"),
+    }
+    Ok(())
+}
+
 /// Prints the mode, the kill switch and the eligibility rules.
 pub(super) fn status(args: &StatusArgs) -> ExitCode {
     let sources = args.config.sources(vec![("store.url", string(&args.db))]);
     command(sources, |config| async move {
         let store = open(&config).await?;
         let switch = store.switch().await.context("cannot read the kill switch");
+        let group_pauses = store
+            .group_pauses()
+            .await
+            .context("cannot read the group pauses");
+        let objectives = service::objectives::judge_all(&*store, &config.recovery_objective)
+            .await
+            .context("cannot read the recovery times");
         let now = crate::store::Timestamp::now().as_millis();
         let back = |d: std::time::Duration| {
             crate::store::Timestamp::from_millis(
@@ -109,7 +166,8 @@ pub(super) fn status(args: &StatusArgs) -> ExitCode {
             .await
             .context("cannot read the restart journal");
         store.close().await;
-        let (switch, usage) = (switch?, usage?);
+        let (switch, usage, group_pauses, objectives) =
+            (switch?, usage?, group_pauses?, objectives?);
         // Each instance's admin port depends on who started first (a
         // range): the instances say which they took.
         let instances_dir = config.admin_instances_dir();
@@ -187,6 +245,8 @@ pub(super) fn status(args: &StatusArgs) -> ExitCode {
                 "restarter": config.restarter.kind,
                 "paused": switch.paused,
                 "switch": switch,
+                "group_pauses": group_pauses,
+                "recovery_objectives": objectives,
                 "instances": instances,
                 "allow": config.safety.allow,
                 "deny": config.safety.deny,
@@ -220,6 +280,24 @@ pub(super) fn status(args: &StatusArgs) -> ExitCode {
             writeln!(out, "restarts:  PAUSED, {}", switch.paused_reason())?;
         } else {
             writeln!(out, "restarts:  running")?;
+        }
+        for pause in &group_pauses {
+            writeln!(
+                out,
+                "group {}: PAUSED, {}",
+                pause.group,
+                pause.deferred_reason()
+            )?;
+        }
+        for judged in &objectives {
+            let p50 = judged.p50.map_or_else(|| "-".to_owned(), |p| p.to_string());
+            writeln!(
+                out,
+                "recovery {}: p50 {p50}, {}{}",
+                judged.group,
+                judged.describe(),
+                if judged.breached() { ": BREACHED" } else { "" }
+            )?;
         }
         match (&instances_dir, instances.as_slice()) {
             (None, _) => {}

@@ -30,6 +30,7 @@ use crate::notify::{NotifierSettings, NotifyEntry};
 use crate::restarter::VerifySettings;
 use crate::restarter::hosts::HostEntry;
 use crate::safety::RequesterSettings;
+use crate::safety::objectives::RecoveryObjective;
 use crate::schedule::ScheduleSettings;
 use crate::settings::settings;
 
@@ -122,6 +123,17 @@ settings! {
         /// docs/scheduling.md. Read at start-up only.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         pub schedule: Vec<ScheduleSettings> = Vec::new(),
+        /// `[[recovery_objective]]` group, percentile (95), max (e.g.
+        /// "2m"), over_last (20), pause_on_breach (false): how fast a
+        /// group's restarted hosts must come back.
+        ///
+        /// Judged over the group's last `over_last` verified restarts
+        /// (nearest rank; an unrecovered host never came back); shown by
+        /// `status`, `/metrics` and the dashboard; a breach with
+        /// `pause_on_breach` pauses that group until `mandrill resume
+        /// --group`. See docs/operating.md. Reloaded on SIGHUP.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        pub recovery_objective: Vec<RecoveryObjective> = Vec::new(),
     }
 }
 
@@ -133,6 +145,7 @@ pub const RELOADABLE: &[&str] = &[
     "simulate.rate",
     "requesters",
     "broker.reply_to_allowed",
+    "recovery_objective",
 ];
 
 /// The `[safety]` settings a reload does not apply: the switch's polling

@@ -186,6 +186,7 @@ impl Config {
             inventory: None,
             requesters: Arc::new(requesters),
             reply_to: ReplyDestinations::new(&self.broker.reply_to_allowed).map_err(invalid)?,
+            recovery_objectives: self.recovery_objective.clone(),
         })
     }
 }

@@ -276,6 +276,8 @@ impl Config {
             ));
         }
         self.validate_notify()?;
+        crate::safety::objectives::validate(&self.recovery_objective)
+            .map_err(|(key, why)| ConfigError::invalid(&key, why))?;
         self.inventory
             .validate()
             .map_err(|(key, why)| ConfigError::invalid(key, why))?;

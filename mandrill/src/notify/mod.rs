@@ -72,9 +72,13 @@ pub struct Event {
     /// The error or reason.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
-    /// Who turned the kill switch.
+    /// Who turned the kill switch, or paused a group.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub by: Option<String>,
+    /// The group paused, when only one group's restarts are (`paused`
+    /// with a group is not the kill switch).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
     /// Who asked for the restart: the verified requester of a signed
     /// request, else what an unsigned one said.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -114,6 +118,15 @@ impl Event {
         }
     }
 
+    /// One group's restarts paused (a breached recovery objective).
+    pub fn group_paused(group: &str, by: &str, reason: &str) -> Self {
+        Self {
+            group: Some(group.to_owned()),
+            detail: Some(format!("restarts of group {group} paused: {reason}")),
+            ..Self::switch(true, by, reason)
+        }
+    }
+
     /// An event with nothing but its kind and time.
     pub fn bare(kind: EventKind) -> Self {
         Self {
@@ -125,6 +138,7 @@ impl Event {
             attempt: None,
             detail: None,
             by: None,
+            group: None,
             requested_by: None,
         }
     }

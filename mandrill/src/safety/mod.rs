@@ -11,6 +11,7 @@ pub mod calendar;
 mod counting;
 pub mod guards;
 pub mod limits;
+pub mod objectives;
 pub mod pause_file;
 pub mod policy;
 mod reply_to;

@@ -38,6 +38,9 @@ pub struct Policy {
     pub requesters: Arc<Requesters>,
     /// `broker.reply_to_allowed`: where a request may ask for its verdict.
     pub reply_to: ReplyDestinations,
+    /// `[[recovery_objective]]`: how fast each group's hosts must come
+    /// back; judged by the service's companion, shown by the admin pages.
+    pub recovery_objectives: Vec<super::objectives::RecoveryObjective>,
 }
 
 /// How soon a request the inventory moved to another zone or address
@@ -80,6 +83,7 @@ impl Default for Policy {
             inventory: None,
             requesters: Arc::default(),
             reply_to: ReplyDestinations::default(),
+            recovery_objectives: Vec::new(),
         }
     }
 }

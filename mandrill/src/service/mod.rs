@@ -9,6 +9,7 @@
 
 mod adapters;
 mod companions;
+pub(crate) mod objectives;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -402,6 +403,13 @@ impl Service {
                 stop_companions.clone(),
             ));
         }
+        companions.spawn(objectives::watch(
+            self.store.as_dyn(),
+            self.worker.policy(),
+            self.notifier.clone(),
+            self.config.safety.poll_interval,
+            stop_companions.clone(),
+        ));
         if self.until_idle {
             companions.spawn(request_shutdown_when_idle(
                 self.broker.clone(),

@@ -70,6 +70,7 @@ async fn the_queue_and_the_store_each_get_only_their_own_tables() {
             "control",
             "decisions",
             "deferrals",
+            "group_pauses",
             "requests",
             "restarts"
         ]

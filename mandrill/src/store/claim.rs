@@ -170,6 +170,36 @@ impl Switch {
     }
 }
 
+/// A group's restarts paused, as a store keeps it for every instance: by an
+/// operator (`mandrill pause --group`) or by a breached recovery objective.
+/// It never lifts by itself; `mandrill resume --group` does.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GroupPause {
+    /// The group (the operator's, as [`RestartRequest::group`] says).
+    pub group: String,
+    /// Who paused it.
+    pub by: String,
+    /// Why: the cause, in words.
+    pub reason: String,
+    /// When.
+    pub since: Timestamp,
+}
+
+impl GroupPause {
+    /// The words a claim deferred by this pause records.
+    pub fn deferred_reason(&self) -> String {
+        format!(
+            "restarts of group {} paused by {} ({}) since {}",
+            self.group, self.by, self.reason, self.since
+        )
+    }
+}
+
+/// How long a request deferred by a group pause waits before it is
+/// redelivered: the pause lifts only when an operator says so, so as
+/// soon after as the kill switch's recheck.
+pub const GROUP_PAUSE_RECHECK: Duration = Duration::from_secs(5);
+
 /// What a store writes for a claim that succeeds.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct ClaimWrite {
@@ -300,11 +330,15 @@ pub(crate) fn usage_subject_from(
 /// before the kill switch is read, as that claim was decided before any
 /// pause that came since. Once its hold expired (the retries outlasted
 /// it), the switch decides as for any claim; if it lets claims through,
-/// the answer is the same and only the hold is renewed.
+/// the answer is the same and only the hold is renewed. A pause of the
+/// request's group (`group_pause`, read in the same transaction as the
+/// switch) defers it as the switch does, for that group only.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn decide_claim(
     request: &RestartRequest,
     state: Option<ClaimState>,
     switch: &Switch,
+    group_pause: Option<&GroupPause>,
     now: i64,
     terms: ClaimTerms,
     token: ClaimToken,
@@ -324,6 +358,14 @@ pub(crate) fn decide_claim(
     if switch.paused {
         let reason = switch.paused_reason();
         return (Claim::Paused { reason }, None);
+    }
+    if let Some(pause) = group_pause.filter(|pause| pause.group == request.group()) {
+        let claim = Claim::Deferred {
+            guard: "group pause",
+            reason: pause.deferred_reason(),
+            wait: GROUP_PAUSE_RECHECK,
+        };
+        return (claim, None);
     }
     let hold = i64::try_from(terms.hold.as_millis()).unwrap_or(i64::MAX);
     let unknown = match state.claim_until {
@@ -495,6 +537,18 @@ pub(crate) fn claim_decision(claim: &Claim) -> Option<Decision<'_>> {
             reason,
         }),
         _ => None,
+    }
+}
+
+/// A group pause from its stored columns.
+pub(crate) fn group_pause_from(
+    (group, by, reason, since): crate::store::sql::GroupPauseRow,
+) -> GroupPause {
+    GroupPause {
+        group,
+        by,
+        reason,
+        since: Timestamp::from_millis(since),
     }
 }
 

@@ -34,6 +34,8 @@ pub async fn all(store: &dyn Store) {
     outcome_details_are_kept(store).await;
     the_kill_switch_stops_every_claim_until_resumed(store).await;
     a_conditional_turn_of_the_switch_happens_only_as_expected(store).await;
+    a_paused_group_defers_its_claims_only_until_resumed(store).await;
+    recent_recoveries_are_the_groups_latest_verified_restarts(store).await;
     counting_guards_are_decided_in_the_claim_and_journaled(store).await;
     the_requester_quota_and_the_zone_budget_count_across_groups_and_instances(store, store).await;
     a_request_without_zone_or_requester_is_never_counted_in_them(store).await;
@@ -890,6 +892,157 @@ pub async fn the_kill_switch_stops_every_claim_until_resumed(store: &dyn Store) 
             attempt: 1,
             unknown: None
         }
+    );
+}
+
+/// A group pause defers every claim of that group's hosts, naming the
+/// pause and its cause, with or without counting guards (the SQL stores
+/// read it on both their claim paths), and no other group's; it keeps its
+/// first cause, and lifts only when resumed.
+pub async fn a_paused_group_defers_its_claims_only_until_resumed(store: &dyn Store) {
+    assert!(store.group_pauses().await.unwrap().is_empty());
+    assert!(
+        store
+            .set_group_pause("slowpoke", Some(("recovery-objective", "p95 exceeds 2m")))
+            .await
+            .unwrap()
+    );
+    // Paused already: the first cause stays.
+    assert!(
+        !store
+            .set_group_pause("slowpoke", Some(("ana", "again")))
+            .await
+            .unwrap()
+    );
+    let pauses = store.group_pauses().await.unwrap();
+    assert_eq!(pauses.len(), 1, "{pauses:?}");
+    assert_eq!(
+        (
+            pauses[0].group.as_str(),
+            pauses[0].by.as_str(),
+            pauses[0].reason.as_str()
+        ),
+        ("slowpoke", "recovery-objective", "p95 exceeds 2m")
+    );
+    let counted = ClaimTerms {
+        limits: Limits {
+            group_max: Some(100),
+            window: Duration::from_secs(3600),
+            ..Limits::NONE
+        },
+        ..TERMS
+    };
+    let paused = request("slowpoke-0001");
+    for terms in [TERMS, counted] {
+        let claim = store
+            .claim_restart(&paused, terms, ClaimToken::new())
+            .await
+            .unwrap();
+        let Claim::Deferred {
+            guard,
+            reason,
+            wait,
+        } = claim
+        else {
+            panic!("a paused group's claim must be deferred, not {claim:?}");
+        };
+        assert_eq!((guard, wait), ("group pause", GROUP_PAUSE_RECHECK));
+        assert!(
+            reason.contains("slowpoke") && reason.contains("p95 exceeds 2m"),
+            "{reason}"
+        );
+    }
+    // Recorded as a deferral, and nothing claimed.
+    let story = store.story(paused.message_id).await.unwrap().unwrap();
+    assert!(story.attempts.is_empty(), "{story:?}");
+    assert!(
+        story.decisions.iter().any(|d| d.guard == "group pause"),
+        "{story:?}"
+    );
+    // Another group is not paused.
+    let other = request("brisk-0001");
+    assert_eq!(
+        store
+            .claim_restart(&other, TERMS, ClaimToken::new())
+            .await
+            .unwrap(),
+        Claim::Claimed {
+            attempt: 1,
+            unknown: None
+        }
+    );
+    assert!(store.set_group_pause("slowpoke", None).await.unwrap());
+    assert!(!store.set_group_pause("slowpoke", None).await.unwrap());
+    assert!(store.group_pauses().await.unwrap().is_empty());
+    assert_eq!(
+        store
+            .claim_restart(&paused, TERMS, ClaimToken::new())
+            .await
+            .unwrap(),
+        Claim::Claimed {
+            attempt: 1,
+            unknown: None
+        }
+    );
+}
+
+/// A group's verified restarts, newest first: each recovery time, or
+/// `None` for a host that never came back; restarts nobody probed, failed
+/// ones and other groups' are not among them.
+pub async fn recent_recoveries_are_the_groups_latest_verified_restarts(store: &dyn Store) {
+    let verified = |secs: u64| {
+        Outcome::Restarted(crate::domain::Restarted {
+            recovered_after: Some(Duration::from_secs(secs)),
+            output: None,
+        })
+    };
+    let outcomes = [
+        ("recov-0001", verified(10)),
+        ("recov-0002", Outcome::restarted()),
+        (
+            "recov-0003",
+            Outcome::Unrecovered {
+                error: "probe never passed".into(),
+                output: None,
+            },
+        ),
+        (
+            "recov-0004",
+            Outcome::Failed {
+                error: "refused".into(),
+            },
+        ),
+        ("elsewhere-0001", verified(1)),
+        ("recov-0005", verified(30)),
+    ];
+    for (instance, outcome) in outcomes {
+        let request = request(instance);
+        store
+            .claim_restart(&request, TERMS, ClaimToken::new())
+            .await
+            .unwrap();
+        store.record_outcome(&request, 1, &outcome).await.unwrap();
+        // Claims a millisecond apart at least: newest first is then one order.
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert_eq!(
+        store.recent_recoveries("recov", 10).await.unwrap(),
+        [
+            Some(Duration::from_secs(30)),
+            None,
+            Some(Duration::from_secs(10))
+        ]
+    );
+    assert_eq!(
+        store.recent_recoveries("recov", 2).await.unwrap(),
+        [Some(Duration::from_secs(30)), None]
+    );
+    assert!(
+        store
+            .recent_recoveries("nobody", 10)
+            .await
+            .unwrap()
+            .is_empty()
     );
 }
 

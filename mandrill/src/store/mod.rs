@@ -35,10 +35,13 @@ use crate::domain::{Outcome, RestartRequest, Status};
 
 pub use any::AnyStore;
 pub use campaigns::{Campaign, CampaignTarget};
-pub use claim::{Claim, ClaimTerms, ClaimToken, Decision, Switch, SwitchExpected, unknown_outcome};
+pub use claim::{
+    Claim, ClaimTerms, ClaimToken, Decision, GROUP_PAUSE_RECHECK, GroupPause, Switch,
+    SwitchExpected, unknown_outcome,
+};
 pub(crate) use claim::{
     ClaimState, ClaimWrite, HeldHosts, UsageBinds, UsageRow, UsageSubjectRow, claim_decision,
-    decide_claim, switch_from, usage_binds, usage_from, usage_subject_from,
+    decide_claim, group_pause_from, switch_from, usage_binds, usage_from, usage_subject_from,
 };
 pub use error::{DEFAULT_TIMEOUT, StoreError};
 pub(crate) use error::{sqlx_error_is_transient, within};
@@ -181,6 +184,39 @@ pub trait Store: Send + Sync + 'static {
         by: &str,
         reason: &str,
     ) -> Result<bool, StoreError>;
+
+    /// The groups whose restarts are paused, by group; a claim for a host
+    /// of one of them is deferred (`group pause`). The default, for a
+    /// store that keeps none (test doubles): none.
+    async fn group_pauses(&self) -> Result<Vec<GroupPause>, StoreError> {
+        Ok(Vec::new())
+    }
+
+    /// Pauses `group` (`Some((by, reason))`) unless it is paused already,
+    /// or lifts its pause (`None`); whether anything changed. Once this
+    /// returns, no instance claims a restart of that group until it is
+    /// lifted. The default, for a store that keeps none: refused.
+    async fn set_group_pause(
+        &self,
+        group: &str,
+        pause: Option<(&str, &str)>,
+    ) -> Result<bool, StoreError> {
+        let _ = (group, pause);
+        Err(StoreError::Unsupported("group pauses"))
+    }
+
+    /// The last `limit` verified restarts of `group` (journal rows settled
+    /// `restarted` with a recovery time, or `unrecovered`), newest claim
+    /// first: how long each host took to come back, `None` if it never
+    /// did. What a recovery objective is judged on.
+    async fn recent_recoveries(
+        &self,
+        group: &str,
+        limit: u32,
+    ) -> Result<Vec<Option<std::time::Duration>>, StoreError> {
+        let _ = (group, limit);
+        Ok(Vec::new())
+    }
 
     /// Deletes at most `max_rows` final entries completed before `before`,
     /// oldest first; returns how many went. Bounded, so that pruning a large

@@ -18,15 +18,15 @@ macro_rules! reads_for {
             use crate::safety::limits::{Limits, Subject, Usage};
             use crate::store::history::{entry_from, group_usage_from, report_from, story_from};
             use crate::store::sql::{
-                DEFERRALS_SQL, ENTRY_SQL, EntryRow, GROUP_DISRUPTED_SQL, GROUP_RESTARTS_SQL,
-                HISTORY_SQL, RECEIVED_AT_SQL, REPORT_ATTEMPTS_SQL, REPORT_DECISIONS_SQL,
-                STORY_ATTEMPTS_SQL, STORY_DECISIONS_SQL, SWITCH_SQL, SwitchRow, USAGE_SQL,
-                USAGE_SUBJECT_SQL,
+                DEFERRALS_SQL, ENTRY_SQL, EntryRow, GROUP_DISRUPTED_SQL, GROUP_PAUSES_SQL,
+                GROUP_RESTARTS_SQL, GroupPauseRow, HISTORY_SQL, RECEIVED_AT_SQL, RECOVERIES_SQL,
+                REPORT_ATTEMPTS_SQL, REPORT_DECISIONS_SQL, STORY_ATTEMPTS_SQL, STORY_DECISIONS_SQL,
+                SWITCH_SQL, SwitchRow, USAGE_SQL, USAGE_SUBJECT_SQL,
             };
             use crate::store::{
-                DECISION_SQL, DEFERRAL_SQL, Decision, GroupUsage, HistoryEntry, ReportData,
-                StoreError, Story, Switch, Timestamp, UsageRow, UsageSubjectRow, switch_from,
-                usage_binds, usage_from, usage_subject_from,
+                DECISION_SQL, DEFERRAL_SQL, Decision, GroupPause, GroupUsage, HistoryEntry,
+                ReportData, StoreError, Story, Switch, Timestamp, UsageRow, UsageSubjectRow,
+                group_pause_from, switch_from, usage_binds, usage_from, usage_subject_from,
             };
 
             /// What the counting guards read for a claim of `request`, in
@@ -249,6 +249,34 @@ macro_rules! reads_for {
                 let (paused, by, reason, since): SwitchRow =
                     sqlx::query_as(SWITCH_SQL).fetch_one(pool).await?;
                 Ok(switch_from(paused, by, reason, since))
+            }
+
+            /// See [`crate::store::Store::group_pauses`].
+            pub(crate) async fn group_pauses(
+                pool: &Pool<$db>,
+            ) -> Result<Vec<GroupPause>, StoreError> {
+                let rows: Vec<GroupPauseRow> =
+                    sqlx::query_as(GROUP_PAUSES_SQL).fetch_all(pool).await?;
+                Ok(rows.into_iter().map(group_pause_from).collect())
+            }
+
+            /// See [`crate::store::Store::recent_recoveries`].
+            pub(crate) async fn recent_recoveries(
+                pool: &Pool<$db>,
+                group: &str,
+                limit: u32,
+            ) -> Result<Vec<Option<std::time::Duration>>, StoreError> {
+                let rows: Vec<(Option<i64>,)> = sqlx::query_as(RECOVERIES_SQL)
+                    .bind(group)
+                    .bind(i64::from(limit))
+                    .fetch_all(pool)
+                    .await?;
+                Ok(rows
+                    .into_iter()
+                    .map(|(after,)| {
+                        after.map(|ms| std::time::Duration::from_millis(ms.max(0).unsigned_abs()))
+                    })
+                    .collect())
             }
         }
     };

@@ -274,6 +274,36 @@ pub(crate) const SET_SWITCH_IF_SQL: &str = "UPDATE control SET paused = $1, by_w
 /// A row of [`SWITCH_SQL`]: paused, by whom, why, since (ms).
 pub(crate) type SwitchRow = (bool, Option<String>, Option<String>, i64);
 
+/// Every group pause, as [`GroupPauseRow`].
+pub(crate) const GROUP_PAUSES_SQL: &str =
+    "SELECT grp, by_whom, reason, since FROM group_pauses ORDER BY grp";
+
+/// The pause of group `$1`, if any, as [`GroupPauseRow`].
+pub(crate) const GROUP_PAUSE_SQL: &str =
+    "SELECT grp, by_whom, reason, since FROM group_pauses WHERE grp = $1";
+
+/// A row of [`GROUP_PAUSES_SQL`]: group, by whom, why, since (ms).
+pub(crate) type GroupPauseRow = (String, String, String, i64);
+
+/// Pauses group `$1` unless it is paused already (the first cause stays):
+/// `$2` by whom, `$3` why, `$4` now.
+pub(crate) const PAUSE_GROUP_SQL: &str = "INSERT INTO group_pauses (grp, by_whom, reason, since)
+    VALUES ($1, $2, $3, $4) ON CONFLICT (grp) DO NOTHING";
+
+/// Lifts the pause of group `$1`.
+pub(crate) const RESUME_GROUP_SQL: &str = "DELETE FROM group_pauses WHERE grp = $1";
+
+/// The last `$2` verified restarts of group `$1`, newest claim first: the
+/// time the host took to come back, or NULL if it never did
+/// (`unrecovered`). A restart nobody probed has no recovery time and is
+/// not one of them.
+pub(crate) const RECOVERIES_SQL: &str = "SELECT r.recovered_after_ms
+    FROM restarts j JOIN requests r ON r.message_id = j.message_id
+    WHERE j.grp = $1
+      AND (j.outcome = 'unrecovered'
+           OR (j.outcome = 'restarted' AND r.recovered_after_ms IS NOT NULL))
+    ORDER BY j.claimed_at DESC LIMIT $2";
+
 /// After a prune removed requests: their journal rows, and journal rows
 /// claimed before `$1` (the counting guards look back far less).
 pub(crate) const PRUNE_JOURNAL_SQL: &str = "DELETE FROM restarts AS r WHERE r.claimed_at < $1

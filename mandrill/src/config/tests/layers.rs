@@ -134,6 +134,11 @@ fn every_setting_is_documented_in_help() {
         key_file: None,
         max_lateness: crate::schedule::DEFAULT_MAX_LATENESS,
     }];
+    config.recovery_objective = vec![crate::safety::objectives::RecoveryObjective {
+        group: "cattle".into(),
+        max: Duration::from_secs(120),
+        ..Default::default()
+    }];
     config.broker.pubsub.endpoint = Some("http://127.0.0.1:8085".into());
     config.broker.pubsub.credentials_file = Some(PathBuf::from("key.json"));
     // One source is valid; all three are set here only to be flattened.

@@ -13,8 +13,8 @@ use super::{MemoryStore, Shard};
 use crate::domain::{Outcome, RestartRequest, Status};
 use crate::safety::limits::Usage;
 use crate::store::{
-    Claim, ClaimState, ClaimTerms, ClaimToken, Recorded, StoreError, Switch, claim_decision,
-    decide_claim,
+    Claim, ClaimState, ClaimTerms, ClaimToken, GroupPause, Recorded, StoreError, Switch,
+    claim_decision, decide_claim,
 };
 
 /// The switch as a claim sees it while restarts are not paused: only
@@ -67,6 +67,17 @@ impl MemoryStore {
         } else {
             &NOT_PAUSED
         };
+        let group_pause = if self.groups_paused.load(Ordering::Acquire) {
+            self.group_pauses
+                .lock()
+                .expect("memory store poisoned")
+                .iter()
+                .find(|pause| pause.group == request.group())
+                .cloned()
+        } else {
+            None
+        };
+        let group_pause = group_pause.as_ref();
         let id = request.message_id;
         // With counting guards, every shard is held from their read of the
         // journal to the claim's write, so that they count atomically;
@@ -98,7 +109,16 @@ impl MemoryStore {
             );
             let shard = &mut shards[Self::shard_of(&id)];
             let mut held = self.held(instance);
-            let decision = claim_in(shard, request, &terms, token, switch, now, usage, &mut held);
+            let decision = claim_in(
+                shard,
+                request,
+                &terms,
+                token,
+                (switch, group_pause),
+                now,
+                usage,
+                &mut held,
+            );
             drop(held);
             decided(decision, now)
         } else {
@@ -109,7 +129,7 @@ impl MemoryStore {
                 request,
                 &terms,
                 token,
-                switch,
+                (switch, group_pause),
                 now,
                 Usage::default(),
                 &mut held,
@@ -218,7 +238,7 @@ fn claim_in(
     request: &RestartRequest,
     terms: &ClaimTerms,
     token: ClaimToken,
-    switch: &Switch,
+    (switch, group_pause): (&Switch, Option<&GroupPause>),
     now: i64,
     mut usage: Usage,
     held: &mut super::HeldHosts,
@@ -248,7 +268,16 @@ fn claim_in(
         token: token_held,
         unknown,
     };
-    let (claim, write) = decide_claim(request, Some(state), switch, now, *terms, token, &usage);
+    let (claim, write) = decide_claim(
+        request,
+        Some(state),
+        switch,
+        group_pause,
+        now,
+        *terms,
+        token,
+        &usage,
+    );
     let Some(write) = write else {
         return (claim, true);
     };

@@ -254,6 +254,28 @@ impl Attempts {
             .map(|entry| &entry.row)
     }
 
+    /// The verified restarts of `group` among these entries, as
+    /// [`crate::store::sql::RECOVERIES_SQL`] reads them: each one's claim
+    /// time, and its recovery time from its request's row (`None`:
+    /// unrecovered). `rows` are this shard's.
+    pub(super) fn recoveries<'a>(
+        &'a self,
+        rows: &'a HashMap<Uuid, Row>,
+        group: &'a str,
+    ) -> impl Iterator<Item = (i64, Option<std::time::Duration>)> + 'a {
+        self.entries
+            .iter()
+            .filter(move |entry| entry.live && entry.row.group() == group)
+            .filter_map(move |entry| match entry.row.outcome {
+                Some(Status::Unrecovered) => Some((entry.row.claimed_at, None)),
+                Some(Status::Restarted) => {
+                    let after = rows.get(&entry.id)?.extra.as_ref()?.recovered_after?;
+                    Some((entry.row.claimed_at, Some(after)))
+                }
+                _ => None,
+            })
+    }
+
     /// A request's attempts, oldest first.
     pub(super) fn attempts_of(&self, latest: Link) -> Vec<AttemptRecord> {
         let mut attempts = Vec::new();

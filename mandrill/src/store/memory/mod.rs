@@ -22,8 +22,9 @@ use uuid::Uuid;
 use self::journal::{Attempts, Decisions};
 use self::row::{Clock, Row};
 use super::{
-    Claim, ClaimTerms, ClaimToken, Decision, GroupUsage, HistoryEntry, Recorded, ReportAttempt,
-    ReportData, ReportDecision, Store, StoreError, Story, Switch, SwitchExpected, Timestamp,
+    Claim, ClaimTerms, ClaimToken, Decision, GroupPause, GroupUsage, HistoryEntry, Recorded,
+    ReportAttempt, ReportData, ReportDecision, Store, StoreError, Story, Switch, SwitchExpected,
+    Timestamp,
 };
 use crate::domain::{Outcome, RestartRequest, Status};
 
@@ -48,6 +49,11 @@ pub struct MemoryStore {
     /// `switch.paused`, written under its lock: a claim reads this flag and
     /// locks (and clones) the switch only when it is set.
     paused: AtomicBool,
+    /// The group pauses.
+    group_pauses: Mutex<Vec<GroupPause>>,
+    /// Whether `group_pauses` has any, written under its lock: a claim
+    /// locks them only when it is set.
+    groups_paused: AtomicBool,
     /// The decisions and deferrals. Locked after a shard, never before.
     decisions: Mutex<Decisions>,
     /// The hosts some request's claim holds, sharded by the host's name:
@@ -111,6 +117,8 @@ impl MemoryStore {
             clock: Clock::default(),
             switch: Mutex::default(),
             paused: AtomicBool::new(false),
+            group_pauses: Mutex::default(),
+            groups_paused: AtomicBool::new(false),
             decisions: Mutex::default(),
             held: Default::default(),
             campaigns: Mutex::default(),
@@ -426,6 +434,63 @@ impl Store for MemoryStore {
             };
         }
         Ok(found)
+    }
+
+    async fn group_pauses(&self) -> Result<Vec<GroupPause>, StoreError> {
+        let mut pauses = self
+            .group_pauses
+            .lock()
+            .expect("memory store poisoned")
+            .clone();
+        pauses.sort_by(|a, b| a.group.cmp(&b.group));
+        Ok(pauses)
+    }
+
+    async fn set_group_pause(
+        &self,
+        group: &str,
+        pause: Option<(&str, &str)>,
+    ) -> Result<bool, StoreError> {
+        let mut pauses = self.group_pauses.lock().expect("memory store poisoned");
+        let found = pauses.iter().position(|paused| paused.group == group);
+        let changed = match (pause, found) {
+            (Some((by, reason)), None) => {
+                pauses.push(GroupPause {
+                    group: group.to_owned(),
+                    by: by.to_owned(),
+                    reason: reason.to_owned(),
+                    since: Timestamp::from_millis(self.clock.now()),
+                });
+                true
+            }
+            (None, Some(at)) => {
+                pauses.swap_remove(at);
+                true
+            }
+            _ => false,
+        };
+        // Before the lock is released, as `set_switch`.
+        self.groups_paused
+            .store(!pauses.is_empty(), Ordering::Release);
+        Ok(changed)
+    }
+
+    async fn recent_recoveries(
+        &self,
+        group: &str,
+        limit: u32,
+    ) -> Result<Vec<Option<std::time::Duration>>, StoreError> {
+        let mut found: Vec<(i64, Option<std::time::Duration>)> = Vec::new();
+        for shard in &self.shards {
+            let shard = shard.lock().expect("memory store shard poisoned");
+            found.extend(shard.attempts.recoveries(&shard.rows, group));
+        }
+        found.sort_by_key(|(claimed_at, _)| std::cmp::Reverse(*claimed_at));
+        Ok(found
+            .into_iter()
+            .take(limit as usize)
+            .map(|(_, after)| after)
+            .collect())
     }
 
     async fn prune(&self, before: Timestamp, max_rows: u32) -> Result<u64, StoreError> {

@@ -20,10 +20,13 @@ use super::writer::{Answer, Write};
 use crate::domain::RestartRequest;
 use crate::safety::limits::Usage;
 use crate::store::reads::postgres::insert_decision;
-use crate::store::sql::{HELD_HOSTS_SQL, HeldRow, SWITCH_SQL, insert_requests, upsert_journal};
+use crate::store::sql::{
+    GROUP_PAUSES_SQL, GroupPauseRow, HELD_HOSTS_SQL, HeldRow, SWITCH_SQL, insert_requests,
+    upsert_journal,
+};
 use crate::store::{
-    ClaimState, ClaimToken, ClaimWrite, HeldHosts, Switch, Timestamp, claim_decision, decide_claim,
-    status_from_name, switch_from,
+    ClaimState, ClaimToken, ClaimWrite, GroupPause, HeldHosts, Switch, Timestamp, claim_decision,
+    decide_claim, group_pause_from, status_from_name, switch_from,
 };
 
 pub(super) type Tx<'c> = sqlx::Transaction<'c, sqlx::Postgres>;
@@ -98,6 +101,21 @@ pub(super) async fn commit_batch(
     let now = Timestamp::now().as_millis();
     let (mut states, switch) = lock_rows(tx, batch, now).await?;
     let mut held = hold_hosts(tx, batch, now).await?;
+    // Read after the switch's share lock (a statement of its own, so with
+    // a snapshot taken after it): a group pause waits for that lock.
+    let pauses: Vec<GroupPause> = if batch
+        .iter()
+        .any(|write| matches!(write, Write::Claim { .. }))
+    {
+        sqlx::query_as::<_, GroupPauseRow>(GROUP_PAUSES_SQL)
+            .fetch_all(&mut **tx)
+            .await?
+            .into_iter()
+            .map(group_pause_from)
+            .collect()
+    } else {
+        Vec::new()
+    };
     let mut answers: Vec<Option<Answer>> = vec![None; batch.len()];
     let mut rounds = 0;
     while answers.iter().any(Option::is_none) {
@@ -127,8 +145,17 @@ pub(super) async fn commit_batch(
                         host_held: held.get(request.instance_name.as_str()),
                         ..Usage::default()
                     };
-                    let (claim, write) =
-                        decide_claim(request, state, &switch, now, *terms, *token, &usage);
+                    let group_pause = pauses.iter().find(|pause| pause.group == request.group());
+                    let (claim, write) = decide_claim(
+                        request,
+                        state,
+                        &switch,
+                        group_pause,
+                        now,
+                        *terms,
+                        *token,
+                        &usage,
+                    );
                     if let Some(write) = write {
                         held.claimed(request, &write);
                         claims.push(request, id, write);

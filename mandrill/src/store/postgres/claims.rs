@@ -9,12 +9,12 @@ use crate::domain::RestartRequest;
 use crate::safety::limits::{Limits, Subject, Usage};
 use crate::store::reads::postgres as reads;
 use crate::store::sql::{
-    HELD_HOSTS_SQL, HeldRow, RELEASE_JOURNAL_SQL, RELEASE_SQL, SWITCH_SQL, SwitchRow,
-    insert_requests, upsert_journal,
+    GROUP_PAUSE_SQL, GroupPauseRow, HELD_HOSTS_SQL, HeldRow, RELEASE_JOURNAL_SQL, RELEASE_SQL,
+    SWITCH_SQL, SwitchRow, insert_requests, upsert_journal,
 };
 use crate::store::{
     Claim, ClaimState, ClaimTerms, ClaimToken, Decision, HeldHosts, StoreError, Timestamp,
-    claim_decision, decide_claim, status_from_name, switch_from,
+    claim_decision, decide_claim, group_pause_from, status_from_name, switch_from,
 };
 
 /// The kill switch under a share lock: `set_switch` waits for the claims
@@ -112,6 +112,12 @@ impl PostgresStore {
             .fetch_one(&mut *tx)
             .await?;
         let switch = switch_from(paused, by, why, since);
+        // After the switch's share lock: a group pause waits for it.
+        let group_pause = sqlx::query_as::<_, GroupPauseRow>(GROUP_PAUSE_SQL)
+            .bind(request.group())
+            .fetch_optional(&mut *tx)
+            .await?
+            .map(group_pause_from);
         let subject = Subject::of(request);
         let (usage, now) = if terms.limits.is_active_for(subject) && !switch.paused {
             // Serialise the claims that count against the same limits, on
@@ -150,7 +156,16 @@ impl PostgresStore {
         } else {
             (Usage::default(), Timestamp::now().as_millis())
         };
-        let (claim, write) = decide_claim(request, Some(state), &switch, now, terms, token, &usage);
+        let (claim, write) = decide_claim(
+            request,
+            Some(state),
+            &switch,
+            group_pause.as_ref(),
+            now,
+            terms,
+            token,
+            &usage,
+        );
         if let Some(decision) = claim_decision(&claim) {
             reads::insert_decision(&mut tx, request.message_id, 0, decision, now).await?;
         }

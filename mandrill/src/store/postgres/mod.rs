@@ -49,7 +49,8 @@ use uuid::Uuid;
 use super::lookup::{Lookup, lookup_loop};
 use super::reads::postgres as reads;
 use super::sql::{
-    PRUNE_JOURNAL_SQL, PRUNE_ORPHANS_SQL, REJECTION_SQL, SET_SWITCH_IF_SQL, SET_SWITCH_SQL,
+    PAUSE_GROUP_SQL, PRUNE_JOURNAL_SQL, PRUNE_ORPHANS_SQL, REJECTION_SQL, RESUME_GROUP_SQL,
+    SET_SWITCH_IF_SQL, SET_SWITCH_SQL,
 };
 use super::{
     Claim, ClaimTerms, ClaimToken, DEFAULT_TIMEOUT, Decision, GroupUsage, HistoryEntry, Recorded,
@@ -467,6 +468,27 @@ impl Store for PostgresStore {
         .await
     }
 
+    async fn group_pauses(&self) -> Result<Vec<crate::store::GroupPause>, StoreError> {
+        self.bounded(reads::group_pauses(&self.pool)).await
+    }
+
+    async fn set_group_pause(
+        &self,
+        group: &str,
+        pause: Option<(&str, &str)>,
+    ) -> Result<bool, StoreError> {
+        self.bounded(self.turn_group_pause(group, pause)).await
+    }
+
+    async fn recent_recoveries(
+        &self,
+        group: &str,
+        limit: u32,
+    ) -> Result<Vec<Option<std::time::Duration>>, StoreError> {
+        self.bounded(reads::recent_recoveries(&self.pool, group, limit))
+            .await
+    }
+
     async fn prune(&self, before: Timestamp, max_rows: u32) -> Result<u64, StoreError> {
         self.bounded(self.prune_rows(before, max_rows)).await
     }
@@ -488,6 +510,40 @@ impl Store for PostgresStore {
 }
 
 impl PostgresStore {
+    /// As [`Store::set_group_pause`], unbounded. The kill switch's row is
+    /// locked first, exclusively: every claim reads the group pauses after
+    /// taking its share lock, so this waits for the claims in progress, and
+    /// every claim after it sees the pause.
+    async fn turn_group_pause(
+        &self,
+        group: &str,
+        pause: Option<(&str, &str)>,
+    ) -> Result<bool, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("SELECT 1 FROM control WHERE id = 1 FOR UPDATE")
+            .execute(&mut *tx)
+            .await?;
+        let done = match pause {
+            Some((by, reason)) => {
+                sqlx::query(PAUSE_GROUP_SQL)
+                    .bind(group.replace('\0', "\u{fffd}"))
+                    .bind(by.replace('\0', "\u{fffd}"))
+                    .bind(reason.replace('\0', "\u{fffd}"))
+                    .bind(Timestamp::now().as_millis())
+                    .execute(&mut *tx)
+                    .await?
+            }
+            None => {
+                sqlx::query(RESUME_GROUP_SQL)
+                    .bind(group.replace('\0', "\u{fffd}"))
+                    .execute(&mut *tx)
+                    .await?
+            }
+        };
+        tx.commit().await?;
+        Ok(done.rows_affected() == 1)
+    }
+
     /// As [`Store::prune`], unbounded.
     async fn prune_rows(&self, before: Timestamp, max_rows: u32) -> Result<u64, StoreError> {
         // The rows are locked in id order first, as the writers lock them,

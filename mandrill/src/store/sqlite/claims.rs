@@ -11,10 +11,12 @@ use crate::domain::{RestartRequest, Status};
 use crate::safety::limits::{Subject, Usage};
 use crate::sqlite::writer::Tx;
 use crate::store::reads::sqlite::{insert_decision, usage};
-use crate::store::sql::{SWITCH_SQL, SwitchRow, held_hosts_where, upsert_journal};
+use crate::store::sql::{
+    GROUP_PAUSES_SQL, GroupPauseRow, SWITCH_SQL, SwitchRow, held_hosts_where, upsert_journal,
+};
 use crate::store::{
-    Claim, ClaimState, ClaimTerms, ClaimToken, ClaimWrite, HeldHosts, claim_decision, decide_claim,
-    switch_from,
+    Claim, ClaimState, ClaimTerms, ClaimToken, ClaimWrite, GroupPause, HeldHosts, claim_decision,
+    decide_claim, group_pause_from, switch_from,
 };
 
 /// Writes claimed attempts into the restart journal.
@@ -115,6 +117,13 @@ pub(super) async fn claim(
     let (paused, by, why, since): SwitchRow =
         sqlx::query_as(SWITCH_SQL).fetch_one(&mut **tx).await?;
     let switch = switch_from(paused, by, why, since);
+    // The group pauses, likewise: a handful of rows at most.
+    let pauses: Vec<GroupPause> = sqlx::query_as::<_, GroupPauseRow>(GROUP_PAUSES_SQL)
+        .fetch_all(&mut **tx)
+        .await?
+        .into_iter()
+        .map(group_pause_from)
+        .collect();
     let mut decided = Vec::with_capacity(claims.len());
     let mut writes = Vec::new();
     for ((request, terms, token), id) in claims.iter().zip(&ids) {
@@ -128,7 +137,17 @@ pub(super) async fn claim(
         };
         usage.host_held = held.get(request.instance_name.as_str());
         let state = states.get(id).copied();
-        let (claim, write) = decide_claim(request, state, &switch, now, *terms, *token, &usage);
+        let group_pause = pauses.iter().find(|pause| pause.group == request.group());
+        let (claim, write) = decide_claim(
+            request,
+            state,
+            &switch,
+            group_pause,
+            now,
+            *terms,
+            *token,
+            &usage,
+        );
         if let Some(write) = &write {
             held.claimed(request, write);
         }

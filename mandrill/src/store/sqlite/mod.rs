@@ -31,7 +31,7 @@ use uuid::Uuid;
 
 use super::lookup::{Lookup, lookup_loop};
 use super::reads::sqlite as reads;
-use super::sql::{SET_SWITCH_IF_SQL, SET_SWITCH_SQL};
+use super::sql::{PAUSE_GROUP_SQL, RESUME_GROUP_SQL, SET_SWITCH_IF_SQL, SET_SWITCH_SQL};
 use super::{
     Claim, ClaimTerms, ClaimToken, DEFAULT_TIMEOUT, Decision, GroupUsage, HistoryEntry, Recorded,
     ReportData, Store, StoreError, Story, Switch, SwitchExpected, Timestamp, payload_excerpt,
@@ -493,6 +493,49 @@ impl Store for SqliteStore {
             Ok(done.rows_affected() == 1)
         })
         .await
+    }
+
+    async fn group_pauses(&self) -> Result<Vec<super::GroupPause>, StoreError> {
+        self.bounded(reads::group_pauses(&self.pool)).await
+    }
+
+    async fn set_group_pause(
+        &self,
+        group: &str,
+        pause: Option<(&str, &str)>,
+    ) -> Result<bool, StoreError> {
+        // Rare: through the pool, as `set_switch`; committed (and so seen
+        // by every claim after it) when this returns.
+        self.bounded(async {
+            let done = match pause {
+                Some((by, reason)) => {
+                    sqlx::query(PAUSE_GROUP_SQL)
+                        .bind(group)
+                        .bind(by)
+                        .bind(reason)
+                        .bind(Timestamp::now().as_millis())
+                        .execute(&self.pool)
+                        .await?
+                }
+                None => {
+                    sqlx::query(RESUME_GROUP_SQL)
+                        .bind(group)
+                        .execute(&self.pool)
+                        .await?
+                }
+            };
+            Ok(done.rows_affected() == 1)
+        })
+        .await
+    }
+
+    async fn recent_recoveries(
+        &self,
+        group: &str,
+        limit: u32,
+    ) -> Result<Vec<Option<Duration>>, StoreError> {
+        self.bounded(reads::recent_recoveries(&self.pool, group, limit))
+            .await
     }
 
     async fn prune(&self, before: Timestamp, max_rows: u32) -> Result<u64, StoreError> {
