@@ -4,8 +4,8 @@
 use std::fmt::Write as _;
 
 use crate::domain::Status;
-use crate::schedule::Planned;
 use crate::safety::objectives::Judged;
+use crate::schedule::Planned;
 use crate::stats::StatsSnapshot;
 use crate::store::{GroupPause, HistoryEntry, Switch, Timestamp};
 
