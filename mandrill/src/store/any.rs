@@ -217,6 +217,12 @@ impl AnyStore {
         self.store().report(since).await
     }
 
+    /// As [`Store::group_pauses`]; boxed (read right before a restart,
+    /// only when stop conditions ran).
+    pub async fn group_pauses(&self) -> Result<Vec<super::GroupPause>, StoreError> {
+        self.store().group_pauses().await
+    }
+
     /// As [`Store::switch`]; boxed (read once a poll interval, and once
     /// before each restart issued).
     pub async fn switch(&self) -> Result<Switch, StoreError> {

@@ -157,6 +157,14 @@ async fn a_host_that_does_not_come_back_pauses_every_restart_with(
 /// turns the kill switch on before it answers, as `mandrill pause` landing
 /// while the stop conditions run.
 async fn probe_that_pauses(store: Arc<MemoryStore>) -> (String, JoinHandle<()>) {
+    probe_that_pauses_group(store, None).await
+}
+
+/// As [`probe_that_pauses`]; with `group`, it pauses that group alone.
+async fn probe_that_pauses_group(
+    store: Arc<MemoryStore>,
+    group: Option<&'static str>,
+) -> (String, JoinHandle<()>) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/healthy", listener.local_addr().unwrap());
@@ -173,10 +181,18 @@ async fn probe_that_pauses(store: Arc<MemoryStore>) -> (String, JoinHandle<()>) 
                 request.extend_from_slice(&buffer[..read]);
             }
             if probe == 0 {
-                store
-                    .set_switch(true, "alice", "incident 42")
-                    .await
-                    .unwrap();
+                match group {
+                    None => store
+                        .set_switch(true, "alice", "incident 42")
+                        .await
+                        .unwrap(),
+                    Some(group) => {
+                        store
+                            .set_group_pause(group, Some(("alice", "incident 42")))
+                            .await
+                            .unwrap();
+                    }
+                }
             }
             let healthy = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
             socket.write_all(healthy).await.unwrap();
@@ -236,6 +252,62 @@ async fn a_pause_while_the_stop_conditions_run_stops_the_restart_and_gives_the_c
         .set_switch(false, "alice", "resolved")
         .await
         .unwrap();
+    wait_until("restarted", || stats.acked.get() == 1).await;
+    assert_eq!(restarter.timeline.count("restart-started"), 1);
+    let entry = store.entry(id);
+    assert_eq!((entry.status, entry.attempts), (Status::Restarted, 1));
+    server.abort();
+    h.stop().await.unwrap();
+}
+
+/// A group pause that lands while the stop conditions run (a recovery
+/// objective breached meanwhile) stops the restart as the kill switch
+/// does: the pauses are read once more right before it is issued, the
+/// claim is given back, and the restart goes on once the group resumes.
+#[tokio::test(start_paused = true)]
+async fn a_group_pause_while_the_stop_conditions_run_stops_the_restart_and_gives_the_claim_back() {
+    use crate::safety::{StopConditionSettings, StopConditions};
+    let store = Arc::new(ScriptedStore::default());
+    let restarter = Arc::new(ScriptedRestarter::default());
+    let (url, server) = probe_that_pauses_group(store.inner.clone(), Some("cattle")).await;
+    let alerts = StopConditionSettings {
+        name: "alerts".into(),
+        http: Some(url),
+        expect_status: None,
+        command: None,
+        timeout: Duration::from_secs(600),
+        expect_empty_json_array: false,
+    };
+    let config = with_policy(Policy {
+        stop_conditions: StopConditions::new(&[alerts]).unwrap(),
+        ..Policy::default()
+    });
+    let h = start(config, store.clone(), restarter.clone());
+    let id = h.publish("cattle-paused").await;
+    let stats = h.stats.clone();
+    wait_until("deferred", || stats.deferred.get() >= 1).await;
+    assert_eq!(restarter.timeline.count("restart-started"), 0);
+    assert_eq!(store.timeline.count("released 1"), 1);
+    assert_eq!(
+        store.entry(id).attempts,
+        0,
+        "a given-back claim is not a used attempt"
+    );
+    let story = store.inner.story(id).await.unwrap().unwrap();
+    let decision = story.decisions.first().unwrap();
+    assert_eq!(
+        (decision.verdict.as_str(), decision.guard.as_str()),
+        ("deferred", "group pause")
+    );
+    assert!(
+        decision
+            .reason
+            .contains("group cattle paused by alice (incident 42)"),
+        "{}",
+        decision.reason
+    );
+
+    store.inner.set_group_pause("cattle", None).await.unwrap();
     wait_until("restarted", || stats.acked.get() == 1).await;
     assert_eq!(restarter.timeline.count("restart-started"), 1);
     let entry = store.entry(id);

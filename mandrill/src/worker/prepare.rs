@@ -383,6 +383,9 @@ pub(super) async fn unless_paused(
     if let Err(hold) = switch_is_off(shared, request).await {
         return Some(unclaim(shared, progress, request, attempt, hold).await);
     }
+    if let Err(hold) = group_not_paused(shared, request).await {
+        return Some(unclaim(shared, progress, request, attempt, hold).await);
+    }
     // After the switch's read, which may wait: as close to the restart as
     // the lease check allows.
     let policy = shared.config.policy.current();
@@ -421,6 +424,36 @@ async fn switch_is_off(shared: &Shared, request: &RestartRequest) -> Result<(), 
     Err(policy
         .guards
         .defer(request, "kill switch", PAUSED_RECHECK, reason))
+}
+
+/// The request's group pause, read once more right before the restart,
+/// for the same reason as the kill switch: a recovery objective breached
+/// while the stop conditions ran pauses the group after the claim read it.
+/// Pauses that cannot be read within [`SWITCH_READ_TIMEOUT`] count as
+/// pausing the group: fail closed.
+async fn group_not_paused(shared: &Shared, request: &RestartRequest) -> Result<(), Hold> {
+    let group = request.group();
+    let reason = match tokio::time::timeout(SWITCH_READ_TIMEOUT, shared.store.group_pauses()).await
+    {
+        Ok(Ok(pauses)) => match pauses.iter().find(|pause| pause.group == group) {
+            None => return Ok(()),
+            Some(pause) => format!("deferred by group pause: {}", pause.deferred_reason()),
+        },
+        Ok(Err(error)) => format!(
+            "deferred by group pause: the pauses could not be read, so group {group} counts as \
+             paused: {}",
+            error.with_causes()
+        ),
+        Err(_elapsed) => format!(
+            "deferred by group pause: the pauses could not be read within {}, so group {group} \
+             counts as paused",
+            humantime::format_duration(SWITCH_READ_TIMEOUT)
+        ),
+    };
+    let policy = shared.config.policy.current();
+    Err(policy
+        .guards
+        .defer(request, "group pause", PAUSED_RECHECK, reason))
 }
 
 /// Eligibility: `safety.allow`/`safety.deny`, a signature if the policy

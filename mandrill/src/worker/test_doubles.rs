@@ -299,6 +299,18 @@ impl Store for ScriptedStore {
     ) -> Result<bool, StoreError> {
         self.inner.set_switch_if(expected, paused, by, reason).await
     }
+
+    async fn group_pauses(&self) -> Result<Vec<crate::store::GroupPause>, StoreError> {
+        self.inner.group_pauses().await
+    }
+
+    async fn set_group_pause(
+        &self,
+        group: &str,
+        pause: Option<(&str, &str)>,
+    ) -> Result<bool, StoreError> {
+        self.inner.set_group_pause(group, pause).await
+    }
 }
 
 /// Decides a scripted restart's result.
