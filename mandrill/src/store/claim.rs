@@ -1,5 +1,8 @@
 //! The claim rule: what a delivery may do about a restart, decided once
 //! ([`decide_claim`]) and applied by every store in its own transaction.
+//!
+//! The one claim rule and the types it decides over, so one file past 400
+//! lines.
 
 use std::time::Duration;
 

@@ -1,6 +1,9 @@
 //! Everything before the restart: the delivery limit, eligibility, the
 //! guards, the reservation and the claim; then, after the claim, the guards
 //! again and the stop conditions.
+//!
+//! One phase of a delivery, in the order it runs, so one file past 400
+//! lines.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
