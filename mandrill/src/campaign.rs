@@ -306,7 +306,7 @@ mod tests {
     }
 
     fn story(status: Status) -> Story {
-        let at = crate::store::Timestamp::from_millis(1_795_000_000_000);
+        let at = crate::domain::Timestamp::from_millis(1_795_000_000_000);
         Story {
             entry: crate::store::HistoryEntry {
                 message_id: Some(Uuid::new_v4()),
@@ -330,7 +330,7 @@ mod tests {
 
     fn deferral(guard: &str, at: i64) -> DecisionRecord {
         DecisionRecord {
-            at: crate::store::Timestamp::from_millis(at),
+            at: crate::domain::Timestamp::from_millis(at),
             attempt: 0,
             verdict: "deferred".into(),
             guard: guard.into(),

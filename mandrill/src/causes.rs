@@ -32,8 +32,8 @@ impl fmt::Display for WithCauses<'_> {
 
 /// Why an operation failed: what was being done, and the error that caused
 /// it, kept whole as a source (not flattened into the text): a broker
-/// operation's ([`BrokerError`](crate::broker::BrokerError)), a restart's
-/// ([`RestartError`](crate::restarter::RestartError)). Shared (`Arc`), so
+/// operation's (`BrokerError`), a restart's (`RestartError`). Shared
+/// (`Arc`), so
 /// that one failed transaction can fail every operation of its batch with
 /// the same cause.
 #[derive(Debug, Clone)]

@@ -29,12 +29,13 @@ use tracing::{error, info, warn};
 
 use crate::broker::{
     BrokerError, BrokerUrl, Close as _, DeadLetterAdmin, DeadLetterEntry, DeadLetterRecord,
-    Publisher, SqliteBroker,
+    Publisher,
 };
 use crate::config::{self, Config, ConfigError, LogFormat, Sources, redact_url};
+use crate::domain::Timestamp;
 use crate::domain::{Hostname, InstanceName, RestartRequest, random_instance_name};
 use crate::service::{self, Controls, Service};
-use crate::store::Timestamp;
+use crate::sqlite::SqliteBroker;
 use crate::telemetry::Telemetry;
 use crate::worker::Shutdown;
 

@@ -5,8 +5,9 @@
 //! - [`worker`]: the heart. Pull loop, supervisor, flow control, per-message
 //!   handling (lease extension, save ∥ restart, record, settle), shutdown.
 //! - [`broker`], [`store`], [`restarter`]: the three seams, a trait each, one
-//!   file per adapter. [`sqlite`]: what the SQLite queue and store share
-//!   (one group-commit writer per database file).
+//!   file per adapter. [`sqlite`]: the SQLite adapter behind both the broker
+//!   and the store seam (a queue and a store sharing one group-commit writer
+//!   per database file).
 //! - [`safety`]: the guards (eligibility, the calendar), pure, with an
 //!   injected clock; the worker asks them before reserving and again right
 //!   before the restart.
@@ -52,6 +53,7 @@ pub mod safety;
 pub mod schedule;
 pub mod service;
 pub mod settings;
+pub mod sqlite;
 pub mod store;
 pub mod worker;
 
@@ -65,14 +67,12 @@ mod diagnostics;
 mod migrations;
 mod pattern;
 mod report;
-mod sqlite;
 mod stats;
 mod telemetry;
 
 pub use backoff::Backoff;
 pub use cli::main;
 pub use demo::random_request;
-pub use sqlite::JointAck;
 pub use stats::Stats;
 
 /// The PostgreSQL store's schema, for tools (the benchmark's ceiling) that

@@ -8,7 +8,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use mandrill::domain::Status;
-use mandrill::store::{SqliteStore, Store};
+use mandrill::sqlite::SqliteStore;
+use mandrill::store::Store;
 use serde_json::Value;
 use services::free_port;
 use support::{DEADLINE, Mandrill, binary, count, fields_of, mandrill, sqlite_url, temp_dir};

@@ -13,7 +13,8 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use mandrill::store::{SqliteStore, Store as _};
+use mandrill::sqlite::SqliteStore;
+use mandrill::store::Store as _;
 use sqlx::Connection as _;
 use support::tmpfs::Tmpfs;
 use support::{DEADLINE, Mandrill, history, mandrill, queue_rows, temp_dir};

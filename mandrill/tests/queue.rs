@@ -191,11 +191,11 @@ fn malformed_payloads_are_dead_lettered_listed_and_can_be_requeued() {
         .unwrap();
     // Written through the library: `mandrill publish` would refuse them.
     runtime.block_on(async {
-        let config = mandrill::broker::sqlite::SqliteOptions {
+        let config = mandrill::sqlite::SqliteOptions {
             url: db.clone(),
             ..Default::default()
         };
-        let broker = mandrill::broker::SqliteBroker::connect(&config)
+        let broker = mandrill::sqlite::SqliteBroker::connect(&config)
             .await
             .unwrap();
         let payloads = [&b"{\"message_id\": "[..], b"\xff\xfe", b"", b"[1,2]"];

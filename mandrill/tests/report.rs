@@ -339,8 +339,10 @@ fn store_report(url: &str) -> mandrill::store::ReportData {
         .build()
         .unwrap();
     runtime.block_on(async {
-        let store = mandrill::store::SqliteStore::connect(url, 1).await.unwrap();
-        let since = mandrill::store::Timestamp::from_millis(0);
+        let store = mandrill::sqlite::SqliteStore::connect(url, 1)
+            .await
+            .unwrap();
+        let since = mandrill::domain::Timestamp::from_millis(0);
         let data = store.report(since).await.unwrap();
         store.close().await;
         data

@@ -71,7 +71,11 @@ fn history(url: &str) -> Vec<HistoryEntry> {
                     .unwrap(),
             )
         } else {
-            Box::new(mandrill::store::SqliteStore::connect(url, 1).await.unwrap())
+            Box::new(
+                mandrill::sqlite::SqliteStore::connect(url, 1)
+                    .await
+                    .unwrap(),
+            )
         };
         let entries = store.history(1_000_000).await.unwrap();
         store.close().await;

@@ -10,9 +10,9 @@ use bytes::Bytes;
 use futures::StreamExt;
 use mandrill::broker::nats::{Credentials, NatsBroker, NatsOptions};
 use mandrill::broker::pubsub::{PubSubBroker, PubSubOptions};
-use mandrill::broker::sqlite::SqliteOptions;
-use mandrill::broker::{AnyConsumer, Broker, MemoryBroker, Publisher as _, SqliteBroker};
-use mandrill::store::{AnyStore, MemoryStore, PostgresStore, SqliteStore};
+use mandrill::broker::{AnyConsumer, Broker, MemoryBroker, Publisher as _};
+use mandrill::sqlite::{SqliteBroker, SqliteOptions, SqliteStore};
+use mandrill::store::{AnyStore, MemoryStore, PostgresStore};
 
 use crate::options::Options;
 use crate::slow_save::SlowSaveStore;

@@ -4,8 +4,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use mandrill::domain::Timestamp;
 use mandrill::domain::{Outcome, RestartRequest, Status};
-use mandrill::store::{Claim, ClaimTerms, HistoryEntry, Recorded, Store, StoreError, Timestamp};
+use mandrill::store::{Claim, ClaimTerms, HistoryEntry, Recorded, Store, StoreError};
 use uuid::Uuid;
 
 /// A store, with `save` taking the simulated work time.
@@ -44,7 +45,7 @@ impl Store for SlowSaveStore {
         r: &RestartRequest,
         attempt: u32,
         outcome: &Outcome,
-        ack: Option<mandrill::JointAck>,
+        ack: Option<mandrill::domain::JointAck>,
     ) -> Result<(Recorded, bool), StoreError> {
         // Forwarded: the trait's default would record and leave the ack to
         // the caller, so a SQLite run would never measure the joint ack.
@@ -87,7 +88,7 @@ impl Store for SlowSaveStore {
     async fn first_received(
         &self,
         request: &mandrill::domain::RestartRequest,
-    ) -> Result<mandrill::store::Timestamp, StoreError> {
+    ) -> Result<mandrill::domain::Timestamp, StoreError> {
         self.inner.first_received(request).await
     }
     async fn deferrals(&self, message_id: Uuid) -> Result<u32, StoreError> {

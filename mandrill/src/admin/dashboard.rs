@@ -4,10 +4,11 @@
 use std::fmt::Write as _;
 
 use crate::domain::Status;
+use crate::domain::Timestamp;
 use crate::safety::objectives::Judged;
 use crate::schedule::Planned;
 use crate::stats::StatsSnapshot;
-use crate::store::{GroupPause, HistoryEntry, Switch, Timestamp};
+use crate::store::{GroupPause, HistoryEntry, Switch};
 
 /// Seconds between refreshes.
 const REFRESH_SECONDS: u32 = 5;

@@ -540,7 +540,7 @@ mod tests {
             group: "web".into(),
             by: "recovery-objective".into(),
             reason: "breached".into(),
-            since: crate::store::Timestamp::from_millis(1),
+            since: crate::domain::Timestamp::from_millis(1),
         };
         let text = render_recovery(Some(false), &[pause], &judged);
         for line in [

@@ -48,9 +48,9 @@ async fn metrics(Shared(state): Shared<Arc<State>>) -> Response {
     // not answer within `STORE_TIMEOUT`: /readyz says so).
     let policy = state.policy.current();
     let counting = &policy.guards.counting;
-    let now = crate::store::Timestamp::now().as_millis();
+    let now = crate::domain::Timestamp::now().as_millis();
     let back = |d: Duration| {
-        crate::store::Timestamp::from_millis(
+        crate::domain::Timestamp::from_millis(
             now.saturating_sub(i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
         )
     };
@@ -123,7 +123,7 @@ async fn dashboard(Shared(state): Shared<Arc<State>>) -> Response {
         stats: &stats,
         history: history.as_deref().map_err(|why| *why),
         schedules: schedules.as_deref().map_err(|why| *why),
-        now: crate::store::Timestamp::now(),
+        now: crate::domain::Timestamp::now(),
         group_pauses: &group_pauses,
         recovery: &recovery,
     };

@@ -8,11 +8,12 @@ use super::*;
 use crate::broker::{
     Broker, BrokerError, Close, Consumer, Delivery, DeliveryTag, MemoryBroker, Publisher,
 };
+use crate::domain::Timestamp;
 use crate::domain::{Outcome, RestartRequest, Status};
 use crate::stats::Stats;
 use crate::store::{
     Claim, ClaimTerms, Decision, GroupUsage, HistoryEntry, MemoryStore, Recorded, Store,
-    StoreError, Story, Switch, Timestamp,
+    StoreError, Story, Switch,
 };
 use crate::worker::Shutdown;
 use uuid::Uuid;

@@ -197,7 +197,7 @@ async fn turn(state: &State, headers: &HeaderMap, body: &[u8], paused: bool) -> 
     if let Some(group) = &turn.group {
         return turn_group(state, group, paused, &by, &reason, turn.form).await;
     }
-    let asked = crate::store::Timestamp::now();
+    let asked = crate::domain::Timestamp::now();
     if let Err(error) = state.store.set_switch(paused, &by, &reason).await {
         let what = if paused { "pause" } else { "resume" };
         if error.outcome_unknown() {
@@ -228,7 +228,7 @@ async fn turn(state: &State, headers: &HeaderMap, body: &[u8], paused: bool) -> 
         tracing::info!(by, reason, "restarts resumed from the admin API");
     }
     if let Some(notifier) = &state.notifier {
-        notifier.switch_turned_here(paused, &by, &reason, asked, crate::store::Timestamp::now());
+        notifier.switch_turned_here(paused, &by, &reason, asked, crate::domain::Timestamp::now());
     }
     if turn.form {
         return (StatusCode::SEE_OTHER, [(header::LOCATION, "/")]).into_response();

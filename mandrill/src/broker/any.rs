@@ -22,8 +22,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use super::{BrokerError, Consumer, Delivery, DeliveryTag, MemoryBroker, SqliteBroker};
-use crate::sqlite::JointAck;
+use super::{BrokerError, Consumer, Delivery, DeliveryTag, MemoryBroker};
+use crate::domain::JointAck;
+use crate::sqlite::SqliteBroker;
 
 /// The in-process or SQLite queue, or any other consumer behind
 /// `dyn Consumer`.
@@ -166,7 +167,7 @@ impl From<Arc<dyn super::Broker>> for AnyConsumer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::broker::sqlite::SqliteOptions;
+    use crate::sqlite::SqliteOptions;
 
     fn size<T>(_: &T) -> usize {
         std::mem::size_of::<T>()

@@ -21,7 +21,6 @@ mod dead_letters;
 pub mod memory;
 pub mod nats;
 pub mod pubsub;
-pub mod sqlite;
 mod url;
 
 use std::fmt;
@@ -31,10 +30,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 
+use crate::domain::JointAck;
+
 pub use any::AnyConsumer;
 pub use dead_letters::{DeadLetterAdmin, DeadLetterEntry, DeadLetterId, DeadLetterRecord};
 pub use memory::MemoryBroker;
-pub use sqlite::SqliteBroker;
 pub use url::{BrokerUrl, BrokerUrlError};
 
 /// Identifies one delivery to the broker that made it. Opaque to the worker:
@@ -246,10 +246,10 @@ pub trait Consumer: Close {
     async fn dead_letter(&self, tag: &DeliveryTag, reason: &str) -> Result<(), BrokerError>;
 
     /// An ack of `tag` that the store can commit in the transaction that
-    /// records the outcome ([`crate::store::Store::record_outcome_acking`]),
+    /// records the outcome (the store seam's `Store::record_outcome_acking`),
     /// when both live in one database; `None` (the default) when this broker
     /// cannot, and the caller acks after recording as usual.
-    fn joint_ack(&self, _tag: &DeliveryTag) -> Option<crate::sqlite::JointAck> {
+    fn joint_ack(&self, _tag: &DeliveryTag) -> Option<JointAck> {
         None
     }
 

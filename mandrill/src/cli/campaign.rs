@@ -22,10 +22,11 @@ use super::{BadInput, ConfigArgs, command, string};
 use crate::broker::{BrokerUrl, Close as _};
 use crate::campaign::{self, Size, Verdict};
 use crate::config::Config;
+use crate::domain::Timestamp;
 use crate::domain::{Hostname, InstanceName, RestartRequest, SigningKey};
 use crate::safety::Policy;
 use crate::service;
-use crate::store::{Campaign, CampaignTarget, Store, Timestamp};
+use crate::store::{Campaign, CampaignTarget, Store};
 
 /// `mandrill campaign`
 #[derive(Debug, Args)]

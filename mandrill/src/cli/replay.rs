@@ -20,8 +20,9 @@ use serde_json::json;
 use super::{BadInput, switch};
 use crate::config::Config;
 use crate::domain::Status;
+use crate::domain::Timestamp;
 use crate::safety::{Placement, Verdict, limits::Limits};
-use crate::store::{HistoryEntry, Timestamp};
+use crate::store::HistoryEntry;
 
 /// What the reason of a denial for a message's group starts with
 /// (`safety::group_mismatch`).

@@ -10,9 +10,9 @@ use anyhow::{Context as _, bail};
 use clap::{Args, ValueEnum};
 
 use super::{ConfigArgs, command, missing_sqlite_file, string};
+use crate::domain::Timestamp;
 use crate::report::{CampaignReport, CampaignTargetReport, ObjectiveView, Report};
 use crate::service;
-use crate::store::Timestamp;
 
 /// `mandrill report`
 #[derive(Debug, Args)]

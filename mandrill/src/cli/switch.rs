@@ -155,9 +155,9 @@ pub(super) fn status(args: &StatusArgs) -> ExitCode {
         let objectives = service::objectives::judge_all(&*store, &config.recovery_objective)
             .await
             .context("cannot read the recovery times");
-        let now = crate::store::Timestamp::now().as_millis();
+        let now = crate::domain::Timestamp::now().as_millis();
         let back = |d: std::time::Duration| {
-            crate::store::Timestamp::from_millis(
+            crate::domain::Timestamp::from_millis(
                 now.saturating_sub(i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
             )
         };

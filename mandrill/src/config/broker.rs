@@ -7,8 +7,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::broker::nats::NatsSettings;
 use crate::broker::pubsub::PubSubSettings;
-use crate::broker::sqlite::SqliteSettings;
 use crate::settings::{duration, settings};
+use crate::sqlite::SqliteSettings;
 
 settings! {
     /// `[broker]`: the settings every broker reads. What only one adapter

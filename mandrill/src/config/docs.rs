@@ -9,12 +9,12 @@ use super::{
 };
 use crate::broker::nats::NatsSettings;
 use crate::broker::pubsub::PubSubSettings;
-use crate::broker::sqlite::SqliteSettings;
 use crate::inventory::InventorySettings;
 use crate::notify::NotifierSettings;
 use crate::restarter::{CommandSettings, HttpSettings, SshSettings, VerifySettings};
 use crate::safety::{BudgetSettings, CalendarSettings, RateSettings};
 use crate::settings::{Documented, Field, summary};
+use crate::sqlite::SqliteSettings;
 
 type Docs = &'static [Field];
 

@@ -5,11 +5,14 @@
 //! [`Rejection`] whose `Display` is the dead-letter reason. The rest of the
 //! code never sees an unvalidated instance name or hostname.
 
+mod joint_ack;
 mod names;
 mod outcome;
 mod request;
 pub mod signed;
+mod time;
 
+pub use joint_ack::JointAck;
 pub use names::{Domain, Hostname, InstanceName, random_instance_name};
 pub use outcome::{Outcome, Restarted, Status};
 pub use request::{
@@ -17,6 +20,7 @@ pub use request::{
     WireRequest, new_message_id, salvage_message_id,
 };
 pub use signed::{Signatures, Signer, SigningKey};
+pub use time::Timestamp;
 
 /// Valid requests for tests elsewhere in the crate.
 #[cfg(test)]

@@ -460,7 +460,7 @@ impl RestartRequest {
     }
 
     /// The group the request is counted in: the operator's, once the worker
-    /// assigned it ([`crate::safety::Counting::assign`]), else
+    /// assigned it (the safety module's `Counting::assign`), else
     /// [`Self::default_group`]. Never the message's `group`.
     pub fn group(&self) -> &str {
         self.group

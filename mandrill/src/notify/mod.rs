@@ -26,8 +26,8 @@ use tokio_util::task::TaskTracker;
 use tracing::warn;
 
 use crate::domain::RestartRequest;
+use crate::domain::Timestamp;
 use crate::stats::Stats;
-use crate::store::Timestamp;
 
 pub use settings::{Format, MAX_QUEUE_CAPACITY, NotifierSettings, NotifyEntry};
 pub use switch::watch as watch_switch;

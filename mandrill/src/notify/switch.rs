@@ -27,7 +27,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
 use super::{Event, EventKind, Notifier};
-use crate::store::{Store, Switch, Timestamp};
+use crate::domain::Timestamp;
+use crate::store::{Store, Switch};
 
 /// Turns remembered on each side: far more than can happen in a poll
 /// interval.

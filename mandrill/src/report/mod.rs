@@ -28,7 +28,8 @@ use serde::{Serialize, Serializer};
 use uuid::Uuid;
 
 use crate::domain::Status;
-use crate::store::{ReportData, Timestamp};
+use crate::domain::Timestamp;
+use crate::store::ReportData;
 
 pub(crate) use html::html;
 pub(crate) use markdown::markdown;

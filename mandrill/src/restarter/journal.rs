@@ -64,7 +64,7 @@ impl Restarter for Journaled {
         let line = format!(
             "{} {}\n",
             request.hostname,
-            crate::store::Timestamp::now().as_millis()
+            crate::domain::Timestamp::now().as_millis()
         );
         let file = Arc::clone(&self.file);
         let written = tokio::task::spawn_blocking(move || {

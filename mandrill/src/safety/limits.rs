@@ -286,7 +286,7 @@ pub fn check_host_busy(
              until its outcome is recorded or at the latest {}; one host is never restarted \
              twice at once",
             held.message_id,
-            crate::store::Timestamp::from_millis(held.until)
+            crate::domain::Timestamp::from_millis(held.until)
         ),
         wait: left.min(retry).max(Duration::from_millis(1)),
     })
@@ -315,7 +315,7 @@ pub fn check(
             Duration::from_millis(at.saturating_sub(now).max(1).unsigned_abs()),
         )
     };
-    let at = |millis: i64| crate::store::Timestamp::from_millis(millis).to_string();
+    let at = |millis: i64| crate::domain::Timestamp::from_millis(millis).to_string();
     let mut used = Vec::new();
     if let (Some(cooldown), Some(last)) = (limits.host_cooldown, usage.host_last) {
         let (free, wait) = until(last, cooldown);

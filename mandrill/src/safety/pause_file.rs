@@ -338,13 +338,13 @@ mod tests {
         async fn first_received(
             &self,
             r: &crate::domain::RestartRequest,
-        ) -> Result<crate::store::Timestamp, StoreError> {
+        ) -> Result<crate::domain::Timestamp, StoreError> {
             self.inner.first_received(r).await
         }
         async fn group_usage(
             &self,
-            window_start: crate::store::Timestamp,
-            memory_start: crate::store::Timestamp,
+            window_start: crate::domain::Timestamp,
+            memory_start: crate::domain::Timestamp,
         ) -> Result<std::collections::BTreeMap<String, crate::store::GroupUsage>, StoreError>
         {
             self.inner.group_usage(window_start, memory_start).await
@@ -371,7 +371,7 @@ mod tests {
         }
         async fn prune(
             &self,
-            before: crate::store::Timestamp,
+            before: crate::domain::Timestamp,
             max_rows: u32,
         ) -> Result<u64, StoreError> {
             self.inner.prune(before, max_rows).await

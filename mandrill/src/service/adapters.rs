@@ -7,10 +7,8 @@ use anyhow::{Context as _, anyhow, bail};
 
 use crate::broker::nats::{NatsBroker, NatsOptions, NatsPublisher};
 use crate::broker::pubsub::{PubSubBroker, PubSubOptions, PubSubPublisher};
-use crate::broker::sqlite::SqliteOptions;
 use crate::broker::{
     AnyConsumer, Broker, BrokerUrl, BrokerUrlError, DeadLetterAdmin, MemoryBroker, Publisher,
-    SqliteBroker,
 };
 use crate::config::{
     BrokerSettings, Config, RestarterKind, RestarterSettings, StoreSettings, redact_url,
@@ -20,7 +18,8 @@ use crate::restarter::{
     Blocking, CommandRestarter, HttpRestarter, Journaled, Restarter, SimulatedBlockingRestarter,
     SimulatedRestarter, Simulation, SshRestarter, Verified,
 };
-use crate::store::{AnyStore, MemoryStore, PostgresStore, SqliteStore};
+use crate::sqlite::{SqliteBroker, SqliteOptions, SqliteStore};
+use crate::store::{AnyStore, MemoryStore, PostgresStore};
 
 /// Opens the store `store.url` names, creating and migrating it if needed.
 /// Typed, so that the worker calls it without boxing; [`AnyStore::as_dyn`]

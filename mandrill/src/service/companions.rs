@@ -8,10 +8,11 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::broker::Broker;
+use crate::domain::Timestamp;
 use crate::domain::signed::{LEEWAY, MAX_LIFETIME};
 use crate::safety::{Policy, PolicyHandle};
 use crate::stats::Stats;
-use crate::store::{Store, Timestamp};
+use crate::store::Store;
 use crate::worker::Shutdown;
 
 /// Rows deleted per pruning statement: small enough that the store's writer

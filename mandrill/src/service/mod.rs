@@ -324,7 +324,7 @@ impl Service {
     /// counters, or an error if the service had to stop by itself.
     pub async fn run(mut self, shutdown: Shutdown) -> anyhow::Result<StatsSnapshot> {
         // Before the pause file is applied: a pause it makes now is a change.
-        let started = crate::store::Timestamp::now();
+        let started = crate::domain::Timestamp::now();
         let companions = TaskTracker::new();
         let stop_companions = CancellationToken::new();
         // Serves through the drain (`/readyz` says 503 from the request on),

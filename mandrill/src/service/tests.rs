@@ -1,6 +1,7 @@
 use super::*;
 use crate::domain::{Domain, Outcome, ParseRules, RestartRequest};
-use crate::store::{SqliteStore, Store};
+use crate::sqlite::SqliteStore;
+use crate::store::Store;
 
 fn request() -> RestartRequest {
     request_for("cattle-old")
@@ -43,7 +44,7 @@ async fn history_past_its_retention_is_pruned_in_the_background() {
         .unwrap();
     // Older than anything pruning keeps (a signed token's validity is
     // the floor), as a row finished two days ago.
-    let two_days_ago = crate::store::Timestamp::now().as_millis() - 2 * 24 * 3_600_000;
+    let two_days_ago = crate::domain::Timestamp::now().as_millis() - 2 * 24 * 3_600_000;
     let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
     sqlx::query("UPDATE requests SET completed_at = $1, updated_at = $1 WHERE message_id = $2")
         .bind(two_days_ago)

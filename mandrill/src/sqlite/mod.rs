@@ -1,13 +1,15 @@
-//! What the SQLite queue ([`crate::broker::SqliteBroker`]) and the SQLite
-//! store ([`crate::store::SqliteStore`]) share: the connect options, the
-//! migration run, and one group-commit writer per database file.
+//! The SQLite adapter: a queue ([`SqliteBroker`], behind the broker seam,
+//! in `queue/`) and a store ([`SqliteStore`], behind the store seam, in
+//! `store/`), and what they share: the connect options, the migration run,
+//! and one group-commit writer per database file (`writer.rs`).
 //!
 //! By default the queue and the store are the same file. They then share
 //! one writer task (found in a registry keyed by the file's canonical path),
-//! so that a message's outcome and its ack commit in one transaction
-//! ([`JointAck`]), and so that two writers of one process never wait for
-//! each other's write lock. Several processes on one file each have their
-//! own writer; `BEGIN IMMEDIATE` and the busy timeout order them.
+//! so that a message's outcome and its ack commit in one transaction (the
+//! queue's [`JointAck`](crate::domain::JointAck) holds a [`FileAck`], which the store opens), and so
+//! that two writers of one process never wait for each other's write lock.
+//! Several processes on one file each have their own writer;
+//! `BEGIN IMMEDIATE` and the busy timeout order them.
 //!
 //! The writer stays on sqlx rather than rusqlite on a thread of its own,
 //! by measurement (the benchmark's `ceiling_sqlite_sqlx_*` fields): (b)'s work through sqlx in multi-row statements, as the writer
@@ -20,6 +22,8 @@
 //! SQL and error classification) for the reads, both parts and PostgreSQL.
 //! rusqlite links the same `libsqlite3-sys`, so the switch stays open.
 
+mod queue;
+mod store;
 pub(crate) mod writer;
 
 use std::collections::HashMap;
@@ -40,8 +44,10 @@ use tokio::sync::{Mutex, Notify, mpsc};
 use tokio_util::task::TaskTracker;
 use tracing::debug;
 
-use crate::broker::sqlite::QueuePart;
-use crate::store::sqlite::StorePart;
+use queue::QueuePart;
+pub use queue::{SqliteBroker, SqliteOptions, SqliteSettings};
+pub use store::SqliteStore;
+use store::StorePart;
 use writer::{Job, MAX_BATCH, Source, WriterConnection, write_loop};
 
 /// WAL pages (4 KiB each) after which a commit checkpoints the WAL into the
@@ -203,62 +209,26 @@ impl FileWriter {
     }
 }
 
-/// An ack that the store can commit in the very transaction that records
-/// the message's outcome, when the queue and the store share a database
-/// file (and so a writer): the ack is then never durable before the
-/// outcome, and a failed transaction fails both. Obtained from
-/// [`crate::broker::Consumer::joint_ack`], spent by
-/// [`crate::store::Store::record_outcome_acking`]; opaque to everyone else.
+/// What the queue puts in a [`JointAck`](crate::domain::JointAck): the
+/// delivery to ack, and the writer of its file. The store acks it in its
+/// outcome's transaction only when it writes that same file.
 #[derive(Debug, Clone)]
-pub struct JointAck {
-    pub(crate) writer: Weak<FileWriter>,
-    pub(crate) statement: &'static PairStatement,
-    /// The delivery's key: the two integers the statement matches.
-    pub(crate) key: [i64; 2],
+pub(crate) struct FileAck {
+    writer: Weak<FileWriter>,
+    claim: queue::Claim,
 }
 
-impl JointAck {
-    /// Whether the ack belongs to the file `writer` writes.
-    pub(crate) fn is_for(&self, writer: &Arc<FileWriter>) -> bool {
-        std::ptr::eq(self.writer.as_ptr(), Arc::as_ptr(writer))
-    }
-}
-
-/// A statement over rows named by pairs of integers, written so that one
-/// execution takes many pairs: `head`, then `(?, ?), (?, ?), …`, then `tail`,
-/// which must return the pairs it matched. The queue's ack is one; the store
-/// runs it for a batch of joint acks without knowing the queue's tables.
-#[derive(Debug)]
-pub(crate) struct PairStatement {
-    pub(crate) head: &'static str,
-    pub(crate) tail: &'static str,
-}
-
-impl PairStatement {
-    /// Runs the statement for `keys` (in chunks); returns the keys it matched.
-    pub(crate) async fn run(
-        &self,
-        tx: &mut writer::Tx<'_>,
-        keys: &[[i64; 2]],
-    ) -> Result<std::collections::HashSet<[i64; 2]>, sqlx::Error> {
-        /// Pairs per statement: two parameters each, far under SQLite's limit.
-        const CHUNK: usize = 500;
-        let mut matched = std::collections::HashSet::with_capacity(keys.len());
-        for chunk in keys.chunks(CHUNK) {
-            let mut query: sqlx::QueryBuilder<sqlx::Sqlite> = sqlx::QueryBuilder::new(self.head);
-            let mut pairs = query.separated(", ");
-            for [first, second] in chunk {
-                pairs.push("(");
-                pairs.push_bind_unseparated(*first);
-                pairs.push_unseparated(", ");
-                pairs.push_bind_unseparated(*second);
-                pairs.push_unseparated(")");
-            }
-            query.push(self.tail);
-            let rows: Vec<(i64, i64)> = query.build_query_as().fetch_all(&mut **tx).await?;
-            matched.extend(rows.into_iter().map(|(first, second)| [first, second]));
+impl FileAck {
+    fn new(writer: &Arc<FileWriter>, claim: queue::Claim) -> Self {
+        Self {
+            writer: Arc::downgrade(writer),
+            claim,
         }
-        Ok(matched)
+    }
+
+    /// The delivery to ack, if the ack belongs to the file `writer` writes.
+    fn claim_for(&self, writer: &Arc<FileWriter>) -> Option<queue::Claim> {
+        std::ptr::eq(self.writer.as_ptr(), Arc::as_ptr(writer)).then_some(self.claim)
     }
 }
 

@@ -4,10 +4,9 @@ use bytes::Bytes;
 use sqlx::SqlitePool;
 
 use super::*;
-use crate::broker::sqlite::SqliteOptions;
-use crate::broker::{Close, Consumer, Delivery, Publisher, SqliteBroker};
+use crate::broker::{Close, Consumer, Delivery, Publisher};
 use crate::domain::Outcome;
-use crate::store::{Recorded, SqliteStore, Store, contract};
+use crate::store::{Recorded, Store, contract};
 
 fn queue_config(url: &str) -> SqliteOptions {
     SqliteOptions {

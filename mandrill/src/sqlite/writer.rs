@@ -226,7 +226,7 @@ async fn transaction<A: Part, B: Part>(
     // lease's deadline are then no earlier than the moment they take
     // effect, so a restart cannot leave a rate window, or a lease lapse,
     // early by the time spent waiting.
-    let now = crate::store::Timestamp::now().as_millis();
+    let now = crate::domain::Timestamp::now().as_millis();
     let a_answers = a.run(&mut tx, a_ops, now).await?;
     let b_answers = b.run(&mut tx, b_ops, now).await?;
     tx.commit().await?;

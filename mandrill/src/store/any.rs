@@ -22,11 +22,10 @@ use std::sync::Arc;
 use uuid::Uuid;
 
 use super::{
-    Claim, ClaimTerms, ClaimToken, MemoryStore, PostgresStore, Recorded, SqliteStore, Store,
-    StoreError, Switch, Timestamp,
+    Claim, ClaimTerms, ClaimToken, MemoryStore, PostgresStore, Recorded, Store, StoreError, Switch,
 };
-use crate::domain::{Outcome, RestartRequest, Status};
-use crate::sqlite::JointAck;
+use crate::domain::{JointAck, Outcome, RestartRequest, Status, Timestamp};
+use crate::sqlite::SqliteStore;
 
 /// One of the stores this crate has, or any other behind `dyn Store`.
 #[derive(Clone)]

@@ -1,16 +1,14 @@
 //! What a store tells about the past: history entries, the story of a
-//! request, each group's use of its limits, what a report reads, and how
-//! times are stored.
+//! request, each group's use of its limits, and what a report reads.
 
-use std::fmt;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use serde::Serialize;
 use uuid::Uuid;
 
 use super::StoreError;
 use super::sql::{AttemptRow, DecisionRow, EntryRow, ReportAttemptRow, ReportDecisionRow};
-use crate::domain::Status;
+use crate::domain::{Status, Timestamp};
 
 /// One claimed restart attempt, from the restart journal.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -128,44 +126,6 @@ pub enum Recorded {
     /// A final outcome was already recorded (by an earlier delivery or
     /// another instance); it was left as it was.
     AlreadyFinal(Status),
-}
-
-/// A point in time, shown as RFC 3339 and stored as milliseconds since the epoch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Timestamp(SystemTime);
-
-impl Timestamp {
-    /// Now, by the wall clock.
-    pub fn now() -> Self {
-        Self(SystemTime::now())
-    }
-
-    /// From milliseconds since the Unix epoch.
-    pub fn from_millis(millis: i64) -> Self {
-        Self(UNIX_EPOCH + Duration::from_millis(millis.max(0).unsigned_abs()))
-    }
-
-    /// Milliseconds since the Unix epoch.
-    pub fn as_millis(self) -> i64 {
-        let millis = self
-            .0
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_millis();
-        i64::try_from(millis).unwrap_or(i64::MAX)
-    }
-}
-
-impl fmt::Display for Timestamp {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", humantime::format_rfc3339_millis(self.0))
-    }
-}
-
-impl Serialize for Timestamp {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self)
-    }
 }
 
 /// One request as recorded, for `mandrill history`.

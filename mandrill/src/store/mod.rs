@@ -11,7 +11,9 @@
 //! (campaigns as recorded), `sql.rs` (the statements the SQL stores share), `reads.rs` (the reads
 //! they share), `lookup.rs` (lookups answered in groups), `story.rs` (a
 //! story in words), `contract.rs` (what every store is tested for), and one
-//! module per store. The paths other modules use are re-exported here.
+//! module per store. The SQLite store lives beside the SQLite queue, in the
+//! crate's `sqlite` module, and implements [`Store`] from there. The paths
+//! other modules use are re-exported here.
 
 mod any;
 mod campaigns;
@@ -20,18 +22,17 @@ mod claim;
 pub(crate) mod contract;
 mod error;
 mod history;
-mod lookup;
+pub(crate) mod lookup;
 pub mod memory;
 pub mod postgres;
-mod reads;
-mod sql;
-pub mod sqlite;
+pub(crate) mod reads;
+pub(crate) mod sql;
 mod story;
 
 use async_trait::async_trait;
 use uuid::Uuid;
 
-use crate::domain::{Outcome, RestartRequest, Status};
+use crate::domain::{JointAck, Outcome, RestartRequest, Status, Timestamp};
 
 pub use any::AnyStore;
 pub use campaigns::{Campaign, CampaignTarget};
@@ -47,13 +48,12 @@ pub use error::{DEFAULT_TIMEOUT, StoreError};
 pub(crate) use error::{sqlx_error_is_transient, within};
 pub use history::{
     AttemptRecord, DecisionRecord, GroupUsage, HistoryEntry, REJECTED_PAYLOAD_EXCERPT, Recorded,
-    ReportAttempt, ReportData, ReportDecision, Story, Timestamp, payload_excerpt,
+    ReportAttempt, ReportData, ReportDecision, Story, payload_excerpt,
 };
 pub(crate) use history::{group_usage_from, millis_of, status_from_name};
 pub use memory::MemoryStore;
 pub use postgres::PostgresStore;
 pub(crate) use sql::{DECISION_SQL, DEFERRAL_SQL};
-pub use sqlite::SqliteStore;
 
 /// The durable record of requests and outcomes. See the module docs.
 #[async_trait]
@@ -97,7 +97,7 @@ pub trait Store: Send + Sync + 'static {
         request: &RestartRequest,
         attempt: u32,
         outcome: &Outcome,
-        ack: Option<crate::sqlite::JointAck>,
+        ack: Option<JointAck>,
     ) -> Result<(Recorded, bool), StoreError> {
         let _ = ack;
         Ok((self.record_outcome(request, attempt, outcome).await?, false))

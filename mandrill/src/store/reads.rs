@@ -292,8 +292,10 @@ mod tests {
 
     use sqlx::sqlite::{SqliteConnectOptions, SqlitePool};
 
+    use crate::domain::Timestamp;
     use crate::safety::limits::Limits;
-    use crate::store::{ClaimTerms, Decision, SqliteStore, Store, Timestamp, contract};
+    use crate::sqlite::SqliteStore;
+    use crate::store::{ClaimTerms, Decision, Store, contract};
 
     /// The shared reads, through a pool of their own on a database the
     /// SQLite store wrote, read what the store reads (through them too);

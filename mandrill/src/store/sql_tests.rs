@@ -72,7 +72,8 @@ async fn the_shared_upserts_run_on_sqlite() {
 
     use sqlx::sqlite::{SqliteConnectOptions, SqlitePool};
 
-    use crate::store::{SqliteStore, Store};
+    use crate::sqlite::SqliteStore;
+    use crate::store::Store;
 
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite:{}", dir.path().join("t.db").display());

@@ -13,11 +13,12 @@ use super::retry::{Stopped, Until, store_op};
 use super::settle::{Settlement, settle_recorded};
 use super::shared::Shared;
 use crate::broker::DeliveryTag;
+use crate::domain::Timestamp;
 use crate::domain::{Outcome, RestartRequest};
 use crate::notify::EventKind;
 use crate::restarter::RestartError;
 use crate::stats::DeadLetterReason;
-use crate::store::{Recorded, Timestamp};
+use crate::store::Recorded;
 
 /// Everything after the restart: the outcome, recorded, and how to settle.
 ///

@@ -16,10 +16,11 @@ use tracing::{error, info, warn};
 use super::{FlowControl, WorkerConfig};
 use crate::broker::AnyConsumer;
 use crate::domain::RestartRequest;
+use crate::domain::Timestamp;
 use crate::notify::{Event, EventKind, Notifier};
 use crate::restarter::Restarter;
 use crate::stats::Stats;
-use crate::store::{AnyStore, ClaimTerms, Timestamp};
+use crate::store::{AnyStore, ClaimTerms};
 
 /// Everything a handler needs, shared by all of them.
 pub(crate) struct Shared {

@@ -16,12 +16,11 @@ use uuid::Uuid;
 
 use super::*;
 use crate::broker::{BrokerError, Close, Consumer, Delivery, DeliveryTag, MemoryBroker, Publisher};
+use crate::domain::Timestamp;
 use crate::domain::{Domain, Outcome, RestartRequest, Restarted, Status};
 use crate::restarter::{Reservation, Reserving, RestartError};
 use crate::safety::{Eligibility, Policy, PolicyHandle};
-use crate::store::{
-    Claim, ClaimTerms, HistoryEntry, MemoryStore, Recorded, Store, StoreError, Timestamp,
-};
+use crate::store::{Claim, ClaimTerms, HistoryEntry, MemoryStore, Recorded, Store, StoreError};
 
 #[path = "test_doubles.rs"]
 mod doubles;

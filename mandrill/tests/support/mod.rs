@@ -242,7 +242,9 @@ pub fn history(url: &str) -> Vec<mandrill::store::HistoryEntry> {
         .build()
         .unwrap();
     runtime.block_on(async {
-        let store = mandrill::store::SqliteStore::connect(url, 1).await.unwrap();
+        let store = mandrill::sqlite::SqliteStore::connect(url, 1)
+            .await
+            .unwrap();
         let entries = store.history(1_000_000).await.unwrap();
         store.close().await;
         entries

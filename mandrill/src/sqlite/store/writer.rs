@@ -10,11 +10,11 @@ use uuid::Uuid;
 
 use super::claims::claim;
 use super::outcomes::{insert_outcomes, insert_rejection, prune, release};
-use crate::domain::{Outcome, RestartRequest, Status};
-use crate::sqlite::JointAck;
+use crate::domain::{Outcome, RestartRequest, Status, Timestamp};
+use crate::sqlite::queue::{Claim as Delivered, ack_all};
 use crate::sqlite::writer::{Part, Tx};
 use crate::store::reads::sqlite::insert_decision;
-use crate::store::{Claim, ClaimTerms, ClaimToken, Decision, Recorded, StoreError, Timestamp};
+use crate::store::{Claim, ClaimTerms, ClaimToken, Decision, Recorded, StoreError};
 
 /// One write, with whom to tell once it is committed.
 #[derive(Debug)]
@@ -31,7 +31,7 @@ pub(crate) enum Write {
         outcome: Outcome,
         /// Committed with the outcome if it is recorded (the file's own
         /// queue's ack); the reply says whether it matched.
-        ack: Option<JointAck>,
+        ack: Option<Delivered>,
         reply: oneshot::Sender<Result<(Recorded, bool), StoreError>>,
     },
     Rejection {
@@ -105,37 +105,21 @@ impl Part for StorePart {
 }
 
 /// Runs the joint acks of the recorded outcomes among `outcomes` (one
-/// statement per kind of ack, whatever their number) and answers each
-/// outcome. An outcome not recorded (another was final already) acks
-/// nothing: its caller settles the way that case needs.
+/// statement for all of them) and answers each outcome. An outcome not
+/// recorded (another was final already) acks nothing: its caller settles
+/// the way that case needs.
 async fn answer_outcomes(
     tx: &mut Tx<'_>,
-    outcomes: Vec<(usize, Option<Status>, Option<&JointAck>)>,
+    outcomes: Vec<(usize, Option<Status>, Option<Delivered>)>,
     answers: &mut [Answer],
 ) -> Result<(), sqlx::Error> {
-    let mut kinds: Vec<(&'static crate::sqlite::PairStatement, Vec<[i64; 2]>)> = Vec::new();
-    for (_, recorded, ack) in &outcomes {
-        if let (None, Some(ack)) = (recorded, ack) {
-            match kinds
-                .iter_mut()
-                .find(|(statement, _)| std::ptr::eq(*statement, ack.statement))
-            {
-                Some((_, keys)) => keys.push(ack.key),
-                None => kinds.push((ack.statement, vec![ack.key])),
-            }
-        }
-    }
-    let mut matched = Vec::with_capacity(kinds.len());
-    for (statement, keys) in &kinds {
-        matched.push((*statement, statement.run(tx, keys).await?));
-    }
+    let acks: Vec<Delivered> = outcomes
+        .iter()
+        .filter_map(|(_, recorded, ack)| ack.filter(|_| recorded.is_none()))
+        .collect();
+    let acked = ack_all(tx, &acks).await?;
     for (index, recorded, ack) in outcomes {
-        let acked = recorded.is_none()
-            && ack.is_some_and(|ack| {
-                matched.iter().any(|(statement, keys)| {
-                    std::ptr::eq(*statement, ack.statement) && keys.contains(&ack.key)
-                })
-            });
+        let acked = recorded.is_none() && ack.is_some_and(|ack| acked.contains(&ack));
         answers[index] = Answer::Outcome(recorded, acked);
     }
     Ok(())
@@ -233,7 +217,7 @@ async fn run_batch(tx: &mut Tx<'_>, batch: &[Write], now: i64) -> Result<Vec<Ans
                     let recorded =
                         insert_outcomes(tx, &[(request, *attempt, outcome)], now).await?[0];
                     let mut one = [Answer::Done];
-                    answer_outcomes(tx, vec![(0, recorded, ack.as_ref())], &mut one).await?;
+                    answer_outcomes(tx, vec![(0, recorded, *ack)], &mut one).await?;
                     let [one] = one;
                     *answer = one;
                 }
@@ -275,7 +259,7 @@ async fn run_batch(tx: &mut Tx<'_>, batch: &[Write], now: i64) -> Result<Vec<Ans
             .into_iter()
             .zip(recorded)
             .map(|(index, result)| match &batch[index] {
-                Write::Outcome { ack, .. } => (index, result, ack.as_ref()),
+                Write::Outcome { ack, .. } => (index, result, *ack),
                 _ => unreachable!("indexes of outcomes"),
             })
             .collect();

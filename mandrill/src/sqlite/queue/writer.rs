@@ -4,7 +4,8 @@
 
 use super::claims::{Claim, Claimed, Step, claim, publish, settle};
 use super::*;
-use crate::sqlite::PairStatement;
+use std::collections::HashSet;
+
 use crate::sqlite::writer::{Part, Tx};
 
 /// What the writer does for one caller of the queue.
@@ -219,27 +220,29 @@ async fn run_batch(
     Ok(steps)
 }
 
-/// Acks deliveries: deletes each row whose lease is still the delivery's.
-/// Also run by the store, for a batch of [`crate::sqlite::JointAck`]s.
-pub(super) static ACK: PairStatement = PairStatement {
-    head: "DELETE FROM queue WHERE (id, lease) IN (VALUES ",
-    tail: ") RETURNING id, lease",
-};
-
-/// Deletes every acked row whose lease is still the ack's; returns the
-/// claims that matched. Bound parameters, not a JSON array taken apart
-/// inside SQLite: the JSON functions cost more than the deletes themselves.
-async fn ack_all(
+/// Acks deliveries: deletes each row whose lease is still the delivery's;
+/// returns the claims that matched. Also run by the store, for the joint
+/// acks of a batch of outcomes. Bound parameters, not a JSON array taken
+/// apart inside SQLite: the JSON functions cost more than the deletes
+/// themselves.
+pub(in crate::sqlite) async fn ack_all(
     tx: &mut Tx<'_>,
     acks: &[Claim],
-) -> Result<std::collections::HashSet<Claim>, sqlx::Error> {
-    if acks.is_empty() {
-        return Ok(Default::default());
+) -> Result<HashSet<Claim>, sqlx::Error> {
+    /// Claims per statement: two parameters each, far under SQLite's limit.
+    const CHUNK: usize = 500;
+    let mut matched = HashSet::with_capacity(acks.len());
+    for chunk in acks.chunks(CHUNK) {
+        let mut query = QueryBuilder::<Sqlite>::new("DELETE FROM queue WHERE (id, lease) IN ");
+        query.push_tuples(chunk, |mut pair, claim| {
+            pair.push_bind(claim.id).push_bind(claim.delivery);
+        });
+        query.push(" RETURNING id, lease");
+        let rows: Vec<(i64, i64)> = query.build_query_as().fetch_all(&mut **tx).await?;
+        matched.extend(
+            rows.into_iter()
+                .map(|(id, delivery)| Claim { id, delivery }),
+        );
     }
-    let keys: Vec<[i64; 2]> = acks.iter().map(|c| [c.id, c.delivery]).collect();
-    let matched = ACK.run(tx, &keys).await?;
-    Ok(matched
-        .into_iter()
-        .map(|[id, delivery]| Claim { id, delivery })
-        .collect())
+    Ok(matched)
 }

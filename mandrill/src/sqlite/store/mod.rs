@@ -29,17 +29,16 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
-use super::lookup::{Lookup, lookup_loop};
-use super::reads::sqlite as reads;
-use super::sql::{PAUSE_GROUP_SQL, RESUME_GROUP_SQL, SET_SWITCH_IF_SQL, SET_SWITCH_SQL};
-use super::{
+use super::writer::{Job, MAX_BATCH};
+use super::{FileAck, FileWriter, store_migrations};
+use crate::domain::{JointAck, Outcome, RestartRequest, Status, Timestamp};
+use crate::store::lookup::{Lookup, lookup_loop};
+use crate::store::reads::sqlite as reads;
+use crate::store::sql::{PAUSE_GROUP_SQL, RESUME_GROUP_SQL, SET_SWITCH_IF_SQL, SET_SWITCH_SQL};
+use crate::store::{
     Claim, ClaimTerms, ClaimToken, DEFAULT_TIMEOUT, Decision, GroupUsage, HistoryEntry, Recorded,
-    ReportData, Store, StoreError, Story, Switch, SwitchExpected, Timestamp, payload_excerpt,
-    within,
+    ReportData, Store, StoreError, Story, Switch, SwitchExpected, payload_excerpt, within,
 };
-use crate::domain::{Outcome, RestartRequest, Status};
-use crate::sqlite::writer::{Job, MAX_BATCH};
-use crate::sqlite::{FileWriter, JointAck, store_migrations};
 pub(crate) use writer::StorePart;
 use writer::Write;
 
@@ -208,8 +207,8 @@ impl SqliteStore {
         &self.writer
     }
 
-    /// Records an outcome, with `ack` in its transaction when it is for
-    /// this store's own file.
+    /// Records an outcome, with `ack` in its transaction when it is the
+    /// SQLite queue's ack of a delivery from this store's own file.
     async fn outcome(
         &self,
         request: &RestartRequest,
@@ -217,7 +216,10 @@ impl SqliteStore {
         outcome: &Outcome,
         ack: Option<JointAck>,
     ) -> Result<(Recorded, bool), StoreError> {
-        let ack = ack.filter(|ack| ack.is_for(&self.writer));
+        let ack = ack
+            .as_ref()
+            .and_then(JointAck::open::<FileAck>)
+            .and_then(|ack| ack.claim_for(&self.writer));
         let (request, outcome) = (request.clone(), outcome.clone());
         self.call(|reply| Write::Outcome {
             request,
@@ -230,12 +232,9 @@ impl SqliteStore {
     }
 }
 
-/// The calls on every message, as inherent `async fn`s: the worker
-/// calls them without boxing a future, and the trait impl delegates to
-/// them.
-impl SqliteStore {
-    /// As [`Store::lookup`], unboxed.
-    pub async fn lookup(&self, message_id: Uuid) -> Result<Option<Status>, StoreError> {
+#[async_trait]
+impl Store for SqliteStore {
+    async fn lookup(&self, message_id: Uuid) -> Result<Option<Status>, StoreError> {
         let (reply, answer) = oneshot::channel();
         self.bounded(async {
             self.lookups
@@ -247,8 +246,7 @@ impl SqliteStore {
         .await
     }
 
-    /// As [`Store::claim_restart`], unboxed.
-    pub async fn claim_restart(
+    async fn claim_restart(
         &self,
         request: &RestartRequest,
         terms: ClaimTerms,
@@ -264,8 +262,7 @@ impl SqliteStore {
         .await
     }
 
-    /// As [`Store::record_outcome`], unboxed.
-    pub async fn record_outcome(
+    async fn record_outcome(
         &self,
         request: &RestartRequest,
         attempt: u32,
@@ -274,8 +271,7 @@ impl SqliteStore {
         Ok(self.outcome(request, attempt, outcome, None).await?.0)
     }
 
-    /// As [`Store::record_outcome_acking`], unboxed.
-    pub async fn record_outcome_acking(
+    async fn record_outcome_acking(
         &self,
         request: &RestartRequest,
         attempt: u32,
@@ -285,8 +281,7 @@ impl SqliteStore {
         self.outcome(request, attempt, outcome, ack).await
     }
 
-    /// As [`Store::release_claim`], unboxed.
-    pub async fn release_claim(
+    async fn release_claim(
         &self,
         request: &RestartRequest,
         attempt: u32,
@@ -298,49 +293,6 @@ impl SqliteStore {
             reply,
         })
         .await
-    }
-}
-
-#[async_trait]
-impl Store for SqliteStore {
-    async fn lookup(&self, message_id: Uuid) -> Result<Option<Status>, StoreError> {
-        SqliteStore::lookup(self, message_id).await
-    }
-
-    async fn claim_restart(
-        &self,
-        request: &RestartRequest,
-        terms: ClaimTerms,
-        token: ClaimToken,
-    ) -> Result<Claim, StoreError> {
-        SqliteStore::claim_restart(self, request, terms, token).await
-    }
-
-    async fn record_outcome(
-        &self,
-        request: &RestartRequest,
-        attempt: u32,
-        outcome: &Outcome,
-    ) -> Result<Recorded, StoreError> {
-        SqliteStore::record_outcome(self, request, attempt, outcome).await
-    }
-
-    async fn record_outcome_acking(
-        &self,
-        request: &RestartRequest,
-        attempt: u32,
-        outcome: &Outcome,
-        ack: Option<JointAck>,
-    ) -> Result<(Recorded, bool), StoreError> {
-        SqliteStore::record_outcome_acking(self, request, attempt, outcome, ack).await
-    }
-
-    async fn release_claim(
-        &self,
-        request: &RestartRequest,
-        attempt: u32,
-    ) -> Result<(), StoreError> {
-        SqliteStore::release_claim(self, request, attempt).await
     }
 
     async fn record_rejection(
@@ -495,7 +447,7 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn group_pauses(&self) -> Result<Vec<super::GroupPause>, StoreError> {
+    async fn group_pauses(&self) -> Result<Vec<crate::store::GroupPause>, StoreError> {
         self.bounded(reads::group_pauses(&self.pool)).await
     }
 

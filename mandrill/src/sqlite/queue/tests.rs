@@ -281,7 +281,7 @@ async fn oversized_row_is_claimed_as_a_bounded_prefix_and_dead_lettered_in_place
     assert_eq!(delivered[0].full_size, SIZE);
     assert_eq!(delivered[1].payload, "small");
     assert_eq!(delivered[1].full_size, 5);
-    let reason = "x".repeat(10 * super::super::MAX_REASON_BYTES);
+    let reason = "x".repeat(10 * crate::broker::MAX_REASON_BYTES);
     broker
         .dead_letter(&delivered[0].tag, &reason)
         .await
@@ -295,10 +295,10 @@ async fn oversized_row_is_claimed_as_a_bounded_prefix_and_dead_lettered_in_place
     );
     assert_eq!(
         dead[0].payload.len(),
-        usize::try_from(MAX_LISTED_PAYLOAD_BYTES).unwrap(),
+        usize::try_from(admin::MAX_LISTED_PAYLOAD_BYTES).unwrap(),
         "a listing reads a bounded prefix"
     );
-    assert!(dead[0].reason.len() <= super::super::MAX_REASON_BYTES);
+    assert!(dead[0].reason.len() <= crate::broker::MAX_REASON_BYTES);
     broker.ack(&delivered[1].tag).await.unwrap();
     broker.close().await;
 }

@@ -43,12 +43,13 @@ use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 use tracing::warn;
 
-use super::{
+use super::writer::Job;
+use super::{FileAck, FileWriter, queue_migrations};
+use crate::broker::{
     BrokerError, Cause, Close, Consumer, DeadLetterAdmin, DeadLetterEntry, DeadLetterId,
     DeadLetterRecord, Delivery, DeliveryTag, Publisher, bounded_reason,
 };
-use crate::sqlite::writer::Job;
-use crate::sqlite::{FileWriter, JointAck, queue_migrations};
+use crate::domain::JointAck;
 
 mod admin;
 mod claims;
@@ -59,11 +60,11 @@ mod settings;
 mod tests;
 mod writer;
 
-pub use admin::MAX_LISTED_PAYLOAD_BYTES;
-use claims::Claim;
+pub(super) use claims::Claim;
 pub use settings::{SqliteOptions, SqliteSettings};
 pub(crate) use writer::QueuePart;
-use writer::{ACK, Action, Limits, Op};
+pub(super) use writer::ack_all;
+use writer::{Action, Limits, Op};
 
 /// Rows per multi-row `INSERT` (three parameters each, well under SQLite's limit).
 const INSERT_CHUNK: usize = 500;
@@ -214,12 +215,13 @@ impl Publisher for SqliteBroker {
     }
 }
 
-/// The calls on every message, as inherent `async fn`s: the worker
-/// calls them without boxing a future, and the trait impl delegates to
-/// them.
-impl SqliteBroker {
-    /// As [`Consumer::pull`], unboxed.
-    pub async fn pull(&self, max: usize) -> Result<Vec<Delivery>, BrokerError> {
+#[async_trait]
+impl Consumer for SqliteBroker {
+    fn lease(&self) -> Option<Duration> {
+        Some(self.ack_deadline)
+    }
+
+    async fn pull(&self, max: usize) -> Result<Vec<Delivery>, BrokerError> {
         if max == 0 {
             return Ok(Vec::new());
         }
@@ -270,61 +272,26 @@ impl SqliteBroker {
         }
     }
 
-    /// As [`Consumer::ack`], unboxed.
-    pub async fn ack(&self, tag: &DeliveryTag) -> Result<(), BrokerError> {
+    async fn ack(&self, tag: &DeliveryTag) -> Result<(), BrokerError> {
         self.settle(tag, Action::Ack).await
     }
 
-    /// As [`Consumer::nack`], unboxed.
-    pub async fn nack(&self, tag: &DeliveryTag, delay: Duration) -> Result<(), BrokerError> {
+    async fn nack(&self, tag: &DeliveryTag, delay: Duration) -> Result<(), BrokerError> {
         self.settle(tag, Action::Nack(delay)).await
     }
 
-    /// As [`Consumer::extend`], unboxed.
-    pub async fn extend(&self, tag: &DeliveryTag) -> Result<(), BrokerError> {
+    async fn extend(&self, tag: &DeliveryTag) -> Result<(), BrokerError> {
         self.settle(tag, Action::Extend).await
     }
 
-    /// As [`Consumer::dead_letter`], unboxed.
-    pub async fn dead_letter(&self, tag: &DeliveryTag, reason: &str) -> Result<(), BrokerError> {
+    async fn dead_letter(&self, tag: &DeliveryTag, reason: &str) -> Result<(), BrokerError> {
         self.settle(tag, Action::DeadLetter(reason.to_owned()))
             .await
-    }
-}
-
-#[async_trait]
-impl Consumer for SqliteBroker {
-    fn lease(&self) -> Option<Duration> {
-        Some(self.ack_deadline)
-    }
-
-    async fn pull(&self, max: usize) -> Result<Vec<Delivery>, BrokerError> {
-        SqliteBroker::pull(self, max).await
-    }
-
-    async fn ack(&self, tag: &DeliveryTag) -> Result<(), BrokerError> {
-        SqliteBroker::ack(self, tag).await
-    }
-
-    async fn nack(&self, tag: &DeliveryTag, delay: Duration) -> Result<(), BrokerError> {
-        SqliteBroker::nack(self, tag, delay).await
-    }
-
-    async fn extend(&self, tag: &DeliveryTag) -> Result<(), BrokerError> {
-        SqliteBroker::extend(self, tag).await
-    }
-
-    async fn dead_letter(&self, tag: &DeliveryTag, reason: &str) -> Result<(), BrokerError> {
-        SqliteBroker::dead_letter(self, tag, reason).await
     }
 
     fn joint_ack(&self, tag: &DeliveryTag) -> Option<JointAck> {
         let claim = Claim::from_tag(tag).ok()?;
-        Some(JointAck {
-            writer: Arc::downgrade(&self.writer),
-            statement: &ACK,
-            key: [claim.id, claim.delivery],
-        })
+        Some(JointAck::new(FileAck::new(&self.writer, claim)))
     }
 
     async fn backlog(&self) -> Result<Option<u64>, BrokerError> {

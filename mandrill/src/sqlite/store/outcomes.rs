@@ -8,13 +8,14 @@ use sqlx::{QueryBuilder, Sqlite};
 use uuid::Uuid;
 
 use super::{AroundValues, ROWS_PER_STATEMENT};
+use crate::domain::Timestamp;
 use crate::domain::{Outcome, RestartRequest, Status};
 use crate::sqlite::writer::Tx;
+use crate::store::millis_of;
 use crate::store::sql::{
     PRUNE_JOURNAL_SQL, PRUNE_ORPHANS_SQL, REJECTION_SQL, RELEASE_JOURNAL_SQL, RELEASE_SQL,
     not_final, outcome_set,
 };
-use crate::store::{Timestamp, millis_of};
 
 /// Settles open rows with outcomes: for each row whose request is in the
 /// `VALUES` list and not final, sets what an outcome sets, and returns its

@@ -4,7 +4,7 @@ use super::*;
 
 /// Most bytes of a dead letter's payload a listing reads: a payload can be
 /// far larger than any valid request (that may be why it is dead).
-pub const MAX_LISTED_PAYLOAD_BYTES: i64 = 64 * 1024;
+pub(super) const MAX_LISTED_PAYLOAD_BYTES: i64 = 64 * 1024;
 
 #[async_trait]
 impl DeadLetterAdmin for SqliteBroker {
