@@ -70,10 +70,69 @@ mod report;
 mod stats;
 mod telemetry;
 
-pub use backoff::Backoff;
+/// The binary's entry point: subcommands, signals, runtime, exit codes.
 pub use cli::main;
+
+/// A random tutorial-style request, as `mandrill run --simulate` publishes.
 pub use demo::random_request;
+/// The domain: requests parsed and validated at the edge, and outcomes.
+pub use domain::{
+    Domain, Hostname, InstanceName, JointAck, Outcome, ParseRules, RestartRequest, Restarted,
+    SigningKey, Status, Timestamp,
+};
+
+/// The broker seam and its adapters (the benchmark and tests open them
+/// directly, as the service does).
+pub use broker::nats::{Credentials, DEAD_LETTER_REASON_HEADER, NatsBroker, NatsOptions};
+/// Pub/Sub: the broker, its options, and the `pubsub://PROJECT/PREFIX` parser.
+pub use broker::pubsub::{
+    PubSubBroker, PubSubOptions, PubSubSettings, PullMode, settings::parse_url as parse_pubsub_url,
+};
+/// The broker traits, and the in-memory and SQLite brokers.
+pub use broker::{Broker, Close, Consumer, MemoryBroker, Publisher};
+/// The SQLite queue and store, one adapter over one file.
+pub use sqlite::{SqliteBroker, SqliteOptions, SqliteStore};
+
+/// The PostgreSQL store's defaults, for tools that set up a database as it does.
+pub use store::postgres::{
+    DEFAULT_WRITERS as POSTGRES_DEFAULT_WRITERS, SESSION_SETTINGS as POSTGRES_SESSION_SETTINGS,
+};
+/// The store seam: the trait, what its methods take and give, and its adapters.
+pub use store::{
+    Claim, ClaimTerms, ClaimToken, DEFAULT_TIMEOUT, Decision, GroupUsage, HistoryEntry,
+    MemoryStore, PostgresStore, Recorded, ReportData, Store, StoreError, Story, Switch,
+    SwitchExpected,
+};
+
+/// The restarter seam, the ssh backend and its host map, and the simulation.
+pub use restarter::{
+    RestartError, Restarter, SimulatedRestarter, Simulation, SshRestarter, SshSettings,
+    hosts::{HostEntry, HostMap},
+};
+
+/// Exponential backoff, as the worker's configuration takes it.
+pub use backoff::Backoff;
+/// Webhooks told of restarts and failures.
+pub use notify::{EventKind, Format, Notifier, NotifierSettings, NotifyEntry};
+/// The policy the worker asks before a restart: requesters and their keys.
+pub use safety::{Policy, PolicyHandle, RequesterSettings, Requesters};
+/// The `[[schedule]]` plan, computed alike on every instance.
+pub use schedule::{DEFAULT_MAX_LATENESS, Plan, ScheduleSettings};
+/// The worker's counters.
 pub use stats::Stats;
+/// The worker, its configuration and its shutdown signal.
+pub use worker::{Shutdown, Worker, WorkerConfig};
+
+/// The configuration: loaded from file, environment and overrides; secrets
+/// never printed.
+pub use config::{Config, Sources};
+/// A secret setting, masked when printed.
+pub use settings::Secret;
+
+/// The parts of docs/ generated from the code.
+pub use reference::{
+    commands as commands_reference, metrics as metrics_reference, settings as settings_reference,
+};
 
 /// The PostgreSQL store's schema, for tools (the benchmark's ceiling) that
 /// set up a database the way the store does.

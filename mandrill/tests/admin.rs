@@ -545,7 +545,7 @@ fn two_instances_on_one_sqlite_file_with_the_default_config_both_serve_and_statu
         (entries.len() == requests
             && entries
                 .iter()
-                .all(|e| e.status == mandrill::domain::Status::Restarted))
+                .all(|e| e.status == mandrill::Status::Restarted))
         .then_some(())
     });
     let mut restarted_by = Vec::new();

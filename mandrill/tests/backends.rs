@@ -9,7 +9,7 @@ use std::fs;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use mandrill::domain::Status;
+use mandrill::Status;
 use services::sshd::{KillOnDrop, PrivateSshd, alive};
 use support::{Mandrill, history, mandrill, sqlite_url, temp_dir};
 

@@ -10,7 +10,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 
-use mandrill::domain::Status;
+use mandrill::Status;
 use serde_json::Value;
 use support::{Mandrill, history, mandrill, sqlite_url, temp_dir};
 

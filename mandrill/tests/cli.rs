@@ -7,14 +7,13 @@ mod support;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use mandrill::domain::Status;
-use mandrill::sqlite::SqliteStore;
-use mandrill::store::Store;
+use mandrill::Status;
+use mandrill::{SqliteStore, Store};
 use serde_json::Value;
 use services::free_port;
 use support::{DEADLINE, Mandrill, binary, count, fields_of, mandrill, sqlite_url, temp_dir};
 
-fn history(url: &str) -> Vec<mandrill::store::HistoryEntry> {
+fn history(url: &str) -> Vec<mandrill::HistoryEntry> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

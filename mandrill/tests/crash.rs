@@ -14,7 +14,7 @@ mod support;
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use mandrill::domain::{Domain, ParseRules, RestartRequest, Status};
+use mandrill::{Domain, ParseRules, RestartRequest, Status};
 use rand::Rng;
 use support::{
     DEADLINE, Mandrill, count, fields_of, history, mandrill, queue_rows, sqlite_url, temp_dir,

@@ -275,7 +275,7 @@ fn the_shipped_production_configurations_pass_policy_check_with_their_inventory(
             stdout.contains("not in the inventory"),
             "{name}: cattle-web-99 is not listed: {stdout}"
         );
-        let loaded = mandrill::config::Sources {
+        let loaded = mandrill::Sources {
             file: Some(config),
             environment: SECRETS
                 .iter()
@@ -310,7 +310,7 @@ fn the_example_production_configuration_loads_with_its_secrets_from_the_environm
     let (_guard, dir) = temp_dir();
     let shipped = std::fs::read_to_string(deploy("mandrill.toml")).unwrap();
     let path = runnable(&shipped, &dir);
-    let sources = |environment: &[(&str, &str)]| mandrill::config::Sources {
+    let sources = |environment: &[(&str, &str)]| mandrill::Sources {
         file: Some(path.clone()),
         environment: environment
             .iter()
@@ -321,7 +321,7 @@ fn the_example_production_configuration_loads_with_its_secrets_from_the_environm
     let config = sources(&SECRETS).load().unwrap();
     assert_eq!(
         config.broker.nats.password,
-        Some(mandrill::settings::Secret("nats-pw".into()))
+        Some(mandrill::Secret("nats-pw".into()))
     );
     assert_eq!(config.admin.listen, "0.0.0.0:9730");
     assert_eq!(config.notify.len(), 1, "the example has a notification");

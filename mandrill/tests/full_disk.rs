@@ -13,8 +13,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use mandrill::sqlite::SqliteStore;
-use mandrill::store::Store as _;
+use mandrill::{SqliteStore, Store as _};
 use sqlx::Connection as _;
 use support::tmpfs::Tmpfs;
 use support::{DEADLINE, Mandrill, history, mandrill, queue_rows, temp_dir};
@@ -170,7 +169,7 @@ fn service_on_a_full_disk_resumes_when_there_is_room_and_records_everything_once
     assert!(
         entries
             .iter()
-            .all(|e| e.status == mandrill::domain::Status::Restarted),
+            .all(|e| e.status == mandrill::Status::Restarted),
         "{entries:?}"
     );
 }

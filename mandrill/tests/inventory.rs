@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use mandrill::domain::Status;
+use mandrill::Status;
 use serde_json::Value;
 use support::{DEADLINE, Mandrill, history, mandrill, sqlite_url, temp_dir};
 

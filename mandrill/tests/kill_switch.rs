@@ -8,7 +8,7 @@ mod support;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use mandrill::domain::Status;
+use mandrill::Status;
 use support::{Mandrill, history, mandrill, sqlite_url, temp_dir};
 
 fn journal_lines(path: &Path) -> usize {

@@ -12,7 +12,7 @@ mod support;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use mandrill::domain::Status;
+use mandrill::Status;
 use services::{Database, NatsNames, nats_server};
 use support::{DEADLINE, Mandrill, history, mandrill, queue_rows, sqlite_url, temp_dir};
 

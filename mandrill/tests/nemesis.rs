@@ -865,7 +865,7 @@ async fn nats_dead_letters(names: &StreamNames) -> Vec<(String, String)> {
         };
         let reason = message
             .headers
-            .get(mandrill::broker::nats::DEAD_LETTER_REASON_HEADER)
+            .get(mandrill::DEAD_LETTER_REASON_HEADER)
             .map(|value| value.as_str().to_owned())
             .unwrap_or_default();
         dead.push((

@@ -14,9 +14,8 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use mandrill::domain::Status;
-use mandrill::sqlite::SqliteStore;
-use mandrill::store::{Store as _, Story};
+use mandrill::Status;
+use mandrill::{SqliteStore, Store as _, Story};
 use serde_json::Value;
 use support::{DEADLINE, Mandrill, history, mandrill, sqlite_url, temp_dir};
 

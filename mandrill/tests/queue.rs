@@ -5,7 +5,7 @@ mod support;
 
 use std::collections::HashMap;
 
-use mandrill::domain::Status;
+use mandrill::Status;
 use serde_json::Value;
 use support::{Mandrill, count, fields_of, history, mandrill, queue_rows, sqlite_url, temp_dir};
 
@@ -191,13 +191,11 @@ fn malformed_payloads_are_dead_lettered_listed_and_can_be_requeued() {
         .unwrap();
     // Written through the library: `mandrill publish` would refuse them.
     runtime.block_on(async {
-        let config = mandrill::sqlite::SqliteOptions {
+        let config = mandrill::SqliteOptions {
             url: db.clone(),
             ..Default::default()
         };
-        let broker = mandrill::sqlite::SqliteBroker::connect(&config)
-            .await
-            .unwrap();
+        let broker = mandrill::SqliteBroker::connect(&config).await.unwrap();
         let payloads = [&b"{\"message_id\": "[..], b"\xff\xfe", b"", b"[1,2]"];
         broker
             .publish_all(
@@ -208,7 +206,7 @@ fn malformed_payloads_are_dead_lettered_listed_and_can_be_requeued() {
             )
             .await
             .unwrap();
-        mandrill::broker::Close::close(&broker).await;
+        mandrill::Close::close(&broker).await;
     });
     let (status, stdout, stderr) = mandrill(&dir, &["publish", "cattle-good"], &[]);
     assert!(status.success(), "{stderr}: {stdout}");

@@ -16,13 +16,13 @@ fn regions() -> [(&'static str, &'static str, String); 3] {
         (
             "docs/settings.md",
             "settings",
-            mandrill::reference::settings(),
+            mandrill::settings_reference(),
         ),
-        ("docs/cli.md", "commands", mandrill::reference::commands()),
+        ("docs/cli.md", "commands", mandrill::commands_reference()),
         (
             "docs/operating.md",
             "metrics",
-            mandrill::reference::metrics(),
+            mandrill::metrics_reference(),
         ),
     ]
 }
@@ -84,7 +84,7 @@ fn a_region_is_replaced_whole_and_the_rest_kept() {
 
 #[test]
 fn the_reference_covers_every_setting_command_and_metric_family() {
-    let settings = mandrill::reference::settings();
+    let settings = mandrill::settings_reference();
     for key in [
         "`restarter.ssh.known_hosts_file`",
         "`restarter.http.hmac_header`",
@@ -95,11 +95,11 @@ fn the_reference_covers_every_setting_command_and_metric_family() {
     ] {
         assert!(settings.contains(key), "{key} missing from:\n{settings}");
     }
-    let commands = mandrill::reference::commands();
+    let commands = mandrill::commands_reference();
     for command in ["`mandrill run`", "`mandrill policy check`", "`--unleash`"] {
         assert!(commands.contains(command), "{command} missing");
     }
-    let metrics = mandrill::reference::metrics();
+    let metrics = mandrill::metrics_reference();
     for family in [
         "`mandrill_requests_total` | counter | `outcome`: denied, dry_run",
         "`mandrill_restart_seconds` | histogram",

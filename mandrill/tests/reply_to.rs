@@ -132,7 +132,7 @@ fn a_verdict_is_published_on_an_allowed_reply_subject_and_only_there() {
         .iter()
         .find(|entry| entry.message_id == Some(refused_id))
         .expect("the refused request is recorded");
-    assert_eq!(denied.status, mandrill::domain::Status::Denied);
+    assert_eq!(denied.status, mandrill::Status::Denied);
     let why = denied.last_error.as_deref().unwrap_or_default();
     assert!(
         why.contains("denied by reply_to") && why.contains(&refused),
@@ -142,7 +142,7 @@ fn a_verdict_is_published_on_an_allowed_reply_subject_and_only_there() {
         .iter()
         .find(|entry| entry.message_id == Some(heard))
         .expect("the heard request is recorded");
-    assert_eq!(restarted.status, mandrill::domain::Status::Restarted);
+    assert_eq!(restarted.status, mandrill::Status::Restarted);
 }
 
 #[test]

@@ -15,8 +15,8 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use mandrill::domain::Status;
-use mandrill::store::Store as _;
+use mandrill::Status;
+use mandrill::Store as _;
 use serde_json::Value;
 use support::{DEADLINE, Mandrill, history, mandrill, sqlite_url, temp_dir};
 
@@ -333,16 +333,14 @@ fn a_bad_since_or_a_missing_store_is_refused() {
     assert!(!dir.join("mandrill.db").exists());
 }
 
-fn store_report(url: &str) -> mandrill::store::ReportData {
+fn store_report(url: &str) -> mandrill::ReportData {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
     runtime.block_on(async {
-        let store = mandrill::sqlite::SqliteStore::connect(url, 1)
-            .await
-            .unwrap();
-        let since = mandrill::domain::Timestamp::from_millis(0);
+        let store = mandrill::SqliteStore::connect(url, 1).await.unwrap();
+        let since = mandrill::Timestamp::from_millis(0);
         let data = store.report(since).await.unwrap();
         store.close().await;
         data

@@ -13,8 +13,8 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use mandrill::domain::Status;
-use mandrill::store::HistoryEntry;
+use mandrill::HistoryEntry;
+use mandrill::Status;
 use services::{Database, NatsNames, nats_server};
 use support::{DEADLINE, Mandrill, history, mandrill, queue_rows, sqlite_url, temp_dir};
 

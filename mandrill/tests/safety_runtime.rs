@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::Instant;
 
-use mandrill::domain::Status;
-use mandrill::store::HistoryEntry;
+use mandrill::HistoryEntry;
+use mandrill::Status;
 use support::{DEADLINE, Mandrill, history, mandrill, sqlite_url, temp_dir};
 
 /// Waits until the history at `db` has an entry for `instance` that

@@ -12,9 +12,9 @@ use std::fs;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use mandrill::domain::Status;
-use mandrill::schedule::{Plan, ScheduleSettings};
-use mandrill::store::HistoryEntry;
+use mandrill::HistoryEntry;
+use mandrill::Status;
+use mandrill::{Plan, ScheduleSettings};
 use services::{Database, NatsNames, nats_server};
 use support::{DEADLINE, Mandrill, mandrill, sqlite_url, temp_dir};
 
@@ -64,18 +64,10 @@ fn history(url: &str) -> Vec<HistoryEntry> {
         .build()
         .unwrap();
     runtime.block_on(async {
-        let store: Box<dyn mandrill::store::Store> = if url.starts_with("postgres") {
-            Box::new(
-                mandrill::store::PostgresStore::connect(url, 1)
-                    .await
-                    .unwrap(),
-            )
+        let store: Box<dyn mandrill::Store> = if url.starts_with("postgres") {
+            Box::new(mandrill::PostgresStore::connect(url, 1).await.unwrap())
         } else {
-            Box::new(
-                mandrill::sqlite::SqliteStore::connect(url, 1)
-                    .await
-                    .unwrap(),
-            )
+            Box::new(mandrill::SqliteStore::connect(url, 1).await.unwrap())
         };
         let entries = store.history(1_000_000).await.unwrap();
         store.close().await;
@@ -105,7 +97,7 @@ fn plan(dir: &Path) -> Plan {
             mean_time_between: Duration::from_secs(1),
             requester: None,
             key_file: None,
-            max_lateness: mandrill::schedule::DEFAULT_MAX_LATENESS,
+            max_lateness: mandrill::DEFAULT_MAX_LATENESS,
         },
         &fs::read(dir.join("chaos.key")).unwrap(),
     )

@@ -8,9 +8,9 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use mandrill::domain::{Domain, ParseRules, RestartRequest, Restarted};
-use mandrill::restarter::hosts::{HostEntry, HostMap};
-use mandrill::restarter::{RestartError, Restarter, SshRestarter, SshSettings};
+use mandrill::{Domain, ParseRules, RestartRequest, Restarted};
+use mandrill::{HostEntry, HostMap};
+use mandrill::{RestartError, Restarter, SshRestarter, SshSettings};
 use services::sshd::{KillOnDrop, PrivateSshd, alive};
 use tempfile::TempDir;
 

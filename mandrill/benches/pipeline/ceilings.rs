@@ -12,10 +12,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use futures::StreamExt;
-use mandrill::domain::{
-    Domain, Hostname, InstanceName, ParseRules, RestartRequest, SigningKey, Status,
-};
 use mandrill::random_request;
+use mandrill::{Domain, Hostname, InstanceName, ParseRules, RestartRequest, SigningKey, Status};
 use rand::Rng as _;
 use tokio_util::task::TaskTracker;
 use uuid::Uuid;

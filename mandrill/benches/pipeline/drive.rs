@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use mandrill::Backoff;
 use mandrill::Stats;
-use mandrill::restarter::{SimulatedRestarter, Simulation};
-use mandrill::worker::{Shutdown, Worker, WorkerConfig};
+use mandrill::{Shutdown, Worker, WorkerConfig};
+use mandrill::{SimulatedRestarter, Simulation};
 
 use crate::options::Options;
 use crate::setup::Opened;
@@ -114,7 +114,7 @@ fn worker_config(n: usize, signed: bool) -> WorkerConfig {
         },
         parse: ceilings::parse_rules(),
         switch_poll_interval: Duration::from_secs(1),
-        store_timeout: mandrill::store::DEFAULT_TIMEOUT,
+        store_timeout: mandrill::DEFAULT_TIMEOUT,
         policy: policy(signed),
     }
 }
@@ -150,11 +150,11 @@ async fn wait_until_settled(n: usize, stats: &Stats, started: Instant) {
 
 /// Everything allowed, as by default; with `signed`, every request must be
 /// signed by the benchmark's requester, who may restart any instance.
-fn policy(signed: bool) -> mandrill::safety::PolicyHandle {
+fn policy(signed: bool) -> mandrill::PolicyHandle {
     if !signed {
-        return mandrill::safety::PolicyHandle::default();
+        return mandrill::PolicyHandle::default();
     }
-    let requester = mandrill::safety::RequesterSettings {
+    let requester = mandrill::RequesterSettings {
         name: ceilings::SIGNER.into(),
         public_key: Some(ceilings::SIGNER_PUBLIC_KEY.into()),
         public_key_file: None,
@@ -163,9 +163,9 @@ fn policy(signed: bool) -> mandrill::safety::PolicyHandle {
         quota: None,
     };
     let requesters =
-        mandrill::safety::Requesters::new(&[requester], true).expect("the benchmark's requester");
-    mandrill::safety::PolicyHandle::new(mandrill::safety::Policy {
+        mandrill::Requesters::new(&[requester], true).expect("the benchmark's requester");
+    mandrill::PolicyHandle::new(mandrill::Policy {
         requesters: std::sync::Arc::new(requesters),
-        ..mandrill::safety::Policy::default()
+        ..mandrill::Policy::default()
     })
 }

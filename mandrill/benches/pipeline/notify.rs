@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use mandrill::Stats;
-use mandrill::notify::{EventKind, Format, Notifier, NotifierSettings, NotifyEntry};
+use mandrill::{EventKind, Format, Notifier, NotifierSettings, NotifyEntry};
 
 /// The notifier for `--notify`, if given: `slow` is a receiver in this
 /// process that answers after 10 s, `down` a port nothing listens on.
@@ -20,7 +20,7 @@ pub async fn notifier(target: Option<&str>, stats: &Arc<Stats>) -> Option<Arc<No
         url => url.to_owned(),
     };
     let entry = NotifyEntry {
-        url: mandrill::settings::Secret(url),
+        url: mandrill::Secret(url),
         format: Format::Json,
         events: vec![EventKind::Restarted, EventKind::Failed],
         timeout: Duration::from_secs(30),

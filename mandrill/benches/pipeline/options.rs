@@ -30,7 +30,7 @@ pub fn parse_options() -> Options {
         pull: "unary".into(),
         db: "memory".into(),
         notify: None,
-        writers: mandrill::store::postgres::DEFAULT_WRITERS,
+        writers: mandrill::POSTGRES_DEFAULT_WRITERS,
         ceilings: true,
         random_ids: false,
         signed: false,

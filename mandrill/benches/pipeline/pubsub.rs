@@ -5,14 +5,14 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::StreamExt;
-use mandrill::broker::pubsub::{PubSubOptions, PubSubSettings, PullMode};
 use mandrill::random_request;
+use mandrill::{PubSubOptions, PubSubSettings, PullMode};
 use uuid::Uuid;
 
 /// Private topic and subscription names for one run on
 /// `pubsub://PROJECT/PREFIX`.
 pub fn pubsub_options(url: &str, pull: &str, n: usize) -> PubSubOptions {
-    let (project, prefix) = mandrill::broker::pubsub::settings::parse_url(url).expect("pubsub url");
+    let (project, prefix) = mandrill::parse_pubsub_url(url).expect("pubsub url");
     let id = &Uuid::new_v4().simple().to_string()[..12];
     PubSubOptions {
         project,

@@ -8,11 +8,14 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::StreamExt;
-use mandrill::broker::nats::{Credentials, NatsBroker, NatsOptions};
-use mandrill::broker::pubsub::{PubSubBroker, PubSubOptions};
-use mandrill::broker::{AnyConsumer, Broker, MemoryBroker, Publisher as _};
-use mandrill::sqlite::{SqliteBroker, SqliteOptions, SqliteStore};
-use mandrill::store::{AnyStore, MemoryStore, PostgresStore};
+use mandrill::SqliteOptions;
+use mandrill::broker::AnyConsumer;
+use mandrill::store::AnyStore;
+use mandrill::{
+    Broker, MemoryBroker, MemoryStore, PostgresStore, Publisher as _, SqliteBroker, SqliteStore,
+};
+use mandrill::{Credentials, NatsBroker, NatsOptions};
+use mandrill::{PubSubBroker, PubSubOptions};
 
 use crate::options::Options;
 use crate::slow_save::SlowSaveStore;
@@ -171,14 +174,9 @@ async fn open_store(options: &Options, resources: &Resources) -> AnyStore {
         None if resources.postgres.is_some() => {
             let url = &resources.postgres.as_ref().expect("checked just above").url;
             Arc::new(
-                PostgresStore::connect_with(
-                    url,
-                    16,
-                    options.writers,
-                    mandrill::store::DEFAULT_TIMEOUT,
-                )
-                .await
-                .expect("postgres store opens"),
+                PostgresStore::connect_with(url, 16, options.writers, mandrill::DEFAULT_TIMEOUT)
+                    .await
+                    .expect("postgres store opens"),
             )
             .into()
         }

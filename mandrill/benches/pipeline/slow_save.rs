@@ -4,9 +4,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use mandrill::domain::Timestamp;
-use mandrill::domain::{Outcome, RestartRequest, Status};
-use mandrill::store::{Claim, ClaimTerms, HistoryEntry, Recorded, Store, StoreError};
+use mandrill::{Claim, ClaimTerms, HistoryEntry, Recorded, Store, StoreError, Timestamp};
+use mandrill::{Outcome, RestartRequest, Status};
 use uuid::Uuid;
 
 /// A store, with `save` taking the simulated work time.
@@ -24,7 +23,7 @@ impl Store for SlowSaveStore {
         &self,
         r: &RestartRequest,
         terms: ClaimTerms,
-        token: mandrill::store::ClaimToken,
+        token: mandrill::ClaimToken,
     ) -> Result<Claim, StoreError> {
         // The tutorial's save: now the claim, recorded before the restart.
         if !self.work.is_zero() {
@@ -45,7 +44,7 @@ impl Store for SlowSaveStore {
         r: &RestartRequest,
         attempt: u32,
         outcome: &Outcome,
-        ack: Option<mandrill::domain::JointAck>,
+        ack: Option<mandrill::JointAck>,
     ) -> Result<(Recorded, bool), StoreError> {
         // Forwarded: the trait's default would record and leave the ack to
         // the caller, so a SQLite run would never measure the joint ack.
@@ -71,24 +70,24 @@ impl Store for SlowSaveStore {
         &self,
         request: &RestartRequest,
         attempt: u32,
-        decision: mandrill::store::Decision<'_>,
+        decision: mandrill::Decision<'_>,
     ) -> Result<(), StoreError> {
         self.inner.record_decision(request, attempt, decision).await
     }
-    async fn story(&self, message_id: Uuid) -> Result<Option<mandrill::store::Story>, StoreError> {
+    async fn story(&self, message_id: Uuid) -> Result<Option<mandrill::Story>, StoreError> {
         self.inner.story(message_id).await
     }
     async fn group_usage(
         &self,
         window_start: Timestamp,
         memory_start: Timestamp,
-    ) -> Result<std::collections::BTreeMap<String, mandrill::store::GroupUsage>, StoreError> {
+    ) -> Result<std::collections::BTreeMap<String, mandrill::GroupUsage>, StoreError> {
         self.inner.group_usage(window_start, memory_start).await
     }
     async fn first_received(
         &self,
-        request: &mandrill::domain::RestartRequest,
-    ) -> Result<mandrill::domain::Timestamp, StoreError> {
+        request: &mandrill::RestartRequest,
+    ) -> Result<mandrill::Timestamp, StoreError> {
         self.inner.first_received(request).await
     }
     async fn deferrals(&self, message_id: Uuid) -> Result<u32, StoreError> {
@@ -97,7 +96,7 @@ impl Store for SlowSaveStore {
     async fn prune(&self, before: Timestamp, max_rows: u32) -> Result<u64, StoreError> {
         self.inner.prune(before, max_rows).await
     }
-    async fn switch(&self) -> Result<mandrill::store::Switch, StoreError> {
+    async fn switch(&self) -> Result<mandrill::Switch, StoreError> {
         self.inner.switch().await
     }
     async fn set_switch(&self, paused: bool, by: &str, reason: &str) -> Result<(), StoreError> {
@@ -106,7 +105,7 @@ impl Store for SlowSaveStore {
 
     async fn set_switch_if(
         &self,
-        expected: mandrill::store::SwitchExpected<'_>,
+        expected: mandrill::SwitchExpected<'_>,
         paused: bool,
         by: &str,
         reason: &str,

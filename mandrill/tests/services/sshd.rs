@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use mandrill::restarter::SshSettings;
+use mandrill::SshSettings;
 use tempfile::TempDir;
 
 pub const SSHD: &str = "/usr/sbin/sshd";

@@ -235,16 +235,14 @@ pub fn temp_dir() -> (tempfile::TempDir, PathBuf) {
 }
 
 /// Every recorded request in the store at `url`.
-pub fn history(url: &str) -> Vec<mandrill::store::HistoryEntry> {
-    use mandrill::store::Store as _;
+pub fn history(url: &str) -> Vec<mandrill::HistoryEntry> {
+    use mandrill::Store as _;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
     runtime.block_on(async {
-        let store = mandrill::sqlite::SqliteStore::connect(url, 1)
-            .await
-            .unwrap();
+        let store = mandrill::SqliteStore::connect(url, 1).await.unwrap();
         let entries = store.history(1_000_000).await.unwrap();
         store.close().await;
         entries

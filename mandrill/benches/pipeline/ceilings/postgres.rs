@@ -3,7 +3,7 @@
 use std::time::Instant;
 
 use bytes::Bytes;
-use mandrill::domain::RestartRequest;
+use mandrill::RestartRequest;
 
 use super::{now_millis, parse, parse_rules, payloads};
 
@@ -28,7 +28,7 @@ pub async fn postgres(admin_url: &str, n: usize, writers: u32) -> f64 {
             .await;
     let options = PgConnectOptions::from_str(&database.url)
         .expect("postgres url")
-        .options(mandrill::store::postgres::SESSION_SETTINGS);
+        .options(mandrill::POSTGRES_SESSION_SETTINGS);
     {
         use sqlx::Connection as _;
         let mut conn = sqlx::PgConnection::connect_with(&options)

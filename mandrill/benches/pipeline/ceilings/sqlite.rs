@@ -168,7 +168,7 @@ fn sqlite_blocking(n: usize, path: &std::path::Path, commits: Commits) -> f64 {
 fn receipt_and_claim(
     tx: &rusqlite::Transaction<'_>,
     id: &str,
-    request: &mandrill::domain::RestartRequest,
+    request: &mandrill::RestartRequest,
     now: i64,
 ) -> i64 {
     use rusqlite::params;
