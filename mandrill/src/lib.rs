@@ -5,7 +5,7 @@
 //! - [`worker`]: the heart. Pull loop, supervisor, flow control, per-message
 //!   handling (lease extension, save ∥ restart, record, settle), shutdown.
 //! - [`broker`], [`store`], [`restarter`]: the three seams, a trait each, one
-//!   file per adapter. [`sqlite`]: what the SQLite queue and store share
+//!   file per adapter; everyone holds an adapter as a trait object. [`sqlite`]: what the SQLite queue and store share
 //!   (one group-commit writer per database file).
 //! - [`safety`]: the guards (eligibility, the calendar), pure, with an
 //!   injected clock; the worker asks them before reserving and again right

@@ -14,18 +14,17 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 use tracing::{error, info, warn};
 
 use super::{FlowControl, WorkerConfig};
-use crate::broker::AnyConsumer;
+use crate::broker::Consumer;
 use crate::domain::RestartRequest;
 use crate::notify::{Event, EventKind, Notifier};
 use crate::restarter::Restarter;
 use crate::stats::Stats;
-use crate::store::{AnyStore, ClaimTerms, Timestamp};
+use crate::store::{ClaimTerms, Store, Timestamp};
 
 /// Everything a handler needs, shared by all of them.
 pub(crate) struct Shared {
-    /// Enums, not trait objects: the calls on every message are not boxed.
-    pub broker: AnyConsumer,
-    pub store: AnyStore,
+    pub broker: Arc<dyn Consumer>,
+    pub store: Arc<dyn Store>,
     pub restarter: Arc<dyn Restarter>,
     pub config: WorkerConfig,
     pub stats: Arc<Stats>,
