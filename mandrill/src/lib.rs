@@ -5,9 +5,9 @@
 //! - [`worker`]: the heart. Pull loop, supervisor, flow control, per-message
 //!   handling (lease extension, save ∥ restart, record, settle), shutdown.
 //! - [`broker`], [`store`], [`restarter`]: the three seams, a trait each, one
-//!   file per adapter. [`sqlite`]: the SQLite adapter behind both the broker
-//!   and the store seam (a queue and a store sharing one group-commit writer
-//!   per database file).
+//!   file per adapter, each held as a trait object. [`sqlite`]: the SQLite
+//!   adapter behind both the broker and the store seam (a queue and a store
+//!   sharing one group-commit writer per database file).
 //! - [`safety`]: the guards (eligibility, the calendar), pure, with an
 //!   injected clock; the worker asks them before reserving and again right
 //!   before the restart.

@@ -30,7 +30,6 @@ pub async fn run(options: &Options, opened: Opened) -> Pipeline {
     let n = options.messages;
     let Opened {
         broker,
-        consumer,
         store,
         unpublished,
         publish_seconds: _,
@@ -45,7 +44,7 @@ pub async fn run(options: &Options, opened: Opened) -> Pipeline {
     let notifier = notify::notifier(options.notify.as_deref(), &stats).await;
     let worker = Worker::new(
         worker_config(n, options.signed),
-        consumer,
+        broker.clone(),
         store.clone(),
         restarter,
         stats.clone(),

@@ -8,11 +8,9 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::StreamExt;
-use mandrill::SqliteOptions;
-use mandrill::broker::AnyConsumer;
-use mandrill::store::AnyStore;
 use mandrill::{
-    Broker, MemoryBroker, MemoryStore, PostgresStore, Publisher as _, SqliteBroker, SqliteStore,
+    Broker, MemoryBroker, MemoryStore, PostgresStore, Publisher as _, SqliteBroker, SqliteOptions,
+    SqliteStore, Store,
 };
 use mandrill::{Credentials, NatsBroker, NatsOptions};
 use mandrill::{PubSubBroker, PubSubOptions};
@@ -75,13 +73,11 @@ impl Resources {
 
 /// The pipeline's broker and store, opened.
 pub struct Opened {
-    /// The broker, as the benchmark publishes into it.
+    /// The broker, as the benchmark publishes into it and the worker
+    /// consumes from it.
     pub broker: Arc<dyn Broker>,
-    /// The same broker as the worker's consumer, typed as the service opens
-    /// it (its calls are not boxed then).
-    pub consumer: AnyConsumer,
-    /// The store, typed as the service opens it.
-    pub store: AnyStore,
+    /// The store.
+    pub store: Arc<dyn Store>,
     /// What is left to publish while the worker runs: everything with the
     /// in-memory broker, nothing with the others, which are filled first.
     pub unpublished: Vec<Bytes>,
@@ -92,25 +88,23 @@ pub struct Opened {
 /// Opens the broker (publishing `payloads` into it first unless it is in
 /// memory), then the store.
 pub async fn open(options: &Options, resources: &Resources, mut payloads: Vec<Bytes>) -> Opened {
-    let ((broker, consumer), publish_seconds) = open_broker(resources, &mut payloads).await;
+    let (broker, publish_seconds) = open_broker(resources, &mut payloads).await;
     let store = open_store(options, resources).await;
     Opened {
         broker,
-        consumer,
         store,
         unpublished: payloads,
         publish_seconds,
     }
 }
 
-/// Each opened broker twice: to publish into, and typed as the worker's
-/// consumer. A durable or remote broker takes `payloads` and is filled
-/// (timed: the seconds returned); the in-memory one leaves them, to be fed
-/// while the worker runs.
+/// The opened broker. A durable or remote broker takes `payloads` and is
+/// filled (timed: the seconds returned); the in-memory one leaves them, to
+/// be fed while the worker runs.
 async fn open_broker(
     resources: &Resources,
     payloads: &mut Vec<Bytes>,
-) -> ((Arc<dyn Broker>, AnyConsumer), Option<f64>) {
+) -> (Arc<dyn Broker>, Option<f64>) {
     match &resources.broker_url {
         None if resources.pubsub.is_some() => {
             let options = resources.pubsub.clone().expect("checked just above");
@@ -123,7 +117,7 @@ async fn open_broker(
                 .await
                 .expect("pubsub publish");
             let publish_seconds = publish_started.elapsed().as_secs_f64();
-            (both(Arc::new(broker)), Some(publish_seconds))
+            (Arc::new(broker), Some(publish_seconds))
         }
         None if resources.nats.is_some() => {
             let settings = resources.nats.clone().expect("checked just above");
@@ -133,15 +127,15 @@ async fn open_broker(
             let publish_started = Instant::now();
             publish_concurrently(&broker, std::mem::take(payloads)).await;
             let publish_seconds = publish_started.elapsed().as_secs_f64();
-            (both(Arc::new(broker)), Some(publish_seconds))
+            (Arc::new(broker), Some(publish_seconds))
         }
         None => (
             // Its queue sized for every message, as ceiling (a)'s is.
-            both(Arc::new(MemoryBroker::with_capacity(
+            Arc::new(MemoryBroker::with_capacity(
                 Duration::from_secs(30),
                 Duration::from_millis(100),
                 payloads.len(),
-            ))),
+            )),
             None,
         ),
         Some(url) => {
@@ -162,15 +156,14 @@ async fn open_broker(
                 .await
                 .expect("sqlite publish");
             let publish_seconds = publish_started.elapsed().as_secs_f64();
-            (both(Arc::new(broker)), Some(publish_seconds))
+            (Arc::new(broker), Some(publish_seconds))
         }
     }
 }
 
-/// The store: typed, as the service opens it, so that the worker's calls
-/// are not boxed.
-async fn open_store(options: &Options, resources: &Resources) -> AnyStore {
-    let inner: AnyStore = match &resources.db_url {
+/// The store, as the service opens it.
+async fn open_store(options: &Options, resources: &Resources) -> Arc<dyn Store> {
+    let inner: Arc<dyn Store> = match &resources.db_url {
         None if resources.postgres.is_some() => {
             let url = &resources.postgres.as_ref().expect("checked just above").url;
             Arc::new(
@@ -178,32 +171,24 @@ async fn open_store(options: &Options, resources: &Resources) -> AnyStore {
                     .await
                     .expect("postgres store opens"),
             )
-            .into()
         }
-        None => Arc::new(MemoryStore::with_capacity(options.messages)).into(),
+        None => Arc::new(MemoryStore::with_capacity(options.messages)),
         Some(url) => Arc::new(
             SqliteStore::connect(url, 4)
                 .await
                 .expect("sqlite store opens"),
-        )
-        .into(),
+        ),
     };
     // Wrapped only when the save takes time: the wrapper costs a second
     // boxed future per store call, which the service does not pay.
     if options.work.is_zero() {
         inner
     } else {
-        AnyStore::Other(Arc::new(SlowSaveStore {
-            inner: inner.as_dyn(),
+        Arc::new(SlowSaveStore {
+            inner,
             work: options.work,
-        }))
+        })
     }
-}
-
-/// A broker as the benchmark publishes into it, and as the worker's typed
-/// consumer.
-fn both<B: Broker>(broker: Arc<B>) -> (Arc<dyn Broker>, AnyConsumer) {
-    (broker.clone(), broker.into())
 }
 
 /// `memory` → `None`; `sqlite` → a file in `dir`; `sqlite:PATH` as given.

@@ -225,37 +225,6 @@ impl Consumer for MemoryBroker {
     }
 
     async fn pull(&self, max: usize) -> Result<Vec<Delivery>, BrokerError> {
-        MemoryBroker::pull(self, max).await
-    }
-
-    async fn ack(&self, tag: &DeliveryTag) -> Result<(), BrokerError> {
-        MemoryBroker::ack(self, tag).await
-    }
-
-    async fn nack(&self, tag: &DeliveryTag, delay: Duration) -> Result<(), BrokerError> {
-        MemoryBroker::nack(self, tag, delay).await
-    }
-
-    async fn extend(&self, tag: &DeliveryTag) -> Result<(), BrokerError> {
-        MemoryBroker::extend(self, tag).await
-    }
-
-    async fn dead_letter(&self, tag: &DeliveryTag, reason: &str) -> Result<(), BrokerError> {
-        MemoryBroker::dead_letter(self, tag, reason).await
-    }
-
-    async fn backlog(&self) -> Result<Option<u64>, BrokerError> {
-        let depth = self.depth();
-        Ok(Some((depth.ready + depth.delayed + depth.leased) as u64))
-    }
-}
-
-/// The consumer's calls, as inherent `async fn`s; the `Consumer` impl
-/// delegates to them.
-impl MemoryBroker {
-    /// As [`Consumer::pull`], unboxed: the worker calls these through
-    /// [`super::AnyConsumer`] without boxing a future.
-    pub async fn pull(&self, max: usize) -> Result<Vec<Delivery>, BrokerError> {
         let give_up_at = Instant::now() + self.poll_wait;
         loop {
             // Armed before looking at the state, so that a publish between the
@@ -283,13 +252,11 @@ impl MemoryBroker {
         }
     }
 
-    /// As [`Consumer::ack`], unboxed.
-    pub async fn ack(&self, tag: &DeliveryTag) -> Result<(), BrokerError> {
+    async fn ack(&self, tag: &DeliveryTag) -> Result<(), BrokerError> {
         self.settle(tag).map(drop)
     }
 
-    /// As [`Consumer::nack`], unboxed.
-    pub async fn nack(&self, tag: &DeliveryTag, delay: Duration) -> Result<(), BrokerError> {
+    async fn nack(&self, tag: &DeliveryTag, delay: Duration) -> Result<(), BrokerError> {
         let message = self.settle(tag)?;
         {
             let mut state = self.lock();
@@ -306,8 +273,7 @@ impl MemoryBroker {
         Ok(())
     }
 
-    /// As [`Consumer::extend`], unboxed.
-    pub async fn extend(&self, tag: &DeliveryTag) -> Result<(), BrokerError> {
+    async fn extend(&self, tag: &DeliveryTag) -> Result<(), BrokerError> {
         let deadline = Instant::now() + self.ack_deadline;
         let mut state = self.lock();
         let number = tag
@@ -322,8 +288,7 @@ impl MemoryBroker {
         Ok(())
     }
 
-    /// As [`Consumer::dead_letter`], unboxed.
-    pub async fn dead_letter(&self, tag: &DeliveryTag, reason: &str) -> Result<(), BrokerError> {
+    async fn dead_letter(&self, tag: &DeliveryTag, reason: &str) -> Result<(), BrokerError> {
         let message = self.settle(tag)?;
         self.lock().dead.push(DeadLetter {
             payload: message.payload,
@@ -332,6 +297,11 @@ impl MemoryBroker {
             reason: bounded_reason(reason).into_owned(),
         });
         Ok(())
+    }
+
+    async fn backlog(&self) -> Result<Option<u64>, BrokerError> {
+        let depth = self.depth();
+        Ok(Some((depth.ready + depth.delayed + depth.leased) as u64))
     }
 }
 

@@ -14,7 +14,6 @@
 //! that is neither settled nor extended before its deadline is redelivered,
 //! possibly to another consumer.
 
-mod any;
 #[cfg(test)]
 pub(crate) mod contract;
 mod dead_letters;
@@ -31,8 +30,6 @@ use async_trait::async_trait;
 use bytes::Bytes;
 
 use crate::domain::JointAck;
-
-pub use any::AnyConsumer;
 pub use dead_letters::{DeadLetterAdmin, DeadLetterEntry, DeadLetterId, DeadLetterRecord};
 pub use memory::MemoryBroker;
 pub use url::{BrokerUrl, BrokerUrlError};

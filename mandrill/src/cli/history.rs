@@ -17,7 +17,7 @@ pub(super) async fn print_history(config: &Config, args: &HistoryArgs) -> anyhow
     if let Some(path) = missing_sqlite_file(url) {
         bail!("no database at {path}: nothing has been recorded there (store.url {url:?})");
     }
-    let store = service::open_store(&config.store).await?.as_dyn();
+    let store = service::open_store(&config.store).await?;
     let entries = store
         .history(args.limit)
         .await

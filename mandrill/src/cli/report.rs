@@ -103,7 +103,7 @@ pub(super) fn main(args: &ReportArgs) -> ExitCode {
             }
             Since::At(at) => at,
         };
-        let store = service::open_store(&config.store).await?.as_dyn();
+        let store = service::open_store(&config.store).await?;
         let read = async {
             let data = store.report(since).await.context("cannot read the store")?;
             let mut campaigns = Vec::with_capacity(data.campaigns.len());

@@ -410,5 +410,5 @@ pub(super) async fn open(
             "store.url is memory: the kill switch lives in a shared store (sqlite:PATH or postgres://…)"
         );
     }
-    Ok(service::open_store(&config.store).await?.as_dyn())
+    service::open_store(&config.store).await
 }

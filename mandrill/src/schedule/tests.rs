@@ -5,6 +5,7 @@ use std::time::Duration;
 use jiff::{SignedDuration, Timestamp};
 
 use super::*;
+use crate::broker::Consumer as _;
 use crate::domain::Domain;
 use crate::inventory::{Inventory, InventoryHandle, InventorySettings, Keys, Source};
 use crate::safety::{CalendarSettings, Eligibility, Policy};

@@ -8,7 +8,7 @@ use anyhow::{Context as _, anyhow, bail};
 use crate::broker::nats::{NatsBroker, NatsOptions, NatsPublisher};
 use crate::broker::pubsub::{PubSubBroker, PubSubOptions, PubSubPublisher};
 use crate::broker::{
-    AnyConsumer, Broker, BrokerUrl, BrokerUrlError, DeadLetterAdmin, MemoryBroker, Publisher,
+    Broker, BrokerUrl, BrokerUrlError, DeadLetterAdmin, MemoryBroker, Publisher,
 };
 use crate::config::{
     BrokerSettings, Config, RestarterKind, RestarterSettings, StoreSettings, redact_url,
@@ -19,21 +19,19 @@ use crate::restarter::{
     SimulatedRestarter, Simulation, SshRestarter, Verified,
 };
 use crate::sqlite::{SqliteBroker, SqliteOptions, SqliteStore};
-use crate::store::{AnyStore, MemoryStore, PostgresStore};
+use crate::store::{MemoryStore, PostgresStore, Store};
 
 /// Opens the store `store.url` names, creating and migrating it if needed.
-/// Typed, so that the worker calls it without boxing; [`AnyStore::as_dyn`]
-/// for everyone else.
-pub async fn open_store(config: &StoreSettings) -> anyhow::Result<AnyStore> {
+pub async fn open_store(config: &StoreSettings) -> anyhow::Result<Arc<dyn Store>> {
     let url = config.url.as_str();
     if url == "memory" {
-        return Ok(Arc::new(MemoryStore::new()).into());
+        return Ok(Arc::new(MemoryStore::new()));
     }
     if url.starts_with("sqlite:") {
         let store = SqliteStore::connect_with(url, config.max_connections, config.timeout)
             .await
             .with_context(|| format!("cannot open store.url {:?}", redact_url(url)))?;
-        return Ok(Arc::new(store).into());
+        return Ok(Arc::new(store));
     }
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         let store = PostgresStore::connect_with(
@@ -44,7 +42,7 @@ pub async fn open_store(config: &StoreSettings) -> anyhow::Result<AnyStore> {
         )
         .await
         .with_context(|| format!("cannot open store.url {:?}", redact_url(url)))?;
-        return Ok(Arc::new(store).into());
+        return Ok(Arc::new(store));
     }
     bail!(
         "store.url {:?} is not supported: use sqlite:PATH, postgres://… or memory",
@@ -77,17 +75,18 @@ pub async fn open_sqlite_broker(config: &BrokerSettings) -> anyhow::Result<Sqlit
         .with_context(|| format!("cannot open broker.url {:?}", redact_url(url)))
 }
 
-/// The broker `broker.url` names, opened to consume (and publish into):
-/// the one connection twice, as a broker (to publish into, to ask its
-/// backlog) and as the worker's consumer, typed so that the worker calls it
-/// without boxing ([`AnyConsumer::Memory`] if it is the in-memory one).
-pub async fn open_broker(config: &Config) -> anyhow::Result<(Arc<dyn Broker>, AnyConsumer)> {
+/// The broker `broker.url` names, opened to consume (and publish into),
+/// and the same broker as itself if it is the in-memory one (whose queue
+/// the service reads directly).
+pub async fn open_broker(
+    config: &Config,
+) -> anyhow::Result<(Arc<dyn Broker>, Option<Arc<MemoryBroker>>)> {
     let broker = &config.broker;
     let cannot_open = || format!("cannot open broker.url {:?}", redact_url(&broker.url));
     match broker_url(config)? {
         BrokerUrl::Memory => {
             let memory = Arc::new(MemoryBroker::new(broker.ack_deadline, broker.poll_wait));
-            Ok((memory.clone(), memory.into()))
+            Ok((memory.clone(), Some(memory)))
         }
         BrokerUrl::Sqlite { .. } => {
             // A consumer reads at most the acceptable payload size plus one
@@ -99,15 +98,13 @@ pub async fn open_broker(config: &Config) -> anyhow::Result<(Arc<dyn Broker>, An
             )
             .await
             .with_context(cannot_open)?;
-            let sqlite = Arc::new(sqlite);
-            Ok((sqlite.clone(), sqlite.into()))
+            Ok((Arc::new(sqlite), None))
         }
         BrokerUrl::Nats { url, tls } => {
             let nats = NatsBroker::connect(nats_options(config, url, tls))
                 .await
                 .with_context(cannot_open)?;
-            let nats = Arc::new(nats);
-            Ok((nats.clone(), nats.into()))
+            Ok((Arc::new(nats), None))
         }
         BrokerUrl::PubSub {
             project,
@@ -116,8 +113,7 @@ pub async fn open_broker(config: &Config) -> anyhow::Result<(Arc<dyn Broker>, An
             let pubsub = PubSubBroker::connect(pubsub_options(config, project, subscription))
                 .await
                 .with_context(cannot_open)?;
-            let pubsub = Arc::new(pubsub);
-            Ok((pubsub.clone(), pubsub.into()))
+            Ok((Arc::new(pubsub), None))
         }
     }
 }

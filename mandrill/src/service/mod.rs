@@ -24,14 +24,14 @@ use tokio_util::task::TaskTracker;
 use tracing::{error, info, warn};
 
 use crate::admin::Admin;
-use crate::broker::{AnyConsumer, Broker, MemoryBroker};
+use crate::broker::{Broker, MemoryBroker};
 use crate::config::{Config, redact_url};
 use crate::inventory::{InventoryHandle, InventorySettings, Source};
 use crate::notify::Notifier;
 use crate::safety::pause_file::PauseFile;
 use crate::safety::{PolicyHandle, Requesters};
 use crate::stats::{Stats, StatsSnapshot};
-use crate::store::AnyStore;
+use crate::store::Store;
 use crate::worker::{FlowControl, Shutdown, Worker};
 use crate::{demo, diagnostics};
 
@@ -162,7 +162,7 @@ pub struct Service {
     config: Config,
     broker: Arc<dyn Broker>,
     memory_broker: Option<Arc<MemoryBroker>>,
-    store: AnyStore,
+    store: Arc<dyn Store>,
     worker: Worker,
     stats: Arc<Stats>,
     simulate_rate: Arc<watch::Sender<f64>>,
@@ -192,11 +192,7 @@ impl Service {
             config.admin_instances_dir().as_deref(),
         )
         .await?;
-        let (broker, consumer) = open_broker(&config).await?;
-        let memory_broker = match &consumer {
-            AnyConsumer::Memory(memory) => Some(memory.clone()),
-            AnyConsumer::Sqlite(_) | AnyConsumer::Other(_) => None,
-        };
+        let (broker, memory_broker) = open_broker(&config).await?;
         let store = open_store(&config.store).await?;
         let restarter = build_restarter(&config)?;
         let pause_file = match &config.safety.pause_file {
@@ -260,7 +256,7 @@ impl Service {
         worker_config.policy.replace(policy);
         let worker = Worker::new(
             worker_config,
-            consumer,
+            broker.clone(),
             store.clone(),
             restarter,
             stats.clone(),
@@ -333,7 +329,7 @@ impl Service {
             companions.spawn(admin.serve(
                 self.stats.clone(),
                 self.broker.clone(),
-                self.store.as_dyn(),
+                self.store.clone(),
                 shutdown.clone(),
                 self.worker.policy(),
                 self.notifier.clone(),
@@ -371,18 +367,18 @@ impl Service {
         if let Some(notifier) = self.notifier.clone().filter(|n| n.wants_switch()) {
             companions.spawn(crate::notify::watch_switch(
                 notifier,
-                self.store.as_dyn(),
+                self.store.clone(),
                 self.config.safety.poll_interval,
                 started,
                 stop_companions.clone(),
             ));
         }
         if let Some(mut pause_file) = self.pause_file.take() {
-            if let Err(error) = pause_file.apply(&*self.store.as_dyn()).await {
+            if let Err(error) = pause_file.apply(&*self.store).await {
                 error!(error = %error.with_causes(), "could not apply the pause file at start-up; will try again");
             }
             companions.spawn(pause_file.run(
-                self.store.as_dyn(),
+                self.store.clone(),
                 self.config.safety.poll_interval,
                 stop_companions.clone(),
             ));
@@ -399,14 +395,14 @@ impl Service {
                 scheduled,
                 self.worker.policy(),
                 self.broker.clone(),
-                self.store.as_dyn(),
+                self.store.clone(),
                 self.worker.policy().current().guards.clock.clone(),
                 domain.clone(),
                 stop_companions.clone(),
             ));
         }
         companions.spawn(objectives::watch(
-            self.store.as_dyn(),
+            self.store.clone(),
             self.worker.policy(),
             self.notifier.clone(),
             self.config.safety.poll_interval,
@@ -425,7 +421,7 @@ impl Service {
         }
         if !self.config.store.retention.is_zero() {
             companions.spawn(prune_history(
-                self.store.as_dyn(),
+                self.store.clone(),
                 self.config.store.retention,
                 self.worker.policy(),
                 Duration::from_secs(60),

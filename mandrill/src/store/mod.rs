@@ -7,15 +7,14 @@
 //! This file holds the trait; the rest is one file a concern: `error.rs`
 //! (errors and their classification), `claim.rs` (the claim rule every
 //! store applies), `history.rs` (what a store tells about the past),
-//! `any.rs` (the worker's statically dispatched store), `campaigns.rs`
-//! (campaigns as recorded), `sql.rs` (the statements the SQL stores share), `reads.rs` (the reads
+//! `campaigns.rs` (campaigns as recorded), `sql.rs` (the statements the
+//! SQL stores share), `reads.rs` (the reads
 //! they share), `lookup.rs` (lookups answered in groups), `story.rs` (a
 //! story in words), `contract.rs` (what every store is tested for), and one
 //! module per store. The SQLite store lives beside the SQLite queue, in the
 //! crate's `sqlite` module, and implements [`Store`] from there. The paths
 //! other modules use are re-exported here.
 
-mod any;
 mod campaigns;
 mod claim;
 #[cfg(test)]
@@ -34,7 +33,6 @@ use uuid::Uuid;
 
 use crate::domain::{JointAck, Outcome, RestartRequest, Status, Timestamp};
 
-pub use any::AnyStore;
 pub use campaigns::{Campaign, CampaignTarget};
 pub use claim::{
     Claim, ClaimTerms, ClaimToken, Decision, GROUP_PAUSE_RECHECK, GroupPause, Switch,

@@ -32,13 +32,13 @@ use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
 use crate::backoff::Backoff;
-use crate::broker::AnyConsumer;
+use crate::broker::Consumer;
 use crate::domain::ParseRules;
 use crate::notify::Notifier;
 use crate::restarter::Restarter;
 use crate::safety::PolicyHandle;
 use crate::stats::Stats;
-use crate::store::{AnyStore, ClaimTerms};
+use crate::store::{ClaimTerms, Store};
 use shared::{Abort, Shared, StoreHealth};
 
 pub use flow::FlowControl;
@@ -152,17 +152,14 @@ pub struct Worker {
 }
 
 impl Worker {
-    /// A worker over these adapters. Pass this crate's adapters as
-    /// themselves (`Arc<MemoryBroker>`, `Arc<SqliteStore>`, …), not as trait
-    /// objects: the worker then calls them without boxing a future per call.
+    /// A worker over these adapters.
     pub fn new(
         config: WorkerConfig,
-        broker: impl Into<AnyConsumer>,
-        store: impl Into<AnyStore>,
+        broker: Arc<dyn Consumer>,
+        store: Arc<dyn Store>,
         restarter: Arc<dyn Restarter>,
         stats: Arc<Stats>,
     ) -> Self {
-        let (broker, store) = (broker.into(), store.into());
         let lease = broker.lease();
         // Without a lease a delivery is ours until settled: it never runs
         // short, which a day stands for (bounded, so that instants computed

@@ -140,7 +140,7 @@ pub(super) async fn prepare(
     let token = ClaimToken::new();
     let terms = &terms;
     let claimed = store_op(shared, progress, Until::LeaseHeldOnceSent, move || {
-        shared.store.claim_restart(request, terms, token)
+        shared.store.claim_restart(request, *terms, token)
     })
     .await;
     match claimed {

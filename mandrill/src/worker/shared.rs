@@ -14,19 +14,18 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 use tracing::{error, info, warn};
 
 use super::{FlowControl, WorkerConfig};
-use crate::broker::AnyConsumer;
+use crate::broker::Consumer;
 use crate::domain::RestartRequest;
 use crate::domain::Timestamp;
 use crate::notify::{Event, EventKind, Notifier};
 use crate::restarter::Restarter;
 use crate::stats::Stats;
-use crate::store::{AnyStore, ClaimTerms};
+use crate::store::{ClaimTerms, Store};
 
 /// Everything a handler needs, shared by all of them.
 pub(crate) struct Shared {
-    /// Enums, not trait objects: the calls on every message are not boxed.
-    pub broker: AnyConsumer,
-    pub store: AnyStore,
+    pub broker: Arc<dyn Consumer>,
+    pub store: Arc<dyn Store>,
     pub restarter: Arc<dyn Restarter>,
     pub config: WorkerConfig,
     pub stats: Arc<Stats>,

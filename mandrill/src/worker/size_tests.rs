@@ -1,7 +1,8 @@
 //! The futures every in-flight message holds while it waits stay small:
 //! the handler in its batch, and the boxed phase it is in (the claim, or
 //! the outcome). With every message in flight, their sizes are
-//! most of the worker's memory per message.
+//! most of the worker's memory per message. (The adapters' own calls are
+//! boxed by `#[async_trait]`: what is bounded here is the worker's state.)
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -91,12 +92,9 @@ async fn a_waiting_messages_futures_stay_small() {
         std::mem::size_of_val(&prepare),
         std::mem::size_of_val(&conclude),
     ];
-    // Debug build: 384, 784 and 808 bytes once the phases were boxed.
-    // `prepare` holds the claim's terms across the claim: 848 since the
-    // counting rule's `Limits` gained the zone budget, the requester quota
-    // and the settle time (verification itself adds nothing here: it is
-    // done in the synchronous parse); 856 with the claim's token, one copy
-    // (the memory store's claim is answered at once, holding none).
+    // Bounds over a debug build's sizes: a store or broker call's future
+    // is boxed (the adapters are trait objects), so a phase holds its own
+    // state and a pointer, and `prepare` the claim's terms across the claim.
     assert!(
         sizes[0] <= 400 && sizes[1] <= 856 && sizes[2] <= 832,
         "handler, prepare, conclude: {sizes:?} bytes"

@@ -9,15 +9,20 @@
 //! under a share lock, in the statement that creates the rows: it conflicts
 //! only with `set_switch`, which waits for nothing else, so it makes no
 //! cycle wherever it is taken.
+//!
+//! The writes a batch is made of ([`Write`]) and what it answers for each
+//! ([`Answer`]) are defined here; the writer tasks ([`super::writer`]) only
+//! queue and hand them over. Past 400 lines as one piece: a batch's
+//! transaction, its statements and the values it commits.
 
 use std::collections::HashMap;
 use std::sync::LazyLock;
 
-use super::attempts;
-use super::claims::SWITCH_SHARED_SQL;
+use tokio::sync::oneshot;
+
 use super::outcomes::record_outcomes;
-use super::writer::{Answer, Write};
-use crate::domain::RestartRequest;
+use super::rows::{Tx, attempts};
+use crate::domain::{Outcome, RestartRequest};
 use crate::safety::limits::Usage;
 use crate::store::reads::postgres::insert_decision;
 use crate::store::sql::{
@@ -25,11 +30,47 @@ use crate::store::sql::{
     upsert_journal,
 };
 use crate::store::{
-    ClaimState, ClaimToken, ClaimWrite, GroupPause, HeldHosts, Switch, Timestamp, claim_decision,
-    decide_claim, group_pause_from, status_from_name, switch_from,
+    Claim, ClaimState, ClaimTerms, ClaimToken, ClaimWrite, GroupPause, HeldHosts, Recorded,
+    StoreError, Switch, Timestamp, claim_decision, decide_claim, group_pause_from,
+    status_from_name, switch_from,
 };
 
-pub(super) type Tx<'c> = sqlx::Transaction<'c, sqlx::Postgres>;
+/// One queued write, with whom to tell once it is committed.
+#[derive(Debug)]
+pub(super) enum Write {
+    Claim {
+        request: RestartRequest,
+        terms: ClaimTerms,
+        token: ClaimToken,
+        reply: oneshot::Sender<Result<Claim, StoreError>>,
+    },
+    Outcome {
+        request: RestartRequest,
+        attempt: u32,
+        outcome: Outcome,
+        reply: oneshot::Sender<Result<Recorded, StoreError>>,
+    },
+}
+
+impl Write {
+    pub(super) fn request(&self) -> &RestartRequest {
+        match self {
+            Self::Claim { request, .. } | Self::Outcome { request, .. } => request,
+        }
+    }
+}
+
+/// What one write of a committed batch answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Answer {
+    Claim(Claim),
+    Outcome(Recorded),
+}
+
+/// The kill switch under a share lock: `set_switch` waits for the claims
+/// in progress, and every claim after it sees the switch as it left it.
+pub(super) static SWITCH_SHARED_SQL: LazyLock<String> =
+    LazyLock::new(|| format!("{SWITCH_SQL} FOR SHARE"));
 
 /// Creates the missing rows of a batch's requests: `$1`..`$5` arrays of
 /// ids, instances, hosts, requested by, reasons; `$6` now. Returns the ids

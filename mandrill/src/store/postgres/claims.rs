@@ -4,23 +4,20 @@
 
 use std::sync::LazyLock;
 
-use super::{PostgresStore, attempts};
+use super::PostgresStore;
+use super::batch::SWITCH_SHARED_SQL;
+use super::rows::attempts;
 use crate::domain::RestartRequest;
 use crate::safety::limits::{Limits, Subject, Usage};
 use crate::store::reads::postgres as reads;
 use crate::store::sql::{
     GROUP_PAUSE_SQL, GroupPauseRow, HELD_HOSTS_SQL, HeldRow, RELEASE_JOURNAL_SQL, RELEASE_SQL,
-    SWITCH_SQL, SwitchRow, insert_requests, upsert_journal,
+    SwitchRow, insert_requests, upsert_journal,
 };
 use crate::store::{
     Claim, ClaimState, ClaimTerms, ClaimToken, Decision, HeldHosts, StoreError, Timestamp,
     claim_decision, decide_claim, group_pause_from, status_from_name, switch_from,
 };
-
-/// The kill switch under a share lock: `set_switch` waits for the claims
-/// in progress, and every claim after it sees the switch as it left it.
-pub(super) static SWITCH_SHARED_SQL: LazyLock<String> =
-    LazyLock::new(|| format!("{SWITCH_SQL} FOR SHARE"));
 
 /// A request's row, created if missing: `$1`..`$5` id, instance, host,
 /// requested by, reason; `$6` now.

@@ -30,6 +30,7 @@ mod claims;
 mod outcomes;
 #[cfg(test)]
 mod plan_tests;
+mod rows;
 #[cfg(test)]
 mod tests;
 mod writer;
@@ -116,7 +117,7 @@ const LOOKUP_SQL: &str = "SELECT r.message_id, r.status
 pub struct PostgresStore {
     pool: PgPool,
     /// To the writer tasks.
-    writes: mpsc::Sender<writer::Write>,
+    writes: mpsc::Sender<batch::Write>,
     /// To the lookup task.
     lookups: mpsc::Sender<Lookup>,
     /// Tells the writers to commit what is queued and stop.
@@ -226,7 +227,7 @@ impl PostgresStore {
     /// at most the store's timeout.
     async fn call<T>(
         &self,
-        write: impl FnOnce(oneshot::Sender<Result<T, StoreError>>) -> writer::Write,
+        write: impl FnOnce(oneshot::Sender<Result<T, StoreError>>) -> batch::Write,
     ) -> Result<T, StoreError> {
         let (reply, answer) = oneshot::channel();
         self.bounded(async {
@@ -240,17 +241,9 @@ impl PostgresStore {
     }
 }
 
-/// An attempt number as stored (`INTEGER`).
-fn attempts(attempt: u32) -> i32 {
-    i32::try_from(attempt).unwrap_or(i32::MAX)
-}
-
-/// The calls on every message, as inherent `async fn`s: the worker
-/// calls them without boxing a future, and the trait impl delegates to
-/// them.
-impl PostgresStore {
-    /// As [`Store::lookup`], unboxed.
-    pub async fn lookup(&self, message_id: Uuid) -> Result<Option<Status>, StoreError> {
+#[async_trait]
+impl Store for PostgresStore {
+    async fn lookup(&self, message_id: Uuid) -> Result<Option<Status>, StoreError> {
         let (reply, answer) = oneshot::channel();
         self.bounded(async {
             self.lookups
@@ -262,8 +255,7 @@ impl PostgresStore {
         .await
     }
 
-    /// As [`Store::claim_restart`], unboxed.
-    pub async fn claim_restart(
+    async fn claim_restart(
         &self,
         request: &RestartRequest,
         terms: ClaimTerms,
@@ -278,7 +270,7 @@ impl PostgresStore {
             return self.bounded(self.claim_alone(request, terms, token)).await;
         }
         let request = request.clone();
-        self.call(|reply| writer::Write::Claim {
+        self.call(|reply| batch::Write::Claim {
             request,
             terms,
             token,
@@ -287,54 +279,12 @@ impl PostgresStore {
         .await
     }
 
-    /// As [`Store::release_claim`], unboxed.
-    pub async fn release_claim(
-        &self,
-        request: &RestartRequest,
-        attempt: u32,
-    ) -> Result<(), StoreError> {
-        self.bounded(self.release(request, attempt)).await
-    }
-
-    /// As [`Store::record_outcome`], unboxed.
-    pub async fn record_outcome(
-        &self,
-        request: &RestartRequest,
-        attempt: u32,
-        outcome: &Outcome,
-    ) -> Result<Recorded, StoreError> {
-        let (request, outcome) = (request.clone(), outcome.clone());
-        self.call(|reply| writer::Write::Outcome {
-            request,
-            attempt,
-            outcome,
-            reply,
-        })
-        .await
-    }
-}
-
-#[async_trait]
-impl Store for PostgresStore {
-    async fn lookup(&self, message_id: Uuid) -> Result<Option<Status>, StoreError> {
-        PostgresStore::lookup(self, message_id).await
-    }
-
-    async fn claim_restart(
-        &self,
-        request: &RestartRequest,
-        terms: ClaimTerms,
-        token: ClaimToken,
-    ) -> Result<Claim, StoreError> {
-        PostgresStore::claim_restart(self, request, terms, token).await
-    }
-
     async fn release_claim(
         &self,
         request: &RestartRequest,
         attempt: u32,
     ) -> Result<(), StoreError> {
-        PostgresStore::release_claim(self, request, attempt).await
+        self.bounded(self.release(request, attempt)).await
     }
 
     async fn record_decision(
@@ -394,7 +344,14 @@ impl Store for PostgresStore {
         attempt: u32,
         outcome: &Outcome,
     ) -> Result<Recorded, StoreError> {
-        PostgresStore::record_outcome(self, request, attempt, outcome).await
+        let (request, outcome) = (request.clone(), outcome.clone());
+        self.call(|reply| batch::Write::Outcome {
+            request,
+            attempt,
+            outcome,
+            reply,
+        })
+        .await
     }
 
     async fn record_rejection(

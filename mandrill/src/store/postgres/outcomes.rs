@@ -5,8 +5,7 @@
 use std::collections::HashMap;
 use std::sync::LazyLock;
 
-use super::attempts;
-use super::batch::Tx;
+use super::rows::{Tx, attempts};
 use crate::domain::{Outcome, RestartRequest};
 use crate::store::sql::{not_final, outcome_set};
 use crate::store::{ClaimState, Recorded, millis_of};

@@ -11,48 +11,15 @@ use std::time::Duration;
 use sqlx::Connection as _;
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgPool, Postgres};
-use tokio::sync::{Mutex, mpsc, oneshot};
+use tokio::sync::{Mutex, mpsc};
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
-use super::batch::commit_batch;
-use crate::domain::{Outcome, RestartRequest};
-use crate::store::{Claim, ClaimTerms, ClaimToken, Recorded, StoreError, sqlx_error_is_transient};
+use super::batch::{Answer, Write, commit_batch};
+use crate::store::{StoreError, sqlx_error_is_transient};
 
 /// Most writes committed in one transaction.
 pub(super) const MAX_BATCH: usize = 512;
-
-/// One queued write, with whom to tell once it is committed.
-#[derive(Debug)]
-pub(super) enum Write {
-    Claim {
-        request: RestartRequest,
-        terms: ClaimTerms,
-        token: ClaimToken,
-        reply: oneshot::Sender<Result<Claim, StoreError>>,
-    },
-    Outcome {
-        request: RestartRequest,
-        attempt: u32,
-        outcome: Outcome,
-        reply: oneshot::Sender<Result<Recorded, StoreError>>,
-    },
-}
-
-impl Write {
-    pub(super) fn request(&self) -> &RestartRequest {
-        match self {
-            Self::Claim { request, .. } | Self::Outcome { request, .. } => request,
-        }
-    }
-}
-
-/// What one write of a committed batch answers.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum Answer {
-    Claim(Claim),
-    Outcome(Recorded),
-}
 
 /// The writer tasks' shared queue: whichever writer is free takes every
 /// write waiting, so that one commits while the next gathers its batch.
