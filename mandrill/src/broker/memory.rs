@@ -336,9 +336,4 @@ impl MemoryBroker {
 }
 
 #[cfg(test)]
-#[path = "memory_tests.rs"]
 mod tests;
-
-#[cfg(test)]
-#[path = "memory_contract_harness.rs"]
-mod contract_harness;
