@@ -3,8 +3,8 @@
 //! settings on a table too small for PostgreSQL's default costs to prefer
 //! them.
 
-use super::testing::TestDatabase;
-use super::{PostgresStore, batch, outcomes};
+use crate::store::postgres::testing::TestDatabase;
+use crate::store::postgres::{PostgresStore, batch, outcomes};
 use crate::store::Store as _;
 
 #[tokio::test]
