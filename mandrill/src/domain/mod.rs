@@ -23,6 +23,4 @@ pub use signed::{Signatures, Signer, SigningKey};
 pub(crate) mod testing;
 
 #[cfg(test)]
-mod signed_tests;
-#[cfg(test)]
 mod tests;
