@@ -285,4 +285,3 @@ impl Worker {
 
 #[cfg(test)]
 mod tests;
-

@@ -157,16 +157,16 @@ async fn wait_until(what: &str, condition: impl Fn() -> bool) {
     }
 }
 
-mod guards;
-mod refusals;
 mod batches;
-mod pulls;
-mod shutdown;
 mod deliveries;
-mod restarts;
-mod store;
-mod policy;
+mod guards;
 mod late_checks;
-mod schedule;
+mod policy;
+mod pulls;
+mod refusals;
 mod replies;
+mod restarts;
+mod schedule;
+mod shutdown;
 mod size;
+mod store;

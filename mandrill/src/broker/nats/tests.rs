@@ -156,6 +156,6 @@ mod contract_harness {
     broker_contract!(Nats, POLL_WAIT);
 }
 
-mod leases;
-mod dead_lettering;
 mod consumers;
+mod dead_lettering;
+mod leases;

@@ -9,8 +9,6 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::time::Instant;
 
-use crate::worker::lease::Leased;
-use crate::worker::{Worker, WorkerConfig};
 use crate::backoff::Backoff;
 use crate::broker::{Delivery, DeliveryTag, MemoryBroker};
 use crate::domain::{Domain, ParseRules, RestartRequest, Restarted};
@@ -18,6 +16,8 @@ use crate::restarter::{SimulatedRestarter, Simulation};
 use crate::safety::PolicyHandle;
 use crate::stats::Stats;
 use crate::store::MemoryStore;
+use crate::worker::lease::Leased;
+use crate::worker::{Worker, WorkerConfig};
 
 fn config() -> WorkerConfig {
     let backoff = Backoff {
