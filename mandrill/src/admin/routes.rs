@@ -314,5 +314,4 @@ pub(crate) fn bad_request(why: String) -> Response {
 }
 
 #[cfg(test)]
-#[path = "routes_tests.rs"]
 mod tests;

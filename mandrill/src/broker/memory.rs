@@ -306,9 +306,4 @@ impl Consumer for MemoryBroker {
 }
 
 #[cfg(test)]
-#[path = "memory_tests.rs"]
 mod tests;
-
-#[cfg(test)]
-#[path = "memory_contract_harness.rs"]
-mod contract_harness;

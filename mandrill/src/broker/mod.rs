@@ -293,5 +293,4 @@ pub(crate) fn bounded_reason(reason: &str) -> std::borrow::Cow<'_, str> {
 }
 
 #[cfg(test)]
-#[path = "mod_tests.rs"]
 mod tests;

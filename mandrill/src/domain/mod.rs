@@ -27,6 +27,4 @@ pub use time::Timestamp;
 pub(crate) mod testing;
 
 #[cfg(test)]
-mod signed_tests;
-#[cfg(test)]
 mod tests;

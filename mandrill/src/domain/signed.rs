@@ -341,3 +341,6 @@ impl SigningKey {
         )
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -31,17 +31,24 @@
 //! time-out whose kill was confirmed are worth retrying, except that a
 //! connection the host drops while the command runs counts as the restart
 //! when `reboot_drops_connection` is set.
+//!
+//! Here, a restart's course (connect, start, wait, read); beside it, one
+//! file each: the connection pool (`pool.rs`), the process group's report
+//! and kill (`group.rs`), what the command's end means (`exit.rs`), quoting
+//! the command line (`quote.rs`), bounded output (`output.rs`), settings.
 
+mod exit;
+mod group;
 mod output;
 mod pool;
+mod quote;
 mod settings;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use openssh::{ChildStdout, Session, Stdio};
-use tokio::io::AsyncReadExt;
+use openssh::{Session, Stdio};
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
@@ -53,7 +60,9 @@ use crate::domain::{Hostname, RestartRequest, Restarted};
 pub use output::{Captured, read_bounded};
 pub use settings::{KILL_TIMEOUT, SshSettings};
 
+use group::{Group, REPORT_GROUP, read_group};
 use pool::{ConnectError, Destination, Pool};
+use quote::quote_command_line;
 
 /// A command running over a pooled connection.
 type RemoteChild = openssh::Child<Arc<Session>>;
@@ -65,37 +74,6 @@ type RemoteChild = openssh::Child<Arc<Session>>;
 /// command backend's second: the channel's end crosses the network and the
 /// multiplexing master, which a loaded machine can delay past a second.
 const DRAIN_AFTER_EXIT: Duration = Duration::from_secs(3);
-
-/// What the remote shell runs before the command: `sh` prints the id of its
-/// process group on a line of its own (`none` when it does not lead one, so
-/// that a group that was never ours is never killed, nor its absence taken
-/// for a confirmed end), then becomes the command. One line, no single
-/// quote: it goes inside single quotes through any login shell.
-const REPORT_GROUP: &str = r#"if kill -0 -$$ 2>/dev/null; then echo "mandrill-pgid $$"; else echo "mandrill-pgid none"; fi; exec "$@""#;
-
-/// The line [`REPORT_GROUP`] prints, up to the id.
-const GROUP_MARKER: &[u8] = b"mandrill-pgid ";
-
-/// Output the login shell may print before the group's line (a noisy
-/// profile), kept as the command's; past this the line is given up on.
-const MAX_BEFORE_MARKER: usize = 4096;
-
-/// Stops process group `$1`: `SIGTERM`, a second for it to go, `SIGKILL`,
-/// another second. Exits 0 once the group is gone ("No such process";
-/// permission refused is not gone), 1 if it is still there. `C` locale, so
-/// that the message is the one looked for; dash's `kill` takes no `--`.
-const KILL_GROUP: &str = r#"g=$1; gone() { kill -0 -$g 2>&1 | grep -q "No such process"; }; settle() { i=0; while [ $i -lt 10 ]; do gone && return 0; sleep 0.1; i=$((i+1)); done; gone; }; gone && exit 0; kill -TERM -$g 2>/dev/null; settle && exit 0; kill -KILL -$g 2>/dev/null; settle && exit 0; exit 1"#;
-
-/// The command's process group on the host, as the wrapper reported it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Group {
-    /// Not reported (yet): the command may or may not have started.
-    Unseen,
-    /// The command does not lead a group of its own: it cannot be stopped.
-    NotLeader,
-    /// The group's id.
-    Leader(u32),
-}
 
 /// Restarts hosts by running a command over SSH. See the module docs.
 #[derive(Debug)]
@@ -287,157 +265,7 @@ impl SshRestarter {
         let output = Captured::describe(&out, &err, limit);
         match exited {
             Some(status) => self.exit(host, destination, session, status, output).await,
-            None => Err(self.stop(host, destination, session, group).await),
-        }
-    }
-
-    /// What the command's exit (or the error in its place) means.
-    async fn exit(
-        &self,
-        host: &Hostname,
-        destination: &Destination,
-        session: &Session,
-        status: Result<std::process::ExitStatus, openssh::Error>,
-        output: Option<String>,
-    ) -> Result<Restarted, RestartError> {
-        match status {
-            Ok(status) if status.success() => Ok(Restarted {
-                recovered_after: None,
-                output,
-            }),
-            Ok(status) => Err(self.exited(
-                host,
-                destination,
-                status.code().unwrap_or(-1),
-                output.as_deref(),
-            )),
-            // openssh answers exit 127 (the remote shell found no such
-            // command) with an error rather than the status: it is an exit
-            // code like any other, `permanent_exit_codes` included.
-            Err(openssh::Error::Remote(e)) if e.kind() == std::io::ErrorKind::NotFound => {
-                Err(self.exited(host, destination, 127, output.as_deref()))
-            }
-            Err(openssh::Error::RemoteProcessTerminated | openssh::Error::Disconnected) => {
-                if self.pool.connection_lost(session).await {
-                    if self.reboot_drops_connection {
-                        tracing::info!(%host, %destination, "the host dropped the connection while the command ran: counted as restarted (reboot_drops_connection)");
-                        let note = "(the host dropped the connection: counted as restarted)";
-                        return Ok(Restarted {
-                            recovered_after: None,
-                            output: Some(match output {
-                                Some(output) => format!("{}\n{note}", output.trim_end()),
-                                None => note.to_owned(),
-                            }),
-                        });
-                    }
-                    return Err(RestartError::failed(
-                        host,
-                        format!(
-                            "{destination} dropped the connection while the command ran (if the \
-                             command reboots the host, set reboot_drops_connection = true){}",
-                            output::suffix(output.as_deref())
-                        ),
-                    ));
-                }
-                Err(RestartError::failed(
-                    host,
-                    format!(
-                        "the command was killed by a signal on {destination}{}",
-                        output::suffix(output.as_deref())
-                    ),
-                ))
-            }
-            Err(e) => Err(RestartError::failed(
-                host,
-                Cause::new(format!("the command on {destination} failed"), e),
-            )),
-        }
-    }
-}
-
-impl SshRestarter {
-    /// Stops a command that ran past `timeout`: its process group killed
-    /// over the same connection (a second channel), within [`KILL_TIMEOUT`].
-    /// A confirmed end is a time-out worth retrying; anything less leaves
-    /// the command possibly running, and says so.
-    async fn stop(
-        &self,
-        host: &Hostname,
-        destination: &Destination,
-        session: &Session,
-        group: Group,
-    ) -> RestartError {
-        let unknown = |why: String| RestartError::OutcomeUnknown {
-            host: host.clone(),
-            cause: format!(
-                "the command ran longer than {:?} on {destination} and {why}",
-                self.timeout
-            )
-            .into(),
-        };
-        let pgid = match group {
-            Group::Leader(pgid) => pgid,
-            Group::NotLeader => {
-                return unknown(
-                    "could not be stopped: it does not run in a process group of its own".into(),
-                );
-            }
-            Group::Unseen => {
-                return unknown(
-                    "could not be stopped: its process group was never reported".into(),
-                );
-            }
-        };
-        let kill = format!("exec env LC_ALL=C sh -c '{KILL_GROUP}' mandrill-kill {pgid}");
-        let killed = tokio::time::timeout(
-            KILL_TIMEOUT,
-            session
-                .raw_command(kill)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status(),
-        )
-        .await;
-        match killed {
-            Ok(Ok(status)) if status.success() => {
-                tracing::info!(%host, %destination, pgid, "the timed-out command's process group was killed");
-                RestartError::TimedOut {
-                    host: host.clone(),
-                    after: self.timeout,
-                }
-            }
-            Ok(Ok(status)) if status.code() == Some(1) => unknown(format!(
-                "its process group {pgid} was still there after SIGKILL (another user's \
-                 processes, e.g. under sudo, cannot be signalled)"
-            )),
-            Ok(Ok(status)) => unknown(format!(
-                "the kill of its process group {pgid} failed ({status})"
-            )),
-            Ok(Err(e)) => unknown(format!("its process group {pgid} could not be killed: {e}")),
-            Err(_elapsed) => unknown(format!(
-                "the kill of its process group {pgid} did not finish within {KILL_TIMEOUT:?}"
-            )),
-        }
-    }
-
-    /// A command that ran and exited with `code` (not 0): permanent if the
-    /// code is listed in `permanent_exit_codes`, else worth retrying.
-    fn exited(
-        &self,
-        host: &Hostname,
-        destination: &Destination,
-        code: i32,
-        output: Option<&str>,
-    ) -> RestartError {
-        let reason = format!(
-            "the command exited with {code} on {destination}{}",
-            output::suffix(output)
-        );
-        if self.permanent_exit_codes.contains(&code) {
-            RestartError::permanent(host, reason)
-        } else {
-            RestartError::failed(host, reason)
+            None => Err(group::stop(host, destination, session, group, self.timeout).await),
         }
     }
 }
@@ -496,105 +324,5 @@ impl Restarter for SshRestarter {
             .await;
         self.pool.release(&destination, session);
         result
-    }
-}
-
-/// Reads `stdout` up to the wrapper's line naming the command's process
-/// group, keeping whatever came before or after it as the command's output.
-/// `Unseen` if the stream ends, or holds too much, first.
-async fn read_group(stdout: Option<&mut ChildStdout>, into: &mut Captured, limit: usize) -> Group {
-    let Some(stdout) = stdout else {
-        return Group::Unseen;
-    };
-    let mut seen = Vec::new();
-    let mut buffer = [0u8; 1024];
-    loop {
-        if let Some((group, line)) = find_group(&seen) {
-            into.push(&seen[..line.start], limit);
-            into.push(&seen[line.end..], limit);
-            return group;
-        }
-        if seen.len() > MAX_BEFORE_MARKER {
-            into.push(&seen, limit);
-            return Group::Unseen;
-        }
-        match stdout.read(&mut buffer).await {
-            Ok(0) | Err(_) => {
-                into.push(&seen, limit);
-                return Group::Unseen;
-            }
-            Ok(read) => seen.extend_from_slice(&buffer[..read]),
-        }
-    }
-}
-
-/// The group named by a complete line of [`REPORT_GROUP`] in `seen`, and
-/// where that line is (its newline included).
-fn find_group(seen: &[u8]) -> Option<(Group, std::ops::Range<usize>)> {
-    let start = (0..seen.len())
-        .find(|&at| (at == 0 || seen[at - 1] == b'\n') && seen[at..].starts_with(GROUP_MARKER))?;
-    let length = seen[start..].iter().position(|&byte| byte == b'\n')?;
-    let value = &seen[start + GROUP_MARKER.len()..start + length];
-    let group = match std::str::from_utf8(value).map(str::parse::<u32>) {
-        // pid 0 and 1 are never a restart's group.
-        Ok(Ok(pgid)) if pgid > 1 => Group::Leader(pgid),
-        _ if value == b"none" => Group::NotLeader,
-        _ => Group::Unseen,
-    };
-    Some((group, start..start + length + 1))
-}
-
-/// The command line the remote shell receives: every argument quoted for a
-/// POSIX shell, so that each arrives as exactly one literal argument
-/// whatever it contains (`;`, `$(…)`, quotes, spaces, newlines).
-pub fn quote_command_line(argv: &[String]) -> String {
-    argv.iter()
-        .map(|arg| shell_quote(arg))
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
-/// One argument quoted for a POSIX shell: left alone when it holds only
-/// characters no shell treats specially, else single-quoted, with each `'`
-/// written as `'\''`.
-fn shell_quote(arg: &str) -> String {
-    let plain = |c: char| c.is_ascii_alphanumeric() || "-_./,:+@%".contains(c);
-    if !arg.is_empty() && arg.chars().all(plain) {
-        return arg.to_owned();
-    }
-    let mut quoted = String::with_capacity(arg.len() + 2);
-    quoted.push('\'');
-    for c in arg.chars() {
-        if c == '\'' {
-            quoted.push_str("'\\''");
-        } else {
-            quoted.push(c);
-        }
-    }
-    quoted.push('\'');
-    quoted
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_argument_is_quoted_for_the_remote_shell() {
-        let argv: Vec<String> = [
-            "sudo",
-            "systemctl",
-            "restart",
-            "app@x.service",
-            "a;b",
-            "it's",
-            "",
-        ]
-        .map(String::from)
-        .to_vec();
-        assert_eq!(
-            quote_command_line(&argv),
-            r#"sudo systemctl restart app@x.service 'a;b' 'it'\''s' ''"#
-        );
     }
 }

@@ -430,5 +430,4 @@ mod text;
 use text::*;
 
 #[cfg(test)]
-#[path = "calendar_tests.rs"]
 mod tests;

@@ -471,5 +471,4 @@ pub fn describe(limits: &Limits) -> String {
 }
 
 #[cfg(test)]
-#[path = "limits_tests.rs"]
 mod tests;

@@ -427,5 +427,4 @@ pub(crate) fn not_final(row: &str) -> String {
 }
 
 #[cfg(test)]
-#[path = "sql_tests.rs"]
 mod tests;

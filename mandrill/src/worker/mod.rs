@@ -282,7 +282,3 @@ impl Worker {
 
 #[cfg(test)]
 mod tests;
-
-#[cfg(test)]
-#[path = "size_tests.rs"]
-mod size_tests;

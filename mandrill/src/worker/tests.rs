@@ -1,7 +1,7 @@
 //! The worker's behaviour, with paused time on the in-memory adapters:
 //! the shared fixtures (the configuration, a harness running a worker,
 //! waiting on a condition) are here, the scripted adapters in
-//! `test_doubles.rs`, and the tests, by behaviour, beside them.
+//! `tests/doubles.rs`, and the tests, by behaviour, in `tests/`.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -22,7 +22,6 @@ use crate::restarter::{Reservation, Reserving, RestartError};
 use crate::safety::{Eligibility, Policy, PolicyHandle};
 use crate::store::{Claim, ClaimTerms, HistoryEntry, MemoryStore, Recorded, Store, StoreError};
 
-#[path = "test_doubles.rs"]
 mod doubles;
 
 use doubles::{LoggedBroker, ScriptedRestarter, ScriptedStore, Timeline};
@@ -157,38 +156,16 @@ async fn wait_until(what: &str, condition: impl Fn() -> bool) {
     }
 }
 
-#[path = "guard_tests.rs"]
-mod guards;
-
-#[path = "refusal_tests.rs"]
-mod refusals;
-
-#[path = "batch_tests.rs"]
 mod batches;
-
-#[path = "pull_tests.rs"]
-mod pulls;
-
-#[path = "shutdown_tests.rs"]
-mod shutdown;
-
-#[path = "delivery_tests.rs"]
 mod deliveries;
-
-#[path = "restart_tests.rs"]
-mod restarts;
-
-#[path = "store_tests.rs"]
-mod store;
-
-#[path = "policy_tests.rs"]
-mod policy;
-
-#[path = "late_check_tests.rs"]
+mod guards;
 mod late_checks;
-
-#[path = "schedule_tests.rs"]
-mod schedule;
-
-#[path = "reply_tests.rs"]
+mod policy;
+mod pulls;
+mod refusals;
 mod replies;
+mod restarts;
+mod schedule;
+mod shutdown;
+mod size;
+mod store;

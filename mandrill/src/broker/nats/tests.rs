@@ -1,7 +1,7 @@
 //! Against the NATS server on this machine (`MANDRILL_TEST_NATS` overrides
 //! the address). Every test uses its own stream, subjects and consumer, and
 //! deletes its streams afterwards. The fixtures and the broker contract's
-//! harness are here; the tests, by behaviour, beside them.
+//! harness are here; the tests, by behaviour, in `tests/`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -47,8 +47,10 @@ impl TestStreams {
     }
 }
 
-/// NATS names of a test's own (shared with the integration tests and the
-/// benchmark).
+/// NATS names of a test's own, one file shared with the integration tests
+/// and the benchmark. Included by path, the one exception to the test
+/// layout: those build against the library without `cfg(test)`, so they
+/// cannot reach a test-only module of it.
 #[path = "../../../tests/services/nats_names.rs"]
 mod nats_names;
 
@@ -154,11 +156,6 @@ mod contract_harness {
     broker_contract!(Nats, POLL_WAIT);
 }
 
-#[path = "lease_tests.rs"]
-mod leases;
-
-#[path = "dead_letter_tests.rs"]
-mod dead_lettering;
-
-#[path = "consumer_tests.rs"]
 mod consumers;
+mod dead_lettering;
+mod leases;

@@ -28,8 +28,6 @@
 mod batch;
 mod claims;
 mod outcomes;
-#[cfg(test)]
-mod plan_tests;
 mod rows;
 #[cfg(test)]
 mod tests;
@@ -82,7 +80,7 @@ const MAX_LOOKUPS: usize = 1024;
 ///   whole table (its lock, the claims' and the outcomes' updates, the
 ///   journal's settling), about 3 times slower than the index there and
 ///   growing with the table until ~100,000 rows, where the index wins
-///   anyway (`plan_tests.rs`).
+///   anyway (`tests/plan.rs`).
 pub const SESSION_SETTINGS: [(&str, &str); 2] = [
     ("plan_cache_mode", "force_custom_plan"),
     ("random_page_cost", "1.1"),
@@ -532,8 +530,10 @@ impl PostgresStore {
     }
 }
 
-/// A throwaway PostgreSQL database for one test, dropped afterwards (one
-/// copy, shared with the integration tests and the benchmark).
+/// A throwaway PostgreSQL database for one test, dropped afterwards: one
+/// file shared with the integration tests and the benchmark. Included by
+/// path, the one exception to the test layout: those build against the
+/// library without `cfg(test)`, so they cannot reach a test-only module.
 #[cfg(test)]
 #[path = "../../../tests/services/postgres.rs"]
 pub(crate) mod testing;

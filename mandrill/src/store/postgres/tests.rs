@@ -463,3 +463,6 @@ async fn the_server_cancels_a_statement_at_half_the_store_timeout() {
     );
     store.close().await;
 }
+
+/// The statements' query plans.
+mod plan;

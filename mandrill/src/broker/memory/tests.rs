@@ -126,3 +126,6 @@ async fn dead_letter_reason_is_bounded() {
     );
     assert!(kept.starts_with("éé"));
 }
+
+/// The broker contract, run on this broker.
+mod contract_harness;

@@ -10,8 +10,6 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::time::Instant;
 
-use super::lease::Leased;
-use super::{Worker, WorkerConfig};
 use crate::backoff::Backoff;
 use crate::broker::{Delivery, DeliveryTag, MemoryBroker};
 use crate::domain::{Domain, ParseRules, RestartRequest, Restarted};
@@ -19,6 +17,8 @@ use crate::restarter::{SimulatedRestarter, Simulation};
 use crate::safety::PolicyHandle;
 use crate::stats::Stats;
 use crate::store::MemoryStore;
+use crate::worker::lease::Leased;
+use crate::worker::{Worker, WorkerConfig};
 
 fn config() -> WorkerConfig {
     let backoff = Backoff {
@@ -71,15 +71,15 @@ async fn a_waiting_messages_futures_stay_small() {
     let leased = Leased::new(&shared, delivery, Instant::now());
     let policy = shared.config.policy.current();
     let permit = shared.flow.acquire().await;
-    let handler = super::handler::message(&shared, &policy, &leased, permit);
-    let prepare = super::prepare::prepare(
+    let handler = crate::worker::handler::message(&shared, &policy, &leased, permit);
+    let prepare = crate::worker::prepare::prepare(
         &shared,
         &leased.delivery,
         &leased.progress,
         &request,
         &policy,
     );
-    let conclude = super::conclude::conclude(
+    let conclude = crate::worker::conclude::conclude(
         &shared,
         &leased.progress,
         &leased.delivery.tag,

@@ -7,8 +7,8 @@ use std::time::{Duration, SystemTime};
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 
-use super::signed::{LEEWAY, MAX_LIFETIME, Signatures, Signer, SigningKey};
-use super::{Domain, ParseRules, Rejection, RestartRequest, WireRequest};
+use super::{LEEWAY, MAX_LIFETIME, Signatures, Signer, SigningKey};
+use crate::domain::{Domain, ParseRules, Rejection, RestartRequest, WireRequest};
 
 const ED_PRIVATE: &str = "-----BEGIN PRIVATE KEY-----
 MC4CAQAwBQYDK2VwBCIEIJKZIohg0kTgT0r1qaO/WUCF0GokEli8bJBBjTpGeOvA
@@ -291,7 +291,7 @@ fn only_ed25519_and_p256_public_keys_are_accepted() {
 
 #[test]
 fn only_three_base64url_parts_look_signed() {
-    use super::signed::is_compact_jws;
+    use super::is_compact_jws;
     assert!(is_compact_jws(b"eyJh.eyJp.c2ln"));
     // An unsecured token's empty signature: signed-looking, so rejected as
     // a bad signature (saying why), never parsed as JSON.

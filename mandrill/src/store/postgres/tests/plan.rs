@@ -3,9 +3,9 @@
 //! settings on a table too small for PostgreSQL's default costs to prefer
 //! them.
 
-use super::testing::TestDatabase;
-use super::{PostgresStore, batch, outcomes};
 use crate::store::Store as _;
+use crate::store::postgres::testing::TestDatabase;
+use crate::store::postgres::{PostgresStore, batch, outcomes};
 
 #[tokio::test]
 async fn the_batch_lock_uses_the_message_id_index_even_with_a_generic_plan() {

@@ -1,0 +1,292 @@
+//! What a claim holds: its attempts and the unknown outcomes they count,
+//! one request per host at a time, and a released claim used up nothing.
+
+use super::*;
+
+pub async fn claim_holds_and_unknown_outcomes_count(store: &dyn Store) {
+    let request = request("cattle-0003");
+    let first = store
+        .claim_restart(&request, TERMS, ClaimToken::new())
+        .await
+        .unwrap();
+    assert_eq!(
+        first,
+        Claim::Claimed {
+            attempt: 1,
+            unknown: None
+        }
+    );
+    // While the claim holds, no other delivery may restart.
+    let Claim::InFlight { attempt: 1, wait } = store
+        .claim_restart(&request, TERMS, ClaimToken::new())
+        .await
+        .unwrap()
+    else {
+        panic!("a held claim must block a second one");
+    };
+    assert!(wait > Duration::ZERO && wait <= TERMS.hold);
+    // A claim that never got its outcome, once its hold is over, counts
+    // as a used attempt: a crash never buys a request extra restarts.
+    let expired = ClaimTerms {
+        hold: Duration::ZERO,
+        limits: crate::safety::Limits::NONE,
+        ..TERMS
+    };
+    let other = self::request("cattle-0004");
+    assert_eq!(
+        store
+            .claim_restart(&other, expired, ClaimToken::new())
+            .await
+            .unwrap(),
+        Claim::Claimed {
+            attempt: 1,
+            unknown: None
+        }
+    );
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    assert_eq!(
+        store
+            .claim_restart(&other, expired, ClaimToken::new())
+            .await
+            .unwrap(),
+        Claim::Claimed {
+            attempt: 2,
+            unknown: Some(1)
+        }
+    );
+    let entry = entry(store, other.message_id).await;
+    assert!(
+        entry
+            .last_error
+            .as_deref()
+            .unwrap_or("")
+            .contains("attempt 1"),
+        "{entry:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    assert_eq!(
+        store
+            .claim_restart(&other, expired, ClaimToken::new())
+            .await
+            .unwrap(),
+        Claim::Claimed {
+            attempt: 3,
+            unknown: Some(2)
+        }
+    );
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    assert_eq!(
+        store
+            .claim_restart(&other, expired, ClaimToken::new())
+            .await
+            .unwrap(),
+        Claim::Exhausted {
+            attempts: 3,
+            unknown: Some(3)
+        }
+    );
+    // Recording the last attempt's outcome releases its claim.
+    store
+        .record_outcome(&request, 1, &Outcome::Retrying { error: "e".into() })
+        .await
+        .unwrap();
+    assert_eq!(
+        store
+            .claim_restart(&request, TERMS, ClaimToken::new())
+            .await
+            .unwrap(),
+        Claim::Claimed {
+            attempt: 2,
+            unknown: None
+        }
+    );
+}
+
+/// Two requests (two message ids) for one host: while the first's claim
+/// is in flight, the second is deferred ("host busy"), counting guards or
+/// none; it claims once the first's outcome is recorded, or once the
+/// first's hold is over without one (its handler died). A call retried
+/// with its own token past its hold does not take the host back from a
+/// request that claimed it since.
+///
+/// Both with and without counting guards (PostgreSQL decides a claim they
+/// apply to in a transaction of its own; SQLite reads the journal for it).
+pub async fn a_host_is_never_claimed_for_two_requests_at_once(store: &dyn Store) {
+    let guarded = Limits {
+        group_max: Some(100),
+        window: Duration::from_secs(3600),
+        ..Limits::NONE
+    };
+    for (host, limits) in [("busy-0001", Limits::NONE), ("busy-0002", guarded)] {
+        let terms = ClaimTerms { limits, ..TERMS };
+        let expired = ClaimTerms {
+            hold: Duration::ZERO,
+            ..terms
+        };
+        let first = Claim::Claimed {
+            attempt: 1,
+            unknown: None,
+        };
+        let busy = |claim: Claim, holder: &RestartRequest| match claim {
+            Claim::Deferred {
+                guard: "host busy",
+                reason,
+                wait,
+            } => {
+                assert!(reason.contains(host), "{reason}");
+                assert!(reason.contains(&holder.message_id.to_string()), "{reason}");
+                assert!(wait > Duration::ZERO && wait <= TERMS.hold, "{wait:?}");
+            }
+            other => panic!("{host}: a second request for a host in flight: {other:?}"),
+        };
+        // In flight, then its outcome recorded.
+        let a = request(host);
+        let b = request(host);
+        assert_eq!(
+            store
+                .claim_restart(&a, terms, ClaimToken::new())
+                .await
+                .unwrap(),
+            first
+        );
+        busy(
+            store
+                .claim_restart(&b, terms, ClaimToken::new())
+                .await
+                .unwrap(),
+            &a,
+        );
+        let story = store.story(b.message_id).await.unwrap().unwrap();
+        assert!(
+            story
+                .decisions
+                .iter()
+                .any(|d| d.verdict == "deferred" && d.guard == "host busy"),
+            "{story:?}"
+        );
+        // Another host is not held by it.
+        let elsewhere = request(&format!("{host}-other"));
+        assert_eq!(
+            store
+                .claim_restart(&elsewhere, terms, ClaimToken::new())
+                .await
+                .unwrap(),
+            first
+        );
+        store
+            .record_outcome(&a, 1, &Outcome::restarted())
+            .await
+            .unwrap();
+        assert_eq!(
+            store
+                .claim_restart(&b, terms, ClaimToken::new())
+                .await
+                .unwrap(),
+            first
+        );
+        store
+            .record_outcome(&b, 1, &Outcome::restarted())
+            .await
+            .unwrap();
+        // In flight, then its hold over without an outcome (a crash): the
+        // host is free again, and the late call of the crashed claim, with
+        // its own token, finds it held by the other request.
+        let c = request(host);
+        let d = request(host);
+        let c_token = ClaimToken::new();
+        assert_eq!(
+            store.claim_restart(&c, expired, c_token).await.unwrap(),
+            first
+        );
+        assert_eq!(
+            store
+                .claim_restart(&d, terms, ClaimToken::new())
+                .await
+                .unwrap(),
+            first
+        );
+        busy(store.claim_restart(&c, terms, c_token).await.unwrap(), &d);
+        busy(
+            store
+                .claim_restart(&c, terms, ClaimToken::new())
+                .await
+                .unwrap(),
+            &d,
+        );
+        store
+            .record_outcome(&d, 1, &Outcome::restarted())
+            .await
+            .unwrap();
+        // A claim given back unused holds nothing either.
+        let e = request(host);
+        assert_eq!(
+            store
+                .claim_restart(&e, terms, ClaimToken::new())
+                .await
+                .unwrap(),
+            first
+        );
+        store.release_claim(&e, 1).await.unwrap();
+        assert!(
+            matches!(
+                store
+                    .claim_restart(&c, terms, ClaimToken::new())
+                    .await
+                    .unwrap(),
+                Claim::Claimed { .. }
+            ),
+            "{host}: nothing holds the host"
+        );
+    }
+}
+
+pub async fn a_released_claim_is_not_a_used_attempt(store: &dyn Store) {
+    let request = request("cattle-0005");
+    let claim = |expected: u32| {
+        let request = request.clone();
+        async move {
+            assert_eq!(
+                store
+                    .claim_restart(&request, TERMS, ClaimToken::new())
+                    .await
+                    .unwrap(),
+                Claim::Claimed {
+                    attempt: expected,
+                    unknown: None
+                }
+            );
+        }
+    };
+    claim(1).await;
+    // Given back (a guard closed before the restart): the hold is lifted
+    // at once and the attempt is claimed again, with nothing unknown.
+    store.release_claim(&request, 1).await.unwrap();
+    claim(1).await;
+    // Only the latest, still-held claim is given back.
+    store.release_claim(&request, 2).await.unwrap();
+    assert!(matches!(
+        store
+            .claim_restart(&request, TERMS, ClaimToken::new())
+            .await
+            .unwrap(),
+        Claim::InFlight { attempt: 1, .. }
+    ));
+    store
+        .record_outcome(&request, 1, &Outcome::Retrying { error: "e".into() })
+        .await
+        .unwrap();
+    store.release_claim(&request, 1).await.unwrap();
+    claim(2).await;
+    assert_eq!(entry(store, request.message_id).await.attempts, 2);
+    // A final request stays final.
+    store
+        .record_outcome(&request, 2, &Outcome::restarted())
+        .await
+        .unwrap();
+    store.release_claim(&request, 2).await.unwrap();
+    assert_eq!(entry(store, request.message_id).await.attempts, 2);
+    assert_eq!(
+        store.lookup(request.message_id).await.unwrap(),
+        Some(Status::Restarted)
+    );
+}

@@ -1,0 +1,345 @@
+//! What the store reads back: decisions, rejections, recoveries and the
+//! report; and what pruning removes.
+
+use super::*;
+
+/// A request deferred before any claim has no record of its own, only its
+/// decisions: they are read all the same, oldest first.
+pub async fn decisions_are_read_before_a_request_has_a_record(store: &dyn Store) {
+    let deferred = request("cattle-0d01");
+    assert_eq!(store.decisions(deferred.message_id).await.unwrap(), vec![]);
+    for reason in [
+        "deferred by not_before: first",
+        "deferred by calendar: second",
+    ] {
+        let decision = Decision {
+            verdict: "deferred",
+            guard: reason.split(' ').nth(2).unwrap().trim_end_matches(':'),
+            reason,
+        };
+        store.record_decision(&deferred, 0, decision).await.unwrap();
+    }
+    assert_eq!(store.story(deferred.message_id).await.unwrap(), None);
+    let decisions = store.decisions(deferred.message_id).await.unwrap();
+    let read: Vec<(&str, &str)> = decisions
+        .iter()
+        .map(|d| (d.guard.as_str(), d.reason.as_str()))
+        .collect();
+    assert_eq!(
+        read,
+        [
+            ("not_before", "deferred by not_before: first"),
+            ("calendar", "deferred by calendar: second")
+        ]
+    );
+    assert!(
+        decisions
+            .iter()
+            .all(|d| d.verdict == "deferred" && d.attempt == 0)
+    );
+}
+
+pub async fn rejections_are_listed_but_never_count_as_the_request(store: &dyn Store) {
+    store
+        .record_rejection(None, "payload is not a valid request", b"garbage")
+        .await
+        .unwrap();
+    let valid = request("cattle-0005");
+    let id = valid.message_id;
+    store
+        .record_rejection(Some(id), "instance_name \"X\" is bad", b"{}")
+        .await
+        .unwrap();
+    let history = store.history(100).await.unwrap();
+    let rejected: Vec<_> = history
+        .iter()
+        .filter(|e| e.status == Status::Rejected)
+        .collect();
+    assert_eq!(rejected.len(), 2);
+    assert!(rejected.iter().any(|e| e.message_id == Some(id)));
+    // A malformed payload that carried this id does not make a later
+    // valid request with the same id count as done.
+    assert_eq!(store.lookup(id).await.unwrap(), None);
+    assert_eq!(
+        store
+            .claim_restart(&valid, TERMS, ClaimToken::new())
+            .await
+            .unwrap(),
+        Claim::Claimed {
+            attempt: 1,
+            unknown: None
+        }
+    );
+}
+
+/// A group's verified restarts, newest first: each recovery time, or
+/// `None` for a host that never came back; restarts nobody probed, failed
+/// ones and other groups' are not among them.
+pub async fn recent_recoveries_are_the_groups_latest_verified_restarts(store: &dyn Store) {
+    let verified = |secs: u64| {
+        Outcome::Restarted(crate::domain::Restarted {
+            recovered_after: Some(Duration::from_secs(secs)),
+            output: None,
+        })
+    };
+    let outcomes = [
+        ("recov-0001", verified(10)),
+        ("recov-0002", Outcome::restarted()),
+        (
+            "recov-0003",
+            Outcome::Unrecovered {
+                error: "probe never passed".into(),
+                output: None,
+            },
+        ),
+        (
+            "recov-0004",
+            Outcome::Failed {
+                error: "refused".into(),
+            },
+        ),
+        ("elsewhere-0001", verified(1)),
+        ("recov-0005", verified(30)),
+    ];
+    for (instance, outcome) in outcomes {
+        let request = request(instance);
+        store
+            .claim_restart(&request, TERMS, ClaimToken::new())
+            .await
+            .unwrap();
+        store.record_outcome(&request, 1, &outcome).await.unwrap();
+        // Claims a millisecond apart at least: newest first is then one order.
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert_eq!(
+        store.recent_recoveries("recov", 10).await.unwrap(),
+        [
+            Some(Duration::from_secs(30)),
+            None,
+            Some(Duration::from_secs(10))
+        ]
+    );
+    assert_eq!(
+        store.recent_recoveries("recov", 2).await.unwrap(),
+        [Some(Duration::from_secs(30)), None]
+    );
+    assert!(
+        store
+            .recent_recoveries("nobody", 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
+/// `report(since)` lists the attempts claimed since then with their
+/// outcome, group and requester, the recovery time and last error on a
+/// request's latest attempt only, and the verdicts recorded since then
+/// with the request's host, requester and group where the store knows
+/// them; nothing from before `since`.
+pub async fn the_report_reads_the_journal_and_the_verdicts_since_a_moment(store: &dyn Store) {
+    let before = request_of("tally-0001", "tally", None, Some("ci"));
+    store
+        .claim_restart(&before, TERMS, ClaimToken::new())
+        .await
+        .unwrap();
+    store
+        .record_outcome(&before, 1, &Outcome::restarted())
+        .await
+        .unwrap();
+    // A moment after the first claim's stamp, and well before the next
+    // claims' (a store's clock may read a millisecond or two behind the
+    // wall clock).
+    let claimed = store.story(before.message_id).await.unwrap().unwrap();
+    let since = Timestamp::from_millis(claimed.attempts[0].claimed_at.as_millis() + 1);
+    while Timestamp::now().as_millis() < since.as_millis() + 20 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let retried = request_of("tally-0002", "tally", None, Some("ci"));
+    for attempt in 1..=2 {
+        store
+            .claim_restart(&retried, TERMS, ClaimToken::new())
+            .await
+            .unwrap();
+        let outcome = if attempt == 1 {
+            Outcome::Retrying {
+                error: "ssh: timeout".into(),
+            }
+        } else {
+            Outcome::Restarted(crate::domain::Restarted {
+                recovered_after: Some(Duration::from_millis(4_500)),
+                output: None,
+            })
+        };
+        store
+            .record_outcome(&retried, attempt, &outcome)
+            .await
+            .unwrap();
+    }
+    let lost = request_of("tally-0003", "tally", None, None);
+    store
+        .claim_restart(&lost, TERMS, ClaimToken::new())
+        .await
+        .unwrap();
+    let unrecovered = Outcome::Unrecovered {
+        error: "<b>not healthy</b> after 60s".into(),
+        output: None,
+    };
+    store.record_outcome(&lost, 1, &unrecovered).await.unwrap();
+    let deferred = Decision {
+        verdict: "deferred",
+        guard: "calendar",
+        reason: "closed until monday",
+    };
+    store.record_decision(&lost, 0, deferred).await.unwrap();
+    let payload = format!(
+        r#"{{"message_id":"{}","instance_name":"tally-0004","requested_by":"mallory"}}"#,
+        Uuid::new_v4()
+    );
+    let rules = ParseRules {
+        domain: Domain::default(),
+        max_payload_bytes: 1024,
+    };
+    let denied = RestartRequest::parse(payload.as_bytes(), &rules).unwrap();
+    let denial = Decision {
+        verdict: "denied",
+        guard: "eligibility",
+        reason: "<script>deny-listed</script>",
+    };
+    store.record_decision(&denied, 0, denial).await.unwrap();
+    let reason = "<script>deny-listed</script>".to_owned();
+    store
+        .record_outcome(&denied, 0, &Outcome::Denied { reason })
+        .await
+        .unwrap();
+
+    let report = store.report(since).await.unwrap();
+    let ours = [before.message_id, retried.message_id, lost.message_id];
+    let mut attempts: Vec<_> = report
+        .attempts
+        .iter()
+        .filter(|a| ours.contains(&a.message_id))
+        .map(|a| {
+            (
+                a.instance_name.as_str(),
+                a.attempt,
+                a.group.as_str(),
+                a.requester.as_deref(),
+                a.outcome,
+                a.settled_at.is_some(),
+                a.recovered_after,
+                a.last_error.as_deref(),
+            )
+        })
+        .collect();
+    // In claim order; claims within one millisecond in any order.
+    attempts.sort_by_key(|a| (a.0, a.1));
+    assert_eq!(
+        attempts,
+        [
+            (
+                "tally-0002",
+                1,
+                "tally",
+                Some("ci"),
+                Some(Status::Retrying),
+                true,
+                None,
+                None
+            ),
+            (
+                "tally-0002",
+                2,
+                "tally",
+                Some("ci"),
+                Some(Status::Restarted),
+                true,
+                Some(Duration::from_millis(4_500)),
+                None
+            ),
+            (
+                "tally-0003",
+                1,
+                "tally",
+                None,
+                Some(Status::Unrecovered),
+                true,
+                None,
+                Some("<b>not healthy</b> after 60s")
+            ),
+        ]
+    );
+    let mut decisions: Vec<_> = report
+        .decisions
+        .iter()
+        .filter(|d| [lost.message_id, denied.message_id].contains(&d.message_id))
+        .map(|d| {
+            (
+                d.verdict.as_str(),
+                d.guard.as_str(),
+                d.reason.as_str(),
+                d.instance_name.as_deref(),
+                d.group.as_deref(),
+                d.requested_by.as_deref(),
+            )
+        })
+        .collect();
+    // Both recorded within a millisecond or not: in time order, ties in
+    // any order.
+    decisions.sort();
+    assert_eq!(
+        decisions,
+        [
+            (
+                "deferred",
+                "calendar",
+                "closed until monday",
+                Some("tally-0003"),
+                Some("tally"),
+                None
+            ),
+            (
+                "denied",
+                "eligibility",
+                "<script>deny-listed</script>",
+                Some("tally-0004"),
+                None,
+                Some("mallory")
+            ),
+        ]
+    );
+    let later = Timestamp::from_millis(Timestamp::now().as_millis() + 3_600_000);
+    assert_eq!(store.report(later).await.unwrap(), ReportData::default());
+}
+
+pub async fn prune_removes_old_final_entries_only_and_in_bounded_passes(store: &dyn Store) {
+    let before = store.history(1000).await.unwrap();
+    let finals = before.iter().filter(|e| e.status.is_final()).count();
+    let open = before.len() - finals;
+    assert!(
+        finals >= 3,
+        "the earlier contract steps leave final entries"
+    );
+    // Nothing completed a day ago or earlier: nothing to prune.
+    let yesterday = Timestamp::from_millis(Timestamp::now().as_millis() - 86_400_000);
+    assert_eq!(store.prune(yesterday, 1000).await.unwrap(), 0);
+    let tomorrow = Timestamp::from_millis(Timestamp::now().as_millis() + 86_400_000);
+    assert_eq!(store.prune(tomorrow, 2).await.unwrap(), 2);
+    let rest = u64::try_from(finals - 2).unwrap();
+    assert_eq!(store.prune(tomorrow, 1000).await.unwrap(), rest);
+    let after = store.history(1000).await.unwrap();
+    assert_eq!(after.len(), open);
+    assert!(after.iter().all(|e| !e.status.is_final()));
+    // Nothing of the pruned requests is left behind: no journal rows (every
+    // one was claimed before `tomorrow`), no deferral counts.
+    let epoch = Timestamp::from_millis(0);
+    assert_eq!(
+        store.group_usage(epoch, epoch).await.unwrap(),
+        std::collections::BTreeMap::new()
+    );
+    for pruned in before.iter().filter(|e| e.status.is_final()) {
+        if let Some(id) = pruned.message_id {
+            assert_eq!(store.deferrals(id).await.unwrap(), 0, "{pruned:?}");
+        }
+    }
+}
