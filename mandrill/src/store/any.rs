@@ -93,7 +93,7 @@ impl AnyStore {
         token: ClaimToken,
     ) -> Result<Claim, StoreError> {
         match self {
-            Self::Memory(store) => store.claim(request, terms, token),
+            Self::Memory(store) => store.claim_restart(request, *terms, token).await,
             Self::Sqlite(store) => {
                 let call = Box::pin(store.claim_restart(request, *terms, token));
                 call.await
