@@ -211,11 +211,7 @@ impl State {
     /// The instances whose latest claims (every one claimed at its host's
     /// latest time, as [`super::USAGE_SQL`] reads them) `counts`, among
     /// those claimed after `since`, each with the claim that counted.
-    fn latest_counted<'a>(
-        &'a self,
-        since: i64,
-        counts: impl Fn(&Attempt) -> bool,
-    ) -> Vec<&'a Attempt> {
+    fn latest_counted(&self, since: i64, counts: impl Fn(&Attempt) -> bool) -> Vec<&Attempt> {
         let mut latest: HashMap<&str, i64> = HashMap::new();
         for (_, _, attempt) in self.journal() {
             let at = latest
