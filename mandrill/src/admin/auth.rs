@@ -1,7 +1,13 @@
-//! Bearer-token checks for the protected endpoints.
+//! Bearer-token checks for the protected endpoints, and the guard every
+//! request passes.
 
-use axum::http::HeaderMap;
+use std::sync::Arc;
+
+use axum::extract::{Request, State as Shared};
 use axum::http::header::{AUTHORIZATION, HOST};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse as _, Response};
 use subtle::ConstantTimeEq as _;
 
 use crate::settings::Secret;
@@ -47,12 +53,10 @@ pub(crate) fn loopback_host(headers: &HeaderMap) -> bool {
 /// ([`loopback_host`]); every response forbids framing (so that no page can
 /// frame the dashboard and lure a click on its buttons).
 pub(crate) async fn guard(
-    axum::extract::State(state): axum::extract::State<std::sync::Arc<super::State>>,
-    request: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> axum::response::Response {
-    use axum::http::{HeaderValue, StatusCode, header};
-    use axum::response::IntoResponse as _;
+    Shared(state): Shared<Arc<super::State>>,
+    request: Request,
+    next: Next,
+) -> Response {
     if state.token.is_none() && !loopback_host(request.headers()) {
         return (
             StatusCode::MISDIRECTED_REQUEST,
@@ -69,6 +73,30 @@ pub(crate) async fn guard(
         HeaderValue::from_static("frame-ancestors 'none'"),
     );
     response
+}
+
+/// The routes that read what only `admin.token` may see: refused
+/// ([`unauthorized`]) without it, when one is set.
+pub(crate) async fn token_required(
+    Shared(state): Shared<Arc<super::State>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    if !authorized(state.token.as_ref(), request.headers()) {
+        return unauthorized();
+    }
+    next.run(request).await
+}
+
+/// The answer to a request without the token it needs.
+pub(crate) fn unauthorized() -> Response {
+    (
+        StatusCode::UNAUTHORIZED,
+        [(header::WWW_AUTHENTICATE, "Bearer")],
+        "a token is required: Authorization: Bearer TOKEN (admin.token, or the \
+         generated one in admin.token_file)\n",
+    )
+        .into_response()
 }
 
 #[cfg(test)]

@@ -26,6 +26,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse as _, Response};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -183,6 +185,21 @@ impl Admin {
         }
         drop(self.registration);
     }
+}
+
+/// A JSON answer.
+pub(crate) fn json(status: StatusCode, value: serde_json::Value) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        value.to_string(),
+    )
+        .into_response()
+}
+
+/// A request the API cannot take, and why.
+pub(crate) fn bad_request(why: String) -> Response {
+    json(StatusCode::BAD_REQUEST, serde_json::json!({ "error": why }))
 }
 
 /// A listener on the first port of `address` that is free. A port taken

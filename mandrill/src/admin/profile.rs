@@ -1,18 +1,18 @@
 //! `/debug/pprof/profile?seconds=N[&format=svg]`: a CPU profile of the live
 //! process, sampled with SIGPROF by the `pprof` crate: the pprof protobuf
 //! (`go tool pprof`, Grafana Pyroscope) by default, a flamegraph with
-//! `format=svg`. Guarded by the token; one profile at a time.
+//! `format=svg`. Behind the token (`auth::token_required`); one profile at a
+//! time.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{RawQuery, State as Shared};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use pprof::protos::Message as _;
 
 use super::State;
-use super::auth::authorized;
 
 /// The longest profile: a request holds a connection (and the shutdown, at
 /// most this long) while it samples.
@@ -26,12 +26,8 @@ static PROFILING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 pub(crate) async fn profile(
     Shared(state): Shared<Arc<State>>,
-    headers: HeaderMap,
     RawQuery(query): RawQuery,
 ) -> Response {
-    if !authorized(state.token.as_ref(), &headers) {
-        return super::routes::unauthorized();
-    }
     let mut seconds = 10;
     let mut svg = false;
     for (key, value) in url::form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {

@@ -10,24 +10,32 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::json;
 
-use super::State;
 use super::auth::authorized;
+use super::{State, bad_request, json};
 
 /// Most history entries one request returns.
 const MAX_LIMIT: usize = 1_000;
 
 pub(crate) fn router(state: Arc<State>) -> Router {
+    // What only `admin.token` may read: the history names hosts and who
+    // asked, a profile costs the process a CPU.
+    let protected = Router::new()
+        .route("/api/requests", get(requests))
+        .route("/api/requests/{message_id}", get(request))
+        .route("/debug/pprof/profile", get(super::profile::profile))
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            super::auth::token_required,
+        ));
     Router::new()
         .route("/", get(dashboard))
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/api/status", get(status))
-        .route("/api/requests", get(requests))
-        .route("/api/requests/{message_id}", get(request))
         .route("/api/pause", post(super::switch::pause))
         .route("/api/resume", post(super::switch::resume))
-        .route("/debug/pprof/profile", get(super::profile::profile))
+        .merge(protected)
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             super::auth::guard,
@@ -164,15 +172,6 @@ async fn readyz(Shared(state): Shared<Arc<State>>) -> Response {
     }
 }
 
-pub(crate) fn json(status: StatusCode, value: serde_json::Value) -> Response {
-    (
-        status,
-        [(header::CONTENT_TYPE, "application/json")],
-        value.to_string(),
-    )
-        .into_response()
-}
-
 /// Each schedule's next planned restarts, or why they are not shown: a
 /// victim is a host name, which `admin.token` keeps to those who have it.
 fn planned(state: &State, authorized: bool) -> Result<Vec<crate::schedule::Planned>, &'static str> {
@@ -220,25 +219,8 @@ async fn status(Shared(state): Shared<Arc<State>>, headers: HeaderMap) -> Respon
     )
 }
 
-pub(crate) fn unauthorized() -> Response {
-    (
-        StatusCode::UNAUTHORIZED,
-        [(header::WWW_AUTHENTICATE, "Bearer")],
-        "a token is required: Authorization: Bearer TOKEN (admin.token, or the \
-         generated one in admin.token_file)\n",
-    )
-        .into_response()
-}
-
-/// `?limit=N&status=S`: the latest requests, newest first.
-async fn requests(
-    Shared(state): Shared<Arc<State>>,
-    headers: HeaderMap,
-    RawQuery(query): RawQuery,
-) -> Response {
-    if !authorized(state.token.as_ref(), &headers) {
-        return unauthorized();
-    }
+/// `?limit=N&status=S`: the latest requests, newest first. Needs the token.
+async fn requests(Shared(state): Shared<Arc<State>>, RawQuery(query): RawQuery) -> Response {
     let mut limit = 50;
     let mut wanted: Option<String> = None;
     for (key, value) in url::form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
@@ -282,14 +264,8 @@ fn unreadable(error: &crate::store::StoreError) -> Response {
 
 /// One request's whole story: its record, its restart attempts, the guards'
 /// decisions, and the story in words, as `mandrill explain` prints it.
-async fn request(
-    Shared(state): Shared<Arc<State>>,
-    headers: HeaderMap,
-    Path(message_id): Path<String>,
-) -> Response {
-    if !authorized(state.token.as_ref(), &headers) {
-        return unauthorized();
-    }
+/// Needs the token.
+async fn request(Shared(state): Shared<Arc<State>>, Path(message_id): Path<String>) -> Response {
     let Ok(id) = message_id.parse::<uuid::Uuid>() else {
         return bad_request(format!("{message_id:?} is not a message id"));
     };
@@ -307,10 +283,6 @@ async fn request(
         ),
         Err(error) => unreadable(&error),
     }
-}
-
-pub(crate) fn bad_request(why: String) -> Response {
-    json(StatusCode::BAD_REQUEST, json!({ "error": why }))
 }
 
 #[cfg(test)]

@@ -27,9 +27,8 @@ use axum::response::{IntoResponse, Response};
 use serde_json::json;
 use subtle::ConstantTimeEq as _;
 
-use super::State;
-use super::auth::authorized;
-use super::routes::{bad_request, json, unauthorized};
+use super::auth::{authorized, unauthorized};
+use super::{State, bad_request, json};
 use crate::safety::objectives::Judged;
 use crate::store::{GroupPause, Switch};
 

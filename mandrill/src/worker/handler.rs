@@ -46,9 +46,9 @@ use tokio_util::task::TaskTracker;
 use tracing::{Instrument, error, info, info_span, warn};
 
 use super::conclude::conclude;
-use super::decisions::{deny_by, dry_run_action, held};
+use super::decisions::{deny_by, dry_run_action, held, unclaim_lease_lost};
 use super::lease::{Leased, Progress, with_lease};
-use super::prepare::{halt, prepare, recheck, unclaim_lease_lost, unless_paused};
+use super::prepare::{halt, prepare, recheck, unless_paused};
 use super::settle::{RareSettlement, Settlement, rare, reject, settle};
 use super::shared::{Shared, panic_message};
 use crate::broker::Delivery;

@@ -6,13 +6,12 @@
 //! lines.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
 use tracing::{error, info, warn};
 
-use super::decisions::{deny, give_up, held, held_by_the_claim, unclaim};
+use super::decisions::{deny, give_up, held, held_by_the_claim, unclaim, unclaim_at_shutdown};
 use super::lease::Progress;
 use super::retry::{Stopped, Until, store_op};
 use super::settle::{RareSettlement, Settlement, rare, settle_recorded, shutting_down};
@@ -494,60 +493,4 @@ pub(super) enum Halt {
     /// The grace period ended while the stop conditions ran (the restart
     /// was not issued, so it must not be).
     GraceOver,
-}
-
-/// The grace period ended between the claim and the restart: nothing was
-/// issued, so the claim is given back (one try, bounded, as shutdown is
-/// under way; else it counts as used) and the delivery nacked.
-pub(super) async fn unclaim_at_shutdown(
-    shared: &Shared,
-    progress: &Progress,
-    request: &RestartRequest,
-    attempt: u32,
-) -> Settlement {
-    give_back_once(shared, progress, request, attempt).await;
-    shutting_down()
-}
-
-/// The lease lapsed between the claim and the restart (the checks took
-/// longer than the extensions could cover, or the broker said it is gone):
-/// another consumer may hold the message now, so nothing is issued here;
-/// the claim is given back (one bounded try) and the delivery abandoned.
-pub(super) async fn unclaim_lease_lost(
-    shared: &Shared,
-    progress: &Progress,
-    request: &RestartRequest,
-    attempt: u32,
-) -> Settlement {
-    warn!(
-        attempt,
-        "the lease was lost before the restart; not restarting"
-    );
-    give_back_once(shared, progress, request, attempt).await;
-    Settlement::Abandon
-}
-
-/// Gives the claim back with one try, bounded: an attempt never issued is
-/// not a used one (else it counts as used).
-async fn give_back_once(
-    shared: &Shared,
-    progress: &Progress,
-    request: &RestartRequest,
-    attempt: u32,
-) {
-    let released = tokio::time::timeout(
-        Duration::from_secs(1),
-        shared.store.release_claim(request, attempt),
-    )
-    .await;
-    match released {
-        Ok(Ok(())) => progress.claimed.store(0, Ordering::Release),
-        Ok(Err(error)) => {
-            warn!(error = %error.with_causes(), attempt, "could not give back the claim; it counts as used")
-        }
-        Err(_elapsed) => warn!(
-            attempt,
-            "giving back the claim timed out; it counts as used"
-        ),
-    }
 }

@@ -1,86 +1,110 @@
 //! An in-process store, for tests with paused time and for the pipeline
 //! benchmark. Nothing survives the process.
 //!
-//! Rows are kept compact (the instance name is derived from the hostname,
-//! times are milliseconds) because the benchmark holds one per message
-//! (`row.rs`); the journal the counting guards read is in `journal.rs`,
-//! each shard keeping its own requests' attempts beside their rows.
-//! Maps hash with foldhash, not SipHash: they are hit on every message, and
-//! their keys are random ids.
+//! Everything sits behind one lock: every call is a short critical section
+//! that never awaits, and a claim reads the journal, decides and writes in
+//! one step under it, as the SQL stores' claim transaction does. Each
+//! request keeps its own attempts (its part of the restart journal, the SQL
+//! stores' `restarts`); the counting guards read all of them.
+//!
+//! The store as a whole, the `Store` contract kept in memory, so one file
+//! past 400 lines.
 
-mod hot;
-mod journal;
-mod row;
-
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::collections::BTreeMap;
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
 
 use async_trait::async_trait;
-use foldhash::{HashMap, HashMapExt};
+// Maps hashed with foldhash, not SipHash: the requests' map is hit several
+// times for every message, and its keys are random ids.
+use foldhash::{HashMap, HashMapExt, HashSet};
 use uuid::Uuid;
 
-use self::journal::{Attempts, Decisions};
-use self::row::{Clock, Row};
+use super::campaigns::CampaignRow;
+use super::sql::NOT_ISSUED;
 use super::{
-    Claim, ClaimTerms, ClaimToken, Decision, GroupPause, GroupUsage, HistoryEntry, Recorded,
-    ReportAttempt, ReportData, ReportDecision, Store, StoreError, Story, Switch, SwitchExpected,
-    Timestamp,
+    AttemptRecord, Campaign, Claim, ClaimState, ClaimTerms, ClaimToken, Decision, DecisionRecord,
+    GroupPause, GroupUsage, HistoryEntry, Recorded, ReportAttempt, ReportData, ReportDecision,
+    Store, StoreError, Story, Switch, SwitchExpected, Timestamp, UsageBinds, claim_decision,
+    decide_claim, group_usage_from, usage_binds,
 };
 use crate::domain::{Outcome, RestartRequest, Status};
-
-/// Independent shards, so that handlers on different threads rarely wait
-/// for each other.
-const SHARDS: usize = 16;
+use crate::safety::limits::{HostHold, Subject, Usage};
 
 /// See the module docs.
 #[derive(Debug, Default)]
 pub struct MemoryStore {
-    /// Rows and their attempts, sharded by id. A `std::sync::Mutex`:
-    /// critical sections are short and never await. Whoever locks more
-    /// than one shard at once locks them in index order.
-    shards: [Mutex<Shard>; SHARDS],
-    /// Rejected payloads, with the id salvaged from them if any. Kept
-    /// apart: a rejection never counts as the record of a request.
-    rejected: Mutex<Vec<(Option<Uuid>, Row)>>,
+    /// A `std::sync::Mutex`, not tokio's: no critical section awaits, and
+    /// none panics halfway through an update.
+    state: Mutex<State>,
     /// Its notion of now.
     clock: Clock,
-    /// The kill switch.
-    switch: Mutex<Switch>,
-    /// `switch.paused`, written under its lock: a claim reads this flag and
-    /// locks (and clones) the switch only when it is set.
-    paused: AtomicBool,
-    /// The group pauses.
-    group_pauses: Mutex<Vec<GroupPause>>,
-    /// Whether `group_pauses` has any, written under its lock: a claim
-    /// locks them only when it is set.
-    groups_paused: AtomicBool,
-    /// The decisions and deferrals. Locked after a shard, never before.
-    decisions: Mutex<Decisions>,
-    /// The hosts some request's claim holds, sharded by the host's name:
-    /// what a claim of another request for the same host must find. Locked
-    /// after the request's shard (or every shard), before the decisions.
-    held: [Mutex<HeldHosts>; SHARDS],
-    /// Campaigns by id, as the SQL stores' rows (times to the millisecond).
-    campaigns: Mutex<HashMap<Uuid, super::campaigns::CampaignRow>>,
 }
 
-/// Instance name → the claim that holds it; an entry is removed when that
-/// claim's outcome is recorded or its claim given back, and replaced by the
-/// next claim once its hold is over (a handler that died records nothing).
-type HeldHosts = HashMap<Box<str>, crate::safety::limits::HostHold>;
-
-/// One shard: its requests' rows, and the journal of their attempts. A
-/// claim without counting guards locks its request's shard alone; with
-/// them it locks every shard (in order), so that what they count and the
-/// claim they allow are one atomic step, as in the SQL stores' claim
-/// transaction.
+/// Everything the store records.
 #[derive(Debug, Default)]
-struct Shard {
-    rows: HashMap<Uuid, Row>,
-    attempts: Attempts,
+struct State {
+    requests: HashMap<Uuid, Request>,
+    /// Rejected payloads, each with the id salvaged from it if any. Kept
+    /// apart: a rejection never counts as the record of a request.
+    rejected: Vec<(Option<Uuid>, Request)>,
+    /// Each request's decisions, oldest first (what the SQL stores keep in
+    /// `decisions`), whether or not it has a record of its own.
+    decisions: HashMap<Uuid, Vec<DecisionRecord>>,
+    /// Each request's deferrals, counted.
+    deferrals: HashMap<Uuid, u32>,
+    /// Instance name → the claim that holds it; removed when that claim's
+    /// outcome is recorded or the claim given back, replaced by the next
+    /// claim once its hold is over (a handler that died records nothing).
+    held: HashMap<String, HostHold>,
+    switch: Switch,
+    group_pauses: Vec<GroupPause>,
+    /// Campaigns by id, as the SQL stores' rows (times to the millisecond).
+    campaigns: HashMap<Uuid, CampaignRow>,
 }
 
-type ShardGuard<'a> = std::sync::MutexGuard<'a, Shard>;
+/// One request as recorded.
+#[derive(Debug)]
+struct Request {
+    /// `None` for a rejected payload.
+    hostname: Option<String>,
+    requested_by: Option<String>,
+    reason: Option<String>,
+    status: Status,
+    /// Attempts claimed so far.
+    attempts: u32,
+    /// When the hold of the last claim expires; none once its outcome is in.
+    claim_until: Option<i64>,
+    /// The token of the call that made the last claim.
+    claim_token: Option<ClaimToken>,
+    /// The earlier attempt the last claim counted as issued with its
+    /// outcome unknown.
+    unknown: Option<u32>,
+    last_error: Option<String>,
+    output: Option<String>,
+    recovered_after: Option<Duration>,
+    received_at: i64,
+    updated_at: i64,
+    completed_at: Option<i64>,
+    /// Its claimed attempts, in claim order. A claim given back is removed,
+    /// as the SQL stores delete its row.
+    journal: Vec<Attempt>,
+}
+
+/// One claimed attempt: a row of the restart journal.
+#[derive(Debug)]
+struct Attempt {
+    attempt: u32,
+    instance: String,
+    group: String,
+    zone: Option<String>,
+    requester: Option<String>,
+    claimed_at: i64,
+    /// What the counting guards said.
+    verdict: String,
+    outcome: Option<Status>,
+    settled_at: Option<i64>,
+}
 
 impl MemoryStore {
     /// An empty store.
@@ -99,90 +123,243 @@ impl MemoryStore {
         }
     }
 
-    /// An empty store with room for `requests` requests before it grows.
+    /// An empty store with room for `requests` requests before it grows
+    /// (growing copies every request recorded so far).
     pub fn with_capacity(requests: usize) -> Self {
+        let state = State {
+            requests: HashMap::with_capacity(requests),
+            ..State::default()
+        };
         Self {
-            shards: std::array::from_fn(|_| {
-                // Random ids fill the shards unevenly (by a few standard
-                // deviations, ~sqrt(n / SHARDS)): an eighth more room keeps
-                // every shard's list from doubling, a copy of its whole
-                // length, near the end of a run.
-                let share = requests / SHARDS;
-                Mutex::new(Shard {
-                    rows: HashMap::with_capacity(share + share / 8 + 16),
-                    attempts: Attempts::with_capacity(share + share / 8 + 16),
-                })
-            }),
-            rejected: Mutex::default(),
+            state: Mutex::new(state),
             clock: Clock::default(),
-            switch: Mutex::default(),
-            paused: AtomicBool::new(false),
-            group_pauses: Mutex::default(),
-            groups_paused: AtomicBool::new(false),
-            decisions: Mutex::default(),
-            held: Default::default(),
-            campaigns: Mutex::default(),
         }
     }
 
-    fn decisions(&self) -> std::sync::MutexGuard<'_, Decisions> {
-        self.decisions
-            .lock()
-            .expect("memory store decisions poisoned")
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Poisoned only by a panic under the lock, and no critical section
+        // here panics.
+        self.state.lock().expect("memory store poisoned")
     }
 
     /// Every entry recorded with a message id.
     pub fn entries(&self) -> Vec<HistoryEntry> {
-        (0..SHARDS)
-            .flat_map(|n| {
-                let shard = self.shards[n].lock().expect("memory store shard poisoned");
-                shard
-                    .rows
-                    .iter()
-                    .map(|(id, row)| row.entry(Some(*id)))
-                    .collect::<Vec<_>>()
+        self.lock()
+            .requests
+            .iter()
+            .map(|(id, request)| request.entry(Some(*id)))
+            .collect()
+    }
+}
+
+impl Request {
+    /// A request received at `now`, not yet claimed.
+    fn received(request: &RestartRequest, now: i64) -> Self {
+        Self {
+            hostname: Some(request.hostname.as_str().to_owned()),
+            requested_by: request.requested_by.clone(),
+            reason: request.reason.clone(),
+            status: Status::Received,
+            attempts: 0,
+            claim_until: None,
+            claim_token: None,
+            unknown: None,
+            last_error: None,
+            output: None,
+            recovered_after: None,
+            received_at: now,
+            updated_at: now,
+            completed_at: None,
+            journal: Vec::new(),
+        }
+    }
+
+    fn entry(&self, message_id: Option<Uuid>) -> HistoryEntry {
+        HistoryEntry {
+            message_id,
+            instance_name: self
+                .hostname
+                .as_deref()
+                .and_then(|host| host.split('.').next())
+                .map(str::to_owned),
+            hostname: self.hostname.clone(),
+            status: self.status,
+            attempts: self.attempts,
+            requested_by: self.requested_by.clone(),
+            reason: self.reason.clone(),
+            last_error: self.last_error.clone(),
+            output: self.output.clone(),
+            recovered_after: self.recovered_after,
+            received_at: Timestamp::from_millis(self.received_at),
+            updated_at: Timestamp::from_millis(self.updated_at),
+            completed_at: self.completed_at.map(Timestamp::from_millis),
+        }
+    }
+}
+
+impl State {
+    /// Every attempt in the journal.
+    fn journal(&self) -> impl Iterator<Item = (&Uuid, &Request, &Attempt)> {
+        self.requests.iter().flat_map(|(id, request)| {
+            request
+                .journal
+                .iter()
+                .map(move |attempt| (id, request, attempt))
+        })
+    }
+
+    /// The instances whose latest claims (every one claimed at its host's
+    /// latest time, as [`super::USAGE_SQL`] reads them) `counts`, among
+    /// those claimed after `since`, each with the claim that counted.
+    fn latest_counted(&self, since: i64, counts: impl Fn(&Attempt) -> bool) -> Vec<&Attempt> {
+        let mut latest: HashMap<&str, i64> = HashMap::new();
+        for (_, _, attempt) in self.journal() {
+            let at = latest
+                .entry(&attempt.instance)
+                .or_insert(attempt.claimed_at);
+            *at = (*at).max(attempt.claimed_at);
+        }
+        self.journal()
+            .map(|(_, _, attempt)| attempt)
+            .filter(|attempt| {
+                attempt.claimed_at > since
+                    && latest[attempt.instance.as_str()] == attempt.claimed_at
+                    && counts(attempt)
             })
             .collect()
     }
 
-    /// The shard of `id`: the last byte is random in version 4 and version 7
-    /// UUIDs (the ones mandrill mints), so it spreads ids evenly.
-    fn shard_of(id: &Uuid) -> usize {
-        usize::from(id.as_bytes()[15]) % SHARDS
+    /// What [`super::USAGE_SQL`] (and `USAGE_SUBJECT_SQL`) read for a claim
+    /// of `request` at `now`.
+    fn usage(&self, request: &RestartRequest, terms: &ClaimTerms, now: i64) -> Usage {
+        let UsageBinds {
+            window_start,
+            memory_start,
+            settled_after,
+            requester_start,
+        } = usage_binds(&terms.limits, now);
+        let group = request.group();
+        let instance = request.instance_name.as_str();
+        // Only what the limits use, as the SQL stores read it.
+        let subject = Subject::of(request);
+        let zone = subject.zone.filter(|_| terms.limits.counts_zone(subject));
+        let requester = subject
+            .requester
+            .filter(|_| terms.limits.counts_requester(subject));
+        let oldest = |oldest: Option<i64>, at: i64| Some(oldest.map_or(at, |o| o.min(at)));
+        let mut usage = Usage::default();
+        for (_, _, attempt) in self.journal().filter(|(_, _, a)| issued(a.outcome)) {
+            let at = attempt.claimed_at;
+            if at > window_start {
+                usage.global_claims += 1;
+                usage.global_oldest = oldest(usage.global_oldest, at);
+                if attempt.group == group {
+                    usage.group_claims += 1;
+                    usage.group_oldest = oldest(usage.group_oldest, at);
+                }
+            }
+            // Every claim of the host, even one stamped after `now` (see
+            // `USAGE_SQL`).
+            if attempt.instance == instance {
+                usage.host_last = usage.host_last.max(Some(at));
+            }
+            if requester.is_some()
+                && at > requester_start
+                && attempt.requester.as_deref() == requester
+            {
+                usage.requester_claims += 1;
+                usage.requester_oldest = oldest(usage.requester_oldest, at);
+            }
+        }
+        let disrupting = self.latest_counted(memory_start, |attempt| {
+            attempt.instance != instance && is_disrupting(attempt, settled_after)
+        });
+        let hosts = |matches: &dyn Fn(&Attempt) -> bool| {
+            let hosts: HashSet<&str> = disrupting
+                .iter()
+                .filter(|attempt| matches(attempt))
+                .map(|attempt| attempt.instance.as_str())
+                .collect();
+            u32::try_from(hosts.len()).unwrap_or(u32::MAX)
+        };
+        usage.disrupted = hosts(&|attempt| attempt.group == group);
+        if zone.is_some() {
+            usage.zone_disrupted = hosts(&|attempt| attempt.zone.as_deref() == zone);
+        }
+        usage
     }
 
-    fn shard(&self, id: &Uuid) -> ShardGuard<'_> {
-        // No critical section here can panic halfway through an update.
-        self.shards[Self::shard_of(id)]
-            .lock()
-            .expect("memory store shard poisoned")
+    /// Records a guard's verdict on `message_id`, counting a deferral; a
+    /// verdict the same as the last one is not repeated.
+    fn decide(&mut self, message_id: Uuid, attempt: u32, decision: Decision<'_>, now: i64) {
+        if decision.verdict == "deferred" {
+            *self.deferrals.entry(message_id).or_default() += 1;
+        }
+        let list = self.decisions.entry(message_id).or_default();
+        let repeat = list.last().is_some_and(|last| {
+            last.verdict == decision.verdict
+                && last.guard == decision.guard
+                && last.reason == decision.reason
+        });
+        if !repeat && list.len() < 100 {
+            list.push(DecisionRecord {
+                at: Timestamp::from_millis(now),
+                attempt,
+                verdict: decision.verdict.to_owned(),
+                guard: decision.guard.to_owned(),
+                reason: decision.reason.to_owned(),
+            });
+        }
     }
 
-    /// The held hosts of `instance`'s shard. The shard is picked by a
-    /// fixed hash: every claim of the host must find the same one.
-    fn held(&self, instance: &str) -> std::sync::MutexGuard<'_, HeldHosts> {
-        use std::hash::BuildHasher;
-        let hash = foldhash::fast::FixedState::with_seed(0).hash_one(instance);
-        // The low bits of a 64-bit hash: the remainder fits any usize.
-        let shard = usize::try_from(hash % SHARDS as u64).unwrap_or(0);
-        self.held[shard]
-            .lock()
-            .expect("memory store held hosts poisoned")
+    /// Lifts `request`'s hold of its host, if it still has it (a claim of
+    /// another request may have replaced it once its hold was over).
+    fn unhold(&mut self, request: &RestartRequest) {
+        let instance = request.instance_name.as_str();
+        if self
+            .held
+            .get(instance)
+            .is_some_and(|hold| hold.message_id == request.message_id)
+        {
+            self.held.remove(instance);
+        }
     }
 
-    /// Every shard, locked in order.
-    fn all_shards(&self) -> Vec<ShardGuard<'_>> {
-        self.shards
-            .iter()
-            .map(|shard| shard.lock().expect("memory store shard poisoned"))
-            .collect()
+    fn set_switch(&mut self, paused: bool, by: &str, reason: &str, now: i64) {
+        self.switch = Switch {
+            paused,
+            by: Some(by.to_owned()),
+            reason: Some(reason.to_owned()),
+            since: Some(Timestamp::from_millis(now)),
+        };
+    }
+}
+
+/// Whether an attempt that ended so issued a restart (or may have): the
+/// in-memory form of the rule in [`super::USAGE_SQL`].
+fn issued(outcome: Option<Status>) -> bool {
+    !outcome.is_some_and(|status| NOT_ISSUED.contains(&status))
+}
+
+/// Whether a host whose latest attempt is `attempt` still counts as
+/// disrupted: in flight or ended without a verified recovery, or ended
+/// `restarted` after `settled_after` (see [`UsageBinds`]). The in-memory
+/// form of the rule in [`super::USAGE_SQL`].
+fn is_disrupting(attempt: &Attempt, settled_after: i64) -> bool {
+    match attempt.outcome {
+        Some(Status::Restarted) => attempt.settled_at.is_some_and(|at| at > settled_after),
+        outcome => issued(outcome),
     }
 }
 
 #[async_trait]
 impl Store for MemoryStore {
     async fn lookup(&self, message_id: Uuid) -> Result<Option<Status>, StoreError> {
-        MemoryStore::lookup(self, message_id).await
+        Ok(self
+            .lock()
+            .requests
+            .get(&message_id)
+            .map(|request| request.status))
     }
 
     async fn claim_restart(
@@ -191,7 +368,90 @@ impl Store for MemoryStore {
         terms: ClaimTerms,
         token: ClaimToken,
     ) -> Result<Claim, StoreError> {
-        MemoryStore::claim_restart(self, request, terms, token).await
+        let mut state = self.lock();
+        let state = &mut *state;
+        // Read with the lock held, as the SQL stores read theirs once their
+        // locks are held: the stamp is never earlier than the claim takes
+        // effect.
+        let now = self.clock.now();
+        let id = request.message_id;
+        let instance = request.instance_name.as_str();
+        let mut usage = if terms.limits.is_active_for(Subject::of(request)) {
+            state.usage(request, &terms, now)
+        } else {
+            Usage::default()
+        };
+        usage.host_held = state.held.get(instance).copied();
+        let group_pause = state
+            .group_pauses
+            .iter()
+            .find(|pause| pause.group == request.group());
+        let row = state
+            .requests
+            .entry(id)
+            .or_insert_with(|| Request::received(request, now));
+        let found = ClaimState {
+            status: row.status,
+            attempts: row.attempts,
+            claim_until: row.claim_until,
+            token: row.claim_token,
+            unknown: row.unknown,
+        };
+        let (claim, write) = decide_claim(
+            request,
+            Some(found),
+            &state.switch,
+            group_pause,
+            now,
+            terms,
+            token,
+            &usage,
+        );
+        let Some(write) = write else {
+            // Recorded under the same lock, as the SQL stores record a
+            // refusal in the claim's transaction.
+            if let Some(decision) = claim_decision(&claim) {
+                state.decide(id, 0, decision, now);
+            }
+            return Ok(claim);
+        };
+        let hold = HostHold {
+            message_id: id,
+            until: write.claim_until,
+        };
+        match state.held.get_mut(instance) {
+            Some(held) => *held = hold,
+            None => {
+                state.held.insert(instance.to_owned(), hold);
+            }
+        }
+        row.status = Status::Received;
+        row.attempts = write.attempts;
+        row.claim_until = Some(write.claim_until);
+        row.claim_token = Some(write.token);
+        row.unknown = write.unknown;
+        if let Some(error) = write.last_error {
+            row.last_error = Some(error);
+        }
+        row.updated_at = now;
+        // A renewal keeps the journal's row of the claim it renews.
+        if !write.renewal {
+            // Most requests are claimed once: room for one attempt, not
+            // the four a first push makes.
+            row.journal.reserve_exact(1);
+            row.journal.push(Attempt {
+                attempt: write.attempts,
+                instance: instance.to_owned(),
+                group: request.group().to_owned(),
+                zone: request.zone.clone(),
+                requester: request.requester.clone(),
+                claimed_at: now,
+                verdict: write.verdict,
+                outcome: None,
+                settled_at: None,
+            });
+        }
+        Ok(claim)
     }
 
     async fn release_claim(
@@ -199,7 +459,22 @@ impl Store for MemoryStore {
         request: &RestartRequest,
         attempt: u32,
     ) -> Result<(), StoreError> {
-        MemoryStore::release_claim(self, request, attempt).await
+        let now = self.clock.now();
+        let mut state = self.lock();
+        if let Some(row) = state.requests.get_mut(&request.message_id)
+            && !row.status.is_final()
+            && row.attempts == attempt
+            && attempt > 0
+            && row.claim_until.is_some()
+        {
+            row.attempts -= 1;
+            row.claim_until = None;
+            row.updated_at = now;
+            row.journal
+                .retain(|claimed| claimed.attempt != attempt || claimed.outcome.is_some());
+            state.unhold(request);
+        }
+        Ok(())
     }
 
     async fn record_outcome(
@@ -208,7 +483,40 @@ impl Store for MemoryStore {
         attempt: u32,
         outcome: &Outcome,
     ) -> Result<Recorded, StoreError> {
-        MemoryStore::record_outcome(self, request, attempt, outcome).await
+        let now = self.clock.now();
+        let mut state = self.lock();
+        let row = state
+            .requests
+            .entry(request.message_id)
+            .or_insert_with(|| Request::received(request, now));
+        if row.status.is_final() {
+            return Ok(Recorded::AlreadyFinal(row.status));
+        }
+        let status = outcome.status();
+        let latest = attempt >= row.attempts;
+        row.status = status;
+        row.attempts = row.attempts.max(attempt);
+        if latest {
+            row.claim_until = None;
+        }
+        row.last_error = outcome.error().map(str::to_owned);
+        row.output = outcome.output().map(str::to_owned);
+        row.recovered_after = outcome.recovered_after();
+        row.updated_at = now;
+        row.completed_at = status.is_final().then_some(now);
+        if let Some(settled) = row
+            .journal
+            .iter_mut()
+            .rev()
+            .find(|claimed| claimed.attempt == attempt && claimed.outcome.is_none())
+        {
+            settled.outcome = Some(status);
+            settled.settled_at = Some(now);
+        }
+        if latest {
+            state.unhold(request);
+        }
+        Ok(Recorded::Recorded)
     }
 
     async fn record_rejection(
@@ -218,26 +526,32 @@ impl Store for MemoryStore {
         _payload: &[u8],
     ) -> Result<(), StoreError> {
         let now = self.clock.now();
-        let mut row = Row::new(None, Status::Rejected, now);
-        row.attempts = 1;
-        row.set_last_error(Some(Box::from(reason)));
-        row.completed_at = Some(now).into();
-        self.rejected
-            .lock()
-            .expect("memory store poisoned")
-            .push((message_id, row));
+        let rejected = Request {
+            hostname: None,
+            requested_by: None,
+            reason: None,
+            status: Status::Rejected,
+            attempts: 1,
+            claim_until: None,
+            claim_token: None,
+            unknown: None,
+            last_error: Some(reason.to_owned()),
+            output: None,
+            recovered_after: None,
+            received_at: now,
+            updated_at: now,
+            completed_at: Some(now),
+            journal: Vec::new(),
+        };
+        self.lock().rejected.push((message_id, rejected));
         Ok(())
     }
 
     async fn history(&self, limit: usize) -> Result<Vec<HistoryEntry>, StoreError> {
-        let mut entries = self.entries();
-        entries.extend(
-            self.rejected
-                .lock()
-                .expect("memory store poisoned")
-                .iter()
-                .map(|(id, row)| row.entry(*id)),
-        );
+        let state = self.lock();
+        let recorded = state.requests.iter().map(|(id, row)| row.entry(Some(*id)));
+        let rejected = state.rejected.iter().map(|(id, row)| row.entry(*id));
+        let mut entries: Vec<HistoryEntry> = recorded.chain(rejected).collect();
         entries.sort_by_key(|entry| std::cmp::Reverse(entry.updated_at));
         entries.truncate(limit);
         Ok(entries)
@@ -250,40 +564,109 @@ impl Store for MemoryStore {
         decision: Decision<'_>,
     ) -> Result<(), StoreError> {
         let now = self.clock.now();
-        self.decisions()
+        self.lock()
             .decide(request.message_id, attempt, decision, now);
         Ok(())
+    }
+
+    async fn story(&self, message_id: Uuid) -> Result<Option<Story>, StoreError> {
+        let state = self.lock();
+        let Some(row) = state.requests.get(&message_id) else {
+            return Ok(None);
+        };
+        let mut attempts: Vec<AttemptRecord> = row
+            .journal
+            .iter()
+            .map(|claimed| AttemptRecord {
+                attempt: claimed.attempt,
+                group: claimed.group.clone(),
+                claimed_at: Timestamp::from_millis(claimed.claimed_at),
+                verdict: claimed.verdict.clone(),
+                outcome: claimed.outcome,
+                settled_at: claimed.settled_at.map(Timestamp::from_millis),
+            })
+            .collect();
+        attempts.sort_by_key(|attempt| attempt.attempt);
+        Ok(Some(Story {
+            entry: row.entry(Some(message_id)),
+            attempts,
+            decisions: state
+                .decisions
+                .get(&message_id)
+                .cloned()
+                .unwrap_or_default(),
+        }))
     }
 
     async fn group_usage(
         &self,
         window_start: Timestamp,
         memory_start: Timestamp,
-    ) -> Result<std::collections::BTreeMap<String, GroupUsage>, StoreError> {
-        let shards = self.all_shards();
-        Ok(journal::group_usage(
-            shards.iter().map(|shard| &shard.attempts),
-            window_start,
-            memory_start,
-        ))
+    ) -> Result<BTreeMap<String, GroupUsage>, StoreError> {
+        let state = self.lock();
+        let mut restarts: HashMap<&str, i64> = HashMap::new();
+        for (_, _, attempt) in state.journal() {
+            if attempt.claimed_at > window_start.as_millis() && issued(attempt.outcome) {
+                *restarts.entry(attempt.group.as_str()).or_default() += 1;
+            }
+        }
+        // No settle here (as `GROUP_DISRUPTED_SQL`, which has none): no
+        // restarted host counts.
+        let disrupting = state.latest_counted(memory_start.as_millis(), |attempt| {
+            is_disrupting(attempt, i64::MAX)
+        });
+        let hosts: HashSet<(&str, &str)> = disrupting
+            .iter()
+            .map(|attempt| (attempt.group.as_str(), attempt.instance.as_str()))
+            .collect();
+        let mut disrupted: HashMap<&str, i64> = HashMap::new();
+        for (group, _) in hosts {
+            *disrupted.entry(group).or_default() += 1;
+        }
+        let owned = |counts: HashMap<&str, i64>| {
+            counts
+                .into_iter()
+                .map(|(group, n)| (group.to_owned(), n))
+                .collect()
+        };
+        Ok(group_usage_from(owned(restarts), owned(disrupted)))
     }
 
     async fn report(&self, since: Timestamp) -> Result<ReportData, StoreError> {
         let since = since.as_millis();
-        let shards = self.all_shards();
-        let mut attempts: Vec<ReportAttempt> = shards
-            .iter()
-            .flat_map(|shard| shard.attempts.report(&shard.rows, since))
+        let state = self.lock();
+        let mut attempts: Vec<ReportAttempt> = state
+            .journal()
+            .filter(|(_, _, attempt)| attempt.claimed_at >= since)
+            .map(|(id, row, attempt)| {
+                // The request's recovery and last error are its latest
+                // attempt's.
+                let latest = row.attempts == attempt.attempt;
+                ReportAttempt {
+                    message_id: *id,
+                    attempt: attempt.attempt,
+                    instance_name: attempt.instance.clone(),
+                    group: attempt.group.clone(),
+                    requester: attempt
+                        .requester
+                        .clone()
+                        .or_else(|| row.requested_by.clone()),
+                    claimed_at: Timestamp::from_millis(attempt.claimed_at),
+                    outcome: attempt.outcome,
+                    settled_at: attempt.settled_at.map(Timestamp::from_millis),
+                    recovered_after: row.recovered_after.filter(|_| latest),
+                    last_error: row.last_error.clone().filter(|_| latest),
+                }
+            })
             .collect();
         attempts.sort_by_key(|a| (a.claimed_at, a.message_id, a.attempt));
         let mut decisions = Vec::new();
-        for (id, list) in &self.decisions().decisions {
-            let shard = &shards[Self::shard_of(id)];
-            let row = shard.rows.get(id);
+        for (id, list) in &state.decisions {
+            let row = state.requests.get(id);
             let entry = row.map(|row| row.entry(Some(*id)));
             let group = row
-                .and_then(|row| shard.attempts.attempts_of(row.latest).pop())
-                .map(|attempt| attempt.group);
+                .and_then(|row| row.journal.iter().max_by_key(|a| a.attempt))
+                .map(|attempt| attempt.group.clone());
             for decision in list.iter().filter(|d| d.at.as_millis() >= since) {
                 decisions.push(ReportDecision {
                     message_id: *id,
@@ -300,14 +683,12 @@ impl Store for MemoryStore {
         // Recorded in order per request; across requests, by time (the
         // SQL stores' insertion order breaks ties there, the id here).
         decisions.sort_by_key(|d| (d.at, d.message_id));
-        let mut campaigns = self
+        let mut campaigns = state
             .campaigns
-            .lock()
-            .expect("memory store campaigns poisoned")
             .values()
             .filter(|row| row.2 >= since)
             .cloned()
-            .map(super::Campaign::from_row)
+            .map(Campaign::from_row)
             .collect::<Result<Vec<_>, _>>()?;
         campaigns.sort_by_key(|c| (c.created_at, c.id));
         Ok(ReportData {
@@ -318,97 +699,26 @@ impl Store for MemoryStore {
     }
 
     async fn deferrals(&self, message_id: Uuid) -> Result<u32, StoreError> {
-        Ok(self
-            .decisions()
-            .deferrals
-            .get(&message_id)
-            .copied()
-            .unwrap_or(0))
-    }
-
-    async fn record_campaign(&self, campaign: &super::Campaign) -> Result<(), StoreError> {
-        let mut campaigns = self
-            .campaigns
-            .lock()
-            .expect("memory store campaigns poisoned");
-        if campaigns.contains_key(&campaign.id) {
-            return Err(StoreError::Corrupt(format!(
-                "campaign {} is recorded already",
-                campaign.id
-            )));
-        }
-        campaigns.insert(campaign.id, campaign.to_row());
-        Ok(())
-    }
-
-    async fn decisions(&self, message_id: Uuid) -> Result<Vec<super::DecisionRecord>, StoreError> {
-        Ok(self
-            .decisions()
-            .decisions
-            .get(&message_id)
-            .cloned()
-            .unwrap_or_default())
-    }
-
-    async fn campaign(&self, id: Uuid) -> Result<Option<super::Campaign>, StoreError> {
-        let row = self
-            .campaigns
-            .lock()
-            .expect("memory store campaigns poisoned")
-            .get(&id)
-            .cloned();
-        row.map(super::Campaign::from_row).transpose()
-    }
-
-    async fn story(&self, message_id: Uuid) -> Result<Option<Story>, StoreError> {
-        let (entry, attempts) = {
-            let shard = self.shard(&message_id);
-            let Some(row) = shard.rows.get(&message_id) else {
-                return Ok(None);
-            };
-            (
-                row.entry(Some(message_id)),
-                shard.attempts.attempts_of(row.latest),
-            )
-        };
-        let decisions = self
-            .decisions()
-            .decisions
-            .get(&message_id)
-            .cloned()
-            .unwrap_or_default();
-        Ok(Some(Story {
-            entry,
-            attempts,
-            decisions,
-        }))
+        Ok(self.lock().deferrals.get(&message_id).copied().unwrap_or(0))
     }
 
     async fn first_received(&self, request: &RestartRequest) -> Result<Timestamp, StoreError> {
         let now = self.clock.now();
-        let mut shard = self.shard(&request.message_id);
-        let row = shard
-            .rows
+        let mut state = self.lock();
+        let row = state
+            .requests
             .entry(request.message_id)
-            .or_insert_with(|| Row::new(Some(request.hostname.as_str()), Status::Received, now));
+            .or_insert_with(|| Request::received(request, now));
         Ok(Timestamp::from_millis(row.received_at))
     }
 
     async fn switch(&self) -> Result<Switch, StoreError> {
-        Ok(self.switch.lock().expect("memory store poisoned").clone())
+        Ok(self.lock().switch.clone())
     }
 
     async fn set_switch(&self, paused: bool, by: &str, reason: &str) -> Result<(), StoreError> {
-        let mut switch = self.switch.lock().expect("memory store poisoned");
-        // Before the lock is released, so that once this returns every claim
-        // sees it.
-        self.paused.store(paused, Ordering::Release);
-        *switch = Switch {
-            paused,
-            by: Some(by.to_owned()),
-            reason: Some(reason.to_owned()),
-            since: Some(Timestamp::from_millis(self.clock.now())),
-        };
+        let now = self.clock.now();
+        self.lock().set_switch(paused, by, reason, now);
         Ok(())
     }
 
@@ -419,29 +729,21 @@ impl Store for MemoryStore {
         by: &str,
         reason: &str,
     ) -> Result<bool, StoreError> {
-        let mut switch = self.switch.lock().expect("memory store poisoned");
+        let now = self.clock.now();
+        let mut state = self.lock();
+        let switch = &state.switch;
         let found = match expected {
             SwitchExpected::Running => !switch.paused,
             SwitchExpected::PausedBy(name) => switch.paused && switch.by.as_deref() == Some(name),
         };
         if found {
-            self.paused.store(paused, Ordering::Release);
-            *switch = Switch {
-                paused,
-                by: Some(by.to_owned()),
-                reason: Some(reason.to_owned()),
-                since: Some(Timestamp::from_millis(self.clock.now())),
-            };
+            state.set_switch(paused, by, reason, now);
         }
         Ok(found)
     }
 
     async fn group_pauses(&self) -> Result<Vec<GroupPause>, StoreError> {
-        let mut pauses = self
-            .group_pauses
-            .lock()
-            .expect("memory store poisoned")
-            .clone();
+        let mut pauses = self.lock().group_pauses.clone();
         pauses.sort_by(|a, b| a.group.cmp(&b.group));
         Ok(pauses)
     }
@@ -451,15 +753,17 @@ impl Store for MemoryStore {
         group: &str,
         pause: Option<(&str, &str)>,
     ) -> Result<bool, StoreError> {
-        let mut pauses = self.group_pauses.lock().expect("memory store poisoned");
+        let now = self.clock.now();
+        let mut state = self.lock();
+        let pauses = &mut state.group_pauses;
         let found = pauses.iter().position(|paused| paused.group == group);
-        let changed = match (pause, found) {
+        Ok(match (pause, found) {
             (Some((by, reason)), None) => {
                 pauses.push(GroupPause {
                     group: group.to_owned(),
                     by: by.to_owned(),
                     reason: reason.to_owned(),
-                    since: Timestamp::from_millis(self.clock.now()),
+                    since: Timestamp::from_millis(now),
                 });
                 true
             }
@@ -468,23 +772,26 @@ impl Store for MemoryStore {
                 true
             }
             _ => false,
-        };
-        // Before the lock is released, as `set_switch`.
-        self.groups_paused
-            .store(!pauses.is_empty(), Ordering::Release);
-        Ok(changed)
+        })
     }
 
     async fn recent_recoveries(
         &self,
         group: &str,
         limit: u32,
-    ) -> Result<Vec<Option<std::time::Duration>>, StoreError> {
-        let mut found: Vec<(i64, Option<std::time::Duration>)> = Vec::new();
-        for shard in &self.shards {
-            let shard = shard.lock().expect("memory store shard poisoned");
-            found.extend(shard.attempts.recoveries(&shard.rows, group));
-        }
+    ) -> Result<Vec<Option<Duration>>, StoreError> {
+        let state = self.lock();
+        // As `RECOVERIES_SQL`: the verified restarts, each one's recovery
+        // time from its request's row (`None`: unrecovered).
+        let mut found: Vec<(i64, Option<Duration>)> = state
+            .journal()
+            .filter(|(_, _, attempt)| attempt.group == group)
+            .filter_map(|(_, row, attempt)| match attempt.outcome {
+                Some(Status::Unrecovered) => Some((attempt.claimed_at, None)),
+                Some(Status::Restarted) => Some((attempt.claimed_at, Some(row.recovered_after?))),
+                _ => None,
+            })
+            .collect();
         found.sort_by_key(|(claimed_at, _)| std::cmp::Reverse(*claimed_at));
         Ok(found
             .into_iter()
@@ -497,8 +804,8 @@ impl Store for MemoryStore {
         let before = before.as_millis();
         let budget = u64::from(max_rows);
         let mut removed = 0;
-        let mut keep = |row: &Row| {
-            let old = row.completed_at.get().is_some_and(|at| at < before);
+        let mut keep = |row: &Request| {
+            let old = row.completed_at.is_some_and(|at| at < before);
             if old && removed < budget {
                 removed += 1;
                 false
@@ -506,28 +813,85 @@ impl Store for MemoryStore {
                 true
             }
         };
-        self.rejected
-            .lock()
-            .expect("memory store poisoned")
-            .retain(|(_, row)| keep(row));
+        let mut state = self.lock();
+        let state = &mut *state;
+        state.rejected.retain(|(_, row)| keep(row));
         let mut gone = Vec::new();
-        for shard in &self.shards {
-            let mut shard = shard.lock().expect("memory store shard poisoned");
-            let Shard { rows, attempts } = &mut *shard;
-            rows.retain(|id, row| {
-                keep(row) || {
-                    gone.push(*id);
-                    false
-                }
-            });
-            attempts.compact(rows, before);
+        state.requests.retain(|id, row| {
+            keep(row) || {
+                gone.push(*id);
+                false
+            }
+        });
+        // As `PRUNE_JOURNAL_SQL`: the counting guards look back far less.
+        for row in state.requests.values_mut() {
+            row.journal.retain(|attempt| attempt.claimed_at >= before);
         }
-        let mut decisions = self.decisions();
         for id in &gone {
-            decisions.decisions.remove(id);
-            decisions.deferrals.remove(id);
+            state.decisions.remove(id);
+            state.deferrals.remove(id);
         }
         Ok(removed)
+    }
+
+    async fn record_campaign(&self, campaign: &Campaign) -> Result<(), StoreError> {
+        let mut state = self.lock();
+        if state.campaigns.contains_key(&campaign.id) {
+            return Err(StoreError::Corrupt(format!(
+                "campaign {} is recorded already",
+                campaign.id
+            )));
+        }
+        state.campaigns.insert(campaign.id, campaign.to_row());
+        Ok(())
+    }
+
+    async fn decisions(&self, message_id: Uuid) -> Result<Vec<DecisionRecord>, StoreError> {
+        Ok(self
+            .lock()
+            .decisions
+            .get(&message_id)
+            .cloned()
+            .unwrap_or_default())
+    }
+
+    async fn campaign(&self, id: Uuid) -> Result<Option<Campaign>, StoreError> {
+        let row = self.lock().campaigns.get(&id).cloned();
+        row.map(Campaign::from_row).transpose()
+    }
+}
+
+/// The wall clock at creation, advanced by tokio's clock: the same as the
+/// wall clock in a running service, and paused with the rest of a test that
+/// pauses time, so that claim holds expire in step with leases there.
+#[derive(Debug)]
+struct Clock {
+    wall_at_start: i64,
+    start: tokio::time::Instant,
+}
+
+impl Default for Clock {
+    fn default() -> Self {
+        Self {
+            wall_at_start: Timestamp::now().as_millis(),
+            start: tokio::time::Instant::now(),
+        }
+    }
+}
+
+impl Clock {
+    /// Reads `wall` now, then advances with tokio's clock.
+    #[cfg(test)]
+    fn at(wall: i64) -> Self {
+        Self {
+            wall_at_start: wall,
+            start: tokio::time::Instant::now(),
+        }
+    }
+
+    fn now(&self) -> i64 {
+        let elapsed = i64::try_from(self.start.elapsed().as_millis()).unwrap_or(i64::MAX);
+        self.wall_at_start.saturating_add(elapsed)
     }
 }
 

@@ -13,8 +13,10 @@ async fn memory_store_keeps_the_store_contract() {
 async fn a_claim_stamped_after_now_still_cools_its_host() {
     let store = MemoryStore::new();
     let later = async {
-        for shard in &store.shards {
-            shard.lock().unwrap().attempts.shift(60_000);
+        for row in store.lock().requests.values_mut() {
+            for attempt in &mut row.journal {
+                attempt.claimed_at += 60_000;
+            }
         }
     };
     contract::a_claim_stamped_after_now_still_cools_its_host(&store, later).await;
@@ -24,26 +26,27 @@ async fn a_claim_stamped_after_now_still_cools_its_host() {
 async fn a_restarted_host_counts_as_disrupted_until_settle_passes() {
     let store = MemoryStore::new();
     let settle_passes = async {
-        for shard in &store.shards {
-            shard.lock().unwrap().attempts.shift_settled(-600_000);
+        for row in store.lock().requests.values_mut() {
+            for attempt in &mut row.journal {
+                attempt.settled_at = attempt.settled_at.map(|at| at - 600_000);
+            }
         }
     };
     contract::a_restarted_host_counts_as_disrupted_until_settle_passes(&store, settle_passes).await;
 }
 
-/// The journal is a list per shard whose entries are chained per
-/// request: a released claim leaves a dead entry, and a prune drops
-/// entries from between others. Each request's outcomes must still land
-/// on its own attempts afterwards, its chain linked anew.
+/// A released claim leaves the journal, and a prune drops requests and old
+/// attempts: each request's outcomes must still land on its own attempts
+/// afterwards.
 #[tokio::test(start_paused = true)]
-async fn attempts_stay_linked_across_releases_and_a_prune() {
+async fn outcomes_land_on_their_own_attempts_across_releases_and_a_prune() {
     let store = MemoryStore::new();
     let terms = ClaimTerms {
         max_attempts: 3,
         hold: std::time::Duration::from_secs(3600),
         limits: crate::safety::Limits::NONE,
     };
-    // Three requests in one shard (the last byte of their ids).
+    // Three requests, their ids in order.
     let request = |n: u128| {
         let mut request = contract::request(&format!("cattle-{n:04}"));
         request.message_id = Uuid::from_u128(n << 8);
@@ -105,9 +108,8 @@ async fn attempts_stay_linked_across_releases_and_a_prune() {
     );
 
     // `a` is final and old: pruned with its attempt; `b`'s first
-    // attempt is older than the cut; `c`'s released claim goes too,
-    // from between `b`'s second attempt and `c`'s two, which stay
-    // chained.
+    // attempt is older than the cut; `c`'s released claim is gone
+    // already, its two attempts stay.
     assert_eq!(store.prune(later, 1000).await.unwrap(), 1);
     assert!(store.story(a.message_id).await.unwrap().is_none());
     assert_eq!(attempts(b.message_id).await, [(2, None)]);

@@ -10,7 +10,7 @@ use crate::broker::nats::dead_letter::{dead_letter_copy, headers_len};
 use crate::domain::{Domain, ParseRules, RestartRequest, Restarted, Status};
 use crate::restarter::{Reservation, RestartError, Restarter};
 use crate::stats::Stats;
-use crate::store::MemoryStore;
+use crate::store::{MemoryStore, Store as _};
 use crate::worker::{Shutdown, Worker, WorkerConfig};
 
 #[tokio::test]
