@@ -4,15 +4,14 @@
 //! decided in the store's claim transaction, with the kill switch). Stop
 //! conditions run after the claim, right before the restart. The leash (dry
 //! run) and everything a reload may change is one [`Policy`], read by the
-//! worker through a [`PolicyHandle`]; the pause file turns the kill switch
-//! from a file's existence.
+//! worker through a [`PolicyHandle`]. Nothing here reads or writes the
+//! store: the stores apply `limits` inside their claims.
 
 pub mod calendar;
 mod counting;
 pub mod guards;
 pub mod limits;
 pub mod objectives;
-pub mod pause_file;
 pub mod policy;
 mod reply_to;
 pub mod requesters;

@@ -1,7 +1,7 @@
 //! Recovery objectives (`[[recovery_objective]]`, docs/operating.md): per
 //! group, how fast its restarted hosts must come back, judged over its
 //! latest verified restarts. Pure: the store gives the samples
-//! ([`crate::store::Store::recent_recoveries`]), [`judge`] the verdict; the
+//! (`Store::recent_recoveries`), [`judge`] the verdict; the
 //! service's companion (`service/objectives.rs`) pauses a breached group
 //! when told to.
 //!

@@ -11,6 +11,7 @@
 
 mod adapters;
 mod companions;
+mod pause_file;
 pub(crate) mod objectives;
 
 use std::sync::Arc;
@@ -28,7 +29,7 @@ use crate::broker::{Broker, MemoryBroker};
 use crate::config::{Config, redact_url};
 use crate::inventory::{InventoryHandle, InventorySettings, Source};
 use crate::notify::Notifier;
-use crate::safety::pause_file::PauseFile;
+use pause_file::PauseFile;
 use crate::safety::{PolicyHandle, Requesters};
 use crate::stats::{Stats, StatsSnapshot};
 use crate::store::Store;
