@@ -42,20 +42,20 @@
 // service that wires them, and the worker. Everything else is private; what
 // of it the binary, the benchmark or a library user needs is re-exported
 // below, on purpose.
-pub mod broker;
-pub mod config;
-pub mod domain;
-pub mod inventory;
-pub mod notify;
-pub mod reference;
-pub mod restarter;
-pub mod safety;
-pub mod schedule;
-pub mod service;
-pub mod settings;
-pub mod sqlite;
-pub mod store;
-pub mod worker;
+mod broker;
+mod config;
+mod domain;
+mod inventory;
+mod notify;
+mod reference;
+mod restarter;
+mod safety;
+mod schedule;
+mod service;
+mod settings;
+mod sqlite;
+mod store;
+mod worker;
 
 mod admin;
 mod backoff;

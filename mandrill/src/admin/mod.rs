@@ -21,7 +21,6 @@ mod token_file;
 pub(crate) use dashboard::escape;
 
 use crate::safety::PolicyHandle;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -144,11 +143,6 @@ impl Admin {
             switch_token,
             registration,
         }))
-    }
-
-    /// The bound address.
-    pub(crate) fn local_addr(&self) -> Option<SocketAddr> {
-        self.listener.local_addr().ok()
     }
 
     /// Serves until `stop`. `/readyz` turns 503 as soon as `shutdown` is

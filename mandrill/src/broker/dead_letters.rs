@@ -14,7 +14,7 @@ use super::{BrokerError, Close};
 /// How a dead letter is named to [`DeadLetterAdmin::requeue`].
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
 #[serde(untagged)]
-pub enum DeadLetterId {
+pub(crate) enum DeadLetterId {
     /// A row of a dead-letter table (SQLite).
     Row(i64),
     /// A message id (Pub/Sub: the dead-letter copy's id).
@@ -32,7 +32,7 @@ impl fmt::Display for DeadLetterId {
 
 /// A dead-lettered message, as `mandrill dead-letters` lists it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DeadLetterEntry {
+pub(crate) struct DeadLetterEntry {
     /// What [`DeadLetterAdmin::requeue`] takes to name it.
     pub id: DeadLetterId,
     /// Why the message was given up on.
@@ -45,7 +45,7 @@ pub struct DeadLetterEntry {
 
 /// What a broker that keeps a dead letter's history knows of it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DeadLetterRecord {
+pub(crate) struct DeadLetterRecord {
     /// Deliveries before it was given up on.
     pub deliveries: i64,
     /// When it was published (milliseconds since the epoch).
@@ -58,7 +58,7 @@ pub struct DeadLetterRecord {
 
 /// Lists and requeues dead letters. See the module docs.
 #[async_trait]
-pub trait DeadLetterAdmin: Close {
+pub(crate) trait DeadLetterAdmin: Close {
     /// Whether entries carry a [`DeadLetterRecord`] (a listing shows those
     /// columns).
     fn keeps_records(&self) -> bool {

@@ -17,9 +17,9 @@
 #[cfg(test)]
 pub(crate) mod contract;
 mod dead_letters;
-pub mod memory;
-pub mod nats;
-pub mod pubsub;
+pub(crate) mod memory;
+pub(crate) mod nats;
+pub(crate) mod pubsub;
 mod url;
 
 use std::fmt;
@@ -30,9 +30,9 @@ use async_trait::async_trait;
 use bytes::Bytes;
 
 use crate::domain::JointAck;
-pub use dead_letters::{DeadLetterAdmin, DeadLetterEntry, DeadLetterId, DeadLetterRecord};
+pub(crate) use dead_letters::{DeadLetterAdmin, DeadLetterEntry, DeadLetterId, DeadLetterRecord};
 pub use memory::MemoryBroker;
-pub use url::{BrokerUrl, BrokerUrlError};
+pub(crate) use url::{BrokerUrl, BrokerUrlError};
 
 /// Identifies one delivery to the broker that made it. Opaque to the worker:
 /// each broker puts in what it needs to find the delivery again.
@@ -188,7 +188,7 @@ impl std::error::Error for BrokerError {
     }
 }
 
-pub use crate::causes::Cause;
+pub(crate) use crate::causes::Cause;
 
 /// Releases a broker connection: shared by [`Publisher`], [`Consumer`] and
 /// [`DeadLetterAdmin`], so that a type that is several of them closes once
@@ -279,7 +279,7 @@ impl<T: Consumer + Publisher + ?Sized> Broker for T {}
 /// Most bytes of a dead-letter reason a broker keeps. A reason is a sentence;
 /// bounded, it can never push a dead letter over the broker's size limit nor
 /// flood a log line.
-pub const MAX_REASON_BYTES: usize = 1024;
+pub(crate) const MAX_REASON_BYTES: usize = 1024;
 
 /// `reason`, cut on a character boundary to at most [`MAX_REASON_BYTES`],
 /// ending in `…` when cut.

@@ -41,8 +41,8 @@ mod publisher;
 mod settings;
 
 pub use consumer::NatsBroker;
-pub use publisher::NatsPublisher;
-pub use settings::NatsSettings;
+pub(crate) use publisher::NatsPublisher;
+pub(crate) use settings::NatsSettings;
 
 use crate::settings::{Secret, redact_url};
 
@@ -69,7 +69,7 @@ pub enum Credentials {
 /// `nats://token@host` (async-nats would ignore them there): returns the
 /// URL without them, and them. With several comma-separated servers, the
 /// first that has credentials gives them.
-pub fn split_url_credentials(url: &str) -> (String, Credentials) {
+pub(crate) fn split_url_credentials(url: &str) -> (String, Credentials) {
     let decode = |text: &str| {
         percent_encoding::percent_decode_str(text)
             .decode_utf8_lossy()
@@ -149,12 +149,12 @@ pub const DEAD_LETTER_REASON_HEADER: &str = "Mandrill-Dead-Letter-Reason";
 /// The header carrying the original message's sequence in the request
 /// stream, to match the copy with log lines (a work-queue stream drops the
 /// original once it is terminated).
-pub const DEAD_LETTER_SEQUENCE_HEADER: &str = "Mandrill-Stream-Sequence";
+pub(crate) const DEAD_LETTER_SEQUENCE_HEADER: &str = "Mandrill-Stream-Sequence";
 /// The header carrying the original payload's size in bytes.
-pub const DEAD_LETTER_SIZE_HEADER: &str = "Mandrill-Original-Size";
+pub(crate) const DEAD_LETTER_SIZE_HEADER: &str = "Mandrill-Original-Size";
 /// Present (`true`) when the copy's payload is only a prefix of the original,
 /// because the whole would not fit the server's `max_payload`.
-pub const DEAD_LETTER_TRUNCATED_HEADER: &str = "Mandrill-Payload-Truncated";
+pub(crate) const DEAD_LETTER_TRUNCATED_HEADER: &str = "Mandrill-Payload-Truncated";
 
 pub(super) fn unavailable(
     what: &str,

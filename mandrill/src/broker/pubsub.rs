@@ -34,7 +34,7 @@ mod consumer;
 mod dead_letters;
 mod leases;
 mod publisher;
-pub mod settings;
+pub(crate) mod settings;
 mod settle;
 
 use std::collections::HashMap;
@@ -65,9 +65,9 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 pub use self::consumer::PubSubBroker;
-pub use self::dead_letters::DeadLetter;
-pub use self::publisher::PubSubPublisher;
-pub use self::settings::{Endpoint, PubSubSettings, PullMode};
+pub(crate) use self::publisher::PubSubPublisher;
+pub(crate) use self::settings::Endpoint;
+pub use self::settings::{PubSubSettings, PullMode};
 use self::settle::{Settlement, Settler};
 use super::{
     BrokerError, Cause, Close, Consumer, DeadLetterAdmin, DeadLetterEntry, DeadLetterId, Delivery,
@@ -77,18 +77,18 @@ use super::{
 /// The attribute carrying a dead letter's reason (at most
 /// [`MAX_REASON_BYTES`](super::MAX_REASON_BYTES), which is also Pub/Sub's
 /// limit for an attribute value).
-pub const DEAD_LETTER_REASON_ATTRIBUTE: &str = "mandrill-dead-letter-reason";
+pub(crate) const DEAD_LETTER_REASON_ATTRIBUTE: &str = "mandrill-dead-letter-reason";
 /// The attribute carrying the original message's Pub/Sub id.
-pub const ORIGINAL_ID_ATTRIBUTE: &str = "mandrill-original-message-id";
+pub(crate) const ORIGINAL_ID_ATTRIBUTE: &str = "mandrill-original-message-id";
 /// The attribute carrying the request's `message_id` when the payload has one.
-pub const MESSAGE_ID_ATTRIBUTE: &str = "mandrill-message-id";
+pub(crate) const MESSAGE_ID_ATTRIBUTE: &str = "mandrill-message-id";
 
 /// Pub/Sub's longest ack deadline, per call and per subscription.
-pub const MAX_ACK_DEADLINE: Duration = Duration::from_secs(600);
+pub(crate) const MAX_ACK_DEADLINE: Duration = Duration::from_secs(600);
 /// Pub/Sub's shortest subscription ack deadline.
-pub const MIN_ACK_DEADLINE: Duration = Duration::from_secs(10);
+pub(crate) const MIN_ACK_DEADLINE: Duration = Duration::from_secs(10);
 /// Most messages one `Pull` returns, and one `Publish` carries.
-pub const MAX_MESSAGES_PER_CALL: usize = 1000;
+pub(crate) const MAX_MESSAGES_PER_CALL: usize = 1000;
 /// Most bytes of payload one `Publish` carries (the service allows 10 MB
 /// per request, attributes included).
 pub(super) const MAX_PUBLISH_BYTES: usize = 9 * 1024 * 1024;

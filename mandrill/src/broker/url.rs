@@ -6,7 +6,7 @@ use crate::settings::redact_url;
 
 /// Which broker `broker.url` names, and where it is.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum BrokerUrl {
+pub(crate) enum BrokerUrl {
     /// `memory`: in-process; it lives and dies with `mandrill run`.
     Memory,
     /// `sqlite:PATH`: a queue in a SQLite file.
@@ -34,7 +34,7 @@ pub enum BrokerUrl {
 /// A `broker.url` that names no broker this build supports. Its message
 /// follows `broker.url`, e.g. "broker.url \"x\" is not supported: …".
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum BrokerUrlError {
+pub(crate) enum BrokerUrlError {
     /// No broker has this scheme.
     #[error(
         "{0:?} is not supported: use sqlite:PATH, nats://HOST:PORT, \
@@ -57,7 +57,7 @@ impl BrokerUrl {
     /// Parses `broker.url`. Only a Pub/Sub URL's parts are checked here; a
     /// NATS URL's servers are checked by the configuration's validation and
     /// by the client.
-    pub fn parse(url: &str) -> Result<Self, BrokerUrlError> {
+    pub(crate) fn parse(url: &str) -> Result<Self, BrokerUrlError> {
         if url == "memory" {
             return Ok(Self::Memory);
         }

@@ -81,7 +81,7 @@ pub(super) fn documented_keys() -> impl Iterator<Item = String> {
 }
 
 /// Every setting with its default and meaning, for `mandrill run --help`.
-pub fn settings_help() -> String {
+pub(crate) fn settings_help() -> String {
     let defaults = Config::default().flatten();
     let mut text = String::from(
         "Settings (config file `[section] key = value`, environment MANDRILL_SECTION__KEY, \

@@ -4,36 +4,36 @@
 use std::time::Duration;
 
 /// Longest duration of any setting (see [`crate::settings::duration::MAX`]).
-pub const MAX_DURATION: Duration = crate::settings::duration::MAX;
+pub(crate) const MAX_DURATION: Duration = crate::settings::duration::MAX;
 /// Longest `store.retention`.
-pub const MAX_RETENTION: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+pub(crate) const MAX_RETENTION: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 /// Shortest lease (`broker.ack_deadline`). A lease is extended every
 /// third of it, and the extension must reach the broker (a SQLite group
 /// commit with its fsync, a NATS round trip) before the lease runs out:
 /// below a second, one slow fsync or scheduling stall lets a lease lapse
 /// while its restart runs, and another consumer restarts the host again.
-pub const MIN_ACK_DEADLINE: Duration = Duration::from_secs(1);
+pub(crate) const MIN_ACK_DEADLINE: Duration = Duration::from_secs(1);
 /// Most messages in flight: each holds a task and a lease, and the flow
 /// control semaphore cannot count past `usize::MAX >> 3`.
-pub const MAX_IN_FLIGHT: usize = 1_000_000;
+pub(crate) const MAX_IN_FLIGHT: usize = 1_000_000;
 /// Most messages asked for in one pull (brokers size buffers by it).
-pub const MAX_PULL_BATCH: usize = 10_000;
+pub(crate) const MAX_PULL_BATCH: usize = 10_000;
 /// Largest database pool: the pool sets up a slot per connection up
 /// front, and PostgreSQL's own default limit is 100 connections.
-pub const MAX_CONNECTIONS: u32 = 1_000;
+pub(crate) const MAX_CONNECTIONS: u32 = 1_000;
 /// Shortest `store.timeout`: below a second, one slow fsync or a busy
 /// PostgreSQL fails calls that would have succeeded.
-pub const MIN_STORE_TIMEOUT: Duration = Duration::from_secs(1);
+pub(crate) const MIN_STORE_TIMEOUT: Duration = Duration::from_secs(1);
 /// Longest `store.timeout`: a store that has not answered in an hour is
 /// not answering, and shutdown waits up to three of these.
-pub const MAX_STORE_TIMEOUT: Duration = Duration::from_secs(3600);
+pub(crate) const MAX_STORE_TIMEOUT: Duration = Duration::from_secs(3600);
 /// Most `store.writers`.
-pub const MAX_STORE_WRITERS: u32 = 64;
+pub(crate) const MAX_STORE_WRITERS: u32 = 64;
 /// Most blocking restarts at once: tokio's blocking pool has 512 threads.
-pub const MAX_BLOCKING_THREADS: usize = 512;
+pub(crate) const MAX_BLOCKING_THREADS: usize = 512;
 /// Largest payload accepted: NATS's own maximum `max_payload` (64 MiB).
-pub const MAX_PAYLOAD_BYTES: usize = 64 * 1024 * 1024;
+pub(crate) const MAX_PAYLOAD_BYTES: usize = 64 * 1024 * 1024;
 /// Fastest demo publisher, per second.
-pub const MAX_SIMULATE_RATE: f64 = 1_000_000.0;
+pub(crate) const MAX_SIMULATE_RATE: f64 = 1_000_000.0;
 /// Shortest stall threshold: a zero one counts every poll as a stall.
-pub const MIN_STALL_THRESHOLD: Duration = Duration::from_millis(1);
+pub(crate) const MIN_STALL_THRESHOLD: Duration = Duration::from_millis(1);

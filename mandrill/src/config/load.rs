@@ -29,7 +29,8 @@ const STRING_KEYS: &[&str] = &[
 ];
 
 /// Keys holding secrets: an error about one never shows its value.
-pub const SECRET_KEYS: &[&str] = &["broker.nats.password", "broker.nats.token", "admin.token"];
+pub(crate) const SECRET_KEYS: &[&str] =
+    &["broker.nats.password", "broker.nats.token", "admin.token"];
 
 /// A raw value from the environment or `--set`, typed for its key.
 fn value_for(key: &str, raw: &str) -> toml::Value {
@@ -178,7 +179,7 @@ fn get_dotted<'a>(table: &'a toml::Table, key: &str) -> Option<&'a toml::Value> 
 }
 
 /// Parses a `--set SECTION.KEY=VALUE` flag.
-pub fn parse_override(raw: &str) -> Result<(String, toml::Value), ConfigError> {
+pub(crate) fn parse_override(raw: &str) -> Result<(String, toml::Value), ConfigError> {
     let (key, value) = raw
         .split_once('=')
         .ok_or_else(|| ConfigError::Override(raw.to_owned()))?;

@@ -38,7 +38,7 @@ mod broker;
 mod docs;
 mod error;
 mod flat;
-pub mod limits;
+pub(crate) mod limits;
 mod load;
 mod restarter;
 mod safety;
@@ -50,17 +50,23 @@ mod urls;
 mod validate;
 mod worker;
 
-pub use crate::settings::{Redactor, Secret, duration, redact, redact_url};
-pub use broker::{BrokerSettings, StoreSettings};
-pub use docs::{settings_help, settings_reference};
-pub use error::ConfigError;
-pub use load::{SECRET_KEYS, Sources, parse_override};
-pub use restarter::{RestarterKind, RestarterSettings};
-pub use safety::SafetySettings;
-pub use service::{
+#[cfg(test)]
+use crate::settings::Secret;
+pub(crate) use crate::settings::{Redactor, redact, redact_url};
+pub(crate) use broker::{BrokerSettings, StoreSettings};
+pub(crate) use docs::settings_help;
+pub use docs::settings_reference;
+pub(crate) use error::ConfigError;
+#[cfg(test)]
+use load::SECRET_KEYS;
+pub use load::Sources;
+pub(crate) use load::parse_override;
+pub(crate) use restarter::{RestarterKind, RestarterSettings};
+pub(crate) use safety::SafetySettings;
+pub(crate) use service::{
     AdminListen, AdminSettings, DebugSettings, LogFormat, LogSettings, SimulateSettings,
 };
-pub use worker::{MessageSettings, WorkerSettings};
+pub(crate) use worker::{MessageSettings, WorkerSettings};
 
 settings! {
     /// The whole configuration. Each part of the service receives only its section.
@@ -139,7 +145,7 @@ settings! {
 
 /// Settings that a reload (SIGHUP) applies without a restart, besides
 /// `[safety]` (see [`reloads`]).
-pub const RELOADABLE: &[&str] = &[
+pub(crate) const RELOADABLE: &[&str] = &[
     "log.level",
     "worker.max_in_flight",
     "simulate.rate",
@@ -155,7 +161,7 @@ const SAFETY_NEEDS_RESTART: &[&str] = &["safety.poll_interval", "safety.pause_fi
 /// Whether a reload (SIGHUP) applies `key` without a restart: the
 /// [`RELOADABLE`] settings, the safety policy (every `safety.` key but
 /// `safety.poll_interval` and `safety.pause_file`), and `[inventory]`.
-pub fn reloads(key: &str) -> bool {
+pub(crate) fn reloads(key: &str) -> bool {
     RELOADABLE.contains(&key)
         || key.starts_with("inventory.")
         || (key.starts_with("safety.") && !SAFETY_NEEDS_RESTART.contains(&key))

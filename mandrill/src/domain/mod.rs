@@ -9,17 +9,19 @@ mod joint_ack;
 mod names;
 mod outcome;
 mod request;
-pub mod signed;
+pub(crate) mod signed;
 mod time;
 
 pub use joint_ack::JointAck;
-pub use names::{Domain, Hostname, InstanceName, random_instance_name};
+pub(crate) use names::random_instance_name;
+pub use names::{Domain, Hostname, InstanceName};
 pub use outcome::{Outcome, Restarted, Status};
-pub use request::{
-    MAX_REASON_CHARS, MAX_REQUESTED_BY_CHARS, ParseRules, Reach, Rejection, RestartRequest,
-    WireRequest, new_message_id, salvage_message_id,
-};
-pub use signed::{Signatures, Signer, SigningKey};
+#[cfg(test)]
+use request::{MAX_REASON_CHARS, MAX_REQUESTED_BY_CHARS};
+pub use request::{ParseRules, RestartRequest};
+pub(crate) use request::{Reach, Rejection, WireRequest, new_message_id, salvage_message_id};
+pub use signed::SigningKey;
+pub(crate) use signed::{Signatures, Signer};
 pub use time::Timestamp;
 
 /// Valid requests for tests elsewhere in the crate.

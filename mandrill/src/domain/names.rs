@@ -104,7 +104,7 @@ impl fmt::Display for Hostname {
 }
 
 /// A tutorial-style random instance name: `cattle-` plus 4 characters from `[a-z0-9]`.
-pub fn random_instance_name(rng: &mut impl rand::Rng) -> InstanceName {
+pub(crate) fn random_instance_name(rng: &mut impl rand::Rng) -> InstanceName {
     const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
     let suffix: String = (0..4)
         .map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char)

@@ -230,9 +230,9 @@ pub(super) fn excerpt(value: &str) -> String {
 }
 
 /// Longest `requested_by` accepted, in characters.
-pub const MAX_REQUESTED_BY_CHARS: usize = 128;
+pub(crate) const MAX_REQUESTED_BY_CHARS: usize = 128;
 /// Longest `reason` accepted, in characters.
-pub const MAX_REASON_CHARS: usize = 1024;
+pub(crate) const MAX_REASON_CHARS: usize = 1024;
 
 /// Validates and normalises a free-text field so that whatever parses can
 /// be stored by every store: surrounding white space is trimmed, an empty
@@ -513,7 +513,7 @@ impl RestartRequest {
 /// (version 4) ids dirty a random leaf of every index per message. Any
 /// UUID is still accepted from other publishers; see `docs/benchmarks.md`,
 /// "Time-ordered message ids".
-pub fn new_message_id(at: SystemTime, rng: &mut impl rand::Rng) -> Uuid {
+pub(crate) fn new_message_id(at: SystemTime, rng: &mut impl rand::Rng) -> Uuid {
     let millis = at
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |since| {
@@ -526,7 +526,7 @@ pub fn new_message_id(at: SystemTime, rng: &mut impl rand::Rng) -> Uuid {
 /// that the rejection can be recorded against it.
 /// A signed payload's id is read from its claims unverified: it is only
 /// shown (a rejection keeps it apart from the requests' own ids).
-pub fn salvage_message_id(payload: &[u8]) -> Option<Uuid> {
+pub(crate) fn salvage_message_id(payload: &[u8]) -> Option<Uuid> {
     #[derive(Deserialize)]
     struct IdOnly {
         message_id: String,

@@ -25,12 +25,12 @@ use super::request::{Rejection, excerpt};
 /// deferrals it may meet: one day, the default `safety.max_defer` (a
 /// request deferred past its `exp` is rejected, as the requester asked).
 /// Bounded so that a leaked token is not a standing order.
-pub const MAX_LIFETIME: Duration = Duration::from_secs(24 * 3600);
+pub(crate) const MAX_LIFETIME: Duration = Duration::from_secs(24 * 3600);
 
 /// Clock skew tolerated between a requester and mandrill, on `exp` and on
 /// an `iat` in the future: a minute, jsonwebtoken's default, small beside
 /// any lifetime worth signing.
-pub const LEEWAY: Duration = Duration::from_secs(60);
+pub(crate) const LEEWAY: Duration = Duration::from_secs(60);
 
 /// A requester's public key and the one algorithm it verifies.
 #[derive(Clone)]
@@ -118,7 +118,7 @@ impl Signatures {
 /// `{`, never has it). The signature may be empty, as an unsecured
 /// (`alg: none`) token's is: such a token is then rejected as a bad
 /// signature, saying why, rather than as bad JSON.
-pub fn is_compact_jws(text: &[u8]) -> bool {
+pub(crate) fn is_compact_jws(text: &[u8]) -> bool {
     let mut dots = 0;
     let mut part_len = 0;
     for &byte in text {

@@ -217,7 +217,7 @@ impl InventoryHandle {
 /// Keeps `handle` current: reads the inventory every `inventory.refresh`,
 /// and at once when a reload changes `[inventory]` (`settings`), until
 /// `cancel`. A companion of the service, spawned into its tracker.
-pub async fn refresh_task(
+pub(crate) async fn refresh_task(
     handle: InventoryHandle,
     mut settings: watch::Receiver<InventorySettings>,
     cancel: CancellationToken,

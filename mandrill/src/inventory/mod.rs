@@ -27,9 +27,9 @@ mod own;
 mod settings;
 mod source;
 
-pub use handle::{InventoryHandle, Lookup, Snapshot, refresh_task};
-pub use settings::{InventorySettings, MAX_INVENTORY_BYTES};
-pub use source::{Source, load};
+pub(crate) use handle::{InventoryHandle, refresh_task};
+pub(crate) use settings::{InventorySettings, MAX_INVENTORY_BYTES};
+pub(crate) use source::{Source, load};
 
 /// One host as the inventory lists it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

@@ -10,7 +10,7 @@ use crate::settings::settings;
 
 /// Largest inventory read, from any source: bigger is refused (the last
 /// good copy is kept).
-pub const MAX_INVENTORY_BYTES: usize = 64 * 1024 * 1024;
+pub(crate) const MAX_INVENTORY_BYTES: usize = 64 * 1024 * 1024;
 
 settings! {
     /// `[inventory]`: the operator's hosts, groups and zones. At most one

@@ -70,7 +70,7 @@ impl fmt::Display for Source {
 /// as [`Source`] shows it) and keeps what failed beneath as its source.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum LoadError {
+pub(crate) enum LoadError {
     /// The file could not be read.
     #[error("cannot read {from}")]
     Read {
@@ -126,14 +126,17 @@ pub enum LoadError {
 
 impl LoadError {
     /// The error followed by its causes, for a log line or the operator.
-    pub fn with_causes(&self) -> impl fmt::Display + '_ {
+    pub(crate) fn with_causes(&self) -> impl fmt::Display + '_ {
         crate::causes::WithCauses(self)
     }
 }
 
 /// Reads and parses the inventory from `source`; the error names the
 /// source and what failed.
-pub async fn load(source: &Source, settings: &InventorySettings) -> Result<Inventory, LoadError> {
+pub(crate) async fn load(
+    source: &Source,
+    settings: &InventorySettings,
+) -> Result<Inventory, LoadError> {
     let from = || source.to_string();
     let (bytes, toml_hint) = match source {
         Source::File(path) => {

@@ -29,8 +29,9 @@ use crate::domain::RestartRequest;
 use crate::domain::Timestamp;
 use crate::stats::Stats;
 
-pub use settings::{Format, MAX_QUEUE_CAPACITY, NotifierSettings, NotifyEntry};
-pub use switch::watch as watch_switch;
+pub(crate) use settings::MAX_QUEUE_CAPACITY;
+pub use settings::{Format, NotifierSettings, NotifyEntry};
+pub(crate) use switch::watch as watch_switch;
 
 /// What happened, as `[[notify]] events` names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -98,4 +98,4 @@ settings! {
 }
 
 /// Most events queued: each holds a few short strings.
-pub const MAX_QUEUE_CAPACITY: usize = 1_000_000;
+pub(crate) const MAX_QUEUE_CAPACITY: usize = 1_000_000;

@@ -163,7 +163,7 @@ impl Notifier {
 /// made during the drain is told too), notifying each change. A change
 /// recorded after `started` is one even at the first read: the pause file,
 /// say, that this instance applied at start-up.
-pub async fn watch(
+pub(crate) async fn watch(
     notifier: Arc<Notifier>,
     store: Arc<dyn Store>,
     every: Duration,

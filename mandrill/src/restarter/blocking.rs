@@ -15,20 +15,20 @@ use crate::domain::{RestartRequest, Restarted};
 
 /// A restart backend written with blocking calls (a sync client, a
 /// subprocess wait, `std::thread::sleep`).
-pub trait BlockingRestart: Send + Sync + 'static {
+pub(crate) trait BlockingRestart: Send + Sync + 'static {
     /// Restarts `host`, blocking the calling thread until done.
     fn restart_blocking(&self, request: &RestartRequest) -> Result<Restarted, RestartError>;
 }
 
 /// Runs a [`BlockingRestart`] on at most `threads` blocking threads at a time.
-pub struct Blocking<R> {
+pub(crate) struct Blocking<R> {
     inner: Arc<R>,
     threads: Arc<Semaphore>,
 }
 
 impl<R: BlockingRestart> Blocking<R> {
     /// Wraps `inner`, allowing `threads` concurrent blocking calls (at least 1).
-    pub fn new(inner: R, threads: usize) -> Self {
+    pub(crate) fn new(inner: R, threads: usize) -> Self {
         Self {
             inner: Arc::new(inner),
             threads: Arc::new(Semaphore::new(threads.max(1))),

@@ -113,7 +113,7 @@ fn check_env_name(name: &str) -> Result<(), String> {
 
 /// Runs the configured argv per restart. See the module docs.
 #[derive(Debug, Clone)]
-pub struct CommandRestarter {
+pub(crate) struct CommandRestarter {
     argv: ArgvTemplate,
     runner: ProcessRunner,
     permanent_exit_codes: Vec<i32>,
@@ -123,7 +123,7 @@ pub struct CommandRestarter {
 impl CommandRestarter {
     /// Builds the backend from validated settings; refuses a working
     /// directory that does not exist.
-    pub fn new(settings: &CommandSettings, hosts: HostMap) -> Result<Self, SettingError> {
+    pub(crate) fn new(settings: &CommandSettings, hosts: HostMap) -> Result<Self, SettingError> {
         let argv = ArgvTemplate::parse(&settings.argv)
             .map_err(|why| SettingError::new("restarter.command.argv", why))?;
         if let Some(dir) = &settings.working_dir

@@ -35,11 +35,11 @@ use super::{Cause, Reservation, RestartError, Restarter, SettingError};
 use crate::causes::WithCauses;
 use crate::domain::{RestartRequest, Restarted};
 
-pub use answer::MAX_OUTPUT_BYTES;
+pub(crate) use answer::MAX_OUTPUT_BYTES;
 use answer::{
     MAX_REASON_BODY_BYTES, failure_reason, is_retryable, read_bounded, recorded_output, retry_after,
 };
-pub use settings::{HttpSettings, IDEMPOTENCY_HEADER};
+pub(crate) use settings::{HttpSettings, IDEMPOTENCY_HEADER};
 #[cfg(test)]
 use {
     answer::{MAX_RETRY_AFTER, one_line},
@@ -48,7 +48,7 @@ use {
 
 /// Restarts hosts by calling a webhook. Build it with [`HttpRestarter::new`].
 /// `Debug` shows no key, header value, URL credentials or query.
-pub struct HttpRestarter {
+pub(crate) struct HttpRestarter {
     client: reqwest::Client,
     method: Method,
     url: Template,
@@ -92,7 +92,7 @@ impl fmt::Debug for Secret {
 impl HttpRestarter {
     /// Validates `settings`, reads the HMAC key and the CA file, and builds
     /// the client. Errors name the setting (relative to `[restarter.http]`).
-    pub fn new(settings: &HttpSettings, hosts: HostMap) -> Result<Self, SettingError> {
+    pub(crate) fn new(settings: &HttpSettings, hosts: HostMap) -> Result<Self, SettingError> {
         let parsed = settings
             .parse()
             .map_err(|(key, why)| SettingError::new(format!("{SECTION}.{key}"), why))?;
@@ -312,7 +312,7 @@ fn parse_url(text: &str) -> Result<Url, String> {
 /// `url` as it may be logged: user, password and every query value replaced
 /// by `****` (a query parameter is as likely to be `token=` as `id=`), no
 /// fragment.
-pub fn redacted(url: &Url) -> String {
+pub(crate) fn redacted(url: &Url) -> String {
     let mut shown = url.clone();
     if !shown.username().is_empty() {
         // Fails only for URLs that cannot have credentials, which have none.

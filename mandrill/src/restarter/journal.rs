@@ -24,7 +24,7 @@ use super::{Cause, Reservation, Reserving, RestartError, Restarter};
 use crate::domain::{RestartRequest, Restarted};
 
 /// See the module docs.
-pub struct Journaled {
+pub(crate) struct Journaled {
     inner: Arc<dyn Restarter>,
     /// A `std::sync::Mutex`: held only for one small write, on the blocking
     /// pool, never across an await.
@@ -35,7 +35,7 @@ pub struct Journaled {
 
 impl Journaled {
     /// Wraps `inner`, appending to the journal at `path` (created if missing).
-    pub fn open(inner: Arc<dyn Restarter>, path: &Path) -> std::io::Result<Self> {
+    pub(crate) fn open(inner: Arc<dyn Restarter>, path: &Path) -> std::io::Result<Self> {
         let file = OpenOptions::new().create(true).append(true).open(path)?;
         Ok(Self {
             inner,

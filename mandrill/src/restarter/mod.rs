@@ -5,16 +5,16 @@
 //! [`Blocking`], which runs them on a bounded pool of blocking threads so
 //! that they never stall the runtime.
 
-pub mod blocking;
-pub mod command;
-pub mod hosts;
-pub mod http;
-pub mod journal;
-pub mod process;
-pub mod simulate;
-pub mod ssh;
-pub mod template;
-pub mod verify;
+pub(crate) mod blocking;
+pub(crate) mod command;
+pub(crate) mod hosts;
+pub(crate) mod http;
+pub(crate) mod journal;
+pub(crate) mod process;
+pub(crate) mod simulate;
+pub(crate) mod ssh;
+pub(crate) mod template;
+pub(crate) mod verify;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -27,14 +27,15 @@ use futures::future::BoxFuture;
 
 use crate::domain::{Hostname, RestartRequest, Restarted};
 
-pub use crate::causes::Cause;
-pub use blocking::{Blocking, BlockingRestart};
-pub use command::{CommandRestarter, CommandSettings};
-pub use http::{HttpRestarter, HttpSettings};
-pub use journal::Journaled;
-pub use simulate::{SimulatedBlockingRestarter, SimulatedRestarter, Simulation};
+pub(crate) use crate::causes::Cause;
+pub(crate) use blocking::{Blocking, BlockingRestart};
+pub(crate) use command::{CommandRestarter, CommandSettings};
+pub(crate) use http::{HttpRestarter, HttpSettings};
+pub(crate) use journal::Journaled;
+pub(crate) use simulate::SimulatedBlockingRestarter;
+pub use simulate::{SimulatedRestarter, Simulation};
 pub use ssh::{SshRestarter, SshSettings};
-pub use verify::{Verified, VerifySettings};
+pub(crate) use verify::{Verified, VerifySettings};
 
 /// Why a restart did not happen, or did not end well. The worker branches
 /// on [`RestartError::is_retryable`], and leaves the claim of an

@@ -33,7 +33,7 @@ pub(crate) const REAP_AFTER_KILL: Duration = Duration::from_secs(5);
 
 /// Where and how programs run. Built once; cheap to share.
 #[derive(Debug, Clone)]
-pub struct ProcessRunner {
+pub(crate) struct ProcessRunner {
     working_dir: Option<PathBuf>,
     /// The whole environment the program gets: the allow-listed inherited
     /// variables, read once when the runner is built, then the fixed ones.
@@ -44,7 +44,7 @@ pub struct ProcessRunner {
 
 /// What one stream of the program printed: the first bytes, up to the limit.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Captured {
+pub(crate) struct Captured {
     /// The bytes kept.
     pub kept: Vec<u8>,
     /// How many bytes the program wrote in all.
@@ -53,7 +53,7 @@ pub struct Captured {
 
 /// What the program printed on stdout and stderr.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Output {
+pub(crate) struct Output {
     /// Standard output.
     pub stdout: Captured,
     /// Standard error.
@@ -62,7 +62,7 @@ pub struct Output {
 
 /// A program that ran to its end.
 #[derive(Debug)]
-pub struct Finished {
+pub(crate) struct Finished {
     /// How it ended.
     pub status: ExitStatus,
     /// What it printed.
@@ -71,7 +71,7 @@ pub struct Finished {
 
 /// Why a program did not run to its end.
 #[derive(Debug, thiserror::Error)]
-pub enum RunError {
+pub(crate) enum RunError {
     /// It could not be started (not found, not executable, bad directory).
     #[error("cannot start {program:?}")]
     Spawn {
@@ -106,7 +106,7 @@ impl RunError {
     /// Whether the program cannot be started however often it is tried: it
     /// does not exist, may not be executed, or the working directory is
     /// missing. A configuration error, not a passing one.
-    pub fn is_permanent(&self) -> bool {
+    pub(crate) fn is_permanent(&self) -> bool {
         use std::io::ErrorKind::{NotFound, PermissionDenied};
         matches!(self, Self::Spawn { source, .. } if matches!(source.kind(), NotFound | PermissionDenied))
     }
@@ -115,7 +115,7 @@ impl RunError {
 impl ProcessRunner {
     /// A runner whose programs inherit only the `env_allow`ed variables of
     /// this process's environment, plus `env`.
-    pub fn new(
+    pub(crate) fn new(
         working_dir: Option<PathBuf>,
         env_allow: &[String],
         env: &[(String, String)],
@@ -134,7 +134,7 @@ impl ProcessRunner {
 
     /// As [`ProcessRunner::new`], with `inherited` standing for this
     /// process's environment.
-    pub fn with_inherited(
+    pub(crate) fn with_inherited(
         working_dir: Option<PathBuf>,
         env_allow: &[String],
         env: &[(String, String)],
@@ -156,14 +156,9 @@ impl ProcessRunner {
         }
     }
 
-    /// The timeout each run gets.
-    pub fn timeout(&self) -> Duration {
-        self.timeout
-    }
-
     /// Runs `argv` (the program first, never through a shell) to its end or
     /// its timeout. Cancel-safe: dropping the future kills the process group.
-    pub async fn run(&self, argv: &[String]) -> Result<Finished, RunError> {
+    pub(crate) async fn run(&self, argv: &[String]) -> Result<Finished, RunError> {
         let (program, args) = argv.split_first().ok_or_else(|| RunError::Spawn {
             program: String::new(),
             source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "empty argv"),
@@ -305,7 +300,7 @@ impl Drop for GroupKill {
 impl Captured {
     /// The kept bytes as text (invalid UTF-8 and NUL bytes replaced, as a
     /// store may refuse them), saying how much was not kept.
-    pub fn text(&self) -> String {
+    pub(crate) fn text(&self) -> String {
         let mut text = String::from_utf8_lossy(&self.kept).replace('\0', "\u{FFFD}");
         let dropped = self.total.saturating_sub(self.kept.len() as u64);
         if dropped > 0 {
@@ -318,7 +313,7 @@ impl Captured {
 impl Output {
     /// Both streams as one text, stderr after stdout under a `[stderr]`
     /// line; `None` when the program printed nothing.
-    pub fn text(&self) -> Option<String> {
+    pub(crate) fn text(&self) -> Option<String> {
         match (self.stdout.total, self.stderr.total) {
             (0, 0) => None,
             (_, 0) => Some(self.stdout.text()),

@@ -65,7 +65,7 @@ impl Restarter for SimulatedRestarter {
 /// Blocks its thread, then succeeds or fails at random. Wrap it in
 /// [`super::Blocking`].
 #[derive(Debug, Clone)]
-pub struct SimulatedBlockingRestarter(pub Simulation);
+pub(crate) struct SimulatedBlockingRestarter(pub Simulation);
 
 impl BlockingRestart for SimulatedBlockingRestarter {
     fn restart_blocking(&self, request: &RestartRequest) -> Result<Restarted, RestartError> {

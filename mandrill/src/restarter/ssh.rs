@@ -57,8 +57,8 @@ use super::template::{ArgvTemplate, Values};
 use super::{Cause, Reservation, Reserving, RestartError, Restarter, SettingError};
 use crate::domain::{Hostname, RestartRequest, Restarted};
 
-pub use output::{Captured, read_bounded};
-pub use settings::{KILL_TIMEOUT, SshSettings};
+pub(crate) use output::Captured;
+pub use settings::SshSettings;
 
 use group::{Group, REPORT_GROUP, read_group};
 use pool::{ConnectError, Destination, Pool};

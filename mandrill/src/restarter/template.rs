@@ -40,14 +40,14 @@ enum Part {
 
 /// A parsed template. See the module docs.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Template {
+pub(crate) struct Template {
     raw: String,
     parts: Vec<Part>,
 }
 
 /// The values a template is filled with, for one request.
 #[derive(Debug, Clone)]
-pub struct Values<'a> {
+pub(crate) struct Values<'a> {
     /// Where to reach the host: the host map's address, else the hostname.
     pub host: &'a str,
     /// The request.
@@ -57,7 +57,7 @@ pub struct Values<'a> {
 impl Template {
     /// Parses `raw`, naming an unknown placeholder or an unmatched brace,
     /// never quoting `raw` (it may hold a token).
-    pub fn parse(raw: &str) -> Result<Self, String> {
+    pub(crate) fn parse(raw: &str) -> Result<Self, String> {
         let mut parts = Vec::new();
         let mut text = String::new();
         let mut chars = raw.chars().peekable();
@@ -107,13 +107,13 @@ impl Template {
     }
 
     /// The template filled with `values`, each inserted as is.
-    pub fn render(&self, values: &Values<'_>) -> String {
+    pub(crate) fn render(&self, values: &Values<'_>) -> String {
         self.render_escaped(values, |value, out| out.push_str(value))
     }
 
     /// The template filled with `values` for a URL: each percent-encoded,
     /// an IPv6 address in brackets (see the module docs).
-    pub fn render_url(&self, values: &Values<'_>) -> String {
+    pub(crate) fn render_url(&self, values: &Values<'_>) -> String {
         self.render_escaped(values, |value, out| {
             if let Ok(v6) = value.parse::<Ipv6Addr>() {
                 out.push_str(&format!("[{v6}]"));
@@ -125,7 +125,7 @@ impl Template {
 
     /// The template filled with `values`, each escaped as the contents of a
     /// JSON string (the template supplies the quotes).
-    pub fn render_json(&self, values: &Values<'_>) -> String {
+    pub(crate) fn render_json(&self, values: &Values<'_>) -> String {
         self.render_escaped(values, |value, out| {
             // A string always serialises; strip the quotes it adds.
             let quoted = serde_json::to_string(value).unwrap_or_default();
@@ -164,12 +164,12 @@ impl fmt::Display for Template {
 /// An argv template: each argument is a template, and each renders to
 /// exactly one argument.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ArgvTemplate(Vec<Template>);
+pub(crate) struct ArgvTemplate(Vec<Template>);
 
 impl ArgvTemplate {
     /// Parses every argument; the program (the first) must be literal and
     /// present.
-    pub fn parse(argv: &[String]) -> Result<Self, String> {
+    pub(crate) fn parse(argv: &[String]) -> Result<Self, String> {
         let Some(program) = argv.first() else {
             return Err("is empty: name at least the program to run".into());
         };
@@ -186,7 +186,7 @@ impl ArgvTemplate {
     }
 
     /// The arguments for one request, the program first.
-    pub fn render(&self, values: &Values<'_>) -> Vec<String> {
+    pub(crate) fn render(&self, values: &Values<'_>) -> Vec<String> {
         self.0.iter().map(|arg| arg.render(values)).collect()
     }
 }

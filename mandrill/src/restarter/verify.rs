@@ -162,7 +162,7 @@ impl Probe {
 }
 
 /// Wraps a restarter with recovery verification. See the module docs.
-pub struct Verified {
+pub(crate) struct Verified {
     inner: Arc<dyn Restarter>,
     probe: Probe,
     settings: VerifySettings,
@@ -172,7 +172,7 @@ pub struct Verified {
 
 impl Verified {
     /// Wraps `inner`, probing hosts found through `hosts`.
-    pub fn new(
+    pub(crate) fn new(
         inner: Arc<dyn Restarter>,
         settings: &VerifySettings,
         hosts: HostMap,
@@ -197,7 +197,7 @@ impl Verified {
     }
 
     /// `inner` wrapped when a probe is configured, else `inner` itself.
-    pub fn wrap(
+    pub(crate) fn wrap(
         inner: Arc<dyn Restarter>,
         settings: &VerifySettings,
         hosts: HostMap,

@@ -32,7 +32,7 @@ pub struct Counting {
 /// `Err` with the denial's reason when the message names a group other than
 /// `operators`, the one the operator's configuration (or inventory) gives
 /// the instance; both names are in the reason.
-pub fn group_mismatch(request: &RestartRequest, operators: &str) -> Result<(), String> {
+pub(crate) fn group_mismatch(request: &RestartRequest, operators: &str) -> Result<(), String> {
     match request.requested_group.as_deref() {
         Some(named) if named != operators => Err(format!(
             "denied by group mismatch: the message names group {named} but {} is in group \

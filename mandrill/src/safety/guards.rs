@@ -56,7 +56,7 @@ impl Clock {
 /// is wrong or forged, and trusted it would keep the request from ever
 /// expiring (`safety.max_defer` counted from the future). Such a request is
 /// dated by its first receipt instead, as one without `published_at` is.
-pub const MAX_PUBLISHED_AHEAD: Duration = Duration::from_secs(5 * 60);
+pub(crate) const MAX_PUBLISHED_AHEAD: Duration = Duration::from_secs(5 * 60);
 
 /// What `safety.max_defer` is counted from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

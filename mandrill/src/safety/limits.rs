@@ -177,7 +177,7 @@ impl Limits {
 /// What a claim transaction read from the restart journal, excluding the
 /// claim being decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Usage {
+pub(crate) struct Usage {
     /// Restarts of the group claimed within the window.
     pub group_claims: u32,
     /// The oldest of them (milliseconds since the epoch).
@@ -205,7 +205,7 @@ pub struct Usage {
 /// A claim that holds a host: another request's restart of it, claimed and
 /// not yet ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct HostHold {
+pub(crate) struct HostHold {
     /// The request that claimed it.
     pub message_id: uuid::Uuid,
     /// When its hold ends, by the store's clock (milliseconds since the
@@ -241,7 +241,7 @@ impl<'a> Subject<'a> {
 
 /// A counting guard that says not yet.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Refusal {
+pub(crate) struct Refusal {
     /// Which guard: `host busy`, `rate limit`, `host cooldown`, `global
     /// rate limit`, `disruption budget`, `zone budget`, `requester quota`.
     pub guard: &'static str,
@@ -254,12 +254,12 @@ pub struct Refusal {
 /// How long an unverified restart counts as a disruption by default
 /// (`safety.budget.settle`): longer than a typical reboot and its services'
 /// return.
-pub const DEFAULT_SETTLE: Duration = Duration::from_secs(300);
+pub(crate) const DEFAULT_SETTLE: Duration = Duration::from_secs(300);
 
 /// How soon a deferral by the budget is retried by default
 /// (`safety.budget.retry`): a disruption ends when a host recovers, which
 /// no clock predicts.
-pub const BUDGET_RETRY: Duration = Duration::from_secs(15);
+pub(crate) const BUDGET_RETRY: Duration = Duration::from_secs(15);
 
 /// The guard no setting turns off: a host is never restarted for one
 /// request while another request's claim of it holds (`held`, as the
@@ -268,7 +268,7 @@ pub const BUDGET_RETRY: Duration = Duration::from_secs(15);
 /// is off by default. Deferred until the other restart ends: polled every
 /// `retry` (the budget's, as no clock predicts when a restart ends), and
 /// never past the other claim's hold.
-pub fn check_host_busy(
+pub(crate) fn check_host_busy(
     instance: &str,
     message_id: uuid::Uuid,
     held: Option<HostHold>,
@@ -295,7 +295,7 @@ pub fn check_host_busy(
 /// The one rule: whether restarting `request` (in `group`) at `now` stays
 /// within `limits`, given `usage`. `Ok` with a summary of what was used
 /// (recorded with the claim), or the guard that refuses.
-pub fn check(
+pub(crate) fn check(
     limits: &Limits,
     subject: Subject<'_>,
     usage: &Usage,
@@ -436,7 +436,7 @@ pub fn check(
 }
 
 /// The limits in words: what `policy check` prints.
-pub fn describe(limits: &Limits) -> String {
+pub(crate) fn describe(limits: &Limits) -> String {
     let window = humantime::format_duration(limits.window);
     let mut parts = Vec::new();
     if let Some(max) = limits.group_max {

@@ -7,24 +7,25 @@
 //! worker through a [`PolicyHandle`]. Nothing here reads or writes the
 //! store: the stores apply `limits` inside their claims.
 
-pub mod calendar;
+pub(crate) mod calendar;
 mod counting;
-pub mod guards;
-pub mod limits;
-pub mod objectives;
-pub mod policy;
+pub(crate) mod guards;
+pub(crate) mod limits;
+pub(crate) mod objectives;
+pub(crate) mod policy;
 mod reply_to;
-pub mod requesters;
-pub mod stop;
+pub(crate) mod requesters;
+pub(crate) mod stop;
 
-pub use calendar::{Calendar, CalendarSettings, FreezeSettings};
-pub use counting::{Counting, group_mismatch};
-pub use guards::{Clock, Guards, Hold, MAX_PUBLISHED_AHEAD, Since};
-pub use limits::{BudgetSettings, Limits, RateSettings};
-pub use policy::{Placement, Policy, PolicyHandle};
-pub use reply_to::ReplyDestinations;
-pub use requesters::{QuotaSettings, RequesterSettings, Requesters};
-pub use stop::{StopConditionSettings, StopConditions};
+pub(crate) use calendar::{Calendar, CalendarSettings};
+pub(crate) use counting::{Counting, group_mismatch};
+pub(crate) use guards::{Clock, Guards, Hold, Since};
+pub(crate) use limits::{BudgetSettings, Limits, RateSettings};
+pub(crate) use policy::Placement;
+pub use policy::{Policy, PolicyHandle};
+pub(crate) use reply_to::ReplyDestinations;
+pub use requesters::{RequesterSettings, Requesters};
+pub(crate) use stop::{StopConditionSettings, StopConditions};
 
 use crate::pattern::Pattern;
 

@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use crate::settings::settings;
 
 /// The most restarts one objective may be judged over.
-pub const MAX_OVER_LAST: u32 = 10_000;
+pub(crate) const MAX_OVER_LAST: u32 = 10_000;
 
 settings! {
     /// One `[[recovery_objective]]`.
@@ -44,7 +44,7 @@ settings! {
 
 /// Checks what types cannot: `(key, why)`, the key as
 /// `recovery_objective[N].field`.
-pub fn validate(objectives: &[RecoveryObjective]) -> Result<(), (String, String)> {
+pub(crate) fn validate(objectives: &[RecoveryObjective]) -> Result<(), (String, String)> {
     for (index, objective) in objectives.iter().enumerate() {
         let at = |key: &str| format!("recovery_objective[{index}].{key}");
         if objective.group.trim().is_empty() {
@@ -80,7 +80,7 @@ pub fn validate(objectives: &[RecoveryObjective]) -> Result<(), (String, String)
 
 /// A recovery time as judged: how long, or never.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Recovery {
+pub(crate) enum Recovery {
     /// Back after this long.
     After(Duration),
     /// Never back (`unrecovered`): longer than any objective.
@@ -90,7 +90,7 @@ pub enum Recovery {
 impl Recovery {
     /// Seconds, infinite for [`Recovery::Never`] (as Prometheus writes it:
     /// `+Inf`).
-    pub fn seconds(self) -> f64 {
+    pub(crate) fn seconds(self) -> f64 {
         match self {
             Self::After(after) => after.as_secs_f64(),
             Self::Never => f64::INFINITY,
@@ -119,7 +119,7 @@ impl Serialize for Recovery {
 
 /// An objective judged over its samples.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Judged {
+pub(crate) struct Judged {
     /// The group.
     pub group: String,
     /// The percentile judged.
@@ -145,12 +145,12 @@ fn seconds<S: serde::Serializer>(value: &Duration, serializer: S) -> Result<S::O
 
 impl Judged {
     /// Breached: judged, and not met.
-    pub fn breached(&self) -> bool {
+    pub(crate) fn breached(&self) -> bool {
         self.met == Some(false)
     }
 
     /// The verdict in words, for a log line, a pause's cause and `status`.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         match (&self.at_percentile, self.met) {
             (Some(at), Some(met)) => format!(
                 "p{} recovery {} {} objective {:.1}s over the last {} verified restarts \
@@ -171,7 +171,7 @@ impl Judged {
 }
 
 /// The nearest-rank `percentile` (1–100) of `sorted` (ascending), if any.
-pub fn nearest_rank(sorted: &[Recovery], percentile: u32) -> Option<Recovery> {
+pub(crate) fn nearest_rank(sorted: &[Recovery], percentile: u32) -> Option<Recovery> {
     if sorted.is_empty() {
         return None;
     }
@@ -183,7 +183,7 @@ pub fn nearest_rank(sorted: &[Recovery], percentile: u32) -> Option<Recovery> {
 
 /// `objective` judged over `samples` (the store's, newest first: `None`
 /// for a host that never came back); at most `over_last` are used.
-pub fn judge(objective: &RecoveryObjective, samples: &[Option<Duration>]) -> Judged {
+pub(crate) fn judge(objective: &RecoveryObjective, samples: &[Option<Duration>]) -> Judged {
     let mut sorted: Vec<Recovery> = samples
         .iter()
         .take(objective.over_last as usize)

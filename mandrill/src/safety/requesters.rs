@@ -73,14 +73,14 @@ pub struct Requesters {
 
 /// A key at fault, and why: (`requesters[0].public_key_file`, `cannot read
 /// …`).
-pub type AtFault = (String, String);
+pub(crate) type AtFault = (String, String);
 
 /// Longest requester name, in characters (it is recorded as `requested_by`).
 const MAX_NAME_CHARS: usize = 128;
 
 /// Whether `name` may name a requester (it is an `iss`, a file name for
 /// `mandrill keygen`, and recorded as `requested_by`): else why not.
-pub fn valid_name(name: &str) -> Result<(), String> {
+pub(crate) fn valid_name(name: &str) -> Result<(), String> {
     if name.is_empty()
         || name.starts_with('.')
         || name.chars().count() > MAX_NAME_CHARS

@@ -81,7 +81,7 @@ enum Probe {
 
 /// One stop condition, ready to run.
 #[derive(Debug, Clone)]
-pub struct StopCondition {
+pub(crate) struct StopCondition {
     name: String,
     probe: Probe,
     timeout: Duration,

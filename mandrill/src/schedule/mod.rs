@@ -33,8 +33,10 @@ use crate::safety::Calendar;
 mod outlook;
 mod task;
 
-pub use outlook::{Outlook, Planned, PlannedSlot};
-pub use task::{Scheduled, run};
+#[cfg(test)]
+pub(crate) use outlook::PlannedSlot;
+pub(crate) use outlook::{Outlook, Planned};
+pub(crate) use task::{Scheduled, run};
 
 /// How long after its time a slot may still be published by default: a
 /// restart of the service (or a stalled process) within it loses nothing;
@@ -43,7 +45,7 @@ pub const DEFAULT_MAX_LATENESS: Duration = Duration::from_secs(5 * 60);
 
 /// Shortest `mean_time_between`: a schedule is a slow drip of chaos, and a
 /// shorter mean would only fill the queue with deferrals.
-pub const MIN_MEAN_TIME_BETWEEN: Duration = Duration::from_secs(1);
+pub(crate) const MIN_MEAN_TIME_BETWEEN: Duration = Duration::from_secs(1);
 
 /// How far ahead a next slot is looked for, in buckets (a calendar open
 /// one hour a year still has its slots found).
@@ -338,7 +340,7 @@ pub(crate) fn uuid_v5(namespace: Uuid, name: &[u8]) -> Uuid {
 /// Checks `[[schedule]]` entries alone (what needs no other section):
 /// names valid and unique, a group, a mean of at least a second, a
 /// lateness bound. The error names the key.
-pub fn validate(entries: &[ScheduleSettings]) -> Result<(), (String, String)> {
+pub(crate) fn validate(entries: &[ScheduleSettings]) -> Result<(), (String, String)> {
     let mut seen = std::collections::HashSet::new();
     for (index, entry) in entries.iter().enumerate() {
         let at = |key: &str| format!("schedule[{index}].{key}");

@@ -20,7 +20,7 @@ const NEXT_SHOWN: usize = 3;
 
 /// A schedule's next planned restarts.
 #[derive(Debug, Clone, Serialize)]
-pub struct Planned {
+pub(crate) struct Planned {
     /// The schedule's name.
     pub name: String,
     /// The group its victims are drawn from.
@@ -31,7 +31,7 @@ pub struct Planned {
 
 /// One planned restart.
 #[derive(Debug, Clone, Serialize)]
-pub struct PlannedSlot {
+pub(crate) struct PlannedSlot {
     /// When, in UTC (RFC 3339).
     pub at: String,
     /// When, on the calendar's clock (UTC without a calendar).
@@ -46,14 +46,14 @@ pub struct PlannedSlot {
 /// The schedules of a running service, for its admin pages: shared, read
 /// at each request.
 #[derive(Clone, Default)]
-pub struct Outlook {
+pub(crate) struct Outlook {
     schedules: Arc<[Scheduled]>,
     domain: Domain,
 }
 
 impl Outlook {
     /// The schedules, with the domain their requests are qualified with.
-    pub fn new(schedules: Vec<Scheduled>, domain: Domain) -> Self {
+    pub(crate) fn new(schedules: Vec<Scheduled>, domain: Domain) -> Self {
         Self {
             schedules: schedules.into(),
             domain,
@@ -61,13 +61,13 @@ impl Outlook {
     }
 
     /// Whether no `[[schedule]]` is configured.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.schedules.is_empty()
     }
 
     /// Each schedule's next [`NEXT_SHOWN`] slots after `now`, with their
     /// provisional victims under `policy`.
-    pub fn next(&self, policy: &Policy, now: Timestamp) -> Vec<Planned> {
+    pub(crate) fn next(&self, policy: &Policy, now: Timestamp) -> Vec<Planned> {
         let calendar = policy.guards.calendar.as_ref();
         let busy = HashSet::new();
         self.schedules

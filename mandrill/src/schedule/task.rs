@@ -167,7 +167,7 @@ fn request(
 /// Runs `scheduled` until `stop`: records the slots missed while nothing
 /// ran, then publishes each slot as it comes (up to its `max_lateness`
 /// late), reading the policy in force at each.
-pub async fn run(
+pub(crate) async fn run(
     scheduled: Scheduled,
     policy: PolicyHandle,
     broker: Arc<dyn Broker>,

@@ -7,9 +7,7 @@ use anyhow::{Context as _, anyhow, bail};
 
 use crate::broker::nats::{NatsBroker, NatsOptions, NatsPublisher};
 use crate::broker::pubsub::{PubSubBroker, PubSubOptions, PubSubPublisher};
-use crate::broker::{
-    Broker, BrokerUrl, BrokerUrlError, DeadLetterAdmin, MemoryBroker, Publisher,
-};
+use crate::broker::{Broker, BrokerUrl, BrokerUrlError, DeadLetterAdmin, MemoryBroker, Publisher};
 use crate::config::{
     BrokerSettings, Config, RestarterKind, RestarterSettings, StoreSettings, redact_url,
 };
@@ -22,7 +20,7 @@ use crate::sqlite::{SqliteBroker, SqliteOptions, SqliteStore};
 use crate::store::{MemoryStore, PostgresStore, Store};
 
 /// Opens the store `store.url` names, creating and migrating it if needed.
-pub async fn open_store(config: &StoreSettings) -> anyhow::Result<Arc<dyn Store>> {
+pub(crate) async fn open_store(config: &StoreSettings) -> anyhow::Result<Arc<dyn Store>> {
     let url = config.url.as_str();
     if url == "memory" {
         return Ok(Arc::new(MemoryStore::new()));
@@ -51,7 +49,7 @@ pub async fn open_store(config: &StoreSettings) -> anyhow::Result<Arc<dyn Store>
 }
 
 /// `broker.url`, parsed.
-pub fn broker_url(config: &Config) -> anyhow::Result<BrokerUrl> {
+pub(crate) fn broker_url(config: &Config) -> anyhow::Result<BrokerUrl> {
     BrokerUrl::parse(&config.broker.url).map_err(|error| match error {
         BrokerUrlError::Unsupported(_) | BrokerUrlError::SqliteInMemory(_) => {
             anyhow!("broker.url {error}")
@@ -62,7 +60,7 @@ pub fn broker_url(config: &Config) -> anyhow::Result<BrokerUrl> {
 
 /// Opens the SQLite queue `broker.url` names (`sqlite:PATH`), creating and
 /// migrating it if needed.
-pub async fn open_sqlite_broker(config: &BrokerSettings) -> anyhow::Result<SqliteBroker> {
+pub(crate) async fn open_sqlite_broker(config: &BrokerSettings) -> anyhow::Result<SqliteBroker> {
     let url = config.url.as_str();
     if !matches!(BrokerUrl::parse(url), Ok(BrokerUrl::Sqlite { .. })) {
         bail!(
@@ -78,7 +76,7 @@ pub async fn open_sqlite_broker(config: &BrokerSettings) -> anyhow::Result<Sqlit
 /// The broker `broker.url` names, opened to consume (and publish into),
 /// and the same broker as itself if it is the in-memory one (whose queue
 /// the service reads directly).
-pub async fn open_broker(
+pub(crate) async fn open_broker(
     config: &Config,
 ) -> anyhow::Result<(Arc<dyn Broker>, Option<Arc<MemoryBroker>>)> {
     let broker = &config.broker;
@@ -120,7 +118,7 @@ pub async fn open_broker(
 
 /// A connection that only publishes into the queue `broker.url` names: it
 /// leaves the consumer (subscription) to the consumers.
-pub async fn open_publisher(config: &Config) -> anyhow::Result<Arc<dyn Publisher>> {
+pub(crate) async fn open_publisher(config: &Config) -> anyhow::Result<Arc<dyn Publisher>> {
     match broker_url(config)? {
         BrokerUrl::Sqlite { .. } => Ok(Arc::new(open_sqlite_broker(&config.broker).await?)),
         BrokerUrl::Nats { url, tls } => {
@@ -141,7 +139,7 @@ pub async fn open_publisher(config: &Config) -> anyhow::Result<Arc<dyn Publisher
 }
 
 /// A Pub/Sub connection that publishes and administers dead letters.
-pub async fn open_pubsub_publisher(config: &Config) -> anyhow::Result<PubSubPublisher> {
+pub(crate) async fn open_pubsub_publisher(config: &Config) -> anyhow::Result<PubSubPublisher> {
     let BrokerUrl::PubSub {
         project,
         subscription,
@@ -160,7 +158,7 @@ pub async fn open_pubsub_publisher(config: &Config) -> anyhow::Result<PubSubPubl
 /// The dead-letter administration of the queue `broker.url` names, if its
 /// broker keeps dead letters where they can be read back (`None` for NATS,
 /// whose dead letters are on the `{stream}_DEAD` stream, and memory).
-pub async fn open_dead_letter_admin(
+pub(crate) async fn open_dead_letter_admin(
     config: &Config,
 ) -> anyhow::Result<Option<Arc<dyn DeadLetterAdmin>>> {
     match broker_url(config)? {
@@ -213,7 +211,7 @@ fn nats_options(config: &Config, url: String, tls_scheme: bool) -> NatsOptions {
 }
 
 /// The restarter `restarter.kind` names, journalled if `restarter.journal` is set.
-pub fn build_restarter(config: &Config) -> anyhow::Result<Arc<dyn Restarter>> {
+pub(crate) fn build_restarter(config: &Config) -> anyhow::Result<Arc<dyn Restarter>> {
     let hosts = HostMap::new(&config.hosts).map_err(|why| anyhow!("hosts: {why}"))?;
     let restarter = build_backend(&config.restarter, &hosts)?;
     // The journal line is written before the backend is called, and

@@ -11,8 +11,8 @@
 
 mod adapters;
 mod companions;
-mod pause_file;
 pub(crate) mod objectives;
+mod pause_file;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -29,14 +29,14 @@ use crate::broker::{Broker, MemoryBroker};
 use crate::config::{Config, redact_url};
 use crate::inventory::{InventoryHandle, InventorySettings, Source};
 use crate::notify::Notifier;
-use pause_file::PauseFile;
 use crate::safety::{PolicyHandle, Requesters};
 use crate::stats::{Stats, StatsSnapshot};
 use crate::store::Store;
 use crate::worker::{FlowControl, Shutdown, Worker};
 use crate::{demo, diagnostics};
+use pause_file::PauseFile;
 
-pub use adapters::{
+pub(crate) use adapters::{
     broker_url, build_restarter, open_broker, open_dead_letter_admin, open_publisher,
     open_pubsub_publisher, open_sqlite_broker, open_store,
 };
@@ -48,7 +48,7 @@ const CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What a configuration reload can change in a running service.
 #[derive(Clone)]
-pub struct Controls {
+pub(crate) struct Controls {
     flow: Arc<FlowControl>,
     simulate_rate: Arc<watch::Sender<f64>>,
     policy: PolicyHandle,
@@ -60,7 +60,7 @@ pub struct Controls {
 
 impl Controls {
     /// Applies the reloadable settings of `config`.
-    pub fn apply(&self, config: &Config) {
+    pub(crate) fn apply(&self, config: &Config) {
         if self.flow.limit() != config.worker.max_in_flight {
             self.flow.set_limit(config.worker.max_in_flight);
             info!(
@@ -88,7 +88,7 @@ impl Controls {
     /// backend (`restarter.kind`), and that is only changed by a restart.
     /// A requester whose key cannot be used is left out, logged naming its
     /// key: it is no longer trusted.
-    pub fn apply_policy(&self, config: &Config) -> bool {
+    pub(crate) fn apply_policy(&self, config: &Config) -> bool {
         let policy = match config
             .validate_for_reload()
             .and_then(|()| config.reloaded_policy())
@@ -129,7 +129,7 @@ impl Controls {
     /// reload refused for its `[[requesters]]` falls back to, since the
     /// edit it could not read may have been a revocation (fail closed).
     /// The next valid reload puts requesters back.
-    pub fn distrust_requesters(&self) {
+    pub(crate) fn distrust_requesters(&self) {
         let mut policy = (*self.policy.current()).clone();
         policy.requesters = Arc::new(Requesters::refuse_unsigned());
         self.policy.replace(policy);
@@ -143,7 +143,7 @@ impl Controls {
     /// Whether [`distrust_requesters`](Self::distrust_requesters) is in
     /// force: the next reload must then rebuild the policy, though its
     /// configuration may not differ from the running one.
-    pub fn requesters_distrusted(&self) -> bool {
+    pub(crate) fn requesters_distrusted(&self) -> bool {
         self.requesters_distrusted.load(Ordering::Relaxed)
     }
 }
@@ -159,7 +159,7 @@ fn with_inventory(
 }
 
 /// A service ready to run. See the module docs.
-pub struct Service {
+pub(crate) struct Service {
     config: Config,
     broker: Arc<dyn Broker>,
     memory_broker: Option<Arc<MemoryBroker>>,
@@ -185,7 +185,7 @@ pub struct Service {
 
 impl Service {
     /// Connects everything `config` names. Fails naming the key at fault.
-    pub async fn build(config: Config) -> anyhow::Result<Self> {
+    pub(crate) async fn build(config: Config) -> anyhow::Result<Self> {
         // First, so that a port in use fails start-up before anything opens.
         let admin = Admin::bind(
             &config.admin,
@@ -285,13 +285,13 @@ impl Service {
 
     /// Makes [`Service::run`] request its own shutdown once the queue has
     /// nothing visible, delayed or in flight (for batch use and tests).
-    pub fn stop_when_idle(mut self) -> Self {
+    pub(crate) fn stop_when_idle(mut self) -> Self {
         self.until_idle = true;
         self
     }
 
     /// Handles for applying a reload while running.
-    pub fn controls(&self) -> Controls {
+    pub(crate) fn controls(&self) -> Controls {
         Controls {
             flow: self.worker.flow_control(),
             simulate_rate: self.simulate_rate.clone(),
@@ -302,24 +302,9 @@ impl Service {
         }
     }
 
-    /// The live counters.
-    pub fn stats(&self) -> Arc<Stats> {
-        self.stats.clone()
-    }
-
-    /// Where the admin server listens, if it does.
-    pub fn admin_addr(&self) -> Option<std::net::SocketAddr> {
-        self.admin.as_ref().and_then(Admin::local_addr)
-    }
-
-    /// The broker, e.g. to publish into an in-memory one.
-    pub fn broker(&self) -> Arc<dyn Broker> {
-        self.broker.clone()
-    }
-
     /// Runs until `shutdown`, then shuts down in order. Returns the final
     /// counters, or an error if the service had to stop by itself.
-    pub async fn run(mut self, shutdown: Shutdown) -> anyhow::Result<StatsSnapshot> {
+    pub(crate) async fn run(mut self, shutdown: Shutdown) -> anyhow::Result<StatsSnapshot> {
         // Before the pause file is applied: a pause it makes now is a change.
         let started = crate::domain::Timestamp::now();
         let companions = TaskTracker::new();

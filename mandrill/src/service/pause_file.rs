@@ -31,12 +31,12 @@ use tracing::{error, info, warn};
 use crate::store::{Store, StoreError, SwitchExpected};
 
 /// What the kill switch's `by` starts with when a pause file turned it.
-pub const BY: &str = "pause-file";
+pub(super) const BY: &str = "pause-file";
 
 /// Why the pause file cannot be watched.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum WatchError {
+pub(super) enum WatchError {
     /// The path cannot be made absolute (no working directory).
     #[error("cannot resolve {}", path.display())]
     Resolve {
@@ -64,7 +64,7 @@ pub enum WatchError {
 }
 
 /// A watch on the pause file's directory; [`PauseFile::run`] acts on it.
-pub struct PauseFile {
+pub(super) struct PauseFile {
     path: PathBuf,
     /// Dropping it stops notify's thread.
     _watcher: notify::RecommendedWatcher,
@@ -78,7 +78,7 @@ pub struct PauseFile {
 impl PauseFile {
     /// Watches the directory `path` is in (the file need not exist yet).
     /// Fails when the directory does not exist or cannot be watched.
-    pub fn watch(path: &Path) -> Result<Self, WatchError> {
+    pub(super) fn watch(path: &Path) -> Result<Self, WatchError> {
         let path = std::path::absolute(path).map_err(|source| WatchError::Resolve {
             path: path.to_owned(),
             source,
@@ -123,13 +123,19 @@ impl PauseFile {
     }
 
     /// The name this file's pauses carry in the switch's `by`.
-    pub fn identity(&self) -> &str {
+    #[cfg(test)]
+    pub(super) fn identity(&self) -> &str {
         &self.identity
     }
 
     /// Acts on the file until `stop`: at once, on every change in its
     /// directory, and every `recheck`.
-    pub async fn run(mut self, store: Arc<dyn Store>, recheck: Duration, stop: CancellationToken) {
+    pub(super) async fn run(
+        mut self,
+        store: Arc<dyn Store>,
+        recheck: Duration,
+        stop: CancellationToken,
+    ) {
         let recheck = recheck.max(Duration::from_secs(1));
         info!(path = %self.path.display(), "watching the pause file: while it exists, restarts are paused");
         loop {
@@ -150,7 +156,7 @@ impl PauseFile {
     /// operator's `mandrill pause` is theirs to undo. The service calls it
     /// once before the worker starts, so that a file present at start-up
     /// pauses before the first pull.
-    pub async fn apply(&mut self, store: &dyn Store) -> Result<(), StoreError> {
+    pub(super) async fn apply(&mut self, store: &dyn Store) -> Result<(), StoreError> {
         let exists = self.path.try_exists().unwrap_or(true); // unreadable: fail closed
         let by = self.identity.as_str();
         if exists {

@@ -11,22 +11,22 @@
 //! docs/settings.md shows the whole doc. So a key's doc is written once,
 //! next to the field, and cannot drift from the help or the reference.
 
-pub mod duration;
-pub mod redact;
+pub(crate) mod duration;
+pub(crate) mod redact;
 mod secret;
 
-pub use redact::{Redactor, redact_url};
+pub(crate) use redact::{Redactor, redact_url};
 pub use secret::Secret;
 
 /// A settings section that documents its fields (see [`settings!`]).
-pub trait Documented {
+pub(crate) trait Documented {
     /// Every field, in declaration order.
     const DOCS: &'static [Field];
 }
 
 /// A field of a settings section, as [`settings!`] saw it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Field {
+pub(crate) struct Field {
     /// The field's name: its key within the section.
     pub name: &'static str,
     /// The field's Rust type as written, e.g. `Option<PathBuf>`.
@@ -36,7 +36,7 @@ pub struct Field {
 }
 
 /// The first paragraph of a field's doc, on one line: what `--help` shows.
-pub fn summary(doc: &str) -> String {
+pub(crate) fn summary(doc: &str) -> String {
     doc.lines()
         .map(str::trim)
         .take_while(|line| !line.is_empty())

@@ -8,7 +8,7 @@ use percent_encoding::percent_decode_str;
 use url::Url;
 
 /// What a secret is replaced with.
-pub const MASK: &str = "****";
+pub(crate) const MASK: &str = "****";
 
 /// Whether a query parameter of a connection URL holds a secret
 /// (`password`, `sslpassword`, `token`, `client_secret`, …).
@@ -29,7 +29,7 @@ fn user_is_secret(url: &Url) -> bool {
 /// by `****`, for logs and errors. A comma-separated list of NATS servers is
 /// redacted server by server; text that is not a URL but has credentials in
 /// it (`scheme://…@`) loses everything before the `@`.
-pub fn redact_url(url: &str) -> String {
+pub(crate) fn redact_url(url: &str) -> String {
     match Url::parse(url) {
         Ok(parsed) => redact_parsed(parsed),
         Err(_) if url.contains(',') => url.split(',').map(redact_url).collect::<Vec<_>>().join(","),
@@ -71,7 +71,7 @@ fn redact_parsed(mut url: Url) -> String {
 
 /// The secrets a URL carries, as written and decoded: its password, a NATS
 /// token, secret query parameters.
-pub fn url_secrets(url: &str) -> Vec<String> {
+pub(crate) fn url_secrets(url: &str) -> Vec<String> {
     let mut secrets = Vec::new();
     for part in url.split(',') {
         let Ok(parsed) = Url::parse(part) else {
@@ -109,7 +109,7 @@ pub fn url_secrets(url: &str) -> Vec<String> {
 /// path and query, which often are the key (Slack's
 /// `/services/T…/B…/XXXX`). Paths shorter than 8 characters (`/hook`) are
 /// left alone: masking them everywhere would mask ordinary words.
-pub fn webhook_secrets(url: &str) -> Vec<String> {
+pub(crate) fn webhook_secrets(url: &str) -> Vec<String> {
     let mut secrets = url_secrets(url);
     secrets.push(url.to_owned());
     if let Ok(parsed) = Url::parse(url) {

@@ -45,7 +45,8 @@ use tokio_util::task::TaskTracker;
 use tracing::debug;
 
 use queue::QueuePart;
-pub use queue::{SqliteBroker, SqliteOptions, SqliteSettings};
+pub(crate) use queue::SqliteSettings;
+pub use queue::{SqliteBroker, SqliteOptions};
 pub use store::SqliteStore;
 use store::StorePart;
 use writer::{Job, MAX_BATCH, Source, WriterConnection, write_loop};

@@ -201,7 +201,7 @@ impl GroupPause {
 /// How long a request deferred by a group pause waits before it is
 /// redelivered: the pause lifts only when an operator says so, so as
 /// soon after as the kill switch's recheck.
-pub const GROUP_PAUSE_RECHECK: Duration = Duration::from_secs(5);
+pub(crate) const GROUP_PAUSE_RECHECK: Duration = Duration::from_secs(5);
 
 /// What a store writes for a claim that succeeds.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -508,7 +508,7 @@ fn host_busy(
 }
 
 /// The history's words for an attempt whose outcome was never recorded.
-pub fn unknown_outcome(attempt: u32) -> String {
+pub(crate) fn unknown_outcome(attempt: u32) -> String {
     format!(
         "restart attempt {attempt} was issued but its outcome was never recorded \
          (the handler stopped, panicked or lost its lease); counted as failed"

@@ -182,10 +182,10 @@ pub(crate) fn duration_of(millis: Option<i64>) -> Option<Duration> {
 }
 
 /// How much of a rejected payload is kept for diagnosis.
-pub const REJECTED_PAYLOAD_EXCERPT: usize = 1024;
+pub(crate) const REJECTED_PAYLOAD_EXCERPT: usize = 1024;
 
 /// A lossy, bounded excerpt of a rejected payload.
-pub fn payload_excerpt(payload: &[u8]) -> String {
+pub(crate) fn payload_excerpt(payload: &[u8]) -> String {
     let cut = &payload[..payload.len().min(REJECTED_PAYLOAD_EXCERPT)];
     String::from_utf8_lossy(cut).into_owned()
 }

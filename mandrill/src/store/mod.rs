@@ -22,8 +22,8 @@ pub(crate) mod contract;
 mod error;
 mod history;
 pub(crate) mod lookup;
-pub mod memory;
-pub mod postgres;
+pub(crate) mod memory;
+pub(crate) mod postgres;
 pub(crate) mod reads;
 pub(crate) mod sql;
 mod story;
@@ -33,21 +33,21 @@ use uuid::Uuid;
 
 use crate::domain::{JointAck, Outcome, RestartRequest, Status, Timestamp};
 
-pub use campaigns::{Campaign, CampaignTarget};
-pub use claim::{
-    Claim, ClaimTerms, ClaimToken, Decision, GROUP_PAUSE_RECHECK, GroupPause, Switch,
-    SwitchExpected, unknown_outcome,
-};
+pub(crate) use campaigns::{Campaign, CampaignTarget};
+#[cfg(test)]
+pub(crate) use claim::GROUP_PAUSE_RECHECK;
+pub use claim::{Claim, ClaimTerms, ClaimToken, Decision, Switch, SwitchExpected};
 pub(crate) use claim::{
     ClaimState, ClaimWrite, HeldHosts, UsageBinds, UsageRow, UsageSubjectRow, claim_decision,
     decide_claim, group_pause_from, switch_from, usage_binds, usage_from, usage_subject_from,
 };
+pub(crate) use claim::{GroupPause, unknown_outcome};
 pub use error::{DEFAULT_TIMEOUT, StoreError};
 pub(crate) use error::{sqlx_error_is_transient, within};
-pub use history::{
-    AttemptRecord, DecisionRecord, GroupUsage, HistoryEntry, REJECTED_PAYLOAD_EXCERPT, Recorded,
-    ReportAttempt, ReportData, ReportDecision, Story, payload_excerpt,
+pub(crate) use history::{
+    AttemptRecord, DecisionRecord, ReportAttempt, ReportDecision, payload_excerpt,
 };
+pub use history::{GroupUsage, HistoryEntry, Recorded, ReportData, Story};
 pub(crate) use history::{group_usage_from, millis_of, status_from_name};
 pub use memory::MemoryStore;
 pub use postgres::PostgresStore;

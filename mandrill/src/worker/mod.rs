@@ -41,7 +41,7 @@ use crate::stats::Stats;
 use crate::store::{ClaimTerms, Store};
 use shared::{Abort, Shared, StoreHealth};
 
-pub use flow::FlowControl;
+pub(crate) use flow::FlowControl;
 
 /// How the worker behaves. Every field has a default in `config`.
 #[derive(Debug, Clone)]

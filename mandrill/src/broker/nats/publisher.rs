@@ -6,7 +6,7 @@ use super::*;
 
 /// A connection that only publishes: it creates the streams if missing and
 /// never creates or alters the consumer.
-pub struct NatsPublisher {
+pub(crate) struct NatsPublisher {
     pub(super) client: async_nats::Client,
     pub(super) jetstream: jetstream::Context,
     pub(super) settings: NatsOptions,
@@ -23,7 +23,7 @@ impl fmt::Debug for NatsPublisher {
 impl NatsPublisher {
     /// Connects as a publisher: creates the streams if missing, leaves the
     /// consumer alone.
-    pub async fn connect(settings: NatsOptions) -> Result<Self, BrokerError> {
+    pub(crate) async fn connect(settings: NatsOptions) -> Result<Self, BrokerError> {
         let mut options = ConnectOptions::new()
             .name("mandrill")
             .connection_timeout(Duration::from_secs(5))
@@ -150,7 +150,7 @@ impl NatsPublisher {
 
     /// Publishes a request with its message id as JetStream's de-duplication
     /// id, and waits for the stream to confirm it.
-    pub async fn publish_with_id(
+    pub(crate) async fn publish_with_id(
         &self,
         message_id: &str,
         payload: Bytes,

@@ -6,7 +6,10 @@ impl PubSubPublisher {
     /// Pulls from the dead-letter subscription: each dead letter's payload,
     /// reason and ack id (to acknowledge with [`Self::forget_dead_letters`]
     /// once handled). The messages stay leased for one ack deadline.
-    pub async fn pull_dead_letters(&self, max: usize) -> Result<Vec<DeadLetter>, BrokerError> {
+    pub(crate) async fn pull_dead_letters(
+        &self,
+        max: usize,
+    ) -> Result<Vec<DeadLetter>, BrokerError> {
         let subscription = self.dead_letter_subscription();
         let mut found = Vec::new();
         while found.len() < max {
@@ -44,7 +47,10 @@ impl PubSubPublisher {
     }
 
     /// Acknowledges dead letters pulled by [`Self::pull_dead_letters`].
-    pub async fn forget_dead_letters(&self, ack_ids: Vec<String>) -> Result<(), BrokerError> {
+    pub(crate) async fn forget_dead_letters(
+        &self,
+        ack_ids: Vec<String>,
+    ) -> Result<(), BrokerError> {
         let subscription = self.dead_letter_subscription();
         for chunk in ack_ids.chunks(MAX_MESSAGES_PER_CALL) {
             self.subscriber
@@ -63,7 +69,10 @@ impl PubSubPublisher {
 
     /// Makes dead letters pulled by [`Self::pull_dead_letters`] visible
     /// again at once (they were only listed).
-    pub async fn release_dead_letters(&self, ack_ids: Vec<String>) -> Result<(), BrokerError> {
+    pub(crate) async fn release_dead_letters(
+        &self,
+        ack_ids: Vec<String>,
+    ) -> Result<(), BrokerError> {
         let subscription = self.dead_letter_subscription();
         for chunk in ack_ids.chunks(MAX_MESSAGES_PER_CALL) {
             self.subscriber
@@ -84,7 +93,7 @@ impl PubSubPublisher {
 
 /// A message on the dead-letter subscription.
 #[derive(Debug, Clone)]
-pub struct DeadLetter {
+pub(crate) struct DeadLetter {
     /// To acknowledge it once requeued or handled.
     pub ack_id: String,
     /// The dead-letter copy's Pub/Sub id.

@@ -5,7 +5,7 @@ use super::*;
 
 /// A connection that publishes and administers dead letters: it checks
 /// that the topic and the subscription exist and changes neither.
-pub struct PubSubPublisher {
+pub(crate) struct PubSubPublisher {
     /// Publishes requests (one call each, never the crate's batching).
     pub(super) publisher: TopicPublisher,
     /// Publishes dead-letter copies.
@@ -36,7 +36,7 @@ impl PubSubPublisher {
     /// Connects as a publisher: checks that the topic and the subscription
     /// exist (a topic without a subscription drops what is published to it)
     /// and changes neither.
-    pub async fn connect(options: PubSubOptions) -> Result<Self, BrokerError> {
+    pub(crate) async fn connect(options: PubSubOptions) -> Result<Self, BrokerError> {
         let broker = Self::connect_clients(options).await?;
         let request = GetSubscriptionRequest {
             subscription: broker.subscription.clone(),
@@ -288,7 +288,7 @@ impl PubSubPublisher {
 
     /// Publishes many payloads, up to 1000 per call, each with its request's
     /// message id as an attribute when it has one.
-    pub async fn publish_all(&self, payloads: Vec<Bytes>) -> Result<(), BrokerError> {
+    pub(crate) async fn publish_all(&self, payloads: Vec<Bytes>) -> Result<(), BrokerError> {
         let messages = payloads.into_iter().map(request_message).collect();
         Self::publish_messages(&self.publisher, messages).await
     }

@@ -86,7 +86,7 @@ impl PubSubSettings {
 
 /// Where to connect.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Endpoint {
+pub(crate) enum Endpoint {
     /// An emulator at `HOST:PORT`: plain text, no credentials.
     Emulator(String),
     /// A TLS endpoint with credentials, by host name.
@@ -94,7 +94,7 @@ pub enum Endpoint {
 }
 
 /// Reads the `endpoint` setting.
-pub fn parse_endpoint(endpoint: &str) -> Result<Endpoint, String> {
+pub(crate) fn parse_endpoint(endpoint: &str) -> Result<Endpoint, String> {
     if let Some(host_port) = endpoint.strip_prefix("http://") {
         let host_port = host_port.trim_end_matches('/');
         let valid = host_port
@@ -119,7 +119,7 @@ pub fn parse_endpoint(endpoint: &str) -> Result<Endpoint, String> {
 
 /// Pub/Sub's rule for topic and subscription ids: 3-255 characters, a
 /// letter first, then letters, digits and `-_.~+%`, not starting with `goog`.
-pub fn check_resource_name(name: &str) -> Result<(), String> {
+pub(crate) fn check_resource_name(name: &str) -> Result<(), String> {
     let allowed = |c: char| c.is_ascii_alphanumeric() || "-_.~+%".contains(c);
     if !(3..=255).contains(&name.len())
         || !name.starts_with(|c: char| c.is_ascii_alphabetic())

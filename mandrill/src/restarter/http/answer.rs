@@ -7,7 +7,7 @@ use reqwest::header::{HeaderMap, RETRY_AFTER};
 use reqwest::{Method, StatusCode};
 
 /// Most bytes of an answer's body kept as the recorded output.
-pub const MAX_OUTPUT_BYTES: usize = 4096;
+pub(crate) const MAX_OUTPUT_BYTES: usize = 4096;
 /// Most bytes of an answer's body quoted in a failure's reason (which is
 /// logged, stored and becomes a dead-letter reason).
 pub(super) const MAX_REASON_BODY_BYTES: usize = 256;

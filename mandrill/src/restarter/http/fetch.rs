@@ -10,7 +10,7 @@ use crate::settings::redact_url;
 /// out of reqwest's own message, which may quote it.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum FetchError {
+pub(crate) enum FetchError {
     /// The client could not be built (no TLS provider, say).
     #[error("cannot build an http client")]
     Client(#[source] reqwest::Error),

@@ -15,7 +15,7 @@ use crate::settings::{duration, settings};
 
 /// The header that always carries the request's message id, so that the
 /// receiver can drop a restart it has already done.
-pub const IDEMPOTENCY_HEADER: &str = "idempotency-key";
+pub(crate) const IDEMPOTENCY_HEADER: &str = "idempotency-key";
 
 /// Headers the client or this backend sets itself; configuring them would
 /// break the request or its guarantees.

@@ -6,7 +6,7 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 
 /// The first bytes of one stream and how many it held in all.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct Captured {
+pub(crate) struct Captured {
     /// Up to the limit, as read.
     pub head: Vec<u8>,
     /// Every byte the stream held, kept or not.
@@ -16,7 +16,11 @@ pub struct Captured {
 /// Reads `stream` to its end, keeping the first `limit` bytes and
 /// discarding the rest (so that the writer never blocks on a full pipe). A
 /// read error ends the stream: what was read is kept.
-pub async fn read_bounded<R: AsyncRead + Unpin>(stream: Option<R>, limit: usize) -> Captured {
+#[cfg(test)]
+pub(crate) async fn read_bounded<R: AsyncRead + Unpin>(
+    stream: Option<R>,
+    limit: usize,
+) -> Captured {
     let mut captured = Captured::default();
     capture(stream, &mut captured, limit).await;
     captured
@@ -51,7 +55,7 @@ impl Captured {
 
     /// stdout then stderr, as text, at most `limit` bytes plus a note of
     /// what was cut; `None` when both were empty.
-    pub fn describe(stdout: &Captured, stderr: &Captured, limit: usize) -> Option<String> {
+    pub(crate) fn describe(stdout: &Captured, stderr: &Captured, limit: usize) -> Option<String> {
         if stdout.total == 0 && stderr.total == 0 {
             return None;
         }

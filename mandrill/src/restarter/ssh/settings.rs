@@ -11,7 +11,7 @@ use crate::settings::{duration, settings};
 /// The longest the kill of a timed-out command takes: `SIGTERM`, a second
 /// for its process group to go, `SIGKILL`, another second, and the round
 /// trips over the open connection. Past it the command may still run.
-pub const KILL_TIMEOUT: Duration = Duration::from_secs(4);
+pub(crate) const KILL_TIMEOUT: Duration = Duration::from_secs(4);
 
 settings! {
     /// `[restarter.ssh]`: how the ssh backend reaches hosts and what it runs

@@ -61,7 +61,8 @@ mod tests;
 mod writer;
 
 pub(super) use claims::Claim;
-pub use settings::{SqliteOptions, SqliteSettings};
+pub use settings::SqliteOptions;
+pub(crate) use settings::SqliteSettings;
 pub(crate) use writer::QueuePart;
 pub(super) use writer::ack_all;
 use writer::{Action, Limits, Op};
