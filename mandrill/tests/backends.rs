@@ -237,7 +237,7 @@ fn a_real_backend_is_leashed_by_default_and_records_the_exact_argv() {
 
 /// A reload whose file says `safety.dry_run = true` leashes a service
 /// started with `--unleash`: the stricter wins, and the log says so naming
-/// the key (before, the flag stayed in force and the file was ignored).
+/// the key (the flag does not stay in force over the file).
 #[test]
 fn a_reloaded_file_that_leashes_wins_over_unleash() {
     let (_guard, dir) = temp_dir();

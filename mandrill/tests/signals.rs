@@ -96,7 +96,7 @@ fn demo_publisher_behind_its_rate_stops_at_sigterm() {
         .filter(|m| **m == "published")
         .count();
     // The one in progress when the signal came, give or take a scheduling
-    // race; before, it was every request owed since the publisher fell behind.
+    // race; not every request owed since the publisher fell behind.
     assert!(after <= 5, "{after} published after SIGTERM");
 }
 

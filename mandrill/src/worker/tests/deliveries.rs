@@ -106,8 +106,8 @@ async fn lease_lost_before_the_restart_abandons_the_delivery_without_restarting(
 
 /// The lease lapses while the claim is being made: the claim comes back
 /// granted, but the restart must not be issued (another consumer may hold
-/// the message), and the claim is given back. Before, nothing looked at the
-/// lease between the claim and the restart.
+/// the message), and the claim is given back: the lease is looked at
+/// between the claim and the restart.
 #[tokio::test(start_paused = true)]
 async fn lease_lost_during_the_claim_gives_it_back_without_restarting() {
     let store = Arc::new(ScriptedStore {

@@ -138,8 +138,8 @@ async fn issued_restart_is_recorded_and_acked_even_after_the_grace_period() {
 
 /// Leashed, the grace period ends while the dry run's outcome cannot be
 /// recorded (the store fails): nothing was issued, so the claim is given
-/// back. Before, it was left in place and the next delivery counted an
-/// attempt "issued, outcome unknown" that never was.
+/// back, so that the next delivery does not count an attempt "issued,
+/// outcome unknown" that never was.
 #[tokio::test(start_paused = true)]
 async fn a_dry_run_unrecorded_when_the_grace_period_ends_gives_the_claim_back() {
     let store = Arc::new(ScriptedStore {

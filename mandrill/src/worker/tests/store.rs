@@ -185,8 +185,8 @@ async fn redelivered_message_already_recorded_is_acked_without_restarting() {
 
 /// With no message flowing, the kill switch's poll is the only store read:
 /// an outage then still marks the store down (the pull loop pauses, and
-/// /readyz turns), and its end is seen by the pull loop's probe. Before, the poll's failures
-/// were only logged, and /readyz said "ready" with the store down.
+/// /readyz turns), and its end is seen by the pull loop's probe: /readyz
+/// never says "ready" with the store down.
 #[tokio::test(start_paused = true)]
 async fn an_outage_with_no_message_flowing_is_still_seen() {
     let store = Arc::new(ScriptedStore::default());
