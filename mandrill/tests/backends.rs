@@ -59,12 +59,15 @@ fn published_request_restarts_a_real_process_over_ssh_and_history_shows_its_reco
     assert!(started.success());
     let before = read_pid(&pidfile);
 
-    let ssh = sshd.settings(&[
-        script.to_str().unwrap(),
-        pidfile.to_str().unwrap(),
-        "{instance_name}",
-    ]);
-    let port = ssh.port;
+    let ssh = sshd.settings_toml(
+        &[
+            script.to_str().unwrap(),
+            pidfile.to_str().unwrap(),
+            "{instance_name}",
+        ],
+        "host_key",
+    );
+    let port = sshd.port;
     let db = sqlite_url(&dir);
     // The host map points every instance at the loopback sshd; the probe
     // checks that sshd answers again (the "host" came back).
@@ -75,7 +78,6 @@ fn published_request_restarts_a_real_process_over_ssh_and_history_shows_its_reco
          [verify]\nprobe = \"tcp\"\nport = {port}\ninitial_delay = \"0s\"\ntimeout = \"20s\"\n\n\
          [safety]\nallow = [\"cattle-*\"]\n# Not about signing: unsigned requests, as before.\nrequire_signed = false\n{always_open}\n\
          [[hosts]]\npattern = \"cattle-*\"\naddress = \"127.0.0.1\"\n",
-        ssh = toml::to_string(&ssh).unwrap(),
         always_open = ALWAYS_OPEN,
     );
     fs::write(dir.join("mandrill.toml"), config).unwrap();
@@ -129,9 +131,8 @@ fn a_host_key_the_known_hosts_file_does_not_hold_is_dead_lettered_without_runnin
     let sshd = PrivateSshd::start();
     let (_guard, dir) = temp_dir();
     let marker = sshd.path("ran");
-    let mut ssh = sshd.settings(&["touch", marker.to_str().unwrap()]);
     // A known_hosts file holding another host's key: strict checking refuses.
-    ssh.known_hosts_file = Some(sshd.known_hosts("other_host_key"));
+    let ssh = sshd.settings_toml(&["touch", marker.to_str().unwrap()], "other_host_key");
     let db = sqlite_url(&dir);
     let config = format!(
         "[broker]\nurl = {db:?}\n\n[store]\nurl = {db:?}\n\n\
@@ -139,7 +140,6 @@ fn a_host_key_the_known_hosts_file_does_not_hold_is_dead_lettered_without_runnin
          [restarter]\nkind = \"ssh\"\n\n[restarter.ssh]\n{ssh}\n\
          [safety]\nallow = [\"cattle-*\"]\n# Not about signing: unsigned requests, as before.\nrequire_signed = false\n{always_open}\n\
          [[hosts]]\npattern = \"*\"\naddress = \"127.0.0.1\"\n",
-        ssh = toml::to_string(&ssh).unwrap(),
         always_open = ALWAYS_OPEN,
     );
     fs::write(dir.join("mandrill.toml"), config).unwrap();

@@ -6,12 +6,14 @@ mod support;
 
 use std::path::{Path, PathBuf};
 
+#[path = "services/shipped.rs"]
+mod shipped;
+
+use shipped::{SECRETS, deploy_configuration, readme_configuration, runnable};
 use support::{mandrill, temp_dir};
 
 fn deploy(file: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../deploy")
-        .join(file)
+    shipped::repo_file("deploy").join(file)
 }
 
 /// Settings whose file the service writes, or whose directory must exist
@@ -172,80 +174,19 @@ fn every_path_the_example_configuration_names_is_there_under_the_example_unit() 
     }
 }
 
-/// The secrets the unit's environment file provides.
-const SECRETS: [(&str, &str); 3] = [
-    (
-        "MANDRILL_STORE__URL",
-        "postgres://mandrill:pw@db.internal/mandrill",
-    ),
-    ("MANDRILL_BROKER__NATS__PASSWORD", "nats-pw"),
-    ("MANDRILL_ADMIN__TOKEN", "admin-token"),
-];
-
-/// The production configuration README's "Safe by default" shows.
-fn readme_configuration() -> String {
-    let readme = std::fs::read_to_string(deploy("../README.md")).unwrap();
-    let section = readme
-        .split_once("### Safe by default")
-        .expect("README has a \"Safe by default\" section")
-        .1;
-    let block = section
-        .split("```toml\n")
-        .nth(1)
-        .and_then(|rest| rest.split_once("```"))
-        .expect("the section opens with a toml block")
-        .0;
-    assert!(
-        block.contains("[inventory]") && block.contains("[[requesters]]"),
-        "README's production configuration has an inventory and a requester:\n{block}"
-    );
-    block.to_owned()
-}
-
-/// `text` made runnable in `dir`: its requester's key file and its
-/// inventory command point at files made here (the real ones live on the
-/// production host); everything else as shipped. Each replacement must
-/// find what it replaces, so that the shipped text cannot drift from it.
-fn runnable(text: &str, dir: &Path) -> PathBuf {
-    let (status, _, stderr) = mandrill(dir, &["keygen", "oncall-bot"], &[]);
-    assert!(status.success(), "{stderr}");
-    let inventory = dir.join("inventory.json");
-    std::fs::write(
-        &inventory,
-        r#"{"hosts": [
-            {"name": "cattle-web-01", "group": "web", "zone": "eu-1a"},
-            {"name": "cattle-db1", "group": "db", "zone": "eu-1a"}
-        ]}"#,
-    )
-    .unwrap();
-    let mut text = text.to_owned();
-    for (shipped, here) in [
-        (
-            "\"/etc/mandrill/requesters/oncall-bot.pub\"".to_owned(),
-            format!("{:?}", dir.join("oncall-bot.pub").display().to_string()),
-        ),
-        (
-            r#"["ansible-inventory", "-i", "/etc/mandrill/hosts.ini", "--list"]"#.to_owned(),
-            format!("[\"cat\", {:?}]", inventory.display().to_string()),
-        ),
-    ] {
-        assert!(text.contains(&shipped), "{shipped} not in:\n{text}");
-        text = text.replace(&shipped, &here);
-    }
-    let path = dir.join("mandrill.toml");
-    std::fs::write(&path, text).unwrap();
-    path
-}
-
-/// The production configurations shipped (`deploy/mandrill.toml` and
-/// README's) load with their secrets from the environment, and `mandrill
-/// policy check` decides with their inventory: a listed host is eligible,
-/// a denied one and one the inventory does not list are not.
+/// `mandrill policy check` decides with the shipped production
+/// configurations' inventory (`deploy/mandrill.toml` and README's): a listed
+/// host is eligible, one the inventory does not list is not. How they load
+/// is the configuration's unit tests' (`config/tests/shipped.rs`).
 #[test]
 fn the_shipped_production_configurations_pass_policy_check_with_their_inventory() {
-    let shipped = std::fs::read_to_string(deploy("mandrill.toml")).unwrap();
-    for (name, text) in [("deploy", shipped), ("README", readme_configuration())] {
+    for (name, text) in [
+        ("deploy", deploy_configuration()),
+        ("README", readme_configuration()),
+    ] {
         let (_guard, dir) = temp_dir();
+        let (status, _, stderr) = mandrill(&dir, &["keygen", "oncall-bot"], &[]);
+        assert!(status.success(), "{stderr}");
         let config = runnable(&text, &dir);
         let (status, stdout, stderr) = mandrill(
             &dir,
@@ -275,61 +216,5 @@ fn the_shipped_production_configurations_pass_policy_check_with_their_inventory(
             stdout.contains("not in the inventory"),
             "{name}: cattle-web-99 is not listed: {stdout}"
         );
-        let loaded = mandrill::Sources {
-            file: Some(config),
-            environment: SECRETS
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-            overrides: Vec::new(),
-        }
-        .load()
-        .unwrap();
-        assert!(loaded.dry_run(), "{name}: starts leashed");
-        assert!(
-            loaded.require_signed() && loaded.requesters.len() == 1,
-            "{name}: takes signed requests only, from its one requester"
-        );
-        assert!(loaded.inventory.is_configured(), "{name}: has an inventory");
-        // The stop condition asks for the firing alerts, not for liveness.
-        let alerts = &loaded.safety.stop_conditions[0];
-        assert!(alerts.expect_empty_json_array, "{name}: {alerts:?}");
-        let url = alerts.http.as_deref().unwrap();
-        assert!(
-            url.contains("/api/v2/alerts?active=true&silenced=false&inhibited=false"),
-            "{name}: {url}"
-        );
     }
-}
-
-/// The example's secrets come from the environment file the unit reads:
-/// without them it refuses to start, naming the setting; with them they
-/// are in force and never shown.
-#[test]
-fn the_example_production_configuration_loads_with_its_secrets_from_the_environment() {
-    let (_guard, dir) = temp_dir();
-    let shipped = std::fs::read_to_string(deploy("mandrill.toml")).unwrap();
-    let path = runnable(&shipped, &dir);
-    let sources = |environment: &[(&str, &str)]| mandrill::Sources {
-        file: Some(path.clone()),
-        environment: environment
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
-        overrides: Vec::new(),
-    };
-    let config = sources(&SECRETS).load().unwrap();
-    assert_eq!(
-        config.broker.nats.password,
-        Some(mandrill::Secret("nats-pw".into()))
-    );
-    assert_eq!(config.admin.listen, "0.0.0.0:9730");
-    assert_eq!(config.notify.len(), 1, "the example has a notification");
-    assert!(
-        !format!("{config:?}").contains("XXXXXXXX"),
-        "its URL is masked"
-    );
-    // Without the token, the example refuses to start, naming it.
-    let error = sources(&SECRETS[..2]).load().unwrap_err();
-    assert!(error.to_string().contains("admin.token"), "{error}");
 }

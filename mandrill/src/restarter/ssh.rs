@@ -43,6 +43,8 @@ mod output;
 mod pool;
 mod quote;
 mod settings;
+#[cfg(test)]
+mod tests;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -58,7 +60,7 @@ use super::{Cause, Reservation, Reserving, RestartError, Restarter, SettingError
 use crate::domain::{Hostname, RestartRequest, Restarted};
 
 pub(crate) use output::Captured;
-pub use settings::SshSettings;
+pub(crate) use settings::SshSettings;
 
 use group::{Group, REPORT_GROUP, read_group};
 use pool::{ConnectError, Destination, Pool};
@@ -77,7 +79,7 @@ const DRAIN_AFTER_EXIT: Duration = Duration::from_secs(3);
 
 /// Restarts hosts by running a command over SSH. See the module docs.
 #[derive(Debug)]
-pub struct SshRestarter {
+pub(crate) struct SshRestarter {
     argv: ArgvTemplate,
     hosts: HostMap,
     default_user: Option<String>,
@@ -97,7 +99,7 @@ impl SshRestarter {
     /// Checks the settings, the key and known_hosts files, and prepares the
     /// private directory for ssh's configuration and control sockets. No
     /// connection is opened until the first restart.
-    pub fn new(settings: &SshSettings, hosts: HostMap) -> Result<Self, SettingError> {
+    pub(crate) fn new(settings: &SshSettings, hosts: HostMap) -> Result<Self, SettingError> {
         settings
             .validate()
             .map_err(|(key, why)| SettingError::new(format!("restarter.ssh.{key}"), why))?;

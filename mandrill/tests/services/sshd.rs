@@ -10,7 +10,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use mandrill::SshSettings;
 use tempfile::TempDir;
 
 pub const SSHD: &str = "/usr/sbin/sshd";
@@ -184,20 +183,20 @@ impl PrivateSshd {
         path
     }
 
-    /// Settings that reach this sshd with the authorised key, running `argv`.
-    pub fn settings(&self, argv: &[&str]) -> SshSettings {
+    /// `[restarter.ssh]` settings that reach this sshd with the authorised
+    /// key, running `argv`, checking the host key against `host_key`'s
+    /// public half (`"host_key"` is this sshd's own).
+    pub fn settings_toml(&self, argv: &[&str], host_key: &str) -> String {
         let user = current_user();
-        SshSettings {
-            argv: argv.iter().map(|arg| (*arg).to_owned()).collect(),
-            allow_root: user == "root",
-            user: Some(user),
-            key_file: Some(self.path("user_key")),
-            known_hosts_file: Some(self.known_hosts("host_key")),
-            port: self.port,
-            connect_timeout: Duration::from_secs(5),
-            timeout: Duration::from_secs(30),
-            ..SshSettings::default()
-        }
+        format!(
+            "argv = {argv:?}\nallow_root = {root}\nuser = {user:?}\n\
+             key_file = {key:?}\nknown_hosts_file = {known:?}\nport = {port}\n\
+             connect_timeout = \"5s\"\ntimeout = \"30s\"\n",
+            root = user == "root",
+            key = self.path("user_key"),
+            known = self.known_hosts(host_key),
+            port = self.port,
+        )
     }
 
     /// Writes an executable script into the temp dir.

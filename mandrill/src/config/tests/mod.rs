@@ -14,6 +14,7 @@ mod layers;
 mod property;
 mod safety;
 mod secrets;
+mod shipped;
 mod validation;
 
 fn load(file: Option<&str>, env: &[(&str, &str)], flags: &[&str]) -> Result<Config, ConfigError> {

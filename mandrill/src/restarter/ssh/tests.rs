@@ -1,18 +1,29 @@
 //! The ssh backend against a private `sshd` (tests/services/sshd.rs): real
 //! connections, real host keys, real processes restarted.
 
-mod services;
-
 use std::fs;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use mandrill::{Domain, ParseRules, RestartRequest, Restarted};
-use mandrill::{HostEntry, HostMap};
-use mandrill::{RestartError, Restarter, SshRestarter, SshSettings};
-use services::sshd::{KillOnDrop, PrivateSshd, alive};
 use tempfile::TempDir;
+
+use crate::domain::{Domain, ParseRules, RestartRequest, Restarted};
+use crate::restarter::hosts::{HostEntry, HostMap};
+use crate::restarter::{RestartError, Restarter, SshRestarter, SshSettings};
+
+/// The private sshd, shared with the integration tests that run the binary
+/// against it.
+#[path = "../../../tests/services/sshd.rs"]
+#[allow(dead_code)]
+mod sshd;
+
+use sshd::{KillOnDrop, PrivateSshd, alive};
+
+/// Settings that reach `sshd` with the authorised key, running `argv`.
+fn ssh_settings(sshd: &PrivateSshd, argv: &[&str]) -> SshSettings {
+    toml::from_str(&sshd.settings_toml(argv, "host_key")).unwrap()
+}
 
 fn request(instance: &str) -> RestartRequest {
     let payload = format!(
@@ -85,7 +96,7 @@ async fn a_restart_over_ssh_replaces_the_target_process() {
         .unwrap();
     assert!(alive(before));
 
-    let settings = sshd.settings(&[
+    let settings = ssh_settings(&sshd, &[
         script.to_str().unwrap(),
         pidfile.to_str().unwrap(),
         "{instance_name}",
@@ -128,7 +139,7 @@ async fn shell_metacharacters_arrive_as_one_literal_argument_each() {
     ];
     argv.extend(injections.iter().map(String::as_str));
     argv.extend(["{instance_name}", "{host}"]);
-    let restarter = SshRestarter::new(&sshd.settings(&argv), loopback()).unwrap();
+    let restarter = SshRestarter::new(&ssh_settings(&sshd, &argv), loopback()).unwrap();
 
     let restarted = restart(&restarter, "cattle-ab12").await.unwrap();
 
@@ -151,7 +162,7 @@ async fn an_unknown_or_changed_host_key_is_refused_for_good_and_nothing_runs() {
     for (known_hosts, case) in [(unknown, "unknown"), (changed, "changed")] {
         let settings = SshSettings {
             known_hosts_file: Some(known_hosts.clone()),
-            ..sshd.settings(&["touch", marker.to_str().unwrap()])
+            ..ssh_settings(&sshd, &["touch", marker.to_str().unwrap()])
         };
         let restarter = SshRestarter::new(&settings, loopback()).unwrap();
 
@@ -175,7 +186,7 @@ async fn a_key_the_host_does_not_know_is_refused_for_good() {
     let sshd = PrivateSshd::start();
     let settings = SshSettings {
         key_file: Some(sshd.path("stranger_key")),
-        ..sshd.settings(&["true"])
+        ..ssh_settings(&sshd, &["true"])
     };
     let restarter = SshRestarter::new(&settings, loopback()).unwrap();
 
@@ -191,7 +202,7 @@ async fn a_key_the_host_does_not_know_is_refused_for_good() {
 #[tokio::test]
 async fn a_host_whose_sshd_is_down_fails_for_now_and_a_retry_succeeds_once_it_is_back() {
     let mut sshd = PrivateSshd::start();
-    let restarter = SshRestarter::new(&sshd.settings(&["true"]), loopback()).unwrap();
+    let restarter = SshRestarter::new(&ssh_settings(&sshd, &["true"]), loopback()).unwrap();
     restart(&restarter, "cattle-ab12").await.unwrap();
 
     sshd.stop();
@@ -213,7 +224,7 @@ async fn restarts_of_one_host_share_one_connection_which_closes_when_idle() {
     let sshd = PrivateSshd::start();
     let settings = SshSettings {
         idle_timeout: Duration::from_secs(2),
-        ..sshd.settings(&["true"])
+        ..ssh_settings(&sshd, &["true"])
     };
     let restarter = SshRestarter::new(&settings, loopback()).unwrap();
 
@@ -253,7 +264,7 @@ async fn a_connection_dropped_by_the_host_counts_as_restarted_only_when_configur
     let listener = sshd.pid().to_string();
     let argv = [script.to_str().unwrap(), listener.as_str()];
 
-    let strict = SshRestarter::new(&sshd.settings(&argv), loopback()).unwrap();
+    let strict = SshRestarter::new(&ssh_settings(&sshd, &argv), loopback()).unwrap();
     let error = restart(&strict, "cattle-ab12").await.unwrap_err();
     assert!(error.is_retryable(), "{error:?}");
     let text = error.with_causes().to_string();
@@ -261,7 +272,7 @@ async fn a_connection_dropped_by_the_host_counts_as_restarted_only_when_configur
 
     let settings = SshSettings {
         reboot_drops_connection: true,
-        ..sshd.settings(&argv)
+        ..ssh_settings(&sshd, &argv)
     };
     let lenient = SshRestarter::new(&settings, loopback()).unwrap();
     let restarted = restart(&lenient, "cattle-ab12").await.unwrap();
@@ -275,7 +286,7 @@ async fn exit_codes_fail_for_now_or_for_good_and_a_slow_command_times_out() {
     let sshd = PrivateSshd::start();
     let settings = SshSettings {
         permanent_exit_codes: vec![3, 127],
-        ..sshd.settings(&["sh", "-c", "echo boom >&2; exit \"$1\"", "sh", "{group}"])
+        ..ssh_settings(&sshd, &["sh", "-c", "echo boom >&2; exit \"$1\"", "sh", "{group}"])
     };
     let restarter = SshRestarter::new(&settings, loopback()).unwrap();
     // `{group}` is the instance name up to its last '-': the exit code.
@@ -307,7 +318,7 @@ async fn exit_codes_fail_for_now_or_for_good_and_a_slow_command_times_out() {
 
     let settings = SshSettings {
         timeout: Duration::from_secs(1),
-        ..sshd.settings(&["sleep", "30"])
+        ..ssh_settings(&sshd, &["sleep", "30"])
     };
     let slow = SshRestarter::new(&settings, loopback()).unwrap();
     let error = restart(&slow, "cattle-ab12").await.unwrap_err();
@@ -330,7 +341,7 @@ async fn a_command_that_runs_past_its_timeout_is_killed_on_the_host_before_the_r
     let _slow = KillOnDrop(pidfile.clone());
     let settings = SshSettings {
         timeout: Duration::from_secs(1),
-        ..sshd.settings(&[
+        ..ssh_settings(&sshd, &[
             "sh",
             "-c",
             "echo $$ > \"$1\"; exec sleep 600",
@@ -364,7 +375,7 @@ async fn a_timed_out_command_whose_kill_cannot_be_confirmed_may_still_run_and_is
     // the kill included.
     let settings = SshSettings {
         timeout: Duration::from_secs(1),
-        ..sshd.settings(&[
+        ..ssh_settings(&sshd, &[
             "sh",
             "-c",
             "echo $$ > \"$1\"; kill -STOP $PPID; exec sleep 600",
@@ -394,7 +405,7 @@ async fn a_timed_out_command_whose_host_refuses_the_kill_may_still_run_and_is_no
     let _stuck = KillOnDrop(pidfile.clone());
     let settings = SshSettings {
         timeout: Duration::from_secs(3),
-        ..sshd.settings(&[
+        ..ssh_settings(&sshd, &[
             "sh",
             "-c",
             "echo $$ > \"$1\"; exec sleep 600",
@@ -428,7 +439,7 @@ async fn a_process_left_holding_the_output_pipe_does_not_hold_the_restart() {
     // open after the command exited.
     let settings = SshSettings {
         timeout: Duration::from_secs(10),
-        ..sshd.settings(&[
+        ..ssh_settings(&sshd, &[
             "sh",
             "-c",
             "sleep 600 & echo $! > \"$1\"; echo started",
@@ -580,14 +591,14 @@ async fn idle_connections_are_closed_to_stay_within_max_connections_and_the_host
         max_connections: 1,
         port: 9,
         user: None,
-        ..sshd.settings(&["true"])
+        ..ssh_settings(&sshd, &["true"])
     };
     // Two destinations: the same sshd under two names.
     let entry = |pattern: &str, address: &str| HostEntry {
         pattern: pattern.into(),
         address: Some(address.into()),
         port: Some(sshd.port),
-        user: Some(services::sshd::current_user()),
+        user: Some(sshd::current_user()),
     };
     let hosts = HostMap::new(&[entry("a-*", "127.0.0.1"), entry("b-*", "localhost")]).unwrap();
     let restarter = SshRestarter::new(&settings, hosts).unwrap();
