@@ -5,7 +5,7 @@ use std::time::Duration;
 
 /// `initial`, doubling per attempt, capped at `max`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Backoff {
+pub(crate) struct Backoff {
     /// The delay after the first failure.
     pub initial: Duration,
     /// No delay is longer than this.
@@ -14,7 +14,7 @@ pub struct Backoff {
 
 impl Backoff {
     /// The delay after failure number `failures` (1-based; 0 is treated as 1).
-    pub fn delay(&self, failures: u32) -> Duration {
+    pub(crate) fn delay(&self, failures: u32) -> Duration {
         let doublings = failures.saturating_sub(1).min(32);
         self.initial
             .saturating_mul(1u32 << doublings.min(31))

@@ -19,7 +19,7 @@ use crate::domain::{Domain, Hostname, RestartRequest, new_message_id, random_ins
 const TICK: Duration = Duration::from_millis(10);
 
 /// A random, valid request.
-pub fn random_request(rng: &mut impl Rng) -> RestartRequest {
+pub(crate) fn random_request(rng: &mut impl Rng) -> RestartRequest {
     let instance_name = random_instance_name(rng);
     let now = std::time::SystemTime::now();
     RestartRequest {

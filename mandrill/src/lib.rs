@@ -43,6 +43,8 @@
 
 // Every module is private: the `pub use` lines below are the whole API.
 mod admin;
+#[cfg(feature = "bench")]
+mod bench;
 mod backoff;
 mod broker;
 mod campaign;
@@ -72,69 +74,26 @@ mod worker;
 /// The binary's entry point: subcommands, signals, runtime, exit codes.
 pub use cli::main;
 
-/// A random tutorial-style request, as `mandrill run --simulate` publishes.
-pub use demo::random_request;
-/// The domain: requests parsed and validated at the edge, and outcomes.
-pub use domain::{
-    Domain, Hostname, InstanceName, JointAck, Outcome, ParseRules, RestartRequest, Restarted,
-    SigningKey, Status, Timestamp,
-};
+/// The pipeline benchmark (`benches/pipeline.rs` is its entry point).
+#[cfg(feature = "bench")]
+pub use bench::main as bench_main;
 
-/// The broker seam and its adapters (the benchmark and tests open them
-/// directly, as the service does).
-pub use broker::nats::{Credentials, DEAD_LETTER_REASON_HEADER, NatsBroker, NatsOptions};
-/// Pub/Sub: the broker, its options, and the `pubsub://PROJECT/PREFIX` parser.
-pub use broker::pubsub::{
-    PubSubBroker, PubSubOptions, PubSubSettings, PullMode, settings::parse_url as parse_pubsub_url,
-};
-/// The broker traits, and the in-memory and SQLite brokers.
-pub use broker::{Broker, Close, Consumer, MemoryBroker, Publisher};
-/// The SQLite queue and store, one adapter over one file.
-pub use sqlite::{SqliteBroker, SqliteOptions, SqliteStore};
+// What the integration tests read and drive below the binary, and nothing
+// else: each name here has a test in `tests/` that needs it.
 
-/// The PostgreSQL store's defaults, for tools that set up a database as it does.
-pub use store::postgres::{
-    DEFAULT_WRITERS as POSTGRES_DEFAULT_WRITERS, SESSION_SETTINGS as POSTGRES_SESSION_SETTINGS,
-};
-/// The store seam: the trait, what its methods take and give, and its adapters.
+/// A request parsed and validated at the edge, and what became of it.
+pub use domain::{JointAck, Outcome, RestartRequest, Status, Timestamp};
+/// The store seam, what its methods take and give, and the two SQL stores.
 pub use store::{
-    Claim, ClaimTerms, ClaimToken, DEFAULT_TIMEOUT, Decision, GroupUsage, HistoryEntry,
-    MemoryStore, PostgresStore, Recorded, ReportData, Store, StoreError, Story, Switch,
-    SwitchExpected,
+    Claim, ClaimTerms, ClaimToken, Decision, GroupUsage, HistoryEntry, PostgresStore, Recorded,
+    ReportData, Store, StoreError, Story, Switch, SwitchExpected,
 };
-
-/// The restarter seam, the ssh backend and its host map, and the simulation.
-pub use restarter::{
-    RestartError, Restarter, SimulatedRestarter, Simulation, SshRestarter, SshSettings,
-    hosts::{HostEntry, HostMap},
-};
-
-/// Exponential backoff, as the worker's configuration takes it.
-pub use backoff::Backoff;
-/// Webhooks told of restarts and failures.
-pub use notify::{EventKind, Format, Notifier, NotifierSettings, NotifyEntry};
-/// The policy the worker asks before a restart: requesters and their keys.
-pub use safety::{Policy, PolicyHandle, RequesterSettings, Requesters};
+/// The SQLite queue, for writing payloads `mandrill publish` refuses.
+pub use broker::{Close, nats::DEAD_LETTER_REASON_HEADER};
+pub use sqlite::{SqliteBroker, SqliteOptions, SqliteStore};
 /// The `[[schedule]]` plan, computed alike on every instance.
 pub use schedule::{DEFAULT_MAX_LATENESS, Plan, ScheduleSettings};
-/// The worker's counters.
-pub use stats::Stats;
-/// The worker, its configuration and its shutdown signal.
-pub use worker::{Shutdown, Worker, WorkerConfig};
-
-/// The configuration: loaded from file, environment and overrides; secrets
-/// never printed.
-pub use config::{Config, Sources};
-/// A secret setting, masked when printed.
-pub use settings::Secret;
-
 /// The parts of docs/ generated from the code.
 pub use reference::{
     commands as commands_reference, metrics as metrics_reference, settings as settings_reference,
 };
-
-/// The PostgreSQL store's schema, for tools (the benchmark's ceiling) that
-/// set up a database the way the store does.
-pub fn postgres_migrations() -> &'static sqlx::migrate::Migrator {
-    migrations::postgres()
-}

@@ -10,25 +10,25 @@ macro_rules! counters {
     ($($(#[$doc:meta])* $name:ident),* $(,)?) => {
         /// Live counters; see [`Stats::snapshot`].
         #[derive(Debug, Default)]
-        pub struct Stats {
-            $($(#[$doc])* pub $name: Counter,)*
+        pub(crate) struct Stats {
+            $($(#[$doc])* pub(crate) $name: Counter,)*
             /// How long things took, for `/metrics`.
-            pub timings: Timings,
+            pub(crate) timings: Timings,
             /// Dead letters by [`DeadLetterReason`], as index.
-            pub dead_letter_reasons: [Counter; DeadLetterReason::ALL.len()],
+            pub(crate) dead_letter_reasons: [Counter; DeadLetterReason::ALL.len()],
             /// Rejections by [`crate::domain::Rejection::KINDS`], as index.
-            pub rejection_reasons: [Counter; crate::domain::Rejection::KINDS.len()],
+            pub(crate) rejection_reasons: [Counter; crate::domain::Rejection::KINDS.len()],
         }
 
         /// A copy of the counters at one moment.
         #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-        pub struct StatsSnapshot {
-            $($(#[$doc])* pub $name: u64,)*
+        pub(crate) struct StatsSnapshot {
+            $($(#[$doc])* pub(crate) $name: u64,)*
         }
 
         impl Stats {
             /// Reads every counter.
-            pub fn snapshot(&self) -> StatsSnapshot {
+            pub(crate) fn snapshot(&self) -> StatsSnapshot {
                 StatsSnapshot { $($name: self.$name.get(),)* }
             }
         }
@@ -158,26 +158,26 @@ impl DeadLetterReason {
 /// cache line so that threads bumping different counters do not contend.
 #[derive(Debug, Default)]
 #[repr(align(64))]
-pub struct Counter(AtomicU64);
+pub(crate) struct Counter(AtomicU64);
 
 impl Counter {
     /// Adds one.
-    pub fn inc(&self) {
+    pub(crate) fn inc(&self) {
         self.0.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Adds `n`.
-    pub fn add(&self, n: u64) {
+    pub(crate) fn add(&self, n: u64) {
         self.0.fetch_add(n, Ordering::Relaxed);
     }
 
     /// Subtracts one; only for gauges such as `in_flight`.
-    pub fn dec(&self) {
+    pub(crate) fn dec(&self) {
         self.0.fetch_sub(1, Ordering::Relaxed);
     }
 
     /// The current value.
-    pub fn get(&self) -> u64 {
+    pub(crate) fn get(&self) -> u64 {
         self.0.load(Ordering::Relaxed)
     }
 }
@@ -190,7 +190,7 @@ pub(crate) const BUCKETS: [f64; 14] = [
 
 /// A duration histogram with fixed buckets, lock-free like the counters.
 #[derive(Debug, Default)]
-pub struct Histogram {
+pub(crate) struct Histogram {
     /// Observations per bucket (not cumulative); the last is above them all.
     buckets: [Counter; BUCKETS.len() + 1],
     sum_micros: Counter,
@@ -198,7 +198,7 @@ pub struct Histogram {
 
 impl Histogram {
     /// Counts one duration.
-    pub fn observe(&self, duration: std::time::Duration) {
+    pub(crate) fn observe(&self, duration: std::time::Duration) {
         let seconds = duration.as_secs_f64();
         let bucket = BUCKETS.partition_point(|&bound| bound < seconds);
         self.buckets[bucket].inc();
@@ -208,7 +208,7 @@ impl Histogram {
 
     /// Cumulative counts per bound of [`BUCKETS`] then `+Inf`, and the sum in
     /// seconds.
-    pub fn read(&self) -> (Vec<u64>, f64) {
+    pub(crate) fn read(&self) -> (Vec<u64>, f64) {
         let mut total = 0;
         let cumulative = self
             .buckets
@@ -224,20 +224,13 @@ impl Histogram {
 
 /// The duration histograms.
 #[derive(Debug, Default)]
-pub struct Timings {
+pub(crate) struct Timings {
     /// From pulled to settled, per delivery.
     pub handling: Histogram,
     /// The restarter's `restart` call, verification included.
     pub restart: Histogram,
     /// How long a verified host took to come back.
     pub recovery: Histogram,
-}
-
-impl StatsSnapshot {
-    /// Deliveries settled one way or another.
-    pub fn settled(&self) -> u64 {
-        self.acked + self.nacked + self.dead_lettered
-    }
 }
 
 #[cfg(test)]

@@ -19,9 +19,10 @@ use tokio::time::Instant;
 
 use super::{BrokerError, Close, Consumer, Delivery, DeliveryTag, Publisher, bounded_reason};
 
-/// A message kept for dead-letter inspection.
+/// A message kept for dead-letter inspection (by tests).
 #[derive(Debug, Clone)]
-pub struct DeadLetter {
+#[cfg_attr(not(test), allow(dead_code))]
+pub(crate) struct DeadLetter {
     /// The payload as delivered.
     pub payload: Bytes,
     /// Why it was dead-lettered.
@@ -30,7 +31,7 @@ pub struct DeadLetter {
 
 /// Counts of where messages are, for tests and `--until-idle`-style checks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Depth {
+pub(crate) struct Depth {
     /// Visible now.
     pub ready: usize,
     /// Nacked with a delay that has not passed yet.
@@ -43,7 +44,7 @@ pub struct Depth {
 
 /// See the module docs.
 #[derive(Debug)]
-pub struct MemoryBroker {
+pub(crate) struct MemoryBroker {
     ack_deadline: Duration,
     poll_wait: Duration,
     /// A `std::sync::Mutex` because every critical section is short and never
@@ -83,7 +84,7 @@ struct State {
 impl MemoryBroker {
     /// A broker whose leases last `ack_deadline` and whose pulls wait up to
     /// `poll_wait` for a first message.
-    pub fn new(ack_deadline: Duration, poll_wait: Duration) -> Self {
+    pub(crate) fn new(ack_deadline: Duration, poll_wait: Duration) -> Self {
         Self {
             ack_deadline,
             poll_wait,
@@ -92,18 +93,19 @@ impl MemoryBroker {
         }
     }
 
+    #[cfg(feature = "bench")]
     /// As [`Self::new`], with room for `messages` waiting messages before
     /// its queue grows: growing a queue of a million copies it while every
     /// publish and pull waits on the lock (the benchmark publishes all its
     /// messages ahead of the worker).
-    pub fn with_capacity(ack_deadline: Duration, poll_wait: Duration, messages: usize) -> Self {
+    pub(crate) fn with_capacity(ack_deadline: Duration, poll_wait: Duration, messages: usize) -> Self {
         let broker = Self::new(ack_deadline, poll_wait);
         broker.lock().ready.reserve(messages);
         broker
     }
 
     /// Where the messages are now.
-    pub fn depth(&self) -> Depth {
+    pub(crate) fn depth(&self) -> Depth {
         let state = self.lock();
         Depth {
             ready: state.ready.len(),
@@ -114,7 +116,8 @@ impl MemoryBroker {
     }
 
     /// The dead-lettered messages so far.
-    pub fn dead_letters(&self) -> Vec<DeadLetter> {
+    #[cfg(test)]
+    pub(crate) fn dead_letters(&self) -> Vec<DeadLetter> {
         self.lock().dead.clone()
     }
 

@@ -31,7 +31,7 @@ use bytes::Bytes;
 
 use crate::domain::JointAck;
 pub(crate) use dead_letters::{DeadLetterAdmin, DeadLetterEntry, DeadLetterId, DeadLetterRecord};
-pub use memory::MemoryBroker;
+pub(crate) use memory::MemoryBroker;
 pub(crate) use url::{BrokerUrl, BrokerUrlError};
 
 /// Identifies one delivery to the broker that made it. Opaque to the worker:
@@ -120,7 +120,7 @@ impl fmt::Display for DeliveryTag {
 
 /// A payload leased to this consumer.
 #[derive(Debug, Clone)]
-pub struct Delivery {
+pub(crate) struct Delivery {
     /// How to settle or extend this delivery.
     pub tag: DeliveryTag,
     /// The message body, not yet validated.
@@ -135,7 +135,7 @@ pub struct Delivery {
 
 impl Delivery {
     /// A delivery of a payload read whole.
-    pub fn new(tag: DeliveryTag, payload: Bytes, attempt: u32) -> Self {
+    pub(crate) fn new(tag: DeliveryTag, payload: Bytes, attempt: u32) -> Self {
         let full_size = payload.len();
         Self {
             tag,
@@ -201,7 +201,7 @@ pub trait Close: Send + Sync + 'static {
 
 /// Where restart requests go: appends messages.
 #[async_trait]
-pub trait Publisher: Close {
+pub(crate) trait Publisher: Close {
     /// Appends a message.
     async fn publish(&self, payload: Bytes) -> Result<(), BrokerError>;
 
@@ -217,7 +217,7 @@ pub trait Publisher: Close {
 
 /// Where restart requests come from, with lease semantics. See the module docs.
 #[async_trait]
-pub trait Consumer: Close {
+pub(crate) trait Consumer: Close {
     /// How long a delivery stays leased without an extension; `None` for a
     /// broker without leases, whose deliveries stay with this consumer until
     /// settled (nothing needs extending).
@@ -272,7 +272,7 @@ pub trait Consumer: Close {
 /// A consuming connection that can also be published into: what `mandrill
 /// run` opens (its demo publisher and tests publish into the queue it
 /// consumes). Every type that is both is one.
-pub trait Broker: Consumer + Publisher {}
+pub(crate) trait Broker: Consumer + Publisher {}
 
 impl<T: Consumer + Publisher + ?Sized> Broker for T {}
 

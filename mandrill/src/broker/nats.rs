@@ -40,7 +40,7 @@ mod dead_letter;
 mod publisher;
 mod settings;
 
-pub use consumer::NatsBroker;
+pub(crate) use consumer::NatsBroker;
 pub(crate) use publisher::NatsPublisher;
 pub(crate) use settings::NatsSettings;
 
@@ -48,7 +48,7 @@ use crate::settings::{Secret, redact_url};
 
 /// How to authenticate to the server.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub enum Credentials {
+pub(crate) enum Credentials {
     /// No credentials.
     #[default]
     None,
@@ -108,7 +108,7 @@ pub(crate) fn split_url_credentials(url: &str) -> (String, Credentials) {
 /// lives and how the shared consumer is set up, from `[broker.nats]` and the
 /// generic broker settings.
 #[derive(Debug, Clone)]
-pub struct NatsOptions {
+pub(crate) struct NatsOptions {
     /// `nats://host:port`, maybe with `user:password@` or `token@`, which
     /// are used unless `credentials` says otherwise.
     pub url: String,

@@ -64,10 +64,11 @@ use token_source::NoopTokenSourceProvider;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-pub use self::consumer::PubSubBroker;
+pub(crate) use self::consumer::PubSubBroker;
 pub(crate) use self::publisher::PubSubPublisher;
 pub(crate) use self::settings::Endpoint;
-pub use self::settings::{PubSubSettings, PullMode};
+pub(crate) use self::settings::PubSubSettings;
+pub(crate) use self::settings::PullMode;
 use self::settle::{Settlement, Settler};
 use super::{
     BrokerError, Cause, Close, Consumer, DeadLetterAdmin, DeadLetterEntry, DeadLetterId, Delivery,
@@ -102,7 +103,7 @@ pub(super) const MAX_COUNTED_MESSAGES: usize = 100_000;
 /// Everything [`PubSubBroker`] needs: the adapter's section and the
 /// generic broker settings that shape the subscription.
 #[derive(Debug, Clone)]
-pub struct PubSubOptions {
+pub(crate) struct PubSubOptions {
     /// The project id.
     pub project: String,
     /// The subscription every instance shares.

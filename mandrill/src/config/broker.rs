@@ -15,7 +15,7 @@ settings! {
     /// reads is in its own section, owned by the adapter.
     #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
     #[serde(deny_unknown_fields, default)]
-    pub struct BrokerSettings {
+    pub(crate) struct BrokerSettings {
         /// `sqlite:PATH` (durable queue, by default in the store's file),
         /// `nats://[USER:PASSWORD@]HOST:PORT` (JetStream),
         /// `pubsub://PROJECT/SUBSCRIPTION` (Google Cloud Pub/Sub) or
@@ -56,7 +56,7 @@ settings! {
     /// `[store]`
     #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
     #[serde(deny_unknown_fields, default)]
-    pub struct StoreSettings {
+    pub(crate) struct StoreSettings {
         /// `sqlite:PATH`, `postgres://…` or `memory`.
         pub url: String = "sqlite:mandrill.db".into(),
         /// Database pool size (1-1000; at least 2 with PostgreSQL).

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 /// A configuration that cannot be used, naming the key or file at fault.
 #[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
+pub(crate) enum ConfigError {
     /// The file could not be read (the reason is the source: see
     /// [`ConfigError::with_causes`]).
     #[error("cannot read config file {path}")]
@@ -48,7 +48,7 @@ pub enum ConfigError {
 impl ConfigError {
     /// The error followed by its cause (`cannot read config file x: no
     /// such file`), for the line that tells the operator.
-    pub fn with_causes(&self) -> impl std::fmt::Display + '_ {
+    pub(crate) fn with_causes(&self) -> impl std::fmt::Display + '_ {
         crate::causes::WithCauses(self)
     }
 

@@ -15,7 +15,7 @@ const MAP_SETTINGS: &[&str] = &[
 
 impl Config {
     /// Every setting as `section.key = value`, for diffs on reload.
-    pub fn flatten(&self) -> BTreeMap<String, String> {
+    pub(crate) fn flatten(&self) -> BTreeMap<String, String> {
         let mut flat = BTreeMap::new();
         // A struct of plain fields always serialises to a table.
         let toml::Value::Table(sections) =
@@ -50,7 +50,7 @@ impl Config {
     }
 
     /// The keys whose values differ between two configurations.
-    pub fn changed_keys(&self, other: &Config) -> Vec<String> {
+    pub(crate) fn changed_keys(&self, other: &Config) -> Vec<String> {
         let (old, new) = (self.flatten(), other.flatten());
         let keys: std::collections::BTreeSet<&String> = old
             .keys()

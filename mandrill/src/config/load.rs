@@ -43,7 +43,7 @@ fn value_for(key: &str, raw: &str) -> toml::Value {
 
 /// Where configuration comes from, so that a reload can read it all again.
 #[derive(Debug, Clone, Default)]
-pub struct Sources {
+pub(crate) struct Sources {
     /// A TOML file, if any.
     pub file: Option<PathBuf>,
     /// `MANDRILL_SECTION__KEY` variables.
@@ -57,7 +57,7 @@ impl Sources {
     /// and names that look like a setting misspelt (`MANDRILL_WORKER_MAX_IN_FLIGHT`),
     /// which [`Sources::load`] reports. Other `MANDRILL_*` names, such as the
     /// tests' `MANDRILL_TEST_POSTGRES`, are not configuration.
-    pub fn process_environment() -> Result<Vec<(String, String)>, ConfigError> {
+    pub(crate) fn process_environment() -> Result<Vec<(String, String)>, ConfigError> {
         let mut variables = Vec::new();
         for (name, value) in std::env::vars_os() {
             let Some(name) = name.to_str().filter(|name| is_config_variable(name)) else {
@@ -73,7 +73,7 @@ impl Sources {
     }
 
     /// Reads every layer and builds the configuration.
-    pub fn load(&self) -> Result<Config, ConfigError> {
+    pub(crate) fn load(&self) -> Result<Config, ConfigError> {
         self.layered(false).map(|(config, _)| config)
     }
 
@@ -85,7 +85,7 @@ impl Sources {
     /// Flags win at start-up, where the operator gives them with the file
     /// in view; a file edited and reloaded later says what the operator
     /// wants now, and a flag from then must not widen it.
-    pub fn reload(&self) -> Result<(Config, Vec<&'static str>), ConfigError> {
+    pub(crate) fn reload(&self) -> Result<(Config, Vec<&'static str>), ConfigError> {
         self.layered(true)
     }
 

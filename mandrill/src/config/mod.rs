@@ -59,7 +59,7 @@ pub use docs::settings_reference;
 pub(crate) use error::ConfigError;
 #[cfg(test)]
 use load::SECRET_KEYS;
-pub use load::Sources;
+pub(crate) use load::Sources;
 pub(crate) use load::parse_override;
 pub(crate) use restarter::{RestarterKind, RestarterSettings};
 pub(crate) use safety::SafetySettings;
@@ -72,7 +72,7 @@ settings! {
     /// The whole configuration. Each part of the service receives only its section.
     #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
     #[serde(deny_unknown_fields, default)]
-    pub struct Config {
+    pub(crate) struct Config {
         /// Where requests come from.
         pub broker: BrokerSettings = BrokerSettings::default(),
         /// Where outcomes are recorded.
@@ -172,7 +172,7 @@ impl Config {
     /// secret parameters in `broker.url` and `store.url`,
     /// `broker.nats.password`, `broker.nats.token`, `admin.token` and the
     /// webhooks' URLs.
-    pub fn redactor(&self) -> Redactor {
+    pub(crate) fn redactor(&self) -> Redactor {
         let nats = &self.broker.nats;
         let mut secrets = redact::url_secrets(&self.broker.url);
         secrets.extend(redact::url_secrets(&self.store.url));

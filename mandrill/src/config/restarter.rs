@@ -13,7 +13,7 @@ use crate::settings::{duration, settings};
 /// Which restart backend to use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
-pub enum RestarterKind {
+pub(crate) enum RestarterKind {
     /// Waits asynchronously, fails at random.
     Simulate,
     /// Blocks a thread of the bounded blocking pool, fails at random.
@@ -28,7 +28,7 @@ pub enum RestarterKind {
 
 impl RestarterKind {
     /// Whether this backend touches real hosts.
-    pub fn is_real(self) -> bool {
+    pub(crate) fn is_real(self) -> bool {
         matches!(self, Self::Command | Self::Ssh | Self::Http)
     }
 }
@@ -37,7 +37,7 @@ settings! {
     /// `[restarter]`
     #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
     #[serde(deny_unknown_fields, default)]
-    pub struct RestarterSettings {
+    pub(crate) struct RestarterSettings {
         /// simulate | simulate-blocking | command | ssh | http
         pub kind: RestarterKind = RestarterKind::Simulate,
         /// Shortest simulated restart.

@@ -19,7 +19,7 @@ settings! {
     /// `[safety]`: what keeps a chaos tool harmless by default.
     #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
     #[serde(deny_unknown_fields, default)]
-    pub struct SafetySettings {
+    pub(crate) struct SafetySettings {
         /// Record restarts as dry-run, issue none (default: true with a real
         /// backend; run --unleash).
         ///
@@ -102,7 +102,7 @@ impl Config {
     /// The calendar guard: as configured; Chaos Monkey's (Mon–Fri
     /// 09:00–15:00 UTC) when unset with a real backend; none when unset
     /// with a simulated one.
-    pub fn calendar(&self) -> Result<Option<Calendar>, (String, String)> {
+    pub(crate) fn calendar(&self) -> Result<Option<Calendar>, (String, String)> {
         match &self.safety.calendar {
             Some(settings) => Calendar::new(settings).map(Some),
             None if self.restarter.kind.is_real() => Ok(Some(Calendar::chaos_monkey())),
@@ -111,7 +111,7 @@ impl Config {
     }
 
     /// The counting guards, with the strict defaults for a real backend.
-    pub fn counting(&self) -> Result<Counting, (String, String)> {
+    pub(crate) fn counting(&self) -> Result<Counting, (String, String)> {
         Counting::new(
             &self.safety.groups,
             &self.safety.rate,
@@ -124,12 +124,12 @@ impl Config {
     /// Whether a verification probe confirms each restart's recovery
     /// (`[verify]`): without one, nothing is ever `unrecovered`, and a
     /// restart counts as a disruption for `safety.budget.settle`.
-    pub fn verified_by_probe(&self) -> bool {
+    pub(crate) fn verified_by_probe(&self) -> bool {
         self.verify.probe != crate::restarter::verify::ProbeKind::None
     }
 
     /// Whether restarts are only decided and recorded, not issued.
-    pub fn dry_run(&self) -> bool {
+    pub(crate) fn dry_run(&self) -> bool {
         self.safety
             .dry_run
             .unwrap_or_else(|| self.restarter.kind.is_real())
@@ -137,7 +137,7 @@ impl Config {
 
     /// Whether unsigned requests are refused: as set, else with a real
     /// backend.
-    pub fn require_signed(&self) -> bool {
+    pub(crate) fn require_signed(&self) -> bool {
         self.safety
             .require_signed
             .unwrap_or_else(|| self.restarter.kind.is_real())
@@ -145,7 +145,7 @@ impl Config {
 
     /// The safety policy: what the worker decides with, and what a reload
     /// of `[safety]` replaces. Fails naming the key, as `validate` does.
-    pub fn policy(&self) -> Result<Policy, ConfigError> {
+    pub(crate) fn policy(&self) -> Result<Policy, ConfigError> {
         let requesters = Requesters::new(&self.requesters, self.require_signed())
             .map_err(|(key, why)| ConfigError::invalid(&key, why))?;
         self.policy_with(requesters)
@@ -156,7 +156,7 @@ impl Config {
     /// that the running service stops trusting it rather than keeping the
     /// key it read before (fail closed). Also returns the left-out entries'
     /// (key, why), to be logged.
-    pub fn reloaded_policy(&self) -> Result<(Policy, Vec<AtFault>), ConfigError> {
+    pub(crate) fn reloaded_policy(&self) -> Result<(Policy, Vec<AtFault>), ConfigError> {
         let (requesters, left_out) =
             Requesters::without_unusable_keys(&self.requesters, self.require_signed())
                 .map_err(|(key, why)| ConfigError::invalid(&key, why))?;

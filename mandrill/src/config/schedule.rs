@@ -14,7 +14,7 @@ impl Config {
     /// `[inventory]` (its victims come from it), a requester that
     /// `[[requesters]]` configures, and, where unsigned requests are
     /// refused, a key to sign with.
-    pub fn schedules(&self) -> Result<Vec<Scheduled>, ConfigError> {
+    pub(crate) fn schedules(&self) -> Result<Vec<Scheduled>, ConfigError> {
         crate::schedule::validate(&self.schedule)
             .map_err(|(key, why)| ConfigError::invalid(&key, why))?;
         let mut schedules = Vec::with_capacity(self.schedule.len());

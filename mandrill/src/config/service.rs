@@ -12,7 +12,7 @@ settings! {
     /// `[simulate]`
     #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
     #[serde(deny_unknown_fields, default)]
-    pub struct SimulateSettings {
+    pub(crate) struct SimulateSettings {
         /// Publish random requests into the broker (demo mode); refused
         /// with a real restarter.kind.
         pub enabled: bool = false,
@@ -26,7 +26,7 @@ settings! {
 /// Log line format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
-pub enum LogFormat {
+pub(crate) enum LogFormat {
     /// One human-readable line per step.
     Text,
     /// One JSON object per line.
@@ -37,7 +37,7 @@ settings! {
     /// `[log]`
     #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
     #[serde(deny_unknown_fields, default)]
-    pub struct LogSettings {
+    pub(crate) struct LogSettings {
         /// text | json
         pub format: LogFormat = LogFormat::Text,
         /// A tracing filter, e.g. `info` or `mandrill=debug` (reloadable).
@@ -49,7 +49,7 @@ settings! {
     /// `[debug]`
     #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
     #[serde(deny_unknown_fields, default)]
-    pub struct DebugSettings {
+    pub(crate) struct DebugSettings {
         /// Warn when the runtime falls this far behind (blocking code on it).
         #[serde(with = "duration")]
         pub stall_threshold: Duration = Duration::from_millis(100),
@@ -70,7 +70,7 @@ impl DebugSettings {
     /// The stall threshold in effect: at most 10ms in debug mode (asyncio's
     /// debug mode reports callbacks over 100ms, which is this service's
     /// default already).
-    pub fn stall_threshold(&self) -> Duration {
+    pub(crate) fn stall_threshold(&self) -> Duration {
         if self.enabled {
             self.stall_threshold.min(Duration::from_millis(10))
         } else {
@@ -80,7 +80,7 @@ impl DebugSettings {
 
     /// The status line's period in effect: at most 10s in debug mode, even
     /// if it was turned off.
-    pub fn status_interval(&self) -> Duration {
+    pub(crate) fn status_interval(&self) -> Duration {
         match self.status_interval {
             interval if !self.enabled => interval,
             interval if interval.is_zero() => Duration::from_secs(10),
@@ -93,7 +93,7 @@ settings! {
     /// `[admin]`
     #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
     #[serde(deny_unknown_fields, default)]
-    pub struct AdminSettings {
+    pub(crate) struct AdminSettings {
         /// `IP:PORT` of the admin server (/metrics, /healthz, /readyz, /api),
         /// or `IP:FIRST-LAST` for the first free port of a range; "" disables
         /// it. The port taken is logged and written to `admin.instances_dir`.
@@ -141,7 +141,7 @@ impl super::Config {
     /// Where the admin server's generated token is kept: `None` when the
     /// server is off or `admin.token` is set (no token is generated then).
     /// See [`AdminSettings::token_file`].
-    pub fn admin_token_file(&self) -> Option<PathBuf> {
+    pub(crate) fn admin_token_file(&self) -> Option<PathBuf> {
         if self.admin.listen.is_empty() || self.admin.token.is_some() {
             return None;
         }
@@ -153,7 +153,7 @@ impl super::Config {
 
     /// Where running instances write their admin server's address: `None`
     /// when the server is off. See [`AdminSettings::instances_dir`].
-    pub fn admin_instances_dir(&self) -> Option<PathBuf> {
+    pub(crate) fn admin_instances_dir(&self) -> Option<PathBuf> {
         if self.admin.listen.is_empty() {
             return None;
         }
@@ -185,7 +185,7 @@ impl super::Config {
 /// Where the admin server listens: one address and a range of ports, the
 /// first free one taken (a single port is a range of one).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct AdminListen {
+pub(crate) struct AdminListen {
     /// The address to bind.
     pub ip: std::net::IpAddr,
     /// The first port tried.
@@ -196,12 +196,12 @@ pub struct AdminListen {
 
 impl AdminListen {
     /// Whether a port that is taken is passed over for the next one.
-    pub fn is_range(&self) -> bool {
+    pub(crate) fn is_range(&self) -> bool {
         self.first_port != self.last_port
     }
 
     /// The addresses to try, in order.
-    pub fn addresses(&self) -> impl Iterator<Item = std::net::SocketAddr> + use<> {
+    pub(crate) fn addresses(&self) -> impl Iterator<Item = std::net::SocketAddr> + use<> {
         let ip = self.ip;
         (self.first_port..=self.last_port).map(move |port| std::net::SocketAddr::new(ip, port))
     }
@@ -248,7 +248,7 @@ impl std::fmt::Display for AdminListen {
 impl AdminSettings {
     /// Where to listen, `None` if disabled. Checked by
     /// [`Config::validate`](super::Config::validate): off loopback only with a token.
-    pub fn address(&self) -> Result<Option<AdminListen>, ConfigError> {
+    pub(crate) fn address(&self) -> Result<Option<AdminListen>, ConfigError> {
         if self.listen.is_empty() {
             return Ok(None);
         }

@@ -10,7 +10,7 @@ use crate::safety::{Eligibility, Requesters, StopConditions};
 
 impl Config {
     /// Checks what types alone cannot, naming the key at fault.
-    pub fn validate(&self) -> Result<(), ConfigError> {
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         self.checked(false)
     }
 
@@ -18,7 +18,7 @@ impl Config {
     /// entry whose key cannot be used does not refuse it (the reloaded
     /// policy leaves that entry out: see
     /// [`Requesters::without_unusable_keys`]).
-    pub fn validate_for_reload(&self) -> Result<(), ConfigError> {
+    pub(crate) fn validate_for_reload(&self) -> Result<(), ConfigError> {
         self.checked(true)
     }
 

@@ -15,7 +15,7 @@ settings! {
     /// `[worker]`
     #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
     #[serde(deny_unknown_fields, default)]
-    pub struct WorkerSettings {
+    pub(crate) struct WorkerSettings {
         /// Messages handled at once (1-1000000; reloadable).
         pub max_in_flight: usize = 100,
         /// Most messages asked for in one pull (1-10000).
@@ -55,7 +55,7 @@ settings! {
     /// `[message]`
     #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
     #[serde(deny_unknown_fields, default)]
-    pub struct MessageSettings {
+    pub(crate) struct MessageSettings {
         /// Hostname = `{instance_name}.{domain}`.
         pub domain: String = "example.net".into(),
         /// Larger payloads are dead-lettered unread (at most 64 MiB).
@@ -65,7 +65,7 @@ settings! {
 
 impl Config {
     /// The worker's part.
-    pub fn worker_config(&self) -> WorkerConfig {
+    pub(crate) fn worker_config(&self) -> WorkerConfig {
         let w = &self.worker;
         WorkerConfig {
             max_in_flight: w.max_in_flight,
@@ -105,7 +105,7 @@ impl Config {
     }
 
     /// How payloads are validated.
-    pub fn parse_rules(&self) -> ParseRules {
+    pub(crate) fn parse_rules(&self) -> ParseRules {
         ParseRules {
             // Validated in `validate`; the fallback is unreachable in practice.
             domain: Domain::parse(&self.message.domain).unwrap_or_default(),

@@ -14,13 +14,18 @@ mod time;
 
 pub use joint_ack::JointAck;
 pub(crate) use names::random_instance_name;
-pub use names::{Domain, Hostname, InstanceName};
-pub use outcome::{Outcome, Restarted, Status};
+pub(crate) use names::Domain;
+pub(crate) use names::Hostname;
+pub(crate) use names::InstanceName;
+pub use outcome::Outcome;
+pub(crate) use outcome::Restarted;
+pub use outcome::Status;
 #[cfg(test)]
 use request::{MAX_REASON_CHARS, MAX_REQUESTED_BY_CHARS};
-pub use request::{ParseRules, RestartRequest};
+pub(crate) use request::ParseRules;
+pub use request::RestartRequest;
 pub(crate) use request::{Reach, Rejection, WireRequest, new_message_id, salvage_message_id};
-pub use signed::SigningKey;
+pub(crate) use signed::SigningKey;
 pub(crate) use signed::{Signatures, Signer};
 pub use time::Timestamp;
 

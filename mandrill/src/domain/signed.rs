@@ -274,14 +274,14 @@ pub(super) fn unverified_message_id(token: &[u8]) -> Option<String> {
 
 /// A private key to sign requests with (`mandrill publish --as`): PKCS#8
 /// PEM, Ed25519 (EdDSA) or P-256 (ES256).
-pub struct SigningKey {
+pub(crate) struct SigningKey {
     algorithm: Algorithm,
     key: jsonwebtoken::EncodingKey,
 }
 
 impl SigningKey {
     /// The key from its PEM text; the error never quotes it.
-    pub fn from_pem(pem: &str) -> Result<Self, String> {
+    pub(crate) fn from_pem(pem: &str) -> Result<Self, String> {
         let pem = pem.trim().as_bytes();
         let candidates = [
             (
@@ -307,7 +307,7 @@ impl SigningKey {
 
     /// `request` as a signed token from `requester`, valid from `now` for
     /// `lifetime` (at most [`MAX_LIFETIME`]).
-    pub fn sign(
+    pub(crate) fn sign(
         &self,
         request: &super::WireRequest,
         requester: &str,

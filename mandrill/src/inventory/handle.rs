@@ -8,7 +8,7 @@
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -19,20 +19,18 @@ use super::{Inventory, InventorySettings, Source, load};
 
 /// One good read of the inventory.
 #[derive(Debug)]
-pub struct Snapshot {
+pub(crate) struct Snapshot {
     /// The hosts.
     pub inventory: Inventory,
     /// Where it was read from (redacted).
     pub source: String,
     /// When, on the runtime's clock (ages are measured on it).
     pub loaded_at: Instant,
-    /// When, on the wall clock (what is shown).
-    pub loaded_wall: SystemTime,
 }
 
 impl Snapshot {
     /// How old it is now.
-    pub fn age(&self) -> Duration {
+    pub(crate) fn age(&self) -> Duration {
         self.loaded_at.elapsed()
     }
 }
@@ -40,7 +38,7 @@ impl Snapshot {
 /// The inventory in force, shared by the worker, the refresh task and the
 /// admin pages. Cheap to clone.
 #[derive(Clone, Default)]
-pub struct InventoryHandle(Arc<Inner>);
+pub(crate) struct InventoryHandle(Arc<Inner>);
 
 #[derive(Default)]
 struct Inner {
@@ -66,7 +64,7 @@ impl fmt::Debug for InventoryHandle {
 
 /// Why the inventory cannot decide a request now: it is deferred.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Lookup {
+pub(crate) struct Lookup {
     /// In plain words, naming the inventory.
     pub reason: String,
     /// How soon to look again.
@@ -76,7 +74,7 @@ pub struct Lookup {
 impl InventoryHandle {
     /// A handle holding `inventory`, read from `source` now, under
     /// `settings`' ages.
-    pub fn new(inventory: Inventory, source: &Source, settings: &InventorySettings) -> Self {
+    pub(crate) fn new(inventory: Inventory, source: &Source, settings: &InventorySettings) -> Self {
         let handle = Self::default();
         handle.set_limits(settings);
         handle.install(inventory, source);
@@ -84,7 +82,7 @@ impl InventoryHandle {
     }
 
     /// Applies `settings`' `max_age` and `refresh` (a reload).
-    pub fn set_limits(&self, settings: &InventorySettings) {
+    pub(crate) fn set_limits(&self, settings: &InventorySettings) {
         let millis = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
         self.0
             .max_age_millis
@@ -95,7 +93,7 @@ impl InventoryHandle {
     }
 
     /// The copy in force, however old.
-    pub fn current(&self) -> Option<Arc<Snapshot>> {
+    pub(crate) fn current(&self) -> Option<Arc<Snapshot>> {
         // A poisoned lock still holds a whole `Arc`: a writer only ever
         // replaces it in one store.
         self.0
@@ -107,7 +105,7 @@ impl InventoryHandle {
 
     /// The copy in force if it is no older than `inventory.max_age`, else
     /// why not (a request is then deferred: fail closed).
-    pub fn fresh(&self) -> Result<Arc<Snapshot>, Lookup> {
+    pub(crate) fn fresh(&self) -> Result<Arc<Snapshot>, Lookup> {
         let retry = Duration::from_millis(self.0.refresh_millis.load(Ordering::Relaxed))
             .clamp(Duration::from_secs(1), Duration::from_secs(300));
         let Some(snapshot) = self.current() else {
@@ -137,12 +135,12 @@ impl InventoryHandle {
     }
 
     /// How many reads failed since start.
-    pub fn failures(&self) -> u64 {
+    pub(crate) fn failures(&self) -> u64 {
         self.0.failures.load(Ordering::Relaxed)
     }
 
     /// Why the last read failed, if it did (cleared by a good one).
-    pub fn last_error(&self) -> Option<String> {
+    pub(crate) fn last_error(&self) -> Option<String> {
         self.0
             .last_error
             .lock()
@@ -155,7 +153,6 @@ impl InventoryHandle {
             inventory,
             source: source.to_string(),
             loaded_at: Instant::now(),
-            loaded_wall: SystemTime::now(),
         });
         *self
             .0
@@ -181,7 +178,7 @@ impl InventoryHandle {
 
     /// Reads the inventory again from `source`: a good copy replaces the
     /// one in force; a failure keeps it, says so, and is counted.
-    pub async fn refresh(&self, source: &Source, settings: &InventorySettings) {
+    pub(crate) async fn refresh(&self, source: &Source, settings: &InventorySettings) {
         match load(source, settings).await {
             Ok(inventory) => {
                 info!(

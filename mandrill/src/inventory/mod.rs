@@ -33,7 +33,7 @@ pub(crate) use source::{Source, load};
 
 /// One host as the inventory lists it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Host {
+pub(crate) struct Host {
     /// The instance name requests use.
     pub name: String,
     /// The operator's group; `None` when the source gives none (or, for
@@ -56,7 +56,7 @@ pub struct Host {
 
 /// A parsed inventory: hosts by name, and each group's size.
 #[derive(Debug, Clone, Default)]
-pub struct Inventory {
+pub(crate) struct Inventory {
     hosts: HashMap<String, Arc<Host>>,
     group_sizes: BTreeMap<String, u32>,
     /// Entries left out because their name cannot be an instance name
@@ -69,7 +69,7 @@ pub struct Inventory {
 /// The formats an inventory is read in.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum Format {
+pub(crate) enum Format {
     /// mandrill's own: TOML `[[hosts]]` or JSON `{"hosts": [...]}`.
     #[default]
     Mandrill,
@@ -81,7 +81,7 @@ pub enum Format {
 
 impl Format {
     /// The name shown.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::Mandrill => "mandrill",
             Self::Ansible => "ansible",
@@ -92,7 +92,7 @@ impl Format {
 
 /// What the parsers need to know beyond the text.
 #[derive(Debug, Clone)]
-pub struct Keys {
+pub(crate) struct Keys {
     /// The `file_sd` label holding a target's group.
     pub group_label: String,
     /// The `file_sd` label holding a target's zone.
@@ -117,7 +117,7 @@ impl Inventory {
     /// object with `hosts` as an array: mandrill's; an object with `_meta`
     /// or `all`: ansible's), else TOML. The error says what is wrong and
     /// where.
-    pub fn parse(text: &str, toml_hint: bool, keys: &Keys) -> Result<Self, String> {
+    pub(crate) fn parse(text: &str, toml_hint: bool, keys: &Keys) -> Result<Self, String> {
         if toml_hint {
             return own::parse_toml(text);
         }
@@ -164,22 +164,22 @@ impl Inventory {
     }
 
     /// The host named `name`, if listed.
-    pub fn host(&self, name: &str) -> Option<&Arc<Host>> {
+    pub(crate) fn host(&self, name: &str) -> Option<&Arc<Host>> {
         self.hosts.get(name)
     }
 
     /// How many hosts of `group` it lists.
-    pub fn group_size(&self, group: &str) -> Option<u32> {
+    pub(crate) fn group_size(&self, group: &str) -> Option<u32> {
         self.group_sizes.get(group).copied()
     }
 
     /// Every group with its size, by name.
-    pub fn groups(&self) -> &BTreeMap<String, u32> {
+    pub(crate) fn groups(&self) -> &BTreeMap<String, u32> {
         &self.group_sizes
     }
 
     /// Every zone with its number of hosts, by name.
-    pub fn zones(&self) -> BTreeMap<String, u32> {
+    pub(crate) fn zones(&self) -> BTreeMap<String, u32> {
         let mut zones = BTreeMap::new();
         for host in self.hosts.values() {
             if let Some(zone) = &host.zone {
@@ -190,20 +190,15 @@ impl Inventory {
     }
 
     /// Every host, by name.
-    pub fn hosts(&self) -> Vec<&Arc<Host>> {
+    pub(crate) fn hosts(&self) -> Vec<&Arc<Host>> {
         let mut hosts: Vec<_> = self.hosts.values().collect();
         hosts.sort_by(|a, b| a.name.cmp(&b.name));
         hosts
     }
 
     /// How many hosts it lists.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.hosts.len()
-    }
-
-    /// Whether it lists none.
-    pub fn is_empty(&self) -> bool {
-        self.hosts.is_empty()
     }
 }
 

@@ -17,7 +17,7 @@ settings! {
     /// source: `file`, `command` or `url`.
     #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
     #[serde(deny_unknown_fields, default)]
-    pub struct InventorySettings {
+    pub(crate) struct InventorySettings {
         /// A file: mandrill's TOML `[[hosts]]` (a `.toml` file), or JSON:
         /// mandrill's `{"hosts": [...]}`, `ansible-inventory --list`'s, or
         /// Prometheus `file_sd`, told apart by their shape.
@@ -54,12 +54,12 @@ settings! {
 
 impl InventorySettings {
     /// Whether an inventory is configured.
-    pub fn is_configured(&self) -> bool {
+    pub(crate) fn is_configured(&self) -> bool {
         self.file.is_some() || !self.command.is_empty() || self.url.is_some()
     }
 
     /// What the parsers need beyond the text.
-    pub fn keys(&self) -> Keys {
+    pub(crate) fn keys(&self) -> Keys {
         Keys {
             group_label: self.group_label.clone(),
             zone_label: self.zone_label.clone(),
@@ -68,7 +68,7 @@ impl InventorySettings {
     }
 
     /// Checks what types cannot: `(key, why)`. The URL is never quoted.
-    pub fn validate(&self) -> Result<(), (&'static str, String)> {
+    pub(crate) fn validate(&self) -> Result<(), (&'static str, String)> {
         let sources: Vec<&str> = [
             ("inventory.file", self.file.is_some()),
             ("inventory.command", !self.command.is_empty()),

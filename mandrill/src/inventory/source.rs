@@ -28,7 +28,7 @@ const COMMAND_ENV: &[&str] = &[
 
 /// Where an inventory is read from.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Source {
+pub(crate) enum Source {
     /// `inventory.file`.
     File(PathBuf),
     /// `inventory.command`.
@@ -39,7 +39,7 @@ pub enum Source {
 
 impl Source {
     /// The configured source, if any (the settings are validated: one).
-    pub fn of(settings: &InventorySettings) -> Option<Self> {
+    pub(crate) fn of(settings: &InventorySettings) -> Option<Self> {
         if let Some(path) = &settings.file {
             Some(Self::File(path.clone()))
         } else if !settings.command.is_empty() {

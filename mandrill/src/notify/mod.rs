@@ -30,13 +30,15 @@ use crate::domain::Timestamp;
 use crate::stats::Stats;
 
 pub(crate) use settings::MAX_QUEUE_CAPACITY;
-pub use settings::{Format, NotifierSettings, NotifyEntry};
+pub(crate) use settings::Format;
+pub(crate) use settings::NotifierSettings;
+pub(crate) use settings::NotifyEntry;
 pub(crate) use switch::watch as watch_switch;
 
 /// What happened, as `[[notify]] events` names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum EventKind {
+pub(crate) enum EventKind {
     /// A host was restarted (and, when verifying, came back).
     Restarted,
     /// A restart failed for good: refused, or out of attempts.
@@ -53,7 +55,7 @@ pub enum EventKind {
 
 /// One notification's content. Built only when some endpoint wants it.
 #[derive(Debug, Clone, Serialize)]
-pub struct Event {
+pub(crate) struct Event {
     /// What happened.
     pub event: EventKind,
     /// When, by the wall clock.
@@ -88,7 +90,7 @@ pub struct Event {
 
 impl Event {
     /// An event about one request.
-    pub fn about(
+    pub(crate) fn about(
         kind: EventKind,
         request: &RestartRequest,
         attempt: u32,
@@ -106,7 +108,7 @@ impl Event {
     }
 
     /// The kill switch turned.
-    pub fn switch(paused: bool, by: &str, reason: &str) -> Self {
+    pub(crate) fn switch(paused: bool, by: &str, reason: &str) -> Self {
         let kind = if paused {
             EventKind::Paused
         } else {
@@ -120,7 +122,7 @@ impl Event {
     }
 
     /// One group's restarts paused (a breached recovery objective).
-    pub fn group_paused(group: &str, by: &str, reason: &str) -> Self {
+    pub(crate) fn group_paused(group: &str, by: &str, reason: &str) -> Self {
         Self {
             group: Some(group.to_owned()),
             detail: Some(format!("restarts of group {group} paused: {reason}")),
@@ -129,7 +131,7 @@ impl Event {
     }
 
     /// An event with nothing but its kind and time.
-    pub fn bare(kind: EventKind) -> Self {
+    pub(crate) fn bare(kind: EventKind) -> Self {
         Self {
             event: kind,
             at: Timestamp::now(),
@@ -146,7 +148,7 @@ impl Event {
 }
 
 /// The handle the service hands out: cheap to ask, never blocking.
-pub struct Notifier {
+pub(crate) struct Notifier {
     queue: mpsc::Sender<Event>,
     /// Endpoints wanting each kind, by [`EventKind`] as index: what a drop
     /// costs, and (non-zero) whether an event is worth building at all.
@@ -165,7 +167,7 @@ pub struct Notifier {
 impl Notifier {
     /// Starts the sending task; `None` without `[[notify]]` entries.
     /// Expects validated entries (see [`NotifyEntry::validate`]).
-    pub fn start(
+    pub(crate) fn start(
         entries: &[NotifyEntry],
         settings: &NotifierSettings,
         stats: Arc<Stats>,
@@ -198,13 +200,13 @@ impl Notifier {
     }
 
     /// Whether any endpoint wants `kind`: if not, build nothing.
-    pub fn wants(&self, kind: EventKind) -> bool {
+    pub(crate) fn wants(&self, kind: EventKind) -> bool {
         self.wanted_by[kind as usize] > 0
     }
 
     /// Queues `event` without waiting. A full (or closed) queue drops it,
     /// counted once per endpoint that wanted it.
-    pub fn send(&self, event: Event) {
+    pub(crate) fn send(&self, event: Event) {
         let wanted_by = self.wanted_by[event.event as usize];
         if wanted_by == 0 {
             return;
@@ -216,7 +218,7 @@ impl Notifier {
 
     /// Sends what is queued within the flush bound, then drops the rest
     /// (counted). Events sent after this are dropped.
-    pub async fn close(&self) {
+    pub(crate) async fn close(&self) {
         self.closing.cancel();
         self.tracker.close();
         if tokio::time::timeout(self.flush_timeout, self.tracker.wait())

@@ -11,7 +11,7 @@ use crate::settings::{Secret, settings};
 /// How a notification body looks.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum Format {
+pub(crate) enum Format {
     /// The event as a JSON object (`event`, `at`, `message_id`, …).
     #[default]
     Json,
@@ -23,7 +23,7 @@ pub enum Format {
 /// One `[[notify]]` endpoint.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct NotifyEntry {
+pub(crate) struct NotifyEntry {
     /// Where to POST; a secret (a webhook's path is often its key): never
     /// logged, never echoed in an error.
     pub url: Secret,
@@ -53,7 +53,7 @@ impl NotifyEntry {
 
     /// Checks what types cannot: `(key within the entry, why)`. The URL is
     /// never quoted.
-    pub fn validate(&self) -> Result<(), (&'static str, String)> {
+    pub(crate) fn validate(&self) -> Result<(), (&'static str, String)> {
         let url = url::Url::parse(&self.url.0).map_err(|_| {
             (
                 "url",
@@ -86,7 +86,7 @@ settings! {
     /// `[notifier]`: the queue between the pipeline and the sending task.
     #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
     #[serde(deny_unknown_fields, default)]
-    pub struct NotifierSettings {
+    pub(crate) struct NotifierSettings {
         /// Notifications waiting to be sent; beyond it they are dropped
         /// (counted), never waited for.
         pub queue_capacity: usize = 1024,

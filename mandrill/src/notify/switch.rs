@@ -116,14 +116,14 @@ impl Event {
 impl Notifier {
     /// Whether `paused` or `resumed` is wanted: else the switch needs no
     /// watching.
-    pub fn wants_switch(&self) -> bool {
+    pub(crate) fn wants_switch(&self) -> bool {
         self.wants(EventKind::Paused) || self.wants(EventKind::Resumed)
     }
 
     /// Notifies a turn this instance made: `from` just before the store
     /// was asked, `until` once it answered. The watch will not tell it
     /// again.
-    pub fn switch_turned_here(
+    pub(crate) fn switch_turned_here(
         &self,
         paused: bool,
         by: &str,

@@ -32,7 +32,7 @@ settings! {
     /// `[restarter.command]`.
     #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
     #[serde(deny_unknown_fields, default)]
-    pub struct CommandSettings {
+    pub(crate) struct CommandSettings {
         /// Program and argument templates ({host} {instance_name}
         /// {message_id} {group}); no shell.
         ///
@@ -70,7 +70,7 @@ settings! {
 
 impl CommandSettings {
     /// Checks the settings, naming the failing key within the section.
-    pub fn validate(&self) -> Result<(), (&'static str, String)> {
+    pub(crate) fn validate(&self) -> Result<(), (&'static str, String)> {
         ArgvTemplate::parse(&self.argv).map_err(|why| ("argv", why))?;
         if self.timeout.is_zero() {
             return Err(("timeout", "must be more than zero".into()));

@@ -14,7 +14,7 @@ use crate::pattern::Pattern;
 /// One `[[hosts]]` entry, as configured.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct HostEntry {
+pub(crate) struct HostEntry {
     /// Instance names this entry applies to, e.g. `cattle-*`.
     pub pattern: String,
     /// Address to reach them at (a name or an IP), instead of the hostname.
@@ -30,7 +30,7 @@ pub struct HostEntry {
 
 /// Where to reach one request's host.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Target {
+pub(crate) struct Target {
     /// The address: the host map's, else the request's hostname.
     pub address: String,
     /// The port, if the host map gives one.
@@ -41,13 +41,13 @@ pub struct Target {
 
 /// The parsed host map. See the module docs.
 #[derive(Debug, Clone, Default)]
-pub struct HostMap {
+pub(crate) struct HostMap {
     entries: Vec<(Pattern, HostEntry)>,
 }
 
 impl HostMap {
     /// Parses the configured entries, naming the first bad one by index.
-    pub fn new(entries: &[HostEntry]) -> Result<Self, String> {
+    pub(crate) fn new(entries: &[HostEntry]) -> Result<Self, String> {
         let mut parsed = Vec::with_capacity(entries.len());
         for (index, entry) in entries.iter().enumerate() {
             let pattern = Pattern::parse(&entry.pattern)
@@ -69,7 +69,7 @@ impl HostMap {
 
     /// Where to reach `request`'s host: the inventory's parts first, then
     /// the map's, then the hostname.
-    pub fn target(&self, request: &RestartRequest) -> Target {
+    pub(crate) fn target(&self, request: &RestartRequest) -> Target {
         let entry = self
             .entries
             .iter()

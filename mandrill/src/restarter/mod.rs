@@ -33,8 +33,10 @@ pub(crate) use command::{CommandRestarter, CommandSettings};
 pub(crate) use http::{HttpRestarter, HttpSettings};
 pub(crate) use journal::Journaled;
 pub(crate) use simulate::SimulatedBlockingRestarter;
-pub use simulate::{SimulatedRestarter, Simulation};
-pub use ssh::{SshRestarter, SshSettings};
+pub(crate) use simulate::SimulatedRestarter;
+pub(crate) use simulate::Simulation;
+pub(crate) use ssh::SshRestarter;
+pub(crate) use ssh::SshSettings;
 pub(crate) use verify::{Verified, VerifySettings};
 
 /// Why a restart did not happen, or did not end well. The worker branches
@@ -45,7 +47,7 @@ pub(crate) use verify::{Verified, VerifySettings};
 /// through [`RestartError::with_causes`].
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
-pub enum RestartError {
+pub(crate) enum RestartError {
     /// The backend tried and failed; retrying may help.
     #[error("restart of {host} failed")]
     Failed {
@@ -116,7 +118,7 @@ pub enum RestartError {
 
 impl RestartError {
     /// A failure worth retrying, without a hint of when.
-    pub fn failed(host: &Hostname, cause: impl Into<Cause>) -> Self {
+    pub(crate) fn failed(host: &Hostname, cause: impl Into<Cause>) -> Self {
         Self::Failed {
             host: host.clone(),
             cause: cause.into(),
@@ -125,7 +127,7 @@ impl RestartError {
     }
 
     /// A refusal that retrying cannot fix.
-    pub fn permanent(host: &Hostname, cause: impl Into<Cause>) -> Self {
+    pub(crate) fn permanent(host: &Hostname, cause: impl Into<Cause>) -> Self {
         Self::Permanent {
             host: host.clone(),
             cause: cause.into(),
@@ -135,12 +137,12 @@ impl RestartError {
     /// The error followed by its causes (`restart of web-1 failed: POST
     /// https://… answered 503`), for a log line, a notification or the
     /// history, where the message must stand alone.
-    pub fn with_causes(&self) -> impl std::fmt::Display + '_ {
+    pub(crate) fn with_causes(&self) -> impl std::fmt::Display + '_ {
         crate::causes::WithCauses(self)
     }
 
     /// Whether another attempt may succeed.
-    pub fn is_retryable(&self) -> bool {
+    pub(crate) fn is_retryable(&self) -> bool {
         matches!(
             self,
             Self::Failed { .. } | Self::TimedOut { .. } | Self::Aborted { .. }
@@ -148,7 +150,7 @@ impl RestartError {
     }
 
     /// When the backend asked to be tried again, if it did.
-    pub fn retry_after(&self) -> Option<Duration> {
+    pub(crate) fn retry_after(&self) -> Option<Duration> {
         match self {
             Self::Failed { retry_after, .. } => *retry_after,
             _ => None,
@@ -162,7 +164,7 @@ impl RestartError {
 #[derive(Debug, thiserror::Error)]
 #[error("{key}: {why}")]
 #[non_exhaustive]
-pub struct SettingError {
+pub(crate) struct SettingError {
     /// The dotted key (`restarter.http.ca_file`).
     pub key: String,
     /// What is wrong.
@@ -184,7 +186,8 @@ impl SettingError {
 
     /// The error followed by its cause, for the line that tells the
     /// operator.
-    pub fn with_causes(&self) -> impl std::fmt::Display + '_ {
+    #[cfg(test)]
+    pub(crate) fn with_causes(&self) -> impl std::fmt::Display + '_ {
         crate::causes::WithCauses(self)
     }
 
@@ -204,18 +207,18 @@ impl SettingError {
 /// Capacity to issue one restart, held from [`Restarter::reserve`] until the
 /// restart is done.
 #[derive(Debug, Default)]
-pub struct Reservation {
+pub(crate) struct Reservation {
     _permit: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 impl Reservation {
     /// Nothing to hold: the backend has no limit of its own.
-    pub fn unlimited() -> Self {
+    pub(crate) fn unlimited() -> Self {
         Self::default()
     }
 
     /// Holds a semaphore permit until the restart is done.
-    pub fn permit(permit: tokio::sync::OwnedSemaphorePermit) -> Self {
+    pub(crate) fn permit(permit: tokio::sync::OwnedSemaphorePermit) -> Self {
         Self {
             _permit: Some(permit),
         }
@@ -229,7 +232,7 @@ impl Reservation {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{guard} refused: {reason} (retry after {retry_after:?})")]
 #[non_exhaustive]
-pub struct Refusal {
+pub(crate) struct Refusal {
     /// Who refused, as a decision names its guard (`backend`, `rate limit`).
     pub guard: &'static str,
     /// Why, in plain words.
@@ -240,7 +243,8 @@ pub struct Refusal {
 
 impl Refusal {
     /// `guard` refuses for `reason`; ask again after `retry_after`.
-    pub fn new(guard: &'static str, reason: impl Into<String>, retry_after: Duration) -> Self {
+    #[cfg(test)]
+    pub(crate) fn new(guard: &'static str, reason: impl Into<String>, retry_after: Duration) -> Self {
         Self {
             guard,
             reason: reason.into(),
@@ -255,7 +259,7 @@ impl Refusal {
 /// a boxed future per call, and most reservations are decided at once (no
 /// limit, a free permit). Only a reservation that must wait is boxed.
 #[must_use = "a reservation does nothing unless awaited"]
-pub struct Reserving<'a>(ReservingInner<'a>);
+pub(crate) struct Reserving<'a>(ReservingInner<'a>);
 
 enum ReservingInner<'a> {
     Now(Option<Result<Reservation, Refusal>>),
@@ -264,24 +268,24 @@ enum ReservingInner<'a> {
 
 impl<'a> Reserving<'a> {
     /// Decided already.
-    pub fn now(answer: Result<Reservation, Refusal>) -> Self {
+    pub(crate) fn now(answer: Result<Reservation, Refusal>) -> Self {
         Self(ReservingInner::Now(Some(answer)))
     }
 
     /// Nothing to wait for and nothing to hold.
-    pub fn unlimited() -> Self {
+    pub(crate) fn unlimited() -> Self {
         Self::now(Ok(Reservation::unlimited()))
     }
 
     /// Decided by `wait`, which must be cancel-safe (dropping it reserves
     /// nothing).
-    pub fn wait(wait: impl Future<Output = Result<Reservation, Refusal>> + Send + 'a) -> Self {
+    pub(crate) fn wait(wait: impl Future<Output = Result<Reservation, Refusal>> + Send + 'a) -> Self {
         Self(ReservingInner::Waiting(Box::pin(wait)))
     }
 
     /// Whether the answer may take a while (decisions made before it may
     /// be stale by then).
-    pub fn may_wait(&self) -> bool {
+    pub(crate) fn may_wait(&self) -> bool {
         matches!(self.0, ReservingInner::Waiting(_))
     }
 }
@@ -312,7 +316,7 @@ impl Future for Reserving<'_> {
 /// remote command can pass on. Decorators ([`Journaled`], [`Verified`])
 /// pass reservations and refusals through unchanged.
 #[async_trait]
-pub trait Restarter: Send + Sync + 'static {
+pub(crate) trait Restarter: Send + Sync + 'static {
     /// Waits until a restart of `request` can be issued, or refuses it.
     /// Cancel-safe: dropping the future issues nothing.
     fn reserve<'a>(&'a self, _request: &'a RestartRequest) -> Reserving<'a> {

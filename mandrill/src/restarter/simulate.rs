@@ -12,7 +12,7 @@ use crate::domain::{Hostname, RestartRequest, Restarted};
 
 /// The simulated backend's behaviour.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Simulation {
+pub(crate) struct Simulation {
     /// Shortest time a restart takes.
     pub min_latency: Duration,
     /// Longest time a restart takes; latencies are uniform in between.
@@ -45,7 +45,7 @@ impl Simulation {
 
 /// Waits asynchronously, then succeeds or fails at random.
 #[derive(Debug, Clone)]
-pub struct SimulatedRestarter(pub Simulation);
+pub(crate) struct SimulatedRestarter(pub Simulation);
 
 #[async_trait]
 impl Restarter for SimulatedRestarter {

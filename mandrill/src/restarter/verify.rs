@@ -38,7 +38,7 @@ const PROBE_MAX_OUTPUT: usize = 1024;
 /// How the host's health is checked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum ProbeKind {
+pub(crate) enum ProbeKind {
     /// No verification: a restart the backend confirmed is done.
     #[default]
     None,
@@ -54,7 +54,7 @@ settings! {
     /// `[verify]`.
     #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
     #[serde(deny_unknown_fields, default)]
-    pub struct VerifySettings {
+    pub(crate) struct VerifySettings {
         /// none | tcp | http | command
         pub probe: ProbeKind = ProbeKind::None,
         /// tcp probe: port on the host.
@@ -95,7 +95,7 @@ settings! {
 
 impl VerifySettings {
     /// Checks the settings, naming the failing key within the section.
-    pub fn validate(&self) -> Result<(), (&'static str, String)> {
+    pub(crate) fn validate(&self) -> Result<(), (&'static str, String)> {
         Probe::new(self).map(drop)?;
         for (key, value) in [
             ("interval", self.interval),

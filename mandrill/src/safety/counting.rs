@@ -11,7 +11,7 @@ use crate::pattern::Pattern;
 /// Groups and the counting guards' settings, resolved: what the worker asks
 /// for each request's [`Limits`].
 #[derive(Debug, Clone, Default)]
-pub struct Counting {
+pub(crate) struct Counting {
     groups: Vec<(String, Vec<Pattern>)>,
     group_max: Option<u32>,
     global_max: Option<u32>,
@@ -55,7 +55,7 @@ fn limit(value: Option<u32>, default: Option<u32>) -> Option<u32> {
 impl Counting {
     /// Resolves the settings; `real` picks the strict defaults. The error
     /// names the setting.
-    pub fn new(
+    pub(crate) fn new(
         groups: &BTreeMap<String, Vec<String>>,
         rate: &RateSettings,
         budget: &BudgetSettings,
@@ -113,7 +113,7 @@ impl Counting {
     /// `restarted` was seen healthy and stops counting as a disruption at
     /// once; without one, it counts for `safety.budget.settle`. Unless told
     /// so, the settle applies: the safe side.
-    pub fn verified_by_probe(mut self, verified: bool) -> Self {
+    pub(crate) fn verified_by_probe(mut self, verified: bool) -> Self {
         if verified {
             self.settle = Duration::ZERO;
         }
@@ -121,7 +121,8 @@ impl Counting {
     }
 
     /// No counting guard at all.
-    pub fn none() -> Self {
+    #[cfg(test)]
+    pub(crate) fn none() -> Self {
         Self {
             window: Duration::from_secs(24 * 3600),
             ..Self::default()
@@ -132,7 +133,8 @@ impl Counting {
     /// name) with a pattern matching it, else the name without its last
     /// `-suffix` (`cattle-a1` → `cattle`). A message's own `group` never
     /// enters into it.
-    pub fn group_of<'r>(&'r self, instance: &'r str) -> &'r str {
+    #[cfg(test)]
+    pub(crate) fn group_of<'r>(&'r self, instance: &'r str) -> &'r str {
         self.groups
             .iter()
             .find(|(_, patterns)| patterns.iter().any(|p| p.matches(instance)))
@@ -151,7 +153,7 @@ impl Counting {
     /// `request.group()`) counts it there. `Err` with the denial's reason
     /// when the message names a different group: a publisher never picks
     /// the group whose limits it is counted against.
-    pub fn assign(&self, request: &mut RestartRequest) -> Result<(), String> {
+    pub(crate) fn assign(&self, request: &mut RestartRequest) -> Result<(), String> {
         let instance = request.instance_name.as_str();
         let configured = self
             .groups
@@ -167,12 +169,12 @@ impl Counting {
     /// The limits a claim in `group` enforces, or why the budget cannot be
     /// known (a percentage of a group whose size is not configured): the
     /// request is then deferred, never let through.
-    pub fn limits(&self, group: &str) -> Result<Limits, String> {
+    pub(crate) fn limits(&self, group: &str) -> Result<Limits, String> {
         self.limits_sized(group, self.sizes.get(group).copied())
     }
 
     /// As [`Self::limits`], with the group's size given (the inventory's).
-    pub fn limits_sized(&self, group: &str, size: Option<u32>) -> Result<Limits, String> {
+    pub(crate) fn limits_sized(&self, group: &str, size: Option<u32>) -> Result<Limits, String> {
         let from_percent = match self.percent {
             None => None,
             Some(percent) => match size {
@@ -205,12 +207,12 @@ impl Counting {
     }
 
     /// The window the rate limits count over.
-    pub fn window(&self) -> Duration {
+    pub(crate) fn window(&self) -> Duration {
         self.window
     }
 
     /// How long an unverified end counts as a disruption.
-    pub fn forget_after(&self) -> Duration {
+    pub(crate) fn forget_after(&self) -> Duration {
         self.forget_after
     }
 
@@ -219,7 +221,7 @@ impl Counting {
     /// holds every row the settle reads: a host counts at most
     /// `forget_after` after its claim), whichever is longest (zero with
     /// none on). Pruning keeps at least this much.
-    pub fn lookback(&self) -> Duration {
+    pub(crate) fn lookback(&self) -> Duration {
         let rate = (self.group_max.is_some() || self.global_max.is_some()).then_some(self.window);
         let budgets =
             self.max_disrupted.is_some() || self.percent.is_some() || self.zone_budget.is_some();
@@ -232,7 +234,7 @@ impl Counting {
     }
 
     /// The settings in words, for `mandrill status`.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         let window = humantime::format_duration(self.window);
         let or_unlimited = |n: Option<u32>, what: String| {
             n.map_or_else(|| format!("{what}: unlimited"), |n| format!("{what}: {n}"))

@@ -12,14 +12,16 @@ use crate::domain::RestartRequest;
 /// Wall-clock time for the guards. Injected so that tests read tokio's
 /// (paused) clock instead of the system's.
 #[derive(Debug, Clone, Default)]
-pub enum Clock {
+pub(crate) enum Clock {
     /// The system clock.
     #[default]
     System,
-    /// Always this instant: `policy check --at`, and tests.
+    /// Always this instant.
+    #[cfg(test)]
     Fixed(Timestamp),
     /// `origin` at the moment of creation, then advancing with tokio's
     /// clock: paused in tests, so a test moves the calendar's time.
+    #[cfg(test)]
     Following {
         /// The wall-clock time at `since`.
         origin: Timestamp,
@@ -30,7 +32,8 @@ pub enum Clock {
 
 impl Clock {
     /// A clock reading `origin` now and advancing with tokio's time.
-    pub fn following_tokio(origin: Timestamp) -> Self {
+    #[cfg(test)]
+    pub(crate) fn following_tokio(origin: Timestamp) -> Self {
         Self::Following {
             origin,
             since: tokio::time::Instant::now(),
@@ -38,10 +41,12 @@ impl Clock {
     }
 
     /// The current time.
-    pub fn now(&self) -> Timestamp {
+    pub(crate) fn now(&self) -> Timestamp {
         match self {
             Self::System => Timestamp::now(),
+            #[cfg(test)]
             Self::Fixed(at) => *at,
+            #[cfg(test)]
             Self::Following { origin, since } => {
                 let elapsed =
                     SignedDuration::try_from(since.elapsed()).unwrap_or(SignedDuration::MAX);
@@ -60,7 +65,7 @@ pub(crate) const MAX_PUBLISHED_AHEAD: Duration = Duration::from_secs(5 * 60);
 
 /// What `safety.max_defer` is counted from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Since {
+pub(crate) enum Since {
     /// The request's own `published_at`, within [`MAX_PUBLISHED_AHEAD`].
     Published(Timestamp),
     /// When the store first received it: its `published_at` is missing or
@@ -70,7 +75,7 @@ pub enum Since {
 
 /// What the deferring guards decide about a request right now.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Hold {
+pub(crate) enum Hold {
     /// Not yet: nack, to be redelivered after `delay`.
     Defer {
         /// Which guard.
@@ -93,7 +98,7 @@ pub enum Hold {
 /// The deferring guards: the calendar, and the counting guards that the
 /// store's claim decides.
 #[derive(Debug, Clone)]
-pub struct Guards {
+pub(crate) struct Guards {
     /// `None`: restarts at any time.
     pub calendar: Option<Calendar>,
     /// Groups, rate limits, host cooldown and the disruption budget.
@@ -121,7 +126,7 @@ impl Default for Guards {
 impl Guards {
     /// `None` when every deferring guard allows the request now: first the
     /// request's own `not_before` (it can only delay), then the calendar.
-    pub fn hold(&self, request: &RestartRequest) -> Option<Hold> {
+    pub(crate) fn hold(&self, request: &RestartRequest) -> Option<Hold> {
         let now = self.clock.now();
         if let Some(not_before) = request.not_before.and_then(|t| Timestamp::try_from(t).ok())
             && not_before > now
@@ -146,7 +151,7 @@ impl Guards {
 
     /// When the request's own `published_at` dates it: set, and no more
     /// than [`MAX_PUBLISHED_AHEAD`] ahead of the clock.
-    pub fn published(&self, request: &RestartRequest) -> Option<Timestamp> {
+    pub(crate) fn published(&self, request: &RestartRequest) -> Option<Timestamp> {
         let published = Timestamp::try_from(request.published_at?).ok()?;
         let ahead = SignedDuration::try_from(MAX_PUBLISHED_AHEAD).unwrap_or(SignedDuration::MAX);
         let latest = self.clock.now().saturating_add(ahead).ok()?;
@@ -160,7 +165,7 @@ impl Guards {
     /// deferred here: whoever settles the deferral judges its expiry from
     /// its first receipt, which only the store knows
     /// ([`Guards::defer_since`]).
-    pub fn defer(
+    pub(crate) fn defer(
         &self,
         request: &RestartRequest,
         guard: &'static str,
@@ -179,7 +184,7 @@ impl Guards {
 
     /// A deferral by `guard` for `delay`, or the request's expiry if it
     /// would still wait past `safety.max_defer` after `since`.
-    pub fn defer_since(
+    pub(crate) fn defer_since(
         &self,
         since: Since,
         guard: &'static str,

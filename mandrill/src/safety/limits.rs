@@ -20,7 +20,7 @@ settings! {
     /// `[safety.rate]`.
     #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
     #[serde(deny_unknown_fields, default)]
-    pub struct RateSettings {
+    pub(crate) struct RateSettings {
         /// Restarts per group per window (unset: 1 with a real backend, else
         /// unlimited; 0 unlimited).
         ///
@@ -43,7 +43,7 @@ settings! {
     /// `[safety.budget]`: how many hosts of a group may be disrupted at once.
     #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
     #[serde(deny_unknown_fields, default)]
-    pub struct BudgetSettings {
+    pub(crate) struct BudgetSettings {
         /// Hosts per group disrupted at once (unset: 1 with a real backend
         /// unless `max_disrupted_percent` is set, else unlimited; 0
         /// unlimited).

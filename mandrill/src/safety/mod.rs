@@ -22,9 +22,11 @@ pub(crate) use counting::{Counting, group_mismatch};
 pub(crate) use guards::{Clock, Guards, Hold, Since};
 pub(crate) use limits::{BudgetSettings, Limits, RateSettings};
 pub(crate) use policy::Placement;
-pub use policy::{Policy, PolicyHandle};
+pub(crate) use policy::Policy;
+pub(crate) use policy::PolicyHandle;
 pub(crate) use reply_to::ReplyDestinations;
-pub use requesters::{RequesterSettings, Requesters};
+pub(crate) use requesters::RequesterSettings;
+pub(crate) use requesters::Requesters;
 pub(crate) use stop::{StopConditionSettings, StopConditions};
 
 use crate::pattern::Pattern;
@@ -45,7 +47,7 @@ pub enum Verdict {
 
 /// Which instances may be restarted: `safety.allow` and `safety.deny`.
 #[derive(Debug, Clone, Default)]
-pub struct Eligibility {
+pub(crate) struct Eligibility {
     allow: Vec<Pattern>,
     deny: Vec<Pattern>,
     /// With a real backend nothing is eligible until `allow` names it; with
@@ -55,7 +57,7 @@ pub struct Eligibility {
 
 impl Eligibility {
     /// Parses the patterns; the error names the list and the index.
-    pub fn new(
+    pub(crate) fn new(
         allow: &[String],
         deny: &[String],
         require_allow: bool,
@@ -77,12 +79,12 @@ impl Eligibility {
     }
 
     /// Everything eligible: for tests and the simulated backends.
-    pub fn everyone() -> Self {
+    pub(crate) fn everyone() -> Self {
         Self::default()
     }
 
     /// Nothing eligible.
-    pub fn nobody() -> Self {
+    pub(crate) fn nobody() -> Self {
         Self {
             require_allow: true,
             ..Self::default()
@@ -91,7 +93,7 @@ impl Eligibility {
 
     /// `Ok` if `instance` may be restarted, else the reason it may not, in
     /// plain words: what a denied request records.
-    pub fn check(&self, instance: &str) -> Result<(), String> {
+    pub(crate) fn check(&self, instance: &str) -> Result<(), String> {
         if let Some(pattern) = self.deny.iter().find(|p| p.matches(instance)) {
             return Err(format!(
                 "denied by safety.deny: {instance} matches \"{pattern}\""

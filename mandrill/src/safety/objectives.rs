@@ -24,7 +24,7 @@ settings! {
     /// One `[[recovery_objective]]`.
     #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
     #[serde(deny_unknown_fields, default)]
-    pub struct RecoveryObjective {
+    pub(crate) struct RecoveryObjective {
         /// The group judged (the inventory's, or `safety.groups`').
         pub group: String = String::new(),
         /// Which percentile of its recovery times must stay within `max`

@@ -12,7 +12,7 @@ use crate::inventory::InventoryHandle;
 /// What a reload of `[safety]` may change. Everything the handler decides
 /// with, so that one message is decided under one policy at a time.
 #[derive(Debug, Clone)]
-pub struct Policy {
+pub(crate) struct Policy {
     /// Leashed: every decision is made and recorded, the would-be action
     /// recorded as `dry-run`, and no restart is issued.
     pub dry_run: bool,
@@ -49,7 +49,7 @@ const REPLACED_RETRY: Duration = Duration::from_secs(1);
 
 /// Why a request is not counted at all: what [`Policy::place`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Placement {
+pub(crate) enum Placement {
     /// Denied for good (recorded `denied`, acked): not in the inventory,
     /// no group there, the message names another group, or a `reply_to`
     /// the operator does not allow.
@@ -95,7 +95,7 @@ impl Policy {
     /// counts. `Err` when it must not be counted at all: denied (not in
     /// the inventory, no group there, a message naming another group) or
     /// deferred (the inventory is missing or older than its `max_age`).
-    pub fn place(&self, request: &mut RestartRequest) -> Result<(), Placement> {
+    pub(crate) fn place(&self, request: &mut RestartRequest) -> Result<(), Placement> {
         // Before anything counts: a requester who would not hear the
         // verdict gets nothing restarted.
         if let Some(destination) = &request.reply_to {
@@ -156,7 +156,7 @@ impl Policy {
     /// [`Self::place`]; a host whose zone or reach changed is deferred, so
     /// that the next delivery is placed afresh (the restart would go to the
     /// old address, and count in the old zone).
-    pub fn still_placed(&self, request: &RestartRequest) -> Result<(), Placement> {
+    pub(crate) fn still_placed(&self, request: &RestartRequest) -> Result<(), Placement> {
         let Some(inventory) = &self.inventory else {
             return Ok(());
         };
@@ -208,7 +208,7 @@ impl Policy {
 
     /// The limits a claim in `group` enforces: with an inventory, a
     /// percentage budget counts the group's size there.
-    pub fn limits(&self, group: &str) -> Result<Limits, String> {
+    pub(crate) fn limits(&self, group: &str) -> Result<Limits, String> {
         match self.inventory.as_ref().and_then(InventoryHandle::current) {
             Some(snapshot) => self
                 .guards
@@ -221,7 +221,7 @@ impl Policy {
     /// A deferral for `delay` (a short retry: a stop condition), or
     /// `Expired` when the request would then be older than
     /// `safety.max_defer` since it was published.
-    pub fn defer(&self, request: &RestartRequest, delay: Duration, reason: String) -> Hold {
+    pub(crate) fn defer(&self, request: &RestartRequest, delay: Duration, reason: String) -> Hold {
         self.guards.defer(request, "stop condition", delay, reason)
     }
 }
@@ -234,16 +234,16 @@ impl Policy {
 /// but for the instant of a reload, and a handler keeps the policy it read
 /// for as long as it needs it while a reload installs the next one.
 #[derive(Debug, Clone)]
-pub struct PolicyHandle(Arc<RwLock<Arc<Policy>>>);
+pub(crate) struct PolicyHandle(Arc<RwLock<Arc<Policy>>>);
 
 impl PolicyHandle {
     /// A handle on `policy`.
-    pub fn new(policy: Policy) -> Self {
+    pub(crate) fn new(policy: Policy) -> Self {
         Self(Arc::new(RwLock::new(Arc::new(policy))))
     }
 
     /// The policy in force now.
-    pub fn current(&self) -> Arc<Policy> {
+    pub(crate) fn current(&self) -> Arc<Policy> {
         // A poisoned lock still holds a whole `Arc` (a writer only ever
         // replaces it in one store), so its value is safe to read.
         self.0
@@ -254,7 +254,7 @@ impl PolicyHandle {
 
     /// Puts `policy` in force for every delivery decided from now on;
     /// returns the one it replaces.
-    pub fn replace(&self, policy: Policy) -> Arc<Policy> {
+    pub(crate) fn replace(&self, policy: Policy) -> Arc<Policy> {
         let policy = Arc::new(policy);
         let mut current = self
             .0

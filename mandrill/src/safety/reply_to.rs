@@ -8,13 +8,13 @@ use crate::pattern::Pattern;
 /// The operator's patterns. Empty (the default): every `reply_to` is
 /// refused.
 #[derive(Debug, Clone, Default)]
-pub struct ReplyDestinations {
+pub(crate) struct ReplyDestinations {
     allowed: Vec<Pattern>,
 }
 
 impl ReplyDestinations {
     /// Parses the patterns; the error names the key and the index.
-    pub fn new(allowed: &[String]) -> Result<Self, (String, String)> {
+    pub(crate) fn new(allowed: &[String]) -> Result<Self, (String, String)> {
         let allowed = allowed
             .iter()
             .enumerate()
@@ -27,13 +27,13 @@ impl ReplyDestinations {
     }
 
     /// Whether any pattern is configured.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.allowed.is_empty()
     }
 
     /// The first pattern that admits `destination`, if any (shown in a
     /// start-up check against the broker's own subjects).
-    pub fn admitting(&self, destination: &str) -> Option<String> {
+    pub(crate) fn admitting(&self, destination: &str) -> Option<String> {
         self.allowed
             .iter()
             .find(|pattern| pattern.matches(destination))
@@ -41,7 +41,7 @@ impl ReplyDestinations {
     }
 
     /// `Ok` if a pattern admits `destination`; else the denial's reason.
-    pub fn check(&self, destination: &str) -> Result<(), String> {
+    pub(crate) fn check(&self, destination: &str) -> Result<(), String> {
         if self.admitting(destination).is_some() {
             return Ok(());
         }

@@ -22,7 +22,7 @@ use crate::pattern::Pattern;
 /// One `[[requesters]]` entry, as configured.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RequesterSettings {
+pub(crate) struct RequesterSettings {
     /// The requester's name: the `iss` its tokens carry, and what the
     /// history records as `requested_by`.
     pub name: String,
@@ -47,7 +47,7 @@ pub struct RequesterSettings {
 /// instance.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct QuotaSettings {
+pub(crate) struct QuotaSettings {
     /// Restarts per window.
     pub max: u32,
     /// The window, e.g. `1h`.
@@ -66,7 +66,7 @@ struct Permit {
 /// The configured requesters: their keys (for the parse) and their permits
 /// (for eligibility and the claim).
 #[derive(Debug, Clone, Default)]
-pub struct Requesters {
+pub(crate) struct Requesters {
     signatures: Signatures,
     permits: HashMap<String, Permit>,
 }
@@ -100,7 +100,7 @@ impl Requesters {
     /// Parses the entries, reading key files; `require_signed`: refuse
     /// unsigned requests. The error names the key at fault
     /// (`requesters[0].public_key`) and never quotes a key.
-    pub fn new(
+    pub(crate) fn new(
         entries: &[RequesterSettings],
         require_signed: bool,
     ) -> Result<Self, (String, String)> {
@@ -113,7 +113,7 @@ impl Requesters {
     /// reload. Deleting or replacing a key file and sending SIGHUP is how a
     /// key is revoked: refusing the reload would keep trusting the old key
     /// (fail open). Any other error still fails.
-    pub fn without_unusable_keys(
+    pub(crate) fn without_unusable_keys(
         entries: &[RequesterSettings],
         require_signed: bool,
     ) -> Result<(Self, Vec<AtFault>), AtFault> {
@@ -191,7 +191,7 @@ impl Requesters {
 
     /// No requester, and unsigned requests refused: what an invalid
     /// configuration falls back to (fail closed).
-    pub fn refuse_unsigned() -> Self {
+    pub(crate) fn refuse_unsigned() -> Self {
         Self {
             signatures: Signatures::new(HashMap::new(), true),
             permits: HashMap::new(),
@@ -199,7 +199,7 @@ impl Requesters {
     }
 
     /// The keys a payload is verified with, and whether one is required.
-    pub fn signatures(&self) -> &Signatures {
+    pub(crate) fn signatures(&self) -> &Signatures {
         &self.signatures
     }
 
@@ -207,7 +207,7 @@ impl Requesters {
     /// instance in `group`, the group the operator's configuration puts
     /// the instance in; else why not, naming the requester: what a denied
     /// request records. An unsigned request is not this check's to refuse.
-    pub fn check(&self, request: &RestartRequest, group: &str) -> Result<(), String> {
+    pub(crate) fn check(&self, request: &RestartRequest, group: &str) -> Result<(), String> {
         let Some(name) = request.requester.as_deref() else {
             return Ok(());
         };
@@ -237,7 +237,7 @@ impl Requesters {
     }
 
     /// Adds the request's requester's quota to the claim's limits.
-    pub fn limit(&self, request: &RestartRequest, limits: &mut Limits) {
+    pub(crate) fn limit(&self, request: &RestartRequest, limits: &mut Limits) {
         if let Some((max, window)) = request
             .requester
             .as_deref()
@@ -250,7 +250,7 @@ impl Requesters {
     }
 
     /// The longest quota window: pruning must keep the journal that long.
-    pub fn lookback(&self) -> Duration {
+    pub(crate) fn lookback(&self) -> Duration {
         self.permits
             .values()
             .filter_map(|permit| permit.quota.map(|(_, window)| window))

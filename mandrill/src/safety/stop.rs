@@ -27,7 +27,7 @@ const MAX_CHECKED_BODY: usize = 64 * 1024;
 /// One `[[safety.stop_conditions]]` entry, as configured.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct StopConditionSettings {
+pub(crate) struct StopConditionSettings {
     /// What reasons call it: `deferred by stop condition "alerts": …`.
     pub name: String,
     /// Probe this URL with GET; healthy when it answers `expect_status`.
@@ -89,7 +89,7 @@ pub(crate) struct StopCondition {
 
 /// Every stop condition of the policy, with the HTTP client they share.
 #[derive(Debug, Clone, Default)]
-pub struct StopConditions {
+pub(crate) struct StopConditions {
     checks: Vec<StopCondition>,
     client: Option<reqwest::Client>,
 }
@@ -97,7 +97,7 @@ pub struct StopConditions {
 impl StopConditions {
     /// Checks the settings; the error names the key at fault
     /// (`safety.stop_conditions[1].http`) and why.
-    pub fn new(settings: &[StopConditionSettings]) -> Result<Self, (String, String)> {
+    pub(crate) fn new(settings: &[StopConditionSettings]) -> Result<Self, (String, String)> {
         let mut checks = Vec::with_capacity(settings.len());
         for (index, entry) in settings.iter().enumerate() {
             let key = |field: &str| format!("safety.stop_conditions[{index}].{field}");
@@ -200,7 +200,7 @@ impl StopConditions {
     }
 
     /// Whether there is nothing to check.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.checks.is_empty()
     }
 
@@ -208,7 +208,7 @@ impl StopConditions {
     /// bounded by its timeout (a command's, plus the wait for its killed
     /// process to be reaped). A claim's hold covers it, since they run
     /// between the claim and the restart.
-    pub fn longest_run(&self) -> Duration {
+    pub(crate) fn longest_run(&self) -> Duration {
         self.checks.iter().fold(Duration::ZERO, |total, check| {
             let reap = match check.probe {
                 Probe::Command { .. } => crate::restarter::process::REAP_AFTER_KILL,
@@ -222,7 +222,7 @@ impl StopConditions {
     /// first that is not healthy, in plain words, naming it:
     /// `deferred by stop condition "alerts": GET http://… answered 503,
     /// expected 200`.
-    pub async fn check(&self) -> Result<(), String> {
+    pub(crate) async fn check(&self) -> Result<(), String> {
         for check in &self.checks {
             if let Err(why) = self.run(check).await {
                 return Err(format!(

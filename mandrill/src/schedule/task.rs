@@ -45,7 +45,7 @@ const PUBLISH_RETRY: Duration = Duration::from_secs(1);
 
 /// A schedule ready to run: its plan, and who its requests are signed as.
 #[derive(Clone)]
-pub struct Scheduled {
+pub(crate) struct Scheduled {
     /// The plan every instance computes alike.
     pub plan: Plan,
     /// The `[[requesters]]` name and private key it signs with; `None`:
@@ -55,7 +55,7 @@ pub struct Scheduled {
 
 impl Scheduled {
     /// The requester it signs as.
-    pub fn requester(&self) -> Option<&str> {
+    pub(crate) fn requester(&self) -> Option<&str> {
         self.signer.as_ref().map(|(name, _)| name.as_str())
     }
 
@@ -63,7 +63,7 @@ impl Scheduled {
     /// group's hosts, in the slot's own random order, that the inventory
     /// places, `safety.allow`/`deny` and the signing requester admit, and
     /// that is not in `busy` (restarting now). Else why none is.
-    pub fn victim(
+    pub(crate) fn victim(
         &self,
         policy: &Policy,
         slot: &Slot,

@@ -16,7 +16,7 @@ pub(crate) mod redact;
 mod secret;
 
 pub(crate) use redact::{Redactor, redact_url};
-pub use secret::Secret;
+pub(crate) use secret::Secret;
 
 /// A settings section that documents its fields (see [`settings!`]).
 pub(crate) trait Documented {

@@ -125,7 +125,7 @@ pub(crate) fn webhook_secrets(url: &str) -> Vec<String> {
 
 /// Masks a fixed set of secrets wherever they occur in a text.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Redactor {
+pub(crate) struct Redactor {
     /// Longest first, so that a secret containing another is masked whole.
     secrets: Vec<String>,
 }
@@ -133,7 +133,7 @@ pub struct Redactor {
 impl Redactor {
     /// Masks these secrets (empty ones and the mask itself are ignored), also
     /// as they appear quoted by `{:?}` or in a JSON log line.
-    pub fn new(secrets: impl IntoIterator<Item = String>) -> Self {
+    pub(crate) fn new(secrets: impl IntoIterator<Item = String>) -> Self {
         let mut secrets: Vec<String> = secrets
             .into_iter()
             .flat_map(|secret| {
@@ -156,17 +156,17 @@ impl Redactor {
     }
 
     /// Masks the secrets of both.
-    pub fn union(&self, other: &Redactor) -> Redactor {
+    pub(crate) fn union(&self, other: &Redactor) -> Redactor {
         Redactor::new(self.secrets.iter().chain(&other.secrets).cloned())
     }
 
     /// Whether there is nothing to mask.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.secrets.is_empty()
     }
 
     /// `text` with every secret replaced by `****`.
-    pub fn scrub<'a>(&self, text: &'a str) -> Cow<'a, str> {
+    pub(crate) fn scrub<'a>(&self, text: &'a str) -> Cow<'a, str> {
         let mut text = Cow::Borrowed(text);
         for secret in &self.secrets {
             if text.contains(secret.as_str()) {

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 /// serialised (configuration diffs compare values, and log only key names).
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(transparent)]
-pub struct Secret(pub String);
+pub(crate) struct Secret(pub String);
 
 impl std::fmt::Debug for Secret {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -25,40 +25,32 @@ mod retries;
 mod switch;
 
 pub use campaigns::a_campaign_is_read_back_as_recorded_and_only_once;
-pub use claims::{
-    a_host_is_never_claimed_for_two_requests_at_once, a_released_claim_is_not_a_used_attempt,
-    claim_holds_and_unknown_outcomes_count,
-};
-pub use guards::{
-    SETTLE_PASSES_SQL, STAMP_LATER_SQL, a_claim_stamped_after_now_still_cools_its_host,
-    a_claim_that_waits_for_the_guards_locks_is_stamped_when_it_gets_them,
-    a_restarted_host_counts_as_disrupted_until_settle_passes,
-    counting_guards_are_decided_in_the_claim_and_journaled,
-};
-pub use history::{
-    decisions_are_read_before_a_request_has_a_record,
-    prune_removes_old_final_entries_only_and_in_bounded_passes,
-    recent_recoveries_are_the_groups_latest_verified_restarts,
-    rejections_are_listed_but_never_count_as_the_request,
-    the_report_reads_the_journal_and_the_verdicts_since_a_moment,
-};
-pub use outcomes::{
-    every_final_status_is_kept, final_outcome_is_never_overwritten, outcome_details_are_kept,
-    outcome_without_claim_creates_row, the_first_receipt_is_kept,
-};
-pub use quotas::{
-    a_request_without_zone_or_requester_is_never_counted_in_them,
-    the_requester_quota_and_the_zone_budget_count_across_groups_and_instances,
-};
-pub use retries::{
-    a_retried_claim_whose_hold_ran_out_gets_the_same_attempt_held_anew,
-    a_retried_claim_with_its_own_token_gets_the_same_attempt_and_writes_nothing,
-};
-pub use switch::{
-    a_conditional_turn_of_the_switch_happens_only_as_expected,
-    a_paused_group_defers_its_claims_only_until_resumed,
-    the_kill_switch_stops_every_claim_until_resumed,
-};
+pub use claims::a_host_is_never_claimed_for_two_requests_at_once;
+pub use claims::a_released_claim_is_not_a_used_attempt;
+pub use claims::claim_holds_and_unknown_outcomes_count;
+pub use guards::SETTLE_PASSES_SQL;
+pub use guards::STAMP_LATER_SQL;
+pub use guards::a_claim_stamped_after_now_still_cools_its_host;
+pub use guards::a_claim_that_waits_for_the_guards_locks_is_stamped_when_it_gets_them;
+pub use guards::a_restarted_host_counts_as_disrupted_until_settle_passes;
+pub use guards::counting_guards_are_decided_in_the_claim_and_journaled;
+pub use history::decisions_are_read_before_a_request_has_a_record;
+pub use history::prune_removes_old_final_entries_only_and_in_bounded_passes;
+pub use history::recent_recoveries_are_the_groups_latest_verified_restarts;
+pub use history::rejections_are_listed_but_never_count_as_the_request;
+pub use history::the_report_reads_the_journal_and_the_verdicts_since_a_moment;
+pub use outcomes::every_final_status_is_kept;
+pub use outcomes::final_outcome_is_never_overwritten;
+pub use outcomes::outcome_details_are_kept;
+pub use outcomes::outcome_without_claim_creates_row;
+pub use outcomes::the_first_receipt_is_kept;
+pub use quotas::a_request_without_zone_or_requester_is_never_counted_in_them;
+pub use quotas::the_requester_quota_and_the_zone_budget_count_across_groups_and_instances;
+pub use retries::a_retried_claim_whose_hold_ran_out_gets_the_same_attempt_held_anew;
+pub use retries::a_retried_claim_with_its_own_token_gets_the_same_attempt_and_writes_nothing;
+pub use switch::a_conditional_turn_of_the_switch_happens_only_as_expected;
+pub use switch::a_paused_group_defers_its_claims_only_until_resumed;
+pub use switch::the_kill_switch_stops_every_claim_until_resumed;
 
 const TERMS: ClaimTerms = ClaimTerms {
     max_attempts: 3,

@@ -73,7 +73,7 @@ impl StoreError {
 }
 
 /// How long one store call may take when `store.timeout` is not set.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// `call`, or [`StoreError::TimedOut`] once `timeout` has passed (the
 /// call is dropped). What bounds every call of the SQL stores, whatever

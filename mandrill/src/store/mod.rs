@@ -36,20 +36,30 @@ use crate::domain::{JointAck, Outcome, RestartRequest, Status, Timestamp};
 pub(crate) use campaigns::{Campaign, CampaignTarget};
 #[cfg(test)]
 pub(crate) use claim::GROUP_PAUSE_RECHECK;
-pub use claim::{Claim, ClaimTerms, ClaimToken, Decision, Switch, SwitchExpected};
+pub use claim::Claim;
+pub use claim::ClaimTerms;
+pub use claim::ClaimToken;
+pub use claim::Decision;
+pub use claim::Switch;
+pub use claim::SwitchExpected;
 pub(crate) use claim::{
     ClaimState, ClaimWrite, HeldHosts, UsageBinds, UsageRow, UsageSubjectRow, claim_decision,
     decide_claim, group_pause_from, switch_from, usage_binds, usage_from, usage_subject_from,
 };
 pub(crate) use claim::{GroupPause, unknown_outcome};
-pub use error::{DEFAULT_TIMEOUT, StoreError};
+pub(crate) use error::DEFAULT_TIMEOUT;
+pub use error::StoreError;
 pub(crate) use error::{sqlx_error_is_transient, within};
 pub(crate) use history::{
     AttemptRecord, DecisionRecord, ReportAttempt, ReportDecision, payload_excerpt,
 };
-pub use history::{GroupUsage, HistoryEntry, Recorded, ReportData, Story};
+pub use history::GroupUsage;
+pub use history::HistoryEntry;
+pub use history::Recorded;
+pub use history::ReportData;
+pub use history::Story;
 pub(crate) use history::{group_usage_from, millis_of, status_from_name};
-pub use memory::MemoryStore;
+pub(crate) use memory::MemoryStore;
 pub use postgres::PostgresStore;
 pub(crate) use sql::{DECISION_SQL, DEFERRAL_SQL};
 

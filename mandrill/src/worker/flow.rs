@@ -12,7 +12,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// See the module docs.
 #[derive(Debug)]
-pub struct FlowControl {
+pub(crate) struct FlowControl {
     permits: Arc<Semaphore>,
     limit: AtomicUsize,
     /// Permits to forget, rather than return, as deliveries finish.
@@ -21,7 +21,7 @@ pub struct FlowControl {
 
 impl FlowControl {
     /// Capacity for `limit` deliveries at once (at least 1).
-    pub fn new(limit: usize) -> Self {
+    pub(crate) fn new(limit: usize) -> Self {
         let limit = limit.max(1);
         Self {
             permits: Arc::new(Semaphore::new(limit)),
@@ -31,12 +31,12 @@ impl FlowControl {
     }
 
     /// The current limit.
-    pub fn limit(&self) -> usize {
+    pub(crate) fn limit(&self) -> usize {
         self.limit.load(Ordering::Relaxed)
     }
 
     /// Waits for capacity for one delivery.
-    pub async fn acquire(&self) -> OwnedSemaphorePermit {
+    pub(crate) async fn acquire(&self) -> OwnedSemaphorePermit {
         // The semaphore is never closed.
         self.permits
             .clone()
@@ -46,7 +46,7 @@ impl FlowControl {
     }
 
     /// Takes up to `extra` more permits into `permit` without waiting.
-    pub fn top_up(&self, permit: &mut OwnedSemaphorePermit, extra: usize) {
+    pub(crate) fn top_up(&self, permit: &mut OwnedSemaphorePermit, extra: usize) {
         let extra = extra.min(self.permits.available_permits());
         if extra == 0 {
             return;
@@ -58,7 +58,7 @@ impl FlowControl {
     }
 
     /// Returns a finished delivery's permit, or forgets it to pay off debt.
-    pub fn release(&self, permit: OwnedSemaphorePermit) {
+    pub(crate) fn release(&self, permit: OwnedSemaphorePermit) {
         let paid = self
             .debt
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |d| d.checked_sub(1))
@@ -69,7 +69,7 @@ impl FlowControl {
     }
 
     /// Changes the limit (at least 1).
-    pub fn set_limit(&self, new_limit: usize) {
+    pub(crate) fn set_limit(&self, new_limit: usize) {
         let new_limit = new_limit.max(1);
         let old_limit = self.limit.swap(new_limit, Ordering::AcqRel);
         if new_limit > old_limit {

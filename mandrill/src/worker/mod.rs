@@ -45,7 +45,7 @@ pub(crate) use flow::FlowControl;
 
 /// How the worker behaves. Every field has a default in `config`.
 #[derive(Debug, Clone)]
-pub struct WorkerConfig {
+pub(crate) struct WorkerConfig {
     /// Deliveries handled at once; the pull loop waits for capacity beyond it.
     pub max_in_flight: usize,
     /// Most deliveries asked for in one pull.
@@ -92,47 +92,47 @@ pub struct WorkerConfig {
 
 /// Tells the worker to stop: first gracefully, then, if asked again, at once.
 #[derive(Debug, Clone, Default)]
-pub struct Shutdown {
+pub(crate) struct Shutdown {
     requested: CancellationToken,
     hurried: CancellationToken,
 }
 
 impl Shutdown {
     /// A shutdown not yet requested.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
     /// Stop pulling and let in-flight work finish within the grace period.
-    pub fn request(&self) {
+    pub(crate) fn request(&self) {
         self.requested.cancel();
     }
 
     /// Skip (the rest of) the grace period.
-    pub fn hurry(&self) {
+    pub(crate) fn hurry(&self) {
         self.requested.cancel();
         self.hurried.cancel();
     }
 
     /// Whether shutdown was requested.
-    pub fn is_requested(&self) -> bool {
+    pub(crate) fn is_requested(&self) -> bool {
         self.requested.is_cancelled()
     }
 
     /// Completes once shutdown is requested.
-    pub async fn requested(&self) {
+    pub(crate) async fn requested(&self) {
         self.requested.cancelled().await;
     }
 
     /// Completes once the grace period is to be skipped.
-    pub async fn hurried(&self) {
+    pub(crate) async fn hurried(&self) {
         self.hurried.cancelled().await;
     }
 }
 
 /// Why the worker stopped other than by request.
 #[derive(Debug, thiserror::Error)]
-pub enum WorkerError {
+pub(crate) enum WorkerError {
     /// The pull loop kept failing.
     #[error("pulling failed {failures} times in a row, last with: {last_error}")]
     PullGaveUp {
@@ -147,13 +147,13 @@ pub enum WorkerError {
 const UNLEASED: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// See the module docs.
-pub struct Worker {
+pub(crate) struct Worker {
     shared: Arc<Shared>,
 }
 
 impl Worker {
     /// A worker over these adapters.
-    pub fn new(
+    pub(crate) fn new(
         config: WorkerConfig,
         broker: Arc<dyn Consumer>,
         store: Arc<dyn Store>,
@@ -207,7 +207,7 @@ impl Worker {
     }
 
     /// Tells `notifier` what happens. Before [`Worker::run`] only.
-    pub fn with_notifier(mut self, notifier: Option<Arc<Notifier>>) -> Self {
+    pub(crate) fn with_notifier(mut self, notifier: Option<Arc<Notifier>>) -> Self {
         match Arc::get_mut(&mut self.shared) {
             Some(shared) => shared.notifier = notifier,
             // Only `flow_control` hands out a part of `Shared`, never
@@ -218,19 +218,19 @@ impl Worker {
     }
 
     /// The flow control, so that a configuration reload can change the limit.
-    pub fn flow_control(&self) -> Arc<FlowControl> {
+    pub(crate) fn flow_control(&self) -> Arc<FlowControl> {
         self.shared.flow.clone()
     }
 
     /// The safety policy's handle, so that a reload can replace it.
-    pub fn policy(&self) -> PolicyHandle {
+    pub(crate) fn policy(&self) -> PolicyHandle {
         self.shared.config.policy.clone()
     }
 
     /// Runs until `shutdown` is requested (or pulling gives up), then drains.
     /// Every delivery pulled is settled or left to lease expiry before this
     /// returns.
-    pub async fn run(self, shutdown: Shutdown) -> Result<(), WorkerError> {
+    pub(crate) async fn run(self, shutdown: Shutdown) -> Result<(), WorkerError> {
         let shared = self.shared;
         let tracker = TaskTracker::new();
         // Read once before the first pull, then watched for as long as the

@@ -6,7 +6,7 @@ use super::*;
 
 /// The consumer: see the module docs. It publishes too (into the stream it
 /// consumes, and dead-letter copies).
-pub struct NatsBroker {
+pub(crate) struct NatsBroker {
     pub(super) publisher: NatsPublisher,
     pub(super) consumer: PullConsumer,
 }
@@ -24,7 +24,7 @@ impl NatsBroker {
     /// Connects as a consumer: creates the stream, the dead-letter stream and
     /// the consumer if missing, and checks an existing consumer's settings
     /// against ours.
-    pub async fn connect(settings: NatsOptions) -> Result<Self, BrokerError> {
+    pub(crate) async fn connect(settings: NatsOptions) -> Result<Self, BrokerError> {
         let publisher = NatsPublisher::connect(settings).await?;
         let consumer = publisher.open_consumer().await?;
         Ok(Self {

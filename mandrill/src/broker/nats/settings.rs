@@ -15,7 +15,7 @@ settings! {
     /// (`max_deliver = -1`), since the worker keeps `broker.max_deliveries`.
     #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
     #[serde(deny_unknown_fields, default)]
-    pub struct NatsSettings {
+    pub(crate) struct NatsSettings {
         /// JetStream stream holding requests (created if missing, work-queue
         /// retention).
         pub stream: String = "MANDRILL".into(),
@@ -50,7 +50,7 @@ settings! {
 
 impl NatsSettings {
     /// Checks what types cannot; the key is relative to `[broker.nats]`.
-    pub fn validate(&self) -> Result<(), (&'static str, String)> {
+    pub(crate) fn validate(&self) -> Result<(), (&'static str, String)> {
         for (key, value) in [
             ("stream", &self.stream),
             ("subject", &self.subject),
@@ -101,13 +101,13 @@ impl NatsSettings {
 
     /// Whether these settings authenticate, so that a `broker.url` with
     /// credentials of its own would be a second way.
-    pub fn has_credentials(&self) -> bool {
+    pub(crate) fn has_credentials(&self) -> bool {
         self.credentials_methods() > 0
     }
 
     /// The credentials these settings give; [`Credentials::None`] leaves
     /// those of the URL, if any.
-    pub fn credentials(&self) -> Credentials {
+    pub(crate) fn credentials(&self) -> Credentials {
         match (&self.user, &self.password, &self.token, &self.creds_file) {
             (Some(user), Some(password), _, _) => Credentials::UserPassword {
                 user: user.clone(),

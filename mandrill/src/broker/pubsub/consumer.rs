@@ -7,7 +7,7 @@ use super::*;
 
 /// The consumer: see the module docs. It publishes too (into the topic it
 /// consumes, and dead-letter copies).
-pub struct PubSubBroker {
+pub(crate) struct PubSubBroker {
     pub(super) publisher: PubSubPublisher,
     pub(super) consumer: Leases,
 }
@@ -25,7 +25,7 @@ impl PubSubBroker {
     /// Connects as a consumer: creates the topics and subscriptions if
     /// missing, and refuses an existing subscription whose settings differ
     /// from ours, naming each difference.
-    pub async fn connect(options: PubSubOptions) -> Result<Self, BrokerError> {
+    pub(crate) async fn connect(options: PubSubOptions) -> Result<Self, BrokerError> {
         let broker = PubSubPublisher::connect_clients(options).await?;
         ensure_topic(&broker.requests).await?;
         ensure_topic(&broker.dead_letters).await?;
@@ -62,8 +62,9 @@ impl PubSubBroker {
 }
 
 impl PubSubBroker {
+    #[cfg(feature = "bench")]
     /// Publishes many payloads, as [`PubSubPublisher::publish_all`].
-    pub async fn publish_all(&self, payloads: Vec<Bytes>) -> Result<(), BrokerError> {
+    pub(crate) async fn publish_all(&self, payloads: Vec<Bytes>) -> Result<(), BrokerError> {
         self.publisher.publish_all(payloads).await
     }
 

@@ -11,7 +11,7 @@ use crate::settings::{duration, settings};
 /// How deliveries are pulled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum PullMode {
+pub(crate) enum PullMode {
     /// `Pull` calls of up to 1000 messages: measured faster on the emulator
     /// (see docs/pubsub.md), and a pull that is not running holds no lease.
     #[default]
@@ -27,7 +27,7 @@ settings! {
     /// `broker.url = "pubsub://PROJECT/SUBSCRIPTION"`.
     #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
     #[serde(deny_unknown_fields, default)]
-    pub struct PubSubSettings {
+    pub(crate) struct PubSubSettings {
         /// Pub/Sub topic requests are published to (created with the
         /// subscription).
         ///
@@ -66,7 +66,7 @@ settings! {
 
 impl PubSubSettings {
     /// Checks what types cannot; the key is relative to `[broker.pubsub]`.
-    pub fn validate(&self) -> Result<(), (&'static str, String)> {
+    pub(crate) fn validate(&self) -> Result<(), (&'static str, String)> {
         for (key, name) in [
             ("topic", &self.topic),
             ("dead_letter_topic", &self.dead_letter_topic),
@@ -135,7 +135,7 @@ pub(crate) fn check_resource_name(name: &str) -> Result<(), String> {
 }
 
 /// Reads `pubsub://PROJECT/SUBSCRIPTION` into the project and subscription ids.
-pub fn parse_url(url: &str) -> Result<(String, String), String> {
+pub(crate) fn parse_url(url: &str) -> Result<(String, String), String> {
     let rest = url
         .strip_prefix("pubsub://")
         .ok_or_else(|| format!("{url:?} is not pubsub://PROJECT/SUBSCRIPTION"))?;

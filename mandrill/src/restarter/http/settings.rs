@@ -32,7 +32,7 @@ settings! {
     /// header values and the URL's credentials and query: tokens live there.
     #[derive(Clone, PartialEq, Serialize, Deserialize)]
     #[serde(deny_unknown_fields, default)]
-    pub struct HttpSettings {
+    pub(crate) struct HttpSettings {
         /// HTTP method of the restart call.
         pub method: String = "POST".into(),
         /// URL template, e.g. `https://chaos.internal/restart/{instance_name}`;
@@ -144,7 +144,7 @@ pub(super) struct Parsed {
 impl HttpSettings {
     /// Checks everything that can be checked without reading files or the
     /// environment. The key is relative to `[restarter.http]`.
-    pub fn validate(&self) -> Result<(), (&'static str, String)> {
+    pub(crate) fn validate(&self) -> Result<(), (&'static str, String)> {
         self.parse().map(drop)
     }
 

@@ -18,7 +18,7 @@ settings! {
     /// there.
     #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
     #[serde(deny_unknown_fields, default)]
-    pub struct SshSettings {
+    pub(crate) struct SshSettings {
         /// Remote command templates, e.g. `["sudo", "systemctl", "restart",
         /// "app"]`, each shell-quoted as one argument.
         ///
@@ -97,7 +97,7 @@ impl SshSettings {
     /// `connect_timeout` (waiting for another restart's connection to the
     /// host and replacing a closed one included), the command within
     /// `timeout`, and its kill within [`KILL_TIMEOUT`].
-    pub fn longest_restart(&self) -> Duration {
+    pub(crate) fn longest_restart(&self) -> Duration {
         self.connect_timeout
             .saturating_mul(2)
             .saturating_add(self.timeout)
@@ -106,7 +106,7 @@ impl SshSettings {
 
     /// Checks what can be checked without touching the disk or a host,
     /// naming the failing key relative to `[restarter.ssh]`.
-    pub fn validate(&self) -> Result<(), (&'static str, String)> {
+    pub(crate) fn validate(&self) -> Result<(), (&'static str, String)> {
         ArgvTemplate::parse(&self.argv).map_err(|why| ("argv", why))?;
         if let Some(user) = &self.user {
             check_user(user, self.allow_root).map_err(|why| ("user", why))?;

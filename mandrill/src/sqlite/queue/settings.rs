@@ -12,7 +12,7 @@ settings! {
     /// `[broker.sqlite]`, when `broker.url` is `sqlite:PATH`.
     #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
     #[serde(deny_unknown_fields, default)]
-    pub struct SqliteSettings {
+    pub(crate) struct SqliteSettings {
         /// How often a waiting pull looks for messages other processes
         /// published.
         ///

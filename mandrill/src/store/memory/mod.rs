@@ -33,7 +33,7 @@ use crate::safety::limits::{HostHold, Subject, Usage};
 
 /// See the module docs.
 #[derive(Debug, Default)]
-pub struct MemoryStore {
+pub(crate) struct MemoryStore {
     /// A `std::sync::Mutex`, not tokio's: no critical section awaits, and
     /// none panics halfway through an update.
     state: Mutex<State>,
@@ -108,7 +108,7 @@ struct Attempt {
 
 impl MemoryStore {
     /// An empty store.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
@@ -123,9 +123,10 @@ impl MemoryStore {
         }
     }
 
+    #[cfg(feature = "bench")]
     /// An empty store with room for `requests` requests before it grows
     /// (growing copies every request recorded so far).
-    pub fn with_capacity(requests: usize) -> Self {
+    pub(crate) fn with_capacity(requests: usize) -> Self {
         let state = State {
             requests: HashMap::with_capacity(requests),
             ..State::default()
@@ -143,7 +144,8 @@ impl MemoryStore {
     }
 
     /// Every entry recorded with a message id.
-    pub fn entries(&self) -> Vec<HistoryEntry> {
+    #[cfg(test)]
+    pub(crate) fn entries(&self) -> Vec<HistoryEntry> {
         self.lock()
             .requests
             .iter()

@@ -61,7 +61,7 @@ use crate::domain::{Outcome, RestartRequest, Status};
 /// Writer tasks when none is asked for: two commit about half again as
 /// much as one on a loaded 2-core machine (docs/benchmarks.md), and more
 /// only add contention for the rows and the pool.
-pub const DEFAULT_WRITERS: u32 = 2;
+pub(crate) const DEFAULT_WRITERS: u32 = 2;
 
 /// Most lookups answered by one query.
 const MAX_LOOKUPS: usize = 1024;
@@ -81,7 +81,7 @@ const MAX_LOOKUPS: usize = 1024;
 ///   journal's settling), about 3 times slower than the index there and
 ///   growing with the table until ~100,000 rows, where the index wins
 ///   anyway (`tests/plan.rs`).
-pub const SESSION_SETTINGS: [(&str, &str); 2] = [
+pub(crate) const SESSION_SETTINGS: [(&str, &str); 2] = [
     ("plan_cache_mode", "force_custom_plan"),
     ("random_page_cost", "1.1"),
 ];

@@ -12,18 +12,18 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use futures::StreamExt;
-use mandrill::random_request;
-use mandrill::{Domain, Hostname, InstanceName, ParseRules, RestartRequest, SigningKey, Status};
+use crate::demo::random_request;
+use crate::{domain::Domain, domain::Hostname, domain::InstanceName, domain::ParseRules, domain::RestartRequest, domain::SigningKey, domain::Status};
 use rand::Rng as _;
 use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
-use crate::options::Options;
-use crate::setup::Resources;
+use crate::bench::options::Options;
+use crate::bench::setup::Resources;
 
 /// Each path's ceiling in messages per second, `None` where not measured.
 #[derive(Clone, Copy, Default)]
-pub struct Ceilings {
+pub(super) struct Ceilings {
     /// (a), with broker and store in memory.
     pub memory: Option<f64>,
     /// (b), with either on SQLite.
@@ -44,7 +44,7 @@ pub struct Ceilings {
 /// The ceilings of the paths the run took, each in this run, after the
 /// pipeline (its memory figures are taken before they start); none with
 /// `--no-ceilings`. The SQLite ones use files in `dir`.
-pub async fn measure(options: &Options, resources: &Resources, dir: &Path) -> Ceilings {
+pub(super) async fn measure(options: &Options, resources: &Resources, dir: &Path) -> Ceilings {
     let n = options.messages;
     let measure = options.ceilings;
     let mut ceilings = Ceilings::default();
@@ -65,7 +65,7 @@ pub async fn measure(options: &Options, resources: &Resources, dir: &Path) -> Ce
         ceilings.postgres = Some(postgres(&options.db, n, options.writers).await);
     }
     if let Some(pubsub) = resources.pubsub.as_ref().filter(|_| measure) {
-        ceilings.pubsub = Some(crate::pubsub::bare_pubsub_rates(pubsub, n).await);
+        ceilings.pubsub = Some(crate::bench::pubsub::bare_pubsub_rates(pubsub, n).await);
     }
     ceilings
 }
@@ -73,11 +73,11 @@ pub async fn measure(options: &Options, resources: &Resources, dir: &Path) -> Ce
 /// `--ids random`: payloads carry random (version 4) message ids, as a
 /// publisher other than mandrill's may send, instead of the time-ordered
 /// (version 7) ids mandrill's own publishers mint.
-pub static RANDOM_IDS: AtomicBool = AtomicBool::new(false);
+pub(super) static RANDOM_IDS: AtomicBool = AtomicBool::new(false);
 
 /// `n` fresh payloads, as the pipeline's: signed by [`SIGNER`] with
 /// `signed`.
-pub fn payloads(n: usize, signed: bool) -> Vec<Bytes> {
+pub(super) fn payloads(n: usize, signed: bool) -> Vec<Bytes> {
     let mut rng = rand::rng();
     let random_ids = RANDOM_IDS.load(Ordering::Relaxed);
     let key = signed.then(|| SigningKey::from_pem(SIGNER_KEY).expect("the benchmark's key"));
@@ -115,18 +115,18 @@ pub fn payloads(n: usize, signed: bool) -> Vec<Bytes> {
 
 /// The requester `--signed` payloads come from, and its key pair (a
 /// throwaway Ed25519 pair, as `mandrill keygen` writes them).
-pub const SIGNER: &str = "bench";
+pub(super) const SIGNER: &str = "bench";
 const SIGNER_KEY: &str = "-----BEGIN PRIVATE KEY-----
 MC4CAQAwBQYDK2VwBCIEIJKZIohg0kTgT0r1qaO/WUCF0GokEli8bJBBjTpGeOvA
 -----END PRIVATE KEY-----
 ";
-pub const SIGNER_PUBLIC_KEY: &str = "-----BEGIN PUBLIC KEY-----
+pub(super) const SIGNER_PUBLIC_KEY: &str = "-----BEGIN PUBLIC KEY-----
 MCowBQYDK2VwAyEAiXnPth0YTU/nwanl6fRVhSdyP7GowJ3i9meT7iYSEjw=
 -----END PUBLIC KEY-----
 ";
 
 /// The parse rules the benchmark's worker uses.
-pub fn parse_rules() -> ParseRules {
+pub(super) fn parse_rules() -> ParseRules {
     ParseRules {
         domain: Domain::default(),
         max_payload_bytes: 4096,
@@ -154,7 +154,7 @@ pub(super) fn now_millis() -> i64 {
 /// counted), waits `work` (the restart, failing with probability
 /// `fail_rate`), records the outcome and acks (removes the lease). No flow
 /// control, no lease extension, no shutdown, no stats, no tracing.
-pub async fn in_memory(n: usize, work: Duration, fail_rate: f64) -> f64 {
+pub(super) async fn in_memory(n: usize, work: Duration, fail_rate: f64) -> f64 {
     type Queue = Mutex<std::collections::VecDeque<(u64, Bytes)>>;
     let payloads = payloads(n, false);
     let rules = Arc::new(parse_rules());
@@ -235,7 +235,7 @@ pub async fn in_memory(n: usize, work: Duration, fail_rate: f64) -> f64 {
 /// `pull_batch`) and acks each message with a confirmed ack, up to
 /// `max_in_flight` acks outstanding: it keeps pulling while acks are in
 /// flight, as mandrill does. No other work.
-pub async fn nats(url: &str, stream_name: &str, subject: &str, n: usize) -> f64 {
+pub(super) async fn nats(url: &str, stream_name: &str, subject: &str, n: usize) -> f64 {
     use async_nats::jetstream::consumer::{PullConsumer, pull};
     use async_nats::jetstream::{AckKind, stream};
 
@@ -298,13 +298,12 @@ pub async fn nats(url: &str, stream_name: &str, subject: &str, n: usize) -> f64 
     rate
 }
 
-#[path = "ceilings/postgres.rs"]
 mod postgres;
-#[path = "ceilings/sqlite.rs"]
 mod sqlite;
-#[path = "ceilings/sqlite_sqlx.rs"]
 mod sqlite_sqlx;
 
-pub use postgres::postgres;
-pub use sqlite::{Commits, sqlite};
-pub use sqlite_sqlx::{sqlite_sqlx, sqlite_sqlx_one_row};
+pub(super) use postgres::postgres;
+pub(super) use sqlite::Commits;
+pub(super) use sqlite::sqlite;
+pub(super) use sqlite_sqlx::sqlite_sqlx;
+pub(super) use sqlite_sqlx::sqlite_sqlx_one_row;

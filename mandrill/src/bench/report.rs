@@ -1,13 +1,13 @@
 //! The report: one JSON line with the pipeline's figures, each ceiling and
 //! the pipeline's rate over it, the memory used, and what went wrong.
 
-use crate::ceilings::Ceilings;
-use crate::drive::Pipeline;
-use crate::options::Options;
+use crate::bench::ceilings::Ceilings;
+use crate::bench::drive::Pipeline;
+use crate::bench::options::Options;
 
 /// A field of `/proc/self/status` (`VmRSS:`, `VmHWM:`), in KiB; 0 if it
 /// cannot be read.
-pub fn rss_kib(field: &str) -> u64 {
+pub(super) fn rss_kib(field: &str) -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     status
         .lines()
@@ -18,7 +18,7 @@ pub fn rss_kib(field: &str) -> u64 {
 }
 
 /// What the run measured besides the pipeline and its ceilings.
-pub struct Run {
+pub(super) struct Run {
     /// How long filling the broker took, where it was filled first.
     pub publish_seconds: Option<f64>,
     /// The resident set before anything was opened.
@@ -26,7 +26,7 @@ pub struct Run {
 }
 
 /// Prints the line.
-pub fn print(options: &Options, run: &Run, pipeline: &Pipeline, ceilings: &Ceilings) {
+pub(super) fn print(options: &Options, run: &Run, pipeline: &Pipeline, ceilings: &Ceilings) {
     let n = options.messages;
     let Pipeline {
         seconds,

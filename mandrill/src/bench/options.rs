@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-pub struct Options {
+pub(super) struct Options {
     pub messages: usize,
     pub work: Duration,
     pub fail_rate: f64,
@@ -21,7 +21,7 @@ pub struct Options {
     pub signed: bool,
 }
 
-pub fn parse_options() -> Options {
+pub(super) fn parse_options() -> Options {
     let mut options = Options {
         messages: 100_000,
         work: Duration::ZERO,
@@ -30,7 +30,7 @@ pub fn parse_options() -> Options {
         pull: "unary".into(),
         db: "memory".into(),
         notify: None,
-        writers: mandrill::POSTGRES_DEFAULT_WRITERS,
+        writers: crate::store::postgres::DEFAULT_WRITERS,
         ceilings: true,
         random_ids: false,
         signed: false,

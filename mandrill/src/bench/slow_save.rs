@@ -4,12 +4,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use mandrill::{Claim, ClaimTerms, HistoryEntry, Recorded, Store, StoreError, Timestamp};
-use mandrill::{Outcome, RestartRequest, Status};
+use crate::{store::Claim, store::ClaimTerms, store::HistoryEntry, store::Recorded, store::Store, store::StoreError, domain::Timestamp};
+use crate::{domain::Outcome, domain::RestartRequest, domain::Status};
 use uuid::Uuid;
 
 /// A store, with `save` taking the simulated work time.
-pub struct SlowSaveStore {
+pub(super) struct SlowSaveStore {
     pub inner: Arc<dyn Store>,
     pub work: Duration,
 }
@@ -23,7 +23,7 @@ impl Store for SlowSaveStore {
         &self,
         r: &RestartRequest,
         terms: ClaimTerms,
-        token: mandrill::ClaimToken,
+        token: crate::store::ClaimToken,
     ) -> Result<Claim, StoreError> {
         // The tutorial's save: now the claim, recorded before the restart.
         if !self.work.is_zero() {
@@ -44,7 +44,7 @@ impl Store for SlowSaveStore {
         r: &RestartRequest,
         attempt: u32,
         outcome: &Outcome,
-        ack: Option<mandrill::JointAck>,
+        ack: Option<crate::domain::JointAck>,
     ) -> Result<(Recorded, bool), StoreError> {
         // Forwarded: the trait's default would record and leave the ack to
         // the caller, so a SQLite run would never measure the joint ack.
@@ -70,24 +70,24 @@ impl Store for SlowSaveStore {
         &self,
         request: &RestartRequest,
         attempt: u32,
-        decision: mandrill::Decision<'_>,
+        decision: crate::store::Decision<'_>,
     ) -> Result<(), StoreError> {
         self.inner.record_decision(request, attempt, decision).await
     }
-    async fn story(&self, message_id: Uuid) -> Result<Option<mandrill::Story>, StoreError> {
+    async fn story(&self, message_id: Uuid) -> Result<Option<crate::store::Story>, StoreError> {
         self.inner.story(message_id).await
     }
     async fn group_usage(
         &self,
         window_start: Timestamp,
         memory_start: Timestamp,
-    ) -> Result<std::collections::BTreeMap<String, mandrill::GroupUsage>, StoreError> {
+    ) -> Result<std::collections::BTreeMap<String, crate::store::GroupUsage>, StoreError> {
         self.inner.group_usage(window_start, memory_start).await
     }
     async fn first_received(
         &self,
-        request: &mandrill::RestartRequest,
-    ) -> Result<mandrill::Timestamp, StoreError> {
+        request: &crate::domain::RestartRequest,
+    ) -> Result<crate::domain::Timestamp, StoreError> {
         self.inner.first_received(request).await
     }
     async fn deferrals(&self, message_id: Uuid) -> Result<u32, StoreError> {
@@ -96,7 +96,7 @@ impl Store for SlowSaveStore {
     async fn prune(&self, before: Timestamp, max_rows: u32) -> Result<u64, StoreError> {
         self.inner.prune(before, max_rows).await
     }
-    async fn switch(&self) -> Result<mandrill::Switch, StoreError> {
+    async fn switch(&self) -> Result<crate::store::Switch, StoreError> {
         self.inner.switch().await
     }
     async fn set_switch(&self, paused: bool, by: &str, reason: &str) -> Result<(), StoreError> {
@@ -105,7 +105,7 @@ impl Store for SlowSaveStore {
 
     async fn set_switch_if(
         &self,
-        expected: mandrill::SwitchExpected<'_>,
+        expected: crate::store::SwitchExpected<'_>,
         paused: bool,
         by: &str,
         reason: &str,

@@ -63,7 +63,7 @@ async fn pull(tx: &mut SqliteConnection, now: i64) -> Vec<(i64, Vec<u8>)> {
 /// messages, per chunk of 500, one statement each for the receipts, the
 /// claims (`RETURNING` the attempt), the journal rows, the outcomes, the
 /// settled journal rows and the acks; one commit per batch.
-pub async fn sqlite_sqlx(n: usize, dir: &std::path::Path) -> f64 {
+pub(crate) async fn sqlite_sqlx(n: usize, dir: &std::path::Path) -> f64 {
     let mut conn = prepared(n, &dir.join("ceiling-sqlx.db")).await;
     let rules = parse_rules();
     let started = Instant::now();
@@ -168,7 +168,7 @@ pub async fn sqlite_sqlx(n: usize, dir: &std::path::Path) -> f64 {
 /// (b) through sqlx statement for statement: one row per statement, each
 /// prepared once and cached by the connection, as rusqlite's
 /// `prepare_cached` does; one commit per batch.
-pub async fn sqlite_sqlx_one_row(n: usize, dir: &std::path::Path) -> f64 {
+pub(crate) async fn sqlite_sqlx_one_row(n: usize, dir: &std::path::Path) -> f64 {
     let mut conn = prepared(n, &dir.join("ceiling-sqlx-one-row.db")).await;
     let rules = parse_rules();
     let started = Instant::now();

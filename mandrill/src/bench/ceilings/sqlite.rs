@@ -31,7 +31,7 @@ CREATE INDEX restarts_host ON restarts (instance_name, claimed_at);
 CREATE INDEX restarts_claimed ON restarts (claimed_at);
 ";
 
-/// The writer's checkpoint interval (`mandrill::sqlite::WAL_AUTOCHECKPOINT_PAGES`,
+/// The writer's checkpoint interval (`crate::sqlite::WAL_AUTOCHECKPOINT_PAGES`,
 /// crate-private): the ceilings must checkpoint as often as the writer.
 pub(super) const WAL_AUTOCHECKPOINT_PAGES: i64 = 4000;
 
@@ -40,7 +40,7 @@ pub(super) const SQLITE_BATCH: usize = 1024;
 
 /// How a SQLite ceiling commits its batch.
 #[derive(Clone, Copy)]
-pub enum Commits {
+pub(crate) enum Commits {
     /// (b): the batch's whole work in one transaction.
     One,
     /// (b) with the pipeline's durable steps: the pull's lease, then the
@@ -57,7 +57,7 @@ pub enum Commits {
 /// claim deadline, journal row), its outcome (request and journal row
 /// settled) and its ack (the queue row deleted), with prepared statements
 /// of one row each; `commits` says how the batch is committed.
-pub async fn sqlite(n: usize, dir: &std::path::Path, commits: Commits) -> f64 {
+pub(crate) async fn sqlite(n: usize, dir: &std::path::Path, commits: Commits) -> f64 {
     let path = dir.join(match commits {
         Commits::One => "ceiling.db",
         Commits::Three => "ceiling-durable.db",
@@ -168,7 +168,7 @@ fn sqlite_blocking(n: usize, path: &std::path::Path, commits: Commits) -> f64 {
 fn receipt_and_claim(
     tx: &rusqlite::Transaction<'_>,
     id: &str,
-    request: &mandrill::RestartRequest,
+    request: &crate::domain::RestartRequest,
     now: i64,
 ) -> i64 {
     use rusqlite::params;

@@ -8,21 +8,18 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::StreamExt;
-use mandrill::{
-    Broker, MemoryBroker, MemoryStore, PostgresStore, Publisher as _, SqliteBroker, SqliteOptions,
-    SqliteStore, Store,
-};
-use mandrill::{Credentials, NatsBroker, NatsOptions};
-use mandrill::{PubSubBroker, PubSubOptions};
+use crate::{broker::Broker, broker::MemoryBroker, store::MemoryStore, store::PostgresStore, broker::Publisher as _, sqlite::SqliteBroker, sqlite::SqliteOptions, sqlite::SqliteStore, store::Store};
+use crate::{broker::nats::Credentials, broker::nats::NatsBroker, broker::nats::NatsOptions};
+use crate::{broker::pubsub::PubSubBroker, broker::pubsub::PubSubOptions};
 
-use crate::options::Options;
-use crate::slow_save::SlowSaveStore;
-use crate::{nats_names, pubsub, throwaway_postgres};
+use crate::bench::options::Options;
+use crate::bench::slow_save::SlowSaveStore;
+use crate::bench::{nats_names, pubsub, throwaway_postgres};
 
 /// Where the run's broker and store live, and the names and database of
 /// this run's own. Kept until the ceilings are measured (they use the same
 /// servers); dropping it drops the database, then deletes the streams.
-pub struct Resources {
+pub(super) struct Resources {
     /// The SQLite broker's URL; `None` when the broker is not SQLite.
     pub broker_url: Option<String>,
     /// The SQLite store's URL; `None` when the store is not SQLite.
@@ -42,7 +39,7 @@ pub struct Resources {
 impl Resources {
     /// The names, and the database if there is one, for `options`; the
     /// SQLite files go in `dir`.
-    pub async fn create(options: &Options, dir: &Path) -> Self {
+    pub(super) async fn create(options: &Options, dir: &Path) -> Self {
         let broker_url = sqlite_url(&options.broker, dir);
         let db_url = sqlite_url(&options.db, dir);
         let nats_names = options
@@ -72,7 +69,7 @@ impl Resources {
 }
 
 /// The pipeline's broker and store, opened.
-pub struct Opened {
+pub(super) struct Opened {
     /// The broker, as the benchmark publishes into it and the worker
     /// consumes from it.
     pub broker: Arc<dyn Broker>,
@@ -87,7 +84,7 @@ pub struct Opened {
 
 /// Opens the broker (publishing `payloads` into it first unless it is in
 /// memory), then the store.
-pub async fn open(options: &Options, resources: &Resources, mut payloads: Vec<Bytes>) -> Opened {
+pub(super) async fn open(options: &Options, resources: &Resources, mut payloads: Vec<Bytes>) -> Opened {
     let (broker, publish_seconds) = open_broker(resources, &mut payloads).await;
     let store = open_store(options, resources).await;
     Opened {
@@ -167,7 +164,7 @@ async fn open_store(options: &Options, resources: &Resources) -> Arc<dyn Store> 
         None if resources.postgres.is_some() => {
             let url = &resources.postgres.as_ref().expect("checked just above").url;
             Arc::new(
-                PostgresStore::connect_with(url, 16, options.writers, mandrill::DEFAULT_TIMEOUT)
+                PostgresStore::connect_with(url, 16, options.writers, crate::store::DEFAULT_TIMEOUT)
                     .await
                     .expect("postgres store opens"),
             )

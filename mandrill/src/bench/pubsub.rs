@@ -5,14 +5,14 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::StreamExt;
-use mandrill::random_request;
-use mandrill::{PubSubOptions, PubSubSettings, PullMode};
+use crate::demo::random_request;
+use crate::{broker::pubsub::PubSubOptions, broker::pubsub::PubSubSettings, broker::pubsub::PullMode};
 use uuid::Uuid;
 
 /// Private topic and subscription names for one run on
 /// `pubsub://PROJECT/PREFIX`.
-pub fn pubsub_options(url: &str, pull: &str, n: usize) -> PubSubOptions {
-    let (project, prefix) = mandrill::parse_pubsub_url(url).expect("pubsub url");
+pub(super) fn pubsub_options(url: &str, pull: &str, n: usize) -> PubSubOptions {
+    let (project, prefix) = crate::broker::pubsub::settings::parse_url(url).expect("pubsub url");
     let id = &Uuid::new_v4().simple().to_string()[..12];
     PubSubOptions {
         project,
@@ -39,7 +39,7 @@ pub fn pubsub_options(url: &str, pull: &str, n: usize) -> PubSubOptions {
 /// The ceilings: bare loops on subscriptions of their own, each taking `n`
 /// messages and acking them in batches, with no other work. Returns
 /// (streaming, unary) in messages per second.
-pub async fn bare_pubsub_rates(options: &PubSubOptions, n: usize) -> (f64, f64) {
+pub(super) async fn bare_pubsub_rates(options: &PubSubOptions, n: usize) -> (f64, f64) {
     use gcloud_pubsub::client::{Client, ClientConfig};
     use gcloud_pubsub::subscriber::SubscriberConfig;
     use gcloud_pubsub::subscription::{SubscribeConfig, SubscriptionConfig};

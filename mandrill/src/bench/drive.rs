@@ -4,17 +4,17 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mandrill::Backoff;
-use mandrill::Stats;
-use mandrill::{Shutdown, Worker, WorkerConfig};
-use mandrill::{SimulatedRestarter, Simulation};
+use crate::backoff::Backoff;
+use crate::stats::Stats;
+use crate::{worker::Shutdown, worker::Worker, worker::WorkerConfig};
+use crate::{restarter::SimulatedRestarter, restarter::Simulation};
 
-use crate::options::Options;
-use crate::setup::Opened;
-use crate::{ceilings, notify, report};
+use crate::bench::options::Options;
+use crate::bench::setup::Opened;
+use crate::bench::{ceilings, notify, report};
 
 /// What the pipeline run measured.
-pub struct Pipeline {
+pub(super) struct Pipeline {
     /// From the first publish (the worker's start, when the broker was
     /// filled first) to the last settlement.
     pub seconds: f64,
@@ -26,7 +26,7 @@ pub struct Pipeline {
 /// Runs the worker on `opened` until all `options.messages` are settled,
 /// feeding it what is left to publish; then shuts it down and closes the
 /// broker and the store.
-pub async fn run(options: &Options, opened: Opened) -> Pipeline {
+pub(super) async fn run(options: &Options, opened: Opened) -> Pipeline {
     let n = options.messages;
     let Opened {
         broker,
@@ -113,7 +113,7 @@ fn worker_config(n: usize, signed: bool) -> WorkerConfig {
         },
         parse: ceilings::parse_rules(),
         switch_poll_interval: Duration::from_secs(1),
-        store_timeout: mandrill::DEFAULT_TIMEOUT,
+        store_timeout: crate::store::DEFAULT_TIMEOUT,
         policy: policy(signed),
     }
 }
@@ -149,11 +149,11 @@ async fn wait_until_settled(n: usize, stats: &Stats, started: Instant) {
 
 /// Everything allowed, as by default; with `signed`, every request must be
 /// signed by the benchmark's requester, who may restart any instance.
-fn policy(signed: bool) -> mandrill::PolicyHandle {
+fn policy(signed: bool) -> crate::safety::PolicyHandle {
     if !signed {
-        return mandrill::PolicyHandle::default();
+        return crate::safety::PolicyHandle::default();
     }
-    let requester = mandrill::RequesterSettings {
+    let requester = crate::safety::RequesterSettings {
         name: ceilings::SIGNER.into(),
         public_key: Some(ceilings::SIGNER_PUBLIC_KEY.into()),
         public_key_file: None,
@@ -162,9 +162,9 @@ fn policy(signed: bool) -> mandrill::PolicyHandle {
         quota: None,
     };
     let requesters =
-        mandrill::Requesters::new(&[requester], true).expect("the benchmark's requester");
-    mandrill::PolicyHandle::new(mandrill::Policy {
+        crate::safety::Requesters::new(&[requester], true).expect("the benchmark's requester");
+    crate::safety::PolicyHandle::new(crate::safety::Policy {
         requesters: std::sync::Arc::new(requesters),
-        ..mandrill::Policy::default()
+        ..crate::safety::Policy::default()
     })
 }

@@ -4,12 +4,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use mandrill::Stats;
-use mandrill::{EventKind, Format, Notifier, NotifierSettings, NotifyEntry};
+use crate::stats::Stats;
+use crate::{notify::EventKind, notify::Format, notify::Notifier, notify::NotifierSettings, notify::NotifyEntry};
 
 /// The notifier for `--notify`, if given: `slow` is a receiver in this
 /// process that answers after 10 s, `down` a port nothing listens on.
-pub async fn notifier(target: Option<&str>, stats: &Arc<Stats>) -> Option<Arc<Notifier>> {
+pub(super) async fn notifier(target: Option<&str>, stats: &Arc<Stats>) -> Option<Arc<Notifier>> {
     let target = target?;
     let url = match target {
         "slow" => slow_receiver().await,
@@ -20,7 +20,7 @@ pub async fn notifier(target: Option<&str>, stats: &Arc<Stats>) -> Option<Arc<No
         url => url.to_owned(),
     };
     let entry = NotifyEntry {
-        url: mandrill::Secret(url),
+        url: crate::settings::Secret(url),
         format: Format::Json,
         events: vec![EventKind::Restarted, EventKind::Failed],
         timeout: Duration::from_secs(30),

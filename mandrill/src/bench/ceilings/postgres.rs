@@ -3,7 +3,7 @@
 use std::time::Instant;
 
 use bytes::Bytes;
-use mandrill::RestartRequest;
+use crate::domain::RestartRequest;
 
 use super::{now_millis, parse, parse_rules, payloads};
 
@@ -19,22 +19,22 @@ const POSTGRES_BATCH: usize = 512;
 /// transaction (the restart sits between a claim and its outcome) records
 /// the outcomes and settles the journal rows. Four statements and two
 /// commits per batch.
-pub async fn postgres(admin_url: &str, n: usize, writers: u32) -> f64 {
+pub(crate) async fn postgres(admin_url: &str, n: usize, writers: u32) -> f64 {
     use sqlx::postgres::PgConnectOptions;
     use std::str::FromStr as _;
 
     let database =
-        crate::throwaway_postgres::TestDatabase::create_on(admin_url, "mandrill_bench_ceiling")
+        crate::bench::throwaway_postgres::TestDatabase::create_on(admin_url, "mandrill_bench_ceiling")
             .await;
     let options = PgConnectOptions::from_str(&database.url)
         .expect("postgres url")
-        .options(mandrill::POSTGRES_SESSION_SETTINGS);
+        .options(crate::store::postgres::SESSION_SETTINGS);
     {
         use sqlx::Connection as _;
         let mut conn = sqlx::PgConnection::connect_with(&options)
             .await
             .expect("ceiling database");
-        mandrill::postgres_migrations()
+        crate::migrations::postgres()
             .run(&mut conn)
             .await
             .expect("ceiling schema");
