@@ -43,7 +43,7 @@ pub(crate) use claim::{
 };
 pub(crate) use claim::{GroupPause, unknown_outcome};
 pub use error::{DEFAULT_TIMEOUT, StoreError};
-pub(crate) use error::{sqlx_error_is_transient, within};
+pub(crate) use error::{ask, sqlx_error_is_transient, within};
 pub(crate) use history::{
     AttemptRecord, DecisionRecord, ReportAttempt, ReportDecision, payload_excerpt,
 };
