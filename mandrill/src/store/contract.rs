@@ -3,7 +3,7 @@
 //! Test code only (the module is `cfg(test)`). [`all`] is the one list of
 //! what a store promises, in order; each file beside it holds one kind of
 //! promise: claims, retried claims, outcomes, the switch and pauses, the
-//! counting guards, quotas, history and the report, campaigns.
+//! counting guards, disruption, quotas, history and the report, campaigns.
 
 use std::time::Duration;
 
@@ -17,6 +17,7 @@ pub use crate::domain::testing::request;
 
 mod campaigns;
 mod claims;
+mod disruption;
 mod guards;
 mod history;
 mod outcomes;
@@ -29,10 +30,13 @@ pub use claims::{
     a_host_is_never_claimed_for_two_requests_at_once, a_released_claim_is_not_a_used_attempt,
     claim_holds_and_unknown_outcomes_count,
 };
+pub use disruption::{
+    SETTLE_PASSES_SQL, TIE_CLAIMS_SQL, a_restarted_host_counts_as_disrupted_until_settle_passes,
+    every_claim_tied_at_a_hosts_latest_time_counts_toward_disruption,
+};
 pub use guards::{
-    SETTLE_PASSES_SQL, STAMP_LATER_SQL, a_claim_stamped_after_now_still_cools_its_host,
+    STAMP_LATER_SQL, a_claim_stamped_after_now_still_cools_its_host,
     a_claim_that_waits_for_the_guards_locks_is_stamped_when_it_gets_them,
-    a_restarted_host_counts_as_disrupted_until_settle_passes,
     counting_guards_are_decided_in_the_claim_and_journaled,
 };
 pub use history::{
@@ -43,7 +47,8 @@ pub use history::{
     the_report_reads_the_journal_and_the_verdicts_since_a_moment,
 };
 pub use outcomes::{
-    every_final_status_is_kept, final_outcome_is_never_overwritten, outcome_details_are_kept,
+    a_record_keeps_who_asked_and_why_from_the_request_that_created_it, every_final_status_is_kept,
+    final_outcome_is_never_overwritten, outcome_details_are_kept,
     outcome_without_claim_creates_row, the_first_receipt_is_kept,
 };
 pub use quotas::{
@@ -86,6 +91,7 @@ pub async fn all(store: &dyn Store) {
     the_requester_quota_and_the_zone_budget_count_across_groups_and_instances(store, store).await;
     a_request_without_zone_or_requester_is_never_counted_in_them(store).await;
     the_first_receipt_is_kept(store).await;
+    a_record_keeps_who_asked_and_why_from_the_request_that_created_it(store).await;
     the_report_reads_the_journal_and_the_verdicts_since_a_moment(store).await;
     prune_removes_old_final_entries_only_and_in_bounded_passes(store).await;
     a_campaign_is_read_back_as_recorded_and_only_once(store).await;
