@@ -3,7 +3,7 @@
 //! Test code only (the module is `cfg(test)`). [`all`] is the one list of
 //! what a store promises, in order; each file beside it holds one kind of
 //! promise: claims, retried claims, outcomes, the switch and pauses, the
-//! counting guards, quotas, history and the report, campaigns.
+//! counting guards, disruption, quotas, history and the report, campaigns.
 
 use std::time::Duration;
 
@@ -17,6 +17,7 @@ pub use crate::domain::testing::request;
 
 mod campaigns;
 mod claims;
+mod disruption;
 mod guards;
 mod history;
 mod outcomes;
@@ -25,32 +26,44 @@ mod retries;
 mod switch;
 
 pub use campaigns::a_campaign_is_read_back_as_recorded_and_only_once;
-pub use claims::a_host_is_never_claimed_for_two_requests_at_once;
-pub use claims::a_released_claim_is_not_a_used_attempt;
-pub use claims::claim_holds_and_unknown_outcomes_count;
-pub use guards::SETTLE_PASSES_SQL;
-pub use guards::STAMP_LATER_SQL;
-pub use guards::a_claim_stamped_after_now_still_cools_its_host;
-pub use guards::a_claim_that_waits_for_the_guards_locks_is_stamped_when_it_gets_them;
-pub use guards::a_restarted_host_counts_as_disrupted_until_settle_passes;
-pub use guards::counting_guards_are_decided_in_the_claim_and_journaled;
-pub use history::decisions_are_read_before_a_request_has_a_record;
-pub use history::prune_removes_old_final_entries_only_and_in_bounded_passes;
-pub use history::recent_recoveries_are_the_groups_latest_verified_restarts;
-pub use history::rejections_are_listed_but_never_count_as_the_request;
-pub use history::the_report_reads_the_journal_and_the_verdicts_since_a_moment;
-pub use outcomes::every_final_status_is_kept;
-pub use outcomes::final_outcome_is_never_overwritten;
-pub use outcomes::outcome_details_are_kept;
-pub use outcomes::outcome_without_claim_creates_row;
-pub use outcomes::the_first_receipt_is_kept;
-pub use quotas::a_request_without_zone_or_requester_is_never_counted_in_them;
-pub use quotas::the_requester_quota_and_the_zone_budget_count_across_groups_and_instances;
-pub use retries::a_retried_claim_whose_hold_ran_out_gets_the_same_attempt_held_anew;
-pub use retries::a_retried_claim_with_its_own_token_gets_the_same_attempt_and_writes_nothing;
-pub use switch::a_conditional_turn_of_the_switch_happens_only_as_expected;
-pub use switch::a_paused_group_defers_its_claims_only_until_resumed;
-pub use switch::the_kill_switch_stops_every_claim_until_resumed;
+pub use claims::{
+    a_host_is_never_claimed_for_two_requests_at_once, a_released_claim_is_not_a_used_attempt,
+    claim_holds_and_unknown_outcomes_count,
+};
+pub use disruption::{
+    SETTLE_PASSES_SQL, TIE_CLAIMS_SQL, a_restarted_host_counts_as_disrupted_until_settle_passes,
+    every_claim_tied_at_a_hosts_latest_time_counts_toward_disruption,
+};
+pub use guards::{
+    STAMP_LATER_SQL, a_claim_stamped_after_now_still_cools_its_host,
+    a_claim_that_waits_for_the_guards_locks_is_stamped_when_it_gets_them,
+    counting_guards_are_decided_in_the_claim_and_journaled,
+};
+pub use history::{
+    decisions_are_read_before_a_request_has_a_record,
+    prune_removes_old_final_entries_only_and_in_bounded_passes,
+    recent_recoveries_are_the_groups_latest_verified_restarts,
+    rejections_are_listed_but_never_count_as_the_request,
+    the_report_reads_the_journal_and_the_verdicts_since_a_moment,
+};
+pub use outcomes::{
+    a_record_keeps_who_asked_and_why_from_the_request_that_created_it, every_final_status_is_kept,
+    final_outcome_is_never_overwritten, outcome_details_are_kept,
+    outcome_without_claim_creates_row, the_first_receipt_is_kept,
+};
+pub use quotas::{
+    a_request_without_zone_or_requester_is_never_counted_in_them,
+    the_requester_quota_and_the_zone_budget_count_across_groups_and_instances,
+};
+pub use retries::{
+    a_retried_claim_whose_hold_ran_out_gets_the_same_attempt_held_anew,
+    a_retried_claim_with_its_own_token_gets_the_same_attempt_and_writes_nothing,
+};
+pub use switch::{
+    a_conditional_turn_of_the_switch_happens_only_as_expected,
+    a_paused_group_defers_its_claims_only_until_resumed,
+    the_kill_switch_stops_every_claim_until_resumed,
+};
 
 const TERMS: ClaimTerms = ClaimTerms {
     max_attempts: 3,
@@ -78,6 +91,7 @@ pub async fn all(store: &dyn Store) {
     the_requester_quota_and_the_zone_budget_count_across_groups_and_instances(store, store).await;
     a_request_without_zone_or_requester_is_never_counted_in_them(store).await;
     the_first_receipt_is_kept(store).await;
+    a_record_keeps_who_asked_and_why_from_the_request_that_created_it(store).await;
     the_report_reads_the_journal_and_the_verdicts_since_a_moment(store).await;
     prune_removes_old_final_entries_only_and_in_bounded_passes(store).await;
     a_campaign_is_read_back_as_recorded_and_only_once(store).await;

@@ -5,6 +5,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::oneshot;
+
 use crate::causes::WithCauses;
 
 /// What went wrong talking to a store. The worker branches on
@@ -87,6 +89,28 @@ pub(crate) async fn within<T>(
         Ok(result) => result,
         Err(_elapsed) => Err(StoreError::TimedOut { after: timeout }),
     }
+}
+
+/// Asks one of a store's tasks (a writer, the lookup task) and waits for
+/// its answer, all [`within`] `timeout`: `send` builds the job around the
+/// reply channel, hands it over and says whether the task took it. A task
+/// that has stopped, refusing the job or dropping it unanswered, is
+/// [`StoreError::Closed`].
+pub(crate) async fn ask<T, Sent>(
+    timeout: Duration,
+    send: impl FnOnce(oneshot::Sender<Result<T, StoreError>>) -> Sent,
+) -> Result<T, StoreError>
+where
+    Sent: Future<Output = bool>,
+{
+    let (reply, answer) = oneshot::channel();
+    within(timeout, async {
+        if !send(reply).await {
+            return Err(StoreError::Closed);
+        }
+        answer.await.map_err(|_| StoreError::Closed)?
+    })
+    .await
 }
 
 /// Classifies a driver error; see [`StoreError::is_transient`]. What is not

@@ -49,7 +49,7 @@ pub(crate) use claim::{
 pub(crate) use claim::{GroupPause, unknown_outcome};
 pub(crate) use error::DEFAULT_TIMEOUT;
 pub use error::StoreError;
-pub(crate) use error::{sqlx_error_is_transient, within};
+pub(crate) use error::{ask, sqlx_error_is_transient, within};
 pub(crate) use history::{
     AttemptRecord, DecisionRecord, ReportAttempt, ReportDecision, payload_excerpt,
 };

@@ -37,7 +37,7 @@ use crate::store::reads::sqlite as reads;
 use crate::store::sql::{PAUSE_GROUP_SQL, RESUME_GROUP_SQL, SET_SWITCH_IF_SQL, SET_SWITCH_SQL};
 use crate::store::{
     Claim, ClaimTerms, ClaimToken, DEFAULT_TIMEOUT, Decision, GroupUsage, HistoryEntry, Recorded,
-    ReportData, Store, StoreError, Story, Switch, SwitchExpected, payload_excerpt, within,
+    ReportData, Store, StoreError, Story, Switch, SwitchExpected, ask, payload_excerpt, within,
 };
 pub(crate) use writer::StorePart;
 use writer::Write;
@@ -191,14 +191,7 @@ impl SqliteStore {
         if self.closed.load(Ordering::Acquire) {
             return Err(StoreError::Closed);
         }
-        let (reply, answer) = oneshot::channel();
-        self.bounded(async {
-            if !self.writer.send(Job::B(write(reply))).await {
-                return Err(StoreError::Closed);
-            }
-            answer.await.map_err(|_| StoreError::Closed)?
-        })
-        .await
+        ask(self.timeout, |reply| self.writer.send(Job::B(write(reply)))).await
     }
 
     /// The file's writer, to tell whether two users share it.
@@ -235,13 +228,8 @@ impl SqliteStore {
 #[async_trait]
 impl Store for SqliteStore {
     async fn lookup(&self, message_id: Uuid) -> Result<Option<Status>, StoreError> {
-        let (reply, answer) = oneshot::channel();
-        self.bounded(async {
-            self.lookups
-                .send((message_id, reply))
-                .await
-                .map_err(|_| StoreError::Closed)?;
-            answer.await.map_err(|_| StoreError::Closed)?
+        ask(self.timeout, |reply| async move {
+            self.lookups.send((message_id, reply)).await.is_ok()
         })
         .await
     }

@@ -319,6 +319,21 @@ async fn a_restarted_host_counts_as_disrupted_until_settle_passes() {
     store.close().await;
 }
 
+#[tokio::test]
+async fn every_claim_tied_at_a_hosts_latest_time_counts_toward_disruption() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite:{}", dir.path().join("t.db").display());
+    let store = SqliteStore::connect(&url, 2).await.unwrap();
+    let tie = async {
+        sqlx::query(contract::TIE_CLAIMS_SQL)
+            .execute(&store.pool)
+            .await
+            .unwrap();
+    };
+    contract::every_claim_tied_at_a_hosts_latest_time_counts_toward_disruption(&store, tie).await;
+    store.close().await;
+}
+
 /// Two instances (two stores) on one file: the requester quota and the
 /// zone budget count what either claimed.
 #[tokio::test]

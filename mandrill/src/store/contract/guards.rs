@@ -1,6 +1,6 @@
 //! The counting guards, decided inside the claim: journaled, counted
-//! until a restart settles, whatever the instances' clocks, and stamped
-//! when the claim holds their locks.
+//! whatever the instances' clocks, and stamped when the claim holds their
+//! locks. Which hosts count as disrupted is in `disruption.rs`.
 
 use super::*;
 
@@ -201,98 +201,6 @@ pub async fn counting_guards_are_decided_in_the_claim_and_journaled(store: &dyn 
         .unwrap();
     let usage = store.group_usage(hour_ago, hour_ago).await.unwrap();
     assert_eq!(usage["herd"].disrupted, 1, "in flight: {usage:?}");
-}
-
-/// Without a verification probe, "restarted" means the reboot was issued,
-/// not that the host is back: the host counts as disrupted, for its group's
-/// budget and its zone's, until `settle` has passed since its restart
-/// ended. `settle_passes` moves every journal row's end back 10 minutes,
-/// past the 5-minute settle, as time passing would. Run on a store of its
-/// own: every journal row moves.
-pub const SETTLE_PASSES_SQL: &str = "UPDATE restarts SET settled_at = settled_at - 600000";
-
-pub async fn a_restarted_host_counts_as_disrupted_until_settle_passes(
-    store: &dyn Store,
-    settle_passes: impl std::future::Future<Output = ()>,
-) {
-    let settling = ClaimTerms {
-        limits: Limits {
-            budget: Some(1),
-            zone_budget: Some(1),
-            forget_after: Duration::from_secs(3600),
-            settle: Duration::from_secs(300),
-            ..Limits::NONE
-        },
-        ..TERMS
-    };
-    let first = request_of("settle-a-0001", "settle-a", Some("eu-settle-1a"), None);
-    assert!(matches!(
-        store
-            .claim_restart(&first, settling, ClaimToken::new())
-            .await
-            .unwrap(),
-        Claim::Claimed { attempt: 1, .. }
-    ));
-    store
-        .record_outcome(&first, 1, &Outcome::restarted())
-        .await
-        .unwrap();
-    // Restarted, not yet settled: its group's one disruption...
-    let sibling = request_of("settle-a-0002", "settle-a", Some("eu-settle-1b"), None);
-    let claim = store
-        .claim_restart(&sibling, settling, ClaimToken::new())
-        .await
-        .unwrap();
-    let Claim::Deferred { guard, .. } = claim else {
-        panic!("a restarted host must count until settle passes: {claim:?}");
-    };
-    assert_eq!(guard, "disruption budget");
-    // ...and its zone's.
-    let neighbour = request_of("settle-b-0001", "settle-b", Some("eu-settle-1a"), None);
-    let claim = store
-        .claim_restart(&neighbour, settling, ClaimToken::new())
-        .await
-        .unwrap();
-    let Claim::Deferred { guard, .. } = claim else {
-        panic!("a restarted host must count in its zone until settle passes: {claim:?}");
-    };
-    assert_eq!(guard, "zone budget");
-    // With a probe (no settle), its verified recovery ends the disruption
-    // at once. (The claim is given back: nothing was issued.)
-    let verified = ClaimTerms {
-        limits: Limits {
-            settle: Duration::ZERO,
-            ..settling.limits
-        },
-        ..settling
-    };
-    let claim = store
-        .claim_restart(&neighbour, verified, ClaimToken::new())
-        .await
-        .unwrap();
-    assert!(
-        matches!(claim, Claim::Claimed { attempt: 1, .. }),
-        "{claim:?}"
-    );
-    store.release_claim(&neighbour, 1).await.unwrap();
-    settle_passes.await;
-    // Settled: its zone and its group are free.
-    let claim = store
-        .claim_restart(&neighbour, settling, ClaimToken::new())
-        .await
-        .unwrap();
-    assert!(
-        matches!(claim, Claim::Claimed { attempt: 1, .. }),
-        "{claim:?}"
-    );
-    let claim = store
-        .claim_restart(&sibling, settling, ClaimToken::new())
-        .await
-        .unwrap();
-    assert!(
-        matches!(claim, Claim::Claimed { attempt: 1, .. }),
-        "{claim:?}"
-    );
 }
 
 /// Instances' clocks differ, so another instance's claim of the same host

@@ -35,6 +35,24 @@ async fn a_restarted_host_counts_as_disrupted_until_settle_passes() {
     contract::a_restarted_host_counts_as_disrupted_until_settle_passes(&store, settle_passes).await;
 }
 
+#[tokio::test]
+async fn every_claim_tied_at_a_hosts_latest_time_counts_toward_disruption() {
+    let store = MemoryStore::new();
+    let tie = async {
+        let mut state = store.lock();
+        let mut journal: Vec<_> = state
+            .requests
+            .values_mut()
+            .flat_map(|row| &mut row.journal)
+            .collect();
+        let latest = journal.iter().map(|attempt| attempt.claimed_at).max();
+        for attempt in &mut journal {
+            attempt.claimed_at = latest.expect("claims to tie");
+        }
+    };
+    contract::every_claim_tied_at_a_hosts_latest_time_counts_toward_disruption(&store, tie).await;
+}
+
 /// A released claim leaves the journal, and a prune drops requests and old
 /// attempts: each request's outcomes must still land on its own attempts
 /// afterwards.

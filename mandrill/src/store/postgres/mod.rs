@@ -53,7 +53,7 @@ use super::sql::{
 };
 use super::{
     Claim, ClaimTerms, ClaimToken, DEFAULT_TIMEOUT, Decision, GroupUsage, HistoryEntry, Recorded,
-    ReportData, Store, StoreError, Story, Switch, SwitchExpected, Timestamp, payload_excerpt,
+    ReportData, Store, StoreError, Story, Switch, SwitchExpected, Timestamp, ask, payload_excerpt,
     within,
 };
 use crate::domain::{Outcome, RestartRequest, Status};
@@ -227,13 +227,8 @@ impl PostgresStore {
         &self,
         write: impl FnOnce(oneshot::Sender<Result<T, StoreError>>) -> batch::Write,
     ) -> Result<T, StoreError> {
-        let (reply, answer) = oneshot::channel();
-        self.bounded(async {
-            self.writes
-                .send(write(reply))
-                .await
-                .map_err(|_| StoreError::Closed)?;
-            answer.await.map_err(|_| StoreError::Closed)?
+        ask(self.timeout, |reply| async move {
+            self.writes.send(write(reply)).await.is_ok()
         })
         .await
     }
@@ -242,13 +237,8 @@ impl PostgresStore {
 #[async_trait]
 impl Store for PostgresStore {
     async fn lookup(&self, message_id: Uuid) -> Result<Option<Status>, StoreError> {
-        let (reply, answer) = oneshot::channel();
-        self.bounded(async {
-            self.lookups
-                .send((message_id, reply))
-                .await
-                .map_err(|_| StoreError::Closed)?;
-            answer.await.map_err(|_| StoreError::Closed)?
+        ask(self.timeout, |reply| async move {
+            self.lookups.send((message_id, reply)).await.is_ok()
         })
         .await
     }

@@ -76,6 +76,20 @@ async fn a_restarted_host_counts_as_disrupted_until_settle_passes() {
     store.close().await;
 }
 
+#[tokio::test]
+async fn every_claim_tied_at_a_hosts_latest_time_counts_toward_disruption() {
+    let database = TestDatabase::create().await;
+    let store = PostgresStore::connect(&database.url, 4).await.unwrap();
+    let tie = async {
+        sqlx::query(contract::TIE_CLAIMS_SQL)
+            .execute(&store.pool)
+            .await
+            .unwrap();
+    };
+    contract::every_claim_tied_at_a_hosts_latest_time_counts_toward_disruption(&store, tie).await;
+    store.close().await;
+}
+
 /// Two instances on one database: the requester quota and the zone budget
 /// count what either claimed.
 #[tokio::test]

@@ -1,0 +1,184 @@
+//! Which hosts count as disrupted, for the group's budget and the zone's:
+//! a restarted host until its restart settles, and a host whose latest
+//! claims tie if any of them disrupts.
+
+use super::*;
+
+/// Without a verification probe, "restarted" means the reboot was issued,
+/// not that the host is back: the host counts as disrupted, for its group's
+/// budget and its zone's, until `settle` has passed since its restart
+/// ended. `settle_passes` moves every journal row's end back 10 minutes,
+/// past the 5-minute settle, as time passing would. Run on a store of its
+/// own: every journal row moves.
+pub const SETTLE_PASSES_SQL: &str = "UPDATE restarts SET settled_at = settled_at - 600000";
+
+pub async fn a_restarted_host_counts_as_disrupted_until_settle_passes(
+    store: &dyn Store,
+    settle_passes: impl std::future::Future<Output = ()>,
+) {
+    let settling = ClaimTerms {
+        limits: Limits {
+            budget: Some(1),
+            zone_budget: Some(1),
+            forget_after: Duration::from_secs(3600),
+            settle: Duration::from_secs(300),
+            ..Limits::NONE
+        },
+        ..TERMS
+    };
+    let first = request_of("settle-a-0001", "settle-a", Some("eu-settle-1a"), None);
+    assert!(matches!(
+        store
+            .claim_restart(&first, settling, ClaimToken::new())
+            .await
+            .unwrap(),
+        Claim::Claimed { attempt: 1, .. }
+    ));
+    store
+        .record_outcome(&first, 1, &Outcome::restarted())
+        .await
+        .unwrap();
+    // Restarted, not yet settled: its group's one disruption...
+    let sibling = request_of("settle-a-0002", "settle-a", Some("eu-settle-1b"), None);
+    let claim = store
+        .claim_restart(&sibling, settling, ClaimToken::new())
+        .await
+        .unwrap();
+    let Claim::Deferred { guard, .. } = claim else {
+        panic!("a restarted host must count until settle passes: {claim:?}");
+    };
+    assert_eq!(guard, "disruption budget");
+    // ...and its zone's.
+    let neighbour = request_of("settle-b-0001", "settle-b", Some("eu-settle-1a"), None);
+    let claim = store
+        .claim_restart(&neighbour, settling, ClaimToken::new())
+        .await
+        .unwrap();
+    let Claim::Deferred { guard, .. } = claim else {
+        panic!("a restarted host must count in its zone until settle passes: {claim:?}");
+    };
+    assert_eq!(guard, "zone budget");
+    // With a probe (no settle), its verified recovery ends the disruption
+    // at once. (The claim is given back: nothing was issued.)
+    let verified = ClaimTerms {
+        limits: Limits {
+            settle: Duration::ZERO,
+            ..settling.limits
+        },
+        ..settling
+    };
+    let claim = store
+        .claim_restart(&neighbour, verified, ClaimToken::new())
+        .await
+        .unwrap();
+    assert!(
+        matches!(claim, Claim::Claimed { attempt: 1, .. }),
+        "{claim:?}"
+    );
+    store.release_claim(&neighbour, 1).await.unwrap();
+    settle_passes.await;
+    // Settled: its zone and its group are free.
+    let claim = store
+        .claim_restart(&neighbour, settling, ClaimToken::new())
+        .await
+        .unwrap();
+    assert!(
+        matches!(claim, Claim::Claimed { attempt: 1, .. }),
+        "{claim:?}"
+    );
+    let claim = store
+        .claim_restart(&sibling, settling, ClaimToken::new())
+        .await
+        .unwrap();
+    assert!(
+        matches!(claim, Claim::Claimed { attempt: 1, .. }),
+        "{claim:?}"
+    );
+}
+
+/// Two claims of one host can be stamped in the same millisecond (two
+/// requests' claims in one batch, or by two instances). `USAGE_SQL` takes
+/// every row at the host's latest time, so the host counts as disrupted
+/// if any of them does, whichever was written last. `tie` stamps every
+/// journal row at the latest claim's time, as such claims would have been.
+/// Run on a store of its own: every journal row moves.
+pub const TIE_CLAIMS_SQL: &str =
+    "UPDATE restarts SET claimed_at = (SELECT MAX(claimed_at) FROM restarts)";
+
+pub async fn every_claim_tied_at_a_hosts_latest_time_counts_toward_disruption(
+    store: &dyn Store,
+    tie: impl std::future::Future<Output = ()>,
+) {
+    // A verified restart (no settle) ends its host's disruption; a failed
+    // one does not.
+    let budgets = |budget, zone_budget| ClaimTerms {
+        limits: Limits {
+            budget: Some(budget),
+            zone_budget: Some(zone_budget),
+            forget_after: Duration::from_secs(3600),
+            ..Limits::NONE
+        },
+        ..TERMS
+    };
+    let failed = Outcome::Failed {
+        error: "no answer".into(),
+    };
+    let restarted = Outcome::restarted();
+    // Each host restarted by two requests, one after the other: the
+    // failed restart first on one host, last on the other, so that a
+    // store that took one row of a tie, first or last, misses a host.
+    for (instance, outcomes) in [
+        ("tie-0001", [&failed, &restarted]),
+        ("tie-0002", [&restarted, &failed]),
+    ] {
+        for outcome in outcomes {
+            let request = request_of(instance, "tie", Some("eu-tie-1a"), None);
+            let claim = store
+                .claim_restart(&request, TERMS, ClaimToken::new())
+                .await
+                .unwrap();
+            assert!(
+                matches!(claim, Claim::Claimed { attempt: 1, .. }),
+                "{claim:?}"
+            );
+            store.record_outcome(&request, 1, outcome).await.unwrap();
+        }
+    }
+    tie.await;
+    let hour_ago = Timestamp::from_millis(Timestamp::now().as_millis() - 3_600_000);
+    let usage = store.group_usage(hour_ago, hour_ago).await.unwrap();
+    assert_eq!(usage["tie"].disrupted, 2, "{usage:?}");
+    // Both hosts fill the group's budget of two...
+    let third = request_of("tie-0003", "tie", Some("eu-tie-1b"), None);
+    let claim = store
+        .claim_restart(&third, budgets(2, 10), ClaimToken::new())
+        .await
+        .unwrap();
+    let Claim::Deferred { guard, .. } = claim else {
+        panic!("a host with a disrupting claim among its tied ones must count: {claim:?}");
+    };
+    assert_eq!(guard, "disruption budget");
+    // ...and their zone's, for a host of any group.
+    let neighbour = request_of("knot-0001", "knot", Some("eu-tie-1a"), None);
+    let claim = store
+        .claim_restart(&neighbour, budgets(10, 2), ClaimToken::new())
+        .await
+        .unwrap();
+    let Claim::Deferred { guard, .. } = claim else {
+        panic!(
+            "a host with a disrupting claim among its tied ones must count in its zone: {claim:?}"
+        );
+    };
+    assert_eq!(guard, "zone budget");
+    // A host counts once, however many of its claims tie.
+    for (request, terms) in [(&third, budgets(3, 10)), (&neighbour, budgets(10, 3))] {
+        let claim = store
+            .claim_restart(request, terms, ClaimToken::new())
+            .await
+            .unwrap();
+        assert!(
+            matches!(claim, Claim::Claimed { attempt: 1, .. }),
+            "{claim:?}"
+        );
+    }
+}
