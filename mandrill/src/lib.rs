@@ -43,9 +43,9 @@
 
 // Every module is private: the `pub use` lines below are the whole API.
 mod admin;
+mod backoff;
 #[cfg(feature = "bench")]
 mod bench;
-mod backoff;
 mod broker;
 mod campaign;
 mod causes;
@@ -81,19 +81,18 @@ pub use bench::main as bench_main;
 // What the integration tests read and drive below the binary, and nothing
 // else: each name here has a test in `tests/` that needs it.
 
-/// A request parsed and validated at the edge, and what became of it.
-pub use domain::{JointAck, Outcome, RestartRequest, Status, Timestamp};
-/// The store seam, what its methods take and give, and the two SQL stores.
-pub use store::{
-    Claim, ClaimTerms, ClaimToken, Decision, GroupUsage, HistoryEntry, PostgresStore, Recorded,
-    ReportData, Store, StoreError, Story, Switch, SwitchExpected,
-};
 /// The SQLite queue, for writing payloads `mandrill publish` refuses.
-pub use broker::{Close, nats::DEAD_LETTER_REASON_HEADER};
-pub use sqlite::{SqliteBroker, SqliteOptions, SqliteStore};
-/// The `[[schedule]]` plan, computed alike on every instance.
-pub use schedule::{DEFAULT_MAX_LATENESS, Plan, ScheduleSettings};
+pub use broker::Close;
+/// The header a NATS dead letter's reason travels in.
+pub use broker::nats::DEAD_LETTER_REASON_HEADER;
+/// What a store recorded, read as `mandrill history`, `explain` and
+/// `report` read it.
+pub use domain::{Status, Timestamp};
 /// The parts of docs/ generated from the code.
 pub use reference::{
     commands as commands_reference, metrics as metrics_reference, settings as settings_reference,
 };
+/// The `[[schedule]]` plan, computed alike on every instance.
+pub use schedule::{DEFAULT_MAX_LATENESS, Plan, ScheduleSettings};
+pub use sqlite::{SqliteBroker, SqliteOptions};
+pub use store::{HistoryEntry, Records, ReportData, StoreError, Story};

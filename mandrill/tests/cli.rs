@@ -8,23 +8,11 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use mandrill::Status;
-use mandrill::{SqliteStore, Store};
 use serde_json::Value;
 use services::free_port;
-use support::{DEADLINE, Mandrill, binary, count, fields_of, mandrill, sqlite_url, temp_dir};
-
-fn history(url: &str) -> Vec<mandrill::HistoryEntry> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
-        let store = SqliteStore::connect(url, 1).await.unwrap();
-        let entries = store.history(1_000_000).await.unwrap();
-        store.close().await;
-        entries
-    })
-}
+use support::{
+    DEADLINE, Mandrill, binary, count, fields_of, history, mandrill, sqlite_url, temp_dir,
+};
 
 #[test]
 fn sigterm_drains_and_every_message_is_recorded_and_acked_or_nacked() {

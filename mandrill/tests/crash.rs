@@ -121,7 +121,11 @@ fn kill_9_mid_run_loses_nothing_and_repeats_only_restarts_in_flight() {
     assert_eq!(entries.len(), TOTAL);
     for entry in &entries {
         let id = entry.message_id.expect("every entry has its id");
-        assert_eq!(entry.instance_name.as_ref(), published.get(&id), "{entry:?}");
+        assert_eq!(
+            entry.instance_name.as_ref(),
+            published.get(&id),
+            "{entry:?}"
+        );
         assert_eq!(entry.status, Status::Restarted, "{entry:?}");
     }
     // Nothing left in the queue, nothing given up on.

@@ -5,7 +5,8 @@
 //! (tests run as root in CI). Where mounting is not permitted, those tests
 //! say so and pass without running. The failure mode itself (SQLite ending a
 //! transaction on its own, which left the writers' connections refusing every
-//! later transaction) is also reproduced without root, by a trigger.
+//! later transaction) is also reproduced without root, by a trigger, in the
+//! SQLite store's unit tests (`sqlite::store::tests::writes`).
 
 mod support;
 
@@ -13,58 +14,8 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use mandrill::{SqliteStore, Store as _};
-use sqlx::Connection as _;
 use support::tmpfs::Tmpfs;
 use support::{DEADLINE, Mandrill, history, mandrill, queue_rows, temp_dir};
-
-/// A trigger that, while `test_fault.broken` is set, ends the transaction of
-/// any insert into `table` the way a full disk does: SQLite rolls it back by
-/// itself, and the rollback the writer's connection sends then finds none.
-async fn break_inserts(url: &str, table: &str, broken: bool) {
-    let mut conn = sqlx::SqliteConnection::connect(url).await.unwrap();
-    sqlx::raw_sql(&format!(
-        "CREATE TABLE IF NOT EXISTS test_fault (broken INTEGER NOT NULL);
-         CREATE TRIGGER IF NOT EXISTS test_fault_{table} BEFORE INSERT ON {table}
-         WHEN (SELECT broken FROM test_fault) BEGIN
-             SELECT RAISE(ROLLBACK, 'database or disk is full');
-         END;
-         DELETE FROM test_fault;
-         INSERT INTO test_fault (broken) VALUES ({});",
-        i32::from(broken)
-    ))
-    .execute(&mut conn)
-    .await
-    .unwrap();
-    conn.close().await.unwrap();
-}
-
-#[tokio::test]
-async fn store_writer_recovers_after_a_transaction_sqlite_ended_itself() {
-    let (_guard, dir) = temp_dir();
-    let url = support::sqlite_url(&dir);
-    let store = SqliteStore::connect(&url, 2).await.unwrap();
-    break_inserts(&url, "requests", true).await;
-    let refused = store.record_rejection(None, "first", b"x").await;
-    assert!(
-        refused
-            .as_ref()
-            .is_err_and(|e| e.with_causes().to_string().contains("disk is full")),
-        "{refused:?}"
-    );
-    break_inserts(&url, "requests", false).await;
-    // The cause is gone: the next write commits.
-    store.record_rejection(None, "second", b"y").await.unwrap();
-    let reasons: Vec<Option<String>> = store
-        .history(10)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|entry| entry.last_error)
-        .collect();
-    assert_eq!(reasons, [Some("second".to_owned())]);
-    store.close().await;
-}
 
 /// Waits until `path` holds at least `lines` lines.
 fn wait_for_lines(path: &Path, lines: usize) {

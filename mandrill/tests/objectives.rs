@@ -15,7 +15,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use mandrill::Status;
-use mandrill::{SqliteStore, Store as _, Story};
+use mandrill::Story;
 use serde_json::Value;
 use support::{DEADLINE, Mandrill, history, mandrill, sqlite_url, temp_dir};
 
@@ -105,9 +105,9 @@ fn story_of(db: &str, instance: &str) -> Option<Story> {
         .build()
         .unwrap();
     runtime.block_on(async {
-        let store = SqliteStore::connect(db, 1).await.unwrap();
-        let story = store.story(entry.message_id?).await.unwrap();
-        store.close().await;
+        let records = mandrill::Records::open(db).await.unwrap();
+        let story = records.story(entry.message_id?).await.unwrap();
+        records.close().await;
         story
     })
 }

@@ -16,7 +16,6 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use mandrill::Status;
-use mandrill::Store as _;
 use serde_json::Value;
 use support::{DEADLINE, Mandrill, history, mandrill, sqlite_url, temp_dir};
 
@@ -339,10 +338,10 @@ fn store_report(url: &str) -> mandrill::ReportData {
         .build()
         .unwrap();
     runtime.block_on(async {
-        let store = mandrill::SqliteStore::connect(url, 1).await.unwrap();
+        let records = mandrill::Records::open(url).await.unwrap();
         let since = mandrill::Timestamp::from_millis(0);
-        let data = store.report(since).await.unwrap();
-        store.close().await;
+        let data = records.report(since).await.unwrap();
+        records.close().await;
         data
     })
 }

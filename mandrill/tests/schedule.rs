@@ -16,7 +16,7 @@ use mandrill::HistoryEntry;
 use mandrill::Status;
 use mandrill::{Plan, ScheduleSettings};
 use services::{Database, NatsNames, nats_server};
-use support::{DEADLINE, Mandrill, mandrill, sqlite_url, temp_dir};
+use support::{DEADLINE, Mandrill, history, mandrill, sqlite_url, temp_dir};
 
 const HOSTS: [&str; 5] = [
     "cattle-a1",
@@ -55,24 +55,6 @@ fn stop(instance: Mandrill) {
     instance.signal("TERM");
     let (status, lines) = instance.wait_exit();
     assert!(status.success(), "exit {status}: {lines:?}");
-}
-
-/// Every recorded request in the store at `url` (SQLite or PostgreSQL).
-fn history(url: &str) -> Vec<HistoryEntry> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
-        let store: Box<dyn mandrill::Store> = if url.starts_with("postgres") {
-            Box::new(mandrill::PostgresStore::connect(url, 1).await.unwrap())
-        } else {
-            Box::new(mandrill::SqliteStore::connect(url, 1).await.unwrap())
-        };
-        let entries = store.history(1_000_000).await.unwrap();
-        store.close().await;
-        entries
-    })
 }
 
 fn restarted_slots(entries: &[HistoryEntry]) -> usize {

@@ -10,10 +10,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use crate::demo::random_request;
+use crate::{
+    domain::Domain, domain::Hostname, domain::InstanceName, domain::ParseRules,
+    domain::RestartRequest, domain::SigningKey, domain::Status,
+};
 use bytes::Bytes;
 use futures::StreamExt;
-use crate::demo::random_request;
-use crate::{domain::Domain, domain::Hostname, domain::InstanceName, domain::ParseRules, domain::RestartRequest, domain::SigningKey, domain::Status};
 use rand::Rng as _;
 use tokio_util::task::TaskTracker;
 use uuid::Uuid;
@@ -303,7 +306,5 @@ mod sqlite;
 mod sqlite_sqlx;
 
 pub(super) use postgres::postgres;
-pub(super) use sqlite::Commits;
-pub(super) use sqlite::sqlite;
-pub(super) use sqlite_sqlx::sqlite_sqlx;
-pub(super) use sqlite_sqlx::sqlite_sqlx_one_row;
+pub(super) use sqlite::{Commits, sqlite};
+pub(super) use sqlite_sqlx::{sqlite_sqlx, sqlite_sqlx_one_row};

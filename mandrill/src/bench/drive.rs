@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use crate::backoff::Backoff;
 use crate::stats::Stats;
-use crate::{worker::Shutdown, worker::Worker, worker::WorkerConfig};
 use crate::{restarter::SimulatedRestarter, restarter::Simulation};
+use crate::{worker::Shutdown, worker::Worker, worker::WorkerConfig};
 
 use crate::bench::options::Options;
 use crate::bench::setup::Opened;

@@ -3,10 +3,12 @@
 
 use std::time::{Duration, Instant};
 
+use crate::demo::random_request;
+use crate::{
+    broker::pubsub::PubSubOptions, broker::pubsub::PubSubSettings, broker::pubsub::PullMode,
+};
 use bytes::Bytes;
 use futures::StreamExt;
-use crate::demo::random_request;
-use crate::{broker::pubsub::PubSubOptions, broker::pubsub::PubSubSettings, broker::pubsub::PullMode};
 use uuid::Uuid;
 
 /// Private topic and subscription names for one run on

@@ -6,11 +6,15 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use futures::StreamExt;
-use crate::{broker::Broker, broker::MemoryBroker, store::MemoryStore, store::PostgresStore, broker::Publisher as _, sqlite::SqliteBroker, sqlite::SqliteOptions, sqlite::SqliteStore, store::Store};
+use crate::{
+    broker::Broker, broker::MemoryBroker, broker::Publisher as _, sqlite::SqliteBroker,
+    sqlite::SqliteOptions, sqlite::SqliteStore, store::MemoryStore, store::PostgresStore,
+    store::Store,
+};
 use crate::{broker::nats::Credentials, broker::nats::NatsBroker, broker::nats::NatsOptions};
 use crate::{broker::pubsub::PubSubBroker, broker::pubsub::PubSubOptions};
+use bytes::Bytes;
+use futures::StreamExt;
 
 use crate::bench::options::Options;
 use crate::bench::slow_save::SlowSaveStore;
@@ -84,7 +88,11 @@ pub(super) struct Opened {
 
 /// Opens the broker (publishing `payloads` into it first unless it is in
 /// memory), then the store.
-pub(super) async fn open(options: &Options, resources: &Resources, mut payloads: Vec<Bytes>) -> Opened {
+pub(super) async fn open(
+    options: &Options,
+    resources: &Resources,
+    mut payloads: Vec<Bytes>,
+) -> Opened {
     let (broker, publish_seconds) = open_broker(resources, &mut payloads).await;
     let store = open_store(options, resources).await;
     Opened {
@@ -164,9 +172,14 @@ async fn open_store(options: &Options, resources: &Resources) -> Arc<dyn Store> 
         None if resources.postgres.is_some() => {
             let url = &resources.postgres.as_ref().expect("checked just above").url;
             Arc::new(
-                PostgresStore::connect_with(url, 16, options.writers, crate::store::DEFAULT_TIMEOUT)
-                    .await
-                    .expect("postgres store opens"),
+                PostgresStore::connect_with(
+                    url,
+                    16,
+                    options.writers,
+                    crate::store::DEFAULT_TIMEOUT,
+                )
+                .await
+                .expect("postgres store opens"),
             )
         }
         None => Arc::new(MemoryStore::with_capacity(options.messages)),

@@ -3,9 +3,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
-use crate::{store::Claim, store::ClaimTerms, store::HistoryEntry, store::Recorded, store::Store, store::StoreError, domain::Timestamp};
 use crate::{domain::Outcome, domain::RestartRequest, domain::Status};
+use crate::{
+    domain::Timestamp, store::Claim, store::ClaimTerms, store::HistoryEntry, store::Recorded,
+    store::Store, store::StoreError,
+};
+use async_trait::async_trait;
 use uuid::Uuid;
 
 /// A store, with `save` taking the simulated work time.

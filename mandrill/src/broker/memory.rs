@@ -98,7 +98,11 @@ impl MemoryBroker {
     /// its queue grows: growing a queue of a million copies it while every
     /// publish and pull waits on the lock (the benchmark publishes all its
     /// messages ahead of the worker).
-    pub(crate) fn with_capacity(ack_deadline: Duration, poll_wait: Duration, messages: usize) -> Self {
+    pub(crate) fn with_capacity(
+        ack_deadline: Duration,
+        poll_wait: Duration,
+        messages: usize,
+    ) -> Self {
         let broker = Self::new(ack_deadline, poll_wait);
         broker.lock().ready.reserve(messages);
         broker

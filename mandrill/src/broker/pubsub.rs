@@ -66,9 +66,7 @@ use tracing::{info, warn};
 
 pub(crate) use self::consumer::PubSubBroker;
 pub(crate) use self::publisher::PubSubPublisher;
-pub(crate) use self::settings::Endpoint;
-pub(crate) use self::settings::PubSubSettings;
-pub(crate) use self::settings::PullMode;
+pub(crate) use self::settings::{Endpoint, PubSubSettings, PullMode};
 use self::settle::{Settlement, Settler};
 use super::{
     BrokerError, Cause, Close, Consumer, DeadLetterAdmin, DeadLetterEntry, DeadLetterId, Delivery,

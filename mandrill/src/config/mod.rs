@@ -59,8 +59,7 @@ pub use docs::settings_reference;
 pub(crate) use error::ConfigError;
 #[cfg(test)]
 use load::SECRET_KEYS;
-pub(crate) use load::Sources;
-pub(crate) use load::parse_override;
+pub(crate) use load::{Sources, parse_override};
 pub(crate) use restarter::{RestarterKind, RestarterSettings};
 pub(crate) use safety::SafetySettings;
 pub(crate) use service::{

@@ -15,7 +15,7 @@ use std::sync::Arc;
 /// that adapter, which knows the type, can [`open`](Self::open) it. A store
 /// that cannot open it records the outcome alone, and the caller acks.
 #[derive(Clone)]
-pub struct JointAck(Arc<dyn Any + Send + Sync>);
+pub(crate) struct JointAck(Arc<dyn Any + Send + Sync>);
 
 impl JointAck {
     /// Wraps an adapter's own description of the ack.

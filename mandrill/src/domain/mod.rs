@@ -12,18 +12,13 @@ mod request;
 pub(crate) mod signed;
 mod time;
 
-pub use joint_ack::JointAck;
-pub(crate) use names::random_instance_name;
-pub(crate) use names::Domain;
-pub(crate) use names::Hostname;
-pub(crate) use names::InstanceName;
-pub use outcome::Outcome;
-pub(crate) use outcome::Restarted;
+pub(crate) use joint_ack::JointAck;
+pub(crate) use names::{Domain, Hostname, InstanceName, random_instance_name};
 pub use outcome::Status;
+pub(crate) use outcome::{Outcome, Restarted};
 #[cfg(test)]
 use request::{MAX_REASON_CHARS, MAX_REQUESTED_BY_CHARS};
-pub(crate) use request::ParseRules;
-pub use request::RestartRequest;
+pub(crate) use request::{ParseRules, RestartRequest};
 pub(crate) use request::{Reach, Rejection, WireRequest, new_message_id, salvage_message_id};
 pub(crate) use signed::SigningKey;
 pub(crate) use signed::{Signatures, Signer};

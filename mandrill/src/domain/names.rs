@@ -5,16 +5,16 @@ use std::fmt;
 /// A validated DNS label: lower-case letters, digits and hyphens, 1 to 63
 /// characters, neither starting nor ending with a hyphen.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct InstanceName(String);
+pub(crate) struct InstanceName(String);
 
 impl InstanceName {
     /// Parses `raw`, explaining what is wrong when it is not a valid DNS label.
-    pub fn parse(raw: &str) -> Result<Self, String> {
+    pub(crate) fn parse(raw: &str) -> Result<Self, String> {
         validate_label(raw).map(|()| Self(raw.to_owned()))
     }
 
     /// The name as a string slice.
-    pub fn as_str(&self) -> &str {
+    pub(crate) fn as_str(&self) -> &str {
         &self.0
     }
 }
@@ -48,11 +48,11 @@ fn validate_label(raw: &str) -> Result<(), String> {
 
 /// A validated DNS domain, e.g. `example.net`: dot-separated valid labels.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Domain(String);
+pub(crate) struct Domain(String);
 
 impl Domain {
     /// Parses a domain such as `example.net`.
-    pub fn parse(raw: &str) -> Result<Self, String> {
+    pub(crate) fn parse(raw: &str) -> Result<Self, String> {
         if raw.len() > 253 - 64 {
             return Err(format!("domain {raw:?} is too long"));
         }
@@ -77,11 +77,11 @@ impl fmt::Display for Domain {
 
 /// The fully-qualified host to restart: `{instance_name}.{domain}`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Hostname(String);
+pub(crate) struct Hostname(String);
 
 impl Hostname {
     /// Builds the hostname of an instance in a domain; both are already valid.
-    pub fn new(instance: &InstanceName, domain: &Domain) -> Self {
+    pub(crate) fn new(instance: &InstanceName, domain: &Domain) -> Self {
         // Not `format!`: built once per message, in one allocation of the
         // right size, without the formatting machinery.
         let mut name = String::with_capacity(instance.0.len() + 1 + domain.0.len());
@@ -92,7 +92,7 @@ impl Hostname {
     }
 
     /// The hostname as a string slice.
-    pub fn as_str(&self) -> &str {
+    pub(crate) fn as_str(&self) -> &str {
         &self.0
     }
 }

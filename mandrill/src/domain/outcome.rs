@@ -98,7 +98,7 @@ impl fmt::Display for Status {
 
 /// What a successful restart leaves for the record.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Restarted {
+pub(crate) struct Restarted {
     /// How long the host took to pass its health probe after the restart;
     /// `None` when recovery is not verified.
     pub recovered_after: Option<std::time::Duration>,
@@ -108,7 +108,7 @@ pub struct Restarted {
 
 /// The outcome of one attempt at a request, as recorded.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// The host was restarted (and, if verification is on, came back).
     Restarted(Restarted),
     /// The restart failed and will be retried.
@@ -148,12 +148,13 @@ pub enum Outcome {
 
 impl Outcome {
     /// A restart with nothing more to say.
-    pub fn restarted() -> Self {
+    #[cfg(test)]
+    pub(crate) fn restarted() -> Self {
         Self::Restarted(Restarted::default())
     }
 
     /// The status this outcome leaves the request in.
-    pub fn status(&self) -> Status {
+    pub(crate) fn status(&self) -> Status {
         match self {
             Self::Restarted(_) => Status::Restarted,
             Self::Retrying { .. } => Status::Retrying,
@@ -166,7 +167,7 @@ impl Outcome {
     }
 
     /// The error text, if the attempt failed.
-    pub fn error(&self) -> Option<&str> {
+    pub(crate) fn error(&self) -> Option<&str> {
         match self {
             Self::Restarted(_) | Self::DryRun { .. } => None,
             Self::Retrying { error }
@@ -178,7 +179,7 @@ impl Outcome {
     }
 
     /// The backend's output, if it gave any.
-    pub fn output(&self) -> Option<&str> {
+    pub(crate) fn output(&self) -> Option<&str> {
         match self {
             Self::Restarted(restarted) => restarted.output.as_deref(),
             Self::Unrecovered { output, .. } => output.as_deref(),
@@ -191,7 +192,7 @@ impl Outcome {
     }
 
     /// How long the host took to recover, if that was verified.
-    pub fn recovered_after(&self) -> Option<std::time::Duration> {
+    pub(crate) fn recovered_after(&self) -> Option<std::time::Duration> {
         match self {
             Self::Restarted(restarted) => restarted.recovered_after,
             _ => None,

@@ -13,7 +13,7 @@ use super::signed::{self, Signatures};
 
 /// Limits and defaults applied while parsing a payload.
 #[derive(Debug, Clone)]
-pub struct ParseRules {
+pub(crate) struct ParseRules {
     /// Appended to the instance name to form the hostname, e.g. `example.net`.
     pub domain: Domain,
     /// Payloads larger than this are rejected before any parsing.
@@ -22,7 +22,7 @@ pub struct ParseRules {
 
 /// A request to restart one host, validated.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RestartRequest {
+pub(crate) struct RestartRequest {
     /// The publisher's id for this request; the unit of idempotency.
     pub message_id: Uuid,
     /// The instance to restart.
@@ -67,7 +67,7 @@ pub struct RestartRequest {
 /// Where a host is reached, as the operator's inventory says: each part
 /// takes the place of the `[[hosts]]` map's for the hosts it lists.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct Reach {
+pub(crate) struct Reach {
     /// The address (a name or an IP) instead of the hostname.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub address: Option<String>,
@@ -82,7 +82,7 @@ pub struct Reach {
 /// The wire format. Unknown fields are accepted so that newer publishers can
 /// add fields without older services dead-lettering their messages.
 #[derive(Debug, Serialize, Deserialize)]
-pub struct WireRequest {
+pub(crate) struct WireRequest {
     /// A UUID.
     pub message_id: String,
     /// A DNS label, e.g. `cattle-ab12`.
@@ -137,7 +137,7 @@ struct BorrowedWire<'a> {
 /// Why a payload was not accepted as a restart request. The `Display` text is
 /// the dead-letter reason.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum Rejection {
+pub(crate) enum Rejection {
     /// The payload is larger than the configured limit.
     #[error("payload is {size} bytes, over the limit of {limit}")]
     TooLarge {
@@ -188,7 +188,7 @@ pub enum Rejection {
 
 impl Rejection {
     /// The kinds, as `/metrics` labels them (`mandrill_rejections_total{reason}`).
-    pub const KINDS: [&'static str; 9] = [
+    pub(crate) const KINDS: [&'static str; 9] = [
         "too_large",
         "not_utf8",
         "bad_json",
@@ -201,7 +201,7 @@ impl Rejection {
     ];
 
     /// This rejection's index in [`Rejection::KINDS`].
-    pub fn kind_index(&self) -> usize {
+    pub(crate) fn kind_index(&self) -> usize {
         match self {
             Self::TooLarge { .. } => 0,
             Self::NotUtf8 { .. } => 1,
@@ -297,14 +297,14 @@ fn reply_to(raw: &str) -> Result<String, Rejection> {
 
 impl RestartRequest {
     /// Parses and validates a payload from the wire.
-    pub fn parse(payload: &[u8], rules: &ParseRules) -> Result<Self, Rejection> {
+    pub(crate) fn parse(payload: &[u8], rules: &ParseRules) -> Result<Self, Rejection> {
         Self::parse_sized(payload, payload.len(), rules)
     }
 
     /// Parses a payload of which the broker may have read only a prefix:
     /// `full_size` is the size of the whole, checked against the limit first.
     /// Unsigned only: a signed payload is rejected (no key to verify it).
-    pub fn parse_sized(
+    pub(crate) fn parse_sized(
         payload: &[u8],
         full_size: usize,
         rules: &ParseRules,
@@ -317,7 +317,7 @@ impl RestartRequest {
     /// refusing it unsigned if `signatures` requires a signature. A JSON
     /// payload costs one look at its first byte more than it did (the
     /// clock is read only for a signed one).
-    pub fn parse_verified(
+    pub(crate) fn parse_verified(
         payload: &[u8],
         full_size: usize,
         rules: &ParseRules,
@@ -327,7 +327,8 @@ impl RestartRequest {
     }
 
     /// As [`Self::parse_verified`], at `now` rather than the system clock.
-    pub fn parse_verified_at(
+    #[cfg(test)]
+    pub(crate) fn parse_verified_at(
         payload: &[u8],
         rules: &ParseRules,
         signatures: &Signatures,
@@ -462,7 +463,7 @@ impl RestartRequest {
     /// The group the request is counted in: the operator's, once the worker
     /// assigned it (the safety module's `Counting::assign`), else
     /// [`Self::default_group`]. Never the message's `group`.
-    pub fn group(&self) -> &str {
+    pub(crate) fn group(&self) -> &str {
         self.group
             .as_deref()
             .unwrap_or_else(|| self.default_group())
@@ -470,19 +471,19 @@ impl RestartRequest {
 
     /// The instance name without its last `-suffix` (`cattle-ab12` →
     /// `cattle`), or the whole name when it has none.
-    pub fn default_group(&self) -> &str {
+    pub(crate) fn default_group(&self) -> &str {
         let name = self.instance_name.as_str();
         name.rsplit_once('-').map_or(name, |(group, _)| group)
     }
 
     /// The wire form of a request, as publishers send it.
-    pub fn to_wire(&self) -> Vec<u8> {
+    pub(crate) fn to_wire(&self) -> Vec<u8> {
         // Serialising a struct of strings to JSON cannot fail.
         serde_json::to_vec(&self.to_wire_request()).expect("a struct of strings serialises")
     }
 
     /// The wire form's fields (what a signed request's claims carry too).
-    pub fn to_wire_request(&self) -> WireRequest {
+    pub(crate) fn to_wire_request(&self) -> WireRequest {
         WireRequest {
             message_id: self.message_id.to_string(),
             instance_name: self.instance_name.to_string(),

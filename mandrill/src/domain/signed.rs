@@ -34,7 +34,7 @@ pub(crate) const LEEWAY: Duration = Duration::from_secs(60);
 
 /// A requester's public key and the one algorithm it verifies.
 #[derive(Clone)]
-pub struct Signer {
+pub(crate) struct Signer {
     algorithm: Algorithm,
     key: DecodingKey,
 }
@@ -51,7 +51,7 @@ impl Signer {
     /// A public key from its PEM text (SPKI): Ed25519 (verifies EdDSA) or
     /// P-256 (verifies ES256). The error says what is wrong, without the
     /// key.
-    pub fn from_pem(pem: &str) -> Result<Self, String> {
+    pub(crate) fn from_pem(pem: &str) -> Result<Self, String> {
         let pem = pem.trim().as_bytes();
         let candidates = [
             (Algorithm::EdDSA, DecodingKey::from_ed_pem(pem)),
@@ -80,35 +80,30 @@ impl Signer {
              (-----BEGIN PUBLIC KEY-----, as `mandrill keygen` writes)"
             .into())
     }
-
-    /// The algorithm this key verifies.
-    pub fn algorithm(&self) -> Algorithm {
-        self.algorithm
-    }
 }
 
 /// The configured requesters' keys, by name, and whether an unsigned
 /// request is refused. Cheap to share (the policy holds it in an `Arc`).
 #[derive(Debug, Clone, Default)]
-pub struct Signatures {
+pub(crate) struct Signatures {
     signers: HashMap<String, Signer>,
     required: bool,
 }
 
 impl Signatures {
     /// Keys by requester name; `required`: refuse unsigned requests.
-    pub fn new(signers: HashMap<String, Signer>, required: bool) -> Self {
+    pub(crate) fn new(signers: HashMap<String, Signer>, required: bool) -> Self {
         Self { signers, required }
     }
 
     /// No keys, nothing required: every signed request is rejected (no
     /// key to verify it with), every unsigned one parsed as before.
-    pub fn none() -> Self {
+    pub(crate) fn none() -> Self {
         Self::default()
     }
 
     /// Whether unsigned requests are refused.
-    pub fn required(&self) -> bool {
+    pub(crate) fn required(&self) -> bool {
         self.required
     }
 }

@@ -2,7 +2,7 @@ use super::*;
 use uuid::Uuid;
 
 /// A valid request for `instance` in the default domain, with a fresh id.
-pub fn request(instance: &str) -> RestartRequest {
+pub(crate) fn request(instance: &str) -> RestartRequest {
     let payload = format!(
         r#"{{"message_id":"{}","instance_name":"{instance}"}}"#,
         Uuid::new_v4()

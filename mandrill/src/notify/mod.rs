@@ -29,10 +29,7 @@ use crate::domain::RestartRequest;
 use crate::domain::Timestamp;
 use crate::stats::Stats;
 
-pub(crate) use settings::MAX_QUEUE_CAPACITY;
-pub(crate) use settings::Format;
-pub(crate) use settings::NotifierSettings;
-pub(crate) use settings::NotifyEntry;
+pub(crate) use settings::{Format, MAX_QUEUE_CAPACITY, NotifierSettings, NotifyEntry};
 pub(crate) use switch::watch as watch_switch;
 
 /// What happened, as `[[notify]] events` names it.

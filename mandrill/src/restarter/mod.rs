@@ -32,11 +32,8 @@ pub(crate) use blocking::{Blocking, BlockingRestart};
 pub(crate) use command::{CommandRestarter, CommandSettings};
 pub(crate) use http::{HttpRestarter, HttpSettings};
 pub(crate) use journal::Journaled;
-pub(crate) use simulate::SimulatedBlockingRestarter;
-pub(crate) use simulate::SimulatedRestarter;
-pub(crate) use simulate::Simulation;
-pub(crate) use ssh::SshRestarter;
-pub(crate) use ssh::SshSettings;
+pub(crate) use simulate::{SimulatedBlockingRestarter, SimulatedRestarter, Simulation};
+pub(crate) use ssh::{SshRestarter, SshSettings};
 pub(crate) use verify::{Verified, VerifySettings};
 
 /// Why a restart did not happen, or did not end well. The worker branches
@@ -244,7 +241,11 @@ pub(crate) struct Refusal {
 impl Refusal {
     /// `guard` refuses for `reason`; ask again after `retry_after`.
     #[cfg(test)]
-    pub(crate) fn new(guard: &'static str, reason: impl Into<String>, retry_after: Duration) -> Self {
+    pub(crate) fn new(
+        guard: &'static str,
+        reason: impl Into<String>,
+        retry_after: Duration,
+    ) -> Self {
         Self {
             guard,
             reason: reason.into(),
@@ -279,7 +280,9 @@ impl<'a> Reserving<'a> {
 
     /// Decided by `wait`, which must be cancel-safe (dropping it reserves
     /// nothing).
-    pub(crate) fn wait(wait: impl Future<Output = Result<Reservation, Refusal>> + Send + 'a) -> Self {
+    pub(crate) fn wait(
+        wait: impl Future<Output = Result<Reservation, Refusal>> + Send + 'a,
+    ) -> Self {
         Self(ReservingInner::Waiting(Box::pin(wait)))
     }
 

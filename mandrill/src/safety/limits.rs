@@ -90,7 +90,7 @@ settings! {
 /// What one claim enforces, resolved for the request's group: plain
 /// numbers, so that it travels with the claim to any store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Limits {
+pub(crate) struct Limits {
     /// Restarts of the group per `window`.
     pub group_max: Option<u32>,
     /// Restarts of all groups per `window`.
@@ -123,7 +123,7 @@ pub struct Limits {
 
 impl Limits {
     /// No counting guard: the claim need not read the journal.
-    pub const NONE: Self = Self {
+    pub(crate) const NONE: Self = Self {
         group_max: None,
         global_max: None,
         window: Duration::ZERO,
@@ -138,7 +138,7 @@ impl Limits {
     };
 
     /// Whether any counting guard is on.
-    pub fn is_active(&self) -> bool {
+    pub(crate) fn is_active(&self) -> bool {
         self.group_max.is_some()
             || self.global_max.is_some()
             || self.host_cooldown.is_some()
@@ -152,7 +152,7 @@ impl Limits {
     /// quota only to a signed one. A store reads the journal (and takes the
     /// guards' locks) only then, so an unsigned, zoneless request costs no
     /// more with those limits on than with them off.
-    pub fn is_active_for(&self, subject: Subject<'_>) -> bool {
+    pub(crate) fn is_active_for(&self, subject: Subject<'_>) -> bool {
         self.group_max.is_some()
             || self.global_max.is_some()
             || self.host_cooldown.is_some()
@@ -163,13 +163,13 @@ impl Limits {
 
     /// Whether the zone budget applies to `subject` (so its zone's
     /// disrupted hosts must be read).
-    pub fn counts_zone(&self, subject: Subject<'_>) -> bool {
+    pub(crate) fn counts_zone(&self, subject: Subject<'_>) -> bool {
         self.zone_budget.is_some() && subject.zone.is_some()
     }
 
     /// Whether the requester quota applies to `subject` (so its
     /// requester's claims must be read).
-    pub fn counts_requester(&self, subject: Subject<'_>) -> bool {
+    pub(crate) fn counts_requester(&self, subject: Subject<'_>) -> bool {
         self.requester_max.is_some() && subject.requester.is_some()
     }
 }
@@ -216,7 +216,7 @@ pub(crate) struct HostHold {
 
 /// Who and what a claim counts against: the keys the journal is read by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Subject<'a> {
+pub(crate) struct Subject<'a> {
     /// The request's group, as the operator decides it.
     pub group: &'a str,
     /// The instance to restart.
@@ -229,7 +229,7 @@ pub struct Subject<'a> {
 
 impl<'a> Subject<'a> {
     /// The keys of `request` (whose group the worker has assigned).
-    pub fn of(request: &'a crate::domain::RestartRequest) -> Self {
+    pub(crate) fn of(request: &'a crate::domain::RestartRequest) -> Self {
         Self {
             group: request.group(),
             instance: request.instance_name.as_str(),

@@ -21,12 +21,9 @@ pub(crate) use calendar::{Calendar, CalendarSettings};
 pub(crate) use counting::{Counting, group_mismatch};
 pub(crate) use guards::{Clock, Guards, Hold, Since};
 pub(crate) use limits::{BudgetSettings, Limits, RateSettings};
-pub(crate) use policy::Placement;
-pub(crate) use policy::Policy;
-pub(crate) use policy::PolicyHandle;
+pub(crate) use policy::{Placement, Policy, PolicyHandle};
 pub(crate) use reply_to::ReplyDestinations;
-pub(crate) use requesters::RequesterSettings;
-pub(crate) use requesters::Requesters;
+pub(crate) use requesters::{RequesterSettings, Requesters};
 pub(crate) use stop::{StopConditionSettings, StopConditions};
 
 use crate::pattern::Pattern;

@@ -46,9 +46,8 @@ use tracing::debug;
 
 use queue::QueuePart;
 pub(crate) use queue::SqliteSettings;
-pub use queue::SqliteBroker;
-pub use queue::SqliteOptions;
-pub use store::SqliteStore;
+pub use queue::{SqliteBroker, SqliteOptions};
+pub(crate) use store::SqliteStore;
 use store::StorePart;
 use writer::{Job, MAX_BATCH, Source, WriterConnection, write_loop};
 

@@ -15,7 +15,7 @@ use crate::safety::limits::{self, Limits, Usage};
 /// What a delivery may do about a restart: [`Store::claim_restart`] decides
 /// it and records the claim in one atomic step, before the restart is issued.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Claim {
+pub(crate) enum Claim {
     /// Restart attempt `attempt` (1-based, counted in the store) is claimed
     /// and recorded: issue it.
     Claimed {
@@ -65,7 +65,7 @@ pub enum Claim {
 
 /// The terms of a claim, from the worker's configuration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ClaimTerms {
+pub(crate) struct ClaimTerms {
     /// Restart attempts a request may use in all.
     pub max_attempts: u32,
     /// How long a claim holds off other deliveries: long enough for the
@@ -83,12 +83,12 @@ pub struct ClaimTerms {
 /// taken for another delivery's claim in flight. A caller mints one per
 /// claim it means to make, never one per try.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct ClaimToken(u64);
+pub(crate) struct ClaimToken(u64);
 
 impl ClaimToken {
     /// A new token: 64 random bits, so that no two claims of a request, on
     /// any number of instances, carry the same one.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self(rand::random())
     }
 
@@ -141,7 +141,7 @@ impl ClaimState {
 /// What [`Store::set_switch_if`](super::Store::set_switch_if) must find
 /// for the switch to turn.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SwitchExpected<'a> {
+pub(crate) enum SwitchExpected<'a> {
     /// Restarts are not paused.
     Running,
     /// Paused, last turned by exactly this name.
@@ -150,7 +150,7 @@ pub enum SwitchExpected<'a> {
 
 /// The kill switch, as a store keeps it for every instance.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct Switch {
+pub(crate) struct Switch {
     /// Whether restarts are paused.
     pub paused: bool,
     /// Who last turned it.
@@ -163,7 +163,7 @@ pub struct Switch {
 
 impl Switch {
     /// The words a paused claim records.
-    pub fn paused_reason(&self) -> String {
+    pub(crate) fn paused_reason(&self) -> String {
         format!(
             "paused by {} ({}) since {}",
             self.by.as_deref().unwrap_or("someone"),
@@ -177,7 +177,7 @@ impl Switch {
 /// operator (`mandrill pause --group`) or by a breached recovery objective.
 /// It never lifts by itself; `mandrill resume --group` does.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct GroupPause {
+pub(crate) struct GroupPause {
     /// The group (the operator's, as [`RestartRequest::group`] says).
     pub group: String,
     /// Who paused it.
@@ -190,7 +190,7 @@ pub struct GroupPause {
 
 impl GroupPause {
     /// The words a claim deferred by this pause records.
-    pub fn deferred_reason(&self) -> String {
+    pub(crate) fn deferred_reason(&self) -> String {
         format!(
             "restarts of group {} paused by {} ({}) since {}",
             self.group, self.by, self.reason, self.since
@@ -517,7 +517,7 @@ pub(crate) fn unknown_outcome(attempt: u32) -> String {
 
 /// A guard's verdict that held a request back, for the record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Decision<'a> {
+pub(crate) struct Decision<'a> {
     /// `deferred`, `denied`, `expired`, `dry-run`.
     pub verdict: &'a str,
     /// Which guard (`calendar`, `rate limit`, `kill switch`, ...).

@@ -13,7 +13,7 @@ use super::*;
 use crate::domain::{Domain, Outcome, ParseRules, RestartRequest, Status};
 use crate::safety::limits::{self, Limits};
 
-pub use crate::domain::testing::request;
+pub(crate) use crate::domain::testing::request;
 
 mod campaigns;
 mod claims;
@@ -25,41 +25,41 @@ mod quotas;
 mod retries;
 mod switch;
 
-pub use campaigns::a_campaign_is_read_back_as_recorded_and_only_once;
-pub use claims::{
+pub(crate) use campaigns::a_campaign_is_read_back_as_recorded_and_only_once;
+pub(crate) use claims::{
     a_host_is_never_claimed_for_two_requests_at_once, a_released_claim_is_not_a_used_attempt,
     claim_holds_and_unknown_outcomes_count,
 };
-pub use disruption::{
+pub(crate) use disruption::{
     SETTLE_PASSES_SQL, TIE_CLAIMS_SQL, a_restarted_host_counts_as_disrupted_until_settle_passes,
     every_claim_tied_at_a_hosts_latest_time_counts_toward_disruption,
 };
-pub use guards::{
+pub(crate) use guards::{
     STAMP_LATER_SQL, a_claim_stamped_after_now_still_cools_its_host,
     a_claim_that_waits_for_the_guards_locks_is_stamped_when_it_gets_them,
     counting_guards_are_decided_in_the_claim_and_journaled,
 };
-pub use history::{
+pub(crate) use history::{
     decisions_are_read_before_a_request_has_a_record,
     prune_removes_old_final_entries_only_and_in_bounded_passes,
     recent_recoveries_are_the_groups_latest_verified_restarts,
     rejections_are_listed_but_never_count_as_the_request,
     the_report_reads_the_journal_and_the_verdicts_since_a_moment,
 };
-pub use outcomes::{
+pub(crate) use outcomes::{
     a_record_keeps_who_asked_and_why_from_the_request_that_created_it, every_final_status_is_kept,
     final_outcome_is_never_overwritten, outcome_details_are_kept,
     outcome_without_claim_creates_row, the_first_receipt_is_kept,
 };
-pub use quotas::{
+pub(crate) use quotas::{
     a_request_without_zone_or_requester_is_never_counted_in_them,
     the_requester_quota_and_the_zone_budget_count_across_groups_and_instances,
 };
-pub use retries::{
+pub(crate) use retries::{
     a_retried_claim_whose_hold_ran_out_gets_the_same_attempt_held_anew,
     a_retried_claim_with_its_own_token_gets_the_same_attempt_and_writes_nothing,
 };
-pub use switch::{
+pub(crate) use switch::{
     a_conditional_turn_of_the_switch_happens_only_as_expected,
     a_paused_group_defers_its_claims_only_until_resumed,
     the_kill_switch_stops_every_claim_until_resumed,
@@ -72,7 +72,7 @@ const TERMS: ClaimTerms = ClaimTerms {
 };
 
 /// Every contract behaviour, in order, on one store.
-pub async fn all(store: &dyn Store) {
+pub(crate) async fn all(store: &dyn Store) {
     final_outcome_is_never_overwritten(store).await;
     every_final_status_is_kept(store).await;
     outcome_without_claim_creates_row(store).await;

@@ -55,7 +55,7 @@ pub struct Story {
 
 /// What each group has used of its limits right now.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-pub struct GroupUsage {
+pub(crate) struct GroupUsage {
     /// Restarts claimed within the rate window.
     pub restarts: u32,
     /// Hosts disrupted now: restarting, or not verified recovered.
@@ -120,7 +120,7 @@ pub(crate) fn decisions_from(decisions: Vec<DecisionRow>) -> Vec<DecisionRecord>
 
 /// Whether [`Store::record_outcome`] recorded anything.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Recorded {
+pub(crate) enum Recorded {
     /// The outcome is now recorded.
     Recorded,
     /// A final outcome was already recorded (by an earlier delivery or

@@ -7,7 +7,8 @@
 //! This file holds the trait; the rest is one file a concern: `error.rs`
 //! (errors and their classification), `claim.rs` (the claim rule every
 //! store applies), `history.rs` (what a store tells about the past),
-//! `campaigns.rs` (campaigns as recorded), `sql.rs` (the statements the
+//! `campaigns.rs` (campaigns as recorded), `records.rs` (what was recorded,
+//! read from outside the crate), `sql.rs` (the statements the
 //! SQL stores share), `reads.rs` (the reads
 //! they share), `lookup.rs` (lookups answered in groups), `story.rs` (a
 //! story in words), `contract.rs` (what every store is tested for), and one
@@ -25,6 +26,7 @@ pub(crate) mod lookup;
 pub(crate) mod memory;
 pub(crate) mod postgres;
 pub(crate) mod reads;
+mod records;
 pub(crate) mod sql;
 mod story;
 
@@ -36,36 +38,32 @@ use crate::domain::{JointAck, Outcome, RestartRequest, Status, Timestamp};
 pub(crate) use campaigns::{Campaign, CampaignTarget};
 #[cfg(test)]
 pub(crate) use claim::GROUP_PAUSE_RECHECK;
-pub use claim::Claim;
-pub use claim::ClaimTerms;
-pub use claim::ClaimToken;
-pub use claim::Decision;
-pub use claim::Switch;
-pub use claim::SwitchExpected;
+pub(crate) use claim::{Claim, ClaimTerms, ClaimToken, Decision};
 pub(crate) use claim::{
     ClaimState, ClaimWrite, HeldHosts, UsageBinds, UsageRow, UsageSubjectRow, claim_decision,
     decide_claim, group_pause_from, switch_from, usage_binds, usage_from, usage_subject_from,
 };
 pub(crate) use claim::{GroupPause, unknown_outcome};
+pub(crate) use claim::{Switch, SwitchExpected};
 pub(crate) use error::DEFAULT_TIMEOUT;
 pub use error::StoreError;
 pub(crate) use error::{ask, sqlx_error_is_transient, within};
+pub(crate) use history::GroupUsage;
+pub use history::HistoryEntry;
+pub(crate) use history::Recorded;
 pub(crate) use history::{
     AttemptRecord, DecisionRecord, ReportAttempt, ReportDecision, payload_excerpt,
 };
-pub use history::GroupUsage;
-pub use history::HistoryEntry;
-pub use history::Recorded;
-pub use history::ReportData;
-pub use history::Story;
+pub use history::{ReportData, Story};
 pub(crate) use history::{group_usage_from, millis_of, status_from_name};
 pub(crate) use memory::MemoryStore;
-pub use postgres::PostgresStore;
+pub(crate) use postgres::PostgresStore;
+pub use records::Records;
 pub(crate) use sql::{DECISION_SQL, DEFERRAL_SQL};
 
 /// The durable record of requests and outcomes. See the module docs.
 #[async_trait]
-pub trait Store: Send + Sync + 'static {
+pub(crate) trait Store: Send + Sync + 'static {
     /// The recorded status of a request, if it was ever recorded.
     async fn lookup(&self, message_id: Uuid) -> Result<Option<Status>, StoreError>;
 

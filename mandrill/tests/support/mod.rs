@@ -234,17 +234,16 @@ pub fn temp_dir() -> (tempfile::TempDir, PathBuf) {
     (dir, path)
 }
 
-/// Every recorded request in the store at `url`.
+/// Every recorded request in the store at `url` (SQLite or PostgreSQL).
 pub fn history(url: &str) -> Vec<mandrill::HistoryEntry> {
-    use mandrill::Store as _;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
     runtime.block_on(async {
-        let store = mandrill::SqliteStore::connect(url, 1).await.unwrap();
-        let entries = store.history(1_000_000).await.unwrap();
-        store.close().await;
+        let records = mandrill::Records::open(url).await.unwrap();
+        let entries = records.history(1_000_000).await.unwrap();
+        records.close().await;
         entries
     })
 }

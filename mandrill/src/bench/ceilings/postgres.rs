@@ -2,8 +2,8 @@
 
 use std::time::Instant;
 
-use bytes::Bytes;
 use crate::domain::RestartRequest;
+use bytes::Bytes;
 
 use super::{now_millis, parse, parse_rules, payloads};
 
@@ -23,9 +23,11 @@ pub(crate) async fn postgres(admin_url: &str, n: usize, writers: u32) -> f64 {
     use sqlx::postgres::PgConnectOptions;
     use std::str::FromStr as _;
 
-    let database =
-        crate::bench::throwaway_postgres::TestDatabase::create_on(admin_url, "mandrill_bench_ceiling")
-            .await;
+    let database = crate::bench::throwaway_postgres::TestDatabase::create_on(
+        admin_url,
+        "mandrill_bench_ceiling",
+    )
+    .await;
     let options = PgConnectOptions::from_str(&database.url)
         .expect("postgres url")
         .options(crate::store::postgres::SESSION_SETTINGS);

@@ -26,7 +26,7 @@ pub(crate) struct TestStreams {
 }
 
 impl TestStreams {
-    pub fn new(ack_wait: Duration) -> Self {
+    pub(crate) fn new(ack_wait: Duration) -> Self {
         let names = nats_names::StreamNames::new(&server_url(), "test");
         Self {
             settings: NatsOptions {

@@ -74,6 +74,8 @@ fn the_example_production_configuration_loads_with_its_secrets_from_the_environm
         "its URL is masked"
     );
     // Without the token, the example refuses to start, naming it.
-    let error = sources(&text, dir.path(), &SECRETS[..2]).load().unwrap_err();
+    let error = sources(&text, dir.path(), &SECRETS[..2])
+        .load()
+        .unwrap_err();
     assert!(error.to_string().contains("admin.token"), "{error}");
 }

@@ -96,11 +96,14 @@ async fn a_restart_over_ssh_replaces_the_target_process() {
         .unwrap();
     assert!(alive(before));
 
-    let settings = ssh_settings(&sshd, &[
-        script.to_str().unwrap(),
-        pidfile.to_str().unwrap(),
-        "{instance_name}",
-    ]);
+    let settings = ssh_settings(
+        &sshd,
+        &[
+            script.to_str().unwrap(),
+            pidfile.to_str().unwrap(),
+            "{instance_name}",
+        ],
+    );
     let restarter = SshRestarter::new(&settings, loopback()).unwrap();
     let restarted = restart(&restarter, "cattle-ab12").await.unwrap();
 
@@ -286,7 +289,10 @@ async fn exit_codes_fail_for_now_or_for_good_and_a_slow_command_times_out() {
     let sshd = PrivateSshd::start();
     let settings = SshSettings {
         permanent_exit_codes: vec![3, 127],
-        ..ssh_settings(&sshd, &["sh", "-c", "echo boom >&2; exit \"$1\"", "sh", "{group}"])
+        ..ssh_settings(
+            &sshd,
+            &["sh", "-c", "echo boom >&2; exit \"$1\"", "sh", "{group}"],
+        )
     };
     let restarter = SshRestarter::new(&settings, loopback()).unwrap();
     // `{group}` is the instance name up to its last '-': the exit code.
@@ -341,13 +347,16 @@ async fn a_command_that_runs_past_its_timeout_is_killed_on_the_host_before_the_r
     let _slow = KillOnDrop(pidfile.clone());
     let settings = SshSettings {
         timeout: Duration::from_secs(1),
-        ..ssh_settings(&sshd, &[
-            "sh",
-            "-c",
-            "echo $$ > \"$1\"; exec sleep 600",
-            "sh",
-            pidfile.to_str().unwrap(),
-        ])
+        ..ssh_settings(
+            &sshd,
+            &[
+                "sh",
+                "-c",
+                "echo $$ > \"$1\"; exec sleep 600",
+                "sh",
+                pidfile.to_str().unwrap(),
+            ],
+        )
     };
     let restarter = SshRestarter::new(&settings, loopback()).unwrap();
 
@@ -375,13 +384,16 @@ async fn a_timed_out_command_whose_kill_cannot_be_confirmed_may_still_run_and_is
     // the kill included.
     let settings = SshSettings {
         timeout: Duration::from_secs(1),
-        ..ssh_settings(&sshd, &[
-            "sh",
-            "-c",
-            "echo $$ > \"$1\"; kill -STOP $PPID; exec sleep 600",
-            "sh",
-            pidfile.to_str().unwrap(),
-        ])
+        ..ssh_settings(
+            &sshd,
+            &[
+                "sh",
+                "-c",
+                "echo $$ > \"$1\"; kill -STOP $PPID; exec sleep 600",
+                "sh",
+                pidfile.to_str().unwrap(),
+            ],
+        )
     };
     let restarter = SshRestarter::new(&settings, loopback()).unwrap();
 
@@ -405,13 +417,16 @@ async fn a_timed_out_command_whose_host_refuses_the_kill_may_still_run_and_is_no
     let _stuck = KillOnDrop(pidfile.clone());
     let settings = SshSettings {
         timeout: Duration::from_secs(3),
-        ..ssh_settings(&sshd, &[
-            "sh",
-            "-c",
-            "echo $$ > \"$1\"; exec sleep 600",
-            "sh",
-            pidfile.to_str().unwrap(),
-        ])
+        ..ssh_settings(
+            &sshd,
+            &[
+                "sh",
+                "-c",
+                "echo $$ > \"$1\"; exec sleep 600",
+                "sh",
+                pidfile.to_str().unwrap(),
+            ],
+        )
     };
     let restarter = SshRestarter::new(&settings, loopback()).unwrap();
 
@@ -439,13 +454,16 @@ async fn a_process_left_holding_the_output_pipe_does_not_hold_the_restart() {
     // open after the command exited.
     let settings = SshSettings {
         timeout: Duration::from_secs(10),
-        ..ssh_settings(&sshd, &[
-            "sh",
-            "-c",
-            "sleep 600 & echo $! > \"$1\"; echo started",
-            "sh",
-            pidfile.to_str().unwrap(),
-        ])
+        ..ssh_settings(
+            &sshd,
+            &[
+                "sh",
+                "-c",
+                "sleep 600 & echo $! > \"$1\"; echo started",
+                "sh",
+                pidfile.to_str().unwrap(),
+            ],
+        )
     };
     let restarter = SshRestarter::new(&settings, loopback()).unwrap();
 

@@ -96,7 +96,7 @@ mod writer;
 
 /// See the module docs.
 #[derive(Debug, Clone)]
-pub struct SqliteStore {
+pub(crate) struct SqliteStore {
     /// For reads.
     pool: SqlitePool,
     /// The file's writer, shared with the queue when it uses the same file.
@@ -122,12 +122,12 @@ impl SqliteStore {
     /// Opens (creating if missing) the database at `url` (`sqlite:PATH`, or
     /// `sqlite::memory:`) and brings its schema up to date; its calls are
     /// bounded by [`DEFAULT_TIMEOUT`].
-    pub async fn connect(url: &str, max_connections: u32) -> Result<Self, StoreError> {
+    pub(crate) async fn connect(url: &str, max_connections: u32) -> Result<Self, StoreError> {
         Self::connect_with(url, max_connections, DEFAULT_TIMEOUT).await
     }
 
     /// As [`SqliteStore::connect`], each call bounded by `timeout`.
-    pub async fn connect_with(
+    pub(crate) async fn connect_with(
         url: &str,
         max_connections: u32,
         timeout: Duration,

@@ -4,7 +4,7 @@ use super::*;
 
 /// A campaign reads back whole (targets in order, times to the
 /// millisecond); an unknown id is `None`; the same id twice is refused.
-pub async fn a_campaign_is_read_back_as_recorded_and_only_once(store: &dyn Store) {
+pub(crate) async fn a_campaign_is_read_back_as_recorded_and_only_once(store: &dyn Store) {
     let campaign = Campaign {
         id: Uuid::new_v4(),
         group: "cattle".into(),

@@ -3,7 +3,7 @@
 
 use super::*;
 
-pub async fn claim_holds_and_unknown_outcomes_count(store: &dyn Store) {
+pub(crate) async fn claim_holds_and_unknown_outcomes_count(store: &dyn Store) {
     let request = request("cattle-0003");
     let first = store
         .claim_restart(&request, TERMS, ClaimToken::new())
@@ -111,7 +111,7 @@ pub async fn claim_holds_and_unknown_outcomes_count(store: &dyn Store) {
 ///
 /// Both with and without counting guards (PostgreSQL decides a claim they
 /// apply to in a transaction of its own; SQLite reads the journal for it).
-pub async fn a_host_is_never_claimed_for_two_requests_at_once(store: &dyn Store) {
+pub(crate) async fn a_host_is_never_claimed_for_two_requests_at_once(store: &dyn Store) {
     let guarded = Limits {
         group_max: Some(100),
         window: Duration::from_secs(3600),
@@ -240,7 +240,7 @@ pub async fn a_host_is_never_claimed_for_two_requests_at_once(store: &dyn Store)
     }
 }
 
-pub async fn a_released_claim_is_not_a_used_attempt(store: &dyn Store) {
+pub(crate) async fn a_released_claim_is_not_a_used_attempt(store: &dyn Store) {
     let request = request("cattle-0005");
     let claim = |expected: u32| {
         let request = request.clone();

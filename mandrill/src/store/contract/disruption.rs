@@ -10,9 +10,9 @@ use super::*;
 /// ended. `settle_passes` moves every journal row's end back 10 minutes,
 /// past the 5-minute settle, as time passing would. Run on a store of its
 /// own: every journal row moves.
-pub const SETTLE_PASSES_SQL: &str = "UPDATE restarts SET settled_at = settled_at - 600000";
+pub(crate) const SETTLE_PASSES_SQL: &str = "UPDATE restarts SET settled_at = settled_at - 600000";
 
-pub async fn a_restarted_host_counts_as_disrupted_until_settle_passes(
+pub(crate) async fn a_restarted_host_counts_as_disrupted_until_settle_passes(
     store: &dyn Store,
     settle_passes: impl std::future::Future<Output = ()>,
 ) {
@@ -102,10 +102,10 @@ pub async fn a_restarted_host_counts_as_disrupted_until_settle_passes(
 /// if any of them does, whichever was written last. `tie` stamps every
 /// journal row at the latest claim's time, as such claims would have been.
 /// Run on a store of its own: every journal row moves.
-pub const TIE_CLAIMS_SQL: &str =
+pub(crate) const TIE_CLAIMS_SQL: &str =
     "UPDATE restarts SET claimed_at = (SELECT MAX(claimed_at) FROM restarts)";
 
-pub async fn every_claim_tied_at_a_hosts_latest_time_counts_toward_disruption(
+pub(crate) async fn every_claim_tied_at_a_hosts_latest_time_counts_toward_disruption(
     store: &dyn Store,
     tie: impl std::future::Future<Output = ()>,
 ) {

@@ -4,7 +4,7 @@
 
 use super::*;
 
-pub async fn counting_guards_are_decided_in_the_claim_and_journaled(store: &dyn Store) {
+pub(crate) async fn counting_guards_are_decided_in_the_claim_and_journaled(store: &dyn Store) {
     let limited = ClaimTerms {
         limits: Limits {
             group_max: Some(2),
@@ -211,9 +211,9 @@ pub async fn counting_guards_are_decided_in_the_claim_and_journaled(store: &dyn 
 /// its cooldown.) Run on a store of its own: every journal row moves.
 /// What the SQL stores' `stamp_later` runs for
 /// [`a_claim_stamped_after_now_still_cools_its_host`].
-pub const STAMP_LATER_SQL: &str = "UPDATE restarts SET claimed_at = claimed_at + 60000";
+pub(crate) const STAMP_LATER_SQL: &str = "UPDATE restarts SET claimed_at = claimed_at + 60000";
 
-pub async fn a_claim_stamped_after_now_still_cools_its_host(
+pub(crate) async fn a_claim_stamped_after_now_still_cools_its_host(
     store: &dyn Store,
     stamp_later: impl std::future::Future<Output = ()>,
 ) {
@@ -255,7 +255,7 @@ pub async fn a_claim_stamped_after_now_still_cools_its_host(
 /// two restarts could land closer than a limit allows. The caller holds
 /// the locks this claim needs (group `cattle`) before calling; `release`
 /// releases them, and is run 300 ms into the claim's wait.
-pub async fn a_claim_that_waits_for_the_guards_locks_is_stamped_when_it_gets_them(
+pub(crate) async fn a_claim_that_waits_for_the_guards_locks_is_stamped_when_it_gets_them(
     store: &dyn Store,
     release: impl std::future::Future<Output = ()>,
 ) {

@@ -5,7 +5,7 @@ use super::*;
 
 /// A request deferred before any claim has no record of its own, only its
 /// decisions: they are read all the same, oldest first.
-pub async fn decisions_are_read_before_a_request_has_a_record(store: &dyn Store) {
+pub(crate) async fn decisions_are_read_before_a_request_has_a_record(store: &dyn Store) {
     let deferred = request("cattle-0d01");
     assert_eq!(store.decisions(deferred.message_id).await.unwrap(), vec![]);
     for reason in [
@@ -39,7 +39,7 @@ pub async fn decisions_are_read_before_a_request_has_a_record(store: &dyn Store)
     );
 }
 
-pub async fn rejections_are_listed_but_never_count_as_the_request(store: &dyn Store) {
+pub(crate) async fn rejections_are_listed_but_never_count_as_the_request(store: &dyn Store) {
     store
         .record_rejection(None, "payload is not a valid request", b"garbage")
         .await
@@ -75,7 +75,7 @@ pub async fn rejections_are_listed_but_never_count_as_the_request(store: &dyn St
 /// A group's verified restarts, newest first: each recovery time, or
 /// `None` for a host that never came back; restarts nobody probed, failed
 /// ones and other groups' are not among them.
-pub async fn recent_recoveries_are_the_groups_latest_verified_restarts(store: &dyn Store) {
+pub(crate) async fn recent_recoveries_are_the_groups_latest_verified_restarts(store: &dyn Store) {
     let verified = |secs: u64| {
         Outcome::Restarted(crate::domain::Restarted {
             recovered_after: Some(Duration::from_secs(secs)),
@@ -137,7 +137,9 @@ pub async fn recent_recoveries_are_the_groups_latest_verified_restarts(store: &d
 /// request's latest attempt only, and the verdicts recorded since then
 /// with the request's host, requester and group where the store knows
 /// them; nothing from before `since`.
-pub async fn the_report_reads_the_journal_and_the_verdicts_since_a_moment(store: &dyn Store) {
+pub(crate) async fn the_report_reads_the_journal_and_the_verdicts_since_a_moment(
+    store: &dyn Store,
+) {
     let before = request_of("tally-0001", "tally", None, Some("ci"));
     store
         .claim_restart(&before, TERMS, ClaimToken::new())
@@ -312,7 +314,7 @@ pub async fn the_report_reads_the_journal_and_the_verdicts_since_a_moment(store:
     assert_eq!(store.report(later).await.unwrap(), ReportData::default());
 }
 
-pub async fn prune_removes_old_final_entries_only_and_in_bounded_passes(store: &dyn Store) {
+pub(crate) async fn prune_removes_old_final_entries_only_and_in_bounded_passes(store: &dyn Store) {
     let before = store.history(1000).await.unwrap();
     let finals = before.iter().filter(|e| e.status.is_final()).count();
     let open = before.len() - finals;

@@ -4,7 +4,7 @@
 
 use super::*;
 
-pub async fn final_outcome_is_never_overwritten(store: &dyn Store) {
+pub(crate) async fn final_outcome_is_never_overwritten(store: &dyn Store) {
     let request = request("cattle-0001");
     assert_eq!(store.lookup(request.message_id).await.unwrap(), None);
     let claimed = store
@@ -76,7 +76,7 @@ pub async fn final_outcome_is_never_overwritten(store: &dyn Store) {
 /// outcome (a redelivery that ran out of attempts, another instance) is
 /// refused over `unrecovered`, `denied`, `dry-run` and `expired` as over
 /// `restarted`.
-pub async fn every_final_status_is_kept(store: &dyn Store) {
+pub(crate) async fn every_final_status_is_kept(store: &dyn Store) {
     let finals = [
         Outcome::Unrecovered {
             error: "not healthy after 60s".into(),
@@ -133,7 +133,7 @@ pub async fn every_final_status_is_kept(store: &dyn Store) {
 /// `first_received` creates the row of a request the store has not seen
 /// (`received`, no attempt) and gives the same time ever after, claimed or
 /// not: what `safety.max_defer` counts from when `published_at` cannot.
-pub async fn the_first_receipt_is_kept(store: &dyn Store) {
+pub(crate) async fn the_first_receipt_is_kept(store: &dyn Store) {
     let undated = request("cattle-first");
     let first = store.first_received(&undated).await.unwrap();
     let row = entry(store, undated.message_id).await;
@@ -171,7 +171,9 @@ pub async fn the_first_receipt_is_kept(store: &dyn Store) {
 /// redelivery, or another request with the same id, that names someone
 /// else changes neither, whether a claim, a first receipt or an outcome
 /// created the record.
-pub async fn a_record_keeps_who_asked_and_why_from_the_request_that_created_it(store: &dyn Store) {
+pub(crate) async fn a_record_keeps_who_asked_and_why_from_the_request_that_created_it(
+    store: &dyn Store,
+) {
     let asked = |request: &RestartRequest, by: &str, reason: &str| {
         let mut request = request.clone();
         request.requested_by = Some(by.into());
@@ -246,7 +248,7 @@ async fn claim_and_restart(store: &dyn Store, request: &RestartRequest, attempt:
         .unwrap();
 }
 
-pub async fn outcome_without_claim_creates_row(store: &dyn Store) {
+pub(crate) async fn outcome_without_claim_creates_row(store: &dyn Store) {
     let request = request("cattle-0002");
     let outcome = Outcome::Failed {
         error: "gave up".into(),
@@ -260,7 +262,7 @@ pub async fn outcome_without_claim_creates_row(store: &dyn Store) {
     assert_eq!(entry.last_error.as_deref(), Some("gave up"));
 }
 
-pub async fn outcome_details_are_kept(store: &dyn Store) {
+pub(crate) async fn outcome_details_are_kept(store: &dyn Store) {
     let payload = format!(
         r#"{{"message_id":"{}","instance_name":"cattle-0006","requested_by":"sre","reason":"game day"}}"#,
         Uuid::new_v4()

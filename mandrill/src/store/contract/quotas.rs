@@ -8,7 +8,7 @@ use super::*;
 /// instance claimed them: `first` and `second` are two instances on one
 /// database (or one store twice). A dry run and a given-back claim count
 /// in neither.
-pub async fn the_requester_quota_and_the_zone_budget_count_across_groups_and_instances(
+pub(crate) async fn the_requester_quota_and_the_zone_budget_count_across_groups_and_instances(
     first: &dyn Store,
     second: &dyn Store,
 ) {
@@ -162,7 +162,9 @@ pub async fn the_requester_quota_and_the_zone_budget_count_across_groups_and_ins
 /// A request the inventory gives no zone, unsigned, is held by neither the
 /// zone budget nor the requester quota, and its claims count in neither:
 /// not a zone's disruption, not a requester's restart.
-pub async fn a_request_without_zone_or_requester_is_never_counted_in_them(store: &dyn Store) {
+pub(crate) async fn a_request_without_zone_or_requester_is_never_counted_in_them(
+    store: &dyn Store,
+) {
     let strict = ClaimTerms {
         limits: Limits {
             zone_budget: Some(1),

@@ -7,7 +7,7 @@ use super::*;
 /// with the same token: it is answered with the attempt it claimed (and
 /// what that claim counted as unknown), nothing is written, and the claim
 /// still holds against any other call, even once the switch is paused.
-pub async fn a_retried_claim_with_its_own_token_gets_the_same_attempt_and_writes_nothing(
+pub(crate) async fn a_retried_claim_with_its_own_token_gets_the_same_attempt_and_writes_nothing(
     store: &dyn Store,
 ) {
     let request = request("cattle-0008");
@@ -100,7 +100,9 @@ pub async fn a_retried_claim_with_its_own_token_gets_the_same_attempt_and_writes
 ///
 /// Both with and without counting guards (PostgreSQL decides a claim they
 /// apply to in a transaction of its own).
-pub async fn a_retried_claim_whose_hold_ran_out_gets_the_same_attempt_held_anew(store: &dyn Store) {
+pub(crate) async fn a_retried_claim_whose_hold_ran_out_gets_the_same_attempt_held_anew(
+    store: &dyn Store,
+) {
     let guarded = Limits {
         group_max: Some(100),
         window: Duration::from_secs(3600),

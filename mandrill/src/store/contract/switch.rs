@@ -3,7 +3,7 @@
 
 use super::*;
 
-pub async fn the_kill_switch_stops_every_claim_until_resumed(store: &dyn Store) {
+pub(crate) async fn the_kill_switch_stops_every_claim_until_resumed(store: &dyn Store) {
     assert!(!store.switch().await.unwrap().paused);
     let request = request("cattle-0007");
     store
@@ -54,7 +54,7 @@ pub async fn the_kill_switch_stops_every_claim_until_resumed(store: &dyn Store) 
 
 /// `set_switch_if` checks and writes in one step: a pause that is not the
 /// expected one is never undone, and a pause never overwrites another.
-pub async fn a_conditional_turn_of_the_switch_happens_only_as_expected(store: &dyn Store) {
+pub(crate) async fn a_conditional_turn_of_the_switch_happens_only_as_expected(store: &dyn Store) {
     use crate::store::SwitchExpected::{PausedBy, Running};
     assert!(!store.switch().await.unwrap().paused);
     let by = |switch: Switch| (switch.paused, switch.by.unwrap_or_default());
@@ -105,7 +105,7 @@ pub async fn a_conditional_turn_of_the_switch_happens_only_as_expected(store: &d
 /// pause and its cause, with or without counting guards (the SQL stores
 /// read it on both their claim paths), and no other group's; it keeps its
 /// first cause, and lifts only when resumed.
-pub async fn a_paused_group_defers_its_claims_only_until_resumed(store: &dyn Store) {
+pub(crate) async fn a_paused_group_defers_its_claims_only_until_resumed(store: &dyn Store) {
     assert!(store.group_pauses().await.unwrap().is_empty());
     assert!(
         store

@@ -112,7 +112,7 @@ const LOOKUP_SQL: &str = "SELECT r.message_id, r.status
 
 /// See the module docs.
 #[derive(Debug, Clone)]
-pub struct PostgresStore {
+pub(crate) struct PostgresStore {
     pool: PgPool,
     /// To the writer tasks.
     writes: mpsc::Sender<batch::Write>,
@@ -136,7 +136,7 @@ impl PostgresStore {
     /// Connects to `url` (`postgres://…`) with at most `max_connections`
     /// connections, [`DEFAULT_WRITERS`] writers and calls bounded by
     /// [`DEFAULT_TIMEOUT`], and brings the schema up to date.
-    pub async fn connect(url: &str, max_connections: u32) -> Result<Self, StoreError> {
+    pub(crate) async fn connect(url: &str, max_connections: u32) -> Result<Self, StoreError> {
         Self::connect_with(url, max_connections, DEFAULT_WRITERS, DEFAULT_TIMEOUT).await
     }
 
@@ -147,7 +147,7 @@ impl PostgresStore {
     /// never more than `max_connections - 1` writers (but at least one),
     /// and the pool has at least two connections (the configuration refuses
     /// fewer; with one, the writer kept it and every read waited forever).
-    pub async fn connect_with(
+    pub(crate) async fn connect_with(
         url: &str,
         max_connections: u32,
         writers: u32,

@@ -1,0 +1,142 @@
+//! The writer under a database that refuses: one refused write fails
+//! alone, errors are classified, and a transaction SQLite ended by itself
+//! (a full disk) does not leave the writer refusing every later one.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::Connection;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection};
+
+use super::*;
+
+/// One write the database refuses for good fails alone, not the writes
+/// that shared its transaction.
+#[tokio::test]
+async fn a_refused_write_does_not_fail_the_rest_of_its_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite:{}", dir.path().join("t.db").display());
+    let store = SqliteStore::connect(&url, 2).await.unwrap();
+    // A constraint only this request breaks.
+    sqlx::query(
+        "CREATE TRIGGER poison BEFORE INSERT ON requests
+         WHEN NEW.instance_name = 'cattle-poison'
+         BEGIN SELECT RAISE(ABORT, 'poisoned row'); END",
+    )
+    .execute(&store.pool)
+    .await
+    .unwrap();
+    let terms = ClaimTerms {
+        max_attempts: 3,
+        hold: Duration::from_secs(60),
+        limits: crate::safety::Limits::NONE,
+    };
+    let poison = contract::request("cattle-poison");
+    let innocent: Vec<_> = (0..20)
+        .map(|n| contract::request(&format!("cattle-{n:04}")))
+        .collect();
+    let (poisoned, claims) = tokio::join!(
+        store.claim_restart(&poison, terms, crate::store::ClaimToken::new()),
+        futures::future::join_all(innocent.iter().map(|r| store.claim_restart(
+            r,
+            terms,
+            crate::store::ClaimToken::new()
+        )))
+    );
+    let error = poisoned.unwrap_err();
+    assert!(!error.is_transient(), "{error}");
+    for claim in claims {
+        assert!(
+            matches!(claim, Ok(Claim::Claimed { attempt: 1, .. })),
+            "{claim:?}"
+        );
+    }
+    store.close().await;
+}
+
+#[tokio::test]
+async fn real_errors_are_classified_transient_or_permanent() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite:{}", dir.path().join("t.db").display());
+    let store = SqliteStore::connect(&url, 2).await.unwrap();
+    sqlx::query("CREATE TABLE one (v TEXT UNIQUE)")
+        .execute(&store.pool)
+        .await
+        .unwrap();
+    sqlx::query("INSERT INTO one VALUES ('x')")
+        .execute(&store.pool)
+        .await
+        .unwrap();
+    let duplicate = sqlx::query("INSERT INTO one VALUES ('x')")
+        .execute(&store.pool)
+        .await
+        .unwrap_err();
+    assert!(!StoreError::from(duplicate).is_transient());
+    // Another connection holds the write lock: busy, worth retrying.
+    let options = SqliteConnectOptions::from_str(&url)
+        .unwrap()
+        .busy_timeout(Duration::ZERO);
+    let mut holder = SqliteConnection::connect_with(&options).await.unwrap();
+    let mut other = SqliteConnection::connect_with(&options).await.unwrap();
+    sqlx::query("BEGIN IMMEDIATE")
+        .execute(&mut holder)
+        .await
+        .unwrap();
+    let busy = sqlx::query("BEGIN IMMEDIATE")
+        .execute(&mut other)
+        .await
+        .unwrap_err();
+    assert!(StoreError::from(busy).is_transient());
+    sqlx::query("ROLLBACK").execute(&mut holder).await.unwrap();
+    store.close().await;
+}
+
+/// A trigger that, while `test_fault.broken` is set, ends the transaction of
+/// any insert into `table` the way a full disk does: SQLite rolls it back by
+/// itself, and the rollback the writer's connection sends then finds none.
+async fn break_inserts(url: &str, table: &str, broken: bool) {
+    let mut conn = sqlx::SqliteConnection::connect(url).await.unwrap();
+    sqlx::raw_sql(&format!(
+        "CREATE TABLE IF NOT EXISTS test_fault (broken INTEGER NOT NULL);
+         CREATE TRIGGER IF NOT EXISTS test_fault_{table} BEFORE INSERT ON {table}
+         WHEN (SELECT broken FROM test_fault) BEGIN
+             SELECT RAISE(ROLLBACK, 'database or disk is full');
+         END;
+         DELETE FROM test_fault;
+         INSERT INTO test_fault (broken) VALUES ({});",
+        i32::from(broken)
+    ))
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    conn.close().await.unwrap();
+}
+
+/// A write whose transaction SQLite ended by itself (as a full disk does)
+/// fails naming the cause; the next write commits.
+#[tokio::test]
+async fn store_writer_recovers_after_a_transaction_sqlite_ended_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite:{}", dir.path().join("mandrill.db").display());
+    let store = SqliteStore::connect(&url, 2).await.unwrap();
+    break_inserts(&url, "requests", true).await;
+    let refused = store.record_rejection(None, "first", b"x").await;
+    assert!(
+        refused
+            .as_ref()
+            .is_err_and(|e| e.with_causes().to_string().contains("disk is full")),
+        "{refused:?}"
+    );
+    break_inserts(&url, "requests", false).await;
+    // The cause is gone: the next write commits.
+    store.record_rejection(None, "second", b"y").await.unwrap();
+    let reasons: Vec<Option<String>> = store
+        .history(10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|entry| entry.last_error)
+        .collect();
+    assert_eq!(reasons, [Some("second".to_owned())]);
+    store.close().await;
+}
