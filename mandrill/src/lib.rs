@@ -1,7 +1,11 @@
 //! Mayhem Mandrill: restarts hosts on request, concurrently and durably.
 //!
 //! Every module is private; the crate root re-exports, below, what the
-//! binary, the integration tests and the benchmark use, and nothing else.
+//! binary and the integration tests use, and nothing else: the entry point,
+//! a read-only view of what a store recorded, the SQLite queue (to publish
+//! what `mandrill publish` refuses), the schedule's plan and the generated
+//! docs. The benchmark (`bench`, behind the `bench` feature) is inside the
+//! crate because it drives the worker below that.
 //!
 //! Code map (see ARCHITECTURE.md for the invariants):
 //! - `domain`: restart requests parsed and validated at the edge, outcomes. No I/O.
@@ -78,8 +82,8 @@ pub use cli::main;
 #[cfg(feature = "bench")]
 pub use bench::main as bench_main;
 
-// What the integration tests read and drive below the binary, and nothing
-// else: each name here has a test in `tests/` that needs it.
+// What the integration tests read below the binary, and nothing else: each
+// name here has a test in `tests/` that needs it.
 
 /// The SQLite queue, for writing payloads `mandrill publish` refuses.
 pub use broker::Close;
