@@ -98,5 +98,6 @@ pub use reference::{
 };
 /// The `[[schedule]]` plan, computed alike on every instance.
 pub use schedule::{DEFAULT_MAX_LATENESS, Plan, ScheduleSettings};
+pub use service::Records;
 pub use sqlite::{SqliteBroker, SqliteOptions};
-pub use store::{HistoryEntry, Records, ReportData, StoreError, Story};
+pub use store::{HistoryEntry, ReportData, Story};

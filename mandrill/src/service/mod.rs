@@ -13,6 +13,7 @@ mod adapters;
 mod companions;
 pub(crate) mod objectives;
 mod pause_file;
+mod records;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -35,6 +36,7 @@ use crate::store::Store;
 use crate::worker::{FlowControl, Shutdown, Worker};
 use crate::{demo, diagnostics};
 use pause_file::PauseFile;
+pub use records::Records;
 
 pub(crate) use adapters::{
     broker_url, build_restarter, open_broker, open_dead_letter_admin, open_publisher,

@@ -14,7 +14,7 @@ use crate::causes::WithCauses;
 /// pauses pulling), a permanent one gives the message up with the reason.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum StoreError {
+pub(crate) enum StoreError {
     /// The database refused or failed the operation.
     #[error("database error")]
     Database(#[from] sqlx::Error),
@@ -49,7 +49,7 @@ impl StoreError {
     /// The error followed by its causes (`error: cause: cause's cause`),
     /// for a log line or a message that must stand alone: the message
     /// itself does not repeat its source.
-    pub fn with_causes(&self) -> impl fmt::Display + '_ {
+    pub(crate) fn with_causes(&self) -> impl fmt::Display + '_ {
         WithCauses(self)
     }
 
@@ -57,7 +57,7 @@ impl StoreError {
     /// was unreachable, busy, locked or out of space. Encoding errors,
     /// constraint violations and values too long are permanent: retrying
     /// (or redelivering) would fail the same way.
-    pub fn is_transient(&self) -> bool {
+    pub(crate) fn is_transient(&self) -> bool {
         match self {
             Self::Database(error) => sqlx_error_is_transient(error),
             Self::Batch(error) => sqlx_error_is_transient(error),
@@ -69,7 +69,7 @@ impl StoreError {
     /// Whether what was asked may have been done all the same: the call
     /// timed out waiting for an answer. Every other error means it was not
     /// (a failed transaction is rolled back).
-    pub fn outcome_unknown(&self) -> bool {
+    pub(crate) fn outcome_unknown(&self) -> bool {
         matches!(self, Self::TimedOut { .. })
     }
 }

@@ -7,8 +7,7 @@
 //! This file holds the trait; the rest is one file a concern: `error.rs`
 //! (errors and their classification), `claim.rs` (the claim rule every
 //! store applies), `history.rs` (what a store tells about the past),
-//! `campaigns.rs` (campaigns as recorded), `records.rs` (what was recorded,
-//! read from outside the crate), `sql.rs` (the statements the
+//! `campaigns.rs` (campaigns as recorded), `sql.rs` (the statements the
 //! SQL stores share), `reads.rs` (the reads
 //! they share), `lookup.rs` (lookups answered in groups), `story.rs` (a
 //! story in words), `contract.rs` (what every store is tested for), and one
@@ -26,7 +25,6 @@ pub(crate) mod lookup;
 pub(crate) mod memory;
 pub(crate) mod postgres;
 pub(crate) mod reads;
-mod records;
 pub(crate) mod sql;
 mod story;
 
@@ -46,7 +44,7 @@ pub(crate) use claim::{
 pub(crate) use claim::{GroupPause, unknown_outcome};
 pub(crate) use claim::{Switch, SwitchExpected};
 pub(crate) use error::DEFAULT_TIMEOUT;
-pub use error::StoreError;
+pub(crate) use error::StoreError;
 pub(crate) use error::{ask, sqlx_error_is_transient, within};
 pub(crate) use history::GroupUsage;
 pub use history::HistoryEntry;
@@ -58,7 +56,6 @@ pub use history::{ReportData, Story};
 pub(crate) use history::{group_usage_from, millis_of, status_from_name};
 pub(crate) use memory::MemoryStore;
 pub(crate) use postgres::PostgresStore;
-pub use records::Records;
 pub(crate) use sql::{DECISION_SQL, DEFERRAL_SQL};
 
 /// The durable record of requests and outcomes. See the module docs.

@@ -32,12 +32,14 @@ use uuid::Uuid;
 use super::writer::{Job, MAX_BATCH};
 use super::{FileAck, FileWriter, store_migrations};
 use crate::domain::{JointAck, Outcome, RestartRequest, Status, Timestamp};
+#[cfg(any(test, feature = "bench"))]
+use crate::store::DEFAULT_TIMEOUT;
 use crate::store::lookup::{Lookup, lookup_loop};
 use crate::store::reads::sqlite as reads;
 use crate::store::sql::{PAUSE_GROUP_SQL, RESUME_GROUP_SQL, SET_SWITCH_IF_SQL, SET_SWITCH_SQL};
 use crate::store::{
-    Claim, ClaimTerms, ClaimToken, DEFAULT_TIMEOUT, Decision, GroupUsage, HistoryEntry, Recorded,
-    ReportData, Store, StoreError, Story, Switch, SwitchExpected, ask, payload_excerpt, within,
+    Claim, ClaimTerms, ClaimToken, Decision, GroupUsage, HistoryEntry, Recorded, ReportData, Store,
+    StoreError, Story, Switch, SwitchExpected, ask, payload_excerpt, within,
 };
 pub(crate) use writer::StorePart;
 use writer::Write;
@@ -122,6 +124,7 @@ impl SqliteStore {
     /// Opens (creating if missing) the database at `url` (`sqlite:PATH`, or
     /// `sqlite::memory:`) and brings its schema up to date; its calls are
     /// bounded by [`DEFAULT_TIMEOUT`].
+    #[cfg(any(test, feature = "bench"))]
     pub(crate) async fn connect(url: &str, max_connections: u32) -> Result<Self, StoreError> {
         Self::connect_with(url, max_connections, DEFAULT_TIMEOUT).await
     }

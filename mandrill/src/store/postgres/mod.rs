@@ -52,11 +52,12 @@ use super::sql::{
     SET_SWITCH_IF_SQL, SET_SWITCH_SQL,
 };
 use super::{
-    Claim, ClaimTerms, ClaimToken, DEFAULT_TIMEOUT, Decision, GroupUsage, HistoryEntry, Recorded,
-    ReportData, Store, StoreError, Story, Switch, SwitchExpected, Timestamp, ask, payload_excerpt,
-    within,
+    Claim, ClaimTerms, ClaimToken, Decision, GroupUsage, HistoryEntry, Recorded, ReportData, Store,
+    StoreError, Story, Switch, SwitchExpected, Timestamp, ask, payload_excerpt, within,
 };
 use crate::domain::{Outcome, RestartRequest, Status};
+#[cfg(test)]
+use crate::store::DEFAULT_TIMEOUT;
 
 /// Writer tasks when none is asked for: two commit about half again as
 /// much as one on a loaded 2-core machine (docs/benchmarks.md), and more
@@ -136,6 +137,7 @@ impl PostgresStore {
     /// Connects to `url` (`postgres://…`) with at most `max_connections`
     /// connections, [`DEFAULT_WRITERS`] writers and calls bounded by
     /// [`DEFAULT_TIMEOUT`], and brings the schema up to date.
+    #[cfg(test)]
     pub(crate) async fn connect(url: &str, max_connections: u32) -> Result<Self, StoreError> {
         Self::connect_with(url, max_connections, DEFAULT_WRITERS, DEFAULT_TIMEOUT).await
     }
