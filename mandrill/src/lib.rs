@@ -75,6 +75,10 @@ mod store;
 mod telemetry;
 mod worker;
 
+// The crate's shape, checked from its source.
+#[cfg(test)]
+mod tests;
+
 /// The binary's entry point: subcommands, signals, runtime, exit codes.
 pub use cli::main;
 
