@@ -89,19 +89,23 @@ pub use bench::main as bench_main;
 // What the integration tests read below the binary, and nothing else: each
 // name here has a test in `tests/` that needs it.
 
-/// The SQLite queue, for writing payloads `mandrill publish` refuses.
-pub use broker::Close;
-/// The header a NATS dead letter's reason travels in.
-pub use broker::nats::DEAD_LETTER_REASON_HEADER;
 /// What a store recorded, read as `mandrill history`, `explain` and
 /// `report` read it.
 pub use domain::{Status, Timestamp};
+pub use service::Records;
+pub use store::{HistoryEntry, ReportData, Story};
+
+/// The SQLite queue, for writing payloads `mandrill publish` refuses.
+pub use broker::Close;
+pub use sqlite::{SqliteBroker, SqliteOptions};
+
+/// The header a NATS dead letter's reason travels in.
+pub use broker::nats::DEAD_LETTER_REASON_HEADER;
+
+/// The `[[schedule]]` plan, computed alike on every instance.
+pub use schedule::{DEFAULT_MAX_LATENESS, Plan, ScheduleSettings};
+
 /// The parts of docs/ generated from the code.
 pub use reference::{
     commands as commands_reference, metrics as metrics_reference, settings as settings_reference,
 };
-/// The `[[schedule]]` plan, computed alike on every instance.
-pub use schedule::{DEFAULT_MAX_LATENESS, Plan, ScheduleSettings};
-pub use service::Records;
-pub use sqlite::{SqliteBroker, SqliteOptions};
-pub use store::{HistoryEntry, ReportData, Story};
