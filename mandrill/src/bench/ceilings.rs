@@ -11,9 +11,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::demo::random_request;
-use crate::{
-    domain::Domain, domain::Hostname, domain::InstanceName, domain::ParseRules,
-    domain::RestartRequest, domain::SigningKey, domain::Status,
+use crate::domain::{
+    Domain, Hostname, InstanceName, ParseRules, RestartRequest, SigningKey, Status,
 };
 use bytes::Bytes;
 use futures::StreamExt;

@@ -5,9 +5,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::backoff::Backoff;
+use crate::restarter::{SimulatedRestarter, Simulation};
 use crate::stats::Stats;
-use crate::{restarter::SimulatedRestarter, restarter::Simulation};
-use crate::{worker::Shutdown, worker::Worker, worker::WorkerConfig};
+use crate::worker::{Shutdown, Worker, WorkerConfig};
 
 use crate::bench::options::Options;
 use crate::bench::setup::Opened;

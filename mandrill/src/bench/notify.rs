@@ -4,11 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::notify::{EventKind, Format, Notifier, NotifierSettings, NotifyEntry};
 use crate::stats::Stats;
-use crate::{
-    notify::EventKind, notify::Format, notify::Notifier, notify::NotifierSettings,
-    notify::NotifyEntry,
-};
 
 /// The notifier for `--notify`, if given: `slow` is a receiver in this
 /// process that answers after 10 s, `down` a port nothing listens on.

@@ -3,10 +3,8 @@
 
 use std::time::{Duration, Instant};
 
+use crate::broker::pubsub::{PubSubOptions, PubSubSettings, PullMode};
 use crate::demo::random_request;
-use crate::{
-    broker::pubsub::PubSubOptions, broker::pubsub::PubSubSettings, broker::pubsub::PullMode,
-};
 use bytes::Bytes;
 use futures::StreamExt;
 use uuid::Uuid;

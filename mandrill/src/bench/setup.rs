@@ -6,13 +6,11 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::{
-    broker::Broker, broker::MemoryBroker, broker::Publisher as _, sqlite::SqliteBroker,
-    sqlite::SqliteOptions, sqlite::SqliteStore, store::MemoryStore, store::PostgresStore,
-    store::Store,
-};
-use crate::{broker::nats::Credentials, broker::nats::NatsBroker, broker::nats::NatsOptions};
-use crate::{broker::pubsub::PubSubBroker, broker::pubsub::PubSubOptions};
+use crate::broker::nats::{Credentials, NatsBroker, NatsOptions};
+use crate::broker::pubsub::{PubSubBroker, PubSubOptions};
+use crate::broker::{Broker, MemoryBroker, Publisher as _};
+use crate::sqlite::{SqliteBroker, SqliteOptions, SqliteStore};
+use crate::store::{MemoryStore, PostgresStore, Store};
 use bytes::Bytes;
 use futures::StreamExt;
 

@@ -3,11 +3,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::{domain::Outcome, domain::RestartRequest, domain::Status};
-use crate::{
-    domain::Timestamp, store::Claim, store::ClaimTerms, store::HistoryEntry, store::Recorded,
-    store::Store, store::StoreError,
-};
+use crate::domain::Timestamp;
+use crate::domain::{Outcome, RestartRequest, Status};
+use crate::store::{Claim, ClaimTerms, HistoryEntry, Recorded, Store, StoreError};
 use async_trait::async_trait;
 use uuid::Uuid;
 
