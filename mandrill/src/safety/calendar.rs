@@ -7,6 +7,10 @@
 //! starts in a skipped hour opens when the clock jumps past its start, and
 //! a repeated hour is inside a window each time the clock reads it. Pure:
 //! the clock is an argument.
+//!
+//! The calendar's rule and the time arithmetic it rests on (windows,
+//! exclusions, freezes, DST) are one piece, past 400 lines; its text
+//! parsing is `calendar/text.rs`.
 
 use jiff::civil::{Date, DateTime};
 use jiff::tz::{AmbiguousOffset, TimeZone};

@@ -2,6 +2,9 @@
 //!
 //! Parameters are written `$n`: PostgreSQL's form, which sqlx's SQLite
 //! driver binds by number too.
+//!
+//! One statement per concern, shared by both SQL stores, so one file past
+//! 400 lines.
 
 use std::sync::LazyLock;
 

@@ -1,5 +1,8 @@
 //! The consumer: pulls (unary or streaming), leases kept here, settlements
 //! batched through the settler.
+//!
+//! Pulling and the leases it takes are one state (a lease is kept from
+//! the pull that made it to its settlement), so one file past 400 lines.
 
 use super::leases::{DeliveryCounts, Leases};
 use super::publisher::ensure_topic;
