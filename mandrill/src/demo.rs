@@ -33,6 +33,7 @@ pub(crate) fn random_request(rng: &mut impl Rng) -> RestartRequest {
         requested_group: None,
         zone: None,
         requester: None,
+        signature: None,
         reach: None,
         not_before: None,
         reply_to: None,

@@ -798,6 +798,91 @@ fn a_sighup_refused_for_its_requesters_trusts_no_key_until_a_reload_succeeds() {
     assert!(reason.contains("unknown requester \"alice\""), "{reason}");
 }
 
+/// A reload refused for a key outside `[[requesters]]` still revokes the
+/// requester whose entry the same edit removed (the others stay trusted);
+/// a file that is not TOML at all leaves no key trusted. Both until a
+/// reload succeeds.
+#[test]
+fn a_reload_refused_for_another_key_still_revokes_a_removed_requester() {
+    let (_guard, dir) = temp_dir();
+    python(&dir, KEYGEN_PY, &["ed25519", "alice"]);
+    python(&dir, KEYGEN_PY, &["ed25519", "bob"]);
+    let alice = requester("alice", "alice.pub", "\"cattle-*\"");
+    let bob = requester("bob", "bob.pub", "\"cattle-*\"");
+    write_config(&dir, SIMULATE, "", &format!("{alice}{bob}"));
+    let signed = |by: &str, instance: &str| {
+        sign(
+            &dir,
+            serde_json::json!({"key": format!("{by}.key"), "alg": "EdDSA", "iss": by, "instance": instance}),
+        )
+    };
+    let publish = |lines: &[String]| {
+        // Not `publish_file`: it reads the configuration, invalid below.
+        fs::write(dir.join("requests.txt"), lines.join("\n")).unwrap();
+        let (status, _, stderr) = mandrill(
+            &dir,
+            &[
+                "publish",
+                "--broker",
+                &sqlite_url(&dir),
+                "--file",
+                "requests.txt",
+            ],
+            &[],
+        );
+        assert!(status.success(), "publish failed: {stderr}");
+    };
+    publish(&[signed("alice", "cattle-before")]);
+    let service = Mandrill::run(&dir, &["--config", "mandrill.toml"]);
+    service.wait_for("acked", 1);
+    // alice's block deleted, and a typo elsewhere refuses the reload.
+    write_config(&dir, SIMULATE, "colour = \"blue\"", &bob);
+    service.signal("HUP");
+    service.wait_for("reload failed; keeping the running configuration", 1);
+    let revoked = service.wait_for(
+        "requester revoked: the refused reload removes or changes its entry, so it is no \
+         longer trusted until a reload succeeds",
+        1,
+    );
+    assert_eq!(revoked[0]["fields"]["requester"], "alice", "{revoked:?}");
+    publish(&[signed("alice", "cattle-after"), signed("bob", "cattle-bob")]);
+    service.wait_for("dead-lettered", 1);
+    service.wait_for("acked", 2);
+    // Not TOML at all: no key is trusted.
+    fs::write(dir.join("mandrill.toml"), "[safety\n").unwrap();
+    service.signal("HUP");
+    service.wait_for("reload failed; keeping the running configuration", 2);
+    service.wait_for(
+        "[[requesters]] could not be reloaded: no requester is trusted, and unsigned requests \
+         are refused, until a reload succeeds",
+        1,
+    );
+    publish(&[signed("bob", "cattle-bob-unread")]);
+    service.wait_for("dead-lettered", 2);
+    stop(service);
+    let entries = history(&sqlite_url(&dir));
+    assert_eq!(entry(&entries, "cattle-before").status, Status::Restarted);
+    assert_eq!(entry(&entries, "cattle-bob").status, Status::Restarted);
+    let rejected: Vec<&str> = entries
+        .iter()
+        .filter(|e| e.status == Status::Rejected)
+        .map(|e| e.last_error.as_deref().unwrap_or_default())
+        .collect();
+    assert_eq!(rejected.len(), 2, "{entries:?}");
+    assert!(
+        rejected
+            .iter()
+            .any(|reason| reason.contains("unknown requester \"alice\"")),
+        "{rejected:?}"
+    );
+    assert!(
+        rejected
+            .iter()
+            .any(|reason| reason.contains("unknown requester \"bob\"")),
+        "{rejected:?}"
+    );
+}
+
 /// The fallback of a refused `[[requesters]]` lasts until a reload
 /// succeeds, even one whose configuration is the running one again: here a
 /// service with no requester, whose unsigned requests are refused while a

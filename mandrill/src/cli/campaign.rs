@@ -149,7 +149,7 @@ async fn start(config: Config, args: &StartArgs) -> anyhow::Result<()> {
             humantime::format_duration(policy.guards.max_defer),
         )));
     }
-    let signing = super::publish::signing_key(&args.as_requester, &args.key_file)?;
+    let signing = super::publish::signing_key(&config, &args.as_requester, &args.key_file)?;
     let requester = signing.as_ref().map(|(name, _)| name.as_str());
     let (group_size, mut eligible) = eligible(&policy, &config, &args.group, requester)?;
     let count = size.of(group_size);
@@ -280,6 +280,7 @@ async fn start(config: Config, args: &StartArgs) -> anyhow::Result<()> {
                 requested_group: None,
                 zone: None,
                 requester: None,
+                signature: None,
                 reach: None,
                 // The first is due at once; only later ones carry a time.
                 not_before: (index > 0 && !spread.is_zero()).then(|| SystemTime::from(due[index])),
@@ -369,7 +370,10 @@ fn eligible(
             request.requester = requester.map(str::to_owned);
             policy.place(&mut request).is_ok()
                 && policy.eligibility.check(name).is_ok()
-                && policy.requesters.check(&request, group).is_ok()
+                && policy
+                    .requesters
+                    .check(&request, group, std::time::SystemTime::now())
+                    .is_ok()
         })
         .map(|name| (*name).to_owned())
         .collect();

@@ -72,6 +72,7 @@ pub(super) fn request_for(
         requested_group: None,
         zone: None,
         requester: None,
+        signature: None,
         reach: None,
         not_before: None,
         reply_to: None,

@@ -27,7 +27,7 @@ pub(super) async fn publish(config: Config, args: &PublishArgs) -> anyhow::Resul
         ))
         .into());
     }
-    let signing = signing_key(&args.as_requester, &args.key_file)?;
+    let signing = signing_key(&config, &args.as_requester, &args.key_file)?;
     let rules = config.parse_rules();
     let mut rng = rand::rng();
     // The payload of a request: signed with --as, else its JSON.
@@ -58,6 +58,7 @@ pub(super) async fn publish(config: Config, args: &PublishArgs) -> anyhow::Resul
             requested_group: None,
             zone: None,
             requester: None,
+            signature: None,
             reach: None,
             not_before: None,
             reply_to: None,
@@ -166,8 +167,10 @@ pub(super) async fn publish(config: Config, args: &PublishArgs) -> anyhow::Resul
     Ok(())
 }
 
-/// `--as NAME --key-file FILE`, read and checked: the name and the key.
+/// `--as NAME --key-file FILE`, read and checked: the name and the key,
+/// signing for `safety.audience`.
 pub(super) fn signing_key(
+    config: &Config,
     as_requester: &Option<String>,
     key_file: &Option<PathBuf>,
 ) -> anyhow::Result<Option<(String, crate::domain::SigningKey)>> {
@@ -183,7 +186,8 @@ pub(super) fn signing_key(
         ))
     })?;
     let key = crate::domain::SigningKey::from_pem(&pem)
-        .map_err(|why| BadInput(format!("--key-file {} {why}", path.display())))?;
+        .map_err(|why| BadInput(format!("--key-file {} {why}", path.display())))?
+        .for_audience(config.safety.audience.clone());
     Ok(Some((name.clone(), key)))
 }
 

@@ -157,12 +157,18 @@ pub(super) fn reload(
         }
         Err(error) => {
             error!(error = %error.with_causes(), "reload failed; keeping the running configuration");
-            if let ConfigError::Invalid { key, .. } = &error
-                && key.starts_with("requesters")
-            {
-                // Keeping the old keys would keep trusting one the
-                // operator may have edited this entry to revoke.
-                controls.distrust_requesters();
+            // Keeping the old keys would keep trusting one the operator
+            // may have edited the file to revoke: an entry it removes or
+            // changes is revoked, and when `[[requesters]]` itself (or the
+            // whole file) cannot be read, every key.
+            match &error {
+                ConfigError::Invalid { key, .. } if key.starts_with("requesters") => {
+                    controls.distrust_requesters(&error);
+                }
+                _ => match sources.requester_entries() {
+                    Ok(entries) => controls.revoke_changed_requesters(&entries),
+                    Err(unreadable) => controls.distrust_requesters(&unreadable),
+                },
             }
             return;
         }

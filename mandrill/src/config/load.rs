@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 use super::docs::{documented_keys, is_subsection};
 use super::{Config, ConfigError};
+use crate::safety::requesters::RequesterSettings;
 
 /// Keys whose values are always strings: taken as written from the
 /// environment and `--set`, so that `broker.nats.password=12345` is a password and
@@ -89,10 +90,25 @@ impl Sources {
         self.layered(true)
     }
 
-    fn layered(
-        &self,
-        stricter_below_flags_wins: bool,
-    ) -> Result<(Config, Vec<&'static str>), ConfigError> {
+    /// Just the `[[requesters]]` entries the sources say now, for a reload
+    /// refused for another key: the entries it removes or changes are
+    /// revoked all the same. An error where even they cannot be read (a
+    /// file that is not TOML, say): then no key is trusted.
+    pub(crate) fn requester_entries(&self) -> Result<Vec<RequesterSettings>, ConfigError> {
+        let mut table = self.file_and_environment()?;
+        self.apply_flags(&mut table)?;
+        let Some(entries) = table.remove("requesters") else {
+            return Ok(Vec::new());
+        };
+        serde_path_to_error::deserialize(entries).map_err(|error| {
+            let key = format!("requesters{}", error.path());
+            let message = error.into_inner().to_string();
+            ConfigError::invalid(&key, message.lines().next().unwrap_or_default())
+        })
+    }
+
+    /// The file's table with the environment's variables over it.
+    fn file_and_environment(&self) -> Result<toml::Table, ConfigError> {
         let mut table = match &self.file {
             Some(path) => read_file(path)?,
             None => toml::Table::new(),
@@ -106,11 +122,24 @@ impl Sources {
                 }
             })?;
         }
-        let below_flags = stricter_below_flags_wins.then(|| table.clone());
+        Ok(table)
+    }
+
+    /// `--set` flags over `table`.
+    fn apply_flags(&self, table: &mut toml::Table) -> Result<(), ConfigError> {
         for (key, value) in &self.overrides {
-            set_dotted(&mut table, key, value.clone())
-                .map_err(|why| ConfigError::invalid(key, why))?;
+            set_dotted(table, key, value.clone()).map_err(|why| ConfigError::invalid(key, why))?;
         }
+        Ok(())
+    }
+
+    fn layered(
+        &self,
+        stricter_below_flags_wins: bool,
+    ) -> Result<(Config, Vec<&'static str>), ConfigError> {
+        let mut table = self.file_and_environment()?;
+        let below_flags = stricter_below_flags_wins.then(|| table.clone());
+        self.apply_flags(&mut table)?;
         let tightened = match &below_flags {
             Some(below_flags) => stricter_wins(below_flags, &mut table),
             None => Vec::new(),

@@ -88,6 +88,13 @@ settings! {
         /// true from the file: the stricter wins.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pub require_signed: Option<bool> = None,
+        /// The audience signed requests must name in `aud` (unset: any).
+        ///
+        /// Binds a token to one deployment: with it set, a token whose
+        /// `aud` names another audience, or none, is rejected, and
+        /// `publish`, `campaign start` and `[[schedule]]` sign for it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub audience: Option<String> = None,
         /// While this file exists, restarts are paused (its directory is
         /// watched and must exist; not reloaded).
         ///
@@ -148,7 +155,7 @@ impl Config {
     pub(crate) fn policy(&self) -> Result<Policy, ConfigError> {
         let requesters = Requesters::new(&self.requesters, self.require_signed())
             .map_err(|(key, why)| ConfigError::invalid(&key, why))?;
-        self.policy_with(requesters)
+        self.policy_with(requesters.for_audience(self.safety.audience.clone()))
     }
 
     /// As [`policy`](Self::policy), for a reload: a `[[requesters]]` entry
@@ -160,6 +167,7 @@ impl Config {
         let (requesters, left_out) =
             Requesters::without_unusable_keys(&self.requesters, self.require_signed())
                 .map_err(|(key, why)| ConfigError::invalid(&key, why))?;
+        let requesters = requesters.for_audience(self.safety.audience.clone());
         Ok((self.policy_with(requesters)?, left_out))
     }
 

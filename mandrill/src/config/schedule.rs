@@ -51,7 +51,8 @@ impl Config {
                                 &at("key_file"),
                                 format!("{} {why}", path.display()),
                             )
-                        })?;
+                        })?
+                        .for_audience(self.safety.audience.clone());
                     Some((name.clone(), Arc::new(key), pem))
                 }
                 _ if self.require_signed() => {

@@ -51,6 +51,9 @@ pub(crate) struct RestartRequest {
     /// The requester whose signature the message carries, verified; never
     /// read from the message's free text (`requested_by` is set to it).
     pub requester: Option<String>,
+    /// Which key verified `requester`'s signature, and until when it
+    /// holds: checked again right before the restart. `None` unsigned.
+    pub signature: Option<signed::SignatureTerms>,
     /// Where the operator's inventory says the host is reached, for a host
     /// it lists; never read from the message. Shared with the inventory.
     pub reach: Option<std::sync::Arc<Reach>>,
@@ -396,6 +399,7 @@ impl RestartRequest {
                 Some(SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(verified.issued_at));
         }
         request.requester = Some(verified.requester.to_owned());
+        request.signature = Some(verified.terms);
         request.requested_by = Some(verified.requester.to_owned());
         Ok(request)
     }
@@ -454,6 +458,7 @@ impl RestartRequest {
             published_at,
             zone: None,
             requester: None,
+            signature: None,
             reach: None,
             not_before,
             reply_to: wire.reply_to.as_deref().map(reply_to).transpose()?,

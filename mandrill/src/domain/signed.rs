@@ -6,7 +6,13 @@
 //! the unverified claims are read for `iss` only, to find that requester's
 //! key; the key alone decides the algorithm (the header's `alg` must equal
 //! it, so neither `none`, nor HS*, nor another key type can be slipped in);
-//! `exp` and `iat` are required and the lifetime between them bounded.
+//! `exp` and `iat` are required and the lifetime between them bounded;
+//! `nbf` is honoured, and `aud` must name `safety.audience` when one is set.
+//!
+//! A signature is checked again right before the restart
+//! ([`Signatures::still_valid`]): the request keeps which key verified it
+//! and its `exp` ([`SignatureTerms`]), so a key a reload replaced or
+//! removed, or a token that expired while its claim waited, is refused then.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -37,6 +43,40 @@ pub(crate) const LEEWAY: Duration = Duration::from_secs(60);
 pub(crate) struct Signer {
     algorithm: Algorithm,
     key: DecodingKey,
+    fingerprint: KeyFingerprint,
+}
+
+/// Which public key verified a request: the first 64 bits of the SHA-256
+/// of the key's PEM body (white space left out). Only compared with the
+/// fingerprint of the key configured now, both the operator's, so 64 bits
+/// are plenty: it tells "the same key" from "replaced by a reload".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct KeyFingerprint(u64);
+
+impl KeyFingerprint {
+    fn of_pem(pem: &[u8]) -> Self {
+        use sha2::{Digest, Sha256};
+        let mut hasher = Sha256::new();
+        for line in pem.split(|b| *b == b'\n') {
+            if !line.starts_with(b"-----") {
+                hasher.update(line.trim_ascii());
+            }
+        }
+        let digest = hasher.finalize();
+        let mut first = [0u8; 8];
+        first.copy_from_slice(&digest[..8]);
+        Self(u64::from_be_bytes(first))
+    }
+}
+
+/// What a verified signature promised, kept with the request so that it is
+/// checked again right before the restart ([`Signatures::still_valid`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SignatureTerms {
+    /// The key that verified it.
+    pub key: KeyFingerprint,
+    /// `exp`, seconds since the epoch.
+    pub expires_at: u64,
 }
 
 impl fmt::Debug for Signer {
@@ -73,7 +113,11 @@ impl Signer {
             // error (not `false`) means the key is unusable.
             let usable = jsonwebtoken::crypto::verify("AA", b"probe", &key, algorithm).is_ok();
             if usable {
-                return Ok(Self { algorithm, key });
+                return Ok(Self {
+                    algorithm,
+                    key,
+                    fingerprint: KeyFingerprint::of_pem(pem),
+                });
             }
         }
         Err("is not a PEM Ed25519 or P-256 (ES256) public key \
@@ -88,18 +132,77 @@ impl Signer {
 pub(crate) struct Signatures {
     signers: HashMap<String, Signer>,
     required: bool,
+    /// `safety.audience`: a token must name it in `aud`.
+    audience: Option<String>,
 }
 
 impl Signatures {
     /// Keys by requester name; `required`: refuse unsigned requests.
     pub(crate) fn new(signers: HashMap<String, Signer>, required: bool) -> Self {
-        Self { signers, required }
+        Self {
+            signers,
+            required,
+            audience: None,
+        }
+    }
+
+    /// These keys, accepting only tokens whose `aud` names `audience`
+    /// (`safety.audience`), when one is given.
+    pub(crate) fn for_audience(self, audience: Option<String>) -> Self {
+        Self { audience, ..self }
+    }
+
+    /// Whether `requester`'s key in force now is still the one that
+    /// verified a request (`terms`), and its token still within `exp` at
+    /// `now`: checked right before the restart, since a reload may have
+    /// replaced or removed the key, and a claim may have waited past `exp`,
+    /// after the parse. Else why not, as a denial records it.
+    pub(crate) fn still_valid(
+        &self,
+        requester: &str,
+        terms: SignatureTerms,
+        now: SystemTime,
+    ) -> Result<(), String> {
+        match self.signers.get(requester) {
+            None => {
+                return Err(format!(
+                    "denied: requester {requester} is no longer trusted (its key was removed \
+                     or could not be read at a reload)"
+                ));
+            }
+            Some(signer) if signer.fingerprint != terms.key => {
+                return Err(format!(
+                    "denied: the key that signed it is no longer requester {requester}'s \
+                     (replaced by a reload)"
+                ));
+            }
+            Some(_) => {}
+        }
+        let now = now
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs();
+        if terms.expires_at.saturating_add(LEEWAY.as_secs()) < now {
+            return Err("denied: its signed token expired (exp) before the restart".into());
+        }
+        Ok(())
     }
 
     /// No keys, nothing required: every signed request is rejected (no
     /// key to verify it with), every unsigned one parsed as before.
     pub(crate) fn none() -> Self {
         Self::default()
+    }
+
+    /// The fingerprint of `requester`'s key, if it has one.
+    pub(crate) fn fingerprint(&self, requester: &str) -> Option<KeyFingerprint> {
+        self.signers.get(requester).map(|signer| signer.fingerprint)
+    }
+
+    /// These keys less those of the requesters `keep` says no to.
+    pub(crate) fn retaining(mut self, keep: impl Fn(&str) -> bool) -> Self {
+        self.signers.retain(|name, _| keep(name));
+        self
     }
 
     /// Whether unsigned requests are refused.
@@ -138,6 +241,7 @@ pub(crate) fn is_compact_jws(text: &[u8]) -> bool {
 struct Registered {
     iat: Option<u64>,
     exp: Option<u64>,
+    nbf: Option<u64>,
     jti: Option<String>,
 }
 
@@ -152,6 +256,8 @@ pub(super) struct Verified<'s> {
     pub jti: String,
     /// `iat`, seconds since the epoch.
     pub issued_at: u64,
+    /// What to check again right before the restart.
+    pub terms: SignatureTerms,
 }
 
 fn bad(why: impl Into<String>) -> Rejection {
@@ -204,8 +310,16 @@ pub(super) fn verify<'s>(
     validation.leeway = LEEWAY.as_secs();
     validation.set_required_spec_claims(&["exp", "iss"]);
     validation.set_issuer(&[requester]);
-    // mandrill is the only audience there is; an `aud` is not checked.
-    validation.validate_aud = false;
+    // With `safety.audience` set a token must name it (one without `aud`
+    // is refused too: it would be good for every deployment); without,
+    // there is nothing to compare an `aud` with.
+    match &signatures.audience {
+        Some(audience) => {
+            validation.set_audience(&[audience]);
+            validation.set_required_spec_claims(&["exp", "iss", "aud"]);
+        }
+        None => validation.validate_aud = false,
+    }
     // `exp` is checked below against `now` (the caller's clock, so that
     // tests and the worker agree), not jsonwebtoken's own reading.
     validation.validate_exp = false;
@@ -215,6 +329,10 @@ pub(super) fn verify<'s>(
                 "the signature does not verify with requester {requester}'s key"
             )),
             ErrorKind::MissingRequiredClaim(claim) => bad(format!("no {claim} claim")),
+            ErrorKind::InvalidAudience => bad(format!(
+                "aud does not name this deployment's audience ({})",
+                signatures.audience.as_deref().unwrap_or_default()
+            )),
             _ => bad(excerpt(&error.to_string())),
         })?
         .claims;
@@ -238,6 +356,12 @@ pub(super) fn verify<'s>(
     if iat > now.saturating_add(LEEWAY.as_secs()) {
         return Err(bad("issued in the future (iat)"));
     }
+    if registered
+        .nbf
+        .is_some_and(|nbf| nbf > now.saturating_add(LEEWAY.as_secs()))
+    {
+        return Err(bad("not valid yet (nbf is in the future)"));
+    }
     let lifetime = exp.saturating_sub(iat);
     if lifetime > MAX_LIFETIME.as_secs() {
         return Err(bad(format!(
@@ -250,6 +374,10 @@ pub(super) fn verify<'s>(
         claims,
         jti,
         issued_at: iat,
+        terms: SignatureTerms {
+            key: signer.fingerprint,
+            expires_at: exp,
+        },
     })
 }
 
@@ -272,6 +400,8 @@ pub(super) fn unverified_message_id(token: &[u8]) -> Option<String> {
 pub(crate) struct SigningKey {
     algorithm: Algorithm,
     key: jsonwebtoken::EncodingKey,
+    /// `aud` of every token it signs (`safety.audience`).
+    audience: Option<String>,
 }
 
 impl SigningKey {
@@ -292,7 +422,11 @@ impl SigningKey {
             let Ok(key) = key else { continue };
             // Signing once checks the key can sign at all.
             if jsonwebtoken::crypto::sign(b"probe", &key, algorithm).is_ok() {
-                return Ok(Self { algorithm, key });
+                return Ok(Self {
+                    algorithm,
+                    key,
+                    audience: None,
+                });
             }
         }
         Err("is not a PKCS#8 PEM Ed25519 or P-256 private key \
@@ -300,8 +434,15 @@ impl SigningKey {
             .into())
     }
 
+    /// This key, naming `audience` (`safety.audience`, where the tokens are
+    /// meant to be verified) in every token it signs.
+    pub(crate) fn for_audience(self, audience: Option<String>) -> Self {
+        Self { audience, ..self }
+    }
+
     /// `request` as a signed token from `requester`, valid from `now` for
-    /// `lifetime` (at most [`MAX_LIFETIME`]).
+    /// `lifetime` (at most [`MAX_LIFETIME`]), naming the key's audience
+    /// ([`SigningKey::for_audience`]) if it has one.
     pub(crate) fn sign(
         &self,
         request: &super::WireRequest,
@@ -314,6 +455,8 @@ impl SigningKey {
             #[serde(flatten)]
             request: &'a super::WireRequest,
             iss: &'a str,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            aud: Option<&'a str>,
             iat: u64,
             exp: u64,
             jti: &'a str,
@@ -325,6 +468,7 @@ impl SigningKey {
         let claims = Claims {
             request,
             iss: requester,
+            aud: self.audience.as_deref(),
             iat,
             exp: iat.saturating_add(lifetime.min(MAX_LIFETIME).as_secs()),
             jti: &request.message_id,

@@ -167,6 +167,7 @@ fn wire_form_round_trips() {
         requested_group: None,
         zone: None,
         requester: None,
+        signature: None,
         reach: None,
         not_before: None,
         reply_to: None,

@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
@@ -56,7 +56,7 @@ pub(crate) struct QuotaSettings {
 }
 
 /// What one verified requester may do.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 struct Permit {
     allow: Vec<Pattern>,
     groups: Vec<String>,
@@ -189,12 +189,53 @@ impl Requesters {
         })
     }
 
+    /// These requesters less every one whose entry in `entries` (the
+    /// `[[requesters]]` of a reload that was refused for another key) is
+    /// gone or differs in its key, `allow`, `groups` or quota; and the
+    /// names of those left out. The edit that could not be applied may
+    /// have been a revocation: trusting the old entry would fail open.
+    pub(crate) fn keeping_unchanged(&self, entries: &[RequesterSettings]) -> (Self, Vec<String>) {
+        let mut kept = self.clone();
+        let mut revoked = Vec::new();
+        for (name, permit) in &self.permits {
+            let unchanged = entries
+                .iter()
+                .find(|entry| &entry.name == name)
+                .and_then(|entry| {
+                    Self::build(std::slice::from_ref(entry), false, Some(&mut Vec::new())).ok()
+                })
+                .is_some_and(|new| {
+                    new.permits.get(name) == Some(permit)
+                        && new.signatures.fingerprint(name).is_some()
+                        && new.signatures.fingerprint(name) == self.signatures.fingerprint(name)
+                });
+            if !unchanged {
+                revoked.push(name.clone());
+            }
+        }
+        kept.permits.retain(|name, _| !revoked.contains(name));
+        kept.signatures = kept
+            .signatures
+            .retaining(|name| !revoked.contains(&name.to_owned()));
+        revoked.sort();
+        (kept, revoked)
+    }
+
     /// No requester, and unsigned requests refused: what an invalid
     /// configuration falls back to (fail closed).
     pub(crate) fn refuse_unsigned() -> Self {
         Self {
             signatures: Signatures::new(HashMap::new(), true),
             permits: HashMap::new(),
+        }
+    }
+
+    /// These requesters, accepting only tokens for `audience`
+    /// (`safety.audience`) when one is set.
+    pub(crate) fn for_audience(self, audience: Option<String>) -> Self {
+        Self {
+            signatures: self.signatures.for_audience(audience),
+            ..self
         }
     }
 
@@ -207,11 +248,22 @@ impl Requesters {
     /// instance in `group`, the group the operator's configuration puts
     /// the instance in; else why not, naming the requester: what a denied
     /// request records. An unsigned request is not this check's to refuse.
-    pub(crate) fn check(&self, request: &RestartRequest, group: &str) -> Result<(), String> {
+    /// The signature is checked again at `now` against the keys in force
+    /// ([`Signatures::still_valid`]): this runs before the claim and again
+    /// right before the restart, after whatever the request waited on.
+    pub(crate) fn check(
+        &self,
+        request: &RestartRequest,
+        group: &str,
+        now: SystemTime,
+    ) -> Result<(), String> {
         let Some(name) = request.requester.as_deref() else {
             return Ok(());
         };
         let instance = request.instance_name.as_str();
+        if let Some(terms) = request.signature {
+            self.signatures.still_valid(name, terms, now)?;
+        }
         let Some(permit) = self.permits.get(name) else {
             // Removed by a reload since the request was verified.
             return Err(format!(
@@ -328,11 +380,15 @@ MCowBQYDK2VwAyEAiXnPth0YTU/nwanl6fRVhSdyP7GowJ3i9meT7iYSEjw=
         assert!(requesters.signatures().required());
         assert!(
             requesters
-                .check(&signed_by("alice", "cattle-ab12"), "cattle")
+                .check(
+                    &signed_by("alice", "cattle-ab12"),
+                    "cattle",
+                    SystemTime::now()
+                )
                 .is_ok()
         );
         let outside = requesters
-            .check(&signed_by("alice", "pet-01"), "pet")
+            .check(&signed_by("alice", "pet-01"), "pet", SystemTime::now())
             .unwrap_err();
         assert!(
             outside.contains("requester alice may not restart pet-01"),
@@ -340,24 +396,36 @@ MCowBQYDK2VwAyEAiXnPth0YTU/nwanl6fRVhSdyP7GowJ3i9meT7iYSEjw=
         );
         // The operator puts cattle-db01 in group db: not alice's.
         let group = requesters
-            .check(&signed_by("alice", "cattle-db01"), "db")
+            .check(&signed_by("alice", "cattle-db01"), "db", SystemTime::now())
             .unwrap_err();
         assert!(group.contains("in group db"), "{group}");
         // The group checked is the one given, the operator's, once: not
         // the request's field as well.
         let mut named = signed_by("alice", "cattle-db01");
         named.group = Some("cattle".into());
-        assert!(requesters.check(&named, "db").is_err());
+        assert!(requesters.check(&named, "db", SystemTime::now()).is_err());
         let mut named = signed_by("alice", "cattle-ab12");
         named.group = Some("web".into());
-        assert!(requesters.check(&named, "cattle").is_ok());
+        assert!(
+            requesters
+                .check(&named, "cattle", SystemTime::now())
+                .is_ok()
+        );
         // A requester removed by a reload is denied; unsigned is not this
         // check's business.
         let gone = requesters
-            .check(&signed_by("bob", "cattle-ab12"), "cattle")
+            .check(
+                &signed_by("bob", "cattle-ab12"),
+                "cattle",
+                SystemTime::now(),
+            )
             .unwrap_err();
         assert!(gone.contains("bob is no longer configured"), "{gone}");
-        assert!(requesters.check(&request("pet-01"), "pet").is_ok());
+        assert!(
+            requesters
+                .check(&request("pet-01"), "pet", SystemTime::now())
+                .is_ok()
+        );
     }
 
     #[test]
@@ -470,12 +538,16 @@ MCowBQYDK2VwAyEAiXnPth0YTU/nwanl6fRVhSdyP7GowJ3i9meT7iYSEjw=
         assert!(requesters.signatures().required());
         assert!(
             requesters
-                .check(&signed_by("alice", "cattle-ab12"), "cattle")
+                .check(
+                    &signed_by("alice", "cattle-ab12"),
+                    "cattle",
+                    SystemTime::now()
+                )
                 .is_ok()
         );
         for name in ["bob", "carol", "dave"] {
             let why = requesters
-                .check(&signed_by(name, "cattle-ab12"), "cattle")
+                .check(&signed_by(name, "cattle-ab12"), "cattle", SystemTime::now())
                 .unwrap_err();
             assert!(why.contains("no longer configured"), "{why}");
         }
@@ -500,5 +572,49 @@ MCowBQYDK2VwAyEAiXnPth0YTU/nwanl6fRVhSdyP7GowJ3i9meT7iYSEjw=
         // At start-up, the first unusable key fails.
         let (at, _) = Requesters::new(&entries, true).unwrap_err();
         assert_eq!(at, "requesters[1].public_key_file");
+    }
+
+    /// A reload refused for another key still revokes each requester whose
+    /// entry it removes or changes (key, allow, groups, quota); the others
+    /// stay trusted.
+    #[test]
+    fn a_refused_reload_keeps_only_the_requesters_it_leaves_unchanged() {
+        const OTHER_PUBLIC: &str = "-----BEGIN PUBLIC KEY-----
+MFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAEZpcC+wXjHJWk+hudTxVEj/SobKJ8
+w05iow7Fx4RuGrwsPegFABmbHNE9Zuyf1LKSs8IrDZAP7MMxt/hP19EaZw==
+-----END PUBLIC KEY-----
+";
+        let running = Requesters::new(
+            &[entry("alice"), entry("bob"), entry("carol"), entry("dave")],
+            true,
+        )
+        .unwrap();
+        let reloaded = [
+            // alice as she was; bob removed.
+            entry("alice"),
+            RequesterSettings {
+                public_key: Some(OTHER_PUBLIC.into()),
+                ..entry("carol")
+            },
+            RequesterSettings {
+                allow: vec!["*".into()],
+                ..entry("dave")
+            },
+        ];
+        let (kept, revoked) = running.keeping_unchanged(&reloaded);
+        assert_eq!(revoked, ["bob", "carol", "dave"]);
+        let now = SystemTime::now();
+        assert!(
+            kept.check(&signed_by("alice", "cattle-ab12"), "cattle", now)
+                .is_ok()
+        );
+        for name in ["bob", "carol", "dave"] {
+            assert!(
+                kept.check(&signed_by(name, "cattle-ab12"), "cattle", now)
+                    .is_err()
+            );
+            assert_eq!(kept.signatures().fingerprint(name), None);
+        }
+        assert!(kept.signatures().required(), "the rest stays as it was");
     }
 }

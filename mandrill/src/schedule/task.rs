@@ -101,7 +101,10 @@ impl Scheduled {
             let mut request = request(slot, instance, domain, self.requester());
             if policy.place(&mut request).is_err()
                 || policy.eligibility.check(name).is_err()
-                || policy.requesters.check(&request, &plan.group).is_err()
+                || policy
+                    .requesters
+                    .check(&request, &plan.group, std::time::SystemTime::now())
+                    .is_err()
             {
                 return false;
             }
@@ -158,6 +161,7 @@ fn request(
         requested_group: None,
         zone: None,
         requester: requester.map(str::to_owned),
+        signature: None,
         reach: None,
         not_before: None,
         reply_to: None,

@@ -27,9 +27,10 @@ use tracing::{error, info, warn};
 
 use crate::admin::Admin;
 use crate::broker::{Broker, MemoryBroker};
-use crate::config::{Config, redact_url};
+use crate::config::{Config, ConfigError, redact_url};
 use crate::inventory::{InventoryHandle, InventorySettings, Source};
 use crate::notify::Notifier;
+use crate::safety::requesters::RequesterSettings;
 use crate::safety::{PolicyHandle, Requesters};
 use crate::stats::{Stats, StatsSnapshot};
 use crate::store::Store;
@@ -128,18 +129,43 @@ impl Controls {
 
     /// Stops trusting every requester's key, and refuses unsigned
     /// requests, in the policy in force (the rest of it stays): what a
-    /// reload refused for its `[[requesters]]` falls back to, since the
-    /// edit it could not read may have been a revocation (fail closed).
-    /// The next valid reload puts requesters back.
-    pub(crate) fn distrust_requesters(&self) {
+    /// reload refused for its `[[requesters]]`, or for a file that cannot
+    /// be read at all, falls back to (`why`), since the edit it could not
+    /// read may have been a revocation (fail closed). The next valid reload
+    /// puts requesters back.
+    pub(crate) fn distrust_requesters(&self, why: &ConfigError) {
         let mut policy = (*self.policy.current()).clone();
         policy.requesters = Arc::new(Requesters::refuse_unsigned());
         self.policy.replace(policy);
         self.requesters_distrusted.store(true, Ordering::Relaxed);
         error!(
+            error = %why.with_causes(),
             "[[requesters]] could not be reloaded: no requester is trusted, and unsigned \
              requests are refused, until a reload succeeds"
         );
+    }
+
+    /// Stops trusting each requester whose entry `entries` (the
+    /// `[[requesters]]` of a reload refused for another key) removes or
+    /// changes, in the policy in force; the others, and the rest of the
+    /// policy, stay. A reload refused for a typo elsewhere must not keep a
+    /// key the same edit revoked. Until a reload succeeds.
+    pub(crate) fn revoke_changed_requesters(&self, entries: &[RequesterSettings]) {
+        let mut policy = (*self.policy.current()).clone();
+        let (kept, revoked) = policy.requesters.keeping_unchanged(entries);
+        if revoked.is_empty() {
+            return;
+        }
+        policy.requesters = Arc::new(kept);
+        self.policy.replace(policy);
+        self.requesters_distrusted.store(true, Ordering::Relaxed);
+        for requester in revoked {
+            error!(
+                requester,
+                "requester revoked: the refused reload removes or changes its entry, so it is no \
+                 longer trusted until a reload succeeds"
+            );
+        }
     }
 
     /// Whether [`distrust_requesters`](Self::distrust_requesters) is in

@@ -462,7 +462,9 @@ async fn group_not_paused(shared: &Shared, request: &RestartRequest) -> Result<(
 /// in force requires one (a reload may have turned it on since the parse),
 /// then what the request's verified requester may restart (its `allow`,
 /// and its `groups` with the operator's group, which [`Policy::place`]
-/// assigned before anything).
+/// assigned before anything) and whether its signature still holds (the
+/// key in force, `exp`): after the claim this is the check right before
+/// the restart.
 fn eligible(policy: &Policy, request: &RestartRequest) -> Result<(), String> {
     policy.eligibility.check(request.instance_name.as_str())?;
     if request.requester.is_none() && policy.requesters.signatures().required() {
@@ -473,7 +475,8 @@ fn eligible(policy: &Policy, request: &RestartRequest) -> Result<(), String> {
         );
     }
     if request.requester.is_some() {
-        policy.requesters.check(request, request.group())?;
+        let now = std::time::SystemTime::from(policy.guards.clock.now());
+        policy.requesters.check(request, request.group(), now)?;
     }
     Ok(())
 }

@@ -118,6 +118,7 @@ fn every_setting_is_documented_in_help() {
         timeout: Duration::from_secs(5),
     }];
     config.safety.require_signed = Some(true);
+    config.safety.audience = Some("prod".into());
     config.requesters = vec![crate::safety::RequesterSettings {
         name: "alice".into(),
         public_key: None,

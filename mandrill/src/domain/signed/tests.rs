@@ -328,3 +328,83 @@ fn a_signed_requests_reply_to_is_inside_its_claims() {
     parts[1] = URL_SAFE_NO_PAD.encode(claims.to_string());
     rejected(parse(&parts.join(".")));
 }
+
+/// A token signed as alice, valid for an hour from `now()`, with `extra`
+/// claims.
+fn signed_with(extra: serde_json::Value) -> String {
+    let mut claims = claims(epoch(now()), epoch(now()) + 3600);
+    let fields = claims.as_object_mut().unwrap();
+    fields.extend(extra.as_object().unwrap().clone());
+    let key = jsonwebtoken::EncodingKey::from_ed_pem(ED_PRIVATE.as_bytes()).unwrap();
+    let header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::EdDSA);
+    jsonwebtoken::encode(&header, &claims, &key).unwrap()
+}
+
+#[test]
+fn a_token_not_valid_yet_is_rejected() {
+    let in_an_hour = epoch(now()) + 3600;
+    let reason = rejected(parse(&signed_with(
+        serde_json::json!({ "nbf": in_an_hour }),
+    )));
+    assert!(reason.contains("not valid yet (nbf"), "{reason}");
+    assert!(parse(&signed_with(serde_json::json!({ "nbf": epoch(now()) }))).is_ok());
+}
+
+#[test]
+fn with_an_audience_set_a_token_must_name_it() {
+    let ours = signatures().for_audience(Some("prod-eu".into()));
+    let parse_ours =
+        |token: &str| RestartRequest::parse_verified_at(token.as_bytes(), &rules(), &ours, now());
+    assert!(parse_ours(&signed_with(serde_json::json!({ "aud": "prod-eu" }))).is_ok());
+    let other = rejected(parse_ours(&signed_with(
+        serde_json::json!({ "aud": "staging" }),
+    )));
+    assert!(other.contains("audience (prod-eu)"), "{other}");
+    let none = rejected(parse_ours(&signed_with(serde_json::json!({}))));
+    assert!(none.contains("no aud claim"), "{none}");
+    // A key for the audience signs for it.
+    let token = SigningKey::from_pem(ED_PRIVATE)
+        .unwrap()
+        .for_audience(Some("prod-eu".into()))
+        .sign(
+            &wire("cattle-ab12"),
+            "alice",
+            now(),
+            Duration::from_secs(3600),
+        )
+        .unwrap();
+    assert!(parse_ours(&token).is_ok());
+    // Without one there is nothing to compare an aud with.
+    assert!(parse(&signed_with(serde_json::json!({ "aud": "staging" }))).is_ok());
+}
+
+#[test]
+fn a_signature_holds_again_only_with_the_same_key_and_before_exp() {
+    let terms = parse(&sign(ED_PRIVATE, "alice"))
+        .unwrap()
+        .signature
+        .expect("signed");
+    assert_eq!(signatures().still_valid("alice", terms, now()), Ok(()));
+    // The same key, its PEM laid out otherwise (a file saved again).
+    let reformatted = ED_PUBLIC.replace('\n', "\r\n");
+    let same = Signatures::new(
+        HashMap::from([("alice".to_owned(), Signer::from_pem(&reformatted).unwrap())]),
+        true,
+    );
+    assert_eq!(same.still_valid("alice", terms, now()), Ok(()));
+    let rotated = Signatures::new(
+        HashMap::from([("alice".to_owned(), Signer::from_pem(P256_PUBLIC).unwrap())]),
+        true,
+    );
+    let replaced = rotated.still_valid("alice", terms, now()).unwrap_err();
+    assert!(replaced.contains("replaced by a reload"), "{replaced}");
+    let removed = Signatures::none()
+        .still_valid("alice", terms, now())
+        .unwrap_err();
+    assert!(removed.contains("no longer trusted"), "{removed}");
+    let past_exp = now() + Duration::from_secs(3600) + LEEWAY + Duration::from_secs(1);
+    let expired = signatures()
+        .still_valid("alice", terms, past_exp)
+        .unwrap_err();
+    assert!(expired.contains("expired (exp)"), "{expired}");
+}

@@ -8,7 +8,7 @@ use std::time::SystemTime;
 use super::*;
 use crate::domain::{SigningKey, WireRequest};
 use crate::inventory::{Inventory, InventoryHandle, InventorySettings, Keys, Source};
-use crate::safety::{RequesterSettings, Requesters, StopConditionSettings, StopConditions};
+use crate::safety::{Clock, RequesterSettings, Requesters, StopConditionSettings, StopConditions};
 
 /// Serves a stop condition's HTTP probe, always healthy; before it answers
 /// the first probe it runs `meanwhile`, as a reload or an inventory
@@ -137,17 +137,9 @@ MC4CAQAwBQYDK2VwBCIEIJKZIohg0kTgT0r1qaO/WUCF0GokEli8bJBBjTpGeOvA
 /// right before the restart.
 #[tokio::test(start_paused = true)]
 async fn a_requester_removed_by_a_reload_while_the_stop_conditions_run_is_denied() {
-    let alice = RequesterSettings {
-        name: "alice".into(),
-        public_key: Some(ALICE_PUBLIC.into()),
-        public_key_file: None,
-        allow: vec!["cattle-*".into()],
-        groups: Vec::new(),
-        quota: None,
-    };
     let (h, store, restarter, server) = reload_while_the_stop_conditions_run(
         Policy {
-            requesters: Arc::new(Requesters::new(&[alice], false).unwrap()),
+            requesters: alice_with(ALICE_PUBLIC),
             ..Policy::default()
         },
         |stop_conditions| Policy {
@@ -159,9 +151,19 @@ async fn a_requester_removed_by_a_reload_while_the_stop_conditions_run_is_denied
     )
     .await;
     let id = Uuid::new_v4();
+    h.broker
+        .publish(signed_by_alice(id, "cattle-signed"))
+        .await
+        .unwrap();
+    let reason = denied_after_the_claim(h, &store, &restarter, server, id).await;
+    assert!(reason.contains("requester alice is no longer"), "{reason}");
+}
+
+/// A token signed as alice, for `instance`, valid for an hour from now.
+fn signed_by_alice(id: Uuid, instance: &str) -> Bytes {
     let wire = WireRequest {
         message_id: id.to_string(),
-        instance_name: "cattle-signed".into(),
+        instance_name: instance.into(),
         requested_by: None,
         reason: None,
         published_at: None,
@@ -173,12 +175,87 @@ async fn a_requester_removed_by_a_reload_while_the_stop_conditions_run_is_denied
         .unwrap()
         .sign(&wire, "alice", SystemTime::now(), Duration::from_secs(3600))
         .unwrap();
-    h.broker.publish(Bytes::from(token)).await.unwrap();
+    Bytes::from(token)
+}
+
+/// alice with `public_key`, allowed `cattle-*`.
+fn alice_with(public_key: &str) -> Arc<Requesters> {
+    let alice = RequesterSettings {
+        name: "alice".into(),
+        public_key: Some(public_key.into()),
+        public_key_file: None,
+        allow: vec!["cattle-*".into()],
+        groups: Vec::new(),
+        quota: None,
+    };
+    Arc::new(Requesters::new(&[alice], false).unwrap())
+}
+
+/// Another public key (P-256) that a reload puts in place of alice's.
+const ROTATED_PUBLIC: &str = "-----BEGIN PUBLIC KEY-----
+MFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAEZpcC+wXjHJWk+hudTxVEj/SobKJ8
+w05iow7Fx4RuGrwsPegFABmbHNE9Zuyf1LKSs8IrDZAP7MMxt/hP19EaZw==
+-----END PUBLIC KEY-----
+";
+
+/// Replacing a requester's key revokes it for every decision made after
+/// the reload: a request signed with the old key, verified at its parse,
+/// is denied right before the restart though alice is still configured.
+#[tokio::test(start_paused = true)]
+async fn a_key_replaced_by_a_reload_while_the_stop_conditions_run_is_not_obeyed() {
+    let (h, store, restarter, server) = reload_while_the_stop_conditions_run(
+        Policy {
+            requesters: alice_with(ALICE_PUBLIC),
+            ..Policy::default()
+        },
+        |stop_conditions| Policy {
+            requesters: alice_with(ROTATED_PUBLIC),
+            stop_conditions,
+            ..Policy::default()
+        },
+        ScriptedRestarter::default(),
+    )
+    .await;
+    let id = Uuid::new_v4();
+    h.broker
+        .publish(signed_by_alice(id, "cattle-signed"))
+        .await
+        .unwrap();
     let reason = denied_after_the_claim(h, &store, &restarter, server, id).await;
-    assert!(
-        reason.contains("requester alice is no longer configured"),
-        "{reason}"
-    );
+    assert!(reason.contains("replaced by a reload"), "{reason}");
+}
+
+/// A token whose `exp` passes while its claim waits (here the stop
+/// conditions, with the guards' clock two hours on when they answer) is
+/// not restarted: `exp` is read again right before the restart.
+#[tokio::test(start_paused = true)]
+async fn a_token_that_expires_while_the_stop_conditions_run_is_not_obeyed() {
+    let later =
+        jiff::Timestamp::try_from(SystemTime::now() + Duration::from_secs(2 * 3600)).unwrap();
+    let (h, store, restarter, server) = reload_while_the_stop_conditions_run(
+        Policy {
+            requesters: alice_with(ALICE_PUBLIC),
+            ..Policy::default()
+        },
+        move |stop_conditions| {
+            let mut policy = Policy {
+                requesters: alice_with(ALICE_PUBLIC),
+                stop_conditions,
+                ..Policy::default()
+            };
+            policy.guards.clock = Clock::Fixed(later);
+            policy
+        },
+        ScriptedRestarter::default(),
+    )
+    .await;
+    let id = Uuid::new_v4();
+    h.broker
+        .publish(signed_by_alice(id, "cattle-signed"))
+        .await
+        .unwrap();
+    let reason = denied_after_the_claim(h, &store, &restarter, server, id).await;
+    assert!(reason.contains("expired (exp)"), "{reason}");
 }
 
 /// `safety.require_signed` turned on by a SIGHUP while the stop conditions
