@@ -176,6 +176,21 @@ pub(super) fn missing_sqlite_file(url: &str) -> Option<String> {
     (path != ":memory:" && !std::path::Path::new(path).exists()).then(|| path.to_owned())
 }
 
+/// Exit code 2 for input or configuration that cannot be used, wherever it
+/// was found (a `[[schedule]]` group the inventory lacks is found only
+/// once the inventory is read), else 1. `deploy/mandrill.service` keeps
+/// systemd from restarting on 2: a broken configuration stays down.
+pub(super) fn failure_code(error: &anyhow::Error) -> ExitCode {
+    let unusable = error
+        .chain()
+        .any(|cause| cause.is::<BadInput>() || cause.is::<ConfigError>());
+    if unusable {
+        ExitCode::from(2)
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
 /// Input that cannot be used (exit code 2); nothing was changed.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
@@ -216,12 +231,10 @@ where
             // writes into its own message, as sqlx's do).
             let message = crate::causes::WithCauses(&*error).to_string();
             eprintln!("mandrill: {}", redactor.scrub(&message));
-            if error.is::<BadInput>() {
-                ExitCode::from(2)
-            } else if error.is::<OutcomeUnknown>() {
+            if error.is::<OutcomeUnknown>() {
                 ExitCode::from(3)
             } else {
-                ExitCode::FAILURE
+                failure_code(&error)
             }
         }
     }

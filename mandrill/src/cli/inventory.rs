@@ -7,7 +7,6 @@ use std::io::Write as _;
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime};
 
-use anyhow::Context as _;
 use clap::Args;
 use serde_json::json;
 
@@ -41,9 +40,7 @@ pub(super) async fn load(config: &Config) -> anyhow::Result<Option<(Source, Inve
     let Some(source) = Source::of(&config.inventory) else {
         return Ok(None);
     };
-    let inventory = crate::inventory::load(&source, &config.inventory)
-        .await
-        .context("inventory: cannot load the inventory")?;
+    let inventory = crate::inventory::load_first(&source, &config.inventory).await?;
     let handle = InventoryHandle::new(inventory, &source, &config.inventory);
     Ok(Some((source, handle)))
 }

@@ -48,7 +48,7 @@ pub(super) fn run(args: &RunArgs) -> ExitCode {
         Ok(Stopped::AtOnce) => ExitCode::from(130),
         Err(error) => {
             error!("{}", crate::causes::WithCauses(&*error));
-            ExitCode::FAILURE
+            failure_code(&error)
         }
     };
     if at_once {
@@ -159,15 +159,17 @@ pub(super) fn reload(
             error!(error = %error.with_causes(), "reload failed; keeping the running configuration");
             // Keeping the old keys would keep trusting one the operator
             // may have edited the file to revoke: an entry it removes or
-            // changes is revoked, and when `[[requesters]]` itself (or the
-            // whole file) cannot be read, every key.
+            // changes is revoked; when `[[requesters]]` itself is wrong,
+            // every key, and unsigned requests are refused too.
             match &error {
                 ConfigError::Invalid { key, .. } if key.starts_with("requesters") => {
                     controls.distrust_requesters(&error);
                 }
                 _ => match sources.requester_entries() {
                     Ok(entries) => controls.revoke_changed_requesters(&entries),
-                    Err(unreadable) => controls.distrust_requesters(&unreadable),
+                    // Not even `[[requesters]]` can be read (a file that
+                    // is not TOML): any entry may have changed.
+                    Err(_) => controls.revoke_changed_requesters(&[]),
                 },
             }
             return;

@@ -54,6 +54,9 @@ pub(super) fn main(args: &ScheduleArgs) -> ExitCode {
             return Err(BadInput("no [[schedule]] is configured".into()).into());
         }
         let policy = super::inventory::policy_with_inventory(&config).await?;
+        if let Some(inventory) = &policy.inventory {
+            crate::config::schedule_groups_known(&schedules, inventory)?;
+        }
         let domain = config.parse_rules().domain;
         let calendar = policy.guards.calendar.clone();
         let from = Timestamp::now();

@@ -62,6 +62,7 @@ use load::SECRET_KEYS;
 pub(crate) use load::{Sources, parse_override};
 pub(crate) use restarter::{RestarterKind, RestarterSettings};
 pub(crate) use safety::SafetySettings;
+pub(crate) use schedule::schedule_groups_known;
 pub(crate) use service::{
     AdminListen, AdminSettings, DebugSettings, LogFormat, LogSettings, SimulateSettings,
 };

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use super::{Config, ConfigError};
 use crate::domain::SigningKey;
+use crate::inventory::InventoryHandle;
 use crate::schedule::{Plan, Scheduled};
 
 impl Config {
@@ -74,4 +75,30 @@ impl Config {
         }
         Ok(schedules)
     }
+}
+
+/// Every schedule's group is one the inventory has, when an inventory is
+/// configured: a group it does not have is a typo until proven otherwise,
+/// refused naming it (`run` at start-up, and `schedule preview`, alike). A
+/// group that empties later only leaves its slots without a victim.
+pub(crate) fn schedule_groups_known(
+    schedules: &[Scheduled],
+    inventory: &InventoryHandle,
+) -> Result<(), ConfigError> {
+    let Some(snapshot) = inventory.current() else {
+        return Ok(());
+    };
+    for (index, scheduled) in schedules.iter().enumerate() {
+        let group = &scheduled.plan.group;
+        if snapshot.inventory.group_size(group).is_none() {
+            return Err(ConfigError::invalid(
+                &format!("schedule[{index}].group"),
+                format!(
+                    "{group:?} is not a group of the inventory ({})",
+                    snapshot.source
+                ),
+            ));
+        }
+    }
+    Ok(())
 }

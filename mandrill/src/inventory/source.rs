@@ -7,6 +7,7 @@ use std::fmt;
 use std::path::PathBuf;
 
 use super::{Inventory, InventorySettings, MAX_INVENTORY_BYTES};
+use crate::config::ConfigError;
 use crate::restarter::http::fetch::{FetchError, get_bounded};
 use crate::restarter::process::{ProcessRunner, RunError};
 use crate::settings::redact_url;
@@ -46,6 +47,17 @@ impl Source {
             Some(Self::Command(settings.command.clone()))
         } else {
             settings.url.clone().map(Self::Url)
+        }
+    }
+}
+
+impl Source {
+    /// The setting that names this source, for an error at start-up.
+    pub(crate) fn key(&self) -> &'static str {
+        match self {
+            Self::File(_) => "inventory.file",
+            Self::Command(_) => "inventory.command",
+            Self::Url(_) => "inventory.url",
         }
     }
 }
@@ -133,6 +145,25 @@ impl LoadError {
 
 /// Reads and parses the inventory from `source`; the error names the
 /// source and what failed.
+/// The first load, which start-up and the commands that read the
+/// inventory cannot do without: its failure is a configuration error
+/// naming the source's key (exit code 2, which systemd does not retry),
+/// not an outage to wait out.
+pub(crate) async fn load_first(
+    source: &Source,
+    settings: &InventorySettings,
+) -> Result<Inventory, ConfigError> {
+    load(source, settings).await.map_err(|error| {
+        ConfigError::invalid(
+            source.key(),
+            format!(
+                "cannot load the inventory: {}",
+                crate::causes::WithCauses(&error)
+            ),
+        )
+    })
+}
+
 pub(crate) async fn load(
     source: &Source,
     settings: &InventorySettings,

@@ -129,8 +129,7 @@ impl Controls {
 
     /// Stops trusting every requester's key, and refuses unsigned
     /// requests, in the policy in force (the rest of it stays): what a
-    /// reload refused for its `[[requesters]]`, or for a file that cannot
-    /// be read at all, falls back to (`why`), since the edit it could not
+    /// reload refused for its `[[requesters]]` falls back to (`why`), since the edit it could not
     /// read may have been a revocation (fail closed). The next valid reload
     /// puts requesters back.
     pub(crate) fn distrust_requesters(&self, why: &ConfigError) {
@@ -147,9 +146,10 @@ impl Controls {
 
     /// Stops trusting each requester whose entry `entries` (the
     /// `[[requesters]]` of a reload refused for another key) removes or
-    /// changes, in the policy in force; the others, and the rest of the
-    /// policy, stay. A reload refused for a typo elsewhere must not keep a
-    /// key the same edit revoked. Until a reload succeeds.
+    /// changes (every one, given none: a file that cannot be read), in the
+    /// policy in force; the others, and the rest of the policy, stay. A
+    /// reload refused for a typo elsewhere must not keep a key the same
+    /// edit revoked. Until a reload succeeds.
     pub(crate) fn revoke_changed_requesters(&self, entries: &[RequesterSettings]) {
         let mut policy = (*self.policy.current()).clone();
         let (kept, revoked) = policy.requesters.keeping_unchanged(entries);
@@ -162,8 +162,8 @@ impl Controls {
         for requester in revoked {
             error!(
                 requester,
-                "requester revoked: the refused reload removes or changes its entry, so it is no \
-                 longer trusted until a reload succeeds"
+                "requester revoked: the refused reload removes or changes its entry (or its file \
+                 cannot be read), so it is no longer trusted until a reload succeeds"
             );
         }
     }
@@ -225,10 +225,12 @@ impl Service {
         let store = open_store(&config.store).await?;
         let restarter = build_restarter(&config)?;
         let pause_file = match &config.safety.pause_file {
-            Some(path) => Some(
-                PauseFile::watch(path)
-                    .with_context(|| format!("safety.pause_file {}", path.display()))?,
-            ),
+            Some(path) => Some(PauseFile::watch(path).map_err(|error| {
+                ConfigError::invalid(
+                    "safety.pause_file",
+                    format!("{}: {}", path.display(), crate::causes::WithCauses(&error)),
+                )
+            })?),
             None => None,
         };
         // A first load that fails stops start-up, naming the source: an
@@ -236,9 +238,7 @@ impl Service {
         // finding every request deferred.
         let inventory = match Source::of(&config.inventory) {
             Some(source) => {
-                let loaded = crate::inventory::load(&source, &config.inventory)
-                    .await
-                    .context("inventory: cannot load the inventory")?;
+                let loaded = crate::inventory::load_first(&source, &config.inventory).await?;
                 info!(
                     source = %source,
                     hosts = loaded.len(),
@@ -255,24 +255,7 @@ impl Service {
             }
         };
         let schedules = config.schedules()?;
-        // A schedule whose group the inventory does not have is a typo
-        // until proven otherwise: refused at start-up, naming it. A group
-        // that empties later only leaves its slots without a victim.
-        if let Some(snapshot) = inventory.current() {
-            for (index, scheduled) in schedules.iter().enumerate() {
-                let group = &scheduled.plan.group;
-                if snapshot.inventory.group_size(group).is_none() {
-                    return Err(crate::config::ConfigError::invalid(
-                        &format!("schedule[{index}].group"),
-                        format!(
-                            "{group:?} is not a group of the inventory ({})",
-                            snapshot.source
-                        ),
-                    )
-                    .into());
-                }
-            }
-        }
+        crate::config::schedule_groups_known(&schedules, &inventory)?;
         let stats = Arc::new(Stats::default());
         // Last, so that a failure above leaves no sending task behind.
         let notifier = Notifier::start(&config.notify, &config.notifier, stats.clone())?;
