@@ -178,6 +178,33 @@ fn the_real_ansible_inventory_decides_groups_and_unknown_hosts_are_denied() {
     );
 }
 
+/// `ansible-inventory` on an INI file that is not there exits 0 with a
+/// `[WARNING]` on stderr and no hosts: the first load is refused (exit code
+/// 2, naming the source's key and quoting the warning) rather than a
+/// service started that denies every request as "not in the inventory".
+#[test]
+fn a_real_ansible_inventory_of_a_missing_file_is_refused_at_start() {
+    let (_guard, dir) = temp_dir();
+    let missing = dir.join("missing.ini");
+    let config = config_file(
+        &dir,
+        &format!(
+            "command = [\"ansible-inventory\", \"-i\", {:?}, \"--list\"]\n",
+            missing.display().to_string()
+        ),
+    );
+    for args in [
+        &["run", "--config", &config][..],
+        &["inventory", "--config", &config][..],
+    ] {
+        let (status, _, stderr) = mandrill(&dir, args, &[]);
+        assert_eq!(status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains("inventory.command"), "{args:?}: {stderr}");
+        assert!(stderr.contains("lists no hosts"), "{args:?}: {stderr}");
+        assert!(stderr.contains("[WARNING]"), "{args:?}: {stderr}");
+    }
+}
+
 /// An HTTP inventory server on a runtime of its own: `GET /hosts` answers
 /// `body`, or 500 while `failing` is set.
 fn inventory_server(body: &'static str, failing: Arc<AtomicBool>) -> String {

@@ -15,6 +15,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use super::source::LoadError;
 use super::{Inventory, InventorySettings, Source, load};
 
 /// One good read of the inventory.
@@ -176,10 +177,38 @@ impl InventoryHandle {
             .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
     }
 
+    /// `inventory` unless it drops more than `max_drop` percent of the
+    /// hosts of the copy in force (read from the same source).
+    fn not_shrunk(
+        &self,
+        inventory: Inventory,
+        source: &Source,
+        max_drop: u32,
+    ) -> Result<Inventory, LoadError> {
+        let Some(current) = self.current() else {
+            return Ok(inventory);
+        };
+        let (before, now) = (current.inventory.len(), inventory.len());
+        let dropped = before.saturating_sub(now);
+        // dropped / before > max_drop / 100, in integers.
+        if dropped * 100 > before * max_drop as usize {
+            return Err(LoadError::Shrunk {
+                from: source.to_string(),
+                before,
+                now,
+                max_drop,
+            });
+        }
+        Ok(inventory)
+    }
+
     /// Reads the inventory again from `source`: a good copy replaces the
     /// one in force; a failure keeps it, says so, and is counted.
     pub(crate) async fn refresh(&self, source: &Source, settings: &InventorySettings) {
-        match load(source, settings).await {
+        let read = load(source, settings)
+            .await
+            .and_then(|inventory| self.not_shrunk(inventory, source, settings.max_drop));
+        match read {
             Ok(inventory) => {
                 info!(
                     source = %source,
@@ -295,5 +324,54 @@ mod tests {
         assert!(handle.fresh().is_err());
         cancel.cancel();
         task.await.unwrap();
+    }
+
+    /// A refresh that drops more than `inventory.max_drop` of the hosts is
+    /// refused and counted, keeping the copy in force; one within it, or
+    /// any with `max_drop = 100`, is taken; a source that lists nothing is
+    /// refused whatever `max_drop` says.
+    #[tokio::test]
+    async fn a_refresh_that_loses_most_of_the_fleet_keeps_the_last_good_copy() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("hosts.toml");
+        let hosts = |n: usize| {
+            (1..=n)
+                .map(|i| format!("[[hosts]]\nname = \"web-{i}\"\ngroup = \"web\"\n"))
+                .collect::<String>()
+        };
+        let settings = InventorySettings {
+            file: Some(file.clone()),
+            ..InventorySettings::default()
+        };
+        let source = Source::of(&settings).unwrap();
+        std::fs::write(&file, hosts(10)).unwrap();
+        let handle =
+            InventoryHandle::new(load(&source, &settings).await.unwrap(), &source, &settings);
+        let in_force = || handle.current().unwrap().inventory.len();
+        std::fs::write(&file, hosts(4)).unwrap();
+        handle.refresh(&source, &settings).await;
+        assert_eq!(in_force(), 10, "60% dropped: refused");
+        assert_eq!(handle.failures(), 1);
+        let why = handle.last_error().unwrap();
+        assert!(
+            why.contains("lists 4 hosts where the copy in force has 10"),
+            "{why}"
+        );
+        std::fs::write(&file, hosts(5)).unwrap();
+        handle.refresh(&source, &settings).await;
+        assert_eq!(in_force(), 5, "half dropped: within the default 50%");
+        assert_eq!(handle.last_error(), None);
+        std::fs::write(&file, "hosts = []\n").unwrap();
+        let any = InventorySettings {
+            max_drop: 100,
+            ..settings.clone()
+        };
+        handle.refresh(&source, &any).await;
+        assert_eq!(in_force(), 5, "no hosts at all: refused");
+        let why = handle.last_error().unwrap();
+        assert!(why.contains("lists no hosts"), "{why}");
+        std::fs::write(&file, hosts(1)).unwrap();
+        handle.refresh(&source, &any).await;
+        assert_eq!(in_force(), 1, "max_drop = 100 takes any drop");
     }
 }

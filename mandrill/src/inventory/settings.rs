@@ -49,6 +49,14 @@ settings! {
         pub zone_label: String = "zone".to_owned(),
         /// The ansible host variable holding a host's zone.
         pub zone_var: String = "zone".to_owned(),
+        /// Largest share of the hosts, in percent, one refresh may drop; a
+        /// read that drops more is refused and the last good copy kept.
+        ///
+        /// A source that suddenly lists far fewer hosts is more likely
+        /// broken than the fleet gone. To take such a read, raise it (100
+        /// takes any) and reload, or restart: the first read of a
+        /// running service compares with nothing.
+        pub max_drop: u32 = 50,
     }
 }
 
@@ -116,6 +124,12 @@ impl InventorySettings {
             if value.is_zero() {
                 return Err((key, "must be longer than 0s".into()));
             }
+        }
+        if self.max_drop > 100 {
+            return Err((
+                "inventory.max_drop",
+                format!("{} is over 100 (percent of the hosts)", self.max_drop),
+            ));
         }
         if self.is_configured() && self.max_age < self.refresh {
             return Err((

@@ -7,6 +7,8 @@ use std::fmt;
 use std::path::PathBuf;
 
 use super::{Inventory, InventorySettings, MAX_INVENTORY_BYTES};
+use tracing::warn;
+
 use crate::config::ConfigError;
 use crate::restarter::http::fetch::{FetchError, get_bounded};
 use crate::restarter::process::{ProcessRunner, RunError};
@@ -125,6 +127,32 @@ pub(crate) enum LoadError {
         #[source]
         source: std::str::Utf8Error,
     },
+    /// What was read lists no host: a source answering nothing is broken
+    /// (`ansible-inventory` on a missing file exits 0 with a warning),
+    /// not an empty fleet. What the command said on stderr, if anything.
+    #[error("{from} lists no hosts{}", if stderr.is_empty() { String::new() } else { format!(": {stderr}") })]
+    Empty {
+        /// The source, as shown.
+        from: String,
+        /// What the command printed on stderr, cut.
+        stderr: String,
+    },
+    /// A refresh that would drop more than `inventory.max_drop` of the
+    /// hosts of the copy in force.
+    #[error(
+        "{from} lists {now} hosts where the copy in force has {before}: a drop of more than \
+         inventory.max_drop ({max_drop}%) is refused (raise it and reload, or restart, to take it)"
+    )]
+    Shrunk {
+        /// The source, as shown.
+        from: String,
+        /// Hosts in the copy in force.
+        before: usize,
+        /// Hosts in this read.
+        now: usize,
+        /// `inventory.max_drop`.
+        max_drop: u32,
+    },
     /// What was read is not an inventory: a message for the operator,
     /// naming the entry at fault.
     #[error("{from}: {why}")]
@@ -143,8 +171,6 @@ impl LoadError {
     }
 }
 
-/// Reads and parses the inventory from `source`; the error names the
-/// source and what failed.
 /// The first load, which start-up and the commands that read the
 /// inventory cannot do without: its failure is a configuration error
 /// naming the source's key (exit code 2, which systemd does not retry),
@@ -164,11 +190,14 @@ pub(crate) async fn load_first(
     })
 }
 
+/// Reads and parses the inventory from `source`; the error names the
+/// source and what failed.
 pub(crate) async fn load(
     source: &Source,
     settings: &InventorySettings,
 ) -> Result<Inventory, LoadError> {
     let from = || source.to_string();
+    let mut stderr = String::new();
     let (bytes, toml_hint) = match source {
         Source::File(path) => {
             let bytes = tokio::fs::read(path)
@@ -199,6 +228,13 @@ pub(crate) async fn load(
                     stderr: crate::restarter::process::for_log(stderr.trim(), 500).into_owned(),
                 });
             }
+            stderr = crate::restarter::process::for_log(finished.output.stderr.text().trim(), 500)
+                .into_owned();
+            if !stderr.is_empty() {
+                // `ansible-inventory` warns there (a missing file, a bad
+                // group) and exits 0.
+                warn!(source = %source, %stderr, "the inventory command wrote to stderr");
+            }
             let stdout = finished.output.stdout;
             if stdout.total > stdout.kept.len() as u64 {
                 return Err(LoadError::TooBig {
@@ -217,8 +253,15 @@ pub(crate) async fn load(
         from: from(),
         source,
     })?;
-    Inventory::parse(text, toml_hint, &settings.keys())
-        .map_err(|why| LoadError::Invalid { from: from(), why })
+    let inventory = Inventory::parse(text, toml_hint, &settings.keys())
+        .map_err(|why| LoadError::Invalid { from: from(), why })?;
+    if inventory.len() == 0 {
+        return Err(LoadError::Empty {
+            from: from(),
+            stderr,
+        });
+    }
+    Ok(inventory)
 }
 
 #[cfg(test)]
