@@ -185,6 +185,8 @@ fn planned(state: &State, authorized: bool) -> Result<Vec<crate::schedule::Plann
 
 async fn status(Shared(state): Shared<Arc<State>>, headers: HeaderMap) -> Response {
     let stats = state.stats.snapshot();
+    // The mode and its origin read together, so they never disagree.
+    let leash = state.policy.leash();
     let schedules = planned(&state, authorized(state.token.as_ref(), &headers));
     // `null` when the store did not answer: the switch is unknown, not off.
     let (switch, groups) = tokio::join!(
@@ -200,7 +202,8 @@ async fn status(Shared(state): Shared<Arc<State>>, headers: HeaderMap) -> Respon
         StatusCode::OK,
         json!({
             "version": env!("CARGO_PKG_VERSION"),
-            "mode": if state.leashed() { "leashed" } else { "unleashed" },
+            "mode": if leash.leashed { "leashed" } else { "unleashed" },
+            "leash": leash,
             "paused": switch.as_ref().map(|s| s.paused),
             "switch": switch,
             "group_pauses": group_pauses,

@@ -89,6 +89,35 @@ impl Sources {
         self.layered(true)
     }
 
+    /// What set `safety.dry_run` in `config` (loaded from these
+    /// sources), for the record of the leash: the last layer that sets it,
+    /// else the backend's default. A flag cannot say which flag it was
+    /// (`--unleash` is `--set safety.dry_run=false`), so both are named.
+    pub(crate) fn dry_run_set_by(&self, config: &Config) -> String {
+        const KEY: &str = "safety.dry_run";
+        if let Some((_, value)) = self.overrides.iter().rev().find(|(key, _)| key == KEY) {
+            return match value.as_bool() {
+                Some(false) => "a start-up flag (--unleash, or --set safety.dry_run=false)".into(),
+                _ => format!("a start-up flag (--set safety.dry_run={value})"),
+            };
+        }
+        if let Some((name, _)) = self
+            .environment
+            .iter()
+            .rev()
+            .find(|(name, _)| env_key(name).is_ok_and(|key| key == KEY))
+        {
+            return format!("the environment ({name})");
+        }
+        match (config.safety.dry_run, &self.file) {
+            (Some(_), Some(path)) => format!("the configuration file ({})", path.display()),
+            _ => format!(
+                "the default for the {:?} backend (safety.dry_run unset)",
+                config.restarter.kind
+            ),
+        }
+    }
+
     fn layered(
         &self,
         stricter_below_flags_wins: bool,
