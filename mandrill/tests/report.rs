@@ -63,6 +63,7 @@ fn the_report_of_a_real_run_renders_in_chromium_with_the_store_s_numbers() {
          initial_delay = \"0s\"\ninterval = \"50ms\"\ntimeout = \"2s\"\n\n\
          [safety]\nallow = [\"web-*\", \"db-*\"]\nrequire_signed = false\n\
          pause_on_unrecovered = false\n{ALWAYS_OPEN}\n\
+         [safety.groups]\npet = [\"pet-*\"]\n\n\
          [safety.budget]\nmax_disrupted = 2\nretry = \"100ms\"\n\n\
          [safety.rate]\ngroup_max = 0\n\n\
          [[recovery_objective]]\ngroup = \"web\"\nmax = \"1h\"\n\n\
@@ -170,6 +171,7 @@ fn the_report_of_a_real_run_renders_in_chromium_with_the_store_s_numbers() {
     // never back.
     assert_eq!(web["objective"]["met"], true, "{web}");
     assert_eq!(db_group["objective"]["met"], false, "{db_group}");
+    // Never claimed: placed in the operator's group (`safety.groups`).
     let pet = group("pet");
     assert_eq!(pet["denials_by_requester"][HOSTILE], 1);
     assert_eq!(pet["restarts"], 0);

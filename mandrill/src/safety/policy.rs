@@ -148,6 +148,22 @@ impl Policy {
         })
     }
 
+    /// The operator's group for `instance`, with no message in hand (what
+    /// `mandrill report` places a never-claimed request by): the
+    /// inventory's, from its latest copy however old, else the matching
+    /// `safety.groups` entry's. `None` when the operator places it
+    /// nowhere: never a group made from the name.
+    pub(crate) fn operators_group(&self, instance: &str) -> Option<String> {
+        match &self.inventory {
+            Some(inventory) => inventory.current()?.inventory.host(instance)?.group.clone(),
+            None => self
+                .guards
+                .counting
+                .configured_group(instance)
+                .map(str::to_owned),
+        }
+    }
+
     /// Whether `request`, placed earlier, is still placed the same under
     /// this policy (checked again after the claim, which may have waited,
     /// and after the stop conditions): with an inventory, still listed, in
