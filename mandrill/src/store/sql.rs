@@ -238,7 +238,17 @@ pub(crate) const ENTRY_SQL: &str = concat!(
     " FROM requests WHERE message_id = $1"
 );
 
-/// A row of [`HISTORY_SQL`] or [`ENTRY_SQL`]: message id, instance,
+/// The latest rejected payload that gave `$1` as its id, when no request
+/// has it: `mandrill explain` tells a rejection's story too. Asked only
+/// after [`ENTRY_SQL`] found nothing, so that the common read stays on the
+/// `message_id` index.
+pub(crate) const REJECTED_ENTRY_SQL: &str = concat!(
+    "SELECT rejected_id, ",
+    entry_columns!(),
+    " FROM requests WHERE message_id IS NULL AND rejected_id = $1 ORDER BY id DESC LIMIT 1"
+);
+
+/// A row of [`HISTORY_SQL`], [`ENTRY_SQL`] or [`REJECTED_ENTRY_SQL`]: message id, instance,
 /// host, requested by, reason, status, attempts, last error, output,
 /// recovery (ms), received, updated, completed.
 pub(crate) type EntryRow = (
