@@ -25,6 +25,9 @@ pub struct AttemptRecord {
     pub outcome: Option<Status>,
     /// When its outcome was recorded.
     pub settled_at: Option<Timestamp>,
+    /// The requester whose signature was verified for it; `None` when it
+    /// was unsigned (its `requested_by` is then only what it said).
+    pub requester: Option<String>,
 }
 
 /// A verdict that held a request back, as recorded.
@@ -93,13 +96,16 @@ pub(crate) fn story_from(
         attempts
             .into_iter()
             .map(
-                |(attempt, group, claimed_at, verdict, outcome, settled_at)| AttemptRecord {
-                    attempt: number(attempt),
-                    group,
-                    claimed_at: Timestamp::from_millis(claimed_at),
-                    verdict,
-                    outcome: outcome.as_deref().and_then(Status::from_name),
-                    settled_at: settled_at.map(Timestamp::from_millis),
+                |(attempt, group, claimed_at, verdict, outcome, settled_at, requester)| {
+                    AttemptRecord {
+                        attempt: number(attempt),
+                        group,
+                        claimed_at: Timestamp::from_millis(claimed_at),
+                        verdict,
+                        outcome: outcome.as_deref().and_then(Status::from_name),
+                        settled_at: settled_at.map(Timestamp::from_millis),
+                        requester,
+                    }
                 },
             )
             .collect(),

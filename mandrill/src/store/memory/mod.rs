@@ -593,6 +593,7 @@ impl Store for MemoryStore {
                 verdict: claimed.verdict.clone(),
                 outcome: claimed.outcome,
                 settled_at: claimed.settled_at.map(Timestamp::from_millis),
+                requester: claimed.requester.clone(),
             })
             .collect();
         attempts.sort_by_key(|attempt| attempt.attempt);
