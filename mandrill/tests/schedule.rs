@@ -224,8 +224,9 @@ fn two_processes_on_one_sqlite_file_restart_each_scheduled_slot_exactly_once() {
     assert_eq!(api["schedules"][0]["name"], "drip", "{api}");
     assert_eq!(next.len(), 3, "{api}");
     for slot in next {
-        let at = slot["at"].as_str().unwrap().parse().unwrap();
-        assert_eq!(slot["message_id"], plan.slot(at).message_id.to_string());
+        // No admin.token: nobody proves who they are, so no slot's id is
+        // shown (known ahead, it could be published first).
+        assert!(slot.get("message_id").is_none(), "{slot}");
         assert!(HOSTS.contains(&slot["victim"].as_str().unwrap()), "{slot}");
     }
     let page = http_get(&admin, "/");
