@@ -109,8 +109,10 @@ impl Sources {
         {
             return format!("the environment ({name})");
         }
+        // The file's path is not named: `/api/status`, which serves this,
+        // needs no token.
         match (config.safety.dry_run, &self.file) {
-            (Some(_), Some(path)) => format!("the configuration file ({})", path.display()),
+            (Some(_), Some(_)) => "the configuration file".into(),
             _ => format!(
                 "the default for the {:?} backend (safety.dry_run unset)",
                 config.restarter.kind
