@@ -577,3 +577,69 @@ fn two_instances_on_one_sqlite_file_with_the_default_config_both_serve_and_statu
         0
     );
 }
+
+/// `mandrill status` tells the mode the running service is in, from the
+/// service itself, not the file it reads: started with `--unleash` on a
+/// file that says `dry_run = true`, the service restarts hosts.
+#[test]
+fn status_reports_each_running_instances_own_mode_and_says_when_the_file_disagrees() {
+    let (_guard, dir) = temp_dir();
+    let config = dir.join("mandrill.toml");
+    std::fs::write(&config, "[safety]\ndry_run = true\n").unwrap();
+    let config = config.to_str().unwrap();
+    let service = Mandrill::run(&dir, &["--config", config, "--unleash"]);
+    let addr = admin_addr(&service);
+    service.wait_for("mandrill started", 1);
+
+    let (_, api) = get_json(&addr, "/api/status", &[]);
+    assert_eq!(api["mode"], "unleashed", "{api}");
+    assert!(
+        api["leash"]["by"].as_str().unwrap().contains("--unleash"),
+        "{api}"
+    );
+
+    let (ok, stdout, stderr) =
+        mandrill_as_configured(&dir, &["status", "--config", config, "--json"]);
+    assert!(ok, "{stderr}");
+    let status: Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(status["mode"], "unleashed", "{status}");
+    assert_eq!(status["configured_mode"], "leashed (dry run)", "{status}");
+    assert!(status["disagreement"].is_string(), "{status}");
+    let instance = &status["instances"][0];
+    assert_eq!(instance["addr"], addr.as_str(), "{status}");
+    assert_eq!(instance["mode"], "unleashed", "{status}");
+    assert!(instance["leash"]["since"].is_string(), "{status}");
+    let (_, text, _) = mandrill_as_configured(&dir, &["status", "--config", config]);
+    assert!(
+        text.contains("mode:      unleashed, as the running instances say"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "WARNING:   the running service is unleashed, but the configuration says leashed"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "http://{addr}/ (pid {}): unleashed since ",
+            service.pid()
+        )),
+        "{text}"
+    );
+
+    // A reload reads the file's stricter `dry_run = true`: leashed, by it.
+    service.signal("HUP");
+    service.wait_for("safety policy reloaded", 1);
+    let (_, stdout, _) = mandrill_as_configured(&dir, &["status", "--config", config, "--json"]);
+    let status: Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(status["mode"], "leashed (dry run)", "{status}");
+    assert_eq!(status["disagreement"], Value::Null, "{status}");
+    assert_eq!(
+        status["instances"][0]["leash"]["by"], "a reload (SIGHUP)",
+        "{status}"
+    );
+
+    service.signal("TERM");
+    assert!(service.wait_exit().0.success());
+}

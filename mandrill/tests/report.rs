@@ -63,6 +63,7 @@ fn the_report_of_a_real_run_renders_in_chromium_with_the_store_s_numbers() {
          initial_delay = \"0s\"\ninterval = \"50ms\"\ntimeout = \"2s\"\n\n\
          [safety]\nallow = [\"web-*\", \"db-*\"]\nrequire_signed = false\n\
          pause_on_unrecovered = false\n{ALWAYS_OPEN}\n\
+         [safety.groups]\npets = [\"pet-*\"]\n\n\
          [safety.budget]\nmax_disrupted = 2\nretry = \"100ms\"\n\n\
          [safety.rate]\ngroup_max = 0\n\n\
          [[recovery_objective]]\ngroup = \"web\"\nmax = \"1h\"\n\n\
@@ -170,7 +171,17 @@ fn the_report_of_a_real_run_renders_in_chromium_with_the_store_s_numbers() {
     // never back.
     assert_eq!(web["objective"]["met"], true, "{web}");
     assert_eq!(db_group["objective"]["met"], false, "{db_group}");
-    let pet = group("pet");
+    // Never claimed: placed in the operator's group (`safety.groups`),
+    // never in one made from its name (`pet`).
+    let pet = group("pets");
+    assert!(
+        report["groups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|g| g["group"] != "pet"),
+        "{report}"
+    );
     assert_eq!(pet["denials_by_requester"][HOSTILE], 1);
     assert_eq!(pet["restarts"], 0);
     assert_eq!(report["fleet"]["restarts"], 7);
@@ -216,11 +227,11 @@ fn the_report_of_a_real_run_renders_in_chromium_with_the_store_s_numbers() {
         dom.contains("&lt;script&gt;alert(1)&lt;/script&gt;"),
         "{dom}"
     );
-    for name in ["web", "db", "pet"] {
+    for name in ["web", "db", "pets"] {
         let json = group(name);
         let section = section(&dom, name);
         // A chart where there is a recovery to chart.
-        let charted = name != "pet";
+        let charted = name != "pets";
         assert_eq!(section.contains("<svg class=\"chart\""), charted, "{name}");
         assert_eq!(
             field(section, "restarts"),
@@ -265,7 +276,7 @@ fn the_report_of_a_real_run_renders_in_chromium_with_the_store_s_numbers() {
     assert!(section(&dom, "db").contains("<li>db-01</li>"));
     assert!(section(&dom, "db").contains("class=\"bar never\" data-count=\"1\""));
     let requester = "&lt;script&gt;alert(1)&lt;/script&gt;";
-    assert_eq!(count_of(section(&dom, "pet"), "denied", requester), "1");
+    assert_eq!(count_of(section(&dom, "pets"), "denied", requester), "1");
     for (key, value) in [
         ("restarts", &report["fleet"]["restarts"]),
         ("unrecovered", &report["fleet"]["unrecovered"]),

@@ -89,7 +89,10 @@ pub(crate) fn render(page: &Page<'_>) -> String {
         ("unrecovered", s.unrecovered),
         ("dry runs", s.dry_runs),
         ("denied", s.denied),
-        ("retries", s.nacked),
+        // A deferral is a guard's "not yet", not a retry of a failure:
+        // named apart from the nacks, which count both.
+        ("deferrals", s.deferred),
+        ("nacked (deferrals and retries)", s.nacked),
         ("dead letters", s.dead_lettered),
         ("rejected", s.rejected),
         ("panics", s.panics),
@@ -341,6 +344,8 @@ mod tests {
         ];
         let stats = StatsSnapshot {
             restarted: 7,
+            deferred: 3,
+            nacked: 4,
             ..StatsSnapshot::default()
         };
         let paused = Switch {
@@ -365,6 +370,9 @@ mod tests {
         assert!(html.contains("&lt;script&gt;"));
         assert!(html.contains(&format!("href=\"/api/requests/{}\"", uuid::Uuid::nil())));
         assert!(html.contains("<td>restarted</td><td>7</td>"));
+        // Deferrals are named deferrals, never counted as retries.
+        assert!(html.contains("<td>deferrals</td><td>3</td>"), "{html}");
+        assert!(!html.contains("<td>retries</td>"), "{html}");
         assert!(html.contains("class=\"mode leashed\""));
         assert!(
             html.contains("PAUSED: paused by ana (&lt;b&gt;incident"),
@@ -402,13 +410,13 @@ mod tests {
                     at: "2026-11-30T09:15:00Z".into(),
                     local: "2026-11-30 10:15 CET".into(),
                     victim: Some("web-3".into()),
-                    message_id: uuid::Uuid::nil(),
+                    message_id: Some(uuid::Uuid::nil()),
                 },
                 crate::schedule::PlannedSlot {
                     at: "2026-11-30T13:00:00Z".into(),
                     local: "2026-11-30 14:00 CET".into(),
                     victim: None,
-                    message_id: uuid::Uuid::nil(),
+                    message_id: Some(uuid::Uuid::nil()),
                 },
             ],
         }];

@@ -144,6 +144,44 @@ pub(crate) async fn running(dir: &Path, timeout: Duration) -> Vec<Instance> {
     answering
 }
 
+/// The mode a running instance says it is in, on its `/api/status`: the
+/// truth about what it does, which its configuration file may not tell
+/// (a start-up flag or a reload may have changed it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct RunningMode {
+    /// Restarts are recorded as dry runs, none issued.
+    pub(crate) leashed: bool,
+    /// Since when (RFC 3339); `None` from a version that does not say.
+    pub(crate) since: Option<String>,
+    /// What made it so (a start-up layer or a reload); `None` likewise.
+    pub(crate) by: Option<String>,
+}
+
+/// Longest `/api/status` answer read back.
+const MAX_STATUS_BYTES: usize = 1 << 20;
+
+/// Asks `instance` for its mode (`GET /api/status`, which needs no
+/// token), within `timeout`; the error says why it could not be read.
+pub(crate) async fn running_mode(
+    instance: &Instance,
+    timeout: Duration,
+) -> anyhow::Result<RunningMode> {
+    #[derive(Deserialize)]
+    struct Status {
+        mode: String,
+        leash: Option<RunningMode>,
+    }
+    let url = format!("{}api/status", instance.url);
+    let body = crate::restarter::http::fetch::get_bounded(&url, timeout, MAX_STATUS_BYTES).await?;
+    let status: Status = serde_json::from_slice(&body)
+        .with_context(|| format!("GET {url} answered something other than a status"))?;
+    Ok(status.leash.unwrap_or(RunningMode {
+        leashed: status.mode != "unleashed",
+        since: None,
+        by: None,
+    }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

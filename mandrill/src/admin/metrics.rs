@@ -54,7 +54,7 @@ fn counters(s: &StatsSnapshot) -> [(&'static str, &'static str, u64); 12] {
         ("mandrill_acked_total", "Deliveries acked.", s.acked),
         (
             "mandrill_retries_total",
-            "Deliveries nacked for a retry.",
+            "Deliveries nacked for redelivery: deferrals (mandrill_deferred_total) and retries after a failure.",
             s.nacked,
         ),
         (
@@ -99,7 +99,7 @@ fn counters(s: &StatsSnapshot) -> [(&'static str, &'static str, u64); 12] {
         ),
         (
             "mandrill_deferred_total",
-            "Deliveries held off while a restart of the same request may be in flight.",
+            "Deliveries deferred: a guard said not yet, or a restart of the same request may be in flight.",
             s.deferred,
         ),
     ]

@@ -39,7 +39,7 @@ use crate::stats::Stats;
 use crate::store::Store;
 use crate::worker::Shutdown;
 
-pub(crate) use instances::running as running_instances;
+pub(crate) use instances::{RunningMode, running as running_instances, running_mode};
 
 /// How long a page the operator reads during an outage (`/metrics`, the
 /// dashboard, the switch) waits for the store: it renders without the

@@ -174,17 +174,29 @@ async fn readyz(Shared(state): Shared<Arc<State>>) -> Response {
 
 /// Each schedule's next planned restarts, or why they are not shown: a
 /// victim is a host name, which `admin.token` keeps to those who have it.
+/// A slot's message id is shown only to a caller who sent the token (none
+/// without `admin.token`): known ahead, it could be published first, by
+/// anyone who may publish, and a broker's duplicate window or the store
+/// would then take the real request for a repeat.
 fn planned(state: &State, authorized: bool) -> Result<Vec<crate::schedule::Planned>, &'static str> {
     if !authorized && !state.schedules.is_empty() {
         return Err("admin.token is set; send it to see the planned restarts");
     }
-    Ok(state
+    let mut planned = state
         .schedules
-        .next(&state.policy.current(), jiff::Timestamp::now()))
+        .next(&state.policy.current(), jiff::Timestamp::now());
+    if !(authorized && state.token.is_some()) {
+        for slot in planned.iter_mut().flat_map(|schedule| &mut schedule.next) {
+            slot.message_id = None;
+        }
+    }
+    Ok(planned)
 }
 
 async fn status(Shared(state): Shared<Arc<State>>, headers: HeaderMap) -> Response {
     let stats = state.stats.snapshot();
+    // The mode and its origin read together, so they never disagree.
+    let leash = state.policy.leash();
     let schedules = planned(&state, authorized(state.token.as_ref(), &headers));
     // `null` when the store did not answer: the switch is unknown, not off.
     let (switch, groups) = tokio::join!(
@@ -200,7 +212,8 @@ async fn status(Shared(state): Shared<Arc<State>>, headers: HeaderMap) -> Respon
         StatusCode::OK,
         json!({
             "version": env!("CARGO_PKG_VERSION"),
-            "mode": if state.leashed() { "leashed" } else { "unleashed" },
+            "mode": if leash.leashed { "leashed" } else { "unleashed" },
+            "leash": leash,
             "paused": switch.as_ref().map(|s| s.paused),
             "switch": switch,
             "group_pauses": group_pauses,

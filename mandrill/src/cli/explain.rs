@@ -44,11 +44,13 @@ pub(super) fn main(args: &ExplainArgs) -> ExitCode {
         let Some(story) = story? else {
             bail!(super::BadInput(format!("no request {id} is recorded")));
         };
+        // Who signed it, as verified when it was claimed.
+        let signer = story.attempts.iter().find_map(|a| a.requester.as_deref());
         let scheduled = story
             .entry
             .reason
             .as_deref()
-            .and_then(|reason| scheduled(&config, id, reason));
+            .and_then(|reason| scheduled(&config, id, reason, signer));
         let mut out = std::io::stdout().lock();
         if args.json {
             let mut json = serde_json::to_value(&story)?;
@@ -73,14 +75,17 @@ pub(super) fn main(args: &ExplainArgs) -> ExitCode {
 }
 
 /// The schedule and slot a request's reason names, checked against the
-/// configured plan: the reason is free text, but a slot's message id (a
-/// UUIDv5 of the schedule's seed and the slot) is not.
+/// configured plan: the reason is free text, and a slot's message id (a
+/// UUIDv5 of the schedule's seed and the slot) may have been seen (on
+/// `/api/status`, in the queue) and used by someone else; only the
+/// schedule's requester's signature proves the schedule published it.
 #[derive(Debug, serde::Serialize)]
 struct Scheduled {
     name: String,
     slot: String,
-    /// `Some(true)`: the message id is that slot's; `Some(false)`: it is
-    /// not (the reason only claims it); `None`: not checked here (`why`).
+    /// `Some(true)`: signed by the schedule's requester, and the message
+    /// id is that slot's; `Some(false)`: not (`why` says which); `None`:
+    /// not checked here (`why`).
     verified: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     why: Option<String>,
@@ -90,14 +95,14 @@ impl Scheduled {
     fn describe(&self) -> String {
         let (name, slot) = (&self.name, &self.slot);
         match (self.verified, &self.why) {
-            (Some(true), _) => {
-                format!(
-                    "scheduled by [[schedule]] {name}, slot {slot} (its message id is that slot's)"
-                )
-            }
-            (Some(false), _) => format!(
+            (Some(true), _) => format!(
+                "scheduled by [[schedule]] {name}, slot {slot} (signed by its requester; its \
+                 message id is that slot's)"
+            ),
+            (Some(false), why) => format!(
                 "NOT a scheduled restart: the reason names [[schedule]] {name}, slot {slot}, \
-                 but the message id is not that slot's"
+                 but {}",
+                why.as_deref().unwrap_or("it is not that slot's")
             ),
             (None, why) => format!(
                 "scheduled by [[schedule]] {name}, slot {slot}, as its reason says (not checked: {})",
@@ -107,7 +112,12 @@ impl Scheduled {
     }
 }
 
-fn scheduled(config: &crate::config::Config, id: Uuid, reason: &str) -> Option<Scheduled> {
+fn scheduled(
+    config: &crate::config::Config,
+    id: Uuid,
+    reason: &str,
+    signer: Option<&str>,
+) -> Option<Scheduled> {
     let (name, at) = crate::schedule::Slot::named_in(reason)?;
     let (verified, why) = match config.schedules() {
         Err(error) => (
@@ -115,7 +125,14 @@ fn scheduled(config: &crate::config::Config, id: Uuid, reason: &str) -> Option<S
             Some(format!("the schedules cannot be read here: {error}")),
         ),
         Ok(schedules) => match schedules.iter().find(|s| s.plan.name == name) {
-            Some(scheduled) => (Some(scheduled.plan.is_slot(at, id)), None),
+            Some(scheduled) => match proves_its_slot(scheduled.requester(), signer) {
+                Err(why) => (Some(false), Some(why)),
+                Ok(()) if !scheduled.plan.is_slot(at, id) => (
+                    Some(false),
+                    Some("the message id is not that slot's".to_owned()),
+                ),
+                Ok(()) => (Some(true), None),
+            },
             None => (
                 None,
                 Some(format!("no [[schedule]] {name} is configured here")),
@@ -128,4 +145,41 @@ fn scheduled(config: &crate::config::Config, id: Uuid, reason: &str) -> Option<S
         verified,
         why,
     })
+}
+
+/// Whether a request signed by `signer` (`None`: unsigned) can be the
+/// schedule's, which signs as `requester`: else why not. An unsigned
+/// schedule's requests prove nothing (anyone who can publish could send
+/// one under a slot's id).
+fn proves_its_slot(requester: Option<&str>, signer: Option<&str>) -> Result<(), String> {
+    match (requester, signer) {
+        (Some(requester), Some(signer)) if requester == signer => Ok(()),
+        (Some(requester), Some(signer)) => Err(format!(
+            "it was signed by {signer}, not by the schedule's requester {requester}"
+        )),
+        (Some(requester), None) => Err(format!(
+            "it was not signed (the schedule signs as {requester})"
+        )),
+        (None, _) => Err(
+            "the schedule signs nothing, so nothing proves it sent this (anyone who can \
+             publish could use a slot's id)"
+                .to_owned(),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::proves_its_slot;
+
+    #[test]
+    fn only_the_schedule_s_own_signature_proves_a_request_is_scheduled() {
+        assert_eq!(proves_its_slot(Some("drip"), Some("drip")), Ok(()));
+        let forged = proves_its_slot(Some("drip"), Some("mallory")).unwrap_err();
+        assert!(forged.contains("signed by mallory"), "{forged}");
+        let unsigned = proves_its_slot(Some("drip"), None).unwrap_err();
+        assert!(unsigned.contains("not signed"), "{unsigned}");
+        assert!(proves_its_slot(None, None).is_err());
+        assert!(proves_its_slot(None, Some("drip")).is_err());
+    }
 }

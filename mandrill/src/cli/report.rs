@@ -140,7 +140,20 @@ pub(super) fn main(args: &ReportArgs) -> ExitCode {
                 max: objective.max,
             })
             .collect();
-        let mut report = Report::build(&data, since, until, &objectives);
+        // A request never claimed has no recorded group: the operator's
+        // inventory or `safety.groups` place it, as read now.
+        let policy = match super::inventory::policy_with_inventory(&config).await {
+            Ok(policy) => policy,
+            Err(error) => {
+                eprintln!(
+                    "mandrill: warning: {error:#}; requests never claimed are placed by \
+                     safety.groups only"
+                );
+                (*config.worker_config().policy.current()).clone()
+            }
+        };
+        let place = |instance: &str| policy.operators_group(instance);
+        let mut report = Report::build(&data, since, until, &objectives, &place);
         report.campaigns = campaigns;
         let format = args
             .format

@@ -114,6 +114,7 @@ pub(super) async fn serve(
         service = service.stop_when_idle();
     }
     let controls = service.controls();
+    controls.leashed_at_start_by(&sources.dry_run_set_by(&config));
     let running = service.run(shutdown.clone());
     tokio::pin!(running);
     // What the service was built with: a reload changes only the

@@ -18,6 +18,10 @@ use crate::service;
 /// accept a connection before leaving it out as gone.
 const INSTANCE_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(500);
 
+/// How long `mandrill status` waits for an instance's `/api/status` (its
+/// mode): it reads the store within `admin` `STORE_TIMEOUT` (2 s).
+const INSTANCE_STATUS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// `mandrill pause` and `mandrill resume`
 #[derive(Debug, Args)]
 pub(crate) struct SwitchArgs {
@@ -178,6 +182,16 @@ pub(super) fn status(args: &StatusArgs) -> ExitCode {
             Some(dir) => crate::admin::running_instances(dir, INSTANCE_CONNECT_TIMEOUT).await,
             None => Vec::new(),
         };
+        // What each instance does, from itself: the file read here may
+        // not be what runs (`--unleash`, a reload since).
+        let mut modes = Vec::with_capacity(instances.len());
+        for instance in &instances {
+            modes.push(
+                crate::admin::running_mode(instance, INSTANCE_STATUS_TIMEOUT)
+                    .await
+                    .map_err(|error| format!("{error:#}")),
+            );
+        }
         // The inventory read once, as `mandrill inventory` does: this
         // process cannot see a running service's copy (its
         // mandrill_inventory_* metrics do), but it can say whether the
@@ -213,11 +227,12 @@ pub(super) fn status(args: &StatusArgs) -> ExitCode {
             (calendar.describe(), verdict)
         });
         let budget = |group: &str| policy.limits(group).ok().and_then(|limits| limits.budget);
-        let mode = if config.dry_run() {
+        let configured = if config.dry_run() {
             "leashed (dry run)"
         } else {
             "unleashed"
         };
+        let what_runs = RunningModes::of(&modes);
         // Who may ask: each requester with its reach and quota.
         let requesters: Vec<String> = config
             .requesters
@@ -244,13 +259,29 @@ pub(super) fn status(args: &StatusArgs) -> ExitCode {
         if args.json {
             let status = serde_json::json!({
                 "schedules": schedules,
-                "mode": mode,
+                "mode": what_runs.mode(),
+                "configured_mode": configured,
+                "disagreement": what_runs.disagreement(configured),
                 "restarter": config.restarter.kind,
                 "paused": switch.paused,
                 "switch": switch,
                 "group_pauses": group_pauses,
                 "recovery_objectives": objectives,
-                "instances": instances,
+                "instances": instances
+                    .iter()
+                    .zip(&modes)
+                    .map(|(instance, mode)| {
+                        let mut value = serde_json::json!(instance);
+                        match mode {
+                            Ok(mode) => {
+                                value["mode"] = serde_json::json!(leashed_name(mode.leashed));
+                                value["leash"] = serde_json::json!(mode);
+                            }
+                            Err(error) => value["error"] = serde_json::json!(error),
+                        }
+                        value
+                    })
+                    .collect::<Vec<_>>(),
                 "allow": config.safety.allow,
                 "deny": config.safety.deny,
                 "require_signed": config.require_signed(),
@@ -274,11 +305,23 @@ pub(super) fn status(args: &StatusArgs) -> ExitCode {
             writeln!(out, "{status}")?;
             return Ok(());
         }
-        writeln!(
-            out,
-            "mode:      {mode} ({:?} backend)",
-            config.restarter.kind
-        )?;
+        match what_runs.mode() {
+            Some(mode) => writeln!(
+                out,
+                "mode:      {mode}, as the running instances say ({:?} backend; the \
+                 configuration says {configured})",
+                config.restarter.kind
+            )?,
+            None => writeln!(
+                out,
+                "mode:      unknown: no running instance answered ({:?} backend; the \
+                 configuration says {configured})",
+                config.restarter.kind
+            )?,
+        }
+        if let Some(disagreement) = what_runs.disagreement(configured) {
+            writeln!(out, "WARNING:   {disagreement}")?;
+        }
         if switch.paused {
             writeln!(out, "restarts:  PAUSED, {}", switch.paused_reason())?;
         } else {
@@ -310,11 +353,17 @@ pub(super) fn status(args: &StatusArgs) -> ExitCode {
                 dir.display()
             )?,
             (Some(_), running) => {
-                let listed: Vec<String> = running
-                    .iter()
-                    .map(|instance| format!("{} (pid {})", instance.url, instance.pid))
-                    .collect();
-                writeln!(out, "admin:     {}", listed.join(", "))?;
+                for (instance, mode) in running.iter().zip(&modes) {
+                    let mode = match mode {
+                        Ok(mode) => describe(mode),
+                        Err(error) => format!("mode unknown: {error}"),
+                    };
+                    writeln!(
+                        out,
+                        "admin:     {} (pid {}): {mode}",
+                        instance.url, instance.pid
+                    )?;
+                }
             }
         }
         writeln!(out, "allow:     {:?}", config.safety.allow)?;
@@ -385,6 +434,69 @@ pub(super) fn status(args: &StatusArgs) -> ExitCode {
         }
         Ok(())
     })
+}
+
+fn leashed_name(leashed: bool) -> &'static str {
+    if leashed {
+        "leashed (dry run)"
+    } else {
+        "unleashed"
+    }
+}
+
+/// One instance's mode in words: `unleashed since … by …`.
+fn describe(mode: &crate::admin::RunningMode) -> String {
+    let mut text = leashed_name(mode.leashed).to_owned();
+    if let Some(since) = &mode.since {
+        text.push_str(&format!(" since {since}"));
+    }
+    if let Some(by) = &mode.by {
+        text.push_str(&format!(" by {by}"));
+    }
+    text
+}
+
+/// What the running instances say of their mode, against the
+/// configuration read here.
+#[derive(Debug, PartialEq, Eq)]
+enum RunningModes {
+    /// No instance answered with its mode: what runs is unknown.
+    Unknown,
+    /// Every instance that answered is in this mode (leashed or not).
+    All(bool),
+    /// Some are leashed, some not.
+    Mixed,
+}
+
+impl RunningModes {
+    fn of(modes: &[Result<crate::admin::RunningMode, String>]) -> Self {
+        let mut known = modes.iter().flatten().map(|mode| mode.leashed);
+        match known.next() {
+            None => Self::Unknown,
+            Some(first) if known.all(|leashed| leashed == first) => Self::All(first),
+            Some(_) => Self::Mixed,
+        }
+    }
+
+    /// The mode to print: `None` when unknown.
+    fn mode(&self) -> Option<&'static str> {
+        match self {
+            Self::Unknown => None,
+            Self::All(leashed) => Some(leashed_name(*leashed)),
+            Self::Mixed => Some("mixed: some instances leashed, some unleashed"),
+        }
+    }
+
+    /// Says when what runs is not what the configuration says.
+    fn disagreement(&self, configured: &str) -> Option<String> {
+        let running = self.mode()?;
+        (running != configured).then(|| {
+            format!(
+                "the running service is {running}, but the configuration says {configured}: \
+                 it was started or reloaded otherwise (see each instance's mode below)"
+            )
+        })
+    }
 }
 
 /// Each `[[schedule]]`'s next planned restarts with their provisional

@@ -107,6 +107,37 @@ impl Sources {
         })
     }
 
+    /// What set `safety.dry_run` in `config` (loaded from these
+    /// sources), for the record of the leash: the last layer that sets it,
+    /// else the backend's default. A flag cannot say which flag it was
+    /// (`--unleash` is `--set safety.dry_run=false`), so both are named.
+    pub(crate) fn dry_run_set_by(&self, config: &Config) -> String {
+        const KEY: &str = "safety.dry_run";
+        if let Some((_, value)) = self.overrides.iter().rev().find(|(key, _)| key == KEY) {
+            return match value.as_bool() {
+                Some(false) => "a start-up flag (--unleash, or --set safety.dry_run=false)".into(),
+                _ => format!("a start-up flag (--set safety.dry_run={value})"),
+            };
+        }
+        if let Some((name, _)) = self
+            .environment
+            .iter()
+            .rev()
+            .find(|(name, _)| env_key(name).is_ok_and(|key| key == KEY))
+        {
+            return format!("the environment ({name})");
+        }
+        // The file's path is not named: `/api/status`, which serves this,
+        // needs no token.
+        match (config.safety.dry_run, &self.file) {
+            (Some(_), Some(_)) => "the configuration file".into(),
+            _ => format!(
+                "the default for the {:?} backend (safety.dry_run unset)",
+                config.restarter.kind
+            ),
+        }
+    }
+
     /// The file's table with the environment's variables over it.
     fn file_and_environment(&self) -> Result<toml::Table, ConfigError> {
         let mut table = match &self.file {

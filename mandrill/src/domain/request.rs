@@ -465,6 +465,17 @@ impl RestartRequest {
         })
     }
 
+    /// Who asked, as it may be shown to an operator: the verified
+    /// requester of a signed request; else what an unsigned one said,
+    /// marked [`unverified`] (free text any publisher may write).
+    pub(crate) fn shown_requester(&self) -> Option<String> {
+        match (&self.requester, &self.requested_by) {
+            (Some(verified), _) => Some(verified.clone()),
+            (None, Some(said)) => Some(unverified(said)),
+            (None, None) => None,
+        }
+    }
+
     /// The group the request is counted in: the operator's, once the worker
     /// assigned it (the safety module's `Counting::assign`), else
     /// [`Self::default_group`]. Never the message's `group`.
@@ -543,4 +554,10 @@ pub(crate) fn salvage_message_id(payload: &[u8]) -> Option<Uuid> {
     }
     let parsed: IdOnly = serde_json::from_slice(payload).ok()?;
     Uuid::parse_str(&parsed.message_id).ok()
+}
+
+/// A `requested_by` no signature vouches for, as shown: marked, so that
+/// nobody reads a publisher's free text as a verified name.
+pub(crate) fn unverified(said: &str) -> String {
+    format!("{said} (unverified)")
 }

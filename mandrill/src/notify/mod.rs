@@ -80,9 +80,12 @@ pub(crate) struct Event {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub group: Option<String>,
     /// Who asked for the restart: the verified requester of a signed
-    /// request, else what an unsigned one said.
+    /// request, else what an unsigned one said, marked `(unverified)`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub requested_by: Option<String>,
+    /// Whether a signature vouches for `requested_by` (absent with it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub requester_verified: Option<bool>,
 }
 
 impl Event {
@@ -99,7 +102,10 @@ impl Event {
             hostname: Some(request.hostname.to_string()),
             attempt: (attempt > 0).then_some(attempt),
             detail,
-            requested_by: request.requested_by.clone(),
+            requested_by: request.shown_requester(),
+            requester_verified: request
+                .shown_requester()
+                .map(|_| request.requester.is_some()),
             ..Self::bare(kind)
         }
     }
@@ -140,6 +146,7 @@ impl Event {
             by: None,
             group: None,
             requested_by: None,
+            requester_verified: None,
         }
     }
 }

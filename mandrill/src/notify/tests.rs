@@ -248,4 +248,23 @@ fn a_restart_notification_names_who_asked() {
     assert_eq!(json["requested_by"], "alice");
     let line = super::sender::text(&event);
     assert!(line.ends_with("(requested by alice)"), "{line}");
+    assert_eq!(json["requester_verified"], true);
+}
+
+/// An unsigned request's `requested_by` is free text anyone may write: a
+/// notification never shows it as a verified name.
+#[test]
+fn an_unsigned_request_s_requester_is_marked_unverified_in_a_notification() {
+    let mut request = request();
+    request.requester = None;
+    request.requested_by = Some("schedule:cattle-drip".into());
+    let event = Event::about(EventKind::Restarted, &request, 1, None);
+    let json = serde_json::to_value(&event).unwrap();
+    assert_eq!(json["requested_by"], "schedule:cattle-drip (unverified)");
+    assert_eq!(json["requester_verified"], false);
+    let line = super::sender::text(&event);
+    assert!(
+        line.ends_with("(requested by schedule:cattle-drip (unverified))"),
+        "{line}"
+    );
 }

@@ -80,7 +80,20 @@ pub(crate) fn html(report: &Report) -> String {
     );
     let fleet = &report.fleet;
     out.push_str("<div class=\"cards\" id=\"fleet\">\n");
-    card(&mut out, "restarts", fleet.restarts, "restarts", false);
+    card(
+        &mut out,
+        "restarts",
+        fleet.restarts,
+        "restarts issued",
+        false,
+    );
+    card(
+        &mut out,
+        "dry_runs",
+        fleet.dry_runs,
+        "dry runs (nothing issued)",
+        false,
+    );
     card(&mut out, "recovered", fleet.recovered, "recovered", false);
     let unrecovered = fleet.unrecovered;
     card(
@@ -102,6 +115,13 @@ pub(crate) fn html(report: &Report) -> String {
         "denied_requests",
         fleet.denied_requests,
         "requests denied",
+        false,
+    );
+    card(
+        &mut out,
+        "expired_requests",
+        fleet.expired_requests,
+        "requests expired",
         false,
     );
     out.push_str("</div>\n");
@@ -179,13 +199,15 @@ fn group_section(out: &mut String, group: &GroupReport) {
     // Restarts, by outcome.
     let _ = writeln!(
         out,
-        "<h3>Restarts: <span data-k=\"restarts\">{}</span></h3>",
-        group.restarts
+        "<h3>Restarts issued: <span data-k=\"restarts\">{}</span></h3>\n\
+         <p>Dry runs (nothing issued): <span data-k=\"dry_runs\">{}</span>; requests \
+         expired: <span data-k=\"expired_requests\">{}</span></p>",
+        group.restarts, group.dry_runs, group.expired_requests
     );
     if group.outcomes.is_empty() {
         out.push_str("<p class=\"none\">No attempt was claimed.</p>\n");
     } else {
-        out.push_str("<table>\n<tr><th>outcome</th><th class=\"num\">attempts</th></tr>\n");
+        out.push_str("<table>\n<tr><th>outcome</th><th class=\"num\">attempts claimed</th></tr>\n");
         for (outcome, n) in &group.outcomes {
             let _ = writeln!(
                 out,

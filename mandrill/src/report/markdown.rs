@@ -39,12 +39,14 @@ pub(crate) fn markdown(report: &Report) -> String {
     let fleet = &report.fleet;
     let _ = writeln!(
         out,
-        "| restarts | recovered | unrecovered | requests deferred | requests denied |\n|---:|---:|---:|---:|---:|\n| {} | {} | {} | {} | {} |\n",
+        "| restarts issued | dry runs (nothing issued) | recovered | unrecovered | requests deferred | requests denied | requests expired |\n|---:|---:|---:|---:|---:|---:|---:|\n| {} | {} | {} | {} | {} | {} | {} |\n",
         fleet.restarts,
+        fleet.dry_runs,
         fleet.recovered,
         fleet.unrecovered,
         fleet.deferred_requests,
-        fleet.denied_requests
+        fleet.denied_requests,
+        fleet.expired_requests
     );
     if report.groups.is_empty() {
         out.push_str("Nothing was restarted, deferred or denied in this period.\n\n");
@@ -52,9 +54,13 @@ pub(crate) fn markdown(report: &Report) -> String {
     for group in &report.groups {
         let recovery = &group.recovery;
         let _ = writeln!(out, "## Group {}\n", cell(&group.group));
-        let _ = writeln!(out, "Restarts: {}\n", group.restarts);
+        let _ = writeln!(
+            out,
+            "Restarts issued: {}; dry runs (nothing issued): {}; requests expired: {}\n",
+            group.restarts, group.dry_runs, group.expired_requests
+        );
         if !group.outcomes.is_empty() {
-            out.push_str("| outcome | attempts |\n|---|---:|\n");
+            out.push_str("| outcome | attempts claimed |\n|---|---:|\n");
             for (outcome, n) in &group.outcomes {
                 let _ = writeln!(out, "| {} | {n} |", cell(outcome));
             }

@@ -1,7 +1,10 @@
 //! The game-day report (`mandrill report`): per group, the restarts and how
 //! they ended, the recovery-time distribution and its percentiles against
 //! the group's recovery objective, the hosts that did not come back, the
-//! deferrals by guard and the denials by requester.
+//! deferrals by guard, the denials by requester and the expiries. Dry runs
+//! are counted apart from restarts in every total: they issued nothing.
+//! Groups are the operator's only (the one a claim recorded, else the
+//! inventory's or `safety.groups`'), never made up from a host's name.
 //!
 //! The store hands over plain rows ([`ReportData`]); everything here is
 //! pure: [`Report::build`] aggregates (tested below), `html.rs` and
@@ -122,6 +125,9 @@ pub(crate) struct Totals {
     /// Restarts issued (attempts claimed, less those that issued nothing:
     /// dry runs, denials and expiries after a claim).
     pub(crate) restarts: u32,
+    /// Attempts recorded as dry runs: decided, nothing issued. Never
+    /// counted as restarts.
+    pub(crate) dry_runs: u32,
     /// Verified restarts that recovered.
     pub(crate) recovered: u32,
     /// Verified restarts that did not.
@@ -130,6 +136,9 @@ pub(crate) struct Totals {
     pub(crate) deferred_requests: u32,
     /// Requests a guard denied.
     pub(crate) denied_requests: u32,
+    /// Requests that expired (deferred past `safety.max_defer`, or
+    /// older than their own deadline), before or after a claim.
+    pub(crate) expired_requests: u32,
 }
 
 /// One group's part of the report.
@@ -139,6 +148,10 @@ pub(crate) struct GroupReport {
     pub(crate) group: String,
     /// Restarts issued, as [`Totals::restarts`].
     pub(crate) restarts: u32,
+    /// Dry runs, as [`Totals::dry_runs`].
+    pub(crate) dry_runs: u32,
+    /// Requests expired, as [`Totals::expired_requests`].
+    pub(crate) expired_requests: u32,
     /// Every attempt claimed, by how it ended (`in-flight` while not).
     pub(crate) outcomes: BTreeMap<&'static str, u32>,
     /// The recovery-time distribution.
@@ -233,9 +246,10 @@ const MAX_BUCKETS: u64 = 12;
 /// How many denials a group lists; the counts are of all.
 pub(crate) const MAX_DENIALS_LISTED: usize = 20;
 
-/// Where a request's verdicts go when the store knows neither the group of
-/// a claim of it nor its host.
-const UNKNOWN_GROUP: &str = "(unknown)";
+/// Where a request's verdicts go when no claim of it recorded a group and
+/// the operator's inventory and `safety.groups` place no host of that
+/// name: the report never makes a group up from a name.
+pub(crate) const UNPLACED: &str = "(unplaced)";
 
 /// Whom a denial is counted against when the request did not say.
 const ANONYMOUS: &str = "(anonymous)";
@@ -256,15 +270,6 @@ pub(crate) fn nearest_rank<T: Copy>(sorted: &[T], p: f64) -> Option<T> {
     Some(sorted[rank - 1])
 }
 
-/// The group of a request that was never claimed: its instance name
-/// without the last `-suffix`, as [`crate::domain::RestartRequest::default_group`]
-/// names it (the store keeps no operator's group for it).
-fn group_of_name(instance: &str) -> &str {
-    instance
-        .rsplit_once('-')
-        .map_or(instance, |(group, _)| group)
-}
-
 /// A stored status's name, for the outcome counts.
 fn outcome_name(outcome: Option<Status>) -> &'static str {
     outcome.map_or("in-flight", Status::as_str)
@@ -274,6 +279,8 @@ fn outcome_name(outcome: Option<Status>) -> &'static str {
 #[derive(Default)]
 struct Gathered {
     restarts: u32,
+    dry_runs: u32,
+    expired: BTreeSet<Uuid>,
     outcomes: BTreeMap<&'static str, u32>,
     recoveries: Vec<Recovery>,
     unrecovered_hosts: BTreeSet<String>,
@@ -285,14 +292,18 @@ struct Gathered {
 impl Report {
     /// The report of `data`, read for the period from `since` to `until`,
     /// judged against `objectives` (at most one a group is used: the
-    /// first).
+    /// first). A request no claim placed is put in the group `place`
+    /// gives its host (the operator's inventory or `safety.groups`), else
+    /// in [`UNPLACED`].
     pub(crate) fn build(
         data: &ReportData,
         since: Timestamp,
         until: Timestamp,
         objectives: &[ObjectiveView],
+        place: &dyn Fn(&str) -> Option<String>,
     ) -> Self {
         let mut groups: BTreeMap<String, Gathered> = BTreeMap::new();
+        let mut expired_requests = BTreeSet::new();
         for attempt in &data.attempts {
             let group = groups.entry(attempt.group.clone()).or_default();
             *group
@@ -305,6 +316,15 @@ impl Report {
             );
             if issued {
                 group.restarts += 1;
+            }
+            match attempt.outcome {
+                Some(Status::DryRun) => group.dry_runs += 1,
+                // An expiry after the claim records no decision.
+                Some(Status::Expired) => {
+                    group.expired.insert(attempt.message_id);
+                    expired_requests.insert(attempt.message_id);
+                }
+                _ => {}
             }
             match attempt.outcome {
                 Some(Status::Restarted) => {
@@ -324,13 +344,22 @@ impl Report {
         let mut deferred_requests = BTreeSet::new();
         let mut denied_requests = BTreeSet::new();
         for decision in &data.decisions {
-            let name = decision
-                .group
-                .as_deref()
-                .or_else(|| decision.instance_name.as_deref().map(group_of_name))
-                .unwrap_or(UNKNOWN_GROUP);
+            let placed;
+            let name = match (&decision.group, &decision.instance_name) {
+                (Some(group), _) => group.as_str(),
+                (None, Some(instance)) => {
+                    placed = place(instance);
+                    placed.as_deref().unwrap_or(UNPLACED)
+                }
+                (None, None) => UNPLACED,
+            };
             let id = decision.message_id;
             match decision.verdict.as_str() {
+                "expired" => {
+                    expired_requests.insert(id);
+                    let group = groups.entry(name.to_owned()).or_default();
+                    group.expired.insert(id);
+                }
                 "deferred" => {
                     deferred_requests.insert(id);
                     let group = groups.entry(name.to_owned()).or_default();
@@ -360,6 +389,7 @@ impl Report {
         let mut fleet = Totals {
             deferred_requests: count(deferred_requests.len()),
             denied_requests: count(denied_requests.len()),
+            expired_requests: count(expired_requests.len()),
             ..Totals::default()
         };
         let groups: Vec<GroupReport> = groups
@@ -371,6 +401,7 @@ impl Report {
             .collect();
         for group in &groups {
             fleet.restarts += group.restarts;
+            fleet.dry_runs += group.dry_runs;
             fleet.recovered += group.recovery.recovered;
             fleet.unrecovered += group.recovery.unrecovered;
         }
@@ -418,6 +449,8 @@ fn summarise(name: String, gathered: Gathered, objective: Option<&ObjectiveView>
     GroupReport {
         group: name,
         restarts: gathered.restarts,
+        dry_runs: gathered.dry_runs,
+        expired_requests: count(gathered.expired.len()),
         outcomes: gathered.outcomes,
         recovery: Distribution {
             recovered: count(recovered.len()),

@@ -50,7 +50,7 @@ fn decision(
 }
 
 fn build(data: &ReportData, objectives: &[ObjectiveView]) -> Report {
-    Report::build(data, at(0), at(3600), objectives)
+    Report::build(data, at(0), at(3600), objectives, &|_| None)
 }
 
 fn objective(group: &str, percentile: f64, max_ms: u64) -> ObjectiveView {
@@ -239,7 +239,7 @@ fn a_group_with_no_verified_restart_has_no_percentile_and_no_verdict() {
 }
 
 #[test]
-fn deferrals_count_requests_by_guard_and_denials_by_requester_in_their_group() {
+fn deferrals_count_requests_by_guard_and_denials_by_requester_in_the_operator_s_group() {
     let (a, b, c, d) = (
         Uuid::new_v4(),
         Uuid::new_v4(),
@@ -275,7 +275,7 @@ fn deferrals_count_requests_by_guard_and_denials_by_requester_in_their_group() {
                 Some("frontend"),
                 None,
             ),
-            // Never claimed: the group its name implies.
+            // Never claimed: the operator's group for its host, or none.
             decision(
                 c,
                 "denied",
@@ -292,31 +292,100 @@ fn deferrals_count_requests_by_guard_and_denials_by_requester_in_their_group() {
         ],
         ..ReportData::default()
     };
-    let report = build(&data, &[]);
+    // The operator places db-1 (its inventory, say), not db-2: no group
+    // is made up from db-2's name.
+    let place = |host: &str| (host == "db-1").then(|| "databases".to_owned());
+    let report = Report::build(&data, at(0), at(3600), &[], &place);
     let names: Vec<&str> = report.groups.iter().map(|g| g.group.as_str()).collect();
-    assert_eq!(names, ["(unknown)", "db", "frontend"]);
+    assert_eq!(names, ["(unplaced)", "databases", "frontend"]);
     let frontend = &report.groups[2];
     assert_eq!(
         frontend.deferrals_by_guard,
         BTreeMap::from([("calendar".to_owned(), 2), ("rate".to_owned(), 1)])
     );
-    let db = &report.groups[1];
+    let databases = &report.groups[1];
     assert_eq!(
-        db.denials_by_requester,
-        BTreeMap::from([("(anonymous)".to_owned(), 1), ("mallory".to_owned(), 1)])
+        databases.denials_by_requester,
+        BTreeMap::from([("mallory".to_owned(), 1)])
     );
-    assert_eq!(db.restarts, 0);
-    let latest: Vec<(&str, &str)> = db
+    assert_eq!(databases.restarts, 0);
+    let unplaced = &report.groups[0];
+    assert_eq!(
+        unplaced.denials_by_requester,
+        BTreeMap::from([("(anonymous)".to_owned(), 1)])
+    );
+    assert_eq!(
+        unplaced.deferrals_by_guard,
+        BTreeMap::from([("calendar".to_owned(), 1)])
+    );
+    let latest: Vec<(&str, &str)> = unplaced
         .latest_denials
         .iter()
         .map(|d| (d.requester.as_str(), d.guard.as_str()))
         .collect();
-    assert_eq!(
-        latest,
-        [("(anonymous)", "requesters"), ("mallory", "eligibility")]
-    );
+    assert_eq!(latest, [("(anonymous)", "requesters")]);
     assert_eq!(report.fleet.deferred_requests, 3);
     assert_eq!(report.fleet.denied_requests, 2);
+}
+
+/// Two requests restarted and two recorded as dry runs: two restarts, two
+/// dry runs, in the group, the fleet and both renderings; and expiries,
+/// before a claim (a decision) and after one (the attempt's outcome), are
+/// counted once each.
+#[test]
+fn dry_runs_are_kept_apart_from_restarts_and_expired_requests_are_counted() {
+    let expired_before_a_claim = Uuid::new_v4();
+    let mut expired_after_a_claim = attempt("web-5", "web", Some(Status::Expired), None);
+    expired_after_a_claim.message_id = Uuid::new_v4();
+    let data = ReportData {
+        attempts: vec![
+            attempt("web-1", "web", Some(Status::Restarted), None),
+            attempt("web-2", "web", Some(Status::Restarted), None),
+            attempt("web-3", "web", Some(Status::DryRun), None),
+            attempt("web-4", "web", Some(Status::DryRun), None),
+            expired_after_a_claim,
+        ],
+        decisions: vec![
+            decision(
+                expired_before_a_claim,
+                "deferred",
+                "calendar",
+                Some("web-6"),
+                None,
+                None,
+            ),
+            decision(
+                expired_before_a_claim,
+                "expired",
+                "calendar",
+                Some("web-6"),
+                None,
+                None,
+            ),
+        ],
+        ..ReportData::default()
+    };
+    let place = |_: &str| Some("web".to_owned());
+    let report = Report::build(&data, at(0), at(3600), &[], &place);
+    let [web] = &report.groups[..] else {
+        panic!("{:?}", report.groups)
+    };
+    assert_eq!((web.restarts, web.dry_runs), (2, 2));
+    assert_eq!(web.expired_requests, 2);
+    assert_eq!((report.fleet.restarts, report.fleet.dry_runs), (2, 2));
+    assert_eq!(report.fleet.expired_requests, 2);
+    let markdown = markdown(&report);
+    assert!(
+        markdown.contains("Restarts issued: 2; dry runs (nothing issued): 2; requests expired: 2"),
+        "{markdown}"
+    );
+    assert!(
+        markdown.contains("| 2 | 2 | 0 | 0 | 1 | 0 | 2 |"),
+        "{markdown}"
+    );
+    let html = html(&report);
+    assert!(html.contains("data-k=\"dry_runs\">2<"), "{html}");
+    assert!(html.contains("data-k=\"expired_requests\">2<"), "{html}");
 }
 
 #[test]

@@ -154,16 +154,20 @@ impl Counting {
     /// when the message names a different group: a publisher never picks
     /// the group whose limits it is counted against.
     pub(crate) fn assign(&self, request: &mut RestartRequest) -> Result<(), String> {
-        let instance = request.instance_name.as_str();
-        let configured = self
-            .groups
-            .iter()
-            .find(|(_, patterns)| patterns.iter().any(|p| p.matches(instance)))
-            .map(|(name, _)| name);
         // The name's default needs no copy: `request.group()` falls back to
         // it (so the common case allocates nothing per message).
-        request.group = configured.cloned();
+        request.group = self
+            .configured_group(request.instance_name.as_str())
+            .map(str::to_owned);
         group_mismatch(request, request.group())
+    }
+
+    /// The first `safety.groups` entry with a pattern matching `instance`.
+    pub(crate) fn configured_group(&self, instance: &str) -> Option<&str> {
+        self.groups
+            .iter()
+            .find(|(_, patterns)| patterns.iter().any(|p| p.matches(instance)))
+            .map(|(name, _)| name.as_str())
     }
 
     /// The limits a claim in `group` enforces, or why the budget cannot be

@@ -148,6 +148,22 @@ impl Policy {
         })
     }
 
+    /// The operator's group for `instance`, with no message in hand (what
+    /// `mandrill report` places a never-claimed request by): the
+    /// inventory's, from its latest copy however old, else the matching
+    /// `safety.groups` entry's. `None` when the operator places it
+    /// nowhere: never a group made from the name.
+    pub(crate) fn operators_group(&self, instance: &str) -> Option<String> {
+        match &self.inventory {
+            Some(inventory) => inventory.current()?.inventory.host(instance)?.group.clone(),
+            None => self
+                .guards
+                .counting
+                .configured_group(instance)
+                .map(str::to_owned),
+        }
+    }
+
     /// Whether `request`, placed earlier, is still placed the same under
     /// this policy (checked again after the claim, which may have waited,
     /// and after the stop conditions): with an inventory, still listed, in
@@ -234,33 +250,94 @@ impl Policy {
 /// but for the instant of a reload, and a handler keeps the policy it read
 /// for as long as it needs it while a reload installs the next one.
 #[derive(Debug, Clone)]
-pub(crate) struct PolicyHandle(Arc<RwLock<Arc<Policy>>>);
+pub(crate) struct PolicyHandle {
+    policy: Arc<RwLock<Arc<Policy>>>,
+    /// Since when, and by what, the policy in force is leashed or not:
+    /// what `/api/status` and `mandrill status` tell an operator, who must
+    /// not have to guess it from the file (a start-up flag may differ).
+    leash: Arc<RwLock<Leash>>,
+}
+
+/// Whether a running service is leashed, since when and by what.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub(crate) struct Leash {
+    /// Restarts are recorded as dry runs, none issued.
+    pub(crate) leashed: bool,
+    /// When it became so (start-up, or the reload that turned it).
+    pub(crate) since: crate::domain::Timestamp,
+    /// What made it so: the start-up layer that set `safety.dry_run`, or
+    /// a reload.
+    pub(crate) by: String,
+}
+
+/// What [`PolicyHandle::replace`] records when a policy turns the leash.
+pub(crate) const TURNED_BY_RELOAD: &str = "a reload (SIGHUP)";
 
 impl PolicyHandle {
-    /// A handle on `policy`.
+    /// A handle on `policy`, leashed or not since now by start-up.
     pub(crate) fn new(policy: Policy) -> Self {
-        Self(Arc::new(RwLock::new(Arc::new(policy))))
+        let leash = Leash {
+            leashed: policy.dry_run,
+            since: crate::domain::Timestamp::now(),
+            by: "start-up".into(),
+        };
+        Self {
+            policy: Arc::new(RwLock::new(Arc::new(policy))),
+            leash: Arc::new(RwLock::new(leash)),
+        }
     }
 
     /// The policy in force now.
     pub(crate) fn current(&self) -> Arc<Policy> {
         // A poisoned lock still holds a whole `Arc` (a writer only ever
         // replaces it in one store), so its value is safe to read.
-        self.0
+        self.policy
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()
     }
 
     /// Puts `policy` in force for every delivery decided from now on;
-    /// returns the one it replaces.
+    /// returns the one it replaces. A policy that turns the leash is
+    /// recorded as turned now, by a reload.
     pub(crate) fn replace(&self, policy: Policy) -> Arc<Policy> {
         let policy = Arc::new(policy);
         let mut current = self
-            .0
+            .policy
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if current.dry_run != policy.dry_run {
+            // Under the policy's lock, so that the two never disagree.
+            *self
+                .leash
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Leash {
+                leashed: policy.dry_run,
+                since: crate::domain::Timestamp::now(),
+                by: TURNED_BY_RELOAD.into(),
+            };
+        }
         std::mem::replace(&mut *current, policy)
+    }
+
+    /// Whether the policy in force is leashed, since when, by what.
+    pub(crate) fn leash(&self) -> Leash {
+        self.leash
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Names what leashed (or unleashed) the policy at start-up, `by`
+    /// (`--unleash`, the configuration file, the backend's default).
+    pub(crate) fn leashed_at_start_by(&self, by: &str) {
+        let mut leash = self
+            .leash
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if leash.by == "start-up" {
+            leash.by = format!("{by} at start-up");
+        }
     }
 }
 

@@ -39,8 +39,11 @@ pub(crate) struct PlannedSlot {
     /// The host it would restart if it were due now; `None` when no host
     /// of the group is eligible now.
     pub victim: Option<String>,
-    /// Its request's id (a UUIDv5 of the schedule and the slot).
-    pub message_id: Uuid,
+    /// Its request's id (a UUIDv5 of the schedule and the slot); `None`
+    /// where it is not shown (the admin server shows it only to a caller
+    /// with `admin.token`: an id known ahead could be used first).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message_id: Option<Uuid>,
 }
 
 /// The schedules of a running service, for its admin pages: shared, read
@@ -86,7 +89,7 @@ impl Outlook {
                         at: slot.at.to_string(),
                         local: calendar.map_or_else(|| slot.at.to_string(), |c| c.local(slot.at)),
                         victim: victim.map(|request| request.instance_name.as_str().to_owned()),
-                        message_id: slot.message_id,
+                        message_id: Some(slot.message_id),
                     });
                 }
                 Planned {

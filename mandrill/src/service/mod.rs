@@ -127,6 +127,12 @@ impl Controls {
         true
     }
 
+    /// Records what leashed (or unleashed) the service at start-up, for
+    /// `/api/status` and `mandrill status`.
+    pub(crate) fn leashed_at_start_by(&self, by: &str) {
+        self.policy.leashed_at_start_by(by);
+    }
+
     /// Stops trusting every requester's key, and refuses unsigned
     /// requests, in the policy in force (the rest of it stays): what a
     /// reload refused for its `[[requesters]]` falls back to (`why`), since the edit it could not

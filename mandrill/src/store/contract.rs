@@ -41,6 +41,7 @@ pub(crate) use guards::{
 };
 pub(crate) use history::{
     decisions_are_read_before_a_request_has_a_record,
+    every_recorded_request_has_a_story_rejected_and_never_claimed_ones_too,
     prune_removes_old_final_entries_only_and_in_bounded_passes,
     recent_recoveries_are_the_groups_latest_verified_restarts,
     rejections_are_listed_but_never_count_as_the_request,
@@ -96,6 +97,7 @@ pub(crate) async fn all(store: &dyn Store) {
     prune_removes_old_final_entries_only_and_in_bounded_passes(store).await;
     a_campaign_is_read_back_as_recorded_and_only_once(store).await;
     decisions_are_read_before_a_request_has_a_record(store).await;
+    every_recorded_request_has_a_story_rejected_and_never_claimed_ones_too(store).await;
 }
 
 /// A request of `group`, placed in `zone` and signed by `requester`, as

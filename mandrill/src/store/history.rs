@@ -25,6 +25,9 @@ pub struct AttemptRecord {
     pub outcome: Option<Status>,
     /// When its outcome was recorded.
     pub settled_at: Option<Timestamp>,
+    /// The requester whose signature was verified for it; `None` when it
+    /// was unsigned (its `requested_by` is then only what it said).
+    pub requester: Option<String>,
 }
 
 /// A verdict that held a request back, as recorded.
@@ -78,29 +81,89 @@ pub(crate) fn group_usage_from(
     usage
 }
 
-/// A story from its rows.
+/// A story from its rows. `None` only when nothing at all is recorded
+/// under `message_id`.
 pub(crate) fn story_from(
-    entry: HistoryEntry,
+    message_id: Uuid,
+    entry: Option<HistoryEntry>,
     attempts: Vec<AttemptRow>,
     decisions: Vec<DecisionRow>,
-) -> Story {
+) -> Option<Story> {
     let number = |n: i64| u32::try_from(n).unwrap_or(0);
-    Story {
+    story_of(
+        message_id,
         entry,
-        attempts: attempts
+        attempts
             .into_iter()
             .map(
-                |(attempt, group, claimed_at, verdict, outcome, settled_at)| AttemptRecord {
-                    attempt: number(attempt),
-                    group,
-                    claimed_at: Timestamp::from_millis(claimed_at),
-                    verdict,
-                    outcome: outcome.as_deref().and_then(Status::from_name),
-                    settled_at: settled_at.map(Timestamp::from_millis),
+                |(attempt, group, claimed_at, verdict, outcome, settled_at, requester)| {
+                    AttemptRecord {
+                        attempt: number(attempt),
+                        group,
+                        claimed_at: Timestamp::from_millis(claimed_at),
+                        verdict,
+                        outcome: outcome.as_deref().and_then(Status::from_name),
+                        settled_at: settled_at.map(Timestamp::from_millis),
+                        requester,
+                    }
                 },
             )
             .collect(),
-        decisions: decisions_from(decisions),
+        decisions_from(decisions),
+    )
+}
+
+/// A request's story, every store's one rule: its entry when it has one;
+/// else, when guards recorded verdicts about it (a request deferred and
+/// never claimed has no row), an entry made of those alone: never final,
+/// nothing attempted, nothing known of the host or who asked. `None` when
+/// nothing at all is recorded.
+pub(crate) fn story_of(
+    message_id: Uuid,
+    entry: Option<HistoryEntry>,
+    attempts: Vec<AttemptRecord>,
+    decisions: Vec<DecisionRecord>,
+) -> Option<Story> {
+    let entry = match entry {
+        Some(entry) => entry,
+        None => {
+            let first = decisions.first()?.at;
+            let last = decisions.last().map_or(first, |decision| decision.at);
+            HistoryEntry {
+                message_id: Some(message_id),
+                instance_name: None,
+                hostname: None,
+                status: Status::Received,
+                attempts: count_of(attempts.len()),
+                requested_by: None,
+                reason: None,
+                last_error: None,
+                output: None,
+                recovered_after: None,
+                received_at: first,
+                updated_at: last,
+                completed_at: None,
+            }
+        }
+    };
+    Some(Story {
+        entry,
+        attempts,
+        decisions,
+    })
+}
+
+fn count_of(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+/// The restart attempts an entry tells: none for a rejected payload, which
+/// was never claimed (rows written before this rule say 1).
+pub(crate) fn attempts_made(status: Status, stored: u32) -> u32 {
+    if status == Status::Rejected {
+        0
+    } else {
+        stored
     }
 }
 
@@ -221,8 +284,11 @@ pub(crate) fn entry_from(row: EntryRow) -> Result<HistoryEntry, StoreError> {
         message_id,
         instance_name,
         hostname,
+        attempts: attempts_made(
+            status_from_name(&status)?,
+            u32::try_from(attempts).unwrap_or(u32::MAX),
+        ),
         status: status_from_name(&status)?,
-        attempts: u32::try_from(attempts).unwrap_or(u32::MAX),
         requested_by,
         reason,
         last_error,

@@ -20,8 +20,8 @@ macro_rules! reads_for {
             use crate::store::sql::{
                 DEFERRALS_SQL, ENTRY_SQL, EntryRow, GROUP_DISRUPTED_SQL, GROUP_PAUSES_SQL,
                 GROUP_RESTARTS_SQL, GroupPauseRow, HISTORY_SQL, RECEIVED_AT_SQL, RECOVERIES_SQL,
-                REPORT_ATTEMPTS_SQL, REPORT_DECISIONS_SQL, STORY_ATTEMPTS_SQL, STORY_DECISIONS_SQL,
-                SWITCH_SQL, SwitchRow, USAGE_SQL, USAGE_SUBJECT_SQL,
+                REJECTED_ENTRY_SQL, REPORT_ATTEMPTS_SQL, REPORT_DECISIONS_SQL, STORY_ATTEMPTS_SQL,
+                STORY_DECISIONS_SQL, SWITCH_SQL, SwitchRow, USAGE_SQL, USAGE_SUBJECT_SQL,
             };
             use crate::store::{
                 DECISION_SQL, DEFERRAL_SQL, Decision, GroupPause, GroupUsage, HistoryEntry,
@@ -116,13 +116,17 @@ macro_rules! reads_for {
                 message_id: Uuid,
             ) -> Result<Option<Story>, StoreError> {
                 let id = message_id.to_string();
-                let Some(row) = sqlx::query_as::<_, EntryRow>(ENTRY_SQL)
+                let mut row = sqlx::query_as::<_, EntryRow>(ENTRY_SQL)
                     .bind(&id)
                     .fetch_optional(pool)
-                    .await?
-                else {
-                    return Ok(None);
-                };
+                    .await?;
+                if row.is_none() {
+                    row = sqlx::query_as::<_, EntryRow>(REJECTED_ENTRY_SQL)
+                        .bind(&id)
+                        .fetch_optional(pool)
+                        .await?;
+                }
+                let entry = row.map(entry_from).transpose()?;
                 let attempts = sqlx::query_as(STORY_ATTEMPTS_SQL)
                     .bind(&id)
                     .fetch_all(pool)
@@ -131,7 +135,7 @@ macro_rules! reads_for {
                     .bind(&id)
                     .fetch_all(pool)
                     .await?;
-                Ok(Some(story_from(entry_from(row)?, attempts, decisions)))
+                Ok(story_from(message_id, entry, attempts, decisions))
             }
 
             /// See [`crate::store::Store::record_campaign`].

@@ -148,7 +148,7 @@ pub(crate) const GROUP_DISRUPTED_SQL: &str = "SELECT r.grp, COUNT(DISTINCT r.ins
 
 /// A request's journal rows, for [`super::Story`]: `$1` message id.
 pub(crate) const STORY_ATTEMPTS_SQL: &str = "SELECT CAST(attempt AS BIGINT), grp, claimed_at,
-        verdict, outcome, settled_at
+        verdict, outcome, settled_at, requester
     FROM restarts WHERE message_id = $1 ORDER BY attempt";
 
 /// A request's decisions, for [`super::Story`]: `$1` message id.
@@ -157,7 +157,15 @@ pub(crate) const STORY_DECISIONS_SQL: &str = "SELECT at, CAST(attempt AS BIGINT)
     FROM decisions WHERE message_id = $1 ORDER BY id";
 
 /// A row of [`STORY_ATTEMPTS_SQL`].
-pub(crate) type AttemptRow = (i64, String, i64, String, Option<String>, Option<i64>);
+pub(crate) type AttemptRow = (
+    i64,
+    String,
+    i64,
+    String,
+    Option<String>,
+    Option<i64>,
+    Option<String>,
+);
 
 /// A row of [`STORY_DECISIONS_SQL`].
 pub(crate) type DecisionRow = (i64, i64, String, String, String);
@@ -238,7 +246,17 @@ pub(crate) const ENTRY_SQL: &str = concat!(
     " FROM requests WHERE message_id = $1"
 );
 
-/// A row of [`HISTORY_SQL`] or [`ENTRY_SQL`]: message id, instance,
+/// The latest rejected payload that gave `$1` as its id, when no request
+/// has it: `mandrill explain` tells a rejection's story too. Asked only
+/// after [`ENTRY_SQL`] found nothing, so that the common read stays on the
+/// `message_id` index.
+pub(crate) const REJECTED_ENTRY_SQL: &str = concat!(
+    "SELECT rejected_id, ",
+    entry_columns!(),
+    " FROM requests WHERE message_id IS NULL AND rejected_id = $1 ORDER BY id DESC LIMIT 1"
+);
+
+/// A row of [`HISTORY_SQL`], [`ENTRY_SQL`] or [`REJECTED_ENTRY_SQL`]: message id, instance,
 /// host, requested by, reason, status, attempts, last error, output,
 /// recovery (ms), received, updated, completed.
 pub(crate) type EntryRow = (

@@ -4,6 +4,7 @@
 use std::fmt::Write as _;
 
 use super::{Story, Timestamp};
+use crate::domain::Status;
 
 impl Story {
     /// The story in words, one event a line, oldest first.
@@ -23,12 +24,21 @@ impl Story {
             .attempts
             .first()
             .map_or_else(String::new, |a| format!(", group {}", a.group));
-        let _ = writeln!(
-            text,
-            "  instance {} ({}){group}",
-            entry.instance_name.as_deref().unwrap_or("-"),
-            entry.hostname.as_deref().unwrap_or("-"),
-        );
+        if entry.instance_name.is_none() && entry.status != Status::Rejected {
+            // No row: only the guards' verdicts were recorded.
+            let _ = writeln!(
+                text,
+                "  never claimed: only the guards' verdicts below are recorded (the host and \
+                 who asked are not)"
+            );
+        } else {
+            let _ = writeln!(
+                text,
+                "  instance {} ({}){group}",
+                entry.instance_name.as_deref().unwrap_or("-"),
+                entry.hostname.as_deref().unwrap_or("-"),
+            );
+        }
         if entry.requested_by.is_some() || entry.reason.is_some() {
             let _ = writeln!(
                 text,

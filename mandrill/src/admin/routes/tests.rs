@@ -222,9 +222,10 @@ async fn metrics_and_the_dashboard_render_while_the_store_hangs() {
 }
 
 /// A victim is a host name: with `admin.token` set, only a caller that
-/// sends it sees the planned restarts (none configured: nothing to hide).
+/// sends it sees the planned restarts (none configured: nothing to hide);
+/// a slot's message id only that caller, never anyone without a token.
 #[tokio::test]
-async fn planned_restarts_are_shown_only_to_those_the_token_admits() {
+async fn planned_restarts_are_shown_only_to_those_the_token_admits_and_slot_ids_only_with_one() {
     use crate::schedule::{Outlook, Plan, ScheduleSettings, Scheduled};
     let memory = Arc::new(MemoryBroker::new(
         Duration::from_secs(30),
@@ -251,4 +252,13 @@ async fn planned_restarts_are_shown_only_to_those_the_token_admits() {
     assert_eq!((shown[0].name.as_str(), shown[0].next.len()), ("drip", 3));
     // No inventory to draw from: no victim, said as none.
     assert!(shown[0].next.iter().all(|slot| slot.victim.is_none()));
+    // Without admin.token nobody proves who they are: no slot's id, which
+    // could be published first, is shown.
+    assert!(shown[0].next.iter().all(|slot| slot.message_id.is_none()));
+    let json = serde_json::to_value(&shown).unwrap();
+    assert!(json[0]["next"][0].get("message_id").is_none(), "{json}");
+    // A caller that sent the token sees them.
+    state.token = Some(crate::settings::Secret("admin-token".into()));
+    let shown = planned(&state, true).unwrap();
+    assert!(shown[0].next.iter().all(|slot| slot.message_id.is_some()));
 }

@@ -243,3 +243,32 @@ fn what_config_embeds_never_imports_config() {
         .collect();
     assert!(offenders.is_empty(), "{offenders:?}");
 }
+
+/// What `/api/status` and `mandrill status` say set the leash at start-up:
+/// the last layer that sets `safety.dry_run`, else the backend's default.
+#[test]
+fn the_leash_is_said_to_be_set_by_the_last_layer_that_sets_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("mandrill.toml");
+    std::fs::write(&path, "[safety]\ndry_run = true\n").unwrap();
+    let sources = |file: bool, env: &[(&str, &str)], flags: &[&str]| Sources {
+        file: file.then(|| path.clone()),
+        environment: env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        overrides: flags.iter().map(|f| parse_override(f).unwrap()).collect(),
+    };
+    let by = |sources: Sources| sources.dry_run_set_by(&sources.load().unwrap());
+    let unleashed = by(sources(
+        true,
+        &[("MANDRILL_SAFETY__DRY_RUN", "true")],
+        &["safety.dry_run=false"],
+    ));
+    assert!(unleashed.contains("--unleash"), "{unleashed}");
+    let environment = by(sources(true, &[("MANDRILL_SAFETY__DRY_RUN", "true")], &[]));
+    assert_eq!(environment, "the environment (MANDRILL_SAFETY__DRY_RUN)");
+    assert_eq!(by(sources(true, &[], &[])), "the configuration file");
+    let default = by(sources(false, &[], &[]));
+    assert!(default.starts_with("the default for the"), "{default}");
+}

@@ -19,7 +19,6 @@ pub(crate) async fn decisions_are_read_before_a_request_has_a_record(store: &dyn
         };
         store.record_decision(&deferred, 0, decision).await.unwrap();
     }
-    assert_eq!(store.story(deferred.message_id).await.unwrap(), None);
     let decisions = store.decisions(deferred.message_id).await.unwrap();
     let read: Vec<(&str, &str)> = decisions
         .iter()
@@ -37,6 +36,78 @@ pub(crate) async fn decisions_are_read_before_a_request_has_a_record(store: &dyn
             .iter()
             .all(|d| d.verdict == "deferred" && d.attempt == 0)
     );
+}
+
+/// `explain` tells every recorded request's story: a rejected payload's
+/// (nothing attempted), and a request deferred and never claimed, which has
+/// only the guards' verdicts; a request's own record wins over a payload
+/// rejected under its id.
+pub(crate) async fn every_recorded_request_has_a_story_rejected_and_never_claimed_ones_too(
+    store: &dyn Store,
+) {
+    let rejected = Uuid::new_v4();
+    store
+        .record_rejection(Some(rejected), "instance_name \"X\" is bad", b"{}")
+        .await
+        .unwrap();
+    let story = store
+        .story(rejected)
+        .await
+        .unwrap()
+        .expect("a rejection's story");
+    assert_eq!(story.entry.message_id, Some(rejected));
+    assert_eq!(story.entry.status, Status::Rejected);
+    assert_eq!(story.entry.attempts, 0, "nothing was attempted");
+    assert_eq!(
+        story.entry.last_error.as_deref(),
+        Some("instance_name \"X\" is bad")
+    );
+    assert!(story.attempts.is_empty());
+    let listed = entry(store, rejected).await;
+    assert_eq!(listed.attempts, 0, "history agrees: nothing was attempted");
+    assert!(
+        story.explain().contains("rejected (0 attempts)"),
+        "{}",
+        story.explain()
+    );
+
+    let waiting = request("cattle-0d02");
+    let decision = Decision {
+        verdict: "deferred",
+        guard: "calendar",
+        reason: "deferred by calendar: closed",
+    };
+    store.record_decision(&waiting, 0, decision).await.unwrap();
+    let story = store
+        .story(waiting.message_id)
+        .await
+        .unwrap()
+        .expect("a never-claimed request's story");
+    assert_eq!(story.entry.status, Status::Received);
+    assert_eq!(story.entry.attempts, 0);
+    assert_eq!(story.decisions.len(), 1);
+    let told = story.explain();
+    assert!(told.contains("deferred by calendar: closed"), "{told}");
+    assert!(told.contains("never claimed"), "{told}");
+
+    // A valid request under a rejected payload's id: its own story.
+    let mut valid = request("cattle-0d03");
+    valid.message_id = rejected;
+    store
+        .claim_restart(&valid, TERMS, ClaimToken::new())
+        .await
+        .unwrap();
+    let story = store.story(rejected).await.unwrap().unwrap();
+    assert_eq!(story.entry.status, Status::Received);
+    assert_eq!(story.entry.instance_name.as_deref(), Some("cattle-0d03"));
+    assert_eq!(story.attempts.len(), 1);
+    assert_eq!(store.story(Uuid::new_v4()).await.unwrap(), None);
+    // Settled as issuing nothing, so that no claim is left in flight for
+    // the checks that follow the contract.
+    let dry = Outcome::DryRun {
+        action: "would restart".into(),
+    };
+    store.record_outcome(&valid, 1, &dry).await.unwrap();
 }
 
 pub(crate) async fn rejections_are_listed_but_never_count_as_the_request(store: &dyn Store) {

@@ -186,7 +186,7 @@ impl Request {
                 .map(str::to_owned),
             hostname: self.hostname.clone(),
             status: self.status,
-            attempts: self.attempts,
+            attempts: super::history::attempts_made(self.status, self.attempts),
             requested_by: self.requested_by.clone(),
             reason: self.reason.clone(),
             last_error: self.last_error.clone(),
@@ -573,12 +573,19 @@ impl Store for MemoryStore {
 
     async fn story(&self, message_id: Uuid) -> Result<Option<Story>, StoreError> {
         let state = self.lock();
-        let Some(row) = state.requests.get(&message_id) else {
-            return Ok(None);
-        };
+        let row = state.requests.get(&message_id);
+        // Else the latest rejected payload that gave this id.
+        let entry = row.map(|row| row.entry(Some(message_id))).or_else(|| {
+            state
+                .rejected
+                .iter()
+                .rev()
+                .find(|(id, _)| *id == Some(message_id))
+                .map(|(id, row)| row.entry(*id))
+        });
         let mut attempts: Vec<AttemptRecord> = row
-            .journal
-            .iter()
+            .into_iter()
+            .flat_map(|row| &row.journal)
             .map(|claimed| AttemptRecord {
                 attempt: claimed.attempt,
                 group: claimed.group.clone(),
@@ -586,18 +593,18 @@ impl Store for MemoryStore {
                 verdict: claimed.verdict.clone(),
                 outcome: claimed.outcome,
                 settled_at: claimed.settled_at.map(Timestamp::from_millis),
+                requester: claimed.requester.clone(),
             })
             .collect();
         attempts.sort_by_key(|attempt| attempt.attempt);
-        Ok(Some(Story {
-            entry: row.entry(Some(message_id)),
-            attempts,
-            decisions: state
-                .decisions
-                .get(&message_id)
-                .cloned()
-                .unwrap_or_default(),
-        }))
+        let decisions = state
+            .decisions
+            .get(&message_id)
+            .cloned()
+            .unwrap_or_default();
+        Ok(super::history::story_of(
+            message_id, entry, attempts, decisions,
+        ))
     }
 
     async fn group_usage(
