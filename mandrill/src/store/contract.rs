@@ -31,7 +31,9 @@ pub(crate) use claims::{
     claim_holds_and_unknown_outcomes_count,
 };
 pub(crate) use disruption::{
-    SETTLE_PASSES_SQL, TIE_CLAIMS_SQL, a_restarted_host_counts_as_disrupted_until_settle_passes,
+    CLAIMS_EARLIER_SQL, SETTLE_PASSES_SQL, TIE_CLAIMS_SQL,
+    a_claim_that_issued_nothing_never_hides_a_disrupted_host,
+    a_restarted_host_counts_as_disrupted_until_settle_passes,
     every_claim_tied_at_a_hosts_latest_time_counts_toward_disruption,
 };
 pub(crate) use guards::{

@@ -210,12 +210,14 @@ impl State {
         })
     }
 
-    /// The instances whose latest claims (every one claimed at its host's
-    /// latest time, as [`super::USAGE_SQL`] reads them) `counts`, among
-    /// those claimed after `since`, each with the claim that counted.
+    /// The instances whose latest issued claims (every one claimed at its
+    /// host's latest time of an issued claim, as [`super::USAGE_SQL`] reads
+    /// them) `counts`, among those claimed after `since`, each with the
+    /// claim that counted. A dry run, a denial or an expiry issued nothing
+    /// and never hides an earlier restart.
     fn latest_counted(&self, since: i64, counts: impl Fn(&Attempt) -> bool) -> Vec<&Attempt> {
         let mut latest: HashMap<&str, i64> = HashMap::new();
-        for (_, _, attempt) in self.journal() {
+        for (_, _, attempt) in self.journal().filter(|(_, _, a)| issued(a.outcome)) {
             let at = latest
                 .entry(&attempt.instance)
                 .or_insert(attempt.claimed_at);
@@ -225,7 +227,7 @@ impl State {
             .map(|(_, _, attempt)| attempt)
             .filter(|attempt| {
                 attempt.claimed_at > since
-                    && latest[attempt.instance.as_str()] == attempt.claimed_at
+                    && latest.get(attempt.instance.as_str()) == Some(&attempt.claimed_at)
                     && counts(attempt)
             })
             .collect()
