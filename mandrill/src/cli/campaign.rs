@@ -369,6 +369,7 @@ fn eligible(
             request.requester = requester.map(str::to_owned);
             policy.place(&mut request).is_ok()
                 && policy.eligibility.check(name).is_ok()
+                && policy.check_other_names(&request).is_ok()
                 && policy.requesters.check(&request, group).is_ok()
         })
         .map(|name| (*name).to_owned())

@@ -206,6 +206,25 @@ impl Policy {
         }
     }
 
+    /// `Ok` unless another name of the machine `request` names (the
+    /// address the inventory placed it at, and the inventory's entries
+    /// sharing that address) is denied: by `safety.deny`, or, for an
+    /// entry, by the verified requester's `allow`. Allocates nothing.
+    pub(crate) fn check_other_names(&self, request: &RestartRequest) -> Result<(), String> {
+        let instance = request.instance_name.as_str();
+        if let Some(address) = request.reach.as_ref().and_then(|r| r.address.as_deref()) {
+            self.eligibility.check_other_name(instance, address)?;
+        }
+        let Some(snapshot) = self.inventory.as_ref().and_then(InventoryHandle::current) else {
+            return Ok(());
+        };
+        for alias in snapshot.inventory.aliases(instance) {
+            self.eligibility.check_other_name(instance, alias)?;
+            self.requesters.check_alias(request, alias)?;
+        }
+        Ok(())
+    }
+
     /// The limits a claim in `group` enforces: with an inventory, a
     /// percentage budget counts the group's size there.
     pub(crate) fn limits(&self, group: &str) -> Result<Limits, String> {
