@@ -34,6 +34,7 @@ pub(crate) fn random_request(rng: &mut impl Rng) -> RestartRequest {
         zone: None,
         requester: None,
         reach: None,
+        machine: None,
         not_before: None,
         reply_to: None,
     }

@@ -263,6 +263,61 @@ fn entries_sharing_an_address_are_one_machine_that_deny_stops_by_any_name() {
     );
 }
 
+/// Two names of one machine in a real `ansible-inventory` are one host to
+/// the counting guards: restarted as `cattle-a2`, the machine is cooled
+/// (`safety.rate.host_cooldown`) under its alias `cattle-a3` too.
+#[test]
+fn an_alias_is_cooled_by_its_machines_restart_under_another_name() {
+    let (_guard, dir) = temp_dir();
+    let ini = dir.join("hosts.ini");
+    std::fs::write(
+        &ini,
+        "[cattle]\n\
+         cattle-a1 ansible_host=10.0.0.1\n\
+         cattle-a2 ansible_host=10.0.0.2\n\
+         cattle-a3 ansible_host=10.0.0.2\n",
+    )
+    .unwrap();
+    let config = config_file(
+        &dir,
+        &format!(
+            "command = [\"ansible-inventory\", \"-i\", {:?}, \"--list\"]\n\n\
+             [safety.rate]\nhost_cooldown = \"1h\"\n",
+            ini.display().to_string()
+        ),
+    );
+    let db = sqlite_url(&dir);
+    let service = Mandrill::run(
+        &dir,
+        &[
+            "--config",
+            &config,
+            "--db",
+            &db,
+            "--broker",
+            &db,
+            "--set",
+            "broker.sqlite.poll_interval=5ms",
+        ],
+    );
+    publish(&dir, &db, &[request("cattle-a2", None)]);
+    wait("cattle-a2 is restarted", || {
+        status_of(&db, "cattle-a2").is_some_and(|(status, _)| status == Status::Restarted)
+    });
+    publish(&dir, &db, &[request("cattle-a3", None)]);
+    let deferred = service.wait_for("deferred", 1);
+    service.signal("TERM");
+    let (status, lines) = service.wait_exit();
+    assert!(status.success(), "exit {status}: {lines:?}");
+    assert_eq!(
+        deferred[0]["fields"]["guard"], "host cooldown",
+        "{deferred:?}"
+    );
+    let restarted = journal(&dir.join("restarts.journal"));
+    assert_eq!(restarted.len(), 1, "{restarted:?}");
+    assert!(restarted[0].starts_with("cattle-a2"), "{restarted:?}");
+}
+
 /// An HTTP inventory server on a runtime of its own: `GET /hosts` answers
 /// `body`, or 500 while `failing` is set.
 fn inventory_server(body: &'static str, failing: Arc<AtomicBool>) -> String {

@@ -281,6 +281,7 @@ async fn start(config: Config, args: &StartArgs) -> anyhow::Result<()> {
                 zone: None,
                 requester: None,
                 reach: None,
+                machine: None,
                 // The first is due at once; only later ones carry a time.
                 not_before: (index > 0 && !spread.is_zero()).then(|| SystemTime::from(due[index])),
                 reply_to: None,

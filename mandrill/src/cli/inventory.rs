@@ -73,6 +73,7 @@ pub(super) fn request_for(
         zone: None,
         requester: None,
         reach: None,
+        machine: None,
         not_before: None,
         reply_to: None,
     }

@@ -59,6 +59,7 @@ pub(super) async fn publish(config: Config, args: &PublishArgs) -> anyhow::Resul
             zone: None,
             requester: None,
             reach: None,
+            machine: None,
             not_before: None,
             reply_to: None,
         })

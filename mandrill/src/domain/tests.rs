@@ -168,6 +168,7 @@ fn wire_form_round_trips() {
         zone: None,
         requester: None,
         reach: None,
+        machine: None,
         not_before: None,
         reply_to: None,
     };

@@ -198,6 +198,14 @@ impl Inventory {
         self.hosts.get(name)
     }
 
+    /// The name the counting guards know `name`'s machine by when it has
+    /// aliases: the first of its names (sorted), so that every alias
+    /// counts as that one machine; `None` without aliases.
+    pub(crate) fn machine<'a>(&'a self, name: &'a str) -> Option<&'a str> {
+        let first = self.aliases(name).first()?.as_str();
+        Some(first.min(name))
+    }
+
     /// How many machines of `group` it lists (entries sharing an address
     /// count once).
     pub(crate) fn group_size(&self, group: &str) -> Option<u32> {

@@ -344,6 +344,11 @@ group = "cattle"
     assert_eq!(inventory.aliases("db-primary"), ["cattle-a9"]);
     assert!(inventory.aliases("cattle-a1").is_empty());
     assert!(inventory.aliases("cattle-b1").is_empty());
+    // The counting guards know a machine by its first name.
+    assert_eq!(inventory.machine("cattle-a3"), Some("cattle-a2"));
+    assert_eq!(inventory.machine("cattle-a2"), Some("cattle-a2"));
+    assert_eq!(inventory.machine("db-primary"), Some("cattle-a9"));
+    assert_eq!(inventory.machine("cattle-a1"), None);
     // Five entries of cattle, four machines: padding a group with aliases
     // never raises its percentage budget.
     assert_eq!(inventory.group_size("cattle"), Some(4));

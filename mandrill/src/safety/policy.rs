@@ -142,6 +142,7 @@ impl Policy {
         request.group = Some(group.clone());
         request.zone.clone_from(&host.zone);
         request.reach = Some(host.reach.clone());
+        request.machine = snapshot.inventory.machine(name).map(str::to_owned);
         super::group_mismatch(request, group).map_err(|reason| Placement::Denied {
             guard: "group",
             reason,
@@ -191,6 +192,15 @@ impl Policy {
                     reason: format!(
                         "deferred by inventory: {name}'s address, port or user changed while \
                          its claim was made; placed afresh at the next delivery"
+                    ),
+                    retry: REPLACED_RETRY,
+                })
+            }
+            Some(_) if snapshot.inventory.machine(name) != request.machine.as_deref() => {
+                Err(Placement::Deferred {
+                    reason: format!(
+                        "deferred by inventory: the entries sharing {name}'s address changed \
+                         while its claim was made; placed afresh at the next delivery"
                     ),
                     retry: REPLACED_RETRY,
                 })

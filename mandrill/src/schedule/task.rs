@@ -159,6 +159,7 @@ fn request(
         zone: None,
         requester: requester.map(str::to_owned),
         reach: None,
+        machine: None,
         not_before: None,
         reply_to: None,
     }

@@ -181,9 +181,10 @@ pub(crate) type DecisionRow = (i64, i64, String, String, String);
 /// The journal's rows claimed at `$1` or later, for
 /// [`super::Store::report`], as [`ReportAttemptRow`]. The request's
 /// recovery time and last error belong to its latest attempt, so only
-/// that attempt's row carries them.
+/// that attempt's row carries them. The instance is the one asked for (the
+/// journal's is the machine counted: an alias's first name).
 pub(crate) const REPORT_ATTEMPTS_SQL: &str = "SELECT r.message_id, CAST(r.attempt AS BIGINT),
-        r.instance_name, r.grp, COALESCE(r.requester, q.requested_by), r.claimed_at, r.outcome,
+        COALESCE(q.instance_name, r.instance_name), r.grp, COALESCE(r.requester, q.requested_by), r.claimed_at, r.outcome,
         r.settled_at,
         CASE WHEN r.attempt = q.attempts THEN q.recovered_after_ms END,
         CASE WHEN r.attempt = q.attempts THEN q.last_error END
@@ -402,7 +403,8 @@ pub(crate) fn insert_requests(rows: &str) -> String {
 
 /// Writes claimed attempts into the restart journal (a claim given back
 /// and claimed again replaces its row). `rows` is a `SELECT` that names its
-/// columns `id`, `attempt`, `instance_name`, `grp`, `zone`, `requester`
+/// columns `id`, `attempt`, `instance_name` (the machine the counting
+/// guards count: `RestartRequest::machine`, an alias's first name), `grp`, `zone`, `requester`
 /// (the request's, NULL when it has none), `verdict` and `at` (when
 /// claimed).
 pub(crate) fn upsert_journal(rows: &str) -> String {

@@ -243,7 +243,7 @@ impl State {
             requester_start,
         } = usage_binds(&terms.limits, now);
         let group = request.group();
-        let instance = request.instance_name.as_str();
+        let instance = request.machine();
         // Only what the limits use, as the SQL stores read it.
         let subject = Subject::of(request);
         let zone = subject.zone.filter(|_| terms.limits.counts_zone(subject));
@@ -319,7 +319,7 @@ impl State {
     /// Lifts `request`'s hold of its host, if it still has it (a claim of
     /// another request may have replaced it once its hold was over).
     fn unhold(&mut self, request: &RestartRequest) {
-        let instance = request.instance_name.as_str();
+        let instance = request.machine();
         if self
             .held
             .get(instance)
@@ -379,7 +379,7 @@ impl Store for MemoryStore {
         // effect.
         let now = self.clock.now();
         let id = request.message_id;
-        let instance = request.instance_name.as_str();
+        let instance = request.machine();
         let mut usage = if terms.limits.is_active_for(Subject::of(request)) {
             state.usage(request, &terms, now)
         } else {
@@ -649,7 +649,12 @@ impl Store for MemoryStore {
                 ReportAttempt {
                     message_id: *id,
                     attempt: attempt.attempt,
-                    instance_name: attempt.instance.clone(),
+                    // The instance asked for; the journal knows its machine.
+                    instance_name: row
+                        .hostname
+                        .as_deref()
+                        .and_then(|host| host.split('.').next())
+                        .map_or_else(|| attempt.instance.clone(), str::to_owned),
                     group: attempt.group.clone(),
                     requester: attempt
                         .requester
