@@ -350,6 +350,14 @@ fn eligible(
         .hosts()
         .into_iter()
         .filter(|host| host.group.as_deref() == Some(group))
+        // One entry per machine (its first name): aliases never pad the
+        // group's size, nor make one machine two targets.
+        .filter(|host| {
+            snapshot
+                .inventory
+                .machine(&host.name)
+                .is_none_or(|first| first == host.name)
+        })
         .map(|host| host.name.as_str())
         .collect();
     if hosts.is_empty() {
