@@ -35,6 +35,7 @@ pub(crate) fn random_request(rng: &mut impl Rng) -> RestartRequest {
         requester: None,
         signature: None,
         reach: None,
+        machine: None,
         not_before: None,
         reply_to: None,
     }

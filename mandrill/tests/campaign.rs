@@ -330,6 +330,30 @@ fn a_majority_of_the_group_is_refused_unless_allowed() {
     assert_eq!(targets(&out).len(), 5, "{out}");
 }
 
+/// Inventory entries that share an address are one machine: a group of
+/// ten machines, each listed under a second name too, is ten hosts to a
+/// campaign, and no machine is drawn twice.
+#[test]
+fn aliases_neither_pad_a_campaigns_group_nor_make_a_machine_two_targets() {
+    let (_guard, dir) = temp_dir();
+    setup(&dir, 1);
+    let mut inventory = String::new();
+    for (i, name) in hosts().iter().enumerate() {
+        for entry in [name.clone(), format!("{name}b")] {
+            inventory.push_str(&format!(
+                "[[hosts]]\nname = {entry:?}\ngroup = \"cattle\"\naddress = \"10.0.0.{}\"\n",
+                i + 1
+            ));
+        }
+    }
+    fs::write(dir.join("hosts.toml"), inventory).unwrap();
+    let out = start(&dir, &["--percent", "50", "--preview"]);
+    let chosen = targets(&out);
+    assert_eq!(chosen.len(), 5, "half of ten machines: {out}");
+    assert!(chosen.iter().all(|host| hosts().contains(host)), "{out}");
+    assert!(out.contains("5 of 10 hosts"), "{out}");
+}
+
 #[test]
 fn bad_flag_combinations_fail_naming_the_flag() {
     let (_guard, dir) = temp_dir();

@@ -205,6 +205,146 @@ fn a_real_ansible_inventory_of_a_missing_file_is_refused_at_start() {
     }
 }
 
+/// Entries of a real `ansible-inventory` that share an address are one
+/// machine: `mandrill inventory` shows them as aliases, a group's size
+/// counts machines (so aliases never pad a percentage budget), and
+/// `safety.deny` matches the address and the aliases: `deny = ["db-*"]`
+/// stops `cattle-a9`, which is `db-primary.internal`.
+#[test]
+fn entries_sharing_an_address_are_one_machine_that_deny_stops_by_any_name() {
+    let (_guard, dir) = temp_dir();
+    let ini = dir.join("hosts.ini");
+    std::fs::write(
+        &ini,
+        "[cattle]\n\
+         cattle-a1 ansible_host=10.0.0.1\n\
+         cattle-a2 ansible_host=10.0.0.2\n\
+         cattle-a3 ansible_host=10.0.0.2\n\
+         cattle-a9 ansible_host=db-primary.internal\n\n\
+         [prod]\n\
+         primary ansible_host=db-primary.internal\n",
+    )
+    .unwrap();
+    let config = config_file(
+        &dir,
+        &format!(
+            "command = [\"ansible-inventory\", \"-i\", {:?}, \"--list\"]\n\n\
+             [safety]\ndeny = [\"db-*\"]\n",
+            ini.display().to_string()
+        ),
+    );
+
+    let (status, stdout, stderr) =
+        mandrill(&dir, &["inventory", "--config", &config, "--json"], &[]);
+    assert!(status.success(), "inventory failed: {stderr}");
+    let listed: Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(
+        listed["groups"],
+        serde_json::json!({"cattle": 3, "prod": 1}),
+        "four entries of cattle, three machines: {listed}"
+    );
+    let aliases = |name: &str| {
+        let hosts = listed["hosts"].as_array().unwrap();
+        hosts.iter().find(|h| h["name"] == name).unwrap()["aliases"].clone()
+    };
+    assert_eq!(aliases("cattle-a2"), serde_json::json!(["cattle-a3"]));
+    assert_eq!(aliases("cattle-a9"), serde_json::json!(["primary"]));
+    assert_eq!(aliases("primary"), serde_json::json!(["cattle-a9"]));
+    assert_eq!(aliases("cattle-a1"), Value::Null);
+    let (status, text, stderr) = mandrill(&dir, &["inventory", "--config", &config], &[]);
+    assert!(status.success(), "inventory failed: {stderr}");
+    assert!(
+        text.contains("cattle-a9  group cattle  address db-primary.internal  aliases primary"),
+        "{text}"
+    );
+
+    let db = sqlite_url(&dir);
+    publish(
+        &dir,
+        &db,
+        &[request("cattle-a9", None), request("cattle-a1", None)],
+    );
+    let service = Mandrill::run(
+        &dir,
+        &[
+            "--config",
+            &config,
+            "--db",
+            &db,
+            "--broker",
+            &db,
+            "--until-idle",
+        ],
+    );
+    let (status, lines) = service.wait_exit();
+    assert!(status.success(), "exit {status}: {lines:?}");
+    let restarted = journal(&dir.join("restarts.journal"));
+    assert_eq!(restarted.len(), 1, "{restarted:?}");
+    assert!(restarted[0].starts_with("cattle-a1"), "{restarted:?}");
+    let (status, reason) = status_of(&db, "cattle-a9").unwrap();
+    assert_eq!(status, Status::Denied);
+    let reason = reason.unwrap_or_default();
+    assert!(
+        reason.contains("safety.deny") && reason.contains("db-primary.internal"),
+        "{reason}"
+    );
+}
+
+/// Two names of one machine in a real `ansible-inventory` are one host to
+/// the counting guards: restarted as `cattle-a2`, the machine is cooled
+/// (`safety.rate.host_cooldown`) under its alias `cattle-a3` too.
+#[test]
+fn an_alias_is_cooled_by_its_machines_restart_under_another_name() {
+    let (_guard, dir) = temp_dir();
+    let ini = dir.join("hosts.ini");
+    std::fs::write(
+        &ini,
+        "[cattle]\n\
+         cattle-a1 ansible_host=10.0.0.1\n\
+         cattle-a2 ansible_host=10.0.0.2\n\
+         cattle-a3 ansible_host=10.0.0.2\n",
+    )
+    .unwrap();
+    let config = config_file(
+        &dir,
+        &format!(
+            "command = [\"ansible-inventory\", \"-i\", {:?}, \"--list\"]\n\n\
+             [safety.rate]\nhost_cooldown = \"1h\"\n",
+            ini.display().to_string()
+        ),
+    );
+    let db = sqlite_url(&dir);
+    let service = Mandrill::run(
+        &dir,
+        &[
+            "--config",
+            &config,
+            "--db",
+            &db,
+            "--broker",
+            &db,
+            "--set",
+            "broker.sqlite.poll_interval=5ms",
+        ],
+    );
+    publish(&dir, &db, &[request("cattle-a2", None)]);
+    wait("cattle-a2 is restarted", || {
+        status_of(&db, "cattle-a2").is_some_and(|(status, _)| status == Status::Restarted)
+    });
+    publish(&dir, &db, &[request("cattle-a3", None)]);
+    let deferred = service.wait_for("deferred", 1);
+    service.signal("TERM");
+    let (status, lines) = service.wait_exit();
+    assert!(status.success(), "exit {status}: {lines:?}");
+    assert_eq!(
+        deferred[0]["fields"]["guard"], "host cooldown",
+        "{deferred:?}"
+    );
+    let restarted = journal(&dir.join("restarts.journal"));
+    assert_eq!(restarted.len(), 1, "{restarted:?}");
+    assert!(restarted[0].starts_with("cattle-a2"), "{restarted:?}");
+}
+
 /// An HTTP inventory server on a runtime of its own: `GET /hosts` answers
 /// `body`, or 500 while `failing` is set.
 fn inventory_server(body: &'static str, failing: Arc<AtomicBool>) -> String {

@@ -421,6 +421,114 @@ fn without_a_probe_a_restarted_host_holds_the_budget_while_it_settles() {
     );
 }
 
+/// A dry run issues nothing, so it never hides a host that is still
+/// disrupted. With the command backend and no probe, a restarted host
+/// counts for `safety.budget.settle` (5 minutes); `max_disrupted = 1`.
+/// `web-1` is restarted; a reload leashes the service and `web-1` is asked
+/// for again (recorded `dry-run`); a reload unleashes it and `web-2` is
+/// asked for: it is held back by the budget while `web-1` settles, as it
+/// is without the dry run in between.
+#[test]
+fn a_dry_run_never_hides_a_host_that_still_settles() {
+    let (_guard, dir) = temp_dir();
+    let db = sqlite_url(&dir);
+    let config = dir.join("mandrill.toml");
+    let journal_path = dir.join("restarts.journal");
+    let write_config = |dry_run: bool| {
+        std::fs::write(
+            &config,
+            format!(
+                "[broker]\nurl = {db:?}\n\n[store]\nurl = {db:?}\n\n\
+                 [restarter]\nkind = \"command\"\njournal = {journal:?}\n\n\
+                 [restarter.command]\nargv = [\"true\", \"{{host}}\"]\n\n\
+                 [safety]\nallow = [\"web-*\"]\nrequire_signed = false\ndry_run = {dry_run}\n\n\
+                 [safety.rate]\ngroup_max = 0\n\n\
+                 [safety.budget]\nmax_disrupted = 1\nretry = \"100ms\"\n\n\
+                 [safety.calendar]\nweekdays = [\"mon\", \"tue\", \"wed\", \"thu\", \"fri\", \
+                 \"sat\", \"sun\"]\nhours = [\"00:00-24:00\"]\n",
+                journal = journal_path.to_str().unwrap(),
+            ),
+        )
+        .unwrap();
+    };
+    let publish = |host: &str| {
+        let (status, _, stderr) = mandrill(&dir, &["publish", "--broker", &db, host], &[]);
+        assert!(status.success(), "publish failed: {stderr}");
+    };
+    let wait_for_status = |status: Status, count: usize| {
+        let deadline = Instant::now() + DEADLINE;
+        while history(&db).iter().filter(|e| e.status == status).count() < count {
+            assert!(Instant::now() < deadline, "no {status} recorded");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    write_config(false);
+    let service = Mandrill::run(
+        &dir,
+        &[
+            "--config",
+            config.to_str().unwrap(),
+            "--set",
+            "broker.sqlite.poll_interval=5ms",
+        ],
+    );
+    publish("web-1");
+    wait_for_status(Status::Restarted, 1);
+
+    write_config(true);
+    service.signal("HUP");
+    service.wait_for(
+        "LEASHED (dry run) by reload: restarts are decided and recorded, none is issued",
+        1,
+    );
+    service.wait_for("configuration reloaded", 1);
+    publish("web-1");
+    wait_for_status(Status::DryRun, 1);
+
+    write_config(false);
+    service.signal("HUP");
+    service.wait_for(
+        "UNLEASHED by reload: restarts of real hosts will be issued",
+        1,
+    );
+    service.wait_for("configuration reloaded", 2);
+    publish("web-2");
+    // `web-2` is deferred by the budget, retry after retry (or, if the dry
+    // run hid `web-1`, restarted: then the wait ends at once).
+    let before = service.messages("deferred").len();
+    let deadline = Instant::now() + DEADLINE;
+    while service.messages("deferred").len() < before + 5
+        && history(&db)
+            .iter()
+            .filter(|e| e.status == Status::Restarted)
+            .count()
+            < 2
+    {
+        assert!(
+            Instant::now() < deadline,
+            "web-2 neither deferred nor restarted"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let deferred = service.messages("deferred");
+    stop(service);
+    let starts: Vec<String> = journal(&journal_path)
+        .into_iter()
+        .map(|(host, _)| host)
+        .collect();
+    assert_eq!(
+        starts,
+        ["web-1.example.net"],
+        "web-2 restarted while web-1 settles"
+    );
+    assert!(
+        deferred[before..]
+            .iter()
+            .all(|line| line["fields"]["guard"] == "disruption budget"),
+        "{deferred:?}"
+    );
+}
+
 /// A message's `group` never chooses the group it is counted in. The
 /// operator puts `cattle-*` in group `g1` and allows one restart per group
 /// per day; five requests for `cattle-a1` … `cattle-a5` naming groups `g1`

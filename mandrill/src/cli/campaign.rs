@@ -282,6 +282,7 @@ async fn start(config: Config, args: &StartArgs) -> anyhow::Result<()> {
                 requester: None,
                 signature: None,
                 reach: None,
+                machine: None,
                 // The first is due at once; only later ones carry a time.
                 not_before: (index > 0 && !spread.is_zero()).then(|| SystemTime::from(due[index])),
                 reply_to: None,
@@ -350,6 +351,14 @@ fn eligible(
         .hosts()
         .into_iter()
         .filter(|host| host.group.as_deref() == Some(group))
+        // One entry per machine (its first name): aliases never pad the
+        // group's size, nor make one machine two targets.
+        .filter(|host| {
+            snapshot
+                .inventory
+                .machine(&host.name)
+                .is_none_or(|first| first == host.name)
+        })
         .map(|host| host.name.as_str())
         .collect();
     if hosts.is_empty() {
@@ -370,6 +379,7 @@ fn eligible(
             request.requester = requester.map(str::to_owned);
             policy.place(&mut request).is_ok()
                 && policy.eligibility.check(name).is_ok()
+                && policy.check_other_names(&request).is_ok()
                 && policy
                     .requesters
                     .check(&request, group, std::time::SystemTime::now())

@@ -71,6 +71,7 @@ pub(super) fn request_for(
         requester: None,
         signature: None,
         reach: None,
+        machine: None,
         not_before: None,
         reply_to: None,
     }
@@ -103,11 +104,24 @@ async fn print(config: &Config, as_json: bool) -> anyhow::Result<()> {
     let age = source_age(&source);
     let mut out = std::io::stdout().lock();
     if as_json {
+        // Each host as listed, with the other entries at its address.
+        let hosts: Vec<serde_json::Value> = inventory
+            .hosts()
+            .into_iter()
+            .map(|host| {
+                let mut listed = json!(host);
+                let aliases = inventory.aliases(&host.name);
+                if !aliases.is_empty() {
+                    listed["aliases"] = json!(aliases);
+                }
+                listed
+            })
+            .collect();
         let line = json!({
             "source": source.to_string(),
             "format": inventory.format,
             "age_seconds": age.as_secs(),
-            "hosts": inventory.hosts(),
+            "hosts": hosts,
             "groups": inventory.groups(),
             "zones": inventory.zones(),
             "skipped": inventory.skipped,
@@ -162,6 +176,13 @@ async fn print(config: &Config, as_json: bool) -> anyhow::Result<()> {
         }
         if let Some(user) = &host.reach.user {
             line.push_str(&format!("  user {user}"));
+        }
+        let aliases = inventory.aliases(&host.name);
+        if !aliases.is_empty() {
+            line.push_str(&format!(
+                "  aliases {} (the same machine)",
+                aliases.join(", ")
+            ));
         }
         writeln!(out, "{line}")?;
     }

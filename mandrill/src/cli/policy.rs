@@ -108,7 +108,10 @@ async fn print_check(config: &Config, args: &CheckArgs) -> anyhow::Result<()> {
         let placed = policy.place(&mut request);
         let eligibility = match &placed {
             Err(Placement::Denied { reason, .. }) => Err(reason.clone()),
-            _ => policy.eligibility.check(name.as_str()),
+            _ => policy
+                .eligibility
+                .check(name.as_str())
+                .and_then(|()| policy.check_other_names(&request)),
         };
         let timed = calendar.map(|calendar| calendar.verdict(at));
         let group = request.group().to_owned();

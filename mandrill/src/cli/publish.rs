@@ -60,6 +60,7 @@ pub(super) async fn publish(config: Config, args: &PublishArgs) -> anyhow::Resul
             requester: None,
             signature: None,
             reach: None,
+            machine: None,
             not_before: None,
             reply_to: None,
         })

@@ -57,6 +57,11 @@ pub(crate) struct RestartRequest {
     /// Where the operator's inventory says the host is reached, for a host
     /// it lists; never read from the message. Shared with the inventory.
     pub reach: Option<std::sync::Arc<Reach>>,
+    /// The machine the counting guards know the host by, when other
+    /// entries of the operator's inventory share its address (aliases):
+    /// the first of its names. `None` is the instance itself
+    /// ([`Self::machine`]); never read from the message.
+    pub machine: Option<String>,
     /// No restart before this time, if the publisher said (a campaign's
     /// `--spread`): the `not_before` guard defers the request until then.
     /// It can only delay; every other guard still decides after it.
@@ -460,6 +465,7 @@ impl RestartRequest {
             requester: None,
             signature: None,
             reach: None,
+            machine: None,
             not_before,
             reply_to: wire.reply_to.as_deref().map(reply_to).transpose()?,
         })
@@ -483,6 +489,15 @@ impl RestartRequest {
         self.group
             .as_deref()
             .unwrap_or_else(|| self.default_group())
+    }
+
+    /// The name host busy, the cooldown and the budgets count the request's
+    /// machine by, and the restart journal records: one machine under
+    /// several names (aliases) is counted once.
+    pub(crate) fn machine(&self) -> &str {
+        self.machine
+            .as_deref()
+            .unwrap_or(self.instance_name.as_str())
     }
 
     /// The instance name without its last `-suffix` (`cattle-ab12` →

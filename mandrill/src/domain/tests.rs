@@ -169,6 +169,7 @@ fn wire_form_round_trips() {
         requester: None,
         signature: None,
         reach: None,
+        machine: None,
         not_before: None,
         reply_to: None,
     };

@@ -58,7 +58,12 @@ pub(crate) struct Host {
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Inventory {
     hosts: HashMap<String, Arc<Host>>,
+    /// Machines per group: entries that share an address count once, so
+    /// padding a group with aliases never raises its percentage budget.
     group_sizes: BTreeMap<String, u32>,
+    /// Each entry that shares its address with others, with their names
+    /// (sorted): one machine under several names (ansible aliases).
+    aliases: HashMap<String, Vec<String>>,
     /// Entries left out because their name cannot be an instance name
     /// (an IP address, a dotted name): no request can name them.
     pub skipped: Vec<String>,
@@ -145,22 +150,47 @@ impl Inventory {
     /// Builds an inventory from hosts, refusing a name listed twice.
     fn from_hosts(hosts: Vec<Host>, skipped: Vec<String>, format: Format) -> Result<Self, String> {
         let mut by_name = HashMap::with_capacity(hosts.len());
-        let mut group_sizes = BTreeMap::new();
+        let mut machines: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        let mut group_machines: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
         for host in hosts {
+            let machine = machine_of(&host);
             if let Some(group) = &host.group {
-                *group_sizes.entry(group.clone()).or_insert(0u32) += 1;
+                group_machines
+                    .entry(group.clone())
+                    .or_default()
+                    .insert(machine.clone());
             }
+            machines.entry(machine).or_default().push(host.name.clone());
             let name = host.name.clone();
             if by_name.insert(name.clone(), Arc::new(host)).is_some() {
                 return Err(format!("host {name} is listed twice"));
             }
         }
+        let group_sizes = group_machines
+            .into_iter()
+            .map(|(group, machines)| (group, u32::try_from(machines.len()).unwrap_or(u32::MAX)))
+            .collect();
+        let mut aliases = HashMap::new();
+        for mut names in machines.into_values().filter(|names| names.len() > 1) {
+            names.sort();
+            for name in &names {
+                let others = names.iter().filter(|other| *other != name).cloned();
+                aliases.insert(name.clone(), others.collect());
+            }
+        }
         Ok(Self {
             hosts: by_name,
             group_sizes,
+            aliases,
             skipped,
             format,
         })
+    }
+
+    /// The other names of the machine `name` is (entries sharing its
+    /// address), sorted; empty when it has none.
+    pub(crate) fn aliases(&self, name: &str) -> &[String] {
+        self.aliases.get(name).map_or(&[], Vec::as_slice)
     }
 
     /// The host named `name`, if listed.
@@ -168,7 +198,16 @@ impl Inventory {
         self.hosts.get(name)
     }
 
-    /// How many hosts of `group` it lists.
+    /// The name the counting guards know `name`'s machine by when it has
+    /// aliases: the first of its names (sorted), so that every alias
+    /// counts as that one machine; `None` without aliases.
+    pub(crate) fn machine<'a>(&'a self, name: &'a str) -> Option<&'a str> {
+        let first = self.aliases(name).first()?.as_str();
+        Some(first.min(name))
+    }
+
+    /// How many machines of `group` it lists (entries sharing an address
+    /// count once).
     pub(crate) fn group_size(&self, group: &str) -> Option<u32> {
         self.group_sizes.get(group).copied()
     }
@@ -199,6 +238,19 @@ impl Inventory {
     /// How many hosts it lists.
     pub(crate) fn len(&self) -> usize {
         self.hosts.len()
+    }
+}
+
+/// Which machine `host` is: its address, as one machine is written
+/// however it is spelled (an IP in its canonical form, a DNS name in lower
+/// case), else its name (reached by its hostname).
+fn machine_of(host: &Host) -> String {
+    match &host.reach.address {
+        Some(address) => match address.parse::<std::net::IpAddr>() {
+            Ok(ip) => ip.to_string(),
+            Err(_) => address.to_ascii_lowercase(),
+        },
+        None => host.name.to_ascii_lowercase(),
     }
 }
 

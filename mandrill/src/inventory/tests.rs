@@ -300,3 +300,58 @@ fn ansible_host_variables_are_not_kept_as_labels() {
     let shown = serde_json::to_string(&**web).unwrap();
     assert!(!shown.contains("S3cr3t"), "{shown}");
 }
+
+#[test]
+fn entries_sharing_an_address_are_one_machine_with_aliases() {
+    let inventory = Inventory::parse(
+        r#"
+[[hosts]]
+name = "cattle-a1"
+group = "cattle"
+address = "10.0.0.1"
+
+[[hosts]]
+name = "cattle-a2"
+group = "cattle"
+address = "0:0::0:1"
+
+[[hosts]]
+name = "cattle-a3"
+group = "cattle"
+address = "::1"
+
+[[hosts]]
+name = "cattle-a9"
+group = "cattle"
+address = "DB-Primary.internal"
+
+[[hosts]]
+name = "db-primary"
+group = "db"
+address = "db-primary.internal"
+
+[[hosts]]
+name = "cattle-b1"
+group = "cattle"
+"#,
+        true,
+        &Keys::default(),
+    )
+    .unwrap();
+    // One address however it is spelled: an IP's forms, a name's case.
+    assert_eq!(inventory.aliases("cattle-a2"), ["cattle-a3"]);
+    assert_eq!(inventory.aliases("cattle-a9"), ["db-primary"]);
+    assert_eq!(inventory.aliases("db-primary"), ["cattle-a9"]);
+    assert!(inventory.aliases("cattle-a1").is_empty());
+    assert!(inventory.aliases("cattle-b1").is_empty());
+    // The counting guards know a machine by its first name.
+    assert_eq!(inventory.machine("cattle-a3"), Some("cattle-a2"));
+    assert_eq!(inventory.machine("cattle-a2"), Some("cattle-a2"));
+    assert_eq!(inventory.machine("db-primary"), Some("cattle-a9"));
+    assert_eq!(inventory.machine("cattle-a1"), None);
+    // Five entries of cattle, four machines: padding a group with aliases
+    // never raises its percentage budget.
+    assert_eq!(inventory.group_size("cattle"), Some(4));
+    assert_eq!(inventory.group_size("db"), Some(1));
+    assert_eq!(inventory.len(), 6);
+}

@@ -222,7 +222,8 @@ pub(crate) struct HostHold {
 pub(crate) struct Subject<'a> {
     /// The request's group, as the operator decides it.
     pub group: &'a str,
-    /// The instance to restart.
+    /// The machine to restart: the instance, or, for an alias, the name
+    /// its machine is counted by ([`crate::domain::RestartRequest::machine`]).
     pub instance: &'a str,
     /// The instance's zone, if the inventory gives one.
     pub zone: Option<&'a str>,
@@ -235,7 +236,7 @@ impl<'a> Subject<'a> {
     pub(crate) fn of(request: &'a crate::domain::RestartRequest) -> Self {
         Self {
             group: request.group(),
-            instance: request.instance_name.as_str(),
+            instance: request.machine(),
             zone: request.zone.as_deref(),
             requester: request.requester.as_deref(),
         }

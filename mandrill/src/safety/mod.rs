@@ -88,6 +88,20 @@ impl Eligibility {
         }
     }
 
+    /// `Err` with the denial's reason when `other`, another name of the
+    /// machine `instance` is (its address in the inventory, or an entry
+    /// sharing that address), matches `safety.deny`: denying a machine by
+    /// one name denies it by every name.
+    pub(crate) fn check_other_name(&self, instance: &str, other: &str) -> Result<(), String> {
+        match self.deny.iter().find(|p| p.matches(other)) {
+            Some(pattern) => Err(format!(
+                "denied by safety.deny: {instance} is the machine {other}, which matches \
+                 \"{pattern}\""
+            )),
+            None => Ok(()),
+        }
+    }
+
     /// `Ok` if `instance` may be restarted, else the reason it may not, in
     /// plain words: what a denied request records.
     pub(crate) fn check(&self, instance: &str) -> Result<(), String> {
@@ -150,5 +164,18 @@ mod tests {
         assert!(simulated.check("pet-01").is_err());
         let (key, _) = Eligibility::new(&list(&["a", ""]), &[], true).unwrap_err();
         assert_eq!(key, "safety.allow[1]");
+    }
+
+    #[test]
+    fn deny_matches_every_other_name_of_the_machine() {
+        let rules = Eligibility::new(&list(&["cattle-*"]), &list(&["db-*"]), true).unwrap();
+        let denied = rules
+            .check_other_name("cattle-a9", "db-primary.internal")
+            .unwrap_err();
+        assert!(
+            denied.contains("cattle-a9") && denied.contains("db-primary.internal"),
+            "{denied}"
+        );
+        assert!(rules.check_other_name("cattle-a9", "10.0.0.9").is_ok());
     }
 }

@@ -142,6 +142,7 @@ impl Policy {
         request.group = Some(group.clone());
         request.zone.clone_from(&host.zone);
         request.reach = Some(host.reach.clone());
+        request.machine = snapshot.inventory.machine(name).map(str::to_owned);
         super::group_mismatch(request, group).map_err(|reason| Placement::Denied {
             guard: "group",
             reason,
@@ -211,6 +212,15 @@ impl Policy {
                     retry: REPLACED_RETRY,
                 })
             }
+            Some(_) if snapshot.inventory.machine(name) != request.machine.as_deref() => {
+                Err(Placement::Deferred {
+                    reason: format!(
+                        "deferred by inventory: the entries sharing {name}'s address changed \
+                         while its claim was made; placed afresh at the next delivery"
+                    ),
+                    retry: REPLACED_RETRY,
+                })
+            }
             Some(_) => Ok(()),
             None => Err(Placement::Denied {
                 guard: "inventory",
@@ -220,6 +230,25 @@ impl Policy {
                 ),
             }),
         }
+    }
+
+    /// `Ok` unless another name of the machine `request` names (the
+    /// address the inventory placed it at, and the inventory's entries
+    /// sharing that address) is denied: by `safety.deny`, or, for an
+    /// entry, by the verified requester's `allow`. Allocates nothing.
+    pub(crate) fn check_other_names(&self, request: &RestartRequest) -> Result<(), String> {
+        let instance = request.instance_name.as_str();
+        if let Some(address) = request.reach.as_ref().and_then(|r| r.address.as_deref()) {
+            self.eligibility.check_other_name(instance, address)?;
+        }
+        let Some(snapshot) = self.inventory.as_ref().and_then(InventoryHandle::current) else {
+            return Ok(());
+        };
+        for alias in snapshot.inventory.aliases(instance) {
+            self.eligibility.check_other_name(instance, alias)?;
+            self.requesters.check_alias(request, alias)?;
+        }
+        Ok(())
     }
 
     /// The limits a claim in `group` enforces: with an inventory, a

@@ -288,6 +288,28 @@ impl Requesters {
         Ok(())
     }
 
+    /// `Err` with the denial's reason when the request's verified requester
+    /// may not restart `alias`, another entry of the inventory at the same
+    /// address as the request's instance: one machine, so a requester's
+    /// `allow` must admit it by every name it has.
+    pub(crate) fn check_alias(&self, request: &RestartRequest, alias: &str) -> Result<(), String> {
+        let Some(name) = request.requester.as_deref() else {
+            return Ok(());
+        };
+        // A requester removed since is refused by `check`.
+        let Some(permit) = self.permits.get(name) else {
+            return Ok(());
+        };
+        if permit.allow.iter().any(|p| p.matches(alias)) {
+            return Ok(());
+        }
+        Err(format!(
+            "denied: requester {name} may not restart {}: it is also {alias} (the same address \
+             in the inventory), which matches none of its allow patterns",
+            request.instance_name
+        ))
+    }
+
     /// Adds the request's requester's quota to the claim's limits.
     pub(crate) fn limit(&self, request: &RestartRequest, limits: &mut Limits) {
         if let Some((max, window)) = request
@@ -365,6 +387,22 @@ MCowBQYDK2VwAyEAiXnPth0YTU/nwanl6fRVhSdyP7GowJ3i9meT7iYSEjw=
         let mut request = request(instance);
         request.requester = Some(name.into());
         request
+    }
+
+    #[test]
+    fn a_requesters_allow_must_admit_every_alias_of_the_machine() {
+        let requesters = Requesters::new(&[entry("alice")], true).unwrap();
+        let signed = signed_by("alice", "cattle-a9");
+        assert!(requesters.check_alias(&signed, "cattle-b9").is_ok());
+        let denied = requesters.check_alias(&signed, "db-primary").unwrap_err();
+        assert!(
+            denied.contains("requester alice may not restart cattle-a9")
+                && denied.contains("db-primary"),
+            "{denied}"
+        );
+        // Unsigned: not this check's to refuse.
+        let unsigned = request("cattle-a9");
+        assert!(requesters.check_alias(&unsigned, "db-primary").is_ok());
     }
 
     #[test]

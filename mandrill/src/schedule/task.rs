@@ -163,6 +163,7 @@ fn request(
         requester: requester.map(str::to_owned),
         signature: None,
         reach: None,
+        machine: None,
         not_before: None,
         reply_to: None,
     }

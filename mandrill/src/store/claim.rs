@@ -471,7 +471,7 @@ impl HeldHosts {
     /// transaction: the next claim of its host finds it.
     pub(crate) fn claimed(&mut self, request: &RestartRequest, write: &ClaimWrite) {
         self.hold(
-            request.instance_name.as_str().to_owned(),
+            request.machine().to_owned(),
             request.message_id,
             write.claim_until,
         );
@@ -494,7 +494,7 @@ fn host_busy(
     now: i64,
 ) -> Result<(), Claim> {
     limits::check_host_busy(
-        request.instance_name.as_str(),
+        request.machine(),
         request.message_id,
         usage.host_held,
         terms.limits.budget_retry,

@@ -29,9 +29,12 @@ pub(crate) use campaigns::a_campaign_is_read_back_as_recorded_and_only_once;
 pub(crate) use claims::{
     a_host_is_never_claimed_for_two_requests_at_once, a_released_claim_is_not_a_used_attempt,
     claim_holds_and_unknown_outcomes_count,
+    two_names_of_one_machine_are_one_host_to_every_counting_guard,
 };
 pub(crate) use disruption::{
-    SETTLE_PASSES_SQL, TIE_CLAIMS_SQL, a_restarted_host_counts_as_disrupted_until_settle_passes,
+    CLAIMS_EARLIER_SQL, SETTLE_PASSES_SQL, TIE_CLAIMS_SQL,
+    a_claim_that_issued_nothing_never_hides_a_disrupted_host,
+    a_restarted_host_counts_as_disrupted_until_settle_passes,
     every_claim_tied_at_a_hosts_latest_time_counts_toward_disruption,
 };
 pub(crate) use guards::{
@@ -82,6 +85,7 @@ pub(crate) async fn all(store: &dyn Store) {
     a_retried_claim_whose_hold_ran_out_gets_the_same_attempt_held_anew(store).await;
     a_released_claim_is_not_a_used_attempt(store).await;
     a_host_is_never_claimed_for_two_requests_at_once(store).await;
+    two_names_of_one_machine_are_one_host_to_every_counting_guard(store).await;
     rejections_are_listed_but_never_count_as_the_request(store).await;
     outcome_details_are_kept(store).await;
     the_kill_switch_stops_every_claim_until_resumed(store).await;

@@ -48,7 +48,7 @@ macro_rules! reads_for {
                 if zone.is_none() && requester.is_none() {
                     let row: UsageRow = sqlx::query_as(USAGE_SQL)
                         .bind(request.group())
-                        .bind(request.instance_name.as_str())
+                        .bind(request.machine())
                         .bind(binds.window_start)
                         .bind(binds.memory_start)
                         .bind(binds.settled_after)
@@ -58,7 +58,7 @@ macro_rules! reads_for {
                 }
                 let row: UsageSubjectRow = sqlx::query_as(USAGE_SUBJECT_SQL)
                     .bind(request.group())
-                    .bind(request.instance_name.as_str())
+                    .bind(request.machine())
                     .bind(binds.window_start)
                     .bind(binds.memory_start)
                     .bind(binds.settled_after)

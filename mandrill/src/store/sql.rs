@@ -10,15 +10,29 @@ use std::sync::LazyLock;
 
 use crate::domain::Status;
 
-/// Whether the latest journal row `r` of a host still counts it as
-/// disrupted: a restart in flight or ended without a verified recovery, or
-/// one ended `restarted` later than `$5` (the settle: without a probe,
+/// Whether the latest issued journal row `r` of a host (`latest_issued!`)
+/// still counts it as disrupted: a restart in flight or ended without a
+/// verified recovery, or one ended `restarted` later than `$5` (the settle: without a probe,
 /// "restarted" means issued, not back). One rule for the group's budget
 /// and the zone's.
 macro_rules! disrupting {
     () => {
         "(r.outcome IS NULL OR r.outcome NOT IN ('restarted', 'dry-run', 'expired', 'denied')
           OR (r.outcome = 'restarted' AND r.settled_at > $5))"
+    };
+}
+
+/// Whether journal row `r` is its host's latest *issued* claim (an
+/// attempt whose outcome is not in, or that issued a restart). A dry run,
+/// a denial or an expiry issued nothing, so it never hides an earlier
+/// restart that still disrupts the host; a released claim has no row. One
+/// rule for the group's budget, the zone's and the status's count.
+macro_rules! latest_issued {
+    () => {
+        "r.claimed_at = (SELECT MAX(x.claimed_at) FROM restarts x
+                            WHERE x.instance_name = r.instance_name
+                              AND (x.outcome IS NULL
+                                   OR x.outcome NOT IN ('dry-run', 'expired', 'denied')))"
     };
 }
 
@@ -39,9 +53,9 @@ macro_rules! usage_columns {
         AND (outcome IS NULL OR outcome NOT IN ('dry-run', 'expired', 'denied'))),
     (SELECT COUNT(DISTINCT r.instance_name) FROM restarts r
       WHERE r.grp = $1 AND r.instance_name <> $2 AND r.claimed_at > $4
-        AND r.claimed_at = (SELECT MAX(x.claimed_at) FROM restarts x
-                            WHERE x.instance_name = r.instance_name)
         AND ",
+            latest_issued!(),
+            " AND ",
             disrupting!(),
             ")"
         )
@@ -66,9 +80,9 @@ pub(crate) const USAGE_SQL: &str = usage_columns!();
 /// for a request they apply to (one with a zone, or a requester; the other
 /// is bound NULL and matches no row): `$6` zone, `$7` requester, `$8`
 /// start of the requester's window. The zone's disrupted hosts are other
-/// hosts, of any group, whose latest row is in the zone and disrupting as
-/// for the group's budget; the requester's claims exclude the same
-/// outcomes as the rate limits. Read as
+/// hosts, of any group, whose latest issued row is in the zone and
+/// disrupting as for the group's budget; the requester's claims exclude
+/// the same outcomes as the rate limits. Read as
 /// [`UsageSubjectRow`](super::UsageSubjectRow). A separate statement, so
 /// that a request neither applies to reads no more than before.
 pub(crate) const USAGE_SUBJECT_SQL: &str = concat!(
@@ -76,9 +90,9 @@ pub(crate) const USAGE_SUBJECT_SQL: &str = concat!(
     ",
     (SELECT COUNT(DISTINCT r.instance_name) FROM restarts r
       WHERE r.zone = $6 AND r.instance_name <> $2 AND r.claimed_at > $4
-        AND r.claimed_at = (SELECT MAX(x.claimed_at) FROM restarts x
-                            WHERE x.instance_name = r.instance_name)
         AND ",
+    latest_issued!(),
+    " AND ",
     disrupting!(),
     "),
     (SELECT COUNT(*) FROM restarts WHERE requester = $7 AND claimed_at > $8
@@ -138,13 +152,15 @@ pub(crate) const GROUP_RESTARTS_SQL: &str = "SELECT grp, COUNT(*) FROM restarts
 
 /// Disrupted hosts per group (as [`USAGE_SQL`] counts them) among the
 /// journal rows since `$1`.
-pub(crate) const GROUP_DISRUPTED_SQL: &str = "SELECT r.grp, COUNT(DISTINCT r.instance_name)
+pub(crate) const GROUP_DISRUPTED_SQL: &str = concat!(
+    "SELECT r.grp, COUNT(DISTINCT r.instance_name)
     FROM restarts r
-    WHERE r.claimed_at > $1
-      AND r.claimed_at = (SELECT MAX(x.claimed_at) FROM restarts x
-                          WHERE x.instance_name = r.instance_name)
+    WHERE r.claimed_at > $1 AND ",
+    latest_issued!(),
+    "
       AND (r.outcome IS NULL OR r.outcome NOT IN ('restarted', 'dry-run', 'expired', 'denied'))
-    GROUP BY r.grp";
+    GROUP BY r.grp"
+);
 
 /// A request's journal rows, for [`super::Story`]: `$1` message id.
 pub(crate) const STORY_ATTEMPTS_SQL: &str = "SELECT CAST(attempt AS BIGINT), grp, claimed_at,
@@ -173,9 +189,10 @@ pub(crate) type DecisionRow = (i64, i64, String, String, String);
 /// The journal's rows claimed at `$1` or later, for
 /// [`super::Store::report`], as [`ReportAttemptRow`]. The request's
 /// recovery time and last error belong to its latest attempt, so only
-/// that attempt's row carries them.
+/// that attempt's row carries them. The instance is the one asked for (the
+/// journal's is the machine counted: an alias's first name).
 pub(crate) const REPORT_ATTEMPTS_SQL: &str = "SELECT r.message_id, CAST(r.attempt AS BIGINT),
-        r.instance_name, r.grp, COALESCE(r.requester, q.requested_by), r.claimed_at, r.outcome,
+        COALESCE(q.instance_name, r.instance_name), r.grp, COALESCE(r.requester, q.requested_by), r.claimed_at, r.outcome,
         r.settled_at,
         CASE WHEN r.attempt = q.attempts THEN q.recovered_after_ms END,
         CASE WHEN r.attempt = q.attempts THEN q.last_error END
@@ -404,7 +421,8 @@ pub(crate) fn insert_requests(rows: &str) -> String {
 
 /// Writes claimed attempts into the restart journal (a claim given back
 /// and claimed again replaces its row). `rows` is a `SELECT` that names its
-/// columns `id`, `attempt`, `instance_name`, `grp`, `zone`, `requester`
+/// columns `id`, `attempt`, `instance_name` (the machine the counting
+/// guards count: `RestartRequest::machine`, an alias's first name), `grp`, `zone`, `requester`
 /// (the request's, NULL when it has none), `verdict` and `at` (when
 /// claimed).
 pub(crate) fn upsert_journal(rows: &str) -> String {

@@ -458,7 +458,8 @@ async fn group_not_paused(shared: &Shared, request: &RestartRequest) -> Result<(
         .defer(request, "group pause", PAUSED_RECHECK, reason))
 }
 
-/// Eligibility: `safety.allow`/`safety.deny`, a signature if the policy
+/// Eligibility: `safety.allow`/`safety.deny` (the deny also by the
+/// machine's other names: its address, its aliases), a signature if the policy
 /// in force requires one (a reload may have turned it on since the parse),
 /// then what the request's verified requester may restart (its `allow`,
 /// and its `groups` with the operator's group, which [`Policy::place`]
@@ -467,6 +468,7 @@ async fn group_not_paused(shared: &Shared, request: &RestartRequest) -> Result<(
 /// the restart.
 fn eligible(policy: &Policy, request: &RestartRequest) -> Result<(), String> {
     policy.eligibility.check(request.instance_name.as_str())?;
+    policy.check_other_names(request)?;
     if request.requester.is_none() && policy.requesters.signatures().required() {
         return Err(
             "denied: unsigned, and a signature is required now (safety.require_signed); \

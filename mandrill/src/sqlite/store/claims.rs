@@ -84,7 +84,7 @@ pub(super) async fn claim(
             .push(" AND r.instance_name IN (");
         let mut list = select.separated(", ");
         for (request, ..) in chunk {
-            list.push_bind(request.instance_name.as_str());
+            list.push_bind(request.machine());
         }
         select.push(")");
         let found = select
@@ -135,7 +135,7 @@ pub(super) async fn claim(
         } else {
             Usage::default()
         };
-        usage.host_held = held.get(request.instance_name.as_str());
+        usage.host_held = held.get(request.machine());
         let state = states.get(id).copied();
         let group_pause = pauses.iter().find(|pause| pause.group == request.group());
         let (claim, write) = decide_claim(
@@ -255,7 +255,7 @@ async fn write_claims(
         let mut journal = UPSERT_JOURNAL.query(chunk, |mut row, (pending, write)| {
             row.push_bind(pending.id)
                 .push_bind(i64::from(write.attempts))
-                .push_bind(pending.request.instance_name.as_str())
+                .push_bind(pending.request.machine())
                 .push_bind(pending.request.group())
                 .push_bind(pending.request.zone.as_deref())
                 .push_bind(pending.request.requester.as_deref())

@@ -290,3 +290,99 @@ pub(crate) async fn a_released_claim_is_not_a_used_attempt(store: &dyn Store) {
         Some(Status::Restarted)
     );
 }
+
+/// Two names of one machine (inventory entries sharing an address, which
+/// the worker gives one `machine`) are one host to every counting guard:
+/// host busy while either is in flight, the cooldown from either's
+/// restart, and the budget's count, which counts the machine once.
+/// Both with and without counting guards.
+pub(crate) async fn two_names_of_one_machine_are_one_host_to_every_counting_guard(
+    store: &dyn Store,
+) {
+    let alias = |instance: &str| {
+        let mut request = request_of(instance, "alias", None, None);
+        request.machine = Some("alias-0001".into());
+        request
+    };
+    let guarded = ClaimTerms {
+        limits: Limits {
+            host_cooldown: Some(Duration::from_secs(3600)),
+            budget: Some(5),
+            forget_after: Duration::from_secs(3600),
+            ..Limits::NONE
+        },
+        ..TERMS
+    };
+    let first = alias("alias-0001");
+    let second = alias("alias-0001b");
+    let claim = store
+        .claim_restart(&first, TERMS, ClaimToken::new())
+        .await
+        .unwrap();
+    assert!(
+        matches!(claim, Claim::Claimed { attempt: 1, .. }),
+        "{claim:?}"
+    );
+    // In flight under one name: busy under the other, guards or none.
+    for terms in [TERMS, guarded] {
+        let claim = store
+            .claim_restart(&second, terms, ClaimToken::new())
+            .await
+            .unwrap();
+        let Claim::Deferred { guard, .. } = claim else {
+            panic!("one machine restarted twice at once under two names: {claim:?}");
+        };
+        assert_eq!(guard, "host busy");
+    }
+    store
+        .record_outcome(
+            &first,
+            1,
+            &Outcome::Failed {
+                error: "no answer".into(),
+            },
+        )
+        .await
+        .unwrap();
+    // Its restart cools the machine under every name.
+    let claim = store
+        .claim_restart(&second, guarded, ClaimToken::new())
+        .await
+        .unwrap();
+    let Claim::Deferred { guard, .. } = claim else {
+        panic!("an alias must be cooled by its machine's restart: {claim:?}");
+    };
+    assert_eq!(guard, "host cooldown");
+    // Restarted under its other name too, the machine counts once.
+    let claim = store
+        .claim_restart(&second, TERMS, ClaimToken::new())
+        .await
+        .unwrap();
+    assert!(
+        matches!(claim, Claim::Claimed { attempt: 1, .. }),
+        "{claim:?}"
+    );
+    store
+        .record_outcome(
+            &second,
+            1,
+            &Outcome::Failed {
+                error: "no answer".into(),
+            },
+        )
+        .await
+        .unwrap();
+    let hour_ago = Timestamp::from_millis(Timestamp::now().as_millis() - 3_600_000);
+    let usage = store.group_usage(hour_ago, hour_ago).await.unwrap();
+    assert_eq!(usage["alias"].disrupted, 1, "{usage:?}");
+    // The report names the instance each request asked for.
+    let report = store.report(hour_ago).await.unwrap();
+    let mut names: Vec<&str> = report
+        .attempts
+        .iter()
+        .filter(|a| a.group == "alias")
+        .map(|a| a.instance_name.as_str())
+        .collect();
+    names.sort_unstable();
+    assert_eq!(names, ["alias-0001", "alias-0001b"]);
+}

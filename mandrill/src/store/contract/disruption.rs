@@ -182,3 +182,133 @@ pub(crate) async fn every_claim_tied_at_a_hosts_latest_time_counts_toward_disrup
         );
     }
 }
+
+/// A dry run, a denial or an expiry issued no restart: claimed after a
+/// host's restart, it must not hide the host's disruption (the budget
+/// reads each host's latest *issued* claim). `earlier` moves every journal
+/// row (its claim and its end) back a minute, so that the claims that
+/// issue nothing are stamped strictly later than the restarts they follow
+/// (a tie would count the host anyway). Run on a store of its own: every
+/// journal row moves.
+pub(crate) const CLAIMS_EARLIER_SQL: &str =
+    "UPDATE restarts SET claimed_at = claimed_at - 60000, settled_at = settled_at - 60000";
+
+pub(crate) async fn a_claim_that_issued_nothing_never_hides_a_disrupted_host(
+    store: &dyn Store,
+    earlier: impl std::future::Future<Output = ()>,
+) {
+    let budgets = |budget, zone_budget| ClaimTerms {
+        limits: Limits {
+            budget: Some(budget),
+            zone_budget: Some(zone_budget),
+            forget_after: Duration::from_secs(3600),
+            settle: Duration::from_secs(300),
+            ..Limits::NONE
+        },
+        ..TERMS
+    };
+    let claim_and_record = |instance: &'static str, outcome: Outcome| async move {
+        let request = request_of(instance, "mask", Some("eu-mask-1a"), None);
+        let claim = store
+            .claim_restart(&request, TERMS, ClaimToken::new())
+            .await
+            .unwrap();
+        assert!(
+            matches!(claim, Claim::Claimed { attempt: 1, .. }),
+            "{instance}: {claim:?}"
+        );
+        store.record_outcome(&request, 1, &outcome).await.unwrap();
+    };
+    // Three hosts disrupted: one restarted and still settling, one whose
+    // restart failed, one that never came back.
+    claim_and_record("mask-0001", Outcome::restarted()).await;
+    claim_and_record(
+        "mask-0002",
+        Outcome::Failed {
+            error: "no answer".into(),
+        },
+    )
+    .await;
+    claim_and_record(
+        "mask-0003",
+        Outcome::Unrecovered {
+            error: "no ping".into(),
+            output: None,
+        },
+    )
+    .await;
+    earlier.await;
+    // Each is then claimed by a request that issues nothing.
+    claim_and_record(
+        "mask-0001",
+        Outcome::DryRun {
+            action: "restart mask-0001".into(),
+        },
+    )
+    .await;
+    claim_and_record(
+        "mask-0002",
+        Outcome::Denied {
+            reason: "denied by safety.deny".into(),
+        },
+    )
+    .await;
+    claim_and_record(
+        "mask-0003",
+        Outcome::Expired {
+            reason: "deferred past safety.max_defer".into(),
+        },
+    )
+    .await;
+    // The status's count (no settle there) still sees the failed and the
+    // unrecovered host...
+    let hour_ago = Timestamp::from_millis(Timestamp::now().as_millis() - 3_600_000);
+    let usage = store.group_usage(hour_ago, hour_ago).await.unwrap();
+    assert_eq!(usage["mask"].disrupted, 2, "{usage:?}");
+    // ...and the three hosts fill their group's budget of three...
+    let fourth = request_of("mask-0004", "mask", Some("eu-mask-1b"), None);
+    let claim = store
+        .claim_restart(&fourth, budgets(3, 10), ClaimToken::new())
+        .await
+        .unwrap();
+    let Claim::Deferred { guard, .. } = claim else {
+        panic!("a claim that issued nothing must not hide a disrupted host: {claim:?}");
+    };
+    assert_eq!(guard, "disruption budget");
+    // ...and their zone's, for a host of any group.
+    let neighbour = request_of("veil-0001", "veil", Some("eu-mask-1a"), None);
+    let claim = store
+        .claim_restart(&neighbour, budgets(10, 3), ClaimToken::new())
+        .await
+        .unwrap();
+    let Claim::Deferred { guard, .. } = claim else {
+        panic!("a claim that issued nothing must not hide a disrupted host's zone: {claim:?}");
+    };
+    assert_eq!(guard, "zone budget");
+    // The restarted host's cooldown runs from its restart, not its dry run.
+    let again = request_of("mask-0001", "mask", Some("eu-mask-1a"), None);
+    let cooling = ClaimTerms {
+        limits: Limits {
+            host_cooldown: Some(Duration::from_secs(3600)),
+            ..Limits::NONE
+        },
+        ..TERMS
+    };
+    let claim = store
+        .claim_restart(&again, cooling, ClaimToken::new())
+        .await
+        .unwrap();
+    let Claim::Deferred { guard, .. } = claim else {
+        panic!("a dry run must not hide a host's last restart from its cooldown: {claim:?}");
+    };
+    assert_eq!(guard, "host cooldown");
+    // Each host counts once: a budget of four lets the fourth through.
+    let claim = store
+        .claim_restart(&fourth, budgets(4, 10), ClaimToken::new())
+        .await
+        .unwrap();
+    assert!(
+        matches!(claim, Claim::Claimed { attempt: 1, .. }),
+        "{claim:?}"
+    );
+}

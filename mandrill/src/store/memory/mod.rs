@@ -210,12 +210,14 @@ impl State {
         })
     }
 
-    /// The instances whose latest claims (every one claimed at its host's
-    /// latest time, as [`super::USAGE_SQL`] reads them) `counts`, among
-    /// those claimed after `since`, each with the claim that counted.
+    /// The instances whose latest issued claims (every one claimed at its
+    /// host's latest time of an issued claim, as [`super::USAGE_SQL`] reads
+    /// them) `counts`, among those claimed after `since`, each with the
+    /// claim that counted. A dry run, a denial or an expiry issued nothing
+    /// and never hides an earlier restart.
     fn latest_counted(&self, since: i64, counts: impl Fn(&Attempt) -> bool) -> Vec<&Attempt> {
         let mut latest: HashMap<&str, i64> = HashMap::new();
-        for (_, _, attempt) in self.journal() {
+        for (_, _, attempt) in self.journal().filter(|(_, _, a)| issued(a.outcome)) {
             let at = latest
                 .entry(&attempt.instance)
                 .or_insert(attempt.claimed_at);
@@ -225,7 +227,7 @@ impl State {
             .map(|(_, _, attempt)| attempt)
             .filter(|attempt| {
                 attempt.claimed_at > since
-                    && latest[attempt.instance.as_str()] == attempt.claimed_at
+                    && latest.get(attempt.instance.as_str()) == Some(&attempt.claimed_at)
                     && counts(attempt)
             })
             .collect()
@@ -241,7 +243,7 @@ impl State {
             requester_start,
         } = usage_binds(&terms.limits, now);
         let group = request.group();
-        let instance = request.instance_name.as_str();
+        let instance = request.machine();
         // Only what the limits use, as the SQL stores read it.
         let subject = Subject::of(request);
         let zone = subject.zone.filter(|_| terms.limits.counts_zone(subject));
@@ -317,7 +319,7 @@ impl State {
     /// Lifts `request`'s hold of its host, if it still has it (a claim of
     /// another request may have replaced it once its hold was over).
     fn unhold(&mut self, request: &RestartRequest) {
-        let instance = request.instance_name.as_str();
+        let instance = request.machine();
         if self
             .held
             .get(instance)
@@ -377,7 +379,7 @@ impl Store for MemoryStore {
         // effect.
         let now = self.clock.now();
         let id = request.message_id;
-        let instance = request.instance_name.as_str();
+        let instance = request.machine();
         let mut usage = if terms.limits.is_active_for(Subject::of(request)) {
             state.usage(request, &terms, now)
         } else {
@@ -654,7 +656,12 @@ impl Store for MemoryStore {
                 ReportAttempt {
                     message_id: *id,
                     attempt: attempt.attempt,
-                    instance_name: attempt.instance.clone(),
+                    // The instance asked for; the journal knows its machine.
+                    instance_name: row
+                        .hostname
+                        .as_deref()
+                        .and_then(|host| host.split('.').next())
+                        .map_or_else(|| attempt.instance.clone(), str::to_owned),
                     group: attempt.group.clone(),
                     requester: attempt
                         .requester

@@ -53,6 +53,20 @@ async fn every_claim_tied_at_a_hosts_latest_time_counts_toward_disruption() {
     contract::every_claim_tied_at_a_hosts_latest_time_counts_toward_disruption(&store, tie).await;
 }
 
+#[tokio::test]
+async fn a_claim_that_issued_nothing_never_hides_a_disrupted_host() {
+    let store = MemoryStore::new();
+    let earlier = async {
+        for row in store.lock().requests.values_mut() {
+            for attempt in &mut row.journal {
+                attempt.claimed_at -= 60_000;
+                attempt.settled_at = attempt.settled_at.map(|at| at - 60_000);
+            }
+        }
+    };
+    contract::a_claim_that_issued_nothing_never_hides_a_disrupted_host(&store, earlier).await;
+}
+
 /// A released claim leaves the journal, and a prune drops requests and old
 /// attempts: each request's outcomes must still land on its own attempts
 /// afterwards.

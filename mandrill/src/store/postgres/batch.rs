@@ -183,7 +183,7 @@ pub(super) async fn commit_batch(
                     let id = request.message_id.to_string();
                     let state = states.get(&id).copied();
                     let usage = Usage {
-                        host_held: held.get(request.instance_name.as_str()),
+                        host_held: held.get(request.machine()),
                         ..Usage::default()
                     };
                     let group_pause = pauses.iter().find(|pause| pause.group == request.group());
@@ -233,7 +233,7 @@ async fn hold_hosts(tx: &mut Tx<'_>, batch: &[Write], now: i64) -> Result<HeldHo
     let mut hosts: Vec<String> = batch
         .iter()
         .filter_map(|write| match write {
-            Write::Claim { request, .. } => Some(request.instance_name.as_str().to_owned()),
+            Write::Claim { request, .. } => Some(request.machine().to_owned()),
             Write::Outcome { .. } => None,
         })
         .collect();
@@ -418,8 +418,8 @@ impl ClaimWrites {
         self.unknown.push(write.unknown.map(attempts));
         self.renewals.push(write.renewal);
         self.last_error.push(write.last_error);
-        self.instances
-            .push(request.instance_name.as_str().to_owned());
+        // The journal knows the machine (an alias counts as its machine).
+        self.instances.push(request.machine().to_owned());
         self.groups.push(request.group().to_owned());
         self.verdicts.push(write.verdict);
         self.zones.push(request.zone.clone());

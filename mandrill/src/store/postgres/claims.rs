@@ -28,7 +28,7 @@ static INSERT_REQUEST_SQL: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
-/// A claim's journal row: `$1` id, `$2` attempt, `$3` instance, `$4`
+/// A claim's journal row: `$1` id, `$2` attempt, `$3` machine, `$4`
 /// group, `$5` now, `$6` verdict, `$7` zone, `$8` requester.
 static JOURNAL_SQL: LazyLock<String> = LazyLock::new(|| {
     upsert_journal(
@@ -138,7 +138,7 @@ impl PostgresStore {
             let now = Timestamp::now().as_millis();
             let mut usage = reads::usage(&mut tx, request, &terms.limits, now).await?;
             let held: Vec<HeldRow> = sqlx::query_as(&HELD_HOSTS_SQL)
-                .bind(vec![request.instance_name.as_str()])
+                .bind(vec![request.machine()])
                 .bind(now)
                 .fetch_all(&mut *tx)
                 .await?;
@@ -148,7 +148,7 @@ impl PostgresStore {
                     hosts.read(host, &message_id, until);
                 }
             }
-            usage.host_held = hosts.get(request.instance_name.as_str());
+            usage.host_held = hosts.get(request.machine());
             (usage, now)
         } else {
             (Usage::default(), Timestamp::now().as_millis())
@@ -171,7 +171,7 @@ impl PostgresStore {
                 sqlx::query(&JOURNAL_SQL)
                     .bind(&id)
                     .bind(attempts(write.attempts))
-                    .bind(request.instance_name.as_str())
+                    .bind(request.machine())
                     .bind(request.group())
                     .bind(now)
                     .bind(&write.verdict)

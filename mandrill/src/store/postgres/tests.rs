@@ -77,6 +77,20 @@ async fn a_restarted_host_counts_as_disrupted_until_settle_passes() {
 }
 
 #[tokio::test]
+async fn a_claim_that_issued_nothing_never_hides_a_disrupted_host() {
+    let database = TestDatabase::create().await;
+    let store = PostgresStore::connect(&database.url, 4).await.unwrap();
+    let earlier = async {
+        sqlx::query(contract::CLAIMS_EARLIER_SQL)
+            .execute(&store.pool)
+            .await
+            .unwrap();
+    };
+    contract::a_claim_that_issued_nothing_never_hides_a_disrupted_host(&store, earlier).await;
+    store.close().await;
+}
+
+#[tokio::test]
 async fn every_claim_tied_at_a_hosts_latest_time_counts_toward_disruption() {
     let database = TestDatabase::create().await;
     let store = PostgresStore::connect(&database.url, 4).await.unwrap();

@@ -366,6 +366,45 @@ async fn a_host_whose_address_changes_while_the_stop_conditions_run_is_placed_af
     h.stop().await.unwrap();
 }
 
+/// An inventory that gives the host an alias (another entry at its
+/// address) while the stop conditions run defers the restart and gives the
+/// claim back: the claim was counted under the machine's old name. The
+/// next delivery is placed afresh, counted as the machine, and restarted.
+#[tokio::test(start_paused = true)]
+async fn a_host_that_gains_an_alias_while_the_stop_conditions_run_is_placed_afresh() {
+    let aliased = format!(
+        "{HERD}[[hosts]]\nname = \"cattle-a0\"\ngroup = \"herd\"\naddress = \"10.0.0.1\"\n"
+    );
+    let (h, store, restarter, server) = reload_while_the_stop_conditions_run(
+        with_inventory(HERD),
+        move |stop_conditions| Policy {
+            stop_conditions,
+            ..with_inventory(&aliased)
+        },
+        ScriptedRestarter::default(),
+    )
+    .await;
+    let id = h.publish("cattle-a1").await;
+    let stats = h.stats.clone();
+    wait_until("deferred", || stats.deferred.get() == 1).await;
+    assert_eq!(restarter.timeline.count("restart-started"), 0);
+    assert_eq!(store.timeline.count("released 1"), 1);
+    let story = store.inner.story(id).await.unwrap().unwrap();
+    let decision = story.decisions.last().unwrap();
+    assert!(
+        decision
+            .reason
+            .contains("entries sharing cattle-a1's address changed"),
+        "{}",
+        decision.reason
+    );
+    wait_until("restarted", || stats.acked.get() == 1).await;
+    assert_eq!(restarter.timeline.count("restart-started"), 1);
+    assert_eq!(store.entry(id).status, Status::Restarted);
+    server.abort();
+    h.stop().await.unwrap();
+}
+
 /// A SIGHUP that leashes the service (`safety.dry_run = true`) while the
 /// stop conditions run stops the restart: the claim is given back, and the
 /// next delivery records the dry run.

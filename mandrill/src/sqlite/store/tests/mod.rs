@@ -212,6 +212,21 @@ async fn every_claim_tied_at_a_hosts_latest_time_counts_toward_disruption() {
     store.close().await;
 }
 
+#[tokio::test]
+async fn a_claim_that_issued_nothing_never_hides_a_disrupted_host() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite:{}", dir.path().join("t.db").display());
+    let store = SqliteStore::connect(&url, 2).await.unwrap();
+    let earlier = async {
+        sqlx::query(contract::CLAIMS_EARLIER_SQL)
+            .execute(&store.pool)
+            .await
+            .unwrap();
+    };
+    contract::a_claim_that_issued_nothing_never_hides_a_disrupted_host(&store, earlier).await;
+    store.close().await;
+}
+
 /// Two instances (two stores) on one file: the requester quota and the
 /// zone budget count what either claimed.
 #[tokio::test]
