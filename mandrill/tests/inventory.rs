@@ -178,6 +178,150 @@ fn the_real_ansible_inventory_decides_groups_and_unknown_hosts_are_denied() {
     );
 }
 
+/// `POST path` with a JSON `body` and the admin token: status and body.
+fn post_json(addr: &str, path: &str, token: &str, body: &str) -> (u16, String) {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream.set_read_timeout(Some(DEADLINE)).unwrap();
+    write!(
+        stream,
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\
+         Authorization: Bearer {token}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let status = response[9..12].parse().unwrap();
+    let body = response.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    (status, body.to_owned())
+}
+
+/// The guards that deferred `instance`'s request, as its story records them.
+fn deferred_by(db: &str, instance: &str) -> Vec<String> {
+    let Some(id) = history(db)
+        .into_iter()
+        .find(|e| e.instance_name.as_deref() == Some(instance))
+        .and_then(|e| e.message_id)
+    else {
+        return Vec::new();
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let records = mandrill::Records::open(db).await.unwrap();
+        let story = records.story(id).await.unwrap();
+        records.close().await;
+        story
+            .map(|story| story.decisions)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|decision| decision.verdict == "deferred")
+            .map(|decision| decision.guard)
+            .collect()
+    })
+}
+
+/// A group pause names a group the inventory counts hosts in: a name it
+/// does not know (`Web` for `web`) is refused, naming the known groups; an
+/// ansible parent group, whose hosts take their deepest group, pauses
+/// every group beneath it, and says so. With the real `ansible-inventory`.
+#[test]
+fn a_group_pause_must_name_a_known_group_and_an_ansible_parent_pauses_the_groups_beneath() {
+    let (_guard, dir) = temp_dir();
+    let ini = dir.join("hosts.ini");
+    std::fs::write(
+        &ini,
+        "[web_eu]\nweb-1\n\n[web_us]\nweb-2\n\n[web:children]\nweb_eu\nweb_us\n\n[db]\ndb-1\n",
+    )
+    .unwrap();
+    let config = config_file(
+        &dir,
+        &format!(
+            "command = [\"ansible-inventory\", \"-i\", {:?}, \"--list\"]\n",
+            ini.display().to_string()
+        ),
+    );
+    let db = sqlite_url(&dir);
+    let turn = |command: &str, group: &str| {
+        let args = [command, "--config", &config, "--db", &db, "--group", group];
+        mandrill(&dir, &args, &[])
+    };
+
+    let (status, stdout, stderr) = turn("pause", "Web");
+    assert_eq!(status.code(), Some(2), "{stdout}");
+    assert!(
+        stderr.contains("\"Web\"") && stderr.contains("db, web, web_eu, web_us"),
+        "{stderr}"
+    );
+    let (status, stdout, stderr) = turn("pause", "web");
+    assert!(status.success(), "{stderr}");
+    assert!(
+        stdout.contains("web is an ansible parent group")
+            && stdout.contains("group web_eu paused")
+            && stdout.contains("group web_us paused"),
+        "{stdout}"
+    );
+
+    publish(
+        &dir,
+        &db,
+        &[
+            request("web-1", None),
+            request("web-2", None),
+            request("db-1", None),
+        ],
+    );
+    let token = "group-pause-token-7f3";
+    let service = Mandrill::run_with_env(
+        &dir,
+        &["--config", &config, "--db", &db, "--broker", &db],
+        &[("MANDRILL_ADMIN__TOKEN", token)],
+    );
+    let journal_path = dir.join("restarts.journal");
+    let restarted = |host: &str| {
+        journal(&journal_path)
+            .iter()
+            .any(|line| line.starts_with(&format!("{host}.")) || line == host)
+    };
+    wait("db-1 restarted", || restarted("db-1"));
+    for host in ["web-1", "web-2"] {
+        wait(&format!("{host} deferred by the group pause"), || {
+            deferred_by(&db, host).contains(&"group pause".to_owned())
+        });
+    }
+    assert!(
+        !restarted("web-1") && !restarted("web-2"),
+        "{:?}",
+        journal(&journal_path)
+    );
+
+    let (status, stdout, stderr) = turn("resume", "web");
+    assert!(status.success(), "{stderr}");
+    assert!(stdout.contains("group web_us resumed"), "{stdout}");
+    wait("web-1 and web-2 restarted after the resume", || {
+        restarted("web-1") && restarted("web-2")
+    });
+
+    // The admin API decides the same way.
+    let addr = service.wait_for("admin listening", 1)[0]["fields"]["addr"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (status, body) = post_json(&addr, "/api/pause", token, r#"{"group":"Web"}"#);
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("db, web, web_eu, web_us"), "{body}");
+    let (status, body) = post_json(&addr, "/api/pause", token, r#"{"group":"web"}"#);
+    assert_eq!(status, 200, "{body}");
+    let answer: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(answer["groups"], serde_json::json!(["web_eu", "web_us"]));
+    service.signal("TERM");
+    let (status, lines) = service.wait_exit();
+    assert!(status.success(), "exit {status}: {lines:?}");
+}
+
 /// `ansible-inventory` on an INI file that is not there exits 0 with a
 /// `[WARNING]` on stderr and no hosts: the first load is refused (exit code
 /// 2, naming the source's key and quoting the warning) rather than a

@@ -1,13 +1,15 @@
 //! Many `mandrill` processes on one NATS JetStream consumer and one
-//! PostgreSQL database: the real binary, the real servers of this machine.
+//! PostgreSQL database, and what other publishers on that stream cannot
+//! do: the real binary, the real servers of this machine.
 
 mod services;
 mod support;
 
 use std::time::Duration;
 
+use mandrill::Status;
 use services::{Database, NatsNames, PrivateNats, nats_server};
-use support::{Mandrill, count, fields_of, mandrill, temp_dir};
+use support::{Mandrill, count, fields_of, history, mandrill, temp_dir};
 
 /// Publishes `n` random requests through the binary.
 fn publish(dir: &std::path::Path, url: &str, names: &NatsNames, n: usize) {
@@ -104,6 +106,52 @@ fn three_instances_share_the_work_and_survive_a_kill() {
     let total: i64 = statuses.iter().map(|(_, n)| n).sum();
     assert_eq!(total, 10_000, "{statuses:?}");
     assert_eq!(db.finished(), 10_000, "{statuses:?}");
+}
+
+/// A client allowed to publish on the subject, holding no key, sends
+/// garbage under a request's `message_id` as JetStream's `Nats-Msg-Id` just
+/// before `mandrill publish` sends the request: the request is restarted
+/// all the same (the broker's duplicate id is the digest of the bytes).
+#[test]
+fn garbage_published_first_under_a_requests_id_does_not_keep_it_from_running() {
+    let (_guard, dir) = temp_dir();
+    let db = Database::create();
+    let names = NatsNames::new(&nats_server());
+    // The first publish creates the stream the forger publishes to.
+    publish(&dir, &names.url, &names, 1);
+    let id = uuid::Uuid::new_v4();
+    names.publish_as_anyone(&id.to_string(), b"garbage");
+    std::fs::write(
+        dir.join("requests.jsonl"),
+        format!("{{\"message_id\":\"{id}\",\"instance_name\":\"cattle-real\"}}\n"),
+    )
+    .unwrap();
+    let mut args = vec!["publish".to_owned(), "--broker".into(), names.url.clone()];
+    args.extend(names.flags());
+    args.extend(["--file".into(), "requests.jsonl".into()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (status, _, stderr) = mandrill(&dir, &args, &[]);
+    assert!(status.success(), "publish failed: {stderr}");
+
+    let running = instance(
+        &dir,
+        &names.url,
+        &names,
+        &db,
+        &["--set", "restarter.failure_rate=0"],
+    );
+    // The first request, the garbage (rejected) and the real one.
+    db.wait_finished(3, Duration::from_secs(60));
+    running.signal("TERM");
+    let (status, _) = running.wait_exit();
+    assert!(status.success(), "exit status {status}");
+    let history = history(&db.url);
+    let real = history
+        .iter()
+        .find(|entry| entry.message_id == Some(id))
+        .unwrap_or_else(|| panic!("the request was never recorded: {history:?}"));
+    assert_eq!(real.status, Status::Restarted, "{real:?}");
+    assert_eq!(real.instance_name.as_deref(), Some("cattle-real"));
 }
 
 #[test]

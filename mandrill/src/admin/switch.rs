@@ -238,7 +238,9 @@ async fn turn(state: &State, headers: &HeaderMap, body: &[u8], paused: bool) -> 
     )
 }
 
-/// Pauses or resumes one group's restarts, as `mandrill pause --group`.
+/// Pauses or resumes one group's restarts, or every group beneath an
+/// ansible parent group, as `mandrill pause --group`: a group the policy
+/// does not know is refused (400), naming the known ones.
 async fn turn_group(
     state: &State,
     group: &str,
@@ -250,47 +252,67 @@ async fn turn_group(
     if let Err(why) = one_line("group", group, MAX_BY_CHARS) {
         return bad_request(why);
     }
-    match state
-        .store
-        .set_group_pause(group, paused.then_some((by, reason)))
-        .await
-    {
-        Ok(changed) => {
-            if changed {
+    let groups = match state.policy.current().group_pause(group) {
+        Ok(groups) => groups.groups,
+        // A resume still lifts a pause recorded under exactly that name.
+        Err(why) if !paused => match state.store.group_pauses().await {
+            Ok(pauses) if pauses.iter().any(|pause| pause.group == group) => {
+                vec![group.to_owned()]
+            }
+            _ => return bad_request(why),
+        },
+        Err(why) => return bad_request(why),
+    };
+    let mut changed = Vec::new();
+    for one in &groups {
+        match state
+            .store
+            .set_group_pause(one, paused.then_some((by, reason)))
+            .await
+        {
+            Ok(true) => {
                 tracing::warn!(
-                    group,
+                    group = one,
                     by,
                     reason,
                     paused,
                     "a group's pause turned from the admin API"
                 );
                 if let Some(notifier) = state.notifier.as_ref().filter(|_| paused) {
-                    notifier.send(crate::notify::Event::group_paused(group, by, reason));
+                    notifier.send(crate::notify::Event::group_paused(one, by, reason));
                 }
+                changed.push(one.clone());
             }
-            if form {
-                return (StatusCode::SEE_OTHER, [(header::LOCATION, "/")]).into_response();
+            Ok(false) => {}
+            Err(error) => {
+                let (status, outcome) = if error.outcome_unknown() {
+                    (StatusCode::GATEWAY_TIMEOUT, "unknown")
+                } else {
+                    (StatusCode::SERVICE_UNAVAILABLE, "failed")
+                };
+                return json(
+                    status,
+                    json!({
+                        "outcome": outcome,
+                        "error": format!("cannot turn the pause of group {one}: {}", error.with_causes()),
+                        "turned": changed,
+                    }),
+                );
             }
-            json(
-                StatusCode::OK,
-                json!({ "group": group, "paused": paused, "changed": changed }),
-            )
-        }
-        Err(error) => {
-            let (status, outcome) = if error.outcome_unknown() {
-                (StatusCode::GATEWAY_TIMEOUT, "unknown")
-            } else {
-                (StatusCode::SERVICE_UNAVAILABLE, "failed")
-            };
-            json(
-                status,
-                json!({
-                    "outcome": outcome,
-                    "error": format!("cannot turn the pause of group {group}: {}", error.with_causes()),
-                }),
-            )
         }
     }
+    if form {
+        return (StatusCode::SEE_OTHER, [(header::LOCATION, "/")]).into_response();
+    }
+    json(
+        StatusCode::OK,
+        json!({
+            "group": group,
+            "groups": groups,
+            "paused": paused,
+            "changed": !changed.is_empty(),
+        }),
+    )
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use anyhow::{Context as _, bail};
 use clap::Args;
 
-use super::{ConfigArgs, OutcomeUnknown, command, string};
+use super::{BadInput, ConfigArgs, OutcomeUnknown, command, string};
 use crate::config::Config;
 use crate::service;
 
@@ -37,8 +37,10 @@ pub(crate) struct SwitchArgs {
     #[arg(long, value_name = "NAME")]
     by: Option<String>,
     /// Only this group's restarts (the inventory's or `safety.groups`'),
-    /// not the kill switch; `resume --group` also lifts a pause a breached
-    /// recovery objective made.
+    /// not the kill switch; an ansible parent group turns every group
+    /// beneath it, and a group no request is counted in is refused;
+    /// `resume --group` also lifts a pause a breached recovery objective
+    /// made.
     #[arg(long, value_name = "GROUP")]
     group: Option<String>,
 }
@@ -74,7 +76,7 @@ pub(super) fn switch(args: &SwitchArgs, paused: bool) -> ExitCode {
         }
         let store = open(&config).await?;
         if let Some(group) = &args.group {
-            return pause_group(&*store, group, paused, &by, &reason).await;
+            return pause_group(&config, &*store, group, paused, &by, &reason).await;
         }
         let result = store.set_switch(paused, &by, &reason).await;
         store.close().await;
@@ -104,8 +106,10 @@ pub(super) fn switch(args: &SwitchArgs, paused: bool) -> ExitCode {
     })
 }
 
-/// Pauses (`paused`) or resumes one group's restarts; closes `store`.
+/// Pauses (`paused`) or resumes one group's restarts, or every group
+/// beneath an ansible parent group; closes `store`.
 async fn pause_group(
+    config: &Config,
     store: &dyn crate::store::Store,
     group: &str,
     paused: bool,
@@ -113,37 +117,101 @@ async fn pause_group(
     reason: &str,
 ) -> anyhow::Result<()> {
     if group.is_empty() || group.chars().any(char::is_control) || group.chars().count() > 256 {
+        store.close().await;
         bail!("--group must name a group on one line");
     }
-    let result = store
-        .set_group_pause(group, paused.then_some((by, reason)))
-        .await;
-    store.close().await;
-    let changed = match result {
-        Ok(changed) => changed,
-        Err(error) if error.outcome_unknown() => {
-            let what = if paused { "pause" } else { "resume" };
-            return Err(OutcomeUnknown(format!(
-                "{what} --group {group}: outcome unknown, the group's pause may or may not \
-                 have turned ({}); check with `mandrill status`",
-                error.with_causes()
-            ))
-            .into());
+    let groups = match groups_to_turn(config, store, group, paused).await {
+        Ok(groups) => groups,
+        Err(error) => {
+            store.close().await;
+            return Err(error);
         }
-        Err(error) => return Err(error).context("cannot turn the group's pause"),
     };
-    match (paused, changed) {
-        (true, true) => println!(
-            "group {group} paused by {by} ({reason}): no instance using this store claims \
-             another restart of its hosts"
-        ),
-        (true, false) => println!("group {group} was paused already (its first cause stays)"),
-        (false, true) => {
-            println!("group {group} resumed by {by}: its restarts may be claimed again")
-        }
-        (false, false) => println!("group {group} was not paused"),
+    if groups.parent {
+        println!(
+            "{group} is an ansible parent group: its hosts are counted in the groups beneath \
+             it, so each of {} is {}",
+            groups.groups.join(", "),
+            if paused { "paused" } else { "resumed" }
+        );
     }
+    for group in &groups.groups {
+        let result = store
+            .set_group_pause(group, paused.then_some((by, reason)))
+            .await;
+        let changed = match result {
+            Ok(changed) => changed,
+            Err(error) => {
+                store.close().await;
+                if error.outcome_unknown() {
+                    let what = if paused { "pause" } else { "resume" };
+                    return Err(OutcomeUnknown(format!(
+                        "{what} --group {group}: outcome unknown, the group's pause may or may \
+                         not have turned ({}); check with `mandrill status`",
+                        error.with_causes()
+                    ))
+                    .into());
+                }
+                return Err(error).context(format!("cannot turn the pause of group {group}"));
+            }
+        };
+        match (paused, changed) {
+            (true, true) => println!(
+                "group {group} paused by {by} ({reason}): no instance using this store claims \
+                 another restart of its hosts"
+            ),
+            (true, false) => println!("group {group} was paused already (its first cause stays)"),
+            (false, true) => {
+                println!("group {group} resumed by {by}: its restarts may be claimed again")
+            }
+            (false, false) => println!("group {group} was not paused"),
+        }
+    }
+    store.close().await;
     Ok(())
+}
+
+/// The groups `--group group` turns ([`crate::safety::Policy::group_pause`]),
+/// with the inventory read now. A resume also takes a group paused under
+/// exactly that name (the inventory may have dropped it since). An
+/// inventory that cannot be read refuses nothing: the group is turned as
+/// named, and stderr says so.
+async fn groups_to_turn(
+    config: &Config,
+    store: &dyn crate::store::Store,
+    group: &str,
+    paused: bool,
+) -> anyhow::Result<crate::safety::GroupPause> {
+    let as_named = crate::safety::GroupPause {
+        groups: vec![group.to_owned()],
+        parent: false,
+    };
+    let mut policy = (*config.worker_config().policy.current()).clone();
+    match super::inventory::load(config).await {
+        Ok(inventory) => policy.inventory = inventory.map(|(_, handle)| handle),
+        Err(error) => {
+            eprintln!(
+                "mandrill: cannot read the inventory to check group {group} ({error:#}); \
+                 turning it as named"
+            );
+            return Ok(as_named);
+        }
+    }
+    match policy.group_pause(group) {
+        Ok(groups) => Ok(groups),
+        Err(why) if !paused => {
+            let pauses = store
+                .group_pauses()
+                .await
+                .context("cannot read the group pauses")?;
+            if pauses.iter().any(|pause| pause.group == group) {
+                Ok(as_named)
+            } else {
+                bail!(BadInput(why))
+            }
+        }
+        Err(why) => bail!(BadInput(why)),
+    }
 }
 
 /// Prints the mode, the kill switch and the eligibility rules.

@@ -242,10 +242,29 @@ pub(crate) const MAX_REQUESTED_BY_CHARS: usize = 128;
 /// Longest `reason` accepted, in characters.
 pub(crate) const MAX_REASON_CHARS: usize = 1024;
 
+/// Whether `c` reorders or hides text without being a control character:
+/// the bidirectional embeddings, overrides, isolates and marks, and the
+/// zero-width characters. In a name or reason they make what an operator
+/// reads in the history, a report or a notification differ from what was
+/// sent ("oncall\u{202E}toor" shows as "oncallroot").
+fn reorders_or_hides(c: char) -> bool {
+    matches!(
+        c,
+        '\u{061C}'
+            | '\u{200B}'..='\u{200F}'
+            | '\u{202A}'..='\u{202E}'
+            | '\u{2060}'
+            | '\u{2066}'..='\u{2069}'
+            | '\u{FEFF}'
+    )
+}
+
 /// Validates and normalises a free-text field so that whatever parses can
-/// be stored by every store: surrounding white space is trimmed, an empty
-/// value is no value, control characters (NUL included, which PostgreSQL
-/// cannot store in text) are refused, and the length is bounded.
+/// be stored by every store and reads as it was sent: surrounding white
+/// space is trimmed, an empty value is no value, control characters (NUL
+/// included, which PostgreSQL cannot store in text) and bidirectional or
+/// zero-width ones ([`reorders_or_hides`]) are refused, and the length is
+/// bounded.
 fn free_text(
     field: &'static str,
     raw: Option<&str>,
@@ -253,11 +272,17 @@ fn free_text(
 ) -> Result<Option<String>, Rejection> {
     let Some(raw) = raw else { return Ok(None) };
     let trimmed = raw.trim();
-    if let Some((at, bad)) = trimmed.chars().enumerate().find(|(_, c)| c.is_control()) {
+    let refused = |c: &char| c.is_control() || reorders_or_hides(*c);
+    if let Some((at, bad)) = trimmed.chars().enumerate().find(|(_, c)| refused(c)) {
+        let kind = if bad.is_control() {
+            "control"
+        } else {
+            "bidirectional or zero-width"
+        };
         return Err(Rejection::BadText {
             field,
             why: format!(
-                "contains the control character U+{:04X} at character {at}",
+                "contains the {kind} character U+{:04X} at character {at}",
                 u32::from(bad)
             ),
         });

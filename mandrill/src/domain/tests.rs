@@ -82,6 +82,30 @@ fn free_text_that_a_store_could_not_keep_is_rejected_with_the_field_named() {
     );
     let escape = with("reason", "\u{1b}[31mred").unwrap_err().to_string();
     assert!(escape.contains("U+001B"), "{escape}");
+    // Bidirectional and zero-width characters make what is shown differ
+    // from what was sent: each of them is refused, in either field.
+    let reordering_or_hidden = [
+        '\u{061C}', '\u{200B}', '\u{200C}', '\u{200D}', '\u{200E}', '\u{200F}', '\u{202A}',
+        '\u{202B}', '\u{202C}', '\u{202D}', '\u{202E}', '\u{2060}', '\u{2066}', '\u{2067}',
+        '\u{2068}', '\u{2069}', '\u{FEFF}',
+    ];
+    for (field, c) in ["requested_by", "reason"]
+        .into_iter()
+        .flat_map(|field| reordering_or_hidden.map(|c| (field, c)))
+    {
+        let error = with(field, &format!("oncall{c}toor"))
+            .expect_err(&format!("{field} with U+{:04X}", u32::from(c)))
+            .to_string();
+        let code = format!("U+{:04X} at character 6", u32::from(c));
+        assert!(
+            error.contains(field)
+                && error.contains("bidirectional or zero-width")
+                && error.contains(&code),
+            "{error}"
+        );
+    }
+    // Right-to-left text and emoji are not refused.
+    assert!(with("reason", "יום משחק 🐒").is_ok());
     let long = with("reason", &"x".repeat(MAX_REASON_CHARS + 1)).unwrap_err();
     assert!(long.to_string().contains("at most 1024"), "{long}");
     let long = with("requested_by", &"é".repeat(MAX_REQUESTED_BY_CHARS + 1)).unwrap_err();

@@ -172,7 +172,35 @@ pub(super) fn parse(object: &Map<String, Value>, keys: &Keys) -> Result<Inventor
         }
         hosts.push(parsed);
     }
-    Inventory::from_hosts(hosts, skipped, Format::Ansible)
+    let mut inventory = Inventory::from_hosts(hosts, skipped, Format::Ansible)?;
+    inventory.beneath = beneath(&edges);
+    Ok(inventory)
+}
+
+/// Each group with children (but `all`), and every group below it through
+/// `children` (a cycle stops there).
+fn beneath(edges: &[(&str, String)]) -> BTreeMap<String, BTreeSet<String>> {
+    let mut children: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for (parent, child) in edges {
+        if !IMPLICIT.contains(parent) {
+            children.entry(parent).or_default().push(child);
+        }
+    }
+    children
+        .keys()
+        .map(|parent| {
+            let mut seen = BTreeSet::new();
+            let mut next = vec![*parent];
+            while let Some(current) = next.pop() {
+                for child in children.get(current).into_iter().flatten() {
+                    if seen.insert((*child).to_owned()) {
+                        next.push(child);
+                    }
+                }
+            }
+            ((*parent).to_owned(), seen)
+        })
+        .collect()
 }
 
 /// A string, number or boolean as text; nothing for lists, maps, null.

@@ -64,6 +64,10 @@ pub(crate) struct Inventory {
     /// Each entry that shares its address with others, with their names
     /// (sorted): one machine under several names (ansible aliases).
     aliases: HashMap<String, Vec<String>>,
+    /// Ansible only: each group with `children`, and every group below it.
+    /// Its hosts take their deepest group, so the parent's name alone
+    /// counts none of them.
+    beneath: BTreeMap<String, BTreeSet<String>>,
     /// Entries left out because their name cannot be an instance name
     /// (an IP address, a dotted name): no request can name them.
     pub skipped: Vec<String>,
@@ -182,6 +186,7 @@ impl Inventory {
             hosts: by_name,
             group_sizes,
             aliases,
+            beneath: BTreeMap::new(),
             skipped,
             format,
         })
@@ -191,6 +196,30 @@ impl Inventory {
     /// address), sorted; empty when it has none.
     pub(crate) fn aliases(&self, name: &str) -> &[String] {
         self.aliases.get(name).map_or(&[], Vec::as_slice)
+    }
+
+    /// The groups hosts are counted in that `group` stands for: itself if
+    /// hosts are counted in it, and, for an ansible parent group, every
+    /// such group beneath it. Empty when the inventory knows no such group
+    /// or none of its hosts is counted in it.
+    pub(crate) fn groups_within(&self, group: &str) -> BTreeSet<String> {
+        let mut within: BTreeSet<String> = self
+            .beneath
+            .get(group)
+            .into_iter()
+            .flatten()
+            .filter(|below| self.group_sizes.contains_key(*below))
+            .cloned()
+            .collect();
+        if self.group_sizes.contains_key(group) {
+            within.insert(group.to_owned());
+        }
+        within
+    }
+
+    /// The ansible groups with `children` (see [`Self::groups_within`]).
+    pub(crate) fn parent_groups(&self) -> impl Iterator<Item = &str> {
+        self.beneath.keys().map(String::as_str)
     }
 
     /// The host named `name`, if listed.

@@ -129,6 +129,11 @@ impl Counting {
         }
     }
 
+    /// The names of `safety.groups`.
+    pub(crate) fn group_names(&self) -> impl Iterator<Item = &str> {
+        self.groups.iter().map(|(name, _)| name.as_str())
+    }
+
     /// The operator's group of `instance`: the first configured group (by
     /// name) with a pattern matching it, else the name without its last
     /// `-suffix` (`cattle-a1` → `cattle`). A message's own `group` never

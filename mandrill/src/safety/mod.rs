@@ -9,6 +9,7 @@
 
 pub(crate) mod calendar;
 mod counting;
+mod group_pause;
 pub(crate) mod guards;
 pub(crate) mod limits;
 pub(crate) mod objectives;
@@ -19,6 +20,7 @@ pub(crate) mod stop;
 
 pub(crate) use calendar::{Calendar, CalendarSettings};
 pub(crate) use counting::{Counting, group_mismatch};
+pub(crate) use group_pause::GroupPause;
 pub(crate) use guards::{Clock, Guards, Hold, Since};
 pub(crate) use limits::{BudgetSettings, Limits, RateSettings};
 pub(crate) use policy::{Placement, Policy, PolicyHandle};

@@ -134,6 +134,24 @@ impl NatsNames {
         .flat_map(|setting| ["--set".to_owned(), setting])
         .collect()
     }
+
+    /// Publishes `payload` on the requests subject as any client allowed to
+    /// publish there could, with `msg_id` as JetStream's `Nats-Msg-Id`, and
+    /// waits for the stream to store it (the stream must exist).
+    pub fn publish_as_anyone(&self, msg_id: &str, payload: &'static [u8]) {
+        block_on(async {
+            let client = async_nats::connect(self.url.as_str()).await.expect("nats");
+            let message = async_nats::jetstream::message::PublishMessage::build()
+                .message_id(msg_id)
+                .payload(payload.into());
+            async_nats::jetstream::new(client)
+                .send_publish(self.names.subject.clone(), message)
+                .await
+                .expect("publish")
+                .await
+                .expect("stored");
+        });
+    }
 }
 
 /// A `nats-server -js` of the test's own, on a free port, with its own store.

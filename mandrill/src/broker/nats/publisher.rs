@@ -148,20 +148,6 @@ impl NatsPublisher {
         Ok(consumer)
     }
 
-    /// Publishes a request with its message id as JetStream's de-duplication
-    /// id, and waits for the stream to confirm it.
-    pub(crate) async fn publish_with_id(
-        &self,
-        message_id: &str,
-        payload: Bytes,
-    ) -> Result<(), BrokerError> {
-        let message = PublishMessage::build()
-            .payload(payload)
-            .message_id(message_id);
-        self.publish_confirmed(self.settings.subject.clone(), message)
-            .await
-    }
-
     /// Publishes and waits for the stream to confirm it stored the message.
     pub(super) async fn publish_confirmed(
         &self,
@@ -179,16 +165,15 @@ impl NatsPublisher {
         Ok(())
     }
 
-    /// Publishes a request, with its own id for de-duplication when it has one.
+    /// Publishes a request with the digest of its bytes as JetStream's
+    /// de-duplication id ([`dedup_id`]), and waits for the stream to confirm
+    /// it.
     pub(super) async fn publish_request(&self, payload: Bytes) -> Result<(), BrokerError> {
-        match crate::domain::salvage_message_id(&payload) {
-            Some(id) => self.publish_with_id(&id.to_string(), payload).await,
-            None => {
-                let message = PublishMessage::build().payload(payload);
-                self.publish_confirmed(self.settings.subject.clone(), message)
-                    .await
-            }
-        }
+        let message = PublishMessage::build()
+            .message_id(dedup_id(&payload))
+            .payload(payload);
+        self.publish_confirmed(self.settings.subject.clone(), message)
+            .await
     }
 
     /// Flushes what is buffered.
@@ -211,4 +196,17 @@ impl Publisher for NatsPublisher {
     async fn publish(&self, payload: Bytes) -> Result<(), BrokerError> {
         self.publish_request(payload).await
     }
+}
+
+/// The id JetStream de-duplicates a request on: the SHA-256 of its bytes, in
+/// hex. A retried publish of the same bytes is stored once; the payload's own
+/// `message_id` is never used, since any client allowed to publish on the
+/// subject could send garbage under it first and have the real request
+/// dropped as a duplicate for the stream's whole window. A forger needs
+/// the real request's exact bytes before they are published (a signed
+/// one's needs the requester's key). Consumers take a request's id from its
+/// parsed payload, never from this header.
+pub(super) fn dedup_id(payload: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    hex::encode(Sha256::digest(payload))
 }

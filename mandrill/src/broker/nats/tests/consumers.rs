@@ -5,8 +5,10 @@
 
 use super::*;
 
+/// A retried publish of the same bytes is stored once: the de-duplication
+/// id is their digest.
 #[tokio::test]
-async fn publishing_the_same_message_id_twice_stores_it_once() {
+async fn publishing_the_same_bytes_twice_stores_them_once() {
     let streams = TestStreams::new(Duration::from_secs(30));
     let broker = NatsBroker::connect(streams.settings.clone()).await.unwrap();
     let payload = Bytes::from(format!(
@@ -19,6 +21,44 @@ async fn publishing_the_same_message_id_twice_stores_it_once() {
     assert_eq!(first.len(), 1);
     broker.ack(&first[0].tag).await.unwrap();
     assert!(broker.pull(10).await.unwrap().is_empty());
+}
+
+/// A client allowed to publish on the subject, holding no key, sends garbage
+/// with the real request's `message_id` as its `Nats-Msg-Id`: the real
+/// request, published next through mandrill, is still stored and delivered.
+#[tokio::test]
+async fn garbage_under_a_requests_message_id_does_not_suppress_it() {
+    let streams = TestStreams::new(Duration::from_secs(30));
+    let broker = NatsBroker::connect(streams.settings.clone()).await.unwrap();
+    let id = Uuid::new_v4();
+    let real = Bytes::from(format!(
+        r#"{{"message_id":"{id}","instance_name":"cattle-real"}}"#
+    ));
+    let forger = async_nats::connect(streams.settings.url.as_str())
+        .await
+        .unwrap();
+    let forged = PublishMessage::build()
+        .message_id(id.to_string())
+        .payload(Bytes::from_static(b"garbage"));
+    jetstream::new(forger)
+        .send_publish(streams.settings.subject.clone(), forged)
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+
+    broker.publish(real.clone()).await.unwrap();
+
+    let mut payloads = Vec::new();
+    while payloads.len() < 2 {
+        let batch = pull_within(&broker, Duration::from_secs(10)).await;
+        assert!(!batch.is_empty(), "only {payloads:?} was delivered");
+        for delivery in batch {
+            broker.ack(&delivery.tag).await.unwrap();
+            payloads.push(delivery.payload);
+        }
+    }
+    assert!(payloads.contains(&real), "{payloads:?}");
 }
 
 #[tokio::test]
