@@ -40,7 +40,7 @@ pub(super) async fn load(config: &Config) -> anyhow::Result<Option<(Source, Inve
     let Some(source) = Source::of(&config.inventory) else {
         return Ok(None);
     };
-    let inventory = crate::inventory::load_first(&source, &config.inventory).await?;
+    let inventory = crate::service::load_inventory(&source, &config.inventory).await?;
     let handle = InventoryHandle::new(inventory, &source, &config.inventory);
     Ok(Some((source, handle)))
 }

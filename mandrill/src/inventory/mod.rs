@@ -29,7 +29,7 @@ mod source;
 
 pub(crate) use handle::{InventoryHandle, refresh_task};
 pub(crate) use settings::{InventorySettings, MAX_INVENTORY_BYTES};
-pub(crate) use source::{Source, load, load_first};
+pub(crate) use source::{Source, load};
 
 /// One host as the inventory lists it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

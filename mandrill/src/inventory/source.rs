@@ -9,7 +9,6 @@ use std::path::PathBuf;
 use super::{Inventory, InventorySettings, MAX_INVENTORY_BYTES};
 use tracing::warn;
 
-use crate::config::ConfigError;
 use crate::restarter::http::fetch::{FetchError, get_bounded};
 use crate::restarter::process::{ProcessRunner, RunError};
 use crate::settings::redact_url;
@@ -169,25 +168,6 @@ impl LoadError {
     pub(crate) fn with_causes(&self) -> impl fmt::Display + '_ {
         crate::causes::WithCauses(self)
     }
-}
-
-/// The first load, which start-up and the commands that read the
-/// inventory cannot do without: its failure is a configuration error
-/// naming the source's key (exit code 2, which systemd does not retry),
-/// not an outage to wait out.
-pub(crate) async fn load_first(
-    source: &Source,
-    settings: &InventorySettings,
-) -> Result<Inventory, ConfigError> {
-    load(source, settings).await.map_err(|error| {
-        ConfigError::invalid(
-            source.key(),
-            format!(
-                "cannot load the inventory: {}",
-                crate::causes::WithCauses(&error)
-            ),
-        )
-    })
 }
 
 /// Reads and parses the inventory from `source`; the error names the

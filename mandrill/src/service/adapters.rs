@@ -9,8 +9,10 @@ use crate::broker::nats::{NatsBroker, NatsOptions, NatsPublisher};
 use crate::broker::pubsub::{PubSubBroker, PubSubOptions, PubSubPublisher};
 use crate::broker::{Broker, BrokerUrl, BrokerUrlError, DeadLetterAdmin, MemoryBroker, Publisher};
 use crate::config::{
-    BrokerSettings, Config, RestarterKind, RestarterSettings, StoreSettings, redact_url,
+    BrokerSettings, Config, ConfigError, RestarterKind, RestarterSettings, StoreSettings,
+    redact_url,
 };
+use crate::inventory::{Inventory, InventorySettings, Source};
 use crate::restarter::hosts::HostMap;
 use crate::restarter::{
     Blocking, CommandRestarter, HttpRestarter, Journaled, Restarter, SimulatedBlockingRestarter,
@@ -247,4 +249,25 @@ fn build_backend(
         RestarterKind::Ssh => Arc::new(SshRestarter::new(&config.ssh, hosts.clone())?),
         RestarterKind::Http => Arc::new(HttpRestarter::new(&config.http, hosts.clone())?),
     })
+}
+
+/// The first load, which start-up and the commands that read the
+/// inventory cannot do without: its failure is a configuration error
+/// naming the source's key (exit code 2, which systemd does not retry),
+/// not an outage to wait out.
+pub(crate) async fn load_inventory(
+    source: &Source,
+    settings: &InventorySettings,
+) -> Result<Inventory, ConfigError> {
+    crate::inventory::load(source, settings)
+        .await
+        .map_err(|error| {
+            ConfigError::invalid(
+                source.key(),
+                format!(
+                    "cannot load the inventory: {}",
+                    crate::causes::WithCauses(&error)
+                ),
+            )
+        })
 }

@@ -40,8 +40,8 @@ use pause_file::PauseFile;
 pub use records::Records;
 
 pub(crate) use adapters::{
-    broker_url, build_restarter, open_broker, open_dead_letter_admin, open_publisher,
-    open_pubsub_publisher, open_sqlite_broker, open_store,
+    broker_url, build_restarter, load_inventory, open_broker, open_dead_letter_admin,
+    open_publisher, open_pubsub_publisher, open_sqlite_broker, open_store,
 };
 use companions::{prune_history, request_shutdown_when_idle};
 
@@ -244,7 +244,7 @@ impl Service {
         // finding every request deferred.
         let inventory = match Source::of(&config.inventory) {
             Some(source) => {
-                let loaded = crate::inventory::load_first(&source, &config.inventory).await?;
+                let loaded = load_inventory(&source, &config.inventory).await?;
                 info!(
                     source = %source,
                     hosts = loaded.len(),
