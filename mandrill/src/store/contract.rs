@@ -27,7 +27,8 @@ mod switch;
 
 pub(crate) use campaigns::a_campaign_is_read_back_as_recorded_and_only_once;
 pub(crate) use claims::{
-    a_host_is_never_claimed_for_two_requests_at_once, a_released_claim_is_not_a_used_attempt,
+    a_host_is_never_claimed_for_two_requests_at_once,
+    a_late_release_never_frees_another_deliverys_claim, a_released_claim_is_not_a_used_attempt,
     claim_holds_and_unknown_outcomes_count,
 };
 pub(crate) use disruption::{
@@ -47,7 +48,7 @@ pub(crate) use history::{
     the_report_reads_the_journal_and_the_verdicts_since_a_moment,
 };
 pub(crate) use outcomes::{
-    a_record_keeps_who_asked_and_why_from_the_request_that_created_it, every_final_status_is_kept,
+    a_payload_under_another_requests_id_never_joins_it, every_final_status_is_kept,
     final_outcome_is_never_overwritten, outcome_details_are_kept,
     outcome_without_claim_creates_row, the_first_receipt_is_kept,
 };
@@ -80,6 +81,7 @@ pub(crate) async fn all(store: &dyn Store) {
     a_retried_claim_with_its_own_token_gets_the_same_attempt_and_writes_nothing(store).await;
     a_retried_claim_whose_hold_ran_out_gets_the_same_attempt_held_anew(store).await;
     a_released_claim_is_not_a_used_attempt(store).await;
+    a_late_release_never_frees_another_deliverys_claim(store).await;
     a_host_is_never_claimed_for_two_requests_at_once(store).await;
     rejections_are_listed_but_never_count_as_the_request(store).await;
     outcome_details_are_kept(store).await;
@@ -91,7 +93,7 @@ pub(crate) async fn all(store: &dyn Store) {
     the_requester_quota_and_the_zone_budget_count_across_groups_and_instances(store, store).await;
     a_request_without_zone_or_requester_is_never_counted_in_them(store).await;
     the_first_receipt_is_kept(store).await;
-    a_record_keeps_who_asked_and_why_from_the_request_that_created_it(store).await;
+    a_payload_under_another_requests_id_never_joins_it(store).await;
     the_report_reads_the_journal_and_the_verdicts_since_a_moment(store).await;
     prune_removes_old_final_entries_only_and_in_bounded_passes(store).await;
     a_campaign_is_read_back_as_recorded_and_only_once(store).await;

@@ -171,61 +171,204 @@ pub(crate) async fn the_first_receipt_is_kept(store: &dyn Store) {
 /// redelivery, or another request with the same id, that names someone
 /// else changes neither, whether a claim, a first receipt or an outcome
 /// created the record.
-pub(crate) async fn a_record_keeps_who_asked_and_why_from_the_request_that_created_it(
-    store: &dyn Store,
-) {
-    let asked = |request: &RestartRequest, by: &str, reason: &str| {
-        let mut request = request.clone();
-        request.requested_by = Some(by.into());
-        request.reason = Some(reason.into());
-        request
+pub(crate) async fn a_payload_under_another_requests_id_never_joins_it(store: &dyn Store) {
+    // Who asked and for what: `signer` verified (and so `requested_by`,
+    // as the parse sets it), or unsigned free text `by`.
+    let asked =
+        |request: &RestartRequest, instance: &str, signer: Option<&str>, by: &str, reason: &str| {
+            let mut asked = crate::domain::testing::request(instance);
+            asked.message_id = request.message_id;
+            asked.requester = signer.map(Into::into);
+            asked.requested_by = Some(by.into());
+            asked.reason = Some(reason.into());
+            asked
+        };
+    let refused = |claim: Claim| {
+        let Claim::Conflict { reason } = claim else {
+            panic!("another request's id must be refused, got {claim:?}");
+        };
+        reason
     };
-    let kept = |entry: HistoryEntry| (entry.requested_by, entry.reason);
-    let retrying = Outcome::Retrying {
-        error: "no answer".into(),
+    let denied = Outcome::Denied {
+        reason: "not allowed".into(),
     };
-    // Created by a claim; the other request's delivery finds it held, its
-    // outcome is recorded, and it is claimed and restarted again.
-    let first = asked(&request("cattle-asked"), "alice", "kernel update");
-    let other = asked(&first, "mallory", "just because");
-    let claim = store
-        .claim_restart(&first, TERMS, ClaimToken::new())
-        .await
-        .unwrap();
+    let deferral = Decision {
+        verdict: "deferred",
+        guard: "calendar",
+        reason: "closed",
+    };
+    // V's signed request for cattle-a1, claimed (so held).
+    let original = asked(
+        &request("cattle-a1"),
+        "cattle-a1",
+        Some("v"),
+        "v",
+        "kernel update",
+    );
+    let token = ClaimToken::new();
+    let claimed = store.claim_restart(&original, TERMS, token).await.unwrap();
     assert_eq!(
-        claim,
+        claimed,
         Claim::Claimed {
             attempt: 1,
             unknown: None
         }
     );
-    let claim = store
-        .claim_restart(&other, TERMS, ClaimToken::new())
-        .await
-        .unwrap();
-    assert!(
-        matches!(claim, Claim::InFlight { attempt: 1, .. }),
-        "{claim:?}"
+    let impostors = [
+        // Another signer, another host.
+        asked(&original, "web-7", Some("m"), "m", "kernel update"),
+        // Another signer, the same host and reason.
+        asked(&original, "cattle-a1", Some("m"), "m", "kernel update"),
+        // Unsigned, naming V: a signed request never matches an unsigned one.
+        asked(&original, "cattle-a1", None, "v", "kernel update"),
+        // V's own signature, another reason or another host.
+        asked(&original, "cattle-a1", Some("v"), "v", "just because"),
+        asked(&original, "cattle-a2", Some("v"), "v", "kernel update"),
+    ];
+    for impostor in &impostors {
+        let reason = refused(
+            store
+                .claim_restart(impostor, TERMS, ClaimToken::new())
+                .await
+                .unwrap(),
+        );
+        assert!(
+            reason.contains(&original.message_id.to_string()),
+            "the refusal names the id: {reason}"
+        );
+        // No other write a payload reaches before its claim lands either.
+        let recorded = store.record_outcome(impostor, 0, &denied).await.unwrap();
+        assert!(matches!(recorded, Recorded::Conflict(_)), "{recorded:?}");
+        let recorded = store
+            .record_outcome(impostor, 1, &Outcome::restarted())
+            .await
+            .unwrap();
+        assert!(matches!(recorded, Recorded::Conflict(_)), "{recorded:?}");
+        let recorded = store.record_decision(impostor, 0, deferral).await.unwrap();
+        assert!(matches!(recorded, Recorded::Conflict(_)), "{recorded:?}");
+        store.first_received(impostor).await.unwrap();
+    }
+    let reason = refused(
+        store
+            .claim_restart(&impostors[0], TERMS, ClaimToken::new())
+            .await
+            .unwrap(),
     );
-    store.record_outcome(&other, 1, &retrying).await.unwrap();
-    claim_and_restart(store, &other, 2).await;
-    let row = kept(entry(store, first.message_id).await);
-    assert_eq!(row, (Some("alice".into()), Some("kernel update".into())));
-    // Created by the first receipt of a request its publisher did not date.
-    let first = asked(&request("cattle-asked-received"), "carol", "drill");
-    let other = asked(&first, "dave", "again");
+    assert!(
+        reason.contains("instance cattle-a1 (this payload: web-7)")
+            && reason.contains("requested by v (verified) (this payload: m (verified))"),
+        "the refusal names the conflict: {reason}"
+    );
+    // The same request (a redelivery) still joins its record.
+    let again = asked(&original, "cattle-a1", Some("v"), "v", "kernel update");
+    assert!(matches!(
+        store
+            .claim_restart(&again, TERMS, ClaimToken::new())
+            .await
+            .unwrap(),
+        Claim::InFlight { attempt: 1, .. }
+    ));
+    assert_eq!(store.decisions(original.message_id).await.unwrap(), vec![]);
+    assert_eq!(store.deferrals(original.message_id).await.unwrap(), 0);
+    // The original runs untouched.
+    assert_eq!(
+        store
+            .record_outcome(&original, 1, &Outcome::restarted())
+            .await
+            .unwrap(),
+        Recorded::Recorded
+    );
+    let kept = entry(store, original.message_id).await;
+    assert_eq!(
+        (
+            kept.instance_name.as_deref(),
+            kept.requested_by.as_deref(),
+            kept.verified,
+            kept.reason.as_deref(),
+            kept.status,
+            kept.attempts
+        ),
+        (
+            Some("cattle-a1"),
+            Some("v"),
+            true,
+            Some("kernel update"),
+            Status::Restarted,
+            1
+        )
+    );
+    let story = store.story(original.message_id).await.unwrap().unwrap();
+    assert_eq!(story.attempts.len(), 1);
+    assert_eq!(story.attempts[0].group, "cattle");
+    // A final record is not answered for another request either.
+    refused(
+        store
+            .claim_restart(&impostors[0], TERMS, ClaimToken::new())
+            .await
+            .unwrap(),
+    );
+    // Bound from whichever write records the request first: a receipt,
+    // an outcome with no claim before it, a deferral before any claim.
+    // Unsigned, the same `requested_by` is the same request.
+    let first = asked(&request("cattle-b1"), "cattle-b1", None, "carol", "drill");
     store.first_received(&first).await.unwrap();
-    store.first_received(&other).await.unwrap();
-    claim_and_restart(store, &other, 1).await;
-    let row = kept(entry(store, first.message_id).await);
-    assert_eq!(row, (Some("carol".into()), Some("drill".into())));
-    // Created by an outcome no claim came before.
-    let first = asked(&request("cattle-asked-outcome"), "erin", "game day");
-    let other = asked(&first, "frank", "again");
+    refused(
+        store
+            .claim_restart(
+                &asked(&first, "cattle-b1", None, "dave", "drill"),
+                TERMS,
+                ClaimToken::new(),
+            )
+            .await
+            .unwrap(),
+    );
+    claim_and_restart(
+        store,
+        &asked(&first, "cattle-b1", None, "carol", "drill"),
+        1,
+    )
+    .await;
+    let first = asked(&request("cattle-b2"), "cattle-b2", None, "erin", "game day");
+    let retrying = Outcome::Retrying {
+        error: "no answer".into(),
+    };
     store.record_outcome(&first, 1, &retrying).await.unwrap();
-    claim_and_restart(store, &other, 2).await;
-    let row = kept(entry(store, first.message_id).await);
-    assert_eq!(row, (Some("erin".into()), Some("game day".into())));
+    refused(
+        store
+            .claim_restart(
+                &asked(&first, "cattle-b2", None, "erin", "again"),
+                TERMS,
+                ClaimToken::new(),
+            )
+            .await
+            .unwrap(),
+    );
+    claim_and_restart(store, &first, 2).await;
+    let first = asked(&request("cattle-b3"), "cattle-b3", Some("v"), "v", "drill");
+    assert_eq!(
+        store.record_decision(&first, 0, deferral).await.unwrap(),
+        Recorded::Recorded
+    );
+    refused(
+        store
+            .claim_restart(
+                &asked(&first, "web-7", Some("m"), "m", "drill"),
+                TERMS,
+                ClaimToken::new(),
+            )
+            .await
+            .unwrap(),
+    );
+    claim_and_restart(store, &first, 1).await;
+    let kept = entry(store, first.message_id).await;
+    assert_eq!(
+        (
+            kept.instance_name.as_deref(),
+            kept.requested_by.as_deref(),
+            kept.verified
+        ),
+        (Some("cattle-b3"), Some("v"), true)
+    );
 }
 
 /// Claims `request`, expecting `attempt` with no unknown outcome before
