@@ -19,10 +19,10 @@ macro_rules! reads_for {
             use crate::store::history::{entry_from, group_usage_from, report_from, story_from};
             use crate::store::sql::{
                 DEFERRALS_SQL, ENTRY_SQL, EntryRow, GROUP_DISRUPTED_SQL, GROUP_PAUSES_SQL,
-                GROUP_RESTARTS_SQL, GroupPauseRow, HISTORY_SQL, IDENTITY_SQL, INSERT_REQUEST_SQL,
-                IdentityRow, RECEIVED_AT_SQL, RECOVERIES_SQL, REPORT_ATTEMPTS_SQL,
-                REPORT_DECISIONS_SQL, STORY_ATTEMPTS_SQL, STORY_DECISIONS_SQL, SWITCH_SQL,
-                SwitchRow, USAGE_SQL, USAGE_SUBJECT_SQL, identity_from,
+                GROUP_RESTARTS_SQL, GroupPauseRow, HISTORY_SQL, IdentityRow, RECEIVED_AT_SQL,
+                RECORD_REQUEST_SQL, RECOVERIES_SQL, REPORT_ATTEMPTS_SQL, REPORT_DECISIONS_SQL,
+                STORY_ATTEMPTS_SQL, STORY_DECISIONS_SQL, SWITCH_SQL, SwitchRow, USAGE_SQL,
+                USAGE_SUBJECT_SQL, identity_from,
             };
             use crate::store::{
                 DECISION_SQL, DEFERRAL_SQL, Decision, GroupPause, GroupUsage, HistoryEntry,
@@ -111,19 +111,16 @@ macro_rules! reads_for {
                 decision: Decision<'_>,
                 now: i64,
             ) -> Result<Recorded, sqlx::Error> {
-                let id = request.message_id.to_string();
-                sqlx::query(&INSERT_REQUEST_SQL)
-                    .bind(&id)
+                // One statement: the row created if need be, and its
+                // identity read back.
+                let recorded: IdentityRow = sqlx::query_as(&RECORD_REQUEST_SQL)
+                    .bind(request.message_id.to_string())
                     .bind(request.instance_name.as_str())
                     .bind(request.hostname.as_str())
                     .bind(request.requested_by.as_deref())
                     .bind(request.requester.as_deref())
                     .bind(request.reason.as_deref())
                     .bind(now)
-                    .execute(&mut *conn)
-                    .await?;
-                let recorded: IdentityRow = sqlx::query_as(IDENTITY_SQL)
-                    .bind(&id)
                     .fetch_one(&mut *conn)
                     .await?;
                 if let Some(conflict) = identity_conflict(&identity_from(recorded), request) {

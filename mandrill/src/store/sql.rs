@@ -382,12 +382,25 @@ pub(crate) static INSERT_REQUEST_SQL: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
-/// Who asked and for what, as a request's row records it: `$1` message
-/// id; instance, requested by, requester, reason.
-pub(crate) const IDENTITY_SQL: &str =
-    "SELECT instance_name, requested_by, requester, reason FROM requests WHERE message_id = $1";
+/// [`INSERT_REQUEST_SQL`], answering in the same statement who asked and
+/// for what as the row records it ([`IdentityRow`]): the row it created,
+/// or the one there already, which a no-op update returns (the one way an
+/// upsert returns an existing row on both drivers).
+pub(crate) static RECORD_REQUEST_SQL: LazyLock<String> = LazyLock::new(|| {
+    let upsert = INSERT_REQUEST_SQL.replace(
+        "ON CONFLICT (message_id) DO NOTHING",
+        "ON CONFLICT (message_id) DO UPDATE SET message_id = excluded.message_id
+         RETURNING instance_name, requested_by, requester, reason",
+    );
+    assert_ne!(
+        upsert, *INSERT_REQUEST_SQL,
+        "the upsert's tail is where it was"
+    );
+    upsert
+});
 
-/// A row of [`IDENTITY_SQL`].
+/// A row of [`RECORD_REQUEST_SQL`]: instance, requested by, requester,
+/// reason.
 pub(crate) type IdentityRow = (
     Option<String>,
     Option<String>,
