@@ -2,8 +2,9 @@
 //!
 //! Test code only (the module is `cfg(test)`). [`all`] is the one list of
 //! what a store promises, in order; each file beside it holds one kind of
-//! promise: claims, retried claims, outcomes, the switch and pauses, the
-//! counting guards, disruption, quotas, history and the report, campaigns.
+//! promise: claims, retried claims, outcomes, who a request is, the switch
+//! and pauses, the counting guards, disruption, quotas, history and the
+//! report, campaigns.
 
 use std::time::Duration;
 
@@ -20,6 +21,7 @@ mod claims;
 mod disruption;
 mod guards;
 mod history;
+mod identity;
 mod outcomes;
 mod quotas;
 mod retries;
@@ -47,9 +49,9 @@ pub(crate) use history::{
     rejections_are_listed_but_never_count_as_the_request,
     the_report_reads_the_journal_and_the_verdicts_since_a_moment,
 };
+pub(crate) use identity::a_payload_under_another_requests_id_never_joins_it;
 pub(crate) use outcomes::{
-    a_payload_under_another_requests_id_never_joins_it, every_final_status_is_kept,
-    final_outcome_is_never_overwritten, outcome_details_are_kept,
+    every_final_status_is_kept, final_outcome_is_never_overwritten, outcome_details_are_kept,
     outcome_without_claim_creates_row, the_first_receipt_is_kept,
 };
 pub(crate) use quotas::{

@@ -5,6 +5,8 @@
 //!
 //! The SQLite store calls `reads::sqlite::*`, the PostgreSQL store
 //! `reads::postgres::*`, each with its pool.
+//!
+//! Past 400 lines as one piece: one macro body, expanded once per driver.
 
 macro_rules! reads_for {
     ($driver:ident, $db:ty) => {
