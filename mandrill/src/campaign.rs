@@ -315,6 +315,7 @@ mod tests {
                 status,
                 attempts: 1,
                 requested_by: Some("chaos".into()),
+                verified: false,
                 reason: None,
                 last_error: None,
                 output: None,

@@ -60,6 +60,7 @@ pub(crate) fn sqlite_store() -> &'static Migrator {
             "0008_claim_token.sql",
             "0009_campaigns.sql",
             "0010_group_pauses.sql",
+            "0011_request_identity.sql",
         ))
     });
     &MIGRATOR
@@ -77,6 +78,7 @@ pub(crate) fn postgres() -> &'static Migrator {
             "0007_claim_token.sql",
             "0008_campaigns.sql",
             "0009_group_pauses.sql",
+            "0010_request_identity.sql",
         ))
     });
     &MIGRATOR

@@ -120,17 +120,21 @@ pub(crate) enum DeadLetterReason {
     Panicked,
     /// The store refused to record an outcome or a decision.
     StoreRefused,
+    /// A valid payload asked something else under another request's
+    /// `message_id`: refused, recorded apart.
+    Refused,
 }
 
 impl DeadLetterReason {
     /// Every reason, by index.
-    pub(crate) const ALL: [Self; 6] = [
+    pub(crate) const ALL: [Self; 7] = [
         Self::Other,
         Self::Malformed,
         Self::GivenUp,
         Self::RestartFailed,
         Self::Panicked,
         Self::StoreRefused,
+        Self::Refused,
     ];
 
     /// The `/metrics` label.
@@ -142,6 +146,7 @@ impl DeadLetterReason {
             Self::RestartFailed => "restart_failed",
             Self::Panicked => "panicked",
             Self::StoreRefused => "store_refused",
+            Self::Refused => "refused",
         }
     }
 

@@ -309,6 +309,27 @@ fn bad_signatures_are_rejected_with_their_reasons_and_dead_lettered() {
         entries.iter().all(|e| e.status == Status::Rejected),
         "nothing else happened: {entries:?}"
     );
+    // A rejected payload's record keeps what it asked for, unverified:
+    // the host it named and the requester it claimed to be signed by.
+    let forged = entry(&entries, "cattle-t3");
+    assert_eq!(
+        (forged.requested_by.as_deref(), forged.verified),
+        (Some("mallory"), false),
+        "{forged:?}"
+    );
+    assert!(
+        rejected
+            .iter()
+            .all(|e| !e.verified && e.instance_name.is_some()),
+        "{rejected:?}"
+    );
+    let (status, table, _) = mandrill(&dir, &["history", "--config", "mandrill.toml"], &[]);
+    assert!(status.success());
+    let row = table
+        .lines()
+        .find(|line| line.contains("cattle-t3"))
+        .unwrap_or_else(|| panic!("{table}"));
+    assert!(row.contains("mallory (unverified)"), "{table}");
     let reasons: Vec<String> = rejected
         .iter()
         .map(|e| e.last_error.clone().unwrap_or_default())
@@ -426,7 +447,36 @@ fn an_unsigned_request_is_rejected_with_a_real_backend_unless_require_signed_is_
         "the warning is loud"
     );
     let entries = history(&sqlite_url(&dir));
-    assert_eq!(entry(&entries, "cattle-u2").status, Status::Restarted);
+    let accepted = entry(&entries, "cattle-u2");
+    assert_eq!(accepted.status, Status::Restarted);
+    // Free text, never shown as if a signature vouched for it.
+    assert!(!accepted.verified, "{accepted:?}");
+    let rejected = entry(&entries, "cattle-u1");
+    assert_eq!(
+        (
+            rejected.status,
+            rejected.requested_by.as_deref(),
+            rejected.verified
+        ),
+        (Status::Rejected, Some("mandrill-publish"), false),
+        "the rejected record keeps who it said asked: {rejected:?}"
+    );
+    let (status, table, _) = mandrill(&dir, &["history", "--config", "mandrill.toml"], &[]);
+    assert!(status.success());
+    for instance in ["cattle-u1", "cattle-u2"] {
+        let row = table
+            .lines()
+            .find(|line| line.contains(instance))
+            .unwrap_or_else(|| panic!("{table}"));
+        assert!(row.contains("mandrill-publish (unverified)"), "{table}");
+    }
+    let id = accepted.message_id.unwrap().to_string();
+    let (status, story, _) = mandrill(&dir, &["explain", "--config", "mandrill.toml", &id], &[]);
+    assert!(status.success());
+    assert!(
+        story.contains("requested by mandrill-publish (unverified)"),
+        "{story}"
+    );
 }
 
 #[test]
@@ -1003,4 +1053,204 @@ fn three_processes_on_nats_and_postgres_keep_a_requesters_quota_exactly() {
         total, REQUESTS as i64,
         "every request recorded: {statuses:?}"
     );
+}
+
+/// Where the identity test runs: the SQLite queue and store, or NATS and
+/// PostgreSQL.
+enum Backing {
+    Sqlite,
+    NatsPostgres { db: Box<Database>, names: NatsNames },
+}
+
+impl Backing {
+    /// The flags that point a command at the backing, after `--config`.
+    fn flags(&self, broker: bool) -> Vec<String> {
+        match self {
+            Self::Sqlite => Vec::new(),
+            Self::NatsPostgres { db, names } => {
+                let mut flags = vec!["--db".to_owned(), db.url.clone()];
+                if broker {
+                    flags.extend(["--broker".to_owned(), names.url.clone()]);
+                    flags.extend(names.flags());
+                }
+                flags
+            }
+        }
+    }
+
+    fn store_url(&self, dir: &Path) -> String {
+        match self {
+            Self::Sqlite => sqlite_url(dir),
+            Self::NatsPostgres { db, .. } => db.url.clone(),
+        }
+    }
+
+    /// Publishes one signed line as any client allowed on the queue can:
+    /// `mandrill publish` on SQLite; on NATS, a JetStream client of the
+    /// test's own (no `Nats-Msg-Id`, so that JetStream's duplicate window,
+    /// keyed on the message's id by mandrill's publisher, does not drop
+    /// it before mandrill sees it).
+    fn publish_raw(&self, dir: &Path, line: &str) {
+        match self {
+            Self::Sqlite => publish_file(dir, &[line.to_owned()]),
+            Self::NatsPostgres { names, .. } => {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                runtime.block_on(async {
+                    let client = async_nats::connect(names.url.as_str()).await.unwrap();
+                    let jetstream = async_nats::jetstream::new(client);
+                    jetstream
+                        .publish(names.subject().to_owned(), line.to_owned().into())
+                        .await
+                        .unwrap()
+                        .await
+                        .expect("published and stored");
+                });
+            }
+        }
+    }
+}
+
+/// Requester v's signed request for `cattle-a1` waits on a paused group;
+/// requester m, validly signed, publishes its own request for `pet-7`
+/// under v's `message_id` (anyone who reads the queue sees it). m's is
+/// refused naming the conflict, recorded apart with its signer, and
+/// dead-lettered; v's runs once the group resumes, its record intact.
+fn a_request_under_another_requesters_id_is_refused_and_the_original_runs(backing: Backing) {
+    let (_guard, dir) = temp_dir();
+    python(&dir, KEYGEN_PY, &["ed25519", "v"]);
+    python(&dir, KEYGEN_PY, &["p256", "m"]);
+    let journal = dir.join("restarts.journal");
+    write_config(
+        &dir,
+        &format!("{SIMULATE}journal = {:?}\n", journal.display().to_string()),
+        "",
+        &format!(
+            "{}{}",
+            requester("v", "v.pub", "\"cattle-*\""),
+            requester("m", "m.pub", "\"pet-*\"")
+        ),
+    );
+    let command = |verb: &str, extra: &[&str], broker: bool| {
+        let mut args = vec![verb.to_owned(), "--config".into(), "mandrill.toml".into()];
+        args.extend(backing.flags(broker));
+        args.extend(extra.iter().map(|arg| (*arg).to_owned()));
+        args
+    };
+    let run = |args: Vec<String>| {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (status, stdout, stderr) = mandrill(&dir, &args, &[]);
+        assert!(status.success(), "{args:?} failed: {stderr}");
+        stdout
+    };
+    run(command(
+        "pause",
+        &["--group", "cattle", "--by", "sre", "--reason", "drill"],
+        false,
+    ));
+    let service_args = command("run", &[], true);
+    let service_args: Vec<&str> = service_args.iter().map(String::as_str).collect();
+    let service = Mandrill::run(&dir, &service_args[1..]);
+    service.wait_for("mandrill started", 1);
+
+    let id = uuid::Uuid::new_v4().to_string();
+    let original = sign(
+        &dir,
+        serde_json::json!({"key": "v.key", "alg": "EdDSA", "iss": "v", "instance": "cattle-a1", "message_id": id}),
+    );
+    backing.publish_raw(&dir, &original);
+    service.wait_for("deferred", 1);
+    let impostor = sign(
+        &dir,
+        serde_json::json!({"key": "m.key", "alg": "ES256", "iss": "m", "instance": "pet-7", "message_id": id}),
+    );
+    backing.publish_raw(&dir, &impostor);
+    let dead = service.wait_for("dead-lettered", 1);
+    let reason = dead[0]["fields"]["reason"].as_str().unwrap().to_owned();
+    assert!(
+        reason.contains(&format!("message_id {id} is recorded for another request"))
+            && reason.contains("instance cattle-a1 (this payload: pet-7)")
+            && reason.contains("requested by v (verified) (this payload: m (verified))"),
+        "the refusal names the conflict: {reason}"
+    );
+    run(command(
+        "resume",
+        &["--group", "cattle", "--by", "sre", "--reason", "drill over"],
+        false,
+    ));
+    service.wait_for("acked", 1);
+    stop(service);
+
+    // Only v's host was restarted, once.
+    let issued = fs::read_to_string(&journal).unwrap_or_default();
+    let hosts: Vec<&str> = issued
+        .lines()
+        .map(|line| line.split(' ').next().unwrap())
+        .collect();
+    assert_eq!(hosts, ["cattle-a1.example.net"], "{issued}");
+    let entries = history(&backing.store_url(&dir));
+    let recorded: Vec<&HistoryEntry> = entries
+        .iter()
+        .filter(|e| e.message_id.map(|m| m.to_string()) == Some(id.clone()))
+        .collect();
+    assert_eq!(
+        recorded.len(),
+        2,
+        "the request and the refusal: {entries:?}"
+    );
+    let kept = recorded
+        .iter()
+        .find(|e| e.status == Status::Restarted)
+        .unwrap_or_else(|| panic!("v's request restarted: {entries:?}"));
+    assert_eq!(
+        (
+            kept.instance_name.as_deref(),
+            kept.requested_by.as_deref(),
+            kept.verified,
+            kept.attempts
+        ),
+        (Some("cattle-a1"), Some("v"), true, 1),
+        "the original's record is intact: {kept:?}"
+    );
+    let refused = recorded
+        .iter()
+        .find(|e| e.status == Status::Rejected)
+        .unwrap_or_else(|| panic!("m's payload recorded apart: {entries:?}"));
+    assert_eq!(
+        (
+            refused.instance_name.as_deref(),
+            refused.requested_by.as_deref(),
+            refused.verified
+        ),
+        (Some("pet-7"), Some("m"), true),
+        "the refused payload and who signed it: {refused:?}"
+    );
+    assert_eq!(refused.last_error.as_deref(), Some(reason.as_str()));
+    // explain tells v's story alone: its host, its signer, one attempt.
+    let story = run(command("explain", &["--json", &id], false));
+    let story: serde_json::Value = serde_json::from_str(story.trim()).unwrap();
+    assert_eq!(story["entry"]["instance_name"], "cattle-a1", "{story}");
+    assert_eq!(story["entry"]["requested_by"], "v", "{story}");
+    assert_eq!(story["attempts"].as_array().unwrap().len(), 1, "{story}");
+    assert_eq!(story["attempts"][0]["group"], "cattle", "{story}");
+    if let Backing::Sqlite = backing {
+        let dead = run(command("dead-letters", &["--json"], false));
+        assert_eq!(dead.lines().count(), 1, "m's payload dead-lettered: {dead}");
+        assert!(dead.contains("is recorded for another request"), "{dead}");
+    }
+}
+
+#[test]
+fn a_request_under_another_requesters_id_is_refused_and_the_original_runs_on_sqlite() {
+    a_request_under_another_requesters_id_is_refused_and_the_original_runs(Backing::Sqlite);
+}
+
+#[test]
+fn a_request_under_another_requesters_id_is_refused_and_the_original_runs_on_nats_and_postgres() {
+    a_request_under_another_requesters_id_is_refused_and_the_original_runs(Backing::NatsPostgres {
+        db: Box::new(Database::create()),
+        names: NatsNames::new(&nats_server()),
+    });
 }

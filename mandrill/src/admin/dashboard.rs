@@ -324,6 +324,7 @@ mod tests {
             status,
             attempts: 1,
             requested_by: None,
+            verified: false,
             reason: None,
             last_error: None,
             output: None,

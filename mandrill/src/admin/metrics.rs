@@ -117,8 +117,8 @@ impl Exposition {
             describe_counter!("mandrill_requests_total", "Requests finished, by outcome.");
             describe_counter!(
                 "mandrill_dead_letters_total",
-                "Deliveries dead-lettered, by reason: malformed, given_up, restart_failed, \
-                 panicked, store_refused, other."
+                "Deliveries dead-lettered, by reason: malformed, refused, given_up, \
+                 restart_failed, panicked, store_refused, other."
             );
             describe_counter!(
                 "mandrill_rejections_total",

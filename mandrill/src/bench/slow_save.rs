@@ -53,16 +53,21 @@ impl Store for SlowSaveStore {
             .record_outcome_acking(r, attempt, outcome, ack)
             .await
     }
-    async fn release_claim(&self, r: &RestartRequest, attempt: u32) -> Result<(), StoreError> {
-        self.inner.release_claim(r, attempt).await
+    async fn release_claim(
+        &self,
+        r: &RestartRequest,
+        attempt: u32,
+        token: crate::store::ClaimToken,
+    ) -> Result<(), StoreError> {
+        self.inner.release_claim(r, attempt, token).await
     }
     async fn record_rejection(
         &self,
-        id: Option<Uuid>,
+        asked: &crate::domain::Asked,
         reason: &str,
         payload: &[u8],
     ) -> Result<(), StoreError> {
-        self.inner.record_rejection(id, reason, payload).await
+        self.inner.record_rejection(asked, reason, payload).await
     }
     async fn history(&self, limit: usize) -> Result<Vec<HistoryEntry>, StoreError> {
         self.inner.history(limit).await
@@ -72,7 +77,7 @@ impl Store for SlowSaveStore {
         request: &RestartRequest,
         attempt: u32,
         decision: crate::store::Decision<'_>,
-    ) -> Result<(), StoreError> {
+    ) -> Result<crate::store::Recorded, StoreError> {
         self.inner.record_decision(request, attempt, decision).await
     }
     async fn story(&self, message_id: Uuid) -> Result<Option<crate::store::Story>, StoreError> {

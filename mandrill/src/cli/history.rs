@@ -64,9 +64,13 @@ pub(super) async fn print_history(config: &Config, args: &HistoryArgs) -> anyhow
             e.received_at.to_string(),
             e.message_id
                 .map_or_else(|| "-".to_owned(), |id| id.to_string()),
-            e.hostname.as_deref().unwrap_or("-"),
-            // The verified requester of a signed request.
-            redactor.scrub(e.requested_by.as_deref().unwrap_or("-")),
+            // A rejected payload has no host: the instance it named.
+            e.hostname
+                .as_deref()
+                .or(e.instance_name.as_deref())
+                .unwrap_or("-"),
+            // The verified requester of a signed request; free text marked.
+            redactor.scrub(e.requested_by_shown().as_deref().unwrap_or("-")),
             e.status.as_str(),
             e.attempts,
             e.completed_at

@@ -16,10 +16,12 @@ pub(crate) use joint_ack::JointAck;
 pub(crate) use names::{Domain, Hostname, InstanceName, random_instance_name};
 pub use outcome::Status;
 pub(crate) use outcome::{Outcome, Restarted};
+pub(crate) use request::{
+    Asked, Reach, Rejection, WireRequest, new_message_id, salvage_message_id,
+};
 #[cfg(test)]
 use request::{MAX_REASON_CHARS, MAX_REQUESTED_BY_CHARS};
 pub(crate) use request::{ParseRules, RestartRequest};
-pub(crate) use request::{Reach, Rejection, WireRequest, new_message_id, salvage_message_id};
 pub(crate) use signed::SigningKey;
 pub(crate) use signed::{Signatures, Signer};
 pub use time::Timestamp;

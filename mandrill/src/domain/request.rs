@@ -601,3 +601,81 @@ pub(crate) fn salvage_message_id(payload: &[u8]) -> Option<Uuid> {
 pub(crate) fn unverified(said: &str) -> String {
     format!("{said} (unverified)")
 }
+
+/// What a payload asked for, as far as it could be read: what the record
+/// of a refused or rejected payload keeps, apart from every request's own
+/// record. Only a field that passes the parse's own check is kept (a name
+/// that is not a DNS label, text with control characters: left out).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Asked {
+    /// The `message_id` it carried.
+    pub message_id: Option<Uuid>,
+    /// The instance it asked to restart.
+    pub instance_name: Option<String>,
+    /// Who it said asked: for a signed payload, the requester it names as
+    /// its signer (`iss`).
+    pub requested_by: Option<String>,
+    /// Why, as it said.
+    pub reason: Option<String>,
+    /// The signer, only when the signature was verified; `requested_by`
+    /// is unverified free text otherwise.
+    pub requester: Option<String>,
+}
+
+impl Asked {
+    /// What a valid request asked for (its requester verified if signed).
+    pub(crate) fn of(request: &RestartRequest) -> Self {
+        Self {
+            message_id: Some(request.message_id),
+            instance_name: Some(request.instance_name.as_str().to_owned()),
+            requested_by: request.requested_by.clone(),
+            reason: request.reason.clone(),
+            requester: request.requester.clone(),
+        }
+    }
+
+    /// What a payload that could not be parsed into a request asked for,
+    /// read without trusting it: a signed one's claims unverified, its
+    /// `iss` taken as who asked. Nothing in it is verified.
+    pub(crate) fn salvage(payload: &[u8]) -> Self {
+        #[derive(Deserialize)]
+        struct Fields {
+            message_id: Option<String>,
+            instance_name: Option<String>,
+            requested_by: Option<String>,
+            reason: Option<String>,
+            iss: Option<String>,
+        }
+        let trimmed = payload.trim_ascii();
+        let fields = if signed::is_compact_jws(trimmed) {
+            signed::unverified_claims(trimmed)
+                .and_then(|claims| serde_json::from_slice::<Fields>(&claims).ok())
+                .map(|mut fields| {
+                    fields.requested_by = fields.iss.take();
+                    fields
+                })
+        } else {
+            serde_json::from_slice::<Fields>(payload)
+                .ok()
+                .map(|mut fields| {
+                    fields.iss = None;
+                    fields
+                })
+        };
+        let Some(fields) = fields else {
+            return Self::default();
+        };
+        let text =
+            |field, raw: Option<String>, max| free_text(field, raw.as_deref(), max).ok().flatten();
+        Self {
+            message_id: fields.message_id.and_then(|id| Uuid::parse_str(&id).ok()),
+            instance_name: fields
+                .instance_name
+                .and_then(|name| InstanceName::parse(&name).ok())
+                .map(|name| name.as_str().to_owned()),
+            requested_by: text("requested_by", fields.requested_by, MAX_REQUESTED_BY_CHARS),
+            reason: text("reason", fields.reason, MAX_REASON_CHARS),
+            requester: None,
+        }
+    }
+}

@@ -395,6 +395,13 @@ pub(super) fn unverified_message_id(token: &[u8]) -> Option<String> {
         .map(|id| id.message_id)
 }
 
+/// The claims of a compact JWS, decoded and unverified: for recording
+/// what a rejected payload asked (shown only, marked unverified).
+pub(super) fn unverified_claims(token: &[u8]) -> Option<Vec<u8>> {
+    let claims = token.split(|b| *b == b'.').nth(1)?;
+    URL_SAFE_NO_PAD.decode(claims).ok()
+}
+
 /// A private key to sign requests with (`mandrill publish --as`): PKCS#8
 /// PEM, Ed25519 (EdDSA) or P-256 (ES256).
 pub(crate) struct SigningKey {

@@ -214,6 +214,45 @@ fn salvage_finds_id_in_rejected_payload() {
 }
 
 #[test]
+fn a_rejected_payload_keeps_what_it_asked_for_unverified_and_only_what_passes_the_checks() {
+    let payload = format!(
+        r#"{{"message_id":"{ID}","instance_name":"cattle-a1","requested_by":"oncall-bot","reason":"bad\u0007bell","published_at":"never"}}"#
+    );
+    assert_eq!(
+        Asked::salvage(payload.as_bytes()),
+        Asked {
+            message_id: Some(Uuid::parse_str(ID).unwrap()),
+            instance_name: Some("cattle-a1".into()),
+            requested_by: Some("oncall-bot".into()),
+            // A control character: left out, not shown.
+            reason: None,
+            requester: None,
+        }
+    );
+    let bad_name = format!(r#"{{"message_id":"{ID}","instance_name":"BAD NAME"}}"#);
+    assert_eq!(Asked::salvage(bad_name.as_bytes()).instance_name, None);
+    // A signed one's claims are read unverified: its `iss` is who it says
+    // signed it, never a verified requester.
+    let claims = format!(
+        r#"{{"message_id":"{ID}","instance_name":"cattle-a1","requested_by":"someone","iss":"mallory"}}"#
+    );
+    let token = format!(
+        "eyJhbGciOiJFZERTQSJ9.{}.c2lnbmF0dXJl",
+        base64::Engine::encode(&base64::engine::general_purpose::URL_SAFE_NO_PAD, claims)
+    );
+    let asked = Asked::salvage(token.as_bytes());
+    assert_eq!(
+        (
+            asked.instance_name.as_deref(),
+            asked.requested_by.as_deref(),
+            asked.requester
+        ),
+        (Some("cattle-a1"), Some("mallory"), None)
+    );
+    assert_eq!(Asked::salvage(b"garbage"), Asked::default());
+}
+
+#[test]
 fn minted_ids_are_version_7_and_sort_by_their_time_in_text_too() {
     let mut rng = rand::rng();
     let at = humantime::parse_rfc3339("2026-11-23T01:00:00.123Z").unwrap();

@@ -313,16 +313,17 @@ mod tests {
             &self,
             r: &crate::domain::RestartRequest,
             attempt: u32,
+            token: crate::store::ClaimToken,
         ) -> Result<(), StoreError> {
-            self.inner.release_claim(r, attempt).await
+            self.inner.release_claim(r, attempt, token).await
         }
         async fn record_rejection(
             &self,
-            id: Option<uuid::Uuid>,
+            asked: &crate::domain::Asked,
             reason: &str,
             payload: &[u8],
         ) -> Result<(), StoreError> {
-            self.inner.record_rejection(id, reason, payload).await
+            self.inner.record_rejection(asked, reason, payload).await
         }
         async fn history(
             &self,
@@ -335,7 +336,7 @@ mod tests {
             r: &crate::domain::RestartRequest,
             attempt: u32,
             decision: crate::store::Decision<'_>,
-        ) -> Result<(), StoreError> {
+        ) -> Result<crate::store::Recorded, StoreError> {
             self.inner.record_decision(r, attempt, decision).await
         }
         async fn story(&self, id: uuid::Uuid) -> Result<Option<crate::store::Story>, StoreError> {

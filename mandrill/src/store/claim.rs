@@ -61,6 +61,14 @@ pub(crate) enum Claim {
         /// The last of them, if its outcome was never recorded.
         unknown: Option<u32>,
     },
+    /// The `message_id` is recorded for another request (another
+    /// requester, instance or reason; see [`identity_conflict`]): nothing
+    /// was claimed or written. The caller refuses the payload, records it
+    /// apart and dead-letters it.
+    Conflict {
+        /// The conflict, in words.
+        reason: String,
+    },
 }
 
 /// The terms of a claim, from the worker's configuration.
@@ -110,7 +118,7 @@ impl Default for ClaimToken {
 }
 
 /// The part of a stored row that decides a claim.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct ClaimState {
     pub status: Status,
     /// Attempts claimed so far.
@@ -125,17 +133,96 @@ pub(crate) struct ClaimState {
     /// The earlier attempt the last claim counted as issued with its
     /// outcome unknown, as that claim answered.
     pub unknown: Option<u32>,
+    /// Who asked and for what, as the row records it; `None` for a row
+    /// the deciding transaction created from the request in hand.
+    pub identity: Option<Identity>,
 }
 
 impl ClaimState {
-    /// A request never claimed: received, no attempt.
+    /// A request never claimed: received, no attempt, the row written from
+    /// the request in hand.
     pub(crate) const NEW: Self = Self {
         status: Status::Received,
         attempts: 0,
         claim_until: None,
         token: None,
         unknown: None,
+        identity: None,
     };
+}
+
+/// Who asked, and for what, as a request's row records it: what a payload
+/// under a recorded `message_id` must repeat to be that request. The
+/// message id is only the publisher's word (anyone who reads the queue
+/// sees it); who signed, which host and why are what was asked.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Identity {
+    /// The instance to restart.
+    pub instance: String,
+    /// Who asked: the verified signer's name for a signed request, else
+    /// the publisher's free text.
+    pub requested_by: Option<String>,
+    /// The verified signer; `None` for an unsigned request.
+    pub requester: Option<String>,
+    /// Why.
+    pub reason: Option<String>,
+}
+
+/// The one identity rule: `None` when `request` is the request `recorded`
+/// describes (same verified requester, or unsigned the same
+/// `requested_by`, and a signed request never matches an unsigned one;
+/// same instance; same reason), else the conflict in words. Every write a
+/// payload can reach under its `message_id` (a claim, an outcome, a
+/// decision) asks this first, in its own transaction, and writes nothing
+/// onto a row of another request.
+pub(crate) fn identity_conflict(recorded: &Identity, request: &RestartRequest) -> Option<String> {
+    fn who(requested_by: Option<&str>, requester: Option<&str>) -> String {
+        match (requester, requested_by) {
+            (Some(signer), _) => format!("{signer} (verified)"),
+            (None, Some(name)) => format!("{name} (unverified)"),
+            (None, None) => "nobody named (unverified)".to_owned(),
+        }
+    }
+    fn why(reason: Option<&str>) -> String {
+        reason.map_or_else(|| "none given".to_owned(), |reason| format!("{reason:?}"))
+    }
+    let mut differences = Vec::new();
+    if recorded.instance != request.instance_name.as_str() {
+        differences.push(format!(
+            "instance {} (this payload: {})",
+            recorded.instance, request.instance_name
+        ));
+    }
+    if recorded.requester.as_deref() != request.requester.as_deref()
+        || recorded.requested_by.as_deref() != request.requested_by.as_deref()
+    {
+        differences.push(format!(
+            "requested by {} (this payload: {})",
+            who(
+                recorded.requested_by.as_deref(),
+                recorded.requester.as_deref()
+            ),
+            who(
+                request.requested_by.as_deref(),
+                request.requester.as_deref()
+            ),
+        ));
+    }
+    if recorded.reason.as_deref() != request.reason.as_deref() {
+        differences.push(format!(
+            "reason {} (this payload: {})",
+            why(recorded.reason.as_deref()),
+            why(request.reason.as_deref())
+        ));
+    }
+    (!differences.is_empty()).then(|| {
+        format!(
+            "message_id {} is recorded for another request: {}; refused, the recorded \
+             request is left as it was",
+            request.message_id,
+            differences.join(", ")
+        )
+    })
 }
 
 /// What [`Store::set_switch_if`](super::Store::set_switch_if) must find
@@ -348,6 +435,15 @@ pub(crate) fn decide_claim(
     usage: &Usage,
 ) -> (Claim, Option<ClaimWrite>) {
     let state = state.unwrap_or(ClaimState::NEW);
+    // Before anything else, a final status included: another request's
+    // record is neither joined nor answered for.
+    if let Some(reason) = state
+        .identity
+        .as_ref()
+        .and_then(|recorded| identity_conflict(recorded, request))
+    {
+        return (Claim::Conflict { reason }, None);
+    }
     if state.status.is_final() {
         return (Claim::Final(state.status), None);
     }

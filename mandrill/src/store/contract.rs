@@ -2,8 +2,9 @@
 //!
 //! Test code only (the module is `cfg(test)`). [`all`] is the one list of
 //! what a store promises, in order; each file beside it holds one kind of
-//! promise: claims, retried claims, outcomes, the switch and pauses, the
-//! counting guards, disruption, quotas, history and the report, campaigns.
+//! promise: claims, retried claims, outcomes, who a request is, the switch
+//! and pauses, the counting guards, disruption, quotas, history and the
+//! report, campaigns.
 
 use std::time::Duration;
 
@@ -20,6 +21,7 @@ mod claims;
 mod disruption;
 mod guards;
 mod history;
+mod identity;
 mod outcomes;
 mod quotas;
 mod retries;
@@ -27,7 +29,8 @@ mod switch;
 
 pub(crate) use campaigns::a_campaign_is_read_back_as_recorded_and_only_once;
 pub(crate) use claims::{
-    a_host_is_never_claimed_for_two_requests_at_once, a_released_claim_is_not_a_used_attempt,
+    a_host_is_never_claimed_for_two_requests_at_once,
+    a_late_release_never_frees_another_deliverys_claim, a_released_claim_is_not_a_used_attempt,
     claim_holds_and_unknown_outcomes_count,
     two_names_of_one_machine_are_one_host_to_every_counting_guard,
 };
@@ -50,9 +53,9 @@ pub(crate) use history::{
     rejections_are_listed_but_never_count_as_the_request,
     the_report_reads_the_journal_and_the_verdicts_since_a_moment,
 };
+pub(crate) use identity::a_payload_under_another_requests_id_never_joins_it;
 pub(crate) use outcomes::{
-    a_record_keeps_who_asked_and_why_from_the_request_that_created_it, every_final_status_is_kept,
-    final_outcome_is_never_overwritten, outcome_details_are_kept,
+    every_final_status_is_kept, final_outcome_is_never_overwritten, outcome_details_are_kept,
     outcome_without_claim_creates_row, the_first_receipt_is_kept,
 };
 pub(crate) use quotas::{
@@ -84,6 +87,7 @@ pub(crate) async fn all(store: &dyn Store) {
     a_retried_claim_with_its_own_token_gets_the_same_attempt_and_writes_nothing(store).await;
     a_retried_claim_whose_hold_ran_out_gets_the_same_attempt_held_anew(store).await;
     a_released_claim_is_not_a_used_attempt(store).await;
+    a_late_release_never_frees_another_deliverys_claim(store).await;
     a_host_is_never_claimed_for_two_requests_at_once(store).await;
     two_names_of_one_machine_are_one_host_to_every_counting_guard(store).await;
     rejections_are_listed_but_never_count_as_the_request(store).await;
@@ -96,7 +100,7 @@ pub(crate) async fn all(store: &dyn Store) {
     the_requester_quota_and_the_zone_budget_count_across_groups_and_instances(store, store).await;
     a_request_without_zone_or_requester_is_never_counted_in_them(store).await;
     the_first_receipt_is_kept(store).await;
-    a_record_keeps_who_asked_and_why_from_the_request_that_created_it(store).await;
+    a_payload_under_another_requests_id_never_joins_it(store).await;
     the_report_reads_the_journal_and_the_verdicts_since_a_moment(store).await;
     prune_removes_old_final_entries_only_and_in_bounded_passes(store).await;
     a_campaign_is_read_back_as_recorded_and_only_once(store).await;

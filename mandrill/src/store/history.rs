@@ -136,6 +136,7 @@ pub(crate) fn story_of(
                 status: Status::Received,
                 attempts: count_of(attempts.len()),
                 requested_by: None,
+                verified: false,
                 reason: None,
                 last_error: None,
                 output: None,
@@ -182,13 +183,19 @@ pub(crate) fn decisions_from(decisions: Vec<DecisionRow>) -> Vec<DecisionRecord>
 }
 
 /// Whether [`Store::record_outcome`] recorded anything.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
+// `Recorded::Recorded` reads as the answer it is, at every call site.
+#[allow(clippy::enum_variant_names)]
 pub(crate) enum Recorded {
     /// The outcome is now recorded.
     Recorded,
     /// A final outcome was already recorded (by an earlier delivery or
     /// another instance); it was left as it was.
     AlreadyFinal(Status),
+    /// The `message_id` is recorded for another request
+    /// ([`identity_conflict`](super::identity_conflict)): nothing was
+    /// written; the payload is to be refused and recorded apart.
+    Conflict(String),
 }
 
 /// One request as recorded, for `mandrill history`.
@@ -206,6 +213,9 @@ pub struct HistoryEntry {
     pub attempts: u32,
     /// Who asked, if the publisher said.
     pub requested_by: Option<String>,
+    /// Whether `requested_by` is a requester whose signature was verified;
+    /// when not, it is only what the payload said (shown as unverified).
+    pub verified: bool,
     /// Why, if the publisher said.
     pub reason: Option<String>,
     /// The last error, or the rejection reason.
@@ -222,6 +232,21 @@ pub struct HistoryEntry {
     pub updated_at: Timestamp,
     /// When it became final.
     pub completed_at: Option<Timestamp>,
+}
+
+impl HistoryEntry {
+    /// Who asked, as every display shows it: a name that no verified
+    /// signature vouches for is marked `(unverified)`, so that free text
+    /// never reads like a verified requester.
+    pub(crate) fn requested_by_shown(&self) -> Option<String> {
+        self.requested_by.as_deref().map(|name| {
+            if self.verified {
+                name.to_owned()
+            } else {
+                format!("{name} (unverified)")
+            }
+        })
+    }
 }
 
 fn seconds<S: serde::Serializer>(
@@ -274,6 +299,7 @@ pub(crate) fn entry_from(row: EntryRow) -> Result<HistoryEntry, StoreError> {
         received_at,
         updated_at,
         completed_at,
+        requester,
     ) = row;
     let message_id = message_id
         .map(|id| {
@@ -290,6 +316,7 @@ pub(crate) fn entry_from(row: EntryRow) -> Result<HistoryEntry, StoreError> {
         ),
         status: status_from_name(&status)?,
         requested_by,
+        verified: requester.is_some(),
         reason,
         last_error,
         output,

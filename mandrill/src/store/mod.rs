@@ -31,7 +31,7 @@ mod story;
 use async_trait::async_trait;
 use uuid::Uuid;
 
-use crate::domain::{JointAck, Outcome, RestartRequest, Status, Timestamp};
+use crate::domain::{Asked, JointAck, Outcome, RestartRequest, Status, Timestamp};
 
 pub(crate) use campaigns::{Campaign, CampaignTarget};
 #[cfg(test)]
@@ -42,6 +42,7 @@ pub(crate) use claim::{
     decide_claim, group_pause_from, switch_from, usage_binds, usage_from, usage_subject_from,
 };
 pub(crate) use claim::{GroupPause, unknown_outcome};
+pub(crate) use claim::{Identity, identity_conflict};
 pub(crate) use claim::{Switch, SwitchExpected};
 pub(crate) use error::DEFAULT_TIMEOUT;
 pub(crate) use error::StoreError;
@@ -81,8 +82,9 @@ pub(crate) trait Store: Send + Sync + 'static {
     ) -> Result<Claim, StoreError>;
 
     /// Records the outcome of restart attempt `attempt`, unless a final
-    /// outcome is already recorded, and releases that attempt's claim.
-    /// Creates the row if no claim did.
+    /// outcome is already recorded or the row is another request's
+    /// ([`identity_conflict`]: [`Recorded::Conflict`], nothing written),
+    /// and releases that attempt's claim. Creates the row if no claim did.
     async fn record_outcome(
         &self,
         request: &RestartRequest,
@@ -109,17 +111,25 @@ pub(crate) trait Store: Send + Sync + 'static {
     /// Gives back restart attempt `attempt`, claimed but never issued (a
     /// guard closed between the claim and the restart): the attempt is
     /// uncounted and its hold lifted, so the redelivery claims it again.
-    /// Does nothing unless `attempt` is the latest claim and still held.
-    async fn release_claim(&self, request: &RestartRequest, attempt: u32)
-    -> Result<(), StoreError>;
+    /// Does nothing unless `attempt` is the latest claim, still held, and
+    /// made with `token` (the [`ClaimToken`] of the claiming call): a
+    /// release that commits late never frees another delivery's claim.
+    async fn release_claim(
+        &self,
+        request: &RestartRequest,
+        attempt: u32,
+        token: ClaimToken,
+    ) -> Result<(), StoreError>;
 
-    /// Records a payload that was dead-lettered as malformed. `message_id`
-    /// is what could be salvaged from it: shown in the history, but never
-    /// taken as the request's own record (a later valid request with that id
-    /// is handled as new).
+    /// Records a payload that was dead-lettered: malformed, or refused for
+    /// asking something else under another request's `message_id`.
+    /// `asked` is what could be read of it (its requester only if its
+    /// signature was verified): shown in the history, marked unverified
+    /// where it is, but never taken as a request's own record (a later
+    /// valid request with that id is handled as new).
     async fn record_rejection(
         &self,
-        message_id: Option<Uuid>,
+        asked: &Asked,
         reason: &str,
         payload: &[u8],
     ) -> Result<(), StoreError>;
@@ -129,13 +139,16 @@ pub(crate) trait Store: Send + Sync + 'static {
 
     /// Records a guard's verdict on a request that the claim did not
     /// decide (eligibility, the calendar, stop conditions, a dry run), for
-    /// [`Store::story`]. Claims record their own refusals.
+    /// [`Store::story`]; claims record their own refusals. Creates the
+    /// request's row if need be, so that who asked is bound from its first
+    /// record; writes nothing, and answers [`Recorded::Conflict`], when
+    /// the row is another request's ([`identity_conflict`]).
     async fn record_decision(
         &self,
         request: &RestartRequest,
         attempt: u32,
         decision: Decision<'_>,
-    ) -> Result<(), StoreError>;
+    ) -> Result<Recorded, StoreError>;
 
     /// Everything recorded about one request, if anything is.
     async fn story(&self, message_id: Uuid) -> Result<Option<Story>, StoreError>;
@@ -233,9 +246,9 @@ pub(crate) trait Store: Send + Sync + 'static {
         Err(StoreError::Unsupported("campaigns"))
     }
 
-    /// The decisions recorded about a request, oldest first, whether or
-    /// not it has a record of its own yet (a request deferred before any
-    /// claim has only these). For `campaign status` and `wait`.
+    /// The decisions recorded about a request, oldest first (a request
+    /// deferred before any claim has these and a record with no attempt).
+    /// For `campaign status` and `wait`.
     async fn decisions(&self, message_id: Uuid) -> Result<Vec<DecisionRecord>, StoreError> {
         let _ = message_id;
         Err(StoreError::Unsupported("decisions apart from a story"))

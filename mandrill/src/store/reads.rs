@@ -5,6 +5,8 @@
 //!
 //! The SQLite store calls `reads::sqlite::*`, the PostgreSQL store
 //! `reads::postgres::*`, each with its pool.
+//!
+//! Past 400 lines as one piece: one macro body, expanded once per driver.
 
 macro_rules! reads_for {
     ($driver:ident, $db:ty) => {
@@ -19,14 +21,16 @@ macro_rules! reads_for {
             use crate::store::history::{entry_from, group_usage_from, report_from, story_from};
             use crate::store::sql::{
                 DEFERRALS_SQL, ENTRY_SQL, EntryRow, GROUP_DISRUPTED_SQL, GROUP_PAUSES_SQL,
-                GROUP_RESTARTS_SQL, GroupPauseRow, HISTORY_SQL, RECEIVED_AT_SQL, RECOVERIES_SQL,
-                REJECTED_ENTRY_SQL, REPORT_ATTEMPTS_SQL, REPORT_DECISIONS_SQL, STORY_ATTEMPTS_SQL,
-                STORY_DECISIONS_SQL, SWITCH_SQL, SwitchRow, USAGE_SQL, USAGE_SUBJECT_SQL,
+                GROUP_RESTARTS_SQL, GroupPauseRow, HISTORY_SQL, IdentityRow, RECEIVED_AT_SQL,
+                RECORD_REQUEST_SQL, RECOVERIES_SQL, REJECTED_ENTRY_SQL, REPORT_ATTEMPTS_SQL,
+                REPORT_DECISIONS_SQL, STORY_ATTEMPTS_SQL, STORY_DECISIONS_SQL, SWITCH_SQL,
+                SwitchRow, USAGE_SQL, USAGE_SUBJECT_SQL, identity_from,
             };
             use crate::store::{
                 DECISION_SQL, DEFERRAL_SQL, Decision, GroupPause, GroupUsage, HistoryEntry,
-                ReportData, StoreError, Story, Switch, Timestamp, UsageRow, UsageSubjectRow,
-                group_pause_from, switch_from, usage_binds, usage_from, usage_subject_from,
+                Recorded, ReportData, StoreError, Story, Switch, Timestamp, UsageRow,
+                UsageSubjectRow, group_pause_from, identity_conflict, switch_from, usage_binds,
+                usage_from, usage_subject_from,
             };
 
             /// What the counting guards read for a claim of `request`, in
@@ -96,6 +100,36 @@ macro_rules! reads_for {
                     .execute(conn)
                     .await?;
                 Ok(())
+            }
+
+            /// See [`crate::store::Store::record_decision`]: in `conn`'s
+            /// transaction, the request's row created if it has none, its
+            /// identity read and judged ([`identity_conflict`]), and the
+            /// decision recorded only if the row is the request's own.
+            pub(crate) async fn record_decision(
+                conn: &mut <$db as sqlx::Database>::Connection,
+                request: &RestartRequest,
+                attempt: u32,
+                decision: Decision<'_>,
+                now: i64,
+            ) -> Result<Recorded, sqlx::Error> {
+                // One statement: the row created if need be, and its
+                // identity read back.
+                let recorded: IdentityRow = sqlx::query_as(&RECORD_REQUEST_SQL)
+                    .bind(request.message_id.to_string())
+                    .bind(request.instance_name.as_str())
+                    .bind(request.hostname.as_str())
+                    .bind(request.requested_by.as_deref())
+                    .bind(request.requester.as_deref())
+                    .bind(request.reason.as_deref())
+                    .bind(now)
+                    .fetch_one(&mut *conn)
+                    .await?;
+                if let Some(conflict) = identity_conflict(&identity_from(recorded), request) {
+                    return Ok(Recorded::Conflict(conflict));
+                }
+                insert_decision(conn, request.message_id, attempt, decision, now).await?;
+                Ok(Recorded::Recorded)
             }
 
             /// See [`crate::store::Store::history`].

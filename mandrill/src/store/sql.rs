@@ -244,7 +244,8 @@ pub(crate) type ReportDecisionRow = (
 macro_rules! entry_columns {
     () => {
         "instance_name, hostname, requested_by, reason, status, CAST(attempts AS BIGINT),
-        last_error, output, recovered_after_ms, received_at, updated_at, completed_at"
+        last_error, output, recovered_after_ms, received_at, updated_at, completed_at,
+        requester"
     };
 }
 
@@ -275,7 +276,7 @@ pub(crate) const REJECTED_ENTRY_SQL: &str = concat!(
 
 /// A row of [`HISTORY_SQL`], [`ENTRY_SQL`] or [`REJECTED_ENTRY_SQL`]: message id, instance,
 /// host, requested by, reason, status, attempts, last error, output,
-/// recovery (ms), received, updated, completed.
+/// recovery (ms), received, updated, completed, verified requester.
 pub(crate) type EntryRow = (
     Option<String>,
     Option<String>,
@@ -290,6 +291,7 @@ pub(crate) type EntryRow = (
     i64,
     i64,
     Option<i64>,
+    Option<String>,
 );
 
 /// A request's deferred deliveries: `$1` message id.
@@ -356,11 +358,14 @@ pub(crate) const PRUNE_ORPHANS_SQL: [&str; 2] = [
      WHERE NOT EXISTS (SELECT 1 FROM requests q WHERE q.message_id = d.message_id)",
 ];
 
-/// Records a payload dead-lettered as malformed: `$1` the id salvaged from
-/// it (or NULL), `$2` why, `$3` an excerpt, `$4` now.
+/// Records a payload dead-lettered (malformed, or refused for another
+/// request's id): `$1` the id read from it (or NULL), `$2` why, `$3` an
+/// excerpt, `$4` now; what it asked, as far as it was read: `$5` instance,
+/// `$6` requested by, `$7` reason, `$8` the signer if verified.
 pub(crate) const REJECTION_SQL: &str = "INSERT INTO requests
-         (rejected_id, status, attempts, last_error, payload, received_at, updated_at, completed_at)
-     VALUES ($1, 'rejected', 1, $2, $3, $4, $4, $4)";
+         (rejected_id, status, attempts, last_error, payload, received_at, updated_at, completed_at,
+          instance_name, requested_by, reason, requester)
+     VALUES ($1, 'rejected', 1, $2, $3, $4, $4, $4, $5, $6, $7, $8)";
 
 /// The outcomes of attempts that issued no restart, so count against no
 /// limit: the statements above list them by name (`('dry-run', 'expired',
@@ -382,13 +387,14 @@ fn sql_list(statuses: impl Iterator<Item = Status>) -> String {
 }
 
 /// Gives back a claimed attempt that was never issued, when it is the
-/// latest claim, still held, of a request not final: `$1` message id, `$2`
-/// attempt, `$3` now. Returns a row when it did.
+/// latest claim, still held, of a request not final, made with the
+/// claiming call's token: `$1` message id, `$2` attempt, `$3` now, `$4`
+/// the token. Returns a row when it did.
 pub(crate) static RELEASE_SQL: LazyLock<String> = LazyLock::new(|| {
     format!(
         "UPDATE requests SET attempts = attempts - 1, claim_until = NULL, updated_at = $3
          WHERE message_id = $1 AND attempts = $2 AND $2 > 0 AND claim_until IS NOT NULL
-           AND status IN {}
+           AND claim_token = $4 AND status IN {}
          RETURNING 1",
         *OPEN_STATUSES
     )
@@ -399,21 +405,72 @@ pub(crate) static RELEASE_SQL: LazyLock<String> = LazyLock::new(|| {
 pub(crate) const RELEASE_JOURNAL_SQL: &str =
     "DELETE FROM restarts WHERE message_id = $1 AND attempt = $2 AND outcome IS NULL";
 
+/// Creates a request's row if it has none: `$1` id, `$2` instance, `$3`
+/// host, `$4` requested by, `$5` requester (verified signer), `$6`
+/// reason, `$7` now. Cast, so that both drivers bind alike.
+pub(crate) static INSERT_REQUEST_SQL: LazyLock<String> = LazyLock::new(|| {
+    insert_requests(
+        "SELECT CAST($1 AS TEXT) AS id, CAST($2 AS TEXT) AS instance_name,
+                CAST($3 AS TEXT) AS hostname, CAST($4 AS TEXT) AS requested_by,
+                CAST($5 AS TEXT) AS requester, CAST($6 AS TEXT) AS reason,
+                CAST($7 AS BIGINT) AS at",
+    )
+});
+
+/// [`INSERT_REQUEST_SQL`], answering in the same statement who asked and
+/// for what as the row records it ([`IdentityRow`]): the row it created,
+/// or the one there already, which a no-op update returns (the one way an
+/// upsert returns an existing row on both drivers).
+pub(crate) static RECORD_REQUEST_SQL: LazyLock<String> = LazyLock::new(|| {
+    let upsert = INSERT_REQUEST_SQL.replace(
+        "ON CONFLICT (message_id) DO NOTHING",
+        "ON CONFLICT (message_id) DO UPDATE SET message_id = excluded.message_id
+         RETURNING instance_name, requested_by, requester, reason",
+    );
+    assert_ne!(
+        upsert, *INSERT_REQUEST_SQL,
+        "the upsert's tail is where it was"
+    );
+    upsert
+});
+
+/// A row of [`RECORD_REQUEST_SQL`]: instance, requested by, requester,
+/// reason.
+pub(crate) type IdentityRow = (
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+);
+
+/// A request's identity from the columns it is stored in.
+pub(crate) fn identity_from(
+    (instance, requested_by, requester, reason): IdentityRow,
+) -> super::Identity {
+    super::Identity {
+        instance: instance.unwrap_or_default(),
+        requested_by,
+        requester,
+        reason,
+    }
+}
+
 /// A request's `received_at`: `$1` message id.
 pub(crate) const RECEIVED_AT_SQL: &str = "SELECT received_at FROM requests WHERE message_id = $1";
 
 /// Creates the rows of requests that have none. `rows` is a `SELECT` that
 /// names its columns `id`, `instance_name`, `hostname`, `requested_by`,
-/// `reason` and `at` (when received); each driver builds it from its own
-/// kind of batch (`unnest` arrays, `json_each`, plain parameters).
+/// `requester` (the verified signer, or NULL), `reason` and `at` (when
+/// received); each driver builds it from its own kind of batch (`unnest`
+/// arrays, `json_each`, plain parameters).
 pub(crate) fn insert_requests(rows: &str) -> String {
     // `WHERE true`: without it SQLite reads `ON CONFLICT` as a join's.
     format!(
         "INSERT INTO requests
-             (message_id, instance_name, hostname, requested_by, reason, status,
+             (message_id, instance_name, hostname, requested_by, requester, reason, status,
               attempts, received_at, updated_at)
-         SELECT new.id, new.instance_name, new.hostname, new.requested_by, new.reason,
-                'received', 0, new.at, new.at
+         SELECT new.id, new.instance_name, new.hostname, new.requested_by, new.requester,
+                new.reason, 'received', 0, new.at, new.at
          FROM ({rows}) AS new WHERE true
          ON CONFLICT (message_id) DO NOTHING"
     )
@@ -457,6 +514,18 @@ pub(crate) fn outcome_set(new: &str, old: &str, now: &str) -> String {
          last_error = {new}.last_error,
          updated_at = {now},
          completed_at = {new}.completed_at"
+    )
+}
+
+/// The condition that `row` records the request `new` describes (columns
+/// `instance_name`, `requested_by`, `requester`, `reason`): the equality
+/// [`identity_conflict`](super::identity_conflict) asks for, as the SQLite
+/// store's outcome statements gate their writes with it (`IS`: NULL
+/// equals NULL). A row it leaves out is told apart by that rule.
+pub(crate) fn same_identity(row: &str, new: &str) -> String {
+    format!(
+        "{row}.instance_name IS {new}.instance_name AND {row}.requested_by IS {new}.requested_by
+         AND {row}.requester IS {new}.requester AND {row}.reason IS {new}.reason"
     )
 }
 

@@ -43,7 +43,7 @@ impl Story {
             let _ = writeln!(
                 text,
                 "  requested by {}: {}",
-                entry.requested_by.as_deref().unwrap_or("-"),
+                entry.requested_by_shown().as_deref().unwrap_or("-"),
                 entry.reason.as_deref().unwrap_or("-")
             );
         }

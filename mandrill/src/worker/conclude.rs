@@ -206,6 +206,16 @@ async fn record(
             return Settlement::Acked;
         }
         Ok((Recorded::Recorded, false)) => debug!(status = %outcome.status(), "outcome recorded"),
+        // The claim judged who asked: this delivery's own row, so never
+        // another's. Told as a refusal all the same, writing nothing.
+        Ok((Recorded::Conflict(conflict), _)) => {
+            error!(
+                conflict,
+                "the store found the restarted request's row another's"
+            );
+            progress.dead_letter_because(DeadLetterReason::Refused);
+            return Settlement::DeadLetter { reason: conflict };
+        }
         Ok((Recorded::AlreadyFinal(status), _)) => {
             shared.stats.duplicates.inc();
             warn!(%status, "another delivery recorded a final outcome first; keeping it");

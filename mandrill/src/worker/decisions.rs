@@ -12,7 +12,7 @@ use tracing::{error, info, warn};
 use super::lease::Progress;
 use super::reply::reply;
 use super::retry::{Stopped, Until, store_op};
-use super::settle::{Settlement, settle_recorded, shutting_down};
+use super::settle::{Settlement, refuse, settle_recorded, shutting_down};
 use super::shared::Shared;
 use crate::domain::{Outcome, RestartRequest};
 use crate::notify::EventKind;
@@ -51,7 +51,9 @@ pub(super) async fn deny_by(
         guard,
         reason: &reason,
     };
-    note_decision(shared, request, attempt, decision).await;
+    if let Some(conflict) = note_decision(shared, request, attempt, decision).await {
+        return refuse(shared, progress, request, conflict).await;
+    }
     let outcome = Outcome::Denied { reason };
     record_decision(shared, progress, request, attempt, outcome).await
 }
@@ -114,7 +116,11 @@ async fn settle_hold(
                     guard,
                     reason: &reason,
                 };
-                note_decision(shared, request, 0, decision).await;
+                // Not deferred on another request's behalf: its record
+                // is left alone, this payload refused.
+                if let Some(conflict) = note_decision(shared, request, 0, decision).await {
+                    return refuse(shared, progress, request, conflict).await;
+                }
             }
             Settlement::Nack { delay, why: reason }
         }
@@ -126,7 +132,9 @@ async fn settle_hold(
                 guard,
                 reason: &reason,
             };
-            note_decision(shared, request, 0, decision).await;
+            if let Some(conflict) = note_decision(shared, request, 0, decision).await {
+                return refuse(shared, progress, request, conflict).await;
+            }
             let outcome = Outcome::Expired { reason };
             record_decision(shared, progress, request, 0, outcome).await
         }
@@ -209,8 +217,9 @@ pub(super) async fn unclaim(
         let outcome = Outcome::Expired { reason };
         return record_decision(shared, progress, request, attempt, outcome).await;
     }
+    let token = progress.claim_token();
     let released = store_op(shared, progress, Until::LeaseHeld, || {
-        shared.store.release_claim(request, attempt)
+        shared.store.release_claim(request, attempt, token)
     })
     .await;
     match released {
@@ -220,10 +229,9 @@ pub(super) async fn unclaim(
         Err(Stopped::Permanent(error) | Stopped::OutOfTime(error)) => {
             warn!(error = %error.with_causes(), attempt, "could not give back the claim; it counts as used");
         }
-        // Not sent again: the release cut off may still commit, and a
-        // second one could then match another delivery's claim of the same
-        // attempt (a release names only the attempt). The claim holds until
-        // it expires and counts as used, as above.
+        // Not sent again: the release cut off may still commit (it frees
+        // only this delivery's own claim, named by its token). The claim
+        // holds until it expires and counts as used, as above.
         Err(Stopped::Shutdown) => return shutting_down(),
         Err(Stopped::LeaseLost) => return Settlement::Abandon,
     }
@@ -249,6 +257,8 @@ pub(super) async fn dry_run_action(
         guard: "leash",
         reason: "leashed (safety.dry_run): every guard allowed it; the action was recorded,                  not taken",
     };
+    // After this delivery's own claim, which judged who asked: a
+    // conflict cannot be answered here.
     note_decision(shared, request, attempt, decision).await;
     let outcome = Outcome::DryRun { action };
     record_decision(shared, progress, request, attempt, outcome).await
@@ -256,19 +266,26 @@ pub(super) async fn dry_run_action(
 
 /// Records a guard's verdict for `mandrill explain`. Best effort: the
 /// verdict is acted on whether or not its note is kept, and what it decides
-/// is recorded with the outcome anyway.
+/// is recorded with the outcome anyway. `Some` with the conflict when the
+/// `message_id` is recorded for another request (nothing was written): the
+/// payload is to be refused.
 pub(super) async fn note_decision(
     shared: &Shared,
     request: &RestartRequest,
     attempt: u32,
     decision: Decision<'_>,
-) {
-    if let Err(error) = shared
+) -> Option<String> {
+    match shared
         .store
         .record_decision(request, attempt, decision)
         .await
     {
-        warn!(error = %error.with_causes(), "could not record the decision for explain");
+        Ok(Recorded::Conflict(conflict)) => Some(conflict),
+        Ok(_) => None,
+        Err(error) => {
+            warn!(error = %error.with_causes(), "could not record the decision for explain");
+            None
+        }
     }
 }
 
@@ -290,6 +307,7 @@ pub(super) async fn record_decision(
             Settlement::Ack
         }
         Ok(Recorded::AlreadyFinal(status)) => settle_recorded(status),
+        Ok(Recorded::Conflict(conflict)) => refuse(shared, progress, request, conflict).await,
         // After a claim (a dry run, a denial or an expiry decided after
         // it), nothing was issued: the claim is given back, or it would
         // count as an attempt issued with its outcome unknown.
@@ -331,6 +349,9 @@ pub(super) async fn give_up(
     .await;
     match recorded {
         Ok(Recorded::AlreadyFinal(status)) => return settle_recorded(status),
+        Ok(Recorded::Conflict(conflict)) => {
+            return refuse(shared, progress, request, conflict).await;
+        }
         Ok(Recorded::Recorded) => {
             reply(shared, request, &outcome);
         }
@@ -387,7 +408,9 @@ async fn give_back_once(
 ) {
     let released = tokio::time::timeout(
         Duration::from_secs(1),
-        shared.store.release_claim(request, attempt),
+        shared
+            .store
+            .release_claim(request, attempt, progress.claim_token()),
     )
     .await;
     match released {

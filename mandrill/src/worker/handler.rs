@@ -285,7 +285,7 @@ pub(super) async fn after_panic(
             Ok(crate::store::Recorded::Recorded) => {
                 super::reply::reply(shared, &request, &outcome);
             }
-            Ok(crate::store::Recorded::AlreadyFinal(_)) => {}
+            Ok(crate::store::Recorded::AlreadyFinal(_) | crate::store::Recorded::Conflict(_)) => {}
         }
     }
     if last {

@@ -7,7 +7,7 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 
 use futures::FutureExt as _;
@@ -18,6 +18,7 @@ use tracing::{error, info, warn};
 use super::shared::Shared;
 use crate::broker::{BrokerError, Delivery};
 use crate::stats::DeadLetterReason;
+use crate::store::ClaimToken;
 
 /// One delivery of a pulled batch and what its handler knows of it. The
 /// batch's task owns these; each handler borrows its own, and the batch's
@@ -50,6 +51,10 @@ pub(super) struct Progress {
     pub(super) pulled: u32,
     /// The restart attempt this delivery claimed; 0 before a claim.
     pub(super) claimed: AtomicU32,
+    /// The token of this delivery's claiming call
+    /// ([`ClaimToken::to_stored`]), set before it is sent: a release
+    /// gives back only the claim made with it.
+    pub(super) claim_token: AtomicI64,
     /// The claimed restart was handed to the restarter: from here its
     /// outcome is unknown until the restarter answers.
     pub(super) issued: AtomicBool,
@@ -69,11 +74,17 @@ impl Progress {
             lease_expires: AtomicU64::new(shared.millis(pulled + shared.ack_deadline)),
             pulled: shared.millis(pulled) as u32,
             claimed: AtomicU32::new(0),
+            claim_token: AtomicI64::new(0),
             issued: AtomicBool::new(false),
             dead_letter: AtomicU8::new(DeadLetterReason::Other as u8),
             lease_lost: AtomicBool::new(false),
             working: AtomicBool::new(true),
         }
+    }
+
+    /// The token of this delivery's claim (see `claim_token`).
+    pub(super) fn claim_token(&self) -> ClaimToken {
+        ClaimToken::from_stored(self.claim_token.load(Ordering::Acquire))
     }
 
     /// Notes why the settlement about to be returned is a dead letter.

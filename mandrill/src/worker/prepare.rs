@@ -14,7 +14,7 @@ use tracing::{error, info, warn};
 use super::decisions::{deny, give_up, held, held_by_the_claim, unclaim, unclaim_at_shutdown};
 use super::lease::Progress;
 use super::retry::{Stopped, Until, store_op};
-use super::settle::{RareSettlement, Settlement, rare, settle_recorded, shutting_down};
+use super::settle::{RareSettlement, Settlement, rare, refuse, settle_recorded, shutting_down};
 use super::shared::Shared;
 use crate::broker::Delivery;
 use crate::domain::RestartRequest;
@@ -137,6 +137,9 @@ pub(super) async fn prepare(
     // lost is answered again by the next, not taken for another's claim.
     // (Moved into the closure: the handler keeps one copy of it.)
     let token = ClaimToken::new();
+    progress
+        .claim_token
+        .store(token.to_stored(), std::sync::atomic::Ordering::Release);
     let terms = &terms;
     let claimed = store_op(shared, progress, Until::LeaseHeldOnceSent, move || {
         shared.store.claim_restart(request, *terms, token)
@@ -206,6 +209,9 @@ pub(super) async fn prepare(
                 None => format!("all {attempts} restart attempts are used"),
             };
             Err(rare(give_up(shared, progress, request, attempts, reason)).await)
+        }
+        Ok(Claim::Conflict { reason }) => {
+            Err(rare(refuse(shared, progress, request, reason)).await)
         }
         Err(Stopped::Shutdown) => Err(shutting_down()),
         Err(Stopped::LeaseLost) => Err(Settlement::Abandon),

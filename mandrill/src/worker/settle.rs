@@ -11,7 +11,7 @@ use super::lease::Progress;
 use super::retry::{Stopped, Until, store_op};
 use super::shared::Shared;
 use crate::broker::{BrokerError, Delivery};
-use crate::domain::{Status, salvage_message_id};
+use crate::domain::{Asked, RestartRequest, Status};
 use crate::stats::DeadLetterReason;
 
 /// How a delivery is to be settled.
@@ -74,11 +74,13 @@ pub(super) async fn reject(
     shared.stats.rejected.inc();
     progress.dead_letter_because(DeadLetterReason::Malformed);
     warn!(reason, "rejected malformed message");
-    let message_id = salvage_message_id(&delivery.payload);
+    // What it asked, read unverified: the history shows who tried to
+    // restart what, marked unverified.
+    let asked = Asked::salvage(&delivery.payload);
     let recorded = store_op(shared, progress, Until::LeaseHeld, || {
         shared
             .store
-            .record_rejection(message_id, &reason, &delivery.payload)
+            .record_rejection(&asked, &reason, &delivery.payload)
     })
     .await;
     match recorded {
@@ -87,6 +89,38 @@ pub(super) async fn reject(
         Err(Stopped::LeaseLost) => return Settlement::Abandon,
         Err(Stopped::Permanent(error) | Stopped::OutOfTime(error)) => {
             error!(error = %error.with_causes(), "could not record the rejection; dead-lettering anyway");
+        }
+    }
+    Settlement::DeadLetter { reason }
+}
+
+/// Refuses a valid payload that asked something else under a `message_id`
+/// recorded for another request (`reason`, from the store's
+/// [`identity_conflict`](crate::store::identity_conflict)): recorded apart
+/// with what it asked and who signed it (never onto the other request's
+/// record), and dead-lettered. The other request is left as it was.
+pub(super) async fn refuse(
+    shared: &Shared,
+    progress: &Progress,
+    request: &RestartRequest,
+    reason: String,
+) -> Settlement {
+    progress.dead_letter_because(DeadLetterReason::Refused);
+    warn!(reason, "refused: the message id is another request's");
+    let asked = Asked::of(request);
+    // The request as parsed stands for its payload: what it asked, legible
+    // even when the payload was a signed token.
+    let payload = request.to_wire();
+    let recorded = store_op(shared, progress, Until::LeaseHeld, || {
+        shared.store.record_rejection(&asked, &reason, &payload)
+    })
+    .await;
+    match recorded {
+        Ok(()) => {}
+        Err(Stopped::Shutdown) => return shutting_down(),
+        Err(Stopped::LeaseLost) => return Settlement::Abandon,
+        Err(Stopped::Permanent(error) | Stopped::OutOfTime(error)) => {
+            error!(error = %error.with_causes(), "could not record the refusal; dead-lettering anyway");
         }
     }
     Settlement::DeadLetter { reason }

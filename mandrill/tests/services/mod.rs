@@ -118,6 +118,12 @@ impl NatsNames {
         }
     }
 
+    /// The subject requests are published on.
+    #[allow(dead_code)] // not every test binary publishes by hand
+    pub fn subject(&self) -> &str {
+        &self.names.subject
+    }
+
     /// Flags naming the stream, subjects and consumer.
     pub fn flags(&self) -> Vec<String> {
         let names = &self.names;

@@ -119,16 +119,21 @@ impl Store for Hanging {
     ) -> Result<Recorded, StoreError> {
         self.0.record_outcome(r, attempt, outcome).await
     }
-    async fn release_claim(&self, r: &RestartRequest, attempt: u32) -> Result<(), StoreError> {
-        self.0.release_claim(r, attempt).await
+    async fn release_claim(
+        &self,
+        r: &RestartRequest,
+        attempt: u32,
+        token: crate::store::ClaimToken,
+    ) -> Result<(), StoreError> {
+        self.0.release_claim(r, attempt, token).await
     }
     async fn record_rejection(
         &self,
-        id: Option<Uuid>,
+        asked: &crate::domain::Asked,
         reason: &str,
         payload: &[u8],
     ) -> Result<(), StoreError> {
-        self.0.record_rejection(id, reason, payload).await
+        self.0.record_rejection(asked, reason, payload).await
     }
     async fn history(&self, _: usize) -> Result<Vec<HistoryEntry>, StoreError> {
         std::future::pending().await
@@ -138,7 +143,7 @@ impl Store for Hanging {
         r: &RestartRequest,
         attempt: u32,
         decision: Decision<'_>,
-    ) -> Result<(), StoreError> {
+    ) -> Result<crate::store::Recorded, StoreError> {
         self.0.record_decision(r, attempt, decision).await
     }
     async fn story(&self, id: Uuid) -> Result<Option<Story>, StoreError> {

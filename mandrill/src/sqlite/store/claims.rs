@@ -12,7 +12,8 @@ use crate::safety::limits::{Subject, Usage};
 use crate::sqlite::writer::Tx;
 use crate::store::reads::sqlite::{insert_decision, usage};
 use crate::store::sql::{
-    GROUP_PAUSES_SQL, GroupPauseRow, SWITCH_SQL, SwitchRow, held_hosts_where, upsert_journal,
+    GROUP_PAUSES_SQL, GroupPauseRow, SWITCH_SQL, SwitchRow, held_hosts_where, identity_from,
+    upsert_journal,
 };
 use crate::store::{
     Claim, ClaimState, ClaimTerms, ClaimToken, ClaimWrite, GroupPause, HeldHosts, claim_decision,
@@ -67,7 +68,8 @@ pub(super) async fn claim(
     let mut held = HeldHosts::default();
     for chunk in claims.chunks(ROWS_PER_STATEMENT) {
         let mut select: QueryBuilder<Sqlite> = QueryBuilder::new(
-            "SELECT message_id, status, attempts, claim_until, claim_token, claim_unknown, NULL
+            "SELECT message_id, status, attempts, claim_until, claim_token, claim_unknown, NULL,
+                    instance_name, requested_by, requester, reason
              FROM requests WHERE message_id IN (",
         );
         let mut list = select.separated(", ");
@@ -77,7 +79,8 @@ pub(super) async fn claim(
         select
             .push(
                 ") UNION ALL
-                 SELECT r.message_id, NULL, NULL, q.claim_until, NULL, NULL, r.instance_name ",
+                 SELECT r.message_id, NULL, NULL, q.claim_until, NULL, NULL, r.instance_name,
+                        NULL, NULL, NULL, NULL ",
             )
             .push(&held_where)
             .push_bind(now)
@@ -91,7 +94,9 @@ pub(super) async fn claim(
             .build_query_as::<StateRow>()
             .fetch_all(&mut **tx)
             .await?;
-        for (id, status, attempts, claim_until, token, unknown, host) in found {
+        for (id, status, attempts, claim_until, token, unknown, host, instance, by, signer, why) in
+            found
+        {
             if let Some(host) = host {
                 if let Some(until) = claim_until {
                     held.read(host, &id, until);
@@ -108,6 +113,7 @@ pub(super) async fn claim(
                 claim_until,
                 token: token.map(ClaimToken::from_stored),
                 unknown: unknown.and_then(|attempt| u32::try_from(attempt).ok()),
+                identity: Some(identity_from((instance, by, signer, why))),
             };
             states.insert(id, state);
         }
@@ -136,7 +142,8 @@ pub(super) async fn claim(
             Usage::default()
         };
         usage.host_held = held.get(request.machine());
-        let state = states.get(id).copied();
+        let state = states.remove(id);
+        let created = state.is_none();
         let group_pause = pauses.iter().find(|pause| pause.group == request.group());
         let (claim, write) = decide_claim(
             request,
@@ -156,11 +163,11 @@ pub(super) async fn claim(
         {
             insert_decision(tx, request.message_id, 0, decision, now).await?;
         }
-        if state.is_none() || write.is_some() {
+        if created || write.is_some() {
             writes.push(Pending {
                 id,
                 request,
-                created: state.is_none(),
+                created,
                 write,
             });
         }
@@ -171,7 +178,8 @@ pub(super) async fn claim(
 }
 
 /// A row of the claims' read: id, status, attempts, `claim_until`,
-/// `claim_token`, `claim_unknown`, and no host; or a claim holding a host:
+/// `claim_token`, `claim_unknown`, no host, then the row's identity
+/// (instance, requested by, requester, reason); or a claim holding a host:
 /// its id, its hold's end as `claim_until`, and the host.
 type StateRow = (
     String,
@@ -180,6 +188,10 @@ type StateRow = (
     Option<i64>,
     Option<i64>,
     Option<i64>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
     Option<String>,
 );
 
@@ -205,7 +217,7 @@ async fn write_claims(
     for chunk in created.chunks(ROWS_PER_STATEMENT) {
         let mut insert: QueryBuilder<Sqlite> = QueryBuilder::new(
             "INSERT INTO requests
-                 (message_id, instance_name, hostname, requested_by, reason, status,
+                 (message_id, instance_name, hostname, requested_by, requester, reason, status,
                   attempts, claim_until, claim_token, claim_unknown, last_error, received_at,
                   updated_at) ",
         );
@@ -215,6 +227,7 @@ async fn write_claims(
                 .push_bind(pending.request.instance_name.as_str())
                 .push_bind(pending.request.hostname.as_str())
                 .push_bind(pending.request.requested_by.as_deref())
+                .push_bind(pending.request.requester.as_deref())
                 .push_bind(pending.request.reason.as_deref())
                 .push_bind(Status::Received.as_str())
                 .push_bind(write.map_or(0, |write| i64::from(write.attempts)))

@@ -31,7 +31,7 @@ use uuid::Uuid;
 
 use super::writer::{Job, MAX_BATCH};
 use super::{FileAck, FileWriter, store_migrations};
-use crate::domain::{JointAck, Outcome, RestartRequest, Status, Timestamp};
+use crate::domain::{Asked, JointAck, Outcome, RestartRequest, Status, Timestamp};
 #[cfg(any(test, feature = "bench"))]
 use crate::store::DEFAULT_TIMEOUT;
 use crate::store::lookup::{Lookup, lookup_loop};
@@ -44,7 +44,7 @@ use crate::store::{
 pub(crate) use writer::StorePart;
 use writer::Write;
 
-/// Rows per multi-row statement: at most 13 parameters each, well under
+/// Rows per multi-row statement: at most 14 parameters each, well under
 /// SQLite's limit of 32,766.
 const ROWS_PER_STATEMENT: usize = 500;
 
@@ -276,11 +276,13 @@ impl Store for SqliteStore {
         &self,
         request: &RestartRequest,
         attempt: u32,
+        token: ClaimToken,
     ) -> Result<(), StoreError> {
         let message_id = request.message_id;
         self.call(|reply| Write::Release {
             message_id,
             attempt,
+            token,
             reply,
         })
         .await
@@ -288,13 +290,14 @@ impl Store for SqliteStore {
 
     async fn record_rejection(
         &self,
-        message_id: Option<Uuid>,
+        asked: &Asked,
         reason: &str,
         payload: &[u8],
     ) -> Result<(), StoreError> {
         let (reason, excerpt) = (reason.to_owned(), payload_excerpt(payload));
+        let asked = asked.clone();
         self.call(|reply| Write::Rejection {
-            message_id,
+            asked,
             reason,
             excerpt,
             reply,
@@ -311,15 +314,15 @@ impl Store for SqliteStore {
         request: &RestartRequest,
         attempt: u32,
         decision: Decision<'_>,
-    ) -> Result<(), StoreError> {
-        let message_id = request.message_id;
+    ) -> Result<Recorded, StoreError> {
+        let request = request.clone();
         let (verdict, guard, reason) = (
             decision.verdict.to_owned(),
             decision.guard.to_owned(),
             decision.reason.to_owned(),
         );
         self.call(|reply| Write::Decision {
-            message_id,
+            request,
             attempt,
             verdict,
             guard,
@@ -369,18 +372,13 @@ impl Store for SqliteStore {
     async fn first_received(&self, request: &RestartRequest) -> Result<Timestamp, StoreError> {
         // Rare (deferrals of requests their publisher did not date): through
         // the pool, waiting its turn for the write lock, as `set_switch`.
-        static INSERT_REQUEST_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
-            crate::store::sql::insert_requests(
-                "SELECT $1 AS id, $2 AS instance_name, $3 AS hostname, \
-                        $4 AS requested_by, $5 AS reason, $6 AS at",
-            )
-        });
         self.bounded(async {
-            sqlx::query(&INSERT_REQUEST_SQL)
+            sqlx::query(&crate::store::sql::INSERT_REQUEST_SQL)
                 .bind(request.message_id.to_string())
                 .bind(request.instance_name.as_str())
                 .bind(request.hostname.as_str())
                 .bind(request.requested_by.as_deref())
+                .bind(request.requester.as_deref())
                 .bind(request.reason.as_deref())
                 .bind(Timestamp::now().as_millis())
                 .execute(&self.pool)

@@ -9,13 +9,13 @@ use uuid::Uuid;
 
 use super::{AroundValues, ROWS_PER_STATEMENT};
 use crate::domain::Timestamp;
-use crate::domain::{Outcome, RestartRequest, Status};
+use crate::domain::{Asked, Outcome, RestartRequest, Status};
 use crate::sqlite::writer::Tx;
-use crate::store::millis_of;
 use crate::store::sql::{
     PRUNE_JOURNAL_SQL, PRUNE_ORPHANS_SQL, REJECTION_SQL, RELEASE_JOURNAL_SQL, RELEASE_SQL,
-    not_final, outcome_set,
+    identity_from, not_final, outcome_set, same_identity,
 };
+use crate::store::{ClaimToken, Recorded, identity_conflict, millis_of};
 
 /// Settles open rows with outcomes: for each row whose request is in the
 /// `VALUES` list and not final, sets what an outcome sets, and returns its
@@ -27,10 +27,11 @@ static UPDATE_OUTCOMES: LazyLock<AroundValues> = LazyLock::new(|| {
         |rows| {
             format!(
                 "UPDATE requests SET {} FROM ({rows}) AS new
-                 WHERE requests.message_id = new.id AND {}
+                 WHERE requests.message_id = new.id AND {} AND {}
                  RETURNING requests.message_id",
                 outcome_set("new", "requests", "new.updated_at"),
                 not_final("requests"),
+                same_identity("requests", "new"),
             )
         },
         &[
@@ -42,6 +43,10 @@ static UPDATE_OUTCOMES: LazyLock<AroundValues> = LazyLock::new(|| {
             "recovered_after_ms",
             "completed_at",
             "updated_at",
+            "instance_name",
+            "requested_by",
+            "requester",
+            "reason",
         ],
     )
 });
@@ -49,8 +54,10 @@ static UPDATE_OUTCOMES: LazyLock<AroundValues> = LazyLock::new(|| {
 /// One outcome to record: the request, the attempt it ends, the outcome.
 type Recording<'r> = (&'r RestartRequest, u32, &'r Outcome);
 
-/// Records outcomes; for each, `None` if recorded, or the final status that
-/// was already there. The request ids must be distinct.
+/// Records outcomes; for each, whether it was recorded, or the final
+/// status already there, or the conflict with another request's row
+/// ([`identity_conflict`]: nothing written). The request ids must be
+/// distinct.
 ///
 /// One statement records the outcomes whose rows are open (the common
 /// case, see [`UPDATE_OUTCOMES`]); the rest go through an upsert, which
@@ -62,7 +69,7 @@ pub(super) async fn insert_outcomes(
     tx: &mut Tx<'_>,
     outcomes: &[Recording<'_>],
     now: i64,
-) -> Result<Vec<Option<Status>>, sqlx::Error> {
+) -> Result<Vec<Recorded>, sqlx::Error> {
     if outcomes.is_empty() {
         return Ok(Vec::new());
     }
@@ -79,7 +86,7 @@ pub(super) async fn insert_outcomes(
     {
         let mut update = UPDATE_OUTCOMES.query(
             chunk.iter().zip(ids),
-            |mut row, ((_, attempt, outcome), id)| {
+            |mut row, ((request, attempt, outcome), id)| {
                 let status = outcome.status();
                 row.push_bind(id.as_str())
                     .push_bind(status.as_str())
@@ -88,7 +95,11 @@ pub(super) async fn insert_outcomes(
                     .push_bind(outcome.output())
                     .push_bind(millis_of(outcome.recovered_after()))
                     .push_bind(status.is_final().then_some(now))
-                    .push_bind(now);
+                    .push_bind(now)
+                    .push_bind(request.instance_name.as_str())
+                    .push_bind(request.requested_by.as_deref())
+                    .push_bind(request.requester.as_deref())
+                    .push_bind(request.reason.as_deref());
             },
         );
         recorded.extend(
@@ -109,18 +120,28 @@ pub(super) async fn insert_outcomes(
         recorded.extend(upsert_outcomes(tx, chunk, now).await?);
     }
     let mut results = Vec::with_capacity(outcomes.len());
-    for id in &ids {
+    for ((request, ..), id) in outcomes.iter().zip(&ids) {
         if recorded.contains(id) {
-            results.push(None);
+            results.push(Recorded::Recorded);
             continue;
         }
-        let existing: String =
-            sqlx::query_scalar("SELECT status FROM requests WHERE message_id = ?1")
-                .bind(id)
-                .fetch_one(&mut **tx)
-                .await?;
+        let (existing, instance, by, signer, why): (String, _, _, _, _) = sqlx::query_as(
+            "SELECT status, instance_name, requested_by, requester, reason
+             FROM requests WHERE message_id = ?1",
+        )
+        .bind(id)
+        .fetch_one(&mut **tx)
+        .await?;
+        if let Some(conflict) =
+            identity_conflict(&identity_from((instance, by, signer, why)), request)
+        {
+            results.push(Recorded::Conflict(conflict));
+            continue;
+        }
         // The row was written by this program with a status from the CHECK list.
-        results.push(Some(Status::from_name(&existing).unwrap_or(Status::Failed)));
+        results.push(Recorded::AlreadyFinal(
+            Status::from_name(&existing).unwrap_or(Status::Failed),
+        ));
     }
     Ok(results)
 }
@@ -134,7 +155,7 @@ async fn upsert_outcomes(
 ) -> Result<Vec<String>, sqlx::Error> {
     let mut insert: QueryBuilder<Sqlite> = QueryBuilder::new(
         "INSERT INTO requests
-             (message_id, instance_name, hostname, requested_by, reason, status,
+             (message_id, instance_name, hostname, requested_by, requester, reason, status,
               attempts, last_error, received_at, updated_at, completed_at, output,
               recovered_after_ms) ",
     );
@@ -144,6 +165,7 @@ async fn upsert_outcomes(
             .push_bind(request.instance_name.as_str())
             .push_bind(request.hostname.as_str())
             .push_bind(request.requested_by.as_deref())
+            .push_bind(request.requester.as_deref())
             .push_bind(request.reason.as_deref())
             .push_bind(status.as_str())
             .push_bind(i64::from(*attempt))
@@ -155,9 +177,10 @@ async fn upsert_outcomes(
             .push_bind(millis_of(outcome.recovered_after()));
     });
     insert.push(format!(
-        " ON CONFLICT (message_id) DO UPDATE SET {} WHERE {} RETURNING message_id",
+        " ON CONFLICT (message_id) DO UPDATE SET {} WHERE {} AND {} RETURNING message_id",
         outcome_set("excluded", "requests", "excluded.updated_at"),
         not_final("requests"),
+        same_identity("requests", "excluded"),
     ));
     insert
         .build_query_scalar::<String>()
@@ -194,16 +217,20 @@ async fn settle(
 
 pub(super) async fn insert_rejection(
     tx: &mut Tx<'_>,
-    message_id: Option<Uuid>,
+    asked: &Asked,
     reason: &str,
     excerpt: &str,
     now: i64,
 ) -> Result<(), sqlx::Error> {
     sqlx::query(REJECTION_SQL)
-        .bind(message_id.map(|id| id.to_string()))
+        .bind(asked.message_id.map(|id| id.to_string()))
         .bind(reason)
         .bind(excerpt)
         .bind(now)
+        .bind(asked.instance_name.as_deref())
+        .bind(asked.requested_by.as_deref())
+        .bind(asked.reason.as_deref())
+        .bind(asked.requester.as_deref())
         .execute(&mut **tx)
         .await?;
     Ok(())
@@ -213,12 +240,14 @@ pub(super) async fn release(
     tx: &mut Tx<'_>,
     message_id: Uuid,
     attempt: u32,
+    token: ClaimToken,
     now: i64,
 ) -> Result<(), sqlx::Error> {
     let released = sqlx::query(&RELEASE_SQL)
         .bind(message_id.to_string())
         .bind(i64::from(attempt))
         .bind(now)
+        .bind(token.to_stored())
         .fetch_optional(&mut **tx)
         .await?
         .is_some();

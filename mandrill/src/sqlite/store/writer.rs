@@ -10,10 +10,10 @@ use uuid::Uuid;
 
 use super::claims::claim;
 use super::outcomes::{insert_outcomes, insert_rejection, prune, release};
-use crate::domain::{Outcome, RestartRequest, Status, Timestamp};
+use crate::domain::{Asked, Outcome, RestartRequest, Timestamp};
 use crate::sqlite::queue::{Claim as Delivered, ack_all};
 use crate::sqlite::writer::{Part, Tx};
-use crate::store::reads::sqlite::insert_decision;
+use crate::store::reads::sqlite::record_decision;
 use crate::store::{Claim, ClaimTerms, ClaimToken, Decision, Recorded, StoreError};
 
 /// One write, with whom to tell once it is committed.
@@ -35,7 +35,7 @@ pub(crate) enum Write {
         reply: oneshot::Sender<Result<(Recorded, bool), StoreError>>,
     },
     Rejection {
-        message_id: Option<Uuid>,
+        asked: Asked,
         reason: String,
         excerpt: String,
         reply: oneshot::Sender<Result<(), StoreError>>,
@@ -43,15 +43,16 @@ pub(crate) enum Write {
     Release {
         message_id: Uuid,
         attempt: u32,
+        token: ClaimToken,
         reply: oneshot::Sender<Result<(), StoreError>>,
     },
     Decision {
-        message_id: Uuid,
+        request: RestartRequest,
         attempt: u32,
         verdict: String,
         guard: String,
         reason: String,
-        reply: oneshot::Sender<Result<(), StoreError>>,
+        reply: oneshot::Sender<Result<Recorded, StoreError>>,
     },
     Prune {
         before: Timestamp,
@@ -65,9 +66,11 @@ pub(crate) enum Write {
 pub(crate) enum Answer {
     Done,
     Claim(Claim),
-    /// `Some(status)` when an outcome was not recorded because `status` was
-    /// already final; whether its joint ack matched.
-    Outcome(Option<Status>, bool),
+    /// Whether an outcome was recorded (or the final status already
+    /// there, or the conflict); whether its joint ack matched.
+    Outcome(Recorded, bool),
+    /// Whether a decision was recorded, or the conflict.
+    Decision(Recorded),
     Pruned(u64),
 }
 
@@ -110,16 +113,16 @@ impl Part for StorePart {
 /// the way that case needs.
 async fn answer_outcomes(
     tx: &mut Tx<'_>,
-    outcomes: Vec<(usize, Option<Status>, Option<Delivered>)>,
+    outcomes: Vec<(usize, Recorded, Option<Delivered>)>,
     answers: &mut [Answer],
 ) -> Result<(), sqlx::Error> {
     let acks: Vec<Delivered> = outcomes
         .iter()
-        .filter_map(|(_, recorded, ack)| ack.filter(|_| recorded.is_none()))
+        .filter_map(|(_, recorded, ack)| ack.filter(|_| *recorded == Recorded::Recorded))
         .collect();
     let acked = ack_all(tx, &acks).await?;
     for (index, recorded, ack) in outcomes {
-        let acked = recorded.is_none() && ack.is_some_and(|ack| acked.contains(&ack));
+        let acked = recorded == Recorded::Recorded && ack.is_some_and(|ack| acked.contains(&ack));
         answers[index] = Answer::Outcome(recorded, acked);
     }
     Ok(())
@@ -130,19 +133,13 @@ fn answer(write: Write, answer: Answer) {
         (Write::Claim { reply, .. }, Answer::Claim(claim)) => {
             let _ = reply.send(Ok(claim));
         }
-        (Write::Outcome { reply, .. }, Answer::Outcome(existing, acked)) => {
-            let recorded = match existing {
-                None => Recorded::Recorded,
-                Some(status) => Recorded::AlreadyFinal(status),
-            };
+        (Write::Outcome { reply, .. }, Answer::Outcome(recorded, acked)) => {
             let _ = reply.send(Ok((recorded, acked)));
         }
-        (
-            Write::Rejection { reply, .. }
-            | Write::Release { reply, .. }
-            | Write::Decision { reply, .. },
-            Answer::Done,
-        ) => {
+        (Write::Decision { reply, .. }, Answer::Decision(recorded)) => {
+            let _ = reply.send(Ok(recorded));
+        }
+        (Write::Rejection { reply, .. } | Write::Release { reply, .. }, Answer::Done) => {
             let _ = reply.send(Ok(()));
         }
         (Write::Prune { reply, .. }, Answer::Pruned(rows)) => {
@@ -163,9 +160,10 @@ fn fail(write: Write, error: StoreError) {
         Write::Claim { reply, .. } => {
             let _ = reply.send(Err(error));
         }
-        Write::Rejection { reply, .. }
-        | Write::Release { reply, .. }
-        | Write::Decision { reply, .. } => {
+        Write::Rejection { reply, .. } | Write::Release { reply, .. } => {
+            let _ = reply.send(Err(error));
+        }
+        Write::Decision { reply, .. } => {
             let _ = reply.send(Err(error));
         }
         Write::Outcome { reply, .. } => {
@@ -214,8 +212,9 @@ async fn run_batch(tx: &mut Tx<'_>, batch: &[Write], now: i64) -> Result<Vec<Ans
                     ack,
                     ..
                 } => {
-                    let recorded =
-                        insert_outcomes(tx, &[(request, *attempt, outcome)], now).await?[0];
+                    let recorded = insert_outcomes(tx, &[(request, *attempt, outcome)], now)
+                        .await?
+                        .remove(0);
                     let mut one = [Answer::Done];
                     answer_outcomes(tx, vec![(0, recorded, *ack)], &mut one).await?;
                     let [one] = one;
@@ -268,20 +267,24 @@ async fn run_batch(tx: &mut Tx<'_>, batch: &[Write], now: i64) -> Result<Vec<Ans
     for (write, answer) in batch.iter().zip(&mut answers) {
         match write {
             Write::Rejection {
-                message_id,
+                asked,
                 reason,
                 excerpt,
                 ..
-            } => insert_rejection(tx, *message_id, reason, excerpt, now).await?,
+            } => insert_rejection(tx, asked, reason, excerpt, now).await?,
             // After the claims: a handler releases only a claim it already
             // holds, committed in an earlier batch.
             Write::Release {
                 message_id,
                 attempt,
+                token,
                 ..
-            } => release(tx, *message_id, *attempt, now).await?,
+            } => release(tx, *message_id, *attempt, *token, now).await?,
+            // After the claims and outcomes: a decision finds the row a
+            // claim of this batch created, and is not written onto it if
+            // that row is another request's.
             Write::Decision {
-                message_id,
+                request,
                 attempt,
                 verdict,
                 guard,
@@ -293,7 +296,8 @@ async fn run_batch(tx: &mut Tx<'_>, batch: &[Write], now: i64) -> Result<Vec<Ans
                     guard,
                     reason,
                 };
-                insert_decision(tx, *message_id, *attempt, decision, now).await?;
+                *answer =
+                    Answer::Decision(record_decision(tx, request, *attempt, decision, now).await?);
             }
             Write::Prune {
                 before, max_rows, ..

@@ -219,14 +219,12 @@ pub(crate) async fn a_host_is_never_claimed_for_two_requests_at_once(store: &dyn
             .unwrap();
         // A claim given back unused holds nothing either.
         let e = request(host);
+        let e_token = ClaimToken::new();
         assert_eq!(
-            store
-                .claim_restart(&e, terms, ClaimToken::new())
-                .await
-                .unwrap(),
+            store.claim_restart(&e, terms, e_token).await.unwrap(),
             first
         );
-        store.release_claim(&e, 1).await.unwrap();
+        store.release_claim(&e, 1, e_token).await.unwrap();
         assert!(
             matches!(
                 store
@@ -242,14 +240,11 @@ pub(crate) async fn a_host_is_never_claimed_for_two_requests_at_once(store: &dyn
 
 pub(crate) async fn a_released_claim_is_not_a_used_attempt(store: &dyn Store) {
     let request = request("cattle-0005");
-    let claim = |expected: u32| {
+    let claim = |expected: u32, token: ClaimToken| {
         let request = request.clone();
         async move {
             assert_eq!(
-                store
-                    .claim_restart(&request, TERMS, ClaimToken::new())
-                    .await
-                    .unwrap(),
+                store.claim_restart(&request, TERMS, token).await.unwrap(),
                 Claim::Claimed {
                     attempt: expected,
                     unknown: None
@@ -257,13 +252,17 @@ pub(crate) async fn a_released_claim_is_not_a_used_attempt(store: &dyn Store) {
             );
         }
     };
-    claim(1).await;
+    let (first, second, third) = (ClaimToken::new(), ClaimToken::new(), ClaimToken::new());
+    claim(1, first).await;
     // Given back (a guard closed before the restart): the hold is lifted
     // at once and the attempt is claimed again, with nothing unknown.
-    store.release_claim(&request, 1).await.unwrap();
-    claim(1).await;
-    // Only the latest, still-held claim is given back.
-    store.release_claim(&request, 2).await.unwrap();
+    store.release_claim(&request, 1, first).await.unwrap();
+    claim(1, second).await;
+    // Only the latest, still-held claim is given back, and only with the
+    // token it was made with: a late release of the first claim frees
+    // nothing of the second's.
+    store.release_claim(&request, 2, second).await.unwrap();
+    store.release_claim(&request, 1, first).await.unwrap();
     assert!(matches!(
         store
             .claim_restart(&request, TERMS, ClaimToken::new())
@@ -275,15 +274,15 @@ pub(crate) async fn a_released_claim_is_not_a_used_attempt(store: &dyn Store) {
         .record_outcome(&request, 1, &Outcome::Retrying { error: "e".into() })
         .await
         .unwrap();
-    store.release_claim(&request, 1).await.unwrap();
-    claim(2).await;
+    store.release_claim(&request, 1, second).await.unwrap();
+    claim(2, third).await;
     assert_eq!(entry(store, request.message_id).await.attempts, 2);
     // A final request stays final.
     store
         .record_outcome(&request, 2, &Outcome::restarted())
         .await
         .unwrap();
-    store.release_claim(&request, 2).await.unwrap();
+    store.release_claim(&request, 2, third).await.unwrap();
     assert_eq!(entry(store, request.message_id).await.attempts, 2);
     assert_eq!(
         store.lookup(request.message_id).await.unwrap(),
@@ -385,4 +384,52 @@ pub(crate) async fn two_names_of_one_machine_are_one_host_to_every_counting_guar
         .collect();
     names.sort_unstable();
     assert_eq!(names, ["alias-0001", "alias-0001b"]);
+}
+
+/// A release whose caller gave up (it timed out) may still commit, and the
+/// caller tries it again; between the two, another delivery claims the
+/// same attempt. The late release names the claim it gives back by its
+/// token: it never frees the other delivery's claim.
+pub(crate) async fn a_late_release_never_frees_another_deliverys_claim(store: &dyn Store) {
+    let request = request("cattle-0019");
+    let (first, second) = (ClaimToken::new(), ClaimToken::new());
+    let claimed = Claim::Claimed {
+        attempt: 1,
+        unknown: None,
+    };
+    assert_eq!(
+        store.claim_restart(&request, TERMS, first).await.unwrap(),
+        claimed
+    );
+    // The first try commits after its caller stopped waiting for it...
+    store.release_claim(&request, 1, first).await.unwrap();
+    // ...so another delivery claims attempt 1 again...
+    assert_eq!(
+        store.claim_restart(&request, TERMS, second).await.unwrap(),
+        claimed
+    );
+    // ...before the first delivery's second try lands.
+    store.release_claim(&request, 1, first).await.unwrap();
+    assert!(
+        matches!(
+            store
+                .claim_restart(&request, TERMS, ClaimToken::new())
+                .await
+                .unwrap(),
+            Claim::InFlight { attempt: 1, .. }
+        ),
+        "the second delivery's claim still holds"
+    );
+    let story = store.story(request.message_id).await.unwrap().unwrap();
+    assert_eq!(story.attempts.len(), 1, "its journal row is kept");
+    assert_eq!(story.entry.attempts, 1);
+    // Its own release still gives it back.
+    store.release_claim(&request, 1, second).await.unwrap();
+    assert_eq!(
+        store
+            .claim_restart(&request, TERMS, ClaimToken::new())
+            .await
+            .unwrap(),
+        claimed
+    );
 }

@@ -67,15 +67,16 @@ pub(crate) async fn a_restarted_host_counts_as_disrupted_until_settle_passes(
         },
         ..settling
     };
+    let token = ClaimToken::new();
     let claim = store
-        .claim_restart(&neighbour, verified, ClaimToken::new())
+        .claim_restart(&neighbour, verified, token)
         .await
         .unwrap();
     assert!(
         matches!(claim, Claim::Claimed { attempt: 1, .. }),
         "{claim:?}"
     );
-    store.release_claim(&neighbour, 1).await.unwrap();
+    store.release_claim(&neighbour, 1, token).await.unwrap();
     settle_passes.await;
     // Settled: its zone and its group are free.
     let claim = store

@@ -74,15 +74,13 @@ pub(crate) async fn counting_guards_are_decided_in_the_claim_and_journaled(store
     // Another group is not limited by herd's use...
     let mut other = request("herd-0004");
     other.group = Some("flock".into());
+    let token = ClaimToken::new();
     assert!(matches!(
-        store
-            .claim_restart(&other, limited, ClaimToken::new())
-            .await
-            .unwrap(),
+        store.claim_restart(&other, limited, token).await.unwrap(),
         Claim::Claimed { attempt: 1, .. }
     ));
     // ...and a claim given back leaves nothing in the journal.
-    store.release_claim(&other, 1).await.unwrap();
+    store.release_claim(&other, 1, token).await.unwrap();
     // The host cooldown counts restarts of the host by any request.
     let cooling = ClaimTerms {
         limits: Limits {

@@ -19,6 +19,13 @@ pub(crate) async fn decisions_are_read_before_a_request_has_a_record(store: &dyn
         };
         store.record_decision(&deferred, 0, decision).await.unwrap();
     }
+    // The first decision records the request (who asked is bound from
+    // its first record), received and never claimed.
+    let story = store.story(deferred.message_id).await.unwrap().unwrap();
+    assert_eq!(
+        (story.entry.status, story.entry.attempts),
+        (Status::Received, 0)
+    );
     let decisions = store.decisions(deferred.message_id).await.unwrap();
     let read: Vec<(&str, &str)> = decisions
         .iter()
@@ -47,7 +54,14 @@ pub(crate) async fn every_recorded_request_has_a_story_rejected_and_never_claime
 ) {
     let rejected = Uuid::new_v4();
     store
-        .record_rejection(Some(rejected), "instance_name \"X\" is bad", b"{}")
+        .record_rejection(
+            &crate::domain::Asked {
+                message_id: Some(rejected),
+                ..crate::domain::Asked::default()
+            },
+            "instance_name \"X\" is bad",
+            b"{}",
+        )
         .await
         .unwrap();
     let story = store
@@ -112,13 +126,24 @@ pub(crate) async fn every_recorded_request_has_a_story_rejected_and_never_claime
 
 pub(crate) async fn rejections_are_listed_but_never_count_as_the_request(store: &dyn Store) {
     store
-        .record_rejection(None, "payload is not a valid request", b"garbage")
+        .record_rejection(
+            &crate::domain::Asked::default(),
+            "payload is not a valid request",
+            b"garbage",
+        )
         .await
         .unwrap();
     let valid = request("cattle-0005");
     let id = valid.message_id;
     store
-        .record_rejection(Some(id), "instance_name \"X\" is bad", b"{}")
+        .record_rejection(
+            &crate::domain::Asked {
+                message_id: Some(id),
+                ..crate::domain::Asked::default()
+            },
+            "instance_name \"X\" is bad",
+            b"{}",
+        )
         .await
         .unwrap();
     let history = store.history(100).await.unwrap();

@@ -1,6 +1,5 @@
 //! What an outcome writes: a final status is never overwritten, the first
-//! receipt is kept, who asked and why are the first request's, and an
-//! outcome keeps its details, claimed or not.
+//! receipt is kept, and an outcome keeps its details, claimed or not.
 
 use super::*;
 
@@ -171,83 +170,6 @@ pub(crate) async fn the_first_receipt_is_kept(store: &dyn Store) {
 /// redelivery, or another request with the same id, that names someone
 /// else changes neither, whether a claim, a first receipt or an outcome
 /// created the record.
-pub(crate) async fn a_record_keeps_who_asked_and_why_from_the_request_that_created_it(
-    store: &dyn Store,
-) {
-    let asked = |request: &RestartRequest, by: &str, reason: &str| {
-        let mut request = request.clone();
-        request.requested_by = Some(by.into());
-        request.reason = Some(reason.into());
-        request
-    };
-    let kept = |entry: HistoryEntry| (entry.requested_by, entry.reason);
-    let retrying = Outcome::Retrying {
-        error: "no answer".into(),
-    };
-    // Created by a claim; the other request's delivery finds it held, its
-    // outcome is recorded, and it is claimed and restarted again.
-    let first = asked(&request("cattle-asked"), "alice", "kernel update");
-    let other = asked(&first, "mallory", "just because");
-    let claim = store
-        .claim_restart(&first, TERMS, ClaimToken::new())
-        .await
-        .unwrap();
-    assert_eq!(
-        claim,
-        Claim::Claimed {
-            attempt: 1,
-            unknown: None
-        }
-    );
-    let claim = store
-        .claim_restart(&other, TERMS, ClaimToken::new())
-        .await
-        .unwrap();
-    assert!(
-        matches!(claim, Claim::InFlight { attempt: 1, .. }),
-        "{claim:?}"
-    );
-    store.record_outcome(&other, 1, &retrying).await.unwrap();
-    claim_and_restart(store, &other, 2).await;
-    let row = kept(entry(store, first.message_id).await);
-    assert_eq!(row, (Some("alice".into()), Some("kernel update".into())));
-    // Created by the first receipt of a request its publisher did not date.
-    let first = asked(&request("cattle-asked-received"), "carol", "drill");
-    let other = asked(&first, "dave", "again");
-    store.first_received(&first).await.unwrap();
-    store.first_received(&other).await.unwrap();
-    claim_and_restart(store, &other, 1).await;
-    let row = kept(entry(store, first.message_id).await);
-    assert_eq!(row, (Some("carol".into()), Some("drill".into())));
-    // Created by an outcome no claim came before.
-    let first = asked(&request("cattle-asked-outcome"), "erin", "game day");
-    let other = asked(&first, "frank", "again");
-    store.record_outcome(&first, 1, &retrying).await.unwrap();
-    claim_and_restart(store, &other, 2).await;
-    let row = kept(entry(store, first.message_id).await);
-    assert_eq!(row, (Some("erin".into()), Some("game day".into())));
-}
-
-/// Claims `request`, expecting `attempt` with no unknown outcome before
-/// it, and records it restarted.
-async fn claim_and_restart(store: &dyn Store, request: &RestartRequest, attempt: u32) {
-    let claim = store
-        .claim_restart(request, TERMS, ClaimToken::new())
-        .await
-        .unwrap();
-    assert_eq!(
-        claim,
-        Claim::Claimed {
-            attempt,
-            unknown: None
-        }
-    );
-    store
-        .record_outcome(request, attempt, &Outcome::restarted())
-        .await
-        .unwrap();
-}
-
 pub(crate) async fn outcome_without_claim_creates_row(store: &dyn Store) {
     let request = request("cattle-0002");
     let outcome = Outcome::Failed {

@@ -40,11 +40,9 @@ pub(crate) async fn the_requester_quota_and_the_zone_budget_count_across_groups_
     };
     second.record_outcome(&leashed, 1, &dry).await.unwrap();
     let released = by_ci("quota-c-0001", "quota-c");
-    first
-        .claim_restart(&released, quota, ClaimToken::new())
-        .await
-        .unwrap();
-    first.release_claim(&released, 1).await.unwrap();
+    let token = ClaimToken::new();
+    first.claim_restart(&released, quota, token).await.unwrap();
+    first.release_claim(&released, 1, token).await.unwrap();
     let two = by_ci("quota-b-0002", "quota-b");
     let claim = second
         .claim_restart(&two, quota, ClaimToken::new())

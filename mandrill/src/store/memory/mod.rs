@@ -24,11 +24,11 @@ use super::campaigns::CampaignRow;
 use super::sql::NOT_ISSUED;
 use super::{
     AttemptRecord, Campaign, Claim, ClaimState, ClaimTerms, ClaimToken, Decision, DecisionRecord,
-    GroupPause, GroupUsage, HistoryEntry, Recorded, ReportAttempt, ReportData, ReportDecision,
-    Store, StoreError, Story, Switch, SwitchExpected, Timestamp, UsageBinds, claim_decision,
-    decide_claim, group_usage_from, usage_binds,
+    GroupPause, GroupUsage, HistoryEntry, Identity, Recorded, ReportAttempt, ReportData,
+    ReportDecision, Store, StoreError, Story, Switch, SwitchExpected, Timestamp, UsageBinds,
+    claim_decision, decide_claim, group_usage_from, identity_conflict, usage_binds,
 };
-use crate::domain::{Outcome, RestartRequest, Status};
+use crate::domain::{Asked, Outcome, RestartRequest, Status};
 use crate::safety::limits::{HostHold, Subject, Usage};
 
 /// See the module docs.
@@ -68,7 +68,12 @@ struct State {
 struct Request {
     /// `None` for a rejected payload.
     hostname: Option<String>,
+    /// A rejected payload's instance, if it named one (a request's is
+    /// its hostname's first label).
+    instance: Option<String>,
     requested_by: Option<String>,
+    /// The verified signer; `None` unsigned (or unverified).
+    requester: Option<String>,
     reason: Option<String>,
     status: Status,
     /// Attempts claimed so far.
@@ -155,11 +160,36 @@ impl MemoryStore {
 }
 
 impl Request {
+    /// The instance a request's hostname names.
+    fn instance_of_host(&self) -> Option<&str> {
+        self.hostname
+            .as_deref()
+            .and_then(|host| host.split('.').next())
+    }
+
+    /// Who asked and for what, as recorded.
+    fn identity(&self) -> Identity {
+        Identity {
+            instance: self.instance_of_host().unwrap_or_default().to_owned(),
+            requested_by: self.requested_by.clone(),
+            requester: self.requester.clone(),
+            reason: self.reason.clone(),
+        }
+    }
+
+    /// The conflict, if `request` is not the request this row records
+    /// ([`identity_conflict`]).
+    fn conflict(&self, request: &RestartRequest) -> Option<String> {
+        identity_conflict(&self.identity(), request)
+    }
+
     /// A request received at `now`, not yet claimed.
     fn received(request: &RestartRequest, now: i64) -> Self {
         Self {
             hostname: Some(request.hostname.as_str().to_owned()),
+            instance: None,
             requested_by: request.requested_by.clone(),
+            requester: request.requester.clone(),
             reason: request.reason.clone(),
             status: Status::Received,
             attempts: 0,
@@ -180,14 +210,14 @@ impl Request {
         HistoryEntry {
             message_id,
             instance_name: self
-                .hostname
-                .as_deref()
-                .and_then(|host| host.split('.').next())
-                .map(str::to_owned),
+                .instance
+                .clone()
+                .or_else(|| self.instance_of_host().map(str::to_owned)),
             hostname: self.hostname.clone(),
             status: self.status,
             attempts: super::history::attempts_made(self.status, self.attempts),
             requested_by: self.requested_by.clone(),
+            verified: self.requester.is_some(),
             reason: self.reason.clone(),
             last_error: self.last_error.clone(),
             output: self.output.clone(),
@@ -390,6 +420,7 @@ impl Store for MemoryStore {
             .group_pauses
             .iter()
             .find(|pause| pause.group == request.group());
+        let recorded = state.requests.get(&id).map(Request::identity);
         let row = state
             .requests
             .entry(id)
@@ -400,6 +431,7 @@ impl Store for MemoryStore {
             claim_until: row.claim_until,
             token: row.claim_token,
             unknown: row.unknown,
+            identity: recorded,
         };
         let (claim, write) = decide_claim(
             request,
@@ -462,6 +494,7 @@ impl Store for MemoryStore {
         &self,
         request: &RestartRequest,
         attempt: u32,
+        token: ClaimToken,
     ) -> Result<(), StoreError> {
         let now = self.clock.now();
         let mut state = self.lock();
@@ -470,6 +503,7 @@ impl Store for MemoryStore {
             && row.attempts == attempt
             && attempt > 0
             && row.claim_until.is_some()
+            && row.claim_token == Some(token)
         {
             row.attempts -= 1;
             row.claim_until = None;
@@ -493,6 +527,9 @@ impl Store for MemoryStore {
             .requests
             .entry(request.message_id)
             .or_insert_with(|| Request::received(request, now));
+        if let Some(conflict) = row.conflict(request) {
+            return Ok(Recorded::Conflict(conflict));
+        }
         if row.status.is_final() {
             return Ok(Recorded::AlreadyFinal(row.status));
         }
@@ -525,15 +562,18 @@ impl Store for MemoryStore {
 
     async fn record_rejection(
         &self,
-        message_id: Option<Uuid>,
+        asked: &Asked,
         reason: &str,
         _payload: &[u8],
     ) -> Result<(), StoreError> {
         let now = self.clock.now();
+        let message_id = asked.message_id;
         let rejected = Request {
             hostname: None,
-            requested_by: None,
-            reason: None,
+            instance: asked.instance_name.clone(),
+            requested_by: asked.requested_by.clone(),
+            requester: asked.requester.clone(),
+            reason: asked.reason.clone(),
             status: Status::Rejected,
             attempts: 1,
             claim_until: None,
@@ -566,11 +606,20 @@ impl Store for MemoryStore {
         request: &RestartRequest,
         attempt: u32,
         decision: Decision<'_>,
-    ) -> Result<(), StoreError> {
+    ) -> Result<Recorded, StoreError> {
         let now = self.clock.now();
-        self.lock()
-            .decide(request.message_id, attempt, decision, now);
-        Ok(())
+        let mut state = self.lock();
+        // The row too, as the SQL stores create it: who asked is bound
+        // from the first record.
+        let row = state
+            .requests
+            .entry(request.message_id)
+            .or_insert_with(|| Request::received(request, now));
+        if let Some(conflict) = row.conflict(request) {
+            return Ok(Recorded::Conflict(conflict));
+        }
+        state.decide(request.message_id, attempt, decision, now);
+        Ok(Recorded::Recorded)
     }
 
     async fn story(&self, message_id: Uuid) -> Result<Option<Story>, StoreError> {

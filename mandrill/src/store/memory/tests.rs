@@ -116,11 +116,9 @@ async fn outcomes_land_on_their_own_attempts_across_releases_and_a_prune() {
         .claim_restart(&b, terms, crate::store::ClaimToken::new())
         .await
         .unwrap();
-    store
-        .claim_restart(&c, terms, crate::store::ClaimToken::new())
-        .await
-        .unwrap();
-    store.release_claim(&c, 1).await.unwrap();
+    let token = crate::store::ClaimToken::new();
+    store.claim_restart(&c, terms, token).await.unwrap();
+    store.release_claim(&c, 1, token).await.unwrap();
     store
         .claim_restart(&c, terms, crate::store::ClaimToken::new())
         .await

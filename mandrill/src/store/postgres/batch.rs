@@ -26,8 +26,8 @@ use crate::domain::{Outcome, RestartRequest};
 use crate::safety::limits::Usage;
 use crate::store::reads::postgres::insert_decision;
 use crate::store::sql::{
-    GROUP_PAUSES_SQL, GroupPauseRow, HELD_HOSTS_SQL, HeldRow, SWITCH_SQL, insert_requests,
-    upsert_journal,
+    GROUP_PAUSES_SQL, GroupPauseRow, HELD_HOSTS_SQL, HeldRow, SWITCH_SQL, identity_from,
+    insert_requests, upsert_journal,
 };
 use crate::store::{
     Claim, ClaimState, ClaimTerms, ClaimToken, ClaimWrite, GroupPause, HeldHosts, Recorded,
@@ -73,7 +73,8 @@ pub(super) static SWITCH_SHARED_SQL: LazyLock<String> =
     LazyLock::new(|| format!("{SWITCH_SQL} FOR SHARE"));
 
 /// Creates the missing rows of a batch's requests: `$1`..`$5` arrays of
-/// ids, instances, hosts, requested by, reasons; `$6` now. Returns the ids
+/// ids, instances, hosts, requested by, reasons; `$6` now; `$7` array of
+/// requesters (verified signers). Returns the ids
 /// of the rows it created (received, no attempt: this transaction's own,
 /// so locked by it) and, on every row, the kill switch, read under a share
 /// lock (see [`SWITCH_SHARED_SQL`]); at least one row, the switch's, when
@@ -88,9 +89,10 @@ static INSERT_REQUESTS_UNLOCKED_SQL: LazyLock<String> =
 
 fn insert_returning_switch(switch: &str) -> String {
     let insert = insert_requests(
-        "SELECT u.id, u.instance_name, u.hostname, u.requested_by, u.reason, $6::int8 AS at
-         FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[])
-              AS u(id, instance_name, hostname, requested_by, reason)",
+        "SELECT u.id, u.instance_name, u.hostname, u.requested_by, u.requester, u.reason,
+                $6::int8 AS at
+         FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $7::text[])
+              AS u(id, instance_name, hostname, requested_by, reason, requester)",
     );
     format!(
         "WITH switch AS ({switch}), created AS ({insert} RETURNING message_id)
@@ -181,7 +183,7 @@ pub(super) async fn commit_batch(
                     ..
                 } => {
                     let id = request.message_id.to_string();
-                    let state = states.get(&id).copied();
+                    let state = states.get(&id).cloned();
                     let usage = Usage {
                         host_held: held.get(request.machine()),
                         ..Usage::default()
@@ -289,6 +291,7 @@ async fn lock_rows(
         rows.hosts.push(request.hostname.as_str().to_owned());
         rows.requested_by.push(request.requested_by.clone());
         rows.reasons.push(request.reason.clone());
+        rows.requesters.push(request.requester.clone());
     }
     // In id order (unnest keeps the array's order), so that two batches
     // creating the same rows wait for each other, never in a cycle. The
@@ -309,6 +312,7 @@ async fn lock_rows(
         .bind(&rows.requested_by)
         .bind(&rows.reasons)
         .bind(now)
+        .bind(&rows.requesters)
         .fetch_all(&mut **tx)
         .await?;
     let switch = created
@@ -316,7 +320,9 @@ async fn lock_rows(
         .map(|(_, paused, by, why, since)| switch_from(*paused, by.clone(), why.clone(), *since))
         .ok_or(sqlx::Error::RowNotFound)?;
     // A row this transaction created is its own until it commits: received,
-    // no attempt claimed, as the insert wrote it.
+    // no attempt claimed, as the insert wrote it from the first write of
+    // its request in the batch, which the first round decides (a later
+    // write of another identity is judged in a later round, read again).
     let mut states: HashMap<String, ClaimState> = created
         .into_iter()
         .filter_map(|(id, ..)| id)
@@ -343,10 +349,11 @@ async fn lock_rows(
 }
 
 /// Locks the rows of the requests `$1`, in id order, and reads their claim
-/// state. A join on `unnest`, not `= ANY($1)`: a prepared statement's
-/// generic plan for `= ANY` was seen scanning the whole table.
+/// state and identity (who asked and for what: every write of the batch
+/// is judged on it). A join on `unnest`, not `= ANY($1)`: a prepared
+/// statement's generic plan for `= ANY` was seen scanning the whole table.
 pub(super) const LOCK_SQL: &str = "SELECT r.message_id, r.status, r.attempts, r.claim_until,
-        r.claim_token, r.claim_unknown
+        r.claim_token, r.claim_unknown, r.instance_name, r.requested_by, r.requester, r.reason
     FROM unnest($1::text[]) AS u(id) JOIN requests r ON r.message_id = u.id
     ORDER BY r.message_id FOR UPDATE OF r";
 
@@ -362,23 +369,37 @@ async fn read_states(
 }
 
 /// A row of [`LOCK_SQL`].
-type StateRow = (String, String, i32, Option<i64>, Option<i64>, Option<i32>);
+type StateRow = (
+    String,
+    String,
+    i32,
+    Option<i64>,
+    Option<i64>,
+    Option<i32>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+);
 
 fn states_from(found: Vec<StateRow>) -> Result<HashMap<String, ClaimState>, sqlx::Error> {
     found
         .into_iter()
-        .map(|(id, status, claimed, claim_until, token, unknown)| {
-            let status =
-                status_from_name(&status).map_err(|error| sqlx::Error::Decode(Box::new(error)))?;
-            let state = ClaimState {
-                status,
-                attempts: u32::try_from(claimed).unwrap_or(0),
-                claim_until,
-                token: token.map(ClaimToken::from_stored),
-                unknown: unknown.and_then(|attempt| u32::try_from(attempt).ok()),
-            };
-            Ok((id, state))
-        })
+        .map(
+            |(id, status, claimed, claim_until, token, unknown, instance, by, signer, why)| {
+                let status = status_from_name(&status)
+                    .map_err(|error| sqlx::Error::Decode(Box::new(error)))?;
+                let state = ClaimState {
+                    status,
+                    attempts: u32::try_from(claimed).unwrap_or(0),
+                    claim_until,
+                    token: token.map(ClaimToken::from_stored),
+                    unknown: unknown.and_then(|attempt| u32::try_from(attempt).ok()),
+                    identity: Some(identity_from((instance, by, signer, why))),
+                };
+                Ok((id, state))
+            },
+        )
         .collect()
 }
 
@@ -390,6 +411,7 @@ struct RequestRows {
     hosts: Vec<String>,
     requested_by: Vec<Option<String>>,
     reasons: Vec<Option<String>>,
+    requesters: Vec<Option<String>>,
 }
 
 /// The claims of one round that succeed, one array per column.

@@ -11,22 +11,13 @@ use crate::domain::RestartRequest;
 use crate::safety::limits::{Limits, Subject, Usage};
 use crate::store::reads::postgres as reads;
 use crate::store::sql::{
-    GROUP_PAUSE_SQL, GroupPauseRow, HELD_HOSTS_SQL, HeldRow, RELEASE_JOURNAL_SQL, RELEASE_SQL,
-    SwitchRow, insert_requests, upsert_journal,
+    GROUP_PAUSE_SQL, GroupPauseRow, HELD_HOSTS_SQL, HeldRow, INSERT_REQUEST_SQL,
+    RELEASE_JOURNAL_SQL, RELEASE_SQL, SwitchRow, identity_from, upsert_journal,
 };
 use crate::store::{
-    Claim, ClaimState, ClaimTerms, ClaimToken, Decision, HeldHosts, StoreError, Timestamp,
-    claim_decision, decide_claim, group_pause_from, status_from_name, switch_from,
+    Claim, ClaimState, ClaimTerms, ClaimToken, Decision, HeldHosts, Recorded, StoreError,
+    Timestamp, claim_decision, decide_claim, group_pause_from, status_from_name, switch_from,
 };
-
-/// A request's row, created if missing: `$1`..`$5` id, instance, host,
-/// requested by, reason; `$6` now.
-static INSERT_REQUEST_SQL: LazyLock<String> = LazyLock::new(|| {
-    insert_requests(
-        "SELECT $1::text AS id, $2::text AS instance_name, $3::text AS hostname,
-                $4::text AS requested_by, $5::text AS reason, $6::int8 AS at",
-    )
-});
 
 /// A claim's journal row: `$1` id, `$2` attempt, `$3` machine, `$4`
 /// group, `$5` now, `$6` verdict, `$7` zone, `$8` requester.
@@ -61,6 +52,21 @@ pub(super) fn lock_keys(limits: &Limits, subject: Subject<'_>) -> Vec<String> {
     keys
 }
 
+/// A request's row as a claim reads it: status, attempts, `claim_until`,
+/// `claim_token`, `claim_unknown`; then who asked and for what (instance,
+/// requested by, requester, reason).
+type ClaimRow = (
+    String,
+    i32,
+    Option<i64>,
+    Option<i64>,
+    Option<i32>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+);
+
 impl PostgresStore {
     /// A claim in its own transaction: the counting guards take advisory
     /// locks (global, requester, zone, group, host) that a batch must not
@@ -80,30 +86,30 @@ impl PostgresStore {
             .bind(request.instance_name.as_str())
             .bind(request.hostname.as_str())
             .bind(request.requested_by.as_deref())
+            .bind(request.requester.as_deref())
             .bind(request.reason.as_deref())
             .bind(received)
             .execute(&mut *tx)
             .await?;
         // The row lock serialises claims of one request across instances.
-        let (status, claimed, claim_until, held_by, unknown): (
-            String,
-            i32,
-            Option<i64>,
-            Option<i64>,
-            Option<i32>,
-        ) = sqlx::query_as(
-            "SELECT status, attempts, claim_until, claim_token, claim_unknown FROM requests
-             WHERE message_id = $1 FOR UPDATE",
-        )
-        .bind(&id)
-        .fetch_one(&mut *tx)
-        .await?;
+        // Its identity in the same read: the claim judges it (a row this
+        // insert created is the request's own, and judged alike).
+        let (status, claimed, claim_until, held_by, unknown, instance, by, signer, why): ClaimRow =
+            sqlx::query_as(
+                "SELECT status, attempts, claim_until, claim_token, claim_unknown,
+                    instance_name, requested_by, requester, reason
+             FROM requests WHERE message_id = $1 FOR UPDATE",
+            )
+            .bind(&id)
+            .fetch_one(&mut *tx)
+            .await?;
         let state = ClaimState {
             status: status_from_name(&status)?,
             attempts: u32::try_from(claimed).unwrap_or(0),
             claim_until,
             token: held_by.map(ClaimToken::from_stored),
             unknown: unknown.and_then(|attempt| u32::try_from(attempt).ok()),
+            identity: Some(identity_from((instance, by, signer, why))),
         };
         let (paused, by, why, since): SwitchRow = sqlx::query_as(&SWITCH_SHARED_SQL)
             .fetch_one(&mut *tx)
@@ -205,6 +211,7 @@ impl PostgresStore {
         &self,
         request: &RestartRequest,
         attempt: u32,
+        token: ClaimToken,
     ) -> Result<(), StoreError> {
         let _turn = self.turn().await?;
         let mut tx = self.pool.begin().await?;
@@ -212,6 +219,7 @@ impl PostgresStore {
             .bind(request.message_id.to_string())
             .bind(attempts(attempt))
             .bind(Timestamp::now().as_millis())
+            .bind(token.to_stored())
             .fetch_optional(&mut *tx)
             .await?
             .is_some();
@@ -238,6 +246,7 @@ impl PostgresStore {
                 .bind(request.instance_name.as_str())
                 .bind(request.hostname.as_str())
                 .bind(request.requested_by.as_deref())
+                .bind(request.requester.as_deref())
                 .bind(request.reason.as_deref())
                 .bind(Timestamp::now().as_millis())
                 .execute(&self.pool)
@@ -252,12 +261,12 @@ impl PostgresStore {
         request: &RestartRequest,
         attempt: u32,
         decision: Decision<'_>,
-    ) -> Result<(), StoreError> {
+    ) -> Result<Recorded, StoreError> {
         let _turn = self.turn().await?;
         let mut tx = self.pool.begin().await?;
         let now = Timestamp::now().as_millis();
-        reads::insert_decision(&mut tx, request.message_id, attempt, decision, now).await?;
+        let recorded = reads::record_decision(&mut tx, request, attempt, decision, now).await?;
         tx.commit().await?;
-        Ok(())
+        Ok(recorded)
     }
 }

@@ -55,7 +55,7 @@ use super::{
     Claim, ClaimTerms, ClaimToken, Decision, GroupUsage, HistoryEntry, Recorded, ReportData, Store,
     StoreError, Story, Switch, SwitchExpected, Timestamp, ask, payload_excerpt, within,
 };
-use crate::domain::{Outcome, RestartRequest, Status};
+use crate::domain::{Asked, Outcome, RestartRequest, Status};
 #[cfg(test)]
 use crate::store::DEFAULT_TIMEOUT;
 
@@ -273,8 +273,9 @@ impl Store for PostgresStore {
         &self,
         request: &RestartRequest,
         attempt: u32,
+        token: ClaimToken,
     ) -> Result<(), StoreError> {
-        self.bounded(self.release(request, attempt)).await
+        self.bounded(self.release(request, attempt, token)).await
     }
 
     async fn record_decision(
@@ -282,7 +283,7 @@ impl Store for PostgresStore {
         request: &RestartRequest,
         attempt: u32,
         decision: Decision<'_>,
-    ) -> Result<(), StoreError> {
+    ) -> Result<Recorded, StoreError> {
         self.bounded(self.decide(request, attempt, decision)).await
     }
 
@@ -346,7 +347,7 @@ impl Store for PostgresStore {
 
     async fn record_rejection(
         &self,
-        message_id: Option<Uuid>,
+        asked: &Asked,
         reason: &str,
         payload: &[u8],
     ) -> Result<(), StoreError> {
@@ -356,10 +357,14 @@ impl Store for PostgresStore {
         self.bounded(async {
             let _turn = self.turn().await?;
             sqlx::query(REJECTION_SQL)
-                .bind(message_id.map(|id| id.to_string()))
+                .bind(asked.message_id.map(|id| id.to_string()))
                 .bind(reason.replace('\0', "\u{fffd}"))
                 .bind(excerpt)
                 .bind(now)
+                .bind(asked.instance_name.as_deref())
+                .bind(asked.requested_by.as_deref())
+                .bind(asked.reason.as_deref())
+                .bind(asked.requester.as_deref())
                 .execute(&self.pool)
                 .await?;
             Ok(())

@@ -8,7 +8,7 @@ use std::sync::LazyLock;
 use super::rows::{Tx, attempts};
 use crate::domain::{Outcome, RestartRequest};
 use crate::store::sql::{not_final, outcome_set};
-use crate::store::{ClaimState, Recorded, millis_of};
+use crate::store::{ClaimState, Recorded, identity_conflict, millis_of};
 
 /// Records outcomes over a status that is not final (as every store does,
 /// with the same assignments), and settles each attempt's journal row
@@ -42,6 +42,8 @@ pub(super) async fn record_outcomes(
     if outcomes.is_empty() {
         return Ok(Vec::new());
     }
+    let mut results = Vec::with_capacity(outcomes.len());
+    let mut written = Vec::with_capacity(outcomes.len());
     let mut ids = Vec::with_capacity(outcomes.len());
     let mut statuses = Vec::with_capacity(outcomes.len());
     let mut attempt_numbers = Vec::with_capacity(outcomes.len());
@@ -49,9 +51,21 @@ pub(super) async fn record_outcomes(
     let mut completed = Vec::with_capacity(outcomes.len());
     let mut outputs = Vec::with_capacity(outcomes.len());
     let mut recovered = Vec::with_capacity(outcomes.len());
-    for (_, request, attempt, outcome) in outcomes {
+    for (index, request, attempt, outcome) in outcomes {
+        let id = request.message_id.to_string();
+        // Another request's row (read locked, with its identity, by this
+        // transaction): nothing written, the conflict told.
+        if let Some(conflict) = states
+            .get(&id)
+            .and_then(|state| state.identity.as_ref())
+            .and_then(|recorded| identity_conflict(recorded, request))
+        {
+            results.push((*index, Recorded::Conflict(conflict)));
+            continue;
+        }
+        written.push(*index);
         let status = outcome.status();
-        ids.push(request.message_id.to_string());
+        ids.push(id);
         statuses.push(status.as_str());
         attempt_numbers.push(attempts(*attempt));
         errors.push(outcome.error());
@@ -73,8 +87,7 @@ pub(super) async fn record_outcomes(
         .fetch_all(&mut **tx)
         .await?;
     let recorded: std::collections::HashSet<String> = recorded.into_iter().collect();
-    let mut results = Vec::with_capacity(outcomes.len());
-    for ((index, _, _, _), id) in outcomes.iter().zip(&ids) {
+    for (index, id) in written.iter().zip(&ids) {
         let result = if recorded.contains(id) {
             Recorded::Recorded
         } else {

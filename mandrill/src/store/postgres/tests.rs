@@ -391,7 +391,11 @@ async fn nul_bytes_in_a_rejected_payload_are_kept_readable() {
     let database = TestDatabase::create().await;
     let store = PostgresStore::connect(&database.url, 1).await.unwrap();
     store
-        .record_rejection(None, "payload is not valid utf-8", b"\0\xff")
+        .record_rejection(
+            &crate::domain::Asked::default(),
+            "payload is not valid utf-8",
+            b"\0\xff",
+        )
         .await
         .unwrap();
     assert_eq!(store.history(1).await.unwrap()[0].status, Status::Rejected);

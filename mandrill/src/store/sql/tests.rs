@@ -102,7 +102,7 @@ async fn the_shared_upserts_run_on_sqlite() {
     let insert = insert_requests(
         "SELECT j.value ->> 0 AS id, j.value ->> 1 AS instance_name,
                 j.value ->> 2 AS hostname, j.value ->> 3 AS requested_by,
-                j.value ->> 4 AS reason, $2 AS at
+                NULL AS requester, j.value ->> 4 AS reason, $2 AS at
          FROM json_each($1) AS j",
     );
     // Each statement twice: the second run meets every conflict.

@@ -31,16 +31,21 @@ impl Store for PanicsOnPanicRecords {
         }
         self.0.record_outcome(r, attempt, outcome).await
     }
-    async fn release_claim(&self, r: &RestartRequest, attempt: u32) -> Result<(), StoreError> {
-        self.0.release_claim(r, attempt).await
+    async fn release_claim(
+        &self,
+        r: &RestartRequest,
+        attempt: u32,
+        token: crate::store::ClaimToken,
+    ) -> Result<(), StoreError> {
+        self.0.release_claim(r, attempt, token).await
     }
     async fn record_rejection(
         &self,
-        id: Option<Uuid>,
+        asked: &crate::domain::Asked,
         reason: &str,
         payload: &[u8],
     ) -> Result<(), StoreError> {
-        self.0.record_rejection(id, reason, payload).await
+        self.0.record_rejection(asked, reason, payload).await
     }
     async fn history(&self, limit: usize) -> Result<Vec<HistoryEntry>, StoreError> {
         self.0.history(limit).await
@@ -50,7 +55,7 @@ impl Store for PanicsOnPanicRecords {
         request: &RestartRequest,
         attempt: u32,
         decision: crate::store::Decision<'_>,
-    ) -> Result<(), StoreError> {
+    ) -> Result<crate::store::Recorded, StoreError> {
         self.0.record_decision(request, attempt, decision).await
     }
     async fn story(&self, message_id: Uuid) -> Result<Option<crate::store::Story>, StoreError> {

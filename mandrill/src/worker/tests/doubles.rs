@@ -229,19 +229,24 @@ impl Store for ScriptedStore {
         self.timeline.push(format!("recorded {}", outcome.status()));
         self.inner.record_outcome(r, attempt, outcome).await
     }
-    async fn release_claim(&self, r: &RestartRequest, attempt: u32) -> Result<(), StoreError> {
+    async fn release_claim(
+        &self,
+        r: &RestartRequest,
+        attempt: u32,
+        token: crate::store::ClaimToken,
+    ) -> Result<(), StoreError> {
         self.unreachable("release")?;
         self.timeline.push(format!("released {attempt}"));
-        self.inner.release_claim(r, attempt).await
+        self.inner.release_claim(r, attempt, token).await
     }
     async fn record_rejection(
         &self,
-        id: Option<Uuid>,
+        asked: &crate::domain::Asked,
         reason: &str,
         payload: &[u8],
     ) -> Result<(), StoreError> {
         self.unreachable("reject")?;
-        self.inner.record_rejection(id, reason, payload).await
+        self.inner.record_rejection(asked, reason, payload).await
     }
     async fn history(&self, limit: usize) -> Result<Vec<HistoryEntry>, StoreError> {
         self.inner.history(limit).await
@@ -251,7 +256,7 @@ impl Store for ScriptedStore {
         request: &RestartRequest,
         attempt: u32,
         decision: crate::store::Decision<'_>,
-    ) -> Result<(), StoreError> {
+    ) -> Result<crate::store::Recorded, StoreError> {
         self.inner.record_decision(request, attempt, decision).await
     }
     async fn story(&self, message_id: Uuid) -> Result<Option<crate::store::Story>, StoreError> {

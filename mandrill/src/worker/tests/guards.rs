@@ -695,3 +695,68 @@ async fn the_inventory_decides_group_membership_and_fails_closed_when_too_old() 
     assert_eq!(restarter.timeline.count("restart-started"), 1);
     h.stop().await.unwrap();
 }
+
+/// A request waiting for the calendar has its record (who asked, for
+/// which host, why) from its first deferral: another payload under its
+/// `message_id`, deferred too, is refused at its own deferral, recorded
+/// apart and dead-lettered, and the first request runs at the opening.
+#[tokio::test(start_paused = true)]
+async fn a_payload_deferred_under_another_requests_id_is_refused_at_once() {
+    let store = Arc::new(ScriptedStore::default());
+    let restarter = Arc::new(ScriptedRestarter::default());
+    let h = start(
+        guarded(Duration::from_secs(24 * 3600)),
+        store.clone(),
+        restarter.clone(),
+    );
+    let id = Uuid::new_v4();
+    let asked = |instance: &str, by: &str| {
+        Bytes::from(format!(
+            r#"{{"message_id":"{id}","instance_name":"{instance}","requested_by":"{by}","reason":"drill"}}"#
+        ))
+    };
+    let stats = h.stats.clone();
+    h.broker.publish(asked("cattle-one", "v")).await.unwrap();
+    wait_until("the first deferred", || stats.deferred.get() == 1).await;
+    h.broker.publish(asked("cattle-two", "m")).await.unwrap();
+    wait_until("the second dead-lettered", || {
+        stats.dead_lettered.get() == 1
+    })
+    .await;
+    assert_eq!(stats.deferred.get(), 2, "both met the closed calendar");
+    let history = store.history(10).await.unwrap();
+    let refused = history
+        .iter()
+        .find(|entry| entry.status == crate::domain::Status::Rejected)
+        .unwrap_or_else(|| panic!("recorded apart: {history:?}"));
+    assert_eq!(
+        (
+            refused.instance_name.as_deref(),
+            refused.requested_by.as_deref(),
+            refused.message_id
+        ),
+        (Some("cattle-two"), Some("m"), Some(id))
+    );
+    assert!(
+        refused
+            .last_error
+            .as_deref()
+            .is_some_and(|why| why.contains("instance cattle-one (this payload: cattle-two)")),
+        "{refused:?}"
+    );
+    // The first request's decisions are its own.
+    let decisions = store.inner.decisions(id).await.unwrap();
+    assert_eq!(decisions.len(), 1, "{decisions:?}");
+
+    wait_hours("the first restarted", || stats.acked.get() == 1).await;
+    assert_eq!(restarter.timeline.count("restart-started"), 1);
+    let story = store.story(id).await.unwrap().unwrap();
+    assert_eq!(
+        (
+            story.entry.instance_name.as_deref(),
+            story.entry.requested_by.as_deref()
+        ),
+        (Some("cattle-one"), Some("v"))
+    );
+    h.stop().await.unwrap();
+}

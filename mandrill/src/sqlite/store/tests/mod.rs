@@ -54,14 +54,12 @@ async fn a_batch_mixing_new_open_held_and_final_requests_decides_each_as_if_alon
     let held = contract::request("cattle-held");
     let done = contract::request("cattle-done");
     let stranger = contract::request("cattle-stranger");
+    let token = crate::store::ClaimToken::new();
     assert_eq!(
-        store
-            .claim_restart(&open, terms, crate::store::ClaimToken::new())
-            .await
-            .unwrap(),
+        store.claim_restart(&open, terms, token).await.unwrap(),
         first
     );
-    store.release_claim(&open, 1).await.unwrap();
+    store.release_claim(&open, 1, token).await.unwrap();
     assert_eq!(
         store
             .claim_restart(&held, terms, crate::store::ClaimToken::new())
@@ -323,4 +321,81 @@ async fn a_claim_committed_after_its_caller_gave_up_is_answered_again_to_the_sam
         Claim::InFlight { attempt: 1, .. }
     ));
     store.close().await;
+}
+
+/// A release committed after its caller gave up (its deadline passed while
+/// another process held the write lock): the caller, hearing nothing, tries
+/// it again, and meanwhile another delivery claimed the same attempt. The
+/// second try names the first delivery's token, so it frees nothing of the
+/// other delivery's claim (naming only the attempt, it freed it).
+#[tokio::test]
+async fn a_release_committed_after_its_caller_gave_up_never_frees_another_deliverys_claim() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite:{}", dir.path().join("r.db").display());
+    let store = SqliteStore::connect(&url, 2).await.unwrap();
+    let terms = ClaimTerms {
+        max_attempts: 3,
+        hold: Duration::from_secs(60),
+        limits: crate::safety::Limits::NONE,
+    };
+    let request = contract::request("cattle-late-release");
+    let (first, second) = (ClaimToken::new(), ClaimToken::new());
+    let claimed = Claim::Claimed {
+        attempt: 1,
+        unknown: None,
+    };
+    assert_eq!(
+        store.claim_restart(&request, terms, first).await.unwrap(),
+        claimed
+    );
+    let mut other = SqliteConnection::connect(&url).await.unwrap();
+    sqlx::query("BEGIN IMMEDIATE")
+        .execute(&mut other)
+        .await
+        .unwrap();
+    let gave_up = tokio::time::timeout(
+        Duration::from_millis(200),
+        store.release_claim(&request, 1, first),
+    )
+    .await;
+    assert!(
+        gave_up.is_err(),
+        "the writer cannot answer yet: {gave_up:?}"
+    );
+    sqlx::query("COMMIT").execute(&mut other).await.unwrap();
+    other.close().await.unwrap();
+    // The writer commits the release nobody waits for any more.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while entry_attempts(&store, &request).await != 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the release was never committed"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Another delivery claims the attempt given back...
+    assert_eq!(
+        store.claim_restart(&request, terms, second).await.unwrap(),
+        claimed
+    );
+    // ...and the first delivery's release, tried again, leaves it held.
+    store.release_claim(&request, 1, first).await.unwrap();
+    assert!(matches!(
+        store
+            .claim_restart(&request, terms, ClaimToken::new())
+            .await
+            .unwrap(),
+        Claim::InFlight { attempt: 1, .. }
+    ));
+    assert_eq!(entry_attempts(&store, &request).await, 1);
+    store.close().await;
+}
+
+/// The attempts `request`'s row counts now.
+async fn entry_attempts(store: &SqliteStore, request: &crate::domain::RestartRequest) -> u32 {
+    store
+        .story(request.message_id)
+        .await
+        .unwrap()
+        .map_or(0, |story| story.entry.attempts)
 }

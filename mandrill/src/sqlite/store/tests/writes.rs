@@ -120,7 +120,9 @@ async fn store_writer_recovers_after_a_transaction_sqlite_ended_itself() {
     let url = format!("sqlite:{}", dir.path().join("mandrill.db").display());
     let store = SqliteStore::connect(&url, 2).await.unwrap();
     break_inserts(&url, "requests", true).await;
-    let refused = store.record_rejection(None, "first", b"x").await;
+    let refused = store
+        .record_rejection(&crate::domain::Asked::default(), "first", b"x")
+        .await;
     assert!(
         refused
             .as_ref()
@@ -129,7 +131,10 @@ async fn store_writer_recovers_after_a_transaction_sqlite_ended_itself() {
     );
     break_inserts(&url, "requests", false).await;
     // The cause is gone: the next write commits.
-    store.record_rejection(None, "second", b"y").await.unwrap();
+    store
+        .record_rejection(&crate::domain::Asked::default(), "second", b"y")
+        .await
+        .unwrap();
     let reasons: Vec<Option<String>> = store
         .history(10)
         .await
