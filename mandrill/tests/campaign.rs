@@ -474,7 +474,7 @@ fn wait_exits_1_when_a_target_is_rejected() {
     let (status, waited, stderr) = run(&dir, &["wait", &id, "--timeout", "60s"]);
     assert_eq!(status.code(), Some(1), "{waited}{stderr}");
     assert!(
-        waited.contains("rejected: a payload with this id was rejected: signature rejected"),
+        waited.contains("rejected: signature rejected: the signature does not verify"),
         "{waited}"
     );
     let journal = fs::read_to_string(dir.join("restarts.journal")).unwrap_or_default();

@@ -182,7 +182,9 @@ fn the_report_of_a_real_run_renders_in_chromium_with_the_store_s_numbers() {
             .all(|g| g["group"] != "pet"),
         "{report}"
     );
-    assert_eq!(pet["denials_by_requester"][HOSTILE], 1);
+    // Unsigned: its free text is marked wherever it is shown.
+    let hostile_shown = format!("{HOSTILE} (unverified)");
+    assert_eq!(pet["denials_by_requester"][&hostile_shown], 1, "{pet}");
     assert_eq!(pet["restarts"], 0);
     assert_eq!(report["fleet"]["restarts"], 7);
     assert_eq!(report["fleet"]["unrecovered"], 1);
@@ -196,7 +198,7 @@ fn the_report_of_a_real_run_renders_in_chromium_with_the_store_s_numbers() {
             .filter(|d| d.verdict == "denied")
             .map(|d| d.requested_by.as_deref())
             .collect::<Vec<_>>(),
-        [Some(HOSTILE)]
+        [Some(hostile_shown.as_str())]
     );
 
     // The HTML, rendered.
@@ -275,7 +277,7 @@ fn the_report_of_a_real_run_renders_in_chromium_with_the_store_s_numbers() {
     );
     assert!(section(&dom, "db").contains("<li>db-01</li>"));
     assert!(section(&dom, "db").contains("class=\"bar never\" data-count=\"1\""));
-    let requester = "&lt;script&gt;alert(1)&lt;/script&gt;";
+    let requester = "&lt;script&gt;alert(1)&lt;/script&gt; (unverified)";
     assert_eq!(count_of(section(&dom, "pets"), "denied", requester), "1");
     for (key, value) in [
         ("restarts", &report["fleet"]["restarts"]),

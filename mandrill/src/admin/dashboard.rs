@@ -253,7 +253,7 @@ fn latest(html: &mut String, history: &[HistoryEntry]) {
             "<tr class=\"request\"><td>{}</td><td>{instance}</td><td>{}</td><td>{}</td>\
              <td>{}</td><td>{recovered}</td><td>{}</td></tr>",
             entry.received_at,
-            escape(entry.requested_by.as_deref().unwrap_or("")),
+            escape(entry.requested_by_shown().as_deref().unwrap_or("")),
             entry.status,
             entry.attempts,
             escape(entry.last_error.as_deref().unwrap_or("")),

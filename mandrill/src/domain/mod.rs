@@ -21,7 +21,7 @@ pub(crate) use request::{
 };
 #[cfg(test)]
 use request::{MAX_REASON_CHARS, MAX_REQUESTED_BY_CHARS};
-pub(crate) use request::{ParseRules, RestartRequest};
+pub(crate) use request::{ParseRules, RestartRequest, unverified};
 pub(crate) use signed::SigningKey;
 pub(crate) use signed::{Signatures, Signer};
 pub use time::Timestamp;

@@ -127,13 +127,13 @@ impl Scheduled {
             Some((name, key)) => {
                 let mut wire = request.to_wire_request();
                 wire.requested_by = None;
+                // Signed as of the slot, not of now: every instance that
+                // publishes the slot with the same victim then publishes
+                // the same bytes, which the broker's duplicate id (a digest
+                // of the bytes) collapses into one message.
+                let issued = request.published_at.unwrap_or_else(SystemTime::now);
                 let token = key
-                    .sign(
-                        &wire,
-                        name,
-                        SystemTime::now(),
-                        crate::domain::signed::MAX_LIFETIME,
-                    )
+                    .sign(&wire, name, issued, crate::domain::signed::MAX_LIFETIME)
                     // Read and probed at start-up; the claims are plain data.
                     .expect("a key that signed its probe signs a request");
                 Bytes::from(token)

@@ -179,8 +179,8 @@ pub(crate) fn identity_conflict(recorded: &Identity, request: &RestartRequest) -
     fn who(requested_by: Option<&str>, requester: Option<&str>) -> String {
         match (requester, requested_by) {
             (Some(signer), _) => format!("{signer} (verified)"),
-            (None, Some(name)) => format!("{name} (unverified)"),
-            (None, None) => "nobody named (unverified)".to_owned(),
+            (None, Some(name)) => crate::domain::unverified(name),
+            (None, None) => crate::domain::unverified("nobody named"),
         }
     }
     fn why(reason: Option<&str>) -> String {

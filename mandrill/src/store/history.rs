@@ -8,7 +8,7 @@ use uuid::Uuid;
 
 use super::StoreError;
 use super::sql::{AttemptRow, DecisionRow, EntryRow, ReportAttemptRow, ReportDecisionRow};
-use crate::domain::{Status, Timestamp};
+use crate::domain::{Status, Timestamp, unverified};
 
 /// One claimed restart attempt, from the restart journal.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -243,7 +243,7 @@ impl HistoryEntry {
             if self.verified {
                 name.to_owned()
             } else {
-                format!("{name} (unverified)")
+                unverified(name)
             }
         })
     }
@@ -383,7 +383,8 @@ pub struct ReportDecision {
     pub instance_name: Option<String>,
     /// The group of the request's latest claimed attempt, if it has one.
     pub group: Option<String>,
-    /// Who asked, if the request has a row and said.
+    /// Who asked, if the request has a row and said, as shown: marked
+    /// unverified unless its signature was.
     pub requested_by: Option<String>,
 }
 
@@ -429,7 +430,7 @@ pub(crate) fn report_from(
     let decisions = decisions
         .into_iter()
         .map(
-            |(message_id, at, verdict, guard, reason, instance_name, requested_by, group)| {
+            |(message_id, at, verdict, guard, reason, instance_name, said, group, requester)| {
                 Ok(ReportDecision {
                     message_id: id(message_id)?,
                     at: Timestamp::from_millis(at),
@@ -438,7 +439,7 @@ pub(crate) fn report_from(
                     reason,
                     instance_name,
                     group,
-                    requested_by,
+                    requested_by: requester.or_else(|| said.as_deref().map(unverified)),
                 })
             },
         )

@@ -206,7 +206,8 @@ pub(crate) const REPORT_ATTEMPTS_SQL: &str = "SELECT r.message_id, CAST(r.attemp
 pub(crate) const REPORT_DECISIONS_SQL: &str = "SELECT d.message_id, d.at, d.verdict, d.guard,
         d.reason, q.instance_name, q.requested_by,
         (SELECT r.grp FROM restarts r WHERE r.message_id = d.message_id
-         ORDER BY r.attempt DESC LIMIT 1)
+         ORDER BY r.attempt DESC LIMIT 1),
+        q.requester
     FROM decisions d LEFT JOIN requests q ON q.message_id = d.message_id
     WHERE d.at >= $1
     ORDER BY d.at, d.id";
@@ -227,13 +228,14 @@ pub(crate) type ReportAttemptRow = (
 );
 
 /// A row of [`REPORT_DECISIONS_SQL`]: message id, at, verdict, guard,
-/// reason, instance, requested by, group.
+/// reason, instance, requested by, group, verified requester.
 pub(crate) type ReportDecisionRow = (
     String,
     i64,
     String,
     String,
     String,
+    Option<String>,
     Option<String>,
     Option<String>,
     Option<String>,

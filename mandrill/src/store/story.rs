@@ -38,6 +38,12 @@ impl Story {
                 entry.instance_name.as_deref().unwrap_or("-"),
                 entry.hostname.as_deref().unwrap_or("-"),
             );
+            if story.attempts.is_empty() && entry.status != Status::Rejected {
+                let _ = writeln!(
+                    text,
+                    "  never claimed: no restart was attempted; the guards' verdicts below say why"
+                );
+            }
         }
         if entry.requested_by.is_some() || entry.reason.is_some() {
             let _ = writeln!(

@@ -402,7 +402,8 @@ pub(crate) async fn the_report_reads_the_journal_and_the_verdicts_since_a_moment
                 "<script>deny-listed</script>",
                 Some("tally-0004"),
                 None,
-                Some("mallory")
+                // Unsigned: free text, marked as such wherever it is shown.
+                Some("mallory (unverified)")
             ),
         ]
     );

@@ -741,7 +741,7 @@ impl Store for MemoryStore {
                     reason: decision.reason.clone(),
                     instance_name: entry.as_ref().and_then(|e| e.instance_name.clone()),
                     group: group.clone(),
-                    requested_by: entry.as_ref().and_then(|e| e.requested_by.clone()),
+                    requested_by: entry.as_ref().and_then(HistoryEntry::requested_by_shown),
                 });
             }
         }
