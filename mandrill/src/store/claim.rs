@@ -168,6 +168,23 @@ pub(crate) struct Identity {
     pub reason: Option<String>,
 }
 
+/// Whether `request` is the request these recorded parts describe: the
+/// comparison [`identity_conflict`] words, made on borrowed parts so that
+/// a store holding its rows in memory allocates nothing for the common
+/// case (the first delivery, or a redelivery of the same request).
+pub(crate) fn same_request(
+    instance: &str,
+    requested_by: Option<&str>,
+    requester: Option<&str>,
+    reason: Option<&str>,
+    request: &RestartRequest,
+) -> bool {
+    instance == request.instance_name.as_str()
+        && requester == request.requester.as_deref()
+        && requested_by == request.requested_by.as_deref()
+        && reason == request.reason.as_deref()
+}
+
 /// The one identity rule: `None` when `request` is the request `recorded`
 /// describes (same verified requester, or unsigned the same
 /// `requested_by`, and a signed request never matches an unsigned one;
@@ -185,6 +202,15 @@ pub(crate) fn identity_conflict(recorded: &Identity, request: &RestartRequest) -
     }
     fn why(reason: Option<&str>) -> String {
         reason.map_or_else(|| "none given".to_owned(), |reason| format!("{reason:?}"))
+    }
+    if same_request(
+        &recorded.instance,
+        recorded.requested_by.as_deref(),
+        recorded.requester.as_deref(),
+        recorded.reason.as_deref(),
+        request,
+    ) {
+        return None;
     }
     let mut differences = Vec::new();
     if recorded.instance != request.instance_name.as_str() {

@@ -26,7 +26,7 @@ use super::{
     AttemptRecord, Campaign, Claim, ClaimState, ClaimTerms, ClaimToken, Decision, DecisionRecord,
     GroupPause, GroupUsage, HistoryEntry, Identity, Recorded, ReportAttempt, ReportData,
     ReportDecision, Store, StoreError, Story, Switch, SwitchExpected, Timestamp, UsageBinds,
-    claim_decision, decide_claim, group_usage_from, identity_conflict, usage_binds,
+    claim_decision, decide_claim, group_usage_from, identity_conflict, same_request, usage_binds,
 };
 use crate::domain::{Asked, Outcome, RestartRequest, Status};
 use crate::safety::limits::{HostHold, Subject, Usage};
@@ -180,7 +180,17 @@ impl Request {
     /// The conflict, if `request` is not the request this row records
     /// ([`identity_conflict`]).
     fn conflict(&self, request: &RestartRequest) -> Option<String> {
-        identity_conflict(&self.identity(), request)
+        let same = same_request(
+            self.instance_of_host().unwrap_or_default(),
+            self.requested_by.as_deref(),
+            self.requester.as_deref(),
+            self.reason.as_deref(),
+            request,
+        );
+        // The recorded identity is copied only to word a conflict (rare).
+        (!same)
+            .then(|| identity_conflict(&self.identity(), request))
+            .flatten()
     }
 
     /// A request received at `now`, not yet claimed.
