@@ -42,7 +42,7 @@ pub(crate) use claim::{
     decide_claim, group_pause_from, switch_from, usage_binds, usage_from, usage_subject_from,
 };
 pub(crate) use claim::{GroupPause, unknown_outcome};
-pub(crate) use claim::{Identity, identity_conflict};
+pub(crate) use claim::{Identity, identity_conflict, same_request};
 pub(crate) use claim::{Switch, SwitchExpected};
 pub(crate) use error::DEFAULT_TIMEOUT;
 pub(crate) use error::StoreError;
