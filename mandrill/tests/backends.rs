@@ -195,6 +195,15 @@ fn a_real_backend_is_leashed_by_default_and_records_the_exact_argv() {
         logged(&lines, "LEASHED (dry run)"),
         "the mode is said loudly"
     );
+    // A real backend without a probe: pause_on_unrecovered could never
+    // pause, and start-up says so (a simulated one does not).
+    assert!(
+        logged(
+            &lines,
+            "safety.pause_on_unrecovered needs a verification probe"
+        ),
+        "{lines:?}"
+    );
     assert!(!marker.exists(), "a leashed service must not run anything");
     let entries = history(&db);
     let find = |name: &str| {

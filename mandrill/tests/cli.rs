@@ -137,6 +137,32 @@ fn second_sigint_skips_the_grace_period() {
     assert!(history(&db).iter().all(|e| e.status != Status::Received));
 }
 
+/// The simulated quick start says nothing about settings its user never
+/// set (no probe to warn about with a simulated backend), and a restart's
+/// log line carries no `recovered_after` when nothing measured it (it read
+/// `None` before; with a probe it reads as people read durations).
+#[test]
+fn the_quick_start_warns_only_about_what_its_user_set() {
+    let (_guard, dir) = temp_dir();
+    let service = Mandrill::run(&dir, &["--db", "memory", "--simulate=20"]);
+    service.wait_for("restarted", 3);
+    for line in service.messages("restarted") {
+        assert!(line["fields"].get("recovered_after").is_none(), "{line}");
+    }
+    service.signal("TERM");
+    let (status, lines) = service.wait_exit();
+    assert!(status.success());
+    let warned: Vec<&Value> = lines
+        .iter()
+        .filter(|line| {
+            line["fields"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("verification probe"))
+        })
+        .collect();
+    assert!(warned.is_empty(), "{warned:?}");
+}
+
 #[test]
 fn sighup_reloads_the_configuration_file() {
     let (_guard, dir) = temp_dir();

@@ -478,7 +478,12 @@ impl Service {
                  anyone who can publish to the queue can ask for restarts (see docs/safety.md)"
             );
         }
-        if self.config.safety.pause_on_unrecovered && !self.config.verified_by_probe() {
+        // A simulated backend has no host to probe: the warning would be
+        // about settings the quick start never set.
+        if self.config.restarter.kind.is_real()
+            && self.config.safety.pause_on_unrecovered
+            && !self.config.verified_by_probe()
+        {
             warn!(
                 "safety.pause_on_unrecovered needs a verification probe (verify.probe): without \
                  one no restart is ever found unrecovered, so it never pauses; the budget counts \

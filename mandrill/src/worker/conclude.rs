@@ -82,7 +82,17 @@ fn judge(
             if let Some(after) = restarted.recovered_after {
                 shared.stats.timings.recovery.observe(after);
             }
-            info!(recovered_after = ?restarted.recovered_after, "restarted");
+            match restarted.recovered_after {
+                // As people read durations (`2s 3ms`), to the millisecond;
+                // without a probe there is nothing to say.
+                Some(after) => info!(
+                    recovered_after = %humantime::format_duration(std::time::Duration::from_millis(
+                        u64::try_from(after.as_millis()).unwrap_or(u64::MAX)
+                    )),
+                    "restarted"
+                ),
+                None => info!("restarted"),
+            }
             shared.notify(EventKind::Restarted, request, attempt, None);
             Outcome::Restarted(restarted)
         }
