@@ -13,6 +13,9 @@
 //! ([`Signatures::still_valid`]): the request keeps which key verified it
 //! and its `exp` ([`SignatureTerms`]), so a key a reload replaced or
 //! removed, or a token that expired while its claim waited, is refused then.
+//!
+//! One format, verified and signed, with the keys of both sides, so one
+//! file past 400 lines.
 
 use std::borrow::Cow;
 use std::collections::HashMap;

@@ -62,9 +62,7 @@ pub(super) fn rare<'a>(future: impl Future<Output = Settlement> + Send + 'a) -> 
 /// See [`rare`].
 pub(super) type RareSettlement<'a> = Pin<Box<dyn Future<Output = Settlement> + Send + 'a>>;
 
-/// Records a malformed payload and dead-letters it. Recording is retried
-/// in place like every store write, but a store that refuses for good does
-/// not keep the dead letter from the broker.
+/// Records a malformed payload and dead-letters it ([`record_apart`]).
 pub(super) async fn reject(
     shared: &Shared,
     delivery: &Delivery,
@@ -77,21 +75,7 @@ pub(super) async fn reject(
     // What it asked, read unverified: the history shows who tried to
     // restart what, marked unverified.
     let asked = Asked::salvage(&delivery.payload);
-    let recorded = store_op(shared, progress, Until::LeaseHeld, || {
-        shared
-            .store
-            .record_rejection(&asked, &reason, &delivery.payload)
-    })
-    .await;
-    match recorded {
-        Ok(()) => {}
-        Err(Stopped::Shutdown) => return shutting_down(),
-        Err(Stopped::LeaseLost) => return Settlement::Abandon,
-        Err(Stopped::Permanent(error) | Stopped::OutOfTime(error)) => {
-            error!(error = %error.with_causes(), "could not record the rejection; dead-lettering anyway");
-        }
-    }
-    Settlement::DeadLetter { reason }
+    record_apart(shared, progress, &asked, reason, &delivery.payload).await
 }
 
 /// Refuses a valid payload that asked something else under a `message_id`
@@ -111,8 +95,22 @@ pub(super) async fn refuse(
     // The request as parsed stands for its payload: what it asked, legible
     // even when the payload was a signed token.
     let payload = request.to_wire();
+    record_apart(shared, progress, &asked, reason, &payload).await
+}
+
+/// Records a payload apart from every request's record (what it `asked`,
+/// why not, the payload), then dead-letters it. Recording is retried in
+/// place like every store write, but a store that refuses for good does
+/// not keep the dead letter from the broker.
+async fn record_apart(
+    shared: &Shared,
+    progress: &Progress,
+    asked: &Asked,
+    reason: String,
+    payload: &[u8],
+) -> Settlement {
     let recorded = store_op(shared, progress, Until::LeaseHeld, || {
-        shared.store.record_rejection(&asked, &reason, &payload)
+        shared.store.record_rejection(asked, &reason, payload)
     })
     .await;
     match recorded {
@@ -120,7 +118,7 @@ pub(super) async fn refuse(
         Err(Stopped::Shutdown) => return shutting_down(),
         Err(Stopped::LeaseLost) => return Settlement::Abandon,
         Err(Stopped::Permanent(error) | Stopped::OutOfTime(error)) => {
-            error!(error = %error.with_causes(), "could not record the refusal; dead-lettering anyway");
+            error!(error = %error.with_causes(), "could not record the payload apart; dead-lettering anyway");
         }
     }
     Settlement::DeadLetter { reason }

@@ -1,5 +1,7 @@
 //! What a claim holds: its attempts and the unknown outcomes they count,
 //! one request per host at a time, and a released claim used up nothing.
+//!
+//! One promise a function, each read alone; one file past 400 lines.
 
 use super::*;
 

@@ -1,5 +1,7 @@
 //! What the store reads back: decisions, rejections, recoveries and the
 //! report; and what pruning removes.
+//!
+//! One promise a function, each read alone; one file past 400 lines.
 
 use super::*;
 
