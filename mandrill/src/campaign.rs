@@ -75,21 +75,31 @@ pub(crate) enum Verdict {
     Succeeded,
     /// Failed, unrecovered, denied, rejected, expired, or a dry run.
     Failed,
+    /// Cancelled: its campaign was stopped before it was issued
+    /// (`mandrill campaign stop`). A campaign's verdict once it was
+    /// stopped, nothing failed and nothing is still running.
+    Cancelled,
 }
 
 impl Verdict {
-    /// A campaign's: failed as soon as one target failed, succeeded once
-    /// every target did.
+    /// A campaign's: failed as soon as one target failed; else in
+    /// progress while one is; else cancelled if one was (it was stopped);
+    /// succeeded once every target did.
     pub(crate) fn of_all(targets: impl IntoIterator<Item = Self>) -> Self {
-        let mut all = Self::Succeeded;
+        let (mut in_progress, mut cancelled) = (false, false);
         for verdict in targets {
             match verdict {
                 Self::Failed => return Self::Failed,
-                Self::InProgress => all = Self::InProgress,
+                Self::InProgress => in_progress = true,
+                Self::Cancelled => cancelled = true,
                 Self::Succeeded => {}
             }
         }
-        all
+        match (in_progress, cancelled) {
+            (true, _) => Self::InProgress,
+            (false, true) => Self::Cancelled,
+            (false, false) => Self::Succeeded,
+        }
     }
 
     /// Its name in output.
@@ -98,6 +108,7 @@ impl Verdict {
             Self::InProgress => "in-progress",
             Self::Succeeded => "succeeded",
             Self::Failed => "failed",
+            Self::Cancelled => "cancelled",
         }
     }
 }
@@ -177,6 +188,7 @@ pub(crate) fn standing(story: Option<&Story>, early: &[DecisionRecord]) -> Stand
         | Status::Denied
         | Status::Rejected
         | Status::Expired) => (status.to_string(), Verdict::Failed, why_final()),
+        Status::Cancelled => ("cancelled".to_owned(), Verdict::Cancelled, why_final()),
         Status::Received | Status::Retrying => {
             let in_flight = story
                 .attempts
@@ -404,6 +416,10 @@ mod tests {
         assert_eq!(Verdict::of_all([Succeeded, InProgress, Failed]), Failed);
         assert_eq!(Verdict::of_all([Succeeded, InProgress]), InProgress);
         assert_eq!(Verdict::of_all([Succeeded, Succeeded]), Succeeded);
+        // Stopped: cancelled once nothing runs, failed if one failed.
+        assert_eq!(Verdict::of_all([Succeeded, Cancelled]), Cancelled);
+        assert_eq!(Verdict::of_all([Cancelled, InProgress]), InProgress);
+        assert_eq!(Verdict::of_all([Cancelled, Failed]), Failed);
         assert_eq!(standing(None, &[]).verdict, InProgress);
     }
 }

@@ -37,11 +37,15 @@ fn policy_check_prints_each_guards_verdict_at_a_given_time_without_acting() {
         out,
         "cattle-ab12\n  eligibility: allow\n  calendar: defer until 2026-11-23 09:00 CET: \
          outside Mon–Fri 09:00–15:00 Europe/Stockholm; next window opens 2026-11-23 09:00 CET\n  \
+         expiry: published then, expires 2026-11-26 15:00 CET if still waiting \
+         (safety.max_defer 1day of open calendar time; closed time does not count)\n  \
          limits: group cattle: at most 1 restarts per 1day, at most 1 hosts disrupted at once \
          (counted against the store when claimed)\n\
          pet-01\n  eligibility: deny: pet-01 matches no safety.allow pattern\n  calendar: \
          defer until 2026-11-23 09:00 CET: outside Mon–Fri 09:00–15:00 Europe/Stockholm; \
-         next window opens 2026-11-23 09:00 CET\n  limits: group pet: at most 1 restarts per \
+         next window opens 2026-11-23 09:00 CET\n  expiry: published then, expires \
+         2026-11-26 15:00 CET if still waiting (safety.max_defer 1day of open calendar time; \
+         closed time does not count)\n  limits: group pet: at most 1 restarts per \
          1day, at most 1 hosts disrupted at once (counted against the store when claimed)\n"
     );
 
@@ -54,6 +58,9 @@ fn policy_check_prints_each_guards_verdict_at_a_given_time_without_acting() {
     assert_eq!(line["calendar"]["verdict"], "allow");
     assert_eq!(line["dry_run"], true);
     assert_eq!(line["group"], "cattle");
+    // Published at the opening: a day of open time is four working days.
+    assert_eq!(line["expires_at"], "2026-11-26T14:00:00Z");
+    assert_eq!(line["max_defer"], "1day");
 
     // Christmas (a yearly exclusion) on a Friday, as JSON.
     let (_, out, _) = check(&["--json", "--at", "2026-12-25T10:00:00Z", "cattle-ab12"]);
@@ -74,6 +81,48 @@ fn policy_check_prints_each_guards_verdict_at_a_given_time_without_acting() {
     assert_eq!(status.code(), Some(2), "{err}");
     let entries: Vec<_> = fs::read_dir(&dir).unwrap().collect();
     assert_eq!(entries.len(), 1, "only the config file");
+}
+
+/// Issue 37's trap: on a Saturday, with Mon–Fri 09:00–15:00 and a day's
+/// `max_defer`, the check said "defer until Monday" and nothing about the
+/// expiry (and the worker expired the request before Monday). Now it says
+/// when the request would expire: a day of open time after Monday's
+/// opening, closed time not counted.
+#[test]
+fn policy_check_on_a_saturday_says_the_request_waits_for_monday_and_when_it_expires() {
+    let (_keep, dir) = temp_dir();
+    fs::write(
+        dir.join("mandrill.toml"),
+        "[restarter]\nkind = \"command\"\n[restarter.command]\nargv = [\"true\"]\n\
+         [safety]\nallow = [\"cattle-*\"]\nmax_defer = \"1day\"\n\
+         [safety.calendar]\nhours = [\"09:00-15:00\"]\n",
+    )
+    .unwrap();
+    let (status, out, err) = mandrill(
+        &dir,
+        &[
+            "policy",
+            "check",
+            "--config",
+            "mandrill.toml",
+            "--at",
+            "2026-11-28T10:00:00Z",
+            "cattle-ab12",
+        ],
+        &[],
+    );
+    assert!(status.success(), "{err}");
+    assert!(
+        out.contains("calendar: defer until 2026-11-30 09:00 UTC"),
+        "{out}"
+    );
+    assert!(
+        out.contains(
+            "expiry: published then, expires 2026-12-03 15:00 UTC if still waiting \
+             (safety.max_defer 1day of open calendar time; closed time does not count)"
+        ),
+        "{out}"
+    );
 }
 
 #[test]

@@ -23,8 +23,8 @@ pub(crate) struct PolicyArgs {
 
 #[derive(Debug, Subcommand)]
 enum PolicyCommand {
-    /// Print the verdict of each guard (eligibility, calendar) for each
-    /// instance name, now or at `--at`, without acting.
+    /// Print the verdict of each guard (eligibility, calendar, expiry) for
+    /// each instance name, now or at `--at`, without acting.
     Check(CheckArgs),
     /// Re-evaluate the requests recorded since `--since` under this policy
     /// (`--config FILE`) and print those it would have decided differently.
@@ -114,6 +114,10 @@ async fn print_check(config: &Config, args: &CheckArgs) -> anyhow::Result<()> {
                 .and_then(|()| policy.check_other_names(&request)),
         };
         let timed = calendar.map(|calendar| calendar.verdict(at));
+        // A request published at `at` and held by every guard from then on
+        // is recorded expired at this moment (the worker's one rule).
+        let expires = policy.guards.expires_at(at);
+        let max_defer = humantime::format_duration(policy.guards.max_defer).to_string();
         let group = request.group().to_owned();
         let inventory = match (&placed, &policy.inventory) {
             (_, None) => None,
@@ -156,6 +160,8 @@ async fn print_check(config: &Config, args: &CheckArgs) -> anyhow::Result<()> {
                 "group": group,
                 "inventory": inventory,
                 "limits": limits,
+                "expires_at": expires.to_string(),
+                "max_defer": max_defer,
                 "dry_run": policy.dry_run,
             });
             writeln!(out, "{line}")?;
@@ -182,6 +188,19 @@ async fn print_check(config: &Config, args: &CheckArgs) -> anyhow::Result<()> {
             }
             (_, Some(calendar)) => writeln!(out, "  calendar: allow ({})", calendar.describe())?,
             (_, None) => writeln!(out, "  calendar: allow (no calendar configured)")?,
+        }
+        match calendar {
+            Some(calendar) => writeln!(
+                out,
+                "  expiry: published then, expires {} if still waiting (safety.max_defer {max_defer} \
+                 of open calendar time; closed time does not count)",
+                calendar.local(expires)
+            )?,
+            None => writeln!(
+                out,
+                "  expiry: published then, expires {expires} if still waiting (safety.max_defer \
+                 {max_defer})"
+            )?,
         }
         match &placed {
             Ok(()) if policy.inventory.is_some() => writeln!(

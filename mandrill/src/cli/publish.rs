@@ -28,6 +28,12 @@ pub(super) async fn publish(config: Config, args: &PublishArgs) -> anyhow::Resul
         .into());
     }
     let signing = signing_key(&config, &args.as_requester, &args.key_file)?;
+    if let Ok(Some(calendar)) = config.calendar() {
+        let lifetime = signing.as_ref().map(|_| args.ttl);
+        if let Some(warning) = closed_calendar_warning(&calendar, jiff::Timestamp::now(), lifetime) {
+            eprintln!("mandrill: warning: {warning}");
+        }
+    }
     let rules = config.parse_rules();
     let mut rng = rand::rng();
     // The payload of a request: signed with --as, else its JSON.
@@ -166,6 +172,40 @@ pub(super) async fn publish(config: Config, args: &PublishArgs) -> anyhow::Resul
     let published = published.context("cannot publish")?;
     println!("published {published} requests");
     Ok(())
+}
+
+/// What to tell whoever publishes while the calendar is closed: nothing
+/// runs before it opens (the request waits for it; closed time does not
+/// count against `safety.max_defer`), and a signed request whose token
+/// (`lifetime`) ends before the opening is denied then, never restarted.
+/// `None` while the calendar is open.
+pub(super) fn closed_calendar_warning(
+    calendar: &crate::safety::Calendar,
+    now: jiff::Timestamp,
+    lifetime: Option<Duration>,
+) -> Option<String> {
+    let (open, outlook) = calendar.outlook(now);
+    if open {
+        return None;
+    }
+    let mut warning = format!(
+        "the calendar is {outlook}: nothing published now is restarted before then (it waits; \
+         closed time does not count against safety.max_defer)"
+    );
+    let opens = calendar.next_open(now);
+    if let (Some(lifetime), Some(opens)) = (lifetime, opens) {
+        let ends = jiff::SignedDuration::try_from(lifetime)
+            .ok()
+            .and_then(|lifetime| now.checked_add(lifetime).ok());
+        if ends.is_some_and(|ends| ends < opens) {
+            warning.push_str(&format!(
+                "; its signed token (--ttl {}) expires before the opening, so it will be denied \
+                 then, not restarted",
+                humantime::format_duration(lifetime)
+            ));
+        }
+    }
+    Some(warning)
 }
 
 /// `--as NAME --key-file FILE`, read and checked: the name and the key,

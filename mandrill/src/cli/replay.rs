@@ -66,7 +66,13 @@ impl Decision {
             Status::DryRun => Self::DryRun,
             Status::Denied => Self::Deny(entry.last_error.clone().unwrap_or_default()),
             Status::Expired => Self::Defer(entry.last_error.clone().unwrap_or_default()),
-            Status::Received | Status::Retrying | Status::Rejected | Status::Failed => {
+            // A cancelled target was stopped by an operator, not decided
+            // by a policy.
+            Status::Received
+            | Status::Retrying
+            | Status::Rejected
+            | Status::Failed
+            | Status::Cancelled => {
                 return None;
             }
         })

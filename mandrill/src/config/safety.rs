@@ -50,14 +50,25 @@ settings! {
         /// always with a simulated one. See `safety::calendar`.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pub calendar: Option<CalendarSettings> = None,
-        /// A request deferred this long after it was published is recorded
-        /// expired and acked.
+        /// A request deferred this much open calendar time after it was
+        /// published is recorded expired and acked.
         ///
-        /// A restart wanted yesterday is not one to issue today. Without a
-        /// published_at, or with one over 5 minutes ahead of the clock,
-        /// counted from when the store first received the request.
+        /// A restart wanted yesterday is not one to issue today; but time
+        /// the calendar is closed does not count, so a request published
+        /// on a Saturday waits for Monday's opening. Without a calendar all
+        /// time counts. Without a published_at, or with one over 5 minutes
+        /// ahead of the clock, counted from when the store first received
+        /// the request.
         #[serde(with = "duration")]
         pub max_defer: Duration = Duration::from_secs(24 * 3600),
+        /// The longest a deferred request waits before it is looked at
+        /// again (above 0s), whatever its guard waits for.
+        ///
+        /// A reload, a `mandrill resume` or a slot freed early reaches a
+        /// deferred request within this; each look records one more
+        /// deferral.
+        #[serde(with = "duration")]
+        pub recheck: Duration = crate::safety::guards::DEFAULT_RECHECK,
         /// Group → instance patterns, { web = ["web-*"] } (default group:
         /// the instance name without its last -suffix).
         ///
@@ -111,7 +122,13 @@ impl Config {
     /// with a simulated one.
     pub(crate) fn calendar(&self) -> Result<Option<Calendar>, (String, String)> {
         match &self.safety.calendar {
-            Some(settings) => Calendar::new(settings).map(Some),
+            Some(settings) => {
+                let calendar = Calendar::new(settings)?;
+                if let Some(why) = calendar.never_opens_after(jiff::Timestamp::now()) {
+                    return Err(("safety.calendar".into(), why));
+                }
+                Ok(Some(calendar))
+            }
             None if self.restarter.kind.is_real() => Ok(Some(Calendar::chaos_monkey())),
             None => Ok(None),
         }
@@ -185,6 +202,7 @@ impl Config {
                 calendar: self.calendar().map_err(invalid)?,
                 counting: self.counting().map_err(invalid)?,
                 max_defer: self.safety.max_defer,
+                recheck: self.safety.recheck,
                 clock: Clock::System,
             },
             pause_on_unrecovered: self.safety.pause_on_unrecovered,

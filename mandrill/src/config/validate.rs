@@ -218,6 +218,7 @@ impl Config {
             self.schedules().map(drop)?;
         }
         positive("safety.stop_retry", self.safety.stop_retry)?;
+        positive("safety.recheck", self.safety.recheck)?;
         // The running service's only way to see `mandrill resume`: a pause
         // found by a claim stops pulling, and without the poll nothing
         // would ever start it again.
@@ -349,6 +350,7 @@ impl Config {
             ("safety.poll_interval", self.safety.poll_interval),
             ("safety.stop_retry", self.safety.stop_retry),
             ("safety.max_defer", self.safety.max_defer),
+            ("safety.recheck", self.safety.recheck),
             ("safety.rate.window", self.safety.rate.window),
             ("safety.rate.host_cooldown", self.safety.rate.host_cooldown),
             (

@@ -27,12 +27,15 @@ pub enum Status {
     DryRun,
     /// Deferred by a guard past `safety.max_defer`; never issued. Final.
     Expired,
+    /// A target of a campaign stopped before it was issued
+    /// (`mandrill campaign stop`); never issued. Final.
+    Cancelled,
 }
 
 impl Status {
     /// Every status, in declaration order (`store::sql` tests that none is
     /// missing): what the stores derive their SQL lists of statuses from.
-    pub const ALL: [Self; 9] = [
+    pub const ALL: [Self; 10] = [
         Self::Received,
         Self::Retrying,
         Self::Restarted,
@@ -42,6 +45,7 @@ impl Status {
         Self::Denied,
         Self::DryRun,
         Self::Expired,
+        Self::Cancelled,
     ];
 
     /// Whether no further work will be done for this request.
@@ -55,6 +59,7 @@ impl Status {
                 | Self::Denied
                 | Self::DryRun
                 | Self::Expired
+                | Self::Cancelled
         )
     }
 
@@ -70,6 +75,7 @@ impl Status {
             Self::Denied => "denied",
             Self::DryRun => "dry-run",
             Self::Expired => "expired",
+            Self::Cancelled => "cancelled",
         }
     }
 
@@ -85,6 +91,7 @@ impl Status {
             "denied" => Self::Denied,
             "dry-run" => Self::DryRun,
             "expired" => Self::Expired,
+            "cancelled" => Self::Cancelled,
             _ => return None,
         })
     }

@@ -360,6 +360,76 @@ impl Calendar {
             .collect()
     }
 
+    /// The instant by which the calendar has been open for `open` since
+    /// `from`: closed time does not count. What `safety.max_defer` is
+    /// measured in, so that a request published while the calendar is
+    /// closed waits for it rather than expiring unseen. `None` when the
+    /// calendar never opens again within its horizon (refused at start-up,
+    /// [`Self::never_opens_after`]).
+    pub fn after_open_time(&self, from: Timestamp, open: jiff::SignedDuration) -> Option<Timestamp> {
+        let mut at = from;
+        let mut left = open;
+        loop {
+            if !self.allows(at) {
+                at = self.next_opening(at)?;
+            }
+            let end = at.saturating_add(left).ok()?;
+            match self.next_closing(at, end) {
+                Some(close) if close < end => {
+                    left -= close.duration_since(at);
+                    at = close;
+                }
+                _ => return Some(end),
+            }
+        }
+    }
+
+    /// The first instant at or after `now` at which the calendar is open.
+    pub fn next_open(&self, now: Timestamp) -> Option<Timestamp> {
+        if self.allows(now) {
+            Some(now)
+        } else {
+            self.next_opening(now)
+        }
+    }
+
+    /// Whether the calendar is open at `now`, and when that changes, in
+    /// words: "open now (…) until …" or "closed now (…); next opens …".
+    /// What start-up logs and `publish` warns with.
+    pub fn outlook(&self, now: Timestamp) -> (bool, String) {
+        match self.closed_because(now) {
+            None => {
+                let horizon = now
+                    .saturating_add(jiff::SignedDuration::from_hours(24 * HORIZON_DAYS))
+                    .unwrap_or(now);
+                let until = self
+                    .next_closing(now, horizon)
+                    .map_or_else(|| "for a year at least".to_owned(), |t| format!("until {}", self.local(t)));
+                (true, format!("open now ({}) {until}", self.describe()))
+            }
+            Some(why) => {
+                let opens = self
+                    .next_opening(now)
+                    .map_or_else(|| "never opens within a year".to_owned(), |t| format!("next opens {}", self.local(t)));
+                (false, format!("closed now ({why}); {opens}"))
+            }
+        }
+    }
+
+    /// Why the calendar is refused: it is closed at `now` and never opens
+    /// within a year after its last freeze (excluded dates cover every
+    /// allowed day). A request could then wait for ever, since closed time
+    /// does not count against `safety.max_defer`.
+    pub fn never_opens_after(&self, now: Timestamp) -> Option<String> {
+        (!self.allows(now) && self.next_opening(now).is_none()).then(|| {
+            format!(
+                "{} never opens within a year (every allowed day is excluded): a request would \
+                 wait for ever",
+                self.describe()
+            )
+        })
+    }
+
     /// The spans `[open, close)` in which the calendar allows restarts,
     /// between `from` and `until`, in order; the first and last cut to
     /// them. What the scheduler measures open time with.

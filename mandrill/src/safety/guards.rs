@@ -103,11 +103,21 @@ pub(crate) struct Guards {
     pub calendar: Option<Calendar>,
     /// Groups, rate limits, host cooldown and the disruption budget.
     pub counting: Counting,
-    /// How long after it was published a request may still be deferred.
+    /// How much open calendar time after it was published a request may
+    /// still be deferred (all time is open without a calendar).
     pub max_defer: Duration,
+    /// The longest a deferred delivery is nacked for, whatever its guard
+    /// waits for: what a reload, a `resume` or a slot freed early is acted
+    /// on within (`safety.recheck`).
+    pub recheck: Duration,
     /// The time the guards read.
     pub clock: Clock,
 }
+
+/// `safety.recheck`'s default: a reload or a `resume` reaches a deferred
+/// request within five minutes, and a request waiting out a weekend is
+/// redelivered (one deferral recorded) twelve times an hour.
+pub(crate) const DEFAULT_RECHECK: Duration = Duration::from_secs(5 * 60);
 
 impl Default for Guards {
     /// No calendar, no counting guards, and `safety.max_defer`'s default
@@ -118,6 +128,7 @@ impl Default for Guards {
             calendar: None,
             counting: Counting::default(),
             max_defer: Duration::from_secs(24 * 3600),
+            recheck: DEFAULT_RECHECK,
             clock: Clock::default(),
         }
     }
@@ -203,17 +214,20 @@ impl Guards {
                 " (its published_at is missing or ahead of the clock)",
             ),
         };
+        // Open time is never more than the time that passed: a deferral
+        // within `max_defer` of the wall clock needs no walk of the calendar.
         let max_defer = SignedDuration::try_from(self.max_defer).unwrap_or(SignedDuration::MAX);
-        let expires = origin.saturating_add(max_defer).unwrap_or(origin);
-        if until > expires {
-            let origin = match &self.calendar {
-                Some(calendar) => calendar.local(origin),
-                None => origin.to_string(),
+        let within_wall = until <= origin.saturating_add(max_defer).unwrap_or(Timestamp::MAX);
+        if !within_wall && until > self.expires_at(origin) {
+            let (origin, open) = match &self.calendar {
+                Some(calendar) => (calendar.local(origin), " of open calendar time"),
+                None => (origin.to_string(), ""),
             };
             return Hold::Expired {
                 guard,
                 reason: format!(
-                    "expired: {reason}, more than safety.max_defer ({}) after {what} at {origin}{why}",
+                    "expired: {reason}, more than safety.max_defer ({}){open} after {what} at \
+                     {origin}{why}",
                     humantime::format_duration(self.max_defer),
                 ),
             };
@@ -223,6 +237,34 @@ impl Guards {
             delay: delay.max(Duration::from_millis(1)),
             reason,
         }
+    }
+}
+
+impl Guards {
+    /// The one expiry rule: a request dated `origin` expires once the
+    /// calendar has been open for `safety.max_defer` since then; closed
+    /// time does not count, so a request published on a Saturday waits for
+    /// Monday's opening and then has `max_defer` of open time. Without a
+    /// calendar all time is open. A calendar that never opens again is
+    /// refused at start-up and on reload, so this is always a bound; for
+    /// one that does not open within its horizon all the same, the wall
+    /// clock's `max_defer` is (a request never waits for ever).
+    pub(crate) fn expires_at(&self, origin: Timestamp) -> Timestamp {
+        let max_defer = SignedDuration::try_from(self.max_defer).unwrap_or(SignedDuration::MAX);
+        let wall = origin.saturating_add(max_defer).unwrap_or(Timestamp::MAX);
+        match &self.calendar {
+            None => wall,
+            Some(calendar) => calendar.after_open_time(origin, max_defer).unwrap_or(wall),
+        }
+    }
+
+    /// How long a deferral by `delay` is nacked for: never more than
+    /// `safety.recheck`, so that what changed meanwhile (a reload, a
+    /// `resume`, a slot freed early) is seen at the next delivery.
+    pub(crate) fn nack_delay(&self, delay: Duration) -> Duration {
+        delay
+            .min(self.recheck.max(Duration::from_millis(1)))
+            .max(Duration::from_millis(1))
     }
 }
 
@@ -244,6 +286,7 @@ mod tests {
             counting: crate::safety::Counting::none(),
             calendar: Some(calendar),
             max_defer: Duration::from_secs(24 * 3600),
+            recheck: DEFAULT_RECHECK,
             clock: Clock::Fixed(now.parse().unwrap()),
         }
     }
@@ -266,19 +309,112 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+        // Published on Friday at 13:00 CET, two hours before the close: it
+        // has used two hours of its day of open time, and still waits.
+        let mut friday = fresh.clone();
+        friday.published_at = Some(SystemTime::from(
+            "2026-11-20T12:00:00Z".parse::<Timestamp>().unwrap(),
+        ));
+        assert!(matches!(sunday.hold(&friday), Some(Hold::Defer { .. })));
+        // Published on the Monday before: Mon to Thu were open 24 hours.
         let mut stale = fresh.clone();
         stale.published_at = Some(SystemTime::from(
-            "2026-11-21T12:00:00Z".parse::<Timestamp>().unwrap(),
+            "2026-11-16T12:00:00Z".parse::<Timestamp>().unwrap(),
         ));
         match sunday.hold(&stale) {
             Some(Hold::Expired { reason, .. }) => {
-                assert!(reason.contains("safety.max_defer (1day)"), "{reason}");
+                assert!(
+                    reason.contains("safety.max_defer (1day) of open calendar time"),
+                    "{reason}"
+                );
             }
             other => panic!("{other:?}"),
         }
         let monday = guards("2026-11-23T09:00:00Z");
         assert_eq!(monday.hold(&stale), None, "open: allowed, however old");
         assert_eq!(Guards::default().hold(&stale), None, "no calendar");
+    }
+
+    /// Issue 37's trap: with Mon–Fri 09:00–15:00 and a day's `max_defer`,
+    /// a request published on Saturday was recorded expired before the
+    /// calendar ever opened. Closed time does not count: it waits for
+    /// Monday, and expires only once the calendar has been open a day
+    /// (Thursday's close), never before.
+    #[test]
+    fn a_request_published_while_closed_waits_for_the_opening_and_has_max_defer_of_open_time() {
+        let calendar = Calendar::chaos_monkey();
+        let at = |time: &str| time.parse::<Timestamp>().unwrap();
+        let saturday = Guards {
+            calendar: Some(calendar),
+            max_defer: Duration::from_secs(24 * 3600),
+            clock: Clock::Fixed(at("2026-11-28T10:00:00Z")),
+            ..Guards::default()
+        };
+        let mut request = request("cattle-ab12");
+        request.published_at = Some(SystemTime::from(at("2026-11-28T10:00:00Z")));
+        match saturday.hold(&request) {
+            Some(Hold::Defer { delay, guard, .. }) => {
+                assert_eq!(guard, "calendar");
+                assert_eq!(delay, Duration::from_secs(47 * 3600), "until Monday 09:00");
+            }
+            other => panic!("expected to wait for Monday: {other:?}"),
+        }
+        assert_eq!(
+            saturday.expires_at(at("2026-11-28T10:00:00Z")),
+            at("2026-12-03T15:00:00Z"),
+            "Mon, Tue, Wed and Thu open six hours each"
+        );
+        // Published inside the calendar: its open time starts at once.
+        assert_eq!(
+            saturday.expires_at(at("2026-11-30T14:00:00Z")),
+            at("2026-12-04T14:00:00Z")
+        );
+        // Without a calendar all time is open.
+        let always = Guards {
+            calendar: None,
+            ..saturday.clone()
+        };
+        assert_eq!(
+            always.expires_at(at("2026-11-28T10:00:00Z")),
+            at("2026-11-29T10:00:00Z")
+        );
+        // A rate limit's wait inside the calendar still expires it once
+        // its open time is spent: Thursday 14:00, waiting two hours.
+        let thursday = Guards {
+            clock: Clock::Fixed(at("2026-12-03T14:00:00Z")),
+            ..saturday.clone()
+        };
+        assert!(matches!(
+            thursday.defer(&request, "rate limit", Duration::from_secs(2 * 3600), "r".into()),
+            Hold::Expired {
+                guard: "rate limit",
+                ..
+            }
+        ));
+        assert!(matches!(
+            thursday.defer(&request, "rate limit", Duration::from_secs(3600), "r".into()),
+            Hold::Defer { .. }
+        ));
+    }
+
+    /// A deferral is nacked for at most `safety.recheck`, so that a reload
+    /// or a `resume` reaches it; the hold still says how long its guard
+    /// waits (and is judged for expiry on that).
+    #[test]
+    fn a_deferral_is_nacked_for_at_most_the_recheck_interval() {
+        let guards = Guards {
+            recheck: Duration::from_secs(300),
+            ..Guards::default()
+        };
+        assert_eq!(
+            guards.nack_delay(Duration::from_secs(86_362)),
+            Duration::from_secs(300)
+        );
+        assert_eq!(
+            guards.nack_delay(Duration::from_secs(5)),
+            Duration::from_secs(5)
+        );
+        assert_eq!(guards.nack_delay(Duration::ZERO), Duration::from_millis(1));
     }
 
     /// A request's `not_before` defers it until then (before the calendar
@@ -350,7 +486,7 @@ mod tests {
             Some(Hold::Defer { .. })
         ));
         match sunday.defer_since(
-            Since::FirstReceived("2026-11-21T12:00:00Z".parse().unwrap()),
+            Since::FirstReceived("2026-11-16T12:00:00Z".parse().unwrap()),
             "calendar",
             Duration::from_secs(13 * 3600),
             "deferred by calendar".into(),

@@ -491,10 +491,7 @@ impl Service {
             );
         }
         if let Ok(Some(calendar)) = self.config.calendar() {
-            warn!(
-                calendar = %calendar.describe(),
-                "restarts only inside the calendar; outside it requests are deferred"
-            );
+            log_calendar(&calendar, self.config.safety.max_defer, jiff::Timestamp::now());
         }
 
         let outcome = self.worker.run(shutdown).await;
@@ -561,6 +558,24 @@ impl Service {
         );
         outcome.context("the worker stopped by itself")?;
         Ok(stats)
+    }
+}
+
+
+/// Says at start-up whether the calendar is open now and when that
+/// changes, and how long a request may wait: closed time does not count
+/// against `safety.max_defer`.
+fn log_calendar(calendar: &crate::safety::Calendar, max_defer: Duration, now: jiff::Timestamp) {
+    let (open, outlook) = calendar.outlook(now);
+    let max_defer = humantime::format_duration(max_defer).to_string();
+    if open {
+        info!(%max_defer, "restarts only inside the calendar: {outlook}");
+    } else {
+        warn!(
+            %max_defer,
+            "restarts only inside the calendar: {outlook}; requests wait for it (closed time \
+             does not count against safety.max_defer)"
+        );
     }
 }
 

@@ -92,12 +92,15 @@ async fn settle_hold(
     hold: Hold,
     note_deferral: bool,
 ) -> Settlement {
+    let policy = shared.config.policy.current();
     let hold = match hold {
         Hold::Defer {
             guard,
             delay,
             reason,
-        } if undated(shared, request) => {
+        // Undated (no `published_at`, or one too far ahead): its expiry is
+        // judged from its first receipt, which only the store knows.
+        } if policy.guards.published(request).is_none() => {
             Box::pin(date_by_first_receipt(shared, request, guard, delay, reason)).await
         }
         hold => hold,
@@ -122,6 +125,9 @@ async fn settle_hold(
                     return refuse(shared, progress, request, conflict).await;
                 }
             }
+            // Back within `safety.recheck` whatever the guard waits for:
+            // a reload or a `resume` meanwhile decides it then.
+            let delay = policy.guards.nack_delay(delay);
             Settlement::Nack { delay, why: reason }
         }
         Hold::Expired { guard, reason } => {
@@ -145,14 +151,6 @@ async fn settle_hold(
 /// before the deferral goes ahead without the answer (asked again at the
 /// next one): as long as the kill switch's read before a restart.
 const FIRST_RECEIPT_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// Whether the request's own `published_at` cannot date it (missing, or too
-/// far ahead of the clock), so that `Guards::defer` could not judge its
-/// expiry.
-fn undated(shared: &Shared, request: &RestartRequest) -> bool {
-    let policy = shared.config.policy.current();
-    policy.guards.published(request).is_none()
-}
 
 /// A deferral of a request its own `published_at` cannot date: expired if
 /// it would still wait past `safety.max_defer` after the store first

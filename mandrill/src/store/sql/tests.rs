@@ -13,9 +13,10 @@ fn status_all_lists_every_status_once() {
         Status::Denied => 6,
         Status::DryRun => 7,
         Status::Expired => 8,
+        Status::Cancelled => 9,
     };
     let positions: Vec<usize> = Status::ALL.into_iter().map(position).collect();
-    assert_eq!(positions, (0..9).collect::<Vec<_>>());
+    assert_eq!(positions, (0..10).collect::<Vec<_>>());
 }
 
 #[test]

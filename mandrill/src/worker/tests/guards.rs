@@ -17,6 +17,7 @@ fn guards(max_defer: Duration) -> Guards {
         counting: crate::safety::Counting::none(),
         calendar: Some(Calendar::new(&CalendarSettings::default()).unwrap()),
         max_defer,
+        recheck: crate::safety::guards::DEFAULT_RECHECK,
         clock: Clock::following_tokio(SUNDAY_EVENING.parse().unwrap()),
     }
 }
@@ -64,8 +65,11 @@ async fn a_closed_calendar_defers_without_a_slot_or_claim_and_restarts_at_the_op
         assert!(at - started >= UNTIL_MONDAY, "restarted before the opening");
         assert!(at - started < UNTIL_MONDAY + Duration::from_secs(5));
     }
-    assert_eq!(stats.deferred.get(), 2, "redelivered at the opening, once");
-    assert_eq!(stats.pulled.get(), 4);
+    // Looked at again every `safety.recheck` (5 min) until the opening,
+    // whatever the calendar says: so a reload meanwhile is seen.
+    let looks = UNTIL_MONDAY.as_secs() / crate::safety::guards::DEFAULT_RECHECK.as_secs();
+    assert_eq!(stats.deferred.get(), 2 * looks, "deferred at each look");
+    assert_eq!(stats.pulled.get(), 2 * looks + 2);
     assert_eq!(
         store.inner.lookup(first).await.unwrap(),
         Some(Status::Restarted)
@@ -77,8 +81,9 @@ async fn a_closed_calendar_defers_without_a_slot_or_claim_and_restarts_at_the_op
 async fn a_request_deferred_past_max_defer_is_recorded_expired_and_acked() {
     let store = Arc::new(ScriptedStore::default());
     let restarter = Arc::new(ScriptedRestarter::default());
-    // Published 20 hours before; with max_defer 24h it expires 9 hours
-    // before the calendar opens, so it is expired now, not deferred.
+    // Published the Monday before at 09:00: the calendar was open 24 hours
+    // by Thursday's close, so with max_defer 24h it is expired now, not
+    // deferred (closed time does not count, open time does).
     let h = start(
         guarded(Duration::from_secs(24 * 3600)),
         store.clone(),
@@ -86,7 +91,7 @@ async fn a_request_deferred_past_max_defer_is_recorded_expired_and_acked() {
     );
     let id = Uuid::new_v4();
     let body = format!(
-        r#"{{"message_id":"{id}","instance_name":"cattle-old","published_at":"2026-11-22T00:00:00Z"}}"#
+        r#"{{"message_id":"{id}","instance_name":"cattle-old","published_at":"2026-11-16T09:00:00Z"}}"#
     );
     h.broker.publish(Bytes::from(body)).await.unwrap();
     let stats = h.stats.clone();
@@ -123,7 +128,8 @@ async fn a_request_whose_opening_comes_within_max_defer_is_deferred_not_expired(
     h.broker.publish(Bytes::from(body)).await.unwrap();
     let stats = h.stats.clone();
     wait_hours("acked", || stats.acked.get() == 1).await;
-    assert_eq!(stats.deferred.get(), 1);
+    let looks = UNTIL_MONDAY.as_secs() / crate::safety::guards::DEFAULT_RECHECK.as_secs();
+    assert_eq!(stats.deferred.get(), looks, "deferred at each recheck");
     assert_eq!(stats.expired.get(), 0);
     assert_eq!(restarter.timeline.count("restart-started"), 1);
     assert_eq!(
@@ -442,16 +448,24 @@ fn store_on_sundays_clock() -> Arc<ScriptedStore> {
 async fn a_request_its_published_at_cannot_date_expires_max_defer_after_its_first_receipt() {
     let store = store_on_sundays_clock();
     let restarter = Arc::new(ScriptedRestarter::default());
-    // The calendar opens in 13 hours, more than max_defer after now.
-    let h = start(
-        guarded(Duration::from_secs(3600)),
-        store.clone(),
-        restarter.clone(),
-    );
-    let undated = h.publish("cattle-undated").await;
+    // No calendar (all time open); each asks for nothing before 3 hours
+    // from now, more than max_defer after its first receipt.
+    let config = with_policy(Policy {
+        guards: Guards {
+            calendar: None,
+            ..guards(Duration::from_secs(3600))
+        },
+        ..Policy::default()
+    });
+    let h = start(config, store.clone(), restarter.clone());
+    let later = r#""not_before":"2026-11-22T23:00:00Z""#;
+    let undated = Uuid::new_v4();
+    let body =
+        format!(r#"{{"message_id":"{undated}","instance_name":"cattle-undated",{later}}}"#);
+    h.broker.publish(Bytes::from(body)).await.unwrap();
     let ahead = Uuid::new_v4();
     let body = format!(
-        r#"{{"message_id":"{ahead}","instance_name":"cattle-ahead","published_at":"2099-01-01T00:00:00Z"}}"#
+        r#"{{"message_id":"{ahead}","instance_name":"cattle-ahead","published_at":"2099-01-01T00:00:00Z",{later}}}"#
     );
     h.broker.publish(Bytes::from(body)).await.unwrap();
     let stats = h.stats.clone();
@@ -490,6 +504,8 @@ async fn an_undated_request_deferred_again_and_again_expires_counting_from_its_f
     let config = with_policy(Policy {
         guards: Guards {
             calendar: None,
+            // Looked at again at each `stop_retry`, no sooner.
+            recheck: Duration::from_secs(3600),
             ..guards(Duration::from_secs(3 * 3600 + 1800))
         },
         stop_conditions: StopConditions::new(&[failing]).unwrap(),

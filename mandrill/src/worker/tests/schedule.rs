@@ -66,6 +66,7 @@ async fn a_month_of_a_schedule_restarts_each_slot_once_inside_the_calendar_and_t
             counting,
             calendar: Some(calendar.clone()),
             max_defer: Duration::from_secs(24 * 3600),
+            recheck: crate::safety::guards::DEFAULT_RECHECK,
             clock: clock.clone(),
         },
         ..Policy::default()
