@@ -1,11 +1,11 @@
-//! `mandrill campaign start` and `mandrill campaign status`: restarts over
-//! a share of an inventory group, resolved when the campaign starts,
-//! recorded in the store, and published as one signed request per target
-//! through the configured broker, where every guard decides them like any
-//! other request (docs/campaigns.md).
+//! `mandrill campaign start`, `status` and `stop`: restarts over a share of
+//! an inventory group, resolved when the campaign starts, recorded in the
+//! store, and published as one signed request per target through the
+//! configured broker, where every guard decides them like any other
+//! request (docs/campaigns.md); stopped by recording its unissued targets
+//! `cancelled` in the store.
 //!
-//! One command's two verbs and their shared reading of the store, so one
-//! file past 400 lines.
+//! One command's three verbs, so one file past 400 lines.
 
 use std::collections::HashSet;
 use std::io::Write as _;
@@ -15,12 +15,11 @@ use std::time::{Duration, SystemTime};
 use anyhow::{Context as _, bail};
 use bytes::Bytes;
 use clap::{Args, Subcommand};
-use serde_json::json;
 use uuid::Uuid;
 
 use super::{BadInput, ConfigArgs, command, string};
 use crate::broker::{BrokerUrl, Close as _};
-use crate::campaign::{self, Size, Verdict};
+use crate::campaign::{self, Size};
 use crate::config::Config;
 use crate::domain::Timestamp;
 use crate::domain::{Hostname, InstanceName, RestartRequest, SigningKey};
@@ -41,6 +40,26 @@ enum CampaignCommand {
     Start(StartArgs),
     /// Where each target of a campaign stands, and why; and the campaign's verdict.
     Status(StatusArgs),
+    /// Stop a campaign: its targets not yet issued are recorded cancelled (on every instance, however late their messages come); restarts in flight finish.
+    Stop(StopArgs),
+}
+
+#[derive(Debug, Args)]
+struct StopArgs {
+    #[command(flatten)]
+    config: ConfigArgs,
+    /// The shared store: `sqlite:PATH` or `postgres://…` [setting: store.url].
+    #[arg(long, value_name = "URL")]
+    db: Option<String>,
+    /// Why, for the record (`campaign status`, `wait`, `explain`).
+    #[arg(long, value_name = "TEXT")]
+    reason: Option<String>,
+    /// Who, for the record (default: $USER).
+    #[arg(long, value_name = "NAME")]
+    by: Option<String>,
+    /// The campaign's id.
+    #[arg(value_name = "ID")]
+    id: String,
 }
 
 #[derive(Debug, Args)]
@@ -121,6 +140,10 @@ pub(super) fn main(args: &CampaignArgs) -> ExitCode {
         CampaignCommand::Status(args) => {
             let sources = args.config.sources(vec![("store.url", string(&args.db))]);
             command(sources, |config| status(config, args))
+        }
+        CampaignCommand::Stop(args) => {
+            let sources = args.config.sources(vec![("store.url", string(&args.db))]);
+            command(sources, |config| stop(config, args))
         }
     }
 }
@@ -222,6 +245,7 @@ async fn start(config: Config, args: &StartArgs) -> anyhow::Result<()> {
                 due_at: Timestamp::from_millis(due.as_millisecond()),
             })
             .collect(),
+        stopped: None,
     };
     let mut out = std::io::stdout().lock();
     writeln!(
@@ -269,12 +293,8 @@ async fn start(config: Config, args: &StartArgs) -> anyhow::Result<()> {
                 hostname: Hostname::new(&instance, &rules.domain),
                 instance_name: instance,
                 requested_by: None,
-                reason: Some(format!(
-                    "campaign {id}: target {} of {} in group {}",
-                    index + 1,
-                    record.targets.len(),
-                    record.group
-                )),
+                // What a stop records for a target no instance received.
+                reason: Some(record.target_reason(index)),
                 published_at: Some(now),
                 group: None,
                 requested_group: None,
@@ -409,115 +429,29 @@ pub(super) fn parse_id(raw: &str) -> anyhow::Result<Uuid> {
         .map_err(|_| BadInput(format!("{raw:?} is not an id (a uuid)")).into())
 }
 
-/// Each target of `campaign` with where it stands, and the campaign's
-/// verdict, from the store.
-pub(super) async fn judge(
-    store: &dyn Store,
-    campaign: &Campaign,
-) -> anyhow::Result<(Vec<(CampaignTarget, campaign::Standing)>, Verdict)> {
-    let ids: Vec<Uuid> = campaign.targets.iter().map(|t| t.message_id).collect();
-    let standings = standings(store, &ids).await?;
-    let judged: Vec<_> = campaign.targets.iter().cloned().zip(standings).collect();
-    let verdict = Verdict::of_all(judged.iter().map(|(_, standing)| standing.verdict));
-    Ok((judged, verdict))
-}
-
-/// How many of the newest history entries are searched for a rejection of
-/// a request that has no record of its own.
-const REJECTIONS_SEARCHED: usize = 1000;
-
-/// Where each request stands. A request with no record and no decision
-/// may have been rejected (a bad or unknown signature): a rejection is
-/// recorded apart, under the id salvaged from the payload, so the newest
-/// history is searched for one; found, the request failed.
-pub(super) async fn standings(
-    store: &dyn Store,
-    ids: &[Uuid],
-) -> anyhow::Result<Vec<campaign::Standing>> {
-    let mut standings = Vec::with_capacity(ids.len());
-    for &id in ids {
-        let context = || format!("cannot read request {id} in the store");
-        let story = store.story(id).await.with_context(context)?;
-        let early = match &story {
-            Some(_) => Vec::new(),
-            None => store.decisions(id).await.with_context(context)?,
-        };
-        standings.push(campaign::standing(story.as_ref(), &early));
-    }
-    let unheard: HashSet<Uuid> = ids
-        .iter()
-        .zip(&standings)
-        .filter(|(_, standing)| standing.state == "published")
-        .map(|(id, _)| *id)
-        .collect();
-    if !unheard.is_empty() {
-        let recent = store
-            .history(REJECTIONS_SEARCHED)
-            .await
-            .context("cannot read the store's recent history")?;
-        for entry in recent {
-            let Some(id) = entry.message_id.filter(|id| unheard.contains(id)) else {
-                continue;
-            };
-            if entry.status != crate::domain::Status::Rejected {
-                continue;
-            }
-            let index = ids.iter().position(|i| *i == id).unwrap_or_default();
-            standings[index] = campaign::Standing {
-                state: "rejected".into(),
-                verdict: Verdict::Failed,
-                detail: format!(
-                    "a payload with this id was rejected: {}",
-                    entry.last_error.as_deref().unwrap_or("no reason recorded")
-                ),
-                recovered_after_seconds: None,
-            };
-        }
-    }
-    Ok(standings)
-}
-
 /// `campaign status`.
 async fn status(config: Config, args: &StatusArgs) -> anyhow::Result<()> {
     let id = parse_id(&args.id)?;
     let store = super::switch::open(&config).await?;
-    let found = store.campaign(id).await.context("cannot read the store");
+    let found = store.campaign(id).await;
     let judged = match found {
-        Ok(Some(campaign)) => judge(&*store, &campaign)
+        Ok(Some(campaign)) => campaign::judge(&*store, &campaign)
             .await
             .map(|judged| Some((campaign, judged))),
         Ok(None) => Ok(None),
         Err(error) => Err(error),
     };
     store.close().await;
-    let Some((campaign, (targets, verdict))) = judged? else {
+    let Some((campaign, (targets, verdict))) = judged.context("cannot read the store")? else {
         bail!(BadInput(format!("no campaign {id} is recorded")));
     };
     let mut out = std::io::stdout().lock();
     if args.json {
-        let targets: Vec<_> = targets
-            .iter()
-            .map(|(target, standing)| {
-                json!({
-                    "instance_name": target.instance_name,
-                    "message_id": target.message_id,
-                    "due_at": target.due_at,
-                    "state": standing.state,
-                    "verdict": standing.verdict,
-                    "detail": standing.detail,
-                    "recovered_after": standing.recovered_after_seconds,
-                })
-            })
-            .collect();
-        let value = json!({
-            "id": campaign.id,
-            "group": campaign.group,
-            "created_at": campaign.created_at,
-            "requester": campaign.requester,
-            "verdict": verdict,
-            "targets": targets,
-        });
-        writeln!(out, "{value}")?;
+        writeln!(
+            out,
+            "{}",
+            campaign::status_json(&campaign, &targets, verdict)
+        )?;
         return Ok(());
     }
     writeln!(
@@ -529,6 +463,13 @@ async fn status(config: Config, args: &StatusArgs) -> anyhow::Result<()> {
         campaign.requester.as_deref().unwrap_or("-"),
         targets.len()
     )?;
+    if let Some(stop) = &campaign.stopped {
+        writeln!(
+            out,
+            "stopped by {} at {}: {}",
+            stop.by, stop.at, stop.reason
+        )?;
+    }
     for (target, standing) in &targets {
         writeln!(
             out,
@@ -537,5 +478,76 @@ async fn status(config: Config, args: &StatusArgs) -> anyhow::Result<()> {
         )?;
     }
     writeln!(out, "verdict: {}", verdict.as_str())?;
+    Ok(())
+}
+
+/// `campaign stop`: the targets not yet issued are recorded `cancelled`
+/// (in the store, where every instance's claim finds them final); a
+/// restart in flight finishes.
+async fn stop(config: Config, args: &StopArgs) -> anyhow::Result<()> {
+    let id = parse_id(&args.id)?;
+    let by = args
+        .by
+        .clone()
+        .or_else(|| std::env::var("USER").ok())
+        .unwrap_or_else(|| "an operator".into());
+    let reason = args
+        .reason
+        .clone()
+        .unwrap_or_else(|| "no reason given".into());
+    if by.chars().chain(reason.chars()).any(char::is_control) || reason.chars().count() > 1024 {
+        bail!(BadInput(
+            "--by and --reason must be one line, the reason at most 1024 characters".into()
+        ));
+    }
+    let store = super::switch::open(&config).await?;
+    let stopped = store.stop_campaign(id, &by, &reason).await;
+    let judged = match &stopped {
+        Ok(Some((campaign, _))) => Some(campaign::judge(&*store, campaign).await),
+        _ => None,
+    };
+    store.close().await;
+    let (campaign, cancelled) = match stopped {
+        Ok(Some(stopped)) => stopped,
+        Ok(None) => bail!(BadInput(format!("no campaign {id} is recorded"))),
+        Err(error) if error.outcome_unknown() => {
+            return Err(super::OutcomeUnknown(format!(
+                "campaign stop: outcome unknown, campaign {id} may or may not be stopped ({}); \
+                 check with `mandrill campaign status {id}`",
+                error.with_causes()
+            ))
+            .into());
+        }
+        Err(error) => return Err(error).context(format!("cannot stop campaign {id}")),
+    };
+    let mut out = std::io::stdout().lock();
+    // The stop is recorded: `campaign.stopped` is the first one, kept.
+    if let Some(stop) = &campaign.stopped {
+        writeln!(
+            out,
+            "campaign {id} stopped by {} at {} ({}): {} target(s) cancelled now",
+            stop.by,
+            stop.at,
+            stop.reason,
+            cancelled.len()
+        )?;
+    }
+    match judged {
+        Some(Ok((targets, verdict))) => {
+            for (target, standing) in &targets {
+                writeln!(
+                    out,
+                    "  {}  {}  {}: {}",
+                    target.instance_name, target.message_id, standing.state, standing.detail
+                )?;
+            }
+            writeln!(out, "verdict: {}", verdict.as_str())?;
+        }
+        Some(Err(error)) => eprintln!(
+            "mandrill: stopped, but the targets could not be read back: {}",
+            error.with_causes()
+        ),
+        None => {}
+    }
     Ok(())
 }

@@ -30,7 +30,8 @@ pub(super) async fn publish(config: Config, args: &PublishArgs) -> anyhow::Resul
     let signing = signing_key(&config, &args.as_requester, &args.key_file)?;
     if let Ok(Some(calendar)) = config.calendar() {
         let lifetime = signing.as_ref().map(|_| args.ttl);
-        if let Some(warning) = closed_calendar_warning(&calendar, jiff::Timestamp::now(), lifetime) {
+        if let Some(warning) = closed_calendar_warning(&calendar, jiff::Timestamp::now(), lifetime)
+        {
             eprintln!("mandrill: warning: {warning}");
         }
     }

@@ -4,7 +4,8 @@
 //! verifies it; with no probe a restart counts as recovered), 1 as soon as
 //! one failed, ended unrecovered, was denied, rejected or expired, or was
 //! only a dry run (nothing restarted), 2 when `--timeout` passes first (and
-//! for bad usage). It reads only the store `store.url` names, with that
+//! for bad usage), 3 when the campaign was stopped (`campaign stop`: its
+//! unissued targets cancelled) and nothing failed. It reads only the store `store.url` names, with that
 //! store's own credentials, so it works from any machine that reaches it.
 
 use std::cell::Cell;
@@ -41,6 +42,10 @@ const POLL: Duration = Duration::from_millis(500);
 
 /// Exit code when the timeout passed first.
 const TIMED_OUT: u8 = 2;
+
+/// Exit code when the campaign was stopped (`campaign stop`) and nothing
+/// failed: its targets not yet issued were cancelled.
+const CANCELLED: u8 = 3;
 
 /// Runs `mandrill wait`.
 pub(super) fn main(args: &WaitArgs) -> ExitCode {
@@ -82,7 +87,11 @@ async fn wait(store: &dyn Store, id: uuid::Uuid, timeout: Option<Duration>) -> a
                     writeln!(out, "{line}")?;
                 }
                 writeln!(out, "verdict: {}", verdict.as_str())?;
-                return Ok(u8::from(verdict == Verdict::Failed));
+                return Ok(match verdict {
+                    Verdict::Failed => 1,
+                    Verdict::Cancelled => CANCELLED,
+                    Verdict::Succeeded | Verdict::InProgress => 0,
+                });
             }
             Err(error) => eprintln!(
                 "mandrill: {}; reading again",
@@ -109,23 +118,34 @@ async fn wait(store: &dyn Store, id: uuid::Uuid, timeout: Option<Duration>) -> a
 async fn decide(store: &dyn Store, id: uuid::Uuid) -> anyhow::Result<(Verdict, Vec<String>)> {
     let found = store.campaign(id).await.context("cannot read the store")?;
     let Some(campaign) = found else {
-        let standing = super::campaign::standings(store, &[id])
-            .await?
+        let standing = crate::campaign::standings(store, &[id])
+            .await
+            .context("cannot read the store")?
             .pop()
             .context("one standing per request")?;
         let line = format!("request {id}: {}: {}", standing.state, standing.detail);
         return Ok((standing.verdict, vec![line]));
     };
-    let (targets, verdict) = super::campaign::judge(store, &campaign).await?;
-    let lines = targets
+    let (targets, verdict) = crate::campaign::judge(store, &campaign)
+        .await
+        .context("cannot read the store")?;
+    let mut lines: Vec<String> = campaign
+        .stopped
         .iter()
-        .filter(|(_, standing)| verdict != Verdict::Failed || standing.verdict == Verdict::Failed)
-        .map(|(target, standing)| {
-            format!(
-                "{} ({}): {}: {}",
-                target.instance_name, target.message_id, standing.state, standing.detail
-            )
-        })
+        .map(|stop| format!("stopped by {} at {}: {}", stop.by, stop.at, stop.reason))
         .collect();
+    lines.extend(
+        targets
+            .iter()
+            .filter(|(_, standing)| {
+                verdict != Verdict::Failed || standing.verdict == Verdict::Failed
+            })
+            .map(|(target, standing)| {
+                format!(
+                    "{} ({}): {}: {}",
+                    target.instance_name, target.message_id, standing.state, standing.detail
+                )
+            }),
+    );
     Ok((verdict, lines))
 }

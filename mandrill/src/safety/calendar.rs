@@ -366,7 +366,11 @@ impl Calendar {
     /// closed waits for it rather than expiring unseen. `None` when the
     /// calendar never opens again within its horizon (refused at start-up,
     /// [`Self::never_opens_after`]).
-    pub fn after_open_time(&self, from: Timestamp, open: jiff::SignedDuration) -> Option<Timestamp> {
+    pub fn after_open_time(
+        &self,
+        from: Timestamp,
+        open: jiff::SignedDuration,
+    ) -> Option<Timestamp> {
         let mut at = from;
         let mut left = open;
         loop {
@@ -402,15 +406,17 @@ impl Calendar {
                 let horizon = now
                     .saturating_add(jiff::SignedDuration::from_hours(24 * HORIZON_DAYS))
                     .unwrap_or(now);
-                let until = self
-                    .next_closing(now, horizon)
-                    .map_or_else(|| "for a year at least".to_owned(), |t| format!("until {}", self.local(t)));
+                let until = self.next_closing(now, horizon).map_or_else(
+                    || "for a year at least".to_owned(),
+                    |t| format!("until {}", self.local(t)),
+                );
                 (true, format!("open now ({}) {until}", self.describe()))
             }
             Some(why) => {
-                let opens = self
-                    .next_opening(now)
-                    .map_or_else(|| "never opens within a year".to_owned(), |t| format!("next opens {}", self.local(t)));
+                let opens = self.next_opening(now).map_or_else(
+                    || "never opens within a year".to_owned(),
+                    |t| format!("next opens {}", self.local(t)),
+                );
                 (false, format!("closed now ({why}); {opens}"))
             }
         }

@@ -385,14 +385,24 @@ mod tests {
             ..saturday.clone()
         };
         assert!(matches!(
-            thursday.defer(&request, "rate limit", Duration::from_secs(2 * 3600), "r".into()),
+            thursday.defer(
+                &request,
+                "rate limit",
+                Duration::from_secs(2 * 3600),
+                "r".into()
+            ),
             Hold::Expired {
                 guard: "rate limit",
                 ..
             }
         ));
         assert!(matches!(
-            thursday.defer(&request, "rate limit", Duration::from_secs(3600), "r".into()),
+            thursday.defer(
+                &request,
+                "rate limit",
+                Duration::from_secs(3600),
+                "r".into()
+            ),
             Hold::Defer { .. }
         ));
     }

@@ -491,7 +491,11 @@ impl Service {
             );
         }
         if let Ok(Some(calendar)) = self.config.calendar() {
-            log_calendar(&calendar, self.config.safety.max_defer, jiff::Timestamp::now());
+            log_calendar(
+                &calendar,
+                self.config.safety.max_defer,
+                jiff::Timestamp::now(),
+            );
         }
 
         let outcome = self.worker.run(shutdown).await;
@@ -560,7 +564,6 @@ impl Service {
         Ok(stats)
     }
 }
-
 
 /// Says at start-up whether the calendar is open now and when that
 /// changes, and how long a request may wait: closed time does not count

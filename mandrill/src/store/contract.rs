@@ -27,7 +27,10 @@ mod quotas;
 mod retries;
 mod switch;
 
-pub(crate) use campaigns::a_campaign_is_read_back_as_recorded_and_only_once;
+pub(crate) use campaigns::{
+    a_campaign_is_read_back_as_recorded_and_only_once,
+    a_stopped_campaigns_unissued_targets_are_cancelled_for_every_claim,
+};
 pub(crate) use claims::{
     a_host_is_never_claimed_for_two_requests_at_once,
     a_late_release_never_frees_another_deliverys_claim, a_released_claim_is_not_a_used_attempt,
@@ -104,6 +107,7 @@ pub(crate) async fn all(store: &dyn Store) {
     the_report_reads_the_journal_and_the_verdicts_since_a_moment(store).await;
     prune_removes_old_final_entries_only_and_in_bounded_passes(store).await;
     a_campaign_is_read_back_as_recorded_and_only_once(store).await;
+    a_stopped_campaigns_unissued_targets_are_cancelled_for_every_claim(store).await;
     decisions_are_read_before_a_request_has_a_record(store).await;
     every_recorded_request_has_a_story_rejected_and_never_claimed_ones_too(store).await;
 }

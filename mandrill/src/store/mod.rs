@@ -254,6 +254,27 @@ pub(crate) trait Store: Send + Sync + 'static {
         Err(StoreError::Unsupported("decisions apart from a story"))
     }
 
+    /// Stops campaign `id` (`mandrill campaign stop`): records who stopped
+    /// it and why (the first stop is kept; a later one records nothing
+    /// new of its own) and, in the same transaction, records `cancelled`
+    /// each target whose request is not final and not held by a claim
+    /// (a restart that may be running finishes), creating the record of
+    /// a target no instance has received yet with the identity its
+    /// signed request carries ([`campaigns::target_identity`]). So every
+    /// claim after it, on any instance, finds those targets final and
+    /// issues nothing, however late their messages come. `None` when no
+    /// campaign `id` is recorded; else the campaign as recorded now and
+    /// the targets this call cancelled.
+    async fn stop_campaign(
+        &self,
+        id: Uuid,
+        by: &str,
+        reason: &str,
+    ) -> Result<Option<(Campaign, Vec<Uuid>)>, StoreError> {
+        let _ = (id, by, reason);
+        Err(StoreError::Unsupported("campaigns"))
+    }
+
     /// The campaign with this id, if one is recorded.
     async fn campaign(&self, id: Uuid) -> Result<Option<Campaign>, StoreError> {
         let _ = id;

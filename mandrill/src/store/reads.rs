@@ -177,7 +177,7 @@ macro_rules! reads_for {
                 pool: &Pool<$db>,
                 campaign: &crate::store::Campaign,
             ) -> Result<(), StoreError> {
-                let (id, group, created_at, requester, targets) = campaign.to_row();
+                let (id, group, created_at, requester, targets, ..) = campaign.to_row();
                 sqlx::query(crate::store::campaigns::INSERT_CAMPAIGN_SQL)
                     .bind(id)
                     .bind(group)
@@ -187,6 +187,74 @@ macro_rules! reads_for {
                     .execute(pool)
                     .await?;
                 Ok(())
+            }
+
+            /// See [`crate::store::Store::stop_campaign`]: one
+            /// transaction, its first statement a write (so that SQLite
+            /// takes the write lock before it reads). Each target's row is
+            /// created if missing, then cancelled unless final or held by
+            /// a claim; in message id order, so that two stops lock rows
+            /// in one order.
+            pub(crate) async fn stop_campaign(
+                pool: &Pool<$db>,
+                id: Uuid,
+                by: &str,
+                reason: &str,
+            ) -> Result<Option<(crate::store::Campaign, Vec<Uuid>)>, StoreError> {
+                use crate::store::campaigns::{
+                    CAMPAIGN_SQL, CANCEL_TARGET_SQL, CampaignRow, STOP_CAMPAIGN_SQL, cancellation,
+                    target_identity,
+                };
+                let now = Timestamp::now().as_millis();
+                let mut tx = pool.begin().await?;
+                sqlx::query(STOP_CAMPAIGN_SQL)
+                    .bind(id.to_string())
+                    .bind(now)
+                    .bind(by)
+                    .bind(reason)
+                    .execute(&mut *tx)
+                    .await?;
+                let row: Option<CampaignRow> = sqlx::query_as(CAMPAIGN_SQL)
+                    .bind(id.to_string())
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                // No campaign: nothing written (the update matched no row).
+                let Some(row) = row else { return Ok(None) };
+                let campaign = crate::store::Campaign::from_row(row)?;
+                let Some(stop) = &campaign.stopped else {
+                    return Err(StoreError::Corrupt(format!(
+                        "campaign {id} was not stopped"
+                    )));
+                };
+                let words = cancellation(id, stop);
+                let mut order: Vec<usize> = (0..campaign.targets.len()).collect();
+                order.sort_by_key(|&index| campaign.targets[index].message_id);
+                let mut cancelled = Vec::new();
+                for index in order {
+                    let message_id = campaign.targets[index].message_id.to_string();
+                    let identity = target_identity(&campaign, index);
+                    sqlx::query(&crate::store::sql::INSERT_REQUEST_SQL)
+                        .bind(&message_id)
+                        .bind(&identity.instance)
+                        .bind(&identity.instance)
+                        .bind(identity.requested_by.as_deref())
+                        .bind(identity.requester.as_deref())
+                        .bind(identity.reason.as_deref())
+                        .bind(now)
+                        .execute(&mut *tx)
+                        .await?;
+                    let done = sqlx::query(&CANCEL_TARGET_SQL)
+                        .bind(&message_id)
+                        .bind(&words)
+                        .bind(now)
+                        .execute(&mut *tx)
+                        .await?;
+                    if done.rows_affected() == 1 {
+                        cancelled.push(campaign.targets[index].message_id);
+                    }
+                }
+                tx.commit().await?;
+                Ok(Some((campaign, cancelled)))
             }
 
             /// See [`crate::store::Store::decisions`].

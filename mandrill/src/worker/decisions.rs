@@ -98,8 +98,8 @@ async fn settle_hold(
             guard,
             delay,
             reason,
-        // Undated (no `published_at`, or one too far ahead): its expiry is
-        // judged from its first receipt, which only the store knows.
+            // Undated (no `published_at`, or one too far ahead): its expiry is
+            // judged from its first receipt, which only the store knows.
         } if policy.guards.published(request).is_none() => {
             Box::pin(date_by_first_receipt(shared, request, guard, delay, reason)).await
         }

@@ -369,6 +369,19 @@ impl Store for SqliteStore {
         self.bounded(reads::campaign(&self.pool, id)).await
     }
 
+    async fn stop_campaign(
+        &self,
+        id: Uuid,
+        by: &str,
+        reason: &str,
+    ) -> Result<Option<(crate::store::Campaign, Vec<Uuid>)>, StoreError> {
+        // Rare: through the pool, waiting its turn for the write lock, as
+        // `set_switch`; committed (and so seen by every claim after it)
+        // when this returns.
+        self.bounded(reads::stop_campaign(&self.pool, id, by, reason))
+            .await
+    }
+
     async fn first_received(&self, request: &RestartRequest) -> Result<Timestamp, StoreError> {
         // Rare (deferrals of requests their publisher did not date): through
         // the pool, waiting its turn for the write lock, as `set_switch`.

@@ -1,4 +1,5 @@
-//! A campaign is recorded once and read back whole.
+//! A campaign is recorded once and read back whole, and a stop cancels
+//! its targets not yet issued, for every claim after it.
 
 use super::*;
 
@@ -19,6 +20,7 @@ pub(crate) async fn a_campaign_is_read_back_as_recorded_and_only_once(store: &dy
                 due_at: Timestamp::from_millis(1_795_000_000_123 + 60_000 * index as i64),
             })
             .collect(),
+        stopped: None,
     };
     assert_eq!(store.campaign(campaign.id).await.unwrap(), None);
     store.record_campaign(&campaign).await.unwrap();
@@ -48,4 +50,138 @@ pub(crate) async fn a_campaign_is_read_back_as_recorded_and_only_once(store: &dy
     assert_eq!(both.len(), 2, "{both:?}");
     assert!(both.contains(&campaign.id) && both.contains(&unsigned.id));
     assert!(ids(since(1_795_000_000_124).await.unwrap()).is_empty());
+}
+
+/// The request `campaign start` publishes for target `index`, as the
+/// worker hands it to the store (signed: who asked is the requester).
+fn target_request(campaign: &Campaign, index: usize) -> RestartRequest {
+    let mut request = request(&campaign.targets[index].instance_name);
+    request.message_id = campaign.targets[index].message_id;
+    request.requester = campaign.requester.clone();
+    request.requested_by = campaign.requester.clone();
+    request.reason = Some(campaign.target_reason(index));
+    request
+}
+
+/// `campaign stop`: in one step, every target that is not final and not
+/// held by a claim is recorded `cancelled` with who stopped it and why, a
+/// target no instance received yet included (recorded as the request its
+/// message carries); every claim after it finds them final, however late
+/// the message comes, and a payload under such an id asking something
+/// else is another request, refused. A restart in flight finishes and is
+/// recorded as usual. The first stop is kept; an unknown id is `None`.
+pub(crate) async fn a_stopped_campaigns_unissued_targets_are_cancelled_for_every_claim(
+    store: &dyn Store,
+) {
+    let campaign = Campaign {
+        id: Uuid::new_v4(),
+        group: "stopped".into(),
+        created_at: Timestamp::now(),
+        requester: Some("chaos".into()),
+        targets: ["stopped-01", "stopped-02", "stopped-03"]
+            .iter()
+            .map(|name| CampaignTarget {
+                instance_name: (*name).into(),
+                message_id: Uuid::new_v4(),
+                due_at: Timestamp::now(),
+            })
+            .collect(),
+        stopped: None,
+    };
+    store.record_campaign(&campaign).await.unwrap();
+    let [running, deferred, unseen] = [0, 1, 2].map(|index| target_request(&campaign, index));
+    assert!(matches!(
+        store
+            .claim_restart(&running, TERMS, ClaimToken::new())
+            .await
+            .unwrap(),
+        Claim::Claimed { attempt: 1, .. }
+    ));
+    let decision = Decision {
+        verdict: "deferred",
+        guard: "calendar",
+        reason: "deferred by calendar: closed",
+    };
+    store.record_decision(&deferred, 0, decision).await.unwrap();
+
+    let (stopped, cancelled) = store
+        .stop_campaign(campaign.id, "ana", "game day over")
+        .await
+        .unwrap()
+        .expect("the campaign is recorded");
+    let stop = stopped.stopped.clone().expect("stopped");
+    assert_eq!(
+        (stop.by.as_str(), stop.reason.as_str()),
+        ("ana", "game day over")
+    );
+    let mut expected = vec![deferred.message_id, unseen.message_id];
+    let mut cancelled = cancelled;
+    expected.sort_unstable();
+    cancelled.sort_unstable();
+    assert_eq!(cancelled, expected, "the running target is left to finish");
+    assert_eq!(store.campaign(campaign.id).await.unwrap(), Some(stopped));
+
+    // Every claim after the stop, of either, finds it final.
+    for cancelled in [&deferred, &unseen] {
+        assert_eq!(
+            store
+                .claim_restart(cancelled, TERMS, ClaimToken::new())
+                .await
+                .unwrap(),
+            Claim::Final(Status::Cancelled)
+        );
+        let story = store.story(cancelled.message_id).await.unwrap().unwrap();
+        assert_eq!(story.entry.status, Status::Cancelled);
+        let why = story.entry.last_error.unwrap();
+        assert!(
+            why.contains(&format!("campaign {} was stopped by ana", campaign.id))
+                && why.contains("game day over"),
+            "{why}"
+        );
+        assert!(
+            story.attempts.is_empty(),
+            "nothing claimed: {:?}",
+            story.attempts
+        );
+    }
+    // A payload under a cancelled target's id that asks something else
+    // is not that request: refused, never claimed.
+    let mut other = unseen.clone();
+    other.requester = Some("mallory".into());
+    other.requested_by = Some("mallory".into());
+    assert!(matches!(
+        store
+            .claim_restart(&other, TERMS, ClaimToken::new())
+            .await
+            .unwrap(),
+        Claim::Conflict { .. }
+    ));
+    // The claim in flight finishes, recorded as usual (a dry run here, so
+    // that the journal counts no restart of it in later promises).
+    let finished = Outcome::DryRun {
+        action: "run [\"true\"]".into(),
+    };
+    assert_eq!(
+        store.record_outcome(&running, 1, &finished).await.unwrap(),
+        Recorded::Recorded
+    );
+    assert_eq!(
+        store.lookup(running.message_id).await.unwrap(),
+        Some(Status::DryRun)
+    );
+    // Stopped again: the first stop is kept, nothing more to cancel.
+    let (again, cancelled) = store
+        .stop_campaign(campaign.id, "bob", "again")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(again.stopped.unwrap().by, "ana");
+    assert!(cancelled.is_empty(), "{cancelled:?}");
+    assert_eq!(
+        store
+            .stop_campaign(Uuid::new_v4(), "ana", "no such")
+            .await
+            .unwrap(),
+        None
+    );
 }

@@ -197,10 +197,21 @@ impl Request {
     fn received(request: &RestartRequest, now: i64) -> Self {
         Self {
             hostname: Some(request.hostname.as_str().to_owned()),
-            instance: None,
             requested_by: request.requested_by.clone(),
             requester: request.requester.clone(),
             reason: request.reason.clone(),
+            ..Self::empty(now)
+        }
+    }
+
+    /// A row received at `now` that says nothing yet.
+    fn empty(now: i64) -> Self {
+        Self {
+            hostname: None,
+            instance: None,
+            requested_by: None,
+            requester: None,
+            reason: None,
             status: Status::Received,
             attempts: 0,
             claim_until: None,
@@ -933,6 +944,55 @@ impl Store for MemoryStore {
     async fn campaign(&self, id: Uuid) -> Result<Option<Campaign>, StoreError> {
         let row = self.lock().campaigns.get(&id).cloned();
         row.map(Campaign::from_row).transpose()
+    }
+
+    async fn stop_campaign(
+        &self,
+        id: Uuid,
+        by: &str,
+        reason: &str,
+    ) -> Result<Option<(Campaign, Vec<Uuid>)>, StoreError> {
+        let now = self.clock.now();
+        // Under the one lock, as a claim decides: a claim after this finds
+        // the cancelled targets final.
+        let mut state = self.lock();
+        let Some(row) = state.campaigns.get_mut(&id) else {
+            return Ok(None);
+        };
+        if row.5.is_none() {
+            (row.5, row.6, row.7) = (Some(now), Some(by.to_owned()), Some(reason.to_owned()));
+        }
+        let campaign = Campaign::from_row(row.clone())?;
+        let Some(stop) = &campaign.stopped else {
+            return Err(StoreError::Corrupt(format!(
+                "campaign {id} was not stopped"
+            )));
+        };
+        let words = super::campaigns::cancellation(id, stop);
+        let mut cancelled = Vec::new();
+        for (index, target) in campaign.targets.iter().enumerate() {
+            let row = state.requests.entry(target.message_id).or_insert_with(|| {
+                let identity = super::campaigns::target_identity(&campaign, index);
+                Request {
+                    // Its instance is its hostname's first label here.
+                    hostname: Some(identity.instance),
+                    requested_by: identity.requested_by,
+                    requester: identity.requester,
+                    reason: identity.reason,
+                    ..Request::empty(now)
+                }
+            });
+            let held = row.claim_until.is_some_and(|until| until > now);
+            if row.status.is_final() || held {
+                continue;
+            }
+            row.status = Status::Cancelled;
+            row.last_error = Some(words.clone());
+            row.updated_at = now;
+            row.completed_at = Some(now);
+            cancelled.push(target.message_id);
+        }
+        Ok(Some((campaign, cancelled)))
     }
 }
 

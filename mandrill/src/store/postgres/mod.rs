@@ -329,6 +329,24 @@ impl Store for PostgresStore {
         self.bounded(reads::campaign(&self.pool, id)).await
     }
 
+    async fn stop_campaign(
+        &self,
+        id: Uuid,
+        by: &str,
+        reason: &str,
+    ) -> Result<Option<(crate::store::Campaign, Vec<Uuid>)>, StoreError> {
+        // Its own transaction: each target's row lock orders it against
+        // that target's claims (which lock the row first), so a claim
+        // after it finds the target final, and one before it holds it
+        // (running: not cancelled).
+        let (by, reason) = (
+            by.replace('\0', "\u{fffd}"),
+            reason.replace('\0', "\u{fffd}"),
+        );
+        self.bounded(reads::stop_campaign(&self.pool, id, &by, &reason))
+            .await
+    }
+
     async fn record_outcome(
         &self,
         request: &RestartRequest,

@@ -460,8 +460,7 @@ async fn a_request_its_published_at_cannot_date_expires_max_defer_after_its_firs
     let h = start(config, store.clone(), restarter.clone());
     let later = r#""not_before":"2026-11-22T23:00:00Z""#;
     let undated = Uuid::new_v4();
-    let body =
-        format!(r#"{{"message_id":"{undated}","instance_name":"cattle-undated",{later}}}"#);
+    let body = format!(r#"{{"message_id":"{undated}","instance_name":"cattle-undated",{later}}}"#);
     h.broker.publish(Bytes::from(body)).await.unwrap();
     let ahead = Uuid::new_v4();
     let body = format!(
