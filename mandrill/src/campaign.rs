@@ -335,6 +335,137 @@ pub(crate) fn status_json(
     })
 }
 
+/// What the guards say about a target now, and when it would run: what
+/// `campaign start` prints for each target (and warns about, with or
+/// without `--preview`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Forecast {
+    /// Each guard that would hold it, in the order they would, in the
+    /// guards' own words; empty when nothing holds it.
+    pub held_by: Vec<String>,
+    /// When it would run at the earliest; `None` while restarts are
+    /// paused (only a `resume` lifts a pause).
+    pub runs_at: Option<Timestamp>,
+    /// Why it would never run: it would wait past its expiry
+    /// (`safety.max_defer` of open calendar time) or its signed token.
+    pub too_late: Option<String>,
+}
+
+/// What the counting guards read now, for [`forecast`].
+pub(crate) struct Counted<'a> {
+    pub limits: &'a crate::safety::Limits,
+    pub subject: crate::safety::limits::Subject<'a>,
+    pub usage: crate::safety::limits::Usage,
+}
+
+/// Steps a target through the guards in the order the worker asks them,
+/// from the later of `now` and its `due` time: the calendar
+/// ([`crate::safety::Calendar::verdict`], as `policy check` asks it), then
+/// the counting guards ([`crate::safety::limits::check`], as the claim
+/// asks them) on what they read now, again until neither holds it; a
+/// pause (`paused`, in words) holds it until resumed. A guard with no
+/// known end (a budget waiting for a host to come back) ends the steps
+/// with its retry as the earliest. Then the horizon: the request expires
+/// ([`Guards::expires_at`](crate::safety::Guards::expires_at), published
+/// now) and its token ends (`token_ends`) at a moment it must run before.
+pub(crate) fn forecast(
+    guards: &crate::safety::Guards,
+    counted: Option<&Counted<'_>>,
+    paused: Option<String>,
+    due: Timestamp,
+    now: Timestamp,
+    token_ends: Timestamp,
+) -> Forecast {
+    let local = |at: Timestamp| match &guards.calendar {
+        Some(calendar) => calendar.local(at),
+        None => at.to_string(),
+    };
+    let mut held_by = Vec::new();
+    let mut at = due.max(now);
+    if due > now {
+        held_by.push(format!("deferred by not_before until {}", local(due)));
+    }
+    if let Some(paused) = paused {
+        held_by.push(paused);
+        return Forecast {
+            held_by,
+            runs_at: None,
+            too_late: None,
+        };
+    }
+    // Each step moves `at` on; a few suffice (closed, then a slot frees
+    // after hours, then closed again), and the bound keeps a pathological
+    // policy from looping.
+    for _ in 0..8 {
+        if let Some(calendar) = &guards.calendar
+            && let crate::safety::Verdict::Defer { until, reason } = calendar.verdict(at)
+        {
+            held_by.push(reason);
+            at = until;
+            continue;
+        }
+        let Some(counted) = counted.filter(|c| c.limits.is_active_for(c.subject)) else {
+            break;
+        };
+        let Err(refusal) = crate::safety::limits::check(
+            counted.limits,
+            counted.subject,
+            &counted.usage,
+            at.as_millisecond(),
+        ) else {
+            break;
+        };
+        // What it read now no longer holds it by then: the slot it waited
+        // for has freed (the guard answers a wait of a moment).
+        if refusal.wait <= std::time::Duration::from_millis(1) {
+            break;
+        }
+        held_by.push(refusal.reason);
+        let wait = SignedDuration::try_from(refusal.wait).unwrap_or(SignedDuration::MAX);
+        at = at.saturating_add(wait).unwrap_or(at);
+        if refusal.wait <= counted.limits.budget_retry {
+            break;
+        }
+    }
+    let expires = guards.expires_at(now);
+    let too_late = if at > expires {
+        Some(format!(
+            "it would expire at {}, before it could run (safety.max_defer {} of open calendar \
+             time)",
+            local(expires),
+            humantime::format_duration(guards.max_defer)
+        ))
+    } else if at > token_ends {
+        Some(format!(
+            "its signed token ends at {}, before it could run: it would be denied then",
+            local(token_ends)
+        ))
+    } else {
+        None
+    };
+    Forecast {
+        held_by,
+        runs_at: Some(at),
+        too_late,
+    }
+}
+
+impl Forecast {
+    /// In one line: "allowed: runs at once", or what holds it and when it
+    /// would run.
+    pub(crate) fn said(&self, now: Timestamp, local: impl Fn(Timestamp) -> String) -> String {
+        let when = match self.runs_at {
+            None => "runs once resumed".to_owned(),
+            Some(at) if at <= now => "runs at once".to_owned(),
+            Some(at) => format!("runs {} at the earliest", local(at)),
+        };
+        if self.held_by.is_empty() {
+            return format!("allowed now: {when}");
+        }
+        format!("{}; {when}", self.held_by.join("; then "))
+    }
+}
+
 /// A decision in words, as `explain` tells it.
 fn said(decision: &DecisionRecord) -> String {
     if decision.reason.starts_with(&decision.verdict) {
@@ -506,6 +637,84 @@ mod tests {
         assert!(
             held.detail.starts_with("deferred by disruption budget"),
             "{held:?}"
+        );
+    }
+
+    /// A target steps through the guards as the worker asks them: closed
+    /// on Saturday, then a full rate window at Monday's opening, then
+    /// closed again when the slot frees; a pause holds it until resumed;
+    /// waiting past its token is said.
+    #[test]
+    fn a_forecast_steps_through_the_calendar_and_the_rate_limit_to_when_it_would_run() {
+        use crate::safety::limits::{Limits, Subject, Usage};
+        use crate::safety::{Calendar, Guards};
+        let at = |t: &str| t.parse::<Timestamp>().unwrap();
+        let guards = Guards {
+            calendar: Some(Calendar::chaos_monkey()),
+            max_defer: Duration::from_secs(24 * 3600),
+            ..Guards::default()
+        };
+        let saturday = at("2026-11-28T10:00:00Z");
+        let a_week = at("2026-12-05T10:00:00Z");
+        let limits = Limits {
+            group_max: Some(1),
+            window: Duration::from_secs(24 * 3600),
+            ..Limits::NONE
+        };
+        let counted = Counted {
+            limits: &limits,
+            subject: Subject {
+                group: "web",
+                instance: "web-01",
+                zone: None,
+                requester: None,
+            },
+            usage: Usage {
+                group_claims: 1,
+                group_oldest: Some(at("2026-11-30T08:00:00Z").as_millisecond()),
+                ..Usage::default()
+            },
+        };
+        let stepped = forecast(&guards, Some(&counted), None, saturday, saturday, a_week);
+        assert_eq!(stepped.runs_at, Some(at("2026-12-01T09:00:00Z")));
+        assert_eq!(stepped.held_by.len(), 3, "{stepped:?}");
+        assert!(stepped.held_by[0].starts_with("deferred by calendar"));
+        assert!(
+            stepped.held_by[1].contains("a slot frees at 2026-12-01T08:00:00"),
+            "{stepped:?}"
+        );
+        assert_eq!(stepped.too_late, None);
+        let said = stepped.said(saturday, |t| t.to_string());
+        assert!(
+            said.ends_with("runs 2026-12-01T09:00:00Z at the earliest"),
+            "{said}"
+        );
+        // Its token ends on Sunday: it would be denied, and says so.
+        let sunday = at("2026-11-29T10:00:00Z");
+        let late = forecast(&guards, None, None, saturday, saturday, sunday);
+        assert!(
+            late.too_late.unwrap().starts_with("its signed token ends"),
+            "denied at the opening"
+        );
+        // Paused: only a resume lets it run.
+        let paused = forecast(
+            &guards,
+            None,
+            Some("paused".into()),
+            saturday,
+            saturday,
+            a_week,
+        );
+        assert_eq!(
+            (paused.runs_at, paused.held_by),
+            (None, vec!["paused".to_owned()])
+        );
+        // Nothing holds it: at once.
+        let monday = at("2026-11-30T10:00:00Z");
+        let free = forecast(&guards, None, None, monday, monday, a_week);
+        assert_eq!(
+            free.said(monday, |t| t.to_string()),
+            "allowed now: runs at once"
         );
     }
 

@@ -10,6 +10,7 @@
 //! with a port range, a second instance on the machine takes the next port.
 
 mod auth;
+mod campaigns;
 mod dashboard;
 mod instances;
 pub(crate) mod metrics;

@@ -22,6 +22,7 @@ pub(crate) fn router(state: Arc<State>) -> Router {
     let protected = Router::new()
         .route("/api/requests", get(requests))
         .route("/api/requests/{message_id}", get(request))
+        .route("/api/campaigns/{id}", get(super::campaigns::status))
         .route("/debug/pprof/profile", get(super::profile::profile))
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
@@ -35,6 +36,7 @@ pub(crate) fn router(state: Arc<State>) -> Router {
         .route("/api/status", get(status))
         .route("/api/pause", post(super::switch::pause))
         .route("/api/resume", post(super::switch::resume))
+        .route("/api/campaigns/{id}/stop", post(super::campaigns::stop))
         .merge(protected)
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),

@@ -167,32 +167,64 @@ fn cross_site(headers: &HeaderMap) -> bool {
     origin_host.as_deref().map(str::as_bytes) != host
 }
 
-async fn turn(state: &State, headers: &HeaderMap, body: &[u8], paused: bool) -> Response {
+/// What an authorized request to act says: who, why, the group if any,
+/// and whether it came from a form (answered with a redirect).
+pub(super) struct Accepted {
+    pub(super) by: String,
+    pub(super) reason: String,
+    pub(super) group: Option<String>,
+    pub(super) form: bool,
+}
+
+/// A request that acts (a turn of the switch, a campaign's stop), checked
+/// as every one is: a token always (`admin.token`, or the generated one;
+/// as a header, or a form's field), never cross-site, `by` (default
+/// `admin-api`) and `reason` one line each. `Err` with the answer to send.
+pub(super) fn accept(
+    state: &State,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Accepted, Response> {
     // Always a token, loopback or not: any local process can reach a
     // loopback port, and resuming undoes a pause someone needed.
     let token = Some(&state.switch_token);
     let turn = match parse(headers, body) {
         Ok(turn) => turn,
         // Checked before the body is trusted for anything, the token first.
-        Err(_) if !authorized(token, headers) => return unauthorized(),
-        Err(why) => return bad_request(why),
+        Err(_) if !authorized(token, headers) => return Err(unauthorized()),
+        Err(why) => return Err(bad_request(why)),
     };
     let by_form = turn.token.as_ref().is_some_and(|presented| {
         bool::from(presented.as_bytes().ct_eq(state.switch_token.0.as_bytes()))
     });
     if !(by_form || authorized(token, headers)) {
-        return unauthorized();
+        return Err(unauthorized());
     }
     if cross_site(headers) {
-        return (StatusCode::FORBIDDEN, "cross-site request refused\n").into_response();
+        return Err((StatusCode::FORBIDDEN, "cross-site request refused\n").into_response());
     }
     let by = turn.by.unwrap_or_else(|| DEFAULT_BY.to_owned());
     let reason = turn.reason.unwrap_or_else(|| "no reason given".to_owned());
     if let Err(why) = one_line("by", &by, MAX_BY_CHARS)
         .and_then(|()| one_line("reason", &reason, MAX_REASON_CHARS))
     {
-        return bad_request(why);
+        return Err(bad_request(why));
     }
+    Ok(Accepted {
+        by,
+        reason,
+        group: turn.group,
+        form: turn.form,
+    })
+}
+
+async fn turn(state: &State, headers: &HeaderMap, body: &[u8], paused: bool) -> Response {
+    let turn = match accept(state, headers, body) {
+        Ok(turn) => turn,
+        Err(refused) => return refused,
+    };
+    let Accepted { by, reason, .. } = &turn;
+    let (by, reason) = (by.clone(), reason.clone());
     if let Some(group) = &turn.group {
         return turn_group(state, group, paused, &by, &reason, turn.form).await;
     }

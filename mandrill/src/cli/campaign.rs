@@ -259,12 +259,56 @@ async fn start(config: Config, args: &StartArgs) -> anyhow::Result<()> {
             ""
         }
     )?;
-    for target in &record.targets {
+    // What the guards say about each target now: from the store this
+    // campaign is recorded in (a preview reads it only if it exists).
+    let reading = match &store {
+        Some(store) => Some(store.clone()),
+        None if config.store.url != "memory"
+            && super::missing_sqlite_file(&config.store.url).is_none() =>
+        {
+            super::switch::open(&config).await.ok()
+        }
+        None => None,
+    };
+    let forecasts = forecasts(
+        &policy,
+        &config,
+        &record,
+        requester,
+        reading.as_deref(),
+        start,
+    )
+    .await;
+    if let (Some(reading), None) = (&reading, &store) {
+        reading.close().await;
+    }
+    let local = |at: jiff::Timestamp| match &policy.guards.calendar {
+        Some(calendar) => calendar.local(at),
+        None => at.to_string(),
+    };
+    for (target, forecast) in record.targets.iter().zip(&forecasts) {
         writeln!(
             out,
-            "  {}  due {}  {}",
-            target.instance_name, target.due_at, target.message_id
+            "  {}  due {}  {}  {}",
+            target.instance_name,
+            target.due_at,
+            target.message_id,
+            forecast.said(start, local)
         )?;
+    }
+    for (target, forecast) in record.targets.iter().zip(&forecasts) {
+        if let Some(too_late) = &forecast.too_late {
+            eprintln!(
+                "mandrill: warning: {} would wait past its horizon: {too_late}",
+                target.instance_name
+            );
+        }
+    }
+    if reading.is_none() {
+        eprintln!(
+            "mandrill: note: the store was not read (none yet): the counting guards and \
+             pauses are not in these verdicts"
+        );
     }
     if policy.dry_run {
         eprintln!(
@@ -334,6 +378,112 @@ async fn start(config: Config, args: &StartArgs) -> anyhow::Result<()> {
     writeln!(out, "published {} requests", record.targets.len())?;
     writeln!(out, "{id}")?;
     Ok(())
+}
+
+/// Each target's forecast ([`campaign::forecast`]), in order: the
+/// calendar and the target's due time; with `store`, the kill switch and
+/// the group's pause, and the counting guards on what they read now, each
+/// target counted as restarted for those after it once it would run.
+async fn forecasts(
+    policy: &Policy,
+    config: &Config,
+    record: &Campaign,
+    requester: Option<&str>,
+    store: Option<&dyn Store>,
+    now: jiff::Timestamp,
+) -> Vec<campaign::Forecast> {
+    let paused = match store {
+        None => None,
+        Some(store) => {
+            let switch = store.switch().await.ok().filter(|switch| switch.paused);
+            let group = store
+                .group_pauses()
+                .await
+                .ok()
+                .and_then(|pauses| pauses.into_iter().find(|p| p.group == record.group));
+            switch
+                .map(|switch| {
+                    format!(
+                        "deferred by kill switch: restarts {}",
+                        switch.paused_reason()
+                    )
+                })
+                .or_else(|| {
+                    group.map(|g| format!("deferred by group pause: {}", g.deferred_reason()))
+                })
+        }
+    };
+    let token_ends = now
+        .saturating_add(
+            jiff::SignedDuration::try_from(crate::domain::signed::MAX_LIFETIME)
+                .unwrap_or(jiff::SignedDuration::MAX),
+        )
+        .unwrap_or(now);
+    let rules = config.parse_rules();
+    let mut ahead: Vec<i64> = Vec::new();
+    let mut forecasts = Vec::with_capacity(record.targets.len());
+    for target in &record.targets {
+        let due = jiff::Timestamp::from_millisecond(target.due_at.as_millis()).unwrap_or(now);
+        // Parsed when it was found eligible.
+        let Ok(instance) = InstanceName::parse(&target.instance_name) else {
+            forecasts.push(campaign::Forecast {
+                held_by: vec!["not a valid instance name".into()],
+                runs_at: None,
+                too_late: None,
+            });
+            continue;
+        };
+        let mut request = super::inventory::request_for(&instance, &rules);
+        request.requester = requester.map(str::to_owned);
+        // Placed as the worker places it: its group and zone.
+        let _ = policy.place(&mut request);
+        let limits = policy.limits(request.group()).ok().map(|mut limits| {
+            policy.requesters.limit(&request, &mut limits);
+            limits
+        });
+        let usage = match (store, &limits) {
+            (Some(store), Some(limits)) if limits.is_active() => {
+                store.usage(&request, limits).await.ok()
+            }
+            _ => None,
+        };
+        let counted = match (&limits, usage) {
+            (Some(limits), Some(mut usage)) => {
+                // The targets before it that would run, counted as restarts.
+                let earlier = u32::try_from(ahead.len()).unwrap_or(u32::MAX);
+                let first = ahead.iter().min().copied();
+                usage.group_claims = usage.group_claims.saturating_add(earlier);
+                usage.global_claims = usage.global_claims.saturating_add(earlier);
+                usage.requester_claims = usage.requester_claims.saturating_add(earlier);
+                let oldest = |old: Option<i64>| match (old, first) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+                usage.group_oldest = oldest(usage.group_oldest);
+                usage.global_oldest = oldest(usage.global_oldest);
+                usage.requester_oldest = oldest(usage.requester_oldest);
+                Some(campaign::Counted {
+                    limits,
+                    subject: crate::safety::limits::Subject::of(&request),
+                    usage,
+                })
+            }
+            _ => None,
+        };
+        let forecast = campaign::forecast(
+            &policy.guards,
+            counted.as_ref(),
+            paused.clone(),
+            due,
+            now,
+            token_ends,
+        );
+        if let (Some(at), None) = (forecast.runs_at, &forecast.too_late) {
+            ahead.push(at.as_millisecond());
+        }
+        forecasts.push(forecast);
+    }
+    forecasts
 }
 
 /// `request` signed as `name`, valid for the longest lifetime: a target due

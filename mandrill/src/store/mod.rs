@@ -254,6 +254,19 @@ pub(crate) trait Store: Send + Sync + 'static {
         Err(StoreError::Unsupported("decisions apart from a story"))
     }
 
+    /// What the counting guards would read for a claim of `request` under
+    /// `limits` now, read on its own (no lock, nothing written): for
+    /// `campaign start`'s verdicts, never for a claim, which reads it in
+    /// its own transaction. A store that keeps no journal refuses.
+    async fn usage(
+        &self,
+        request: &RestartRequest,
+        limits: &crate::safety::Limits,
+    ) -> Result<crate::safety::limits::Usage, StoreError> {
+        let _ = (request, limits);
+        Err(StoreError::Unsupported("usage"))
+    }
+
     /// Stops campaign `id` (`mandrill campaign stop`): records who stopped
     /// it and why (the first stop is kept; a later one records nothing
     /// new of its own) and, in the same transaction, records `cancelled`

@@ -267,3 +267,66 @@ async fn planned_restarts_are_shown_only_to_those_the_token_admits_and_slot_ids_
     let shown = planned(&state, true).unwrap();
     assert!(shown[0].next.iter().all(|slot| slot.message_id.is_some()));
 }
+
+/// `POST /api/campaigns/{id}/stop` takes what the pause endpoints take (a
+/// token always, JSON `{"reason", "by"}`, `by` defaulting to `admin-api`):
+/// the targets not yet issued are recorded cancelled with who and why, and
+/// `GET /api/campaigns/{id}` (behind `admin.token`) then shows the
+/// campaign judged, as `campaign status --json` prints it.
+#[tokio::test]
+async fn a_campaign_is_stopped_with_the_pause_endpoints_token_and_body() {
+    use crate::admin::campaigns;
+    use crate::store::{Campaign, CampaignTarget};
+    let memory = Arc::new(MemoryBroker::new(
+        Duration::from_secs(30),
+        Duration::from_millis(10),
+    ));
+    let state = Arc::new(state(memory));
+    let campaign = Campaign {
+        id: Uuid::new_v4(),
+        group: "cattle".into(),
+        created_at: Timestamp::now(),
+        requester: Some("chaos".into()),
+        targets: vec![CampaignTarget {
+            instance_name: "cattle-01".into(),
+            message_id: Uuid::new_v4(),
+            due_at: Timestamp::now(),
+        }],
+        stopped: None,
+    };
+    state.store.record_campaign(&campaign).await.unwrap();
+    let path = || Path(campaign.id.to_string());
+    let body = Bytes::from_static(br#"{"reason":"game day over"}"#);
+    let mut headers = HeaderMap::new();
+    let refused = campaigns::stop(Shared(state.clone()), path(), headers.clone(), body.clone());
+    assert_eq!(refused.await.status(), StatusCode::UNAUTHORIZED);
+    let unstopped = state.store.campaign(campaign.id).await.unwrap().unwrap();
+    assert_eq!(unstopped.stopped, None, "refused: nothing stopped");
+    headers.insert(
+        header::AUTHORIZATION,
+        "Bearer switch-token".parse().unwrap(),
+    );
+    let (status, answer) =
+        text(campaigns::stop(Shared(state.clone()), path(), headers.clone(), body.clone()).await)
+            .await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    let answer: serde_json::Value = serde_json::from_str(&answer).unwrap();
+    assert_eq!(answer["stopped"]["by"], "admin-api");
+    assert_eq!(answer["stopped"]["reason"], "game day over");
+    assert_eq!(answer["verdict"], "cancelled");
+    assert_eq!(answer["targets"][0]["state"], "cancelled");
+    assert_eq!(
+        answer["cancelled"][0],
+        campaign.targets[0].message_id.to_string()
+    );
+    let (status, shown) = text(campaigns::status(Shared(state.clone()), path()).await).await;
+    assert_eq!(status, StatusCode::OK);
+    let shown: serde_json::Value = serde_json::from_str(&shown).unwrap();
+    assert_eq!(shown["verdict"], "cancelled");
+    assert_eq!(shown["stopped"]["by"], "admin-api");
+    let unknown = Path(Uuid::new_v4().to_string());
+    let missing = campaigns::stop(Shared(state.clone()), unknown, headers.clone(), body);
+    assert_eq!(missing.await.status(), StatusCode::NOT_FOUND);
+    let bad = campaigns::stop(Shared(state), Path("nope".into()), headers, Bytes::new());
+    assert_eq!(bad.await.status(), StatusCode::BAD_REQUEST);
+}

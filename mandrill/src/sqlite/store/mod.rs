@@ -369,6 +369,19 @@ impl Store for SqliteStore {
         self.bounded(reads::campaign(&self.pool, id)).await
     }
 
+    async fn usage(
+        &self,
+        request: &RestartRequest,
+        limits: &crate::safety::Limits,
+    ) -> Result<crate::safety::limits::Usage, StoreError> {
+        self.bounded(async {
+            let mut conn = self.pool.acquire().await?;
+            let now = Timestamp::now().as_millis();
+            Ok(reads::usage(&mut conn, request, limits, now).await?)
+        })
+        .await
+    }
+
     async fn stop_campaign(
         &self,
         id: Uuid,

@@ -946,6 +946,20 @@ impl Store for MemoryStore {
         row.map(Campaign::from_row).transpose()
     }
 
+    async fn usage(
+        &self,
+        request: &RestartRequest,
+        limits: &crate::safety::Limits,
+    ) -> Result<Usage, StoreError> {
+        let terms = ClaimTerms {
+            max_attempts: 1,
+            hold: Duration::ZERO,
+            limits: *limits,
+        };
+        let now = self.clock.now();
+        Ok(self.lock().usage(request, &terms, now))
+    }
+
     async fn stop_campaign(
         &self,
         id: Uuid,
