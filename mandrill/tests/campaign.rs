@@ -480,3 +480,149 @@ fn wait_exits_1_when_a_target_is_rejected() {
     let journal = fs::read_to_string(dir.join("restarts.journal")).unwrap_or_default();
     assert_eq!(journal, "", "nothing restarted");
 }
+
+/// `setup`'s configuration with the default one restart per group per day
+/// (`group_max = 1`) and deferred requests looked at again every second.
+fn with_one_restart_a_day(dir: &Path) {
+    let path = dir.join("mandrill.toml");
+    let config = fs::read_to_string(&path).unwrap();
+    let config = config.replace("group_max = 0", "group_max = 1").replace(
+        "pause_on_unrecovered = false\n",
+        "pause_on_unrecovered = false\nrecheck = \"1s\"\n",
+    );
+    fs::write(path, config).unwrap();
+}
+
+/// Issue 37's trap: after one restart in the group, `campaign start
+/// --preview` said nothing, and the real start's targets were deferred a
+/// day by the rate limit. The preview now gives each target's verdict and
+/// when it would run.
+#[test]
+fn a_preview_shows_each_targets_deferral_by_the_rate_limit_and_when_it_would_run() {
+    let (_guard, dir) = temp_dir();
+    setup(&dir, 2);
+    with_one_restart_a_day(&dir);
+    start(&dir, &["--count", "1"]);
+    run_until_idle(&dir);
+    let out = start(&dir, &["--count", "2", "--preview"]);
+    let lines: Vec<&str> = out.lines().filter(|line| line.starts_with("  ")).collect();
+    assert_eq!(lines.len(), 2, "{out}");
+    for line in lines {
+        // The second counts the first as restarted before it.
+        assert!(
+            line.contains("deferred by rate limit: group cattle had ")
+                && line.contains(" of its 1 restarts per 1day; a slot frees at ")
+                && line.contains("at the earliest"),
+            "{out}"
+        );
+    }
+    assert!(out.ends_with("preview: nothing recorded, nothing published\n"));
+}
+
+/// Issue 37's trap: raising `group_max` with SIGHUP left the deferred
+/// targets parked for a day (nacked for 86,362 s). A deferral is nacked
+/// for at most `safety.recheck`, so the reload reaches them then.
+#[test]
+fn a_reload_raising_group_max_wakes_deferred_campaign_targets_within_the_recheck() {
+    let (_guard, dir) = temp_dir();
+    setup(&dir, 2);
+    with_one_restart_a_day(&dir);
+    start(&dir, &["--count", "1"]);
+    run_until_idle(&dir);
+    let service = Mandrill::run(&dir, &["--config", "mandrill.toml"]);
+    let out = start(&dir, &["--count", "2"]);
+    let id = out.lines().last().unwrap().to_owned();
+    let deadline = std::time::Instant::now() + support::DEADLINE;
+    loop {
+        let status = status_json(&dir, &id);
+        let held = status["targets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|t| {
+                t["detail"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("deferred by rate limit")
+            })
+            .count();
+        if held == 2 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{status}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let path = dir.join("mandrill.toml");
+    let config = fs::read_to_string(&path).unwrap();
+    fs::write(&path, config.replace("group_max = 1", "group_max = 10")).unwrap();
+    service.signal("HUP");
+    service.wait_for("configuration reloaded", 1);
+    let (status, waited, stderr) = run(&dir, &["wait", &id, "--timeout", "60s"]);
+    assert_eq!(status.code(), Some(0), "{waited}{stderr}");
+    assert!(waited.ends_with("verdict: succeeded\n"), "{waited}");
+    service.signal("TERM");
+    let (exit, lines) = service.wait_exit();
+    assert!(exit.success(), "{lines:?}");
+}
+
+/// `campaign stop` records the targets not yet issued `cancelled`, with
+/// who and why; `campaign status` and `wait` (exit 3) report it; their
+/// messages, delivered afterwards, are found final and acked, never
+/// restarted (and never taken for another request: exactly three
+/// records, none rejected).
+#[test]
+fn campaign_stop_cancels_the_targets_not_yet_issued_and_wait_and_status_report_it() {
+    let (_guard, dir) = temp_dir();
+    setup(&dir, 1);
+    let out = start(&dir, &["--count", "3"]);
+    let id = out.lines().last().unwrap().to_owned();
+    let (status, stopped, stderr) = run(
+        &dir,
+        &[
+            "campaign",
+            "stop",
+            &id,
+            "--reason",
+            "game day over",
+            "--by",
+            "ana",
+        ],
+    );
+    assert!(status.success(), "{stopped}{stderr}");
+    assert!(
+        stopped.starts_with(&format!("campaign {id} stopped by ana at ")),
+        "{stopped}"
+    );
+    assert!(stopped.contains("3 target(s) cancelled now"), "{stopped}");
+    assert!(stopped.ends_with("verdict: cancelled\n"), "{stopped}");
+
+    let status = status_json(&dir, &id);
+    assert_eq!(status["verdict"], "cancelled", "{status}");
+    assert_eq!(status["stopped"]["by"], "ana");
+    assert_eq!(status["stopped"]["reason"], "game day over");
+    for target in status["targets"].as_array().unwrap() {
+        assert_eq!(target["state"], "cancelled", "{target}");
+        let detail = target["detail"].as_str().unwrap();
+        assert!(
+            detail.contains("stopped by ana") && detail.contains("game day over"),
+            "{detail}"
+        );
+    }
+    let (code, waited, _) = run(&dir, &["wait", &id, "--timeout", "10s"]);
+    assert_eq!(code.code(), Some(3), "{waited}");
+    assert!(waited.contains("stopped by ana"), "{waited}");
+    assert!(waited.ends_with("verdict: cancelled\n"), "{waited}");
+
+    // The messages are delivered after the stop: final, acked, nothing run.
+    run_until_idle(&dir);
+    let journal = fs::read_to_string(dir.join("restarts.journal")).unwrap_or_default();
+    assert_eq!(journal, "", "nothing restarted");
+    let entries = history(&sqlite_url(&dir));
+    assert_eq!(entries.len(), 3, "{entries:?}");
+    assert!(
+        entries.iter().all(|e| e.status == Status::Cancelled),
+        "{entries:?}"
+    );
+    let (_, text, _) = run(&dir, &["campaign", "status", &id]);
+    assert!(text.contains("stopped by ana at "), "{text}");
+}
