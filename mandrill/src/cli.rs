@@ -102,9 +102,9 @@ pub(crate) enum Command {
     Schedule(schedule::ScheduleArgs),
     /// The game-day report since a moment: per group, restarts, recovery times, unrecovered hosts, deferrals, denials.
     Report(report::ReportArgs),
-    /// Restarts over a share of a group, resolved from the inventory: `mandrill campaign start|status`.
+    /// Restarts over a share of a group, resolved from the inventory: `mandrill campaign start|status|stop`.
     Campaign(campaign::CampaignArgs),
-    /// Wait for a request or a campaign to be decided: exit 0 restarted (and recovered), 1 failed, 2 timed out.
+    /// Wait for a request or a campaign to be decided: exit 0 restarted (and recovered), 1 failed, 2 timed out, 3 the campaign was stopped.
     Wait(wait::WaitArgs),
 }
 
