@@ -21,17 +21,17 @@ use serde_json::json;
 
 use super::{State, bad_request, json};
 
-/// A campaign's id from the path.
-fn campaign_id(raw: &str) -> Result<uuid::Uuid, Response> {
+/// A campaign's id from the path, or why not.
+fn campaign_id(raw: &str) -> Result<uuid::Uuid, String> {
     raw.parse::<uuid::Uuid>()
-        .map_err(|_| bad_request(format!("{raw:?} is not a campaign id")))
+        .map_err(|_| format!("{raw:?} is not a campaign id"))
 }
 
 /// `GET /api/campaigns/{id}`.
 pub(crate) async fn status(Shared(state): Shared<Arc<State>>, Path(id): Path<String>) -> Response {
     let id = match campaign_id(&id) {
         Ok(id) => id,
-        Err(refused) => return refused,
+        Err(why) => return bad_request(why),
     };
     let read = async {
         let Some(campaign) = state.store.campaign(id).await? else {
@@ -68,14 +68,14 @@ pub(crate) async fn stop(
 ) -> Response {
     let asked = match super::switch::accept(&state, &headers, &body) {
         Ok(asked) => asked,
-        Err(refused) => return refused,
+        Err(refused) => return *refused,
     };
     if asked.group.is_some() {
         return bad_request("a campaign's stop takes no group".into());
     }
     let id = match campaign_id(&id) {
         Ok(id) => id,
-        Err(refused) => return refused,
+        Err(why) => return bad_request(why),
     };
     let (by, reason) = (asked.by.as_str(), asked.reason.as_str());
     let (campaign, cancelled) = match state.store.stop_campaign(id, by, reason).await {

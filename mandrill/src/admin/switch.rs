@@ -179,36 +179,39 @@ pub(super) struct Accepted {
 /// A request that acts (a turn of the switch, a campaign's stop), checked
 /// as every one is: a token always (`admin.token`, or the generated one;
 /// as a header, or a form's field), never cross-site, `by` (default
-/// `admin-api`) and `reason` one line each. `Err` with the answer to send.
+/// `admin-api`) and `reason` one line each. `Err` with the answer to send
+/// (boxed: a refusal is rare, and a response is large).
 pub(super) fn accept(
     state: &State,
     headers: &HeaderMap,
     body: &[u8],
-) -> Result<Accepted, Response> {
+) -> Result<Accepted, Box<Response>> {
     // Always a token, loopback or not: any local process can reach a
     // loopback port, and resuming undoes a pause someone needed.
     let token = Some(&state.switch_token);
     let turn = match parse(headers, body) {
         Ok(turn) => turn,
         // Checked before the body is trusted for anything, the token first.
-        Err(_) if !authorized(token, headers) => return Err(unauthorized()),
-        Err(why) => return Err(bad_request(why)),
+        Err(_) if !authorized(token, headers) => return Err(Box::new(unauthorized())),
+        Err(why) => return Err(Box::new(bad_request(why))),
     };
     let by_form = turn.token.as_ref().is_some_and(|presented| {
         bool::from(presented.as_bytes().ct_eq(state.switch_token.0.as_bytes()))
     });
     if !(by_form || authorized(token, headers)) {
-        return Err(unauthorized());
+        return Err(Box::new(unauthorized()));
     }
     if cross_site(headers) {
-        return Err((StatusCode::FORBIDDEN, "cross-site request refused\n").into_response());
+        return Err(Box::new(
+            (StatusCode::FORBIDDEN, "cross-site request refused\n").into_response(),
+        ));
     }
     let by = turn.by.unwrap_or_else(|| DEFAULT_BY.to_owned());
     let reason = turn.reason.unwrap_or_else(|| "no reason given".to_owned());
     if let Err(why) = one_line("by", &by, MAX_BY_CHARS)
         .and_then(|()| one_line("reason", &reason, MAX_REASON_CHARS))
     {
-        return Err(bad_request(why));
+        return Err(Box::new(bad_request(why)));
     }
     Ok(Accepted {
         by,
@@ -221,7 +224,7 @@ pub(super) fn accept(
 async fn turn(state: &State, headers: &HeaderMap, body: &[u8], paused: bool) -> Response {
     let turn = match accept(state, headers, body) {
         Ok(turn) => turn,
-        Err(refused) => return refused,
+        Err(refused) => return *refused,
     };
     let Accepted { by, reason, .. } = &turn;
     let (by, reason) = (by.clone(), reason.clone());
