@@ -304,3 +304,34 @@ pub(super) async fn publish_at_rate(
     }
     Ok(published)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 37: `publish` said nothing on a Saturday. Closed now, it
+    /// says when the calendar opens and that nothing runs before; with a
+    /// token that ends before the opening, that it will be denied then.
+    #[test]
+    fn publishing_while_the_calendar_is_closed_warns_until_when_and_about_a_short_token() {
+        let calendar = crate::safety::Calendar::chaos_monkey();
+        let saturday: jiff::Timestamp = "2026-11-28T10:00:00Z".parse().unwrap();
+        let warning = closed_calendar_warning(&calendar, saturday, None).unwrap();
+        assert!(
+            warning.starts_with(
+                "the calendar is closed now (outside Mon–Fri 09:00–15:00 UTC); next opens \
+                 2026-11-30 09:00 UTC: nothing published now is restarted before then"
+            ),
+            "{warning}"
+        );
+        assert!(!warning.contains("denied"), "{warning}");
+        let short = closed_calendar_warning(&calendar, saturday, Some(Duration::from_secs(3600)));
+        assert!(
+            short
+                .unwrap()
+                .ends_with("its signed token (--ttl 1h) expires before the opening, so it will be denied then, not restarted"),
+        );
+        let monday: jiff::Timestamp = "2026-11-30T10:00:00Z".parse().unwrap();
+        assert_eq!(closed_calendar_warning(&calendar, monday, None), None);
+    }
+}
