@@ -1,5 +1,8 @@
 -- `mandrill campaign stop`: a campaign keeps who stopped it, when and why,
--- and its targets not yet issued are recorded `cancelled`, a final status.
+-- and its targets not yet issued are recorded `cancelled`, a final status;
+-- one in flight is marked (`cancel_reason`), so that once that attempt
+-- ends no claim is made again: the next delivery records it `cancelled`.
+ALTER TABLE requests ADD COLUMN cancel_reason TEXT;
 ALTER TABLE requests DROP CONSTRAINT requests_status_check;
 ALTER TABLE requests ADD CONSTRAINT requests_status_check
     CHECK (status IN ('received', 'retrying', 'restarted', 'failed', 'rejected',

@@ -151,6 +151,12 @@ pub(crate) enum Outcome {
         /// What deferred it, and since when.
         reason: String,
     },
+    /// Its campaign was stopped while it was in flight, and the claim
+    /// found the stop's mark at its next delivery. Final.
+    Cancelled {
+        /// Which campaign, who stopped it and why.
+        reason: String,
+    },
 }
 
 impl Outcome {
@@ -170,6 +176,7 @@ impl Outcome {
             Self::Denied { .. } => Status::Denied,
             Self::DryRun { .. } => Status::DryRun,
             Self::Expired { .. } => Status::Expired,
+            Self::Cancelled { .. } => Status::Cancelled,
         }
     }
 
@@ -181,7 +188,8 @@ impl Outcome {
             | Self::Failed { error }
             | Self::Unrecovered { error, .. }
             | Self::Denied { reason: error }
-            | Self::Expired { reason: error } => Some(error),
+            | Self::Expired { reason: error }
+            | Self::Cancelled { reason: error } => Some(error),
         }
     }
 
@@ -194,7 +202,8 @@ impl Outcome {
             Self::Retrying { .. }
             | Self::Failed { .. }
             | Self::Denied { .. }
-            | Self::Expired { .. } => None,
+            | Self::Expired { .. }
+            | Self::Cancelled { .. } => None,
         }
     }
 

@@ -90,6 +90,17 @@ pub(crate) const CAMPAIGN_SQL: &str = "SELECT id, grp, created_at, requester, ta
 pub(crate) const STOP_CAMPAIGN_SQL: &str = "UPDATE campaigns SET stopped_at = $2, \
      stopped_by = $3, stop_reason = $4 WHERE id = $1 AND stopped_at IS NULL";
 
+/// Marks a target that is not final with [`cancellation`]'s words (`$2`):
+/// `$1` its message id. A claim that finds the mark makes no claim
+/// ([`super::decide_claim`]): a target whose restart was in flight when
+/// the campaign stopped is not tried again once that attempt ends.
+pub(crate) static MARK_TARGET_SQL: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "UPDATE requests SET cancel_reason = $2 WHERE message_id = $1 AND status IN {}",
+        *super::sql::OPEN_STATUSES
+    )
+});
+
 /// Records a target `cancelled` ([`cancellation`]'s words, `$2`) at `$3`
 /// if its request is not final and no claim of it holds now: `$1` its
 /// message id. A claim still held is a restart that may be running: it

@@ -61,6 +61,13 @@ pub(crate) enum Claim {
         /// The last of them, if its outcome was never recorded.
         unknown: Option<u32>,
     },
+    /// The request is a target of a stopped campaign (`mandrill campaign
+    /// stop`) that was in flight when it stopped: nothing was claimed;
+    /// the caller records it `cancelled` with these words.
+    Cancelled {
+        /// Which campaign, who stopped it and why.
+        reason: String,
+    },
     /// The `message_id` is recorded for another request (another
     /// requester, instance or reason; see [`identity_conflict`]): nothing
     /// was claimed or written. The caller refuses the payload, records it
@@ -136,6 +143,9 @@ pub(crate) struct ClaimState {
     /// Who asked and for what, as the row records it; `None` for a row
     /// the deciding transaction created from the request in hand.
     pub identity: Option<Identity>,
+    /// A stop's words on a target that was in flight when its campaign
+    /// stopped (`cancel_reason`): no claim is made again.
+    pub cancelled: Option<String>,
 }
 
 impl ClaimState {
@@ -148,6 +158,7 @@ impl ClaimState {
         token: None,
         unknown: None,
         identity: None,
+        cancelled: None,
     };
 }
 
@@ -479,6 +490,12 @@ pub(crate) fn decide_claim(
             unknown: state.unknown,
         };
         return (claim, None);
+    }
+    // After the answer to a claim made before the stop (its restart is
+    // in flight), before anything else: a stopped campaign's target is
+    // never claimed again.
+    if let Some(reason) = state.cancelled {
+        return (Claim::Cancelled { reason }, None);
     }
     if switch.paused {
         let reason = switch.paused_reason();

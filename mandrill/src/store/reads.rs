@@ -192,8 +192,8 @@ macro_rules! reads_for {
             /// See [`crate::store::Store::stop_campaign`]: one
             /// transaction, its first statement a write (so that SQLite
             /// takes the write lock before it reads). Each target's row is
-            /// created if missing, then cancelled unless final or held by
-            /// a claim; in message id order, so that two stops lock rows
+            /// created if missing, marked unless final, then cancelled
+            /// unless held by a claim; in message id order, so that two stops lock rows
             /// in one order.
             pub(crate) async fn stop_campaign(
                 pool: &Pool<$db>,
@@ -202,8 +202,8 @@ macro_rules! reads_for {
                 reason: &str,
             ) -> Result<Option<(crate::store::Campaign, Vec<Uuid>)>, StoreError> {
                 use crate::store::campaigns::{
-                    CAMPAIGN_SQL, CANCEL_TARGET_SQL, CampaignRow, STOP_CAMPAIGN_SQL, cancellation,
-                    target_identity,
+                    CAMPAIGN_SQL, CANCEL_TARGET_SQL, CampaignRow, MARK_TARGET_SQL,
+                    STOP_CAMPAIGN_SQL, cancellation, target_identity,
                 };
                 let now = Timestamp::now().as_millis();
                 let mut tx = pool.begin().await?;
@@ -241,6 +241,11 @@ macro_rules! reads_for {
                         .bind(identity.requester.as_deref())
                         .bind(identity.reason.as_deref())
                         .bind(now)
+                        .execute(&mut *tx)
+                        .await?;
+                    sqlx::query(&MARK_TARGET_SQL)
+                        .bind(&message_id)
+                        .bind(&words)
                         .execute(&mut *tx)
                         .await?;
                     let done = sqlx::query(&CANCEL_TARGET_SQL)
@@ -473,9 +478,11 @@ mod tests {
             .await
             .unwrap();
         let hour_ago = Timestamp::from_millis(now - 3_600_000);
-        let herd = store.group_usage(hour_ago, hour_ago).await.unwrap()["herd"];
-        assert_eq!(usage.group_claims, herd.restarts);
-        assert_eq!((usage.group_claims, usage.global_claims), (2, 2));
+        let groups = store.group_usage(hour_ago, hour_ago).await.unwrap();
+        assert_eq!(usage.group_claims, groups["herd"].restarts);
+        assert_eq!(usage.group_claims, 2);
+        let all: u32 = groups.values().map(|group| group.restarts).sum();
+        assert_eq!(usage.global_claims, all);
         // A decision written through the shared insert is the store's own.
         let herd = &claimed[0];
         let decision = Decision {

@@ -268,7 +268,8 @@ async fn record(
         | Outcome::Unrecovered { .. }
         | Outcome::Denied { .. }
         | Outcome::DryRun { .. }
-        | Outcome::Expired { .. } => Settlement::Ack,
+        | Outcome::Expired { .. }
+        | Outcome::Cancelled { .. } => Settlement::Ack,
         Outcome::Retrying { .. } => Settlement::Nack {
             delay: retry_after.unwrap_or_else(|| config.retry_backoff.delay(attempt)),
             why: "restart failed".into(),

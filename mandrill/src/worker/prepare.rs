@@ -11,13 +11,15 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use tracing::{error, info, warn};
 
-use super::decisions::{deny, give_up, held, held_by_the_claim, unclaim, unclaim_at_shutdown};
+use super::decisions::{
+    deny, give_up, held, held_by_the_claim, record_decision, unclaim, unclaim_at_shutdown,
+};
 use super::lease::Progress;
 use super::retry::{Stopped, Until, store_op};
 use super::settle::{RareSettlement, Settlement, rare, refuse, settle_recorded, shutting_down};
 use super::shared::Shared;
 use crate::broker::Delivery;
-use crate::domain::RestartRequest;
+use crate::domain::{Outcome, RestartRequest};
 use crate::restarter::{Refusal, Reservation};
 use crate::safety::{Hold, Placement, Policy};
 use crate::store::{Claim, ClaimTerms, ClaimToken, unknown_outcome};
@@ -212,6 +214,13 @@ pub(super) async fn prepare(
         }
         Ok(Claim::Conflict { reason }) => {
             Err(rare(refuse(shared, progress, request, reason)).await)
+        }
+        Ok(Claim::Cancelled { reason }) => {
+            // Its campaign was stopped while an earlier attempt ran: no
+            // attempt is claimed again.
+            info!(reason, "cancelled: its campaign was stopped");
+            let outcome = Outcome::Cancelled { reason };
+            Err(rare(record_decision(shared, progress, request, 0, outcome)).await)
         }
         Err(Stopped::Shutdown) => Err(shutting_down()),
         Err(Stopped::LeaseLost) => Err(Settlement::Abandon),

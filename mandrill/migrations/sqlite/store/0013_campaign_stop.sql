@@ -1,5 +1,6 @@
 -- `mandrill campaign stop`: a campaign keeps who stopped it, when and why,
--- and its targets not yet issued are recorded `cancelled`, a final status.
+-- and its targets not yet issued are recorded `cancelled`, a final status;
+-- one in flight is marked, so that it is not tried again.
 --
 -- Rebuilt, because SQLite cannot change a CHECK constraint in place: the
 -- same columns, in the same order, with `cancelled` admitted.
@@ -26,7 +27,11 @@ CREATE TABLE requests_v13 (
     completed_at       INTEGER,
     claim_token        INTEGER,
     claim_unknown      INTEGER,
-    requester          TEXT
+    requester          TEXT,
+    -- Set by a stop on a target whose restart was in flight: once that
+    -- attempt ends, no claim is made again; the next delivery records it
+    -- `cancelled` with these words.
+    cancel_reason      TEXT
 );
 
 INSERT INTO requests_v13

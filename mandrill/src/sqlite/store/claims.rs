@@ -69,7 +69,7 @@ pub(super) async fn claim(
     for chunk in claims.chunks(ROWS_PER_STATEMENT) {
         let mut select: QueryBuilder<Sqlite> = QueryBuilder::new(
             "SELECT message_id, status, attempts, claim_until, claim_token, claim_unknown, NULL,
-                    instance_name, requested_by, requester, reason
+                    instance_name, requested_by, requester, reason, cancel_reason
              FROM requests WHERE message_id IN (",
         );
         let mut list = select.separated(", ");
@@ -80,7 +80,7 @@ pub(super) async fn claim(
             .push(
                 ") UNION ALL
                  SELECT r.message_id, NULL, NULL, q.claim_until, NULL, NULL, r.instance_name,
-                        NULL, NULL, NULL, NULL ",
+                        NULL, NULL, NULL, NULL, NULL ",
             )
             .push(&held_where)
             .push_bind(now)
@@ -94,8 +94,20 @@ pub(super) async fn claim(
             .build_query_as::<StateRow>()
             .fetch_all(&mut **tx)
             .await?;
-        for (id, status, attempts, claim_until, token, unknown, host, instance, by, signer, why) in
-            found
+        for (
+            id,
+            status,
+            attempts,
+            claim_until,
+            token,
+            unknown,
+            host,
+            instance,
+            by,
+            signer,
+            why,
+            cancelled,
+        ) in found
         {
             if let Some(host) = host {
                 if let Some(until) = claim_until {
@@ -114,6 +126,7 @@ pub(super) async fn claim(
                 token: token.map(ClaimToken::from_stored),
                 unknown: unknown.and_then(|attempt| u32::try_from(attempt).ok()),
                 identity: Some(identity_from((instance, by, signer, why))),
+                cancelled,
             };
             states.insert(id, state);
         }
@@ -179,7 +192,8 @@ pub(super) async fn claim(
 
 /// A row of the claims' read: id, status, attempts, `claim_until`,
 /// `claim_token`, `claim_unknown`, no host, then the row's identity
-/// (instance, requested by, requester, reason); or a claim holding a host:
+/// (instance, requested by, requester, reason) and `cancel_reason`; or a
+/// claim holding a host:
 /// its id, its hold's end as `claim_until`, and the host.
 type StateRow = (
     String,
@@ -188,6 +202,7 @@ type StateRow = (
     Option<i64>,
     Option<i64>,
     Option<i64>,
+    Option<String>,
     Option<String>,
     Option<String>,
     Option<String>,

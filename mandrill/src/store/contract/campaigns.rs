@@ -69,7 +69,8 @@ fn target_request(campaign: &Campaign, index: usize) -> RestartRequest {
 /// message carries); every claim after it finds them final, however late
 /// the message comes, and a payload under such an id asking something
 /// else is another request, refused. A restart in flight finishes and is
-/// recorded as usual. The first stop is kept; an unknown id is `None`.
+/// recorded as usual, and is never claimed again (`Claim::Cancelled`). The
+/// first stop is kept; an unknown id is `None`.
 pub(crate) async fn a_stopped_campaigns_unissued_targets_are_cancelled_for_every_claim(
     store: &dyn Store,
 ) {
@@ -156,19 +157,32 @@ pub(crate) async fn a_stopped_campaigns_unissued_targets_are_cancelled_for_every
             .unwrap(),
         Claim::Conflict { .. }
     ));
-    // The claim in flight finishes, recorded as usual (a dry run here, so
-    // that the journal counts no restart of it in later promises).
-    let finished = Outcome::DryRun {
-        action: "run [\"true\"]".into(),
+    // The claim in flight finishes, recorded as usual; it failed, but is
+    // not tried again: the next claim finds the stop's mark, claims
+    // nothing, and the caller records it cancelled.
+    let failed = Outcome::Retrying {
+        error: "exit 1".into(),
     };
     assert_eq!(
-        store.record_outcome(&running, 1, &finished).await.unwrap(),
+        store.record_outcome(&running, 1, &failed).await.unwrap(),
         Recorded::Recorded
     );
+    let Claim::Cancelled { reason } = store
+        .claim_restart(&running, TERMS, ClaimToken::new())
+        .await
+        .unwrap()
+    else {
+        panic!("a stopped campaign's target is not claimed again");
+    };
+    assert!(reason.contains("stopped by ana"), "{reason}");
+    let cancelled = Outcome::Cancelled { reason };
     assert_eq!(
-        store.lookup(running.message_id).await.unwrap(),
-        Some(Status::DryRun)
+        store.record_outcome(&running, 0, &cancelled).await.unwrap(),
+        Recorded::Recorded
     );
+    let story = store.story(running.message_id).await.unwrap().unwrap();
+    assert_eq!(story.entry.status, Status::Cancelled);
+    assert_eq!(story.attempts.len(), 1, "the one attempt in flight, kept");
     // Stopped again: the first stop is kept, nothing more to cancel.
     let (again, cancelled) = store
         .stop_campaign(campaign.id, "bob", "again")

@@ -94,6 +94,8 @@ struct Request {
     /// Its claimed attempts, in claim order. A claim given back is removed,
     /// as the SQL stores delete its row.
     journal: Vec<Attempt>,
+    /// A stop's words on a target in flight when its campaign stopped.
+    cancel_reason: Option<String>,
 }
 
 /// One claimed attempt: a row of the restart journal.
@@ -224,6 +226,7 @@ impl Request {
             updated_at: now,
             completed_at: None,
             journal: Vec::new(),
+            cancel_reason: None,
         }
     }
 
@@ -453,6 +456,7 @@ impl Store for MemoryStore {
             token: row.claim_token,
             unknown: row.unknown,
             identity: recorded,
+            cancelled: row.cancel_reason.clone(),
         };
         let (claim, write) = decide_claim(
             request,
@@ -590,23 +594,15 @@ impl Store for MemoryStore {
         let now = self.clock.now();
         let message_id = asked.message_id;
         let rejected = Request {
-            hostname: None,
             instance: asked.instance_name.clone(),
             requested_by: asked.requested_by.clone(),
             requester: asked.requester.clone(),
             reason: asked.reason.clone(),
             status: Status::Rejected,
             attempts: 1,
-            claim_until: None,
-            claim_token: None,
-            unknown: None,
             last_error: Some(reason.to_owned()),
-            output: None,
-            recovered_after: None,
-            received_at: now,
-            updated_at: now,
             completed_at: Some(now),
-            journal: Vec::new(),
+            ..Request::empty(now)
         };
         self.lock().rejected.push((message_id, rejected));
         Ok(())
@@ -996,8 +992,11 @@ impl Store for MemoryStore {
                     ..Request::empty(now)
                 }
             });
-            let held = row.claim_until.is_some_and(|until| until > now);
-            if row.status.is_final() || held {
+            if row.status.is_final() {
+                continue;
+            }
+            row.cancel_reason = Some(words.clone());
+            if row.claim_until.is_some_and(|until| until > now) {
                 continue;
             }
             row.status = Status::Cancelled;

@@ -353,7 +353,8 @@ async fn lock_rows(
 /// is judged on it). A join on `unnest`, not `= ANY($1)`: a prepared
 /// statement's generic plan for `= ANY` was seen scanning the whole table.
 pub(super) const LOCK_SQL: &str = "SELECT r.message_id, r.status, r.attempts, r.claim_until,
-        r.claim_token, r.claim_unknown, r.instance_name, r.requested_by, r.requester, r.reason
+        r.claim_token, r.claim_unknown, r.instance_name, r.requested_by, r.requester, r.reason,
+        r.cancel_reason
     FROM unnest($1::text[]) AS u(id) JOIN requests r ON r.message_id = u.id
     ORDER BY r.message_id FOR UPDATE OF r";
 
@@ -380,13 +381,26 @@ type StateRow = (
     Option<String>,
     Option<String>,
     Option<String>,
+    Option<String>,
 );
 
 fn states_from(found: Vec<StateRow>) -> Result<HashMap<String, ClaimState>, sqlx::Error> {
     found
         .into_iter()
         .map(
-            |(id, status, claimed, claim_until, token, unknown, instance, by, signer, why)| {
+            |(
+                id,
+                status,
+                claimed,
+                claim_until,
+                token,
+                unknown,
+                instance,
+                by,
+                signer,
+                why,
+                cancelled,
+            )| {
                 let status = status_from_name(&status)
                     .map_err(|error| sqlx::Error::Decode(Box::new(error)))?;
                 let state = ClaimState {
@@ -396,6 +410,7 @@ fn states_from(found: Vec<StateRow>) -> Result<HashMap<String, ClaimState>, sqlx
                     token: token.map(ClaimToken::from_stored),
                     unknown: unknown.and_then(|attempt| u32::try_from(attempt).ok()),
                     identity: Some(identity_from((instance, by, signer, why))),
+                    cancelled,
                 };
                 Ok((id, state))
             },

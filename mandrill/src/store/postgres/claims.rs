@@ -54,13 +54,14 @@ pub(super) fn lock_keys(limits: &Limits, subject: Subject<'_>) -> Vec<String> {
 
 /// A request's row as a claim reads it: status, attempts, `claim_until`,
 /// `claim_token`, `claim_unknown`; then who asked and for what (instance,
-/// requested by, requester, reason).
+/// requested by, requester, reason), and `cancel_reason`.
 type ClaimRow = (
     String,
     i32,
     Option<i64>,
     Option<i64>,
     Option<i32>,
+    Option<String>,
     Option<String>,
     Option<String>,
     Option<String>,
@@ -94,10 +95,10 @@ impl PostgresStore {
         // The row lock serialises claims of one request across instances.
         // Its identity in the same read: the claim judges it (a row this
         // insert created is the request's own, and judged alike).
-        let (status, claimed, claim_until, held_by, unknown, instance, by, signer, why): ClaimRow =
+        let (status, claimed, claim_until, held_by, unknown, instance, by, signer, why, cancelled): ClaimRow =
             sqlx::query_as(
                 "SELECT status, attempts, claim_until, claim_token, claim_unknown,
-                    instance_name, requested_by, requester, reason
+                    instance_name, requested_by, requester, reason, cancel_reason
              FROM requests WHERE message_id = $1 FOR UPDATE",
             )
             .bind(&id)
@@ -110,6 +111,7 @@ impl PostgresStore {
             token: held_by.map(ClaimToken::from_stored),
             unknown: unknown.and_then(|attempt| u32::try_from(attempt).ok()),
             identity: Some(identity_from((instance, by, signer, why))),
+            cancelled,
         };
         let (paused, by, why, since): SwitchRow = sqlx::query_as(&SWITCH_SHARED_SQL)
             .fetch_one(&mut *tx)
