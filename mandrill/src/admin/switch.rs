@@ -9,7 +9,10 @@
 //! redirect back to the dashboard; anything else gets JSON.
 //!
 //! Both always need a token (`admin.token`, else the generated one in
-//! `admin.token_file`), unlike the pages that only read.
+//! `admin.token_file`), unlike the pages that only read; [`accept`] is
+//! that check, which a campaign's stop takes too.
+//!
+//! Every request that acts, checked one way, so one file past 400 lines.
 //!
 //! The answer says which of three things happened: turned (200), not
 //! turned (503, `"outcome": "failed"`), or unknown (504, `"outcome":

@@ -1,6 +1,11 @@
 //! The guards that may defer a request, and the clock they read: what the
 //! worker asks after eligibility and before the reservation, and again
-//! right before the restart.
+//! right before the restart; and the one rule for when a deferred request
+//! expires (`safety.max_defer` of open calendar time) and how long a
+//! deferral is nacked for (`safety.recheck`).
+//!
+//! Deferral and expiry are one rule with its timelines tested beside it,
+//! so one file past 400 lines.
 
 use std::time::Duration;
 
