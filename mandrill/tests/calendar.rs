@@ -52,6 +52,7 @@ fn a_request_published_while_the_calendar_is_closed_waits_for_it_and_is_not_expi
     let (_guard, dir) = temp_dir();
     write_config(&dir, true);
     let service = Mandrill::run(&dir, &["--config", "mandrill.toml"]);
+    service.wait_for("mandrill started", 1);
     let (status, out, stderr) = mandrill(
         &dir,
         &["publish", "--config", "mandrill.toml", "cattle-ab12"],
