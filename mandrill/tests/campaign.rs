@@ -626,3 +626,47 @@ fn campaign_stop_cancels_the_targets_not_yet_issued_and_wait_and_status_report_i
     let (_, text, _) = run(&dir, &["campaign", "status", &id]);
     assert!(text.contains("stopped by ana at "), "{text}");
 }
+
+/// A real start warns, before it publishes, about a target that would
+/// wait past its horizon: here the calendar is frozen for two days, longer
+/// than a signed request's 24 hours, so it would be denied at the opening.
+#[test]
+fn a_real_start_warns_when_a_target_would_wait_past_its_token() {
+    let (_guard, dir) = temp_dir();
+    setup(&dir, 1);
+    let now = jiff::Timestamp::now().as_second();
+    let at = |second: i64| jiff::Timestamp::from_second(second).unwrap().to_string();
+    let path = dir.join("mandrill.toml");
+    let mut config = fs::read_to_string(&path).unwrap();
+    config.push_str(&format!(
+        "[[safety.calendar.freezes]]\nfrom = {:?}\nto = {:?}\nname = \"release\"\n",
+        at(now - 3600),
+        at(now + 2 * 86_400)
+    ));
+    fs::write(&path, config).unwrap();
+    let (status, out, stderr) = run(
+        &dir,
+        &[
+            "campaign",
+            "start",
+            "--group",
+            "cattle",
+            "--count",
+            "1",
+            "--as",
+            "chaos",
+            "--key-file",
+            "chaos.key",
+        ],
+    );
+    assert!(status.success(), "{out}{stderr}");
+    assert!(
+        out.contains("deferred by calendar: frozen (release)"),
+        "{out}"
+    );
+    assert!(
+        stderr.contains("would wait past its horizon: its signed token ends at")
+            && stderr.contains("it would be denied then"),
+        "{stderr}"
+    );
+}
