@@ -28,11 +28,9 @@ use clap::{Args, Parser, Subcommand};
 use tracing::{error, info, warn};
 
 use crate::broker::{
-    BrokerError, BrokerUrl, Close as _, DeadLetterAdmin, DeadLetterEntry, DeadLetterRecord,
-    Publisher,
+    BrokerError, BrokerUrl, Close as _, DeadLetterAdmin, DeadLetterEntry, Publisher,
 };
 use crate::config::{self, Config, ConfigError, LogFormat, Sources, redact_url};
-use crate::domain::Timestamp;
 use crate::domain::{Hostname, InstanceName, RestartRequest, random_instance_name};
 use crate::service::{self, Controls, Service};
 use crate::sqlite::SqliteBroker;

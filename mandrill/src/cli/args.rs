@@ -112,7 +112,7 @@ pub(crate) struct PublishArgs {
 pub(crate) struct DeadLettersArgs {
     #[command(flatten)]
     pub(super) config: ConfigArgs,
-    /// The queue: `sqlite:PATH` or `pubsub://PROJECT/SUBSCRIPTION` (its dead letters are on `broker.pubsub.dead_letter_subscription`; a NATS queue keeps them on its `{stream}_DEAD` stream) [setting: broker.url].
+    /// The queue: `sqlite:PATH`, `nats://HOST:PORT` (its dead letters are on the `{stream}_DEAD` stream) or `pubsub://PROJECT/SUBSCRIPTION` (on `broker.pubsub.dead_letter_subscription`) [setting: broker.url].
     #[arg(long, value_name = "URL")]
     pub(super) broker: Option<String>,
     /// One JSON object per line instead of a table.
@@ -125,15 +125,15 @@ pub(crate) struct DeadLettersArgs {
 pub(crate) struct RequeueArgs {
     #[command(flatten)]
     pub(super) config: ConfigArgs,
-    /// The queue: `sqlite:PATH` or `pubsub://PROJECT/SUBSCRIPTION` (its dead letters are on `broker.pubsub.dead_letter_subscription`; a NATS queue keeps them on its `{stream}_DEAD` stream) [setting: broker.url].
+    /// The queue: `sqlite:PATH`, `nats://HOST:PORT` (its dead letters are on the `{stream}_DEAD` stream) or `pubsub://PROJECT/SUBSCRIPTION` (on `broker.pubsub.dead_letter_subscription`) [setting: broker.url].
     #[arg(long, value_name = "URL")]
     pub(super) broker: Option<String>,
     /// Every dead letter.
     #[arg(long, conflicts_with = "ids")]
     pub(super) all: bool,
-    /// Dead-letter ids, as `mandrill dead-letters` lists them (on Pub/Sub, the copy's message id).
+    /// Dead-letter ids, as `mandrill dead-letters` lists them (SQLite: the row; NATS: the sequence in `{stream}_DEAD`; Pub/Sub: the copy's message id); one unknown id and nothing is requeued.
     #[arg(value_name = "ID", required_unless_present = "all")]
-    pub(super) ids: Vec<i64>,
+    pub(super) ids: Vec<String>,
 }
 
 impl ConfigArgs {

@@ -157,16 +157,30 @@ pub(crate) async fn open_pubsub_publisher(config: &Config) -> anyhow::Result<Pub
         .with_context(|| format!("cannot open broker.url {:?}", config.broker.url))
 }
 
-/// The dead-letter administration of the queue `broker.url` names, if its
-/// broker keeps dead letters where they can be read back (`None` for NATS,
-/// whose dead letters are on the `{stream}_DEAD` stream, and memory).
+/// The dead-letter administration of the queue `broker.url` names: the
+/// SQLite queue's table, the NATS `{stream}_DEAD` stream (through a
+/// publisher: it never shapes the consumer), the Pub/Sub dead-letter
+/// subscription. An in-memory queue keeps none outside its process.
 pub(crate) async fn open_dead_letter_admin(
     config: &Config,
-) -> anyhow::Result<Option<Arc<dyn DeadLetterAdmin>>> {
+) -> anyhow::Result<Arc<dyn DeadLetterAdmin>> {
+    let cannot_open = || {
+        format!(
+            "cannot open broker.url {:?}",
+            redact_url(&config.broker.url)
+        )
+    };
     match broker_url(config)? {
-        BrokerUrl::Sqlite { .. } => Ok(Some(Arc::new(open_sqlite_broker(&config.broker).await?))),
-        BrokerUrl::PubSub { .. } => Ok(Some(Arc::new(open_pubsub_publisher(config).await?))),
-        BrokerUrl::Nats { .. } | BrokerUrl::Memory => Ok(None),
+        BrokerUrl::Sqlite { .. } => Ok(Arc::new(open_sqlite_broker(&config.broker).await?)),
+        BrokerUrl::Nats { url, tls } => Ok(Arc::new(
+            NatsPublisher::connect(nats_options(config, url, tls))
+                .await
+                .with_context(cannot_open)?,
+        )),
+        BrokerUrl::PubSub { .. } => Ok(Arc::new(open_pubsub_publisher(config).await?)),
+        BrokerUrl::Memory => {
+            bail!("an in-memory queue keeps its dead letters inside `mandrill run`")
+        }
     }
 }
 
