@@ -64,6 +64,28 @@ pub(crate) async fn read_groups(
     }
 }
 
+/// Each group's use of its limits now (restarts in the rate window, hosts
+/// disrupted), as the store has it, or why not.
+pub(crate) async fn read_usage(
+    state: &State,
+) -> Result<std::collections::BTreeMap<String, crate::store::GroupUsage>, &'static str> {
+    let policy = state.policy.current();
+    let counting = &policy.guards.counting;
+    let now = crate::domain::Timestamp::now().as_millis();
+    let back = |d: std::time::Duration| {
+        crate::domain::Timestamp::from_millis(
+            now.saturating_sub(i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
+        )
+    };
+    let read = state
+        .store
+        .group_usage(back(counting.window()), back(counting.forget_after()));
+    match tokio::time::timeout(super::STORE_TIMEOUT, read).await {
+        Ok(Ok(usage)) => Ok(usage),
+        Ok(Err(_)) | Err(_) => Err("the store did not answer"),
+    }
+}
+
 pub(crate) async fn pause(
     Shared(state): Shared<Arc<State>>,
     headers: HeaderMap,
