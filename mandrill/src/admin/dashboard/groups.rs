@@ -96,7 +96,7 @@ pub(super) fn render(
     };
     let _ = write!(
         html,
-        "<table id=\"groups\"><tr><th>group</th><th>hosts</th><th>restarts</th>\
+        "<table id=\"groups\"><tr><th>group</th><th>hosts</th><th>state</th>\
          <th>restarts in the last {}</th><th>disrupted</th><th>recovery</th>\
          <th>objective</th><th></th></tr>",
         humantime::format_duration(window)
@@ -151,14 +151,19 @@ fn recovery(judged: &Judged) -> (String, String) {
         Some(false) => "BREACHED",
         None => "no verified restart yet",
     };
-    (
+    let recovery = if judged.samples == 0 {
+        "-".to_owned()
+    } else {
         format!(
             "p50 {}, p{} {} over {} restarts",
             show(judged.p50),
             judged.percentile,
             show(judged.at_percentile),
             judged.samples
-        ),
+        )
+    };
+    (
+        recovery,
         format!(
             "p{} ≤ {:.1}s: {verdict}",
             judged.percentile,

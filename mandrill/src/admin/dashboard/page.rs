@@ -96,7 +96,7 @@ pub(super) fn content_security_policy() -> String {
     static POLICY: LazyLock<String> = LazyLock::new(|| {
         format!(
             "default-src 'none'; script-src {}; style-src {}; connect-src 'self'; \
-             img-src 'self'; form-action 'none'; base-uri 'none'; frame-ancestors 'none'",
+             form-action 'none'; base-uri 'none'; frame-ancestors 'none'",
             source_hash(SCRIPT),
             source_hash(STYLE)
         )
