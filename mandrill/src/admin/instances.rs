@@ -11,6 +11,9 @@
 //! so readers check that something answers there
 //! ([`running`]). The directory and the files are this user's alone
 //! (0700, 0600), like the token file beside them.
+//!
+//! Each running instance is asked for its mode on its `/api/status`
+//! ([`modes`]), for `mandrill status` and the dashboard alike.
 
 use std::net::SocketAddr;
 use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _, PermissionsExt as _};

@@ -220,17 +220,11 @@ pub(super) fn status(args: &StatusArgs) -> ExitCode {
         let objectives = service::objectives::judge_all(&*store, &config.recovery_objective)
             .await
             .context("cannot read the recovery times");
-        let now = crate::domain::Timestamp::now().as_millis();
-        let back = |d: std::time::Duration| {
-            crate::domain::Timestamp::from_millis(
-                now.saturating_sub(i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
-            )
-        };
+        let mut policy = (*config.worker_config().policy.current()).clone();
+        let (window_start, memory_start) =
+            (policy.guards.counting).usage_starts(crate::domain::Timestamp::now());
         let usage = store
-            .group_usage(
-                back(config.safety.rate.window),
-                back(config.safety.budget.forget_after),
-            )
+            .group_usage(window_start, memory_start)
             .await
             .context("cannot read the restart journal");
         store.close().await;
@@ -249,7 +243,6 @@ pub(super) fn status(args: &StatusArgs) -> ExitCode {
         // process cannot see a running service's copy (its
         // mandrill_inventory_* metrics do), but it can say whether the
         // source answers now and what it lists.
-        let mut policy = (*config.worker_config().policy.current()).clone();
         let inventory = match super::inventory::load(&config).await {
             Ok(Some((source, handle))) => {
                 let hosts = handle.current().map_or(0, |s| s.inventory.len());

@@ -1,3 +1,6 @@
+//! The page from made-up facts, section by section: one page's tests, so
+//! one file a little past 400 lines.
+
 use std::collections::BTreeMap;
 use std::time::Duration;
 
