@@ -1,9 +1,10 @@
 //! Campaigns over a group (`mandrill campaign start`), pure: how many
 //! targets, which (at random among the eligible), when each is due, each
 //! request's id; and what a target's record says about where it stands
-//! (`campaign status`, `wait`). The CLI (`cli/campaign.rs`, `cli/wait.rs`)
-//! does the I/O. A campaign publishes ordinary signed requests: the worker
-//! and every guard decide them; nothing here restarts anything.
+//! (`campaign status`, `wait`), read from the store by `standings.rs`.
+//! The CLI (`cli/campaign.rs`, `cli/wait.rs`) does the rest of the I/O. A
+//! campaign publishes ordinary signed requests: the worker and every guard
+//! decide them; nothing here restarts anything.
 
 use std::time::Duration;
 
@@ -14,6 +15,10 @@ use uuid::Uuid;
 
 use crate::domain::Status;
 use crate::store::{DecisionRecord, Story};
+
+mod standings;
+
+pub(crate) use standings::{Judged, judge, recent, standings};
 
 /// How many of the group a campaign targets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

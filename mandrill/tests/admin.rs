@@ -1,6 +1,8 @@
 //! The admin server on the real binary: metrics a real Prometheus scrapes,
 //! readiness that turns on SIGTERM before the drain, the token.
 
+#[path = "admin/console.rs"]
+mod console;
 mod support;
 #[path = "admin/tools.rs"]
 mod tools;
@@ -230,9 +232,12 @@ fn pause_and_resume_need_the_token_and_turn_the_switch_the_worker_obeys() {
         page.contains("PAUSED: paused by ana (incident 7)"),
         "{page}"
     );
-    assert!(page.contains("action=\"/api/resume\""), "{page}");
+    assert!(
+        page.contains("data-post=\"/api/resume\">Resume all restarts"),
+        "{page}"
+    );
 
-    // Resumed from the dashboard's form, token as a field: back to the page.
+    // Resumed by a form, token as a field: back to the page.
     let form = [("Content-Type", "application/x-www-form-urlencoded")];
     let (status, _) = post(
         &addr,

@@ -243,8 +243,7 @@ fn two_processes_on_one_sqlite_file_restart_each_scheduled_slot_exactly_once() {
     }
     let page = http_get(&admin, "/");
     assert!(
-        page.contains("<h2>Next planned restarts</h2>")
-            && page.contains("<td>drip</td><td>cattle</td>"),
+        page.contains("<table id=\"planned\">") && page.contains("<td>drip</td><td>cattle</td>"),
         "{page}"
     );
     stop(a);

@@ -39,7 +39,7 @@ use crate::stats::Stats;
 use crate::store::Store;
 use crate::worker::Shutdown;
 
-pub(crate) use instances::{RunningMode, running as running_instances, running_mode};
+pub(crate) use instances::{RunningModes, leashed_name, modes as instance_modes};
 
 /// How long a page the operator reads during an outage (`/metrics`, the
 /// dashboard, the switch) waits for the store: it renders without the
@@ -57,6 +57,8 @@ pub(crate) struct Admin {
     /// This instance's entry in `admin.instances_dir`, removed when the
     /// server stops; `None` if it could not be written.
     registration: Option<instances::Registration>,
+    /// Where every instance's entry is, for the dashboard.
+    instances_dir: Option<std::path::PathBuf>,
 }
 
 /// What the routes read.
@@ -77,6 +79,8 @@ pub(crate) struct State {
     pub(crate) notifier: Option<Arc<Notifier>>,
     /// `[[schedule]]`: the next planned restarts are shown.
     pub(crate) schedules: crate::schedule::Outlook,
+    /// `admin.instances_dir`: the dashboard lists the instances there.
+    pub(crate) instances_dir: Option<std::path::PathBuf>,
 }
 
 impl State {
@@ -142,6 +146,7 @@ impl Admin {
             token: config.token.clone(),
             switch_token,
             registration,
+            instances_dir: instances_dir.map(std::path::Path::to_path_buf),
         }))
     }
 
@@ -170,6 +175,7 @@ impl Admin {
             metrics: metrics::Exposition::new(),
             notifier,
             schedules,
+            instances_dir: self.instances_dir,
         });
         let served = axum::serve(self.listener, routes::router(state))
             .with_graceful_shutdown(async move { stop.cancelled().await })

@@ -1,12 +1,15 @@
 //! `POST /api/pause` and `POST /api/resume`: the kill switch from the admin
 //! server, as `mandrill pause` and `mandrill resume` turn it, in the store
-//! every instance shares.
+//! every instance shares; and what the pages read of the store with it
+//! (the switch, the groups' pauses, objectives and use), each within
+//! `STORE_TIMEOUT`.
 //!
 //! The body is optional: JSON `{"reason": "…", "by": "…", "group": "…"}`
-//! (with `group`, only that group's restarts, as `--group`) or a form
-//! (`reason=…&by=…`, as the dashboard's buttons send, which may also carry
-//! the token as `token=…` since a page cannot set a header). A form gets a
-//! redirect back to the dashboard; anything else gets JSON.
+//! (with `group`, only that group's restarts, as `--group`; the dashboard's
+//! buttons send it with the token as a header) or a form (`reason=…&by=…`,
+//! which may also carry the token as `token=…` since a form cannot set a
+//! header). A form gets a redirect back to the dashboard; anything else
+//! gets JSON.
 //!
 //! Both always need a token (`admin.token`, else the generated one in
 //! `admin.token_file`), unlike the pages that only read.
@@ -60,6 +63,20 @@ pub(crate) async fn read_groups(
     };
     match tokio::time::timeout(super::STORE_TIMEOUT, read).await {
         Ok(Ok(groups)) => Ok(groups),
+        Ok(Err(_)) | Err(_) => Err("the store did not answer"),
+    }
+}
+
+/// Each group's use of its limits now (restarts in the rate window, hosts
+/// disrupted), as the store has it, or why not.
+pub(crate) async fn read_usage(
+    state: &State,
+) -> Result<std::collections::BTreeMap<String, crate::store::GroupUsage>, &'static str> {
+    let (window_start, memory_start) =
+        (state.policy.current().guards.counting).usage_starts(crate::domain::Timestamp::now());
+    let read = state.store.group_usage(window_start, memory_start);
+    match tokio::time::timeout(super::STORE_TIMEOUT, read).await {
+        Ok(Ok(usage)) => Ok(usage),
         Ok(Err(_)) | Err(_) => Err("the store did not answer"),
     }
 }

@@ -20,7 +20,7 @@ use uuid::Uuid;
 
 use super::{BadInput, ConfigArgs, command, string};
 use crate::broker::{BrokerUrl, Close as _};
-use crate::campaign::{self, Size, Verdict};
+use crate::campaign::{self, Size};
 use crate::config::Config;
 use crate::domain::Timestamp;
 use crate::domain::{Hostname, InstanceName, RestartRequest, SigningKey};
@@ -409,81 +409,13 @@ pub(super) fn parse_id(raw: &str) -> anyhow::Result<Uuid> {
         .map_err(|_| BadInput(format!("{raw:?} is not an id (a uuid)")).into())
 }
 
-/// Each target of `campaign` with where it stands, and the campaign's
-/// verdict, from the store.
-pub(super) async fn judge(
-    store: &dyn Store,
-    campaign: &Campaign,
-) -> anyhow::Result<(Vec<(CampaignTarget, campaign::Standing)>, Verdict)> {
-    let ids: Vec<Uuid> = campaign.targets.iter().map(|t| t.message_id).collect();
-    let standings = standings(store, &ids).await?;
-    let judged: Vec<_> = campaign.targets.iter().cloned().zip(standings).collect();
-    let verdict = Verdict::of_all(judged.iter().map(|(_, standing)| standing.verdict));
-    Ok((judged, verdict))
-}
-
-/// How many of the newest history entries are searched for a rejection of
-/// a request that has no record of its own.
-const REJECTIONS_SEARCHED: usize = 1000;
-
-/// Where each request stands. A request with no record and no decision
-/// may have been rejected (a bad or unknown signature): a rejection is
-/// recorded apart, under the id salvaged from the payload, so the newest
-/// history is searched for one; found, the request failed.
-pub(super) async fn standings(
-    store: &dyn Store,
-    ids: &[Uuid],
-) -> anyhow::Result<Vec<campaign::Standing>> {
-    let mut standings = Vec::with_capacity(ids.len());
-    for &id in ids {
-        let context = || format!("cannot read request {id} in the store");
-        let story = store.story(id).await.with_context(context)?;
-        let early = match &story {
-            Some(_) => Vec::new(),
-            None => store.decisions(id).await.with_context(context)?,
-        };
-        standings.push(campaign::standing(story.as_ref(), &early));
-    }
-    let unheard: HashSet<Uuid> = ids
-        .iter()
-        .zip(&standings)
-        .filter(|(_, standing)| standing.state == "published")
-        .map(|(id, _)| *id)
-        .collect();
-    if !unheard.is_empty() {
-        let recent = store
-            .history(REJECTIONS_SEARCHED)
-            .await
-            .context("cannot read the store's recent history")?;
-        for entry in recent {
-            let Some(id) = entry.message_id.filter(|id| unheard.contains(id)) else {
-                continue;
-            };
-            if entry.status != crate::domain::Status::Rejected {
-                continue;
-            }
-            let index = ids.iter().position(|i| *i == id).unwrap_or_default();
-            standings[index] = campaign::Standing {
-                state: "rejected".into(),
-                verdict: Verdict::Failed,
-                detail: format!(
-                    "a payload with this id was rejected: {}",
-                    entry.last_error.as_deref().unwrap_or("no reason recorded")
-                ),
-                recovered_after_seconds: None,
-            };
-        }
-    }
-    Ok(standings)
-}
-
 /// `campaign status`.
 async fn status(config: Config, args: &StatusArgs) -> anyhow::Result<()> {
     let id = parse_id(&args.id)?;
     let store = super::switch::open(&config).await?;
     let found = store.campaign(id).await.context("cannot read the store");
     let judged = match found {
-        Ok(Some(campaign)) => judge(&*store, &campaign)
+        Ok(Some(campaign)) => campaign::judge(&*store, &campaign)
             .await
             .map(|judged| Some((campaign, judged))),
         Ok(None) => Ok(None),

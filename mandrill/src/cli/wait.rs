@@ -109,14 +109,14 @@ async fn wait(store: &dyn Store, id: uuid::Uuid, timeout: Option<Duration>) -> a
 async fn decide(store: &dyn Store, id: uuid::Uuid) -> anyhow::Result<(Verdict, Vec<String>)> {
     let found = store.campaign(id).await.context("cannot read the store")?;
     let Some(campaign) = found else {
-        let standing = super::campaign::standings(store, &[id])
+        let standing = crate::campaign::standings(store, &[id])
             .await?
             .pop()
             .context("one standing per request")?;
         let line = format!("request {id}: {}: {}", standing.state, standing.detail);
         return Ok((standing.verdict, vec![line]));
     };
-    let (targets, verdict) = super::campaign::judge(store, &campaign).await?;
+    let (targets, verdict) = crate::campaign::judge(store, &campaign).await?;
     let lines = targets
         .iter()
         .filter(|(_, standing)| verdict != Verdict::Failed || standing.verdict == Verdict::Failed)

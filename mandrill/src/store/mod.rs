@@ -260,6 +260,13 @@ pub(crate) trait Store: Send + Sync + 'static {
         Err(StoreError::Unsupported("campaigns"))
     }
 
+    /// The campaigns started at or after `since`, oldest first: the
+    /// dashboard's campaigns in flight.
+    async fn campaigns_since(&self, since: Timestamp) -> Result<Vec<Campaign>, StoreError> {
+        let _ = since;
+        Err(StoreError::Unsupported("campaigns"))
+    }
+
     /// Closes connections; called once, after the last write.
     async fn close(&self) {}
 }

@@ -244,18 +244,25 @@ macro_rules! reads_for {
                     .bind(since.as_millis())
                     .fetch_all(pool)
                     .await?;
-                let campaigns: Vec<crate::store::campaigns::CampaignRow> =
+                Ok(ReportData {
+                    campaigns: campaigns_since(pool, since).await?,
+                    ..report_from(attempts, decisions)?
+                })
+            }
+
+            /// See [`crate::store::Store::campaigns_since`].
+            pub(crate) async fn campaigns_since(
+                pool: &Pool<$db>,
+                since: Timestamp,
+            ) -> Result<Vec<crate::store::Campaign>, StoreError> {
+                let rows: Vec<crate::store::campaigns::CampaignRow> =
                     sqlx::query_as(crate::store::campaigns::CAMPAIGNS_SINCE_SQL)
                         .bind(since.as_millis())
                         .fetch_all(pool)
                         .await?;
-                Ok(ReportData {
-                    campaigns: campaigns
-                        .into_iter()
-                        .map(crate::store::Campaign::from_row)
-                        .collect::<Result<_, _>>()?,
-                    ..report_from(attempts, decisions)?
-                })
+                rows.into_iter()
+                    .map(crate::store::Campaign::from_row)
+                    .collect()
             }
 
             /// A request's `received_at`, which must have a row.

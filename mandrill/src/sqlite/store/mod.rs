@@ -369,6 +369,14 @@ impl Store for SqliteStore {
         self.bounded(reads::campaign(&self.pool, id)).await
     }
 
+    async fn campaigns_since(
+        &self,
+        since: Timestamp,
+    ) -> Result<Vec<crate::store::Campaign>, StoreError> {
+        self.bounded(reads::campaigns_since(&self.pool, since))
+            .await
+    }
+
     async fn first_received(&self, request: &RestartRequest) -> Result<Timestamp, StoreError> {
         // Rare (deferrals of requests their publisher did not date): through
         // the pool, waiting its turn for the write lock, as `set_switch`.

@@ -758,14 +758,7 @@ impl Store for MemoryStore {
         // Recorded in order per request; across requests, by time (the
         // SQL stores' insertion order breaks ties there, the id here).
         decisions.sort_by_key(|d| (d.at, d.message_id));
-        let mut campaigns = state
-            .campaigns
-            .values()
-            .filter(|row| row.2 >= since)
-            .cloned()
-            .map(Campaign::from_row)
-            .collect::<Result<Vec<_>, _>>()?;
-        campaigns.sort_by_key(|c| (c.created_at, c.id));
+        let campaigns = campaigns_since(&state.campaigns, since)?;
         Ok(ReportData {
             attempts,
             decisions,
@@ -934,6 +927,26 @@ impl Store for MemoryStore {
         let row = self.lock().campaigns.get(&id).cloned();
         row.map(Campaign::from_row).transpose()
     }
+
+    async fn campaigns_since(&self, since: Timestamp) -> Result<Vec<Campaign>, StoreError> {
+        campaigns_since(&self.lock().campaigns, since.as_millis())
+    }
+}
+
+/// The campaigns started at or after `since` (milliseconds), oldest first,
+/// as [`super::campaigns::CAMPAIGNS_SINCE_SQL`] orders them.
+fn campaigns_since(
+    campaigns: &HashMap<Uuid, CampaignRow>,
+    since: i64,
+) -> Result<Vec<Campaign>, StoreError> {
+    let mut found = campaigns
+        .values()
+        .filter(|row| row.2 >= since)
+        .cloned()
+        .map(Campaign::from_row)
+        .collect::<Result<Vec<_>, _>>()?;
+    found.sort_by_key(|c| (c.created_at, c.id));
+    Ok(found)
 }
 
 /// The wall clock at creation, advanced by tokio's clock: the same as the

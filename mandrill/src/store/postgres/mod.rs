@@ -329,6 +329,14 @@ impl Store for PostgresStore {
         self.bounded(reads::campaign(&self.pool, id)).await
     }
 
+    async fn campaigns_since(
+        &self,
+        since: Timestamp,
+    ) -> Result<Vec<crate::store::Campaign>, StoreError> {
+        self.bounded(reads::campaigns_since(&self.pool, since))
+            .await
+    }
+
     async fn record_outcome(
         &self,
         request: &RestartRequest,
