@@ -254,6 +254,17 @@ pub(crate) trait Store: Send + Sync + 'static {
         Err(StoreError::Unsupported("decisions apart from a story"))
     }
 
+    /// The decisions about the entries [`Store::history`] returns for
+    /// `limit`, by request, each oldest first: one read for
+    /// `history --json`, not one per entry.
+    async fn history_decisions(
+        &self,
+        limit: usize,
+    ) -> Result<std::collections::HashMap<Uuid, Vec<DecisionRecord>>, StoreError> {
+        let _ = limit;
+        Err(StoreError::Unsupported("decisions apart from a story"))
+    }
+
     /// The campaign with this id, if one is recorded.
     async fn campaign(&self, id: Uuid) -> Result<Option<Campaign>, StoreError> {
         let _ = id;

@@ -144,6 +144,21 @@ macro_rules! reads_for {
                 rows.into_iter().map(entry_from).collect()
             }
 
+            /// See [`crate::store::Store::history_decisions`].
+            pub(crate) async fn history_decisions(
+                pool: &Pool<$db>,
+                limit: usize,
+            ) -> Result<
+                std::collections::HashMap<Uuid, Vec<crate::store::DecisionRecord>>,
+                StoreError,
+            > {
+                let rows = sqlx::query_as(crate::store::sql::HISTORY_DECISIONS_SQL)
+                    .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+                    .fetch_all(pool)
+                    .await?;
+                crate::store::history::history_decisions_from(rows)
+            }
+
             /// See [`crate::store::Store::story`].
             pub(crate) async fn story(
                 pool: &Pool<$db>,

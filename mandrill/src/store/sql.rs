@@ -172,6 +172,17 @@ pub(crate) const STORY_DECISIONS_SQL: &str = "SELECT at, CAST(attempt AS BIGINT)
         reason
     FROM decisions WHERE message_id = $1 ORDER BY id";
 
+/// The decisions about [`HISTORY_SQL`]'s entries, in one read for
+/// `history --json`: `$1` how many entries. By request, then as recorded.
+pub(crate) const HISTORY_DECISIONS_SQL: &str = "SELECT message_id, at, CAST(attempt AS BIGINT),
+        verdict, guard, reason
+    FROM decisions WHERE message_id IN (SELECT COALESCE(message_id, rejected_id)
+        FROM requests ORDER BY updated_at DESC, id DESC LIMIT $1)
+    ORDER BY message_id, id";
+
+/// A row of [`HISTORY_DECISIONS_SQL`]: message id, then a [`DecisionRow`].
+pub(crate) type HistoryDecisionRow = (String, i64, i64, String, String, String);
+
 /// A row of [`STORY_ATTEMPTS_SQL`].
 pub(crate) type AttemptRow = (
     i64,

@@ -365,6 +365,15 @@ impl Store for SqliteStore {
         self.bounded(reads::decisions(&self.pool, message_id)).await
     }
 
+    async fn history_decisions(
+        &self,
+        limit: usize,
+    ) -> Result<std::collections::HashMap<Uuid, Vec<crate::store::DecisionRecord>>, StoreError>
+    {
+        self.bounded(reads::history_decisions(&self.pool, limit))
+            .await
+    }
+
     async fn campaign(&self, id: Uuid) -> Result<Option<crate::store::Campaign>, StoreError> {
         self.bounded(reads::campaign(&self.pool, id)).await
     }
