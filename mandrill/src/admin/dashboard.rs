@@ -354,6 +354,7 @@ mod tests {
             by: Some("ana".into()),
             reason: Some("<b>incident</b>".into()),
             since: None,
+            leash: None,
         };
         let page = Page {
             leashed: true,

@@ -62,21 +62,23 @@ pub(crate) struct StatusArgs {
 pub(super) fn switch(args: &SwitchArgs, paused: bool) -> ExitCode {
     let sources = args.config.sources(vec![("store.url", string(&args.db))]);
     command(sources, |config| async move {
-        let by = args
-            .by
-            .clone()
-            .or_else(|| std::env::var("USER").ok())
-            .unwrap_or_else(|| "an operator".into());
-        let reason = args
-            .reason
-            .clone()
-            .unwrap_or_else(|| "no reason given".into());
-        if by.chars().chain(reason.chars()).any(char::is_control) || reason.chars().count() > 1024 {
-            bail!("--by and --reason must be one line, the reason at most 1024 characters");
-        }
+        let (by, reason) = who_and_why(&args.by, &args.reason)?;
         let store = open(&config).await?;
         if let Some(group) = &args.group {
             return pause_group(&config, &*store, group, paused, &by, &reason).await;
+        }
+        if !paused {
+            // Nothing to resume is said as such, and nothing is written (a
+            // turn recorded would tell `resumed` to every notifier). A
+            // pause made after this read is someone else's: left on.
+            let switch = store.switch().await.context("cannot read the kill switch");
+            if matches!(switch, Ok(ref switch) if !switch.paused) {
+                store.close().await;
+                println!(
+                    "nothing was paused: restarts were not paused, and no resume was recorded"
+                );
+                return Ok(());
+            }
         }
         let result = store.set_switch(paused, &by, &reason).await;
         store.close().await;
@@ -104,6 +106,23 @@ pub(super) fn switch(args: &SwitchArgs, paused: bool) -> ExitCode {
         }
         Ok(())
     })
+}
+
+/// Who and why, from `--by` (else `$USER`) and `--reason`: each one line,
+/// the reason at most 1024 characters.
+pub(super) fn who_and_why(
+    by: &Option<String>,
+    reason: &Option<String>,
+) -> anyhow::Result<(String, String)> {
+    let by = by
+        .clone()
+        .or_else(|| std::env::var("USER").ok())
+        .unwrap_or_else(|| "an operator".into());
+    let reason = reason.clone().unwrap_or_else(|| "no reason given".into());
+    if by.chars().chain(reason.chars()).any(char::is_control) || reason.chars().count() > 1024 {
+        bail!("--by and --reason must be one line, the reason at most 1024 characters");
+    }
+    Ok((by, reason))
 }
 
 /// Pauses (`paused`) or resumes one group's restarts, or every group
