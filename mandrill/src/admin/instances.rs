@@ -153,8 +153,15 @@ pub(crate) struct RunningMode {
     pub(crate) leashed: bool,
     /// Since when (RFC 3339); `None` from a version that does not say.
     pub(crate) since: Option<String>,
-    /// What made it so (a start-up layer or a reload); `None` likewise.
+    /// What made it so (an operator's leash in the store, a start-up
+    /// layer or a reload); `None` likewise.
     pub(crate) by: Option<String>,
+    /// Why, as the operator said when turning the leash in the store.
+    #[serde(default)]
+    pub(crate) reason: Option<String>,
+    /// `store` (the leash recorded there) or `instance` (its own).
+    #[serde(default)]
+    pub(crate) from: Option<String>,
 }
 
 /// Longest `/api/status` answer read back.
@@ -179,6 +186,8 @@ pub(crate) async fn running_mode(
         leashed: status.mode != "unleashed",
         since: None,
         by: None,
+        reason: None,
+        from: None,
     }))
 }
 

@@ -143,6 +143,15 @@ pub(super) async fn serve(
     }
 }
 
+/// `safety.dry_run` as a file says it, for the log.
+fn said(dry_run: Option<bool>) -> &'static str {
+    match dry_run {
+        None => "unset",
+        Some(true) => "true",
+        Some(false) => "false",
+    }
+}
+
 /// The configuration in force, and what its file said of the leash.
 pub(super) struct Running {
     config: Config,
@@ -239,8 +248,8 @@ pub(super) fn reload(
     if file_turned {
         warn!(
             key = "safety.dry_run",
-            from = ?running.file_dry_run,
-            to = ?file_dry_run,
+            from = said(running.file_dry_run),
+            to = said(file_dry_run),
             leashed = leash.leashed,
             "the configuration file's own safety.dry_run changed: this instance's own leash \
              follows it (over a start-up flag)"

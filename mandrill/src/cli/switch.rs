@@ -314,10 +314,14 @@ pub(super) fn status(args: &StatusArgs) -> ExitCode {
             (calendar.describe(), verdict)
         });
         let budget = |group: &str| policy.limits(group).ok().and_then(|limits| limits.budget);
-        let configured = if config.dry_run() {
-            "leashed (dry run)"
-        } else {
-            "unleashed"
+        // What every instance should run: the leash an operator turned in
+        // the store, else each one's own (the configuration read here).
+        let (configured, said_by) = match &switch.leash {
+            Some(record) => (
+                leashed_name(record.leashed),
+                "the leash recorded in the store",
+            ),
+            None => (leashed_name(config.dry_run()), "the configuration"),
         };
         let what_runs = RunningModes::of(&modes);
         // Who may ask: each requester with its reach and quota.
@@ -348,7 +352,8 @@ pub(super) fn status(args: &StatusArgs) -> ExitCode {
                 "schedules": schedules,
                 "mode": what_runs.mode(),
                 "configured_mode": configured,
-                "disagreement": what_runs.disagreement(configured),
+                "disagreement": what_runs.disagreement(configured, said_by),
+                "leash": switch.leash,
                 "restarter": config.restarter.kind,
                 "paused": switch.paused,
                 "switch": switch,
@@ -395,18 +400,39 @@ pub(super) fn status(args: &StatusArgs) -> ExitCode {
         match what_runs.mode() {
             Some(mode) => writeln!(
                 out,
-                "mode:      {mode}, as the running instances say ({:?} backend; the \
-                 configuration says {configured})",
+                "mode:      {mode}, as the running instances say ({:?} backend; {said_by} \
+                 says {configured})",
                 config.restarter.kind
             )?,
             None => writeln!(
                 out,
-                "mode:      unknown: no running instance answered ({:?} backend; the \
-                 configuration says {configured})",
+                "mode:      unknown: no running instance answered ({:?} backend; {said_by} \
+                 says {configured})",
                 config.restarter.kind
             )?,
         }
-        if let Some(disagreement) = what_runs.disagreement(configured) {
+        match &switch.leash {
+            Some(record) => writeln!(
+                out,
+                "leash:     {} by {} ({}) since {}, recorded in the store: every instance \
+                 using it obeys",
+                if record.leashed {
+                    "LEASHED"
+                } else {
+                    "UNLEASHED"
+                },
+                record.by,
+                record.reason,
+                record.since
+            )?,
+            None => writeln!(
+                out,
+                "leash:     none recorded in the store: each instance follows its own \
+                 safety.dry_run (`mandrill leash`, `mandrill unleash --reason …` turn it for \
+                 every instance)"
+            )?,
+        }
+        if let Some(disagreement) = what_runs.disagreement(configured, said_by) {
             writeln!(out, "WARNING:   {disagreement}")?;
         }
         if switch.paused {
@@ -540,6 +566,12 @@ fn describe(mode: &crate::admin::RunningMode) -> String {
     if let Some(by) = &mode.by {
         text.push_str(&format!(" by {by}"));
     }
+    if let Some(reason) = &mode.reason {
+        text.push_str(&format!(" ({reason})"));
+    }
+    if mode.from.as_deref() == Some("store") {
+        text.push_str(", the leash recorded in the store");
+    }
     text
 }
 
@@ -574,13 +606,15 @@ impl RunningModes {
         }
     }
 
-    /// Says when what runs is not what the configuration says.
-    fn disagreement(&self, configured: &str) -> Option<String> {
+    /// Says when what runs is not what `said_by` (the store's leash, or
+    /// the configuration) says.
+    fn disagreement(&self, configured: &str, said_by: &str) -> Option<String> {
         let running = self.mode()?;
         (running != configured).then(|| {
             format!(
-                "the running service is {running}, but the configuration says {configured}: \
-                 it was started or reloaded otherwise (see each instance's mode below)"
+                "the running service is {running}, but {said_by} says {configured}: it was \
+                 started or reloaded otherwise, or has not read the store's leash yet (see \
+                 each instance's mode below)"
             )
         })
     }
