@@ -106,7 +106,7 @@ pub(crate) async fn unleash(
 async fn turn_leash(state: &State, headers: &HeaderMap, body: &[u8], leashed: bool) -> Response {
     let turn = match authorized_turn(state, headers, body) {
         Ok(turn) => turn,
-        Err(refused) => return refused,
+        Err(refused) => return *refused,
     };
     if turn.group.is_some() {
         return bad_request(
@@ -246,29 +246,31 @@ fn cross_site(headers: &HeaderMap) -> bool {
 
 /// A turn's body read and its token checked, with who and why (the
 /// defaults filled in); or the answer refusing it.
-fn authorized_turn(state: &State, headers: &HeaderMap, body: &[u8]) -> Result<Turn, Response> {
+fn authorized_turn(state: &State, headers: &HeaderMap, body: &[u8]) -> Result<Turn, Box<Response>> {
     // Always a token, loopback or not: any local process can reach a
     // loopback port, and resuming undoes a pause someone needed.
     let token = Some(&state.switch_token);
     let mut turn = match parse(headers, body) {
         Ok(turn) => turn,
         // Checked before the body is trusted for anything, the token first.
-        Err(_) if !authorized(token, headers) => return Err(unauthorized()),
-        Err(why) => return Err(bad_request(why)),
+        Err(_) if !authorized(token, headers) => return Err(Box::new(unauthorized())),
+        Err(why) => return Err(Box::new(bad_request(why))),
     };
     let by_form = turn.token.as_ref().is_some_and(|presented| {
         bool::from(presented.as_bytes().ct_eq(state.switch_token.0.as_bytes()))
     });
     if !(by_form || authorized(token, headers)) {
-        return Err(unauthorized());
+        return Err(Box::new(unauthorized()));
     }
     if cross_site(headers) {
-        return Err((StatusCode::FORBIDDEN, "cross-site request refused\n").into_response());
+        return Err(Box::new(
+            (StatusCode::FORBIDDEN, "cross-site request refused\n").into_response(),
+        ));
     }
     let by = turn.by.get_or_insert_with(|| DEFAULT_BY.to_owned());
-    one_line("by", by, MAX_BY_CHARS).map_err(bad_request)?;
+    one_line("by", by, MAX_BY_CHARS).map_err(|why| Box::new(bad_request(why)))?;
     if let Some(reason) = &turn.reason {
-        one_line("reason", reason, MAX_REASON_CHARS).map_err(bad_request)?;
+        one_line("reason", reason, MAX_REASON_CHARS).map_err(|why| Box::new(bad_request(why)))?;
     }
     Ok(turn)
 }
@@ -276,7 +278,7 @@ fn authorized_turn(state: &State, headers: &HeaderMap, body: &[u8]) -> Result<Tu
 async fn turn(state: &State, headers: &HeaderMap, body: &[u8], paused: bool) -> Response {
     let turn = match authorized_turn(state, headers, body) {
         Ok(turn) => turn,
-        Err(refused) => return refused,
+        Err(refused) => return *refused,
     };
     let by = turn.by.clone().unwrap_or_default();
     let reason = turn.reason.clone().unwrap_or_else(|| NO_REASON.to_owned());
