@@ -3,6 +3,7 @@
 //! instance sharing the store from its next claim, with who, why and when
 //! in `mandrill status`; `mandrill unleash --reason` lets them act.
 
+mod services;
 mod support;
 
 use std::fs;
@@ -11,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use mandrill::Status;
 use serde_json::Value;
+use services::{Database, NatsNames, nats_server};
 use support::{DEADLINE, Mandrill, history, mandrill, sqlite_url, temp_dir};
 
 /// The production pattern's `[safety]` (the README's, before issue 37:
@@ -19,11 +21,17 @@ use support::{DEADLINE, Mandrill, history, mandrill, sqlite_url, temp_dir};
 /// calendar open at all times (these tests must not depend on the day).
 fn write_config(dir: &Path, group_max: u32) {
     let db = sqlite_url(dir);
+    let urls = format!("[broker]\nurl = {db:?}\n\n[store]\nurl = {db:?}\n\n");
+    write_config_with(dir, &urls, group_max);
+}
+
+/// As [`write_config`], the broker and the store given by `urls` (or by
+/// flags, with `urls` empty).
+fn write_config_with(dir: &Path, urls: &str, group_max: u32) {
     fs::write(
         dir.join("mandrill.toml"),
         format!(
-            "[broker]\nurl = {db:?}\n\n[store]\nurl = {db:?}\n\n\
-             [restarter]\nkind = \"command\"\n\n[restarter.command]\nargv = [\"true\"]\n\n\
+            "{urls}[restarter]\nkind = \"command\"\n\n[restarter.command]\nargv = [\"true\"]\n\n\
              [safety]\ndry_run = true\nallow = [\"cattle-*\"]\nrequire_signed = false\n\n\
              [safety.rate]\ngroup_max = {group_max}\n\n\
              [safety.budget]\nmax_disrupted = 10\n\n\
@@ -43,11 +51,17 @@ fn publish(dir: &Path, names: &[&str]) {
     assert!(status.success(), "publish failed: {stderr}");
 }
 
-/// Waits until every one of `names` has a final status; returns them.
+/// Waits until every one of `names` has a final status in the SQLite
+/// store in `dir`; returns them.
 fn finished(dir: &Path, names: &[&str]) -> Vec<Status> {
+    finished_in(&sqlite_url(dir), names)
+}
+
+/// As [`finished`], in the store at `url`.
+fn finished_in(url: &str, names: &[&str]) -> Vec<Status> {
     let deadline = Instant::now() + DEADLINE;
     loop {
-        let entries = history(&sqlite_url(dir));
+        let entries = history(url);
         let statuses: Vec<Option<Status>> = names
             .iter()
             .map(|name| {
@@ -218,6 +232,80 @@ fn an_operators_leash_holds_every_instance_on_one_sqlite_store_until_unleashed()
     );
     publish(&dir, &["cattle-0007"]);
     assert_eq!(finished(&dir, &["cattle-0007"]), [Status::Restarted]);
+    for instance in instances {
+        instance.signal("TERM");
+        assert!(instance.wait_exit().0.success());
+    }
+}
+
+/// The same on the production stack: three instances on one NATS stream
+/// and one PostgreSQL database, each started with `--unleash`. Requests
+/// published right after `mandrill leash` returned are dry runs on every
+/// instance (PostgreSQL: the claim reads the leash under the share lock
+/// that `set_leash`'s update waits for); after `mandrill unleash` they act.
+#[test]
+fn an_operators_leash_holds_three_instances_on_nats_and_postgres() {
+    let (_guard, dir) = temp_dir();
+    let db = Database::create();
+    let names = NatsNames::new(&nats_server());
+    write_config_with(&dir, "", 50);
+    let mut args = vec![
+        "--config".to_owned(),
+        "mandrill.toml".into(),
+        "--broker".into(),
+        names.url.clone(),
+        "--db".into(),
+        db.url.clone(),
+        "--unleash".into(),
+    ];
+    args.extend(names.flags());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let instances: Vec<Mandrill> = (0..3).map(|_| Mandrill::run(&dir, &args)).collect();
+    for instance in &instances {
+        instance.wait_for("UNLEASHED: restarts of real hosts will be issued", 1);
+    }
+    let publish = |hosts: &[&str]| {
+        let mut publish = vec!["publish".to_owned(), "--broker".into(), names.url.clone()];
+        publish.extend(names.flags());
+        publish.extend(hosts.iter().map(|host| (*host).to_owned()));
+        let publish: Vec<&str> = publish.iter().map(String::as_str).collect();
+        let (status, _, stderr) = mandrill(&dir, &publish, &[]);
+        assert!(status.success(), "publish failed: {stderr}");
+    };
+
+    let (status, _, stderr) = mandrill(
+        &dir,
+        &["leash", "--db", &db.url, "--by", "ana", "--reason", "done"],
+        &[],
+    );
+    assert!(status.success(), "leash failed: {stderr}");
+    let leashed: Vec<String> = (1..=12).map(|n| format!("cattle-{n:04}")).collect();
+    let leashed: Vec<&str> = leashed.iter().map(String::as_str).collect();
+    publish(&leashed);
+    let statuses = finished_in(&db.url, &leashed);
+    assert!(
+        statuses.iter().all(|status| *status == Status::DryRun),
+        "{statuses:?}: {:?}",
+        history(&db.url)
+    );
+    for instance in &instances {
+        instance.wait_for(
+            "LEASHED (dry run) by the leash recorded in the store: every instance sharing it \
+             records restarts as dry runs, none is issued",
+            1,
+        );
+    }
+
+    let (status, _, stderr) = mandrill(
+        &dir,
+        &[
+            "unleash", "--db", &db.url, "--by", "bob", "--reason", "again",
+        ],
+        &[],
+    );
+    assert!(status.success(), "unleash failed: {stderr}");
+    publish(&["cattle-0100"]);
+    assert_eq!(finished_in(&db.url, &["cattle-0100"]), [Status::Restarted]);
     for instance in instances {
         instance.signal("TERM");
         assert!(instance.wait_exit().0.success());

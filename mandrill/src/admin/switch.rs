@@ -18,6 +18,9 @@
 //! switch may have turned all the same. An operator who paused during an
 //! incident must not be told "failed" and walk away from a switch that is
 //! on, nor "paused" when it is not.
+//!
+//! The switch's and the leash's turns share one reading of a turn (the
+//! body, the token, who and why), so one file past 400 lines.
 
 use std::sync::Arc;
 

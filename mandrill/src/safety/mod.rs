@@ -2,9 +2,10 @@
 //! when (the calendar: a defer until it opens), and how many (the counting
 //! guards in `limits`: rate limits, host cooldown, disruption budget,
 //! decided in the store's claim transaction, with the kill switch). Stop
-//! conditions run after the claim, right before the restart. The leash (dry
-//! run) and everything a reload may change is one [`Policy`], read by the
-//! worker through a [`PolicyHandle`]. Nothing here reads or writes the
+//! conditions run after the claim, right before the restart. Everything a
+//! reload may change, the instance's own leash (dry run) included, is one
+//! [`Policy`], read by the worker through a [`PolicyHandle`]; `leash` says
+//! how the leash an operator records in the store decides over it. Nothing here reads or writes the
 //! store: the stores apply `limits` inside their claims.
 
 pub(crate) mod calendar;

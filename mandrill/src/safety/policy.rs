@@ -1,6 +1,9 @@
 //! The safety policy a running service may change without a restart
 //! (SIGHUP reloads `[safety]`), and the shared handle the worker reads it
 //! through.
+//!
+//! Past 400 lines only with its tests, which read the policy and its
+//! handle together.
 
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
