@@ -6,8 +6,8 @@
 //! requested during start-up); 1 when the service or command failed (could
 //! not start, stopped by itself, database error); 2 for bad usage,
 //! configuration or input (nothing was published); 3 when the outcome is
-//! unknown (`pause` or `resume` sent, but the store did not answer within
-//! `store.timeout`: the switch may or may not have turned); 130 when a
+//! unknown (`pause`, `resume`, `leash` or `unleash` sent, but the store did
+//! not answer within `store.timeout`: it may or may not have turned); 130 when a
 //! third signal cut the shutdown short.
 //!
 //! Signals: the first SIGTERM, SIGINT or SIGQUIT starts a graceful shutdown
@@ -44,6 +44,7 @@ mod explain;
 mod history;
 mod inventory;
 mod keygen;
+mod leash;
 mod policy;
 mod publish;
 mod replay;
@@ -86,7 +87,11 @@ pub(crate) enum Command {
     Pause(SwitchArgs),
     /// Let restarts be issued again.
     Resume(SwitchArgs),
-    /// Show the mode, the kill switch and the eligibility rules.
+    /// Record restarts as dry runs on every instance that uses this store, until `mandrill unleash` (the leash, kept beside the kill switch).
+    Leash(leash::LeashArgs),
+    /// Let every instance that uses this store issue real restarts, whatever its safety.dry_run or --unleash: needs --reason.
+    Unleash(leash::UnleashArgs),
+    /// Show the mode, the leash, the kill switch and the eligibility rules.
     Status(StatusArgs),
     /// Ask the safety policy without acting: `mandrill policy check NAME…`.
     Policy(policy::PolicyArgs),
@@ -133,6 +138,8 @@ pub fn main() -> ExitCode {
         }
         Command::Pause(args) => switch::switch(&args, true),
         Command::Resume(args) => switch::switch(&args, false),
+        Command::Leash(args) => leash::leash(&args),
+        Command::Unleash(args) => leash::unleash(&args),
         Command::Status(args) => switch::status(&args),
         Command::Explain(args) => explain::main(&args),
         Command::Inventory(args) => inventory::main(&args),

@@ -61,6 +61,7 @@ pub(crate) fn sqlite_store() -> &'static Migrator {
             "0009_campaigns.sql",
             "0010_group_pauses.sql",
             "0011_request_identity.sql",
+            "0012_leash.sql",
         ))
     });
     &MIGRATOR
@@ -79,6 +80,7 @@ pub(crate) fn postgres() -> &'static Migrator {
             "0008_campaigns.sql",
             "0009_group_pauses.sql",
             "0010_request_identity.sql",
+            "0011_leash.sql",
         ))
     });
     &MIGRATOR

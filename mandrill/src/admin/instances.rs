@@ -156,17 +156,32 @@ pub(crate) struct RunningMode {
     pub(crate) leashed: bool,
     /// Since when (RFC 3339); `None` from a version that does not say.
     pub(crate) since: Option<String>,
-    /// What made it so (a start-up layer or a reload); `None` likewise.
+    /// What made it so (an operator's leash in the store, a start-up
+    /// layer or a reload); `None` likewise.
     pub(crate) by: Option<String>,
+    /// Why, as the operator said when turning the leash in the store.
+    #[serde(default)]
+    pub(crate) reason: Option<String>,
+    /// `store` (the leash recorded there) or `instance` (its own).
+    #[serde(default)]
+    pub(crate) from: Option<String>,
 }
 
 /// This instance's own mode, as its `/api/status` serves it.
-impl From<crate::safety::policy::Leash> for RunningMode {
-    fn from(leash: crate::safety::policy::Leash) -> Self {
+impl From<crate::safety::Leash> for RunningMode {
+    fn from(leash: crate::safety::Leash) -> Self {
         Self {
             leashed: leash.leashed,
             since: Some(leash.since.to_string()),
             by: Some(leash.by),
+            reason: leash.reason,
+            from: Some(
+                match leash.from {
+                    crate::safety::leash::LeashFrom::Store => "store",
+                    crate::safety::leash::LeashFrom::Instance => "instance",
+                }
+                .to_owned(),
+            ),
         }
     }
 }
@@ -181,6 +196,12 @@ impl RunningMode {
         }
         if let Some(by) = &self.by {
             text.push_str(&format!(" by {by}"));
+        }
+        if let Some(reason) = &self.reason {
+            text.push_str(&format!(" ({reason})"));
+        }
+        if self.from.as_deref() == Some("store") {
+            text.push_str(", the leash recorded in the store");
         }
         text
     }
@@ -226,13 +247,15 @@ impl RunningModes {
         }
     }
 
-    /// Says when what runs is not what the configuration says.
-    pub(crate) fn disagreement(&self, configured: &str) -> Option<String> {
+    /// Says when what runs is not what `said_by` (the store's leash, or
+    /// the configuration) says.
+    pub(crate) fn disagreement(&self, configured: &str, said_by: &str) -> Option<String> {
         let running = self.mode()?;
         (running != configured).then(|| {
             format!(
-                "the running service is {running}, but the configuration says {configured}: \
-                 it was started or reloaded otherwise (see each instance's mode below)"
+                "the running service is {running}, but {said_by} says {configured}: it was \
+                 started or reloaded otherwise, or has not read the store's leash yet (see \
+                 each instance's mode below)"
             )
         })
     }
@@ -282,6 +305,8 @@ pub(crate) async fn running_mode(
         leashed: status.mode != "unleashed",
         since: None,
         by: None,
+        reason: None,
+        from: None,
     }))
 }
 

@@ -84,9 +84,11 @@ pub(crate) struct State {
 }
 
 impl State {
-    /// Restarts are recorded as dry runs, not issued: as of now.
+    /// Restarts are recorded as dry runs, not issued: the store's leash
+    /// as the worker last read it (every `safety.poll_interval`), else the
+    /// instance's own.
     pub(crate) fn leashed(&self) -> bool {
-        self.policy.current().dry_run
+        self.policy.leash().leashed
     }
 }
 

@@ -35,6 +35,8 @@ pub(crate) fn router(state: Arc<State>) -> Router {
         .route("/api/status", get(status))
         .route("/api/pause", post(super::switch::pause))
         .route("/api/resume", post(super::switch::resume))
+        .route("/api/leash", post(super::switch::leash))
+        .route("/api/unleash", post(super::switch::unleash))
         .merge(protected)
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
@@ -141,8 +143,6 @@ pub(super) fn planned(
 
 async fn status(Shared(state): Shared<Arc<State>>, headers: HeaderMap) -> Response {
     let stats = state.stats.snapshot();
-    // The mode and its origin read together, so they never disagree.
-    let leash = state.policy.leash();
     let schedules = planned(&state, authorized(state.token.as_ref(), &headers));
     // `null` when the store did not answer: the switch is unknown, not off.
     let (switch, groups) = tokio::join!(
@@ -150,6 +150,12 @@ async fn status(Shared(state): Shared<Arc<State>>, headers: HeaderMap) -> Respon
         super::switch::read_groups(&state)
     );
     let switch = switch.ok();
+    // The mode and its origin read together, so they never disagree: the
+    // leash the store records now, else (the store silent) as last read.
+    let leash = match &switch {
+        Some(switch) => state.policy.leash_with(switch.leash.as_ref()),
+        None => state.policy.leash(),
+    };
     let (group_pauses, recovery) = match groups {
         Ok((pauses, judged)) => (Some(pauses), Some(judged)),
         Err(_) => (None, None),

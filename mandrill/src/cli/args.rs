@@ -40,8 +40,11 @@ pub(crate) struct RunArgs {
     /// Log filter, e.g. `debug` or `mandrill=debug` [setting: log.level].
     #[arg(long, value_name = "FILTER")]
     pub(super) log_level: Option<String>,
-    /// Act: issue real restarts. Without it a real backend only records what
-    /// it would do, as `dry-run` [setting: safety.dry_run = false].
+    /// Act: this instance issues real restarts while no operator has turned
+    /// the leash in the store (`mandrill leash`, `mandrill unleash`); a
+    /// reload keeps it unless the file's own safety.dry_run changed.
+    /// Without it a real backend only records what it would do, as
+    /// `dry-run` [setting: safety.dry_run = false].
     #[arg(long)]
     pub(super) unleash: bool,
     /// Debug mode, like asyncio's: stalls over 10ms reported, a status line

@@ -55,21 +55,23 @@ pub(crate) struct StatusArgs {
 pub(super) fn switch(args: &SwitchArgs, paused: bool) -> ExitCode {
     let sources = args.config.sources(vec![("store.url", string(&args.db))]);
     command(sources, |config| async move {
-        let by = args
-            .by
-            .clone()
-            .or_else(|| std::env::var("USER").ok())
-            .unwrap_or_else(|| "an operator".into());
-        let reason = args
-            .reason
-            .clone()
-            .unwrap_or_else(|| "no reason given".into());
-        if by.chars().chain(reason.chars()).any(char::is_control) || reason.chars().count() > 1024 {
-            bail!("--by and --reason must be one line, the reason at most 1024 characters");
-        }
+        let (by, reason) = who_and_why(&args.by, &args.reason)?;
         let store = open(&config).await?;
         if let Some(group) = &args.group {
             return pause_group(&config, &*store, group, paused, &by, &reason).await;
+        }
+        if !paused {
+            // Nothing to resume is said as such, and nothing is written (a
+            // turn recorded would tell `resumed` to every notifier). A
+            // pause made after this read is someone else's: left on.
+            let switch = store.switch().await.context("cannot read the kill switch");
+            if matches!(switch, Ok(ref switch) if !switch.paused) {
+                store.close().await;
+                println!(
+                    "nothing was paused: restarts were not paused, and no resume was recorded"
+                );
+                return Ok(());
+            }
         }
         let result = store.set_switch(paused, &by, &reason).await;
         store.close().await;
@@ -97,6 +99,23 @@ pub(super) fn switch(args: &SwitchArgs, paused: bool) -> ExitCode {
         }
         Ok(())
     })
+}
+
+/// Who and why, from `--by` (else `$USER`) and `--reason`: each one line,
+/// the reason at most 1024 characters.
+pub(super) fn who_and_why(
+    by: &Option<String>,
+    reason: &Option<String>,
+) -> anyhow::Result<(String, String)> {
+    let by = by
+        .clone()
+        .or_else(|| std::env::var("USER").ok())
+        .unwrap_or_else(|| "an operator".into());
+    let reason = reason.clone().unwrap_or_else(|| "no reason given".into());
+    if by.chars().chain(reason.chars()).any(char::is_control) || reason.chars().count() > 1024 {
+        bail!("--by and --reason must be one line, the reason at most 1024 characters");
+    }
+    Ok((by, reason))
 }
 
 /// Pauses (`paused`) or resumes one group's restarts, or every group
@@ -270,10 +289,14 @@ pub(super) fn status(args: &StatusArgs) -> ExitCode {
             )
         });
         let budget = |group: &str| policy.limits(group).ok().and_then(|limits| limits.budget);
-        let configured = if config.dry_run() {
-            "leashed (dry run)"
-        } else {
-            "unleashed"
+        // What every instance should run: the leash an operator turned in
+        // the store, else each one's own (the configuration read here).
+        let (configured, said_by) = match &switch.leash {
+            Some(record) => (
+                leashed_name(record.leashed),
+                "the leash recorded in the store",
+            ),
+            None => (leashed_name(config.dry_run()), "the configuration"),
         };
         let what_runs = RunningModes::of(instances.iter().map(|(_, mode)| mode));
         // Who may ask: each requester with its reach and quota.
@@ -304,7 +327,8 @@ pub(super) fn status(args: &StatusArgs) -> ExitCode {
                 "schedules": schedules,
                 "mode": what_runs.mode(),
                 "configured_mode": configured,
-                "disagreement": what_runs.disagreement(configured),
+                "disagreement": what_runs.disagreement(configured, said_by),
+                "leash": switch.leash,
                 "restarter": config.restarter.kind,
                 "paused": switch.paused,
                 "switch": switch,
@@ -350,18 +374,39 @@ pub(super) fn status(args: &StatusArgs) -> ExitCode {
         match what_runs.mode() {
             Some(mode) => writeln!(
                 out,
-                "mode:      {mode}, as the running instances say ({:?} backend; the \
-                 configuration says {configured})",
+                "mode:      {mode}, as the running instances say ({:?} backend; {said_by} \
+                 says {configured})",
                 config.restarter.kind
             )?,
             None => writeln!(
                 out,
-                "mode:      unknown: no running instance answered ({:?} backend; the \
-                 configuration says {configured})",
+                "mode:      unknown: no running instance answered ({:?} backend; {said_by} \
+                 says {configured})",
                 config.restarter.kind
             )?,
         }
-        if let Some(disagreement) = what_runs.disagreement(configured) {
+        match &switch.leash {
+            Some(record) => writeln!(
+                out,
+                "leash:     {} by {} ({}) since {}, recorded in the store: every instance \
+                 using it obeys",
+                if record.leashed {
+                    "LEASHED"
+                } else {
+                    "UNLEASHED"
+                },
+                record.by,
+                record.reason,
+                record.since
+            )?,
+            None => writeln!(
+                out,
+                "leash:     none recorded in the store: each instance follows its own \
+                 safety.dry_run (`mandrill leash`, `mandrill unleash --reason …` turn it for \
+                 every instance)"
+            )?,
+        }
+        if let Some(disagreement) = what_runs.disagreement(configured, said_by) {
             writeln!(out, "WARNING:   {disagreement}")?;
         }
         if switch.paused {

@@ -49,6 +49,10 @@ use companions::{prune_history, request_shutdown_when_idle};
 /// shutdown before it is given up on.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long start-up waits for the store's leash before saying the
+/// instance's own mode (the worker reads it again before its first pull).
+const LEASH_READ_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// What a configuration reload can change in a running service.
 #[derive(Clone)]
 pub(crate) struct Controls {
@@ -113,18 +117,37 @@ impl Controls {
         };
         let leashed = policy.dry_run;
         let old = self.policy.replace(policy);
-        if old.dry_run != leashed {
-            if leashed {
-                warn!(
-                    "LEASHED (dry run) by reload: restarts are decided and recorded, none is issued"
-                );
-            } else {
-                warn!("UNLEASHED by reload: restarts of real hosts will be issued");
-            }
+        // Only a change of the file's own `safety.dry_run` turns it (the
+        // caller keeps the running value otherwise).
+        let why = "the configuration file's own safety.dry_run changed";
+        let in_force = self.policy.leash();
+        match (old.dry_run != leashed, in_force.from, leashed) {
+            (false, ..) => {}
+            (true, crate::safety::leash::LeashFrom::Store, _) => warn!(
+                why,
+                own = if leashed { "leashed" } else { "unleashed" },
+                in_force = %in_force.describe(),
+                "this instance's own leash turned by reload, but the leash recorded in the store \
+                 decides: `mandrill leash` and `mandrill unleash --reason …` turn it"
+            ),
+            (true, _, true) => warn!(
+                why,
+                "LEASHED (dry run) by reload: restarts are decided and recorded, none is issued"
+            ),
+            (true, _, false) => warn!(
+                why,
+                "UNLEASHED by reload: restarts of real hosts will be issued"
+            ),
         }
         self.requesters_distrusted.store(false, Ordering::Relaxed);
         info!("safety policy reloaded");
         true
+    }
+
+    /// The mode in force, since when, by whom or what (see
+    /// [`PolicyHandle::leash`]).
+    pub(crate) fn leash(&self) -> crate::safety::Leash {
+        self.policy.leash()
     }
 
     /// Records what leashed (or unleashed) the service at start-up, for
@@ -457,11 +480,31 @@ impl Service {
             restarter = ?self.config.restarter.kind,
             "mandrill started"
         );
-        // Said loudly, whichever it is: an operator must never wonder.
-        if self.config.dry_run() {
+        // Said loudly, whichever it is: an operator must never wonder. The
+        // leash an operator turned in the store decides over this
+        // instance's own, so it is read first (bounded: a store that does
+        // not answer now leaves the instance's own to be said, and the
+        // worker's first read of the switch tells the record).
+        let policy = self.worker.policy();
+        if let Ok(Ok(switch)) = tokio::time::timeout(LEASH_READ_TIMEOUT, self.store.switch()).await
+        {
+            policy.observe(switch.leash.as_ref());
+        }
+        let leash = policy.leash();
+        if leash.from == crate::safety::leash::LeashFrom::Store {
+            warn!(
+                by = %leash.by,
+                reason = leash.reason.as_deref().unwrap_or_default(),
+                since = %leash.since,
+                own = if self.config.dry_run() { "leashed" } else { "unleashed" },
+                "{}: the leash recorded in the store decides for every instance sharing it; \
+                 `mandrill leash` and `mandrill unleash --reason …` turn it",
+                if leash.leashed { "LEASHED (dry run)" } else { "UNLEASHED" }
+            );
+        } else if leash.leashed {
             warn!(
                 "LEASHED (dry run): restarts are decided and recorded as dry-run, none is issued; \
-                 `mandrill run --unleash` (or safety.dry_run = false) acts"
+                 `mandrill unleash --reason …` acts for every instance sharing the store"
             );
         } else if self.config.restarter.kind.is_real() {
             warn!(

@@ -306,9 +306,8 @@ macro_rules! reads_for {
 
             /// See [`crate::store::Store::switch`].
             pub(crate) async fn switch(pool: &Pool<$db>) -> Result<Switch, StoreError> {
-                let (paused, by, reason, since): SwitchRow =
-                    sqlx::query_as(SWITCH_SQL).fetch_one(pool).await?;
-                Ok(switch_from(paused, by, reason, since))
+                let row: SwitchRow = sqlx::query_as(SWITCH_SQL).fetch_one(pool).await?;
+                Ok(switch_from(row))
             }
 
             /// See [`crate::store::Store::group_pauses`].

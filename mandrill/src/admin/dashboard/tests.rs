@@ -37,6 +37,8 @@ fn leashed() -> RunningMode {
         leashed: true,
         since: Some("2026-11-28T09:00:00.000Z".into()),
         by: Some("start-up".into()),
+        reason: None,
+        from: Some("instance".into()),
     }
 }
 
@@ -72,6 +74,7 @@ fn page_escapes_names_links_stories_and_says_why_history_is_hidden() {
         by: Some("ana".into()),
         reason: Some("<b>incident</b>".into()),
         since: None,
+        leash: None,
     };
     let now = Timestamp::from_millis(10 * 3_600_000);
     let just_now = Some(Timestamp::from_millis(now.as_millis() - 1_000));
@@ -162,6 +165,8 @@ fn each_instance_is_listed_with_its_own_mode_and_the_mode_says_when_they_differ(
         leashed: false,
         since: Some("2026-11-28T10:00:00.000Z".into()),
         by: Some("a reload (SIGHUP)".into()),
+        reason: None,
+        from: Some("instance".into()),
     };
     let instances = [
         (instance(9730), Ok(leashed())),

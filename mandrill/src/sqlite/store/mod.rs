@@ -36,7 +36,9 @@ use crate::domain::{Asked, JointAck, Outcome, RestartRequest, Status, Timestamp}
 use crate::store::DEFAULT_TIMEOUT;
 use crate::store::lookup::{Lookup, lookup_loop};
 use crate::store::reads::sqlite as reads;
-use crate::store::sql::{PAUSE_GROUP_SQL, RESUME_GROUP_SQL, SET_SWITCH_IF_SQL, SET_SWITCH_SQL};
+use crate::store::sql::{
+    PAUSE_GROUP_SQL, RESUME_GROUP_SQL, SET_LEASH_SQL, SET_SWITCH_IF_SQL, SET_SWITCH_SQL,
+};
 use crate::store::{
     Claim, ClaimTerms, ClaimToken, Decision, GroupUsage, HistoryEntry, Recorded, ReportData, Store,
     StoreError, Story, Switch, SwitchExpected, ask, payload_excerpt, within,
@@ -416,6 +418,22 @@ impl Store for SqliteStore {
         self.bounded(async {
             sqlx::query(SET_SWITCH_SQL)
                 .bind(paused)
+                .bind(by)
+                .bind(reason)
+                .bind(Timestamp::now().as_millis())
+                .execute(&self.pool)
+                .await?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn set_leash(&self, leashed: bool, by: &str, reason: &str) -> Result<(), StoreError> {
+        // As `set_switch`: committed, and so read by every claim after it,
+        // when this returns.
+        self.bounded(async {
+            sqlx::query(SET_LEASH_SQL)
+                .bind(leashed)
                 .bind(by)
                 .bind(reason)
                 .bind(Timestamp::now().as_millis())

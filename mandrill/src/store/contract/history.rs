@@ -172,7 +172,8 @@ pub(crate) async fn rejections_are_listed_but_never_count_as_the_request(store: 
             .unwrap(),
         Claim::Claimed {
             attempt: 1,
-            unknown: None
+            unknown: None,
+            leashed: None,
         }
     );
 }

@@ -375,6 +375,7 @@ impl State {
             by: Some(by.to_owned()),
             reason: Some(reason.to_owned()),
             since: Some(Timestamp::from_millis(now)),
+            leash: self.switch.leash.take(),
         };
     }
 }
@@ -787,6 +788,17 @@ impl Store for MemoryStore {
     async fn set_switch(&self, paused: bool, by: &str, reason: &str) -> Result<(), StoreError> {
         let now = self.clock.now();
         self.lock().set_switch(paused, by, reason, now);
+        Ok(())
+    }
+
+    async fn set_leash(&self, leashed: bool, by: &str, reason: &str) -> Result<(), StoreError> {
+        let since = Timestamp::from_millis(self.clock.now());
+        self.lock().switch.leash = Some(crate::safety::LeashRecord {
+            leashed,
+            by: by.to_owned(),
+            reason: reason.to_owned(),
+            since,
+        });
         Ok(())
     }
 
