@@ -240,6 +240,23 @@ where
     }
 }
 
+/// An id as the commands that read the store take it (`wait`,
+/// `explain`): a uuid, or a line `mandrill publish` printed, `<message id>
+/// <host>`, given as one argument or two; the id and the host, if given.
+pub(super) fn published_line(words: &[String]) -> Result<(uuid::Uuid, Option<String>), BadInput> {
+    let joined = words.join(" ");
+    let mut parts = joined.split_whitespace();
+    let (Some(id), host, None) = (parts.next(), parts.next(), parts.next()) else {
+        return Err(BadInput(format!(
+            "{joined:?} is not an id (a uuid), nor a line `mandrill publish` printed \
+             (ID HOST)"
+        )));
+    };
+    let id = uuid::Uuid::parse_str(id)
+        .map_err(|_| BadInput(format!("{id:?} is not an id (a uuid)")))?;
+    Ok((id, host.map(str::to_owned)))
+}
+
 /// `broker.url` for the queue commands, refusing `memory` (it lives only
 /// inside `mandrill run`).
 pub(super) fn queue_url(config: &Config) -> anyhow::Result<BrokerUrl> {

@@ -7,6 +7,18 @@ use super::{Story, Timestamp};
 use crate::domain::Status;
 
 impl Story {
+    /// When the request was first seen: its row's `received_at`, or the
+    /// first thing recorded about it if that is earlier (a row made after
+    /// its first verdicts, as stores before decisions made rows did).
+    pub(crate) fn first_seen(&self) -> Timestamp {
+        let decisions = self.decisions.iter().map(|decision| decision.at);
+        let claims = self.attempts.iter().map(|attempt| attempt.claimed_at);
+        decisions
+            .chain(claims)
+            .fold(self.entry.received_at, std::cmp::min)
+    }
+
+
     /// The story in words, one event a line, oldest first.
     pub fn explain(&self) -> String {
         let story = self;
@@ -53,9 +65,13 @@ impl Story {
                 entry.reason.as_deref().unwrap_or("-")
             );
         }
+        // Told in time order; at the same millisecond, in the order things
+        // happen: received, verdicts before a claim, the claim, verdicts
+        // after it (the stop conditions'), the end.
         let mut events: Vec<(Timestamp, u8, String)> = Vec::new();
-        events.push((entry.received_at, 0, "received".to_owned()));
+        events.push((story.first_seen(), 0, "received".to_owned()));
         for decision in &story.decisions {
+            let order = if decision.attempt == 0 { 1 } else { 3 };
             let line = if decision.reason.starts_with(&decision.verdict) {
                 decision.reason.clone()
             } else {
@@ -64,7 +80,7 @@ impl Story {
                     decision.verdict, decision.guard, decision.reason
                 )
             };
-            events.push((decision.at, 1, line));
+            events.push((decision.at, order, line));
         }
         for attempt in &story.attempts {
             let verdict = if attempt.verdict.is_empty() {
@@ -80,13 +96,13 @@ impl Story {
             if let (Some(outcome), Some(at)) = (attempt.outcome, attempt.settled_at) {
                 events.push((
                     at,
-                    3,
+                        4,
                     format!("attempt {} ended: {outcome}", attempt.attempt),
                 ));
             } else if !entry.status.is_final() {
                 events.push((
                     attempt.claimed_at,
-                    3,
+                    4,
                     format!(
                         "attempt {} has no recorded end (in flight, or its outcome was lost)",
                         attempt.attempt
