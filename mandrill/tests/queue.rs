@@ -126,10 +126,10 @@ fn publish_reads_standard_input_and_spreads_at_a_rate() {
         String::from_utf8_lossy(&output.stderr).contains("published 2 requests"),
         "{output:?}"
     );
-    let printed = printed(&String::from_utf8_lossy(&output.stdout));
-    assert_eq!(printed.len(), 2, "{output:?}");
-    assert_eq!(printed[0].1, "from-stdin.example.net");
-    assert_eq!(printed[1], (id, "from-json.example.net".to_owned()));
+    let lines = printed(&String::from_utf8_lossy(&output.stdout));
+    assert_eq!(lines.len(), 2, "{output:?}");
+    assert_eq!(lines[0].1, "from-stdin.example.net");
+    assert_eq!(lines[1], (id, "from-json.example.net".to_owned()));
     let rows = queue_rows(&db);
     // A JSON line is published as written, unknown fields included.
     assert_eq!(rows[1].payload, json.as_bytes());

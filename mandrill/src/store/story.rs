@@ -143,3 +143,78 @@ impl Story {
         text
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::{AttemptRecord, DecisionRecord, HistoryEntry, Story};
+    use crate::domain::{Status, Timestamp};
+
+    fn story(received_at: i64) -> Story {
+        let decision = |at: i64, attempt: u32, verdict: &str, reason: &str| DecisionRecord {
+            at: Timestamp::from_millis(at),
+            attempt,
+            verdict: verdict.into(),
+            guard: "calendar".into(),
+            reason: reason.into(),
+        };
+        Story {
+            entry: HistoryEntry {
+                message_id: Some(uuid::Uuid::nil()),
+                instance_name: Some("cattle-1".into()),
+                hostname: Some("cattle-1.example.net".into()),
+                status: Status::Restarted,
+                attempts: 1,
+                requested_by: None,
+                verified: false,
+                reason: None,
+                last_error: None,
+                output: None,
+                recovered_after: None,
+                received_at: Timestamp::from_millis(received_at),
+                updated_at: Timestamp::from_millis(4_000),
+                completed_at: Some(Timestamp::from_millis(4_000)),
+            },
+            attempts: vec![AttemptRecord {
+                attempt: 1,
+                group: "cattle".into(),
+                claimed_at: Timestamp::from_millis(3_000),
+                verdict: "allowed".into(),
+                outcome: Some(Status::Restarted),
+                settled_at: Some(Timestamp::from_millis(4_000)),
+                requester: None,
+            }],
+            decisions: vec![
+                decision(1_000, 0, "deferred", "deferred by calendar: closed"),
+                // Recorded at the claim's millisecond, after it.
+                decision(3_000, 1, "checked", "checked stop conditions: \"a\" healthy (ok)"),
+            ],
+        }
+    }
+
+    /// The events `explain` lists, without their times.
+    fn events(story: &Story) -> Vec<String> {
+        story
+            .explain()
+            .lines()
+            .filter_map(|line| line.strip_prefix("  1970-"))
+            .map(|line| line.split_once("  ").unwrap().1.to_owned())
+            .collect()
+    }
+
+    #[test]
+    fn the_story_is_told_in_time_order_received_first() {
+        let told = [
+            "received",
+            "deferred by calendar: closed",
+            "attempt 1 claimed and issued (allowed)",
+            "checked stop conditions: \"a\" healthy (ok)",
+            "attempt 1 ended: restarted",
+        ];
+        assert_eq!(events(&story(500)), told);
+        // A row whose received_at is later than its first verdict (made
+        // after it): received is still told first, at the first record.
+        let late_row = story(2_000);
+        assert_eq!(events(&late_row), told);
+        assert_eq!(late_row.first_seen(), Timestamp::from_millis(1_000));
+    }
+}
