@@ -252,8 +252,8 @@ pub(super) fn published_line(words: &[String]) -> Result<(uuid::Uuid, Option<Str
              (ID HOST)"
         )));
     };
-    let id = uuid::Uuid::parse_str(id)
-        .map_err(|_| BadInput(format!("{id:?} is not an id (a uuid)")))?;
+    let id =
+        uuid::Uuid::parse_str(id).map_err(|_| BadInput(format!("{id:?} is not an id (a uuid)")))?;
     Ok((id, host.map(str::to_owned)))
 }
 

@@ -38,9 +38,9 @@ fn broker(dir: &Path) -> String {
     format!("[broker]\nurl = {:?}\n", sqlite_url(dir))
 }
 
-const COMMAND: &str =
-    "[restarter]\nkind = \"command\"\n[restarter.command]\nargv = [\"true\", \"{instance_name}\"]\n";
-const SIMULATE: &str = "[restarter]\nkind = \"simulate\"\nfailure_rate = 0.0\nmax_latency = \"5ms\"\n";
+const COMMAND: &str = "[restarter]\nkind = \"command\"\n[restarter.command]\nargv = [\"true\", \"{instance_name}\"]\n";
+const SIMULATE: &str =
+    "[restarter]\nkind = \"simulate\"\nfailure_rate = 0.0\nmax_latency = \"5ms\"\n";
 
 fn keygen(dir: &Path, name: &str) {
     let (status, _, stderr) = mandrill(dir, &["keygen", name], &[]);
@@ -76,7 +76,15 @@ fn publish_refuses_what_the_service_would_reject_before_publishing_anything() {
             "unknown requester \"nobody\"",
         ),
         (
-            &["--as", "alice", "--key-file", "alice.key", "--reply-to", "a.b", "cattle-1"],
+            &[
+                "--as",
+                "alice",
+                "--key-file",
+                "alice.key",
+                "--reply-to",
+                "a.b",
+                "cattle-1",
+            ],
             "denied by reply_to: the request asks for its verdict on \"a.b\"",
         ),
     ];
@@ -93,7 +101,14 @@ fn publish_refuses_what_the_service_would_reject_before_publishing_anything() {
     // Refused first, whatever else is valid: one bad line keeps the rest.
     let (status, _, stderr) = publish(
         &dir,
-        &["--as", "alice", "--key-file", "alice.key", "cattle-1", "Cattle_2"],
+        &[
+            "--as",
+            "alice",
+            "--key-file",
+            "alice.key",
+            "cattle-1",
+            "Cattle_2",
+        ],
     );
     assert_eq!(status.code(), Some(2), "{stderr}");
     assert_eq!(queue_len(&sqlite_url(&dir)), 0);
@@ -101,7 +116,14 @@ fn publish_refuses_what_the_service_would_reject_before_publishing_anything() {
     // The requester's own key: published, each printed.
     let (status, stdout, stderr) = publish(
         &dir,
-        &["--as", "alice", "--key-file", "alice.key", "cattle-1", "cattle-2"],
+        &[
+            "--as",
+            "alice",
+            "--key-file",
+            "alice.key",
+            "cattle-1",
+            "cattle-2",
+        ],
     );
     assert!(status.success(), "{stderr}");
     assert_eq!(stdout.lines().count(), 2, "{stdout}");
@@ -136,7 +158,10 @@ fn the_ids_publish_prints_are_what_wait_and_explain_take() {
             wire["message_id"].as_str().unwrap().to_owned()
         })
         .collect();
-    let printed: Vec<&str> = lines.iter().map(|line| line.split(' ').next().unwrap()).collect();
+    let printed: Vec<&str> = lines
+        .iter()
+        .map(|line| line.split(' ').next().unwrap())
+        .collect();
     assert_eq!(printed, queued);
 
     let (status, lines_out) =
@@ -153,16 +178,28 @@ fn the_ids_publish_prints_are_what_wait_and_explain_take() {
         explain.extend(&args);
         let (status, out, err) = mandrill(&dir, &explain, &[]);
         assert!(status.success(), "explain {args:?}: {err}");
-        assert!(out.contains("instance cattle-1 (cattle-1.example.net)"), "{out}");
+        assert!(
+            out.contains("instance cattle-1 (cattle-1.example.net)"),
+            "{out}"
+        );
     }
     // A host that is not the request's is named, not ignored.
     let (status, _, err) = mandrill(
         &dir,
-        &["explain", "--config", "mandrill.toml", id, "cattle-2.example.net"],
+        &[
+            "explain",
+            "--config",
+            "mandrill.toml",
+            id,
+            "cattle-2.example.net",
+        ],
         &[],
     );
     assert_eq!(status.code(), Some(2), "{err}");
-    assert!(err.contains("recorded for host cattle-1.example.net, not cattle-2.example.net"), "{err}");
+    assert!(
+        err.contains("recorded for host cattle-1.example.net, not cattle-2.example.net"),
+        "{err}"
+    );
 }
 
 /// `--json`: one object per request; `--reply-to` inside the signed
@@ -249,5 +286,8 @@ fn json_output_and_reply_to_inside_the_signed_claims() {
     args.extend(flags.iter().map(String::as_str));
     let (status, _, stderr) = publish(&dir, &args);
     assert_eq!(status.code(), Some(2), "{stderr}");
-    assert!(stderr.contains("requests.jsonl:1: --reply-to applies"), "{stderr}");
+    assert!(
+        stderr.contains("requests.jsonl:1: --reply-to applies"),
+        "{stderr}"
+    );
 }

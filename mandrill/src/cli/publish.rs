@@ -279,7 +279,6 @@ impl Printer {
             out: BufWriter::new(std::io::stdout()),
         }
     }
-
 }
 
 impl Published<Sent> for Printer {
@@ -339,7 +338,13 @@ pub(super) async fn publish_each(
     payloads: impl Iterator<Item = Bytes>,
     rate: Option<f64>,
 ) -> Result<usize, BrokerError> {
-    publish_one_by_one(broker, payloads.map(|payload| (payload, ())), rate, &mut Untold).await
+    publish_one_by_one(
+        broker,
+        payloads.map(|payload| (payload, ())),
+        rate,
+        &mut Untold,
+    )
+    .await
 }
 
 /// What is told of each request once the broker confirmed it.
@@ -353,7 +358,6 @@ struct Untold;
 impl<T> Published<T> for Untold {
     fn published(&mut self, _: &[T]) {}
 }
-
 
 /// As [`publish_in_batches`], telling `told` of each batch once published.
 async fn publish_batches<T>(

@@ -467,7 +467,10 @@ pub(crate) fn describe(limits: &Limits) -> String {
         ));
     }
     if let Some(budget) = limits.budget {
-        parts.push(format!("at most {} disrupted at once", count(budget, "host")));
+        parts.push(format!(
+            "at most {} disrupted at once",
+            count(budget, "host")
+        ));
     }
     if let Some(budget) = limits.zone_budget {
         parts.push(format!(

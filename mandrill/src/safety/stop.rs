@@ -231,7 +231,8 @@ impl StopConditions {
             match self.run(check).await {
                 Ok(result) => healthy.push(format!("\"{}\" healthy ({result})", check.name)),
                 Err(why) => {
-                    let mut reason = format!("deferred by stop condition \"{}\": {why}", check.name);
+                    let mut reason =
+                        format!("deferred by stop condition \"{}\": {why}", check.name);
                     if !healthy.is_empty() {
                         reason.push_str(&format!("; checked before it: {}", healthy.join(", ")));
                     }

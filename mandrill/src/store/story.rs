@@ -18,7 +18,6 @@ impl Story {
             .fold(self.entry.received_at, std::cmp::min)
     }
 
-
     /// The story in words, one event a line, oldest first.
     pub fn explain(&self) -> String {
         let story = self;
@@ -96,7 +95,7 @@ impl Story {
             if let (Some(outcome), Some(at)) = (attempt.outcome, attempt.settled_at) {
                 events.push((
                     at,
-                        4,
+                    4,
                     format!("attempt {} ended: {outcome}", attempt.attempt),
                 ));
             } else if !entry.status.is_final() {
@@ -186,7 +185,12 @@ mod tests {
             decisions: vec![
                 decision(1_000, 0, "deferred", "deferred by calendar: closed"),
                 // Recorded at the claim's millisecond, after it.
-                decision(3_000, 1, "checked", "checked stop conditions: \"a\" healthy (ok)"),
+                decision(
+                    3_000,
+                    1,
+                    "checked",
+                    "checked stop conditions: \"a\" healthy (ok)",
+                ),
             ],
         }
     }

@@ -306,7 +306,9 @@ pub(super) fn recheck<'a>(
         };
         let results = match checked {
             Ok(results) => results,
-            Err(reason) => return Err(Halt::Hold(policy.defer(request, policy.stop_retry, reason))),
+            Err(reason) => {
+                return Err(Halt::Hold(policy.defer(request, policy.stop_retry, reason)));
+            }
         };
         let decision = Decision {
             verdict: "checked",

@@ -71,7 +71,11 @@ pub(super) struct Checks {
 impl Checks {
     /// The checks for `config`; `from_file`: whether a configuration file
     /// was given; `unchecked`: `--unchecked` (nothing about trust checked).
-    pub(super) fn new(config: &Config, from_file: bool, unchecked: bool) -> Result<Self, ConfigError> {
+    pub(super) fn new(
+        config: &Config,
+        from_file: bool,
+        unchecked: bool,
+    ) -> Result<Self, ConfigError> {
         if unchecked {
             return Ok(Self {
                 signatures: Signatures::none(),
