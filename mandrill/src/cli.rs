@@ -78,7 +78,7 @@ pub(crate) enum Command {
     Run(RunArgs),
     /// Print recorded requests and outcomes, newest first.
     History(HistoryArgs),
-    /// Publish restart requests into the queue, all in one transaction.
+    /// Publish restart requests into the queue, each checked first; prints each one's message id and host.
     Publish(PublishArgs),
     /// List the messages the queue gave up on, with the reasons.
     DeadLetters(DeadLettersArgs),

@@ -109,8 +109,8 @@ pub(crate) struct PublishArgs {
     #[arg(long, value_name = "SUBJECT")]
     pub(super) reply_to: Option<String>,
     /// One JSON object per request published (message_id, instance_name,
-    /// host, signed, requester when verified, reply_to) instead of
-    /// `<message id> <host>` lines.
+    /// host, signed, requester: the --as name, or a signed line's verified
+    /// iss; reply_to) instead of `<message id> <host>` lines.
     #[arg(long)]
     pub(super) json: bool,
     /// Publish even what the service would refuse (unsigned where a

@@ -24,8 +24,9 @@ pub(super) struct Sent {
     pub instance_name: String,
     /// The host the service restarts: the instance in `message.domain`.
     pub host: String,
-    /// The requester whose signature it carries, verified against the
-    /// configuration's key; `None` unsigned, or signed but not verified.
+    /// The requester it is signed as: `--as` (checked against the
+    /// configuration's key when one was given), or a signed line's `iss`
+    /// once verified; `None` unsigned, or a line not verified here.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub requester: Option<String>,
     /// Whether it is a signed token.
