@@ -62,7 +62,7 @@ pub(crate) fn per(window: Duration) -> String {
     let seconds = window.as_secs();
     if window.subsec_nanos() == 0 && seconds > 0 {
         for (size, unit) in UNITS {
-            if seconds % size == 0 {
+            if seconds.is_multiple_of(size) {
                 return match seconds / size {
                     1 => unit.to_owned(),
                     n => format!("{n} {unit}s"),
