@@ -733,7 +733,14 @@ fn a_sighup_revokes_a_removed_requester() {
     write_config(&dir, SIMULATE, "", "");
     service.signal("HUP");
     service.wait_for("safety policy reloaded", 1);
-    publish_file(&dir, &[signed("cattle-after")]);
+    // publish, reading the new configuration, knows alice no more; the
+    // service's own refusal is what is tested here.
+    let after = [signed("cattle-after")];
+    let (status, _, stderr) = publish_lines(&dir, &after, &[]);
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("unknown requester \"alice\""), "{stderr}");
+    let (status, _, stderr) = publish_lines(&dir, &after, &["--unchecked"]);
+    assert!(status.success(), "{stderr}");
     service.wait_for("dead-lettered", 1);
     stop(service);
     let entries = history(&sqlite_url(&dir));
