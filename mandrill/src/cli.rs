@@ -27,15 +27,11 @@ use bytes::Bytes;
 use clap::{Args, Parser, Subcommand};
 use tracing::{error, info, warn};
 
-use crate::broker::{
-    BrokerError, BrokerUrl, Close as _, DeadLetterAdmin, DeadLetterEntry, DeadLetterRecord,
-    Publisher,
-};
+use crate::broker::{BrokerUrl, Close as _, DeadLetterAdmin, DeadLetterEntry, DeadLetterRecord};
 use crate::config::{self, Config, ConfigError, LogFormat, Sources, redact_url};
 use crate::domain::Timestamp;
 use crate::domain::{Hostname, InstanceName, RestartRequest, random_instance_name};
 use crate::service::{self, Controls, Service};
-use crate::sqlite::SqliteBroker;
 use crate::telemetry::Telemetry;
 use crate::worker::Shutdown;
 

@@ -5,15 +5,16 @@
 //! (`<message id> <host>`, or a JSON object with `--json`), each printed
 //! once the broker confirmed it; the count goes to standard error.
 
-use std::io::BufWriter;
-
 use rand::rngs::ThreadRng;
 
 use super::*;
 
 mod check;
+mod send;
 
 use check::{Checks, Sent};
+use send::{Printer, publish_at_rate, publish_batches, publish_one_by_one};
+pub(super) use send::{publish_each, publish_in_batches, requests};
 
 /// At most this many invalid lines are listed; the rest are counted.
 pub(super) const MAX_LISTED_ERRORS: usize = 20;
@@ -30,18 +31,7 @@ type Outgoing = (Bytes, Sent);
 /// at a time), printing each once published.
 pub(super) async fn publish(config: Config, args: &PublishArgs) -> anyhow::Result<()> {
     let url = queue_url(&config)?;
-    if let Some(rate) = args.rate
-        && !(rate.is_finite() && (0.001..=config::limits::MAX_SIMULATE_RATE).contains(&rate))
-    {
-        return Err(BadInput(format!("--rate {rate} must be between 0.001 and 1000000")).into());
-    }
-    if args.ttl.is_zero() || args.ttl > crate::domain::signed::MAX_LIFETIME {
-        return Err(BadInput(format!(
-            "--ttl {} must be more than 0s and at most 24h",
-            humantime::format_duration(args.ttl)
-        ))
-        .into());
-    }
+    check_flags(args)?;
     let checks = Checks::new(&config, args.config.config.is_some(), args.unchecked)?;
     let maker = Maker {
         signing: signing_key(&config, &args.as_requester, &args.key_file)?,
@@ -50,106 +40,33 @@ pub(super) async fn publish(config: Config, args: &PublishArgs) -> anyhow::Resul
         reply_to: args.reply_to.clone(),
     };
     let mut rng = rand::rng();
-    let mut outgoing: Vec<Outgoing> = Vec::new();
-    let mut errors = Vec::new();
-    // Every request made from an instance name is made alike: the first
-    // one made (and where it came from) is checked for all (see `Maker`).
-    let mut first_made: Option<(usize, String)> = None;
+    let mut gathered = Gathered::default();
     for (index, name) in args.names.iter().enumerate() {
-        let at = format!("argument {}", index + 1);
-        match InstanceName::parse(name) {
-            Ok(name) => {
-                first_made.get_or_insert((outgoing.len(), at));
-                outgoing.push(maker.make(name, &mut rng));
-            }
-            Err(why) => errors.push(format!("{at}: instance name {name:?} {why}")),
-        }
+        gathered.name(format!("argument {}", index + 1), name, &maker, &mut rng);
     }
     if let Some(path) = &args.file {
-        let (text, shown) = if path.as_os_str() == "-" {
-            let text =
-                std::io::read_to_string(std::io::stdin()).context("cannot read standard input")?;
-            (text, "stdin".to_owned())
-        } else {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("cannot read {}", path.display()))?;
-            (text, path.display().to_string())
-        };
+        let (text, shown) = read_file(path)?;
         for (index, line) in text.lines().enumerate() {
             let line = line.trim();
-            if line.is_empty() || line.starts_with('#') {
-                continue;
-            }
-            let at = format!("{shown}:{}", index + 1);
-            let is_signed = crate::domain::signed::is_compact_jws(line.as_bytes());
-            if !is_signed && !line.starts_with('{') {
-                match InstanceName::parse(line) {
-                    Ok(name) => {
-                        first_made.get_or_insert((outgoing.len(), at));
-                        outgoing.push(maker.make(name, &mut rng));
-                    }
-                    Err(why) => errors.push(format!("{at}: instance name {line:?} {why}")),
-                }
-                continue;
-            }
-            if args.reply_to.is_some() {
-                errors.push(format!(
-                    "{at}: --reply-to applies to the requests made from instance names; \
-                     a JSON or signed line says its own reply_to"
-                ));
-                continue;
-            }
-            let payload = if is_signed {
-                // Already signed: published unchanged, once it reads as the
-                // service will read it.
-                Bytes::copy_from_slice(line.as_bytes())
-            } else {
-                // Published as written, so that fields this version does not
-                // know travel on; validated as the worker will validate it.
-                // With --as, its known fields are signed instead.
-                match RestartRequest::parse(line.as_bytes(), &maker.rules) {
-                    Ok(request) if maker.signing.is_some() => maker.encode(&request),
-                    Ok(_) => Bytes::copy_from_slice(line.as_bytes()),
-                    Err(rejection) => {
-                        errors.push(format!("{at}: {rejection}"));
-                        continue;
-                    }
-                }
-            };
-            match checks.examine(&payload, &maker.rules) {
-                Ok(sent) => outgoing.push((payload, sent)),
-                Err(why) => errors.push(format!("{at}: {why}")),
+            if !(line.is_empty() || line.starts_with('#')) {
+                let at = format!("{shown}:{}", index + 1);
+                gathered.line(at, line, &maker, &checks, &mut rng);
             }
         }
     }
     // Random requests are made as they are published, not all up front;
     // one is made now to be checked if no other was made from a name.
     let mut random = args.random.unwrap_or(0);
-    if random > 0 && first_made.is_none() {
-        first_made = Some((outgoing.len(), "--random".into()));
-        outgoing.push(maker.make(random_instance_name(&mut rng), &mut rng));
+    if random > 0 && gathered.first_made.is_none() {
+        gathered.name(
+            "--random".into(),
+            random_instance_name(&mut rng).as_str(),
+            &maker,
+            &mut rng,
+        );
         random -= 1;
     }
-    if let Some((index, at)) = first_made
-        && let Err(why) = checks.examine(&outgoing[index].0, &maker.rules)
-    {
-        errors.push(format!(
-            "the requests made from instance names ({at} on): {why}"
-        ));
-    }
-    refuse_any(&errors)?;
-    if outgoing.is_empty() {
-        return Err(BadInput(
-            "nothing to publish: give instance names, --file PATH or --random N".into(),
-        )
-        .into());
-    }
-    if checks.signed_unverified() && outgoing.iter().any(|(_, sent)| sent.signed) {
-        eprintln!(
-            "mandrill: signed requests not verified here: no configuration file (--config) \
-             names their requesters; the service verifies them"
-        );
-    }
+    let outgoing = gathered.checked(&maker, &checks)?;
     let outgoing = outgoing
         .into_iter()
         .chain((0..random).map(move |_| maker.make(random_instance_name(&mut rng), &mut rng)));
@@ -181,9 +98,124 @@ pub(super) async fn publish(config: Config, args: &PublishArgs) -> anyhow::Resul
     Ok(())
 }
 
-/// "1 request", "2 requests".
-pub(super) fn requests(count: usize) -> String {
-    crate::settings::duration::count(count as u64, "request")
+/// `--rate` and `--ttl` within their bounds.
+fn check_flags(args: &PublishArgs) -> Result<(), BadInput> {
+    if let Some(rate) = args.rate
+        && !(rate.is_finite() && (0.001..=config::limits::MAX_SIMULATE_RATE).contains(&rate))
+    {
+        return Err(BadInput(format!(
+            "--rate {rate} must be between 0.001 and 1000000"
+        )));
+    }
+    if args.ttl.is_zero() || args.ttl > crate::domain::signed::MAX_LIFETIME {
+        return Err(BadInput(format!(
+            "--ttl {} must be more than 0s and at most 24h",
+            humantime::format_duration(args.ttl)
+        )));
+    }
+    Ok(())
+}
+
+/// `--file`'s text and how its lines are named (`-`: standard input).
+fn read_file(path: &std::path::Path) -> anyhow::Result<(String, String)> {
+    if path.as_os_str() == "-" {
+        let text =
+            std::io::read_to_string(std::io::stdin()).context("cannot read standard input")?;
+        return Ok((text, "stdin".to_owned()));
+    }
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    Ok((text, path.display().to_string()))
+}
+
+/// The requests read and made so far, and what is wrong with them, each
+/// named by where it came from (`argument 2`, `requests.txt:7`).
+#[derive(Default)]
+struct Gathered {
+    outgoing: Vec<Outgoing>,
+    errors: Vec<String>,
+    /// The first request made from an instance name, and where it came
+    /// from: checked for all of them (see [`Maker`]).
+    first_made: Option<(usize, String)>,
+}
+
+impl Gathered {
+    /// A request made for instance name `raw`.
+    fn name(&mut self, at: String, raw: &str, maker: &Maker, rng: &mut ThreadRng) {
+        match InstanceName::parse(raw) {
+            Ok(name) => {
+                self.first_made.get_or_insert((self.outgoing.len(), at));
+                self.outgoing.push(maker.make(name, rng));
+            }
+            Err(why) => self
+                .errors
+                .push(format!("{at}: instance name {raw:?} {why}")),
+        }
+    }
+
+    /// A line of `--file`: an instance name, a JSON request or a signed one.
+    fn line(
+        &mut self,
+        at: String,
+        line: &str,
+        maker: &Maker,
+        checks: &Checks,
+        rng: &mut ThreadRng,
+    ) {
+        let is_signed = crate::domain::signed::is_compact_jws(line.as_bytes());
+        if !is_signed && !line.starts_with('{') {
+            return self.name(at, line, maker, rng);
+        }
+        if maker.reply_to.is_some() {
+            return self.errors.push(format!(
+                "{at}: --reply-to applies to the requests made from instance names; \
+                 a JSON or signed line says its own reply_to"
+            ));
+        }
+        let payload = if is_signed {
+            // Already signed: published unchanged, once it reads as the
+            // service will read it.
+            Bytes::copy_from_slice(line.as_bytes())
+        } else {
+            // Published as written, so that fields this version does not
+            // know travel on; validated as the worker will validate it.
+            // With --as, its known fields are signed instead.
+            match RestartRequest::parse(line.as_bytes(), &maker.rules) {
+                Ok(request) if maker.signing.is_some() => maker.encode(&request),
+                Ok(_) => Bytes::copy_from_slice(line.as_bytes()),
+                Err(rejection) => return self.errors.push(format!("{at}: {rejection}")),
+            }
+        };
+        match checks.examine(&payload, &maker.rules) {
+            Ok(sent) => self.outgoing.push((payload, sent)),
+            Err(why) => self.errors.push(format!("{at}: {why}")),
+        }
+    }
+
+    /// What to publish, once the requests made from names are checked
+    /// too; else exit 2 listing every refusal (nothing was published).
+    fn checked(mut self, maker: &Maker, checks: &Checks) -> Result<Vec<Outgoing>, BadInput> {
+        if let Some((index, at)) = &self.first_made
+            && let Err(why) = checks.examine(&self.outgoing[*index].0, &maker.rules)
+        {
+            self.errors.push(format!(
+                "{at} (and every other request made from an instance name): {why}"
+            ));
+        }
+        refuse_any(&self.errors)?;
+        if self.outgoing.is_empty() {
+            return Err(BadInput(
+                "nothing to publish: give instance names, --file PATH or --random N".into(),
+            ));
+        }
+        if checks.signed_unverified() && self.outgoing.iter().any(|(_, sent)| sent.signed) {
+            eprintln!(
+                "mandrill: signed requests not verified here: no configuration file (--config) \
+                 names their requesters; the service verifies them"
+            );
+        }
+        Ok(self.outgoing)
+    }
 }
 
 /// Exit 2 listing what is wrong, if anything is: nothing was published.
@@ -264,40 +296,6 @@ impl Maker {
     }
 }
 
-/// Prints each request once published: `<message id> <host>` lines, or
-/// JSON objects; flushed after each confirmed batch, so that what stdout
-/// holds was published even if a later batch fails.
-struct Printer {
-    json: bool,
-    out: BufWriter<std::io::Stdout>,
-}
-
-impl Printer {
-    fn new(json: bool) -> Self {
-        Self {
-            json,
-            out: BufWriter::new(std::io::stdout()),
-        }
-    }
-}
-
-impl Published<Sent> for Printer {
-    fn published(&mut self, sent: &[Sent]) {
-        for sent in sent {
-            let line = if self.json {
-                // A struct of strings and a uuid serialises.
-                serde_json::to_string(sent).expect("a Sent serialises")
-            } else {
-                sent.line()
-            };
-            // A closed stdout (a pipe's reader gone) must not stop the
-            // publishing half-way: what was sent is sent.
-            let _ = writeln!(self.out, "{line}");
-        }
-        let _ = self.out.flush();
-    }
-}
-
 /// `--as NAME --key-file FILE`, read and checked: the name and the key,
 /// signing for `safety.audience`.
 pub(super) fn signing_key(
@@ -320,123 +318,4 @@ pub(super) fn signing_key(
         .map_err(|why| BadInput(format!("--key-file {} {why}", path.display())))?
         .for_audience(config.safety.audience.clone());
     Ok(Some((name.clone(), key)))
-}
-
-/// Publishes in batches of up to [`PUBLISH_BATCH`] (on SQLite, a
-/// transaction each); how many were published.
-pub(super) async fn publish_in_batches(
-    broker: &dyn Publisher,
-    payloads: impl Iterator<Item = Bytes>,
-) -> Result<usize, BrokerError> {
-    publish_batches(broker, payloads.map(|payload| (payload, ())), &mut Untold).await
-}
-
-/// Publishes one by one, at `rate` per second if given; how many were
-/// published.
-pub(super) async fn publish_each(
-    broker: &dyn Publisher,
-    payloads: impl Iterator<Item = Bytes>,
-    rate: Option<f64>,
-) -> Result<usize, BrokerError> {
-    publish_one_by_one(
-        broker,
-        payloads.map(|payload| (payload, ())),
-        rate,
-        &mut Untold,
-    )
-    .await
-}
-
-/// What is told of each request once the broker confirmed it.
-trait Published<T> {
-    fn published(&mut self, sent: &[T]);
-}
-
-/// Tells nothing (a campaign prints its own).
-struct Untold;
-
-impl<T> Published<T> for Untold {
-    fn published(&mut self, _: &[T]) {}
-}
-
-/// As [`publish_in_batches`], telling `told` of each batch once published.
-async fn publish_batches<T>(
-    broker: &dyn Publisher,
-    outgoing: impl Iterator<Item = (Bytes, T)>,
-    told: &mut impl Published<T>,
-) -> Result<usize, BrokerError> {
-    let mut outgoing = outgoing.peekable();
-    let mut published = 0usize;
-    while outgoing.peek().is_some() {
-        let (batch, sent): (Vec<Bytes>, Vec<T>) = outgoing.by_ref().take(PUBLISH_BATCH).unzip();
-        if let Err(error) = broker.publish_all(batch).await {
-            if published > 0 {
-                eprintln!("mandrill: published {} before failing", requests(published));
-            }
-            return Err(error);
-        }
-        told.published(&sent);
-        published += sent.len();
-    }
-    Ok(published)
-}
-
-/// As [`publish_each`], telling `told` of each request once published.
-async fn publish_one_by_one<T>(
-    broker: &dyn Publisher,
-    outgoing: impl Iterator<Item = (Bytes, T)>,
-    rate: Option<f64>,
-    told: &mut impl Published<T>,
-) -> Result<usize, BrokerError> {
-    let started = tokio::time::Instant::now();
-    let mut count = 0;
-    for (published, (payload, sent)) in outgoing.enumerate() {
-        if let Some(rate) = rate {
-            // Bounded: a far-off due time must not overflow the clock.
-            let offset = Duration::try_from_secs_f64(published as f64 / rate)
-                .unwrap_or(config::limits::MAX_DURATION)
-                .min(config::limits::MAX_DURATION);
-            let due = started + offset;
-            tokio::time::sleep_until(due).await;
-        }
-        if let Err(error) = broker.publish(payload).await {
-            eprintln!("mandrill: published {} before failing", requests(published));
-            return Err(error);
-        }
-        told.published(std::slice::from_ref(&sent));
-        count = published + 1;
-    }
-    Ok(count)
-}
-
-/// Publishes `rate` requests per second: every tick, the ones due so far,
-/// in one transaction, each told once its transaction committed.
-async fn publish_at_rate(
-    broker: &SqliteBroker,
-    outgoing: impl Iterator<Item = Outgoing>,
-    rate: f64,
-    told: &mut Printer,
-) -> Result<usize, BrokerError> {
-    const TICK: Duration = Duration::from_millis(10);
-    let started = tokio::time::Instant::now();
-    let mut pending = outgoing.peekable();
-    let mut published = 0usize;
-    while pending.peek().is_some() {
-        // At least one each round, so that a slow rate still starts at once.
-        let due = ((started.elapsed().as_secs_f64() * rate) as usize + 1).saturating_sub(published);
-        let (group, sent): (Vec<Bytes>, Vec<Sent>) =
-            pending.by_ref().take(due.min(PUBLISH_BATCH)).unzip();
-        if let Err(error) = broker.publish_all(group).await {
-            if published > 0 {
-                eprintln!("mandrill: published {} before failing", requests(published));
-            }
-            return Err(error);
-        }
-        told.published(&sent);
-        published += sent.len();
-        if pending.peek().is_some() {
-            tokio::time::sleep(TICK).await;
-        }
-    }
-    Ok(published)
 }
