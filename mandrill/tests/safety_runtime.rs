@@ -196,7 +196,7 @@ fn a_failing_stop_condition_defers_the_restart_until_it_turns_healthy() {
         at("deferred by stop condition \"alerts\""),
         at("attempt 1 claimed"),
         at(&format!(
-            "checked stop conditions: \"deploys\" healthy (\"true\" exited with exit status: 0), \
+            "checked stop conditions before attempt 1: \"deploys\" healthy (\"true\" exited with exit status: 0), \
              \"alerts\" healthy (GET http://{addr}/firing answered 200)"
         )),
         at("attempt 1 ended: restarted"),

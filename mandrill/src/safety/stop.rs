@@ -220,12 +220,12 @@ impl StopConditions {
 
     /// Runs every check, one after another. `Ok` with each one's result
     /// in words, in the order they ran (what the request's story records):
-    /// `checked stop conditions: "alerts" healthy (GET http://… answered
-    /// 200)`. `Err` with the reason of the first that is not healthy,
-    /// naming it, and the results of those that ran before it:
-    /// `deferred by stop condition "alerts": GET http://… answered 503,
-    /// expected 200`.
-    pub(crate) async fn check(&self) -> Result<String, String> {
+    /// `"alerts" healthy (GET http://… answered 200)`. `Err` with the
+    /// reason of the first that is not healthy, naming it, and the results
+    /// of those that ran before it: `deferred by stop condition "alerts":
+    /// GET http://… answered 503, expected 200; checked before it:
+    /// "deploys" healthy ("check-deploys" exited with exit status: 0)`.
+    pub(crate) async fn check(&self) -> Result<Vec<String>, String> {
         let mut healthy = Vec::with_capacity(self.checks.len());
         for check in &self.checks {
             match self.run(check).await {
@@ -240,7 +240,7 @@ impl StopConditions {
                 }
             }
         }
-        Ok(format!("checked stop conditions: {}", healthy.join(", ")))
+        Ok(healthy)
     }
 
     /// One check: `Ok` with what made it healthy, else why it is not.

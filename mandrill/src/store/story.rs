@@ -189,7 +189,7 @@ mod tests {
                     3_000,
                     1,
                     "checked",
-                    "checked stop conditions: \"a\" healthy (ok)",
+                    "checked stop conditions before attempt 1: \"a\" healthy (ok)",
                 ),
             ],
         }
@@ -211,7 +211,7 @@ mod tests {
             "received",
             "deferred by calendar: closed",
             "attempt 1 claimed and issued (allowed)",
-            "checked stop conditions: \"a\" healthy (ok)",
+            "checked stop conditions before attempt 1: \"a\" healthy (ok)",
             "attempt 1 ended: restarted",
         ];
         assert_eq!(events(&story(500)), told);

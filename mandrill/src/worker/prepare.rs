@@ -310,10 +310,16 @@ pub(super) fn recheck<'a>(
                 return Err(Halt::Hold(policy.defer(request, policy.stop_retry, reason)));
             }
         };
+        // Naming the attempt: a retry's checks are recorded too, not taken
+        // for a repeat of the last verdict.
+        let reason = format!(
+            "checked stop conditions before attempt {attempt}: {}",
+            results.join(", ")
+        );
         let decision = Decision {
             verdict: "checked",
             guard: "stop conditions",
-            reason: &results,
+            reason: &reason,
         };
         // After this delivery's own claim, which judged who asked: a
         // conflict cannot be answered here.
