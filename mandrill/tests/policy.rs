@@ -134,7 +134,7 @@ fn policy_replay_shows_what_a_candidate_policy_would_have_decided_differently() 
     let out = replay(false);
     assert!(
         out.ends_with(
-            "6 requests decided in the last 1h replayed: 4 would be decided differently \
+            "6 requests decided in the last hour replayed: 4 would be decided differently \
              (2 restart → defer, 2 restart → deny)\n"
         ),
         "{out}"

@@ -205,7 +205,8 @@ pub(super) async fn prepare(
         Ok(Claim::Exhausted { attempts, unknown }) => {
             let reason = match unknown {
                 Some(attempt) => format!(
-                    "restart failed after {attempts} attempts: {}",
+                    "restart failed after {}: {}",
+                    crate::settings::duration::count(attempts, "attempt"),
                     unknown_outcome(attempt)
                 ),
                 None => format!("all {attempts} restart attempts are used"),
