@@ -1,5 +1,7 @@
 //! Durations as human-readable strings (`500ms`, `10s`, `2m`), for
-//! `#[serde(with = "crate::settings::duration")]`.
+//! `#[serde(with = "crate::settings::duration")]`; and as people read them
+//! in a sentence: a window after "per" ([`per`]: `day`, `2 hours`) and the
+//! count beside it ([`count`]: `1 restart`, `2 restarts`).
 
 use std::time::Duration;
 
