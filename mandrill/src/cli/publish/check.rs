@@ -108,8 +108,8 @@ impl Checks {
     }
 
     /// `payload` read as the service will read it: what it says of itself,
-    /// or why the service would refuse it. A signed payload that is not
-    /// verified here (see [`Checks::verify_signed`]) is read unverified,
+    /// or why the service would refuse it. A signed payload not verified
+    /// here (no configuration file, or `--unchecked`) is read unverified,
     /// only to say what it names.
     pub(super) fn examine(&self, payload: &[u8], rules: &ParseRules) -> Result<Sent, String> {
         let signed = is_compact_jws(payload);
