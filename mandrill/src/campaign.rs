@@ -151,7 +151,8 @@ pub(crate) fn standing(story: Option<&Story>, early: &[DecisionRecord]) -> Stand
         };
     };
     let entry = &story.entry;
-    let latest_decision = story.decisions.last();
+    // The stop conditions' results held nothing back.
+    let latest_decision = story.decisions.iter().rev().find(|d| d.held_back());
     let why_final = || {
         entry
             .last_error

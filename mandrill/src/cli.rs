@@ -27,13 +27,10 @@ use bytes::Bytes;
 use clap::{Args, Parser, Subcommand};
 use tracing::{error, info, warn};
 
-use crate::broker::{
-    BrokerError, BrokerUrl, Close as _, DeadLetterAdmin, DeadLetterEntry, Publisher,
-};
+use crate::broker::{BrokerUrl, Close as _, DeadLetterAdmin, DeadLetterEntry};
 use crate::config::{self, Config, ConfigError, LogFormat, Sources, redact_url};
 use crate::domain::{Hostname, InstanceName, RestartRequest, random_instance_name};
 use crate::service::{self, Controls, Service};
-use crate::sqlite::SqliteBroker;
 use crate::telemetry::Telemetry;
 use crate::worker::Shutdown;
 
@@ -77,7 +74,7 @@ pub(crate) enum Command {
     Run(RunArgs),
     /// Print recorded requests and outcomes, newest first.
     History(HistoryArgs),
-    /// Publish restart requests into the queue, all in one transaction.
+    /// Publish restart requests into the queue, each checked first; prints each one's message id and host.
     Publish(PublishArgs),
     /// List the messages the queue gave up on, with the reasons.
     DeadLetters(DeadLettersArgs),
@@ -243,6 +240,23 @@ where
             }
         }
     }
+}
+
+/// An id as the commands that read the store take it (`wait`,
+/// `explain`): a uuid, or a line `mandrill publish` printed, `<message id>
+/// <host>`, given as one argument or two; the id and the host, if given.
+pub(super) fn published_line(words: &[String]) -> Result<(uuid::Uuid, Option<String>), BadInput> {
+    let joined = words.join(" ");
+    let mut parts = joined.split_whitespace();
+    let (Some(id), host, None) = (parts.next(), parts.next(), parts.next()) else {
+        return Err(BadInput(format!(
+            "{joined:?} is not an id (a uuid), nor a line `mandrill publish` printed \
+             (ID HOST)"
+        )));
+    };
+    let id =
+        uuid::Uuid::parse_str(id).map_err(|_| BadInput(format!("{id:?} is not an id (a uuid)")))?;
+    Ok((id, host.map(str::to_owned)))
 }
 
 /// `broker.url` for the queue commands, refusing `memory` (it lives only

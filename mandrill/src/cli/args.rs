@@ -105,6 +105,23 @@ pub(crate) struct PublishArgs {
     /// How long a signed request stays valid (its `exp`; at most 24h).
     #[arg(long, value_name = "DURATION", default_value = "24h", value_parser = humantime::parse_duration)]
     pub(super) ttl: Duration,
+    /// Ask for each request's verdict on this subject or topic (its
+    /// `reply_to`, inside the signed claims with --as); the service sends
+    /// it only where `broker.reply_to_allowed` admits it. For the requests
+    /// made from instance names; a JSON or signed line says its own.
+    #[arg(long, value_name = "SUBJECT")]
+    pub(super) reply_to: Option<String>,
+    /// One JSON object per request published (message_id, instance_name,
+    /// host, signed, requester: the --as name, or a signed line's verified
+    /// iss; reply_to) instead of `<message id> <host>` lines.
+    #[arg(long)]
+    pub(super) json: bool,
+    /// Publish even what the service would refuse (unsigned where a
+    /// signature is required, a key or requester it does not know, an
+    /// expired token, a reply_to it does not allow): for testing its
+    /// refusals. Malformed requests are still refused.
+    #[arg(long)]
+    pub(super) unchecked: bool,
     /// Instance names, one request each.
     #[arg(value_name = "INSTANCE_NAME")]
     pub(super) names: Vec<String>,

@@ -311,7 +311,11 @@ async fn start(config: Config, args: &StartArgs) -> anyhow::Result<()> {
     published.with_context(|| {
         format!("campaign {id} is recorded, but its requests could not all be published")
     })?;
-    writeln!(out, "published {} requests", record.targets.len())?;
+    writeln!(
+        out,
+        "published {}",
+        super::publish::requests(record.targets.len())
+    )?;
     writeln!(out, "{id}")?;
     Ok(())
 }

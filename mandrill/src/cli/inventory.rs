@@ -14,6 +14,7 @@ use super::{ConfigArgs, command};
 use crate::config::Config;
 use crate::inventory::{InventoryHandle, Source};
 use crate::safety::Policy;
+use crate::settings::duration::count;
 
 /// `mandrill inventory`
 #[derive(Debug, Args)]
@@ -146,13 +147,13 @@ async fn print(config: &Config, as_json: bool) -> anyhow::Result<()> {
     }
     writeln!(out, "groups:")?;
     for (group, size) in inventory.groups() {
-        writeln!(out, "  {group}: {size} hosts")?;
+        writeln!(out, "  {group}: {}", count(*size as u64, "host"))?;
     }
     let zones = inventory.zones();
     if !zones.is_empty() {
         writeln!(out, "zones:")?;
         for (zone, size) in &zones {
-            writeln!(out, "  {zone}: {size} hosts")?;
+            writeln!(out, "  {zone}: {}", count(*size as u64, "host"))?;
         }
     }
     writeln!(out, "hosts:")?;

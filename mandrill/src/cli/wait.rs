@@ -31,9 +31,10 @@ pub(crate) struct WaitArgs {
     /// Give up (exit 2) after this long; without it, wait until decided.
     #[arg(long, value_name = "D", value_parser = humantime::parse_duration)]
     timeout: Option<Duration>,
-    /// A campaign's id, or a request's message id.
-    #[arg(value_name = "ID")]
-    id: String,
+    /// A campaign's id, or a request's message id; or a line `mandrill
+    /// publish` printed (`MESSAGE_ID HOST`, as one argument or two).
+    #[arg(value_name = "ID", num_args = 1..=2, required = true)]
+    id: Vec<String>,
 }
 
 /// How often the store is read again.
@@ -48,7 +49,7 @@ pub(super) fn main(args: &WaitArgs) -> ExitCode {
     let code = Cell::new(0u8);
     let code_ref = &code;
     let ran = command(sources, move |config| async move {
-        let id = super::campaign::parse_id(&args.id)?;
+        let (id, _host) = super::published_line(&args.id)?;
         let store = super::switch::open(&config).await?;
         let waited = wait(&*store, id, args.timeout).await;
         store.close().await;

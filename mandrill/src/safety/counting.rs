@@ -250,7 +250,7 @@ impl Counting {
 
     /// The settings in words, for `mandrill status`.
     pub(crate) fn describe(&self) -> String {
-        let window = humantime::format_duration(self.window);
+        let window = crate::settings::duration::per(self.window);
         let or_unlimited = |n: Option<u32>, what: String| {
             n.map_or_else(|| format!("{what}: unlimited"), |n| format!("{what}: {n}"))
         };

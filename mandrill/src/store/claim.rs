@@ -670,7 +670,8 @@ pub(crate) fn unknown_outcome(attempt: u32) -> String {
 /// A guard's verdict that held a request back, for the record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Decision<'a> {
-    /// `deferred`, `denied`, `expired`, `dry-run`.
+    /// `deferred`, `denied`, `expired`, `dry-run`; `checked`: the stop
+    /// conditions' results, which held nothing back.
     pub verdict: &'a str,
     /// Which guard (`calendar`, `rate limit`, `kill switch`, ...).
     pub guard: &'a str,

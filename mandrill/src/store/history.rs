@@ -37,19 +37,29 @@ pub struct AttemptRecord {
     pub requester: Option<String>,
 }
 
-/// A verdict that held a request back, as recorded.
+/// A guard's verdict on a request, as recorded: one that held it back, or
+/// the stop conditions' results right before its restart (`checked`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct DecisionRecord {
     /// When.
     pub at: Timestamp,
     /// The attempt it concerned (0: before any claim).
     pub attempt: u32,
-    /// `deferred`, `denied`, `expired`, `dry-run`.
+    /// `deferred`, `denied`, `expired`, `dry-run`, or `checked` (held
+    /// nothing back: see [`DecisionRecord::held_back`]).
     pub verdict: String,
     /// Which guard.
     pub guard: String,
     /// Why, in plain words.
     pub reason: String,
+}
+
+impl DecisionRecord {
+    /// Whether it held the request back (every verdict but the stop
+    /// conditions' `checked`).
+    pub(crate) fn held_back(&self) -> bool {
+        self.verdict != "checked"
+    }
 }
 
 /// Everything recorded about one request: what `mandrill explain` prints.
@@ -59,7 +69,7 @@ pub struct Story {
     pub entry: HistoryEntry,
     /// Its restart attempts, oldest first.
     pub attempts: Vec<AttemptRecord>,
-    /// The verdicts that held it back, oldest first.
+    /// The guards' verdicts, oldest first.
     pub decisions: Vec<DecisionRecord>,
 }
 

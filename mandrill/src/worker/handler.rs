@@ -415,7 +415,7 @@ pub(super) async fn process(
     // In a block: what it decided is not kept in the handler's state for the
     // restart.
     let (dry_run, stop_conditions_ran) = {
-        let (rechecked, stop_conditions_ran) = match recheck(shared, &request) {
+        let (rechecked, stop_conditions_ran) = match recheck(shared, &request, attempt) {
             Ok(decided) => (decided, false),
             Err(stop_conditions) => (stop_conditions.await, true),
         };

@@ -11,7 +11,9 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use tracing::{error, info, warn};
 
-use super::decisions::{deny, give_up, held, held_by_the_claim, unclaim, unclaim_at_shutdown};
+use super::decisions::{
+    deny, give_up, held, held_by_the_claim, note_decision, unclaim, unclaim_at_shutdown,
+};
 use super::lease::Progress;
 use super::retry::{Stopped, Until, store_op};
 use super::settle::{RareSettlement, Settlement, rare, refuse, settle_recorded, shutting_down};
@@ -20,7 +22,7 @@ use crate::broker::Delivery;
 use crate::domain::RestartRequest;
 use crate::restarter::{Refusal, Reservation};
 use crate::safety::{Hold, LeashRecord, Placement, Policy, leash};
-use crate::store::{Claim, ClaimTerms, ClaimToken, unknown_outcome};
+use crate::store::{Claim, ClaimTerms, ClaimToken, Decision, unknown_outcome};
 
 /// How soon a delivery deferred by the kill switch is looked at again.
 pub(super) const PAUSED_RECHECK: Duration = Duration::from_secs(5);
@@ -209,7 +211,8 @@ pub(super) async fn prepare(
         Ok(Claim::Exhausted { attempts, unknown }) => {
             let reason = match unknown {
                 Some(attempt) => format!(
-                    "restart failed after {attempts} attempts: {}",
+                    "restart failed after {}: {}",
+                    crate::settings::duration::count(attempts, "attempt"),
                     unknown_outcome(attempt)
                 ),
                 None => format!("all {attempts} restart attempts are used"),
@@ -283,10 +286,14 @@ fn decide<'a>(
 ///
 /// Decided at once unless stop conditions are configured: only then is
 /// there anything to wait for, and a future (boxed: it is rare, and the
-/// handler's state would otherwise keep room for it) to wait on.
+/// handler's state would otherwise keep room for it) to wait on. Their
+/// results are recorded against `attempt` for the request's story (a
+/// failing one's with the deferral): one store write more per restart,
+/// only where checks that take a probe's round trip run anyway.
 pub(super) fn recheck<'a>(
     shared: &'a Shared,
     request: &'a RestartRequest,
+    attempt: u32,
 ) -> Result<Rechecked, BoxFuture<'a, Rechecked>> {
     let policy = shared.config.policy.current();
     // A reload may have denied the instance while the claim waited, or the
@@ -304,9 +311,26 @@ pub(super) fn recheck<'a>(
         let Some(checked) = shared.abort.or_abort(policy.stop_conditions.check()).await else {
             return Err(Halt::GraceOver);
         };
-        if let Err(reason) = checked {
-            return Err(Halt::Hold(policy.defer(request, policy.stop_retry, reason)));
-        }
+        let results = match checked {
+            Ok(results) => results,
+            Err(reason) => {
+                return Err(Halt::Hold(policy.defer(request, policy.stop_retry, reason)));
+            }
+        };
+        // Naming the attempt: a retry's checks are recorded too, not taken
+        // for a repeat of the last verdict.
+        let reason = format!(
+            "checked stop conditions before attempt {attempt}: {}",
+            results.join(", ")
+        );
+        let decision = Decision {
+            verdict: "checked",
+            guard: "stop conditions",
+            reason: &reason,
+        };
+        // After this delivery's own claim, which judged who asked: a
+        // conflict cannot be answered here.
+        note_decision(shared, request, attempt, decision).await;
         Ok(policy.dry_run)
     }))
 }
