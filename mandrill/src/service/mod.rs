@@ -215,6 +215,9 @@ pub(crate) struct Service {
     inventory_settings: Arc<watch::Sender<InventorySettings>>,
     /// `[[schedule]]`, ready to run beside the worker.
     schedules: Vec<crate::schedule::Scheduled>,
+    /// The `ec2` restarter, whose companion starts instances a stop-start
+    /// left stopped.
+    ec2: Option<Arc<crate::restarter::Ec2Restarter>>,
 }
 
 impl Service {
@@ -229,7 +232,7 @@ impl Service {
         .await?;
         let (broker, memory_broker) = open_broker(&config).await?;
         let store = open_store(&config.store).await?;
-        let restarter = build_restarter(&config)?;
+        let (restarter, ec2) = build_restarter(&config)?;
         let pause_file = match &config.safety.pause_file {
             Some(path) => Some(PauseFile::watch(path).map_err(|error| {
                 ConfigError::invalid(
@@ -284,6 +287,7 @@ impl Service {
         let (inventory_settings, _) = watch::channel(config.inventory.clone());
         Ok(Self {
             schedules,
+            ec2,
             inventory,
             inventory_settings: Arc::new(inventory_settings),
             config,
@@ -421,6 +425,12 @@ impl Service {
                 self.config.broker.sqlite.poll_interval,
                 stop_companions.clone(),
             ));
+        }
+        // Even leashed or paused: starting an instance a crashed stop-start
+        // left stopped only undoes what mandrill did.
+        if let Some(ec2) = self.ec2.clone().filter(|ec2| ec2.stops_instances()) {
+            let stop = stop_companions.clone();
+            companions.spawn(async move { ec2.start_left_stopped(stop).await });
         }
         if !self.config.store.retention.is_zero() {
             companions.spawn(prune_history(
