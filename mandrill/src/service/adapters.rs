@@ -212,12 +212,16 @@ fn nats_options(config: &Config, url: String, tls_scheme: bool) -> NatsOptions {
     }
 }
 
+/// A restarter built, and the `ec2` backend inside it when it is that one.
+pub(crate) struct BuiltRestarter {
+    pub restarter: Arc<dyn Restarter>,
+    /// Its companion starts instances a stop-start left stopped.
+    pub ec2: Option<Arc<Ec2Restarter>>,
+}
+
 /// The restarter `restarter.kind` names, journalled if `restarter.journal`
-/// is set; and the `ec2` backend itself when it is that one (its companion
-/// starts instances a stop-start left stopped).
-pub(crate) fn build_restarter(
-    config: &Config,
-) -> anyhow::Result<(Arc<dyn Restarter>, Option<Arc<Ec2Restarter>>)> {
+/// is set.
+pub(crate) fn build_restarter(config: &Config) -> anyhow::Result<BuiltRestarter> {
     let hosts = HostMap::new(&config.hosts).map_err(|why| anyhow!("hosts: {why}"))?;
     let ec2 = match config.restarter.kind {
         RestarterKind::Ec2 => Some(Arc::new(Ec2Restarter::new(&config.restarter.ec2)?)),
@@ -239,7 +243,7 @@ pub(crate) fn build_restarter(
         ),
     };
     let restarter = Verified::wrap(restarter, &config.verify, hosts, ec2.clone())?;
-    Ok((restarter, ec2))
+    Ok(BuiltRestarter { restarter, ec2 })
 }
 
 fn build_backend(

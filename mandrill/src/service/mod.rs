@@ -40,8 +40,8 @@ use pause_file::PauseFile;
 pub use records::Records;
 
 pub(crate) use adapters::{
-    broker_url, build_restarter, load_inventory, open_broker, open_dead_letter_admin,
-    open_publisher, open_pubsub_publisher, open_sqlite_broker, open_store,
+    BuiltRestarter, broker_url, build_restarter, load_inventory, open_broker,
+    open_dead_letter_admin, open_publisher, open_pubsub_publisher, open_sqlite_broker, open_store,
 };
 use companions::{prune_history, request_shutdown_when_idle};
 
@@ -232,7 +232,7 @@ impl Service {
         .await?;
         let (broker, memory_broker) = open_broker(&config).await?;
         let store = open_store(&config.store).await?;
-        let (restarter, ec2) = build_restarter(&config)?;
+        let BuiltRestarter { restarter, ec2 } = build_restarter(&config)?;
         let pause_file = match &config.safety.pause_file {
             Some(path) => Some(PauseFile::watch(path).map_err(|error| {
                 ConfigError::invalid(
