@@ -440,3 +440,96 @@ fn terminate_replaces_a_group_member_and_refuses_an_instance_in_no_group() {
     assert!(error.contains("in no auto scaling group"), "{error}");
     assert_eq!(moto.fleet(&["state", &lone])["state"], "running");
 }
+
+/// A game day on EC2 as on any fleet: `campaign start --group web
+/// --percent 50`, signed, over the group the inventory reads from tags,
+/// paced by the budget per zone (one instance of an availability zone at
+/// a time; no daily rate limit), each reboot judged by EC2, and `wait`
+/// exits 0.
+#[test]
+fn a_campaign_over_a_tagged_group_reboots_half_of_it_and_wait_sees_each_recovered() {
+    let moto = Moto::start();
+    let mut web = ids(&moto.fleet(&["run", "us-east-1a", "2", "chaos=yes", "chaos-group=web"]));
+    web.extend(ids(&moto.fleet(&[
+        "run",
+        "us-east-1b",
+        "2",
+        "chaos=yes",
+        "chaos-group=web",
+    ])));
+    let (_guard, dir) = temp_dir();
+    let (status, _, stderr) = mandrill(&dir, &["keygen", "chaos"], &[]);
+    assert!(status.success(), "{stderr}");
+    let db = config(
+        &dir,
+        &moto.endpoint(),
+        "reboot",
+        &format!(
+            "{}\n[safety.rate]\ngroup_max = 0\n\n\
+             [safety.budget]\nmax_disrupted_per_zone = 1\nretry = \"100ms\"\n\n\
+             [[requesters]]\nname = \"chaos\"\npublic_key_file = \"chaos.pub\"\nallow = [\"i-*\"]\n",
+            inventory(&moto.endpoint())
+        ),
+    );
+    // Signed requests only (the default with a real backend).
+    let text = std::fs::read_to_string(dir.join("mandrill.toml"))
+        .unwrap()
+        .replace("require_signed = false\n", "");
+    std::fs::write(dir.join("mandrill.toml"), text).unwrap();
+    let (status, out, stderr) = mandrill(
+        &dir,
+        &[
+            "campaign",
+            "start",
+            "--group",
+            "web",
+            "--percent",
+            "50",
+            "--as",
+            "chaos",
+            "--key-file",
+            "chaos.key",
+            "--config",
+            "mandrill.toml",
+        ],
+        ENV,
+    );
+    assert!(status.success(), "{out}{stderr}");
+    let chosen: Vec<String> = out
+        .lines()
+        .filter(|line| line.starts_with("  "))
+        .map(|line| line.split_whitespace().next().unwrap().to_owned())
+        .collect();
+    assert_eq!(chosen.len(), 2, "{out}");
+    assert!(chosen.iter().all(|id| web.contains(id)), "{out}");
+    let campaign = out.lines().last().unwrap().to_owned();
+
+    let waiter = {
+        let (dir, campaign) = (dir.clone(), campaign.clone());
+        std::thread::spawn(move || {
+            mandrill(
+                &dir,
+                &[
+                    "wait",
+                    &campaign,
+                    "--timeout",
+                    "120s",
+                    "--config",
+                    "mandrill.toml",
+                ],
+                ENV,
+            )
+        })
+    };
+    run_until_idle(&dir);
+    let (status, waited, stderr) = waiter.join().unwrap();
+    assert_eq!(status.code(), Some(0), "{waited}{stderr}");
+    assert!(waited.ends_with("verdict: succeeded\n"), "{waited}");
+    for id in &chosen {
+        let rebooted = entry(&db, id);
+        assert_eq!(rebooted.status, Status::Restarted, "{rebooted:?}");
+        assert_eq!(rebooted.requested_by.as_deref(), Some("chaos"));
+        assert!(rebooted.recovered_after.is_some(), "{rebooted:?}");
+    }
+    assert_eq!(history(&db).len(), 2);
+}

@@ -65,6 +65,7 @@ impl Ec2Restarter {
         settings
             .validate()
             .map_err(|(key, why)| SettingError::new(format!("{SECTION}.{key}"), why))?;
+        super::http::aws::check_credentials().map_err(|why| SettingError::new(SECTION, why))?;
         // Validated: a region is there.
         let region = settings.region().unwrap_or_default();
         let client = |service, key: &str, endpoint: Option<&String>| {

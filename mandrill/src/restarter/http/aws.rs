@@ -366,6 +366,13 @@ pub(crate) fn check_endpoint(raw: &str) -> Result<Url, String> {
     Ok(url)
 }
 
+/// Whether the credentials chain finds credentials now: checked at
+/// start-up, so that a service without any fails there, not at its first
+/// restart.
+pub(crate) fn check_credentials() -> Result<(), String> {
+    credentials::from_chain().map(drop)
+}
+
 /// The region a section names, else `AWS_REGION`, else
 /// `AWS_DEFAULT_REGION`, as the AWS tools read it.
 pub(crate) fn region(configured: Option<&str>) -> Option<String> {
