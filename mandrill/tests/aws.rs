@@ -533,3 +533,78 @@ fn a_campaign_over_a_tagged_group_reboots_half_of_it_and_wait_sees_each_recovere
     }
     assert_eq!(history(&db).len(), 2);
 }
+
+/// With moto checking signatures and IAM policies: keys read from a
+/// profile of the shared credentials file sign calls moto accepts (the
+/// inventory reads), and a permission the policy lacks fails the reboot
+/// once, permanently, with AWS's code; the secret is never logged.
+#[test]
+fn a_profile_from_the_credentials_file_signs_and_a_missing_permission_fails_once_with_its_code() {
+    // Five unchecked calls: the two that launch the instance, the three
+    // that make the user.
+    let moto = Moto::start_with(&[("INITIAL_NO_AUTH_ACTION_COUNT", "5")]);
+    let instance =
+        ids(&moto.fleet(&["run", "us-east-1a", "1", "chaos=yes", "chaos-group=web"])).remove(0);
+    let keys = moto.fleet(&[
+        "user",
+        "chaos",
+        "ec2:DescribeInstances",
+        "ec2:DescribeInstanceStatus",
+    ]);
+    let (id, secret) = (
+        keys["id"].as_str().unwrap(),
+        keys["secret"].as_str().unwrap(),
+    );
+    let (_guard, dir) = temp_dir();
+    let credentials = dir.join("credentials");
+    std::fs::write(
+        &credentials,
+        format!(
+            "[default]\naws_access_key_id = AKIDNOTTHISONE\naws_secret_access_key = wrong\n\n\
+             [chaos]\naws_access_key_id = {id}\naws_secret_access_key = {secret}\n"
+        ),
+    )
+    .unwrap();
+    let credentials = credentials.display().to_string();
+    let home = dir.display().to_string();
+    let env = [
+        ("AWS_ACCESS_KEY_ID", ""),
+        ("AWS_SECRET_ACCESS_KEY", ""),
+        ("AWS_SHARED_CREDENTIALS_FILE", credentials.as_str()),
+        ("AWS_PROFILE", "chaos"),
+        ("AWS_REGION", services::moto::REGION),
+        ("HOME", home.as_str()),
+    ];
+    let db = config(
+        &dir,
+        &moto.endpoint(),
+        "reboot",
+        &inventory(&moto.endpoint()),
+    );
+
+    let (status, stdout, stderr) = mandrill(
+        &dir,
+        &["inventory", "--json", "--config", "mandrill.toml"],
+        &env,
+    );
+    assert!(status.success(), "inventory failed: {stderr}");
+    assert!(stdout.contains(&instance), "{stdout}");
+
+    publish(&dir, &db, &[&instance]);
+    let service = Mandrill::run_with_env(
+        &dir,
+        &["--config", "mandrill.toml", "--until-idle", "--unleash"],
+        &env,
+    );
+    let (status, lines) = service.wait_exit();
+    assert!(status.success());
+    let log = serde_json::to_string(&lines).unwrap();
+    assert!(!log.contains(secret), "the secret is logged");
+    let refused = entry(&db, &instance);
+    assert_eq!(refused.status, Status::Failed, "{refused:?}");
+    assert_eq!(refused.attempts, 1, "a missing permission is not retried");
+    let error = refused.last_error.unwrap_or_default();
+    // moto's code for it; AWS's EC2 answers UnauthorizedOperation.
+    assert!(error.contains("AccessDenied"), "{error}");
+    assert!(error.contains("ec2:RebootInstances"), "{error}");
+}

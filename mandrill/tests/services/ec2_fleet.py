@@ -4,6 +4,7 @@ ec2_fleet.py ENDPOINT COMMAND ARGS... prints one JSON value:
   run ZONE COUNT KEY=VALUE...     launch instances with tags: their ids
   group NAME ZONE DESIRED         an auto scaling group: its instance ids
   describe-group NAME             desired capacity, instances in service
+  user NAME ACTION...             an IAM user allowed ACTIONs only: its keys
   state ID                        the instance's state and tags
   wait ID STATE SECONDS           wait until the instance is in STATE
   watch ID SECONDS                {"watching": STATE} at once, then the
@@ -73,6 +74,16 @@ elif command == "describe-group":
         i["InstanceId"] for i in group["Instances"] if i["LifecycleState"] == "InService"
     ]
     print(json.dumps({"desired": group["DesiredCapacity"], "in_service": in_service}))
+elif command == "user":
+    iam = boto3.client("iam", **session)
+    iam.create_user(UserName=args[0])
+    key = iam.create_access_key(UserName=args[0])["AccessKey"]
+    policy = {
+        "Version": "2012-10-17",
+        "Statement": [{"Effect": "Allow", "Action": args[1:], "Resource": "*"}],
+    }
+    iam.put_user_policy(UserName=args[0], PolicyName="chaos", PolicyDocument=json.dumps(policy))
+    print(json.dumps({"id": key["AccessKeyId"], "secret": key["SecretAccessKey"]}))
 elif command == "state":
     print(json.dumps(instance(args[0])))
 elif command == "wait":

@@ -29,6 +29,12 @@ pub struct Moto {
 impl Moto {
     /// Starts moto on a free loopback port and waits until it answers.
     pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// As [`Moto::start`], with `env` (`INITIAL_NO_AUTH_ACTION_COUNT`:
+    /// after that many calls, moto checks signatures and IAM policies).
+    pub fn start_with(env: &[(&str, &str)]) -> Self {
         let available = Command::new("python3")
             .args(["-c", "import moto.server, boto3"])
             .stdout(Stdio::null())
@@ -51,6 +57,7 @@ impl Moto {
                     "-p",
                     &port.to_string(),
                 ])
+                .envs(env.iter().copied())
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
