@@ -3,7 +3,10 @@
 //! (`services/ec2_fleet.py`): the fleet from EC2 tags and Auto Scaling
 //! groups; reboot, stop-start and terminate with recovery judged by EC2;
 //! an instance left stopped by a mandrill killed with SIGKILL started by
-//! the next one; throttling answered by a proxy and retried.
+//! the next one; throttling answered by a proxy and retried; a campaign
+//! over an EC2 group; signatures and IAM checked by moto. One file past
+//! 400 lines: every test shares the moto fleet, the configuration and the
+//! helpers.
 
 mod services;
 mod support;

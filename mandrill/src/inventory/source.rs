@@ -3,6 +3,7 @@
 //! (no shell, a timeout, bounded output); a URL is fetched through
 //! `restarter/http/fetch.rs` (reqwest, bounded, no redirects); EC2's
 //! instances are described through `restarter/http/aws.rs`, page by page.
+//! Every source's I/O side by side, so one file past 400 lines.
 
 use std::fmt;
 use std::path::PathBuf;

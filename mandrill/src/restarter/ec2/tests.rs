@@ -1,6 +1,7 @@
 //! The EC2 answers read as moto gave them (`testdata/`).
 
 use super::*;
+use crate::restarter::http::aws::Element;
 
 const STATUS: &str = include_str!("testdata/describe_instance_status.xml");
 const GROUPS: &str = include_str!("testdata/describe_auto_scaling_groups.xml");
