@@ -307,7 +307,7 @@ async fn describe_instances(
     // The settings were validated: a region is there.
     let region = crate::restarter::http::aws::region(ec2.region.as_deref()).unwrap_or_default();
     let client = AwsClient::new(Service::Ec2, &region, ec2.endpoint_url.as_deref(), timeout)
-        .map_err(AwsError::Setup)?;
+        .map_err(|why| AwsError::Setup(format!("cannot make the aws client: {why}")))?;
     let mut params = Vec::new();
     let mut filters: Vec<(&str, Vec<String>)> = ec2
         .filters
@@ -338,8 +338,14 @@ async fn describe_instances(
         let page = client.call("DescribeInstances", &call).await?;
         token = next_token(&page);
         pages.push(page);
-        if token.is_none() || pages.len() >= MAX_EC2_PAGES {
+        if token.is_none() {
             return Ok(pages);
+        }
+        if pages.len() >= MAX_EC2_PAGES {
+            // Never a part of the fleet taken for the whole.
+            return Err(AwsError::Setup(format!(
+                "more than {MAX_EC2_PAGES} pages of instances match inventory.ec2.filters"
+            )));
         }
     }
 }

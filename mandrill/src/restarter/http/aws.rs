@@ -93,8 +93,9 @@ pub(crate) enum AwsError {
     /// No credentials could be found (permanent until the operator acts).
     #[error("{0}")]
     Credentials(String),
-    /// The client could not be made (an endpoint, the TLS provider).
-    #[error("cannot make the aws client: {0}")]
+    /// The call cannot be made as configured (an endpoint, the TLS
+    /// provider, a fleet larger than mandrill reads).
+    #[error("{0}")]
     Setup(String),
     /// AWS answered an error, with its code.
     #[error("{service} {action} answered {code} ({status}): {message}")]
