@@ -293,6 +293,13 @@ fn a_reboot_is_retried_through_throttling_verified_by_ec2_and_an_unknown_instanc
         .filter(|line| line["fields"]["message"] == "an aws call is tried again")
         .count();
     assert_eq!(retried, 3, "each throttled answer is retried once");
+    // Without an inventory the operator is told what groups become.
+    assert!(
+        lines.iter().any(|line| line["fields"]["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("restarter.kind = \"ec2\" without an inventory"))),
+        "no warning about the group \"i\""
+    );
 
     let failed = entry(&db, unknown);
     assert_eq!(failed.status, Status::Failed, "{failed:?}");

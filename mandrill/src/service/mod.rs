@@ -500,6 +500,17 @@ impl Service {
                  a restarted host as disrupted for safety.budget.settle instead"
             );
         }
+        // Instance ids have no prefix to group by: `i-0abc…` is in `i`.
+        if self.config.restarter.kind == crate::config::RestarterKind::Ec2
+            && !self.config.inventory.is_configured()
+            && self.config.safety.groups.is_empty()
+        {
+            warn!(
+                "restarter.kind = \"ec2\" without an inventory: every instance id is in the \
+                 group \"i\" (its name's default), so each group limit counts the whole fleet; \
+                 [inventory.ec2] gives each instance its group and zone"
+            );
+        }
         if let Ok(Some(calendar)) = self.config.calendar() {
             warn!(
                 calendar = %calendar.describe(),
