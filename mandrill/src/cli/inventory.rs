@@ -87,14 +87,14 @@ fn source_age(source: &Source) -> Duration {
             .ok()
             .and_then(|modified| SystemTime::now().duration_since(modified).ok())
             .unwrap_or_default(),
-        Source::Command(_) | Source::Url(_) => Duration::ZERO,
+        Source::Command(_) | Source::Url(_) | Source::Ec2(_) => Duration::ZERO,
     }
 }
 
 async fn print(config: &Config, as_json: bool) -> anyhow::Result<()> {
     let Some((source, handle)) = load(config).await? else {
         return Err(super::BadInput(
-            "no inventory is configured: set inventory.file, inventory.command or inventory.url"
+            "no inventory is configured: set inventory.file, inventory.command, inventory.url or [inventory.ec2]"
                 .into(),
         )
         .into());

@@ -15,8 +15,8 @@ use crate::config::{
 use crate::inventory::{Inventory, InventorySettings, Source};
 use crate::restarter::hosts::HostMap;
 use crate::restarter::{
-    Blocking, CommandRestarter, HttpRestarter, Journaled, Restarter, SimulatedBlockingRestarter,
-    SimulatedRestarter, Simulation, SshRestarter, Verified,
+    Blocking, CommandRestarter, Ec2Restarter, HttpRestarter, Journaled, Restarter,
+    SimulatedBlockingRestarter, SimulatedRestarter, Simulation, SshRestarter, Verified,
 };
 use crate::sqlite::{SqliteBroker, SqliteOptions, SqliteStore};
 use crate::store::{MemoryStore, PostgresStore, Store};
@@ -226,10 +226,25 @@ fn nats_options(config: &Config, url: String, tls_scheme: bool) -> NatsOptions {
     }
 }
 
-/// The restarter `restarter.kind` names, journalled if `restarter.journal` is set.
-pub(crate) fn build_restarter(config: &Config) -> anyhow::Result<Arc<dyn Restarter>> {
+/// A restarter built, and the `ec2` backend inside it when it is that one.
+pub(crate) struct BuiltRestarter {
+    pub restarter: Arc<dyn Restarter>,
+    /// Its companion starts instances a stop-start left stopped.
+    pub ec2: Option<Arc<Ec2Restarter>>,
+}
+
+/// The restarter `restarter.kind` names, journalled if `restarter.journal`
+/// is set.
+pub(crate) fn build_restarter(config: &Config) -> anyhow::Result<BuiltRestarter> {
     let hosts = HostMap::new(&config.hosts).map_err(|why| anyhow!("hosts: {why}"))?;
-    let restarter = build_backend(&config.restarter, &hosts)?;
+    let ec2 = match config.restarter.kind {
+        RestarterKind::Ec2 => Some(Arc::new(Ec2Restarter::new(&config.restarter.ec2)?)),
+        _ => None,
+    };
+    let restarter = match &ec2 {
+        Some(ec2) => ec2.clone() as Arc<dyn Restarter>,
+        None => build_backend(&config.restarter, &hosts)?,
+    };
     // The journal line is written before the backend is called, and
     // verification runs after it returns: journal(verify(backend)) would
     // also do, but verify(journal(backend)) keeps the journal a record of
@@ -241,7 +256,8 @@ pub(crate) fn build_restarter(config: &Config) -> anyhow::Result<Arc<dyn Restart
                 .with_context(|| format!("cannot open restarter.journal {}", path.display()))?,
         ),
     };
-    Ok(Verified::wrap(restarter, &config.verify, hosts)?)
+    let restarter = Verified::wrap(restarter, &config.verify, hosts, ec2.clone())?;
+    Ok(BuiltRestarter { restarter, ec2 })
 }
 
 fn build_backend(
@@ -262,6 +278,7 @@ fn build_backend(
         RestarterKind::Command => Arc::new(CommandRestarter::new(&config.command, hosts.clone())?),
         RestarterKind::Ssh => Arc::new(SshRestarter::new(&config.ssh, hosts.clone())?),
         RestarterKind::Http => Arc::new(HttpRestarter::new(&config.http, hosts.clone())?),
+        RestarterKind::Ec2 => Arc::new(Ec2Restarter::new(&config.ec2)?),
     })
 }
 

@@ -40,8 +40,8 @@ use pause_file::PauseFile;
 pub use records::Records;
 
 pub(crate) use adapters::{
-    broker_url, build_restarter, load_inventory, open_broker, open_dead_letter_admin,
-    open_publisher, open_pubsub_publisher, open_sqlite_broker, open_store,
+    BuiltRestarter, broker_url, build_restarter, load_inventory, open_broker,
+    open_dead_letter_admin, open_publisher, open_pubsub_publisher, open_sqlite_broker, open_store,
 };
 use companions::{prune_history, request_shutdown_when_idle};
 
@@ -238,6 +238,9 @@ pub(crate) struct Service {
     inventory_settings: Arc<watch::Sender<InventorySettings>>,
     /// `[[schedule]]`, ready to run beside the worker.
     schedules: Vec<crate::schedule::Scheduled>,
+    /// The `ec2` restarter, whose companion starts instances a stop-start
+    /// left stopped.
+    ec2: Option<Arc<crate::restarter::Ec2Restarter>>,
 }
 
 impl Service {
@@ -252,7 +255,7 @@ impl Service {
         .await?;
         let (broker, memory_broker) = open_broker(&config).await?;
         let store = open_store(&config.store).await?;
-        let restarter = build_restarter(&config)?;
+        let BuiltRestarter { restarter, ec2 } = build_restarter(&config)?;
         let pause_file = match &config.safety.pause_file {
             Some(path) => Some(PauseFile::watch(path).map_err(|error| {
                 ConfigError::invalid(
@@ -307,6 +310,7 @@ impl Service {
         let (inventory_settings, _) = watch::channel(config.inventory.clone());
         Ok(Self {
             schedules,
+            ec2,
             inventory,
             inventory_settings: Arc::new(inventory_settings),
             config,
@@ -445,6 +449,12 @@ impl Service {
                 stop_companions.clone(),
             ));
         }
+        // Even leashed or paused: starting an instance a crashed stop-start
+        // left stopped only undoes what mandrill did.
+        if let Some(ec2) = self.ec2.clone().filter(|ec2| ec2.stops_instances()) {
+            let stop = stop_companions.clone();
+            companions.spawn(async move { ec2.start_left_stopped(stop).await });
+        }
         if !self.config.store.retention.is_zero() {
             companions.spawn(prune_history(
                 self.store.clone(),
@@ -531,6 +541,17 @@ impl Service {
                 "safety.pause_on_unrecovered needs a verification probe (verify.probe): without \
                  one no restart is ever found unrecovered, so it never pauses; the budget counts \
                  a restarted host as disrupted for safety.budget.settle instead"
+            );
+        }
+        // Instance ids have no prefix to group by: `i-0abc…` is in `i`.
+        if self.config.restarter.kind == crate::config::RestarterKind::Ec2
+            && !self.config.inventory.is_configured()
+            && self.config.safety.groups.is_empty()
+        {
+            warn!(
+                "restarter.kind = \"ec2\" without an inventory: every instance id is in the \
+                 group \"i\" (its name's default), so each group limit counts the whole fleet; \
+                 [inventory.ec2] gives each instance its group and zone"
             );
         }
         if let Ok(Some(calendar)) = self.config.calendar() {

@@ -1,12 +1,14 @@
 //! Real servers for the integration tests: a fresh PostgreSQL database per
 //! test, NATS names unique to the test (`nats_names.rs`), a private `nats-server` that a test
-//! may stop and start, a private `sshd` (`sshd.rs`), and a proxy that turns
-//! into a network black hole (`black_hole.rs`). Everything is removed when
-//! dropped.
+//! may stop and start, a private `sshd` (`sshd.rs`), a private moto server
+//! for EC2 and Auto Scaling (`moto.rs`, with `ec2_fleet.py`), and a proxy
+//! that turns into a network black hole (`black_hole.rs`). Everything is
+//! removed when dropped.
 
 #![allow(dead_code)]
 
 pub mod black_hole;
+pub mod moto;
 pub mod nats_names;
 pub mod postgres;
 pub mod private_postgres;
