@@ -432,6 +432,14 @@ fn every_start_up_refusal_exits_2_naming_the_key() {
             true,
         ),
         (
+            good.replace(
+                &format!("journal = {journal:?}"),
+                "journal = \"no-such-dir/restarts.journal\"",
+            ),
+            "restarter.journal",
+            false,
+        ),
+        (
             good.replace("[safety]\n", "[safety]\ncolour = \"blue\"\n"),
             "safety.colour",
             true,

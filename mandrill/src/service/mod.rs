@@ -255,7 +255,10 @@ impl Service {
         .await?;
         let (broker, memory_broker) = open_broker(&config).await?;
         let store = open_store(&config.store).await?;
-        let BuiltRestarter { restarter, ec2 } = build_restarter(&config)?;
+        // Building a backend reads only its settings and the files they
+        // name: a failure is the configuration's (exit code 2, not retried).
+        let BuiltRestarter { restarter, ec2 } = build_restarter(&config)
+            .map_err(|error| ConfigError::invalid("restarter", format!("{error:#}")))?;
         let pause_file = match &config.safety.pause_file {
             Some(path) => Some(PauseFile::watch(path).map_err(|error| {
                 ConfigError::invalid(
