@@ -2,9 +2,11 @@
 //! `bench` module (`cargo bench -p mandrill --features bench --bench
 //! pipeline -- --help` for its options).
 
-/// The same allocator as the `mandrill` binary.
+/// The same allocator as the `mandrill` binary, counted when a run asks
+/// (`--allocations`, `--budget`).
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: mandrill::CountingAllocator<mimalloc::MiMalloc> =
+    mandrill::CountingAllocator(mimalloc::MiMalloc);
 
 fn main() {
     mandrill::bench_main();

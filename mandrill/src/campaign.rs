@@ -1,9 +1,8 @@
 //! Campaigns over a group (`mandrill campaign start`), pure: how many
 //! targets, which (at random among the eligible), when each is due, each
 //! request's id; and what a target's record says about where it stands
-//! (`campaign status`, `wait`). The CLI (`cli/campaign.rs`, `cli/wait.rs`)
-//! does the I/O, but for [`judge`], the one reading of a campaign's
-//! records that `campaign status`, `wait` and the admin API share. A
+//! (`campaign status`, `wait`), read from the store by `standings.rs`.
+//! The CLI (`cli/campaign.rs`, `cli/wait.rs`) does the rest of the I/O. A
 //! campaign publishes ordinary signed requests: the worker and every guard
 //! decide them; nothing here restarts anything.
 //!
@@ -17,7 +16,11 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use crate::domain::Status;
-use crate::store::{Campaign, CampaignTarget, DecisionRecord, Store, StoreError, Story};
+use crate::store::{Campaign, CampaignTarget, DecisionRecord, Story};
+
+mod standings;
+
+pub(crate) use standings::{Judged, judge, recent, standings};
 
 /// How many of the group a campaign targets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -161,7 +164,8 @@ pub(crate) fn standing(story: Option<&Story>, early: &[DecisionRecord]) -> Stand
         };
     };
     let entry = &story.entry;
-    let latest_decision = story.decisions.last();
+    // The stop conditions' results held nothing back.
+    let latest_decision = story.decisions.iter().rev().find(|d| d.held_back());
     let why_final = || {
         entry
             .last_error
@@ -238,69 +242,6 @@ pub(crate) fn standing(story: Option<&Story>, early: &[DecisionRecord]) -> Stand
         detail,
         recovered_after_seconds: entry.recovered_after.map(|d| d.as_secs_f64()),
     }
-}
-
-/// Each target of `campaign` with where it stands, and the campaign's
-/// verdict, read from `store`.
-pub(crate) async fn judge(
-    store: &dyn Store,
-    campaign: &Campaign,
-) -> Result<(Vec<(CampaignTarget, Standing)>, Verdict), StoreError> {
-    let ids: Vec<Uuid> = campaign.targets.iter().map(|t| t.message_id).collect();
-    let standings = standings(store, &ids).await?;
-    let judged: Vec<_> = campaign.targets.iter().cloned().zip(standings).collect();
-    let verdict = Verdict::of_all(judged.iter().map(|(_, standing)| standing.verdict));
-    Ok((judged, verdict))
-}
-
-/// How many of the newest history entries are searched for a rejection of
-/// a request that has no record of its own.
-const REJECTIONS_SEARCHED: usize = 1000;
-
-/// Where each request stands. A request with no record and no decision
-/// may have been rejected (a bad or unknown signature): a rejection is
-/// recorded apart, under the id salvaged from the payload, so the newest
-/// history is searched for one; found, the request failed.
-pub(crate) async fn standings(
-    store: &dyn Store,
-    ids: &[Uuid],
-) -> Result<Vec<Standing>, StoreError> {
-    let mut standings = Vec::with_capacity(ids.len());
-    for &id in ids {
-        let story = store.story(id).await?;
-        let early = match &story {
-            Some(_) => Vec::new(),
-            None => store.decisions(id).await?,
-        };
-        standings.push(standing(story.as_ref(), &early));
-    }
-    let unheard: std::collections::HashSet<Uuid> = ids
-        .iter()
-        .zip(&standings)
-        .filter(|(_, standing)| standing.state == "published")
-        .map(|(id, _)| *id)
-        .collect();
-    if !unheard.is_empty() {
-        for entry in store.history(REJECTIONS_SEARCHED).await? {
-            let Some(id) = entry.message_id.filter(|id| unheard.contains(id)) else {
-                continue;
-            };
-            if entry.status != Status::Rejected {
-                continue;
-            }
-            let index = ids.iter().position(|i| *i == id).unwrap_or_default();
-            standings[index] = Standing {
-                state: "rejected".into(),
-                verdict: Verdict::Failed,
-                detail: format!(
-                    "a payload with this id was rejected: {}",
-                    entry.last_error.as_deref().unwrap_or("no reason recorded")
-                ),
-                recovered_after_seconds: None,
-            };
-        }
-    }
-    Ok(standings)
 }
 
 /// A campaign judged, as one JSON object: what `campaign status --json`

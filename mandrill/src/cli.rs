@@ -6,8 +6,8 @@
 //! requested during start-up); 1 when the service or command failed (could
 //! not start, stopped by itself, database error); 2 for bad usage,
 //! configuration or input (nothing was published); 3 when the outcome is
-//! unknown (`pause` or `resume` sent, but the store did not answer within
-//! `store.timeout`: the switch may or may not have turned); 130 when a
+//! unknown (`pause`, `resume`, `leash` or `unleash` sent, but the store did
+//! not answer within `store.timeout`: it may or may not have turned); 130 when a
 //! third signal cut the shutdown short.
 //!
 //! Signals: the first SIGTERM, SIGINT or SIGQUIT starts a graceful shutdown
@@ -27,15 +27,10 @@ use bytes::Bytes;
 use clap::{Args, Parser, Subcommand};
 use tracing::{error, info, warn};
 
-use crate::broker::{
-    BrokerError, BrokerUrl, Close as _, DeadLetterAdmin, DeadLetterEntry, DeadLetterRecord,
-    Publisher,
-};
+use crate::broker::{BrokerUrl, Close as _, DeadLetterAdmin, DeadLetterEntry};
 use crate::config::{self, Config, ConfigError, LogFormat, Sources, redact_url};
-use crate::domain::Timestamp;
 use crate::domain::{Hostname, InstanceName, RestartRequest, random_instance_name};
 use crate::service::{self, Controls, Service};
-use crate::sqlite::SqliteBroker;
 use crate::telemetry::Telemetry;
 use crate::worker::Shutdown;
 
@@ -46,6 +41,7 @@ mod explain;
 mod history;
 mod inventory;
 mod keygen;
+mod leash;
 mod policy;
 mod publish;
 mod replay;
@@ -78,7 +74,7 @@ pub(crate) enum Command {
     Run(RunArgs),
     /// Print recorded requests and outcomes, newest first.
     History(HistoryArgs),
-    /// Publish restart requests into the queue, all in one transaction.
+    /// Publish restart requests into the queue, each checked first; prints each one's message id and host.
     Publish(PublishArgs),
     /// List the messages the queue gave up on, with the reasons.
     DeadLetters(DeadLettersArgs),
@@ -88,7 +84,11 @@ pub(crate) enum Command {
     Pause(SwitchArgs),
     /// Let restarts be issued again.
     Resume(SwitchArgs),
-    /// Show the mode, the kill switch and the eligibility rules.
+    /// Record restarts as dry runs on every instance that uses this store, until `mandrill unleash` (the leash, kept beside the kill switch).
+    Leash(leash::LeashArgs),
+    /// Let every instance that uses this store issue real restarts, whatever its safety.dry_run or --unleash: needs --reason.
+    Unleash(leash::UnleashArgs),
+    /// Show the mode, the leash, the kill switch and the eligibility rules.
     Status(StatusArgs),
     /// Ask the safety policy without acting: `mandrill policy check NAME…`.
     Policy(policy::PolicyArgs),
@@ -135,6 +135,8 @@ pub fn main() -> ExitCode {
         }
         Command::Pause(args) => switch::switch(&args, true),
         Command::Resume(args) => switch::switch(&args, false),
+        Command::Leash(args) => leash::leash(&args),
+        Command::Unleash(args) => leash::unleash(&args),
         Command::Status(args) => switch::status(&args),
         Command::Explain(args) => explain::main(&args),
         Command::Inventory(args) => inventory::main(&args),
@@ -238,6 +240,23 @@ where
             }
         }
     }
+}
+
+/// An id as the commands that read the store take it (`wait`,
+/// `explain`): a uuid, or a line `mandrill publish` printed, `<message id>
+/// <host>`, given as one argument or two; the id and the host, if given.
+pub(super) fn published_line(words: &[String]) -> Result<(uuid::Uuid, Option<String>), BadInput> {
+    let joined = words.join(" ");
+    let mut parts = joined.split_whitespace();
+    let (Some(id), host, None) = (parts.next(), parts.next(), parts.next()) else {
+        return Err(BadInput(format!(
+            "{joined:?} is not an id (a uuid), nor a line `mandrill publish` printed \
+             (ID HOST)"
+        )));
+    };
+    let id =
+        uuid::Uuid::parse_str(id).map_err(|_| BadInput(format!("{id:?} is not an id (a uuid)")))?;
+    Ok((id, host.map(str::to_owned)))
 }
 
 /// `broker.url` for the queue commands, refusing `memory` (it lives only

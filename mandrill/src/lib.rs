@@ -82,6 +82,9 @@ mod tests;
 /// The binary's entry point: subcommands, signals, runtime, exit codes.
 pub use cli::main;
 
+/// The benchmark's allocator: counts allocations while a run asks it to.
+#[cfg(feature = "bench")]
+pub use bench::CountingAllocator;
 /// The pipeline benchmark (`benches/pipeline.rs` is its entry point).
 #[cfg(feature = "bench")]
 pub use bench::main as bench_main;

@@ -61,6 +61,7 @@ pub(crate) fn sqlite_store() -> &'static Migrator {
             "0009_campaigns.sql",
             "0010_group_pauses.sql",
             "0011_request_identity.sql",
+            "0012_leash.sql",
             "0013_campaign_stop.sql",
         ))
     });
@@ -80,6 +81,7 @@ pub(crate) fn postgres() -> &'static Migrator {
             "0008_campaigns.sql",
             "0009_group_pauses.sql",
             "0010_request_identity.sql",
+            "0011_leash.sql",
             "0012_campaign_stop.sql",
         ))
     });

@@ -1,6 +1,8 @@
 //! The admin server on the real binary: metrics a real Prometheus scrapes,
 //! readiness that turns on SIGTERM before the drain, the token.
 
+#[path = "admin/console.rs"]
+mod console;
 mod support;
 #[path = "admin/tools.rs"]
 mod tools;
@@ -230,9 +232,12 @@ fn pause_and_resume_need_the_token_and_turn_the_switch_the_worker_obeys() {
         page.contains("PAUSED: paused by ana (incident 7)"),
         "{page}"
     );
-    assert!(page.contains("action=\"/api/resume\""), "{page}");
+    assert!(
+        page.contains("data-post=\"/api/resume\">Resume all restarts"),
+        "{page}"
+    );
 
-    // Resumed from the dashboard's form, token as a field: back to the page.
+    // Resumed by a form, token as a field: back to the page.
     let form = [("Content-Type", "application/x-www-form-urlencoded")];
     let (status, _) = post(
         &addr,
@@ -253,6 +258,91 @@ fn pause_and_resume_need_the_token_and_turn_the_switch_the_worker_obeys() {
     let (status, _) = post(&addr, "/api/pause", &cross, &format!("token={token}"));
     assert_eq!(status, 403);
     assert_eq!(paused(&addr), false);
+    service.signal("TERM");
+    let (status, lines) = service.wait_exit();
+    assert!(status.success());
+    assert!(!serde_json::to_string(&lines).unwrap().contains(token));
+}
+
+/// `POST /api/leash` and `/api/unleash` turn the leash in the store as
+/// `mandrill leash` and `unleash` do: always with the token, unleashing
+/// with a reason, never for a group; `/api/status` and `/metrics` then say
+/// the mode with who, why and when, and the worker obeys it (with the
+/// simulated backend, whose own mode is unleashed, requests become dry
+/// runs).
+#[test]
+fn leash_and_unleash_need_the_token_and_turn_the_leash_every_instance_obeys() {
+    let (_guard, dir) = temp_dir();
+    let token = "leash-token-81aa";
+    let service = Mandrill::run_with_env(
+        &dir,
+        &[
+            "--db",
+            &sqlite_url(&dir),
+            "--simulate=50",
+            "--set",
+            "safety.poll_interval=100ms",
+        ],
+        &[("MANDRILL_ADMIN__TOKEN", token)],
+    );
+    let addr = admin_addr(&service);
+    service.wait_for("saved", 1);
+    let json_body = [("Content-Type", "application/json")];
+    let mode = |addr: &str| get_json(addr, "/api/status", &[]).1["mode"].clone();
+    for path in ["/api/leash", "/api/unleash"] {
+        let (status, body) = post(&addr, path, &json_body, r#"{"reason":"nope"}"#);
+        assert_eq!(status, 401, "{path}: {body}");
+    }
+    assert_eq!(mode(&addr), "unleashed");
+    let bearer = format!("Bearer {token}");
+    let mut headers = json_body.to_vec();
+    headers.push(("Authorization", &bearer));
+    let (status, body) = post(&addr, "/api/leash", &headers, r#"{"group":"web"}"#);
+    assert_eq!(status, 400, "{body}");
+    let (status, body) = post(
+        &addr,
+        "/api/leash",
+        &headers,
+        r#"{"reason":"game day over","by":"ana"}"#,
+    );
+    assert_eq!(status, 200, "{body}");
+    let (_, overview) = get_json(&addr, "/api/status", &[]);
+    assert_eq!(overview["mode"], "leashed", "{overview}");
+    assert_eq!(overview["leash"]["by"], "ana", "{overview}");
+    assert_eq!(overview["leash"]["reason"], "game day over", "{overview}");
+    assert_eq!(overview["leash"]["from"], "store", "{overview}");
+    service.wait_for(
+        "LEASHED (dry run) by the leash recorded in the store: every instance sharing it \
+         records restarts as dry runs, none is issued",
+        1,
+    );
+    let (_, metrics) = get(&addr, "/metrics", &[]);
+    assert!(metrics.contains("mandrill_leashed 1"), "{metrics}");
+    // Requests claimed from now on are dry runs.
+    service.wait_for(
+        "dry run: not restarting (leashed: `mandrill status` says by whom; `mandrill unleash \
+         --reason …` acts)",
+        1,
+    );
+
+    let (status, body) = post(&addr, "/api/unleash", &headers, r#"{"by":"bob"}"#);
+    assert_eq!(status, 400, "unleashing needs a reason: {body}");
+    assert_eq!(mode(&addr), "leashed");
+    let (status, body) = post(
+        &addr,
+        "/api/unleash",
+        &headers,
+        r#"{"reason":"game day 2","by":"bob"}"#,
+    );
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(mode(&addr), "unleashed");
+    service.wait_for(
+        "UNLEASHED by the leash recorded in the store: every instance sharing it issues \
+         restarts",
+        1,
+    );
+    let restarted = service.messages("restarted").len();
+    service.wait_for("restarted", restarted + 5);
     service.signal("TERM");
     let (status, lines) = service.wait_exit();
     assert!(status.success());
@@ -628,17 +718,33 @@ fn status_reports_each_running_instances_own_mode_and_says_when_the_file_disagre
         "{text}"
     );
 
-    // A reload reads the file's stricter `dry_run = true`: leashed, by it.
+    // A reload that does not change the file's own `dry_run` keeps the
+    // mode as it runs (issue 37: it used to leash, "the stricter wins").
     service.signal("HUP");
-    service.wait_for("safety policy reloaded", 1);
+    service.wait_for("configuration reloaded", 1);
+    let (_, api) = get_json(&addr, "/api/status", &[]);
+    assert_eq!(api["mode"], "unleashed", "{api}");
+
+    // An operator's leash in the store decides, with who, why and when.
+    let (ok, _, stderr) = mandrill_as_configured(
+        &dir,
+        &[
+            "leash", "--config", config, "--by", "ana", "--reason", "done",
+        ],
+    );
+    assert!(ok, "{stderr}");
+    let (_, api) = get_json(&addr, "/api/status", &[]);
+    assert_eq!(api["mode"], "leashed", "{api}");
+    assert_eq!(api["leash"]["by"], "ana", "{api}");
+    assert_eq!(api["leash"]["reason"], "done", "{api}");
+    assert_eq!(api["leash"]["from"], "store", "{api}");
+    assert!(api["leash"]["since"].is_string(), "{api}");
     let (_, stdout, _) = mandrill_as_configured(&dir, &["status", "--config", config, "--json"]);
     let status: Value = serde_json::from_str(stdout.trim()).unwrap();
     assert_eq!(status["mode"], "leashed (dry run)", "{status}");
+    assert_eq!(status["configured_mode"], "leashed (dry run)", "{status}");
     assert_eq!(status["disagreement"], Value::Null, "{status}");
-    assert_eq!(
-        status["instances"][0]["leash"]["by"], "a reload (SIGHUP)",
-        "{status}"
-    );
+    assert_eq!(status["instances"][0]["leash"]["by"], "ana", "{status}");
 
     service.signal("TERM");
     assert!(service.wait_exit().0.success());

@@ -244,11 +244,12 @@ fn a_real_backend_is_leashed_by_default_and_records_the_exact_argv() {
     assert!(marker.exists(), "unleashed, the command runs");
 }
 
-/// A reload whose file says `safety.dry_run = true` leashes a service
-/// started with `--unleash`: the stricter wins, and the log says so naming
-/// the key (the flag does not stay in force over the file).
+/// A reload whose file changed its own `safety.dry_run` (here from unset
+/// to `true`) turns the leash, over the `--unleash` the service started
+/// with, and the log says so and why (a reload that leaves it as it was
+/// keeps the mode: `tests/leash.rs`).
 #[test]
-fn a_reloaded_file_that_leashes_wins_over_unleash() {
+fn a_reload_whose_file_changes_its_own_dry_run_turns_the_leash_over_unleash() {
     let (_guard, dir) = temp_dir();
     let marker = dir.join("restarted");
     let db = sqlite_url(&dir);
@@ -267,16 +268,22 @@ fn a_reloaded_file_that_leashes_wins_over_unleash() {
 
     fs::write(dir.join("mandrill.toml"), config("dry_run = true\n")).unwrap();
     service.signal("HUP");
-    let stricter = service.wait_for(
-        "the reloaded configuration is stricter than a flag given at start-up \
-         (--unleash, --set): the stricter wins",
-        1,
-    );
-    assert_eq!(stricter[0]["fields"]["key"], "safety.dry_run");
-    service.wait_for(
+    let leashed = service.wait_for(
         "LEASHED (dry run) by reload: restarts are decided and recorded, none is issued",
         1,
     );
+    assert_eq!(
+        leashed[0]["fields"]["why"], "the configuration file's own safety.dry_run changed",
+        "{leashed:?}"
+    );
+    let turned = service.wait_for(
+        "the configuration file's own safety.dry_run changed: this instance's own leash \
+         follows it (over a start-up flag)",
+        1,
+    );
+    assert_eq!(turned[0]["fields"]["from"], "unset", "{turned:?}");
+    assert_eq!(turned[0]["fields"]["to"], "true", "{turned:?}");
+    assert_eq!(turned[0]["fields"]["leashed"], true, "{turned:?}");
     service.wait_for("configuration reloaded", 1);
 
     let (status, _, stderr) = mandrill(&dir, &["publish", "--broker", &db, "cattle-ab12"], &[]);

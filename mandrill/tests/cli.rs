@@ -391,7 +391,10 @@ fn test_only_variables_are_not_configuration() {
     let (status, stdout, stderr) =
         mandrill(&dir, &["publish", "--broker", &broker, "cattle-test"], &env);
     assert!(status.success(), "{stderr}");
-    assert!(stdout.contains("published 1 requests"), "{stdout}");
+    // One spelling, one plural: the count on stderr, the id on stdout.
+    assert!(stderr.contains("published 1 request\n"), "{stderr}");
+    assert_eq!(stdout.lines().count(), 1, "{stdout}");
+    assert!(stdout.ends_with(" cattle-test.example.net\n"), "{stdout}");
     let (status, _, stderr) = mandrill(&dir, &["history", "--db", &broker], &env);
     assert!(status.success(), "{stderr}");
 

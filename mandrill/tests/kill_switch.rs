@@ -154,3 +154,46 @@ fn pause_stops_every_restart_at_once_and_resume_completes_the_rest() {
     let status: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
     assert_eq!(status["paused"], false);
 }
+
+/// `mandrill resume` when nothing is paused says so truthfully (it used to
+/// say restarts "may be claimed again", as if it had lifted a pause), exits
+/// 0 and records nothing: the switch keeps its last turn.
+#[test]
+fn resume_with_nothing_paused_says_so_and_records_nothing() {
+    let (_guard, dir) = temp_dir();
+    let db = sqlite_url(&dir);
+    let (status, stdout, stderr) = mandrill(&dir, &["resume", "--db", &db, "--by", "sre"], &[]);
+    assert!(status.success(), "resume failed: {stderr}");
+    assert_eq!(
+        stdout.trim(),
+        "nothing was paused: restarts were not paused, and no resume was recorded"
+    );
+    let switch = |db: &str| {
+        let (status, stdout, stderr) = mandrill(&dir, &["status", "--db", db, "--json"], &[]);
+        assert!(status.success(), "status failed: {stderr}");
+        serde_json::from_str::<serde_json::Value>(stdout.trim()).unwrap()["switch"].clone()
+    };
+    assert_eq!(switch(&db)["by"], serde_json::Value::Null);
+
+    // Paused, then resumed: said as before.
+    let (status, _, stderr) = mandrill(&dir, &["pause", "--db", &db, "--by", "sre"], &[]);
+    assert!(status.success(), "pause failed: {stderr}");
+    let (status, stdout, _) = mandrill(
+        &dir,
+        &["resume", "--db", &db, "--by", "sre", "--reason", "done"],
+        &[],
+    );
+    assert!(status.success());
+    assert!(
+        stdout.starts_with("resumed by sre (done): restarts may be claimed again"),
+        "{stdout}"
+    );
+    let (status, stdout, _) = mandrill(&dir, &["resume", "--db", &db, "--by", "ana"], &[]);
+    assert!(status.success());
+    assert!(stdout.starts_with("nothing was paused"), "{stdout}");
+    assert_eq!(
+        switch(&db)["by"],
+        "sre",
+        "the second resume recorded nothing"
+    );
+}

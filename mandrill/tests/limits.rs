@@ -171,7 +171,7 @@ fn two_instances_on_one_sqlite_file_issue_exactly_the_rate_limit() {
         "{stdout}"
     );
     assert!(
-        stdout.contains("limits:    restarts per group per 1h: 5"),
+        stdout.contains("limits:    restarts per group per hour: 5"),
         "{stdout}"
     );
 
@@ -194,7 +194,7 @@ fn two_instances_on_one_sqlite_file_issue_exactly_the_rate_limit() {
     let (status, stdout, stderr) = mandrill(&dir, &["explain", "--db", &db, &id], &[]);
     assert!(status.success(), "explain failed: {stderr}");
     assert!(
-        stdout.contains("deferred by rate limit: group cattle had 5 of its 5 restarts per 1h"),
+        stdout.contains("deferred by rate limit: group cattle had 5 of its 5 restarts per hour"),
         "{stdout}"
     );
     let done = entries
@@ -211,7 +211,7 @@ fn two_instances_on_one_sqlite_file_issue_exactly_the_rate_limit() {
         story["attempts"][0]["verdict"]
             .as_str()
             .unwrap()
-            .contains("of 5 per 1h"),
+            .contains("of 5 per hour"),
         "{story}"
     );
 }

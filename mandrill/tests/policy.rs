@@ -39,14 +39,14 @@ fn policy_check_prints_each_guards_verdict_at_a_given_time_without_acting() {
          outside Mon–Fri 09:00–15:00 Europe/Stockholm; next window opens 2026-11-23 09:00 CET\n  \
          expiry: published then, expires 2026-11-26 15:00 CET if still waiting \
          (safety.max_defer 1day of open calendar time; closed time does not count)\n  \
-         limits: group cattle: at most 1 restarts per 1day, at most 1 hosts disrupted at once \
+         limits: group cattle: at most 1 restart per day, at most 1 host disrupted at once \
          (counted against the store when claimed)\n\
          pet-01\n  eligibility: deny: pet-01 matches no safety.allow pattern\n  calendar: \
          defer until 2026-11-23 09:00 CET: outside Mon–Fri 09:00–15:00 Europe/Stockholm; \
          next window opens 2026-11-23 09:00 CET\n  expiry: published then, expires \
          2026-11-26 15:00 CET if still waiting (safety.max_defer 1day of open calendar time; \
-         closed time does not count)\n  limits: group pet: at most 1 restarts per \
-         1day, at most 1 hosts disrupted at once (counted against the store when claimed)\n"
+         closed time does not count)\n  limits: group pet: at most 1 restart per \
+         day, at most 1 host disrupted at once (counted against the store when claimed)\n"
     );
 
     // The second the window opens, as JSON.
@@ -183,7 +183,7 @@ fn policy_replay_shows_what_a_candidate_policy_would_have_decided_differently() 
     let out = replay(false);
     assert!(
         out.ends_with(
-            "6 requests decided in the last 1h replayed: 4 would be decided differently \
+            "6 requests decided in the last hour replayed: 4 would be decided differently \
              (2 restart → defer, 2 restart → deny)\n"
         ),
         "{out}"

@@ -45,7 +45,7 @@ fn publish_rejects_bad_lines_by_number_and_publishes_nothing() {
         &[],
     );
     assert!(status.success(), "{stderr}");
-    assert_eq!(stdout.trim(), "published 5 requests");
+    assert!(stderr.contains("published 5 requests"), "{stderr}");
     let rows = queue_rows(&db);
     assert_eq!(rows.len(), 5);
     // Minted time-ordered (version 7), so that the stores' indexes on
@@ -67,6 +67,34 @@ fn publish_rejects_bad_lines_by_number_and_publishes_nothing() {
         ids.windows(2).all(|w| millis(&w[0]) <= millis(&w[1])),
         "{ids:?}"
     );
+    // Standard output is what was published: each id with its host, in
+    // the queue's order, and nothing else.
+    let printed = printed(&stdout);
+    assert_eq!(
+        printed.iter().map(|(id, _)| *id).collect::<Vec<_>>(),
+        ids,
+        "{stdout}"
+    );
+    assert_eq!(printed[0].1, "cattle-0003.example.net", "{stdout}");
+    assert!(
+        printed[1..]
+            .iter()
+            .all(|(_, host)| host.starts_with("cattle-") && host.ends_with(".example.net")),
+        "{stdout}"
+    );
+}
+
+/// `mandrill publish`'s standard output: `<message id> <host>` a line.
+fn printed(stdout: &str) -> Vec<(uuid::Uuid, String)> {
+    stdout
+        .lines()
+        .map(|line| {
+            let (id, host) = line
+                .split_once(' ')
+                .unwrap_or_else(|| panic!("not `ID HOST`: {line:?}"));
+            (id.parse().unwrap(), host.to_owned())
+        })
+        .collect()
 }
 
 #[test]
@@ -94,10 +122,14 @@ fn publish_reads_standard_input_and_spreads_at_a_rate() {
         .unwrap();
     let output = child.wait_with_output().unwrap();
     assert!(output.status.success(), "{output:?}");
-    assert_eq!(
-        String::from_utf8_lossy(&output.stdout).trim(),
-        "published 2 requests"
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("published 2 requests"),
+        "{output:?}"
     );
+    let lines = printed(&String::from_utf8_lossy(&output.stdout));
+    assert_eq!(lines.len(), 2, "{output:?}");
+    assert_eq!(lines[0].1, "from-stdin.example.net");
+    assert_eq!(lines[1], (id, "from-json.example.net".to_owned()));
     let rows = queue_rows(&db);
     // A JSON line is published as written, unknown fields included.
     assert_eq!(rows[1].payload, json.as_bytes());
@@ -110,7 +142,8 @@ fn publish_reads_standard_input_and_spreads_at_a_rate() {
         &[],
     );
     assert!(status.success(), "{stderr}");
-    assert_eq!(stdout.trim(), "published 30 requests");
+    assert!(stderr.contains("published 30 requests"), "{stderr}");
+    assert_eq!(printed(&stdout).len(), 30, "{stdout}");
     assert_eq!(queue_rows(&db).len(), 32);
     let (status, _, stderr) =
         mandrill(&dir, &["publish", "--broker", &db, "--rate", "0", "x"], &[]);
@@ -126,7 +159,8 @@ fn run_until_idle_handles_everything_published_then_exits_zero() {
     std::fs::write(dir.join("names"), names).unwrap();
     let (status, stdout, stderr) = mandrill(&dir, &["publish", "--file", "names"], &[]);
     assert!(status.success(), "{stderr}");
-    assert_eq!(stdout.trim(), "published 200 requests");
+    assert!(stderr.contains("published 200 requests"), "{stderr}");
+    assert_eq!(printed(&stdout).len(), 200, "{stdout}");
 
     // Defaults: the queue and the store share ./mandrill.db.
     let service = Mandrill::run(

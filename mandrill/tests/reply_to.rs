@@ -69,6 +69,18 @@ fn a_verdict_is_published_on_an_allowed_reply_subject_and_only_there() {
     ];
     let flags = flags(&names);
     publish.extend(flags.iter().map(String::as_str));
+    // publish refuses the destination the configuration does not allow,
+    // as the service would deny it, before publishing either...
+    let (status, stdout, stderr) = mandrill(&dir, &publish, &[]);
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert!(stdout.is_empty(), "{stdout}");
+    assert!(
+        stderr.contains("requests.jsonl:2: the service would deny it: denied by reply_to")
+            && !stderr.contains("requests.jsonl:1:"),
+        "{stderr}"
+    );
+    // ...and --unchecked publishes both, for the service to decide.
+    publish.push("--unchecked");
     let (status, _, stderr) = mandrill(&dir, &publish, &[]);
     assert!(status.success(), "publish failed: {stderr}");
 

@@ -109,19 +109,27 @@ fn requester(name: &str, key_file: &str, allow: &str) -> String {
 }
 
 fn publish_file(dir: &Path, lines: &[String]) {
-    fs::write(dir.join("requests.txt"), lines.join("\n")).unwrap();
-    let (status, _, stderr) = mandrill(
-        dir,
-        &[
-            "publish",
-            "--config",
-            "mandrill.toml",
-            "--file",
-            "requests.txt",
-        ],
-        &[],
-    );
+    let (status, _, stderr) = publish_lines(dir, lines, &[]);
     assert!(status.success(), "publish failed: {stderr}");
+}
+
+/// `mandrill publish --config mandrill.toml --file requests.txt FLAGS`
+/// with `lines` in the file.
+fn publish_lines(
+    dir: &Path,
+    lines: &[String],
+    flags: &[&str],
+) -> (std::process::ExitStatus, String, String) {
+    fs::write(dir.join("requests.txt"), lines.join("\n")).unwrap();
+    let mut args = vec![
+        "publish",
+        "--config",
+        "mandrill.toml",
+        "--file",
+        "requests.txt",
+    ];
+    args.extend(flags);
+    mandrill(dir, &args, &[])
 }
 
 fn run_until_idle(dir: &Path) -> Vec<serde_json::Value> {
@@ -139,7 +147,7 @@ fn entry<'a>(entries: &'a [HistoryEntry], instance: &str) -> &'a HistoryEntry {
 }
 
 fn dead_letter_count(dir: &Path) -> usize {
-    queue_rows(&sqlite_url(dir)).len()
+    support::queue_len(&sqlite_url(dir))
 }
 
 #[test]
@@ -297,7 +305,26 @@ fn bad_signatures_are_rejected_with_their_reasons_and_dead_lettered() {
         .iter()
         .map(|(spec, _)| sign(&dir, spec.clone()))
         .collect();
-    publish_file(&dir, &lines);
+    // publish, reading the service's configuration, refuses them all
+    // before publishing any, each naming why, as the service would.
+    let (status, stdout, stderr) = publish_lines(&dir, &lines, &[]);
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert!(stdout.is_empty(), "nothing printed as published: {stdout}");
+    assert!(
+        stderr.contains(&format!("nothing was published ({} refusals)", cases.len())),
+        "{stderr}"
+    );
+    for (line, (_, why)) in (1..).zip(&cases) {
+        let refusal = stderr
+            .lines()
+            .find(|refusal| refusal.contains(&format!("requests.txt:{line}: ")))
+            .unwrap_or_else(|| panic!("line {line} not refused: {stderr}"));
+        assert!(refusal.contains(why), "line {line}: {refusal}");
+    }
+    assert_eq!(dead_letter_count(&dir), 0, "nothing in the queue");
+    // --unchecked publishes them, to test the service's own refusals.
+    let (status, _, stderr) = publish_lines(&dir, &lines, &["--unchecked"]);
+    assert!(status.success(), "{stderr}");
     let log = run_until_idle(&dir);
     let entries = history(&sqlite_url(&dir));
     let rejected: Vec<&HistoryEntry> = entries
@@ -411,11 +438,19 @@ fn a_signed_request_outside_its_requesters_allow_is_denied_naming_the_requester(
 fn an_unsigned_request_is_rejected_with_a_real_backend_unless_require_signed_is_false() {
     let (_guard, dir) = temp_dir();
     write_config(&dir, COMMAND, "", "");
-    let (status, _, stderr) = mandrill(
-        &dir,
-        &["publish", "--config", "mandrill.toml", "cattle-u1"],
-        &[],
+    // publish refuses it, as the service would; --unchecked publishes it.
+    let publish = ["publish", "--config", "mandrill.toml", "cattle-u1"];
+    let (status, stdout, stderr) = mandrill(&dir, &publish, &[]);
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert!(stdout.is_empty(), "{stdout}");
+    assert!(
+        stderr.contains("nothing was published")
+            && stderr.contains("a signature is required (safety.require_signed)")
+            && stderr.contains("--as NAME --key-file FILE"),
+        "{stderr}"
     );
+    assert_eq!(dead_letter_count(&dir), 0, "nothing in the queue");
+    let (status, _, stderr) = mandrill(&dir, &[&publish[..], &["--unchecked"]].concat(), &[]);
     assert!(status.success(), "{stderr}");
     run_until_idle(&dir);
     let entries = history(&sqlite_url(&dir));
@@ -698,7 +733,14 @@ fn a_sighup_revokes_a_removed_requester() {
     write_config(&dir, SIMULATE, "", "");
     service.signal("HUP");
     service.wait_for("safety policy reloaded", 1);
-    publish_file(&dir, &[signed("cattle-after")]);
+    // publish, reading the new configuration, knows alice no more; the
+    // service's own refusal is what is tested here.
+    let after = [signed("cattle-after")];
+    let (status, _, stderr) = publish_lines(&dir, &after, &[]);
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("unknown requester \"alice\""), "{stderr}");
+    let (status, _, stderr) = publish_lines(&dir, &after, &["--unchecked"]);
+    assert!(status.success(), "{stderr}");
     service.wait_for("dead-lettered", 1);
     stop(service);
     let entries = history(&sqlite_url(&dir));

@@ -135,6 +135,7 @@ fn a_failing_stop_condition_defers_the_restart_until_it_turns_healthy() {
             "[broker]\nmax_deliveries = 1000\n\
              [restarter]\nfailure_rate = 0.0\nmax_latency = \"10ms\"\n\
              [safety]\nstop_retry = \"200ms\"\n\
+             [[safety.stop_conditions]]\nname = \"deploys\"\ncommand = [\"true\"]\n\
              [[safety.stop_conditions]]\nname = \"alerts\"\nhttp = \"http://{addr}/firing\"\n"
         ),
     )
@@ -157,7 +158,9 @@ fn a_failing_stop_condition_defers_the_restart_until_it_turns_healthy() {
     assert_eq!(
         reason,
         format!(
-            "deferred by stop condition \"alerts\": GET http://{addr}/firing answered 503, expected 200"
+            "deferred by stop condition \"alerts\": GET http://{addr}/firing answered 503, \
+             expected 200; checked before it: \"deploys\" healthy (\"true\" exited with exit \
+             status: 0)"
         )
     );
     assert!(
@@ -172,6 +175,33 @@ fn a_failing_stop_condition_defers_the_restart_until_it_turns_healthy() {
     assert_eq!(entries.len(), 1);
     assert_eq!(entries[0].status, Status::Restarted);
     assert_eq!(entries[0].attempts, 1, "a deferral gives its claim back");
+
+    // explain tells it in time order, each stop condition's result too:
+    // received, the deferral, the claim, both checks healthy, the end.
+    let id = entries[0].message_id.unwrap().to_string();
+    let (status, story, stderr) = mandrill(&dir, &["explain", "--db", &db, &id], &[]);
+    assert!(status.success(), "{stderr}");
+    let events: Vec<&str> = story
+        .lines()
+        .filter(|line| line.starts_with("  20"))
+        .collect();
+    let at = |what: &str| {
+        events
+            .iter()
+            .position(|line| line.contains(what))
+            .unwrap_or_else(|| panic!("no {what:?} in {story}"))
+    };
+    assert_eq!(at("  received"), 0, "{story}");
+    let order = [
+        at("deferred by stop condition \"alerts\""),
+        at("attempt 1 claimed"),
+        at(&format!(
+            "checked stop conditions before attempt 1: \"deploys\" healthy (\"true\" exited with exit status: 0), \
+             \"alerts\" healthy (GET http://{addr}/firing answered 200)"
+        )),
+        at("attempt 1 ended: restarted"),
+    ];
+    assert!(order.windows(2).all(|w| w[0] < w[1]), "{order:?}: {story}");
 }
 
 fn status_text(dir: &Path, db: &str) -> String {

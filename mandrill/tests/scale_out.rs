@@ -19,7 +19,7 @@ fn publish(dir: &std::path::Path, url: &str, names: &NatsNames, n: usize) {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let (status, stdout, stderr) = mandrill(dir, &args, &[]);
     assert!(status.success(), "publish failed: {stderr}");
-    assert!(stdout.contains(&n.to_string()), "{stdout}");
+    assert_eq!(stdout.lines().count(), n, "one line per request: {stdout}");
 }
 
 fn instance(
@@ -235,4 +235,44 @@ fn consumer_recovers_when_the_nats_server_restarts() {
             + count(&stats, "settle_failures")
     );
     assert_eq!(db.finished(), 2_000, "{:?}", db.statuses());
+}
+
+/// A second deployment naming another consumer on the same work-queue
+/// stream fails start-up saying what that means and what to do, naming
+/// the consumer already there, rather than with NATS's raw "filtered
+/// consumer not unique on workqueue stream".
+#[test]
+fn another_consumer_on_the_work_queue_fails_start_up_saying_what_to_do() {
+    let (_guard, dir) = temp_dir();
+    let names = NatsNames::new(&nats_server());
+    let db = support::sqlite_url(&dir);
+    let mut args = vec!["--broker".to_owned(), names.url.clone(), "--db".into(), db];
+    args.extend(names.flags());
+    let first: Vec<&str> = args.iter().map(String::as_str).collect();
+    let running = Mandrill::run(&dir, &first);
+    running.wait_for("mandrill started", 1);
+    let consumer = first
+        .iter()
+        .find_map(|arg| arg.strip_prefix("broker.nats.consumer="))
+        .unwrap()
+        .to_owned();
+
+    let other = format!("broker.nats.consumer={consumer}-other");
+    let mut second = vec!["run"];
+    second.extend(&first);
+    second.extend(["--set", &other]);
+    let (status, _, stderr) = mandrill(&dir, &second, &[]);
+    assert!(!status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "cannot open consumer {consumer}-other: stream MANDRILL_TEST_{}",
+            names.flags()[1].rsplit('_').next().unwrap()
+        )) && stderr.contains(&format!("another consumer already reads it ({consumer})"))
+            && stderr.contains("must name the same broker.nats.consumer")
+            && !stderr.contains("not unique"),
+        "{stderr}"
+    );
+    running.signal("TERM");
+    let (status, _) = running.wait_exit();
+    assert!(status.success());
 }

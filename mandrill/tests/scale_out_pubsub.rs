@@ -17,7 +17,7 @@ fn publish(dir: &std::path::Path, pubsub: &PrivatePubSub, n: usize) {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let (status, stdout, stderr) = mandrill(dir, &args, &[]);
     assert!(status.success(), "publish failed: {stderr}");
-    assert!(stdout.contains(&n.to_string()), "{stdout}");
+    assert_eq!(stdout.lines().count(), n, "one line per request: {stdout}");
 }
 
 fn instance(dir: &std::path::Path, pubsub: &PrivatePubSub, db: &Database) -> Mandrill {

@@ -243,8 +243,7 @@ fn two_processes_on_one_sqlite_file_restart_each_scheduled_slot_exactly_once() {
     }
     let page = http_get(&admin, "/");
     assert!(
-        page.contains("<h2>Next planned restarts</h2>")
-            && page.contains("<td>drip</td><td>cattle</td>"),
+        page.contains("<table id=\"planned\">") && page.contains("<td>drip</td><td>cattle</td>"),
         "{page}"
     );
     stop(a);
@@ -431,6 +430,14 @@ fn every_start_up_refusal_exits_2_naming_the_key() {
             good.replace("\"chaos.pub\"", "\"missing.pub\""),
             "requesters[0].public_key_file",
             true,
+        ),
+        (
+            good.replace(
+                &format!("journal = {journal:?}"),
+                "journal = \"no-such-dir/restarts.journal\"",
+            ),
+            "restarter.journal",
+            false,
         ),
         (
             good.replace("[safety]\n", "[safety]\ncolour = \"blue\"\n"),

@@ -51,7 +51,8 @@ pub(crate) fn loopback_host(headers: &HeaderMap) -> bool {
 
 /// Every request: without a token, only a loopback `Host` is served
 /// ([`loopback_host`]); every response forbids framing (so that no page can
-/// frame the dashboard and lure a click on its buttons).
+/// frame the dashboard and lure a click on its buttons), the dashboard by
+/// a Content-Security-Policy of its own that says so too.
 pub(crate) async fn guard(
     Shared(state): Shared<Arc<super::State>>,
     request: Request,
@@ -68,10 +69,12 @@ pub(crate) async fn guard(
     let mut response = next.run(request).await;
     let headers = response.headers_mut();
     headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
-    headers.insert(
-        header::CONTENT_SECURITY_POLICY,
-        HeaderValue::from_static("frame-ancestors 'none'"),
-    );
+    if !headers.contains_key(header::CONTENT_SECURITY_POLICY) {
+        headers.insert(
+            header::CONTENT_SECURITY_POLICY,
+            HeaderValue::from_static("frame-ancestors 'none'"),
+        );
+    }
     response
 }
 

@@ -38,7 +38,7 @@ pub(crate) async fn status(Shared(state): Shared<Arc<State>>, Path(id): Path<Str
             return Ok(None);
         };
         let (targets, verdict) = crate::campaign::judge(&*state.store, &campaign).await?;
-        Ok::<_, crate::store::StoreError>(Some(crate::campaign::status_json(
+        Ok::<_, anyhow::Error>(Some(crate::campaign::status_json(
             &campaign, &targets, verdict,
         )))
     };

@@ -11,6 +11,9 @@
 //! so readers check that something answers there
 //! ([`running`]). The directory and the files are this user's alone
 //! (0700, 0600), like the token file beside them.
+//!
+//! Each running instance is asked for its mode on its `/api/status`
+//! ([`modes`]), for `mandrill status` and the dashboard alike.
 
 use std::net::SocketAddr;
 use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _, PermissionsExt as _};
@@ -153,8 +156,131 @@ pub(crate) struct RunningMode {
     pub(crate) leashed: bool,
     /// Since when (RFC 3339); `None` from a version that does not say.
     pub(crate) since: Option<String>,
-    /// What made it so (a start-up layer or a reload); `None` likewise.
+    /// What made it so (an operator's leash in the store, a start-up
+    /// layer or a reload); `None` likewise.
     pub(crate) by: Option<String>,
+    /// Why, as the operator said when turning the leash in the store.
+    #[serde(default)]
+    pub(crate) reason: Option<String>,
+    /// `store` (the leash recorded there) or `instance` (its own).
+    #[serde(default)]
+    pub(crate) from: Option<String>,
+}
+
+/// This instance's own mode, as its `/api/status` serves it.
+impl From<crate::safety::Leash> for RunningMode {
+    fn from(leash: crate::safety::Leash) -> Self {
+        Self {
+            leashed: leash.leashed,
+            since: Some(leash.since.to_string()),
+            by: Some(leash.by),
+            reason: leash.reason,
+            from: Some(
+                match leash.from {
+                    crate::safety::leash::LeashFrom::Store => "store",
+                    crate::safety::leash::LeashFrom::Instance => "instance",
+                }
+                .to_owned(),
+            ),
+        }
+    }
+}
+
+impl RunningMode {
+    /// The mode in words, as `mandrill status` and the dashboard show it:
+    /// `unleashed since … by …`.
+    pub(crate) fn describe(&self) -> String {
+        let mut text = leashed_name(self.leashed).to_owned();
+        if let Some(since) = &self.since {
+            text.push_str(&format!(" since {since}"));
+        }
+        if let Some(by) = &self.by {
+            text.push_str(&format!(" by {by}"));
+        }
+        if let Some(reason) = &self.reason {
+            text.push_str(&format!(" ({reason})"));
+        }
+        if self.from.as_deref() == Some("store") {
+            text.push_str(", the leash recorded in the store");
+        }
+        text
+    }
+}
+
+/// A mode's name.
+pub(crate) fn leashed_name(leashed: bool) -> &'static str {
+    if leashed {
+        "leashed (dry run)"
+    } else {
+        "unleashed"
+    }
+}
+
+/// What the running instances say of their mode, against the
+/// configuration read here.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum RunningModes {
+    /// No instance answered with its mode: what runs is unknown.
+    Unknown,
+    /// Every instance that answered is in this mode (leashed or not).
+    All(bool),
+    /// Some are leashed, some not.
+    Mixed,
+}
+
+impl RunningModes {
+    pub(crate) fn of<'a>(modes: impl IntoIterator<Item = &'a Result<RunningMode, String>>) -> Self {
+        let mut known = modes.into_iter().flatten().map(|mode| mode.leashed);
+        match known.next() {
+            None => Self::Unknown,
+            Some(first) if known.all(|leashed| leashed == first) => Self::All(first),
+            Some(_) => Self::Mixed,
+        }
+    }
+
+    /// The mode to print: `None` when unknown.
+    pub(crate) fn mode(&self) -> Option<&'static str> {
+        match self {
+            Self::Unknown => None,
+            Self::All(leashed) => Some(leashed_name(*leashed)),
+            Self::Mixed => Some("mixed: some instances leashed, some unleashed"),
+        }
+    }
+
+    /// Says when what runs is not what `said_by` (the store's leash, or
+    /// the configuration) says.
+    pub(crate) fn disagreement(&self, configured: &str, said_by: &str) -> Option<String> {
+        let running = self.mode()?;
+        (running != configured).then(|| {
+            format!(
+                "the running service is {running}, but {said_by} says {configured}: it was \
+                 started or reloaded otherwise, or has not read the store's leash yet (see \
+                 each instance's mode below)"
+            )
+        })
+    }
+}
+
+/// How long a listed instance's admin port may take to accept a
+/// connection before it is left out as gone.
+const INSTANCE_CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// How long an instance's `/api/status` (its mode) may take: it reads the
+/// store within `admin` `STORE_TIMEOUT` (2 s).
+const INSTANCE_STATUS_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The instances running with their admin address in `dir`, each with the
+/// mode it says it is in (or why it could not be read), asked together:
+/// what `mandrill status` and the dashboard list.
+pub(crate) async fn modes(dir: &Path) -> Vec<(Instance, Result<RunningMode, String>)> {
+    let instances = running(dir, INSTANCE_CONNECT_TIMEOUT).await;
+    let asked = instances.iter().map(|instance| async move {
+        running_mode(instance, INSTANCE_STATUS_TIMEOUT)
+            .await
+            .map_err(|error| format!("{error:#}"))
+    });
+    let modes = futures::future::join_all(asked).await;
+    instances.into_iter().zip(modes).collect()
 }
 
 /// Longest `/api/status` answer read back.
@@ -179,6 +305,8 @@ pub(crate) async fn running_mode(
         leashed: status.mode != "unleashed",
         since: None,
         by: None,
+        reason: None,
+        from: None,
     }))
 }
 

@@ -147,7 +147,7 @@ impl Exposition {
             );
             describe_gauge!(
                 "mandrill_leashed",
-                "1 when restarts are recorded as dry runs, not issued."
+                "1 when restarts are recorded as dry runs, not issued: the leash recorded in the store (mandrill leash, unleash), else the instance's own (safety.dry_run, --unleash)."
             );
             describe_gauge!("mandrill_shutting_down", "1 once shutdown was requested.");
             describe_gauge!("mandrill_build_info", "Always 1; the version as a label.");

@@ -40,7 +40,7 @@ use crate::stats::Stats;
 use crate::store::Store;
 use crate::worker::Shutdown;
 
-pub(crate) use instances::{RunningMode, running as running_instances, running_mode};
+pub(crate) use instances::{RunningModes, leashed_name, modes as instance_modes};
 
 /// How long a page the operator reads during an outage (`/metrics`, the
 /// dashboard, the switch) waits for the store: it renders without the
@@ -58,6 +58,8 @@ pub(crate) struct Admin {
     /// This instance's entry in `admin.instances_dir`, removed when the
     /// server stops; `None` if it could not be written.
     registration: Option<instances::Registration>,
+    /// Where every instance's entry is, for the dashboard.
+    instances_dir: Option<std::path::PathBuf>,
 }
 
 /// What the routes read.
@@ -78,12 +80,16 @@ pub(crate) struct State {
     pub(crate) notifier: Option<Arc<Notifier>>,
     /// `[[schedule]]`: the next planned restarts are shown.
     pub(crate) schedules: crate::schedule::Outlook,
+    /// `admin.instances_dir`: the dashboard lists the instances there.
+    pub(crate) instances_dir: Option<std::path::PathBuf>,
 }
 
 impl State {
-    /// Restarts are recorded as dry runs, not issued: as of now.
+    /// Restarts are recorded as dry runs, not issued: the store's leash
+    /// as the worker last read it (every `safety.poll_interval`), else the
+    /// instance's own.
     pub(crate) fn leashed(&self) -> bool {
-        self.policy.current().dry_run
+        self.policy.leash().leashed
     }
 }
 
@@ -143,6 +149,7 @@ impl Admin {
             token: config.token.clone(),
             switch_token,
             registration,
+            instances_dir: instances_dir.map(std::path::Path::to_path_buf),
         }))
     }
 
@@ -171,6 +178,7 @@ impl Admin {
             metrics: metrics::Exposition::new(),
             notifier,
             schedules,
+            instances_dir: self.instances_dir,
         });
         let served = axum::serve(self.listener, routes::router(state))
             .with_graceful_shutdown(async move { stop.cancelled().await })

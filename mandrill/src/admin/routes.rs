@@ -14,7 +14,7 @@ use super::auth::authorized;
 use super::{State, bad_request, json};
 
 /// Most history entries one request returns.
-const MAX_LIMIT: usize = 1_000;
+pub(super) const MAX_LIMIT: usize = 1_000;
 
 pub(crate) fn router(state: Arc<State>) -> Router {
     // What only `admin.token` may read: the history names hosts and who
@@ -29,13 +29,15 @@ pub(crate) fn router(state: Arc<State>) -> Router {
             super::auth::token_required,
         ));
     Router::new()
-        .route("/", get(dashboard))
+        .route("/", get(super::dashboard::serve))
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/api/status", get(status))
         .route("/api/pause", post(super::switch::pause))
         .route("/api/resume", post(super::switch::resume))
+        .route("/api/leash", post(super::switch::leash))
+        .route("/api/unleash", post(super::switch::unleash))
         .route("/api/campaigns/{id}/stop", post(super::campaigns::stop))
         .merge(protected)
         .layer(axum::middleware::from_fn_with_state(
@@ -57,26 +59,13 @@ async fn metrics(Shared(state): Shared<Arc<State>>) -> Response {
     // The disruption budget in use, per group (nothing if the store does
     // not answer within `STORE_TIMEOUT`: /readyz says so).
     let policy = state.policy.current();
-    let counting = &policy.guards.counting;
-    let now = crate::domain::Timestamp::now().as_millis();
-    let back = |d: Duration| {
-        crate::domain::Timestamp::from_millis(
-            now.saturating_sub(i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
-        )
-    };
-    let usage = tokio::time::timeout(
-        super::STORE_TIMEOUT,
-        state
-            .store
-            .group_usage(back(counting.window()), back(counting.forget_after())),
-    );
     // Together: a store that hangs holds the scrape for one bound.
     let (usage, switch, groups) = tokio::join!(
-        usage,
+        super::switch::read_usage(&state),
         super::switch::read(&state),
         super::switch::read_groups(&state)
     );
-    if let Ok(Ok(usage)) = usage {
+    if let Ok(usage) = usage {
         text.push_str(&super::metrics::render_groups(&usage, |group| {
             policy.limits(group).ok().and_then(|limits| limits.budget)
         }));
@@ -96,50 +85,6 @@ async fn metrics(Shared(state): Shared<Arc<State>>) -> Response {
             "text/plain; version=0.0.4; charset=utf-8",
         )],
         text,
-    )
-        .into_response()
-}
-
-async fn dashboard(Shared(state): Shared<Arc<State>>) -> Response {
-    let stats = state.stats.snapshot();
-    // A page cannot send the token: with one set, no history on the page.
-    let history = async {
-        match &state.token {
-            Some(_) => Err("admin.token is set; read /api/requests with it"),
-            None => {
-                let read = state.store.history(MAX_LIMIT);
-                match tokio::time::timeout(super::STORE_TIMEOUT, read).await {
-                    Ok(Ok(history)) => Ok(history),
-                    Ok(Err(_)) | Err(_) => Err("the store did not answer"),
-                }
-            }
-        }
-    };
-    // Asked together, so that a store that hangs holds the page for one
-    // bound, not one per read.
-    let (history, switch, ready, groups) = tokio::join!(
-        history,
-        super::switch::read(&state),
-        not_ready(&state),
-        super::switch::read_groups(&state)
-    );
-    let (group_pauses, recovery) = groups.unwrap_or_default();
-    // A page cannot send the token either: with one set, no victims.
-    let schedules = planned(&state, state.token.is_none());
-    let page = super::dashboard::Page {
-        leashed: state.leashed(),
-        switch: switch.as_ref().map_err(|why| *why),
-        ready: ready.map_or(Ok(()), Err),
-        stats: &stats,
-        history: history.as_deref().map_err(|why| *why),
-        schedules: schedules.as_deref().map_err(|why| *why),
-        now: crate::domain::Timestamp::now(),
-        group_pauses: &group_pauses,
-        recovery: &recovery,
-    };
-    (
-        [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
-        super::dashboard::render(&page),
     )
         .into_response()
 }
@@ -180,7 +125,10 @@ async fn readyz(Shared(state): Shared<Arc<State>>) -> Response {
 /// without `admin.token`): known ahead, it could be published first, by
 /// anyone who may publish, and a broker's duplicate window or the store
 /// would then take the real request for a repeat.
-fn planned(state: &State, authorized: bool) -> Result<Vec<crate::schedule::Planned>, &'static str> {
+pub(super) fn planned(
+    state: &State,
+    authorized: bool,
+) -> Result<Vec<crate::schedule::Planned>, &'static str> {
     if !authorized && !state.schedules.is_empty() {
         return Err("admin.token is set; send it to see the planned restarts");
     }
@@ -197,8 +145,6 @@ fn planned(state: &State, authorized: bool) -> Result<Vec<crate::schedule::Plann
 
 async fn status(Shared(state): Shared<Arc<State>>, headers: HeaderMap) -> Response {
     let stats = state.stats.snapshot();
-    // The mode and its origin read together, so they never disagree.
-    let leash = state.policy.leash();
     let schedules = planned(&state, authorized(state.token.as_ref(), &headers));
     // `null` when the store did not answer: the switch is unknown, not off.
     let (switch, groups) = tokio::join!(
@@ -206,6 +152,12 @@ async fn status(Shared(state): Shared<Arc<State>>, headers: HeaderMap) -> Respon
         super::switch::read_groups(&state)
     );
     let switch = switch.ok();
+    // The mode and its origin read together, so they never disagree: the
+    // leash the store records now, else (the store silent) as last read.
+    let leash = match &switch {
+        Some(switch) => state.policy.leash_with(switch.leash.as_ref()),
+        None => state.policy.leash(),
+    };
     let (group_pauses, recovery) = match groups {
         Ok((pauses, judged)) => (Some(pauses), Some(judged)),
         Err(_) => (None, None),

@@ -1,12 +1,16 @@
 //! `POST /api/pause` and `POST /api/resume`: the kill switch from the admin
 //! server, as `mandrill pause` and `mandrill resume` turn it, in the store
-//! every instance shares.
+//! every instance shares; `POST /api/leash` and `/api/unleash`, the leash
+//! kept beside it, as `mandrill leash` and `mandrill unleash` turn it; and
+//! what the pages read of the store with them (the switch, the groups'
+//! pauses, objectives and use), each within `STORE_TIMEOUT`.
 //!
 //! The body is optional: JSON `{"reason": "…", "by": "…", "group": "…"}`
-//! (with `group`, only that group's restarts, as `--group`) or a form
-//! (`reason=…&by=…`, as the dashboard's buttons send, which may also carry
-//! the token as `token=…` since a page cannot set a header). A form gets a
-//! redirect back to the dashboard; anything else gets JSON.
+//! (with `group`, only that group's restarts, as `--group`; the dashboard's
+//! buttons send it with the token as a header) or a form (`reason=…&by=…`,
+//! which may also carry the token as `token=…` since a form cannot set a
+//! header). A form gets a redirect back to the dashboard; anything else
+//! gets JSON.
 //!
 //! Both always need a token (`admin.token`, else the generated one in
 //! `admin.token_file`), unlike the pages that only read; [`accept`] is
@@ -20,6 +24,9 @@
 //! switch may have turned all the same. An operator who paused during an
 //! incident must not be told "failed" and walk away from a switch that is
 //! on, nor "paused" when it is not.
+//!
+//! The switch's and the leash's turns share one reading of a turn (the
+//! body, the token, who and why), so one file past 400 lines.
 
 use std::sync::Arc;
 
@@ -37,6 +44,8 @@ use crate::store::{GroupPause, Switch};
 
 /// Who turned the switch when the request does not say.
 const DEFAULT_BY: &str = "admin-api";
+/// The reason recorded when a turn gives none.
+const NO_REASON: &str = "no reason given";
 /// Longest reason kept, as `mandrill pause --reason` allows.
 const MAX_REASON_CHARS: usize = 1024;
 /// Longest name kept.
@@ -67,6 +76,20 @@ pub(crate) async fn read_groups(
     }
 }
 
+/// Each group's use of its limits now (restarts in the rate window, hosts
+/// disrupted), as the store has it, or why not.
+pub(crate) async fn read_usage(
+    state: &State,
+) -> Result<std::collections::BTreeMap<String, crate::store::GroupUsage>, &'static str> {
+    let (window_start, memory_start) =
+        (state.policy.current().guards.counting).usage_starts(crate::domain::Timestamp::now());
+    let read = state.store.group_usage(window_start, memory_start);
+    match tokio::time::timeout(super::STORE_TIMEOUT, read).await {
+        Ok(Ok(usage)) => Ok(usage),
+        Ok(Err(_)) | Err(_) => Err("the store did not answer"),
+    }
+}
+
 pub(crate) async fn pause(
     Shared(state): Shared<Arc<State>>,
     headers: HeaderMap,
@@ -81,6 +104,80 @@ pub(crate) async fn resume(
     body: Bytes,
 ) -> Response {
     turn(&state, &headers, &body, false).await
+}
+
+pub(crate) async fn leash(
+    Shared(state): Shared<Arc<State>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    turn_leash(&state, &headers, &body, true).await
+}
+
+pub(crate) async fn unleash(
+    Shared(state): Shared<Arc<State>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    turn_leash(&state, &headers, &body, false).await
+}
+
+/// `POST /api/leash` and `/api/unleash`: the leash recorded in the store,
+/// as `mandrill leash` and `mandrill unleash` turn it, for every instance
+/// sharing it. Same body and answers as the kill switch's; unleashing
+/// needs a reason, and neither takes a group (the leash is one).
+async fn turn_leash(state: &State, headers: &HeaderMap, body: &[u8], leashed: bool) -> Response {
+    let turn = match authorized_turn(state, headers, body) {
+        Ok(turn) => turn,
+        Err(refused) => return *refused,
+    };
+    if turn.group.is_some() {
+        return bad_request(
+            "the leash is one for every instance sharing the store: no group".into(),
+        );
+    }
+    let by = turn.by.unwrap_or_default();
+    let reason = match turn.reason {
+        Some(reason) => reason,
+        None if leashed => NO_REASON.to_owned(),
+        None => {
+            return bad_request(
+                "unleashing needs a reason: who asked for real restarts, and why".into(),
+            );
+        }
+    };
+    let what = if leashed { "leash" } else { "unleash" };
+    if let Err(error) = state.store.set_leash(leashed, &by, &reason).await {
+        if error.outcome_unknown() {
+            tracing::error!(error = %error.with_causes(), by, reason, "{what} from the admin API: outcome unknown");
+            return json(
+                StatusCode::GATEWAY_TIMEOUT,
+                json!({
+                    "outcome": "unknown",
+                    "error": format!(
+                        "the leash may or may not have turned: {}; read it with GET /api/status \
+                         or `mandrill status`",
+                        error.with_causes()
+                    ),
+                }),
+            );
+        }
+        return json(
+            StatusCode::SERVICE_UNAVAILABLE,
+            json!({
+                "outcome": "failed",
+                "error": format!("cannot turn the leash: {}", error.with_causes()),
+            }),
+        );
+    }
+    tracing::warn!(by, reason, leashed, "the leash turned from the admin API");
+    if turn.form {
+        return (StatusCode::SEE_OTHER, [(header::LOCATION, "/")]).into_response();
+    }
+    json(
+        StatusCode::OK,
+        json!({ "leashed": leashed, "by": by, "reason": reason }),
+    )
 }
 
 /// What a request to turn the switch says.
@@ -170,29 +267,13 @@ fn cross_site(headers: &HeaderMap) -> bool {
     origin_host.as_deref().map(str::as_bytes) != host
 }
 
-/// What an authorized request to act says: who, why, the group if any,
-/// and whether it came from a form (answered with a redirect).
-pub(super) struct Accepted {
-    pub(super) by: String,
-    pub(super) reason: String,
-    pub(super) group: Option<String>,
-    pub(super) form: bool,
-}
-
-/// A request that acts (a turn of the switch, a campaign's stop), checked
-/// as every one is: a token always (`admin.token`, or the generated one;
-/// as a header, or a form's field), never cross-site, `by` (default
-/// `admin-api`) and `reason` one line each. `Err` with the answer to send
-/// (boxed: a refusal is rare, and a response is large).
-pub(super) fn accept(
-    state: &State,
-    headers: &HeaderMap,
-    body: &[u8],
-) -> Result<Accepted, Box<Response>> {
+/// A turn's body read and its token checked, with who and why (the
+/// defaults filled in); or the answer refusing it.
+fn authorized_turn(state: &State, headers: &HeaderMap, body: &[u8]) -> Result<Turn, Box<Response>> {
     // Always a token, loopback or not: any local process can reach a
     // loopback port, and resuming undoes a pause someone needed.
     let token = Some(&state.switch_token);
-    let turn = match parse(headers, body) {
+    let mut turn = match parse(headers, body) {
         Ok(turn) => turn,
         // Checked before the body is trusted for anything, the token first.
         Err(_) if !authorized(token, headers) => return Err(Box::new(unauthorized())),
@@ -209,28 +290,47 @@ pub(super) fn accept(
             (StatusCode::FORBIDDEN, "cross-site request refused\n").into_response(),
         ));
     }
-    let by = turn.by.unwrap_or_else(|| DEFAULT_BY.to_owned());
-    let reason = turn.reason.unwrap_or_else(|| "no reason given".to_owned());
-    if let Err(why) = one_line("by", &by, MAX_BY_CHARS)
-        .and_then(|()| one_line("reason", &reason, MAX_REASON_CHARS))
-    {
-        return Err(Box::new(bad_request(why)));
+    let by = turn.by.get_or_insert_with(|| DEFAULT_BY.to_owned());
+    one_line("by", by, MAX_BY_CHARS).map_err(|why| Box::new(bad_request(why)))?;
+    if let Some(reason) = &turn.reason {
+        one_line("reason", reason, MAX_REASON_CHARS).map_err(|why| Box::new(bad_request(why)))?;
     }
+    Ok(turn)
+}
+
+/// What an authorized request to act says: who, why, the group if any,
+/// and whether it came from a form (answered with a redirect).
+pub(super) struct Accepted {
+    pub(super) by: String,
+    pub(super) reason: String,
+    pub(super) group: Option<String>,
+    pub(super) form: bool,
+}
+
+/// A request that acts other than a turn (a campaign's stop), checked as
+/// every turn is ([`authorized_turn`]), with the defaults filled in. `Err`
+/// with the answer to send.
+pub(super) fn accept(
+    state: &State,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Accepted, Box<Response>> {
+    let turn = authorized_turn(state, headers, body)?;
     Ok(Accepted {
-        by,
-        reason,
+        by: turn.by.unwrap_or_else(|| DEFAULT_BY.to_owned()),
+        reason: turn.reason.unwrap_or_else(|| NO_REASON.to_owned()),
         group: turn.group,
         form: turn.form,
     })
 }
 
 async fn turn(state: &State, headers: &HeaderMap, body: &[u8], paused: bool) -> Response {
-    let turn = match accept(state, headers, body) {
+    let turn = match authorized_turn(state, headers, body) {
         Ok(turn) => turn,
         Err(refused) => return *refused,
     };
-    let Accepted { by, reason, .. } = &turn;
-    let (by, reason) = (by.clone(), reason.clone());
+    let by = turn.by.clone().unwrap_or_default();
+    let reason = turn.reason.clone().unwrap_or_else(|| NO_REASON.to_owned());
     if let Some(group) = &turn.group {
         return turn_group(state, group, paused, &by, &reason, turn.form).await;
     }

@@ -11,7 +11,7 @@ use crate::worker::{Shutdown, Worker, WorkerConfig};
 
 use crate::bench::options::Options;
 use crate::bench::setup::Opened;
-use crate::bench::{ceilings, notify, report};
+use crate::bench::{allocations, ceilings, notify, report};
 
 /// What the pipeline run measured.
 pub(super) struct Pipeline {
@@ -21,6 +21,9 @@ pub(super) struct Pipeline {
     /// The process's peak resident set, once every message was settled.
     pub peak_kib: u64,
     pub stats: Arc<Stats>,
+    /// What the pipeline allocated, with `--allocations`: from the worker's
+    /// start to the last settlement, the publishing included.
+    pub allocated: Option<allocations::Allocated>,
 }
 
 /// Runs the worker on `opened` until all `options.messages` are settled,
@@ -50,6 +53,9 @@ pub(super) async fn run(options: &Options, opened: Opened) -> Pipeline {
         stats.clone(),
     )
     .with_notifier(notifier.clone());
+    if options.count_allocations {
+        allocations::start();
+    }
     let started = Instant::now();
     let worker = tokio::spawn(worker.run(shutdown.clone()));
     let publisher = tokio::spawn({
@@ -62,6 +68,7 @@ pub(super) async fn run(options: &Options, opened: Opened) -> Pipeline {
     });
     wait_until_settled(n, &stats, started).await;
     let seconds = started.elapsed().as_secs_f64();
+    let allocated = options.count_allocations.then(allocations::stop);
     publisher.await.expect("publisher finishes");
     let peak_kib = report::rss_kib("VmHWM:");
     shutdown.request();
@@ -83,6 +90,7 @@ pub(super) async fn run(options: &Options, opened: Opened) -> Pipeline {
         seconds,
         peak_kib,
         stats,
+        allocated,
     }
 }
 

@@ -9,7 +9,12 @@
 //! `cargo bench -p mandrill --features bench --bench pipeline -- --messages N --work-ms W --fail-rate F
 //!  [--broker memory|sqlite:PATH|nats://HOST:PORT|pubsub://PROJECT/SUBSCRIPTION]
 //!  [--pull unary|streaming] [--db memory|sqlite:PATH|postgres://…] [--writers N]
-//!  [--ids ordered|random] [--no-ceilings]`
+//!  [--ids ordered|random] [--no-ceilings] [--allocations] [--budget FILE]`
+//!
+//! `--allocations` counts the pipeline's allocations and bytes allocated
+//! per message (`allocations.rs`); `--budget FILE` counts them and exits 1
+//! when this run's path (memory, or sqlite) allocates more per message than
+//! the file allows (CI runs it with `mandrill/bench/budget.toml`).
 //!
 //! Payloads carry time-ordered (version 7) message ids, as mandrill's own
 //! publishers mint them; `--ids random` gives version 4 ids, as another
@@ -64,6 +69,8 @@ use bytes::Bytes;
 use options::{Options, parse_options};
 use setup::Resources;
 
+pub use allocations::CountingAllocator;
+
 /// Runs the benchmark with the process's arguments; `benches/pipeline.rs`
 /// is this and the binary's allocator.
 pub fn main() {
@@ -94,8 +101,42 @@ async fn run(options: Options) {
     // Drops the database and deletes the streams, if there are any.
     drop(resources);
     report::print(&options, &run, &pipeline, &ceilings);
+    if let Some(file) = &options.budget
+        && let Err(why) = within_budget(&options, file, &pipeline)
+    {
+        eprintln!("error: {why}");
+        std::process::exit(1);
+    }
 }
 
+/// `--budget`: the pipeline's allocations per message against the file's
+/// figures for this run's path.
+fn within_budget(
+    options: &Options,
+    file: &std::path::Path,
+    pipeline: &drive::Pipeline,
+) -> Result<(), String> {
+    let path = allocations::path_name(&options.broker, &options.db).ok_or_else(|| {
+        format!(
+            "--budget: no budgeted path for --broker {} --db {} (memory, or both on sqlite)",
+            options.broker, options.db
+        )
+    })?;
+    let budget = std::fs::read_to_string(file)
+        .map_err(|error| format!("--budget {}: {error}", file.display()))?;
+    // Set with --budget, which implies counting.
+    let allocated = pipeline.allocated.expect("allocations counted");
+    let n = options.messages;
+    allocations::check(
+        &budget,
+        file,
+        path,
+        report::per_message(allocated.calls, n),
+        report::per_message(allocated.bytes, n),
+    )
+}
+
+mod allocations;
 mod ceilings;
 mod drive;
 mod notify;

@@ -19,6 +19,12 @@ pub(super) struct Options {
     /// `--signed`: every payload a token signed by one requester (Ed25519),
     /// verified by the worker: the signed path's cost per message.
     pub signed: bool,
+    /// `--allocations`: count the pipeline's allocations (module
+    /// `allocations`); implied by `--budget`.
+    pub count_allocations: bool,
+    /// `--budget FILE`: fail when the pipeline allocates more per message
+    /// than the file allows its path (CI's guard).
+    pub budget: Option<std::path::PathBuf>,
 }
 
 pub(super) fn parse_options() -> Options {
@@ -34,6 +40,8 @@ pub(super) fn parse_options() -> Options {
         ceilings: true,
         random_ids: false,
         signed: false,
+        count_allocations: false,
+        budget: None,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -62,11 +70,16 @@ pub(super) fn parse_options() -> Options {
                 other => panic!("--ids {other:?}: expected ordered or random"),
             },
             "--signed" => options.signed = true,
+            "--allocations" => options.count_allocations = true,
+            "--budget" => {
+                options.budget = Some(value("--budget").into());
+                options.count_allocations = true;
+            }
             // `cargo bench` passes --bench to harness-less benchmarks.
             "--bench" => {}
             other => {
                 panic!(
-                    "unknown argument {other:?}; expected --messages, --work-ms, --fail-rate, --broker, --pull, --db, --notify, --writers, --no-ceilings, --ids"
+                    "unknown argument {other:?}; expected --messages, --work-ms, --fail-rate, --broker, --pull, --db, --notify, --writers, --no-ceilings, --ids, --signed, --allocations, --budget"
                 )
             }
         }

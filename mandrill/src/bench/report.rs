@@ -32,6 +32,7 @@ pub(super) fn print(options: &Options, run: &Run, pipeline: &Pipeline, ceilings:
         seconds,
         peak_kib,
         stats,
+        allocated,
     } = pipeline;
     let Ceilings {
         memory: ceiling_memory,
@@ -80,6 +81,9 @@ pub(super) fn print(options: &Options, run: &Run, pipeline: &Pipeline, ceilings:
             "notifications_sent": stats.notifications_sent.get(),
             "notifications_failed": stats.notifications_failed.get(),
             "notifications_dropped": stats.notifications_dropped.get(),
+            // With --allocations (module `allocations`).
+            "allocations_per_message": allocated.map(|a| per_message(a.calls, n)),
+            "bytes_allocated_per_message": allocated.map(|a| per_message(a.bytes, n)),
             "peak_rss_mb": (*peak_kib as f64 / 1024.0 * 10.0).round() / 10.0,
             "baseline_rss_mb": (run.baseline_kib as f64 / 1024.0 * 10.0).round() / 10.0,
             // What went wrong on the way: a healthy run has no store
@@ -93,4 +97,9 @@ pub(super) fn print(options: &Options, run: &Run, pipeline: &Pipeline, ceilings:
             "nacked": stats.nacked.get(),
         })
     );
+}
+
+/// A count over `n` messages, to a tenth.
+pub(super) fn per_message(count: u64, n: usize) -> f64 {
+    (count as f64 / n.max(1) as f64 * 10.0).round() / 10.0
 }

@@ -15,7 +15,10 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures::future::BoxFuture;
 
-use super::{Broker, BrokerError, Consumer, Delivery};
+use super::{Broker, BrokerError, Consumer, DeadLetterAdmin, Delivery};
+
+mod dead_letters;
+pub(crate) use dead_letters::{dead_letter_keeps_the_reason, dead_letters_are_listed_and_requeued};
 
 /// How long to wait for something that should happen; reached only when it
 /// does not.
@@ -60,6 +63,9 @@ pub(crate) struct Queue {
     pub other: Arc<dyn Broker>,
     /// Reads the dead letters.
     pub dead_letters: DeadLetters,
+    /// What `mandrill dead-letters` and `requeue` open on this queue; `None`
+    /// for the in-process queue, which keeps its dead letters to itself.
+    pub admin: Option<Arc<dyn DeadLetterAdmin>>,
     /// Stops the server, if the broker has one and the test asked for it.
     pub stop_server: Option<Box<dyn FnOnce() + Send>>,
     /// Whatever must live as long as the queue (directories, streams).
@@ -92,7 +98,7 @@ pub(crate) async fn pull_n(broker: &dyn Consumer, want: usize) -> Vec<Delivery> 
 }
 
 /// Pulls from `broker` for `period`, and returns what came.
-async fn pull_during(broker: &dyn Consumer, period: Duration) -> Vec<Delivery> {
+pub(crate) async fn pull_during(broker: &dyn Consumer, period: Duration) -> Vec<Delivery> {
     let until = Instant::now() + period;
     let mut got = Vec::new();
     while Instant::now() < until {
@@ -218,40 +224,6 @@ pub(crate) async fn nack_delays_redelivery(harness: &dyn Harness) {
     drop(queue.keep);
 }
 
-pub(crate) async fn dead_letter_keeps_the_reason(harness: &dyn Harness) {
-    let tolerance = harness.tolerance();
-    let queue = harness.open(false).await;
-    queue
-        .consumer
-        .publish(Bytes::from_static(b"poison"))
-        .await
-        .unwrap();
-    let delivery = pull_n(&*queue.consumer, 1).await.remove(0);
-    queue
-        .consumer
-        .dead_letter(&delivery.tag, "payload is not a valid request")
-        .await
-        .unwrap();
-    let give_up = Instant::now() + PATIENCE;
-    let dead = loop {
-        let dead = (queue.dead_letters)().await;
-        if !dead.is_empty() || Instant::now() > give_up {
-            break dead;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    assert_eq!(
-        dead,
-        vec![(
-            Bytes::from_static(b"poison"),
-            "payload is not a valid request".to_owned()
-        )]
-    );
-    let again = pull_during(&*queue.other, tolerance.ack_deadline * 2).await;
-    assert!(again.is_empty(), "redelivered after dead-letter: {again:?}");
-    drop(queue.keep);
-}
-
 pub(crate) async fn stale_ack_is_refused_or_harmless(harness: &dyn Harness) {
     let tolerance = harness.tolerance();
     let queue = harness.open(false).await;
@@ -352,6 +324,10 @@ macro_rules! broker_contract {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn dead_letter_keeps_the_reason() {
                 c::dead_letter_keeps_the_reason(&$harness).await;
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn dead_letters_are_listed_and_requeued() {
+                c::dead_letters_are_listed_and_requeued(&$harness).await;
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn stale_ack_is_refused_or_harmless() {

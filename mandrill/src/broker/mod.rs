@@ -4,7 +4,7 @@
 //! [`Publisher`] appends messages (`mandrill publish`, the demo publisher); a
 //! [`Consumer`] hands out *deliveries* (the worker); a [`DeadLetterAdmin`]
 //! lists and requeues what was given up on (`mandrill dead-letters`,
-//! `requeue`), for brokers that keep dead letters where they can be read.
+//! `requeue`), on every broker but the in-process one.
 //! [`Broker`] is a consumer that can also be published into.
 //!
 //! A delivery is a payload leased to this consumer until its ack deadline.
@@ -30,7 +30,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 
 use crate::domain::JointAck;
-pub(crate) use dead_letters::{DeadLetterAdmin, DeadLetterEntry, DeadLetterId, DeadLetterRecord};
+pub(crate) use dead_letters::{DeadLetterAdmin, DeadLetterEntry, DeadLetterId, choose};
 pub(crate) use memory::MemoryBroker;
 pub(crate) use url::{BrokerUrl, BrokerUrlError};
 

@@ -4,7 +4,8 @@
 //! JetStream's acknowledgements map one to one onto our lease semantics:
 //! extend is an in-progress ack (`+WPI`), nack is `-NAK` with a delay,
 //! dead-letter is `+TERM` plus a copy of the message and its reason on the
-//! dead-letter subject, and ack is `+ACK` confirmed by the server (a double
+//! dead-letter subject (kept by the `{stream}_DEAD` stream, listed and
+//! requeued by `dead_letters.rs`), and ack is `+ACK` confirmed by the server (a double
 //! ack), since it follows a recorded outcome. A delivery's tag is its reply
 //! subject, so settling needs no state here. The client reconnects by itself;
 //! while it is away, pulls fail (the worker's supervisor retries them) and
@@ -32,11 +33,13 @@ use futures::StreamExt;
 use tracing::{info, warn};
 
 use super::{
-    BrokerError, Cause, Close, Consumer, Delivery, DeliveryTag, Publisher, bounded_reason,
+    BrokerError, Cause, Close, Consumer, DeadLetterAdmin, DeadLetterEntry, DeadLetterId, Delivery,
+    DeliveryTag, Publisher, bounded_reason, choose,
 };
 
 mod consumer;
 mod dead_letter;
+mod dead_letters;
 mod publisher;
 mod settings;
 
@@ -150,6 +153,9 @@ pub const DEAD_LETTER_REASON_HEADER: &str = "Mandrill-Dead-Letter-Reason";
 /// stream, to match the copy with log lines (a work-queue stream drops the
 /// original once it is terminated).
 pub(crate) const DEAD_LETTER_SEQUENCE_HEADER: &str = "Mandrill-Stream-Sequence";
+/// The header carrying the `message_id` the original payload carried, if
+/// any (unverified: what the payload said).
+pub(crate) const DEAD_LETTER_MESSAGE_ID_HEADER: &str = "Mandrill-Message-Id";
 /// The header carrying the original payload's size in bytes.
 pub(crate) const DEAD_LETTER_SIZE_HEADER: &str = "Mandrill-Original-Size";
 /// Present (`true`) when the copy's payload is only a prefix of the original,

@@ -70,7 +70,7 @@ pub(crate) use self::settings::{Endpoint, PubSubSettings, PullMode};
 use self::settle::{Settlement, Settler};
 use super::{
     BrokerError, Cause, Close, Consumer, DeadLetterAdmin, DeadLetterEntry, DeadLetterId, Delivery,
-    DeliveryTag, Publisher, bounded_reason,
+    DeliveryTag, Publisher, bounded_reason, choose,
 };
 
 /// The attribute carrying a dead letter's reason (at most

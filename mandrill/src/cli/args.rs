@@ -40,8 +40,11 @@ pub(crate) struct RunArgs {
     /// Log filter, e.g. `debug` or `mandrill=debug` [setting: log.level].
     #[arg(long, value_name = "FILTER")]
     pub(super) log_level: Option<String>,
-    /// Act: issue real restarts. Without it a real backend only records what
-    /// it would do, as `dry-run` [setting: safety.dry_run = false].
+    /// Act: this instance issues real restarts while no operator has turned
+    /// the leash in the store (`mandrill leash`, `mandrill unleash`); a
+    /// reload keeps it unless the file's own safety.dry_run changed.
+    /// Without it a real backend only records what it would do, as
+    /// `dry-run` [setting: safety.dry_run = false].
     #[arg(long)]
     pub(super) unleash: bool,
     /// Debug mode, like asyncio's: stalls over 10ms reported, a status line
@@ -102,6 +105,23 @@ pub(crate) struct PublishArgs {
     /// How long a signed request stays valid (its `exp`; at most 24h).
     #[arg(long, value_name = "DURATION", default_value = "24h", value_parser = humantime::parse_duration)]
     pub(super) ttl: Duration,
+    /// Ask for each request's verdict on this subject or topic (its
+    /// `reply_to`, inside the signed claims with --as); the service sends
+    /// it only where `broker.reply_to_allowed` admits it. For the requests
+    /// made from instance names; a JSON or signed line says its own.
+    #[arg(long, value_name = "SUBJECT")]
+    pub(super) reply_to: Option<String>,
+    /// One JSON object per request published (message_id, instance_name,
+    /// host, signed, requester: the --as name, or a signed line's verified
+    /// iss; reply_to) instead of `<message id> <host>` lines.
+    #[arg(long)]
+    pub(super) json: bool,
+    /// Publish even what the service would refuse (unsigned where a
+    /// signature is required, a key or requester it does not know, an
+    /// expired token, a reply_to it does not allow): for testing its
+    /// refusals. Malformed requests are still refused.
+    #[arg(long)]
+    pub(super) unchecked: bool,
     /// Instance names, one request each.
     #[arg(value_name = "INSTANCE_NAME")]
     pub(super) names: Vec<String>,
@@ -112,7 +132,7 @@ pub(crate) struct PublishArgs {
 pub(crate) struct DeadLettersArgs {
     #[command(flatten)]
     pub(super) config: ConfigArgs,
-    /// The queue: `sqlite:PATH` or `pubsub://PROJECT/SUBSCRIPTION` (its dead letters are on `broker.pubsub.dead_letter_subscription`; a NATS queue keeps them on its `{stream}_DEAD` stream) [setting: broker.url].
+    /// The queue: `sqlite:PATH`, `nats://HOST:PORT` (its dead letters are on the `{stream}_DEAD` stream) or `pubsub://PROJECT/SUBSCRIPTION` (on `broker.pubsub.dead_letter_subscription`) [setting: broker.url].
     #[arg(long, value_name = "URL")]
     pub(super) broker: Option<String>,
     /// One JSON object per line instead of a table.
@@ -125,15 +145,15 @@ pub(crate) struct DeadLettersArgs {
 pub(crate) struct RequeueArgs {
     #[command(flatten)]
     pub(super) config: ConfigArgs,
-    /// The queue: `sqlite:PATH` or `pubsub://PROJECT/SUBSCRIPTION` (its dead letters are on `broker.pubsub.dead_letter_subscription`; a NATS queue keeps them on its `{stream}_DEAD` stream) [setting: broker.url].
+    /// The queue: `sqlite:PATH`, `nats://HOST:PORT` (its dead letters are on the `{stream}_DEAD` stream) or `pubsub://PROJECT/SUBSCRIPTION` (on `broker.pubsub.dead_letter_subscription`) [setting: broker.url].
     #[arg(long, value_name = "URL")]
     pub(super) broker: Option<String>,
     /// Every dead letter.
     #[arg(long, conflicts_with = "ids")]
     pub(super) all: bool,
-    /// Dead-letter ids, as `mandrill dead-letters` lists them (on Pub/Sub, the copy's message id).
+    /// Dead-letter ids, as `mandrill dead-letters` lists them (SQLite: the row; NATS: the sequence in `{stream}_DEAD`; Pub/Sub: the copy's message id); one unknown id and nothing is requeued.
     #[arg(value_name = "ID", required_unless_present = "all")]
-    pub(super) ids: Vec<i64>,
+    pub(super) ids: Vec<String>,
 }
 
 impl ConfigArgs {

@@ -375,7 +375,11 @@ async fn start(config: Config, args: &StartArgs) -> anyhow::Result<()> {
     published.with_context(|| {
         format!("campaign {id} is recorded, but its requests could not all be published")
     })?;
-    writeln!(out, "published {} requests", record.targets.len())?;
+    writeln!(
+        out,
+        "published {}",
+        super::publish::requests(record.targets.len())
+    )?;
     writeln!(out, "{id}")?;
     Ok(())
 }
@@ -589,7 +593,7 @@ async fn status(config: Config, args: &StatusArgs) -> anyhow::Result<()> {
             .await
             .map(|judged| Some((campaign, judged))),
         Ok(None) => Ok(None),
-        Err(error) => Err(error),
+        Err(error) => Err(error.into()),
     };
     store.close().await;
     let Some((campaign, (targets, verdict))) = judged.context("cannot read the store")? else {
@@ -693,10 +697,9 @@ async fn stop(config: Config, args: &StopArgs) -> anyhow::Result<()> {
             }
             writeln!(out, "verdict: {}", verdict.as_str())?;
         }
-        Some(Err(error)) => eprintln!(
-            "mandrill: stopped, but the targets could not be read back: {}",
-            error.with_causes()
-        ),
+        Some(Err(error)) => {
+            eprintln!("mandrill: stopped, but the targets could not be read back: {error:#}")
+        }
         None => {}
     }
     Ok(())

@@ -23,27 +23,31 @@ pub(crate) struct ExplainArgs {
     /// One JSON object instead of text.
     #[arg(long)]
     json: bool,
-    /// The request's message id.
-    #[arg(value_name = "MESSAGE_ID")]
-    message_id: String,
+    /// The request's message id; or a line `mandrill publish` printed
+    /// (`MESSAGE_ID HOST`, as one argument or two), whose host is checked
+    /// against the recorded one.
+    #[arg(value_name = "MESSAGE_ID", num_args = 1..=2, required = true)]
+    message_id: Vec<String>,
 }
 
 /// Prints the story of one request.
 pub(super) fn main(args: &ExplainArgs) -> ExitCode {
     let sources = args.config.sources(vec![("store.url", string(&args.db))]);
     command(sources, |config| async move {
-        let Ok(id) = Uuid::parse_str(args.message_id.trim()) else {
-            bail!(super::BadInput(format!(
-                "{:?} is not a message id (a uuid)",
-                args.message_id
-            )));
-        };
+        let (id, host) = super::published_line(&args.message_id)?;
         let store = switch::open(&config).await?;
         let story = store.story(id).await.context("cannot read the store");
         store.close().await;
         let Some(story) = story? else {
             bail!(super::BadInput(format!("no request {id} is recorded")));
         };
+        if let (Some(host), Some(recorded)) = (host, story.entry.hostname.as_deref())
+            && host != recorded
+        {
+            bail!(super::BadInput(format!(
+                "request {id} is recorded for host {recorded}, not {host}"
+            )));
+        }
         // Who signed it, as verified when it was claimed.
         let signer = story.attempts.iter().find_map(|a| a.requester.as_deref());
         let scheduled = story

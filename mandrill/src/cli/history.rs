@@ -22,29 +22,32 @@ pub(super) async fn print_history(config: &Config, args: &HistoryArgs) -> anyhow
         .history(args.limit)
         .await
         .context("cannot read history")?;
+    // Each line carries the guards' decisions, as `explain` tells them:
+    // read for every entry at once, not one story per entry.
+    let mut decisions = match args.json {
+        true => store
+            .history_decisions(args.limit)
+            .await
+            .context("cannot read history")?,
+        false => Default::default(),
+    };
+    store.close().await;
     // A recorded error may quote a connection string.
     let redactor = config.redactor();
+    // Stdout is line-buffered: a write per line is a system call per row.
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     if args.json {
-        // Each line carries the guards' decisions, as `explain` tells them.
-        let mut lines = Vec::with_capacity(entries.len());
         for entry in &entries {
             let mut line = serde_json::to_value(entry)?;
-            if let Some(id) = entry.message_id
-                && let Some(story) = store.story(id).await.context("cannot read history")?
-            {
-                line["decisions"] = serde_json::to_value(&story.decisions)?;
+            if let Some(id) = entry.message_id {
+                let decided = decisions.remove(&id).unwrap_or_default();
+                line["decisions"] = serde_json::to_value(decided)?;
             }
-            lines.push(line);
-        }
-        store.close().await;
-        let mut out = std::io::stdout().lock();
-        for line in lines {
             writeln!(out, "{}", redactor.scrub(&line.to_string()))?;
         }
+        out.flush()?;
         return Ok(());
     }
-    store.close().await;
-    let mut out = std::io::stdout().lock();
     writeln!(
         out,
         "{:<24}  {:<36}  {:<28}  {:<16}  {:<11}  {:>8}  {:<24}  {:>9}  ERROR",
@@ -80,5 +83,6 @@ pub(super) async fn print_history(config: &Config, args: &HistoryArgs) -> anyhow
             redactor.scrub(e.last_error.as_deref().unwrap_or("")),
         )?;
     }
+    out.flush()?;
     Ok(())
 }

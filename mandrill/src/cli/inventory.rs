@@ -14,6 +14,7 @@ use super::{ConfigArgs, command};
 use crate::config::Config;
 use crate::inventory::{InventoryHandle, Source};
 use crate::safety::Policy;
+use crate::settings::duration::count;
 
 /// `mandrill inventory`
 #[derive(Debug, Args)]
@@ -86,14 +87,14 @@ fn source_age(source: &Source) -> Duration {
             .ok()
             .and_then(|modified| SystemTime::now().duration_since(modified).ok())
             .unwrap_or_default(),
-        Source::Command(_) | Source::Url(_) => Duration::ZERO,
+        Source::Command(_) | Source::Url(_) | Source::Ec2(_) => Duration::ZERO,
     }
 }
 
 async fn print(config: &Config, as_json: bool) -> anyhow::Result<()> {
     let Some((source, handle)) = load(config).await? else {
         return Err(super::BadInput(
-            "no inventory is configured: set inventory.file, inventory.command or inventory.url"
+            "no inventory is configured: set inventory.file, inventory.command, inventory.url or [inventory.ec2]"
                 .into(),
         )
         .into());
@@ -146,13 +147,13 @@ async fn print(config: &Config, as_json: bool) -> anyhow::Result<()> {
     }
     writeln!(out, "groups:")?;
     for (group, size) in inventory.groups() {
-        writeln!(out, "  {group}: {size} hosts")?;
+        writeln!(out, "  {group}: {}", count(*size as u64, "host"))?;
     }
     let zones = inventory.zones();
     if !zones.is_empty() {
         writeln!(out, "zones:")?;
         for (zone, size) in &zones {
-            writeln!(out, "  {zone}: {size} hosts")?;
+            writeln!(out, "  {zone}: {}", count(*size as u64, "host"))?;
         }
     }
     writeln!(out, "hosts:")?;

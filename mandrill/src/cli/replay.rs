@@ -261,9 +261,9 @@ pub(super) async fn run(config: &Config, since: &str, json: bool) -> anyhow::Res
     } else {
         writeln!(
             out,
-            "{judged} requests decided in the last {} replayed: {changed} would be decided \
-             differently{}",
-            humantime::format_duration(since),
+            "{} decided in the last {} replayed: {changed} would be decided differently{}",
+            crate::settings::duration::count(judged as u64, "request"),
+            crate::settings::duration::per(since),
             if changes.is_empty() {
                 String::new()
             } else {

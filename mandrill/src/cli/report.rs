@@ -108,9 +108,7 @@ pub(super) fn main(args: &ReportArgs) -> ExitCode {
             let data = store.report(since).await.context("cannot read the store")?;
             let mut campaigns = Vec::with_capacity(data.campaigns.len());
             for campaign in &data.campaigns {
-                let (targets, verdict) = crate::campaign::judge(&*store, campaign)
-                    .await
-                    .context("cannot read the store")?;
+                let (targets, verdict) = crate::campaign::judge(&*store, campaign).await?;
                 campaigns.push(CampaignReport {
                     id: campaign.id,
                     group: campaign.group.clone(),

@@ -120,7 +120,13 @@ pub(super) async fn serve(
     // What the service was built with: a reload changes only the
     // reloadable settings, so the rest stays as started.
     let started = config.clone();
-    let mut current = config;
+    // What the file said of the leash, for the reload to tell whether the
+    // file's own value changed (read again: the file may have gone since).
+    let file_dry_run = sources.file_dry_run().unwrap_or(config.safety.dry_run);
+    let mut current = Running {
+        config,
+        file_dry_run,
+    };
     if reload_pending {
         reload(sources, &started, &mut current, &controls, telemetry);
     }
@@ -137,24 +143,41 @@ pub(super) async fn serve(
     }
 }
 
+/// `safety.dry_run` as a file says it, for the log.
+fn said(dry_run: Option<bool>) -> &'static str {
+    match dry_run {
+        None => "unset",
+        Some(true) => "true",
+        Some(false) => "false",
+    }
+}
+
+/// The configuration in force, and what its file said of the leash.
+pub(super) struct Running {
+    config: Config,
+    /// `safety.dry_run` as the file (and the environment) said it when
+    /// `config` was read (`Reloaded::file_dry_run` in `config/load.rs`).
+    file_dry_run: Option<bool>,
+}
+
 pub(super) fn reload(
     sources: &Sources,
     started: &Config,
-    current: &mut Config,
+    running: &mut Running,
     controls: &Controls,
     telemetry: &Telemetry,
 ) {
     info!("SIGHUP: reloading configuration");
-    let new = match sources.reload() {
-        Ok((new, tightened)) => {
-            for key in tightened {
+    let (mut new, file_dry_run) = match sources.reload() {
+        Ok(reloaded) => {
+            for key in reloaded.tightened {
                 warn!(
                     key,
                     "the reloaded configuration is stricter than a flag given at start-up \
-                     (--unleash, --set): the stricter wins"
+                     (--set): the stricter wins"
                 );
             }
-            new
+            (reloaded.config, reloaded.file_dry_run)
         }
         Err(error) => {
             error!(error = %error.with_causes(), "reload failed; keeping the running configuration");
@@ -176,8 +199,16 @@ pub(super) fn reload(
             return;
         }
     };
+    // The leash: turned only when the file's own `safety.dry_run` changed
+    // (then over a start-up flag too); a routine reload keeps it as it runs.
+    let file_turned = file_dry_run != running.file_dry_run;
+    new.safety.dry_run = crate::safety::leash::reloaded_dry_run(
+        running.file_dry_run,
+        file_dry_run,
+        running.config.safety.dry_run,
+    );
     telemetry.add_secrets(&new.redactor());
-    let changed = current.changed_keys(&new);
+    let changed = running.config.changed_keys(&new);
     if let Err(error) = telemetry.set_level(&new.log.level) {
         error!(%error, "cannot apply log.level");
     }
@@ -213,6 +244,25 @@ pub(super) fn reload(
             );
         }
     }
+    let leash = controls.leash();
+    if file_turned {
+        warn!(
+            key = "safety.dry_run",
+            from = said(running.file_dry_run),
+            to = said(file_dry_run),
+            leashed = leash.leashed,
+            "the configuration file's own safety.dry_run changed: this instance's own leash \
+             follows it (over a start-up flag)"
+        );
+    } else {
+        info!(
+            leashed = leash.leashed,
+            by = %leash.by,
+            "the leash is unchanged by this reload: the configuration file's own \
+             safety.dry_run did not change"
+        );
+    }
     info!(changed = changed.len(), "configuration reloaded");
-    *current = new;
+    running.config = new;
+    running.file_dry_run = file_dry_run;
 }

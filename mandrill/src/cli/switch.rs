@@ -11,16 +11,9 @@ use anyhow::{Context as _, bail};
 use clap::Args;
 
 use super::{BadInput, ConfigArgs, OutcomeUnknown, command, string};
+use crate::admin::{RunningModes, leashed_name};
 use crate::config::Config;
 use crate::service;
-
-/// How long `mandrill status` waits for a listed instance's admin port to
-/// accept a connection before leaving it out as gone.
-const INSTANCE_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(500);
-
-/// How long `mandrill status` waits for an instance's `/api/status` (its
-/// mode): it reads the store within `admin` `STORE_TIMEOUT` (2 s).
-const INSTANCE_STATUS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// `mandrill pause` and `mandrill resume`
 #[derive(Debug, Args)]
@@ -62,21 +55,23 @@ pub(crate) struct StatusArgs {
 pub(super) fn switch(args: &SwitchArgs, paused: bool) -> ExitCode {
     let sources = args.config.sources(vec![("store.url", string(&args.db))]);
     command(sources, |config| async move {
-        let by = args
-            .by
-            .clone()
-            .or_else(|| std::env::var("USER").ok())
-            .unwrap_or_else(|| "an operator".into());
-        let reason = args
-            .reason
-            .clone()
-            .unwrap_or_else(|| "no reason given".into());
-        if by.chars().chain(reason.chars()).any(char::is_control) || reason.chars().count() > 1024 {
-            bail!("--by and --reason must be one line, the reason at most 1024 characters");
-        }
+        let (by, reason) = who_and_why(&args.by, &args.reason)?;
         let store = open(&config).await?;
         if let Some(group) = &args.group {
             return pause_group(&config, &*store, group, paused, &by, &reason).await;
+        }
+        if !paused {
+            // Nothing to resume is said as such, and nothing is written (a
+            // turn recorded would tell `resumed` to every notifier). A
+            // pause made after this read is someone else's: left on.
+            let switch = store.switch().await.context("cannot read the kill switch");
+            if matches!(switch, Ok(ref switch) if !switch.paused) {
+                store.close().await;
+                println!(
+                    "nothing was paused: restarts were not paused, and no resume was recorded"
+                );
+                return Ok(());
+            }
         }
         let result = store.set_switch(paused, &by, &reason).await;
         store.close().await;
@@ -104,6 +99,23 @@ pub(super) fn switch(args: &SwitchArgs, paused: bool) -> ExitCode {
         }
         Ok(())
     })
+}
+
+/// Who and why, from `--by` (else `$USER`) and `--reason`: each one line,
+/// the reason at most 1024 characters.
+pub(super) fn who_and_why(
+    by: &Option<String>,
+    reason: &Option<String>,
+) -> anyhow::Result<(String, String)> {
+    let by = by
+        .clone()
+        .or_else(|| std::env::var("USER").ok())
+        .unwrap_or_else(|| "an operator".into());
+    let reason = reason.clone().unwrap_or_else(|| "no reason given".into());
+    if by.chars().chain(reason.chars()).any(char::is_control) || reason.chars().count() > 1024 {
+        bail!("--by and --reason must be one line, the reason at most 1024 characters");
+    }
+    Ok((by, reason))
 }
 
 /// Pauses (`paused`) or resumes one group's restarts, or every group
@@ -227,17 +239,11 @@ pub(super) fn status(args: &StatusArgs) -> ExitCode {
         let objectives = service::objectives::judge_all(&*store, &config.recovery_objective)
             .await
             .context("cannot read the recovery times");
-        let now = crate::domain::Timestamp::now().as_millis();
-        let back = |d: std::time::Duration| {
-            crate::domain::Timestamp::from_millis(
-                now.saturating_sub(i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
-            )
-        };
+        let mut policy = (*config.worker_config().policy.current()).clone();
+        let (window_start, memory_start) =
+            (policy.guards.counting).usage_starts(crate::domain::Timestamp::now());
         let usage = store
-            .group_usage(
-                back(config.safety.rate.window),
-                back(config.safety.budget.forget_after),
-            )
+            .group_usage(window_start, memory_start)
             .await
             .context("cannot read the restart journal");
         store.close().await;
@@ -246,25 +252,16 @@ pub(super) fn status(args: &StatusArgs) -> ExitCode {
         // Each instance's admin port depends on who started first (a
         // range): the instances say which they took.
         let instances_dir = config.admin_instances_dir();
-        let instances = match &instances_dir {
-            Some(dir) => crate::admin::running_instances(dir, INSTANCE_CONNECT_TIMEOUT).await,
-            None => Vec::new(),
-        };
         // What each instance does, from itself: the file read here may
         // not be what runs (`--unleash`, a reload since).
-        let mut modes = Vec::with_capacity(instances.len());
-        for instance in &instances {
-            modes.push(
-                crate::admin::running_mode(instance, INSTANCE_STATUS_TIMEOUT)
-                    .await
-                    .map_err(|error| format!("{error:#}")),
-            );
-        }
+        let instances = match &instances_dir {
+            Some(dir) => crate::admin::instance_modes(dir).await,
+            None => Vec::new(),
+        };
         // The inventory read once, as `mandrill inventory` does: this
         // process cannot see a running service's copy (its
         // mandrill_inventory_* metrics do), but it can say whether the
         // source answers now and what it lists.
-        let mut policy = (*config.worker_config().policy.current()).clone();
         let inventory = match super::inventory::load(&config).await {
             Ok(Some((source, handle))) => {
                 let hosts = handle.current().map_or(0, |s| s.inventory.len());
@@ -286,21 +283,22 @@ pub(super) fn status(args: &StatusArgs) -> ExitCode {
         let counting = &policy.guards.counting;
         let limits = counting.describe();
         let calendar = policy.guards.calendar.as_ref().map(|calendar| {
-            let verdict = match calendar.verdict(jiff::Timestamp::now()) {
-                crate::safety::Verdict::Allow => "open now".to_owned(),
-                crate::safety::Verdict::Defer { until, .. } => {
-                    format!("closed; next window opens {}", calendar.local(until))
-                }
-            };
-            (calendar.describe(), verdict)
+            (
+                calendar.describe(),
+                calendar.now_in_words(jiff::Timestamp::now()),
+            )
         });
         let budget = |group: &str| policy.limits(group).ok().and_then(|limits| limits.budget);
-        let configured = if config.dry_run() {
-            "leashed (dry run)"
-        } else {
-            "unleashed"
+        // What every instance should run: the leash an operator turned in
+        // the store, else each one's own (the configuration read here).
+        let (configured, said_by) = match &switch.leash {
+            Some(record) => (
+                leashed_name(record.leashed),
+                "the leash recorded in the store",
+            ),
+            None => (leashed_name(config.dry_run()), "the configuration"),
         };
-        let what_runs = RunningModes::of(&modes);
+        let what_runs = RunningModes::of(instances.iter().map(|(_, mode)| mode));
         // Who may ask: each requester with its reach and quota.
         let requesters: Vec<String> = config
             .requesters
@@ -329,7 +327,8 @@ pub(super) fn status(args: &StatusArgs) -> ExitCode {
                 "schedules": schedules,
                 "mode": what_runs.mode(),
                 "configured_mode": configured,
-                "disagreement": what_runs.disagreement(configured),
+                "disagreement": what_runs.disagreement(configured, said_by),
+                "leash": switch.leash,
                 "restarter": config.restarter.kind,
                 "paused": switch.paused,
                 "switch": switch,
@@ -337,7 +336,6 @@ pub(super) fn status(args: &StatusArgs) -> ExitCode {
                 "recovery_objectives": objectives,
                 "instances": instances
                     .iter()
-                    .zip(&modes)
                     .map(|(instance, mode)| {
                         let mut value = serde_json::json!(instance);
                         match mode {
@@ -376,18 +374,39 @@ pub(super) fn status(args: &StatusArgs) -> ExitCode {
         match what_runs.mode() {
             Some(mode) => writeln!(
                 out,
-                "mode:      {mode}, as the running instances say ({:?} backend; the \
-                 configuration says {configured})",
+                "mode:      {mode}, as the running instances say ({:?} backend; {said_by} \
+                 says {configured})",
                 config.restarter.kind
             )?,
             None => writeln!(
                 out,
-                "mode:      unknown: no running instance answered ({:?} backend; the \
-                 configuration says {configured})",
+                "mode:      unknown: no running instance answered ({:?} backend; {said_by} \
+                 says {configured})",
                 config.restarter.kind
             )?,
         }
-        if let Some(disagreement) = what_runs.disagreement(configured) {
+        match &switch.leash {
+            Some(record) => writeln!(
+                out,
+                "leash:     {} by {} ({}) since {}, recorded in the store: every instance \
+                 using it obeys",
+                if record.leashed {
+                    "LEASHED"
+                } else {
+                    "UNLEASHED"
+                },
+                record.by,
+                record.reason,
+                record.since
+            )?,
+            None => writeln!(
+                out,
+                "leash:     none recorded in the store: each instance follows its own \
+                 safety.dry_run (`mandrill leash`, `mandrill unleash --reason …` turn it for \
+                 every instance)"
+            )?,
+        }
+        if let Some(disagreement) = what_runs.disagreement(configured, said_by) {
             writeln!(out, "WARNING:   {disagreement}")?;
         }
         if switch.paused {
@@ -421,9 +440,9 @@ pub(super) fn status(args: &StatusArgs) -> ExitCode {
                 dir.display()
             )?,
             (Some(_), running) => {
-                for (instance, mode) in running.iter().zip(&modes) {
+                for (instance, mode) in running {
                     let mode = match mode {
-                        Ok(mode) => describe(mode),
+                        Ok(mode) => mode.describe(),
                         Err(error) => format!("mode unknown: {error}"),
                     };
                     writeln!(
@@ -502,69 +521,6 @@ pub(super) fn status(args: &StatusArgs) -> ExitCode {
         }
         Ok(())
     })
-}
-
-fn leashed_name(leashed: bool) -> &'static str {
-    if leashed {
-        "leashed (dry run)"
-    } else {
-        "unleashed"
-    }
-}
-
-/// One instance's mode in words: `unleashed since … by …`.
-fn describe(mode: &crate::admin::RunningMode) -> String {
-    let mut text = leashed_name(mode.leashed).to_owned();
-    if let Some(since) = &mode.since {
-        text.push_str(&format!(" since {since}"));
-    }
-    if let Some(by) = &mode.by {
-        text.push_str(&format!(" by {by}"));
-    }
-    text
-}
-
-/// What the running instances say of their mode, against the
-/// configuration read here.
-#[derive(Debug, PartialEq, Eq)]
-enum RunningModes {
-    /// No instance answered with its mode: what runs is unknown.
-    Unknown,
-    /// Every instance that answered is in this mode (leashed or not).
-    All(bool),
-    /// Some are leashed, some not.
-    Mixed,
-}
-
-impl RunningModes {
-    fn of(modes: &[Result<crate::admin::RunningMode, String>]) -> Self {
-        let mut known = modes.iter().flatten().map(|mode| mode.leashed);
-        match known.next() {
-            None => Self::Unknown,
-            Some(first) if known.all(|leashed| leashed == first) => Self::All(first),
-            Some(_) => Self::Mixed,
-        }
-    }
-
-    /// The mode to print: `None` when unknown.
-    fn mode(&self) -> Option<&'static str> {
-        match self {
-            Self::Unknown => None,
-            Self::All(leashed) => Some(leashed_name(*leashed)),
-            Self::Mixed => Some("mixed: some instances leashed, some unleashed"),
-        }
-    }
-
-    /// Says when what runs is not what the configuration says.
-    fn disagreement(&self, configured: &str) -> Option<String> {
-        let running = self.mode()?;
-        (running != configured).then(|| {
-            format!(
-                "the running service is {running}, but the configuration says {configured}: \
-                 it was started or reloaded otherwise (see each instance's mode below)"
-            )
-        })
-    }
 }
 
 /// Each `[[schedule]]`'s next planned restarts with their provisional

@@ -32,9 +32,10 @@ pub(crate) struct WaitArgs {
     /// Give up (exit 2) after this long; without it, wait until decided.
     #[arg(long, value_name = "D", value_parser = humantime::parse_duration)]
     timeout: Option<Duration>,
-    /// A campaign's id, or a request's message id.
-    #[arg(value_name = "ID")]
-    id: String,
+    /// A campaign's id, or a request's message id; or a line `mandrill
+    /// publish` printed (`MESSAGE_ID HOST`, as one argument or two).
+    #[arg(value_name = "ID", num_args = 1..=2, required = true)]
+    id: Vec<String>,
 }
 
 /// How often the store is read again.
@@ -53,7 +54,7 @@ pub(super) fn main(args: &WaitArgs) -> ExitCode {
     let code = Cell::new(0u8);
     let code_ref = &code;
     let ran = command(sources, move |config| async move {
-        let id = super::campaign::parse_id(&args.id)?;
+        let (id, _host) = super::published_line(&args.id)?;
         let store = super::switch::open(&config).await?;
         let waited = wait(&*store, id, args.timeout).await;
         store.close().await;
@@ -119,16 +120,13 @@ async fn decide(store: &dyn Store, id: uuid::Uuid) -> anyhow::Result<(Verdict, V
     let found = store.campaign(id).await.context("cannot read the store")?;
     let Some(campaign) = found else {
         let standing = crate::campaign::standings(store, &[id])
-            .await
-            .context("cannot read the store")?
+            .await?
             .pop()
             .context("one standing per request")?;
         let line = format!("request {id}: {}: {}", standing.state, standing.detail);
         return Ok((standing.verdict, vec![line]));
     };
-    let (targets, verdict) = crate::campaign::judge(store, &campaign)
-        .await
-        .context("cannot read the store")?;
+    let (targets, verdict) = crate::campaign::judge(store, &campaign).await?;
     let mut lines: Vec<String> = campaign
         .stopped
         .iter()

@@ -9,9 +9,9 @@ use super::{
 };
 use crate::broker::nats::NatsSettings;
 use crate::broker::pubsub::PubSubSettings;
-use crate::inventory::InventorySettings;
+use crate::inventory::{Ec2InventorySettings, InventorySettings};
 use crate::notify::NotifierSettings;
-use crate::restarter::{CommandSettings, HttpSettings, SshSettings, VerifySettings};
+use crate::restarter::{CommandSettings, Ec2Settings, HttpSettings, SshSettings, VerifySettings};
 use crate::safety::{BudgetSettings, CalendarSettings, RateSettings};
 use crate::settings::{Documented, Field, summary};
 use crate::sqlite::SqliteSettings;
@@ -33,12 +33,14 @@ const SECTIONS: &[(&str, Docs)] = &[
     ("restarter.command", CommandSettings::DOCS),
     ("restarter.ssh", SshSettings::DOCS),
     ("restarter.http", HttpSettings::DOCS),
+    ("restarter.ec2", Ec2Settings::DOCS),
     ("verify", VerifySettings::DOCS),
     ("safety", SafetySettings::DOCS),
     ("safety.calendar", CalendarSettings::DOCS),
     ("safety.rate", RateSettings::DOCS),
     ("safety.budget", BudgetSettings::DOCS),
     ("inventory", InventorySettings::DOCS),
+    ("inventory.ec2", Ec2InventorySettings::DOCS),
     ("", Config::DOCS),
     ("notifier", NotifierSettings::DOCS),
     ("simulate", SimulateSettings::DOCS),

@@ -9,6 +9,7 @@ use super::Config;
 const MAP_SETTINGS: &[&str] = &[
     "restarter.command.env",
     "restarter.http.headers",
+    "inventory.ec2.filters",
     "safety.groups",
     "safety.budget.group_sizes",
 ];

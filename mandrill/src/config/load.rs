@@ -75,19 +75,31 @@ impl Sources {
 
     /// Reads every layer and builds the configuration.
     pub(crate) fn load(&self) -> Result<Config, ConfigError> {
-        self.layered(false).map(|(config, _)| config)
+        self.layered(false).map(|(config, ..)| config)
     }
 
     /// As [`load`](Self::load), for a reload: a safety setting that a flag
-    /// (`--unleash`, `--set`) made looser than the file (or the environment)
-    /// now says takes the file's stricter value. Returns the keys it did
-    /// so for, to be logged.
+    /// (`--set`) made looser than the file (or the environment) now says
+    /// takes the file's stricter value (`safety.dry_run` aside: see
+    /// [`Reloaded::file_dry_run`]).
     ///
     /// Flags win at start-up, where the operator gives them with the file
     /// in view; a file edited and reloaded later says what the operator
     /// wants now, and a flag from then must not widen it.
-    pub(crate) fn reload(&self) -> Result<(Config, Vec<&'static str>), ConfigError> {
-        self.layered(true)
+    pub(crate) fn reload(&self) -> Result<Reloaded, ConfigError> {
+        let (config, tightened, file_dry_run) = self.layered(true)?;
+        Ok(Reloaded {
+            config,
+            tightened,
+            file_dry_run,
+        })
+    }
+
+    /// `safety.dry_run` as the file and the environment say it now, no
+    /// flag over them: what the next reload compares with
+    /// ([`Reloaded::file_dry_run`]).
+    pub(crate) fn file_dry_run(&self) -> Result<Option<bool>, ConfigError> {
+        Ok(file_dry_run(&self.file_and_environment()?))
     }
 
     /// Just the `[[requesters]]` entries the sources say now, for a reload
@@ -167,8 +179,9 @@ impl Sources {
     fn layered(
         &self,
         stricter_below_flags_wins: bool,
-    ) -> Result<(Config, Vec<&'static str>), ConfigError> {
+    ) -> Result<(Config, Vec<&'static str>, Option<bool>), ConfigError> {
         let mut table = self.file_and_environment()?;
+        let file_dry_run = file_dry_run(&table);
         let below_flags = stricter_below_flags_wins.then(|| table.clone());
         self.apply_flags(&mut table)?;
         let tightened = match &below_flags {
@@ -196,19 +209,38 @@ impl Sources {
         } else {
             config.validate()
         }?;
-        Ok((config, tightened))
+        Ok((config, tightened, file_dry_run))
     }
 }
 
-/// The safety settings whose `true` is the stricter value: leashed,
-/// pausing everything when a host does not come back, and refusing
-/// unsigned requests. (The others have no order to take the stricter by:
-/// which of two allow lists is narrower?)
-const STRICTER_WHEN_TRUE: &[&str] = &[
-    "safety.dry_run",
-    "safety.pause_on_unrecovered",
-    "safety.require_signed",
-];
+/// What a reload read.
+#[derive(Debug)]
+pub(crate) struct Reloaded {
+    /// The configuration, flags over the file as at start-up, but for
+    /// `tightened`.
+    pub config: Config,
+    /// The safety keys a flag made looser than the file, given the file's
+    /// stricter value: to be logged.
+    pub tightened: Vec<&'static str>,
+    /// `safety.dry_run` as the file and the environment say it (no flag):
+    /// the reload turns the leash only when this changed since the
+    /// configuration in force was read (`safety::leash::reloaded_dry_run`).
+    pub file_dry_run: Option<bool>,
+}
+
+/// `safety.dry_run` in a table of the layers below the flags.
+fn file_dry_run(below_flags: &toml::Table) -> Option<bool> {
+    get_dotted(below_flags, "safety.dry_run").and_then(toml::Value::as_bool)
+}
+
+/// The safety settings whose `true` is the stricter value: pausing
+/// everything when a host does not come back, and refusing unsigned
+/// requests. (The others have no order to take the stricter by: which of
+/// two allow lists is narrower? And `safety.dry_run` is turned by a reload
+/// only when the file's own value changed, so that a file that keeps
+/// `dry_run = true` under `--unleash` is not a trap a routine reload
+/// springs: `safety::leash::reloaded_dry_run`.)
+const STRICTER_WHEN_TRUE: &[&str] = &["safety.pause_on_unrecovered", "safety.require_signed"];
 
 /// Gives each of [`STRICTER_WHEN_TRUE`] that the flags in `table` set to
 /// `false` the `true` that `below_flags` (the file and the environment)

@@ -1,13 +1,13 @@
 //! `[restarter]`: which backend, the simulation's knobs and the journal. The
 //! real backends' sections (`[restarter.command]`, `[restarter.ssh]`,
-//! `[restarter.http]`) are owned by their modules.
+//! `[restarter.http]`, `[restarter.ec2]`) are owned by their modules.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::restarter::{CommandSettings, HttpSettings, SshSettings};
+use crate::restarter::{CommandSettings, Ec2Settings, HttpSettings, SshSettings};
 use crate::settings::{duration, settings};
 
 /// Which restart backend to use.
@@ -24,12 +24,14 @@ pub(crate) enum RestarterKind {
     Ssh,
     /// Calls a webhook (`[restarter.http]`).
     Http,
+    /// Reboots, stops and starts, or terminates EC2 instances (`[restarter.ec2]`).
+    Ec2,
 }
 
 impl RestarterKind {
     /// Whether this backend touches real hosts.
     pub(crate) fn is_real(self) -> bool {
-        matches!(self, Self::Command | Self::Ssh | Self::Http)
+        matches!(self, Self::Command | Self::Ssh | Self::Http | Self::Ec2)
     }
 }
 
@@ -38,7 +40,7 @@ settings! {
     #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
     #[serde(deny_unknown_fields, default)]
     pub(crate) struct RestarterSettings {
-        /// simulate | simulate-blocking | command | ssh | http
+        /// simulate | simulate-blocking | command | ssh | http | ec2
         pub kind: RestarterKind = RestarterKind::Simulate,
         /// Shortest simulated restart.
         #[serde(with = "duration")]
@@ -62,5 +64,7 @@ settings! {
         pub ssh: SshSettings = SshSettings::default(),
         /// `[restarter.http]`: the `http` backend.
         pub http: HttpSettings = HttpSettings::default(),
+        /// `[restarter.ec2]`: the `ec2` backend.
+        pub ec2: Ec2Settings = Ec2Settings::default(),
     }
 }

@@ -20,14 +20,17 @@ settings! {
     #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
     #[serde(deny_unknown_fields, default)]
     pub(crate) struct SafetySettings {
-        /// Record restarts as dry-run, issue none (default: true with a real
-        /// backend; run --unleash).
+        /// This instance's own leash: record restarts as dry-run, issue none
+        /// (default: true with a real backend); `mandrill unleash` overrides.
         ///
         /// Leashed, every restart is decided and recorded as `dry-run` with
         /// the exact action it would take. Unset means true with a real
         /// backend (command, ssh, http) and false with a simulated one;
-        /// `mandrill run --unleash` sets it to false, until a reload reads
-        /// true from the file: the stricter wins.
+        /// `mandrill run --unleash` sets it to false at start-up. A reload
+        /// changes it only if the file's own value changed. The leash an
+        /// operator records in the store (`mandrill leash`, `mandrill
+        /// unleash --reason`) decides over it for every instance
+        /// (docs/safety.md, "The leash").
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pub dry_run: Option<bool> = None,
         /// Instance-name patterns that may be restarted (a real backend

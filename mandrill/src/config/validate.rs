@@ -395,10 +395,25 @@ impl Config {
                 r.http.validate().map_err(in_section("http"))?;
                 (r.http.timeout, "restarter.http.timeout")
             }
+            RestarterKind::Ec2 => {
+                r.ec2.validate().map_err(in_section("ec2"))?;
+                (
+                    r.ec2.longest_restart(),
+                    "15 × restarter.ec2.call_timeout (three calls, five tries each), and for a \
+                     stop-start restarter.ec2.stop_timeout + restarter.ec2.stopped_for",
+                )
+            }
         };
         self.verify
             .validate()
             .map_err(|(key, why)| ConfigError::invalid(&format!("verify.{key}"), why))?;
+        if self.verify.probe == ProbeKind::Ec2 && r.kind != RestarterKind::Ec2 {
+            return Err(ConfigError::invalid(
+                "verify.probe",
+                "\"ec2\" asks EC2 about the instances the ec2 restarter acted on: it needs \
+                 restarter.kind = \"ec2\"",
+            ));
+        }
         crate::restarter::hosts::HostMap::new(&self.hosts)
             .map_err(|why| ConfigError::invalid("hosts", why))?;
         let verification = if self.verify.probe == ProbeKind::None {

@@ -399,8 +399,9 @@ pub(super) fn unverified_message_id(token: &[u8]) -> Option<String> {
 }
 
 /// The claims of a compact JWS, decoded and unverified: for recording
-/// what a rejected payload asked (shown only, marked unverified).
-pub(super) fn unverified_claims(token: &[u8]) -> Option<Vec<u8>> {
+/// what a rejected payload asked (shown only, marked unverified), and for
+/// `mandrill publish` to say what a token it cannot verify names.
+pub(crate) fn unverified_claims(token: &[u8]) -> Option<Vec<u8>> {
     let claims = token.split(|b| *b == b'.').nth(1)?;
     URL_SAFE_NO_PAD.decode(claims).ok()
 }

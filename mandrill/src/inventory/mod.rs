@@ -5,9 +5,10 @@
 //! are counted from it.
 //!
 //! `mod.rs` the model and the format detection (pure); `own.rs`,
-//! `ansible.rs`, `file_sd.rs` the parsers, one per format (pure);
+//! `ansible.rs`, `file_sd.rs`, `ec2.rs` the parsers, one per format (pure);
 //! `settings.rs` the section; `source.rs` the I/O at the edge (a file, a
-//! command through `restarter/process.rs`, an HTTP URL); `handle.rs` the
+//! command through `restarter/process.rs`, an HTTP URL, EC2's API through
+//! `restarter/http/aws.rs`); `handle.rs` the
 //! copy the worker reads (swapped whole on refresh) and the refresh task.
 //! `restarter/hosts.rs` stays beside it: `[[hosts]]` maps name patterns to
 //! addresses for hosts no inventory lists; an inventory's address, port and
@@ -24,6 +25,7 @@ use serde::Serialize;
 use crate::domain::{InstanceName, Reach};
 
 mod ansible;
+mod ec2;
 mod file_sd;
 mod handle;
 mod own;
@@ -31,7 +33,7 @@ mod settings;
 mod source;
 
 pub(crate) use handle::{InventoryHandle, refresh_task};
-pub(crate) use settings::{InventorySettings, MAX_INVENTORY_BYTES};
+pub(crate) use settings::{Ec2InventorySettings, InventorySettings, MAX_INVENTORY_BYTES};
 pub(crate) use source::{Source, load};
 
 /// One host as the inventory lists it.
@@ -89,6 +91,8 @@ pub(crate) enum Format {
     Ansible,
     /// Prometheus `file_sd` JSON.
     FileSd,
+    /// EC2's `DescribeInstances` (`[inventory.ec2]`).
+    Ec2,
 }
 
 impl Format {
@@ -98,6 +102,7 @@ impl Format {
             Self::Mandrill => "mandrill",
             Self::Ansible => "ansible",
             Self::FileSd => "file_sd",
+            Self::Ec2 => "ec2",
         }
     }
 }

@@ -1,5 +1,6 @@
 //! `[inventory]`, owned here; the configuration embeds it.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -14,7 +15,7 @@ pub(crate) const MAX_INVENTORY_BYTES: usize = 64 * 1024 * 1024;
 
 settings! {
     /// `[inventory]`: the operator's hosts, groups and zones. At most one
-    /// source: `file`, `command` or `url`.
+    /// source: `file`, `command`, `url` or `[inventory.ec2]`.
     #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
     #[serde(deny_unknown_fields, default)]
     pub(crate) struct InventorySettings {
@@ -32,6 +33,9 @@ settings! {
         /// are never printed.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pub url: Option<String> = None,
+        /// `[inventory.ec2]`: the instances of EC2 (docs/inventory.md).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub ec2: Option<Ec2InventorySettings> = None,
         /// How often the inventory is read again; a failed read keeps the
         /// last good copy.
         #[serde(with = "crate::settings::duration")]
@@ -63,7 +67,7 @@ settings! {
 impl InventorySettings {
     /// Whether an inventory is configured.
     pub(crate) fn is_configured(&self) -> bool {
-        self.file.is_some() || !self.command.is_empty() || self.url.is_some()
+        self.file.is_some() || !self.command.is_empty() || self.url.is_some() || self.ec2.is_some()
     }
 
     /// What the parsers need beyond the text.
@@ -81,6 +85,7 @@ impl InventorySettings {
             ("inventory.file", self.file.is_some()),
             ("inventory.command", !self.command.is_empty()),
             ("inventory.url", self.url.is_some()),
+            ("inventory.ec2", self.ec2.is_some()),
         ]
         .into_iter()
         .filter_map(|(key, set)| set.then_some(key))
@@ -116,6 +121,9 @@ impl InventorySettings {
                 ));
             }
         }
+        if let Some(ec2) = &self.ec2 {
+            ec2.validate()?;
+        }
         for (key, value) in [
             ("inventory.refresh", self.refresh),
             ("inventory.max_age", self.max_age),
@@ -150,6 +158,64 @@ impl InventorySettings {
             if value.is_empty() {
                 return Err((key, "is empty".into()));
             }
+        }
+        Ok(())
+    }
+}
+
+settings! {
+    /// `[inventory.ec2]`: running and stopped EC2 instances matching
+    /// `filters`, named by their ids.
+    #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+    #[serde(deny_unknown_fields, default)]
+    pub(crate) struct Ec2InventorySettings {
+        /// The AWS region, e.g. `us-east-1`; default `AWS_REGION`, else
+        /// `AWS_DEFAULT_REGION`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub region: Option<String> = None,
+        /// Another endpoint than AWS's public one: a VPC endpoint, an
+        /// emulator (plain http only on loopback).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub endpoint_url: Option<String> = None,
+        /// `DescribeInstances` filters: a name and the values any of which
+        /// matches, e.g. `{ "tag:chaos" = ["yes"] }`; all must match.
+        ///
+        /// Without an `instance-state-name` filter, instances pending,
+        /// running, stopping or stopped are listed (not those shutting down
+        /// or terminated).
+        pub filters: BTreeMap<String, Vec<String>> = BTreeMap::new(),
+        /// The tag holding an instance's group; without it, an Auto
+        /// Scaling group's member is in the group named like it.
+        pub group_tag: String = "chaos-group".to_owned(),
+        /// Tags shown as labels in `mandrill inventory`; none by default
+        /// (tags hold secrets too).
+        pub label_tags: Vec<String> = Vec::new(),
+    }
+}
+
+impl Ec2InventorySettings {
+    /// Checks what types cannot: `(key, why)`.
+    pub(crate) fn validate(&self) -> Result<(), (&'static str, String)> {
+        let region = crate::restarter::http::aws::region(self.region.as_deref()).ok_or((
+            "inventory.ec2.region",
+            "is required (or AWS_REGION in the environment)".to_owned(),
+        ))?;
+        crate::restarter::http::aws::check_region(&region)
+            .map_err(|why| ("inventory.ec2.region", why))?;
+        if let Some(endpoint) = &self.endpoint_url {
+            crate::restarter::http::aws::check_endpoint(endpoint)
+                .map_err(|why| ("inventory.ec2.endpoint_url", why))?;
+        }
+        for (name, values) in &self.filters {
+            if name.is_empty() || values.is_empty() || values.iter().any(String::is_empty) {
+                return Err((
+                    "inventory.ec2.filters",
+                    format!("filter {name:?} needs a name and at least one value, none empty"),
+                ));
+            }
+        }
+        if self.group_tag.is_empty() {
+            return Err(("inventory.ec2.group_tag", "is empty".into()));
         }
         Ok(())
     }

@@ -1,14 +1,18 @@
 //! Reading the inventory from its one source: the I/O at the edge. A file
 //! is read whole (bounded); a command runs through `restarter/process.rs`
 //! (no shell, a timeout, bounded output); a URL is fetched through
-//! `restarter/http/fetch.rs` (reqwest, bounded, no redirects).
+//! `restarter/http/fetch.rs` (reqwest, bounded, no redirects); EC2's
+//! instances are described through `restarter/http/aws.rs`, page by page.
+//! Every source's I/O side by side, so one file past 400 lines.
 
 use std::fmt;
 use std::path::PathBuf;
 
-use super::{Inventory, InventorySettings, MAX_INVENTORY_BYTES};
+use super::ec2::{Ec2Keys, next_token};
+use super::{Ec2InventorySettings, Inventory, InventorySettings, MAX_INVENTORY_BYTES};
 use tracing::warn;
 
+use crate::restarter::http::aws::{AwsClient, AwsError, Element, Service};
 use crate::restarter::http::fetch::{FetchError, get_bounded};
 use crate::restarter::process::{ProcessRunner, RunError};
 use crate::settings::redact_url;
@@ -37,6 +41,8 @@ pub(crate) enum Source {
     Command(Vec<String>),
     /// `inventory.url` (shown redacted).
     Url(String),
+    /// `[inventory.ec2]`.
+    Ec2(Ec2InventorySettings),
 }
 
 impl Source {
@@ -46,6 +52,8 @@ impl Source {
             Some(Self::File(path.clone()))
         } else if !settings.command.is_empty() {
             Some(Self::Command(settings.command.clone()))
+        } else if let Some(ec2) = &settings.ec2 {
+            Some(Self::Ec2(ec2.clone()))
         } else {
             settings.url.clone().map(Self::Url)
         }
@@ -59,6 +67,7 @@ impl Source {
             Self::File(_) => "inventory.file",
             Self::Command(_) => "inventory.command",
             Self::Url(_) => "inventory.url",
+            Self::Ec2(_) => "inventory.ec2",
         }
     }
 }
@@ -75,6 +84,14 @@ impl fmt::Display for Source {
                 argv.first().map_or("", String::as_str).escape_debug()
             ),
             Self::Url(url) => write!(f, "url {}", redact_url(url)),
+            Self::Ec2(ec2) => match &ec2.endpoint_url {
+                Some(endpoint) => write!(f, "ec2 at {}", redact_url(endpoint)),
+                None => write!(
+                    f,
+                    "ec2 in {}",
+                    crate::restarter::http::aws::region(ec2.region.as_deref()).unwrap_or_default()
+                ),
+            },
         }
     }
 }
@@ -109,6 +126,15 @@ pub(crate) enum LoadError {
     /// The URL could not be fetched.
     #[error("cannot fetch the inventory")]
     Fetch(#[from] FetchError),
+    /// EC2 did not describe the instances.
+    #[error("{from}: cannot describe the instances")]
+    Aws {
+        /// The source, as shown.
+        from: String,
+        /// What AWS or the connection said.
+        #[source]
+        source: AwsError,
+    },
     /// The file or the command's output is larger than allowed.
     #[error("{from}: {size} bytes, over the limit of {MAX_INVENTORY_BYTES}")]
     TooBig {
@@ -177,6 +203,21 @@ pub(crate) async fn load(
     settings: &InventorySettings,
 ) -> Result<Inventory, LoadError> {
     let from = || source.to_string();
+    if let Source::Ec2(ec2) = source {
+        let pages = describe_instances(ec2, settings.timeout)
+            .await
+            .map_err(|source| LoadError::Aws {
+                from: from(),
+                source,
+            })?;
+        let keys = Ec2Keys {
+            group_tag: &ec2.group_tag,
+            label_tags: &ec2.label_tags,
+        };
+        let inventory = super::ec2::parse(&pages, &keys)
+            .map_err(|why| LoadError::Invalid { from: from(), why })?;
+        return not_empty(inventory, from, String::new());
+    }
     let mut stderr = String::new();
     let (bytes, toml_hint) = match source {
         Source::File(path) => {
@@ -228,6 +269,7 @@ pub(crate) async fn load(
             get_bounded(url, settings.timeout, MAX_INVENTORY_BYTES).await?,
             false,
         ),
+        Source::Ec2(_) => unreachable!("read above"),
     };
     let text = std::str::from_utf8(&bytes).map_err(|source| LoadError::NotUtf8 {
         from: from(),
@@ -235,6 +277,15 @@ pub(crate) async fn load(
     })?;
     let inventory = Inventory::parse(text, toml_hint, &settings.keys())
         .map_err(|why| LoadError::Invalid { from: from(), why })?;
+    not_empty(inventory, from, stderr)
+}
+
+/// `inventory`, unless it lists no host.
+fn not_empty(
+    inventory: Inventory,
+    from: impl Fn() -> String,
+    stderr: String,
+) -> Result<Inventory, LoadError> {
     if inventory.len() == 0 {
         return Err(LoadError::Empty {
             from: from(),
@@ -242,6 +293,61 @@ pub(crate) async fn load(
         });
     }
     Ok(inventory)
+}
+
+/// Most pages of `DescribeInstances` read (of 500 instances each).
+const MAX_EC2_PAGES: usize = 200;
+
+/// Every page of `DescribeInstances` with the configured filters, each
+/// call bounded by `timeout`.
+async fn describe_instances(
+    ec2: &Ec2InventorySettings,
+    timeout: std::time::Duration,
+) -> Result<Vec<Element>, AwsError> {
+    // The settings were validated: a region is there.
+    let region = crate::restarter::http::aws::region(ec2.region.as_deref()).unwrap_or_default();
+    let client = AwsClient::new(Service::Ec2, &region, ec2.endpoint_url.as_deref(), timeout)
+        .map_err(|why| AwsError::Setup(format!("cannot make the aws client: {why}")))?;
+    let mut params = Vec::new();
+    let mut filters: Vec<(&str, Vec<String>)> = ec2
+        .filters
+        .iter()
+        .map(|(name, values)| (name.as_str(), values.clone()))
+        .collect();
+    if !ec2.filters.contains_key("instance-state-name") {
+        let states = ["pending", "running", "stopping", "stopped"];
+        filters.push((
+            "instance-state-name",
+            states.iter().map(|s| (*s).to_owned()).collect(),
+        ));
+    }
+    for (n, (name, values)) in filters.iter().enumerate() {
+        params.push((format!("Filter.{}.Name", n + 1), (*name).to_owned()));
+        for (m, value) in values.iter().enumerate() {
+            params.push((format!("Filter.{}.Value.{}", n + 1, m + 1), value.clone()));
+        }
+    }
+    params.push(("MaxResults".to_owned(), "500".to_owned()));
+    let mut pages = Vec::new();
+    let mut token: Option<String> = None;
+    loop {
+        let mut call = params.clone();
+        if let Some(token) = &token {
+            call.push(("NextToken".to_owned(), token.clone()));
+        }
+        let page = client.call("DescribeInstances", &call).await?;
+        token = next_token(&page);
+        pages.push(page);
+        if token.is_none() {
+            return Ok(pages);
+        }
+        if pages.len() >= MAX_EC2_PAGES {
+            // Never a part of the fleet taken for the whole.
+            return Err(AwsError::Setup(format!(
+                "more than {MAX_EC2_PAGES} pages of instances match inventory.ec2.filters"
+            )));
+        }
+    }
 }
 
 #[cfg(test)]

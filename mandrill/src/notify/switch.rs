@@ -175,7 +175,7 @@ pub(crate) async fn watch(
     let mut look = |switch: Switch| {
         let changed = match &last {
             None => switch.since.is_some_and(|since| since > started),
-            Some(last) => *last != switch,
+            Some(last) => !last.same_turn(&switch),
         };
         if changed {
             notifier.switch_seen(&switch);
@@ -216,6 +216,7 @@ mod tests {
             by: Some(by.into()),
             reason: Some(reason.into()),
             since: Some(Timestamp::from_millis(since)),
+            leash: None,
         }
     }
 

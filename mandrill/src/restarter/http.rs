@@ -11,6 +11,7 @@
 //! Redirects are not followed: a signed POST must not be replayed elsewhere.
 
 mod answer;
+pub(crate) mod aws;
 pub(crate) mod fetch;
 mod settings;
 #[cfg(test)]

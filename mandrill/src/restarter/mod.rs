@@ -7,6 +7,7 @@
 
 pub(crate) mod blocking;
 pub(crate) mod command;
+pub(crate) mod ec2;
 pub(crate) mod hosts;
 pub(crate) mod http;
 pub(crate) mod journal;
@@ -30,6 +31,7 @@ use crate::domain::{Hostname, RestartRequest, Restarted};
 pub(crate) use crate::causes::Cause;
 pub(crate) use blocking::{Blocking, BlockingRestart};
 pub(crate) use command::{CommandRestarter, CommandSettings};
+pub(crate) use ec2::{Ec2Restarter, Ec2Settings};
 pub(crate) use http::{HttpRestarter, HttpSettings};
 pub(crate) use journal::Journaled;
 pub(crate) use simulate::{SimulatedBlockingRestarter, SimulatedRestarter, Simulation};

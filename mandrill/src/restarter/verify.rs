@@ -22,7 +22,7 @@ use tracing::debug;
 use super::hosts::{HostMap, Target};
 use super::process::{ProcessRunner, for_log};
 use super::template::{ArgvTemplate, Template, Values};
-use super::{Cause, Reservation, Reserving, RestartError, Restarter, SettingError};
+use super::{Cause, Ec2Restarter, Reservation, Reserving, RestartError, Restarter, SettingError};
 use crate::causes::WithCauses;
 use crate::domain::{RestartRequest, Restarted};
 use crate::settings::{duration, settings};
@@ -48,6 +48,10 @@ pub(crate) enum ProbeKind {
     Http,
     /// `argv` exits 0.
     Command,
+    /// EC2 says the instance recovered from the `ec2` restarter's action
+    /// (running with both status checks `ok`; a terminated member's group
+    /// back at its desired capacity).
+    Ec2,
 }
 
 settings! {
@@ -55,7 +59,7 @@ settings! {
     #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
     #[serde(deny_unknown_fields, default)]
     pub(crate) struct VerifySettings {
-        /// none | tcp | http | command
+        /// none | tcp | http | command | ec2
         pub probe: ProbeKind = ProbeKind::None,
         /// tcp probe: port on the host.
         ///
@@ -117,6 +121,7 @@ enum Probe {
     Tcp { port: u16 },
     Http { url: Template, expect: Vec<u16> },
     Command { argv: ArgvTemplate },
+    Ec2,
 }
 
 impl Probe {
@@ -157,6 +162,7 @@ impl Probe {
             ProbeKind::Command => Self::Command {
                 argv: ArgvTemplate::parse(&settings.argv).map_err(|why| ("argv", why))?,
             },
+            ProbeKind::Ec2 => Self::Ec2,
         })
     }
 }
@@ -168,17 +174,27 @@ pub(crate) struct Verified {
     settings: VerifySettings,
     runner: ProcessRunner,
     hosts: HostMap,
+    /// The `ec2` restarter, which the `ec2` probe asks.
+    ec2: Option<Arc<Ec2Restarter>>,
 }
 
 impl Verified {
-    /// Wraps `inner`, probing hosts found through `hosts`.
+    /// Wraps `inner`, probing hosts found through `hosts` (the `ec2` probe:
+    /// asking `ec2`).
     pub(crate) fn new(
         inner: Arc<dyn Restarter>,
         settings: &VerifySettings,
         hosts: HostMap,
+        ec2: Option<Arc<Ec2Restarter>>,
     ) -> Result<Self, SettingError> {
         let probe = Probe::new(settings)
             .map_err(|(key, why)| SettingError::new(format!("verify.{key}"), why))?;
+        if matches!(probe, Probe::Ec2) && ec2.is_none() {
+            return Err(SettingError::new(
+                "verify.probe",
+                "\"ec2\" needs restarter.kind = \"ec2\"",
+            ));
+        }
         // The command probe gets the command backend's default environment.
         let runner = ProcessRunner::new(
             None,
@@ -193,6 +209,7 @@ impl Verified {
             settings: settings.clone(),
             runner,
             hosts,
+            ec2,
         })
     }
 
@@ -201,13 +218,14 @@ impl Verified {
         inner: Arc<dyn Restarter>,
         settings: &VerifySettings,
         hosts: HostMap,
+        ec2: Option<Arc<Ec2Restarter>>,
     ) -> Result<Arc<dyn Restarter>, SettingError> {
         if settings.probe == ProbeKind::None {
             VerifySettings::validate(settings)
                 .map_err(|(key, why)| SettingError::new(format!("verify.{key}"), why))?;
             return Ok(inner);
         }
-        Ok(Arc::new(Self::new(inner, settings, hosts)?))
+        Ok(Arc::new(Self::new(inner, settings, hosts, ec2)?))
     }
 
     /// One probe: `Ok` when healthy, else what it saw.
@@ -222,6 +240,10 @@ impl Verified {
                 Probe::Tcp { port } => tcp(&target.address, *port).await,
                 Probe::Http { url, expect } => http(&url.render_url(&values), expect).await,
                 Probe::Command { argv } => self.command(&argv.render(&values)).await,
+                Probe::Ec2 => match &self.ec2 {
+                    Some(ec2) => ec2.recovered(request).await,
+                    None => Err("no ec2 restarter to ask".into()),
+                },
             }
         };
         tokio::time::timeout(self.settings.probe_timeout, probe)

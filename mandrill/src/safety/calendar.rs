@@ -221,6 +221,17 @@ impl Calendar {
         }
     }
 
+    /// Whether it is open at `now`, in words, as `mandrill status` and the
+    /// dashboard say it: "open now", or "closed; next window opens …".
+    pub fn now_in_words(&self, now: Timestamp) -> String {
+        match self.verdict(now) {
+            Verdict::Allow => "open now".to_owned(),
+            Verdict::Defer { until, .. } => {
+                format!("closed; next window opens {}", self.local(until))
+            }
+        }
+    }
+
     /// The calendar in a few words: "Mon–Fri 09:00–15:00 Europe/Stockholm".
     pub fn describe(&self) -> String {
         let windows: Vec<String> = self

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::limits::*;
-use crate::domain::RestartRequest;
+use crate::domain::{RestartRequest, Timestamp};
 use crate::pattern::Pattern;
 
 /// Groups and the counting guards' settings, resolved: what the worker asks
@@ -220,9 +220,15 @@ impl Counting {
         self.window
     }
 
-    /// How long an unverified end counts as a disruption.
-    pub(crate) fn forget_after(&self) -> Duration {
-        self.forget_after
+    /// Where a group's use of its limits is read from at `now` (the
+    /// store's `group_usage`): the rate window's start and the budgets'
+    /// memory's, as `status`, `/metrics` and the dashboard show it.
+    pub(crate) fn usage_starts(&self, now: Timestamp) -> (Timestamp, Timestamp) {
+        let back = |d: Duration| {
+            let d = i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+            Timestamp::from_millis(now.as_millis().saturating_sub(d))
+        };
+        (back(self.window), back(self.forget_after))
     }
 
     /// How far back the guards that are on read the restart journal: the
@@ -244,7 +250,7 @@ impl Counting {
 
     /// The settings in words, for `mandrill status`.
     pub(crate) fn describe(&self) -> String {
-        let window = humantime::format_duration(self.window);
+        let window = crate::settings::duration::per(self.window);
         let or_unlimited = |n: Option<u32>, what: String| {
             n.map_or_else(|| format!("{what}: unlimited"), |n| format!("{what}: {n}"))
         };

@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::settings::duration::{count, per};
 use crate::settings::settings;
 
 settings! {
@@ -311,7 +312,7 @@ pub(crate) fn check(
         zone,
         requester,
     } = subject;
-    let window = humantime::format_duration(limits.window);
+    let window = per(limits.window);
     let until = |from: i64, after: Duration| {
         let at = from.saturating_add(i64::try_from(after.as_millis()).unwrap_or(i64::MAX));
         (
@@ -343,9 +344,10 @@ pub(crate) fn check(
             return Err(Refusal {
                 guard: "rate limit",
                 reason: format!(
-                    "deferred by rate limit: group {group} had {} of its {max} restarts per \
-                     {window}; a slot frees at {}",
+                    "deferred by rate limit: group {group} had {} of its {} per {window}; \
+                     a slot frees at {}",
                     usage.group_claims,
+                    count(max, "restart"),
                     at(free)
                 ),
                 wait,
@@ -362,9 +364,10 @@ pub(crate) fn check(
             return Err(Refusal {
                 guard: "global rate limit",
                 reason: format!(
-                    "deferred by global rate limit: {} of {max} restarts per {window} over all \
-                     groups; a slot frees at {}",
+                    "deferred by global rate limit: {} of {} per {window} over all groups; a \
+                     slot frees at {}",
                     usage.global_claims,
+                    count(max, "restart"),
                     at(free)
                 ),
                 wait,
@@ -376,7 +379,7 @@ pub(crate) fn check(
         ));
     }
     if let (Some(max), Some(requester)) = (limits.requester_max, requester) {
-        let window = humantime::format_duration(limits.requester_window);
+        let window = per(limits.requester_window);
         if usage.requester_claims >= max {
             let (free, wait) = until(
                 usage.requester_oldest.unwrap_or(now),
@@ -385,9 +388,10 @@ pub(crate) fn check(
             return Err(Refusal {
                 guard: "requester quota",
                 reason: format!(
-                    "deferred by requester quota: requester {requester} had {} of its {max} \
-                     restarts per {window}; a slot frees at {}",
+                    "deferred by requester quota: requester {requester} had {} of its {} per \
+                     {window}; a slot frees at {}",
                     usage.requester_claims,
+                    count(max, "restart"),
                     at(free)
                 ),
                 wait,
@@ -403,16 +407,18 @@ pub(crate) fn check(
             return Err(Refusal {
                 guard: "zone budget",
                 reason: format!(
-                    "deferred by zone budget: {} of zone {zone}'s {budget} hosts that may be \
-                     disrupted at once already are (restarting, or not verified recovered)",
-                    usage.zone_disrupted
+                    "deferred by zone budget: {} of zone {zone}'s {} that may be disrupted at \
+                     once already are (restarting, or not verified recovered)",
+                    usage.zone_disrupted,
+                    count(budget, "host")
                 ),
                 wait: limits.budget_retry,
             });
         }
         used.push(format!(
-            "zone budget: {} of {budget} hosts of zone {zone} disrupted with this one",
-            usage.zone_disrupted + 1
+            "zone budget: {} of {} of zone {zone} disrupted with this one",
+            usage.zone_disrupted + 1,
+            count(budget, "host")
         ));
     }
     if let Some(budget) = limits.budget {
@@ -420,16 +426,18 @@ pub(crate) fn check(
             return Err(Refusal {
                 guard: "disruption budget",
                 reason: format!(
-                    "deferred by disruption budget: {} of group {group}'s {budget} hosts that may \
-                     be disrupted at once already are (restarting, or not verified recovered)",
-                    usage.disrupted
+                    "deferred by disruption budget: {} of group {group}'s {} that may be \
+                     disrupted at once already are (restarting, or not verified recovered)",
+                    usage.disrupted,
+                    count(budget, "host")
                 ),
                 wait: limits.budget_retry,
             });
         }
         used.push(format!(
-            "budget: {} of {budget} hosts of group {group} disrupted with this one",
-            usage.disrupted + 1
+            "budget: {} of {} of group {group} disrupted with this one",
+            usage.disrupted + 1,
+            count(budget, "host")
         ));
     }
     if used.is_empty() {
@@ -441,14 +449,15 @@ pub(crate) fn check(
 
 /// The limits in words: what `policy check` prints.
 pub(crate) fn describe(limits: &Limits) -> String {
-    let window = humantime::format_duration(limits.window);
+    let window = per(limits.window);
     let mut parts = Vec::new();
     if let Some(max) = limits.group_max {
-        parts.push(format!("at most {max} restarts per {window}"));
+        parts.push(format!("at most {} per {window}", count(max, "restart")));
     }
     if let Some(max) = limits.global_max {
         parts.push(format!(
-            "at most {max} restarts per {window} over all groups"
+            "at most {} per {window} over all groups",
+            count(max, "restart")
         ));
     }
     if let Some(cooldown) = limits.host_cooldown {
@@ -458,17 +467,22 @@ pub(crate) fn describe(limits: &Limits) -> String {
         ));
     }
     if let Some(budget) = limits.budget {
-        parts.push(format!("at most {budget} hosts disrupted at once"));
+        parts.push(format!(
+            "at most {} disrupted at once",
+            count(budget, "host")
+        ));
     }
     if let Some(budget) = limits.zone_budget {
         parts.push(format!(
-            "at most {budget} hosts of a zone disrupted at once"
+            "at most {} of a zone disrupted at once",
+            count(budget, "host")
         ));
     }
     if let Some(max) = limits.requester_max {
         parts.push(format!(
-            "at most {max} restarts per {} by one requester",
-            humantime::format_duration(limits.requester_window)
+            "at most {} per {} by one requester",
+            count(max, "restart"),
+            per(limits.requester_window)
         ));
     }
     parts.join(", ")

@@ -2,15 +2,17 @@
 //! when (the calendar: a defer until it opens), and how many (the counting
 //! guards in `limits`: rate limits, host cooldown, disruption budget,
 //! decided in the store's claim transaction, with the kill switch). Stop
-//! conditions run after the claim, right before the restart. The leash (dry
-//! run) and everything a reload may change is one [`Policy`], read by the
-//! worker through a [`PolicyHandle`]. Nothing here reads or writes the
+//! conditions run after the claim, right before the restart. Everything a
+//! reload may change, the instance's own leash (dry run) included, is one
+//! [`Policy`], read by the worker through a [`PolicyHandle`]; `leash` says
+//! how the leash an operator records in the store decides over it. Nothing here reads or writes the
 //! store: the stores apply `limits` inside their claims.
 
 pub(crate) mod calendar;
 mod counting;
 mod group_pause;
 pub(crate) mod guards;
+pub(crate) mod leash;
 pub(crate) mod limits;
 pub(crate) mod objectives;
 pub(crate) mod policy;
@@ -22,6 +24,7 @@ pub(crate) use calendar::{Calendar, CalendarSettings};
 pub(crate) use counting::{Counting, group_mismatch};
 pub(crate) use group_pause::GroupPause;
 pub(crate) use guards::{Clock, Guards, Hold, Since};
+pub(crate) use leash::{Leash, LeashRecord};
 pub(crate) use limits::{BudgetSettings, Limits, RateSettings};
 pub(crate) use policy::{Placement, Policy, PolicyHandle};
 pub(crate) use reply_to::ReplyDestinations;

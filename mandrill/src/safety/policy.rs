@@ -1,10 +1,14 @@
 //! The safety policy a running service may change without a restart
 //! (SIGHUP reloads `[safety]`), and the shared handle the worker reads it
 //! through.
+//!
+//! Past 400 lines only with its tests, which read the policy and its
+//! handle together.
 
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use super::leash::{Leash, LeashFrom, LeashRecord};
 use super::{Eligibility, Guards, Hold, Limits, ReplyDestinations, Requesters, StopConditions};
 use crate::domain::RestartRequest;
 use crate::inventory::InventoryHandle;
@@ -281,38 +285,37 @@ impl Policy {
 #[derive(Debug, Clone)]
 pub(crate) struct PolicyHandle {
     policy: Arc<RwLock<Arc<Policy>>>,
-    /// Since when, and by what, the policy in force is leashed or not:
-    /// what `/api/status` and `mandrill status` tell an operator, who must
-    /// not have to guess it from the file (a start-up flag may differ).
-    leash: Arc<RwLock<Leash>>,
+    /// The instance's own leash (`Policy::dry_run`), since when and by
+    /// what, and the store's record as last read: what `/api/status` and
+    /// `mandrill status` tell an operator, who must not have to guess it
+    /// from the file (a start-up flag may differ, an operator may have
+    /// turned it in the store).
+    leash: Arc<RwLock<Leashes>>,
 }
 
-/// Whether a running service is leashed, since when and by what.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub(crate) struct Leash {
-    /// Restarts are recorded as dry runs, none issued.
-    pub(crate) leashed: bool,
-    /// When it became so (start-up, or the reload that turned it).
-    pub(crate) since: crate::domain::Timestamp,
-    /// What made it so: the start-up layer that set `safety.dry_run`, or
-    /// a reload.
-    pub(crate) by: String,
+/// The two words on the leash (see [`super::leash`]).
+#[derive(Debug, Clone)]
+struct Leashes {
+    own: Leash,
+    record: Option<LeashRecord>,
 }
 
 /// What [`PolicyHandle::replace`] records when a policy turns the leash.
-pub(crate) const TURNED_BY_RELOAD: &str = "a reload (SIGHUP)";
+pub(crate) const TURNED_BY_RELOAD: &str = "a reload (SIGHUP) whose file changed safety.dry_run";
 
 impl PolicyHandle {
     /// A handle on `policy`, leashed or not since now by start-up.
     pub(crate) fn new(policy: Policy) -> Self {
-        let leash = Leash {
+        let own = Leash {
             leashed: policy.dry_run,
             since: crate::domain::Timestamp::now(),
             by: "start-up".into(),
+            reason: None,
+            from: LeashFrom::Instance,
         };
         Self {
             policy: Arc::new(RwLock::new(Arc::new(policy))),
-            leash: Arc::new(RwLock::new(leash)),
+            leash: Arc::new(RwLock::new(Leashes { own, record: None })),
         }
     }
 
@@ -327,8 +330,8 @@ impl PolicyHandle {
     }
 
     /// Puts `policy` in force for every delivery decided from now on;
-    /// returns the one it replaces. A policy that turns the leash is
-    /// recorded as turned now, by a reload.
+    /// returns the one it replaces. A policy that turns the instance's own
+    /// leash is recorded as turned now, by a reload.
     pub(crate) fn replace(&self, policy: Policy) -> Arc<Policy> {
         let policy = Arc::new(policy);
         let mut current = self
@@ -337,36 +340,60 @@ impl PolicyHandle {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if current.dry_run != policy.dry_run {
             // Under the policy's lock, so that the two never disagree.
-            *self
-                .leash
-                .write()
-                .unwrap_or_else(std::sync::PoisonError::into_inner) = Leash {
+            self.leashes().own = Leash {
                 leashed: policy.dry_run,
                 since: crate::domain::Timestamp::now(),
                 by: TURNED_BY_RELOAD.into(),
+                reason: None,
+                from: LeashFrom::Instance,
             };
         }
         std::mem::replace(&mut *current, policy)
     }
 
-    /// Whether the policy in force is leashed, since when, by what.
+    /// The mode in force: the store's record as last read, else the
+    /// instance's own ([`Leash::of`]).
     pub(crate) fn leash(&self) -> Leash {
-        self.leash
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
+        let leashes = self.leashes();
+        Leash::of(&leashes.own, leashes.record.as_ref())
     }
 
-    /// Names what leashed (or unleashed) the policy at start-up, `by`
+    /// The mode in force if the store's record is `record` (as just read
+    /// by `/api/status`), without taking it as seen: the worker's poll
+    /// tells a change.
+    pub(crate) fn leash_with(&self, record: Option<&LeashRecord>) -> Leash {
+        Leash::of(&self.leashes().own, record)
+    }
+
+    /// The store's record as the worker just read it (before its first
+    /// pull, then every `safety.poll_interval`); the mode in force when it changed it (to be
+    /// said loudly), else `None`. The claims read the record themselves:
+    /// this is what the instance tells, not what it decides by.
+    pub(crate) fn observe(&self, record: Option<&LeashRecord>) -> Option<Leash> {
+        let mut leashes = self.leashes();
+        if leashes.record.as_ref() == record {
+            return None;
+        }
+        let before = Leash::of(&leashes.own, leashes.record.as_ref());
+        leashes.record = record.cloned();
+        let after = Leash::of(&leashes.own, leashes.record.as_ref());
+        (after != before).then_some(after)
+    }
+
+    /// Names what leashed (or unleashed) the instance at start-up, `by`
     /// (`--unleash`, the configuration file, the backend's default).
     pub(crate) fn leashed_at_start_by(&self, by: &str) {
-        let mut leash = self
-            .leash
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if leash.by == "start-up" {
-            leash.by = format!("{by} at start-up");
+        let mut leashes = self.leashes();
+        if leashes.own.by == "start-up" {
+            leashes.own.by = format!("{by} at start-up");
         }
+    }
+
+    fn leashes(&self) -> std::sync::RwLockWriteGuard<'_, Leashes> {
+        // Poisoned only by a panic while one whole value was stored.
+        self.leash
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 

@@ -218,23 +218,33 @@ impl StopConditions {
         })
     }
 
-    /// Runs every check, one after another; `Err` with the reason of the
-    /// first that is not healthy, in plain words, naming it:
-    /// `deferred by stop condition "alerts": GET http://… answered 503,
-    /// expected 200`.
-    pub(crate) async fn check(&self) -> Result<(), String> {
+    /// Runs every check, one after another. `Ok` with each one's result
+    /// in words, in the order they ran (what the request's story records):
+    /// `"alerts" healthy (GET http://… answered 200)`. `Err` with the
+    /// reason of the first that is not healthy, naming it, and the results
+    /// of those that ran before it: `deferred by stop condition "alerts":
+    /// GET http://… answered 503, expected 200; checked before it:
+    /// "deploys" healthy ("check-deploys" exited with exit status: 0)`.
+    pub(crate) async fn check(&self) -> Result<Vec<String>, String> {
+        let mut healthy = Vec::with_capacity(self.checks.len());
         for check in &self.checks {
-            if let Err(why) = self.run(check).await {
-                return Err(format!(
-                    "deferred by stop condition \"{}\": {why}",
-                    check.name
-                ));
+            match self.run(check).await {
+                Ok(result) => healthy.push(format!("\"{}\" healthy ({result})", check.name)),
+                Err(why) => {
+                    let mut reason =
+                        format!("deferred by stop condition \"{}\": {why}", check.name);
+                    if !healthy.is_empty() {
+                        reason.push_str(&format!("; checked before it: {}", healthy.join(", ")));
+                    }
+                    return Err(reason);
+                }
             }
         }
-        Ok(())
+        Ok(healthy)
     }
 
-    async fn run(&self, check: &StopCondition) -> Result<(), String> {
+    /// One check: `Ok` with what made it healthy, else why it is not.
+    async fn run(&self, check: &StopCondition) -> Result<String, String> {
         match &check.probe {
             Probe::Http {
                 url,
@@ -257,12 +267,14 @@ impl StopConditions {
                             expect.as_u16()
                         ));
                     }
+                    let answered = format!("GET {shown} answered {}", expect.as_u16());
                     if *expect_empty_json_array {
                         empty_json_array(response)
                             .await
                             .map_err(|why| format!("GET {shown} {why}"))?;
+                        return Ok(format!("{answered} and an empty JSON array"));
                     }
-                    Ok(())
+                    Ok(answered)
                 };
                 match tokio::time::timeout(check.timeout, probe).await {
                     Err(_elapsed) => Err(format!(
@@ -273,7 +285,9 @@ impl StopConditions {
                 }
             }
             Probe::Command { argv, runner } => match runner.run(argv).await {
-                Ok(finished) if finished.status.success() => Ok(()),
+                Ok(finished) if finished.status.success() => {
+                    Ok(format!("{:?} exited with {}", argv[0], finished.status))
+                }
                 Ok(finished) => {
                     // One line: the reason goes into a nack and a log field.
                     let stderr = finished.output.stderr.text();

@@ -15,8 +15,8 @@ use crate::config::{
 use crate::inventory::{Inventory, InventorySettings, Source};
 use crate::restarter::hosts::HostMap;
 use crate::restarter::{
-    Blocking, CommandRestarter, HttpRestarter, Journaled, Restarter, SimulatedBlockingRestarter,
-    SimulatedRestarter, Simulation, SshRestarter, Verified,
+    Blocking, CommandRestarter, Ec2Restarter, HttpRestarter, Journaled, Restarter,
+    SimulatedBlockingRestarter, SimulatedRestarter, Simulation, SshRestarter, Verified,
 };
 use crate::sqlite::{SqliteBroker, SqliteOptions, SqliteStore};
 use crate::store::{MemoryStore, PostgresStore, Store};
@@ -157,16 +157,30 @@ pub(crate) async fn open_pubsub_publisher(config: &Config) -> anyhow::Result<Pub
         .with_context(|| format!("cannot open broker.url {:?}", config.broker.url))
 }
 
-/// The dead-letter administration of the queue `broker.url` names, if its
-/// broker keeps dead letters where they can be read back (`None` for NATS,
-/// whose dead letters are on the `{stream}_DEAD` stream, and memory).
+/// The dead-letter administration of the queue `broker.url` names: the
+/// SQLite queue's table, the NATS `{stream}_DEAD` stream (through a
+/// publisher: it never shapes the consumer), the Pub/Sub dead-letter
+/// subscription. An in-memory queue keeps none outside its process.
 pub(crate) async fn open_dead_letter_admin(
     config: &Config,
-) -> anyhow::Result<Option<Arc<dyn DeadLetterAdmin>>> {
+) -> anyhow::Result<Arc<dyn DeadLetterAdmin>> {
+    let cannot_open = || {
+        format!(
+            "cannot open broker.url {:?}",
+            redact_url(&config.broker.url)
+        )
+    };
     match broker_url(config)? {
-        BrokerUrl::Sqlite { .. } => Ok(Some(Arc::new(open_sqlite_broker(&config.broker).await?))),
-        BrokerUrl::PubSub { .. } => Ok(Some(Arc::new(open_pubsub_publisher(config).await?))),
-        BrokerUrl::Nats { .. } | BrokerUrl::Memory => Ok(None),
+        BrokerUrl::Sqlite { .. } => Ok(Arc::new(open_sqlite_broker(&config.broker).await?)),
+        BrokerUrl::Nats { url, tls } => Ok(Arc::new(
+            NatsPublisher::connect(nats_options(config, url, tls))
+                .await
+                .with_context(cannot_open)?,
+        )),
+        BrokerUrl::PubSub { .. } => Ok(Arc::new(open_pubsub_publisher(config).await?)),
+        BrokerUrl::Memory => {
+            bail!("an in-memory queue keeps its dead letters inside `mandrill run`")
+        }
     }
 }
 
@@ -212,10 +226,25 @@ fn nats_options(config: &Config, url: String, tls_scheme: bool) -> NatsOptions {
     }
 }
 
-/// The restarter `restarter.kind` names, journalled if `restarter.journal` is set.
-pub(crate) fn build_restarter(config: &Config) -> anyhow::Result<Arc<dyn Restarter>> {
+/// A restarter built, and the `ec2` backend inside it when it is that one.
+pub(crate) struct BuiltRestarter {
+    pub restarter: Arc<dyn Restarter>,
+    /// Its companion starts instances a stop-start left stopped.
+    pub ec2: Option<Arc<Ec2Restarter>>,
+}
+
+/// The restarter `restarter.kind` names, journalled if `restarter.journal`
+/// is set.
+pub(crate) fn build_restarter(config: &Config) -> anyhow::Result<BuiltRestarter> {
     let hosts = HostMap::new(&config.hosts).map_err(|why| anyhow!("hosts: {why}"))?;
-    let restarter = build_backend(&config.restarter, &hosts)?;
+    let ec2 = match config.restarter.kind {
+        RestarterKind::Ec2 => Some(Arc::new(Ec2Restarter::new(&config.restarter.ec2)?)),
+        _ => None,
+    };
+    let restarter = match &ec2 {
+        Some(ec2) => ec2.clone() as Arc<dyn Restarter>,
+        None => build_backend(&config.restarter, &hosts)?,
+    };
     // The journal line is written before the backend is called, and
     // verification runs after it returns: journal(verify(backend)) would
     // also do, but verify(journal(backend)) keeps the journal a record of
@@ -227,7 +256,8 @@ pub(crate) fn build_restarter(config: &Config) -> anyhow::Result<Arc<dyn Restart
                 .with_context(|| format!("cannot open restarter.journal {}", path.display()))?,
         ),
     };
-    Ok(Verified::wrap(restarter, &config.verify, hosts)?)
+    let restarter = Verified::wrap(restarter, &config.verify, hosts, ec2.clone())?;
+    Ok(BuiltRestarter { restarter, ec2 })
 }
 
 fn build_backend(
@@ -248,6 +278,7 @@ fn build_backend(
         RestarterKind::Command => Arc::new(CommandRestarter::new(&config.command, hosts.clone())?),
         RestarterKind::Ssh => Arc::new(SshRestarter::new(&config.ssh, hosts.clone())?),
         RestarterKind::Http => Arc::new(HttpRestarter::new(&config.http, hosts.clone())?),
+        RestarterKind::Ec2 => Arc::new(Ec2Restarter::new(&config.ec2)?),
     })
 }
 

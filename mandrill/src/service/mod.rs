@@ -40,14 +40,18 @@ use pause_file::PauseFile;
 pub use records::Records;
 
 pub(crate) use adapters::{
-    broker_url, build_restarter, load_inventory, open_broker, open_dead_letter_admin,
-    open_publisher, open_pubsub_publisher, open_sqlite_broker, open_store,
+    BuiltRestarter, broker_url, build_restarter, load_inventory, open_broker,
+    open_dead_letter_admin, open_publisher, open_pubsub_publisher, open_sqlite_broker, open_store,
 };
 use companions::{prune_history, request_shutdown_when_idle};
 
 /// How long closing the broker, the store or the companions may take at
 /// shutdown before it is given up on.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long start-up waits for the store's leash before saying the
+/// instance's own mode (the worker reads it again before its first pull).
+const LEASH_READ_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// What a configuration reload can change in a running service.
 #[derive(Clone)]
@@ -113,18 +117,37 @@ impl Controls {
         };
         let leashed = policy.dry_run;
         let old = self.policy.replace(policy);
-        if old.dry_run != leashed {
-            if leashed {
-                warn!(
-                    "LEASHED (dry run) by reload: restarts are decided and recorded, none is issued"
-                );
-            } else {
-                warn!("UNLEASHED by reload: restarts of real hosts will be issued");
-            }
+        // Only a change of the file's own `safety.dry_run` turns it (the
+        // caller keeps the running value otherwise).
+        let why = "the configuration file's own safety.dry_run changed";
+        let in_force = self.policy.leash();
+        match (old.dry_run != leashed, in_force.from, leashed) {
+            (false, ..) => {}
+            (true, crate::safety::leash::LeashFrom::Store, _) => warn!(
+                why,
+                own = if leashed { "leashed" } else { "unleashed" },
+                in_force = %in_force.describe(),
+                "this instance's own leash turned by reload, but the leash recorded in the store \
+                 decides: `mandrill leash` and `mandrill unleash --reason …` turn it"
+            ),
+            (true, _, true) => warn!(
+                why,
+                "LEASHED (dry run) by reload: restarts are decided and recorded, none is issued"
+            ),
+            (true, _, false) => warn!(
+                why,
+                "UNLEASHED by reload: restarts of real hosts will be issued"
+            ),
         }
         self.requesters_distrusted.store(false, Ordering::Relaxed);
         info!("safety policy reloaded");
         true
+    }
+
+    /// The mode in force, since when, by whom or what (see
+    /// [`PolicyHandle::leash`]).
+    pub(crate) fn leash(&self) -> crate::safety::Leash {
+        self.policy.leash()
     }
 
     /// Records what leashed (or unleashed) the service at start-up, for
@@ -215,6 +238,9 @@ pub(crate) struct Service {
     inventory_settings: Arc<watch::Sender<InventorySettings>>,
     /// `[[schedule]]`, ready to run beside the worker.
     schedules: Vec<crate::schedule::Scheduled>,
+    /// The `ec2` restarter, whose companion starts instances a stop-start
+    /// left stopped.
+    ec2: Option<Arc<crate::restarter::Ec2Restarter>>,
 }
 
 impl Service {
@@ -229,7 +255,10 @@ impl Service {
         .await?;
         let (broker, memory_broker) = open_broker(&config).await?;
         let store = open_store(&config.store).await?;
-        let restarter = build_restarter(&config)?;
+        // Building a backend reads only its settings and the files they
+        // name: a failure is the configuration's (exit code 2, not retried).
+        let BuiltRestarter { restarter, ec2 } = build_restarter(&config)
+            .map_err(|error| ConfigError::invalid("restarter", format!("{error:#}")))?;
         let pause_file = match &config.safety.pause_file {
             Some(path) => Some(PauseFile::watch(path).map_err(|error| {
                 ConfigError::invalid(
@@ -284,6 +313,7 @@ impl Service {
         let (inventory_settings, _) = watch::channel(config.inventory.clone());
         Ok(Self {
             schedules,
+            ec2,
             inventory,
             inventory_settings: Arc::new(inventory_settings),
             config,
@@ -422,6 +452,12 @@ impl Service {
                 stop_companions.clone(),
             ));
         }
+        // Even leashed or paused: starting an instance a crashed stop-start
+        // left stopped only undoes what mandrill did.
+        if let Some(ec2) = self.ec2.clone().filter(|ec2| ec2.stops_instances()) {
+            let stop = stop_companions.clone();
+            companions.spawn(async move { ec2.start_left_stopped(stop).await });
+        }
         if !self.config.store.retention.is_zero() {
             companions.spawn(prune_history(
                 self.store.clone(),
@@ -457,11 +493,31 @@ impl Service {
             restarter = ?self.config.restarter.kind,
             "mandrill started"
         );
-        // Said loudly, whichever it is: an operator must never wonder.
-        if self.config.dry_run() {
+        // Said loudly, whichever it is: an operator must never wonder. The
+        // leash an operator turned in the store decides over this
+        // instance's own, so it is read first (bounded: a store that does
+        // not answer now leaves the instance's own to be said, and the
+        // worker's first read of the switch tells the record).
+        let policy = self.worker.policy();
+        if let Ok(Ok(switch)) = tokio::time::timeout(LEASH_READ_TIMEOUT, self.store.switch()).await
+        {
+            policy.observe(switch.leash.as_ref());
+        }
+        let leash = policy.leash();
+        if leash.from == crate::safety::leash::LeashFrom::Store {
+            warn!(
+                by = %leash.by,
+                reason = leash.reason.as_deref().unwrap_or_default(),
+                since = %leash.since,
+                own = if self.config.dry_run() { "leashed" } else { "unleashed" },
+                "{}: the leash recorded in the store decides for every instance sharing it; \
+                 `mandrill leash` and `mandrill unleash --reason …` turn it",
+                if leash.leashed { "LEASHED (dry run)" } else { "UNLEASHED" }
+            );
+        } else if leash.leashed {
             warn!(
                 "LEASHED (dry run): restarts are decided and recorded as dry-run, none is issued; \
-                 `mandrill run --unleash` (or safety.dry_run = false) acts"
+                 `mandrill unleash --reason …` acts for every instance sharing the store"
             );
         } else if self.config.restarter.kind.is_real() {
             warn!(
@@ -488,6 +544,17 @@ impl Service {
                 "safety.pause_on_unrecovered needs a verification probe (verify.probe): without \
                  one no restart is ever found unrecovered, so it never pauses; the budget counts \
                  a restarted host as disrupted for safety.budget.settle instead"
+            );
+        }
+        // Instance ids have no prefix to group by: `i-0abc…` is in `i`.
+        if self.config.restarter.kind == crate::config::RestarterKind::Ec2
+            && !self.config.inventory.is_configured()
+            && self.config.safety.groups.is_empty()
+        {
+            warn!(
+                "restarter.kind = \"ec2\" without an inventory: every instance id is in the \
+                 group \"i\" (its name's default), so each group limit counts the whole fleet; \
+                 [inventory.ec2] gives each instance its group and zone"
             );
         }
         if let Ok(Some(calendar)) = self.config.calendar() {

@@ -10,6 +10,7 @@ use serde::Serialize;
 
 use super::Timestamp;
 use crate::domain::{RestartRequest, Status};
+use crate::safety::LeashRecord;
 use crate::safety::limits::{self, Limits, Usage};
 
 /// What a delivery may do about a restart: [`Store::claim_restart`] decides
@@ -25,6 +26,10 @@ pub(crate) enum Claim {
         /// outcome was never recorded, and whose hold had expired: counted as
         /// a used attempt.
         unknown: Option<u32>,
+        /// The leash as the store's record said in the claim's own
+        /// transaction: `None` while no operator has turned it (the
+        /// instance's own decides; see `safety::leash`).
+        leashed: Option<bool>,
     },
     /// Attempt `attempt` was claimed by another delivery that may still be
     /// issuing it: do not restart before its hold expires, in `wait`.
@@ -272,7 +277,9 @@ pub(crate) enum SwitchExpected<'a> {
     PausedBy(&'a str),
 }
 
-/// The kill switch, as a store keeps it for every instance.
+/// The kill switch, as a store keeps it for every instance, and the leash
+/// kept beside it in the same row (read with it, at no extra cost, by
+/// every claim and every poll of the switch).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub(crate) struct Switch {
     /// Whether restarts are paused.
@@ -283,9 +290,25 @@ pub(crate) struct Switch {
     pub reason: Option<String>,
     /// When.
     pub since: Option<Timestamp>,
+    /// The leash as an operator last turned it; `None` until one did. Not
+    /// part of the switch's turns (nor of its JSON): served apart.
+    #[serde(skip)]
+    pub leash: Option<LeashRecord>,
 }
 
 impl Switch {
+    /// Whether `other` is the same turn of the kill switch (the leash
+    /// aside).
+    pub(crate) fn same_turn(&self, other: &Switch) -> bool {
+        (self.paused, &self.by, &self.reason, self.since)
+            == (other.paused, &other.by, &other.reason, other.since)
+    }
+
+    /// The leash as the store's record says it, as a claim carries it.
+    pub(crate) fn leashed(&self) -> Option<bool> {
+        self.leash.as_ref().map(|record| record.leashed)
+    }
+
     /// The words a paused claim records.
     pub(crate) fn paused_reason(&self) -> String {
         format!(
@@ -488,6 +511,7 @@ pub(crate) fn decide_claim(
         let claim = Claim::Claimed {
             attempt: state.attempts,
             unknown: state.unknown,
+            leashed: switch.leashed(),
         };
         return (claim, None);
     }
@@ -530,6 +554,7 @@ pub(crate) fn decide_claim(
             let claim = Claim::Claimed {
                 attempt: state.attempts,
                 unknown: state.unknown,
+                leashed: switch.leashed(),
             };
             let write = ClaimWrite {
                 attempts: state.attempts,
@@ -582,7 +607,12 @@ pub(crate) fn decide_claim(
         verdict,
         renewal: false,
     };
-    (Claim::Claimed { attempt, unknown }, Some(write))
+    let claim = Claim::Claimed {
+        attempt,
+        unknown,
+        leashed: switch.leashed(),
+    };
+    (claim, Some(write))
 }
 
 /// The hosts held by claims (instance name → the claim), as an SQL store
@@ -657,7 +687,8 @@ pub(crate) fn unknown_outcome(attempt: u32) -> String {
 /// A guard's verdict that held a request back, for the record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Decision<'a> {
-    /// `deferred`, `denied`, `expired`, `dry-run`.
+    /// `deferred`, `denied`, `expired`, `dry-run`; `checked`: the stop
+    /// conditions' results, which held nothing back.
     pub verdict: &'a str,
     /// Which guard (`calendar`, `rate limit`, `kill switch`, ...).
     pub guard: &'a str,
@@ -694,17 +725,20 @@ pub(crate) fn group_pause_from(
     }
 }
 
-/// The kill switch from its stored columns.
+/// The kill switch and the leash from their stored columns.
 pub(crate) fn switch_from(
-    paused: bool,
-    by: Option<String>,
-    reason: Option<String>,
-    updated_at: i64,
+    (paused, by, reason, updated_at, leashed, leash_by, leash_reason, leash_at): super::sql::SwitchRow,
 ) -> Switch {
     Switch {
         paused,
         by,
         reason,
         since: (updated_at > 0).then(|| Timestamp::from_millis(updated_at)),
+        leash: leashed.map(|leashed| LeashRecord {
+            leashed,
+            by: leash_by.unwrap_or_else(|| "someone".into()),
+            reason: leash_reason.unwrap_or_else(|| "no reason given".into()),
+            since: Timestamp::from_millis(leash_at),
+        }),
     }
 }

@@ -73,6 +73,7 @@ pub(crate) use switch::{
     a_conditional_turn_of_the_switch_happens_only_as_expected,
     a_paused_group_defers_its_claims_only_until_resumed,
     the_kill_switch_stops_every_claim_until_resumed,
+    the_leash_is_read_by_every_claim_and_turned_apart_from_the_switch,
 };
 
 const TERMS: ClaimTerms = ClaimTerms {
@@ -110,6 +111,8 @@ pub(crate) async fn all(store: &dyn Store) {
     a_stopped_campaigns_unissued_targets_are_cancelled_for_every_claim(store).await;
     decisions_are_read_before_a_request_has_a_record(store).await;
     every_recorded_request_has_a_story_rejected_and_never_claimed_ones_too(store).await;
+    // Last: nothing unturns the leash, and the claims above expect none.
+    the_leash_is_read_by_every_claim_and_turned_apart_from_the_switch(store).await;
 }
 
 /// A request of `group`, placed in `zone` and signed by `requester`, as

@@ -5,13 +5,16 @@
 //! together so that a column added is added in one place; one file past
 //! 400 lines.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use serde::Serialize;
 use uuid::Uuid;
 
 use super::StoreError;
-use super::sql::{AttemptRow, DecisionRow, EntryRow, ReportAttemptRow, ReportDecisionRow};
+use super::sql::{
+    AttemptRow, DecisionRow, EntryRow, HistoryDecisionRow, ReportAttemptRow, ReportDecisionRow,
+};
 use crate::domain::{Status, Timestamp, unverified};
 
 /// One claimed restart attempt, from the restart journal.
@@ -34,19 +37,29 @@ pub struct AttemptRecord {
     pub requester: Option<String>,
 }
 
-/// A verdict that held a request back, as recorded.
+/// A guard's verdict on a request, as recorded: one that held it back, or
+/// the stop conditions' results right before its restart (`checked`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct DecisionRecord {
     /// When.
     pub at: Timestamp,
     /// The attempt it concerned (0: before any claim).
     pub attempt: u32,
-    /// `deferred`, `denied`, `expired`, `dry-run`.
+    /// `deferred`, `denied`, `expired`, `dry-run`, or `checked` (held
+    /// nothing back: see [`DecisionRecord::held_back`]).
     pub verdict: String,
     /// Which guard.
     pub guard: String,
     /// Why, in plain words.
     pub reason: String,
+}
+
+impl DecisionRecord {
+    /// Whether it held the request back (every verdict but the stop
+    /// conditions' `checked`).
+    pub(crate) fn held_back(&self) -> bool {
+        self.verdict != "checked"
+    }
 }
 
 /// Everything recorded about one request: what `mandrill explain` prints.
@@ -56,7 +69,7 @@ pub struct Story {
     pub entry: HistoryEntry,
     /// Its restart attempts, oldest first.
     pub attempts: Vec<AttemptRecord>,
-    /// The verdicts that held it back, oldest first.
+    /// The guards' verdicts, oldest first.
     pub decisions: Vec<DecisionRecord>,
 }
 
@@ -174,16 +187,34 @@ pub(crate) fn attempts_made(status: Status, stored: u32) -> u32 {
 
 /// Decision records from their rows.
 pub(crate) fn decisions_from(decisions: Vec<DecisionRow>) -> Vec<DecisionRecord> {
-    decisions
-        .into_iter()
-        .map(|(at, attempt, verdict, guard, reason)| DecisionRecord {
-            at: Timestamp::from_millis(at),
-            attempt: u32::try_from(attempt).unwrap_or(0),
-            verdict,
-            guard,
-            reason,
-        })
-        .collect()
+    decisions.into_iter().map(decision_from).collect()
+}
+
+fn decision_from((at, attempt, verdict, guard, reason): DecisionRow) -> DecisionRecord {
+    DecisionRecord {
+        at: Timestamp::from_millis(at),
+        attempt: u32::try_from(attempt).unwrap_or(0),
+        verdict,
+        guard,
+        reason,
+    }
+}
+
+/// Each request's decisions from [`HISTORY_DECISIONS_SQL`] rows, in the
+/// order read.
+pub(crate) fn history_decisions_from(
+    rows: Vec<HistoryDecisionRow>,
+) -> Result<HashMap<Uuid, Vec<DecisionRecord>>, StoreError> {
+    let mut decisions = HashMap::<Uuid, Vec<DecisionRecord>>::new();
+    for (id, at, attempt, verdict, guard, reason) in rows {
+        let id =
+            Uuid::parse_str(&id).map_err(|_| StoreError::Corrupt(format!("message_id {id:?}")))?;
+        decisions
+            .entry(id)
+            .or_default()
+            .push(decision_from((at, attempt, verdict, guard, reason)));
+    }
+    Ok(decisions)
 }
 
 /// Whether [`Store::record_outcome`] recorded anything.

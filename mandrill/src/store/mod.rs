@@ -182,7 +182,8 @@ pub(crate) trait Store: Send + Sync + 'static {
     /// cannot date it; asked only when such a request is deferred.
     async fn first_received(&self, request: &RestartRequest) -> Result<Timestamp, StoreError>;
 
-    /// The kill switch, as every instance sharing this store sees it.
+    /// The kill switch, and the leash beside it, as every instance sharing
+    /// this store sees them.
     async fn switch(&self) -> Result<Switch, StoreError>;
 
     /// Turns the kill switch on (`paused`) or off. Once this returns, no
@@ -200,6 +201,17 @@ pub(crate) trait Store: Send + Sync + 'static {
         by: &str,
         reason: &str,
     ) -> Result<bool, StoreError>;
+
+    /// Turns the leash for every instance sharing this store: `leashed`
+    /// (restarts recorded as dry runs) or not, by whom, why. Read by every
+    /// claim in its own transaction with the kill switch, so once this
+    /// returns no instance claims a restart under the leash as it was
+    /// (see `safety::leash`). The default, for a store that keeps none
+    /// (test doubles): refused.
+    async fn set_leash(&self, leashed: bool, by: &str, reason: &str) -> Result<(), StoreError> {
+        let _ = (leashed, by, reason);
+        Err(StoreError::Unsupported("the leash"))
+    }
 
     /// The groups whose restarts are paused, by group; a claim for a host
     /// of one of them is deferred (`group pause`). The default, for a
@@ -288,9 +300,27 @@ pub(crate) trait Store: Send + Sync + 'static {
         Err(StoreError::Unsupported("campaigns"))
     }
 
+    /// The decisions about the entries [`Store::history`] returns for
+    /// `limit`, by request, each oldest first: one read for
+    /// `history --json`, not one per entry.
+    async fn history_decisions(
+        &self,
+        limit: usize,
+    ) -> Result<std::collections::HashMap<Uuid, Vec<DecisionRecord>>, StoreError> {
+        let _ = limit;
+        Err(StoreError::Unsupported("decisions apart from a story"))
+    }
+
     /// The campaign with this id, if one is recorded.
     async fn campaign(&self, id: Uuid) -> Result<Option<Campaign>, StoreError> {
         let _ = id;
+        Err(StoreError::Unsupported("campaigns"))
+    }
+
+    /// The campaigns started at or after `since`, oldest first: the
+    /// dashboard's campaigns in flight.
+    async fn campaigns_since(&self, since: Timestamp) -> Result<Vec<Campaign>, StoreError> {
+        let _ = since;
         Err(StoreError::Unsupported("campaigns"))
     }
 

@@ -144,6 +144,21 @@ macro_rules! reads_for {
                 rows.into_iter().map(entry_from).collect()
             }
 
+            /// See [`crate::store::Store::history_decisions`].
+            pub(crate) async fn history_decisions(
+                pool: &Pool<$db>,
+                limit: usize,
+            ) -> Result<
+                std::collections::HashMap<Uuid, Vec<crate::store::DecisionRecord>>,
+                StoreError,
+            > {
+                let rows = sqlx::query_as(crate::store::sql::HISTORY_DECISIONS_SQL)
+                    .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+                    .fetch_all(pool)
+                    .await?;
+                crate::store::history::history_decisions_from(rows)
+            }
+
             /// See [`crate::store::Store::story`].
             pub(crate) async fn story(
                 pool: &Pool<$db>,
@@ -317,18 +332,25 @@ macro_rules! reads_for {
                     .bind(since.as_millis())
                     .fetch_all(pool)
                     .await?;
-                let campaigns: Vec<crate::store::campaigns::CampaignRow> =
+                Ok(ReportData {
+                    campaigns: campaigns_since(pool, since).await?,
+                    ..report_from(attempts, decisions)?
+                })
+            }
+
+            /// See [`crate::store::Store::campaigns_since`].
+            pub(crate) async fn campaigns_since(
+                pool: &Pool<$db>,
+                since: Timestamp,
+            ) -> Result<Vec<crate::store::Campaign>, StoreError> {
+                let rows: Vec<crate::store::campaigns::CampaignRow> =
                     sqlx::query_as(crate::store::campaigns::CAMPAIGNS_SINCE_SQL)
                         .bind(since.as_millis())
                         .fetch_all(pool)
                         .await?;
-                Ok(ReportData {
-                    campaigns: campaigns
-                        .into_iter()
-                        .map(crate::store::Campaign::from_row)
-                        .collect::<Result<_, _>>()?,
-                    ..report_from(attempts, decisions)?
-                })
+                rows.into_iter()
+                    .map(crate::store::Campaign::from_row)
+                    .collect()
             }
 
             /// A request's `received_at`, which must have a row.
@@ -357,9 +379,8 @@ macro_rules! reads_for {
 
             /// See [`crate::store::Store::switch`].
             pub(crate) async fn switch(pool: &Pool<$db>) -> Result<Switch, StoreError> {
-                let (paused, by, reason, since): SwitchRow =
-                    sqlx::query_as(SWITCH_SQL).fetch_one(pool).await?;
-                Ok(switch_from(paused, by, reason, since))
+                let row: SwitchRow = sqlx::query_as(SWITCH_SQL).fetch_one(pool).await?;
+                Ok(switch_from(row))
             }
 
             /// See [`crate::store::Store::group_pauses`].

@@ -172,6 +172,17 @@ pub(crate) const STORY_DECISIONS_SQL: &str = "SELECT at, CAST(attempt AS BIGINT)
         reason
     FROM decisions WHERE message_id = $1 ORDER BY id";
 
+/// The decisions about [`HISTORY_SQL`]'s entries, in one read for
+/// `history --json`: `$1` how many entries. By request, then as recorded.
+pub(crate) const HISTORY_DECISIONS_SQL: &str = "SELECT message_id, at, CAST(attempt AS BIGINT),
+        verdict, guard, reason
+    FROM decisions WHERE message_id IN (SELECT COALESCE(message_id, rejected_id)
+        FROM requests ORDER BY updated_at DESC, id DESC LIMIT $1)
+    ORDER BY message_id, id";
+
+/// A row of [`HISTORY_DECISIONS_SQL`]: message id, then a [`DecisionRow`].
+pub(crate) type HistoryDecisionRow = (String, i64, i64, String, String, String);
+
 /// A row of [`STORY_ATTEMPTS_SQL`].
 pub(crate) type AttemptRow = (
     i64,
@@ -300,9 +311,9 @@ pub(crate) type EntryRow = (
 pub(crate) const DEFERRALS_SQL: &str =
     "SELECT CAST(count AS BIGINT) FROM deferrals WHERE message_id = $1";
 
-/// The kill switch, as [`SwitchRow`].
-pub(crate) const SWITCH_SQL: &str =
-    "SELECT paused, by_whom, reason, updated_at FROM control WHERE id = 1";
+/// The control row: the kill switch and the leash, as [`SwitchRow`].
+pub(crate) const SWITCH_SQL: &str = "SELECT paused, by_whom, reason, updated_at, \
+     leashed, leash_by, leash_reason, leash_updated_at FROM control WHERE id = 1";
 
 /// Turns the kill switch: `$1` paused, `$2` by whom, `$3` why, `$4` now.
 pub(crate) const SET_SWITCH_SQL: &str =
@@ -313,8 +324,23 @@ pub(crate) const SET_SWITCH_SQL: &str =
 pub(crate) const SET_SWITCH_IF_SQL: &str = "UPDATE control SET paused = $1, by_whom = $2, reason = $3, updated_at = $4 \
      WHERE id = 1 AND paused = $5 AND (NOT $5 OR by_whom = $6)";
 
-/// A row of [`SWITCH_SQL`]: paused, by whom, why, since (ms).
-pub(crate) type SwitchRow = (bool, Option<String>, Option<String>, i64);
+/// Turns the leash for every instance: `$1` leashed, `$2` by whom, `$3`
+/// why, `$4` now.
+pub(crate) const SET_LEASH_SQL: &str = "UPDATE control SET leashed = $1, leash_by = $2, \
+     leash_reason = $3, leash_updated_at = $4 WHERE id = 1";
+
+/// A row of [`SWITCH_SQL`]: paused, by whom, why, since (ms); then the
+/// leash (`NULL` until an operator turned it), by whom, why, since (ms).
+pub(crate) type SwitchRow = (
+    bool,
+    Option<String>,
+    Option<String>,
+    i64,
+    Option<bool>,
+    Option<String>,
+    Option<String>,
+    i64,
+);
 
 /// Every group pause, as [`GroupPauseRow`].
 pub(crate) const GROUP_PAUSES_SQL: &str =

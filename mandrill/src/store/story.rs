@@ -7,6 +7,17 @@ use super::{Story, Timestamp};
 use crate::domain::Status;
 
 impl Story {
+    /// When the request was first seen: its row's `received_at`, or the
+    /// first thing recorded about it if that is earlier (a row made after
+    /// its first verdicts, as stores before decisions made rows did).
+    pub(crate) fn first_seen(&self) -> Timestamp {
+        let decisions = self.decisions.iter().map(|decision| decision.at);
+        let claims = self.attempts.iter().map(|attempt| attempt.claimed_at);
+        decisions
+            .chain(claims)
+            .fold(self.entry.received_at, std::cmp::min)
+    }
+
     /// The story in words, one event a line, oldest first.
     pub fn explain(&self) -> String {
         let story = self;
@@ -53,9 +64,13 @@ impl Story {
                 entry.reason.as_deref().unwrap_or("-")
             );
         }
+        // Told in time order; at the same millisecond, in the order things
+        // happen: received, verdicts before a claim, the claim, verdicts
+        // after it (the stop conditions'), the end.
         let mut events: Vec<(Timestamp, u8, String)> = Vec::new();
-        events.push((entry.received_at, 0, "received".to_owned()));
+        events.push((story.first_seen(), 0, "received".to_owned()));
         for decision in &story.decisions {
+            let order = if decision.attempt == 0 { 1 } else { 3 };
             let line = if decision.reason.starts_with(&decision.verdict) {
                 decision.reason.clone()
             } else {
@@ -64,7 +79,7 @@ impl Story {
                     decision.verdict, decision.guard, decision.reason
                 )
             };
-            events.push((decision.at, 1, line));
+            events.push((decision.at, order, line));
         }
         for attempt in &story.attempts {
             let verdict = if attempt.verdict.is_empty() {
@@ -80,13 +95,13 @@ impl Story {
             if let (Some(outcome), Some(at)) = (attempt.outcome, attempt.settled_at) {
                 events.push((
                     at,
-                    3,
+                    4,
                     format!("attempt {} ended: {outcome}", attempt.attempt),
                 ));
             } else if !entry.status.is_final() {
                 events.push((
                     attempt.claimed_at,
-                    3,
+                    4,
                     format!(
                         "attempt {} has no recorded end (in flight, or its outcome was lost)",
                         attempt.attempt
@@ -125,5 +140,85 @@ impl Story {
             }
         }
         text
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{AttemptRecord, DecisionRecord, HistoryEntry, Story};
+    use crate::domain::{Status, Timestamp};
+
+    fn story(received_at: i64) -> Story {
+        let decision = |at: i64, attempt: u32, verdict: &str, reason: &str| DecisionRecord {
+            at: Timestamp::from_millis(at),
+            attempt,
+            verdict: verdict.into(),
+            guard: "calendar".into(),
+            reason: reason.into(),
+        };
+        Story {
+            entry: HistoryEntry {
+                message_id: Some(uuid::Uuid::nil()),
+                instance_name: Some("cattle-1".into()),
+                hostname: Some("cattle-1.example.net".into()),
+                status: Status::Restarted,
+                attempts: 1,
+                requested_by: None,
+                verified: false,
+                reason: None,
+                last_error: None,
+                output: None,
+                recovered_after: None,
+                received_at: Timestamp::from_millis(received_at),
+                updated_at: Timestamp::from_millis(4_000),
+                completed_at: Some(Timestamp::from_millis(4_000)),
+            },
+            attempts: vec![AttemptRecord {
+                attempt: 1,
+                group: "cattle".into(),
+                claimed_at: Timestamp::from_millis(3_000),
+                verdict: "allowed".into(),
+                outcome: Some(Status::Restarted),
+                settled_at: Some(Timestamp::from_millis(4_000)),
+                requester: None,
+            }],
+            decisions: vec![
+                decision(1_000, 0, "deferred", "deferred by calendar: closed"),
+                // Recorded at the claim's millisecond, after it.
+                decision(
+                    3_000,
+                    1,
+                    "checked",
+                    "checked stop conditions before attempt 1: \"a\" healthy (ok)",
+                ),
+            ],
+        }
+    }
+
+    /// The events `explain` lists, without their times.
+    fn events(story: &Story) -> Vec<String> {
+        story
+            .explain()
+            .lines()
+            .filter_map(|line| line.strip_prefix("  1970-"))
+            .map(|line| line.split_once("  ").unwrap().1.to_owned())
+            .collect()
+    }
+
+    #[test]
+    fn the_story_is_told_in_time_order_received_first() {
+        let told = [
+            "received",
+            "deferred by calendar: closed",
+            "attempt 1 claimed and issued (allowed)",
+            "checked stop conditions before attempt 1: \"a\" healthy (ok)",
+            "attempt 1 ended: restarted",
+        ];
+        assert_eq!(events(&story(500)), told);
+        // A row whose received_at is later than its first verdict (made
+        // after it): received is still told first, at the first record.
+        let late_row = story(2_000);
+        assert_eq!(events(&late_row), told);
+        assert_eq!(late_row.first_seen(), Timestamp::from_millis(1_000));
     }
 }

@@ -277,7 +277,10 @@ async fn record(
         Outcome::Failed { error } => {
             progress.dead_letter_because(DeadLetterReason::RestartFailed);
             Settlement::DeadLetter {
-                reason: format!("restart failed after {attempt} attempts: {error}"),
+                reason: format!(
+                    "restart failed after {}: {error}",
+                    crate::settings::duration::count(attempt, "attempt")
+                ),
             }
         }
     }

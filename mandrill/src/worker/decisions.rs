@@ -248,12 +248,14 @@ pub(super) async fn dry_run_action(
     shared.stats.dry_runs.inc();
     info!(
         action,
-        "dry run: not restarting (leashed; mandrill run --unleash acts)"
+        "dry run: not restarting (leashed: `mandrill status` says by whom; `mandrill unleash \
+         --reason …` acts)"
     );
     let decision = Decision {
         verdict: "dry-run",
         guard: "leash",
-        reason: "leashed (safety.dry_run): every guard allowed it; the action was recorded,                  not taken",
+        reason: "leashed (the leash recorded in the store, else safety.dry_run): every guard \
+                 allowed it; the action was recorded, not taken",
     };
     // After this delivery's own claim, which judged who asked: a
     // conflict cannot be answered here.

@@ -399,7 +399,7 @@ pub(super) async fn process(
     }
     // Each phase is boxed: only one phase's state is alive at a time, and
     // boxing keeps the others out of the task's size for its whole life.
-    let (attempt, reservation) =
+    let (attempt, store_leash, reservation) =
         match Box::pin(prepare(shared, delivery, progress, &request, policy)).await {
             Ok(ready) => ready,
             Err(settlement) => return settlement,
@@ -415,12 +415,17 @@ pub(super) async fn process(
     // In a block: what it decided is not kept in the handler's state for the
     // restart.
     let (dry_run, stop_conditions_ran) = {
-        let (rechecked, stop_conditions_ran) = match recheck(shared, &request) {
+        let (rechecked, stop_conditions_ran) = match recheck(shared, &request, attempt) {
             Ok(decided) => (decided, false),
             Err(stop_conditions) => (stop_conditions.await, true),
         };
         match rechecked {
-            Ok(dry_run) => (dry_run, stop_conditions_ran),
+            // The store's record as the claim read it, else the
+            // instance's own under the policy in force now.
+            Ok(own) => (
+                crate::safety::leash::leashed(store_leash, own),
+                stop_conditions_ran,
+            ),
             Err(halted) => {
                 drop(reservation);
                 return rare(halt(shared, progress, &request, attempt, halted)).await;

@@ -241,6 +241,7 @@ impl Worker {
             read = shared.store.switch() => {
                 if let Ok(switch) = read {
                     shared.set_paused(switch.paused, &switch.paused_reason());
+                    pull::observe_leash(&shared, switch.leash.as_ref());
                 }
             }
         }

@@ -12,7 +12,8 @@ use futures::future::BoxFuture;
 use tracing::{error, info, warn};
 
 use super::decisions::{
-    deny, give_up, held, held_by_the_claim, record_decision, unclaim, unclaim_at_shutdown,
+    deny, give_up, held, held_by_the_claim, note_decision, record_decision, unclaim,
+    unclaim_at_shutdown,
 };
 use super::lease::Progress;
 use super::retry::{Stopped, Until, store_op};
@@ -21,8 +22,8 @@ use super::shared::Shared;
 use crate::broker::Delivery;
 use crate::domain::{Outcome, RestartRequest};
 use crate::restarter::{Refusal, Reservation};
-use crate::safety::{Hold, Placement, Policy};
-use crate::store::{Claim, ClaimTerms, ClaimToken, unknown_outcome};
+use crate::safety::{Hold, LeashRecord, Placement, Policy, leash};
+use crate::store::{Claim, ClaimTerms, ClaimToken, Decision, unknown_outcome};
 
 /// How soon a delivery deferred by the kill switch is looked at again.
 pub(super) const PAUSED_RECHECK: Duration = Duration::from_secs(5);
@@ -38,7 +39,9 @@ pub(super) const UNKNOWN_BUDGET_RETRY: Duration = Duration::from_secs(60);
 
 /// Everything before the restart: the delivery limit, eligibility,
 /// capacity, and the claim that decides whether to restart at all. `Ok`
-/// with the claimed attempt and its reservation, or how to settle.
+/// with the claimed attempt, the leash as the store's record said in the
+/// claim's transaction (`None`: no operator turned it), and the
+/// reservation; or how to settle.
 ///
 /// `policy` is the one in force when the batch was pulled: read once per
 /// batch for the decisions before the claim (each read is a shared lock),
@@ -49,7 +52,7 @@ pub(super) async fn prepare(
     progress: &Progress,
     request: &RestartRequest,
     policy: &Policy,
-) -> Result<(u32, Reservation), Settlement> {
+) -> Result<(u32, Option<bool>, Reservation), Settlement> {
     let config = &shared.config;
     let mut policy = policy;
     let reread: Arc<Policy>;
@@ -148,7 +151,11 @@ pub(super) async fn prepare(
     })
     .await;
     match claimed {
-        Ok(Claim::Claimed { attempt, unknown }) => {
+        Ok(Claim::Claimed {
+            attempt,
+            unknown,
+            leashed,
+        }) => {
             if shared.abort.is_aborted() {
                 // Answered after the grace period ended: nothing is issued
                 // now, so the attempt is given back.
@@ -161,7 +168,7 @@ pub(super) async fn prepare(
                      counted as failed"
                 );
             }
-            Ok((attempt, reservation))
+            Ok((attempt, leashed, reservation))
         }
         Ok(Claim::Final(status)) => {
             shared.stats.duplicates.inc();
@@ -205,7 +212,8 @@ pub(super) async fn prepare(
         Ok(Claim::Exhausted { attempts, unknown }) => {
             let reason = match unknown {
                 Some(attempt) => format!(
-                    "restart failed after {attempts} attempts: {}",
+                    "restart failed after {}: {}",
+                    crate::settings::duration::count(attempts, "attempt"),
                     unknown_outcome(attempt)
                 ),
                 None => format!("all {attempts} restart attempts are used"),
@@ -286,10 +294,14 @@ fn decide<'a>(
 ///
 /// Decided at once unless stop conditions are configured: only then is
 /// there anything to wait for, and a future (boxed: it is rare, and the
-/// handler's state would otherwise keep room for it) to wait on.
+/// handler's state would otherwise keep room for it) to wait on. Their
+/// results are recorded against `attempt` for the request's story (a
+/// failing one's with the deferral): one store write more per restart,
+/// only where checks that take a probe's round trip run anyway.
 pub(super) fn recheck<'a>(
     shared: &'a Shared,
     request: &'a RestartRequest,
+    attempt: u32,
 ) -> Result<Rechecked, BoxFuture<'a, Rechecked>> {
     let policy = shared.config.policy.current();
     // A reload may have denied the instance while the claim waited, or the
@@ -307,9 +319,26 @@ pub(super) fn recheck<'a>(
         let Some(checked) = shared.abort.or_abort(policy.stop_conditions.check()).await else {
             return Err(Halt::GraceOver);
         };
-        if let Err(reason) = checked {
-            return Err(Halt::Hold(policy.defer(request, policy.stop_retry, reason)));
-        }
+        let results = match checked {
+            Ok(results) => results,
+            Err(reason) => {
+                return Err(Halt::Hold(policy.defer(request, policy.stop_retry, reason)));
+            }
+        };
+        // Naming the attempt: a retry's checks are recorded too, not taken
+        // for a repeat of the last verdict.
+        let reason = format!(
+            "checked stop conditions before attempt {attempt}: {}",
+            results.join(", ")
+        );
+        let decision = Decision {
+            verdict: "checked",
+            guard: "stop conditions",
+            reason: &reason,
+        };
+        // After this delivery's own claim, which judged who asked: a
+        // conflict cannot be answered here.
+        note_decision(shared, request, attempt, decision).await;
         Ok(policy.dry_run)
     }))
 }
@@ -332,14 +361,24 @@ fn still_allowed(policy: &Policy, request: &RestartRequest) -> Result<(), Halt> 
     }
 }
 
-/// What else a reload while the stop conditions ran may have changed: the
-/// leash (the claim is given back, and the next delivery records the dry
-/// run) and the calendar.
-fn unleashed_and_open(policy: &Policy, request: &RestartRequest) -> Result<(), Halt> {
-    if policy.dry_run {
-        let reason = "deferred: leashed by a reload while the stop conditions ran; the next \
-                      delivery records the dry run"
-            .to_owned();
+/// What else may have changed while the stop conditions ran: the leash
+/// (the store's record as just read, `record`, else the instance's own,
+/// which a reload may have turned: the claim is given back, and the next
+/// delivery records the dry run) and the calendar.
+fn unleashed_and_open(
+    policy: &Policy,
+    request: &RestartRequest,
+    record: Option<&LeashRecord>,
+) -> Result<(), Halt> {
+    if leash::leashed(record.map(|r| r.leashed), policy.dry_run) {
+        let by = record.map_or_else(
+            || "a reload".to_owned(),
+            |record| format!("{} ({})", record.by, record.reason),
+        );
+        let reason = format!(
+            "deferred: leashed by {by} while the stop conditions ran; the next delivery \
+             records the dry run"
+        );
         return Err(Halt::Hold(policy.guards.defer(
             request,
             "leash",
@@ -397,16 +436,18 @@ pub(super) async fn unless_paused(
     if !stop_conditions_ran {
         return None;
     }
-    if let Err(hold) = switch_is_off(shared, request).await {
-        return Some(unclaim(shared, progress, request, attempt, hold).await);
-    }
+    let record = match switch_is_off(shared, request).await {
+        Ok(record) => record,
+        Err(hold) => return Some(unclaim(shared, progress, request, attempt, hold).await),
+    };
     if let Err(hold) = group_not_paused(shared, request).await {
         return Some(unclaim(shared, progress, request, attempt, hold).await);
     }
     // After the switch's read, which may wait: as close to the restart as
     // the lease check allows.
     let policy = shared.config.policy.current();
-    let late = still_allowed(&policy, request).and_then(|()| unleashed_and_open(&policy, request));
+    let late = still_allowed(&policy, request)
+        .and_then(|()| unleashed_and_open(&policy, request, record.as_ref()));
     match late {
         Ok(()) => None,
         Err(halted) => Some(rare(halt(shared, progress, request, attempt, halted)).await),
@@ -416,13 +457,18 @@ pub(super) async fn unless_paused(
 /// The kill switch, read once more right before the restart is issued:
 /// the claim read it in its own transaction, but a `pause` that lands
 /// after the claim (while the stop conditions run, say) must still stop
-/// the restart. `Ok` when it is off; else the hold that defers the request
+/// the restart. `Ok` when it is off, with the leash's record read in the
+/// same row (so an operator's `leash` then stops the restart too); else
+/// the hold that defers the request
 /// naming who paused (or expires it past `safety.max_defer`, as any
 /// guard's hold). A switch that cannot be read within
 /// [`SWITCH_READ_TIMEOUT`] holds too: fail closed.
-async fn switch_is_off(shared: &Shared, request: &RestartRequest) -> Result<(), Hold> {
+async fn switch_is_off(
+    shared: &Shared,
+    request: &RestartRequest,
+) -> Result<Option<LeashRecord>, Hold> {
     let reason = match tokio::time::timeout(SWITCH_READ_TIMEOUT, shared.store.switch()).await {
-        Ok(Ok(switch)) if !switch.paused => return Ok(()),
+        Ok(Ok(switch)) if !switch.paused => return Ok(switch.leash),
         Ok(Ok(switch)) => {
             let reason = switch.paused_reason();
             shared.set_paused(true, &reason);

@@ -158,7 +158,10 @@ pub(super) async fn watch_switch(shared: &Shared) -> std::convert::Infallible {
         // succeeds does not mark it up: reads may work while writes fail,
         // and the pull loop's own probe decides when pulling resumes.
         match shared.store.switch().await {
-            Ok(switch) => shared.set_paused(switch.paused, &switch.paused_reason()),
+            Ok(switch) => {
+                shared.set_paused(switch.paused, &switch.paused_reason());
+                observe_leash(shared, switch.leash.as_ref());
+            }
             Err(error) => {
                 if error.is_transient() {
                     shared.store_health.failed(&shared.stats);
@@ -167,6 +170,38 @@ pub(super) async fn watch_switch(shared: &Shared) -> std::convert::Infallible {
             }
         }
         tokio::time::sleep(every).await;
+    }
+}
+
+/// Tells the policy handle the leash's record as just read from the store
+/// (beside the switch, at no extra cost), and says loudly when it changed
+/// the mode this instance tells. The claims read the record themselves.
+pub(super) fn observe_leash(shared: &Shared, record: Option<&crate::safety::LeashRecord>) {
+    let Some(leash) = shared.config.policy.observe(record) else {
+        return;
+    };
+    let reason = leash.reason.as_deref().unwrap_or_default();
+    let since = leash.since.to_string();
+    match (record.is_some(), leash.leashed) {
+        (true, true) => warn!(
+            by = %leash.by,
+            reason,
+            since,
+            "LEASHED (dry run) by the leash recorded in the store: every instance sharing it \
+             records restarts as dry runs, none is issued"
+        ),
+        (true, false) => warn!(
+            by = %leash.by,
+            reason,
+            since,
+            "UNLEASHED by the leash recorded in the store: every instance sharing it issues \
+             restarts"
+        ),
+        (false, leashed) => warn!(
+            leashed,
+            by = %leash.by,
+            "the leash's record is gone from the store: this instance's own mode decides"
+        ),
     }
 }
 

@@ -1,12 +1,14 @@
 //! Real servers for the integration tests: a fresh PostgreSQL database per
 //! test, NATS names unique to the test (`nats_names.rs`), a private `nats-server` that a test
-//! may stop and start, a private `sshd` (`sshd.rs`), and a proxy that turns
-//! into a network black hole (`black_hole.rs`). Everything is removed when
-//! dropped.
+//! may stop and start, a private `sshd` (`sshd.rs`), a private moto server
+//! for EC2 and Auto Scaling (`moto.rs`, with `ec2_fleet.py`), and a proxy
+//! that turns into a network black hole (`black_hole.rs`). Everything is
+//! removed when dropped.
 
 #![allow(dead_code)]
 
 pub mod black_hole;
+pub mod moto;
 pub mod nats_names;
 pub mod postgres;
 pub mod private_postgres;
@@ -340,6 +342,35 @@ impl PrivatePubSub {
     /// `pubsub://PROJECT/SUBSCRIPTION`.
     pub fn url(&self) -> String {
         format!("pubsub://mandrill-test/requests-{}", self.id)
+    }
+
+    /// Publishes `data` (base64) to the request topic through the
+    /// emulator's REST API, as any client allowed to publish there could:
+    /// `mandrill publish` refuses what is not a request.
+    pub fn publish_raw(&self, data_base64: &str) {
+        use std::io::{Read, Write};
+        let body = format!(r#"{{"messages":[{{"data":"{data_base64}"}}]}}"#);
+        let request = format!(
+            "POST /v1/projects/mandrill-test/topics/requests-{}:publish HTTP/1.1\r\n\
+             Host: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\
+             Connection: close\r\n\r\n{body}",
+            self.id,
+            self.host,
+            body.len()
+        );
+        let mut stream = std::net::TcpStream::connect(&self.host).expect("the emulator");
+        stream.write_all(request.as_bytes()).expect("publish");
+        // The status line is enough (the emulator answers once it stored
+        // the message), and it may keep the connection open after it.
+        let mut response = Vec::new();
+        let mut chunk = [0; 1024];
+        while !response.windows(2).any(|w| w == b"\r\n") {
+            let read = stream.read(&mut chunk).expect("the emulator's answer");
+            assert!(read > 0, "the emulator closed without answering");
+            response.extend_from_slice(&chunk[..read]);
+        }
+        let response = String::from_utf8_lossy(&response);
+        assert!(response.starts_with("HTTP/1.1 200"), "{response}");
     }
 
     /// Flags naming the endpoint and topics.

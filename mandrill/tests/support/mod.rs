@@ -283,6 +283,17 @@ pub fn queue_rows(url: &str) -> Vec<QueueRow> {
     })
 }
 
+/// How many messages the SQLite queue at `url` holds: none when its file
+/// does not exist (a command that refused before opening it).
+pub fn queue_len(url: &str) -> usize {
+    let path = url.trim_start_matches("sqlite:");
+    if Path::new(path).exists() {
+        queue_rows(url).len()
+    } else {
+        0
+    }
+}
+
 /// A secret that must appear in no output.
 pub const CANARY: &str = "CANARY-s3cr3t-7f3a";
 /// A secret that reads as a number.

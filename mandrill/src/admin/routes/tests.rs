@@ -75,6 +75,7 @@ fn with_store(broker: Arc<dyn Broker>, store: Arc<dyn Store>) -> State {
         metrics: crate::admin::metrics::Exposition::new(),
         notifier: None,
         schedules: crate::schedule::Outlook::default(),
+        instances_dir: None,
     }
 }
 
@@ -213,9 +214,12 @@ async fn metrics_and_the_dashboard_render_while_the_store_hangs() {
     assert_eq!(status, StatusCode::OK);
     assert!(body.contains("mandrill_"), "{body}");
     let started = tokio::time::Instant::now();
-    let page = tokio::time::timeout(patience, dashboard(Shared(state)))
-        .await
-        .expect("the dashboard answers without the store");
+    let page = tokio::time::timeout(
+        patience,
+        crate::admin::dashboard::serve(Shared(state), axum::http::HeaderMap::new()),
+    )
+    .await
+    .expect("the dashboard answers without the store");
     // One bound for the page, not one per read (history, then the switch).
     assert!(started.elapsed() <= crate::admin::STORE_TIMEOUT);
     let (status, body) = text(page).await;

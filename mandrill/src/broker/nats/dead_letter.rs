@@ -4,7 +4,8 @@ use super::*;
 
 /// The headers and payload of a dead-letter copy that fits `max_payload`
 /// (headers included, as the server counts): the reason bounded and on one
-/// line, the original's sequence and size, and, if the whole payload would
+/// line, the original's sequence and size, the `message_id` the payload
+/// carried (if any, read before any cut), and, if the whole payload would
 /// not fit beside them, as much of it as does, marked as truncated. On a
 /// server whose `max_payload` is smaller than the headers, the reason is cut
 /// further. The copy carries `Nats-Msg-Id: dead-letter-{sequence}`, so that
@@ -22,6 +23,7 @@ pub(super) fn dead_letter_copy(
         .chars()
         .map(|c| if c.is_control() { ' ' } else { c })
         .collect();
+    let message_id = crate::domain::salvage_message_id(&payload);
     let build = |reason: &str| {
         let mut headers = HeaderMap::new();
         headers.insert(
@@ -31,6 +33,9 @@ pub(super) fn dead_letter_copy(
         headers.insert(DEAD_LETTER_REASON_HEADER, reason);
         headers.insert(DEAD_LETTER_SEQUENCE_HEADER, sequence.to_string().as_str());
         headers.insert(DEAD_LETTER_SIZE_HEADER, payload.len().to_string().as_str());
+        if let Some(id) = message_id {
+            headers.insert(DEAD_LETTER_MESSAGE_ID_HEADER, id.to_string().as_str());
+        }
         headers
     };
     let truncated_header = header_len(DEAD_LETTER_TRUNCATED_HEADER, "true");

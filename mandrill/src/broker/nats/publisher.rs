@@ -1,6 +1,8 @@
 //! The publishing connection: connects, creates the streams (and, for a
 //! consumer, the consumer), publishes with confirmation.
 
+use async_nats::jetstream::stream::{ConsumerError, ConsumerErrorKind};
+
 use super::consumer::mismatches;
 use super::*;
 
@@ -128,10 +130,21 @@ impl NatsPublisher {
             filter_subject: settings.subject.clone(),
             ..Default::default()
         };
-        let consumer: PullConsumer = requests
+        let consumer: PullConsumer = match requests
             .get_or_create_consumer(&settings.consumer, wanted.clone())
             .await
-            .map_err(|e| fatal(&format!("cannot open consumer {}", settings.consumer), e))?;
+        {
+            Ok(consumer) => consumer,
+            Err(error) if another_consumer_reads(&error) => {
+                return Err(another_consumer(&requests, settings).await);
+            }
+            Err(error) => {
+                return Err(fatal(
+                    &format!("cannot open consumer {}", settings.consumer),
+                    error,
+                ));
+            }
+        };
         let mismatches = mismatches(&consumer.cached_info().config, &wanted);
         if !mismatches.is_empty() {
             return Err(BrokerError::Fatal(
@@ -196,6 +209,59 @@ impl Publisher for NatsPublisher {
     async fn publish(&self, payload: Bytes) -> Result<(), BrokerError> {
         self.publish_request(payload).await
     }
+}
+
+/// Whether JetStream refused the consumer because another one already
+/// reads the work-queue stream's subject (the server's "filtered consumer
+/// not unique on workqueue stream", or its unfiltered twin).
+fn another_consumer_reads(error: &ConsumerError) -> bool {
+    use async_nats::jetstream::ErrorCode;
+    matches!(
+        error.kind(),
+        ConsumerErrorKind::JetStream(refusal)
+            if [
+                ErrorCode::CONSUMER_WQ_CONSUMER_NOT_UNIQUE,
+                ErrorCode::CONSUMER_WQ_MULTIPLE_UNFILTERED,
+            ]
+            .contains(&refusal.error_code())
+    )
+}
+
+/// Most consumer names the error lists.
+const LISTED_CONSUMERS: usize = 5;
+
+/// The error for a consumer JetStream refused because another one reads
+/// the work-queue stream: what it means and what to do, naming the
+/// consumers there (as far as they can be listed).
+async fn another_consumer(requests: &stream::Stream, settings: &NatsOptions) -> BrokerError {
+    let others: Vec<String> = requests
+        .consumer_names()
+        .take(LISTED_CONSUMERS)
+        .filter_map(|name| async move { name.ok() })
+        .filter(|name| std::future::ready(*name != settings.consumer))
+        .collect()
+        .await;
+    let (stream, subject, consumer) = (&settings.stream, &settings.subject, &settings.consumer);
+    let (named, remove) = match others.first() {
+        Some(first) => (
+            format!("another consumer already reads it ({})", others.join(", ")),
+            format!("`nats consumer rm {stream} {first}`"),
+        ),
+        None => (
+            "another consumer already reads it".to_owned(),
+            format!("`nats consumer ls {stream}`, then `nats consumer rm`"),
+        ),
+    };
+    BrokerError::Fatal(
+        format!(
+            "cannot open consumer {consumer}: stream {stream} is a work queue, where one \
+             consumer only may read subject {subject}, and {named}; every mandrill instance \
+             sharing this queue must name the same broker.nats.consumer (set it to the one \
+             already there), or, if nothing uses that consumer any more, delete it ({remove}), \
+             or give this deployment its own broker.nats.stream and broker.nats.subject"
+        )
+        .into(),
+    )
 }
 
 /// The id JetStream de-duplicates a request on: the SHA-256 of its bytes, in

@@ -140,6 +140,7 @@ mod contract_harness {
             settings.poll_wait = POLL_WAIT;
             let consumer = Arc::new(NatsBroker::connect(settings.clone()).await.unwrap());
             let other = Arc::new(NatsBroker::connect(settings.clone()).await.unwrap());
+            let admin = Arc::new(NatsPublisher::connect(settings.clone()).await.unwrap());
             Queue {
                 consumer,
                 other,
@@ -147,6 +148,7 @@ mod contract_harness {
                     let settings = settings.clone();
                     Box::pin(async move { dead_letters(&settings).await })
                 }),
+                admin: Some(admin),
                 stop_server: None,
                 keep: Box::new(streams),
             }

@@ -1,6 +1,9 @@
 //! The dead-letter subscription: listed, released, requeued.
 
+use std::collections::HashSet;
+
 use super::*;
+use crate::domain::Timestamp;
 
 impl PubSubPublisher {
     /// Pulls from the dead-letter subscription: each dead letter's payload,
@@ -31,13 +34,15 @@ impl PubSubPublisher {
             }
             found.extend(received.into_iter().filter_map(|received| {
                 let message = received.message?;
+                let attribute = |name: &str| message.attributes.get(name).cloned();
+                let dead_at = message.publish_time.map_or(0, |time| {
+                    time.seconds.saturating_mul(1000) + i64::from(time.nanos / 1_000_000)
+                });
                 Some(DeadLetter {
                     ack_id: received.ack_id,
-                    reason: message
-                        .attributes
-                        .get(DEAD_LETTER_REASON_ATTRIBUTE)
-                        .cloned()
-                        .unwrap_or_default(),
+                    reason: attribute(DEAD_LETTER_REASON_ATTRIBUTE).unwrap_or_default(),
+                    request_id: attribute(MESSAGE_ID_ATTRIBUTE),
+                    dead_at: Timestamp::from_millis(dead_at),
                     message_id: message.message_id,
                     payload: Bytes::from(message.data),
                 })
@@ -100,6 +105,10 @@ pub(crate) struct DeadLetter {
     pub message_id: String,
     /// Why it was dead-lettered.
     pub reason: String,
+    /// The `message_id` the payload carried, if any (unverified).
+    pub request_id: Option<String>,
+    /// When the copy was published: when it was dead-lettered.
+    pub dead_at: Timestamp,
     /// The original payload.
     pub payload: Bytes,
 }
@@ -121,8 +130,13 @@ impl DeadLetterAdmin for PubSubPublisher {
             .map(|d| DeadLetterEntry {
                 id: DeadLetterId::Message(d.message_id),
                 reason: d.reason,
+                message_id: d.request_id,
+                dead_at: d.dead_at,
+                published_at: None,
+                deliveries: None,
+                payload_size: d.payload.len() as u64,
                 payload: d.payload,
-                record: None,
+                truncated: false,
             })
             .collect())
     }
@@ -132,9 +146,23 @@ impl DeadLetterAdmin for PubSubPublisher {
     /// are released. Returns the ids requeued.
     async fn requeue(&self, ids: Option<&[String]>) -> Result<Vec<DeadLetterId>, BrokerError> {
         let dead = self.pull_dead_letters(usize::MAX).await?;
+        let listed: Vec<DeadLetterId> = dead
+            .iter()
+            .map(|d| DeadLetterId::Message(d.message_id.clone()))
+            .collect();
+        let taken: HashSet<DeadLetterId> = match choose(ids, listed.iter().map(|id| (id, false))) {
+            Ok(chosen) => chosen.into_iter().collect(),
+            Err(error) => {
+                // Nothing requeued: what was pulled is visible again at once.
+                let _ = self
+                    .release_dead_letters(dead.into_iter().map(|d| d.ack_id).collect())
+                    .await;
+                return Err(error);
+            }
+        };
         let (chosen, others): (Vec<DeadLetter>, Vec<DeadLetter>) = dead
             .into_iter()
-            .partition(|d| ids.is_none_or(|ids| ids.contains(&d.message_id)));
+            .partition(|d| taken.contains(&DeadLetterId::Message(d.message_id.clone())));
         self.release_dead_letters(others.into_iter().map(|d| d.ack_id).collect())
             .await?;
         let payloads = chosen.iter().map(|d| d.payload.clone()).collect();

@@ -67,7 +67,8 @@ impl Harness for PubSub {
         let mut options = options(&host, ACK_DEADLINE);
         options.settings.pull = self.0;
         let consumer = Arc::new(PubSubBroker::connect(options.clone()).await.unwrap());
-        let other = Arc::new(PubSubBroker::connect(options).await.unwrap());
+        let other = Arc::new(PubSubBroker::connect(options.clone()).await.unwrap());
+        let admin = Arc::new(PubSubPublisher::connect(options).await.unwrap());
         let reader = consumer.clone();
         let dead_letters: c::DeadLetters = Box::new(move || {
             let reader = reader.clone();
@@ -104,6 +105,7 @@ impl Harness for PubSub {
             consumer,
             other,
             dead_letters,
+            admin: Some(admin),
             stop_server,
             keep,
         }

@@ -146,6 +146,15 @@ fn every_setting_is_documented_in_help() {
     config.inventory.file = Some(PathBuf::from("hosts.toml"));
     config.inventory.command = vec!["ansible-inventory".into()];
     config.inventory.url = Some("https://cmdb.example/hosts".into());
+    config.inventory.ec2 = Some(crate::inventory::Ec2InventorySettings {
+        region: Some("us-east-1".into()),
+        endpoint_url: Some("https://ec2.example".into()),
+        filters: [("tag:chaos".to_owned(), vec!["yes".to_owned()])].into(),
+        ..Default::default()
+    });
+    config.restarter.ec2.region = Some("us-east-1".into());
+    config.restarter.ec2.endpoint_url = Some("https://ec2.example".into());
+    config.restarter.ec2.autoscaling_endpoint_url = Some("https://autoscaling.example".into());
     for key in config.flatten().keys() {
         assert!(
             documented.contains(key),

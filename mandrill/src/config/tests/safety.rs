@@ -157,10 +157,13 @@ fn stop_conditions_and_the_pause_file_load_and_bad_ones_name_the_key() {
     }
 }
 
-/// On a reload the file's stricter leash and pause win over the flags that
-/// loosened them at start-up (`--unleash` must not stay in force over a
-/// file saying `dry_run = true`); at start-up the flags win as ever, and a
-/// file that says nothing leaves them in force.
+/// On a reload the file's stricter pause and signature rules win over the
+/// flags that loosened them at start-up; at start-up the flags win as
+/// ever, and a file that says nothing leaves them in force. The leash is
+/// not among them: a reload reports what the file itself says of it
+/// (`file_dry_run`), and the caller turns it only when that changed
+/// (`safety::leash::reloaded_dry_run`): a file that keeps `dry_run = true`
+/// under `--unleash` is not a trap a routine reload springs (issue 37).
 #[test]
 fn on_reload_the_files_stricter_safety_settings_win_over_flags() {
     let sources = |file: &str, env: &[(&str, &str)], flags: &[&str]| {
@@ -192,32 +195,39 @@ fn on_reload_the_files_stricter_safety_settings_win_over_flags() {
     );
     assert!(!started.safety.pause_on_unrecovered);
     assert_eq!(started.safety.require_signed, Some(false));
-    let (reloaded, tightened) = flagged.reload().unwrap();
-    assert_eq!(reloaded.safety.dry_run, Some(true));
-    assert!(reloaded.safety.pause_on_unrecovered);
-    assert_eq!(reloaded.safety.require_signed, Some(true));
-    assert!(reloaded.require_signed());
+    let reloaded = flagged.reload().unwrap();
     assert_eq!(
-        tightened,
-        [
-            "safety.dry_run",
-            "safety.pause_on_unrecovered",
-            "safety.require_signed"
-        ]
+        reloaded.config.safety.dry_run,
+        Some(false),
+        "the leash is not tightened by the reload itself"
+    );
+    assert_eq!(reloaded.file_dry_run, Some(true));
+    assert!(reloaded.config.safety.pause_on_unrecovered);
+    assert_eq!(reloaded.config.safety.require_signed, Some(true));
+    assert!(reloaded.config.require_signed());
+    assert_eq!(
+        reloaded.tightened,
+        ["safety.pause_on_unrecovered", "safety.require_signed"]
     );
 
     // The environment is below the flags too.
     let (_dir, from_env) = sources("", &[("MANDRILL_SAFETY__DRY_RUN", "true")], &loosening);
-    let (reloaded, tightened) = from_env.reload().unwrap();
-    assert_eq!(reloaded.safety.dry_run, Some(true));
-    assert_eq!(tightened, ["safety.dry_run"]);
+    let reloaded = from_env.reload().unwrap();
+    assert_eq!(reloaded.file_dry_run, Some(true));
+    assert_eq!(from_env.file_dry_run().unwrap(), Some(true));
+    assert!(reloaded.tightened.is_empty(), "{:?}", reloaded.tightened);
 
     // Silent on the key, or as loose: the flag stays in force.
-    for file in ["", "[safety]\ndry_run = false\n"] {
+    for (file, said) in [("", None), ("[safety]\ndry_run = false\n", Some(false))] {
         let (_dir, quiet) = sources(file, &[], &loosening);
-        let (reloaded, tightened) = quiet.reload().unwrap();
-        assert_eq!(reloaded.safety.dry_run, Some(false), "{file:?}");
-        assert!(tightened.is_empty(), "{file:?}: {tightened:?}");
+        let reloaded = quiet.reload().unwrap();
+        assert_eq!(reloaded.config.safety.dry_run, Some(false), "{file:?}");
+        assert_eq!(reloaded.file_dry_run, said, "{file:?}");
+        assert!(
+            reloaded.tightened.is_empty(),
+            "{file:?}: {:?}",
+            reloaded.tightened
+        );
     }
 }
 

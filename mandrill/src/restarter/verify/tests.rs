@@ -98,7 +98,7 @@ async fn verify(
     address: &str,
 ) -> Result<Restarted, RestartError> {
     settings.validate().unwrap();
-    let verified = Verified::new(host, settings, every_host_at(address)).unwrap();
+    let verified = Verified::new(host, settings, every_host_at(address), None).unwrap();
     let request = request("cattle-ab12");
     let reservation = verified.reserve(&request).await.expect("no refusal");
     verified.restart(&request, reservation).await

@@ -95,7 +95,7 @@ fn a_requesters_quota_and_a_zones_budget_count_only_what_the_operator_assigned()
         allowed.contains("requester ci: restart 1 of 2"),
         "{allowed}"
     );
-    assert!(allowed.contains("1 of 1 hosts of zone eu-1a"), "{allowed}");
+    assert!(allowed.contains("1 of 1 host of zone eu-1a"), "{allowed}");
 
     let spent = Usage {
         requester_claims: 2,

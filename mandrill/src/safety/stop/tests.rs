@@ -56,7 +56,17 @@ async fn an_http_check_passes_only_on_the_expected_status_and_never_shows_a_secr
         "{reason}"
     );
     status.store(200, Ordering::SeqCst);
-    checks.check().await.unwrap();
+    // Healthy: its result, for the request's story, without the secret.
+    let results = checks.check().await.unwrap().join(", ");
+    assert!(
+        results.starts_with("\"alerts\" healthy (GET http://")
+            && results.ends_with("answered 200)"),
+        "{results}"
+    );
+    assert!(
+        !results.contains("hunter22") && !results.contains("s3cret"),
+        "{results}"
+    );
 
     // Another expected status; and a server that is not there fails closed.
     let teapot = StopConditions::new(&[StopConditionSettings {
@@ -114,7 +124,14 @@ async fn a_command_check_passes_on_exit_0_and_a_hung_one_fails_at_its_timeout() 
         reason.starts_with("deferred by stop condition \"deploys\": \"sh\" exited with"),
         "{reason}"
     );
-    assert!(reason.ends_with("deploy in progress"), "{reason}");
+    // Each result in the order they ran: the one before it was healthy.
+    assert!(
+        reason.ends_with(
+            "deploy in progress; checked before it: \"ok\" healthy (\"true\" exited with \
+             exit status: 0)"
+        ),
+        "{reason}"
+    );
 
     let hung = StopConditions::new(&[command(
         "slow",

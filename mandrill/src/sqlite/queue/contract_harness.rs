@@ -32,6 +32,7 @@ impl Harness for Sqlite {
         // Another process on the same file.
         let other = Arc::new(SqliteBroker::connect(&config).await.unwrap());
         let reader = consumer.clone();
+        let admin = Some(consumer.clone() as Arc<dyn DeadLetterAdmin>);
         Queue {
             consumer,
             other,
@@ -47,6 +48,7 @@ impl Harness for Sqlite {
                         .collect()
                 })
             }),
+            admin,
             stop_server: None,
             keep: Box::new(dir),
         }

@@ -46,8 +46,8 @@ use tracing::warn;
 use super::writer::Job;
 use super::{FileAck, FileWriter, queue_migrations};
 use crate::broker::{
-    BrokerError, Cause, Close, Consumer, DeadLetterAdmin, DeadLetterEntry, DeadLetterId,
-    DeadLetterRecord, Delivery, DeliveryTag, Publisher, bounded_reason,
+    BrokerError, Cause, Close, Consumer, DeadLetterAdmin, DeadLetterEntry, DeadLetterId, Delivery,
+    DeliveryTag, Publisher, bounded_reason, choose,
 };
 use crate::domain::JointAck;
 

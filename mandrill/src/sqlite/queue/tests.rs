@@ -126,7 +126,7 @@ async fn claims_past_max_deliveries_are_delivered_and_dead_letters_requeue() {
     let dead = broker.dead_letters().await.unwrap();
     assert_eq!(dead.len(), 1);
     assert_eq!(dead[0].payload, "poison");
-    assert_eq!(dead[0].record.unwrap().deliveries, 3);
+    assert_eq!(dead[0].deliveries, Some(3));
     assert_eq!(dead[0].reason, "not settled after 3 deliveries");
 
     // Unknown ids requeue nothing.
@@ -289,8 +289,8 @@ async fn oversized_row_is_claimed_as_a_bounded_prefix_and_dead_lettered_in_place
     let dead = broker.dead_letters().await.unwrap();
     assert_eq!(dead.len(), 1);
     assert_eq!(
-        dead[0].record.unwrap().payload_size,
-        i64::try_from(SIZE).unwrap(),
+        dead[0].payload_size,
+        u64::try_from(SIZE).unwrap(),
         "the whole payload is kept"
     );
     assert_eq!(

@@ -133,9 +133,9 @@ pub(super) async fn claim(
     }
     // Read in the claims' own write transaction: a pause committed before
     // it stops every claim of the batch.
-    let (paused, by, why, since): SwitchRow =
-        sqlx::query_as(SWITCH_SQL).fetch_one(&mut **tx).await?;
-    let switch = switch_from(paused, by, why, since);
+    // The leash is in the same row: read with it.
+    let row: SwitchRow = sqlx::query_as(SWITCH_SQL).fetch_one(&mut **tx).await?;
+    let switch = switch_from(row);
     // The group pauses, likewise: a handful of rows at most.
     let pauses: Vec<GroupPause> = sqlx::query_as::<_, GroupPauseRow>(GROUP_PAUSES_SQL)
         .fetch_all(&mut **tx)

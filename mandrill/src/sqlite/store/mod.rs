@@ -36,7 +36,9 @@ use crate::domain::{Asked, JointAck, Outcome, RestartRequest, Status, Timestamp}
 use crate::store::DEFAULT_TIMEOUT;
 use crate::store::lookup::{Lookup, lookup_loop};
 use crate::store::reads::sqlite as reads;
-use crate::store::sql::{PAUSE_GROUP_SQL, RESUME_GROUP_SQL, SET_SWITCH_IF_SQL, SET_SWITCH_SQL};
+use crate::store::sql::{
+    PAUSE_GROUP_SQL, RESUME_GROUP_SQL, SET_LEASH_SQL, SET_SWITCH_IF_SQL, SET_SWITCH_SQL,
+};
 use crate::store::{
     Claim, ClaimTerms, ClaimToken, Decision, GroupUsage, HistoryEntry, Recorded, ReportData, Store,
     StoreError, Story, Switch, SwitchExpected, ask, payload_excerpt, within,
@@ -365,6 +367,15 @@ impl Store for SqliteStore {
         self.bounded(reads::decisions(&self.pool, message_id)).await
     }
 
+    async fn history_decisions(
+        &self,
+        limit: usize,
+    ) -> Result<std::collections::HashMap<Uuid, Vec<crate::store::DecisionRecord>>, StoreError>
+    {
+        self.bounded(reads::history_decisions(&self.pool, limit))
+            .await
+    }
+
     async fn campaign(&self, id: Uuid) -> Result<Option<crate::store::Campaign>, StoreError> {
         self.bounded(reads::campaign(&self.pool, id)).await
     }
@@ -392,6 +403,14 @@ impl Store for SqliteStore {
         // `set_switch`; committed (and so seen by every claim after it)
         // when this returns.
         self.bounded(reads::stop_campaign(&self.pool, id, by, reason))
+            .await
+    }
+
+    async fn campaigns_since(
+        &self,
+        since: Timestamp,
+    ) -> Result<Vec<crate::store::Campaign>, StoreError> {
+        self.bounded(reads::campaigns_since(&self.pool, since))
             .await
     }
 
@@ -425,6 +444,22 @@ impl Store for SqliteStore {
         self.bounded(async {
             sqlx::query(SET_SWITCH_SQL)
                 .bind(paused)
+                .bind(by)
+                .bind(reason)
+                .bind(Timestamp::now().as_millis())
+                .execute(&self.pool)
+                .await?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn set_leash(&self, leashed: bool, by: &str, reason: &str) -> Result<(), StoreError> {
+        // As `set_switch`: committed, and so read by every claim after it,
+        // when this returns.
+        self.bounded(async {
+            sqlx::query(SET_LEASH_SQL)
+                .bind(leashed)
                 .bind(by)
                 .bind(reason)
                 .bind(Timestamp::now().as_millis())

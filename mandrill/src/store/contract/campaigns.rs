@@ -50,6 +50,29 @@ pub(crate) async fn a_campaign_is_read_back_as_recorded_and_only_once(store: &dy
     assert_eq!(both.len(), 2, "{both:?}");
     assert!(both.contains(&campaign.id) && both.contains(&unsigned.id));
     assert!(ids(since(1_795_000_000_124).await.unwrap()).is_empty());
+    // As the dashboard reads them: whole, oldest first (then by id).
+    let mut both = vec![campaign.clone(), unsigned.clone()];
+    both.sort_by_key(|c| c.id);
+    assert_eq!(
+        store
+            .campaigns_since(Timestamp::from_millis(1_795_000_000_123))
+            .await
+            .unwrap(),
+        both
+    );
+    let later = Campaign {
+        id: Uuid::new_v4(),
+        created_at: Timestamp::from_millis(1_795_000_060_000),
+        ..unsigned.clone()
+    };
+    store.record_campaign(&later).await.unwrap();
+    assert_eq!(
+        store
+            .campaigns_since(Timestamp::from_millis(1_795_000_000_124))
+            .await
+            .unwrap(),
+        vec![later]
+    );
 }
 
 /// The request `campaign start` publishes for target `index`, as the

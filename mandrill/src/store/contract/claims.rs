@@ -15,7 +15,8 @@ pub(crate) async fn claim_holds_and_unknown_outcomes_count(store: &dyn Store) {
         first,
         Claim::Claimed {
             attempt: 1,
-            unknown: None
+            unknown: None,
+            leashed: None,
         }
     );
     // While the claim holds, no other delivery may restart.
@@ -42,7 +43,8 @@ pub(crate) async fn claim_holds_and_unknown_outcomes_count(store: &dyn Store) {
             .unwrap(),
         Claim::Claimed {
             attempt: 1,
-            unknown: None
+            unknown: None,
+            leashed: None,
         }
     );
     tokio::time::sleep(Duration::from_millis(5)).await;
@@ -53,7 +55,8 @@ pub(crate) async fn claim_holds_and_unknown_outcomes_count(store: &dyn Store) {
             .unwrap(),
         Claim::Claimed {
             attempt: 2,
-            unknown: Some(1)
+            unknown: Some(1),
+            leashed: None,
         }
     );
     let entry = entry(store, other.message_id).await;
@@ -73,7 +76,8 @@ pub(crate) async fn claim_holds_and_unknown_outcomes_count(store: &dyn Store) {
             .unwrap(),
         Claim::Claimed {
             attempt: 3,
-            unknown: Some(2)
+            unknown: Some(2),
+            leashed: None,
         }
     );
     tokio::time::sleep(Duration::from_millis(5)).await;
@@ -99,7 +103,8 @@ pub(crate) async fn claim_holds_and_unknown_outcomes_count(store: &dyn Store) {
             .unwrap(),
         Claim::Claimed {
             attempt: 2,
-            unknown: None
+            unknown: None,
+            leashed: None,
         }
     );
 }
@@ -128,6 +133,7 @@ pub(crate) async fn a_host_is_never_claimed_for_two_requests_at_once(store: &dyn
         let first = Claim::Claimed {
             attempt: 1,
             unknown: None,
+            leashed: None,
         };
         let busy = |claim: Claim, holder: &RestartRequest| match claim {
             Claim::Deferred {
@@ -249,7 +255,8 @@ pub(crate) async fn a_released_claim_is_not_a_used_attempt(store: &dyn Store) {
                 store.claim_restart(&request, TERMS, token).await.unwrap(),
                 Claim::Claimed {
                     attempt: expected,
-                    unknown: None
+                    unknown: None,
+                    leashed: None,
                 }
             );
         }
@@ -398,6 +405,7 @@ pub(crate) async fn a_late_release_never_frees_another_deliverys_claim(store: &d
     let claimed = Claim::Claimed {
         attempt: 1,
         unknown: None,
+        leashed: None,
     };
     assert_eq!(
         store.claim_restart(&request, TERMS, first).await.unwrap(),

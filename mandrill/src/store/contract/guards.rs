@@ -28,7 +28,8 @@ pub(crate) async fn counting_guards_are_decided_in_the_claim_and_journaled(store
             .unwrap(),
         Claim::Claimed {
             attempt: 1,
-            unknown: None
+            unknown: None,
+            leashed: None,
         }
     );
     // herd-0001's restart is in flight: the group's one disruption.

@@ -45,6 +45,13 @@ pub(crate) async fn decisions_are_read_before_a_request_has_a_record(store: &dyn
             .iter()
             .all(|d| d.verdict == "deferred" && d.attempt == 0)
     );
+    // `history --json` reads every entry's decisions at once: the same.
+    let mut all = store.history_decisions(1000).await.unwrap();
+    assert_eq!(all.remove(&deferred.message_id), Some(decisions));
+    assert!(
+        all.values().all(|decided| !decided.is_empty()),
+        "only requests with decisions are keyed: {all:?}"
+    );
 }
 
 /// `explain` tells every recorded request's story: a rejected payload's
@@ -165,7 +172,8 @@ pub(crate) async fn rejections_are_listed_but_never_count_as_the_request(store: 
             .unwrap(),
         Claim::Claimed {
             attempt: 1,
-            unknown: None
+            unknown: None,
+            leashed: None,
         }
     );
 }

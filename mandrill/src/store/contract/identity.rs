@@ -43,7 +43,8 @@ pub(crate) async fn a_payload_under_another_requests_id_never_joins_it(store: &d
         claimed,
         Claim::Claimed {
             attempt: 1,
-            unknown: None
+            unknown: None,
+            leashed: None,
         }
     );
     let impostors = [
@@ -214,7 +215,8 @@ async fn claim_and_restart(store: &dyn Store, request: &RestartRequest, attempt:
         claim,
         Claim::Claimed {
             attempt,
-            unknown: None
+            unknown: None,
+            leashed: None,
         }
     );
     store

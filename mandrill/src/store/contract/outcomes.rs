@@ -14,7 +14,8 @@ pub(crate) async fn final_outcome_is_never_overwritten(store: &dyn Store) {
         claimed,
         Claim::Claimed {
             attempt: 1,
-            unknown: None
+            unknown: None,
+            leashed: None,
         }
     );
     assert_eq!(
@@ -35,7 +36,8 @@ pub(crate) async fn final_outcome_is_never_overwritten(store: &dyn Store) {
             .unwrap(),
         Claim::Claimed {
             attempt: 2,
-            unknown: None
+            unknown: None,
+            leashed: None,
         }
     );
     assert_eq!(
@@ -100,7 +102,8 @@ pub(crate) async fn every_final_status_is_kept(store: &dyn Store) {
                 .unwrap(),
             Claim::Claimed {
                 attempt: 1,
-                unknown: None
+                unknown: None,
+                leashed: None,
             }
         );
         assert_eq!(

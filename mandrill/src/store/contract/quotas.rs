@@ -151,7 +151,7 @@ pub(crate) async fn the_requester_quota_and_the_zone_budget_count_across_groups_
     assert!(
         story.attempts[0]
             .verdict
-            .contains("1 of 1 hosts of zone eu-quota-1a"),
+            .contains("1 of 1 host of zone eu-quota-1a"),
         "{:?}",
         story.attempts[0]
     );

@@ -24,6 +24,7 @@ pub(crate) async fn a_retried_claim_with_its_own_token_gets_the_same_attempt_and
     let claimed = Claim::Claimed {
         attempt: 2,
         unknown: Some(1),
+        leashed: None,
     };
     assert_eq!(
         store.claim_restart(&request, TERMS, token).await.unwrap(),
@@ -66,6 +67,7 @@ pub(crate) async fn a_retried_claim_with_its_own_token_gets_the_same_attempt_and
     let first = Claim::Claimed {
         attempt: 1,
         unknown: None,
+        leashed: None,
     };
     for _ in 0..2 {
         assert_eq!(
@@ -88,7 +90,8 @@ pub(crate) async fn a_retried_claim_with_its_own_token_gets_the_same_attempt_and
         store.claim_restart(&request, TERMS, token).await.unwrap(),
         Claim::Claimed {
             attempt: 3,
-            unknown: None
+            unknown: None,
+            leashed: None,
         }
     );
 }
@@ -127,6 +130,7 @@ async fn a_claim_retried_past_its_hold(
     let claimed = Claim::Claimed {
         attempt: 1,
         unknown: None,
+        leashed: None,
     };
     assert_eq!(
         store.claim_restart(request, expired, token).await.unwrap(),

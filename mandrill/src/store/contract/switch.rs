@@ -47,7 +47,8 @@ pub(crate) async fn the_kill_switch_stops_every_claim_until_resumed(store: &dyn 
             .unwrap(),
         Claim::Claimed {
             attempt: 1,
-            unknown: None
+            unknown: None,
+            leashed: None,
         }
     );
 }
@@ -174,7 +175,8 @@ pub(crate) async fn a_paused_group_defers_its_claims_only_until_resumed(store: &
             .unwrap(),
         Claim::Claimed {
             attempt: 1,
-            unknown: None
+            unknown: None,
+            leashed: None,
         }
     );
     assert!(store.set_group_pause("slowpoke", None).await.unwrap());
@@ -187,7 +189,85 @@ pub(crate) async fn a_paused_group_defers_its_claims_only_until_resumed(store: &
             .unwrap(),
         Claim::Claimed {
             attempt: 1,
-            unknown: None
+            unknown: None,
+            leashed: None,
         }
     );
+}
+
+/// The leash is one word for every instance sharing the store: none until
+/// an operator turns it; each claim carries it as read in the claim's own
+/// transaction, so no claim made after `set_leash` returned reads the
+/// earlier one; the kill switch and the leash turn apart. Last in the
+/// contract: nothing unturns the leash.
+pub(crate) async fn the_leash_is_read_by_every_claim_and_turned_apart_from_the_switch(
+    store: &dyn Store,
+) {
+    let claimed = |leashed: Option<bool>| Claim::Claimed {
+        attempt: 1,
+        unknown: None,
+        leashed,
+    };
+    assert_eq!(store.switch().await.unwrap().leash, None);
+    // Each claim given back at the end: the journal is as the contract
+    // left it before (others read it after).
+    let mut made = Vec::new();
+    let mut claim = async |name: &'static str| {
+        let (request, token) = (request(name), ClaimToken::new());
+        let claim = store.claim_restart(&request, TERMS, token).await.unwrap();
+        made.push((request, token));
+        claim
+    };
+    assert_eq!(claim("cattle-leash-1").await, claimed(None));
+
+    store.set_leash(true, "ana", "game day over").await.unwrap();
+    let leashed = store.switch().await.unwrap().leash.expect("recorded");
+    assert!(leashed.leashed);
+    assert_eq!(
+        (leashed.by.as_str(), leashed.reason.as_str()),
+        ("ana", "game day over")
+    );
+    assert!(leashed.since.as_millis() > 0);
+    assert_eq!(claim("cattle-leash-2").await, claimed(Some(true)));
+
+    // The switch turns without touching the leash, and the reverse.
+    store.set_switch(true, "bob", "incident 7").await.unwrap();
+    let switch = store.switch().await.unwrap();
+    assert!(switch.paused);
+    assert_eq!(switch.leash.as_ref(), Some(&leashed));
+    store.set_switch(false, "bob", "resolved").await.unwrap();
+    store
+        .set_leash(false, "carol", "game day 2, ticket 12")
+        .await
+        .unwrap();
+    let switch = store.switch().await.unwrap();
+    assert_eq!(
+        (
+            switch.paused,
+            switch.by.as_deref(),
+            switch.reason.as_deref()
+        ),
+        (false, Some("bob"), Some("resolved"))
+    );
+    let unleashed = switch.leash.expect("recorded");
+    assert!(!unleashed.leashed);
+    assert_eq!(unleashed.by, "carol");
+    assert_eq!(claim("cattle-leash-3").await, claimed(Some(false)));
+
+    // A claim retried with its own token carries the leash as it is now.
+    let request = request("cattle-leash-4");
+    let token = ClaimToken::new();
+    assert_eq!(
+        store.claim_restart(&request, TERMS, token).await.unwrap(),
+        claimed(Some(false))
+    );
+    store.set_leash(true, "dan", "hold on").await.unwrap();
+    assert_eq!(
+        store.claim_restart(&request, TERMS, token).await.unwrap(),
+        claimed(Some(true))
+    );
+    made.push((request, token));
+    for (request, token) in made {
+        store.release_claim(&request, 1, token).await.unwrap();
+    }
 }

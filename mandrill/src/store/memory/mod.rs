@@ -389,6 +389,7 @@ impl State {
             by: Some(by.to_owned()),
             reason: Some(reason.to_owned()),
             since: Some(Timestamp::from_millis(now)),
+            leash: self.switch.leash.take(),
         };
     }
 }
@@ -765,14 +766,7 @@ impl Store for MemoryStore {
         // Recorded in order per request; across requests, by time (the
         // SQL stores' insertion order breaks ties there, the id here).
         decisions.sort_by_key(|d| (d.at, d.message_id));
-        let mut campaigns = state
-            .campaigns
-            .values()
-            .filter(|row| row.2 >= since)
-            .cloned()
-            .map(Campaign::from_row)
-            .collect::<Result<Vec<_>, _>>()?;
-        campaigns.sort_by_key(|c| (c.created_at, c.id));
+        let campaigns = campaigns_since(&state.campaigns, since)?;
         Ok(ReportData {
             attempts,
             decisions,
@@ -801,6 +795,17 @@ impl Store for MemoryStore {
     async fn set_switch(&self, paused: bool, by: &str, reason: &str) -> Result<(), StoreError> {
         let now = self.clock.now();
         self.lock().set_switch(paused, by, reason, now);
+        Ok(())
+    }
+
+    async fn set_leash(&self, leashed: bool, by: &str, reason: &str) -> Result<(), StoreError> {
+        let since = Timestamp::from_millis(self.clock.now());
+        self.lock().switch.leash = Some(crate::safety::LeashRecord {
+            leashed,
+            by: by.to_owned(),
+            reason: reason.to_owned(),
+            since,
+        });
         Ok(())
     }
 
@@ -937,6 +942,23 @@ impl Store for MemoryStore {
             .unwrap_or_default())
     }
 
+    async fn history_decisions(
+        &self,
+        limit: usize,
+    ) -> Result<std::collections::HashMap<Uuid, Vec<DecisionRecord>>, StoreError> {
+        let ids: Vec<Uuid> = self
+            .history(limit)
+            .await?
+            .into_iter()
+            .filter_map(|entry| entry.message_id)
+            .collect();
+        let state = self.lock();
+        Ok(ids
+            .into_iter()
+            .filter_map(|id| Some((id, state.decisions.get(&id)?.clone())))
+            .collect())
+    }
+
     async fn campaign(&self, id: Uuid) -> Result<Option<Campaign>, StoreError> {
         let row = self.lock().campaigns.get(&id).cloned();
         row.map(Campaign::from_row).transpose()
@@ -1007,6 +1029,26 @@ impl Store for MemoryStore {
         }
         Ok(Some((campaign, cancelled)))
     }
+
+    async fn campaigns_since(&self, since: Timestamp) -> Result<Vec<Campaign>, StoreError> {
+        campaigns_since(&self.lock().campaigns, since.as_millis())
+    }
+}
+
+/// The campaigns started at or after `since` (milliseconds), oldest first,
+/// as [`super::campaigns::CAMPAIGNS_SINCE_SQL`] orders them.
+fn campaigns_since(
+    campaigns: &HashMap<Uuid, CampaignRow>,
+    since: i64,
+) -> Result<Vec<Campaign>, StoreError> {
+    let mut found = campaigns
+        .values()
+        .filter(|row| row.2 >= since)
+        .cloned()
+        .map(Campaign::from_row)
+        .collect::<Result<Vec<_>, _>>()?;
+    found.sort_by_key(|c| (c.created_at, c.id));
+    Ok(found)
 }
 
 /// The wall clock at creation, advanced by tokio's clock: the same as the

@@ -96,14 +96,25 @@ fn insert_returning_switch(switch: &str) -> String {
     );
     format!(
         "WITH switch AS ({switch}), created AS ({insert} RETURNING message_id)
-         SELECT c.message_id, s.paused, s.by_whom, s.reason, s.updated_at
+         SELECT c.message_id, s.paused, s.by_whom, s.reason, s.updated_at,
+                s.leashed, s.leash_by, s.leash_reason, s.leash_updated_at
          FROM switch s LEFT JOIN created c ON true"
     )
 }
 
 /// A row of [`INSERT_REQUESTS_SQL`]: an id created (or none), then the
-/// switch.
-type CreatedRow = (Option<String>, bool, Option<String>, Option<String>, i64);
+/// switch and the leash (as [`crate::store::sql::SwitchRow`]).
+type CreatedRow = (
+    Option<String>,
+    bool,
+    Option<String>,
+    Option<String>,
+    i64,
+    Option<bool>,
+    Option<String>,
+    Option<String>,
+    i64,
+);
 
 /// A round's claims and their journal rows, in one statement: `$1`..`$4`
 /// arrays of ids, attempts, claim deadlines, last errors; `$5` now;
@@ -317,7 +328,20 @@ async fn lock_rows(
         .await?;
     let switch = created
         .first()
-        .map(|(_, paused, by, why, since)| switch_from(*paused, by.clone(), why.clone(), *since))
+        .map(
+            |(_, paused, by, why, since, leashed, leash_by, leash_why, leash_since)| {
+                switch_from((
+                    *paused,
+                    by.clone(),
+                    why.clone(),
+                    *since,
+                    *leashed,
+                    leash_by.clone(),
+                    leash_why.clone(),
+                    *leash_since,
+                ))
+            },
+        )
         .ok_or(sqlx::Error::RowNotFound)?;
     // A row this transaction created is its own until it commits: received,
     // no attempt claimed, as the insert wrote it from the first write of

@@ -113,10 +113,11 @@ impl PostgresStore {
             identity: Some(identity_from((instance, by, signer, why))),
             cancelled,
         };
-        let (paused, by, why, since): SwitchRow = sqlx::query_as(&SWITCH_SHARED_SQL)
+        // The leash is in the same row: read with it, under the same lock.
+        let row: SwitchRow = sqlx::query_as(&SWITCH_SHARED_SQL)
             .fetch_one(&mut *tx)
             .await?;
-        let switch = switch_from(paused, by, why, since);
+        let switch = switch_from(row);
         // After the switch's share lock: a group pause waits for it.
         let group_pause = sqlx::query_as::<_, GroupPauseRow>(GROUP_PAUSE_SQL)
             .bind(request.group())

@@ -49,7 +49,7 @@ use super::lookup::{Lookup, lookup_loop};
 use super::reads::postgres as reads;
 use super::sql::{
     PAUSE_GROUP_SQL, PRUNE_JOURNAL_SQL, PRUNE_ORPHANS_SQL, REJECTION_SQL, RESUME_GROUP_SQL,
-    SET_SWITCH_IF_SQL, SET_SWITCH_SQL,
+    SET_LEASH_SQL, SET_SWITCH_IF_SQL, SET_SWITCH_SQL,
 };
 use super::{
     Claim, ClaimTerms, ClaimToken, Decision, GroupUsage, HistoryEntry, Recorded, ReportData, Store,
@@ -325,6 +325,15 @@ impl Store for PostgresStore {
         self.bounded(reads::decisions(&self.pool, message_id)).await
     }
 
+    async fn history_decisions(
+        &self,
+        limit: usize,
+    ) -> Result<std::collections::HashMap<Uuid, Vec<crate::store::DecisionRecord>>, StoreError>
+    {
+        self.bounded(reads::history_decisions(&self.pool, limit))
+            .await
+    }
+
     async fn campaign(&self, id: Uuid) -> Result<Option<crate::store::Campaign>, StoreError> {
         self.bounded(reads::campaign(&self.pool, id)).await
     }
@@ -357,6 +366,14 @@ impl Store for PostgresStore {
             reason.replace('\0', "\u{fffd}"),
         );
         self.bounded(reads::stop_campaign(&self.pool, id, &by, &reason))
+            .await
+    }
+
+    async fn campaigns_since(
+        &self,
+        since: Timestamp,
+    ) -> Result<Vec<crate::store::Campaign>, StoreError> {
+        self.bounded(reads::campaigns_since(&self.pool, since))
             .await
     }
 
@@ -415,6 +432,22 @@ impl Store for PostgresStore {
         self.bounded(async {
             sqlx::query(SET_SWITCH_SQL)
                 .bind(paused)
+                .bind(by.replace('\0', "\u{fffd}"))
+                .bind(reason.replace('\0', "\u{fffd}"))
+                .bind(Timestamp::now().as_millis())
+                .execute(&self.pool)
+                .await?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn set_leash(&self, leashed: bool, by: &str, reason: &str) -> Result<(), StoreError> {
+        // The control row's lock: waits for the claims in progress, which
+        // read it under a share lock; every claim after sees the new leash.
+        self.bounded(async {
+            sqlx::query(SET_LEASH_SQL)
+                .bind(leashed)
                 .bind(by.replace('\0', "\u{fffd}"))
                 .bind(reason.replace('\0', "\u{fffd}"))
                 .bind(Timestamp::now().as_millis())

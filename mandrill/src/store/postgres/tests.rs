@@ -271,7 +271,8 @@ async fn a_failed_batch_answers_every_caller_and_commits_nothing() {
                 .unwrap(),
             Claim::Claimed {
                 attempt: 1,
-                unknown: None
+                unknown: None,
+                leashed: None,
             }
         );
     }

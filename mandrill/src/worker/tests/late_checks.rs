@@ -428,3 +428,49 @@ async fn a_leash_put_on_by_a_reload_while_the_stop_conditions_run_stops_the_rest
     server.abort();
     h.stop().await.unwrap();
 }
+
+/// `mandrill leash` while the stop conditions run (after the claim read
+/// the store's leash, unleashed) stops the restart: the leash is read
+/// again with the switch right before it, the claim is given back, and the
+/// next delivery's claim reads the leash and records the dry run, though
+/// the instance's own policy stays unleashed.
+#[tokio::test(start_paused = true)]
+async fn an_operators_leash_while_the_stop_conditions_run_stops_the_restart() {
+    let store = Arc::new(ScriptedStore::default());
+    let inner = store.inner.clone();
+    let (stop_conditions, server) = probe_that_first(move || {
+        // The memory store answers at once: nothing to wait for.
+        futures::executor::block_on(inner.set_leash(true, "ana", "game day over")).unwrap();
+    })
+    .await;
+    let config = WorkerConfig {
+        policy: PolicyHandle::new(Policy {
+            stop_conditions,
+            ..Policy::default()
+        }),
+        ..config()
+    };
+    let restarter = Arc::new(ScriptedRestarter::default());
+    let h = start(config, store.clone(), restarter.clone());
+    let id = h.publish("cattle-leashed").await;
+    let stats = h.stats.clone();
+    wait_until("acked", || stats.acked.get() == 1).await;
+    assert_eq!(restarter.timeline.count("restart-started"), 0);
+    assert_eq!(store.timeline.count("released 1"), 1);
+    let story = store.inner.story(id).await.unwrap().unwrap();
+    let leash = story
+        .decisions
+        .iter()
+        .find(|d| d.verdict == "deferred")
+        .expect("deferred by the leash");
+    assert_eq!(leash.guard, "leash");
+    assert!(
+        leash.reason.contains("leashed by ana (game day over)"),
+        "{}",
+        leash.reason
+    );
+    let entry = store.entry(id);
+    assert_eq!((entry.status, entry.attempts), (Status::DryRun, 1));
+    server.abort();
+    h.stop().await.unwrap();
+}

@@ -294,11 +294,18 @@ async fn a_group_pause_while_the_stop_conditions_run_stops_the_restart_and_gives
         "a given-back claim is not a used attempt"
     );
     let story = store.inner.story(id).await.unwrap().unwrap();
-    let decision = story.decisions.first().unwrap();
+    // The stop conditions passed (their result recorded), then the pause
+    // held it.
+    let verdicts: Vec<(&str, &str)> = story
+        .decisions
+        .iter()
+        .map(|d| (d.verdict.as_str(), d.guard.as_str()))
+        .collect();
     assert_eq!(
-        (decision.verdict.as_str(), decision.guard.as_str()),
-        ("deferred", "group pause")
+        verdicts,
+        [("checked", "stop conditions"), ("deferred", "group pause")]
     );
+    let decision = &story.decisions[1];
     assert!(
         decision
             .reason

@@ -34,6 +34,7 @@ impl Harness for Memory {
                     .collect();
                 Box::pin(async move { dead })
             }),
+            admin: None,
             stop_server: None,
             keep: Box::new(()),
         }

@@ -102,6 +102,16 @@ async fn dead_letter_of_a_payload_near_max_payload_fits_truncated() {
     assert!(kept_reason.len() <= crate::broker::MAX_REASON_BYTES);
     // Terminated, not redelivered.
     assert!(broker.pull(10).await.unwrap().is_empty());
+    // Listed as cut, and never requeued: its first bytes are not the request.
+    let admin = &broker.publisher;
+    let listed = admin.dead_letters().await.unwrap();
+    assert!(listed[0].truncated);
+    assert_eq!(listed[0].payload_size, original.len() as u64);
+    let id = listed[0].id.to_string();
+    let refused = admin.requeue(Some(&[id])).await.unwrap_err().to_string();
+    assert!(refused.contains("kept only the first bytes"), "{refused}");
+    assert!(admin.requeue(None).await.unwrap().is_empty());
+    assert_eq!(admin.dead_letters().await.unwrap().len(), 1);
 }
 
 #[test]

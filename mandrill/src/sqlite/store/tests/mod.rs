@@ -46,6 +46,7 @@ async fn a_batch_mixing_new_open_held_and_final_requests_decides_each_as_if_alon
     let first = Claim::Claimed {
         attempt: 1,
         unknown: None,
+        leashed: None,
     };
     let new: Vec<_> = (0..8)
         .map(|n| contract::request(&format!("cattle-new-{n}")))
@@ -310,7 +311,8 @@ async fn a_claim_committed_after_its_caller_gave_up_is_answered_again_to_the_sam
         store.claim_restart(&request, terms, token).await.unwrap(),
         Claim::Claimed {
             attempt: 1,
-            unknown: None
+            unknown: None,
+            leashed: None,
         }
     );
     assert!(matches!(
@@ -343,6 +345,7 @@ async fn a_release_committed_after_its_caller_gave_up_never_frees_another_delive
     let claimed = Claim::Claimed {
         attempt: 1,
         unknown: None,
+        leashed: None,
     };
     assert_eq!(
         store.claim_restart(&request, terms, first).await.unwrap(),

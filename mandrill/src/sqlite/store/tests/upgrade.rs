@@ -117,7 +117,8 @@ async fn upgrade_keeps_a_claim_held_without_a_token_held_against_every_caller() 
             store.claim_restart(&fresh, terms, token).await.unwrap(),
             Claim::Claimed {
                 attempt: 1,
-                unknown: None
+                unknown: None,
+                leashed: None,
             }
         );
     }

@@ -1,0 +1,10 @@
+-- The leash, beside the kill switch in the one control row: NULL until an
+-- operator turns it (`mandrill leash`, `mandrill unleash`); from then on
+-- every instance using this database obeys it, each claim reading it in
+-- its own transaction with the switch (under the same share lock, so that
+-- turning it waits for the claims in progress).
+ALTER TABLE control ADD COLUMN leashed BOOLEAN;
+ALTER TABLE control ADD COLUMN leash_by TEXT;
+ALTER TABLE control ADD COLUMN leash_reason TEXT;
+-- Milliseconds since the Unix epoch.
+ALTER TABLE control ADD COLUMN leash_updated_at BIGINT NOT NULL DEFAULT 0;

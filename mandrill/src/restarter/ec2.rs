@@ -1,0 +1,425 @@
+//! The `ec2` restarter: a restart of an instance (named by its id) is an
+//! EC2 action: `reboot` (`RebootInstances`), `stop-start`
+//! (`StopInstances`, wait for `stopped`, stay stopped for `stopped_for`,
+//! `StartInstances`) or `terminate` (`TerminateInstanceInAutoScalingGroup`
+//! keeping the desired capacity, only for an Auto Scaling group's member).
+//! Calls go through `http/aws.rs`, which retries throttling.
+//!
+//! A stop-start is durable: before the stop is sent, the instance is tagged
+//! `mandrill:start-after` with the time by which it must be running again,
+//! so the record lives with the instance, where every mandrill that
+//! restarts this fleet sees it whatever its store. [`Ec2Restarter::start_left_stopped`]
+//! (a companion of the service, at start-up and then periodically) starts
+//! any instance still stopped past that time, and removes the tag: a
+//! mandrill killed between the stop and the start leaves no instance
+//! stopped for longer than `stopped_for` + `stop_timeout`.
+//!
+//! `verify.probe = "ec2"` asks [`Ec2Restarter::recovered`]: a rebooted or
+//! started instance is recovered when it runs and `DescribeInstanceStatus`
+//! says its instance and system status are `ok`; a terminated one when its
+//! group is back at its desired capacity of healthy `InService` instances.
+//!
+//! One piece past 400 lines: the three actions, the companion that
+//! finishes a stop-start a crash cut short, and the probe share the
+//! clients and the record of terminations.
+
+mod answer;
+mod settings;
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use super::http::aws::{AwsClient, AwsError, Service};
+use super::{Cause, Reservation, RestartError, Restarter, SettingError};
+use crate::causes::WithCauses;
+use crate::domain::{Hostname, RestartRequest, Restarted};
+
+use answer::{group_back_to_capacity, instance_status_ok, instances, is_instance_id};
+pub(crate) use settings::{Ec2Action, Ec2Settings};
+
+const SECTION: &str = "restarter.ec2";
+
+/// The tag a stop-start puts on an instance before stopping it: the Unix
+/// time (seconds) after which any mandrill starts it if it is still
+/// stopped.
+pub(crate) const START_AFTER_TAG: &str = "mandrill:start-after";
+
+/// How often the companion looks for instances a stop-start left stopped,
+/// at the longest.
+const SWEEP_INTERVAL: Duration = Duration::from_secs(30);
+
+/// Restarts EC2 instances. Build it with [`Ec2Restarter::new`].
+#[derive(Debug)]
+pub(crate) struct Ec2Restarter {
+    ec2: AwsClient,
+    autoscaling: AwsClient,
+    settings: Ec2Settings,
+    /// The Auto Scaling group of each instance terminated and not yet
+    /// judged recovered, for the probe: the instance is gone from the
+    /// group once terminated.
+    terminated: Mutex<HashMap<String, String>>,
+}
+
+impl Ec2Restarter {
+    /// Validates `settings` and builds the clients. Errors name the key.
+    pub(crate) fn new(settings: &Ec2Settings) -> Result<Self, SettingError> {
+        settings
+            .validate()
+            .map_err(|(key, why)| SettingError::new(format!("{SECTION}.{key}"), why))?;
+        super::http::aws::check_credentials().map_err(|why| SettingError::new(SECTION, why))?;
+        // Validated: a region is there.
+        let region = settings.region().unwrap_or_default();
+        let client = |service, key: &str, endpoint: Option<&String>| {
+            AwsClient::new(
+                service,
+                &region,
+                endpoint.map(String::as_str),
+                settings.call_timeout,
+            )
+            .map_err(|why| SettingError::new(format!("{SECTION}.{key}"), why))
+        };
+        Ok(Self {
+            ec2: client(Service::Ec2, "endpoint_url", settings.endpoint_url.as_ref())?,
+            autoscaling: client(
+                Service::AutoScaling,
+                "autoscaling_endpoint_url",
+                settings
+                    .autoscaling_endpoint_url
+                    .as_ref()
+                    .or(settings.endpoint_url.as_ref()),
+            )?,
+            settings: settings.clone(),
+            terminated: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Whether stop-starts may leave instances to start after a crash (the
+    /// companion is needed).
+    pub(crate) fn stops_instances(&self) -> bool {
+        self.settings.action == Ec2Action::StopStart
+    }
+
+    async fn reboot(&self, id: &str) -> Result<String, AwsError> {
+        self.ec2.call("RebootInstances", &instance_ids(id)).await?;
+        Ok(format!("RebootInstances {id} accepted"))
+    }
+
+    /// Tag, stop, wait for `stopped`, wait `stopped_for`, start, untag. A
+    /// failure after the stop leaves the tag, so the companion starts it.
+    async fn stop_start(&self, host: &Hostname, id: &str) -> Result<String, RestartError> {
+        let due =
+            unix_now() + self.settings.stopped_for.as_secs() + self.settings.stop_timeout.as_secs();
+        self.ec2
+            .call("CreateTags", &start_after_tag(id, Some(due)))
+            .await
+            .map_err(|e| failure(host, "CreateTags before the stop", e))?;
+        if let Err(error) = self.ec2.call("StopInstances", &instance_ids(id)).await {
+            // Nothing stopped: the record goes (if this fails too, the
+            // companion removes it from a running instance).
+            let _ = self
+                .ec2
+                .call("DeleteTags", &start_after_tag(id, None))
+                .await;
+            return Err(failure(host, "StopInstances", error));
+        }
+        info!(instance = id, "stopped; waiting for it to be stopped");
+        self.wait_until_stopped(host, id).await?;
+        tokio::time::sleep(self.settings.stopped_for).await;
+        self.ec2
+            .call("StartInstances", &instance_ids(id))
+            .await
+            .map_err(|e| failure(host, "StartInstances (the companion will start it)", e))?;
+        if let Err(error) = self
+            .ec2
+            .call("DeleteTags", &start_after_tag(id, None))
+            .await
+        {
+            warn!(instance = id, error = %WithCauses(&error), "the start-after tag stays on a started instance; the companion removes it");
+        }
+        Ok(format!(
+            "StopInstances {id}, stopped for {}, StartInstances accepted",
+            humantime::format_duration(self.settings.stopped_for)
+        ))
+    }
+
+    async fn wait_until_stopped(&self, host: &Hostname, id: &str) -> Result<(), RestartError> {
+        let deadline = tokio::time::Instant::now() + self.settings.stop_timeout;
+        loop {
+            let states = self
+                .states(&[("InstanceId.1".to_owned(), id.to_owned())])
+                .await
+                .map_err(|e| failure(host, "DescribeInstances while stopping", e))?;
+            let state = states.get(id).map(|(state, _)| state.as_str());
+            if state == Some("stopped") {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(RestartError::failed(
+                    host,
+                    format!(
+                        "{id} was not stopped within {} (state {}); the companion starts it \
+                         once its start-after time passes",
+                        humantime::format_duration(self.settings.stop_timeout),
+                        state.unwrap_or("unknown")
+                    ),
+                ));
+            }
+            tokio::time::sleep(self.settings.poll_interval).await;
+        }
+    }
+
+    /// Terminates `id` in its Auto Scaling group, keeping the group's
+    /// desired capacity; refuses an instance in no group.
+    async fn terminate(&self, host: &Hostname, id: &str) -> Result<String, RestartError> {
+        let answer = self
+            .autoscaling
+            .call(
+                "DescribeAutoScalingInstances",
+                &[("InstanceIds.member.1".to_owned(), id.to_owned())],
+            )
+            .await
+            .map_err(|e| failure(host, "DescribeAutoScalingInstances", e))?;
+        let Some(group) = answer
+            .items(&["DescribeAutoScalingInstancesResult", "AutoScalingInstances"])
+            .find(|member| member.text_at(&["InstanceId"]) == Some(id))
+            .and_then(|member| member.text_at(&["AutoScalingGroupName"]))
+            .map(str::to_owned)
+        else {
+            return Err(RestartError::permanent(
+                host,
+                format!(
+                    "{id} is in no auto scaling group: restarter.ec2.action = \"terminate\" \
+                     terminates only a group's members, which the group replaces"
+                ),
+            ));
+        };
+        self.terminated
+            .lock()
+            .expect("the map is never left poisoned")
+            .insert(id.to_owned(), group.clone());
+        self.autoscaling
+            .call(
+                "TerminateInstanceInAutoScalingGroup",
+                &[
+                    ("InstanceId".to_owned(), id.to_owned()),
+                    (
+                        "ShouldDecrementDesiredCapacity".to_owned(),
+                        "false".to_owned(),
+                    ),
+                ],
+            )
+            .await
+            .map_err(|e| failure(host, "TerminateInstanceInAutoScalingGroup", e))?;
+        Ok(format!(
+            "TerminateInstanceInAutoScalingGroup {id} in {group} accepted (desired capacity kept)"
+        ))
+    }
+
+    /// Each instance's state and tags (`DescribeInstances` with `params`),
+    /// by id.
+    async fn states(
+        &self,
+        params: &[(String, String)],
+    ) -> Result<HashMap<String, (String, HashMap<String, String>)>, AwsError> {
+        let answer = self.ec2.call("DescribeInstances", params).await?;
+        Ok(instances(&answer))
+    }
+
+    /// `Ok` when `request`'s instance has recovered from the action, else
+    /// what was seen (`verify.probe = "ec2"`).
+    pub(crate) async fn recovered(&self, request: &RestartRequest) -> Result<(), Cause> {
+        let id = request.instance_name.as_str();
+        match self.settings.action {
+            Ec2Action::Reboot | Ec2Action::StopStart => {
+                let answer = self
+                    .ec2
+                    .call(
+                        "DescribeInstanceStatus",
+                        &[
+                            ("InstanceId.1".to_owned(), id.to_owned()),
+                            ("IncludeAllInstances".to_owned(), "true".to_owned()),
+                        ],
+                    )
+                    .await
+                    .map_err(Cause::from_error)?;
+                instance_status_ok(&answer, id)
+            }
+            Ec2Action::Terminate => {
+                let group = self
+                    .terminated
+                    .lock()
+                    .expect("the map is never left poisoned")
+                    .get(id)
+                    .cloned()
+                    .ok_or_else(|| {
+                        Cause::from(format!("{id} was not terminated by this mandrill"))
+                    })?;
+                let answer = self
+                    .autoscaling
+                    .call(
+                        "DescribeAutoScalingGroups",
+                        &[("AutoScalingGroupNames.member.1".to_owned(), group.clone())],
+                    )
+                    .await
+                    .map_err(Cause::from_error)?;
+                group_back_to_capacity(&answer, &group, id)?;
+                self.terminated
+                    .lock()
+                    .expect("the map is never left poisoned")
+                    .remove(id);
+                Ok(())
+            }
+        }
+    }
+
+    /// Starts every instance a stop-start left stopped past its
+    /// start-after time, and removes the tag from those running again.
+    /// Returns when the next such time falls, if one is pending.
+    async fn sweep(&self) -> Result<Option<u64>, AwsError> {
+        let found = self
+            .states(&[
+                ("Filter.1.Name".to_owned(), "tag-key".to_owned()),
+                ("Filter.1.Value.1".to_owned(), START_AFTER_TAG.to_owned()),
+            ])
+            .await?;
+        let now = unix_now();
+        let mut next = None;
+        for (id, (state, tags)) in found {
+            let due = tags
+                .get(START_AFTER_TAG)
+                .and_then(|value| value.parse::<u64>().ok())
+                .unwrap_or(0);
+            if due > now {
+                next = Some(next.map_or(due, |next: u64| next.min(due)));
+                continue;
+            }
+            match state.as_str() {
+                "stopped" => {
+                    self.ec2.call("StartInstances", &instance_ids(&id)).await?;
+                    warn!(instance = %id, "started an instance a stop-start left stopped (the mandrill that stopped it did not start it in time)");
+                }
+                // Still on its way down: started at the next sweep.
+                "stopping" => {
+                    next = Some(now + SWEEP_INTERVAL.as_secs());
+                    continue;
+                }
+                _ => {}
+            }
+            self.ec2
+                .call("DeleteTags", &start_after_tag(&id, None))
+                .await?;
+        }
+        Ok(next)
+    }
+
+    /// The companion: [`Self::sweep`] at once, then again whenever a
+    /// start-after time falls or [`SWEEP_INTERVAL`] passes, until `stop`.
+    pub(crate) async fn start_left_stopped(&self, stop: CancellationToken) {
+        loop {
+            let wait = match self.sweep().await {
+                Ok(Some(due)) => {
+                    Duration::from_secs(due.saturating_sub(unix_now()) + 1).min(SWEEP_INTERVAL)
+                }
+                Ok(None) => SWEEP_INTERVAL,
+                Err(error) => {
+                    warn!(error = %WithCauses(&error), "cannot look for instances a stop-start left stopped");
+                    SWEEP_INTERVAL
+                }
+            };
+            tokio::select! {
+                () = tokio::time::sleep(wait) => {}
+                () = stop.cancelled() => return,
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl Restarter for Ec2Restarter {
+    fn describe(&self, request: &RestartRequest) -> String {
+        let id = request.instance_name.as_str();
+        match self.settings.action {
+            Ec2Action::Reboot => format!("ec2 RebootInstances {id}"),
+            Ec2Action::StopStart => format!(
+                "ec2 StopInstances {id}, then StartInstances after {} stopped",
+                humantime::format_duration(self.settings.stopped_for)
+            ),
+            Ec2Action::Terminate => format!(
+                "autoscaling TerminateInstanceInAutoScalingGroup {id} (desired capacity kept; \
+                 refused outside a group)"
+            ),
+        }
+    }
+
+    async fn restart(
+        &self,
+        request: &RestartRequest,
+        _reservation: Reservation,
+    ) -> Result<Restarted, RestartError> {
+        let id = request.instance_name.as_str();
+        if !is_instance_id(id) {
+            return Err(RestartError::permanent(
+                &request.hostname,
+                format!("{id} is not an EC2 instance id (i- and 8 or 17 hexadecimal digits)"),
+            ));
+        }
+        let host = &request.hostname;
+        let output = match self.settings.action {
+            Ec2Action::Reboot => self
+                .reboot(id)
+                .await
+                .map_err(|e| failure(host, "RebootInstances", e))?,
+            Ec2Action::StopStart => self.stop_start(host, id).await?,
+            Ec2Action::Terminate => self.terminate(host, id).await?,
+        };
+        Ok(Restarted {
+            recovered_after: None,
+            output: Some(output),
+        })
+    }
+}
+
+/// An AWS error as a restart's: transient ones (throttling past the
+/// tries, 5xx, a connection) are retried by the worker, the rest (an
+/// unknown instance, a missing permission: AWS's code is in the message)
+/// are permanent.
+fn failure(host: &Hostname, what: &str, error: AwsError) -> RestartError {
+    let transient = error.is_transient();
+    let cause = Cause::new(what.to_owned(), error);
+    if transient {
+        RestartError::failed(host, cause)
+    } else {
+        RestartError::permanent(host, cause)
+    }
+}
+
+fn instance_ids(id: &str) -> Vec<(String, String)> {
+    vec![("InstanceId.1".to_owned(), id.to_owned())]
+}
+
+/// `CreateTags` (with `due`) or `DeleteTags` (without) of the start-after
+/// tag on `id`.
+fn start_after_tag(id: &str, due: Option<u64>) -> Vec<(String, String)> {
+    let mut params = vec![
+        ("ResourceId.1".to_owned(), id.to_owned()),
+        ("Tag.1.Key".to_owned(), START_AFTER_TAG.to_owned()),
+    ];
+    if let Some(due) = due {
+        params.push(("Tag.1.Value".to_owned(), due.to_string()));
+    }
+    params
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |since| since.as_secs())
+}
+
+#[cfg(test)]
+mod tests;

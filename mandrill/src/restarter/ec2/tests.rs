@@ -1,0 +1,81 @@
+//! The EC2 answers read as moto gave them (`testdata/`).
+
+use super::*;
+use crate::restarter::http::aws::Element;
+
+const STATUS: &str = include_str!("testdata/describe_instance_status.xml");
+const GROUPS: &str = include_str!("testdata/describe_auto_scaling_groups.xml");
+
+#[test]
+fn an_instance_is_recovered_when_running_with_both_statuses_ok() {
+    let answer = Element::parse(STATUS).unwrap();
+    assert!(instance_status_ok(&answer, "i-a8b9faa87f40d49d5").is_ok());
+    let impaired = STATUS.replacen("<status>ok</status>", "<status>initializing</status>", 1);
+    let seen = instance_status_ok(&Element::parse(&impaired).unwrap(), "i-a8b9faa87f40d49d5")
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        seen,
+        "i-a8b9faa87f40d49d5 is running, instance status initializing, system status ok"
+    );
+    let seen = instance_status_ok(&answer, "i-0000000000000000f").unwrap_err();
+    assert!(seen.to_string().contains("no status"), "{seen}");
+}
+
+#[test]
+fn a_group_is_recovered_at_its_desired_capacity_without_the_terminated_member() {
+    let answer = Element::parse(GROUPS).unwrap();
+    // Two in service, two desired, neither of them terminated.
+    assert!(group_back_to_capacity(&answer, "api-asg", "i-0000000000000000f").is_ok());
+    // The terminated instance still listed in service does not count.
+    let seen = group_back_to_capacity(&answer, "api-asg", "i-1ede1b36cedc139c5").unwrap_err();
+    assert_eq!(seen.to_string(), "api-asg has 1 of 2 instances in service");
+    let pending = GROUPS.replacen("InService", "Pending", 1);
+    let seen =
+        group_back_to_capacity(&Element::parse(&pending).unwrap(), "api-asg", "i-x").unwrap_err();
+    assert_eq!(seen.to_string(), "api-asg has 1 of 2 instances in service");
+    assert!(group_back_to_capacity(&answer, "other", "i-x").is_err());
+}
+
+#[test]
+fn only_instance_ids_are_acted_on() {
+    assert!(is_instance_id("i-0abc1234def567890"));
+    assert!(is_instance_id("i-1234abcd"));
+    for name in [
+        "web-1",
+        "i-",
+        "i-0ABC1234DEF567890",
+        "i-0abc1234def56789",
+        "x-1234abcd",
+    ] {
+        assert!(!is_instance_id(name), "{name}");
+    }
+}
+
+#[test]
+fn the_start_after_tag_is_written_with_a_time_and_removed_without() {
+    assert_eq!(
+        start_after_tag("i-1234abcd", Some(42)),
+        [
+            ("ResourceId.1".to_owned(), "i-1234abcd".to_owned()),
+            ("Tag.1.Key".to_owned(), START_AFTER_TAG.to_owned()),
+            ("Tag.1.Value".to_owned(), "42".to_owned()),
+        ]
+    );
+    assert_eq!(start_after_tag("i-1234abcd", None).len(), 2);
+}
+
+#[test]
+fn a_stop_start_waits_for_the_stop_and_the_time_stopped() {
+    let settings = Ec2Settings {
+        action: Ec2Action::StopStart,
+        stopped_for: Duration::from_secs(60),
+        stop_timeout: Duration::from_secs(600),
+        call_timeout: Duration::from_secs(20),
+        ..Ec2Settings::default()
+    };
+    assert_eq!(
+        settings.longest_restart(),
+        Duration::from_secs(300 + 600 + 60)
+    );
+}

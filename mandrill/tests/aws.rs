@@ -1,0 +1,620 @@
+//! mandrill on AWS through the real binary, against a private moto server
+//! (`services/moto.rs`), checked from outside with boto3
+//! (`services/ec2_fleet.py`): the fleet from EC2 tags and Auto Scaling
+//! groups; reboot, stop-start and terminate with recovery judged by EC2;
+//! an instance left stopped by a mandrill killed with SIGKILL started by
+//! the next one; throttling answered by a proxy and retried; a campaign
+//! over an EC2 group; signatures and IAM checked by moto. One file past
+//! 400 lines: every test shares the moto fleet, the configuration and the
+//! helpers.
+
+mod services;
+mod support;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use mandrill::Status;
+use serde_json::Value;
+use services::moto::{ENV, Moto, parse};
+use support::{Mandrill, history, mandrill, sqlite_url, temp_dir};
+
+/// A calendar open at all times: with a real backend the default is
+/// Mon–Fri 09:00–15:00 UTC.
+const ALWAYS_OPEN: &str = "[safety.calendar]\n\
+    weekdays = [\"mon\", \"tue\", \"wed\", \"thu\", \"fri\", \"sat\", \"sun\"]\n\
+    hours = [\"00:00-24:00\"]\n";
+
+/// A configuration with the ec2 restarter at `endpoint` doing `action`,
+/// verified by EC2, with `more` (an inventory, say) appended.
+fn config(dir: &Path, endpoint: &str, action: &str, more: &str) -> String {
+    let db = sqlite_url(dir);
+    let text = format!(
+        "[broker]\nurl = {db:?}\n\n[store]\nurl = {db:?}\n\n\
+         [worker]\nrestart_timeout = \"2m\"\n\n\
+         [restarter]\nkind = \"ec2\"\n\n\
+         [restarter.ec2]\nendpoint_url = {endpoint:?}\naction = {action:?}\n\
+         stopped_for = \"3s\"\nstop_timeout = \"5s\"\npoll_interval = \"100ms\"\ncall_timeout = \"5s\"\n\n\
+         [verify]\nprobe = \"ec2\"\ninitial_delay = \"0s\"\ninterval = \"200ms\"\ntimeout = \"30s\"\n\n\
+         [safety]\nallow = [\"i-*\"]\n# Not about signing: unsigned requests.\nrequire_signed = false\n\n\
+         {ALWAYS_OPEN}\n{more}"
+    );
+    std::fs::write(dir.join("mandrill.toml"), text).unwrap();
+    db
+}
+
+/// `[inventory.ec2]` at `endpoint`: the instances tagged `chaos = yes`.
+fn inventory(endpoint: &str) -> String {
+    format!(
+        "[inventory.ec2]\nendpoint_url = {endpoint:?}\nfilters = {{ \"tag:chaos\" = [\"yes\"] }}\n\
+         label_tags = [\"team\"]\n"
+    )
+}
+
+fn publish(dir: &Path, db: &str, instances: &[&str]) {
+    let mut args = vec!["publish", "--broker", db];
+    args.extend_from_slice(instances);
+    let (status, _, stderr) = mandrill(dir, &args, &[]);
+    assert!(status.success(), "publish failed: {stderr}");
+}
+
+/// Runs the service until the queue is empty; its log.
+fn run_until_idle(dir: &Path) -> Vec<Value> {
+    let service = Mandrill::run_with_env(
+        dir,
+        &["--config", "mandrill.toml", "--until-idle", "--unleash"],
+        ENV,
+    );
+    let (status, lines) = service.wait_exit();
+    assert!(status.success(), "run failed: {lines:?}");
+    lines
+}
+
+fn entry(db: &str, instance: &str) -> mandrill::HistoryEntry {
+    history(db)
+        .into_iter()
+        .find(|entry| entry.instance_name.as_deref() == Some(instance))
+        .unwrap_or_else(|| panic!("{instance} is not in the history"))
+}
+
+fn ids(value: &Value) -> Vec<String> {
+    value
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|id| id.as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[test]
+fn the_inventory_lists_tagged_instances_and_auto_scaling_members_with_their_groups_and_zones() {
+    let moto = Moto::start();
+    let web = ids(&moto.fleet(&[
+        "run",
+        "us-east-1a",
+        "2",
+        "chaos=yes",
+        "chaos-group=web",
+        "team=payments",
+        "db-password=hunter2",
+    ]));
+    let lone = ids(&moto.fleet(&["run", "us-east-1c", "1", "chaos=yes"]));
+    let untagged = ids(&moto.fleet(&["run", "us-east-1a", "1", "chaos=no", "chaos-group=web"]));
+    let members = ids(&moto.fleet(&["group", "api-asg", "us-east-1b", "2"]));
+    let (_guard, dir) = temp_dir();
+    config(
+        &dir,
+        &moto.endpoint(),
+        "reboot",
+        &inventory(&moto.endpoint()),
+    );
+
+    let (status, stdout, stderr) = mandrill(
+        &dir,
+        &["inventory", "--json", "--config", "mandrill.toml"],
+        ENV,
+    );
+    assert!(status.success(), "inventory failed: {stderr}");
+    assert!(
+        !stdout.contains("hunter2"),
+        "a tag not named is shown: {stdout}"
+    );
+    let shown: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(shown["format"], "ec2");
+    let hosts: BTreeMap<String, &Value> = shown["hosts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|host| (host["name"].as_str().unwrap().to_owned(), host))
+        .collect();
+    assert_eq!(hosts.len(), 5, "{stdout}");
+    assert!(!hosts.contains_key(&untagged[0]));
+    for id in &web {
+        assert_eq!(hosts[id]["group"], "web");
+        assert_eq!(hosts[id]["zone"], "us-east-1a");
+        assert_eq!(hosts[id]["labels"]["team"], "payments");
+        assert!(hosts[id]["address"].as_str().unwrap().starts_with("10."));
+    }
+    for id in &members {
+        assert_eq!(hosts[id]["group"], "api-asg");
+        assert_eq!(hosts[id]["zone"], "us-east-1b");
+        assert_eq!(hosts[id]["labels"]["auto_scaling_group"], "api-asg");
+    }
+    assert!(hosts[&lone[0]]["group"].is_null());
+    assert_eq!(shown["groups"]["web"], 2);
+    assert_eq!(shown["groups"]["api-asg"], 2);
+
+    // The operator asks why: an instance in no group is denied, saying so.
+    let (status, stdout, stderr) = mandrill(
+        &dir,
+        &[
+            "policy",
+            "check",
+            "--json",
+            "--config",
+            "mandrill.toml",
+            &web[0],
+            &lone[0],
+        ],
+        ENV,
+    );
+    assert!(status.success(), "policy check failed: {stderr}");
+    let verdicts: Vec<Value> = stdout
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    assert_eq!(verdicts[0]["group"], "web");
+    assert_eq!(verdicts[0]["inventory"]["verdict"], "allow");
+    assert_eq!(verdicts[0]["inventory"]["zone"], "us-east-1a");
+    assert_eq!(verdicts[1]["inventory"]["verdict"], "deny");
+    assert!(
+        verdicts[1].to_string().contains("no chaos-group tag"),
+        "{}",
+        verdicts[1]
+    );
+}
+
+/// A proxy in front of moto that answers the first `throttle` calls of
+/// `action` on `instance` with EC2's `RequestLimitExceeded` (503),
+/// forwards everything else, and records each call's form.
+struct ThrottlingProxy {
+    endpoint: String,
+    calls: Arc<Mutex<Vec<String>>>,
+    _runtime: tokio::runtime::Runtime,
+}
+
+impl ThrottlingProxy {
+    fn start(upstream: String, action: &'static str, instance: &str, throttle: usize) -> Self {
+        let instance = instance.to_owned();
+        let throttled = move |call: &String| {
+            call.contains(&format!("Action={action}&")) && call.contains(&instance)
+        };
+        // reqwest is built without a default TLS provider.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let calls = Arc::new(Mutex::new(Vec::new()));
+        let listener = runtime
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        let endpoint = format!("http://{}", listener.local_addr().unwrap());
+        let recorded = calls.clone();
+        let client = reqwest::Client::new();
+        let app = axum::Router::new().fallback(
+            move |headers: axum::http::HeaderMap, body: axum::body::Bytes| {
+                let recorded = recorded.clone();
+                let throttled = throttled.clone();
+                let client = client.clone();
+                let upstream = upstream.clone();
+                async move {
+                    let form = String::from_utf8_lossy(&body).into_owned();
+                    let seen = {
+                        let mut calls = recorded.lock().unwrap();
+                        calls.push(form.clone());
+                        calls.iter().filter(|call| throttled(call)).count()
+                    };
+                    if throttled(&form) && seen <= throttle {
+                        return (
+                            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                            "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Response><Errors><Error>\
+                             <Code>RequestLimitExceeded</Code><Message>Request limit exceeded.\
+                             </Message></Error></Errors><RequestID>x</RequestID></Response>"
+                                .to_owned(),
+                        );
+                    }
+                    let mut forward = client.post(&upstream).body(body.to_vec());
+                    for (name, value) in &headers {
+                        if name != "host" && name != "content-length" {
+                            forward = forward.header(name.as_str(), value.as_bytes());
+                        }
+                    }
+                    let answer = forward.send().await.unwrap();
+                    let status =
+                        axum::http::StatusCode::from_u16(answer.status().as_u16()).unwrap();
+                    (status, answer.text().await.unwrap())
+                }
+            },
+        );
+        runtime.spawn(async move { axum::serve(listener, app).await.unwrap() });
+        Self {
+            endpoint,
+            calls,
+            _runtime: runtime,
+        }
+    }
+
+    /// How many calls of `action` mentioned `needle`.
+    fn count(&self, action: &str, needle: &str) -> usize {
+        self.calls
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|call| call.contains(&format!("Action={action}&")) && call.contains(needle))
+            .count()
+    }
+}
+
+#[test]
+fn a_reboot_is_retried_through_throttling_verified_by_ec2_and_an_unknown_instance_is_not_retried() {
+    let moto = Moto::start();
+    let instance = ids(&moto.fleet(&["run", "us-east-1a", "1", "chaos=yes"])).remove(0);
+    let unknown = "i-0000000000000000f";
+    let proxy = ThrottlingProxy::start(moto.endpoint(), "RebootInstances", &instance, 3);
+    let (_guard, dir) = temp_dir();
+    // Without an inventory every instance id is in the group "i" (the
+    // name's default): two restarts of it, not one, per day.
+    let db = config(
+        &dir,
+        &proxy.endpoint,
+        "reboot",
+        "[safety.rate]\ngroup_max = 2\n",
+    );
+    publish(&dir, &db, &[&instance, unknown]);
+
+    let lines = run_until_idle(&dir);
+
+    let rebooted = entry(&db, &instance);
+    assert_eq!(rebooted.status, Status::Restarted, "{rebooted:?}");
+    assert_eq!(
+        rebooted.attempts, 1,
+        "throttling is retried inside the attempt"
+    );
+    assert!(rebooted.recovered_after.is_some(), "{rebooted:?}");
+    // Three throttled, then forwarded; the unknown instance asked once.
+    assert_eq!(proxy.count("RebootInstances", &instance), 4);
+    assert_eq!(proxy.count("RebootInstances", unknown), 1);
+    assert!(proxy.count("DescribeInstanceStatus", &instance) >= 1);
+    let retried = lines
+        .iter()
+        .filter(|line| line["fields"]["message"] == "an aws call is tried again")
+        .count();
+    assert_eq!(retried, 3, "each throttled answer is retried once");
+    // Without an inventory the operator is told what groups become.
+    assert!(
+        lines.iter().any(|line| line["fields"]["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("restarter.kind = \"ec2\" without an inventory"))),
+        "no warning about the group \"i\""
+    );
+
+    let failed = entry(&db, unknown);
+    assert_eq!(failed.status, Status::Failed, "{failed:?}");
+    assert_eq!(failed.attempts, 1, "a permanent refusal is not retried");
+    let error = failed.last_error.unwrap_or_default();
+    assert!(error.contains("InvalidInstanceID.NotFound"), "{error}");
+}
+
+#[test]
+fn a_stop_start_keeps_the_instance_stopped_for_stopped_for_then_ec2_sees_it_recover() {
+    let moto = Moto::start();
+    let instance =
+        ids(&moto.fleet(&["run", "us-east-1a", "1", "chaos=yes", "chaos-group=web"])).remove(0);
+    let (_guard, dir) = temp_dir();
+    let db = config(
+        &dir,
+        &moto.endpoint(),
+        "stop-start",
+        &inventory(&moto.endpoint()),
+    );
+    publish(&dir, &db, &[&instance]);
+    let watch_args = ["watch", instance.as_str(), "100"];
+    let mut watch = moto.fleet_command(&watch_args).spawn().unwrap();
+    // Its first line once it has seen the instance running: it watches
+    // from before the stop.
+    // (Byte by byte: what follows is read with the rest of the output.)
+    let mut first = Vec::new();
+    let mut byte = [0u8];
+    while first.last() != Some(&b'\n') {
+        let read = std::io::Read::read(watch.stdout.as_mut().unwrap(), &mut byte).unwrap();
+        assert_eq!(read, 1, "the watch ended early");
+        first.push(byte[0]);
+    }
+    assert_eq!(
+        String::from_utf8_lossy(&first).trim(),
+        r#"{"watching": "running"}"#
+    );
+
+    run_until_idle(&dir);
+
+    let seen: Value = parse(&watch_args, &watch.wait_with_output().unwrap());
+    let seen_stopped_for = seen["seen_stopped_for"].as_f64().unwrap();
+    // stopped_for is 3s; boto3 looks every 0.1s.
+    assert!(
+        seen_stopped_for >= 2.5,
+        "stopped for {seen_stopped_for}s only"
+    );
+    let restarted = entry(&db, &instance);
+    assert_eq!(restarted.status, Status::Restarted, "{restarted:?}");
+    assert!(restarted.recovered_after.is_some(), "{restarted:?}");
+    let state = moto.fleet(&["state", &instance]);
+    assert_eq!(state["state"], "running");
+    assert!(
+        state["tags"].get("mandrill:start-after").is_none(),
+        "{state}"
+    );
+}
+
+#[test]
+fn an_instance_left_stopped_by_a_mandrill_killed_with_sigkill_is_started_by_the_next_one() {
+    let moto = Moto::start();
+    let instance = ids(&moto.fleet(&["run", "us-east-1a", "1", "chaos=yes"])).remove(0);
+    let (_guard, dir) = temp_dir();
+    let db = config(&dir, &moto.endpoint(), "stop-start", "");
+    // Stopped long enough to be killed meanwhile.
+    let text = std::fs::read_to_string(dir.join("mandrill.toml"))
+        .unwrap()
+        .replace("stopped_for = \"3s\"", "stopped_for = \"20s\"")
+        .replace("restart_timeout = \"2m\"", "restart_timeout = \"5m\"")
+        .replace("stop_timeout = \"5s\"", "stop_timeout = \"2s\"");
+    std::fs::write(dir.join("mandrill.toml"), text).unwrap();
+    publish(&dir, &db, &[&instance]);
+    let service = Mandrill::run_with_env(&dir, &["--config", "mandrill.toml", "--unleash"], ENV);
+    let stopped = moto.fleet(&["wait", &instance, "stopped", "60"]);
+    service.signal("KILL");
+    let (status, _) = service.wait_exit();
+    assert!(!status.success());
+    assert_eq!(
+        stopped["tags"]["mandrill:start-after"]
+            .as_str()
+            .map(str::len),
+        Some(10)
+    );
+    assert_eq!(moto.fleet(&["state", &instance])["state"], "stopped");
+
+    // The next mandrill shares nothing with the first but the fleet: its
+    // own store and queue.
+    let (_other_guard, other) = temp_dir();
+    std::fs::copy(dir.join("mandrill.toml"), other.join("mandrill.toml")).unwrap();
+    let text = std::fs::read_to_string(other.join("mandrill.toml"))
+        .unwrap()
+        .replace(&sqlite_url(&dir), &sqlite_url(&other));
+    std::fs::write(other.join("mandrill.toml"), text).unwrap();
+    let next = Mandrill::run_with_env(&other, &["--config", "mandrill.toml"], ENV);
+    moto.fleet(&["wait", &instance, "running", "120"]);
+    next.wait_for(
+        "started an instance a stop-start left stopped (the mandrill that stopped it did not start it in time)",
+        1,
+    );
+    let deadline = std::time::Instant::now() + support::DEADLINE;
+    while moto.fleet(&["state", &instance])["tags"]
+        .get("mandrill:start-after")
+        .is_some()
+    {
+        assert!(std::time::Instant::now() < deadline, "the tag stays");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    next.signal("TERM");
+    let (status, _) = next.wait_exit();
+    assert!(status.success());
+}
+
+#[test]
+fn terminate_replaces_a_group_member_and_refuses_an_instance_in_no_group() {
+    let moto = Moto::start();
+    let members = ids(&moto.fleet(&["group", "api-asg", "us-east-1b", "2"]));
+    let lone =
+        ids(&moto.fleet(&["run", "us-east-1a", "1", "chaos=yes", "chaos-group=web"])).remove(0);
+    let (_guard, dir) = temp_dir();
+    let db = config(
+        &dir,
+        &moto.endpoint(),
+        "terminate",
+        &inventory(&moto.endpoint()),
+    );
+    publish(&dir, &db, &[&members[0], &lone]);
+
+    run_until_idle(&dir);
+
+    let terminated = entry(&db, &members[0]);
+    assert_eq!(terminated.status, Status::Restarted, "{terminated:?}");
+    assert!(terminated.recovered_after.is_some(), "{terminated:?}");
+    let old = moto.fleet(&["state", &members[0]]);
+    assert!(
+        matches!(old["state"].as_str(), Some("terminated" | "shutting-down")),
+        "{old}"
+    );
+    let group = moto.fleet(&["describe-group", "api-asg"]);
+    assert_eq!(group["desired"], 2);
+    let in_service = ids(&group["in_service"]);
+    assert_eq!(in_service.len(), 2, "{group}");
+    assert!(!in_service.contains(&members[0]), "{group}");
+
+    let refused = entry(&db, &lone);
+    assert_eq!(refused.status, Status::Failed, "{refused:?}");
+    assert_eq!(refused.attempts, 1);
+    let error = refused.last_error.unwrap_or_default();
+    assert!(error.contains("in no auto scaling group"), "{error}");
+    assert_eq!(moto.fleet(&["state", &lone])["state"], "running");
+}
+
+/// A game day on EC2 as on any fleet: `campaign start --group web
+/// --percent 50`, signed, over the group the inventory reads from tags,
+/// paced by the budget per zone (one instance of an availability zone at
+/// a time; no daily rate limit), each reboot judged by EC2, and `wait`
+/// exits 0.
+#[test]
+fn a_campaign_over_a_tagged_group_reboots_half_of_it_and_wait_sees_each_recovered() {
+    let moto = Moto::start();
+    let mut web = ids(&moto.fleet(&["run", "us-east-1a", "2", "chaos=yes", "chaos-group=web"]));
+    web.extend(ids(&moto.fleet(&[
+        "run",
+        "us-east-1b",
+        "2",
+        "chaos=yes",
+        "chaos-group=web",
+    ])));
+    let (_guard, dir) = temp_dir();
+    let (status, _, stderr) = mandrill(&dir, &["keygen", "chaos"], &[]);
+    assert!(status.success(), "{stderr}");
+    let db = config(
+        &dir,
+        &moto.endpoint(),
+        "reboot",
+        &format!(
+            "{}\n[safety.rate]\ngroup_max = 0\n\n\
+             [safety.budget]\nmax_disrupted_per_zone = 1\nretry = \"100ms\"\n\n\
+             [[requesters]]\nname = \"chaos\"\npublic_key_file = \"chaos.pub\"\nallow = [\"i-*\"]\n",
+            inventory(&moto.endpoint())
+        ),
+    );
+    // Signed requests only (the default with a real backend).
+    let text = std::fs::read_to_string(dir.join("mandrill.toml"))
+        .unwrap()
+        .replace("require_signed = false\n", "");
+    std::fs::write(dir.join("mandrill.toml"), text).unwrap();
+    let (status, out, stderr) = mandrill(
+        &dir,
+        &[
+            "campaign",
+            "start",
+            "--group",
+            "web",
+            "--percent",
+            "50",
+            "--as",
+            "chaos",
+            "--key-file",
+            "chaos.key",
+            "--config",
+            "mandrill.toml",
+        ],
+        ENV,
+    );
+    assert!(status.success(), "{out}{stderr}");
+    let chosen: Vec<String> = out
+        .lines()
+        .filter(|line| line.starts_with("  "))
+        .map(|line| line.split_whitespace().next().unwrap().to_owned())
+        .collect();
+    assert_eq!(chosen.len(), 2, "{out}");
+    assert!(chosen.iter().all(|id| web.contains(id)), "{out}");
+    let campaign = out.lines().last().unwrap().to_owned();
+
+    let waiter = {
+        let (dir, campaign) = (dir.clone(), campaign.clone());
+        std::thread::spawn(move || {
+            mandrill(
+                &dir,
+                &[
+                    "wait",
+                    &campaign,
+                    "--timeout",
+                    "120s",
+                    "--config",
+                    "mandrill.toml",
+                ],
+                ENV,
+            )
+        })
+    };
+    run_until_idle(&dir);
+    let (status, waited, stderr) = waiter.join().unwrap();
+    assert_eq!(status.code(), Some(0), "{waited}{stderr}");
+    assert!(waited.ends_with("verdict: succeeded\n"), "{waited}");
+    for id in &chosen {
+        let rebooted = entry(&db, id);
+        assert_eq!(rebooted.status, Status::Restarted, "{rebooted:?}");
+        assert_eq!(rebooted.requested_by.as_deref(), Some("chaos"));
+        assert!(rebooted.recovered_after.is_some(), "{rebooted:?}");
+    }
+    assert_eq!(history(&db).len(), 2);
+}
+
+/// With moto checking signatures and IAM policies: keys read from a
+/// profile of the shared credentials file sign calls moto accepts (the
+/// inventory reads), and a permission the policy lacks fails the reboot
+/// once, permanently, with AWS's code; the secret is never logged.
+#[test]
+fn a_profile_from_the_credentials_file_signs_and_a_missing_permission_fails_once_with_its_code() {
+    // Five unchecked calls: the two that launch the instance, the three
+    // that make the user.
+    let moto = Moto::start_with(&[("INITIAL_NO_AUTH_ACTION_COUNT", "5")]);
+    let instance =
+        ids(&moto.fleet(&["run", "us-east-1a", "1", "chaos=yes", "chaos-group=web"])).remove(0);
+    let keys = moto.fleet(&[
+        "user",
+        "chaos",
+        "ec2:DescribeInstances",
+        "ec2:DescribeInstanceStatus",
+    ]);
+    let (id, secret) = (
+        keys["id"].as_str().unwrap(),
+        keys["secret"].as_str().unwrap(),
+    );
+    let (_guard, dir) = temp_dir();
+    let credentials = dir.join("credentials");
+    std::fs::write(
+        &credentials,
+        format!(
+            "[default]\naws_access_key_id = AKIDNOTTHISONE\naws_secret_access_key = wrong\n\n\
+             [chaos]\naws_access_key_id = {id}\naws_secret_access_key = {secret}\n"
+        ),
+    )
+    .unwrap();
+    let credentials = credentials.display().to_string();
+    let home = dir.display().to_string();
+    let env = [
+        ("AWS_ACCESS_KEY_ID", ""),
+        ("AWS_SECRET_ACCESS_KEY", ""),
+        ("AWS_SHARED_CREDENTIALS_FILE", credentials.as_str()),
+        ("AWS_PROFILE", "chaos"),
+        ("AWS_REGION", services::moto::REGION),
+        ("HOME", home.as_str()),
+    ];
+    let db = config(
+        &dir,
+        &moto.endpoint(),
+        "reboot",
+        &inventory(&moto.endpoint()),
+    );
+
+    let (status, stdout, stderr) = mandrill(
+        &dir,
+        &["inventory", "--json", "--config", "mandrill.toml"],
+        &env,
+    );
+    assert!(status.success(), "inventory failed: {stderr}");
+    assert!(stdout.contains(&instance), "{stdout}");
+
+    publish(&dir, &db, &[&instance]);
+    let service = Mandrill::run_with_env(
+        &dir,
+        &["--config", "mandrill.toml", "--until-idle", "--unleash"],
+        &env,
+    );
+    let (status, lines) = service.wait_exit();
+    assert!(status.success());
+    let log = serde_json::to_string(&lines).unwrap();
+    assert!(!log.contains(secret), "the secret is logged");
+    let refused = entry(&db, &instance);
+    assert_eq!(refused.status, Status::Failed, "{refused:?}");
+    assert_eq!(refused.attempts, 1, "a missing permission is not retried");
+    let error = refused.last_error.unwrap_or_default();
+    // moto's code for it; AWS's EC2 answers UnauthorizedOperation.
+    assert!(error.contains("AccessDenied"), "{error}");
+    assert!(error.contains("ec2:RebootInstances"), "{error}");
+}
