@@ -511,12 +511,30 @@ fn a_preview_shows_each_targets_deferral_by_the_rate_limit_and_when_it_would_run
         // The second counts the first as restarted before it.
         assert!(
             line.contains("deferred by rate limit: group cattle had ")
-                && line.contains(" of its 1 restarts per 1day; a slot frees at ")
+                && line.contains(" of its 1 restart per day; a slot frees at ")
                 && line.contains("at the earliest"),
             "{out}"
         );
     }
     assert!(out.ends_with("preview: nothing recorded, nothing published\n"));
+    // What runs is the store's leash, not the file's `dry_run`: unleashed
+    // by an operator, the preview says nothing of dry runs; leashed, it
+    // says by whom and why.
+    let leash_note = |args: &[&str]| {
+        let (status, _, stderr) = run(&dir, args);
+        assert!(status.success(), "{stderr}");
+        let mut all = vec!["campaign", "start", "--group", "cattle", "--as", "chaos"];
+        all.extend(["--key-file", "chaos.key", "--count", "1", "--preview"]);
+        let (status, _, stderr) = run(&dir, &all);
+        assert!(status.success(), "{stderr}");
+        stderr
+            .lines()
+            .find(|line| line.contains("dry run"))
+            .map(str::to_owned)
+    };
+    assert_eq!(leash_note(&["unleash", "--reason", "game day"]), None);
+    let note = leash_note(&["leash", "--by", "ana", "--reason", "lunch"]).unwrap();
+    assert!(note.contains("leashed (by ana: lunch)"), "{note}");
 }
 
 /// Issue 37's trap: raising `group_max` with SIGHUP left the deferred

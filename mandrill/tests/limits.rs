@@ -167,7 +167,7 @@ fn two_instances_on_one_sqlite_file_issue_exactly_the_rate_limit() {
     );
     assert!(status.success(), "status failed: {stderr}");
     assert!(
-        stdout.contains("group cattle: 5 restarts in the last 1h, 0 hosts disrupted"),
+        stdout.contains("group cattle: 5 restarts in the last hour, 0 hosts disrupted"),
         "{stdout}"
     );
     assert!(

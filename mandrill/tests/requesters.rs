@@ -591,7 +591,7 @@ fn a_requesters_quota_of_two_per_hour_restarts_two_and_defers_the_third() {
     let (status, shown, _) = mandrill(&dir, &["status", "--config", "mandrill.toml"], &[]);
     assert!(status.success());
     assert!(
-        shown.contains("requesters: alice (allow [\"cattle-*\"], 2 per 1h)"),
+        shown.contains("requesters: alice (allow [\"cattle-*\"], 2 per hour)"),
         "{shown}"
     );
     publish_file(&dir, &lines);

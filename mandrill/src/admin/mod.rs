@@ -114,7 +114,7 @@ impl Admin {
                     .context("admin.token is not set, so the kill switch's token is generated")?;
                 info!(
                     path = %path.display(),
-                    "admin token file: POST /api/pause and /api/resume need its token"
+                    "admin token file: the admin API's actions (pause, resume, leash, unleash, a campaign's stop) need its token"
                 );
                 token
             }

@@ -178,9 +178,10 @@ async fn start(config: Config, args: &StartArgs) -> anyhow::Result<()> {
     let count = size.of(group_size);
     if campaign::is_majority(count, group_size) && !args.allow_majority {
         bail!(BadInput(format!(
-            "{count} of group {}'s {group_size} hosts is a majority (more than half); pass \
-             --allow-majority if that is meant",
-            args.group
+            "{count} of group {}'s {} is a majority (more than half); pass --allow-majority \
+             if that is meant",
+            args.group,
+            crate::settings::duration::count(group_size as u64, "host"),
         )));
     }
     let enough = |eligible: &[String], restarting: &str| {
@@ -279,6 +280,12 @@ async fn start(config: Config, args: &StartArgs) -> anyhow::Result<()> {
         start,
     )
     .await;
+    // The leash every instance obeys: the operator's record in the store,
+    // else each one's own (this configuration's).
+    let leash_record = match &reading {
+        Some(reading) => reading.switch().await.ok().and_then(|switch| switch.leash),
+        None => None,
+    };
     if let (Some(reading), None) = (&reading, &store) {
         reading.close().await;
     }
@@ -310,11 +317,18 @@ async fn start(config: Config, args: &StartArgs) -> anyhow::Result<()> {
              pauses are not in these verdicts"
         );
     }
-    if policy.dry_run {
-        eprintln!(
-            "mandrill: note: safety.dry_run is on in this configuration: a service leashed \
-             like it records each target as a dry run and restarts nothing"
-        );
+    match &leash_record {
+        Some(record) if record.leashed => eprintln!(
+            "mandrill: note: the service is leashed (by {}: {}): each target is recorded as a \
+             dry run and nothing is restarted until `mandrill unleash`",
+            record.by, record.reason
+        ),
+        None if policy.dry_run => eprintln!(
+            "mandrill: note: safety.dry_run is on in this configuration and no operator has \
+             unleashed the service in the store: each target is recorded as a dry run and \
+             nothing is restarted until `mandrill unleash --reason …`"
+        ),
+        _ => {}
     }
     if args.preview {
         writeln!(out, "preview: nothing recorded, nothing published")?;

@@ -310,7 +310,7 @@ pub(super) fn status(args: &StatusArgs) -> ExitCode {
                     format!(", groups {:?}", r.groups)
                 };
                 let quota = r.quota.as_ref().map_or_else(String::new, |q| {
-                    format!(", {} per {}", q.max, humantime::format_duration(q.window))
+                    format!(", {} per {}", q.max, crate::settings::duration::per(q.window))
                 });
                 format!("{} (allow {:?}{groups}{quota})", r.name, r.allow)
             })
@@ -510,13 +510,14 @@ pub(super) fn status(args: &StatusArgs) -> ExitCode {
                 }
             )?;
         }
-        let window = humantime::format_duration(config.safety.rate.window);
+        let window = crate::settings::duration::per(config.safety.rate.window);
         for (group, use_) in &usage {
             let budget = budget(group).map_or_else(String::new, |b| format!(" of {b}"));
             writeln!(
                 out,
-                "group {group}: {} restarts in the last {window}, {}{budget} hosts disrupted",
-                use_.restarts, use_.disrupted
+                "group {group}: {} in the last {window}, {}{budget} hosts disrupted",
+                crate::settings::duration::count(use_.restarts, "restart"),
+                use_.disrupted
             )?;
         }
         Ok(())
