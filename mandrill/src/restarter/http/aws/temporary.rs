@@ -7,6 +7,7 @@
 //! [`REFRESH_BEFORE`] their expiry, one fetch at a time. Nothing fetched
 //! here is logged; the token headers are marked sensitive.
 
+use std::future::Future;
 use std::time::Duration;
 
 use reqwest::header::{CONTENT_TYPE, HeaderValue};
@@ -32,36 +33,61 @@ const STS_TIMEOUT: Duration = Duration::from_secs(10);
 /// Largest answer read from STS or the metadata service.
 const MAX_ANSWER_BYTES: usize = 64 * 1024;
 
-/// The credentials fetched last and the source they came from.
-static CACHE: tokio::sync::Mutex<Option<(Source, Credentials)>> =
-    tokio::sync::Mutex::const_new(None);
+/// The process's cache.
+static CACHE: Cache = Cache::new();
 
 /// The credentials `source` (a temporary one) gives in `region`: the
-/// cached ones while fresh, else fetched. A fetch that fails while the
-/// cached ones still work keeps them, saying so.
+/// cached ones while fresh, else fetched.
 pub(super) async fn credentials(source: &Source, region: &str) -> Result<Credentials, String> {
-    let mut cache = CACHE.lock().await;
-    let now = jiff::Timestamp::now();
-    let cached = cache
-        .as_ref()
-        .filter(|(cached_source, _)| cached_source == source)
-        .map(|(_, credentials)| credentials);
-    if let Some(credentials) = cached.filter(|c| is_fresh(c.expires, now)) {
-        return Ok(credentials.clone());
+    CACHE
+        .get(source, jiff::Timestamp::now(), || fetch(source, region))
+        .await
+}
+
+/// The credentials fetched last and the source they came from. A lock
+/// held across the fetch: concurrent calls wait for one fetch rather than
+/// each asking STS or the metadata service.
+struct Cache(tokio::sync::Mutex<Option<(Source, Credentials)>>);
+
+impl Cache {
+    const fn new() -> Self {
+        Self(tokio::sync::Mutex::const_new(None))
     }
-    match fetch(source, region).await {
-        Ok(fetched) => {
-            info!(source = describe(source), expires = ?fetched.expires, "aws credentials fetched");
-            *cache = Some((source.clone(), fetched.clone()));
-            Ok(fetched)
+
+    /// The cached credentials of `source` if fresh at `now`, else those
+    /// `fetch` brings; if it fails while the cached ones still work, those,
+    /// saying so.
+    async fn get<F>(
+        &self,
+        source: &Source,
+        now: jiff::Timestamp,
+        fetch: impl FnOnce() -> F,
+    ) -> Result<Credentials, String>
+    where
+        F: Future<Output = Result<Credentials, String>>,
+    {
+        let mut cache = self.0.lock().await;
+        let cached = cache
+            .as_ref()
+            .filter(|(cached_source, _)| cached_source == source)
+            .map(|(_, credentials)| credentials);
+        if let Some(credentials) = cached.filter(|c| is_fresh(c.expires, now)) {
+            return Ok(credentials.clone());
         }
-        Err(why) => match cached.filter(|c| c.expires.is_some_and(|expires| expires > now)) {
-            Some(still_valid) => {
-                warn!(source = describe(source), error = %why, "aws credentials not refreshed; the cached ones still work");
-                Ok(still_valid.clone())
+        match fetch().await {
+            Ok(fetched) => {
+                info!(source = describe(source), expires = ?fetched.expires, "aws credentials fetched");
+                *cache = Some((source.clone(), fetched.clone()));
+                Ok(fetched)
             }
-            None => Err(why),
-        },
+            Err(why) => match cached.filter(|c| c.expires.is_some_and(|expires| expires > now)) {
+                Some(still_valid) => {
+                    warn!(source = describe(source), error = %why, "aws credentials not refreshed; the cached ones still work");
+                    Ok(still_valid.clone())
+                }
+                None => Err(why),
+            },
+        }
     }
 }
 
@@ -276,62 +302,4 @@ fn instance_credentials(answer: &str) -> Result<Credentials, String> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn an_assume_role_answer_gives_its_keys_token_and_expiry() {
-        let root = Element::parse(
-            r#"<AssumeRoleWithWebIdentityResponse xmlns="https://sts.amazonaws.com/doc/2011-06-15/"><AssumeRoleWithWebIdentityResult><SubjectFromWebIdentityToken>system:serviceaccount:chaos:mandrill</SubjectFromWebIdentityToken><Credentials><SessionToken>FwoGZXIvYXdz</SessionToken><SecretAccessKey>wJalrXUtnFEMI</SecretAccessKey><Expiration>2026-11-28T21:00:00Z</Expiration><AccessKeyId>ASIAEXAMPLE</AccessKeyId></Credentials></AssumeRoleWithWebIdentityResult></AssumeRoleWithWebIdentityResponse>"#,
-        )
-        .unwrap();
-        let found = assumed_role_credentials(&root).unwrap();
-        assert_eq!(found.access_key_id, "ASIAEXAMPLE");
-        assert_eq!(found.session_token, Some(Secret("FwoGZXIvYXdz".into())));
-        assert_eq!(found.expires, Some("2026-11-28T21:00:00Z".parse().unwrap()));
-        let shown = format!("{found:?}");
-        assert!(
-            !shown.contains("wJal") && !shown.contains("FwoG"),
-            "{shown}"
-        );
-        let partial =
-            Element::parse("<R><Credentials><AccessKeyId>A</AccessKeyId></Credentials></R>")
-                .unwrap();
-        assert!(
-            assumed_role_credentials(&partial)
-                .unwrap_err()
-                .contains("SecretAccessKey")
-        );
-    }
-
-    #[test]
-    fn a_metadata_answer_gives_its_keys_and_a_failed_or_foreign_one_is_refused() {
-        let found = instance_credentials(
-            r#"{"Code":"Success","LastUpdated":"2026-11-28T19:00:00Z","Type":"AWS-HMAC","AccessKeyId":"ASIAROLE","SecretAccessKey":"s","Token":"t","Expiration":"2026-11-28T20:00:00Z"}"#,
-        )
-        .unwrap();
-        assert_eq!(found.access_key_id, "ASIAROLE");
-        assert_eq!(found.session_token, Some(Secret("t".into())));
-        let failed = r#"{"Code":"AssumeRoleUnauthorizedAccess","AccessKeyId":"","SecretAccessKey":"","Token":"","Expiration":""}"#;
-        assert!(
-            instance_credentials(failed)
-                .unwrap_err()
-                .contains("AssumeRoleUnauthorizedAccess")
-        );
-        assert!(instance_credentials("<html>").is_err());
-        assert_eq!(instance_role("web-role\n").unwrap(), "web-role");
-        for hostile in ["", "../../user-data", "a role", "<html>"] {
-            assert!(instance_role(hostile).is_err(), "{hostile:?}");
-        }
-    }
-
-    #[test]
-    fn temporary_credentials_are_fetched_again_five_minutes_before_they_expire() {
-        let expires: jiff::Timestamp = "2026-11-28T20:00:00Z".parse().unwrap();
-        let at = |time: &str| time.parse::<jiff::Timestamp>().unwrap();
-        assert!(is_fresh(Some(expires), at("2026-11-28T19:54:59Z")));
-        assert!(!is_fresh(Some(expires), at("2026-11-28T19:55:00Z")));
-        assert!(!is_fresh(Some(expires), at("2026-11-28T20:30:00Z")));
-        assert!(is_fresh(None, at("2026-11-28T20:30:00Z")));
-    }
-}
+mod tests;
