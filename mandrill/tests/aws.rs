@@ -618,3 +618,181 @@ fn a_profile_from_the_credentials_file_signs_and_a_missing_permission_fails_once
     assert!(error.contains("AccessDenied"), "{error}");
     assert!(error.contains("ec2:RebootInstances"), "{error}");
 }
+
+/// An environment in which the chain finds no keys: no key variables, no
+/// profile, shared files that do not exist; `more` added.
+fn without_keys(dir: &Path, more: &[(&str, &str)]) -> Vec<(String, String)> {
+    let absent = |name: &str| dir.join(name).display().to_string();
+    let mut env: Vec<(String, String)> = [
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+        "AWS_PROFILE",
+        "AWS_WEB_IDENTITY_TOKEN_FILE",
+        "AWS_ROLE_ARN",
+        "AWS_ROLE_SESSION_NAME",
+        "AWS_ENDPOINT_URL_STS",
+        "AWS_EC2_METADATA_SERVICE_ENDPOINT",
+        "AWS_EC2_METADATA_SERVICE_ENDPOINT_MODE",
+        "AWS_EC2_METADATA_DISABLED",
+    ]
+    .iter()
+    .map(|name| ((*name).to_owned(), String::new()))
+    .collect();
+    env.extend([
+        ("HOME".to_owned(), absent("no-home")),
+        (
+            "AWS_SHARED_CREDENTIALS_FILE".to_owned(),
+            absent("no-credentials"),
+        ),
+        ("AWS_CONFIG_FILE".to_owned(), absent("no-config")),
+        ("AWS_REGION".to_owned(), services::moto::REGION.to_owned()),
+    ]);
+    env.extend(more.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
+    env
+}
+
+/// Lists the fleet and reboots an instance with the credentials the
+/// chain finds in `env`; all that both commands wrote to standard error,
+/// and the service's log lines.
+fn inventory_and_reboot(moto: &Moto, env: &[(String, String)]) -> (String, Vec<Value>) {
+    let instance =
+        ids(&moto.fleet(&["run", "us-east-1a", "1", "chaos=yes", "chaos-group=web"])).remove(0);
+    let (_guard, dir) = temp_dir();
+    let db = config(
+        &dir,
+        &moto.endpoint(),
+        "reboot",
+        &inventory(&moto.endpoint()),
+    );
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let (status, stdout, stderr) = mandrill(
+        &dir,
+        &["inventory", "--json", "--config", "mandrill.toml"],
+        &env,
+    );
+    assert!(status.success(), "inventory failed: {stderr}");
+    assert!(stdout.contains(&instance), "{stdout}");
+
+    publish(&dir, &db, &[&instance]);
+    let service = Mandrill::run_with_env(
+        &dir,
+        &["--config", "mandrill.toml", "--until-idle", "--unleash"],
+        &env,
+    );
+    let (status, lines) = service.wait_exit();
+    let raw = serde_json::to_string(&lines).unwrap();
+    assert!(status.success(), "run failed: {raw}");
+    let rebooted = entry(&db, &instance);
+    assert_eq!(rebooted.status, Status::Restarted, "{rebooted:?}");
+    assert!(rebooted.recovered_after.is_some(), "{rebooted:?}");
+    (format!("{stderr}\n{raw}"), lines)
+}
+
+/// The source each `aws credentials fetched` line names.
+fn fetched_from(lines: &[Value]) -> Vec<String> {
+    lines
+        .iter()
+        .filter(|line| line["fields"]["message"] == "aws credentials fetched")
+        .map(|line| line["fields"]["source"].as_str().unwrap_or("").to_owned())
+        .collect()
+}
+
+/// On an instance with a role and nothing else: the keys and session
+/// token come from the instance metadata service (IMDSv2, moto's), sign
+/// the inventory and the reboot, and are never logged.
+#[test]
+fn on_an_instance_with_a_role_the_keys_come_from_the_instance_metadata_service_unlogged() {
+    let moto = Moto::start();
+    let (_guard, home) = temp_dir();
+    let env = without_keys(
+        &home,
+        &[("AWS_EC2_METADATA_SERVICE_ENDPOINT", &moto.endpoint())],
+    );
+
+    let (log, lines) = inventory_and_reboot(&moto, &env);
+
+    // Once for the whole run (start-up check, inventory, reboot, probe):
+    // cached until shortly before they expire.
+    let sources = fetched_from(&lines);
+    assert_eq!(sources.len(), 1, "{log}");
+    assert!(
+        sources.iter().all(|s| s == "instance metadata"),
+        "{sources:?}"
+    );
+    for secret in ["test-session-token", "test-secret-key"] {
+        assert!(!log.contains(secret), "{secret} is logged");
+    }
+}
+
+/// On EKS with a service account's role: the token file is exchanged
+/// with STS (moto's, through `AWS_ENDPOINT_URL_STS`) for keys that sign
+/// the inventory and the reboot; the metadata service is not asked (it is
+/// disabled), and neither the token nor the keys are logged.
+#[test]
+fn with_a_web_identity_token_the_role_is_assumed_through_sts_and_nothing_secret_is_logged() {
+    let moto = Moto::start();
+    let (_guard, home) = temp_dir();
+    let token_file = home.join("token");
+    std::fs::write(&token_file, "web-identity-token-not-to-log\n").unwrap();
+    let token_file = token_file.display().to_string();
+    let env = without_keys(
+        &home,
+        &[
+            ("AWS_WEB_IDENTITY_TOKEN_FILE", &token_file),
+            ("AWS_ROLE_ARN", "arn:aws:iam::123456789012:role/chaos"),
+            ("AWS_ENDPOINT_URL_STS", &moto.endpoint()),
+            ("AWS_EC2_METADATA_DISABLED", "true"),
+        ],
+    );
+
+    let (log, lines) = inventory_and_reboot(&moto, &env);
+
+    // Once for the whole run (start-up check, inventory, reboot, probe):
+    // cached until shortly before they expire.
+    let sources = fetched_from(&lines);
+    assert_eq!(sources.len(), 1, "{log}");
+    assert_eq!(sources[0], "web identity");
+    // moto's session tokens all start so.
+    for secret in ["web-identity-token-not-to-log", "FQoGZXIvYXdz"] {
+        assert!(!log.contains(secret), "{secret} is logged");
+    }
+}
+
+/// With no source at all, start-up fails as a configuration error
+/// (exit 2) naming every source tried; with a metadata service that does
+/// not answer (not on EC2), it fails at once naming it.
+#[test]
+fn without_any_source_of_credentials_start_up_fails_naming_every_source_tried() {
+    let (_guard, dir) = temp_dir();
+    config(&dir, "http://127.0.0.1:9", "reboot", "");
+    let env = without_keys(&dir, &[("AWS_EC2_METADATA_DISABLED", "true")]);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let (status, _, stderr) = mandrill(&dir, &["run", "--config", "mandrill.toml"], &env);
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    for source in [
+        "restarter.ec2",
+        "AWS_ACCESS_KEY_ID",
+        "AWS_WEB_IDENTITY_TOKEN_FILE",
+        "profile \"default\"",
+        "no-credentials, absent",
+        "no-config, absent",
+        "instance metadata service (disabled by AWS_EC2_METADATA_DISABLED)",
+    ] {
+        assert!(stderr.contains(source), "{source} not named: {stderr}");
+    }
+
+    // Port 9 (discard) on loopback: nothing listens, as off EC2.
+    let env = without_keys(
+        &dir,
+        &[("AWS_EC2_METADATA_SERVICE_ENDPOINT", "http://127.0.0.1:9")],
+    );
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let (status, _, stderr) = mandrill(&dir, &["run", "--config", "mandrill.toml"], &env);
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("the instance metadata service at http://127.0.0.1:9/")
+            && stderr.contains("not on EC2?"),
+        "{stderr}"
+    );
+}

@@ -71,7 +71,8 @@ impl Ec2Restarter {
         settings
             .validate()
             .map_err(|(key, why)| SettingError::new(format!("{SECTION}.{key}"), why))?;
-        super::http::aws::check_credentials().map_err(|why| SettingError::new(SECTION, why))?;
+        super::http::aws::check_credentials_source()
+            .map_err(|why| SettingError::new(SECTION, why))?;
         // Validated: a region is there.
         let region = settings.region().unwrap_or_default();
         let client = |service, key: &str, endpoint: Option<&String>| {
@@ -96,6 +97,13 @@ impl Ec2Restarter {
             settings: settings.clone(),
             terminated: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// Whether the credentials chain gives credentials now (fetching
+    /// temporary ones from STS or the instance metadata service): for
+    /// start-up, which [`Ec2Restarter::new`] cannot do without a network call.
+    pub(crate) async fn check_credentials(&self) -> Result<(), String> {
+        super::http::aws::check_credentials(&self.settings.region().unwrap_or_default()).await
     }
 
     /// Whether stop-starts may leave instances to start after a crash (the

@@ -259,6 +259,14 @@ impl Service {
         // name: a failure is the configuration's (exit code 2, not retried).
         let BuiltRestarter { restarter, ec2 } = build_restarter(&config)
             .map_err(|error| ConfigError::invalid("restarter", format!("{error:#}")))?;
+        // Temporary AWS credentials are fetched once here, so that a
+        // machine without any fails at start-up rather than at its first
+        // restart.
+        if let Some(ec2) = &ec2 {
+            ec2.check_credentials()
+                .await
+                .map_err(|why| ConfigError::invalid("restarter.ec2", why))?;
+        }
         let pause_file = match &config.safety.pause_file {
             Some(path) => Some(PauseFile::watch(path).map_err(|error| {
                 ConfigError::invalid(

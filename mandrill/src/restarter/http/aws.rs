@@ -1,7 +1,8 @@
 //! A small client for AWS's Query APIs (EC2, Auto Scaling): a form POST
 //! signed with SigV4 (`sigv4.rs`) on the reqwest client this folder owns,
 //! an XML answer (`xml.rs`), credentials from the standard chain
-//! (`credentials.rs`, read at each call). Throttling (`RequestLimitExceeded`,
+//! (`credentials.rs`, its source decided at each call; temporary ones from
+//! STS or the instance metadata service cached in `temporary.rs`). Throttling (`RequestLimitExceeded`,
 //! `Throttling`) and 5xx answers are retried here with a jittered
 //! exponential backoff and, past the tries, are transient; any other AWS
 //! error is returned at once with AWS's code (an unknown instance, a
@@ -18,6 +19,7 @@
 
 mod credentials;
 pub(crate) mod sigv4;
+mod temporary;
 pub(crate) mod xml;
 
 use std::fmt;
@@ -56,6 +58,8 @@ const THROTTLING: &[&str] = &[
 pub(crate) enum Service {
     Ec2,
     AutoScaling,
+    /// Only for `AssumeRoleWithWebIdentity`, which is not signed.
+    Sts,
 }
 
 impl Service {
@@ -63,6 +67,7 @@ impl Service {
         match self {
             Self::Ec2 => "ec2",
             Self::AutoScaling => "autoscaling",
+            Self::Sts => "sts",
         }
     }
 
@@ -70,6 +75,7 @@ impl Service {
         match self {
             Self::Ec2 => "2016-11-15",
             Self::AutoScaling => "2011-01-01",
+            Self::Sts => "2011-06-15",
         }
     }
 
@@ -93,6 +99,10 @@ pub(crate) enum AwsError {
     /// No credentials could be found (permanent until the operator acts).
     #[error("{0}")]
     Credentials(String),
+    /// A source of temporary credentials (STS, the instance metadata
+    /// service) failed or could not be reached: it may answer later.
+    #[error("no AWS credentials: {0}")]
+    CredentialsUnavailable(String),
     /// The call cannot be made as configured (an endpoint, the TLS
     /// provider, a fleet larger than mandrill reads).
     #[error("{0}")]
@@ -133,7 +143,9 @@ impl AwsError {
         match self {
             Self::Credentials(_) | Self::Setup(_) => false,
             Self::Api { code, status, .. } => is_throttling(code) || *status >= 500,
-            Self::Transport { .. } | Self::Unreadable { .. } => true,
+            Self::CredentialsUnavailable(_) | Self::Transport { .. } | Self::Unreadable { .. } => {
+                true
+            }
         }
     }
 }
@@ -216,7 +228,7 @@ impl AwsClient {
         action: &str,
         params: &[(String, String)],
     ) -> Result<Element, AwsError> {
-        let credentials = credentials::from_chain().map_err(AwsError::Credentials)?;
+        let credentials = credentials(&self.region).await?;
         let mut form_params = vec![
             ("Action".to_owned(), action.to_owned()),
             ("Version".to_owned(), self.service.version().to_owned()),
@@ -370,11 +382,30 @@ pub(crate) fn check_endpoint(raw: &str) -> Result<Url, String> {
     Ok(url)
 }
 
-/// Whether the credentials chain finds credentials now: checked at
-/// start-up, so that a service without any fails there, not at its first
-/// restart.
-pub(crate) fn check_credentials() -> Result<(), String> {
-    credentials::from_chain().map(drop)
+/// The credentials the chain gives now, for a call in `region`.
+async fn credentials(region: &str) -> Result<credentials::Credentials, AwsError> {
+    match credentials::source().map_err(AwsError::Credentials)? {
+        credentials::Source::Keys(keys) => Ok(keys),
+        temporary_source => temporary::credentials(&temporary_source, region)
+            .await
+            .map_err(AwsError::CredentialsUnavailable),
+    }
+}
+
+/// Whether the credentials chain names a source: checked when a backend
+/// is built, without a network call.
+pub(crate) fn check_credentials_source() -> Result<(), String> {
+    credentials::source().map(drop)
+}
+
+/// Whether the credentials chain gives credentials now, for a call in
+/// `region` (fetching temporary ones): checked at start-up, so that a
+/// service without any fails there, not at its first restart.
+pub(crate) async fn check_credentials(region: &str) -> Result<(), String> {
+    credentials(region)
+        .await
+        .map(drop)
+        .map_err(|error| error.to_string())
 }
 
 /// The region a section names, else `AWS_REGION`, else
