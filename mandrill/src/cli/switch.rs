@@ -310,7 +310,11 @@ pub(super) fn status(args: &StatusArgs) -> ExitCode {
                     format!(", groups {:?}", r.groups)
                 };
                 let quota = r.quota.as_ref().map_or_else(String::new, |q| {
-                    format!(", {} per {}", q.max, crate::settings::duration::per(q.window))
+                    format!(
+                        ", {} per {}",
+                        q.max,
+                        crate::settings::duration::per(q.window)
+                    )
                 });
                 format!("{} (allow {:?}{groups}{quota})", r.name, r.allow)
             })
