@@ -15,7 +15,7 @@ pub(super) fn render(html: &mut String, campaigns: Result<&[Judged], &str>, look
             let _ = write!(
                 html,
                 "<p id=\"no-campaigns\">No campaign started in the last {}.</p>",
-                humantime::format_duration(lookback)
+                crate::settings::duration::per(lookback)
             );
             return;
         }

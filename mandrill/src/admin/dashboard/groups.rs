@@ -99,7 +99,7 @@ pub(super) fn render(
         "<table id=\"groups\"><tr><th>group</th><th>hosts</th><th>state</th>\
          <th>restarts in the last {}</th><th>disrupted</th><th>recovery</th>\
          <th>objective</th><th></th></tr>",
-        humantime::format_duration(window)
+        crate::settings::duration::per(window)
     );
     for group in groups {
         let name = escape(&group.name);
