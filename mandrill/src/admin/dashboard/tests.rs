@@ -276,7 +276,10 @@ fn a_group_shows_who_paused_it_and_why_its_objective_and_its_button() {
         "<button type=\"button\" data-post=\"/api/resume\" data-group=\"&lt;web&gt;\">Resume"
     ));
     assert!(html.contains("data-post=\"/api/pause\" data-group=\"db\">Pause"));
-    assert!(html.contains("<th>restarts in the last hour</th>"), "{html}");
+    assert!(
+        html.contains("<th>restarts in the last hour</th>"),
+        "{html}"
+    );
     let unknown = render(&Page {
         groups: Err("the store did not answer"),
         ..page(&stats, &running)
