@@ -162,6 +162,18 @@ async fn status(Shared(state): Shared<Arc<State>>, headers: HeaderMap) -> Respon
         Ok((pauses, judged)) => (Some(pauses), Some(judged)),
         Err(_) => (None, None),
     };
+    // The copy this instance decides with, and why the last read was not
+    // taken (a source answering nothing, or a drop past max_drop).
+    let inventory = state.policy.current().inventory.as_ref().map(|handle| {
+        let current = handle.current();
+        json!({
+            "source": current.as_ref().map(|s| s.source.clone()),
+            "hosts": current.as_ref().map_or(0, |s| s.inventory.len()),
+            "age_seconds": current.as_ref().map(|s| s.age().as_secs()),
+            "refresh_failures": handle.failures(),
+            "last_error": handle.last_error(),
+        })
+    });
     json(
         StatusCode::OK,
         json!({
@@ -172,6 +184,7 @@ async fn status(Shared(state): Shared<Arc<State>>, headers: HeaderMap) -> Respon
             "switch": switch,
             "group_pauses": group_pauses,
             "recovery_objectives": recovery,
+            "inventory": inventory,
             "ready": not_ready(&state).await.is_none(),
             "shutting_down": state.shutdown.is_requested(),
             "store": if stats.store_down == 0 { "up" } else { "down" },

@@ -334,3 +334,47 @@ async fn a_campaign_is_stopped_with_the_pause_endpoints_token_and_body() {
     let bad = campaigns::stop(Shared(state), Path("nope".into()), headers, Bytes::new());
     assert_eq!(bad.await.status(), StatusCode::BAD_REQUEST);
 }
+
+/// `/api/status` says which inventory copy the instance decides with and
+/// why the last read was not taken: a refresh that lost most of the fleet
+/// is refused, and the operator sees it there, not only in the log.
+#[tokio::test]
+async fn status_shows_a_refused_inventory_refresh() {
+    use crate::inventory::{InventoryHandle, InventorySettings, Source, load};
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("hosts.toml");
+    let hosts = |n: usize| {
+        (1..=n)
+            .map(|i| format!("[[hosts]]\nname = \"web-{i}\"\ngroup = \"web\"\n"))
+            .collect::<String>()
+    };
+    let settings = InventorySettings {
+        file: Some(file.clone()),
+        ..InventorySettings::default()
+    };
+    let source = Source::of(&settings).unwrap();
+    std::fs::write(&file, hosts(10)).unwrap();
+    let handle = InventoryHandle::new(load(&source, &settings).await.unwrap(), &source, &settings);
+    std::fs::write(&file, hosts(2)).unwrap();
+    handle.refresh(&source, &settings).await;
+    let memory = Arc::new(MemoryBroker::new(
+        Duration::from_secs(30),
+        Duration::from_millis(10),
+    ));
+    let mut state = state(memory);
+    state.policy = crate::safety::PolicyHandle::new(crate::safety::Policy {
+        inventory: Some(handle),
+        ..crate::safety::Policy::default()
+    });
+    let (code, body) = text(status(Shared(Arc::new(state)), HeaderMap::new()).await).await;
+    assert_eq!(code, StatusCode::OK);
+    let json: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let inventory = &json["inventory"];
+    assert_eq!(inventory["hosts"], 10, "{json}");
+    assert_eq!(inventory["refresh_failures"], 1, "{json}");
+    let why = inventory["last_error"].as_str().unwrap();
+    assert!(
+        why.contains("lists 2 hosts where the copy in force has 10"),
+        "{why}"
+    );
+}
