@@ -67,6 +67,7 @@ pub(super) fn main(args: &ScheduleArgs) -> ExitCode {
         for scheduled in &schedules {
             let plan = &scheduled.plan;
             let slots = plan.slots(calendar.as_ref(), from, until);
+            let candidates = scheduled.candidates(&policy);
             if !args.json {
                 writeln!(
                     out,
@@ -83,7 +84,12 @@ pub(super) fn main(args: &ScheduleArgs) -> ExitCode {
                 )?;
             }
             for slot in slots {
-                let victim = scheduled.victim(&policy, &slot, &busy, &domain);
+                let victim = candidates
+                    .as_ref()
+                    .map_err(Clone::clone)
+                    .and_then(|candidates| {
+                        scheduled.victim_among(candidates, &policy, &slot, &busy, &domain)
+                    });
                 let local = calendar
                     .as_ref()
                     .map_or_else(|| slot.at.to_string(), |c| c.local(slot.at));

@@ -272,6 +272,14 @@ impl Inventory {
         hosts
     }
 
+    /// The hosts whose group is `group`, in no order (no sort: a
+    /// schedule's draw orders them itself).
+    pub(crate) fn in_group<'a>(&'a self, group: &'a str) -> impl Iterator<Item = &'a Arc<Host>> {
+        self.hosts
+            .values()
+            .filter(move |host| host.group.as_deref() == Some(group))
+    }
+
     /// How many hosts it lists.
     pub(crate) fn len(&self) -> usize {
         self.hosts.len()

@@ -16,10 +16,14 @@
 //! mean costs at most an hour's draws at a time.
 //!
 //! Randomness: every draw is SHA-256 of the seed and what the draw is for
-//! (the schedule, the hour, the draw's index; the slot and a host), so that
-//! it is the same on every instance and in every version, with no generator
-//! state to share.
+//! (the schedule, the hour, the draw's index; a host, a slot), so that it
+//! is the same on every instance and in every version that keeps the
+//! scheme, with no generator state to share. A victim's score mixes its
+//! host's digest with its slot's (one digest per host and one per slot,
+//! not one per pair: a week over 90,000 hosts stays well under a second).
 
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -252,36 +256,75 @@ impl Plan {
     }
 
     /// The victim of `slot` among `hosts` (the group's hosts in the
-    /// inventory): each host gets a score from the seed, the slot and its
-    /// name, and the lowest-scored one `eligible` admits is chosen. Every
-    /// instance ranks alike, and a host joining or leaving the group does
-    /// not reorder the others.
+    /// inventory): see [`Self::victim_among`]; keys every host first.
     pub fn victim<'a>(
         &self,
         slot: &Slot,
         hosts: impl IntoIterator<Item = &'a str>,
-        mut eligible: impl FnMut(&str) -> bool,
+        eligible: impl FnMut(&str) -> bool,
     ) -> Option<String> {
-        let mut ranked: Vec<(u64, &str)> = hosts
-            .into_iter()
-            .map(|host| (self.score(slot, host), host))
-            .collect();
-        ranked.sort_unstable();
-        ranked
-            .into_iter()
-            .map(|(_, host)| host)
-            .find(|host| eligible(host))
-            .map(str::to_owned)
+        let keyed: Vec<(u64, &str)> = hosts.into_iter().map(|h| (self.key(h), h)).collect();
+        self.victim_among(slot, &keyed, |host| *host, eligible)
+            .map(|host| (*host).to_owned())
     }
 
-    fn score(&self, slot: &Slot, host: &str) -> u64 {
+    /// A host's key, from the seed, the schedule and its name: computed
+    /// once per host and inventory, not per slot (a digest per host and
+    /// slot made a week's preview over 90,000 hosts take seconds).
+    pub fn key(&self, host: &str) -> u64 {
         let digest = Sha256::new()
             .chain_update(self.key)
             .chain_update(b"victim\0")
             .chain_update(self.name.as_bytes())
             .chain_update([0])
-            .chain_update(slot.at.as_millisecond().to_be_bytes())
             .chain_update(host.as_bytes())
+            .finalize();
+        u64::from_be_bytes(digest[..8].try_into().expect("8 of 32 bytes"))
+    }
+
+    /// The victim of `slot` among `keyed` hosts (each with its
+    /// [`key`](Self::key)): each host's score mixes its key with the
+    /// slot's, and the lowest-scored one `eligible` admits is chosen. Every
+    /// instance ranks alike, and a host joining or leaving the group does
+    /// not reorder the others. The lowest is one pass (usually it is
+    /// eligible); past it, the rest are ranked with a heap, never a sort of
+    /// the whole group per slot.
+    pub fn victim_among<'a, T>(
+        &self,
+        slot: &Slot,
+        keyed: &'a [(u64, T)],
+        name: impl Fn(&T) -> &str,
+        mut eligible: impl FnMut(&str) -> bool,
+    ) -> Option<&'a T> {
+        let mix = self.slot_key(slot);
+        let ranked = keyed
+            .iter()
+            .enumerate()
+            .map(|(i, (key, host))| (fmix64(key ^ mix), name(host), i));
+        let (_, host, lowest) = ranked.clone().min()?;
+        if eligible(host) {
+            return Some(&keyed[lowest].1);
+        }
+        let mut rest: BinaryHeap<_> = ranked
+            .filter(|(_, _, i)| *i != lowest)
+            .map(Reverse)
+            .collect();
+        while let Some(Reverse((_, host, i))) = rest.pop() {
+            if eligible(host) {
+                return Some(&keyed[i].1);
+            }
+        }
+        None
+    }
+
+    /// The slot's part of every host's score.
+    fn slot_key(&self, slot: &Slot) -> u64 {
+        let digest = Sha256::new()
+            .chain_update(self.key)
+            .chain_update(b"victim slot\0")
+            .chain_update(self.name.as_bytes())
+            .chain_update([0])
+            .chain_update(slot.at.as_millisecond().to_be_bytes())
             .finalize();
         u64::from_be_bytes(digest[..8].try_into().expect("8 of 32 bytes"))
     }
@@ -300,6 +343,17 @@ impl Plan {
         let bits = u64::from_be_bytes(digest[..8].try_into().expect("8 of 32 bytes")) >> 11;
         bits as f64 / (1u64 << 53) as f64
     }
+}
+
+/// MurmurHash3's 64-bit finalizer: a bijection whose every output bit
+/// depends on every input bit, so keys XORed with one slot's key are
+/// ordered afresh for each slot.
+fn fmix64(mut x: u64) -> u64 {
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    x ^ (x >> 33)
 }
 
 /// The bucket `at` falls in.

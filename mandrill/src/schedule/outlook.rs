@@ -77,6 +77,7 @@ impl Outlook {
             .iter()
             .map(|scheduled| {
                 let plan = &scheduled.plan;
+                let candidates = scheduled.candidates(policy).ok();
                 let mut after = now;
                 let mut next = Vec::new();
                 while next.len() < NEXT_SHOWN {
@@ -84,7 +85,11 @@ impl Outlook {
                         break;
                     };
                     after = slot.at;
-                    let victim = scheduled.victim(policy, &slot, &busy, &self.domain).ok();
+                    let victim = candidates.as_ref().and_then(|candidates| {
+                        scheduled
+                            .victim_among(candidates, policy, &slot, &busy, &self.domain)
+                            .ok()
+                    });
                     next.push(PlannedSlot {
                         at: slot.at.to_string(),
                         local: calendar.map_or_else(|| slot.at.to_string(), |c| c.local(slot.at)),

@@ -17,6 +17,7 @@ use tracing::{debug, info, warn};
 use super::{Plan, Slot};
 use crate::broker::Broker;
 use crate::domain::{Domain, Hostname, InstanceName, RestartRequest, SigningKey};
+use crate::inventory::Host;
 use crate::safety::{Clock, Policy, PolicyHandle};
 use crate::store::Store;
 
@@ -43,6 +44,12 @@ const RECENT_REQUESTS: usize = 500;
 /// lateness bound.
 const PUBLISH_RETRY: Duration = Duration::from_secs(1);
 
+/// A schedule's group in one inventory copy, each host with its
+/// [`Plan::key`]: read once for every slot drawn from that copy.
+pub(crate) struct Candidates {
+    keyed: Vec<(u64, Arc<Host>)>,
+}
+
 /// A schedule ready to run: its plan, and who its requests are signed as.
 #[derive(Clone)]
 pub(crate) struct Scheduled {
@@ -59,6 +66,29 @@ impl Scheduled {
         self.signer.as_ref().map(|(name, _)| name.as_str())
     }
 
+    /// The group's hosts in the inventory `policy` holds now, each keyed
+    /// for the draw; else why there are none.
+    pub(crate) fn candidates(&self, policy: &Policy) -> Result<Candidates, String> {
+        let plan = &self.plan;
+        let inventory = policy
+            .inventory
+            .as_ref()
+            .ok_or("no [inventory]: a schedule draws its victims from it")?;
+        let snapshot = inventory.fresh().map_err(|lookup| lookup.reason)?;
+        let keyed: Vec<(u64, Arc<Host>)> = snapshot
+            .inventory
+            .in_group(&plan.group)
+            .map(|host| (plan.key(&host.name), Arc::clone(host)))
+            .collect();
+        if keyed.is_empty() {
+            return Err(format!(
+                "group {} has no host in the inventory ({})",
+                plan.group, snapshot.source
+            ));
+        }
+        Ok(Candidates { keyed })
+    }
+
     /// The request for `slot`'s victim under `policy`: the first of the
     /// group's hosts, in the slot's own random order, that the inventory
     /// places, `safety.allow`/`deny` and the signing requester admit, and
@@ -70,51 +100,51 @@ impl Scheduled {
         busy: &HashSet<String>,
         domain: &Domain,
     ) -> Result<RestartRequest, String> {
+        let candidates = self.candidates(policy)?;
+        self.victim_among(&candidates, policy, slot, busy, domain)
+    }
+
+    /// [`Self::victim`] among `candidates` read once for many slots.
+    pub(crate) fn victim_among(
+        &self,
+        candidates: &Candidates,
+        policy: &Policy,
+        slot: &Slot,
+        busy: &HashSet<String>,
+        domain: &Domain,
+    ) -> Result<RestartRequest, String> {
         let plan = &self.plan;
-        let inventory = policy
-            .inventory
-            .as_ref()
-            .ok_or("no [inventory]: a schedule draws its victims from it")?;
-        let snapshot = inventory.fresh().map_err(|lookup| lookup.reason)?;
-        let hosts: Vec<&str> = snapshot
-            .inventory
-            .hosts()
-            .into_iter()
-            .filter(|host| host.group.as_deref() == Some(plan.group.as_str()))
-            .map(|host| host.name.as_str())
-            .collect();
-        if hosts.is_empty() {
-            return Err(format!(
-                "group {} has no host in the inventory ({})",
-                plan.group, snapshot.source
-            ));
-        }
-        let size = hosts.len();
         let mut chosen = None;
-        plan.victim(slot, hosts, |name| {
-            if busy.contains(name) {
-                return false;
-            }
-            let Ok(instance) = InstanceName::parse(name) else {
-                return false;
-            };
-            let mut request = request(slot, instance, domain, self.requester());
-            if policy.place(&mut request).is_err()
-                || policy.eligibility.check(name).is_err()
-                || policy
-                    .requesters
-                    .check(&request, &plan.group, std::time::SystemTime::now())
-                    .is_err()
-            {
-                return false;
-            }
-            chosen = Some(request);
-            true
-        });
+        plan.victim_among(
+            slot,
+            &candidates.keyed,
+            |host| &host.name,
+            |name| {
+                if busy.contains(name) {
+                    return false;
+                }
+                let Ok(instance) = InstanceName::parse(name) else {
+                    return false;
+                };
+                let mut request = request(slot, instance, domain, self.requester());
+                if policy.place(&mut request).is_err()
+                    || policy.eligibility.check(name).is_err()
+                    || policy
+                        .requesters
+                        .check(&request, &plan.group, std::time::SystemTime::now())
+                        .is_err()
+                {
+                    return false;
+                }
+                chosen = Some(request);
+                true
+            },
+        );
         chosen.ok_or_else(|| {
             format!(
-                "none of the {size} hosts of group {} is eligible now (safety.allow/deny, the \
+                "none of the {} hosts of group {} is eligible now (safety.allow/deny, the \
                  requester's allow, or restarting already)",
+                candidates.keyed.len(),
                 plan.group
             )
         })

@@ -1,3 +1,6 @@
+//! The plan's tests (slots, draws, victims) and the task's: one file past
+//! 400 lines, since they share the fixtures above every test.
+
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
@@ -401,6 +404,41 @@ fn a_slots_reason_names_it_and_only_its_own_id_proves_it() {
     assert_eq!(Slot::named_in("leaking memory"), None);
     assert_eq!(
         Slot::named_in("scheduled by [[schedule]] drip, slot soon"),
+        None
+    );
+}
+
+/// The draw is the lowest-scored eligible host, as a sort of every score
+/// would find it, whether the lowest is eligible or the heap goes on.
+#[test]
+fn a_victim_is_the_lowest_scored_eligible_host() {
+    let plan = Plan::new(&settings("drip", Duration::from_secs(600)), b"k");
+    let hosts: Vec<String> = (0..500).map(|i| format!("cattle-{i:03}")).collect();
+    let keyed: Vec<(u64, &str)> = hosts.iter().map(|h| (plan.key(h), h.as_str())).collect();
+    for minute in 0..50 {
+        let slot = plan.slot(Timestamp::from_second(1_800_000_000 + 60 * minute).unwrap());
+        let mut sorted: Vec<(u64, &str)> = keyed
+            .iter()
+            .map(|(key, host)| (fmix64(key ^ plan.slot_key(&slot)), *host))
+            .collect();
+        sorted.sort_unstable();
+        // Every third host of the sorted order refused: the first is, so
+        // the heap decides.
+        let refused: HashSet<&str> = sorted.iter().step_by(3).map(|(_, h)| *h).collect();
+        let eligible = |host: &str| !refused.contains(host);
+        let expected = sorted.iter().map(|(_, h)| *h).find(|h| eligible(h));
+        let drawn = plan.victim_among(&slot, &keyed, |host| host, eligible);
+        assert_eq!(drawn.copied(), expected);
+        let first = plan.victim_among(&slot, &keyed, |host| host, |_| true);
+        assert_eq!(first.copied(), Some(sorted[0].1));
+    }
+    assert_eq!(
+        plan.victim_among(
+            &plan.slot(at("2026-11-23T10:00:00Z")),
+            &keyed,
+            |h| h,
+            |_| false
+        ),
         None
     );
 }
