@@ -281,6 +281,20 @@ pub(crate) async fn refresh_task(
     }
 }
 
+/// An inventory file of `n` hosts of group `web` (`web-1` …), written to
+/// `file`, with the settings that read it: for tests of a refresh.
+#[cfg(test)]
+pub(crate) fn web_hosts_file(file: &std::path::Path, n: usize) -> InventorySettings {
+    let hosts: String = (1..=n)
+        .map(|i| format!("[[hosts]]\nname = \"web-{i}\"\ngroup = \"web\"\n"))
+        .collect();
+    std::fs::write(file, hosts).unwrap();
+    InventorySettings {
+        file: Some(file.to_owned()),
+        ..InventorySettings::default()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -334,21 +348,12 @@ mod tests {
     async fn a_refresh_that_loses_most_of_the_fleet_keeps_the_last_good_copy() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("hosts.toml");
-        let hosts = |n: usize| {
-            (1..=n)
-                .map(|i| format!("[[hosts]]\nname = \"web-{i}\"\ngroup = \"web\"\n"))
-                .collect::<String>()
-        };
-        let settings = InventorySettings {
-            file: Some(file.clone()),
-            ..InventorySettings::default()
-        };
+        let settings = web_hosts_file(&file, 10);
         let source = Source::of(&settings).unwrap();
-        std::fs::write(&file, hosts(10)).unwrap();
         let handle =
             InventoryHandle::new(load(&source, &settings).await.unwrap(), &source, &settings);
         let in_force = || handle.current().unwrap().inventory.len();
-        std::fs::write(&file, hosts(4)).unwrap();
+        web_hosts_file(&file, 4);
         handle.refresh(&source, &settings).await;
         assert_eq!(in_force(), 10, "60% dropped: refused");
         assert_eq!(handle.failures(), 1);
@@ -357,7 +362,7 @@ mod tests {
             why.contains("lists 4 hosts where the copy in force has 10"),
             "{why}"
         );
-        std::fs::write(&file, hosts(5)).unwrap();
+        web_hosts_file(&file, 5);
         handle.refresh(&source, &settings).await;
         assert_eq!(in_force(), 5, "half dropped: within the default 50%");
         assert_eq!(handle.last_error(), None);
@@ -370,7 +375,7 @@ mod tests {
         assert_eq!(in_force(), 5, "no hosts at all: refused");
         let why = handle.last_error().unwrap();
         assert!(why.contains("lists no hosts"), "{why}");
-        std::fs::write(&file, hosts(1)).unwrap();
+        web_hosts_file(&file, 1);
         handle.refresh(&source, &any).await;
         assert_eq!(in_force(), 1, "max_drop = 100 takes any drop");
     }

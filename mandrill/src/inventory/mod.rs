@@ -32,6 +32,8 @@ mod own;
 mod settings;
 mod source;
 
+#[cfg(test)]
+pub(crate) use handle::web_hosts_file;
 pub(crate) use handle::{InventoryHandle, refresh_task};
 pub(crate) use settings::{Ec2InventorySettings, InventorySettings, MAX_INVENTORY_BYTES};
 pub(crate) use source::{Source, load};

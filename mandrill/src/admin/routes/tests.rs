@@ -340,22 +340,13 @@ async fn a_campaign_is_stopped_with_the_pause_endpoints_token_and_body() {
 /// is refused, and the operator sees it there, not only in the log.
 #[tokio::test]
 async fn status_shows_a_refused_inventory_refresh() {
-    use crate::inventory::{InventoryHandle, InventorySettings, Source, load};
+    use crate::inventory::{InventoryHandle, Source, load, web_hosts_file};
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("hosts.toml");
-    let hosts = |n: usize| {
-        (1..=n)
-            .map(|i| format!("[[hosts]]\nname = \"web-{i}\"\ngroup = \"web\"\n"))
-            .collect::<String>()
-    };
-    let settings = InventorySettings {
-        file: Some(file.clone()),
-        ..InventorySettings::default()
-    };
+    let settings = web_hosts_file(&file, 10);
     let source = Source::of(&settings).unwrap();
-    std::fs::write(&file, hosts(10)).unwrap();
     let handle = InventoryHandle::new(load(&source, &settings).await.unwrap(), &source, &settings);
-    std::fs::write(&file, hosts(2)).unwrap();
+    web_hosts_file(&file, 2);
     handle.refresh(&source, &settings).await;
     let memory = Arc::new(MemoryBroker::new(
         Duration::from_secs(30),
