@@ -1,8 +1,10 @@
 //! The copy of the inventory the worker decides with, and the task that
 //! keeps it current. A lookup clones an `Arc` under a read lock held for
 //! that instant and reads a hash map: no I/O, no store on the hot path. A
-//! refresh parses a whole new copy and swaps it in; a failed one keeps the
-//! last good copy (logged, counted), and a copy older than
+//! refresh parses a whole new copy and swaps it in (one that read what the
+//! copy in force was parsed from keeps that copy, made young again: no
+//! parse); a failed one keeps the last good copy (logged, counted), and a
+//! copy older than
 //! `inventory.max_age` is not decided with: requests are deferred.
 
 use std::fmt;
@@ -13,16 +15,17 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::source::LoadError;
-use super::{Inventory, InventorySettings, Source, load};
+use super::{Inventory, InventorySettings, Loaded, Source, load_changed};
 
 /// One good read of the inventory.
 #[derive(Debug)]
 pub(crate) struct Snapshot {
-    /// The hosts.
-    pub inventory: Inventory,
+    /// The hosts: shared by the snapshots of reads that found the source
+    /// unchanged.
+    pub inventory: Arc<Inventory>,
     /// Where it was read from (redacted).
     pub source: String,
     /// When, on the runtime's clock (ages are measured on it).
@@ -78,7 +81,7 @@ impl InventoryHandle {
     pub(crate) fn new(inventory: Inventory, source: &Source, settings: &InventorySettings) -> Self {
         let handle = Self::default();
         handle.set_limits(settings);
-        handle.install(inventory, source);
+        handle.install(Arc::new(inventory), source);
         handle
     }
 
@@ -149,7 +152,7 @@ impl InventoryHandle {
             .clone()
     }
 
-    fn install(&self, inventory: Inventory, source: &Source) {
+    fn install(&self, inventory: Arc<Inventory>, source: &Source) {
         let snapshot = Arc::new(Snapshot {
             inventory,
             source: source.to_string(),
@@ -203,11 +206,26 @@ impl InventoryHandle {
     }
 
     /// Reads the inventory again from `source`: a good copy replaces the
-    /// one in force; a failure keeps it, says so, and is counted.
+    /// one in force (the same copy, made young again, when the source read
+    /// the same); a failure keeps it, says so, and is counted.
     pub(crate) async fn refresh(&self, source: &Source, settings: &InventorySettings) {
-        let read = load(source, settings)
-            .await
-            .and_then(|inventory| self.not_shrunk(inventory, source, settings.max_drop));
+        let current = self
+            .current()
+            .filter(|current| current.source == source.to_string());
+        let last = current.as_ref().and_then(|c| c.inventory.digest);
+        let read = load_changed(source, settings, last).await;
+        let read = match (read, current) {
+            (Ok(Loaded::Unchanged), Some(current)) => {
+                debug!(source = %source, "inventory unchanged");
+                self.install(Arc::clone(&current.inventory), source);
+                return;
+            }
+            (Ok(Loaded::New(inventory)), _) => {
+                self.not_shrunk(inventory, source, settings.max_drop)
+            }
+            (Ok(Loaded::Unchanged), None) => unreachable!("compared with a copy in force"),
+            (Err(error), _) => Err(error),
+        };
         match read {
             Ok(inventory) => {
                 info!(
@@ -217,7 +235,7 @@ impl InventoryHandle {
                     skipped = inventory.skipped.len(),
                     "inventory loaded"
                 );
-                self.install(inventory, source);
+                self.install(Arc::new(inventory), source);
             }
             Err(error) => {
                 let error = error.with_causes().to_string();
@@ -297,6 +315,7 @@ pub(crate) fn web_hosts_file(file: &std::path::Path, n: usize) -> InventorySetti
 
 #[cfg(test)]
 mod tests {
+    use super::super::load;
     use super::*;
 
     /// A reload naming another source drops the old source's copy, so a
@@ -378,5 +397,37 @@ mod tests {
         web_hosts_file(&file, 1);
         handle.refresh(&source, &any).await;
         assert_eq!(in_force(), 1, "max_drop = 100 takes any drop");
+    }
+
+    /// A refresh that reads what the copy in force was parsed from (the
+    /// same bytes, read with the same keys) parses nothing: the copy is
+    /// kept and its age starts again. Other keys or other bytes are parsed.
+    #[tokio::test(start_paused = true)]
+    async fn a_refresh_of_an_unchanged_source_keeps_the_copy_and_makes_it_young() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("hosts.toml");
+        let settings = web_hosts_file(&file, 3);
+        let source = Source::of(&settings).unwrap();
+        let handle =
+            InventoryHandle::new(load(&source, &settings).await.unwrap(), &source, &settings);
+        let first = handle.current().unwrap();
+        tokio::time::advance(Duration::from_secs(60)).await;
+        handle.refresh(&source, &settings).await;
+        let again = handle.current().unwrap();
+        assert!(
+            Arc::ptr_eq(&first.inventory, &again.inventory),
+            "parsed again"
+        );
+        assert!(again.age() < Duration::from_secs(1), "{:?}", again.age());
+        let other_keys = InventorySettings {
+            zone_var: "az".into(),
+            ..settings.clone()
+        };
+        handle.refresh(&source, &other_keys).await;
+        let rekeyed = handle.current().unwrap();
+        assert!(!Arc::ptr_eq(&again.inventory, &rekeyed.inventory));
+        web_hosts_file(&file, 4);
+        handle.refresh(&source, &other_keys).await;
+        assert_eq!(handle.current().unwrap().inventory.len(), 4);
     }
 }

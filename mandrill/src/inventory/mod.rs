@@ -36,6 +36,7 @@ mod source;
 pub(crate) use handle::web_hosts_file;
 pub(crate) use handle::{InventoryHandle, refresh_task};
 pub(crate) use settings::{Ec2InventorySettings, InventorySettings, MAX_INVENTORY_BYTES};
+use source::{Loaded, load_changed};
 pub(crate) use source::{Source, load};
 
 /// One host as the inventory lists it.
@@ -80,6 +81,10 @@ pub(crate) struct Inventory {
     pub skipped: Vec<String>,
     /// The format it was read in.
     pub format: Format,
+    /// SHA-256 of what it was parsed from (the bytes and the keys that
+    /// read them), when read from a file, a command or a URL: a refresh
+    /// that reads the same is not parsed again.
+    pub digest: Option<[u8; 32]>,
 }
 
 /// The formats an inventory is read in.
@@ -199,6 +204,7 @@ impl Inventory {
             beneath: BTreeMap::new(),
             skipped,
             format,
+            digest: None,
         })
     }
 

@@ -10,6 +10,7 @@ use std::path::PathBuf;
 
 use super::ec2::{Ec2Keys, next_token};
 use super::{Ec2InventorySettings, Inventory, InventorySettings, MAX_INVENTORY_BYTES};
+use sha2::{Digest, Sha256};
 use tracing::warn;
 
 use crate::restarter::http::aws::{AwsClient, AwsError, Element, Service};
@@ -202,6 +203,31 @@ pub(crate) async fn load(
     source: &Source,
     settings: &InventorySettings,
 ) -> Result<Inventory, LoadError> {
+    match load_changed(source, settings, None).await? {
+        Loaded::New(inventory) => Ok(inventory),
+        Loaded::Unchanged => unreachable!("nothing to compare with"),
+    }
+}
+
+/// What a refresh read.
+#[derive(Debug)]
+#[expect(clippy::large_enum_variant, reason = "one per refresh, moved once")]
+pub(crate) enum Loaded {
+    /// A new copy.
+    New(Inventory),
+    /// The same bytes, read with the same keys, as the copy whose
+    /// [`Inventory::digest`] was given: its parse would be that copy.
+    Unchanged,
+}
+
+/// [`load`], unless what is read has the digest `last`: then nothing is
+/// parsed (a refresh of 100,000 hosts that did not change costs a read and
+/// a digest, not a parse).
+pub(crate) async fn load_changed(
+    source: &Source,
+    settings: &InventorySettings,
+    last: Option<[u8; 32]>,
+) -> Result<Loaded, LoadError> {
     let from = || source.to_string();
     if let Source::Ec2(ec2) = source {
         let pages = describe_instances(ec2, settings.timeout)
@@ -216,7 +242,7 @@ pub(crate) async fn load(
         };
         let inventory = super::ec2::parse(&pages, &keys)
             .map_err(|why| LoadError::Invalid { from: from(), why })?;
-        return not_empty(inventory, from, String::new());
+        return not_empty(inventory, from, String::new()).map(Loaded::New);
     }
     let mut stderr = String::new();
     let (bytes, toml_hint) = match source {
@@ -271,13 +297,23 @@ pub(crate) async fn load(
         ),
         Source::Ec2(_) => unreachable!("read above"),
     };
+    let keys = settings.keys();
+    let digest: [u8; 32] = Sha256::new()
+        .chain_update(format!("{keys:?}\0{toml_hint}\0"))
+        .chain_update(&bytes)
+        .finalize()
+        .into();
+    if last == Some(digest) {
+        return Ok(Loaded::Unchanged);
+    }
     let text = std::str::from_utf8(&bytes).map_err(|source| LoadError::NotUtf8 {
         from: from(),
         source,
     })?;
-    let inventory = Inventory::parse(text, toml_hint, &settings.keys())
+    let mut inventory = Inventory::parse(text, toml_hint, &keys)
         .map_err(|why| LoadError::Invalid { from: from(), why })?;
-    not_empty(inventory, from, stderr)
+    inventory.digest = Some(digest);
+    not_empty(inventory, from, stderr).map(Loaded::New)
 }
 
 /// `inventory`, unless it lists no host.
