@@ -145,6 +145,9 @@ impl Inventory {
         if toml_hint {
             return own::parse_toml(text);
         }
+        if let Some(own) = own::parse_json_str(text) {
+            return own;
+        }
         match serde_json::from_str::<serde_json::Value>(text) {
             Ok(serde_json::Value::Array(targets)) => file_sd::parse(targets, keys),
             Ok(serde_json::Value::Object(object)) => {
