@@ -145,7 +145,8 @@ pub(super) fn planned(
 
 async fn status(Shared(state): Shared<Arc<State>>, headers: HeaderMap) -> Response {
     let stats = state.stats.snapshot();
-    let schedules = planned(&state, authorized(state.token.as_ref(), &headers));
+    let shown = authorized(state.token.as_ref(), &headers);
+    let schedules = planned(&state, shown);
     // `null` when the store did not answer: the switch is unknown, not off.
     let (switch, groups) = tokio::join!(
         super::switch::read(&state),
@@ -163,15 +164,27 @@ async fn status(Shared(state): Shared<Arc<State>>, headers: HeaderMap) -> Respon
         Err(_) => (None, None),
     };
     // The copy this instance decides with, and why the last read was not
-    // taken (a source answering nothing, or a drop past max_drop).
+    // taken (a source answering nothing, or a drop past max_drop). The
+    // source and the error name paths and hosts (a parse error quotes
+    // them, a command's its stderr): kept to those `admin.token` admits,
+    // as the schedules' victims are; the counts are public, as on /metrics.
     let inventory = state.policy.current().inventory.as_ref().map(|handle| {
         let current = handle.current();
+        let (source, last_error) = if shown {
+            (
+                json!(current.as_ref().map(|s| s.source.clone())),
+                json!(handle.last_error()),
+            )
+        } else {
+            let hidden = json!({ "hidden": "admin.token is set; send it to see this" });
+            (hidden.clone(), hidden)
+        };
         json!({
-            "source": current.as_ref().map(|s| s.source.clone()),
+            "source": source,
             "hosts": current.as_ref().map_or(0, |s| s.inventory.len()),
             "age_seconds": current.as_ref().map(|s| s.age().as_secs()),
             "refresh_failures": handle.failures(),
-            "last_error": handle.last_error(),
+            "last_error": last_error,
         })
     });
     json(

@@ -45,7 +45,8 @@ const RECENT_REQUESTS: usize = 500;
 const PUBLISH_RETRY: Duration = Duration::from_secs(1);
 
 /// A schedule's group in one inventory copy, each host with its
-/// [`Plan::key`]: read once for every slot drawn from that copy.
+/// [`Plan::key`]: read once for many slots by the preview and the outlook
+/// (the service reads it at each slot, from the copy in force then).
 pub(crate) struct Candidates {
     keyed: Vec<(u64, Arc<Host>)>,
 }

@@ -442,3 +442,29 @@ fn a_victim_is_the_lowest_scored_eligible_host() {
         None
     );
 }
+
+/// The draw's scheme, pinned: a host's key and a slot's victim for a fixed
+/// seed. Every instance of a fleet must draw alike; a change here changes
+/// the victims of every running schedule, and belongs in
+/// docs/scheduling.md ("How instances agree") with the version it ships in.
+#[test]
+fn the_victim_draw_is_pinned() {
+    let plan = Plan::new(&settings("drip", Duration::from_secs(600)), b"pinned seed");
+    assert_eq!(plan.key("cattle-a1"), 10_250_671_877_658_878_831);
+    let hosts = [
+        "cattle-a1",
+        "cattle-a2",
+        "cattle-a3",
+        "cattle-a4",
+        "cattle-a5",
+    ];
+    let victims: Vec<String> = [
+        "2026-11-23T10:00:00Z",
+        "2026-11-23T11:00:00Z",
+        "2026-11-23T12:00:00Z",
+    ]
+    .iter()
+    .map(|t| plan.victim(&plan.slot(at(t)), hosts, |_| true).unwrap())
+    .collect();
+    assert_eq!(victims, ["cattle-a1", "cattle-a4", "cattle-a3"]);
+}

@@ -357,15 +357,34 @@ async fn status_shows_a_refused_inventory_refresh() {
         inventory: Some(handle),
         ..crate::safety::Policy::default()
     });
-    let (code, body) = text(status(Shared(Arc::new(state)), HeaderMap::new()).await).await;
-    assert_eq!(code, StatusCode::OK);
-    let json: serde_json::Value = serde_json::from_str(&body).unwrap();
-    let inventory = &json["inventory"];
-    assert_eq!(inventory["hosts"], 10, "{json}");
-    assert_eq!(inventory["refresh_failures"], 1, "{json}");
+    state.token = Some(crate::settings::Secret("admin-token".into()));
+    let state = Arc::new(state);
+    let ask = |headers: HeaderMap| {
+        let state = Arc::clone(&state);
+        async move {
+            let (code, body) = text(status(Shared(state), headers).await).await;
+            assert_eq!(code, StatusCode::OK);
+            serde_json::from_str::<serde_json::Value>(&body).unwrap()["inventory"].clone()
+        }
+    };
+    let mut bearer = HeaderMap::new();
+    bearer.insert(
+        axum::http::header::AUTHORIZATION,
+        "Bearer admin-token".parse().unwrap(),
+    );
+    let inventory = ask(bearer).await;
+    assert_eq!(inventory["hosts"], 10, "{inventory}");
+    assert_eq!(inventory["refresh_failures"], 1, "{inventory}");
     let why = inventory["last_error"].as_str().unwrap();
     assert!(
         why.contains("lists 2 hosts where the copy in force has 10"),
         "{why}"
     );
+    // Without the token the counts are shown, not the words, which can
+    // name hosts and paths.
+    let inventory = ask(HeaderMap::new()).await;
+    assert_eq!(inventory["hosts"], 10, "{inventory}");
+    assert_eq!(inventory["refresh_failures"], 1, "{inventory}");
+    assert!(inventory["last_error"]["hidden"].is_string(), "{inventory}");
+    assert!(inventory["source"]["hidden"].is_string(), "{inventory}");
 }
