@@ -76,6 +76,50 @@ pub(crate) fn connect_options(url: &str) -> Result<SqliteConnectOptions, sqlx::E
         .pragma("wal_autocheckpoint", WAL_AUTOCHECKPOINT_PAGES.to_string()))
 }
 
+/// A pool on the file `options` name, opened as [`open_busy`] opens.
+pub(crate) async fn open_pool(
+    pool: sqlx::sqlite::SqlitePoolOptions,
+    options: &SqliteConnectOptions,
+) -> Result<SqlitePool, sqlx::Error> {
+    open_busy(|| pool.clone().connect_with(options.clone())).await
+}
+
+/// Runs `open` again while SQLite answers busy at once. Processes starting
+/// together on a file that does not exist yet each create it and set its
+/// journal mode; SQLite refuses a lock that could deadlock at once, without
+/// the busy timeout, so one of them can fail to open. Opened again a moment
+/// later, it finds the file set up. A few seconds in all, as [`migrate`]
+/// (`brokers_and_stores_creating_one_file_together_all_open_it`).
+pub(crate) async fn open_busy<T, F>(mut open: impl FnMut() -> F) -> Result<T, sqlx::Error>
+where
+    F: std::future::Future<Output = Result<T, sqlx::Error>>,
+{
+    const TRIES: u32 = 20;
+    let mut tried = 1;
+    loop {
+        match open().await {
+            Err(error) if tried < TRIES && is_busy(&error) => {
+                debug!(%error, tried, "the database file is busy being set up; opening it again");
+                let pause =
+                    Duration::from_millis(20 * u64::from(tried)).min(Duration::from_millis(250));
+                tokio::time::sleep(pause).await;
+                tried += 1;
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Whether `error` is SQLite's busy (`SQLITE_BUSY` or one of its extended
+/// codes) or locked.
+fn is_busy(error: &sqlx::Error) -> bool {
+    let sqlx::Error::Database(error) = error else {
+        return false;
+    };
+    let code = error.code().and_then(|code| code.parse::<i32>().ok());
+    matches!(code.map(|code| code & 0xff), Some(5 | 6))
+}
+
 /// Brings the schema `migrator` describes up to date.
 ///
 /// Processes starting together on one file migrate it at the same moment:

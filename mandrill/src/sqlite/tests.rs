@@ -296,6 +296,43 @@ async fn stores_opening_one_fresh_file_together_all_migrate_it() {
     }
 }
 
+/// Processes started together on one file that does not exist yet (two
+/// `mandrill run`, a test starting two instances) each create it and set
+/// its journal mode: SQLite may refuse one of them at once (busy) rather
+/// than wait, when waiting could deadlock. Every open still succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn brokers_and_stores_creating_one_file_together_all_open_it() {
+    for round in 0..20 {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite:{}", dir.path().join("fresh.db").display());
+        let brokers = (0..4).map(|_| {
+            let url = url.clone();
+            tokio::spawn(async move { SqliteBroker::connect(&queue_config(&url)).await })
+        });
+        let stores = (0..4).map(|_| {
+            let url = url.clone();
+            tokio::spawn(async move { SqliteStore::connect(&url, 2).await })
+        });
+        let (brokers, stores) = futures::future::join(
+            futures::future::join_all(brokers),
+            futures::future::join_all(stores),
+        )
+        .await;
+        for (n, broker) in brokers.into_iter().enumerate() {
+            let broker = broker
+                .unwrap()
+                .unwrap_or_else(|error| panic!("round {round}, broker {n}: {error}"));
+            broker.close().await;
+        }
+        for (n, store) in stores.into_iter().enumerate() {
+            let store = store
+                .unwrap()
+                .unwrap_or_else(|error| panic!("round {round}, store {n}: {error}"));
+            store.close().await;
+        }
+    }
+}
+
 /// Durability is not traded for speed: every connection (the writer's
 /// included) journals in WAL with `synchronous = FULL`, and only the
 /// checkpoint interval was raised.

@@ -105,7 +105,7 @@ impl WriterConnection {
         // for a whole batch the thread never waits on this task mid-statement
         // (the writer's time per 20k messages: about 5-10% less).
         let options = options.row_buffer_size(MAX_BATCH);
-        let conn = SqliteConnection::connect_with(&options).await?;
+        let conn = super::open_busy(|| SqliteConnection::connect_with(&options)).await?;
         Ok(Self {
             options,
             conn: Some(conn),

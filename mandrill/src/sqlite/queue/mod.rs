@@ -134,9 +134,7 @@ impl SqliteBroker {
     ) -> Result<Self, BrokerError> {
         let options = crate::sqlite::connect_options(&config.url)
             .map_err(|e| BrokerError::Fatal(Cause::from_error(e)))?;
-        let pool = SqlitePoolOptions::new()
-            .max_connections(2)
-            .connect_with(options.clone())
+        let pool = crate::sqlite::open_pool(SqlitePoolOptions::new().max_connections(2), &options)
             .await
             .map_err(|e| BrokerError::Fatal(Cause::from_error(e)))?;
         crate::sqlite::migrate(&pool, queue_migrations())

@@ -141,10 +141,15 @@ impl SqliteStore {
         // An in-memory database exists once per connection: the writer must
         // share the pool's only connection there.
         let in_memory = url.contains(":memory:");
-        let pool = SqlitePoolOptions::new()
-            .max_connections(if in_memory { 1 } else { max_connections.max(1) })
-            .connect_with(options.clone())
-            .await?;
+        let pool = crate::sqlite::open_pool(
+            SqlitePoolOptions::new().max_connections(if in_memory {
+                1
+            } else {
+                max_connections.max(1)
+            }),
+            &options,
+        )
+        .await?;
         crate::sqlite::migrate(&pool, store_migrations()).await?;
         let writer = if in_memory {
             FileWriter::private(pool.clone())
