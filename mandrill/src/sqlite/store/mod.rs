@@ -184,6 +184,28 @@ impl SqliteStore {
         })
     }
 
+    /// Turns a flag of the control row (the kill switch, the leash) with
+    /// who and why: `sql` binds `$1`–`$4` as [`SET_SWITCH_SQL`] does.
+    async fn set_control(
+        &self,
+        sql: &'static str,
+        on: bool,
+        by: &str,
+        reason: &str,
+    ) -> Result<(), StoreError> {
+        self.bounded(async {
+            sqlx::query(sql)
+                .bind(on)
+                .bind(by)
+                .bind(reason)
+                .bind(Timestamp::now().as_millis())
+                .execute(&self.pool)
+                .await?;
+            Ok(())
+        })
+        .await
+    }
+
     /// `call`, bounded by the store's timeout.
     async fn bounded<T>(
         &self,
@@ -446,33 +468,13 @@ impl Store for SqliteStore {
         // Rare: through the pool, waiting its turn for the write lock like
         // any other writer; committed (and so seen by every claim after it)
         // when this returns.
-        self.bounded(async {
-            sqlx::query(SET_SWITCH_SQL)
-                .bind(paused)
-                .bind(by)
-                .bind(reason)
-                .bind(Timestamp::now().as_millis())
-                .execute(&self.pool)
-                .await?;
-            Ok(())
-        })
-        .await
+        self.set_control(SET_SWITCH_SQL, paused, by, reason).await
     }
 
     async fn set_leash(&self, leashed: bool, by: &str, reason: &str) -> Result<(), StoreError> {
         // As `set_switch`: committed, and so read by every claim after it,
         // when this returns.
-        self.bounded(async {
-            sqlx::query(SET_LEASH_SQL)
-                .bind(leashed)
-                .bind(by)
-                .bind(reason)
-                .bind(Timestamp::now().as_millis())
-                .execute(&self.pool)
-                .await?;
-            Ok(())
-        })
-        .await
+        self.set_control(SET_LEASH_SQL, leashed, by, reason).await
     }
 
     async fn set_switch_if(

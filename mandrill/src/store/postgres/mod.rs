@@ -210,6 +210,29 @@ impl PostgresStore {
         })
     }
 
+    /// Turns a flag of the control row (the kill switch, the leash) with
+    /// who and why (PostgreSQL refuses NUL in text): `sql` binds `$1`–`$4`
+    /// as [`SET_SWITCH_SQL`] does.
+    async fn set_control(
+        &self,
+        sql: &'static str,
+        on: bool,
+        by: &str,
+        reason: &str,
+    ) -> Result<(), StoreError> {
+        self.bounded(async {
+            sqlx::query(sql)
+                .bind(on)
+                .bind(by.replace('\0', "\u{fffd}"))
+                .bind(reason.replace('\0', "\u{fffd}"))
+                .bind(Timestamp::now().as_millis())
+                .execute(&self.pool)
+                .await?;
+            Ok(())
+        })
+        .await
+    }
+
     /// `call`, bounded by the store's timeout.
     async fn bounded<T>(
         &self,
@@ -429,33 +452,13 @@ impl Store for PostgresStore {
     }
 
     async fn set_switch(&self, paused: bool, by: &str, reason: &str) -> Result<(), StoreError> {
-        self.bounded(async {
-            sqlx::query(SET_SWITCH_SQL)
-                .bind(paused)
-                .bind(by.replace('\0', "\u{fffd}"))
-                .bind(reason.replace('\0', "\u{fffd}"))
-                .bind(Timestamp::now().as_millis())
-                .execute(&self.pool)
-                .await?;
-            Ok(())
-        })
-        .await
+        self.set_control(SET_SWITCH_SQL, paused, by, reason).await
     }
 
     async fn set_leash(&self, leashed: bool, by: &str, reason: &str) -> Result<(), StoreError> {
         // The control row's lock: waits for the claims in progress, which
         // read it under a share lock; every claim after sees the new leash.
-        self.bounded(async {
-            sqlx::query(SET_LEASH_SQL)
-                .bind(leashed)
-                .bind(by.replace('\0', "\u{fffd}"))
-                .bind(reason.replace('\0', "\u{fffd}"))
-                .bind(Timestamp::now().as_millis())
-                .execute(&self.pool)
-                .await?;
-            Ok(())
-        })
-        .await
+        self.set_control(SET_LEASH_SQL, leashed, by, reason).await
     }
 
     async fn set_switch_if(
