@@ -1,6 +1,8 @@
 //! `mandrill history`: recorded requests and outcomes, newest first.
 
 use super::*;
+use crate::settings::Redactor;
+use crate::store::{DecisionRecord, HistoryEntry};
 
 pub(super) fn history(args: &HistoryArgs) -> ExitCode {
     let sources = args.config.sources(vec![("store.url", string(&args.db))]);
@@ -18,71 +20,83 @@ pub(super) async fn print_history(config: &Config, args: &HistoryArgs) -> anyhow
         bail!("no database at {path}: nothing has been recorded there (store.url {url:?})");
     }
     let store = service::open_store(&config.store).await?;
-    let entries = store
-        .history(args.limit)
-        .await
-        .context("cannot read history")?;
-    // Each line carries the guards' decisions, as `explain` tells them:
-    // read for every entry at once, not one story per entry.
-    let mut decisions = match args.json {
-        true => store
-            .history_decisions(args.limit)
-            .await
-            .context("cannot read history")?,
-        false => Default::default(),
-    };
-    store.close().await;
     // A recorded error may quote a connection string.
     let redactor = config.redactor();
     // Stdout is line-buffered: a write per line is a system call per row.
-    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-    if args.json {
-        for entry in &entries {
-            let mut line = serde_json::to_value(entry)?;
-            if let Some(id) = entry.message_id {
-                let decided = decisions.remove(&id).unwrap_or_default();
-                line["decisions"] = serde_json::to_value(decided)?;
-            }
-            writeln!(out, "{}", redactor.scrub(&line.to_string()))?;
-        }
-        out.flush()?;
-        return Ok(());
-    }
-    writeln!(
-        out,
-        "{:<24}  {:<36}  {:<28}  {:<16}  {:<11}  {:>8}  {:<24}  {:>9}  ERROR",
-        "RECEIVED",
-        "MESSAGE_ID",
-        "HOST",
-        "REQUESTED_BY",
-        "STATUS",
-        "ATTEMPTS",
-        "COMPLETED",
-        "RECOVERED"
-    )?;
-    for e in &entries {
+    let mut out = std::io::BufWriter::new(std::io::stdout());
+    if !args.json {
         writeln!(
             out,
-            "{:<24}  {:<36}  {:<28}  {:<16}  {:<11}  {:>8}  {:<24}  {:>9}  {}",
-            e.received_at.to_string(),
-            e.message_id
-                .map_or_else(|| "-".to_owned(), |id| id.to_string()),
-            // A rejected payload has no host: the instance it named.
-            e.hostname
-                .as_deref()
-                .or(e.instance_name.as_deref())
-                .unwrap_or("-"),
-            // The verified requester of a signed request; free text marked.
-            redactor.scrub(e.requested_by_shown().as_deref().unwrap_or("-")),
-            e.status.as_str(),
-            e.attempts,
-            e.completed_at
-                .map_or_else(|| "-".to_owned(), |t| t.to_string()),
-            e.recovered_after
-                .map_or_else(|| "-".to_owned(), |d| format!("{:.1}s", d.as_secs_f64())),
-            redactor.scrub(e.last_error.as_deref().unwrap_or("")),
+            "{:<24}  {:<36}  {:<28}  {:<16}  {:<11}  {:>8}  {:<24}  {:>9}  ERROR",
+            "RECEIVED",
+            "MESSAGE_ID",
+            "HOST",
+            "REQUESTED_BY",
+            "STATUS",
+            "ATTEMPTS",
+            "COMPLETED",
+            "RECOVERED"
         )?;
     }
+    // Each entry is written as it is read, so a whole record prints in
+    // bounded memory; a failed write (a closed pipe) stops the read.
+    let mut failed = None;
+    let read = store
+        .each_history(args.limit, args.json, &mut |entry, decided| {
+            let written = match args.json {
+                true => json_line(&mut out, &redactor, &entry, decided),
+                false => table_line(&mut out, &redactor, &entry),
+            };
+            written.map_err(|error| failed = Some(error)).is_ok()
+        })
+        .await;
+    store.close().await;
+    read.context("cannot read history")?;
+    if let Some(error) = failed {
+        return Err(error);
+    }
     out.flush()?;
+    Ok(())
+}
+
+/// One entry of `history --json`: the entry, and its decisions as
+/// `explain` tells them when it is a request's own record.
+fn json_line(
+    out: &mut impl Write,
+    redactor: &Redactor,
+    entry: &HistoryEntry,
+    decided: Vec<DecisionRecord>,
+) -> anyhow::Result<()> {
+    let mut line = serde_json::to_value(entry)?;
+    if entry.message_id.is_some() {
+        line["decisions"] = serde_json::to_value(decided)?;
+    }
+    writeln!(out, "{}", redactor.scrub(&line.to_string()))?;
+    Ok(())
+}
+
+/// One entry of `history`'s table.
+fn table_line(out: &mut impl Write, redactor: &Redactor, e: &HistoryEntry) -> anyhow::Result<()> {
+    writeln!(
+        out,
+        "{:<24}  {:<36}  {:<28}  {:<16}  {:<11}  {:>8}  {:<24}  {:>9}  {}",
+        e.received_at.to_string(),
+        e.message_id
+            .map_or_else(|| "-".to_owned(), |id| id.to_string()),
+        // A rejected payload has no host: the instance it named.
+        e.hostname
+            .as_deref()
+            .or(e.instance_name.as_deref())
+            .unwrap_or("-"),
+        // The verified requester of a signed request; free text marked.
+        redactor.scrub(e.requested_by_shown().as_deref().unwrap_or("-")),
+        e.status.as_str(),
+        e.attempts,
+        e.completed_at
+            .map_or_else(|| "-".to_owned(), |t| t.to_string()),
+        e.recovered_after
+            .map_or_else(|| "-".to_owned(), |d| format!("{:.1}s", d.as_secs_f64())),
+        redactor.scrub(e.last_error.as_deref().unwrap_or("")),
+    )?;
     Ok(())
 }

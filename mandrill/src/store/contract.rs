@@ -49,7 +49,7 @@ pub(crate) use guards::{
     counting_guards_are_decided_in_the_claim_and_journaled,
 };
 pub(crate) use history::{
-    decisions_are_read_before_a_request_has_a_record,
+    a_history_read_whole_is_the_history_listed, decisions_are_read_before_a_request_has_a_record,
     every_recorded_request_has_a_story_rejected_and_never_claimed_ones_too,
     prune_removes_old_final_entries_only_and_in_bounded_passes,
     recent_recoveries_are_the_groups_latest_verified_restarts,
@@ -111,6 +111,7 @@ pub(crate) async fn all(store: &dyn Store) {
     a_stopped_campaigns_unissued_targets_are_cancelled_for_every_claim(store).await;
     decisions_are_read_before_a_request_has_a_record(store).await;
     every_recorded_request_has_a_story_rejected_and_never_claimed_ones_too(store).await;
+    a_history_read_whole_is_the_history_listed(store).await;
     // Last: nothing unturns the leash, and the claims above expect none.
     the_leash_is_read_by_every_claim_and_turned_apart_from_the_switch(store).await;
 }

@@ -5,16 +5,13 @@
 //! together so that a column added is added in one place; one file past
 //! 400 lines.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use serde::Serialize;
 use uuid::Uuid;
 
 use super::StoreError;
-use super::sql::{
-    AttemptRow, DecisionRow, EntryRow, HistoryDecisionRow, ReportAttemptRow, ReportDecisionRow,
-};
+use super::sql::{AttemptRow, DecisionRow, EntryRow, ReportAttemptRow, ReportDecisionRow};
 use crate::domain::{Status, Timestamp, unverified};
 
 /// One claimed restart attempt, from the restart journal.
@@ -190,7 +187,7 @@ pub(crate) fn decisions_from(decisions: Vec<DecisionRow>) -> Vec<DecisionRecord>
     decisions.into_iter().map(decision_from).collect()
 }
 
-fn decision_from((at, attempt, verdict, guard, reason): DecisionRow) -> DecisionRecord {
+pub(crate) fn decision_from((at, attempt, verdict, guard, reason): DecisionRow) -> DecisionRecord {
     DecisionRecord {
         at: Timestamp::from_millis(at),
         attempt: u32::try_from(attempt).unwrap_or(0),
@@ -198,23 +195,6 @@ fn decision_from((at, attempt, verdict, guard, reason): DecisionRow) -> Decision
         guard,
         reason,
     }
-}
-
-/// Each request's decisions from [`HISTORY_DECISIONS_SQL`] rows, in the
-/// order read.
-pub(crate) fn history_decisions_from(
-    rows: Vec<HistoryDecisionRow>,
-) -> Result<HashMap<Uuid, Vec<DecisionRecord>>, StoreError> {
-    let mut decisions = HashMap::<Uuid, Vec<DecisionRecord>>::new();
-    for (id, at, attempt, verdict, guard, reason) in rows {
-        let id =
-            Uuid::parse_str(&id).map_err(|_| StoreError::Corrupt(format!("message_id {id:?}")))?;
-        decisions
-            .entry(id)
-            .or_default()
-            .push(decision_from((at, attempt, verdict, guard, reason)));
-    }
-    Ok(decisions)
 }
 
 /// Whether [`Store::record_outcome`] recorded anything.

@@ -59,6 +59,10 @@ pub(crate) use memory::MemoryStore;
 pub(crate) use postgres::PostgresStore;
 pub(crate) use sql::{DECISION_SQL, DEFERRAL_SQL};
 
+/// What [`Store::each_history`] hands each entry to; false stops it.
+pub(crate) type EachEntry<'a> =
+    &'a mut (dyn FnMut(HistoryEntry, Vec<DecisionRecord>) -> bool + Send);
+
 /// The durable record of requests and outcomes. See the module docs.
 #[async_trait]
 pub(crate) trait Store: Send + Sync + 'static {
@@ -300,15 +304,30 @@ pub(crate) trait Store: Send + Sync + 'static {
         Err(StoreError::Unsupported("campaigns"))
     }
 
-    /// The decisions about the entries [`Store::history`] returns for
-    /// `limit`, by request, each oldest first: one read for
-    /// `history --json`, not one per entry.
-    async fn history_decisions(
+    /// The entries [`Store::history`] returns for `limit`, newest first,
+    /// each handed to `each` with its decisions (oldest first; none unless
+    /// `decisions`, and none for a rejected payload) until `each` answers
+    /// false: `history` and `history --json` over a whole record, in
+    /// memory bounded by a page however long it is. The SQL stores read
+    /// the pages from one snapshot.
+    async fn each_history(
         &self,
         limit: usize,
-    ) -> Result<std::collections::HashMap<Uuid, Vec<DecisionRecord>>, StoreError> {
-        let _ = limit;
-        Err(StoreError::Unsupported("decisions apart from a story"))
+        decisions: bool,
+        each: EachEntry<'_>,
+    ) -> Result<(), StoreError> {
+        for entry in self.history(limit).await? {
+            let decided = match entry.message_id {
+                Some(id) if decisions && entry.status != Status::Rejected => {
+                    self.decisions(id).await?
+                }
+                _ => Vec::new(),
+            };
+            if !each(entry, decided) {
+                break;
+            }
+        }
+        Ok(())
     }
 
     /// The campaign with this id, if one is recorded.

@@ -30,7 +30,7 @@ macro_rules! reads_for {
                 DECISION_SQL, DEFERRAL_SQL, Decision, GroupPause, GroupUsage, HistoryEntry,
                 Recorded, ReportData, StoreError, Story, Switch, Timestamp, UsageRow,
                 UsageSubjectRow, group_pause_from, identity_conflict, switch_from, usage_binds,
-                usage_from, usage_subject_from,
+                usage_from, usage_subject_from, within,
             };
 
             /// What the counting guards read for a claim of `request`, in
@@ -144,19 +144,74 @@ macro_rules! reads_for {
                 rows.into_iter().map(entry_from).collect()
             }
 
-            /// See [`crate::store::Store::history_decisions`].
-            pub(crate) async fn history_decisions(
+            /// See [`crate::store::Store::each_history`]: pages of
+            /// [`HISTORY_PAGE_SQL`] in one read transaction (one snapshot;
+            /// `setup` is the driver's statements that make it one), each
+            /// page a statement bounded by `timeout`.
+            pub(crate) async fn each_history(
                 pool: &Pool<$db>,
+                setup: &[&str],
+                timeout: std::time::Duration,
                 limit: usize,
-            ) -> Result<
-                std::collections::HashMap<Uuid, Vec<crate::store::DecisionRecord>>,
-                StoreError,
-            > {
-                let rows = sqlx::query_as(crate::store::sql::HISTORY_DECISIONS_SQL)
-                    .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-                    .fetch_all(pool)
+                decisions: bool,
+                each: crate::store::EachEntry<'_>,
+            ) -> Result<(), StoreError> {
+                use sqlx::{FromRow, Row};
+
+                use crate::store::history::decision_from;
+                use crate::store::sql::HISTORY_PAGE_SQL;
+                // Small in tests, so that every store test reads pages.
+                const PAGE: usize = if cfg!(test) { 7 } else { 1_000 };
+
+                let mut tx = within(timeout, async { Ok(pool.begin().await?) }).await?;
+                for statement in setup {
+                    sqlx::query(statement).execute(&mut *tx).await?;
+                }
+                let (mut told, mut after) = (0, (i64::MAX, i64::MAX));
+                while told < limit {
+                    let page = PAGE.min(limit - told);
+                    let rows = within(timeout, async {
+                        Ok(sqlx::query(HISTORY_PAGE_SQL)
+                            .bind(after.0)
+                            .bind(after.1)
+                            .bind(i64::try_from(page).unwrap_or(i64::MAX))
+                            .bind(decisions)
+                            .fetch_all(&mut *tx)
+                            .await?)
+                    })
                     .await?;
-                crate::store::history::history_decisions_from(rows)
+                    let mut entries = 0;
+                    let mut rows = rows.into_iter().peekable();
+                    while let Some(row) = rows.next() {
+                        let row_id: i64 = row.try_get(14)?;
+                        let entry = entry_from(EntryRow::from_row(&row)?)?;
+                        after = (entry.updated_at.as_millis(), row_id);
+                        let mut decided = Vec::new();
+                        let mut next = Some(row);
+                        while let Some(row) = next {
+                            if let Some(at) = row.try_get::<Option<i64>, _>(16)? {
+                                decided.push(decision_from((
+                                    at,
+                                    row.try_get(17)?,
+                                    row.try_get(18)?,
+                                    row.try_get(19)?,
+                                    row.try_get(20)?,
+                                )));
+                            }
+                            next =
+                                rows.next_if(|row| row.try_get::<i64, _>(14).ok() == Some(row_id));
+                        }
+                        entries += 1;
+                        if !each(entry, decided) {
+                            return Ok(());
+                        }
+                    }
+                    told += entries;
+                    if entries < page {
+                        break;
+                    }
+                }
+                Ok(())
             }
 
             /// See [`crate::store::Store::story`].

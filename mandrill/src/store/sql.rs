@@ -172,17 +172,6 @@ pub(crate) const STORY_DECISIONS_SQL: &str = "SELECT at, CAST(attempt AS BIGINT)
         reason
     FROM decisions WHERE message_id = $1 ORDER BY id";
 
-/// The decisions about [`HISTORY_SQL`]'s entries, in one read for
-/// `history --json`: `$1` how many entries. By request, then as recorded.
-pub(crate) const HISTORY_DECISIONS_SQL: &str = "SELECT message_id, at, CAST(attempt AS BIGINT),
-        verdict, guard, reason
-    FROM decisions WHERE message_id IN (SELECT COALESCE(message_id, rejected_id)
-        FROM requests ORDER BY updated_at DESC, id DESC LIMIT $1)
-    ORDER BY message_id, id";
-
-/// A row of [`HISTORY_DECISIONS_SQL`]: message id, then a [`DecisionRow`].
-pub(crate) type HistoryDecisionRow = (String, i64, i64, String, String, String);
-
 /// A row of [`STORY_ATTEMPTS_SQL`].
 pub(crate) type AttemptRow = (
     i64,
@@ -268,6 +257,24 @@ pub(crate) const HISTORY_SQL: &str = concat!(
     "SELECT COALESCE(message_id, rejected_id), ",
     entry_columns!(),
     " FROM requests ORDER BY updated_at DESC, id DESC LIMIT $1"
+);
+
+/// A page of the history read whole (`history`, `history --json`): the
+/// entries [`HISTORY_SQL`] lists after the last one told (`$1` its
+/// `updated_at`, `$2` its row id; `i64::MAX` for the first page), at most
+/// `$3` of them, each on one row per decision (`$4`: whether to join them;
+/// as recorded) or on one row without. Decisions go to a request's own
+/// record, never to a payload rejected under its id. Columns: an
+/// [`EntryRow`], the row id, then a [`DecisionRow`] or nulls.
+pub(crate) const HISTORY_PAGE_SQL: &str = concat!(
+    "SELECT q.*, d.at, CAST(d.attempt AS BIGINT), d.verdict, d.guard, d.reason FROM (",
+    "SELECT COALESCE(message_id, rejected_id) AS shown_id, ",
+    entry_columns!(),
+    ", id AS row_id, message_id AS own_id FROM requests
+        WHERE updated_at <= $1 AND (updated_at < $1 OR id < $2)
+        ORDER BY updated_at DESC, id DESC LIMIT $3) q
+    LEFT JOIN decisions d ON $4 AND d.message_id = q.own_id
+    ORDER BY q.updated_at DESC, q.row_id DESC, d.id"
 );
 
 /// One request's entry: `$1` message id.

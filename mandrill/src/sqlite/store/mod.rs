@@ -394,13 +394,14 @@ impl Store for SqliteStore {
         self.bounded(reads::decisions(&self.pool, message_id)).await
     }
 
-    async fn history_decisions(
+    async fn each_history(
         &self,
         limit: usize,
-    ) -> Result<std::collections::HashMap<Uuid, Vec<crate::store::DecisionRecord>>, StoreError>
-    {
-        self.bounded(reads::history_decisions(&self.pool, limit))
-            .await
+        decisions: bool,
+        each: crate::store::EachEntry<'_>,
+    ) -> Result<(), StoreError> {
+        let setup = &[];
+        reads::each_history(&self.pool, setup, self.timeout, limit, decisions, each).await
     }
 
     async fn campaign(&self, id: Uuid) -> Result<Option<crate::store::Campaign>, StoreError> {

@@ -45,13 +45,21 @@ pub(crate) async fn decisions_are_read_before_a_request_has_a_record(store: &dyn
             .iter()
             .all(|d| d.verdict == "deferred" && d.attempt == 0)
     );
-    // `history --json` reads every entry's decisions at once: the same.
-    let mut all = store.history_decisions(1000).await.unwrap();
-    assert_eq!(all.remove(&deferred.message_id), Some(decisions));
-    assert!(
-        all.values().all(|decided| !decided.is_empty()),
-        "only requests with decisions are keyed: {all:?}"
-    );
+    // `history --json` reads every entry's decisions with it: the same.
+    let mut told = Vec::new();
+    store
+        .each_history(1000, true, &mut |entry, decided| {
+            told.push((entry, decided));
+            true
+        })
+        .await
+        .unwrap();
+    let listed: Vec<_> = told
+        .iter()
+        .filter(|(entry, _)| entry.message_id == Some(deferred.message_id))
+        .collect();
+    assert_eq!(listed.len(), 1, "{told:?}");
+    assert_eq!(listed[0].1, decisions);
 }
 
 /// `explain` tells every recorded request's story: a rejected payload's
@@ -451,4 +459,77 @@ pub(crate) async fn prune_removes_old_final_entries_only_and_in_bounded_passes(s
             assert_eq!(store.deferrals(id).await.unwrap(), 0, "{pruned:?}");
         }
     }
+}
+
+/// `history` read whole (`each_history`, page by page: a page is 7
+/// entries in tests) tells the entries `history` lists, in its order, each
+/// with its own decisions; a payload rejected under a request's id
+/// carries none of that request's; a false answer stops the read.
+pub(crate) async fn a_history_read_whole_is_the_history_listed(store: &dyn Store) {
+    let decided = request("cattle-0d04");
+    let decision = Decision {
+        verdict: "deferred",
+        guard: "calendar",
+        reason: "deferred by calendar: closed",
+    };
+    store.record_decision(&decided, 0, decision).await.unwrap();
+    let asked = crate::domain::Asked {
+        message_id: Some(decided.message_id),
+        ..crate::domain::Asked::default()
+    };
+    store
+        .record_rejection(&asked, "asks another host under its id", b"{}")
+        .await
+        .unwrap();
+    let everything = store.history(1000).await.unwrap();
+    assert!(
+        everything.len() > 15,
+        "more than two pages: {}",
+        everything.len()
+    );
+    for limit in [0, 1, 7, 8, 15, 1000] {
+        for with_decisions in [true, false] {
+            let mut told = Vec::new();
+            store
+                .each_history(limit, with_decisions, &mut |entry, decisions| {
+                    told.push((entry, decisions));
+                    true
+                })
+                .await
+                .unwrap();
+            let entries: Vec<&HistoryEntry> = told.iter().map(|(entry, _)| entry).collect();
+            let listed = store.history(limit).await.unwrap();
+            assert_eq!(entries, listed.iter().collect::<Vec<_>>(), "limit {limit}");
+            for (entry, decisions) in &told {
+                let own = match entry.message_id {
+                    Some(id) if with_decisions && entry.status != Status::Rejected => {
+                        store.decisions(id).await.unwrap()
+                    }
+                    _ => Vec::new(),
+                };
+                assert_eq!(decisions, &own, "{entry:?}");
+            }
+        }
+    }
+    let mut told = Vec::new();
+    store
+        .each_history(1000, true, &mut |entry, decisions| {
+            if entry.message_id == Some(decided.message_id) {
+                told.push((entry.status, decisions.len()));
+            }
+            true
+        })
+        .await
+        .unwrap();
+    told.sort_by_key(|(status, _)| status.as_str());
+    assert_eq!(told, [(Status::Received, 1), (Status::Rejected, 0)]);
+    let mut count = 0;
+    store
+        .each_history(1000, true, &mut |_, _| {
+            count += 1;
+            count < 3
+        })
+        .await
+        .unwrap();
+    assert_eq!(count, 3, "a false answer stops the read");
 }

@@ -945,23 +945,6 @@ impl Store for MemoryStore {
             .unwrap_or_default())
     }
 
-    async fn history_decisions(
-        &self,
-        limit: usize,
-    ) -> Result<std::collections::HashMap<Uuid, Vec<DecisionRecord>>, StoreError> {
-        let ids: Vec<Uuid> = self
-            .history(limit)
-            .await?
-            .into_iter()
-            .filter_map(|entry| entry.message_id)
-            .collect();
-        let state = self.lock();
-        Ok(ids
-            .into_iter()
-            .filter_map(|id| Some((id, state.decisions.get(&id)?.clone())))
-            .collect())
-    }
-
     async fn campaign(&self, id: Uuid) -> Result<Option<Campaign>, StoreError> {
         let row = self.lock().campaigns.get(&id).cloned();
         row.map(Campaign::from_row).transpose()

@@ -106,6 +106,10 @@ fn bounds(timeout: Duration) -> [(&'static str, String); 3] {
     ]
 }
 
+/// Makes a read transaction one snapshot (PostgreSQL's default takes
+/// one per statement): the pages of a history read whole agree.
+const READ_SNAPSHOT: &str = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY";
+
 /// The statuses of the requests `$1` that are recorded. A join on
 /// `unnest`, as the writers' statements, so that the index is used.
 const LOOKUP_SQL: &str = "SELECT r.message_id, r.status
@@ -348,13 +352,14 @@ impl Store for PostgresStore {
         self.bounded(reads::decisions(&self.pool, message_id)).await
     }
 
-    async fn history_decisions(
+    async fn each_history(
         &self,
         limit: usize,
-    ) -> Result<std::collections::HashMap<Uuid, Vec<crate::store::DecisionRecord>>, StoreError>
-    {
-        self.bounded(reads::history_decisions(&self.pool, limit))
-            .await
+        decisions: bool,
+        each: crate::store::EachEntry<'_>,
+    ) -> Result<(), StoreError> {
+        let setup = &[READ_SNAPSHOT];
+        reads::each_history(&self.pool, setup, self.timeout, limit, decisions, each).await
     }
 
     async fn campaign(&self, id: Uuid) -> Result<Option<crate::store::Campaign>, StoreError> {
