@@ -265,6 +265,39 @@ fn malformed_messages_are_dead_lettered_while_valid_ones_flow() {
     assert!(status.success());
     assert!(table.starts_with("RECEIVED"), "{table}");
     assert_eq!(table.lines().count(), 6);
+
+    // A reader that has what it wanted (`history --json | head -1`) ends
+    // the listing quietly, with more than a pipe's buffer left to write.
+    let insert = "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 2000)
+         INSERT INTO requests (message_id, instance_name, hostname, status, attempts,
+                               received_at, updated_at)
+         SELECT lower(hex(randomblob(16))), 'cattle-' || i, 'cattle-' || i || '.example.net',
+                'received', 0, i, i FROM n";
+    let filled = std::process::Command::new("python3")
+        .args(["-c", "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); c.executescript(sys.argv[2]); c.commit()"])
+        .arg(dir.join("mandrill.db"))
+        .arg(insert)
+        .status()
+        .unwrap();
+    assert!(filled.success());
+    let mut reading = std::process::Command::new(binary())
+        .args(["history", "--db", &db, "--json", "--limit", "100000"])
+        .current_dir(&dir)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(reading.stdout.take().unwrap()),
+        &mut first,
+    )
+    .unwrap();
+    assert!(first.starts_with('{'), "{first}");
+    let output = reading.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{:?}: {stderr}", output.status);
+    assert!(stderr.is_empty(), "{stderr}");
 }
 
 #[test]

@@ -52,11 +52,18 @@ pub(super) async fn print_history(config: &Config, args: &HistoryArgs) -> anyhow
         .await;
     store.close().await;
     read.context("cannot read history")?;
-    if let Some(error) = failed {
-        return Err(error);
+    match failed.map_or_else(|| out.flush().map_err(Into::into), Err) {
+        // The reader has all it wanted (`history | head`).
+        Err(error) if closed_pipe(&error) => Ok(()),
+        written => written,
     }
-    out.flush()?;
-    Ok(())
+}
+
+/// Whether writing failed because the reader closed its end.
+fn closed_pipe(error: &anyhow::Error) -> bool {
+    error
+        .downcast_ref::<std::io::Error>()
+        .is_some_and(|error| error.kind() == std::io::ErrorKind::BrokenPipe)
 }
 
 /// One entry of `history --json`: the entry, and its decisions as
