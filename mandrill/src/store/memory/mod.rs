@@ -506,8 +506,6 @@ impl Store for MemoryStore {
         row.updated_at = now;
         // A renewal keeps the journal's row of the claim it renews.
         if !write.renewal {
-            // Most requests are claimed once: room for one attempt, not
-            // the four a first push makes.
             row.journal.push(Attempt {
                 attempt: write.attempts,
                 instance: instance.to_owned(),
