@@ -17,9 +17,12 @@
 //! The model and every question asked of it (hosts, groups, aliases,
 //! parent groups), so one file past 400 lines.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+// foldhash: the names are the operator's, and a refresh of a large fleet
+// hashes each several times.
+use foldhash::{HashMap, HashMapExt, HashSet};
 use serde::Serialize;
 
 use crate::domain::{InstanceName, Reach};
@@ -171,33 +174,43 @@ impl Inventory {
 
     /// Builds an inventory from hosts, refusing a name listed twice.
     fn from_hosts(hosts: Vec<Host>, skipped: Vec<String>, format: Format) -> Result<Self, String> {
+        // Each host's machine, then the groups' sizes and the aliases
+        // counted on names borrowed from the hosts, before they are moved.
+        let machines: Vec<String> = hosts.iter().map(machine_of).collect();
+        let (group_sizes, aliases) = {
+            let mut group_machines: HashMap<&str, HashSet<&str>> = HashMap::new();
+            let mut names_of: HashMap<&str, Vec<&str>> = HashMap::with_capacity(hosts.len());
+            for (host, machine) in hosts.iter().zip(&machines) {
+                if let Some(group) = &host.group {
+                    group_machines.entry(group).or_default().insert(machine);
+                }
+                names_of.entry(machine).or_default().push(&host.name);
+            }
+            let group_sizes: BTreeMap<String, u32> = group_machines
+                .into_iter()
+                .map(|(group, machines)| {
+                    let size = u32::try_from(machines.len()).unwrap_or(u32::MAX);
+                    (group.to_owned(), size)
+                })
+                .collect();
+            let mut aliases = HashMap::new();
+            for mut names in names_of.into_values().filter(|names| names.len() > 1) {
+                names.sort_unstable();
+                for name in &names {
+                    let others = names.iter().filter(|other| *other != name);
+                    aliases.insert(
+                        (*name).to_owned(),
+                        others.map(|o| (*o).to_owned()).collect(),
+                    );
+                }
+            }
+            (group_sizes, aliases)
+        };
         let mut by_name = HashMap::with_capacity(hosts.len());
-        let mut machines: BTreeMap<String, Vec<String>> = BTreeMap::new();
-        let mut group_machines: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
         for host in hosts {
-            let machine = machine_of(&host);
-            if let Some(group) = &host.group {
-                group_machines
-                    .entry(group.clone())
-                    .or_default()
-                    .insert(machine.clone());
-            }
-            machines.entry(machine).or_default().push(host.name.clone());
             let name = host.name.clone();
-            if by_name.insert(name.clone(), Arc::new(host)).is_some() {
-                return Err(format!("host {name} is listed twice"));
-            }
-        }
-        let group_sizes = group_machines
-            .into_iter()
-            .map(|(group, machines)| (group, u32::try_from(machines.len()).unwrap_or(u32::MAX)))
-            .collect();
-        let mut aliases = HashMap::new();
-        for mut names in machines.into_values().filter(|names| names.len() > 1) {
-            names.sort();
-            for name in &names {
-                let others = names.iter().filter(|other| *other != name).cloned();
-                aliases.insert(name.clone(), others.collect());
+            if let Some(listed) = by_name.insert(name, Arc::new(host)) {
+                return Err(format!("host {} is listed twice", listed.name));
             }
         }
         Ok(Self {

@@ -211,7 +211,6 @@ pub(crate) async fn load(
 
 /// What a refresh read.
 #[derive(Debug)]
-#[expect(clippy::large_enum_variant, reason = "one per refresh, moved once")]
 pub(crate) enum Loaded {
     /// A new copy.
     New(Inventory),
