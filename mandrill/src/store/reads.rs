@@ -163,10 +163,14 @@ macro_rules! reads_for {
                 // Small in tests, so that every store test reads pages.
                 const PAGE: usize = if cfg!(test) { 7 } else { 1_000 };
 
-                let mut tx = within(timeout, async { Ok(pool.begin().await?) }).await?;
-                for statement in setup {
-                    sqlx::query(statement).execute(&mut *tx).await?;
-                }
+                let mut tx = within(timeout, async {
+                    let mut tx = pool.begin().await?;
+                    for statement in setup {
+                        sqlx::query(statement).execute(&mut *tx).await?;
+                    }
+                    Ok(tx)
+                })
+                .await?;
                 let (mut told, mut after) = (0, (i64::MAX, i64::MAX));
                 while told < limit {
                     let page = PAGE.min(limit - told);
