@@ -11,6 +11,7 @@
 //! past 400 lines.
 
 use std::collections::BTreeMap;
+use std::collections::hash_map::Entry;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -119,6 +120,24 @@ struct Attempt {
     verdict: String,
     outcome: Option<Status>,
     settled_at: Option<i64>,
+}
+
+impl Attempt {
+    /// A claim of `request`'s machine, its number, time and verdict still
+    /// to be set.
+    fn claimed(request: &RestartRequest) -> Self {
+        Self {
+            attempt: 0,
+            instance: request.machine().to_owned(),
+            group: request.group().to_owned(),
+            zone: request.zone.clone(),
+            requester: request.requester.clone(),
+            claimed_at: 0,
+            verdict: String::new(),
+            outcome: None,
+            settled_at: None,
+        }
+    }
 }
 
 impl MemoryStore {
@@ -434,14 +453,23 @@ impl Store for MemoryStore {
         terms: ClaimTerms,
         token: ClaimToken,
     ) -> Result<Claim, StoreError> {
+        let id = request.message_id;
+        let instance = request.machine();
+        // Every handler takes this one lock twice per message: what a first
+        // claim writes is allocated before it is taken, so that the critical
+        // section is a probe and some stores (another thread's claim waited
+        // for the allocator, and slept on the lock, when it was built
+        // inside). Unused (a refusal, a row already there) it is dropped
+        // after the lock is released.
+        let mut fresh = Some(Box::new(Request::received(request, 0)));
+        let claimed = Attempt::claimed(request);
+        let held_key = instance.to_owned();
         let mut state = self.lock();
         let state = &mut *state;
         // Read with the lock held, as the SQL stores read theirs once their
         // locks are held: the stamp is never earlier than the claim takes
         // effect.
         let now = self.clock.now();
-        let id = request.message_id;
-        let instance = request.machine();
         let mut usage = if terms.limits.is_active_for(Subject::of(request)) {
             state.usage(request, &terms, now)
         } else {
@@ -452,12 +480,23 @@ impl Store for MemoryStore {
             .group_pauses
             .iter()
             .find(|pause| pause.group == request.group());
-        let recorded = state.requests.get(&id).map(|row| row.identity());
         let cancelled = state.cancel_reasons.get(&id).cloned();
-        let row = state
-            .requests
-            .entry(id)
-            .or_insert_with(|| Box::new(Request::received(request, now)));
+        // One probe of the table. The recorded identity is copied only when
+        // it is not this request's (decide_claim words the conflict); a row
+        // created here is this request's.
+        let (row, recorded) = match state.requests.entry(id) {
+            Entry::Occupied(row) => {
+                let row = row.into_mut();
+                let recorded = row.conflict(request).is_some().then(|| row.identity());
+                (row, recorded)
+            }
+            Entry::Vacant(vacant) => {
+                let mut row = fresh.take().expect("taken only here");
+                row.received_at = now;
+                row.updated_at = now;
+                (vacant.insert(row), None)
+            }
+        };
         let found = ClaimState {
             status: row.status,
             attempts: row.attempts,
@@ -492,7 +531,7 @@ impl Store for MemoryStore {
         match state.held.get_mut(instance) {
             Some(held) => *held = hold,
             None => {
-                state.held.insert(instance.to_owned(), hold);
+                state.held.insert(held_key, hold);
             }
         }
         row.status = Status::Received;
@@ -508,14 +547,9 @@ impl Store for MemoryStore {
         if !write.renewal {
             row.journal.push(Attempt {
                 attempt: write.attempts,
-                instance: instance.to_owned(),
-                group: request.group().to_owned(),
-                zone: request.zone.clone(),
-                requester: request.requester.clone(),
                 claimed_at: now,
                 verdict: write.verdict,
-                outcome: None,
-                settled_at: None,
+                ..claimed
             });
         }
         Ok(claim)
@@ -552,6 +586,9 @@ impl Store for MemoryStore {
         attempt: u32,
         outcome: &Outcome,
     ) -> Result<Recorded, StoreError> {
+        // Copied before the lock is taken, as a claim's row is.
+        let last_error = outcome.error().map(str::to_owned);
+        let output = outcome.output().map(str::to_owned);
         let now = self.clock.now();
         let mut state = self.lock();
         let row = state
@@ -571,8 +608,8 @@ impl Store for MemoryStore {
         if latest {
             row.claim_until = None;
         }
-        row.last_error = outcome.error().map(str::to_owned);
-        row.output = outcome.output().map(str::to_owned);
+        row.last_error = last_error;
+        row.output = output;
         row.recovered_after = outcome.recovered_after();
         row.updated_at = now;
         row.completed_at = status.is_final().then_some(now);
