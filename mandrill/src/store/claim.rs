@@ -469,6 +469,9 @@ pub(crate) fn usage_subject_from(
     }
 }
 
+/// [`ClaimState::NEW`], for a claim that found no row to borrow.
+static NEW_STATE: ClaimState = ClaimState::NEW;
+
 /// The one place the claim rule lives; each store reads the row, the claim
 /// of another request that holds the same host, if any
 /// ([`Usage::host_held`], on every claim) and, when a counting guard is on,
@@ -494,7 +497,9 @@ pub(crate) fn decide_claim(
     token: ClaimToken,
     usage: &Usage,
 ) -> (Claim, Option<ClaimWrite>) {
-    let state = state.unwrap_or(ClaimState::NEW);
+    // Read in place: the state is as large as a cache line or three, and
+    // moving it out of the option was a copy per claim.
+    let state = state.as_ref().unwrap_or(&NEW_STATE);
     // Before anything else, a final status included: another request's
     // record is neither joined nor answered for.
     if let Some(reason) = state
@@ -518,7 +523,8 @@ pub(crate) fn decide_claim(
     // After the answer to a claim made before the stop (its restart is
     // in flight), before anything else: a stopped campaign's target is
     // never claimed again.
-    if let Some(reason) = state.cancelled {
+    if let Some(reason) = &state.cancelled {
+        let reason = reason.clone();
         return (Claim::Cancelled { reason }, None);
     }
     if switch.paused {
