@@ -360,3 +360,24 @@ async fn connections_stay_durable_with_the_longer_checkpoint_interval() {
     assert_eq!(checkpoint, i64::from(super::WAL_AUTOCHECKPOINT_PAGES));
     pool.close().await;
 }
+
+#[test]
+fn runs_take_every_item_in_order_in_a_few_lengths() {
+    for len in 0..=1100 {
+        let items: Vec<usize> = (0..len).collect();
+        let runs: Vec<&[usize]> = runs(&items, 500).collect();
+        assert_eq!(runs.concat(), items, "every item once, in order");
+        for run in &runs {
+            assert!(
+                run.len().is_power_of_two() && run.len() <= 256,
+                "{len}: {}",
+                run.len()
+            );
+        }
+        // Largest first: each run at least as long as the next.
+        assert!(runs.windows(2).all(|pair| pair[0].len() >= pair[1].len()));
+        // A batch takes at most one statement per bit of its length (of
+        // the last 500), plus one per 256 before.
+        assert!(runs.len() <= len / 256 + 9, "{len}: {} runs", runs.len());
+    }
+}

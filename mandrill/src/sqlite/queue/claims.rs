@@ -47,7 +47,7 @@ pub(super) async fn publish(
     payloads: &[&[u8]],
     now: i64,
 ) -> Result<(), sqlx::Error> {
-    for chunk in payloads.chunks(INSERT_CHUNK) {
+    for chunk in crate::sqlite::runs(payloads, INSERT_CHUNK) {
         let mut insert: QueryBuilder<Sqlite> =
             QueryBuilder::new("INSERT INTO queue (payload, published_at, visible_at) ");
         insert.push_values(chunk, |mut row, payload| {

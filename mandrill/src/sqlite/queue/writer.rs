@@ -232,7 +232,7 @@ pub(in crate::sqlite) async fn ack_all(
     /// Claims per statement: two parameters each, far under SQLite's limit.
     const CHUNK: usize = 500;
     let mut matched = HashSet::with_capacity(acks.len());
-    for chunk in acks.chunks(CHUNK) {
+    for chunk in crate::sqlite::runs(acks, CHUNK) {
         let mut query = QueryBuilder::<Sqlite>::new("DELETE FROM queue WHERE (id, lease) IN ");
         query.push_tuples(chunk, |mut pair, claim| {
             pair.push_bind(claim.id).push_bind(claim.delivery);

@@ -9,6 +9,7 @@ use sqlx::{QueryBuilder, Sqlite};
 use super::{AroundValues, ROWS_PER_STATEMENT};
 use crate::domain::{RestartRequest, Status};
 use crate::safety::limits::{Subject, Usage};
+use crate::sqlite::runs;
 use crate::sqlite::writer::Tx;
 use crate::store::reads::sqlite::{insert_decision, usage};
 use crate::store::sql::{
@@ -66,7 +67,7 @@ pub(super) async fn claim(
     // two requests at once, counting guards or none.
     let held_where = held_hosts_where("");
     let mut held = HeldHosts::default();
-    for chunk in claims.chunks(ROWS_PER_STATEMENT) {
+    for chunk in runs(claims, ROWS_PER_STATEMENT) {
         let mut select: QueryBuilder<Sqlite> = QueryBuilder::new(
             "SELECT message_id, status, attempts, claim_until, claim_token, claim_unknown, NULL,
                     instance_name, requested_by, requester, reason, cancel_reason
@@ -229,7 +230,7 @@ async fn write_claims(
 ) -> Result<(), sqlx::Error> {
     let (created, updated): (Vec<&Pending<'_>>, Vec<&Pending<'_>>) =
         writes.iter().partition(|pending| pending.created);
-    for chunk in created.chunks(ROWS_PER_STATEMENT) {
+    for chunk in runs(&created, ROWS_PER_STATEMENT) {
         let mut insert: QueryBuilder<Sqlite> = QueryBuilder::new(
             "INSERT INTO requests
                  (message_id, instance_name, hostname, requested_by, requester, reason, status,
@@ -255,7 +256,7 @@ async fn write_claims(
         });
         insert.build().execute(&mut **tx).await?;
     }
-    for chunk in updated.chunks(ROWS_PER_STATEMENT) {
+    for chunk in runs(&updated, ROWS_PER_STATEMENT) {
         let mut update: QueryBuilder<Sqlite> = QueryBuilder::new(
             "UPDATE requests SET status = 'received', attempts = j.column2,
                  claim_until = j.column3, claim_token = j.column5, claim_unknown = j.column6,
@@ -279,7 +280,7 @@ async fn write_claims(
         .filter_map(|pending| Some((pending, pending.write.as_ref()?)))
         .filter(|(_, write)| !write.renewal)
         .collect();
-    for chunk in claimed.chunks(ROWS_PER_STATEMENT) {
+    for chunk in runs(&claimed, ROWS_PER_STATEMENT) {
         let mut journal = UPSERT_JOURNAL.query(chunk, |mut row, (pending, write)| {
             row.push_bind(pending.id)
                 .push_bind(i64::from(write.attempts))

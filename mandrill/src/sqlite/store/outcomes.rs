@@ -10,6 +10,7 @@ use uuid::Uuid;
 use super::{AroundValues, ROWS_PER_STATEMENT};
 use crate::domain::Timestamp;
 use crate::domain::{Asked, Outcome, RestartRequest, Status};
+use crate::sqlite::runs;
 use crate::sqlite::writer::Tx;
 use crate::store::sql::{
     PRUNE_JOURNAL_SQL, PRUNE_ORPHANS_SQL, REJECTION_SQL, RELEASE_JOURNAL_SQL, RELEASE_SQL,
@@ -80,10 +81,7 @@ pub(super) async fn insert_outcomes(
         .map(|(request, _, _)| request.message_id.to_string())
         .collect();
     let mut recorded: HashSet<String> = HashSet::with_capacity(outcomes.len());
-    for (chunk, ids) in outcomes
-        .chunks(ROWS_PER_STATEMENT)
-        .zip(ids.chunks(ROWS_PER_STATEMENT))
-    {
+    for (chunk, ids) in runs(outcomes, ROWS_PER_STATEMENT).zip(runs(&ids, ROWS_PER_STATEMENT)) {
         let mut update = UPDATE_OUTCOMES.query(
             chunk.iter().zip(ids),
             |mut row, ((request, attempt, outcome), id)| {
@@ -116,7 +114,7 @@ pub(super) async fn insert_outcomes(
         .filter(|(_, id)| !recorded.contains(*id))
         .map(|(outcome, id)| (*outcome, id))
         .collect();
-    for chunk in rest.chunks(ROWS_PER_STATEMENT) {
+    for chunk in runs(&rest, ROWS_PER_STATEMENT) {
         recorded.extend(upsert_outcomes(tx, chunk, now).await?);
     }
     let mut results = Vec::with_capacity(outcomes.len());
