@@ -575,7 +575,11 @@ fn an_http_inventory_keeps_its_last_good_copy_and_defers_once_it_is_too_old() {
         .unwrap()
         .to_owned();
     wait("web-1 is restarted", || journal(&journal_path).len() == 1);
+    // The log line comes before the decision is written: wait for the record.
     service.wait_for("denied", 1);
+    wait("cattle-9 is recorded denied", || {
+        status_of(&db, "cattle-9").is_some_and(|(status, _)| status == Status::Denied)
+    });
     let (status, reason) = status_of(&db, "cattle-9").unwrap();
     assert_eq!(status, Status::Denied);
     assert!(reason.unwrap_or_default().contains("not in the inventory"));
@@ -733,7 +737,11 @@ fn a_reload_reads_a_changed_inventory_source_at_once() {
     wait("web-2 is restarted", || {
         journal(&dir.join("restarts.journal")).len() == 1
     });
+    // The log line comes before the decision is written: wait for the record.
     service.wait_for("denied", 1);
+    wait("web-1 is recorded denied", || {
+        status_of(&db, "web-1").is_some_and(|(status, _)| status == Status::Denied)
+    });
     let (status, reason) = status_of(&db, "web-1").unwrap();
     assert_eq!(status, Status::Denied, "no longer in the inventory");
     assert!(reason.unwrap_or_default().contains("second.toml"));
