@@ -87,7 +87,7 @@ const STATEMENT_CACHE: usize = 256;
 /// `IN` entry) per item, so each length is a statement of its own, and
 /// SQLite parses every statement its connection has not prepared: with
 /// any length a batch could have, the writer parsed most of its
-/// statements again (a seventh of its thread's time on the benchmark).
+/// statements again (a tenth of its thread's time on the benchmark).
 /// With a few lengths, each is prepared once per connection; a batch takes
 /// at most a few more statements, in the same transaction.
 pub(crate) fn runs<T>(items: &[T], max: usize) -> impl Iterator<Item = &[T]> {
