@@ -15,6 +15,7 @@
 //! it. A host in no group but `all`/`ungrouped` has none either.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
@@ -170,7 +171,7 @@ pub(super) fn parse(object: &Map<String, Value>, keys: &Keys) -> Result<Inventor
                 ),
             );
         }
-        hosts.push(parsed);
+        hosts.push(Arc::new(parsed));
     }
     let mut inventory = Inventory::from_hosts(hosts, skipped, Format::Ansible)?;
     inventory.beneath = beneath(&edges);

@@ -7,6 +7,7 @@
 //! too); the instance's state and Auto Scaling group are always labels.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use super::{Format, Host, Inventory, host};
 use crate::domain::Reach;
@@ -45,7 +46,7 @@ pub(crate) fn parse(pages: &[Element], keys: &Ec2Keys<'_>) -> Result<Inventory, 
         for reservation in page.items(&["reservationSet"]) {
             for instance in reservation.items(&["instancesSet"]) {
                 match instance_host(instance, keys)? {
-                    Some(host) => hosts.push(host),
+                    Some(host) => hosts.push(Arc::new(host)),
                     None => {
                         skipped.push(instance.text_at(&["instanceId"]).unwrap_or("?").to_owned())
                     }

@@ -6,6 +6,7 @@
 //! port backends and probes connect to.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde::Deserialize;
 use serde_json::Value;
@@ -51,7 +52,7 @@ pub(super) fn parse(groups: Vec<Value>, keys: &Keys) -> Result<Inventory, String
                 };
                 format!("[{index}]: target {target:?}: {field} {}", bad.why)
             })? {
-                Some(parsed) => hosts.push(parsed),
+                Some(parsed) => hosts.push(Arc::new(parsed)),
                 None => skipped.push(target),
             }
         }

@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 // foldhash: the names are the operator's, and a refresh of a large fleet
 // hashes each several times.
-use foldhash::{HashMap, HashMapExt, HashSet};
+use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 use serde::Serialize;
 
 use crate::domain::{InstanceName, Reach};
@@ -68,7 +68,7 @@ pub(crate) struct Host {
 /// A parsed inventory: hosts by name, and each group's size.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Inventory {
-    hosts: HashMap<String, Arc<Host>>,
+    hosts: HashSet<ByName>,
     /// Machines per group: entries that share an address count once, so
     /// padding a group with aliases never raises its percentage budget.
     group_sizes: BTreeMap<String, u32>,
@@ -173,44 +173,65 @@ impl Inventory {
     }
 
     /// Builds an inventory from hosts, refusing a name listed twice.
-    fn from_hosts(hosts: Vec<Host>, skipped: Vec<String>, format: Format) -> Result<Self, String> {
-        // Each host's machine, then the groups' sizes and the aliases
-        // counted on names borrowed from the hosts, before they are moved.
-        let machines: Vec<String> = hosts.iter().map(machine_of).collect();
-        let (group_sizes, aliases) = {
-            let mut group_machines: HashMap<&str, HashSet<&str>> = HashMap::new();
-            let mut names_of: HashMap<&str, Vec<&str>> = HashMap::with_capacity(hosts.len());
-            for (host, machine) in hosts.iter().zip(&machines) {
-                if let Some(group) = &host.group {
-                    group_machines.entry(group).or_default().insert(machine);
+    fn from_hosts(
+        hosts: Vec<Arc<Host>>,
+        skipped: Vec<String>,
+        format: Format,
+    ) -> Result<Self, String> {
+        // One pass in the hosts' order (the order they were allocated in,
+        // which keeps each host's fields in cache): each machine's first
+        // host by index, and the names of the few that have aliases.
+        let mut machines: HashMap<Machine<'_>, u32> = HashMap::with_capacity(hosts.len());
+        let mut shared: HashMap<u32, Vec<&Host>> = HashMap::new();
+        let mut sizes: HashMap<&str, u32> = HashMap::new();
+        for (index, host) in (0..).zip(hosts.iter().map(|host| &**host)) {
+            let group = host.group.as_deref();
+            match machines.entry(machine_of(host)) {
+                std::collections::hash_map::Entry::Vacant(vacant) => {
+                    vacant.insert(index);
+                    if let Some(group) = group {
+                        *sizes.entry(group).or_default() += 1;
+                    }
                 }
-                names_of.entry(machine).or_default().push(&host.name);
-            }
-            let group_sizes: BTreeMap<String, u32> = group_machines
-                .into_iter()
-                .map(|(group, machines)| {
-                    let size = u32::try_from(machines.len()).unwrap_or(u32::MAX);
-                    (group.to_owned(), size)
-                })
-                .collect();
-            let mut aliases = HashMap::new();
-            for mut names in names_of.into_values().filter(|names| names.len() > 1) {
-                names.sort_unstable();
-                for name in &names {
-                    let others = names.iter().filter(|other| *other != name);
-                    aliases.insert(
-                        (*name).to_owned(),
-                        others.map(|o| (*o).to_owned()).collect(),
-                    );
+                std::collections::hash_map::Entry::Occupied(first) => {
+                    let first = *first.get();
+                    let names = shared
+                        .entry(first)
+                        .or_insert_with(|| vec![&*hosts[first as usize]]);
+                    // A machine counts once in each group one of its names
+                    // is in.
+                    if let Some(group) = group
+                        && names
+                            .iter()
+                            .all(|other| other.group.as_deref() != Some(group))
+                    {
+                        *sizes.entry(group).or_default() += 1;
+                    }
+                    names.push(host);
                 }
             }
-            (group_sizes, aliases)
-        };
-        let mut by_name = HashMap::with_capacity(hosts.len());
+        }
+        let group_sizes: BTreeMap<String, u32> = sizes
+            .into_iter()
+            .map(|(group, size)| (group.to_owned(), size))
+            .collect();
+        let mut aliases = HashMap::new();
+        for names in shared.into_values() {
+            let mut names: Vec<&str> = names.iter().map(|host| host.name.as_str()).collect();
+            names.sort_unstable();
+            for name in &names {
+                let others = names.iter().filter(|other| *other != name);
+                aliases.insert(
+                    (*name).to_owned(),
+                    others.map(|o| (*o).to_owned()).collect(),
+                );
+            }
+        }
+        drop(machines);
+        let mut by_name = HashSet::with_capacity(hosts.len());
         for host in hosts {
-            let name = host.name.clone();
-            if let Some(listed) = by_name.insert(name, Arc::new(host)) {
-                return Err(format!("host {} is listed twice", listed.name));
+            if let Some(listed) = by_name.replace(ByName(host)) {
+                return Err(format!("host {} is listed twice", listed.0.name));
             }
         }
         Ok(Self {
@@ -256,7 +277,7 @@ impl Inventory {
 
     /// The host named `name`, if listed.
     pub(crate) fn host(&self, name: &str) -> Option<&Arc<Host>> {
-        self.hosts.get(name)
+        self.hosts.get(name).map(|host| &host.0)
     }
 
     /// The name the counting guards know `name`'s machine by when it has
@@ -281,7 +302,7 @@ impl Inventory {
     /// Every zone with its number of hosts, by name.
     pub(crate) fn zones(&self) -> BTreeMap<String, u32> {
         let mut zones = BTreeMap::new();
-        for host in self.hosts.values() {
+        for ByName(host) in &self.hosts {
             if let Some(zone) = &host.zone {
                 *zones.entry(zone.clone()).or_insert(0) += 1;
             }
@@ -291,7 +312,7 @@ impl Inventory {
 
     /// Every host, by name.
     pub(crate) fn hosts(&self) -> Vec<&Arc<Host>> {
-        let mut hosts: Vec<_> = self.hosts.values().collect();
+        let mut hosts: Vec<_> = self.hosts.iter().map(|host| &host.0).collect();
         hosts.sort_by(|a, b| a.name.cmp(&b.name));
         hosts
     }
@@ -300,7 +321,8 @@ impl Inventory {
     /// schedule's draw orders them itself).
     pub(crate) fn in_group<'a>(&'a self, group: &'a str) -> impl Iterator<Item = &'a Arc<Host>> {
         self.hosts
-            .values()
+            .iter()
+            .map(|host| &host.0)
             .filter(move |host| host.group.as_deref() == Some(group))
     }
 
@@ -310,16 +332,55 @@ impl Inventory {
     }
 }
 
-/// Which machine `host` is: its address, as one machine is written
-/// however it is spelled (an IP in its canonical form, a DNS name in lower
-/// case), else its name (reached by its hostname).
-fn machine_of(host: &Host) -> String {
+/// A listed host, found in the set by its name.
+#[derive(Debug, Clone)]
+struct ByName(Arc<Host>);
+
+impl std::borrow::Borrow<str> for ByName {
+    fn borrow(&self) -> &str {
+        &self.0.name
+    }
+}
+
+// As its name hashes and compares, which `Borrow` requires.
+impl std::hash::Hash for ByName {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.0.name.hash(state);
+    }
+}
+
+impl PartialEq for ByName {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.name == other.0.name
+    }
+}
+
+impl Eq for ByName {}
+
+/// Which machine a host is: its address, as one machine is written
+/// however it is spelled (an IP address parsed, a DNS name in lower case),
+/// else its name (reached by its hostname). Borrowed from the host unless
+/// a name must be lowered.
+#[derive(PartialEq, Eq, Hash)]
+enum Machine<'a> {
+    Ip(std::net::IpAddr),
+    Name(std::borrow::Cow<'a, str>),
+}
+
+fn machine_of(host: &Host) -> Machine<'_> {
+    fn lower(name: &str) -> std::borrow::Cow<'_, str> {
+        if name.bytes().any(|b| b.is_ascii_uppercase()) {
+            std::borrow::Cow::Owned(name.to_ascii_lowercase())
+        } else {
+            std::borrow::Cow::Borrowed(name)
+        }
+    }
     match &host.reach.address {
         Some(address) => match address.parse::<std::net::IpAddr>() {
-            Ok(ip) => ip.to_string(),
-            Err(_) => address.to_ascii_lowercase(),
+            Ok(ip) => Machine::Ip(ip),
+            Err(_) => Machine::Name(lower(address)),
         },
-        None => host.name.to_ascii_lowercase(),
+        None => Machine::Name(lower(&host.name)),
     }
 }
 

@@ -355,3 +355,31 @@ group = "cattle"
     assert_eq!(inventory.group_size("db"), Some(1));
     assert_eq!(inventory.len(), 6);
 }
+
+/// mandrill's own hosts are checked as they are read: the first bad entry
+/// is named by its index however many good ones came before or after, in
+/// JSON and in TOML, and a duplicate is found across the whole list.
+#[test]
+fn own_format_names_the_first_bad_entry_by_its_index() {
+    let entries = |bad: serde_json::Value| {
+        let mut hosts: Vec<serde_json::Value> = (0..5)
+            .map(|i| serde_json::json!({"name": format!("web-{i}"), "group": "web"}))
+            .collect();
+        hosts[2] = bad;
+        hosts.push(serde_json::json!({"name": "web-9", "group": "web", "user": "a/b"}));
+        serde_json::json!({ "hosts": hosts })
+    };
+    let json = entries(serde_json::json!({"name": "web-2", "group": "web", "user": "a@b"}));
+    let why = Inventory::parse(&json.to_string(), false, &Keys::default()).unwrap_err();
+    assert!(why.starts_with("hosts[2].user "), "{why}");
+    let toml = toml::to_string(&entries(
+        serde_json::json!({"name": "10.0.0.1", "group": "web"}),
+    ))
+    .unwrap();
+    let why = Inventory::parse(&toml, true, &Keys::default()).unwrap_err();
+    assert!(why.starts_with("hosts[2]: name \"10.0.0.1\""), "{why}");
+    let mut twice = entries(serde_json::json!({"name": "web-4", "group": "web"}));
+    twice["hosts"].as_array_mut().unwrap().pop();
+    let why = Inventory::parse(&twice.to_string(), false, &Keys::default()).unwrap_err();
+    assert_eq!(why, "host web-4 is listed twice");
+}
