@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
-use super::{Format, Inventory, Keys, host, joined, without_group};
+use super::{Format, Inventory, Keys, Shared, host, joined, without_group};
 use crate::domain::Reach;
 
 const IMPLICIT: [&str; 3] = ["all", "ungrouped", "_meta"];
@@ -111,6 +111,7 @@ pub(super) fn parse(object: &Map<String, Value>, keys: &Keys) -> Result<Inventor
     }
     let mut hosts = Vec::new();
     let mut skipped = Vec::new();
+    let mut shared = Shared::default();
     for (name, member_of) in memberships {
         let vars = hostvars
             .get(&name)
@@ -142,16 +143,24 @@ pub(super) fn parse(object: &Map<String, Value>, keys: &Keys) -> Result<Inventor
                 .all(|group| group == *deepest || above.contains(group))
         });
         let group = on_one_chain.cloned();
-        let Some(mut parsed) = host(&name, group, reach, text(&keys.zone_var), BTreeMap::new())
-            .map_err(|bad| {
-                let field = match bad.field {
-                    "address" => "ansible_host",
-                    "user" => "ansible_user",
-                    "zone" => keys.zone_var.as_str(),
-                    other => other,
-                };
-                format!("host {name}: {field} {}", bad.why)
-            })?
+        let zone = text(&keys.zone_var);
+        let Some(mut parsed) = host(
+            &name,
+            group.as_deref(),
+            reach,
+            zone.as_deref(),
+            BTreeMap::new(),
+            &mut shared,
+        )
+        .map_err(|bad| {
+            let field = match bad.field {
+                "address" => "ansible_host",
+                "user" => "ansible_user",
+                "zone" => keys.zone_var.as_str(),
+                other => other,
+            };
+            format!("host {name}: {field} {}", bad.why)
+        })?
         else {
             skipped.push(name);
             continue;

@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use super::{Format, Host, Inventory, host};
+use super::{Format, Host, Inventory, Shared, host};
 use crate::domain::Reach;
 use crate::restarter::http::aws::Element;
 
@@ -36,6 +36,7 @@ pub(crate) fn next_token(page: &Element) -> Option<String> {
 pub(crate) fn parse(pages: &[Element], keys: &Ec2Keys<'_>) -> Result<Inventory, String> {
     let mut hosts = Vec::new();
     let mut skipped = Vec::new();
+    let mut shared = Shared::default();
     for page in pages {
         if page.name != "DescribeInstancesResponse" {
             return Err(format!(
@@ -45,7 +46,7 @@ pub(crate) fn parse(pages: &[Element], keys: &Ec2Keys<'_>) -> Result<Inventory, 
         }
         for reservation in page.items(&["reservationSet"]) {
             for instance in reservation.items(&["instancesSet"]) {
-                match instance_host(instance, keys)? {
+                match instance_host(instance, keys, &mut shared)? {
                     Some(host) => hosts.push(Arc::new(host)),
                     None => {
                         skipped.push(instance.text_at(&["instanceId"]).unwrap_or("?").to_owned())
@@ -57,7 +58,11 @@ pub(crate) fn parse(pages: &[Element], keys: &Ec2Keys<'_>) -> Result<Inventory, 
     Inventory::from_hosts(hosts, skipped, Format::Ec2)
 }
 
-fn instance_host(instance: &Element, keys: &Ec2Keys<'_>) -> Result<Option<Host>, String> {
+fn instance_host(
+    instance: &Element,
+    keys: &Ec2Keys<'_>,
+    shared: &mut Shared,
+) -> Result<Option<Host>, String> {
     let Some(id) = instance.text_at(&["instanceId"]) else {
         return Err("an instance without an instanceId".into());
     };
@@ -86,26 +91,26 @@ fn instance_host(instance: &Element, keys: &Ec2Keys<'_>) -> Result<Option<Host>,
     let group = tags
         .get(keys.group_tag)
         .or(auto_scaling_group.as_ref())
-        .map(|group| (*group).to_owned());
+        .copied();
     let reach = Reach {
         address: instance.text_at(&["privateIpAddress"]).map(str::to_owned),
         port: None,
         user: None,
     };
-    let zone = instance
-        .text_at(&["placement", "availabilityZone"])
-        .map(str::to_owned);
+    let zone = instance.text_at(&["placement", "availabilityZone"]);
     let untagged = group.is_none();
-    let built = match host(id, group, reach.clone(), zone.clone(), labels.clone()) {
+    let built = match host(id, group, reach.clone(), zone, labels.clone(), shared) {
         // A tag or group name no store or label could carry: the instance
         // stays listed, without a group, so that requests for it are
         // denied saying why, and the rest of the fleet is read.
-        Err(bad) if bad.field == "group" => host(id, None, reach, zone, labels).map(|host| {
-            host.map(|host| Host {
-                no_group: Some(format!("its group {}", bad.why)),
-                ..host
+        Err(bad) if bad.field == "group" => {
+            host(id, None, reach, zone, labels, shared).map(|host| {
+                host.map(|host| Host {
+                    no_group: Some(format!("its group {}", bad.why)),
+                    ..host
+                })
             })
-        }),
+        }
         other => other.map(|host| {
             host.map(|host| Host {
                 no_group: untagged.then(|| {

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::{Format, Inventory, Keys, host};
+use super::{Format, Inventory, Keys, Shared, host};
 use crate::domain::Reach;
 
 #[derive(Deserialize)]
@@ -24,6 +24,7 @@ struct TargetGroup {
 pub(super) fn parse(groups: Vec<Value>, keys: &Keys) -> Result<Inventory, String> {
     let mut hosts = Vec::new();
     let mut skipped = Vec::new();
+    let mut shared = Shared::default();
     for (index, group) in groups.into_iter().enumerate() {
         let group: TargetGroup =
             serde_json::from_value(group).map_err(|e| format!("[{index}]: {e}"))?;
@@ -39,10 +40,11 @@ pub(super) fn parse(groups: Vec<Value>, keys: &Keys) -> Result<Inventory, String
             };
             match host(
                 name,
-                group_name.clone(),
+                group_name.as_deref(),
                 reach,
-                zone.clone(),
+                zone.as_deref(),
                 labels.clone(),
+                &mut shared,
             )
             .map_err(|bad| {
                 let field = match bad.field {

@@ -50,7 +50,7 @@ pub(crate) struct Host {
     /// The operator's group; `None` when the source gives none (or, for
     /// ansible, two groups not one inside the other): requests for it are
     /// denied.
-    pub group: Option<String>,
+    pub group: Option<Arc<str>>,
     /// Why the host has no group, when it has none.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub no_group: Option<String>,
@@ -59,7 +59,7 @@ pub(crate) struct Host {
     pub reach: Arc<Reach>,
     /// The zone, for the budget per zone.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub zone: Option<String>,
+    pub zone: Option<Arc<str>>,
     /// Free labels, shown only.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
@@ -304,7 +304,7 @@ impl Inventory {
         let mut zones = BTreeMap::new();
         for ByName(host) in &self.hosts {
             if let Some(zone) = &host.zone {
-                *zones.entry(zone.clone()).or_insert(0) += 1;
+                *zones.entry(zone.to_string()).or_insert(0) += 1;
             }
         }
         zones
@@ -398,10 +398,11 @@ struct BadField {
 /// group or zone (which would otherwise reach a backend or a store).
 fn host(
     name: &str,
-    group: Option<String>,
+    group: Option<&str>,
     reach: Reach,
-    zone: Option<String>,
+    zone: Option<&str>,
     labels: BTreeMap<String, String>,
+    shared: &mut Shared,
 ) -> Result<Option<Host>, BadField> {
     if InstanceName::parse(name).is_err() {
         return Ok(None);
@@ -415,7 +416,7 @@ fn host(
     if let Some(user) = &reach.user {
         check_user(user).map_err(|why| BadField { field: "user", why })?;
     }
-    for (field, value) in [("group", group.as_deref()), ("zone", zone.as_deref())] {
+    for (field, value) in [("group", group), ("zone", zone)] {
         if let Some(value) = value
             && (value.is_empty()
                 || value.len() > 63
@@ -434,11 +435,27 @@ fn host(
         no_group: group
             .is_none()
             .then(|| "the inventory gives it no group".to_owned()),
-        group,
+        group: group.map(|group| shared.name(group)),
         reach: Arc::new(reach),
-        zone,
+        zone: zone.map(|zone| shared.name(zone)),
         labels,
     }))
+}
+
+/// One copy of each group and zone name that an inventory's hosts share:
+/// 100,000 hosts name a few groups and zones.
+#[derive(Default)]
+struct Shared(HashSet<Arc<str>>);
+
+impl Shared {
+    fn name(&mut self, name: &str) -> Arc<str> {
+        if let Some(shared) = self.0.get(name) {
+            return Arc::clone(shared);
+        }
+        let shared: Arc<str> = Arc::from(name);
+        self.0.insert(Arc::clone(&shared));
+        shared
+    }
 }
 
 /// Whether `address` is a DNS name (dot-separated labels of letters, digits

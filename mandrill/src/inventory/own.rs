@@ -2,12 +2,13 @@
 //! host with `name`, `group`, and optional `address`, `port`, `user`,
 //! `zone`, `labels`. Every name must be an instance name and have a group.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use serde::Deserialize;
 
-use super::{Format, Host, Inventory, host};
+use super::{Format, Host, Inventory, Shared, host};
 use crate::domain::Reach;
 
 #[derive(Deserialize)]
@@ -42,9 +43,10 @@ impl<'de> Deserialize<'de> for Hosts {
                     first_error: None,
                 };
                 let mut index = 0;
-                while let Some(entry) = seq.next_element::<Entry>()? {
+                let mut shared = Shared::default();
+                while let Some(entry) = seq.next_element::<Entry<'de>>()? {
                     if hosts.first_error.is_none() {
-                        match build_one(index, entry) {
+                        match build_one(index, entry, &mut shared) {
                             Ok(host) => hosts.built.push(Arc::new(host)),
                             Err(why) => hosts.first_error = Some(why),
                         }
@@ -60,17 +62,19 @@ impl<'de> Deserialize<'de> for Hosts {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct Entry {
+struct Entry<'a> {
     name: String,
-    group: String,
+    // Borrowed where the text has no escapes: one shared copy is kept.
+    #[serde(borrow)]
+    group: Cow<'a, str>,
     #[serde(default)]
     address: Option<String>,
     #[serde(default)]
     port: Option<u16>,
     #[serde(default)]
     user: Option<String>,
-    #[serde(default)]
-    zone: Option<String>,
+    #[serde(default, borrow)]
+    zone: Option<Cow<'a, str>>,
     #[serde(default)]
     labels: BTreeMap<String, String>,
 }
@@ -103,15 +107,22 @@ fn build(file: File) -> Result<Inventory, String> {
 }
 
 /// The host of entry `index`, checked.
-fn build_one(index: usize, entry: Entry) -> Result<Host, String> {
+fn build_one(index: usize, entry: Entry<'_>, shared: &mut Shared) -> Result<Host, String> {
     let reach = Reach {
         address: entry.address,
         port: entry.port,
         user: entry.user,
     };
     let name = entry.name;
-    let parsed = host(&name, Some(entry.group), reach, entry.zone, entry.labels)
-        .map_err(|bad| format!("hosts[{index}].{} {}", bad.field, bad.why))?;
+    let parsed = host(
+        &name,
+        Some(&entry.group),
+        reach,
+        entry.zone.as_deref(),
+        entry.labels,
+        shared,
+    )
+    .map_err(|bad| format!("hosts[{index}].{} {}", bad.field, bad.why))?;
     // Mandrill's own file names instances: a name that cannot be one
     // is a mistake, not a host to skip.
     parsed.ok_or_else(|| {

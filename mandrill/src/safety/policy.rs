@@ -143,8 +143,8 @@ impl Policy {
                 ),
             });
         };
-        request.group = Some(group.clone());
-        request.zone.clone_from(&host.zone);
+        request.group = Some(group.to_string());
+        request.zone = host.zone.as_deref().map(str::to_owned);
         request.reach = Some(host.reach.clone());
         request.machine = snapshot.inventory.machine(name).map(str::to_owned);
         super::group_mismatch(request, group).map_err(|reason| Placement::Denied {
@@ -160,7 +160,15 @@ impl Policy {
     /// nowhere: never a group made from the name.
     pub(crate) fn operators_group(&self, instance: &str) -> Option<String> {
         match &self.inventory {
-            Some(inventory) => inventory.current()?.inventory.host(instance)?.group.clone(),
+            Some(inventory) => Some(
+                inventory
+                    .current()?
+                    .inventory
+                    .host(instance)?
+                    .group
+                    .as_deref()?
+                    .to_owned(),
+            ),
             None => self
                 .guards
                 .counting
@@ -198,15 +206,17 @@ impl Policy {
                     ),
                 })
             }
-            Some(host) if host.zone != request.zone => Err(Placement::Deferred {
-                reason: format!(
-                    "deferred by inventory: {name} moved from zone {} to {} while its claim \
+            Some(host) if host.zone.as_deref() != request.zone.as_deref() => {
+                Err(Placement::Deferred {
+                    reason: format!(
+                        "deferred by inventory: {name} moved from zone {} to {} while its claim \
                      was made; placed afresh at the next delivery",
-                    request.zone.as_deref().unwrap_or("none"),
-                    host.zone.as_deref().unwrap_or("none")
-                ),
-                retry: REPLACED_RETRY,
-            }),
+                        request.zone.as_deref().unwrap_or("none"),
+                        host.zone.as_deref().unwrap_or("none")
+                    ),
+                    retry: REPLACED_RETRY,
+                })
+            }
             Some(host) if request.reach.as_deref() != Some(&*host.reach) => {
                 Err(Placement::Deferred {
                     reason: format!(
