@@ -158,26 +158,31 @@ impl InventoryHandle {
             source: source.to_string(),
             loaded_at: Instant::now(),
         });
-        *self
-            .0
-            .current
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(snapshot);
+        let replaced = self.swap(Some(snapshot));
         *self
             .0
             .last_error
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+        retire(replaced);
     }
 
     /// Drops the copy in force, so that requests wait for the next good
     /// read (fail closed).
     fn clear(&self) {
-        *self
+        retire(self.swap(None));
+    }
+
+    /// Puts `snapshot` in force and hands back the one it replaces, dropped
+    /// by the caller once the lock is released: freeing a large copy under
+    /// the write lock would stop every lookup for as long.
+    fn swap(&self, snapshot: Option<Arc<Snapshot>>) -> Option<Arc<Snapshot>> {
+        let mut current = self
             .0
             .current
             .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        std::mem::replace(&mut *current, snapshot)
     }
 
     /// `inventory` unless it drops more than `max_drop` percent of the
@@ -261,6 +266,22 @@ impl InventoryHandle {
 /// Keeps `handle` current: reads the inventory every `inventory.refresh`,
 /// and at once when a reload changes `[inventory]` (`settings`), until
 /// `cancel`. A companion of the service, spawned into its tracker.
+/// Drops a replaced copy, on a blocking thread when it may be the last
+/// holder of many hosts (freeing 100,000 takes tens of milliseconds, which a
+/// runtime worker would otherwise spend instead of deciding requests).
+fn retire(replaced: Option<Arc<Snapshot>>) {
+    let Some(replaced) = replaced else {
+        return;
+    };
+    if Arc::strong_count(&replaced.inventory) > 1 {
+        return;
+    }
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => drop(runtime.spawn_blocking(move || drop(replaced))),
+        Err(_) => drop(replaced),
+    }
+}
+
 pub(crate) async fn refresh_task(
     handle: InventoryHandle,
     mut settings: watch::Receiver<InventorySettings>,

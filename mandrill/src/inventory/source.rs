@@ -9,7 +9,7 @@ use std::fmt;
 use std::path::PathBuf;
 
 use super::ec2::{Ec2Keys, next_token};
-use super::{Ec2InventorySettings, Inventory, InventorySettings, MAX_INVENTORY_BYTES};
+use super::{Ec2InventorySettings, Inventory, InventorySettings, Keys, MAX_INVENTORY_BYTES};
 use sha2::{Digest, Sha256};
 use tracing::warn;
 
@@ -297,22 +297,51 @@ pub(crate) async fn load_changed(
         Source::Ec2(_) => unreachable!("read above"),
     };
     let keys = settings.keys();
+    let shown = from();
+    // Hashing and parsing a large inventory takes a runtime worker's
+    // hundred milliseconds: a blocking thread's instead.
+    let decoded =
+        tokio::task::spawn_blocking(move || decode(&bytes, toml_hint, &keys, last, shown))
+            .await
+            .map_err(|joined| match joined.try_into_panic() {
+                Ok(panic) => std::panic::resume_unwind(panic),
+                // Only when the runtime is shutting down.
+                Err(cancelled) => LoadError::Read {
+                    from: from(),
+                    source: std::io::Error::other(cancelled),
+                },
+            })??;
+    match decoded {
+        Loaded::New(inventory) => not_empty(inventory, from, stderr).map(Loaded::New),
+        unchanged => Ok(unchanged),
+    }
+}
+
+/// What `bytes` hold, unless their digest (with the keys that read them) is
+/// `last`.
+fn decode(
+    bytes: &[u8],
+    toml_hint: bool,
+    keys: &Keys,
+    last: Option<[u8; 32]>,
+    from: String,
+) -> Result<Loaded, LoadError> {
     let digest: [u8; 32] = Sha256::new()
         .chain_update(format!("{keys:?}\0{toml_hint}\0"))
-        .chain_update(&bytes)
+        .chain_update(bytes)
         .finalize()
         .into();
     if last == Some(digest) {
         return Ok(Loaded::Unchanged);
     }
-    let text = std::str::from_utf8(&bytes).map_err(|source| LoadError::NotUtf8 {
-        from: from(),
-        source,
-    })?;
-    let mut inventory = Inventory::parse(text, toml_hint, &keys)
-        .map_err(|why| LoadError::Invalid { from: from(), why })?;
+    let text = match std::str::from_utf8(bytes) {
+        Ok(text) => text,
+        Err(source) => return Err(LoadError::NotUtf8 { from, source }),
+    };
+    let mut inventory =
+        Inventory::parse(text, toml_hint, keys).map_err(|why| LoadError::Invalid { from, why })?;
     inventory.digest = Some(digest);
-    not_empty(inventory, from, stderr).map(Loaded::New)
+    Ok(Loaded::New(inventory))
 }
 
 /// `inventory`, unless it lists no host.
