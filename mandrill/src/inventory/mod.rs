@@ -227,6 +227,7 @@ impl Inventory {
                 );
             }
         }
+        // Its keys borrow the hosts, which move into the set next.
         drop(machines);
         let mut by_name = HashSet::with_capacity(hosts.len());
         for host in hosts {
