@@ -160,15 +160,15 @@ impl Policy {
     /// nowhere: never a group made from the name.
     pub(crate) fn operators_group(&self, instance: &str) -> Option<String> {
         match &self.inventory {
-            Some(inventory) => Some(
-                inventory
-                    .current()?
+            Some(inventory) => {
+                let current = inventory.current()?;
+                current
                     .inventory
                     .host(instance)?
                     .group
-                    .as_deref()?
-                    .to_owned(),
-            ),
+                    .as_deref()
+                    .map(str::to_owned)
+            }
             None => self
                 .guards
                 .counting
@@ -194,56 +194,46 @@ impl Policy {
             retry: lookup.retry,
         })?;
         let name = request.instance_name.as_str();
-        match snapshot.inventory.host(name) {
-            Some(host) if host.group.as_deref() != request.group.as_deref() => {
-                Err(Placement::Denied {
-                    guard: "inventory",
-                    reason: format!(
-                        "denied by inventory: {name} moved from group {} to {} while its claim \
-                     was made",
-                        request.group(),
-                        host.group.as_deref().unwrap_or("none")
-                    ),
-                })
-            }
-            Some(host) if host.zone.as_deref() != request.zone.as_deref() => {
-                Err(Placement::Deferred {
-                    reason: format!(
-                        "deferred by inventory: {name} moved from zone {} to {} while its claim \
-                     was made; placed afresh at the next delivery",
-                        request.zone.as_deref().unwrap_or("none"),
-                        host.zone.as_deref().unwrap_or("none")
-                    ),
-                    retry: REPLACED_RETRY,
-                })
-            }
-            Some(host) if request.reach.as_deref() != Some(&*host.reach) => {
-                Err(Placement::Deferred {
-                    reason: format!(
-                        "deferred by inventory: {name}'s address, port or user changed while \
-                         its claim was made; placed afresh at the next delivery"
-                    ),
-                    retry: REPLACED_RETRY,
-                })
-            }
-            Some(_) if snapshot.inventory.machine(name) != request.machine.as_deref() => {
-                Err(Placement::Deferred {
-                    reason: format!(
-                        "deferred by inventory: the entries sharing {name}'s address changed \
-                         while its claim was made; placed afresh at the next delivery"
-                    ),
-                    retry: REPLACED_RETRY,
-                })
-            }
-            Some(_) => Ok(()),
-            None => Err(Placement::Denied {
+        let Some(host) = snapshot.inventory.host(name) else {
+            return Err(Placement::Denied {
                 guard: "inventory",
                 reason: format!(
                     "denied by inventory: {name} is not in the inventory ({})",
                     snapshot.source
                 ),
-            }),
+            });
+        };
+        if host.group.as_deref() != request.group.as_deref() {
+            return Err(Placement::Denied {
+                guard: "inventory",
+                reason: format!(
+                    "denied by inventory: {name} moved from group {} to {} while its claim \
+                     was made",
+                    request.group(),
+                    host.group.as_deref().unwrap_or("none")
+                ),
+            });
         }
+        let changed = if host.zone.as_deref() != request.zone.as_deref() {
+            format!(
+                "{name} moved from zone {} to {}",
+                request.zone.as_deref().unwrap_or("none"),
+                host.zone.as_deref().unwrap_or("none")
+            )
+        } else if request.reach.as_deref() != Some(&*host.reach) {
+            format!("{name}'s address, port or user changed")
+        } else if snapshot.inventory.machine(name) != request.machine.as_deref() {
+            format!("the entries sharing {name}'s address changed")
+        } else {
+            return Ok(());
+        };
+        Err(Placement::Deferred {
+            reason: format!(
+                "deferred by inventory: {changed} while its claim was made; placed afresh at \
+                 the next delivery"
+            ),
+            retry: REPLACED_RETRY,
+        })
     }
 
     /// `Ok` unless another name of the machine `request` names (the
