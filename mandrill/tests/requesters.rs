@@ -625,11 +625,12 @@ fn a_requesters_quota_of_two_per_hour_restarts_two_and_defers_the_third() {
 }
 
 /// Two `mandrill run` on one SQLite file share a requester's quota exactly:
-/// of 40 signed requests (40 hosts; the group's own limits off), 5 are restarted, the rest
-/// deferred, whichever process handles them.
+/// of 40 signed requests or more (a host each; the group's own limits off), 5
+/// are restarted, the rest deferred, whichever process handles them.
 #[test]
 fn two_processes_on_one_sqlite_file_keep_a_requesters_quota_exactly() {
     const REQUESTS: usize = 40;
+    const ROUND: usize = 20;
     const MAX: usize = 5;
     let (_guard, dir) = temp_dir();
     let (status, _, stderr) = mandrill(&dir, &["keygen", "alice"], &[]);
@@ -679,11 +680,18 @@ fn two_processes_on_one_sqlite_file_keep_a_requesters_quota_exactly() {
     a.wait_for("mandrill started", 1);
     b.wait_for("mandrill started", 1);
     publish(REQUESTS - 1, "200");
-    wait_for_deferrals(&[&a, &b], REQUESTS - MAX);
-    assert!(
-        !a.messages("deferred").is_empty() && !b.messages("deferred").is_empty(),
-        "both processes took part"
-    );
+    // On a loaded machine one process can still take a whole round; more
+    // rounds until both have deferred one, or the test would prove nothing.
+    let mut published = REQUESTS;
+    loop {
+        wait_for_deferrals(&[&a, &b], published - MAX);
+        if !a.messages("deferred").is_empty() && !b.messages("deferred").is_empty() {
+            break;
+        }
+        assert!(published < 5 * REQUESTS, "both processes took part");
+        publish(ROUND, "200");
+        published += ROUND;
+    }
     stop(a);
     stop(b);
     let issued = fs::read_to_string(&journal)
@@ -704,7 +712,7 @@ fn two_processes_on_one_sqlite_file_keep_a_requesters_quota_exactly() {
     );
     assert_eq!(
         queue_rows(&sqlite_url(&dir)).len(),
-        REQUESTS - MAX,
+        published - MAX,
         "none lost"
     );
 }
