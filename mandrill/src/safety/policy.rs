@@ -2,8 +2,11 @@
 //! (SIGHUP reloads `[safety]`), and the shared handle the worker reads it
 //! through.
 //!
-//! Past 400 lines only with its tests, which read the policy and its
-//! handle together.
+//! One piece, past 400 lines before its tests: the policy, its
+//! placement of a request in the operator's fleet, and the handle that
+//! swaps it on reload and keeps the leash, which is the policy's `dry_run`
+//! as the operator last turned it. A reload and the leash read each other,
+//! so they stay together.
 
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
