@@ -443,6 +443,26 @@ fn a_victim_is_the_lowest_scored_eligible_host() {
     );
 }
 
+/// Equal scores (a 64-bit collision, or one host listed twice) are ordered
+/// by name, then by position, as every instance orders them: the first of
+/// the lowest names is drawn, whether the draw's one pass or its heap
+/// decides.
+#[test]
+fn tied_scores_are_ordered_by_name_then_position() {
+    let plan = Plan::new(&settings("drip", Duration::from_secs(600)), b"k");
+    let slot = plan.slot(at("2026-11-23T10:00:00Z"));
+    let keyed = [
+        (7, ("web-2", 0)),
+        (7, ("web-1", 1)),
+        (7, ("web-1", 2)),
+        (7, ("web-3", 3)),
+    ];
+    let drawn = plan.victim_among(&slot, &keyed, |host| host.0, |_| true);
+    assert_eq!(drawn, Some(&("web-1", 1)));
+    let drawn = plan.victim_among(&slot, &keyed, |host| host.0, |name| name != "web-1");
+    assert_eq!(drawn, Some(&("web-2", 0)));
+}
+
 /// The draw's scheme, pinned: a host's key and a slot's victim for a fixed
 /// seed. Every instance of a fleet must draw alike; a change here changes
 /// the victims of every running schedule, and belongs in
