@@ -46,6 +46,8 @@ fn wait_for_deferrals(instances: &[&Mandrill], count: usize, within: Duration) {
 
 const REQUESTS: usize = 200;
 const LIMIT: usize = 5;
+/// More requests to publish when one instance took a whole round.
+const ROUND: usize = 50;
 
 /// Rate-limited and fast: every request is either one of the five allowed
 /// restarts or deferred (for about an hour, so once each).
@@ -117,11 +119,19 @@ fn two_instances_on_one_sqlite_file_issue_exactly_the_rate_limit() {
     a.wait_for("mandrill started", 1);
     b.wait_for("mandrill started", 1);
     publish(REQUESTS - 1, "400");
-    wait_for_deferrals(&[&a, &b], REQUESTS - LIMIT, DEADLINE * 2);
-    assert!(
-        !a.messages("deferred").is_empty() && !b.messages("deferred").is_empty(),
-        "both instances took part"
-    );
+    // On a loaded machine one instance can still take a whole round (as
+    // tests/requesters.rs's quota test did in CI); more rounds until both
+    // have deferred one, or the test would prove nothing.
+    let mut published = REQUESTS;
+    loop {
+        wait_for_deferrals(&[&a, &b], published - LIMIT, DEADLINE * 2);
+        if !a.messages("deferred").is_empty() && !b.messages("deferred").is_empty() {
+            break;
+        }
+        assert!(published < 4 * REQUESTS, "both instances took part");
+        publish(ROUND, "400");
+        published += ROUND;
+    }
     stop(a);
     stop(b);
 
@@ -138,12 +148,12 @@ fn two_instances_on_one_sqlite_file_issue_exactly_the_rate_limit() {
     assert_eq!(restarted, LIMIT);
     // None lost: every other request is still queued, deferred, with
     // nothing claimed and no attempt used.
-    assert_eq!(queue_rows(&db).len(), REQUESTS - LIMIT);
+    assert_eq!(queue_rows(&db).len(), published - LIMIT);
     let waiting: Vec<_> = entries
         .iter()
         .filter(|e| e.status != Status::Restarted)
         .collect();
-    assert_eq!(waiting.len(), REQUESTS - LIMIT);
+    assert_eq!(waiting.len(), published - LIMIT);
     assert!(
         waiting
             .iter()
@@ -187,7 +197,7 @@ fn two_instances_on_one_sqlite_file_issue_exactly_the_rate_limit() {
         .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap())
         .filter(|line| line["decisions"][0]["guard"] == "rate limit")
         .count();
-    assert_eq!(deferred, REQUESTS - LIMIT);
+    assert_eq!(deferred, published - LIMIT);
 
     // Every decision is explained.
     let id = waiting[0].message_id.unwrap().to_string();
