@@ -14,7 +14,9 @@ use std::time::{Duration, Instant};
 
 use mandrill::Status;
 use services::{Database, NatsNames, nats_server};
-use support::{DEADLINE, Mandrill, history, mandrill, queue_rows, sqlite_url, temp_dir};
+use support::{
+    DEADLINE, Mandrill, history, mandrill, queue_rows, sqlite_url, temp_dir, wait_for_deferrals,
+};
 
 /// The journal's lines: (host, milliseconds since the epoch).
 fn journal(path: &Path) -> Vec<(String, i64)> {
@@ -26,22 +28,6 @@ fn journal(path: &Path) -> Vec<(String, i64)> {
             (host.to_owned(), at.parse().expect("milliseconds"))
         })
         .collect()
-}
-
-/// Waits until the instances together logged `count` deferrals.
-fn wait_for_deferrals(instances: &[&Mandrill], count: usize, within: Duration) {
-    let deadline = Instant::now() + within;
-    loop {
-        let deferred: usize = instances.iter().map(|i| i.messages("deferred").len()).sum();
-        if deferred >= count {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "only {deferred} of {count} deferrals"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 const REQUESTS: usize = 200;
@@ -124,7 +110,7 @@ fn two_instances_on_one_sqlite_file_issue_exactly_the_rate_limit() {
     // have deferred one, or the test would prove nothing.
     let mut published = REQUESTS;
     loop {
-        wait_for_deferrals(&[&a, &b], published - LIMIT, DEADLINE * 2);
+        wait_for_deferrals(&[&a, &b], published - LIMIT);
         if !a.messages("deferred").is_empty() && !b.messages("deferred").is_empty() {
             break;
         }
@@ -254,7 +240,7 @@ fn three_instances_on_nats_and_postgres_issue_exactly_the_rate_limit() {
     let (status, _, stderr) = mandrill(&dir, &publish, &[]);
     assert!(status.success(), "publish failed: {stderr}");
 
-    wait_for_deferrals(&refs, REQUESTS - LIMIT, DEADLINE * 2);
+    wait_for_deferrals(&refs, REQUESTS - LIMIT);
     let took_part = instances
         .iter()
         .filter(|i| !i.messages("deferred").is_empty() || !i.messages("acked").is_empty())
@@ -405,7 +391,7 @@ fn without_a_probe_a_restarted_host_holds_the_budget_while_it_settles() {
     // ...and the other is still deferred by the budget, retried every
     // 100 ms: five more deferrals after it was recorded.
     let before = service.messages("deferred").len();
-    wait_for_deferrals(&[&service], before + 5, DEADLINE);
+    wait_for_deferrals(&[&service], before + 5);
     let deferred = service.messages("deferred");
     assert!(
         deferred[before..]
@@ -620,7 +606,7 @@ fn a_group_named_in_the_message_never_widens_the_rate_limit() {
     let agreeing_file = dir.join("agreeing.jsonl");
     std::fs::write(&agreeing_file, agreeing.join("\n")).unwrap();
     publish(&agreeing_file);
-    wait_for_deferrals(&[&instance], 5, DEADLINE);
+    wait_for_deferrals(&[&instance], 5);
     stop(instance);
 
     let restarts = journal(&journal_path);

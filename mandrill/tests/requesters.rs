@@ -11,12 +11,11 @@ mod support;
 use std::fs;
 use std::path::Path;
 use std::process::Command;
-use std::time::{Duration, Instant};
 
 use mandrill::HistoryEntry;
 use mandrill::Status;
 use services::{Database, NatsNames, nats_server};
-use support::{DEADLINE, Mandrill, history, mandrill, queue_rows, sqlite_url, temp_dir};
+use support::{Mandrill, history, mandrill, queue_rows, sqlite_url, temp_dir, wait_for_deferrals};
 
 /// Signs one token with PyJWT. `spec` is JSON: `key` (a private key PEM
 /// file, or for `HS256-public` the public key used as an HMAC secret),
@@ -541,22 +540,6 @@ fn a_bad_key_fails_start_up_naming_its_key() {
         assert_eq!(status.code(), Some(2), "{stderr}");
         assert!(stderr.contains(key), "{stderr}");
         assert!(!stderr.contains("panicked"), "{stderr}");
-    }
-}
-
-/// Waits until the instances together logged `count` deferrals.
-fn wait_for_deferrals(instances: &[&Mandrill], count: usize) {
-    let deadline = Instant::now() + DEADLINE * 2;
-    loop {
-        let deferred: usize = instances.iter().map(|i| i.messages("deferred").len()).sum();
-        if deferred >= count {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "only {deferred} of {count} deferrals"
-        );
-        std::thread::sleep(Duration::from_millis(100));
     }
 }
 

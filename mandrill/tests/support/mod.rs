@@ -193,6 +193,23 @@ impl Drop for Mandrill {
 }
 
 /// The `fields` of the single log line with this message.
+/// Waits until `instances` together logged `count` deferrals, within
+/// twice [`DEADLINE`].
+pub fn wait_for_deferrals(instances: &[&Mandrill], count: usize) {
+    let deadline = Instant::now() + DEADLINE * 2;
+    loop {
+        let deferred: usize = instances.iter().map(|i| i.messages("deferred").len()).sum();
+        if deferred >= count {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "only {deferred} of {count} deferrals"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 pub fn fields_of(lines: &[Value], message: &str) -> Value {
     let found: Vec<&Value> = lines
         .iter()
