@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 use mandrill::Status;
 use services::{Database, NatsNames, nats_server};
 use support::{
-    DEADLINE, Mandrill, history, mandrill, queue_rows, sqlite_url, temp_dir, wait_for_deferrals,
+    DEADLINE, Mandrill, history, mandrill, queue_rows, sqlite_url, temp_dir, until_both_deferred,
+    wait_for_deferrals,
 };
 
 /// The journal's lines: (host, milliseconds since the epoch).
@@ -105,19 +106,9 @@ fn two_instances_on_one_sqlite_file_issue_exactly_the_rate_limit() {
     a.wait_for("mandrill started", 1);
     b.wait_for("mandrill started", 1);
     publish(REQUESTS - 1, "400");
-    // On a loaded machine one instance can still take a whole round (as
-    // tests/requesters.rs's quota test did in CI); more rounds until both
-    // have deferred one, or the test would prove nothing.
-    let mut published = REQUESTS;
-    loop {
-        wait_for_deferrals(&[&a, &b], published - LIMIT);
-        if !a.messages("deferred").is_empty() && !b.messages("deferred").is_empty() {
-            break;
-        }
-        assert!(published < 4 * REQUESTS, "both instances took part");
-        publish(ROUND, "400");
-        published += ROUND;
-    }
+    let published = until_both_deferred((&a, &b), REQUESTS, LIMIT, (ROUND, 4 * REQUESTS), |n| {
+        publish(n, "400")
+    });
     stop(a);
     stop(b);
 

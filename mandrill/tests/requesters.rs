@@ -15,7 +15,10 @@ use std::process::Command;
 use mandrill::HistoryEntry;
 use mandrill::Status;
 use services::{Database, NatsNames, nats_server};
-use support::{Mandrill, history, mandrill, queue_rows, sqlite_url, temp_dir, wait_for_deferrals};
+use support::{
+    Mandrill, history, mandrill, queue_rows, sqlite_url, temp_dir, until_both_deferred,
+    wait_for_deferrals,
+};
 
 /// Signs one token with PyJWT. `spec` is JSON: `key` (a private key PEM
 /// file, or for `HS256-public` the public key used as an HMAC secret),
@@ -663,18 +666,9 @@ fn two_processes_on_one_sqlite_file_keep_a_requesters_quota_exactly() {
     a.wait_for("mandrill started", 1);
     b.wait_for("mandrill started", 1);
     publish(REQUESTS - 1, "200");
-    // On a loaded machine one process can still take a whole round; more
-    // rounds until both have deferred one, or the test would prove nothing.
-    let mut published = REQUESTS;
-    loop {
-        wait_for_deferrals(&[&a, &b], published - MAX);
-        if !a.messages("deferred").is_empty() && !b.messages("deferred").is_empty() {
-            break;
-        }
-        assert!(published < 5 * REQUESTS, "both processes took part");
-        publish(ROUND, "200");
-        published += ROUND;
-    }
+    let published = until_both_deferred((&a, &b), REQUESTS, MAX, (ROUND, 5 * REQUESTS), |n| {
+        publish(n, "200")
+    });
     stop(a);
     stop(b);
     let issued = fs::read_to_string(&journal)

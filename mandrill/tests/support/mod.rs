@@ -210,6 +210,30 @@ pub fn wait_for_deferrals(instances: &[&Mandrill], count: usize) {
     }
 }
 
+/// For two instances sharing one SQLite file, `published` requests of
+/// which all but `allowed` are deferred: waits for those deferrals and,
+/// while one instance has deferred none (SQLite's lock is not fair, and on
+/// a loaded machine one can take a whole round), has `publish` send
+/// `round` more, up to `most`; else a test of what both do together would
+/// prove nothing. Returns how many were published in all.
+pub fn until_both_deferred(
+    (a, b): (&Mandrill, &Mandrill),
+    mut published: usize,
+    allowed: usize,
+    (round, most): (usize, usize),
+    mut publish: impl FnMut(usize),
+) -> usize {
+    loop {
+        wait_for_deferrals(&[a, b], published - allowed);
+        if !a.messages("deferred").is_empty() && !b.messages("deferred").is_empty() {
+            return published;
+        }
+        assert!(published < most, "both instances took part");
+        publish(round);
+        published += round;
+    }
+}
+
 pub fn fields_of(lines: &[Value], message: &str) -> Value {
     let found: Vec<&Value> = lines
         .iter()
