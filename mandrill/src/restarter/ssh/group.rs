@@ -33,6 +33,10 @@ const MAX_BEFORE_MARKER: usize = 4096;
 /// that the message is the one looked for; dash's `kill` takes no `--`.
 const KILL_GROUP: &str = r#"g=$1; gone() { kill -0 -$g 2>&1 | grep -q "No such process"; }; settle() { i=0; while [ $i -lt 10 ]; do gone && return 0; sleep 0.1; i=$((i+1)); done; gone; }; gone && exit 0; kill -TERM -$g 2>/dev/null; settle && exit 0; kill -KILL -$g 2>/dev/null; settle && exit 0; exit 1"#;
 
+/// Exits 0 once process `$1` is gone from the host ("No such process";
+/// one that refuses the signal is still there). `C` locale, as above.
+const ENDED: &str = r#"kill -0 $1 2>&1 | grep -q "No such process""#;
+
 /// The command's process group on the host, as the wrapper reported it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Group {
@@ -105,6 +109,24 @@ pub(super) async fn stop(
             "the kill of its process group {pgid} did not finish within {KILL_TIMEOUT:?}"
         )),
     }
+}
+
+/// Whether the command, whose pid is its group's id (the wrapper execs
+/// it), is gone from the host: asked over the same connection. `false` when
+/// the answer is not a clear yes within [`KILL_TIMEOUT`].
+pub(super) async fn ended(session: &Session, pgid: u32) -> bool {
+    let ask = format!("exec env LC_ALL=C sh -c '{ENDED}' mandrill-probe {pgid}");
+    let answer = tokio::time::timeout(
+        KILL_TIMEOUT,
+        session
+            .raw_command(ask)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status(),
+    )
+    .await;
+    matches!(answer, Ok(Ok(status)) if status.success())
 }
 
 /// Reads `stdout` up to the wrapper's line naming the command's process
