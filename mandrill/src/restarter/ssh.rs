@@ -18,8 +18,9 @@
 //! Output is read to its end before the exit status (reading the status
 //! ends the session, and the rest of the output with it); a process the
 //! command leaves behind with the output pipe open does not hold the
-//! restart: the host is asked whether the command is gone, and output is
-//! then read for a few seconds more.
+//! restart: the host is asked whether the command is gone (or the status
+//! is read beside the output once `timeout` is near), and output is then
+//! read for a few seconds more.
 //!
 //! Every phase has its bound, and together they are what
 //! `worker.restart_timeout` must exceed ([`SshSettings::longest_restart`]):
@@ -35,10 +36,11 @@
 //! connection the host drops while the command runs counts as the restart
 //! when `reboot_drops_connection` is set.
 //!
-//! Here, a restart's course (connect, start, wait, read); beside it, one
-//! file each: the connection pool (`pool.rs`), the process group's report
-//! and kill (`group.rs`), what the command's end means (`exit.rs`), quoting
-//! the command line (`quote.rs`), bounded output (`output.rs`), settings.
+//! Here, a restart's course (connect, start); beside it, one file each:
+//! waiting for the command's end (`wait.rs`), the connection pool
+//! (`pool.rs`), the process group's report, probe and kill (`group.rs`),
+//! what the command's end means (`exit.rs`), quoting the command line
+//! (`quote.rs`), bounded output (`output.rs`), settings.
 
 mod exit;
 mod group;
@@ -48,6 +50,7 @@ mod quote;
 mod settings;
 #[cfg(test)]
 mod tests;
+mod wait;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -62,41 +65,14 @@ use super::template::{ArgvTemplate, Values};
 use super::{Cause, Reservation, Reserving, RestartError, Restarter, SettingError};
 use crate::domain::{Hostname, RestartRequest, Restarted};
 
-pub(crate) use output::Captured;
 pub(crate) use settings::SshSettings;
 
-use group::{Group, REPORT_GROUP, read_group};
+use group::REPORT_GROUP;
 use pool::{ConnectError, Destination, Pool};
 use quote::quote_command_line;
 
 /// A command running over a pooled connection.
 type RemoteChild = openssh::Child<Arc<Session>>;
-
-/// How long output is still read once the command has ended, for a pipe
-/// that a process it left running keeps open (as the command backend
-/// does): sshd closes the channel only once every holder of its pipes has.
-/// Longer than the command backend's second: the output crosses the network
-/// and the multiplexing master, which a loaded machine can delay.
-const DRAIN_AFTER_EXIT: Duration = Duration::from_secs(3);
-
-/// While the output has not ended, how soon the host is first asked whether
-/// the command is still there, and the longest wait between two asks (each
-/// ask doubles it): only a command that leaves a process holding its output
-/// is asked more than once or twice, and a second channel per ask is cheap.
-const FIRST_PROBE: Duration = Duration::from_secs(1);
-const LAST_PROBE: Duration = Duration::from_secs(8);
-
-/// What ended the wait for the command's output.
-enum Seen {
-    /// Both streams ended: the status follows.
-    OutputEnded,
-    /// The exit status, read beside the output (no group to look for).
-    Exited(Result<std::process::ExitStatus, openssh::Error>),
-    /// The host says the command is gone; a process it left holds the pipes.
-    CommandGone,
-    /// `timeout` passed.
-    TimedOut,
-}
 
 /// Restarts hosts by running a command over SSH. See the module docs.
 #[derive(Debug)]
@@ -238,105 +214,6 @@ impl SshRestarter {
                     ));
                 }
             }
-        }
-    }
-
-    /// Waits for the command's exit until `command_by`, its output captured
-    /// and bounded; past it, stops the command's process group.
-    ///
-    /// The exit status is read only once the output has ended, or once the
-    /// command is seen gone from the host: reading it ends the multiplexed
-    /// session, and the master then drops output still on its way, which
-    /// sshd may send after the status (openssh-rust/openssh#103).
-    async fn run(
-        &self,
-        host: &Hostname,
-        destination: &Destination,
-        session: &Session,
-        mut child: RemoteChild,
-        command_by: Instant,
-    ) -> Result<Restarted, RestartError> {
-        let mut stdout = child.stdout().take();
-        let stderr = child.stderr().take();
-        let limit = self.max_output;
-        let (mut out, mut err) = (Captured::default(), Captured::default());
-        // Empty until the wrapper's line has been looked for.
-        let group = std::sync::OnceLock::new();
-        let exited = {
-            let reading = async {
-                tokio::join!(
-                    async {
-                        let _ = group.set(read_group(stdout.as_mut(), &mut out, limit).await);
-                        output::capture(stdout, &mut out, limit).await;
-                    },
-                    output::capture(stderr, &mut err, limit),
-                )
-            };
-            let mut reading = std::pin::pin!(reading);
-            let mut waiting = std::pin::pin!(child.wait());
-            let mut probe = std::pin::pin!(None);
-            let mut probe_every = FIRST_PROBE;
-            let mut next_probe = Instant::now() + probe_every;
-            // Without a group to look for, the status is waited for beside
-            // the output (and may cut it short).
-            let mut wait_now = false;
-            // Read while waiting, so that the command never blocks on a full
-            // pipe.
-            let seen = loop {
-                tokio::select! {
-                    _ = &mut reading => break Seen::OutputEnded,
-                    status = &mut waiting, if wait_now => break Seen::Exited(status),
-                    () = tokio::time::sleep_until(next_probe),
-                        if probe.is_none() && !wait_now =>
-                    {
-                        match group.get().copied() {
-                            Some(Group::Leader(pgid)) => {
-                                probe.set(Some(group::ended(session, pgid)));
-                            }
-                            Some(Group::NotLeader | Group::Unseen) => wait_now = true,
-                            None => next_probe = Instant::now() + probe_every,
-                        }
-                    }
-                    ended = async { probe.as_mut().as_pin_mut().expect("guarded").await },
-                        if probe.is_some() =>
-                    {
-                        probe.set(None);
-                        if ended {
-                            break Seen::CommandGone;
-                        }
-                        probe_every = (probe_every * 2).min(LAST_PROBE);
-                        next_probe = Instant::now() + probe_every;
-                    }
-                    () = tokio::time::sleep_until(command_by) => break Seen::TimedOut,
-                }
-            };
-            // A process the command left behind may hold the pipes open: its
-            // output is read for a while, not waited for.
-            let drained_by = command_by.min(Instant::now() + DRAIN_AFTER_EXIT);
-            match seen {
-                Seen::OutputEnded => tokio::time::timeout_at(command_by, waiting).await.ok(),
-                Seen::CommandGone => {
-                    let _ = tokio::time::timeout_at(drained_by, reading).await;
-                    tokio::time::timeout_at(command_by, waiting).await.ok()
-                }
-                Seen::Exited(status) => {
-                    let _ = tokio::time::timeout_at(drained_by, reading).await;
-                    Some(status)
-                }
-                Seen::TimedOut => None,
-            }
-        };
-        let output = Captured::describe(&out, &err, limit);
-        match exited {
-            Some(status) => self.exit(host, destination, session, status, output).await,
-            None => Err(group::stop(
-                host,
-                destination,
-                session,
-                group.get().copied().unwrap_or(Group::Unseen),
-                self.timeout,
-            )
-            .await),
         }
     }
 }

@@ -198,6 +198,36 @@ async fn a_process_left_holding_the_output_pipe_does_not_hold_the_restart() {
 }
 
 #[tokio::test]
+async fn an_end_near_the_timeout_with_a_process_left_on_the_output_is_not_a_time_out() {
+    // The host is asked whether the command is gone at growing intervals;
+    // an end between the last ask and the time-out must still be read as
+    // one, not killed as a time-out (a retry would restart the host again).
+    let sshd = PrivateSshd::start();
+    let pidfile = sshd.path("daemon.pid");
+    let _daemon = KillOnDrop(pidfile.clone());
+    let settings = SshSettings {
+        timeout: Duration::from_secs(4),
+        ..ssh_settings(
+            &sshd,
+            &[
+                "sh",
+                "-c",
+                "sleep 600 & echo $! > \"$1\"; sleep 3.2; echo done",
+                "sh",
+                pidfile.to_str().unwrap(),
+            ],
+        )
+    };
+    let restarter = SshRestarter::new(&settings, loopback()).unwrap();
+
+    let restarted = restart(&restarter, "cattle-ab12").await.unwrap();
+
+    assert_eq!(restarted.output.as_deref(), Some("done\n"));
+    let daemon = pid_in(&pidfile).await;
+    assert!(alive(daemon), "what the command left running is left alone");
+}
+
+#[tokio::test]
 async fn waiting_for_a_hung_hosts_connection_fits_in_the_restarts_bound() {
     // A host that accepts connections and never says a word, reached by
     // many restarts at once: each waits for the others' connections to the
