@@ -13,7 +13,8 @@
 //! group's id first). One that runs past `timeout` is stopped over the same
 //! connection: `SIGTERM`, then `SIGKILL`, to the whole group, until the
 //! group is gone. Only a confirmed end is a retryable time-out; otherwise
-//! the command may still run, and the error says so
+//! the command may still run (or, ended by itself as the time-out came,
+//! may have done its work), and the error says so
 //! ([`RestartError::OutcomeUnknown`]), so that no retry runs beside it.
 //! Output is read to its end before the exit status (reading the status
 //! ends the session, and the rest of the output with it); a process the

@@ -29,9 +29,12 @@ const MAX_BEFORE_MARKER: usize = 4096;
 
 /// Stops process group `$1`: `SIGTERM`, a second for it to go, `SIGKILL`,
 /// another second. Exits 0 once the group is gone ("No such process";
-/// permission refused is not gone), 1 if it is still there. `C` locale, so
-/// that the message is the one looked for; dash's `kill` takes no `--`.
-const KILL_GROUP: &str = r#"g=$1; gone() { kill -0 -$g 2>&1 | grep -q "No such process"; }; settle() { i=0; while [ $i -lt 10 ]; do gone && return 0; sleep 0.1; i=$((i+1)); done; gone; }; gone && exit 0; kill -TERM -$g 2>/dev/null; settle && exit 0; kill -KILL -$g 2>/dev/null; settle && exit 0; exit 1"#;
+/// permission refused is not gone), 1 if it is still there, 2 without a
+/// signal if the command itself (the group's leader, `$1`) had already
+/// ended: it ended as its time-out came, perhaps having done its work, and
+/// what it left running is left alone. `C` locale, so that the message is
+/// the one looked for; dash's `kill` takes no `--`.
+const KILL_GROUP: &str = r#"g=$1; gone() { kill -0 $1 2>&1 | grep -q "No such process"; }; settle() { i=0; while [ $i -lt 10 ]; do gone -$g && return 0; sleep 0.1; i=$((i+1)); done; gone -$g; }; gone $g && exit 2; kill -TERM -$g 2>/dev/null; settle && exit 0; kill -KILL -$g 2>/dev/null; settle && exit 0; exit 1"#;
 
 /// Exits 0 once process `$1` is gone from the host ("No such process";
 /// one that refuses the signal is still there). `C` locale, as above.
@@ -97,6 +100,11 @@ pub(super) async fn stop(
                 after: timeout,
             }
         }
+        Ok(Ok(status)) if status.code() == Some(2) => unknown(
+            "ended by itself as the time-out came, before any signal: it may have run to its \
+             end, but its exit status was not read"
+                .into(),
+        ),
         Ok(Ok(status)) if status.code() == Some(1) => unknown(format!(
             "its process group {pgid} was still there after SIGKILL (another user's \
              processes, e.g. under sudo, cannot be signalled)"
@@ -176,4 +184,45 @@ fn find_group(seen: &[u8]) -> Option<(Group, std::ops::Range<usize>)> {
         _ => Group::Unseen,
     };
     Some((group, start..start + length + 1))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::process::CommandExt;
+    use std::process::{Command, Stdio};
+
+    use super::KILL_GROUP;
+
+    fn alive(pid: &str) -> bool {
+        Command::new("kill")
+            .args(["-0", pid])
+            .stderr(Stdio::null())
+            .status()
+            .unwrap()
+            .success()
+    }
+
+    #[test]
+    fn the_kill_leaves_alone_the_group_of_a_command_that_already_ended() {
+        // A leader that ends at once, leaving a process in its group (and
+        // reaped by `output`, as sshd reaps the command).
+        let started = Command::new("sh")
+            .args(["-c", "sleep 600 >/dev/null 2>&1 & echo $$ $!"])
+            .process_group(0)
+            .output()
+            .unwrap();
+        let started = String::from_utf8(started.stdout).unwrap();
+        let (pgid, left) = started.trim().split_once(' ').unwrap();
+
+        let kill = Command::new("sh")
+            .args(["-c", KILL_GROUP, "mandrill-kill", pgid])
+            .env("LC_ALL", "C")
+            .status()
+            .unwrap();
+
+        let still_there = alive(left);
+        let _ = Command::new("kill").args(["-KILL", left]).status();
+        assert_eq!(kill.code(), Some(2), "ended by itself, no signal sent");
+        assert!(still_there, "what it left running is left alone");
+    }
 }

@@ -10,6 +10,7 @@ use tokio::time::Instant;
 use super::group::{self, Group, read_group};
 use super::output::{self, Captured};
 use super::pool::Destination;
+#[cfg(doc)]
 use super::settings::KILL_TIMEOUT;
 use super::{RemoteChild, SshRestarter};
 use crate::domain::{Hostname, Restarted};
@@ -34,6 +35,11 @@ const LAST_PROBE: Duration = Duration::from_secs(4);
 /// seen yet must not be taken for a time-out, whose kill would make the
 /// restart retryable after it happened.
 const LAST_CALL: Duration = Duration::from_secs(2);
+
+/// How long the status may still take once the host said the command is
+/// gone (sshd sent it then), past `timeout` if need be: less than
+/// [`KILL_TIMEOUT`], which bounds this phase as it bounds a kill.
+const STATUS_AFTER_GONE: Duration = Duration::from_secs(1);
 
 /// What ended the wait for the command's output.
 enum Seen {
@@ -65,7 +71,10 @@ impl SshRestarter {
     /// The exit status is read only once the output has ended, or once the
     /// command is seen gone from the host: reading it ends the multiplexed
     /// session, and the master then drops output still on its way, which
-    /// sshd may send after the status (openssh-rust/openssh#103).
+    /// sshd may send after the status (openssh-rust/openssh#103). Without a
+    /// group to ask about, and in the last stretch before `timeout`, it is
+    /// read beside the output, whose tail may then be lost: a lost tail is
+    /// better than an end taken for a time-out.
     pub(super) async fn run(
         &self,
         host: &Hostname,
@@ -112,9 +121,10 @@ impl SshRestarter {
                             Some(Group::Leader(pgid)) => {
                                 probe.set(Some(group::ended(session, pgid)));
                             }
-                            // No group to ask about (or its line not read
-                            // within a second).
-                            Some(Group::NotLeader | Group::Unseen) | None => wait_now = true,
+                            // No group to ask about.
+                            Some(Group::NotLeader | Group::Unseen) => wait_now = true,
+                            // Its line not read yet (a slow login shell).
+                            None => next_probe = Instant::now() + probe_every,
                         }
                     }
                     ended = async { probe.as_mut().as_pin_mut().expect("guarded").await },
@@ -141,9 +151,11 @@ impl SshRestarter {
                 },
                 Seen::CommandGone => {
                     let _ = tokio::time::timeout_at(drained_by, reading).await;
-                    // Gone, so nothing is killed: the kill's time is the
-                    // status's too.
-                    match tokio::time::timeout_at(command_by + KILL_TIMEOUT, waiting).await {
+                    // Gone, so its status was sent. Nothing is killed: this
+                    // second comes out of the kill's time, which leaves the
+                    // rest to `exit`'s look at the connection.
+                    let status_by = command_by.max(Instant::now() + STATUS_AFTER_GONE);
+                    match tokio::time::timeout_at(status_by, waiting).await {
                         Ok(status) => End::Status(status),
                         Err(_elapsed) => End::StatusLost,
                     }

@@ -212,7 +212,7 @@ async fn an_end_near_the_timeout_with_a_process_left_on_the_output_is_not_a_time
             &[
                 "sh",
                 "-c",
-                "sleep 600 & echo $! > \"$1\"; sleep 3.2; echo done",
+                "sleep 600 & echo $! > \"$1\"; sleep 3.2",
                 "sh",
                 pidfile.to_str().unwrap(),
             ],
@@ -222,7 +222,9 @@ async fn an_end_near_the_timeout_with_a_process_left_on_the_output_is_not_a_time
 
     let restarted = restart(&restarter, "cattle-ab12").await.unwrap();
 
-    assert_eq!(restarted.output.as_deref(), Some("done\n"));
+    // (Silent: in the last stretch the status is read beside the output,
+    // whose tail may be lost.)
+    assert_eq!(restarted.output, None);
     let daemon = pid_in(&pidfile).await;
     assert!(alive(daemon), "what the command left running is left alone");
 }
