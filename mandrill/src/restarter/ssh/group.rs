@@ -81,18 +81,7 @@ pub(super) async fn stop(
             return unknown("could not be stopped: its process group was never reported".into());
         }
     };
-    let kill = format!("exec env LC_ALL=C sh -c '{KILL_GROUP}' mandrill-kill {pgid}");
-    let killed = tokio::time::timeout(
-        KILL_TIMEOUT,
-        session
-            .raw_command(kill)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status(),
-    )
-    .await;
-    match killed {
+    match run_script(session, KILL_GROUP, "mandrill-kill", pgid).await {
         Ok(Ok(status)) if status.success() => {
             tracing::info!(%host, %destination, pgid, "the timed-out command's process group was killed");
             RestartError::TimedOut {
@@ -123,18 +112,29 @@ pub(super) async fn stop(
 /// it), is gone from the host: asked over the same connection. `false` when
 /// the answer is not a clear yes within [`KILL_TIMEOUT`].
 pub(super) async fn ended(session: &Session, pgid: u32) -> bool {
-    let ask = format!("exec env LC_ALL=C sh -c '{ENDED}' mandrill-probe {pgid}");
-    let answer = tokio::time::timeout(
+    let answer = run_script(session, ENDED, "mandrill-probe", pgid).await;
+    matches!(answer, Ok(Ok(status)) if status.success())
+}
+
+/// Runs `script` with `pgid` as `$1` on the host, in the `C` locale, over a
+/// second channel of `session`, within [`KILL_TIMEOUT`]; its exit status.
+async fn run_script(
+    session: &Session,
+    script: &str,
+    name: &str,
+    pgid: u32,
+) -> Result<Result<std::process::ExitStatus, openssh::Error>, tokio::time::error::Elapsed> {
+    let line = format!("exec env LC_ALL=C sh -c '{script}' {name} {pgid}");
+    tokio::time::timeout(
         KILL_TIMEOUT,
         session
-            .raw_command(ask)
+            .raw_command(line)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status(),
     )
-    .await;
-    matches!(answer, Ok(Ok(status)) if status.success())
+    .await
 }
 
 /// Reads `stdout` up to the wrapper's line naming the command's process
