@@ -69,7 +69,10 @@ impl PrivateSshd {
         sshd
     }
 
-    /// The sshd_config the tests use.
+    /// The sshd_config the tests use. `HOME` is the test's directory, so
+    /// that the login shell reads no profile of the machine's user (root's
+    /// here runs pyenv, whose rehash warns on stderr when logins overlap,
+    /// and that would be recorded as the command's output).
     fn write_config(&self) {
         let d = self.dir.path().display();
         fs::write(
@@ -87,6 +90,7 @@ impl PrivateSshd {
                  PasswordAuthentication no\n\
                  KbdInteractiveAuthentication no\n\
                  UseDNS no\n\
+                 SetEnv HOME={d}\n\
                  LogLevel VERBOSE\n{extra}",
                 port = self.port,
                 extra = self.extra_config,

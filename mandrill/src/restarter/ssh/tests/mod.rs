@@ -190,8 +190,7 @@ async fn every_byte_the_command_wrote_before_it_exited_is_recorded() {
         let restarts = (0..12).map(|_| restart(&restarter, "cattle-ab12"));
         for restarted in futures::future::join_all(restarts).await {
             let output = restarted.unwrap().output.unwrap();
-            // The command's bytes, whatever else a login shell printed (a
-            // profile's warning on stderr, say).
+            // The command's bytes, whatever else a login shell may print.
             let zeros = output.bytes().filter(|&byte| byte == 0).count();
             assert_eq!(
                 zeros,
