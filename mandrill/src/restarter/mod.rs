@@ -82,7 +82,7 @@ pub(crate) enum RestartError {
     /// keeps holding the host until it expires and then counts as a used
     /// attempt ("issued, outcome unknown"), and no second restart runs
     /// beside this one meanwhile.
-    #[error("restart of {host} may still be running")]
+    #[error("restart of {host}: outcome unknown, it may still be running or have run")]
     OutcomeUnknown {
         /// The host.
         host: Hostname,

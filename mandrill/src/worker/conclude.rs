@@ -47,13 +47,13 @@ pub(super) fn conclude<'a>(
 /// so that the redelivery is not spent on a deferral.
 fn leave_claimed(shared: &Shared, attempt: u32, error: &RestartError) -> Settlement {
     shared.stats.restart_failures.inc();
-    error!(error = %error.with_causes(), attempt, "the restart may still be running on the host: no outcome recorded, so its claim holds the host until it expires and then counts as a used attempt");
+    error!(error = %error.with_causes(), attempt, "the restart's outcome is unknown (it may still be running on the host): no outcome recorded, so its claim holds the host until it expires and then counts as a used attempt");
     Settlement::Nack {
         delay: shared
             .claim_terms
             .hold
             .max(shared.config.retry_backoff.delay(attempt)),
-        why: "the restart may still be running on the host".into(),
+        why: "the restart's outcome is unknown: it may still be running on the host".into(),
     }
 }
 
