@@ -287,9 +287,10 @@ pub(crate) async fn refresh_task(
     mut settings: watch::Receiver<InventorySettings>,
     cancel: CancellationToken,
 ) {
-    let mut previous = Source::of(&settings.borrow());
     loop {
-        let current = settings.borrow_and_update().clone();
+        // Not marked seen here: a reload sent before this task first ran
+        // (just after start-up) must still wake `changed` below.
+        let current = settings.borrow().clone();
         handle.set_limits(&current);
         tokio::select! {
             () = cancel.cancelled() => return,
@@ -306,12 +307,14 @@ pub(crate) async fn refresh_task(
         let Some(source) = Source::of(&current) else {
             continue;
         };
-        if previous.as_ref() != Some(&source) {
+        if handle
+            .current()
+            .is_some_and(|copy| copy.source != source.to_string())
+        {
             // A reload named another source: the old one's copy no longer
             // speaks for the fleet, even while the new one cannot be read.
             warn!(source = %source, "[inventory] names another source; requests wait for its first read");
             handle.clear();
-            previous = Some(source.clone());
         }
         tokio::select! {
             () = cancel.cancelled() => return,
@@ -376,6 +379,35 @@ mod tests {
             "the old source's copy still decides"
         );
         assert!(handle.fresh().is_err());
+        cancel.cancel();
+        task.await.unwrap();
+    }
+
+    /// A reload that comes before the refresh task first runs (the service
+    /// had just started) is read at once, not at the next `refresh`.
+    #[tokio::test]
+    async fn a_reload_before_the_refresh_task_first_runs_is_read_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = web_hosts_file(&dir.path().join("first.toml"), 1);
+        let source = Source::of(&first).unwrap();
+        let handle = InventoryHandle::new(load(&source, &first).await.unwrap(), &source, &first);
+        let (reload, settings) = watch::channel(first);
+        let second = web_hosts_file(&dir.path().join("second.toml"), 2);
+        reload.send(second).unwrap();
+        let cancel = CancellationToken::new();
+        let task = tokio::spawn(refresh_task(handle.clone(), settings, cancel.clone()));
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while handle
+            .current()
+            .is_none_or(|c| !c.source.contains("second.toml"))
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the reload's source was never read"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(handle.current().unwrap().inventory.len(), 2);
         cancel.cancel();
         task.await.unwrap();
     }

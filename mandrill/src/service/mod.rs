@@ -236,6 +236,9 @@ pub(crate) struct Service {
     inventory: InventoryHandle,
     /// `[inventory]` as the refresh task reads it; a reload sends the new one.
     inventory_settings: Arc<watch::Sender<InventorySettings>>,
+    /// The refresh task's end of `inventory_settings`, made with it: a
+    /// reload sent before the task first runs is still a change to it.
+    inventory_reloads: watch::Receiver<InventorySettings>,
     /// `[[schedule]]`, ready to run beside the worker.
     schedules: Vec<crate::schedule::Scheduled>,
     /// The `ec2` restarter, whose companion starts instances a stop-start
@@ -318,12 +321,13 @@ impl Service {
         )
         .with_notifier(notifier.clone());
         let (simulate_rate, _) = watch::channel(config.simulate.rate);
-        let (inventory_settings, _) = watch::channel(config.inventory.clone());
+        let (inventory_settings, inventory_reloads) = watch::channel(config.inventory.clone());
         Ok(Self {
             schedules,
             ec2,
             inventory,
             inventory_settings: Arc::new(inventory_settings),
+            inventory_reloads,
             config,
             broker,
             memory_broker,
@@ -383,7 +387,7 @@ impl Service {
         }
         companions.spawn(crate::inventory::refresh_task(
             self.inventory.clone(),
-            self.inventory_settings.subscribe(),
+            self.inventory_reloads.clone(),
             stop_companions.clone(),
         ));
         if self.config.simulate.enabled {
