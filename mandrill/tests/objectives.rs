@@ -301,6 +301,41 @@ fn a_breached_objective_pauses_its_group_alone_until_resumed() {
     assert!(status.success(), "{lines:?}");
 }
 
+/// A reload that adds `[[recovery_objective]]` puts it in force in the
+/// running service (its log says "setting reloaded"): the admin `/api/status`
+/// judges it.
+#[test]
+fn a_reload_puts_an_added_recovery_objective_in_force() {
+    let (_guard, dir) = temp_dir();
+    write_config(&dir);
+    let file = dir.join("mandrill.toml");
+    let with = fs::read_to_string(&file).unwrap();
+    let (without, _) = with.split_once("\n\n[[recovery_objective]]").unwrap();
+    fs::write(&file, without).unwrap();
+    let service = Mandrill::run(&dir, &["--config", "mandrill.toml"]);
+    let addr = service.wait_for("admin listening", 1)[0]["fields"]["addr"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    service.wait_for("mandrill started", 1);
+    let judged = |addr: &str| -> Vec<Value> {
+        let status: Value = serde_json::from_str(&get(addr, "/api/status")).unwrap();
+        status["recovery_objectives"].as_array().unwrap().clone()
+    };
+    assert!(judged(&addr).is_empty());
+    fs::write(&file, with).unwrap();
+    service.signal("HUP");
+    service.wait_for("configuration reloaded", 1);
+    let objectives = judged(&addr);
+    let groups: Vec<&str> = objectives
+        .iter()
+        .map(|objective| objective["group"].as_str().unwrap())
+        .collect();
+    assert_eq!(groups, ["slow", "fast"], "{objectives:?}");
+    service.signal("TERM");
+    assert!(service.wait_exit().0.success());
+}
+
 #[test]
 fn pause_and_resume_of_a_group_need_a_shared_store_and_say_what_they_did() {
     let (_guard, dir) = temp_dir();

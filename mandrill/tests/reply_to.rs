@@ -194,3 +194,62 @@ fn a_pattern_that_admits_the_request_subject_fails_start_up() {
         "{stderr}"
     );
 }
+
+/// A reload that narrows `broker.reply_to_allowed` is in force for the
+/// next request: a destination the operator revoked is refused.
+#[test]
+fn a_reload_that_revokes_a_reply_destination_refuses_it() {
+    let (_guard, dir) = temp_dir();
+    let names = NatsNames::new(&nats_server());
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    let config = |allowed: &str| {
+        format!(
+            "[broker]\nreply_to_allowed = [{allowed}]\n\
+             [store]\nurl = \"{}\"\n[restarter]\nfailure_rate = 0.0\n",
+            sqlite_url(&dir)
+        )
+    };
+    std::fs::write(
+        dir.join("mandrill.toml"),
+        config(&format!("\"verdicts.{id}.*\"")),
+    )
+    .unwrap();
+    let flags = flags(&names);
+    let mut run = vec!["--config", "mandrill.toml"];
+    run.extend(flags.iter().map(String::as_str));
+    let service = Mandrill::run(&dir, &run);
+    service.wait_for("mandrill started", 1);
+    std::fs::write(dir.join("mandrill.toml"), config("")).unwrap();
+    service.signal("HUP");
+    service.wait_for("configuration reloaded", 1);
+
+    let request = uuid::Uuid::new_v4();
+    std::fs::write(
+        dir.join("requests.jsonl"),
+        format!(
+            "{{\"message_id\":\"{request}\",\"instance_name\":\"cattle-ab12\",\"reply_to\":\"verdicts.{id}.a\"}}\n"
+        ),
+    )
+    .unwrap();
+    let mut publish = vec![
+        "publish",
+        "--config",
+        "mandrill.toml",
+        "--file",
+        "requests.jsonl",
+        "--unchecked",
+    ];
+    publish.extend(flags.iter().map(String::as_str));
+    let (status, _, stderr) = mandrill(&dir, &publish, &[]);
+    assert!(status.success(), "publish failed: {stderr}");
+    service.wait_for("denied", 1);
+    service.signal("TERM");
+    assert!(service.wait_exit().0.success());
+    let entry = history(&sqlite_url(&dir))
+        .into_iter()
+        .find(|entry| entry.message_id == Some(request))
+        .expect("the request is recorded");
+    assert_eq!(entry.status, mandrill::Status::Denied);
+    let why = entry.last_error.unwrap_or_default();
+    assert!(why.contains("denied by reply_to"), "{why}");
+}

@@ -219,17 +219,29 @@ pub(super) fn reload(
     // refused for its [[requesters]] left none trusted, so that a
     // configuration back to the running one puts them back.
     if changed.iter().any(|key| {
-        key.starts_with("safety.") || key.starts_with("inventory.") || key == "requesters"
+        key.starts_with("safety.")
+            || key.starts_with("inventory.")
+            || [
+                "requesters",
+                "recovery_objective",
+                "broker.reply_to_allowed",
+            ]
+            .contains(&key.as_str())
     }) || !new.requesters.is_empty()
         || controls.requesters_distrusted()
     {
-        // The new [safety], [inventory] and [[requesters]] over the rest as
+        // The reloadable settings the policy is made of over the rest as
         // started (the backend, which the policy's defaults depend on,
         // changes only with a restart).
         let mut effective = started.clone();
         effective.safety = new.safety.clone();
         effective.inventory = new.inventory.clone();
         effective.requesters = new.requesters.clone();
+        effective.recovery_objective = new.recovery_objective.clone();
+        effective
+            .broker
+            .reply_to_allowed
+            .clone_from(&new.broker.reply_to_allowed);
         if !controls.apply_policy(&effective) {
             return;
         }
