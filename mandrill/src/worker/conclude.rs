@@ -160,6 +160,7 @@ async fn pause_restarts(shared: &Shared, progress: &Progress, why: String) {
     })
     .await;
     match paused {
+        Err(Stopped::Reloaded) => unreachable!("only a claim stops for a reload"),
         Ok(()) => {
             error!(reason = why, "paused all restarts");
             shared.notify_switch(true, "mandrill", &why, asked);
@@ -211,6 +212,7 @@ async fn record(
         reply(shared, request, &outcome);
     }
     match recorded {
+        Err(Stopped::Reloaded) => unreachable!("only a claim stops for a reload"),
         Ok((Recorded::Recorded, true)) => {
             debug!(status = %outcome.status(), "outcome recorded and acked");
             return Settlement::Acked;

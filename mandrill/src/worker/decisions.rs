@@ -221,6 +221,7 @@ pub(super) async fn unclaim(
     })
     .await;
     match released {
+        Err(Stopped::Reloaded) => unreachable!("only a claim stops for a reload"),
         Ok(()) => progress.claimed.store(0, Ordering::Release),
         // The claim holds until it expires and then counts as used: an
         // attempt lost, never a restart outside the guard.
@@ -302,6 +303,7 @@ pub(super) async fn record_decision(
     })
     .await;
     match recorded {
+        Err(Stopped::Reloaded) => unreachable!("only a claim stops for a reload"),
         Ok(Recorded::Recorded) => {
             reply(shared, request, &outcome);
             Settlement::Ack
@@ -348,6 +350,7 @@ pub(super) async fn give_up(
     })
     .await;
     match recorded {
+        Err(Stopped::Reloaded) => unreachable!("only a claim stops for a reload"),
         Ok(Recorded::AlreadyFinal(status)) => return settle_recorded(status),
         Ok(Recorded::Conflict(conflict)) => {
             return refuse(shared, progress, request, conflict).await;

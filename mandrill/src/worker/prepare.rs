@@ -28,6 +28,10 @@ use crate::store::{Claim, ClaimTerms, ClaimToken, Decision, unknown_outcome};
 /// How soon a delivery deferred by the kill switch is looked at again.
 pub(super) const PAUSED_RECHECK: Duration = Duration::from_secs(5);
 
+/// How soon a delivery whose claim met a reload during a store outage is
+/// decided again.
+pub(super) const RELOADED_RECHECK: Duration = Duration::from_secs(1);
+
 /// How long the read of the kill switch right before a restart may take:
 /// as long as the operator's pages wait for the store (`admin::STORE_TIMEOUT`).
 /// A switch that cannot be read in that time is taken as on (fail closed).
@@ -68,6 +72,7 @@ pub(super) async fn prepare(
             Ok(deferred) => deferred,
             Err(Stopped::Shutdown) => return Err(shutting_down()),
             Err(Stopped::LeaseLost) => return Err(Settlement::Abandon),
+            Err(Stopped::Reloaded) => unreachable!("only a claim stops for a reload"),
             Err(Stopped::Permanent(error) | Stopped::OutOfTime(error)) => {
                 warn!(error = %error.with_causes(), "cannot read how often the request was deferred; counting none");
                 0
@@ -146,7 +151,10 @@ pub(super) async fn prepare(
         .claim_token
         .store(token.to_stored(), std::sync::atomic::Ordering::Release);
     let terms = &terms;
-    let claimed = store_op(shared, progress, Until::LeaseHeldOnceSent, move || {
+    let until = Until::LeaseHeldOnceSent {
+        decided_under: policy,
+    };
+    let claimed = store_op(shared, progress, until, move || {
         shared.store.claim_restart(request, *terms, token)
     })
     .await;
@@ -232,6 +240,17 @@ pub(super) async fn prepare(
         }
         Err(Stopped::Shutdown) => Err(shutting_down()),
         Err(Stopped::LeaseLost) => Err(Settlement::Abandon),
+        Err(Stopped::Reloaded) => {
+            // Nothing claimed (or a claim whose answer was lost, which holds
+            // the request until its hold ends): the redelivery is decided
+            // under the policy in force then, its limits included.
+            shared.stats.deferred.inc();
+            info!("the policy was reloaded while the store was down: deciding again");
+            Err(Settlement::Nack {
+                delay: RELOADED_RECHECK,
+                why: "the policy was reloaded while the claim waited for the store".into(),
+            })
+        }
         Err(Stopped::Permanent(error) | Stopped::OutOfTime(error)) => {
             error!(error = %error.with_causes(), "the store refused the claim; giving up without restarting");
             shared.stats.given_up.inc();

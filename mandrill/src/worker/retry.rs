@@ -9,6 +9,7 @@ use tracing::warn;
 
 use super::lease::Progress;
 use super::shared::Shared;
+use crate::safety::Policy;
 use crate::store::StoreError;
 
 /// Why a store operation retried in place stopped without an answer.
@@ -22,11 +23,14 @@ pub(super) enum Stopped {
     /// Shutdown's grace period ended while retrying (after the restart was
     /// issued), and `record_attempts` more tries failed too.
     OutOfTime(StoreError),
+    /// The claim only: the policy was reloaded while the store failed; its
+    /// terms are to be decided again before another try.
+    Reloaded,
 }
 
 /// When a store operation may stop retrying.
 #[derive(Clone, Copy)]
-pub(super) enum Until {
+pub(super) enum Until<'a> {
     /// Before the restart: while the lease is held and the grace period lasts.
     LeaseHeld,
     /// As `LeaseHeld`, except that a call under way when the grace period
@@ -34,8 +38,10 @@ pub(super) enum Until {
     /// dropped: for the claim, which a store that queues writes (the SQLite
     /// and PostgreSQL writers) commits whether or not its caller still
     /// waits. Answered, a claim can be given back; dropped, it would count
-    /// as a used attempt.
-    LeaseHeldOnceSent,
+    /// as a used attempt. A try after a failure is a new decision: under a
+    /// policy other than `decided_under` (a reload), it stops with
+    /// [`Stopped::Reloaded`] instead, so that limits lowered meanwhile hold.
+    LeaseHeldOnceSent { decided_under: &'a Policy },
     /// After the restart: until the store answers (the pull loop is paused
     /// meanwhile, and the lease kept), or, once the grace period is over,
     /// for at most `record_attempts` tries and until the abort's record
@@ -55,7 +61,7 @@ pub(super) const SENT_CALL_WAIT: Duration = Duration::from_secs(1);
 pub(super) async fn store_op<T, F, Fut>(
     shared: &Shared,
     progress: &Progress,
-    until: Until,
+    until: Until<'_>,
     mut operation: F,
 ) -> Result<T, Stopped>
 where
@@ -65,13 +71,19 @@ where
     let mut tried = 0u32;
     let mut tried_after_abort = 0u32;
     loop {
-        if matches!(until, Until::LeaseHeld | Until::LeaseHeldOnceSent)
+        if matches!(until, Until::LeaseHeld | Until::LeaseHeldOnceSent { .. })
             && !progress.lease_held(shared)
         {
             return Err(Stopped::LeaseLost);
         }
-        if matches!(until, Until::LeaseHeldOnceSent) && shared.abort.is_aborted() {
-            return Err(Stopped::Shutdown);
+        if let Until::LeaseHeldOnceSent { decided_under } = until {
+            if shared.abort.is_aborted() {
+                return Err(Stopped::Shutdown);
+            }
+            // Read only on a retry: each read is a shared lock.
+            if tried > 0 && !std::ptr::eq(&*shared.config.policy.current(), decided_under) {
+                return Err(Stopped::Reloaded);
+            }
         }
         // One slot for the call, whichever way it is awaited: every handler
         // waiting on the store holds this future, so each path's wrapper
@@ -83,7 +95,7 @@ where
                 Some(result) => result,
                 None => return Err(Stopped::Shutdown),
             },
-            Until::LeaseHeldOnceSent => match shared.abort.or_abort(call.as_mut()).await {
+            Until::LeaseHeldOnceSent { .. } => match shared.abort.or_abort(call.as_mut()).await {
                 Some(result) => result,
                 // Sent, and perhaps being committed: its answer says what
                 // to give back.
@@ -142,7 +154,7 @@ where
         // Boxed: only a failing store gets here.
         let backoff = Box::pin(tokio::time::sleep(delay));
         match until {
-            Until::LeaseHeld | Until::LeaseHeldOnceSent => {
+            Until::LeaseHeld | Until::LeaseHeldOnceSent { .. } => {
                 if shared.abort.or_abort(backoff).await.is_none() {
                     return Err(Stopped::Shutdown);
                 }

@@ -114,6 +114,7 @@ async fn record_apart(
     })
     .await;
     match recorded {
+        Err(Stopped::Reloaded) => unreachable!("only a claim stops for a reload"),
         Ok(()) => {}
         Err(Stopped::Shutdown) => return shutting_down(),
         Err(Stopped::LeaseLost) => return Settlement::Abandon,

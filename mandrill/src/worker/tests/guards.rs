@@ -296,6 +296,47 @@ async fn a_limit_set_by_a_reload_while_reserving_decides_the_claim() {
     h.stop().await.unwrap();
 }
 
+/// A rate limit a reload set while the store kept a claim failing decides
+/// the request (its delivery is decided again), not the limits the claim
+/// was first sent with, which would restart the group again.
+#[tokio::test(start_paused = true)]
+async fn a_limit_set_by_a_reload_during_a_store_outage_decides_the_retried_claim() {
+    let store = Arc::new(ScriptedStore::default());
+    let restarter = Arc::new(ScriptedRestarter::default());
+    let config = with_policy(Policy::default());
+    let reload = config.policy.clone();
+    let h = start(config, store.clone(), restarter.clone());
+    h.publish("cattle-0001").await;
+    let stats = h.stats.clone();
+    wait_until("restarted", || stats.restarted.get() == 1).await;
+    store.down.store(true, Ordering::Release);
+    let second = h.publish("cattle-0002").await;
+    wait_until("a claim failed", || {
+        store.timeline.count("claim-unreachable") >= 1
+    })
+    .await;
+    reload.replace(Policy {
+        guards: Guards {
+            counting: one_restart_per_group(),
+            max_defer: Duration::from_secs(7 * 24 * 3600),
+            ..Guards::default()
+        },
+        ..Policy::default()
+    });
+    store.down.store(false, Ordering::Release);
+    // Nacked for the reload, then deferred by the new limit on redelivery.
+    wait_until("deferred by the new limit", || stats.deferred.get() == 2).await;
+    let story = store.inner.story(second).await.unwrap().unwrap();
+    assert!(
+        story.decisions.iter().any(|d| d.guard == "rate limit"),
+        "{story:?}"
+    );
+    assert!(story.attempts.is_empty(), "{story:?}");
+    assert_eq!(stats.restarted.get(), 1);
+    assert_eq!(restarter.timeline.count("restart-started"), 1);
+    h.stop().await.unwrap();
+}
+
 /// A deny pattern added by a reload while the claim waited is honoured
 /// before the restart, with the calendar and the leash: the now-denied host
 /// is not restarted.
