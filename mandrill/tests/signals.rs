@@ -197,3 +197,63 @@ fn service_never_changed_the_limit(lines: &[Value]) -> bool {
         .iter()
         .any(|l| l["fields"]["message"] == "flow control limit changed")
 }
+
+/// A SIGHUP while the configuration is still being read (a `systemctl
+/// reload` right after `start`) is a reload once started, not the
+/// signal's default action, which killed the process: the configuration
+/// file is a FIFO, so the test knows the service is reading it.
+#[test]
+fn sighup_while_the_configuration_is_read_is_a_reload_once_started() {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let (_guard, dir) = temp_dir();
+    let fifo = dir.join("mandrill.toml");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let db = sqlite_url(&dir);
+    let config = format!("[broker]\nurl = {db:?}\n[store]\nurl = {db:?}\n");
+    // Opens the FIFO for writing once the service opens it for reading
+    // (a non-blocking open fails until then), within the deadline.
+    let writer = || {
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            match std::fs::OpenOptions::new()
+                .write(true)
+                .custom_flags(libc_o_nonblock())
+                .open(&fifo)
+            {
+                Ok(file) => return file,
+                Err(_) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err(error) => panic!("the service never read its configuration: {error}"),
+            }
+        }
+    };
+    let service = Mandrill::run(&dir, &["--config", "mandrill.toml"]);
+    let mut reading = writer();
+    // The service is reading its configuration now.
+    service.signal("HUP");
+    std::thread::sleep(Duration::from_millis(200));
+    // Every later read of the file (what it says of the leash, the
+    // reload) finds a plain file with the same text.
+    std::fs::write(dir.join("plain.toml"), &config).unwrap();
+    std::fs::rename(dir.join("plain.toml"), &fifo).unwrap();
+    reading
+        .write_all(config.as_bytes())
+        .expect("the service was killed by the SIGHUP while reading its configuration");
+    drop(reading);
+    service.wait_for("SIGHUP during start-up: reloading once started", 1);
+    service.wait_for("configuration reloaded", 1);
+    service.signal("TERM");
+    let (status, _) = service.wait_exit();
+    assert!(status.success(), "exit status {status}");
+}
+
+/// `O_NONBLOCK` on Linux (the tests run there; no libc crate for one flag).
+fn libc_o_nonblock() -> i32 {
+    0o4000
+}

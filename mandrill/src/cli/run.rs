@@ -5,6 +5,29 @@ use super::signals::{SignalName, Signals, Terminations};
 use super::*;
 
 pub(super) fn run(args: &RunArgs) -> ExitCode {
+    // The signals first: until they are installed, a SIGHUP (a `systemctl
+    // reload` right after `start`) kills the process by default, and
+    // systemd counts that a clean exit that is not restarted. Reading the
+    // configuration comes after; a signal meanwhile is handled once the
+    // start-up loop waits for it.
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("mandrill")
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("mandrill: cannot start the async runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let signals = match runtime.block_on(async { Signals::install() }) {
+        Ok(signals) => signals,
+        Err(error) => {
+            eprintln!("mandrill: cannot install signal handlers: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
     let (sources, config) = match load(args.sources()) {
         Ok(loaded) => loaded,
         Err(code) => return code,
@@ -30,18 +53,13 @@ pub(super) fn run(args: &RunArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .thread_name("mandrill")
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(error) => {
-            error!(%error, "cannot start the async runtime");
-            return ExitCode::FAILURE;
-        }
-    };
-    let outcome = runtime.block_on(serve(config, &sources, &telemetry, args.until_idle));
+    let outcome = runtime.block_on(serve(
+        config,
+        &sources,
+        &telemetry,
+        signals,
+        args.until_idle,
+    ));
     let at_once = matches!(outcome, Ok(Stopped::AtOnce));
     let code = match outcome {
         Ok(Stopped::Cleanly) => ExitCode::SUCCESS,
@@ -77,11 +95,12 @@ pub(super) async fn serve(
     config: Config,
     sources: &Sources,
     telemetry: &Telemetry,
+    mut signals: Signals,
     until_idle: bool,
 ) -> anyhow::Result<Stopped> {
-    // Installed before anything else, so that a signal during start-up is
-    // handled at once rather than waiting for a connection to time out.
-    let mut signals = Signals::install().context("cannot install signal handlers")?;
+    // `signals` were installed before anything else, so that a signal
+    // during start-up is handled at once rather than waiting for a
+    // connection to time out.
     let shutdown = Shutdown::new();
     let mut terminations = Terminations::default();
     info!(
