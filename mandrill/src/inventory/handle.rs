@@ -287,20 +287,25 @@ pub(crate) async fn refresh_task(
     mut settings: watch::Receiver<InventorySettings>,
     cancel: CancellationToken,
 ) {
+    // A reload arrived while a read was under way: read the new settings
+    // now rather than after `refresh`.
+    let mut read_now = false;
     loop {
         // Not marked seen here: a reload sent before this task first ran
         // (just after start-up) must still wake `changed` below.
         let current = settings.borrow().clone();
         handle.set_limits(&current);
-        tokio::select! {
-            () = cancel.cancelled() => return,
-            changed = settings.changed() => {
-                if changed.is_err() {
-                    return;
+        if !std::mem::take(&mut read_now) {
+            tokio::select! {
+                () = cancel.cancelled() => return,
+                changed = settings.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    info!("[inventory] changed by a reload; reading it again now");
                 }
-                info!("[inventory] changed by a reload; reading it again now");
+                () = tokio::time::sleep(current.refresh) => {}
             }
-            () = tokio::time::sleep(current.refresh) => {}
         }
         let current = settings.borrow_and_update().clone();
         handle.set_limits(&current);
@@ -316,9 +321,19 @@ pub(crate) async fn refresh_task(
             warn!(source = %source, "[inventory] names another source; requests wait for its first read");
             handle.clear();
         }
+        // A read installs only once it is whole, and a command's process
+        // group is killed when its read is dropped: a read abandoned for a
+        // reload leaves nothing behind.
         tokio::select! {
             () = cancel.cancelled() => return,
             () = handle.refresh(&source, &current) => {}
+            changed = settings.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                info!("[inventory] changed by a reload during a read; reading it again now");
+                read_now = true;
+            }
         }
     }
 }
@@ -404,6 +419,53 @@ mod tests {
             assert!(
                 std::time::Instant::now() < deadline,
                 "the reload's source was never read"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(handle.current().unwrap().inventory.len(), 2);
+        cancel.cancel();
+        task.await.unwrap();
+    }
+
+    /// A reload that names another source while the old one hangs is read
+    /// at once, not once the hanging read times out (meanwhile the old
+    /// copy would be installed, or nothing read at all).
+    #[tokio::test]
+    async fn a_reload_during_a_hanging_read_reads_the_new_source_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = web_hosts_file(&dir.path().join("first.toml"), 1);
+        let source = Source::of(&first).unwrap();
+        let handle = InventoryHandle::new(load(&source, &first).await.unwrap(), &source, &first);
+        let (reload, settings) = watch::channel(first);
+        let cancel = CancellationToken::new();
+        let task = tokio::spawn(refresh_task(handle.clone(), settings, cancel.clone()));
+        reload
+            .send(InventorySettings {
+                command: vec!["sleep".into(), "600".into()],
+                timeout: Duration::from_secs(600),
+                ..InventorySettings::default()
+            })
+            .unwrap();
+        // The hanging source's read is under way once the old copy is gone.
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while handle.current().is_some() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "never read the command"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        reload
+            .send(web_hosts_file(&dir.path().join("second.toml"), 2))
+            .unwrap();
+        while handle
+            .current()
+            .is_none_or(|c| !c.source.contains("second.toml"))
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the new source waited for the hanging read"
             );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
