@@ -57,14 +57,25 @@ impl FlowControl {
         }
     }
 
-    /// Returns a finished delivery's permit, or forgets it to pay off debt.
-    pub(crate) fn release(&self, permit: OwnedSemaphorePermit) {
-        let paid = self
+    /// Returns permits: a finished delivery's, or those a pull took but did
+    /// not use. Forgets as many as pay off debt: a permit dropped instead
+    /// would keep a lowered limit from taking effect while pulls come back
+    /// short (an idle queue's long polls hold `pull_batch` each).
+    pub(crate) fn release(&self, mut permit: OwnedSemaphorePermit) {
+        let held = permit.num_permits();
+        let Ok(debt) = self
             .debt
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |d| d.checked_sub(1))
-            .is_ok();
-        if paid {
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |d| {
+                (d > 0).then(|| d - d.min(held))
+            })
+        else {
+            return;
+        };
+        let paid = debt.min(held);
+        if paid == held {
             permit.forget();
+        } else if let Some(paid) = permit.split(paid) {
+            paid.forget();
         }
     }
 
@@ -122,6 +133,21 @@ mod tests {
         assert_eq!(flow.permits.available_permits(), 1);
         flow.set_limit(4);
         assert_eq!(flow.permits.available_permits(), 4);
+    }
+
+    /// The permits a pull took but did not use pay debt too: a limit
+    /// lowered while long polls held a batch's worth each takes effect when
+    /// they come back short, not only as deliveries finish.
+    #[tokio::test]
+    async fn permits_a_pull_did_not_use_pay_debt() {
+        let flow = FlowControl::new(100);
+        let mut pulling = flow.acquire().await;
+        flow.top_up(&mut pulling, 31);
+        flow.set_limit(4);
+        assert_eq!(flow.permits.available_permits(), 0, "28 owed");
+        flow.release(pulling);
+        assert_eq!(flow.permits.available_permits(), 4);
+        assert_eq!(flow.debt.load(Ordering::Acquire), 0);
     }
 
     #[tokio::test]

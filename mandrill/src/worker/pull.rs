@@ -130,16 +130,16 @@ async fn hand_over(
         }
     }
     if deliveries.is_empty() {
-        // The permits go back as they are dropped.
+        shared.flow.release(permits);
         return;
     }
     shared.stats.pulled.add(deliveries.len() as u64);
     // Exactly one permit per delivery goes with the batch; the rest are
-    // dropped (returned) here.
+    // returned here.
     let Some(batch) = permits.split(deliveries.len()) else {
         unreachable!("no more deliveries than permits are kept");
     };
-    drop(permits);
+    shared.flow.release(permits);
     handler::spawn_batch(tracker, shared.clone(), deliveries, batch);
 }
 
