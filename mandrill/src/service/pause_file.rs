@@ -17,7 +17,10 @@
 //! `pause-file@HOST:PATH`, so another host's file (or an operator's pause
 //! made between a look and a write) is never undone, while instances on one
 //! host watching one file share it, and a restarted instance still owns
-//! the pause it made.
+//! the pause it made (and lifts it at start-up if the file went meanwhile).
+//!
+//! One file past 400 lines: half of it is the tests, which drive the
+//! watch's private state.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -168,14 +171,19 @@ impl PauseFile {
             {
                 warn!(reason, by, "pause file: paused all restarts");
             }
-        } else if self.seen == Some(true) {
-            let reason = format!("{} removed", self.path.display());
+        } else if self.seen != Some(false) {
+            // Removed, or absent at start-up: a pause this file made is
+            // lifted even when it was removed while no instance ran.
+            let reason = match self.seen {
+                Some(_) => format!("{} removed", self.path.display()),
+                None => format!("{} absent at start-up", self.path.display()),
+            };
             if store
                 .set_switch_if(SwitchExpected::PausedBy(by), false, by, &reason)
                 .await?
             {
                 info!(reason, "pause file: restarts resumed");
-            } else {
+            } else if self.seen.is_some() {
                 let switch = store.switch().await?;
                 if switch.paused {
                     info!(
@@ -241,6 +249,35 @@ mod tests {
         file.apply(&store).await.unwrap();
         std::fs::remove_file(&path).unwrap();
         file.apply(&store).await.unwrap();
+        assert_eq!(paused_by(&store).await.as_deref(), Some("sre"));
+    }
+
+    /// A file removed while no instance ran: the instance that starts
+    /// next lifts the pause the file made (a restarted instance still owns
+    /// it), and leaves an operator's alone.
+    #[tokio::test]
+    async fn a_file_removed_while_no_instance_ran_is_resumed_at_start_up() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("PAUSE");
+        let store = MemoryStore::new();
+        let mut before = PauseFile::watch(&path).unwrap();
+        std::fs::write(&path, "").unwrap();
+        before.apply(&store).await.unwrap();
+        let own = before.identity().to_owned();
+        assert_eq!(paused_by(&store).await, Some(own));
+        drop(before);
+        std::fs::remove_file(&path).unwrap();
+        let mut after = PauseFile::watch(&path).unwrap();
+        after.apply(&store).await.unwrap();
+        assert_eq!(
+            paused_by(&store).await,
+            None,
+            "the file's pause outlived it"
+        );
+
+        store.set_switch(true, "sre", "game day").await.unwrap();
+        let mut again = PauseFile::watch(&path).unwrap();
+        again.apply(&store).await.unwrap();
         assert_eq!(paused_by(&store).await.as_deref(), Some("sre"));
     }
 
