@@ -49,7 +49,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{Instrument, error, info, info_span, warn};
 
 use super::conclude::conclude;
-use super::decisions::{deny_by, dry_run_action, held, unclaim_lease_lost};
+use super::decisions::{deny_by, dry_run_action, held, unclaim_at_shutdown, unclaim_lease_lost};
 use super::lease::{Leased, Progress, with_lease};
 use super::prepare::{halt, prepare, recheck, unless_paused};
 use super::settle::{RareSettlement, Settlement, rare, reject, settle};
@@ -457,6 +457,13 @@ pub(super) async fn process(
     if !progress.lease_held(shared) {
         drop(reservation);
         return rare(unclaim_lease_lost(shared, progress, &request, attempt)).await;
+    }
+    // Nor may the grace period have ended meanwhile (the switch's read, the
+    // stop conditions' record): a restart issued now would outlive it, and
+    // its outcome be recorded past the deadline, if at all.
+    if shared.abort.is_aborted() {
+        drop(reservation);
+        return rare(unclaim_at_shutdown(shared, progress, &request, attempt)).await;
     }
 
     // Shielded from here: the restart is issued, so its outcome must be

@@ -145,6 +145,9 @@ pub(super) struct ScriptedStore {
     pub(super) down: AtomicBool,
     /// When set, claims wait for a permit (never released: they hang).
     pub(super) claim_gate: Option<Semaphore>,
+    /// When set, each read of the kill switch takes a permit (waiting for
+    /// one if none is left).
+    pub(super) switch_gate: Option<Semaphore>,
     /// When set, a claim is committed after `claim_delay` whether or not
     /// its caller still waits, as a writer that queued it commits it.
     pub(super) queued_claims: bool,
@@ -283,6 +286,10 @@ impl Store for ScriptedStore {
             self.timeline.push("switch-unreachable");
             let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
             return Err(StoreError::Database(sqlx::Error::Io(refused)));
+        }
+        if let Some(gate) = &self.switch_gate {
+            self.timeline.push("switch-waiting");
+            gate.acquire().await.unwrap().forget();
         }
         self.inner.switch().await
     }

@@ -13,7 +13,7 @@ use crate::safety::{Clock, RequesterSettings, Requesters, StopConditionSettings,
 /// Serves a stop condition's HTTP probe, always healthy; before it answers
 /// the first probe it runs `meanwhile`, as a reload or an inventory
 /// refresh landing while the stop conditions run.
-async fn probe_that_first(
+pub(super) async fn probe_that_first(
     meanwhile: impl FnOnce() + Send + 'static,
 ) -> (StopConditions, JoinHandle<()>) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
