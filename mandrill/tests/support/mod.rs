@@ -204,7 +204,12 @@ pub fn wait_for_deferrals(instances: &[&Mandrill], count: usize) {
         }
         assert!(
             Instant::now() < deadline,
-            "only {deferred} of {count} deferrals"
+            "only {deferred} of {count} deferrals; the instances' logs:\n{}",
+            instances
+                .iter()
+                .map(|instance| instance.raw())
+                .collect::<Vec<_>>()
+                .join("\n---\n")
         );
         std::thread::sleep(Duration::from_millis(100));
     }
