@@ -232,7 +232,12 @@ pub(super) async fn unclaim(
         // only this delivery's own claim, named by its token). The claim
         // holds until it expires and counts as used, as above.
         Err(Stopped::Shutdown) => return shutting_down(),
-        Err(Stopped::LeaseLost) => return Settlement::Abandon,
+        // Nothing issued: given back, though another consumer may hold the
+        // message now (else the claim would count as an attempt issued with
+        // its outcome unknown).
+        Err(Stopped::LeaseLost) => {
+            return unclaim_lease_lost(shared, progress, request, attempt).await;
+        }
     }
     held(shared, progress, request, hold).await
 }
@@ -317,6 +322,9 @@ pub(super) async fn record_decision(
             unclaim_at_shutdown(shared, progress, request, attempt).await
         }
         Err(Stopped::Shutdown) => shutting_down(),
+        Err(Stopped::LeaseLost) if attempt > 0 => {
+            unclaim_lease_lost(shared, progress, request, attempt).await
+        }
         Err(Stopped::LeaseLost) => Settlement::Abandon,
         Err(Stopped::Permanent(error) | Stopped::OutOfTime(error)) => {
             error!(error = %error.with_causes(), "the store refused the decision; dead-lettering");

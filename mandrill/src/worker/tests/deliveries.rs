@@ -225,3 +225,62 @@ async fn handler_task_stays_small() {
     // and the delivery held by the batch, 520 bytes in a debug build.
     assert!(size <= 576, "a handler task is {size} bytes");
 }
+
+/// The lease lapses while the stop conditions run, and they fail: nothing
+/// was issued, so the claim is given back though the lease is gone (it was
+/// kept, and later counted as an attempt issued with its outcome unknown).
+#[tokio::test(start_paused = true)]
+async fn failing_stop_conditions_after_the_lease_lapsed_give_the_claim_back() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/alerts", listener.local_addr().unwrap());
+    let probed = Arc::new(tokio::sync::Notify::new());
+    let server = tokio::spawn({
+        let probed = probed.clone();
+        async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut request = Vec::new();
+            let mut buffer = [0u8; 1024];
+            while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                let read = socket.read(&mut buffer).await.unwrap();
+                if read == 0 {
+                    break;
+                }
+                request.extend_from_slice(&buffer[..read]);
+            }
+            probed.notify_one();
+            // Long enough for the lease to lapse, then unhealthy.
+            tokio::time::sleep(ACK_DEADLINE * 3).await;
+            let unhealthy =
+                b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
+            let _ = socket.write_all(unhealthy).await;
+        }
+    });
+    let alerts = crate::safety::StopConditionSettings {
+        name: "alerts".into(),
+        http: Some(url),
+        expect_status: None,
+        command: None,
+        timeout: Duration::from_secs(600),
+        expect_empty_json_array: false,
+    };
+    let store = Arc::new(ScriptedStore::default());
+    let restarter = Arc::new(ScriptedRestarter::default());
+    let config = WorkerConfig {
+        policy: PolicyHandle::new(Policy {
+            stop_conditions: crate::safety::StopConditions::new(&[alerts]).unwrap(),
+            ..Policy::default()
+        }),
+        ..config()
+    };
+    let h = start(config, store.clone(), restarter.clone());
+    h.publish("cattle-lapsed").await;
+    probed.notified().await;
+    h.broker.leases_gone.store(true, Ordering::Release);
+    let stats = h.stats.clone();
+    wait_until("abandoned", || stats.abandoned.get() == 1).await;
+    server.abort();
+    assert_eq!(restarter.timeline.count("restart-started"), 0);
+    assert_eq!(store.timeline.count("released 1"), 1);
+    h.stop().await.unwrap();
+}
