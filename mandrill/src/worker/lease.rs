@@ -55,6 +55,10 @@ pub(super) struct Progress {
     /// ([`ClaimToken::to_stored`]), set before it is sent: a release
     /// gives back only the claim made with it.
     pub(super) claim_token: AtomicI64,
+    /// A try of the claim timed out and it was tried again: its answer may
+    /// be the timed-out try's claim, committed with the time (hold,
+    /// `claimed_at`) and guards of then (set by `store_op`).
+    pub(super) claim_retried: AtomicBool,
     /// The claimed restart was handed to the restarter: from here its
     /// outcome is unknown until the restarter answers.
     pub(super) issued: AtomicBool,
@@ -75,6 +79,7 @@ impl Progress {
             pulled: shared.millis(pulled) as u32,
             claimed: AtomicU32::new(0),
             claim_token: AtomicI64::new(0),
+            claim_retried: AtomicBool::new(false),
             issued: AtomicBool::new(false),
             dead_letter: AtomicU8::new(DeadLetterReason::Other as u8),
             lease_lost: AtomicBool::new(false),

@@ -13,7 +13,7 @@ use tracing::{error, info, warn};
 
 use super::decisions::{
     deny, give_up, held, held_by_the_claim, note_decision, record_decision, unclaim,
-    unclaim_at_shutdown,
+    unclaim_at_shutdown, unclaim_retried,
 };
 use super::lease::Progress;
 use super::retry::{Stopped, Until, store_op};
@@ -28,9 +28,10 @@ use crate::store::{Claim, ClaimTerms, ClaimToken, Decision, unknown_outcome};
 /// How soon a delivery deferred by the kill switch is looked at again.
 pub(super) const PAUSED_RECHECK: Duration = Duration::from_secs(5);
 
-/// How soon a delivery whose claim met a reload during a store outage is
-/// decided again.
-pub(super) const RELOADED_RECHECK: Duration = Duration::from_secs(1);
+/// How soon a delivery whose claim is to be decided afresh is redelivered:
+/// one that met a reload during a store outage, or was answered only after
+/// a try that timed out.
+pub(super) const DECIDE_AFRESH: Duration = Duration::from_secs(1);
 
 /// How long the read of the kill switch right before a restart may take:
 /// as long as the operator's pages wait for the store (`admin::STORE_TIMEOUT`).
@@ -169,6 +170,18 @@ pub(super) async fn prepare(
                 // now, so the attempt is given back.
                 return Err(rare(unclaim_at_shutdown(shared, progress, request, attempt)).await);
             }
+            if progress
+                .claim_retried
+                .load(std::sync::atomic::Ordering::Acquire)
+            {
+                // Answered after a try that timed out: it may be that
+                // try's claim, committed before its answer was lost, with
+                // the hold, the journal's time and the counting guards of
+                // then (an outage later, the host's hold may be nearly
+                // over, or the rate window moved on). Nothing is issued:
+                // given back, and the redelivery claims afresh.
+                return Err(rare(unclaim_retried(shared, progress, request, attempt)).await);
+            }
             if let Some(unknown) = unknown {
                 warn!(
                     unknown,
@@ -247,7 +260,7 @@ pub(super) async fn prepare(
             shared.stats.deferred.inc();
             info!("the policy was reloaded while the store was down: deciding again");
             Err(Settlement::Nack {
-                delay: RELOADED_RECHECK,
+                delay: DECIDE_AFRESH,
                 why: "the policy was reloaded while the claim waited for the store".into(),
             })
         }

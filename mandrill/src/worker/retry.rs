@@ -136,6 +136,13 @@ where
             return Err(Stopped::Permanent(error));
         }
         shared.store_health.failed(&shared.stats);
+        // A claim that may have been committed all the same (its call
+        // timed out; any other error rolled it back).
+        if matches!(until, Until::LeaseHeldOnceSent { .. }) && error.outcome_unknown() {
+            progress
+                .claim_retried
+                .store(true, std::sync::atomic::Ordering::Release);
+        }
         tried = tried.saturating_add(1);
         let delay = shared.config.record_backoff.delay(tried);
         if matches!(until, Until::Shielded) && shared.abort.is_aborted() {

@@ -145,6 +145,9 @@ pub(super) struct ScriptedStore {
     pub(super) down: AtomicBool,
     /// When set, claims wait for a permit (never released: they hang).
     pub(super) claim_gate: Option<Semaphore>,
+    /// This many more claims are committed, and then answered with a time
+    /// out (the answer lost after the commit).
+    pub(super) lost_claim_answers: AtomicU32,
     /// When set, each read of the kill switch takes a permit (waiting for
     /// one if none is left).
     pub(super) switch_gate: Option<Semaphore>,
@@ -211,6 +214,11 @@ impl Store for ScriptedStore {
             self.inner.claim_restart(r, terms, token).await
         };
         self.timeline.push(format!("claim {claim:?}"));
+        if claim.is_ok() && take_one(&self.lost_claim_answers) {
+            self.timeline.push("claim-answer-lost");
+            let after = Duration::from_secs(10);
+            return Err(StoreError::TimedOut { after });
+        }
         claim
     }
     async fn record_outcome(

@@ -208,3 +208,28 @@ async fn an_outage_with_no_message_flowing_is_still_seen() {
     assert_eq!(stats.store_outages.get(), 1);
     h.stop().await.unwrap();
 }
+
+/// A claim committed whose answer was lost (the call timed out) is
+/// answered again by the retry (the same token), but with the time and
+/// guards of the lost try: it is
+/// given back, not used, and the redelivery claims afresh. One restart, on
+/// the attempt claimed afresh.
+#[tokio::test(start_paused = true)]
+async fn a_claim_answered_after_a_failed_try_is_given_back_and_claimed_afresh() {
+    let store = Arc::new(ScriptedStore {
+        lost_claim_answers: AtomicU32::new(1),
+        ..Default::default()
+    });
+    let restarter = Arc::new(ScriptedRestarter::default());
+    let h = start(config(), store.clone(), restarter.clone());
+    let id = h.publish("cattle-0001").await;
+    let stats = h.stats.clone();
+    wait_until("acked", || stats.acked.get() == 1).await;
+    assert_eq!(store.timeline.count("claim-answer-lost"), 1);
+    assert_eq!(store.timeline.count("released 1"), 1, "given back");
+    assert_eq!(stats.nacked.get(), 1);
+    assert_eq!(restarter.timeline.count("restart-started"), 1);
+    let entry = store.entry(id);
+    assert_eq!((entry.status, entry.attempts), (Status::Restarted, 1));
+    h.stop().await.unwrap();
+}
