@@ -97,8 +97,21 @@ impl Eligibility {
     /// machine `instance` is (its address in the inventory, or an entry
     /// sharing that address), matches `safety.deny`: denying a machine by
     /// one name denies it by every name.
+    ///
+    /// `other` is matched as written and as the inventory tells machines
+    /// apart (a DNS name in lower case, an IPv6 address in its canonical
+    /// form): `DB-Primary.internal` is the machine `db-*` denies. (Allocates
+    /// only for a name with capitals or an IPv6 address.)
     pub(crate) fn check_other_name(&self, instance: &str, other: &str) -> Result<(), String> {
-        match self.deny.iter().find(|p| p.matches(other)) {
+        let canonical = match other.parse::<std::net::Ipv6Addr>() {
+            Ok(ip) => Some(ip.to_string()),
+            Err(_) if other.bytes().any(|b| b.is_ascii_uppercase()) => {
+                Some(other.to_ascii_lowercase())
+            }
+            Err(_) => None,
+        };
+        let denied = |name: &str| self.deny.iter().find(|p| p.matches(name));
+        match denied(other).or_else(|| canonical.as_deref().and_then(denied)) {
             Some(pattern) => Err(format!(
                 "denied by safety.deny: {instance} is the machine {other}, which matches \
                  \"{pattern}\""
@@ -182,5 +195,20 @@ mod tests {
             "{denied}"
         );
         assert!(rules.check_other_name("cattle-a9", "10.0.0.9").is_ok());
+        // However the address is spelt: capitals, an IPv6 address written
+        // long or in capitals.
+        assert!(
+            rules
+                .check_other_name("cattle-a9", "DB-Primary.internal")
+                .is_err()
+        );
+        let by_address = Eligibility::new(&list(&["cattle-*"]), &list(&["fd00::9"]), true).unwrap();
+        for spelling in ["fd00::9", "FD00:0::9", "fd00:0:0:0:0:0:0:9"] {
+            assert!(
+                by_address.check_other_name("cattle-a9", spelling).is_err(),
+                "{spelling}"
+            );
+        }
+        assert!(by_address.check_other_name("cattle-a9", "fd00::10").is_ok());
     }
 }
