@@ -243,27 +243,60 @@ pub(crate) const MAX_REQUESTED_BY_CHARS: usize = 128;
 pub(crate) const MAX_REASON_CHARS: usize = 1024;
 
 /// Whether `c` reorders or hides text without being a control character:
-/// the bidirectional embeddings, overrides, isolates and marks, and the
-/// zero-width characters. In a name or reason they make what an operator
-/// reads in the history, a report or a notification differ from what was
-/// sent ("oncall\u{202E}toor" shows as "oncallroot").
+/// every format character (Unicode's general category Cf: the
+/// bidirectional embeddings, overrides, isolates and marks, the zero-width
+/// and invisible operators, the soft hyphen, the tags), the line and
+/// paragraph separators, and the characters that show as nothing (variation
+/// selectors, the combining grapheme joiner, Hangul fillers). In a name or
+/// reason they make what an operator reads in the history, a report or a
+/// notification differ from what was sent ("oncall\u{202E}toor" shows as
+/// "oncallroot"; "alice\u{2063}" as "alice").
 fn reorders_or_hides(c: char) -> bool {
     matches!(
         c,
-        '\u{061C}'
+        // Cf, as of Unicode 15.
+        '\u{00AD}'
+            | '\u{0600}'..='\u{0605}'
+            | '\u{061C}'
+            | '\u{06DD}'
+            | '\u{070F}'
+            | '\u{0890}'..='\u{0891}'
+            | '\u{08E2}'
+            | '\u{180E}'
             | '\u{200B}'..='\u{200F}'
             | '\u{202A}'..='\u{202E}'
-            | '\u{2060}'
-            | '\u{2066}'..='\u{2069}'
+            | '\u{2060}'..='\u{2064}'
+            | '\u{2066}'..='\u{206F}'
             | '\u{FEFF}'
+            | '\u{FFF9}'..='\u{FFFB}'
+            | '\u{110BD}'
+            | '\u{110CD}'
+            | '\u{13430}'..='\u{1343F}'
+            | '\u{1BCA0}'..='\u{1BCA3}'
+            | '\u{1D173}'..='\u{1D17A}'
+            | '\u{E0001}'
+            | '\u{E0020}'..='\u{E007F}'
+            // Zl, Zp.
+            | '\u{2028}'..='\u{2029}'
+            // Shown as nothing: the combining grapheme joiner, Hangul and
+            // Khmer fillers, Mongolian and other variation selectors.
+            | '\u{034F}'
+            | '\u{115F}'..='\u{1160}'
+            | '\u{17B4}'..='\u{17B5}'
+            | '\u{180B}'..='\u{180D}'
+            | '\u{180F}'
+            | '\u{3164}'
+            | '\u{FE00}'..='\u{FE0F}'
+            | '\u{FFA0}'
+            | '\u{E0100}'..='\u{E01EF}'
     )
 }
 
 /// Validates and normalises a free-text field so that whatever parses can
 /// be stored by every store and reads as it was sent: surrounding white
 /// space is trimmed, an empty value is no value, control characters (NUL
-/// included, which PostgreSQL cannot store in text) and bidirectional or
-/// zero-width ones ([`reorders_or_hides`]) are refused, and the length is
+/// included, which PostgreSQL cannot store in text) and bidirectional,
+/// zero-width or invisible ones ([`reorders_or_hides`]) are refused, and the length is
 /// bounded.
 fn free_text(
     field: &'static str,
@@ -277,7 +310,7 @@ fn free_text(
         let kind = if bad.is_control() {
             "control"
         } else {
-            "bidirectional or zero-width"
+            "bidirectional, zero-width or invisible"
         };
         return Err(Rejection::BadText {
             field,

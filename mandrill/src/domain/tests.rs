@@ -85,9 +85,40 @@ fn free_text_that_a_store_could_not_keep_is_rejected_with_the_field_named() {
     // Bidirectional and zero-width characters make what is shown differ
     // from what was sent: each of them is refused, in either field.
     let reordering_or_hidden = [
-        '\u{061C}', '\u{200B}', '\u{200C}', '\u{200D}', '\u{200E}', '\u{200F}', '\u{202A}',
-        '\u{202B}', '\u{202C}', '\u{202D}', '\u{202E}', '\u{2060}', '\u{2066}', '\u{2067}',
-        '\u{2068}', '\u{2069}', '\u{FEFF}',
+        '\u{061C}',
+        '\u{200B}',
+        '\u{200C}',
+        '\u{200D}',
+        '\u{200E}',
+        '\u{200F}',
+        '\u{202A}',
+        '\u{202B}',
+        '\u{202C}',
+        '\u{202D}',
+        '\u{202E}',
+        '\u{2060}',
+        '\u{2066}',
+        '\u{2067}',
+        '\u{2068}',
+        '\u{2069}',
+        '\u{FEFF}',
+        // Format characters beyond those, separators, and what shows as
+        // nothing: "alice\u{2063}" would read as "alice".
+        '\u{00AD}',
+        '\u{034F}',
+        '\u{115F}',
+        '\u{180E}',
+        '\u{2028}',
+        '\u{2029}',
+        '\u{2061}',
+        '\u{2063}',
+        '\u{2064}',
+        '\u{206A}',
+        '\u{3164}',
+        '\u{FE0F}',
+        '\u{FFA0}',
+        '\u{E0041}',
+        '\u{E0100}',
     ];
     for (field, c) in ["requested_by", "reason"]
         .into_iter()
@@ -99,7 +130,7 @@ fn free_text_that_a_store_could_not_keep_is_rejected_with_the_field_named() {
         let code = format!("U+{:04X} at character 6", u32::from(c));
         assert!(
             error.contains(field)
-                && error.contains("bidirectional or zero-width")
+                && error.contains("bidirectional, zero-width or invisible")
                 && error.contains(&code),
             "{error}"
         );
