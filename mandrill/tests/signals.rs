@@ -257,3 +257,32 @@ fn sighup_while_the_configuration_is_read_is_a_reload_once_started() {
 fn libc_o_nonblock() -> i32 {
     0o4000
 }
+
+/// A reload whose policy cannot be put in force (here: reply destinations
+/// on a broker the service did not start with, which can carry none)
+/// applies nothing of the file, its `max_in_flight` included: valid or
+/// nothing.
+#[test]
+fn a_reload_whose_policy_is_refused_applies_nothing() {
+    let (_guard, dir) = temp_dir();
+    let db = sqlite_url(&dir);
+    let config = dir.join("mandrill.toml");
+    let first = format!("[broker]\nurl = {db:?}\n[store]\nurl = {db:?}\n");
+    std::fs::write(&config, &first).unwrap();
+    let service = Mandrill::run(&dir, &["--config", config.to_str().unwrap()]);
+    service.wait_for("mandrill started", 1);
+    std::fs::write(
+        &config,
+        format!(
+            "[broker]\nurl = \"nats://127.0.0.1:4222\"\nreply_to_allowed = [\"verdicts.*\"]\n\
+             [store]\nurl = {db:?}\n[worker]\nmax_in_flight = 7\n"
+        ),
+    )
+    .unwrap();
+    service.signal("HUP");
+    service.wait_for("safety policy not reloaded; keeping the one in force", 1);
+    service.signal("TERM");
+    let (status, lines) = service.wait_exit();
+    assert!(status.success(), "exit status {status}");
+    assert!(service_never_changed_the_limit(&lines));
+}

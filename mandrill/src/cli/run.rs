@@ -228,10 +228,6 @@ pub(super) fn reload(
     );
     telemetry.add_secrets(&new.redactor());
     let changed = running.config.changed_keys(&new);
-    if let Err(error) = telemetry.set_level(&new.log.level) {
-        error!(%error, "cannot apply log.level");
-    }
-    controls.apply(&new);
     // With requesters configured, every SIGHUP rebuilds the policy: their
     // key files are read again, so a rotated or revoked key takes effect
     // though the configuration's text did not change; and after a reload
@@ -265,6 +261,11 @@ pub(super) fn reload(
             return;
         }
     }
+    // After the policy, which may still refuse the reload: valid or nothing.
+    if let Err(error) = telemetry.set_level(&new.log.level) {
+        error!(%error, "cannot apply log.level");
+    }
+    controls.apply(&new);
     for key in &changed {
         if config::reloads(key) {
             info!(key, "setting reloaded");
