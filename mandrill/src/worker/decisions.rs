@@ -391,28 +391,6 @@ pub(super) async fn unclaim_at_shutdown(
     shutting_down()
 }
 
-/// The claim was answered only after a try that timed out (see
-/// `Progress::claim_retried`): nothing was issued, so it is given back (one
-/// try, bounded) and the delivery nacked, to be claimed afresh, under the
-/// guards and with the time of its redelivery.
-pub(super) async fn unclaim_retried(
-    shared: &Shared,
-    progress: &Progress,
-    request: &RestartRequest,
-    attempt: u32,
-) -> Settlement {
-    info!(
-        attempt,
-        "the claim was answered after a try that timed out; giving it back to claim afresh"
-    );
-    give_back_once(shared, progress, request, attempt).await;
-    shared.stats.deferred.inc();
-    Settlement::Nack {
-        delay: super::prepare::DECIDE_AFRESH,
-        why: "its claim was answered after a try that timed out: claimed afresh".into(),
-    }
-}
-
 /// The lease lapsed between the claim and the restart (the checks took
 /// longer than the extensions could cover, or the broker said it is gone):
 /// another consumer may hold the message now, so nothing is issued here;

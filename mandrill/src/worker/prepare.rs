@@ -13,7 +13,7 @@ use tracing::{error, info, warn};
 
 use super::decisions::{
     deny, give_up, held, held_by_the_claim, note_decision, record_decision, unclaim,
-    unclaim_at_shutdown, unclaim_retried,
+    unclaim_at_shutdown,
 };
 use super::lease::Progress;
 use super::retry::{Stopped, Until, store_op};
@@ -29,8 +29,8 @@ use crate::store::{Claim, ClaimTerms, ClaimToken, Decision, unknown_outcome};
 pub(super) const PAUSED_RECHECK: Duration = Duration::from_secs(5);
 
 /// How soon a delivery whose claim is to be decided afresh is redelivered:
-/// one that met a reload during a store outage, or was answered only after
-/// a try that timed out.
+/// one that met a reload during a store outage, or whose claim, answered
+/// after a try that timed out, is not used.
 pub(super) const DECIDE_AFRESH: Duration = Duration::from_secs(1);
 
 /// How long the read of the kill switch right before a restart may take:
@@ -173,14 +173,14 @@ pub(super) async fn prepare(
             if progress
                 .claim_retried
                 .load(std::sync::atomic::Ordering::Acquire)
+                && let Some(why) = claimed_too_long_ago(shared, progress, policy)
             {
-                // Answered after a try that timed out: it may be that
-                // try's claim, committed before its answer was lost, with
-                // the hold, the journal's time and the counting guards of
-                // then (an outage later, the host's hold may be nearly
-                // over, or the rate window moved on). Nothing is issued:
-                // given back, and the redelivery claims afresh.
-                return Err(rare(unclaim_retried(shared, progress, request, attempt)).await);
+                // Nothing is issued: given back, and the redelivery claims
+                // afresh. A deferral, so it does not use up
+                // `broker.max_deliveries`.
+                let reason = format!("its claim was answered after a try that timed out, {why}");
+                let hold = policy.guards.defer(request, "store", DECIDE_AFRESH, reason);
+                return Err(rare(unclaim(shared, progress, request, attempt, hold)).await);
             }
             if let Some(unknown) = unknown {
                 warn!(
@@ -275,6 +275,32 @@ pub(super) async fn prepare(
             })
         }
     }
+}
+
+/// Why a claim answered after a try that timed out must not be used, if
+/// it must not: that try may have claimed, and its answer be that claim,
+/// with the time (hold, the journal's `claimed_at`) and the guards of then.
+/// Used while half of the hold's margin past the restart is left (so the
+/// restart ends inside the hold; the time since the pull bounds the claim's
+/// age) and the policy that decided it is still in force.
+fn claimed_too_long_ago(
+    shared: &Shared,
+    progress: &Progress,
+    policy: &Policy,
+) -> Option<&'static str> {
+    let pulled = (shared.millis(tokio::time::Instant::now()) as u32).wrapping_sub(progress.pulled);
+    let margin = shared
+        .claim_terms
+        .hold
+        .saturating_sub(shared.config.restart_timeout)
+        / 2;
+    if Duration::from_millis(u64::from(pulled)) >= margin {
+        return Some("so long ago that its hold may end before the restart does");
+    }
+    if !std::ptr::eq(&*shared.config.policy.current(), policy) {
+        return Some("and the policy was reloaded since it was decided");
+    }
+    None
 }
 
 /// What `policy` decides before the claim: eligibility, the deferring

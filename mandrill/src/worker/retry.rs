@@ -80,8 +80,16 @@ where
             if shared.abort.is_aborted() {
                 return Err(Stopped::Shutdown);
             }
-            // Read only on a retry: each read is a shared lock.
-            if tried > 0 && !std::ptr::eq(&*shared.config.policy.current(), decided_under) {
+            // Read only on a retry: each read is a shared lock. Not once a
+            // try timed out: that try may have claimed, and only the
+            // same-token answer names the attempt to give back (the caller
+            // gives it back and decides afresh, `Progress::claim_retried`).
+            if tried > 0
+                && !progress
+                    .claim_retried
+                    .load(std::sync::atomic::Ordering::Acquire)
+                && !std::ptr::eq(&*shared.config.policy.current(), decided_under)
+            {
                 return Err(Stopped::Reloaded);
             }
         }

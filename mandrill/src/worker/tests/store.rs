@@ -210,12 +210,43 @@ async fn an_outage_with_no_message_flowing_is_still_seen() {
 }
 
 /// A claim committed whose answer was lost (the call timed out) is
-/// answered again by the retry (the same token), but with the time and
-/// guards of the lost try: it is
-/// given back, not used, and the redelivery claims afresh. One restart, on
-/// the attempt claimed afresh.
+/// answered again by the retry (the same token), with the time and guards
+/// of the lost try. Answered long after (here 20 s, past half the hold's
+/// 20 s margin), it is given back, not used, and the redelivery claims
+/// afresh: one restart, on the attempt claimed afresh.
 #[tokio::test(start_paused = true)]
-async fn a_claim_answered_after_a_failed_try_is_given_back_and_claimed_afresh() {
+async fn a_claim_answered_long_after_a_timed_out_try_is_given_back_and_claimed_afresh() {
+    let store = Arc::new(ScriptedStore {
+        lost_claim_answers: AtomicU32::new(1),
+        claim_delay: Duration::from_secs(20),
+        ..Default::default()
+    });
+    let restarter = Arc::new(ScriptedRestarter::default());
+    let h = start(config(), store.clone(), restarter.clone());
+    let id = h.publish("cattle-0001").await;
+    let stats = h.stats.clone();
+    wait_until("acked", || stats.acked.get() == 1).await;
+    assert_eq!(store.timeline.count("claim-answer-lost"), 1);
+    assert_eq!(store.timeline.count("released 1"), 1, "given back");
+    assert_eq!(stats.deferred.get(), 1);
+    assert_eq!(restarter.timeline.count("restart-started"), 1);
+    let story = store.inner.story(id).await.unwrap().unwrap();
+    assert!(
+        story
+            .decisions
+            .iter()
+            .any(|d| d.reason.contains("answered after a try that timed out")),
+        "{story:?}"
+    );
+    let entry = store.entry(id);
+    assert_eq!((entry.status, entry.attempts), (Status::Restarted, 1));
+    h.stop().await.unwrap();
+}
+
+/// Answered soon after the timed-out try, the claim is used: its hold is
+/// still long enough for the restart, and nothing is redelivered.
+#[tokio::test(start_paused = true)]
+async fn a_claim_answered_soon_after_a_timed_out_try_is_used() {
     let store = Arc::new(ScriptedStore {
         lost_claim_answers: AtomicU32::new(1),
         ..Default::default()
@@ -226,8 +257,36 @@ async fn a_claim_answered_after_a_failed_try_is_given_back_and_claimed_afresh() 
     let stats = h.stats.clone();
     wait_until("acked", || stats.acked.get() == 1).await;
     assert_eq!(store.timeline.count("claim-answer-lost"), 1);
+    assert_eq!(store.timeline.count("released 1"), 0);
+    assert_eq!(stats.pulled.get(), 1);
+    assert_eq!(restarter.timeline.count("restart-started"), 1);
+    let entry = store.entry(id);
+    assert_eq!((entry.status, entry.attempts), (Status::Restarted, 1));
+    h.stop().await.unwrap();
+}
+
+/// A reload between a try that timed out and the retry: the retry is still
+/// sent (only its answer names the attempt that try may have claimed), and
+/// the answer is given back, to be decided afresh under the new policy.
+#[tokio::test(start_paused = true)]
+async fn a_reload_after_a_timed_out_claim_try_gives_the_answer_back() {
+    let store = Arc::new(ScriptedStore {
+        lost_claim_answers: AtomicU32::new(1),
+        ..Default::default()
+    });
+    let restarter = Arc::new(ScriptedRestarter::default());
+    let config = config();
+    let reload = config.policy.clone();
+    let h = start(config, store.clone(), restarter.clone());
+    let id = h.publish("cattle-0001").await;
+    wait_until("the answer lost", || {
+        store.timeline.count("claim-answer-lost") == 1
+    })
+    .await;
+    reload.replace(Policy::default());
+    let stats = h.stats.clone();
+    wait_until("acked", || stats.acked.get() == 1).await;
     assert_eq!(store.timeline.count("released 1"), 1, "given back");
-    assert_eq!(stats.nacked.get(), 1);
     assert_eq!(restarter.timeline.count("restart-started"), 1);
     let entry = store.entry(id);
     assert_eq!((entry.status, entry.attempts), (Status::Restarted, 1));
