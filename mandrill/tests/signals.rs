@@ -205,36 +205,12 @@ fn service_never_changed_the_limit(lines: &[Value]) -> bool {
 #[test]
 fn sighup_while_the_configuration_is_read_is_a_reload_once_started() {
     use std::io::Write as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
     let (_guard, dir) = temp_dir();
-    let fifo = dir.join("mandrill.toml");
-    let made = std::process::Command::new("mkfifo")
-        .arg(&fifo)
-        .status()
-        .unwrap();
-    assert!(made.success());
+    let fifo = config_fifo(&dir);
     let db = sqlite_url(&dir);
     let config = format!("[broker]\nurl = {db:?}\n[store]\nurl = {db:?}\n");
-    // Opens the FIFO for writing once the service opens it for reading
-    // (a non-blocking open fails until then), within the deadline.
-    let writer = || {
-        let deadline = Instant::now() + DEADLINE;
-        loop {
-            match std::fs::OpenOptions::new()
-                .write(true)
-                .custom_flags(libc_o_nonblock())
-                .open(&fifo)
-            {
-                Ok(file) => return file,
-                Err(_) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(5));
-                }
-                Err(error) => panic!("the service never read its configuration: {error}"),
-            }
-        }
-    };
     let service = Mandrill::run(&dir, &["--config", "mandrill.toml"]);
-    let mut reading = writer();
+    let mut reading = open_for_writing(&fifo);
     // The service is reading its configuration now.
     service.signal("HUP");
     std::thread::sleep(Duration::from_millis(200));
@@ -251,6 +227,54 @@ fn sighup_while_the_configuration_is_read_is_a_reload_once_started() {
     service.signal("TERM");
     let (status, _) = service.wait_exit();
     assert!(status.success(), "exit status {status}");
+}
+
+/// SIGTERM while the configuration is still being read (it hangs: a FIFO
+/// nobody writes, a stale network mount) stops the process, as its default
+/// action does: only SIGHUP is caught that early.
+#[test]
+fn sigterm_while_the_configuration_is_read_stops_the_process() {
+    use std::os::unix::process::ExitStatusExt as _;
+    let (_guard, dir) = temp_dir();
+    let fifo = config_fifo(&dir);
+    let service = Mandrill::run(&dir, &["--config", "mandrill.toml"]);
+    let reading = open_for_writing(&fifo);
+    // The service is reading its configuration now.
+    service.signal("TERM");
+    let (status, _) = service.wait_exit_within(Duration::from_secs(10));
+    drop(reading);
+    assert_eq!(status.signal(), Some(15), "exit status {status}");
+}
+
+/// `mandrill.toml` in `dir`, made a FIFO: reading it waits for a writer.
+fn config_fifo(dir: &std::path::Path) -> std::path::PathBuf {
+    let fifo = dir.join("mandrill.toml");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    fifo
+}
+
+/// Opens `fifo` for writing once the service opens it for reading (a
+/// non-blocking open fails until then), within the deadline.
+fn open_for_writing(fifo: &std::path::Path) -> std::fs::File {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc_o_nonblock())
+            .open(fifo)
+        {
+            Ok(file) => return file,
+            Err(_) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(error) => panic!("the service never read its configuration: {error}"),
+        }
+    }
 }
 
 /// `O_NONBLOCK` on Linux (the tests run there; no libc crate for one flag).

@@ -5,11 +5,10 @@ use super::signals::{SignalName, Signals, Terminations};
 use super::*;
 
 pub(super) fn run(args: &RunArgs) -> ExitCode {
-    // The signals first: until they are installed, a SIGHUP (a `systemctl
-    // reload` right after `start`) kills the process by default, and
-    // systemd counts that a clean exit that is not restarted. Reading the
-    // configuration comes after; a signal meanwhile is handled once the
-    // start-up loop waits for it.
+    // SIGHUP first: until it is caught, a SIGHUP (a `systemctl reload`
+    // right after `start`) kills the process by default, and systemd counts
+    // that a clean exit that is not restarted. One that comes while the
+    // configuration is read is a reload once started.
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("mandrill")
@@ -21,8 +20,8 @@ pub(super) fn run(args: &RunArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let signals = match runtime.block_on(async { Signals::install() }) {
-        Ok(signals) => signals,
+    let hangup = match runtime.block_on(async { Signals::hangup() }) {
+        Ok(hangup) => hangup,
         Err(error) => {
             eprintln!("mandrill: cannot install signal handlers: {error}");
             return ExitCode::FAILURE;
@@ -31,6 +30,15 @@ pub(super) fn run(args: &RunArgs) -> ExitCode {
     let (sources, config) = match load(args.sources()) {
         Ok(loaded) => loaded,
         Err(code) => return code,
+    };
+    // The others once the configuration is read: a start-up stuck reading
+    // it still stops at SIGTERM or Ctrl-C.
+    let signals = match runtime.block_on(async { Signals::install(hangup) }) {
+        Ok(signals) => signals,
+        Err(error) => {
+            eprintln!("mandrill: cannot install signal handlers: {error}");
+            return ExitCode::FAILURE;
+        }
     };
     if args.until_idle
         && matches!(

@@ -46,12 +46,21 @@ pub(super) struct Signals {
 }
 
 impl Signals {
-    pub(super) fn install() -> std::io::Result<Self> {
+    /// SIGHUP alone, caught from the very start (before the configuration
+    /// is read): its default action kills the process. The others keep
+    /// theirs until [`Signals::install`], so that they stop a start-up
+    /// stuck reading its configuration.
+    pub(super) fn hangup() -> std::io::Result<Signal> {
+        signal(SignalKind::hangup())
+    }
+
+    /// The rest, beside `hangup` (from [`Signals::hangup`]).
+    pub(super) fn install(hangup: Signal) -> std::io::Result<Self> {
         Ok(Self {
             terminate: signal(SignalKind::terminate())?,
             interrupt: signal(SignalKind::interrupt())?,
             quit: signal(SignalKind::quit())?,
-            hangup: signal(SignalKind::hangup())?,
+            hangup,
         })
     }
 
