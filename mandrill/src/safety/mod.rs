@@ -101,17 +101,24 @@ impl Eligibility {
     /// `other` is matched as written and as the inventory tells machines
     /// apart (a DNS name in lower case, an IPv6 address in its canonical
     /// form): `DB-Primary.internal` is the machine `db-*` denies. (Allocates
-    /// only for a name with capitals or an IPv6 address.)
+    /// only for a name with capitals or an IPv6 address that no pattern
+    /// matched as written.)
     pub(crate) fn check_other_name(&self, instance: &str, other: &str) -> Result<(), String> {
-        let canonical = match other.parse::<std::net::Ipv6Addr>() {
-            Ok(ip) => Some(ip.to_string()),
-            Err(_) if other.bytes().any(|b| b.is_ascii_uppercase()) => {
-                Some(other.to_ascii_lowercase())
-            }
-            Err(_) => None,
-        };
         let denied = |name: &str| self.deny.iter().find(|p| p.matches(name));
-        match denied(other).or_else(|| canonical.as_deref().and_then(denied)) {
+        let spelt_otherwise = || {
+            let canonical = match other.parse::<std::net::Ipv6Addr>() {
+                Ok(ip) => ip.to_string(),
+                Err(_) if other.bytes().any(|b| b.is_ascii_uppercase()) => {
+                    other.to_ascii_lowercase()
+                }
+                Err(_) => return None,
+            };
+            denied(&canonical)
+        };
+        if self.deny.is_empty() {
+            return Ok(());
+        }
+        match denied(other).or_else(spelt_otherwise) {
             Some(pattern) => Err(format!(
                 "denied by safety.deny: {instance} is the machine {other}, which matches \
                  \"{pattern}\""

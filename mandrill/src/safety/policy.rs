@@ -242,8 +242,8 @@ impl Policy {
     /// `Ok` unless another name of the machine `request` names (the
     /// address the inventory placed it at, and the inventory's entries
     /// sharing that address) is denied: by `safety.deny`, or, for an
-    /// entry, by the verified requester's `allow`. Allocates only for an
-    /// address with capitals or an IPv6 address (see
+    /// entry, by the verified requester's `allow`. Allocates only to match
+    /// `safety.deny` against another spelling of an address (see
     /// [`Eligibility::check_other_name`]).
     pub(crate) fn check_other_names(&self, request: &RestartRequest) -> Result<(), String> {
         let instance = request.instance_name.as_str();
