@@ -147,6 +147,21 @@ impl Harness {
     }
 }
 
+/// Reads an HTTP request's head from `socket` (a stop condition's probe,
+/// served by the test), until its blank line or the end.
+async fn read_http_request(socket: &mut tokio::net::TcpStream) {
+    use tokio::io::AsyncReadExt;
+    let mut request = Vec::new();
+    let mut buffer = [0u8; 1024];
+    while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+        let read = socket.read(&mut buffer).await.unwrap();
+        if read == 0 {
+            break;
+        }
+        request.extend_from_slice(&buffer[..read]);
+    }
+}
+
 /// Waits (in paused time, so instantly) until `condition` holds.
 async fn wait_until(what: &str, condition: impl Fn() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(3600);

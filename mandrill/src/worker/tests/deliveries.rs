@@ -231,7 +231,7 @@ async fn handler_task_stays_small() {
 /// kept, and later counted as an attempt issued with its outcome unknown).
 #[tokio::test(start_paused = true)]
 async fn failing_stop_conditions_after_the_lease_lapsed_give_the_claim_back() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/alerts", listener.local_addr().unwrap());
     let probed = Arc::new(tokio::sync::Notify::new());
@@ -239,15 +239,7 @@ async fn failing_stop_conditions_after_the_lease_lapsed_give_the_claim_back() {
         let probed = probed.clone();
         async move {
             let (mut socket, _) = listener.accept().await.unwrap();
-            let mut request = Vec::new();
-            let mut buffer = [0u8; 1024];
-            while !request.windows(4).any(|w| w == b"\r\n\r\n") {
-                let read = socket.read(&mut buffer).await.unwrap();
-                if read == 0 {
-                    break;
-                }
-                request.extend_from_slice(&buffer[..read]);
-            }
+            read_http_request(&mut socket).await;
             probed.notify_one();
             // Long enough for the lease to lapse, then unhealthy.
             tokio::time::sleep(ACK_DEADLINE * 3).await;

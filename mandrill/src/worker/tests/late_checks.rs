@@ -16,22 +16,14 @@ use crate::safety::{Clock, RequesterSettings, Requesters, StopConditionSettings,
 pub(super) async fn probe_that_first(
     meanwhile: impl FnOnce() + Send + 'static,
 ) -> (StopConditions, JoinHandle<()>) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/healthy", listener.local_addr().unwrap());
     let server = tokio::spawn(async move {
         let mut meanwhile = Some(meanwhile);
         loop {
             let (mut socket, _) = listener.accept().await.unwrap();
-            let mut request = Vec::new();
-            let mut buffer = [0u8; 1024];
-            while !request.windows(4).any(|w| w == b"\r\n\r\n") {
-                let read = socket.read(&mut buffer).await.unwrap();
-                if read == 0 {
-                    break;
-                }
-                request.extend_from_slice(&buffer[..read]);
-            }
+            read_http_request(&mut socket).await;
             if let Some(meanwhile) = meanwhile.take() {
                 meanwhile();
             }

@@ -165,21 +165,13 @@ async fn probe_that_pauses_group(
     store: Arc<MemoryStore>,
     group: Option<&'static str>,
 ) -> (String, JoinHandle<()>) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/healthy", listener.local_addr().unwrap());
     let server = tokio::spawn(async move {
         for probe in 0.. {
             let (mut socket, _) = listener.accept().await.unwrap();
-            let mut request = Vec::new();
-            let mut buffer = [0u8; 1024];
-            while !request.windows(4).any(|w| w == b"\r\n\r\n") {
-                let read = socket.read(&mut buffer).await.unwrap();
-                if read == 0 {
-                    break;
-                }
-                request.extend_from_slice(&buffer[..read]);
-            }
+            read_http_request(&mut socket).await;
             if probe == 0 {
                 match group {
                     None => store
