@@ -6,6 +6,9 @@
 //! parse); a failed one keeps the last good copy (logged, counted), and a
 //! copy older than
 //! `inventory.max_age` is not decided with: requests are deferred.
+//!
+//! Past 400 lines only with its tests, which drive the refresh task's
+//! private state.
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -18,7 +18,8 @@
 //!    conditions, the leash, then the kill switch read once more (a
 //!    `pause` since the claim gives the claim back) and, if stop
 //!    conditions ran, eligibility and the inventory's placement once more
-//!    under the policy in force then. Restart. From here
+//!    under the policy in force then; last, the lease and the grace
+//!    period (either over gives the claim back). Restart. From here
 //!    the restart is issued, so the handler no longer listens for the
 //!    abort: it is shielded until the outcome is recorded and settled.
 //! 4. Record the outcome (retried in place until the store answers; bounded
