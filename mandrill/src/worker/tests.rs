@@ -147,6 +147,20 @@ impl Harness {
     }
 }
 
+/// A stop condition named `alerts`, healthy while `url` answers 2xx (a
+/// probe the test serves).
+fn http_stop_condition(url: String) -> crate::safety::StopConditions {
+    let alerts = crate::safety::StopConditionSettings {
+        name: "alerts".into(),
+        http: Some(url),
+        expect_status: None,
+        command: None,
+        timeout: Duration::from_secs(600),
+        expect_empty_json_array: false,
+    };
+    crate::safety::StopConditions::new(&[alerts]).unwrap()
+}
+
 /// Reads an HTTP request's head from `socket` (a stop condition's probe,
 /// served by the test), until its blank line or the end.
 async fn read_http_request(socket: &mut tokio::net::TcpStream) {

@@ -248,19 +248,12 @@ async fn failing_stop_conditions_after_the_lease_lapsed_give_the_claim_back() {
             let _ = socket.write_all(unhealthy).await;
         }
     });
-    let alerts = crate::safety::StopConditionSettings {
-        name: "alerts".into(),
-        http: Some(url),
-        expect_status: None,
-        command: None,
-        timeout: Duration::from_secs(600),
-        expect_empty_json_array: false,
-    };
+    let alerts = http_stop_condition(url);
     let store = Arc::new(ScriptedStore::default());
     let restarter = Arc::new(ScriptedRestarter::default());
     let config = WorkerConfig {
         policy: PolicyHandle::new(Policy {
-            stop_conditions: crate::safety::StopConditions::new(&[alerts]).unwrap(),
+            stop_conditions: alerts,
             ..Policy::default()
         }),
         ..config()

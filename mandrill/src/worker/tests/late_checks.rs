@@ -8,7 +8,7 @@ use std::time::SystemTime;
 use super::*;
 use crate::domain::{SigningKey, WireRequest};
 use crate::inventory::{Inventory, InventoryHandle, InventorySettings, Keys, Source};
-use crate::safety::{Clock, RequesterSettings, Requesters, StopConditionSettings, StopConditions};
+use crate::safety::{Clock, RequesterSettings, Requesters, StopConditions};
 
 /// Serves a stop condition's HTTP probe, always healthy; before it answers
 /// the first probe it runs `meanwhile`, as a reload or an inventory
@@ -31,15 +31,8 @@ pub(super) async fn probe_that_first(
             socket.write_all(healthy).await.unwrap();
         }
     });
-    let alerts = StopConditionSettings {
-        name: "alerts".into(),
-        http: Some(url),
-        expect_status: None,
-        command: None,
-        timeout: Duration::from_secs(600),
-        expect_empty_json_array: false,
-    };
-    (StopConditions::new(&[alerts]).unwrap(), server)
+    let alerts = http_stop_condition(url);
+    (alerts, server)
 }
 
 /// Runs a worker under `policy` with a stop condition whose probe puts

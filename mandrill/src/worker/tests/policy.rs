@@ -199,20 +199,12 @@ async fn probe_that_pauses_group(
 /// The claim is given back, so the resumed redelivery uses attempt 1.
 #[tokio::test(start_paused = true)]
 async fn a_pause_while_the_stop_conditions_run_stops_the_restart_and_gives_the_claim_back() {
-    use crate::safety::{StopConditionSettings, StopConditions};
     let store = Arc::new(ScriptedStore::default());
     let restarter = Arc::new(ScriptedRestarter::default());
     let (url, server) = probe_that_pauses(store.inner.clone()).await;
-    let alerts = StopConditionSettings {
-        name: "alerts".into(),
-        http: Some(url),
-        expect_status: None,
-        command: None,
-        timeout: Duration::from_secs(600),
-        expect_empty_json_array: false,
-    };
+    let alerts = http_stop_condition(url);
     let config = with_policy(Policy {
-        stop_conditions: StopConditions::new(&[alerts]).unwrap(),
+        stop_conditions: alerts,
         ..Policy::default()
     });
     let h = start(config, store.clone(), restarter.clone());
@@ -258,20 +250,12 @@ async fn a_pause_while_the_stop_conditions_run_stops_the_restart_and_gives_the_c
 /// claim is given back, and the restart goes on once the group resumes.
 #[tokio::test(start_paused = true)]
 async fn a_group_pause_while_the_stop_conditions_run_stops_the_restart_and_gives_the_claim_back() {
-    use crate::safety::{StopConditionSettings, StopConditions};
     let store = Arc::new(ScriptedStore::default());
     let restarter = Arc::new(ScriptedRestarter::default());
     let (url, server) = probe_that_pauses_group(store.inner.clone(), Some("cattle")).await;
-    let alerts = StopConditionSettings {
-        name: "alerts".into(),
-        http: Some(url),
-        expect_status: None,
-        command: None,
-        timeout: Duration::from_secs(600),
-        expect_empty_json_array: false,
-    };
+    let alerts = http_stop_condition(url);
     let config = with_policy(Policy {
-        stop_conditions: StopConditions::new(&[alerts]).unwrap(),
+        stop_conditions: alerts,
         ..Policy::default()
     });
     let h = start(config, store.clone(), restarter.clone());
