@@ -364,8 +364,7 @@ fn entries_sharing_an_address_are_one_machine_that_deny_stops_by_any_name() {
          cattle-a1 ansible_host=10.0.0.1\n\
          cattle-a2 ansible_host=10.0.0.2\n\
          cattle-a3 ansible_host=10.0.0.2\n\
-         cattle-a9 ansible_host=db-primary.internal\n\n\
-         [prod]\n\
+         cattle-a9 ansible_host=db-primary.internal\n\
          primary ansible_host=db-primary.internal\n",
     )
     .unwrap();
@@ -384,8 +383,8 @@ fn entries_sharing_an_address_are_one_machine_that_deny_stops_by_any_name() {
     let listed: Value = serde_json::from_str(stdout.trim()).unwrap();
     assert_eq!(
         listed["groups"],
-        serde_json::json!({"cattle": 3, "prod": 1}),
-        "four entries of cattle, three machines: {listed}"
+        serde_json::json!({"cattle": 3}),
+        "five entries of cattle, three machines: {listed}"
     );
     let aliases = |name: &str| {
         let hosts = listed["hosts"].as_array().unwrap();
@@ -432,6 +431,83 @@ fn entries_sharing_an_address_are_one_machine_that_deny_stops_by_any_name() {
         reason.contains("safety.deny") && reason.contains("db-primary.internal"),
         "{reason}"
     );
+}
+
+/// A machine whose names a real `ansible-inventory` puts in two groups is
+/// counted in neither: a request naming it in `cattle` would otherwise pass
+/// `prod`'s rate limit, budget, pause and requesters' groups. Both names
+/// are denied, saying why; `mandrill inventory` shows it.
+#[test]
+fn a_machine_named_in_two_groups_is_counted_in_neither() {
+    let (_guard, dir) = temp_dir();
+    let ini = dir.join("hosts.ini");
+    std::fs::write(
+        &ini,
+        "[cattle]\n\
+         cattle-a1 ansible_host=10.0.0.1\n\
+         cattle-a9 ansible_host=db-primary.internal\n\n\
+         [prod]\n\
+         primary ansible_host=DB-Primary.internal\n\
+         replica ansible_host=10.0.0.7\n",
+    )
+    .unwrap();
+    let config = config_file(
+        &dir,
+        &format!(
+            "command = [\"ansible-inventory\", \"-i\", {:?}, \"--list\"]\n",
+            ini.display().to_string()
+        ),
+    );
+    let (status, text, stderr) = mandrill(&dir, &["inventory", "--config", &config], &[]);
+    assert!(status.success(), "inventory failed: {stderr}");
+    assert!(
+        text.contains("cattle: 1 host") && text.contains("prod: 1 host"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "cattle-a9  no group (it is the machine at db-primary.internal, also listed as \
+             primary (group prod): a machine whose names are in two groups is counted in neither"
+        ),
+        "{text}"
+    );
+
+    let db = sqlite_url(&dir);
+    publish(
+        &dir,
+        &db,
+        &[
+            request("cattle-a9", None),
+            request("primary", None),
+            request("cattle-a1", None),
+        ],
+    );
+    let service = Mandrill::run(
+        &dir,
+        &[
+            "--config",
+            &config,
+            "--db",
+            &db,
+            "--broker",
+            &db,
+            "--until-idle",
+        ],
+    );
+    let (status, lines) = service.wait_exit();
+    assert!(status.success(), "exit {status}: {lines:?}");
+    let restarted = journal(&dir.join("restarts.journal"));
+    assert_eq!(restarted.len(), 1, "{restarted:?}");
+    assert!(restarted[0].starts_with("cattle-a1"), "{restarted:?}");
+    for name in ["cattle-a9", "primary"] {
+        let (status, reason) = status_of(&db, name).unwrap();
+        assert_eq!(status, Status::Denied, "{name}");
+        let reason = reason.unwrap_or_default();
+        assert!(
+            reason.contains("has no group") && reason.contains("two groups"),
+            "{name}: {reason}"
+        );
+    }
 }
 
 /// Two names of one machine in a real `ansible-inventory` are one host to

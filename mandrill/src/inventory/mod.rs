@@ -172,51 +172,69 @@ impl Inventory {
         }
     }
 
-    /// Builds an inventory from hosts, refusing a name listed twice.
+    /// Builds an inventory from hosts, refusing a name listed twice. A
+    /// machine whose names are in two groups is left in neither (see
+    /// [`two_groups`]).
     fn from_hosts(
-        hosts: Vec<Arc<Host>>,
+        mut hosts: Vec<Arc<Host>>,
         skipped: Vec<String>,
         format: Format,
     ) -> Result<Self, String> {
         // One pass in the hosts' order (the order they were allocated in,
         // which keeps each host's fields in cache): each machine's first
-        // host by index, and the names of the few that have aliases.
-        let mut machines: HashMap<Machine<'_>, u32> = HashMap::with_capacity(hosts.len());
-        let mut shared: HashMap<u32, Vec<&Host>> = HashMap::new();
+        // host by index, and the indices of the few that have aliases.
+        let mut shared: HashMap<u32, Vec<u32>> = HashMap::new();
+        let mut ungrouped = Vec::new();
+        {
+            let mut machines: HashMap<Machine<'_>, u32> = HashMap::with_capacity(hosts.len());
+            for (index, host) in (0..).zip(hosts.iter().map(|host| &**host)) {
+                match machines.entry(machine_of(host)) {
+                    std::collections::hash_map::Entry::Vacant(vacant) => {
+                        vacant.insert(index);
+                    }
+                    std::collections::hash_map::Entry::Occupied(first) => {
+                        let first = *first.get();
+                        shared
+                            .entry(first)
+                            .or_insert_with(|| vec![first])
+                            .push(index);
+                    }
+                }
+            }
+            for names in shared.values() {
+                ungrouped.extend(two_groups(&hosts, names));
+            }
+        }
+        for (index, why) in ungrouped {
+            without_group(Arc::make_mut(&mut hosts[index as usize]), why);
+        }
+        // A machine counts once in the group its names are in (one at most,
+        // now): padding a group with aliases never raises its budget.
         let mut sizes: HashMap<&str, u32> = HashMap::new();
-        for (index, host) in (0..).zip(hosts.iter().map(|host| &**host)) {
-            let group = host.group.as_deref();
-            match machines.entry(machine_of(host)) {
-                std::collections::hash_map::Entry::Vacant(vacant) => {
-                    vacant.insert(index);
-                    if let Some(group) = group {
-                        *sizes.entry(group).or_default() += 1;
-                    }
-                }
-                std::collections::hash_map::Entry::Occupied(first) => {
-                    let first = *first.get();
-                    let names = shared
-                        .entry(first)
-                        .or_insert_with(|| vec![&*hosts[first as usize]]);
-                    // A machine counts once in each group one of its names
-                    // is in.
-                    if let Some(group) = group
-                        && names
-                            .iter()
-                            .all(|other| other.group.as_deref() != Some(group))
-                    {
-                        *sizes.entry(group).or_default() += 1;
-                    }
-                    names.push(host);
-                }
+        for group in hosts.iter().filter_map(|host| host.group.as_deref()) {
+            *sizes.entry(group).or_default() += 1;
+        }
+        for names in shared.values() {
+            let mut grouped = names
+                .iter()
+                .filter_map(|&i| hosts[i as usize].group.as_deref());
+            if let Some(group) = grouped.next() {
+                let more = u32::try_from(grouped.count()).unwrap_or(u32::MAX);
+                sizes.entry(group).and_modify(|size| *size -= more);
             }
         }
         let group_sizes: BTreeMap<String, u32> = sizes
             .into_iter()
             .map(|(group, size)| (group.to_owned(), size))
             .collect();
+        let shared = shared.into_values().map(|names| {
+            names
+                .into_iter()
+                .map(|i| &*hosts[i as usize])
+                .collect::<Vec<_>>()
+        });
         let mut aliases = HashMap::new();
-        for names in shared.into_values() {
+        for names in shared {
             let mut names: Vec<&str> = names.iter().map(|host| host.name.as_str()).collect();
             names.sort_unstable();
             for name in &names {
@@ -227,8 +245,6 @@ impl Inventory {
                 );
             }
         }
-        // Its keys borrow the hosts, which move into the set next.
-        drop(machines);
         let mut by_name = HashSet::with_capacity(hosts.len());
         for host in hosts {
             if let Some(listed) = by_name.replace(ByName(host)) {
@@ -519,6 +535,47 @@ fn check_user(user: &str) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// The hosts of one machine (`names`, indices into `hosts`) to leave
+/// without a group, and why: every one of them with a group when its names
+/// are in two groups. Counted in either, a request naming it there would
+/// pass the other group's rate limit, budget, pause and requesters' groups,
+/// as ansible's ties would ([`ansible`]).
+fn two_groups(hosts: &[Arc<Host>], names: &[u32]) -> Vec<(u32, String)> {
+    let host = |i: u32| &*hosts[i as usize];
+    let mut grouped = names.iter().filter(|&&i| host(i).group.is_some());
+    let Some(&first) = grouped.next() else {
+        return Vec::new();
+    };
+    if grouped.all(|&i| host(i).group == host(first).group) {
+        return Vec::new();
+    }
+    let address = host(first).reach.address.as_deref().unwrap_or("its name");
+    names
+        .iter()
+        .filter(|&&i| host(i).group.is_some())
+        .map(|&i| {
+            let others: Vec<String> = names
+                .iter()
+                .filter(|&&other| other != i)
+                .map(|&other| {
+                    let other = host(other);
+                    format!(
+                        "{} (group {})",
+                        other.name,
+                        other.group.as_deref().unwrap_or("none")
+                    )
+                })
+                .collect();
+            let why = format!(
+                "it is the machine at {address}, also listed as {}: a machine whose names are \
+                 in two groups is counted in neither (put its names in one group)",
+                others.join(", ")
+            );
+            (i, why)
+        })
+        .collect()
 }
 
 /// The groups of hosts left without one, and why; for ansible's ties.

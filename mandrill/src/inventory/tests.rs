@@ -349,11 +349,24 @@ group = "cattle"
     assert_eq!(inventory.machine("cattle-a2"), Some("cattle-a2"));
     assert_eq!(inventory.machine("db-primary"), Some("cattle-a9"));
     assert_eq!(inventory.machine("cattle-a1"), None);
-    // Five entries of cattle, four machines: padding a group with aliases
-    // never raises its percentage budget.
-    assert_eq!(inventory.group_size("cattle"), Some(4));
-    assert_eq!(inventory.group_size("db"), Some(1));
+    // Four entries of cattle with a group, three machines: padding a group
+    // with aliases never raises its percentage budget.
+    assert_eq!(inventory.group_size("cattle"), Some(3));
     assert_eq!(inventory.len(), 6);
+    // One machine named in cattle and in db is counted in neither: a
+    // request naming it in one would pass the other's limits.
+    for (name, other) in [
+        ("cattle-a9", "db-primary (group db)"),
+        ("db-primary", "cattle-a9 (group cattle)"),
+    ] {
+        let host = inventory.host(name).unwrap();
+        assert_eq!(host.group, None, "{name}");
+        let why = host.no_group.as_deref().unwrap();
+        assert!(why.contains(&format!("also listed as {other}")), "{why}");
+        assert!(why.contains("two groups"), "{why}");
+    }
+    assert_eq!(inventory.group_size("db"), None);
+    assert_eq!(inventory.in_group("cattle").count(), 4);
 }
 
 /// mandrill's own hosts are checked as they are read: the first bad entry
