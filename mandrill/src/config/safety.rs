@@ -8,6 +8,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::{Config, ConfigError};
+use crate::restarter::hosts::HostMap;
 use crate::safety::requesters::AtFault;
 use crate::safety::{
     BudgetSettings, Calendar, CalendarSettings, Clock, Counting, Eligibility, Guards, Policy,
@@ -216,6 +217,9 @@ impl Config {
             requesters: Arc::new(requesters),
             reply_to: ReplyDestinations::new(&self.broker.reply_to_allowed).map_err(invalid)?,
             recovery_objectives: self.recovery_objective.clone(),
+            hosts: Arc::new(
+                HostMap::new(&self.hosts).map_err(|why| ConfigError::invalid("hosts", why))?,
+            ),
         })
     }
 }

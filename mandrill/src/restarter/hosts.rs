@@ -67,6 +67,15 @@ impl HostMap {
         Ok(Self { entries: parsed })
     }
 
+    /// The address the map gives `instance` (the most specific matching
+    /// entry's, as [`Self::target`] takes it), if that entry gives one.
+    pub(crate) fn address(&self, instance: &str) -> Option<&str> {
+        self.entries
+            .iter()
+            .find(|(pattern, _)| pattern.matches(instance))
+            .and_then(|(_, entry)| entry.address.as_deref())
+    }
+
     /// Where to reach `request`'s host: the inventory's parts first, then
     /// the map's, then the hostname.
     pub(crate) fn target(&self, request: &RestartRequest) -> Target {

@@ -15,6 +15,7 @@ use super::leash::{Leash, LeashFrom, LeashRecord};
 use super::{Eligibility, Guards, Hold, Limits, ReplyDestinations, Requesters, StopConditions};
 use crate::domain::RestartRequest;
 use crate::inventory::InventoryHandle;
+use crate::restarter::hosts::HostMap;
 
 /// What a reload of `[safety]` may change. Everything the handler decides
 /// with, so that one message is decided under one policy at a time.
@@ -48,6 +49,10 @@ pub(crate) struct Policy {
     /// `[[recovery_objective]]`: how fast each group's hosts must come
     /// back; judged by the service's companion, shown by the admin pages.
     pub recovery_objectives: Vec<super::objectives::RecoveryObjective>,
+    /// The `[[hosts]]` map the backends reach hosts through (the running
+    /// configuration's: a reload does not change it): `safety.deny`
+    /// matches the address it gives a host too.
+    pub hosts: Arc<HostMap>,
 }
 
 /// How soon a request the inventory moved to another zone or address
@@ -91,6 +96,7 @@ impl Default for Policy {
             requesters: Arc::default(),
             reply_to: ReplyDestinations::default(),
             recovery_objectives: Vec::new(),
+            hosts: Arc::default(),
         }
     }
 }
@@ -240,14 +246,18 @@ impl Policy {
     }
 
     /// `Ok` unless another name of the machine `request` names (the
-    /// address the inventory placed it at, and the inventory's entries
-    /// sharing that address) is denied: by `safety.deny`, or, for an
-    /// entry, by the verified requester's `allow`. Allocates only to match
-    /// `safety.deny` against another spelling of an address (see
-    /// [`Eligibility::check_other_name`]).
+    /// address it is reached at: the inventory's, else the `[[hosts]]`
+    /// map's; and the inventory's entries sharing that address) is denied:
+    /// by `safety.deny`, or, for an entry, by the verified requester's
+    /// `allow`. Allocates only to match `safety.deny` against another
+    /// spelling of an address (see [`Eligibility::check_other_name`]).
     pub(crate) fn check_other_names(&self, request: &RestartRequest) -> Result<(), String> {
         let instance = request.instance_name.as_str();
-        if let Some(address) = request.reach.as_ref().and_then(|r| r.address.as_deref()) {
+        let address = match request.reach.as_ref().and_then(|r| r.address.as_deref()) {
+            Some(listed) => Some(listed),
+            None => self.hosts.address(instance),
+        };
+        if let Some(address) = address {
             self.eligibility.check_other_name(instance, address)?;
         }
         let Some(snapshot) = self.inventory.as_ref().and_then(InventoryHandle::current) else {

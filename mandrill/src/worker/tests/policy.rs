@@ -60,6 +60,47 @@ async fn ineligible_instance_is_denied_recorded_and_acked_without_a_claim() {
     h.stop().await.unwrap();
 }
 
+/// `safety.deny` matches the address the `[[hosts]]` map reaches a host
+/// at, as it matches the inventory's: `deny = ["db-*"]` stops `cattle-a9`
+/// when the map sends it to `DB-Primary.internal`.
+#[tokio::test(start_paused = true)]
+async fn deny_matches_the_address_the_hosts_map_gives() {
+    use crate::restarter::hosts::{HostEntry, HostMap};
+    let store = Arc::new(ScriptedStore::default());
+    let restarter = Arc::new(ScriptedRestarter::default());
+    let entry = |pattern: &str, address: &str| HostEntry {
+        pattern: pattern.into(),
+        address: Some(address.into()),
+        port: None,
+        user: None,
+    };
+    let hosts = HostMap::new(&[
+        entry("cattle-*", "10.0.0.1"),
+        entry("cattle-a9", "DB-Primary.internal"),
+    ])
+    .unwrap();
+    let config = with_policy(Policy {
+        eligibility: Eligibility::new(&["cattle-*".into()], &["db-*".into()], true).unwrap(),
+        hosts: Arc::new(hosts),
+        ..Policy::default()
+    });
+    let h = start(config, store.clone(), restarter.clone());
+    let db = h.publish("cattle-a9").await;
+    h.publish("cattle-a1").await;
+    let stats = h.stats.clone();
+    wait_until("both acked", || stats.acked.get() == 2).await;
+    assert_eq!(stats.denied.get(), 1);
+    assert_eq!(restarter.timeline.count("restart-started"), 1);
+    let entry = store.entry(db);
+    assert_eq!(entry.status, Status::Denied);
+    let why = entry.last_error.unwrap();
+    assert!(
+        why.contains("safety.deny") && why.contains("DB-Primary.internal"),
+        "{why}"
+    );
+    h.stop().await.unwrap();
+}
+
 #[tokio::test(start_paused = true)]
 async fn paused_store_defers_every_restart_until_resumed() {
     let store = Arc::new(ScriptedStore::default());
