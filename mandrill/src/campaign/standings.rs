@@ -9,7 +9,7 @@ use uuid::Uuid;
 
 use super::{Standing, Verdict};
 use crate::domain::Timestamp;
-use crate::store::{Campaign, CampaignTarget, Store};
+use crate::store::{Campaign, CampaignTarget, HistoryEntry, Store};
 
 /// A campaign with each target and where it stands, and its verdict.
 pub(crate) type Judged = (Campaign, Vec<(CampaignTarget, Standing)>, Verdict);
@@ -43,7 +43,11 @@ pub(crate) async fn judge(
     store: &dyn Store,
     campaign: &Campaign,
 ) -> anyhow::Result<(Vec<(CampaignTarget, Standing)>, Verdict)> {
-    let ids: Vec<Uuid> = campaign.targets.iter().map(|t| t.message_id).collect();
+    let ids: Vec<(Uuid, Asked<'_>)> = campaign
+        .targets
+        .iter()
+        .map(|t| (t.message_id, Asked::Instance(&t.instance_name)))
+        .collect();
     let standings = standings(store, &ids).await?;
     let judged: Vec<_> = campaign.targets.iter().cloned().zip(standings).collect();
     let verdict = Verdict::of_all(judged.iter().map(|(_, standing)| standing.verdict));
@@ -58,11 +62,28 @@ const REJECTIONS_SEARCHED: usize = 1000;
 /// may have been rejected (a bad or unknown signature): a rejection is
 /// recorded apart, under the id salvaged from the payload, so the newest
 /// history is searched for one; found, the request failed.
-pub(crate) async fn standings(store: &dyn Store, ids: &[Uuid]) -> anyhow::Result<Vec<Standing>> {
+///
+/// A record under the id for another host than the one asked for is not
+/// this request's (another request took the id first: a schedule's or a
+/// campaign's ids can be known in advance); this request was refused, so
+/// it failed, saying so.
+pub(crate) async fn standings(
+    store: &dyn Store,
+    ids: &[(Uuid, Asked<'_>)],
+) -> anyhow::Result<Vec<Standing>> {
     let mut standings = Vec::with_capacity(ids.len());
-    for &id in ids {
+    for &(id, asked) in ids {
         let context = || format!("cannot read request {id} in the store");
         let story = store.story(id).await.with_context(context)?;
+        if let Some(taken) = story.as_ref().and_then(|story| asked.taken(&story.entry)) {
+            standings.push(Standing {
+                state: "rejected".into(),
+                verdict: Verdict::Failed,
+                detail: taken,
+                recovered_after_seconds: None,
+            });
+            continue;
+        }
         let early = match &story {
             Some(_) => Vec::new(),
             None => store.decisions(id).await.with_context(context)?,
@@ -73,7 +94,7 @@ pub(crate) async fn standings(store: &dyn Store, ids: &[Uuid]) -> anyhow::Result
         .iter()
         .zip(&standings)
         .filter(|(_, standing)| standing.state == "published")
-        .map(|(id, _)| *id)
+        .map(|((id, _), _)| *id)
         .collect();
     if !unheard.is_empty() {
         let recent = store
@@ -87,7 +108,7 @@ pub(crate) async fn standings(store: &dyn Store, ids: &[Uuid]) -> anyhow::Result
             if entry.status != crate::domain::Status::Rejected {
                 continue;
             }
-            let index = ids.iter().position(|i| *i == id).unwrap_or_default();
+            let index = ids.iter().position(|(i, _)| *i == id).unwrap_or_default();
             standings[index] = Standing {
                 state: "rejected".into(),
                 verdict: Verdict::Failed,
@@ -100,4 +121,89 @@ pub(crate) async fn standings(store: &dyn Store, ids: &[Uuid]) -> anyhow::Result
         }
     }
     Ok(standings)
+}
+
+/// Which request an id was published for, as far as the asker knows.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Asked<'a> {
+    /// Only the id (`mandrill wait ID`).
+    Any,
+    /// A campaign's target: this instance.
+    Instance(&'a str),
+    /// A line `mandrill publish` printed: this host.
+    Host(&'a str),
+}
+
+impl Asked<'_> {
+    /// Why `entry`, recorded under the id, is another request's, if it is.
+    fn taken(self, entry: &HistoryEntry) -> Option<String> {
+        let (what, asked, recorded) = match self {
+            Self::Any => return None,
+            Self::Instance(asked) => ("instance", asked, entry.instance_name.as_deref()?),
+            Self::Host(asked) => ("host", asked, entry.hostname.as_deref()?),
+        };
+        (asked != recorded).then(|| {
+            format!(
+                "its id is recorded for {what} {recorded}, not {asked}: another request took \
+                 the id first, and this one was refused (`mandrill explain` the id)"
+            )
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::{Outcome, Restarted, Status};
+    use crate::store::{ClaimTerms, ClaimToken, MemoryStore};
+
+    /// A request that took another's id first, and restarted its own host:
+    /// asked about by the other's host (a line `mandrill publish` printed)
+    /// or by a campaign's target, the id's record is not that request's,
+    /// and it failed, saying why; asked by the id alone, the record stands.
+    #[tokio::test]
+    async fn a_record_for_another_host_under_the_id_is_not_the_one_asked_for() {
+        let store = MemoryStore::new();
+        let squatter = crate::domain::testing::request("db-9");
+        let terms = ClaimTerms {
+            max_attempts: 1,
+            hold: std::time::Duration::from_secs(60),
+            limits: crate::safety::Limits::NONE,
+        };
+        store
+            .claim_restart(&squatter, terms, ClaimToken::new())
+            .await
+            .unwrap();
+        let restarted = Outcome::Restarted(Restarted {
+            recovered_after: None,
+            output: None,
+        });
+        store.record_outcome(&squatter, 1, &restarted).await.unwrap();
+        let id = squatter.message_id;
+        assert_eq!(
+            store.story(id).await.unwrap().unwrap().entry.status,
+            Status::Restarted
+        );
+
+        let asked = [
+            (id, Asked::Host("web-1.example.net")),
+            (id, Asked::Instance("web-1")),
+            (id, Asked::Host(squatter.hostname.as_str())),
+            (id, Asked::Any),
+        ];
+        let stood = standings(&store, &asked).await.unwrap();
+        for (standing, what) in stood[..2].iter().zip(["host", "instance"]) {
+            assert_eq!(standing.verdict, Verdict::Failed, "{standing:?}");
+            assert_eq!(standing.state, "rejected");
+            assert!(
+                standing
+                    .detail
+                    .starts_with(&format!("its id is recorded for {what} db-9")),
+                "{standing:?}"
+            );
+        }
+        for standing in &stood[2..] {
+            assert_eq!(standing.verdict, Verdict::Succeeded, "{standing:?}");
+        }
+    }
 }

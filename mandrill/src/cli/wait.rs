@@ -18,7 +18,7 @@ use clap::Args;
 use tokio::time::Instant;
 
 use super::{ConfigArgs, command, string};
-use crate::campaign::Verdict;
+use crate::campaign::{Asked, Verdict};
 use crate::store::Store;
 
 /// `mandrill wait`
@@ -33,7 +33,9 @@ pub(crate) struct WaitArgs {
     #[arg(long, value_name = "D", value_parser = humantime::parse_duration)]
     timeout: Option<Duration>,
     /// A campaign's id, or a request's message id; or a line `mandrill
-    /// publish` printed (`MESSAGE_ID HOST`, as one argument or two).
+    /// publish` printed (`MESSAGE_ID HOST`, as one argument or two): a
+    /// record under the id for another host is another request's, and this
+    /// one failed (it was refused).
     #[arg(value_name = "ID", num_args = 1..=2, required = true)]
     id: Vec<String>,
 }
@@ -54,9 +56,10 @@ pub(super) fn main(args: &WaitArgs) -> ExitCode {
     let code = Cell::new(0u8);
     let code_ref = &code;
     let ran = command(sources, move |config| async move {
-        let (id, _host) = super::published_line(&args.id)?;
+        let (id, host) = super::published_line(&args.id)?;
         let store = super::switch::open(&config).await?;
-        let waited = wait(&*store, id, args.timeout).await;
+        let asked = host.as_deref().map_or(Asked::Any, Asked::Host);
+        let waited = wait(&*store, id, asked, args.timeout).await;
         store.close().await;
         code_ref.set(waited?);
         Ok(())
@@ -70,11 +73,16 @@ pub(super) fn main(args: &WaitArgs) -> ExitCode {
 /// Waits for `id` (a campaign's, else a request's) to be decided; the exit
 /// code. A store that cannot be read is read again until the deadline:
 /// a blip must not end a long wait.
-async fn wait(store: &dyn Store, id: uuid::Uuid, timeout: Option<Duration>) -> anyhow::Result<u8> {
+async fn wait(
+    store: &dyn Store,
+    id: uuid::Uuid,
+    asked: Asked<'_>,
+    timeout: Option<Duration>,
+) -> anyhow::Result<u8> {
     let deadline = timeout.map(|timeout| Instant::now() + timeout);
     let mut last_shown = String::new();
     loop {
-        match decide(store, id).await {
+        match decide(store, id, asked).await {
             Ok((Verdict::InProgress, lines)) => {
                 let shown = lines.join("\n");
                 if shown != last_shown {
@@ -116,10 +124,14 @@ async fn wait(store: &dyn Store, id: uuid::Uuid, timeout: Option<Duration>) -> a
 /// The verdict on `id` now, and a line per request saying where it stands
 /// (the failed ones only, once failed). An id the store does not know is a
 /// request no instance has received yet.
-async fn decide(store: &dyn Store, id: uuid::Uuid) -> anyhow::Result<(Verdict, Vec<String>)> {
+async fn decide(
+    store: &dyn Store,
+    id: uuid::Uuid,
+    asked: Asked<'_>,
+) -> anyhow::Result<(Verdict, Vec<String>)> {
     let found = store.campaign(id).await.context("cannot read the store")?;
     let Some(campaign) = found else {
-        let standing = crate::campaign::standings(store, &[id])
+        let standing = crate::campaign::standings(store, &[(id, asked)])
             .await?
             .pop()
             .context("one standing per request")?;
