@@ -20,7 +20,7 @@ use crate::store::{Campaign, CampaignTarget, DecisionRecord, Story};
 
 mod standings;
 
-pub(crate) use standings::{Asked, Judged, judge, recent, standings};
+pub(crate) use standings::{AskedFor, Judged, judge, recent, standings};
 
 /// How many of the group a campaign targets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

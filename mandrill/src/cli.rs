@@ -29,7 +29,7 @@ use tracing::{error, info, warn};
 
 use crate::broker::{BrokerUrl, Close as _, DeadLetterAdmin, DeadLetterEntry};
 use crate::config::{self, Config, ConfigError, LogFormat, Sources, redact_url};
-use crate::domain::{Hostname, InstanceName, RestartRequest, random_instance_name};
+use crate::domain::{Hostname, InstanceName, RestartRequest, printable, random_instance_name};
 use crate::service::{self, Controls, Service};
 use crate::telemetry::Telemetry;
 use crate::worker::Shutdown;

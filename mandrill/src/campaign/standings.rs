@@ -43,10 +43,10 @@ pub(crate) async fn judge(
     store: &dyn Store,
     campaign: &Campaign,
 ) -> anyhow::Result<(Vec<(CampaignTarget, Standing)>, Verdict)> {
-    let ids: Vec<(Uuid, Asked<'_>)> = campaign
+    let ids: Vec<(Uuid, AskedFor<'_>)> = campaign
         .targets
         .iter()
-        .map(|t| (t.message_id, Asked::Instance(&t.instance_name)))
+        .map(|t| (t.message_id, AskedFor::Instance(&t.instance_name)))
         .collect();
     let standings = standings(store, &ids).await?;
     let judged: Vec<_> = campaign.targets.iter().cloned().zip(standings).collect();
@@ -69,7 +69,7 @@ const REJECTIONS_SEARCHED: usize = 1000;
 /// it failed, saying so.
 pub(crate) async fn standings(
     store: &dyn Store,
-    ids: &[(Uuid, Asked<'_>)],
+    ids: &[(Uuid, AskedFor<'_>)],
 ) -> anyhow::Result<Vec<Standing>> {
     let mut standings = Vec::with_capacity(ids.len());
     for &(id, asked) in ids {
@@ -125,7 +125,7 @@ pub(crate) async fn standings(
 
 /// Which request an id was published for, as far as the asker knows.
 #[derive(Debug, Clone, Copy)]
-pub(crate) enum Asked<'a> {
+pub(crate) enum AskedFor<'a> {
     /// Only the id (`mandrill wait ID`).
     Any,
     /// A campaign's target: this instance.
@@ -134,7 +134,7 @@ pub(crate) enum Asked<'a> {
     Host(&'a str),
 }
 
-impl Asked<'_> {
+impl AskedFor<'_> {
     /// Why `entry`, recorded under the id, is another request's, if it is.
     fn taken(self, entry: &HistoryEntry) -> Option<String> {
         let (what, asked, recorded) = match self {
@@ -178,7 +178,10 @@ mod tests {
             recovered_after: None,
             output: None,
         });
-        store.record_outcome(&squatter, 1, &restarted).await.unwrap();
+        store
+            .record_outcome(&squatter, 1, &restarted)
+            .await
+            .unwrap();
         let id = squatter.message_id;
         assert_eq!(
             store.story(id).await.unwrap().unwrap().entry.status,
@@ -186,10 +189,10 @@ mod tests {
         );
 
         let asked = [
-            (id, Asked::Host("web-1.example.net")),
-            (id, Asked::Instance("web-1")),
-            (id, Asked::Host(squatter.hostname.as_str())),
-            (id, Asked::Any),
+            (id, AskedFor::Host("web-1.example.net")),
+            (id, AskedFor::Instance("web-1")),
+            (id, AskedFor::Host(squatter.hostname.as_str())),
+            (id, AskedFor::Any),
         ];
         let stood = standings(&store, &asked).await.unwrap();
         for (standing, what) in stood[..2].iter().zip(["host", "instance"]) {

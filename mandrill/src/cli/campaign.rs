@@ -22,6 +22,7 @@ use crate::broker::{BrokerUrl, Close as _};
 use crate::campaign::{self, Size};
 use crate::config::Config;
 use crate::domain::Timestamp;
+use crate::domain::printable;
 use crate::domain::{Hostname, InstanceName, RestartRequest, SigningKey};
 use crate::safety::Policy;
 use crate::service;
@@ -642,7 +643,11 @@ async fn status(config: Config, args: &StatusArgs) -> anyhow::Result<()> {
         writeln!(
             out,
             "  {}  {}  due {}  {}: {}",
-            target.instance_name, target.message_id, target.due_at, standing.state, standing.detail
+            target.instance_name,
+            target.message_id,
+            target.due_at,
+            standing.state,
+            printable(&standing.detail)
         )?;
     }
     writeln!(out, "verdict: {}", verdict.as_str())?;
@@ -706,7 +711,10 @@ async fn stop(config: Config, args: &StopArgs) -> anyhow::Result<()> {
                 writeln!(
                     out,
                     "  {}  {}  {}: {}",
-                    target.instance_name, target.message_id, standing.state, standing.detail
+                    target.instance_name,
+                    target.message_id,
+                    standing.state,
+                    printable(&standing.detail)
                 )?;
             }
             writeln!(out, "verdict: {}", verdict.as_str())?;

@@ -97,19 +97,6 @@ fn table(entries: &[DeadLetterEntry]) -> String {
     text
 }
 
-/// `text` with control characters escaped (`\n`, `\u{1b}`).
-fn printable(text: &str) -> String {
-    text.chars()
-        .map(|c| {
-            if c.is_control() {
-                c.escape_default().to_string()
-            } else {
-                c.to_string()
-            }
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use bytes::Bytes;

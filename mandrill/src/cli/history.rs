@@ -96,14 +96,14 @@ fn table_line(out: &mut impl Write, redactor: &Redactor, e: &HistoryEntry) -> an
             .or(e.instance_name.as_deref())
             .unwrap_or("-"),
         // The verified requester of a signed request; free text marked.
-        redactor.scrub(e.requested_by_shown().as_deref().unwrap_or("-")),
+        printable(&redactor.scrub(e.requested_by_shown().as_deref().unwrap_or("-"))),
         e.status.as_str(),
         e.attempts,
         e.completed_at
             .map_or_else(|| "-".to_owned(), |t| t.to_string()),
         e.recovered_after
             .map_or_else(|| "-".to_owned(), |d| format!("{:.1}s", d.as_secs_f64())),
-        redactor.scrub(e.last_error.as_deref().unwrap_or("")),
+        printable(&redactor.scrub(e.last_error.as_deref().unwrap_or(""))),
     )?;
     Ok(())
 }

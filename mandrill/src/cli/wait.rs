@@ -18,7 +18,8 @@ use clap::Args;
 use tokio::time::Instant;
 
 use super::{ConfigArgs, command, string};
-use crate::campaign::{Asked, Verdict};
+use crate::campaign::{AskedFor, Verdict};
+use crate::domain::printable;
 use crate::store::Store;
 
 /// `mandrill wait`
@@ -58,7 +59,7 @@ pub(super) fn main(args: &WaitArgs) -> ExitCode {
     let ran = command(sources, move |config| async move {
         let (id, host) = super::published_line(&args.id)?;
         let store = super::switch::open(&config).await?;
-        let asked = host.as_deref().map_or(Asked::Any, Asked::Host);
+        let asked = host.as_deref().map_or(AskedFor::Any, AskedFor::Host);
         let waited = wait(&*store, id, asked, args.timeout).await;
         store.close().await;
         code_ref.set(waited?);
@@ -76,7 +77,7 @@ pub(super) fn main(args: &WaitArgs) -> ExitCode {
 async fn wait(
     store: &dyn Store,
     id: uuid::Uuid,
-    asked: Asked<'_>,
+    asked: AskedFor<'_>,
     timeout: Option<Duration>,
 ) -> anyhow::Result<u8> {
     let deadline = timeout.map(|timeout| Instant::now() + timeout);
@@ -84,7 +85,11 @@ async fn wait(
     loop {
         match decide(store, id, asked).await {
             Ok((Verdict::InProgress, lines)) => {
-                let shown = lines.join("\n");
+                let shown = lines
+                    .iter()
+                    .map(|line| printable(line))
+                    .collect::<Vec<_>>()
+                    .join("\n");
                 if shown != last_shown {
                     eprintln!("{shown}");
                     last_shown = shown;
@@ -93,7 +98,7 @@ async fn wait(
             Ok((verdict, lines)) => {
                 let mut out = std::io::stdout().lock();
                 for line in &lines {
-                    writeln!(out, "{line}")?;
+                    writeln!(out, "{}", printable(line))?;
                 }
                 writeln!(out, "verdict: {}", verdict.as_str())?;
                 return Ok(match verdict {
@@ -127,7 +132,7 @@ async fn wait(
 async fn decide(
     store: &dyn Store,
     id: uuid::Uuid,
-    asked: Asked<'_>,
+    asked: AskedFor<'_>,
 ) -> anyhow::Result<(Verdict, Vec<String>)> {
     let found = store.campaign(id).await.context("cannot read the store")?;
     let Some(campaign) = found else {

@@ -17,7 +17,7 @@ pub(crate) use names::{Domain, Hostname, InstanceName, random_instance_name};
 pub use outcome::Status;
 pub(crate) use outcome::{Outcome, Restarted};
 pub(crate) use request::{
-    Asked, Reach, Rejection, WireRequest, new_message_id, salvage_message_id,
+    Asked, Reach, Rejection, WireRequest, new_message_id, printable, salvage_message_id,
 };
 #[cfg(test)]
 use request::{MAX_REASON_CHARS, MAX_REQUESTED_BY_CHARS};

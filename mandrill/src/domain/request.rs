@@ -229,12 +229,37 @@ impl Rejection {
 /// the payload held.
 const MAX_QUOTED_CHARS: usize = 64;
 
-/// `value`, cut to [`MAX_QUOTED_CHARS`] characters with a mark if it was cut.
+/// `value`, cut to [`MAX_QUOTED_CHARS`] characters with a mark if it was
+/// cut, and [`printable`]: a rejection quotes what a payload held (a JWT
+/// library's error quotes its header), and must not carry its escape
+/// sequences to an operator's terminal.
 pub(super) fn excerpt(value: &str) -> String {
     match value.char_indices().nth(MAX_QUOTED_CHARS) {
-        None => value.to_owned(),
-        Some((cut, _)) => format!("{}… ({} bytes)", &value[..cut], value.len()),
+        None => printable(value).into_owned(),
+        Some((cut, _)) => format!("{}… ({} bytes)", printable(&value[..cut]), value.len()),
     }
+}
+
+/// `text` with every control character and every character that reorders
+/// or hides text ([`reorders_or_hides`]) escaped (`\n`, `\u{1b}`,
+/// `\u{202e}`): what is shown on a terminal of a text a payload or a host
+/// may have written, so that it can neither move the cursor, recolour or
+/// retitle the terminal, nor start a line of its own. Borrowed when there
+/// is nothing to escape.
+pub(crate) fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+    let escaped = |c: char| c.is_control() || reorders_or_hides(c);
+    if !text.chars().any(escaped) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut shown = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if escaped(c) {
+            shown.extend(c.escape_default());
+        } else {
+            shown.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(shown)
 }
 
 /// Longest `requested_by` accepted, in characters.

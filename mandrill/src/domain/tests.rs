@@ -172,6 +172,32 @@ fn a_rejection_quotes_at_most_a_short_excerpt_of_what_was_sent() {
     }
 }
 
+/// A rejection quotes what the payload held escaped: a JWT whose header
+/// names an `alg` of terminal escapes (the JWT library's error quotes it
+/// whole), an unknown field and an id made of them, never reach the
+/// history, a dead letter's reason or an operator's terminal as escapes.
+#[test]
+fn a_rejection_quotes_control_and_hiding_characters_escaped() {
+    use base64::Engine as _;
+    let header = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .encode(r#"{"alg":"\u001b]2;pwned\u0007\u001b[2J"}"#);
+    let jwt = format!("{header}.e30.x");
+    for payload in [
+        jwt,
+        format!(r#"{{"message_id":"{ID}","instance_name":"a\u001b[31m"}}"#),
+        r#"{"message_id":"\u001b[2J\u202e","instance_name":"a"}"#.to_owned(),
+    ] {
+        let reason = RestartRequest::parse(payload.as_bytes(), &rules())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            !reason.contains(['\u{1b}', '\u{7}', '\u{202e}']),
+            "{reason:?}"
+        );
+        assert!(reason.contains("\\u{1b}"), "{reason:?}");
+    }
+}
+
 #[test]
 fn a_prefix_of_an_oversized_payload_is_rejected_by_its_full_size() {
     assert_eq!(

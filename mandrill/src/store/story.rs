@@ -3,6 +3,8 @@
 
 use std::fmt::Write as _;
 
+use crate::domain::printable;
+
 use super::{Story, Timestamp};
 use crate::domain::Status;
 
@@ -30,38 +32,49 @@ impl Story {
             1 => "1 attempt".to_owned(),
             n => format!("{n} attempts"),
         };
-        let _ = writeln!(text, "request {id}: {} ({attempts})", entry.status);
+        push_line(
+            &mut text,
+            format_args!("request {id}: {} ({attempts})", entry.status),
+        );
         let group = story
             .attempts
             .first()
             .map_or_else(String::new, |a| format!(", group {}", a.group));
         if entry.instance_name.is_none() && entry.status != Status::Rejected {
             // No row: only the guards' verdicts were recorded.
-            let _ = writeln!(
-                text,
-                "  never claimed: only the guards' verdicts below are recorded (the host and \
+            push_line(
+                &mut text,
+                format_args!(
+                    "  never claimed: only the guards' verdicts below are recorded (the host and \
                  who asked are not)"
+                ),
             );
         } else {
-            let _ = writeln!(
-                text,
-                "  instance {} ({}){group}",
-                entry.instance_name.as_deref().unwrap_or("-"),
-                entry.hostname.as_deref().unwrap_or("-"),
+            push_line(
+                &mut text,
+                format_args!(
+                    "  instance {} ({}){group}",
+                    entry.instance_name.as_deref().unwrap_or("-"),
+                    entry.hostname.as_deref().unwrap_or("-"),
+                ),
             );
             if story.attempts.is_empty() && entry.status != Status::Rejected {
-                let _ = writeln!(
-                    text,
-                    "  never claimed: no restart was attempted; the guards' verdicts below say why"
+                push_line(
+                    &mut text,
+                    format_args!(
+                        "  never claimed: no restart was attempted; the guards' verdicts below say why"
+                    ),
                 );
             }
         }
         if entry.requested_by.is_some() || entry.reason.is_some() {
-            let _ = writeln!(
-                text,
-                "  requested by {}: {}",
-                entry.requested_by_shown().as_deref().unwrap_or("-"),
-                entry.reason.as_deref().unwrap_or("-")
+            push_line(
+                &mut text,
+                format_args!(
+                    "  requested by {}: {}",
+                    entry.requested_by_shown().as_deref().unwrap_or("-"),
+                    entry.reason.as_deref().unwrap_or("-")
+                ),
             );
         }
         // Told in time order; at the same millisecond, in the order things
@@ -111,36 +124,52 @@ impl Story {
         }
         events.sort_by_key(|(at, order, _)| (*at, *order));
         for (at, _, line) in events {
-            let _ = writeln!(text, "  {at}  {line}");
+            push_line(&mut text, format_args!("  {at}  {line}"));
         }
         if let Some(after) = entry.recovered_after {
-            let _ = writeln!(
-                text,
-                "  recovered after {}",
-                humantime::format_duration(std::time::Duration::from_millis(
-                    u64::try_from(after.as_millis()).unwrap_or(u64::MAX)
-                ))
+            push_line(
+                &mut text,
+                format_args!(
+                    "  recovered after {}",
+                    humantime::format_duration(std::time::Duration::from_millis(
+                        u64::try_from(after.as_millis()).unwrap_or(u64::MAX)
+                    ))
+                ),
             );
         }
         if let Some(error) = &entry.last_error {
-            let _ = writeln!(text, "  last error: {error}");
+            push_line(&mut text, format_args!("  last error: {error}"));
         }
         if let Some(output) = &entry.output {
-            let _ = writeln!(text, "  output: {output}");
+            push_line(&mut text, format_args!("  output: {output}"));
         }
         match entry.completed_at {
             Some(at) => {
-                let _ = writeln!(text, "  final since {at}");
+                push_line(&mut text, format_args!("  final since {at}"));
             }
             None => {
-                let _ = writeln!(
-                    text,
-                    "  not final: it waits in the queue for its next delivery"
+                push_line(
+                    &mut text,
+                    format_args!("  not final: it waits in the queue for its next delivery"),
                 );
             }
         }
         text
     }
+}
+
+/// Appends a line of the story, [`printable`]: a reason, an error or a
+/// host's output that holds a newline or an escape sequence is shown
+/// escaped, one event a line, never a line or a terminal control of its
+/// own.
+fn push_line(text: &mut String, args: std::fmt::Arguments<'_>) {
+    let start = text.len();
+    let _ = text.write_fmt(args);
+    if let std::borrow::Cow::Owned(shown) = printable(&text[start..]) {
+        text.truncate(start);
+        text.push_str(&shown);
+    }
+    text.push('\n');
 }
 
 #[cfg(test)]
@@ -203,6 +232,23 @@ mod tests {
             .filter_map(|line| line.strip_prefix("  1970-"))
             .map(|line| line.split_once("  ").unwrap().1.to_owned())
             .collect()
+    }
+
+    /// What a payload or a host wrote is told escaped, one event a line: a
+    /// newline cannot forge an event, an escape sequence cannot reach the
+    /// terminal.
+    #[test]
+    fn a_reason_or_an_output_cannot_forge_a_line_or_an_escape() {
+        let mut told = story(500);
+        told.entry.last_error = Some("boom\n  1970-01-01 restarted\u{1b}[2J".into());
+        told.entry.output = Some("ok\u{1b}]2;pwned\u{7}".into());
+        let text = told.explain();
+        assert!(!text.contains(['\u{1b}', '\u{7}']), "{text:?}");
+        assert!(
+            text.contains("  last error: boom\\n  1970-01-01 restarted\\u{1b}[2J\n"),
+            "{text}"
+        );
+        assert_eq!(events(&told).len(), 5, "{text}");
     }
 
     #[test]
