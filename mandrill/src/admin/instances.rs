@@ -222,19 +222,35 @@ pub(crate) fn leashed_name(leashed: bool) -> &'static str {
 pub(crate) enum RunningModes {
     /// No instance answered with its mode: what runs is unknown.
     Unknown,
-    /// Every instance that answered is in this mode (leashed or not).
+    /// Every instance is in this mode (leashed or not).
     All(bool),
+    /// Every instance that answered is in this mode, but some did not
+    /// answer: theirs is unknown, so "leashed" cannot be said of all.
+    Partly(bool),
     /// Some are leashed, some not.
     Mixed,
 }
 
 impl RunningModes {
     pub(crate) fn of<'a>(modes: impl IntoIterator<Item = &'a Result<RunningMode, String>>) -> Self {
-        let mut known = modes.into_iter().flatten().map(|mode| mode.leashed);
-        match known.next() {
-            None => Self::Unknown,
-            Some(first) if known.all(|leashed| leashed == first) => Self::All(first),
-            Some(_) => Self::Mixed,
+        let mut silent = false;
+        let mut known = modes.into_iter().filter_map(|mode| match mode {
+            Ok(mode) => Some(mode.leashed),
+            Err(_) => {
+                silent = true;
+                None
+            }
+        });
+        let Some(first) = known.next() else {
+            return Self::Unknown;
+        };
+        if !known.all(|leashed| leashed == first) {
+            return Self::Mixed;
+        }
+        if silent {
+            Self::Partly(first)
+        } else {
+            Self::All(first)
         }
     }
 
@@ -243,6 +259,13 @@ impl RunningModes {
         match self {
             Self::Unknown => None,
             Self::All(leashed) => Some(leashed_name(*leashed)),
+            Self::Partly(true) => Some(
+                "unknown: the instances that answered are leashed (dry run), but not every \
+                 instance answered",
+            ),
+            Self::Partly(false) => {
+                Some("unleashed (every instance that answered; not every instance answered)")
+            }
             Self::Mixed => Some("mixed: some instances leashed, some unleashed"),
         }
     }
@@ -250,7 +273,10 @@ impl RunningModes {
     /// Says when what runs is not what `said_by` (the store's leash, or
     /// the configuration) says.
     pub(crate) fn disagreement(&self, configured: &str, said_by: &str) -> Option<String> {
-        let running = self.mode()?;
+        let running = match self {
+            Self::Partly(leashed) => leashed_name(*leashed),
+            _ => self.mode()?,
+        };
         (running != configured).then(|| {
             format!(
                 "the running service is {running}, but {said_by} says {configured}: it was \
@@ -361,5 +387,43 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(error.contains("777"), "{error}");
+    }
+
+    /// One instance says leashed and another does not answer: "leashed"
+    /// cannot be said of what runs (the silent one may restart hosts), so
+    /// the headline says unknown; unleashed ones stay unleashed.
+    #[test]
+    fn an_instance_that_does_not_answer_keeps_leashed_from_being_said_of_all() {
+        let mode = |leashed| {
+            Ok(RunningMode {
+                leashed,
+                since: None,
+                by: None,
+                reason: None,
+                from: None,
+            })
+        };
+        let silent: Result<RunningMode, String> = Err("timed out".into());
+        let partly = RunningModes::of(&[mode(true), silent.clone()]);
+        assert_eq!(partly, RunningModes::Partly(true));
+        assert!(partly.mode().unwrap().starts_with("unknown:"), "{partly:?}");
+        let leashed = leashed_name(true);
+        assert_eq!(partly.disagreement(leashed, "the store"), None);
+        assert!(
+            partly
+                .disagreement(leashed_name(false), "the store")
+                .is_some()
+        );
+        assert_eq!(
+            RunningModes::of(&[mode(true), mode(true)]),
+            RunningModes::All(true)
+        );
+        let unleashed = RunningModes::of(&[mode(false), silent.clone()]);
+        assert!(unleashed.mode().unwrap().starts_with("unleashed"));
+        assert_eq!(RunningModes::of(&[silent]), RunningModes::Unknown);
+        assert_eq!(
+            RunningModes::of(&[mode(true), mode(false)]),
+            RunningModes::Mixed
+        );
     }
 }

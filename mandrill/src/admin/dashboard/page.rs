@@ -141,7 +141,9 @@ fn overview(html: &mut String, page: &Page<'_>) {
     };
     let (class, mode) = match what_runs {
         RunningModes::All(true) => ("leashed", "leashed"),
-        RunningModes::All(false) => ("unleashed", "unleashed"),
+        RunningModes::All(false) | RunningModes::Partly(false) => ("unleashed", "unleashed"),
+        // Not green: an instance that did not answer may be unleashed.
+        RunningModes::Partly(true) => ("unleashed", "leashed? not every instance answered"),
         RunningModes::Mixed => ("unleashed", "mixed"),
         RunningModes::Unknown => ("unleashed", "mode unknown"),
     };
