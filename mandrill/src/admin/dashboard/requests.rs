@@ -80,10 +80,11 @@ fn latest(html: &mut String, history: &[HistoryEntry]) {
     html.push_str("</table>");
 }
 
-/// Bars of requests finished per minute, restarted (green) stacked under
-/// everything else final (red), as an inline SVG.
+/// Bars of requests finished per minute, restarted (green) under dry runs
+/// (grey: decided, never issued) under everything else final (red), as an
+/// inline SVG.
 fn chart(history: &[HistoryEntry], now: Timestamp) -> String {
-    let mut per_minute = [(0u32, 0u32); MINUTES as usize];
+    let mut per_minute = [[0u32; 3]; MINUTES as usize];
     for entry in history {
         let Some(done) = entry.completed_at else {
             continue;
@@ -92,39 +93,40 @@ fn chart(history: &[HistoryEntry], now: Timestamp) -> String {
         if (0..MINUTES).contains(&ago) {
             // In range, so a valid index counted from the oldest minute.
             let slot = &mut per_minute[(MINUTES - 1 - ago) as usize];
-            if matches!(entry.status, Status::Restarted | Status::DryRun) {
-                slot.0 += 1;
-            } else {
-                slot.1 += 1;
-            }
+            let kind = match entry.status {
+                Status::Restarted => 0,
+                Status::DryRun => 1,
+                _ => 2,
+            };
+            slot[kind] += 1;
         }
     }
     let peak = per_minute
         .iter()
-        .map(|(ok, bad)| ok + bad)
+        .map(|counts| counts.iter().sum::<u32>())
         .max()
         .unwrap_or(0)
         .max(1);
     let (width, height) = (8u32, 100u32);
     let mut svg = format!(
         "<svg id=\"chart\" xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" \
-         role=\"img\"><title>finished per minute (peak {peak})</title>",
+         role=\"img\"><title>finished per minute (peak {peak}): restarted, dry runs, the \
+         rest</title>",
         width * MINUTES as u32,
         height
     );
-    for (minute, (ok, bad)) in per_minute.iter().enumerate() {
+    for (minute, counts) in per_minute.iter().enumerate() {
         let x = minute as u32 * width;
-        let ok_height = ok * height / peak;
-        let bad_height = bad * height / peak;
-        let _ = write!(
-            svg,
-            "<rect x=\"{x}\" y=\"{}\" width=\"{}\" height=\"{ok_height}\" fill=\"#4a4\"/>\
-             <rect x=\"{x}\" y=\"{}\" width=\"{}\" height=\"{bad_height}\" fill=\"#c44\"/>",
-            height - ok_height,
-            width - 1,
-            height - ok_height - bad_height,
-            width - 1,
-        );
+        let mut top = height;
+        for (count, fill) in counts.iter().zip(["#4a4", "#999", "#c44"]) {
+            let bar = count * height / peak;
+            top -= bar;
+            let _ = write!(
+                svg,
+                "<rect x=\"{x}\" y=\"{top}\" width=\"{}\" height=\"{bar}\" fill=\"{fill}\"/>",
+                width - 1,
+            );
+        }
     }
     svg.push_str("</svg>");
     svg

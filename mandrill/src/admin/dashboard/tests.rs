@@ -81,6 +81,8 @@ fn page_escapes_names_links_stories_and_says_why_history_is_hidden() {
     let history = [
         entry("<script>x</script>", Status::Restarted, just_now),
         entry("web-1", Status::Failed, just_now),
+        entry("web-2", Status::DryRun, just_now),
+        entry("web-3", Status::DryRun, just_now),
     ];
     let html = render(&Page {
         history: Ok(&history),
@@ -98,11 +100,15 @@ fn page_escapes_names_links_stories_and_says_why_history_is_hidden() {
         "{html}"
     );
     assert!(html.contains("data-post=\"/api/resume\">Resume all restarts"));
-    // The last minute's bar: one restarted (half the height), one failed.
-    assert!(
-        html.contains("<rect x=\"472\" y=\"50\" width=\"7\" height=\"50\" fill=\"#4a4\"/>"),
-        "{html}"
-    );
+    // The last minute's bar: one restarted (a quarter of the height),
+    // then two dry runs in grey, never counted as restarts, then one failed.
+    for bar in [
+        "<rect x=\"472\" y=\"75\" width=\"7\" height=\"25\" fill=\"#4a4\"/>",
+        "<rect x=\"472\" y=\"25\" width=\"7\" height=\"50\" fill=\"#999\"/>",
+        "<rect x=\"472\" y=\"0\" width=\"7\" height=\"25\" fill=\"#c44\"/>",
+    ] {
+        assert!(html.contains(bar), "{bar}: {html}");
+    }
     // Refreshed by the script, or without one by the browser.
     assert!(html.contains("<noscript><meta http-equiv=\"refresh\" content=\"5\">"));
     assert!(!html.contains("src=\"http") && !html.contains("href=\"http"));
