@@ -232,9 +232,12 @@ fn parse(headers: &HeaderMap, body: &[u8]) -> Result<Turn, String> {
     let parsed: Body = serde_json::from_slice(body).map_err(|error| {
         format!("the body is not {{\"reason\", \"by\", \"group\"}} JSON: {error}")
     })?;
-    turn.reason = parsed.reason;
-    turn.by = parsed.by;
-    turn.group = parsed.group;
+    // Blank is not given, as in a form: an unleash needs a reason, and
+    // "   " is none.
+    let given = |value: Option<String>| value.filter(|v| !v.trim().is_empty());
+    turn.reason = given(parsed.reason);
+    turn.by = given(parsed.by);
+    turn.group = given(parsed.group);
     Ok(turn)
 }
 
@@ -334,6 +337,22 @@ async fn turn(state: &State, headers: &HeaderMap, body: &[u8], paused: bool) -> 
     if let Some(group) = &turn.group {
         return turn_group(state, group, paused, &by, &reason, turn.form).await;
     }
+    if !paused && !paused_now(state).await {
+        // As `mandrill resume`: nothing is written, so no notifier is told
+        // `resumed` of a switch that was never on. A pause made after this
+        // read is someone else's: left on.
+        if turn.form {
+            return (StatusCode::SEE_OTHER, [(header::LOCATION, "/")]).into_response();
+        }
+        return json(
+            StatusCode::OK,
+            json!({
+                "outcome": "unchanged",
+                "paused": false,
+                "message": "nothing was paused: restarts were not paused, and no resume was recorded",
+            }),
+        );
+    }
     let asked = crate::domain::Timestamp::now();
     if let Err(error) = state.store.set_switch(paused, &by, &reason).await {
         let what = if paused { "pause" } else { "resume" };
@@ -374,6 +393,14 @@ async fn turn(state: &State, headers: &HeaderMap, body: &[u8], paused: bool) -> 
         StatusCode::OK,
         json!({ "paused": paused, "by": by, "reason": reason }),
     )
+}
+
+/// Whether restarts are paused, as far as the store says within a second:
+/// `true` (a resume is written, as before) when it does not say, so that a
+/// hung store's answer stays within its deadline twice.
+async fn paused_now(state: &State) -> bool {
+    let read = tokio::time::timeout(std::time::Duration::from_secs(1), state.store.switch());
+    !matches!(read.await, Ok(Ok(switch)) if !switch.paused)
 }
 
 /// Pauses or resumes one group's restarts, or every group beneath an

@@ -48,6 +48,12 @@ pub(super) fn leash(args: &LeashArgs) -> ExitCode {
 }
 
 pub(super) fn unleash(args: &UnleashArgs) -> ExitCode {
+    if args.reason.trim().is_empty() {
+        eprintln!(
+            "mandrill: unleash needs a reason (--reason): who asked for real restarts, and why"
+        );
+        return ExitCode::from(2);
+    }
     turn(
         &args.config,
         &args.db,

@@ -335,6 +335,44 @@ async fn a_campaign_is_stopped_with_the_pause_endpoints_token_and_body() {
     assert_eq!(bad.await.status(), StatusCode::BAD_REQUEST);
 }
 
+/// A resume while nothing is paused records nothing (no notifier hears
+/// `resumed` of a switch never on), as `mandrill resume`; an unleash with
+/// a blank reason is refused, as one with none.
+#[tokio::test]
+async fn a_resume_of_nothing_records_nothing_and_a_blank_reason_does_not_unleash() {
+    use crate::admin::switch;
+    let memory = Arc::new(MemoryBroker::new(
+        Duration::from_secs(30),
+        Duration::from_millis(10),
+    ));
+    let state = Arc::new(state(memory));
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        header::AUTHORIZATION,
+        "Bearer switch-token".parse().unwrap(),
+    );
+    let body = Bytes::from_static(br#"{"reason":"all clear","by":"ana"}"#);
+    let (status, answer) =
+        text(switch::resume(Shared(state.clone()), headers.clone(), body).await).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert!(answer.contains("nothing was paused"), "{answer}");
+    let untouched = state.store.switch().await.unwrap();
+    assert_eq!(
+        (untouched.paused, untouched.by, untouched.reason),
+        (false, None, None),
+        "no turn recorded"
+    );
+
+    for blank in [&br#"{"reason":"   "}"#[..], br#"{"reason":""}"#] {
+        let blank = Bytes::copy_from_slice(blank);
+        let (status, answer) =
+            text(switch::unleash(Shared(state.clone()), headers.clone(), blank).await).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+        assert!(answer.contains("needs a reason"), "{answer}");
+    }
+    assert_eq!(state.store.switch().await.unwrap().leash, None);
+}
+
 /// `/api/status` says which inventory copy the instance decides with and
 /// why the last read was not taken: a refresh that lost most of the fleet
 /// is refused, and the operator sees it there, not only in the log.
