@@ -146,6 +146,12 @@ fn history_needs_the_token_which_is_never_logged() {
         "{restarted:?}"
     );
     assert_eq!(get(&addr, "/api/requests?limit=many", &auth).0, 400);
+    // A status that is none (dry_run for dry-run) is refused, not "no such
+    // requests"; a filtered answer says how much it searched.
+    let (status, body) = get(&addr, "/api/requests?status=dry_run", &auth);
+    assert_eq!(status, 400, "{body}");
+    let (_, filtered) = get_json(&addr, "/api/requests?status=restarted", &auth);
+    assert_eq!(filtered["searched_all"], true, "{filtered}");
     let (status, overview) = get_json(&addr, "/api/status", &[]);
     assert_eq!(status, 200);
     assert_eq!(overview["mode"], "unleashed");

@@ -215,14 +215,17 @@ async fn status(Shared(state): Shared<Arc<State>>, headers: HeaderMap) -> Respon
 /// `?limit=N&status=S`: the latest requests, newest first. Needs the token.
 async fn requests(Shared(state): Shared<Arc<State>>, RawQuery(query): RawQuery) -> Response {
     let mut limit = 50;
-    let mut wanted: Option<String> = None;
+    let mut wanted: Option<crate::domain::Status> = None;
     for (key, value) in url::form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
         match &*key {
             "limit" => match value.parse::<usize>() {
                 Ok(n) => limit = n.min(MAX_LIMIT),
                 Err(_) => return bad_request(format!("limit {value:?} is not a number")),
             },
-            "status" => wanted = Some(value.into_owned()),
+            "status" => match crate::domain::Status::from_name(&value) {
+                Some(status) => wanted = Some(status),
+                None => return bad_request(format!("status {value:?} is no status")),
+            },
             other => return bad_request(format!("unknown parameter {other:?}")),
         }
     }
@@ -230,12 +233,19 @@ async fn requests(Shared(state): Shared<Arc<State>>, RawQuery(query): RawQuery) 
     let read = if wanted.is_some() { MAX_LIMIT } else { limit };
     match state.store.history(read).await {
         Ok(entries) => {
+            let searched = entries.len();
             let entries: Vec<_> = entries
                 .into_iter()
-                .filter(|entry| wanted.as_deref().is_none_or(|s| entry.status.as_str() == s))
+                .filter(|entry| wanted.is_none_or(|status| entry.status == status))
                 .take(limit)
                 .collect();
-            json(StatusCode::OK, json!({ "requests": entries }))
+            let mut answer = json!({ "requests": entries });
+            if wanted.is_some() {
+                // An empty answer is not "none": only the newest were read.
+                answer["searched"] = json!(searched);
+                answer["searched_all"] = json!(searched < read);
+            }
+            json(StatusCode::OK, answer)
         }
         Err(error) => unreadable(&error),
     }
