@@ -391,12 +391,20 @@ fn explain_calls_a_request_scheduled_only_when_the_schedule_s_requester_signed_i
 #[test]
 fn every_start_up_refusal_exits_2_naming_the_key() {
     let (_guard, dir) = temp_dir();
-    let (status, _, stderr) = mandrill(&dir, &["keygen", "chaos"], &[]);
-    assert!(status.success(), "{stderr}");
+    for name in ["chaos", "other"] {
+        let (status, _, stderr) = mandrill(&dir, &["keygen", name], &[]);
+        assert!(status.success(), "{stderr}");
+    }
     let journal = dir.join("restarts.journal");
     write_config(&dir, &journal);
     let good = fs::read_to_string(dir.join("mandrill.toml")).unwrap();
     let edits = [
+        // A key that is not the requester's: every slot would be rejected.
+        (
+            good.replace("key_file = \"chaos.key\"", "key_file = \"other.key\""),
+            "schedule[0].key_file",
+            true,
+        ),
         // (the configuration, the key named, whether `schedule preview` reads it)
         (
             good.replace("group = \"cattle\"\nmean", "group = \"catle\"\nmean"),
@@ -466,6 +474,54 @@ fn every_start_up_refusal_exits_2_naming_the_key() {
         "",
         "nothing restarted"
     );
+}
+
+/// Instances whose copies of the schedule's key differ only in how the
+/// file is written (CRLF line ends, no final newline) draw the same slots
+/// under the same ids: each slot is published once, not once per copy.
+#[test]
+fn copies_of_the_key_written_otherwise_plan_the_same_slots() {
+    let (_guard, dir) = temp_dir();
+    let (status, _, stderr) = mandrill(&dir, &["keygen", "chaos"], &[]);
+    assert!(status.success(), "{stderr}");
+    write_config(&dir, &dir.join("restarts.journal"));
+    let preview = || {
+        let (status, out, stderr) = mandrill(
+            &dir,
+            &[
+                "schedule",
+                "preview",
+                "--config",
+                "mandrill.toml",
+                "--days",
+                "1",
+                "--json",
+            ],
+            &[],
+        );
+        assert!(status.success(), "{stderr}");
+        let slots: Vec<serde_json::Value> = serde_json::from_str(&out).unwrap();
+        slots
+            .iter()
+            .map(|slot| slot["message_id"].as_str().unwrap().to_owned())
+            .collect::<std::collections::HashSet<String>>()
+    };
+    let original = preview();
+    assert!(original.len() > 10_000, "{} slots", original.len());
+    let key = fs::read_to_string(dir.join("chaos.key")).unwrap();
+    for copy in [key.replace('\n', "\r\n"), key.trim_end().to_owned()] {
+        assert_ne!(copy, key);
+        fs::write(dir.join("chaos.key"), copy).unwrap();
+        // The same slots, but those the seconds between the two previews
+        // moved across the day's edges.
+        let again = preview();
+        let shared = original.intersection(&again).count();
+        assert!(
+            shared + 100 > original.len(),
+            "{shared} of {} slots the same",
+            original.len()
+        );
+    }
 }
 
 /// Three instances on one NATS JetStream stream and one PostgreSQL

@@ -5,7 +5,9 @@
 use std::sync::Arc;
 
 use super::{Config, ConfigError};
-use crate::domain::SigningKey;
+use std::time::Duration;
+
+use crate::domain::{RestartRequest, SigningKey, WireRequest};
 use crate::inventory::InventoryHandle;
 use crate::schedule::{Plan, Scheduled};
 
@@ -54,7 +56,10 @@ impl Config {
                             )
                         })?
                         .for_audience(self.safety.audience.clone());
-                    Some((name.clone(), Arc::new(key), pem))
+                    self.signs_as(&key, name).map_err(|why| {
+                        ConfigError::invalid(&at("key_file"), format!("{} {why}", path.display()))
+                    })?;
+                    Some((name.clone(), Arc::new(key), canonical_pem(&pem)))
                 }
                 _ if self.require_signed() => {
                     return Err(ConfigError::invalid(
@@ -75,6 +80,64 @@ impl Config {
         }
         Ok(schedules)
     }
+
+    /// `Ok` if a request `key` signs as `name` verifies against the key
+    /// `[[requesters]]` gives `name`: a schedule signing with another key
+    /// would publish every slot to be rejected. A requester whose own key
+    /// cannot be read is left to the policy's check, which names it.
+    fn signs_as(&self, key: &SigningKey, name: &str) -> Result<(), String> {
+        let Ok(requesters) =
+            crate::safety::Requesters::new(&self.requesters, self.require_signed())
+        else {
+            return Ok(());
+        };
+        let requesters = requesters.for_audience(self.safety.audience.clone());
+        let probe = WireRequest {
+            message_id: uuid::Uuid::new_v4().to_string(),
+            instance_name: "schedule-key-probe".into(),
+            requested_by: None,
+            reason: None,
+            published_at: None,
+            group: None,
+            not_before: None,
+            reply_to: None,
+        };
+        let token = key
+            .sign(
+                &probe,
+                name,
+                std::time::SystemTime::now(),
+                Duration::from_secs(60),
+            )
+            .map_err(|error| format!("cannot sign: {error}"))?;
+        RestartRequest::parse_verified(
+            token.as_bytes(),
+            token.len(),
+            &self.parse_rules(),
+            requesters.signatures(),
+        )
+        .map(drop)
+        .map_err(|why| {
+            format!("is not the key [[requesters]] gives {name:?}: a request it signs is {why}")
+        })
+    }
+}
+
+/// The key file's text as `mandrill keygen` writes it (LF line ends, no
+/// blank around it, one final newline), whatever copy of it an instance
+/// has: the plan is seeded from it, and every instance must draw the same
+/// slots (a copy with CRLF line ends or no final newline would otherwise
+/// publish slots of its own, under ids of its own).
+fn canonical_pem(pem: &[u8]) -> Vec<u8> {
+    let text = String::from_utf8_lossy(pem);
+    let mut canonical = text
+        .trim()
+        .lines()
+        .map(str::trim_end)
+        .collect::<Vec<_>>()
+        .join("\n");
+    canonical.push('\n');
+    canonical.into_bytes()
 }
 
 /// Every schedule's group is one the inventory has, when an inventory is
