@@ -128,8 +128,11 @@ impl Scheduled {
                     return false;
                 };
                 let mut request = request(slot, instance, domain, self.requester());
+                // As the worker decides it: another name or the address of
+                // the machine denied denies this name too.
                 if policy.place(&mut request).is_err()
                     || policy.eligibility.check(name).is_err()
+                    || policy.check_other_names(&request).is_err()
                     || policy
                         .requesters
                         .check(&request, &plan.group, std::time::SystemTime::now())
