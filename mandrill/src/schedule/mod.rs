@@ -435,6 +435,15 @@ pub(crate) fn validate(entries: &[ScheduleSettings]) -> Result<(), (String, Stri
         if entry.max_lateness.is_zero() {
             return Err((at("max_lateness"), "must be longer than 0s".into()));
         }
+        // A slot is signed as of its time, valid for a day: published later,
+        // it would be rejected as expired.
+        if entry.max_lateness > crate::domain::signed::MAX_LIFETIME {
+            return Err((
+                at("max_lateness"),
+                "must be at most 1day: a slot's token, signed as of its time, is valid for a day"
+                    .into(),
+            ));
+        }
         if entry.requester.is_some() != entry.key_file.is_some() {
             let missing = if entry.requester.is_some() {
                 "key_file"

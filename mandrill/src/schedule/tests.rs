@@ -209,6 +209,45 @@ fn policy_with_hosts(eligibility: Eligibility) -> Policy {
     }
 }
 
+/// A host whose address `safety.deny` matches is never drawn, as the
+/// worker would deny it: the slot goes to a host the worker restarts.
+#[test]
+fn a_host_denied_by_its_address_is_never_drawn() {
+    let mut hosts = String::new();
+    for n in 1..=3 {
+        hosts.push_str(&format!(
+            "[[hosts]]\nname = \"cattle-a{n}\"\ngroup = \"cattle\"\naddress = \"db-{n}.internal\"\n"
+        ));
+    }
+    hosts.push_str("[[hosts]]\nname = \"cattle-a4\"\ngroup = \"cattle\"\naddress = \"10.0.0.4\"\n");
+    let policy = Policy {
+        eligibility: Eligibility::new(&[], &["db-*".into()], false).unwrap(),
+        inventory: Some(InventoryHandle::new(
+            Inventory::parse(&hosts, true, &Keys::default()).unwrap(),
+            &Source::File("hosts.toml".into()),
+            &InventorySettings {
+                max_age: Duration::from_secs(30 * 24 * 3600),
+                ..InventorySettings::default()
+            },
+        )),
+        ..Policy::default()
+    };
+    let scheduled = Scheduled {
+        plan: Plan::new(&settings("daily", Duration::from_secs(3600)), b"k"),
+        signer: None,
+    };
+    let none = HashSet::new();
+    for hour in 0..20 {
+        let slot = scheduled
+            .plan
+            .slot(at("2026-11-23T00:00:00Z") + jiff::SignedDuration::from_hours(hour));
+        let drawn = scheduled
+            .victim(&policy, &slot, &none, &Domain::default())
+            .unwrap();
+        assert_eq!(drawn.instance_name.as_str(), "cattle-a4");
+    }
+}
+
 /// A victim that turns ineligible between the preview and its slot (a
 /// deny added, or a restart of it already open) is not the one published:
 /// the slot's draw passes over it to the next eligible host of the group,
@@ -289,6 +328,13 @@ fn entries_are_refused_naming_the_key() {
             ..good.clone()
         }]),
         "schedule[0].key_file"
+    );
+    assert_eq!(
+        key(&[ScheduleSettings {
+            max_lateness: Duration::from_secs(2 * 24 * 3600),
+            ..good.clone()
+        }]),
+        "schedule[0].max_lateness"
     );
     assert_eq!(
         key(&[ScheduleSettings {
