@@ -190,11 +190,12 @@ impl Campaign {
 
 /// The words a target cancelled by `stop` records as its reason: which
 /// campaign, who stopped it and why (what `campaign status`, `wait` and
-/// `explain` show).
+/// `explain` show). Not "before it was issued": a target whose attempt
+/// failed (`retrying`), or whose restart was in flight, was issued.
 pub(crate) fn cancellation(campaign: Uuid, stop: &CampaignStop) -> String {
     format!(
-        "cancelled: campaign {campaign} was stopped by {} at {} ({}) before this target was \
-         issued",
+        "cancelled: campaign {campaign} was stopped by {} at {} ({}); no further attempt of \
+         this target is issued",
         stop.by, stop.at, stop.reason
     )
 }
@@ -212,5 +213,27 @@ pub(crate) fn target_identity(campaign: &Campaign, index: usize) -> super::Ident
         requested_by: campaign.requester.clone(),
         requester: campaign.requester.clone(),
         reason: Some(campaign.target_reason(index)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The reason is true of every target it is written onto: a target
+    /// retrying after a failed attempt, or with a restart in flight, was
+    /// issued, so the words never say "before it was issued".
+    #[test]
+    fn a_cancelled_targets_reason_never_says_it_was_not_issued() {
+        let stop = CampaignStop {
+            by: "ana".into(),
+            reason: "game day over".into(),
+            at: Timestamp::from_millis(1_795_000_000_000),
+        };
+        let words = cancellation(Uuid::nil(), &stop);
+        assert!(words.starts_with("cancelled: campaign "), "{words}");
+        assert!(words.contains("stopped by ana at "), "{words}");
+        assert!(!words.contains("before"), "{words}");
+        assert!(words.ends_with("no further attempt of this target is issued"));
     }
 }
