@@ -493,6 +493,22 @@ fn with_one_restart_a_day(dir: &Path) {
     fs::write(path, config).unwrap();
 }
 
+/// With one host disrupted at most and no spread, the preview says the
+/// second and third targets wait for the first's disruption to end (the
+/// claims would defer them), not that all three run at once.
+#[test]
+fn a_preview_counts_the_earlier_targets_against_the_disruption_budget() {
+    let (_guard, dir) = temp_dir();
+    setup(&dir, 1);
+    let out = start(&dir, &["--count", "3", "--preview"]);
+    let lines: Vec<&str> = out.lines().filter(|line| line.starts_with("  ")).collect();
+    assert_eq!(lines.len(), 3, "{out}");
+    assert!(!lines[0].contains("disruption budget"), "{out}");
+    for line in &lines[1..] {
+        assert!(line.contains("deferred by disruption budget"), "{out}");
+    }
+}
+
 /// Issue 37's trap: after one restart in the group, `campaign start
 /// --preview` said nothing, and the real start's targets were deferred a
 /// day by the rate limit. The preview now gives each target's verdict and

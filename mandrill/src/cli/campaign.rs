@@ -439,7 +439,8 @@ async fn forecasts(
         )
         .unwrap_or(now);
     let rules = config.parse_rules();
-    let mut ahead: Vec<i64> = Vec::new();
+    // The targets before it that would run: when, and in which zone.
+    let mut ahead: Vec<(i64, Option<String>)> = Vec::new();
     let mut forecasts = Vec::with_capacity(record.targets.len());
     for target in &record.targets {
         let due = jiff::Timestamp::from_millisecond(target.due_at.as_millis()).unwrap_or(now);
@@ -464,13 +465,34 @@ async fn forecasts(
             (Some(store), Some(limits)) if limits.is_active() => {
                 store.usage(&request, limits).await.ok()
             }
+            // No store yet: nothing recorded, so only the campaign's own
+            // targets count against the limits.
+            (None, Some(limits)) if limits.is_active() => {
+                Some(crate::safety::limits::Usage::default())
+            }
             _ => None,
         };
         let counted = match (&limits, usage) {
             (Some(limits), Some(mut usage)) => {
                 // The targets before it that would run, counted as restarts.
                 let earlier = u32::try_from(ahead.len()).unwrap_or(u32::MAX);
-                let first = ahead.iter().min().copied();
+                let first = ahead.iter().map(|(at, _)| *at).min();
+                // Those still disrupting its host's group when it is due: run
+                // less than the settle (a second at least) before.
+                let due_at = due.max(now).as_millisecond();
+                let settle = i64::try_from(limits.settle.max(Duration::from_secs(1)).as_millis())
+                    .unwrap_or(i64::MAX);
+                let overlapping: Vec<_> = ahead
+                    .iter()
+                    .filter(|(at, _)| at.saturating_add(settle) > due_at)
+                    .collect();
+                let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+                usage.disrupted = usage.disrupted.saturating_add(count(overlapping.len()));
+                let same_zone = overlapping
+                    .iter()
+                    .filter(|(_, zone)| zone.is_some() && *zone == request.zone)
+                    .count();
+                usage.zone_disrupted = usage.zone_disrupted.saturating_add(count(same_zone));
                 usage.group_claims = usage.group_claims.saturating_add(earlier);
                 usage.global_claims = usage.global_claims.saturating_add(earlier);
                 usage.requester_claims = usage.requester_claims.saturating_add(earlier);
@@ -498,7 +520,7 @@ async fn forecasts(
             token_ends,
         );
         if let (Some(at), None) = (forecast.runs_at, &forecast.too_late) {
-            ahead.push(at.as_millisecond());
+            ahead.push((at.as_millisecond(), request.zone.clone()));
         }
         forecasts.push(forecast);
     }
