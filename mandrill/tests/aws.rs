@@ -175,21 +175,45 @@ fn the_inventory_lists_tagged_instances_and_auto_scaling_members_with_their_grou
     );
 }
 
-/// A proxy in front of moto that answers the first `throttle` calls of
-/// `action` on `instance` with EC2's `RequestLimitExceeded` (503),
-/// forwards everything else, and records each call's form.
-struct ThrottlingProxy {
+/// What [`Proxy`] does with a call.
+enum Act {
+    /// Sends it on to moto and returns moto's answer.
+    Forward,
+    /// Answers this instead, moto never asked.
+    Answer(axum::http::StatusCode, String),
+    /// Never answers (the connection stays open).
+    Stall,
+}
+
+/// EC2's error answer with `code`.
+fn ec2_error(code: &str) -> String {
+    format!(
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Response><Errors><Error>\
+         <Code>{code}</Code><Message>{code} (from the test's proxy)</Message></Error></Errors>\
+         <RequestID>x</RequestID></Response>"
+    )
+}
+
+/// Whether `call` (a form) is `action` on `instance`.
+fn is_call(call: &str, action: &str, instance: &str) -> bool {
+    call.contains(&format!("Action={action}&")) && call.contains(instance)
+}
+
+/// A proxy in front of moto that records each call's form and does with
+/// it what `rule` says, given the form and every call so far (this one
+/// last).
+struct Proxy {
     endpoint: String,
     calls: Arc<Mutex<Vec<String>>>,
     _runtime: tokio::runtime::Runtime,
 }
 
-impl ThrottlingProxy {
-    fn start(upstream: String, action: &'static str, instance: &str, throttle: usize) -> Self {
-        let instance = instance.to_owned();
-        let throttled = move |call: &String| {
-            call.contains(&format!("Action={action}&")) && call.contains(&instance)
-        };
+impl Proxy {
+    fn start(
+        upstream: String,
+        rule: impl Fn(&str, &[String]) -> Act + Send + Sync + 'static,
+    ) -> Self {
+        let rule = Arc::new(rule);
         // reqwest is built without a default TLS provider.
         let _ = rustls::crypto::ring::default_provider().install_default();
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -207,24 +231,20 @@ impl ThrottlingProxy {
         let app = axum::Router::new().fallback(
             move |headers: axum::http::HeaderMap, body: axum::body::Bytes| {
                 let recorded = recorded.clone();
-                let throttled = throttled.clone();
+                let rule = rule.clone();
                 let client = client.clone();
                 let upstream = upstream.clone();
                 async move {
                     let form = String::from_utf8_lossy(&body).into_owned();
-                    let seen = {
+                    let act = {
                         let mut calls = recorded.lock().unwrap();
                         calls.push(form.clone());
-                        calls.iter().filter(|call| throttled(call)).count()
+                        rule(&form, &calls)
                     };
-                    if throttled(&form) && seen <= throttle {
-                        return (
-                            axum::http::StatusCode::SERVICE_UNAVAILABLE,
-                            "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Response><Errors><Error>\
-                             <Code>RequestLimitExceeded</Code><Message>Request limit exceeded.\
-                             </Message></Error></Errors><RequestID>x</RequestID></Response>"
-                                .to_owned(),
-                        );
+                    match act {
+                        Act::Answer(status, answer) => return (status, answer),
+                        Act::Stall => std::future::pending::<()>().await,
+                        Act::Forward => {}
                     }
                     let mut forward = client.post(&upstream).body(body.to_vec());
                     for (name, value) in &headers {
@@ -247,13 +267,32 @@ impl ThrottlingProxy {
         }
     }
 
+    /// A proxy that answers the first `throttle` calls of `action` on
+    /// `instance` with EC2's `RequestLimitExceeded` (503) and forwards
+    /// everything else.
+    fn throttling(upstream: String, action: &'static str, instance: &str, throttle: usize) -> Self {
+        let instance = instance.to_owned();
+        Self::start(upstream, move |form, calls| {
+            let throttled = |call: &str| is_call(call, action, &instance);
+            let seen = calls.iter().filter(|call| throttled(call)).count();
+            if throttled(form) && seen <= throttle {
+                Act::Answer(
+                    axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                    ec2_error("RequestLimitExceeded"),
+                )
+            } else {
+                Act::Forward
+            }
+        })
+    }
+
     /// How many calls of `action` mentioned `needle`.
     fn count(&self, action: &str, needle: &str) -> usize {
         self.calls
             .lock()
             .unwrap()
             .iter()
-            .filter(|call| call.contains(&format!("Action={action}&")) && call.contains(needle))
+            .filter(|call| is_call(call, action, needle))
             .count()
     }
 }
@@ -263,7 +302,7 @@ fn a_reboot_is_retried_through_throttling_verified_by_ec2_and_an_unknown_instanc
     let moto = Moto::start();
     let instance = ids(&moto.fleet(&["run", "us-east-1a", "1", "chaos=yes"])).remove(0);
     let unknown = "i-0000000000000000f";
-    let proxy = ThrottlingProxy::start(moto.endpoint(), "RebootInstances", &instance, 3);
+    let proxy = Proxy::throttling(moto.endpoint(), "RebootInstances", &instance, 3);
     let (_guard, dir) = temp_dir();
     // Without an inventory every instance id is in the group "i" (the
     // name's default): two restarts of it, not one, per day.
@@ -306,6 +345,97 @@ fn a_reboot_is_retried_through_throttling_verified_by_ec2_and_an_unknown_instanc
     assert_eq!(failed.attempts, 1, "a permanent refusal is not retried");
     let error = failed.last_error.unwrap_or_default();
     assert!(error.contains("InvalidInstanceID.NotFound"), "{error}");
+}
+
+/// The worker's line for a restart whose outcome is unknown.
+const OUTCOME_UNKNOWN: &str = "the restart's outcome is unknown (it may still be running on the host): no outcome recorded, so its claim holds the host until it expires and then counts as a used attempt";
+
+/// Sets `key = value` in the configuration [`config`] wrote, on the line
+/// that sets `key` (one line sets it).
+fn set(dir: &Path, key: &str, value: &str) {
+    let path = dir.join("mandrill.toml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let prefix = format!("{key} = ");
+    assert_eq!(
+        text.lines()
+            .filter(|line| line.starts_with(&prefix))
+            .count(),
+        1,
+        "{key}: {text}"
+    );
+    let text: String = text
+        .lines()
+        .map(|line| {
+            if line.starts_with(&prefix) {
+                format!("{key} = {value:?}\n")
+            } else {
+                format!("{line}\n")
+            }
+        })
+        .collect();
+    std::fs::write(path, text).unwrap();
+}
+
+/// Runs the service until the restart of one request has an end
+/// (recorded, or its outcome unknown), then stops it; its log.
+fn run_until_concluded(dir: &Path) -> Vec<Value> {
+    let service = Mandrill::run_with_env(dir, &["--config", "mandrill.toml", "--unleash"], ENV);
+    let deadline = std::time::Instant::now() + support::DEADLINE;
+    while [
+        OUTCOME_UNKNOWN,
+        "restarted",
+        "restart failed; will retry",
+        "restart refused for good; not retrying",
+        "restarted, but the host did not come back",
+    ]
+    .iter()
+    .all(|message| service.messages(message).is_empty())
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the restart did not end: {}",
+            service.raw()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    service.signal("TERM");
+    let (status, lines) = service.wait_exit();
+    assert!(status.success(), "{lines:?}");
+    lines
+}
+
+/// A reboot that reached AWS and whose answer never came is sent once,
+/// not once per try: AWS may have done it, and a second one is a second
+/// restart. Its outcome is unknown: nothing recorded, the claim holding
+/// the instance.
+#[test]
+fn a_reboot_whose_answer_never_comes_is_sent_once_and_its_claim_holds_the_instance() {
+    let moto = Moto::start();
+    let instance = ids(&moto.fleet(&["run", "us-east-1a", "1", "chaos=yes"])).remove(0);
+    let stalled = instance.clone();
+    let proxy = Proxy::start(moto.endpoint(), move |form, _| {
+        if is_call(form, "RebootInstances", &stalled) {
+            Act::Stall
+        } else {
+            Act::Forward
+        }
+    });
+    let (_guard, dir) = temp_dir();
+    let db = config(&dir, &proxy.endpoint, "reboot", "");
+    set(&dir, "call_timeout", "1s");
+    publish(&dir, &db, &[&instance]);
+
+    let lines = run_until_concluded(&dir);
+
+    assert_eq!(proxy.count("RebootInstances", &instance), 1);
+    assert!(
+        lines
+            .iter()
+            .any(|line| line["fields"]["message"] == OUTCOME_UNKNOWN),
+        "{lines:?}"
+    );
+    let held = entry(&db, &instance);
+    assert_eq!(held.status, Status::Received, "{held:?}");
 }
 
 #[test]

@@ -3,7 +3,10 @@
 //! (`StopInstances`, wait for `stopped`, stay stopped for `stopped_for`,
 //! `StartInstances`) or `terminate` (`TerminateInstanceInAutoScalingGroup`
 //! keeping the desired capacity, only for an Auto Scaling group's member).
-//! Calls go through `http/aws.rs`, which retries throttling.
+//! Calls go through `http/aws.rs`, which retries throttling. A call that
+//! acts on the instance is never sent twice when AWS may have done it: its
+//! failure is then [`RestartError::OutcomeUnknown`], so that the claim
+//! keeps holding the host rather than a retry restarting it again.
 //!
 //! A stop-start is durable: before the stop is sent, the instance is tagged
 //! `mandrill:start-after` with the time by which it must be running again,
@@ -113,7 +116,7 @@ impl Ec2Restarter {
     }
 
     async fn reboot(&self, id: &str) -> Result<String, AwsError> {
-        self.ec2.call("RebootInstances", &instance_ids(id)).await?;
+        self.ec2.act("RebootInstances", &instance_ids(id)).await?;
         Ok(format!("RebootInstances {id} accepted"))
     }
 
@@ -126,22 +129,22 @@ impl Ec2Restarter {
             .call("CreateTags", &start_after_tag(id, Some(due)))
             .await
             .map_err(|e| failure(host, "CreateTags before the stop", e))?;
-        if let Err(error) = self.ec2.call("StopInstances", &instance_ids(id)).await {
+        if let Err(error) = self.ec2.act("StopInstances", &instance_ids(id)).await {
             // Nothing stopped: the record goes (if this fails too, the
             // companion removes it from a running instance).
             let _ = self
                 .ec2
                 .call("DeleteTags", &start_after_tag(id, None))
                 .await;
-            return Err(failure(host, "StopInstances", error));
+            return Err(act_failure(host, "StopInstances", error));
         }
         info!(instance = id, "stopped; waiting for it to be stopped");
         self.wait_until_stopped(host, id).await?;
         tokio::time::sleep(self.settings.stopped_for).await;
         self.ec2
-            .call("StartInstances", &instance_ids(id))
+            .act("StartInstances", &instance_ids(id))
             .await
-            .map_err(|e| failure(host, "StartInstances (the companion will start it)", e))?;
+            .map_err(|e| act_failure(host, "StartInstances (the companion will start it)", e))?;
         if let Err(error) = self
             .ec2
             .call("DeleteTags", &start_after_tag(id, None))
@@ -211,7 +214,7 @@ impl Ec2Restarter {
             .expect("the map is never left poisoned")
             .insert(id.to_owned(), group.clone());
         self.autoscaling
-            .call(
+            .act(
                 "TerminateInstanceInAutoScalingGroup",
                 &[
                     ("InstanceId".to_owned(), id.to_owned()),
@@ -222,7 +225,7 @@ impl Ec2Restarter {
                 ],
             )
             .await
-            .map_err(|e| failure(host, "TerminateInstanceInAutoScalingGroup", e))?;
+            .map_err(|e| act_failure(host, "TerminateInstanceInAutoScalingGroup", e))?;
         Ok(format!(
             "TerminateInstanceInAutoScalingGroup {id} in {group} accepted (desired capacity kept)"
         ))
@@ -308,7 +311,7 @@ impl Ec2Restarter {
             }
             match state.as_str() {
                 "stopped" => {
-                    self.ec2.call("StartInstances", &instance_ids(&id)).await?;
+                    self.ec2.act("StartInstances", &instance_ids(&id)).await?;
                     warn!(instance = %id, "started an instance a stop-start left stopped (the mandrill that stopped it did not start it in time)");
                 }
                 // Still on its way down: started at the next sweep.
@@ -381,7 +384,7 @@ impl Restarter for Ec2Restarter {
             Ec2Action::Reboot => self
                 .reboot(id)
                 .await
-                .map_err(|e| failure(host, "RebootInstances", e))?,
+                .map_err(|e| act_failure(host, "RebootInstances", e))?,
             Ec2Action::StopStart => self.stop_start(host, id).await?,
             Ec2Action::Terminate => self.terminate(host, id).await?,
         };
@@ -403,6 +406,21 @@ fn failure(host: &Hostname, what: &str, error: AwsError) -> RestartError {
         RestartError::failed(host, cause)
     } else {
         RestartError::permanent(host, cause)
+    }
+}
+
+/// An AWS error of a call that acts on the instance: as [`failure`], but
+/// one after which AWS may have acted (no answer, a late or unreadable
+/// one, a 5xx) is [`RestartError::OutcomeUnknown`]. Retrying it could
+/// restart the host a second time.
+fn act_failure(host: &Hostname, what: &str, error: AwsError) -> RestartError {
+    if error.may_have_been_done() {
+        RestartError::OutcomeUnknown {
+            host: host.clone(),
+            cause: Cause::new(format!("{what}: AWS may have done it"), error),
+        }
+    } else {
+        failure(host, what, error)
     }
 }
 

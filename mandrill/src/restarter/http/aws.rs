@@ -6,7 +6,10 @@
 //! `Throttling`) and 5xx answers are retried here with a jittered
 //! exponential backoff and, past the tries, are transient; any other AWS
 //! error is returned at once with AWS's code (an unknown instance, a
-//! missing permission: retrying cannot fix them).
+//! missing permission: retrying cannot fix them). A call that acts on a
+//! machine ([`AwsClient::act`]) is sent again only when AWS did nothing
+//! (throttling, no connection): a reboot whose answer was lost may have
+//! been done, and a second one is a second restart.
 //!
 //! Chosen over the official `aws-sdk-ec2`/`aws-sdk-autoscaling` crates:
 //! mandrill makes eight calls, and those crates (with `aws-smithy-*` and
@@ -148,6 +151,20 @@ impl AwsError {
             }
         }
     }
+
+    /// Whether AWS may have done what the call asked although no answer
+    /// said so: the request went out and its answer was lost, late,
+    /// unreadable or a 5xx (AWS's own failure, which may come after the
+    /// work). Throttling, a refusal, a connection never made and missing
+    /// credentials mean nothing was done.
+    pub(crate) fn may_have_been_done(&self) -> bool {
+        match self {
+            Self::Credentials(_) | Self::CredentialsUnavailable(_) | Self::Setup(_) => false,
+            Self::Api { code, status, .. } => !is_throttling(code) && *status >= 500,
+            Self::Transport { source, .. } => !source.is_connect(),
+            Self::Unreadable { .. } => true,
+        }
+    }
 }
 
 fn is_throttling(code: &str) -> bool {
@@ -200,18 +217,44 @@ impl AwsClient {
         })
     }
 
-    /// Calls `action` with `params`, retrying throttling and 5xx answers;
-    /// the answer's root element.
+    /// Calls `action` with `params`, retrying throttling, 5xx answers and
+    /// failed transfers; the answer's root element. Only for a call that
+    /// may be repeated: a read, a tag set or removed.
     pub(crate) async fn call(
         &self,
         action: &str,
         params: &[(String, String)],
     ) -> Result<Element, AwsError> {
+        self.call_retrying(action, params, AwsError::is_transient)
+            .await
+    }
+
+    /// Calls `action`, which acts on a machine (reboots, stops, starts or
+    /// terminates it): tried again only when AWS did nothing. An error
+    /// after which AWS may have acted ([`AwsError::may_have_been_done`])
+    /// is returned at once.
+    pub(crate) async fn act(
+        &self,
+        action: &str,
+        params: &[(String, String)],
+    ) -> Result<Element, AwsError> {
+        self.call_retrying(action, params, |error| {
+            error.is_transient() && !error.may_have_been_done()
+        })
+        .await
+    }
+
+    async fn call_retrying(
+        &self,
+        action: &str,
+        params: &[(String, String)],
+        retry: impl Fn(&AwsError) -> bool,
+    ) -> Result<Element, AwsError> {
         let mut tries = 0;
         loop {
             tries += 1;
             match self.try_once(action, params).await {
-                Err(error) if error.is_transient() && tries < MAX_TRIES => {
+                Err(error) if retry(&error) && tries < MAX_TRIES => {
                     let delay = RETRY_BACKOFF
                         .delay(tries)
                         .mul_f64(rand::rng().random_range(0.5..=1.0));

@@ -56,3 +56,27 @@ fn an_endpoint_is_https_or_loopback_http_and_holds_no_credentials() {
     assert!(check_region("us-gov-west-1").is_ok());
     assert!(check_region("us-east-1.evil.com/").is_err());
 }
+
+#[test]
+fn a_5xx_or_an_unreadable_answer_may_have_been_done_throttling_and_a_refusal_were_not() {
+    let answered = |code: &str, status| AwsError::Api {
+        service: "ec2",
+        action: "RebootInstances".into(),
+        code: code.into(),
+        message: String::new(),
+        status,
+    };
+    assert!(answered("InternalError", 500).may_have_been_done());
+    assert!(!answered("RequestLimitExceeded", 503).may_have_been_done());
+    assert!(!answered("IncorrectInstanceState", 400).may_have_been_done());
+    assert!(
+        AwsError::Unreadable {
+            service: "ec2",
+            action: "RebootInstances".into(),
+            status: 200,
+            why: "truncated".into(),
+        }
+        .may_have_been_done()
+    );
+    assert!(!AwsError::CredentialsUnavailable("no token".into()).may_have_been_done());
+}
