@@ -181,6 +181,8 @@ enum Act {
     Forward,
     /// Answers this instead, moto never asked.
     Answer(axum::http::StatusCode, String),
+    /// Sends it on to moto, then answers this instead of moto's answer.
+    ForwardThenAnswer(axum::http::StatusCode, String),
     /// Never answers (the connection stays open).
     Stall,
 }
@@ -241,11 +243,15 @@ impl Proxy {
                         calls.push(form.clone());
                         rule(&form, &calls)
                     };
-                    match act {
+                    let instead = match act {
                         Act::Answer(status, answer) => return (status, answer),
-                        Act::Stall => std::future::pending::<()>().await,
-                        Act::Forward => {}
-                    }
+                        Act::Stall => {
+                            std::future::pending::<()>().await;
+                            None
+                        }
+                        Act::Forward => None,
+                        Act::ForwardThenAnswer(status, answer) => Some((status, answer)),
+                    };
                     let mut forward = client.post(&upstream).body(body.to_vec());
                     for (name, value) in &headers {
                         if name != "host" && name != "content-length" {
@@ -255,7 +261,8 @@ impl Proxy {
                     let answer = forward.send().await.unwrap();
                     let status =
                         axum::http::StatusCode::from_u16(answer.status().as_u16()).unwrap();
-                    (status, answer.text().await.unwrap())
+                    let answer = (status, answer.text().await.unwrap());
+                    instead.unwrap_or(answer)
                 }
             },
         );
@@ -376,10 +383,9 @@ fn set(dir: &Path, key: &str, value: &str) {
     std::fs::write(path, text).unwrap();
 }
 
-/// Runs the service until the restart of one request has an end
-/// (recorded, or its outcome unknown), then stops it; its log.
-fn run_until_concluded(dir: &Path) -> Vec<Value> {
-    let service = Mandrill::run_with_env(dir, &["--config", "mandrill.toml", "--unleash"], ENV);
+/// Waits until the restart of the one request published has an end
+/// (recorded, or its outcome unknown).
+fn wait_until_concluded(service: &Mandrill) {
     let deadline = std::time::Instant::now() + support::DEADLINE;
     while [
         OUTCOME_UNKNOWN,
@@ -398,6 +404,13 @@ fn run_until_concluded(dir: &Path) -> Vec<Value> {
         );
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
+}
+
+/// Runs the service until the restart of the one request published has
+/// an end, then stops it; its log.
+fn run_until_concluded(dir: &Path) -> Vec<Value> {
+    let service = Mandrill::run_with_env(dir, &["--config", "mandrill.toml", "--unleash"], ENV);
+    wait_until_concluded(&service);
     service.signal("TERM");
     let (status, lines) = service.wait_exit();
     assert!(status.success(), "{lines:?}");
@@ -436,6 +449,46 @@ fn a_reboot_whose_answer_never_comes_is_sent_once_and_its_claim_holds_the_instan
     );
     let held = entry(&db, &instance);
     assert_eq!(held.status, Status::Received, "{held:?}");
+}
+
+/// A StopInstances that AWS did but answered with a 5xx: the instance
+/// is stopped, so its start-after tag stays for the companion to start it
+/// (it was removed, leaving the instance stopped for good), and the
+/// stop is not sent again.
+#[test]
+fn a_stop_done_but_answered_with_a_5xx_keeps_the_start_after_tag() {
+    let moto = Moto::start();
+    let instance = ids(&moto.fleet(&["run", "us-east-1a", "1", "chaos=yes"])).remove(0);
+    let failed = instance.clone();
+    let proxy = Proxy::start(moto.endpoint(), move |form, _| {
+        if is_call(form, "StopInstances", &failed) {
+            Act::ForwardThenAnswer(
+                axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                ec2_error("InternalError"),
+            )
+        } else {
+            Act::Forward
+        }
+    });
+    let (_guard, dir) = temp_dir();
+    let db = config(&dir, &proxy.endpoint, "stop-start", "");
+    publish(&dir, &db, &[&instance]);
+
+    let lines = run_until_concluded(&dir);
+
+    let state = moto.fleet(&["state", &instance]);
+    assert_eq!(state["state"], "stopped", "{state}");
+    assert!(
+        state["tags"].get("mandrill:start-after").is_some(),
+        "the tag is gone from a stopped instance: {state}"
+    );
+    assert_eq!(proxy.count("StopInstances", &instance), 1);
+    assert!(
+        lines
+            .iter()
+            .any(|line| line["fields"]["message"] == OUTCOME_UNKNOWN),
+        "{lines:?}"
+    );
 }
 
 #[test]

@@ -121,7 +121,8 @@ impl Ec2Restarter {
     }
 
     /// Tag, stop, wait for `stopped`, wait `stopped_for`, start, untag. A
-    /// failure after the stop leaves the tag, so the companion starts it.
+    /// failure once the stop may have been done leaves the tag, so the
+    /// companion starts it.
     async fn stop_start(&self, host: &Hostname, id: &str) -> Result<String, RestartError> {
         let due =
             unix_now() + self.settings.stopped_for.as_secs() + self.settings.stop_timeout.as_secs();
@@ -130,12 +131,16 @@ impl Ec2Restarter {
             .await
             .map_err(|e| failure(host, "CreateTags before the stop", e))?;
         if let Err(error) = self.ec2.act("StopInstances", &instance_ids(id)).await {
-            // Nothing stopped: the record goes (if this fails too, the
-            // companion removes it from a running instance).
-            let _ = self
-                .ec2
-                .call("DeleteTags", &start_after_tag(id, None))
-                .await;
+            // Only a refusal says nothing stopped. Any other failure (no
+            // answer, a 5xx) may hide a stop AWS did: the tag stays, so
+            // that the companion starts the instance, or removes the tag
+            // from a running one, once its time passes.
+            if error.is_refusal() {
+                let _ = self
+                    .ec2
+                    .call("DeleteTags", &start_after_tag(id, None))
+                    .await;
+            }
             return Err(act_failure(host, "StopInstances", error));
         }
         info!(instance = id, "stopped; waiting for it to be stopped");

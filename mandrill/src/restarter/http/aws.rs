@@ -165,6 +165,12 @@ impl AwsError {
             Self::Unreadable { .. } => true,
         }
     }
+
+    /// Whether AWS answered that it will not do what the call asked: an
+    /// error answer below 500 that is not throttling.
+    pub(crate) fn is_refusal(&self) -> bool {
+        matches!(self, Self::Api { code, status, .. } if *status < 500 && !is_throttling(code))
+    }
 }
 
 fn is_throttling(code: &str) -> bool {

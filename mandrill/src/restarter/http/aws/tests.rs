@@ -80,3 +80,20 @@ fn a_5xx_or_an_unreadable_answer_may_have_been_done_throttling_and_a_refusal_wer
     );
     assert!(!AwsError::CredentialsUnavailable("no token".into()).may_have_been_done());
 }
+
+#[test]
+fn only_an_error_answer_below_500_that_is_not_throttling_is_a_refusal() {
+    let answered = |code: &str, status| AwsError::Api {
+        service: "ec2",
+        action: "StopInstances".into(),
+        code: code.into(),
+        message: String::new(),
+        status,
+    };
+    assert!(answered("IncorrectInstanceState", 400).is_refusal());
+    assert!(answered("UnauthorizedOperation", 403).is_refusal());
+    assert!(!answered("RequestLimitExceeded", 503).is_refusal());
+    assert!(!answered("Throttling", 400).is_refusal());
+    assert!(!answered("InternalError", 500).is_refusal());
+    assert!(!AwsError::CredentialsUnavailable("no token".into()).is_refusal());
+}
