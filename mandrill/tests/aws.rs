@@ -541,6 +541,58 @@ fn a_stop_start_keeps_the_instance_stopped_for_stopped_for_then_ec2_sees_it_reco
     );
 }
 
+/// An instance its operator stopped (it has no start-after tag, which
+/// only mandrill puts) is refused by a stop-start, for good, and stays
+/// stopped: StopInstances would leave it so and StartInstances would power
+/// it on. One stopped with the tag is a stop-start cut short (a crash, a
+/// redelivery): the stop-start ends it, and it runs again.
+#[test]
+fn a_stop_start_refuses_an_instance_stopped_by_someone_else_and_ends_one_of_its_own() {
+    let moto = Moto::start();
+    let theirs = ids(&moto.fleet(&["run", "us-east-1a", "1", "chaos=yes"])).remove(0);
+    let ours = ids(&moto.fleet(&["run", "us-east-1a", "1", "chaos=yes"])).remove(0);
+    moto.fleet(&["stop", &theirs]);
+    // A time far off: the companion leaves it to the stop-start.
+    moto.fleet(&["stop", &ours, "mandrill:start-after=9999999999"]);
+    let (_guard, dir) = temp_dir();
+    let db = config(
+        &dir,
+        &moto.endpoint(),
+        "stop-start",
+        "[safety.rate]\ngroup_max = 2\n",
+    );
+    // One after the other: a refused host counts against the group's
+    // disruption budget.
+    publish(&dir, &db, &[&ours]);
+    run_until_idle(&dir);
+    publish(&dir, &db, &[&theirs]);
+    run_until_idle(&dir);
+
+    let state = moto.fleet(&["state", &theirs]);
+    assert_eq!(state["state"], "stopped", "{state}");
+    assert!(
+        state["tags"].get("mandrill:start-after").is_none(),
+        "{state}"
+    );
+    let refused = entry(&db, &theirs);
+    assert_eq!(refused.status, Status::Failed, "{refused:?}");
+    assert_eq!(refused.attempts, 1, "a refusal is not retried");
+    let error = refused.last_error.unwrap_or_default();
+    assert!(
+        error.contains("is stopped without the mandrill:start-after tag"),
+        "{error}"
+    );
+
+    let ended = entry(&db, &ours);
+    assert_eq!(ended.status, Status::Restarted, "{ended:?}");
+    let state = moto.fleet(&["state", &ours]);
+    assert_eq!(state["state"], "running", "{state}");
+    assert!(
+        state["tags"].get("mandrill:start-after").is_none(),
+        "{state}"
+    );
+}
+
 #[test]
 fn an_instance_left_stopped_by_a_mandrill_killed_with_sigkill_is_started_by_the_next_one() {
     let moto = Moto::start();

@@ -1,7 +1,7 @@
 //! The `ec2` restarter: a restart of an instance (named by its id) is an
-//! EC2 action: `reboot` (`RebootInstances`), `stop-start`
-//! (`StopInstances`, wait for `stopped`, stay stopped for `stopped_for`,
-//! `StartInstances`) or `terminate` (`TerminateInstanceInAutoScalingGroup`
+//! EC2 action: `reboot` (`RebootInstances`), `stop-start` of a running
+//! instance (`StopInstances`, wait for `stopped`, stay stopped for
+//! `stopped_for`, `StartInstances`) or `terminate` (`TerminateInstanceInAutoScalingGroup`
 //! keeping the desired capacity, only for an Auto Scaling group's member).
 //! Calls go through `http/aws.rs`, which retries throttling. A call that
 //! acts on the instance is never sent twice when AWS may have done it: its
@@ -124,6 +124,7 @@ impl Ec2Restarter {
     /// failure once the stop may have been done leaves the tag, so the
     /// companion starts it.
     async fn stop_start(&self, host: &Hostname, id: &str) -> Result<String, RestartError> {
+        self.check_stop_start(host, id).await?;
         let due =
             unix_now() + self.settings.stopped_for.as_secs() + self.settings.stop_timeout.as_secs();
         self.ec2
@@ -161,6 +162,40 @@ impl Ec2Restarter {
             "StopInstances {id}, stopped for {}, StartInstances accepted",
             humantime::format_duration(self.settings.stopped_for)
         ))
+    }
+
+    /// Refuses, for good, an instance a stop-start must leave alone: one
+    /// stopped by someone else, which `StopInstances` would leave as it is
+    /// and `StartInstances` would power on, or one on its way up or down.
+    /// A stopped or stopping instance with the start-after tag is one whose
+    /// stop-start was cut short (a crash, a redelivery): this one ends it.
+    async fn check_stop_start(&self, host: &Hostname, id: &str) -> Result<(), RestartError> {
+        let states = self
+            .states(&[("InstanceId.1".to_owned(), id.to_owned())])
+            .await
+            .map_err(|e| failure(host, "DescribeInstances before the stop", e))?;
+        let Some((state, tags)) = states.get(id) else {
+            return Err(RestartError::permanent(
+                host,
+                format!("{id} is not in DescribeInstances' answer"),
+            ));
+        };
+        let ours = tags.contains_key(START_AFTER_TAG);
+        match state.as_str() {
+            "running" => Ok(()),
+            "stopped" | "stopping" if ours => Ok(()),
+            "stopped" | "stopping" => Err(RestartError::permanent(
+                host,
+                format!(
+                    "{id} is {state} without the {START_AFTER_TAG} tag: stopped by someone \
+                     else, and a stop-start would start it"
+                ),
+            )),
+            _ => Err(RestartError::permanent(
+                host,
+                format!("{id} is {state}: a stop-start stops only a running instance"),
+            )),
+        }
     }
 
     async fn wait_until_stopped(&self, host: &Hostname, id: &str) -> Result<(), RestartError> {

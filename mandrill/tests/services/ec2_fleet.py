@@ -7,6 +7,8 @@ ec2_fleet.py ENDPOINT COMMAND ARGS... prints one JSON value:
   user NAME ACTION...             an IAM user allowed ACTIONs only: its keys
   state ID                        the instance's state and tags
   wait ID STATE SECONDS           wait until the instance is in STATE
+  stop ID KEY=VALUE...            tag the instance, stop it (as its operator
+                                  would), wait until it is stopped: its state
   watch ID SECONDS                {"watching": STATE} at once, then the
                                   instance's states, polled every 0.1s
                                   until it was seen stopped then running:
@@ -93,6 +95,14 @@ elif command == "wait":
             sys.exit(f"{instance_id} was not {wanted} within {args[2]}s")
         time.sleep(0.1)
     print(json.dumps(instance(instance_id)))
+elif command == "stop":
+    tags = [a.split("=", 1) for a in args[1:]]
+    if tags:
+        ec2.create_tags(Resources=[args[0]], Tags=[{"Key": k, "Value": v} for k, v in tags])
+    ec2.stop_instances(InstanceIds=[args[0]])
+    while instance(args[0])["state"] != "stopped":
+        time.sleep(0.1)
+    print(json.dumps(instance(args[0])))
 elif command == "watch":
     instance_id, deadline = args[0], time.time() + float(args[1])
     stopped_at = None
