@@ -32,10 +32,10 @@ fn config(dir: &Path, endpoint: &str, action: &str, more: &str) -> String {
     let db = sqlite_url(dir);
     let text = format!(
         "[broker]\nurl = {db:?}\n\n[store]\nurl = {db:?}\n\n\
-         [worker]\nrestart_timeout = \"2m\"\n\n\
+         [worker]\nrestart_timeout = \"5m\"\n\n\
          [restarter]\nkind = \"ec2\"\n\n\
          [restarter.ec2]\nendpoint_url = {endpoint:?}\naction = {action:?}\n\
-         stopped_for = \"3s\"\nstop_timeout = \"5s\"\npoll_interval = \"100ms\"\ncall_timeout = \"5s\"\n\n\
+         stopped_for = \"3s\"\nstop_timeout = \"5s\"\nstart_timeout = \"5s\"\npoll_interval = \"100ms\"\ncall_timeout = \"5s\"\n\n\
          [verify]\nprobe = \"ec2\"\ninitial_delay = \"0s\"\ninterval = \"200ms\"\ntimeout = \"30s\"\n\n\
          [safety]\nallow = [\"i-*\"]\n# Not about signing: unsigned requests.\nrequire_signed = false\n\n\
          {ALWAYS_OPEN}\n{more}"
@@ -185,6 +185,8 @@ enum Act {
     ForwardThenAnswer(axum::http::StatusCode, String),
     /// Never answers (the connection stays open).
     Stall,
+    /// Sends it on to moto and answers moto's answer rewritten.
+    Rewrite(Box<dyn FnOnce(String) -> String + Send>),
 }
 
 /// EC2's error answer with `code`.
@@ -243,6 +245,7 @@ impl Proxy {
                         calls.push(form.clone());
                         rule(&form, &calls)
                     };
+                    let mut rewrite = None;
                     let instead = match act {
                         Act::Answer(status, answer) => return (status, answer),
                         Act::Stall => {
@@ -251,6 +254,10 @@ impl Proxy {
                         }
                         Act::Forward => None,
                         Act::ForwardThenAnswer(status, answer) => Some((status, answer)),
+                        Act::Rewrite(with) => {
+                            rewrite = Some(with);
+                            None
+                        }
                     };
                     let mut forward = client.post(&upstream).body(body.to_vec());
                     for (name, value) in &headers {
@@ -261,8 +268,11 @@ impl Proxy {
                     let answer = forward.send().await.unwrap();
                     let status =
                         axum::http::StatusCode::from_u16(answer.status().as_u16()).unwrap();
-                    let answer = (status, answer.text().await.unwrap());
-                    instead.unwrap_or(answer)
+                    let mut answer = answer.text().await.unwrap();
+                    if let Some(rewrite) = rewrite {
+                        answer = rewrite(answer);
+                    }
+                    instead.unwrap_or((status, answer))
                 }
             },
         );
@@ -593,6 +603,75 @@ fn a_stop_start_refuses_an_instance_stopped_by_someone_else_and_ends_one_of_its_
     );
 }
 
+/// A start AWS accepted that leaves the instance stopped (pending, then
+/// stopped again: a key its volumes cannot be decrypted with, no
+/// capacity) is not a restart that ended well, even without a probe: it
+/// is recorded unrecovered, naming the state and EC2's reason, and the
+/// start-after tag stays for the companion.
+#[test]
+fn a_start_that_falls_back_to_stopped_is_unrecovered_and_keeps_the_start_after_tag() {
+    let moto = Moto::start();
+    let instance = ids(&moto.fleet(&["run", "us-east-1a", "1", "chaos=yes"])).remove(0);
+    let id = instance.clone();
+    // moto starts what it is asked to: the proxy accepts the start itself,
+    // then shows the instance pending once and stopped again after.
+    let proxy = Proxy::start(moto.endpoint(), move |form, calls| {
+        let start = |call: &str| is_call(call, "StartInstances", &id);
+        if start(form) {
+            return Act::Answer(
+                axum::http::StatusCode::OK,
+                format!(
+                    "<StartInstancesResponse xmlns=\"http://ec2.amazonaws.com/doc/2016-11-15/\">\
+                     <requestId>x</requestId><instancesSet><item><instanceId>{id}</instanceId>\
+                     <currentState><code>0</code><name>pending</name></currentState>\
+                     <previousState><code>80</code><name>stopped</name></previousState>\
+                     </item></instancesSet></StartInstancesResponse>"
+                ),
+            );
+        }
+        let looks_since_start = calls
+            .iter()
+            .skip_while(|call| !start(call))
+            .filter(|call| is_call(call, "DescribeInstances", &id))
+            .count();
+        match (is_call(form, "DescribeInstances", &id), looks_since_start) {
+            (true, 1) => Act::Rewrite(Box::new(|answer| {
+                answer.replace("<name>stopped</name>", "<name>pending</name>")
+            })),
+            (true, 2..) => Act::Rewrite(Box::new(|answer| {
+                answer.replace(
+                    "Client.UserInitiatedShutdown: User initiated shutdown",
+                    "Client.InternalError: Client error on launch",
+                )
+            })),
+            _ => Act::Forward,
+        }
+    });
+    let (_guard, dir) = temp_dir();
+    let db = config(&dir, &proxy.endpoint, "stop-start", "");
+    // Without a probe, nothing but the stop-start itself sees the host.
+    set(&dir, "probe", "none");
+    publish(&dir, &db, &[&instance]);
+
+    run_until_idle(&dir);
+
+    let unrecovered = entry(&db, &instance);
+    assert_eq!(unrecovered.status, Status::Unrecovered, "{unrecovered:?}");
+    let error = unrecovered.last_error.unwrap_or_default();
+    assert!(
+        error.contains(&format!(
+            "{instance} fell back to stopped (Client.InternalError: Client error on launch)"
+        )),
+        "{error}"
+    );
+    let state = moto.fleet(&["state", &instance]);
+    assert_eq!(state["state"], "stopped", "{state}");
+    assert!(
+        state["tags"].get("mandrill:start-after").is_some(),
+        "the tag is gone from a stopped instance: {state}"
+    );
+}
+
 #[test]
 fn an_instance_left_stopped_by_a_mandrill_killed_with_sigkill_is_started_by_the_next_one() {
     let moto = Moto::start();
@@ -603,7 +682,6 @@ fn an_instance_left_stopped_by_a_mandrill_killed_with_sigkill_is_started_by_the_
     let text = std::fs::read_to_string(dir.join("mandrill.toml"))
         .unwrap()
         .replace("stopped_for = \"3s\"", "stopped_for = \"20s\"")
-        .replace("restart_timeout = \"2m\"", "restart_timeout = \"5m\"")
         .replace("stop_timeout = \"5s\"", "stop_timeout = \"2s\"");
     std::fs::write(dir.join("mandrill.toml"), text).unwrap();
     publish(&dir, &db, &[&instance]);

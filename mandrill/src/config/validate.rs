@@ -399,8 +399,10 @@ impl Config {
                 r.ec2.validate().map_err(in_section("ec2"))?;
                 (
                     r.ec2.longest_restart(),
-                    "15 × restarter.ec2.call_timeout (three calls, five tries each), and for a \
-                     stop-start restarter.ec2.stop_timeout + restarter.ec2.stopped_for",
+                    "the calls (1 for a reboot, 2 for a terminate, 7 for a stop-start), each \
+                     5 tries of restarter.ec2.call_timeout and 3s of backoff between them, and \
+                     for a stop-start restarter.ec2.stop_timeout + restarter.ec2.start_timeout + \
+                     2 × restarter.ec2.poll_interval + restarter.ec2.stopped_for",
                 )
             }
         };

@@ -42,7 +42,7 @@ use super::{Cause, Reservation, RestartError, Restarter, SettingError};
 use crate::causes::WithCauses;
 use crate::domain::{Hostname, RestartRequest, Restarted};
 
-use answer::{group_back_to_capacity, instance_status_ok, instances, is_instance_id};
+use answer::{Instance, group_back_to_capacity, instance_status_ok, instances, is_instance_id};
 pub(crate) use settings::{Ec2Action, Ec2Settings};
 
 const SECTION: &str = "restarter.ec2";
@@ -120,9 +120,9 @@ impl Ec2Restarter {
         Ok(format!("RebootInstances {id} accepted"))
     }
 
-    /// Tag, stop, wait for `stopped`, wait `stopped_for`, start, untag. A
-    /// failure once the stop may have been done leaves the tag, so the
-    /// companion starts it.
+    /// Tag, stop, wait for `stopped`, wait `stopped_for`, start, wait for
+    /// `running`, untag. A failure once the stop may have been done leaves
+    /// the tag, so the companion starts it.
     async fn stop_start(&self, host: &Hostname, id: &str) -> Result<String, RestartError> {
         self.check_stop_start(host, id).await?;
         let due =
@@ -151,6 +151,13 @@ impl Ec2Restarter {
             .act("StartInstances", &instance_ids(id))
             .await
             .map_err(|e| act_failure(host, "StartInstances (the companion will start it)", e))?;
+        let output = format!(
+            "StopInstances {id}, stopped for {}, StartInstances accepted",
+            humantime::format_duration(self.settings.stopped_for)
+        );
+        // An accepted start is not a running instance: it may fall back
+        // to stopped, and the tag is what gets it started then.
+        self.wait_until_running(host, id, &output).await?;
         if let Err(error) = self
             .ec2
             .call("DeleteTags", &start_after_tag(id, None))
@@ -158,10 +165,7 @@ impl Ec2Restarter {
         {
             warn!(instance = id, error = %WithCauses(&error), "the start-after tag stays on a started instance; the companion removes it");
         }
-        Ok(format!(
-            "StopInstances {id}, stopped for {}, StartInstances accepted",
-            humantime::format_duration(self.settings.stopped_for)
-        ))
+        Ok(format!("{output}, running"))
     }
 
     /// Refuses, for good, an instance a stop-start must leave alone: one
@@ -174,13 +178,14 @@ impl Ec2Restarter {
             .states(&[("InstanceId.1".to_owned(), id.to_owned())])
             .await
             .map_err(|e| failure(host, "DescribeInstances before the stop", e))?;
-        let Some((state, tags)) = states.get(id) else {
+        let Some(instance) = states.get(id) else {
             return Err(RestartError::permanent(
                 host,
                 format!("{id} is not in DescribeInstances' answer"),
             ));
         };
-        let ours = tags.contains_key(START_AFTER_TAG);
+        let ours = instance.tags.contains_key(START_AFTER_TAG);
+        let state = &instance.state;
         match state.as_str() {
             "running" => Ok(()),
             "stopped" | "stopping" if ours => Ok(()),
@@ -205,7 +210,7 @@ impl Ec2Restarter {
                 .states(&[("InstanceId.1".to_owned(), id.to_owned())])
                 .await
                 .map_err(|e| failure(host, "DescribeInstances while stopping", e))?;
-            let state = states.get(id).map(|(state, _)| state.as_str());
+            let state = states.get(id).map(|instance| instance.state.as_str());
             if state == Some("stopped") {
                 return Ok(());
             }
@@ -219,6 +224,71 @@ impl Ec2Restarter {
                         state.unwrap_or("unknown")
                     ),
                 ));
+            }
+            tokio::time::sleep(self.settings.poll_interval).await;
+        }
+    }
+
+    /// Waits for `id`, whose start was accepted, to run. One seen
+    /// `pending` then `stopped` fell back; one not running within
+    /// `start_timeout` did not start. Either is a host that did not come
+    /// back: [`RestartError::Unrecovered`], the tag left on it for the
+    /// companion. `stopped` before `pending` is EC2's reads not showing
+    /// the start yet.
+    async fn wait_until_running(
+        &self,
+        host: &Hostname,
+        id: &str,
+        output: &str,
+    ) -> Result<(), RestartError> {
+        let started = tokio::time::Instant::now();
+        let deadline = started + self.settings.start_timeout;
+        let mut seen_pending = false;
+        loop {
+            // The start was sent: were the worker to retry, it would
+            // stop the instance again.
+            let mut states = self
+                .states(&[("InstanceId.1".to_owned(), id.to_owned())])
+                .await
+                .map_err(|error| RestartError::OutcomeUnknown {
+                    host: host.clone(),
+                    cause: Cause::new(
+                        "DescribeInstances once StartInstances was accepted (the companion \
+                         starts it if it is still stopped)",
+                        error,
+                    ),
+                })?;
+            let instance = states.remove(id);
+            let state = instance.as_ref().map_or("unknown", |i| i.state.as_str());
+            let fell_back = state == "stopped" && seen_pending;
+            match state {
+                "running" => return Ok(()),
+                "pending" => seen_pending = true,
+                _ => {}
+            }
+            if fell_back || tokio::time::Instant::now() >= deadline {
+                let reason = instance
+                    .as_ref()
+                    .and_then(|i| i.reason.as_ref())
+                    .map(|reason| format!(" ({reason})"))
+                    .unwrap_or_default();
+                let seen = if fell_back {
+                    format!("{id} fell back to {state}{reason} after StartInstances was accepted")
+                } else {
+                    format!(
+                        "{id} was not running {} after StartInstances was accepted (state \
+                         {state}{reason})",
+                        humantime::format_duration(self.settings.start_timeout)
+                    )
+                };
+                return Err(RestartError::Unrecovered {
+                    host: host.clone(),
+                    after: started.elapsed(),
+                    cause: Cause::from(format!(
+                        "{seen}; its start-after tag stays, so the companion starts it"
+                    )),
+                    output: Some(output.to_owned()),
+                });
             }
             tokio::time::sleep(self.settings.poll_interval).await;
         }
@@ -276,7 +346,7 @@ impl Ec2Restarter {
     async fn states(
         &self,
         params: &[(String, String)],
-    ) -> Result<HashMap<String, (String, HashMap<String, String>)>, AwsError> {
+    ) -> Result<HashMap<String, Instance>, AwsError> {
         let answer = self.ec2.call("DescribeInstances", params).await?;
         Ok(instances(&answer))
     }
@@ -340,8 +410,9 @@ impl Ec2Restarter {
             .await?;
         let now = unix_now();
         let mut next = None;
-        for (id, (state, tags)) in found {
-            let due = tags
+        for (id, instance) in found {
+            let due = instance
+                .tags
                 .get(START_AFTER_TAG)
                 .and_then(|value| value.parse::<u64>().ok())
                 .unwrap_or(0);
@@ -349,13 +420,15 @@ impl Ec2Restarter {
                 next = Some(next.map_or(due, |next: u64| next.min(due)));
                 continue;
             }
-            match state.as_str() {
+            match instance.state.as_str() {
                 "stopped" => {
                     self.ec2.act("StartInstances", &instance_ids(&id)).await?;
                     warn!(instance = %id, "started an instance a stop-start left stopped (the mandrill that stopped it did not start it in time)");
                 }
-                // Still on its way down: started at the next sweep.
-                "stopping" => {
+                // Still on its way down: started at the next sweep. Or
+                // on its way up, and it may fall back to stopped: the tag
+                // goes once it runs.
+                "stopping" | "pending" => {
                     next = Some(now + SWEEP_INTERVAL.as_secs());
                     continue;
                 }

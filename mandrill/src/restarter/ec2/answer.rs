@@ -13,8 +13,18 @@ pub(super) fn is_instance_id(name: &str) -> bool {
     })
 }
 
-/// Each instance of a `DescribeInstances` answer: its state and tags.
-pub(super) fn instances(answer: &Element) -> HashMap<String, (String, HashMap<String, String>)> {
+/// What `DescribeInstances` says of one instance.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Instance {
+    /// `pending`, `running`, `stopping`, `stopped`, …
+    pub state: String,
+    /// Why it is in that state, when EC2 says (`Server.InsufficientInstanceCapacity: …`).
+    pub reason: Option<String>,
+    pub tags: HashMap<String, String>,
+}
+
+/// Each instance of a `DescribeInstances` answer, by id.
+pub(super) fn instances(answer: &Element) -> HashMap<String, Instance> {
     let mut found = HashMap::new();
     for reservation in answer.items(&["reservationSet"]) {
         for instance in reservation.items(&["instancesSet"]) {
@@ -25,6 +35,9 @@ pub(super) fn instances(answer: &Element) -> HashMap<String, (String, HashMap<St
                 .text_at(&["instanceState", "name"])
                 .unwrap_or("unknown")
                 .to_owned();
+            let reason = instance
+                .text_at(&["stateReason", "message"])
+                .map(str::to_owned);
             let tags = instance
                 .items(&["tagSet"])
                 .filter_map(|tag| {
@@ -34,7 +47,14 @@ pub(super) fn instances(answer: &Element) -> HashMap<String, (String, HashMap<St
                     ))
                 })
                 .collect();
-            found.insert(id.to_owned(), (state, tags));
+            found.insert(
+                id.to_owned(),
+                Instance {
+                    state,
+                    reason,
+                    tags,
+                },
+            );
         }
     }
     found

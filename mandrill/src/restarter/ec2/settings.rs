@@ -49,6 +49,14 @@ settings! {
         /// waits before starting an instance a stop-start left stopped.
         #[serde(with = "duration")]
         pub stop_timeout: Duration = Duration::from_secs(600),
+        /// stop-start: longest wait, once `StartInstances` is accepted,
+        /// for the instance to reach `running`.
+        ///
+        /// One that does not, or falls back to `stopped` (a key its
+        /// volumes cannot be decrypted with, no capacity), is recorded
+        /// unrecovered, and keeps its start-after tag.
+        #[serde(with = "duration")]
+        pub start_timeout: Duration = Duration::from_secs(300),
         /// Wait between two looks at an instance's state.
         #[serde(with = "duration")]
         pub poll_interval: Duration = Duration::from_secs(5),
@@ -81,6 +89,7 @@ impl Ec2Settings {
         }
         for (key, value) in [
             ("stop_timeout", self.stop_timeout),
+            ("start_timeout", self.start_timeout),
             ("poll_interval", self.poll_interval),
             ("call_timeout", self.call_timeout),
         ] {
@@ -91,16 +100,24 @@ impl Ec2Settings {
         Ok(())
     }
 
-    /// The longest a restart can take, for `worker.restart_timeout`: the
-    /// calls (each tried up to five times), and for a stop-start the wait
-    /// for `stopped` and the time stopped.
+    /// The longest a restart can take, for `worker.restart_timeout`: its
+    /// calls, each at its longest ([`aws::longest_call`]), and for a
+    /// stop-start the waits for `stopped` and for `running` (each may end
+    /// with one more look, a `poll_interval` and a call past its timeout)
+    /// and the time stopped.
     pub(crate) fn longest_restart(&self) -> Duration {
-        let calls = self.call_timeout.saturating_mul(5).saturating_mul(3);
+        let calls = |count: u32| aws::longest_call(self.call_timeout).saturating_mul(count);
         match self.action {
-            Ec2Action::StopStart => calls
+            Ec2Action::Reboot => calls(1),
+            // DescribeAutoScalingInstances, TerminateInstanceInAutoScalingGroup.
+            Ec2Action::Terminate => calls(2),
+            // DescribeInstances, CreateTags, StopInstances, StartInstances,
+            // DeleteTags, and the last look of each wait.
+            Ec2Action::StopStart => calls(7)
                 .saturating_add(self.stop_timeout)
+                .saturating_add(self.start_timeout)
+                .saturating_add(self.poll_interval.saturating_mul(2))
                 .saturating_add(self.stopped_for),
-            Ec2Action::Reboot | Ec2Action::Terminate => calls,
         }
     }
 }

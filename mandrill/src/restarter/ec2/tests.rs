@@ -66,16 +66,32 @@ fn the_start_after_tag_is_written_with_a_time_and_removed_without() {
 }
 
 #[test]
-fn a_stop_start_waits_for_the_stop_and_the_time_stopped() {
+fn the_longest_restart_counts_every_call_try_backoff_and_wait() {
     let settings = Ec2Settings {
         action: Ec2Action::StopStart,
         stopped_for: Duration::from_secs(60),
         stop_timeout: Duration::from_secs(600),
+        start_timeout: Duration::from_secs(300),
+        poll_interval: Duration::from_secs(5),
         call_timeout: Duration::from_secs(20),
         ..Ec2Settings::default()
     };
+    // One call: five tries of 20s, and 0.2 + 0.4 + 0.8 + 1.6s between them.
+    let call = 5 * 20 + 3;
+    // Seven calls: the look before, the tag, the stop, the start, the
+    // untag, and the last look of each wait, past its timeout by a poll.
     assert_eq!(
         settings.longest_restart(),
-        Duration::from_secs(300 + 600 + 60)
+        Duration::from_secs(7 * call + 600 + 5 + 60 + 300 + 5)
     );
+    let reboot = Ec2Settings {
+        action: Ec2Action::Reboot,
+        ..settings.clone()
+    };
+    assert_eq!(reboot.longest_restart(), Duration::from_secs(call));
+    let terminate = Ec2Settings {
+        action: Ec2Action::Terminate,
+        ..settings
+    };
+    assert_eq!(terminate.longest_restart(), Duration::from_secs(2 * call));
 }

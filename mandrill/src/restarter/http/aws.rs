@@ -44,6 +44,15 @@ const RETRY_BACKOFF: Backoff = Backoff {
     initial: Duration::from_millis(200),
     max: Duration::from_secs(5),
 };
+/// The longest one call can take, each try bounded by `timeout`: every
+/// try, and the backoff between them at its longest (the jitter only
+/// shortens it). Fetching temporary credentials comes on top.
+pub(crate) fn longest_call(timeout: Duration) -> Duration {
+    (1..MAX_TRIES)
+        .map(|failures| RETRY_BACKOFF.delay(failures))
+        .fold(timeout.saturating_mul(MAX_TRIES), Duration::saturating_add)
+}
+
 /// Largest answer read: a page of `DescribeInstances` is well below.
 const MAX_ANSWER_BYTES: usize = 16 * 1024 * 1024;
 /// Error codes that mean "slow down", whatever the service.
