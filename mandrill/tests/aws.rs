@@ -3,7 +3,8 @@
 //! (`services/ec2_fleet.py`): the fleet from EC2 tags and Auto Scaling
 //! groups; reboot, stop-start and terminate with recovery judged by EC2;
 //! an instance left stopped by a mandrill killed with SIGKILL started by
-//! the next one; throttling answered by a proxy and retried; a campaign
+//! the next one; a proxy that throttles, stalls, fails or rewrites AWS's
+//! answers (retries, unknown outcomes, the start-after tag kept); a campaign
 //! over an EC2 group; signatures and IAM checked by moto. One file past
 //! 400 lines: every test shares the moto fleet, the configuration and the
 //! helpers.
@@ -723,6 +724,149 @@ fn an_instance_left_stopped_by_a_mandrill_killed_with_sigkill_is_started_by_the_
     next.signal("TERM");
     let (status, _) = next.wait_exit();
     assert!(status.success());
+}
+
+/// Launches a running instance whose start-after time, `due`, has passed.
+fn run_tagged(moto: &Moto, due: &str) -> String {
+    ids(&moto.fleet(&[
+        "run",
+        "us-east-1a",
+        "1",
+        "chaos=yes",
+        &format!("mandrill:start-after={due}"),
+    ]))
+    .remove(0)
+}
+
+/// Waits until no instance of `instances` has a start-after tag.
+fn wait_untagged(moto: &Moto, instances: &[&str], service: &Mandrill) {
+    let deadline = std::time::Instant::now() + support::DEADLINE;
+    for instance in instances {
+        while moto.fleet(&["state", instance])["tags"]
+            .get("mandrill:start-after")
+            .is_some()
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{instance} keeps its tag: {}",
+                service.raw()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    }
+}
+
+/// The companion removes a start-after tag only with the value it read:
+/// one a new stop-start wrote since stays.
+#[test]
+fn the_companion_removes_only_the_start_after_tag_it_read() {
+    let moto = Moto::start();
+    let instance = run_tagged(&moto, "2000");
+    let proxy = Proxy::start(moto.endpoint(), |form, _| {
+        if is_call(form, "DescribeInstances", "tag-key") {
+            // As if read before a new stop-start tagged it again.
+            Act::Rewrite(Box::new(|answer| {
+                answer.replace("<value>2000</value>", "<value>1999</value>")
+            }))
+        } else {
+            Act::Forward
+        }
+    });
+    let (_guard, dir) = temp_dir();
+    config(&dir, &proxy.endpoint, "stop-start", "");
+    let service = Mandrill::run_with_env(&dir, &["--config", "mandrill.toml"], ENV);
+
+    let deadline = std::time::Instant::now() + support::DEADLINE;
+    while proxy.count("DeleteTags", &instance) == 0 {
+        assert!(std::time::Instant::now() < deadline, "{}", service.raw());
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+
+    service.signal("TERM");
+    assert!(service.wait_exit().0.success());
+    assert_eq!(
+        moto.fleet(&["state", &instance])["tags"]["mandrill:start-after"],
+        "2000",
+        "a tag written since it was read was removed"
+    );
+}
+
+/// An instance the companion cannot finish is logged and passed over:
+/// the same sweep finishes the others (it used to end there, leaving them
+/// to a later sweep that may end at the same instance).
+#[test]
+fn the_companion_passes_over_an_instance_it_cannot_finish() {
+    let moto = Moto::start();
+    let instances = [
+        run_tagged(&moto, "1000"),
+        run_tagged(&moto, "2000"),
+        run_tagged(&moto, "3000"),
+    ];
+    // Whichever instance the sweep asks for first.
+    let proxy = Proxy::start(moto.endpoint(), |form, calls| {
+        let first = calls
+            .iter()
+            .filter(|call| is_call(call, "DeleteTags", ""))
+            .count()
+            == 1;
+        if is_call(form, "DeleteTags", "") && first {
+            Act::Answer(
+                axum::http::StatusCode::FORBIDDEN,
+                ec2_error("UnauthorizedOperation"),
+            )
+        } else {
+            Act::Forward
+        }
+    });
+    let (_guard, dir) = temp_dir();
+    config(&dir, &proxy.endpoint, "stop-start", "");
+    let service = Mandrill::run_with_env(&dir, &["--config", "mandrill.toml"], ENV);
+
+    let deadline = std::time::Instant::now() + support::DEADLINE;
+    let denied = loop {
+        let first = proxy
+            .calls
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|call| is_call(call, "DeleteTags", ""))
+            .cloned();
+        if let Some(first) = first {
+            break instances
+                .iter()
+                .find(|instance| first.contains(instance.as_str()))
+                .unwrap()
+                .clone();
+        }
+        assert!(std::time::Instant::now() < deadline, "{}", service.raw());
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let others: Vec<&str> = instances
+        .iter()
+        .map(String::as_str)
+        .filter(|instance| *instance != denied)
+        .collect();
+    wait_untagged(&moto, &others, &service);
+    assert_eq!(
+        proxy.count("DescribeInstances", "tag-key"),
+        1,
+        "not finished by the sweep that could not finish {denied}"
+    );
+
+    service.signal("TERM");
+    let (status, lines) = service.wait_exit();
+    assert!(status.success());
+    assert!(
+        lines.iter().any(|line| line["fields"]["message"]
+            == "cannot finish a stop-start left unfinished; the next sweep tries again"
+            && line["fields"]["instance"] == denied.as_str()),
+        "{lines:?}"
+    );
+    assert!(
+        moto.fleet(&["state", &denied])["tags"]
+            .get("mandrill:start-after")
+            .is_some()
+    );
 }
 
 #[test]

@@ -125,10 +125,12 @@ impl Ec2Restarter {
     /// the tag, so the companion starts it.
     async fn stop_start(&self, host: &Hostname, id: &str) -> Result<String, RestartError> {
         self.check_stop_start(host, id).await?;
-        let due =
-            unix_now() + self.settings.stopped_for.as_secs() + self.settings.stop_timeout.as_secs();
+        let due = (unix_now()
+            + self.settings.stopped_for.as_secs()
+            + self.settings.stop_timeout.as_secs())
+        .to_string();
         self.ec2
-            .call("CreateTags", &start_after_tag(id, Some(due)))
+            .call("CreateTags", &start_after_tag(id, &due))
             .await
             .map_err(|e| failure(host, "CreateTags before the stop", e))?;
         if let Err(error) = self.ec2.act("StopInstances", &instance_ids(id)).await {
@@ -139,7 +141,7 @@ impl Ec2Restarter {
             if error.is_refusal() {
                 let _ = self
                     .ec2
-                    .call("DeleteTags", &start_after_tag(id, None))
+                    .call("DeleteTags", &start_after_tag(id, &due))
                     .await;
             }
             return Err(act_failure(host, "StopInstances", error));
@@ -160,7 +162,7 @@ impl Ec2Restarter {
         self.wait_until_running(host, id, &output).await?;
         if let Err(error) = self
             .ec2
-            .call("DeleteTags", &start_after_tag(id, None))
+            .call("DeleteTags", &start_after_tag(id, &due))
             .await
         {
             warn!(instance = id, error = %WithCauses(&error), "the start-after tag stays on a started instance; the companion removes it");
@@ -400,7 +402,9 @@ impl Ec2Restarter {
 
     /// Starts every instance a stop-start left stopped past its
     /// start-after time, and removes the tag from those running again.
-    /// Returns when the next such time falls, if one is pending.
+    /// Returns when the next such time falls, if one is pending. One
+    /// instance that fails is logged and left to the next sweep: the
+    /// others are still finished.
     async fn sweep(&self) -> Result<Option<u64>, AwsError> {
         let found = self
             .states(&[
@@ -410,35 +414,63 @@ impl Ec2Restarter {
             .await?;
         let now = unix_now();
         let mut next = None;
-        for (id, instance) in found {
-            let due = instance
-                .tags
-                .get(START_AFTER_TAG)
-                .and_then(|value| value.parse::<u64>().ok())
-                .unwrap_or(0);
-            if due > now {
-                next = Some(next.map_or(due, |next: u64| next.min(due)));
-                continue;
-            }
-            match instance.state.as_str() {
-                "stopped" => {
-                    self.ec2.act("StartInstances", &instance_ids(&id)).await?;
-                    warn!(instance = %id, "started an instance a stop-start left stopped (the mandrill that stopped it did not start it in time)");
+        let mut tagged: Vec<(u64, String, Instance)> = found
+            .into_iter()
+            .map(|(id, instance)| {
+                let due = instance
+                    .tags
+                    .get(START_AFTER_TAG)
+                    .and_then(|value| value.parse::<u64>().ok())
+                    .unwrap_or(0);
+                (due, id, instance)
+            })
+            .collect();
+        // The longest overdue first.
+        tagged.sort_by(|(a_due, a_id, _), (b_due, b_id, _)| (a_due, a_id).cmp(&(b_due, b_id)));
+        for (due, id, instance) in tagged {
+            let again = if due > now {
+                Some(due)
+            } else {
+                match self.finish_stop_start(&id, &instance).await {
+                    Ok(again) => again.then_some(now + SWEEP_INTERVAL.as_secs()),
+                    Err(error) => {
+                        warn!(instance = %id, error = %WithCauses(&error), "cannot finish a stop-start left unfinished; the next sweep tries again");
+                        None
+                    }
                 }
-                // Still on its way down: started at the next sweep. Or
-                // on its way up, and it may fall back to stopped: the tag
-                // goes once it runs.
-                "stopping" | "pending" => {
-                    next = Some(now + SWEEP_INTERVAL.as_secs());
-                    continue;
-                }
-                _ => {}
+            };
+            if let Some(again) = again {
+                next = Some(next.map_or(again, |next: u64| next.min(again)));
             }
-            self.ec2
-                .call("DeleteTags", &start_after_tag(&id, None))
-                .await?;
         }
         Ok(next)
+    }
+
+    /// Starts `id`, past its start-after time, if it is stopped, and
+    /// removes the tag it has from a started or running one. `true` when
+    /// it is on its way down or up: looked at again at the next sweep.
+    async fn finish_stop_start(&self, id: &str, instance: &Instance) -> Result<bool, AwsError> {
+        match instance.state.as_str() {
+            "stopped" => {
+                self.ec2.act("StartInstances", &instance_ids(id)).await?;
+                warn!(instance = %id, "started an instance a stop-start left stopped (the mandrill that stopped it did not start it in time)");
+            }
+            // Still on its way down: started at the next sweep. Or on its
+            // way up, and it may fall back to stopped: the tag goes once
+            // it runs.
+            "stopping" | "pending" => return Ok(true),
+            _ => {}
+        }
+        // The value read: a tag a new stop-start wrote since is not this
+        // one, and stays.
+        let value = instance
+            .tags
+            .get(START_AFTER_TAG)
+            .map_or("", String::as_str);
+        self.ec2
+            .call("DeleteTags", &start_after_tag(id, value))
+            .await?;
+        Ok(false)
     }
 
     /// The companion: [`Self::sweep`] at once, then again whenever a
@@ -541,17 +573,14 @@ fn instance_ids(id: &str) -> Vec<(String, String)> {
     vec![("InstanceId.1".to_owned(), id.to_owned())]
 }
 
-/// `CreateTags` (with `due`) or `DeleteTags` (without) of the start-after
-/// tag on `id`.
-fn start_after_tag(id: &str, due: Option<u64>) -> Vec<(String, String)> {
-    let mut params = vec![
+/// `CreateTags` or `DeleteTags` of the start-after tag on `id` with
+/// `value`: AWS deletes a tag only if its value is still that one.
+fn start_after_tag(id: &str, value: &str) -> Vec<(String, String)> {
+    vec![
         ("ResourceId.1".to_owned(), id.to_owned()),
         ("Tag.1.Key".to_owned(), START_AFTER_TAG.to_owned()),
-    ];
-    if let Some(due) = due {
-        params.push(("Tag.1.Value".to_owned(), due.to_string()));
-    }
-    params
+        ("Tag.1.Value".to_owned(), value.to_owned()),
+    ]
 }
 
 fn unix_now() -> u64 {
