@@ -72,7 +72,15 @@ impl Template {
                     text.push('}');
                 }
                 '{' => {
-                    let name: String = chars.by_ref().take_while(|&c| c != '}').collect();
+                    let mut name = String::new();
+                    let mut closed = false;
+                    for c in chars.by_ref() {
+                        if c == '}' {
+                            closed = true;
+                            break;
+                        }
+                        name.push(c);
+                    }
                     let var = match name.as_str() {
                         "host" => Var::Host,
                         "instance_name" => Var::InstanceName,
@@ -80,11 +88,21 @@ impl Template {
                         "group" => Var::Group,
                         _ => {
                             // The text itself is not echoed: a URL or a
-                            // header may hold a token.
+                            // header may hold a token. Nor is what follows
+                            // a `{` unless it reads as a placeholder's name
+                            // (`Bearer ab{cdS3cr3t` is a token, not one).
+                            let named = closed
+                                && name.len() <= 32
+                                && name.chars().all(|c| c.is_ascii_lowercase() || c == '_');
+                            let which = if named {
+                                format!("an unknown placeholder {{{name}}}")
+                            } else {
+                                "a `{` that starts no placeholder (what follows it is not shown)"
+                                    .to_owned()
+                            };
                             return Err(format!(
-                                "has an unknown placeholder {{{name}}} (known: {{host}}, \
-                                 {{instance_name}}, {{message_id}}, {{group}}; {{{{ and }}}} \
-                                 for literal braces)"
+                                "has {which} (known: {{host}}, {{instance_name}}, \
+                                 {{message_id}}, {{group}}; {{{{ and }}}} for literal braces)"
                             ));
                         }
                     };
@@ -298,6 +316,8 @@ mod tests {
         for raw in [
             "https://ops:S3cr3t@hooks.example/{instanc}",
             "Bearer S3cr3t}",
+            "Bearer ab{cdS3cr3t",
+            "Bearer ab{S3cr3t}",
         ] {
             let why = Template::parse(raw).unwrap_err();
             assert!(!why.contains("S3cr3t"), "{why}");

@@ -422,10 +422,11 @@ pub(crate) fn api_error(root: &Element) -> Option<(String, String)> {
 /// plain http only to a loopback address (an emulator), as a session
 /// token travels in a header.
 pub(crate) fn check_endpoint(raw: &str) -> Result<Url, String> {
-    let url = Url::parse(raw).map_err(|e| format!("{raw:?} is not a URL: {e}"))?;
+    let shown = quoted_endpoint(raw);
+    let url = Url::parse(raw).map_err(|e| format!("{shown} is not a URL: {e}"))?;
     if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none_or(str::is_empty) {
         return Err(format!(
-            "{raw:?} must be an http:// or https:// URL with a host"
+            "{shown} must be an http:// or https:// URL with a host"
         ));
     }
     if !url.username().is_empty() || url.password().is_some() || url.query().is_some() {
@@ -438,6 +439,17 @@ pub(crate) fn check_endpoint(raw: &str) -> Result<Url, String> {
         ));
     }
     Ok(url)
+}
+
+/// An endpoint as an error quotes it: not at all if it holds an `@`, which
+/// may end credentials however the rest is misspelt
+/// (`https//AKIA:secret@vpce…` parses as no URL, so no parser finds them).
+pub(crate) fn quoted_endpoint(raw: &str) -> String {
+    if raw.contains('@') {
+        "the endpoint (not shown: it holds an @, perhaps credentials)".to_owned()
+    } else {
+        format!("{raw:?}")
+    }
 }
 
 /// The credentials the chain gives now, for a call in `region`.

@@ -253,10 +253,11 @@ fn metadata_endpoint(env: &dyn Fn(&str) -> Option<String>) -> Result<url::Url, S
         .to_owned()
     });
     let why = |why: String| format!("AWS_EC2_METADATA_SERVICE_ENDPOINT: {why}");
-    let url = url::Url::parse(&raw).map_err(|e| why(format!("{raw:?} is not a URL: {e}")))?;
+    let shown = super::quoted_endpoint(&raw);
+    let url = url::Url::parse(&raw).map_err(|e| why(format!("{shown} is not a URL: {e}")))?;
     if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none_or(str::is_empty) {
         return Err(why(format!(
-            "{raw:?} must be an http:// or https:// URL with a host"
+            "{shown} must be an http:// or https:// URL with a host"
         )));
     }
     Ok(url)

@@ -45,6 +45,14 @@ fn an_endpoint_is_https_or_loopback_http_and_holds_no_credentials() {
     assert!(check_endpoint("http://ec2.internal:80").is_err());
     assert!(check_endpoint("https://user:pw@ec2.internal").is_err());
     assert!(check_endpoint("ftp://x").is_err());
+    // Misspelt so that no parser finds the credentials: still not shown.
+    for raw in ["https//AKIA:S3cr3t@vpce-1.example", "ftp://AKIA:S3cr3t@x"] {
+        let why = check_endpoint(raw).unwrap_err();
+        assert!(
+            !why.contains("S3cr3t") && why.contains("not shown"),
+            "{why}"
+        );
+    }
     assert_eq!(
         Service::Ec2.endpoint("us-east-1"),
         "https://ec2.us-east-1.amazonaws.com/"
