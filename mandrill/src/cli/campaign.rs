@@ -637,6 +637,8 @@ async fn status(config: Config, args: &StatusArgs) -> anyhow::Result<()> {
         bail!(BadInput(format!("no campaign {id} is recorded")));
     };
     let mut out = std::io::stdout().lock();
+    // A record's error may quote a secret, as `history` masks.
+    let redactor = config.redactor();
     if args.json {
         writeln!(
             out,
@@ -669,7 +671,7 @@ async fn status(config: Config, args: &StatusArgs) -> anyhow::Result<()> {
             target.message_id,
             target.due_at,
             standing.state,
-            printable(&standing.detail)
+            printable(&redactor.scrub(&standing.detail))
         )?;
     }
     writeln!(out, "verdict: {}", verdict.as_str())?;
@@ -716,6 +718,8 @@ async fn stop(config: Config, args: &StopArgs) -> anyhow::Result<()> {
         Err(error) => return Err(error).context(format!("cannot stop campaign {id}")),
     };
     let mut out = std::io::stdout().lock();
+    // A record's error may quote a secret, as `history` masks.
+    let redactor = config.redactor();
     // The stop is recorded: `campaign.stopped` is the first one, kept.
     if let Some(stop) = &campaign.stopped {
         writeln!(
@@ -736,7 +740,7 @@ async fn stop(config: Config, args: &StopArgs) -> anyhow::Result<()> {
                     target.instance_name,
                     target.message_id,
                     standing.state,
-                    printable(&standing.detail)
+                    printable(&redactor.scrub(&standing.detail))
                 )?;
             }
             writeln!(out, "verdict: {}", verdict.as_str())?;

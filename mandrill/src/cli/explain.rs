@@ -56,17 +56,19 @@ pub(super) fn main(args: &ExplainArgs) -> ExitCode {
             .as_deref()
             .and_then(|reason| scheduled(&config, id, reason, signer));
         let mut out = std::io::stdout().lock();
+        // As `history` does: a recorded error may quote a connection string.
+        let redactor = config.redactor();
         if args.json {
             let mut json = serde_json::to_value(&story)?;
             if let (Some(object), Some(scheduled)) = (json.as_object_mut(), &scheduled) {
                 object.insert("schedule".into(), serde_json::to_value(scheduled)?);
             }
-            writeln!(out, "{json}")?;
+            writeln!(out, "{}", redactor.scrub(&json.to_string()))?;
         } else {
             // The schedule's line right after who asked and why (a reason
             // that names a slot is always printed).
             for line in story.explain().lines() {
-                writeln!(out, "{line}")?;
+                writeln!(out, "{}", redactor.scrub(line))?;
                 if let Some(scheduled) = &scheduled
                     && line.starts_with("  requested by")
                 {

@@ -60,7 +60,8 @@ pub(super) fn main(args: &WaitArgs) -> ExitCode {
         let (id, host) = super::published_line(&args.id)?;
         let store = super::switch::open(&config).await?;
         let asked = host.as_deref().map_or(AskedFor::Any, AskedFor::Host);
-        let waited = wait(&*store, id, asked, args.timeout).await;
+        let redactor = config.redactor();
+        let waited = wait(&*store, id, asked, args.timeout, &redactor).await;
         store.close().await;
         code_ref.set(waited?);
         Ok(())
@@ -79,26 +80,27 @@ async fn wait(
     id: uuid::Uuid,
     asked: AskedFor<'_>,
     timeout: Option<Duration>,
+    redactor: &crate::settings::Redactor,
 ) -> anyhow::Result<u8> {
+    // What a line may hold: a record's error, which may quote a secret or
+    // what a payload or a host wrote.
+    let shown = |line: &str| printable(&redactor.scrub(line)).into_owned();
     let deadline = timeout.map(|timeout| Instant::now() + timeout);
     let mut last_shown = String::new();
     loop {
         match decide(store, id, asked).await {
             Ok((Verdict::InProgress, lines)) => {
-                let shown = lines
-                    .iter()
-                    .map(|line| printable(line))
-                    .collect::<Vec<_>>()
-                    .join("\n");
-                if shown != last_shown {
-                    eprintln!("{shown}");
-                    last_shown = shown;
+                let now_shown = lines.iter().map(|line| shown(line)).collect::<Vec<_>>();
+                let now_shown = now_shown.join("\n");
+                if now_shown != last_shown {
+                    eprintln!("{now_shown}");
+                    last_shown = now_shown;
                 }
             }
             Ok((verdict, lines)) => {
                 let mut out = std::io::stdout().lock();
                 for line in &lines {
-                    writeln!(out, "{}", printable(line))?;
+                    writeln!(out, "{}", shown(line))?;
                 }
                 writeln!(out, "verdict: {}", verdict.as_str())?;
                 return Ok(match verdict {
