@@ -74,6 +74,22 @@ fn request(instance: &str, group: Option<&str>) -> String {
     )
 }
 
+/// Runs the service over `db` (queue and store in one file) until the queue
+/// is idle; it must exit cleanly.
+fn run_until_idle(dir: &Path, config: &str, db: &str) {
+    let args = [
+        "--config",
+        config,
+        "--db",
+        db,
+        "--broker",
+        db,
+        "--until-idle",
+    ];
+    let (status, lines) = Mandrill::run(dir, &args).wait_exit();
+    assert!(status.success(), "exit {status}: {lines:?}");
+}
+
 fn status_of(db: &str, instance: &str) -> Option<(Status, Option<String>)> {
     history(db)
         .into_iter()
@@ -147,20 +163,7 @@ fn the_real_ansible_inventory_decides_groups_and_unknown_hosts_are_denied() {
             request("web-2", Some("db")),
         ],
     );
-    let service = Mandrill::run(
-        &dir,
-        &[
-            "--config",
-            &config,
-            "--db",
-            &db,
-            "--broker",
-            &db,
-            "--until-idle",
-        ],
-    );
-    let (status, lines) = service.wait_exit();
-    assert!(status.success(), "exit {status}: {lines:?}");
+    run_until_idle(&dir, &config, &db);
     let mut restarted = journal(&dir.join("restarts.journal"));
     restarted.sort();
     assert_eq!(restarted.len(), 2, "{restarted:?}");
@@ -407,20 +410,7 @@ fn entries_sharing_an_address_are_one_machine_that_deny_stops_by_any_name() {
         &db,
         &[request("cattle-a9", None), request("cattle-a1", None)],
     );
-    let service = Mandrill::run(
-        &dir,
-        &[
-            "--config",
-            &config,
-            "--db",
-            &db,
-            "--broker",
-            &db,
-            "--until-idle",
-        ],
-    );
-    let (status, lines) = service.wait_exit();
-    assert!(status.success(), "exit {status}: {lines:?}");
+    run_until_idle(&dir, &config, &db);
     let restarted = journal(&dir.join("restarts.journal"));
     assert_eq!(restarted.len(), 1, "{restarted:?}");
     assert!(restarted[0].starts_with("cattle-a1"), "{restarted:?}");
@@ -482,20 +472,7 @@ fn a_machine_named_in_two_groups_is_counted_in_neither() {
             request("cattle-a1", None),
         ],
     );
-    let service = Mandrill::run(
-        &dir,
-        &[
-            "--config",
-            &config,
-            "--db",
-            &db,
-            "--broker",
-            &db,
-            "--until-idle",
-        ],
-    );
-    let (status, lines) = service.wait_exit();
-    assert!(status.success(), "exit {status}: {lines:?}");
+    run_until_idle(&dir, &config, &db);
     let restarted = journal(&dir.join("restarts.journal"));
     assert_eq!(restarted.len(), 1, "{restarted:?}");
     assert!(restarted[0].starts_with("cattle-a1"), "{restarted:?}");

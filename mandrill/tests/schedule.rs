@@ -85,6 +85,22 @@ fn plan(dir: &Path) -> Plan {
     )
 }
 
+/// `schedule preview --days 1 --json` of `dir`'s configuration: the slots.
+fn preview_a_day(dir: &Path) -> Vec<serde_json::Value> {
+    let args = [
+        "schedule",
+        "preview",
+        "--config",
+        "mandrill.toml",
+        "--days",
+        "1",
+        "--json",
+    ];
+    let (status, out, stderr) = mandrill(dir, &args, &[]);
+    assert!(status.success(), "{stderr}");
+    serde_json::from_str(&out).unwrap()
+}
+
 /// `GET path` from the admin server at `addr`: the body.
 fn http_get(addr: &str, path: &str) -> String {
     use std::io::{Read as _, Write as _};
@@ -174,21 +190,7 @@ fn two_processes_on_one_sqlite_file_restart_each_scheduled_slot_exactly_once() {
     let journal = dir.join("restarts.journal");
     write_config(&dir, &journal);
     // The preview computes what the instances will: the same ids.
-    let (status, preview, stderr) = mandrill(
-        &dir,
-        &[
-            "schedule",
-            "preview",
-            "--config",
-            "mandrill.toml",
-            "--days",
-            "1",
-            "--json",
-        ],
-        &[],
-    );
-    assert!(status.success(), "{stderr}");
-    let preview: Vec<serde_json::Value> = serde_json::from_str(&preview).unwrap();
+    let preview = preview_a_day(&dir);
     assert!(
         preview.len() > 10_000,
         "about 86400 slots a day: {}",
@@ -486,22 +488,7 @@ fn copies_of_the_key_written_otherwise_plan_the_same_slots() {
     assert!(status.success(), "{stderr}");
     write_config(&dir, &dir.join("restarts.journal"));
     let preview = || {
-        let (status, out, stderr) = mandrill(
-            &dir,
-            &[
-                "schedule",
-                "preview",
-                "--config",
-                "mandrill.toml",
-                "--days",
-                "1",
-                "--json",
-            ],
-            &[],
-        );
-        assert!(status.success(), "{stderr}");
-        let slots: Vec<serde_json::Value> = serde_json::from_str(&out).unwrap();
-        slots
+        preview_a_day(&dir)
             .iter()
             .map(|slot| slot["message_id"].as_str().unwrap().to_owned())
             .collect::<std::collections::HashSet<String>>()
