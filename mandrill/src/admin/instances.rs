@@ -2,7 +2,8 @@
 //! `admin.instances_dir` (by default beside the SQLite store): with a port
 //! range (`admin.listen`'s default) an instance's port depends on who
 //! started first, so each writes the one it took where `mandrill status`
-//! and scripts find it.
+//! and scripts find it. With them, what the instances say of their mode
+//! (`RunningModes`): past 400 lines only with its tests.
 //!
 //! A file is named by the address (`127.0.0.1:9731`), so that an instance
 //! taking an address overwrites whatever a killed one left there, and
