@@ -88,6 +88,13 @@ fn ids(value: &Value) -> Vec<String> {
         .collect()
 }
 
+/// An instance's state and whether it carries mandrill's start-after tag.
+fn state_and_tag(moto: &Moto, instance: &str) -> (String, bool) {
+    let state = moto.fleet(&["state", instance]);
+    let name = state["state"].as_str().unwrap_or_default().to_owned();
+    (name, state["tags"].get("mandrill:start-after").is_some())
+}
+
 #[test]
 fn the_inventory_lists_tagged_instances_and_auto_scaling_members_with_their_groups_and_zones() {
     let moto = Moto::start();
@@ -487,11 +494,10 @@ fn a_stop_done_but_answered_with_a_5xx_keeps_the_start_after_tag() {
 
     let lines = run_until_concluded(&dir);
 
-    let state = moto.fleet(&["state", &instance]);
-    assert_eq!(state["state"], "stopped", "{state}");
-    assert!(
-        state["tags"].get("mandrill:start-after").is_some(),
-        "the tag is gone from a stopped instance: {state}"
+    assert_eq!(
+        state_and_tag(&moto, &instance),
+        ("stopped".to_owned(), true),
+        "(state, tagged mandrill:start-after)"
     );
     assert_eq!(proxy.count("StopInstances", &instance), 1);
     assert!(
@@ -544,11 +550,10 @@ fn a_stop_start_keeps_the_instance_stopped_for_stopped_for_then_ec2_sees_it_reco
     let restarted = entry(&db, &instance);
     assert_eq!(restarted.status, Status::Restarted, "{restarted:?}");
     assert!(restarted.recovered_after.is_some(), "{restarted:?}");
-    let state = moto.fleet(&["state", &instance]);
-    assert_eq!(state["state"], "running");
-    assert!(
-        state["tags"].get("mandrill:start-after").is_none(),
-        "{state}"
+    assert_eq!(
+        state_and_tag(&moto, &instance),
+        ("running".to_owned(), false),
+        "(state, tagged mandrill:start-after)"
     );
 }
 
@@ -579,11 +584,10 @@ fn a_stop_start_refuses_an_instance_stopped_by_someone_else_and_ends_one_of_its_
     publish(&dir, &db, &[&theirs]);
     run_until_idle(&dir);
 
-    let state = moto.fleet(&["state", &theirs]);
-    assert_eq!(state["state"], "stopped", "{state}");
-    assert!(
-        state["tags"].get("mandrill:start-after").is_none(),
-        "{state}"
+    assert_eq!(
+        state_and_tag(&moto, &theirs),
+        ("stopped".to_owned(), false),
+        "(state, tagged mandrill:start-after)"
     );
     let refused = entry(&db, &theirs);
     assert_eq!(refused.status, Status::Failed, "{refused:?}");
@@ -596,11 +600,10 @@ fn a_stop_start_refuses_an_instance_stopped_by_someone_else_and_ends_one_of_its_
 
     let ended = entry(&db, &ours);
     assert_eq!(ended.status, Status::Restarted, "{ended:?}");
-    let state = moto.fleet(&["state", &ours]);
-    assert_eq!(state["state"], "running", "{state}");
-    assert!(
-        state["tags"].get("mandrill:start-after").is_none(),
-        "{state}"
+    assert_eq!(
+        state_and_tag(&moto, &ours),
+        ("running".to_owned(), false),
+        "(state, tagged mandrill:start-after)"
     );
 }
 
@@ -665,11 +668,10 @@ fn a_start_that_falls_back_to_stopped_is_unrecovered_and_keeps_the_start_after_t
         )),
         "{error}"
     );
-    let state = moto.fleet(&["state", &instance]);
-    assert_eq!(state["state"], "stopped", "{state}");
-    assert!(
-        state["tags"].get("mandrill:start-after").is_some(),
-        "the tag is gone from a stopped instance: {state}"
+    assert_eq!(
+        state_and_tag(&moto, &instance),
+        ("stopped".to_owned(), true),
+        "(state, tagged mandrill:start-after)"
     );
 }
 

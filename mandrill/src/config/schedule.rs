@@ -95,12 +95,7 @@ impl Config {
         let probe = WireRequest {
             message_id: uuid::Uuid::new_v4().to_string(),
             instance_name: "schedule-key-probe".into(),
-            requested_by: None,
-            reason: None,
-            published_at: None,
-            group: None,
-            not_before: None,
-            reply_to: None,
+            ..WireRequest::default()
         };
         let token = key
             .sign(

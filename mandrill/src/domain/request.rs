@@ -89,7 +89,7 @@ pub(crate) struct Reach {
 
 /// The wire format. Unknown fields are accepted so that newer publishers can
 /// add fields without older services dead-lettering their messages.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Default, Serialize, Deserialize)]
 pub(crate) struct WireRequest {
     /// A UUID.
     pub message_id: String,

@@ -149,12 +149,7 @@ fn signed_by_alice(id: Uuid, instance: &str) -> Bytes {
     let wire = WireRequest {
         message_id: id.to_string(),
         instance_name: instance.into(),
-        requested_by: None,
-        reason: None,
-        published_at: None,
-        group: None,
-        not_before: None,
-        reply_to: None,
+        ..WireRequest::default()
     };
     let token = SigningKey::from_pem(ALICE_PRIVATE)
         .unwrap()
