@@ -74,6 +74,20 @@ fn request(instance: &str, group: Option<&str>) -> String {
     )
 }
 
+/// A configuration whose inventory is the real `ansible-inventory` over
+/// `hosts.ini` in `dir`, written with `ini`; `rest` follows the command.
+fn ansible_config(dir: &Path, ini: &str, rest: &str) -> String {
+    let path = dir.join("hosts.ini");
+    std::fs::write(&path, ini).unwrap();
+    config_file(
+        dir,
+        &format!(
+            "command = [\"ansible-inventory\", \"-i\", {:?}, \"--list\"]\n{rest}",
+            path.display().to_string()
+        ),
+    )
+}
+
 /// Runs the service over `db` (queue and store in one file) until the queue
 /// is idle; it must exit cleanly.
 fn run_until_idle(dir: &Path, config: &str, db: &str) {
@@ -107,22 +121,14 @@ fn the_real_ansible_inventory_decides_groups_and_unknown_hosts_are_denied() {
         "ansible-inventory is needed (pip install ansible-core; .ci/run installs it)"
     );
     let (_guard, dir) = temp_dir();
-    let ini = dir.join("hosts.ini");
-    std::fs::write(
-        &ini,
+    let config = ansible_config(
+        &dir,
         "[web]\n\
          web-1 ansible_host=127.0.0.1 ansible_port=2222 ansible_user=ops zone=eu-1\n\
          web-2 zone=eu-2\n\n\
          [db]\ndb-1\n\n\
          [stateful:children]\ndb\n",
-    )
-    .unwrap();
-    let config = config_file(
-        &dir,
-        &format!(
-            "command = [\"ansible-inventory\", \"-i\", {:?}, \"--list\"]\n",
-            ini.display().to_string()
-        ),
+        "",
     );
 
     let (status, stdout, stderr) =
@@ -234,18 +240,10 @@ fn deferred_by(db: &str, instance: &str) -> Vec<String> {
 #[test]
 fn a_group_pause_must_name_a_known_group_and_an_ansible_parent_pauses_the_groups_beneath() {
     let (_guard, dir) = temp_dir();
-    let ini = dir.join("hosts.ini");
-    std::fs::write(
-        &ini,
-        "[web_eu]\nweb-1\n\n[web_us]\nweb-2\n\n[web:children]\nweb_eu\nweb_us\n\n[db]\ndb-1\n",
-    )
-    .unwrap();
-    let config = config_file(
+    let config = ansible_config(
         &dir,
-        &format!(
-            "command = [\"ansible-inventory\", \"-i\", {:?}, \"--list\"]\n",
-            ini.display().to_string()
-        ),
+        "[web_eu]\nweb-1\n\n[web_us]\nweb-2\n\n[web:children]\nweb_eu\nweb_us\n\n[db]\ndb-1\n",
+        "",
     );
     let db = sqlite_url(&dir);
     let turn = |command: &str, group: &str| {
@@ -360,24 +358,16 @@ fn a_real_ansible_inventory_of_a_missing_file_is_refused_at_start() {
 #[test]
 fn entries_sharing_an_address_are_one_machine_that_deny_stops_by_any_name() {
     let (_guard, dir) = temp_dir();
-    let ini = dir.join("hosts.ini");
-    std::fs::write(
-        &ini,
+    let config = ansible_config(
+        &dir,
         "[cattle]\n\
          cattle-a1 ansible_host=10.0.0.1\n\
          cattle-a2 ansible_host=10.0.0.2\n\
          cattle-a3 ansible_host=10.0.0.2\n\
          cattle-a9 ansible_host=db-primary.internal\n\
          primary ansible_host=db-primary.internal\n",
-    )
-    .unwrap();
-    let config = config_file(
-        &dir,
-        &format!(
-            "command = [\"ansible-inventory\", \"-i\", {:?}, \"--list\"]\n\n\
+        "\n\
              [safety]\ndeny = [\"db-*\"]\n",
-            ini.display().to_string()
-        ),
     );
 
     let (status, stdout, stderr) =
@@ -430,23 +420,15 @@ fn entries_sharing_an_address_are_one_machine_that_deny_stops_by_any_name() {
 #[test]
 fn a_machine_named_in_two_groups_is_counted_in_neither() {
     let (_guard, dir) = temp_dir();
-    let ini = dir.join("hosts.ini");
-    std::fs::write(
-        &ini,
+    let config = ansible_config(
+        &dir,
         "[cattle]\n\
          cattle-a1 ansible_host=10.0.0.1\n\
          cattle-a9 ansible_host=db-primary.internal\n\n\
          [prod]\n\
          primary ansible_host=DB-Primary.internal\n\
          replica ansible_host=10.0.0.7\n",
-    )
-    .unwrap();
-    let config = config_file(
-        &dir,
-        &format!(
-            "command = [\"ansible-inventory\", \"-i\", {:?}, \"--list\"]\n",
-            ini.display().to_string()
-        ),
+        "",
     );
     let (status, text, stderr) = mandrill(&dir, &["inventory", "--config", &config], &[]);
     assert!(status.success(), "inventory failed: {stderr}");
@@ -493,22 +475,14 @@ fn a_machine_named_in_two_groups_is_counted_in_neither() {
 #[test]
 fn an_alias_is_cooled_by_its_machines_restart_under_another_name() {
     let (_guard, dir) = temp_dir();
-    let ini = dir.join("hosts.ini");
-    std::fs::write(
-        &ini,
+    let config = ansible_config(
+        &dir,
         "[cattle]\n\
          cattle-a1 ansible_host=10.0.0.1\n\
          cattle-a2 ansible_host=10.0.0.2\n\
          cattle-a3 ansible_host=10.0.0.2\n",
-    )
-    .unwrap();
-    let config = config_file(
-        &dir,
-        &format!(
-            "command = [\"ansible-inventory\", \"-i\", {:?}, \"--list\"]\n\n\
+        "\n\
              [safety.rate]\nhost_cooldown = \"1h\"\n",
-            ini.display().to_string()
-        ),
     );
     let db = sqlite_url(&dir);
     let service = Mandrill::run(
