@@ -63,6 +63,7 @@ pub(crate) fn sqlite_store() -> &'static Migrator {
             "0011_request_identity.sql",
             "0012_leash.sql",
             "0013_campaign_stop.sql",
+            "0014_write_less.sql",
         ))
     });
     &MIGRATOR
@@ -83,6 +84,7 @@ pub(crate) fn postgres() -> &'static Migrator {
             "0010_request_identity.sql",
             "0011_leash.sql",
             "0012_campaign_stop.sql",
+            "0013_write_less.sql",
         ))
     });
     &MIGRATOR

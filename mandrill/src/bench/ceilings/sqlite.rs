@@ -20,7 +20,7 @@ CREATE TABLE requests (
     completed_at INTEGER, claim_until INTEGER
 );
 CREATE INDEX requests_updated_at ON requests (updated_at);
-CREATE INDEX requests_completed_at ON requests (completed_at);
+CREATE INDEX requests_completed_at ON requests (completed_at) WHERE completed_at IS NOT NULL;
 CREATE TABLE restarts (
     message_id TEXT NOT NULL, attempt INTEGER NOT NULL, instance_name TEXT NOT NULL,
     grp TEXT NOT NULL, claimed_at INTEGER NOT NULL, outcome TEXT, settled_at INTEGER,

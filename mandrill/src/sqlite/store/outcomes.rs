@@ -259,21 +259,23 @@ pub(super) async fn release(
     Ok(())
 }
 
+/// Deletes at most `?2` final rows completed before `?1`, found by the
+/// index of completed requests.
+pub(super) const PRUNE_REQUESTS_SQL: &str = "DELETE FROM requests WHERE id IN (
+         SELECT id FROM requests WHERE completed_at < ?1
+         ORDER BY completed_at LIMIT ?2)";
+
 /// Deletes at most `max_rows` final rows completed before `before`.
 pub(super) async fn prune(
     tx: &mut Tx<'_>,
     before: Timestamp,
     max_rows: u32,
 ) -> Result<u64, sqlx::Error> {
-    let deleted = sqlx::query(
-        "DELETE FROM requests WHERE id IN (
-             SELECT id FROM requests WHERE completed_at < ?1
-             ORDER BY completed_at LIMIT ?2)",
-    )
-    .bind(before.as_millis())
-    .bind(i64::from(max_rows))
-    .execute(&mut **tx)
-    .await?;
+    let deleted = sqlx::query(PRUNE_REQUESTS_SQL)
+        .bind(before.as_millis())
+        .bind(i64::from(max_rows))
+        .execute(&mut **tx)
+        .await?;
     sqlx::query(PRUNE_JOURNAL_SQL)
         .bind(before.as_millis())
         .execute(&mut **tx)

@@ -59,6 +59,14 @@ use crate::domain::{Asked, Outcome, RestartRequest, Status};
 #[cfg(test)]
 use crate::store::DEFAULT_TIMEOUT;
 
+/// Retention's pass: at most `$2` final rows completed before `$1`, locked
+/// in the writers' order (by `message_id`), found by the index of
+/// completed requests.
+const PRUNE_REQUESTS_SQL: &str = "SELECT id FROM requests WHERE id IN (
+         SELECT id FROM requests WHERE completed_at < $1
+         ORDER BY completed_at LIMIT $2)
+     ORDER BY message_id FOR UPDATE";
+
 /// Writer tasks when none is asked for: two commit about half again as
 /// much as one on a loaded 2-core machine (docs/benchmarks.md), and more
 /// only add contention for the rows and the pool.
@@ -573,16 +581,11 @@ impl PostgresStore {
         // The rows are locked in id order first, as the writers lock them,
         // so that a pass and a batch never wait for each other in a cycle.
         let mut tx = self.pool.begin().await?;
-        let doomed: Vec<i64> = sqlx::query_scalar(
-            "SELECT id FROM requests WHERE id IN (
-                 SELECT id FROM requests WHERE completed_at < $1
-                 ORDER BY completed_at LIMIT $2)
-             ORDER BY message_id FOR UPDATE",
-        )
-        .bind(before.as_millis())
-        .bind(i64::from(max_rows))
-        .fetch_all(&mut *tx)
-        .await?;
+        let doomed: Vec<i64> = sqlx::query_scalar(PRUNE_REQUESTS_SQL)
+            .bind(before.as_millis())
+            .bind(i64::from(max_rows))
+            .fetch_all(&mut *tx)
+            .await?;
         let deleted = sqlx::query("DELETE FROM requests WHERE id = ANY($1)")
             .bind(&doomed)
             .execute(&mut *tx)

@@ -499,3 +499,5 @@ async fn the_server_cancels_a_statement_at_half_the_store_timeout() {
 
 /// The statements' query plans.
 mod plan;
+/// What the writes cost PostgreSQL.
+mod writes;

@@ -1,6 +1,8 @@
 //! The writer under a database that refuses: one refused write fails
 //! alone, errors are classified, and a transaction SQLite ended by itself
-//! (a full disk) does not leave the writer refusing every later one.
+//! (a full disk) does not leave the writer refusing every later one. And
+//! what it writes no reader needs: no index entry for a request in
+//! progress.
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -143,5 +145,35 @@ async fn store_writer_recovers_after_a_transaction_sqlite_ended_itself() {
         .map(|entry| entry.last_error)
         .collect();
     assert_eq!(reasons, [Some("second".to_owned())]);
+    store.close().await;
+}
+
+/// Retention finds what it prunes by `requests_completed_at`, which holds
+/// only completed requests (a request in progress writes no entry there).
+#[tokio::test]
+async fn retention_reads_an_index_of_completed_requests_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite:{}", dir.path().join("t.db").display());
+    let store = SqliteStore::connect(&url, 2).await.unwrap();
+    let index: String =
+        sqlx::query_scalar("SELECT sql FROM sqlite_master WHERE name = 'requests_completed_at'")
+            .fetch_one(&store.pool)
+            .await
+            .unwrap();
+    assert!(index.ends_with("WHERE completed_at IS NOT NULL"), "{index}");
+    let plan: Vec<(i64, i64, i64, String)> = sqlx::query_as(&format!(
+        "EXPLAIN QUERY PLAN {}",
+        crate::sqlite::store::outcomes::PRUNE_REQUESTS_SQL
+    ))
+    .bind(100i64)
+    .bind(10i64)
+    .fetch_all(&store.pool)
+    .await
+    .unwrap();
+    assert!(
+        plan.iter()
+            .any(|(.., detail)| detail.contains("INDEX requests_completed_at")),
+        "{plan:?}"
+    );
     store.close().await;
 }

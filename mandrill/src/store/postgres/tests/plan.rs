@@ -5,7 +5,7 @@
 
 use crate::store::Store as _;
 use crate::store::postgres::testing::TestDatabase;
-use crate::store::postgres::{PostgresStore, batch, outcomes};
+use crate::store::postgres::{PRUNE_REQUESTS_SQL, PostgresStore, batch, outcomes};
 
 #[tokio::test]
 async fn the_batch_lock_uses_the_message_id_index_even_with_a_generic_plan() {
@@ -93,5 +93,40 @@ async fn a_batch_uses_the_indexes_on_a_table_of_twenty_thousand_rows() {
         assert!(!plan.contains("Seq Scan on restarts"), "{plan}");
     }
     drop(conn);
+    store.close().await;
+}
+
+/// Retention finds what it prunes by `requests_completed_at`, which holds
+/// only completed requests (a request in progress writes no entry there).
+#[tokio::test]
+async fn retention_reads_an_index_of_completed_requests_only() {
+    let database = TestDatabase::create().await;
+    let store = PostgresStore::connect(&database.url, 2).await.unwrap();
+    let index: String = sqlx::query_scalar(
+        "SELECT indexdef FROM pg_indexes WHERE indexname = 'requests_completed_at'",
+    )
+    .fetch_one(&store.pool)
+    .await
+    .unwrap();
+    assert!(
+        index.contains("WHERE (completed_at IS NOT NULL)"),
+        "{index}"
+    );
+    for sql in [
+        "INSERT INTO requests (message_id, status, received_at, updated_at, completed_at)
+         SELECT md5(n::text), 'restarted', 0, 0, CASE WHEN n % 2 = 0 THEN n END
+         FROM generate_series(1, 20000) AS n",
+        "ANALYZE requests",
+    ] {
+        sqlx::query(sql).execute(&store.pool).await.unwrap();
+    }
+    let plan: Vec<String> = sqlx::query_scalar(&format!("EXPLAIN {PRUNE_REQUESTS_SQL}"))
+        .bind(100i64)
+        .bind(10i64)
+        .fetch_all(&store.pool)
+        .await
+        .unwrap();
+    let plan = plan.join("\n");
+    assert!(plan.contains("requests_completed_at"), "{plan}");
     store.close().await;
 }
