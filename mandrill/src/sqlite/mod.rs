@@ -252,8 +252,21 @@ impl FileWriter {
     }
 
     /// Queues one job; `false` if the writer has stopped.
+    ///
+    /// A slot is reserved, then the job sent into it: `Sender::send` would
+    /// hold a second copy of the job while it waits for room.
     pub(crate) async fn send(&self, job: Job<QueuePart, StorePart>) -> bool {
-        self.jobs.send(job).await.is_ok()
+        let Ok(slot) = self.jobs.reserve().await else {
+            return false;
+        };
+        slot.send(job);
+        true
+    }
+
+    /// Where jobs are queued, for a caller that waits on them as
+    /// [`crate::store::ask`] does; a writer that has stopped refuses them.
+    pub(crate) fn jobs(&self) -> &mpsc::Sender<Job<QueuePart, StorePart>> {
+        &self.jobs
     }
 
     /// One user is done with the writer: the last one stops it, after the

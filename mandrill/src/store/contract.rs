@@ -34,7 +34,7 @@ pub(crate) use campaigns::{
 pub(crate) use claims::{
     a_host_is_never_claimed_for_two_requests_at_once,
     a_late_release_never_frees_another_deliverys_claim, a_released_claim_is_not_a_used_attempt,
-    claim_holds_and_unknown_outcomes_count,
+    a_waiting_write_holds_its_request_once, claim_holds_and_unknown_outcomes_count,
     two_names_of_one_machine_are_one_host_to_every_counting_guard,
 };
 pub(crate) use disruption::{
@@ -92,6 +92,7 @@ pub(crate) async fn all(store: &dyn Store) {
     a_retried_claim_whose_hold_ran_out_gets_the_same_attempt_held_anew(store).await;
     a_released_claim_is_not_a_used_attempt(store).await;
     a_late_release_never_frees_another_deliverys_claim(store).await;
+    a_waiting_write_holds_its_request_once(store).await;
     a_host_is_never_claimed_for_two_requests_at_once(store).await;
     two_names_of_one_machine_are_one_host_to_every_counting_guard(store).await;
     rejections_are_listed_but_never_count_as_the_request(store).await;

@@ -207,23 +207,26 @@ impl SqliteStore {
     }
 
     /// `call`, bounded by the store's timeout.
-    async fn bounded<T>(
+    fn bounded<T>(
         &self,
         call: impl std::future::Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, StoreError> {
-        within(self.timeout, call).await
+    ) -> impl std::future::Future<Output = Result<T, StoreError>> {
+        within(self.timeout, call)
     }
 
     /// Queues a write for the file's writer and waits until it committed,
     /// at most the store's timeout.
-    async fn call<T>(
-        &self,
+    fn call<'a, T: 'a>(
+        &'a self,
         write: impl FnOnce(oneshot::Sender<Result<T, StoreError>>) -> Write,
-    ) -> Result<T, StoreError> {
+    ) -> impl std::future::Future<Output = Result<T, StoreError>> + 'a {
+        use futures::future::{Either, ready};
         if self.closed.load(Ordering::Acquire) {
-            return Err(StoreError::Closed);
+            return Either::Left(ready(Err(StoreError::Closed)));
         }
-        ask(self.timeout, |reply| self.writer.send(Job::B(write(reply)))).await
+        Either::Right(ask(self.timeout, self.writer.jobs(), |reply| {
+            Job::B(write(reply))
+        }))
     }
 
     /// The file's writer, to tell whether two users share it.
@@ -260,10 +263,7 @@ impl SqliteStore {
 #[async_trait]
 impl Store for SqliteStore {
     async fn lookup(&self, message_id: Uuid) -> Result<Option<Status>, StoreError> {
-        ask(self.timeout, |reply| async move {
-            self.lookups.send((message_id, reply)).await.is_ok()
-        })
-        .await
+        ask(self.timeout, &self.lookups, |reply| (message_id, reply)).await
     }
 
     async fn claim_restart(

@@ -246,11 +246,11 @@ impl PostgresStore {
     }
 
     /// `call`, bounded by the store's timeout.
-    async fn bounded<T>(
+    fn bounded<T>(
         &self,
         call: impl std::future::Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, StoreError> {
-        within(self.timeout, call).await
+    ) -> impl std::future::Future<Output = Result<T, StoreError>> {
+        within(self.timeout, call)
     }
 
     /// Waits for a turn to take a pooled connection; see `direct`.
@@ -260,24 +260,18 @@ impl PostgresStore {
 
     /// Queues a write for the writers and waits until its batch committed,
     /// at most the store's timeout.
-    async fn call<T>(
-        &self,
+    fn call<'a, T: 'a>(
+        &'a self,
         write: impl FnOnce(oneshot::Sender<Result<T, StoreError>>) -> batch::Write,
-    ) -> Result<T, StoreError> {
-        ask(self.timeout, |reply| async move {
-            self.writes.send(write(reply)).await.is_ok()
-        })
-        .await
+    ) -> impl std::future::Future<Output = Result<T, StoreError>> + 'a {
+        ask(self.timeout, &self.writes, write)
     }
 }
 
 #[async_trait]
 impl Store for PostgresStore {
     async fn lookup(&self, message_id: Uuid) -> Result<Option<Status>, StoreError> {
-        ask(self.timeout, |reply| async move {
-            self.lookups.send((message_id, reply)).await.is_ok()
-        })
-        .await
+        ask(self.timeout, &self.lookups, |reply| (message_id, reply)).await
     }
 
     async fn claim_restart(
@@ -292,7 +286,9 @@ impl Store for PostgresStore {
             .limits
             .is_active_for(crate::safety::limits::Subject::of(request))
         {
-            return self.bounded(self.claim_alone(request, terms, token)).await;
+            // Boxed: its transaction's future is several times the size
+            // of a batched claim's, and would size every claim's future.
+            return Box::pin(self.bounded(self.claim_alone(request, terms, token))).await;
         }
         let request = request.clone();
         self.call(|reply| batch::Write::Claim {
