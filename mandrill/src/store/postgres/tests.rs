@@ -497,6 +497,45 @@ async fn the_server_cancels_a_statement_at_half_the_store_timeout() {
     store.close().await;
 }
 
+/// Closing the store ends every session it opened before it returns, the
+/// writers' kept connections among them: each was dropped, and went back
+/// to the pool from a task of its own, which ended its session a moment
+/// after `close` had returned (or never, if the process exited first).
+#[tokio::test]
+async fn closing_the_store_ends_every_session_it_opened() {
+    use sqlx::Connection as _;
+    let database = TestDatabase::create().await;
+    let store = PostgresStore::connect(&database.url, 4).await.unwrap();
+    let requests: Vec<RestartRequest> = (0..20)
+        .map(|n| contract::request(&format!("cattle-close-{n}")))
+        .collect();
+    futures::future::join_all(requests.iter().map(|request| {
+        let store = &store;
+        async move {
+            store
+                .claim_restart(request, TERMS, crate::store::ClaimToken::new())
+                .await
+                .unwrap();
+            store
+                .record_outcome(request, 1, &Outcome::restarted())
+                .await
+                .unwrap();
+        }
+    }))
+    .await;
+    store.close().await;
+    let mut conn = sqlx::PgConnection::connect(&database.url).await.unwrap();
+    let open: Vec<(i32, Option<String>, Option<String>)> = sqlx::query_as(
+        "SELECT pid, state, query FROM pg_stat_activity
+         WHERE datname = current_database() AND pid <> pg_backend_pid()",
+    )
+    .fetch_all(&mut conn)
+    .await
+    .unwrap();
+    conn.close().await.unwrap();
+    assert!(open.is_empty(), "sessions left open: {open:?}");
+}
+
 /// The statements' query plans.
 mod plan;
 /// What the writes cost PostgreSQL.

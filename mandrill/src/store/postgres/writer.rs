@@ -68,6 +68,12 @@ pub(super) async fn write_loop(
         }
         commit_and_answer(&mut held, &mut batch).await;
     }
+    // Closed, not dropped: a dropped pool connection goes back to the pool
+    // from a task of its own, after the store's `pool.close()` may have
+    // returned, and its session then stays open.
+    if let Some(conn) = held.conn.take() {
+        let _ = conn.close().await;
+    }
 }
 
 /// Commits `batch` (emptying it) and answers each of its callers.
