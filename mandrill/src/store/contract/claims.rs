@@ -453,31 +453,25 @@ pub(crate) async fn a_late_release_never_frees_another_deliverys_claim(store: &d
 /// profile; 3.8 KB on PostgreSQL in release, where the benchmark's 10,000
 /// messages in flight held 38 MB in them).
 pub(crate) async fn a_waiting_write_holds_its_request_once(store: &dyn Store) {
-    let request = request("cattle-0090");
     let room = 4 * std::mem::size_of::<RestartRequest>();
+    let fits = |what: &str, held: usize| {
+        assert!(
+            held <= room,
+            "a waiting {what} holds {held} bytes, over {room}"
+        );
+    };
+    let request = request("cattle-0090");
     let claim = store.claim_restart(&request, TERMS, ClaimToken::new());
-    let held = std::mem::size_of_val(&*claim);
-    assert!(
-        held <= room,
-        "a waiting claim holds {held} bytes, over {room}"
-    );
+    fits("claim", std::mem::size_of_val(&*claim));
     let Claim::Claimed { attempt, .. } = claim.await.unwrap() else {
         panic!("a new request is claimed");
     };
     let outcome = Outcome::Restarted(crate::domain::Restarted::default());
     // Built but never polled: nothing is queued, nothing recorded.
     let unpolled = store.record_outcome(&request, attempt, &outcome);
-    let held = std::mem::size_of_val(&*unpolled);
-    assert!(
-        held <= room,
-        "a waiting outcome holds {held} bytes, over {room}"
-    );
+    fits("outcome", std::mem::size_of_val(&*unpolled));
     drop(unpolled);
     let recorded = store.record_outcome_acking(&request, attempt, &outcome, None);
-    let held = std::mem::size_of_val(&*recorded);
-    assert!(
-        held <= room,
-        "a waiting outcome holds {held} bytes, over {room}"
-    );
+    fits("outcome", std::mem::size_of_val(&*recorded));
     assert_eq!(recorded.await.unwrap(), (Recorded::Recorded, false));
 }
