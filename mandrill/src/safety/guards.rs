@@ -32,6 +32,9 @@ pub(crate) enum Clock {
         origin: Timestamp,
         /// When this clock was made.
         since: tokio::time::Instant,
+        /// Milliseconds the wall clock jumped ahead of tokio's since
+        /// (see [`Clock::jump`]), shared by every copy.
+        jumped: std::sync::Arc<std::sync::atomic::AtomicI64>,
     },
 }
 
@@ -42,6 +45,18 @@ impl Clock {
         Self::Following {
             origin,
             since: tokio::time::Instant::now(),
+            jumped: std::sync::Arc::default(),
+        }
+    }
+
+    /// Moves a following clock, and every copy of it, `by` ahead of
+    /// tokio's: the wall clock of a machine that was suspended, whose
+    /// monotonic clock did not advance meanwhile.
+    #[cfg(test)]
+    pub(crate) fn jump(&self, by: SignedDuration) {
+        if let Self::Following { jumped, .. } = self {
+            let by = i64::try_from(by.as_millis()).unwrap_or(i64::MAX);
+            jumped.fetch_add(by, std::sync::atomic::Ordering::SeqCst);
         }
     }
 
@@ -52,9 +67,16 @@ impl Clock {
             #[cfg(test)]
             Self::Fixed(at) => *at,
             #[cfg(test)]
-            Self::Following { origin, since } => {
-                let elapsed =
-                    SignedDuration::try_from(since.elapsed()).unwrap_or(SignedDuration::MAX);
+            Self::Following {
+                origin,
+                since,
+                jumped,
+            } => {
+                let elapsed = SignedDuration::try_from(since.elapsed())
+                    .unwrap_or(SignedDuration::MAX)
+                    .saturating_add(SignedDuration::from_millis(
+                        jumped.load(std::sync::atomic::Ordering::SeqCst),
+                    ));
                 origin.saturating_add(elapsed).unwrap_or(*origin)
             }
         }

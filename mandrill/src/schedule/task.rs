@@ -231,9 +231,12 @@ pub(crate) async fn run(
         bound,
     );
     for slot in earlier.iter().rev().take(MISSED_CHECKED as usize) {
-        if let Ok(None) = store.lookup(slot.message_id).await {
-            missed(slot, "no instance was running within its max_lateness");
-        }
+        missed_unless_published(
+            store.as_ref(),
+            slot,
+            "no instance was running within its max_lateness",
+        )
+        .await;
     }
     let mut after = bound - SignedDuration::from_nanos(1);
     // The coming hour's slots, planned again every RECHECK: a reload may
@@ -267,10 +270,12 @@ pub(crate) async fn run(
         upcoming.pop_front();
         after = slot.at;
         if now.duration_since(slot.at) > lateness {
-            missed(
+            missed_unless_published(
+                store.as_ref(),
                 &slot,
                 "this instance reached it too late (suspended or overloaded)",
-            );
+            )
+            .await;
             continue;
         }
         if !publish(
@@ -357,6 +362,26 @@ async fn busy_hosts(store: &dyn Store) -> HashSet<String> {
         Err(error) => {
             warn!(error = %error.with_causes(), "could not read the recent history for the scheduler");
             HashSet::new()
+        }
+    }
+}
+
+/// A slot past its lateness bound: missed (see [`missed`]) only if no
+/// instance published it. Another instance, on time, may have; its
+/// request is then in the store. A store that cannot say is not counted.
+async fn missed_unless_published(store: &dyn Store, slot: &Slot, why: &str) {
+    match store.lookup(slot.message_id).await {
+        Ok(None) => missed(slot, why),
+        Ok(Some(_)) => {
+            debug!(schedule = %slot.schedule, slot = %slot.at, "late slot published by another instance");
+        }
+        Err(error) => {
+            warn!(
+                schedule = %slot.schedule,
+                slot = %slot.at,
+                error = %error.with_causes(),
+                "could not tell whether another instance published a late slot; not counted as missed"
+            );
         }
     }
 }

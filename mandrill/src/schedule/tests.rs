@@ -345,21 +345,20 @@ fn entries_are_refused_naming_the_key() {
     );
 }
 
-/// The companion in paused time, on the in-memory broker and store: over
-/// six simulated hours with a mean of 10 minutes it publishes exactly the
-/// plan's slots, each once, with the slot's id, reason and a drawn victim.
-/// A slot that fell before start-up by more than `max_lateness` is not
-/// published (recorded missed); one within it is.
-#[tokio::test(start_paused = true)]
-async fn the_companion_publishes_each_slot_once_and_never_a_slot_missed_while_down() {
-    use crate::broker::{Broker, MemoryBroker};
-    use crate::safety::{Clock, Guards, PolicyHandle};
-    use crate::store::MemoryStore;
-    use tokio_util::sync::CancellationToken;
+/// A schedule's companion task, running in paused time from `origin` on
+/// the in-memory broker and store, with what a test looks at.
+struct Companion {
+    task: tokio::task::JoinHandle<()>,
+    stop: tokio_util::sync::CancellationToken,
+    broker: Arc<crate::broker::MemoryBroker>,
+    store: Arc<crate::store::MemoryStore>,
+    /// The guards' clock, which the task reads: a test may jump it.
+    clock: crate::safety::Clock,
+}
 
-    let plan = Plan::new(&settings("drip", Duration::from_secs(600)), b"k");
-    let calendar = always();
-    let origin = at("2026-11-23T10:00:00Z");
+fn companion(plan: &Plan, calendar: &Calendar, origin: Timestamp) -> Companion {
+    use crate::safety::{Clock, Guards, PolicyHandle};
+
     let policy = Policy {
         guards: Guards {
             calendar: Some(calendar.clone()),
@@ -369,24 +368,46 @@ async fn the_companion_publishes_each_slot_once_and_never_a_slot_missed_while_do
         ..policy_with_hosts(Eligibility::everyone())
     };
     let clock = policy.guards.clock.clone();
-    let broker = Arc::new(MemoryBroker::new(
+    let broker = Arc::new(crate::broker::MemoryBroker::new(
         Duration::from_secs(30),
         Duration::from_millis(10),
     ));
-    let store = Arc::new(MemoryStore::new());
-    let stop = CancellationToken::new();
+    let store = Arc::new(crate::store::MemoryStore::new());
+    let stop = tokio_util::sync::CancellationToken::new();
     let task = tokio::spawn(run(
         Scheduled {
             plan: plan.clone(),
             signer: None,
         },
         PolicyHandle::new(policy),
-        broker.clone() as Arc<dyn Broker>,
-        store,
-        clock,
+        broker.clone(),
+        store.clone(),
+        clock.clone(),
         Domain::default(),
         stop.clone(),
     ));
+    Companion {
+        task,
+        stop,
+        broker,
+        store,
+        clock,
+    }
+}
+
+/// The companion in paused time, on the in-memory broker and store: over
+/// six simulated hours with a mean of 10 minutes it publishes exactly the
+/// plan's slots, each once, with the slot's id, reason and a drawn victim.
+/// A slot that fell before start-up by more than `max_lateness` is not
+/// published (recorded missed); one within it is.
+#[tokio::test(start_paused = true)]
+async fn the_companion_publishes_each_slot_once_and_never_a_slot_missed_while_down() {
+    let plan = Plan::new(&settings("drip", Duration::from_secs(600)), b"k");
+    let calendar = always();
+    let origin = at("2026-11-23T10:00:00Z");
+    let Companion {
+        task, stop, broker, ..
+    } = companion(&plan, &calendar, origin);
     let hours = SignedDuration::from_hours(6);
     tokio::time::sleep(hours.unsigned_abs() + Duration::from_secs(1)).await;
     stop.cancel();
@@ -432,6 +453,87 @@ async fn the_companion_publishes_each_slot_once_and_never_a_slot_missed_while_do
     assert_eq!(
         published, planned,
         "each slot once, in order, none missed while down"
+    );
+}
+
+/// A slot this instance reaches past its `max_lateness` (its machine was
+/// suspended: the wall clock jumped, tokio's did not) counts in
+/// `mandrill_schedule_missed_total` only if no instance published it: the
+/// late slots another instance published (their requests are in the
+/// store) are not counted, the one nobody published is.
+#[tokio::test(start_paused = true)]
+async fn a_late_slot_counts_as_missed_only_if_no_instance_published_it() {
+    use crate::safety::Limits;
+    use crate::store::{ClaimTerms, ClaimToken, Store};
+
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let metrics = recorder.handle();
+    // The test's runtime is this thread's: the task's counters land here.
+    let _recording = metrics::set_default_local_recorder(&recorder);
+    let missed_so_far = || {
+        metrics
+            .render()
+            .lines()
+            .find_map(|line| {
+                line.strip_prefix("mandrill_schedule_missed_total{schedule=\"drip\"} ")
+            })
+            .map_or(0, |count| count.parse::<u64>().unwrap())
+    };
+    let plan = Plan::new(&settings("drip", Duration::from_secs(60)), b"k");
+    let calendar = always();
+    let origin = at("2026-11-23T10:00:00Z");
+    let Companion {
+        task,
+        stop,
+        store,
+        clock,
+        ..
+    } = companion(&plan, &calendar, origin);
+    // Start-up's look back counts the slots missed while nothing ran.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let before = missed_so_far();
+    // The next half hour's slots, as another instance published them on
+    // time, but for the first: nobody did.
+    let jump = SignedDuration::from_mins(30);
+    let start = origin + SignedDuration::from_secs(10);
+    let coming = plan.slots(
+        Some(&calendar),
+        start,
+        start + jump + SignedDuration::from_mins(2),
+    );
+    let unpublished = coming.first().unwrap();
+    assert!(
+        unpublished.at
+            < start + jump
+                - SignedDuration::try_from(DEFAULT_MAX_LATENESS).unwrap()
+                - SignedDuration::from_mins(1)
+            && coming.len() > 10,
+        "the first slot is late by far after the jump, and many are: {unpublished:?}, {}",
+        coming.len()
+    );
+    let terms = ClaimTerms {
+        max_attempts: 1,
+        hold: Duration::from_secs(60),
+        limits: Limits::NONE,
+    };
+    for slot in &coming[1..] {
+        let request = crate::domain::RestartRequest {
+            message_id: slot.message_id,
+            ..crate::domain::testing::request("cattle-a1")
+        };
+        store
+            .claim_restart(&request, terms, ClaimToken::new())
+            .await
+            .unwrap();
+    }
+    clock.jump(jump);
+    tokio::time::sleep(Duration::from_secs(40)).await;
+    stop.cancel();
+    task.await.unwrap();
+    assert_eq!(
+        missed_so_far() - before,
+        1,
+        "of the late slots, only the one no instance published is missed"
     );
 }
 
