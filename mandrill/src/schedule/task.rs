@@ -372,17 +372,13 @@ async fn busy_hosts(store: &dyn Store) -> HashSet<String> {
 async fn missed_unless_published(store: &dyn Store, slot: &Slot, why: &str) {
     match store.lookup(slot.message_id).await {
         Ok(None) => missed(slot, why),
-        Ok(Some(_)) => {
-            debug!(schedule = %slot.schedule, slot = %slot.at, "late slot published by another instance");
-        }
-        Err(error) => {
-            warn!(
-                schedule = %slot.schedule,
-                slot = %slot.at,
-                error = %error.with_causes(),
-                "could not tell whether another instance published a late slot; not counted as missed"
-            );
-        }
+        Ok(Some(_)) => {}
+        Err(error) => warn!(
+            schedule = %slot.schedule,
+            slot = %slot.at,
+            error = %error.with_causes(),
+            "could not tell whether a late slot was published; not counted as missed"
+        ),
     }
 }
 
