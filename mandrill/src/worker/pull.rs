@@ -84,6 +84,12 @@ async fn pull_loop(
         }
         let may_start =
             pulls.len() < PULLS_IN_FLIGHT && !shared.store_health.is_down() && !shared.is_paused();
+        // Nothing to wait for but shutdown: the store went down while the
+        // switch was waited for (a failed read of it marks the store down),
+        // or the switch turned on since the checks above. Back to them.
+        if pulls.is_empty() && !may_start {
+            continue;
+        }
         tokio::select! {
             biased;
             () = shutdown.requested() => return Ok(()),

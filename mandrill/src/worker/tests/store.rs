@@ -209,6 +209,32 @@ async fn an_outage_with_no_message_flowing_is_still_seen() {
     h.stop().await.unwrap();
 }
 
+/// A read of the switch that fails while it is on marks the store down;
+/// once the switch is off and the store answers again, pulling resumes
+/// (the pull loop waited on shutdown alone: this instance never pulled
+/// again).
+#[tokio::test(start_paused = true)]
+async fn a_store_blip_during_a_pause_does_not_stop_pulling_after_the_resume() {
+    let store = Arc::new(ScriptedStore::default());
+    store.set_switch(true, "sre", "incident 42").await.unwrap();
+    let h = start(
+        config(),
+        store.clone(),
+        Arc::new(ScriptedRestarter::default()),
+    );
+    let stats = h.stats.clone();
+    h.publish("cattle-0001").await;
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    store.switch_unreachable.store(true, Ordering::Release);
+    wait_until("the store marked down", || stats.store_down.get() == 1).await;
+    store.switch_unreachable.store(false, Ordering::Release);
+    store.set_switch(false, "sre", "resolved").await.unwrap();
+    wait_until("acked", || stats.acked.get() == 1).await;
+    assert_eq!(stats.store_down.get(), 0);
+    assert_eq!(stats.pulled.get(), 1);
+    h.stop().await.unwrap();
+}
+
 /// A claim committed whose answer was lost (the call timed out) is
 /// answered again by the retry (the same token), with the time and guards
 /// of the lost try. Answered long after (here 20 s, past half the hold's
