@@ -469,6 +469,15 @@ pub(crate) fn usage_subject_from(
     }
 }
 
+/// The answer to a claim of a request whose latest attempt another call
+/// holds until `until`.
+fn in_flight(state: &ClaimState, until: i64, now: i64) -> Claim {
+    Claim::InFlight {
+        attempt: state.attempts,
+        wait: Duration::from_millis(until.saturating_sub(now).unsigned_abs()),
+    }
+}
+
 /// [`ClaimState::NEW`], for a claim that found no row to borrow.
 static NEW_STATE: ClaimState = ClaimState::NEW;
 
@@ -522,8 +531,14 @@ pub(crate) fn decide_claim(
     }
     // After the answer to a claim made before the stop (its restart is
     // in flight), before anything else: a stopped campaign's target is
-    // never claimed again.
+    // never claimed again. Another delivery waits for that attempt while
+    // it is held: answered cancelled, its caller would record the request
+    // cancelled, final, while the restart runs, and the restart's outcome
+    // would find it so.
     if let Some(reason) = &state.cancelled {
+        if let Some(until) = state.claim_until.filter(|until| now < *until) {
+            return (in_flight(state, until, now), None);
+        }
         let reason = reason.clone();
         return (Claim::Cancelled { reason }, None);
     }
@@ -541,13 +556,7 @@ pub(crate) fn decide_claim(
     }
     let hold = i64::try_from(terms.hold.as_millis()).unwrap_or(i64::MAX);
     let unknown = match state.claim_until {
-        Some(until) if now < until => {
-            let claim = Claim::InFlight {
-                attempt: state.attempts,
-                wait: Duration::from_millis(until.saturating_sub(now).unsigned_abs()),
-            };
-            return (claim, None);
-        }
+        Some(until) if now < until => return (in_flight(state, until, now), None),
         Some(_) if state.token == Some(token) => {
             // The caller's own claim, its answer lost and its hold run out
             // while it tried again: nothing was issued, and nobody claimed

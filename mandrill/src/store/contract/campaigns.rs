@@ -92,7 +92,8 @@ fn target_request(campaign: &Campaign, index: usize) -> RestartRequest {
 /// message carries); every claim after it finds them final, however late
 /// the message comes, and a payload under such an id asking something
 /// else is another request, refused. A restart in flight finishes and is
-/// recorded as usual, and is never claimed again (`Claim::Cancelled`). The
+/// recorded as usual (another delivery meanwhile waits for it:
+/// `Claim::InFlight`), and is never claimed again (`Claim::Cancelled`). The
 /// first stop is kept; an unknown id is `None`.
 pub(crate) async fn a_stopped_campaigns_unissued_targets_are_cancelled_for_every_claim(
     store: &dyn Store,
@@ -179,6 +180,16 @@ pub(crate) async fn a_stopped_campaigns_unissued_targets_are_cancelled_for_every
             .await
             .unwrap(),
         Claim::Conflict { .. }
+    ));
+    // Another delivery of the target in flight waits for its attempt: not
+    // cancelled while its restart runs (the record said `cancelled` and the
+    // restart's outcome found it final).
+    assert!(matches!(
+        store
+            .claim_restart(&running, TERMS, ClaimToken::new())
+            .await
+            .unwrap(),
+        Claim::InFlight { attempt: 1, .. }
     ));
     // The claim in flight finishes, recorded as usual; it failed, but is
     // not tried again: the next claim finds the stop's mark, claims
