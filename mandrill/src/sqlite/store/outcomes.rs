@@ -106,7 +106,6 @@ pub(super) async fn insert_outcomes(
                 .fetch_all(&mut **tx)
                 .await?,
         );
-        settle(tx, chunk, ids, now).await?;
     }
     let rest: Vec<(Recording<'_>, &String)> = outcomes
         .iter()
@@ -118,6 +117,9 @@ pub(super) async fn insert_outcomes(
         recorded.extend(upsert_outcomes(tx, chunk, now).await?);
     }
     let mut results = Vec::with_capacity(outcomes.len());
+    // Another request's ids: a payload refused for its identity settles
+    // nothing in the journal (rare: no allocation without one).
+    let mut conflicts: Vec<&String> = Vec::new();
     for ((request, ..), id) in outcomes.iter().zip(&ids) {
         if recorded.contains(id) {
             results.push(Recorded::Recorded);
@@ -134,12 +136,27 @@ pub(super) async fn insert_outcomes(
             identity_conflict(&identity_from((instance, by, signer, why)), request)
         {
             results.push(Recorded::Conflict(conflict));
+            conflicts.push(id);
             continue;
         }
         // The row was written by this program with a status from the CHECK list.
         results.push(Recorded::AlreadyFinal(
             Status::from_name(&existing).unwrap_or(Status::Failed),
         ));
+    }
+    if conflicts.is_empty() {
+        for (chunk, ids) in runs(outcomes, ROWS_PER_STATEMENT).zip(runs(&ids, ROWS_PER_STATEMENT)) {
+            settle(tx, chunk.iter().zip(ids), now).await?;
+        }
+    } else {
+        let own: Vec<(&Recording<'_>, &String)> = outcomes
+            .iter()
+            .zip(&ids)
+            .filter(|(_, id)| !conflicts.contains(id))
+            .collect();
+        for chunk in runs(&own, ROWS_PER_STATEMENT) {
+            settle(tx, chunk.iter().copied(), now).await?;
+        }
     }
     Ok(results)
 }
@@ -188,23 +205,19 @@ async fn upsert_outcomes(
 
 /// Writes each attempt's own end into the journal, whatever another
 /// delivery recorded first.
-async fn settle(
+async fn settle<'a, 'r: 'a>(
     tx: &mut Tx<'_>,
-    chunk: &[Recording<'_>],
-    ids: &[String],
+    rows: impl IntoIterator<Item = (&'a Recording<'r>, &'a String)>,
     now: i64,
 ) -> Result<(), sqlx::Error> {
     let mut settle: QueryBuilder<Sqlite> =
         QueryBuilder::new("UPDATE restarts SET outcome = j.column3, settled_at = ");
     settle.push_bind(now).push(" FROM (");
-    settle.push_values(
-        chunk.iter().zip(ids),
-        |mut row, ((_, attempt, outcome), id)| {
-            row.push_bind(id.as_str())
-                .push_bind(i64::from(*attempt))
-                .push_bind(outcome.status().as_str());
-        },
-    );
+    settle.push_values(rows, |mut row, ((_, attempt, outcome), id)| {
+        row.push_bind(id.as_str())
+            .push_bind(i64::from(*attempt))
+            .push_bind(outcome.status().as_str());
+    });
     settle.push(
         ") AS j WHERE restarts.message_id = j.column1 AND restarts.attempt = j.column2
            AND restarts.outcome IS NULL",

@@ -81,6 +81,12 @@ pub(crate) async fn a_payload_under_another_requests_id_never_joins_it(store: &d
         assert!(matches!(recorded, Recorded::Conflict(_)), "{recorded:?}");
         store.first_received(impostor).await.unwrap();
     }
+    // Nor the journal: the original's attempt is still in flight (an
+    // impostor's outcome ended it there: the host no longer held, and a
+    // `dry-run` would have taken it out of every count).
+    let story = store.story(original.message_id).await.unwrap().unwrap();
+    let ends: Vec<Option<Status>> = story.attempts.iter().map(|a| a.outcome).collect();
+    assert_eq!(ends, vec![None], "settled by another request's outcome");
     let reason = refused(
         store
             .claim_restart(&impostors[0], TERMS, ClaimToken::new())
