@@ -9,7 +9,7 @@ use uuid::Uuid;
 
 use super::{Standing, Verdict};
 use crate::domain::Timestamp;
-use crate::store::{Campaign, CampaignTarget, HistoryEntry, Store};
+use crate::store::{Campaign, CampaignTarget, HistoryEntry, Identity, Store};
 
 /// A campaign with each target and where it stands, and its verdict.
 pub(crate) type Judged = (Campaign, Vec<(CampaignTarget, Standing)>, Verdict);
@@ -43,10 +43,14 @@ pub(crate) async fn judge(
     store: &dyn Store,
     campaign: &Campaign,
 ) -> anyhow::Result<(Vec<(CampaignTarget, Standing)>, Verdict)> {
+    let identities: Vec<Identity> = (0..campaign.targets.len())
+        .map(|index| crate::store::target_identity(campaign, index))
+        .collect();
     let ids: Vec<(Uuid, AskedFor<'_>)> = campaign
         .targets
         .iter()
-        .map(|t| (t.message_id, AskedFor::Instance(&t.instance_name)))
+        .zip(&identities)
+        .map(|(target, identity)| (target.message_id, AskedFor::Target(identity)))
         .collect();
     let standings = standings(store, &ids).await?;
     let judged: Vec<_> = campaign.targets.iter().cloned().zip(standings).collect();
@@ -63,10 +67,11 @@ const REJECTIONS_SEARCHED: usize = 1000;
 /// recorded apart, under the id salvaged from the payload, so the newest
 /// history is searched for one; found, the request failed.
 ///
-/// A record under the id for another host than the one asked for is not
-/// this request's (another request took the id first: a schedule's or a
-/// campaign's ids can be known in advance); this request was refused, so
-/// it failed, saying so.
+/// A record under the id for another host than the one asked for, or for
+/// a campaign's target another requester or reason, is not this request's
+/// (another request took the id first: a schedule's or a campaign's ids
+/// can be known in advance); this request was refused, so it failed,
+/// saying so.
 pub(crate) async fn standings(
     store: &dyn Store,
     ids: &[(Uuid, AskedFor<'_>)],
@@ -128,8 +133,9 @@ pub(crate) async fn standings(
 pub(crate) enum AskedFor<'a> {
     /// Only the id (`mandrill wait ID`).
     Any,
-    /// A campaign's target: this instance.
-    Instance(&'a str),
+    /// A campaign's target: the request its campaign signed (this
+    /// instance, the campaign's requester, the target's reason).
+    Target(&'a Identity),
     /// A line `mandrill publish` printed: this host.
     Host(&'a str),
 }
@@ -137,15 +143,39 @@ pub(crate) enum AskedFor<'a> {
 impl AskedFor<'_> {
     /// Why `entry`, recorded under the id, is another request's, if it is.
     fn taken(self, entry: &HistoryEntry) -> Option<String> {
+        const TAKEN: &str = "another request took the id first, and this one was refused \
+                             (`mandrill explain` the id)";
         let (what, asked, recorded) = match self {
             Self::Any => return None,
-            Self::Instance(asked) => ("instance", asked, entry.instance_name.as_deref()?),
+            Self::Target(asked) => (
+                "instance",
+                asked.instance.as_str(),
+                entry.instance_name.as_deref()?,
+            ),
             Self::Host(asked) => ("host", asked, entry.hostname.as_deref()?),
         };
-        (asked != recorded).then(|| {
+        if asked != recorded {
+            return Some(format!(
+                "its id is recorded for {what} {recorded}, not {asked}: {TAKEN}"
+            ));
+        }
+        // A rejected payload's row keeps no identity to compare (the signer
+        // only once verified): it is judged as the rejection it is.
+        let Self::Target(target) = self else {
+            return None;
+        };
+        if entry.status == crate::domain::Status::Rejected {
+            return None;
+        }
+        // As the claim's rule compares them (`identity_conflict`): who
+        // asked, signed or not, and why.
+        let same = entry.requested_by == target.requested_by
+            && entry.verified == target.requester.is_some()
+            && entry.reason == target.reason;
+        (!same).then(|| {
             format!(
-                "its id is recorded for {what} {recorded}, not {asked}: another request took \
-                 the id first, and this one was refused (`mandrill explain` the id)"
+                "its id is recorded for {recorded} asked by another requester or for another \
+                 reason: {TAKEN}"
             )
         })
     }
@@ -188,9 +218,13 @@ mod tests {
             Status::Restarted
         );
 
+        let web_1 = Identity {
+            instance: "web-1".into(),
+            ..Identity::default()
+        };
         let asked = [
             (id, AskedFor::Host("web-1.example.net")),
-            (id, AskedFor::Instance("web-1")),
+            (id, AskedFor::Target(&web_1)),
             (id, AskedFor::Host(squatter.hostname.as_str())),
             (id, AskedFor::Any),
         ];
@@ -208,5 +242,73 @@ mod tests {
         for standing in &stood[2..] {
             assert_eq!(standing.verdict, Verdict::Succeeded, "{standing:?}");
         }
+    }
+
+    /// A request that took a campaign target's id first for the target's
+    /// own instance, asked by another requester: the campaign's signed
+    /// request was refused, so the target failed, whatever the squatter's
+    /// restart did (it was judged by the host alone: succeeded).
+    #[tokio::test]
+    async fn a_targets_id_taken_by_another_requester_for_its_instance_is_not_the_target() {
+        let store = MemoryStore::new();
+        let campaign = Campaign {
+            id: Uuid::new_v4(),
+            group: "web".into(),
+            created_at: Timestamp::now(),
+            requester: Some("chaos".into()),
+            targets: vec![CampaignTarget {
+                instance_name: "web-1".into(),
+                message_id: Uuid::new_v4(),
+                due_at: Timestamp::now(),
+            }],
+            stopped: None,
+        };
+        let mut squatter = crate::domain::testing::request("web-1");
+        squatter.message_id = campaign.targets[0].message_id;
+        squatter.requester = Some("mallory".into());
+        squatter.requested_by = Some("mallory".into());
+        squatter.reason = Some(campaign.target_reason(0));
+        let terms = ClaimTerms {
+            max_attempts: 1,
+            hold: std::time::Duration::from_secs(60),
+            limits: crate::safety::Limits::NONE,
+        };
+        store
+            .claim_restart(&squatter, terms, ClaimToken::new())
+            .await
+            .unwrap();
+        let restarted = Outcome::Restarted(Restarted::default());
+        store
+            .record_outcome(&squatter, 1, &restarted)
+            .await
+            .unwrap();
+
+        let (judged, verdict) = judge(&store, &campaign).await.unwrap();
+        let standing = &judged[0].1;
+        assert_eq!(
+            (standing.verdict, standing.state.as_str()),
+            (Verdict::Failed, "rejected"),
+            "{standing:?}"
+        );
+        assert!(
+            standing
+                .detail
+                .starts_with("its id is recorded for web-1 asked by another requester"),
+            "{standing:?}"
+        );
+        assert_eq!(verdict, Verdict::Failed);
+
+        // The campaign's own request, recorded first, is the target.
+        let store = MemoryStore::new();
+        let mut own = squatter.clone();
+        own.requester = Some("chaos".into());
+        own.requested_by = Some("chaos".into());
+        store
+            .claim_restart(&own, terms, ClaimToken::new())
+            .await
+            .unwrap();
+        store.record_outcome(&own, 1, &restarted).await.unwrap();
+        let (judged, _) = judge(&store, &campaign).await.unwrap();
+        assert_eq!(judged[0].1.verdict, Verdict::Succeeded, "{:?}", judged[0].1);
     }
 }

@@ -33,7 +33,7 @@ use uuid::Uuid;
 
 use crate::domain::{Asked, JointAck, Outcome, RestartRequest, Status, Timestamp};
 
-pub(crate) use campaigns::{Campaign, CampaignTarget};
+pub(crate) use campaigns::{Campaign, CampaignTarget, target_identity};
 #[cfg(test)]
 pub(crate) use claim::GROUP_PAUSE_RECHECK;
 pub(crate) use claim::{Claim, ClaimTerms, ClaimToken, Decision};
