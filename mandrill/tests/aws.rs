@@ -607,6 +607,22 @@ fn a_stop_start_refuses_an_instance_stopped_by_someone_else_and_ends_one_of_its_
     );
 }
 
+/// EC2's answer to a `StartInstances` of `id` it accepted (pending), sent
+/// by the proxy in moto's stead: the instance stays stopped, as one whose
+/// start fell back.
+fn start_accepted(id: &str) -> Act {
+    Act::Answer(
+        axum::http::StatusCode::OK,
+        format!(
+            "<StartInstancesResponse xmlns=\"http://ec2.amazonaws.com/doc/2016-11-15/\">\
+             <requestId>x</requestId><instancesSet><item><instanceId>{id}</instanceId>\
+             <currentState><code>0</code><name>pending</name></currentState>\
+             <previousState><code>80</code><name>stopped</name></previousState>\
+             </item></instancesSet></StartInstancesResponse>"
+        ),
+    )
+}
+
 /// A start AWS accepted that leaves the instance stopped (pending, then
 /// stopped again: a key its volumes cannot be decrypted with, no
 /// capacity) is not a restart that ended well, even without a probe: it
@@ -622,16 +638,7 @@ fn a_start_that_falls_back_to_stopped_is_unrecovered_and_keeps_the_start_after_t
     let proxy = Proxy::start(moto.endpoint(), move |form, calls| {
         let start = |call: &str| is_call(call, "StartInstances", &id);
         if start(form) {
-            return Act::Answer(
-                axum::http::StatusCode::OK,
-                format!(
-                    "<StartInstancesResponse xmlns=\"http://ec2.amazonaws.com/doc/2016-11-15/\">\
-                     <requestId>x</requestId><instancesSet><item><instanceId>{id}</instanceId>\
-                     <currentState><code>0</code><name>pending</name></currentState>\
-                     <previousState><code>80</code><name>stopped</name></previousState>\
-                     </item></instancesSet></StartInstancesResponse>"
-                ),
-            );
+            return start_accepted(&id);
         }
         let looks_since_start = calls
             .iter()
@@ -869,6 +876,46 @@ fn the_companion_passes_over_an_instance_it_cannot_finish() {
             .get("mandrill:start-after")
             .is_some()
     );
+}
+
+/// A start the companion made that falls back to stopped is made again:
+/// the tag stays until the instance is seen running (it used to be
+/// removed as soon as the start was accepted, and the instance stayed
+/// stopped for good).
+#[test]
+fn a_start_by_the_companion_that_falls_back_to_stopped_is_made_again() {
+    let moto = Moto::start();
+    let instance = ids(&moto.fleet(&["run", "us-east-1a", "1", "chaos=yes"])).remove(0);
+    moto.fleet(&["stop", &instance, "mandrill:start-after=1000"]);
+    let id = instance.clone();
+    // The first start is accepted and not done; the next reach moto.
+    let proxy = Proxy::start(moto.endpoint(), move |form, calls| {
+        let start = |call: &str| is_call(call, "StartInstances", &id);
+        if start(form) && calls.iter().filter(|call| start(call)).count() == 1 {
+            start_accepted(&id)
+        } else {
+            Act::Forward
+        }
+    });
+    let (_guard, dir) = temp_dir();
+    config(&dir, &proxy.endpoint, "stop-start", "");
+    let service = Mandrill::run_with_env(&dir, &["--config", "mandrill.toml"], ENV);
+
+    let deadline = std::time::Instant::now() + support::DEADLINE;
+    while moto.fleet(&["state", &instance])["state"] != "running" {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still stopped after {} start(s), tagged: {:?}: {}",
+            proxy.count("StartInstances", &instance),
+            state_and_tag(&moto, &instance),
+            service.raw()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    wait_untagged(&moto, &[&instance], &service);
+    service.signal("TERM");
+    assert!(service.wait_exit().0.success());
+    assert_eq!(proxy.count("StartInstances", &instance), 2);
 }
 
 #[test]

@@ -56,6 +56,12 @@ pub(crate) const START_AFTER_TAG: &str = "mandrill:start-after";
 /// at the longest.
 const SWEEP_INTERVAL: Duration = Duration::from_secs(30);
 
+/// How soon the companion looks again at an instance it started: a start
+/// AWS accepted may still fall back to stopped (no capacity, a key its
+/// volumes cannot be decrypted with), and the tag stays until the
+/// instance is seen running.
+const AFTER_START: Duration = Duration::from_secs(10);
+
 /// Restarts EC2 instances. Build it with [`Ec2Restarter::new`].
 #[derive(Debug)]
 pub(crate) struct Ec2Restarter {
@@ -432,7 +438,7 @@ impl Ec2Restarter {
                 Some(due)
             } else {
                 match self.finish_stop_start(&id, &instance).await {
-                    Ok(again) => again.then_some(now + SWEEP_INTERVAL.as_secs()),
+                    Ok(again) => again.map(|after| now + after.as_secs()),
                     Err(error) => {
                         warn!(instance = %id, error = %WithCauses(&error), "cannot finish a stop-start left unfinished; the next sweep tries again");
                         None
@@ -447,18 +453,26 @@ impl Ec2Restarter {
     }
 
     /// Starts `id`, past its start-after time, if it is stopped, and
-    /// removes the tag it has from a started or running one. `true` when
-    /// it is on its way down or up: looked at again at the next sweep.
-    async fn finish_stop_start(&self, id: &str, instance: &Instance) -> Result<bool, AwsError> {
+    /// removes the tag it has from a running one. When it is stopped,
+    /// stopping or pending, the tag stays and the answer is how soon to
+    /// look at it again.
+    async fn finish_stop_start(
+        &self,
+        id: &str,
+        instance: &Instance,
+    ) -> Result<Option<Duration>, AwsError> {
         match instance.state.as_str() {
+            // An accepted start is not a running instance: it may fall
+            // back to stopped, and the tag is what gets it started again.
             "stopped" => {
                 self.ec2.act("StartInstances", &instance_ids(id)).await?;
                 warn!(instance = %id, "started an instance a stop-start left stopped (the mandrill that stopped it did not start it in time)");
+                return Ok(Some(AFTER_START));
             }
             // Still on its way down: started at the next sweep. Or on its
             // way up, and it may fall back to stopped: the tag goes once
             // it runs.
-            "stopping" | "pending" => return Ok(true),
+            "stopping" | "pending" => return Ok(Some(SWEEP_INTERVAL)),
             _ => {}
         }
         // The value read: a tag a new stop-start wrote since is not this
@@ -470,7 +484,7 @@ impl Ec2Restarter {
         self.ec2
             .call("DeleteTags", &start_after_tag(id, value))
             .await?;
-        Ok(false)
+        Ok(None)
     }
 
     /// The companion: [`Self::sweep`] at once, then again whenever a
