@@ -508,6 +508,48 @@ fn a_stop_done_but_answered_with_a_5xx_keeps_the_start_after_tag() {
     );
 }
 
+/// A start AWS refuses once the stop was done (a role allowed to stop
+/// but not to start) leaves the instance down: recorded unrecovered, not
+/// refused (nothing done) nor retried (stopped again, its start put off),
+/// and its start-after tag stays for the companion.
+#[test]
+fn a_start_refused_after_the_stop_is_unrecovered_not_refused_nor_retried() {
+    let moto = Moto::start();
+    let instance = ids(&moto.fleet(&["run", "us-east-1a", "1", "chaos=yes"])).remove(0);
+    let refused = instance.clone();
+    let proxy = Proxy::start(moto.endpoint(), move |form, _| {
+        if is_call(form, "StartInstances", &refused) {
+            Act::Answer(
+                axum::http::StatusCode::FORBIDDEN,
+                ec2_error("UnauthorizedOperation"),
+            )
+        } else {
+            Act::Forward
+        }
+    });
+    let (_guard, dir) = temp_dir();
+    let db = config(&dir, &proxy.endpoint, "stop-start", "");
+    publish(&dir, &db, &[&instance]);
+
+    run_until_concluded(&dir);
+
+    let unrecovered = entry(&db, &instance);
+    assert_eq!(unrecovered.status, Status::Unrecovered, "{unrecovered:?}");
+    let error = unrecovered.last_error.unwrap_or_default();
+    assert!(
+        error.contains(&format!(
+            "StartInstances {instance} after StopInstances was accepted"
+        )) && error.contains("UnauthorizedOperation"),
+        "{error}"
+    );
+    assert_eq!(proxy.count("StopInstances", &instance), 1);
+    assert_eq!(
+        state_and_tag(&moto, &instance),
+        ("stopped".to_owned(), true),
+        "(state, tagged mandrill:start-after)"
+    );
+}
+
 #[test]
 fn a_stop_start_keeps_the_instance_stopped_for_stopped_for_then_ec2_sees_it_recover() {
     let moto = Moto::start();

@@ -128,7 +128,9 @@ impl Ec2Restarter {
 
     /// Tag, stop, wait for `stopped`, wait `stopped_for`, start, wait for
     /// `running`, untag. A failure once the stop may have been done leaves
-    /// the tag, so the companion starts it.
+    /// the tag, so the companion starts it; once AWS accepted the stop, a
+    /// failure is never retried: the instance is unrecovered (or the
+    /// outcome unknown, where AWS may have started it).
     async fn stop_start(&self, host: &Hostname, id: &str) -> Result<String, RestartError> {
         self.check_stop_start(host, id).await?;
         let due = (unix_now()
@@ -152,13 +154,17 @@ impl Ec2Restarter {
             }
             return Err(act_failure(host, "StopInstances", error));
         }
+        let stopped = tokio::time::Instant::now();
         info!(instance = id, "stopped; waiting for it to be stopped");
-        self.wait_until_stopped(host, id).await?;
+        self.wait_until_stopped(host, id, stopped).await?;
         tokio::time::sleep(self.settings.stopped_for).await;
-        self.ec2
-            .act("StartInstances", &instance_ids(id))
-            .await
-            .map_err(|e| act_failure(host, "StartInstances (the companion will start it)", e))?;
+        if let Err(error) = self.ec2.act("StartInstances", &instance_ids(id)).await {
+            return Err(if error.may_have_been_done() {
+                act_failure(host, "StartInstances (the companion will start it)", error)
+            } else {
+                left_stopped(host, stopped, format!("StartInstances {id}"), error)
+            });
+        }
         let output = format!(
             "StopInstances {id}, stopped for {}, StartInstances accepted",
             humantime::format_duration(self.settings.stopped_for)
@@ -211,27 +217,34 @@ impl Ec2Restarter {
         }
     }
 
-    async fn wait_until_stopped(&self, host: &Hostname, id: &str) -> Result<(), RestartError> {
+    async fn wait_until_stopped(
+        &self,
+        host: &Hostname,
+        id: &str,
+        stopped: tokio::time::Instant,
+    ) -> Result<(), RestartError> {
         let deadline = tokio::time::Instant::now() + self.settings.stop_timeout;
         loop {
             let states = self
                 .states(&[("InstanceId.1".to_owned(), id.to_owned())])
                 .await
-                .map_err(|e| failure(host, "DescribeInstances while stopping", e))?;
+                .map_err(|e| left_stopped(host, stopped, "DescribeInstances while stopping", e))?;
             let state = states.get(id).map(|instance| instance.state.as_str());
             if state == Some("stopped") {
                 return Ok(());
             }
             if tokio::time::Instant::now() >= deadline {
-                return Err(RestartError::failed(
-                    host,
-                    format!(
-                        "{id} was not stopped within {} (state {}); the companion starts it \
-                         once its start-after time passes",
+                return Err(RestartError::Unrecovered {
+                    host: host.clone(),
+                    after: stopped.elapsed(),
+                    cause: Cause::from(format!(
+                        "{id} was not stopped within {} of StopInstances being accepted \
+                         (state {}); its start-after tag stays, so the companion starts it",
                         humantime::format_duration(self.settings.stop_timeout),
                         state.unwrap_or("unknown")
-                    ),
-                ));
+                    )),
+                    output: None,
+                });
             }
             tokio::time::sleep(self.settings.poll_interval).await;
         }
@@ -565,6 +578,32 @@ fn failure(host: &Hostname, what: &str, error: AwsError) -> RestartError {
         RestartError::failed(host, cause)
     } else {
         RestartError::permanent(host, cause)
+    }
+}
+
+/// A failure once AWS accepted the stop (`stopped`: when): the restart
+/// was issued and the instance is not back. Neither retried nor recorded
+/// as refused, whatever AWS answered: a retry would stop it again and put
+/// its start off, a refusal would say nothing was done. Its start-after tag
+/// stays, so the companion starts it.
+fn left_stopped(
+    host: &Hostname,
+    stopped: tokio::time::Instant,
+    what: impl Into<String>,
+    error: AwsError,
+) -> RestartError {
+    RestartError::Unrecovered {
+        host: host.clone(),
+        after: stopped.elapsed(),
+        cause: Cause::new(
+            format!(
+                "{} after StopInstances was accepted; its start-after tag stays, so the \
+                 companion starts it",
+                what.into()
+            ),
+            error,
+        ),
+        output: None,
     }
 }
 
