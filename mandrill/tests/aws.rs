@@ -311,6 +311,24 @@ impl Proxy {
         })
     }
 
+    /// A proxy that does what `act` says with every call of `action` on
+    /// `instance` and forwards everything else.
+    fn on(
+        upstream: String,
+        action: &'static str,
+        instance: &str,
+        act: impl Fn() -> Act + Send + Sync + 'static,
+    ) -> Self {
+        let instance = instance.to_owned();
+        Self::start(upstream, move |form, _| {
+            if is_call(form, action, &instance) {
+                act()
+            } else {
+                Act::Forward
+            }
+        })
+    }
+
     /// How many calls of `action` mentioned `needle`.
     fn count(&self, action: &str, needle: &str) -> usize {
         self.calls
@@ -477,16 +495,11 @@ fn a_reboot_whose_answer_never_comes_is_sent_once_and_its_claim_holds_the_instan
 fn a_stop_done_but_answered_with_a_5xx_keeps_the_start_after_tag() {
     let moto = Moto::start();
     let instance = ids(&moto.fleet(&["run", "us-east-1a", "1", "chaos=yes"])).remove(0);
-    let failed = instance.clone();
-    let proxy = Proxy::start(moto.endpoint(), move |form, _| {
-        if is_call(form, "StopInstances", &failed) {
-            Act::ForwardThenAnswer(
-                axum::http::StatusCode::INTERNAL_SERVER_ERROR,
-                ec2_error("InternalError"),
-            )
-        } else {
-            Act::Forward
-        }
+    let proxy = Proxy::on(moto.endpoint(), "StopInstances", &instance, || {
+        Act::ForwardThenAnswer(
+            axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+            ec2_error("InternalError"),
+        )
     });
     let (_guard, dir) = temp_dir();
     let db = config(&dir, &proxy.endpoint, "stop-start", "");
@@ -516,16 +529,11 @@ fn a_stop_done_but_answered_with_a_5xx_keeps_the_start_after_tag() {
 fn a_start_refused_after_the_stop_is_unrecovered_not_refused_nor_retried() {
     let moto = Moto::start();
     let instance = ids(&moto.fleet(&["run", "us-east-1a", "1", "chaos=yes"])).remove(0);
-    let refused = instance.clone();
-    let proxy = Proxy::start(moto.endpoint(), move |form, _| {
-        if is_call(form, "StartInstances", &refused) {
-            Act::Answer(
-                axum::http::StatusCode::FORBIDDEN,
-                ec2_error("UnauthorizedOperation"),
-            )
-        } else {
-            Act::Forward
-        }
+    let proxy = Proxy::on(moto.endpoint(), "StartInstances", &instance, || {
+        Act::Answer(
+            axum::http::StatusCode::FORBIDDEN,
+            ec2_error("UnauthorizedOperation"),
+        )
     });
     let (_guard, dir) = temp_dir();
     let db = config(&dir, &proxy.endpoint, "stop-start", "");

@@ -187,6 +187,23 @@ mod tests {
     use crate::domain::{Outcome, Restarted, Status};
     use crate::store::{ClaimTerms, ClaimToken, MemoryStore};
 
+    /// `request` claimed and restarted.
+    async fn restart(store: &MemoryStore, request: &crate::domain::RestartRequest) {
+        let terms = ClaimTerms {
+            max_attempts: 1,
+            hold: std::time::Duration::from_secs(60),
+            limits: crate::safety::Limits::NONE,
+        };
+        store
+            .claim_restart(request, terms, ClaimToken::new())
+            .await
+            .unwrap();
+        store
+            .record_outcome(request, 1, &Outcome::Restarted(Restarted::default()))
+            .await
+            .unwrap();
+    }
+
     /// A request that took another's id first, and restarted its own host:
     /// asked about by the other's host (a line `mandrill publish` printed)
     /// or by a campaign's target, the id's record is not that request's,
@@ -195,23 +212,7 @@ mod tests {
     async fn a_record_for_another_host_under_the_id_is_not_the_one_asked_for() {
         let store = MemoryStore::new();
         let squatter = crate::domain::testing::request("db-9");
-        let terms = ClaimTerms {
-            max_attempts: 1,
-            hold: std::time::Duration::from_secs(60),
-            limits: crate::safety::Limits::NONE,
-        };
-        store
-            .claim_restart(&squatter, terms, ClaimToken::new())
-            .await
-            .unwrap();
-        let restarted = Outcome::Restarted(Restarted {
-            recovered_after: None,
-            output: None,
-        });
-        store
-            .record_outcome(&squatter, 1, &restarted)
-            .await
-            .unwrap();
+        restart(&store, &squatter).await;
         let id = squatter.message_id;
         assert_eq!(
             store.story(id).await.unwrap().unwrap().entry.status,
@@ -268,20 +269,7 @@ mod tests {
         squatter.requester = Some("mallory".into());
         squatter.requested_by = Some("mallory".into());
         squatter.reason = Some(campaign.target_reason(0));
-        let terms = ClaimTerms {
-            max_attempts: 1,
-            hold: std::time::Duration::from_secs(60),
-            limits: crate::safety::Limits::NONE,
-        };
-        store
-            .claim_restart(&squatter, terms, ClaimToken::new())
-            .await
-            .unwrap();
-        let restarted = Outcome::Restarted(Restarted::default());
-        store
-            .record_outcome(&squatter, 1, &restarted)
-            .await
-            .unwrap();
+        restart(&store, &squatter).await;
 
         let (judged, verdict) = judge(&store, &campaign).await.unwrap();
         let standing = &judged[0].1;
@@ -303,11 +291,7 @@ mod tests {
         let mut own = squatter.clone();
         own.requester = Some("chaos".into());
         own.requested_by = Some("chaos".into());
-        store
-            .claim_restart(&own, terms, ClaimToken::new())
-            .await
-            .unwrap();
-        store.record_outcome(&own, 1, &restarted).await.unwrap();
+        restart(&store, &own).await;
         let (judged, _) = judge(&store, &campaign).await.unwrap();
         assert_eq!(judged[0].1.verdict, Verdict::Succeeded, "{:?}", judged[0].1);
     }
