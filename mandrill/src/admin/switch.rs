@@ -81,9 +81,9 @@ pub(crate) async fn read_groups(
 pub(crate) async fn read_usage(
     state: &State,
 ) -> Result<std::collections::BTreeMap<String, crate::store::GroupUsage>, &'static str> {
-    let (window_start, memory_start) =
+    let starts =
         (state.policy.current().guards.counting).usage_starts(crate::domain::Timestamp::now());
-    let read = state.store.group_usage(window_start, memory_start);
+    let read = state.store.group_usage(starts);
     match tokio::time::timeout(super::STORE_TIMEOUT, read).await {
         Ok(Ok(usage)) => Ok(usage),
         Ok(Err(_)) | Err(_) => Err("the store did not answer"),

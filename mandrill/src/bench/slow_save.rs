@@ -85,10 +85,9 @@ impl Store for SlowSaveStore {
     }
     async fn group_usage(
         &self,
-        window_start: Timestamp,
-        memory_start: Timestamp,
+        starts: crate::store::UsageStarts,
     ) -> Result<std::collections::BTreeMap<String, crate::store::GroupUsage>, StoreError> {
-        self.inner.group_usage(window_start, memory_start).await
+        self.inner.group_usage(starts).await
     }
     async fn first_received(
         &self,

@@ -240,10 +240,9 @@ pub(super) fn status(args: &StatusArgs) -> ExitCode {
             .await
             .context("cannot read the recovery times");
         let mut policy = (*config.worker_config().policy.current()).clone();
-        let (window_start, memory_start) =
-            (policy.guards.counting).usage_starts(crate::domain::Timestamp::now());
+        let starts = (policy.guards.counting).usage_starts(crate::domain::Timestamp::now());
         let usage = store
-            .group_usage(window_start, memory_start)
+            .group_usage(starts)
             .await
             .context("cannot read the restart journal");
         store.close().await;

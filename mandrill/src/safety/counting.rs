@@ -221,14 +221,23 @@ impl Counting {
     }
 
     /// Where a group's use of its limits is read from at `now` (the
-    /// store's `group_usage`): the rate window's start and the budgets'
-    /// memory's, as `status`, `/metrics` and the dashboard show it.
-    pub(crate) fn usage_starts(&self, now: Timestamp) -> (Timestamp, Timestamp) {
+    /// store's `group_usage`), as the claim's guards read it: the rate
+    /// window's start, the budgets' memory's and the settle's, as
+    /// `status`, `/metrics` and the dashboard show it.
+    pub(crate) fn usage_starts(&self, now: Timestamp) -> UsageStarts {
         let back = |d: Duration| {
             let d = i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
             Timestamp::from_millis(now.as_millis().saturating_sub(d))
         };
-        (back(self.window), back(self.forget_after))
+        UsageStarts {
+            window: back(self.window),
+            memory: back(self.forget_after),
+            settled_after: if self.settle.is_zero() {
+                Timestamp::from_millis(i64::MAX)
+            } else {
+                back(self.settle)
+            },
+        }
     }
 
     /// How far back the guards that are on read the restart journal: the

@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::domain::Timestamp;
 use crate::settings::duration::{count, per};
 use crate::settings::settings;
 
@@ -486,6 +487,33 @@ pub(crate) fn describe(limits: &Limits) -> String {
         ));
     }
     parts.join(", ")
+}
+
+/// Where the store's `group_usage` counts from, as the claim's counting
+/// guards do (the store's `UsageBinds`): `status`, `/metrics` and the
+/// dashboard.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct UsageStarts {
+    /// Restarts claimed after this count in the rate window.
+    pub window: Timestamp,
+    /// Hosts restarted after this may still be disrupted (the budgets'
+    /// memory, `forget_after`).
+    pub memory: Timestamp,
+    /// A host whose latest restart ended `restarted` after this is still
+    /// settling, so disrupted.
+    pub settled_after: Timestamp,
+}
+
+impl UsageStarts {
+    /// Everything since `since`, no host settling.
+    #[cfg(test)]
+    pub(crate) fn since(since: Timestamp) -> Self {
+        Self {
+            window: since,
+            memory: since,
+            settled_after: Timestamp::from_millis(i64::MAX),
+        }
+    }
 }
 
 #[cfg(test)]

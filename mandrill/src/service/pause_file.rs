@@ -387,11 +387,10 @@ mod tests {
         }
         async fn group_usage(
             &self,
-            window_start: crate::domain::Timestamp,
-            memory_start: crate::domain::Timestamp,
+            starts: crate::store::UsageStarts,
         ) -> Result<std::collections::BTreeMap<String, crate::store::GroupUsage>, StoreError>
         {
-            self.inner.group_usage(window_start, memory_start).await
+            self.inner.group_usage(starts).await
         }
         async fn deferrals(&self, id: uuid::Uuid) -> Result<u32, StoreError> {
             self.inner.deferrals(id).await

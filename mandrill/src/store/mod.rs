@@ -33,6 +33,7 @@ use uuid::Uuid;
 
 use crate::domain::{Asked, JointAck, Outcome, RestartRequest, Status, Timestamp};
 
+pub(crate) use crate::safety::limits::UsageStarts;
 pub(crate) use campaigns::{Campaign, CampaignTarget, target_identity};
 #[cfg(test)]
 pub(crate) use claim::GROUP_PAUSE_RECHECK;
@@ -157,13 +158,13 @@ pub(crate) trait Store: Send + Sync + 'static {
     /// Everything recorded about one request, if anything is.
     async fn story(&self, message_id: Uuid) -> Result<Option<Story>, StoreError>;
 
-    /// Each group's use of its limits: restarts since `window_start`, and
-    /// hosts disrupted now among those restarted since `memory_start`.
-    /// For `mandrill status`, the dashboard and `/metrics`.
+    /// Each group's use of its limits, counted from `starts` as the claim's
+    /// counting guards count: restarts in the rate window, and hosts
+    /// disrupted now (a restart still settling included). For `mandrill
+    /// status`, the dashboard and `/metrics`.
     async fn group_usage(
         &self,
-        window_start: Timestamp,
-        memory_start: Timestamp,
+        starts: UsageStarts,
     ) -> Result<std::collections::BTreeMap<String, GroupUsage>, StoreError>;
 
     /// The restart journal's attempts claimed at `since` or later and the

@@ -28,7 +28,7 @@ macro_rules! reads_for {
             };
             use crate::store::{
                 DECISION_SQL, DEFERRAL_SQL, Decision, GroupPause, GroupUsage, HistoryEntry,
-                Recorded, ReportData, StoreError, Story, Switch, Timestamp, UsageRow,
+                Recorded, ReportData, StoreError, Story, Switch, Timestamp, UsageRow, UsageStarts,
                 UsageSubjectRow, group_pause_from, identity_conflict, switch_from, usage_binds,
                 usage_from, usage_subject_from, within,
             };
@@ -364,15 +364,15 @@ macro_rules! reads_for {
             /// See [`crate::store::Store::group_usage`].
             pub(crate) async fn group_usage(
                 pool: &Pool<$db>,
-                window_start: Timestamp,
-                memory_start: Timestamp,
+                starts: UsageStarts,
             ) -> Result<BTreeMap<String, GroupUsage>, StoreError> {
                 let restarts = sqlx::query_as(GROUP_RESTARTS_SQL)
-                    .bind(window_start.as_millis())
+                    .bind(starts.window.as_millis())
                     .fetch_all(pool)
                     .await?;
                 let disrupted = sqlx::query_as(GROUP_DISRUPTED_SQL)
-                    .bind(memory_start.as_millis())
+                    .bind(starts.memory.as_millis())
+                    .bind(starts.settled_after.as_millis())
                     .fetch_all(pool)
                     .await?;
                 Ok(group_usage_from(restarts, disrupted))
@@ -517,10 +517,13 @@ mod tests {
         }
         let since = Timestamp::from_millis(0);
         assert_eq!(
-            super::sqlite::group_usage(&pool, since, since)
+            super::sqlite::group_usage(&pool, crate::store::UsageStarts::since(since))
                 .await
                 .unwrap(),
-            store.group_usage(since, since).await.unwrap()
+            store
+                .group_usage(crate::store::UsageStarts::since(since))
+                .await
+                .unwrap()
         );
         assert_eq!(
             super::sqlite::switch(&pool).await.unwrap(),
@@ -558,7 +561,10 @@ mod tests {
             .await
             .unwrap();
         let hour_ago = Timestamp::from_millis(now - 3_600_000);
-        let groups = store.group_usage(hour_ago, hour_ago).await.unwrap();
+        let groups = store
+            .group_usage(crate::store::UsageStarts::since(hour_ago))
+            .await
+            .unwrap();
         assert_eq!(usage.group_claims, groups["herd"].restarts);
         assert_eq!(usage.group_claims, 2);
         let all: u32 = groups.values().map(|group| group.restarts).sum();

@@ -12,13 +12,18 @@ use crate::domain::Status;
 
 /// Whether the latest issued journal row `r` of a host (`latest_issued!`)
 /// still counts it as disrupted: a restart in flight or ended without a
-/// verified recovery, or one ended `restarted` later than `$5` (the settle: without a probe,
-/// "restarted" means issued, not back). One rule for the group's budget
-/// and the zone's.
+/// verified recovery, or one ended `restarted` later than the parameter
+/// `$settled` (the settle: without a probe, "restarted" means issued, not
+/// back). One rule for the group's budget, the zone's and the status's
+/// count.
 macro_rules! disrupting {
-    () => {
-        "(r.outcome IS NULL OR r.outcome NOT IN ('restarted', 'dry-run', 'expired', 'denied')
-          OR (r.outcome = 'restarted' AND r.settled_at > $5))"
+    ($settled:literal) => {
+        concat!(
+            "(r.outcome IS NULL OR r.outcome NOT IN ('restarted', 'dry-run', 'expired', 'denied')
+          OR (r.outcome = 'restarted' AND r.settled_at > ",
+            $settled,
+            "))"
+        )
     };
 }
 
@@ -56,7 +61,7 @@ macro_rules! usage_columns {
         AND ",
             latest_issued!(),
             " AND ",
-            disrupting!(),
+            disrupting!("$5"),
             ")"
         )
     };
@@ -93,7 +98,7 @@ pub(crate) const USAGE_SUBJECT_SQL: &str = concat!(
         AND ",
     latest_issued!(),
     " AND ",
-    disrupting!(),
+    disrupting!("$5"),
     "),
     (SELECT COUNT(*) FROM restarts WHERE requester = $7 AND claimed_at > $8
         AND (outcome IS NULL OR outcome NOT IN ('dry-run', 'expired', 'denied'))),
@@ -151,14 +156,15 @@ pub(crate) const GROUP_RESTARTS_SQL: &str = "SELECT grp, COUNT(*) FROM restarts
     GROUP BY grp";
 
 /// Disrupted hosts per group (as [`USAGE_SQL`] counts them) among the
-/// journal rows since `$1`.
+/// journal rows since `$1`, still settling if restarted after `$2`.
 pub(crate) const GROUP_DISRUPTED_SQL: &str = concat!(
     "SELECT r.grp, COUNT(DISTINCT r.instance_name)
     FROM restarts r
     WHERE r.claimed_at > $1 AND ",
     latest_issued!(),
+    " AND ",
+    disrupting!("$2"),
     "
-      AND (r.outcome IS NULL OR r.outcome NOT IN ('restarted', 'dry-run', 'expired', 'denied'))
     GROUP BY r.grp"
 );
 

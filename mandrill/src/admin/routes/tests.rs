@@ -152,8 +152,7 @@ impl Store for Hanging {
     }
     async fn group_usage(
         &self,
-        _: Timestamp,
-        _: Timestamp,
+        _: crate::store::UsageStarts,
     ) -> Result<std::collections::BTreeMap<String, GroupUsage>, StoreError> {
         std::future::pending().await
     }

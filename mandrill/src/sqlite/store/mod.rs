@@ -41,7 +41,7 @@ use crate::store::sql::{
 };
 use crate::store::{
     Claim, ClaimTerms, ClaimToken, Decision, GroupUsage, HistoryEntry, Recorded, ReportData, Store,
-    StoreError, Story, Switch, SwitchExpected, ask, payload_excerpt, within,
+    StoreError, Story, Switch, SwitchExpected, UsageStarts, ask, payload_excerpt, within,
 };
 pub(crate) use writer::StorePart;
 use writer::Write;
@@ -363,11 +363,9 @@ impl Store for SqliteStore {
 
     async fn group_usage(
         &self,
-        window_start: Timestamp,
-        memory_start: Timestamp,
+        starts: UsageStarts,
     ) -> Result<std::collections::BTreeMap<String, GroupUsage>, StoreError> {
-        self.bounded(reads::group_usage(&self.pool, window_start, memory_start))
-            .await
+        self.bounded(reads::group_usage(&self.pool, starts)).await
     }
 
     async fn deferrals(&self, message_id: Uuid) -> Result<u32, StoreError> {

@@ -381,7 +381,10 @@ pub(crate) async fn two_names_of_one_machine_are_one_host_to_every_counting_guar
         .await
         .unwrap();
     let hour_ago = Timestamp::from_millis(Timestamp::now().as_millis() - 3_600_000);
-    let usage = store.group_usage(hour_ago, hour_ago).await.unwrap();
+    let usage = store
+        .group_usage(crate::store::UsageStarts::since(hour_ago))
+        .await
+        .unwrap();
     assert_eq!(usage["alias"].disrupted, 1, "{usage:?}");
     // The report names the instance each request asked for.
     let report = store.report(hour_ago).await.unwrap();

@@ -147,7 +147,10 @@ pub(crate) async fn every_claim_tied_at_a_hosts_latest_time_counts_toward_disrup
     }
     tie.await;
     let hour_ago = Timestamp::from_millis(Timestamp::now().as_millis() - 3_600_000);
-    let usage = store.group_usage(hour_ago, hour_ago).await.unwrap();
+    let usage = store
+        .group_usage(crate::store::UsageStarts::since(hour_ago))
+        .await
+        .unwrap();
     assert_eq!(usage["tie"].disrupted, 2, "{usage:?}");
     // Both hosts fill the group's budget of two...
     let third = request_of("tie-0003", "tie", Some("eu-tie-1b"), None);
@@ -261,10 +264,22 @@ pub(crate) async fn a_claim_that_issued_nothing_never_hides_a_disrupted_host(
         },
     )
     .await;
-    // The status's count (no settle there) still sees the failed and the
-    // unrecovered host...
-    let hour_ago = Timestamp::from_millis(Timestamp::now().as_millis() - 3_600_000);
-    let usage = store.group_usage(hour_ago, hour_ago).await.unwrap();
+    // The status's count sees the three, as the guard below does (it
+    // left the restarted host out, still settling, and said "0 of 1"
+    // where the claims were deferred for "1 of 1")...
+    let now = Timestamp::now().as_millis();
+    let hour_ago = Timestamp::from_millis(now - 3_600_000);
+    let starts = crate::store::UsageStarts {
+        settled_after: Timestamp::from_millis(now - 300_000),
+        ..crate::store::UsageStarts::since(hour_ago)
+    };
+    let usage = store.group_usage(starts).await.unwrap();
+    assert_eq!(usage["mask"].disrupted, 3, "{usage:?}");
+    // ...without a settle, the failed and the unrecovered host...
+    let usage = store
+        .group_usage(crate::store::UsageStarts::since(hour_ago))
+        .await
+        .unwrap();
     assert_eq!(usage["mask"].disrupted, 2, "{usage:?}");
     // ...and the three hosts fill their group's budget of three...
     let fourth = request_of("mask-0004", "mask", Some("eu-mask-1b"), None);

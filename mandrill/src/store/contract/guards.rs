@@ -184,7 +184,10 @@ pub(crate) async fn counting_guards_are_decided_in_the_claim_and_journaled(store
     // Use per group: herd-0001 and -0002 restarted (recovered), nothing
     // of herd disrupted; herd-0004's claim was given back.
     let hour_ago = Timestamp::from_millis(Timestamp::now().as_millis() - 3_600_000);
-    let usage = store.group_usage(hour_ago, hour_ago).await.unwrap();
+    let usage = store
+        .group_usage(crate::store::UsageStarts::since(hour_ago))
+        .await
+        .unwrap();
     assert_eq!(
         usage.get("herd"),
         Some(&GroupUsage {
@@ -198,7 +201,10 @@ pub(crate) async fn counting_guards_are_decided_in_the_claim_and_journaled(store
         .claim_restart(&third, TERMS, ClaimToken::new())
         .await
         .unwrap();
-    let usage = store.group_usage(hour_ago, hour_ago).await.unwrap();
+    let usage = store
+        .group_usage(crate::store::UsageStarts::since(hour_ago))
+        .await
+        .unwrap();
     assert_eq!(usage["herd"].disrupted, 1, "in flight: {usage:?}");
 }
 

@@ -451,7 +451,10 @@ pub(crate) async fn prune_removes_old_final_entries_only_and_in_bounded_passes(s
     // one was claimed before `tomorrow`), no deferral counts.
     let epoch = Timestamp::from_millis(0);
     assert_eq!(
-        store.group_usage(epoch, epoch).await.unwrap(),
+        store
+            .group_usage(crate::store::UsageStarts::since(epoch))
+            .await
+            .unwrap(),
         std::collections::BTreeMap::new()
     );
     for pruned in before.iter().filter(|e| e.status.is_final()) {

@@ -28,7 +28,8 @@ use super::{
     AttemptRecord, Campaign, Claim, ClaimState, ClaimTerms, ClaimToken, Decision, DecisionRecord,
     GroupPause, GroupUsage, HistoryEntry, Identity, Recorded, ReportAttempt, ReportData,
     ReportDecision, Store, StoreError, Story, Switch, SwitchExpected, Timestamp, UsageBinds,
-    claim_decision, decide_claim, group_usage_from, identity_conflict, same_request, usage_binds,
+    UsageStarts, claim_decision, decide_claim, group_usage_from, identity_conflict, same_request,
+    usage_binds,
 };
 use crate::domain::{Asked, Outcome, RestartRequest, Status};
 use crate::safety::limits::{HostHold, Subject, Usage};
@@ -720,20 +721,18 @@ impl Store for MemoryStore {
 
     async fn group_usage(
         &self,
-        window_start: Timestamp,
-        memory_start: Timestamp,
+        starts: UsageStarts,
     ) -> Result<BTreeMap<String, GroupUsage>, StoreError> {
         let state = self.lock();
         let mut restarts: HashMap<&str, i64> = HashMap::new();
         for (_, _, attempt) in state.journal() {
-            if attempt.claimed_at > window_start.as_millis() && issued(attempt.outcome) {
+            if attempt.claimed_at > starts.window.as_millis() && issued(attempt.outcome) {
                 *restarts.entry(attempt.group.as_str()).or_default() += 1;
             }
         }
-        // No settle here (as `GROUP_DISRUPTED_SQL`, which has none): no
-        // restarted host counts.
-        let disrupting = state.latest_counted(memory_start.as_millis(), |attempt| {
-            is_disrupting(attempt, i64::MAX)
+        let settled_after = starts.settled_after.as_millis();
+        let disrupting = state.latest_counted(starts.memory.as_millis(), |attempt| {
+            is_disrupting(attempt, settled_after)
         });
         let hosts: HashSet<(&str, &str)> = disrupting
             .iter()

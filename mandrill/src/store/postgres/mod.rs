@@ -53,7 +53,8 @@ use super::sql::{
 };
 use super::{
     Claim, ClaimTerms, ClaimToken, Decision, GroupUsage, HistoryEntry, Recorded, ReportData, Store,
-    StoreError, Story, Switch, SwitchExpected, Timestamp, ask, payload_excerpt, within,
+    StoreError, Story, Switch, SwitchExpected, Timestamp, UsageStarts, ask, payload_excerpt,
+    within,
 };
 use crate::domain::{Asked, Outcome, RestartRequest, Status};
 #[cfg(test)]
@@ -320,11 +321,9 @@ impl Store for PostgresStore {
 
     async fn group_usage(
         &self,
-        window_start: Timestamp,
-        memory_start: Timestamp,
+        starts: UsageStarts,
     ) -> Result<std::collections::BTreeMap<String, GroupUsage>, StoreError> {
-        self.bounded(reads::group_usage(&self.pool, window_start, memory_start))
-            .await
+        self.bounded(reads::group_usage(&self.pool, starts)).await
     }
 
     async fn report(&self, since: Timestamp) -> Result<ReportData, StoreError> {

@@ -63,10 +63,9 @@ impl Store for PanicsOnPanicRecords {
     }
     async fn group_usage(
         &self,
-        window_start: Timestamp,
-        memory_start: Timestamp,
+        starts: crate::store::UsageStarts,
     ) -> Result<std::collections::BTreeMap<String, crate::store::GroupUsage>, StoreError> {
-        self.0.group_usage(window_start, memory_start).await
+        self.0.group_usage(starts).await
     }
     async fn first_received(&self, request: &RestartRequest) -> Result<Timestamp, StoreError> {
         self.0.first_received(request).await

@@ -276,10 +276,9 @@ impl Store for ScriptedStore {
     }
     async fn group_usage(
         &self,
-        window_start: Timestamp,
-        memory_start: Timestamp,
+        starts: crate::store::UsageStarts,
     ) -> Result<std::collections::BTreeMap<String, crate::store::GroupUsage>, StoreError> {
-        self.inner.group_usage(window_start, memory_start).await
+        self.inner.group_usage(starts).await
     }
     async fn first_received(&self, request: &RestartRequest) -> Result<Timestamp, StoreError> {
         self.inner.first_received(request).await
