@@ -31,6 +31,9 @@ pub(crate) struct Snapshot {
     pub inventory: Arc<Inventory>,
     /// Where it was read from (redacted).
     pub source: String,
+    /// The source itself, compared whole: the redacted text leaves out a
+    /// command's arguments and EC2's filters, which name another fleet.
+    read_from: Source,
     /// When, on the runtime's clock (ages are measured on it).
     pub loaded_at: Instant,
 }
@@ -159,6 +162,7 @@ impl InventoryHandle {
         let snapshot = Arc::new(Snapshot {
             inventory,
             source: source.to_string(),
+            read_from: source.clone(),
             loaded_at: Instant::now(),
         });
         let replaced = self.swap(Some(snapshot));
@@ -219,7 +223,7 @@ impl InventoryHandle {
     pub(crate) async fn refresh(&self, source: &Source, settings: &InventorySettings) {
         let current = self
             .current()
-            .filter(|current| current.source == source.to_string());
+            .filter(|current| current.read_from == *source);
         let last = current.as_ref().and_then(|c| c.inventory.digest);
         let read = load_changed(source, settings, last).await;
         let read = match (read, current) {
@@ -317,7 +321,7 @@ pub(crate) async fn refresh_task(
         };
         if handle
             .current()
-            .is_some_and(|copy| copy.source != source.to_string())
+            .is_some_and(|copy| copy.read_from != source)
         {
             // A reload named another source: the old one's copy no longer
             // speaks for the fleet, even while the new one cannot be read.
@@ -397,6 +401,51 @@ mod tests {
             "the old source's copy still decides"
         );
         assert!(handle.fresh().is_err());
+        cancel.cancel();
+        task.await.unwrap();
+    }
+
+    /// Another command, or other arguments to the same program, is another
+    /// source: its first read is not measured against the old fleet's
+    /// `max_drop`, and while it fails the old copy no longer decides.
+    #[tokio::test]
+    async fn a_reload_to_other_arguments_of_the_same_command_is_another_source() {
+        let dir = tempfile::tempdir().unwrap();
+        let (prod, canary) = (dir.path().join("prod.toml"), dir.path().join("canary.toml"));
+        web_hosts_file(&prod, 10);
+        web_hosts_file(&canary, 3);
+        let cat = |file: &std::path::Path| InventorySettings {
+            command: vec!["cat".into(), file.display().to_string()],
+            ..InventorySettings::default()
+        };
+        let first = cat(&prod);
+        let source = Source::of(&first).unwrap();
+        let handle = InventoryHandle::new(load(&source, &first).await.unwrap(), &source, &first);
+        assert_eq!(handle.current().unwrap().inventory.len(), 10);
+        let (reload, settings) = watch::channel(first);
+        let cancel = CancellationToken::new();
+        let task = tokio::spawn(refresh_task(handle.clone(), settings, cancel.clone()));
+        tokio::task::yield_now().await;
+        reload.send(cat(&canary)).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while handle.current().is_none_or(|c| c.inventory.len() == 10) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the new arguments' fleet was never installed: {:?}",
+                handle.last_error()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(handle.current().unwrap().inventory.len(), 3);
+        reload.send(cat(&dir.path().join("missing.toml"))).unwrap();
+        while handle.failures() == 0 {
+            assert!(std::time::Instant::now() < deadline, "never read");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(
+            handle.current().is_none(),
+            "the canary fleet still decides for another command's"
+        );
         cancel.cancel();
         task.await.unwrap();
     }
