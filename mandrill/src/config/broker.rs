@@ -73,7 +73,7 @@ settings! {
         /// rows per pass; never sooner than a day and two minutes after
         /// they finished (a signed token is valid that long), nor while a
         /// guard still counts them.
-        #[serde(with = "duration")]
+        #[serde(with = "duration::long")]
         pub retention: Duration = Duration::from_secs(90 * 24 * 3600),
         /// The most one store call may take (1s-1h): past it the call
         /// fails as "timed out, outcome unknown" and is retried.

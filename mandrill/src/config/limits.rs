@@ -6,7 +6,7 @@ use std::time::Duration;
 /// Longest duration of any setting (see [`crate::settings::duration::MAX`]).
 pub(crate) const MAX_DURATION: Duration = crate::settings::duration::MAX;
 /// Longest `store.retention`.
-pub(crate) const MAX_RETENTION: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+pub(crate) const MAX_RETENTION: Duration = crate::settings::duration::long::MAX;
 /// Shortest lease (`broker.ack_deadline`). A lease is extended every
 /// third of it, and the extension must reach the broker (a SQLite group
 /// commit with its fsync, a NATS round trip) before the lease runs out:

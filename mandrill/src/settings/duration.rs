@@ -17,13 +17,47 @@ pub(crate) fn serialize<S: Serializer>(value: &Duration, serializer: S) -> Resul
     serializer.collect_str(&humantime::format_duration(*value))
 }
 
-/// Parses e.g. `10s`, `1m 30s`, `250ms`.
+/// Parses e.g. `10s`, `1m 30s`, `250ms`; refuses one longer than [`MAX`],
+/// whatever its key, so that no setting (one a validation forgot among
+/// them) can overflow a clock when it is added to one.
 pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
     deserializer: D,
 ) -> Result<Duration, D::Error> {
+    at_most(deserializer, MAX, "365 days")
+}
+
+fn at_most<'de, D: Deserializer<'de>>(
+    deserializer: D,
+    max: Duration,
+    shown: &str,
+) -> Result<Duration, D::Error> {
     let text = String::deserialize(deserializer)?;
-    humantime::parse_duration(&text)
-        .map_err(|e| serde::de::Error::custom(format!("{text:?} is not a duration ({e})")))
+    let value = humantime::parse_duration(&text)
+        .map_err(|e| serde::de::Error::custom(format!("{text:?} is not a duration ({e})")))?;
+    if value > max {
+        return Err(serde::de::Error::custom(format!(
+            "{text:?} is longer than {shown}"
+        )));
+    }
+    Ok(value)
+}
+
+/// The same for the one setting measured in years, `store.retention`: at
+/// most 100 years, so that "now minus retention" never overflows.
+pub(crate) mod long {
+    use super::*;
+
+    /// Longest `store.retention`.
+    pub(crate) const MAX: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+    pub(crate) use super::serialize;
+
+    /// Parses e.g. `90days`, at most 100 years.
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Duration, D::Error> {
+        at_most(deserializer, MAX, "100 years")
+    }
 }
 
 /// The same, for optional durations.

@@ -115,6 +115,11 @@ fn extremes_are_refused_naming_their_key() {
         // Used as a nack's delay and in the guards' look-back arithmetic:
         // unbounded, they could overflow an `Instant` (a panic).
         ("safety.budget.retry", "300000000000y"),
+        // Keys no validation lists: the parse itself bounds every duration.
+        ("inventory.timeout", "300000000000y"),
+        ("inventory.refresh", "366days"),
+        ("restarter.ec2.stopped_for", "366days"),
+        ("store.retention", "101years"),
         ("safety.max_defer", "366days"),
         ("safety.rate.window", "1000000000years"),
         ("safety.rate.host_cooldown", "366days"),
@@ -159,6 +164,7 @@ fn extremes_are_refused_naming_their_key() {
         ("store.writers", "64"),
         ("message.max_payload_bytes", "67108864"),
         ("worker.shutdown_grace", "365days"),
+        ("store.retention", "36500days"),
         ("broker.ack_deadline", "1s"),
         ("worker.lease_extension_interval", "5s"),
         ("simulate.rate", "1000000"),
