@@ -94,31 +94,48 @@ impl Story {
             };
             events.push((decision.at, order, line));
         }
-        for attempt in &story.attempts {
+        for (index, attempt) in story.attempts.iter().enumerate() {
             let verdict = if attempt.verdict.is_empty() {
                 "allowed"
             } else {
                 &attempt.verdict
             };
+            // A claim is written before its restart is issued: an attempt
+            // that ended a dry run, denied or expired issued nothing, and
+            // one with no recorded end may or may not have.
+            let not_issued = attempt
+                .outcome
+                .is_some_and(|outcome| super::sql::NOT_ISSUED.contains(&outcome));
+            let claimed = match attempt.outcome {
+                Some(_) if !not_issued => "claimed and issued",
+                _ => "claimed",
+            };
             events.push((
                 attempt.claimed_at,
                 2,
-                format!("attempt {} claimed and issued ({verdict})", attempt.attempt),
+                format!("attempt {} {claimed} ({verdict})", attempt.attempt),
             ));
             if let (Some(outcome), Some(at)) = (attempt.outcome, attempt.settled_at) {
+                let issued = if not_issued {
+                    "; no restart was issued"
+                } else {
+                    ""
+                };
                 events.push((
                     at,
                     4,
-                    format!("attempt {} ended: {outcome}", attempt.attempt),
+                    format!("attempt {} ended: {outcome}{issued}", attempt.attempt),
                 ));
-            } else if !entry.status.is_final() {
+            } else {
+                let why = if entry.status.is_final() || index + 1 < story.attempts.len() {
+                    "its outcome is unknown: it may have been issued, and the host restarted"
+                } else {
+                    "in flight, or its outcome was lost"
+                };
                 events.push((
                     attempt.claimed_at,
                     4,
-                    format!(
-                        "attempt {} has no recorded end (in flight, or its outcome was lost)",
-                        attempt.attempt
-                    ),
+                    format!("attempt {} has no recorded end ({why})", attempt.attempt),
                 ));
             }
         }
@@ -249,6 +266,48 @@ mod tests {
             "{text}"
         );
         assert_eq!(events(&told).len(), 5, "{text}");
+    }
+
+    /// An attempt that ended a dry run, denied or expired issued nothing,
+    /// and its story never says it did.
+    #[test]
+    fn an_attempt_that_issued_nothing_is_never_told_as_issued() {
+        for status in [Status::DryRun, Status::Denied, Status::Expired] {
+            let mut told = story(500);
+            told.entry.status = status;
+            told.attempts[0].outcome = Some(status);
+            let events = events(&told);
+            assert!(events.iter().all(|e| !e.contains("and issued")), "{events:?}");
+            assert!(
+                events.contains(&format!("attempt 1 ended: {status}; no restart was issued")),
+                "{events:?}"
+            );
+        }
+    }
+
+    /// An attempt whose outcome was lost, in a request that went on (to
+    /// another attempt, or to an end), is told as unknown: the host may
+    /// have been restarted by it too.
+    #[test]
+    fn an_attempt_whose_outcome_was_lost_is_told_once_the_request_went_on() {
+        let mut told = story(500);
+        let mut second = told.attempts[0].clone();
+        second.attempt = 2;
+        second.claimed_at = Timestamp::from_millis(3_500);
+        told.attempts[0].outcome = None;
+        told.attempts[0].settled_at = None;
+        told.attempts.push(second);
+        told.entry.attempts = 2;
+        let events = events(&told);
+        assert!(
+            events.contains(
+                &"attempt 1 has no recorded end (its outcome is unknown: it may have been \
+                  issued, and the host restarted)"
+                    .to_owned()
+            ),
+            "{events:?}"
+        );
+        assert!(events.contains(&"attempt 1 claimed (allowed)".to_owned()), "{events:?}");
     }
 
     #[test]
