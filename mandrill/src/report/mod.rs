@@ -32,7 +32,7 @@ use uuid::Uuid;
 
 use crate::domain::Status;
 use crate::domain::Timestamp;
-use crate::store::ReportData;
+use crate::store::{ReportAttempt, ReportData};
 
 pub(crate) use html::html;
 pub(crate) use markdown::markdown;
@@ -270,9 +270,14 @@ pub(crate) fn nearest_rank<T: Copy>(sorted: &[T], p: f64) -> Option<T> {
     Some(sorted[rank - 1])
 }
 
-/// A stored status's name, for the outcome counts.
-fn outcome_name(outcome: Option<Status>) -> &'static str {
-    outcome.map_or("in-flight", Status::as_str)
+/// An attempt's outcome's name, for the outcome counts: `unknown` for
+/// one whose outcome was lost, `in-flight` for one still running.
+fn outcome_name(attempt: &ReportAttempt) -> &'static str {
+    match attempt.outcome {
+        Some(status) => status.as_str(),
+        None if attempt.lost => "unknown",
+        None => "in-flight",
+    }
 }
 
 /// What one group gathers before it is summed up.
@@ -308,7 +313,7 @@ impl Report {
             let group = groups.entry(attempt.group.clone()).or_default();
             *group
                 .outcomes
-                .entry(outcome_name(attempt.outcome))
+                .entry(outcome_name(attempt))
                 .or_default() += 1;
             let issued = !matches!(
                 attempt.outcome,

@@ -26,6 +26,7 @@ fn attempt(
         settled_at: outcome.map(|_| at(20)),
         recovered_after: recovered_ms.map(Duration::from_millis),
         last_error: None,
+        lost: false,
     }
 }
 
@@ -107,6 +108,11 @@ fn restarts_are_counted_by_outcome_and_recoveries_judged_against_the_objective()
     // Issued nothing: counted by outcome, not as a restart.
     attempts.push(attempt("web-9", "web", Some(Status::DryRun), None));
     attempts.push(attempt("web-7", "web", None, None));
+    // An outcome lost: the restart may have run, and it is not running.
+    attempts.push(ReportAttempt {
+        lost: true,
+        ..attempt("web-6", "web", None, None)
+    });
     let data = ReportData {
         attempts,
         decisions: Vec::new(),
@@ -119,10 +125,15 @@ fn restarts_are_counted_by_outcome_and_recoveries_judged_against_the_objective()
     let [web] = &report.groups[..] else {
         panic!("{:?}", report.groups)
     };
-    assert_eq!(web.restarts, 6);
+    assert_eq!(web.restarts, 7);
     assert_eq!(
         web.outcomes,
-        BTreeMap::from([("restarted", 5), ("dry-run", 1), ("in-flight", 1)])
+        BTreeMap::from([
+            ("restarted", 5),
+            ("dry-run", 1),
+            ("in-flight", 1),
+            ("unknown", 1)
+        ])
     );
     let recovery = &web.recovery;
     assert_eq!((recovery.recovered, recovery.unrecovered), (4, 0));
@@ -145,7 +156,7 @@ fn restarts_are_counted_by_outcome_and_recoveries_judged_against_the_objective()
         Some(Recovery::After(Duration::from_millis(900)))
     );
     assert_eq!(objective.met, Some(true));
-    assert_eq!(report.fleet.restarts, 6);
+    assert_eq!(report.fleet.restarts, 7);
     assert_eq!(report.fleet.recovered, 4);
     let json = serde_json::to_value(&report).unwrap();
     assert_eq!(json["groups"][0]["recovery"]["p95"], serde_json::json!(2.5));

@@ -53,6 +53,7 @@ pub(crate) use history::{
     every_recorded_request_has_a_story_rejected_and_never_claimed_ones_too,
     prune_removes_old_final_entries_only_and_in_bounded_passes,
     recent_recoveries_are_the_groups_latest_verified_restarts,
+    an_attempt_whose_outcome_was_lost_is_reported_unknown_not_in_flight,
     rejections_are_listed_but_never_count_as_the_request,
     the_report_reads_the_journal_and_the_verdicts_since_a_moment,
 };
@@ -107,6 +108,7 @@ pub(crate) async fn all(store: &dyn Store) {
     the_first_receipt_is_kept(store).await;
     a_payload_under_another_requests_id_never_joins_it(store).await;
     the_report_reads_the_journal_and_the_verdicts_since_a_moment(store).await;
+    an_attempt_whose_outcome_was_lost_is_reported_unknown_not_in_flight(store).await;
     prune_removes_old_final_entries_only_and_in_bounded_passes(store).await;
     a_campaign_is_read_back_as_recorded_and_only_once(store).await;
     a_stopped_campaigns_unissued_targets_are_cancelled_for_every_claim(store).await;

@@ -379,6 +379,10 @@ pub struct ReportAttempt {
     pub recovered_after: Option<Duration>,
     /// The request's last error, on its latest attempt only.
     pub last_error: Option<String>,
+    /// No outcome recorded, yet the request went on (to a later attempt,
+    /// or to its end): the outcome was lost, and the restart may have run.
+    /// Not in flight.
+    pub lost: bool,
 }
 
 /// One recorded verdict, with what is known of its request.
@@ -426,6 +430,7 @@ pub(crate) fn report_from(
                 settled_at,
                 recovered_ms,
                 last_error,
+                lost,
             )| {
                 Ok(ReportAttempt {
                     message_id: id(message_id)?,
@@ -438,6 +443,7 @@ pub(crate) fn report_from(
                     settled_at: settled_at.map(Timestamp::from_millis),
                     recovered_after: duration_of(recovered_ms),
                     last_error,
+                    lost,
                 })
             },
         )

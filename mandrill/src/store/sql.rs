@@ -201,7 +201,9 @@ pub(crate) const REPORT_ATTEMPTS_SQL: &str = "SELECT r.message_id, CAST(r.attemp
         COALESCE(q.instance_name, r.instance_name), r.grp, COALESCE(r.requester, q.requested_by), r.claimed_at, r.outcome,
         r.settled_at,
         CASE WHEN r.attempt = q.attempts THEN q.recovered_after_ms END,
-        CASE WHEN r.attempt = q.attempts THEN q.last_error END
+        CASE WHEN r.attempt = q.attempts THEN q.last_error END,
+        COALESCE(r.outcome IS NULL AND (r.attempt < q.attempts OR q.completed_at IS NOT NULL),
+                 FALSE)
     FROM restarts r LEFT JOIN requests q ON q.message_id = r.message_id
     WHERE r.claimed_at >= $1
     ORDER BY r.claimed_at, r.message_id, r.attempt";
@@ -219,7 +221,8 @@ pub(crate) const REPORT_DECISIONS_SQL: &str = "SELECT d.message_id, d.at, d.verd
     ORDER BY d.at, d.id";
 
 /// A row of [`REPORT_ATTEMPTS_SQL`]: message id, attempt, instance, group,
-/// requester, claimed, outcome, settled, recovery (ms), last error.
+/// requester, claimed, outcome, settled, recovery (ms), last error,
+/// whether its outcome was lost.
 pub(crate) type ReportAttemptRow = (
     String,
     i64,
@@ -231,6 +234,7 @@ pub(crate) type ReportAttemptRow = (
     Option<i64>,
     Option<i64>,
     Option<String>,
+    bool,
 );
 
 /// A row of [`REPORT_DECISIONS_SQL`]: message id, at, verdict, guard,

@@ -246,6 +246,60 @@ pub(crate) async fn recent_recoveries_are_the_groups_latest_verified_restarts(st
     );
 }
 
+/// An attempt whose outcome was never recorded (the handler died after
+/// issuing it) is in flight only while its request has not gone on: once
+/// a later attempt is claimed, or the request ends, its outcome is lost
+/// (the restart may have run), and the report says so rather than count a
+/// restart running on the host for good.
+pub(crate) async fn an_attempt_whose_outcome_was_lost_is_reported_unknown_not_in_flight(
+    store: &dyn Store,
+) {
+    let since = Timestamp::from_millis(Timestamp::now().as_millis() - 1);
+    let expired = ClaimTerms {
+        hold: Duration::ZERO,
+        ..TERMS
+    };
+    let lost = request_of("tally-0101", "tally", None, None);
+    let running = request_of("tally-0102", "tally", None, None);
+    store
+        .claim_restart(&lost, expired, ClaimToken::new())
+        .await
+        .unwrap();
+    store
+        .claim_restart(&running, TERMS, ClaimToken::new())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let again = store
+        .claim_restart(&lost, expired, ClaimToken::new())
+        .await
+        .unwrap();
+    assert!(
+        matches!(again, Claim::Claimed { attempt: 2, unknown: Some(1), .. }),
+        "{again:?}"
+    );
+    store
+        .record_outcome(&lost, 2, &Outcome::restarted())
+        .await
+        .unwrap();
+    let report = store.report(since).await.unwrap();
+    let mut attempts: Vec<_> = report
+        .attempts
+        .iter()
+        .filter(|a| [lost.message_id, running.message_id].contains(&a.message_id))
+        .map(|a| (a.instance_name.as_str(), a.attempt, a.outcome, a.lost))
+        .collect();
+    attempts.sort_by_key(|a| (a.0, a.1));
+    assert_eq!(
+        attempts,
+        [
+            ("tally-0101", 1, None, true),
+            ("tally-0101", 2, Some(Status::Restarted), false),
+            ("tally-0102", 1, None, false),
+        ]
+    );
+}
+
 /// `report(since)` lists the attempts claimed since then with their
 /// outcome, group and requester, the recovery time and last error on a
 /// request's latest attempt only, and the verdicts recorded since then
