@@ -481,6 +481,40 @@ fn wait_exits_1_when_a_target_is_rejected() {
     assert_eq!(journal, "", "nothing restarted");
 }
 
+/// A target's recorded error may quote a configured secret (here the
+/// backend's output): `campaign status` masks it, in its JSON too, the form
+/// automation reads.
+#[test]
+fn campaign_status_masks_a_secret_its_recorded_error_quotes_in_json_too() {
+    let (_guard, dir) = temp_dir();
+    setup(&dir, 1);
+    let secret = "tok-S3CRET-5e1f";
+    let config = fs::read_to_string(dir.join("mandrill.toml")).unwrap();
+    let failing = format!("argv = [\"sh\", \"-c\", \"echo {secret} >&2; exit 1\"]");
+    let config = config
+        .lines()
+        .map(|line| if line.starts_with("argv = [\"sh\"") { &failing } else { line })
+        .collect::<Vec<_>>()
+        .join("\n");
+    fs::write(
+        dir.join("mandrill.toml"),
+        format!("[worker]\nmax_attempts = 1\n[admin]\ntoken = {secret:?}\n{config}\n"),
+    )
+    .unwrap();
+    let out = start(&dir, &["--count", "1"]);
+    let id = out.lines().last().unwrap().to_owned();
+    run_until_idle(&dir);
+    let (status, text, stderr) = run(&dir, &["campaign", "status", &id]);
+    assert!(status.success(), "{stderr}");
+    assert!(text.contains("failed"), "the target failed: {text}");
+    let json = status_json(&dir, &id).to_string();
+    assert!(json.contains("failed"), "{json}");
+    for shown in [&text, &json] {
+        assert!(!shown.contains(secret), "{shown}");
+        assert!(shown.contains("****"), "the error is shown, masked: {shown}");
+    }
+}
+
 /// `setup`'s configuration with the default one restart per group per day
 /// (`group_max = 1`) and deferred requests looked at again every second.
 fn with_one_restart_a_day(dir: &Path) {

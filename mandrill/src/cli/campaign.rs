@@ -640,11 +640,8 @@ async fn status(config: Config, args: &StatusArgs) -> anyhow::Result<()> {
     // A record's error may quote a secret, as `history` masks.
     let redactor = config.redactor();
     if args.json {
-        writeln!(
-            out,
-            "{}",
-            campaign::status_json(&campaign, &targets, verdict)
-        )?;
+        let json = campaign::status_json(&campaign, &targets, verdict).to_string();
+        writeln!(out, "{}", redactor.scrub(&json))?;
         return Ok(());
     }
     writeln!(
