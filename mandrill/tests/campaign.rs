@@ -493,7 +493,13 @@ fn campaign_status_masks_a_secret_its_recorded_error_quotes_in_json_too() {
     let failing = format!("argv = [\"sh\", \"-c\", \"echo {secret} >&2; exit 1\"]");
     let config = config
         .lines()
-        .map(|line| if line.starts_with("argv = [\"sh\"") { &failing } else { line })
+        .map(|line| {
+            if line.starts_with("argv = [\"sh\"") {
+                &failing
+            } else {
+                line
+            }
+        })
         .collect::<Vec<_>>()
         .join("\n");
     fs::write(
@@ -511,7 +517,10 @@ fn campaign_status_masks_a_secret_its_recorded_error_quotes_in_json_too() {
     assert!(json.contains("failed"), "{json}");
     for shown in [&text, &json] {
         assert!(!shown.contains(secret), "{shown}");
-        assert!(shown.contains("****"), "the error is shown, masked: {shown}");
+        assert!(
+            shown.contains("****"),
+            "the error is shown, masked: {shown}"
+        );
     }
 }
 

@@ -102,6 +102,39 @@ pub(crate) fn unauthorized() -> Response {
         .into_response()
 }
 
+/// Every answer in text (JSON, the dashboard, the metrics) with the
+/// configured secrets masked, as every log line is: a recorded error, the
+/// switch's reason or the inventory's last error may quote one (a store
+/// URL's password in a driver's error, a backend's output).
+pub(crate) async fn scrubbed(
+    Shared(state): Shared<Arc<super::State>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let response = next.run(request).await;
+    let text = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|kind| kind.starts_with("text/") || kind.starts_with("application/json"));
+    if !text || state.redactor.is_empty() {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    // Answers are bounded (a page of history, a dashboard).
+    let Ok(bytes) = axum::body::to_bytes(body, usize::MAX).await else {
+        return StatusCode::INTERNAL_SERVER_ERROR.into_response();
+    };
+    let body = match std::str::from_utf8(&bytes).map(|text| state.redactor.scrub(text)) {
+        Ok(std::borrow::Cow::Owned(masked)) => {
+            parts.headers.remove(header::CONTENT_LENGTH);
+            axum::body::Body::from(masked)
+        }
+        _ => axum::body::Body::from(bytes),
+    };
+    Response::from_parts(parts, body)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

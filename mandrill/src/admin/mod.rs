@@ -82,6 +82,8 @@ pub(crate) struct State {
     pub(crate) schedules: crate::schedule::Outlook,
     /// `admin.instances_dir`: the dashboard lists the instances there.
     pub(crate) instances_dir: Option<std::path::PathBuf>,
+    /// The configured secrets, masked in every answer ([`auth::scrubbed`]).
+    pub(crate) redactor: crate::config::Redactor,
 }
 
 impl State {
@@ -165,6 +167,7 @@ impl Admin {
         policy: PolicyHandle,
         notifier: Option<Arc<Notifier>>,
         schedules: crate::schedule::Outlook,
+        redactor: crate::config::Redactor,
         stop: CancellationToken,
     ) {
         let state = Arc::new(State {
@@ -179,6 +182,7 @@ impl Admin {
             notifier,
             schedules,
             instances_dir: self.instances_dir,
+            redactor,
         });
         let served = axum::serve(self.listener, routes::router(state))
             .with_graceful_shutdown(async move { stop.cancelled().await })

@@ -42,6 +42,10 @@ pub(crate) fn router(state: Arc<State>) -> Router {
         .merge(protected)
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
+            super::auth::scrubbed,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
             super::auth::guard,
         ))
         .with_state(state)

@@ -311,10 +311,7 @@ impl Report {
         let mut expired_requests = BTreeSet::new();
         for attempt in &data.attempts {
             let group = groups.entry(attempt.group.clone()).or_default();
-            *group
-                .outcomes
-                .entry(outcome_name(attempt))
-                .or_default() += 1;
+            *group.outcomes.entry(outcome_name(attempt)).or_default() += 1;
             let issued = !matches!(
                 attempt.outcome,
                 Some(Status::DryRun | Status::Denied | Status::Expired)

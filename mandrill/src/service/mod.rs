@@ -382,6 +382,7 @@ impl Service {
                     self.schedules.clone(),
                     self.config.parse_rules().domain,
                 ),
+                self.config.redactor(),
                 stop_companions.clone(),
             ));
         }

@@ -49,11 +49,12 @@ pub(crate) use guards::{
     counting_guards_are_decided_in_the_claim_and_journaled,
 };
 pub(crate) use history::{
-    a_history_read_whole_is_the_history_listed, decisions_are_read_before_a_request_has_a_record,
+    a_history_read_whole_is_the_history_listed,
+    an_attempt_whose_outcome_was_lost_is_reported_unknown_not_in_flight,
+    decisions_are_read_before_a_request_has_a_record,
     every_recorded_request_has_a_story_rejected_and_never_claimed_ones_too,
     prune_removes_old_final_entries_only_and_in_bounded_passes,
     recent_recoveries_are_the_groups_latest_verified_restarts,
-    an_attempt_whose_outcome_was_lost_is_reported_unknown_not_in_flight,
     rejections_are_listed_but_never_count_as_the_request,
     the_report_reads_the_journal_and_the_verdicts_since_a_moment,
 };

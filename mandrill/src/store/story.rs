@@ -277,7 +277,10 @@ mod tests {
             told.entry.status = status;
             told.attempts[0].outcome = Some(status);
             let events = events(&told);
-            assert!(events.iter().all(|e| !e.contains("and issued")), "{events:?}");
+            assert!(
+                events.iter().all(|e| !e.contains("and issued")),
+                "{events:?}"
+            );
             assert!(
                 events.contains(&format!("attempt 1 ended: {status}; no restart was issued")),
                 "{events:?}"
@@ -307,7 +310,10 @@ mod tests {
             ),
             "{events:?}"
         );
-        assert!(events.contains(&"attempt 1 claimed (allowed)".to_owned()), "{events:?}");
+        assert!(
+            events.contains(&"attempt 1 claimed (allowed)".to_owned()),
+            "{events:?}"
+        );
     }
 
     #[test]

@@ -76,6 +76,7 @@ fn with_store(broker: Arc<dyn Broker>, store: Arc<dyn Store>) -> State {
         notifier: None,
         schedules: crate::schedule::Outlook::default(),
         instances_dir: None,
+        redactor: crate::config::Redactor::default(),
     }
 }
 

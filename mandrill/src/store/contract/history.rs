@@ -275,7 +275,14 @@ pub(crate) async fn an_attempt_whose_outcome_was_lost_is_reported_unknown_not_in
         .await
         .unwrap();
     assert!(
-        matches!(again, Claim::Claimed { attempt: 2, unknown: Some(1), .. }),
+        matches!(
+            again,
+            Claim::Claimed {
+                attempt: 2,
+                unknown: Some(1),
+                ..
+            }
+        ),
         "{again:?}"
     );
     store

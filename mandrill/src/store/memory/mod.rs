@@ -780,8 +780,7 @@ impl Store for MemoryStore {
                     settled_at: attempt.settled_at.map(Timestamp::from_millis),
                     recovered_after: row.recovered_after.filter(|_| latest),
                     last_error: row.last_error.clone().filter(|_| latest),
-                    lost: attempt.outcome.is_none()
-                        && (!latest || row.completed_at.is_some()),
+                    lost: attempt.outcome.is_none() && (!latest || row.completed_at.is_some()),
                 }
             })
             .collect();
