@@ -78,18 +78,15 @@ fn read(path: &Path) -> anyhow::Result<Option<Secret>> {
         .take(MAX_TOKEN_CHARS as u64 + 2)
         .read_to_string(&mut text)
         .with_context(|| format!("cannot read the admin token file {}", path.display()))?;
-    let token = text.trim();
-    if token.is_empty()
-        || token.chars().count() > MAX_TOKEN_CHARS
-        || token.chars().any(char::is_control)
-    {
+    let token = Secret(text.trim().to_owned());
+    if token.0.chars().count() > MAX_TOKEN_CHARS || !token.fits_a_header() {
         bail!(
             "the admin token file {} holds no token (one line of at most {MAX_TOKEN_CHARS} \
-             characters): remove it and a new one is made",
+             printable ASCII characters): remove it and a new one is made",
             path.display()
         );
     }
-    Ok(Some(Secret(token.to_owned())))
+    Ok(Some(token))
 }
 
 /// Writes a new token to `path`; `None` if another process made the file

@@ -266,6 +266,13 @@ impl AdminSettings {
             Some(token) if token.0.is_empty() => {
                 Err(ConfigError::invalid("admin.token", "must not be empty"))
             }
+            // Else the service would start, and every action, the kill
+            // switch among them, answer 401 when it is needed.
+            Some(token) if !token.fits_a_header() => Err(ConfigError::invalid(
+                "admin.token",
+                "must be printable ASCII with no space or newline at either end: \
+                 no client could send it in an Authorization header",
+            )),
             None if !address.ip.is_loopback() => Err(ConfigError::invalid(
                 "admin.token",
                 format!(

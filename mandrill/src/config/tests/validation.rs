@@ -259,6 +259,16 @@ fn admin_off_loopback_needs_a_token_and_the_token_is_masked() {
     assert!(open.to_string().contains("admin.token"), "{open}");
     let empty = load(None, &[], &["admin.listen=[::]:1", "admin.token="]).unwrap_err();
     assert!(empty.to_string().contains("admin.token"), "{empty}");
+    // No client could send these: the API would refuse every action.
+    for unsendable in ["s3cret\n", " s3cret", "tökén", "tab\there"] {
+        let error = load(None, &[("MANDRILL_ADMIN__TOKEN", unsendable)], &[]).unwrap_err();
+        assert!(
+            error.to_string().contains("admin.token"),
+            "{unsendable:?}: {error}"
+        );
+    }
+    let spaced = load(None, &[("MANDRILL_ADMIN__TOKEN", "two words")], &[]).unwrap();
+    assert!(spaced.admin.token.is_some());
     let bad = load(None, &[], &["admin.listen=localhost"]).unwrap_err();
     assert!(bad.to_string().contains("admin.listen"), "{bad}");
     let numeric = load(None, &[("MANDRILL_ADMIN__TOKEN", "12345")], &[]).unwrap();
