@@ -125,6 +125,61 @@ fn policy_check_on_a_saturday_says_the_request_waits_for_monday_and_when_it_expi
     );
 }
 
+/// A leashed candidate restarts nothing, so its dry runs count against no
+/// limit, as the service's do; and the leash an operator turned in the
+/// store decides over the candidate's own `safety.dry_run`, as it does
+/// for every instance.
+#[test]
+fn policy_replay_counts_no_dry_run_and_obeys_the_stores_leash() {
+    let (_keep, dir) = temp_dir();
+    let db = support::sqlite_url(&dir);
+    let mut publish = vec!["publish", "--broker", &db];
+    publish.extend(["cattle-01", "cattle-02", "cattle-03", "cattle-04"]);
+    let (status, _, err) = mandrill(&dir, &publish, &[]);
+    assert!(status.success(), "{err}");
+    let run = ["run", "--db", &db, "--broker", &db, "--until-idle"];
+    let (status, _, err) = mandrill(&dir, &run, &[("MANDRILL_RESTARTER__FAILURE_RATE", "0")]);
+    assert!(status.success(), "{err}");
+    fs::write(
+        dir.join("candidate.toml"),
+        "[safety]\ndry_run = true\n[safety.rate]\ngroup_max = 2\nhost_cooldown = \"1h\"\n",
+    )
+    .unwrap();
+    let replay = || {
+        let args = [
+            "policy",
+            "replay",
+            "--config",
+            "candidate.toml",
+            "--db",
+            &db,
+            "--since",
+            "1h",
+        ];
+        let (status, out, err) = mandrill(&dir, &args, &[]);
+        assert!(status.success(), "{err}");
+        out
+    };
+    let out = replay();
+    assert!(
+        out.ends_with(
+            "4 requests decided in the last hour replayed: 4 would be decided differently \
+             (4 restart → dry-run)\n"
+        ),
+        "{out}"
+    );
+    let (status, _, err) = mandrill(&dir, &["unleash", "--db", &db, "--reason", "game day"], &[]);
+    assert!(status.success(), "{err}");
+    let out = replay();
+    assert!(
+        out.ends_with(
+            "4 requests decided in the last hour replayed: 2 would be decided differently \
+             (2 restart → defer)\n"
+        ),
+        "{out}"
+    );
+}
+
 #[test]
 fn policy_replay_shows_what_a_candidate_policy_would_have_decided_differently() {
     let (_keep, dir) = temp_dir();

@@ -154,10 +154,20 @@ pub(super) async fn run(config: &Config, since: &str, json: bool) -> anyhow::Res
         .history(MAX_REPLAYED)
         .await
         .context("cannot read the history");
+    // The leash every instance obeys: an operator's record in the store,
+    // else the candidate's own `safety.dry_run`.
+    let switch = store.switch().await.context("cannot read the leash");
     store.close().await;
+    let history = history?;
+    if history.len() >= MAX_REPLAYED {
+        eprintln!(
+            "mandrill: note: only the latest {MAX_REPLAYED} requests of the history are replayed"
+        );
+    }
+    let leash = switch?.leash;
     let now = Timestamp::now().as_millis();
     let from = now.saturating_sub(i64::try_from(since.as_millis()).unwrap_or(i64::MAX));
-    let mut entries: Vec<HistoryEntry> = history?
+    let mut entries: Vec<HistoryEntry> = history
         .into_iter()
         .filter(|e| e.received_at.as_millis() >= from && e.instance_name.is_some())
         .collect();
@@ -166,6 +176,8 @@ pub(super) async fn run(config: &Config, since: &str, json: bool) -> anyhow::Res
     // Today's inventory, if configured: the history does not keep the
     // inventory each request was decided with.
     let policy = super::inventory::policy_with_inventory(config).await?;
+    let dry_run =
+        crate::safety::leash::leashed(leash.as_ref().map(|record| record.leashed), policy.dry_run);
     let rules = config.parse_rules();
     let mut issued = Issued::default();
     let mut changed = 0usize;
@@ -208,13 +220,12 @@ pub(super) async fn run(config: &Config, since: &str, json: bool) -> anyhow::Res
                 .and_then(|limits| issued.check(&limits, group, instance, at));
             match checked {
                 Err(reason) => Decision::Defer(reason),
+                // A dry run issues nothing: like the service's counts,
+                // the replay's count only what would be restarted.
+                Ok(()) if dry_run => Decision::DryRun,
                 Ok(()) => {
                     issued.record(group, instance, at);
-                    if policy.dry_run {
-                        Decision::DryRun
-                    } else {
-                        Decision::Restart
-                    }
+                    Decision::Restart
                 }
             }
         };
