@@ -69,7 +69,22 @@ impl Eligibility {
                 .iter()
                 .enumerate()
                 .map(|(index, raw)| {
-                    Pattern::parse(raw).map_err(|why| (format!("safety.{list}[{index}]"), why))
+                    let key = || format!("safety.{list}[{index}]");
+                    // Names are matched in lower case (an instance's name
+                    // is, and another name is lowered when none matched as
+                    // written): `DB-*` would deny nothing while looking
+                    // like a protection.
+                    if raw.bytes().any(|b| b.is_ascii_uppercase()) {
+                        return Err((
+                            key(),
+                            format!(
+                                "{raw:?} has capitals, and names are matched in lower case: \
+                                 write {:?}",
+                                raw.to_ascii_lowercase()
+                            ),
+                        ));
+                    }
+                    Pattern::parse(raw).map_err(|why| (key(), why))
                 })
                 .collect::<Result<Vec<_>, _>>()
         };

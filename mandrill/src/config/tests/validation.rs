@@ -115,6 +115,9 @@ fn extremes_are_refused_naming_their_key() {
         // Used as a nack's delay and in the guards' look-back arithmetic:
         // unbounded, they could overflow an `Instant` (a panic).
         ("safety.budget.retry", "300000000000y"),
+        // Names are matched in lower case: this would deny nothing.
+        ("safety.deny", "[\"DB-*\"]"),
+        ("safety.allow", "[\"Web-*\"]"),
         // Keys no validation lists: the parse itself bounds every duration.
         ("inventory.timeout", "300000000000y"),
         ("inventory.refresh", "366days"),
