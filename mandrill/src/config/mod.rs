@@ -179,6 +179,12 @@ impl Config {
         if let Some(url) = &self.inventory.url {
             secrets.extend(redact::url_secrets(url));
         }
+        // A command's arguments are never shown, but what it writes to
+        // stderr (kept in the read's error) may quote one: ansible names
+        // the source it cannot parse, credentials and all.
+        for argument in self.inventory.command.iter().skip(1) {
+            secrets.extend(redact::url_secrets(argument));
+        }
         for secret in [&nats.password, &nats.token, &self.admin.token]
             .into_iter()
             .flatten()

@@ -63,6 +63,24 @@ fn secret_values_are_never_echoed_in_errors() {
     }
 }
 
+/// An inventory command's argument may be a URL with credentials, which
+/// the command quotes in its errors: the read's error, logged, kept in a
+/// deferral's reason and shown by the API, is masked.
+#[test]
+fn redactor_masks_the_credentials_of_an_inventory_commands_arguments() {
+    let config = load(
+        None,
+        &[],
+        &["inventory.command=[\"ansible-inventory\", \"-i\", \"https://ops:S3cr3t@cmdb.example/hosts\", \"--list\"]"],
+    )
+    .unwrap();
+    let stderr = "[WARNING]: Unable to parse https://ops:S3cr3t@cmdb.example/hosts as an \
+                  inventory source";
+    let scrubbed = config.redactor().scrub(stderr);
+    assert!(!scrubbed.contains("S3cr3t"), "{scrubbed}");
+    assert!(scrubbed.contains("cmdb.example/hosts"), "{scrubbed}");
+}
+
 #[test]
 fn redactor_masks_every_secret_of_the_configuration() {
     let config = load(
