@@ -29,6 +29,7 @@ mod switch;
 
 pub(crate) use campaigns::{
     a_campaign_is_read_back_as_recorded_and_only_once,
+    a_campaign_stop_never_cancels_another_request_under_a_targets_id,
     a_stopped_campaigns_unissued_targets_are_cancelled_for_every_claim,
 };
 pub(crate) use claims::{
@@ -113,6 +114,7 @@ pub(crate) async fn all(store: &dyn Store) {
     prune_removes_old_final_entries_only_and_in_bounded_passes(store).await;
     a_campaign_is_read_back_as_recorded_and_only_once(store).await;
     a_stopped_campaigns_unissued_targets_are_cancelled_for_every_claim(store).await;
+    a_campaign_stop_never_cancels_another_request_under_a_targets_id(store).await;
     decisions_are_read_before_a_request_has_a_record(store).await;
     every_recorded_request_has_a_story_rejected_and_never_claimed_ones_too(store).await;
     a_history_read_whole_is_the_history_listed(store).await;

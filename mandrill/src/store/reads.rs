@@ -266,7 +266,8 @@ macro_rules! reads_for {
             /// See [`crate::store::Store::stop_campaign`]: one
             /// transaction, its first statement a write (so that SQLite
             /// takes the write lock before it reads). Each target's row is
-            /// created if missing, marked unless final, then cancelled
+            /// created if missing, left alone if another request took its
+            /// id first, marked unless final, then cancelled
             /// unless held by a claim; in message id order, so that two stops lock rows
             /// in one order.
             pub(crate) async fn stop_campaign(
@@ -307,7 +308,7 @@ macro_rules! reads_for {
                 for index in order {
                     let message_id = campaign.targets[index].message_id.to_string();
                     let identity = target_identity(&campaign, index);
-                    sqlx::query(&crate::store::sql::INSERT_REQUEST_SQL)
+                    let recorded: IdentityRow = sqlx::query_as(&RECORD_REQUEST_SQL)
                         .bind(&message_id)
                         .bind(&identity.instance)
                         .bind(&identity.instance)
@@ -315,8 +316,13 @@ macro_rules! reads_for {
                         .bind(identity.requester.as_deref())
                         .bind(identity.reason.as_deref())
                         .bind(now)
-                        .execute(&mut *tx)
+                        .fetch_one(&mut *tx)
                         .await?;
+                    // Another request took the target's id first: it is
+                    // not the campaign's, and the stop leaves it alone.
+                    if identity_from(recorded) != identity {
+                        continue;
+                    }
                     sqlx::query(&MARK_TARGET_SQL)
                         .bind(&message_id)
                         .bind(&words)

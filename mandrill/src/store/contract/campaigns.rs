@@ -233,3 +233,63 @@ pub(crate) async fn a_stopped_campaigns_unissued_targets_are_cancelled_for_every
         None
     );
 }
+
+/// A request that took a target's id before the stop (another host, or
+/// another requester: the id is only the publisher's word) is not the
+/// campaign's: the stop neither cancels it nor marks it, and it stays
+/// claimable as the request it is. The campaign's own target under that
+/// id is refused as a conflict, as before.
+pub(crate) async fn a_campaign_stop_never_cancels_another_request_under_a_targets_id(
+    store: &dyn Store,
+) {
+    let campaign = Campaign {
+        id: Uuid::new_v4(),
+        group: "squat".into(),
+        created_at: Timestamp::now(),
+        requester: Some("chaos".into()),
+        targets: ["squat-01", "squat-02"]
+            .iter()
+            .map(|name| CampaignTarget {
+                instance_name: (*name).into(),
+                message_id: Uuid::new_v4(),
+                due_at: Timestamp::now(),
+            })
+            .collect(),
+        stopped: None,
+    };
+    store.record_campaign(&campaign).await.unwrap();
+    let mut squatter = request("other-01");
+    squatter.message_id = campaign.targets[0].message_id;
+    squatter.requested_by = Some("mallory".into());
+    let deferred = Decision {
+        verdict: "deferred",
+        guard: "calendar",
+        reason: "deferred by calendar: closed",
+    };
+    store.record_decision(&squatter, 0, deferred).await.unwrap();
+    let (_, cancelled) = store
+        .stop_campaign(campaign.id, "ana", "game day over")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(cancelled, [campaign.targets[1].message_id]);
+    let story = store.story(squatter.message_id).await.unwrap().unwrap();
+    assert_eq!(
+        (story.entry.status, story.entry.instance_name.as_deref()),
+        (Status::Received, Some("other-01"))
+    );
+    assert!(matches!(
+        store
+            .claim_restart(&squatter, TERMS, ClaimToken::new())
+            .await
+            .unwrap(),
+        Claim::Claimed { attempt: 1, .. }
+    ));
+    assert!(matches!(
+        store
+            .claim_restart(&target_request(&campaign, 0), TERMS, ClaimToken::new())
+            .await
+            .unwrap(),
+        Claim::Conflict { .. }
+    ));
+}

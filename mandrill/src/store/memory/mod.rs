@@ -1041,7 +1041,10 @@ impl Store for MemoryStore {
                     ..Request::empty(now)
                 })
             });
-            if row.status.is_final() {
+            // Final, or another request's that took the target's id first.
+            if row.status.is_final()
+                || row.identity() != super::campaigns::target_identity(&campaign, index)
+            {
                 continue;
             }
             state
