@@ -79,7 +79,14 @@ pub(crate) async fn standings(
     let mut standings = Vec::with_capacity(ids.len());
     for &(id, asked) in ids {
         let context = || format!("cannot read request {id} in the store");
-        let story = store.story(id).await.with_context(context)?;
+        // A rejection never takes an id (the valid request is handled as
+        // new): a rejected payload that asked for something else is no
+        // news of this request.
+        let story = store
+            .story(id)
+            .await
+            .with_context(context)?
+            .filter(|story| !asked.disowns(&story.entry));
         if let Some(taken) = story.as_ref().and_then(|story| asked.taken(&story.entry)) {
             standings.push(Standing {
                 state: "rejected".into(),
@@ -110,10 +117,10 @@ pub(crate) async fn standings(
             let Some(id) = entry.message_id.filter(|id| unheard.contains(id)) else {
                 continue;
             };
-            if entry.status != crate::domain::Status::Rejected {
+            let index = ids.iter().position(|(i, _)| *i == id).unwrap_or_default();
+            if entry.status != crate::domain::Status::Rejected || ids[index].1.disowns(&entry) {
                 continue;
             }
-            let index = ids.iter().position(|(i, _)| *i == id).unwrap_or_default();
             standings[index] = Standing {
                 state: "rejected".into(),
                 verdict: Verdict::Failed,
@@ -141,6 +148,30 @@ pub(crate) enum AskedFor<'a> {
 }
 
 impl AskedFor<'_> {
+    /// Whether `entry` is a rejected payload that said it asked for
+    /// another host, or (for a target) for another reason: not this
+    /// request's message. One that said nothing of it is judged as the
+    /// rejection it is.
+    fn disowns(self, entry: &HistoryEntry) -> bool {
+        if entry.status != crate::domain::Status::Rejected {
+            return false;
+        }
+        let other = |said: Option<&str>, asked: &str| said.is_some_and(|said| said != asked);
+        match self {
+            Self::Any => false,
+            Self::Target(target) => {
+                other(entry.instance_name.as_deref(), &target.instance)
+                    || entry.reason.is_some() && entry.reason != target.reason
+            }
+            // A rejection keeps the instance it named, never a hostname:
+            // the host's instance is its first label.
+            Self::Host(host) => other(
+                entry.instance_name.as_deref(),
+                host.split('.').next().unwrap_or(host),
+            ),
+        }
+    }
+
     /// Why `entry`, recorded under the id, is another request's, if it is.
     fn taken(self, entry: &HistoryEntry) -> Option<String> {
         const TAKEN: &str = "another request took the id first, and this one was refused \
@@ -291,6 +322,61 @@ mod tests {
         let mut own = squatter.clone();
         own.requester = Some("chaos".into());
         own.requested_by = Some("chaos".into());
+        restart(&store, &own).await;
+        let (judged, _) = judge(&store, &campaign).await.unwrap();
+        assert_eq!(judged[0].1.verdict, Verdict::Succeeded, "{:?}", judged[0].1);
+    }
+
+    /// A payload rejected under a target's id that asked for another host
+    /// (anyone can publish under an id known in advance) neither fails the
+    /// target nor takes its id: the target is still waiting, and once its
+    /// own request is restarted it succeeded.
+    #[tokio::test]
+    async fn a_rejected_payload_for_another_host_under_a_targets_id_is_no_news_of_it() {
+        let store = MemoryStore::new();
+        let campaign = Campaign {
+            id: Uuid::new_v4(),
+            group: "web".into(),
+            created_at: Timestamp::now(),
+            requester: Some("chaos".into()),
+            targets: vec![CampaignTarget {
+                instance_name: "web-1".into(),
+                message_id: Uuid::new_v4(),
+                due_at: Timestamp::now(),
+            }],
+            stopped: None,
+        };
+        let id = campaign.targets[0].message_id;
+        for instance in ["db-9", "web-1"] {
+            let asked = crate::domain::Asked {
+                message_id: Some(id),
+                instance_name: Some(instance.into()),
+                requested_by: Some("mallory".into()),
+                reason: Some("not the campaign's".into()),
+                requester: None,
+            };
+            store
+                .record_rejection(&asked, "signature rejected: unknown key", b"{}")
+                .await
+                .unwrap();
+            let (judged, verdict) = judge(&store, &campaign).await.unwrap();
+            let standing = &judged[0].1;
+            assert_eq!(standing.state, "published", "{instance}: {standing:?}");
+            assert_eq!(verdict, Verdict::InProgress, "{instance}: {standing:?}");
+            // Asked for by the host a `publish` line printed: a rejection
+            // naming another host is no news of it either (one naming the
+            // same host with another reason may be its own message).
+            if instance == "db-9" {
+                let asked = [(id, AskedFor::Host("web-1.example.net"))];
+                let stood = standings(&store, &asked).await.unwrap();
+                assert_eq!(stood[0].state, "published", "{:?}", stood[0]);
+            }
+        }
+        let mut own = crate::domain::testing::request("web-1");
+        own.message_id = id;
+        own.requester = Some("chaos".into());
+        own.requested_by = Some("chaos".into());
+        own.reason = Some(campaign.target_reason(0));
         restart(&store, &own).await;
         let (judged, _) = judge(&store, &campaign).await.unwrap();
         assert_eq!(judged[0].1.verdict, Verdict::Succeeded, "{:?}", judged[0].1);
