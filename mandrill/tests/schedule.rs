@@ -385,6 +385,61 @@ fn explain_calls_a_request_scheduled_only_when_the_schedule_s_requester_signed_i
     assert_eq!(story["schedule"]["verified"], false, "{story}");
 }
 
+/// A slot's request signed by the schedule's requester and denied before
+/// any claim (its victim deny-listed) has no journal row: its own row's
+/// verified signer is what `explain` checks, and it is told as the
+/// schedule's, not as a forgery.
+#[test]
+fn explain_calls_a_slot_denied_before_its_claim_scheduled_by_its_signer() {
+    let (_guard, dir) = temp_dir();
+    let (status, _, stderr) = mandrill(&dir, &["keygen", "chaos"], &[]);
+    assert!(status.success(), "{stderr}");
+    let journal = dir.join("restarts.journal");
+    write_config(&dir, &journal);
+    let config = fs::read_to_string(dir.join("mandrill.toml")).unwrap();
+    let (without_schedule, _) = config.split_once("[[schedule]]").unwrap();
+    let denying = without_schedule.replacen("[safety]\n", "[safety]\ndeny = [\"cattle-a1\"]\n", 1);
+    fs::write(dir.join("run.toml"), denying).unwrap();
+    let slot = plan(&dir).slot("2031-01-01T09:00:00Z".parse().unwrap());
+    let request = serde_json::json!({
+        "message_id": slot.message_id.to_string(),
+        "instance_name": "cattle-a1",
+        "reason": slot.reason(),
+    });
+    fs::write(dir.join("slot.jsonl"), format!("{request}\n")).unwrap();
+    let publish = [
+        "publish",
+        "--config",
+        "run.toml",
+        "--as",
+        "chaos",
+        "--key-file",
+        "chaos.key",
+        "--file",
+        "slot.jsonl",
+    ];
+    let (status, _, stderr) = mandrill(&dir, &publish, &[]);
+    assert!(status.success(), "{stderr}");
+    let (status, lines) =
+        Mandrill::run(&dir, &["--config", "run.toml", "--until-idle"]).wait_exit();
+    assert!(status.success(), "{lines:?}");
+    let entry = history(&sqlite_url(&dir))
+        .into_iter()
+        .find(|e| e.message_id == Some(slot.message_id))
+        .unwrap();
+    assert_eq!(entry.status, Status::Denied, "{entry:?}");
+
+    let id = slot.message_id.to_string();
+    let (status, story, stderr) =
+        mandrill(&dir, &["explain", "--config", "mandrill.toml", &id], &[]);
+    assert!(status.success(), "{stderr}");
+    assert!(!story.contains("NOT a scheduled restart"), "{story}");
+    assert!(
+        story.contains("(signed by its requester; its message id is that slot's)"),
+        "{story}"
+    );
+}
+
 /// Every mistake in the configuration stops start-up with exit code 2
 /// naming the key, those found only once the inventory is read included
 /// (`deploy/mandrill.service` does not restart on 2: a broken

@@ -48,8 +48,17 @@ pub(super) fn main(args: &ExplainArgs) -> ExitCode {
                 "request {id} is recorded for host {recorded}, not {host}"
             )));
         }
-        // Who signed it, as verified when it was claimed.
-        let signer = story.attempts.iter().find_map(|a| a.requester.as_deref());
+        // Who signed it, as verified when it was claimed, else as its
+        // row records it (a request denied or deferred before any claim
+        // was verified all the same).
+        let signer = story
+            .attempts
+            .iter()
+            .find_map(|a| a.requester.as_deref())
+            .or_else(|| {
+                let entry = &story.entry;
+                entry.requested_by.as_deref().filter(|_| entry.verified)
+            });
         let scheduled = story
             .entry
             .reason
