@@ -524,6 +524,40 @@ fn campaign_status_masks_a_secret_its_recorded_error_quotes_in_json_too() {
     }
 }
 
+/// A broker that cannot be opened leaves nothing behind: no campaign is
+/// recorded (it would read in progress for good, its targets "published").
+#[test]
+fn a_start_whose_broker_cannot_be_opened_records_no_campaign() {
+    let (_guard, dir) = temp_dir();
+    setup(&dir, 1);
+    let (status, out, stderr) = run(
+        &dir,
+        &[
+            "campaign",
+            "start",
+            "--group",
+            "cattle",
+            "--count",
+            "1",
+            "--as",
+            "chaos",
+            "--key-file",
+            "chaos.key",
+            "--set",
+            "broker.url=nats://127.0.0.1:1",
+        ],
+    );
+    assert!(!status.success(), "{out}");
+    assert!(
+        stderr.contains("nothing was recorded or published"),
+        "{stderr}"
+    );
+    let (status, report, stderr) = run(&dir, &["report", "--since", "1h", "--format", "json"]);
+    assert!(status.success(), "{stderr}");
+    let report: Value = serde_json::from_str(&report).unwrap();
+    assert_eq!(report["campaigns"], serde_json::json!([]), "{report}");
+}
+
 /// `setup`'s configuration with the default one restart per group per day
 /// (`group_max = 1`) and deferred requests looked at again every second.
 fn with_one_restart_a_day(dir: &Path) {

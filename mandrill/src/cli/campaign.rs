@@ -18,7 +18,7 @@ use clap::{Args, Subcommand};
 use uuid::Uuid;
 
 use super::{BadInput, ConfigArgs, command, string};
-use crate::broker::{BrokerUrl, Close as _};
+use crate::broker::BrokerUrl;
 use crate::campaign::{self, Size};
 use crate::config::Config;
 use crate::domain::Timestamp;
@@ -369,24 +369,29 @@ async fn start(config: Config, args: &StartArgs) -> anyhow::Result<()> {
             Ok(sign(key, name, &request, now))
         })
         .collect::<anyhow::Result<Vec<Bytes>>>()?;
+    // The broker first: a campaign recorded with nowhere to publish would
+    // read in progress for good, each target "published".
+    let broker = match service::open_publisher(&config).await {
+        Ok(broker) => broker,
+        Err(error) => {
+            store.close().await;
+            return Err(error.context("nothing was recorded or published"));
+        }
+    };
     let recorded = store.record_campaign(&record).await;
+    store.close().await;
     if let Err(error) = recorded {
-        store.close().await;
+        broker.close().await;
         return Err(error)
             .context("cannot record the campaign in the store; nothing was published");
     }
-    store.close().await;
+    let payloads = payloads.into_iter();
     let published = if let BrokerUrl::Sqlite { .. } = url {
-        let broker = service::open_sqlite_broker(&config.broker).await?;
-        let published = super::publish::publish_in_batches(&broker, payloads.into_iter()).await;
-        broker.close().await;
-        published
+        super::publish::publish_in_batches(&*broker, payloads).await
     } else {
-        let broker = service::open_publisher(&config).await?;
-        let published = super::publish::publish_each(&*broker, payloads.into_iter(), None).await;
-        broker.close().await;
-        published
+        super::publish::publish_each(&*broker, payloads, None).await
     };
+    broker.close().await;
     published.with_context(|| {
         format!("campaign {id} is recorded, but its requests could not all be published")
     })?;
