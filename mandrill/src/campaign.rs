@@ -196,7 +196,31 @@ pub(crate) fn standing(story: Option<&Story>, early: &[DecisionRecord]) -> Stand
         | Status::Denied
         | Status::Rejected
         | Status::Expired) => (status.to_string(), Verdict::Failed, why_final()),
-        Status::Cancelled => ("cancelled".to_owned(), Verdict::Cancelled, why_final()),
+        // Cancelled after a restart was issued: that attempt failed (a
+        // restarted one would have been final), or its outcome was lost
+        // and the host may be down. Not "nothing failed".
+        Status::Cancelled => match story.attempts.iter().rev().find(|attempt| {
+            !attempt
+                .outcome
+                .is_some_and(|o| Status::NOT_ISSUED.contains(&o))
+        }) {
+            Some(issued) => {
+                let ended = issued.outcome.map_or_else(
+                    || "its outcome is unknown: the host may have been restarted".to_owned(),
+                    |outcome| format!("it ended {outcome}"),
+                );
+                (
+                    "cancelled".to_owned(),
+                    Verdict::Failed,
+                    format!(
+                        "attempt {} was issued before the stop, and {ended}; {}",
+                        issued.attempt,
+                        why_final()
+                    ),
+                )
+            }
+            None => ("cancelled".to_owned(), Verdict::Cancelled, why_final()),
+        },
         Status::Received | Status::Retrying => {
             let in_flight = story
                 .attempts
@@ -519,6 +543,38 @@ mod tests {
             verdict: "deferred".into(),
             guard: guard.into(),
             reason: format!("deferred by {guard}: not yet"),
+        }
+    }
+
+    /// A target cancelled by a stop after a restart of it was issued did
+    /// not "fail nothing": the attempt failed (a restarted one is final),
+    /// or its outcome was lost and the host may be down. Cancelled before
+    /// anything was issued, or after a dry run, it stands cancelled.
+    #[test]
+    fn a_target_cancelled_after_its_restart_was_issued_failed() {
+        let attempt = |outcome| crate::store::AttemptRecord {
+            attempt: 1,
+            group: "cattle".into(),
+            claimed_at: crate::domain::Timestamp::from_millis(1_795_000_000_000),
+            verdict: "allowed".into(),
+            outcome,
+            settled_at: None,
+            requester: None,
+        };
+        for (outcome, said) in [
+            (Some(Status::Retrying), "it ended retrying"),
+            (None, "its outcome is unknown"),
+        ] {
+            let mut cancelled = story(Status::Cancelled);
+            cancelled.attempts.push(attempt(outcome));
+            let standing = standing(Some(&cancelled), &[]);
+            assert_eq!(standing.verdict, Verdict::Failed, "{standing:?}");
+            assert!(standing.detail.contains(said), "{standing:?}");
+        }
+        let mut leashed = story(Status::Cancelled);
+        leashed.attempts.push(attempt(Some(Status::DryRun)));
+        for unissued in [story(Status::Cancelled), leashed] {
+            assert_eq!(standing(Some(&unissued), &[]).verdict, Verdict::Cancelled);
         }
     }
 

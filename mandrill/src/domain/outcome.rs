@@ -48,6 +48,10 @@ impl Status {
         Self::Cancelled,
     ];
 
+    /// The outcomes of attempts that issued no restart, though claimed (a
+    /// claim is written before its restart is issued).
+    pub const NOT_ISSUED: [Self; 3] = [Self::DryRun, Self::Expired, Self::Denied];
+
     /// Whether no further work will be done for this request.
     pub fn is_final(self) -> bool {
         matches!(

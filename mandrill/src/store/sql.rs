@@ -415,7 +415,7 @@ pub(crate) const REJECTION_SQL: &str = "INSERT INTO requests
 /// The outcomes of attempts that issued no restart, so count against no
 /// limit: the statements above list them by name (`('dry-run', 'expired',
 /// 'denied')`; a test holds them to this), the memory store reads this.
-pub(crate) const NOT_ISSUED: [Status; 3] = [Status::DryRun, Status::Expired, Status::Denied];
+pub(crate) const NOT_ISSUED: [Status; 3] = Status::NOT_ISSUED;
 
 /// The statuses that no later outcome replaces, as an SQL list
 /// (`('restarted', 'failed', …)`), derived from [`Status::is_final`].

@@ -105,7 +105,7 @@ impl Story {
             // one with no recorded end may or may not have.
             let not_issued = attempt
                 .outcome
-                .is_some_and(|outcome| super::sql::NOT_ISSUED.contains(&outcome));
+                .is_some_and(|outcome| Status::NOT_ISSUED.contains(&outcome));
             let claimed = match attempt.outcome {
                 Some(_) if !not_issued => "claimed and issued",
                 _ => "claimed",
