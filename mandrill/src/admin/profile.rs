@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{RawQuery, State as Shared};
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use pprof::protos::Message as _;
 
@@ -26,8 +26,23 @@ static PROFILING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 pub(crate) async fn profile(
     Shared(state): Shared<Arc<State>>,
+    headers: HeaderMap,
     RawQuery(query): RawQuery,
 ) -> Response {
+    // A GET that costs the process a core for up to a minute: without
+    // `admin.token` any page in the operator's browser could start one
+    // with an `<img>`, which carries no Origin but says where it comes
+    // from. A tool (curl, `go tool pprof`) or the address bar says nothing
+    // or `none`.
+    if headers
+        .get("sec-fetch-site")
+        .is_some_and(|site| !matches!(site.as_bytes(), b"same-origin" | b"none"))
+    {
+        return text(
+            StatusCode::FORBIDDEN,
+            "a profile is not taken for another site's page".into(),
+        );
+    }
     let mut seconds = 10;
     let mut svg = false;
     for (key, value) in url::form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {

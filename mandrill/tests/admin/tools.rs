@@ -252,3 +252,22 @@ fn a_profile_needs_the_token_and_its_flamegraph_names_mandrills_functions() {
     assert!(status.success());
     assert!(!serde_json::to_string(&lines).unwrap().contains(token));
 }
+
+/// Without `admin.token` a profile is open on loopback, but not to another
+/// site's page in the operator's browser: an `<img>` pointing at it would
+/// keep the process sampling, a minute at a time.
+#[test]
+fn a_profile_is_never_taken_for_another_sites_page() {
+    let (_guard, dir) = temp_dir();
+    let service = Mandrill::run(&dir, &["--db", &sqlite_url(&dir)]);
+    let addr = admin_addr(&service);
+    let path = "/debug/pprof/profile?seconds=1";
+    for site in ["cross-site", "same-site"] {
+        let (status, body) = get(&addr, path, &[("Sec-Fetch-Site", site)]);
+        assert_eq!(status, 403, "{site}: {body}");
+    }
+    let (status, protobuf) = get(&addr, path, &[("Sec-Fetch-Site", "none")]);
+    assert_eq!(status, 200, "{protobuf}");
+    service.signal("TERM");
+    assert!(service.wait_exit().0.success());
+}
