@@ -46,7 +46,10 @@ impl RobotsRules {
             Self::Parsed(robot) => robot
                 .delay
                 .filter(|seconds| seconds.is_finite() && *seconds > 0.0)
-                .map(|seconds| Duration::from_secs_f32(seconds).min(MAX_CRAWL_DELAY)),
+                // Capped before the conversion, which panics past u64::MAX
+                // seconds: a site's `Crawl-delay: 1e20` must not end the
+                // crawl.
+                .map(|seconds| Duration::from_secs_f32(seconds.min(MAX_CRAWL_DELAY.as_secs_f32()))),
             _ => None,
         }
     }
@@ -77,6 +80,17 @@ mod tests {
         assert!(rules.allows(&url("http://s.test/public")));
         assert!(!rules.allows(&url("http://s.test/private/x")));
         assert_eq!(rules.crawl_delay(), Some(Duration::from_secs(2)));
+    }
+
+    /// A delay no duration can hold is the longest honoured, never a panic
+    /// on the crawl loop.
+    #[test]
+    fn a_huge_crawl_delay_is_capped_not_a_panic() {
+        for huge in ["1e20", "100000000000000000000", "3.4e38"] {
+            let text = format!("User-agent: *\nCrawl-delay: {huge}\n");
+            let rules = RobotsRules::parse(text.as_bytes());
+            assert_eq!(rules.crawl_delay(), Some(MAX_CRAWL_DELAY), "{huge}");
+        }
     }
 
     #[test]
