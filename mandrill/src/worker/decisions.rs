@@ -228,10 +228,13 @@ pub(super) async fn unclaim(
         Err(Stopped::Permanent(error) | Stopped::OutOfTime(error)) => {
             warn!(error = %error.with_causes(), attempt, "could not give back the claim; it counts as used");
         }
-        // Not sent again: the release cut off may still commit (it frees
-        // only this delivery's own claim, named by its token). The claim
-        // holds until it expires and counts as used, as above.
-        Err(Stopped::Shutdown) => return shutting_down(),
+        // Shutdown's abort stops a store call before it is sent, or cuts
+        // it off: given back with one bounded try, as every shutdown path
+        // gives back a claim never issued (it frees only this delivery's
+        // own claim, named by its token, so a second release is harmless).
+        Err(Stopped::Shutdown) => {
+            return unclaim_at_shutdown(shared, progress, request, attempt).await;
+        }
         // Nothing issued: given back, though another consumer may hold the
         // message now (else the claim would count as an attempt issued with
         // its outcome unknown).

@@ -206,3 +206,44 @@ async fn a_grace_period_ending_after_the_stop_conditions_issues_nothing() {
     assert_eq!(stats.nacked.get(), 1);
     assert_eq!(store.entry(id).attempts, 0, "the claim is given back");
 }
+
+/// The same, with the fleet paused meanwhile (pause, then stop, is how a
+/// game day ends): the switch read holds the restart back, and the claim is
+/// given back all the same. It was left held, then counted as an attempt
+/// issued with its outcome unknown, which failed a request with one
+/// attempt that never restarted anything.
+#[tokio::test(start_paused = true)]
+async fn a_grace_period_ending_while_paused_before_the_restart_gives_the_claim_back() {
+    let (stop_conditions, server) = super::late_checks::probe_that_first(|| {}).await;
+    let store = Arc::new(ScriptedStore {
+        switch_gate: Some(Semaphore::new(1)),
+        ..Default::default()
+    });
+    let restarter = Arc::new(ScriptedRestarter::default());
+    let config = WorkerConfig {
+        policy: PolicyHandle::new(Policy {
+            stop_conditions,
+            ..Policy::default()
+        }),
+        switch_poll_interval: Duration::ZERO,
+        ..config()
+    };
+    let h = start(config, store.clone(), restarter.clone());
+    let id = h.publish("cattle-0001").await;
+    wait_until("the switch read before the restart", || {
+        store.timeline.count("switch-waiting") == 2
+    })
+    .await;
+    store
+        .inner
+        .set_switch(true, "ana", "game day over")
+        .await
+        .unwrap();
+    h.shutdown.request();
+    h.shutdown.hurry();
+    store.switch_gate.as_ref().unwrap().add_permits(1);
+    h.worker.await.unwrap().unwrap();
+    server.abort();
+    assert_eq!(restarter.timeline.count("restart-started"), 0);
+    assert_eq!(store.entry(id).attempts, 0, "the claim is given back");
+}
