@@ -231,7 +231,15 @@ pub(super) async fn after_panic(
     let config = &shared.config;
     let attempt = progress.claimed.load(Ordering::Acquire);
     let issued = attempt > 0 && progress.issued.load(Ordering::Acquire);
-    let out_of_deliveries = delivery.attempt >= config.max_deliveries;
+    let parsed = RestartRequest::parse_verified(
+        &delivery.payload,
+        delivery.full_size,
+        &config.parse,
+        config.policy.current().requesters.signatures(),
+    )
+    .ok();
+    let out_of_deliveries = delivery.attempt >= config.max_deliveries
+        && unsettled(shared, parsed.as_ref(), delivery.attempt).await >= config.max_deliveries;
     if issued && !out_of_deliveries {
         let policy = config.policy.current();
         let hold = shared
@@ -259,12 +267,8 @@ pub(super) async fn after_panic(
     } else {
         format!("handler panicked: {message}")
     };
-    if let Ok(request) = RestartRequest::parse_verified(
-        &delivery.payload,
-        delivery.full_size,
-        &config.parse,
-        config.policy.current().requesters.signatures(),
-    ) && (attempt > 0 || last)
+    if let Some(request) = &parsed
+        && (attempt > 0 || last)
     {
         let outcome = if last {
             Outcome::Failed {
@@ -277,14 +281,14 @@ pub(super) async fn after_panic(
         };
         match shared
             .store
-            .record_outcome(&request, attempt, &outcome)
+            .record_outcome(request, attempt, &outcome)
             .await
         {
             Err(error) => {
                 warn!(error = %error.with_causes(), "could not record the panic as a failed attempt");
             }
             Ok(crate::store::Recorded::Recorded) => {
-                super::reply::reply(shared, &request, &outcome);
+                super::reply::reply(shared, request, &outcome);
             }
             Ok(crate::store::Recorded::AlreadyFinal(_) | crate::store::Recorded::Conflict(_)) => {}
         }
@@ -300,6 +304,20 @@ pub(super) async fn after_panic(
             delay: config.retry_backoff.delay(attempt.max(1)),
             why: "handler panicked".into(),
         }
+    }
+}
+
+/// How many of `delivered` deliveries count against `broker.max_deliveries`:
+/// those a guard deferred were settled on purpose and do not, as the
+/// claim's check counts them. One bounded read; all count if it fails.
+async fn unsettled(shared: &Shared, request: Option<&RestartRequest>, delivered: u32) -> u32 {
+    let Some(request) = request else {
+        return delivered;
+    };
+    let deferrals = shared.store.deferrals(request.message_id);
+    match tokio::time::timeout(Duration::from_secs(1), deferrals).await {
+        Ok(Ok(deferred)) => delivered.saturating_sub(deferred),
+        _ => delivered,
     }
 }
 

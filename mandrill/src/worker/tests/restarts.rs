@@ -368,3 +368,58 @@ async fn a_panic_after_the_restart_was_issued_counts_as_issued_with_its_outcome_
         h.stop().await.unwrap();
     }
 }
+
+/// A panic after the restart was issued, on a delivery past
+/// `max_deliveries` only because a guard deferred the earlier ones (a
+/// request waiting overnight for the calendar): those do not count, as the
+/// claim's check does not count them, so the delivery is nacked until the
+/// claim's hold ends. It was given up: recorded failed after one attempt,
+/// its hold lifted while the restart may still run.
+#[tokio::test(start_paused = true)]
+async fn a_panic_after_the_restart_on_a_delivery_deferred_before_is_not_its_last() {
+    let hold = config().restart_timeout + 2 * ACK_DEADLINE;
+    let store = Arc::new(ScriptedStore::default());
+    let restarter = Arc::new(ScriptedRestarter {
+        panics_once_issued: AtomicU32::new(1),
+        ..Default::default()
+    });
+    let (id, body) = payload("cattle-late");
+    let mut waited = crate::domain::testing::request("cattle-late");
+    waited.message_id = id;
+    let deferred = crate::store::Decision {
+        verdict: "deferred",
+        guard: "calendar",
+        reason: "deferred by calendar: closed",
+    };
+    store
+        .inner
+        .record_decision(&waited, 0, deferred)
+        .await
+        .unwrap();
+    let worker_config = WorkerConfig {
+        max_deliveries: 1,
+        ..config()
+    };
+    let h = start(worker_config, store.clone(), restarter.clone());
+    h.broker.publish(body).await.unwrap();
+    let stats = h.stats.clone();
+    wait_until("the panic", || stats.panics.get() == 1).await;
+    wait_until("settled", || {
+        h.broker
+            .timeline
+            .events()
+            .iter()
+            .any(|(_, e)| !e.starts_with("extend"))
+    })
+    .await;
+    let first_settlement = h
+        .broker
+        .timeline
+        .events()
+        .into_iter()
+        .map(|(_, e)| e)
+        .find(|e| !e.starts_with("extend"));
+    assert_eq!(first_settlement, Some(format!("nack {}", hold.as_millis())));
+    assert!(!store.entry(id).status.is_final(), "{:?}", store.entry(id));
+    h.stop().await.unwrap();
+}
