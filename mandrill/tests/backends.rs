@@ -297,3 +297,42 @@ fn a_reload_whose_file_changes_its_own_dry_run_turns_the_leash_over_unleash() {
     assert_eq!(entries.len(), 1, "{entries:?}");
     assert_eq!(entries[0].status, Status::DryRun);
 }
+
+/// What a host writes reaches the text log escaped: a newline in a failed
+/// restart's output cannot forge a log line of its own (here one saying
+/// the host was restarted), nor an escape sequence clear the operator's
+/// terminal.
+#[test]
+fn a_hosts_output_cannot_forge_a_log_line_or_reach_the_terminal() {
+    let (_guard, dir) = temp_dir();
+    let db = sqlite_url(&dir);
+    let forged = "printf 'ok\\n2099-01-01T00:00:00Z  INFO forged: restarted\\033[2J'; exit 1";
+    let config = format!(
+        "[broker]\nurl = {db:?}\n\n[store]\nurl = {db:?}\n\n\
+         [worker]\nmax_attempts = 1\n\n[log]\nformat = \"text\"\n\n\
+         [restarter]\nkind = \"command\"\n\n[restarter.command]\n\
+         argv = [\"sh\", \"-c\", {forged:?}]\n\n\
+         [safety]\nallow = [\"cattle-*\"]\nrequire_signed = false\n{ALWAYS_OPEN}"
+    );
+    fs::write(dir.join("mandrill.toml"), config).unwrap();
+    let (status, _, stderr) = mandrill(&dir, &["publish", "--broker", &db, "cattle-ab12"], &[]);
+    assert!(status.success(), "publish failed: {stderr}");
+    let (status, _, log) = mandrill(
+        &dir,
+        &[
+            "run",
+            "--config",
+            "mandrill.toml",
+            "--until-idle",
+            "--unleash",
+        ],
+        &[],
+    );
+    assert!(status.success(), "{log}");
+    assert!(log.contains("restart failed on the last attempt"), "{log}");
+    assert!(!log.contains('\u{1b}'), "{log:?}");
+    assert!(
+        !log.lines().any(|line| line.starts_with("2099-")),
+        "a forged line: {log}"
+    );
+}

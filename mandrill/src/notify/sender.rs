@@ -184,7 +184,10 @@ pub(super) fn render(event: &Event, format: Format) -> Vec<u8> {
     value.to_string().into_bytes()
 }
 
-/// One line for a chat, with Slack's three control characters escaped.
+/// One line for a chat, with Slack's three control characters escaped, and
+/// what a host or a payload wrote shown escaped ([`printable`]): a newline
+/// in a restart's output cannot start a line that reads as another
+/// notification.
 pub(super) fn text(event: &Event) -> String {
     let instance = match (&event.instance_name, &event.hostname) {
         (Some(instance), Some(host)) => format!("{instance} ({host})"),
@@ -215,7 +218,7 @@ pub(super) fn text(event: &Event) -> String {
         EventKind::Paused => format!("restarts PAUSED by {by}: {detail}"),
         EventKind::Resumed => format!("restarts resumed by {by}: {detail}"),
     };
-    format!("mandrill: {line}")
+    crate::domain::printable(&format!("mandrill: {line}"))
         .replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")

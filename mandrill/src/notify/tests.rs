@@ -251,6 +251,17 @@ fn a_restart_notification_names_who_asked() {
     assert_eq!(json["requester_verified"], true);
 }
 
+/// A failed restart's detail holds what the host wrote: a newline in it
+/// cannot start a chat line that reads as another notification.
+#[test]
+fn a_hosts_output_cannot_forge_a_line_in_a_chat_notification() {
+    let detail = "exit 1; output: x\nmandrill: restarts resumed by oncall: all healthy";
+    let event = Event::about(EventKind::Failed, &request(), 1, Some(detail.to_owned()));
+    let line = super::sender::text(&event);
+    assert!(!line.contains('\n'), "{line:?}");
+    assert!(line.contains("x\\nmandrill: restarts resumed"), "{line:?}");
+}
+
 /// An unsigned request's `requested_by` is free text anyone may write: a
 /// notification never shows it as a verified name.
 #[test]

@@ -327,12 +327,18 @@ impl Output {
     }
 }
 
-/// At most `max_chars` of `text`, for a log line.
+/// At most `max_chars` of `text`, for a log line or an error: escaped
+/// ([`printable`](crate::domain::printable)), since what a host or a server
+/// wrote must not start a line of its own nor reach a terminal as a control.
 pub(crate) fn for_log(text: &str, max_chars: usize) -> std::borrow::Cow<'_, str> {
-    match text.char_indices().nth(max_chars) {
+    let cut: std::borrow::Cow<'_, str> = match text.char_indices().nth(max_chars) {
         Some((cut, _)) => format!("{}…", &text[..cut]).into(),
         None => text.into(),
+    };
+    if let std::borrow::Cow::Owned(shown) = crate::domain::printable(&cut) {
+        return shown.into();
     }
+    cut
 }
 
 /// Helpers for the tests of the backends that run processes.

@@ -14,6 +14,9 @@ use super::settle::{Settlement, settle_recorded};
 use super::shared::Shared;
 use crate::broker::DeliveryTag;
 use crate::domain::Timestamp;
+// A host's output is in a restart's error: the text log, which writes a
+// field as it is, gets it escaped, one event a line and no terminal control.
+use crate::domain::printable;
 use crate::domain::{Outcome, RestartRequest};
 use crate::notify::EventKind;
 use crate::restarter::RestartError;
@@ -47,7 +50,8 @@ pub(super) fn conclude<'a>(
 /// so that the redelivery is not spent on a deferral.
 fn leave_claimed(shared: &Shared, attempt: u32, error: &RestartError) -> Settlement {
     shared.stats.restart_failures.inc();
-    error!(error = %error.with_causes(), attempt, "the restart's outcome is unknown (it may still be running on the host): no outcome recorded, so its claim holds the host until it expires and then counts as a used attempt");
+    let error = error.with_causes().to_string();
+    error!(error = %printable(&error), attempt, "the restart's outcome is unknown (it may still be running on the host): no outcome recorded, so its claim holds the host until it expires and then counts as a used attempt");
     Settlement::Nack {
         delay: shared
             .claim_terms
@@ -110,7 +114,7 @@ fn judge(
                 output: None,
             };
             let error = error.with_causes().to_string();
-            error!(%error, "restarted, but the host did not come back");
+            error!(error = %printable(&error), "restarted, but the host did not come back");
             shared.notify(EventKind::Unrecovered, request, attempt, Some(&error));
             if config.policy.current().pause_on_unrecovered {
                 // Fail closed: a host that does not come back stops every
@@ -127,9 +131,9 @@ fn judge(
             let retryable = error.is_retryable();
             let error = error.with_causes().to_string();
             if retryable {
-                warn!(%error, attempt, "restart failed on the last attempt");
+                warn!(error = %printable(&error), attempt, "restart failed on the last attempt");
             } else {
-                warn!(%error, attempt, "restart refused for good; not retrying");
+                warn!(error = %printable(&error), attempt, "restart refused for good; not retrying");
             }
             shared.notify(EventKind::Failed, request, attempt, Some(&error));
             Outcome::Failed { error }
@@ -138,7 +142,7 @@ fn judge(
             shared.stats.restart_failures.inc();
             retry_after = error.retry_after();
             let error = error.with_causes().to_string();
-            warn!(%error, attempt, "restart failed; will retry");
+            warn!(error = %printable(&error), attempt, "restart failed; will retry");
             Outcome::Retrying { error }
         }
     };
