@@ -53,7 +53,7 @@ pub(crate) struct Signer {
 /// of the key's PEM body (white space left out). Only compared with the
 /// fingerprint of the key configured now, both the operator's, so 64 bits
 /// are plenty: it tells "the same key" from "replaced by a reload".
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct KeyFingerprint(u64);
 
 impl KeyFingerprint {
@@ -91,6 +91,11 @@ impl fmt::Debug for Signer {
 }
 
 impl Signer {
+    /// Which key this is.
+    pub(crate) fn fingerprint(&self) -> KeyFingerprint {
+        self.fingerprint
+    }
+
     /// A public key from its PEM text (SPKI): Ed25519 (verifies EdDSA) or
     /// P-256 (verifies ES256). The error says what is wrong, without the
     /// key.

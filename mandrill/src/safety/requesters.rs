@@ -131,6 +131,10 @@ impl Requesters {
     ) -> Result<Self, (String, String)> {
         let mut signers = HashMap::new();
         let mut permits = HashMap::new();
+        // A token names its signer in `iss`, which only the key binds:
+        // two entries sharing a key would let either's holder sign as the
+        // other, with the other's allowances.
+        let mut keys = HashMap::new();
         for (index, entry) in entries.iter().enumerate() {
             let at = |key: &str| format!("requesters[{index}].{key}");
             let name = &entry.name;
@@ -170,6 +174,21 @@ impl Requesters {
                 }
                 (Err((key, why)), None) => return Err((at(key), why)),
             };
+            if let Some(first) = keys.insert(signer.fingerprint(), name.clone()) {
+                let key = if entry.public_key.is_some() {
+                    "public_key"
+                } else {
+                    "public_key_file"
+                };
+                return Err((
+                    at(key),
+                    format!(
+                        "is requester {first:?}'s key too: whoever holds it could sign as \
+                         either (a token names its requester, only the key proves it); give \
+                         each requester a key of its own (`mandrill keygen NAME`)"
+                    ),
+                ));
+            }
             signers.insert(name.clone(), signer);
             permits.insert(
                 name.clone(),
@@ -372,10 +391,21 @@ MCowBQYDK2VwAyEAiXnPth0YTU/nwanl6fRVhSdyP7GowJ3i9meT7iYSEjw=
 -----END PUBLIC KEY-----
 ";
 
+    /// A key of each test requester's own: one key is one requester.
+    fn public_key(name: &str) -> String {
+        let body = match name {
+            "bob" => "MCowBQYDK2VwAyEAo3QB/utf+Gz8FSEkzUCPoLcMrIKSbjEbTl8TjSHsKsM=",
+            "carol" => "MCowBQYDK2VwAyEATMk029WTC5Q/NlNv6ZeeQeBfN6et7EQRx7uR0VfatOw=",
+            "dave" => "MCowBQYDK2VwAyEARChNB34Ygjnz9UQkXGWZs8XHuibL5DnNZxmWPxBFyow=",
+            _ => return ED_PUBLIC.into(),
+        };
+        format!("-----BEGIN PUBLIC KEY-----\n{body}\n-----END PUBLIC KEY-----\n")
+    }
+
     fn entry(name: &str) -> RequesterSettings {
         RequesterSettings {
             name: name.into(),
-            public_key: Some(ED_PUBLIC.into()),
+            public_key: Some(public_key(name)),
             public_key_file: None,
             allow: vec!["cattle-*".into()],
             groups: Vec::new(),
@@ -537,6 +567,15 @@ MCowBQYDK2VwAyEAiXnPth0YTU/nwanl6fRVhSdyP7GowJ3i9meT7iYSEjw=
             assert_eq!(at, key, "{why}");
             assert!(!why.contains("MCow"), "a key is never quoted: {why}");
         }
+        // One key for two requesters: either's holder could sign as the
+        // other.
+        let shared = RequesterSettings {
+            public_key: Some(ED_PUBLIC.into()),
+            ..entry("bob")
+        };
+        let (at, why) = Requesters::new(&[entry("alice"), shared], true).unwrap_err();
+        assert_eq!(at, "requesters[1].public_key");
+        assert!(why.contains("\"alice\"'s key too"), "{why}");
         let (at, _) = Requesters::new(&[entry("alice"), entry("alice")], true).unwrap_err();
         assert_eq!(at, "requesters[1].name");
     }
