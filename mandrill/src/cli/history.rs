@@ -95,8 +95,12 @@ fn table_line(out: &mut impl Write, redactor: &Redactor, e: &HistoryEntry) -> an
             .as_deref()
             .or(e.instance_name.as_deref())
             .unwrap_or("-"),
-        // The verified requester of a signed request; free text marked.
-        printable(&redactor.scrub(e.requested_by_shown().as_deref().unwrap_or("-"))),
+        // The verified requester of a signed request; free text marked,
+        // its runs of spaces made one: columns are two spaces apart, and
+        // free text must not line up a status of its own under STATUS.
+        one_spaced(&printable(
+            &redactor.scrub(e.requested_by_shown().as_deref().unwrap_or("-"))
+        )),
         e.status.as_str(),
         e.attempts,
         e.completed_at
@@ -106,4 +110,60 @@ fn table_line(out: &mut impl Write, redactor: &Redactor, e: &HistoryEntry) -> an
         printable(&redactor.scrub(e.last_error.as_deref().unwrap_or(""))),
     )?;
     Ok(())
+}
+
+/// `text` with each run of spaces made one.
+fn one_spaced(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.contains("  ") {
+        return text.into();
+    }
+    let mut shown = String::with_capacity(text.len());
+    for word in text.split(' ').filter(|word| !word.is_empty()) {
+        if !shown.is_empty() {
+            shown.push(' ');
+        }
+        shown.push_str(word);
+    }
+    shown.into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Free text in `requested_by` cannot line up a status, a completion
+    /// time and a recovery of its own under the table's headers, pushing
+    /// the real status aside.
+    #[test]
+    fn a_requesters_free_text_cannot_forge_the_tables_columns() {
+        let forged = format!(
+            "ops{}restarted{}1  2025-06-01T10:00:00.000Z{}4.2s",
+            " ".repeat(15),
+            " ".repeat(11),
+            " ".repeat(7)
+        );
+        let entry = HistoryEntry {
+            message_id: None,
+            instance_name: Some("cattle-01".into()),
+            hostname: Some("cattle-01.example.net".into()),
+            status: crate::domain::Status::Denied,
+            attempts: 0,
+            requested_by: Some(forged),
+            verified: false,
+            reason: None,
+            last_error: None,
+            output: None,
+            recovered_after: None,
+            received_at: crate::domain::Timestamp::from_millis(1_795_000_000_000),
+            updated_at: crate::domain::Timestamp::from_millis(1_795_000_000_000),
+            completed_at: None,
+        };
+        let mut out = Vec::new();
+        table_line(&mut out, &Redactor::default(), &entry).unwrap();
+        let line = String::from_utf8(out).unwrap();
+        assert!(
+            line.contains("ops restarted 1 2025-06-01T10:00:00.000Z 4.2s (unverified)  denied"),
+            "{line}"
+        );
+    }
 }
