@@ -113,6 +113,31 @@ fn publish_refuses_what_the_service_would_reject_before_publishing_anything() {
     assert_eq!(status.code(), Some(2), "{stderr}");
     assert_eq!(queue_len(&sqlite_url(&dir)), 0);
 
+    // Signed now and sent at --rate: the last would be sent 200 s later,
+    // its token expired after 60 s.
+    let (status, _, stderr) = publish(
+        &dir,
+        &[
+            "--as",
+            "alice",
+            "--key-file",
+            "alice.key",
+            "--ttl",
+            "1m",
+            "--rate",
+            "0.01",
+            "cattle-1",
+            "cattle-2",
+            "cattle-3",
+        ],
+    );
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--ttl 1m has expired its token"),
+        "{stderr}"
+    );
+    assert_eq!(queue_len(&sqlite_url(&dir)), 0);
+
     // The requester's own key: published, each printed.
     let (status, stdout, stderr) = publish(
         &dir,

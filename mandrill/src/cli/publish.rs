@@ -67,6 +67,11 @@ pub(super) async fn publish(config: Config, args: &PublishArgs) -> anyhow::Resul
         random -= 1;
     }
     let outgoing = gathered.checked(&maker, &checks)?;
+    if maker.signing.is_some()
+        && let Some(rate) = args.rate
+    {
+        still_valid_when_sent(outgoing.len(), rate, args.ttl)?;
+    }
     if let Ok(Some(calendar)) = config.calendar() {
         let lifetime = maker.signing.as_ref().map(|_| args.ttl);
         if let Some(warning) = closed_calendar_warning(&calendar, jiff::Timestamp::now(), lifetime)
@@ -118,6 +123,25 @@ fn check_flags(args: &PublishArgs) -> Result<(), BadInput> {
         return Err(BadInput(format!(
             "--ttl {} must be more than 0s and at most 24h",
             humantime::format_duration(args.ttl)
+        )));
+    }
+    Ok(())
+}
+
+/// The requests made from names and lines are signed now, and at `--rate`
+/// the last of `count` is sent `(count - 1) / rate` later: refused if its
+/// token (valid `--ttl`) would have expired by then, as the service would
+/// refuse it, before anything is published.
+fn still_valid_when_sent(count: usize, rate: f64, ttl: Duration) -> Result<(), BadInput> {
+    let last_sent =
+        Duration::try_from_secs_f64(count.saturating_sub(1) as f64 / rate).unwrap_or(Duration::MAX);
+    if last_sent >= ttl {
+        return Err(BadInput(format!(
+            "--rate {rate} sends the last of {count} requests signed now after {}, and \
+             --ttl {} has expired its token by then (the service would refuse it): raise \
+             --ttl or --rate",
+            humantime::format_duration(Duration::from_secs(last_sent.as_secs())),
+            humantime::format_duration(ttl)
         )));
     }
     Ok(())
