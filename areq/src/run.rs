@@ -15,6 +15,24 @@ use crate::report::{Console, Summary};
 use crate::seeds::parse_seeds;
 use crate::state::{Resumed, State};
 
+/// Standard input read whole on a thread of its own, or `None` once
+/// `shutdown` is cancelled first: a read waiting on a terminal or an open
+/// pipe is restarted after a signal, so Ctrl-C would otherwise do nothing
+/// until it ends. The thread is left to the process's exit.
+async fn read_stdin(shutdown: &CancellationToken) -> Option<std::io::Result<String>> {
+    let (sender, read) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = sender.send(std::io::stdin().read_to_string(&mut text).map(|_| text));
+    });
+    tokio::select! {
+        () = shutdown.cancelled() => None,
+        read = read => Some(read.unwrap_or_else(|_| {
+            Err(std::io::Error::other("the reading thread ended without an answer"))
+        })),
+    }
+}
+
 /// Runs the command line: reads the URL list, opens the output, crawls.
 ///
 /// Invalid input lines are logged with their line number and skipped; an
@@ -27,11 +45,16 @@ pub async fn run(
 ) -> anyhow::Result<Summary> {
     let list_name = config.urls_file.display().to_string();
     let text = if list_name == "-" {
-        let mut text = String::new();
-        std::io::stdin()
-            .read_to_string(&mut text)
-            .context("reading the url list from standard input failed")?;
-        text
+        match read_stdin(&shutdown).await {
+            Some(read) => read.context("reading the url list from standard input failed")?,
+            // Ctrl-C before the list was whole: nothing was crawled.
+            None => {
+                return Ok(Summary {
+                    interrupted: true,
+                    ..Summary::default()
+                });
+            }
+        }
     } else {
         std::fs::read_to_string(&config.urls_file)
             .with_context(|| format!("reading the url list {list_name} failed"))?

@@ -108,6 +108,43 @@ async fn ctrl_c_stops_the_binary_with_130_after_flushing_what_was_found() {
     );
 }
 
+/// Ctrl-C stops a run still reading its URL list from a standard input
+/// left open (a terminal, a pipe whose writer waits), with 130.
+#[test]
+fn ctrl_c_stops_a_run_still_reading_standard_input() {
+    let dir = tempfile::tempdir().expect("a temporary directory can be made");
+    let out = dir.path().join("found.tsv");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_areq"))
+        .arg("-")
+        .arg("-o")
+        .arg(&out)
+        .stdin(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the areq binary starts");
+    let stdin = child.stdin.take();
+    // Its Ctrl-C handler is installed as it starts.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let interrupted = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(interrupted.success());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("the child can be waited for") {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("areq still reads standard input 10 s after Ctrl-C");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    drop(stdin);
+    assert_eq!(status.code(), Some(130));
+}
+
 #[test]
 fn the_binary_reports_bad_arguments_with_exit_code_2() {
     let output = Command::new(env!("CARGO_BIN_EXE_areq"))
