@@ -389,20 +389,6 @@ pub(crate) const RECOVERIES_SQL: &str = "SELECT r.recovered_after_ms
            OR (j.outcome = 'restarted' AND r.recovered_after_ms IS NOT NULL))
     ORDER BY j.claimed_at DESC LIMIT $2";
 
-/// After a prune removed requests: their journal rows, and journal rows
-/// claimed before `$1` (the counting guards look back far less).
-pub(crate) const PRUNE_JOURNAL_SQL: &str = "DELETE FROM restarts AS r WHERE r.claimed_at < $1
-    OR NOT EXISTS (SELECT 1 FROM requests q WHERE q.message_id = r.message_id)";
-
-/// After a prune removed requests: their decisions and deferral counts,
-/// one statement a table.
-pub(crate) const PRUNE_ORPHANS_SQL: [&str; 2] = [
-    "DELETE FROM decisions AS d
-     WHERE NOT EXISTS (SELECT 1 FROM requests q WHERE q.message_id = d.message_id)",
-    "DELETE FROM deferrals AS d
-     WHERE NOT EXISTS (SELECT 1 FROM requests q WHERE q.message_id = d.message_id)",
-];
-
 /// Records a payload dead-lettered (malformed, or refused for another
 /// request's id): `$1` the id read from it (or NULL), `$2` why, `$3` an
 /// excerpt, `$4` now; what it asked, as far as it was read: `$5` instance,

@@ -13,8 +13,8 @@ use crate::domain::{Asked, Outcome, RestartRequest, Status};
 use crate::sqlite::runs;
 use crate::sqlite::writer::Tx;
 use crate::store::sql::{
-    PRUNE_JOURNAL_SQL, PRUNE_ORPHANS_SQL, REJECTION_SQL, RELEASE_JOURNAL_SQL, RELEASE_SQL,
-    identity_from, not_final, outcome_set, same_identity,
+    REJECTION_SQL, RELEASE_JOURNAL_SQL, RELEASE_SQL, identity_from, not_final, outcome_set,
+    same_identity,
 };
 use crate::store::{ClaimToken, Recorded, identity_conflict, millis_of};
 
@@ -273,28 +273,54 @@ pub(super) async fn release(
 }
 
 /// Deletes at most `?2` final rows completed before `?1`, found by the
-/// index of completed requests.
+/// index of completed requests; their message ids.
 pub(super) const PRUNE_REQUESTS_SQL: &str = "DELETE FROM requests WHERE id IN (
          SELECT id FROM requests WHERE completed_at < ?1
-         ORDER BY completed_at LIMIT ?2)";
+         ORDER BY completed_at LIMIT ?2) RETURNING message_id";
 
-/// Deletes at most `max_rows` final rows completed before `before`.
+/// Deletes at most `?2` journal rows claimed before `?1` (the counting
+/// guards look back far less; a pruned request's rows were all claimed
+/// before it completed), found by `restarts_claimed`.
+pub(super) const PRUNE_JOURNAL_SQL: &str = "DELETE FROM restarts WHERE rowid IN (
+         SELECT rowid FROM restarts WHERE claimed_at < ?1 ORDER BY claimed_at LIMIT ?2)";
+
+/// The decisions and the deferral counts of the pruned requests (`?1`, a
+/// JSON array of their ids), found by their indexes.
+pub(super) const PRUNE_PRUNED_SQL: [&str; 2] = [
+    "DELETE FROM decisions WHERE message_id IN (SELECT value FROM json_each(?1))",
+    "DELETE FROM deferrals WHERE message_id IN (SELECT value FROM json_each(?1))",
+];
+
+/// Journal rows a pass deletes per request it prunes, at most: attempts,
+/// and the journal of requests still open that claimed long ago.
+const JOURNAL_ROWS_PER_REQUEST: u32 = 4;
+
+/// Deletes at most `max_rows` final rows completed before `before`, with
+/// what is kept about them. Inside the writer's transaction, which the
+/// queue shares: every statement is bounded and reads an index, never a
+/// whole table (a first prune after retention was turned on over a large
+/// file held the queue past its pulls' bound).
 pub(super) async fn prune(
     tx: &mut Tx<'_>,
     before: Timestamp,
     max_rows: u32,
 ) -> Result<u64, sqlx::Error> {
-    let deleted = sqlx::query(PRUNE_REQUESTS_SQL)
+    let pruned: Vec<Option<String>> = sqlx::query_scalar(PRUNE_REQUESTS_SQL)
         .bind(before.as_millis())
         .bind(i64::from(max_rows))
-        .execute(&mut **tx)
+        .fetch_all(&mut **tx)
         .await?;
     sqlx::query(PRUNE_JOURNAL_SQL)
         .bind(before.as_millis())
+        .bind(i64::from(max_rows.saturating_mul(JOURNAL_ROWS_PER_REQUEST)))
         .execute(&mut **tx)
         .await?;
-    for orphans in PRUNE_ORPHANS_SQL {
-        sqlx::query(orphans).execute(&mut **tx).await?;
+    let ids: Vec<&str> = pruned.iter().flatten().map(String::as_str).collect();
+    if !ids.is_empty() {
+        let ids = serde_json::to_string(&ids).expect("strings serialise");
+        for statement in PRUNE_PRUNED_SQL {
+            sqlx::query(statement).bind(&ids).execute(&mut **tx).await?;
+        }
     }
-    Ok(deleted.rows_affected())
+    Ok(pruned.len() as u64)
 }

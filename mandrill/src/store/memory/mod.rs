@@ -952,7 +952,7 @@ impl Store for MemoryStore {
                 false
             }
         });
-        // As `PRUNE_JOURNAL_SQL`: the counting guards look back far less.
+        // As the SQL stores: the counting guards look back far less.
         for row in state.requests.values_mut() {
             row.journal.retain(|attempt| attempt.claimed_at >= before);
         }

@@ -48,8 +48,8 @@ use uuid::Uuid;
 use super::lookup::{Lookup, lookup_loop};
 use super::reads::postgres as reads;
 use super::sql::{
-    PAUSE_GROUP_SQL, PRUNE_JOURNAL_SQL, PRUNE_ORPHANS_SQL, REJECTION_SQL, RESUME_GROUP_SQL,
-    SET_LEASH_SQL, SET_SWITCH_IF_SQL, SET_SWITCH_SQL,
+    PAUSE_GROUP_SQL, REJECTION_SQL, RESUME_GROUP_SQL, SET_LEASH_SQL, SET_SWITCH_IF_SQL,
+    SET_SWITCH_SQL,
 };
 use super::{
     Claim, ClaimTerms, ClaimToken, Decision, GroupUsage, HistoryEntry, Recorded, ReportData, Store,
@@ -59,6 +59,22 @@ use super::{
 use crate::domain::{Asked, Outcome, RestartRequest, Status};
 #[cfg(test)]
 use crate::store::DEFAULT_TIMEOUT;
+
+/// After a prune removed requests: their journal rows, and journal rows
+/// claimed before `$1` (the counting guards look back far less). Run on the
+/// pool, outside the writers' transactions (SQLite's, inside its one
+/// writer's, are bounded: `sqlite/store/outcomes.rs`).
+const PRUNE_JOURNAL_SQL: &str = "DELETE FROM restarts AS r WHERE r.claimed_at < $1
+    OR NOT EXISTS (SELECT 1 FROM requests q WHERE q.message_id = r.message_id)";
+
+/// After a prune removed requests: their decisions and deferral counts,
+/// one statement a table.
+const PRUNE_ORPHANS_SQL: [&str; 2] = [
+    "DELETE FROM decisions AS d
+     WHERE NOT EXISTS (SELECT 1 FROM requests q WHERE q.message_id = d.message_id)",
+    "DELETE FROM deferrals AS d
+     WHERE NOT EXISTS (SELECT 1 FROM requests q WHERE q.message_id = d.message_id)",
+];
 
 /// Retention's pass: at most `$2` final rows completed before `$1`, locked
 /// in the writers' order (by `message_id`), found by the index of

@@ -177,3 +177,30 @@ async fn retention_reads_an_index_of_completed_requests_only() {
     );
     store.close().await;
 }
+
+/// Pruning runs in the writer's transaction, which the queue shares: each
+/// of its statements reads an index, never a whole table (a first prune
+/// after retention was turned on over a large file held the queue).
+#[tokio::test]
+async fn every_pruning_statement_reads_an_index_not_a_table() {
+    use crate::sqlite::store::outcomes::{PRUNE_JOURNAL_SQL, PRUNE_PRUNED_SQL};
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite:{}", dir.path().join("t.db").display());
+    let store = SqliteStore::connect(&url, 2).await.unwrap();
+    for statement in [PRUNE_JOURNAL_SQL, PRUNE_PRUNED_SQL[0], PRUNE_PRUNED_SQL[1]] {
+        let plan: Vec<(i64, i64, i64, String)> =
+            sqlx::query_as(&format!("EXPLAIN QUERY PLAN {statement}"))
+                .bind(100i64)
+                .bind(10i64)
+                .fetch_all(&store.pool)
+                .await
+                .unwrap();
+        for (.., detail) in &plan {
+            let table_scan = detail.starts_with("SCAN ")
+                && !detail.contains("INDEX")
+                && !detail.contains("json_each");
+            assert!(!table_scan, "{statement}: {plan:?}");
+        }
+    }
+    store.close().await;
+}
