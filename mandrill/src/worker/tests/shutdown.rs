@@ -171,79 +171,55 @@ async fn a_dry_run_unrecorded_when_the_grace_period_ends_gives_the_claim_back() 
 /// The grace period ending after the stop conditions passed, while the
 /// switch is read once more before the restart: nothing is issued, and the
 /// claim is given back (it was issued, and then its outcome recorded past
-/// the deadline, which made the redelivery restart the host again).
+/// the deadline, which made the redelivery restart the host again). The
+/// same with the fleet paused meanwhile (pause, then stop, is how a game
+/// day ends): the claim was left held, then counted as an attempt issued
+/// with its outcome unknown, which failed a request with one attempt that
+/// never restarted anything.
 #[tokio::test(start_paused = true)]
 async fn a_grace_period_ending_after_the_stop_conditions_issues_nothing() {
-    let (stop_conditions, server) = super::late_checks::probe_that_first(|| {}).await;
-    let store = Arc::new(ScriptedStore {
-        // The worker's read at start passes; the one before the restart waits.
-        switch_gate: Some(Semaphore::new(1)),
-        ..Default::default()
-    });
-    let restarter = Arc::new(ScriptedRestarter::default());
-    let config = WorkerConfig {
-        policy: PolicyHandle::new(Policy {
-            stop_conditions,
-            ..Policy::default()
-        }),
-        // Only the read before the restart waits at the gate.
-        switch_poll_interval: Duration::ZERO,
-        ..config()
-    };
-    let h = start(config, store.clone(), restarter.clone());
-    let id = h.publish("cattle-0001").await;
-    wait_until("the switch read before the restart", || {
-        store.timeline.count("switch-waiting") == 2
-    })
-    .await;
-    h.shutdown.request();
-    h.shutdown.hurry();
-    store.switch_gate.as_ref().unwrap().add_permits(1);
-    let stats = h.stats.clone();
-    h.worker.await.unwrap().unwrap();
-    server.abort();
-    assert_eq!(restarter.timeline.count("restart-started"), 0);
-    assert_eq!(stats.nacked.get(), 1);
-    assert_eq!(store.entry(id).attempts, 0, "the claim is given back");
-}
-
-/// The same, with the fleet paused meanwhile (pause, then stop, is how a
-/// game day ends): the switch read holds the restart back, and the claim is
-/// given back all the same. It was left held, then counted as an attempt
-/// issued with its outcome unknown, which failed a request with one
-/// attempt that never restarted anything.
-#[tokio::test(start_paused = true)]
-async fn a_grace_period_ending_while_paused_before_the_restart_gives_the_claim_back() {
-    let (stop_conditions, server) = super::late_checks::probe_that_first(|| {}).await;
-    let store = Arc::new(ScriptedStore {
-        switch_gate: Some(Semaphore::new(1)),
-        ..Default::default()
-    });
-    let restarter = Arc::new(ScriptedRestarter::default());
-    let config = WorkerConfig {
-        policy: PolicyHandle::new(Policy {
-            stop_conditions,
-            ..Policy::default()
-        }),
-        switch_poll_interval: Duration::ZERO,
-        ..config()
-    };
-    let h = start(config, store.clone(), restarter.clone());
-    let id = h.publish("cattle-0001").await;
-    wait_until("the switch read before the restart", || {
-        store.timeline.count("switch-waiting") == 2
-    })
-    .await;
-    store
-        .inner
-        .set_switch(true, "ana", "game day over")
-        .await
-        .unwrap();
-    h.shutdown.request();
-    h.shutdown.hurry();
-    store.switch_gate.as_ref().unwrap().add_permits(1);
-    h.worker.await.unwrap().unwrap();
-    server.abort();
-    assert_eq!(restarter.timeline.count("restart-started"), 0);
-    assert_eq!(store.entry(id).attempts, 0, "the claim is given back");
+    for paused in [false, true] {
+        let (stop_conditions, server) = super::late_checks::probe_that_first(|| {}).await;
+        let store = Arc::new(ScriptedStore {
+            // The worker's read at start passes; the one before the restart waits.
+            switch_gate: Some(Semaphore::new(1)),
+            ..Default::default()
+        });
+        let restarter = Arc::new(ScriptedRestarter::default());
+        let config = WorkerConfig {
+            policy: PolicyHandle::new(Policy {
+                stop_conditions,
+                ..Policy::default()
+            }),
+            // Only the read before the restart waits at the gate.
+            switch_poll_interval: Duration::ZERO,
+            ..config()
+        };
+        let h = start(config, store.clone(), restarter.clone());
+        let id = h.publish("cattle-0001").await;
+        wait_until("the switch read before the restart", || {
+            store.timeline.count("switch-waiting") == 2
+        })
+        .await;
+        if paused {
+            store
+                .inner
+                .set_switch(true, "ana", "game day over")
+                .await
+                .unwrap();
+        }
+        h.shutdown.request();
+        h.shutdown.hurry();
+        store.switch_gate.as_ref().unwrap().add_permits(1);
+        let stats = h.stats.clone();
+        h.worker.await.unwrap().unwrap();
+        server.abort();
+        assert_eq!(restarter.timeline.count("restart-started"), 0);
+        assert_eq!(stats.nacked.get(), 1, "paused: {paused}");
+        assert_eq!(
+            store.entry(id).attempts,
+            0,
+            "the claim is given back (paused: {paused})"
+        );
+    }
 }
