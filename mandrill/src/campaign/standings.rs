@@ -276,14 +276,9 @@ mod tests {
         }
     }
 
-    /// A request that took a campaign target's id first for the target's
-    /// own instance, asked by another requester: the campaign's signed
-    /// request was refused, so the target failed, whatever the squatter's
-    /// restart did (it was judged by the host alone: succeeded).
-    #[tokio::test]
-    async fn a_targets_id_taken_by_another_requester_for_its_instance_is_not_the_target() {
-        let store = MemoryStore::new();
-        let campaign = Campaign {
+    /// A campaign of one target, `web-1`, signed as chaos.
+    fn web_1_campaign() -> Campaign {
+        Campaign {
             id: Uuid::new_v4(),
             group: "web".into(),
             created_at: Timestamp::now(),
@@ -294,12 +289,30 @@ mod tests {
                 due_at: Timestamp::now(),
             }],
             stopped: None,
-        };
-        let mut squatter = crate::domain::testing::request("web-1");
-        squatter.message_id = campaign.targets[0].message_id;
+        }
+    }
+
+    /// The request `campaign start` signs for the campaign's one target.
+    fn target_request(campaign: &Campaign) -> crate::domain::RestartRequest {
+        let mut own = crate::domain::testing::request("web-1");
+        own.message_id = campaign.targets[0].message_id;
+        own.requester = campaign.requester.clone();
+        own.requested_by = campaign.requester.clone();
+        own.reason = Some(campaign.target_reason(0));
+        own
+    }
+
+    /// A request that took a campaign target's id first for the target's
+    /// own instance, asked by another requester: the campaign's signed
+    /// request was refused, so the target failed, whatever the squatter's
+    /// restart did (it was judged by the host alone: succeeded).
+    #[tokio::test]
+    async fn a_targets_id_taken_by_another_requester_for_its_instance_is_not_the_target() {
+        let store = MemoryStore::new();
+        let campaign = web_1_campaign();
+        let mut squatter = target_request(&campaign);
         squatter.requester = Some("mallory".into());
         squatter.requested_by = Some("mallory".into());
-        squatter.reason = Some(campaign.target_reason(0));
         restart(&store, &squatter).await;
 
         let (judged, verdict) = judge(&store, &campaign).await.unwrap();
@@ -319,10 +332,7 @@ mod tests {
 
         // The campaign's own request, recorded first, is the target.
         let store = MemoryStore::new();
-        let mut own = squatter.clone();
-        own.requester = Some("chaos".into());
-        own.requested_by = Some("chaos".into());
-        restart(&store, &own).await;
+        restart(&store, &target_request(&campaign)).await;
         let (judged, _) = judge(&store, &campaign).await.unwrap();
         assert_eq!(judged[0].1.verdict, Verdict::Succeeded, "{:?}", judged[0].1);
     }
@@ -334,18 +344,7 @@ mod tests {
     #[tokio::test]
     async fn a_rejected_payload_for_another_host_under_a_targets_id_is_no_news_of_it() {
         let store = MemoryStore::new();
-        let campaign = Campaign {
-            id: Uuid::new_v4(),
-            group: "web".into(),
-            created_at: Timestamp::now(),
-            requester: Some("chaos".into()),
-            targets: vec![CampaignTarget {
-                instance_name: "web-1".into(),
-                message_id: Uuid::new_v4(),
-                due_at: Timestamp::now(),
-            }],
-            stopped: None,
-        };
+        let campaign = web_1_campaign();
         let id = campaign.targets[0].message_id;
         for instance in ["db-9", "web-1"] {
             let asked = crate::domain::Asked {
@@ -372,12 +371,7 @@ mod tests {
                 assert_eq!(stood[0].state, "published", "{:?}", stood[0]);
             }
         }
-        let mut own = crate::domain::testing::request("web-1");
-        own.message_id = id;
-        own.requester = Some("chaos".into());
-        own.requested_by = Some("chaos".into());
-        own.reason = Some(campaign.target_reason(0));
-        restart(&store, &own).await;
+        restart(&store, &target_request(&campaign)).await;
         let (judged, _) = judge(&store, &campaign).await.unwrap();
         assert_eq!(judged[0].1.verdict, Verdict::Succeeded, "{:?}", judged[0].1);
     }
